@@ -1,0 +1,1 @@
+"""flyarchive: record MuJoCo kinematic state into xarray/zarr archives, render video later."""

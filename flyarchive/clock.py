@@ -1,0 +1,103 @@
+"""When a video frame is due, without drift.
+
+Frame ``k`` is scheduled at ``k * interval`` simulated seconds, with
+``interval = playback_speed / output_fps``, and recorded at the first step whose
+time is at or after it. Working from the schedule (not from the last frame's
+time, as flygym 2.1.1's clock does) keeps the frame count exact when the
+interval is not a whole number of steps.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from flyarchive.errors import FlyarchiveError
+
+__all__ = ["Timing", "FrameClock"]
+
+
+class TimingError(FlyarchiveError, ValueError):
+    """Frame timing that cannot work with the simulation's timestep."""
+
+
+@dataclass(frozen=True)
+class Timing:
+    """How a recording samples simulated time.
+
+    Attributes:
+        timestep: Simulation timestep, seconds.
+        output_fps: Video frame rate, frames per second of video.
+        playback_speed: Video seconds per simulated second (0.2: five times slower).
+    """
+
+    timestep: float
+    output_fps: float
+    playback_speed: float
+
+    def __post_init__(self) -> None:
+        for name in ("timestep", "output_fps", "playback_speed"):
+            value = getattr(self, name)
+            if not (isinstance(value, (int, float)) and math.isfinite(value) and value > 0):
+                raise TimingError(f"{name} must be a positive finite number, got {value!r}.")
+        if self.interval < self.timestep * (1 - 1e-9):
+            raise TimingError(
+                f"A frame is due every {self.interval:.3g} s of simulated time "
+                f"(playback_speed={self.playback_speed!r} / output_fps={self.output_fps!r}), "
+                f"less than one timestep ({self.timestep!r} s). "
+                "Lower output_fps or raise playback_speed."
+            )
+
+    @property
+    def interval(self) -> float:
+        """Simulated seconds between frames."""
+        return self.playback_speed / self.output_fps
+
+    def frame_step(self, k: int) -> int:
+        """The step index at which frame ``k`` is recorded (first step at or after k x interval)."""
+        return math.ceil(k * self.interval / self.timestep - 1e-6)
+
+    def frames_before_step(self, step: int) -> int:
+        """How many frames are due at steps ``0 .. step - 1``."""
+        if step <= 0:
+            return 0
+        k = math.floor((step - 1) * self.timestep / self.interval + 1e-6) + 1
+        while k > 0 and self.frame_step(k - 1) >= step:
+            k -= 1
+        while self.frame_step(k) < step:
+            k += 1
+        return k
+
+
+class FrameClock:
+    """Decides, step by step, whether the next frame is due.
+
+    Args:
+        timing: The frame schedule.
+        next_frame: Index of the next frame to record (non-zero when resuming).
+    """
+
+    def __init__(self, timing: Timing, next_frame: int = 0) -> None:
+        self.timing = timing
+        self.next_frame = next_frame
+        self._due_step = timing.frame_step(next_frame)
+
+    def step_of(self, time: float) -> int:
+        """The step index of a simulation time (nearest whole step)."""
+        return round(time / self.timing.timestep)
+
+    def is_due(self, step: int) -> bool:
+        """True if a frame is due at ``step``; advances the clock past it if so."""
+        if step < self._due_step:
+            return False
+        self.next_frame += 1
+        self._due_step = self.timing.frame_step(self.next_frame)
+        if self._due_step <= step:
+            # Frames skipped (the caller missed steps): schedule the next one after this step.
+            self.next_frame = self.timing.frames_before_step(step + 1)
+            self._due_step = self.timing.frame_step(self.next_frame)
+        return True
+
+    def is_due_at(self, time: float) -> bool:
+        """Like :meth:`is_due`, from a simulation time in seconds."""
+        return self.is_due(self.step_of(time))

@@ -1,0 +1,112 @@
+"""Tiny models and synthetic simulations for tests, examples and benchmarks.
+
+Nothing here is needed to record or replay; it exists so that tests (and users'
+tests) need no large model.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import mujoco
+import numpy as np
+
+__all__ = ["TINY_XML", "SLIDER_XML", "tiny_model", "slider_model", "simulate", "perturb"]
+
+TINY_XML = """
+<mujoco model="tiny">
+  <option timestep="0.002"/>
+  <visual><global offwidth="640" offheight="480"/></visual>
+  <worldbody>
+    <light pos="0 0 3" dir="0 0 -1"/>
+    <geom name="floor" type="plane" size="2 2 0.1" rgba="0.3 0.3 0.3 1"/>
+    <camera name="front" pos="0 -2.5 1" xyaxes="1 0 0 0 0.4 1"/>
+    <camera name="top" pos="0 0 3" xyaxes="1 0 0 0 1 0"/>
+    <body name="torso" pos="0 0 0.6">
+      <freejoint name="root"/>
+      <geom type="box" size="0.15 0.1 0.05" rgba="0.8 0.2 0.2 1"/>
+      <body name="arm" pos="0.15 0 0">
+        <joint name="shoulder" type="hinge" axis="0 1 0" damping="0.05"/>
+        <geom type="capsule" fromto="0 0 0 0.2 0 0" size="0.03" rgba="0.2 0.8 0.2 1"/>
+        <body name="hand" pos="0.2 0 0">
+          <joint name="wrist" type="ball" damping="0.05"/>
+          <geom type="sphere" size="0.04" rgba="0.2 0.2 0.8 1"/>
+        </body>
+      </body>
+      <body name="piston" pos="-0.15 0 0">
+        <joint name="slider" type="slide" axis="0 0 1" range="-0.1 0.1" damping="0.5"/>
+        <geom type="cylinder" size="0.03 0.05" rgba="0.8 0.8 0.2 1"/>
+      </body>
+    </body>
+    <body name="target" mocap="true" pos="0.5 0.5 0.3">
+      <geom type="sphere" size="0.05" rgba="1 0 1 1" contype="0" conaffinity="0"/>
+    </body>
+  </worldbody>
+  <actuator>
+    <motor joint="shoulder" gear="1"/>
+    <motor joint="slider" gear="1"/>
+  </actuator>
+</mujoco>
+"""
+
+# A bright block slides along x in front of a camera: its pixel column tells the frame.
+SLIDER_XML = """
+<mujoco model="slider">
+  <option timestep="0.01" gravity="0 0 0"/>
+  <visual><global offwidth="640" offheight="480"/></visual>
+  <worldbody>
+    <light pos="0 0 3" dir="0 0 -1" directional="true"/>
+    <camera name="front" pos="0 -3 0" xyaxes="1 0 0 0 0 1" fovy="60"/>
+    <body name="block" pos="0 0 0">
+      <joint name="x" type="slide" axis="1 0 0"/>
+      <geom type="box" size="0.05 0.05 0.4" rgba="1 1 1 1" contype="0" conaffinity="0"/>
+    </body>
+  </worldbody>
+</mujoco>
+"""
+
+
+def tiny_model() -> mujoco.MjModel:
+    """A model with free, hinge, ball and slide joints, a mocap body and two cameras (nq=13)."""
+    return mujoco.MjModel.from_xml_string(TINY_XML)
+
+
+def slider_model() -> mujoco.MjModel:
+    """A white block on a slide joint ``x`` in front of camera ``front`` (nq=1)."""
+    return mujoco.MjModel.from_xml_string(SLIDER_XML)
+
+
+def perturb(model: mujoco.MjModel, data: mujoco.MjData, seed: int) -> None:
+    """Give a world its own deterministic initial velocity and mocap pose."""
+    rng = np.random.default_rng(seed)
+    data.qvel[:] = rng.normal(0.0, 1.0, model.nv)
+    if model.nmocap:
+        data.mocap_pos[:] += rng.normal(0.0, 0.1, data.mocap_pos.shape)
+
+
+def simulate(
+    model: mujoco.MjModel,
+    n_worlds: int,
+    n_steps: int,
+    on_step: Callable[[list[mujoco.MjData]], object],
+    *,
+    seed: int = 0,
+) -> list[mujoco.MjData]:
+    """Step ``n_worlds`` deterministic CPU worlds and call ``on_step(datas)`` after each step.
+
+    World ``w`` starts from :func:`perturb` with seed ``seed + w``, its controls follow a
+    sine, and its mocap body moves on a circle, so every run with the same arguments
+    produces bit-identical states. ``on_step`` is also called once before the first step.
+    """
+    datas = [mujoco.MjData(model) for _ in range(n_worlds)]
+    for w, data in enumerate(datas):
+        perturb(model, data, seed + w)
+    on_step(datas)
+    for _ in range(n_steps):
+        for w, data in enumerate(datas):
+            data.ctrl[:] = 0.3 * np.sin(4.0 * data.time + w)
+            if model.nmocap:
+                data.mocap_pos[0, :2] = 0.5 * np.cos(data.time + w), 0.5 * np.sin(data.time + w)
+            mujoco.mj_step(model, data)
+        on_step(datas)
+    return datas
