@@ -1,0 +1,8 @@
+"""Bridges to other projects' models and formats.
+
+- :mod:`flyarchive.interop.nmf`: NeuroMechFly (flygym 2.1) on flat ground with a
+  tracking camera, walking from flygym's bundled recorded fly kinematics; used by
+  ``flyarchive demo``, benchmarks and tests. Needs ``pip install 'flyarchive[flygym]'``.
+
+Nothing here is imported by ``import flyarchive``.
+"""
