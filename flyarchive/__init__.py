@@ -1,1 +1,41 @@
-"""flyarchive: record MuJoCo kinematic state into xarray/zarr archives, render video later."""
+"""flyarchive: record MuJoCo kinematic state into xarray/zarr archives, render video later.
+
+The whole public API is re-exported here. Heavy optional parts (rendering,
+mujoco-warp, Dask) load on first use: ``import flyarchive`` imports no warp,
+dask.distributed or s3fs.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+from flyarchive.clock import FrameClock, Timing
+from flyarchive.errors import *  # noqa: F403
+from flyarchive.errors import __all__ as _errors_all
+from flyarchive.layout import ModelLayout, check_compatible
+from flyarchive.query import open_archive
+from flyarchive.record.cpu import TrajectoryRecorder
+from flyarchive.schema import SCHEMA_VERSION, validate
+
+__version__ = "0.1.0"
+
+_LAZY = {
+    "WarpTrajectoryRecorder": "flyarchive.record.warp",
+    "render_videos": "flyarchive.render",
+    "render_frames": "flyarchive.render",
+    "import_npz": "flyarchive.interop.flygym_npz",
+    "export_npz": "flyarchive.interop.flygym_npz",
+    "verify": "flyarchive.verify",
+}
+
+__all__ = [
+    "FrameClock", "Timing", "ModelLayout", "check_compatible", "open_archive",
+    "TrajectoryRecorder", "SCHEMA_VERSION", "validate", *_errors_all, *_LAZY,
+]
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        return getattr(importlib.import_module(_LAZY[name]), name)
+    raise AttributeError(f"module 'flyarchive' has no attribute {name!r}")

@@ -1,0 +1,132 @@
+"""Schema v1 of a flyarchive archive: names, dims, dtypes, attributes, validation.
+
+See DESIGN.md, "The archive (schema v1)". This module knows the contract; it
+touches no storage.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+import xarray as xr
+
+from flyarchive.errors import SchemaError, SchemaVersionError
+from flyarchive.layout import ModelLayout
+
+__all__ = [
+    "SCHEMA_NAME",
+    "SCHEMA_VERSION",
+    "STATE_VARS",
+    "TIMING_ATTRS",
+    "validate",
+    "validate_attrs",
+]
+
+SCHEMA_NAME = "flyarchive.trajectory"
+SCHEMA_VERSION = 1
+
+#: Variables that hold recorded state, with their dimensions.
+STATE_VARS: dict[str, tuple[str, ...]] = {
+    "qpos": ("world", "time", "dof"),
+    "mocap_pos": ("world", "time", "mocap", "xyz"),
+    "mocap_quat": ("world", "time", "mocap", "wxyz"),
+}
+#: Attributes that replay needs, besides the schema name/version and the layout.
+TIMING_ATTRS = ("timestep", "output_fps", "playback_speed")
+#: Attributes written by flyarchive; user metadata may not reuse these names.
+RESERVED_ATTRS = frozenset(
+    {"flyarchive_schema", "flyarchive_schema_version", "layout", "source", "versions", "codec"}
+    | set(TIMING_ATTRS)
+)
+STATE_DTYPES = (np.dtype("float64"), np.dtype("float32"))
+
+
+def validate_attrs(attrs: Mapping[str, Any]) -> ModelLayout:
+    """Check the archive-level attributes and return the recorded layout.
+
+    Raises:
+        SchemaError: if a required attribute is missing or malformed.
+        SchemaVersionError: if the schema version is not one this flyarchive reads.
+    """
+    name = attrs.get("flyarchive_schema")
+    if name != SCHEMA_NAME:
+        raise SchemaError(
+            f"This is not a flyarchive archive: attribute 'flyarchive_schema' is {name!r}, "
+            f"expected {SCHEMA_NAME!r}. Open it with xarray.open_zarr instead, or record "
+            "it with flyarchive."
+        )
+    version = attrs.get("flyarchive_schema_version")
+    if version != SCHEMA_VERSION:
+        raise SchemaVersionError(
+            f"The archive has schema version {version!r}; this flyarchive reads version "
+            f"{SCHEMA_VERSION}. Install the flyarchive release that wrote it, or convert it."
+        )
+    for key in TIMING_ATTRS:
+        value = attrs.get(key)
+        if not isinstance(value, (int, float)) or not np.isfinite(value) or value <= 0:
+            raise SchemaError(
+                f"Attribute {key!r} is {value!r}; it must be a positive number. "
+                "The archive's metadata was edited or corrupted."
+            )
+    if "layout" not in attrs:
+        raise SchemaError("The archive has no 'layout' attribute; replay cannot check models.")
+    return ModelLayout.from_attrs(attrs["layout"])
+
+
+def validate(ds: xr.Dataset) -> ModelLayout:
+    """Check a dataset against schema v1 and return its layout.
+
+    Args:
+        ds: A dataset as stored (before masking), e.g. from ``xarray.open_zarr``.
+
+    Returns:
+        The model layout recorded in the attributes.
+
+    Raises:
+        SchemaError: naming the first thing that is off.
+        SchemaVersionError: for a schema version this flyarchive cannot read.
+    """
+    layout = validate_attrs(ds.attrs)
+    _check_var(ds, "qpos", STATE_VARS["qpos"], STATE_DTYPES)
+    _check_var(ds, "n_frames", ("world",), (np.dtype("int64"),))
+    _check_coord(ds, "world", np.dtype("int64"))
+    _check_coord(ds, "time", np.dtype("float64"))
+    labels = tuple(str(v) for v in ds["dof"].values) if "dof" in ds.coords else ()
+    if labels != layout.dof_labels:
+        raise SchemaError(
+            f"Coordinate 'dof' has {len(labels)} labels that do not match the recorded layout "
+            f"(nq={layout.nq}). The archive's metadata was edited or corrupted."
+        )
+    if layout.nmocap:
+        for name in ("mocap_pos", "mocap_quat"):
+            _check_var(ds, name, STATE_VARS[name], (ds["qpos"].dtype,))
+        names = tuple(str(v) for v in ds["mocap"].values)
+        if names != layout.mocap_names:
+            raise SchemaError(
+                f"Coordinate 'mocap' is {names!r}; the layout says {layout.mocap_names!r}."
+            )
+    elif "mocap_pos" in ds or "mocap_quat" in ds:
+        raise SchemaError("The layout has no mocap bodies but the archive has mocap variables.")
+    if len(np.unique(ds["world"].values)) != ds.sizes["world"]:
+        raise SchemaError("Coordinate 'world' repeats a world id; each world must appear once.")
+    return layout
+
+
+def _check_var(ds: xr.Dataset, name: str, dims: tuple[str, ...], dtypes: tuple[np.dtype, ...]) -> None:
+    if name not in ds:
+        raise SchemaError(f"The archive has no variable {name!r}. Variables: {sorted(ds.data_vars)}.")
+    var = ds[name]
+    if var.dims != dims:
+        raise SchemaError(f"Variable {name!r} has dims {var.dims}; schema v1 wants {dims}.")
+    if var.dtype not in dtypes:
+        wanted = " or ".join(str(d) for d in dtypes)
+        raise SchemaError(f"Variable {name!r} has dtype {var.dtype}; schema v1 wants {wanted}.")
+
+
+def _check_coord(ds: xr.Dataset, name: str, dtype: np.dtype) -> None:
+    if name not in ds.coords:
+        raise SchemaError(f"The archive has no coordinate {name!r}.")
+    if ds[name].dtype != dtype:
+        raise SchemaError(f"Coordinate {name!r} has dtype {ds[name].dtype}; schema v1 wants {dtype}.")

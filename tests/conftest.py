@@ -1,0 +1,53 @@
+"""Shared fixtures: storage locations (memory, local disk, S3 on loopback) and models."""
+
+from __future__ import annotations
+
+import os
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import pytest
+
+os.environ.setdefault("MUJOCO_GL", "egl")
+
+
+@dataclass(frozen=True)
+class Location:
+    """Where a test writes an archive."""
+
+    url: str
+    storage_options: dict[str, Any] | None = None
+
+
+@pytest.fixture(scope="session")
+def s3_server() -> Iterator[Any]:
+    """A real S3-compatible server (moto in server mode) on loopback, with a bucket."""
+    from flyarchive.testing_s3 import S3Server
+
+    with S3Server() as server:
+        server.create_bucket("flyarchive-test")
+        yield server
+
+
+@pytest.fixture
+def s3_location(s3_server: Any) -> Location:
+    return Location(f"s3://flyarchive-test/{uuid.uuid4().hex}.zarr", s3_server.storage_options())
+
+
+@pytest.fixture(params=["memory", "local", "s3"])
+def location(request: pytest.FixtureRequest, tmp_path: Any) -> Location:
+    """An empty archive location on each storage backend."""
+    if request.param == "memory":
+        return Location(f"memory://{uuid.uuid4().hex}.zarr")
+    if request.param == "local":
+        return Location(str(tmp_path / "run.zarr"))
+    return request.getfixturevalue("s3_location")
+
+
+@pytest.fixture
+def tiny():
+    from flyarchive.testing import tiny_model
+
+    return tiny_model()
