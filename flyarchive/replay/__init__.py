@@ -1,0 +1,1 @@
+"""Replay recorded kinematic state: position-only kinematics, then rasterize."""

@@ -1,0 +1,365 @@
+"""Replay on CPU: OpenGL rasterization with ``mujoco.Renderer`` (EGL, Mesa without a GPU).
+
+The OpenGL backend: MuJoCo picks it from ``MUJOCO_GL`` *when ``mujoco`` is first
+imported*. Importing this module sets ``MUJOCO_GL=egl`` when it is unset, which only
+takes effect if nothing imported ``mujoco`` before. When ``mujoco`` was imported first
+(``MUJOCO_GL`` unset at the time, so MuJoCo chose GLFW, which needs a display),
+:class:`CpuRenderer` creates its own context with the backend named by ``MUJOCO_GL``
+now (``egl`` or ``osmesa``); MuJoCo's global choice is left as it was for other code.
+An explicit ``MUJOCO_GL`` set before importing ``mujoco`` is always respected.
+
+Mesa's software rasterizer (llvmpipe) uses every core by default; several renderers in
+parallel processes should call :func:`pin_rasterizer_threads` before their first frame.
+"""
+
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("MUJOCO_GL", "egl")  # before any import of mujoco, where possible
+
+import copy  # noqa: E402
+import importlib  # noqa: E402
+import threading  # noqa: E402
+from collections.abc import Iterator, Sequence  # noqa: E402
+from contextlib import contextmanager  # noqa: E402
+from types import TracebackType  # noqa: E402
+from typing import Any  # noqa: E402
+
+import mujoco  # noqa: E402
+import numpy as np  # noqa: E402
+from numpy.typing import ArrayLike  # noqa: E402
+
+from flyarchive.errors import (  # noqa: E402
+    CameraNotFoundError,
+    FrameSizeError,
+    LayoutMismatchError,
+    RenderBackendError,
+)
+from flyarchive.replay.kinematics import set_state  # noqa: E402
+
+__all__ = ["CpuRenderer", "headless_renderer", "pin_rasterizer_threads", "camera_names"]
+
+_HEADLESS_BACKENDS = ("egl", "osmesa")
+_MAX_SIZE = 16384  # the largest framebuffer side common OpenGL drivers allocate
+_context_lock = threading.Lock()
+
+
+def pin_rasterizer_threads(n: int = 1) -> str:
+    """Limit Mesa's software rasterizer to ``n`` threads, unless ``LP_NUM_THREADS`` is set.
+
+    Call it in each worker process before its first frame (Mesa reads the variable when
+    it creates its first context). With several rendering processes on one machine,
+    one thread each avoids oversubscribing the cores.
+
+    Args:
+        n: Rasterizer threads per process, ``>= 0`` (0: rasterize on the calling thread).
+
+    Returns:
+        The value of ``LP_NUM_THREADS`` now in effect (the caller's, if already set).
+    """
+    if not isinstance(n, int) or isinstance(n, bool) or n < 0:
+        raise ValueError(f"n must be a non-negative integer, got {n!r}.")
+    return os.environ.setdefault("LP_NUM_THREADS", str(n))
+
+
+def camera_names(model: mujoco.MjModel) -> tuple[str, ...]:
+    """The names of the model's cameras, in id order (unnamed ones as ``camera{i}``)."""
+    return tuple(
+        mujoco.mj_id2name(model, mujoco.mjtObj.mjOBJ_CAMERA, i) or f"camera{i}"
+        for i in range(model.ncam)
+    )
+
+
+class CpuRenderer:
+    """Renders recorded frames of one model from several cameras with OpenGL.
+
+    Holds a private ``MjData`` and one ``mujoco.Renderer`` (one GL context). Not
+    thread-safe: use one per thread or process. Use it as a context manager, or call
+    :meth:`close`, to free the GL context.
+
+    Args:
+        model: The compiled model the state was recorded with.
+        cameras: One camera name or a sequence of names; frames hold them in this order.
+        size: ``(height, width)`` of each frame in pixels.
+        enlarge_buffer: If the model's offscreen framebuffer (``<visual><global
+            offwidth offheight>``) is smaller than ``size``, render with a copy of the
+            model whose buffer is enlarged (True, the default) or raise (False). The
+            caller's model is never modified.
+        scene_option: MuJoCo visualization options; ``None`` means MuJoCo's defaults
+            (what flygym's live renderer uses).
+        max_geom: Capacity of the scene (geoms drawn per frame).
+
+    Raises:
+        CameraNotFoundError: if a camera is not in the model (the message lists them).
+        FrameSizeError: if ``size`` is not two positive integers, is larger than
+            16384, or exceeds the model's framebuffer and ``enlarge_buffer`` is False.
+        RenderBackendError: if no OpenGL context can be created (no usable EGL).
+    """
+
+    def __init__(
+        self,
+        model: mujoco.MjModel,
+        cameras: str | Sequence[str],
+        size: tuple[int, int] = (240, 320),
+        *,
+        enlarge_buffer: bool = True,
+        scene_option: mujoco.MjvOption | None = None,
+        max_geom: int = 10000,
+    ) -> None:
+        self._renderer: Any = None
+        names = (cameras,) if isinstance(cameras, str) else tuple(cameras)
+        self._camera_ids = _camera_ids(model, names)
+        self.cameras: tuple[str, ...] = names
+        self.size: tuple[int, int] = _parse_size(size)
+        self.model = model
+        self._render_model = _fit_buffer(model, self.size, enlarge_buffer)
+        self._data = mujoco.MjData(model)
+        self._scene_option = scene_option if scene_option is not None else mujoco.MjvOption()
+        self._renderer = headless_renderer(self._render_model, self.size, max_geom=max_geom)
+
+    def __enter__(self) -> CpuRenderer:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Free the GL context; the renderer cannot render afterwards. Idempotent."""
+        if self._renderer is not None:
+            self._renderer.close()
+            self._renderer = None
+
+    def render_frame(
+        self,
+        qpos: ArrayLike,
+        mocap_pos: ArrayLike | None = None,
+        mocap_quat: ArrayLike | None = None,
+        *,
+        out: np.ndarray | None = None,
+    ) -> np.ndarray:
+        """Render one recorded frame from every camera.
+
+        Args:
+            qpos: ``(nq,)`` generalized coordinates.
+            mocap_pos: ``(nmocap, 3)`` metres, or ``None`` for the model's default poses.
+            mocap_quat: ``(nmocap, 4)`` w, x, y, z, or ``None`` for the default poses.
+            out: Optional ``(n_cameras, H, W, 3)`` uint8 array to fill.
+
+        Returns:
+            ``(n_cameras, H, W, 3)`` uint8 RGB on the host; row 0 is the top of the image.
+        """
+        if self._renderer is None:
+            raise RuntimeError("This CpuRenderer is closed; create a new one to render.")
+        height, width = self.size
+        if out is None:
+            out = np.empty((len(self._camera_ids), height, width, 3), dtype=np.uint8)
+        set_state(self.model, self._data, qpos, mocap_pos, mocap_quat)
+        for i, camera_id in enumerate(self._camera_ids):
+            self._renderer.update_scene(self._data, camera_id, self._scene_option)
+            self._renderer.render(out=out[i])
+        return out
+
+    def iter_frames(
+        self,
+        qpos: ArrayLike,
+        mocap_pos: ArrayLike | None = None,
+        mocap_quat: ArrayLike | None = None,
+    ) -> Iterator[np.ndarray]:
+        """Render frame by frame; memory holds one frame whatever the number of frames.
+
+        The inputs are indexed one frame at a time (``np.asarray(qpos[k])``), so lazy
+        arrays (zarr, dask, xarray) are read frame by frame too.
+
+        Args:
+            qpos: ``(n_frames, nq)`` generalized coordinates.
+            mocap_pos: ``(n_frames, nmocap, 3)`` metres, or ``None`` (default poses).
+            mocap_quat: ``(n_frames, nmocap, 4)`` w, x, y, z, or ``None`` (default poses).
+
+        Yields:
+            ``(n_cameras, H, W, 3)`` uint8 RGB, a new array per frame.
+
+        Raises:
+            LayoutMismatchError: if the shapes do not fit the model or each other.
+        """
+        n_frames = _check_block(self.model, qpos, mocap_pos, mocap_quat)
+        for k in range(n_frames):
+            yield self.render_frame(
+                np.asarray(qpos[k]),  # type: ignore[index]
+                None if mocap_pos is None else np.asarray(mocap_pos[k]),  # type: ignore[index]
+                None if mocap_quat is None else np.asarray(mocap_quat[k]),  # type: ignore[index]
+            )
+
+    def render(
+        self,
+        qpos: ArrayLike,
+        mocap_pos: ArrayLike | None = None,
+        mocap_quat: ArrayLike | None = None,
+    ) -> np.ndarray:
+        """Render a block of frames into one array.
+
+        Args: as :meth:`iter_frames`.
+
+        Returns:
+            ``(n_frames, n_cameras, H, W, 3)`` uint8 RGB on the host.
+
+        Raises:
+            LayoutMismatchError: if the shapes do not fit the model or each other.
+        """
+        n_frames = _check_block(self.model, qpos, mocap_pos, mocap_quat)
+        height, width = self.size
+        frames = np.empty((n_frames, len(self._camera_ids), height, width, 3), np.uint8)
+        for k in range(n_frames):
+            self.render_frame(
+                np.asarray(qpos[k]),  # type: ignore[index]
+                None if mocap_pos is None else np.asarray(mocap_pos[k]),  # type: ignore[index]
+                None if mocap_quat is None else np.asarray(mocap_quat[k]),  # type: ignore[index]
+                out=frames[k],
+            )
+        return frames
+
+
+def _camera_ids(model: mujoco.MjModel, names: tuple[str, ...]) -> tuple[int, ...]:
+    if not names:
+        raise CameraNotFoundError(
+            f"No camera asked for. Cameras in the model: {_listing(model)}. Pass at least one."
+        )
+    ids = []
+    for name in names:
+        camera_id = mujoco.mj_name2id(model, mujoco.mjtObj.mjOBJ_CAMERA, str(name))
+        if not isinstance(name, str) or camera_id < 0:
+            raise CameraNotFoundError(
+                f"No camera {name!r} in the model. Cameras: {_listing(model)}. "
+                "Pass one of them, or add a camera to the model before compiling it."
+            )
+        ids.append(camera_id)
+    return tuple(ids)
+
+
+def _listing(model: mujoco.MjModel) -> str:
+    names = camera_names(model)
+    return ", ".join(repr(n) for n in names) if names else "none"
+
+
+def _parse_size(size: tuple[int, int]) -> tuple[int, int]:
+    ok = (
+        isinstance(size, (tuple, list))
+        and len(size) == 2
+        and all(isinstance(s, (int, np.integer)) and not isinstance(s, bool) for s in size)
+    )
+    if not ok or not all(0 < s <= _MAX_SIZE for s in size):
+        raise FrameSizeError(
+            f"size must be (height, width) in pixels, two integers in 1..{_MAX_SIZE}; "
+            f"got {size!r}."
+        )
+    return int(size[0]), int(size[1])
+
+
+def _fit_buffer(
+    model: mujoco.MjModel, size: tuple[int, int], enlarge: bool
+) -> mujoco.MjModel:
+    height, width = size
+    buffer = (model.vis.global_.offheight, model.vis.global_.offwidth)
+    if height <= buffer[0] and width <= buffer[1]:
+        return model
+    if not enlarge:
+        raise FrameSizeError(
+            f"Frames of (height, width)={size!r} do not fit the model's offscreen "
+            f"framebuffer {buffer!r}. Raise it in the MJCF with "
+            f'<visual><global offwidth="{max(width, buffer[1])}" '
+            f'offheight="{max(height, buffer[0])}"/></visual>, pass a smaller size, '
+            "or pass enlarge_buffer=True."
+        )
+    enlarged = copy.copy(model)
+    enlarged.vis.global_.offheight = max(height, buffer[0])
+    enlarged.vis.global_.offwidth = max(width, buffer[1])
+    return enlarged
+
+
+def _check_block(
+    model: mujoco.MjModel,
+    qpos: ArrayLike,
+    mocap_pos: ArrayLike | None,
+    mocap_quat: ArrayLike | None,
+) -> int:
+    shape = tuple(np.shape(qpos))
+    if len(shape) != 2 or shape[1] != model.nq:
+        raise LayoutMismatchError(
+            f"qpos has shape {shape!r}; expected (n_frames, nq={model.nq}). "
+            "Pass the frames of one world with the model they were recorded with."
+        )
+    for name, values, tail in (("mocap_pos", mocap_pos, 3), ("mocap_quat", mocap_quat, 4)):
+        if values is None:
+            continue
+        expected = (shape[0], model.nmocap, tail)
+        if tuple(np.shape(values)) != expected:
+            raise LayoutMismatchError(
+                f"{name} has shape {tuple(np.shape(values))!r}; expected {expected!r} "
+                f"(n_frames of qpos, nmocap={model.nmocap}, {tail})."
+            )
+    return shape[0]
+
+
+def headless_renderer(
+    model: mujoco.MjModel, size: tuple[int, int], *, max_geom: int = 10000
+) -> mujoco.Renderer:
+    """Create a ``mujoco.Renderer`` on the backend ``MUJOCO_GL`` names now, whatever the import order.
+
+    Use it for live rendering that must match replay bit for bit (same GL backend).
+
+    Args:
+        model: The compiled model; its offscreen framebuffer must hold ``size``.
+        size: ``(height, width)`` in pixels.
+        max_geom: Capacity of the scene.
+
+    Raises:
+        RenderBackendError: if no OpenGL context can be created; the message says how to
+            set ``MUJOCO_GL`` and what to install.
+    """
+    backend = os.environ.get("MUJOCO_GL", "").lower().strip()
+    try:
+        with _context_lock, _gl_backend(backend):
+            return mujoco.Renderer(model, size[0], size[1], max_geom=max_geom)
+    except (RenderBackendError, FrameSizeError):
+        raise
+    except Exception as err:  # EGL/OSMesa/GLFW failures come as many types
+        raise RenderBackendError(_backend_hint(backend, err)) from err
+
+
+@contextmanager
+def _gl_backend(backend: str) -> Iterator[None]:
+    """Make ``mujoco.Renderer`` create its context with ``backend`` if MuJoCo chose another.
+
+    MuJoCo binds its GL context class when ``mujoco`` is imported; when that happened
+    before ``MUJOCO_GL`` was set, swap the class for the duration of one construction.
+    """
+    from mujoco.rendering.classic import gl_context
+
+    chosen = getattr(gl_context, "GLContext", None)
+    wanted_module = f"mujoco.{backend}"
+    if backend not in _HEADLESS_BACKENDS or getattr(chosen, "__module__", "") == wanted_module:
+        yield
+        return
+    module = importlib.import_module(wanted_module)
+    gl_context.GLContext = module.GLContext
+    try:
+        yield
+    finally:
+        gl_context.GLContext = chosen
+
+
+def _backend_hint(backend: str, err: BaseException) -> str:
+    return (
+        f"Cannot create an OpenGL context for rendering with MUJOCO_GL={backend!r}: "
+        f"{type(err).__name__}: {str(err).rstrip('.')}. "
+        "On a machine without a display set MUJOCO_GL=egl (needs libEGL: "
+        "apt-get install libegl1 libgl1-mesa-dri, or the NVIDIA driver on a GPU machine) "
+        "or MUJOCO_GL=osmesa with PYOPENGL_PLATFORM=osmesa (apt-get install libosmesa6), "
+        "in the environment before Python starts. With several GPUs, MUJOCO_EGL_DEVICE_ID "
+        "picks one."
+    )

@@ -1,0 +1,200 @@
+"""CPU replay: recorded qpos/mocap re-rendered with OpenGL equals what was rendered live."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import mujoco
+import numpy as np
+import pytest
+
+from flyarchive.errors import (
+    CameraNotFoundError,
+    FrameSizeError,
+    LayoutMismatchError,
+    RenderBackendError,
+)
+from flyarchive.replay.cpu import CpuRenderer, headless_renderer, pin_rasterizer_threads
+from flyarchive.replay.kinematics import set_state, update_render_geometry
+from flyarchive.testing import simulate, slider_model, tiny_model
+
+SIZE = (96, 128)
+CAMERAS = ("front", "top")
+
+
+@pytest.fixture(scope="module")
+def live_recording() -> dict[str, np.ndarray]:
+    """Simulate the tiny model, render every 10th step live the way flygym 2.1.1 does.
+
+    Live rendering copies qpos and mocap poses into a private MjData, recomputes the
+    geometry and renders; the same step stores the state that replay reads back.
+    """
+    model = tiny_model()
+    private = mujoco.MjData(model)
+    renderer = headless_renderer(model, SIZE)
+    frames, qpos, mocap_pos, mocap_quat = [], [], [], []
+
+    def on_step(datas: list[mujoco.MjData]) -> None:
+        data = datas[0]
+        if round(data.time / model.opt.timestep) % 10:
+            return
+        private.qpos[:] = data.qpos
+        private.mocap_pos[:] = data.mocap_pos
+        private.mocap_quat[:] = data.mocap_quat
+        update_render_geometry(model, private)
+        views = []
+        for camera in CAMERAS:
+            renderer.update_scene(private, camera)
+            views.append(renderer.render())
+        frames.append(views)
+        qpos.append(data.qpos.copy())
+        mocap_pos.append(data.mocap_pos.copy())
+        mocap_quat.append(data.mocap_quat.copy())
+
+    simulate(model, 1, 60, on_step)
+    renderer.close()
+    return {
+        "frames": np.array(frames),
+        "qpos": np.array(qpos),
+        "mocap_pos": np.array(mocap_pos),
+        "mocap_quat": np.array(mocap_quat),
+    }
+
+
+def test_replay_is_bit_exact_with_live_rendering(live_recording: dict[str, np.ndarray]) -> None:
+    expected = live_recording["frames"]
+
+    with CpuRenderer(tiny_model(), CAMERAS, SIZE) as renderer:
+        actual = renderer.render(
+            live_recording["qpos"], live_recording["mocap_pos"], live_recording["mocap_quat"]
+        )
+
+    assert actual.shape == (7, 2, *SIZE, 3) and actual.dtype == np.uint8
+    assert np.array_equal(actual, expected)
+    assert not np.array_equal(actual[0], actual[-1])  # the scene moved: the test can fail
+
+
+def test_iter_frames_yields_the_same_frames_as_render(
+    live_recording: dict[str, np.ndarray],
+) -> None:
+    expected = live_recording["frames"]
+    state = (live_recording["qpos"], live_recording["mocap_pos"], live_recording["mocap_quat"])
+
+    with CpuRenderer(tiny_model(), list(CAMERAS), SIZE) as renderer:
+        actual = np.stack(list(renderer.iter_frames(*state)))
+
+    assert np.array_equal(actual, expected)
+
+
+def test_missing_mocap_renders_the_models_default_mocap_pose() -> None:
+    model = tiny_model()
+    data = mujoco.MjData(model)
+    qpos = np.tile(model.qpos0, (2, 1))
+    default_pos = np.tile(data.mocap_pos, (2, 1, 1))
+    moved_pos = default_pos + np.array([0.0, 0.0, 0.4])
+
+    with CpuRenderer(model, "top", SIZE) as renderer:
+        without = renderer.render(qpos)
+        default = renderer.render(qpos, default_pos)
+        moved = renderer.render(qpos, moved_pos)
+
+    assert np.array_equal(without, default)
+    assert not np.array_equal(without, moved)
+
+
+def test_set_state_copies_the_frame_and_updates_geometry() -> None:
+    model = slider_model()
+    data = mujoco.MjData(model)
+
+    set_state(model, data, np.array([0.25], dtype=np.float32))
+
+    assert data.qpos[0] == np.float32(0.25)
+    assert data.xpos[1, 0] == pytest.approx(0.25)
+
+
+def test_set_state_refuses_a_qpos_of_another_model() -> None:
+    model = slider_model()
+
+    with pytest.raises(LayoutMismatchError, match=r"shape \(13,\).*needs \(1,\)"):
+        set_state(model, mujoco.MjData(model), np.zeros(13))
+
+
+def test_render_refuses_qpos_whose_width_is_not_nq() -> None:
+    with CpuRenderer(tiny_model(), "front", SIZE) as renderer:
+        with pytest.raises(LayoutMismatchError, match=r"nq=13"):
+            renderer.render(np.zeros((3, 12)))
+
+
+def test_render_refuses_mocap_with_another_frame_count() -> None:
+    with CpuRenderer(tiny_model(), "front", SIZE) as renderer:
+        with pytest.raises(LayoutMismatchError, match="mocap_pos"):
+            renderer.render(np.tile(tiny_model().qpos0, (3, 1)), np.zeros((2, 1, 3)))
+
+
+def test_unknown_camera_error_lists_the_models_cameras() -> None:
+    with pytest.raises(CameraNotFoundError, match=r"'side'.*Cameras: 'front', 'top'"):
+        CpuRenderer(tiny_model(), ["front", "side"], SIZE)
+
+
+def test_size_beyond_the_framebuffer_renders_with_an_enlarged_copy() -> None:
+    model = tiny_model()  # offscreen buffer 640 x 480
+    qpos = model.qpos0[None]
+
+    with CpuRenderer(model, "front", (500, 700)) as renderer:
+        frames = renderer.render(qpos)
+
+    assert frames.shape == (1, 1, 500, 700, 3)
+    assert frames[0, 0, 480:, 640:].mean() > 10  # floor drawn beyond the model's own buffer
+    assert (model.vis.global_.offheight, model.vis.global_.offwidth) == (480, 640)
+
+
+def test_size_beyond_the_framebuffer_without_enlarging_says_how_to_fix() -> None:
+    with pytest.raises(FrameSizeError, match=r'offwidth="700" offheight="500"'):
+        CpuRenderer(tiny_model(), "front", (500, 700), enlarge_buffer=False)
+
+
+@pytest.mark.parametrize("size", [(0, 10), (10,), (10.5, 10), (-2, 4)])
+def test_invalid_size_is_refused(size: tuple[int, int]) -> None:
+    with pytest.raises(FrameSizeError, match="height, width"):
+        CpuRenderer(tiny_model(), "front", size)
+
+
+def test_closed_renderer_refuses_to_render() -> None:
+    renderer = CpuRenderer(tiny_model(), "front", SIZE)
+    renderer.close()
+    renderer.close()
+
+    with pytest.raises(RuntimeError, match="closed"):
+        renderer.render(tiny_model().qpos0[None])
+
+
+def test_unusable_egl_raises_render_backend_error_with_instructions() -> None:
+    script = (
+        "from flyarchive.replay.cpu import CpuRenderer\n"
+        "from flyarchive.testing import tiny_model\n"
+        "try:\n"
+        "    CpuRenderer(tiny_model(), 'front')\n"
+        "except Exception as err:\n"
+        "    print(type(err).__name__, err)\n"
+    )
+    env = {**os.environ, "MUJOCO_GL": "egl", "MUJOCO_EGL_DEVICE_ID": "999"}
+
+    result = subprocess.run(
+        [sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=60
+    )
+
+    assert result.stdout.startswith(RenderBackendError.__name__)
+    assert "MUJOCO_GL=egl" in result.stdout and "libegl1" in result.stdout
+
+
+def test_pin_rasterizer_threads_sets_lp_num_threads_only_when_unset(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.delenv("LP_NUM_THREADS", raising=False)
+
+    first = pin_rasterizer_threads(1)
+    second = pin_rasterizer_threads(4)
+
+    assert (first, second, os.environ["LP_NUM_THREADS"]) == ("1", "1", "1")
