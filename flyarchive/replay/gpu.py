@@ -1,0 +1,377 @@
+"""Batch replay with mujoco-warp's ray-traced renderer (GPU, or Warp's CPU device).
+
+States from any (world, frame) pairs are packed into one batch of ``B`` render
+worlds. Per batch: one host-to-device copy of the packed states, position-only
+kinematics on the device, a BVH refit, one render, RGB packed to ``uint8`` on the
+device, and one device-to-host copy (into pinned host memory on CUDA).
+
+This module imports ``warp`` and ``mujoco_warp`` at import time; ``import
+flyarchive`` does not import it.
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Sequence
+from typing import Any
+
+import mujoco
+import numpy as np
+
+from flyarchive.errors import (
+    CameraNotFoundError,
+    FrameSizeError,
+    LayoutMismatchError,
+    NonFiniteStateError,
+    SelectionError,
+    missing_dependency,
+)
+from flyarchive.replay.warp_model import prepare_for_batch_rendering
+
+try:
+    import mujoco_warp as mjw
+    import warp as wp
+except ImportError as exc:  # pragma: no cover - depends on the environment
+    raise missing_dependency(
+        "warp", "gpu", "Rendering with mujoco-warp (flyarchive.replay.gpu)"
+    ) from exc
+
+__all__ = ["WarpBatchRenderer", "prepare_for_batch_rendering"]
+
+
+@wp.kernel
+def _scatter_qpos(
+    states: wp.array2d(dtype=wp.float32),  # (B, nstate), device
+    qpos: wp.array2d(dtype=wp.float32),  # (B, nq), device
+):
+    world, i = wp.tid()
+    qpos[world, i] = states[world, i]
+
+
+@wp.kernel
+def _scatter_mocap(
+    states: wp.array2d(dtype=wp.float32),  # (B, nstate), device
+    nq: int,
+    nmocap: int,
+    mocap_pos: wp.array2d(dtype=wp.vec3),  # (B, nmocap), device
+    mocap_quat: wp.array2d(dtype=wp.quat),  # (B, nmocap), device, MuJoCo order w,x,y,z
+):
+    world, k = wp.tid()
+    p = nq + 3 * k
+    q = nq + 3 * nmocap + 4 * k
+    mocap_pos[world, k] = wp.vec3(states[world, p], states[world, p + 1], states[world, p + 2])
+    # Stored component by component: mujoco-warp keeps MuJoCo's w,x,y,z order in wp.quat.
+    mocap_quat[world, k] = wp.quat(
+        states[world, q], states[world, q + 1], states[world, q + 2], states[world, q + 3]
+    )
+
+
+@wp.kernel
+def _packed_rgb_to_uint8(
+    packed: wp.array2d(dtype=wp.uint32),  # (B, sum of H*W over cameras), ARGB, device
+    rgb_adr: wp.array(dtype=int),  # (n_cameras,) offset of each camera's pixels
+    out: wp.array4d(dtype=wp.uint8),  # (B, n_cameras, H*W, 3), device
+):
+    world, cam, pixel = wp.tid()
+    value = packed[world, rgb_adr[cam] + pixel]
+    out[world, cam, pixel, 0] = wp.uint8((value >> wp.uint32(16)) & wp.uint32(0xFF))
+    out[world, cam, pixel, 1] = wp.uint8((value >> wp.uint32(8)) & wp.uint32(0xFF))
+    out[world, cam, pixel, 2] = wp.uint8(value & wp.uint32(0xFF))
+
+
+class WarpBatchRenderer:
+    """Render batches of recorded states with mujoco-warp's batch renderer.
+
+    Holds a mujoco-warp ``Model``, a ``Data`` with ``nworld=batch_worlds`` and a
+    render context on one Warp device, plus host staging buffers. Not thread-safe:
+    one renderer per thread.
+
+    Args:
+        model: The compiled model the archive was recorded with (host). It is not
+            modified; a copy is prepared with :func:`prepare_for_batch_rendering`.
+        cameras: Camera name, or names, to render, in output order.
+        size: Frame size ``(height, width)`` in pixels, the same for every camera.
+        batch_worlds: ``B``, how many states one :meth:`render_batch` call renders.
+            Device memory grows linearly with it.
+        device: Warp device (``"cuda:0"``, ``"cpu"``...). ``None`` uses Warp's
+            default device (the first GPU when there is one, else the CPU).
+
+    Raises:
+        CameraNotFoundError: A camera is not in the model.
+        FrameSizeError: ``size`` is not two positive integers.
+        ValueError: ``batch_worlds`` is not positive.
+    """
+
+    def __init__(
+        self,
+        model: mujoco.MjModel,
+        cameras: str | Sequence[str],
+        size: tuple[int, int] = (240, 320),
+        *,
+        batch_worlds: int = 64,
+        device: str | None = None,
+    ) -> None:
+        self._camera_names = _parse_cameras(model, cameras)
+        self._size = _parse_size(size)
+        if int(batch_worlds) < 1:
+            raise ValueError(
+                f"batch_worlds={batch_worlds!r} cannot hold a state. Pass a positive integer."
+            )
+        self._batch_worlds = int(batch_worlds)
+        self._model = prepare_for_batch_rendering(model)
+        self._nq = model.nq
+        self._nmocap = model.nmocap
+        self._nstate = model.nq + 7 * model.nmocap
+        self._device = wp.get_device(device)
+        with wp.ScopedDevice(self._device):
+            self._build_device_state()
+        self._default_state = _default_state(self._model)
+
+    # -- public API --------------------------------------------------------------
+
+    @property
+    def camera_names(self) -> tuple[str, ...]:
+        """Names of the rendered cameras, in the order of the output's camera axis."""
+        return self._camera_names
+
+    @property
+    def size(self) -> tuple[int, int]:
+        """Frame size ``(height, width)`` in pixels."""
+        return self._size
+
+    @property
+    def batch_worlds(self) -> int:
+        """``B``: the most states one :meth:`render_batch` call takes."""
+        return self._batch_worlds
+
+    @property
+    def device(self) -> str:
+        """The Warp device the renderer lives on, e.g. ``"cuda:0"`` or ``"cpu"``."""
+        return str(self._device)
+
+    def render_batch(
+        self,
+        qpos: np.ndarray,
+        mocap_pos: np.ndarray | None = None,
+        mocap_quat: np.ndarray | None = None,
+    ) -> np.ndarray:
+        """Render up to ``B`` states, from any (world, frame) pairs, in one batch.
+
+        Args:
+            qpos: Host array ``(n, nq)``, float32 or float64, ``1 <= n <= B``.
+            mocap_pos: Host array ``(n, nmocap, 3)`` in metres, or ``None`` for the
+                model's mocap body positions.
+            mocap_quat: Host array ``(n, nmocap, 4)``, MuJoCo order ``w, x, y, z``, or
+                ``None`` for the model's mocap body orientations.
+
+        Returns:
+            A new host array ``(n, n_cameras, H, W, 3)`` of ``uint8`` RGB, row 0 at
+            the top of the image; frame ``i`` shows state ``i``.
+
+        Raises:
+            LayoutMismatchError: An array's trailing shape does not fit the model.
+            SelectionError: ``n`` is 0 or larger than ``B``.
+            NonFiniteStateError: A state holds NaN or infinity.
+        """
+        n = self._upload(qpos, mocap_pos, mocap_quat)
+        with wp.ScopedDevice(self._device):
+            self._unpack_states(n)
+            self.render_resident()
+            return self._download_rgb(n)
+
+    def geom_poses(
+        self,
+        qpos: np.ndarray,
+        mocap_pos: np.ndarray | None = None,
+        mocap_quat: np.ndarray | None = None,
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """Run the device kinematics of :meth:`render_batch` and return geom poses.
+
+        Args: as :meth:`render_batch`.
+
+        Returns:
+            ``geom_xpos`` float32 ``(n, ngeom, 3)`` in metres and ``geom_xmat``
+            float32 ``(n, ngeom, 3, 3)``, host arrays, as ``mujoco.mj_kinematics``
+            computes them.
+        """
+        n = self._upload(qpos, mocap_pos, mocap_quat)
+        with wp.ScopedDevice(self._device):
+            self._unpack_states(n)
+            self._kinematics()
+            xpos = self._data.geom_xpos.numpy()[:n]
+            xmat = self._data.geom_xmat.numpy()[:n]
+        return xpos.copy(), xmat.reshape(n, -1, 3, 3).copy()
+
+    def render_resident(self) -> None:
+        """Kinematics, BVH refit and render of the ``B`` states already on the device.
+
+        No host transfer and no ``uint8`` conversion: the raw rendering cost, for
+        benchmarks. The packed result stays in the render context.
+        """
+        with wp.ScopedDevice(self._device):
+            self._kinematics()
+            mjw.refit_bvh(self._warp_model, self._data, self._render_context)
+            mjw.render(self._warp_model, self._data, self._render_context)
+
+    def synchronize(self) -> None:
+        """Wait until the device has finished all work queued by this renderer."""
+        wp.synchronize_device(self._device)
+
+    # -- internals ---------------------------------------------------------------
+
+    def _build_device_state(self) -> None:
+        m = self._model
+        b = self._batch_worlds
+        height, width = self._size
+        ncam = len(self._camera_names)
+        pinned = self._device.is_cuda
+        with warnings.catch_warnings():
+            # Collision warnings are irrelevant: replay never collides.
+            warnings.filterwarnings("ignore", message=".*MULTICCD.*", category=UserWarning)
+            self._warp_model = mjw.put_model(m)
+        self._data = mjw.put_data(m, mujoco.MjData(m), nworld=b, nconmax=0, njmax=0)
+        cam_ids = [mujoco.mj_name2id(m, mujoco.mjtObj.mjOBJ_CAMERA, c) for c in self._camera_names]
+        self._render_context = mjw.create_render_context(
+            m,
+            nworld=b,
+            cam_res=(width, height),  # mujoco-warp takes (width, height)
+            render_rgb=True,
+            render_depth=False,
+            render_seg=False,
+            cam_active=cam_ids,
+        )
+        self._states_host = wp.zeros((b, self._nstate), dtype=wp.float32, device="cpu", pinned=pinned)
+        self._states_device = wp.zeros((b, self._nstate), dtype=wp.float32)
+        self._rgb_device = wp.zeros((b, ncam, height * width, 3), dtype=wp.uint8)
+        self._rgb_host = wp.zeros(
+            (b, ncam, height * width, 3), dtype=wp.uint8, device="cpu", pinned=pinned
+        )
+
+    def _upload(
+        self,
+        qpos: np.ndarray,
+        mocap_pos: np.ndarray | None,
+        mocap_quat: np.ndarray | None,
+    ) -> int:
+        """Pack states into the host staging buffer and copy them to the device once."""
+        qpos = np.asarray(qpos)
+        n = _parse_batch(qpos, self._nq, self._batch_worlds)
+        staging = self._states_host.numpy()
+        nq, nmocap = self._nq, self._nmocap
+        staging[:n] = self._default_state
+        staging[:n, :nq] = qpos
+        if mocap_pos is not None:
+            _check_trailing_shape("mocap_pos", mocap_pos, (n, nmocap, 3))
+            staging[:n, nq : nq + 3 * nmocap] = np.asarray(mocap_pos).reshape(n, -1)
+        if mocap_quat is not None:
+            _check_trailing_shape("mocap_quat", mocap_quat, (n, nmocap, 4))
+            staging[:n, nq + 3 * nmocap :] = np.asarray(mocap_quat).reshape(n, -1)
+        if not np.isfinite(staging[:n]).all():
+            bad = int(np.nonzero(~np.isfinite(staging[:n]).all(axis=1))[0][0])
+            raise NonFiniteStateError(
+                f"State {bad} of the batch holds NaN or infinity (in float32). "
+                "Replay cannot place the model; drop or repair that frame."
+            )
+        wp.copy(self._states_device, self._states_host, count=n * self._nstate)
+        return n
+
+    def _unpack_states(self, n: int) -> None:
+        wp.launch(_scatter_qpos, dim=(n, self._nq), inputs=[self._states_device, self._data.qpos])
+        if self._nmocap:
+            wp.launch(
+                _scatter_mocap,
+                dim=(n, self._nmocap),
+                inputs=[self._states_device, self._nq, self._nmocap],
+                outputs=[self._data.mocap_pos, self._data.mocap_quat],
+            )
+
+    def _kinematics(self) -> None:
+        m, d = self._warp_model, self._data
+        mjw.kinematics(m, d)
+        mjw.com_pos(m, d)  # subtree_com, needed by cameras that track a centre of mass
+        mjw.camlight(m, d)
+        if self._model.nflex:
+            mjw.flex(m, d)
+
+    def _download_rgb(self, n: int) -> np.ndarray:
+        height, width = self._size
+        ncam = len(self._camera_names)
+        rc = self._render_context
+        wp.launch(
+            _packed_rgb_to_uint8,
+            dim=(n, ncam, height * width),
+            inputs=[rc.rgb_data, rc.rgb_adr],
+            outputs=[self._rgb_device],
+        )
+        wp.copy(self._rgb_host, self._rgb_device, count=n * ncam * height * width * 3)
+        wp.synchronize_device(self._device)
+        frames = self._rgb_host.numpy()[:n]
+        return frames.reshape(n, ncam, height, width, 3).copy()
+
+
+def _parse_cameras(model: mujoco.MjModel, cameras: str | Sequence[str]) -> tuple[str, ...]:
+    names = (cameras,) if isinstance(cameras, str) else tuple(cameras)
+    existing = [model.camera(i).name for i in range(model.ncam)]
+    if not names:
+        raise CameraNotFoundError(
+            f"No camera was asked for. Cameras: {', '.join(map(repr, existing)) or 'none'}. "
+            "Pass at least one camera name."
+        )
+    for name in names:
+        if name not in existing:
+            raise CameraNotFoundError(
+                f"No camera {name!r} in the model. "
+                f"Cameras: {', '.join(map(repr, existing)) or 'none'}. "
+                "Pass one of them, or add a camera to the model before compiling it."
+            )
+    if len(set(names)) != len(names):
+        raise CameraNotFoundError(
+            f"Cameras {names!r} name one camera twice. Pass each camera once."
+        )
+    return names
+
+
+def _parse_size(size: Any) -> tuple[int, int]:
+    try:
+        height, width = (int(v) for v in size)
+    except (TypeError, ValueError):
+        raise FrameSizeError(
+            f"size={size!r} is not a frame size. Pass (height, width) in pixels, e.g. (240, 320)."
+        ) from None
+    if height < 1 or width < 1:
+        raise FrameSizeError(
+            f"size={size!r} has a side below 1 pixel. Pass positive (height, width)."
+        )
+    return height, width
+
+
+def _parse_batch(qpos: np.ndarray, nq: int, batch_worlds: int) -> int:
+    if qpos.ndim != 2 or qpos.shape[1] != nq:
+        raise LayoutMismatchError(
+            f"qpos has shape {qpos.shape!r}; the model needs (n, nq) with nq={nq}. "
+            "Pass one row per state, recorded with this model."
+        )
+    n = qpos.shape[0]
+    if not 1 <= n <= batch_worlds:
+        raise SelectionError(
+            f"A batch of {n} states was asked for; this renderer takes 1 to {batch_worlds}. "
+            "Split the states into batches of at most batch_worlds, or build a larger renderer."
+        )
+    return n
+
+
+def _check_trailing_shape(name: str, array: np.ndarray, expected: tuple[int, ...]) -> None:
+    shape = np.shape(array)
+    if tuple(shape) != expected:
+        raise LayoutMismatchError(
+            f"{name} has shape {tuple(shape)!r}; expected {expected!r} (n, nmocap, xyz/wxyz). "
+            f"Pass one row per qpos row, or None for the model's mocap poses."
+        )
+
+
+def _default_state(model: mujoco.MjModel) -> np.ndarray:
+    """``qpos0`` and the model's mocap poses, packed as a float32 row ``(nstate,)``."""
+    data = mujoco.MjData(model)
+    return np.concatenate(
+        [data.qpos, data.mocap_pos.ravel(), data.mocap_quat.ravel()]
+    ).astype(np.float32)
