@@ -505,7 +505,7 @@ class _ProxyHandler(BaseHTTPRequestHandler):
             self._reply_error(502, "BadGateway", f"Upstream failed: {type(err).__name__}")
             return
         self.server.proxy._count("forwarded")
-        self.send_response(status, reason)
+        self.send_response_only(status, reason)  # the upstream's Server and Date pass through
         for name, value in headers:
             if name.lower() not in _HOP_BY_HOP:
                 self.send_header(name, value)
