@@ -11,7 +11,10 @@ from collections.abc import Callable
 import mujoco
 import numpy as np
 
-__all__ = ["TINY_XML", "SLIDER_XML", "tiny_model", "slider_model", "simulate", "perturb"]
+__all__ = [
+    "TINY_XML", "SLIDER_XML", "tiny_model", "slider_model", "simulate", "perturb",
+    "reference_frames",
+]
 
 TINY_XML = """
 <mujoco model="tiny">
@@ -110,3 +113,28 @@ def simulate(
             mujoco.mj_step(model, data)
         on_step(datas)
     return datas
+
+
+def reference_frames(
+    model: mujoco.MjModel, n_worlds: int, n_steps: int, *, output_fps: float = 25,
+    playback_speed: float = 0.2, seed: int = 0,
+) -> dict[str, np.ndarray]:
+    """The states :func:`simulate` has at the frame steps, as a recorder should store them.
+
+    Returns:
+        ``time`` (n,), ``qpos`` (n_worlds, n, nq), ``mocap_pos`` (n_worlds, n, nmocap, 3)
+        and ``mocap_quat`` (n_worlds, n, nmocap, 4), float64.
+    """
+    from flyarchive.clock import FrameClock, Timing
+
+    clock = FrameClock(Timing(float(model.opt.timestep), output_fps, playback_speed))
+    frames: dict[str, list[np.ndarray]] = {"time": [], "qpos": [], "mocap_pos": [], "mocap_quat": []}
+
+    def on_step(datas: list[mujoco.MjData]) -> None:
+        if clock.is_due_at(datas[0].time):
+            frames["time"].append(np.array(datas[0].time))
+            for key in ("qpos", "mocap_pos", "mocap_quat"):
+                frames[key].append(np.stack([getattr(d, key).copy() for d in datas]))
+
+    simulate(model, n_worlds, n_steps, on_step, seed=seed)
+    return {k: np.array(v) if k == "time" else np.stack(v, axis=1) for k, v in frames.items()}

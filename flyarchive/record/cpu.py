@@ -140,6 +140,11 @@ class TrajectoryRecorder:
             return 0
         return self._writer.n_frames + self._buffer.size
 
+    @property
+    def committed_frames(self) -> int:
+        """Frames committed to the archive (safe from a crash)."""
+        return 0 if self._writer is None else self._writer.n_frames
+
     def record_as_needed(self, mj_data: mujoco.MjData | Sequence[mujoco.MjData]) -> bool:
         """Record the state of ``mj_data`` (one or several worlds) if a frame is due.
 
