@@ -1,0 +1,508 @@
+"""Frames to H.264 mp4 with imageio-ffmpeg: streaming, segment by segment, to any fsspec URL.
+
+Frames are piped to an ``ffmpeg`` process as they come, so memory holds what the caller
+passes, never the video. Sizes are passed through as they are: imageio-ffmpeg's default
+resizing to multiples of 16 is switched off (``macro_block_size=1``), and odd sizes,
+which yuv420p cannot hold, are refused rather than resized.
+
+Long videos can be encoded as segments in parallel (:func:`encode_segment`, one per
+block of frames) and joined without re-encoding (:func:`concat_segments`). ffmpeg
+writes local files only; :func:`write_output` uploads a finished file to a URL.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+import shutil
+import subprocess
+import tempfile
+import uuid
+from collections.abc import Generator, Iterable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from types import TracebackType
+from typing import Any
+
+import imageio_ffmpeg
+import numpy as np
+
+from flyarchive.errors import (
+    FlyarchiveError,
+    FrameSizeError,
+    OutputExistsError,
+    SelectionError,
+    StorageBackendMissingError,
+    StorageError,
+)
+
+__all__ = [
+    "FrameFormatError",
+    "VideoEncodeError",
+    "VideoOptions",
+    "VideoWriter",
+    "encode_segment",
+    "concat_segments",
+    "write_output",
+    "safe_video_path",
+    "read_video",
+]
+
+_PRESETS = (
+    "ultrafast", "superfast", "veryfast", "faster", "fast",
+    "medium", "slow", "slower", "veryslow", "placebo",
+)  # fmt: skip
+_SAFE_CHARS = re.compile(r"[^A-Za-z0-9._-]")
+
+
+def _is_int(value: object) -> bool:
+    return isinstance(value, (int, np.integer)) and not isinstance(value, bool)
+
+
+class FrameFormatError(FlyarchiveError, TypeError):
+    """Frames are not uint8 RGB arrays."""
+
+
+class VideoEncodeError(FlyarchiveError, RuntimeError):
+    """ffmpeg failed, or a video would be empty or mixes incompatible segments."""
+
+
+@dataclass(frozen=True)
+class VideoOptions:
+    """How frames are encoded: H.264 (libx264), yuv420p, constant quality.
+
+    The same frames and options give the same bytes (x264 is deterministic).
+
+    Attributes:
+        crf: Constant rate factor, 0 (lossless) to 51 (worst); 18 is visually lossless.
+        preset: x264 speed/size trade-off, ``"ultrafast"`` to ``"placebo"``.
+        threads: Encoder threads; ``None`` lets ffmpeg choose (all cores). Pass 1 when
+            many encoders run at once, e.g. one per Dask worker core.
+        keyframe_interval: Frames between keyframes (``-g``); ``None``: x264's default
+            (250). Shorter makes seeking faster and files larger.
+    """
+
+    crf: int = 18
+    preset: str = "veryfast"
+    threads: int | None = None
+    keyframe_interval: int | None = None
+
+    def __post_init__(self) -> None:
+        if not _is_int(self.crf) or not 0 <= self.crf <= 51:
+            raise ValueError(f"crf must be an integer in 0..51, got {self.crf!r}.")
+        if self.preset not in _PRESETS:
+            raise ValueError(f"preset {self.preset!r} is not an x264 preset: {', '.join(_PRESETS)}.")
+        for name in ("threads", "keyframe_interval"):
+            value = getattr(self, name)
+            if value is not None and (not _is_int(value) or value < 1):
+                raise ValueError(f"{name} must be None or a positive integer, got {value!r}.")
+
+    def ffmpeg_args(self) -> list[str]:
+        """The ffmpeg output options these settings stand for."""
+        args = ["-crf", str(self.crf), "-preset", self.preset]
+        if self.threads is not None:
+            args += ["-threads", str(self.threads)]
+        if self.keyframe_interval is not None:
+            args += ["-g", str(self.keyframe_interval)]
+        return args
+
+
+class VideoWriter:
+    """Streams RGB frames into an H.264 mp4 file on the local disk.
+
+    Use it as a context manager. On leaving the block the file is finished; when the
+    block raises, the partial file is removed.
+
+    Args:
+        path: Local output file (``.mp4``); missing parent folders are created.
+        fps: Frames per second of video (ffmpeg keeps two decimals).
+        size: ``(height, width)`` of every frame in pixels; both even (yuv420p).
+        options: Encoder settings.
+        overwrite: Replace an existing file (False: raise :class:`OutputExistsError`).
+
+    Raises:
+        FrameSizeError: if a side is odd or not positive (the message suggests the
+            nearest even size).
+        OutputExistsError: if ``path`` exists and ``overwrite`` is False.
+    """
+
+    def __init__(
+        self,
+        path: str | os.PathLike[str],
+        fps: float,
+        size: tuple[int, int],
+        *,
+        options: VideoOptions = VideoOptions(),
+        overwrite: bool = False,
+    ) -> None:
+        self.path = Path(path)
+        self.size = _parse_even_size(size)
+        if not isinstance(fps, (int, float)) or isinstance(fps, bool) or not fps >= 0.01:
+            raise ValueError(f"fps must be a number >= 0.01, got {fps!r}.")
+        if self.path.exists() and not overwrite:
+            raise OutputExistsError(
+                f"The video {str(self.path)!r} exists. Remove it, choose another path, "
+                "or pass overwrite=True."
+            )
+        self.fps = float(fps)
+        self.options = options
+        self.n_frames = 0
+        self._encoder: Generator[None, Any, None] | None = None
+
+    def __enter__(self) -> VideoWriter:
+        self.open()
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        if exc_type is None:
+            self.close()
+        else:
+            self.abort()
+
+    def open(self) -> None:
+        """Start ffmpeg. Called by ``with``; calling it twice does nothing."""
+        if self._encoder is not None:
+            return
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        height, width = self.size
+        self._encoder = imageio_ffmpeg.write_frames(
+            str(self.path),
+            (width, height),
+            fps=self.fps,
+            codec="libx264",
+            pix_fmt_in="rgb24",
+            pix_fmt_out="yuv420p",
+            quality=None,
+            macro_block_size=1,
+            ffmpeg_log_level="error",
+            output_params=self.options.ffmpeg_args(),
+        )
+        self._encoder.send(None)
+
+    def write(self, frames: np.ndarray) -> None:
+        """Encode one frame ``(H, W, 3)`` or a block ``(n, H, W, 3)``, uint8 RGB, host memory.
+
+        Raises:
+            FrameFormatError: if the frames are not a uint8 array.
+            FrameSizeError: if their shape is not ``(H, W, 3)`` or ``(n, H, W, 3)`` for
+                the writer's size.
+            VideoEncodeError: if ffmpeg stopped (the message has its command).
+        """
+        block = _parse_frames(frames, self.size)
+        self.open()
+        assert self._encoder is not None
+        try:
+            for frame in block:
+                self._encoder.send(np.ascontiguousarray(frame))
+                self.n_frames += 1
+        except OSError as err:
+            self.abort()
+            raise VideoEncodeError(f"ffmpeg stopped while encoding {str(self.path)!r}: {err}")
+
+    def close(self) -> None:
+        """Finish the file.
+
+        Raises:
+            VideoEncodeError: if no frame was written (the empty file is removed) or
+                ffmpeg left no file.
+        """
+        if self._encoder is not None:
+            self._encoder.close()
+            self._encoder = None
+        if self.n_frames == 0:
+            self.path.unlink(missing_ok=True)
+            raise VideoEncodeError(
+                f"No frames were written to {str(self.path)!r}; an mp4 needs at least one. "
+                "Check the selection of frames passed to the writer."
+            )
+        if not self.path.is_file() or self.path.stat().st_size == 0:
+            raise VideoEncodeError(
+                f"ffmpeg left no video at {str(self.path)!r} after {self.n_frames} frames; "
+                "its error messages are above, on stderr."
+            )
+
+    def abort(self) -> None:
+        """Stop ffmpeg and remove the partial file."""
+        if self._encoder is not None:
+            self._encoder.close()
+            self._encoder = None
+        self.path.unlink(missing_ok=True)
+
+
+def encode_segment(
+    frames: Iterable[np.ndarray],
+    path: str | os.PathLike[str],
+    fps: float,
+    size: tuple[int, int],
+    options: VideoOptions = VideoOptions(),
+    *,
+    overwrite: bool = False,
+) -> int:
+    """Encode frames into a self-contained mp4 that starts on a keyframe.
+
+    Segments encoded with the same ``fps``, ``size`` and ``options`` join without
+    re-encoding with :func:`concat_segments`, so blocks of one video can be encoded in
+    parallel.
+
+    Args:
+        frames: Iterable of ``(H, W, 3)`` frames or ``(n, H, W, 3)`` blocks, uint8 RGB;
+            consumed lazily.
+        path: Local output file.
+        fps: Frames per second of video.
+        size: ``(height, width)``, both even.
+        options: Encoder settings.
+        overwrite: Replace an existing file.
+
+    Returns:
+        The number of frames encoded.
+    """
+    with VideoWriter(path, fps, size, options=options, overwrite=overwrite) as writer:
+        for item in frames:
+            writer.write(item)
+    return writer.n_frames
+
+
+def concat_segments(
+    paths: Sequence[str | os.PathLike[str]],
+    out_path: str | os.PathLike[str],
+    *,
+    overwrite: bool = False,
+) -> None:
+    """Join mp4 segments, in the given order, into one mp4 without re-encoding.
+
+    Uses ffmpeg's concat demuxer with ``-c copy``: the frames of the output are exactly
+    the frames of the segments.
+
+    Args:
+        paths: Local segment files, in playing order; all encoded with the same size,
+            fps and codec (e.g. by :func:`encode_segment` with the same arguments).
+        out_path: Local output file.
+        overwrite: Replace an existing output file.
+
+    Raises:
+        FileNotFoundError: if a segment is missing.
+        VideoEncodeError: if there is no segment, the segments differ in codec, size or
+            fps, or ffmpeg fails.
+        OutputExistsError: if ``out_path`` exists and ``overwrite`` is False.
+    """
+    segments = [Path(p).resolve() for p in paths]
+    out = Path(out_path)
+    if not segments:
+        raise VideoEncodeError(f"No segments to join into {str(out)!r}; pass at least one.")
+    missing = [str(p) for p in segments if not p.is_file()]
+    if missing:
+        raise FileNotFoundError(f"Segments not found: {', '.join(repr(m) for m in missing)}.")
+    if out.exists() and not overwrite:
+        raise OutputExistsError(
+            f"The video {str(out)!r} exists. Remove it, choose another path, "
+            "or pass overwrite=True."
+        )
+    _check_same_stream(segments)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix="flyarchive-concat-") as tmp:
+        listing = Path(tmp) / "segments.txt"
+        listing.write_text("".join(f"file {_concat_quote(str(p))}\n" for p in segments))
+        command = [
+            imageio_ffmpeg.get_ffmpeg_exe(), "-hide_banner", "-v", "error", "-y",
+            "-f", "concat", "-safe", "0", "-i", str(listing),
+            "-map", "0:v", "-c", "copy", str(out),
+        ]  # fmt: skip
+        result = subprocess.run(command, capture_output=True, text=True)
+    if result.returncode != 0:
+        out.unlink(missing_ok=True)
+        raise VideoEncodeError(
+            f"ffmpeg could not join {len(segments)} segments into {str(out)!r} "
+            f"(exit {result.returncode}): {result.stderr.strip()[-2000:]}"
+        )
+
+
+def write_output(
+    local_path: str | os.PathLike[str],
+    url: str,
+    storage_options: dict[str, Any] | None = None,
+    *,
+    overwrite: bool = False,
+) -> str:
+    """Copy a finished local file to a local path or any fsspec URL.
+
+    On the local file system the file appears complete or not at all, and an existing
+    file is never replaced unless asked, even by a concurrent writer. On object stores
+    the existence check and the upload are two requests: writers racing for one key
+    are not detected.
+
+    Args:
+        local_path: The file to copy (e.g. a finished mp4 in a temporary folder).
+        url: Destination: a path, ``file://``, ``s3://bucket/key``, ``memory://``...
+        storage_options: Passed to the fsspec file system (e.g. ``{"endpoint_url": ...}``
+            for s3fs).
+        overwrite: Replace an existing destination.
+
+    Returns:
+        The destination URL as given.
+
+    Raises:
+        OutputExistsError: if the destination exists and ``overwrite`` is False
+            (nothing is written).
+        StorageBackendMissingError: if the URL's protocol needs a missing package.
+        StorageError: if the copy fails.
+    """
+    import fsspec
+    from fsspec.implementations.local import LocalFileSystem
+
+    source = Path(local_path)
+    if not source.is_file():
+        raise FileNotFoundError(f"No file to copy at {str(source)!r}.")
+    try:
+        fs, target = fsspec.core.url_to_fs(url, **(storage_options or {}))
+    except ImportError as err:
+        raise StorageBackendMissingError(
+            f"Writing to {url!r} needs a package that is not installed: {err}. "
+            "For s3:// install it with: pip install 'flyarchive[s3]'"
+        ) from err
+    exists_error = OutputExistsError(
+        f"An output already exists at {url!r}. Pass overwrite=True to replace it, "
+        "or choose another output location."
+    )
+    try:
+        if isinstance(fs, LocalFileSystem):
+            _copy_local(source, Path(target), overwrite, exists_error)
+        else:
+            if not overwrite and fs.exists(target):
+                raise exists_error
+            fs.put_file(str(source), target)
+    except (OutputExistsError, StorageBackendMissingError):
+        raise
+    except Exception as err:
+        raise StorageError(f"Copying {str(source)!r} to {url!r} failed: {err!r}") from err
+    return url
+
+
+def safe_video_path(out_dir: str | os.PathLike[str], world_id: int, camera: str) -> str:
+    """The output path of one (world, camera) video: ``{out_dir}/world{id:05d}/{camera}.mp4``.
+
+    The camera name becomes a file name that stays inside its folder: characters other
+    than letters, digits, ``.``, ``_`` and ``-`` become ``_``, a leading dot becomes
+    ``_`` (no ``..``, no hidden files), and names longer than 100 characters are cut.
+    A name that had to change gets a short hash of the original, so two cameras never
+    share a file (``a/b`` and ``a_b`` differ).
+
+    Args:
+        out_dir: Output folder, a local path or an fsspec URL (joined with ``/``).
+        world_id: World index, ``>= 0``.
+        camera: Camera name as in the model.
+
+    Returns:
+        The path or URL of the video file.
+
+    Raises:
+        SelectionError: if ``world_id`` is not a non-negative integer.
+    """
+    if not _is_int(world_id) or world_id < 0:
+        raise SelectionError(f"world_id must be a non-negative integer, got {world_id!r}.")
+    name = _SAFE_CHARS.sub("_", str(camera))[:100]
+    name = re.sub(r"^\.", "_", name) or "_"
+    if name != camera:
+        name += "-" + hashlib.sha256(str(camera).encode()).hexdigest()[:8]
+    base = os.fspath(out_dir).rstrip("/")
+    return f"{base}/world{int(world_id):05d}/{name}.mp4"
+
+
+def read_video(path: str | os.PathLike[str]) -> np.ndarray:
+    """Decode a local video file into memory (for tests and checks, not for long videos).
+
+    Returns:
+        ``(n_frames, H, W, 3)`` uint8 RGB.
+    """
+    reader = imageio_ffmpeg.read_frames(str(path))
+    meta = next(reader)
+    width, height = meta["size"]
+    frames = [np.frombuffer(raw, np.uint8).reshape(height, width, 3) for raw in reader]
+    if not frames:
+        return np.empty((0, height, width, 3), np.uint8)
+    return np.stack(frames)
+
+
+def _parse_even_size(size: tuple[int, int]) -> tuple[int, int]:
+    ok = isinstance(size, (tuple, list)) and len(size) == 2 and all(_is_int(s) for s in size)
+    if not ok or not all(s > 0 for s in size):
+        raise FrameSizeError(f"size must be (height, width), two positive integers; got {size!r}.")
+    height, width = int(size[0]), int(size[1])
+    if height % 2 or width % 2:
+        nearest = (height + height % 2, width + width % 2)
+        lower = (max(2, height - height % 2), max(2, width - width % 2))
+        raise FrameSizeError(
+            f"Video size (height, width)={(height, width)!r} has an odd side; H.264 in "
+            f"yuv420p needs even sizes. Render at {nearest!r} or {lower!r} instead "
+            "(frames are never resized silently)."
+        )
+    return height, width
+
+
+def _parse_frames(frames: np.ndarray, size: tuple[int, int]) -> np.ndarray:
+    if not isinstance(frames, np.ndarray) or frames.dtype != np.uint8:
+        kind = frames.dtype if isinstance(frames, np.ndarray) else type(frames).__name__
+        raise FrameFormatError(
+            f"Frames must be a uint8 numpy array of RGB values, got {kind}. "
+            "Convert with np.clip(frames, 0, 255).astype(np.uint8) if they are 0..255."
+        )
+    block = frames[None] if frames.ndim == 3 else frames
+    if block.ndim != 4 or block.shape[1:] != (*size, 3):
+        raise FrameSizeError(
+            f"Frames have shape {frames.shape!r}; this writer takes (H, W, 3) or "
+            f"(n, H, W, 3) with (H, W)={size!r}."
+        )
+    return block
+
+
+def _probe(path: Path) -> tuple[str, tuple[int, int], float]:
+    reader = imageio_ffmpeg.read_frames(str(path))
+    try:
+        meta = next(reader)
+    finally:
+        reader.close()
+    return str(meta["codec"]), tuple(meta["size"]), float(meta["fps"])
+
+
+def _check_same_stream(segments: list[Path]) -> None:
+    streams = [_probe(p) for p in segments]
+    for path, stream in zip(segments, streams):
+        if stream != streams[0]:
+            raise VideoEncodeError(
+                f"Segment {str(path)!r} has (codec, (width, height), fps)={stream!r}, but "
+                f"{str(segments[0])!r} has {streams[0]!r}. Encode every segment of a video "
+                "with the same size, fps and options."
+            )
+
+
+def _concat_quote(path: str) -> str:
+    return "'" + path.replace("'", "'\\''") + "'"
+
+
+def _copy_local(source: Path, target: Path, overwrite: bool, exists: OutputExistsError) -> None:
+    if not overwrite and target.exists():
+        raise exists
+    target.parent.mkdir(parents=True, exist_ok=True)
+    staging = target.with_name(f".{target.name}.{uuid.uuid4().hex}.part")
+    shutil.copyfile(source, staging)
+    try:
+        if overwrite:
+            os.replace(staging, target)
+        else:
+            try:
+                os.link(staging, target)  # atomic, and refuses an existing file
+            except FileExistsError:
+                raise exists from None
+            except OSError:  # no hard links here: exclusive create, then copy
+                try:
+                    with open(target, "xb") as out, open(staging, "rb") as src:
+                        shutil.copyfileobj(src, out)
+                except FileExistsError:
+                    raise exists from None
+    finally:
+        staging.unlink(missing_ok=True)

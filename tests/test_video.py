@@ -1,0 +1,263 @@
+"""Video encoding: streaming mp4 writer, segments joined without re-encoding, outputs."""
+
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+
+import fsspec
+import imageio_ffmpeg
+import numpy as np
+import pytest
+
+from flyarchive.errors import FrameSizeError, OutputExistsError, SelectionError
+from flyarchive.video import (
+    FrameFormatError,
+    VideoEncodeError,
+    VideoOptions,
+    VideoWriter,
+    concat_segments,
+    encode_segment,
+    read_video,
+    safe_video_path,
+    write_output,
+)
+
+SIZE = (48, 64)
+FPS = 25.0
+
+
+def moving_bar(n_frames: int, size: tuple[int, int] = SIZE) -> np.ndarray:
+    """``(n, H, W, 3)`` uint8: a white vertical bar moving 2 px per frame on a gradient."""
+    height, width = size
+    frames = np.zeros((n_frames, height, width, 3), np.uint8)
+    frames[..., 2] = np.linspace(0, 120, width, dtype=np.uint8)
+    for k in range(n_frames):
+        column = (2 * k) % (width - 4)
+        frames[k, :, column : column + 4] = 255
+    return frames
+
+
+def bar_columns(frames: np.ndarray) -> np.ndarray:
+    """Centre column of the brightest vertical bar in each frame, pixels."""
+    profile = frames.astype(float).min(axis=3).mean(axis=1)  # white: all channels high
+    return np.array([np.flatnonzero(p > 0.5 * p.max()).mean() for p in profile])
+
+
+def first_frame_is_keyframe(path: Path) -> bool:
+    result = subprocess.run(
+        [imageio_ffmpeg.get_ffmpeg_exe(), "-hide_banner", "-i", str(path),
+         "-vf", "showinfo", "-frames:v", "1", "-f", "null", "-"],
+        capture_output=True, text=True, check=True,
+    )  # fmt: skip
+    return "iskey:1" in result.stderr and "type:I" in result.stderr
+
+
+def test_writer_streams_frames_one_and_many_at_a_time(tmp_path: Path) -> None:
+    frames = moving_bar(12)
+    path = tmp_path / "out.mp4"
+
+    with VideoWriter(path, FPS, SIZE) as writer:
+        writer.write(frames[0])
+        writer.write(frames[1:])
+    decoded = read_video(path)
+
+    assert writer.n_frames == 12
+    assert decoded.shape == (12, *SIZE, 3)
+    assert np.abs(decoded.astype(int) - frames).mean() < 3
+    assert np.allclose(bar_columns(decoded), bar_columns(frames), atol=0.5)
+
+
+def test_same_frames_and_options_give_identical_bytes(tmp_path: Path) -> None:
+    frames = moving_bar(8)
+
+    encode_segment([frames], tmp_path / "a.mp4", FPS, SIZE)
+    encode_segment([frames], tmp_path / "b.mp4", FPS, SIZE)
+
+    assert (tmp_path / "a.mp4").read_bytes() == (tmp_path / "b.mp4").read_bytes()
+
+
+def test_higher_crf_gives_a_smaller_file(tmp_path: Path) -> None:
+    frames = moving_bar(20)
+
+    encode_segment([frames], tmp_path / "fine.mp4", FPS, SIZE, VideoOptions(crf=10))
+    encode_segment([frames], tmp_path / "coarse.mp4", FPS, SIZE, VideoOptions(crf=40))
+
+    assert (tmp_path / "coarse.mp4").stat().st_size < (tmp_path / "fine.mp4").stat().st_size
+
+
+def test_segment_starts_on_a_keyframe(tmp_path: Path) -> None:
+    path = tmp_path / "seg.mp4"
+
+    encode_segment(iter(moving_bar(10)[3:]), path, FPS, SIZE)
+
+    assert first_frame_is_keyframe(path)
+
+
+def test_concat_of_segments_matches_one_shot_encoding(tmp_path: Path) -> None:
+    frames = moving_bar(30)
+    bounds = [(0, 11), (11, 20), (20, 30)]
+    segments = [tmp_path / f"seg{i}.mp4" for i in range(3)]
+    for (start, stop), path in zip(bounds, segments):
+        encode_segment((f for f in frames[start:stop]), path, FPS, SIZE)
+    encode_segment([frames], tmp_path / "one.mp4", FPS, SIZE)
+
+    concat_segments(segments, tmp_path / "joined.mp4")
+    joined = read_video(tmp_path / "joined.mp4")
+    one_shot = read_video(tmp_path / "one.mp4")
+
+    assert joined.shape == one_shot.shape == (30, *SIZE, 3)
+    assert np.abs(joined.astype(int) - one_shot).mean() < 2
+    assert np.allclose(bar_columns(joined), bar_columns(frames), atol=0.5)
+
+
+def test_concat_refuses_segments_of_different_sizes(tmp_path: Path) -> None:
+    encode_segment([moving_bar(3)], tmp_path / "a.mp4", FPS, SIZE)
+    encode_segment([moving_bar(3, (32, 64))], tmp_path / "b.mp4", FPS, (32, 64))
+
+    with pytest.raises(VideoEncodeError, match="same size"):
+        concat_segments([tmp_path / "a.mp4", tmp_path / "b.mp4"], tmp_path / "out.mp4")
+
+    assert not (tmp_path / "out.mp4").exists()
+
+
+def test_concat_refuses_an_existing_output(tmp_path: Path) -> None:
+    encode_segment([moving_bar(3)], tmp_path / "a.mp4", FPS, SIZE)
+    (tmp_path / "out.mp4").write_bytes(b"keep me")
+
+    with pytest.raises(OutputExistsError, match="overwrite=True"):
+        concat_segments([tmp_path / "a.mp4"], tmp_path / "out.mp4")
+
+    assert (tmp_path / "out.mp4").read_bytes() == b"keep me"
+
+
+@pytest.mark.parametrize(("size", "suggestion"), [((47, 64), "(48, 64)"), ((48, 65), "(48, 66)")])
+def test_odd_size_is_refused_with_the_nearest_even_size(
+    tmp_path: Path, size: tuple[int, int], suggestion: str
+) -> None:
+    with pytest.raises(FrameSizeError, match=rf"yuv420p needs even sizes.*{suggestion}"):
+        VideoWriter(tmp_path / "odd.mp4", FPS, size)
+
+
+def test_frames_of_another_size_are_refused(tmp_path: Path) -> None:
+    with VideoWriter(tmp_path / "v.mp4", FPS, SIZE) as writer:
+        writer.write(moving_bar(1))
+        with pytest.raises(FrameSizeError, match=r"\(2, 48, 62, 3\)"):
+            writer.write(moving_bar(2, (48, 62)))
+
+
+def test_float_frames_are_refused(tmp_path: Path) -> None:
+    with VideoWriter(tmp_path / "v.mp4", FPS, SIZE) as writer:
+        writer.write(moving_bar(1))
+        with pytest.raises(FrameFormatError, match="uint8"):
+            writer.write(moving_bar(1).astype(np.float32))
+
+
+def test_failed_block_removes_the_partial_video(tmp_path: Path) -> None:
+    path = tmp_path / "partial.mp4"
+
+    with pytest.raises(KeyError):
+        with VideoWriter(path, FPS, SIZE) as writer:
+            writer.write(moving_bar(3))
+            raise KeyError("simulated failure while rendering")
+
+    assert not path.exists()
+
+
+def test_empty_video_is_refused(tmp_path: Path) -> None:
+    with pytest.raises(VideoEncodeError, match="No frames"):
+        encode_segment([], tmp_path / "empty.mp4", FPS, SIZE)
+
+    assert not (tmp_path / "empty.mp4").exists()
+
+
+def test_writer_refuses_an_existing_file(tmp_path: Path) -> None:
+    path = tmp_path / "v.mp4"
+    path.write_bytes(b"keep me")
+
+    with pytest.raises(OutputExistsError, match="overwrite=True"):
+        VideoWriter(path, FPS, SIZE)
+
+    assert path.read_bytes() == b"keep me"
+
+
+def test_write_output_copies_to_a_new_local_folder(tmp_path: Path) -> None:
+    source = tmp_path / "video.mp4"
+    source.write_bytes(b"mp4 bytes")
+    target = tmp_path / "out" / "world00000" / "front.mp4"
+
+    write_output(source, str(target))
+
+    assert target.read_bytes() == b"mp4 bytes"
+    assert [p.name for p in target.parent.iterdir()] == ["front.mp4"]  # no staging left
+
+
+def test_write_output_refuses_an_existing_output(tmp_path: Path) -> None:
+    source = tmp_path / "video.mp4"
+    source.write_bytes(b"new")
+    target = tmp_path / "front.mp4"
+    target.write_bytes(b"old")
+
+    with pytest.raises(OutputExistsError, match="overwrite=True"):
+        write_output(source, str(target))
+
+    assert target.read_bytes() == b"old"
+
+
+def test_write_output_overwrites_when_asked(tmp_path: Path) -> None:
+    source = tmp_path / "video.mp4"
+    source.write_bytes(b"new")
+    target = tmp_path / "front.mp4"
+    target.write_bytes(b"old")
+
+    write_output(source, f"file://{target}", overwrite=True)
+
+    assert target.read_bytes() == b"new"
+
+
+def test_write_output_uploads_to_an_fsspec_url(tmp_path: Path) -> None:
+    source = tmp_path / "video.mp4"
+    source.write_bytes(b"mp4 bytes")
+    url = "memory://flyarchive-test-video/world00003/top.mp4"
+
+    write_output(source, url)
+
+    with fsspec.open(url, "rb") as remote:
+        assert remote.read() == b"mp4 bytes"
+    with pytest.raises(OutputExistsError):
+        write_output(source, url)
+
+
+def test_safe_video_path_names_world_and_camera() -> None:
+    assert safe_video_path("s3://bucket/videos/", 7, "front") == (
+        "s3://bucket/videos/world00007/front.mp4"
+    )
+
+
+@pytest.mark.parametrize("camera", ["../../etc", "/etc/passwd", "..", ".", "a/../../b", "x\x00y", ""])
+def test_safe_video_path_keeps_camera_files_inside_the_world_folder(
+    tmp_path: Path, camera: str
+) -> None:
+    folder = (tmp_path / "world00001").resolve()
+
+    path = Path(safe_video_path(tmp_path, 1, camera)).resolve()
+
+    assert path.parent == folder
+    assert "\x00" not in str(path) and path.name.endswith(".mp4")
+
+
+def test_safe_video_path_keeps_sanitized_names_apart() -> None:
+    assert safe_video_path("out", 0, "a/b") != safe_video_path("out", 0, "a_b")
+
+
+@pytest.mark.parametrize("world_id", [-1, 1.5, True])
+def test_safe_video_path_refuses_a_bad_world_id(world_id: object) -> None:
+    with pytest.raises(SelectionError, match="world_id"):
+        safe_video_path("out", world_id, "front")  # type: ignore[arg-type]
+
+
+def test_video_options_refuse_bad_values() -> None:
+    with pytest.raises(ValueError, match="crf"):
+        VideoOptions(crf=60)
+    with pytest.raises(ValueError, match="preset"):
+        VideoOptions(preset="quick")
