@@ -261,3 +261,31 @@ def test_video_options_refuse_bad_values() -> None:
         VideoOptions(crf=60)
     with pytest.raises(ValueError, match="preset"):
         VideoOptions(preset="quick")
+
+
+def slider_columns(n_frames: int, size: tuple[int, int]) -> tuple[np.ndarray, np.ndarray]:
+    """Pixel column of the block in frame k (8 + 4k) and the slider qpos that puts it there."""
+    height, width = size
+    focal = (height / 2) / np.tan(np.deg2rad(30))  # camera 'front': fovy 60, 3 m away
+    columns = 8.0 + 4.0 * np.arange(n_frames)
+    qpos = (columns - (width - 1) / 2) * 3.0 / focal
+    return columns, qpos[:, None]
+
+
+def test_decoded_frame_k_shows_the_block_where_qpos_k_puts_it(tmp_path: Path) -> None:
+    from flyarchive.replay.cpu import CpuRenderer
+    from flyarchive.testing import slider_model
+
+    size = (96, 128)
+    expected, qpos = slider_columns(28, size)
+    segments = [tmp_path / f"seg{i}.mp4" for i in range(3)]
+
+    with CpuRenderer(slider_model(), "front", size) as renderer:
+        for path, block in zip(segments, np.array_split(np.arange(28), 3)):
+            views = (frame[0] for frame in renderer.iter_frames(qpos[block]))
+            encode_segment(views, path, FPS, size)
+    concat_segments(segments, tmp_path / "slider.mp4")
+    actual = bar_columns(read_video(tmp_path / "slider.mp4"))
+
+    assert actual.shape == expected.shape
+    assert np.abs(actual - expected).max() <= 1.5  # frames are 4 px apart
