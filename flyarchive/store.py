@@ -364,8 +364,13 @@ class ArchiveWriter:
     def n_worlds(self) -> int:
         return len(self.world_ids)
 
-    def write(self, block: FrameBlock) -> None:
+    def write(self, block: FrameBlock, *, n_frames: np.ndarray | None = None) -> None:
         """Append ``block`` (all worlds) after the last committed frame and commit it.
+
+        Args:
+            block: The frames, all worlds.
+            n_frames: ``(worlds,)`` committed frames of each world after this block
+                (default: all of them); for worlds whose recording ended earlier.
 
         Raises:
             ValueError: if the block's shapes do not fit the archive.
@@ -385,7 +390,8 @@ class ArchiveWriter:
             for name in self._state:
                 self._group[name][:, t0:t1] = getattr(block, name)
             self._group["time"][t0:t1] = block.time
-            self._group["n_frames"][:] = np.full(self.n_worlds, t1, dtype=np.int64)
+            committed = np.full(self.n_worlds, t1) if n_frames is None else np.asarray(n_frames)
+            self._group["n_frames"][:] = committed.astype(np.int64)
         except (OSError, RuntimeError, TimeoutError) as err:
             raise StorageError(
                 f"Writing frames {t0}..{t1 - 1} to {self.url!r} failed ({err!r}). "
