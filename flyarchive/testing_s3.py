@@ -40,7 +40,6 @@ import urllib.request
 import weakref
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from types import TracebackType
 from typing import IO, TYPE_CHECKING, Any, Self
 
 from flyarchive.errors import MissingDependencyError
@@ -49,14 +48,9 @@ if TYPE_CHECKING:
     import s3fs
 
 __all__ = [
-    "REGION",
-    "FaultPlan",
-    "FaultProxy",
-    "S3Server",
-    "S3ServerStartError",
-    "s3_filesystem",
-    "s3_storage_options",
-]
+    "REGION", "FaultPlan", "FaultProxy", "S3Server", "S3ServerStartError",
+    "s3_filesystem", "s3_storage_options",
+]  # fmt: skip
 
 REGION = "us-east-1"
 _FAKE_KEY = "flyarchive-testing-key"
@@ -69,19 +63,15 @@ class S3ServerStartError(RuntimeError):
     """The moto server process did not start or did not answer in time."""
 
 
-# --------------------------------------------------------------------------- options
-
-
 def s3_storage_options(
     endpoint_url: str, *, botocore_attempts: int = 2, **extra: Any
 ) -> dict[str, Any]:
     """Build fsspec/s3fs storage options that talk only to ``endpoint_url``.
 
-    The options carry explicit fake credentials and a region (so botocore never
-    looks up credentials, instance metadata or a region), and a proxy mapping that
-    routes nothing through ``HTTP_PROXY``/``HTTPS_PROXY``. They suit
-    ``fsspec.filesystem("s3", **opts)``, ``s3fs.S3FileSystem(**opts)`` and
-    ``zarr.storage.FsspecStore.from_url("s3://...", storage_options=opts)``.
+    Explicit fake credentials and region mean botocore never looks up
+    credentials, instance metadata or a region; an explicit proxy mapping means
+    ``HTTP_PROXY``/``HTTPS_PROXY`` are ignored. For ``fsspec.filesystem("s3",
+    **opts)``, ``s3fs.S3FileSystem(**opts)`` or ``FsspecStore.from_url``.
 
     Args:
         endpoint_url: URL of the S3-compatible endpoint, e.g. ``http://127.0.0.1:5000``.
@@ -92,16 +82,13 @@ def s3_storage_options(
             key by key into the defaults; every other key replaces the default.
 
     Returns:
-        A new dict; the caller's ``extra`` is not modified.
+        A new dict; ``extra`` is not modified.
 
     Raises:
         ValueError: If ``botocore_attempts`` is below 1.
     """
     if botocore_attempts < 1:
-        raise ValueError(
-            f"botocore_attempts must be at least 1, got {botocore_attempts!r}. "
-            "Pass 1 to disable botocore's own retries."
-        )
+        raise ValueError(f"botocore_attempts must be >= 1; got {botocore_attempts!r}.")
     extra = dict(extra)
     client_kwargs = dict(extra.pop("client_kwargs", {}))
     config_kwargs = {
@@ -116,15 +103,8 @@ def s3_storage_options(
         "read_timeout": 15,
         **extra.pop("config_kwargs", {}),
     }
-    return {
-        "key": _FAKE_KEY,
-        "secret": _FAKE_SECRET,
-        "endpoint_url": endpoint_url,
-        "use_ssl": endpoint_url.startswith("https://"),
-        "client_kwargs": client_kwargs,
-        "config_kwargs": config_kwargs,
-        **extra,
-    }
+    return {"key": _FAKE_KEY, "secret": _FAKE_SECRET, "endpoint_url": endpoint_url,
+            "client_kwargs": client_kwargs, "config_kwargs": config_kwargs, **extra}  # fmt: skip
 
 
 def s3_filesystem(endpoint_url: str, *, retries: int = 2, **extra: Any) -> s3fs.S3FileSystem:
@@ -132,13 +112,13 @@ def s3_filesystem(endpoint_url: str, *, retries: int = 2, **extra: Any) -> s3fs.
 
     Args:
         endpoint_url: URL of the S3-compatible endpoint.
-        retries: s3fs's own attempts per call (its class default is 5). s3fs
-            retries connection errors and ``SlowDown``; each attempt may itself
-            be retried by botocore (``botocore_attempts``).
-        **extra: Passed to :func:`s3_storage_options` (and from there to s3fs).
+        retries: s3fs's own attempts per call (class default 5; storage options
+            cannot set it). s3fs retries connection errors and ``SlowDown``; each
+            attempt may itself be retried by botocore (``botocore_attempts``).
+        **extra: Passed to :func:`s3_storage_options`.
 
     Returns:
-        A synchronous filesystem built with ``skip_instance_cache=True``.
+        A synchronous filesystem, built with ``skip_instance_cache=True``.
 
     Raises:
         MissingDependencyError: If s3fs is not installed.
@@ -150,8 +130,7 @@ def s3_filesystem(endpoint_url: str, *, retries: int = 2, **extra: Any) -> s3fs.
         import s3fs
     except ImportError as err:
         raise MissingDependencyError(
-            "S3 access needs s3fs, which is not installed. "
-            "Install it with: pip install 'flyarchive[s3]'"
+            "S3 access needs s3fs, which is not installed: pip install 'flyarchive[s3]'"
         ) from err
     fs = s3fs.S3FileSystem(skip_instance_cache=True, **s3_storage_options(endpoint_url, **extra))
     fs.retries = retries
@@ -192,7 +171,6 @@ class _Endpoint:
         self.filesystem().mkdir(name)
 
 
-# --------------------------------------------------------------------------- server
 
 
 def _free_port() -> int:
@@ -237,7 +215,7 @@ class S3Server(_Endpoint):
             RuntimeError: If the server is not running.
         """
         if self._port is None or self._proc is None or self._proc.poll() is not None:
-            raise RuntimeError("The S3 server is not running. Call start() or use `with S3Server():`.")
+            raise RuntimeError("The S3 server is not running. Use `with S3Server() as s:`.")
         return f"http://{_LOOPBACK}:{self._port}"
 
     def start(self) -> Self:
@@ -257,28 +235,33 @@ class S3Server(_Endpoint):
             import moto.server  # noqa: F401
         except ImportError as err:
             raise MissingDependencyError(
-                "The S3 test server needs moto's server mode, which is not installed. "
-                "Install it with: pip install 'flyarchive[test]' (or 'moto[server]')."
+                "The S3 test server needs moto's server mode, which is not installed: "
+                "pip install 'flyarchive[test]' (or 'moto[server]')."
             ) from err
+        for attempt in range(3):  # another process may take the free port first
+            self._launch()
+            try:
+                self._wait_until_answering()
+                return self
+            except S3ServerStartError as err:
+                self.stop()
+                if attempt == 2 or "in use" not in str(err):
+                    raise
+            except BaseException:
+                self.stop()
+                raise
+        raise AssertionError("unreachable")
+
+    def _launch(self) -> None:
         self._port = _free_port()
-        env = {
-            **os.environ,
-            "AWS_ACCESS_KEY_ID": _FAKE_KEY,
-            "AWS_SECRET_ACCESS_KEY": _FAKE_SECRET,
-            "AWS_DEFAULT_REGION": REGION,
-        }
+        env = {**os.environ, "AWS_ACCESS_KEY_ID": _FAKE_KEY,
+               "AWS_SECRET_ACCESS_KEY": _FAKE_SECRET, "AWS_DEFAULT_REGION": REGION}  # fmt: skip
         self._stderr = tempfile.TemporaryFile()
         cmd = [sys.executable, "-m", "moto.server", "-H", _LOOPBACK, "-p", str(self._port)]
         self._proc = subprocess.Popen(
             cmd, stdin=subprocess.DEVNULL, stdout=self._stderr, stderr=self._stderr, env=env
         )
         self._finalizer = weakref.finalize(self, _terminate, self._proc)
-        try:
-            self._wait_until_answering()
-        except BaseException:
-            self.stop()
-            raise
-        return self
 
     def _wait_until_answering(self) -> None:
         assert self._proc is not None
@@ -323,16 +306,10 @@ class S3Server(_Endpoint):
     def __enter__(self) -> Self:
         return self.start()
 
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
+    def __exit__(self, *exc_info: object) -> None:
         self.stop()
 
 
-# --------------------------------------------------------------------------- faults
 
 _FAULT_KINDS = ("drop", "error500", "error503", "delay")
 _ALL_METHODS = frozenset({"GET", "PUT", "POST", "DELETE", "HEAD"})
@@ -366,6 +343,8 @@ class FaultPlan:
     methods: frozenset[str] = field(default=_ALL_METHODS)
 
     def __post_init__(self) -> None:
+        if isinstance(self.methods, str):
+            raise TypeError(f"FaultPlan.methods must be a set of names, got {self.methods!r}.")
         for kind in _FAULT_KINDS:
             p = getattr(self, kind)
             if not 0.0 <= p <= 1.0:
@@ -390,20 +369,10 @@ class FaultPlan:
         return None
 
 
+# Headers that describe one hop (or that the proxy recomputes), never forwarded as is.
 _HOP_BY_HOP = frozenset(
-    {
-        "connection",
-        "keep-alive",
-        "proxy-connection",
-        "proxy-authenticate",
-        "proxy-authorization",
-        "te",
-        "trailer",
-        "transfer-encoding",
-        "upgrade",
-        "expect",
-        "content-length",
-    }
+    "connection keep-alive proxy-connection proxy-authenticate proxy-authorization te "
+    "trailer transfer-encoding upgrade expect content-length".split()
 )
 _S3_ERRORS = {
     "error500": (500, "InternalError", "We encountered an internal error. Please try again."),
@@ -453,8 +422,12 @@ class _ProxyHandler(BaseHTTPRequestHandler):
     do_PUT = do_POST = do_DELETE = do_HEAD = do_PATCH = do_OPTIONS = do_GET
 
     def _handle(self) -> None:
-        body = self._read_body()
-        fault = self.server.proxy._decide(self.command)
+        try:
+            body = self._read_body()
+        except ValueError:  # truncated or malformed: never forward part of a body
+            self.close_connection = True
+            return
+        fault, plan = self.server.proxy._decide(self.command)
         if fault == "drop":
             self.close_connection = True
             self.connection.shutdown(socket.SHUT_RDWR)
@@ -464,25 +437,31 @@ class _ProxyHandler(BaseHTTPRequestHandler):
             self._reply_error(status, code, message)
             return
         if fault == "delay":
-            time.sleep(self.server.proxy.plan.delay_s)
+            time.sleep(plan.delay_s)
         self._forward(body)
 
     def _read_body(self) -> bytes | None:
-        """Read the request body (Content-Length or chunked); ``None`` if it has none."""
+        """Read the whole request body; ``None`` if it has none.
+
+        Raises:
+            ValueError: If the body is malformed or ends early.
+        """
         if "chunked" in self.headers.get("Transfer-Encoding", "").lower():
             parts = []
-            while True:
-                size = int(self.rfile.readline().split(b";")[0].strip(), 16)
-                if size == 0:
-                    while self.rfile.readline() not in (b"\r\n", b"\n", b""):
-                        pass  # trailers
-                    return b"".join(parts)
-                parts.append(self.rfile.read(size))
+            while size := int(self.rfile.readline().split(b";")[0].strip(), 16):
+                parts.append(self._read_exactly(size))
                 self.rfile.readline()  # CRLF after each chunk
+            while self.rfile.readline() not in (b"\r\n", b"\n", b""):
+                pass  # trailers
+            return b"".join(parts)
         length = self.headers.get("Content-Length")
-        if length is None:
-            return None
-        return self.rfile.read(int(length))
+        return None if length is None else self._read_exactly(int(length))
+
+    def _read_exactly(self, n: int) -> bytes:
+        data = self.rfile.read(n)
+        if len(data) != n:
+            raise ValueError(f"request body ended after {len(data)} of {n} bytes")
+        return data
 
     def _reply_error(self, status: int, code: str, message: str) -> None:
         request_id = f"fault-{next(self.server.proxy._ids)}"
@@ -519,9 +498,7 @@ class _ProxyHandler(BaseHTTPRequestHandler):
         self.end_headers()
         self.wfile.write(payload)
 
-    def _exchange(
-        self, body: bytes | None
-    ) -> tuple[int, str, list[tuple[str, str]], bytes]:
+    def _exchange(self, body: bytes | None) -> tuple[int, str, list[tuple[str, str]], bytes]:
         """Send the request upstream; retry once on a fresh connection if a kept one died."""
         for attempt in range(2):
             reused = self._upstream is not None
@@ -546,8 +523,8 @@ class _ProxyHandler(BaseHTTPRequestHandler):
             except (OSError, http.client.HTTPException):
                 conn.close()
                 self._upstream = None
-                if not reused or attempt == 1:
-                    raise
+                if not reused or attempt == 1 or self.command == "POST":
+                    raise  # only a kept connection gone stale is retried, never a POST
         raise AssertionError("unreachable")
 
 
@@ -571,9 +548,7 @@ class FaultProxy(_Endpoint):
     def __init__(self, upstream_url: str, plan: FaultPlan | None = None) -> None:
         match = re.fullmatch(r"http://([^/:]+):(\d+)/?", upstream_url)
         if match is None:
-            raise ValueError(
-                f"upstream_url must look like 'http://host:port', got {upstream_url!r}."
-            )
+            raise ValueError(f"upstream_url must be like 'http://host:port', got {upstream_url!r}.")
         self._upstream_address = (match[1], int(match[2]))
         self._lock = threading.Lock()
         self._plan = FaultPlan()
@@ -607,7 +582,7 @@ class FaultProxy(_Endpoint):
             RuntimeError: If the proxy is not running.
         """
         if self._server is None:
-            raise RuntimeError("The fault proxy is not running. Call start() or use `with FaultProxy(...):`.")
+            raise RuntimeError("The fault proxy is not running. Use `with FaultProxy(url) as p:`.")
         return f"http://{_LOOPBACK}:{self._server.server_address[1]}"
 
     def stats(self) -> dict[str, int]:
@@ -641,8 +616,7 @@ class FaultProxy(_Endpoint):
         server.proxy = self
         self._server = server
         self._thread = threading.Thread(
-            target=server.serve_forever, kwargs={"poll_interval": 0.1}, daemon=True,
-            name="flyarchive-fault-proxy",
+            target=server.serve_forever, args=(0.1,), daemon=True, name="flyarchive-fault-proxy"
         )
         self._thread.start()
         return self
@@ -668,25 +642,20 @@ class FaultProxy(_Endpoint):
     def __enter__(self) -> Self:
         return self.start()
 
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
+    def __exit__(self, *exc_info: object) -> None:
         self.stop()
 
-    def _decide(self, method: str) -> str | None:
+    def _decide(self, method: str) -> tuple[str | None, FaultPlan]:
         with self._lock:
             self._stats["requests"] += 1
             plan = self._plan
             if method.upper() not in plan.methods:
-                return None
+                return None, plan
             fault = plan.choose(self._rng.random())
             if fault is not None:
                 self._stats[fault] += 1
                 self._stats["faults"] += 1
-            return fault
+            return fault, plan
 
     def _count(self, key: str) -> None:
         with self._lock:

@@ -8,6 +8,7 @@ from __future__ import annotations
 import http.client
 import itertools
 import os
+import socket
 import stat
 import sys
 from collections.abc import Iterator
@@ -312,3 +313,31 @@ def test_retries_under_moderate_faults_never_return_wrong_bytes(
     assert all(read[path] == payloads[path] for path in read)
     direct = server.filesystem()
     assert all(direct.cat(path) == payloads[path] for path in written)
+
+
+def test_filesystem_ignores_proxy_environment(
+    server: S3Server, bucket: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    for name in ("NO_PROXY", "no_proxy"):
+        monkeypatch.delenv(name, raising=False)
+    for name in ("HTTP_PROXY", "http_proxy", "HTTPS_PROXY", "https_proxy"):
+        monkeypatch.setenv(name, "http://127.0.0.1:9")  # nothing listens there
+    fs = server.filesystem(retries=1, botocore_attempts=1)
+
+    fs.pipe(f"{bucket}/p.bin", b"direct")
+
+    assert fs.cat(f"{bucket}/p.bin") == b"direct"
+
+
+def test_proxy_never_forwards_a_truncated_body(
+    proxy: FaultProxy, server: S3Server, bucket: str
+) -> None:
+    conn = _connect(proxy)
+    conn.putrequest("PUT", f"/{bucket}/cut.bin")
+    conn.putheader("Content-Length", "10")
+    conn.endheaders(b"abcd")
+    conn.sock.shutdown(socket.SHUT_WR)  # the client gives up after 4 of 10 bytes
+
+    with pytest.raises((http.client.RemoteDisconnected, ConnectionError)):
+        conn.getresponse()
+    assert not server.filesystem().exists(f"{bucket}/cut.bin")
