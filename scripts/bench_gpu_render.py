@@ -40,7 +40,9 @@ def main() -> None:
     device = {"cuda": "cuda:0", "cpu": "cpu"}[args.device] if args.device else None
 
     start = time.perf_counter()
-    renderer = WarpBatchRenderer(model, camera, (height, width), batch_worlds=args.worlds, device=device)
+    renderer = WarpBatchRenderer(
+        model, camera, (height, width), batch_worlds=args.worlds, device=device
+    )
     renderer.render_batch(qpos[: args.worlds])  # compile or load kernels, first render
     setup_s = time.perf_counter() - start
 
@@ -124,7 +126,10 @@ def _time_batches(renderer: Any, batches: list[np.ndarray]) -> float:
 
 
 def _print_table(r: dict[str, Any]) -> None:
-    header = f"{'model':<6} {'device':<8} {'B':>6} {'frames':>7} {'HxW':>9} {'setup s':>8} {'raw f/s':>10} {'batch f/s':>10}"
+    header = (
+        f"{'model':<6} {'device':<8} {'B':>6} {'frames':>7} {'HxW':>9} "
+        f"{'setup s':>8} {'raw f/s':>10} {'batch f/s':>10}"
+    )
     size = f"{r['size'][0]}x{r['size'][1]}"
     row = (
         f"{r['model']:<6} {r['device']:<8} {r['worlds']:>6} {r['frames']:>7} {size:>9} "

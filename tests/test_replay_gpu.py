@@ -22,10 +22,11 @@ from flyarchive.errors import (
 from flyarchive.layout import ModelLayout
 from flyarchive.testing import slider_model, tiny_model
 
-os.environ.setdefault("MUJOCO_GL", "egl")
+os.environ.setdefault("MUJOCO_GL", "egl")  # effective via conftest, which runs first
 
 requires_warp = pytest.mark.skipif(
-    importlib.util.find_spec("mujoco_warp") is None, reason="needs mujoco-warp (flyarchive[gpu])"
+    importlib.util.find_spec("mujoco_warp") is None,
+    reason="needs mujoco-warp (flyarchive[gpu])",
 )
 pytestmark = [requires_warp, pytest.mark.timeout(900)]
 
@@ -58,7 +59,8 @@ def tiny():
     from flyarchive.replay.gpu import WarpBatchRenderer
 
     model = tiny_model()
-    return model, WarpBatchRenderer(model, ["front", "top"], SIZE, batch_worlds=BATCH, device="cpu")
+    renderer = WarpBatchRenderer(model, ["front", "top"], SIZE, batch_worlds=BATCH, device="cpu")
+    return model, renderer
 
 
 @pytest.fixture(scope="module")
@@ -240,9 +242,11 @@ def test_slider_block_column_follows_qpos(slider):
 def test_packed_batch_equals_one_state_per_batch(tiny):
     model, renderer = tiny
     qpos, mocap_pos, mocap_quat = random_states(model, 3, seed=4)
-    expected = np.concatenate(
-        [renderer.render_batch(qpos[i : i + 1], mocap_pos[i : i + 1], mocap_quat[i : i + 1]) for i in range(3)]
-    )
+    one_by_one = [
+        renderer.render_batch(qpos[i : i + 1], mocap_pos[i : i + 1], mocap_quat[i : i + 1])
+        for i in range(3)
+    ]
+    expected = np.concatenate(one_by_one)
 
     actual = renderer.render_batch(qpos, mocap_pos, mocap_quat)
 

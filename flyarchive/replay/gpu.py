@@ -166,7 +166,9 @@ class WarpBatchRenderer:
 
         Returns:
             A new host array ``(n, n_cameras, H, W, 3)`` of ``uint8`` RGB, row 0 at
-            the top of the image; frame ``i`` shows state ``i``.
+            the top of the image; frame ``i`` shows state ``i``. A partial batch
+            (``n < B``) costs a full one: the other ``B - n`` render worlds keep
+            their previous (valid) states and their frames are not copied back.
 
         Raises:
             LayoutMismatchError: An array's trailing shape does not fit the model.
@@ -230,7 +232,8 @@ class WarpBatchRenderer:
             warnings.filterwarnings("ignore", message=".*MULTICCD.*", category=UserWarning)
             self._warp_model = mjw.put_model(m)
         self._data = mjw.put_data(m, mujoco.MjData(m), nworld=b, nconmax=0, njmax=0)
-        cam_ids = [mujoco.mj_name2id(m, mujoco.mjtObj.mjOBJ_CAMERA, c) for c in self._camera_names]
+        camera = mujoco.mjtObj.mjOBJ_CAMERA
+        cam_ids = [mujoco.mj_name2id(m, camera, name) for name in self._camera_names]
         self._render_context = mjw.create_render_context(
             m,
             nworld=b,
@@ -240,7 +243,9 @@ class WarpBatchRenderer:
             render_seg=False,
             cam_active=cam_ids,
         )
-        self._states_host = wp.zeros((b, self._nstate), dtype=wp.float32, device="cpu", pinned=pinned)
+        self._states_host = wp.zeros(
+            (b, self._nstate), dtype=wp.float32, device="cpu", pinned=pinned
+        )
         self._states_device = wp.zeros((b, self._nstate), dtype=wp.float32)
         self._rgb_device = wp.zeros((b, ncam, height * width, 3), dtype=wp.uint8)
         self._rgb_host = wp.zeros(
