@@ -198,3 +198,25 @@ def test_pin_rasterizer_threads_sets_lp_num_threads_only_when_unset(
     second = pin_rasterizer_threads(4)
 
     assert (first, second, os.environ["LP_NUM_THREADS"]) == ("1", "1", "1")
+
+
+def test_egl_is_used_even_when_mujoco_was_imported_before_flyarchive() -> None:
+    script = (
+        "import mujoco\n"  # MUJOCO_GL unset here: MuJoCo binds GLFW, which needs a display
+        "from mujoco.rendering.classic import gl_context\n"
+        "before = gl_context.GLContext\n"
+        "from flyarchive.replay.cpu import CpuRenderer\n"
+        "from flyarchive.testing import tiny_model\n"
+        "model = tiny_model()\n"
+        "with CpuRenderer(model, 'front', (32, 32)) as renderer:\n"
+        "    frame = renderer.render(model.qpos0[None])\n"
+        "print(frame.shape, frame.mean() > 0, gl_context.GLContext is before)\n"
+    )
+    env = {k: v for k, v in os.environ.items() if k not in ("MUJOCO_GL", "PYOPENGL_PLATFORM")}
+    env.pop("DISPLAY", None)
+
+    result = subprocess.run(
+        [sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=60
+    )
+
+    assert result.stdout.strip() == "(1, 1, 32, 32, 3) True True", result.stderr
