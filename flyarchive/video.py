@@ -92,7 +92,8 @@ class VideoOptions:
         if not _is_int(self.crf) or not 0 <= self.crf <= 51:
             raise ValueError(f"crf must be an integer in 0..51, got {self.crf!r}.")
         if self.preset not in _PRESETS:
-            raise ValueError(f"preset {self.preset!r} is not an x264 preset: {', '.join(_PRESETS)}.")
+            presets = ", ".join(_PRESETS)
+            raise ValueError(f"preset {self.preset!r} is not an x264 preset: {presets}.")
         for name in ("threads", "keyframe_interval"):
             value = getattr(self, name)
             if value is not None and (not _is_int(value) or value < 1):

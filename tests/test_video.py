@@ -234,7 +234,9 @@ def test_safe_video_path_names_world_and_camera() -> None:
     )
 
 
-@pytest.mark.parametrize("camera", ["../../etc", "/etc/passwd", "..", ".", "a/../../b", "x\x00y", ""])
+@pytest.mark.parametrize(
+    "camera", ["../../etc", "/etc/passwd", "..", ".", "a/../../b", "x\x00y", ""]
+)
 def test_safe_video_path_keeps_camera_files_inside_the_world_folder(
     tmp_path: Path, camera: str
 ) -> None:
@@ -289,3 +291,20 @@ def test_decoded_frame_k_shows_the_block_where_qpos_k_puts_it(tmp_path: Path) ->
 
     assert actual.shape == expected.shape
     assert np.abs(actual - expected).max() <= 1.5  # frames are 4 px apart
+
+
+def test_write_output_uploads_to_s3_and_refuses_to_replace_it(
+    tmp_path: Path, s3_server: object
+) -> None:
+    source = tmp_path / "video.mp4"
+    source.write_bytes(b"first")
+    url = "s3://flyarchive-test/videos/world00002/front.mp4"
+    options = s3_server.storage_options()  # type: ignore[attr-defined]
+    fs = s3_server.filesystem()  # type: ignore[attr-defined]
+
+    write_output(source, url, options)
+    source.write_bytes(b"second")
+    with pytest.raises(OutputExistsError, match=url):
+        write_output(source, url, options)
+
+    assert fs.cat_file(url) == b"first"

@@ -308,7 +308,7 @@ def _check_block(
 def headless_renderer(
     model: mujoco.MjModel, size: tuple[int, int], *, max_geom: int = 10000
 ) -> mujoco.Renderer:
-    """Create a ``mujoco.Renderer`` on the backend ``MUJOCO_GL`` names now, whatever the import order.
+    """A ``mujoco.Renderer`` on the GL backend ``MUJOCO_GL`` names now, whatever the import order.
 
     Use it for live rendering that must match replay bit for bit (same GL backend).
 
