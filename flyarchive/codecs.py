@@ -1,21 +1,49 @@
-"""Codec pipelines for the archive's state arrays.
+"""Codec pipelines for the archive's state arrays, chosen by measurement.
 
 ``"lossless"`` (default) keeps every bit. ``"abs:<bound>"`` (e.g. ``"abs:1e-6"``)
-rounds values to a grid so that the absolute error is at most ``bound``, then
-compresses losslessly; the bound is stored in the archive's attributes.
-Every pipeline ends with a CRC-32C checksum so that flipped bits are detected.
+rounds every value to the nearest multiple of a power-of-two grid step (the
+largest one not above ``2 * bound``, see :func:`quantization_step`), so that the
+absolute error is at most ``bound``, then compresses losslessly. NaN and
+infinities pass through unchanged. Every pipeline ends with a CRC-32C checksum,
+so flipped bits are detected on read.
+
+The pipelines (``scripts/bench_storage.py`` measures them on a NeuroMechFly walk,
+73 dofs, 250 frames at 25 fps and playback 0.2, float64; ratio to
+``np.savez_compressed`` of the same array):
+
+- lossless: ``pcodec`` (level 8, lookback delta) then CRC-32C: 0.84, where Blosc
+  shuffle+zstd reaches 0.89-0.91.
+- ``abs:1e-6``: a fixed-scale quantizer (``numcodecs.fixedscaleoffset``, scale
+  ``2**19``, float output) then the same ``pcodec`` then CRC-32C: 0.27, max error
+  ``2**-20`` (9.5e-7).
+
+The lookback delta lets pcodec find the frame period (``nq`` values) itself, so the
+same pipeline suits every state array, whatever its trailing dimensions.
+Reading needs ``numcodecs`` and ``pcodec``.
 """
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import numpy as np
-from zarr.codecs import BloscCodec, Crc32cCodec
+from zarr.codecs import Crc32cCodec
+from zarr.codecs.numcodecs import FixedScaleOffset, PCodec
 
 from flyarchive.errors import FlyarchiveError
 
-__all__ = ["parse_codec", "array_codecs", "CodecSpecError"]
+__all__ = [
+    "CodecSpecError",
+    "parse_codec",
+    "quantization_step",
+    "array_codecs",
+    "describe",
+    "on_grid",
+]
+
+_PCODEC_LEVEL = 8
+_PCODEC_DELTA = "try_lookback"
 
 
 class CodecSpecError(FlyarchiveError, ValueError):
@@ -25,8 +53,12 @@ class CodecSpecError(FlyarchiveError, ValueError):
 def parse_codec(spec: str) -> float | None:
     """Return the absolute error bound of a codec spec (None for lossless).
 
+    Args:
+        spec: ``"lossless"`` or ``"abs:<bound>"`` with a positive finite bound in the
+            units of the stored values (mm, radians...), e.g. ``"abs:1e-6"``.
+
     Raises:
-        CodecSpecError: for anything but ``"lossless"`` or ``"abs:<positive float>"``.
+        CodecSpecError: for anything else.
     """
     if spec == "lossless":
         return None
@@ -35,7 +67,7 @@ def parse_codec(spec: str) -> float | None:
             bound = float(spec[4:])
         except ValueError:
             bound = float("nan")
-        if np.isfinite(bound) and bound > 0:
+        if math.isfinite(bound) and bound > 0:
             return bound
     raise CodecSpecError(
         f"Unknown codec {spec!r}. Use 'lossless' (default) or 'abs:<bound>' for an "
@@ -43,14 +75,92 @@ def parse_codec(spec: str) -> float | None:
     )
 
 
-def array_codecs(spec: str, dtype: np.dtype) -> dict[str, Any]:
-    """Keyword arguments (filters, compressors) for ``zarr.create_array``."""
-    parse_codec(spec)
+def quantization_step(bound: float) -> float:
+    """The grid step used for an absolute error bound.
+
+    The step is the largest power of two not above ``2 * bound``, so rounding to the
+    nearest multiple errs by at most ``step / 2 <= bound``, and scaling by a power of
+    two is exact in floating point. ``quantization_step(1e-6) == 2**-19``.
+
+    Args:
+        bound: Positive finite absolute error bound.
+
+    Raises:
+        CodecSpecError: if ``bound`` is not positive and finite.
+    """
+    if not (isinstance(bound, (int, float)) and math.isfinite(bound) and bound > 0):
+        raise CodecSpecError(f"An error bound must be a positive finite number, got {bound!r}.")
+    _, exponent = math.frexp(2.0 * bound)  # 2 * bound = m * 2**exponent, 0.5 <= m < 1
+    return math.ldexp(1.0, exponent - 1)
+
+
+def array_codecs(spec: str, dtype: np.typing.DTypeLike) -> dict[str, Any]:
+    """Keyword arguments (``filters``, ``serializer``, ``compressors``) for ``zarr.create_array``.
+
+    Suits state arrays of any shape (``(world, time, dof)``, ``(world, time, mocap, 3|4)``)
+    chunked with all trailing dimensions in one chunk.
+
+    Args:
+        spec: ``"lossless"`` or ``"abs:<bound>"``.
+        dtype: The array's dtype, float64 or float32.
+
+    Raises:
+        CodecSpecError: for an unknown spec or a dtype other than float32/float64.
+    """
+    bound = parse_codec(spec)
     dtype = np.dtype(dtype)
+    if dtype not in (np.dtype("float64"), np.dtype("float32")):
+        raise CodecSpecError(f"State arrays are float64 or float32, got dtype {dtype!r}.")
+    filters: list[Any] = []
+    if bound is not None:
+        scale = 1.0 / quantization_step(bound)
+        filters.append(FixedScaleOffset(offset=0, scale=scale, dtype=dtype.str, astype=dtype.str))
     return {
-        "filters": [],
-        "compressors": [
-            BloscCodec(cname="zstd", clevel=5, shuffle="shuffle", typesize=dtype.itemsize),
-            Crc32cCodec(),
-        ],
+        "filters": filters,
+        "serializer": PCodec(level=_PCODEC_LEVEL, delta_spec=_PCODEC_DELTA),
+        "compressors": [Crc32cCodec()],
     }
+
+
+def describe(spec: str) -> dict[str, Any]:
+    """The JSON-friendly description of a codec spec for the archive's attributes.
+
+    Returns:
+        ``{"spec", "lossless", "abs_error_bound", "quantization_step", "pipeline"}``;
+        the bound and the step are None for lossless.
+
+    Raises:
+        CodecSpecError: for an unknown spec.
+    """
+    bound = parse_codec(spec)
+    step = None if bound is None else quantization_step(bound)
+    stages = [f"pcodec(level={_PCODEC_LEVEL}, delta={_PCODEC_DELTA})", "crc32c"]
+    if step is not None:
+        stages.insert(0, f"round to multiples of 2**{int(math.log2(step))}")
+    return {
+        "spec": spec,
+        "lossless": bound is None,
+        "abs_error_bound": bound,
+        "quantization_step": step,
+        "pipeline": stages,
+    }
+
+
+def on_grid(values: np.ndarray, spec: str) -> np.ndarray:
+    """Whether each value is what the spec can store: on its grid (always True for lossless).
+
+    NaN and infinities count as on the grid (they pass through unchanged).
+
+    Args:
+        values: Stored values, any shape, float32 or float64.
+        spec: The archive's codec spec.
+
+    Returns:
+        Boolean array of ``values.shape``.
+    """
+    bound = parse_codec(spec)
+    values = np.asarray(values)
+    if bound is None:
+        return np.ones(values.shape, dtype=bool)
+    scaled = values / quantization_step(bound)  # exact: a power-of-two scale
+    return ~np.isfinite(scaled) | (scaled == np.round(scaled))
