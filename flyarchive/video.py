@@ -47,6 +47,7 @@ __all__ = [
     "write_output",
     "safe_video_path",
     "read_video",
+    "parse_video_size",
 ]
 
 _PRESETS = (
@@ -138,7 +139,7 @@ class VideoWriter:
         overwrite: bool = False,
     ) -> None:
         self.path = Path(path)
-        self.size = _parse_even_size(size)
+        self.size = parse_video_size(size)
         if not isinstance(fps, (int, float)) or isinstance(fps, bool) or not fps >= 0.01:
             raise ValueError(f"fps must be a number >= 0.01, got {fps!r}.")
         if self.path.exists() and not overwrite:
@@ -429,7 +430,16 @@ def read_video(path: str | os.PathLike[str]) -> np.ndarray:
     return np.stack(frames)
 
 
-def _parse_even_size(size: tuple[int, int]) -> tuple[int, int]:
+def parse_video_size(size: tuple[int, int]) -> tuple[int, int]:
+    """Check a video size before rendering anything: ``(height, width)``, positive and even.
+
+    Returns:
+        ``(height, width)`` as Python ints.
+
+    Raises:
+        FrameSizeError: if a side is odd (the message suggests the nearest even sizes)
+            or not a positive integer.
+    """
     ok = isinstance(size, (tuple, list)) and len(size) == 2 and all(_is_int(s) for s in size)
     if not ok or not all(s > 0 for s in size):
         raise FrameSizeError(f"size must be (height, width), two positive integers; got {size!r}.")
@@ -443,6 +453,9 @@ def _parse_even_size(size: tuple[int, int]) -> tuple[int, int]:
             "(frames are never resized silently)."
         )
     return height, width
+
+
+_parse_even_size = parse_video_size  # older private name, kept for callers
 
 
 def _parse_frames(frames: np.ndarray, size: tuple[int, int]) -> np.ndarray:
