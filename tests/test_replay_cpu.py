@@ -220,3 +220,28 @@ def test_egl_is_used_even_when_mujoco_was_imported_before_flyarchive() -> None:
     )
 
     assert result.stdout.strip() == "(1, 1, 32, 32, 3) True True", result.stderr
+
+
+class _LazyFrames:
+    """An array-like that records which frames were read, like a lazy zarr/dask array."""
+
+    def __init__(self, values: np.ndarray) -> None:
+        self.values = values
+        self.shape = values.shape
+        self.read: list[int] = []
+
+    def __getitem__(self, k: int) -> np.ndarray:
+        self.read.append(k)
+        return self.values[k]
+
+
+def test_iter_frames_reads_the_state_one_frame_at_a_time() -> None:
+    model = slider_model()
+    qpos = _LazyFrames(np.linspace(-0.5, 0.5, 50)[:, None])
+
+    with CpuRenderer(model, "front", SIZE) as renderer:
+        frames = renderer.iter_frames(qpos)
+        next(frames)
+        next(frames)
+
+    assert qpos.read == [0, 1]
