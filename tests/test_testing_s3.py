@@ -341,3 +341,26 @@ def test_proxy_never_forwards_a_truncated_body(
     with pytest.raises((http.client.RemoteDisconnected, ConnectionError)):
         conn.getresponse()
     assert not server.filesystem().exists(f"{bucket}/cut.bin")
+
+
+def test_zarr_reads_under_moderate_faults_are_right_or_raise(
+    proxy: FaultProxy, server: S3Server, bucket: str
+) -> None:
+    url = f"s3://{bucket}/f.zarr"
+    expected = np.arange(400, dtype="float64").reshape(20, 20)
+    written = zarr.create_array(
+        _zarr_store(server.storage_options(), url), shape=(20, 20), chunks=(5, 5), dtype="float64"
+    )
+    written[:] = expected
+    options = proxy.storage_options(botocore_attempts=3)
+    outcomes = []
+    for seed in range(3):
+        proxy.plan = FaultPlan(error500=0.1, error503=0.1, seed=seed)
+        try:
+            actual = zarr.open_array(_zarr_store(options, url), mode="r")[:]
+            outcomes.append(np.array_equal(actual, expected))
+        except _S3_FAILURES:
+            outcomes.append(None)  # raising is allowed; wrong values are not
+
+    assert proxy.stats()["faults"] > 0
+    assert False not in outcomes
