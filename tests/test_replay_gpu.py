@@ -274,6 +274,19 @@ def test_mocap_pose_moves_the_mocap_body(tiny):
     np.testing.assert_allclose(xpos[0, geom], mocap_pos[0, 0], atol=1e-6)
 
 
+def test_missing_mocap_poses_default_to_the_models(tiny):
+    model, renderer = tiny
+    qpos, _, _ = random_states(model, 2, seed=7)
+    data = mujoco.MjData(model)
+    expected = renderer.render_batch(
+        qpos, np.repeat(data.mocap_pos[None], 2, 0), np.repeat(data.mocap_quat[None], 2, 0)
+    )
+
+    actual = renderer.render_batch(qpos)
+
+    np.testing.assert_array_equal(actual, expected)
+
+
 # -- errors -----------------------------------------------------------------------
 
 
