@@ -142,9 +142,9 @@ def savez_bytes(qpos: np.ndarray) -> int:
     return buf.getbuffer().nbytes
 
 
-def stored_bytes(store: MemoryStore) -> int:
-    """Bytes of chunk data (shards) in the store, metadata documents excluded."""
-    return sum(len(v) for k, v in store._store_dict.items() if not k.endswith("zarr.json"))
+def stored_bytes(objects: dict[str, Any]) -> int:
+    """Bytes of chunk data (shards) among a MemoryStore's objects, metadata documents excluded."""
+    return sum(len(v) for k, v in objects.items() if not k.endswith("zarr.json"))
 
 
 def measure(
@@ -157,7 +157,8 @@ def measure(
     shape = qpos.shape
     best_enc, best_dec = math.inf, math.inf
     for _ in range(repeat):
-        store = MemoryStore()
+        objects: dict[str, Any] = {}
+        store = MemoryStore(objects)
         arr = zarr.create_array(store, name="qpos", shape=shape, dtype=dtype,
                                 chunks=(1, chunk_frames, shape[2]),
                                 shards=(shape[0], chunk_frames, shape[2]),
@@ -168,7 +169,7 @@ def measure(
         t0 = time.perf_counter()
         back = arr[:]
         best_dec = min(best_dec, time.perf_counter() - t0)
-    n = stored_bytes(store)
+    n = stored_bytes(objects)
     err = float(np.max(np.abs(back.astype(np.float64) - qpos.astype(np.float64))))
     exact = back.dtype == qpos.dtype and back.tobytes() == qpos.tobytes()
     return {
@@ -223,8 +224,8 @@ def main(argv: list[str] | None = None) -> None:
                   f"{row['decode_MBps']:9.1f} {row['max_abs_error']:9.2e} "
                   f"{'yes' if row['within_bound'] else 'NO'}")
     if args.json:
-        meta = {"frames": args.frames, "worlds": args.worlds, "chunk_frames": chunk_frames, "bound": args.bound,
-                "nq": int(walks.shape[2]), "zarr": zarr.__version__}
+        meta = {"frames": args.frames, "worlds": args.worlds, "chunk_frames": chunk_frames,
+                "bound": args.bound, "nq": int(walks.shape[2]), "zarr": zarr.__version__}
         with open(args.json, "w") as f:
             json.dump({"meta": meta, "rows": rows}, f, indent=1)
         print(f"\nwrote {args.json}")
