@@ -217,7 +217,7 @@ class FrameBlock:
     mocap_quat: np.ndarray | None = None
 
 
-def _versions() -> dict[str, str]:
+def package_versions() -> dict[str, str]:
     out = {}
     for pkg in ("flyarchive", "mujoco", "mujoco-warp", "zarr", "numpy", "xarray", "flygym"):
         try:
@@ -235,10 +235,10 @@ def _root_attrs(spec: ArchiveSpec) -> dict[str, Any]:
         "output_fps": spec.timing.output_fps,
         "playback_speed": spec.timing.playback_speed,
         "source": spec.source,
-        "versions": _versions(),
+        "versions": package_versions(),
         "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         "layout": spec.layout.to_attrs(),
-        "codec": {"spec": spec.codec, "abs_error_bound": codecs.parse_codec(spec.codec)},
+        "codec": codecs.describe(spec.codec),
         **dict(spec.attrs),
     }
 

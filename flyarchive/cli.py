@@ -1,0 +1,221 @@
+"""``flyarchive`` command line: each subcommand calls one public function."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Sequence
+from typing import Any
+
+from flyarchive.errors import FlyarchiveError, SelectionError
+
+__all__ = ["main", "parse_worlds", "parse_time", "parse_size"]
+
+
+def parse_worlds(text: str) -> list[int]:
+    """``"0,3,10-20"`` -> ``[0, 3, 10, ..., 20]``."""
+    worlds: list[int] = []
+    try:
+        for part in text.split(","):
+            lo, _, hi = part.strip().partition("-")
+            worlds += list(range(int(lo), int(hi) + 1)) if hi else [int(lo)]
+    except ValueError:
+        raise SelectionError(
+            f"Cannot read worlds {text!r}; write ids and ranges like '0,3,10-20'."
+        ) from None
+    if not worlds:
+        raise SelectionError(f"The world selection {text!r} is empty.")
+    return worlds
+
+
+def parse_time(text: str) -> tuple[float | None, float | None]:
+    """``"0.5:2.0"`` -> ``(0.5, 2.0)``; either side may be empty."""
+    lo, sep, hi = text.partition(":")
+    try:
+        if not sep:
+            raise ValueError
+        return (float(lo) if lo else None, float(hi) if hi else None)
+    except ValueError:
+        raise SelectionError(
+            f"Cannot read time window {text!r}; write START:END in seconds, e.g. '0.5:2.0' or '1:'."
+        ) from None
+
+
+def parse_size(text: str) -> tuple[int, int]:
+    """``"240x320"`` (height x width) -> ``(240, 320)``."""
+    try:
+        h, w = (int(v) for v in text.lower().split("x"))
+    except ValueError:
+        raise SelectionError(f"Cannot read size {text!r}; write HEIGHTxWIDTH, e.g. 240x320.") from None
+    return h, w
+
+
+def _storage_options(text: str | None) -> dict[str, Any] | None:
+    if not text:
+        return None
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as err:
+        raise SelectionError(f"--storage-options must be a JSON object ({err}).") from None
+    if not isinstance(value, dict):
+        raise SelectionError("--storage-options must be a JSON object, e.g. '{\"anon\": true}'.")
+    return value
+
+
+def cmd_info(args: argparse.Namespace) -> int:
+    from flyarchive.summary import summarize
+
+    info = summarize(args.url, _storage_options(args.storage_options))
+    if args.json:
+        print(json.dumps(info, indent=2))
+    else:
+        width = max(len(k) for k in info)
+        for key, value in info.items():
+            print(f"{key:<{width}}  {value}")
+    return 0
+
+
+def cmd_import_npz(args: argparse.Namespace) -> int:
+    from flyarchive.interop.flygym_npz import import_npz
+    from flyarchive.models import load_model
+
+    url = import_npz(args.paths, args.to, load_model(args.model),
+                     mode="w" if args.overwrite else "w-",
+                     storage_options=_storage_options(args.storage_options), codec=args.codec)
+    print(f"imported {len(args.paths)} path(s) into {url}")
+    return 0
+
+
+def cmd_export_npz(args: argparse.Namespace) -> int:
+    from flyarchive.interop.flygym_npz import export_npz
+
+    worlds = parse_worlds(args.worlds) if args.worlds else None
+    paths = export_npz(args.url, args.to, worlds=worlds, overwrite=args.overwrite,
+                       storage_options=_storage_options(args.storage_options))
+    print(f"wrote {len(paths)} file(s) to {args.to}")
+    return 0
+
+
+def cmd_verify(args: argparse.Namespace) -> int:
+    from flyarchive.verify import verify
+
+    report = verify(args.url, _storage_options(args.storage_options))
+    if report.ok:
+        print(f"OK: {args.url}: {report.n_worlds} worlds, {report.frames_checked} committed "
+              "frames read, all finite, checksums match.")
+        return 0
+    print(f"FAILED: {args.url}:", file=sys.stderr)
+    for problem in report.problems:
+        print(f"  - {problem}", file=sys.stderr)
+    return 1
+
+
+def cmd_render(args: argparse.Namespace) -> int:
+    from flyarchive.models import load_model
+    from flyarchive.render import RenderOptions, render_videos
+
+    written = render_videos(
+        args.url, load_model(args.model), args.camera, args.out,
+        worlds=parse_worlds(args.worlds) if args.worlds else None,
+        time=parse_time(args.time) if args.time else None,
+        options=RenderOptions(size=parse_size(args.size), backend=args.backend,
+                              overwrite=args.overwrite, progress=not args.quiet),
+        scheduler=args.scheduler, n_workers=args.workers,
+        storage_options=_storage_options(args.storage_options),
+    )
+    print(f"wrote {len(written.videos)} video(s) and {written.manifest}")
+    return 0
+
+
+def cmd_plot(args: argparse.Namespace) -> int:
+    from flyarchive.plot import plot_traces
+
+    path = plot_traces(args.url, args.world, args.out, dofs=args.dof or None,
+                       storage_options=_storage_options(args.storage_options))
+    print(f"wrote {path}")
+    return 0
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    from flyarchive.demo import run_demo
+
+    run_demo(args.out, n_worlds=args.worlds, seconds=args.seconds, render=not args.no_render,
+             overwrite=args.overwrite, n_workers=args.workers)
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="flyarchive", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    def add(name: str, func: Any, help: str) -> argparse.ArgumentParser:
+        p = sub.add_parser(name, help=help, description=help)
+        p.set_defaults(func=func)
+        return p
+
+    def storage(p: argparse.ArgumentParser) -> None:
+        p.add_argument("--storage-options", help="fsspec options as JSON, e.g. S3 endpoint_url")
+
+    p = add("info", cmd_info, "Summarize an archive.")
+    p.add_argument("url")
+    p.add_argument("--json", action="store_true", help="print JSON")
+    storage(p)
+    p = add("import-npz", cmd_import_npz, "Import flygym RecordedTrajectory .npz files.")
+    p.add_argument("paths", nargs="+", help=".npz files or folders of them")
+    p.add_argument("--to", required=True, help="archive URL to create")
+    p.add_argument("--model", required=True, help="MJCF .xml or compiled .mjb")
+    p.add_argument("--codec", default="lossless", help="'lossless' or 'abs:1e-6'")
+    p.add_argument("--overwrite", action="store_true", help="replace an existing archive")
+    storage(p)
+    p = add("export-npz", cmd_export_npz, "Export worlds as flygym .npz files.")
+    p.add_argument("url")
+    p.add_argument("--to", required=True, help="output folder")
+    p.add_argument("--worlds", help="e.g. 0,3,10-20 (default all)")
+    p.add_argument("--overwrite", action="store_true")
+    storage(p)
+    p = add("verify", cmd_verify, "Check schema, commit markers and every committed chunk.")
+    p.add_argument("url")
+    storage(p)
+    p = add("render", cmd_render, "Render worlds of an archive to mp4 videos.")
+    p.add_argument("url")
+    p.add_argument("--model", required=True, help="MJCF .xml or compiled .mjb")
+    p.add_argument("--camera", action="append", required=True, help="camera name (repeatable)")
+    p.add_argument("--worlds", help="e.g. 0,3,10-20 (default all)")
+    p.add_argument("--time", help="START:END seconds of simulated time")
+    p.add_argument("--size", default="240x320", help="HEIGHTxWIDTH (default 240x320)")
+    p.add_argument("--out", default="videos", help="output folder or fsspec URL")
+    p.add_argument("--scheduler", help="Dask scheduler address (default: a local cluster)")
+    p.add_argument("--workers", type=int, help="local worker processes (default: one per core)")
+    p.add_argument("--backend", default="cpu", choices=["cpu", "gpu", "warp-cpu"])
+    p.add_argument("--overwrite", action="store_true")
+    p.add_argument("--quiet", action="store_true", help="no progress bar")
+    storage(p)
+    p = add("plot", cmd_plot, "Plot joint traces of one world to a PNG.")
+    p.add_argument("url")
+    p.add_argument("--world", type=int, required=True, help="world id")
+    p.add_argument("--dof", action="append", help="dof label (repeatable; default: a few)")
+    p.add_argument("--out", required=True, help="PNG path")
+    storage(p)
+    p = add("demo", cmd_demo, "Simulate walking NeuroMechFly worlds, record, verify, render.")
+    p.add_argument("--out", default="demo-out", help="output folder (default demo-out)")
+    p.add_argument("--worlds", type=int, default=4)
+    p.add_argument("--seconds", type=float, default=1.0, help="simulated seconds")
+    p.add_argument("--workers", type=int, help="render worker processes (default: one per core)")
+    p.add_argument("--no-render", action="store_true")
+    p.add_argument("--overwrite", action="store_true", help="replace an earlier demo's output")
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the ``flyarchive`` command."""
+    args = build_parser().parse_args(argv)
+    try:
+        return int(args.func(args))
+    except FlyarchiveError as err:
+        print(f"flyarchive {args.command}: error: {err}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,296 @@
+"""Render chosen worlds and time windows of an archive to mp4 videos or to frames.
+
+``render_videos`` plans (world, frame segment) tasks, renders and encodes each
+segment on its own (on Dask workers, or in this process), and joins the segments
+of each (world, camera) into one mp4 without re-encoding.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import mujoco
+import numpy as np
+import xarray as xr
+
+from flyarchive.errors import SelectionError
+from flyarchive.layout import ModelLayout, check_compatible
+from flyarchive.query import open_archive
+from flyarchive.video import VideoOptions
+
+__all__ = [
+    "RenderOptions", "RenderResult", "VideoJob", "render_videos", "render_frames", "select_frames",
+]
+
+BACKENDS = ("cpu", "gpu", "warp-cpu")
+
+
+@dataclass(frozen=True)
+class RenderOptions:
+    """How to render.
+
+    Attributes:
+        size: ``(height, width)`` of each frame, pixels; both even (H.264 yuv420p).
+        backend: ``"cpu"`` (mujoco.Renderer, OpenGL/EGL, bit-exact), ``"gpu"``
+            (mujoco-warp batch renderer on CUDA) or ``"warp-cpu"`` (the same renderer on
+            Warp's CPU device).
+        segment_frames: Frames per independently encoded segment (a Dask task).
+        batch_worlds: States per batch for the Warp backends.
+        video: Encoder settings.
+        overwrite: Replace existing videos.
+        progress: Show a progress bar.
+    """
+
+    size: tuple[int, int] = (240, 320)
+    backend: str = "cpu"
+    segment_frames: int = 100
+    batch_worlds: int = 256
+    video: VideoOptions = field(default_factory=VideoOptions)
+    overwrite: bool = False
+    progress: bool = False
+
+    def __post_init__(self) -> None:
+        if self.backend not in BACKENDS:
+            raise ValueError(f"backend must be one of {BACKENDS}, got {self.backend!r}.")
+        if self.segment_frames < 1 or self.batch_worlds < 1:
+            raise ValueError("segment_frames and batch_worlds must be at least 1.")
+
+
+@dataclass(frozen=True)
+class VideoJob:
+    """The frames of one world to render: archive indices ``[start, stop)`` along time."""
+
+    world_id: int
+    world_index: int
+    start: int
+    stop: int
+
+    @property
+    def n_frames(self) -> int:
+        return self.stop - self.start
+
+
+@dataclass(frozen=True)
+class RenderResult:
+    """What :func:`render_videos` wrote.
+
+    Attributes:
+        videos: One entry per (world, camera): world, camera, path, frames, fps, size.
+        manifest: Path or URL of the JSON manifest beside the videos.
+    """
+
+    videos: list[dict[str, Any]]
+    manifest: str
+
+
+def select_frames(
+    ds: xr.Dataset,
+    worlds: Sequence[int] | None = None,
+    time: tuple[float | None, float | None] | None = None,
+) -> list[VideoJob]:
+    """Turn a world and time selection into per-world frame ranges of committed frames.
+
+    Args:
+        ds: From :func:`flyarchive.open_archive`.
+        worlds: World ids (the ``world`` coordinate); None: every world with frames.
+        time: ``(start, end)`` in simulated seconds, inclusive; None on a side: open.
+
+    Raises:
+        SelectionError: unknown worlds, a window outside the recording, or nothing selected.
+    """
+    ids = [int(w) for w in ds.world.values]
+    n_frames = ds.n_frames.values
+    if worlds is None:
+        chosen = [w for w, n in zip(ids, n_frames) if n > 0]
+    else:
+        chosen = [int(w) for w in worlds]
+        unknown = sorted(set(chosen) - set(ids))
+        if unknown:
+            shown = f"{ids[:10]}{'...' if len(ids) > 10 else ''} ({len(ids)} worlds)"
+            raise SelectionError(f"World(s) {unknown[:10]} are not in the archive. It has {shown}.")
+    if not chosen:
+        raise SelectionError("The selection holds no world with recorded frames.")
+    times = ds.time.values
+    lo, hi = time if time is not None else (None, None)
+    if lo is not None and hi is not None and lo > hi:
+        raise SelectionError(f"The time window {lo}:{hi} ends before it starts.")
+    start = 0 if lo is None else int(np.searchsorted(times, lo - 1e-12, side="left"))
+    stop = len(times) if hi is None else int(np.searchsorted(times, hi + 1e-12, side="right"))
+    jobs = []
+    for w in chosen:
+        index = ids.index(w)
+        k1 = min(stop, int(n_frames[index]))
+        if k1 > start:
+            jobs.append(VideoJob(w, index, start, k1))
+    if not jobs:
+        span = f"{times[0]:.6g}..{times[-1]:.6g} s" if len(times) else "nothing"
+        raise SelectionError(
+            f"No recorded frame of the chosen worlds lies in the time window {lo}:{hi}; "
+            f"the recording spans {span}. Widen or move the window."
+        )
+    return jobs
+
+
+def model_bytes(model: mujoco.MjModel) -> bytes:
+    """The compiled model as MJB bytes (exact; how the model travels to workers)."""
+    buffer = np.empty(mujoco.mj_sizeModel(model), dtype=np.uint8)
+    mujoco.mj_saveModel(model, None, buffer)
+    return buffer.tobytes()
+
+
+def _check_model(ds: xr.Dataset, model: mujoco.MjModel) -> None:
+    check_compatible(ModelLayout.from_attrs(ds.attrs["layout"]), ModelLayout.from_model(model))
+
+
+def render_videos(
+    source: str,
+    model: mujoco.MjModel,
+    cameras: str | Sequence[str],
+    out: str,
+    *,
+    worlds: Sequence[int] | None = None,
+    time: tuple[float | None, float | None] | None = None,
+    options: RenderOptions = RenderOptions(),
+    client: Any = None,
+    scheduler: str | None = None,
+    n_workers: int | None = None,
+    storage_options: Mapping[str, Any] | None = None,
+    out_storage_options: Mapping[str, Any] | None = None,
+) -> RenderResult:
+    """Render worlds of an archive to one mp4 per (world, camera), plus a JSON manifest.
+
+    Videos are ``{out}/world{id:05d}/{camera}.mp4`` (camera names sanitized); the
+    manifest is ``{out}/manifest.json``. Work runs on Dask: ``client`` if given, else
+    the scheduler at ``scheduler``, else a local cluster of ``n_workers`` processes (one
+    per core by default); ``n_workers=0`` renders in this process. ``memory://``
+    archives are rendered in this process (worker processes cannot see them).
+
+    Args:
+        source: Archive URL.
+        model: The compiled model it was recorded with (checked against the layout).
+        cameras: Camera name(s).
+        out: Output folder: a local path or an fsspec URL.
+        worlds: World ids (default: all with frames).
+        time: ``(start, end)`` simulated seconds (default: everything).
+        options: Size, backend, segment length, encoder settings, overwrite, progress.
+        storage_options: fsspec options for the archive.
+        out_storage_options: fsspec options for ``out`` (default: ``storage_options``
+            when ``out`` uses the archive's protocol).
+
+    Raises:
+        CameraNotFoundError, LayoutMismatchError, SelectionError, FrameSizeError,
+        OutputExistsError (nothing is rendered), RenderBackendError.
+    """
+    from flyarchive import distributed as dist
+
+    cameras = (cameras,) if isinstance(cameras, str) else tuple(cameras)
+    ds = open_archive(source, storage_options)
+    _check_model(ds, model)
+    jobs = select_frames(ds, worlds, time)
+    if out_storage_options is None and str(out).split("://")[0] == str(source).split("://")[0]:
+        out_storage_options = storage_options
+    plan = dist.RenderPlan(
+        url=str(source), storage_options=dict(storage_options or {}), cameras=cameras,
+        out=str(out).rstrip("/"), out_storage_options=dict(out_storage_options or {}),
+        fps=float(ds.attrs["output_fps"]), options=options, jobs=tuple(jobs),
+    )
+    dist.preflight(plan, model)
+    in_process = n_workers == 0 or str(source).startswith("memory://")
+    videos = dist.run_plan(plan, model_bytes(model), client=client, scheduler=scheduler,
+                           n_workers=n_workers, in_process=in_process and client is None)
+    manifest = _write_manifest(plan, ds, videos)
+    return RenderResult(videos, manifest)
+
+
+def _write_manifest(plan: Any, ds: xr.Dataset, videos: list[dict[str, Any]]) -> str:
+    import tempfile
+    from pathlib import Path
+
+    from flyarchive.store import package_versions
+    from flyarchive.video import write_output
+
+    manifest = {
+        "archive": plan.url,
+        "cameras": list(plan.cameras),
+        "worlds": sorted({v["world"] for v in videos}),
+        "fps": plan.fps,
+        "size": list(plan.options.size),
+        "backend": plan.options.backend,
+        "video": asdict(plan.options.video),
+        "layout_hash": ds.attrs["layout"]["hash"],
+        "versions": package_versions(),
+        "videos": videos,
+    }
+    url = f"{plan.out}/manifest.json"
+    with tempfile.TemporaryDirectory(prefix="flyarchive-manifest-") as tmp:
+        local = Path(tmp) / "manifest.json"
+        local.write_text(json.dumps(manifest, indent=2))
+        write_output(local, url, plan.out_storage_options, overwrite=True)
+    return url
+
+
+def render_frames(
+    source: str,
+    model: mujoco.MjModel,
+    camera: str,
+    *,
+    worlds: Sequence[int] | None = None,
+    time: tuple[float | None, float | None] | None = None,
+    size: tuple[int, int] = (240, 320),
+    block_frames: int = 16,
+    storage_options: Mapping[str, Any] | None = None,
+) -> xr.DataArray:
+    """Frames of one camera as a lazy ``(world, time, y, x, channel)`` uint8 DataArray.
+
+    Nothing is rendered until computed; computing a slice renders only the blocks of
+    ``block_frames`` frames it touches (on the CPU OpenGL backend). Frames past a
+    world's ``n_frames`` are black.
+
+    Raises:
+        CameraNotFoundError, LayoutMismatchError, SelectionError.
+    """
+    import dask
+    import dask.array as da
+
+    from flyarchive import distributed as dist
+    from flyarchive.replay.cpu import camera_names
+
+    if camera not in camera_names(model):
+        from flyarchive.errors import CameraNotFoundError
+
+        raise CameraNotFoundError(
+            f"No camera {camera!r} in the model. Cameras: {', '.join(camera_names(model))}."
+        )
+    ds = open_archive(source, storage_options)
+    _check_model(ds, model)
+    jobs = select_frames(ds, worlds, time)
+    start, stop = min(j.start for j in jobs), max(j.stop for j in jobs)
+    blob = model_bytes(model)
+    h, w = size
+    rows = []
+    for job in jobs:
+        blocks = []
+        for k0 in range(start, stop, block_frames):
+            k1 = min(k0 + block_frames, stop)
+            task = dask.delayed(dist.render_block, pure=True)(
+                str(source), dict(storage_options or {}), blob, camera, (h, w),
+                job.world_index, k0, min(k1, job.stop),
+            )
+            blocks.append(da.from_delayed(task, shape=(k1 - k0, h, w, 3), dtype=np.uint8))
+        rows.append(da.concatenate(blocks, axis=0))
+    data = da.stack(rows, axis=0)
+    return xr.DataArray(
+        data, dims=("world", "time", "y", "x", "channel"),
+        coords={"world": [j.world_id for j in jobs], "time": ds.time.values[start:stop],
+                "channel": ["r", "g", "b"]},
+        name=camera, attrs={"camera": camera, "output_fps": ds.attrs["output_fps"]},
+    )
+
+
+def n_segments(job: VideoJob, segment_frames: int) -> int:
+    """Segments a job is split into."""
+    return math.ceil(job.n_frames / segment_frames)

@@ -1,0 +1,41 @@
+"""A short summary of an archive (``flyarchive info``)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+
+from flyarchive.query import open_archive
+
+__all__ = ["summarize"]
+
+
+def summarize(url: str, storage_options: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """Summarize an archive: worlds, frames, timing, layout, codec, sources (JSON-friendly)."""
+    ds = open_archive(url, storage_options)
+    n_frames = ds.n_frames.values
+    times = ds.time.values
+    layout = ds.attrs["layout"]
+    worlds = ds.world.values
+    return {
+        "url": str(url),
+        "schema_version": ds.attrs["flyarchive_schema_version"],
+        "source": ds.attrs.get("source"),
+        "worlds": int(len(worlds)),
+        "world_ids": f"{int(worlds.min())}..{int(worlds.max())}" if len(worlds) else "",
+        "frames_min": int(n_frames.min()) if len(n_frames) else 0,
+        "frames_max": int(n_frames.max(initial=0)),
+        "time_start_s": float(times[0]) if len(times) else None,
+        "time_end_s": float(times[-1]) if len(times) else None,
+        "timestep_s": ds.attrs["timestep"],
+        "output_fps": ds.attrs["output_fps"],
+        "playback_speed": ds.attrs["playback_speed"],
+        "video_seconds": float(n_frames.max(initial=0) / ds.attrs["output_fps"]),
+        "nq": layout["nq"],
+        "nmocap": layout["nmocap"],
+        "dtype": str(ds.qpos.dtype),
+        "codec": ds.attrs.get("codec", {}).get("spec"),
+        "layout_hash": layout["hash"][:16],
+        "versions": ", ".join(f"{k} {v}" for k, v in ds.attrs.get("versions", {}).items()),
+    }
