@@ -9,6 +9,7 @@ without re-encoding.
 
 from __future__ import annotations
 
+import atexit
 import functools
 import hashlib
 import json
@@ -98,6 +99,12 @@ def preflight(plan: RenderPlan, model: mujoco.MjModel) -> None:
 
 # ----------------------------------------------------------------------------- workers
 _local = threading.local()
+_renderers: list[Any] = []  # cached renderers, closed at exit before EGL is terminated
+
+
+def _close_renderers() -> None:
+    while _renderers:
+        _renderers.pop().close()
 
 
 @functools.lru_cache(maxsize=8)
@@ -134,6 +141,9 @@ def _cpu_renderer(blob: bytes, cameras: tuple[str, ...], size: tuple[int, int]) 
             old.close()
         cache.clear()
         cache[key] = CpuRenderer(_model(blob), cameras, size)
+        if not _renderers:  # after MuJoCo's own atexit (eglTerminate): runs before it
+            atexit.register(_close_renderers)
+        _renderers.append(cache[key])
     return cache[key]
 
 

@@ -1,0 +1,149 @@
+"""Archive -> mp4 and lazy frames, in this process (Dask runs are in test_render_dask.py)."""
+
+import json
+
+import numpy as np
+import pytest
+
+from flyarchive import TrajectoryRecorder
+from flyarchive.errors import (
+    CameraNotFoundError, FrameSizeError, LayoutMismatchError, OutputExistsError, SelectionError,
+)
+from flyarchive.render import RenderOptions, render_frames, render_videos
+from flyarchive.replay.cpu import CpuRenderer
+from flyarchive.store import ArchiveSpec, ArchiveWriter, FrameBlock
+from flyarchive.clock import Timing
+from flyarchive.layout import ModelLayout
+from flyarchive.testing import simulate, slider_model
+from flyarchive.video import read_video
+
+SMALL = RenderOptions(size=(48, 64), segment_frames=4)
+
+
+@pytest.fixture
+def tiny_archive(tiny, tmp_path):
+    url = str(tmp_path / "tiny.zarr")
+    recorder = TrajectoryRecorder(url, tiny, chunk_frames=5, world_ids=[3, 7])
+    with recorder:
+        simulate(tiny, 2, 40, recorder.record_as_needed)
+    return url
+
+
+def slider_archive(tmp_path, positions):
+    """An archive whose frame k puts the slider block at x = positions[k]."""
+    model = slider_model()
+    url = str(tmp_path / "slider.zarr")
+    spec = ArchiveSpec(ModelLayout.from_model(model), Timing(0.01, 25, 1.0), (0,), chunk_frames=4)
+    writer = ArchiveWriter.create(url, spec)
+    n = len(positions)
+    writer.write(FrameBlock(np.arange(n) * 0.04, np.asarray(positions, float).reshape(1, n, 1)))
+    return url, model
+
+
+def test_one_video_per_world_and_camera_with_manifest(tiny, tiny_archive, tmp_path):
+    out = tmp_path / "videos"
+
+    result = render_videos(tiny_archive, tiny, ["front", "top"], str(out), options=SMALL, n_workers=0)
+
+    paths = sorted(v["path"] for v in result.videos)
+    assert paths == sorted(str(out / f"world{w:05d}" / f"{c}.mp4") for w in (3, 7) for c in ("front", "top"))
+    for video in result.videos:
+        assert read_video(video["path"]).shape == (11, 48, 64, 3)
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["worlds"] == [3, 7] and manifest["cameras"] == ["front", "top"]
+    assert manifest["archive"] == tiny_archive and manifest["fps"] == 25
+    assert not list(out.glob(".parts-*"))
+
+
+def test_video_frame_k_shows_archive_frame_k(tmp_path):
+    positions = np.linspace(-0.8, 0.8, 10)
+    url, model = slider_archive(tmp_path, positions)
+
+    result = render_videos(url, model, "front", str(tmp_path / "v"), options=SMALL, n_workers=0)
+
+    frames = read_video(result.videos[0]["path"]).astype(float)
+    with CpuRenderer(model, "front", (48, 64)) as renderer:
+        expected = renderer.render(positions.reshape(-1, 1))[:, 0].astype(float)
+    column = lambda f: np.argmax(f.mean(axis=(0, 2)))  # noqa: E731
+    assert [column(f) for f in frames] == pytest.approx([column(f) for f in expected], abs=1)
+    assert len({column(f) for f in frames}) == len(positions)
+
+
+def test_time_window_and_world_subset(tiny, tiny_archive, tmp_path):
+    result = render_videos(tiny_archive, tiny, "front", str(tmp_path / "v"), worlds=[7],
+                           time=(0.016, 0.04), options=SMALL, n_workers=0)
+
+    (video,) = result.videos
+    assert video["world"] == 7
+    assert video["first_frame"] == 2 and video["frames"] == 4
+    assert read_video(video["path"]).shape[0] == 4
+
+
+def test_render_frames_is_lazy_and_equals_direct_rendering(tiny, tiny_archive):
+    from flyarchive import open_archive
+
+    frames = render_frames(tiny_archive, tiny, "front", size=(48, 64), block_frames=4)
+    assert frames.dims == ("world", "time", "y", "x", "channel")
+    assert frames.shape == (2, 11, 48, 64, 3) and frames.dtype == np.uint8
+
+    actual = frames.sel(world=7).isel(time=slice(5, 7)).values
+
+    ds = open_archive(tiny_archive).sel(world=7).isel(time=slice(5, 7))
+    with CpuRenderer(tiny, "front", (48, 64)) as renderer:
+        expected = renderer.render(ds.qpos.values, ds.mocap_pos.values, ds.mocap_quat.values)[:, 0]
+    np.testing.assert_array_equal(actual, expected)
+
+
+def test_unknown_camera_lists_the_cameras(tiny, tiny_archive, tmp_path):
+    with pytest.raises(CameraNotFoundError, match="Cameras: 'front', 'top'"):
+        render_videos(tiny_archive, tiny, "side", str(tmp_path / "v"), options=SMALL, n_workers=0)
+
+
+def test_model_that_does_not_fit_is_refused(tiny_archive, tmp_path):
+    with pytest.raises(LayoutMismatchError, match="archive has nq=13"):
+        render_videos(tiny_archive, slider_model(), "front", str(tmp_path / "v"), n_workers=0)
+
+
+def test_unknown_world_is_refused(tiny, tiny_archive, tmp_path):
+    with pytest.raises(SelectionError, match=r"World\(s\) \[4\] are not in the archive. It has \[3, 7\]"):
+        render_videos(tiny_archive, tiny, "front", str(tmp_path / "v"), worlds=[4], n_workers=0)
+
+
+def test_time_window_outside_recording_is_refused(tiny, tiny_archive, tmp_path):
+    with pytest.raises(SelectionError, match="the recording spans 0..0.08 s"):
+        render_videos(tiny_archive, tiny, "front", str(tmp_path / "v"), time=(5.0, 6.0), n_workers=0)
+
+
+def test_reversed_time_window_is_refused(tiny, tiny_archive, tmp_path):
+    with pytest.raises(SelectionError, match="ends before it starts"):
+        render_videos(tiny_archive, tiny, "front", str(tmp_path / "v"), time=(0.2, 0.1), n_workers=0)
+
+
+def test_odd_frame_size_is_refused_before_rendering(tiny, tiny_archive, tmp_path):
+    with pytest.raises(FrameSizeError, match="even"):
+        render_videos(tiny_archive, tiny, "front", str(tmp_path / "v"),
+                      options=RenderOptions(size=(47, 64)), n_workers=0)
+    assert not (tmp_path / "v").exists()
+
+
+def test_existing_video_is_not_overwritten(tiny, tiny_archive, tmp_path):
+    out = tmp_path / "v"
+    render_videos(tiny_archive, tiny, "front", str(out), worlds=[3], options=SMALL, n_workers=0)
+    before = (out / "world00003" / "front.mp4").read_bytes()
+
+    with pytest.raises(OutputExistsError, match="overwrite=True"):
+        render_videos(tiny_archive, tiny, "front", str(out), worlds=[3], time=(0, 0.02),
+                      options=SMALL, n_workers=0)
+
+    assert (out / "world00003" / "front.mp4").read_bytes() == before
+
+
+def test_overwrite_replaces_the_video(tiny, tiny_archive, tmp_path):
+    out = tmp_path / "v"
+    render_videos(tiny_archive, tiny, "front", str(out), worlds=[3], options=SMALL, n_workers=0)
+    again = RenderOptions(size=(48, 64), overwrite=True)
+
+    render_videos(tiny_archive, tiny, "front", str(out), worlds=[3], time=(0, 0.008), options=again,
+                  n_workers=0)
+
+    assert read_video(out / "world00003" / "front.mp4").shape[0] == 2
