@@ -1,0 +1,463 @@
+"""Bad input: each case fails with a clear error and leaves committed data as it was."""
+
+import json
+import logging
+import shutil
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import mujoco
+import numpy as np
+import pytest
+import zarr
+
+from flyarchive import TrajectoryRecorder, open_archive
+from flyarchive.cli import main
+from flyarchive.errors import (
+    ArchiveExistsError,
+    ArchiveNotFoundError,
+    CameraNotFoundError,
+    CorruptArchiveError,
+    FlyarchiveError,
+    FrameSizeError,
+    LayoutMismatchError,
+    NonFiniteStateError,
+    NpzFormatError,
+    OutputExistsError,
+    SchemaError,
+    SchemaVersionError,
+    SelectionError,
+    StorageError,
+)
+from flyarchive.render import RenderOptions, render_videos
+from flyarchive.store import ArchiveWriter, FrameBlock
+from flyarchive.testing import TINY_XML, simulate
+
+SMALL = RenderOptions(size=(48, 64), segment_frames=8)
+
+
+def record(model, url, *, n_worlds=2, n_steps=76, chunk_frames=5, **kwargs):
+    """Record 20 frames of ``n_worlds`` tiny worlds."""
+    with TrajectoryRecorder(url, model, chunk_frames=chunk_frames, **kwargs) as recorder:
+        simulate(model, n_worlds, n_steps, recorder.record_as_needed)
+
+
+def snapshot(url):
+    """Every file of a local archive: relative path -> bytes."""
+    root = Path(url)
+    return {str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+@pytest.fixture
+def archive(tiny, tmp_path):
+    url = str(tmp_path / "run.zarr")
+    record(tiny, url)
+    return url
+
+
+@pytest.fixture
+def copy_of(tmp_path):
+    def copy(url, name):
+        target = tmp_path / name
+        shutil.copytree(url, target)
+        return str(target)
+
+    return copy
+
+
+# ----------------------------------------------------------------------------- recording
+def test_append_with_another_model_layout_is_refused_and_keeps_the_archive(archive):
+    other = mujoco.MjModel.from_xml_string(TINY_XML.replace('type="ball"', 'type="hinge"'))
+    before = snapshot(archive)
+
+    recorder = TrajectoryRecorder(archive, other, chunk_frames=5, mode="a")
+    with pytest.raises(LayoutMismatchError, match=r"nq=13.*nq=10") as err:
+        simulate(other, 2, 8, recorder.record_as_needed)
+
+    assert "wrist" in str(err.value)
+    assert snapshot(archive) == before
+
+
+def test_append_with_another_frame_rate_is_refused_and_keeps_the_archive(tiny, archive):
+    before = snapshot(archive)
+
+    recorder = TrajectoryRecorder(archive, tiny, chunk_frames=5, mode="a", output_fps=50)
+    with pytest.raises(SchemaError, match="output_fps=25.*output_fps=50"):
+        simulate(tiny, 2, 8, recorder.record_as_needed)
+
+    assert snapshot(archive) == before
+
+
+def test_append_with_more_worlds_than_the_archive_is_refused(tiny, archive):
+    before = snapshot(archive)
+
+    recorder = TrajectoryRecorder(archive, tiny, chunk_frames=5, mode="a")
+    with pytest.raises(ValueError, match="has 2 worlds; 3 MjData were passed"):
+        simulate(tiny, 3, 8, recorder.record_as_needed)
+
+    assert snapshot(archive) == before
+
+
+def test_creating_where_an_archive_exists_is_refused_and_keeps_it(tiny, archive):
+    before = snapshot(archive)
+
+    with pytest.raises(ArchiveExistsError, match="mode='a' to append"):
+        TrajectoryRecorder(archive, tiny)
+
+    assert snapshot(archive) == before
+
+
+def test_nan_in_qpos_is_refused_and_earlier_frames_are_committed(tiny, tmp_path):
+    url = str(tmp_path / "diverged.zarr")
+    recorder = TrajectoryRecorder(url, tiny, chunk_frames=5)
+
+    def on_step(datas):
+        if datas[0].time > 0.05:
+            datas[1].qpos[7] = np.nan
+        recorder.record_as_needed(datas)
+
+    with pytest.raises(NonFiniteStateError, match=r"world\(s\) \[1\].*NaN or infinity"):
+        simulate(tiny, 2, 100, on_step)
+    recorder.close()
+
+    ds = open_archive(url)
+    assert ds.n_frames.values.tolist() == [7, 7]  # frames at t = 0 .. 0.048 s
+    assert np.isfinite(ds.qpos.values).all()
+
+
+def test_infinite_mocap_pose_is_refused(tiny, tmp_path):
+    recorder = TrajectoryRecorder(str(tmp_path / "inf.zarr"), tiny)
+    data = mujoco.MjData(tiny)
+    data.mocap_quat[0, 0] = np.inf
+
+    with pytest.raises(NonFiniteStateError, match="Reduce the timestep or fix the controller"):
+        recorder.record_as_needed(data)
+
+
+def test_integer_storage_dtype_is_refused_and_creates_nothing(tiny, tmp_path):
+    url = tmp_path / "int.zarr"
+    recorder = TrajectoryRecorder(str(url), tiny, dtype="int32")
+
+    with pytest.raises(ValueError, match="float64 or float32, got 'int32'"):
+        recorder.record_as_needed(mujoco.MjData(tiny))
+
+    assert not url.exists()
+
+
+def test_unknown_codec_is_refused(tiny, tmp_path):
+    recorder = TrajectoryRecorder(str(tmp_path / "zfp.zarr"), tiny, codec="zfp")
+
+    with pytest.raises(FlyarchiveError, match="Unknown codec 'zfp'.*'lossless'"):
+        recorder.record_as_needed(mujoco.MjData(tiny))
+
+
+def test_a_block_of_the_wrong_shape_is_refused_and_commits_nothing(tiny, archive):
+    from flyarchive.layout import ModelLayout
+
+    writer = ArchiveWriter.append(archive, ModelLayout.from_model(tiny))
+    before = snapshot(archive)
+    block = FrameBlock(np.array([1.0]), np.zeros((2, 1, 12)), np.zeros((2, 1, 1, 3)),
+                       np.zeros((2, 1, 1, 4)))
+
+    with pytest.raises(ValueError, match=r"qpos has shape \(2, 1, 12\).*needs \(2, 1, 13\)"):
+        writer.write(block)
+
+    assert snapshot(archive) == before
+
+
+def test_invalid_mode_is_refused(tiny, tmp_path):
+    recorder = TrajectoryRecorder(str(tmp_path / "m.zarr"), tiny, mode="x")
+
+    with pytest.raises(ValueError, match=r"mode must be one of \('w-', 'w', 'a'\), got 'x'"):
+        recorder.record_as_needed(mujoco.MjData(tiny))
+
+
+# ----------------------------------------------------------------------------- locations
+@pytest.mark.parametrize("where", ["/proc/flyarchive-test.zarr", "{tmp}/a-file/run.zarr"])
+def test_recording_to_an_unwritable_location_is_a_storage_error(tiny, tmp_path, where):
+    (tmp_path / "a-file").write_text("not a folder")
+    url = where.format(tmp=tmp_path)
+    recorder = TrajectoryRecorder(url, tiny)
+
+    with pytest.raises(StorageError) as err:
+        recorder.record_as_needed(mujoco.MjData(tiny))
+
+    assert repr(url) in str(err.value)
+
+
+def test_unknown_url_protocol_names_the_protocol():
+    with pytest.raises(StorageError, match="protocol 'nosuch', which fsspec does not know"):
+        open_archive("nosuch://bucket/run.zarr")
+
+
+def test_storage_options_for_a_local_path_are_refused(archive):
+    with pytest.raises(StorageError, match="storage_options were given for the local path"):
+        open_archive(archive, {"anon": True})
+
+
+class _Forbidden(BaseHTTPRequestHandler):
+    """Answers every S3 request as AWS does for an unknown access key."""
+
+    protocol_version = "HTTP/1.1"
+    body = (b'<?xml version="1.0" encoding="UTF-8"?><Error><Code>InvalidAccessKeyId</Code>'
+            b"<Message>The AWS Access Key Id you provided does not exist in our records."
+            b"</Message></Error>")
+
+    def log_message(self, *args):
+        pass
+
+    def do_GET(self):  # noqa: N802
+        length = int(self.headers.get("Content-Length") or 0)
+        if length:
+            self.rfile.read(length)
+        self.send_response(403)
+        self.send_header("Content-Type", "application/xml")
+        self.send_header("Content-Length", "0" if self.command == "HEAD" else str(len(self.body)))
+        self.end_headers()
+        if self.command != "HEAD":
+            self.wfile.write(self.body)
+
+    do_PUT = do_HEAD = do_POST = do_DELETE = do_GET
+
+
+@pytest.fixture
+def forbidding_s3():
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _Forbidden)
+    thread = threading.Thread(target=server.serve_forever, args=(0.05,), daemon=True)
+    thread.start()
+    yield f"http://127.0.0.1:{server.server_address[1]}"
+    server.shutdown()
+    server.server_close()
+
+
+def test_bad_s3_credentials_give_a_storage_error_that_hides_the_secret(
+        forbidding_s3, caplog, capsys):
+    from flyarchive.testing_s3 import s3_storage_options
+
+    options = s3_storage_options(forbidding_s3, key="AKIAWRONGKEY", secret="wrong-secret-value")
+    caplog.set_level(logging.DEBUG)
+
+    with pytest.raises(StorageError, match="credentials") as err:
+        open_archive("s3://flies/run.zarr", options)
+
+    assert "s3://flies/run.zarr" in str(err.value)
+    for text in (str(err.value), repr(err.value), caplog.text, *capsys.readouterr()):
+        assert "wrong-secret-value" not in text
+    assert "AKIAWRONGKEY" not in str(err.value)
+
+
+# ----------------------------------------------------------------------------- damaged archives
+def test_missing_root_zarr_json_is_archive_not_found(archive):
+    (Path(archive) / "zarr.json").unlink()
+
+    with pytest.raises(ArchiveNotFoundError, match="there is no zarr.json there"):
+        open_archive(archive)
+
+
+def test_truncated_root_zarr_json_is_a_schema_error(archive):
+    path = Path(archive) / "zarr.json"
+    path.write_bytes(path.read_bytes()[:60])
+
+    with pytest.raises(SchemaError, match="metadata at .* is unreadable"):
+        open_archive(archive)
+
+
+def test_truncated_array_zarr_json_is_a_schema_error_naming_the_array(archive):
+    path = Path(archive) / "qpos" / "zarr.json"
+    path.write_bytes(path.read_bytes()[:60])
+
+    with pytest.raises(SchemaError, match="qpos"):
+        open_archive(archive)
+
+
+def test_missing_array_zarr_json_is_a_schema_error_naming_the_array(archive):
+    (Path(archive) / "qpos" / "zarr.json").unlink()
+
+    with pytest.raises(SchemaError, match="no variable 'qpos'"):
+        open_archive(archive)
+
+
+def test_another_schema_version_is_refused(archive):
+    zarr.open_group(archive, mode="r+").attrs["flyarchive_schema_version"] = 2
+
+    with pytest.raises(SchemaVersionError, match="schema version 2; this flyarchive reads version 1"):
+        open_archive(archive)
+
+
+def test_a_plain_zarr_group_is_not_an_archive(tmp_path):
+    url = str(tmp_path / "plain.zarr")
+    zarr.open_group(url, mode="w").create_array("x", shape=(3,), dtype="f8")
+
+    with pytest.raises(SchemaError, match="not a flyarchive archive.*xarray.open_zarr"):
+        open_archive(url)
+
+
+def test_rendering_a_chunk_with_flipped_bits_is_a_corrupt_archive_error(tiny, archive, tmp_path):
+    shard = next(p for p in (Path(archive) / "qpos" / "c" / "0" / "0").rglob("*") if p.is_file())
+    data = bytearray(shard.read_bytes())
+    data[len(data) // 2] ^= 0x40
+    shard.write_bytes(bytes(data))
+
+    with pytest.raises(CorruptArchiveError, match="verify") as err:
+        render_videos(archive, tiny, "front", str(tmp_path / "v"), worlds=[0], options=SMALL,
+                      n_workers=0)
+
+    assert "qpos" in str(err.value)
+
+
+# ----------------------------------------------------------------------------- rendering
+def test_render_with_another_model_layout_is_refused(archive, tmp_path):
+    other = mujoco.MjModel.from_xml_string(TINY_XML.replace('type="ball"', 'type="hinge"'))
+
+    with pytest.raises(LayoutMismatchError, match="first differing qpos label"):
+        render_videos(archive, other, "front", str(tmp_path / "v"), options=SMALL, n_workers=0)
+
+
+def test_render_unknown_camera_lists_the_cameras(tiny, archive, tmp_path):
+    with pytest.raises(CameraNotFoundError, match="No camera 'side'.*'front', 'top'"):
+        render_videos(archive, tiny, "side", str(tmp_path / "v"), options=SMALL, n_workers=0)
+
+
+def test_render_world_not_in_the_archive_lists_its_worlds(tiny, archive, tmp_path):
+    with pytest.raises(SelectionError, match=r"World\(s\) \[7\] are not in the archive.*\[0, 1\]"):
+        render_videos(archive, tiny, "front", str(tmp_path / "v"), worlds=[7], options=SMALL,
+                      n_workers=0)
+
+
+def test_render_empty_world_selection_is_refused(tiny, archive, tmp_path):
+    with pytest.raises(SelectionError, match="holds no world"):
+        render_videos(archive, tiny, "front", str(tmp_path / "v"), worlds=[], options=SMALL,
+                      n_workers=0)
+
+
+def test_render_reversed_time_window_is_refused(tiny, archive, tmp_path):
+    with pytest.raises(SelectionError, match="ends before it starts"):
+        render_videos(archive, tiny, "front", str(tmp_path / "v"), time=(0.1, 0.05),
+                      options=SMALL, n_workers=0)
+
+
+def test_render_time_window_outside_the_recording_names_its_span(tiny, archive, tmp_path):
+    with pytest.raises(SelectionError, match=r"spans 0\.\.0\.152 s. Widen or move the window"):
+        render_videos(archive, tiny, "front", str(tmp_path / "v"), time=(3.0, 4.0),
+                      options=SMALL, n_workers=0)
+
+
+@pytest.mark.parametrize(("size", "fragment"), [
+    ((47, 64), r"odd side.*\(48, 64\) or \(46, 64\)"),
+    ((0, 64), "two positive integers"),
+    ((40000, 64), "1..16384"),
+])
+def test_impossible_frame_sizes_are_refused(tiny, archive, tmp_path, size, fragment):
+    out = tmp_path / "v"
+
+    with pytest.raises(FrameSizeError, match=fragment):
+        render_videos(archive, tiny, "front", str(out), options=RenderOptions(size=size),
+                      n_workers=0)
+
+    assert not out.exists()
+
+
+def test_render_into_an_unwritable_output_folder_is_a_storage_error(tiny, archive, tmp_path):
+    (tmp_path / "a-file").write_text("not a folder")
+    out = str(tmp_path / "a-file" / "videos")
+
+    with pytest.raises(StorageError, match=out):
+        render_videos(archive, tiny, "front", out, worlds=[0], time=(0, 0.016), options=SMALL,
+                      n_workers=0)
+
+
+def test_existing_videos_are_not_overwritten(tiny, archive, tmp_path):
+    out = tmp_path / "v"
+    render_videos(archive, tiny, "front", str(out), worlds=[0], time=(0, 0.016), options=SMALL,
+                  n_workers=0)
+    video = out / "world00000" / "front.mp4"
+    before = video.read_bytes()
+
+    with pytest.raises(OutputExistsError, match="overwrite=True"):
+        render_videos(archive, tiny, "front", str(out), worlds=[0], options=SMALL, n_workers=0)
+
+    assert video.read_bytes() == before
+
+
+# ----------------------------------------------------------------------------- npz
+def test_npz_with_pickled_objects_is_refused(tiny, tmp_path):
+    from flyarchive.interop.flygym_npz import import_npz
+
+    path = tmp_path / "evil.npz"
+    np.savez(path, time=np.zeros(2), qpos=np.zeros((2, 13)), output_fps=25.0,
+             playback_speed=0.2, world_id=0, payload=np.array([{"run": "code"}], dtype=object))
+
+    with pytest.raises(NpzFormatError, match="pickled Python objects, which flyarchive never loads"):
+        import_npz(path, str(tmp_path / "npz.zarr"), tiny)
+
+    assert not (tmp_path / "npz.zarr").exists()
+
+
+def test_npz_without_qpos_names_the_missing_field(tiny, tmp_path):
+    from flyarchive.interop.flygym_npz import import_npz
+
+    path = tmp_path / "partial.npz"
+    np.savez(path, time=np.zeros(2), output_fps=25.0, playback_speed=0.2, world_id=0)
+
+    with pytest.raises(NpzFormatError, match=r"fields \['qpos'\] are missing"):
+        import_npz(path, str(tmp_path / "npz.zarr"), tiny)
+
+
+def test_export_npz_does_not_overwrite_files(archive, tmp_path):
+    from flyarchive.interop.flygym_npz import export_npz
+
+    out = tmp_path / "npz"
+    out.mkdir()
+    (out / "world00000.npz").write_bytes(b"keep me")
+
+    with pytest.raises(OutputExistsError):
+        export_npz(archive, out)
+
+    assert (out / "world00000.npz").read_bytes() == b"keep me"
+
+
+# ----------------------------------------------------------------------------- CLI
+@pytest.mark.parametrize(("extra", "fragment"), [
+    (["--time", "soon"], "Cannot read time window 'soon'; write START:END"),
+    (["--worlds", "a-b"], "Cannot read worlds 'a-b'"),
+    (["--size", "big"], "Cannot read size 'big'; write HEIGHTxWIDTH"),
+    (["--storage-options", "{not json"], "--storage-options must be a JSON object"),
+])
+def test_cli_render_with_unreadable_arguments_exits_2_with_the_reason(
+        archive, tmp_path, capsys, extra, fragment):
+    model = tmp_path / "tiny.xml"
+    model.write_text(TINY_XML)
+
+    code = main(["render", archive, "--model", str(model), "--camera", "front",
+                 "--out", str(tmp_path / "v"), "--quiet", *extra])
+
+    assert code == 2
+    assert fragment in capsys.readouterr().err
+
+
+def test_cli_render_with_a_missing_model_file_exits_2(archive, tmp_path, capsys):
+    code = main(["render", archive, "--model", str(tmp_path / "nope.xml"), "--camera", "front"])
+
+    err = capsys.readouterr().err
+    assert code == 2
+    assert "flyarchive render: error: No model file at" in err
+
+
+def test_cli_verify_of_a_missing_archive_exits_2(tmp_path, capsys):
+    code = main(["verify", str(tmp_path / "nothing.zarr")])
+
+    assert code == 2
+    assert "flyarchive verify: error:" in capsys.readouterr().err
+
+
+def test_cli_info_of_a_damaged_archive_exits_2_and_changes_nothing(archive, capsys):
+    meta = Path(archive) / "n_frames" / "zarr.json"
+    meta.write_text(json.dumps({"zarr_format": 3}))
+    before = snapshot(archive)
+
+    code = main(["info", archive])
+
+    assert code == 2
+    assert "flyarchive info: error:" in capsys.readouterr().err
+    assert snapshot(archive) == before
