@@ -165,6 +165,9 @@ class ArchiveSpec:
         codec: ``"lossless"`` or ``"abs:<bound>"`` (see :mod:`flyarchive.codecs`).
         attrs: User metadata for the archive's attributes (JSON-serializable).
         world_vars: Per-world user variables, each ``(n_worlds,)``.
+        capacity_frames: For archives written by several processes (one per block of
+            worlds): the time extent, fixed at creation, with the time coordinate
+            filled from the frame schedule. None: the extent grows with each commit.
     """
 
     layout: ModelLayout
@@ -177,6 +180,7 @@ class ArchiveSpec:
     codec: str = "lossless"
     attrs: Mapping[str, Any] = field(default_factory=dict)
     world_vars: Mapping[str, np.ndarray] = field(default_factory=dict)
+    capacity_frames: int | None = None
 
     def __post_init__(self) -> None:
         if np.dtype(self.dtype) not in (np.dtype("float64"), np.dtype("float32")):
@@ -246,11 +250,12 @@ def _root_attrs(spec: ArchiveSpec) -> dict[str, Any]:
 def _create_arrays(group: zarr.Group, spec: ArchiveSpec) -> None:
     nw, nq, nm, ct = spec.n_worlds, spec.layout.nq, spec.layout.nmocap, spec.chunk_frames
     sw = min(spec.shard_worlds, nw)
+    nt = spec.capacity_frames or 0
     state = codecs.array_codecs(spec.codec, np.dtype(spec.dtype))
 
     def state_array(name: str, tail: tuple[int, ...], dims: list[str]) -> None:
         group.create_array(
-            name, shape=(nw, 0, *tail), dtype=spec.dtype, chunks=(1, ct, *tail),
+            name, shape=(nw, nt, *tail), dtype=spec.dtype, chunks=(1, ct, *tail),
             shards=(sw, ct, *tail), fill_value=np.nan, dimension_names=dims, **state,
         )
 
@@ -263,8 +268,13 @@ def _create_arrays(group: zarr.Group, spec: ArchiveSpec) -> None:
         _label_array(group, "wxyz", ("w", "x", "y", "z"))
     _label_array(group, "dof", spec.layout.dof_labels)
     crc = {"compressors": [zarr.codecs.Crc32cCodec()]}
-    group.create_array("time", shape=(0,), dtype="float64", chunks=(ct,), fill_value=np.nan,
-                       dimension_names=["time"], attributes={"description": "simulation time, s"}, **crc)
+    time = group.create_array("time", shape=(nt,), dtype="float64", chunks=(ct,), fill_value=np.nan,
+                              dimension_names=["time"], attributes={"description": "simulation time, s"},
+                              **crc)
+    if nt:  # several writers: the schedule's times, written once, never resized
+        time[:] = np.array([spec.timing.frame_step(k) for k in range(nt)]) * spec.timing.timestep
+        zarr.open_group(group.store_path / "claims", mode="w",
+                        attributes={"description": "world blocks claimed by writers"})
     group.create_array("world", shape=(nw,), dtype="int64", chunks=(nw,), fill_value=-1,
                        dimension_names=["world"], **crc)[:] = np.asarray(spec.world_ids, dtype=np.int64)
     group.create_array("n_frames", shape=(nw,), dtype="int64", chunks=(sw,), fill_value=0,
@@ -289,7 +299,10 @@ class ArchiveWriter:
     Use :meth:`create` for a new archive or :meth:`append` to resume one.
     """
 
-    def __init__(self, group: zarr.Group, url: str, layout: ModelLayout) -> None:
+    def __init__(
+        self, group: zarr.Group, url: str, layout: ModelLayout,
+        block: tuple[int, int] | None = None,
+    ) -> None:
         self._group = group
         self.url = url
         self.layout = layout
@@ -297,8 +310,10 @@ class ArchiveWriter:
         qpos = group["qpos"]
         self.chunk_frames: int = int(qpos.chunks[1])
         self.dtype = qpos.dtype
-        self.world_ids: tuple[int, ...] = tuple(int(w) for w in group["world"][:])
-        frames = np.asarray(group["n_frames"][:])
+        self.block = block
+        self._worlds = slice(*block) if block else slice(None)
+        self.world_ids: tuple[int, ...] = tuple(int(w) for w in group["world"][self._worlds])
+        frames = np.asarray(group["n_frames"][self._worlds])
         # Frames past the smallest commit are redone: a resumed simulation continues
         # from the same step for all its worlds.
         self.n_frames: int = int(frames.min()) if frames.size else 0
@@ -340,13 +355,21 @@ class ArchiveWriter:
     def append(
         cls, url: str, layout: ModelLayout, *,
         storage_options: Mapping[str, Any] | None = None, timing: Timing | None = None,
+        world_block: tuple[int, int] | None = None, takeover: bool = False,
     ) -> "ArchiveWriter":
         """Open an existing archive to add frames after its last committed one.
+
+        Args:
+            world_block: ``(start, stop)`` world indices this writer owns, for archives
+                created with ``capacity_frames`` and written by several processes; the
+                block must follow shard boundaries and not overlap another writer's.
+            takeover: Take over this exact block's claim (resuming a crashed writer).
 
         Raises:
             ArchiveNotFoundError: if no archive is at ``url``.
             LayoutMismatchError: if ``layout`` differs from the archive's.
             SchemaError: if ``timing`` differs from the archive's.
+            WorldBlockConflictError: if the block overlaps another writer's.
         """
         group = open_group(url, storage_options, mode="r+")
         stored = ModelLayout.from_attrs(group.attrs["layout"])
@@ -358,7 +381,20 @@ class ArchiveWriter:
                     f"The archive at {url!r} was recorded with {have}; appending with {timing} "
                     "would mix frame schedules. Use the same timestep, output_fps and playback_speed."
                 )
-        return cls(group, url, stored)
+        if world_block is None:
+            return cls(group, url, stored)
+        if "claims" not in group:
+            raise ValueError(
+                f"The archive at {url!r} was created for one writer. To write it from several "
+                "processes, create it with ArchiveSpec(capacity_frames=...)."
+            )
+        from flyarchive.claims import claim_block
+
+        qpos = group["qpos"]
+        start, stop = (int(v) for v in world_block)
+        claim_block(group.store, start, stop, int((qpos.shards or qpos.chunks)[0]),
+                    int(qpos.shape[0]), takeover=takeover)
+        return cls(group, url, stored, (start, stop))
 
     @property
     def n_worlds(self) -> int:
@@ -380,18 +416,23 @@ class ArchiveWriter:
         if n == 0:
             return
         t0, t1 = self.n_frames, self.n_frames + n
+        if self.block is not None and t1 > self._group["time"].shape[0]:
+            raise ValueError(
+                f"Frames {t0}..{t1 - 1} do not fit the archive's capacity of "
+                f"{self._group['time'].shape[0]} frames (fixed for several writers). "
+                "Create it with a larger capacity_frames."
+            )
         try:
             for name in self._state + ["time"]:
-                arr = self._group[name]
-                if arr.shape[arr.ndim - 1 if name == "time" else 1] < t1:
-                    shape = list(arr.shape)
-                    shape[0 if name == "time" else 1] = t1
-                    arr.resize(tuple(shape))
+                arr, axis = self._group[name], 0 if name == "time" else 1
+                if arr.shape[axis] < t1:  # only ever grows: shrinking would delete chunks
+                    arr.resize(tuple(t1 if i == axis else d for i, d in enumerate(arr.shape)))
             for name in self._state:
-                self._group[name][:, t0:t1] = getattr(block, name)
-            self._group["time"][t0:t1] = block.time
+                self._group[name][self._worlds, t0:t1] = getattr(block, name)
+            if self.block is None:  # several writers share the time written at creation
+                self._group["time"][t0:t1] = block.time
             committed = np.full(self.n_worlds, t1) if n_frames is None else np.asarray(n_frames)
-            self._group["n_frames"][:] = committed.astype(np.int64)
+            self._group["n_frames"][self._worlds] = committed.astype(np.int64)
         except (OSError, RuntimeError, TimeoutError) as err:
             raise StorageError(
                 f"Writing frames {t0}..{t1 - 1} to {self.url!r} failed ({err!r}). "

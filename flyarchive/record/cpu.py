@@ -75,6 +75,10 @@ class TrajectoryRecorder:
         source: Recorded in the attributes.
         attrs: User metadata stored in the archive's attributes.
         world_vars: Per-world user variables, ``{name: (n_worlds,) array}``.
+        world_block: ``(start, stop)``: write only these world indices of an archive
+            created beforehand with ``ArchiveSpec(capacity_frames=...)``, alongside other
+            processes writing other blocks (e.g. one per GPU). Needs ``mode="a"``.
+        takeover: With ``world_block``, take over this block's claim after a crash.
 
     Raises:
         ArchiveExistsError: if ``mode="w-"`` and something is at ``url`` (checked at once).
@@ -99,7 +103,12 @@ class TrajectoryRecorder:
         source: str = "mujoco",
         attrs: Mapping[str, Any] | None = None,
         world_vars: Mapping[str, np.ndarray] | None = None,
+        world_block: tuple[int, int] | None = None,
+        takeover: bool = False,
     ) -> None:
+        if world_block is not None and mode != "a":
+            raise ValueError("world_block writes into an existing archive: pass mode='a'.")
+        self._block = dict(world_block=world_block, takeover=takeover)
         self.url = str(url)
         self.layout = ModelLayout.from_model(model)
         self.timing = Timing(float(model.opt.timestep), output_fps, playback_speed)
@@ -123,7 +132,13 @@ class TrajectoryRecorder:
         world_ids = self._world_ids or tuple(range(n_worlds))
         if len(world_ids) != n_worlds:
             raise ValueError(f"world_ids has {len(world_ids)} entries for {n_worlds} MjData.")
-        self._writer = ArchiveWriter.create(self.url, self._spec(world_ids), **self._options)
+        if self._block["world_block"] is not None:
+            self._writer = ArchiveWriter.append(
+                self.url, self.layout, storage_options=self._options["storage_options"],
+                timing=self.timing, **self._block,
+            )
+        else:
+            self._writer = ArchiveWriter.create(self.url, self._spec(world_ids), **self._options)
         if self._writer.n_worlds != n_worlds:
             raise ValueError(
                 f"The archive at {self.url!r} has {self._writer.n_worlds} worlds; "
