@@ -1,0 +1,528 @@
+"""Archive -> mp4 on mujoco-warp's batch renderer (backends ``"gpu"`` and ``"warp-cpu"``).
+
+One process drives one Warp device. The (world, frame) work of a render plan is
+packed world-major into batches of ``B = options.batch_worlds`` states, so that a
+batch touches few videos. Three stages overlap:
+
+- a reader thread loads each batch's states from the archive (one read per
+  rectangular block of worlds x frames, not one per frame) into a bounded queue;
+- this thread renders each batch with one :meth:`WarpBatchRenderer.render_batch`
+  call (one host-to-device and one device-to-host copy);
+- encoder threads pipe the frames to one ffmpeg process per (world, camera) video,
+  opened when its first frame arrives and closed, then copied to its final URL,
+  after its last frame.
+
+At most ``_BATCHES_IN_FLIGHT`` rendered batches exist at a time, so host memory is
+bounded by a few batches, never by the length of a video.
+
+With a Dask client (or a scheduler address), the jobs are split into groups of
+whole videos, about equal in frames and cut on batch multiples, and each group is
+submitted with ``resources={"GPU": 1}`` to a worker that runs the same
+single-process routine. Workers must be started with that resource, one worker per
+GPU, e.g. ``dask worker SCHEDULER --nthreads 1 --resources GPU=1`` with
+``CUDA_VISIBLE_DEVICES`` set to its GPU (dask-cuda's ``LocalCUDACluster`` sets it).
+Resources are passed to ``client.submit`` explicitly: Dask drops ``annotate``
+resources during graph optimization (dask #7036).
+
+``import flyarchive`` does not import this module; it imports ``warp`` lazily.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+import os
+import queue
+import tempfile
+import threading
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from flyarchive.errors import RenderBackendError
+
+__all__ = [
+    "Batch", "Piece", "pack_batches", "split_groups", "warp_device", "render_jobs",
+    "run_warp_plan",
+]
+
+#: Rendered batches that may wait for their encoders at one time (host memory bound).
+_BATCHES_IN_FLIGHT = 3
+#: States read ahead of the renderer, in batches.
+_READ_AHEAD = 2
+_STOP = object()
+
+
+@dataclass(frozen=True)
+class Piece:
+    """Frames ``[start, stop)`` of ``plan.jobs[job]``, rows ``[offset, offset + n)`` of a batch."""
+
+    job: int
+    start: int
+    stop: int
+    offset: int
+
+    @property
+    def n(self) -> int:
+        return self.stop - self.start
+
+
+@dataclass(frozen=True)
+class Batch:
+    """Up to ``B`` states to render together: consecutive pieces of world-major work."""
+
+    pieces: tuple[Piece, ...]
+
+    @property
+    def n(self) -> int:
+        return sum(p.n for p in self.pieces)
+
+
+def pack_batches(jobs: Sequence[Any], batch_worlds: int) -> list[Batch]:
+    """Pack the frames of ``jobs`` world-major into batches of ``batch_worlds`` states.
+
+    Every batch but the last is full; a job's frames keep their order across batches.
+
+    Args:
+        jobs: :class:`flyarchive.render.VideoJob` s (``start``, ``stop`` archive indices).
+        batch_worlds: ``B``, states per batch, ``>= 1``.
+
+    Returns:
+        The batches, in rendering order; ``Piece.job`` indexes ``jobs``.
+    """
+    if batch_worlds < 1:
+        raise ValueError(f"batch_worlds must be at least 1, got {batch_worlds!r}.")
+    batches: list[Batch] = []
+    pieces: list[Piece] = []
+    filled = 0
+    for index, job in enumerate(jobs):
+        k = job.start
+        while k < job.stop:
+            take = min(batch_worlds - filled, job.stop - k)
+            pieces.append(Piece(index, k, k + take, filled))
+            filled += take
+            k += take
+            if filled == batch_worlds:
+                batches.append(Batch(tuple(pieces)))
+                pieces, filled = [], 0
+    if pieces:
+        batches.append(Batch(tuple(pieces)))
+    return batches
+
+
+def split_groups(jobs: Sequence[Any], batch_worlds: int, n_groups: int) -> list[tuple[Any, ...]]:
+    """Split jobs, in order, into at most ``n_groups`` groups of whole videos.
+
+    Each group holds about the same number of frames, rounded up to whole batches, so
+    only a group's last batch can be partial (a partial batch costs a full one).
+
+    Returns:
+        Non-empty tuples of jobs; concatenated, they are ``jobs``.
+    """
+    ends = np.cumsum([job.n_frames for job in jobs])  # frames up to the end of each job
+    total = int(ends[-1]) if len(ends) else 0
+    cuts: list[int] = [0]
+    for i in range(1, max(1, n_groups)):
+        target = round(i * total / n_groups / batch_worlds) * batch_worlds
+        cut = int(np.argmin(np.abs(ends - target))) + 1  # jobs before the cut
+        if cuts[-1] < cut < len(jobs):
+            cuts.append(cut)
+    cuts.append(len(jobs))
+    return [tuple(jobs[a:b]) for a, b in zip(cuts, cuts[1:]) if b > a]
+
+
+def warp_device(backend: str) -> str:
+    """The Warp device of a backend: ``"cuda"`` for ``"gpu"``, ``"cpu"`` for ``"warp-cpu"``.
+
+    Raises:
+        RenderBackendError: ``"gpu"`` was asked for and Warp sees no CUDA device, or the
+            backend is not a Warp backend.
+    """
+    if backend == "warp-cpu":
+        return "cpu"
+    if backend != "gpu":
+        raise RenderBackendError(
+            f"Backend {backend!r} does not render with Warp. Warp backends: 'gpu', 'warp-cpu'."
+        )
+    import warp as wp
+
+    wp.init()
+    if wp.get_cuda_device_count() < 1:
+        raise RenderBackendError(
+            "backend='gpu' needs a CUDA device, and Warp sees none on this machine "
+            f"(CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES')!r}). Pass "
+            "backend='warp-cpu' (the same renderer on the CPU) or backend='cpu' (OpenGL)."
+        )
+    return "cuda"
+
+
+# ----------------------------------------------------------------------------- one process
+_renderers: dict[tuple[Any, ...], Any] = {}
+_renderers_lock = threading.Lock()
+
+
+def _renderer(blob: bytes, cameras: tuple[str, ...], size: tuple[int, int],
+              batch_worlds: int, device: str) -> Any:
+    """One cached :class:`WarpBatchRenderer` per process (the last one asked for)."""
+    from flyarchive.distributed import _model
+    from flyarchive.replay.gpu import WarpBatchRenderer
+
+    key = (hashlib.sha256(blob).hexdigest(), cameras, tuple(size), batch_worlds, device)
+    if key not in _renderers:
+        _renderers.clear()
+        # WarpBatchRenderer prepares a copy with prepare_for_batch_rendering.
+        _renderers[key] = WarpBatchRenderer(
+            _model(blob), cameras, size, batch_worlds=batch_worlds, device=device
+        )
+    return _renderers[key]
+
+
+def render_jobs(plan: Any, blob: bytes, jobs: Sequence[Any], device: str) -> list[dict[str, Any]]:
+    """Render and encode every video of ``jobs`` in this process, on one Warp device.
+
+    Args:
+        plan: The :class:`flyarchive.distributed.RenderPlan` (archive, cameras, output,
+            options).
+        blob: The compiled model as MJB bytes.
+        jobs: The videos to make (a subset of ``plan.jobs``, or all of them).
+        device: Warp device, ``"cuda"``, ``"cuda:1"`` or ``"cpu"``.
+
+    Returns:
+        Manifest entries ``{"world", "camera", "path", "frames", "first_frame", "fps",
+        "size"}``, in ``jobs`` order, then camera order.
+
+    Raises:
+        OutputExistsError: a video exists and ``plan.options.overwrite`` is False.
+        VideoEncodeError, StorageError, NonFiniteStateError (never for committed NaN
+            frames: those render black, as on the CPU backend).
+    """
+    from flyarchive.distributed import _model
+    from flyarchive.query import open_archive
+
+    jobs = tuple(jobs)
+    options = plan.options
+    batches = pack_batches(jobs, options.batch_worlds)
+    ds = open_archive(plan.url, plan.storage_options or None)
+    with _renderers_lock:  # one batch stream per device at a time in a process
+        renderer = _renderer(blob, tuple(plan.cameras), tuple(options.size),
+                             options.batch_worlds, device)
+        with tempfile.TemporaryDirectory(prefix="flyarchive-warp-") as tmp:
+            encoders = _Encoders(plan, jobs, Path(tmp))
+            try:
+                _render_batches(ds, jobs, batches, renderer, _default_state(_model(blob)),
+                                encoders, options.progress)
+                entries = encoders.finish()
+            except BaseException:
+                encoders.abort()
+                raise
+    return [entries[(i, c)] for i in range(len(jobs)) for c in plan.cameras]
+
+
+def _render_batches(ds: Any, jobs: tuple[Any, ...], batches: list[Batch], renderer: Any,
+                    default: np.ndarray, encoders: _Encoders, progress: bool) -> None:
+    bar = _progress_bar(sum(b.n for b in batches), progress)
+    with _read_ahead(ds, jobs, batches) as states:
+        for batch, (qpos, mocap_pos, mocap_quat) in zip(batches, states):
+            encoders.raise_if_failed()
+            valid = _fill_invalid(qpos, mocap_pos, mocap_quat, default)
+            encoders.reserve()  # blocks while _BATCHES_IN_FLIGHT batches wait to be encoded
+            frames = renderer.render_batch(qpos, mocap_pos, mocap_quat)  # (n, ncam, H, W, 3)
+            if not valid.all():
+                frames[~valid] = 0
+            encoders.submit(batch, frames)
+            if bar is not None:
+                bar.update(batch.n)
+    if bar is not None:
+        bar.close()
+
+
+def _progress_bar(total: int, show: bool) -> Any:
+    if not show:
+        return None
+    from tqdm import tqdm
+
+    return tqdm(total=total, desc="frames", unit="frame")
+
+
+def _fill_invalid(qpos: np.ndarray, mocap_pos: np.ndarray | None, mocap_quat: np.ndarray | None,
+                  default: np.ndarray) -> np.ndarray:
+    """Rows with NaN or infinity get the model's default state (rendered, then blacked)."""
+    valid = np.isfinite(qpos).all(axis=1)
+    for extra in (mocap_pos, mocap_quat):
+        if extra is not None:
+            valid &= np.isfinite(extra.reshape(len(extra), -1)).all(axis=1)
+    if valid.all():
+        return valid
+    nq = qpos.shape[1]
+    qpos[~valid] = default[:nq]
+    if mocap_pos is not None and mocap_quat is not None:
+        nm = mocap_pos.shape[1]
+        mocap_pos[~valid] = default[nq:nq + 3 * nm].reshape(nm, 3)
+        mocap_quat[~valid] = default[nq + 3 * nm:].reshape(nm, 4)
+    return valid
+
+
+def _default_state(model: Any) -> np.ndarray:
+    """``qpos0`` then the model's mocap positions and orientations, packed, float64 ``(nstate,)``."""
+    import mujoco
+
+    data = mujoco.MjData(model)
+    return np.concatenate([model.qpos0, data.mocap_pos.ravel(), data.mocap_quat.ravel()])
+
+
+# ----------------------------------------------------------------------------- reading
+@contextmanager
+def _read_ahead(ds: Any, jobs: tuple[Any, ...], batches: list[Batch]) -> Iterator[Iterator[Any]]:
+    """States of each batch, read by a background thread at most ``_READ_AHEAD`` ahead."""
+    results: queue.Queue[Any] = queue.Queue(maxsize=_READ_AHEAD)
+    stop = threading.Event()
+
+    def offer(item: Any) -> bool:
+        """Put ``item`` in the queue unless the consumer has gone; False when it has."""
+        while not stop.is_set():
+            try:
+                results.put(item, timeout=0.1)
+                return True
+            except queue.Full:
+                continue
+        return False
+
+    def read_all() -> None:
+        try:
+            for batch in batches:
+                if not offer(_read_batch(ds, jobs, batch)):
+                    return
+        except BaseException as err:  # handed to the consumer
+            offer(err)
+
+    def consume() -> Iterator[Any]:
+        for _ in batches:
+            item = results.get()
+            if isinstance(item, BaseException):
+                raise item
+            yield item
+
+    thread = threading.Thread(target=read_all, name="flyarchive-read", daemon=True)
+    thread.start()
+    try:
+        yield consume()
+    finally:
+        stop.set()
+        thread.join()
+
+
+def _read_batch(ds: Any, jobs: tuple[Any, ...], batch: Batch
+                ) -> tuple[np.ndarray, np.ndarray | None, np.ndarray | None]:
+    """``(n, nq)`` qpos and ``(n, nmocap, 3|4)`` mocap of a batch, host arrays.
+
+    The bounding block of worlds x frames is read at once when it holds at most twice
+    the frames needed (the usual case: whole recordings of consecutive worlds); else
+    one read per piece.
+    """
+    names = ["qpos"] + [n for n in ("mocap_pos", "mocap_quat") if n in ds]
+    out = {n: np.empty((batch.n, *ds[n].shape[2:]), dtype=np.float32) for n in names}
+    rows = [jobs[p.job].world_index for p in batch.pieces]
+    w0, w1 = min(rows), max(rows) + 1
+    k0 = min(p.start for p in batch.pieces)
+    k1 = max(p.stop for p in batch.pieces)
+    if (w1 - w0) * (k1 - k0) <= 2 * batch.n:
+        block = ds[names].isel(world=slice(w0, w1), time=slice(k0, k1)).compute(scheduler="threads")
+        for p, row in zip(batch.pieces, rows):
+            for n in names:
+                out[n][p.offset:p.offset + p.n] = block[n].values[row - w0, p.start - k0:p.stop - k0]
+    else:
+        for p, row in zip(batch.pieces, rows):
+            piece = ds[names].isel(world=row, time=slice(p.start, p.stop)).compute(scheduler="threads")
+            for n in names:
+                out[n][p.offset:p.offset + p.n] = piece[n].values
+    return out["qpos"], out.get("mocap_pos"), out.get("mocap_quat")
+
+
+# ----------------------------------------------------------------------------- encoding
+class _Encoders:
+    """Encoder threads, each owning a fixed set of videos and writing them in order.
+
+    A video (job, camera) always goes to the same thread, so its frames stay in order.
+    Each thread opens a :class:`VideoWriter` on a video's first frames, and after its
+    last frame closes it and copies it to its final URL.
+    """
+
+    def __init__(self, plan: Any, jobs: tuple[Any, ...], tmp: Path) -> None:
+        self._plan, self._jobs, self._tmp = plan, jobs, tmp
+        self._cameras = tuple(plan.cameras)
+        n_threads = max(2, min(8, os.cpu_count() or 1))
+        self._queues: list[queue.Queue[Any]] = [queue.Queue() for _ in range(n_threads)]
+        self._slots = threading.Semaphore(_BATCHES_IN_FLIGHT)
+        self._lock = threading.Lock()
+        self._pending: dict[int, int] = {}  # id(frames) -> pieces not yet encoded
+        self._writers: dict[tuple[int, int], Any] = {}
+        self.entries: dict[tuple[int, str], dict[str, Any]] = {}
+        self._error: BaseException | None = None
+        self._threads = [
+            threading.Thread(target=self._work, args=(q,), name=f"flyarchive-encode-{i}", daemon=True)
+            for i, q in enumerate(self._queues)
+        ]
+        for thread in self._threads:
+            thread.start()
+
+    def reserve(self) -> None:
+        """Wait for room for one more rendered batch."""
+        while not self._slots.acquire(timeout=0.1):
+            self.raise_if_failed()
+
+    def submit(self, batch: Batch, frames: np.ndarray) -> None:
+        """Hand a rendered batch ``(n, ncam, H, W, 3)`` uint8 to the encoder threads."""
+        work = [(p, c) for p in batch.pieces for c in range(len(self._cameras))]
+        with self._lock:
+            self._pending[id(frames)] = len(work)
+        for piece, cam in work:
+            q = self._queues[(piece.job * len(self._cameras) + cam) % len(self._queues)]
+            q.put((piece, cam, frames))
+
+    def raise_if_failed(self) -> None:
+        if self._error is not None:
+            raise self._error
+
+    def finish(self) -> dict[tuple[int, str], dict[str, Any]]:
+        """Wait for every video to be written; returns the manifest entries."""
+        self._stop_threads()
+        self.raise_if_failed()
+        return self.entries
+
+    def abort(self) -> None:
+        """Stop the threads and drop partial videos."""
+        if self._error is None:
+            self._error = RuntimeError("aborted")
+        self._stop_threads()
+        for writer in self._writers.values():
+            writer.abort()
+
+    def _stop_threads(self) -> None:
+        for q in self._queues:
+            q.put(_STOP)
+        for thread in self._threads:
+            thread.join()
+
+    def _work(self, q: queue.Queue[Any]) -> None:
+        while (item := q.get()) is not _STOP:
+            piece, cam, frames = item
+            try:
+                if self._error is None:
+                    self._encode(piece, cam, frames[piece.offset:piece.offset + piece.n, cam])
+            except BaseException as err:
+                self._error = self._error or err
+            finally:
+                self._done(frames)
+
+    def _done(self, frames: np.ndarray) -> None:
+        with self._lock:
+            self._pending[id(frames)] -= 1
+            last = self._pending[id(frames)] == 0
+            if last:
+                del self._pending[id(frames)]
+        if last:
+            self._slots.release()
+
+    def _encode(self, piece: Piece, cam: int, frames: np.ndarray) -> None:
+        from flyarchive.video import VideoWriter, safe_video_path
+
+        plan, job, camera = self._plan, self._jobs[piece.job], self._cameras[cam]
+        key = (piece.job, cam)
+        writer = self._writers.get(key)
+        if writer is None:
+            local = Path(safe_video_path(self._tmp, job.world_id, camera))
+            writer = VideoWriter(local, plan.fps, plan.options.size, options=plan.options.video)
+            self._writers[key] = writer
+        writer.write(frames)
+        if writer.n_frames == job.n_frames:
+            self._publish(key, writer)
+
+    def _publish(self, key: tuple[int, int], writer: Any) -> None:
+        from flyarchive.video import write_output
+
+        plan, job, camera = self._plan, self._jobs[key[0]], self._cameras[key[1]]
+        writer.close()
+        url = plan.video_url(job.world_id, camera)
+        write_output(writer.path, url, plan.out_storage_options, overwrite=plan.options.overwrite)
+        writer.path.unlink(missing_ok=True)
+        del self._writers[key]
+        self.entries[(key[0], camera)] = {
+            "world": job.world_id, "camera": camera, "path": url, "frames": job.n_frames,
+            "first_frame": job.start, "fps": plan.fps, "size": list(plan.options.size),
+        }
+
+
+# ----------------------------------------------------------------------------- drivers
+def run_warp_plan(plan: Any, blob: bytes, *, client: Any = None,
+                  scheduler: str | None = None) -> list[dict[str, Any]]:
+    """Render a plan on the Warp backend of ``plan.options.backend``; the manifest entries.
+
+    Without ``client`` and ``scheduler`` everything runs in this process (one process
+    drives one GPU). With either, groups of whole videos go to Dask workers that hold
+    the resource ``GPU`` (start them with ``--resources GPU=1``, one per GPU).
+
+    Args:
+        plan: :class:`flyarchive.distributed.RenderPlan` with a Warp backend.
+        blob: The compiled model as MJB bytes.
+        client: A ``distributed.Client``.
+        scheduler: A scheduler address, used when ``client`` is None.
+
+    Returns:
+        One entry per (world, camera) in ``plan.jobs`` order, then camera order:
+        ``{"world", "camera", "path", "frames", "first_frame", "fps", "size"}``.
+
+    Raises:
+        RenderBackendError: no CUDA device for ``"gpu"`` here, or no worker of the
+            cluster offers the ``GPU`` resource.
+        OutputExistsError, VideoEncodeError, StorageError.
+    """
+    if client is None and scheduler is None:
+        return render_jobs(plan, blob, plan.jobs, warp_device(plan.options.backend))
+    with _connected(client, scheduler) as dask_client:
+        return _run_dask(plan, blob, dask_client)
+
+
+def _run_on_worker(plan: Any, blob: bytes, jobs: tuple[Any, ...]) -> list[dict[str, Any]]:
+    """A Dask task: one group of videos on the worker's Warp device (checked there)."""
+    return render_jobs(plan, blob, jobs, warp_device(plan.options.backend))
+
+
+def _run_dask(plan: Any, blob: bytes, client: Any) -> list[dict[str, Any]]:
+    workers = client.scheduler_info().get("workers", {})
+    gpu_workers = [a for a, w in workers.items() if w.get("resources", {}).get("GPU", 0) >= 1]
+    if not gpu_workers:
+        raise RenderBackendError(
+            f"None of the cluster's {len(workers)} worker(s) offers the resource 'GPU', so "
+            f"backend={plan.options.backend!r} batches cannot be placed. Start workers with "
+            "`dask worker SCHEDULER --nthreads 1 --resources GPU=1` (one per GPU), or pass "
+            "no client to render in this process."
+        )
+    groups = split_groups(plan.jobs, plan.options.batch_worlds, len(gpu_workers))
+    blob_future = client.scatter(blob, broadcast=True)
+    futures = [
+        client.submit(_run_on_worker, plan, blob_future, group, resources={"GPU": 1}, pure=False)
+        for group in groups
+    ]
+    entries: list[dict[str, Any]] = []
+    for result in client.gather(futures):
+        entries.extend(result)
+    return entries
+
+
+@contextmanager
+def _connected(client: Any, scheduler: str | None) -> Iterator[Any]:
+    if client is not None:
+        yield client
+        return
+    from distributed import Client
+
+    own = Client(scheduler)
+    try:
+        yield own
+    finally:
+        own.close()
+

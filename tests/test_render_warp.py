@@ -1,0 +1,249 @@
+"""Archive -> mp4 on the Warp batch renderer (backend "warp-cpu": Warp's CPU device)."""
+
+from __future__ import annotations
+
+import copy
+import importlib.util
+import json
+import math
+from pathlib import Path
+
+import mujoco
+import numpy as np
+import pytest
+
+from flyarchive.clock import Timing
+from flyarchive.errors import OutputExistsError, RenderBackendError
+from flyarchive.layout import ModelLayout
+from flyarchive.record.cpu import TrajectoryRecorder
+from flyarchive.render import RenderOptions, VideoJob, render_videos
+from flyarchive.store import ArchiveSpec, ArchiveWriter, FrameBlock
+from flyarchive.testing import simulate, slider_model, tiny_model
+from flyarchive.video import VideoOptions, read_video
+
+requires_warp = pytest.mark.skipif(
+    importlib.util.find_spec("mujoco_warp") is None, reason="needs mujoco-warp (flyarchive[gpu])"
+)
+pytestmark = [requires_warp, pytest.mark.timeout(600)]
+
+SIZE = (48, 64)  # (height, width)
+WARP = RenderOptions(backend="warp-cpu", size=SIZE, batch_worlds=8)
+SLIDER_FRAMES = 11  # not a multiple of the batch: videos straddle batches
+
+
+def record_tiny(url: str, n_worlds: int = 3, n_steps: int = 40) -> None:
+    """A float64 CPU recording of the tiny model: 11 frames per world (every 4 steps)."""
+    model = tiny_model()
+    with TrajectoryRecorder(url, model, output_fps=25, playback_speed=0.2, chunk_frames=8) as rec:
+        simulate(model, n_worlds, n_steps, rec.record_as_needed)
+
+
+def slider_qpos(n_worlds: int, n_frames: int) -> np.ndarray:
+    """``(worlds, frames, 1)`` slider positions, shuffled in time and different per world."""
+    rng = np.random.default_rng(7)
+    xs = np.linspace(-0.8, 0.8, n_frames)
+    return np.stack([rng.permutation(xs) for _ in range(n_worlds)])[..., None]
+
+
+def write_slider_archive(url: str, qpos: np.ndarray) -> None:
+    model = slider_model()
+    spec = ArchiveSpec(ModelLayout.from_model(model), Timing(0.01, 25.0, 0.25),
+                       tuple(range(qpos.shape[0])), chunk_frames=4, shard_worlds=1)
+    writer = ArchiveWriter.create(url, spec)
+    writer.write(FrameBlock(time=np.arange(qpos.shape[1]) * 0.01, qpos=qpos))
+
+
+def block_columns(frames: np.ndarray) -> np.ndarray:
+    """Mean pixel column (centre of pixel) of the bright block in each frame ``(n, H, W, 3)``."""
+    bright = frames.min(axis=-1) > 128
+    columns = np.arange(frames.shape[2]) + 0.5
+    return np.array([columns[b.any(axis=0)].mean() for b in bright])
+
+
+def expected_columns(xs: np.ndarray) -> np.ndarray:
+    height, width = SIZE
+    focal = (height / 2) / math.tan(math.radians(60) / 2)  # camera 'front': fovy 60, 3 m away
+    return width / 2 + focal * np.asarray(xs) / 3.0
+
+
+@pytest.fixture(scope="module")
+def tiny_archive(tmp_path_factory: pytest.TempPathFactory) -> str:
+    url = str(tmp_path_factory.mktemp("tiny") / "run.zarr")
+    record_tiny(url)
+    return url
+
+
+@pytest.fixture(scope="module")
+def slider_archive(tmp_path_factory: pytest.TempPathFactory) -> tuple[str, np.ndarray]:
+    url = str(tmp_path_factory.mktemp("slider") / "run.zarr")
+    qpos = slider_qpos(2, SLIDER_FRAMES)
+    write_slider_archive(url, qpos)
+    return url, qpos
+
+
+@pytest.fixture(scope="module", autouse=True)
+def warm_warp() -> None:
+    """Import mujoco-warp and load its cached kernels once for the module."""
+    from flyarchive.replay.gpu import WarpBatchRenderer
+
+    WarpBatchRenderer(slider_model(), "front", SIZE, batch_worlds=1, device="cpu")
+
+
+# -- packing ----------------------------------------------------------------------
+
+
+def test_batches_are_full_world_major_and_keep_frame_order():
+    from flyarchive.replay.gpu_videos import pack_batches
+
+    jobs = [VideoJob(0, 0, 0, 5), VideoJob(3, 2, 2, 9)]
+
+    batches = pack_batches(jobs, 4)
+
+    assert [b.n for b in batches] == [4, 4, 4]
+    flat = [(p.job, k) for b in batches for p in b.pieces for k in range(p.start, p.stop)]
+    assert flat == [(0, k) for k in range(5)] + [(1, k) for k in range(2, 9)]
+    assert all(p.offset + p.n <= 4 for b in batches for p in b.pieces)
+
+
+def test_groups_hold_whole_videos_of_about_equal_frames():
+    from flyarchive.replay.gpu_videos import split_groups
+
+    jobs = [VideoJob(w, w, 0, 10) for w in range(6)]
+
+    groups = split_groups(jobs, 8, 3)
+
+    assert [len(g) for g in groups] == [2, 2, 2]
+    assert [j for g in groups for j in g] == jobs
+
+
+def test_gpu_backend_without_cuda_suggests_the_cpu_backends():
+    import warp as wp
+
+    from flyarchive.replay.gpu_videos import warp_device
+
+    wp.init()
+    if wp.get_cuda_device_count() > 0:
+        pytest.skip("this machine has a CUDA device")
+
+    with pytest.raises(RenderBackendError, match="warp-cpu"):
+        warp_device("gpu")
+
+
+# -- archive -> mp4 ---------------------------------------------------------------
+
+
+def test_one_video_per_world_and_camera_with_every_frame(tiny_archive, tmp_path):
+    out = tmp_path / "videos"
+
+    result = render_videos(tiny_archive, tiny_model(), ["front", "top"], str(out), options=WARP)
+
+    expected = [(w, c) for w in (0, 1, 2) for c in ("front", "top")]
+    assert [(v["world"], v["camera"]) for v in result.videos] == expected
+    for video in result.videos:
+        frames = read_video(video["path"])
+        assert frames.shape == (11, *SIZE, 3) == (video["frames"], *SIZE, 3)
+        assert frames.std() > 5  # a scene, not a blank frame
+    manifest = json.loads(Path(result.manifest).read_text())
+    assert [v["path"] for v in manifest["videos"]] == [v["path"] for v in result.videos]
+    assert manifest["backend"] == "warp-cpu"
+
+
+def test_decoded_frame_k_shows_the_block_where_qpos_k_puts_it(slider_archive, tmp_path):
+    url, qpos = slider_archive
+    options = RenderOptions(backend="warp-cpu", size=SIZE, batch_worlds=4)
+
+    result = render_videos(url, slider_model(), "front", str(tmp_path / "v"), options=options)
+
+    for world, video in enumerate(result.videos):
+        actual = block_columns(read_video(video["path"]))
+        np.testing.assert_allclose(actual, expected_columns(qpos[world, :, 0]), atol=1.5)
+
+
+def test_time_window_and_world_subset(slider_archive, tmp_path):
+    url, qpos = slider_archive
+    window = (0.03, 0.07)  # frames 3..7 (time = 0.01 k)
+
+    result = render_videos(url, slider_model(), "front", str(tmp_path / "v"), worlds=[1],
+                           time=window, options=WARP)
+
+    (video,) = result.videos
+    assert (video["world"], video["first_frame"], video["frames"]) == (1, 3, 5)
+    assert not (tmp_path / "v" / "world00000").exists()
+    actual = block_columns(read_video(video["path"]))
+    np.testing.assert_allclose(actual, expected_columns(qpos[1, 3:8, 0]), atol=1.5)
+
+
+def test_cpu_recording_replays_like_the_opengl_backend(tiny_archive, tmp_path):
+    model = copy.deepcopy(tiny_model())
+    model.vis.quality.offsamples = 0  # OpenGL samples pixel centres, as the ray tracer does
+    fine = VideoOptions(crf=10)  # at 48x64, crf 23 blurs the bodies' colours into the floor
+    cpu = RenderOptions(backend="cpu", size=SIZE, video=fine)
+    warp = RenderOptions(backend="warp-cpu", size=SIZE, batch_worlds=8, video=fine)
+
+    expected = render_videos(tiny_archive, model, "front", str(tmp_path / "gl"), options=cpu,
+                             n_workers=0)
+    actual = render_videos(tiny_archive, model, "front", str(tmp_path / "warp"), options=warp)
+
+    for gl_video, warp_video in zip(expected.videos, actual.videos, strict=True):
+        gl = bodies(read_video(gl_video["path"]))
+        wa = bodies(read_video(warp_video["path"]))
+        assert gl.any() and not gl.all()
+        assert np.mean(wa == gl) >= 0.99
+        assert (wa & gl).sum() / (wa | gl).sum() >= 0.85  # the bodies cover ~1% of pixels
+
+
+def bodies(frames: np.ndarray) -> np.ndarray:
+    """Pixels of the coloured bodies: saturated colours, unlike the grey floor and black sky."""
+    rgb = frames.astype(np.int16)
+    return (rgb.max(axis=-1) - rgb.min(axis=-1)) > 60
+
+
+def test_existing_videos_are_refused_without_overwrite(slider_archive, tmp_path):
+    url, _ = slider_archive
+    out = str(tmp_path / "v")
+    render_videos(url, slider_model(), "front", out, worlds=[0], options=WARP)
+
+    with pytest.raises(OutputExistsError, match="overwrite"):
+        render_videos(url, slider_model(), "front", out, worlds=[0], options=WARP)
+
+
+def test_overwrite_replaces_existing_videos(slider_archive, tmp_path):
+    url, _ = slider_archive
+    out = tmp_path / "v"
+    render_videos(url, slider_model(), "front", str(out), worlds=[0], time=(0.0, 0.02),
+                  options=WARP)
+    options = RenderOptions(backend="warp-cpu", size=SIZE, batch_worlds=8, overwrite=True)
+
+    result = render_videos(url, slider_model(), "front", str(out), worlds=[0], options=options)
+
+    assert read_video(result.videos[0]["path"]).shape[0] == SLIDER_FRAMES
+
+
+# -- Dask -------------------------------------------------------------------------
+
+
+def test_batches_run_on_a_dask_worker_that_holds_a_gpu(slider_archive, tmp_path):
+    from distributed import Client, LocalCluster, get_task_stream
+
+    url, _ = slider_archive
+    with LocalCluster(n_workers=1, threads_per_worker=1, processes=True, resources={"GPU": 1},
+                      dashboard_address=None, silence_logs=40) as cluster, Client(cluster) as client:
+        with get_task_stream(client) as stream:
+            result = render_videos(url, slider_model(), "front", str(tmp_path / "v"),
+                                   options=WARP, client=client)
+        ran = [t["key"] for t in stream.data]
+
+    assert all(Path(v["path"]).is_file() for v in result.videos)
+    assert len(result.videos) == 2
+    assert any("_run_on_worker" in str(key) for key in ran)
+
+
+def test_a_cluster_without_gpu_workers_is_refused(slider_archive, tmp_path):
+    from distributed import Client, LocalCluster
+
+    url, _ = slider_archive
+    with LocalCluster(n_workers=1, processes=False, dashboard_address=None,
+                      silence_logs=40) as cluster, Client(cluster) as client:
+        with pytest.raises(RenderBackendError, match="resources GPU=1"):
+            render_videos(url, slider_model(), "front", str(tmp_path / "v"), options=WARP,
+                          client=client)
