@@ -1,0 +1,299 @@
+"""Archive -> mp4 frames/s on mujoco-warp's batch renderer: flyarchive against flygym 2.1.1.
+
+One run, one model, one archive of ``worlds`` x ``frames`` float32 states (a
+NeuroMechFly walk from :func:`flyarchive.interop.nmf.walk_qpos`, shifted and
+jittered per world; or the tiny test model). Rows of the table:
+
+1. raw: ``WarpBatchRenderer.render_resident`` loop, ``B`` resident states:
+   kinematics + BVH refit + render only, the rendering limit.
+2. batch: ``WarpBatchRenderer.render_batch``: upload, render, uint8 on the device,
+   one copy to the host.
+   read: reading every batch's states from the archive, as row 3 does in a
+   background thread (a diagnostic: row 3 is bounded below by it).
+3. flyarchive: ``render_videos`` from the archive on disk to one mp4 per world, end
+   to end (open, read, render, encode, write; renderer setup included).
+4. flygym: ``flygym.warp.recording.render_trajectories_gpu`` on the same states
+   (``RecordedTrajectory`` objects built from them) with ``worlds_per_batch`` 32 and
+   256, videos written to ``output_path``; the better of the two is compared. The
+   model is prepared with flyarchive's ``prepare_for_batch_rendering`` (what flygym's
+   ``modify_world_for_batch_rendering`` does to the fly's materials). Its errors are
+   reported, not raised.
+
+A frame is one (state, camera) image. Peak RSS is sampled every 20 ms over this
+process and its children (ffmpeg), per row.
+
+Usage:
+    python scripts/bench_gpu_replay.py --device cpu --model tiny --worlds 4 --frames 10 \\
+        --batch 16 --size 48x64
+    python scripts/bench_gpu_replay.py --device cuda --model nmf --worlds 128 --frames 100 \\
+        --batch 1024 --json replay.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import tempfile
+import threading
+import time
+import traceback
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import mujoco
+import numpy as np
+
+
+def main() -> None:
+    args = _parse_args()
+    import warp as wp
+
+    wp.config.quiet = True
+    device = {"cuda": "cuda:0", "cpu": "cpu"}[args.device]
+    backend = {"cuda": "gpu", "cpu": "warp-cpu"}[args.device]
+    model, camera, qpos, mocap = _states(args.model, args.worlds, args.frames)
+    n_frames = args.worlds * args.frames  # one camera: one image per state
+
+    result: dict[str, Any] = {
+        "model": args.model, "device": device, "worlds": args.worlds, "frames": args.frames,
+        "batch": args.batch, "size": list(args.size), "camera": camera, "nq": model.nq,
+        "ngeom": model.ngeom, "images": n_frames, "host": platform.node(),
+        "mujoco": mujoco.__version__, "warp": wp.config.version, "rows": {},
+    }
+    rows = result["rows"]
+    with tempfile.TemporaryDirectory(prefix="bench-gpu-replay-") as tmp:
+        url = _write_archive(Path(tmp) / "run.zarr", model, qpos, mocap)
+        rows["raw"], rows["batch"] = _renderer_rows(model, camera, qpos, mocap, args, device)
+        _warm_up(url, model, camera, qpos, mocap, args, device, backend, Path(tmp) / "warm")
+        rows["read"] = _measure(n_frames, lambda: _read_all(url, args.batch))
+        rows["flyarchive"] = _measure(n_frames, lambda: _flyarchive(
+            url, model, camera, Path(tmp) / "fa", args, backend))
+        for wpb in (32, 256):
+            rows[f"flygym_b{wpb}"] = _measure(n_frames, lambda wpb=wpb: _flygym(
+                model, camera, qpos, mocap, args, device, wpb, Path(tmp) / f"fg{wpb}"))
+    fly = [r for k, r in rows.items() if k.startswith("flygym") and "fps" in r]
+    if fly and "fps" in rows["flyarchive"]:
+        best = max(fly, key=lambda r: r["fps"])
+        result["flygym_best_fps"] = best["fps"]
+        result["ratio_flyarchive_over_flygym"] = round(rows["flyarchive"]["fps"] / best["fps"], 3)
+    _print_table(result)
+    if args.json:
+        Path(args.json).write_text(json.dumps(result, indent=2))
+
+
+def _parse_args() -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--json", help="also write the result as JSON to this path")
+    parser.add_argument("--device", choices=["cuda", "cpu"], default="cuda", help="Warp device")
+    parser.add_argument("--worlds", type=int, default=128, help="worlds in the archive")
+    parser.add_argument("--frames", type=int, default=100, help="frames per world")
+    parser.add_argument("--batch", type=int, default=1024, help="B, states per flyarchive batch")
+    parser.add_argument("--model", choices=["nmf", "tiny"], default="nmf")
+    parser.add_argument(
+        "--size", type=lambda s: tuple(int(v) for v in s.split("x")), default=(240, 320),
+        help="frame size HEIGHTxWIDTH (default 240x320)",
+    )
+    args = parser.parse_args()
+    if min(args.worlds, args.frames, args.batch) < 1:
+        parser.error("--worlds, --frames and --batch must be positive")
+    return args
+
+
+# ----------------------------------------------------------------------------- data
+def _states(which: str, n_worlds: int, n_frames: int
+            ) -> tuple[mujoco.MjModel, str, np.ndarray, tuple[np.ndarray, np.ndarray] | None]:
+    """The model, its camera, ``(worlds, frames, nq)`` float32 qpos and mocap poses or None."""
+    rng = np.random.default_rng(0)
+    if which == "tiny":
+        from flyarchive.testing import tiny_model
+
+        model = tiny_model()
+        qpos = np.tile(model.qpos0, (n_worlds, n_frames, 1))
+        qpos[..., 7] = rng.uniform(-1.0, 1.0, (n_worlds, n_frames))  # shoulder
+        qpos[..., 12] = rng.uniform(-0.1, 0.1, (n_worlds, n_frames))  # slider
+        data = mujoco.MjData(model)
+        mocap_pos = np.broadcast_to(data.mocap_pos, (n_worlds, n_frames, model.nmocap, 3))
+        mocap_quat = np.broadcast_to(data.mocap_quat, (n_worlds, n_frames, model.nmocap, 4))
+        mocap = (mocap_pos.astype(np.float32), mocap_quat.astype(np.float32))
+        return model, "front", qpos.astype(np.float32), mocap
+    from flyarchive.interop import nmf
+
+    world = nmf.build_world()
+    walk = nmf.walk_qpos(n_frames, dtype=np.float64, world=world)  # (frames, nq)
+    qpos = np.repeat(walk[None], n_worlds, axis=0)
+    qpos[:, :, :2] += rng.normal(0.0, 2.0, (n_worlds, 1, 2))  # per-world offset, mm
+    qpos[:, :, 7:] += rng.normal(0.0, 0.02, (n_worlds, n_frames, walk.shape[1] - 7))  # rad
+    return world.model, world.cameras[0], qpos.astype(np.float32), None
+
+
+def _write_archive(url: Path, model: mujoco.MjModel, qpos: np.ndarray,
+                   mocap: tuple[np.ndarray, np.ndarray] | None) -> str:
+    from flyarchive.clock import Timing
+    from flyarchive.layout import ModelLayout
+    from flyarchive.store import ArchiveSpec, ArchiveWriter, FrameBlock
+
+    n_worlds, n_frames, _ = qpos.shape
+    timing = Timing(float(model.opt.timestep), 25.0, 0.2)
+    spec = ArchiveSpec(ModelLayout.from_model(model), timing, tuple(range(n_worlds)),
+                       dtype="float32", source="mujoco-warp", chunk_frames=min(n_frames, 100),
+                       shard_worlds=min(n_worlds, 64))
+    writer = ArchiveWriter.create(str(url), spec)
+    times = np.arange(n_frames) * timing.interval
+    writer.write(FrameBlock(times, qpos, *(mocap or (None, None))))
+    return str(url)
+
+
+# ----------------------------------------------------------------------------- rows
+def _renderer_rows(model: mujoco.MjModel, camera: str, qpos: np.ndarray,
+                   mocap: tuple[np.ndarray, np.ndarray] | None, args: argparse.Namespace,
+                   device: str) -> tuple[dict[str, Any], dict[str, Any]]:
+    from flyarchive.replay.gpu import WarpBatchRenderer
+
+    states = qpos.reshape(-1, qpos.shape[-1])
+    flat_mocap = None if mocap is None else tuple(m.reshape(-1, *m.shape[2:]) for m in mocap)
+    b = min(args.batch, len(states))
+    start = time.perf_counter()
+    renderer = WarpBatchRenderer(model, camera, args.size, batch_worlds=b, device=device)
+    renderer.render_batch(states[:b], *(m[:b] for m in flat_mocap or ()))  # compile or load
+    setup_s = time.perf_counter() - start
+    n_batches = -(-len(states) // b)
+
+    def raw() -> None:
+        for _ in range(n_batches):
+            renderer.render_resident()
+        renderer.synchronize()
+
+    def batch() -> None:
+        for i in range(0, len(states), b):
+            renderer.render_batch(states[i:i + b], *(m[i:i + b] for m in flat_mocap or ()))
+
+    raw_row = _measure(n_batches * b, raw)
+    raw_row["setup_s"] = round(setup_s, 3)
+    return raw_row, _measure(len(states), batch)
+
+
+def _read_all(url: str, batch_worlds: int) -> None:
+    """Read every batch's states from the archive as ``render_videos`` does (no rendering)."""
+    from flyarchive.query import open_archive
+    from flyarchive.render import select_frames
+    from flyarchive.replay import gpu_videos
+
+    ds = open_archive(url)
+    jobs = tuple(select_frames(ds))
+    for batch in gpu_videos.pack_batches(jobs, batch_worlds):
+        gpu_videos._read_batch(ds, jobs, batch)
+
+
+def _flyarchive(url: str, model: mujoco.MjModel, camera: str, out: Path,
+                args: argparse.Namespace, backend: str) -> None:
+    from flyarchive.render import RenderOptions, render_videos
+
+    options = RenderOptions(size=args.size, backend=backend, batch_worlds=args.batch)
+    render_videos(url, model, camera, str(out), options=options)
+
+
+def _flygym(model: mujoco.MjModel, camera: str, qpos: np.ndarray,
+            mocap: tuple[np.ndarray, np.ndarray] | None, args: argparse.Namespace,
+            device: str, worlds_per_batch: int, out: Path | None) -> None:
+    import warp as wp
+    from flygym.recording import RecordedTrajectory
+    from flygym.warp.recording import render_trajectories_gpu
+
+    from flyarchive.replay.warp_model import prepare_for_batch_rendering
+
+    times = np.arange(qpos.shape[1]) * 0.2 / 25.0
+    trajectories = [
+        RecordedTrajectory(
+            time=times, qpos=qpos[w], output_fps=25, playback_speed=0.2, world_id=w,
+            mocap_pos=None if mocap is None else mocap[0][w],
+            mocap_quat=None if mocap is None else mocap[1][w],
+        )
+        for w in range(qpos.shape[0])
+    ]
+    with wp.ScopedDevice(device):
+        render_trajectories_gpu(prepare_for_batch_rendering(model), trajectories, camera, out,
+                                camera_res=tuple(args.size), worlds_per_batch=worlds_per_batch)
+
+
+def _warm_up(url: str, model: mujoco.MjModel, camera: str, qpos: np.ndarray,
+             mocap: tuple[np.ndarray, np.ndarray] | None, args: argparse.Namespace,
+             device: str, backend: str, out: Path) -> None:
+    """Compile (or load) both libraries' kernels on one frame, so no timed row pays for it.
+
+    Renderer setup (model upload, BVH build) stays in both end-to-end rows: flyarchive's
+    cached renderer is dropped, and flygym builds its own on every call anyway.
+    """
+    from flyarchive.render import RenderOptions, render_videos
+    from flyarchive.replay import gpu_videos
+
+    options = RenderOptions(size=args.size, backend=backend, batch_worlds=args.batch)
+    render_videos(url, model, camera, str(out / "fa"), worlds=[0], time=(0.0, 0.0),
+                  options=options)
+    gpu_videos._renderers.clear()
+    one = (qpos[:1, :1], None if mocap is None else (mocap[0][:1, :1], mocap[1][:1, :1]))
+    _measure(1, lambda: _flygym(model, camera, *one, args, device, 1, None))
+
+
+# ----------------------------------------------------------------------------- measuring
+def _measure(n_images: int, run: Callable[[], None]) -> dict[str, Any]:
+    """Wall time, images/s and peak RSS (this process + children) of ``run()``; errors caught."""
+    with _peak_rss() as peak:
+        start = time.perf_counter()
+        try:
+            run()
+        except Exception as err:  # reported in the table, not raised
+            traceback.print_exc()
+            return {"error": f"{type(err).__name__}: {err}"[:300], "peak_rss_mb": peak()}
+        wall = time.perf_counter() - start
+    return {"wall_s": round(wall, 3), "fps": round(n_images / wall, 2), "peak_rss_mb": peak()}
+
+
+@contextmanager
+def _peak_rss(interval_s: float = 0.02) -> Iterator[Callable[[], float]]:
+    import psutil
+
+    me = psutil.Process()
+    peak = [0]
+    done = threading.Event()
+
+    def sample() -> None:
+        while True:
+            total = 0
+            for proc in [me, *me.children(recursive=True)]:
+                try:
+                    total += proc.memory_info().rss
+                except psutil.Error:
+                    pass
+            peak[0] = max(peak[0], total)
+            if done.wait(interval_s):
+                return
+
+    thread = threading.Thread(target=sample, daemon=True)
+    thread.start()
+    try:
+        yield lambda: round(peak[0] / 2**20, 1)
+    finally:
+        done.set()
+        thread.join()
+
+
+def _print_table(r: dict[str, Any]) -> None:
+    size = f"{r['size'][0]}x{r['size'][1]}"
+    print(f"\n{r['model']} on {r['device']}: {r['worlds']} worlds x {r['frames']} frames, "
+          f"{size}, B={r['batch']}, camera {r['camera']!r}")
+    print(f"{'row':<12} {'wall s':>9} {'frames/s':>10} {'peak RSS MB':>12}  note")
+    for name, row in r["rows"].items():
+        wall = f"{row['wall_s']:.2f}" if "wall_s" in row else "-"
+        fps = f"{row['fps']:.1f}" if "fps" in row else "-"
+        note = row.get("error", f"setup {row['setup_s']:.1f} s" if "setup_s" in row else "")
+        print(f"{name:<12} {wall:>9} {fps:>10} {row['peak_rss_mb']:>12.0f}  {note}")
+    if "ratio_flyarchive_over_flygym" in r:
+        print(f"flyarchive / best flygym: {r['ratio_flyarchive_over_flygym']:.2f}x "
+              f"(flygym best {r['flygym_best_fps']:.1f} frames/s)")
+
+
+if __name__ == "__main__":
+    main()
