@@ -1,0 +1,490 @@
+"""CPU replay of NeuroMechFly: flygym's render_trajectories against flyarchive, same frames.
+
+One run builds a NeuroMechFly archive (``walk_qpos`` for ``--worlds`` worlds, seeds
+0..W-1, float64, written with ``ArchiveWriter``) and renders the same frames with:
+
+- ``flygym``: flygym 2.1.1 ``flygym.recording.render_trajectories`` on
+  ``RecordedTrajectory`` objects holding the same qpos, without and with an mp4
+  output (flygym keeps every frame in memory, then encodes);
+- ``renderer``: flyarchive's ``CpuRenderer`` alone, render only (no encode, no
+  read), with ``LP_NUM_THREADS=1`` and with Mesa's default (every core);
+- ``videos``: ``render_videos(..., n_workers=0)``, archive -> mp4 in this process;
+- ``dask-k``: ``render_videos(client=...)`` on a ``LocalCluster`` of k single-thread
+  worker processes (one rasterizer thread each), timed with and without the
+  cluster's start-up;
+- ``warp-cpu``: ``render_videos(options=RenderOptions(backend="warp-cpu"))``, the
+  mujoco-warp batch renderer on Warp's CPU device, cold (kernel load included)
+  and warm (a one-frame render first, in the same process);
+- ``rss-N``: peak memory of ``render_videos(n_workers=0)`` for N = F and 10 F
+  frames of one world (the 10 F archive repeats the F-frame walk).
+- ``profile``: where the time of archive -> mp4 goes: archive reads per segment,
+  rendering, encoding (one stream and per segment), joining.
+
+Every case runs in a fresh subprocess. Memory is reported two ways: ``tree`` is
+the peak of the summed PSS (proportional set size, so pages shared after a fork
+count once) of the case's process and all its descendants (psutil, sampled every
+200 ms; includes ffmpeg and Dask workers); ``maxrss`` is
+``ru_maxrss`` of the case's process from ``os.wait4`` (the largest single process
+of its tree that was waited for, not a sum). Frames/s counts (world, frame, camera)
+images per second of wall time. The 1-minute load average before each case is
+printed: the machine may be shared.
+
+Usage:
+    python scripts/bench_cpu_replay.py --frames 250 --workers 1,2 --json cpu.json
+    python scripts/bench_cpu_replay.py --frames 40 --size 120x160 --no-flygym
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+TARGETS = (
+    ("videos", "flygym-mp4", 1.3, "archive->mp4, one process, >= 1.3x flygym with mp4"),
+    ("renderer-default", "flygym", 1.0, "CpuRenderer one process >= flygym render only"),
+    ("dask-2", "dask-1", 1.8, "2 single-thread workers >= 1.8x one (excl. start-up)"),
+    ("warp-cpu-warm", "flygym-mp4", 3.0, "warp-cpu archive->mp4 >= 3x flygym with mp4"),
+)
+
+
+# ----------------------------------------------------------------------------- parent
+def main() -> None:
+    args = _parse_args()
+    if args.child:
+        print("RESULT " + json.dumps(_run_child(json.loads(args.child))), flush=True)
+        return
+    work = Path(tempfile.mkdtemp(prefix="bench-cpu-replay-", dir=args.workdir))
+    camera = "nmf/trackcam"
+    t0 = time.perf_counter()
+    archives = _build_archives(work, args.worlds, args.frames)
+    build_s = time.perf_counter() - t0
+    base = {"size": list(args.size), "camera": camera, "segment_frames": args.segment_frames}
+    cases = _cases(args, archives, work, base)
+    rows = []
+    for name, spec, env in cases:
+        row = _run_case(name, spec, env)
+        rows.append(row)
+        _print_row(row)
+    summary = _summary(rows)
+    meta = {
+        "host": platform.node(), "cpus": os.cpu_count(), "python": platform.python_version(),
+        "versions": _versions(), "worlds": args.worlds, "frames_per_world": args.frames,
+        "size": list(args.size), "segment_frames": args.segment_frames,
+        "batch_worlds": args.batch_worlds, "archive_build_s": round(build_s, 2),
+        "loadavg_end": os.getloadavg(),
+    }
+    _print_summary(summary, meta)
+    if args.json:
+        Path(args.json).write_text(json.dumps({"meta": meta, "rows": rows, "summary": summary},
+                                              indent=1))
+        print(f"\nwrote {args.json}")
+
+
+def _parse_args() -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--json", metavar="PATH", help="write the results as JSON")
+    parser.add_argument("--frames", type=int, default=250, help="frames per world")
+    parser.add_argument("--worlds", type=int, default=2, help="worlds rendered")
+    parser.add_argument("--workers", default="1,2", help="Dask worker counts, comma-separated")
+    parser.add_argument("--size", default="240x320", type=_size, help="HxW pixels")
+    parser.add_argument("--backends", default="cpu,warp-cpu", help="cpu and/or warp-cpu")
+    parser.add_argument("--flygym", action=argparse.BooleanOptionalAction, default=True)
+    parser.add_argument("--rss", action=argparse.BooleanOptionalAction, default=True,
+                        help="peak RSS of F vs 10 F frames")
+    parser.add_argument("--profile", action=argparse.BooleanOptionalAction, default=True)
+    parser.add_argument("--segment-frames", type=int, default=100)
+    parser.add_argument("--batch-worlds", type=int, default=64, help="warp-cpu batch size")
+    parser.add_argument("--workdir", default=None, help="where archives and videos go")
+    parser.add_argument("--child", help=argparse.SUPPRESS)
+    return parser.parse_args()
+
+
+def _size(text: str) -> tuple[int, int]:
+    h, w = text.lower().split("x")
+    return int(h), int(w)
+
+
+def _build_archives(work: Path, n_worlds: int, n_frames: int) -> dict[str, str]:
+    """The main archive (n_worlds x n_frames) and a one-world archive of 10 n_frames."""
+    import numpy as np
+
+    from flyarchive.clock import Timing
+    from flyarchive.interop.nmf import build_world, walk_qpos
+    from flyarchive.layout import ModelLayout
+    from flyarchive.store import ArchiveSpec, ArchiveWriter, FrameBlock
+
+    world = build_world()
+    qpos = np.stack([walk_qpos(n_frames, seed=w, world=world) for w in range(n_worlds)])
+    timing = Timing(world.model.opt.timestep, 25.0, 0.2)
+    layout = ModelLayout.from_model(world.model)
+
+    def write(url: str, states: np.ndarray) -> str:
+        times = np.array([timing.frame_step(k) * timing.timestep for k in range(states.shape[1])])
+        spec = ArchiveSpec(layout, timing, tuple(range(states.shape[0])), chunk_frames=100,
+                           source="mujoco")
+        writer = ArchiveWriter.create(url, spec)
+        writer.write(FrameBlock(times, states))
+        return url
+
+    return {
+        "main": write(str(work / "walk.zarr"), qpos),
+        "long": write(str(work / "walk10.zarr"), np.tile(qpos[:1], (1, 10, 1))),
+    }
+
+
+def _cases(args: argparse.Namespace, archives: dict[str, str], work: Path,
+           base: dict[str, Any]) -> list[tuple[str, dict[str, Any], dict[str, str]]]:
+    main, single = archives["main"], {"LP_NUM_THREADS": "1"}
+    backends = args.backends.split(",")
+    cases: list[tuple[str, dict[str, Any], dict[str, str]]] = []
+    if args.flygym:
+        cases += [("flygym", {"kind": "flygym", "url": main, "out": None}, {}),
+                  ("flygym-mp4", {"kind": "flygym", "url": main, "out": str(work / "fg")}, {})]
+    if "cpu" in backends:
+        cases += [("renderer-lp1", {"kind": "renderer", "url": main}, single),
+                  ("renderer-default", {"kind": "renderer", "url": main}, {}),
+                  ("videos", {"kind": "videos", "url": main, "out": str(work / "v0")}, {})]
+        for k in [int(x) for x in args.workers.split(",") if x]:
+            cases.append((f"dask-{k}", {"kind": "dask", "url": main, "workers": k,
+                                        "out": str(work / f"dask{k}")}, {}))
+    if "warp-cpu" in backends:
+        cases.append(("warp-cpu", {"kind": "warp", "url": main, "out": str(work / "warp"),
+                                   "batch_worlds": args.batch_worlds}, {}))
+    if args.rss:
+        for n in (args.frames, 10 * args.frames):
+            cases.append((f"rss-{n}", {"kind": "videos", "url": archives["long"], "frames": n,
+                                       "out": str(work / f"rss{n}")}, {}))
+    if args.profile and "cpu" in backends:
+        cases.append(("profile", {"kind": "profile", "url": main, "out": str(work / "prof")}, {}))
+    return [(name, {**base, **spec}, env) for name, spec, env in cases]
+
+
+def _run_case(name: str, spec: dict[str, Any], extra_env: dict[str, str]) -> dict[str, Any]:
+    """Run one case in a fresh interpreter; measure its process tree's memory."""
+    import psutil
+
+    env = {k: v for k, v in os.environ.items() if k != "LP_NUM_THREADS"}
+    env.update({"MUJOCO_GL": "egl", **extra_env})
+    load = os.getloadavg()[0]
+    command = [sys.executable, __file__, "--child", json.dumps(spec)]
+    proc = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True)
+    peak = {"tree": 0}
+    done = threading.Event()
+
+    def sample() -> None:
+        root = psutil.Process(proc.pid)
+        while not done.is_set():
+            try:
+                procs = [root, *root.children(recursive=True)]
+                peak["tree"] = max(peak["tree"], sum(_rss(p) for p in procs))
+            except psutil.NoSuchProcess:
+                pass
+            time.sleep(0.2)
+
+    sampler = threading.Thread(target=sample, daemon=True)
+    sampler.start()
+    stdout, stderr = _communicate_wait4(proc)
+    done.set()
+    sampler.join()
+    row: dict[str, Any] = {"case": name, "loadavg_1m": round(load, 2),
+                           "peak_pss_tree_mib": round(peak["tree"] / 2**20, 1),
+                           "maxrss_mib": round(proc.maxrss_kib / 1024, 1)}  # type: ignore[attr-defined]
+    lines = [ln for ln in stdout.splitlines() if ln.startswith("RESULT ")]
+    if proc.returncode != 0 or not lines:
+        row["error"] = (stderr.strip().splitlines() or ["no output"])[-1][:300]
+        return row
+    row.update(json.loads(lines[-1][len("RESULT "):]))
+    return row
+
+
+def _rss(p: Any) -> int:
+    """Proportional set size: shared pages (a forked process before exec) count once."""
+    try:
+        return int(p.memory_full_info().pss)
+    except Exception:  # the process ended between listing and reading
+        return 0
+
+
+def _communicate_wait4(proc: subprocess.Popen[str]) -> tuple[str, str]:
+    """Read the child's output, then reap it with wait4 to get its own rusage."""
+    out: list[str] = []
+    err: list[str] = []
+    readers = [threading.Thread(target=lambda s=s, b=b: b.append(s.read()), daemon=True)
+               for s, b in ((proc.stdout, out), (proc.stderr, err))]
+    for r in readers:
+        r.start()
+    _, status, usage = os.wait4(proc.pid, 0)
+    for r in readers:
+        r.join()
+    proc.returncode = os.waitstatus_to_exitcode(status)
+    proc.maxrss_kib = usage.ru_maxrss  # type: ignore[attr-defined]
+    return "".join(out), "".join(err)
+
+
+# ----------------------------------------------------------------------------- children
+def _run_child(spec: dict[str, Any]) -> dict[str, Any]:
+    from flyarchive.interop.nmf import build_world
+
+    model = build_world().model
+    kind = spec["kind"]
+    if kind == "flygym":
+        return _child_flygym(spec, model)
+    if kind == "renderer":
+        return _child_renderer(spec, model)
+    if kind == "videos":
+        return _child_videos(spec, model)
+    if kind == "dask":
+        return _child_dask(spec, model)
+    if kind == "warp":
+        return _child_warp(spec, model)
+    if kind == "profile":
+        return _child_profile(spec, model)
+    raise ValueError(f"unknown case kind {kind!r}")
+
+
+def _states(url: str) -> Any:
+    from flyarchive.query import open_archive
+
+    ds = open_archive(url)
+    return ds, ds.qpos.values, ds.time.values
+
+
+def _rate(frames: int, seconds: float, **extra: Any) -> dict[str, Any]:
+    return {"frames": frames, "seconds": round(seconds, 3), "fps": round(frames / seconds, 2),
+            **extra}
+
+
+def _child_flygym(spec: dict[str, Any], model: Any) -> dict[str, Any]:
+    from flygym.recording import RecordedTrajectory, render_trajectories
+
+    ds, qpos, times = _states(spec["url"])
+    trajectories = [RecordedTrajectory(time=times, qpos=qpos[w], output_fps=25,
+                                       playback_speed=0.2, world_id=w)
+                    for w in range(qpos.shape[0])]
+    start = time.perf_counter()
+    render_trajectories(model, trajectories, spec["camera"], spec["out"],
+                        camera_res=tuple(spec["size"]))
+    return _rate(qpos.shape[0] * qpos.shape[1], time.perf_counter() - start)
+
+
+def _child_renderer(spec: dict[str, Any], model: Any) -> dict[str, Any]:
+    from flyarchive.replay.cpu import CpuRenderer
+
+    _, qpos, _ = _states(spec["url"])
+    start = time.perf_counter()
+    with CpuRenderer(model, spec["camera"], tuple(spec["size"])) as renderer:
+        setup = time.perf_counter() - start
+        start = time.perf_counter()
+        for world in qpos:
+            for frame in world:
+                renderer.render_frame(frame)
+        seconds = time.perf_counter() - start
+    return _rate(qpos.shape[0] * qpos.shape[1], seconds, setup_s=round(setup, 3),
+                 lp_num_threads=os.environ.get("LP_NUM_THREADS", "default"))
+
+
+def _options(spec: dict[str, Any], **extra: Any) -> Any:
+    from flyarchive.render import RenderOptions
+
+    return RenderOptions(size=tuple(spec["size"]), segment_frames=spec["segment_frames"],
+                         overwrite=True, **extra)
+
+
+def _frames_of(result: Any) -> int:
+    return sum(v["frames"] for v in result.videos)
+
+
+def _child_videos(spec: dict[str, Any], model: Any) -> dict[str, Any]:
+    from flyarchive.render import render_videos
+
+    window = None
+    if spec.get("frames"):
+        from flyarchive.query import open_archive
+
+        window = (None, float(open_archive(spec["url"]).time.values[spec["frames"] - 1]))
+    start = time.perf_counter()
+    result = render_videos(spec["url"], model, spec["camera"], spec["out"], time=window,
+                           options=_options(spec), n_workers=0)
+    return _rate(_frames_of(result), time.perf_counter() - start)
+
+
+def _child_dask(spec: dict[str, Any], model: Any) -> dict[str, Any]:
+    from distributed import Client, LocalCluster
+
+    from flyarchive.render import render_videos
+
+    start = time.perf_counter()
+    env = {"MUJOCO_GL": "egl", "LP_NUM_THREADS": "1", "OMP_NUM_THREADS": "1",
+           "FLYARCHIVE_WORKER": "1"}  # what render_videos' own LocalCluster sets
+    with LocalCluster(n_workers=spec["workers"], threads_per_worker=1, processes=True,
+                      dashboard_address=None, env=env, silence_logs=40) as cluster, \
+            Client(cluster) as client:
+        client.wait_for_workers(spec["workers"])
+        ready = time.perf_counter()
+        with client.as_current():  # distributed._run_dask needs a current client
+            result = render_videos(spec["url"], model, spec["camera"], spec["out"],
+                                   options=_options(spec), client=client)
+        end = time.perf_counter()
+    frames = _frames_of(result)
+    return _rate(frames, end - ready, startup_s=round(ready - start, 3),
+                 fps_with_startup=round(frames / (end - start), 2), workers=spec["workers"])
+
+
+def _child_warp(spec: dict[str, Any], model: Any) -> dict[str, Any]:
+    from flyarchive.render import render_videos
+
+    options = _options(spec, backend="warp-cpu", batch_worlds=spec["batch_worlds"])
+    start = time.perf_counter()
+    render_videos(spec["url"], model, spec["camera"], spec["out"] + "-warmup",
+                  time=(0.0, 0.0), options=options, n_workers=0)
+    warmup = time.perf_counter() - start
+    start = time.perf_counter()
+    result = render_videos(spec["url"], model, spec["camera"], spec["out"], options=options,
+                           n_workers=0)
+    seconds = time.perf_counter() - start
+    frames = _frames_of(result)
+    return _rate(frames, seconds, warmup_s=round(warmup, 3),
+                 fps_with_warmup=round(frames / (seconds + warmup), 2))
+
+
+def _child_profile(spec: dict[str, Any], model: Any) -> dict[str, Any]:
+    """Seconds spent per stage of archive -> mp4 for all frames, measured one by one."""
+    from flyarchive.query import open_archive
+    from flyarchive.replay.cpu import CpuRenderer
+    from flyarchive.video import VideoOptions, VideoWriter, concat_segments
+
+    size, seg = tuple(spec["size"]), spec["segment_frames"]
+    t: dict[str, float] = {}
+    start = time.perf_counter()
+    ds = open_archive(spec["url"])
+    t["open_archive"] = time.perf_counter() - start
+    n_worlds, n_frames = ds.sizes["world"], ds.sizes["time"]
+    start = time.perf_counter()
+    qpos = [[ds.isel(world=w, time=slice(k, k + seg)).qpos.values  # as distributed._states
+             for k in range(0, n_frames, seg)] for w in range(n_worlds)]
+    t["read_segments"] = time.perf_counter() - start
+    with CpuRenderer(model, spec["camera"], size) as renderer:
+        start = time.perf_counter()
+        for world in qpos:
+            for block in world:
+                for frame in block:
+                    renderer.render_frame(frame)
+        t["render"] = time.perf_counter() - start
+        scene = renderer._renderer  # noqa: SLF001 -- profiling only
+        data = renderer._data  # noqa: SLF001
+        from flyarchive.replay.kinematics import set_state
+
+        start = time.perf_counter()
+        for world in qpos:
+            for block in world:
+                for frame in block:
+                    set_state(model, data, frame)
+                    scene.update_scene(data, spec["camera"])
+        t["kinematics_and_scene_only"] = time.perf_counter() - start
+        sample = [renderer.render_frame(block[0])[0] for block in qpos[0]]
+    frames = [sample[i % len(sample)] for i in range(n_worlds * n_frames)]
+    out = Path(spec["out"])
+    out.mkdir(parents=True, exist_ok=True)
+    for name, options in (("encode_one_stream", VideoOptions()),
+                          ("encode_one_stream_1thread", VideoOptions(threads=1))):
+        start = time.perf_counter()
+        with VideoWriter(out / f"{name}.mp4", 25.0, size, options=options, overwrite=True) as w:
+            for frame in frames:
+                w.write(frame)
+        t[name] = time.perf_counter() - start
+    start = time.perf_counter()
+    parts = []
+    for i in range(0, len(frames), seg):
+        parts.append(out / f"part{i:06d}.mp4")
+        with VideoWriter(parts[-1], 25.0, size, options=VideoOptions(threads=1),
+                         overwrite=True) as w:
+            for frame in frames[i:i + seg]:
+                w.write(frame)
+    t["encode_segments_1thread"] = time.perf_counter() - start
+    start = time.perf_counter()
+    concat_segments(parts, out / "joined.mp4", overwrite=True)
+    t["join"] = time.perf_counter() - start
+    total = n_worlds * n_frames
+    return {"frames": total, "segments": len(parts),
+            **{f"{k}_s": round(v, 3) for k, v in t.items()},
+            **{f"{k}_ms_per_frame": round(1000 * v / total, 2) for k, v in t.items()
+               if k not in ("open_archive", "join")}}
+
+
+# ----------------------------------------------------------------------------- output
+def _fps(rows: dict[str, dict[str, Any]], name: str) -> float | None:
+    if name == "warp-cpu-warm":
+        name = "warp-cpu"
+    row = rows.get(name, {})
+    return row.get("fps")
+
+
+def _summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    by = {r["case"]: r for r in rows}
+    out: dict[str, Any] = {"targets": []}
+    for a, b, target, text in TARGETS:
+        fa, fb = _fps(by, a), _fps(by, b)
+        ratio = None if not fa or not fb else round(fa / fb, 2)
+        out["targets"].append({"target": text, "measured_ratio": ratio, "wanted": target,
+                               "met": None if ratio is None else ratio >= target})
+    if "dask-1" in by and "dask-2" in by and "fps_with_startup" in by["dask-1"]:
+        out["dask_2_over_1_with_startup"] = round(
+            by["dask-2"]["fps_with_startup"] / by["dask-1"]["fps_with_startup"], 2)
+    rss = [r for r in rows if r["case"].startswith("rss-") and "fps" in r]
+    if len(rss) == 2:
+        out["rss_pss_tree_mib"] = {r["case"]: r["peak_pss_tree_mib"] for r in rss}
+        out["rss_maxrss_mib"] = {r["case"]: r["maxrss_mib"] for r in rss}
+    return out
+
+
+def _print_row(row: dict[str, Any]) -> None:
+    if not getattr(_print_row, "header", False):
+        print(f"{'case':18} {'frames':>6} {'s':>8} {'fps':>7} {'tree PSS':>9} {'maxrss':>7} "
+              f"{'load1':>5}  notes")
+        _print_row.header = True  # type: ignore[attr-defined]
+    notes = row.get("error") or ", ".join(
+        f"{k}={v}" for k, v in row.items()
+        if k not in {"case", "frames", "seconds", "fps", "peak_pss_tree_mib", "maxrss_mib",
+                     "loadavg_1m"})
+    print(f"{row['case']:18} {row.get('frames', '-'):>6} {row.get('seconds', '-'):>8} "
+          f"{row.get('fps', '-'):>7} {row['peak_pss_tree_mib']:>9} {row['maxrss_mib']:>7} "
+          f"{row['loadavg_1m']:>5}  {notes}", flush=True)
+
+
+def _print_summary(summary: dict[str, Any], meta: dict[str, Any]) -> None:
+    print(f"\n{meta['worlds']} worlds x {meta['frames_per_world']} frames, {meta['size']}, "
+          f"{meta['cpus']} CPUs, load at end {tuple(round(x, 2) for x in meta['loadavg_end'])}")
+    for t in summary["targets"]:
+        print(f"  {t['target']:60} ratio {t['measured_ratio']} "
+              f"({'met' if t['met'] else 'MISSED' if t['met'] is not None else 'n/a'})")
+    for key in ("dask_2_over_1_with_startup", "rss_pss_tree_mib", "rss_maxrss_mib"):
+        if key in summary:
+            print(f"  {key}: {summary[key]}")
+
+
+def _versions() -> dict[str, str]:
+    from importlib.metadata import PackageNotFoundError, version
+
+    out = {}
+    for name in ("mujoco", "mujoco-warp", "warp-lang", "flygym", "zarr", "distributed",
+                 "imageio-ffmpeg"):
+        try:
+            out[name] = version(name)
+        except PackageNotFoundError:
+            out[name] = "missing"
+    return out
+
+
+if __name__ == "__main__":
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    main()
