@@ -30,7 +30,6 @@ resources during graph optimization (dask #7036).
 from __future__ import annotations
 
 import hashlib
-import math
 import os
 import queue
 import tempfile
