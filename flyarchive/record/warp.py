@@ -84,7 +84,9 @@ class _Frames:
     time: Any  # wp.array (nsel, chunk) float32
 
     @classmethod
-    def empty(cls, nsel: int, chunk: int, nq: int, nmocap: int, device: Any, pinned: bool) -> "_Frames":
+    def empty(
+        cls, nsel: int, chunk: int, nq: int, nmocap: int, device: Any, pinned: bool
+    ) -> "_Frames":
         def alloc(shape: tuple[int, ...], dtype: Any) -> Any:
             return wp.empty(shape, dtype=dtype, device=device, pinned=pinned)
 
@@ -100,7 +102,7 @@ class _Frames:
                 wp.copy(getattr(self, name), src)
 
     def block(self, n: int, nmocap: int) -> FrameBlock:
-        """The first ``n`` frames as host numpy arrays (host slots only); time of the first world."""
+        """The first ``n`` frames as host numpy views (host slots only); time of world 0."""
         return FrameBlock(
             self.time.numpy()[0, :n].astype(np.float64),
             self.qpos.numpy()[:, :n],
@@ -134,7 +136,9 @@ class _BackgroundWriter:
         self._free: queue.Queue[_Frames] = queue.Queue()
         for slot in slots:
             self._free.put(slot)
-        self._thread = threading.Thread(target=self._run, name="flyarchive-warp-writer", daemon=True)
+        self._thread = threading.Thread(
+            target=self._run, name="flyarchive-warp-writer", daemon=True
+        )
         self._thread.start()
 
     def take_free(self) -> _Frames:
@@ -275,10 +279,14 @@ class WarpTrajectoryRecorder:
                 f"got chunk_frames={chunk_frames!r}, start_step={start_step!r}."
             )
         if attrs and FIRST_FRAME_ATTR in attrs:
-            raise ValueError(f"The attribute name {FIRST_FRAME_ATTR!r} is the recorder's; rename it.")
+            raise ValueError(
+                f"The attribute name {FIRST_FRAME_ATTR!r} is the recorder's; rename it."
+            )
         self.chunk_frames = int(chunk_frames)
         self._options = dict(mode=mode, storage_options=storage_options)
-        self._spec_args = dict(codec=codec, attrs=dict(attrs or {}), world_vars=dict(world_vars or {}))
+        self._spec_args = dict(
+            codec=codec, attrs=dict(attrs or {}), world_vars=dict(world_vars or {})
+        )
         self._step = int(start_step)
         self._writer: ArchiveWriter | None = None
         self._background: _BackgroundWriter | None = None
@@ -416,11 +424,12 @@ class WarpTrajectoryRecorder:
 
     def _raise_writer_error(self, err: BaseException) -> None:
         committed = self.committed_frames
+        resume_step = self.timing.frame_step(self._first_schedule + committed)
         message = (
             f"Writing frames to {self.url!r} failed in the background writer ({err}). "
             f"The archive keeps its {committed} committed frames; the recorder takes no more "
-            "frames. Fix the storage, then resume with mode='a' and "
-            f"start_step at or before step {self.timing.frame_step(self._first_schedule + committed)}."
+            "frames. Fix the storage, then record again with mode='a' from a simulation state "
+            f"at step {resume_step} or earlier (start_step=its step)."
         )
         kind = type(err) if isinstance(err, FlyarchiveError) else StorageError
         if not isinstance(err, (OSError, FlyarchiveError)):
