@@ -21,6 +21,7 @@ import os
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
@@ -28,11 +29,15 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["KillConfig", "KillResult", "kill_trial", "kill_trials", "BACKENDS"]
+__all__ = [
+    "KillConfig", "KillResult", "kill_trial", "kill_trials", "BACKENDS", "S3_OUTCOMES",
+    "S3FaultResult", "s3_record_trial", "s3_read_trial", "s3_render_trial",
+]
 
 #: Recording backends the harness can kill: CPU MuJoCo and mujoco-warp on Warp's CPU device.
 BACKENDS = ("cpu", "warp")
 _STATE = ("qpos", "mocap_pos", "mocap_quat")
+_FRAME = "FRAME"  # prefix of the child's progress lines: FRAME <recorded> <committed>
 
 
 @dataclass(frozen=True)
@@ -59,6 +64,12 @@ class KillConfig:
     max_delay_s: float = 0.05
     resume_extra_frames: int = 12
     timeout_s: float = 120.0
+
+    @property
+    def max_lost(self) -> int:
+        """Frames a kill may lose: one flush on CPU; the device buffer and both host
+        buffers (three chunks) for mujoco-warp."""
+        return self.chunk_frames * (1 if self.backend == "cpu" else 3)
 
     def __post_init__(self) -> None:
         if self.backend not in BACKENDS:
@@ -111,16 +122,90 @@ def _child_cpu(url: str, n_worlds: int, chunk_frames: int) -> None:
 
     def on_step(datas: list[Any]) -> None:
         if recorder.record_as_needed(datas):
-            print(recorder.n_frames, recorder.committed_frames, flush=True)
+            print(_FRAME, recorder.n_frames, recorder.committed_frames, flush=True)
 
     simulate(model, n_worlds, 10_000_000, on_step)
 
 
-def _child_warp(url: str, n_worlds: int, chunk_frames: int) -> None:
-    from flyarchive.faults_warp import record_warp
+def _warp_sim(n_worlds: int) -> tuple[Any, Any, Any]:
+    """The tiny model on the host, on Warp's CPU device, and ``n_worlds`` seeded worlds."""
+    import warnings
 
+    import warp as wp
+
+    wp.config.quiet = True
+    import mujoco_warp as mjw
+
+    from flyarchive.testing import tiny_model
+
+    wp.config.quiet = True  # mujoco_warp's import may turn module-load messages back on
+    model = tiny_model()
+    rng = np.random.default_rng(0)
+    with wp.ScopedDevice("cpu"), warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)  # mujoco-warp's notices about the model
+        mjw_model = mjw.put_model(model)
+        data = mjw.make_data(model, nworld=n_worlds)
+        data.qvel.assign(rng.normal(0.0, 1.0, (n_worlds, model.nv)).astype(np.float32))
+        data.ctrl.assign(rng.normal(0.0, 0.3, (n_worlds, model.nu)).astype(np.float32))
+    return model, mjw_model, data
+
+
+def _warp_steps(n_worlds: int, n_steps: int, on_step: Callable[[int, Any], None]) -> Any:
+    """Step the seeded Warp worlds ``n_steps`` times; ``on_step(step, data)`` at 0..n_steps."""
+    import mujoco_warp as mjw
+    import warp as wp
+
+    model, mjw_model, data = _warp_sim(n_worlds)
+    with wp.ScopedDevice("cpu"):
+        on_step(0, data)
+        for step in range(1, n_steps + 1):
+            mjw.step(mjw_model, data)
+            on_step(step, data)
+    return model
+
+
+def record_warp(url: str, n_worlds: int, chunk_frames: int, n_steps: int,
+                on_frame: Callable[[int, int], None] | None = None) -> None:
+    """Record ``n_steps`` steps of the seeded Warp worlds with ``WarpTrajectoryRecorder``.
+
+    Uses ``mode="a"``: a rerun from step 0 into an archive skips its committed frames.
+    ``on_frame(recorded, committed)`` is called after each recorded frame.
+    """
+    from flyarchive.record.warp import WarpTrajectoryRecorder
+    from flyarchive.testing import tiny_model
+
+    recorder = WarpTrajectoryRecorder(url, tiny_model(), n_worlds, chunk_frames=chunk_frames,
+                                      mode="a")
+
+    def on_step(step: int, data: Any) -> None:
+        if recorder.record_as_needed(data) and on_frame is not None:
+            on_frame(recorder.n_frames, recorder.committed_frames)
+
+    with recorder:
+        _warp_steps(n_worlds, n_steps, on_step)
+
+
+def warp_reference(n_worlds: int, n_frames: int) -> dict[str, np.ndarray]:
+    """The first ``n_frames`` frames of the seeded Warp worlds, read back on the host."""
+    from flyarchive.clock import FrameClock, Timing
+    from flyarchive.testing import tiny_model
+
+    clock = FrameClock(Timing(float(tiny_model().opt.timestep), 25, 0.2))
+    frames: dict[str, list[np.ndarray]] = {k: [] for k in ("time", *_STATE)}
+
+    def on_step(step: int, data: Any) -> None:
+        if clock.is_due(step):
+            frames["time"].append(np.float64(data.time.numpy()[0]))
+            for key in _STATE:
+                frames[key].append(getattr(data, key).numpy().copy())
+
+    _warp_steps(n_worlds, 4 * max(n_frames - 1, 0), on_step)
+    return {k: np.array(v) if k == "time" else np.stack(v, axis=1) for k, v in frames.items()}
+
+
+def _child_warp(url: str, n_worlds: int, chunk_frames: int) -> None:
     record_warp(url, n_worlds, chunk_frames, 10_000_000,
-                on_frame=lambda rec, com: print(rec, com, flush=True))
+                on_frame=lambda recorded, committed: print(_FRAME, recorded, committed, flush=True))
 
 
 def _main(argv: Sequence[str] | None = None) -> int:
@@ -136,6 +221,13 @@ def _main(argv: Sequence[str] | None = None) -> int:
 
 
 # ----------------------------------------------------------------------------- parent
+def _progress(line: str, last: tuple[int, int]) -> tuple[int, int]:
+    parts = line.split()
+    if len(parts) == 3 and parts[0] == _FRAME:
+        return int(parts[1]), int(parts[2])
+    return last
+
+
 def _run_and_kill(url: str, config: KillConfig) -> KillResult:
     rng = np.random.default_rng(config.seed)
     wait_frames = int(rng.integers(1, config.max_wait_frames + 1))
@@ -143,43 +235,42 @@ def _run_and_kill(url: str, config: KillConfig) -> KillResult:
     env = {**os.environ, "MUJOCO_GL": os.environ.get("MUJOCO_GL", "egl")}
     cmd = [sys.executable, "-m", "flyarchive.faults", config.backend, url,
            "--worlds", str(config.n_worlds), "--chunk-frames", str(config.chunk_frames)]
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    stderr = tempfile.TemporaryFile(mode="w+")  # a pipe left unread could block the child
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=stderr, text=True, env=env)
     result = KillResult(config)
     deadline = time.monotonic() + config.timeout_s
     try:
         assert proc.stdout is not None
-        last = "0 0"
-        while int(last.split()[0]) < wait_frames and time.monotonic() < deadline:
+        last = (0, 0)
+        while last[0] < wait_frames and time.monotonic() < deadline:
             line = proc.stdout.readline()
             if not line:
                 break
-            last = line
+            last = _progress(line, last)
         time.sleep(delay)
         result.killed = proc.poll() is None
         if result.killed:
             os.kill(proc.pid, signal.SIGKILL)
         proc.wait(timeout=30)
-        rest = proc.stdout.read().split()  # lines printed before the process died
-        if len(rest) >= 2:
-            last = " ".join(rest[-2:])
-        result.recorded, result.reported_committed = (int(v) for v in last.split())
+        for line in proc.stdout.read().splitlines():  # printed before the process died
+            last = _progress(line, last)
+        result.recorded, result.reported_committed = last
         if not result.killed:
-            err = proc.stderr.read() if proc.stderr else ""
+            stderr.seek(0)
+            err = stderr.read()
             result.problems.append(f"The recording child exited before the kill: {err[-2000:]}")
     finally:
         if proc.poll() is None:
             os.kill(proc.pid, signal.SIGKILL)
             proc.wait()
-        for stream in (proc.stdout, proc.stderr):
-            if stream is not None:
-                stream.close()
+        if proc.stdout is not None:
+            proc.stdout.close()
+        stderr.close()
     return result
 
 
 def _reference(config: KillConfig, n_frames: int) -> dict[str, np.ndarray]:
     if config.backend == "warp":
-        from flyarchive.faults_warp import warp_reference
-
         return warp_reference(config.n_worlds, n_frames)
     from flyarchive.testing import reference_frames, tiny_model
 
@@ -225,9 +316,10 @@ def _check_archive(url: str, result: KillResult) -> int:
         result.problems.append(
             f"The child reported {result.reported_committed} committed frames; the archive holds {n}."
         )
-    if result.frames_lost > result.config.chunk_frames:
+    if result.frames_lost > result.config.max_lost:
         result.problems.append(
-            f"{result.frames_lost} frames lost, more than one flush ({result.config.chunk_frames})."
+            f"{result.frames_lost} frames lost, more than the recorder's bound "
+            f"({result.config.max_lost} for {result.config.backend})."
         )
     if n > ds.sizes["time"]:
         result.problems.append(f"n_frames {n} exceeds the time extent {ds.sizes['time']}.")
@@ -243,8 +335,6 @@ def _resume(url: str, result: KillResult, committed: int) -> None:
     total = committed + result.config.resume_extra_frames
     try:
         if result.config.backend == "warp":
-            from flyarchive.faults_warp import record_warp
-
             record_warp(url, result.config.n_worlds, result.config.chunk_frames, 4 * (total - 1))
         else:
             from flyarchive import TrajectoryRecorder
@@ -298,6 +388,165 @@ def kill_trials(
         results.append(result)
     return results
 
+
+
+# ----------------------------------------------------------------------------- flaky S3
+#: Outcomes of an operation through the fault proxy; the first two are acceptable.
+S3_OUTCOMES = ("equal", "clean-failure", "unclear-error", "lost-commit", "silent-hole", "wrong-data")
+
+
+@dataclass
+class S3FaultResult:
+    """One operation (record, read or render) through :class:`~flyarchive.testing_s3.FaultProxy`.
+
+    Attributes:
+        operation: ``"record"``, ``"read"`` or ``"render"``.
+        seed: The fault plan's seed.
+        faults: The proxy's counts (requests, faults per kind).
+        outcome: One of :data:`S3_OUTCOMES`: ``equal`` (same result as without faults),
+            ``clean-failure`` (a FlyarchiveError, and the archive holds exactly its last
+            commit), ``unclear-error`` (another exception type), ``lost-commit`` (frames
+            committed before the error are gone or the archive does not reopen),
+            ``silent-hole`` (NaN inside ``n_frames``), ``wrong-data`` (other differences).
+        error: The exception, as ``repr``, if the operation raised.
+        committed: Frames committed (``n_frames``) after the operation, record only.
+    """
+
+    operation: str
+    seed: int
+    faults: dict[str, int]
+    outcome: str
+    error: str = ""
+    committed: int = 0
+
+    @property
+    def acceptable(self) -> bool:
+        return self.outcome in ("equal", "clean-failure")
+
+
+def _clean_options(server: Any) -> dict[str, Any]:
+    return server.storage_options(skip_instance_cache=True)
+
+
+def _archive_outcome(url: str, options: dict[str, Any], ref: dict[str, np.ndarray],
+                     min_committed: int) -> tuple[str, int]:
+    """Judge an archive after a (possibly failed) recording, through a clean connection."""
+    from flyarchive import open_archive
+    from flyarchive.verify import verify
+
+    try:
+        ds = open_archive(url, options)
+    except Exception:
+        return "lost-commit", 0
+    n = int(ds.n_frames.values.min())
+    if n < min_committed or (ds.n_frames.values != n).any():
+        return "lost-commit", n
+    values = {k: np.asarray(ds[k].values[:, :n]) for k in _STATE}
+    if any(np.isnan(v).any() for v in values.values()):
+        return "silent-hole", n
+    problems: list[str] = []
+    sliced = {k: v[:n] if k == "time" else v[:, :n] for k, v in ref.items()}
+    _compare(ds, sliced, n, "", problems)
+    if problems or not verify(url, options).ok:
+        return "wrong-data", n
+    return "equal", n
+
+
+def s3_record_trial(server: Any, plan: Any, url: str, *, n_worlds: int = 2, n_frames: int = 30,
+                    chunk_frames: int = 5) -> S3FaultResult:
+    """Record ``n_frames`` tiny frames to ``url`` through a fault proxy, then judge the archive.
+
+    Args:
+        server: A running :class:`~flyarchive.testing_s3.S3Server` (the bucket must exist).
+        plan: The :class:`~flyarchive.testing_s3.FaultPlan` for the proxy.
+        url: ``s3://bucket/key`` of a new archive.
+    """
+    from flyarchive import TrajectoryRecorder
+    from flyarchive.errors import FlyarchiveError
+    from flyarchive.testing import reference_frames, simulate, tiny_model
+    from flyarchive.testing_s3 import FaultProxy
+
+    model = tiny_model()
+    steps = 4 * (n_frames - 1)
+    error: BaseException | None = None
+    committed = 0
+    with FaultProxy(server.endpoint_url, plan) as proxy:
+        try:
+            recorder = TrajectoryRecorder(url, model, chunk_frames=chunk_frames,
+                                          storage_options=proxy.storage_options())
+            try:
+                simulate(model, n_worlds, steps, recorder.record_as_needed)
+            finally:
+                committed = recorder.committed_frames
+                recorder.close()
+            committed = recorder.committed_frames
+        except Exception as err:
+            error = err
+        stats = proxy.stats()
+    ref = reference_frames(model, n_worlds, steps)
+    outcome, n = _archive_outcome(url, _clean_options(server), ref, committed)
+    if error is None and outcome == "equal" and n != n_frames:
+        outcome = "lost-commit"
+    if error is not None and outcome == "equal":
+        outcome = "clean-failure" if isinstance(error, FlyarchiveError) else "unclear-error"
+    if error is not None and outcome == "lost-commit" and committed == 0:
+        # failed before the first commit: acceptable if nothing or an empty archive is there
+        outcome = "clean-failure" if isinstance(error, FlyarchiveError) else "unclear-error"
+    return S3FaultResult("record", plan.seed, stats, outcome, "" if error is None else repr(error), n)
+
+
+def s3_read_trial(server: Any, plan: Any, url: str) -> S3FaultResult:
+    """Open an archive through a fault proxy and load every variable; compare with a clean read."""
+    from flyarchive import open_archive
+
+    expected = open_archive(url, _clean_options(server)).load()
+    return _through_proxy(server, plan, "read",
+                          lambda options: open_archive(url, options).load(), expected)
+
+
+def s3_render_trial(server: Any, plan: Any, url: str, camera: str = "front",
+                    size: tuple[int, int] = (48, 64)) -> S3FaultResult:
+    """Render the frames of an archive through a fault proxy; compare with a clean render."""
+    from flyarchive.render import render_frames
+    from flyarchive.testing import tiny_model
+
+    model = tiny_model()
+
+    def render(options: dict[str, Any]) -> Any:
+        import dask
+
+        with dask.config.set(scheduler="synchronous"):
+            return render_frames(url, model, camera, size=size, block_frames=8,
+                                 storage_options=options).values
+
+    return _through_proxy(server, plan, "render", render, render(_clean_options(server)))
+
+
+def _through_proxy(server: Any, plan: Any, operation: str, run: Callable[[dict[str, Any]], Any],
+                   expected: Any) -> S3FaultResult:
+    import xarray as xr
+
+    from flyarchive.errors import FlyarchiveError
+    from flyarchive.testing_s3 import FaultProxy
+
+    with FaultProxy(server.endpoint_url, plan) as proxy:
+        try:
+            actual = run(proxy.storage_options(skip_instance_cache=True))
+            error = None
+        except Exception as err:
+            actual, error = None, err
+        stats = proxy.stats()
+    if error is not None:
+        outcome = "clean-failure" if isinstance(error, FlyarchiveError) else "unclear-error"
+        return S3FaultResult(operation, plan.seed, stats, outcome, repr(error))
+    if isinstance(expected, xr.Dataset):
+        same = expected.identical(actual)
+        holes = any(np.isnan(actual[k].values).sum() > np.isnan(expected[k].values).sum()
+                    for k in _STATE if k in expected)
+    else:
+        same, holes = np.array_equal(actual, expected), False
+    outcome = "equal" if same else "silent-hole" if holes else "wrong-data"
+    return S3FaultResult(operation, plan.seed, stats, outcome)
 
 if __name__ == "__main__":
     sys.exit(_main())

@@ -45,6 +45,18 @@ def test_sigkill_at_a_random_point_keeps_committed_frames_and_resumes(tmp_path, 
     assert 0 <= result.frames_lost <= config.chunk_frames
 
 
+@pytest.mark.timeout(600)
+def test_sigkill_of_a_mujoco_warp_recording_keeps_committed_frames_and_resumes(tmp_path):
+    pytest.importorskip("mujoco_warp")
+    config = KillConfig(backend="warp", seed=1, chunk_frames=5, max_wait_frames=30)
+
+    result = kill_trial(str(tmp_path / "killed-warp.zarr"), config)
+
+    assert result.killed
+    assert result.problems == []
+    assert 0 <= result.frames_lost <= 3 * config.chunk_frames
+
+
 # ----------------------------------------------------------------------------- verify
 def test_verify_passes_a_sound_archive(tiny, tmp_path, capsys):
     url = str(tmp_path / "sound.zarr")
