@@ -1,0 +1,160 @@
+"""Flaky S3: record, open and render through a fault-injecting proxy on loopback.
+
+Either the result equals the fault-free run, or the operation fails with a clear
+flyarchive error and the archive holds exactly its last commit. Never a silent hole.
+"""
+
+import logging
+import traceback
+import uuid
+
+import numpy as np
+import pytest
+
+from flyarchive import TrajectoryRecorder, open_archive
+from flyarchive.errors import StorageError
+from flyarchive.faults import s3_read_trial, s3_record_trial, s3_render_trial
+from flyarchive.testing import reference_frames, simulate, tiny_model
+from flyarchive.testing_s3 import FaultPlan, FaultProxy
+from flyarchive.verify import verify
+
+pytestmark = pytest.mark.timeout(300)
+BUCKET = "flyarchive-test"  # created by the s3_server fixture
+
+
+def moderate(seed):
+    """About one request in six gets a fault: dropped, 500, 503 or delayed."""
+    return FaultPlan(drop=0.04, error500=0.04, error503=0.04, delay=0.04, delay_s=0.05, seed=seed)
+
+
+def new_url():
+    return f"s3://{BUCKET}/{uuid.uuid4().hex}.zarr"
+
+
+def clean(server):
+    return server.storage_options(skip_instance_cache=True)
+
+
+@pytest.fixture(scope="module")
+def s3_archive(s3_server):
+    """15 frames of 2 tiny worlds, recorded without faults."""
+    url = new_url()
+    model = tiny_model()
+    with TrajectoryRecorder(url, model, chunk_frames=5, storage_options=clean(s3_server)) as rec:
+        simulate(model, 2, 56, rec.record_as_needed)
+    return url
+
+
+# ----------------------------------------------------------------------------- record
+@pytest.mark.parametrize("seed", [0, 1])
+def test_recording_through_faults_is_complete_or_stops_at_its_last_commit(s3_server, seed):
+    result = s3_record_trial(s3_server, moderate(seed), new_url(), n_frames=15, chunk_frames=5)
+
+    assert result.faults["faults"] > 0
+    assert result.outcome in ("equal", "clean-failure"), result
+
+
+def test_a_failed_write_after_commits_keeps_them_and_resume_completes(s3_server, tiny):
+    url = new_url()
+    expected = reference_frames(tiny, 2, 76)  # 20 frames
+    with FaultProxy(s3_server.endpoint_url) as proxy:
+        recorder = TrajectoryRecorder(url, tiny, chunk_frames=5,
+                                      storage_options=proxy.storage_options())
+
+        def on_step(datas):
+            if recorder.committed_frames == 10:
+                proxy.plan = FaultPlan(error503=1.0, methods={"PUT"})
+            recorder.record_as_needed(datas)
+
+        with pytest.raises(StorageError, match="still holds its 10 committed frames") as err:
+            simulate(tiny, 2, 76, on_step)
+
+    ds = open_archive(url, clean(s3_server))
+    assert url in str(err.value)
+    assert ds.n_frames.values.tolist() == [10, 10]
+    np.testing.assert_array_equal(ds.qpos.values, expected["qpos"][:, :10])
+    assert verify(url, clean(s3_server)).ok
+
+    with TrajectoryRecorder(url, tiny, chunk_frames=5, mode="a",
+                            storage_options=clean(s3_server)) as recorder:
+        simulate(tiny, 2, 76, recorder.record_as_needed)
+    ds = open_archive(url, clean(s3_server))
+    np.testing.assert_array_equal(ds.qpos.values, expected["qpos"])
+    np.testing.assert_array_equal(ds.mocap_quat.values, expected["mocap_quat"])
+
+
+def test_creating_an_archive_when_every_put_fails_is_a_storage_error(s3_server, tiny):
+    url = new_url()
+    with FaultProxy(s3_server.endpoint_url, FaultPlan(error500=1.0, methods={"PUT"})) as proxy:
+        recorder = TrajectoryRecorder(url, tiny, storage_options=proxy.storage_options())
+
+        with pytest.raises(StorageError) as err:
+            simulate(tiny, 1, 4, recorder.record_as_needed)
+
+    assert repr(url) in str(err.value)
+
+
+# ----------------------------------------------------------------------------- read, render
+@pytest.mark.parametrize("seed", [0, 1])
+def test_reading_through_faults_equals_the_clean_read_or_fails_clearly(s3_server, s3_archive, seed):
+    result = s3_read_trial(s3_server, moderate(seed), s3_archive)
+
+    assert result.faults["faults"] > 0
+    assert result.outcome in ("equal", "clean-failure"), result
+
+
+def test_opening_when_every_get_fails_is_a_storage_error(s3_server, s3_archive):
+    with FaultProxy(s3_server.endpoint_url, FaultPlan(error503=1.0, methods={"GET"})) as proxy:
+        with pytest.raises(StorageError) as err:
+            open_archive(s3_archive, proxy.storage_options())
+
+    assert repr(s3_archive) in str(err.value)
+
+
+def test_rendering_through_faults_equals_the_clean_render_or_fails_clearly(s3_server, s3_archive):
+    result = s3_render_trial(s3_server, moderate(3), s3_archive, size=(48, 64))
+
+    assert result.faults["requests"] > 0
+    assert result.outcome in ("equal", "clean-failure"), result
+
+
+def test_render_videos_through_faults_writes_the_clean_videos_or_fails_clearly(
+        s3_server, s3_archive, tmp_path):
+    from flyarchive.render import RenderOptions, render_videos
+    from flyarchive.video import read_video
+
+    options = RenderOptions(size=(48, 64), segment_frames=8)
+    render_videos(s3_archive, tiny_model(), "front", str(tmp_path / "clean"), worlds=[1],
+                  options=options, n_workers=0, storage_options=clean(s3_server))
+    flaky = tmp_path / "flaky" / "world00001" / "front.mp4"
+    plan = FaultPlan(error503=0.1, delay=0.1, delay_s=0.05, seed=5)
+
+    with FaultProxy(s3_server.endpoint_url, plan) as proxy:
+        try:
+            render_videos(s3_archive, tiny_model(), "front", str(tmp_path / "flaky"), worlds=[1],
+                          options=options, n_workers=0, storage_options=proxy.storage_options())
+        except StorageError as err:  # allowed: a clear error, and no video
+            assert repr(s3_archive) in str(err)
+            assert not flaky.exists()
+        else:
+            expected = read_video(tmp_path / "clean" / "world00001" / "front.mp4")
+            assert expected.shape == (15, 48, 64, 3)
+            np.testing.assert_array_equal(read_video(flaky), expected)
+        assert proxy.stats()["faults"] > 0
+
+
+# ----------------------------------------------------------------------------- credentials
+def test_credentials_never_appear_in_errors_or_logs_of_a_failing_s3_operation(
+        s3_server, s3_archive, caplog, capsys):
+    caplog.set_level(logging.DEBUG)
+    with FaultProxy(s3_server.endpoint_url, FaultPlan(error503=1.0)) as proxy:
+        options = proxy.storage_options()
+        secret = options["secret"]
+        with pytest.raises(Exception) as err:
+            open_archive(s3_archive, options).load()
+
+    texts = [str(err.value), repr(err.value), "".join(traceback.format_exception(err.value)),
+             caplog.text, *capsys.readouterr()]
+    assert caplog.text  # botocore logged the failing requests
+    for text in texts:
+        assert secret not in text
