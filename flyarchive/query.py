@@ -7,11 +7,48 @@ from typing import Any
 
 import numpy as np
 import xarray as xr
+import zarr
 
 from flyarchive.schema import STATE_VARS, validate
 from flyarchive.store import open_group
 
-__all__ = ["open_archive"]
+__all__ = ["open_archive", "open_stored", "time_extents"]
+
+
+def time_extents(group: zarr.Group) -> dict[str, int]:
+    """Length along ``time`` of every stored array that has that dimension."""
+    out = {}
+    for name, arr in group.arrays():
+        dims = tuple(arr.metadata.dimension_names or ())
+        if "time" in dims:
+            out[name] = int(arr.shape[dims.index("time")])
+    return out
+
+
+def open_stored(group: zarr.Group, chunks: Mapping[str, int] | None = None) -> xr.Dataset:
+    """The dataset as stored (not masked), lazy.
+
+    A commit interrupted while growing the arrays leaves them with different time
+    extents, which ``xarray.open_zarr`` refuses; then every array is cut to the
+    shortest extent (committed frames never go beyond it) and assembled here.
+    """
+    extents = time_extents(group)
+    if len(set(extents.values())) <= 1:
+        return xr.open_zarr(group.store_path, consolidated=False, zarr_format=3,
+                            chunks=dict(chunks) if chunks is not None else {})
+    import dask.array as da
+
+    n = min(extents.values())
+    variables, coords = {}, {}
+    for name, arr in group.arrays():
+        dims = tuple(arr.metadata.dimension_names or ())
+        cut = tuple(slice(0, n) if d == "time" else slice(None) for d in dims)
+        if name in dims:  # a coordinate: small, read now
+            coords[name] = xr.Variable(dims, np.asarray(arr[cut]), dict(arr.attrs))
+        else:
+            data = da.from_zarr(arr, chunks=arr.shards or arr.chunks)[cut]
+            variables[name] = xr.Variable(dims, data, dict(arr.attrs))
+    return xr.Dataset(variables, coords=coords, attrs=group.attrs.asdict())
 
 
 def open_archive(url: str, storage_options: Mapping[str, Any] | None = None) -> xr.Dataset:
@@ -39,10 +76,7 @@ def open_archive(url: str, storage_options: Mapping[str, Any] | None = None) -> 
     group = open_group(url, storage_options)
     qpos = group["qpos"]
     shards = qpos.shards or qpos.chunks
-    ds = xr.open_zarr(
-        group.store_path, consolidated=False, zarr_format=3,
-        chunks={"world": shards[0], "time": shards[1]},
-    )
+    ds = open_stored(group, {"world": shards[0], "time": shards[1]})
     validate(ds)
     n_frames = ds["n_frames"].values.clip(0, ds.sizes["time"])
     ds = ds.isel(time=slice(0, int(n_frames.max(initial=0))))

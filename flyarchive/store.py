@@ -317,6 +317,11 @@ class ArchiveWriter:
         # Frames past the smallest commit are redone: a resumed simulation continues
         # from the same step for all its worlds.
         self.n_frames: int = int(frames.min()) if frames.size else 0
+        # After an interrupted commit the arrays may have grown to different extents;
+        # the next commit grows them all to one extent again.
+        self._extent = max(
+            [int(group[n].shape[1]) for n in self._state] + [int(group["time"].shape[0])]
+        )
         self.attrs = group.attrs.asdict()
 
     @classmethod
@@ -423,10 +428,12 @@ class ArchiveWriter:
                 "Create it with a larger capacity_frames."
             )
         try:
+            extent = max(t1, self._extent)
             for name in self._state + ["time"]:
                 arr, axis = self._group[name], 0 if name == "time" else 1
-                if arr.shape[axis] < t1:  # only ever grows: shrinking would delete chunks
-                    arr.resize(tuple(t1 if i == axis else d for i, d in enumerate(arr.shape)))
+                if arr.shape[axis] < extent:  # only ever grows: shrinking would delete chunks
+                    arr.resize(tuple(extent if i == axis else d for i, d in enumerate(arr.shape)))
+            self._extent = extent
             for name in self._state:
                 self._group[name][self._worlds, t0:t1] = getattr(block, name)
             if self.block is None:  # several writers share the time written at creation

@@ -7,11 +7,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
-import xarray as xr
 import zarr
 
 from flyarchive import codecs
 from flyarchive.errors import FlyarchiveError
+from flyarchive.query import open_stored, time_extents
 from flyarchive.schema import STATE_VARS, validate
 from flyarchive.store import open_group
 
@@ -55,8 +55,7 @@ def verify(url: str, storage_options: Mapping[str, Any] | None = None) -> Verify
     report = VerifyReport(str(url))
     try:
         group = open_group(url, storage_options)
-        ds = xr.open_zarr(group.store_path, consolidated=False, zarr_format=3, chunks=None)
-        validate(ds)
+        validate(open_stored(group))
     except FlyarchiveError as err:
         if isinstance(err, FileNotFoundError):
             raise
@@ -65,7 +64,7 @@ def verify(url: str, storage_options: Mapping[str, Any] | None = None) -> Verify
     except Exception as err:  # unreadable metadata or coordinates
         report.problems.append(f"Metadata unreadable: {err!r}")
         return report
-    n_time = int(group["time"].shape[0])
+    n_time = min(time_extents(group).values())
     try:
         n_frames = np.asarray(group["n_frames"][:])
     except Exception as err:

@@ -67,3 +67,19 @@ def test_resume_after_sigkill_continues_the_recording(tiny, tmp_path):
     ds = open_archive(url)
     np.testing.assert_array_equal(ds.qpos.values, expected["qpos"])
     np.testing.assert_array_equal(ds.time.values, expected["time"])
+
+
+def test_commit_interrupted_while_growing_arrays_still_opens(tiny, tmp_path):
+    import zarr
+
+    from conftest import Location
+    from test_record_cpu import record_tiny
+
+    url = str(tmp_path / "grown.zarr")
+    expected = record_tiny(tiny, Location(url), n_steps=40, chunk_frames=4)
+    zarr.open_group(url, mode="r+")["qpos"].resize((2, 16, tiny.nq))  # killed after this resize
+
+    ds = open_archive(url)
+
+    np.testing.assert_array_equal(ds.qpos.values, expected["qpos"])
+    np.testing.assert_array_equal(ds.mocap_pos.values, expected["mocap_pos"])
