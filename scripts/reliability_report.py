@@ -1,0 +1,234 @@
+"""Reliability report: killed writers, flaky S3, injected corruption, bad input.
+
+Runs the harnesses of :mod:`flyarchive.faults` and prints one table:
+
+- kills survived of kills made, per recording backend (CPU MuJoCo, mujoco-warp on
+  Warp's CPU device), and frames lost per kill against the recorder's bound;
+- S3 faults injected through the fault proxy (record, read, render) and their outcomes;
+- corruptions injected into a local archive and whether ``flyarchive verify`` caught them;
+- bad inputs tried (``tests/test_bad_input.py``) and passed.
+
+Usage::
+
+    python scripts/reliability_report.py [--kills 20] [--backends cpu,warp]
+        [--s3-trials 4] [--json PATH]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+import xml.etree.ElementTree as ET
+from pathlib import Path
+from typing import Any
+
+os.environ.setdefault("MUJOCO_GL", "egl")
+
+import numpy as np  # noqa: E402
+
+from flyarchive.faults import (  # noqa: E402
+    S3_OUTCOMES,
+    KillConfig,
+    KillResult,
+    kill_trial,
+    s3_read_trial,
+    s3_record_trial,
+    s3_render_trial,
+)
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def run_kills(backend: str, n: int, chunk_frames: int, workdir: Path) -> dict[str, Any]:
+    """``n`` seeded kill trials of one backend."""
+    results: list[KillResult] = []
+    for seed in range(n):
+        config = KillConfig(backend=backend, seed=seed, chunk_frames=chunk_frames,
+                            max_wait_frames=8 * chunk_frames)
+        result = kill_trial(str(workdir / f"{backend}-{seed}.zarr"), config)
+        results.append(result)
+        status = "ok" if result.survived else "FAILED: " + "; ".join(result.problems)[:300]
+        print(f"  kill {backend} #{seed}: recorded {result.recorded}, committed "
+              f"{result.committed}, lost {result.frames_lost}: {status}", file=sys.stderr)
+    lost = [r.frames_lost for r in results if r.killed]
+    return {
+        "backend": backend, "made": sum(r.killed for r in results),
+        "survived": sum(r.killed and r.survived for r in results),
+        "lost_min": min(lost, default=0), "lost_mean": float(np.mean(lost)) if lost else 0.0,
+        "lost_max": max(lost, default=0), "bound": KillConfig(backend, chunk_frames=chunk_frames).max_lost,
+        "problems": sorted({p.split(":")[0] for r in results for p in r.problems}),
+        "trials": [r.to_json() for r in results],
+    }
+
+
+def run_s3(n: int) -> list[dict[str, Any]]:
+    """``n`` trials each of record, read and render through the fault proxy."""
+    from flyarchive import TrajectoryRecorder
+    from flyarchive.testing import simulate, tiny_model
+    from flyarchive.testing_s3 import FaultPlan, S3Server
+
+    rows = []
+    with S3Server() as server:
+        server.create_bucket("reliability")
+        url = "s3://reliability/clean.zarr"
+        model = tiny_model()
+        with TrajectoryRecorder(url, model, chunk_frames=5,
+                                storage_options=server.storage_options()) as recorder:
+            simulate(model, 2, 56, recorder.record_as_needed)
+        trials = {
+            "record": lambda plan: s3_record_trial(
+                server, plan, f"s3://reliability/{uuid.uuid4().hex}.zarr", n_frames=15),
+            "read": lambda plan: s3_read_trial(server, plan, url),
+            "render": lambda plan: s3_render_trial(server, plan, url),
+        }
+        for operation, trial in trials.items():
+            results = []
+            for seed in range(n):
+                plan = FaultPlan(drop=0.04, error500=0.04, error503=0.04, delay=0.04,
+                                 delay_s=0.05, seed=seed)
+                result = trial(plan)
+                results.append(result)
+                print(f"  s3 {operation} #{seed}: {result.outcome} {result.error[:200]}",
+                      file=sys.stderr)
+            faults = {k: sum(r.faults.get(k, 0) for r in results)
+                      for k in ("requests", "faults", "drop", "error500", "error503", "delay")}
+            outcomes = {k: sum(r.outcome == k for r in results) for k in S3_OUTCOMES}
+            errors = sorted({r.error.split("(")[0] for r in results if r.error})
+            rows.append({"operation": operation, "trials": n, **faults, **outcomes,
+                         "error_types": errors})
+    return rows
+
+
+def run_corruptions(workdir: Path) -> list[dict[str, Any]]:
+    """Inject each corruption into a copy of a local archive; does verify (API and CLI) catch it?"""
+    import zarr
+
+    from flyarchive import TrajectoryRecorder
+    from flyarchive.testing import simulate, tiny_model
+    from flyarchive.verify import verify
+
+    model = tiny_model()
+    sound = workdir / "sound.zarr"
+    with TrajectoryRecorder(str(sound), model, chunk_frames=5) as recorder:
+        simulate(model, 2, 76, recorder.record_as_needed)
+
+    def shard(root: Path, name: str, t: int) -> Path:
+        return next(p for p in (root / name / "c" / "0" / str(t)).rglob("*") if p.is_file())
+
+    def flip(root: Path) -> None:
+        path = shard(root, "qpos", 1)
+        data = bytearray(path.read_bytes())
+        data[len(data) // 3] ^= 0x10
+        path.write_bytes(bytes(data))
+
+    def n_frames_beyond(root: Path) -> None:
+        zarr.open_group(str(root), mode="r+")["n_frames"][:] = np.array([20, 25])
+
+    cases = {
+        "none (sound archive)": lambda root: None,
+        "flipped bit in a qpos shard": flip,
+        "missing mocap_pos shard inside n_frames": lambda root: shard(root, "mocap_pos", 2).unlink(),
+        "missing time chunk": lambda root: (root / "time" / "c" / "1").unlink(),
+        "n_frames beyond the time extent": n_frames_beyond,
+    }
+    rows = []
+    for i, (name, corrupt) in enumerate(cases.items()):
+        root = workdir / f"corrupt-{i}.zarr"
+        shutil.copytree(sound, root)
+        corrupt(root)
+        report = verify(str(root))
+        cli = subprocess.run([sys.executable, "-m", "flyarchive.cli", "verify", str(root)],
+                             capture_output=True, text=True)
+        expected_ok = i == 0
+        rows.append({"corruption": name, "verify_ok": report.ok, "cli_exit": cli.returncode,
+                     "caught": report.ok == expected_ok and (cli.returncode == 0) == expected_ok,
+                     "problems": report.problems})
+    return rows
+
+
+def run_bad_input(workdir: Path) -> dict[str, Any]:
+    """Run tests/test_bad_input.py; count cases tried and passed."""
+    xml = workdir / "bad_input.xml"
+    subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
+                    str(ROOT / "tests" / "test_bad_input.py"), f"--junitxml={xml}"],
+                   cwd=ROOT, capture_output=True, text=True)
+    cases = ET.parse(xml).getroot().iter("testcase")
+    failed, tried = [], 0
+    for case in cases:
+        tried += 1
+        if case.find("failure") is not None or case.find("error") is not None:
+            failed.append(case.get("name"))
+    return {"tried": tried, "passed": tried - len(failed), "failed": failed}
+
+
+def print_table(report: dict[str, Any]) -> None:
+    print(f"\nflyarchive reliability report — {report['machine']}, {report['date']}")
+    print("\nKilled writers (SIGKILL at seeded random points)")
+    print(f"{'backend':<8} {'kills':>5} {'survived':>8} {'lost/kill min':>13} {'mean':>5} "
+          f"{'max':>4} {'bound':>5}  failed checks")
+    for row in report["kills"]:
+        print(f"{row['backend']:<8} {row['made']:>5} {row['survived']:>8} {row['lost_min']:>13} "
+              f"{row['lost_mean']:>5.1f} {row['lost_max']:>4} {row['bound']:>5}  "
+              f"{'; '.join(row['problems']) or '-'}")
+    if report["s3"]:
+        print("\nFlaky S3 (fault proxy: 4% each of drop, 500, 503, delay; botocore 2 attempts)")
+        print(f"{'op':<7} {'trials':>6} {'requests':>8} {'faults':>6} {'drop':>4} {'500':>4} "
+              f"{'503':>4} {'delay':>5} | " + " ".join(f"{o:>13}" for o in S3_OUTCOMES))
+        for row in report["s3"]:
+            print(f"{row['operation']:<7} {row['trials']:>6} {row['requests']:>8} "
+                  f"{row['faults']:>6} {row['drop']:>4} {row['error500']:>4} {row['error503']:>4} "
+                  f"{row['delay']:>5} | " + " ".join(f"{row[o]:>13}" for o in S3_OUTCOMES))
+        for row in report["s3"]:
+            if row["error_types"]:
+                print(f"  {row['operation']} errors: {', '.join(row['error_types'])}")
+    print("\nInjected corruption (flyarchive verify)")
+    for row in report["corruptions"]:
+        print(f"  {row['corruption']:<42} verify ok={row['verify_ok']!s:<5} "
+              f"cli exit={row['cli_exit']}  {'caught' if row['caught'] else 'MISSED'}")
+    bad = report["bad_input"]
+    if bad:
+        print(f"\nBad input: {bad['tried']} tried, {bad['passed']} passed")
+        for name in bad["failed"]:
+            print(f"  failed: {name}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--kills", type=int, default=20, help="kills per backend (default 20)")
+    parser.add_argument("--backends", default="cpu,warp", help="comma-separated: cpu,warp")
+    parser.add_argument("--chunk-frames", type=int, default=5)
+    parser.add_argument("--s3-trials", type=int, default=4, help="trials per S3 operation (0: skip)")
+    parser.add_argument("--no-bad-input", action="store_true", help="skip tests/test_bad_input.py")
+    parser.add_argument("--json", metavar="PATH", help="also write the report as JSON")
+    args = parser.parse_args(argv)
+    start = time.monotonic()
+    report: dict[str, Any] = {
+        "machine": f"{platform.node()} ({os.cpu_count()} CPUs, {platform.machine()}, "
+                   f"Python {platform.python_version()})",
+        "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
+    }
+    with tempfile.TemporaryDirectory(prefix="flyarchive-reliability-") as tmp:
+        work = Path(tmp)
+        report["kills"] = [run_kills(b.strip(), args.kills, args.chunk_frames, work)
+                           for b in args.backends.split(",") if b.strip()]
+        report["s3"] = run_s3(args.s3_trials) if args.s3_trials > 0 else []
+        report["corruptions"] = run_corruptions(work)
+        report["bad_input"] = {} if args.no_bad_input else run_bad_input(work)
+    report["seconds"] = round(time.monotonic() - start, 1)
+    print_table(report)
+    print(f"\n({report['seconds']} s)")
+    if args.json:
+        Path(args.json).write_text(json.dumps(report, indent=2, default=str))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
