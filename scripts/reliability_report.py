@@ -63,7 +63,8 @@ def run_kills(backend: str, n: int, chunk_frames: int, workdir: Path) -> dict[st
         "backend": backend, "made": sum(r.killed for r in results),
         "survived": sum(r.killed and r.survived for r in results),
         "lost_min": min(lost, default=0), "lost_mean": float(np.mean(lost)) if lost else 0.0,
-        "lost_max": max(lost, default=0), "bound": KillConfig(backend, chunk_frames=chunk_frames).max_lost,
+        "lost_max": max(lost, default=0),
+        "bound": KillConfig(backend, chunk_frames=chunk_frames).max_lost,
         "problems": sorted({p.split(":")[0] for r in results for p in r.problems}),
         "trials": [r.to_json() for r in results],
     }
@@ -135,7 +136,8 @@ def run_corruptions(workdir: Path) -> list[dict[str, Any]]:
     cases = {
         "none (sound archive)": lambda root: None,
         "flipped bit in a qpos shard": flip,
-        "missing mocap_pos shard inside n_frames": lambda root: shard(root, "mocap_pos", 2).unlink(),
+        "missing mocap_pos shard inside n_frames":
+            lambda root: shard(root, "mocap_pos", 2).unlink(),
         "missing time chunk": lambda root: (root / "time" / "c" / "1").unlink(),
         "n_frames beyond the time extent": n_frames_beyond,
     }
@@ -205,7 +207,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--kills", type=int, default=20, help="kills per backend (default 20)")
     parser.add_argument("--backends", default="cpu,warp", help="comma-separated: cpu,warp")
     parser.add_argument("--chunk-frames", type=int, default=5)
-    parser.add_argument("--s3-trials", type=int, default=4, help="trials per S3 operation (0: skip)")
+    parser.add_argument("--s3-trials", type=int, default=4,
+                        help="trials per S3 operation (0: skip)")
     parser.add_argument("--no-bad-input", action="store_true", help="skip tests/test_bad_input.py")
     parser.add_argument("--json", metavar="PATH", help="also write the report as JSON")
     args = parser.parse_args(argv)
