@@ -193,12 +193,12 @@ def _run_case(name: str, spec: dict[str, Any], extra_env: dict[str, str]) -> dic
 
     sampler = threading.Thread(target=sample, daemon=True)
     sampler.start()
-    stdout, stderr = _communicate_wait4(proc)
+    stdout, stderr, maxrss_kib = _communicate_wait4(proc)
     done.set()
     sampler.join()
     row: dict[str, Any] = {"case": name, "loadavg_1m": round(load, 2),
                            "peak_pss_tree_mib": round(peak["tree"] / 2**20, 1),
-                           "maxrss_mib": round(proc.maxrss_kib / 1024, 1)}  # type: ignore[attr-defined]
+                           "maxrss_mib": round(maxrss_kib / 1024, 1)}
     lines = [ln for ln in stdout.splitlines() if ln.startswith("RESULT ")]
     if proc.returncode != 0 or not lines:
         row["error"] = (stderr.strip().splitlines() or ["no output"])[-1][:300]
@@ -215,8 +215,8 @@ def _rss(p: Any) -> int:
         return 0
 
 
-def _communicate_wait4(proc: subprocess.Popen[str]) -> tuple[str, str]:
-    """Read the child's output, then reap it with wait4 to get its own rusage."""
+def _communicate_wait4(proc: subprocess.Popen[str]) -> tuple[str, str, int]:
+    """Read the child's output, then reap it with wait4: (stdout, stderr, ru_maxrss KiB)."""
     out: list[str] = []
     err: list[str] = []
     readers = [threading.Thread(target=lambda s=s, b=b: b.append(s.read()), daemon=True)
@@ -227,8 +227,7 @@ def _communicate_wait4(proc: subprocess.Popen[str]) -> tuple[str, str]:
     for r in readers:
         r.join()
     proc.returncode = os.waitstatus_to_exitcode(status)
-    proc.maxrss_kib = usage.ru_maxrss  # type: ignore[attr-defined]
-    return "".join(out), "".join(err)
+    return "".join(out), "".join(err), int(usage.ru_maxrss)
 
 
 # ----------------------------------------------------------------------------- children

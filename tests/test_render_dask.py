@@ -171,11 +171,10 @@ def test_render_frames_on_cluster_equal_cpu_renderer_frames(
 ) -> None:
     window = slice(2, 9)
     ds = open_archive(archive).isel(time=window)
+    qpos, mocap_pos, mocap_quat = ds.qpos.values, ds.mocap_pos.values, ds.mocap_quat.values
     with CpuRenderer(model, "top", SIZE) as renderer:
-        expected = np.stack([
-            renderer.render(ds.qpos.values[w], ds.mocap_pos.values[w], ds.mocap_quat.values[w])[:, 0]
-            for w in range(N_WORLDS)
-        ])
+        expected = np.stack([renderer.render(qpos[w], mocap_pos[w], mocap_quat[w])[:, 0]
+                             for w in range(N_WORLDS)])
 
     lazy = render_frames(archive, model, "top", size=SIZE, block_frames=SEGMENT)
     actual = client.compute(lazy.isel(time=window).data).result()
