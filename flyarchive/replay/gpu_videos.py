@@ -29,6 +29,7 @@ resources during graph optimization (dask #7036).
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import os
 import queue
@@ -353,7 +354,12 @@ class _Encoders:
     def __init__(self, plan: Any, jobs: tuple[Any, ...], tmp: Path) -> None:
         self._plan, self._jobs, self._tmp = plan, jobs, tmp
         self._cameras = tuple(plan.cameras)
-        n_threads = max(2, min(8, os.cpu_count() or 1))
+        # Encoding is the slow stage (x264 on the CPU): one single-threaded encoder per
+        # core, fed in parallel, beats fewer multi-threaded ones.
+        n_videos = len(jobs) * len(self._cameras)
+        n_threads = max(1, min(n_videos, os.cpu_count() or 1, 64))
+        video = plan.options.video
+        self._video = video if video.threads is not None else dataclasses.replace(video, threads=1)
         self._queues: list[queue.Queue[Any]] = [queue.Queue() for _ in range(n_threads)]
         self._slots = threading.Semaphore(_BATCHES_IN_FLIGHT)
         self._lock = threading.Lock()
@@ -434,7 +440,7 @@ class _Encoders:
         writer = self._writers.get(key)
         if writer is None:
             local = Path(safe_video_path(self._tmp, job.world_id, camera))
-            writer = VideoWriter(local, plan.fps, plan.options.size, options=plan.options.video)
+            writer = VideoWriter(local, plan.fps, plan.options.size, options=self._video)
             self._writers[key] = writer
         writer.write(frames)
         if writer.n_frames == job.n_frames:
