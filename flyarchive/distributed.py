@@ -271,7 +271,8 @@ def _run_dask(plan: RenderPlan, blob: bytes, run_id: str, client: Any) -> list[d
         for job, k0, k1 in segments
     }
     results: dict[tuple[Any, int], list[str]] = {}
-    for future in _progress(as_completed(futures), len(futures), plan.options.progress, "segments"):
+    done = as_completed(futures, loop=client.loop)
+    for future in _progress(done, len(futures), plan.options.progress, "segments"):
         results[futures[future]] = future.result()
     joins = []
     for job in plan.jobs:

@@ -201,11 +201,6 @@ def test_dask_render_to_s3_lands_in_the_bucket(
     assert not fs.glob(f"{out}/.parts-*")
 
 
-@pytest.mark.xfail(
-    strict=True, raises=ValueError,
-    reason="distributed._run_dask: as_completed(futures) without loop=client.loop needs a "
-    "default client",
-)
 def test_render_videos_accepts_a_client_that_is_not_default(
     archive: str, model: Any, client: Any, tmp_path: Path
 ) -> None:
