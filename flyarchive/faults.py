@@ -134,12 +134,11 @@ def _warp_sim(n_worlds: int) -> tuple[Any, Any, Any]:
 
     import warp as wp
 
-    wp.config.quiet = True
+    wp.config.log_level = wp.LOG_WARNING  # no start-up and module-load messages on stdout
     import mujoco_warp as mjw
 
     from flyarchive.testing import tiny_model
 
-    wp.config.quiet = True  # mujoco_warp's import may turn module-load messages back on
     model = tiny_model()
     rng = np.random.default_rng(0)
     with wp.ScopedDevice("cpu"), warnings.catch_warnings():
