@@ -57,6 +57,26 @@ def test_sigkill_of_a_mujoco_warp_recording_keeps_committed_frames_and_resumes(t
     assert 0 <= result.frames_lost <= 3 * config.chunk_frames
 
 
+def test_resume_after_a_kill_during_creation_records_from_frame_zero(tiny, tmp_path):
+    import shutil
+
+    from flyarchive import open_archive
+    from flyarchive.testing import reference_frames
+
+    url = tmp_path / "half-created.zarr"
+    record_local(tiny, str(url), n_steps=0)
+    for folder in [p for p in url.iterdir() if p.is_dir()]:
+        shutil.rmtree(folder)  # as if killed after the root zarr.json, before the arrays
+    expected = reference_frames(tiny, 2, 36)
+
+    with TrajectoryRecorder(str(url), tiny, chunk_frames=5, mode="a") as recorder:
+        simulate(tiny, 2, 36, recorder.record_as_needed)
+
+    ds = open_archive(str(url))
+    np.testing.assert_array_equal(ds.qpos.values, expected["qpos"])
+    np.testing.assert_array_equal(ds.time.values, expected["time"])
+
+
 # ----------------------------------------------------------------------------- verify
 def test_verify_passes_a_sound_archive(tiny, tmp_path, capsys):
     url = str(tmp_path / "sound.zarr")
