@@ -149,11 +149,16 @@ def _cpu_renderer(blob: bytes, cameras: tuple[str, ...], size: tuple[int, int]) 
 
 def _states(url: str, storage_options: Mapping[str, Any], world_index: int,
             start: int, stop: int) -> tuple[np.ndarray, np.ndarray | None, np.ndarray | None]:
+    from flyarchive.query import corrupt_read
+
     ds = _archive(url, storage_options).isel(world=world_index, time=slice(start, stop))
-    qpos = ds.qpos.values
-    if "mocap_pos" not in ds:
-        return qpos, None, None
-    return qpos, ds.mocap_pos.values, ds.mocap_quat.values
+    names = [n for n in ("qpos", "mocap_pos", "mocap_quat") if n in ds]
+    try:
+        values = [ds[n].values for n in names]
+    except ValueError as err:  # a checksum mismatch or undecodable chunk
+        what = f"{'/'.join(names)} of world index {world_index}, frames {start}..{stop - 1}"
+        raise corrupt_read(url, what, err) from None
+    return (values[0], None, None) if len(values) == 1 else (values[0], values[1], values[2])
 
 
 def _part_url(plan_out: str, run_id: str, world_id: int, camera: str, start: int) -> str:

@@ -9,10 +9,47 @@ import numpy as np
 import xarray as xr
 import zarr
 
+from flyarchive.errors import CorruptArchiveError, SchemaError
 from flyarchive.schema import STATE_VARS, validate
 from flyarchive.store import open_group
 
-__all__ = ["open_archive", "open_stored", "time_extents"]
+__all__ = [
+    "open_archive", "open_stored", "time_extents", "damaged_metadata", "corrupt_read",
+]
+
+
+_EXPECTED = ("qpos", "mocap_pos", "mocap_quat", "n_frames", "time", "world", "dof", "mocap")
+
+
+def damaged_metadata(url: str, group: zarr.Group, err: BaseException) -> SchemaError:
+    """The error for an archive whose arrays' metadata cannot be read, naming them."""
+    bad = []
+    for name in _EXPECTED:
+        try:
+            group[name]
+        except KeyError:
+            if name in ("qpos", "n_frames", "time", "world", "dof"):
+                bad.append(f"{name!r} (missing)")
+        except Exception:
+            bad.append(f"{name!r} (unreadable metadata)")
+    if any("'qpos' (missing)" == b for b in bad):
+        return SchemaError(
+            f"The archive at {url!r} has no variable 'qpos' (its zarr.json is missing). "
+            "It cannot be replayed; restore the file from a backup."
+        )
+    return SchemaError(
+        f"The archive at {url!r} has damaged metadata in {', '.join(bad) or 'an array'} "
+        f"({type(err).__name__}: {err}). Run `flyarchive verify {url}`; restore the damaged "
+        "zarr.json files from a backup."
+    )
+
+
+def corrupt_read(url: str, what: str, err: BaseException) -> CorruptArchiveError:
+    """The error for stored bytes that fail their checksum or do not decode."""
+    return CorruptArchiveError(
+        f"Reading {what} from {url!r} failed: {err}. The stored bytes are damaged; run "
+        f"`flyarchive verify {url}` to list every damaged chunk."
+    )
 
 
 def time_extents(group: zarr.Group) -> dict[str, int]:
@@ -74,9 +111,12 @@ def open_archive(url: str, storage_options: Mapping[str, Any] | None = None) -> 
         StorageBackendMissingError: the URL's protocol needs a package (names the extra).
     """
     group = open_group(url, storage_options)
-    qpos = group["qpos"]
-    shards = qpos.shards or qpos.chunks
-    ds = open_stored(group, {"world": shards[0], "time": shards[1]})
+    try:
+        qpos = group["qpos"]
+        shards = qpos.shards or qpos.chunks
+        ds = open_stored(group, {"world": shards[0], "time": shards[1]})
+    except Exception as err:  # zarr/xarray report damaged metadata in many ways
+        raise damaged_metadata(url, group, err) from None
     validate(ds)
     n_frames = ds["n_frames"].values.clip(0, ds.sizes["time"])
     ds = ds.isel(time=slice(0, int(n_frames.max(initial=0))))

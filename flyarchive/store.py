@@ -29,6 +29,7 @@ from flyarchive import codecs
 from flyarchive.clock import Timing
 from flyarchive.errors import (
     ArchiveExistsError,
+    FlyarchiveError,
     ArchiveNotFoundError,
     SchemaError,
     StorageBackendMissingError,
@@ -117,6 +118,14 @@ def _exists_error(url: str) -> ArchiveExistsError:
     )
 
 
+def access_denied(url: str, err: BaseException) -> StorageError:
+    """The error for storage that refuses access (HTTP 403, file permissions)."""
+    return StorageError(
+        f"Access to {url!r} was refused ({type(err).__name__}: {err}). Check the credentials "
+        "(key and secret, profile, or environment) and the permissions of the location."
+    )
+
+
 def refuse_existing(url: str, storage_options: Mapping[str, Any] | None = None) -> None:
     """Raise :class:`ArchiveExistsError` if anything is at ``url``."""
     if archive_exists(open_store(url, storage_options)):
@@ -139,6 +148,8 @@ def open_group(url: str, storage_options: Mapping[str, Any] | None = None, *, mo
     store = open_store(url, storage_options, read_only=(mode == "r"))
     try:
         group = zarr.open_group(store, mode="r" if mode == "r" else "r+")
+    except PermissionError as err:
+        raise access_denied(url, err) from None
     except (FileNotFoundError, zarr.errors.GroupNotFoundError, KeyError):
         raise ArchiveNotFoundError(
             f"No archive at {url!r}: there is no zarr.json there. Check the URL, or record "
@@ -345,6 +356,22 @@ class ArchiveWriter:
         if mode not in _MODES:
             raise ValueError(f"mode must be one of {_MODES}, got {mode!r}.")
         url = str(url)
+        try:
+            return cls._create(url, spec, mode, storage_options)
+        except PermissionError as err:
+            raise access_denied(url, err) from None
+        except (FileNotFoundError, NotADirectoryError, IsADirectoryError, OSError) as err:
+            if isinstance(err, FlyarchiveError):
+                raise
+            raise StorageError(
+                f"Cannot create an archive at {url!r} ({type(err).__name__}: {err}). "
+                "Choose a location that is writable and whose parent is a folder."
+            ) from None
+
+    @classmethod
+    def _create(
+        cls, url: str, spec: ArchiveSpec, mode: str, storage_options: Mapping[str, Any] | None
+    ) -> "ArchiveWriter":
         store = open_store(url, storage_options)
         if archive_exists(store):
             if mode == "a":

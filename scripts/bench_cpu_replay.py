@@ -32,6 +32,7 @@ printed: the machine may be shared.
 Usage:
     python scripts/bench_cpu_replay.py --frames 250 --workers 1,2 --json cpu.json
     python scripts/bench_cpu_replay.py --frames 40 --size 120x160 --no-flygym
+    python scripts/bench_cpu_replay.py --cases dask --sync-reads --workers 1,2
 """
 
 from __future__ import annotations
@@ -52,6 +53,7 @@ TARGETS = (
     ("videos", "flygym-mp4", 1.3, "archive->mp4, one process, >= 1.3x flygym with mp4"),
     ("renderer-default", "flygym", 1.0, "CpuRenderer one process >= flygym render only"),
     ("dask-2", "dask-1", 1.8, "2 single-thread workers >= 1.8x one (excl. start-up)"),
+    ("dask-2-sync", "dask-1-sync", 1.8, "same, workers reading synchronously (prototype)"),
     ("warp-cpu-warm", "flygym-mp4", 3.0, "warp-cpu archive->mp4 >= 3x flygym with mp4"),
 )
 
@@ -104,6 +106,11 @@ def _parse_args() -> argparse.Namespace:
     parser.add_argument("--segment-frames", type=int, default=100)
     parser.add_argument("--batch-worlds", type=int, default=64, help="warp-cpu batch size")
     parser.add_argument("--workdir", default=None, help="where archives and videos go")
+    parser.add_argument("--sync-reads", action="store_true",
+                        help="also run dask-k-sync: workers read the archive with dask's "
+                        "synchronous scheduler (prototype of a distributed.py fix)")
+    parser.add_argument("--cases", default=None,
+                        help="run only cases whose name starts with one of these (comma list)")
     parser.add_argument("--child", help=argparse.SUPPRESS)
     return parser.parse_args()
 
@@ -154,8 +161,10 @@ def _cases(args: argparse.Namespace, archives: dict[str, str], work: Path,
                   ("renderer-default", {"kind": "renderer", "url": main}, {}),
                   ("videos", {"kind": "videos", "url": main, "out": str(work / "v0")}, {})]
         for k in [int(x) for x in args.workers.split(",") if x]:
-            cases.append((f"dask-{k}", {"kind": "dask", "url": main, "workers": k,
-                                        "out": str(work / f"dask{k}")}, {}))
+            for sync in (False, True) if args.sync_reads else (False,):
+                name = f"dask-{k}{'-sync' if sync else ''}"
+                cases.append((name, {"kind": "dask", "url": main, "workers": k,
+                                     "sync_reads": sync, "out": str(work / name)}, {}))
     if "warp-cpu" in backends:
         cases.append(("warp-cpu", {"kind": "warp", "url": main, "out": str(work / "warp"),
                                    "batch_worlds": args.batch_worlds}, {}))
@@ -165,6 +174,9 @@ def _cases(args: argparse.Namespace, archives: dict[str, str], work: Path,
                                        "out": str(work / f"rss{n}")}, {}))
     if args.profile and "cpu" in backends:
         cases.append(("profile", {"kind": "profile", "url": main, "out": str(work / "prof")}, {}))
+    if args.cases:
+        prefixes = tuple(args.cases.split(","))
+        cases = [c for c in cases if c[0].startswith(prefixes)]
     return [(name, {**base, **spec}, env) for name, spec, env in cases]
 
 
@@ -329,6 +341,8 @@ def _child_dask(spec: dict[str, Any], model: Any) -> dict[str, Any]:
                       dashboard_address=None, env=env, silence_logs=40) as cluster, \
             Client(cluster) as client:
         client.wait_for_workers(spec["workers"])
+        if spec.get("sync_reads"):
+            client.run(_synchronous_dask)
         ready = time.perf_counter()
         with client.as_current():  # distributed._run_dask needs a current client
             result = render_videos(spec["url"], model, spec["camera"], spec["out"],
@@ -337,6 +351,18 @@ def _child_dask(spec: dict[str, Any], model: Any) -> dict[str, Any]:
     frames = _frames_of(result)
     return _rate(frames, end - ready, startup_s=round(ready - start, 3),
                  fps_with_startup=round(frames / (end - start), 2), workers=spec["workers"])
+
+
+def _synchronous_dask() -> None:
+    """In a worker: compute dask collections inside tasks on the task's own thread.
+
+    Without it, ``ds.qpos.values`` in a task (distributed._states) goes to the cluster:
+    the task secedes while its read tasks run, the single worker thread starts the next
+    segment, and several segments render at once, each thread with its own GL context.
+    """
+    import dask
+
+    dask.config.set({"scheduler": "synchronous"})
 
 
 def _child_warp(spec: dict[str, Any], model: Any) -> dict[str, Any]:

@@ -322,7 +322,22 @@ def _read_batch(ds: Any, jobs: tuple[Any, ...], batch: Batch
     The bounding block of worlds x frames is read at once when it holds at most twice
     the frames needed (the usual case: whole recordings of consecutive worlds); else
     one read per piece.
+
+    Raises:
+        CorruptArchiveError: stored bytes fail their checksum or do not decode.
     """
+    from flyarchive.query import corrupt_read
+
+    try:
+        return _read_batch_unchecked(ds, jobs, batch)
+    except ValueError as err:
+        worlds = sorted({jobs[p.job].world_id for p in batch.pieces})
+        raise corrupt_read(ds.encoding.get("source", "the archive"),
+                           f"the states of worlds {worlds}", err) from None
+
+
+def _read_batch_unchecked(ds: Any, jobs: tuple[Any, ...], batch: Batch
+                          ) -> tuple[np.ndarray, np.ndarray | None, np.ndarray | None]:
     names = ["qpos"] + [n for n in ("mocap_pos", "mocap_quat") if n in ds]
     out = {n: np.empty((batch.n, *ds[n].shape[2:]), dtype=np.float32) for n in names}
     rows = [jobs[p.job].world_index for p in batch.pieces]
