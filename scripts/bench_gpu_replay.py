@@ -71,7 +71,9 @@ def main() -> None:
         rows["read"] = _measure(n_frames, lambda: _read_all(url, args.batch))
         rows["flyarchive"] = _measure(n_frames, lambda: _flyarchive(
             url, model, camera, Path(tmp) / "fa", args, backend))
-        for wpb in (32, 256):
+        rows["flyarchive_ultrafast"] = _measure(n_frames, lambda: _flyarchive(
+            url, model, camera, Path(tmp) / "fa-uf", args, backend, preset="ultrafast"))
+        for wpb in (32, 256) if args.flygym else ():
             rows[f"flygym_b{wpb}"] = _measure(n_frames, lambda wpb=wpb: _flygym(
                 model, camera, qpos, mocap, args, device, wpb, Path(tmp) / f"fg{wpb}"))
     fly = [r for k, r in rows.items() if k.startswith("flygym") and "fps" in r]
@@ -96,6 +98,8 @@ def _parse_args() -> argparse.Namespace:
         "--size", type=lambda s: tuple(int(v) for v in s.split("x")), default=(240, 320),
         help="frame size HEIGHTxWIDTH (default 240x320)",
     )
+    parser.add_argument("--no-flygym", dest="flygym", action="store_false",
+                        help="skip flygym's render_trajectories_gpu rows")
     args = parser.parse_args()
     if min(args.worlds, args.frames, args.batch) < 1:
         parser.error("--worlds, --frames and --batch must be positive")
@@ -188,10 +192,12 @@ def _read_all(url: str, batch_worlds: int) -> None:
 
 
 def _flyarchive(url: str, model: mujoco.MjModel, camera: str, out: Path,
-                args: argparse.Namespace, backend: str) -> None:
+                args: argparse.Namespace, backend: str, preset: str = "veryfast") -> None:
     from flyarchive.render import RenderOptions, render_videos
+    from flyarchive.video import VideoOptions
 
-    options = RenderOptions(size=args.size, backend=backend, batch_worlds=args.batch)
+    options = RenderOptions(size=args.size, backend=backend, batch_worlds=args.batch,
+                            video=VideoOptions(preset=preset))
     render_videos(url, model, camera, str(out), options=options)
 
 
@@ -284,12 +290,12 @@ def _print_table(r: dict[str, Any]) -> None:
     size = f"{r['size'][0]}x{r['size'][1]}"
     print(f"\n{r['model']} on {r['device']}: {r['worlds']} worlds x {r['frames']} frames, "
           f"{size}, B={r['batch']}, camera {r['camera']!r}")
-    print(f"{'row':<12} {'wall s':>9} {'frames/s':>10} {'peak RSS MB':>12}  note")
+    print(f"{'row':<21} {'wall s':>9} {'frames/s':>10} {'peak RSS MB':>12}  note")
     for name, row in r["rows"].items():
         wall = f"{row['wall_s']:.2f}" if "wall_s" in row else "-"
         fps = f"{row['fps']:.1f}" if "fps" in row else "-"
         note = row.get("error", f"setup {row['setup_s']:.1f} s" if "setup_s" in row else "")
-        print(f"{name:<12} {wall:>9} {fps:>10} {row['peak_rss_mb']:>12.0f}  {note}")
+        print(f"{name:<21} {wall:>9} {fps:>10} {row['peak_rss_mb']:>12.0f}  {note}")
     if "ratio_flyarchive_over_flygym" in r:
         print(f"flyarchive / best flygym: {r['ratio_flyarchive_over_flygym']:.2f}x "
               f"(flygym best {r['flygym_best_fps']:.1f} frames/s)")
