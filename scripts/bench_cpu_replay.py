@@ -344,9 +344,8 @@ def _child_dask(spec: dict[str, Any], model: Any) -> dict[str, Any]:
         if spec.get("sync_reads"):
             client.run(_synchronous_dask)
         ready = time.perf_counter()
-        with client.as_current():  # distributed._run_dask needs a current client
-            result = render_videos(spec["url"], model, spec["camera"], spec["out"],
-                                   options=_options(spec), client=client)
+        result = render_videos(spec["url"], model, spec["camera"], spec["out"],
+                               options=_options(spec), client=client)
         end = time.perf_counter()
     frames = _frames_of(result)
     return _rate(frames, end - ready, startup_s=round(ready - start, 3),

@@ -73,18 +73,7 @@ def in_process_videos(archive: str, model: Any, tmp_path_factory: pytest.TempPat
 def dask_videos(archive: str, model: Any, client: Any,
                 tmp_path_factory: pytest.TempPathFactory) -> Any:
     out = tmp_path_factory.mktemp("dask") / "videos"
-    return _render_on(client, archive, model, CAMERAS, str(out), options=OPTIONS)
-
-
-def _render_on(client: Any, *args: Any, **kwargs: Any) -> Any:
-    """render_videos(client=client) with ``client`` made current.
-
-    distributed.py's ``_run_dask`` calls ``as_completed(futures)`` without ``loop=``, which
-    looks up a *default* client and fails with "No clients found" for a client made with
-    ``set_as_default=False``; see test_render_videos_accepts_a_client_that_is_not_default.
-    """
-    with client.as_current():
-        return render_videos(*args, client=client, **kwargs)
+    return render_videos(archive, model, CAMERAS, str(out), options=OPTIONS, client=client)
 
 
 def _keyframes(path: str) -> list[int]:
@@ -157,8 +146,8 @@ def test_four_egl_worker_processes_render_at_once(archive: str, model: Any, tmp_
         four.wait_for_workers(4, timeout=120)
         # client.run calls every worker at once: four EGL contexts are created together.
         frames = four.run(render_block, archive, {}, model_bytes(model), "front", SIZE, 0, 0, 3)
-        result = _render_on(four, archive, model, "front", str(tmp_path / "v"),
-                            options=RenderOptions(size=SIZE, segment_frames=SEGMENT))
+        result = render_videos(archive, model, "front", str(tmp_path / "v"), client=four,
+                               options=RenderOptions(size=SIZE, segment_frames=SEGMENT))
 
     assert len(frames) == 4
     for actual in frames.values():
@@ -189,8 +178,8 @@ def test_dask_render_to_s3_lands_in_the_bucket(
     out = f"s3://flyarchive-test/{uuid.uuid4().hex}/videos"
     fs = s3_server.filesystem()
 
-    result = _render_on(client, archive, model, "front", out, worlds=[1], options=OPTIONS,
-                        out_storage_options=s3_server.storage_options())
+    result = render_videos(archive, model, "front", out, worlds=[1], client=client,
+                           options=OPTIONS, out_storage_options=s3_server.storage_options())
 
     (video,) = result.videos
     assert video["path"] == f"{out}/world00001/front.mp4"
