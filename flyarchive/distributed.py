@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import dask
 import mujoco
 import numpy as np
 
@@ -52,9 +53,15 @@ class RenderPlan:
 
         return safe_video_path(self.out, world_id, camera)
 
-    def segments(self) -> Iterator[tuple[Any, int, int]]:
-        """(job, start, stop) for every segment, in playing order per job."""
-        step = self.options.segment_frames
+    def segments(self, n_workers: int = 1) -> Iterator[tuple[Any, int, int]]:
+        """(job, start, stop) for every segment, in playing order per job.
+
+        Segments are at most ``options.segment_frames`` long, shorter (down to 25
+        frames) when that gives each of ``n_workers`` workers about four tasks.
+        """
+        total = sum(job.n_frames for job in self.jobs)
+        step = max(min(self.options.segment_frames, 25),
+                   min(self.options.segment_frames, -(-total // (4 * max(n_workers, 1)))))
         for job in self.jobs:
             for k0 in range(job.start, job.stop, step):
                 yield job, k0, min(k0 + step, job.stop)
@@ -72,19 +79,18 @@ def preflight(plan: RenderPlan, model: mujoco.MjModel) -> None:
     Raises:
         CameraNotFoundError, FrameSizeError, RenderBackendError, OutputExistsError.
     """
-    from flyarchive.replay.cpu import CpuRenderer, camera_names
+    from flyarchive.replay.cpu import camera_names
     from flyarchive.video import parse_video_size
 
     parse_video_size(plan.options.size)
-    if plan.options.backend == "cpu":
-        CpuRenderer(model, plan.cameras, plan.options.size).close()
-    else:
-        unknown = [c for c in plan.cameras if c not in camera_names(model)]
-        if unknown:
-            raise CameraNotFoundError(
-                f"No camera {unknown[0]!r} in the model. Cameras: "
-                f"{', '.join(camera_names(model))}. Pass one of them."
-            )
+    names = camera_names(model)
+    unknown = [c for c in plan.cameras if c not in names]
+    if unknown or not plan.cameras:
+        raise CameraNotFoundError(
+            f"No camera {unknown[0] if unknown else None!r} in the model. Cameras: "
+            f"{', '.join(map(repr, names)) or 'none'}. Pass one of them, or add a camera to "
+            "the model before compiling it."
+        )
     if plan.options.overwrite:
         return
     fs, _ = _filesystem(plan.out, plan.out_storage_options)
@@ -154,7 +160,9 @@ def _states(url: str, storage_options: Mapping[str, Any], world_index: int,
     ds = _archive(url, storage_options).isel(world=world_index, time=slice(start, stop))
     names = [n for n in ("qpos", "mocap_pos", "mocap_quat") if n in ds]
     try:
-        values = [ds[n].values for n in names]
+        # In this thread: inside a Dask task, the default would send the reads to the
+        # cluster and let this task's thread start other segments meanwhile.
+        values = dask.compute(*[ds[n].data for n in names], scheduler="synchronous")
     except ValueError as err:  # a checksum mismatch or undecodable chunk
         what = f"{'/'.join(names)} of world index {world_index}, frames {start}..{stop - 1}"
         raise corrupt_read(url, what, err) from None
@@ -258,11 +266,15 @@ def _progress(items: Iterable[Any], total: int, show: bool, what: str) -> Iterab
 def _run_here(plan: RenderPlan, blob: bytes, run_id: str) -> list[dict[str, Any]]:
     parts: dict[tuple[Any, str], list[str]] = {}
     segments = list(plan.segments())
-    for job, k0, k1 in _progress(segments, len(segments), plan.options.progress, "segments"):
-        for camera, url in zip(plan.cameras, render_segment(plan, blob, run_id, job, k0, k1)):
-            parts.setdefault((job, camera), []).append(url)
-    videos = [join_segments(plan, job, camera, urls) for (job, camera), urls in parts.items()]
-    _remove_parts_dir(plan, run_id)
+    try:
+        for job, k0, k1 in _progress(segments, len(segments), plan.options.progress, "segments"):
+            for camera, url in zip(plan.cameras, render_segment(plan, blob, run_id, job, k0, k1)):
+                parts.setdefault((job, camera), []).append(url)
+        videos = [join_segments(plan, job, camera, urls) for (job, camera), urls in parts.items()]
+    finally:
+        _remove_parts_dir(plan, run_id)
+        _close_renderers()  # free this thread's GL context
+        _local.__dict__.get("renderers", {}).clear()
     return videos
 
 
@@ -270,7 +282,7 @@ def _run_dask(plan: RenderPlan, blob: bytes, run_id: str, client: Any) -> list[d
     from distributed import as_completed
 
     blob_future = client.scatter(blob, broadcast=True)
-    segments = list(plan.segments())
+    segments = list(plan.segments(len(client.scheduler_info().get("workers", {})) or 1))
     futures = {
         client.submit(render_segment, plan, blob_future, run_id, job, k0, k1, pure=False): (job, k0)
         for job, k0, k1 in segments

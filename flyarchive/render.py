@@ -269,7 +269,7 @@ def render_frames(
     _check_model(ds, model)
     jobs = select_frames(ds, worlds, time)
     start, stop = min(j.start for j in jobs), max(j.stop for j in jobs)
-    blob = model_bytes(model)
+    blob = dask.delayed(model_bytes(model), name="flyarchive-model")  # once, not per task
     h, w = size
     rows = []
     for job in jobs:
