@@ -69,8 +69,13 @@ def main() -> None:
         rows["raw"], rows["batch"] = _renderer_rows(model, camera, qpos, mocap, args, device)
         _warm_up(url, model, camera, qpos, mocap, args, device, backend, Path(tmp) / "warm")
         rows["read"] = _measure(n_frames, lambda: _read_all(url, args.batch))
+        from flyarchive.replay import gpu_videos
+
+        gpu_videos.STATS.update(dict.fromkeys(gpu_videos.STATS, 0.0))
         rows["flyarchive"] = _measure(n_frames, lambda: _flyarchive(
             url, model, camera, Path(tmp) / "fa", args, backend))
+        rows["flyarchive"]["stages_s"] = {k: round(v, 3) for k, v in gpu_videos.STATS.items()}
+        print("flyarchive stages:", rows["flyarchive"]["stages_s"], flush=True)
         rows["flyarchive_ultrafast"] = _measure(n_frames, lambda: _flyarchive(
             url, model, camera, Path(tmp) / "fa-uf", args, backend, preset="ultrafast"))
         for wpb in (32, 256) if args.flygym else ():

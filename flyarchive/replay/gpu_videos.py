@@ -35,6 +35,7 @@ import os
 import queue
 import tempfile
 import threading
+import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -54,6 +55,11 @@ __all__ = [
 _BATCHES_IN_FLIGHT = 3
 #: States read ahead of the renderer, in batches.
 _READ_AHEAD = 2
+#: Seconds spent per stage in this process (summed over threads), for benchmarks:
+#: main thread waiting for reads / for encoder room / rendering; encoder threads
+#: piping frames to ffmpeg / finishing and publishing videos.
+STATS: dict[str, float] = dict.fromkeys(
+    ("wait_read_s", "wait_encoders_s", "render_s", "encode_s", "publish_s", "encoder_threads"), 0.0)
 _STOP = object()
 
 
@@ -226,16 +232,23 @@ def _render_batches(ds: Any, jobs: tuple[Any, ...], batches: list[Batch], render
                     default: np.ndarray, encoders: _Encoders, progress: bool) -> None:
     bar = _progress_bar(sum(b.n for b in batches), progress)
     with _read_ahead(ds, jobs, batches) as states:
+        clock = time.perf_counter()
         for batch, (qpos, mocap_pos, mocap_quat) in zip(batches, states):
+            STATS["wait_read_s"] += time.perf_counter() - clock
             encoders.raise_if_failed()
             valid = _fill_invalid(qpos, mocap_pos, mocap_quat, default)
+            clock = time.perf_counter()
             encoders.reserve()  # blocks while _BATCHES_IN_FLIGHT batches wait to be encoded
+            STATS["wait_encoders_s"] += time.perf_counter() - clock
+            clock = time.perf_counter()
             frames = renderer.render_batch(qpos, mocap_pos, mocap_quat)  # (n, ncam, H, W, 3)
+            STATS["render_s"] += time.perf_counter() - clock
             if not valid.all():
                 frames[~valid] = 0
             encoders.submit(batch, frames)
             if bar is not None:
                 bar.update(batch.n)
+            clock = time.perf_counter()
     if bar is not None:
         bar.close()
 
@@ -372,11 +385,14 @@ class _Encoders:
         # Encoding is the slow stage (x264 on the CPU): one single-threaded encoder per
         # core, fed in parallel, beats fewer multi-threaded ones.
         n_videos = len(jobs) * len(self._cameras)
-        n_threads = max(1, min(n_videos, os.cpu_count() or 1, 64))
+        n_threads = int(os.environ.get("FLYARCHIVE_ENCODERS", 0)) or (os.cpu_count() or 1)
+        n_threads = max(1, min(n_videos, n_threads, 64))
         video = plan.options.video
         self._video = video if video.threads is not None else dataclasses.replace(video, threads=1)
+        STATS["encoder_threads"] = n_threads
         self._queues: list[queue.Queue[Any]] = [queue.Queue() for _ in range(n_threads)]
-        self._slots = threading.Semaphore(_BATCHES_IN_FLIGHT)
+        self._slots = threading.Semaphore(
+            int(os.environ.get("FLYARCHIVE_BATCHES_IN_FLIGHT", 0)) or _BATCHES_IN_FLIGHT)
         self._lock = threading.Lock()
         self._pending: dict[int, int] = {}  # id(frames) -> pieces not yet encoded
         self._writers: dict[tuple[int, int], Any] = {}
@@ -457,9 +473,13 @@ class _Encoders:
             local = Path(safe_video_path(self._tmp, job.world_id, camera))
             writer = VideoWriter(local, plan.fps, plan.options.size, options=self._video)
             self._writers[key] = writer
+        clock = time.perf_counter()
         writer.write(frames)
+        STATS["encode_s"] += time.perf_counter() - clock
         if writer.n_frames == job.n_frames:
+            clock = time.perf_counter()
             self._publish(key, writer)
+            STATS["publish_s"] += time.perf_counter() - clock
 
     def _publish(self, key: tuple[int, int], writer: Any) -> None:
         from flyarchive.video import write_output
