@@ -271,10 +271,11 @@ def _run_and_kill(url: str, config: KillConfig) -> KillResult:
 
 def _reference(config: KillConfig, n_frames: int) -> dict[str, np.ndarray]:
     if config.backend == "warp":
-        return warp_reference(config.n_worlds, n_frames)
-    from flyarchive.testing import reference_frames, tiny_model
+        ref = warp_reference(config.n_worlds, n_frames)
+    else:
+        from flyarchive.testing import reference_frames, tiny_model
 
-    ref = reference_frames(tiny_model(), config.n_worlds, 4 * max(n_frames - 1, 0))
+        ref = reference_frames(tiny_model(), config.n_worlds, 4 * max(n_frames - 1, 0))
     return {k: v[:n_frames] if k == "time" else v[:, :n_frames] for k, v in ref.items()}
 
 
@@ -380,7 +381,8 @@ def kill_trial(url: str, config: KillConfig) -> KillResult:
 # ----------------------------------------------------------------------------- flaky S3
 #: Outcomes of an operation through the fault proxy; the first two are acceptable.
 S3_OUTCOMES = (
-    "equal", "clean-failure", "unclear-error", "lost-commit", "silent-hole", "wrong-data",
+    "equal", "clean-failure", "wrong-error", "unclear-error", "lost-commit", "silent-hole",
+    "wrong-data",
 )
 
 
@@ -393,9 +395,11 @@ class S3FaultResult:
         seed: The fault plan's seed.
         faults: The proxy's counts (requests, faults per kind).
         outcome: One of :data:`S3_OUTCOMES`: ``equal`` (same result as without faults),
-            ``clean-failure`` (a FlyarchiveError, and the archive holds exactly its last
-            commit), ``unclear-error`` (another exception type), ``lost-commit`` (frames
-            committed before the error are gone or the archive does not reopen),
+            ``clean-failure`` (a StorageError, and the archive holds exactly its last
+            commit), ``wrong-error`` (another FlyarchiveError, e.g. a storage fault
+            reported as damaged metadata), ``unclear-error`` (not a FlyarchiveError),
+            ``lost-commit`` (frames committed before the error are gone or the archive
+            does not reopen),
             ``silent-hole`` (NaN inside ``n_frames``), ``wrong-data`` (other differences).
         error: The exception, as ``repr``, if the operation raised.
         committed: Frames committed (``n_frames``) after the operation, record only.
@@ -411,6 +415,15 @@ class S3FaultResult:
     @property
     def acceptable(self) -> bool:
         return self.outcome in ("equal", "clean-failure")
+
+
+def _error_outcome(error: BaseException) -> str:
+    """A storage fault must surface as a StorageError; other errors mislead or are unclear."""
+    from flyarchive.errors import FlyarchiveError, StorageError
+
+    if isinstance(error, StorageError):
+        return "clean-failure"
+    return "wrong-error" if isinstance(error, FlyarchiveError) else "unclear-error"
 
 
 def _clean_options(server: Any) -> dict[str, Any]:
@@ -451,7 +464,6 @@ def s3_record_trial(server: Any, plan: Any, url: str, *, n_worlds: int = 2, n_fr
         url: ``s3://bucket/key`` of a new archive.
     """
     from flyarchive import TrajectoryRecorder
-    from flyarchive.errors import FlyarchiveError
     from flyarchive.testing import reference_frames, simulate, tiny_model
     from flyarchive.testing_s3 import FaultProxy
 
@@ -477,10 +489,10 @@ def s3_record_trial(server: Any, plan: Any, url: str, *, n_worlds: int = 2, n_fr
     if error is None and outcome == "equal" and n != n_frames:
         outcome = "lost-commit"
     if error is not None and outcome == "equal":
-        outcome = "clean-failure" if isinstance(error, FlyarchiveError) else "unclear-error"
+        outcome = _error_outcome(error)
     if error is not None and outcome == "lost-commit" and committed == 0:
         # failed before the first commit: acceptable if nothing or an empty archive is there
-        outcome = "clean-failure" if isinstance(error, FlyarchiveError) else "unclear-error"
+        outcome = _error_outcome(error)
     return S3FaultResult("record", plan.seed, stats, outcome,
                          "" if error is None else repr(error), n)
 
@@ -516,7 +528,6 @@ def _through_proxy(server: Any, plan: Any, operation: str, run: Callable[[dict[s
                    expected: Any) -> S3FaultResult:
     import xarray as xr
 
-    from flyarchive.errors import FlyarchiveError
     from flyarchive.testing_s3 import FaultProxy
 
     with FaultProxy(server.endpoint_url, plan) as proxy:
@@ -527,7 +538,7 @@ def _through_proxy(server: Any, plan: Any, operation: str, run: Callable[[dict[s
             actual, error = None, err
         stats = proxy.stats()
     if error is not None:
-        outcome = "clean-failure" if isinstance(error, FlyarchiveError) else "unclear-error"
+        outcome = _error_outcome(error)
         return S3FaultResult(operation, plan.seed, stats, outcome, repr(error))
     if isinstance(expected, xr.Dataset):
         same = expected.identical(actual)
