@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+import os
 import subprocess
 import sys
 import threading
@@ -28,6 +29,9 @@ pytestmark = [requires_warp, pytest.mark.timeout(900)]
 NWORLD = 4
 
 
+# Warp's CPU device in CI; FLYARCHIVE_TEST_WARP_DEVICE=cuda runs the same tests on a GPU.
+DEVICE = os.environ.get("FLYARCHIVE_TEST_WARP_DEVICE", "cpu")
+
 @pytest.fixture(scope="module")
 def sim():
     """The tiny model on the host and on Warp's CPU device (kernels compile once per module)."""
@@ -36,7 +40,7 @@ def sim():
 
     wp.config.quiet = True
     model = tiny_model()
-    with wp.ScopedDevice("cpu"), warnings.catch_warnings():
+    with wp.ScopedDevice(DEVICE), warnings.catch_warnings():
         warnings.simplefilter("ignore", UserWarning)  # mujoco-warp's MULTICCD notice
         mjw_model = mjw.put_model(model)
     return model, mjw_model
@@ -49,7 +53,7 @@ def new_data(sim):
 
     model, _ = sim
     rng = np.random.default_rng(0)
-    with wp.ScopedDevice("cpu"):
+    with wp.ScopedDevice(DEVICE):
         d = mjw.make_data(model, nworld=NWORLD)
         d.qvel.assign(rng.normal(0.0, 1.0, (NWORLD, model.nv)).astype(np.float32))
         d.ctrl.assign(rng.normal(0.0, 0.3, (NWORLD, model.nu)).astype(np.float32))
@@ -79,7 +83,7 @@ def run(sim, d, recorder, n_steps, *, worlds=None, first_step=0, timing=None, on
             for key in ("qpos", "mocap_pos", "mocap_quat"):
                 frames[key].append(getattr(d, key).numpy()[worlds])
 
-    with wp.ScopedDevice("cpu"):
+    with wp.ScopedDevice(DEVICE):
         observe(first_step)
         for step in range(first_step + 1, first_step + n_steps + 1):
             phase = 0.05 * step + np.arange(NWORLD)

@@ -6,6 +6,7 @@ import copy
 import importlib.util
 import json
 import math
+import os
 from pathlib import Path
 
 import mujoco
@@ -27,7 +28,9 @@ requires_warp = pytest.mark.skipif(
 pytestmark = [requires_warp, pytest.mark.timeout(600)]
 
 SIZE = (48, 64)  # (height, width)
-WARP = RenderOptions(backend="warp-cpu", size=SIZE, batch_worlds=8)
+# Warp's CPU device in CI; FLYARCHIVE_TEST_WARP_BACKEND=gpu runs these tests on a GPU.
+BACKEND = os.environ.get("FLYARCHIVE_TEST_WARP_BACKEND", "warp-cpu")
+WARP = RenderOptions(backend=BACKEND, size=SIZE, batch_worlds=8)
 SLIDER_FRAMES = 11  # not a multiple of the batch: videos straddle batches
 
 
@@ -145,12 +148,12 @@ def test_one_video_per_world_and_camera_with_every_frame(tiny_archive, tmp_path)
         assert frames.std() > 5  # a scene, not a blank frame
     manifest = json.loads(Path(result.manifest).read_text())
     assert [v["path"] for v in manifest["videos"]] == [v["path"] for v in result.videos]
-    assert manifest["backend"] == "warp-cpu"
+    assert manifest["backend"] == BACKEND
 
 
 def test_decoded_frame_k_shows_the_block_where_qpos_k_puts_it(slider_archive, tmp_path):
     url, qpos = slider_archive
-    options = RenderOptions(backend="warp-cpu", size=SIZE, batch_worlds=4)
+    options = RenderOptions(backend=BACKEND, size=SIZE, batch_worlds=4)
 
     result = render_videos(url, slider_model(), "front", str(tmp_path / "v"), options=options)
 
@@ -178,7 +181,7 @@ def test_cpu_recording_replays_like_the_opengl_backend(tiny_archive, tmp_path):
     model.vis.quality.offsamples = 0  # OpenGL samples pixel centres, as the ray tracer does
     fine = VideoOptions(crf=10)  # at 48x64, crf 23 blurs the bodies' colours into the floor
     cpu = RenderOptions(backend="cpu", size=SIZE, video=fine)
-    warp = RenderOptions(backend="warp-cpu", size=SIZE, batch_worlds=8, video=fine)
+    warp = RenderOptions(backend=BACKEND, size=SIZE, batch_worlds=8, video=fine)
 
     expected = render_videos(tiny_archive, model, "front", str(tmp_path / "gl"), options=cpu,
                              n_workers=0)
@@ -212,7 +215,7 @@ def test_overwrite_replaces_existing_videos(slider_archive, tmp_path):
     out = tmp_path / "v"
     render_videos(url, slider_model(), "front", str(out), worlds=[0], time=(0.0, 0.02),
                   options=WARP)
-    options = RenderOptions(backend="warp-cpu", size=SIZE, batch_worlds=8, overwrite=True)
+    options = RenderOptions(backend=BACKEND, size=SIZE, batch_worlds=8, overwrite=True)
 
     result = render_videos(url, slider_model(), "front", str(out), worlds=[0], options=options)
 
