@@ -26,7 +26,7 @@ def plot_traces(
         url: Archive URL.
         world: World id.
         out: PNG path.
-        dofs: dof labels (default: up to six hinge/slide joints, the first ones).
+        dofs: dof labels (default: the first six hinge or slide joints).
 
     Raises:
         SelectionError: unknown world or dof label (the message lists what exists).
@@ -43,7 +43,9 @@ def plot_traces(
     if world not in ids:
         raise SelectionError(f"World {world!r} is not in the archive; it has {ids[:20]}.")
     labels = [str(d) for d in ds.dof.values]
-    chosen = list(dofs) if dofs else [d for d in labels if "/" not in d][:6] or labels[:6]
+    layout = ds.attrs["layout"]
+    hinges = [n for n, t in zip(layout["joint_names"], layout["joint_types"]) if t in ("hinge", "slide")]
+    chosen = list(dofs) if dofs else hinges[:6] or labels[:6]
     unknown = [d for d in chosen if d not in labels]
     if unknown:
         raise SelectionError(
