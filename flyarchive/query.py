@@ -11,7 +11,7 @@ import zarr
 
 from flyarchive.errors import CorruptArchiveError, SchemaError
 from flyarchive.schema import STATE_VARS, validate
-from flyarchive.store import open_group
+from flyarchive.store import open_group, unavailable
 
 __all__ = [
     "open_archive", "open_stored", "time_extents", "damaged_metadata", "corrupt_read",
@@ -115,6 +115,10 @@ def open_archive(url: str, storage_options: Mapping[str, Any] | None = None) -> 
         qpos = group["qpos"]
         shards = qpos.shards or qpos.chunks
         ds = open_stored(group, {"world": shards[0], "time": shards[1]})
+    except (OSError, TimeoutError) as err:
+        if isinstance(err, FileNotFoundError):
+            raise damaged_metadata(url, group, err) from None
+        raise unavailable(url, err) from None
     except Exception as err:  # zarr/xarray report damaged metadata in many ways
         raise damaged_metadata(url, group, err) from None
     validate(ds)

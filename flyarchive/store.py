@@ -126,10 +126,28 @@ def access_denied(url: str, err: BaseException) -> StorageError:
     )
 
 
+def unavailable(url: str, err: BaseException) -> StorageError:
+    """The error for storage that failed to answer (after the client's retries)."""
+    return StorageError(
+        f"Reading {url!r} failed ({type(err).__name__}: {err}); the storage did not answer "
+        "after retries. Nothing was changed; retry later."
+    )
+
+
 def refuse_existing(url: str, storage_options: Mapping[str, Any] | None = None) -> None:
     """Raise :class:`ArchiveExistsError` if anything is at ``url``."""
     if archive_exists(open_store(url, storage_options)):
         raise _exists_error(url)
+
+
+def _never_completed(store: zarr.abc.store.Store) -> bool:
+    """True for a flyarchive group whose creation was interrupted (no ``n_frames`` array:
+    it is created last, so nothing was ever committed)."""
+    try:
+        group = zarr.open_group(store, mode="r")
+        return group.attrs.get("flyarchive_schema") == SCHEMA_NAME and "n_frames" not in group
+    except Exception:
+        return False
 
 
 def _sync(coro: Any) -> Any:
@@ -155,6 +173,8 @@ def open_group(url: str, storage_options: Mapping[str, Any] | None = None, *, mo
             f"No archive at {url!r}: there is no zarr.json there. Check the URL, or record "
             "one with flyarchive.TrajectoryRecorder."
         ) from None
+    except OSError as err:
+        raise unavailable(url, err) from None
     except (ValueError, TypeError) as err:
         raise SchemaError(f"The zarr metadata at {url!r} is unreadable ({err}).") from None
     validate_attrs(group.attrs.asdict())
@@ -373,6 +393,9 @@ class ArchiveWriter:
         cls, url: str, spec: ArchiveSpec, mode: str, storage_options: Mapping[str, Any] | None
     ) -> "ArchiveWriter":
         store = open_store(url, storage_options)
+        if archive_exists(store) and _never_completed(store):
+            # A writer died while creating it: no frame was ever committed there.
+            _sync(store.delete_dir(""))
         if archive_exists(store):
             if mode == "a":
                 return cls.append(url, spec.layout, storage_options=storage_options, timing=spec.timing)
