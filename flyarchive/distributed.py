@@ -53,15 +53,19 @@ class RenderPlan:
 
         return safe_video_path(self.out, world_id, camera)
 
-    def segments(self, n_workers: int = 1) -> Iterator[tuple[Any, int, int]]:
+    def segments(self, n_workers: int | None = 1) -> Iterator[tuple[Any, int, int]]:
         """(job, start, stop) for every segment, in playing order per job.
 
         Segments are at most ``options.segment_frames`` long, shorter (down to 25
         frames) when that gives each of ``n_workers`` workers about four tasks.
+        ``n_workers=None`` (rendering in this process): one segment per video.
         """
         total = sum(job.n_frames for job in self.jobs)
-        step = max(min(self.options.segment_frames, 25),
-                   min(self.options.segment_frames, -(-total // (4 * max(n_workers, 1)))))
+        if n_workers is None:
+            step = max((job.n_frames for job in self.jobs), default=1)
+        else:
+            step = max(min(self.options.segment_frames, 25),
+                       min(self.options.segment_frames, -(-total // (4 * max(n_workers, 1)))))
         for job in self.jobs:
             for k0 in range(job.start, job.stop, step):
                 yield job, k0, min(k0 + step, job.stop)
@@ -265,7 +269,7 @@ def _progress(items: Iterable[Any], total: int, show: bool, what: str) -> Iterab
 
 def _run_here(plan: RenderPlan, blob: bytes, run_id: str) -> list[dict[str, Any]]:
     parts: dict[tuple[Any, str], list[str]] = {}
-    segments = list(plan.segments())
+    segments = list(plan.segments(None))  # nothing to parallelize here: whole videos
     try:
         for job, k0, k1 in _progress(segments, len(segments), plan.options.progress, "segments"):
             for camera, url in zip(plan.cameras, render_segment(plan, blob, run_id, job, k0, k1)):
