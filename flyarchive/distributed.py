@@ -28,7 +28,7 @@ import dask
 import mujoco
 import numpy as np
 
-from flyarchive.errors import CameraNotFoundError, OutputExistsError, missing_dependency
+from flyarchive.errors import OutputExistsError, missing_dependency
 
 __all__ = ["RenderPlan", "preflight", "run_plan", "render_segment", "join_segments", "render_block"]
 
@@ -83,18 +83,11 @@ def preflight(plan: RenderPlan, model: mujoco.MjModel) -> None:
     Raises:
         CameraNotFoundError, FrameSizeError, RenderBackendError, OutputExistsError.
     """
-    from flyarchive.replay.cpu import camera_names
+    from flyarchive.models import camera_ids
     from flyarchive.video import parse_video_size
 
     parse_video_size(plan.options.size)
-    names = camera_names(model)
-    unknown = [c for c in plan.cameras if c not in names]
-    if unknown or not plan.cameras:
-        raise CameraNotFoundError(
-            f"No camera {unknown[0] if unknown else None!r} in the model. Cameras: "
-            f"{', '.join(map(repr, names)) or 'none'}. Pass one of them, or add a camera to "
-            "the model before compiling it."
-        )
+    camera_ids(model, plan.cameras)
     if plan.options.overwrite:
         return
     fs, _ = _filesystem(plan.out, plan.out_storage_options)

@@ -257,14 +257,9 @@ def render_frames(
     import dask.array as da
 
     from flyarchive import distributed as dist
-    from flyarchive.replay.cpu import camera_names
+    from flyarchive.models import camera_ids
 
-    if camera not in camera_names(model):
-        from flyarchive.errors import CameraNotFoundError
-
-        raise CameraNotFoundError(
-            f"No camera {camera!r} in the model. Cameras: {', '.join(camera_names(model))}."
-        )
+    camera_ids(model, camera)
     ds = open_archive(source, storage_options)
     _check_model(ds, model)
     jobs = select_frames(ds, worlds, time)

@@ -31,11 +31,11 @@ import numpy as np  # noqa: E402
 from numpy.typing import ArrayLike  # noqa: E402
 
 from flyarchive.errors import (  # noqa: E402
-    CameraNotFoundError,
     FrameSizeError,
     LayoutMismatchError,
     RenderBackendError,
 )
+from flyarchive.models import camera_ids, camera_names  # noqa: E402
 from flyarchive.replay.kinematics import set_state  # noqa: E402
 
 __all__ = ["CpuRenderer", "headless_renderer", "pin_rasterizer_threads", "camera_names"]
@@ -61,14 +61,6 @@ def pin_rasterizer_threads(n: int = 1) -> str:
     if not isinstance(n, int) or isinstance(n, bool) or n < 0:
         raise ValueError(f"n must be a non-negative integer, got {n!r}.")
     return os.environ.setdefault("LP_NUM_THREADS", str(n))
-
-
-def camera_names(model: mujoco.MjModel) -> tuple[str, ...]:
-    """The names of the model's cameras, in id order (unnamed ones as ``camera{i}``)."""
-    return tuple(
-        mujoco.mj_id2name(model, mujoco.mjtObj.mjOBJ_CAMERA, i) or f"camera{i}"
-        for i in range(model.ncam)
-    )
 
 
 class CpuRenderer:
@@ -109,7 +101,7 @@ class CpuRenderer:
     ) -> None:
         self._renderer: Any = None
         names = (cameras,) if isinstance(cameras, str) else tuple(cameras)
-        self._camera_ids = _camera_ids(model, names)
+        self._camera_ids = camera_ids(model, names)
         self.cameras: tuple[str, ...] = names
         self.size: tuple[int, int] = _parse_size(size)
         self.model = model
@@ -222,28 +214,6 @@ class CpuRenderer:
                 out=frames[k],
             )
         return frames
-
-
-def _camera_ids(model: mujoco.MjModel, names: tuple[str, ...]) -> tuple[int, ...]:
-    if not names:
-        raise CameraNotFoundError(
-            f"No camera asked for. Cameras in the model: {_listing(model)}. Pass at least one."
-        )
-    ids = []
-    for name in names:
-        camera_id = mujoco.mj_name2id(model, mujoco.mjtObj.mjOBJ_CAMERA, str(name))
-        if not isinstance(name, str) or camera_id < 0:
-            raise CameraNotFoundError(
-                f"No camera {name!r} in the model. Cameras: {_listing(model)}. "
-                "Pass one of them, or add a camera to the model before compiling it."
-            )
-        ids.append(camera_id)
-    return tuple(ids)
-
-
-def _listing(model: mujoco.MjModel) -> str:
-    names = camera_names(model)
-    return ", ".join(repr(n) for n in names) if names else "none"
 
 
 def _parse_size(size: tuple[int, int]) -> tuple[int, int]:

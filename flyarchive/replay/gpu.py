@@ -19,13 +19,13 @@ import mujoco
 import numpy as np
 
 from flyarchive.errors import (
-    CameraNotFoundError,
     FrameSizeError,
     LayoutMismatchError,
     NonFiniteStateError,
     SelectionError,
     missing_dependency,
 )
+from flyarchive.models import camera_ids
 from flyarchive.replay.warp_model import prepare_for_batch_rendering
 
 try:
@@ -315,25 +315,8 @@ class WarpBatchRenderer:
 
 
 def _parse_cameras(model: mujoco.MjModel, cameras: str | Sequence[str]) -> tuple[str, ...]:
-    names = (cameras,) if isinstance(cameras, str) else tuple(cameras)
-    existing = [model.camera(i).name for i in range(model.ncam)]
-    if not names:
-        raise CameraNotFoundError(
-            f"No camera was asked for. Cameras: {', '.join(map(repr, existing)) or 'none'}. "
-            "Pass at least one camera name."
-        )
-    for name in names:
-        if name not in existing:
-            raise CameraNotFoundError(
-                f"No camera {name!r} in the model. "
-                f"Cameras: {', '.join(map(repr, existing)) or 'none'}. "
-                "Pass one of them, or add a camera to the model before compiling it."
-            )
-    if len(set(names)) != len(names):
-        raise CameraNotFoundError(
-            f"Cameras {names!r} name one camera twice. Pass each camera once."
-        )
-    return names
+    camera_ids(model, cameras)  # raises CameraNotFoundError with the model's cameras
+    return (cameras,) if isinstance(cameras, str) else tuple(cameras)
 
 
 def _parse_size(size: Any) -> tuple[int, int]:

@@ -1,0 +1,22 @@
+"""The package's import surface."""
+
+import subprocess
+import sys
+
+
+def test_import_flyarchive_imports_no_warp_dask_distributed_or_s3fs():
+    code = ("import sys, flyarchive; print(sorted({m.split('.')[0] for m in sys.modules} & "
+            "{'warp', 'mujoco_warp', 'distributed', 's3fs', 'flygym'}))")
+
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+
+    assert out.stdout.strip() == "[]"
+
+
+def test_public_api_is_reexported_lazily():
+    import flyarchive
+
+    assert callable(flyarchive.render_videos)
+    assert callable(flyarchive.open_archive)
+    assert flyarchive.TrajectoryRecorder.__name__ == "TrajectoryRecorder"
+    assert issubclass(flyarchive.ArchiveExistsError, FileExistsError)
