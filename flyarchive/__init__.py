@@ -26,7 +26,7 @@ _LAZY = {
     "render_frames": "flyarchive.render",
     "import_npz": "flyarchive.interop.flygym_npz",
     "export_npz": "flyarchive.interop.flygym_npz",
-    "verify": "flyarchive.verify",
+    "verify": "flyarchive.integrity",
 }
 
 __all__ = [

@@ -98,7 +98,7 @@ def cmd_export_npz(args: argparse.Namespace) -> int:
 
 
 def cmd_verify(args: argparse.Namespace) -> int:
-    from flyarchive.verify import verify
+    from flyarchive.integrity import verify
 
     report = verify(args.url, _storage_options(args.storage_options))
     if report.ok:

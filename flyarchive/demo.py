@@ -51,7 +51,7 @@ def run_demo(
     from flyarchive.plot import plot_traces
     from flyarchive.record.cpu import TrajectoryRecorder
     from flyarchive.summary import summarize
-    from flyarchive.verify import verify
+    from flyarchive.integrity import verify
 
     out = Path(out)
     url = str(out / "demo.zarr")

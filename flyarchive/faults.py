@@ -4,7 +4,7 @@ Used by ``tests/test_reliability.py`` and ``scripts/reliability_report.py``.
 :func:`kill_trial` starts a recording in a child process (``python -m
 flyarchive.faults``), SIGKILLs it at a seeded random point, reopens the archive,
 compares every committed frame with a deterministic regeneration of the
-simulation, runs :func:`flyarchive.verify.verify`, resumes the recording with
+simulation, runs :func:`flyarchive.verify`, resumes the recording with
 ``mode="a"`` and checks that the resumed archive equals the full reference.
 
 The child prints one line per recorded frame, ``<recorded> <committed>``, so the
@@ -294,7 +294,7 @@ def _compare(ds: Any, ref: dict[str, np.ndarray], n: int, what: str, problems: l
 def _check_archive(url: str, result: KillResult) -> int:
     from flyarchive import open_archive
     from flyarchive.store import open_group
-    from flyarchive.verify import verify
+    from flyarchive.integrity import verify
 
     try:
         ds = open_archive(url)
@@ -434,7 +434,7 @@ def _archive_outcome(url: str, options: dict[str, Any], ref: dict[str, np.ndarra
                      min_committed: int) -> tuple[str, int]:
     """Judge an archive after a (possibly failed) recording, through a clean connection."""
     from flyarchive import open_archive
-    from flyarchive.verify import verify
+    from flyarchive.integrity import verify
 
     try:
         ds = open_archive(url, options)

@@ -114,7 +114,7 @@ def run_corruptions(workdir: Path) -> list[dict[str, Any]]:
 
     from flyarchive import TrajectoryRecorder
     from flyarchive.testing import simulate, tiny_model
-    from flyarchive.verify import verify
+    from flyarchive.integrity import verify
 
     model = tiny_model()
     sound = workdir / "sound.zarr"

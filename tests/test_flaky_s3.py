@@ -16,7 +16,7 @@ from flyarchive.errors import StorageError
 from flyarchive.faults import s3_read_trial, s3_record_trial, s3_render_trial
 from flyarchive.testing import reference_frames, simulate, tiny_model
 from flyarchive.testing_s3 import FaultPlan, FaultProxy
-from flyarchive.verify import verify
+from flyarchive.integrity import verify
 
 pytestmark = pytest.mark.timeout(300)
 BUCKET = "flyarchive-test"  # created by the s3_server fixture

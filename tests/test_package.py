@@ -20,3 +20,10 @@ def test_public_api_is_reexported_lazily():
     assert callable(flyarchive.open_archive)
     assert flyarchive.TrajectoryRecorder.__name__ == "TrajectoryRecorder"
     assert issubclass(flyarchive.ArchiveExistsError, FileExistsError)
+
+
+def test_verify_stays_a_function_after_its_module_is_imported():
+    import flyarchive
+    import flyarchive.integrity  # noqa: F401
+
+    assert flyarchive.verify is flyarchive.integrity.verify

@@ -13,7 +13,7 @@ from flyarchive import TrajectoryRecorder
 from flyarchive.cli import main
 from flyarchive.faults import KillConfig, kill_trial
 from flyarchive.testing import simulate
-from flyarchive.verify import verify
+from flyarchive.integrity import verify
 
 PACKAGE = Path(__file__).resolve().parents[1] / "flyarchive"
 
