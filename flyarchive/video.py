@@ -200,9 +200,10 @@ class VideoWriter:
         self.open()
         assert self._encoder is not None
         try:
-            for frame in block:
-                self._encoder.send(np.ascontiguousarray(frame))
-                self.n_frames += 1
+            # One pipe write for the whole block: ffmpeg's rawvideo input reads frames
+            # back to back, and the write releases the GIL while ffmpeg consumes it.
+            self._encoder.send(np.ascontiguousarray(block))
+            self.n_frames += len(block)
         except OSError as err:
             self.abort()
             raise VideoEncodeError(f"ffmpeg stopped while encoding {str(self.path)!r}: {err}")
