@@ -334,3 +334,18 @@ def test_importing_flyarchive_and_warp_model_does_not_import_warp():
 
     assert result.returncode == 0, result.stderr
 
+
+
+def test_host_buffer_ring_keeps_each_batch_until_it_is_reused(slider):
+    from flyarchive.replay.gpu import WarpBatchRenderer
+
+    model, copying = slider
+    qpos = np.linspace(-0.5, 0.5, 3 * BATCH).reshape(3, BATCH, 1)
+    expected = [copying.render_batch(q) for q in qpos]
+    ring = WarpBatchRenderer(model, "front", SIZE, batch_worlds=BATCH, device="cpu", host_buffers=3)
+
+    actual = [ring.render_batch(q) for q in qpos]
+
+    for a, e in zip(actual, expected):
+        np.testing.assert_array_equal(a, e)
+    assert not np.array_equal(actual[0], actual[2])

@@ -95,6 +95,10 @@ class WarpBatchRenderer:
             Device memory grows linearly with it.
         device: Warp device (``"cuda:0"``, ``"cpu"``...). ``None`` uses Warp's
             default device (the first GPU when there is one, else the CPU).
+        host_buffers: Pinned host buffers for frames. 1 (default): each
+            :meth:`render_batch` returns a new array. ``k > 1``: it returns a view of
+            buffer ``i % k``, valid until ``k`` more batches are rendered (no host copy;
+            for pipelines that keep at most ``k - 1`` batches in flight).
 
     Raises:
         CameraNotFoundError: A camera is not in the model.
@@ -110,8 +114,13 @@ class WarpBatchRenderer:
         *,
         batch_worlds: int = 64,
         device: str | None = None,
+        host_buffers: int = 1,
     ) -> None:
         self._camera_names = _parse_cameras(model, cameras)
+        if int(host_buffers) < 1:
+            raise ValueError(f"host_buffers={host_buffers!r} must be at least 1.")
+        self._n_host = int(host_buffers)
+        self._next_host = 0
         self._size = _parse_size(size)
         if int(batch_worlds) < 1:
             raise ValueError(
@@ -248,9 +257,10 @@ class WarpBatchRenderer:
         )
         self._states_device = wp.zeros((b, self._nstate), dtype=wp.float32)
         self._rgb_device = wp.zeros((b, ncam, height * width, 3), dtype=wp.uint8)
-        self._rgb_host = wp.zeros(
-            (b, ncam, height * width, 3), dtype=wp.uint8, device="cpu", pinned=pinned
-        )
+        self._rgb_hosts = [
+            wp.zeros((b, ncam, height * width, 3), dtype=wp.uint8, device="cpu", pinned=pinned)
+            for _ in range(self._n_host)
+        ]
 
     def _upload(
         self,
@@ -308,10 +318,14 @@ class WarpBatchRenderer:
             inputs=[rc.rgb_data, rc.rgb_adr],
             outputs=[self._rgb_device],
         )
-        wp.copy(self._rgb_host, self._rgb_device, count=n * ncam * height * width * 3)
+        host = self._rgb_hosts[self._next_host]
+        wp.copy(host, self._rgb_device, count=n * ncam * height * width * 3)
         wp.synchronize_device(self._device)
-        frames = self._rgb_host.numpy()[:n]
-        return frames.reshape(n, ncam, height, width, 3).copy()
+        frames = host.numpy()[:n].reshape(n, ncam, height, width, 3)
+        if self._n_host == 1:
+            return frames.copy()
+        self._next_host = (self._next_host + 1) % self._n_host
+        return frames  # a view of a pinned buffer, reused host_buffers batches later
 
 
 def _parse_cameras(model: mujoco.MjModel, cameras: str | Sequence[str]) -> tuple[str, ...]:

@@ -171,18 +171,25 @@ _renderers: dict[tuple[Any, ...], Any] = {}
 _renderers_lock = threading.Lock()
 
 
+def _in_flight() -> int:
+    """Rendered batches that may wait for their encoders at once (memory: that many)."""
+    return int(os.environ.get("FLYARCHIVE_BATCHES_IN_FLIGHT", 0)) or _BATCHES_IN_FLIGHT
+
+
 def _renderer(blob: bytes, cameras: tuple[str, ...], size: tuple[int, int],
               batch_worlds: int, device: str) -> Any:
     """One cached :class:`WarpBatchRenderer` per process (the last one asked for)."""
     from flyarchive.distributed import _model
     from flyarchive.replay.gpu import WarpBatchRenderer
 
-    key = (hashlib.sha256(blob).hexdigest(), cameras, tuple(size), batch_worlds, device)
+    buffers = _in_flight() + 1  # a batch's frames stay valid until it is encoded
+    key = (hashlib.sha256(blob).hexdigest(), cameras, tuple(size), batch_worlds, device, buffers)
     if key not in _renderers:
         _renderers.clear()
         # WarpBatchRenderer prepares a copy with prepare_for_batch_rendering.
         _renderers[key] = WarpBatchRenderer(
-            _model(blob), cameras, size, batch_worlds=batch_worlds, device=device
+            _model(blob), cameras, size, batch_worlds=batch_worlds, device=device,
+            host_buffers=buffers,
         )
     return _renderers[key]
 
@@ -391,8 +398,7 @@ class _Encoders:
         self._video = video if video.threads is not None else dataclasses.replace(video, threads=1)
         STATS["encoder_threads"] = n_threads
         self._queues: list[queue.Queue[Any]] = [queue.Queue() for _ in range(n_threads)]
-        self._slots = threading.Semaphore(
-            int(os.environ.get("FLYARCHIVE_BATCHES_IN_FLIGHT", 0)) or _BATCHES_IN_FLIGHT)
+        self._slots = threading.Semaphore(_in_flight())
         self._lock = threading.Lock()
         self._pending: dict[int, int] = {}  # id(frames) -> pieces not yet encoded
         self._writers: dict[tuple[int, int], Any] = {}
