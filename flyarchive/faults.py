@@ -388,7 +388,7 @@ S3_OUTCOMES = (
 
 @dataclass
 class S3FaultResult:
-    """One operation (record, read, render) through :class:`~flyarchive.testing_s3.FaultProxy`.
+    """One operation (record, read, render) through :class:`~flyarchive.faultproxy.FaultProxy`.
 
     Attributes:
         operation: ``"record"``, ``"read"`` or ``"render"``.
@@ -460,12 +460,12 @@ def s3_record_trial(server: Any, plan: Any, url: str, *, n_worlds: int = 2, n_fr
 
     Args:
         server: A running :class:`~flyarchive.testing_s3.S3Server` (the bucket must exist).
-        plan: The :class:`~flyarchive.testing_s3.FaultPlan` for the proxy.
+        plan: The :class:`~flyarchive.faultproxy.FaultPlan` for the proxy.
         url: ``s3://bucket/key`` of a new archive.
     """
     from flyarchive import TrajectoryRecorder
     from flyarchive.testing import reference_frames, simulate, tiny_model
-    from flyarchive.testing_s3 import FaultProxy
+    from flyarchive.faultproxy import FaultProxy
 
     model = tiny_model()
     steps = 4 * (n_frames - 1)
@@ -528,7 +528,7 @@ def _through_proxy(server: Any, plan: Any, operation: str, run: Callable[[dict[s
                    expected: Any) -> S3FaultResult:
     import xarray as xr
 
-    from flyarchive.testing_s3 import FaultProxy
+    from flyarchive.faultproxy import FaultProxy
 
     with FaultProxy(server.endpoint_url, plan) as proxy:
         try:

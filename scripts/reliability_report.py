@@ -74,7 +74,8 @@ def run_s3(n: int) -> list[dict[str, Any]]:
     """``n`` trials each of record, read and render through the fault proxy."""
     from flyarchive import TrajectoryRecorder
     from flyarchive.testing import simulate, tiny_model
-    from flyarchive.testing_s3 import FaultPlan, S3Server
+    from flyarchive.faultproxy import FaultPlan
+    from flyarchive.testing_s3 import S3Server
 
     rows = []
     with S3Server() as server:

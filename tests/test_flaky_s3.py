@@ -15,7 +15,7 @@ from flyarchive import TrajectoryRecorder, open_archive
 from flyarchive.errors import StorageError
 from flyarchive.faults import s3_read_trial, s3_record_trial, s3_render_trial
 from flyarchive.testing import reference_frames, simulate, tiny_model
-from flyarchive.testing_s3 import FaultPlan, FaultProxy
+from flyarchive.faultproxy import FaultPlan, FaultProxy
 from flyarchive.integrity import verify
 
 pytestmark = pytest.mark.timeout(300)

@@ -6,7 +6,7 @@ import xarray as xr
 
 from flyarchive import TrajectoryRecorder, open_archive
 from flyarchive.clock import FrameClock, Timing
-from flyarchive.errors import ArchiveExistsError, LayoutMismatchError, NonFiniteStateError
+from flyarchive.errors import ArchiveExistsError, LayoutMismatchError
 from flyarchive.testing import simulate, slider_model
 
 
@@ -141,24 +141,6 @@ def test_appending_with_another_model_names_the_difference(tiny, tmp_path):
 
     with pytest.raises(LayoutMismatchError, match="archive has nq=13"):
         simulate(slider_model(), 2, 5, recorder.record_as_needed)
-
-
-def test_non_finite_state_is_refused_and_earlier_frames_kept(tiny, tmp_path):
-    url = str(tmp_path / "nan.zarr")
-    recorder = TrajectoryRecorder(url, tiny, chunk_frames=4)
-
-    def on_step(datas):
-        if datas[0].time > 0.05:
-            datas[1].qpos[3] = np.nan
-        recorder.record_as_needed(datas)
-
-    with pytest.raises(NonFiniteStateError, match=r"world\(s\) \[1\]"):
-        simulate(tiny, 2, 100, on_step)
-    recorder.close()
-
-    ds = open_archive(url)
-    assert ds.sizes["time"] == 7
-    assert np.isfinite(ds.qpos.values).all()
 
 
 def test_uncommitted_frames_are_masked(tiny, tmp_path):

@@ -24,12 +24,8 @@ import botocore.exceptions  # noqa: E402
 import fsspec  # noqa: E402
 import zarr  # noqa: E402
 
-from flyarchive.testing_s3 import (  # noqa: E402
-    FaultPlan,
-    FaultProxy,
-    S3Server,
-    S3ServerStartError,
-)
+from flyarchive.faultproxy import FaultPlan, FaultProxy  # noqa: E402
+from flyarchive.testing_s3 import S3Server, S3ServerStartError  # noqa: E402
 
 pytestmark = pytest.mark.timeout(120)
 
