@@ -9,7 +9,6 @@ import math
 import os
 from pathlib import Path
 
-import mujoco
 import numpy as np
 import pytest
 
