@@ -226,11 +226,30 @@ def _write_manifest(plan: Any, ds: xr.Dataset, videos: list[dict[str, Any]]) -> 
         "videos": videos,
     }
     url = f"{plan.out}/manifest.json"
+    earlier = _read_manifest(url, plan.out_storage_options)
+    if earlier.get("archive") == plan.url:  # keep the videos an earlier run left there
+        paths = {v["path"] for v in videos}
+        manifest["videos"] = [v for v in earlier.get("videos", []) if v.get("path") not in paths]
+        manifest["videos"] += videos
+        manifest["worlds"] = sorted({v["world"] for v in manifest["videos"]})
+        manifest["cameras"] = sorted({v["camera"] for v in manifest["videos"]})
     with tempfile.TemporaryDirectory(prefix="flyarchive-manifest-") as tmp:
         local = Path(tmp) / "manifest.json"
         local.write_text(json.dumps(manifest, indent=2))
         write_output(local, url, plan.out_storage_options, overwrite=True)
     return url
+
+
+def _read_manifest(url: str, storage_options: Mapping[str, Any]) -> dict[str, Any]:
+    """An earlier run's manifest at ``url``, or ``{}`` when there is none or it is unreadable."""
+    import fsspec
+
+    try:
+        with fsspec.open(url, "r", **dict(storage_options)) as f:
+            value = json.load(f)
+    except (OSError, ValueError):
+        return {}
+    return value if isinstance(value, dict) else {}
 
 
 def render_frames(

@@ -147,3 +147,14 @@ def test_overwrite_replaces_the_video(tiny, tiny_archive, tmp_path):
                   n_workers=0)
 
     assert read_video(out / "world00003" / "front.mp4").shape[0] == 2
+
+
+def test_manifest_keeps_videos_of_an_earlier_run_into_the_same_folder(tiny, tiny_archive, tmp_path):
+    out = tmp_path / "v"
+    render_videos(tiny_archive, tiny, "front", str(out), worlds=[3], options=SMALL, n_workers=0)
+
+    render_videos(tiny_archive, tiny, "top", str(out), worlds=[7], options=SMALL, n_workers=0)
+
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert sorted((v["world"], v["camera"]) for v in manifest["videos"]) == [(3, "front"), (7, "top")]
+    assert manifest["worlds"] == [3, 7]
