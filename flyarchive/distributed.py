@@ -14,7 +14,6 @@ import functools
 import hashlib
 import json
 import os
-import shutil
 import tempfile
 import threading
 import uuid
@@ -118,7 +117,8 @@ def _model_from_bytes(digest: str, blob: bytes) -> mujoco.MjModel:
         return mujoco.MjModel.from_binary_path(str(path))
 
 
-def _model(blob: bytes) -> mujoco.MjModel:
+def model_from_bytes(blob: bytes) -> mujoco.MjModel:
+    """The model from its MJB bytes (see :func:`flyarchive.render.model_bytes`), cached."""
     return _model_from_bytes(hashlib.sha256(blob).hexdigest(), blob)
 
 
@@ -143,7 +143,7 @@ def _cpu_renderer(blob: bytes, cameras: tuple[str, ...], size: tuple[int, int]) 
         for old in cache.values():
             old.close()
         cache.clear()
-        cache[key] = CpuRenderer(_model(blob), cameras, size)
+        cache[key] = CpuRenderer(model_from_bytes(blob), cameras, size)
         if not _renderers:  # after MuJoCo's own atexit (eglTerminate): runs before it
             atexit.register(_close_renderers)
         _renderers.append(cache[key])
@@ -306,8 +306,6 @@ def _remove_parts_dir(plan: RenderPlan, run_id: str) -> None:
             fs.rm(path, recursive=True)
     except FileNotFoundError:
         pass
-    if "://" not in plan.out:
-        shutil.rmtree(path, ignore_errors=True)
 
 
 class _client:

@@ -8,7 +8,6 @@ of each (world, camera) into one mp4 without re-encoding.
 from __future__ import annotations
 
 import json
-import math
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
@@ -303,8 +302,3 @@ def render_frames(
                 "channel": ["r", "g", "b"]},
         name=camera, attrs={"camera": camera, "output_fps": ds.attrs["output_fps"]},
     )
-
-
-def n_segments(job: VideoJob, segment_frames: int) -> int:
-    """Segments a job is split into."""
-    return math.ceil(job.n_frames / segment_frames)

@@ -139,6 +139,11 @@ class WarpBatchRenderer:
     # -- public API --------------------------------------------------------------
 
     @property
+    def default_state(self) -> np.ndarray:
+        """``qpos0`` then the model's mocap positions and orientations, float32 ``(nstate,)``."""
+        return self._default_state
+
+    @property
     def camera_names(self) -> tuple[str, ...]:
         """Names of the rendered cameras, in the order of the output's camera axis."""
         return self._camera_names

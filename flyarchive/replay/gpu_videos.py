@@ -179,7 +179,7 @@ def _in_flight() -> int:
 def _renderer(blob: bytes, cameras: tuple[str, ...], size: tuple[int, int],
               batch_worlds: int, device: str) -> Any:
     """One cached :class:`WarpBatchRenderer` per process (the last one asked for)."""
-    from flyarchive.distributed import _model
+    from flyarchive.distributed import model_from_bytes
     from flyarchive.replay.gpu import WarpBatchRenderer
 
     buffers = _in_flight() + 1  # a batch's frames stay valid until it is encoded
@@ -188,7 +188,7 @@ def _renderer(blob: bytes, cameras: tuple[str, ...], size: tuple[int, int],
         _renderers.clear()
         # WarpBatchRenderer prepares a copy with prepare_for_batch_rendering.
         _renderers[key] = WarpBatchRenderer(
-            _model(blob), cameras, size, batch_worlds=batch_worlds, device=device,
+            model_from_bytes(blob), cameras, size, batch_worlds=batch_worlds, device=device,
             host_buffers=buffers,
         )
     return _renderers[key]
@@ -213,7 +213,6 @@ def render_jobs(plan: Any, blob: bytes, jobs: Sequence[Any], device: str) -> lis
         VideoEncodeError, StorageError, NonFiniteStateError (never for committed NaN
             frames: those render black, as on the CPU backend).
     """
-    from flyarchive.distributed import _model
     from flyarchive.query import open_archive
 
     jobs = tuple(jobs)
@@ -226,7 +225,7 @@ def render_jobs(plan: Any, blob: bytes, jobs: Sequence[Any], device: str) -> lis
         with tempfile.TemporaryDirectory(prefix="flyarchive-warp-") as tmp:
             encoders = _Encoders(plan, jobs, Path(tmp))
             try:
-                _render_batches(ds, jobs, batches, renderer, _default_state(_model(blob)),
+                _render_batches(ds, jobs, batches, renderer, renderer.default_state,
                                 encoders, options.progress)
                 entries = encoders.finish()
             except BaseException:
@@ -284,14 +283,6 @@ def _fill_invalid(qpos: np.ndarray, mocap_pos: np.ndarray | None, mocap_quat: np
         mocap_pos[~valid] = default[nq:nq + 3 * nm].reshape(nm, 3)
         mocap_quat[~valid] = default[nq + 3 * nm:].reshape(nm, 4)
     return valid
-
-
-def _default_state(model: Any) -> np.ndarray:
-    """``qpos0`` then the model's mocap positions and orientations, packed, float64 ``(nstate,)``."""
-    import mujoco
-
-    data = mujoco.MjData(model)
-    return np.concatenate([model.qpos0, data.mocap_pos.ravel(), data.mocap_quat.ravel()])
 
 
 # ----------------------------------------------------------------------------- reading
