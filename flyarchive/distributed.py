@@ -128,7 +128,10 @@ def _archive(url: str, storage_options: Mapping[str, Any]) -> Any:
     cache = _local.__dict__.setdefault("archives", {})
     key = (url, json.dumps(storage_options, sort_keys=True, default=str))
     if key not in cache:
-        cache[key] = open_archive(url, storage_options or None)
+        # Small reads (n_frames, time) on this thread: inside a task, Dask's default would
+        # send them to the cluster and let this worker start other segments meanwhile.
+        with dask.config.set(scheduler="synchronous"):
+            cache[key] = open_archive(url, storage_options or None)
     return cache[key]
 
 
