@@ -29,9 +29,15 @@ import numpy as np
 
 from flyarchive.errors import OutputExistsError, missing_dependency
 
-__all__ = ["RenderPlan", "preflight", "run_plan", "render_segment", "join_segments", "render_block"]
+__all__ = [
+    "RenderPlan", "preflight", "run_plan", "render_segment", "join_segments", "render_block",
+    "connect",
+]
 
-_WORKER_ENV = {"MUJOCO_GL": "egl", "LP_NUM_THREADS": "1", "OMP_NUM_THREADS": "1"}
+#: Worker processes of the default LocalCluster: one core each (one Mesa rasterizer
+#: thread, one x264 thread, one encoder thread on the Warp backends).
+_WORKER_ENV = {"MUJOCO_GL": "egl", "LP_NUM_THREADS": "1", "OMP_NUM_THREADS": "1",
+               "FLYARCHIVE_ENCODERS": "1", "FLYARCHIVE_WORKER": "1"}
 
 
 @dataclass(frozen=True)
@@ -247,11 +253,12 @@ def run_plan(plan: RenderPlan, blob: bytes, *, client: Any = None, scheduler: st
     if plan.options.backend != "cpu":
         from flyarchive.replay.gpu_videos import run_warp_plan
 
-        return run_warp_plan(plan, blob, client=client, scheduler=scheduler)
+        return run_warp_plan(plan, blob, client=client, scheduler=scheduler,
+                             n_workers=n_workers, in_process=in_process)
     run_id = uuid.uuid4().hex[:12]
     if in_process:
         return _run_here(plan, blob, run_id)
-    with _client(client, scheduler, n_workers) as dask_client:
+    with connect(client, scheduler, n_workers) as dask_client:
         return _run_dask(plan, blob, run_id, dask_client)
 
 
@@ -311,8 +318,13 @@ def _remove_parts_dir(plan: RenderPlan, run_id: str) -> None:
         pass
 
 
-class _client:
-    """Context manager: the given client, one connected to ``scheduler``, or a LocalCluster."""
+class connect:
+    """Context manager: the given client, one connected to ``scheduler``, or a LocalCluster.
+
+    The LocalCluster has ``n_workers`` (default: one per core) single-thread worker
+    processes, each pinned to one core's worth of threads (``_WORKER_ENV``). Clients
+    and clusters it made are closed on exit; a given client is left open.
+    """
 
     def __init__(self, client: Any, scheduler: str | None, n_workers: int | None) -> None:
         self._given, self._scheduler, self._n = client, scheduler, n_workers
@@ -331,7 +343,7 @@ class _client:
             n = self._n or os.cpu_count() or 1
             cluster = LocalCluster(
                 n_workers=n, threads_per_worker=1, processes=True, dashboard_address=None,
-                env={**_WORKER_ENV, "FLYARCHIVE_WORKER": "1"}, silence_logs=40,
+                env=dict(_WORKER_ENV), silence_logs=40,
             )
             self._own.append(cluster)
             client = Client(cluster)

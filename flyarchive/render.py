@@ -38,7 +38,8 @@ class RenderOptions:
             (mujoco-warp batch renderer on CUDA) or ``"warp-cpu"`` (the same renderer on
             Warp's CPU device).
         segment_frames: Frames per independently encoded segment (a Dask task).
-        batch_worlds: States per batch for the Warp backends.
+        batch_worlds: States per batch for the Warp backends (at most 16 on
+            ``"warp-cpu"``, whose CPU device renders them one after another).
         video: Encoder settings.
         overwrite: Replace existing videos.
         progress: Show a progress bar.

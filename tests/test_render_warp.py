@@ -33,6 +33,11 @@ WARP = RenderOptions(backend=BACKEND, size=SIZE, batch_worlds=8)
 SLIDER_FRAMES = 11  # not a multiple of the batch: videos straddle batches
 
 
+def render_here(*args, **kwargs):
+    """``render_videos`` in this process (warp-cpu would start a LocalCluster)."""
+    return render_videos(*args, n_workers=0, **kwargs)
+
+
 def record_tiny(url: str, n_worlds: int = 3, n_steps: int = 40) -> None:
     """A float64 CPU recording of the tiny model: 11 frames per world (every 4 steps)."""
     model = tiny_model()
@@ -137,7 +142,7 @@ def test_gpu_backend_without_cuda_suggests_the_cpu_backends():
 def test_one_video_per_world_and_camera_with_every_frame(tiny_archive, tmp_path):
     out = tmp_path / "videos"
 
-    result = render_videos(tiny_archive, tiny_model(), ["front", "top"], str(out), options=WARP)
+    result = render_here(tiny_archive, tiny_model(), ["front", "top"], str(out), options=WARP)
 
     expected = [(w, c) for w in (0, 1, 2) for c in ("front", "top")]
     assert [(v["world"], v["camera"]) for v in result.videos] == expected
@@ -154,7 +159,7 @@ def test_decoded_frame_k_shows_the_block_where_qpos_k_puts_it(slider_archive, tm
     url, qpos = slider_archive
     options = RenderOptions(backend=BACKEND, size=SIZE, batch_worlds=4)
 
-    result = render_videos(url, slider_model(), "front", str(tmp_path / "v"), options=options)
+    result = render_here(url, slider_model(), "front", str(tmp_path / "v"), options=options)
 
     for world, video in enumerate(result.videos):
         actual = block_columns(read_video(video["path"]))
@@ -165,7 +170,7 @@ def test_time_window_and_world_subset(slider_archive, tmp_path):
     url, qpos = slider_archive
     window = (0.03, 0.07)  # frames 3..7 (time = 0.01 k)
 
-    result = render_videos(url, slider_model(), "front", str(tmp_path / "v"), worlds=[1],
+    result = render_here(url, slider_model(), "front", str(tmp_path / "v"), worlds=[1],
                            time=window, options=WARP)
 
     (video,) = result.videos
@@ -182,9 +187,8 @@ def test_cpu_recording_replays_like_the_opengl_backend(tiny_archive, tmp_path):
     cpu = RenderOptions(backend="cpu", size=SIZE, video=fine)
     warp = RenderOptions(backend=BACKEND, size=SIZE, batch_worlds=8, video=fine)
 
-    expected = render_videos(tiny_archive, model, "front", str(tmp_path / "gl"), options=cpu,
-                             n_workers=0)
-    actual = render_videos(tiny_archive, model, "front", str(tmp_path / "warp"), options=warp)
+    expected = render_here(tiny_archive, model, "front", str(tmp_path / "gl"), options=cpu)
+    actual = render_here(tiny_archive, model, "front", str(tmp_path / "warp"), options=warp)
 
     for gl_video, warp_video in zip(expected.videos, actual.videos, strict=True):
         gl = bodies(read_video(gl_video["path"]))
@@ -203,20 +207,20 @@ def bodies(frames: np.ndarray) -> np.ndarray:
 def test_existing_videos_are_refused_without_overwrite(slider_archive, tmp_path):
     url, _ = slider_archive
     out = str(tmp_path / "v")
-    render_videos(url, slider_model(), "front", out, worlds=[0], options=WARP)
+    render_here(url, slider_model(), "front", out, worlds=[0], options=WARP)
 
     with pytest.raises(OutputExistsError, match="overwrite"):
-        render_videos(url, slider_model(), "front", out, worlds=[0], options=WARP)
+        render_here(url, slider_model(), "front", out, worlds=[0], options=WARP)
 
 
 def test_overwrite_replaces_existing_videos(slider_archive, tmp_path):
     url, _ = slider_archive
     out = tmp_path / "v"
-    render_videos(url, slider_model(), "front", str(out), worlds=[0], time=(0.0, 0.02),
+    render_here(url, slider_model(), "front", str(out), worlds=[0], time=(0.0, 0.02),
                   options=WARP)
     options = RenderOptions(backend=BACKEND, size=SIZE, batch_worlds=8, overwrite=True)
 
-    result = render_videos(url, slider_model(), "front", str(out), worlds=[0], options=options)
+    result = render_here(url, slider_model(), "front", str(out), worlds=[0], options=options)
 
     assert read_video(result.videos[0]["path"]).shape[0] == SLIDER_FRAMES
 
@@ -240,12 +244,40 @@ def test_batches_run_on_a_dask_worker_that_holds_a_gpu(slider_archive, tmp_path)
     assert any("_run_on_worker" in str(key) for key in ran)
 
 
-def test_a_cluster_without_gpu_workers_is_refused(slider_archive, tmp_path):
+def test_gpu_batches_on_a_cluster_without_gpu_workers_are_refused(slider_archive, tmp_path):
     from distributed import Client, LocalCluster
 
     url, _ = slider_archive
+    gpu = RenderOptions(backend="gpu", size=SIZE, batch_worlds=8)
     with LocalCluster(n_workers=1, processes=False, dashboard_address=None,
                       silence_logs=40) as cluster, Client(cluster) as client:
         with pytest.raises(RenderBackendError, match="resources GPU=1"):
-            render_videos(url, slider_model(), "front", str(tmp_path / "v"), options=WARP,
+            render_videos(url, slider_model(), "front", str(tmp_path / "v"), options=gpu,
                           client=client)
+
+    assert not (tmp_path / "v" / "world00000").exists()
+
+
+def test_warp_cpu_runs_on_a_local_cluster_unless_told_otherwise():
+    from flyarchive.replay.gpu_videos import runs_here
+
+    assert not runs_here("warp-cpu", 4, n_workers=2)
+    assert runs_here("warp-cpu", 4, n_workers=0)
+    assert runs_here("warp-cpu", 4, n_workers=2, in_process=True)
+    assert runs_here("warp-cpu", 1, n_workers=2)  # one video: nothing to spread
+    assert runs_here("gpu", 4, n_workers=2)  # one process drives one GPU
+    assert not runs_here("gpu", 4, scheduler="tcp://127.0.0.1:8786")
+
+
+@pytest.mark.skipif(BACKEND != "warp-cpu", reason="the LocalCluster default is warp-cpu's")
+def test_local_cluster_videos_equal_the_in_process_ones(slider_archive, tmp_path):
+    url, _ = slider_archive
+
+    here = render_here(url, slider_model(), "front", str(tmp_path / "here"), options=WARP)
+    spread = render_videos(url, slider_model(), "front", str(tmp_path / "spread"),
+                           options=WARP, n_workers=2)
+
+    assert [v["world"] for v in spread.videos] == [0, 1]
+    for a, b in zip(here.videos, spread.videos, strict=True):
+        np.testing.assert_array_equal(read_video(a["path"]), read_video(b["path"]))
+        assert Path(b["path"]).read_bytes() == Path(a["path"]).read_bytes()

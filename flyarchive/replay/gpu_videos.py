@@ -48,11 +48,14 @@ from flyarchive.errors import RenderBackendError
 
 __all__ = [
     "Batch", "Piece", "pack_batches", "split_groups", "warp_device", "render_jobs",
-    "run_warp_plan",
+    "run_warp_plan", "runs_here",
 ]
 
 #: Rendered batches that may wait for their encoders at one time (host memory bound).
 _BATCHES_IN_FLIGHT = 3
+#: Largest batch on Warp's CPU device, which renders a batch's states one after
+#: another: bigger batches save nothing there and make partial batches cost more.
+_CPU_BATCH_WORLDS = 16
 #: States read ahead of the renderer, in batches.
 _READ_AHEAD = 2
 #: Seconds spent per stage in this process (summed over threads), for benchmarks:
@@ -176,6 +179,13 @@ def _in_flight() -> int:
     return int(os.environ.get("FLYARCHIVE_BATCHES_IN_FLIGHT", 0)) or _BATCHES_IN_FLIGHT
 
 
+def _batch_worlds(options: Any) -> int:
+    """States per batch: ``options.batch_worlds``, at most ``_CPU_BATCH_WORLDS`` on the CPU."""
+    if options.backend == "warp-cpu":
+        return min(options.batch_worlds, _CPU_BATCH_WORLDS)
+    return options.batch_worlds
+
+
 def _renderer(blob: bytes, cameras: tuple[str, ...], size: tuple[int, int],
               batch_worlds: int, device: str) -> Any:
     """One cached :class:`WarpBatchRenderer` per process (the last one asked for)."""
@@ -217,11 +227,13 @@ def render_jobs(plan: Any, blob: bytes, jobs: Sequence[Any], device: str) -> lis
 
     jobs = tuple(jobs)
     options = plan.options
-    batches = pack_batches(jobs, options.batch_worlds)
+    # No bigger than the work: a partial batch costs a full one.
+    batch_worlds = min(_batch_worlds(options), sum(job.n_frames for job in jobs))
+    batches = pack_batches(jobs, batch_worlds)
     ds = open_archive(plan.url, plan.storage_options or None)
     with _renderers_lock:  # one batch stream per device at a time in a process
-        renderer = _renderer(blob, tuple(plan.cameras), tuple(options.size),
-                             options.batch_worlds, device)
+        renderer = _renderer(blob, tuple(plan.cameras), tuple(options.size), batch_worlds,
+                             device)
         with tempfile.TemporaryDirectory(prefix="flyarchive-warp-") as tmp:
             encoders = _Encoders(plan, jobs, Path(tmp))
             try:
@@ -494,19 +506,26 @@ class _Encoders:
 
 
 # ----------------------------------------------------------------------------- drivers
-def run_warp_plan(plan: Any, blob: bytes, *, client: Any = None,
-                  scheduler: str | None = None) -> list[dict[str, Any]]:
+def run_warp_plan(plan: Any, blob: bytes, *, client: Any = None, scheduler: str | None = None,
+                  n_workers: int | None = None, in_process: bool = False) -> list[dict[str, Any]]:
     """Render a plan on the Warp backend of ``plan.options.backend``; the manifest entries.
 
-    Without ``client`` and ``scheduler`` everything runs in this process (one process
-    drives one GPU). With either, groups of whole videos go to Dask workers that hold
-    the resource ``GPU`` (start them with ``--resources GPU=1``, one per GPU).
+    ``"gpu"``: without ``client`` and ``scheduler`` everything runs in this process (one
+    process drives one GPU); with either, groups of whole videos go to Dask workers
+    that hold the resource ``GPU`` (start them with ``--resources GPU=1``, one per GPU).
+
+    ``"warp-cpu"``: Warp runs a CPU kernel on one core, so by default groups of whole
+    videos go to a LocalCluster of ``n_workers`` single-core worker processes (one per
+    core), or to the workers of ``client`` / ``scheduler``; ``in_process=True`` (or a
+    single core) renders here.
 
     Args:
         plan: :class:`flyarchive.distributed.RenderPlan` with a Warp backend.
         blob: The compiled model as MJB bytes.
         client: A ``distributed.Client``.
         scheduler: A scheduler address, used when ``client`` is None.
+        n_workers: Worker processes of the LocalCluster (``"warp-cpu"`` only).
+        in_process: Render in this process (when no client or scheduler is given).
 
     Returns:
         One entry per (world, camera) in ``plan.jobs`` order, then camera order:
@@ -517,10 +536,22 @@ def run_warp_plan(plan: Any, blob: bytes, *, client: Any = None,
             cluster offers the ``GPU`` resource.
         OutputExistsError, VideoEncodeError, StorageError.
     """
-    if client is None and scheduler is None:
+    from flyarchive.distributed import connect
+
+    if runs_here(plan.options.backend, len(plan.jobs), client=client, scheduler=scheduler,
+                 n_workers=n_workers, in_process=in_process):
         return render_jobs(plan, blob, plan.jobs, warp_device(plan.options.backend))
-    with _connected(client, scheduler) as dask_client:
+    with connect(client, scheduler, n_workers) as dask_client:
         return _run_dask(plan, blob, dask_client)
+
+
+def runs_here(backend: str, n_videos: int, *, client: Any = None, scheduler: str | None = None,
+              n_workers: int | None = None, in_process: bool = False) -> bool:
+    """Whether :func:`run_warp_plan` renders in this process rather than on Dask."""
+    if client is not None or scheduler is not None:
+        return False
+    n = n_workers if n_workers is not None else (os.cpu_count() or 1)
+    return backend == "gpu" or in_process or n <= 1 or n_videos <= 1
 
 
 def _run_on_worker(plan: Any, blob: bytes, jobs: tuple[Any, ...]) -> list[dict[str, Any]]:
@@ -530,36 +561,24 @@ def _run_on_worker(plan: Any, blob: bytes, jobs: tuple[Any, ...]) -> list[dict[s
 
 def _run_dask(plan: Any, blob: bytes, client: Any) -> list[dict[str, Any]]:
     workers = client.scheduler_info().get("workers", {})
-    gpu_workers = [a for a, w in workers.items() if w.get("resources", {}).get("GPU", 0) >= 1]
-    if not gpu_workers:
+    resources = {"GPU": 1} if plan.options.backend == "gpu" else {}
+    able = [a for a, w in workers.items()
+            if all(w.get("resources", {}).get(k, 0) >= v for k, v in resources.items())]
+    if not able:
         raise RenderBackendError(
             f"None of the cluster's {len(workers)} worker(s) offers the resource 'GPU', so "
             f"backend={plan.options.backend!r} batches cannot be placed. Start workers with "
             "`dask worker SCHEDULER --nthreads 1 --resources GPU=1` (one per GPU), or pass "
             "no client to render in this process."
         )
-    groups = split_groups(plan.jobs, plan.options.batch_worlds, len(gpu_workers))
+    groups = split_groups(plan.jobs, _batch_worlds(plan.options), len(able))
     blob_future = client.scatter(blob, broadcast=True)
     futures = [
-        client.submit(_run_on_worker, plan, blob_future, group, resources={"GPU": 1}, pure=False)
+        client.submit(_run_on_worker, plan, blob_future, group, resources=resources or None,
+                      pure=False)
         for group in groups
     ]
     entries: list[dict[str, Any]] = []
     for result in client.gather(futures):
         entries.extend(result)
     return entries
-
-
-@contextmanager
-def _connected(client: Any, scheduler: str | None) -> Iterator[Any]:
-    if client is not None:
-        yield client
-        return
-    from distributed import Client
-
-    own = Client(scheduler)
-    try:
-        yield own
-    finally:
-        own.close()
-
