@@ -326,7 +326,8 @@ class connect:
     and clusters it made are closed on exit; a given client is left open.
     """
 
-    def __init__(self, client: Any, scheduler: str | None, n_workers: int | None) -> None:
+    def __init__(self, client: Any = None, scheduler: str | None = None,
+                 n_workers: int | None = None) -> None:
         self._given, self._scheduler, self._n = client, scheduler, n_workers
         self._own: list[Any] = []
 

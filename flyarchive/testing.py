@@ -13,7 +13,7 @@ import numpy as np
 
 __all__ = [
     "TINY_XML", "SLIDER_XML", "tiny_model", "slider_model", "simulate", "perturb",
-    "reference_frames",
+    "reference_frames", "rgb_to_i420",
 ]
 
 TINY_XML = """
@@ -138,3 +138,23 @@ def reference_frames(
 
     simulate(model, n_worlds, n_steps, on_step, seed=seed)
     return {k: np.array(v) if k == "time" else np.stack(v, axis=1) for k, v in frames.items()}
+
+
+def rgb_to_i420(frames: np.ndarray) -> np.ndarray:
+    """RGB ``(..., H, W, 3)`` uint8 to planar I420 ``(..., H * 3 // 2, W)``, in numpy.
+
+    The same BT.601 limited-range fixed-point formulas as the Warp renderer's device
+    conversion (``pixel_format="yuv420p"``), chroma from each 2x2 block's mean RGB: a
+    reference to test it against, and a way to feed a yuv420p ``VideoWriter``.
+    """
+    rgb = np.asarray(frames, dtype=np.int32)
+    *lead, height, width, _ = rgb.shape
+    r, g, b = rgb[..., 0], rgb[..., 1], rgb[..., 2]
+    luma = ((66 * r + 129 * g + 25 * b + 128) >> 8) + 16
+    blocks = rgb.reshape(*lead, height // 2, 2, width // 2, 2, 3).sum(axis=(-4, -2))
+    mean = (blocks + 2) >> 2
+    r, g, b = mean[..., 0], mean[..., 1], mean[..., 2]
+    u = ((-38 * r - 74 * g + 112 * b + 128) >> 8) + 128
+    v = ((112 * r - 94 * g - 18 * b + 128) >> 8) + 128
+    planes = [luma.reshape(*lead, -1), u.reshape(*lead, -1), v.reshape(*lead, -1)]
+    return np.concatenate(planes, axis=-1).reshape(*lead, height * 3 // 2, width).astype(np.uint8)

@@ -48,6 +48,8 @@ __all__ = [
     "safe_video_path",
     "read_video",
     "parse_video_size",
+    "PIXEL_FORMATS",
+    "frame_shape",
 ]
 
 _PRESETS = (
@@ -55,6 +57,10 @@ _PRESETS = (
     "medium", "slow", "slower", "veryslow", "placebo",
 )  # fmt: skip
 _SAFE_CHARS = re.compile(r"[^A-Za-z0-9._-]")
+#: Pixel formats a :class:`VideoWriter` takes: ``"rgb24"`` frames ``(H, W, 3)``, or
+#: ``"yuv420p"`` frames ``(H * 3 // 2, W)``: planar I420, H rows of luma then the
+#: ``(H/2, W/2)`` U and V planes (BT.601, limited range), passed to x264 unconverted.
+PIXEL_FORMATS = ("rgb24", "yuv420p")
 
 
 def _is_int(value: object) -> bool:
@@ -62,7 +68,7 @@ def _is_int(value: object) -> bool:
 
 
 class FrameFormatError(FlyarchiveError, TypeError):
-    """Frames are not uint8 RGB arrays."""
+    """Frames are not uint8 arrays."""
 
 
 class VideoEncodeError(FlyarchiveError, RuntimeError):
@@ -122,11 +128,15 @@ class VideoWriter:
         size: ``(height, width)`` of every frame in pixels; both even (yuv420p).
         options: Encoder settings.
         overwrite: Replace an existing file (False: raise :class:`OutputExistsError`).
+        pixel_format: What :meth:`write` takes, one of :data:`PIXEL_FORMATS`:
+            ``"rgb24"`` (ffmpeg converts to yuv420p) or ``"yuv420p"`` (converted
+            already, e.g. on the GPU; encoded as it is).
 
     Raises:
         FrameSizeError: if a side is odd or not positive (the message suggests the
             nearest even size).
         OutputExistsError: if ``path`` exists and ``overwrite`` is False.
+        ValueError: if ``pixel_format`` is not one of :data:`PIXEL_FORMATS`.
     """
 
     def __init__(
@@ -137,9 +147,13 @@ class VideoWriter:
         *,
         options: VideoOptions = VideoOptions(),
         overwrite: bool = False,
+        pixel_format: str = "rgb24",
     ) -> None:
         self.path = Path(path)
         self.size = parse_video_size(size)
+        if pixel_format not in PIXEL_FORMATS:
+            raise ValueError(f"pixel_format must be one of {PIXEL_FORMATS}, got {pixel_format!r}.")
+        self.pixel_format = pixel_format
         if not isinstance(fps, (int, float)) or isinstance(fps, bool) or not fps >= 0.01:
             raise ValueError(f"fps must be a number >= 0.01, got {fps!r}.")
         if self.path.exists() and not overwrite:
@@ -178,7 +192,7 @@ class VideoWriter:
             (width, height),
             fps=self.fps,
             codec="libx264",
-            pix_fmt_in="rgb24",
+            pix_fmt_in=self.pixel_format,
             pix_fmt_out="yuv420p",
             quality=None,
             macro_block_size=1,
@@ -188,15 +202,18 @@ class VideoWriter:
         self._encoder.send(None)
 
     def write(self, frames: np.ndarray) -> None:
-        """Encode one frame ``(H, W, 3)`` or a block ``(n, H, W, 3)``, uint8 RGB, host memory.
+        """Encode one frame or a block of ``n`` frames, uint8, host memory.
+
+        A frame is :func:`frame_shape` ``(size, pixel_format)``: ``(H, W, 3)`` RGB, or
+        ``(H * 3 // 2, W)`` planar I420 for ``"yuv420p"``.
 
         Raises:
             FrameFormatError: if the frames are not a uint8 array.
-            FrameSizeError: if their shape is not ``(H, W, 3)`` or ``(n, H, W, 3)`` for
-                the writer's size.
+            FrameSizeError: if their shape is not a frame or a block of frames of the
+                writer's size and pixel format.
             VideoEncodeError: if ffmpeg stopped (the message has its command).
         """
-        block = _parse_frames(frames, self.size)
+        block = _parse_frames(frames, frame_shape(self.size, self.pixel_format))
         self.open()
         assert self._encoder is not None
         try:
@@ -459,18 +476,24 @@ def parse_video_size(size: tuple[int, int]) -> tuple[int, int]:
 _parse_even_size = parse_video_size  # older private name, kept for callers
 
 
-def _parse_frames(frames: np.ndarray, size: tuple[int, int]) -> np.ndarray:
+def frame_shape(size: tuple[int, int], pixel_format: str = "rgb24") -> tuple[int, ...]:
+    """The array shape of one frame of ``size = (H, W)`` in ``pixel_format``."""
+    height, width = size
+    return (height, width, 3) if pixel_format == "rgb24" else (height * 3 // 2, width)
+
+
+def _parse_frames(frames: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:
     if not isinstance(frames, np.ndarray) or frames.dtype != np.uint8:
         kind = frames.dtype if isinstance(frames, np.ndarray) else type(frames).__name__
         raise FrameFormatError(
-            f"Frames must be a uint8 numpy array of RGB values, got {kind}. "
+            f"Frames must be a uint8 numpy array of pixel values, got {kind}. "
             "Convert with np.clip(frames, 0, 255).astype(np.uint8) if they are 0..255."
         )
-    block = frames[None] if frames.ndim == 3 else frames
-    if block.ndim != 4 or block.shape[1:] != (*size, 3):
+    block = frames[None] if frames.ndim == len(shape) else frames
+    if block.ndim != len(shape) + 1 or block.shape[1:] != shape:
         raise FrameSizeError(
-            f"Frames have shape {frames.shape!r}; this writer takes (H, W, 3) or "
-            f"(n, H, W, 3) with (H, W)={size!r}."
+            f"Frames have shape {frames.shape!r}; this writer takes {shape!r} or "
+            f"(n, *{shape!r}) frames."
         )
     return block
 

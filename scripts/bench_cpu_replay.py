@@ -54,7 +54,8 @@ TARGETS = (
     ("renderer-default", "flygym", 1.0, "CpuRenderer one process >= flygym render only"),
     ("dask-2", "dask-1", 1.8, "2 single-thread workers >= 1.8x one (excl. start-up)"),
     ("dask-2-sync", "dask-1-sync", 1.8, "same, workers reading synchronously (prototype)"),
-    ("warp-cpu-warm", "flygym-mp4", 3.0, "warp-cpu archive->mp4 >= 3x flygym with mp4"),
+    ("warp-cpu", "flygym-mp4", 3.0, "warp-cpu archive->mp4, one process, vs flygym with mp4"),
+    ("warp-cpu-dask-2", "flygym-mp4", 3.0, "warp-cpu, 2 workers (warm), >= 3x flygym with mp4"),
 )
 
 
@@ -168,6 +169,10 @@ def _cases(args: argparse.Namespace, archives: dict[str, str], work: Path,
     if "warp-cpu" in backends:
         cases.append(("warp-cpu", {"kind": "warp", "url": main, "out": str(work / "warp"),
                                    "batch_worlds": args.batch_worlds}, {}))
+        for k in [int(x) for x in args.workers.split(",") if x]:
+            cases.append((f"warp-cpu-dask-{k}", {"kind": "warp-dask", "url": main, "workers": k,
+                                                 "out": str(work / f"warp-dask-{k}"),
+                                                 "batch_worlds": args.batch_worlds}, {}))
     if args.rss:
         for n in (args.frames, 10 * args.frames):
             cases.append((f"rss-{n}", {"kind": "videos", "url": archives["long"], "frames": n,
@@ -258,6 +263,8 @@ def _run_child(spec: dict[str, Any]) -> dict[str, Any]:
         return _child_dask(spec, model)
     if kind == "warp":
         return _child_warp(spec, model)
+    if kind == "warp-dask":
+        return _child_warp_dask(spec, model)
     if kind == "profile":
         return _child_profile(spec, model)
     raise ValueError(f"unknown case kind {kind!r}")
@@ -381,6 +388,30 @@ def _child_warp(spec: dict[str, Any], model: Any) -> dict[str, Any]:
                  fps_with_warmup=round(frames / (seconds + warmup), 2))
 
 
+def _child_warp_dask(spec: dict[str, Any], model: Any) -> dict[str, Any]:
+    """warp-cpu on render_videos' own LocalCluster (``distributed.connect``), k workers:
+    a cold render (worker start-up included), then the same render warm (timed)."""
+    from flyarchive.distributed import connect
+    from flyarchive.render import render_videos
+
+    options = _options(spec, backend="warp-cpu", batch_worlds=spec["batch_worlds"])
+    start = time.perf_counter()
+    with connect(n_workers=spec["workers"]) as client:
+        client.wait_for_workers(spec["workers"])
+        ready = time.perf_counter()
+        # Cold: every worker imports mujoco-warp, loads its kernels and builds a renderer.
+        render_videos(spec["url"], model, spec["camera"], spec["out"] + "-cold",
+                      options=options, client=client)
+        warm = time.perf_counter()
+        result = render_videos(spec["url"], model, spec["camera"], spec["out"],
+                               options=options, client=client)
+        end = time.perf_counter()
+    frames = _frames_of(result)
+    return _rate(frames, end - warm, cluster_s=round(ready - start, 3),
+                 cold_s=round(warm - ready, 3), workers=spec["workers"],
+                 fps_cold_with_cluster=round(frames / (warm - start), 2))
+
+
 def _child_profile(spec: dict[str, Any], model: Any) -> dict[str, Any]:
     """Seconds spent per stage of archive -> mp4 for all frames, measured one by one."""
     from flyarchive.query import open_archive
@@ -447,8 +478,6 @@ def _child_profile(spec: dict[str, Any], model: Any) -> dict[str, Any]:
 
 # ----------------------------------------------------------------------------- output
 def _fps(rows: dict[str, dict[str, Any]], name: str) -> float | None:
-    if name == "warp-cpu-warm":
-        name = "warp-cpu"
     row = rows.get(name, {})
     return row.get("fps")
 

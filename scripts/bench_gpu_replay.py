@@ -76,8 +76,11 @@ def main() -> None:
             url, model, camera, Path(tmp) / "fa", args, backend))
         rows["flyarchive"]["stages_s"] = {k: round(v, 3) for k, v in gpu_videos.STATS.items()}
         print("flyarchive stages:", rows["flyarchive"]["stages_s"], flush=True)
-        rows["flyarchive_ultrafast"] = _measure(n_frames, lambda: _flyarchive(
-            url, model, camera, Path(tmp) / "fa-uf", args, backend, preset="ultrafast"))
+        for preset in args.presets.split(","):
+            for encoders in [int(e) for e in args.encoders.split(",") if e]:
+                name = f"flyarchive_{preset}_e{encoders}"
+                rows[name] = _measure(n_frames, lambda p=preset, e=encoders: _flyarchive(
+                    url, model, camera, Path(tmp) / name, args, backend, preset=p, encoders=e))
         for wpb in (32, 256) if args.flygym else ():
             rows[f"flygym_b{wpb}"] = _measure(n_frames, lambda wpb=wpb: _flygym(
                 model, camera, qpos, mocap, args, device, wpb, Path(tmp) / f"fg{wpb}"))
@@ -103,6 +106,10 @@ def _parse_args() -> argparse.Namespace:
         "--size", type=lambda s: tuple(int(v) for v in s.split("x")), default=(240, 320),
         help="frame size HEIGHTxWIDTH (default 240x320)",
     )
+    parser.add_argument("--presets", default="ultrafast",
+                        help="x264 presets of extra flyarchive rows (comma list)")
+    parser.add_argument("--encoders", default="",
+                        help="encoder threads of the extra rows (comma list; default: cores)")
     parser.add_argument("--no-flygym", dest="flygym", action="store_false",
                         help="skip flygym's render_trajectories_gpu rows")
     args = parser.parse_args()
@@ -175,13 +182,34 @@ def _renderer_rows(model: mujoco.MjModel, camera: str, qpos: np.ndarray,
             renderer.render_resident()
         renderer.synchronize()
 
-    def batch() -> None:
+    def batch(r: Any) -> None:
         for i in range(0, len(states), b):
-            renderer.render_batch(states[i:i + b], *(m[i:i + b] for m in flat_mocap or ()))
+            r.render_batch(states[i:i + b], *(m[i:i + b] for m in flat_mocap or ()))
 
     raw_row = _measure(n_batches * b, raw)
     raw_row["setup_s"] = round(setup_s, 3)
-    return raw_row, _measure(len(states), batch)
+    if renderer.device.startswith("cuda"):  # the same work replayed as one CUDA graph
+        import warp as wp
+
+        try:
+            with wp.ScopedCapture(device=renderer.device) as capture:
+                renderer.render_resident()
+
+            def graph() -> None:
+                for _ in range(n_batches):
+                    wp.capture_launch(capture.graph)
+                renderer.synchronize()
+
+            raw_row["graph"] = _measure(n_batches * b, graph)
+        except Exception as err:  # capture is a prototype: report, do not fail
+            raw_row["graph"] = {"error": f"{type(err).__name__}: {err}"[:300]}
+        print("raw as a CUDA graph:", raw_row["graph"], flush=True)
+    batch_row = _measure(len(states), lambda: batch(renderer))
+    yuv = WarpBatchRenderer(model, camera, args.size, batch_worlds=b, device=device,
+                            pixel_format="yuv420p")
+    yuv.render_batch(states[:b], *(m[:b] for m in flat_mocap or ()))
+    batch_row["yuv420p"] = _measure(len(states), lambda: batch(yuv))
+    return raw_row, batch_row
 
 
 def _read_all(url: str, batch_worlds: int) -> None:
@@ -197,13 +225,20 @@ def _read_all(url: str, batch_worlds: int) -> None:
 
 
 def _flyarchive(url: str, model: mujoco.MjModel, camera: str, out: Path,
-                args: argparse.Namespace, backend: str, preset: str = "veryfast") -> None:
+                args: argparse.Namespace, backend: str, preset: str = "veryfast",
+                encoders: int = 0) -> None:
+    import os
+
     from flyarchive.render import RenderOptions, render_videos
     from flyarchive.video import VideoOptions
 
     options = RenderOptions(size=args.size, backend=backend, batch_worlds=args.batch,
                             video=VideoOptions(preset=preset))
-    render_videos(url, model, camera, str(out), options=options)
+    os.environ["FLYARCHIVE_ENCODERS"] = str(encoders)  # 0: one per core
+    try:
+        render_videos(url, model, camera, str(out), options=options, n_workers=0)
+    finally:
+        os.environ.pop("FLYARCHIVE_ENCODERS")
 
 
 def _flygym(model: mujoco.MjModel, camera: str, qpos: np.ndarray,
@@ -295,12 +330,14 @@ def _print_table(r: dict[str, Any]) -> None:
     size = f"{r['size'][0]}x{r['size'][1]}"
     print(f"\n{r['model']} on {r['device']}: {r['worlds']} worlds x {r['frames']} frames, "
           f"{size}, B={r['batch']}, camera {r['camera']!r}")
-    print(f"{'row':<21} {'wall s':>9} {'frames/s':>10} {'peak RSS MB':>12}  note")
+    print(f"{'row':<26} {'wall s':>9} {'frames/s':>10} {'peak RSS MB':>12}  note")
     for name, row in r["rows"].items():
         wall = f"{row['wall_s']:.2f}" if "wall_s" in row else "-"
         fps = f"{row['fps']:.1f}" if "fps" in row else "-"
         note = row.get("error", f"setup {row['setup_s']:.1f} s" if "setup_s" in row else "")
-        print(f"{name:<21} {wall:>9} {fps:>10} {row['peak_rss_mb']:>12.0f}  {note}")
+        if "fps" in row.get("yuv420p", {}):
+            note += f"yuv420p on the device: {row['yuv420p']['fps']:.1f} frames/s"
+        print(f"{name:<26} {wall:>9} {fps:>10} {row['peak_rss_mb']:>12.0f}  {note}")
     if "ratio_flyarchive_over_flygym" in r:
         print(f"flyarchive / best flygym: {r['ratio_flyarchive_over_flygym']:.2f}x "
               f"(flygym best {r['flygym_best_fps']:.1f} frames/s)")

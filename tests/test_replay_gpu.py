@@ -15,6 +15,7 @@ import pytest
 
 from flyarchive.errors import (
     CameraNotFoundError,
+    FrameSizeError,
     LayoutMismatchError,
     NonFiniteStateError,
     SelectionError,
@@ -201,6 +202,34 @@ def test_render_batch_returns_uint8_frames_per_state_and_camera(tiny):
 
     assert (frames.shape, frames.dtype) == ((3, 2, *SIZE, 3), np.dtype(np.uint8))
     assert frames.any()
+
+
+def test_yuv420p_frames_are_the_bt601_conversion_of_the_rgb_frames(tiny):
+    from flyarchive.replay.gpu import WarpBatchRenderer
+    from flyarchive.testing import rgb_to_i420
+
+    model, rgb_renderer = tiny
+    qpos, _, _ = random_states(model, 3, seed=5)
+    yuv_renderer = WarpBatchRenderer(model, ["front", "top"], SIZE, batch_worlds=BATCH,
+                                     device="cpu", pixel_format="yuv420p")
+
+    rgb = rgb_renderer.render_batch(qpos)
+    yuv = yuv_renderer.render_batch(qpos)
+
+    assert (yuv.shape, yuv.dtype) == ((3, 2, SIZE[0] * 3 // 2, SIZE[1]), np.dtype(np.uint8))
+    np.testing.assert_array_equal(yuv, rgb_to_i420(rgb))
+    assert len(np.unique(yuv[:, :, SIZE[0]:])) > 2  # chroma varies: coloured bodies
+
+
+def test_yuv420p_needs_even_sizes(tiny):
+    from flyarchive.replay.gpu import WarpBatchRenderer
+
+    model, _ = tiny
+    with pytest.raises(FrameSizeError, match="even"):
+        WarpBatchRenderer(model, "front", (47, 64), batch_worlds=1, device="cpu",
+                          pixel_format="yuv420p")
+    with pytest.raises(ValueError, match="pixel_format"):
+        WarpBatchRenderer(model, "front", SIZE, batch_worlds=1, device="cpu", pixel_format="rgb")
 
 
 @pytest.mark.parametrize("which", ["tiny", "slider"])

@@ -18,6 +18,7 @@ from flyarchive.video import (
     VideoWriter,
     concat_segments,
     encode_segment,
+    frame_shape,
     read_video,
     safe_video_path,
     write_output,
@@ -308,3 +309,35 @@ def test_write_output_uploads_to_s3_and_refuses_to_replace_it(
         write_output(source, url, options)
 
     assert fs.cat_file(url) == b"first"
+
+
+# -- yuv420p input ----------------------------------------------------------------
+
+
+def test_yuv420p_frames_encode_like_the_same_rgb_frames(tmp_path: Path) -> None:
+    from flyarchive.testing import rgb_to_i420
+
+    frames = moving_bar(10)
+    with VideoWriter(tmp_path / "rgb.mp4", FPS, SIZE) as writer:
+        writer.write(frames)
+    with VideoWriter(tmp_path / "yuv.mp4", FPS, SIZE, pixel_format="yuv420p") as writer:
+        writer.write(rgb_to_i420(frames[:4]))  # a block, then single frames
+        for frame in rgb_to_i420(frames[4:]):
+            writer.write(frame)
+
+    from_rgb, from_yuv = read_video(tmp_path / "rgb.mp4"), read_video(tmp_path / "yuv.mp4")
+    assert from_yuv.shape == frames.shape
+    np.testing.assert_allclose(bar_columns(from_yuv), bar_columns(frames), atol=0.5)
+    assert np.abs(from_yuv.astype(int) - frames).mean() < 3
+    assert np.abs(from_yuv.astype(int) - from_rgb).mean() < 2
+
+
+def test_yuv420p_writer_takes_i420_frames_only(tmp_path: Path) -> None:
+    assert frame_shape(SIZE, "yuv420p") == (72, 64)
+    with VideoWriter(tmp_path / "v.mp4", FPS, SIZE, pixel_format="yuv420p") as writer:
+        with pytest.raises(FrameSizeError, match=r"\(72, 64\)"):
+            writer.write(moving_bar(1))  # RGB frames
+        writer.write(np.full((72, 64), 128, np.uint8))
+    with pytest.raises(ValueError, match="pixel_format"):
+        VideoWriter(tmp_path / "w.mp4", FPS, SIZE, pixel_format="nv12")
+

@@ -79,6 +79,53 @@ def _packed_rgb_to_uint8(
     out[world, cam, pixel, 2] = wp.uint8(value & wp.uint32(0xFF))
 
 
+@wp.func
+def _channel(value: wp.uint32, shift: wp.uint32) -> int:
+    return int((value >> shift) & wp.uint32(0xFF))
+
+
+@wp.kernel
+def _packed_rgb_to_i420(
+    packed: wp.array2d(dtype=wp.uint32),  # (B, sum of H*W over cameras), ARGB, device
+    rgb_adr: wp.array(dtype=int),  # (n_cameras,) offset of each camera's pixels
+    width: int,
+    height: int,
+    out: wp.array3d(dtype=wp.uint8),  # (B, n_cameras, H*W*3/2) planar I420, device
+):
+    """One thread per 2x2 block: four luma samples and one U and one V sample.
+
+    BT.601 limited range in 8-bit fixed point; chroma from the mean RGB of the block
+    (a box filter, as libyuv's ARGBToI420 does).
+    """
+    world, cam, block = wp.tid()
+    half = width // 2
+    by = block // half
+    bx = block - by * half
+    base = rgb_adr[cam]
+    r_sum = int(0)
+    g_sum = int(0)
+    b_sum = int(0)
+    for dy in range(2):
+        for dx in range(2):
+            pixel = (2 * by + dy) * width + 2 * bx + dx
+            value = packed[world, base + pixel]
+            r = _channel(value, wp.uint32(16))
+            g = _channel(value, wp.uint32(8))
+            b = _channel(value, wp.uint32(0))
+            out[world, cam, pixel] = wp.uint8(((66 * r + 129 * g + 25 * b + 128) >> 8) + 16)
+            r_sum += r
+            g_sum += g
+            b_sum += b
+    r = (r_sum + 2) >> 2
+    g = (g_sum + 2) >> 2
+    b = (b_sum + 2) >> 2
+    plane = width * height
+    out[world, cam, plane + block] = wp.uint8(((-38 * r - 74 * g + 112 * b + 128) >> 8) + 128)
+    out[world, cam, plane + plane // 4 + block] = wp.uint8(
+        ((112 * r - 94 * g - 18 * b + 128) >> 8) + 128
+    )
+
+
 class WarpBatchRenderer:
     """Render batches of recorded states with mujoco-warp's batch renderer.
 
@@ -99,11 +146,15 @@ class WarpBatchRenderer:
             :meth:`render_batch` returns a new array. ``k > 1``: it returns a view of
             buffer ``i % k``, valid until ``k`` more batches are rendered (no host copy;
             for pipelines that keep at most ``k - 1`` batches in flight).
+        pixel_format: ``"rgb24"`` (default): frames ``(H, W, 3)`` RGB. ``"yuv420p"``:
+            frames ``(H * 3 // 2, W)`` planar I420 (BT.601 limited range), converted
+            on the device: half the bytes to copy, and what x264 encodes (see
+            :class:`flyarchive.video.VideoWriter`); needs even sizes.
 
     Raises:
         CameraNotFoundError: A camera is not in the model.
-        FrameSizeError: ``size`` is not two positive integers.
-        ValueError: ``batch_worlds`` is not positive.
+        FrameSizeError: ``size`` is not two positive integers (even for yuv420p).
+        ValueError: ``batch_worlds`` is not positive, or an unknown ``pixel_format``.
     """
 
     def __init__(
@@ -115,13 +166,23 @@ class WarpBatchRenderer:
         batch_worlds: int = 64,
         device: str | None = None,
         host_buffers: int = 1,
+        pixel_format: str = "rgb24",
     ) -> None:
         self._camera_names = _parse_cameras(model, cameras)
+        if pixel_format not in ("rgb24", "yuv420p"):
+            raise ValueError(
+                f"pixel_format={pixel_format!r} is not one of 'rgb24', 'yuv420p'."
+            )
+        self._pixel_format = pixel_format
         if int(host_buffers) < 1:
             raise ValueError(f"host_buffers={host_buffers!r} must be at least 1.")
         self._n_host = int(host_buffers)
         self._next_host = 0
         self._size = _parse_size(size)
+        if pixel_format == "yuv420p":
+            from flyarchive.video import parse_video_size
+
+            parse_video_size(self._size)  # even sides, or a FrameSizeError naming them
         if int(batch_worlds) < 1:
             raise ValueError(
                 f"batch_worlds={batch_worlds!r} cannot hold a state. Pass a positive integer."
@@ -154,6 +215,11 @@ class WarpBatchRenderer:
         return self._size
 
     @property
+    def pixel_format(self) -> str:
+        """``"rgb24"`` or ``"yuv420p"``: the layout of the frames :meth:`render_batch` returns."""
+        return self._pixel_format
+
+    @property
     def batch_worlds(self) -> int:
         """``B``: the most states one :meth:`render_batch` call takes."""
         return self._batch_worlds
@@ -179,8 +245,9 @@ class WarpBatchRenderer:
                 ``None`` for the model's mocap body orientations.
 
         Returns:
-            A new host array ``(n, n_cameras, H, W, 3)`` of ``uint8`` RGB, row 0 at
-            the top of the image; frame ``i`` shows state ``i``. A partial batch
+            A new host array ``(n, n_cameras, H, W, 3)`` of ``uint8`` RGB (for
+            ``"yuv420p"``: ``(n, n_cameras, H * 3 // 2, W)`` I420), row 0 at the top
+            of the image; frame ``i`` shows state ``i``. A partial batch
             (``n < B``) costs a full one: the other ``B - n`` render worlds keep
             their previous (valid) states and their frames are not copied back.
 
@@ -261,9 +328,11 @@ class WarpBatchRenderer:
             (b, self._nstate), dtype=wp.float32, device="cpu", pinned=pinned
         )
         self._states_device = wp.zeros((b, self._nstate), dtype=wp.float32)
-        self._rgb_device = wp.zeros((b, ncam, height * width, 3), dtype=wp.uint8)
+        shape = ((b, ncam, height * width, 3) if self._pixel_format == "rgb24"
+                 else (b, ncam, height * width * 3 // 2))
+        self._rgb_device = wp.zeros(shape, dtype=wp.uint8)
         self._rgb_hosts = [
-            wp.zeros((b, ncam, height * width, 3), dtype=wp.uint8, device="cpu", pinned=pinned)
+            wp.zeros(shape, dtype=wp.uint8, device="cpu", pinned=pinned)
             for _ in range(self._n_host)
         ]
 
@@ -317,16 +386,19 @@ class WarpBatchRenderer:
         height, width = self._size
         ncam = len(self._camera_names)
         rc = self._render_context
-        wp.launch(
-            _packed_rgb_to_uint8,
-            dim=(n, ncam, height * width),
-            inputs=[rc.rgb_data, rc.rgb_adr],
-            outputs=[self._rgb_device],
-        )
+        if self._pixel_format == "rgb24":
+            wp.launch(_packed_rgb_to_uint8, dim=(n, ncam, height * width),
+                      inputs=[rc.rgb_data, rc.rgb_adr], outputs=[self._rgb_device])
+            frame = (height, width, 3)
+        else:
+            wp.launch(_packed_rgb_to_i420, dim=(n, ncam, height * width // 4),
+                      inputs=[rc.rgb_data, rc.rgb_adr, width, height],
+                      outputs=[self._rgb_device])
+            frame = (height * 3 // 2, width)
         host = self._rgb_hosts[self._next_host]
-        wp.copy(host, self._rgb_device, count=n * ncam * height * width * 3)
+        wp.copy(host, self._rgb_device, count=n * self._rgb_device.size // self._batch_worlds)
         wp.synchronize_device(self._device)
-        frames = host.numpy()[:n].reshape(n, ncam, height, width, 3)
+        frames = host.numpy()[:n].reshape(n, ncam, *frame)
         if self._n_host == 1:
             return frames.copy()
         self._next_host = (self._next_host + 1) % self._n_host

@@ -197,9 +197,10 @@ def _renderer(blob: bytes, cameras: tuple[str, ...], size: tuple[int, int],
     if key not in _renderers:
         _renderers.clear()
         # WarpBatchRenderer prepares a copy with prepare_for_batch_rendering.
+        # I420 on the device: half the bytes to copy, and no RGB conversion in ffmpeg.
         _renderers[key] = WarpBatchRenderer(
             model_from_bytes(blob), cameras, size, batch_worlds=batch_worlds, device=device,
-            host_buffers=buffers,
+            host_buffers=buffers, pixel_format="yuv420p",
         )
     return _renderers[key]
 
@@ -223,6 +224,8 @@ def render_jobs(plan: Any, blob: bytes, jobs: Sequence[Any], device: str) -> lis
         VideoEncodeError, StorageError, NonFiniteStateError (never for committed NaN
             frames: those render black, as on the CPU backend).
     """
+    import dask
+
     from flyarchive.query import open_archive
 
     jobs = tuple(jobs)
@@ -230,12 +233,13 @@ def render_jobs(plan: Any, blob: bytes, jobs: Sequence[Any], device: str) -> lis
     # No bigger than the work: a partial batch costs a full one.
     batch_worlds = min(_batch_worlds(options), sum(job.n_frames for job in jobs))
     batches = pack_batches(jobs, batch_worlds)
-    ds = open_archive(plan.url, plan.storage_options or None)
+    with dask.config.set(scheduler="synchronous"):  # in a Dask task: read here, not on the cluster
+        ds = open_archive(plan.url, plan.storage_options or None)
     with _renderers_lock:  # one batch stream per device at a time in a process
         renderer = _renderer(blob, tuple(plan.cameras), tuple(options.size), batch_worlds,
                              device)
         with tempfile.TemporaryDirectory(prefix="flyarchive-warp-") as tmp:
-            encoders = _Encoders(plan, jobs, Path(tmp))
+            encoders = _Encoders(plan, jobs, Path(tmp), renderer.pixel_format)
             try:
                 _render_batches(ds, jobs, batches, renderer, renderer.default_state,
                                 encoders, options.progress)
@@ -259,16 +263,26 @@ def _render_batches(ds: Any, jobs: tuple[Any, ...], batches: list[Batch], render
             encoders.reserve()  # blocks while _BATCHES_IN_FLIGHT batches wait to be encoded
             STATS["wait_encoders_s"] += time.perf_counter() - clock
             clock = time.perf_counter()
-            frames = renderer.render_batch(qpos, mocap_pos, mocap_quat)  # (n, ncam, H, W, 3)
+            frames = renderer.render_batch(qpos, mocap_pos, mocap_quat)  # (n, ncam, *frame)
             STATS["render_s"] += time.perf_counter() - clock
             if not valid.all():
-                frames[~valid] = 0
+                _blacken(frames, ~valid, renderer.pixel_format)
             encoders.submit(batch, frames)
             if bar is not None:
                 bar.update(batch.n)
             clock = time.perf_counter()
     if bar is not None:
         bar.close()
+
+
+def _blacken(frames: np.ndarray, rows: np.ndarray, pixel_format: str) -> None:
+    """Make ``frames[rows]`` black: RGB zeros, or I420 luma 16 and chroma 128."""
+    if pixel_format == "rgb24":
+        frames[rows] = 0
+        return
+    luma_rows = frames.shape[-2] * 2 // 3
+    frames[rows, :, :luma_rows] = 16
+    frames[rows, :, luma_rows:] = 128
 
 
 def _progress_bar(total: int, show: bool) -> Any:
@@ -389,8 +403,9 @@ class _Encoders:
     last frame closes it and copies it to its final URL.
     """
 
-    def __init__(self, plan: Any, jobs: tuple[Any, ...], tmp: Path) -> None:
+    def __init__(self, plan: Any, jobs: tuple[Any, ...], tmp: Path, pixel_format: str) -> None:
         self._plan, self._jobs, self._tmp = plan, jobs, tmp
+        self._pixel_format = pixel_format  # of the frames submitted, see VideoWriter
         self._cameras = tuple(plan.cameras)
         # Encoding is the slow stage (x264 on the CPU): one single-threaded encoder per
         # core, fed in parallel, beats fewer multi-threaded ones.
@@ -480,7 +495,8 @@ class _Encoders:
         writer = self._writers.get(key)
         if writer is None:
             local = Path(safe_video_path(self._tmp, job.world_id, camera))
-            writer = VideoWriter(local, plan.fps, plan.options.size, options=self._video)
+            writer = VideoWriter(local, plan.fps, plan.options.size, options=self._video,
+                                 pixel_format=self._pixel_format)
             self._writers[key] = writer
         clock = time.perf_counter()
         writer.write(frames)
@@ -573,10 +589,12 @@ def _run_dask(plan: Any, blob: bytes, client: Any) -> list[dict[str, Any]]:
         )
     groups = split_groups(plan.jobs, _batch_worlds(plan.options), len(able))
     blob_future = client.scatter(blob, broadcast=True)
+    # One group per worker, placed explicitly: the scheduler would put the first tasks
+    # together on the worker holding the data (every worker holds the model).
     futures = [
         client.submit(_run_on_worker, plan, blob_future, group, resources=resources or None,
-                      pure=False)
-        for group in groups
+                      workers=[able[i % len(able)]], allow_other_workers=True, pure=False)
+        for i, group in enumerate(groups)
     ]
     entries: list[dict[str, Any]] = []
     for result in client.gather(futures):
