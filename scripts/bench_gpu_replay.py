@@ -76,6 +76,9 @@ def main() -> None:
             url, model, camera, Path(tmp) / "fa", args, backend))
         rows["flyarchive"]["stages_s"] = {k: round(v, 3) for k, v in gpu_videos.STATS.items()}
         print("flyarchive stages:", rows["flyarchive"]["stages_s"], flush=True)
+        if device.startswith("cuda"):  # the same, launching kernel by kernel (no CUDA graph)
+            rows["flyarchive_no_graph"] = _measure(n_frames, lambda: _no_graph(
+                lambda: _flyarchive(url, model, camera, Path(tmp) / "fa-ng", args, backend)))
         for preset in args.presets.split(","):
             for encoders in [int(e) for e in args.encoders.split(",") if e]:
                 name = f"flyarchive_{preset}_e{encoders}"
@@ -239,6 +242,21 @@ def _flyarchive(url: str, model: mujoco.MjModel, camera: str, out: Path,
         render_videos(url, model, camera, str(out), options=options, n_workers=0)
     finally:
         os.environ.pop("FLYARCHIVE_ENCODERS")
+
+
+def _no_graph(run: Callable[[], None]) -> None:
+    """``run()`` with a fresh renderer that launches kernel by kernel (no CUDA graph)."""
+    import os
+
+    from flyarchive.replay import gpu_videos
+
+    gpu_videos._renderers.clear()
+    os.environ["FLYARCHIVE_CUDA_GRAPH"] = "0"
+    try:
+        run()
+    finally:
+        os.environ.pop("FLYARCHIVE_CUDA_GRAPH")
+        gpu_videos._renderers.clear()
 
 
 def _flygym(model: mujoco.MjModel, camera: str, qpos: np.ndarray,

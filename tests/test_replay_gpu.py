@@ -378,3 +378,31 @@ def test_host_buffer_ring_keeps_each_batch_until_it_is_reused(slider):
     for a, e in zip(actual, expected):
         np.testing.assert_array_equal(a, e)
     assert not np.array_equal(actual[0], actual[2])
+
+
+def _has_cuda() -> bool:
+    import warp as wp
+
+    wp.init()
+    return wp.get_cuda_device_count() > 0
+
+
+def test_cuda_graph_batches_equal_kernel_by_kernel_batches(monkeypatch):
+    if not _has_cuda():
+        pytest.skip("CUDA graphs need a CUDA device; CI has none (run this on a GPU machine)")
+    from flyarchive.replay.gpu import WarpBatchRenderer
+
+    model = tiny_model()
+    qpos, mocap_pos, mocap_quat = random_states(model, 4 * BATCH + 1, seed=9)
+    graph = WarpBatchRenderer(model, ["front", "top"], SIZE, batch_worlds=BATCH, device="cuda",
+                              pixel_format="yuv420p")
+    monkeypatch.setenv("FLYARCHIVE_CUDA_GRAPH", "0")
+    eager = WarpBatchRenderer(model, ["front", "top"], SIZE, batch_worlds=BATCH, device="cuda",
+                              pixel_format="yuv420p")
+
+    for start in range(0, 4 * BATCH + 1, BATCH):  # 4 full batches, then a partial one
+        rows = slice(start, start + BATCH)
+        actual = graph.render_batch(qpos[rows], mocap_pos[rows], mocap_quat[rows])
+        expected = eager.render_batch(qpos[rows], mocap_pos[rows], mocap_quat[rows])
+        np.testing.assert_array_equal(actual, expected)
+    assert graph._graph is not None and eager._graph is None

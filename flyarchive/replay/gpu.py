@@ -11,6 +11,7 @@ flyarchive`` does not import it.
 
 from __future__ import annotations
 
+import os
 import warnings
 from collections.abc import Sequence
 from typing import Any
@@ -195,6 +196,10 @@ class WarpBatchRenderer:
         self._device = wp.get_device(device)
         with wp.ScopedDevice(self._device):
             self._build_device_state()
+        # FLYARCHIVE_CUDA_GRAPH=0 launches kernel by kernel on CUDA too (for comparison).
+        self._use_graph = self._device.is_cuda and os.environ.get("FLYARCHIVE_CUDA_GRAPH") != "0"
+        self._graph: Any = None
+        self._full_batches = 0
         self._default_state = _default_state(self._model)
 
     # -- public API --------------------------------------------------------------
@@ -258,8 +263,7 @@ class WarpBatchRenderer:
         """
         n = self._upload(qpos, mocap_pos, mocap_quat)
         with wp.ScopedDevice(self._device):
-            self._unpack_states(n)
-            self.render_resident()
+            self._launch(n)
             return self._download_rgb(n)
 
     def geom_poses(
@@ -364,6 +368,32 @@ class WarpBatchRenderer:
         wp.copy(self._states_device, self._states_host, count=n * self._nstate)
         return n
 
+    def _launch(self, n: int) -> None:
+        """Queue unpacking, kinematics, refit, render and pixel conversion of ``n`` states.
+
+        On CUDA, full batches replay a CUDA graph captured from the second one: one
+        launch instead of hundreds, so a busy host (encoders on every core) cannot
+        stall the GPU between kernel launches. Partial batches, and Warp's CPU device,
+        launch kernel by kernel.
+        """
+        if not (self._use_graph and n == self._batch_worlds):
+            self._queue_work(n)
+            return
+        if self._graph is None and self._full_batches > 0:
+            with wp.ScopedCapture(device=self._device) as capture:
+                self._queue_work(n)
+            self._graph = capture.graph
+        self._full_batches += 1
+        if self._graph is None:
+            self._queue_work(n)  # the first full batch: allocations and module loads
+        else:
+            wp.capture_launch(self._graph)
+
+    def _queue_work(self, n: int) -> None:
+        self._unpack_states(n)
+        self.render_resident()
+        self._convert_pixels(n)
+
     def _unpack_states(self, n: int) -> None:
         wp.launch(_scatter_qpos, dim=(n, self._nq), inputs=[self._states_device, self._data.qpos])
         if self._nmocap:
@@ -382,19 +412,22 @@ class WarpBatchRenderer:
         if self._model.nflex:
             mjw.flex(m, d)
 
-    def _download_rgb(self, n: int) -> np.ndarray:
+    def _convert_pixels(self, n: int) -> None:
         height, width = self._size
         ncam = len(self._camera_names)
         rc = self._render_context
         if self._pixel_format == "rgb24":
             wp.launch(_packed_rgb_to_uint8, dim=(n, ncam, height * width),
                       inputs=[rc.rgb_data, rc.rgb_adr], outputs=[self._rgb_device])
-            frame = (height, width, 3)
         else:
             wp.launch(_packed_rgb_to_i420, dim=(n, ncam, height * width // 4),
                       inputs=[rc.rgb_data, rc.rgb_adr, width, height],
                       outputs=[self._rgb_device])
-            frame = (height * 3 // 2, width)
+
+    def _download_rgb(self, n: int) -> np.ndarray:
+        height, width = self._size
+        ncam = len(self._camera_names)
+        frame = (height, width, 3) if self._pixel_format == "rgb24" else (height * 3 // 2, width)
         host = self._rgb_hosts[self._next_host]
         wp.copy(host, self._rgb_device, count=n * self._rgb_device.size // self._batch_worlds)
         wp.synchronize_device(self._device)

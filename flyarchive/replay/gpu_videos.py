@@ -395,6 +395,21 @@ def _read_batch_unchecked(ds: Any, jobs: tuple[Any, ...], batch: Batch
 
 
 # ----------------------------------------------------------------------------- encoding
+def _leave_render_core() -> None:
+    """Keep this encoder thread, and the ffmpeg processes it starts, off one core.
+
+    With an encoder on every core, the thread that drives the renderer waits for a
+    time slice at each step and the GPU idles meanwhile. On Linux with at least 4
+    usable cores, encoder threads (ffmpeg inherits the affinity of the thread that
+    starts it) use all cores but the first, which the render and read threads keep.
+    """
+    if not hasattr(os, "sched_setaffinity"):  # not Linux
+        return
+    cores = os.sched_getaffinity(0)
+    if len(cores) >= 4:
+        os.sched_setaffinity(0, cores - {min(cores)})  # pid 0: this thread only
+
+
 class _Encoders:
     """Encoder threads, each owning a fixed set of videos and writing them in order.
 
@@ -468,6 +483,7 @@ class _Encoders:
             thread.join()
 
     def _work(self, q: queue.Queue[Any]) -> None:
+        _leave_render_core()
         while (item := q.get()) is not _STOP:
             piece, cam, frames = item
             try:
