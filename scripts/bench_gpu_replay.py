@@ -220,11 +220,13 @@ def _read_all(url: str, batch_worlds: int) -> None:
     from flyarchive.query import open_archive
     from flyarchive.render import select_frames
     from flyarchive.replay import gpu_videos
+    from flyarchive.store import open_group
 
-    ds = open_archive(url)
-    jobs = tuple(select_frames(ds))
+    jobs = tuple(select_frames(open_archive(url)))
+    group = open_group(url)
+    source = (url, {n: group[n] for n in ("qpos", "mocap_pos", "mocap_quat") if n in group})
     for batch in gpu_videos.pack_batches(jobs, batch_worlds):
-        gpu_videos._read_batch(ds, jobs, batch)
+        gpu_videos._read_batch(source, jobs, batch)
 
 
 def _flyarchive(url: str, model: mujoco.MjModel, camera: str, out: Path,

@@ -219,6 +219,23 @@ def test_frames_that_hold_nan_render_black(tmp_path):
     assert (others.reshape(len(others), -1).max(axis=1) > 128).all()  # the block shows
 
 
+def test_a_chunk_with_flipped_bits_is_a_corrupt_archive_error(tmp_path):
+    from flyarchive.errors import CorruptArchiveError
+
+    url = str(tmp_path / "bad.zarr")
+    write_slider_archive(url, slider_qpos(1, SLIDER_FRAMES))
+    shard = next(p for p in (Path(url) / "qpos" / "c" / "0" / "0").rglob("*") if p.is_file())
+    data = bytearray(shard.read_bytes())
+    data[len(data) // 2] ^= 0x40
+    shard.write_bytes(bytes(data))
+
+    with pytest.raises(CorruptArchiveError, match="verify") as err:
+        render_here(url, slider_model(), "front", str(tmp_path / "v"), options=WARP)
+
+    assert "worlds [0]" in str(err.value)
+    assert not (tmp_path / "v" / "world00000" / "front.mp4").exists()
+
+
 def test_existing_videos_are_refused_without_overwrite(slider_archive, tmp_path):
     url, _ = slider_archive
     out = str(tmp_path / "v")

@@ -227,6 +227,7 @@ def render_jobs(plan: Any, blob: bytes, jobs: Sequence[Any], device: str) -> lis
     import dask
 
     from flyarchive.query import open_archive
+    from flyarchive.store import open_group
 
     jobs = tuple(jobs)
     options = plan.options
@@ -234,14 +235,19 @@ def render_jobs(plan: Any, blob: bytes, jobs: Sequence[Any], device: str) -> lis
     batch_worlds = min(_batch_worlds(options), sum(job.n_frames for job in jobs))
     batches = pack_batches(jobs, batch_worlds)
     with dask.config.set(scheduler="synchronous"):  # in a Dask task: read here, not on the cluster
-        ds = open_archive(plan.url, plan.storage_options or None)
+        open_archive(plan.url, plan.storage_options or None)  # validates the archive
+    group = open_group(plan.url, plan.storage_options or None)
+    # States are read with zarr directly: xarray and dask cost ~6x more per batch, and
+    # the reader must keep up with the GPU while the encoders load every core.
+    arrays = {n: group[n] for n in ("qpos", "mocap_pos", "mocap_quat") if n in group}
+    source = (plan.url, arrays)
     with _renderers_lock:  # one batch stream per device at a time in a process
         renderer = _renderer(blob, tuple(plan.cameras), tuple(options.size), batch_worlds,
                              device)
         with tempfile.TemporaryDirectory(prefix="flyarchive-warp-") as tmp:
             encoders = _Encoders(plan, jobs, Path(tmp), renderer.pixel_format)
             try:
-                _render_batches(ds, jobs, batches, renderer, renderer.default_state,
+                _render_batches(source, jobs, batches, renderer, renderer.default_state,
                                 encoders, options.progress)
                 entries = encoders.finish()
             except BaseException:
@@ -250,10 +256,10 @@ def render_jobs(plan: Any, blob: bytes, jobs: Sequence[Any], device: str) -> lis
     return [entries[(i, c)] for i in range(len(jobs)) for c in plan.cameras]
 
 
-def _render_batches(ds: Any, jobs: tuple[Any, ...], batches: list[Batch], renderer: Any,
+def _render_batches(source: tuple[str, dict[str, Any]], jobs: tuple[Any, ...], batches: list[Batch], renderer: Any,
                     default: np.ndarray, encoders: _Encoders, progress: bool) -> None:
     bar = _progress_bar(sum(b.n for b in batches), progress)
-    with _read_ahead(ds, jobs, batches) as states:
+    with _read_ahead(source, jobs, batches) as states:
         clock = time.perf_counter()
         for batch, (qpos, mocap_pos, mocap_quat) in zip(batches, states):
             STATS["wait_read_s"] += time.perf_counter() - clock
@@ -313,7 +319,8 @@ def _fill_invalid(qpos: np.ndarray, mocap_pos: np.ndarray | None, mocap_quat: np
 
 # ----------------------------------------------------------------------------- reading
 @contextmanager
-def _read_ahead(ds: Any, jobs: tuple[Any, ...], batches: list[Batch]) -> Iterator[Iterator[Any]]:
+def _read_ahead(source: tuple[str, dict[str, Any]], jobs: tuple[Any, ...], batches: list[Batch]
+                ) -> Iterator[Iterator[Any]]:
     """States of each batch, read by a background thread at most ``_READ_AHEAD`` ahead."""
     results: queue.Queue[Any] = queue.Queue(maxsize=_READ_AHEAD)
     stop = threading.Event()
@@ -331,7 +338,7 @@ def _read_ahead(ds: Any, jobs: tuple[Any, ...], batches: list[Batch]) -> Iterato
     def read_all() -> None:
         try:
             for batch in batches:
-                if not offer(_read_batch(ds, jobs, batch)):
+                if not offer(_read_batch(source, jobs, batch)):
                     return
         except BaseException as err:  # handed to the consumer
             offer(err)
@@ -352,45 +359,44 @@ def _read_ahead(ds: Any, jobs: tuple[Any, ...], batches: list[Batch]) -> Iterato
         thread.join()
 
 
-def _read_batch(ds: Any, jobs: tuple[Any, ...], batch: Batch
+def _read_batch(source: tuple[str, dict[str, Any]], jobs: tuple[Any, ...], batch: Batch
                 ) -> tuple[np.ndarray, np.ndarray | None, np.ndarray | None]:
-    """``(n, nq)`` qpos and ``(n, nmocap, 3|4)`` mocap of a batch, host arrays.
+    """``(n, nq)`` qpos and ``(n, nmocap, 3|4)`` mocap of a batch, host float32 arrays.
 
-    The bounding block of worlds x frames is read at once when it holds at most twice
-    the frames needed (the usual case: whole recordings of consecutive worlds); else
-    one read per piece.
+    ``source`` is ``(url, {name: zarr array})``. The bounding block of worlds x frames
+    is read at once when it holds at most twice the frames needed (the usual case:
+    whole recordings of consecutive worlds); else one read per piece. Jobs hold
+    committed frames only, so no masking is needed.
 
     Raises:
         CorruptArchiveError: stored bytes fail their checksum or do not decode.
     """
     from flyarchive.query import corrupt_read
 
+    url, arrays = source
     try:
-        return _read_batch_unchecked(ds, jobs, batch)
+        return _read_batch_unchecked(arrays, jobs, batch)
     except ValueError as err:
         worlds = sorted({jobs[p.job].world_id for p in batch.pieces})
-        raise corrupt_read(ds.encoding.get("source", "the archive"),
-                           f"the states of worlds {worlds}", err) from None
+        raise corrupt_read(url, f"the states of worlds {worlds}", err) from None
 
 
-def _read_batch_unchecked(ds: Any, jobs: tuple[Any, ...], batch: Batch
+def _read_batch_unchecked(arrays: dict[str, Any], jobs: tuple[Any, ...], batch: Batch
                           ) -> tuple[np.ndarray, np.ndarray | None, np.ndarray | None]:
-    names = ["qpos"] + [n for n in ("mocap_pos", "mocap_quat") if n in ds]
-    out = {n: np.empty((batch.n, *ds[n].shape[2:]), dtype=np.float32) for n in names}
+    out = {n: np.empty((batch.n, *a.shape[2:]), dtype=np.float32) for n, a in arrays.items()}
     rows = [jobs[p.job].world_index for p in batch.pieces]
     w0, w1 = min(rows), max(rows) + 1
     k0 = min(p.start for p in batch.pieces)
     k1 = max(p.stop for p in batch.pieces)
     if (w1 - w0) * (k1 - k0) <= 2 * batch.n:
-        block = ds[names].isel(world=slice(w0, w1), time=slice(k0, k1)).compute(scheduler="threads")
+        block = {n: a[w0:w1, k0:k1] for n, a in arrays.items()}
         for p, row in zip(batch.pieces, rows):
-            for n in names:
-                out[n][p.offset:p.offset + p.n] = block[n].values[row - w0, p.start - k0:p.stop - k0]
+            for n in arrays:
+                out[n][p.offset:p.offset + p.n] = block[n][row - w0, p.start - k0:p.stop - k0]
     else:
         for p, row in zip(batch.pieces, rows):
-            piece = ds[names].isel(world=row, time=slice(p.start, p.stop)).compute(scheduler="threads")
-            for n in names:
-                out[n][p.offset:p.offset + p.n] = piece[n].values
+            for n, a in arrays.items():
+                out[n][p.offset:p.offset + p.n] = a[row, p.start:p.stop]
     return out["qpos"], out.get("mocap_pos"), out.get("mocap_quat")
 
 
