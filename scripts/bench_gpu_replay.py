@@ -5,13 +5,18 @@ NeuroMechFly walk from :func:`flyarchive.interop.nmf.walk_qpos`, shifted and
 jittered per world; or the tiny test model). Rows of the table:
 
 1. raw: ``WarpBatchRenderer.render_resident`` loop, ``B`` resident states:
-   kinematics + BVH refit + render only, the rendering limit.
-2. batch: ``WarpBatchRenderer.render_batch``: upload, render, uint8 on the device,
-   one copy to the host.
+   kinematics + BVH refit + render only, the rendering limit (on CUDA also replayed
+   as one captured CUDA graph, printed beside it).
+2. batch: ``WarpBatchRenderer.render_batch``: upload, render, uint8 RGB on the
+   device, one copy to the host; its note: the same with ``pixel_format="yuv420p"``
+   (I420 on the device, half the bytes), what ``render_videos`` uses.
    read: reading every batch's states from the archive, as row 3 does in a
    background thread (a diagnostic: row 3 is bounded below by it).
 3. flyarchive: ``render_videos`` from the archive on disk to one mp4 per world, end
-   to end (open, read, render, encode, write; renderer setup included).
+   to end (open, read, render, encode, write; renderer setup included), x264
+   ``veryfast``. ``flyarchive_no_graph``: the same launching kernel by kernel
+   (``FLYARCHIVE_CUDA_GRAPH=0``). ``flyarchive_<preset>_e<k>`` (``--presets``,
+   ``--encoders``): other x264 presets and encoder thread counts, renderer warm.
 4. flygym: ``flygym.warp.recording.render_trajectories_gpu`` on the same states
    (``RecordedTrajectory`` objects built from them) with ``worlds_per_batch`` 32 and
    256, videos written to ``output_path``; the better of the two is compared. The
