@@ -7,13 +7,14 @@ tests) need no large model.
 from __future__ import annotations
 
 from collections.abc import Callable
+from pathlib import Path
 
 import mujoco
 import numpy as np
 
 __all__ = [
     "TINY_XML", "SLIDER_XML", "tiny_model", "slider_model", "simulate", "perturb",
-    "reference_frames", "rgb_to_i420",
+    "reference_frames", "rgb_to_i420", "shard_file", "flip_bits",
 ]
 
 TINY_XML = """
@@ -158,3 +159,18 @@ def rgb_to_i420(frames: np.ndarray) -> np.ndarray:
     v = ((112 * r - 94 * g - 18 * b + 128) >> 8) + 128
     planes = [luma.reshape(*lead, -1), u.reshape(*lead, -1), v.reshape(*lead, -1)]
     return np.concatenate(planes, axis=-1).reshape(*lead, height * 3 // 2, width).astype(np.uint8)
+
+
+def shard_file(url: str, name: str, world_shard: int = 0, time_shard: int = 0) -> Path:
+    """The file of one shard of array ``name`` in a local archive (zarr v3 default keys)."""
+    folder = Path(url) / name / "c" / str(world_shard) / str(time_shard)
+    (path,) = [p for p in folder.rglob("*") if p.is_file()]
+    return path
+
+
+def flip_bits(path: Path, at: float = 0.5, mask: int = 0x40) -> None:
+    """Corrupt a file in place: XOR ``mask`` into the byte at fraction ``at`` of it."""
+    data = bytearray(path.read_bytes())
+    data[int(len(data) * at)] ^= mask
+    path.write_bytes(bytes(data))
+

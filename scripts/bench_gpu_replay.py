@@ -225,11 +225,9 @@ def _read_all(url: str, batch_worlds: int) -> None:
     from flyarchive.query import open_archive
     from flyarchive.render import select_frames
     from flyarchive.replay import gpu_videos
-    from flyarchive.store import open_group
 
     jobs = tuple(select_frames(open_archive(url)))
-    group = open_group(url)
-    source = (url, {n: group[n] for n in ("qpos", "mocap_pos", "mocap_quat") if n in group})
+    source = gpu_videos.batch_source(url)
     for batch in gpu_videos.pack_batches(jobs, batch_worlds):
         gpu_videos._read_batch(source, jobs, batch)
 
@@ -237,33 +235,41 @@ def _read_all(url: str, batch_worlds: int) -> None:
 def _flyarchive(url: str, model: mujoco.MjModel, camera: str, out: Path,
                 args: argparse.Namespace, backend: str, preset: str = "veryfast",
                 encoders: int = 0) -> None:
-    import os
-
     from flyarchive.render import RenderOptions, render_videos
     from flyarchive.video import VideoOptions
 
     options = RenderOptions(size=args.size, backend=backend, batch_worlds=args.batch,
                             video=VideoOptions(preset=preset))
-    os.environ["FLYARCHIVE_ENCODERS"] = str(encoders)  # 0: one per core
-    try:
+    with _environ("FLYARCHIVE_ENCODERS", str(encoders)):  # 0: one per core
         render_videos(url, model, camera, str(out), options=options, n_workers=0)
-    finally:
-        os.environ.pop("FLYARCHIVE_ENCODERS")
 
 
 def _no_graph(run: Callable[[], None]) -> None:
     """``run()`` with a fresh renderer that launches kernel by kernel (no CUDA graph)."""
-    import os
-
     from flyarchive.replay import gpu_videos
 
     gpu_videos._renderers.clear()
-    os.environ["FLYARCHIVE_CUDA_GRAPH"] = "0"
     try:
-        run()
+        with _environ("FLYARCHIVE_CUDA_GRAPH", "0"):
+            run()
     finally:
-        os.environ.pop("FLYARCHIVE_CUDA_GRAPH")
         gpu_videos._renderers.clear()
+
+
+@contextmanager
+def _environ(name: str, value: str) -> Iterator[None]:
+    """``os.environ[name] = value`` inside the block, as it was after it."""
+    import os
+
+    before = os.environ.get(name)
+    os.environ[name] = value
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop(name)
+        else:
+            os.environ[name] = before
 
 
 def _flygym(model: mujoco.MjModel, camera: str, qpos: np.ndarray,

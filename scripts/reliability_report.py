@@ -114,7 +114,7 @@ def run_corruptions(workdir: Path) -> list[dict[str, Any]]:
     import zarr
 
     from flyarchive import TrajectoryRecorder
-    from flyarchive.testing import simulate, tiny_model
+    from flyarchive.testing import flip_bits, shard_file, simulate, tiny_model
     from flyarchive.integrity import verify
 
     model = tiny_model()
@@ -122,14 +122,8 @@ def run_corruptions(workdir: Path) -> list[dict[str, Any]]:
     with TrajectoryRecorder(str(sound), model, chunk_frames=5) as recorder:
         simulate(model, 2, 76, recorder.record_as_needed)
 
-    def shard(root: Path, name: str, t: int) -> Path:
-        return next(p for p in (root / name / "c" / "0" / str(t)).rglob("*") if p.is_file())
-
     def flip(root: Path) -> None:
-        path = shard(root, "qpos", 1)
-        data = bytearray(path.read_bytes())
-        data[len(data) // 3] ^= 0x10
-        path.write_bytes(bytes(data))
+        flip_bits(shard_file(str(root), "qpos", 0, 1), at=1 / 3, mask=0x10)
 
     def n_frames_beyond(root: Path) -> None:
         zarr.open_group(str(root), mode="r+")["n_frames"][:] = np.array([20, 25])
@@ -138,7 +132,7 @@ def run_corruptions(workdir: Path) -> list[dict[str, Any]]:
         "none (sound archive)": lambda root: None,
         "flipped bit in a qpos shard": flip,
         "missing mocap_pos shard inside n_frames":
-            lambda root: shard(root, "mocap_pos", 2).unlink(),
+            lambda root: shard_file(str(root), "mocap_pos", 0, 2).unlink(),
         "missing time chunk": lambda root: (root / "time" / "c" / "1").unlink(),
         "n_frames beyond the time extent": n_frames_beyond,
     }

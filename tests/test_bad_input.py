@@ -32,7 +32,7 @@ from flyarchive.errors import (
 )
 from flyarchive.render import RenderOptions, render_videos
 from flyarchive.store import ArchiveWriter, FrameBlock
-from flyarchive.testing import TINY_XML, simulate
+from flyarchive.testing import TINY_XML, flip_bits, shard_file, simulate
 
 SMALL = RenderOptions(size=(48, 64), segment_frames=8)
 
@@ -295,10 +295,7 @@ def test_a_plain_zarr_group_is_not_an_archive(tmp_path):
 
 
 def test_rendering_a_chunk_with_flipped_bits_is_a_corrupt_archive_error(tiny, archive, tmp_path):
-    shard = next(p for p in (Path(archive) / "qpos" / "c" / "0" / "0").rglob("*") if p.is_file())
-    data = bytearray(shard.read_bytes())
-    data[len(data) // 2] ^= 0x40
-    shard.write_bytes(bytes(data))
+    flip_bits(shard_file(archive, "qpos"))
 
     with pytest.raises(CorruptArchiveError, match="verify") as err:
         render_videos(archive, tiny, "front", str(tmp_path / "v"), worlds=[0], options=SMALL,

@@ -12,7 +12,7 @@ import zarr
 from flyarchive import TrajectoryRecorder
 from flyarchive.cli import main
 from flyarchive.faults import KillConfig, kill_trial
-from flyarchive.testing import simulate
+from flyarchive.testing import flip_bits, shard_file, simulate
 from flyarchive.integrity import verify
 
 PACKAGE = Path(__file__).resolve().parents[1] / "flyarchive"
@@ -22,13 +22,6 @@ def record_local(model, url, *, n_worlds=2, n_steps=76, chunk_frames=5):
     """Record 20 frames (4 chunks) of ``n_worlds`` tiny worlds at ``url``."""
     with TrajectoryRecorder(url, model, chunk_frames=chunk_frames) as recorder:
         simulate(model, n_worlds, n_steps, recorder.record_as_needed)
-
-
-def shard_file(url, name, world_shard, time_shard):
-    """The file of one shard of a state array (zarr v3 default chunk key encoding)."""
-    folder = Path(url) / name / "c" / str(world_shard) / str(time_shard)
-    (path,) = [p for p in folder.rglob("*") if p.is_file()]
-    return path
 
 
 # ----------------------------------------------------------------------------- kills
@@ -94,10 +87,7 @@ def test_verify_passes_a_sound_archive(tiny, tmp_path, capsys):
 def test_verify_detects_flipped_bits_in_a_chunk(tiny, tmp_path, capsys):
     url = str(tmp_path / "flipped.zarr")
     record_local(tiny, url)
-    path = shard_file(url, "qpos", 0, 1)
-    data = bytearray(path.read_bytes())
-    data[len(data) // 3] ^= 0b0001_0000
-    path.write_bytes(bytes(data))
+    flip_bits(shard_file(url, "qpos", 0, 1), at=1 / 3, mask=0b0001_0000)
 
     report = verify(url)
     code = main(["verify", url])

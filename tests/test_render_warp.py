@@ -18,7 +18,7 @@ from flyarchive.layout import ModelLayout
 from flyarchive.record.cpu import TrajectoryRecorder
 from flyarchive.render import RenderOptions, VideoJob, render_videos
 from flyarchive.store import ArchiveSpec, ArchiveWriter, FrameBlock
-from flyarchive.testing import simulate, slider_model, tiny_model
+from flyarchive.testing import flip_bits, shard_file, simulate, slider_model, tiny_model
 from flyarchive.video import VideoOptions, read_video
 
 requires_warp = pytest.mark.skipif(
@@ -224,10 +224,7 @@ def test_a_chunk_with_flipped_bits_is_a_corrupt_archive_error(tmp_path):
 
     url = str(tmp_path / "bad.zarr")
     write_slider_archive(url, slider_qpos(1, SLIDER_FRAMES))
-    shard = next(p for p in (Path(url) / "qpos" / "c" / "0" / "0").rglob("*") if p.is_file())
-    data = bytearray(shard.read_bytes())
-    data[len(data) // 2] ^= 0x40
-    shard.write_bytes(bytes(data))
+    flip_bits(shard_file(url, "qpos"))
 
     with pytest.raises(CorruptArchiveError, match="verify") as err:
         render_here(url, slider_model(), "front", str(tmp_path / "v"), options=WARP)

@@ -28,6 +28,7 @@ from flyarchive.errors import (
 )
 from flyarchive.models import camera_ids
 from flyarchive.replay.warp_model import prepare_for_batch_rendering
+from flyarchive.video import PIXEL_FORMATS, frame_shape, parse_video_size
 
 try:
     import mujoco_warp as mjw
@@ -170,10 +171,8 @@ class WarpBatchRenderer:
         pixel_format: str = "rgb24",
     ) -> None:
         self._camera_names = _parse_cameras(model, cameras)
-        if pixel_format not in ("rgb24", "yuv420p"):
-            raise ValueError(
-                f"pixel_format={pixel_format!r} is not one of 'rgb24', 'yuv420p'."
-            )
+        if pixel_format not in PIXEL_FORMATS:
+            raise ValueError(f"pixel_format={pixel_format!r} is not one of {PIXEL_FORMATS}.")
         self._pixel_format = pixel_format
         if int(host_buffers) < 1:
             raise ValueError(f"host_buffers={host_buffers!r} must be at least 1.")
@@ -181,8 +180,6 @@ class WarpBatchRenderer:
         self._next_host = 0
         self._size = _parse_size(size)
         if pixel_format == "yuv420p":
-            from flyarchive.video import parse_video_size
-
             parse_video_size(self._size)  # even sides, or a FrameSizeError naming them
         if int(batch_worlds) < 1:
             raise ValueError(
@@ -425,9 +422,8 @@ class WarpBatchRenderer:
                       outputs=[self._rgb_device])
 
     def _download_rgb(self, n: int) -> np.ndarray:
-        height, width = self._size
         ncam = len(self._camera_names)
-        frame = (height, width, 3) if self._pixel_format == "rgb24" else (height * 3 // 2, width)
+        frame = frame_shape(self._size, self._pixel_format)
         host = self._rgb_hosts[self._next_host]
         wp.copy(host, self._rgb_device, count=n * self._rgb_device.size // self._batch_worlds)
         wp.synchronize_device(self._device)

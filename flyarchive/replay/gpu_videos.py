@@ -48,7 +48,7 @@ from flyarchive.errors import RenderBackendError
 
 __all__ = [
     "Batch", "Piece", "pack_batches", "split_groups", "warp_device", "render_jobs",
-    "run_warp_plan", "runs_here",
+    "run_warp_plan", "runs_here", "batch_source",
 ]
 
 #: Rendered batches that may wait for their encoders at one time (host memory bound).
@@ -224,23 +224,12 @@ def render_jobs(plan: Any, blob: bytes, jobs: Sequence[Any], device: str) -> lis
         VideoEncodeError, StorageError, NonFiniteStateError (never for committed NaN
             frames: those render black, as on the CPU backend).
     """
-    import dask
-
-    from flyarchive.query import open_archive
-    from flyarchive.store import open_group
-
     jobs = tuple(jobs)
     options = plan.options
     # No bigger than the work: a partial batch costs a full one.
     batch_worlds = min(_batch_worlds(options), sum(job.n_frames for job in jobs))
     batches = pack_batches(jobs, batch_worlds)
-    with dask.config.set(scheduler="synchronous"):  # in a Dask task: read here, not on the cluster
-        open_archive(plan.url, plan.storage_options or None)  # validates the archive
-    group = open_group(plan.url, plan.storage_options or None)
-    # States are read with zarr directly: xarray and dask cost ~6x more per batch, and
-    # the reader must keep up with the GPU while the encoders load every core.
-    arrays = {n: group[n] for n in ("qpos", "mocap_pos", "mocap_quat") if n in group}
-    source = (plan.url, arrays)
+    source = batch_source(plan.url, plan.storage_options)
     with _renderers_lock:  # one batch stream per device at a time in a process
         renderer = _renderer(blob, tuple(plan.cameras), tuple(options.size), batch_worlds,
                              device)
@@ -256,8 +245,8 @@ def render_jobs(plan: Any, blob: bytes, jobs: Sequence[Any], device: str) -> lis
     return [entries[(i, c)] for i in range(len(jobs)) for c in plan.cameras]
 
 
-def _render_batches(source: tuple[str, dict[str, Any]], jobs: tuple[Any, ...], batches: list[Batch], renderer: Any,
-                    default: np.ndarray, encoders: _Encoders, progress: bool) -> None:
+def _render_batches(source: tuple[str, dict[str, Any]], jobs: tuple[Any, ...],
+                    batches: list[Batch], renderer: Any, default: np.ndarray, encoders: _Encoders, progress: bool) -> None:
     bar = _progress_bar(sum(b.n for b in batches), progress)
     with _read_ahead(source, jobs, batches) as states:
         clock = time.perf_counter()
@@ -318,6 +307,20 @@ def _fill_invalid(qpos: np.ndarray, mocap_pos: np.ndarray | None, mocap_quat: np
 
 
 # ----------------------------------------------------------------------------- reading
+def batch_source(url: str, storage_options: dict[str, Any] | None = None
+                 ) -> tuple[str, dict[str, Any]]:
+    """``(url, {name: zarr array})``: the state arrays batches are read from.
+
+    Opened once, with the schema checked (:func:`flyarchive.store.open_group`), and read
+    with zarr directly: xarray and dask cost ~6x more per batch, and the reader must keep
+    up with the GPU while the encoders load every core.
+    """
+    from flyarchive.store import open_group
+
+    group = open_group(url, storage_options or None)
+    return url, {n: group[n] for n in ("qpos", "mocap_pos", "mocap_quat") if n in group}
+
+
 @contextmanager
 def _read_ahead(source: tuple[str, dict[str, Any]], jobs: tuple[Any, ...], batches: list[Batch]
                 ) -> Iterator[Iterator[Any]]:
