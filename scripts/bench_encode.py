@@ -6,7 +6,8 @@ time, each driven by a Python thread taking videos from a shared queue. Frames (
 static gradient plus a moving disc, so x264 has motion to encode) are generated once
 and reused, so only encoding is timed. A case is one (preset, input format, encoder
 threads, jobs): ``rgb24`` input makes ffmpeg convert to yuv420p with swscale,
-``yuv420p`` input (BT.601 limited range, converted here in numpy) needs no conversion.
+``yuv420p`` input (BT.601 limited range, converted with ``flyarchive.testing.rgb_to_i420``,
+the GPU renderer's conversion in numpy) needs no conversion.
 
 Per case: wall time for all videos, frames/s = videos * frames / wall, the mean ffmpeg
 process lifetime, and the CPU of the children (``RUSAGE_CHILDREN`` user + sys) per
@@ -40,6 +41,9 @@ from typing import Any
 
 import imageio_ffmpeg
 import numpy as np
+
+from flyarchive.testing import rgb_to_i420
+from flyarchive.video import read_video
 
 CHUNK = 32  # frames per pipe write
 
@@ -130,25 +134,6 @@ def make_frames(n: int, h: int, w: int) -> np.ndarray:
     return frames
 
 
-def rgb_to_i420(rgb: np.ndarray) -> np.ndarray:
-    """``(n, h, w, 3)`` RGB to ``(n, h*3//2, w)`` planar I420, BT.601 limited range.
-
-    Chroma is computed from the 2x2 mean of RGB; U then V follow the Y rows, flattened.
-    """
-    n, h, w, _ = rgb.shape
-    c = rgb.astype(np.int32)
-    r, g, b = c[..., 0], c[..., 1], c[..., 2]
-    luma = ((66 * r + 129 * g + 25 * b + 128) >> 8) + 16
-    m = (c.reshape(n, h // 2, 2, w // 2, 2, 3).sum(axis=(2, 4)) + 2) >> 2  # rounded 2x2 mean
-    r, g, b = m[..., 0], m[..., 1], m[..., 2]
-    u = ((-38 * r - 74 * g + 112 * b + 128) >> 8) + 128
-    v = ((112 * r - 94 * g - 18 * b + 128) >> 8) + 128
-    out = np.empty((n, h * 3 // 2, w), np.uint8)
-    out[:, :h] = luma
-    out[:, h:] = np.concatenate([u.reshape(n, -1), v.reshape(n, -1)], 1).reshape(n, h // 2, w)
-    return out
-
-
 # ----------------------------------------------------------------------------- encoding
 def encode(exe: str, frames: np.ndarray, fmt: str, size: tuple[int, int], preset: str,
            threads: int, path: Path, repeat: int = 1) -> float:
@@ -220,18 +205,12 @@ def run_case(exe: str, name: str, frames: np.ndarray, fmt: str, preset: str, thr
 
 def sanity(rgb_mp4: Path, yuv_mp4: Path, source: np.ndarray) -> dict[str, float]:
     """Mean absolute differences of the decoded videos, with each other and the source."""
-    a, b = _decode(rgb_mp4, source.shape[1:3]), _decode(yuv_mp4, source.shape[1:3])
+    a = read_video(rgb_mp4).astype(np.float32)
+    b = read_video(yuv_mp4).astype(np.float32)
     src = source.astype(np.float32)
     return {"yuv_vs_rgb_mean_abs_diff": round(float(np.abs(a - b).mean()), 3),
             "rgb_vs_source_mean_abs_diff": round(float(np.abs(a - src).mean()), 3),
             "yuv_vs_source_mean_abs_diff": round(float(np.abs(b - src).mean()), 3)}
-
-
-def _decode(path: Path, size: tuple[int, int]) -> np.ndarray:
-    gen = imageio_ffmpeg.read_frames(str(path))
-    next(gen)  # metadata
-    frames = [np.frombuffer(f, np.uint8).reshape(*size, 3) for f in gen]
-    return np.stack(frames).astype(np.float32)
 
 
 # ----------------------------------------------------------------------------- output
