@@ -12,6 +12,11 @@ jittered per world; or the tiny test model). Rows of the table:
    (I420 on the device, half the bytes), what ``render_videos`` uses.
    read: reading every batch's states from the archive, as row 3 does in a
    background thread (a diagnostic: row 3 is bounded below by it).
+   pipelined: ``WarpBatchRenderer.submit`` with batch k + 1 queued before batch k's
+   yuv420p frames are waited for, as row 3 does: the GPU stage's limit.
+   encode_only: row 3's pipeline (reader, encoder threads, ffmpeg) with the renderer
+   replaced by one that hands out frames rendered beforehand: the encoding limit
+   (``encode_only_<preset>`` for the extra presets).
 3. flyarchive: ``render_videos`` from the archive on disk to one mp4 per world, end
    to end (open, read, render, encode, write; renderer setup included), x264
    ``veryfast``. ``flyarchive_no_graph``: the same launching kernel by kernel
@@ -25,7 +30,9 @@ jittered per world; or the tiny test model). Rows of the table:
    reported, not raised.
 
 A frame is one (state, camera) image. Peak RSS is sampled every 20 ms over this
-process and its children (ffmpeg), per row.
+process and its children (ffmpeg), per row; ``cpu_s`` is this process's CPU time
+and ``cpu_children_s`` that of its finished children (ffmpeg), per row. flyarchive
+rows carry ``stages_s``, the pipeline's stage timers (``gpu_videos.STATS``).
 
 Usage:
     python scripts/bench_gpu_replay.py --device cpu --model tiny --worlds 4 --frames 10 \\
@@ -74,21 +81,22 @@ def main() -> None:
         rows["raw"], rows["batch"] = _renderer_rows(model, camera, qpos, mocap, args, device)
         _warm_up(url, model, camera, qpos, mocap, args, device, backend, Path(tmp) / "warm")
         rows["read"] = _measure(n_frames, lambda: _read_all(url, args.batch))
-        from flyarchive.replay import gpu_videos
-
-        gpu_videos.STATS.update(dict.fromkeys(gpu_videos.STATS, 0.0))
-        rows["flyarchive"] = _measure(n_frames, lambda: _flyarchive(
+        rows["pipelined"] = _pipelined_row(model, camera, qpos, mocap, args, device)
+        presets = [p for p in args.presets.split(",") if p]
+        for preset in ["veryfast", *presets]:
+            name = "encode_only" + ("" if preset == "veryfast" else f"_{preset}")
+            rows[name] = _stages(n_frames, lambda p=preset, n=name: _encode_only(
+                url, model, camera, Path(tmp) / n, args, backend, qpos, mocap, device, p))
+        rows["flyarchive"] = _stages(n_frames, lambda: _flyarchive(
             url, model, camera, Path(tmp) / "fa", args, backend))
-        rows["flyarchive"]["stages_s"] = {k: round(v, 3) for k, v in gpu_videos.STATS.items()}
-        print("flyarchive stages:", rows["flyarchive"]["stages_s"], flush=True)
         if device.startswith("cuda"):  # the same, launching kernel by kernel (no CUDA graph)
-            rows["flyarchive_no_graph"] = _measure(n_frames, lambda: _no_graph(
+            rows["flyarchive_no_graph"] = _stages(n_frames, lambda: _no_graph(
                 lambda: _flyarchive(url, model, camera, Path(tmp) / "fa-ng", args, backend)))
-        for preset in args.presets.split(","):
-            for encoders in [int(e) for e in args.encoders.split(",") if e]:
-                name = f"flyarchive_{preset}_e{encoders}"
-                rows[name] = _measure(n_frames, lambda p=preset, e=encoders: _flyarchive(
-                    url, model, camera, Path(tmp) / name, args, backend, preset=p, encoders=e))
+        for preset in presets:
+            for encoders in [int(e) for e in args.encoders.split(",") if e] or [0]:
+                name = f"flyarchive_{preset}" + (f"_e{encoders}" if encoders else "")
+                rows[name] = _stages(n_frames, lambda p=preset, e=encoders, n=name: _flyarchive(
+                    url, model, camera, Path(tmp) / n, args, backend, preset=p, encoders=e))
         for wpb in (32, 256) if args.flygym else ():
             rows[f"flygym_b{wpb}"] = _measure(n_frames, lambda wpb=wpb: _flygym(
                 model, camera, qpos, mocap, args, device, wpb, Path(tmp) / f"fg{wpb}"))
@@ -115,7 +123,7 @@ def _parse_args() -> argparse.Namespace:
         help="frame size HEIGHTxWIDTH (default 240x320)",
     )
     parser.add_argument("--presets", default="ultrafast",
-                        help="x264 presets of extra flyarchive rows (comma list)")
+                        help="x264 presets of extra flyarchive and encode_only rows (comma list)")
     parser.add_argument("--encoders", default="",
                         help="encoder threads of the extra rows (comma list; default: cores)")
     parser.add_argument("--no-flygym", dest="flygym", action="store_false",
@@ -220,6 +228,67 @@ def _renderer_rows(model: mujoco.MjModel, camera: str, qpos: np.ndarray,
     return raw_row, batch_row
 
 
+def _pipelined_row(model: mujoco.MjModel, camera: str, qpos: np.ndarray,
+                   mocap: tuple[np.ndarray, np.ndarray] | None, args: argparse.Namespace,
+                   device: str) -> dict[str, Any]:
+    """yuv420p batches submitted one ahead of the one waited for: the GPU stage's limit."""
+    from flyarchive.replay.gpu import WarpBatchRenderer
+
+    states = qpos.reshape(-1, qpos.shape[-1])
+    flat_mocap = None if mocap is None else tuple(m.reshape(-1, *m.shape[2:]) for m in mocap)
+    b = min(args.batch, len(states))
+    renderer = WarpBatchRenderer(model, camera, args.size, batch_worlds=b, device=device,
+                                 pixel_format="yuv420p", host_buffers=2)
+
+    def run() -> None:
+        pending = None
+        for i, k in enumerate(range(0, len(states), b)):
+            submitted = renderer.submit(states[k:k + b], *(m[k:k + b] for m in flat_mocap or ()),
+                                        buffer=i % 2)
+            if pending is not None:
+                pending.wait()
+            pending = submitted
+        pending.wait()
+
+    run()  # loads kernels, captures the CUDA graphs
+    return _measure(len(states), run)
+
+
+class _Prerendered:
+    """Stands in for ``WarpBatchRenderer`` in the pipeline: frames rendered beforehand."""
+
+    def __init__(self, frames: np.ndarray, default_state: np.ndarray) -> None:
+        self.frames = frames  # (B, 1, *frame) yuv420p
+        self.pixel_format = "yuv420p"
+        self.default_state = default_state
+
+    def submit(self, qpos: np.ndarray, *_: Any, buffer: int = 0) -> Any:
+        frames = self.frames[:len(qpos)]
+        return type("Done", (), {"wait": staticmethod(lambda: frames)})()
+
+
+def _encode_only(url: str, model: mujoco.MjModel, camera: str, out: Path,
+                 args: argparse.Namespace, backend: str, qpos: np.ndarray,
+                 mocap: tuple[np.ndarray, np.ndarray] | None, device: str, preset: str) -> None:
+    """Row 3 with every batch's frames rendered beforehand (the first batch's, reused)."""
+    from flyarchive.replay import gpu_videos
+    from flyarchive.replay.gpu import WarpBatchRenderer
+
+    states = qpos.reshape(-1, qpos.shape[-1])
+    b = min(args.batch, len(states))
+    renderer = WarpBatchRenderer(model, camera, args.size, batch_worlds=b, device=device,
+                                 pixel_format="yuv420p")
+    first = renderer.render_batch(states[:b], *(m.reshape(-1, *m.shape[2:])[:b]
+                                                for m in mocap or ()))
+    stub = _Prerendered(first, renderer.default_state)
+    real = gpu_videos._renderer
+    gpu_videos._renderer = lambda *_, **__: stub
+    try:
+        _flyarchive(url, model, camera, out, args, backend, preset=preset)
+    finally:
+        gpu_videos._renderer = real
+
+
 def _read_all(url: str, batch_worlds: int) -> None:
     """Read every batch's states from the archive as ``render_videos`` does (no rendering)."""
     from flyarchive.query import open_archive
@@ -310,13 +379,24 @@ def _warm_up(url: str, model: mujoco.MjModel, camera: str, qpos: np.ndarray,
     render_videos(url, model, camera, str(out / "fa"), worlds=[0], time=(0.0, 0.0),
                   options=options)
     gpu_videos._renderers.clear()
-    one = (qpos[:1, :1], None if mocap is None else (mocap[0][:1, :1], mocap[1][:1, :1]))
-    _measure(1, lambda: _flygym(model, camera, *one, args, device, 1, None))
+    if args.flygym:
+        one = (qpos[:1, :1], None if mocap is None else (mocap[0][:1, :1], mocap[1][:1, :1]))
+        _measure(1, lambda: _flygym(model, camera, *one, args, device, 1, None))
 
 
 # ----------------------------------------------------------------------------- measuring
 def _measure(n_images: int, run: Callable[[], None]) -> dict[str, Any]:
-    """Wall time, images/s and peak RSS (this process + children) of ``run()``; errors caught."""
+    """Wall time, images/s, CPU and peak RSS (this process + children) of ``run()``.
+
+    Errors are caught and reported in the row.
+    """
+    import resource
+
+    def cpu(who: int) -> float:
+        usage = resource.getrusage(who)
+        return usage.ru_utime + usage.ru_stime
+
+    before = cpu(resource.RUSAGE_SELF), cpu(resource.RUSAGE_CHILDREN)
     with _peak_rss() as peak:
         start = time.perf_counter()
         try:
@@ -325,7 +405,20 @@ def _measure(n_images: int, run: Callable[[], None]) -> dict[str, Any]:
             traceback.print_exc()
             return {"error": f"{type(err).__name__}: {err}"[:300], "peak_rss_mb": peak()}
         wall = time.perf_counter() - start
-    return {"wall_s": round(wall, 3), "fps": round(n_images / wall, 2), "peak_rss_mb": peak()}
+    return {"wall_s": round(wall, 3), "fps": round(n_images / wall, 2), "peak_rss_mb": peak(),
+            "cpu_s": round(cpu(resource.RUSAGE_SELF) - before[0], 2),
+            "cpu_children_s": round(cpu(resource.RUSAGE_CHILDREN) - before[1], 2)}
+
+
+def _stages(n_images: int, run: Callable[[], None]) -> dict[str, Any]:
+    """:func:`_measure` of a flyarchive run, with the pipeline's stage timers."""
+    from flyarchive.replay import gpu_videos
+
+    gpu_videos.STATS.update(dict.fromkeys(gpu_videos.STATS, 0.0))
+    row = _measure(n_images, run)
+    row["stages_s"] = {k: round(v, 3) for k, v in gpu_videos.STATS.items()}
+    print(f"{row.get('fps')} frames/s, stages: {row['stages_s']}", flush=True)
+    return row
 
 
 @contextmanager
@@ -361,14 +454,16 @@ def _print_table(r: dict[str, Any]) -> None:
     size = f"{r['size'][0]}x{r['size'][1]}"
     print(f"\n{r['model']} on {r['device']}: {r['worlds']} worlds x {r['frames']} frames, "
           f"{size}, B={r['batch']}, camera {r['camera']!r}")
-    print(f"{'row':<26} {'wall s':>9} {'frames/s':>10} {'peak RSS MB':>12}  note")
+    print(f"{'row':<26} {'wall s':>9} {'frames/s':>10} {'peak RSS MB':>12} "
+          f"{'CPU s self+ffmpeg':>18}  note")
     for name, row in r["rows"].items():
         wall = f"{row['wall_s']:.2f}" if "wall_s" in row else "-"
         fps = f"{row['fps']:.1f}" if "fps" in row else "-"
         note = row.get("error", f"setup {row['setup_s']:.1f} s" if "setup_s" in row else "")
         if "fps" in row.get("yuv420p", {}):
             note += f"yuv420p on the device: {row['yuv420p']['fps']:.1f} frames/s"
-        print(f"{name:<26} {wall:>9} {fps:>10} {row['peak_rss_mb']:>12.0f}  {note}")
+        cpu = (f"{row['cpu_s']:.1f}+{row['cpu_children_s']:.1f}" if "cpu_s" in row else "-")
+        print(f"{name:<26} {wall:>9} {fps:>10} {row['peak_rss_mb']:>12.0f} {cpu:>18}  {note}")
     if "ratio_flyarchive_over_flygym" in r:
         print(f"flyarchive / best flygym: {r['ratio_flyarchive_over_flygym']:.2f}x "
               f"(flygym best {r['flygym_best_fps']:.1f} frames/s)")

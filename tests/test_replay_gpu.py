@@ -380,6 +380,25 @@ def test_host_buffer_ring_keeps_each_batch_until_it_is_reused(slider):
     assert not np.array_equal(actual[0], actual[2])
 
 
+def test_submitted_batches_land_in_the_buffers_named(slider):
+    from flyarchive.replay.gpu import WarpBatchRenderer
+
+    model, copying = slider
+    qpos = np.linspace(-0.5, 0.5, 2 * BATCH).reshape(2, BATCH, 1)
+    expected = [copying.render_batch(q) for q in qpos]
+    renderer = WarpBatchRenderer(model, "front", SIZE, batch_worlds=BATCH, device="cpu",
+                                 host_buffers=2)
+
+    first = renderer.submit(qpos[0], buffer=1)
+    second = renderer.submit(qpos[1], buffer=0)
+
+    np.testing.assert_array_equal(second.wait(), expected[1])
+    np.testing.assert_array_equal(first.wait(), expected[0])
+    assert first.n == second.n == BATCH
+    with pytest.raises(ValueError, match="not one of the 2 host buffers"):
+        renderer.submit(qpos[0], buffer=2)
+
+
 def _has_cuda() -> bool:
     import warp as wp
 
@@ -400,9 +419,23 @@ def test_cuda_graph_batches_equal_kernel_by_kernel_batches(monkeypatch):
     eager = WarpBatchRenderer(model, ["front", "top"], SIZE, batch_worlds=BATCH, device="cuda",
                               pixel_format="yuv420p")
 
-    for start in range(0, 4 * BATCH + 1, BATCH):  # 4 full batches, then a partial one
-        rows = slice(start, start + BATCH)
-        actual = graph.render_batch(qpos[rows], mocap_pos[rows], mocap_quat[rows])
-        expected = eager.render_batch(qpos[rows], mocap_pos[rows], mocap_quat[rows])
-        np.testing.assert_array_equal(actual, expected)
-    assert graph._graph is not None and eager._graph is None
+    starts = range(0, 4 * BATCH + 1, BATCH)  # 4 full batches, then a partial one
+    expected = [eager.render_batch(qpos[k:k + BATCH], mocap_pos[k:k + BATCH],
+                                   mocap_quat[k:k + BATCH]) for k in starts]
+    monkeypatch.delenv("FLYARCHIVE_CUDA_GRAPH")
+    pipelined = WarpBatchRenderer(model, ["front", "top"], SIZE, batch_worlds=BATCH,
+                                  device="cuda", pixel_format="yuv420p", host_buffers=2)
+
+    for k, want in zip(starts, expected):  # kernel by kernel vs graphs, one batch at a time
+        rows = slice(k, k + BATCH)
+        np.testing.assert_array_equal(
+            graph.render_batch(qpos[rows], mocap_pos[rows], mocap_quat[rows]), want)
+    pending = None  # graphs again, batch k + 1 queued before batch k is waited for
+    for i, k in enumerate(starts):
+        rows = slice(k, k + BATCH)
+        submitted = pipelined.submit(qpos[rows], mocap_pos[rows], mocap_quat[rows], buffer=i % 2)
+        if pending is not None:
+            np.testing.assert_array_equal(pending.wait(), expected[i - 1])
+        pending = submitted
+    np.testing.assert_array_equal(pending.wait(), expected[-1])
+    assert graph.graph_captured and pipelined.graph_captured and not eager.graph_captured

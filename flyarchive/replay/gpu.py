@@ -5,6 +5,11 @@ worlds. Per batch: one host-to-device copy of the packed states, position-only
 kinematics on the device, a BVH refit, one render, RGB packed to ``uint8`` on the
 device, and one device-to-host copy (into pinned host memory on CUDA).
 
+On CUDA, :meth:`WarpBatchRenderer.submit` queues all of that and returns at once:
+the next batch is queued while the previous one renders, and the frames of a batch
+are copied to the host on a second stream while the next one renders, so the GPU
+never waits for the host between batches.
+
 This module imports ``warp`` and ``mujoco_warp`` at import time; ``import
 flyarchive`` does not import it.
 """
@@ -38,7 +43,7 @@ except ImportError as exc:  # pragma: no cover - depends on the environment
         "warp", "gpu", "Rendering with mujoco-warp (flyarchive.replay.gpu)"
     ) from exc
 
-__all__ = ["WarpBatchRenderer", "prepare_for_batch_rendering"]
+__all__ = ["PendingBatch", "WarpBatchRenderer", "prepare_for_batch_rendering"]
 
 
 @wp.kernel
@@ -128,6 +133,33 @@ def _packed_rgb_to_i420(
     )
 
 
+class PendingBatch:
+    """The frames of a submitted batch, on their way to a host buffer.
+
+    Returned by :meth:`WarpBatchRenderer.submit`; :meth:`wait` returns them.
+    """
+
+    def __init__(self, frames: np.ndarray, event: Any = None) -> None:
+        self._frames = frames
+        self._event = event
+
+    @property
+    def n(self) -> int:
+        """States in the batch."""
+        return len(self._frames)
+
+    def wait(self) -> np.ndarray:
+        """Block until the frames are on the host; ``(n, n_cameras, *frame)`` uint8.
+
+        The array is a view of the host buffer the batch was submitted to: valid until
+        that buffer is submitted to again.
+        """
+        if self._event is not None:
+            wp.synchronize_event(self._event)
+            self._event = None
+        return self._frames
+
+
 class WarpBatchRenderer:
     """Render batches of recorded states with mujoco-warp's batch renderer.
 
@@ -148,6 +180,7 @@ class WarpBatchRenderer:
             :meth:`render_batch` returns a new array. ``k > 1``: it returns a view of
             buffer ``i % k``, valid until ``k`` more batches are rendered (no host copy;
             for pipelines that keep at most ``k - 1`` batches in flight).
+            :meth:`submit` names the buffer of each batch itself.
         pixel_format: ``"rgb24"`` (default): frames ``(H, W, 3)`` RGB. ``"yuv420p"``:
             frames ``(H * 3 // 2, W)`` planar I420 (BT.601 limited range), converted
             on the device: half the bytes to copy, and what x264 encodes (see
@@ -195,8 +228,9 @@ class WarpBatchRenderer:
             self._build_device_state()
         # FLYARCHIVE_CUDA_GRAPH=0 launches kernel by kernel on CUDA too (for comparison).
         self._use_graph = self._device.is_cuda and os.environ.get("FLYARCHIVE_CUDA_GRAPH") != "0"
-        self._graph: Any = None
+        self._graphs: dict[int, Any] = {}  # per device output slot
         self._full_batches = 0
+        self._turn = 0  # the staging / output slot of the next batch
         self._default_state = _default_state(self._model)
 
     # -- public API --------------------------------------------------------------
@@ -258,10 +292,63 @@ class WarpBatchRenderer:
             SelectionError: ``n`` is 0 or larger than ``B``.
             NonFiniteStateError: A state holds NaN or infinity.
         """
-        n = self._upload(qpos, mocap_pos, mocap_quat)
+        buffer = self._next_host
+        frames = self.submit(qpos, mocap_pos, mocap_quat, buffer=buffer).wait()
+        if self._n_host == 1:
+            return frames.copy()
+        self._next_host = (buffer + 1) % self._n_host
+        return frames  # a view of a pinned buffer, reused host_buffers batches later
+
+    def submit(
+        self,
+        qpos: np.ndarray,
+        mocap_pos: np.ndarray | None = None,
+        mocap_quat: np.ndarray | None = None,
+        *,
+        buffer: int = 0,
+    ) -> PendingBatch:
+        """Queue the rendering of up to ``B`` states; their frames go to host buffer ``buffer``.
+
+        On CUDA this returns once the work is queued: the states are copied, so the
+        arrays passed may change at once; the frames are copied to the host on a second
+        stream while the next batch renders. Submit the next batch before waiting for
+        this one to keep the GPU busy. On Warp's CPU device the work is done on return.
+
+        Args: as :meth:`render_batch`, and
+            buffer: Which of the ``host_buffers`` pinned buffers receives the frames.
+                The caller owns the buffers: do not submit to a buffer whose frames
+                are still in use.
+
+        Returns:
+            A :class:`PendingBatch`; its ``wait()`` returns the frames as
+            :meth:`render_batch` does (a view of the buffer).
+
+        Raises:
+            As :meth:`render_batch`; ``ValueError`` for a buffer index out of range.
+        """
+        if not 0 <= buffer < self._n_host:
+            raise ValueError(f"buffer={buffer!r} is not one of the {self._n_host} host buffers.")
+        slot = self._turn
+        self._turn = (slot + 1) % len(self._states_hosts)
+        n = self._upload(qpos, mocap_pos, mocap_quat, slot)
+        host = self._rgb_hosts[buffer]
+        count = n * self._rgb_devices[slot].size // self._batch_worlds
+        frames = host.numpy()[:n].reshape(n, len(self._camera_names),
+                                          *frame_shape(self._size, self._pixel_format))
         with wp.ScopedDevice(self._device):
-            self._launch(n)
-            return self._download_rgb(n)
+            if not self._device.is_cuda:
+                self._launch(n, slot)
+                wp.copy(host, self._rgb_devices[slot], count=count)
+                return PendingBatch(frames)
+            stream = self._device.stream
+            if self._copied[slot] is not None:  # the last copy out of this slot's pixels
+                stream.wait_event(self._copied[slot])
+            self._launch(n, slot)
+            rendered = stream.record_event()
+            self._copy_stream.wait_event(rendered)
+            wp.copy(host, self._rgb_devices[slot], count=count, stream=self._copy_stream)
+            self._copied[slot] = self._copy_stream.record_event()
+            return PendingBatch(frames, self._copied[slot])
 
     def geom_poses(
         self,
@@ -278,7 +365,8 @@ class WarpBatchRenderer:
             float32 ``(n, ngeom, 3, 3)``, host arrays, as ``mujoco.mj_kinematics``
             computes them.
         """
-        n = self._upload(qpos, mocap_pos, mocap_quat)
+        self.synchronize()  # nothing queued may still read the staging buffer
+        n = self._upload(qpos, mocap_pos, mocap_quat, 0)
         with wp.ScopedDevice(self._device):
             self._unpack_states(n)
             self._kinematics()
@@ -300,6 +388,11 @@ class WarpBatchRenderer:
     def synchronize(self) -> None:
         """Wait until the device has finished all work queued by this renderer."""
         wp.synchronize_device(self._device)
+
+    @property
+    def graph_captured(self) -> bool:
+        """Whether full batches replay a captured CUDA graph (from the second one on)."""
+        return bool(self._graphs)
 
     # -- internals ---------------------------------------------------------------
 
@@ -325,13 +418,20 @@ class WarpBatchRenderer:
             render_seg=False,
             cam_active=cam_ids,
         )
-        self._states_host = wp.zeros(
-            (b, self._nstate), dtype=wp.float32, device="cpu", pinned=pinned
-        )
+        # Two of each on CUDA: batch k + 1 is staged and rendered while batch k's
+        # states may still be on their way up and its pixels on their way down.
+        slots = 2 if self._device.is_cuda else 1
+        self._states_hosts = [
+            wp.zeros((b, self._nstate), dtype=wp.float32, device="cpu", pinned=pinned)
+            for _ in range(slots)
+        ]
+        self._staged: list[Any] = [None] * slots  # event: a slot's states are on the device
         self._states_device = wp.zeros((b, self._nstate), dtype=wp.float32)
         shape = ((b, ncam, height * width, 3) if self._pixel_format == "rgb24"
                  else (b, ncam, height * width * 3 // 2))
-        self._rgb_device = wp.zeros(shape, dtype=wp.uint8)
+        self._rgb_devices = [wp.zeros(shape, dtype=wp.uint8) for _ in range(slots)]
+        self._copied: list[Any] = [None] * slots  # event: a slot's pixels reached the host
+        self._copy_stream = wp.Stream(self._device) if self._device.is_cuda else None
         self._rgb_hosts = [
             wp.zeros(shape, dtype=wp.uint8, device="cpu", pinned=pinned)
             for _ in range(self._n_host)
@@ -342,11 +442,15 @@ class WarpBatchRenderer:
         qpos: np.ndarray,
         mocap_pos: np.ndarray | None,
         mocap_quat: np.ndarray | None,
+        slot: int,
     ) -> int:
-        """Pack states into the host staging buffer and copy them to the device once."""
+        """Pack states into staging buffer ``slot`` and queue one copy to the device."""
         qpos = np.asarray(qpos)
         n = _parse_batch(qpos, self._nq, self._batch_worlds)
-        staging = self._states_host.numpy()
+        if self._staged[slot] is not None:  # the slot's last upload must have left
+            wp.synchronize_event(self._staged[slot])
+            self._staged[slot] = None
+        staging = self._states_hosts[slot].numpy()
         nq, nmocap = self._nq, self._nmocap
         staging[:n] = self._default_state
         staging[:n, :nq] = qpos
@@ -362,34 +466,36 @@ class WarpBatchRenderer:
                 f"State {bad} of the batch holds NaN or infinity (in float32). "
                 "Replay cannot place the model; drop or repair that frame."
             )
-        wp.copy(self._states_device, self._states_host, count=n * self._nstate)
+        wp.copy(self._states_device, self._states_hosts[slot], count=n * self._nstate)
+        if self._device.is_cuda:
+            self._staged[slot] = self._device.stream.record_event()
         return n
 
-    def _launch(self, n: int) -> None:
+    def _launch(self, n: int, slot: int) -> None:
         """Queue unpacking, kinematics, refit, render and pixel conversion of ``n`` states.
 
-        On CUDA, full batches replay a CUDA graph captured from the second one: one
-        launch instead of hundreds, so a busy host (encoders on every core) cannot
-        stall the GPU between kernel launches. Partial batches, and Warp's CPU device,
-        launch kernel by kernel.
+        On CUDA, full batches replay a CUDA graph (one per output slot) captured from
+        the second full batch on: one launch instead of hundreds, so a busy host
+        (encoders on every core) cannot stall the GPU between kernel launches.
+        Partial batches, and Warp's CPU device, launch kernel by kernel.
         """
         if not (self._use_graph and n == self._batch_worlds):
-            self._queue_work(n)
+            self._queue_work(n, slot)
             return
-        if self._graph is None and self._full_batches > 0:
+        if slot not in self._graphs and self._full_batches > 0:
             with wp.ScopedCapture(device=self._device) as capture:
-                self._queue_work(n)
-            self._graph = capture.graph
+                self._queue_work(n, slot)
+            self._graphs[slot] = capture.graph
         self._full_batches += 1
-        if self._graph is None:
-            self._queue_work(n)  # the first full batch: allocations and module loads
+        if slot in self._graphs:
+            wp.capture_launch(self._graphs[slot])
         else:
-            wp.capture_launch(self._graph)
+            self._queue_work(n, slot)  # the first full batch: allocations and module loads
 
-    def _queue_work(self, n: int) -> None:
+    def _queue_work(self, n: int, slot: int) -> None:
         self._unpack_states(n)
         self.render_resident()
-        self._convert_pixels(n)
+        self._convert_pixels(n, self._rgb_devices[slot])
 
     def _unpack_states(self, n: int) -> None:
         wp.launch(_scatter_qpos, dim=(n, self._nq), inputs=[self._states_device, self._data.qpos])
@@ -409,29 +515,17 @@ class WarpBatchRenderer:
         if self._model.nflex:
             mjw.flex(m, d)
 
-    def _convert_pixels(self, n: int) -> None:
+    def _convert_pixels(self, n: int, out: Any) -> None:
         height, width = self._size
         ncam = len(self._camera_names)
         rc = self._render_context
         if self._pixel_format == "rgb24":
             wp.launch(_packed_rgb_to_uint8, dim=(n, ncam, height * width),
-                      inputs=[rc.rgb_data, rc.rgb_adr], outputs=[self._rgb_device])
+                      inputs=[rc.rgb_data, rc.rgb_adr], outputs=[out])
         else:
             wp.launch(_packed_rgb_to_i420, dim=(n, ncam, height * width // 4),
                       inputs=[rc.rgb_data, rc.rgb_adr, width, height],
-                      outputs=[self._rgb_device])
-
-    def _download_rgb(self, n: int) -> np.ndarray:
-        ncam = len(self._camera_names)
-        frame = frame_shape(self._size, self._pixel_format)
-        host = self._rgb_hosts[self._next_host]
-        wp.copy(host, self._rgb_device, count=n * self._rgb_device.size // self._batch_worlds)
-        wp.synchronize_device(self._device)
-        frames = host.numpy()[:n].reshape(n, ncam, *frame)
-        if self._n_host == 1:
-            return frames.copy()
-        self._next_host = (self._next_host + 1) % self._n_host
-        return frames  # a view of a pinned buffer, reused host_buffers batches later
+                      outputs=[out])
 
 
 def _parse_cameras(model: mujoco.MjModel, cameras: str | Sequence[str]) -> tuple[str, ...]:

@@ -6,14 +6,16 @@ batch touches few videos. Three stages overlap:
 
 - a reader thread loads each batch's states from the archive (one read per
   rectangular block of worlds x frames, not one per frame) into a bounded queue;
-- this thread renders each batch with one :meth:`WarpBatchRenderer.render_batch`
-  call (one host-to-device and one device-to-host copy);
+- this thread submits each batch with one :meth:`WarpBatchRenderer.submit` call
+  (one host-to-device and one device-to-host copy), the next one before waiting for
+  the current one's frames, into one of ``_BATCHES_IN_FLIGHT`` host buffers that
+  the encoders give back when they are done with its frames;
 - encoder threads pipe the frames to one ffmpeg process per (world, camera) video,
   opened when its first frame arrives and closed, then copied to its final URL,
   after its last frame.
 
-At most ``_BATCHES_IN_FLIGHT`` rendered batches exist at a time, so host memory is
-bounded by a few batches, never by the length of a video.
+At most ``_BATCHES_IN_FLIGHT`` batches hold host buffers at a time, so host memory
+is bounded by a few batches, never by the length of a video.
 
 With a Dask client (or a scheduler address), the jobs are split into groups of
 whole videos, about equal in frames and cut on batch multiples, and each group is
@@ -51,18 +53,20 @@ __all__ = [
     "run_warp_plan", "runs_here", "batch_source",
 ]
 
-#: Rendered batches that may wait for their encoders at one time (host memory bound).
-_BATCHES_IN_FLIGHT = 3
+#: Host frame buffers, one batch each: batches being rendered or waiting for their
+#: encoders at one time (the host memory bound).
+_BATCHES_IN_FLIGHT = 4
 #: Largest batch on Warp's CPU device, which renders a batch's states one after
 #: another: bigger batches save nothing there and make partial batches cost more.
 _CPU_BATCH_WORLDS = 16
 #: States read ahead of the renderer, in batches.
 _READ_AHEAD = 2
 #: Seconds spent per stage in this process (summed over threads), for benchmarks:
-#: main thread waiting for reads / for encoder room / rendering; encoder threads
-#: piping frames to ffmpeg / finishing and publishing videos.
+#: main thread waiting for reads / for encoder room / submitting batches / waiting for
+#: their frames; encoder threads piping frames to ffmpeg / finishing and publishing.
 STATS: dict[str, float] = dict.fromkeys(
-    ("wait_read_s", "wait_encoders_s", "render_s", "encode_s", "publish_s", "encoder_threads"), 0.0)
+    ("wait_read_s", "wait_encoders_s", "render_s", "wait_gpu_s", "encode_s", "publish_s",
+     "encoder_threads"), 0.0)
 _STOP = object()
 
 
@@ -175,8 +179,9 @@ _renderers_lock = threading.Lock()
 
 
 def _in_flight() -> int:
-    """Rendered batches that may wait for their encoders at once (memory: that many)."""
-    return int(os.environ.get("FLYARCHIVE_BATCHES_IN_FLIGHT", 0)) or _BATCHES_IN_FLIGHT
+    """Host frame buffers (memory: that many batches); at least 2, as batch k + 1 is
+    submitted before batch k is handed to the encoders."""
+    return max(2, int(os.environ.get("FLYARCHIVE_BATCHES_IN_FLIGHT", 0)) or _BATCHES_IN_FLIGHT)
 
 
 def _batch_worlds(options: Any) -> int:
@@ -192,7 +197,7 @@ def _renderer(blob: bytes, cameras: tuple[str, ...], size: tuple[int, int],
     from flyarchive.distributed import model_from_bytes
     from flyarchive.replay.gpu import WarpBatchRenderer
 
-    buffers = _in_flight() + 1  # a batch's frames stay valid until it is encoded
+    buffers = _in_flight()  # a batch's frames stay valid until it is encoded
     key = (hashlib.sha256(blob).hexdigest(), cameras, tuple(size), batch_worlds, device, buffers)
     if key not in _renderers:
         _renderers.clear()
@@ -246,8 +251,16 @@ def render_jobs(plan: Any, blob: bytes, jobs: Sequence[Any], device: str) -> lis
 
 
 def _render_batches(source: tuple[str, dict[str, Any]], jobs: tuple[Any, ...],
-                    batches: list[Batch], renderer: Any, default: np.ndarray, encoders: _Encoders, progress: bool) -> None:
+                    batches: list[Batch], renderer: Any, default: np.ndarray, encoders: _Encoders,
+                    progress: bool) -> None:
+    """Render every batch, submitting batch k + 1 before handing batch k to the encoders.
+
+    On CUDA, :meth:`WarpBatchRenderer.submit` only queues the work, so the GPU renders
+    the next batch while this thread waits for the current one's frames and passes
+    them on: the GPU does not wait for the host between batches.
+    """
     bar = _progress_bar(sum(b.n for b in batches), progress)
+    pending: tuple[Batch, Any, np.ndarray, int] | None = None
     with _read_ahead(source, jobs, batches) as states:
         clock = time.perf_counter()
         for batch, (qpos, mocap_pos, mocap_quat) in zip(batches, states):
@@ -255,19 +268,32 @@ def _render_batches(source: tuple[str, dict[str, Any]], jobs: tuple[Any, ...],
             encoders.raise_if_failed()
             valid = _fill_invalid(qpos, mocap_pos, mocap_quat, default)
             clock = time.perf_counter()
-            encoders.reserve()  # blocks while _BATCHES_IN_FLIGHT batches wait to be encoded
+            buffer = encoders.reserve()  # blocks while every host buffer waits to be encoded
             STATS["wait_encoders_s"] += time.perf_counter() - clock
             clock = time.perf_counter()
-            frames = renderer.render_batch(qpos, mocap_pos, mocap_quat)  # (n, ncam, *frame)
+            submitted = renderer.submit(qpos, mocap_pos, mocap_quat, buffer=buffer)
             STATS["render_s"] += time.perf_counter() - clock
-            if not valid.all():
-                _blacken(frames, ~valid, renderer.pixel_format)
-            encoders.submit(batch, frames)
-            if bar is not None:
-                bar.update(batch.n)
+            if pending is not None:
+                _hand_over(*pending, renderer.pixel_format, encoders, bar)
+            pending = (batch, submitted, valid, buffer)
             clock = time.perf_counter()
+    if pending is not None:
+        _hand_over(*pending, renderer.pixel_format, encoders, bar)
     if bar is not None:
         bar.close()
+
+
+def _hand_over(batch: Batch, submitted: Any, valid: np.ndarray, buffer: int, pixel_format: str,
+               encoders: _Encoders, bar: Any) -> None:
+    """Wait for a submitted batch's frames and give them to the encoders."""
+    clock = time.perf_counter()
+    frames = submitted.wait()  # (n, ncam, *frame), a view of host buffer `buffer`
+    STATS["wait_gpu_s"] += time.perf_counter() - clock
+    if not valid.all():
+        _blacken(frames, ~valid, pixel_format)
+    encoders.submit(batch, frames, buffer)
+    if bar is not None:
+        bar.update(batch.n)
 
 
 def _blacken(frames: np.ndarray, rows: np.ndarray, pixel_format: str) -> None:
@@ -440,9 +466,11 @@ class _Encoders:
         self._video = video if video.threads is not None else dataclasses.replace(video, threads=1)
         STATS["encoder_threads"] = n_threads
         self._queues: list[queue.Queue[Any]] = [queue.Queue() for _ in range(n_threads)]
-        self._slots = threading.Semaphore(_in_flight())
+        self._free: queue.Queue[int] = queue.Queue()  # host buffers no batch holds
+        for buffer in range(_in_flight()):
+            self._free.put(buffer)
         self._lock = threading.Lock()
-        self._pending: dict[int, int] = {}  # id(frames) -> pieces not yet encoded
+        self._pending: dict[int, int] = {}  # host buffer -> pieces not yet encoded
         self._writers: dict[tuple[int, int], Any] = {}
         self.entries: dict[tuple[int, str], dict[str, Any]] = {}
         self._error: BaseException | None = None
@@ -453,19 +481,26 @@ class _Encoders:
         for thread in self._threads:
             thread.start()
 
-    def reserve(self) -> None:
-        """Wait for room for one more rendered batch."""
-        while not self._slots.acquire(timeout=0.1):
+    def reserve(self) -> int:
+        """Wait for a free host buffer for one more batch; its index."""
+        while True:
             self.raise_if_failed()
+            try:
+                return self._free.get(timeout=0.1)
+            except queue.Empty:
+                continue
 
-    def submit(self, batch: Batch, frames: np.ndarray) -> None:
-        """Hand a rendered batch ``(n, ncam, H, W, 3)`` uint8 to the encoder threads."""
+    def submit(self, batch: Batch, frames: np.ndarray, buffer: int) -> None:
+        """Hand a rendered batch ``(n, ncam, *frame)`` uint8 in host buffer ``buffer`` over.
+
+        The buffer is free again once every piece of the batch is encoded.
+        """
         work = [(p, c) for p in batch.pieces for c in range(len(self._cameras))]
         with self._lock:
-            self._pending[id(frames)] = len(work)
+            self._pending[buffer] = len(work)
         for piece, cam in work:
             q = self._queues[(piece.job * len(self._cameras) + cam) % len(self._queues)]
-            q.put((piece, cam, frames))
+            q.put((piece, cam, frames, buffer))
 
     def raise_if_failed(self) -> None:
         if self._error is not None:
@@ -494,23 +529,23 @@ class _Encoders:
     def _work(self, q: queue.Queue[Any]) -> None:
         _leave_render_core()
         while (item := q.get()) is not _STOP:
-            piece, cam, frames = item
+            piece, cam, frames, buffer = item
             try:
                 if self._error is None:
                     self._encode(piece, cam, frames[piece.offset:piece.offset + piece.n, cam])
             except BaseException as err:
                 self._error = self._error or err
             finally:
-                self._done(frames)
+                self._done(buffer)
 
-    def _done(self, frames: np.ndarray) -> None:
+    def _done(self, buffer: int) -> None:
         with self._lock:
-            self._pending[id(frames)] -= 1
-            last = self._pending[id(frames)] == 0
+            self._pending[buffer] -= 1
+            last = self._pending[buffer] == 0
             if last:
-                del self._pending[id(frames)]
+                del self._pending[buffer]
         if last:
-            self._slots.release()
+            self._free.put(buffer)
 
     def _encode(self, piece: Piece, cam: int, frames: np.ndarray) -> None:
         from flyarchive.video import VideoWriter, safe_video_path
