@@ -172,6 +172,40 @@ def test_empty_video_is_refused(tmp_path: Path) -> None:
     assert not (tmp_path / "empty.mp4").exists()
 
 
+def test_ffmpeg_failing_is_an_error_with_its_message(tmp_path: Path) -> None:
+    path = tmp_path / "v.not-a-container"  # ffmpeg knows no muxer for it and exits
+
+    with pytest.raises(VideoEncodeError, match=r"exited with status \d+: .*format"):
+        writer = VideoWriter(path, FPS, SIZE)
+        writer.write(moving_bar(3))
+        writer.close()
+
+    assert not path.exists()
+
+
+def test_writer_refuses_a_folder_even_with_overwrite(tmp_path: Path) -> None:
+    folder = tmp_path / "v.mp4"
+    (folder / "keep").mkdir(parents=True)
+
+    with pytest.raises(OutputExistsError, match="is a folder"):
+        VideoWriter(folder, FPS, SIZE, overwrite=True)
+
+    assert (folder / "keep").is_dir()
+
+
+def test_ffmpeg_dying_mid_video_is_an_error_and_leaves_no_file(tmp_path: Path) -> None:
+    path = tmp_path / "v.mp4"
+    writer = VideoWriter(path, FPS, SIZE)
+    writer.write(moving_bar(2))
+    writer._process.kill()  # the encoder crashes
+    writer._process.wait()
+
+    with pytest.raises(VideoEncodeError, match="ffmpeg stopped while encoding"):
+        writer.write(np.repeat(moving_bar(2), 200, axis=0))  # more than a pipe holds
+
+    assert not path.exists()
+
+
 def test_writer_refuses_an_existing_file(tmp_path: Path) -> None:
     path = tmp_path / "v.mp4"
     path.write_bytes(b"keep me")
