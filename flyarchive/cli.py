@@ -120,12 +120,25 @@ def cmd_render(args: argparse.Namespace) -> int:
         worlds=parse_worlds(args.worlds) if args.worlds else None,
         time=parse_time(args.time) if args.time else None,
         options=RenderOptions(size=parse_size(args.size), backend=args.backend,
-                              overwrite=args.overwrite, progress=not args.quiet),
+                              overwrite=args.overwrite, progress=not args.quiet,
+                              video=_video_options(args)),
         scheduler=args.scheduler, n_workers=args.workers,
         storage_options=_storage_options(args.storage_options),
     )
     print(f"wrote {len(written.videos)} video(s) and {written.manifest}")
     return 0
+
+
+def _video_options(args: argparse.Namespace) -> Any:
+    """``--preset`` / ``--crf`` over the backend's defaults (``None`` when neither is given)."""
+    from dataclasses import replace
+
+    from flyarchive.render import default_video_options
+
+    if args.preset is None and args.crf is None:
+        return None
+    chosen = {k: v for k, v in (("preset", args.preset), ("crf", args.crf)) if v is not None}
+    return replace(default_video_options(args.backend), **chosen)
 
 
 def cmd_plot(args: argparse.Namespace) -> int:
@@ -145,7 +158,15 @@ def cmd_demo(args: argparse.Namespace) -> int:
     return 0
 
 
+def _crf(text: str) -> int:
+    if not text.isdigit() or not 0 <= int(text) <= 51:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer from 0 to 51")
+    return int(text)
+
+
 def build_parser() -> argparse.ArgumentParser:
+    from flyarchive.video import PRESETS
+
     parser = argparse.ArgumentParser(prog="flyarchive", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
 
@@ -188,6 +209,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--scheduler", help="Dask scheduler address (default: a local cluster)")
     p.add_argument("--workers", type=int, help="local worker processes (default: one per core)")
     p.add_argument("--backend", default="cpu", choices=["cpu", "gpu", "warp-cpu"])
+    p.add_argument("--preset", choices=PRESETS,
+                   help="x264 preset (default: veryfast; ultrafast with --backend gpu)")
+    p.add_argument("--crf", type=_crf, help="x264 quality, 0 (lossless) to 51 (default 18)")
     p.add_argument("--overwrite", action="store_true")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     storage(p)

@@ -49,10 +49,12 @@ __all__ = [
     "read_video",
     "parse_video_size",
     "PIXEL_FORMATS",
+    "PRESETS",
     "frame_shape",
 ]
 
-_PRESETS = (
+#: x264 presets, fastest first.
+PRESETS = (
     "ultrafast", "superfast", "veryfast", "faster", "fast",
     "medium", "slow", "slower", "veryslow", "placebo",
 )  # fmt: skip
@@ -98,8 +100,8 @@ class VideoOptions:
     def __post_init__(self) -> None:
         if not _is_int(self.crf) or not 0 <= self.crf <= 51:
             raise ValueError(f"crf must be an integer in 0..51, got {self.crf!r}.")
-        if self.preset not in _PRESETS:
-            presets = ", ".join(_PRESETS)
+        if self.preset not in PRESETS:
+            presets = ", ".join(PRESETS)
             raise ValueError(f"preset {self.preset!r} is not an x264 preset: {presets}.")
         for name in ("threads", "keyframe_interval"):
             value = getattr(self, name)
@@ -243,6 +245,24 @@ class VideoWriter:
             raise VideoEncodeError(
                 f"ffmpeg stopped while encoding {str(self.path)!r} ({err}). {log}"
             ) from None
+
+    def close_input(self) -> None:
+        """Tell ffmpeg that no frame follows, without waiting for it to finish the file.
+
+        ffmpeg encodes what it still holds and writes the file meanwhile; :meth:`close`
+        then waits for it (:attr:`input_closed` and :attr:`finished` tell where it is).
+        Calling it twice, or before any frame, does nothing.
+        """
+        if self._process is not None and self._process.stdin is not None:
+            try:
+                self._process.stdin.close()
+            except OSError:  # ffmpeg stopped reading: close() reports its exit status
+                pass
+
+    @property
+    def finished(self) -> bool:
+        """True when no ffmpeg is running for this writer (never started, or exited)."""
+        return self._process is None or self._process.poll() is not None
 
     def close(self) -> None:
         """Finish the file.

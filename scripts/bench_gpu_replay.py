@@ -13,15 +13,20 @@ jittered per world; or the tiny test model). Rows of the table:
    read: reading every batch's states from the archive, as row 3 does in a
    background thread (a diagnostic: row 3 is bounded below by it).
    pipelined: ``WarpBatchRenderer.submit`` with batch k + 1 queued before batch k's
-   yuv420p frames are waited for, as row 3 does: the GPU stage's limit.
+   yuv420p frames are waited for, as row 3 does: the GPU stage's limit; its
+   ``setup_s`` is building the renderer with kernels loaded, ``first_run_s`` the
+   first pass, kernel by kernel, that captures the CUDA graphs.
    encode_only: row 3's pipeline (reader, encoder threads, ffmpeg) with the renderer
    replaced by one that hands out frames rendered beforehand: the encoding limit
    (``encode_only_<preset>`` for the extra presets).
 3. flyarchive: ``render_videos`` from the archive on disk to one mp4 per world, end
-   to end (open, read, render, encode, write; renderer setup included), x264
-   ``veryfast``. ``flyarchive_no_graph``: the same launching kernel by kernel
-   (``FLYARCHIVE_CUDA_GRAPH=0``). ``flyarchive_<preset>_e<k>`` (``--presets``,
-   ``--encoders``): other x264 presets and encoder thread counts, renderer warm.
+   to end (open, read, render, encode, write; renderer setup included), with the
+   backend's default encoder settings (x264 ``ultrafast`` on the GPU).
+   ``flyarchive_warm``: the same again, with the renderer built (the steady state of
+   a process that renders several times). ``flyarchive_<preset>[_e<k>]``
+   (``--presets``, ``--encoders``): other x264 presets and encoder thread counts,
+   renderer warm. ``flyarchive_no_graph``: row 3 launching kernel by kernel
+   (``FLYARCHIVE_CUDA_GRAPH=0``).
 4. flygym: ``flygym.warp.recording.render_trajectories_gpu`` on the same states
    (``RecordedTrajectory`` objects built from them) with ``worlds_per_batch`` 32 and
    256, videos written to ``output_path``; the better of the two is compared. The
@@ -83,20 +88,22 @@ def main() -> None:
         rows["read"] = _measure(n_frames, lambda: _read_all(url, args.batch))
         rows["pipelined"] = _pipelined_row(model, camera, qpos, mocap, args, device)
         presets = [p for p in args.presets.split(",") if p]
-        for preset in ["veryfast", *presets]:
-            name = "encode_only" + ("" if preset == "veryfast" else f"_{preset}")
+        for preset in [None, *presets]:
+            name = "encode_only" + (f"_{preset}" if preset else "")
             rows[name] = _stages(n_frames, lambda p=preset, n=name: _encode_only(
                 url, model, camera, Path(tmp) / n, args, backend, qpos, mocap, device, p))
         rows["flyarchive"] = _stages(n_frames, lambda: _flyarchive(
             url, model, camera, Path(tmp) / "fa", args, backend))
-        if device.startswith("cuda"):  # the same, launching kernel by kernel (no CUDA graph)
-            rows["flyarchive_no_graph"] = _stages(n_frames, lambda: _no_graph(
-                lambda: _flyarchive(url, model, camera, Path(tmp) / "fa-ng", args, backend)))
+        rows["flyarchive_warm"] = _stages(n_frames, lambda: _flyarchive(
+            url, model, camera, Path(tmp) / "fa-warm", args, backend))
         for preset in presets:
             for encoders in [int(e) for e in args.encoders.split(",") if e] or [0]:
                 name = f"flyarchive_{preset}" + (f"_e{encoders}" if encoders else "")
                 rows[name] = _stages(n_frames, lambda p=preset, e=encoders, n=name: _flyarchive(
                     url, model, camera, Path(tmp) / n, args, backend, preset=p, encoders=e))
+        if device.startswith("cuda"):  # row 3 launching kernel by kernel (no CUDA graph)
+            rows["flyarchive_no_graph"] = _stages(n_frames, lambda: _no_graph(
+                lambda: _flyarchive(url, model, camera, Path(tmp) / "fa-ng", args, backend)))
         for wpb in (32, 256) if args.flygym else ():
             rows[f"flygym_b{wpb}"] = _measure(n_frames, lambda wpb=wpb: _flygym(
                 model, camera, qpos, mocap, args, device, wpb, Path(tmp) / f"fg{wpb}"))
@@ -122,7 +129,7 @@ def _parse_args() -> argparse.Namespace:
         "--size", type=lambda s: tuple(int(v) for v in s.split("x")), default=(240, 320),
         help="frame size HEIGHTxWIDTH (default 240x320)",
     )
-    parser.add_argument("--presets", default="ultrafast",
+    parser.add_argument("--presets", default="veryfast",
                         help="x264 presets of extra flyarchive and encode_only rows (comma list)")
     parser.add_argument("--encoders", default="",
                         help="encoder threads of the extra rows (comma list; default: cores)")
@@ -237,8 +244,10 @@ def _pipelined_row(model: mujoco.MjModel, camera: str, qpos: np.ndarray,
     states = qpos.reshape(-1, qpos.shape[-1])
     flat_mocap = None if mocap is None else tuple(m.reshape(-1, *m.shape[2:]) for m in mocap)
     b = min(args.batch, len(states))
+    start = time.perf_counter()
     renderer = WarpBatchRenderer(model, camera, args.size, batch_worlds=b, device=device,
                                  pixel_format="yuv420p", host_buffers=2)
+    built = time.perf_counter() - start
 
     def run() -> None:
         pending = None
@@ -250,8 +259,14 @@ def _pipelined_row(model: mujoco.MjModel, camera: str, qpos: np.ndarray,
             pending = submitted
         pending.wait()
 
-    run()  # loads kernels, captures the CUDA graphs
-    return _measure(len(states), run)
+    start = time.perf_counter()
+    run()  # the first batches run kernel by kernel, then the CUDA graphs are captured
+    first = time.perf_counter() - start
+    row = _measure(len(states), run)
+    row["setup_s"] = round(built, 3)  # construction with kernels loaded: model, BVHs
+    row["first_run_s"] = round(first, 3)
+    print("pipelined:", row, flush=True)
+    return row
 
 
 class _Prerendered:
@@ -269,7 +284,8 @@ class _Prerendered:
 
 def _encode_only(url: str, model: mujoco.MjModel, camera: str, out: Path,
                  args: argparse.Namespace, backend: str, qpos: np.ndarray,
-                 mocap: tuple[np.ndarray, np.ndarray] | None, device: str, preset: str) -> None:
+                 mocap: tuple[np.ndarray, np.ndarray] | None, device: str,
+                 preset: str | None) -> None:
     """Row 3 with every batch's frames rendered beforehand (the first batch's, reused)."""
     from flyarchive.replay import gpu_videos
     from flyarchive.replay.gpu import WarpBatchRenderer
@@ -302,13 +318,14 @@ def _read_all(url: str, batch_worlds: int) -> None:
 
 
 def _flyarchive(url: str, model: mujoco.MjModel, camera: str, out: Path,
-                args: argparse.Namespace, backend: str, preset: str = "veryfast",
+                args: argparse.Namespace, backend: str, preset: str | None = None,
                 encoders: int = 0) -> None:
+    """``render_videos`` of every world; x264 ``preset`` (None: the backend's default)."""
     from flyarchive.render import RenderOptions, render_videos
     from flyarchive.video import VideoOptions
 
     options = RenderOptions(size=args.size, backend=backend, batch_worlds=args.batch,
-                            video=VideoOptions(preset=preset))
+                            video=VideoOptions(preset=preset) if preset else None)
     with _environ("FLYARCHIVE_ENCODERS", str(encoders)):  # 0: one per core
         render_videos(url, model, camera, str(out), options=options, n_workers=0)
 

@@ -68,7 +68,29 @@ def test_render_writes_videos_from_an_mjb_model(tiny, archive, tmp_path):
 
     assert code == 0
     assert (tmp_path / "v" / "world00001" / "front.mp4").is_file()
-    assert (tmp_path / "v" / "manifest.json").is_file()
+    manifest = json.loads((tmp_path / "v" / "manifest.json").read_text())
+    assert manifest["video"]["preset"] == "veryfast" and manifest["video"]["crf"] == 18
+
+
+def test_render_takes_the_x264_preset_and_crf(tiny, archive, tmp_path):
+    model = str(save_mjb(tiny, tmp_path / "tiny.mjb"))
+
+    code = main(["render", archive, "--model", model, "--camera", "front", "--worlds", "1",
+                 "--time", "0:0.02", "--size", "48x64", "--out", str(tmp_path / "v"),
+                 "--workers", "0", "--quiet", "--preset", "ultrafast", "--crf", "23"])
+
+    assert code == 0
+    manifest = json.loads((tmp_path / "v" / "manifest.json").read_text())
+    assert manifest["video"]["preset"] == "ultrafast" and manifest["video"]["crf"] == 23
+
+
+@pytest.mark.parametrize("flag", [["--crf", "52"], ["--crf", "-1"], ["--preset", "fastest"]])
+def test_bad_encoder_settings_are_refused_before_rendering(archive, tmp_path, capsys, flag):
+    with pytest.raises(SystemExit) as exit_:
+        main(["render", archive, "--model", "m.xml", "--camera", "front", *flag])
+
+    assert exit_.value.code == 2
+    assert "argument --" + flag[0].lstrip("-") in capsys.readouterr().err
 
 
 def test_plot_writes_a_png(archive, tmp_path):

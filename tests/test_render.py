@@ -158,3 +158,16 @@ def test_manifest_keeps_videos_of_an_earlier_run_into_the_same_folder(tiny, tiny
     manifest = json.loads((out / "manifest.json").read_text())
     assert sorted((v["world"], v["camera"]) for v in manifest["videos"]) == [(3, "front"), (7, "top")]
     assert manifest["worlds"] == [3, 7]
+
+
+def test_encoder_defaults_follow_the_backend():
+    from flyarchive.render import RenderOptions
+    from flyarchive.video import VideoOptions
+
+    assert RenderOptions().video == VideoOptions(preset="veryfast", crf=18)
+    assert RenderOptions(backend="warp-cpu").video.preset == "veryfast"
+    assert RenderOptions(backend="gpu").video == VideoOptions(preset="ultrafast", crf=18)
+    chosen = VideoOptions(preset="slow", crf=30)
+    assert RenderOptions(backend="gpu", video=chosen).video is chosen
+    with pytest.raises(TypeError, match="VideoOptions or None"):
+        RenderOptions(video={"preset": "slow"})

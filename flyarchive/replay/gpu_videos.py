@@ -55,7 +55,7 @@ __all__ = [
 
 #: Host frame buffers, one batch each: batches being rendered or waiting for their
 #: encoders at one time (the host memory bound).
-_BATCHES_IN_FLIGHT = 4
+_BATCHES_IN_FLIGHT = 6
 #: Largest batch on Warp's CPU device, which renders a batch's states one after
 #: another: bigger batches save nothing there and make partial batches cost more.
 _CPU_BATCH_WORLDS = 16
@@ -446,11 +446,14 @@ def _leave_render_core() -> None:
 
 
 class _Encoders:
-    """Encoder threads, each owning a fixed set of videos and writing them in order.
+    """Encoder threads, each writing the videos given to it, each video's frames in order.
 
-    A video (job, camera) always goes to the same thread, so its frames stay in order.
-    Each thread opens a :class:`VideoWriter` on a video's first frames, and after its
-    last frame closes it and copies it to its final URL.
+    A video (job, camera) goes to the thread with the fewest frames queued when its
+    first frames come, and its later frames to the same thread, so they stay in order
+    and no thread idles while another has a queue. Each thread opens a
+    :class:`VideoWriter` on a video's first frames; after its last frame it closes
+    ffmpeg's input and goes on with the next video while ffmpeg finishes the file,
+    and publishes the file (copies it to its final URL) once ffmpeg has exited.
     """
 
     def __init__(self, plan: Any, jobs: tuple[Any, ...], tmp: Path, pixel_format: str) -> None:
@@ -471,12 +474,15 @@ class _Encoders:
             self._free.put(buffer)
         self._lock = threading.Lock()
         self._pending: dict[int, int] = {}  # host buffer -> pieces not yet encoded
+        self._owner: dict[tuple[int, int], int] = {}  # video -> its thread
+        self._load = [0] * n_threads  # frames queued per thread
         self._writers: dict[tuple[int, int], Any] = {}
         self.entries: dict[tuple[int, str], dict[str, Any]] = {}
         self._error: BaseException | None = None
         self._threads = [
-            threading.Thread(target=self._work, args=(q,), name=f"flyarchive-encode-{i}", daemon=True)
-            for i, q in enumerate(self._queues)
+            threading.Thread(target=self._work, args=(i,), name=f"flyarchive-encode-{i}",
+                             daemon=True)
+            for i in range(n_threads)
         ]
         for thread in self._threads:
             thread.start()
@@ -496,11 +502,18 @@ class _Encoders:
         The buffer is free again once every piece of the batch is encoded.
         """
         work = [(p, c) for p in batch.pieces for c in range(len(self._cameras))]
+        threads = []
         with self._lock:
             self._pending[buffer] = len(work)
-        for piece, cam in work:
-            q = self._queues[(piece.job * len(self._cameras) + cam) % len(self._queues)]
-            q.put((piece, cam, frames, buffer))
+            for piece, cam in work:
+                thread = self._owner.get((piece.job, cam))
+                if thread is None:  # a new video: the least loaded thread
+                    thread = min(range(len(self._load)), key=self._load.__getitem__)
+                    self._owner[(piece.job, cam)] = thread
+                self._load[thread] += piece.n
+                threads.append(thread)
+        for (piece, cam), thread in zip(work, threads):
+            self._queues[thread].put((piece, cam, frames, buffer))
 
     def raise_if_failed(self) -> None:
         if self._error is not None:
@@ -526,20 +539,38 @@ class _Encoders:
         for thread in self._threads:
             thread.join()
 
-    def _work(self, q: queue.Queue[Any]) -> None:
+    def _work(self, index: int) -> None:
         _leave_render_core()
-        while (item := q.get()) is not _STOP:
+        q = self._queues[index]
+        finishing: list[tuple[tuple[int, int], Any]] = []  # input closed, not yet published
+        while True:
+            try:  # while ffmpeg processes finish files, look at them every few ms
+                item = q.get(timeout=0.005) if finishing else q.get()
+            except queue.Empty:
+                self._publish_finished(finishing, wait=False)
+                continue
+            if item is _STOP:
+                break
             piece, cam, frames, buffer = item
             try:
                 if self._error is None:
-                    self._encode(piece, cam, frames[piece.offset:piece.offset + piece.n, cam])
+                    done = self._encode(piece, cam, frames[piece.offset:piece.offset + piece.n, cam])
+                    if done is not None:
+                        finishing.append(done)
+                    self._publish_finished(finishing, wait=False)
             except BaseException as err:
                 self._error = self._error or err
             finally:
-                self._done(buffer)
+                self._done(buffer, index, piece.n)
+        try:
+            if self._error is None:
+                self._publish_finished(finishing, wait=True)
+        except BaseException as err:
+            self._error = self._error or err
 
-    def _done(self, buffer: int) -> None:
+    def _done(self, buffer: int, thread: int, n_frames: int) -> None:
         with self._lock:
+            self._load[thread] -= n_frames
             self._pending[buffer] -= 1
             last = self._pending[buffer] == 0
             if last:
@@ -547,7 +578,9 @@ class _Encoders:
         if last:
             self._free.put(buffer)
 
-    def _encode(self, piece: Piece, cam: int, frames: np.ndarray) -> None:
+    def _encode(self, piece: Piece, cam: int, frames: np.ndarray
+                ) -> tuple[tuple[int, int], Any] | None:
+        """Write a piece's frames; ``(video, writer)`` when that was the video's last piece."""
         from flyarchive.video import VideoWriter, safe_video_path
 
         plan, job, camera = self._plan, self._jobs[piece.job], self._cameras[cam]
@@ -561,9 +594,17 @@ class _Encoders:
         clock = time.perf_counter()
         writer.write(frames)
         STATS["encode_s"] += time.perf_counter() - clock
-        if writer.n_frames == job.n_frames:
+        if writer.n_frames < job.n_frames:
+            return None
+        writer.close_input()  # ffmpeg finishes the file while this thread goes on
+        return key, writer
+
+    def _publish_finished(self, finishing: list[tuple[tuple[int, int], Any]], wait: bool) -> None:
+        """Publish the videos whose ffmpeg has exited (all of them with ``wait``)."""
+        for item in [f for f in finishing if wait or f[1].finished]:
+            finishing.remove(item)
             clock = time.perf_counter()
-            self._publish(key, writer)
+            self._publish(*item)
             STATS["publish_s"] += time.perf_counter() - clock
 
     def _publish(self, key: tuple[int, int], writer: Any) -> None:
@@ -575,6 +616,8 @@ class _Encoders:
         write_output(writer.path, url, plan.out_storage_options, overwrite=plan.options.overwrite)
         writer.path.unlink(missing_ok=True)
         del self._writers[key]
+        with self._lock:
+            del self._owner[key]
         self.entries[(key[0], camera)] = {
             "world": job.world_id, "camera": camera, "path": url, "frames": job.n_frames,
             "first_frame": job.start, "fps": plan.fps, "size": list(plan.options.size),
