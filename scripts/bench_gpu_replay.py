@@ -88,10 +88,11 @@ def main() -> None:
         rows["read"] = _measure(n_frames, lambda: _read_all(url, args.batch))
         rows["pipelined"] = _pipelined_row(model, camera, qpos, mocap, args, device)
         presets = [p for p in args.presets.split(",") if p]
+        stub = _prerendered(model, camera, qpos, mocap, args, device)
         for preset in [None, *presets]:
             name = "encode_only" + (f"_{preset}" if preset else "")
             rows[name] = _stages(n_frames, lambda p=preset, n=name: _encode_only(
-                url, model, camera, Path(tmp) / n, args, backend, qpos, mocap, device, p))
+                url, model, camera, Path(tmp) / n, args, backend, stub, p))
         rows["flyarchive"] = _stages(n_frames, lambda: _flyarchive(
             url, model, camera, Path(tmp) / "fa", args, backend))
         rows["flyarchive_warm"] = _stages(n_frames, lambda: _flyarchive(
@@ -282,12 +283,10 @@ class _Prerendered:
         return type("Done", (), {"wait": staticmethod(lambda: frames)})()
 
 
-def _encode_only(url: str, model: mujoco.MjModel, camera: str, out: Path,
-                 args: argparse.Namespace, backend: str, qpos: np.ndarray,
-                 mocap: tuple[np.ndarray, np.ndarray] | None, device: str,
-                 preset: str | None) -> None:
-    """Row 3 with every batch's frames rendered beforehand (the first batch's, reused)."""
-    from flyarchive.replay import gpu_videos
+def _prerendered(model: mujoco.MjModel, camera: str, qpos: np.ndarray,
+                 mocap: tuple[np.ndarray, np.ndarray] | None, args: argparse.Namespace,
+                 device: str) -> _Prerendered:
+    """The first batch's yuv420p frames, rendered once, handed out for every batch."""
     from flyarchive.replay.gpu import WarpBatchRenderer
 
     states = qpos.reshape(-1, qpos.shape[-1])
@@ -296,7 +295,15 @@ def _encode_only(url: str, model: mujoco.MjModel, camera: str, out: Path,
                                  pixel_format="yuv420p")
     first = renderer.render_batch(states[:b], *(m.reshape(-1, *m.shape[2:])[:b]
                                                 for m in mocap or ()))
-    stub = _Prerendered(first, renderer.default_state)
+    return _Prerendered(first, renderer.default_state)
+
+
+def _encode_only(url: str, model: mujoco.MjModel, camera: str, out: Path,
+                 args: argparse.Namespace, backend: str, stub: _Prerendered,
+                 preset: str | None) -> None:
+    """Row 3 with the renderer replaced by ``stub`` (frames rendered beforehand)."""
+    from flyarchive.replay import gpu_videos
+
     real = gpu_videos._renderer
     gpu_videos._renderer = lambda *_, **__: stub
     try:

@@ -55,7 +55,7 @@ __all__ = [
 
 #: Host frame buffers, one batch each: batches being rendered or waiting for their
 #: encoders at one time (the host memory bound).
-_BATCHES_IN_FLIGHT = 6
+_BATCHES_IN_FLIGHT = 4
 #: Largest batch on Warp's CPU device, which renders a batch's states one after
 #: another: bigger batches save nothing there and make partial batches cost more.
 _CPU_BATCH_WORLDS = 16
