@@ -87,3 +87,29 @@ def test_walk_qpos_samples_frames_at_the_video_cadence(world):
     data = mujoco.MjData(world.model)
     mujoco.mj_resetDataKeyframe(world.model, data, world.neutral_key)
     np.testing.assert_array_equal(qpos[0], data.qpos.astype(np.float32))
+
+
+def test_replay_of_neuromechfly_equals_live_rendering_with_its_own_framebuffer(world):
+    # Replay renders with a framebuffer fitted to the frames, not the model's 2048 x 2048.
+    from flyarchive.interop import nmf
+    from flyarchive.replay.cpu import CpuRenderer, headless_renderer
+    from flyarchive.replay.kinematics import update_render_geometry
+
+    size, camera = (96, 128), world.cameras[0]
+    qpos = nmf.walk_qpos(3, world=world)
+    assert world.model.vis.global_.offwidth == 2048
+    live = headless_renderer(world.model, size)
+    data = mujoco.MjData(world.model)
+    expected = []
+    for q in qpos:
+        data.qpos[:] = q
+        update_render_geometry(world.model, data)
+        live.update_scene(data, camera)
+        expected.append(live.render())
+    live.close()
+
+    with CpuRenderer(world.model, camera, size) as renderer:
+        actual = renderer.render(qpos)[:, 0]
+
+    assert np.array_equal(actual, np.array(expected))
+    assert not np.array_equal(actual[0], actual[-1])

@@ -150,6 +150,34 @@ def test_size_beyond_the_framebuffer_renders_with_an_enlarged_copy() -> None:
     assert (model.vis.global_.offheight, model.vis.global_.offwidth) == (480, 640)
 
 
+def test_a_framebuffer_fitted_to_the_frames_renders_the_same_pixels(
+    live_recording: dict[str, np.ndarray],
+) -> None:
+    # flygym's NeuroMechFly has a 2048 x 2048 buffer; replay renders with one the size
+    # of its frames. Live rendering (the model's own buffer) must give the same bytes.
+    model = tiny_model()
+    model.vis.global_.offwidth = model.vis.global_.offheight = 2048
+    qpos = live_recording["qpos"]
+    live = headless_renderer(model, SIZE)
+    data = mujoco.MjData(model)
+    expected = []
+    for q, p, r in zip(qpos, live_recording["mocap_pos"], live_recording["mocap_quat"]):
+        data.qpos[:], data.mocap_pos[:], data.mocap_quat[:] = q, p, r
+        update_render_geometry(model, data)
+        live.update_scene(data, "front")
+        expected.append(live.render())
+    live.close()
+
+    with CpuRenderer(model, "front", SIZE) as renderer:
+        actual = renderer.render(qpos, live_recording["mocap_pos"],
+                                 live_recording["mocap_quat"])[:, 0]
+        fitted = renderer._render_model.vis.global_
+
+    assert (fitted.offheight, fitted.offwidth) == SIZE
+    assert (model.vis.global_.offheight, model.vis.global_.offwidth) == (2048, 2048)
+    assert np.array_equal(actual, np.array(expected))
+
+
 def test_size_beyond_the_framebuffer_without_enlarging_says_how_to_fix() -> None:
     with pytest.raises(FrameSizeError, match=r'offwidth="700" offheight="500"'):
         CpuRenderer(tiny_model(), "front", (500, 700), enlarge_buffer=False)

@@ -75,8 +75,9 @@ class CpuRenderer:
         cameras: One camera name or a sequence of names; frames hold them in this order.
         size: ``(height, width)`` of each frame in pixels.
         enlarge_buffer: If the model's offscreen framebuffer (``<visual><global
-            offwidth offheight>``) is smaller than ``size``, render with a copy of the
-            model whose buffer is enlarged (True, the default) or raise (False). The
+            offwidth offheight>``) is smaller than ``size``, render anyway (True, the
+            default) or raise (False). Replay renders with a copy of the model whose
+            buffer is exactly ``size`` (same pixels, less work per frame); the
             caller's model is never modified.
         scene_option: MuJoCo visualization options; ``None`` means MuJoCo's defaults
             (what flygym's live renderer uses).
@@ -233,11 +234,20 @@ def _parse_size(size: tuple[int, int]) -> tuple[int, int]:
 def _fit_buffer(
     model: mujoco.MjModel, size: tuple[int, int], enlarge: bool
 ) -> mujoco.MjModel:
+    """A copy of ``model`` whose offscreen framebuffer is exactly ``size``.
+
+    MuJoCo clears, and resolves the multisampled, whole offscreen buffer for every
+    frame, however small the viewport: with flygym's 2048 x 2048 buffer and 4x
+    multisampling that is 16 million samples per frame. The pixels inside the viewport
+    do not depend on the buffer's size (tested bit for bit, NeuroMechFly included), so
+    replay renders with a buffer the size of its frames: measured on 2 cores with
+    Mesa, NeuroMechFly 240x320, one rasterizer thread, 7.3 -> 8.6 frames/s.
+    """
     height, width = size
     buffer = (model.vis.global_.offheight, model.vis.global_.offwidth)
-    if height <= buffer[0] and width <= buffer[1]:
+    if buffer == (height, width):
         return model
-    if not enlarge:
+    if (height > buffer[0] or width > buffer[1]) and not enlarge:
         raise FrameSizeError(
             f"Frames of (height, width)={size!r} do not fit the model's offscreen "
             f"framebuffer {buffer!r}. Raise it in the MJCF with "
@@ -245,10 +255,10 @@ def _fit_buffer(
             f'offheight="{max(height, buffer[0])}"/></visual>, pass a smaller size, '
             "or pass enlarge_buffer=True."
         )
-    enlarged = copy.copy(model)
-    enlarged.vis.global_.offheight = max(height, buffer[0])
-    enlarged.vis.global_.offwidth = max(width, buffer[1])
-    return enlarged
+    fitted = copy.copy(model)
+    fitted.vis.global_.offheight = height
+    fitted.vis.global_.offwidth = width
+    return fitted
 
 
 def _check_block(
