@@ -72,7 +72,7 @@ def default_video_options(backend: str) -> VideoOptions:
     Both encode H.264 yuv420p at ``crf=18``. On ``"gpu"`` the x264 encoders on the host
     CPU are the slowest stage, so it uses the ``ultrafast`` preset: measured on an
     H200 host with 16 cores, NeuroMechFly 240x320, it costs 0.7 ms of CPU per frame
-    against 2.3 for ``veryfast``, for files about 3x larger at the same quality
+    against about 2 for ``veryfast``, for files about 3x larger at the same quality
     setting. The OpenGL and Warp CPU backends render far slower than they encode and
     keep ``veryfast``.
     """
