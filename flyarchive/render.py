@@ -39,7 +39,7 @@ class RenderOptions:
             (mujoco-warp batch renderer on CUDA) or ``"warp-cpu"`` (the same renderer on
             Warp's CPU device).
         segment_frames: Frames per independently encoded segment (a Dask task).
-        batch_worlds: States per batch for the Warp backends (at most 16 on
+        batch_worlds: States per batch for the Warp backends (at most 4 on
             ``"warp-cpu"``, whose CPU device renders them one after another).
         video: Encoder settings. ``None`` (default): :func:`default_video_options` of
             the backend: x264 ``veryfast``, or ``ultrafast`` on ``"gpu"``.

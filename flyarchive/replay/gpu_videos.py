@@ -57,8 +57,11 @@ __all__ = [
 #: encoders at one time (the host memory bound).
 _BATCHES_IN_FLIGHT = 4
 #: Largest batch on Warp's CPU device, which renders a batch's states one after
-#: another: bigger batches save nothing there and make partial batches cost more.
-_CPU_BATCH_WORLDS = 16
+#: another: bigger batches save nothing there and make partial batches cost more;
+#: below 4 the launch overhead shows. NeuroMechFly 240x320 on a 2-core VM: one
+#: 150-frame video 15.7 frames/s at 16, 18.1-20.4 at 4, 15.5 at 2; two 250-frame
+#: videos 19.0 at both 16 and 4.
+_CPU_BATCH_WORLDS = 4
 #: States read ahead of the renderer, in batches.
 _READ_AHEAD = 2
 #: Seconds spent per stage in this process (summed over threads), for benchmarks:
