@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import os
 import re
 import subprocess
@@ -197,3 +198,16 @@ def test_render_videos_accepts_a_client_that_is_not_default(
                            client=client, options=OPTIONS)
 
     assert [v["frames"] for v in result.videos] == [N_FRAMES]
+
+
+def test_the_model_is_sent_to_each_worker_once_under_its_hash(client: Any) -> None:
+    from flyarchive.distributed import scatter_model
+
+    blob = b"model bytes " * 1000
+    first = scatter_model(client, blob)
+    again = scatter_model(client, blob)
+
+    assert first.key == again.key and hashlib.sha256(blob).hexdigest() in first.key
+    holders = client.who_has([first])[first.key]
+    assert len(holders) == len(client.scheduler_info()["workers"]) == 2
+    assert client.submit(len, first, pure=False).result() == len(blob)

@@ -694,7 +694,9 @@ def _run_dask(plan: Any, blob: bytes, client: Any) -> list[dict[str, Any]]:
             "no client to render in this process."
         )
     groups = split_groups(plan.jobs, _batch_worlds(plan.options), len(able))
-    blob_future = client.scatter(blob, broadcast=True)
+    from flyarchive.distributed import scatter_model
+
+    blob_future = scatter_model(client, blob)
     # One group per worker, placed explicitly: the scheduler would put the first tasks
     # together on the worker holding the data (every worker holds the model).
     futures = [
