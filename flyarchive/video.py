@@ -250,8 +250,8 @@ class VideoWriter:
         """Tell ffmpeg that no frame follows, without waiting for it to finish the file.
 
         ffmpeg encodes what it still holds and writes the file meanwhile; :meth:`close`
-        then waits for it (:attr:`input_closed` and :attr:`finished` tell where it is).
-        Calling it twice, or before any frame, does nothing.
+        then waits for it (:attr:`finished` tells whether it has exited). Calling it
+        twice, or before any frame, does nothing.
         """
         if self._process is not None and self._process.stdin is not None:
             try:
@@ -303,14 +303,12 @@ class VideoWriter:
             ``""`` when it exited cleanly or was killed, else its exit status and the
             end of its error output.
         """
-        process, self._process = self._process, None
-        assert process is not None and process.stdin is not None
+        process = self._process
+        assert process is not None
         if kill:
             process.kill()
-        try:
-            process.stdin.close()
-        except OSError:  # it stopped reading: its exit status and log say why
-            pass
+        self.close_input()
+        self._process = None
         code = process.wait()
         self._stderr.seek(0)
         log = self._stderr.read().decode(errors="replace").strip()[-2000:]

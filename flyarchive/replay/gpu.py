@@ -229,7 +229,7 @@ class WarpBatchRenderer:
         # FLYARCHIVE_CUDA_GRAPH=0 launches kernel by kernel on CUDA too (for comparison).
         self._use_graph = self._device.is_cuda and os.environ.get("FLYARCHIVE_CUDA_GRAPH") != "0"
         self._graphs: dict[int, Any] = {}  # per device output slot
-        self._full_batches = 0
+        self._saw_full_batch = False  # the first full batch runs kernel by kernel
         self._turn = 0  # the staging / output slot of the next batch
         self._default_state = _default_state(self._model)
 
@@ -485,11 +485,11 @@ class WarpBatchRenderer:
         if not (self._use_graph and n == self._batch_worlds):
             self._queue_work(n, slot)
             return
-        if slot not in self._graphs and self._full_batches > 0:
+        if slot not in self._graphs and self._saw_full_batch:
             with wp.ScopedCapture(device=self._device) as capture:
                 self._queue_work(n, slot)
             self._graphs[slot] = capture.graph
-        self._full_batches += 1
+        self._saw_full_batch = True
         if slot in self._graphs:
             wp.capture_launch(self._graphs[slot])
         else:

@@ -68,7 +68,7 @@ _READ_AHEAD = 2
 #: main thread waiting for reads / for encoder room / submitting batches / waiting for
 #: their frames; encoder threads piping frames to ffmpeg / finishing and publishing.
 STATS: dict[str, float] = dict.fromkeys(
-    ("wait_read_s", "wait_encoders_s", "render_s", "wait_gpu_s", "encode_s", "publish_s",
+    ("wait_read_s", "wait_encoders_s", "submit_s", "wait_gpu_s", "encode_s", "publish_s",
      "encoder_threads"), 0.0)
 _STOP = object()
 
@@ -275,7 +275,7 @@ def _render_batches(source: tuple[str, dict[str, Any]], jobs: tuple[Any, ...],
             STATS["wait_encoders_s"] += time.perf_counter() - clock
             clock = time.perf_counter()
             submitted = renderer.submit(qpos, mocap_pos, mocap_quat, buffer=buffer)
-            STATS["render_s"] += time.perf_counter() - clock
+            STATS["submit_s"] += time.perf_counter() - clock
             if pending is not None:
                 _hand_over(*pending, renderer.pixel_format, encoders, bar)
             pending = (batch, submitted, valid, buffer)
@@ -682,6 +682,8 @@ def _run_on_worker(plan: Any, blob: bytes, jobs: tuple[Any, ...]) -> list[dict[s
 
 
 def _run_dask(plan: Any, blob: bytes, client: Any) -> list[dict[str, Any]]:
+    from flyarchive.distributed import scatter_model
+
     workers = client.scheduler_info().get("workers", {})
     resources = {"GPU": 1} if plan.options.backend == "gpu" else {}
     able = [a for a, w in workers.items()
@@ -694,8 +696,6 @@ def _run_dask(plan: Any, blob: bytes, client: Any) -> list[dict[str, Any]]:
             "no client to render in this process."
         )
     groups = split_groups(plan.jobs, _batch_worlds(plan.options), len(able))
-    from flyarchive.distributed import scatter_model
-
     blob_future = scatter_model(client, blob)
     # One group per worker, placed explicitly: the scheduler would put the first tasks
     # together on the worker holding the data (every worker holds the model).
