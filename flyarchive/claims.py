@@ -32,6 +32,7 @@ import os
 import socket
 import time
 import uuid
+import weakref
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -42,12 +43,22 @@ from flyarchive.errors import ArchiveInUseError, SchemaError, WorldBlockConflict
 
 __all__ = [
     "Claim", "claim_archive", "claim_block", "release", "shards_of_block", "block_keys",
-    "put_exclusive", "read_claim", "WRITER_KEY",
+    "put_exclusive", "read_claim", "register", "WRITER_KEY",
 ]
 
 PREFIX = "claims"
 #: The whole-archive writer claim.
 WRITER_KEY = f"{PREFIX}/writer.json"
+
+
+#: This process's writers by writer id: a claim of this process is alive only while its
+#: writer exists and is neither closed nor failed (a failed commit ends a writer).
+_HOLDERS: weakref.WeakValueDictionary[str, Any] = weakref.WeakValueDictionary()
+
+
+def register(writer: str, holder: Any) -> None:
+    """Record that ``holder`` (with ``abandoned`` and ``taken_over()``) holds claim ``writer``."""
+    _HOLDERS[writer] = holder
 
 
 def _sync(coro: Any) -> Any:
@@ -125,6 +136,9 @@ class Claim:
         if not _can_see_process(rec):
             return None
         pid = int(rec["pid"])
+        if pid == os.getpid() and rec.get("started") == _identity()["started"]:
+            holder = _HOLDERS.get(self.writer)
+            return holder is not None and not holder.abandoned
         stat = _proc_stat(pid)
         if stat is None and os.path.isdir("/proc/self"):
             return False
@@ -303,6 +317,9 @@ def _acquire(store: Any, key: str, data: bytes, url: str,
         if not may_take(other):
             return other
         if _put(store, key, data):
+            holder = _HOLDERS.pop(other.writer, None)
+            if holder is not None:  # a failed or closed writer of this process: it stops here
+                holder.taken_over()
             return None
         return read_claim(store, key, url) or other
     return other or Claim(key, {"writer": "unknown"})

@@ -166,7 +166,7 @@ class ArchiveSpec:
             dtype = np.dtype(self.dtype)
         except TypeError:
             dtype = None
-        if dtype not in (np.dtype("float64"), np.dtype("float32")):
+        if dtype is None or dtype not in (np.dtype("float64"), np.dtype("float32")):
             raise SchemaError(f"dtype must be float64 or float32, got {self.dtype!r}.")
         set_ = object.__setattr__  # frozen: store the checked, normalized values
         set_(self, "world_ids", _world_ids(self.world_ids))

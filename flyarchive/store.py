@@ -45,7 +45,7 @@ import numpy as np
 import zarr
 import zarr.storage
 
-from flyarchive.claims import WRITER_KEY, block_keys, claim_archive, claim_block, release
+from flyarchive.claims import WRITER_KEY, block_keys, claim_archive, claim_block, register, release
 from flyarchive.clock import Timing
 from flyarchive.creation import (
     check_against,
@@ -294,10 +294,12 @@ class ArchiveWriter:
         )
         self.attrs = group.attrs.asdict()
         self._closed = False
+        self._failed = False
         self._finalizer: weakref.finalize | None = None
         if claim is not None:
             self._finalizer = weakref.finalize(self, _release_quietly, group.store, *claim)
             self._finalizer.atexit = False  # a recorder's exit hook commits, then closes
+            register(claim[1], self)
 
     @classmethod
     def create(
@@ -489,11 +491,13 @@ class ArchiveWriter:
             committed = np.full(self.n_worlds, t1) if n_frames is None else np.asarray(n_frames)
             self._group["n_frames"][self._worlds] = committed.astype(np.int64)
         except (OSError, RuntimeError, TimeoutError) as err:
+            self._failed = True  # retrying is allowed, and so is a new writer taking over
             raise StorageError(
                 f"Writing frames {t0}..{t1 - 1} to {self.url!r} failed ({err!r}). "
                 f"The archive still holds its {t0} committed frames; retry or resume with mode='a'."
             ) from err
         self.n_frames = t1
+        self._failed = False
 
     def _check_block(self, block: FrameBlock) -> int:
         n = len(block.time)
@@ -511,6 +515,18 @@ class ArchiveWriter:
     def closed(self) -> bool:
         """True after :meth:`close`: the writer takes no more frames."""
         return self._closed
+
+    @property
+    def abandoned(self) -> bool:
+        """True once closed or after a failed commit: another writer of this process may
+        then take its claim over (and this one takes no more frames)."""
+        return self._closed or self._failed
+
+    def taken_over(self) -> None:
+        """Another writer took this writer's claim: take no more frames, release nothing."""
+        self._closed = True
+        if self._finalizer is not None:
+            self._finalizer.detach()
 
     def close(self) -> None:
         """Release the writer's claim of the archive (or of its block); writes nothing.

@@ -6,7 +6,9 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
+import zarr
 from zarr.core.buffer import default_buffer_prototype
 from zarr.core.sync import sync
 
@@ -15,7 +17,7 @@ from flyarchive.claims import WRITER_KEY, _identity, _proc_stat, put_exclusive
 from flyarchive.clock import Timing
 from flyarchive.errors import ArchiveInUseError, SchemaError, StorageError, WorldBlockConflictError
 from flyarchive.layout import ModelLayout
-from flyarchive.store import ArchiveSpec, ArchiveWriter, open_store
+from flyarchive.store import ArchiveSpec, ArchiveWriter, FrameBlock, open_store
 from flyarchive.testing import simulate
 
 
@@ -159,6 +161,28 @@ def test_a_closed_writer_takes_no_more_frames(archive, layout):
 
     with pytest.raises(RuntimeError, match="is closed"):
         writer.write(None)
+
+
+def test_a_writer_whose_commit_failed_is_taken_over_by_the_next_in_the_same_process(
+        archive, layout, monkeypatch):
+    first = ArchiveWriter.append(archive, layout)
+    block = FrameBlock(np.array([1.0]), np.zeros((2, 1, 13)), np.zeros((2, 1, 1, 3)),
+                       np.zeros((2, 1, 1, 4)))
+    with monkeypatch.context() as patch:
+        patch.setattr(zarr.Array, "__setitem__", disk_full)
+        with pytest.raises(StorageError, match="still holds its 10 committed frames"):
+            first.write(block)
+
+    second = ArchiveWriter.append(archive, layout)
+
+    assert second.n_frames == 10
+    assert first.closed
+    with pytest.raises(RuntimeError, match="is closed"):
+        first.write(block)
+
+
+def disk_full(*args, **kwargs):
+    raise OSError(28, "No space left on device")
 
 
 # ----------------------------------------------------------------------------- damaged claims
