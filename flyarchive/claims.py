@@ -20,8 +20,9 @@ else a check, a put and a read-back, which catches all but near-simultaneous
 claims. Every put is read back: the claim is ours only if it holds our writer id.
 
 A claim records its holder (host, process id and start time, since when). A claim
-whose holder is provably dead (same host, same boot, same pid namespace, and the
-process is gone or is another process now) is taken over without asking; any
+whose holder is provably dead is taken over without asking: same host, same boot
+and same pid namespace, and the process is gone (or is another process now); or,
+in this process, its writer was closed, failed a commit, or no longer exists. Any
 other claim is taken over only with ``takeover=True``.
 """
 
@@ -131,9 +132,7 @@ class Claim:
         """True if the holder runs, False if it provably does not, None if unknown
         (another host, another pid namespace, or a claim without a process id)."""
         rec = self.record
-        if rec.get("host") == socket.gethostname() and rec.get("boot") and rec["boot"] != _boot_id():
-            return False  # the machine rebooted since
-        if not _can_see_process(rec):
+        if not _can_see_process(rec):  # host names can repeat: a pid is checked only here
             return None
         pid = int(rec["pid"])
         if pid == os.getpid() and rec.get("started") == _identity()["started"]:

@@ -7,17 +7,20 @@ what it finds); touches the store only through zarr's store API.
 
 from __future__ import annotations
 
+import asyncio
 import importlib.metadata
 import json
+import threading
 from collections.abc import Sequence
 from datetime import datetime, timezone
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 import zarr
 
 from flyarchive import codecs
-from flyarchive.claims import WRITER_KEY
+from flyarchive.claims import WRITER_KEY, release
 from flyarchive.clock import Timing
 from flyarchive.errors import ArchiveExistsError, CorruptArchiveError, FlyarchiveError, SchemaError
 from flyarchive.layout import ModelLayout, check_compatible
@@ -25,7 +28,8 @@ from flyarchive.schema import SCHEMA_NAME, SCHEMA_VERSION, STATE_VARS
 from flyarchive.spec import ArchiveSpec
 
 __all__ = ["package_versions", "root_attrs", "create_arrays", "claims_group", "inventory",
-           "clear", "refusal", "check_commits", "check_against"]
+           "clear", "refusal", "check_commits", "check_against", "tidy_local", "undo",
+           "release_quietly"]
 
 
 def package_versions() -> dict[str, str]:
@@ -52,7 +56,6 @@ def root_attrs(spec: ArchiveSpec) -> dict[str, Any]:
         "codec": codecs.describe(spec.codec),
         **dict(spec.attrs),
     }
-
 
 
 def create_arrays(group: zarr.Group, spec: ArchiveSpec) -> None:
@@ -217,3 +220,49 @@ def check_against(group: zarr.Group, url: str, layout: ModelLayout, timing: Timi
                 "would mix frame schedules. Use the same timestep, output_fps and playback_speed."
             )
     return stored
+
+
+# ----------------------------------------------------------------------------- cleaning up
+def tidy_local(root: Path | None, existed: bool) -> None:
+    """Remove the empty folders a refused creation made at a local ``root`` (None: not local)."""
+    if root is None:
+        return
+    for folder in (root / "claims", root):
+        try:
+            if folder != root or not existed:
+                folder.rmdir()  # only if empty
+        except OSError:
+            pass
+
+
+def _sync(coro: Any) -> Any:
+    from zarr.core.sync import sync
+
+    return sync(coro)
+
+
+def undo(store: zarr.abc.store.Store, claim: tuple[list[str], str], ours: bool) -> None:
+    """After a refused or failed creation: delete what it made (``ours``), release its claim."""
+    try:
+        if ours:
+            _sync(clear(store))
+        release(store, *claim)
+    except Exception:  # the storage failed too; the caller reports the first error
+        pass
+
+
+def release_quietly(store: zarr.abc.store.Store, keys: list[str], writer: str) -> None:
+    """Release a claim at garbage collection, which may run on any thread, zarr's event
+    loop included (where zarr's ``sync`` cannot run): then from a thread of its own."""
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        pass
+    else:
+        threading.Thread(target=release_quietly, args=(store, keys, writer),
+                         name="flyarchive-release-claim", daemon=True).start()
+        return
+    try:
+        release(store, keys, writer)
+    except Exception:  # nobody to tell; a stale claim is taken over later
+        pass

@@ -30,7 +30,6 @@ import queue
 import subprocess
 import sys
 import threading
-import time
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any

@@ -1,4 +1,5 @@
-"""The only code that touches zarr and fsspec (with :mod:`flyarchive.claims`):
+"""The only code that touches zarr and fsspec (with its helpers :mod:`flyarchive.creation`
+and :mod:`flyarchive.claims`):
 create, append, commit, open.
 
 Commit protocol (one writer per archive, or per block of worlds):
@@ -33,8 +34,6 @@ A refused creation leaves nothing behind.
 
 from __future__ import annotations
 
-import asyncio
-import threading
 import weakref
 from collections.abc import Mapping
 from pathlib import Path
@@ -56,19 +55,21 @@ from flyarchive.creation import (
     inventory,
     package_versions,
     refusal,
+    release_quietly,
     root_attrs,
+    tidy_local,
+    undo,
 )
 from flyarchive.errors import (
     ArchiveExistsError,
     ArchiveInUseError,
     ArchiveNotFoundError,
-    CorruptArchiveError,
     FlyarchiveError,
     SchemaError,
     StorageBackendMissingError,
     StorageError,
 )
-from flyarchive.layout import ModelLayout, check_compatible
+from flyarchive.layout import ModelLayout
 from flyarchive.schema import STATE_VARS, validate_attrs
 from flyarchive.spec import ArchiveSpec, FrameBlock
 
@@ -216,47 +217,7 @@ def open_group(url: str, storage_options: Mapping[str, Any] | None = None, *, mo
     return group
 
 
-def _tidy_local(url: str, existed: bool) -> None:
-    """Remove empty folders a refused creation made at a local ``url``."""
-    if not _is_local(url):
-        return
-    root = _local_path(url)
-    for folder in (root / "claims", root):
-        try:
-            if folder != root or not existed:
-                folder.rmdir()  # only if empty
-        except OSError:
-            pass
-
-
-def _undo(store: zarr.abc.store.Store, claim: tuple[list[str], str], ours: bool) -> None:
-    """After a refused or failed creation: delete what it made (``ours``), release its claim."""
-    try:
-        if ours:
-            _sync(clear(store))
-        release(store, *claim)
-    except Exception:  # the storage failed too; the caller reports the first error
-        pass
-
-
 # ----------------------------------------------------------------------------- the writer
-def _release_quietly(store: zarr.abc.store.Store, keys: list[str], writer: str) -> None:
-    """Release a claim at garbage collection, which may run on any thread, zarr's event
-    loop included (where zarr's ``sync`` cannot run): then from a thread of its own."""
-    try:
-        asyncio.get_running_loop()
-    except RuntimeError:
-        pass
-    else:
-        threading.Thread(target=_release_quietly, args=(store, keys, writer),
-                         name="flyarchive-release-claim", daemon=True).start()
-        return
-    try:
-        release(store, keys, writer)
-    except Exception:  # nobody to tell; a stale claim is taken over later
-        pass
-
-
 class ArchiveWriter:
     """Appends and commits frames to an archive. One writer per archive, or per block
     of worlds (see :mod:`flyarchive.claims`).
@@ -297,7 +258,7 @@ class ArchiveWriter:
         self._failed = False
         self._finalizer: weakref.finalize | None = None
         if claim is not None:
-            self._finalizer = weakref.finalize(self, _release_quietly, group.store, *claim)
+            self._finalizer = weakref.finalize(self, release_quietly, group.store, *claim)
             self._finalizer.atexit = False  # a recorder's exit hook commits, then closes
             register(claim[1], self)
 
@@ -350,11 +311,12 @@ class ArchiveWriter:
         if mode == "a" and _sync(inventory(store)) == "archive":
             return cls.append(url, spec.layout, storage_options=storage_options,
                               timing=spec.timing, takeover=takeover)
-        existed = _is_local(url) and _local_path(url).exists()
+        local = _local_path(url) if _is_local(url) else None
+        existed = local is not None and local.exists()
         try:
             writer = claim_archive(store, url, takeover=takeover)
         except ArchiveInUseError as err:
-            _tidy_local(url, existed)
+            tidy_local(local, existed)
             if mode != "w-":
                 raise
             raise ArchiveExistsError(
@@ -380,8 +342,8 @@ class ArchiveWriter:
             create_arrays(group, spec)
             return cls(group, url, spec.layout, claim=claim)
         except BaseException:
-            _undo(store, claim, ours)
-            _tidy_local(url, existed)
+            undo(store, claim, ours)
+            tidy_local(local, existed)
             raise
 
     @classmethod
