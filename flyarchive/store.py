@@ -1,6 +1,5 @@
 """The only code that touches zarr and fsspec (with its helpers :mod:`flyarchive.creation`
-and :mod:`flyarchive.claims`):
-create, append, commit, open.
+and :mod:`flyarchive.claims`): create, append, commit, open.
 
 Commit protocol (one writer per archive, or per block of worlds):
   1. grow the arrays' time extent (metadata only; new frames read as NaN);
