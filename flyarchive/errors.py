@@ -18,6 +18,7 @@ __all__ = [
     "StorageBackendMissingError",
     "StorageError",
     "WorldBlockConflictError",
+    "ArchiveInUseError",
     "NpzFormatError",
     "ModelLoadError",
     "CameraNotFoundError",
@@ -68,6 +69,10 @@ class StorageError(FlyarchiveError, OSError):
 
 class WorldBlockConflictError(FlyarchiveError, RuntimeError):
     """Another writer already owns some of the worlds asked for."""
+
+
+class ArchiveInUseError(WorldBlockConflictError):
+    """Another writer holds the archive (a writer claim of the whole archive or of a block)."""
 
 
 class NpzFormatError(FlyarchiveError, ValueError):

@@ -54,8 +54,12 @@ def corrupt_read(url: str, what: str, err: BaseException) -> CorruptArchiveError
 
 def time_extents(group: zarr.Group) -> dict[str, int]:
     """Length along ``time`` of every stored array that has that dimension."""
+    return _extents(dict(group.arrays()))
+
+
+def _extents(arrays: Mapping[str, zarr.Array]) -> dict[str, int]:
     out = {}
-    for name, arr in group.arrays():
+    for name, arr in arrays.items():
         dims = tuple(arr.metadata.dimension_names or ())
         if "time" in dims:
             out[name] = int(arr.shape[dims.index("time")])
@@ -63,27 +67,38 @@ def time_extents(group: zarr.Group) -> dict[str, int]:
 
 
 def open_stored(group: zarr.Group, chunks: Mapping[str, int] | None = None) -> xr.Dataset:
-    """The dataset as stored (not masked), lazy.
+    """The dataset as stored (not masked), lazy, from one consistent look at the archive.
 
-    A commit interrupted while growing the arrays leaves them with different time
-    extents, which ``xarray.open_zarr`` refuses; then every array is cut to the
-    shortest extent (committed frames never go beyond it) and assembled here.
+    ``n_frames`` is read first (in memory), then each array's metadata exactly once:
+    a writer grows every array before it commits, and extents only grow, so the
+    extents seen are never below the ``n_frames`` seen, whatever a writer does
+    meanwhile. Arrays may have different time extents (a commit in progress grows
+    them one by one; a crash can stop it halfway): every array is cut to the
+    shortest (committed frames never go beyond it).
+
+    Args:
+        group: The archive's root group.
+        chunks: Dask chunk length per dimension; other dimensions follow the stored
+            shards (or chunks). None: the stored shards.
     """
-    extents = time_extents(group)
-    if len(set(extents.values())) <= 1:
-        return xr.open_zarr(group.store_path, consolidated=False, zarr_format=3,
-                            chunks=dict(chunks) if chunks is not None else {})
     import dask.array as da
 
-    n = min(extents.values())
+    n_frames = np.asarray(group["n_frames"][:]) if "n_frames" in group else None
+    arrays = dict(group.arrays())
+    extents = _extents(arrays)
+    n = min(extents.values()) if extents else 0
     variables, coords = {}, {}
-    for name, arr in group.arrays():
+    for name, arr in arrays.items():
         dims = tuple(arr.metadata.dimension_names or ())
         cut = tuple(slice(0, n) if d == "time" else slice(None) for d in dims)
         if name in dims:  # a coordinate: small, read now
             coords[name] = xr.Variable(dims, np.asarray(arr[cut]), dict(arr.attrs))
+        elif name == "n_frames" and n_frames is not None:
+            variables[name] = xr.Variable(dims, n_frames, dict(arr.attrs))
         else:
-            data = da.from_zarr(arr, chunks=arr.shards or arr.chunks)[cut]
+            stored = arr.shards or arr.chunks
+            sizes = tuple((chunks or {}).get(d, c) for d, c in zip(dims, stored))
+            data = da.from_zarr(arr, chunks=sizes)[cut]
             variables[name] = xr.Variable(dims, data, dict(arr.attrs))
     return xr.Dataset(variables, coords=coords, attrs=group.attrs.asdict())
 
@@ -111,16 +126,18 @@ def open_archive(url: str, storage_options: Mapping[str, Any] | None = None) -> 
         StorageBackendMissingError: the URL's protocol needs a package (names the extra).
     """
     group = open_group(url, storage_options)
-    try:
-        qpos = group["qpos"]
-        shards = qpos.shards or qpos.chunks
-        ds = open_stored(group, {"world": shards[0], "time": shards[1]})
-    except (OSError, TimeoutError) as err:
-        if isinstance(err, FileNotFoundError):
-            raise damaged_metadata(url, group, err) from None
-        raise unavailable(url, err) from None
-    except Exception as err:  # zarr/xarray report damaged metadata in many ways
-        raise damaged_metadata(url, group, err) from None
+    for attempt in (1, 2):  # a second look, should a writer have changed it under the first
+        try:
+            ds = open_stored(group)
+            break
+        except (OSError, TimeoutError) as err:
+            if not isinstance(err, FileNotFoundError):
+                raise unavailable(url, err) from None
+            if attempt == 2:
+                raise damaged_metadata(url, group, err) from None
+        except Exception as err:  # zarr/xarray report damaged metadata in many ways
+            if attempt == 2:
+                raise damaged_metadata(url, group, err) from None
     validate(ds)
     n_frames = ds["n_frames"].values.clip(0, ds.sizes["time"])
     ds = ds.isel(time=slice(0, int(n_frames.max(initial=0))))

@@ -1,22 +1,40 @@
-"""The only code that touches zarr and fsspec: create, append, commit, open.
+"""The only code that touches zarr and fsspec (with its helpers :mod:`flyarchive.creation`
+and :mod:`flyarchive.claims`): create, append, commit, open.
 
-Commit protocol (one writer per block of worlds):
+Commit protocol (one writer per archive, or per block of worlds):
   1. grow the arrays' time extent (metadata only; new frames read as NaN);
   2. write the frames' chunks (whole shards when the block is chunk-aligned);
   3. write their simulation times;
   4. write ``n_frames`` for the block's worlds: the commit marker.
-A crash between steps leaves frames past ``n_frames``, which readers mask. On local
-disk zarr writes each object through a temporary file and a rename, and S3 PUTs
-are atomic, so a rewritten shard is either the old or the new one: committed
-frames are never lost.
+Every state in between is a valid archive: extents only grow, and grow before
+anything is committed, so ``n_frames`` never exceeds an array's extent, and frames
+below ``n_frames`` are never changed. A crash between steps leaves frames past
+``n_frames``, which readers mask. On local disk zarr writes each object through a
+temporary file and a rename, and S3 PUTs are atomic, so a rewritten shard is
+either the old or the new one: committed frames are never lost.
+
+Creation: a creator first claims the archive (:func:`flyarchive.claims.claim_archive`,
+exclusive: of two creators of one URL exactly one goes on, the other writes
+nothing), then looks at what is at the URL, then writes the root group, the
+arrays, and ``n_frames`` last. What each mode does with what it finds:
+
+- nothing (or only claims): created;
+- an archive: ``"a"`` appends, ``"w-"`` refuses, ``"w"`` replaces it;
+- an interrupted creation (flyarchive attributes, no ``n_frames``, no chunk of
+  recorded state): ``"a"`` creates the archive anew (holding the claim proves that
+  no other process is creating it), ``"w-"`` refuses;
+- a damaged archive (chunks of recorded state but no ``n_frames``): refused
+  (:class:`~flyarchive.errors.CorruptArchiveError`) unless ``"w"``: nothing that
+  holds recorded frames is ever deleted without ``mode="w"``;
+- anything else: refused unless ``"w"``.
+
+A refused creation leaves nothing behind.
 """
 
 from __future__ import annotations
 
-import importlib.metadata
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
-from datetime import datetime, timezone
+import weakref
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -25,26 +43,53 @@ import numpy as np
 import zarr
 import zarr.storage
 
-from flyarchive import codecs
+from flyarchive.claims import WRITER_KEY, block_keys, claim_archive, claim_block, register, release
 from flyarchive.clock import Timing
+from flyarchive.creation import (
+    check_against,
+    check_commits,
+    claims_group,
+    clear,
+    create_arrays,
+    inventory,
+    package_versions,
+    refusal,
+    release_quietly,
+    root_attrs,
+    tidy_local,
+    undo,
+)
 from flyarchive.errors import (
     ArchiveExistsError,
-    FlyarchiveError,
+    ArchiveInUseError,
     ArchiveNotFoundError,
+    FlyarchiveError,
     SchemaError,
     StorageBackendMissingError,
     StorageError,
 )
-from flyarchive.layout import ModelLayout, check_compatible
-from flyarchive.schema import RESERVED_ATTRS, SCHEMA_NAME, SCHEMA_VERSION, validate_attrs
+from flyarchive.layout import ModelLayout
+from flyarchive.schema import STATE_VARS, validate_attrs
+from flyarchive.spec import ArchiveSpec, FrameBlock
 
 __all__ = [
     "ArchiveSpec", "ArchiveWriter", "FrameBlock", "open_store", "archive_exists", "open_group",
-    "refuse_existing",
+    "refuse_existing", "package_versions", "parse_mode",
 ]
 
 _EXTRAS = {"s3": "s3", "s3a": "s3", "gs": "gcs", "gcs": "gcs", "az": "azure", "abfs": "azure"}
 _MODES = ("w-", "w", "a")
+
+
+def parse_mode(mode: str) -> str:
+    """Check a creation mode: ``"w-"``, ``"w"`` or ``"a"``.
+
+    Raises:
+        ValueError: for anything else.
+    """
+    if not isinstance(mode, str) or mode not in _MODES:
+        raise ValueError(f"mode must be one of {_MODES}, got {mode!r}.")
+    return mode
 
 
 def _is_local(url: str) -> bool:
@@ -140,16 +185,6 @@ def refuse_existing(url: str, storage_options: Mapping[str, Any] | None = None) 
         raise _exists_error(url)
 
 
-def _never_completed(store: zarr.abc.store.Store) -> bool:
-    """True for a flyarchive group whose creation was interrupted (no ``n_frames`` array:
-    it is created last, so nothing was ever committed)."""
-    try:
-        group = zarr.open_group(store, mode="r")
-        return group.attrs.get("flyarchive_schema") == SCHEMA_NAME and "n_frames" not in group
-    except Exception:
-        return False
-
-
 def _sync(coro: Any) -> Any:
     from zarr.core.sync import sync
 
@@ -181,163 +216,27 @@ def open_group(url: str, storage_options: Mapping[str, Any] | None = None, *, mo
     return group
 
 
-@dataclass(frozen=True)
-class ArchiveSpec:
-    """Everything fixed when an archive is created.
-
-    Attributes:
-        layout: The model's state layout.
-        timing: Timestep and frame schedule.
-        world_ids: World index in the simulation, one per archived world.
-        dtype: State dtype: float64 (CPU) or float32 (GPU), as recorded.
-        source: What produced it: ``"mujoco"``, ``"mujoco-warp"``, ``"flygym-npz"``...
-        chunk_frames: Frames per chunk along time; also the flush size.
-        shard_worlds: Worlds per shard; a writer's world block is a multiple of it.
-        codec: ``"lossless"`` or ``"abs:<bound>"`` (see :mod:`flyarchive.codecs`).
-        attrs: User metadata for the archive's attributes (JSON-serializable).
-        world_vars: Per-world user variables, each ``(n_worlds,)``.
-        capacity_frames: For archives written by several processes (one per block of
-            worlds): the time extent, fixed at creation, with the time coordinate
-            filled from the frame schedule. None: the extent grows with each commit.
-    """
-
-    layout: ModelLayout
-    timing: Timing
-    world_ids: tuple[int, ...]
-    dtype: str = "float64"
-    source: str = "mujoco"
-    chunk_frames: int = 100
-    shard_worlds: int = 64
-    codec: str = "lossless"
-    attrs: Mapping[str, Any] = field(default_factory=dict)
-    world_vars: Mapping[str, np.ndarray] = field(default_factory=dict)
-    capacity_frames: int | None = None
-
-    def __post_init__(self) -> None:
-        if np.dtype(self.dtype) not in (np.dtype("float64"), np.dtype("float32")):
-            raise ValueError(f"dtype must be float64 or float32, got {self.dtype!r}.")
-        if not self.world_ids or len(set(self.world_ids)) != len(self.world_ids):
-            raise ValueError(f"world_ids must be non-empty and unique, got {self.world_ids!r}.")
-        if self.chunk_frames < 1 or self.shard_worlds < 1:
-            raise ValueError("chunk_frames and shard_worlds must be at least 1.")
-        clash = RESERVED_ATTRS.intersection(self.attrs)
-        if clash:
-            raise ValueError(f"User attributes may not use the reserved names {sorted(clash)}.")
-        for name, values in self.world_vars.items():
-            if np.shape(values) != (len(self.world_ids),) or np.asarray(values).dtype == object:
-                raise ValueError(
-                    f"World variable {name!r} must be a ({len(self.world_ids)},) numeric array."
-                )
-        codecs.parse_codec(self.codec)
-
-    @property
-    def n_worlds(self) -> int:
-        return len(self.world_ids)
-
-
-@dataclass(frozen=True)
-class FrameBlock:
-    """Frames of a block of worlds, host arrays.
-
-    Attributes:
-        time: ``(n,)`` float64 simulation time of each frame, seconds.
-        qpos: ``(worlds, n, nq)`` generalized coordinates.
-        mocap_pos: ``(worlds, n, nmocap, 3)`` or None when the model has no mocap body.
-        mocap_quat: ``(worlds, n, nmocap, 4)`` (w, x, y, z) or None.
-    """
-
-    time: np.ndarray
-    qpos: np.ndarray
-    mocap_pos: np.ndarray | None = None
-    mocap_quat: np.ndarray | None = None
-
-
-def package_versions() -> dict[str, str]:
-    out = {}
-    for pkg in ("flyarchive", "mujoco", "mujoco-warp", "zarr", "numpy", "xarray", "flygym"):
-        try:
-            out[pkg] = importlib.metadata.version(pkg)
-        except importlib.metadata.PackageNotFoundError:
-            pass
-    return out
-
-
-def _root_attrs(spec: ArchiveSpec) -> dict[str, Any]:
-    return {
-        "flyarchive_schema": SCHEMA_NAME,
-        "flyarchive_schema_version": SCHEMA_VERSION,
-        "timestep": spec.timing.timestep,
-        "output_fps": spec.timing.output_fps,
-        "playback_speed": spec.timing.playback_speed,
-        "source": spec.source,
-        "versions": package_versions(),
-        "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-        "layout": spec.layout.to_attrs(),
-        "codec": codecs.describe(spec.codec),
-        **dict(spec.attrs),
-    }
-
-
-def _create_arrays(group: zarr.Group, spec: ArchiveSpec) -> None:
-    nw, nq, nm, ct = spec.n_worlds, spec.layout.nq, spec.layout.nmocap, spec.chunk_frames
-    sw = min(spec.shard_worlds, nw)
-    nt = spec.capacity_frames or 0
-    state = codecs.array_codecs(spec.codec, np.dtype(spec.dtype))
-
-    def state_array(name: str, tail: tuple[int, ...], dims: list[str]) -> None:
-        group.create_array(
-            name, shape=(nw, nt, *tail), dtype=spec.dtype, chunks=(1, ct, *tail),
-            shards=(sw, ct, *tail), fill_value=np.nan, dimension_names=dims, **state,
-        )
-
-    state_array("qpos", (nq,), ["world", "time", "dof"])
-    if nm:
-        state_array("mocap_pos", (nm, 3), ["world", "time", "mocap", "xyz"])
-        state_array("mocap_quat", (nm, 4), ["world", "time", "mocap", "wxyz"])
-        _label_array(group, "mocap", spec.layout.mocap_names)
-        _label_array(group, "xyz", ("x", "y", "z"))
-        _label_array(group, "wxyz", ("w", "x", "y", "z"))
-    _label_array(group, "dof", spec.layout.dof_labels)
-    crc = {"compressors": [zarr.codecs.Crc32cCodec()]}
-    time = group.create_array("time", shape=(nt,), dtype="float64", chunks=(ct,), fill_value=np.nan,
-                              dimension_names=["time"], attributes={"description": "simulation time, s"},
-                              **crc)
-    if nt:  # several writers: the schedule's times, written once, never resized
-        time[:] = np.array([spec.timing.frame_step(k) for k in range(nt)]) * spec.timing.timestep
-        zarr.open_group(group.store_path / "claims", mode="w",
-                        attributes={"description": "world blocks claimed by writers"})
-    group.create_array("world", shape=(nw,), dtype="int64", chunks=(nw,), fill_value=-1,
-                       dimension_names=["world"], **crc)[:] = np.asarray(spec.world_ids, dtype=np.int64)
-    group.create_array("n_frames", shape=(nw,), dtype="int64", chunks=(sw,), fill_value=0,
-                       dimension_names=["world"],
-                       attributes={"description": "committed frames per world"}, **crc)
-    for name, values in spec.world_vars.items():
-        values = np.asarray(values)
-        group.create_array(name, shape=values.shape, dtype=values.dtype, chunks=values.shape,
-                           dimension_names=["world"], **crc)[:] = values
-
-
-def _label_array(group: zarr.Group, name: str, labels: Sequence[str]) -> None:
-    arr = group.create_array(name, shape=(len(labels),), dtype=str, chunks=(max(len(labels), 1),),
-                             dimension_names=[name])
-    if labels:
-        arr[:] = np.array(labels, dtype=str)
-
-
+# ----------------------------------------------------------------------------- the writer
 class ArchiveWriter:
-    """Appends and commits frames to an archive. One writer per block of worlds.
+    """Appends and commits frames to an archive. One writer per archive, or per block
+    of worlds (see :mod:`flyarchive.claims`).
 
-    Use :meth:`create` for a new archive or :meth:`append` to resume one.
+    Use :meth:`create` for a new archive or :meth:`append` to resume one, and
+    :meth:`close` (or ``with``) when done: the writer holds the archive's claim until
+    then (or until it is garbage-collected). A process that dies holding it leaves a
+    claim that the next writer on the same host takes over; elsewhere, pass
+    ``takeover=True``.
     """
 
     def __init__(
         self, group: zarr.Group, url: str, layout: ModelLayout,
-        block: tuple[int, int] | None = None,
+        block: tuple[int, int] | None = None, *, claim: tuple[list[str], str] | None = None,
     ) -> None:
         self._group = group
         self.url = url
         self.layout = layout
-        self._state = [n for n in ("qpos", "mocap_pos", "mocap_quat") if n in group]
+        self._state = [n for n in STATE_VARS if n in group]
+        check_commits(group, url, self._state)
         qpos = group["qpos"]
         self.chunk_frames: int = int(qpos.chunks[1])
         self.dtype = qpos.dtype
@@ -354,11 +253,18 @@ class ArchiveWriter:
             [int(group[n].shape[1]) for n in self._state] + [int(group["time"].shape[0])]
         )
         self.attrs = group.attrs.asdict()
+        self._closed = False
+        self._failed = False
+        self._finalizer: weakref.finalize | None = None
+        if claim is not None:
+            self._finalizer = weakref.finalize(self, release_quietly, group.store, *claim)
+            self._finalizer.atexit = False  # a recorder's exit hook commits, then closes
+            register(claim[1], self)
 
     @classmethod
     def create(
         cls, url: str, spec: ArchiveSpec, *, mode: str = "w-",
-        storage_options: Mapping[str, Any] | None = None,
+        storage_options: Mapping[str, Any] | None = None, takeover: bool = False,
     ) -> "ArchiveWriter":
         """Create a new archive, or resume one when ``mode="a"``.
 
@@ -366,18 +272,23 @@ class ArchiveWriter:
             url: Where: a local path or any fsspec URL.
             spec: The archive's fixed properties.
             mode: ``"w-"`` create, refuse if anything is there (default); ``"w"`` replace
-                what is there; ``"a"`` append to the archive there (creating it if absent).
+                what is there; ``"a"`` append to the archive there (creating it if absent,
+                or if its creation was interrupted before anything was committed).
             storage_options: Passed to fsspec (e.g. S3 credentials, ``endpoint_url``).
+            takeover: Take over the claim of a writer that crashed on another host.
 
         Raises:
-            ArchiveExistsError: with ``mode="w-"`` when something is at ``url``.
+            ArchiveExistsError: with ``mode="w-"`` when something is at ``url`` or another
+                process is creating an archive there; with ``"a"`` when what is there is
+                not a flyarchive archive.
+            ArchiveInUseError: with ``"a"`` or ``"w"`` when another writer holds the archive.
+            CorruptArchiveError: with ``"a"`` for a damaged archive (see :meth:`append`).
             LayoutMismatchError: with ``mode="a"`` when the archive's layout differs.
         """
-        if mode not in _MODES:
-            raise ValueError(f"mode must be one of {_MODES}, got {mode!r}.")
+        parse_mode(mode)
         url = str(url)
         try:
-            return cls._create(url, spec, mode, storage_options)
+            return cls._create(url, spec, mode, storage_options, takeover)
         except PermissionError as err:
             raise access_denied(url, err) from None
         except (FileNotFoundError, NotADirectoryError, IsADirectoryError, OSError) as err:
@@ -390,21 +301,49 @@ class ArchiveWriter:
 
     @classmethod
     def _create(
-        cls, url: str, spec: ArchiveSpec, mode: str, storage_options: Mapping[str, Any] | None
+        cls, url: str, spec: ArchiveSpec, mode: str, storage_options: Mapping[str, Any] | None,
+        takeover: bool,
     ) -> "ArchiveWriter":
         store = open_store(url, storage_options)
-        if archive_exists(store) and _never_completed(store):
-            # A writer died while creating it: no frame was ever committed there.
-            _sync(store.delete_dir(""))
-        if archive_exists(store):
-            if mode == "a":
-                return cls.append(url, spec.layout, storage_options=storage_options, timing=spec.timing)
-            if mode == "w-":
-                raise _exists_error(url)
-            _sync(store.delete_dir(""))
-        group = zarr.open_group(store, mode="w", attributes=_root_attrs(spec))
-        _create_arrays(group, spec)
-        return cls(group, url, spec.layout)
+        if mode == "w-" and archive_exists(store):
+            raise _exists_error(url)
+        if mode == "a" and _sync(inventory(store)) == "archive":
+            return cls.append(url, spec.layout, storage_options=storage_options,
+                              timing=spec.timing, takeover=takeover)
+        local = _local_path(url) if _is_local(url) else None
+        existed = local is not None and local.exists()
+        try:
+            writer = claim_archive(store, url, takeover=takeover)
+        except ArchiveInUseError as err:
+            tidy_local(local, existed)
+            if mode != "w-":
+                raise
+            raise ArchiveExistsError(
+                f"Another process is creating or writing an archive at {url!r} "
+                f"({getattr(err, 'holder', 'another writer')}); flyarchive never overwrites "
+                "without being asked. Choose another URL, or wait for it to finish and pass "
+                "mode='a' to append to that archive."
+            ) from None
+        claim = ([WRITER_KEY], writer)
+        ours = False  # True once everything at the location (but the claim) is this writer's
+        try:
+            there = _sync(inventory(store))
+            if there == "archive" and mode == "a":  # made between our look and our claim
+                group = open_group(url, storage_options, mode="r+")
+                stored = check_against(group, url, spec.layout, spec.timing)
+                return cls._opened(group, url, stored, claim)
+            if there != "empty" and (mode == "w-" or (mode == "a" and there != "interrupted")):
+                raise _exists_error(url) if there == "archive" else refusal(url, there)
+            ours = True
+            if there != "empty":
+                _sync(clear(store))
+            group = zarr.create_group(store, attributes=root_attrs(spec), zarr_format=3)
+            create_arrays(group, spec)
+            return cls(group, url, spec.layout, claim=claim)
+        except BaseException:
+            undo(store, claim, ours)
+            tidy_local(local, existed)
+            raise
 
     @classmethod
     def append(
@@ -414,42 +353,58 @@ class ArchiveWriter:
     ) -> "ArchiveWriter":
         """Open an existing archive to add frames after its last committed one.
 
+        Without ``world_block`` the writer claims the whole archive until :meth:`close`.
+
         Args:
             world_block: ``(start, stop)`` world indices this writer owns, for archives
                 created with ``capacity_frames`` and written by several processes; the
                 block must follow shard boundaries and not overlap another writer's.
-            takeover: Take over this exact block's claim (resuming a crashed writer).
+            takeover: Take over the claim of a writer that crashed (of this exact block
+                with ``world_block``). A claim whose holder provably died on this host is
+                taken over without it.
 
         Raises:
             ArchiveNotFoundError: if no archive is at ``url``.
             LayoutMismatchError: if ``layout`` differs from the archive's.
-            SchemaError: if ``timing`` differs from the archive's.
+            SchemaError: if ``timing`` differs from the archive's, or a claim file is damaged.
+            ArchiveInUseError: if another writer holds the archive (naming it).
             WorldBlockConflictError: if the block overlaps another writer's.
+            CorruptArchiveError: if ``n_frames`` is missing, outside the time extent, or the
+                committed times are not finite and increasing (nothing is written).
         """
         group = open_group(url, storage_options, mode="r+")
-        stored = ModelLayout.from_attrs(group.attrs["layout"])
-        check_compatible(stored, layout)
-        if timing is not None:
-            have = Timing(*(group.attrs[k] for k in ("timestep", "output_fps", "playback_speed")))
-            if have != timing:
-                raise SchemaError(
-                    f"The archive at {url!r} was recorded with {have}; appending with {timing} "
-                    "would mix frame schedules. Use the same timestep, output_fps and playback_speed."
-                )
+        stored = check_against(group, url, layout, timing)
+        if "n_frames" not in group or "qpos" not in group:
+            there = _sync(inventory(group.store))
+            raise refusal(url, there if there != "archive" else "damaged")
         if world_block is None:
-            return cls(group, url, stored)
-        if "claims" not in group:
+            claims_group(group, world_blocks=False)
+            claim = ([WRITER_KEY], claim_archive(group.store, url, takeover=takeover))
+            return cls._opened(group, url, stored, claim)
+        claims = group.get("claims")
+        if claims is None or not claims.attrs.get("world_blocks", True):
             raise ValueError(
                 f"The archive at {url!r} was created for one writer. To write it from several "
                 "processes, create it with ArchiveSpec(capacity_frames=...)."
             )
-        from flyarchive.claims import claim_block
-
         qpos = group["qpos"]
         start, stop = (int(v) for v in world_block)
-        claim_block(group.store, start, stop, int((qpos.shards or qpos.chunks)[0]),
-                    int(qpos.shape[0]), takeover=takeover)
-        return cls(group, url, stored, (start, stop))
+        shard, n_worlds = int((qpos.shards or qpos.chunks)[0]), int(qpos.shape[0])
+        keys = block_keys(start, stop, shard, n_worlds)
+        writer = claim_block(group.store, start, stop, shard, n_worlds, takeover=takeover, url=url)
+        return cls._opened(group, url, stored, (keys, writer), block=(start, stop))
+
+    @classmethod
+    def _opened(
+        cls, group: zarr.Group, url: str, layout: ModelLayout, claim: tuple[list[str], str],
+        *, block: tuple[int, int] | None = None,
+    ) -> "ArchiveWriter":
+        """A writer for an archive whose claim is held; the claim is released if it fails."""
+        try:
+            return cls(group, url, layout, block, claim=claim)
+        except BaseException:
+            release(group.store, *claim)
+            raise
 
     @property
     def n_worlds(self) -> int:
@@ -465,8 +420,14 @@ class ArchiveWriter:
 
         Raises:
             ValueError: if the block's shapes do not fit the archive.
+            RuntimeError: after :meth:`close`.
             StorageError: if the storage fails; frames committed before stay committed.
         """
+        if self._closed:
+            raise RuntimeError(
+                f"The writer of {self.url!r} is closed; open another with ArchiveWriter.append "
+                "(or a recorder with mode='a')."
+            )
         n = self._check_block(block)
         if n == 0:
             return
@@ -491,11 +452,13 @@ class ArchiveWriter:
             committed = np.full(self.n_worlds, t1) if n_frames is None else np.asarray(n_frames)
             self._group["n_frames"][self._worlds] = committed.astype(np.int64)
         except (OSError, RuntimeError, TimeoutError) as err:
+            self._failed = True  # retrying is allowed, and so is a new writer taking over
             raise StorageError(
                 f"Writing frames {t0}..{t1 - 1} to {self.url!r} failed ({err!r}). "
                 f"The archive still holds its {t0} committed frames; retry or resume with mode='a'."
             ) from err
         self.n_frames = t1
+        self._failed = False
 
     def _check_block(self, block: FrameBlock) -> int:
         n = len(block.time)
@@ -508,3 +471,40 @@ class ArchiveWriter:
             if got is None or np.shape(got) != shape:
                 raise ValueError(f"{name} has shape {np.shape(got)}; the archive needs {shape}.")
         return n
+
+    @property
+    def closed(self) -> bool:
+        """True after :meth:`close`: the writer takes no more frames."""
+        return self._closed
+
+    @property
+    def abandoned(self) -> bool:
+        """True once closed or after a failed commit: another writer of this process may
+        then take its claim over (and this one takes no more frames)."""
+        return self._closed or self._failed
+
+    def taken_over(self) -> None:
+        """Another writer took this writer's claim: take no more frames, release nothing."""
+        self._closed = True
+        if self._finalizer is not None:
+            self._finalizer.detach()
+
+    def close(self) -> None:
+        """Release the writer's claim of the archive (or of its block); writes nothing.
+
+        Committed frames stay committed; call it once all frames are written. Safe to
+        call again.
+
+        Raises:
+            StorageError: if the storage fails while the claim is released.
+        """
+        self._closed = True
+        held = self._finalizer.detach() if self._finalizer is not None else None
+        if held is not None:
+            release(*held[2])
+
+    def __enter__(self) -> "ArchiveWriter":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

@@ -6,12 +6,17 @@ Runs the harnesses of :mod:`flyarchive.faults` and prints one table:
   Warp's CPU device), and frames lost per kill against the recorder's bound;
 - S3 faults injected through the fault proxy (record, read, render) and their outcomes;
 - corruptions injected into a local archive and whether ``flyarchive verify`` caught them;
+- concurrent writers (:mod:`flyarchive.faults_concurrency`): recorders creating one URL,
+  replacing one archive, or appending to one archive, started at the same instant (one
+  winner, the others refused cleanly, the archive exactly the winner's), and a reader
+  polling ``open_archive`` while a writer appends (no open reports damage, no frame read
+  inside ``n_frames`` differs from the final data);
 - bad inputs tried (``tests/test_bad_input.py``) and passed.
 
 Usage::
 
     python scripts/reliability_report.py [--kills 20] [--backends cpu,warp]
-        [--s3-trials 4] [--json PATH]
+        [--s3-trials 4] [--races 10] [--race-processes 3] [--json PATH]
 """
 
 from __future__ import annotations
@@ -151,6 +156,52 @@ def run_corruptions(workdir: Path) -> list[dict[str, Any]]:
     return rows
 
 
+def run_races(n: int, processes: int, workdir: Path) -> list[dict[str, Any]]:
+    """``n`` trials each of creators (w-), replacing writers (w) and appenders (a)."""
+    from flyarchive.faults_concurrency import (
+        RecorderPool,
+        appenders_trial,
+        creators_trial,
+    )
+
+    rows = []
+    with RecorderPool(processes) as pool:
+        cases = {
+            "create (w-)": lambda i: creators_trial(pool, str(workdir / f"create-{i}.zarr")),
+            "replace (w)": lambda i: creators_trial(pool, str(workdir / f"create-{i}.zarr"),
+                                                    mode="w"),
+            "append (a)": lambda i: appenders_trial(pool, str(workdir / f"append-{i}.zarr")),
+        }
+        for name, trial in cases.items():
+            results = [trial(i) for i in range(n)]
+            for i, r in enumerate(results):
+                status = "ok" if r.clean else f"FAILED: {r.unexpected + r.problems}"[:300]
+                print(f"  race {name} #{i}: {[a.outcome for a in r.attempts]}: {status}",
+                      file=sys.stderr)
+            rows.append({
+                "race": name, "processes": processes, "trials": n,
+                "one_winner": sum(r.winners == 1 for r in results),
+                "clean_refusals": sum(r.refused for r in results),
+                "expected_refusals": n * (processes - 1),
+                "other_errors": sum(len(r.unexpected) for r in results),
+                "damaged": sum(bool(r.problems) for r in results),
+                "error_types": sorted({u.split(":")[0] for r in results for u in r.unexpected}),
+                "trials_detail": [r.to_json() for r in results],
+            })
+    return rows
+
+
+def run_reader(n_steps: int, workdir: Path) -> dict[str, Any]:
+    """A reader polling open_archive while a writer process appends ``n_steps`` steps."""
+    from flyarchive.faults_concurrency import RecorderPool, reader_trial
+
+    with RecorderPool(1) as pool:
+        result = reader_trial(pool, str(workdir / "polled.zarr"), n_steps=n_steps)
+    print(f"  reader: {result.opens} opens, {result.damaged} damaged, {result.frames_differing} "
+          f"of {result.frames_read} frames differ; writer {result.writer}", file=sys.stderr)
+    return {**result.to_json(), "errors": sorted({e.split(":")[0] for e in result.errors})}
+
+
 def run_bad_input(workdir: Path) -> dict[str, Any]:
     """Run tests/test_bad_input.py; count cases tried and passed."""
     xml = workdir / "bad_input.xml"
@@ -190,6 +241,22 @@ def print_table(report: dict[str, Any]) -> None:
     for row in report["corruptions"]:
         print(f"  {row['corruption']:<42} verify ok={row['verify_ok']!s:<5} "
               f"cli exit={row['cli_exit']}  {'caught' if row['caught'] else 'MISSED'}")
+    if report.get("races"):
+        print("\nConcurrent writers (processes started at one instant; expected: 1 winner per trial)")
+        print(f"{'race':<12} {'procs':>5} {'trials':>6} {'1 winner':>8} {'clean refusals':>14} "
+              f"{'other errors':>12} {'damaged':>7}")
+        for row in report["races"]:
+            print(f"{row['race']:<12} {row['processes']:>5} {row['trials']:>6} "
+                  f"{row['one_winner']:>8} {row['clean_refusals']:>7}/{row['expected_refusals']:<6} "
+                  f"{row['other_errors']:>12} {row['damaged']:>7}")
+            if row["error_types"]:
+                print(f"  {row['race']} errors: {', '.join(row['error_types'])}")
+    reader = report.get("reader")
+    if reader:
+        print("\nReader polling open_archive while a writer appends")
+        print(f"  opens {reader['opens']}, reported damaged {reader['damaged']}, commits seen "
+              f"{reader['commits_seen']}, frames read inside n_frames {reader['frames_read']}, "
+              f"differing from the final data {reader['frames_differing']}, writer {reader['writer']}")
     bad = report["bad_input"]
     if bad:
         print(f"\nBad input: {bad['tried']} tried, {bad['passed']} passed")
@@ -204,6 +271,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--chunk-frames", type=int, default=5)
     parser.add_argument("--s3-trials", type=int, default=4,
                         help="trials per S3 operation (0: skip)")
+    parser.add_argument("--races", type=int, default=10,
+                        help="trials per concurrent-writer race (0: skip races and reader)")
+    parser.add_argument("--race-processes", type=int, default=3,
+                        help="recorder processes started at once per race (default 3)")
+    parser.add_argument("--reader-steps", type=int, default=2000,
+                        help="steps the writer appends while the reader polls (default 2000)")
     parser.add_argument("--no-bad-input", action="store_true", help="skip tests/test_bad_input.py")
     parser.add_argument("--json", metavar="PATH", help="also write the report as JSON")
     args = parser.parse_args(argv)
@@ -219,6 +292,9 @@ def main(argv: list[str] | None = None) -> int:
                            for b in args.backends.split(",") if b.strip()]
         report["s3"] = run_s3(args.s3_trials) if args.s3_trials > 0 else []
         report["corruptions"] = run_corruptions(work)
+        report["races"] = (run_races(args.races, args.race_processes, work / "races")
+                           if args.races > 0 else [])
+        report["reader"] = run_reader(args.reader_steps, work) if args.races > 0 else {}
         report["bad_input"] = {} if args.no_bad_input else run_bad_input(work)
     report["seconds"] = round(time.monotonic() - start, 1)
     print_table(report)

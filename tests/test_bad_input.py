@@ -138,19 +138,16 @@ def test_infinite_mocap_pose_is_refused(tiny, tmp_path):
 
 def test_integer_storage_dtype_is_refused_and_creates_nothing(tiny, tmp_path):
     url = tmp_path / "int.zarr"
-    recorder = TrajectoryRecorder(str(url), tiny, dtype="int32")
 
     with pytest.raises(ValueError, match="float64 or float32, got 'int32'"):
-        recorder.record_as_needed(mujoco.MjData(tiny))
+        TrajectoryRecorder(str(url), tiny, dtype="int32")
 
     assert not url.exists()
 
 
 def test_unknown_codec_is_refused(tiny, tmp_path):
-    recorder = TrajectoryRecorder(str(tmp_path / "zfp.zarr"), tiny, codec="zfp")
-
     with pytest.raises(FlyarchiveError, match="Unknown codec 'zfp'.*'lossless'"):
-        recorder.record_as_needed(mujoco.MjData(tiny))
+        TrajectoryRecorder(str(tmp_path / "zfp.zarr"), tiny, codec="zfp")
 
 
 def test_a_block_of_the_wrong_shape_is_refused_and_commits_nothing(tiny, archive):
@@ -168,10 +165,8 @@ def test_a_block_of_the_wrong_shape_is_refused_and_commits_nothing(tiny, archive
 
 
 def test_invalid_mode_is_refused(tiny, tmp_path):
-    recorder = TrajectoryRecorder(str(tmp_path / "m.zarr"), tiny, mode="x")
-
     with pytest.raises(ValueError, match=r"mode must be one of \('w-', 'w', 'a'\), got 'x'"):
-        recorder.record_as_needed(mujoco.MjData(tiny))
+        TrajectoryRecorder(str(tmp_path / "m.zarr"), tiny, mode="x")
 
 
 # ----------------------------------------------------------------------------- locations

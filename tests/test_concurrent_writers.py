@@ -56,7 +56,7 @@ def test_two_processes_writing_disjoint_blocks_both_land(tiny, tmp_path):
 def test_overlapping_block_is_refused(tiny, tmp_path):
     url = str(tmp_path / "overlap.zarr")
     shared_archive(tiny, url)
-    ArchiveWriter.append(url, ModelLayout.from_model(tiny), world_block=(0, 2))
+    holder = ArchiveWriter.append(url, ModelLayout.from_model(tiny), world_block=(0, 2))  # noqa: F841
 
     with pytest.raises(WorldBlockConflictError, match=r"overlap the block \[0, 2\)"):
         ArchiveWriter.append(url, ModelLayout.from_model(tiny), world_block=(0, 4))

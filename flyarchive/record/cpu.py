@@ -11,9 +11,17 @@ import numpy as np
 from flyarchive.clock import FrameClock, Timing
 from flyarchive.errors import NonFiniteStateError
 from flyarchive.layout import ModelLayout
-from flyarchive.store import ArchiveSpec, ArchiveWriter, FrameBlock, refuse_existing
+from flyarchive.store import ArchiveSpec, ArchiveWriter, FrameBlock, parse_mode, refuse_existing
 
 __all__ = ["TrajectoryRecorder", "FrameBuffer"]
+
+
+def _n_world_vars(world_vars: Mapping[str, Any]) -> int:
+    """Worlds implied by the first world variable (1 without any), to check options early."""
+    for values in world_vars.values():
+        shape = np.shape(values)
+        return shape[0] if shape and shape[0] > 0 else 1
+    return 1
 
 
 class FrameBuffer:
@@ -78,10 +86,16 @@ class TrajectoryRecorder:
         world_block: ``(start, stop)``: write only these world indices of an archive
             created beforehand with ``ArchiveSpec(capacity_frames=...)``, alongside other
             processes writing other blocks (e.g. one per GPU). Needs ``mode="a"``.
-        takeover: With ``world_block``, take over this block's claim after a crash.
+        takeover: Take over the archive's claim (with ``world_block``: this block's)
+            from a writer that crashed on another host; a writer that died on this host
+            is taken over without it.
 
     Raises:
         ArchiveExistsError: if ``mode="w-"`` and something is at ``url`` (checked at once).
+        SchemaError, CodecSpecError, TimingError, ValueError: for options that cannot
+            work (checked at once, before anything is written).
+        ArchiveInUseError: from the first :meth:`record_as_needed` when another writer
+            holds the archive.
         NonFiniteStateError: from :meth:`record_as_needed` when a world's state holds
             NaN or infinity; nothing of that frame is buffered, and every frame before it
             is committed by :meth:`close`.
@@ -106,18 +120,22 @@ class TrajectoryRecorder:
         world_block: tuple[int, int] | None = None,
         takeover: bool = False,
     ) -> None:
-        if world_block is not None and mode != "a":
+        if world_block is not None and parse_mode(mode) != "a":
             raise ValueError("world_block writes into an existing archive: pass mode='a'.")
         self._block = dict(world_block=world_block, takeover=takeover)
         self.url = str(url)
         self.layout = ModelLayout.from_model(model)
         self.timing = Timing(float(model.opt.timestep), output_fps, playback_speed)
-        self._options = dict(mode=mode, storage_options=storage_options)
+        self._options = dict(mode=parse_mode(mode), storage_options=storage_options,
+                             takeover=takeover)
         self._spec_args = dict(
             dtype=dtype, source=source, chunk_frames=chunk_frames, codec=codec,
             attrs=dict(attrs or {}), world_vars=dict(world_vars or {}),
         )
-        self._world_ids = None if world_ids is None else tuple(int(w) for w in world_ids)
+        # Every option is checked now, before the first frame and before any storage.
+        spec = self._spec(range(_n_world_vars(self._spec_args["world_vars"]))
+                          if world_ids is None else world_ids)
+        self._world_ids = None if world_ids is None else spec.world_ids
         self._writer: ArchiveWriter | None = None
         self._buffer: FrameBuffer | None = None
         self._clock: FrameClock | None = None
@@ -125,7 +143,7 @@ class TrajectoryRecorder:
         if mode == "w-":
             refuse_existing(self.url, storage_options)
 
-    def _spec(self, world_ids: tuple[int, ...]) -> ArchiveSpec:
+    def _spec(self, world_ids: Sequence[int]) -> ArchiveSpec:
         return ArchiveSpec(self.layout, self.timing, world_ids, **self._spec_args)  # type: ignore[arg-type]
 
     def _start(self, n_worlds: int) -> None:
@@ -140,6 +158,7 @@ class TrajectoryRecorder:
         else:
             self._writer = ArchiveWriter.create(self.url, self._spec(world_ids), **self._options)
         if self._writer.n_worlds != n_worlds:
+            self._writer.close()  # release the archive: nothing was written
             raise ValueError(
                 f"The archive at {self.url!r} has {self._writer.n_worlds} worlds; "
                 f"{n_worlds} MjData were passed."
@@ -214,10 +233,12 @@ class TrajectoryRecorder:
         self._buffer.clear()
 
     def close(self) -> None:
-        """Commit what is buffered; the recorder takes no more frames."""
+        """Commit what is buffered and release the archive; the recorder takes no more frames."""
         if not self._closed:
             self.flush()
             self._closed = True
+            if self._writer is not None:
+                self._writer.close()
 
     def __enter__(self) -> "TrajectoryRecorder":
         return self

@@ -35,7 +35,7 @@ import numpy as np
 from flyarchive.clock import FrameClock, Timing
 from flyarchive.errors import FlyarchiveError, SelectionError, StorageError, missing_dependency
 from flyarchive.layout import ModelLayout
-from flyarchive.store import ArchiveSpec, ArchiveWriter, FrameBlock, refuse_existing
+from flyarchive.store import ArchiveSpec, ArchiveWriter, FrameBlock, parse_mode, refuse_existing
 
 try:
     import warp as wp
@@ -242,10 +242,14 @@ class WarpTrajectoryRecorder:
         start_step: Steps the simulation has taken at the first call. With
             ``mode="a"`` a deterministic rerun from step 0 skips the committed frames,
             and a simulation restored from a checkpoint passes its step count.
+        takeover: Take over the archive's claim from a writer that crashed on another
+            host (one that died on this host is taken over without it).
 
     Raises:
         ArchiveExistsError: if ``mode="w-"`` and something is at ``url`` (checked at once).
         SelectionError: for world ids outside ``[0, nworld)``, repeated, or none.
+        SchemaError, CodecSpecError, TimingError, ValueError: for options that cannot
+            work (checked at once, before anything is written).
         MissingDependencyError: when ``warp`` is not installed (on import of this module).
     """
 
@@ -265,6 +269,7 @@ class WarpTrajectoryRecorder:
         attrs: Mapping[str, Any] | None = None,
         world_vars: Mapping[str, np.ndarray] | None = None,
         start_step: int = 0,
+        takeover: bool = False,
     ) -> None:
         self.url = str(url)
         self.layout = ModelLayout.from_model(model)
@@ -273,6 +278,11 @@ class WarpTrajectoryRecorder:
         if self.nworld < 1:
             raise ValueError(f"nworld must be at least 1, got {nworld!r}.")
         self.world_ids = _parse_worlds(worlds, self.nworld)
+        # Every archive option is checked now, before the first frame and before any storage.
+        ArchiveSpec(self.layout, self.timing, self.world_ids, dtype="float32",
+                    source="mujoco-warp", chunk_frames=chunk_frames, codec=codec,
+                    attrs=dict(attrs or {}), world_vars=dict(world_vars or {}))
+        parse_mode(mode)
         if int(chunk_frames) < 1 or int(start_step) < 0:
             raise ValueError(
                 f"chunk_frames must be at least 1 and start_step at least 0, "
@@ -283,7 +293,7 @@ class WarpTrajectoryRecorder:
                 f"The attribute name {FIRST_FRAME_ATTR!r} is the recorder's; rename it."
             )
         self.chunk_frames = int(chunk_frames)
-        self._options = dict(mode=mode, storage_options=storage_options)
+        self._options = dict(mode=mode, storage_options=storage_options, takeover=takeover)
         self._spec_args = dict(
             codec=codec, attrs=dict(attrs or {}), world_vars=dict(world_vars or {})
         )
@@ -393,6 +403,8 @@ class WarpTrajectoryRecorder:
             self._closed = True
             if background is not None:
                 background.stop()
+            if self._writer is not None:
+                self._writer.close()
         if background is not None:
             self._emit_notices()
             if raise_errors and background.error is not None:

@@ -1,0 +1,268 @@
+"""Creating and reopening an archive: its root attributes and arrays, what is at a
+URL before it is created, and whether an existing archive can be appended to.
+
+Used by :mod:`flyarchive.store` (see its docstring for what each mode does with
+what it finds); touches the store only through zarr's store API.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import importlib.metadata
+import json
+import threading
+from collections.abc import Sequence
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import zarr
+
+from flyarchive import codecs
+from flyarchive.claims import WRITER_KEY, release
+from flyarchive.clock import Timing
+from flyarchive.errors import ArchiveExistsError, CorruptArchiveError, FlyarchiveError, SchemaError
+from flyarchive.layout import ModelLayout, check_compatible
+from flyarchive.schema import SCHEMA_NAME, SCHEMA_VERSION, STATE_VARS
+from flyarchive.spec import ArchiveSpec
+
+__all__ = ["package_versions", "root_attrs", "create_arrays", "claims_group", "inventory",
+           "clear", "refusal", "check_commits", "check_against", "tidy_local", "undo",
+           "release_quietly"]
+
+
+def package_versions() -> dict[str, str]:
+    out = {}
+    for pkg in ("flyarchive", "mujoco", "mujoco-warp", "zarr", "numpy", "xarray", "flygym"):
+        try:
+            out[pkg] = importlib.metadata.version(pkg)
+        except importlib.metadata.PackageNotFoundError:
+            pass
+    return out
+
+
+def root_attrs(spec: ArchiveSpec) -> dict[str, Any]:
+    return {
+        "flyarchive_schema": SCHEMA_NAME,
+        "flyarchive_schema_version": SCHEMA_VERSION,
+        "timestep": spec.timing.timestep,
+        "output_fps": spec.timing.output_fps,
+        "playback_speed": spec.timing.playback_speed,
+        "source": spec.source,
+        "versions": package_versions(),
+        "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "layout": spec.layout.to_attrs(),
+        "codec": codecs.describe(spec.codec),
+        **dict(spec.attrs),
+    }
+
+
+def create_arrays(group: zarr.Group, spec: ArchiveSpec) -> None:
+    """Every array of a new archive; ``n_frames`` (the completion marker) last."""
+    nw, nq, nm, ct = spec.n_worlds, spec.layout.nq, spec.layout.nmocap, spec.chunk_frames
+    sw = min(spec.shard_worlds, nw)
+    nt = spec.capacity_frames or 0
+    state = codecs.array_codecs(spec.codec, np.dtype(spec.dtype))
+
+    def state_array(name: str, tail: tuple[int, ...], dims: list[str]) -> None:
+        group.create_array(
+            name, shape=(nw, nt, *tail), dtype=spec.dtype, chunks=(1, ct, *tail),
+            shards=(sw, ct, *tail), fill_value=np.nan, dimension_names=dims, **state,
+        )
+
+    claims_group(group, world_blocks=bool(nt))
+    state_array("qpos", (nq,), ["world", "time", "dof"])
+    if nm:
+        state_array("mocap_pos", (nm, 3), ["world", "time", "mocap", "xyz"])
+        state_array("mocap_quat", (nm, 4), ["world", "time", "mocap", "wxyz"])
+        _label_array(group, "mocap", spec.layout.mocap_names)
+        _label_array(group, "xyz", ("x", "y", "z"))
+        _label_array(group, "wxyz", ("w", "x", "y", "z"))
+    _label_array(group, "dof", spec.layout.dof_labels)
+    crc = {"compressors": [zarr.codecs.Crc32cCodec()]}
+    time = group.create_array("time", shape=(nt,), dtype="float64", chunks=(ct,), fill_value=np.nan,
+                              dimension_names=["time"], attributes={"description": "simulation time, s"},
+                              **crc)
+    if nt:  # several writers: the schedule's times, written once, never resized
+        time[:] = np.array([spec.timing.frame_step(k) for k in range(nt)]) * spec.timing.timestep
+    group.create_array("world", shape=(nw,), dtype="int64", chunks=(nw,), fill_value=-1,
+                       dimension_names=["world"], **crc)[:] = np.asarray(spec.world_ids, dtype=np.int64)
+    for name, values in spec.world_vars.items():
+        values = np.asarray(values)
+        group.create_array(name, shape=values.shape, dtype=values.dtype, chunks=values.shape,
+                           dimension_names=["world"], **crc)[:] = values
+    group.create_array("n_frames", shape=(nw,), dtype="int64", chunks=(sw,), fill_value=0,
+                       dimension_names=["world"],
+                       attributes={"description": "committed frames per world"}, **crc)
+
+
+def claims_group(group: zarr.Group, *, world_blocks: bool) -> None:
+    """The ``claims`` group (writer claims live in it), unless it exists."""
+    if "claims" in group:
+        return
+    description = "writers holding the archive" + (" or blocks of its worlds" if world_blocks else "")
+    try:
+        zarr.create_group(group.store_path.store, path=f"{group.path}/claims".lstrip("/"),
+                          attributes={"description": description, "world_blocks": world_blocks})
+    except zarr.errors.ContainsGroupError:
+        pass  # another writer made it at the same moment
+
+
+def _label_array(group: zarr.Group, name: str, labels: Sequence[str]) -> None:
+    arr = group.create_array(name, shape=(len(labels),), dtype=str, chunks=(max(len(labels), 1),),
+                             dimension_names=[name])
+    if labels:
+        arr[:] = np.array(labels, dtype=str)
+
+
+# ----------------------------------------------------------------------------- what is at a URL
+async def inventory(store: zarr.abc.store.Store) -> str:
+    """``"empty"``, ``"archive"``, ``"interrupted"``, ``"damaged"`` or ``"other"``."""
+    names = [n async for n in store.list_dir("") if n != "claims" and not n.endswith(".partial")]
+    if not names:
+        return "empty"
+    ours = False
+    root = await store.get("zarr.json", prototype=zarr.core.buffer.default_buffer_prototype())
+    if root is not None:
+        try:
+            ours = json.loads(root.to_bytes())["attributes"]["flyarchive_schema"] == SCHEMA_NAME
+        except (ValueError, KeyError, TypeError):
+            ours = False
+    if ours and "n_frames" in names and await store.exists("n_frames/zarr.json"):
+        return "archive"
+    for name in STATE_VARS:
+        if name in names:
+            async for _ in store.list_prefix(f"{name}/c"):
+                return "damaged"
+    return "interrupted" if ours else "other"
+
+
+async def clear(store: zarr.abc.store.Store) -> None:
+    """Delete everything at the location except the whole-archive claim; the root
+    ``zarr.json`` first, so that readers see no archive rather than half of one."""
+    names = [n async for n in store.list_dir("")]
+    await store.delete("zarr.json")
+    for name in names:
+        keys = [f"claims/{n}" async for n in store.list_dir("claims")] if name == "claims" else [name]
+        for key in keys:
+            if key not in ("zarr.json", WRITER_KEY):
+                try:
+                    await store.delete_dir(key)
+                except ValueError:  # LocalStore: a file
+                    pass
+                await store.delete(key)
+
+
+def refusal(url: str, there: str) -> FlyarchiveError:
+    if there == "damaged":
+        return CorruptArchiveError(
+            f"The archive at {url!r} holds recorded frames but no 'n_frames' array (its commit "
+            "markers; n_frames/zarr.json is missing or its root zarr.json is): it is damaged, not "
+            "an interrupted creation, and flyarchive never deletes recorded frames unless asked. "
+            f"Run `flyarchive verify {url}`; restore the missing zarr.json from a backup, or pass "
+            "mode='w' to replace the archive (its data is deleted)."
+        )
+    if there == "interrupted":
+        return ArchiveExistsError(
+            f"At {url!r} is an archive whose creation was interrupted (no frame was committed). "
+            "Pass mode='a' to create it anew there, or mode='w' to replace it."
+        )
+    return ArchiveExistsError(
+        f"Something that is not a flyarchive archive is at {url!r}; flyarchive never overwrites "
+        "without being asked. Choose another URL, or pass mode='w' to replace it (its data is "
+        "deleted)."
+    )
+
+
+def check_commits(group: zarr.Group, url: str, state: list[str]) -> None:
+    """Refuse an archive whose commit markers cannot be trusted, before any write.
+
+    Raises:
+        CorruptArchiveError: ``n_frames`` outside ``0..extent`` or unreadable, or the
+            committed times not finite and increasing.
+    """
+    extent = min([int(group[n].shape[1]) for n in state] + [int(group["time"].shape[0])])
+    fix = (f"Nothing was written. Run `flyarchive verify {url}` to see what is wrong; restore "
+           "the archive from a backup, or pass mode='w' to replace it (its data is deleted).")
+    try:
+        n_frames = np.asarray(group["n_frames"][:])
+        times = np.asarray(group["time"][: int(n_frames.clip(0, extent).max(initial=0))])
+    except Exception as err:
+        raise CorruptArchiveError(
+            f"The commit markers of the archive at {url!r} are unreadable ({type(err).__name__}: "
+            f"{err}). {fix}"
+        ) from None
+    n_worlds = int(group["world"].shape[0])
+    if n_frames.shape != (n_worlds,) or n_frames.dtype.kind not in "iu" \
+            or (n_frames < 0).any() or (n_frames > extent).any():
+        shown = n_frames.tolist() if n_frames.size <= 8 else f"{n_frames[:8].tolist()}..."
+        raise CorruptArchiveError(
+            f"The archive at {url!r} has n_frames {shown}, outside 0..{extent} (the frames it "
+            f"stores along time) for its {n_worlds} worlds: its commit markers are damaged. {fix}"
+        )
+    if not np.isfinite(times).all() or (np.diff(times) <= 0).any():
+        raise CorruptArchiveError(
+            f"The archive at {url!r} has committed times that are missing, not finite or not "
+            f"increasing (frames 0..{len(times) - 1}): its time coordinate is damaged. {fix}"
+        )
+
+
+def check_against(group: zarr.Group, url: str, layout: ModelLayout, timing: Timing | None) -> ModelLayout:
+    """The archive's layout, after checking ``layout`` and ``timing`` against it."""
+    stored = ModelLayout.from_attrs(group.attrs["layout"])
+    check_compatible(stored, layout)
+    if timing is not None:
+        have = Timing(*(group.attrs[k] for k in ("timestep", "output_fps", "playback_speed")))
+        if have != timing:
+            raise SchemaError(
+                f"The archive at {url!r} was recorded with {have}; appending with {timing} "
+                "would mix frame schedules. Use the same timestep, output_fps and playback_speed."
+            )
+    return stored
+
+
+# ----------------------------------------------------------------------------- cleaning up
+def tidy_local(root: Path | None, existed: bool) -> None:
+    """Remove the empty folders a refused creation made at a local ``root`` (None: not local)."""
+    if root is None:
+        return
+    for folder in (root / "claims", root):
+        try:
+            if folder != root or not existed:
+                folder.rmdir()  # only if empty
+        except OSError:
+            pass
+
+
+def _sync(coro: Any) -> Any:
+    from zarr.core.sync import sync
+
+    return sync(coro)
+
+
+def undo(store: zarr.abc.store.Store, claim: tuple[list[str], str], ours: bool) -> None:
+    """After a refused or failed creation: delete what it made (``ours``), release its claim."""
+    try:
+        if ours:
+            _sync(clear(store))
+        release(store, *claim)
+    except Exception:  # the storage failed too; the caller reports the first error
+        pass
+
+
+def release_quietly(store: zarr.abc.store.Store, keys: list[str], writer: str) -> None:
+    """Release a claim at garbage collection, which may run on any thread, zarr's event
+    loop included (where zarr's ``sync`` cannot run): then from a thread of its own."""
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        pass
+    else:
+        threading.Thread(target=release_quietly, args=(store, keys, writer),
+                         name="flyarchive-release-claim", daemon=True).start()
+        return
+    try:
+        release(store, keys, writer)
+    except Exception:  # nobody to tell; a stale claim is taken over later
+        pass

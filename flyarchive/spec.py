@@ -1,0 +1,212 @@
+"""What is fixed when an archive is created (:class:`ArchiveSpec`), checked before
+anything is written, and a block of frames to commit (:class:`FrameBlock`).
+
+Every check here runs when a spec is built, so a recorder refuses bad options in
+its constructor, before the first frame and before it touches storage: nothing
+half-made is ever left behind by options that could not work.
+"""
+
+from __future__ import annotations
+
+import json
+import operator
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from flyarchive import codecs
+from flyarchive.clock import Timing
+from flyarchive.errors import SchemaError
+from flyarchive.layout import ModelLayout
+from flyarchive.schema import RESERVED_ATTRS
+
+__all__ = ["ArchiveSpec", "FrameBlock", "MAX_CHUNK_FRAMES", "MAX_CAPACITY_FRAMES", "MAX_BUFFER_BYTES"]
+
+#: Largest ``chunk_frames``: a chunk is also the recorder's host buffer.
+MAX_CHUNK_FRAMES = 100_000
+#: Largest ``capacity_frames`` (its time coordinate is written at creation).
+MAX_CAPACITY_FRAMES = 10_000_000
+#: Largest host buffer of one flush (all worlds x chunk_frames frames), bytes.
+MAX_BUFFER_BYTES = 4 * 2**30
+#: Largest world id: the ``world`` coordinate is int64.
+MAX_WORLD_ID = 2**63 - 1
+#: Names the archive uses for its own arrays and groups; world variables may not.
+RESERVED_NAMES = frozenset({"qpos", "mocap_pos", "mocap_quat", "n_frames", "time", "world", "dof",
+                            "mocap", "xyz", "wxyz", "claims", "models", "zarr.json"})
+
+
+def _whole(name: str, value: Any, low: int, high: int) -> int:
+    """``value`` as an int in ``[low, high]``, or a SchemaError naming ``name``."""
+    try:
+        if isinstance(value, bool):
+            raise TypeError
+        number = operator.index(value)
+    except TypeError:
+        number = None
+    if number is None or not low <= number <= high:
+        raise SchemaError(
+            f"{name} must be a whole number from {low} to {high:,}, got {value!r}. "
+            f"Pass an int, e.g. {name}={max(low, min(100, high))}."
+        )
+    return number
+
+
+def _world_ids(world_ids: Any) -> tuple[int, ...]:
+    try:
+        ids = list(world_ids)
+    except TypeError:
+        ids = None
+    if not ids:
+        raise SchemaError(f"world_ids must be a non-empty sequence of ints, got {world_ids!r}.")
+    out = []
+    for w in ids:
+        try:
+            if isinstance(w, bool):
+                raise TypeError
+            out.append(operator.index(w))
+        except TypeError:
+            out.append(None)
+        if out[-1] is None or not 0 <= out[-1] <= MAX_WORLD_ID:
+            raise SchemaError(
+                f"world_ids={ids!r} holds {w!r}; a world id is a whole number from 0 to 2**63 - 1 "
+                "(the index of the world in the simulation). Pass non-negative ints."
+            )
+    if len(set(out)) != len(out):
+        repeated = sorted({w for w in out if out.count(w) > 1})
+        raise SchemaError(f"world_ids={ids!r} repeats {repeated}; each world id must appear once.")
+    return tuple(out)
+
+
+def _check_attrs(attrs: Mapping[str, Any]) -> None:
+    if not isinstance(attrs, Mapping):
+        raise SchemaError(f"attrs must be a dict of JSON values, got {type(attrs).__name__}.")
+    clash = RESERVED_ATTRS.intersection(attrs)
+    if clash:
+        raise SchemaError(
+            f"User attributes may not use the reserved names {sorted(clash)}; rename them."
+        )
+    for key, value in attrs.items():
+        if not isinstance(key, str):
+            raise SchemaError(f"Attribute names must be strings, got {key!r}.")
+        try:
+            json.dumps(value)
+        except (TypeError, ValueError, RecursionError) as err:
+            raise SchemaError(
+                f"Attribute {key!r} holds a {type(value).__name__} that JSON cannot store "
+                f"({type(err).__name__}: {str(err)[:120]}). Attributes are JSON: convert it first "
+                "(a datetime with .isoformat(), an array with .tolist()), or pass "
+                "per-world arrays as world_vars."
+            ) from None
+
+
+def _check_world_vars(world_vars: Mapping[str, Any], n_worlds: int) -> None:
+    for name, values in world_vars.items():
+        if not isinstance(name, str) or not name or "/" in name or name.startswith(".") \
+                or name in RESERVED_NAMES:
+            raise SchemaError(
+                f"World variable name {name!r} cannot be used: names are non-empty strings "
+                f"without '/' or a leading '.', other than {sorted(RESERVED_NAMES)}. Rename it."
+            )
+        array = np.asarray(values) if not isinstance(values, (str, bytes)) else np.asarray([])
+        if array.shape != (n_worlds,) or array.dtype.kind not in "biuf":
+            raise SchemaError(
+                f"World variable {name!r} must be a ({n_worlds},) numeric array (one value per "
+                f"world), got shape {array.shape} of dtype {array.dtype}."
+            )
+
+
+@dataclass(frozen=True)
+class ArchiveSpec:
+    """Everything fixed when an archive is created; checked when it is built.
+
+    Attributes:
+        layout: The model's state layout (at least one generalized coordinate).
+        timing: Timestep and frame schedule.
+        world_ids: World index in the simulation, one per archived world: unique ints
+            in ``[0, 2**63)``.
+        dtype: State dtype: float64 (CPU) or float32 (GPU), as recorded.
+        source: What produced it: ``"mujoco"``, ``"mujoco-warp"``, ``"flygym-npz"``...
+        chunk_frames: Frames per chunk along time; also the flush size. 1 to 100,000.
+        shard_worlds: Worlds per shard; a writer's world block is a multiple of it.
+        codec: ``"lossless"`` or ``"abs:<bound>"`` (see :mod:`flyarchive.codecs`).
+        attrs: User metadata for the archive's attributes (JSON values).
+        world_vars: Per-world user variables, each ``(n_worlds,)`` numeric.
+        capacity_frames: For archives written by several processes (one per block of
+            worlds): the time extent, fixed at creation, with the time coordinate
+            filled from the frame schedule. None: the extent grows with each commit.
+
+    Raises:
+        SchemaError: naming the first option that cannot work, and how to fix it.
+        CodecSpecError: for an unknown codec.
+    """
+
+    layout: ModelLayout
+    timing: Timing
+    world_ids: tuple[int, ...]
+    dtype: str = "float64"
+    source: str = "mujoco"
+    chunk_frames: int = 100
+    shard_worlds: int = 64
+    codec: str = "lossless"
+    attrs: Mapping[str, Any] = field(default_factory=dict)
+    world_vars: Mapping[str, np.ndarray] = field(default_factory=dict)
+    capacity_frames: int | None = None
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.layout, ModelLayout) or not isinstance(self.timing, Timing):
+            raise SchemaError("ArchiveSpec needs a ModelLayout and a Timing.")
+        if self.layout.nq < 1:
+            raise SchemaError(
+                "The model has no generalized coordinates (nq=0): there is no state to record. "
+                "Record a model with at least one joint (e.g. a free joint on a body)."
+            )
+        try:
+            dtype = np.dtype(self.dtype)
+        except TypeError:
+            dtype = None
+        if dtype is None or dtype not in (np.dtype("float64"), np.dtype("float32")):
+            raise SchemaError(f"dtype must be float64 or float32, got {self.dtype!r}.")
+        set_ = object.__setattr__  # frozen: store the checked, normalized values
+        set_(self, "world_ids", _world_ids(self.world_ids))
+        set_(self, "chunk_frames", _whole("chunk_frames", self.chunk_frames, 1, MAX_CHUNK_FRAMES))
+        set_(self, "shard_worlds", _whole("shard_worlds", self.shard_worlds, 1, MAX_CHUNK_FRAMES))
+        if self.capacity_frames is not None:
+            set_(self, "capacity_frames",
+                 _whole("capacity_frames", self.capacity_frames, 1, MAX_CAPACITY_FRAMES))
+        if not isinstance(self.source, str):
+            raise SchemaError(f"source must be a string, got {self.source!r}.")
+        _check_attrs(self.attrs)
+        _check_world_vars(self.world_vars, len(self.world_ids))
+        codecs.parse_codec(self.codec)
+        per_frame = self.layout.nq + 7 * self.layout.nmocap
+        need = len(self.world_ids) * self.chunk_frames * per_frame * dtype.itemsize
+        if need > MAX_BUFFER_BYTES:
+            raise SchemaError(
+                f"chunk_frames={self.chunk_frames} for {len(self.world_ids)} worlds of "
+                f"{per_frame} values needs a {need / 2**30:.1f} GiB buffer per flush (limit "
+                f"{MAX_BUFFER_BYTES / 2**30:.0f} GiB). Lower chunk_frames or record fewer "
+                "worlds per archive."
+            )
+
+    @property
+    def n_worlds(self) -> int:
+        return len(self.world_ids)
+
+
+@dataclass(frozen=True)
+class FrameBlock:
+    """Frames of a block of worlds, host arrays.
+
+    Attributes:
+        time: ``(n,)`` float64 simulation time of each frame, seconds.
+        qpos: ``(worlds, n, nq)`` generalized coordinates.
+        mocap_pos: ``(worlds, n, nmocap, 3)`` or None when the model has no mocap body.
+        mocap_quat: ``(worlds, n, nmocap, 4)`` (w, x, y, z) or None.
+    """
+
+    time: np.ndarray
+    qpos: np.ndarray
+    mocap_pos: np.ndarray | None = None
+    mocap_quat: np.ndarray | None = None

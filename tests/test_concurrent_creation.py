@@ -1,0 +1,82 @@
+"""Writers started at the same instant in real processes, and a reader polling a writer.
+
+Each race starts 3 recorder processes within microseconds of each other (they wait
+on their stdin with everything imported, see :mod:`flyarchive.faults_concurrency`)
+and is repeated, so that a check-then-act race would show.
+"""
+
+import uuid
+
+import pytest
+
+from flyarchive.faults_concurrency import (
+    RecorderPool,
+    appenders_trial,
+    creators_trial,
+    reader_trial,
+)
+
+N_PROCESSES = 3
+
+
+@pytest.fixture(scope="module")
+def pool():
+    with RecorderPool(N_PROCESSES) as pool:
+        yield pool
+
+
+def summary(results):
+    return [(r.winners, r.refused, r.unexpected, r.problems) for r in results]
+
+
+@pytest.mark.timeout(180)
+def test_recorders_creating_one_url_at_once_one_wins_and_the_others_are_refused(pool, tmp_path):
+    urls = [str(tmp_path / f"created-{i}.zarr") for i in range(6)]
+
+    results = [creators_trial(pool, url, mode="w-") for url in urls]
+
+    assert [r.clean for r in results] == [True] * len(urls), summary(results)
+    assert [r.refused for r in results] == [N_PROCESSES - 1] * len(urls)
+
+
+@pytest.mark.timeout(180)
+def test_recorders_replacing_one_archive_at_once_leave_exactly_one_recording(pool, tmp_path):
+    urls = [str(tmp_path / f"replaced-{i}.zarr") for i in range(4)]
+    for url in urls:
+        creators_trial(pool, url, mode="w-")
+
+    results = [creators_trial(pool, url, mode="w") for url in urls]
+
+    assert [r.clean for r in results] == [True] * len(urls), summary(results)
+    assert [r.refused for r in results] == [N_PROCESSES - 1] * len(urls)
+
+
+@pytest.mark.timeout(180)
+def test_recorders_appending_to_one_archive_at_once_let_only_one_write(pool, tmp_path):
+    urls = [str(tmp_path / f"appended-{i}.zarr") for i in range(4)]
+
+    results = [appenders_trial(pool, url) for url in urls]
+
+    assert [r.clean for r in results] == [True] * len(urls), summary(results)
+    assert [r.refused for r in results] == [N_PROCESSES - 1] * len(urls)
+
+
+@pytest.mark.timeout(180)
+def test_recorders_creating_one_s3_url_at_once_one_wins(pool, s3_server):
+    options = s3_server.storage_options()
+    urls = [f"s3://flyarchive-test/race-{uuid.uuid4().hex}.zarr" for _ in range(3)]
+
+    results = [creators_trial(pool, url, mode="w-", storage_options=options) for url in urls]
+
+    assert [r.clean for r in results] == [True] * len(urls), summary(results)
+
+
+@pytest.mark.timeout(180)
+def test_a_reader_polling_while_a_writer_appends_sees_no_damage_and_no_wrong_frame(tmp_path):
+    with RecorderPool(1) as writer:
+        result = reader_trial(writer, str(tmp_path / "polled.zarr"), n_steps=1200)
+
+    assert result.writer == "ok"
+    assert result.damaged == 0, result.errors[:3]
+    assert result.opens > 0 and result.commits_seen > 1
+    assert result.frames_differing == 0
