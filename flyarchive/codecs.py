@@ -17,9 +17,9 @@ The pipelines (``scripts/bench_storage.py`` measures them on a NeuroMechFly walk
 - lossless: ``pcodec`` (level 8, lookback delta) then CRC-32C: 0.84, where Blosc
   shuffle+zstd reaches 0.89-0.91.
 - portable: transpose so that time varies fastest within each dof, then Blosc
-  (zstd level 5, byte shuffle) then CRC-32C: 0.88 (float32: 0.84, pcodec 0.79);
-  zstd level 8 gains 1.5 % for an encoder 2-3 times slower, bit shuffle and plain
-  zstd gain nothing (about 1.0).
+  (zstd level 5, byte shuffle) then CRC-32C: 0.89 (float32: 0.84, where pcodec
+  reaches 0.77); without the transpose 0.92; zstd level 8 gains 1.4 % for an
+  encoder 2-3 times slower; bit shuffle, plain zstd or gzip reach only about 1.0.
 - ``abs:1e-6``: a fixed-scale quantizer (``numcodecs.fixedscaleoffset``, scale
   ``2**19``, float output) then the same ``pcodec`` then CRC-32C: 0.27, max error
   ``2**-20`` (9.5e-7).
