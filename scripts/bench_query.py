@@ -13,7 +13,8 @@ built once and kept under ``--cache``:
 - ``npz``: one flygym ``RecordedTrajectory`` ``.npz`` per world (``np.savez_compressed``),
   read with ``np.load`` (on S3: ``fs.cat``, many files fetched concurrently).
 - ``zarr-zstd``: plain zarr v3, zarr's default compressor (zstd), the same chunks and
-  shards; read with ``xarray.open_zarr(url, chunks={})``.
+  shards; read with ``xarray.open_zarr`` with dask chunks of whole shards (as
+  ``open_archive`` has today), no masking.
 
 Queries, each from an already opened dataset: one world (all frames); a time window
 of F/10 frames across all worlds; one dof's mean over worlds; a full scan (per-dof
@@ -582,16 +583,16 @@ def _world_read(entry: dict[str, Any], storage: str) -> int | None:
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--worlds", type=int, default=1024)
-    parser.add_argument("--frames", type=int, default=1000)
-    parser.add_argument("--dtypes", default="float64,float32")
-    parser.add_argument("--chunk-frames", type=int, default=100)
-    parser.add_argument("--shard-worlds", type=int, default=64)
+    parser.add_argument("--worlds", type=int, default=1024, help="worlds (default 1024)")
+    parser.add_argument("--frames", type=int, default=1000, help="frames per world (default 1000)")
+    parser.add_argument("--dtypes", default="float64,float32", help="comma-separated")
+    parser.add_argument("--chunk-frames", type=int, default=100, help="frames per chunk")
+    parser.add_argument("--shard-worlds", type=int, default=64, help="worlds per shard")
     parser.add_argument("--repeat", type=int, default=3, help="best of N (full scans: 1 run)")
     parser.add_argument("--no-s3", action="store_true", help="skip the S3 runs")
     parser.add_argument("--cache", default="/tmp/flyarchive-bench-query",
                         help="where the data sets are built once and kept")
-    parser.add_argument("--bucket", default="bench-query")
+    parser.add_argument("--bucket", default="bench-query", help="bucket on the S3 server")
     parser.add_argument("--json", metavar="PATH", help="write the results as JSON")
     args = parser.parse_args(argv)
     cache = Path(args.cache)
