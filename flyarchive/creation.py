@@ -63,9 +63,9 @@ def create_arrays(group: zarr.Group, spec: ArchiveSpec) -> None:
     nw, nq, nm, ct = spec.n_worlds, spec.layout.nq, spec.layout.nmocap, spec.chunk_frames
     sw = min(spec.shard_worlds, nw)
     nt = spec.capacity_frames or 0
-    state = codecs.array_codecs(spec.codec, np.dtype(spec.dtype))
 
     def state_array(name: str, tail: tuple[int, ...], dims: list[str]) -> None:
+        state = codecs.array_codecs(spec.codec, np.dtype(spec.dtype), ndim=len(dims))
         group.create_array(
             name, shape=(nw, nt, *tail), dtype=spec.dtype, chunks=(1, ct, *tail),
             shards=(sw, ct, *tail), fill_value=np.nan, dimension_names=dims, **state,

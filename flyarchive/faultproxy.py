@@ -204,6 +204,8 @@ class _ProxyHandler(BaseHTTPRequestHandler):
             self._reply_error(502, "BadGateway", f"Upstream failed: {type(err).__name__}")
             return
         self.server.proxy._count("forwarded")
+        self.server.proxy._count("bytes_in", len(body or b""))
+        self.server.proxy._count("bytes_out", 0 if self.command == "HEAD" else len(payload))
         self.send_response_only(status, reason)  # the upstream's Server and Date pass through
         for name, value in headers:
             if name.lower() not in _HOP_BY_HOP:
@@ -311,7 +313,8 @@ class FaultProxy(_Endpoint):
         Returns:
             A new dict with ``requests`` (all received), ``forwarded`` (answered by
             the upstream), ``upstream_errors`` (upstream unreachable, answered
-            502), ``faults`` (all injected) and one count per fault kind:
+            502), ``bytes_in`` and ``bytes_out`` (body bytes of forwarded requests
+            and of their responses), ``faults`` (all injected) and one count per fault kind:
             ``drop``, ``error500``, ``error503``, ``delay``. A delayed request
             is also counted as forwarded.
         """
@@ -320,7 +323,8 @@ class FaultProxy(_Endpoint):
 
     def reset_stats(self) -> None:
         """Set every count to zero."""
-        keys = ("requests", "forwarded", "upstream_errors", "faults", *_FAULT_KINDS)
+        keys = ("requests", "forwarded", "upstream_errors", "bytes_in", "bytes_out", "faults",
+                *_FAULT_KINDS)
         with self._lock:
             self._stats = dict.fromkeys(keys, 0)
 
@@ -377,9 +381,9 @@ class FaultProxy(_Endpoint):
                 self._stats["faults"] += 1
             return fault, plan
 
-    def _count(self, key: str) -> None:
+    def _count(self, key: str, n: int = 1) -> None:
         with self._lock:
-            self._stats[key] += 1
+            self._stats[key] += n
 
     def _track(self, conn: socket.socket, *, add: bool) -> None:
         with self._lock:

@@ -221,6 +221,20 @@ def test_proxy_keeps_connection_alive_for_head_and_range_get(
     assert proxy.stats()["requests"] == 2
 
 
+def test_proxy_counts_body_bytes_each_way(proxy: FaultProxy, bucket: str) -> None:
+    fs = proxy.filesystem()
+    fs.pipe(f"{bucket}/b.bin", b"x" * 1000)
+    proxy.reset_stats()
+
+    fs.pipe(f"{bucket}/c.bin", b"y" * 300)
+    ranged = fs.cat_file(f"{bucket}/b.bin", start=100, end=350)
+
+    assert len(ranged) == 250
+    stats = proxy.stats()
+    assert stats["bytes_in"] == 300
+    assert stats["bytes_out"] == 250  # the range (a PUT is answered without a body)
+
+
 # --------------------------------------------------------------------------- proxy, faults
 
 

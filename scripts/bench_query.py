@@ -1,0 +1,625 @@
+"""Query speed of archives beside flygym ``.npz`` files and plain zarr, on disk and on S3.
+
+The data: W worlds x F frames of NeuroMechFly state (73 dofs), made from one simulated
+flygym walk (:func:`flyarchive.interop.nmf.walk_qpos`, 25 fps, playback 0.2) copied
+per world with jitter: a random start within the walk, a random x/y offset of the fly
+(mm) and small per-joint angle biases (0.01 rad s.d.). It is stored four ways, each
+built once and kept under ``--cache``:
+
+- ``flyarchive``: written by :class:`flyarchive.store.ArchiveWriter` (the import path's
+  writer), default codec (pcodec), chunks of 1 world x ``--chunk-frames`` frames in
+  shards of ``--shard-worlds`` worlds; read with :func:`flyarchive.open_archive`.
+- ``portable``: the same with ``codec="portable"`` (zarr v3 core codecs only).
+- ``npz``: one flygym ``RecordedTrajectory`` ``.npz`` per world (``np.savez_compressed``),
+  read with ``np.load`` (on S3: ``fs.cat``, many files fetched concurrently).
+- ``zarr-zstd``: plain zarr v3, zarr's default compressor (zstd), the same chunks and
+  shards; read with ``xarray.open_zarr`` with dask chunks of whole shards (as
+  ``open_archive`` has today), no masking.
+
+Queries, each from an already opened dataset: one world (all frames); a time window
+of F/10 frames across all worlds; one dof's mean over worlds; a full scan (per-dof
+mean) pinned to one core and on all cores; ``open`` itself. Beside them: the codec's
+own decode speed on the stored chunks of one shard in memory (no zarr, no checksum,
+running as long as a short query, so that it meets the same machine load) and the full scan
+as a fraction of it. On S3 (moto on loopback) the times come from direct requests;
+request counts and bytes come from a second pass through a counting proxy
+(:class:`flyarchive.faultproxy.FaultProxy`). On disk, bytes read are the process's
+``rchar`` (``/proc/self/io``). Times are the best of ``--repeat`` runs.
+
+Usage::
+
+    python scripts/bench_query.py [--worlds 1024] [--frames 1000] [--dtypes float64,float32]
+        [--no-s3] [--repeat 3] [--cache /tmp/flyarchive-bench-query] [--json PATH]
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+import json
+import os
+import shutil
+import struct
+import time
+import warnings
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import xarray as xr
+import zarr
+
+from flyarchive import open_archive
+from flyarchive.clock import Timing
+from flyarchive.layout import ModelLayout
+from flyarchive.store import ArchiveSpec, ArchiveWriter, FrameBlock
+
+FORMATS = ("flyarchive", "portable", "npz", "zarr-zstd")
+QUERIES = ("open", "one world", "time window", "one dof", "scan 1 core", "scan all cores")
+OUTPUT_FPS, PLAYBACK = 25.0, 0.2
+WALK_MARGIN = 200  # frames: room for each world's random start
+
+
+# ----------------------------------------------------------------------------- data
+def nmf_model() -> Any:
+    from flyarchive.interop.nmf import build_world
+
+    return build_world()
+
+
+def walk(cache: Path, frames: int, world: Any) -> np.ndarray:
+    """One simulated walk, ``(frames + WALK_MARGIN, 73)`` float64, cached as .npy."""
+    path = cache / f"walk-{frames + WALK_MARGIN}.npy"
+    if not path.exists():
+        from flyarchive.interop.nmf import walk_qpos
+
+        print(f"simulating a {frames + WALK_MARGIN}-frame NeuroMechFly walk...", flush=True)
+        np.save(path, walk_qpos(frames + WALK_MARGIN, OUTPUT_FPS, PLAYBACK, world=world))
+    return np.load(path)
+
+
+def jittered(base: np.ndarray, n_worlds: int, frames: int, seed: int = 0) -> np.ndarray:
+    """``(n_worlds, frames, nq)`` float64 copies of ``base`` with per-world jitter."""
+    out = np.empty((n_worlds, frames, base.shape[1]))
+    for w in range(n_worlds):
+        rng = np.random.default_rng([seed, w])
+        start = int(rng.integers(0, len(base) - frames + 1))
+        out[w] = base[start:start + frames]
+        out[w, :, :2] += rng.normal(0.0, 5.0, 2)  # the fly's x, y (mm)
+        out[w, :, 7:] += rng.normal(0.0, 0.01, base.shape[1] - 7)  # hinge angles (rad)
+    return out
+
+
+@dataclass(frozen=True)
+class Built:
+    """Where each format lives for one dtype, and the facts the queries need."""
+
+    root: Path
+    n_worlds: int
+    frames: int
+    nq: int
+    dtype: str
+
+    def path(self, fmt: str) -> Path:
+        return self.root / ("npz" if fmt == "npz" else f"{fmt}.zarr")
+
+
+def build(cache: Path, args: argparse.Namespace, dtype: str) -> Built:
+    """Build every format once (a ``.done`` marker per format); return where they are."""
+    root = cache / f"{args.worlds}x{args.frames}-cf{args.chunk_frames}-sw{args.shard_worlds}-{dtype}"
+    root.mkdir(parents=True, exist_ok=True)
+    world = None
+    data = None
+    for fmt in FORMATS:
+        done = root / f"{fmt}.done"
+        if done.exists():
+            continue
+        if data is None:
+            world = nmf_model()
+            data = jittered(walk(cache, args.frames, world), args.worlds, args.frames).astype(dtype)
+        shutil.rmtree(Built(root, 0, 0, 0, dtype).path(fmt), ignore_errors=True)
+        print(f"building {fmt} ({dtype}, {args.worlds} x {args.frames})...", flush=True)
+        t0 = time.perf_counter()
+        BUILDERS[fmt](root, data, world, args)
+        done.write_text(f"{time.perf_counter() - t0:.1f} s\n")
+    return Built(root, args.worlds, args.frames, 73, dtype)
+
+
+def _times(model: Any, frames: int) -> tuple[Timing, np.ndarray]:
+    timing = Timing(float(model.opt.timestep), OUTPUT_FPS, PLAYBACK)
+    steps = np.array([timing.frame_step(k) for k in range(frames)])
+    return timing, steps * timing.timestep
+
+
+def _build_archive(codec: str) -> Callable[..., None]:
+    def run(root: Path, data: np.ndarray, world: Any, args: argparse.Namespace) -> None:
+        timing, times = _times(world.model, data.shape[1])
+        spec = ArchiveSpec(
+            ModelLayout.from_model(world.model), timing, tuple(range(len(data))),
+            dtype=str(data.dtype), source="flygym-npz", chunk_frames=args.chunk_frames,
+            shard_worlds=args.shard_worlds, codec=codec,
+        )
+        name = "flyarchive" if codec == "lossless" else codec
+        writer = ArchiveWriter.create(str(root / f"{name}.zarr"), spec)
+        for t0 in range(0, data.shape[1], args.chunk_frames):
+            t1 = min(t0 + args.chunk_frames, data.shape[1])
+            writer.write(FrameBlock(times[t0:t1], data[:, t0:t1]))
+
+    return run
+
+
+def _build_npz(root: Path, data: np.ndarray, world: Any, args: argparse.Namespace) -> None:
+    folder = root / "npz"
+    folder.mkdir()
+    _, times = _times(world.model, data.shape[1])
+    for w, qpos in enumerate(data):  # flygym 2.1 RecordedTrajectory.save's fields
+        np.savez_compressed(folder / f"world{w:05d}.npz", time=times, qpos=qpos,
+                            output_fps=np.asarray(OUTPUT_FPS), playback_speed=np.asarray(PLAYBACK),
+                            world_id=np.asarray(w))
+
+
+def _build_zarr_zstd(root: Path, data: np.ndarray, world: Any, args: argparse.Namespace) -> None:
+    store = zarr.storage.LocalStore(root / "zarr-zstd.zarr")
+    group = zarr.open_group(store, mode="w-")
+    n_worlds, frames, nq = data.shape
+    qpos = group.create_array(
+        "qpos", shape=data.shape, dtype=data.dtype, chunks=(1, args.chunk_frames, nq),
+        shards=(min(args.shard_worlds, n_worlds), args.chunk_frames, nq), fill_value=np.nan,
+        dimension_names=["world", "time", "dof"],
+    )  # zarr's default compressor: zstd
+    qpos[:] = data
+    _, times = _times(world.model, frames)
+    group.create_array("time", data=times, dimension_names=["time"])
+    group.create_array("world", data=np.arange(n_worlds), dimension_names=["world"])
+    labels = np.array(ModelLayout.from_model(world.model).dof_labels, dtype=str)
+    group.create_array("dof", data=labels, dimension_names=["dof"])
+
+
+BUILDERS = {"flyarchive": _build_archive("lossless"), "portable": _build_archive("portable"),
+            "npz": _build_npz, "zarr-zstd": _build_zarr_zstd}
+
+
+# ----------------------------------------------------------------------------- readers
+class Reader:
+    """How one format answers the queries; ``handle`` is what ``open`` returned."""
+
+    parallel = True  # False: its scan runs on one core anyway (no "all cores" row)
+
+    def open(self, url: str, storage_options: dict[str, Any] | None) -> Any:
+        raise NotImplementedError
+
+    def one_world(self, handle: Any, w: int) -> np.ndarray:
+        return handle.qpos.isel(world=w).values
+
+    def window(self, handle: Any, t0: int, t1: int) -> np.ndarray:
+        return handle.qpos.isel(time=slice(t0, t1)).values
+
+    def dof_mean(self, handle: Any, j: int) -> np.ndarray:
+        return handle.qpos.isel(dof=j).mean("world").values
+
+    def scan_mean(self, handle: Any) -> np.ndarray:
+        return handle.qpos.mean(("world", "time")).values
+
+
+class ArchiveReader(Reader):
+    def open(self, url: str, storage_options: dict[str, Any] | None) -> Any:
+        return open_archive(url, storage_options)
+
+
+class PlainZarrReader(Reader):
+    """``xarray.open_zarr`` with dask chunks of whole shards, as ``open_archive`` has today."""
+
+    def open(self, url: str, storage_options: dict[str, Any] | None) -> Any:
+        ds = xr.open_zarr(url, consolidated=False, chunks=None, storage_options=storage_options)
+        shards = ds.qpos.encoding.get("shards") or ds.qpos.encoding["chunks"]
+        return xr.open_zarr(url, consolidated=False, storage_options=storage_options,
+                            chunks={"world": shards[0], "time": shards[1]})
+
+
+@dataclass
+class NpzFiles:
+    paths: list[str]
+    fs: Any  # an fsspec filesystem for S3, None on disk
+
+
+class NpzReader(Reader):
+    parallel = False
+    def open(self, url: str, storage_options: dict[str, Any] | None) -> NpzFiles:
+        if storage_options is None:
+            return NpzFiles(sorted(str(p) for p in Path(url).glob("*.npz")), None)
+        import s3fs
+
+        fs = s3fs.S3FileSystem(**storage_options)
+        return NpzFiles(sorted(fs.find(url.removeprefix("s3://"))), fs)
+
+    def _load(self, files: NpzFiles, indices: range | list[int]) -> list[np.ndarray]:
+        paths = [files.paths[i] for i in indices]
+        if files.fs is None:
+            blobs: list[Any] = paths
+        else:
+            fetched = files.fs.cat(paths)  # concurrent GETs
+            blobs = [io.BytesIO(fetched[p]) for p in paths]
+        out = []
+        for blob in blobs:
+            with np.load(blob, allow_pickle=False) as npz:
+                out.append(npz["qpos"])
+        return out
+
+    def one_world(self, handle: NpzFiles, w: int) -> np.ndarray:
+        return self._load(handle, [w])[0]
+
+    def window(self, handle: NpzFiles, t0: int, t1: int) -> np.ndarray:
+        return np.stack([q[t0:t1] for q in self._load(handle, range(len(handle.paths)))])
+
+    def dof_mean(self, handle: NpzFiles, j: int) -> np.ndarray:
+        return np.mean([q[:, j] for q in self._load(handle, range(len(handle.paths)))], axis=0)
+
+    def scan_mean(self, handle: NpzFiles) -> np.ndarray:
+        qs = self._load(handle, range(len(handle.paths)))
+        return np.sum([q.sum(axis=0, dtype=np.float64) for q in qs], axis=0) / sum(map(len, qs))
+
+
+READERS: dict[str, Reader] = {"flyarchive": ArchiveReader(), "portable": ArchiveReader(),
+                              "npz": NpzReader(), "zarr-zstd": PlainZarrReader()}
+
+
+# ----------------------------------------------------------------------------- codec alone
+def _shard_chunks(array_dir: Path, w: int) -> tuple[list[bytes], dict[str, Any]]:
+    """Stored bytes of every inner chunk of the shard holding world ``w``'s first frames
+    (read from disk), and the array's metadata."""
+    meta = json.loads((array_dir / "zarr.json").read_text())
+    sharding = meta["codecs"][0]
+    assert sharding["name"] == "sharding_indexed", sharding["name"]
+    sw = meta["chunk_grid"]["configuration"]["chunk_shape"][0]
+    shard = (array_dir / "c" / str(w // sw) / "0" / "0").read_bytes()
+    index = np.frombuffer(shard[-(16 * sw + 4):-4], "<u8").reshape(-1, 2)  # (offset, nbytes)
+    return [shard[o:o + n] for o, n in index], meta
+
+
+def make_decoder(meta: dict[str, Any]) -> Callable[[bytes], np.ndarray]:
+    """Decode one inner chunk with the codecs alone: no zarr, the CRC-32C not checked."""
+    import numcodecs
+
+    config = meta["codecs"][0]["configuration"]
+    shape, dtype = tuple(config["chunk_shape"]), np.dtype(meta["data_type"]).newbyteorder("<")
+    chain = config["codecs"]
+    names = [c["name"] for c in chain]
+    orders = [c["configuration"]["order"] for c in chain if c["name"] == "transpose"]
+    stored_shape = tuple(shape[i] for i in orders[0]) if orders else shape
+    inverse = tuple(np.argsort(orders[0])) if orders else None
+    strip = 4 if "crc32c" in names else 0
+    compressor = (numcodecs.Blosc() if "blosc" in names
+                  else numcodecs.Zstd() if "zstd" in names else None)
+    serializer = next(c for c in chain if c["name"] in ("bytes", "numcodecs.pcodec"))
+    pcodec = (numcodecs.get_codec({"id": "pcodec", **serializer.get("configuration", {})})
+              if serializer["name"] != "bytes" else None)
+
+    def decode(raw: bytes) -> np.ndarray:
+        buf: Any = memoryview(raw)[:len(raw) - strip]
+        if compressor is not None:
+            buf = compressor.decode(buf)
+        arr = (np.frombuffer(buf, dtype) if pcodec is None
+               else np.asarray(pcodec.decode(buf)).view(dtype)).reshape(stored_shape)
+        return np.ascontiguousarray(arr.transpose(inverse)) if inverse else arr
+
+    return decode
+
+
+def codec_speed(built: Built, fmt: str, w: int, seconds: float = 0.5) -> dict[str, float]:
+    """MB/s (decoded bytes) of the codec alone, and of CRC-32C, on one stored shard in memory.
+
+    ``codec_MBps`` and ``crc32c_MBps`` run without a pause over the shard's inner chunks for
+    about ``seconds``, so that they meet the same machine load as the queries;
+    ``codec_best_MBps`` is the fastest decode of world ``w``'s chunk over as many calls
+    (the issue's "pcodec decode of one world's chunk, in memory").
+    """
+    import google_crc32c
+
+    chunks, meta = _shard_chunks(built.path(fmt) / "qpos", w)
+    decode = make_decoder(meta)
+    decoded = sum(decode(c).nbytes for c in chunks)
+    one = chunks[w % len(chunks)]
+    out = {"codec_MBps": decoded * _passes(lambda: [decode(c) for c in chunks], seconds) / 1e6,
+           "codec_best_MBps": decode(one).nbytes / _best_call(lambda: decode(one), seconds) / 1e6,
+           "chunk_decoded_bytes": decoded // len(chunks),
+           "chunk_stored_bytes": sum(map(len, chunks)) // len(chunks)}
+    if any(c["name"] == "crc32c" for c in meta["codecs"][0]["configuration"]["codecs"]):
+        crc = lambda: [google_crc32c.value(c) for c in chunks]  # noqa: E731
+        out["crc32c_MBps"] = decoded * _passes(crc, seconds) / 1e6
+    return out
+
+
+def _best_call(fn: Callable[[], Any], seconds: float) -> float:
+    """Fastest call of ``fn``, seconds, over about ``seconds`` of calls."""
+    best, t_end = float("inf"), time.perf_counter() + seconds
+    while time.perf_counter() < t_end:
+        t0 = time.perf_counter()
+        fn()
+        best = min(best, time.perf_counter() - t0)
+    return best
+
+
+def _passes(fn: Callable[[], Any], seconds: float) -> float:
+    """Calls of ``fn`` per second, over about ``seconds`` of calls in a row."""
+    n, t0 = 0, time.perf_counter()
+    while (elapsed := time.perf_counter() - t0) < seconds:
+        fn()
+        n += 1
+    return n / elapsed
+
+
+def world_bytes(built: Built, fmt: str, w: int) -> int:
+    """Stored bytes of world ``w``'s qpos (its inner chunks; its file for npz)."""
+    if fmt == "npz":
+        return (built.path("npz") / f"world{w:05d}.npz").stat().st_size
+    array_dir = built.path(fmt) / "qpos"
+    meta = json.loads((array_dir / "zarr.json").read_text())
+    sw, cf = meta["chunk_grid"]["configuration"]["chunk_shape"][:2]
+    total = 0
+    for j in range(-(-built.frames // cf)):
+        shard = (array_dir / "c" / str(w // sw) / str(j) / "0").read_bytes()
+        total += struct.unpack_from("<QQ", shard[-(16 * sw + 4):-4], 16 * (w % sw))[1]
+    return total
+
+
+def stored_bytes(path: Path) -> int:
+    return sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
+
+
+# ----------------------------------------------------------------------------- measuring
+def _rchar() -> int:
+    with open("/proc/self/io") as f:
+        return next(int(line.split()[1]) for line in f if line.startswith("rchar:"))
+
+
+def _pin(cpus: set[int]) -> None:
+    for tid in os.listdir("/proc/self/task"):
+        try:
+            os.sched_setaffinity(int(tid), cpus)
+        except OSError:
+            pass  # a thread that just ended
+
+
+def _best(fn: Callable[[], Any], repeat: int) -> tuple[float, Any]:
+    best, result = float("inf"), None
+    for _ in range(repeat):
+        t0 = time.perf_counter()
+        result = fn()
+        best = min(best, time.perf_counter() - t0)
+    return best, result
+
+
+@dataclass(frozen=True)
+class Plan:
+    world: int
+    window: tuple[int, int]
+    dof: int
+
+
+def _calls(reader: Reader, handle: Any, plan: Plan) -> dict[str, Callable[[], Any]]:
+    calls = {
+        "one world": lambda: reader.one_world(handle, plan.world),
+        "time window": lambda: reader.window(handle, *plan.window),
+        "one dof": lambda: reader.dof_mean(handle, plan.dof),
+        "scan 1 core": lambda: reader.scan_mean(handle),
+        "scan all cores": lambda: reader.scan_mean(handle),
+    }
+    if not reader.parallel:
+        del calls["scan all cores"]
+    return calls
+
+
+def timed_queries(reader: Reader, url: str, so: dict[str, Any] | None, plan: Plan,
+                  repeat: int) -> tuple[dict[str, dict[str, float]], dict[str, Any]]:
+    """Best-of-``repeat`` seconds per query (and, on disk, bytes read); the results.
+
+    Full scans run once; on S3 (``so`` given) every query across all worlds runs once.
+    """
+    rows: dict[str, dict[str, float]] = {}
+    reader.open(url, so)  # warm-up: lazy imports would count as bytes read
+    r0 = _rchar()
+    first_s, handle = _best(lambda: reader.open(url, so), 1)
+    read = _rchar() - r0
+    rest = _best(lambda: reader.open(url, so), repeat - 1)[0] if repeat > 1 else first_s
+    rows["open"] = {"s": min(first_s, rest), "read_bytes": read}
+    results = {}
+    cpus = os.sched_getaffinity(0)
+    for name, call in _calls(reader, handle, plan).items():
+        if name == "scan 1 core":
+            _pin({min(cpus)})
+        try:
+            r0 = _rchar()
+            first_s, results[name] = _best(call, 1)
+            read = _rchar() - r0
+            once = "scan" in name or (so is not None and name != "one world")
+            rest = _best(call, repeat - 1)[0] if repeat > 1 and not once else first_s
+            rows[name] = {"s": min(first_s, rest), "read_bytes": read}
+        finally:
+            _pin(cpus)
+    return rows, results
+
+
+def counted_queries(reader: Reader, url: str, proxy: Any, plan: Plan) -> dict[str, dict[str, int]]:
+    """Requests and bytes of each query (one run) through a counting proxy."""
+    so = proxy.storage_options()
+    proxy.reset_stats()
+    handle = reader.open(url, so)
+    counts = {"open": _proxy_counts(proxy)}
+    for name, call in _calls(reader, handle, plan).items():
+        if name == "scan all cores":
+            continue  # the same requests as on one core
+        proxy.reset_stats()
+        call()
+        counts[name] = _proxy_counts(proxy)
+    return counts
+
+
+def _proxy_counts(proxy: Any) -> dict[str, int]:
+    stats = proxy.stats()
+    return {"requests": stats["requests"], "bytes": stats["bytes_out"]}
+
+
+def same_results(results: dict[str, Any], reference: dict[str, Any], dtype: str) -> list[str]:
+    """Queries whose result differs from the reference format's (none, if all is well)."""
+    rtol = 1e-9 if dtype == "float64" else 1e-4
+    bad = []
+    for name, value in results.items():
+        if name not in reference:
+            continue
+        ref = reference[name]
+        exact = name in ("one world", "time window")
+        same = np.array_equal(value, ref) if exact else np.allclose(value, ref, rtol=rtol, atol=0)
+        if not same:
+            bad.append(name)
+    return bad
+
+
+# ----------------------------------------------------------------------------- runs
+def run_storage(built: Built, storage: str, args: argparse.Namespace, s3: Any = None,
+                proxy: Any = None) -> dict[str, Any]:
+    """Every query of every format on one storage ('local' or 's3'), npz first (the reference)."""
+    win = max(built.frames // 10, 1)
+    t0 = min(built.frames // 2 + 17, built.frames - win)
+    plan = Plan(world=built.n_worlds // 3, window=(t0, t0 + win), dof=_dof_index(built))
+    out: dict[str, Any] = {"storage": storage, "dtype": built.dtype, "plan": plan.__dict__,
+                           "formats": {}}
+    reference: dict[str, Any] | None = None
+    for fmt in ("npz", "flyarchive", "portable", "zarr-zstd"):
+        url, so = str(built.path(fmt)), None
+        if storage == "s3":
+            url = f"s3://{args.bucket}/{built.root.name}/{built.path(fmt).name}"
+            so = s3.storage_options()
+        print(f"  {storage} {built.dtype} {fmt}...", flush=True)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # zarr: numcodecs codecs are not in the v3 spec
+            rows, results = timed_queries(READERS[fmt], url, so, plan, args.repeat)
+            if proxy is not None:
+                for name, counts in counted_queries(READERS[fmt], url, proxy, plan).items():
+                    rows[name].update(counts)
+        reference = reference or results
+        entry = {"queries": rows, "differs_from_npz": same_results(results, reference, built.dtype),
+                 "stored_bytes": stored_bytes(built.path(fmt)),
+                 "world_bytes": world_bytes(built, fmt, plan.world)}
+        if fmt != "npz":
+            entry.update(codec_speed(built, fmt, plan.world))
+        out["formats"][fmt] = entry
+    return out
+
+
+def _dof_index(built: Built) -> int:
+    labels = list(zarr.open_array(built.path("zarr-zstd") / "dof", mode="r")[:])
+    return next((i for i, name in enumerate(labels) if "Tarsus1" in str(name)), len(labels) // 2)
+
+
+def upload(built: Built, s3: Any, bucket: str, formats: list[str]) -> None:
+    fs = s3.filesystem()
+    for fmt in formats:
+        local = built.path(fmt)
+        fs.put(str(local), f"{bucket}/{built.root.name}/{local.name}", recursive=True)
+
+
+# ----------------------------------------------------------------------------- report
+def _cell(row: dict[str, Any] | None, storage: str) -> str:
+    if row is None:
+        return "-"
+    ms = row["s"] * 1e3
+    text = f"{ms:,.0f} ms" if ms >= 10 else f"{ms:.1f} ms"
+    if storage == "s3" and "requests" in row:
+        text += f", {row['requests']} req, {row['bytes'] / 1e6:.2f} MB"
+    return text
+
+
+def print_table(run: dict[str, Any], built: Built) -> None:
+    fmts = run["formats"]
+    decoded = built.n_worlds * built.frames * built.nq * np.dtype(built.dtype).itemsize
+    npz = fmts["npz"]
+    print(f"\n{built.dtype}, {'local disk' if run['storage'] == 'local' else 'S3 (moto, loopback)'}: "
+          f"{built.n_worlds} worlds x {built.frames} frames x {built.nq} dofs "
+          f"({decoded / 1e6:.0f} MB decoded); window {run['plan']['window']}, world "
+          f"{run['plan']['world']}, dof {run['plan']['dof']}")
+    width = 32 if run["storage"] == "s3" else 17
+    print(f"{'query':26s}" + "".join(f"{f:>{width}s}" for f in fmts))
+    lines = {"stored (vs npz)": lambda e: f"{e['stored_bytes'] / 1e6:.1f} MB "
+                                          f"({e['stored_bytes'] / npz['stored_bytes']:.2f})"}
+    for label, fn in lines.items():
+        print(f"{label:26s}" + "".join(f"{fn(e):>{width}s}" for e in fmts.values()))
+    for q in QUERIES:
+        print(f"{q:26s}" + "".join(f"{_cell(e['queries'].get(q), run['storage']):>{width}s}"
+                                   for e in fmts.values()))
+    derived = {
+        "scan MB/s (1 core)": lambda e: f"{decoded / e['queries']['scan 1 core']['s'] / 1e6:,.0f}",
+        "codec, 1 chunk best MB/s": lambda e: _num(e, "codec_best_MBps"),
+        "codec, 1 shard run MB/s": lambda e: _num(e, "codec_MBps"),
+        "crc32c, 1 shard run MB/s": lambda e: _num(e, "crc32c_MBps"),
+        "scan 1 core / codec best": lambda e: _share(e, decoded, "codec_best_MBps"),
+        "scan 1 core / codec run": lambda e: _share(e, decoded, "codec_MBps"),
+        "one world: read / bytes": lambda e: (
+            f"{_world_read(e, run['storage']) / e['world_bytes']:.1f}x"
+            if _world_read(e, run["storage"]) is not None else "-"),
+        "one world / npz time": lambda e: (
+            f"{e['queries']['one world']['s'] / npz['queries']['one world']['s']:.1f}x"),
+        "results differ": lambda e: ",".join(e["differs_from_npz"]) or "no",
+    }
+    for label, fn in derived.items():
+        print(f"{label:26s}" + "".join(f"{fn(e):>{width}s}" for e in fmts.values()))
+
+
+def _num(entry: dict[str, Any], key: str) -> str:
+    return f"{entry[key]:,.0f}" if key in entry else "-"
+
+
+def _share(entry: dict[str, Any], decoded: int, key: str) -> str:
+    if key not in entry:
+        return "-"
+    return f"{decoded / entry['queries']['scan 1 core']['s'] / 1e6 / entry[key]:.0%}"
+
+
+def _world_read(entry: dict[str, Any], storage: str) -> int | None:
+    row = entry["queries"]["one world"]
+    return row.get("bytes") if storage == "s3" else row.get("read_bytes")
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--worlds", type=int, default=1024, help="worlds (default 1024)")
+    parser.add_argument("--frames", type=int, default=1000, help="frames per world (default 1000)")
+    parser.add_argument("--dtypes", default="float64,float32", help="comma-separated")
+    parser.add_argument("--chunk-frames", type=int, default=100, help="frames per chunk")
+    parser.add_argument("--shard-worlds", type=int, default=64, help="worlds per shard")
+    parser.add_argument("--repeat", type=int, default=3, help="best of N (full scans: 1 run)")
+    parser.add_argument("--no-s3", action="store_true", help="skip the S3 runs")
+    parser.add_argument("--cache", default="/tmp/flyarchive-bench-query",
+                        help="where the data sets are built once and kept")
+    parser.add_argument("--bucket", default="bench-query", help="bucket on the S3 server")
+    parser.add_argument("--json", metavar="PATH", help="write the results as JSON")
+    args = parser.parse_args(argv)
+    cache = Path(args.cache)
+    cache.mkdir(parents=True, exist_ok=True)
+    built = {d: build(cache, args, d) for d in args.dtypes.split(",")}
+    runs = [run_storage(b, "local", args) for b in built.values()]
+    for b, run in zip(built.values(), runs):
+        print_table(run, b)
+    if not args.no_s3:
+        from flyarchive.faultproxy import FaultProxy
+        from flyarchive.testing_s3 import S3Server
+
+        with S3Server() as s3, FaultProxy(s3.endpoint_url) as proxy:
+            s3.create_bucket(args.bucket)
+            for b in built.values():
+                print(f"uploading {b.root.name} to the S3 server...", flush=True)
+                upload(b, s3, args.bucket, list(FORMATS))
+                run = run_storage(b, "s3", args, s3, proxy)
+                runs.append(run)
+                print_table(run, b)
+    if args.json:
+        meta = {"worlds": args.worlds, "frames": args.frames, "chunk_frames": args.chunk_frames,
+                "shard_worlds": args.shard_worlds, "repeat": args.repeat, "cpus": os.cpu_count(),
+                "zarr": zarr.__version__, "xarray": xr.__version__}
+        Path(args.json).write_text(json.dumps({"meta": meta, "runs": runs}, indent=1))
+        print(f"\nwrote {args.json}")
+
+
+if __name__ == "__main__":
+    main()
