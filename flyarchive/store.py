@@ -3,7 +3,7 @@
 Commit protocol (one writer per block of worlds):
   1. grow the arrays' time extent (metadata only; new frames read as NaN);
   2. write the frames' chunks (whole shards when the block is chunk-aligned);
-  3. write their simulation times;
+  3. write their times (``time``, ``sim_time``, ``frame``);
   4. write ``n_frames`` for the block's worlds: the commit marker.
 A crash between steps leaves frames past ``n_frames``, which readers mask. On local
 disk zarr writes each object through a temporary file and a rename, and S3 PUTs
@@ -36,7 +36,13 @@ from flyarchive.errors import (
     StorageError,
 )
 from flyarchive.layout import ModelLayout, check_compatible
-from flyarchive.schema import RESERVED_ATTRS, SCHEMA_NAME, SCHEMA_VERSION, validate_attrs
+from flyarchive.schema import (
+    RESERVED_ATTRS,
+    SCHEMA_NAME,
+    SCHEMA_VERSION,
+    TIME_COORDS,
+    validate_attrs,
+)
 
 __all__ = [
     "ArchiveSpec", "ArchiveWriter", "FrameBlock", "open_store", "archive_exists", "open_group",
@@ -240,16 +246,23 @@ class FrameBlock:
     """Frames of a block of worlds, host arrays.
 
     Attributes:
-        time: ``(n,)`` float64 simulation time of each frame, seconds.
+        time: ``(n,)`` float64 time of each frame, seconds: the scheduled time when
+            ``frame`` is given, else the simulation time.
         qpos: ``(worlds, n, nq)`` generalized coordinates.
         mocap_pos: ``(worlds, n, nmocap, 3)`` or None when the model has no mocap body.
         mocap_quat: ``(worlds, n, nmocap, 4)`` (w, x, y, z) or None.
+        sim_time: ``(n,)`` float64 simulation time at which each frame was recorded,
+            seconds; None: the same as ``time``.
+        frame: ``(n,)`` int64 index of each frame on the frame schedule; None: unknown
+            (stored as -1).
     """
 
     time: np.ndarray
     qpos: np.ndarray
     mocap_pos: np.ndarray | None = None
     mocap_quat: np.ndarray | None = None
+    sim_time: np.ndarray | None = None
+    frame: np.ndarray | None = None
 
 
 def package_versions() -> dict[str, str]:
@@ -287,7 +300,8 @@ def _create_arrays(group: zarr.Group, spec: ArchiveSpec) -> None:
     def state_array(name: str, tail: tuple[int, ...], dims: list[str]) -> None:
         group.create_array(
             name, shape=(nw, nt, *tail), dtype=spec.dtype, chunks=(1, ct, *tail),
-            shards=(sw, ct, *tail), fill_value=np.nan, dimension_names=dims, **state,
+            shards=(sw, ct, *tail), fill_value=np.nan, dimension_names=dims,
+            attributes={"coordinates": " ".join(TIME_COORDS)}, **state,
         )
 
     state_array("qpos", (nq,), ["world", "time", "dof"])
@@ -300,10 +314,19 @@ def _create_arrays(group: zarr.Group, spec: ArchiveSpec) -> None:
     _label_array(group, "dof", spec.layout.dof_labels)
     crc = {"compressors": [zarr.codecs.Crc32cCodec()]}
     time = group.create_array("time", shape=(nt,), dtype="float64", chunks=(ct,), fill_value=np.nan,
-                              dimension_names=["time"], attributes={"description": "simulation time, s"},
-                              **crc)
+                              dimension_names=["time"],
+                              attributes={"description": "scheduled simulation time, s"}, **crc)
+    sim_time = group.create_array(
+        "sim_time", shape=(nt,), dtype="float64", chunks=(ct,), fill_value=np.nan,
+        dimension_names=["time"], attributes={"description": "simulation time when recorded, s"},
+        **crc)
+    frame = group.create_array(
+        "frame", shape=(nt,), dtype="int64", chunks=(ct,), fill_value=-1, dimension_names=["time"],
+        attributes={"description": "index on the frame schedule (-1: unknown)"}, **crc)
     if nt:  # several writers: the schedule's times, written once, never resized
-        time[:] = np.array([spec.timing.frame_step(k) for k in range(nt)]) * spec.timing.timestep
+        frame[:] = np.arange(nt)
+        time[:] = spec.timing.frame_times(np.arange(nt))
+        sim_time[:] = np.array([spec.timing.frame_step(k) for k in range(nt)]) * spec.timing.timestep
         zarr.open_group(group.store_path / "claims", mode="w",
                         attributes={"description": "world blocks claimed by writers"})
     group.create_array("world", shape=(nw,), dtype="int64", chunks=(nw,), fill_value=-1,
@@ -338,6 +361,8 @@ class ArchiveWriter:
         self.url = url
         self.layout = layout
         self._state = [n for n in ("qpos", "mocap_pos", "mocap_quat") if n in group]
+        # Archives written before flyarchive stored sim_time and frame have only time.
+        self._times = ["time"] + [n for n in TIME_COORDS if n in group]
         qpos = group["qpos"]
         self.chunk_frames: int = int(qpos.chunks[1])
         self.dtype = qpos.dtype
@@ -351,7 +376,7 @@ class ArchiveWriter:
         # After an interrupted commit the arrays may have grown to different extents;
         # the next commit grows them all to one extent again.
         self._extent = max(
-            [int(group[n].shape[1]) for n in self._state] + [int(group["time"].shape[0])]
+            [int(group[n].shape[1]) for n in self._state] + [int(group[n].shape[0]) for n in self._times]
         )
         self.attrs = group.attrs.asdict()
 
@@ -479,15 +504,15 @@ class ArchiveWriter:
             )
         try:
             extent = max(t1, self._extent)
-            for name in self._state + ["time"]:
-                arr, axis = self._group[name], 0 if name == "time" else 1
+            for name in self._state + self._times:
+                arr, axis = self._group[name], 0 if name in self._times else 1
                 if arr.shape[axis] < extent:  # only ever grows: shrinking would delete chunks
                     arr.resize(tuple(extent if i == axis else d for i, d in enumerate(arr.shape)))
             self._extent = extent
             for name in self._state:
                 self._group[name][self._worlds, t0:t1] = getattr(block, name)
-            if self.block is None:  # several writers share the time written at creation
-                self._group["time"][t0:t1] = block.time
+            if self.block is None:  # several writers share the times written at creation
+                self._write_times(block, t0, t1)
             committed = np.full(self.n_worlds, t1) if n_frames is None else np.asarray(n_frames)
             self._group["n_frames"][self._worlds] = committed.astype(np.int64)
         except (OSError, RuntimeError, TimeoutError) as err:
@@ -496,6 +521,38 @@ class ArchiveWriter:
                 f"The archive still holds its {t0} committed frames; retry or resume with mode='a'."
             ) from err
         self.n_frames = t1
+
+    @property
+    def has_schedule(self) -> bool:
+        """True if the archive stores ``sim_time`` and ``frame`` beside ``time``."""
+        return len(self._times) > 1
+
+    def _write_times(self, block: FrameBlock, t0: int, t1: int) -> None:
+        sim_time = block.time if block.sim_time is None else block.sim_time
+        # An archive without sim_time keeps the simulation time in time, as it always did.
+        self._group["time"][t0:t1] = block.time if self.has_schedule else sim_time
+        if self.has_schedule:
+            self._group["sim_time"][t0:t1] = sim_time
+            if block.frame is not None:
+                self._group["frame"][t0:t1] = np.asarray(block.frame, dtype=np.int64)
+
+    def last_frame(self) -> FrameBlock | None:
+        """The last committed frame of this writer's worlds (one frame), or None if none.
+
+        ``sim_time`` and ``frame`` are None for archives that do not store them.
+        """
+        n = self.n_frames
+        if n == 0:
+            return None
+        cut = (self._worlds, slice(n - 1, n))
+        have = {name: np.asarray(self._group[name][n - 1:n]) for name in self._times}
+        frame = have.get("frame")
+        return FrameBlock(
+            have["time"], *(np.asarray(self._group[name][cut]) if name in self._group else None
+                            for name in ("qpos", "mocap_pos", "mocap_quat")),
+            sim_time=have.get("sim_time"),
+            frame=None if frame is None or frame[0] < 0 else frame,
+        )
 
     def _check_block(self, block: FrameBlock) -> int:
         n = len(block.time)
