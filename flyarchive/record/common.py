@@ -180,18 +180,36 @@ def commit_when_abandoned(recorder: object, close: Callable[[], Any], url: str) 
     """Run ``close`` if ``recorder`` is garbage-collected or the interpreter exits first.
 
     ``close`` must not refer to ``recorder`` (or it would never be collected). It runs
-    at most once, with a ``ResourceWarning``; call ``.detach()`` on the result (through
-    :func:`forget`) when the recorder is closed properly. The exit hook is registered
-    after zarr (and warp) were imported, so it runs before their own clean-up.
+    at most once, with a ``ResourceWarning``; :func:`forget` the result when the
+    recorder is closed properly. At exit it runs before Python shuts down the thread
+    pools that zarr writes through.
     """
     finalizer = weakref.finalize(recorder, _abandoned, close, url)
     finalizer.atexit = False  # run by _at_exit below, in a known order
     _LIVE.difference_update([f for f in _LIVE if not f.alive])
     _LIVE.add(finalizer)
     if not _AT_EXIT[0]:
-        atexit.register(_at_exit)
+        _register_exit_hook()
         _AT_EXIT[0] = True
     return finalizer
+
+
+def _register_exit_hook() -> None:
+    """Run :func:`_at_exit` when Python exits, while zarr can still write.
+
+    zarr writes local files through thread pools, and Python shuts thread pools down
+    before ``atexit`` handlers run (``concurrent.futures`` registers that with
+    ``threading._register_atexit``, as this does, so this hook, registered later,
+    runs first). Without that private hook (another Python), ``atexit`` is the fallback.
+    """
+    register = getattr(threading, "_register_atexit", None)
+    try:
+        if register is not None:
+            register(_at_exit)
+            return
+    except RuntimeError:  # Python is already shutting down
+        pass
+    atexit.register(_at_exit)
 
 
 def forget(finalizer: weakref.finalize | None) -> None:
