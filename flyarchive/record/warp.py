@@ -372,11 +372,11 @@ class WarpTrajectoryRecorder:
         raise kind(message) from err
 
     def _start(self, d: Any, dtype: str, step: int) -> None:
+        first = self.timing.frames_before_step(step + 1) - 1  # the frame the first call records
+        attrs = {**self._spec_args["attrs"], FIRST_FRAME_ATTR: first}
         spec = ArchiveSpec(
             self.layout, self.timing, self.world_ids, dtype=dtype, source="mujoco-warp",
-            chunk_frames=self.chunk_frames,
-            **{**self._spec_args, "attrs": {**self._spec_args["attrs"],
-                                            FIRST_FRAME_ATTR: self.timing.frames_before_step(step)}},
+            chunk_frames=self.chunk_frames, **{**self._spec_args, "attrs": attrs},
         )
         writer = ArchiveWriter.create(self.url, spec, **self._options)  # type: ignore[arg-type]
         if writer.world_ids != self.world_ids:
@@ -410,8 +410,8 @@ class WarpTrajectoryRecorder:
         """Set the step counter and the frame clock (at the first call, or after a reset)."""
         self._step = step
         tail = self._tail
-        if tail is None:
-            self._clock = FrameClock(self.timing, next_frame=self.timing.frames_before_step(step))
+        if tail is None:  # the first call records the latest frame due by then, as on CPU
+            self._clock = FrameClock(self.timing)
             return
         if step < self.timing.frame_step(tail.frame):  # a rerun from an earlier state
             self._rerun = tail
