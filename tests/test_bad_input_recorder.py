@@ -138,7 +138,7 @@ def test_mjdata_of_another_model_is_refused_naming_both_sides(tiny, tmp_path):
 
 def test_mjdata_of_another_model_mid_run_is_refused_and_commits_nothing(tiny, three_world_recording):
     url, recorder, datas = three_world_recording
-    others = stepped(slider_model(), [mujoco.MjData(slider_model()) for _ in range(3)], 1)
+    others = stepped(slider_model(), [mujoco.MjData(slider_model()) for _ in range(3)], 6)  # t=0.06
     before = snapshot(url)
 
     with pytest.raises(LayoutMismatchError, match="nq=1.*nq=13"):

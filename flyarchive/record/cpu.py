@@ -164,6 +164,8 @@ class TrajectoryRecorder:
         self.url = str(url)
         self.layout = ModelLayout.from_model(model)
         self.timing = Timing(float(model.opt.timestep), output_fps, playback_speed)
+        nq, nmocap = self.layout.nq, self.layout.nmocap
+        self._shapes = ((nq,), (nmocap, 3), (nmocap, 4))  # of qpos, mocap_pos, mocap_quat
         self._options = dict(mode=mode, storage_options=storage_options)
         self._spec_args = dict(
             dtype=dtype, source=source, chunk_frames=chunk_frames, codec=codec,
@@ -256,12 +258,15 @@ class TrajectoryRecorder:
         n = len(datas) if self._session is None else self._session.buffer.qpos.shape[0]
         time = self._check_datas(datas, n)
         if self._session is None:
+            _check_models(datas, self._shapes, self.url)  # before the archive is created
             self._start(datas)
         self._guard.check(time)
         if self._clock is None:
             self._begin(time)
         assert self._clock is not None
         frame = self._clock.due_frame(self._clock.step_of(time))
+        if frame is not None:  # the states are read: they must be of the recorder's model
+            _check_models(datas, self._shapes, self.url)
         recorded = False
         if frame is not None and self._rerun is not None:
             self._check_rerun(frame, time, datas)
@@ -279,8 +284,7 @@ class TrajectoryRecorder:
                 f"passed. Pass the same {n} MjData (one per world, in the same order) at "
                 "every call; nothing of this call was recorded."
             )
-        _check_models(datas, self.layout, self.url)
-        times = [float(d.time) for d in datas]
+        times = [d.time for d in datas]
         if max(times) - min(times) > self._guard.tolerance:
             ids = self._world_ids or range(n)
             listed = ", ".join(f"world {w}: t={t!r} s" for w, t in zip(ids, times))
@@ -432,15 +436,18 @@ class TrajectoryRecorder:
         self.close()
 
 
-def _check_models(datas: list[mujoco.MjData], layout: ModelLayout, url: str) -> None:
-    """Raise :class:`LayoutMismatchError` for an ``MjData`` whose state has another shape."""
-    want = ((layout.nq,), (layout.nmocap, 3), (layout.nmocap, 4))
+def _check_models(datas: list[mujoco.MjData], want: tuple[tuple[int, ...], ...], url: str) -> None:
+    """Raise :class:`LayoutMismatchError` for an ``MjData`` whose state has another shape.
+
+    Args:
+        want: Shapes of qpos, mocap_pos and mocap_quat: ``(nq,), (nmocap, 3), (nmocap, 4)``.
+    """
     for w, data in enumerate(datas):
         got = (data.qpos.shape, data.mocap_pos.shape, data.mocap_quat.shape)
         if got != want:
             raise LayoutMismatchError(
                 f"MjData {w} has nq={got[0][0]}, nmocap={got[1][0]}; the recorder for {url!r} "
-                f"was created for a model with nq={layout.nq}, nmocap={layout.nmocap}. Pass "
+                f"was created for a model with nq={want[0][0]}, nmocap={want[1][0]}. Pass "
                 "MjData of the recorder's model (mujoco.MjData(model)); nothing of this call "
                 "was recorded."
             )
