@@ -326,7 +326,8 @@ def _create_arrays(group: zarr.Group, spec: ArchiveSpec) -> None:
     if nt:  # several writers: the schedule's times, written once, never resized
         frame[:] = np.arange(nt)
         time[:] = spec.timing.frame_times(np.arange(nt))
-        sim_time[:] = np.array([spec.timing.frame_step(k) for k in range(nt)]) * spec.timing.timestep
+        steps = np.array([spec.timing.frame_step(k) for k in range(nt)])
+        sim_time[:] = steps * spec.timing.timestep
         zarr.open_group(group.store_path / "claims", mode="w",
                         attributes={"description": "world blocks claimed by writers"})
     group.create_array("world", shape=(nw,), dtype="int64", chunks=(nw,), fill_value=-1,
@@ -376,7 +377,8 @@ class ArchiveWriter:
         # After an interrupted commit the arrays may have grown to different extents;
         # the next commit grows them all to one extent again.
         self._extent = max(
-            [int(group[n].shape[1]) for n in self._state] + [int(group[n].shape[0]) for n in self._times]
+            [int(group[n].shape[1]) for n in self._state]
+            + [int(group[n].shape[0]) for n in self._times]
         )
         self.attrs = group.attrs.asdict()
 

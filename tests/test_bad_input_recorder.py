@@ -9,7 +9,7 @@ import pytest
 
 from flyarchive import TrajectoryRecorder, open_archive
 from flyarchive.errors import LayoutMismatchError, RecordingError
-from flyarchive.testing import perturb, reference_frames, simulate, slider_model
+from flyarchive.testing import reference_frames, simulate, slider_model
 
 
 def record(model, url, *, n_worlds=2, n_steps=76, chunk_frames=5, **kwargs):

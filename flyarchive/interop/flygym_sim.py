@@ -118,7 +118,8 @@ def set_trajectory_recorder(
     else:
         if worlds is not None:
             raise SelectionError(
-                f"worlds={list(worlds)!r} is for GPU simulations; a flygym Simulation has one world."
+                f"worlds={list(worlds)!r} is for GPU simulations; a flygym Simulation has one "
+                "world."
             )
         from flyarchive.record.cpu import TrajectoryRecorder
 

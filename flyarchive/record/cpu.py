@@ -436,7 +436,9 @@ class TrajectoryRecorder:
         self.close()
 
 
-def _check_models(datas: list[mujoco.MjData], want: tuple[tuple[int, ...], ...], url: str) -> None:
+def _check_models(
+    datas: list[mujoco.MjData], want: tuple[tuple[int, ...], ...], url: str
+) -> None:
     """Raise :class:`LayoutMismatchError` for an ``MjData`` whose state has another shape.
 
     Args:

@@ -395,8 +395,8 @@ class WarpTrajectoryRecorder:
         slots = [Frames.empty(*shape, device="cpu", pinned=pinned) for _ in range(2)]
         background = BackgroundWriter(writer, slots, self.layout.nmocap, self.timing,
                                       None if self._tail is None else self._tail.sim_time)
-        self._session = session = Session(
-            writer, Frames.empty(*shape, device=device, pinned=False), background, self.chunk_frames)
+        device_frames = Frames.empty(*shape, device=device, pinned=False)
+        self._session = session = Session(writer, device_frames, background, self.chunk_frames)
         self._finalizer = commit_when_abandoned(self, session.close_and_report, self.url)
 
     def _first_step(self, d: Any) -> int:
