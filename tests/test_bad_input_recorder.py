@@ -1,6 +1,8 @@
 """Bad input to the recorders: each case is refused with a clear error, records nothing of
 the call, and leaves what was committed as it was (issue 10, items 1, 5, 7 and 12)."""
 
+import importlib.util
+import warnings
 from pathlib import Path
 
 import mujoco
@@ -200,3 +202,113 @@ def test_recording_after_reset_is_refused_and_keeps_the_frames(tiny, tmp_path):
 
     assert snapshot(url) == before
     assert open_archive(url).n_frames.values.tolist() == [7]
+
+
+# ----------------------------------------------------------------------------- Warp recorder
+requires_warp = pytest.mark.skipif(
+    importlib.util.find_spec("mujoco_warp") is None, reason="needs mujoco-warp (flyarchive[gpu])"
+)
+
+
+@pytest.fixture(scope="module")
+def warp_tiny():
+    """The tiny model on Warp's CPU device."""
+    import mujoco_warp as mjw
+    import warp as wp
+
+    from flyarchive.testing import tiny_model
+
+    wp.config.quiet = True
+    model = tiny_model()
+    with wp.ScopedDevice("cpu"), warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)  # mujoco-warp's notices about the model
+        return model, mjw.put_model(model)
+
+
+def warp_data(model, nworld, seed=0):
+    import mujoco_warp as mjw
+    import warp as wp
+
+    with wp.ScopedDevice("cpu"), warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)
+        d = mjw.make_data(model, nworld=nworld)
+        rng = np.random.default_rng(seed)
+        d.qvel.assign(rng.normal(0.0, 1.0, (nworld, model.nv)).astype(np.float32))
+    return d
+
+
+def warp_steps(warp_tiny, d, recorder, n_steps, *, first=True):
+    """Step ``d`` and call the recorder after each step (and before the first)."""
+    import mujoco_warp as mjw
+    import warp as wp
+
+    with wp.ScopedDevice("cpu"):
+        if first:
+            recorder.record_as_needed(d)
+        for _ in range(n_steps):
+            mjw.step(warp_tiny[1], d)
+            recorder.record_as_needed(d)
+
+
+def warp_recorder(model, url, nworld=2, **kwargs):
+    from flyarchive.record.warp import WarpTrajectoryRecorder
+
+    return WarpTrajectoryRecorder(url, model, nworld, chunk_frames=4, **kwargs)
+
+
+@requires_warp
+def test_a_warp_data_with_another_number_of_worlds_is_refused(warp_tiny, tmp_path):
+    url = str(tmp_path / "warp-worlds.zarr")
+    recorder = warp_recorder(warp_tiny[0], url, nworld=3)
+
+    with pytest.raises(RecordingError, match=r"has 3 worlds \(nworld\); the Data passed has 2"):
+        recorder.record_as_needed(warp_data(warp_tiny[0], 2))
+
+    assert not Path(url).exists()
+
+
+@requires_warp
+def test_a_warp_data_of_another_model_is_refused_naming_both_sides(warp_tiny, tmp_path):
+    url = str(tmp_path / "warp-model.zarr")
+    recorder = warp_recorder(warp_tiny[0], url)
+    slider = slider_model()
+
+    with pytest.raises(LayoutMismatchError, match=r"mjw_data.qpos is \(\(2, 1\), 'float32'\); .*"
+                                                  r"expects shape \(2, 13\)"):
+        recorder.record_as_needed(warp_data(slider, 2))
+
+    assert not Path(url).exists()
+
+
+@requires_warp
+def test_a_warp_simulation_reset_without_the_recorder_keeps_only_the_first_run(warp_tiny, tmp_path):
+    import mujoco_warp as mjw
+
+    url = str(tmp_path / "warp-restart.zarr")
+    recorder = warp_recorder(warp_tiny[0], url)
+    d = warp_data(warp_tiny[0], 2)
+    warp_steps(warp_tiny, d, recorder, 16)  # frames 0..4 at steps 0..16; 0..3 committed
+    mjw.reset_data(warp_tiny[1], d)  # t = 0 again, unknown to the recorder
+
+    warp_steps(warp_tiny, d, recorder, 8)
+    with pytest.raises(RecordingError, match=r"went back in time: frame 5 was taken at t=0.006.*"
+                                             r"after a frame at t=0.03.*5 committed frames"):
+        recorder.close()
+
+    assert open_archive(url).n_frames.values.tolist() == [5, 5]
+
+
+@requires_warp
+def test_appending_another_warp_run_from_step_0_is_refused(warp_tiny, tmp_path):
+    url = str(tmp_path / "warp-rerun.zarr")
+    with warp_recorder(warp_tiny[0], url) as first:
+        warp_steps(warp_tiny, warp_data(warp_tiny[0], 2, seed=0), first, 16)
+    before = snapshot(url)
+    recorder = warp_recorder(warp_tiny[0], url, mode="a")
+
+    with pytest.raises(RecordingError, match=r"state differs from the committed one in world\(s\) "
+                                             r"\[0, 1\].*another run"):
+        warp_steps(warp_tiny, warp_data(warp_tiny[0], 2, seed=1), recorder, 40)
+    recorder.close()
+
+    assert snapshot(url) == before
