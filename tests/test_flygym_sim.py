@@ -79,6 +79,21 @@ def test_the_recorder_drops_into_a_flygym_simulation(cpu_sim, tmp_path):
     assert len(frames) == 6
 
 
+def test_flygym_renders_the_trajectory_read_from_the_archive(cpu_sim, tmp_path):
+    from flygym.recording import render_trajectories
+
+    sim = cpu_sim
+    sim.recorder = flyarchive.TrajectoryRecorder(str(tmp_path / "render.zarr"), sim.mj_model)
+    sim.reset()
+    run_cpu(sim, 100)
+
+    frames = render_trajectories(sim.mj_model, sim.recorder.trajectory, "nmf/trackcam",
+                                 camera_res=(48, 64))
+
+    assert frames[0]["nmf/trackcam"].shape == (2, 48, 64, 3)
+    assert frames[0]["nmf/trackcam"].any()
+
+
 def test_reset_after_recording_ends_the_recording_and_keeps_its_frames(cpu_sim, tmp_path):
     sim = cpu_sim
     url = str(tmp_path / "episode.zarr")
