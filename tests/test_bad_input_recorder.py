@@ -81,6 +81,16 @@ def test_more_mjdata_than_worlds_mid_run_is_refused(tiny, three_world_recording)
     assert recorder.n_frames == 7
 
 
+def test_an_empty_list_of_mjdata_is_refused_and_creates_nothing(tiny, tmp_path):
+    url = str(tmp_path / "empty.zarr")
+    recorder = TrajectoryRecorder(url, tiny)
+
+    with pytest.raises(RecordingError, match="No MjData were passed"):
+        recorder.record_as_needed([])
+
+    assert not Path(url).exists()
+
+
 def test_a_refused_call_leaves_no_stale_rows_in_the_committed_worlds(tiny, tmp_path):
     url = str(tmp_path / "stale.zarr")
     expected = reference_frames(tiny, 3, 40)

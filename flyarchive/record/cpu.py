@@ -278,6 +278,9 @@ class TrajectoryRecorder:
 
     def _check_datas(self, datas: list[mujoco.MjData], n: int) -> float:
         """Check the worlds passed against the recording; return their simulation time."""
+        if not datas:
+            raise RecordingError(f"No MjData were passed to the recorder for {self.url!r}; "
+                                 "pass one per world.")
         if len(datas) != n:
             raise RecordingError(
                 f"The recorder for {self.url!r} has {n} worlds; {len(datas)} MjData were "
