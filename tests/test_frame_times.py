@@ -92,11 +92,11 @@ def test_archives_without_frame_coordinates_open_and_replay(tiny, tmp_path):
     expected = reference_frames(tiny, 2, 40)
 
     ds = open_archive(url)
-    frames = render_frames(url, tiny, "front", worlds=[1], time=(0.0, 0.02), size=(48, 64))
+    frames = render_frames(url, tiny, "front", worlds=[1], time=(0.0, 0.02), size=(36, 52))
 
     assert "sim_time" not in ds.variables and "frame" not in ds.variables
     np.testing.assert_array_equal(ds.time.values, expected["time"])
-    assert frames.shape[:2] == (1, 3) and frames.values.any()
+    assert frames.shape == (1, 3, 36, 52, 3) and frames.values.any()
 
 
 def test_appending_to_an_archive_without_frame_coordinates_continues_its_time_axis(tiny, tmp_path):

@@ -95,6 +95,7 @@ def test_a_recorder_never_closed_is_committed_when_python_exits(tiny, tmp_path):
     assert child.returncode == 0, child.stderr
     assert child.stdout.split() == ["0", "7"]  # nothing committed before the exit
     assert "ResourceWarning" in child.stderr and "was not closed" in child.stderr
+    assert "failed" not in child.stderr, child.stderr
     np.testing.assert_array_equal(open_archive(url).qpos.values, expected["qpos"])
 
 
