@@ -11,6 +11,7 @@ import importlib
 from typing import Any
 
 from flyarchive.clock import FrameClock, Timing
+from flyarchive.dofs import dof_labels, select_dofs
 from flyarchive.errors import *  # noqa: F403
 from flyarchive.errors import __all__ as _errors_all
 from flyarchive.layout import ModelLayout, check_compatible
@@ -31,7 +32,8 @@ _LAZY = {
 
 __all__ = [
     "FrameClock", "Timing", "ModelLayout", "check_compatible", "open_archive",
-    "TrajectoryRecorder", "SCHEMA_VERSION", "validate", *_errors_all, *_LAZY,
+    "TrajectoryRecorder", "SCHEMA_VERSION", "validate", "select_dofs", "dof_labels",
+    *_errors_all, *_LAZY,
 ]
 
 

@@ -1,20 +1,31 @@
-"""When a video frame is due, without drift.
+"""When a video frame is due, without drift, and at what time it is stored.
 
 Frame ``k`` is scheduled at ``k * interval`` simulated seconds, with
 ``interval = playback_speed / output_fps``, and recorded at the first step whose
 time is at or after it. Working from the schedule (not from the last frame's
 time, as flygym 2.1.1's clock does) keeps the frame count exact when the
 interval is not a whole number of steps.
+
+An archive stores, for each frame, its index ``k`` on this schedule (coordinate
+``frame``), its scheduled time (coordinate ``time``: :meth:`Timing.frame_times`,
+the float nearest to ``k * playback_speed / output_fps`` computed exactly, so
+that ``ds.sel(time=0.2)`` finds the frame scheduled at 0.2 s) and the simulation
+time at which it was recorded (coordinate ``sim_time``).
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from fractions import Fraction
+
+import numpy as np
 
 from flyarchive.errors import FlyarchiveError
 
 __all__ = ["Timing", "FrameClock"]
+
+_EXACT_INT = 2**53  # integers up to this are exact in float64
 
 
 class TimingError(FlyarchiveError, ValueError):
@@ -53,6 +64,26 @@ class Timing:
         """Simulated seconds between frames."""
         return self.playback_speed / self.output_fps
 
+    def frame_times(self, frames: np.ndarray | int) -> np.ndarray:
+        """Scheduled simulation time of frames ``k``: ``k * playback_speed / output_fps``, s.
+
+        The two settings are read as the decimals they print as (``0.2`` is 1/5), and
+        ``k * playback_speed / output_fps`` is rounded once, to the nearest float64: frame
+        25 at 25 fps and playback 0.2 is exactly ``0.2``, frame 3 is ``0.024`` (not
+        ``0.024000000000000004``).
+
+        Args:
+            frames: Frame indices on the schedule, any shape, integers >= 0.
+
+        Returns:
+            float64 array of the same shape, seconds.
+        """
+        k = np.asarray(frames, dtype=np.int64)
+        exact = Fraction(repr(float(self.playback_speed))) / Fraction(repr(float(self.output_fps)))
+        if k.size and int(k.max()) * exact.numerator >= _EXACT_INT:
+            return k * (float(self.playback_speed) / float(self.output_fps))
+        return (k * exact.numerator).astype(np.float64) / float(exact.denominator)
+
     def frame_step(self, k: int) -> int:
         """The step index at which frame ``k`` is recorded (first step at or after k x interval)."""
         return math.ceil(k * self.interval / self.timestep - 1e-6)
@@ -70,11 +101,12 @@ class Timing:
 
 
 class FrameClock:
-    """Decides, step by step, whether the next frame is due.
+    """Decides, step by step, whether the next frame is due, and which one it is.
 
     Args:
         timing: The frame schedule.
-        next_frame: Index of the next frame to record (non-zero when resuming).
+        next_frame: Index on the schedule of the next frame to record (non-zero when
+            resuming).
     """
 
     def __init__(self, timing: Timing, next_frame: int = 0) -> None:
@@ -86,16 +118,30 @@ class FrameClock:
         """The step index of a simulation time (nearest whole step)."""
         return round(time / self.timing.timestep)
 
+    def due_frame(self, step: int) -> int | None:
+        """The schedule index of the frame to record at ``step``, or None; changes nothing.
+
+        It is :attr:`next_frame` when that frame is due at ``step``. When the caller
+        missed steps (several frames were due since the last call), it is the latest of
+        them: the one whose scheduled time is nearest before ``step``.
+        """
+        if step < self._due_step:
+            return None
+        if self.timing.frame_step(self.next_frame + 1) > step:
+            return self.next_frame
+        return self.timing.frames_before_step(step + 1) - 1
+
+    def advance(self, frame: int) -> None:
+        """Mark frame ``frame`` recorded: the next one due is ``frame + 1``."""
+        self.next_frame = frame + 1
+        self._due_step = self.timing.frame_step(self.next_frame)
+
     def is_due(self, step: int) -> bool:
         """True if a frame is due at ``step``; advances the clock past it if so."""
-        if step < self._due_step:
+        frame = self.due_frame(step)
+        if frame is None:
             return False
-        self.next_frame += 1
-        self._due_step = self.timing.frame_step(self.next_frame)
-        if self._due_step <= step:
-            # Frames skipped (the caller missed steps): schedule the next one after this step.
-            self.next_frame = self.timing.frames_before_step(step + 1)
-            self._due_step = self.timing.frame_step(self.next_frame)
+        self.advance(frame)
         return True
 
     def is_due_at(self, time: float) -> bool:

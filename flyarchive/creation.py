@@ -24,7 +24,7 @@ from flyarchive.claims import WRITER_KEY, release
 from flyarchive.clock import Timing
 from flyarchive.errors import ArchiveExistsError, CorruptArchiveError, FlyarchiveError, SchemaError
 from flyarchive.layout import ModelLayout, check_compatible
-from flyarchive.schema import SCHEMA_NAME, SCHEMA_VERSION, STATE_VARS
+from flyarchive.schema import SCHEMA_NAME, SCHEMA_VERSION, STATE_VARS, TIME_COORDS
 from flyarchive.spec import ArchiveSpec
 
 __all__ = ["package_versions", "root_attrs", "create_arrays", "claims_group", "inventory",
@@ -68,7 +68,8 @@ def create_arrays(group: zarr.Group, spec: ArchiveSpec) -> None:
         state = codecs.array_codecs(spec.codec, np.dtype(spec.dtype), ndim=len(dims))
         group.create_array(
             name, shape=(nw, nt, *tail), dtype=spec.dtype, chunks=(1, ct, *tail),
-            shards=(sw, ct, *tail), fill_value=np.nan, dimension_names=dims, **state,
+            shards=(sw, ct, *tail), fill_value=np.nan, dimension_names=dims,
+            attributes={"coordinates": " ".join(TIME_COORDS)}, **state,
         )
 
     claims_group(group, world_blocks=bool(nt))
@@ -82,10 +83,20 @@ def create_arrays(group: zarr.Group, spec: ArchiveSpec) -> None:
     _label_array(group, "dof", spec.layout.dof_labels)
     crc = {"compressors": [zarr.codecs.Crc32cCodec()]}
     time = group.create_array("time", shape=(nt,), dtype="float64", chunks=(ct,), fill_value=np.nan,
-                              dimension_names=["time"], attributes={"description": "simulation time, s"},
-                              **crc)
+                              dimension_names=["time"],
+                              attributes={"description": "scheduled simulation time, s"}, **crc)
+    sim_time = group.create_array(
+        "sim_time", shape=(nt,), dtype="float64", chunks=(ct,), fill_value=np.nan,
+        dimension_names=["time"], attributes={"description": "simulation time when recorded, s"},
+        **crc)
+    frame = group.create_array(
+        "frame", shape=(nt,), dtype="int64", chunks=(ct,), fill_value=-1, dimension_names=["time"],
+        attributes={"description": "index on the frame schedule (-1: unknown)"}, **crc)
     if nt:  # several writers: the schedule's times, written once, never resized
-        time[:] = np.array([spec.timing.frame_step(k) for k in range(nt)]) * spec.timing.timestep
+        frame[:] = np.arange(nt)
+        time[:] = spec.timing.frame_times(np.arange(nt))
+        steps = np.array([spec.timing.frame_step(k) for k in range(nt)])
+        sim_time[:] = steps * spec.timing.timestep
     group.create_array("world", shape=(nw,), dtype="int64", chunks=(nw,), fill_value=-1,
                        dimension_names=["world"], **crc)[:] = np.asarray(spec.world_ids, dtype=np.int64)
     for name, values in spec.world_vars.items():

@@ -28,6 +28,7 @@ __all__ = [
     "RenderBackendError",
     "MissingDependencyError",
     "CorruptArchiveError",
+    "RecordingError",
 ]
 
 
@@ -112,6 +113,11 @@ class MissingDependencyError(FlyarchiveError, ImportError):
 
 class CorruptArchiveError(FlyarchiveError, ValueError):
     """Stored bytes fail their checksum or committed frames are missing."""
+
+
+class RecordingError(FlyarchiveError, ValueError):
+    """A recorder was given states that do not fit its recording: another number of
+    worlds, worlds at different times, or a simulation that went back in time."""
 
 
 def missing_dependency(package: str, extra: str, what: str) -> MissingDependencyError:

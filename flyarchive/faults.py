@@ -280,7 +280,7 @@ def _reference(config: KillConfig, n_frames: int) -> dict[str, np.ndarray]:
 
 
 def _compare(ds: Any, ref: dict[str, np.ndarray], n: int, what: str, problems: list[str]) -> None:
-    actual = {"time": np.asarray(ds.time.values[:n])}
+    actual = {"time": np.asarray(ds.sim_time.values[:n])}  # the simulation time of each frame
     actual.update({k: np.asarray(ds[k].values[:, :n]) for k in _STATE})
     for key, expected in ref.items():
         got = actual[key]

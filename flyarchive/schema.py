@@ -20,6 +20,7 @@ __all__ = [
     "SCHEMA_VERSION",
     "STATE_VARS",
     "TIMING_ATTRS",
+    "TIME_COORDS",
     "validate",
     "validate_attrs",
 ]
@@ -33,6 +34,10 @@ STATE_VARS: dict[str, tuple[str, ...]] = {
     "mocap_pos": ("world", "time", "mocap", "xyz"),
     "mocap_quat": ("world", "time", "mocap", "wxyz"),
 }
+#: Coordinates along ``time`` besides ``time`` (the scheduled time), with their dtypes:
+#: the simulation time at which each frame was recorded and its index on the frame
+#: schedule (-1: unknown). Archives written before flyarchive stored them lack them.
+TIME_COORDS: dict[str, np.dtype] = {"sim_time": np.dtype("float64"), "frame": np.dtype("int64")}
 #: Attributes that replay needs, besides the schema name/version and the layout.
 TIMING_ATTRS = ("timestep", "output_fps", "playback_speed")
 #: Attributes written by flyarchive; user metadata may not reuse these names.
@@ -93,6 +98,9 @@ def validate(ds: xr.Dataset) -> ModelLayout:
     _check_var(ds, "n_frames", ("world",), (np.dtype("int64"),))
     _check_coord(ds, "world", np.dtype("int64"))
     _check_coord(ds, "time", np.dtype("float64"))
+    for name, dtype in TIME_COORDS.items():
+        if name in ds.variables:
+            _check_time_coord(ds, name, dtype)
     labels = tuple(str(v) for v in ds["dof"].values) if "dof" in ds.coords else ()
     if labels != layout.dof_labels:
         raise SchemaError(
@@ -130,3 +138,12 @@ def _check_coord(ds: xr.Dataset, name: str, dtype: np.dtype) -> None:
         raise SchemaError(f"The archive has no coordinate {name!r}.")
     if ds[name].dtype != dtype:
         raise SchemaError(f"Coordinate {name!r} has dtype {ds[name].dtype}; schema v1 wants {dtype}.")
+
+
+def _check_time_coord(ds: xr.Dataset, name: str, dtype: np.dtype) -> None:
+    var = ds.variables[name]
+    if var.dims != ("time",) or var.dtype != dtype:
+        raise SchemaError(
+            f"{name!r} has dims {var.dims} and dtype {var.dtype}; schema v1 wants ('time',) and "
+            f"{dtype}. The archive's metadata was edited or corrupted."
+        )

@@ -200,13 +200,20 @@ class FrameBlock:
     """Frames of a block of worlds, host arrays.
 
     Attributes:
-        time: ``(n,)`` float64 simulation time of each frame, seconds.
+        time: ``(n,)`` float64 time of each frame, seconds: the scheduled time when
+            ``frame`` is given, else the simulation time.
         qpos: ``(worlds, n, nq)`` generalized coordinates.
         mocap_pos: ``(worlds, n, nmocap, 3)`` or None when the model has no mocap body.
         mocap_quat: ``(worlds, n, nmocap, 4)`` (w, x, y, z) or None.
+        sim_time: ``(n,)`` float64 simulation time at which each frame was recorded,
+            seconds; None: the same as ``time``.
+        frame: ``(n,)`` int64 index of each frame on the frame schedule; None: unknown
+            (stored as -1).
     """
 
     time: np.ndarray
     qpos: np.ndarray
     mocap_pos: np.ndarray | None = None
     mocap_quat: np.ndarray | None = None
+    sim_time: np.ndarray | None = None
+    frame: np.ndarray | None = None

@@ -4,7 +4,7 @@ and :mod:`flyarchive.claims`): create, append, commit, open.
 Commit protocol (one writer per archive, or per block of worlds):
   1. grow the arrays' time extent (metadata only; new frames read as NaN);
   2. write the frames' chunks (whole shards when the block is chunk-aligned);
-  3. write their simulation times;
+  3. write their times (``time``, ``sim_time``, ``frame``);
   4. write ``n_frames`` for the block's worlds: the commit marker.
 Every state in between is a valid archive: extents only grow, and grow before
 anything is committed, so ``n_frames`` never exceeds an array's extent, and frames
@@ -69,7 +69,7 @@ from flyarchive.errors import (
     StorageError,
 )
 from flyarchive.layout import ModelLayout
-from flyarchive.schema import STATE_VARS, validate_attrs
+from flyarchive.schema import STATE_VARS, TIME_COORDS, validate_attrs
 from flyarchive.spec import ArchiveSpec, FrameBlock
 
 __all__ = [
@@ -236,6 +236,8 @@ class ArchiveWriter:
         self.url = url
         self.layout = layout
         self._state = [n for n in STATE_VARS if n in group]
+        # Archives written before flyarchive stored sim_time and frame have only time.
+        self._times = ["time"] + [n for n in TIME_COORDS if n in group]
         check_commits(group, url, self._state)
         qpos = group["qpos"]
         self.chunk_frames: int = int(qpos.chunks[1])
@@ -250,7 +252,8 @@ class ArchiveWriter:
         # After an interrupted commit the arrays may have grown to different extents;
         # the next commit grows them all to one extent again.
         self._extent = max(
-            [int(group[n].shape[1]) for n in self._state] + [int(group["time"].shape[0])]
+            [int(group[n].shape[1]) for n in self._state]
+            + [int(group[n].shape[0]) for n in self._times]
         )
         self.attrs = group.attrs.asdict()
         self._closed = False
@@ -440,15 +443,15 @@ class ArchiveWriter:
             )
         try:
             extent = max(t1, self._extent)
-            for name in self._state + ["time"]:
-                arr, axis = self._group[name], 0 if name == "time" else 1
+            for name in self._state + self._times:
+                arr, axis = self._group[name], 0 if name in self._times else 1
                 if arr.shape[axis] < extent:  # only ever grows: shrinking would delete chunks
                     arr.resize(tuple(extent if i == axis else d for i, d in enumerate(arr.shape)))
             self._extent = extent
             for name in self._state:
                 self._group[name][self._worlds, t0:t1] = getattr(block, name)
-            if self.block is None:  # several writers share the time written at creation
-                self._group["time"][t0:t1] = block.time
+            if self.block is None:  # several writers share the times written at creation
+                self._write_times(block, t0, t1)
             committed = np.full(self.n_worlds, t1) if n_frames is None else np.asarray(n_frames)
             self._group["n_frames"][self._worlds] = committed.astype(np.int64)
         except (OSError, RuntimeError, TimeoutError) as err:
@@ -459,6 +462,38 @@ class ArchiveWriter:
             ) from err
         self.n_frames = t1
         self._failed = False
+
+    @property
+    def has_schedule(self) -> bool:
+        """True if the archive stores ``sim_time`` and ``frame`` beside ``time``."""
+        return len(self._times) > 1
+
+    def _write_times(self, block: FrameBlock, t0: int, t1: int) -> None:
+        sim_time = block.time if block.sim_time is None else block.sim_time
+        # An archive without sim_time keeps the simulation time in time, as it always did.
+        self._group["time"][t0:t1] = block.time if self.has_schedule else sim_time
+        if self.has_schedule:
+            self._group["sim_time"][t0:t1] = sim_time
+            if block.frame is not None:
+                self._group["frame"][t0:t1] = np.asarray(block.frame, dtype=np.int64)
+
+    def last_frame(self) -> FrameBlock | None:
+        """The last committed frame of this writer's worlds (one frame), or None if none.
+
+        ``sim_time`` and ``frame`` are None for archives that do not store them.
+        """
+        n = self.n_frames
+        if n == 0:
+            return None
+        cut = (self._worlds, slice(n - 1, n))
+        have = {name: np.asarray(self._group[name][n - 1:n]) for name in self._times}
+        frame = have.get("frame")
+        return FrameBlock(
+            have["time"], *(np.asarray(self._group[name][cut]) if name in self._group else None
+                            for name in STATE_VARS),
+            sim_time=have.get("sim_time"),
+            frame=None if frame is None or frame[0] < 0 else frame,
+        )
 
     def _check_block(self, block: FrameBlock) -> int:
         n = len(block.time)

@@ -51,7 +51,7 @@ def test_sigkill_mid_recording_keeps_committed_frames(tiny, tmp_path):
     assert (ds.n_frames.values == n).all()
     np.testing.assert_array_equal(ds.qpos.values[:, :n], expected["qpos"][:, :n])
     np.testing.assert_array_equal(ds.mocap_quat.values[:, :n], expected["mocap_quat"][:, :n])
-    np.testing.assert_array_equal(ds.time.values[:n], expected["time"][:n])
+    np.testing.assert_array_equal(ds.sim_time.values[:n], expected["time"][:n])
 
 
 @pytest.mark.timeout(120)
@@ -66,7 +66,7 @@ def test_resume_after_sigkill_continues_the_recording(tiny, tmp_path):
 
     ds = open_archive(url)
     np.testing.assert_array_equal(ds.qpos.values, expected["qpos"])
-    np.testing.assert_array_equal(ds.time.values, expected["time"])
+    np.testing.assert_array_equal(ds.sim_time.values, expected["time"])
 
 
 def test_commit_interrupted_while_growing_arrays_still_opens(tiny, tmp_path):

@@ -37,7 +37,7 @@ def test_round_trip_is_bit_exact(tiny, location):
 
     ds = open_archive(location.url, location.storage_options)
 
-    np.testing.assert_array_equal(ds.time.values, expected["time"])
+    np.testing.assert_array_equal(ds.sim_time.values, expected["time"])
     np.testing.assert_array_equal(ds.qpos.values, expected["qpos"])
     np.testing.assert_array_equal(ds.mocap_pos.values, expected["mocap_pos"])
     np.testing.assert_array_equal(ds.mocap_quat.values, expected["mocap_quat"])
@@ -52,7 +52,8 @@ def test_frames_follow_the_schedule(tiny, location):
 
     # timestep 0.002, 25 fps at 0.2x: a frame every 4 steps, steps 0..100 -> 26 frames
     assert ds.sizes["time"] == 26
-    np.testing.assert_allclose(ds.time.values, np.arange(26) * 0.008, atol=1e-12)
+    assert ds.frame.values.tolist() == list(range(26))
+    np.testing.assert_allclose(ds.sim_time.values, np.arange(26) * 0.008, atol=1e-12)
 
 
 def test_plain_xarray_and_zarr_read_the_archive_without_flyarchive(tiny, tmp_path):
@@ -129,7 +130,7 @@ def test_resume_appends_after_last_committed_frame(tiny, tmp_path):
 
     ds = open_archive(location.url)
     np.testing.assert_array_equal(ds.qpos.values, full["qpos"])
-    np.testing.assert_array_equal(ds.time.values, full["time"])
+    np.testing.assert_array_equal(ds.sim_time.values, full["time"])
 
 
 def test_appending_with_another_model_names_the_difference(tiny, tmp_path):

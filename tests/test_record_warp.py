@@ -107,7 +107,7 @@ def memory_url():
 
 
 def assert_archive_equals(ds, expected):
-    np.testing.assert_array_equal(ds.time.values, expected["time"])
+    np.testing.assert_array_equal(ds.sim_time.values, expected["time"])
     for key in ("qpos", "mocap_pos", "mocap_quat"):
         np.testing.assert_array_equal(ds[key].values, expected[key])
 
@@ -165,7 +165,8 @@ def test_frame_count_follows_the_schedule_when_the_interval_is_not_whole_steps(s
     # steps 0..100 span 0.2 s: frames at k / 150 s for k = 0..30, no drift
     assert ds.sizes["time"] == 31
     expected_steps = [timing.frame_step(k) for k in range(31)]
-    np.testing.assert_allclose(ds.time.values, np.array(expected_steps) * 0.002, atol=1e-5)
+    np.testing.assert_allclose(ds.sim_time.values, np.array(expected_steps) * 0.002, atol=1e-5)
+    np.testing.assert_array_equal(ds.time.values, np.arange(31) / 150)
 
 
 def test_writer_failure_is_raised_and_earlier_frames_stay_committed(sim, tmp_path, monkeypatch):

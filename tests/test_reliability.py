@@ -67,7 +67,7 @@ def test_resume_after_a_kill_during_creation_records_from_frame_zero(tiny, tmp_p
 
     ds = open_archive(str(url))
     np.testing.assert_array_equal(ds.qpos.values, expected["qpos"])
-    np.testing.assert_array_equal(ds.time.values, expected["time"])
+    np.testing.assert_array_equal(ds.sim_time.values, expected["time"])
 
 
 # ----------------------------------------------------------------------------- verify

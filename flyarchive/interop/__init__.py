@@ -3,6 +3,9 @@
 - :mod:`flyarchive.interop.nmf`: NeuroMechFly (flygym 2.1) on flat ground with a
   tracking camera, walking from flygym's bundled recorded fly kinematics; used by
   ``flyarchive demo``, benchmarks and tests. Needs ``pip install 'flyarchive[flygym]'``.
+- :mod:`flyarchive.interop.flygym_sim`: flyarchive's recorders as ``sim.recorder`` of
+  flygym 2.1 simulations; archives read back as flygym ``RecordedTrajectory`` objects.
+- :mod:`flyarchive.interop.flygym_npz`: flygym ``RecordedTrajectory`` ``.npz`` files.
 
 Nothing here is imported by ``import flyarchive``.
 """

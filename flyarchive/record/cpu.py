@@ -9,8 +9,16 @@ import mujoco
 import numpy as np
 
 from flyarchive.clock import FrameClock, Timing
-from flyarchive.errors import NonFiniteStateError
+from flyarchive.errors import LayoutMismatchError, NonFiniteStateError, RecordingError
 from flyarchive.layout import ModelLayout
+from flyarchive.record.common import (
+    CommittedTail,
+    TimeGuard,
+    commit_when_abandoned,
+    ended_by_reset,
+    forget,
+    release_writer,
+)
 from flyarchive.store import ArchiveSpec, ArchiveWriter, FrameBlock, parse_mode, refuse_existing
 
 __all__ = ["TrajectoryRecorder", "FrameBuffer"]
@@ -36,7 +44,8 @@ class FrameBuffer:
     """
 
     def __init__(self, n_worlds: int, chunk_frames: int, nq: int, nmocap: int, dtype: Any) -> None:
-        self.time = np.empty(chunk_frames, dtype=np.float64)
+        self.frame = np.empty(chunk_frames, dtype=np.int64)
+        self.sim_time = np.empty(chunk_frames, dtype=np.float64)
         self.qpos = np.empty((n_worlds, chunk_frames, nq), dtype=dtype)
         self.mocap_pos = np.empty((n_worlds, chunk_frames, nmocap, 3), dtype=dtype) if nmocap else None
         self.mocap_quat = np.empty((n_worlds, chunk_frames, nmocap, 4), dtype=dtype) if nmocap else None
@@ -44,28 +53,66 @@ class FrameBuffer:
 
     @property
     def full(self) -> bool:
-        return self.size == len(self.time)
+        return self.size == len(self.frame)
 
-    def block(self) -> FrameBlock:
+    def block(self, timing: Timing) -> FrameBlock:
         """The buffered frames (views, valid until the next :meth:`clear`)."""
         n = self.size
         return FrameBlock(
-            self.time[:n], self.qpos[:, :n],
+            timing.frame_times(self.frame[:n]), self.qpos[:, :n],
             None if self.mocap_pos is None else self.mocap_pos[:, :n],
             None if self.mocap_quat is None else self.mocap_quat[:, :n],
+            sim_time=self.sim_time[:n], frame=self.frame[:n],
         )
 
     def clear(self) -> None:
         self.size = 0
 
 
+class _Session:
+    """The writer and buffer of a started recorder; its finalizer holds this, not the recorder."""
+
+    def __init__(self, writer: ArchiveWriter, buffer: FrameBuffer, timing: Timing) -> None:
+        self.writer, self.buffer, self.timing = writer, buffer, timing
+        self.closed = False
+
+    def flush(self) -> None:
+        if self.buffer.size:
+            self.writer.write(self.buffer.block(self.timing))
+            self.buffer.clear()
+
+    def close(self) -> None:
+        if self.closed:
+            return
+        try:
+            self.flush()
+        finally:
+            self.closed = True
+            release_writer(self.writer)
+
+
 class TrajectoryRecorder:
     """Records the kinematic state of CPU simulations at the video cadence.
 
-    Drop-in for flygym's recorder loop: call :meth:`record_as_needed` after every
-    step; it returns True when it recorded a frame. Frames are buffered on the host
-    (one chunk at most) and committed to the archive every ``chunk_frames`` frames
-    and on :meth:`close` (also when used as a context manager).
+    A drop-in for flygym 2.1's recorder: call :meth:`record_as_needed` after every
+    step (it returns True when it recorded a frame), or attach it to a flygym
+    ``Simulation`` (``sim.recorder = TrajectoryRecorder(url, sim.mj_model)``), whose
+    ``reset()`` and ``record_as_needed()`` call it; :attr:`trajectory` reads the
+    recording back as a flygym ``RecordedTrajectory``. Frames are buffered on the host
+    (one chunk at most) and committed every ``chunk_frames`` frames, on :meth:`close`
+    (also when used as a context manager), and, with a ``ResourceWarning``, when an
+    unclosed recorder is garbage-collected or Python exits.
+
+    Frame ``k`` of the schedule is recorded at the first call at or after ``k x
+    playback_speed / output_fps`` simulated seconds (see :mod:`flyarchive.clock`); the
+    archive stores its scheduled time (``time``), the time it was recorded at
+    (``sim_time``) and ``k`` (``frame``).
+
+    One recorder, one run: a simulation that goes back in time (restarted, or restored
+    to an earlier state) is refused, never spliced. With ``mode="a"``, a simulation
+    that starts before the archive's last committed frame is taken for a rerun of the
+    recorded one (e.g. after a crash): frames up to that one are skipped, and its state
+    there must equal the committed one, else the rerun is refused.
 
     Args:
         url: Where to write: a local path or any fsspec URL.
@@ -86,9 +133,7 @@ class TrajectoryRecorder:
         world_block: ``(start, stop)``: write only these world indices of an archive
             created beforehand with ``ArchiveSpec(capacity_frames=...)``, alongside other
             processes writing other blocks (e.g. one per GPU). Needs ``mode="a"``.
-        takeover: Take over the archive's claim (with ``world_block``: this block's)
-            from a writer that crashed on another host; a writer that died on this host
-            is taken over without it.
+        takeover: With ``world_block``, take over this block's claim after a crash.
 
     Raises:
         ArchiveExistsError: if ``mode="w-"`` and something is at ``url`` (checked at once).
@@ -96,6 +141,11 @@ class TrajectoryRecorder:
             work (checked at once, before anything is written).
         ArchiveInUseError: from the first :meth:`record_as_needed` when another writer
             holds the archive.
+        RecordingError: from :meth:`record_as_needed`, for another number of ``MjData``
+            than the recorder's worlds, ``MjData`` at different times, a simulation that
+            went back in time, or a rerun that differs from the recorded run; nothing of
+            that call is recorded.
+        LayoutMismatchError: from :meth:`record_as_needed`, for ``MjData`` of another model.
         NonFiniteStateError: from :meth:`record_as_needed` when a world's state holds
             NaN or infinity; nothing of that frame is buffered, and every frame before it
             is committed by :meth:`close`.
@@ -126,6 +176,8 @@ class TrajectoryRecorder:
         self.url = str(url)
         self.layout = ModelLayout.from_model(model)
         self.timing = Timing(float(model.opt.timestep), output_fps, playback_speed)
+        nq, nmocap = self.layout.nq, self.layout.nmocap
+        self._shapes = ((nq,), (nmocap, 3), (nmocap, 4))  # of qpos, mocap_pos, mocap_quat
         self._options = dict(mode=parse_mode(mode), storage_options=storage_options,
                              takeover=takeover)
         self._spec_args = dict(
@@ -136,88 +188,180 @@ class TrajectoryRecorder:
         spec = self._spec(range(_n_world_vars(self._spec_args["world_vars"]))
                           if world_ids is None else world_ids)
         self._world_ids = None if world_ids is None else spec.world_ids
-        self._writer: ArchiveWriter | None = None
-        self._buffer: FrameBuffer | None = None
+        self._session: _Session | None = None
+        self._finalizer: Any = None
         self._clock: FrameClock | None = None
+        self._guard = TimeGuard(self.url, self.timing.timestep)
+        self._tail: CommittedTail | None = None  # last committed frame, until the first call
+        self._rerun: CommittedTail | None = None  # a rerun's frame still to check
+        self._recorded = 0  # frames recorded by this recorder
         self._closed = False
+        self._reset_after: str | None = None  # the message once reset() ended the recording
         if mode == "w-":
             refuse_existing(self.url, storage_options)
 
-    def _spec(self, world_ids: Sequence[int]) -> ArchiveSpec:
-        return ArchiveSpec(self.layout, self.timing, world_ids, **self._spec_args)  # type: ignore[arg-type]
-
-    def _start(self, n_worlds: int) -> None:
-        world_ids = self._world_ids or tuple(range(n_worlds))
-        if len(world_ids) != n_worlds:
-            raise ValueError(f"world_ids has {len(world_ids)} entries for {n_worlds} MjData.")
-        if self._block["world_block"] is not None:
-            self._writer = ArchiveWriter.append(
-                self.url, self.layout, storage_options=self._options["storage_options"],
-                timing=self.timing, **self._block,
-            )
-        else:
-            self._writer = ArchiveWriter.create(self.url, self._spec(world_ids), **self._options)
-        if self._writer.n_worlds != n_worlds:
-            self._writer.close()  # release the archive: nothing was written
-            raise ValueError(
-                f"The archive at {self.url!r} has {self._writer.n_worlds} worlds; "
-                f"{n_worlds} MjData were passed."
-            )
-        w = self._writer
-        self._buffer = FrameBuffer(n_worlds, w.chunk_frames, self.layout.nq, self.layout.nmocap, w.dtype)
-        self._clock = FrameClock(self.timing, next_frame=w.n_frames)
+    # -- properties -----------------------------------------------------------------
 
     @property
     def n_frames(self) -> int:
         """Frames recorded so far (committed and buffered)."""
-        if self._writer is None or self._buffer is None:
+        if self._session is None:
             return 0
-        return self._writer.n_frames + self._buffer.size
+        return self._session.writer.n_frames + self._session.buffer.size
 
     @property
     def committed_frames(self) -> int:
         """Frames committed to the archive (safe from a crash)."""
-        return 0 if self._writer is None else self._writer.n_frames
+        return 0 if self._session is None else self._session.writer.n_frames
+
+    @property
+    def trajectories(self) -> list[Any]:
+        """Every recorded world as a flygym ``RecordedTrajectory``, read from the archive.
+
+        Buffered frames are committed first. ``time`` is each frame's simulation time.
+
+        Raises:
+            RuntimeError: if no frame was recorded yet (as flygym's recorder).
+            MissingDependencyError: if flygym is not installed.
+        """
+        if self._session is None or self.n_frames == 0:
+            raise RuntimeError(f"No frames have been recorded yet into {self.url!r}.")
+        if not self._session.closed:
+            self.flush()
+        from flyarchive.interop.flygym_sim import read_trajectories
+
+        return read_trajectories(self.url, self._options["storage_options"],
+                                 worlds=self._session.writer.world_ids)
+
+    @property
+    def trajectory(self) -> Any:
+        """The recorded world as a flygym ``RecordedTrajectory`` (flygym's ``.trajectory``).
+
+        Raises:
+            RuntimeError: if no frame was recorded yet, or several worlds were (use
+                :attr:`trajectories`).
+        """
+        trajectories = self.trajectories
+        if len(trajectories) != 1:
+            raise RuntimeError(
+                f"The recorder holds {len(trajectories)} worlds; .trajectory is for one. "
+                "Use .trajectories (one RecordedTrajectory per world)."
+            )
+        return trajectories[0]
+
+    # -- recording --------------------------------------------------------------------
 
     def record_as_needed(self, mj_data: mujoco.MjData | Sequence[mujoco.MjData]) -> bool:
         """Record the state of ``mj_data`` (one or several worlds) if a frame is due.
 
-        All worlds must be at the same simulation time.
+        Args:
+            mj_data: One ``MjData`` per world, the same ones in the same order at every
+                call, all at the same simulation time.
 
         Returns:
             True if a frame was recorded.
+
+        Raises:
+            RecordingError, LayoutMismatchError, NonFiniteStateError: see the class;
+                nothing of the call is recorded.
+            RuntimeError: after :meth:`close`.
         """
         datas = [mj_data] if isinstance(mj_data, mujoco.MjData) else list(mj_data)
+        if self._reset_after is not None:
+            raise RecordingError(self._reset_after)
         if self._closed:
             raise RuntimeError(f"The recorder for {self.url!r} is closed; create a new one.")
-        if self._writer is None:
-            self._start(len(datas))
-        assert self._clock is not None and self._buffer is not None
-        if not self._clock.is_due_at(datas[0].time):
-            return False
-        buf, i = self._buffer, self._buffer.size
+        n = len(datas) if self._session is None else self._session.buffer.qpos.shape[0]
+        time = self._check_datas(datas, n)
+        if self._session is None:
+            _check_models(datas, self._shapes, self.url)  # before the archive is created
+            self._start(datas)
+        self._guard.check(time)
+        if self._clock is None:
+            self._begin(time)
+        assert self._clock is not None
+        frame = self._clock.due_frame(self._clock.step_of(time))
+        if frame is not None:  # the states are read: they must be of the recorder's model
+            _check_models(datas, self._shapes, self.url)
+        recorded = False
+        if frame is not None and self._rerun is not None:
+            self._check_rerun(frame, time, datas)
+        elif frame is not None:
+            self._buffer(frame, time, datas)
+            recorded = True
+        self._guard.update(time)
+        return recorded
+
+    def _check_datas(self, datas: list[mujoco.MjData], n: int) -> float:
+        """Check the worlds passed against the recording; return their simulation time."""
+        if not datas:
+            raise RecordingError(f"No MjData were passed to the recorder for {self.url!r}; "
+                                 "pass one per world.")
+        if len(datas) != n:
+            raise RecordingError(
+                f"The recorder for {self.url!r} has {n} worlds; {len(datas)} MjData were "
+                f"passed. Pass the same {n} MjData (one per world, in the same order) at "
+                "every call; nothing of this call was recorded."
+            )
+        times = [d.time for d in datas]
+        if max(times) - min(times) > self._guard.tolerance:
+            ids = self._world_ids or range(n)
+            listed = ", ".join(f"world {w}: t={t!r} s" for w, t in zip(ids, times))
+            raise RecordingError(
+                f"The MjData passed are at different simulation times ({listed}); a frame "
+                "holds every world at one time. Step all worlds together, once per call, and "
+                "reset them together (MuJoCo resets an MjData by itself when its state becomes "
+                "NaN or infinite: look for its warning 'Nan, Inf or huge value'); nothing of this "
+                "call was recorded."
+            )
+        return times[0]
+
+    def _buffer(self, frame: int, time: float, datas: list[mujoco.MjData]) -> None:
+        assert self._session is not None and self._clock is not None
+        session = self._session
+        buf, i = session.buffer, session.buffer.size
+        if session.writer.block is not None and frame != session.writer.n_frames + i:
+            raise RecordingError(
+                f"Frame {frame} of the schedule is due, but the world block of {self.url!r} "
+                f"holds frame {session.writer.n_frames + i} next: archives written by several "
+                "processes need every frame. Call record_as_needed after every step."
+            )
         for w, data in enumerate(datas):
             buf.qpos[w, i] = data.qpos
             if buf.mocap_pos is not None and buf.mocap_quat is not None:
                 buf.mocap_pos[w, i] = data.mocap_pos
                 buf.mocap_quat[w, i] = data.mocap_quat
-        self._check_finite(i, datas[0].time)
-        buf.time[i] = datas[0].time
+        self._check_finite(i, time)
+        buf.frame[i], buf.sim_time[i] = frame, time
         buf.size += 1
+        self._clock.advance(frame)
+        self._recorded += 1
         if buf.full:
             self.flush()
-        return True
+
+    def _check_rerun(self, frame: int, time: float, datas: list[mujoco.MjData]) -> None:
+        assert self._rerun is not None and self._clock is not None and self._session is not None
+        rerun = self._rerun
+        if frame != rerun.frame:
+            raise rerun.missed(time)
+        mocap = self.layout.nmocap > 0
+        rerun.check_rerun(
+            self._session.writer.world_ids, time, np.stack([d.qpos for d in datas]),
+            np.stack([d.mocap_pos for d in datas]) if mocap else None,
+            np.stack([d.mocap_quat for d in datas]) if mocap else None,
+        )
+        self._rerun = None  # the rerun matches: record from the next frame on
+        self._clock.advance(frame)
 
     def _check_finite(self, i: int, time: float) -> None:
-        assert self._buffer is not None and self._writer is not None
-        buf = self._buffer
+        assert self._session is not None
+        buf = self._session.buffer
         bad = ~np.isfinite(buf.qpos[:, i]).all(axis=1)
         if buf.mocap_pos is not None and buf.mocap_quat is not None:
             bad |= ~np.isfinite(buf.mocap_pos[:, i]).all(axis=(1, 2))
             bad |= ~np.isfinite(buf.mocap_quat[:, i]).all(axis=(1, 2))
         if bad.any():
-            self._clock.next_frame -= 1  # type: ignore[union-attr]
-            worlds = [self._writer.world_ids[w] for w in np.flatnonzero(bad)]
+            worlds = [self._session.writer.world_ids[w] for w in np.flatnonzero(bad)]
             raise NonFiniteStateError(
                 f"The state of world(s) {worlds} holds NaN or infinity at t={time!r} s "
                 f"(frame {self.n_frames}); the simulation diverged. The frame was not recorded; "
@@ -225,23 +369,106 @@ class TrajectoryRecorder:
                 "controller, and close() the recorder to commit what was recorded."
             )
 
+    # -- life cycle -------------------------------------------------------------------
+
+    def _spec(self, world_ids: Sequence[int]) -> ArchiveSpec:
+        return ArchiveSpec(self.layout, self.timing, world_ids, **self._spec_args)  # type: ignore[arg-type]
+
+    def _start(self, datas: list[mujoco.MjData]) -> None:
+        n_worlds = len(datas)
+        world_ids = self._world_ids or tuple(range(n_worlds))
+        if len(world_ids) != n_worlds:
+            raise RecordingError(
+                f"world_ids has {len(world_ids)} entries for {n_worlds} MjData; pass one id "
+                "per MjData."
+            )
+        if self._block["world_block"] is not None:
+            writer = ArchiveWriter.append(
+                self.url, self.layout, storage_options=self._options["storage_options"],
+                timing=self.timing, **self._block,
+            )
+        else:
+            writer = ArchiveWriter.create(self.url, self._spec(world_ids), **self._options)
+        buffer = FrameBuffer(n_worlds, writer.chunk_frames, self.layout.nq, self.layout.nmocap,
+                             writer.dtype)
+        self._session = session = _Session(writer, buffer, self.timing)
+        self._finalizer = commit_when_abandoned(self, session.close, self.url)
+        if writer.n_worlds != n_worlds:
+            forget(self._finalizer)
+            session.close()
+            self._session = None
+            raise RecordingError(
+                f"The archive at {self.url!r} has {writer.n_worlds} worlds; "
+                f"{n_worlds} MjData were passed."
+            )
+        self._tail = CommittedTail.read(writer)
+
+    def _begin(self, time: float) -> None:
+        """Set the frame clock at the first call (and after a reset before any frame)."""
+        tail = self._tail
+        if tail is None:
+            self._clock = FrameClock(self.timing)
+        elif time < tail.sim_time - self._guard.tolerance:  # a rerun from an earlier state
+            self._rerun = tail
+            self._clock = FrameClock(self.timing, next_frame=tail.frame)
+        else:
+            self._guard.update(tail.sim_time)
+            self._clock = FrameClock(self.timing, next_frame=tail.frame + 1)
+
+    def reset(self) -> None:
+        """The simulation restarts (flygym's ``Simulation.reset()`` calls this).
+
+        Before this recorder recorded a frame: the next call starts the recording at the
+        restarted simulation's time. After: the recorded frames are committed and the
+        recording ends (a later :meth:`record_as_needed` raises :class:`RecordingError`):
+        a restarted simulation is another run, which goes into another archive, never
+        spliced after this one. :attr:`trajectory` still reads what was recorded.
+        """
+        if self._closed:
+            return
+        if not self._recorded:
+            self._clock, self._rerun = None, None
+            self._guard.last = None
+            return
+        n_frames = self.n_frames
+        self.close()
+        self._reset_after = ended_by_reset(self.url, n_frames)
+
     def flush(self) -> None:
         """Commit the buffered frames to the archive."""
-        if self._writer is None or self._buffer is None or self._buffer.size == 0:
-            return
-        self._writer.write(self._buffer.block())
-        self._buffer.clear()
+        if self._session is not None and not self._session.closed:
+            self._session.flush()
 
     def close(self) -> None:
-        """Commit what is buffered and release the archive; the recorder takes no more frames."""
-        if not self._closed:
-            self.flush()
-            self._closed = True
-            if self._writer is not None:
-                self._writer.close()
+        """Commit what is buffered; the recorder takes no more frames."""
+        if self._closed:
+            return
+        self._closed = True
+        forget(self._finalizer)
+        if self._session is not None:
+            self._session.close()
 
     def __enter__(self) -> "TrajectoryRecorder":
         return self
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _check_models(
+    datas: list[mujoco.MjData], want: tuple[tuple[int, ...], ...], url: str
+) -> None:
+    """Raise :class:`LayoutMismatchError` for an ``MjData`` whose state has another shape.
+
+    Args:
+        want: Shapes of qpos, mocap_pos and mocap_quat: ``(nq,), (nmocap, 3), (nmocap, 4)``.
+    """
+    for w, data in enumerate(datas):
+        got = (data.qpos.shape, data.mocap_pos.shape, data.mocap_quat.shape)
+        if got != want:
+            raise LayoutMismatchError(
+                f"MjData {w} has nq={got[0][0]}, nmocap={got[1][0]}; the recorder for {url!r} "
+                f"was created for a model with nq={want[0][0]}, nmocap={want[1][0]}. Pass "
+                "MjData of the recorder's model (mujoco.MjData(model)); nothing of this call "
+                "was recorded."
+            )

@@ -1,7 +1,7 @@
 """Record mujoco-warp simulations (``nworld`` worlds on one Warp device) into an archive.
 
-The simulation never waits for the recorder and the device is never read back per
-step:
+The simulation never waits for the recorder and the device is read back only once,
+at the first call (``d.time``, unless ``start_step`` is given):
 
 - Steps are counted on the host (:meth:`WarpTrajectoryRecorder.record_as_needed`
   is called once per step), and the frame schedule (:class:`flyarchive.clock.FrameClock`)
@@ -10,207 +10,74 @@ step:
   ``mocap_quat`` and ``time`` of the selected worlds into slot ``k`` of a device
   buffer of ``chunk_frames`` frames. Nothing is synchronized.
 - When the buffer is full it is copied to one of two host buffers (pinned on CUDA,
-  asynchronous on the device's stream) and handed to a background thread that
-  waits for the copy, checks the frames and commits them with
-  :meth:`flyarchive.store.ArchiveWriter.write`. With both host buffers in flight
-  the next hand-off blocks until one is free: slow storage slows the simulation,
-  it never drops frames. Memory: one device buffer and two host buffers of
-  ``chunk_frames`` frames of the selected worlds.
+  asynchronous on the device's stream) and handed to a background thread
+  (:mod:`flyarchive.record.warp_io`) that waits for the copy, checks the frames (NaN,
+  time order) and commits them. With both host buffers in flight the next hand-off
+  blocks until one is free: slow storage slows the simulation, it never drops
+  frames. Memory: one device buffer and two host buffers of ``chunk_frames`` frames
+  of the selected worlds.
 
 This module imports ``warp`` at import time; ``import flyarchive`` does not import it.
 """
 
 from __future__ import annotations
 
-import queue
-import threading
 import warnings
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 import mujoco
 import numpy as np
 
 from flyarchive.clock import FrameClock, Timing
-from flyarchive.errors import FlyarchiveError, SelectionError, StorageError, missing_dependency
+from flyarchive.errors import (
+    FlyarchiveError,
+    LayoutMismatchError,
+    RecordingError,
+    SelectionError,
+    StorageError,
+    missing_dependency,
+)
 from flyarchive.layout import ModelLayout
-from flyarchive.store import ArchiveSpec, ArchiveWriter, FrameBlock, parse_mode, refuse_existing
+from flyarchive.record.common import (
+    FIRST_FRAME_ATTR,
+    CommittedTail,
+    commit_when_abandoned,
+    ended_by_reset,
+    forget,
+    release_writer,
+)
+from flyarchive.store import ArchiveSpec, ArchiveWriter, parse_mode, refuse_existing
 
 try:
     import warp as wp
+
+    from flyarchive.record.warp_io import BackgroundWriter, Frames, Session, gather_frame
 except ImportError as exc:  # pragma: no cover - depends on the environment
     raise missing_dependency("warp", "gpu", "WarpTrajectoryRecorder") from exc
 
 __all__ = ["WarpTrajectoryRecorder", "FIRST_FRAME_ATTR"]
-
-#: Archive attribute: index on the frame schedule (frame ``k`` at ``k x interval``
-#: simulated seconds) of the archive's frame 0. Non-zero when recording started
-#: at ``start_step > 0``; resuming with ``mode="a"`` continues the schedule from it.
-FIRST_FRAME_ATTR = "first_frame"
-
-
-@wp.kernel
-def _gather_frame(
-    worlds: wp.array(dtype=wp.int32),  # (nsel,) world ids, device
-    slot: int,  # frame slot in the buffers
-    qpos: wp.array2d(dtype=wp.float32),  # (nworld, nq), device
-    mocap_pos: wp.array2d(dtype=wp.vec3),  # (nworld, nmocap), device
-    mocap_quat: wp.array2d(dtype=wp.quat),  # (nworld, nmocap), device, w,x,y,z
-    time: wp.array(dtype=wp.float32),  # (nworld,), device, seconds
-    out_qpos: wp.array3d(dtype=wp.float32),  # (nsel, chunk, nq), device
-    out_mocap_pos: wp.array3d(dtype=wp.vec3),  # (nsel, chunk, nmocap), device
-    out_mocap_quat: wp.array3d(dtype=wp.quat),  # (nsel, chunk, nmocap), device
-    out_time: wp.array2d(dtype=wp.float32),  # (nsel, chunk), device
-):
-    w, i = wp.tid()
-    src = worlds[w]
-    if i < qpos.shape[1]:
-        out_qpos[w, slot, i] = qpos[src, i]
-    if i < mocap_pos.shape[1]:
-        out_mocap_pos[w, slot, i] = mocap_pos[src, i]
-        out_mocap_quat[w, slot, i] = mocap_quat[src, i]
-    if i == 0:
-        out_time[w, slot] = time[src]
-
-
-@dataclass(frozen=True)
-class _Frames:
-    """``chunk`` frames of ``nsel`` worlds as Warp arrays (device buffer or host slot)."""
-
-    qpos: Any  # wp.array (nsel, chunk, nq) float32
-    mocap_pos: Any  # wp.array (nsel, chunk, nmocap) vec3
-    mocap_quat: Any  # wp.array (nsel, chunk, nmocap) quat
-    time: Any  # wp.array (nsel, chunk) float32
-
-    @classmethod
-    def empty(
-        cls, nsel: int, chunk: int, nq: int, nmocap: int, device: Any, pinned: bool
-    ) -> "_Frames":
-        def alloc(shape: tuple[int, ...], dtype: Any) -> Any:
-            return wp.empty(shape, dtype=dtype, device=device, pinned=pinned)
-
-        return cls(
-            alloc((nsel, chunk, nq), wp.float32), alloc((nsel, chunk, nmocap), wp.vec3),
-            alloc((nsel, chunk, nmocap), wp.quat), alloc((nsel, chunk), wp.float32),
-        )
-
-    def copy_from(self, other: "_Frames") -> None:
-        for name in ("qpos", "mocap_pos", "mocap_quat", "time"):
-            src = getattr(other, name)
-            if src.size:
-                wp.copy(getattr(self, name), src)
-
-    def block(self, n: int, nmocap: int) -> FrameBlock:
-        """The first ``n`` frames as host numpy views (host slots only); time of world 0."""
-        return FrameBlock(
-            self.time.numpy()[0, :n].astype(np.float64),
-            self.qpos.numpy()[:, :n],
-            self.mocap_pos.numpy()[:, :n] if nmocap else None,
-            self.mocap_quat.numpy()[:, :n] if nmocap else None,
-        )
-
-
-def _first_non_finite(block: FrameBlock) -> np.ndarray:
-    """Per world, the index of its first frame holding NaN/inf in ``block`` (n if none)."""
-    n = len(block.time)
-    bad = ~np.isfinite(block.qpos).all(axis=2)
-    if block.mocap_pos is not None and block.mocap_quat is not None:
-        bad |= ~np.isfinite(block.mocap_pos).all(axis=(2, 3))
-        bad |= ~np.isfinite(block.mocap_quat).all(axis=(2, 3))
-    return np.where(bad.any(axis=1), bad.argmax(axis=1), n)
-
-
-class _BackgroundWriter:
-    """A thread that commits host slots to the archive in hand-off order."""
-
-    def __init__(self, writer: ArchiveWriter, slots: Sequence[_Frames], nmocap: int) -> None:
-        self.writer = writer
-        self.nmocap = nmocap
-        self.committed = writer.n_frames
-        self.world_frames = np.full(writer.n_worlds, writer.n_frames, dtype=np.int64)
-        self.diverged: dict[int, int] = {}
-        self.error: BaseException | None = None
-        self.notices: list[str] = []
-        self._work: queue.Queue[tuple[_Frames, int, Any] | None] = queue.Queue()
-        self._free: queue.Queue[_Frames] = queue.Queue()
-        for slot in slots:
-            self._free.put(slot)
-        self._thread = threading.Thread(
-            target=self._run, name="flyarchive-warp-writer", daemon=True
-        )
-        self._thread.start()
-
-    def take_free(self) -> _Frames:
-        """A host slot that no write uses; blocks while every slot is in flight."""
-        return self._free.get()
-
-    def submit(self, slot: _Frames, n: int, event: Any) -> None:
-        self._work.put((slot, n, event))
-
-    def drain(self) -> None:
-        """Wait until every submitted slot is written (or skipped after an error)."""
-        self._work.join()
-
-    def stop(self) -> None:
-        self._work.put(None)
-        self._thread.join()
-
-    def _run(self) -> None:
-        while True:
-            item = self._work.get()
-            if item is None:
-                self._work.task_done()
-                return
-            slot, n, event = item
-            try:
-                if self.error is None:
-                    if event is not None:
-                        wp.synchronize_event(event)
-                    self._write(slot.block(n, self.nmocap))
-            except BaseException as err:  # re-raised on the caller's thread
-                self.error = err
-            finally:
-                self._free.put(slot)
-                self._work.task_done()
-
-    def _write(self, block: FrameBlock) -> None:
-        t0 = self.writer.n_frames
-        t1 = t0 + len(block.time)
-        first_bad = _first_non_finite(block)
-        new = [w for w in np.flatnonzero(first_bad < len(block.time))
-               if self.writer.world_ids[w] not in self.diverged]
-        for w in new:
-            self.world_frames[w] = t0 + first_bad[w]
-            self.diverged[self.writer.world_ids[w]] = int(t0 + first_bad[w])
-        keep = np.isin(self.writer.world_ids, list(self.diverged))
-        n_frames = np.where(keep, self.world_frames, t1)
-        self.writer.write(block, n_frames=n_frames)
-        self.world_frames = n_frames
-        self.committed = t1
-        if new:
-            ids = [self.writer.world_ids[w] for w in new]
-            self.notices.append(
-                f"The state of world(s) {ids} holds NaN or infinity from frame(s) "
-                f"{[self.diverged[i] for i in ids]} on (t≈{block.time[first_bad[new[0]]]!r} s); "
-                "their simulation diverged. Their frames before it are committed, their "
-                "n_frames stops there, and the other worlds go on being recorded."
-            )
 
 
 class WarpTrajectoryRecorder:
     """Records the kinematic state of selected worlds of a mujoco-warp simulation.
 
     Call :meth:`record_as_needed` exactly once per simulation step (after every
-    ``mujoco_warp.step``; the first call sees the state at step ``start_step``). Steps are
-    counted on the host, so no call reads anything back from the device; a frame
-    is gathered on the device when the schedule says it is due (frame ``k`` at the
-    first step at or after ``k x playback_speed / output_fps`` simulated seconds).
-    Frames go to the archive every ``chunk_frames`` frames from a background
-    thread, and on :meth:`flush` and :meth:`close` (also when used as a context
-    manager). The archive is the same as the CPU recorder's, with ``source =
-    "mujoco-warp"`` and the device dtype (float32); the ``time`` coordinate is
+    ``mujoco_warp.step``, and, to record the initial state, once before the first).
+    Steps are counted on the host, so no call but the first reads anything back from
+    the device; a frame is gathered on the device when the schedule says it is due
+    (frame ``k`` at the first step at or after ``k x playback_speed / output_fps``
+    simulated seconds). Frames go to the archive every ``chunk_frames`` frames from a
+    background thread, on :meth:`flush` and :meth:`close` (also when used as a context
+    manager), and, with a ``ResourceWarning``, when an unclosed recorder is
+    garbage-collected or Python exits. The archive is the same as the CPU recorder's,
+    with ``source = "mujoco-warp"`` and the device dtype (float32); ``sim_time`` is
     ``d.time`` of the first recorded world at each frame, as float64.
+
+    A drop-in for flygym 2.1's GPU recorder: ``sim.recorder =
+    WarpTrajectoryRecorder(url, sim.mj_model, sim.n_worlds, worlds=...)`` in a
+    ``GPUSimulation``, whose ``reset()`` calls :meth:`reset`; :attr:`trajectories` and
+    :attr:`world_ids` are flygym's.
 
     The gather kernel runs on the device's current stream, after the steps queued
     on it: step and record on the same stream. Kernels are launched outside any
@@ -221,6 +88,14 @@ class WarpTrajectoryRecorder:
     before the first such frame: its ``n_frames`` stops there (readers mask the
     rest), a ``RuntimeWarning`` names it on the next call, and
     :attr:`diverged_worlds` lists it. The other worlds go on being recorded.
+
+    Time order: frames whose ``d.time`` is not after the previous frame's (the
+    simulation was reset without :meth:`reset`), or differs between the recorded
+    worlds, are refused: the frames before them are committed, and the next call
+    raises :class:`RecordingError`. With ``mode="a"``, a simulation that starts before
+    the archive's last committed frame is taken for a rerun of the recorded one: its
+    frames up to that one are skipped, and its state there (read back once) must
+    equal the committed one, else the rerun is refused.
 
     Args:
         url: Where to write: a local path or any fsspec URL.
@@ -239,9 +114,8 @@ class WarpTrajectoryRecorder:
         codec: ``"lossless"`` (default) or ``"abs:<bound>"``.
         attrs: User metadata stored in the archive's attributes.
         world_vars: Per-world user variables, ``{name: (len(worlds),) array}``.
-        start_step: Steps the simulation has taken at the first call. With
-            ``mode="a"`` a deterministic rerun from step 0 skips the committed frames,
-            and a simulation restored from a checkpoint passes its step count.
+        start_step: Steps the simulation has taken at the first call. None (default):
+            read from ``d.time`` at the first call (one read from the device).
         takeover: Take over the archive's claim from a writer that crashed on another
             host (one that died on this host is taken over without it).
 
@@ -268,7 +142,7 @@ class WarpTrajectoryRecorder:
         codec: str = "lossless",
         attrs: Mapping[str, Any] | None = None,
         world_vars: Mapping[str, np.ndarray] | None = None,
-        start_step: int = 0,
+        start_step: int | None = None,
         takeover: bool = False,
     ) -> None:
         self.url = str(url)
@@ -283,7 +157,7 @@ class WarpTrajectoryRecorder:
                     source="mujoco-warp", chunk_frames=chunk_frames, codec=codec,
                     attrs=dict(attrs or {}), world_vars=dict(world_vars or {}))
         parse_mode(mode)
-        if int(chunk_frames) < 1 or int(start_step) < 0:
+        if int(chunk_frames) < 1 or (start_step is not None and int(start_step) < 0):
             raise ValueError(
                 f"chunk_frames must be at least 1 and start_step at least 0, "
                 f"got chunk_frames={chunk_frames!r}, start_step={start_step!r}."
@@ -297,16 +171,18 @@ class WarpTrajectoryRecorder:
         self._spec_args = dict(
             codec=codec, attrs=dict(attrs or {}), world_vars=dict(world_vars or {})
         )
-        self._step = int(start_step)
-        self._writer: ArchiveWriter | None = None
-        self._background: _BackgroundWriter | None = None
+        self._start_step = None if start_step is None else int(start_step)
+        self._step = 0
+        self._session: Session | None = None
+        self._finalizer: Any = None
         self._clock: FrameClock | None = None
-        self._device_frames: _Frames | None = None
+        self._tail: CommittedTail | None = None
+        self._rerun: CommittedTail | None = None
         self._worlds_device: Any = None
-        self._slot = 0
         self._first_index = 0
         self._recorded = 0
         self._closed = False
+        self._reset_after: str | None = None
         if mode == "w-":
             refuse_existing(self.url, storage_options)
 
@@ -320,21 +196,40 @@ class WarpTrajectoryRecorder:
     @property
     def committed_frames(self) -> int:
         """Frames committed to the archive (safe from a crash)."""
-        return 0 if self._background is None else self._background.committed
+        return 0 if self._session is None else self._session.background.committed
 
     @property
     def diverged_worlds(self) -> dict[int, int]:
         """``{world id: frames kept}`` of worlds whose state became NaN or infinite."""
-        return {} if self._background is None else dict(self._background.diverged)
+        return {} if self._session is None else dict(self._session.background.diverged)
+
+    @property
+    def trajectories(self) -> list[Any]:
+        """Each recorded world as a flygym ``RecordedTrajectory`` (flygym's ``.trajectories``).
+
+        Every recorded frame is committed first (waits for the device and the writes).
+
+        Raises:
+            RuntimeError: if no frame was recorded yet (as flygym's recorder).
+            MissingDependencyError: if flygym is not installed.
+        """
+        if self._session is None or self.n_frames == 0:
+            raise RuntimeError(f"No frames have been recorded yet into {self.url!r}.")
+        if not self._session.closed:
+            self.flush()
+        from flyarchive.interop.flygym_sim import read_trajectories
+
+        return read_trajectories(self.url, self._options["storage_options"],
+                                 worlds=self.world_ids)
 
     # -- recording ----------------------------------------------------------------
 
     def record_as_needed(self, mjw_data: Any) -> bool:
         """Count one simulation step and gather a frame on the device if one is due.
 
-        Call once after every ``mujoco_warp.step`` (and, with ``start_step=0``, once
-        before the first step to record the initial state). Blocks only when a full
-        buffer is handed off while both host buffers are still being written.
+        Call once after every ``mujoco_warp.step`` (and once before the first step to
+        record the initial state). Blocks only when a full buffer is handed off while
+        both host buffers are still being written.
 
         Args:
             mjw_data: The ``mujoco_warp.Data`` being stepped, ``nworld`` worlds.
@@ -343,72 +238,103 @@ class WarpTrajectoryRecorder:
             True if a frame was recorded at this step.
 
         Raises:
+            RecordingError: for a ``Data`` with another number of worlds, after
+                :meth:`reset` ended the recording, or when the writer thread refused
+                frames out of time order (frames before them are committed).
+            LayoutMismatchError: for a ``Data`` of another model.
             StorageError: if writing an earlier chunk failed (frames committed before
                 stay committed; the recorder takes no more frames).
             RuntimeError: after :meth:`close`.
         """
         self._check_usable()
-        if self._writer is None:
-            self._start(mjw_data)
+        dtype = _check_data(mjw_data, self.nworld, self.layout, self.url)
+        if self._clock is None:
+            first = self._first_step(mjw_data)
+            if self._session is None:
+                self._start(mjw_data, dtype, first)
+            self._begin(first)
+        assert self._clock is not None and self._session is not None
         step = self._step
         self._step += 1
-        if not self._clock.is_due(step):  # type: ignore[union-attr]
+        frame = self._clock.due_frame(step)
+        if frame is None:
             return False
-        frames = self._device_frames
-        assert frames is not None
+        if self._rerun is not None:
+            self._check_rerun(frame, step, mjw_data)
+            return False
+        session, frames = self._session, self._session.device_frames
         wp.launch(
-            _gather_frame,
+            gather_frame,
             dim=(len(self.world_ids), max(self.layout.nq, self.layout.nmocap)),
-            inputs=[self._worlds_device, self._slot, mjw_data.qpos, mjw_data.mocap_pos,
+            inputs=[self._worlds_device, session.slot, mjw_data.qpos, mjw_data.mocap_pos,
                     mjw_data.mocap_quat, mjw_data.time, frames.qpos, frames.mocap_pos,
                     frames.mocap_quat, frames.time],
             device=frames.qpos.device,
         )
-        self._slot += 1
+        session.frames[session.slot] = frame
+        session.slot += 1
+        self._clock.advance(frame)
         self._recorded += 1
-        if self._slot == self.chunk_frames:
-            self._hand_off()
+        if session.slot == self.chunk_frames:
+            session.hand_off()
         return True
 
     def flush(self) -> None:
         """Commit every recorded frame to the archive; waits for the device and the writes.
 
         Raises:
-            StorageError: if a write failed.
+            StorageError, RecordingError: if a write failed or frames were refused.
         """
         self._check_usable()
-        if self._background is None:
+        if self._session is None:
             return
-        if self._slot:
-            self._hand_off()
-        self._background.drain()
+        if self._session.slot:
+            self._session.hand_off()
+        self._session.background.drain()
         self._check_usable()
+
+    def reset(self) -> None:
+        """The simulation restarts (flygym's ``GPUSimulation.reset()`` calls this).
+
+        Before this recorder recorded a frame: the next call reads the restarted
+        simulation's step from ``d.time``. After: the recorded frames are committed and
+        the recording ends (a later :meth:`record_as_needed` raises
+        :class:`RecordingError`): a restarted simulation is another run, which goes into
+        another archive, never spliced after this one.
+
+        Raises:
+            StorageError, RecordingError: if committing the recorded frames failed.
+        """
+        if self._closed:
+            return
+        if not self._recorded:
+            self._clock, self._rerun, self._start_step = None, None, None
+            return
+        n_frames = self.n_frames
+        self.close()
+        self._reset_after = ended_by_reset(self.url, n_frames)
 
     def close(self) -> None:
         """Commit what is recorded and stop the writer thread; takes no more frames.
 
         Raises:
-            StorageError: if a write failed (what was committed before stays committed).
+            StorageError, RecordingError: if a write failed (what was committed before
+                stays committed).
         """
         self._close(raise_errors=True)
 
     def _close(self, *, raise_errors: bool) -> None:
         if self._closed:
             return
-        background = self._background
-        try:
-            if background is not None and background.error is None and self._slot:
-                self._hand_off()
-        finally:
-            self._closed = True
-            if background is not None:
-                background.stop()
-            if self._writer is not None:
-                self._writer.close()
-        if background is not None:
-            self._emit_notices()
-            if raise_errors and background.error is not None:
-                self._raise_writer_error(background.error)
+        self._closed = True
+        forget(self._finalizer)
+        session = self._session
+        if session is None:
+            return
+        session.close()
+        self._emit_notices()
+        if raise_errors and session.background.error is not None:
+            self._raise_writer_error(session.background.error)
 
     def __enter__(self) -> "WarpTrajectoryRecorder":
         return self
@@ -419,24 +345,31 @@ class WarpTrajectoryRecorder:
     # -- internals ----------------------------------------------------------------
 
     def _check_usable(self) -> None:
+        if self._reset_after is not None:
+            raise RecordingError(self._reset_after)
         if self._closed:
             raise RuntimeError(f"The recorder for {self.url!r} is closed; create a new one.")
-        background = self._background
-        if background is None:
+        if self._session is None:
             return
-        if background.notices:
-            self._emit_notices()
-        if background.error is not None:
-            self._raise_writer_error(background.error)
+        self._emit_notices()
+        if self._session.background.error is not None:
+            self._raise_writer_error(self._session.background.error)
 
     def _emit_notices(self) -> None:
-        background = self._background
-        while background is not None and background.notices:
-            warnings.warn(background.notices.pop(0), RuntimeWarning, stacklevel=4)
+        notices = [] if self._session is None else self._session.background.notices
+        while notices:
+            warnings.warn(notices.pop(0), RuntimeWarning, stacklevel=4)
 
     def _raise_writer_error(self, err: BaseException) -> None:
         committed = self.committed_frames
-        resume_step = self.timing.frame_step(self._first_schedule + committed)
+        if isinstance(err, RecordingError):
+            raise RecordingError(
+                f"{err} The archive keeps its {committed} committed frames; this recorder "
+                "takes no more frames."
+            ) from err
+        assert self._session is not None
+        first = int(self._session.writer.attrs.get(FIRST_FRAME_ATTR, 0))
+        resume_step = self.timing.frame_step(first + committed)
         message = (
             f"Writing frames to {self.url!r} failed in the background writer ({err}). "
             f"The archive keeps its {committed} committed frames; the recorder takes no more "
@@ -448,58 +381,78 @@ class WarpTrajectoryRecorder:
             raise RuntimeError(message) from err
         raise kind(message) from err
 
-    @property
-    def _first_schedule(self) -> int:
-        assert self._writer is not None
-        return int(self._writer.attrs.get(FIRST_FRAME_ATTR, 0))
-
-    def _start(self, d: Any) -> None:
-        dtype = _check_data(d, self.nworld, self.layout)
-        first = self.timing.frames_before_step(self._step)
+    def _start(self, d: Any, dtype: str, step: int) -> None:
+        first = self.timing.frames_before_step(step + 1) - 1  # the frame the first call records
+        attrs = {**self._spec_args["attrs"], FIRST_FRAME_ATTR: first}
         spec = ArchiveSpec(
             self.layout, self.timing, self.world_ids, dtype=dtype, source="mujoco-warp",
-            chunk_frames=self.chunk_frames,
-            **{**self._spec_args, "attrs": {**self._spec_args["attrs"], FIRST_FRAME_ATTR: first}},
+            chunk_frames=self.chunk_frames, **{**self._spec_args, "attrs": attrs},
         )
         writer = ArchiveWriter.create(self.url, spec, **self._options)  # type: ignore[arg-type]
         if writer.world_ids != self.world_ids:
+            release_writer(writer)
             raise SelectionError(
                 f"The archive at {self.url!r} holds worlds {list(writer.world_ids)}; the recorder "
                 f"was asked for {list(self.world_ids)}. Pass worlds={list(writer.world_ids)}."
             )
-        self._writer = writer
-        next_frame = self._first_schedule + writer.n_frames
-        due = self.timing.frame_step(next_frame)
-        if due < self._step:
-            raise ValueError(
-                f"The archive at {self.url!r} has {writer.n_frames} committed frames; its next "
-                f"frame is due at step {due}, but the simulation is at step {self._step} "
+        self._tail = CommittedTail.read(writer)
+        self._first_index = writer.n_frames
+        device = d.qpos.device
+        self._worlds_device = wp.array(np.asarray(self.world_ids, dtype=np.int32), dtype=wp.int32,
+                                       device=device)
+        shape = (len(self.world_ids), self.chunk_frames, self.layout.nq, self.layout.nmocap)
+        pinned = bool(device.is_cuda)
+        slots = [Frames.empty(*shape, device="cpu", pinned=pinned) for _ in range(2)]
+        background = BackgroundWriter(writer, slots, self.layout.nmocap, self.timing,
+                                      None if self._tail is None else self._tail.sim_time)
+        device_frames = Frames.empty(*shape, device=device, pinned=False)
+        self._session = session = Session(writer, device_frames, background, self.chunk_frames)
+        self._finalizer = commit_when_abandoned(self, session.close_and_report, self.url)
+
+    def _first_step(self, d: Any) -> int:
+        """The step of the simulation at this call: ``start_step``, or read from ``d.time``."""
+        if self._start_step is not None:
+            return self._start_step
+        time = float(d.time.numpy()[self.world_ids[0]])
+        return round(time / self.timing.timestep)
+
+    def _begin(self, step: int) -> None:
+        """Set the step counter and the frame clock (at the first call, or after a reset)."""
+        self._step = step
+        tail = self._tail
+        if tail is None:  # the first call records the latest frame due by then, as on CPU
+            self._clock = FrameClock(self.timing)
+            return
+        if step < self.timing.frame_step(tail.frame):  # a rerun from an earlier state
+            self._rerun = tail
+            self._clock = FrameClock(self.timing, next_frame=tail.frame)
+            return
+        due = self.timing.frame_step(tail.frame + 1)
+        if due < step:
+            raise RecordingError(
+                f"The archive at {self.url!r} has {self._first_index} committed frames; its next "
+                f"frame is due at step {due}, but the simulation is at step {step} "
                 f"(start_step). Frames in between would be missing. Restart from a state at "
                 f"or before step {due}, or record into a new archive."
             )
-        self._first_index = writer.n_frames
-        self._clock = FrameClock(self.timing, next_frame=next_frame)
-        self._allocate(d.qpos.device, writer)
+        self._clock = FrameClock(self.timing, next_frame=tail.frame + 1)
 
-    def _allocate(self, device: Any, writer: ArchiveWriter) -> None:
-        shape = (len(self.world_ids), self.chunk_frames, self.layout.nq, self.layout.nmocap)
-        self._worlds_device = wp.array(np.asarray(self.world_ids, dtype=np.int32), dtype=wp.int32,
-                                       device=device)
-        self._device_frames = _Frames.empty(*shape, device=device, pinned=False)
-        pinned = bool(device.is_cuda)
-        slots = [_Frames.empty(*shape, device="cpu", pinned=pinned) for _ in range(2)]
-        self._background = _BackgroundWriter(writer, slots, self.layout.nmocap)
-
-    def _hand_off(self) -> None:
-        """Copy the device buffer to a free host slot and queue it for writing."""
-        background, frames = self._background, self._device_frames
-        assert background is not None and frames is not None
-        slot = background.take_free()
-        slot.copy_from(frames)
-        device = frames.qpos.device
-        event = device.stream.record_event() if device.is_cuda else None
-        background.submit(slot, self._slot, event)
-        self._slot = 0
+    def _check_rerun(self, frame: int, step: int, d: Any) -> None:
+        """Compare a rerun's state at the archive's last frame with it (one device read)."""
+        rerun, clock = self._rerun, self._clock
+        assert rerun is not None and clock is not None
+        time = step * self.timing.timestep
+        if frame != rerun.frame:
+            raise rerun.missed(time)
+        ids = list(self.world_ids)
+        mocap = self.layout.nmocap > 0
+        rerun.check_rerun(
+            self.world_ids, time, d.qpos.numpy()[ids],
+            d.mocap_pos.numpy()[ids] if mocap else None,
+            d.mocap_quat.numpy()[ids] if mocap else None,
+        )
+        self._rerun = None
+        clock.advance(frame)
 
 
 def _parse_worlds(worlds: Sequence[int] | None, nworld: int) -> tuple[int, ...]:
@@ -516,8 +469,21 @@ def _parse_worlds(worlds: Sequence[int] | None, nworld: int) -> tuple[int, ...]:
     return ids
 
 
-def _check_data(d: Any, nworld: int, layout: ModelLayout) -> str:
-    """Check a mujoco-warp ``Data`` against the recorder; return the numpy dtype name of qpos."""
+def _check_data(d: Any, nworld: int, layout: ModelLayout, url: str) -> str:
+    """Check a mujoco-warp ``Data`` against the recorder; return the numpy dtype name of qpos.
+
+    Raises:
+        RecordingError: for another number of worlds.
+        LayoutMismatchError: for another model's state (nq, nmocap).
+        ValueError: for arrays that are missing or of another dtype.
+    """
+    qpos = getattr(d, "qpos", None)
+    if qpos is not None and qpos.ndim == 2 and qpos.shape[0] != nworld:
+        raise RecordingError(
+            f"The recorder for {url!r} has {nworld} worlds (nworld); the Data passed has "
+            f"{qpos.shape[0]}. Pass the mujoco_warp.Data the recorder was created for; nothing "
+            "of this call was recorded."
+        )
     want = {
         "qpos": ((nworld, layout.nq), wp.float32),
         "mocap_pos": ((nworld, layout.nmocap), wp.vec3),
@@ -528,8 +494,9 @@ def _check_data(d: Any, nworld: int, layout: ModelLayout) -> str:
         arr = getattr(d, name, None)
         if arr is None or tuple(arr.shape) != shape or arr.dtype != dtype:
             got = None if arr is None else (tuple(arr.shape), wp.types.type_repr(arr.dtype))
-            raise ValueError(
-                f"mjw_data.{name} is {got}; the recorder expects shape {shape} of "
+            kind = LayoutMismatchError if arr is not None and arr.dtype == dtype else ValueError
+            raise kind(
+                f"mjw_data.{name} is {got}; the recorder for {url!r} expects shape {shape} of "
                 f"{wp.types.type_repr(dtype)} (nworld={nworld}, nq={layout.nq}, "
                 f"nmocap={layout.nmocap}). Pass the mujoco_warp.Data of the model the "
                 "recorder was created with, and the same nworld."

@@ -1,0 +1,146 @@
+"""Pick NeuroMechFly dofs by leg, joint and axis instead of by their full labels.
+
+flygym 2.1 names a joint degree of freedom ``{parent}-{child}-{axis}`` after the two
+body segments it connects, each ``{position}_{link}``, and prefixes it with the fly's
+name: the left front leg's tibia-tarsus joint is ``nmf/lf_tibia-lf_tarsus1-pitch``,
+its thorax-coxa yaw ``nmf/c_thorax-lf_coxa-yaw``. Here a dof is found by
+
+- ``leg``: the position of the segment it moves (``"lf"``, ``"lm"``, ``"lh"``, ``"rf"``,
+  ``"rm"``, ``"rh"``; any case);
+- ``joint``: the link it moves, i.e. the child segment (``"coxa"``, ``"trochanterfemur"``,
+  ``"tibia"``, ``"tarsus1"`` ... ``"tarsus5"``): ``joint="tarsus1"`` is the
+  tibia-tarsus1 joint;
+- ``axis``: ``"yaw"``, ``"pitch"`` or ``"roll"``;
+- ``fly``: the fly's name, for worlds with several flies.
+
+Labels that do not follow flygym's pattern (the free joint ``nmf/x`` ... ``nmf/qz``,
+other models' joints) are never selected.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import TypeVar
+
+import xarray as xr
+
+from flyarchive.errors import SelectionError
+
+__all__ = ["select_dofs", "dof_labels", "DofName"]
+
+_Data = TypeVar("_Data", xr.Dataset, xr.DataArray)
+
+
+@dataclass(frozen=True)
+class DofName:
+    """A dof label read as flygym's ``[fly/]{parent}-{child}-{axis}``.
+
+    Attributes:
+        label: The full label, e.g. ``"nmf/lf_tibia-lf_tarsus1-pitch"``.
+        fly: The fly's name (``"nmf"``), or ``""`` without a prefix.
+        leg: Position of the moved segment (``"lf"``; ``"c"`` for the body's center).
+        joint: Link of the moved segment (``"tarsus1"``).
+        axis: ``"yaw"``, ``"pitch"`` or ``"roll"``.
+    """
+
+    label: str
+    fly: str
+    leg: str
+    joint: str
+    axis: str
+
+    @classmethod
+    def parse(cls, label: str) -> "DofName | None":
+        """Read a label; None if it does not follow flygym's pattern."""
+        fly, _, name = label.rpartition("/")
+        parts = name.split("-")
+        if len(parts) != 3:
+            return None
+        child = parts[1].split("_", 1)
+        if len(child) != 2 or not all(child) or not parts[2]:
+            return None
+        return cls(label, fly, child[0].lower(), child[1].lower(), parts[2].lower())
+
+
+def _as_set(value: str | Iterable[str] | None) -> set[str] | None:
+    if value is None:
+        return None
+    items = [value] if isinstance(value, str) else list(value)
+    return {str(v).lower() for v in items}
+
+
+def dof_labels(
+    data: xr.Dataset | xr.DataArray | Sequence[str],
+    *,
+    leg: str | Iterable[str] | None = None,
+    joint: str | Iterable[str] | None = None,
+    axis: str | Iterable[str] | None = None,
+    fly: str | Iterable[str] | None = None,
+) -> list[str]:
+    """The dof labels that match every criterion given, in the archive's order.
+
+    Args:
+        data: A dataset or data array with a ``dof`` coordinate (e.g. from
+            :func:`flyarchive.open_archive`), or the labels themselves.
+        leg: Leg(s): ``"lf"``, ``"lm"``, ``"lh"``, ``"rf"``, ``"rm"``, ``"rh"`` (any case).
+        joint: Link(s) the joint moves: ``"coxa"``, ``"trochanterfemur"``, ``"tibia"``,
+            ``"tarsus1"``...
+        axis: ``"yaw"``, ``"pitch"``, ``"roll"``.
+        fly: Fly name(s), e.g. ``"nmf"``.
+        None for a criterion means any.
+
+    Returns:
+        The matching labels, e.g. ``["nmf/lf_tibia-lf_tarsus1-pitch"]``.
+
+    Raises:
+        SelectionError: if nothing matches; the message lists the legs, joints and axes
+            that exist.
+    """
+    labels = [str(v) for v in (data["dof"].values if isinstance(data, (xr.Dataset, xr.DataArray))
+                                else data)]
+    wanted = {"leg": _as_set(leg), "joint": _as_set(joint), "axis": _as_set(axis),
+              "fly": _as_set(fly)}
+    names = [n for n in map(DofName.parse, labels) if n is not None]
+    found = [n.label for n in names
+             if all(want is None or getattr(n, key) in want for key, want in wanted.items())]
+    if not found:
+        asked = ", ".join(f"{k}={v!r}" for k, v in (("leg", leg), ("joint", joint),
+                                                    ("axis", axis), ("fly", fly)) if v is not None)
+
+        def values(key: str) -> str:
+            return ", ".join(sorted({getattr(n, key) for n in names})) or "none"
+
+        raise SelectionError(
+            f"No dof matches {asked or 'the selection'}. Of {len(labels)} dofs, {len(names)} are "
+            f"named as flygym names joints; they have legs {values('leg')}; joints "
+            f"{values('joint')}; axes {values('axis')}; flies {values('fly')}."
+        )
+    return found
+
+
+def select_dofs(
+    data: _Data,
+    *,
+    leg: str | Iterable[str] | None = None,
+    joint: str | Iterable[str] | None = None,
+    axis: str | Iterable[str] | None = None,
+    fly: str | Iterable[str] | None = None,
+) -> _Data:
+    """``data`` restricted to the dofs that match (see :func:`dof_labels`).
+
+    Example: ``flyarchive.select_dofs(ds.qpos, leg="lf", joint="tarsus1")`` is
+    ``ds.qpos.sel(dof=["nmf/lf_tibia-lf_tarsus1-pitch"])``.
+
+    Args:
+        data: A dataset or data array with a ``dof`` dimension.
+        leg, joint, axis, fly: As in :func:`dof_labels`.
+
+    Returns:
+        The same type as ``data``, with the matching dofs (a ``dof`` dimension is kept,
+        even for one dof).
+
+    Raises:
+        SelectionError: if nothing matches.
+    """
+    return data.sel(dof=dof_labels(data, leg=leg, joint=joint, axis=axis, fly=fly))

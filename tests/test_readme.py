@@ -1,0 +1,116 @@
+"""Every example in README.md runs as written (issue 10, item 15).
+
+The ```python blocks run in README order, each as a script of its own in one
+temporary folder (later blocks use what earlier ones wrote). Then the ```bash blocks
+whose every command is a ``flyarchive`` command run there, one command at a time.
+The S3 example talks to the moto server of the test session through the AWS profile
+``lab`` that the fixture writes (``AWS_CONFIG_FILE``), as it would to AWS or MinIO.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from flyarchive import open_archive
+
+README = Path(__file__).resolve().parents[1] / "README.md"
+_BLOCK = re.compile(r"^```(\w+)\n(.*?)^```", re.S | re.M)
+
+pytestmark = [
+    pytest.mark.skipif(importlib.util.find_spec("flygym") is None, reason="needs flygym"),
+    pytest.mark.skipif(importlib.util.find_spec("mujoco_warp") is None, reason="needs mujoco-warp"),
+    pytest.mark.timeout(900),
+    pytest.mark.slow,  # about 2 minutes on 2 cores: two Dask clusters, flygym on Warp's CPU device
+]
+
+
+def readme_blocks(language: str) -> list[str]:
+    return [code for lang, code in _BLOCK.findall(README.read_text()) if lang == language]
+
+
+def cli_commands() -> list[str]:
+    """The commands of the bash blocks made only of ``flyarchive`` commands."""
+    commands = []
+    for block in readme_blocks("bash"):
+        lines = [line.split("  #")[0].strip() for line in block.splitlines()]
+        lines = [line for line in lines if line and not line.startswith("#")]
+        if lines and all(line.startswith("flyarchive ") for line in lines):
+            commands += lines
+    return commands
+
+
+@pytest.fixture(scope="module")
+def readme_env(tmp_path_factory, s3_server):
+    """A folder and environment as a user's: flyarchive importable, an AWS profile ``lab``."""
+    folder = tmp_path_factory.mktemp("readme")
+    s3_server.create_bucket("lab")
+    (folder / "aws-config").write_text(
+        f"[profile lab]\nendpoint_url = {s3_server.endpoint_url}\nregion = us-east-1\n")
+    (folder / "aws-credentials").write_text(
+        "[lab]\naws_access_key_id = testing\naws_secret_access_key = testing\n")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("AWS_")}
+    env.update(
+        AWS_CONFIG_FILE=str(folder / "aws-config"),
+        AWS_SHARED_CREDENTIALS_FILE=str(folder / "aws-credentials"),
+        PYTHONPATH=os.pathsep.join([str(README.parent), env.get("PYTHONPATH", "")]),
+        PATH=os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")]),
+        MUJOCO_GL=env.get("MUJOCO_GL", "egl"),
+    )
+    return folder, env
+
+
+@pytest.fixture(scope="module")
+def python_examples(readme_env):
+    """Run every python block of the README in order; their completed processes."""
+    folder, env = readme_env
+    results = []
+    for i, code in enumerate(readme_blocks("python")):
+        script = folder / f"readme_example_{i}.py"
+        script.write_text(code)
+        results.append(subprocess.run([sys.executable, script.name], cwd=folder, env=env,
+                                      capture_output=True, text=True, timeout=600))
+    return results
+
+
+def test_the_readme_has_python_and_cli_examples():
+    assert len(readme_blocks("python")) >= 4
+    assert len(cli_commands()) >= 5
+
+
+def test_every_python_example_runs_as_written(python_examples):
+    failed = [(i, r.stderr[-3000:]) for i, r in enumerate(python_examples) if r.returncode]
+
+    assert not failed, failed
+
+
+def test_the_examples_wrote_what_they_say(readme_env, python_examples):
+    folder, _ = readme_env
+
+    ds = open_archive(str(folder / "run.zarr"))
+    manifest = json.loads((folder / "videos" / "manifest.json").read_text())
+
+    assert dict(ds.sizes)["world"] == 4 and ds.n_frames.values.tolist() == [26] * 4
+    assert sorted(v["world"] for v in manifest["videos"]) == [0, 3]
+    assert open_archive(str(folder / "flygym.zarr")).n_frames.values.tolist() == [13]
+    assert open_archive(str(folder / "flygym-gpu.zarr")).world.values.tolist() == [0, 3]
+
+
+def test_every_cli_example_runs_as_written(readme_env, python_examples):
+    folder, env = readme_env
+    failed = []
+
+    for command in cli_commands():
+        result = subprocess.run(command, shell=True, cwd=folder, env=env, capture_output=True,
+                                text=True, timeout=600)
+        if result.returncode:
+            failed.append((command, result.stderr[-2000:]))
+
+    assert not failed, failed
