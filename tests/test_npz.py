@@ -1,5 +1,7 @@
 """flygym RecordedTrajectory .npz import and export."""
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 
@@ -33,9 +35,9 @@ def test_import_export_round_trip_is_bit_exact_and_flygym_loads_it(tiny, tmp_pat
     url = str(tmp_path / "imported.zarr")
 
     import_npz(tmp_path / "in", url, tiny)
-    paths = export_npz(url, tmp_path / "out")
+    paths = export_npz(url, tmp_path / "out").files
 
-    assert [p.name for p in paths] == ["world00005.npz", "world00006.npz"]
+    assert [Path(p).name for p in paths] == ["world00005.npz", "world00006.npz"]
     for original, path in zip(originals, paths):
         loaded = RecordedTrajectory.from_file(path)
         for key in ("time", "qpos", "mocap_pos", "mocap_quat"):
