@@ -316,6 +316,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         os.dup2(devnull, sys.stdout.fileno())
         return 1
     except KeyboardInterrupt:
+        import logging
+
+        # zarr's event loop may still hold the interrupted write; asyncio would report the
+        # task as "destroyed but pending" at exit: noise after Ctrl-C.
+        logging.getLogger("asyncio").setLevel(logging.CRITICAL)
         print(f"flyarchive {args.command}: interrupted", file=sys.stderr)
         return 130
     except (FlyarchiveError, OSError, *client_errors()) as err:

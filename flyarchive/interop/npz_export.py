@@ -33,6 +33,7 @@ from flyarchive.storage_errors import check_storage_options, is_remote, local_er
 __all__ = ["export_npz", "NpzExport", "npz_name"]
 
 _TMP_SUFFIX = ".tmp"
+_OBJECT_STORES = {"s3", "s3a", "gs", "gcs", "az", "abfs", "abfss", "memory"}
 
 
 @dataclass(frozen=True)
@@ -239,6 +240,9 @@ class _FsspecSink(_Sink):
             return [f"{self.url}/{n}" for n in names if self.fs.exists(self._path(n))]
 
     def prepare(self) -> None:
+        protocols = {self.fs.protocol} if isinstance(self.fs.protocol, str) else set(self.fs.protocol)
+        if protocols & _OBJECT_STORES:
+            return  # no folders to make; and a missing bucket is an error, not created here
         with translated(self.url, self.options):
             self.fs.makedirs(self.root, exist_ok=True)
 
