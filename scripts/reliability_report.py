@@ -6,12 +6,14 @@ Runs the harnesses of :mod:`flyarchive.faults` and prints one table:
   Warp's CPU device), and frames lost per kill against the recorder's bound;
 - S3 faults injected through the fault proxy (record, read, render) and their outcomes;
 - corruptions injected into a local archive and whether ``flyarchive verify`` caught them;
-- bad inputs tried (``tests/test_bad_input.py``) and passed.
+- bad inputs tried (``tests/test_bad_input.py``) and passed;
+- import-npz / export-npz killed mid-way (:mod:`flyarchive.faults_interop`): half-written
+  files, leftovers after the rerun, interrupted imports reported partial and resumed.
 
 Usage::
 
     python scripts/reliability_report.py [--kills 20] [--backends cpu,warp]
-        [--s3-trials 4] [--json PATH]
+        [--s3-trials 4] [--interop-kills 6] [--json PATH]
 """
 
 from __future__ import annotations
@@ -205,6 +207,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--s3-trials", type=int, default=4,
                         help="trials per S3 operation (0: skip)")
     parser.add_argument("--no-bad-input", action="store_true", help="skip tests/test_bad_input.py")
+    parser.add_argument("--interop-kills", type=int, default=6,
+                        help="kills each of import-npz and export-npz (0: skip)")
     parser.add_argument("--json", metavar="PATH", help="also write the report as JSON")
     args = parser.parse_args(argv)
     start = time.monotonic()
@@ -220,8 +224,19 @@ def main(argv: list[str] | None = None) -> int:
         report["s3"] = run_s3(args.s3_trials) if args.s3_trials > 0 else []
         report["corruptions"] = run_corruptions(work)
         report["bad_input"] = {} if args.no_bad_input else run_bad_input(work)
+        from flyarchive import faults_interop
+
+        report["interop_kills"] = [
+            faults_interop.run_kills("import", args.interop_kills, work / "interop"),
+            faults_interop.run_kills("export", args.interop_kills, work / "interop",
+                                     n_files=8, n_frames=1500),
+        ] if args.interop_kills > 0 else []
     report["seconds"] = round(time.monotonic() - start, 1)
     print_table(report)
+    if report["interop_kills"]:
+        from flyarchive import faults_interop
+
+        faults_interop.print_table(report["interop_kills"])
     print(f"\n({report['seconds']} s)")
     if args.json:
         Path(args.json).write_text(json.dumps(report, indent=2, default=str))

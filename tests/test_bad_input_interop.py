@@ -15,15 +15,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from flyarchive import TrajectoryRecorder
+from flyarchive import TrajectoryRecorder, errors
 from flyarchive.cli import main
 from flyarchive.errors import (
     ArchiveExistsError,
-    ImportMismatchError,
     LayoutMismatchError,
     NonFiniteStateError,
     NpzFormatError,
-    OutputLocationError,
     SelectionError,
     StorageError,
 )
@@ -228,7 +226,7 @@ def test_resume_with_other_files_is_refused_and_keeps_the_partial_import(tiny, t
     write_npz(other / "x.npz", tiny, n=20, world_id=0)
     before = snapshot(partial)
 
-    with pytest.raises(ImportMismatchError, match="was started with other files"):
+    with pytest.raises(errors.ImportMismatchError, match="was started with other files"):
         import_npz(other, partial, tiny, resume=True)
 
     assert snapshot(partial) == before
@@ -237,7 +235,7 @@ def test_resume_with_other_files_is_refused_and_keeps_the_partial_import(tiny, t
 def test_resume_into_an_archive_no_import_made_is_refused(tiny, npz_dir, archive):
     before = snapshot(archive)
 
-    with pytest.raises(ImportMismatchError, match="was not made by import_npz"):
+    with pytest.raises(errors.ImportMismatchError, match="was not made by import_npz"):
         import_npz(npz_dir, archive, tiny, resume=True)
 
     assert snapshot(archive) == before
@@ -269,7 +267,7 @@ def test_export_to_an_existing_file_says_it_is_not_a_folder(archive, tmp_path):
     target.write_bytes(b"a file")
     before = snapshot(archive)
 
-    with pytest.raises(OutputLocationError, match="is a file, not a folder"):
+    with pytest.raises(errors.OutputLocationError, match="is a file, not a folder"):
         export_npz(archive, target)
 
     assert target.read_bytes() == b"a file"

@@ -27,10 +27,11 @@ def test_a_killed_import_is_reported_partial_and_resume_equals_a_whole_import(tm
         assert result.archive_left and result.partial_detected
 
 
-@pytest.mark.parametrize("wait_steps", [0, 2, EXPORT_FILES])
+@pytest.mark.parametrize(("wait_steps", "mid_write"), [(0, False), (2, True), (EXPORT_FILES, False)])
 def test_a_killed_export_leaves_no_half_written_file_and_the_rerun_no_leftover(
-        tmp_path, wait_steps):
-    config = InteropKillConfig(operation="export", n_files=6, n_frames=400, wait_steps=wait_steps)
+        tmp_path, wait_steps, mid_write):
+    config = InteropKillConfig(operation="export", n_files=6, n_frames=120, chunk_frames=40,
+                               wait_steps=wait_steps, mid_write=mid_write)
 
     result = kill_trial(tmp_path, config)
 
