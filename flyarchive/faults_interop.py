@@ -19,6 +19,8 @@ Nothing here is needed to record or replay.
 from __future__ import annotations
 
 import argparse
+import contextlib
+import io
 import os
 import signal
 import subprocess
@@ -328,7 +330,8 @@ def _import_trial(npz: Path, url: str, reference: str,
     from flyarchive.testing import TINY_XML
 
     model.write_text(TINY_XML)
-    code = main(["import-npz", str(npz), "--to", url, "--model", str(model), "--resume"])
+    with contextlib.redirect_stdout(io.StringIO()):  # its success line is not the report's
+        code = main(["import-npz", str(npz), "--to", url, "--model", str(model), "--resume"])
     if code != 0:
         result.problems.append(f"import-npz --resume exited with {code}.")
         return result

@@ -229,7 +229,7 @@ def main(argv: list[str] | None = None) -> int:
         report["interop_kills"] = [
             faults_interop.run_kills("import", args.interop_kills, work / "interop"),
             faults_interop.run_kills("export", args.interop_kills, work / "interop",
-                                     n_files=8, n_frames=1500),
+                                     n_files=8, n_frames=600),
         ] if args.interop_kills > 0 else []
     report["seconds"] = round(time.monotonic() - start, 1)
     print_table(report)
