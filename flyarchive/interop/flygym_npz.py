@@ -347,6 +347,7 @@ def import_npz(
         world_vars={ORIGINAL_ID_VAR: np.array([t.world_id for t in trajs], np.int64)}
         if renumber else {},
     )
+    url = str(url)
     url = str(Path(url).expanduser()) if url.startswith("~") else url
     writer = (_resume_writer(url, spec, trajs, storage_options) if resume
               else _create_writer(url, spec, mode, storage_options))
