@@ -4,29 +4,55 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from collections.abc import Sequence
 from typing import Any
 
 from flyarchive.errors import FlyarchiveError, SelectionError
 
-__all__ = ["main", "parse_worlds", "parse_time", "parse_size"]
+__all__ = ["main", "parse_worlds", "parse_time", "parse_size", "MAX_WORLDS"]
+
+#: Most world ids one ``--worlds`` selection may name (a range is refused before it is expanded).
+MAX_WORLDS = 1_000_000
 
 
-def parse_worlds(text: str) -> list[int]:
-    """``"0,3,10-20"`` -> ``[0, 3, 10, ..., 20]``."""
-    worlds: list[int] = []
+def parse_worlds(text: str, *, limit: int = MAX_WORLDS) -> list[int]:
+    """``"0,3,10-20"`` -> ``[0, 3, 10, ..., 20]``.
+
+    Raises:
+        SelectionError: unreadable text, a range whose end is before its start, an empty
+            selection, or more than ``limit`` ids (checked before any range is expanded).
+    """
+    bounds: list[tuple[int, int]] = []
     try:
         for part in text.split(","):
             lo, _, hi = part.strip().partition("-")
-            worlds += list(range(int(lo), int(hi) + 1)) if hi else [int(lo)]
+            bounds.append((int(lo), int(hi) if hi else int(lo)))
     except ValueError:
         raise SelectionError(
             f"Cannot read worlds {text!r}; write ids and ranges like '0,3,10-20'."
         ) from None
+    backwards = [f"{lo}-{hi}" for lo, hi in bounds if hi < lo]
+    if backwards:
+        raise SelectionError(
+            f"The world range {backwards[0]!r} in {text!r} ends before it starts; write START-END."
+        )
+    count = sum(hi - lo + 1 for lo, hi in bounds)
+    if count > limit:
+        raise SelectionError(
+            f"The world selection {text!r} names {count:,} worlds; at most {limit:,} can be "
+            "selected at once. Select fewer, or leave --worlds out to take every world."
+        )
+    worlds = [w for lo, hi in bounds for w in range(lo, hi + 1)]
     if not worlds:
         raise SelectionError(f"The world selection {text!r} is empty.")
     return worlds
+
+
+def _path(text: str) -> str:
+    """A path or URL as the user gave it, with ``~`` expanded for local paths."""
+    return text if "://" in text else os.path.expanduser(text)
 
 
 def parse_time(text: str) -> tuple[float | None, float | None]:
@@ -66,7 +92,7 @@ def _storage_options(text: str | None) -> dict[str, Any] | None:
 def cmd_info(args: argparse.Namespace) -> int:
     from flyarchive.summary import summarize
 
-    info = summarize(args.url, _storage_options(args.storage_options))
+    info = summarize(_path(args.url), _storage_options(args.storage_options))
     if args.json:
         print(json.dumps(info, indent=2))
     else:
@@ -77,13 +103,19 @@ def cmd_info(args: argparse.Namespace) -> int:
 
 
 def cmd_import_npz(args: argparse.Namespace) -> int:
-    from flyarchive.interop.flygym_npz import import_npz
+    from flyarchive.interop.flygym_npz import find_npz_files, import_npz
     from flyarchive.models import load_model
 
-    url = import_npz(args.paths, args.to, load_model(args.model),
-                     mode="w" if args.overwrite else "w-",
-                     storage_options=_storage_options(args.storage_options), codec=args.codec)
-    print(f"imported {len(args.paths)} path(s) into {url}")
+    if args.resume and args.overwrite:
+        raise SelectionError("--resume finishes an import and --overwrite replaces it; "
+                             "choose one.")
+    model = load_model(_path(args.model))
+    files = find_npz_files([_path(p) for p in args.paths])
+    url = import_npz(files, _path(args.to), model,
+                     mode="w" if args.overwrite else "w-", resume=args.resume,
+                     renumber=args.renumber, storage_options=_storage_options(args.storage_options),
+                     codec=args.codec)
+    print(f"imported {len(files)} file(s) into {url}")
     return 0
 
 
@@ -91,16 +123,21 @@ def cmd_export_npz(args: argparse.Namespace) -> int:
     from flyarchive.interop.flygym_npz import export_npz
 
     worlds = parse_worlds(args.worlds) if args.worlds else None
-    paths = export_npz(args.url, args.to, worlds=worlds, overwrite=args.overwrite,
-                       storage_options=_storage_options(args.storage_options))
-    print(f"wrote {len(paths)} file(s) to {args.to}")
+    out = _path(args.to)
+    done = export_npz(_path(args.url), out, worlds=worlds, overwrite=args.overwrite,
+                      storage_options=_storage_options(args.storage_options),
+                      out_storage_options=_storage_options(args.out_storage_options))
+    print(f"wrote {len(done.files)} file(s) to {out}")
+    if done.skipped:
+        print(f"skipped {len(done.skipped)} world(s) with no committed frames: "
+              f"{done.skipped[:20]}{' ...' if len(done.skipped) > 20 else ''}")
     return 0
 
 
 def cmd_verify(args: argparse.Namespace) -> int:
     from flyarchive.integrity import verify
 
-    report = verify(args.url, _storage_options(args.storage_options))
+    report = verify(_path(args.url), _storage_options(args.storage_options))
     if report.ok:
         print(f"OK: {args.url}: {report.n_worlds} worlds, {report.frames_checked} committed "
               "frames read, all finite, checksums match.")
@@ -114,9 +151,11 @@ def cmd_verify(args: argparse.Namespace) -> int:
 def cmd_render(args: argparse.Namespace) -> int:
     from flyarchive.models import load_model
     from flyarchive.render import RenderOptions, render_videos
+    from flyarchive.warp_log import set_verbose
 
+    set_verbose(args.verbose)  # Warp's logs, here and in local Dask workers
     written = render_videos(
-        args.url, load_model(args.model), args.camera, args.out,
+        _path(args.url), load_model(_path(args.model)), args.camera, _path(args.out),
         worlds=parse_worlds(args.worlds) if args.worlds else None,
         time=parse_time(args.time) if args.time else None,
         options=RenderOptions(size=parse_size(args.size), backend=args.backend,
@@ -144,7 +183,7 @@ def _video_options(args: argparse.Namespace) -> Any:
 def cmd_plot(args: argparse.Namespace) -> int:
     from flyarchive.plot import plot_traces
 
-    path = plot_traces(args.url, args.world, args.out, dofs=args.dof or None,
+    path = plot_traces(_path(args.url), args.world, _path(args.out), dofs=args.dof or None,
                        storage_options=_storage_options(args.storage_options))
     print(f"wrote {path}")
     return 0
@@ -153,7 +192,7 @@ def cmd_plot(args: argparse.Namespace) -> int:
 def cmd_demo(args: argparse.Namespace) -> int:
     from flyarchive.demo import run_demo
 
-    run_demo(args.out, n_worlds=args.worlds, seconds=args.seconds, render=not args.no_render,
+    run_demo(_path(args.out), n_worlds=args.worlds, seconds=args.seconds, render=not args.no_render,
              overwrite=args.overwrite, n_workers=args.workers)
     return 0
 
@@ -188,13 +227,20 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--model", required=True, help="MJCF .xml or compiled .mjb")
     p.add_argument("--codec", default="lossless", help="'lossless' or 'abs:1e-6'")
     p.add_argument("--overwrite", action="store_true", help="replace an existing archive")
+    p.add_argument("--resume", action="store_true",
+                   help="finish an interrupted import into --to (same files, same model)")
+    p.add_argument("--renumber", action="store_true",
+                   help="number worlds 0, 1, ... in file order (flygym CPU files all have "
+                        "world_id 0); the files' ids are kept as 'original_world_id'")
     storage(p)
     p = add("export-npz", cmd_export_npz, "Export worlds as flygym .npz files.")
     p.add_argument("url")
-    p.add_argument("--to", required=True, help="output folder")
+    p.add_argument("--to", required=True, help="output folder or fsspec URL (e.g. s3://lab/npz)")
     p.add_argument("--worlds", help="e.g. 0,3,10-20 (default all)")
     p.add_argument("--overwrite", action="store_true")
     storage(p)
+    p.add_argument("--out-storage-options",
+                   help="fsspec options of --to as JSON (default: --storage-options)")
     p = add("verify", cmd_verify, "Check schema, commit markers and every committed chunk.")
     p.add_argument("url")
     storage(p)
@@ -214,6 +260,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--crf", type=_crf, help="x264 quality, 0 (lossless) to 51 (default 18)")
     p.add_argument("--overwrite", action="store_true")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
+    p.add_argument("--verbose", action="store_true", help="show Warp's initialization and "
+                   "kernel-loading messages (hidden by default)")
     storage(p)
     p = add("plot", cmd_plot, "Plot joint traces of one world to a PNG.")
     p.add_argument("url")
@@ -231,13 +279,52 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _one_line(args: argparse.Namespace, err: BaseException) -> str:
+    """The error as one line, with the storage options' secrets scrubbed."""
+    from flyarchive.storage_errors import scrub, translate
+
+    options: Any = {}
+    for name in ("storage_options", "out_storage_options"):
+        try:
+            options[name] = _storage_options(getattr(args, name, None))
+        except SelectionError:
+            pass
+    if not isinstance(err, (FlyarchiveError, OSError)):  # a storage client's own exception
+        where = getattr(args, "url", None) or getattr(args, "to", None) or ""
+        err = translate(err, str(where), options.get("storage_options")) or err
+    text = str(err) if isinstance(err, FlyarchiveError) else f"{type(err).__name__}: {err}"
+    return " ".join(scrub(text, options).split())
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    """Entry point of the ``flyarchive`` command."""
+    """Entry point of the ``flyarchive`` command.
+
+    Returns the exit status: 0 done, 1 ``verify`` found problems, 2 an error (one line
+    on stderr: ``flyarchive <command>: error: ...``), 130 interrupted (Ctrl-C). A closed
+    output pipe (``flyarchive info | head``) ends the command quietly.
+    """
     args = build_parser().parse_args(argv)
+    from flyarchive.storage_errors import client_errors
+
     try:
-        return int(args.func(args))
-    except FlyarchiveError as err:
-        print(f"flyarchive {args.command}: error: {err}", file=sys.stderr)
+        code = int(args.func(args))
+        sys.stdout.flush()  # a closed pipe shows here, not at exit
+        return code
+    except BrokenPipeError:
+        # Python's documented recipe: no more output; stdout's close at exit is silent too.
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return 1
+    except KeyboardInterrupt:
+        import logging
+
+        # zarr's event loop may still hold the interrupted write; asyncio would report the
+        # task as "destroyed but pending" at exit: noise after Ctrl-C.
+        logging.getLogger("asyncio").setLevel(logging.CRITICAL)
+        print(f"flyarchive {args.command}: interrupted", file=sys.stderr)
+        return 130
+    except (FlyarchiveError, OSError, *client_errors()) as err:
+        print(f"flyarchive {args.command}: error: {_one_line(args, err)}", file=sys.stderr)
         return 2
 
 

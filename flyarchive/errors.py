@@ -29,6 +29,8 @@ __all__ = [
     "MissingDependencyError",
     "CorruptArchiveError",
     "RecordingError",
+    "ImportMismatchError",
+    "OutputLocationError",
 ]
 
 
@@ -132,3 +134,12 @@ def missing_dependency(package: str, extra: str, what: str) -> MissingDependency
         f"{what} needs the package {package!r}, which is not installed. "
         f"Install it with: pip install 'flyarchive[{extra}]'"
     )
+
+
+# ----------------------------------------------------------------------------- interop
+class ImportMismatchError(FlyarchiveError, ValueError):
+    """An interrupted ``.npz`` import cannot be resumed with these files or this model."""
+
+
+class OutputLocationError(FlyarchiveError, NotADirectoryError):
+    """An output location that must be a folder is a file (or another non-folder)."""

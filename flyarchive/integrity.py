@@ -10,7 +10,7 @@ import numpy as np
 import zarr
 
 from flyarchive import codecs
-from flyarchive.errors import FlyarchiveError
+from flyarchive.errors import FlyarchiveError, StorageError
 from flyarchive.query import open_stored, time_extents
 from flyarchive.schema import STATE_VARS, validate
 from flyarchive.store import open_group
@@ -57,13 +57,18 @@ def verify(url: str, storage_options: Mapping[str, Any] | None = None) -> Verify
         group = open_group(url, storage_options)
         validate(open_stored(group))
     except FlyarchiveError as err:
-        if isinstance(err, FileNotFoundError):
+        if isinstance(err, (FileNotFoundError, StorageError)):  # interop: not the archive's fault
             raise
         report.problems.append(f"Schema: {err}")
         return report
     except Exception as err:  # unreadable metadata or coordinates
         report.problems.append(f"Metadata unreadable: {err!r}")
         return report
+    from flyarchive.interop.flygym_npz import import_status  # interop: a partial import
+
+    status = import_status(group.attrs.asdict())
+    if status is not None and status != "complete":
+        report.problems.append(status)
     n_time = min(time_extents(group).values())
     try:
         n_frames = np.asarray(group["n_frames"][:])

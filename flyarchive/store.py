@@ -43,6 +43,7 @@ import numpy as np
 import zarr
 import zarr.storage
 
+from flyarchive import storage_errors
 from flyarchive.claims import WRITER_KEY, block_keys, claim_archive, claim_block, register, release
 from flyarchive.clock import Timing
 from flyarchive.creation import (
@@ -129,6 +130,8 @@ def open_store(
         StorageError: for an unknown protocol.
     """
     url = str(url)
+    if not _is_local(url):  # interop: malformed options are refused before a client is built
+        storage_errors.check_storage_options(url, storage_options)
     if _is_local(url):
         if storage_options:
             raise StorageError(f"storage_options were given for the local path {url!r}; drop them.")
@@ -181,7 +184,9 @@ def unavailable(url: str, err: BaseException) -> StorageError:
 
 def refuse_existing(url: str, storage_options: Mapping[str, Any] | None = None) -> None:
     """Raise :class:`ArchiveExistsError` if anything is at ``url``."""
-    if archive_exists(open_store(url, storage_options)):
+    with storage_errors.translated(url, storage_options):  # interop: unreachable, no bucket...
+        exists = archive_exists(open_store(url, storage_options))
+    if exists:
         raise _exists_error(url)
 
 
@@ -201,6 +206,8 @@ def open_group(url: str, storage_options: Mapping[str, Any] | None = None, *, mo
     store = open_store(url, storage_options, read_only=(mode == "r"))
     try:
         group = zarr.open_group(store, mode="r" if mode == "r" else "r+")
+    except storage_errors.client_errors() as err:  # interop: unreachable, no credentials...
+        raise storage_errors.translate(err, url, storage_options) or err from None
     except PermissionError as err:
         raise access_denied(url, err) from None
     except (FileNotFoundError, zarr.errors.GroupNotFoundError, KeyError):
@@ -291,7 +298,8 @@ class ArchiveWriter:
         parse_mode(mode)
         url = str(url)
         try:
-            return cls._create(url, spec, mode, storage_options, takeover)
+            with storage_errors.translated(url, storage_options):  # S3 faults
+                return cls._create(url, spec, mode, storage_options, takeover)
         except PermissionError as err:
             raise access_denied(url, err) from None
         except (FileNotFoundError, NotADirectoryError, IsADirectoryError, OSError) as err:
@@ -454,7 +462,7 @@ class ArchiveWriter:
                 self._write_times(block, t0, t1)
             committed = np.full(self.n_worlds, t1) if n_frames is None else np.asarray(n_frames)
             self._group["n_frames"][self._worlds] = committed.astype(np.int64)
-        except (OSError, RuntimeError, TimeoutError) as err:
+        except (OSError, RuntimeError, TimeoutError, *storage_errors.client_errors()) as err:
             self._failed = True  # retrying is allowed, and so is a new writer taking over
             raise StorageError(
                 f"Writing frames {t0}..{t1 - 1} to {self.url!r} failed ({err!r}). "

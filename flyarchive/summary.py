@@ -18,7 +18,7 @@ def summarize(url: str, storage_options: Mapping[str, Any] | None = None) -> dic
     times = ds.time.values
     layout = ds.attrs["layout"]
     worlds = ds.world.values
-    return {
+    info = {
         "url": str(url),
         "schema_version": ds.attrs["flyarchive_schema_version"],
         "source": ds.attrs.get("source"),
@@ -39,3 +39,9 @@ def summarize(url: str, storage_options: Mapping[str, Any] | None = None) -> dic
         "layout_hash": layout["hash"][:16],
         "versions": ", ".join(f"{k} {v}" for k, v in ds.attrs.get("versions", {}).items()),
     }
+    from flyarchive.interop.flygym_npz import import_status  # interop: a partial import
+
+    status = import_status(ds.attrs)
+    if status is not None:
+        info["import"] = status
+    return info

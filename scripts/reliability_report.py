@@ -11,12 +11,14 @@ Runs the harnesses of :mod:`flyarchive.faults` and prints one table:
   winner, the others refused cleanly, the archive exactly the winner's), and a reader
   polling ``open_archive`` while a writer appends (no open reports damage, no frame read
   inside ``n_frames`` differs from the final data);
-- bad inputs tried (``tests/test_bad_input.py``) and passed.
+- bad inputs tried (``tests/test_bad_input.py``) and passed;
+- import-npz / export-npz killed mid-way (:mod:`flyarchive.faults_interop`): half-written
+  files, leftovers after the rerun, interrupted imports reported partial and resumed.
 
 Usage::
 
     python scripts/reliability_report.py [--kills 20] [--backends cpu,warp]
-        [--s3-trials 4] [--races 10] [--race-processes 3] [--json PATH]
+        [--s3-trials 4] [--races 10] [--race-processes 3] [--interop-kills 6] [--json PATH]
 """
 
 from __future__ import annotations
@@ -278,6 +280,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--reader-steps", type=int, default=2000,
                         help="steps the writer appends while the reader polls (default 2000)")
     parser.add_argument("--no-bad-input", action="store_true", help="skip tests/test_bad_input.py")
+    parser.add_argument("--interop-kills", type=int, default=6,
+                        help="kills each of import-npz and export-npz (0: skip)")
     parser.add_argument("--json", metavar="PATH", help="also write the report as JSON")
     args = parser.parse_args(argv)
     start = time.monotonic()
@@ -296,8 +300,19 @@ def main(argv: list[str] | None = None) -> int:
                            if args.races > 0 else [])
         report["reader"] = run_reader(args.reader_steps, work) if args.races > 0 else {}
         report["bad_input"] = {} if args.no_bad_input else run_bad_input(work)
+        from flyarchive import faults_interop
+
+        report["interop_kills"] = [
+            faults_interop.run_kills("import", args.interop_kills, work / "interop"),
+            faults_interop.run_kills("export", args.interop_kills, work / "interop",
+                                     n_files=8, n_frames=600),
+        ] if args.interop_kills > 0 else []
     report["seconds"] = round(time.monotonic() - start, 1)
     print_table(report)
+    if report["interop_kills"]:
+        from flyarchive import faults_interop
+
+        faults_interop.print_table(report["interop_kills"])
     print(f"\n({report['seconds']} s)")
     if args.json:
         Path(args.json).write_text(json.dumps(report, indent=2, default=str))

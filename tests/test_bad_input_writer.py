@@ -186,7 +186,7 @@ def test_import_npz_into_an_archive_missing_n_frames_is_refused(tiny, archive, t
     (Path(archive) / "n_frames" / "zarr.json").unlink()
     before = snapshot(archive)
 
-    code = main(["import-npz", *map(str, paths), "--to", archive, "--model", str(tmp_path / "tiny.xml")])
+    code = main(["import-npz", *map(str, paths.files), "--to", archive, "--model", str(tmp_path / "tiny.xml")])
 
     assert code == 2
     assert "flyarchive import-npz: error: Something is already at" in capsys.readouterr().err

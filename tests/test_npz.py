@@ -1,5 +1,7 @@
 """flygym RecordedTrajectory .npz import and export."""
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 
@@ -33,9 +35,9 @@ def test_import_export_round_trip_is_bit_exact_and_flygym_loads_it(tiny, tmp_pat
     url = str(tmp_path / "imported.zarr")
 
     import_npz(tmp_path / "in", url, tiny)
-    paths = export_npz(url, tmp_path / "out")
+    paths = export_npz(url, tmp_path / "out").files
 
-    assert [p.name for p in paths] == ["world00005.npz", "world00006.npz"]
+    assert [Path(p).name for p in paths] == ["world00005.npz", "world00006.npz"]
     for original, path in zip(originals, paths):
         loaded = RecordedTrajectory.from_file(path)
         for key in ("time", "qpos", "mocap_pos", "mocap_quat"):
@@ -116,3 +118,248 @@ def test_npz_for_another_model_is_refused(tiny, tmp_path):
 def test_empty_folder_is_refused(tiny, tmp_path):
     with pytest.raises(SelectionError, match="holds no .npz files"):
         import_npz(tmp_path, str(tmp_path / "x.zarr"), tiny)
+
+
+# ----------------------------------------------------------------------------- issue 10
+def write_cpu_flygym_npz(tiny, folder, n_files=3, n=12):
+    """Files as flygym's CPU Simulation saves them: every one has world_id=0."""
+    from flygym.recording import RecordedTrajectory
+
+    folder.mkdir(parents=True, exist_ok=True)
+    frames = reference_frames(tiny, n_files, 4 * (n - 1))
+    for w in range(n_files):
+        RecordedTrajectory(
+            time=frames["time"], qpos=frames["qpos"][w], output_fps=25, playback_speed=0.2,
+            world_id=0, mocap_pos=frames["mocap_pos"][w], mocap_quat=frames["mocap_quat"][w],
+        ).save(folder / f"fly{w}.npz")
+    return frames
+
+
+def interrupt_after(blocks):
+    """A progress callback that stops an import after ``blocks`` commits, as Ctrl-C would."""
+    def progress(done, total):
+        progress.calls += 1
+        if progress.calls == blocks:
+            raise KeyboardInterrupt
+
+    progress.calls = 0
+    return progress
+
+
+def test_renumber_numbers_worlds_by_file_order_and_keeps_the_files_ids(tiny, tmp_path):
+    frames = write_cpu_flygym_npz(tiny, tmp_path / "in")
+    url = str(tmp_path / "cpu.zarr")
+
+    import_npz(tmp_path / "in", url, tiny, renumber=True)
+
+    ds = open_archive(url)
+    assert ds.world.values.tolist() == [0, 1, 2]
+    assert ds.original_world_id.values.tolist() == [0, 0, 0]
+    np.testing.assert_array_equal(ds.qpos.values, frames["qpos"])
+
+
+def test_cli_import_success_line_counts_files_not_paths(tiny, tmp_path, capsys):
+    from flyarchive.cli import main
+    from flyarchive.testing import TINY_XML
+
+    write_cpu_flygym_npz(tiny, tmp_path / "in")
+    (tmp_path / "tiny.xml").write_text(TINY_XML)
+
+    code = main(["import-npz", str(tmp_path / "in"), "--to", str(tmp_path / "a.zarr"),
+                 "--model", str(tmp_path / "tiny.xml"), "--renumber"])
+
+    assert code == 0
+    assert capsys.readouterr().out.startswith("imported 3 file(s) into ")
+
+
+def test_import_writes_with_the_codec_asked_for(tiny, tmp_path):
+    write_flygym_npz(tiny, tmp_path / "in")
+    url = str(tmp_path / "lossy.zarr")
+
+    import_npz(tmp_path / "in", url, tiny, codec="abs:1e-6")
+
+    assert open_archive(url).attrs["codec"]["spec"] == "abs:1e-6"
+
+
+def test_an_interrupted_import_is_reported_partial_by_info_and_verify(tiny, tmp_path):
+    from flyarchive.integrity import verify
+    from flyarchive.summary import summarize
+
+    write_flygym_npz(tiny, tmp_path / "in", lengths=(20, 20))
+    url = str(tmp_path / "partial.zarr")
+    with pytest.raises(KeyboardInterrupt):
+        import_npz(tmp_path / "in", url, tiny, chunk_frames=5, progress=interrupt_after(2))
+
+    info = summarize(url)
+    report = verify(url)
+
+    assert info["frames_max"] == 10
+    assert info["import"].startswith("PARTIAL: an import of 2 .npz file(s) (20 frames)")
+    assert not report.ok
+    assert any("--resume" in p for p in report.problems)
+
+
+def test_a_complete_import_is_reported_complete(tiny, tmp_path):
+    from flyarchive.integrity import verify
+    from flyarchive.summary import summarize
+
+    write_flygym_npz(tiny, tmp_path / "in")
+    url = str(tmp_path / "done.zarr")
+
+    import_npz(tmp_path / "in", url, tiny, chunk_frames=5)
+
+    assert summarize(url)["import"] == "complete"
+    assert verify(url).ok
+
+
+def test_resume_finishes_an_interrupted_import_equal_to_an_uninterrupted_one(tiny, tmp_path):
+    from flyarchive.faults_interop import datasets_equal
+
+    write_flygym_npz(tiny, tmp_path / "in", lengths=(7, 23))
+    whole, url = str(tmp_path / "whole.zarr"), str(tmp_path / "resumed.zarr")
+    import_npz(tmp_path / "in", whole, tiny, chunk_frames=5)
+    with pytest.raises(KeyboardInterrupt):
+        import_npz(tmp_path / "in", url, tiny, chunk_frames=5, progress=interrupt_after(3))
+
+    import_npz(tmp_path / "in", url, tiny, chunk_frames=5, resume=True)
+
+    assert datasets_equal(open_archive(url), open_archive(whole)) == []
+
+
+def test_resume_writes_only_the_frames_not_yet_committed(tiny, tmp_path):
+    write_flygym_npz(tiny, tmp_path / "in", lengths=(20, 20))
+    url = str(tmp_path / "resumed.zarr")
+    with pytest.raises(KeyboardInterrupt):
+        import_npz(tmp_path / "in", url, tiny, chunk_frames=5, progress=interrupt_after(2))
+    done = []
+
+    import_npz(tmp_path / "in", url, tiny, chunk_frames=5, resume=True,
+               progress=lambda n, total: done.append(n))
+
+    assert done == [15, 20]
+
+
+def test_resume_of_a_complete_import_changes_nothing(tiny, tmp_path):
+    write_flygym_npz(tiny, tmp_path / "in")
+    url = tmp_path / "done.zarr"
+    import_npz(tmp_path / "in", str(url), tiny, chunk_frames=5)
+    before = {p: p.read_bytes() for p in url.rglob("*") if p.is_file()}
+
+    import_npz(tmp_path / "in", str(url), tiny, chunk_frames=5, resume=True)
+
+    assert {p: p.read_bytes() for p in url.rglob("*") if p.is_file()} == before
+
+
+def test_cli_resume_finishes_an_interrupted_import(tiny, tmp_path, capsys):
+    from flyarchive.cli import main
+    from flyarchive.testing import TINY_XML
+
+    write_flygym_npz(tiny, tmp_path / "in", lengths=(20, 20))
+    (tmp_path / "tiny.xml").write_text(TINY_XML)
+    url = str(tmp_path / "cli.zarr")
+    with pytest.raises(KeyboardInterrupt):
+        import_npz(tmp_path / "in", url, tiny, chunk_frames=5, progress=interrupt_after(1))
+
+    code = main(["import-npz", str(tmp_path / "in"), "--to", url, "--model",
+                 str(tmp_path / "tiny.xml"), "--resume"])
+
+    assert code == 0
+    assert open_archive(url).n_frames.values.tolist() == [20, 20]
+
+
+def partly_recorded(tiny, url):
+    """An archive whose world 1 has no committed frame (world 0 has 5)."""
+    from flyarchive.clock import Timing
+    from flyarchive.layout import ModelLayout
+    from flyarchive.store import ArchiveSpec, ArchiveWriter, FrameBlock
+
+    frames = reference_frames(tiny, 2, 16)
+    spec = ArchiveSpec(ModelLayout.from_model(tiny), Timing(tiny.opt.timestep, 25, 0.2), (0, 1),
+                       chunk_frames=5)
+    writer = ArchiveWriter.create(url, spec)
+    writer.write(FrameBlock(frames["time"], frames["qpos"], frames["mocap_pos"],
+                            frames["mocap_quat"]), n_frames=np.array([5, 0]))
+    return url
+
+
+def test_export_skips_worlds_without_committed_frames(tiny, tmp_path):
+    url = partly_recorded(tiny, str(tmp_path / "part.zarr"))
+
+    done = export_npz(url, tmp_path / "out")
+
+    assert [Path(p).name for p in done.files] == ["world00000.npz"]
+    assert done.skipped == [1]
+    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == ["world00000.npz"]
+
+
+def test_cli_export_says_which_worlds_were_skipped(tiny, tmp_path, capsys):
+    from flyarchive.cli import main
+
+    url = partly_recorded(tiny, str(tmp_path / "part.zarr"))
+
+    assert main(["export-npz", url, "--to", str(tmp_path / "out")]) == 0
+
+    assert "skipped 1 world(s) with no committed frames: [1]" in capsys.readouterr().out
+
+
+def test_export_leaves_no_temporary_file_beside_the_files(tiny, tmp_path):
+    write_flygym_npz(tiny, tmp_path / "in")
+    url = str(tmp_path / "a.zarr")
+    import_npz(tmp_path / "in", url, tiny)
+
+    export_npz(url, tmp_path / "out")
+
+    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == [
+        "world00005.npz", "world00006.npz"]
+
+
+def test_export_removes_temporary_files_a_killed_export_left(tiny, tmp_path):
+    import subprocess
+    import sys
+
+    write_flygym_npz(tiny, tmp_path / "in")
+    url = str(tmp_path / "a.zarr")
+    import_npz(tmp_path / "in", url, tiny)
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
+                          capture_output=True, text=True, check=True).stdout.strip()
+    (tmp_path / "out").mkdir()
+    leftover = tmp_path / "out" / f".world00005.npz.k2j3h4.{dead}.tmp"
+    leftover.write_bytes(b"half a file")
+
+    export_npz(url, tmp_path / "out")
+
+    assert not leftover.exists()
+
+
+def test_export_expands_the_home_folder(tiny, tmp_path, monkeypatch):
+    write_flygym_npz(tiny, tmp_path / "in")
+    url = str(tmp_path / "a.zarr")
+    import_npz(tmp_path / "in", url, tiny)
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    monkeypatch.chdir(tmp_path)
+
+    export_npz(url, "~/npz")
+
+    assert (tmp_path / "home" / "npz" / "world00005.npz").is_file()
+    assert not (tmp_path / "~").exists()
+
+
+def test_export_to_an_s3_url_writes_files_flygym_loads(tiny, tmp_path, s3_location):
+    import fsspec
+    from flygym.recording import RecordedTrajectory
+
+    originals = write_flygym_npz(tiny, tmp_path / "in")
+    url = str(tmp_path / "a.zarr")
+    import_npz(tmp_path / "in", url, tiny)
+    out = s3_location.url.replace(".zarr", "-npz")
+
+    done = export_npz(url, out, out_storage_options=s3_location.storage_options)
+
+    fs, _ = fsspec.core.url_to_fs(out, **s3_location.storage_options)
+    assert done.files == [f"{out}/world00005.npz", f"{out}/world00006.npz"]
+    for original, file in zip(originals, done.files):
+        local = tmp_path / Path(file).name
+        local.write_bytes(fs.cat_file(file))
+        loaded = RecordedTrajectory.from_file(local)
+        np.testing.assert_array_equal(loaded.qpos, original.qpos)
+    assert not (Path.cwd() / "s3:").exists()

@@ -1,14 +1,24 @@
-"""flygym ``RecordedTrajectory`` ``.npz`` files in and out of archives.
+"""flygym ``RecordedTrajectory`` ``.npz`` files into archives (export: :mod:`.npz_export`).
 
 A flygym 2.1 ``.npz`` holds one world: ``time`` (n,), ``qpos`` (n, nq),
 ``output_fps``, ``playback_speed``, ``world_id`` and, for models with mocap
 bodies, ``mocap_pos`` (n, nmocap, 3) and ``mocap_quat`` (n, nmocap, 4). Files are
 read with ``allow_pickle=False``.
+
+An import is marked complete only at its end: the archive is created with the
+attribute ``npz_import`` (``state: "importing"``, the number of files and frames, a
+SHA-256 of the files), frames are committed block by block, and ``state`` becomes
+``"complete"`` last. An interrupted import is a valid archive with fewer frames;
+``flyarchive info`` and ``verify`` report it as partial, and
+``import_npz(..., resume=True)`` (``--resume``) finishes it.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+import hashlib
+import zipfile
+import zlib
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -17,14 +27,30 @@ import mujoco
 import numpy as np
 
 from flyarchive.clock import Timing
-from flyarchive.errors import LayoutMismatchError, NpzFormatError, OutputExistsError, SelectionError
+from flyarchive.errors import (
+    ArchiveExistsError,
+    ArchiveNotFoundError,
+    ImportMismatchError,
+    LayoutMismatchError,
+    NonFiniteStateError,
+    NpzFormatError,
+    SelectionError,
+)
+from flyarchive.interop.npz_export import NpzExport, export_npz
 from flyarchive.layout import ModelLayout
-from flyarchive.query import open_archive
-from flyarchive.store import ArchiveSpec, ArchiveWriter, FrameBlock
+from flyarchive.store import ArchiveSpec, ArchiveWriter, FrameBlock, open_group
 
-__all__ = ["import_npz", "export_npz", "read_npz", "NpzTrajectory"]
+__all__ = [
+    "import_npz", "export_npz", "read_npz", "find_npz_files", "import_status", "NpzTrajectory",
+    "NpzExport", "IMPORT_ATTR", "ORIGINAL_ID_VAR",
+]
 
 _REQUIRED = ("time", "qpos", "output_fps", "playback_speed", "world_id")
+_ZIP_MAGIC = (b"PK\x03\x04", b"PK\x05\x06")
+#: Archive attribute that marks an import: its state, files, frames and the files' digest.
+IMPORT_ATTR = "npz_import"
+#: ``(world,)`` variable holding the files' own ``world_id`` when worlds were renumbered.
+ORIGINAL_ID_VAR = "original_world_id"
 
 
 @dataclass(frozen=True)
@@ -41,13 +67,35 @@ class NpzTrajectory:
     mocap_quat: np.ndarray | None
 
 
+# ----------------------------------------------------------------------------- reading
+def _check_is_npz(path: str) -> None:
+    try:
+        with open(path, "rb") as f:
+            head = f.read(6)
+    except OSError as err:
+        raise NpzFormatError(f"{path!r} cannot be read ({err.strerror or err}).") from None
+    if head.startswith(b"\x93NUMPY"):
+        raise NpzFormatError(
+            f"{path!r} is a single-array .npy file, not an .npz file. Pass the .npz files that "
+            "flygym's RecordedTrajectory.save writes (a zip of named arrays)."
+        )
+    if not head.startswith(_ZIP_MAGIC):
+        raise NpzFormatError(
+            f"{path!r} is not an .npz file (it does not start like a zip archive). Pass the "
+            ".npz files that flygym's RecordedTrajectory.save writes."
+        )
+
+
 def read_npz(path: str | Path) -> NpzTrajectory:
     """Read and check one flygym ``RecordedTrajectory`` file, without pickle.
 
     Raises:
-        NpzFormatError: missing fields, object arrays (pickle), or inconsistent shapes.
+        NpzFormatError: not an .npz file, missing fields, object arrays (pickle),
+            inconsistent shapes, times that are not finite and strictly increasing.
+        NonFiniteStateError: NaN or infinity in qpos or the mocap poses.
     """
     path = str(path)
+    _check_is_npz(path)
     try:
         with np.load(path, allow_pickle=False) as data:
             missing = [k for k in _REQUIRED if k not in data.files]
@@ -64,8 +112,10 @@ def read_npz(path: str | Path) -> NpzTrajectory:
                 "(unpickling can run arbitrary code). Save plain numeric arrays instead."
             ) from None
         raise NpzFormatError(f"{path!r} is not a readable .npz file ({err}).") from None
-    except (OSError, EOFError) as err:
-        raise NpzFormatError(f"{path!r} is not a readable .npz file ({err}).") from None
+    except (OSError, EOFError, zipfile.BadZipFile, zlib.error) as err:
+        raise NpzFormatError(
+            f"{path!r} is a damaged .npz file ({type(err).__name__}: {err}); it may be truncated."
+        ) from None
     return _check_fields(path, arrays)
 
 
@@ -78,30 +128,74 @@ def _check_fields(path: str, a: dict[str, np.ndarray]) -> NpzTrajectory:
             f"and {qpos.shape}."
         )
     if qpos.dtype not in (np.float32, np.float64) or time.dtype.kind != "f":
-        raise NpzFormatError(f"{path!r}: qpos must be float32 or float64, got {qpos.dtype}.")
+        raise NpzFormatError(
+            f"{path!r}: qpos must be float32 or float64 and time floating point; got "
+            f"{qpos.dtype} and {time.dtype}."
+        )
     has_pos, has_quat = "mocap_pos" in a, "mocap_quat" in a
     if has_pos != has_quat:
         raise NpzFormatError(f"{path!r}: mocap_pos and mocap_quat must come together.")
     if has_pos:
         pos, quat = a["mocap_pos"], a["mocap_quat"]
-        if pos.shape[:1] != (n,) or pos.shape[2:] != (3,) or quat.shape != (*pos.shape[:2], 4):
+        if pos.shape[:1] != (n,) or pos.shape[2:] != (3,) or quat.shape != (*pos.shape[:2], 4) \
+                or pos.dtype.kind != "f" or quat.dtype.kind != "f":
             raise NpzFormatError(
-                f"{path!r}: mocap_pos must be (n, nmocap, 3) and mocap_quat (n, nmocap, 4) with "
-                f"n={n}; got {pos.shape} and {quat.shape}."
+                f"{path!r}: mocap_pos must be (n, nmocap, 3) and mocap_quat (n, nmocap, 4) "
+                f"floats with n={n}; got {pos.shape} {pos.dtype} and {quat.shape} {quat.dtype}."
             )
     for key in ("output_fps", "playback_speed", "world_id"):
         if np.shape(a[key]) != () or a[key].dtype.kind not in "iuf":
             raise NpzFormatError(f"{path!r}: {key} must be a number, got {a[key]!r}.")
+    _check_values(path, a, time)
     return NpzTrajectory(
         path, time.astype(np.float64), qpos, float(a["output_fps"]), float(a["playback_speed"]),
         int(a["world_id"]), a.get("mocap_pos"), a.get("mocap_quat"),
     )
 
 
-def _npz_files(paths: str | Path | Sequence[str | Path]) -> list[Path]:
+def _check_values(path: str, a: dict[str, np.ndarray], time: np.ndarray) -> None:
+    """Refuse what the recorder refuses: non-finite states, times not strictly increasing."""
+    for key in ("output_fps", "playback_speed"):
+        if not np.isfinite(a[key]) or a[key] <= 0:
+            raise NpzFormatError(f"{path!r}: {key} must be a positive number, got {a[key]!r}.")
+    world_id = a["world_id"]
+    if not np.isfinite(world_id) or world_id != np.floor(world_id) or not 0 <= world_id < 2**63:
+        raise NpzFormatError(
+            f"{path!r}: world_id must be a whole number from 0 to 2**63 - 1, got {world_id!r}."
+        )
+    if not np.isfinite(time).all():
+        raise NpzFormatError(f"{path!r}: time holds NaN or infinity at frame "
+                             f"{int(np.flatnonzero(~np.isfinite(time))[0])}.")
+    steps = np.flatnonzero(np.diff(time) <= 0)
+    if steps.size:
+        i = int(steps[0]) + 1
+        raise NpzFormatError(
+            f"{path!r}: time is not strictly increasing at frame {i} ({time[i - 1]!r} s, then "
+            f"{time[i]!r} s). One file is one run; split spliced runs into separate files."
+        )
+    for key in ("qpos", "mocap_pos", "mocap_quat"):
+        if key in a:
+            bad = ~np.isfinite(a[key]).reshape(len(time), -1).all(axis=1)
+            if bad.any():
+                i = int(np.flatnonzero(bad)[0])
+                raise NonFiniteStateError(
+                    f"{path!r}: {key} holds NaN or infinity at frame {i} (t={time[i]!r} s); the "
+                    "simulation diverged. flyarchive refuses non-finite states, as the recorder "
+                    "does. Cut the file before that frame, or fix the simulation."
+                )
+
+
+def find_npz_files(paths: str | Path | Sequence[str | Path]) -> list[Path]:
+    """The ``.npz`` files of ``paths``, in order: files as given, folders' ``*.npz`` sorted.
+
+    ``~`` is expanded.
+
+    Raises:
+        SelectionError: a path that does not exist, a folder without ``.npz`` files, no files.
+    """
     items = [paths] if isinstance(paths, (str, Path)) else list(paths)
     files: list[Path] = []
-    for item in map(Path, items):
+    for item in (Path(p).expanduser() for p in items):
         if item.is_dir():
             found = sorted(item.glob("*.npz"))
             if not found:
@@ -116,7 +210,7 @@ def _npz_files(paths: str | Path | Sequence[str | Path]) -> list[Path]:
     return files
 
 
-def _check_same_run(trajs: list[NpzTrajectory], model: mujoco.MjModel) -> None:
+def _check_same_run(trajs: list[NpzTrajectory], model: mujoco.MjModel, renumber: bool) -> None:
     first = trajs[0]
     for t in trajs:
         nmocap = 0 if t.mocap_pos is None else t.mocap_pos.shape[1]
@@ -138,113 +232,217 @@ def _check_same_run(trajs: list[NpzTrajectory], model: mujoco.MjModel) -> None:
                 f"{t.path!r} and {first.path!r} sample different times; one archive shares one "
                 "time axis. Import them into separate archives."
             )
-    ids = [t.world_id for t in trajs]
-    if len(set(ids)) != len(ids):
-        raise NpzFormatError(f"Several files have the same world_id ({ids}); world ids must be unique.")
+    if renumber:
+        return
+    seen: dict[int, str] = {}
+    for t in trajs:
+        if t.world_id in seen:
+            raise NpzFormatError(
+                f"{Path(seen[t.world_id]).name!r} and {Path(t.path).name!r} both have world_id "
+                f"{t.world_id}; world ids must be unique. flygym's CPU Simulation saves every "
+                "file with world_id=0: pass renumber=True (--renumber) to number the worlds "
+                "0, 1, ... in file order (the files' ids are kept as 'original_world_id')."
+            )
+        seen[t.world_id] = t.path
 
 
+# ----------------------------------------------------------------------------- the marker
+def _marker(trajs: list[NpzTrajectory], renumber: bool) -> dict[str, Any]:
+    digest = hashlib.sha256(b"renumber" if renumber else b"ids")
+    for t in trajs:
+        with open(t.path, "rb") as f:
+            digest.update(hashlib.file_digest(f, "sha256").digest())
+    return {"state": "importing", "files": len(trajs), "frames": max(len(t.time) for t in trajs),
+            "renumber": renumber, "sha256": digest.hexdigest()}
+
+
+def import_status(attrs: Mapping[str, Any]) -> str | None:
+    """How an archive's ``.npz`` import stands: None (not imported), ``"complete"``, or a
+    sentence saying the import is partial and how to finish it."""
+    marker = attrs.get(IMPORT_ATTR)
+    if not isinstance(marker, Mapping):
+        return None
+    if marker.get("state") == "complete":
+        return "complete"
+    return (
+        f"PARTIAL: an import of {marker.get('files')!s} .npz file(s) ({marker.get('frames')!s} "
+        "frames) into this archive is in progress or was interrupted, so frames are missing. "
+        "Finish it with the same files and model: flyarchive import-npz FILES --to URL --model "
+        "MODEL --resume (API: import_npz(..., resume=True))."
+    )
+
+
+def _mark_complete(url: str, storage_options: Mapping[str, Any] | None,
+                   marker: Mapping[str, Any]) -> None:
+    group = open_group(url, storage_options, mode="r+")
+    group.attrs.update({IMPORT_ATTR: {**marker, "state": "complete"}})
+
+
+# ----------------------------------------------------------------------------- import
 def import_npz(
     paths: str | Path | Sequence[str | Path],
     url: str,
     model: mujoco.MjModel,
     *,
     mode: str = "w-",
+    resume: bool = False,
+    renumber: bool = False,
     storage_options: Mapping[str, Any] | None = None,
     codec: str = "lossless",
     chunk_frames: int = 100,
+    progress: Callable[[int, int], object] | None = None,
 ) -> str:
     """Import flygym ``.npz`` trajectories (files or folders of them) into one archive.
 
     Each file is one world; files may have different lengths but must sample the same
     times. The timestep comes from ``model``; values keep their dtype bit for bit.
 
+    Args:
+        paths: ``.npz`` files or folders of them (``~`` is expanded).
+        url: The archive to create: a local path or any fsspec URL.
+        model: The model the files were recorded with.
+        mode: ``"w-"`` refuse if anything is at ``url`` (default); ``"w"`` replace it.
+            ``"a"`` means ``resume=True``.
+        resume: Finish an interrupted import into ``url``: same files, same model; the
+            frames it committed are kept and the rest written. Without an archive at
+            ``url`` the import starts from the beginning; a complete one is left as is.
+        renumber: Number the worlds 0, 1, ... in file order instead of using the files'
+            ``world_id`` (flygym's CPU Simulation saves every file with ``world_id=0``);
+            the files' ids are kept as the ``(world,)`` variable ``original_world_id``.
+            Without it, worlds are ordered by ``world_id``, which must be unique.
+        codec: ``"lossless"`` or ``"abs:<bound>"`` (see :mod:`flyarchive.codecs`).
+        chunk_frames: Frames per chunk (a resumed import keeps the archive's).
+        progress: Called as ``progress(frames_done, frames_total)`` after each commit.
+
     Returns:
         The archive URL.
 
     Raises:
-        NpzFormatError, LayoutMismatchError, SelectionError, ArchiveExistsError.
+        NpzFormatError, NonFiniteStateError: a file that is not a valid flygym trajectory.
+        LayoutMismatchError: files of another model.
+        SelectionError: no such file or folder.
+        ArchiveExistsError: something is at ``url`` (without ``mode="w"`` or ``resume``).
+        ImportMismatchError: ``resume`` with other files, or into an archive that no
+            import made.
+        StorageError: the storage failed; what was committed stays.
     """
-    trajs = sorted((read_npz(p) for p in _npz_files(paths)), key=lambda t: t.world_id)
-    _check_same_run(trajs, model)
+    if mode == "a":
+        mode, resume = "w-", True
+    if mode not in ("w-", "w"):
+        raise ValueError(f"mode must be 'w-' or 'w' (or resume=True), got {mode!r}.")
+    if resume and mode == "w":
+        raise ValueError("resume=True continues an archive and mode='w' replaces it; choose one.")
+    trajs = [read_npz(p) for p in find_npz_files(paths)]
+    if not renumber:
+        trajs.sort(key=lambda t: t.world_id)
+    _check_same_run(trajs, model, renumber)
+    marker = _marker(trajs, renumber)
     longest = max(trajs, key=lambda t: len(t.time))
-    n = len(longest.time)
     spec = ArchiveSpec(
         ModelLayout.from_model(model),
         Timing(float(model.opt.timestep), longest.output_fps, longest.playback_speed),
-        tuple(t.world_id for t in trajs), dtype=str(longest.qpos.dtype), source="flygym-npz",
-        chunk_frames=chunk_frames,
+        tuple(range(len(trajs))) if renumber else tuple(t.world_id for t in trajs),
+        dtype=str(longest.qpos.dtype), source="flygym-npz", chunk_frames=chunk_frames,
+        codec=codec, attrs={IMPORT_ATTR: marker},
+        world_vars={ORIGINAL_ID_VAR: np.array([t.world_id for t in trajs], np.int64)}
+        if renumber else {},
     )
-    writer = ArchiveWriter.create(url, spec, mode=mode, storage_options=storage_options)
-
-    def stacked(key: str) -> np.ndarray | None:
-        if getattr(longest, key) is None:
-            return None
-        out = np.full((len(trajs), n, *getattr(longest, key).shape[1:]), np.nan, longest.qpos.dtype)
-        for w, t in enumerate(trajs):
-            out[w, : len(t.time)] = getattr(t, key)
-        return out
-
-    qpos, pos, quat = stacked("qpos"), stacked("mocap_pos"), stacked("mocap_quat")
-    for t0 in range(0, n, chunk_frames):
-        t1 = min(t0 + chunk_frames, n)
-        cut = (slice(None), slice(t0, t1))
-        writer.write(
-            FrameBlock(longest.time[t0:t1], qpos[cut], None if pos is None else pos[cut],
-                       None if quat is None else quat[cut]),
-            n_frames=np.array([min(len(t.time), t1) for t in trajs]),
-        )
+    url = str(url)
+    url = str(Path(url).expanduser()) if url.startswith("~") else url
+    writer = (_resume_writer(url, spec, trajs, storage_options) if resume
+              else _create_writer(url, spec, mode, storage_options))
+    if writer is not None:
+        _write_frames(writer, trajs, progress)
+        _mark_complete(url, storage_options, marker)
     return url
 
 
-def export_npz(
-    url: str,
-    out_dir: str | Path,
-    *,
-    worlds: Sequence[int] | None = None,
-    storage_options: Mapping[str, Any] | None = None,
-    overwrite: bool = False,
-) -> list[Path]:
-    """Write worlds of an archive as flygym ``.npz`` files (``{out_dir}/world{id:05d}.npz``).
-
-    flygym's ``RecordedTrajectory.from_file`` loads them unchanged; only committed
-    frames are exported.
-
-    Args:
-        worlds: World ids to export (default all).
-
-    Raises:
-        SelectionError: a world id not in the archive.
-        OutputExistsError: a file exists and ``overwrite`` is False (nothing is written).
-    """
-    ds = open_archive(url, storage_options)
-    ids = [int(w) for w in ds.world.values]
-    chosen = ids if worlds is None else [int(w) for w in worlds]
-    unknown = [w for w in chosen if w not in ids]
-    if unknown or not chosen:
-        raise SelectionError(
-            f"World(s) {unknown or chosen} are not in the archive {url!r}; it has worlds "
-            f"{ids[:20]}{'...' if len(ids) > 20 else ''}."
+def _create_writer(url: str, spec: ArchiveSpec, mode: str,
+                   storage_options: Mapping[str, Any] | None) -> ArchiveWriter:
+    try:
+        return ArchiveWriter.create(url, spec, mode=mode, storage_options=storage_options)
+    except ArchiveExistsError:
+        pass
+    try:
+        status = import_status(open_group(url, storage_options).attrs.asdict())
+    except Exception:  # something that is not an archive: the plain message below
+        status = None
+    if status is not None and status != "complete":
+        raise ArchiveExistsError(
+            f"{url!r} holds an import that did not finish. Pass resume=True (--resume) with the "
+            "same files and model to finish it, or mode='w' (--overwrite) to start over."
         )
-    out = Path(out_dir)
-    paths = [out / f"world{w:05d}.npz" for w in chosen]
-    existing = [str(p) for p in paths if p.exists()]
-    if existing and not overwrite:
-        raise OutputExistsError(
-            f"{existing[:3]} already exist; pass overwrite=True (--overwrite) to replace them."
+    raise ArchiveExistsError(
+        f"Something is already at {url!r}; flyarchive never overwrites without being asked. "
+        "Pass mode='w' (--overwrite) to replace it, or choose another URL."
+    )
+
+
+def _resume_writer(url: str, spec: ArchiveSpec, trajs: list[NpzTrajectory],
+                   storage_options: Mapping[str, Any] | None) -> ArchiveWriter | None:
+    """A writer positioned after the frames every unfinished world committed, or None when
+    the import is already complete."""
+    try:
+        group = open_group(url, storage_options)
+    except ArchiveNotFoundError:
+        return ArchiveWriter.create(url, spec, mode="w-", storage_options=storage_options)
+    stored = group.attrs.get(IMPORT_ATTR)
+    ours = spec.attrs[IMPORT_ATTR]
+    if not isinstance(stored, Mapping):
+        raise ImportMismatchError(
+            f"The archive at {url!r} was not made by import_npz (it has no {IMPORT_ATTR!r} "
+            "attribute), so there is no import to resume. Pass mode='w' (--overwrite) to "
+            "replace it, or choose another URL."
         )
-    out.mkdir(parents=True, exist_ok=True)
-    for w, path in zip(chosen, paths):
-        one = ds.sel(world=w)
-        n = int(one.n_frames)
-        arrays = {
-            "time": one.time.values[:n],
-            "qpos": one.qpos.values[:n],
-            "output_fps": np.asarray(ds.attrs["output_fps"]),
-            "playback_speed": np.asarray(ds.attrs["playback_speed"]),
-            "world_id": np.asarray(w),
-        }
-        if "mocap_pos" in ds:
-            arrays["mocap_pos"] = one.mocap_pos.values[:n]
-            arrays["mocap_quat"] = one.mocap_quat.values[:n]
-        np.savez_compressed(path, **arrays)
-    return paths
+    keys = ("files", "frames", "renumber", "sha256")
+    if any(stored.get(k) != ours[k] for k in keys):
+        raise ImportMismatchError(
+            f"The import into {url!r} was started with other files or options: it had "
+            f"{stored.get('files')!s} file(s) of {stored.get('frames')!s} frames "
+            f"(renumber={stored.get('renumber')!s}); now {ours['files']} file(s) of "
+            f"{ours['frames']} frames (renumber={ours['renumber']}), and their contents differ. "
+            "Pass the same files (same order with renumber) to resume, or --overwrite."
+        )
+    if stored.get("state") == "complete":
+        return None
+    if "n_frames" not in group:  # killed while creating the arrays: nothing was committed
+        return ArchiveWriter.create(url, spec, mode="w", storage_options=storage_options)
+    writer = ArchiveWriter.append(url, spec.layout, storage_options=storage_options,
+                                  timing=spec.timing)
+    if writer.world_ids != spec.world_ids:
+        raise ImportMismatchError(
+            f"The archive at {url!r} has worlds {list(writer.world_ids)[:10]}; these files give "
+            f"{list(spec.world_ids)[:10]}. Pass the same files to resume, or --overwrite."
+        )
+    committed = np.asarray(group["n_frames"][:], dtype=np.int64)
+    lengths = np.array([len(t.time) for t in trajs])
+    unfinished = committed < lengths
+    start = int(committed[unfinished].min()) if unfinished.any() else int(lengths.max())
+    writer.n_frames = max(0, start - start % writer.chunk_frames)  # redo a partial block
+    return writer
+
+
+def _write_frames(writer: ArchiveWriter, trajs: list[NpzTrajectory],
+                  progress: Callable[[int, int], object] | None) -> None:
+    """Write frames ``writer.n_frames`` onwards, one commit per ``writer.chunk_frames``."""
+    longest = max(trajs, key=lambda t: len(t.time))
+    n, step, dtype = len(longest.time), writer.chunk_frames, longest.qpos.dtype
+
+    def block(key: str, t0: int, t1: int) -> np.ndarray | None:
+        if getattr(longest, key) is None:
+            return None
+        out = np.full((len(trajs), t1 - t0, *getattr(longest, key).shape[1:]), np.nan, dtype)
+        for w, t in enumerate(trajs):
+            part = getattr(t, key)[t0:t1]
+            out[w, : len(part)] = part
+        return out
+
+    for t0 in range(writer.n_frames, n, step):
+        t1 = min(t0 + step, n)
+        writer.write(
+            FrameBlock(longest.time[t0:t1], block("qpos", t0, t1), block("mocap_pos", t0, t1),
+                       block("mocap_quat", t0, t1)),
+            n_frames=np.array([min(len(t.time), t1) for t in trajs]),
+        )
+        if progress is not None:
+            progress(t1, n)

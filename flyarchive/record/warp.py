@@ -55,6 +55,9 @@ try:
     from flyarchive.record.warp_io import BackgroundWriter, Frames, Session, gather_frame
 except ImportError as exc:  # pragma: no cover - depends on the environment
     raise missing_dependency("warp", "gpu", "WarpTrajectoryRecorder") from exc
+from flyarchive.warp_log import configure_warp  # noqa: E402  (interop: Warp quiet unless verbose)
+
+configure_warp(wp)
 
 __all__ = ["WarpTrajectoryRecorder", "FIRST_FRAME_ATTR"]
 

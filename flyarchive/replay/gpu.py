@@ -42,6 +42,9 @@ except ImportError as exc:  # pragma: no cover - depends on the environment
     raise missing_dependency(
         "warp", "gpu", "Rendering with mujoco-warp (flyarchive.replay.gpu)"
     ) from exc
+from flyarchive.warp_log import configure_warp  # noqa: E402  (interop: Warp quiet unless verbose)
+
+configure_warp(wp)
 
 __all__ = ["PendingBatch", "WarpBatchRenderer", "prepare_for_batch_rendering"]
 

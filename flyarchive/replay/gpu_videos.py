@@ -166,6 +166,9 @@ def warp_device(backend: str) -> str:
         )
     import warp as wp
 
+    from flyarchive.warp_log import configure_warp  # interop: Warp quiet unless verbose
+
+    configure_warp(wp)
     wp.init()
     if wp.get_cuda_device_count() < 1:
         raise RenderBackendError(

@@ -104,6 +104,11 @@ def _import_mujoco_warp():  # type: ignore[no-untyped-def]
         raise missing_dependency(
             "mujoco_warp", "gpu", "Preparing a model for mujoco-warp's batch renderer"
         ) from exc
+    import warp
+
+    from flyarchive.warp_log import configure_warp  # interop: Warp quiet unless verbose
+
+    configure_warp(warp)
     return mujoco_warp
 
 

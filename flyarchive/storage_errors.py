@@ -1,0 +1,267 @@
+"""The one place that turns storage faults into :class:`~flyarchive.errors.StorageError`.
+
+Storage clients fail in their own words: botocore's ``EndpointConnectionError``
+(a 100-line traceback), ``NoCredentialsError``, s3fs's ``PermissionError:
+Forbidden`` or ``FileNotFoundError: The specified bucket does not exist``, a
+``TypeError`` deep in botocore for ``endpoint_url: 5``; local disks say
+``[Errno 28] No space left on device``. :func:`translate` maps each to one
+sentence that names the URL, what went wrong and the likely fix; :func:`translated`
+does it for a block of code; :func:`check_storage_options` refuses malformed options
+before any client is built.
+
+Secrets never appear: every message is scrubbed of the values of secret-looking
+storage options (``secret``, ``key``, ``token``, ``password``...), at any depth.
+Nothing here imports botocore, aiohttp or s3fs: their exceptions are recognized by
+class name, and only when their module is already loaded.
+"""
+
+from __future__ import annotations
+
+import errno
+import re
+import sys
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from typing import Any
+from urllib.parse import urlsplit
+
+from flyarchive.errors import FlyarchiveError, StorageError
+
+__all__ = [
+    "translate", "translated", "local_error", "client_errors", "check_storage_options", "scrub",
+]
+
+_SECRET_KEY = re.compile(r"secret|token|password|passwd|credential|key|sas|signature", re.I)
+_CREDENTIAL_ERRORS = frozenset({
+    "NoCredentialsError", "PartialCredentialsError", "NoAuthTokenError", "ProfileNotFound",
+    "CredentialRetrievalError", "TokenRetrievalError", "UnauthorizedSSOTokenError",
+    "SSOTokenLoadError", "UnknownCredentialError",
+})
+# botocore's ConnectionError / HTTPClientError family and aiohttp's ClientConnectionError family
+_UNREACHABLE = frozenset({"ConnectionError", "HTTPClientError", "ClientConnectionError"})
+_CLIENT_MODULES = ("botocore", "aiobotocore", "aiohttp", "s3fs", "gcsfs", "adlfs")
+_LOCAL_HINTS = {
+    errno.EACCES: "This user may not write there; choose another location or fix its permissions.",
+    errno.EPERM: "This user may not write there; choose another location or fix its permissions.",
+    errno.ENOSPC: "The disk is full: free some space or write elsewhere.",
+    errno.EDQUOT: "The disk quota is used up: free some space or write elsewhere.",
+    errno.EFBIG: "The file is larger than this system allows (a file size limit): write elsewhere.",
+    errno.EROFS: "The file system is read-only: choose a writable location.",
+    errno.ENOTDIR: "A part of the path is a file, not a folder: choose another path.",
+    errno.EEXIST: "A part of the path is a file, not a folder: choose another path.",
+    errno.ENOENT: "A folder on the path does not exist: create it or choose another path.",
+    errno.EISDIR: "A folder is where a file should be written: choose another path.",
+}
+
+
+def is_remote(url: str) -> bool:
+    """True for a URL with a protocol other than ``file://``."""
+    return "://" in str(url) and not str(url).startswith("file://")
+
+
+def _secrets(options: Any, under_secret_key: bool = False) -> list[str]:
+    """String values stored under secret-looking keys, at any depth."""
+    found: list[str] = []
+    if isinstance(options, Mapping):
+        for key, value in options.items():
+            found += _secrets(value, under_secret_key or bool(_SECRET_KEY.search(str(key))))
+    elif isinstance(options, (list, tuple)):
+        for value in options:
+            found += _secrets(value, under_secret_key)
+    elif under_secret_key and isinstance(options, str) and len(options) >= 4:
+        found.append(options)
+    return found
+
+
+def scrub(text: str, storage_options: Mapping[str, Any] | None) -> str:
+    """``text`` with every secret value of ``storage_options`` replaced by ``***``."""
+    for secret in sorted(_secrets(storage_options or {}), key=len, reverse=True):
+        text = text.replace(secret, "***")
+    return text
+
+
+def _names(err: BaseException) -> set[str]:
+    return {cls.__name__ for cls in type(err).__mro__}
+
+
+def _from_client(err: BaseException) -> bool:
+    """True if the exception class comes from a storage client library."""
+    return any(cls.__module__.split(".")[0] in _CLIENT_MODULES for cls in type(err).__mro__)
+
+
+def client_errors() -> tuple[type[BaseException], ...]:
+    """Base classes of the storage clients' own exceptions (those loaded in this process).
+
+    For an ``except client_errors() as err:`` clause: botocore's ``BotoCoreError`` and
+    ``ClientError``, aiohttp's ``ClientError``. Empty when no such client was imported,
+    so that it costs nothing for local archives.
+    """
+    out: list[type[BaseException]] = []
+    boto = sys.modules.get("botocore.exceptions")
+    if boto is not None:
+        out += [boto.BotoCoreError, boto.ClientError]
+    aiohttp = sys.modules.get("aiohttp")
+    if aiohttp is not None and hasattr(aiohttp, "ClientError"):
+        out.append(aiohttp.ClientError)
+    return tuple(out)
+
+
+def _endpoint(err: BaseException, storage_options: Mapping[str, Any] | None) -> str | None:
+    options = dict(storage_options or {})
+    client = options.get("client_kwargs")
+    for value in (options.get("endpoint_url"),
+                  client.get("endpoint_url") if isinstance(client, Mapping) else None):
+        if isinstance(value, str):
+            return value
+    kwargs = getattr(err, "kwargs", None)
+    url = kwargs.get("endpoint_url") if isinstance(kwargs, Mapping) else None
+    if isinstance(url, str):
+        parts = urlsplit(url)
+        return f"{parts.scheme}://{parts.netloc}"
+    return None
+
+
+def _bucket(url: str) -> str:
+    return urlsplit(url).netloc
+
+
+def _describe(err: BaseException) -> str:
+    text = str(err).strip().splitlines()[0] if str(err).strip() else ""
+    return f"{type(err).__name__}: {text}" if text else type(err).__name__
+
+
+def translate(
+    err: BaseException, url: str, storage_options: Mapping[str, Any] | None = None
+) -> StorageError | None:
+    """The :class:`StorageError` for a storage client's exception, or None if it is not one.
+
+    Recognized: unreachable endpoints, missing or refused credentials, a missing
+    bucket, and any other exception raised by botocore, aiobotocore, aiohttp or an
+    fsspec cloud backend. For remote URLs only; local paths: see :func:`local_error`.
+
+    Args:
+        err: The exception caught.
+        url: The URL that was being read or written (named in the message).
+        storage_options: The options used (to name the endpoint and scrub secrets).
+    """
+    if isinstance(err, FlyarchiveError):
+        return None
+    names = _names(err)
+    endpoint = _endpoint(err, storage_options)
+    where = f" at {endpoint}" if endpoint else ""
+    if names & _CREDENTIAL_ERRORS:
+        message = (
+            f"No usable credentials were found for {url!r} ({_describe(err)}). Pass \"key\" and "
+            "\"secret\" (or \"profile\") in the storage options, set AWS_ACCESS_KEY_ID and "
+            "AWS_SECRET_ACCESS_KEY, or pass {\"anon\": true} for a public bucket."
+        )
+    elif names & _UNREACHABLE and _from_client(err):
+        message = (
+            f"Cannot reach the storage of {url!r}: nothing answered{where} ({_describe(err)}). "
+            "Check that the server is running, that \"endpoint_url\" in the storage options is "
+            "right (e.g. \"http://127.0.0.1:9000\"), and the network or proxy settings. "
+            "Nothing was changed."
+        )
+    elif not is_remote(url):
+        return None
+    elif isinstance(err, PermissionError):
+        message = (
+            f"Access to {url!r} was refused{where} ({_describe(err)}). Check the credentials "
+            "(key and secret, profile, or environment) and the permissions of the bucket: "
+            "reading needs s3:GetObject and s3:ListBucket, writing also s3:PutObject."
+        )
+    elif isinstance(err, FileNotFoundError) and "bucket" in str(err).lower():
+        bucket = _bucket(url)
+        message = (
+            f"The bucket {bucket!r} of {url!r} does not exist{where}. Create it first "
+            f"(e.g. `aws s3 mb s3://{bucket}`), or fix the bucket name in the URL."
+        )
+    elif _from_client(err) or isinstance(err, (OSError, TimeoutError)):
+        message = (
+            f"The storage of {url!r} failed{where} ({_describe(err)}). Check the URL and the "
+            "storage options (endpoint_url, credentials, region), or retry if it was busy."
+        )
+    else:
+        return None
+    return StorageError(scrub(message, storage_options))
+
+
+def local_error(path: str, err: OSError, action: str = "write") -> StorageError:
+    """The :class:`StorageError` for a local file-system error, with the likely fix.
+
+    Args:
+        path: The file or folder involved.
+        err: The ``OSError`` (its ``errno`` picks the hint).
+        action: What was attempted, e.g. ``"write"``, ``"create the folder"``.
+    """
+    hint = _LOCAL_HINTS.get(err.errno or -1, "Choose a writable location.")
+    reason = err.strerror or str(err) or type(err).__name__
+    return StorageError(f"Cannot {action} {str(path)!r}: {reason}. {hint}")
+
+
+@contextmanager
+def translated(url: str, storage_options: Mapping[str, Any] | None = None) -> Iterator[None]:
+    """Run a block; re-raise storage client faults as :class:`StorageError` (see :func:`translate`).
+
+    Errors flyarchive raised itself, and exceptions that are not storage faults, pass
+    unchanged.
+    """
+    try:
+        yield
+    except Exception as err:
+        new = translate(err, str(url), storage_options)
+        if new is None:
+            raise
+        raise new from None
+
+
+def _check_endpoint(url: str, name: str, value: Any) -> None:
+    if not isinstance(value, str) or urlsplit(value).scheme not in ("http", "https") \
+            or not urlsplit(value).netloc:
+        raise StorageError(
+            f"The storage option {name!r} for {url!r} must be a URL such as "
+            f"'http://127.0.0.1:9000' or 'https://s3.example.org'; got {value!r}."
+        )
+
+
+def check_storage_options(url: str, storage_options: Mapping[str, Any] | None) -> None:
+    """Refuse storage options that no client could use, before any client is built.
+
+    Checks: the options are a mapping; ``endpoint_url`` (top level or in
+    ``client_kwargs``) is an http(s) URL; ``client_kwargs`` and ``config_kwargs`` are
+    mappings; ``key``, ``secret``, ``token`` and ``profile`` are strings (their values
+    are never quoted); ``anon`` is a boolean.
+
+    Raises:
+        StorageError: naming the option, the URL and the expected form.
+    """
+    if storage_options is None:
+        return
+    if not isinstance(storage_options, Mapping):
+        raise StorageError(
+            f"storage_options for {url!r} must be a mapping (a JSON object), got "
+            f"{type(storage_options).__name__}."
+        )
+    for name in ("client_kwargs", "config_kwargs"):
+        if name in storage_options and not isinstance(storage_options[name], Mapping):
+            raise StorageError(
+                f"The storage option {name!r} for {url!r} must be a mapping (a JSON object), "
+                f"got {type(storage_options[name]).__name__}."
+            )
+    if "endpoint_url" in storage_options:
+        _check_endpoint(url, "endpoint_url", storage_options["endpoint_url"])
+    client = storage_options.get("client_kwargs") or {}
+    if "endpoint_url" in client:
+        _check_endpoint(url, "client_kwargs.endpoint_url", client["endpoint_url"])
+    for name in ("key", "secret", "token", "profile"):
+        value = storage_options.get(name)
+        if value is not None and not isinstance(value, str):
+            raise StorageError(
+                f"The storage option {name!r} for {url!r} must be a string, got "
+                f"{type(value).__name__}."
+            )
+    if "anon" in storage_options and not isinstance(storage_options["anon"], bool):
+        raise StorageError(
+            f"The storage option 'anon' for {url!r} must be true or false, got "
+            f"{type(storage_options['anon']).__name__}."
+        )

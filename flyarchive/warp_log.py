@@ -1,0 +1,93 @@
+"""Warp's console messages: silent unless asked for.
+
+Warp prints a greeting when it initializes (version, devices, kernel cache) and one
+line per module it loads; on a machine without a CUDA driver its native code also
+prints a warning. flyarchive silences them unless the environment variable
+``FLYARCHIVE_VERBOSE`` is ``1`` (``flyarchive render --verbose`` sets it), so that
+processes started later (Dask workers on this machine) follow the same setting.
+Every module that imports warp calls :func:`configure_warp` right after.
+
+A user who chose a Warp log level is left alone: only Warp's default level
+(``LOG_INFO``) is raised to ``LOG_WARNING``.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import sys
+import tempfile
+from typing import Any
+
+__all__ = ["VERBOSE_ENV", "set_verbose", "verbose", "configure_warp"]
+
+#: Environment variable: ``1`` shows Warp's messages; anything else hides them.
+VERBOSE_ENV = "FLYARCHIVE_VERBOSE"
+_CUDA_WARNING = "Warp CUDA warning: Could not find or load the NVIDIA CUDA driver"
+
+
+def set_verbose(on: bool) -> None:
+    """Show (True) or hide (False) Warp's messages, in this process and its children."""
+    os.environ[VERBOSE_ENV] = "1" if on else "0"
+
+
+def verbose() -> bool:
+    """True when Warp's messages are to be shown."""
+    return os.environ.get(VERBOSE_ENV, "0").strip().lower() in ("1", "true", "yes")
+
+
+def configure_warp(wp: Any) -> None:
+    """Apply the setting to an imported ``warp`` module (before it initializes).
+
+    Quiet: Warp's log level goes from its default ``LOG_INFO`` to ``LOG_WARNING``
+    (no greeting, no "Module ... load" lines); on a machine without a CUDA driver,
+    Warp is initialized now with its native "could not load the CUDA driver" line
+    held back (any other output of that moment is passed on). Verbose: ``LOG_INFO``.
+    """
+    config = wp.config
+    if verbose():
+        if getattr(config, "log_level", None) is not None and config.log_level > wp.LOG_INFO:
+            config.log_level = wp.LOG_INFO
+        return
+    if hasattr(config, "log_level"):
+        if config.log_level == wp.LOG_INFO:
+            config.log_level = wp.LOG_WARNING
+    else:  # older Warp
+        config.quiet = True
+    if not _cuda_driver_loadable() and not _initialized(wp):
+        _init_without_cuda_warning(wp)
+
+
+def _cuda_driver_loadable() -> bool:
+    """Whether Warp will find a CUDA driver (it dlopens the same names)."""
+    for name in ("libcuda.so", "libcuda.so.1"):
+        try:
+            ctypes.CDLL(name)
+            return True
+        except OSError:
+            continue
+    return sys.platform not in ("linux",)  # elsewhere: do not interfere
+
+
+def _initialized(wp: Any) -> bool:
+    runtime = getattr(getattr(wp, "_src", None), "context", None)
+    return getattr(runtime, "runtime", None) is not None
+
+
+def _init_without_cuda_warning(wp: Any) -> None:
+    """``wp.init()`` with file descriptor 2 captured; lines other than the CUDA-driver
+    warning are written back to stderr."""
+    sys.stderr.flush()
+    saved = os.dup(2)
+    with tempfile.TemporaryFile() as capture:
+        os.dup2(capture.fileno(), 2)
+        try:
+            wp.init()
+        finally:
+            os.dup2(saved, 2)
+            os.close(saved)
+            capture.seek(0)
+            rest = [line for line in capture.read().decode(errors="replace").splitlines(True)
+                    if not line.startswith(_CUDA_WARNING)]
+    if rest:
+        sys.stderr.write("".join(rest))

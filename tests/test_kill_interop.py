@@ -1,0 +1,42 @@
+"""SIGKILL during import-npz and export-npz: nothing half-written, partial imports said, reruns heal.
+
+Each trial runs the operation in a real child process and kills it with SIGKILL at
+a chosen step (see :mod:`flyarchive.faults_interop`).
+"""
+
+import pytest
+
+from flyarchive.faults_interop import InteropKillConfig, kill_trial
+
+pytestmark = pytest.mark.timeout(300)
+
+IMPORT_STEPS = InteropKillConfig(operation="import").total_steps  # 24 commits
+EXPORT_FILES = InteropKillConfig(operation="export", n_files=6).total_steps
+
+
+@pytest.mark.parametrize("wait_steps", [0, 3, 12, IMPORT_STEPS])
+def test_a_killed_import_is_reported_partial_and_resume_equals_a_whole_import(tmp_path, wait_steps):
+    config = InteropKillConfig(operation="import", wait_steps=wait_steps)
+
+    result = kill_trial(tmp_path, config)
+
+    assert result.killed
+    assert result.problems == []  # includes: a partial archive left is reported as partial
+    assert result.rerun_equal
+    if 0 < wait_steps < IMPORT_STEPS:  # killed between two commits
+        assert result.archive_left and result.partial_detected
+
+
+@pytest.mark.parametrize(("wait_steps", "mid_write"), [(0, False), (2, True), (EXPORT_FILES, False)])
+def test_a_killed_export_leaves_no_half_written_file_and_the_rerun_no_leftover(
+        tmp_path, wait_steps, mid_write):
+    config = InteropKillConfig(operation="export", n_files=6, n_frames=120, chunk_frames=40,
+                               wait_steps=wait_steps, mid_write=mid_write)
+
+    result = kill_trial(tmp_path, config)
+
+    assert result.killed
+    assert result.half_written == 0
+    assert result.leftovers_after_rerun == 0
+    assert result.rerun_equal
+    assert result.problems == []

@@ -1,0 +1,56 @@
+"""flyarchive.storage_errors: storage faults become one clear StorageError, secrets hidden."""
+
+import errno
+
+import pytest
+
+from flyarchive.errors import StorageError
+from flyarchive.storage_errors import check_storage_options, local_error, scrub, translate
+
+
+def test_scrub_hides_secrets_at_any_depth():
+    options = {"key": "AKIAEXAMPLE", "secret": "s3cr3t-value",
+               "client_kwargs": {"aws_session_token": "tok-123456"}}
+
+    text = scrub("AKIAEXAMPLE s3cr3t-value tok-123456 endpoint", options)
+
+    assert text == "*** *** *** endpoint"
+
+
+def test_a_permission_error_on_s3_names_the_url_and_hides_the_secret():
+    options = {"secret": "hidden-value", "endpoint_url": "http://127.0.0.1:9"}
+    err = PermissionError("Forbidden: signature for hidden-value")
+
+    new = translate(err, "s3://lab/run.zarr", options)
+
+    assert isinstance(new, StorageError)
+    assert "Access to 's3://lab/run.zarr' was refused at http://127.0.0.1:9" in str(new)
+    assert "hidden-value" not in str(new)
+
+
+def test_errors_that_are_not_storage_faults_are_left_alone():
+    assert translate(KeyError("qpos"), "s3://lab/run.zarr") is None
+    assert translate(PermissionError("denied"), "/local/run.zarr") is None
+
+
+def test_a_full_local_disk_says_so():
+    err = OSError(errno.ENOSPC, "No space left on device")
+
+    new = local_error("/data/world00003.npz", err)
+
+    assert str(new) == ("Cannot write '/data/world00003.npz': No space left on device. "
+                        "The disk is full: free some space or write elsewhere.")
+
+
+@pytest.mark.parametrize(("options", "fragment"), [
+    ({"endpoint_url": "localhost:9000"}, "'endpoint_url' for 's3://b/x' must be a URL"),
+    ({"client_kwargs": {"endpoint_url": 5}}, "'client_kwargs.endpoint_url'"),
+    ({"client_kwargs": "fast"}, "'client_kwargs' for 's3://b/x' must be a mapping"),
+    ({"anon": "yes"}, "'anon' for 's3://b/x' must be true or false"),
+    ({"secret": 12345678}, "'secret' for 's3://b/x' must be a string, got int"),
+])
+def test_malformed_storage_options_are_refused_by_name(options, fragment):
+    with pytest.raises(StorageError, match=fragment.replace(".", r"\.")) as err:
+        check_storage_options("s3://b/x", options)
+
+    assert "12345678" not in str(err.value)
