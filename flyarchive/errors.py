@@ -27,6 +27,7 @@ __all__ = [
     "RenderBackendError",
     "MissingDependencyError",
     "CorruptArchiveError",
+    "RenderFailedError",
 ]
 
 
@@ -107,6 +108,10 @@ class MissingDependencyError(FlyarchiveError, ImportError):
 
 class CorruptArchiveError(FlyarchiveError, ValueError):
     """Stored bytes fail their checksum or committed frames are missing."""
+
+
+class RenderFailedError(FlyarchiveError, RuntimeError):
+    """A render task failed on a worker (it died, or raised an unexpected error)."""
 
 
 def missing_dependency(package: str, extra: str, what: str) -> MissingDependencyError:
