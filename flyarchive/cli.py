@@ -239,6 +239,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except FlyarchiveError as err:
         print(f"flyarchive {args.command}: error: {err}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:  # Ctrl-C: what was running cleaned up on the way out
+        print(f"flyarchive {args.command}: interrupted", file=sys.stderr)
+        return 130
 
 
 if __name__ == "__main__":
