@@ -26,13 +26,9 @@ import dask
 import mujoco
 import numpy as np
 
-from flyarchive.errors import (
-    FlyarchiveError,
-    OutputExistsError,
-    RenderFailedError,
-    missing_dependency,
-)
-from flyarchive.workspace import RunFolder, scratch_dir
+from flyarchive.errors import FlyarchiveError, OutputExistsError, RenderFailedError
+from flyarchive.cluster import LOCAL_DASHBOARD, connect
+from flyarchive.workspace import RunFolder, is_local_fs, scratch_dir
 from flyarchive.workspace import filesystem as _filesystem
 
 __all__ = [
@@ -40,16 +36,6 @@ __all__ = [
     "connect", "absolute_url", "task_result", "cancel_quietly", "given_up_error", "local_staging",
     "LOCAL_DASHBOARD",
 ]
-
-#: Worker processes of the default LocalCluster: one core each (one Mesa rasterizer
-#: thread, one x264 thread, one encoder thread on the Warp backends).
-_WORKER_ENV = {"MUJOCO_GL": "egl", "LP_NUM_THREADS": "1", "OMP_NUM_THREADS": "1",
-               "FLYARCHIVE_ENCODERS": "1", "FLYARCHIVE_WORKER": "1"}
-#: Where a LocalCluster's scheduler serves HTTP: a free port on loopback. A fixed port
-#: (Dask's default 8787) warns "Port 8787 is already in use" whenever another cluster
-#: or dashboard runs; ``None`` does not help, it falls back to 8787.
-LOCAL_DASHBOARD = "127.0.0.1:0"
-
 
 def absolute_url(url: str | os.PathLike[str]) -> str:
     """``url`` as it means the same in every process and folder, to send to workers.
@@ -107,21 +93,28 @@ class RenderPlan:
 
 
 def preflight(plan: RenderPlan, model: mujoco.MjModel) -> None:
-    """Fail before any work: cameras, frame size, EGL, and outputs that exist.
+    """Fail before any work: cameras, frame size, and outputs in the way.
 
     Raises:
-        CameraNotFoundError, FrameSizeError, RenderBackendError, OutputExistsError.
+        CameraNotFoundError, FrameSizeError, StorageError (an unknown protocol).
+        OutputExistsError: videos exist and ``overwrite`` is off, or (local disk) a folder
+            is where a video goes (even with ``overwrite``).
     """
     from flyarchive.models import camera_ids
     from flyarchive.video import parse_video_size
 
     parse_video_size(plan.options.size)
     camera_ids(model, plan.cameras)
-    if plan.options.overwrite:
-        return
     fs, _ = _filesystem(plan.out, plan.out_storage_options)
-    existing = [u for j in plan.jobs for c in plan.cameras
-                if fs.exists(_filesystem(u := plan.video_url(j.world_id, c), plan.out_storage_options)[1])]
+    finals = [plan.video_url(j.world_id, c) for j in plan.jobs for c in plan.cameras]
+    paths = {u: _filesystem(u, plan.out_storage_options)[1] for u in finals}
+    folders = [u for u, p in paths.items() if os.path.isdir(p)] if is_local_fs(fs) else []
+    if folders:
+        raise OutputExistsError(
+            f"{len(folders)} video path(s) are folders, e.g. {folders[0]!r}. Remove or rename "
+            "them, or choose another output folder."
+        )
+    existing = [] if plan.options.overwrite else [u for u, p in paths.items() if fs.exists(p)]
     if existing:
         raise OutputExistsError(
             f"{len(existing)} video(s) already exist, e.g. {existing[0]!r}. Pass overwrite=True "
@@ -137,6 +130,17 @@ _renderers: list[Any] = []  # cached renderers, closed at exit before EGL is ter
 def _close_renderers() -> None:
     while _renderers:
         _renderers.pop().close()
+
+
+def _close_thread_renderers() -> None:
+    """Close the renderers cached for this thread (frees its GL contexts); other threads
+    keep theirs (e.g. the threads of a dask computation of :func:`render_block`)."""
+    cache = _local.__dict__.get("renderers", {})
+    for renderer in cache.values():
+        renderer.close()
+        if renderer in _renderers:
+            _renderers.remove(renderer)
+    cache.clear()
 
 
 @functools.lru_cache(maxsize=8)
@@ -173,9 +177,7 @@ def _cpu_renderer(blob: bytes, cameras: tuple[str, ...], size: tuple[int, int]) 
     if key not in cache:
         if os.environ.get("FLYARCHIVE_WORKER"):
             pin_rasterizer_threads(1)
-        for old in cache.values():
-            old.close()
-        cache.clear()
+        _close_thread_renderers()
         cache[key] = CpuRenderer(model_from_bytes(blob), cameras, size)
         if not _renderers:  # after MuJoCo's own atexit (eglTerminate): runs before it
             atexit.register(_close_renderers)
@@ -368,8 +370,7 @@ def _run_here(plan: RenderPlan, blob: bytes, parts: str) -> list[dict[str, Any]]
                 done.setdefault((job, camera), []).append(url)
         return [join_segments(plan, parts, job, camera, urls) for (job, camera), urls in done.items()]
     finally:
-        _close_renderers()  # free this thread's GL context
-        _local.__dict__.get("renderers", {}).clear()
+        _close_thread_renderers()  # free this thread's GL context
 
 
 def task_result(future: Any, what: str) -> Any:
@@ -435,44 +436,3 @@ def scatter_model(client: Any, blob: bytes) -> Any:
     """
     key = f"flyarchive-model-{hashlib.sha256(blob).hexdigest()}"
     return client.scatter({key: blob}, broadcast=True)[key]
-
-
-class connect:
-    """Context manager: the given client, one connected to ``scheduler``, or a LocalCluster.
-
-    The LocalCluster has ``n_workers`` (default: one per core) single-thread worker
-    processes, each pinned to one core's worth of threads (``_WORKER_ENV``), that ignore
-    Ctrl-C (the client handles it, :mod:`flyarchive.worker_setup`); its scheduler serves
-    HTTP on a free loopback port (:data:`LOCAL_DASHBOARD`), never on a fixed one. Clients
-    and clusters it made are closed on exit; a given client is left open.
-    """
-
-    def __init__(self, client: Any = None, scheduler: str | None = None,
-                 n_workers: int | None = None) -> None:
-        self._given, self._scheduler, self._n = client, scheduler, n_workers
-        self._own: list[Any] = []
-
-    def __enter__(self) -> Any:
-        if self._given is not None:
-            return self._given
-        try:
-            from distributed import Client, LocalCluster
-        except ImportError:
-            raise missing_dependency("distributed", "dask", "Rendering on a Dask cluster") from None
-        if self._scheduler:
-            client = Client(self._scheduler)
-        else:
-            n = self._n or os.cpu_count() or 1
-            cluster = LocalCluster(
-                n_workers=n, threads_per_worker=1, processes=True,
-                dashboard_address=LOCAL_DASHBOARD, scheduler_kwargs={"dashboard": False},
-                env=dict(_WORKER_ENV), silence_logs=40, preload=["flyarchive.worker_setup"],
-            )
-            self._own.append(cluster)
-            client = Client(cluster)
-        self._own.insert(0, client)
-        return client
-
-    def __exit__(self, *exc: object) -> None:
-        for thing in self._own:
-            thing.close()

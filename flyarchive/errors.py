@@ -28,6 +28,7 @@ __all__ = [
     "MissingDependencyError",
     "CorruptArchiveError",
     "RenderFailedError",
+    "RenderOptionsError",
 ]
 
 
@@ -112,6 +113,10 @@ class CorruptArchiveError(FlyarchiveError, ValueError):
 
 class RenderFailedError(FlyarchiveError, RuntimeError):
     """A render task failed on a worker (it died, or raised an unexpected error)."""
+
+
+class RenderOptionsError(FlyarchiveError, ValueError):
+    """Render options that cannot be used (an unknown backend, a segment of no frames...)."""
 
 
 def missing_dependency(package: str, extra: str, what: str) -> MissingDependencyError:

@@ -15,7 +15,7 @@ import mujoco
 import numpy as np
 import xarray as xr
 
-from flyarchive.errors import SelectionError
+from flyarchive.errors import RenderOptionsError, SelectionError
 from flyarchive.layout import ModelLayout, check_compatible
 from flyarchive.query import open_archive
 from flyarchive.video import VideoOptions
@@ -56,9 +56,13 @@ class RenderOptions:
 
     def __post_init__(self) -> None:
         if self.backend not in BACKENDS:
-            raise ValueError(f"backend must be one of {BACKENDS}, got {self.backend!r}.")
-        if self.segment_frames < 1 or self.batch_worlds < 1:
-            raise ValueError("segment_frames and batch_worlds must be at least 1.")
+            raise RenderOptionsError(
+                f"Unknown backend {self.backend!r}. Backends: {', '.join(map(repr, BACKENDS))}."
+            )
+        for name in ("segment_frames", "batch_worlds"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise RenderOptionsError(f"{name} must be an integer of at least 1, got {value!r}.")
         if self.video is None:
             object.__setattr__(self, "video", default_video_options(self.backend))
         elif not isinstance(self.video, VideoOptions):
@@ -225,7 +229,8 @@ def render_videos(
 
     Raises:
         CameraNotFoundError, LayoutMismatchError, SelectionError, FrameSizeError,
-        OutputExistsError, StorageError (``out`` is a file or cannot be written; nothing
+        OutputExistsError (a video exists without ``overwrite``, or a folder is where a
+        video goes), StorageError (``out`` is a file or cannot be written; nothing
         is rendered), RenderBackendError, RenderFailedError (a task failed on a worker;
         the message names the world).
     """

@@ -177,6 +177,7 @@ def filesystem(url: str, storage_options: Mapping[str, Any]) -> tuple[Any, str]:
 
     Raises:
         StorageBackendMissingError: the URL's protocol needs a package that is missing.
+        StorageError: the protocol is unknown, or the options do not fit it.
     """
     import fsspec
 
@@ -186,6 +187,12 @@ def filesystem(url: str, storage_options: Mapping[str, Any]) -> tuple[Any, str]:
         raise StorageBackendMissingError(
             f"Writing to {url!r} needs a package that is not installed: {err}. "
             "For s3:// install it with: pip install 'flyarchive[s3]'"
+        ) from err
+    except (ValueError, TypeError) as err:
+        raise StorageError(
+            f"Cannot use {url!r} ({type(err).__name__}: {err}). Pass a local path or a URL "
+            "of a known fsspec protocol (s3://, gs://, memory://...) with fitting storage "
+            "options."
         ) from err
 
 
