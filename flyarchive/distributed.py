@@ -96,7 +96,8 @@ def preflight(plan: RenderPlan, model: mujoco.MjModel) -> None:
     """Fail before any work: cameras, frame size, and outputs in the way.
 
     Raises:
-        CameraNotFoundError, FrameSizeError, StorageError (an unknown protocol).
+        CameraNotFoundError, StorageError (an unknown protocol).
+        FrameSizeError: a size H.264 or (backend ``"cpu"``) OpenGL cannot take.
         OutputExistsError: videos exist and ``overwrite`` is off, or (local disk) a folder
             is where a video goes (even with ``overwrite``).
     """
@@ -104,6 +105,10 @@ def preflight(plan: RenderPlan, model: mujoco.MjModel) -> None:
     from flyarchive.video import parse_video_size
 
     parse_video_size(plan.options.size)
+    if plan.options.backend == "cpu":  # OpenGL's limit, found before any work
+        from flyarchive.replay.cpu import _parse_size as parse_render_size
+
+        parse_render_size(plan.options.size)
     camera_ids(model, plan.cameras)
     fs, _ = _filesystem(plan.out, plan.out_storage_options)
     finals = [plan.video_url(j.world_id, c) for j in plan.jobs for c in plan.cameras]

@@ -41,22 +41,21 @@ from typing import Any
 
 import xarray as xr
 
-__all__ = ["write_manifest", "read_manifest", "MANIFEST_VERSION"]
+__all__ = ["write_manifest", "read_manifest", "describe", "MANIFEST_VERSION"]
 
 MANIFEST_VERSION = 2
 #: Settings that version 1 manifests kept at the top level only.
 _V1_SHARED = ("fps", "size", "backend", "video")
 
 
-def write_manifest(plan: Any, ds: xr.Dataset, videos: list[dict[str, Any]], *,
+def write_manifest(plan: Any, ds: xr.Dataset, entries: list[dict[str, Any]], *,
                    staging: Path | None = None) -> str:
     """Write (or update) ``{plan.out}/manifest.json`` with the videos of one render.
 
     Args:
         plan: The :class:`flyarchive.distributed.RenderPlan` that was rendered.
         ds: Its archive, from :func:`flyarchive.open_archive`.
-        videos: The entries the render returned (world, camera, path, frames, ...);
-            completed here with frame range, times, size, backend and encoder settings.
+        entries: One per video, from :func:`describe`.
         staging: A local folder on the output's file system to stage the file in.
 
     Returns:
@@ -69,7 +68,6 @@ def write_manifest(plan: Any, ds: xr.Dataset, videos: list[dict[str, Any]], *,
     from flyarchive.video import write_output
     from flyarchive.workspace import scratch_dir
 
-    entries = [_complete(plan, ds, v) for v in videos]
     url = f"{plan.out}/manifest.json"
     with _turn(plan.out, plan.out_storage_options):
         manifest = {
@@ -104,8 +102,19 @@ def read_manifest(url: str, storage_options: Mapping[str, Any]) -> dict[str, Any
     return value if isinstance(value, dict) else {}
 
 
-def _complete(plan: Any, ds: xr.Dataset, video: dict[str, Any]) -> dict[str, Any]:
-    """A render's entry with everything that describes it alone."""
+def describe(plan: Any, ds: xr.Dataset, video: dict[str, Any]) -> dict[str, Any]:
+    """A rendered video's entry, with everything that describes it alone.
+
+    Args:
+        plan: The render plan.
+        ds: Its archive.
+        video: What the render returned for it (world, camera, path, frames...).
+
+    Returns:
+        ``video`` plus ``frame_range`` (archive indices ``[start, stop)``),
+        ``start_time`` / ``end_time`` (simulated seconds of its first and last frame),
+        ``fps``, ``size`` ``[height, width]``, ``backend`` and ``video`` (encoder settings).
+    """
     job = next(j for j in plan.jobs if j.world_id == video["world"])
     times = ds.time.values
     return {

@@ -43,7 +43,7 @@ class RenderOptions:
         video: Encoder settings. ``None`` (default): :func:`default_video_options` of
             the backend: x264 ``veryfast``, or ``ultrafast`` on ``"gpu"``.
         overwrite: Replace existing videos.
-        progress: Show a progress bar.
+        progress: Show a progress bar in this process (one, however many workers).
     """
 
     size: tuple[int, int] = (240, 320)
@@ -101,7 +101,9 @@ class RenderResult:
     """What :func:`render_videos` wrote.
 
     Attributes:
-        videos: One entry per (world, camera): world, camera, path, frames, fps, size.
+        videos: One entry per (world, camera), as in the manifest (:mod:`flyarchive.manifest`):
+            world, camera, path, frames, first_frame, frame_range, start_time, end_time,
+            fps, size, backend, video.
         manifest: Path or URL of the JSON manifest beside the videos.
     """
 
@@ -122,7 +124,8 @@ def select_frames(
         time: ``(start, end)`` in simulated seconds, inclusive; None on a side: open.
 
     Raises:
-        SelectionError: unknown worlds, a window outside the recording, or nothing selected.
+        SelectionError: unknown worlds, chosen worlds without committed frames, a window
+            outside the recording, or nothing selected.
     """
     ids = [int(w) for w in ds.world.values]
     n_frames = ds.n_frames.values
@@ -235,7 +238,7 @@ def render_videos(
         the message names the world).
     """
     from flyarchive import distributed as dist
-    from flyarchive.manifest import write_manifest
+    from flyarchive.manifest import describe, write_manifest
     from flyarchive.workspace import RunFolder
 
     cameras = (cameras,) if isinstance(cameras, str) else tuple(cameras)
@@ -256,6 +259,7 @@ def render_videos(
         videos = dist.run_plan(plan, model_bytes(model), run.url, client=client,
                                scheduler=scheduler, n_workers=n_workers,
                                in_process=in_process and client is None)
+        videos = [describe(plan, ds, v) for v in videos]
         manifest = write_manifest(plan, ds, videos, staging=run.local)
     return RenderResult(videos, manifest)
 

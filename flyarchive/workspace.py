@@ -21,6 +21,7 @@ whose owner is dead, and never those of a live run:
 from __future__ import annotations
 
 import atexit
+import contextlib
 import json
 import os
 import shutil
@@ -224,6 +225,7 @@ class RunFolder:
         self._fs, self._path = filesystem(self.url, self._options)
         self.local: Path | None = Path(self._path) if is_local_fs(self._fs) else None
         self._fd: int | None = None
+        self._made_out: Path | None = None  # the output folder, if this run made it
         self._stop = threading.Event()
         self._beat: threading.Thread | None = None
 
@@ -283,6 +285,8 @@ class RunFolder:
     def _open(self) -> None:
         info = json.dumps(_owner())
         if self.local is not None:
+            if not self.local.parent.exists():
+                self._made_out = self.local.parent
             self.local.mkdir(parents=True)
             (self.local / INFO_NAME).write_text(info)
             self._fd = _hold_lock(self.local)
@@ -308,7 +312,8 @@ class RunFolder:
         return bool(fs.exists(f"{path}/{INFO_NAME}"))
 
     def close(self) -> None:
-        """Remove the folder and everything in it, then release it. Idempotent."""
+        """Remove the folder and everything in it, then release it; also the output folder
+        if this run made it and it is empty (the run failed). Idempotent."""
         self._stop.set()
         if self._beat is not None:
             self._beat.join()
@@ -324,6 +329,10 @@ class RunFolder:
             if self._fd is not None:
                 os.close(self._fd)
                 self._fd = None
+        if self._made_out is not None:
+            with contextlib.suppress(OSError):  # not empty: videos, or another run's parts
+                self._made_out.rmdir()
+            self._made_out = None
 
     def __enter__(self) -> RunFolder:
         return self

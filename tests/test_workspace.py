@@ -76,15 +76,26 @@ def test_parts_folder_without_a_lock_is_removed_only_once_old(tmp_path):
     assert not legacy.exists()
 
 
-def test_run_folder_is_removed_when_the_run_fails(tmp_path):
-    out = tmp_path / "v"
+def test_failed_run_removes_its_parts_and_the_output_folder_it_made(tmp_path):
+    out = tmp_path / "new" / "v"
 
     with pytest.raises(KeyError):
         with RunFolder.create(str(out)) as run:
             (Path(run.url) / "world00000").mkdir()
             raise KeyError("a render error")
 
-    assert list(out.iterdir()) == []
+    assert not out.exists()
+
+
+def test_failed_run_keeps_an_output_folder_that_was_there(tmp_path):
+    out = tmp_path / "v"
+    out.mkdir()
+
+    with pytest.raises(KeyError):
+        with RunFolder.create(str(out)):
+            raise KeyError("a render error")
+
+    assert out.is_dir() and list(out.iterdir()) == []
 
 
 # ----------------------------------------------------------------------------- object stores
