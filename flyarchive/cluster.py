@@ -15,6 +15,7 @@ import sys
 import tempfile
 import threading
 import time
+import warnings
 from collections.abc import Iterator
 from typing import Any
 
@@ -31,7 +32,6 @@ _WORKER_ENV = {"MUJOCO_GL": "egl", "LP_NUM_THREADS": "1", "OMP_NUM_THREADS": "1"
 #: (Dask's default 8787) warns "Port 8787 is already in use" whenever another cluster
 #: or dashboard runs; ``None`` does not help, it falls back to 8787.
 LOCAL_DASHBOARD = "127.0.0.1:0"
-
 
 
 class connect:
@@ -72,7 +72,10 @@ class connect:
                 self._own.append(_local_cluster(LocalCluster, self._n or os.cpu_count() or 1))
                 self._own.insert(0, Client(self._own[0]))
                 self._own[0].wait_for_workers(len(self._own[1].worker_spec))
-        except BaseException:  # also Ctrl-C while the cluster starts
+        except BaseException as err:  # also Ctrl-C while the cluster starts
+            if isinstance(err, KeyboardInterrupt):  # a Client cut off mid-way complains when
+                warnings.filterwarnings(  # collected; the process is on its way out
+                    "ignore", message="coroutine .* was never awaited", category=RuntimeWarning)
             self.__exit__(*sys.exc_info())
             raise
         return self._own[0]
@@ -117,7 +120,7 @@ def _local_cluster(cls: Any, n_workers: int) -> Any:
 
 
 def _new_workers(me: Any, before: set[int]) -> int:
-    """Worker processes (multiprocessing spawns) started since ``before``."""
+    """Child processes started since ``before``, but multiprocessing's resource tracker."""
     import psutil
 
     count = 0
@@ -125,7 +128,7 @@ def _new_workers(me: Any, before: set[int]) -> int:
         if child.pid in before:
             continue
         try:
-            count += any("spawn_main" in part for part in child.cmdline())
+            count += not any("resource_tracker" in part for part in child.cmdline())
         except psutil.Error:
             continue
     return count

@@ -16,8 +16,8 @@ import json
 import os
 import tempfile
 import threading
-from contextlib import ExitStack
 from collections.abc import Iterable, Iterator, Mapping
+from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -26,8 +26,8 @@ import dask
 import mujoco
 import numpy as np
 
-from flyarchive.errors import FlyarchiveError, OutputExistsError, RenderFailedError
 from flyarchive.cluster import LOCAL_DASHBOARD, connect
+from flyarchive.errors import FlyarchiveError, OutputExistsError, RenderFailedError
 from flyarchive.workspace import RunFolder, is_local_fs, scratch_dir
 from flyarchive.workspace import filesystem as _filesystem
 
@@ -36,6 +36,7 @@ __all__ = [
     "connect", "absolute_url", "task_result", "cancel_quietly", "given_up_error", "local_staging",
     "LOCAL_DASHBOARD",
 ]
+
 
 def absolute_url(url: str | os.PathLike[str]) -> str:
     """``url`` as it means the same in every process and folder, to send to workers.
@@ -214,13 +215,13 @@ def _part_url(parts: str, world_id: int, camera: str, start: int) -> str:
 
 def local_staging(url: str, storage_options: Mapping[str, Any]) -> str | None:
     """The local path of a run's parts folder, where final videos are staged; None off disk."""
-    from fsspec.implementations.local import LocalFileSystem
-
     fs, path = _filesystem(url, storage_options)
-    return path if isinstance(fs, LocalFileSystem) else None
+    return path if is_local_fs(fs) else None
 
 
 def given_up_error(parts: str) -> RenderFailedError:
+    """The error of a task whose run was given up (Ctrl-C, an error elsewhere, a dead
+    client): nobody waits for it, and it writes nothing."""
     return RenderFailedError(
         f"The render run of {parts!r} was given up (its parts folder is gone); this segment "
         "is not kept."

@@ -202,15 +202,19 @@ def test_impossible_frame_size_is_refused(state, tiny, renders, size, fragment):
     assert state.unchanged()
 
 
-def test_unknown_backend_lists_the_backends():
+def test_unknown_backend_lists_the_backends(state, tiny):
     with pytest.raises(RenderOptionsError, match="Unknown backend 'vulkan'. Backends: 'cpu', 'gpu', 'warp-cpu'"):
-        RenderOptions(backend="vulkan")
+        render(state, tiny, worlds=[1], options=RenderOptions(backend="vulkan"))
+
+    assert state.unchanged()
 
 
 @pytest.mark.parametrize("value", [0, -3, 2.5])
-def test_segment_of_no_frames_is_refused(value):
+def test_segment_of_no_frames_is_refused(state, tiny, value):
     with pytest.raises(RenderOptionsError, match=f"segment_frames must be an integer of at least 1, got {value}"):
-        RenderOptions(segment_frames=value)
+        render(state, tiny, worlds=[1], options=RenderOptions(segment_frames=value))
+
+    assert state.unchanged()
 
 
 # ----------------------------------------------------------------------------- outputs
