@@ -31,6 +31,8 @@ __all__ = [
     "RecordingError",
     "ImportMismatchError",
     "OutputLocationError",
+    "RenderFailedError",
+    "RenderOptionsError",
 ]
 
 
@@ -120,6 +122,14 @@ class CorruptArchiveError(FlyarchiveError, ValueError):
 class RecordingError(FlyarchiveError, ValueError):
     """A recorder was given states that do not fit its recording: another number of
     worlds, worlds at different times, or a simulation that went back in time."""
+
+
+class RenderFailedError(FlyarchiveError, RuntimeError):
+    """A render task failed on a worker (it died, or raised an unexpected error)."""
+
+
+class RenderOptionsError(FlyarchiveError, ValueError):
+    """Render options that cannot be used (an unknown backend, a segment of no frames...)."""
 
 
 def missing_dependency(package: str, extra: str, what: str) -> MissingDependencyError:

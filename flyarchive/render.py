@@ -7,16 +7,15 @@ of each (world, camera) into one mp4 without re-encoding.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from typing import Any
 
 import mujoco
 import numpy as np
 import xarray as xr
 
-from flyarchive.errors import SelectionError
+from flyarchive.errors import RenderOptionsError, SelectionError
 from flyarchive.layout import ModelLayout, check_compatible
 from flyarchive.query import open_archive
 from flyarchive.video import VideoOptions
@@ -44,7 +43,7 @@ class RenderOptions:
         video: Encoder settings. ``None`` (default): :func:`default_video_options` of
             the backend: x264 ``veryfast``, or ``ultrafast`` on ``"gpu"``.
         overwrite: Replace existing videos.
-        progress: Show a progress bar.
+        progress: Show a progress bar in this process (one, however many workers).
     """
 
     size: tuple[int, int] = (240, 320)
@@ -57,9 +56,13 @@ class RenderOptions:
 
     def __post_init__(self) -> None:
         if self.backend not in BACKENDS:
-            raise ValueError(f"backend must be one of {BACKENDS}, got {self.backend!r}.")
-        if self.segment_frames < 1 or self.batch_worlds < 1:
-            raise ValueError("segment_frames and batch_worlds must be at least 1.")
+            raise RenderOptionsError(
+                f"Unknown backend {self.backend!r}. Backends: {', '.join(map(repr, BACKENDS))}."
+            )
+        for name in ("segment_frames", "batch_worlds"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise RenderOptionsError(f"{name} must be an integer of at least 1, got {value!r}.")
         if self.video is None:
             object.__setattr__(self, "video", default_video_options(self.backend))
         elif not isinstance(self.video, VideoOptions):
@@ -98,7 +101,9 @@ class RenderResult:
     """What :func:`render_videos` wrote.
 
     Attributes:
-        videos: One entry per (world, camera): world, camera, path, frames, fps, size.
+        videos: One entry per (world, camera), as in the manifest (:mod:`flyarchive.manifest`):
+            world, camera, path, frames, first_frame, frame_range, start_time, end_time,
+            fps, size, backend, video.
         manifest: Path or URL of the JSON manifest beside the videos.
     """
 
@@ -119,7 +124,8 @@ def select_frames(
         time: ``(start, end)`` in simulated seconds, inclusive; None on a side: open.
 
     Raises:
-        SelectionError: unknown worlds, a window outside the recording, or nothing selected.
+        SelectionError: unknown worlds, chosen worlds without committed frames, a window
+            outside the recording, or nothing selected.
     """
     ids = [int(w) for w in ds.world.values]
     n_frames = ds.n_frames.values
@@ -133,6 +139,7 @@ def select_frames(
             raise SelectionError(f"World(s) {unknown[:10]} are not in the archive. It has {shown}.")
     if not chosen:
         raise SelectionError("The selection holds no world with recorded frames.")
+    _refuse_empty_worlds(ids, n_frames, chosen)
     times = ds.time.values
     lo, hi = time if time is not None else (None, None)
     if lo is not None and hi is not None and lo > hi:
@@ -152,6 +159,22 @@ def select_frames(
             f"the recording spans {span}. Widen or move the window."
         )
     return jobs
+
+
+def _refuse_empty_worlds(ids: list[int], n_frames: np.ndarray, chosen: list[int]) -> None:
+    """Refuse chosen worlds that have no committed frame, naming them."""
+    counts = dict(zip(ids, (int(n) for n in n_frames)))
+    empty = [w for w in chosen if counts[w] == 0]
+    if not empty:
+        return
+    with_frames = [w for w in ids if counts[w] > 0]
+    shown = f"{with_frames[:10]}{'...' if len(with_frames) > 10 else ''}"
+    others = f"Worlds with frames: {shown}." if with_frames else "No world of it has any."
+    raise SelectionError(
+        f"World(s) {empty[:10]} have no committed frames in the archive (nothing was "
+        f"recorded for them, or their recorder was never closed). {others} Choose worlds "
+        "that have frames."
+    )
 
 
 def model_bytes(model: mujoco.MjModel) -> bytes:
@@ -188,11 +211,18 @@ def render_videos(
     per core by default); ``n_workers=0`` renders in this process. ``memory://``
     archives are rendered in this process (worker processes cannot see them).
 
+    Local paths (``source``, ``out``, also as ``file://``) are made absolute here, with
+    ``~`` expanded, before they go to workers, which may run in other folders. The
+    output folder is checked (and created) before anything is rendered. A final video
+    name never holds a partial video: segments go to ``{out}/.parts-{run}/``, which is
+    removed at the end, on errors and on Ctrl-C; one left by a killed run is removed by
+    the next run into ``out`` (:mod:`flyarchive.workspace`).
+
     Args:
         source: Archive URL.
         model: The compiled model it was recorded with (checked against the layout).
         cameras: Camera name(s).
-        out: Output folder: a local path or an fsspec URL.
+        out: Output folder: a local path or an fsspec URL; created if missing.
         worlds: World ids (default: all with frames).
         time: ``(start, end)`` simulated seconds (default: everything).
         options: Size, backend, segment length, encoder settings, overwrite, progress.
@@ -202,73 +232,42 @@ def render_videos(
 
     Raises:
         CameraNotFoundError, LayoutMismatchError, SelectionError, FrameSizeError,
-        OutputExistsError (nothing is rendered), RenderBackendError.
+        OutputExistsError (a video exists without ``overwrite``, or a folder is where a
+        video goes), StorageError (``out`` is a file or cannot be written; nothing
+        is rendered), RenderBackendError, RenderFailedError (a task failed on a worker;
+        the message names the world).
     """
     from flyarchive import distributed as dist
+    from flyarchive.manifest import describe, write_manifest
+    from flyarchive.workspace import RunFolder
 
     cameras = (cameras,) if isinstance(cameras, str) else tuple(cameras)
+    source, out = dist.absolute_url(source), dist.absolute_url(out).rstrip("/")
     ds = open_archive(source, storage_options)
     _check_model(ds, model)
     jobs = select_frames(ds, worlds, time)
-    if out_storage_options is None and str(out).split("://")[0] == str(source).split("://")[0]:
+    if out_storage_options is None and _protocol(out) == _protocol(source) != "file":
         out_storage_options = storage_options
     plan = dist.RenderPlan(
-        url=str(source), storage_options=dict(storage_options or {}), cameras=cameras,
-        out=str(out).rstrip("/"), out_storage_options=dict(out_storage_options or {}),
+        url=source, storage_options=dict(storage_options or {}), cameras=cameras,
+        out=out, out_storage_options=dict(out_storage_options or {}),
         fps=float(ds.attrs["output_fps"]), options=options, jobs=tuple(jobs),
     )
     dist.preflight(plan, model)
-    in_process = n_workers == 0 or str(source).startswith("memory://")
-    videos = dist.run_plan(plan, model_bytes(model), client=client, scheduler=scheduler,
-                           n_workers=n_workers, in_process=in_process and client is None)
-    manifest = _write_manifest(plan, ds, videos)
+    in_process = n_workers == 0 or source.startswith("memory://")
+    with RunFolder.create(plan.out, plan.out_storage_options) as run:
+        videos = dist.run_plan(plan, model_bytes(model), run.url, client=client,
+                               scheduler=scheduler, n_workers=n_workers,
+                               in_process=in_process and client is None)
+        videos = [describe(plan, ds, v) for v in videos]
+        manifest = write_manifest(plan, ds, videos, staging=run.local)
     return RenderResult(videos, manifest)
 
 
-def _write_manifest(plan: Any, ds: xr.Dataset, videos: list[dict[str, Any]]) -> str:
-    import tempfile
-    from pathlib import Path
-
-    from flyarchive.store import package_versions
-    from flyarchive.video import write_output
-
-    manifest = {
-        "archive": plan.url,
-        "cameras": list(plan.cameras),
-        "worlds": sorted({v["world"] for v in videos}),
-        "fps": plan.fps,
-        "size": list(plan.options.size),
-        "backend": plan.options.backend,
-        "video": asdict(plan.options.video),
-        "layout_hash": ds.attrs["layout"]["hash"],
-        "versions": package_versions(),
-        "videos": videos,
-    }
-    url = f"{plan.out}/manifest.json"
-    earlier = _read_manifest(url, plan.out_storage_options)
-    if earlier.get("archive") == plan.url:  # keep the videos an earlier run left there
-        paths = {v["path"] for v in videos}
-        manifest["videos"] = [v for v in earlier.get("videos", []) if v.get("path") not in paths]
-        manifest["videos"] += videos
-        manifest["worlds"] = sorted({v["world"] for v in manifest["videos"]})
-        manifest["cameras"] = sorted({v["camera"] for v in manifest["videos"]})
-    with tempfile.TemporaryDirectory(prefix="flyarchive-manifest-") as tmp:
-        local = Path(tmp) / "manifest.json"
-        local.write_text(json.dumps(manifest, indent=2))
-        write_output(local, url, plan.out_storage_options, overwrite=True)
-    return url
-
-
-def _read_manifest(url: str, storage_options: Mapping[str, Any]) -> dict[str, Any]:
-    """An earlier run's manifest at ``url``, or ``{}`` when there is none or it is unreadable."""
-    import fsspec
-
-    try:
-        with fsspec.open(url, "r", **dict(storage_options)) as f:
-            value = json.load(f)
-    except (OSError, ValueError):
-        return {}
-    return value if isinstance(value, dict) else {}
+def _protocol(url: str) -> str:
+    """``"s3"`` for ``s3://...``; ``"file"`` for local paths."""
+    protocol, sep, _ = url.partition("://")
+    return protocol if sep and protocol != "local" else "file"
 
 
 def render_frames(
@@ -285,8 +284,10 @@ def render_frames(
     """Frames of one camera as a lazy ``(world, time, y, x, channel)`` uint8 DataArray.
 
     Nothing is rendered until computed; computing a slice renders only the blocks of
-    ``block_frames`` frames it touches (on the CPU OpenGL backend). Frames past a
-    world's ``n_frames`` are black.
+    ``block_frames`` frames it touches (on the CPU OpenGL backend). The time axis runs
+    from the first to the last selected frame of any world; frames past a world's
+    ``n_frames`` (a ragged archive) are black. A local ``source`` is made absolute, so
+    the graph computes on workers started in other folders.
 
     Raises:
         CameraNotFoundError, LayoutMismatchError, SelectionError.
@@ -298,6 +299,7 @@ def render_frames(
     from flyarchive.models import camera_ids
 
     camera_ids(model, camera)
+    source = dist.absolute_url(source)
     ds = open_archive(source, storage_options)
     _check_model(ds, model)
     jobs = select_frames(ds, worlds, time)
@@ -310,8 +312,8 @@ def render_frames(
         for k0 in range(start, stop, block_frames):
             k1 = min(k0 + block_frames, stop)
             task = dask.delayed(dist.render_block, pure=True)(
-                str(source), dict(storage_options or {}), blob, camera, (h, w),
-                job.world_index, k0, min(k1, job.stop),
+                source, dict(storage_options or {}), blob, camera, (h, w),
+                job.world_index, k0, k1, committed=job.stop,
             )
             blocks.append(da.from_delayed(task, shape=(k1 - k0, h, w, 3), dtype=np.uint8))
         rows.append(da.concatenate(blocks, axis=0))

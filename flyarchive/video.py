@@ -403,7 +403,9 @@ def concat_segments(
         )
     _check_same_stream(segments)
     out.parent.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(prefix="flyarchive-concat-") as tmp:
+    from flyarchive.workspace import scratch_dir
+
+    with tempfile.TemporaryDirectory(prefix="flyarchive-concat-", dir=scratch_dir()) as tmp:
         listing = Path(tmp) / "segments.txt"
         listing.write_text("".join(f"file {_concat_quote(str(p))}\n" for p in segments))
         command = [
@@ -426,13 +428,14 @@ def write_output(
     storage_options: dict[str, Any] | None = None,
     *,
     overwrite: bool = False,
+    staging_dir: str | os.PathLike[str] | None = None,
 ) -> str:
     """Copy a finished local file to a local path or any fsspec URL.
 
-    On the local file system the file appears complete or not at all, and an existing
-    file is never replaced unless asked, even by a concurrent writer. On object stores
-    the existence check and the upload are two requests: writers racing for one key
-    are not detected.
+    On the local file system the file appears complete or not at all (it is copied to
+    a staging file, then renamed or linked into place), and an existing file is never
+    replaced unless asked, even by a concurrent writer. On object stores the existence
+    check and the upload are two requests: writers racing for one key are not detected.
 
     Args:
         local_path: The file to copy (e.g. a finished mp4 in a temporary folder).
@@ -440,6 +443,10 @@ def write_output(
         storage_options: Passed to the fsspec file system (e.g. ``{"endpoint_url": ...}``
             for s3fs).
         overwrite: Replace an existing destination.
+        staging_dir: Local destinations only: a folder on the destination's file system
+            to stage the copy in (e.g. a render run's parts folder, removed with the run
+            even if the process is killed mid-copy). ``None``: a hidden file beside the
+            destination.
 
     Returns:
         The destination URL as given.
@@ -469,7 +476,8 @@ def write_output(
     )
     try:
         if isinstance(fs, LocalFileSystem):
-            _copy_local(source, Path(target), overwrite, exists_error)
+            staging = None if staging_dir is None else Path(staging_dir)
+            _copy_local(source, Path(target), overwrite, exists_error, staging)
         else:
             if not overwrite and fs.exists(target):
                 raise exists_error
@@ -600,11 +608,13 @@ def _concat_quote(path: str) -> str:
     return "'" + path.replace("'", "'\\''") + "'"
 
 
-def _copy_local(source: Path, target: Path, overwrite: bool, exists: OutputExistsError) -> None:
+def _copy_local(source: Path, target: Path, overwrite: bool, exists: OutputExistsError,
+                staging_dir: Path | None = None) -> None:
     if not overwrite and target.exists():
         raise exists
     target.parent.mkdir(parents=True, exist_ok=True)
-    staging = target.with_name(f".{target.name}.{uuid.uuid4().hex}.part")
+    name = f".{target.name}.{uuid.uuid4().hex}.part"
+    staging = target.with_name(name) if staging_dir is None else staging_dir / name
     shutil.copyfile(source, staging)
     try:
         if overwrite:

@@ -353,7 +353,7 @@ def _child_dask(spec: dict[str, Any], model: Any) -> dict[str, Any]:
     env = {"MUJOCO_GL": "egl", "LP_NUM_THREADS": "1", "OMP_NUM_THREADS": "1",
            "FLYARCHIVE_WORKER": "1"}  # what render_videos' own LocalCluster sets
     with LocalCluster(n_workers=spec["workers"], threads_per_worker=1, processes=True,
-                      dashboard_address=None, env=env, silence_logs=40) as cluster, \
+                      dashboard_address="127.0.0.1:0", env=env, silence_logs=40) as cluster, \
             Client(cluster) as client:
         client.wait_for_workers(spec["workers"])
         if spec.get("sync_reads"):

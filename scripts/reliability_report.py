@@ -14,11 +14,15 @@ Runs the harnesses of :mod:`flyarchive.faults` and prints one table:
 - bad inputs tried (``tests/test_bad_input.py``) and passed;
 - import-npz / export-npz killed mid-way (:mod:`flyarchive.faults_interop`): half-written
   files, leftovers after the rerun, interrupted imports reported partial and resumed.
+- renders killed (SIGKILL) or interrupted (Ctrl-C) mid-way, in their own process and on a
+  LocalCluster (:mod:`flyarchive.faults_render`): half-written final videos, what was
+  left behind before and after the next render into the same folder.
 
 Usage::
 
     python scripts/reliability_report.py [--kills 20] [--backends cpu,warp]
-        [--s3-trials 4] [--races 10] [--race-processes 3] [--interop-kills 6] [--json PATH]
+        [--s3-trials 4] [--races 10] [--race-processes 3] [--interop-kills 6]
+        [--render-kills 3] [--json PATH]
 """
 
 from __future__ import annotations
@@ -219,6 +223,38 @@ def run_bad_input(workdir: Path) -> dict[str, Any]:
     return {"tried": tried, "passed": tried - len(failed), "failed": failed}
 
 
+def run_render_kills(n: int, workdir: Path) -> list[dict[str, Any]]:
+    """``n`` seeded trials of each (where, signal): a render stopped mid-way, then rerun."""
+    from flyarchive.faults_render import RenderKillConfig, make_render_archive, render_kill_trial
+
+    archive = make_render_archive(workdir / "render-kill-archive")
+    rows = []
+    for where in ("process", "dask"):
+        for how in ("kill", "int"):
+            results = []
+            for seed in range(n):
+                config = RenderKillConfig(where, how, seed)
+                result = render_kill_trial(archive, workdir / f"render-{where}-{how}-{seed}", config)
+                results.append(result)
+                status = "ok" if result.passed else "FAILED: " + "; ".join(result.problems)[:300]
+                print(f"  render {where} {how} #{seed}: exit {result.exit_code}, left "
+                      f"{len(result.left_after_stop)}, after rerun {len(result.left_after_rerun)}: "
+                      f"{status}", file=sys.stderr)
+            stopped = [r for r in results if r.stopped_mid_render]
+            rows.append({
+                "where": where, "signal": "SIGKILL" if how == "kill" else "SIGINT (Ctrl-C)",
+                "trials": n, "stopped_mid_render": len(stopped),
+                "half_written": sum(len(r.half_written) for r in results),
+                "stops_leaving_files": sum(bool(r.left_after_stop) for r in stopped),
+                "left_after_next_run": sum(len(r.left_after_rerun) for r in results),
+                "clean_ctrl_c": (sum(r.exit_code == 130 and r.stderr.count("\n") == 1
+                                     for r in stopped) if how == "int" else None),
+                "passed": sum(r.passed for r in results),
+                "trials_json": [r.to_json() for r in results],
+            })
+    return rows
+
+
 def print_table(report: dict[str, Any]) -> None:
     print(f"\nflyarchive reliability report — {report['machine']}, {report['date']}")
     print("\nKilled writers (SIGKILL at seeded random points)")
@@ -259,6 +295,16 @@ def print_table(report: dict[str, Any]) -> None:
         print(f"  opens {reader['opens']}, reported damaged {reader['damaged']}, commits seen "
               f"{reader['commits_seen']}, frames read inside n_frames {reader['frames_read']}, "
               f"differing from the final data {reader['frames_differing']}, writer {reader['writer']}")
+    if report.get("render_kills"):
+        print("\nRenders stopped mid-way (then rendered again into the same folder)")
+        print(f"{'where':<8} {'signal':<16} {'trials':>6} {'mid-render':>10} {'half-written':>12} "
+              f"{'left files':>10} {'left after next':>15} {'exit 130, 1 line':>16} {'passed':>6}")
+        for row in report["render_kills"]:
+            clean = "-" if row["clean_ctrl_c"] is None else str(row["clean_ctrl_c"])
+            print(f"{row['where']:<8} {row['signal']:<16} {row['trials']:>6} "
+                  f"{row['stopped_mid_render']:>10} {row['half_written']:>12} "
+                  f"{row['stops_leaving_files']:>10} {row['left_after_next_run']:>15} "
+                  f"{clean:>16} {row['passed']:>6}")
     bad = report["bad_input"]
     if bad:
         print(f"\nBad input: {bad['tried']} tried, {bad['passed']} passed")
@@ -282,6 +328,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-bad-input", action="store_true", help="skip tests/test_bad_input.py")
     parser.add_argument("--interop-kills", type=int, default=6,
                         help="kills each of import-npz and export-npz (0: skip)")
+    parser.add_argument("--render-kills", type=int, default=3,
+                        help="renders stopped per (in process | LocalCluster) x (SIGKILL | "
+                             "Ctrl-C) (default 3; 0: skip)")
     parser.add_argument("--json", metavar="PATH", help="also write the report as JSON")
     args = parser.parse_args(argv)
     start = time.monotonic()
@@ -307,6 +356,8 @@ def main(argv: list[str] | None = None) -> int:
             faults_interop.run_kills("export", args.interop_kills, work / "interop",
                                      n_files=8, n_frames=600),
         ] if args.interop_kills > 0 else []
+        report["render_kills"] = (run_render_kills(args.render_kills, work)
+                                  if args.render_kills > 0 else [])
     report["seconds"] = round(time.monotonic() - start, 1)
     print_table(report)
     if report["interop_kills"]:

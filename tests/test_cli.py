@@ -69,7 +69,8 @@ def test_render_writes_videos_from_an_mjb_model(tiny, archive, tmp_path):
     assert code == 0
     assert (tmp_path / "v" / "world00001" / "front.mp4").is_file()
     manifest = json.loads((tmp_path / "v" / "manifest.json").read_text())
-    assert manifest["video"]["preset"] == "veryfast" and manifest["video"]["crf"] == 18
+    (video,) = manifest["videos"]
+    assert video["video"]["preset"] == "veryfast" and video["video"]["crf"] == 18
 
 
 def test_render_takes_the_x264_preset_and_crf(tiny, archive, tmp_path):
@@ -81,7 +82,8 @@ def test_render_takes_the_x264_preset_and_crf(tiny, archive, tmp_path):
 
     assert code == 0
     manifest = json.loads((tmp_path / "v" / "manifest.json").read_text())
-    assert manifest["video"]["preset"] == "ultrafast" and manifest["video"]["crf"] == 23
+    (video,) = manifest["videos"]
+    assert video["video"]["preset"] == "ultrafast" and video["video"]["crf"] == 23
 
 
 @pytest.mark.parametrize("flag", [["--crf", "52"], ["--crf", "-1"], ["--preset", "fastest"]])

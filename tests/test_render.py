@@ -1,6 +1,7 @@
 """Archive -> mp4 and lazy frames, in this process (Dask runs are in test_render_dask.py)."""
 
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -51,7 +52,8 @@ def test_one_video_per_world_and_camera_with_manifest(tiny, tiny_archive, tmp_pa
         assert read_video(video["path"]).shape == (11, 48, 64, 3)
     manifest = json.loads((out / "manifest.json").read_text())
     assert manifest["worlds"] == [3, 7] and manifest["cameras"] == ["front", "top"]
-    assert manifest["archive"] == tiny_archive and manifest["fps"] == 25
+    assert manifest["archive"] == tiny_archive
+    assert [v["fps"] for v in manifest["videos"]] == [25] * 4
     assert not list(out.glob(".parts-*"))
 
 
@@ -171,3 +173,84 @@ def test_encoder_defaults_follow_the_backend():
     assert RenderOptions(backend="gpu", video=chosen).video is chosen
     with pytest.raises(TypeError, match="VideoOptions or None"):
         RenderOptions(video={"preset": "slow"})
+
+
+def ragged_archive(tmp_path, n_frames):
+    """Worlds 0 and 1 of the tiny model with ``n_frames`` committed frames each."""
+    from flyarchive.testing import reference_frames, tiny_model
+
+    model = tiny_model()
+    frames = reference_frames(model, 2, 40)
+    url = str(tmp_path / "ragged.zarr")
+    spec = ArchiveSpec(ModelLayout.from_model(model), Timing(0.002, 25, 0.2), (0, 1), chunk_frames=4)
+    block = FrameBlock(frames["time"][:8], frames["qpos"][:, :8], frames["mocap_pos"][:, :8],
+                       frames["mocap_quat"][:, :8])
+    ArchiveWriter.create(url, spec).write(block, n_frames=np.asarray(n_frames))
+    return url, frames
+
+
+def test_render_frames_are_black_past_a_worlds_committed_frames(tiny, tmp_path):
+    url, frames = ragged_archive(tmp_path, [8, 5])
+    lazy = render_frames(url, tiny, "front", size=(48, 64), block_frames=3)
+
+    actual = lazy.values
+
+    assert actual.shape == (2, 8, 48, 64, 3)
+    assert not actual[1, 5:].any()  # past world 1's 5 frames: black
+    with CpuRenderer(tiny, "front", (48, 64)) as renderer:
+        expected = renderer.render(frames["qpos"][1, :5], frames["mocap_pos"][1, :5],
+                                   frames["mocap_quat"][1, :5])[:, 0]
+    np.testing.assert_array_equal(actual[1, :5], expected)
+    assert actual[0].reshape(8, -1).any(axis=1).all()  # world 0: every frame rendered
+
+
+def test_manifest_entry_names_its_frame_range_and_simulated_times(tiny, tiny_archive, tmp_path):
+    result = render_videos(tiny_archive, tiny, "front", str(tmp_path / "v"), worlds=[7],
+                           time=(0.016, 0.04), options=SMALL, n_workers=0)
+
+    (entry,) = json.loads(Path(result.manifest).read_text())["videos"]
+
+    assert entry["frame_range"] == [2, 6] and entry["frames"] == 4
+    assert entry["start_time"] == pytest.approx(0.016) and entry["end_time"] == pytest.approx(0.04)
+
+
+def test_manifest_keeps_each_renders_own_size_backend_and_encoder(tiny, tiny_archive, tmp_path):
+    pytest.importorskip("mujoco_warp")
+    from flyarchive.video import VideoOptions
+
+    out = str(tmp_path / "v")
+    first = RenderOptions(size=(48, 64), video=VideoOptions(crf=30))
+    second = RenderOptions(size=(32, 48), backend="warp-cpu", batch_worlds=4)
+    render_videos(tiny_archive, tiny, "front", out, worlds=[3], options=first, n_workers=0)
+
+    render_videos(tiny_archive, tiny, "front", out, worlds=[7], options=second, n_workers=0)
+
+    manifest = json.loads((Path(out) / "manifest.json").read_text())
+    by_world = {v["world"]: v for v in manifest["videos"]}
+    assert (by_world[3]["size"], by_world[3]["backend"], by_world[3]["video"]["crf"]) == ([48, 64], "cpu", 30)
+    assert (by_world[7]["size"], by_world[7]["backend"], by_world[7]["video"]["crf"]) == ([32, 48], "warp-cpu", 18)
+    assert read_video(by_world[3]["path"]).shape[1:3] == (48, 64)
+    assert read_video(by_world[7]["path"]).shape[1:3] == (32, 48)
+
+
+def test_manifest_top_level_holds_only_what_every_video_shares(tiny, tiny_archive, tmp_path):
+    result = render_videos(tiny_archive, tiny, "front", str(tmp_path / "v"), worlds=[3],
+                           options=SMALL, n_workers=0)
+
+    manifest = json.loads(Path(result.manifest).read_text())
+
+    assert set(manifest) == {"manifest_version", "archive", "layout_hash", "versions", "worlds",
+                             "cameras", "videos"}
+    assert manifest["manifest_version"] == 2
+
+
+def test_render_frames_still_compute_after_an_in_process_render(tiny, tiny_archive, tmp_path):
+    lazy = render_frames(tiny_archive, tiny, "front", size=(48, 64), block_frames=4)
+    pool = {"scheduler": "threads", "num_workers": 1}  # one dask thread, reused: its renderer too
+    expected = lazy.isel(time=slice(0, 4)).compute(**pool).values
+    render_videos(tiny_archive, tiny, "front", str(tmp_path / "v"), worlds=[3], options=SMALL,
+                  n_workers=0)
+
+    actual = lazy.isel(time=slice(0, 4)).compute(**pool).values
+
+    np.testing.assert_array_equal(actual, expected)

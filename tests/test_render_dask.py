@@ -40,7 +40,7 @@ WORKER_ENV = {"MUJOCO_GL": "egl", "LP_NUM_THREADS": "1"}
 
 def _cluster(n_workers: int) -> Any:
     return distributed.LocalCluster(
-        n_workers=n_workers, threads_per_worker=1, processes=True, dashboard_address=None,
+        n_workers=n_workers, threads_per_worker=1, processes=True, dashboard_address="127.0.0.1:0",
         env=WORKER_ENV, silence_logs=40,
     )
 
@@ -211,3 +211,41 @@ def test_the_model_is_sent_to_each_worker_once_under_its_hash(client: Any) -> No
     holders = client.who_has([first])[first.key]
     assert len(holders) == len(client.scheduler_info()["workers"]) == 2
     assert client.submit(len, first, pure=False).result() == len(blob)
+
+
+def test_a_local_cluster_never_asks_for_the_busy_dashboard_port(
+        archive: str, model: Any, tmp_path: Path) -> None:
+    import socket
+    import warnings
+
+    busy = socket.socket()
+    try:
+        busy.bind(("", 8787))  # if another dashboard holds it already, so much the better
+        busy.listen()
+    except OSError:
+        pass
+    try:
+        with warnings.catch_warnings(record=True) as seen:
+            warnings.simplefilter("always")
+            render_videos(archive, model, "front", str(tmp_path / "v"), worlds=[0],
+                          options=OPTIONS, n_workers=1)
+    finally:
+        busy.close()
+
+    messages = [str(w.message) for w in seen]
+    assert not [m for m in messages if "already in use" in m]
+
+
+@pytest.mark.timeout(300)
+def test_warp_workers_on_a_local_cluster_show_one_progress_bar(
+        archive: str, model: Any, tmp_path: Path, capfd: pytest.CaptureFixture[str]) -> None:
+    pytest.importorskip("mujoco_warp")
+    options = RenderOptions(size=SIZE, backend="warp-cpu", batch_worlds=4, progress=True)
+
+    render_videos(archive, model, "front", str(tmp_path / "v"), options=options, n_workers=2)
+
+    err = capfd.readouterr().err
+    bars = [line for line in err.replace("\r", "\n").split("\n") if line.startswith("frames:")]
+    done = [line for line in bars if f"{N_WORLDS * N_FRAMES}/{N_WORLDS * N_FRAMES}" in line]
+    per_worker = [line for line in bars if f"/{N_FRAMES} " in line]
+    assert done and per_worker == []

@@ -38,7 +38,7 @@ import queue
 import tempfile
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -47,6 +47,7 @@ from typing import Any
 import numpy as np
 
 from flyarchive.errors import RenderBackendError
+from flyarchive.workspace import scratch_dir
 
 __all__ = [
     "Batch", "Piece", "pack_batches", "split_groups", "warp_device", "render_jobs",
@@ -216,7 +217,9 @@ def _renderer(blob: bytes, cameras: tuple[str, ...], size: tuple[int, int],
     return _renderers[key]
 
 
-def render_jobs(plan: Any, blob: bytes, jobs: Sequence[Any], device: str) -> list[dict[str, Any]]:
+def render_jobs(plan: Any, blob: bytes, jobs: Sequence[Any], device: str, *,
+                parts: str | None = None, on_frames: Callable[[int], None] | None = None
+                ) -> list[dict[str, Any]]:
     """Render and encode every video of ``jobs`` in this process, on one Warp device.
 
     Args:
@@ -225,6 +228,12 @@ def render_jobs(plan: Any, blob: bytes, jobs: Sequence[Any], device: str) -> lis
         blob: The compiled model as MJB bytes.
         jobs: The videos to make (a subset of ``plan.jobs``, or all of them).
         device: Warp device, ``"cuda"``, ``"cuda:1"`` or ``"cpu"``.
+        parts: The run's parts folder (:class:`flyarchive.workspace.RunFolder`): finished
+            videos are staged in it on local disk, and none is published once it is gone
+            (the run was given up). None: stage beside each video.
+        on_frames: Called with the number of frames of each batch rendered (for a
+            progress bar elsewhere); None: a progress bar here when
+            ``plan.options.progress``.
 
     Returns:
         Manifest entries ``{"world", "camera", "path", "frames", "first_frame", "fps",
@@ -244,28 +253,34 @@ def render_jobs(plan: Any, blob: bytes, jobs: Sequence[Any], device: str) -> lis
     with _renderers_lock:  # one batch stream per device at a time in a process
         renderer = _renderer(blob, tuple(plan.cameras), tuple(options.size), batch_worlds,
                              device)
-        with tempfile.TemporaryDirectory(prefix="flyarchive-warp-") as tmp:
-            encoders = _Encoders(plan, jobs, Path(tmp), renderer.pixel_format)
+        with tempfile.TemporaryDirectory(prefix="flyarchive-warp-", dir=scratch_dir()) as tmp:
+            encoders = _Encoders(plan, jobs, Path(tmp), renderer.pixel_format, parts)
+            bar = None
+            if on_frames is None:
+                bar = _progress_bar(sum(b.n for b in batches), options.progress)
+                on_frames = None if bar is None else bar.update
             try:
                 _render_batches(source, jobs, batches, renderer, renderer.default_state,
-                                encoders, options.progress)
+                                encoders, on_frames)
                 entries = encoders.finish()
             except BaseException:
                 encoders.abort()
                 raise
+            finally:
+                if bar is not None:
+                    bar.close()
     return [entries[(i, c)] for i in range(len(jobs)) for c in plan.cameras]
 
 
 def _render_batches(source: tuple[str, dict[str, Any]], jobs: tuple[Any, ...],
                     batches: list[Batch], renderer: Any, default: np.ndarray, encoders: _Encoders,
-                    progress: bool) -> None:
+                    on_frames: Callable[[int], None] | None) -> None:
     """Render every batch, submitting batch k + 1 before handing batch k to the encoders.
 
     On CUDA, :meth:`WarpBatchRenderer.submit` only queues the work, so the GPU renders
     the next batch while this thread waits for the current one's frames and passes
     them on: the GPU does not wait for the host between batches.
     """
-    bar = _progress_bar(sum(b.n for b in batches), progress)
     pending: tuple[Batch, Any, np.ndarray, int] | None = None
     with _read_ahead(source, jobs, batches) as states:
         clock = time.perf_counter()
@@ -280,17 +295,15 @@ def _render_batches(source: tuple[str, dict[str, Any]], jobs: tuple[Any, ...],
             submitted = renderer.submit(qpos, mocap_pos, mocap_quat, buffer=buffer)
             STATS["submit_s"] += time.perf_counter() - clock
             if pending is not None:
-                _hand_over(*pending, renderer.pixel_format, encoders, bar)
+                _hand_over(*pending, renderer.pixel_format, encoders, on_frames)
             pending = (batch, submitted, valid, buffer)
             clock = time.perf_counter()
     if pending is not None:
-        _hand_over(*pending, renderer.pixel_format, encoders, bar)
-    if bar is not None:
-        bar.close()
+        _hand_over(*pending, renderer.pixel_format, encoders, on_frames)
 
 
 def _hand_over(batch: Batch, submitted: Any, valid: np.ndarray, buffer: int, pixel_format: str,
-               encoders: _Encoders, bar: Any) -> None:
+               encoders: _Encoders, on_frames: Callable[[int], None] | None) -> None:
     """Wait for a submitted batch's frames and give them to the encoders."""
     clock = time.perf_counter()
     frames = submitted.wait()  # (n, ncam, *frame), a view of host buffer `buffer`
@@ -298,8 +311,8 @@ def _hand_over(batch: Batch, submitted: Any, valid: np.ndarray, buffer: int, pix
     if not valid.all():
         _blacken(frames, ~valid, pixel_format)
     encoders.submit(batch, frames, buffer)
-    if bar is not None:
-        bar.update(batch.n)
+    if on_frames is not None:
+        on_frames(batch.n)
 
 
 def _blacken(frames: np.ndarray, rows: np.ndarray, pixel_format: str) -> None:
@@ -462,8 +475,9 @@ class _Encoders:
     and publishes the file (copies it to its final URL) once ffmpeg has exited.
     """
 
-    def __init__(self, plan: Any, jobs: tuple[Any, ...], tmp: Path, pixel_format: str) -> None:
-        self._plan, self._jobs, self._tmp = plan, jobs, tmp
+    def __init__(self, plan: Any, jobs: tuple[Any, ...], tmp: Path, pixel_format: str,
+                 parts: str | None = None) -> None:
+        self._plan, self._jobs, self._tmp, self._parts = plan, jobs, tmp, parts
         self._pixel_format = pixel_format  # of the frames submitted, see VideoWriter
         self._cameras = tuple(plan.cameras)
         # Encoding is the slow stage (x264 on the CPU): one single-threaded encoder per
@@ -614,12 +628,19 @@ class _Encoders:
             STATS["publish_s"] += time.perf_counter() - clock
 
     def _publish(self, key: tuple[int, int], writer: Any) -> None:
+        from flyarchive.distributed import given_up_error, local_staging
         from flyarchive.video import write_output
+        from flyarchive.workspace import RunFolder
 
         plan, job, camera = self._plan, self._jobs[key[0]], self._cameras[key[1]]
         writer.close()
         url = plan.video_url(job.world_id, camera)
-        write_output(writer.path, url, plan.out_storage_options, overwrite=plan.options.overwrite)
+        so, staging = plan.out_storage_options, None
+        if self._parts is not None:
+            if not RunFolder.is_open(self._parts, so):
+                raise given_up_error(self._parts)
+            staging = local_staging(self._parts, so)
+        write_output(writer.path, url, so, overwrite=plan.options.overwrite, staging_dir=staging)
         writer.path.unlink(missing_ok=True)
         del self._writers[key]
         with self._lock:
@@ -631,8 +652,9 @@ class _Encoders:
 
 
 # ----------------------------------------------------------------------------- drivers
-def run_warp_plan(plan: Any, blob: bytes, *, client: Any = None, scheduler: str | None = None,
-                  n_workers: int | None = None, in_process: bool = False) -> list[dict[str, Any]]:
+def run_warp_plan(plan: Any, blob: bytes, parts: str | None = None, *, client: Any = None,
+                  scheduler: str | None = None, n_workers: int | None = None,
+                  in_process: bool = False) -> list[dict[str, Any]]:
     """Render a plan on the Warp backend of ``plan.options.backend``; the manifest entries.
 
     ``"gpu"``: without ``client`` and ``scheduler`` everything runs in this process (one
@@ -647,6 +669,7 @@ def run_warp_plan(plan: Any, blob: bytes, *, client: Any = None, scheduler: str 
     Args:
         plan: :class:`flyarchive.distributed.RenderPlan` with a Warp backend.
         blob: The compiled model as MJB bytes.
+        parts: The run's parts folder (see :func:`render_jobs`).
         client: A ``distributed.Client``.
         scheduler: A scheduler address, used when ``client`` is None.
         n_workers: Worker processes of the LocalCluster (``"warp-cpu"`` only).
@@ -659,15 +682,16 @@ def run_warp_plan(plan: Any, blob: bytes, *, client: Any = None, scheduler: str 
     Raises:
         RenderBackendError: no CUDA device for ``"gpu"`` here, or no worker of the
             cluster offers the ``GPU`` resource.
+        RenderFailedError: a group failed on a worker (the message names its worlds).
         OutputExistsError, VideoEncodeError, StorageError.
     """
     from flyarchive.distributed import connect
 
     if runs_here(plan.options.backend, len(plan.jobs), client=client, scheduler=scheduler,
                  n_workers=n_workers, in_process=in_process):
-        return render_jobs(plan, blob, plan.jobs, warp_device(plan.options.backend))
+        return render_jobs(plan, blob, plan.jobs, warp_device(plan.options.backend), parts=parts)
     with connect(client, scheduler, n_workers) as dask_client:
-        return _run_dask(plan, blob, dask_client)
+        return _run_dask(plan, blob, parts, dask_client)
 
 
 def runs_here(backend: str, n_videos: int, *, client: Any = None, scheduler: str | None = None,
@@ -679,13 +703,26 @@ def runs_here(backend: str, n_videos: int, *, client: Any = None, scheduler: str
     return backend == "gpu" or in_process or n <= 1 or n_videos <= 1
 
 
-def _run_on_worker(plan: Any, blob: bytes, jobs: tuple[Any, ...]) -> list[dict[str, Any]]:
-    """A Dask task: one group of videos on the worker's Warp device (checked there)."""
-    return render_jobs(plan, blob, jobs, warp_device(plan.options.backend))
+def _run_on_worker(plan: Any, blob: bytes, jobs: tuple[Any, ...], parts: str | None,
+                   topic: str | None) -> list[dict[str, Any]]:
+    """A Dask task: one group of videos on the worker's Warp device (checked there).
+
+    With a ``topic``, frames rendered are reported as events to the client, which shows
+    the one progress bar; the worker shows none.
+    """
+    on_frames = None
+    if topic is not None:
+        from distributed import get_worker
+
+        worker = get_worker()
+        on_frames = lambda n: worker.log_event(topic, n)  # noqa: E731
+    quiet = dataclasses.replace(plan, options=dataclasses.replace(plan.options, progress=False))
+    return render_jobs(quiet, blob, jobs, warp_device(plan.options.backend), parts=parts,
+                       on_frames=on_frames)
 
 
-def _run_dask(plan: Any, blob: bytes, client: Any) -> list[dict[str, Any]]:
-    from flyarchive.distributed import scatter_model
+def _run_dask(plan: Any, blob: bytes, parts: str | None, client: Any) -> list[dict[str, Any]]:
+    from flyarchive.distributed import cancel_quietly, scatter_model, task_result
 
     workers = client.scheduler_info().get("workers", {})
     resources = {"GPU": 1} if plan.options.backend == "gpu" else {}
@@ -702,12 +739,26 @@ def _run_dask(plan: Any, blob: bytes, client: Any) -> list[dict[str, Any]]:
     blob_future = scatter_model(client, blob)
     # One group per worker, placed explicitly: the scheduler would put the first tasks
     # together on the worker holding the data (every worker holds the model).
+    bar = _progress_bar(sum(job.n_frames for job in plan.jobs), plan.options.progress)
+    topic = None
+    if bar is not None:
+        topic = f"flyarchive-progress-{os.getpid()}-{time.monotonic_ns()}"
+        client.subscribe_topic(topic, lambda event: bar.update(event[1]))
     futures = [
-        client.submit(_run_on_worker, plan, blob_future, group, resources=resources or None,
-                      workers=[able[i % len(able)]], allow_other_workers=True, pure=False)
+        client.submit(_run_on_worker, plan, blob_future, group, parts, topic,
+                      resources=resources or None, workers=[able[i % len(able)]],
+                      allow_other_workers=True, pure=False)
         for i, group in enumerate(groups)
     ]
-    entries: list[dict[str, Any]] = []
-    for result in client.gather(futures):
-        entries.extend(result)
-    return entries
+    try:
+        entries: list[dict[str, Any]] = []
+        for future, group in zip(futures, groups):
+            entries.extend(task_result(future, f"worlds {[job.world_id for job in group]}"))
+        return entries
+    except BaseException:
+        cancel_quietly(client, futures)
+        raise
+    finally:
+        if bar is not None:
+            client.unsubscribe_topic(topic)
+            bar.close()

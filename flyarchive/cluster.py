@@ -1,0 +1,150 @@
+"""Dask clusters for rendering: the caller's client, a scheduler's, or a LocalCluster.
+
+A LocalCluster started here renders quietly and stops cleanly: its scheduler serves
+HTTP on a free loopback port (never Dask's fixed 8787, which warns when taken), its
+worker processes ignore Ctrl-C (this process handles it and closes the cluster), and
+their scratch folders are removed when it closes.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import sys
+import tempfile
+import threading
+import time
+import warnings
+from collections.abc import Iterator
+from typing import Any
+
+from flyarchive.errors import missing_dependency
+from flyarchive.workspace import SCRATCH_PREFIX, sweep_local
+
+__all__ = ["connect", "LOCAL_DASHBOARD"]
+
+#: Worker processes of the default LocalCluster: one core each (one Mesa rasterizer
+#: thread, one x264 thread, one encoder thread on the Warp backends).
+_WORKER_ENV = {"MUJOCO_GL": "egl", "LP_NUM_THREADS": "1", "OMP_NUM_THREADS": "1",
+               "FLYARCHIVE_ENCODERS": "1", "FLYARCHIVE_WORKER": "1"}
+#: Where a LocalCluster's scheduler serves HTTP: a free port on loopback. A fixed port
+#: (Dask's default 8787) warns "Port 8787 is already in use" whenever another cluster
+#: or dashboard runs; ``None`` does not help, it falls back to 8787.
+LOCAL_DASHBOARD = "127.0.0.1:0"
+
+
+class connect:
+    """Context manager: the given client, one connected to ``scheduler``, or a LocalCluster.
+
+    The LocalCluster has ``n_workers`` (default: one per core) single-thread worker
+    processes, each pinned to one core's worth of threads (``_WORKER_ENV``); its
+    scheduler serves HTTP on a free loopback port (:data:`LOCAL_DASHBOARD`), never on a
+    fixed one. Clients and clusters it made are closed on exit; a given client is left
+    open.
+
+    Ctrl-C reaches every process of the terminal's process group, worker processes
+    included, and each would print a traceback. The worker processes are started while
+    this process ignores SIGINT, so they inherit it ignored (the disposition survives
+    ``exec``; a signal mask does not: subprocesses start with none blocked); workers
+    restarted later ignore it once they run (:mod:`flyarchive.worker_setup`). This
+    process alone handles Ctrl-C, and closes the cluster. Worker logs are silenced below
+    CRITICAL: a task's error comes back to this process, and a worker shut down with its
+    cluster would log the lost connection.
+    """
+
+    def __init__(self, client: Any = None, scheduler: str | None = None,
+                 n_workers: int | None = None) -> None:
+        self._given, self._scheduler, self._n = client, scheduler, n_workers
+        self._own: list[Any] = []
+
+    def __enter__(self) -> Any:
+        if self._given is not None:
+            return self._given
+        try:
+            from distributed import Client, LocalCluster
+        except ImportError:
+            raise missing_dependency("distributed", "dask", "Rendering on a Dask cluster") from None
+        try:
+            if self._scheduler:
+                self._own.append(Client(self._scheduler))
+            else:
+                self._own.append(_local_cluster(LocalCluster, self._n or os.cpu_count() or 1))
+                self._own.insert(0, Client(self._own[0]))
+                self._own[0].wait_for_workers(len(self._own[1].worker_spec))
+        except BaseException as err:  # also Ctrl-C while the cluster starts
+            if isinstance(err, KeyboardInterrupt):  # a Client cut off mid-way complains when
+                warnings.filterwarnings(  # collected; the process is on its way out
+                    "ignore", message="coroutine .* was never awaited", category=RuntimeWarning)
+            self.__exit__(*sys.exc_info())
+            raise
+        return self._own[0]
+
+    def __exit__(self, *exc: object) -> None:
+        own_cluster = self._scheduler is None and bool(self._own)
+        while self._own:
+            thing = self._own.pop(0)
+            try:
+                thing.close()
+            except Exception:  # closing after Ctrl-C can fail inside Dask: keep that error
+                if not exc or exc[0] is None:
+                    raise
+        if own_cluster:  # its workers were stopped: remove their scratch folders
+            sweep_local(tempfile.gettempdir(), SCRATCH_PREFIX)
+
+
+def _local_cluster(cls: Any, n_workers: int) -> Any:
+    """A LocalCluster whose ``n_workers`` worker processes ignore SIGINT (see :class:`connect`).
+
+    This process ignores SIGINT only until the worker processes exist (a fraction of a
+    second: they import in their own time), not while the whole cluster starts.
+    """
+    import psutil
+
+    cluster = cls(n_workers=0, threads_per_worker=1, processes=True,
+                  dashboard_address=LOCAL_DASHBOARD, scheduler_kwargs={"dashboard": False},
+                  env=dict(_WORKER_ENV), silence_logs=logging.CRITICAL,
+                  preload=["flyarchive.worker_setup"])
+    try:
+        me = psutil.Process()
+        before = {c.pid for c in me.children()}
+        with _sigint_ignored():
+            cluster.scale(n_workers)
+            deadline = time.monotonic() + 60
+            while time.monotonic() < deadline and _new_workers(me, before) < n_workers:
+                time.sleep(0.01)
+    except BaseException:
+        cluster.close()
+        raise
+    return cluster
+
+
+def _new_workers(me: Any, before: set[int]) -> int:
+    """Child processes started since ``before``, but multiprocessing's resource tracker."""
+    import psutil
+
+    count = 0
+    for child in me.children():
+        if child.pid in before:
+            continue
+        try:
+            count += not any("resource_tracker" in part for part in child.cmdline())
+        except psutil.Error:
+            continue
+    return count
+
+
+@contextlib.contextmanager
+def _sigint_ignored() -> Iterator[None]:
+    """Ignore SIGINT for the duration, so that processes started meanwhile ignore it;
+    the handler is restored after. Only in the main thread (elsewhere: nothing)."""
+    import signal
+
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    before = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, before)

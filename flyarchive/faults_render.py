@@ -1,0 +1,292 @@
+"""Fault harness for rendering: kill or interrupt a render and check what it left behind.
+
+Used by ``tests/test_render_kill.py`` and ``scripts/reliability_report.py``.
+:func:`render_kill_trial` starts ``flyarchive render`` in a child process (in that
+process with ``--workers 0``, or on its own LocalCluster of two worker processes) in a
+session of its own and with a temporary folder (``TMPDIR``) of its own. Once a segment is
+being rendered, and after a seeded delay, it sends SIGKILL to the child (its worker
+processes die with it) or SIGINT to the child's process group, as a terminal's Ctrl-C
+does. Then it checks:
+
+- no final video is half-written: every ``world*/*.mp4`` decodes to all its frames;
+- after Ctrl-C: exit status 130, one line on stderr, and nothing left behind;
+- a second render into the same folder (``--overwrite``, in its own process) succeeds
+  and leaves nothing but the videos and the manifest, in the output folder and in the
+  temporary folder: what the killed run left is removed by it.
+
+Nothing here is needed to record or replay.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+__all__ = ["RenderKillConfig", "RenderKillResult", "RenderArchive", "render_kill_trial",
+           "make_render_archive", "WHERE", "SIGNALS"]
+
+#: Where the killed render runs: in its own process, or on its own LocalCluster.
+WHERE = ("process", "dask")
+#: How it is stopped: SIGKILL to the process, or SIGINT to its process group (Ctrl-C).
+SIGNALS = ("kill", "int")
+_SIZE = "48x64"
+#: The child: the console script's entry point (``python -m`` would turn a caught
+#: KeyboardInterrupt into a SIGINT exit status, a CPython quirk of ``-m``).
+_CHILD = "import sys; from flyarchive.cli import main; sys.exit(main(sys.argv[1:]))"
+
+
+@dataclass(frozen=True)
+class RenderKillConfig:
+    """One trial.
+
+    Attributes:
+        where: ``"process"`` (``--workers 0``) or ``"dask"`` (a LocalCluster, 2 workers).
+        how: ``"kill"`` (SIGKILL to the render process) or ``"int"`` (SIGINT to its
+            process group).
+        seed: Seeds the delay after the first segment starts.
+        max_delay_s: The signal comes a uniform random [0, max_delay_s] seconds after
+            the first segment starts rendering.
+        timeout_s: Seconds to wait for each step (start, exit, rerun).
+    """
+
+    where: str = "process"
+    how: str = "kill"
+    seed: int = 0
+    max_delay_s: float = 1.5
+    timeout_s: float = 180.0
+
+    def __post_init__(self) -> None:
+        if self.where not in WHERE or self.how not in SIGNALS:
+            raise ValueError(f"where must be one of {WHERE} and how one of {SIGNALS}, got "
+                             f"{self.where!r}, {self.how!r}.")
+
+
+@dataclass
+class RenderKillResult:
+    """What one trial found.
+
+    Attributes:
+        config: The trial.
+        stopped_mid_render: The child was still rendering when the signal came.
+        exit_code: The child's exit status (negative: killed by that signal).
+        stderr: What the child printed on stderr.
+        finals: Final videos present after the stop.
+        half_written: Final videos that do not decode to all their frames.
+        left_after_stop: Files and folders the stopped run left (output and TMPDIR).
+        left_after_rerun: The same after a second render into the same folder.
+        rerun_ok: The second render exited 0 and every video decodes to all its frames.
+        problems: One sentence per failed check; empty when the trial passed.
+    """
+
+    config: RenderKillConfig
+    stopped_mid_render: bool = False
+    exit_code: int | None = None
+    stderr: str = ""
+    finals: list[str] = field(default_factory=list)
+    half_written: list[str] = field(default_factory=list)
+    left_after_stop: list[str] = field(default_factory=list)
+    left_after_rerun: list[str] = field(default_factory=list)
+    rerun_ok: bool = False
+    problems: list[str] = field(default_factory=list)
+
+    @property
+    def passed(self) -> bool:
+        return not self.problems
+
+    def to_json(self) -> dict[str, Any]:
+        out = asdict(self)
+        out["passed"] = self.passed
+        return out
+
+
+@dataclass(frozen=True)
+class RenderArchive:
+    """An archive to render: its path, its model's XML file, worlds and frames per world."""
+
+    url: str
+    model: str
+    n_worlds: int
+    n_frames: int
+
+
+def make_render_archive(folder: str | os.PathLike[str], *, n_worlds: int = 2,
+                        n_steps: int = 400) -> RenderArchive:
+    """A tiny-model archive to render (a frame every 20 steps of 2 ms) and its model file."""
+    from flyarchive import TrajectoryRecorder
+    from flyarchive.testing import TINY_XML, simulate, tiny_model
+
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    url, xml = folder / "render.zarr", folder / "tiny.xml"
+    xml.write_text(TINY_XML)
+    model = tiny_model()
+    with TrajectoryRecorder(str(url), model, output_fps=25, playback_speed=1.0,
+                            chunk_frames=10) as recorder:
+        simulate(model, n_worlds, n_steps, recorder.record_as_needed)
+    return RenderArchive(str(url), str(xml), n_worlds, recorder.n_frames)
+
+
+def render_kill_trial(archive: RenderArchive, workdir: str | os.PathLike[str],
+                      config: RenderKillConfig, *, pythonpath: str | None = None
+                      ) -> RenderKillResult:
+    """Render, stop the render mid-way, check, render again, check.
+
+    Args:
+        archive: From :func:`make_render_archive`.
+        workdir: An empty folder for this trial (output and temporary folders).
+        config: Where the render runs and how it is stopped.
+        pythonpath: ``PYTHONPATH`` of the child processes (e.g. an older checkout to
+            compare with); None: this process's ``sys.path``.
+    """
+    url, xml, n_frames = archive.url, archive.model, archive.n_frames
+    work = Path(workdir)
+    out, tmp = work / "videos", work / "tmp"
+    tmp.mkdir(parents=True, exist_ok=True)
+    env = _child_env(tmp, pythonpath)
+    workers = "0" if config.where == "process" else "2"
+    command = [sys.executable, "-c", _CHILD, "render", url, "--model", xml, "--camera", "front",
+               "--camera", "top", "--size", _SIZE, "--out", str(out), "--workers", workers,
+               "--quiet"]
+    result = RenderKillResult(config)
+    child = subprocess.Popen(command, env=env, start_new_session=True, cwd=work,
+                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        result.stopped_mid_render = _stop_mid_render(child, tmp, config)
+        _, result.stderr = child.communicate(timeout=config.timeout_s)
+    finally:
+        if child.poll() is None:
+            os.killpg(child.pid, signal.SIGKILL)
+            child.wait()
+    result.exit_code = child.returncode
+    result.finals = [str(p.relative_to(out)) for p in _finals(out)]
+    result.half_written = [str(p.relative_to(out)) for p in _finals(out)
+                           if _frames(p) != n_frames]
+    result.left_after_stop = _leftovers(out, tmp)
+    again = [*command[:-3], "--workers", "0", "--quiet", "--overwrite"]  # in one process: quicker
+    rerun = subprocess.run(again, env=env, cwd=work, capture_output=True, text=True,
+                           timeout=config.timeout_s)
+    complete = [_frames(p) == n_frames for p in _finals(out)]
+    n_videos = 2 * archive.n_worlds  # cameras 'front' and 'top'
+    result.rerun_ok = rerun.returncode == 0 and len(complete) == n_videos and all(complete)
+    result.left_after_rerun = _leftovers(out, tmp)
+    result.problems = _problems(result, rerun)
+    return result
+
+
+def _child_env(tmp: Path, pythonpath: str | None) -> dict[str, str]:
+    env = dict(os.environ, TMPDIR=str(tmp), MUJOCO_GL="egl", LP_NUM_THREADS="1")
+    env["PYTHONPATH"] = pythonpath if pythonpath is not None else os.pathsep.join(
+        p for p in sys.path if p)
+    return env
+
+
+def _stop_mid_render(child: subprocess.Popen[str], tmp: Path, config: RenderKillConfig) -> bool:
+    """Wait for a segment to be rendering, then a seeded delay, then send the signal;
+    whether the child was still running then."""
+    import psutil
+
+    deadline = time.monotonic() + config.timeout_s
+    while child.poll() is None and time.monotonic() < deadline:
+        if any(tmp.rglob("flyarchive-seg-*")):
+            break
+        time.sleep(0.05)
+    time.sleep(random.Random(config.seed).uniform(0, config.max_delay_s))
+    if child.poll() is not None:
+        return False
+    family = [child.pid] + [p.pid for p in psutil.Process(child.pid).children(recursive=True)]
+    if config.how == "kill":
+        os.kill(child.pid, signal.SIGKILL)
+    else:
+        os.killpg(child.pid, signal.SIGINT)
+    _wait_gone(family, deadline)
+    return True
+
+
+def _wait_gone(pids: list[int], deadline: float) -> None:
+    """Wait until every process of ``pids`` has exited (worker processes notice that the
+    killed render is gone on their own)."""
+    import psutil
+
+    while time.monotonic() < deadline:
+        alive = []
+        for pid in pids:
+            try:
+                alive.append(psutil.Process(pid).status() != psutil.STATUS_ZOMBIE)
+            except psutil.NoSuchProcess:
+                continue
+        if not any(alive):
+            return
+        time.sleep(0.05)
+
+
+def _finals(out: Path) -> list[Path]:
+    return sorted(out.glob("world*/*.mp4"))
+
+
+def _frames(path: Path) -> int:
+    from flyarchive.video import read_video
+
+    try:
+        return int(read_video(path).shape[0])
+    except Exception:  # not a decodable video
+        return -1
+
+
+def _leftovers(out: Path, tmp: Path) -> list[str]:
+    """Everything in the output folder but videos and the manifest, and flyarchive's
+    folders in the temporary folder (Dask keeps its own ``dask-scratch-space`` there)."""
+    kept = {out / "manifest.json", *_finals(out), *(p.parent for p in _finals(out))}
+    left = [p for p in out.rglob("*") if p not in kept] if out.exists() else []
+    left += [p for p in tmp.iterdir() if p.name.startswith("flyarchive")]
+    return sorted(str(p) for p in left)
+
+
+def _problems(result: RenderKillResult, rerun: subprocess.CompletedProcess[str]) -> list[str]:
+    problems = []
+    if result.half_written:
+        problems.append(f"half-written final videos: {result.half_written}")
+    if result.config.how == "int" and result.stopped_mid_render:
+        lines = [line for line in result.stderr.splitlines() if line.strip()]
+        if result.exit_code != 130:
+            problems.append(f"Ctrl-C exit status {result.exit_code}, expected 130")
+        if len(lines) != 1:
+            problems.append(f"Ctrl-C printed {len(lines)} lines on stderr, expected 1: "
+                            f"{result.stderr[-600:]!r}")
+        if result.left_after_stop:
+            problems.append(f"left after Ctrl-C: {result.left_after_stop}")
+    if not result.rerun_ok:
+        problems.append(f"the next render failed (exit {rerun.returncode}): {rerun.stderr[-600:]!r}")
+    if result.left_after_rerun:
+        problems.append(f"left after the next render: {result.left_after_rerun}")
+    return problems
+
+
+def _main(argv: list[str] | None = None) -> int:
+    """``python -m flyarchive.faults_render [--where dask] [--how int] [--seed 3]``: one
+    trial, printed as JSON."""
+    import argparse
+    import json
+
+    parser = argparse.ArgumentParser(description=_main.__doc__)
+    parser.add_argument("--where", choices=WHERE, default="process")
+    parser.add_argument("--how", choices=SIGNALS, default="kill")
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args(argv)
+    config = RenderKillConfig(args.where, args.how, args.seed)
+    with tempfile.TemporaryDirectory(prefix="flyarchive-render-kill-") as work:
+        result = render_kill_trial(make_render_archive(Path(work) / "archive"),
+                                   Path(work) / "trial", config)
+    print(json.dumps(result.to_json(), indent=2))
+    return 0 if result.passed else 1
+
+
+if __name__ == "__main__":
+    sys.exit(_main())

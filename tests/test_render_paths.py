@@ -1,0 +1,152 @@
+"""Local paths leave the client absolute: a Dask worker started in another folder reads
+the client's archive and writes into the client's output folder."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+os.environ.setdefault("MUJOCO_GL", "egl")
+
+from flyarchive.record.cpu import TrajectoryRecorder  # noqa: E402
+from flyarchive.render import RenderOptions, render_frames, render_videos  # noqa: E402
+from flyarchive.testing import simulate, tiny_model  # noqa: E402
+from flyarchive.video import VideoOptions, read_video  # noqa: E402
+
+distributed = pytest.importorskip("distributed")
+pytestmark = pytest.mark.timeout(300)
+
+SIZE = (48, 64)
+OPTIONS = RenderOptions(size=SIZE, segment_frames=4, video=VideoOptions(threads=1))
+N_FRAMES = 5  # 80 steps of 2 ms at 25 fps, playback 1.0: a frame every 20 steps
+
+
+@pytest.fixture(scope="module")
+def worker_elsewhere(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Any, Path]]:
+    """A client of a scheduler whose only worker is a `dask worker` process started in
+    its own empty folder, as a user would start one by hand."""
+    folder = tmp_path_factory.mktemp("worker-cwd")
+    cluster = distributed.LocalCluster(n_workers=0, processes=True, silence_logs=40,
+                                       dashboard_address="127.0.0.1:0")
+    env = {**os.environ, "MUJOCO_GL": "egl", "LP_NUM_THREADS": "1"}
+    worker = subprocess.Popen(
+        [sys.executable, "-m", "distributed.cli.dask_worker", cluster.scheduler_address,
+         "--nthreads", "1", "--no-dashboard"],
+        cwd=folder, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )
+    client = distributed.Client(cluster, set_as_default=False)
+    try:
+        client.wait_for_workers(1, timeout=120)
+        yield client, folder
+    finally:
+        client.close()
+        worker.terminate()
+        worker.wait(timeout=60)
+        cluster.close()
+
+
+@pytest.fixture(scope="module")
+def client_folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The client's working folder, holding ``run.zarr`` (2 worlds, 5 frames each)."""
+    folder = tmp_path_factory.mktemp("client-cwd")
+    model = tiny_model()
+    with TrajectoryRecorder(str(folder / "run.zarr"), model, output_fps=25, playback_speed=1.0,
+                            chunk_frames=8) as recorder:
+        simulate(model, 2, 80, recorder.record_as_needed)
+    return folder
+
+
+@pytest.fixture(scope="module")
+def relative_render(worker_elsewhere: tuple[Any, Path], client_folder: Path) -> Any:
+    """``render_videos(<absolute archive>, ..., "out/vids")`` run from the client's folder."""
+    client, _ = worker_elsewhere
+    with pytest.MonkeyPatch.context() as patch:
+        patch.chdir(client_folder)
+        return render_videos(str(client_folder / "run.zarr"), tiny_model(), "front", "out/vids",
+                             client=client, options=OPTIONS)
+
+
+def test_relative_output_folder_is_written_in_the_clients_folder(
+        relative_render: Any, client_folder: Path) -> None:
+    expected = [str(client_folder / "out" / "vids" / f"world{w:05d}" / "front.mp4") for w in (0, 1)]
+
+    paths = [v["path"] for v in relative_render.videos]
+
+    assert paths == expected
+    assert [read_video(p).shape[0] for p in paths] == [N_FRAMES, N_FRAMES]
+
+
+def test_nothing_is_written_in_the_workers_folder(
+        relative_render: Any, worker_elsewhere: tuple[Any, Path]) -> None:
+    _, worker_folder = worker_elsewhere
+
+    left = sorted(str(p.relative_to(worker_folder)) for p in worker_folder.rglob("*"))
+
+    assert left == []
+
+
+def test_manifest_of_a_relative_render_points_at_the_videos(
+        relative_render: Any, client_folder: Path) -> None:
+    manifest = json.loads((client_folder / "out" / "vids" / "manifest.json").read_text())
+
+    paths = [Path(v["path"]) for v in manifest["videos"]]
+
+    assert manifest["archive"] == str(client_folder / "run.zarr")
+    assert len(paths) == 2 and all(p.is_absolute() and p.is_file() for p in paths)
+
+
+def test_relative_archive_path_renders_on_a_worker_started_elsewhere(
+        worker_elsewhere: tuple[Any, Path], client_folder: Path,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    client, _ = worker_elsewhere
+    monkeypatch.chdir(client_folder)
+
+    result = render_videos("run.zarr", tiny_model(), "top", str(client_folder / "by-archive"),
+                           worlds=[1], client=client, options=OPTIONS)
+
+    (video,) = result.videos
+    assert read_video(video["path"]).shape == (N_FRAMES, *SIZE, 3)
+
+
+def test_render_frames_of_a_relative_archive_compute_on_a_worker_started_elsewhere(
+        worker_elsewhere: tuple[Any, Path], client_folder: Path,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    client, _ = worker_elsewhere
+    monkeypatch.chdir(client_folder)
+    lazy = render_frames("run.zarr", tiny_model(), "top", size=SIZE, block_frames=2)
+    expected = lazy.isel(world=[1]).compute(scheduler="synchronous").values
+
+    actual = client.compute(lazy.isel(world=[1]).data).result()
+
+    assert actual.shape == (1, N_FRAMES, *SIZE, 3)
+    np.testing.assert_array_equal(actual, expected)
+
+
+@pytest.mark.parametrize(("given", "expected"), [
+    ("out/vids", "{cwd}/out/vids"),
+    ("./out/../vids/", "{cwd}/vids"),
+    ("file://out/vids", "file://{cwd}/out/vids"),
+    ("~/vids", "{home}/vids"),
+    ("file://~/vids", "file://{home}/vids"),
+    ("/already/absolute", "/already/absolute"),
+    ("s3://bucket/out/vids", "s3://bucket/out/vids"),
+    ("memory://vids", "memory://vids"),
+])
+def test_local_paths_become_absolute_and_urls_stay(
+        given: str, expected: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from flyarchive.distributed import absolute_url
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+
+    actual = absolute_url(given)
+
+    assert actual == expected.format(cwd=tmp_path, home=tmp_path / "home")
