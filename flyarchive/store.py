@@ -25,7 +25,7 @@ import numpy as np
 import zarr
 import zarr.storage
 
-from flyarchive import codecs
+from flyarchive import codecs, hardening
 from flyarchive.clock import Timing
 from flyarchive.errors import (
     ArchiveExistsError,
@@ -36,6 +36,7 @@ from flyarchive.errors import (
     StorageError,
 )
 from flyarchive.layout import ModelLayout, check_compatible
+from flyarchive.localstore import GuardedLocalStore
 from flyarchive.schema import RESERVED_ATTRS, SCHEMA_NAME, SCHEMA_VERSION, validate_attrs
 
 __all__ = [
@@ -79,19 +80,24 @@ def open_store(
 ) -> zarr.abc.store.Store:
     """Open a zarr store at any fsspec URL (a local path, ``file://``, ``memory://``, ``s3://``...).
 
+    Local paths get a :class:`~flyarchive.localstore.GuardedLocalStore` (regular files
+    inside the archive only); every store reads pcodec with bounded decoding.
+
     Raises:
         StorageBackendMissingError: if the protocol's package is not installed.
-        StorageError: for an unknown protocol.
+        StorageError: for an unknown protocol, or storage options of the wrong type.
     """
     url = str(url)
+    hardening.install_bounded_decoders()
     if _is_local(url):
         if storage_options:
             raise StorageError(f"storage_options were given for the local path {url!r}; drop them.")
         path = _local_path(url)
         if read_only and not path.exists():
             raise ArchiveNotFoundError(f"Nothing at {url!r}. Check the path.")
-        return zarr.storage.LocalStore(path, read_only=read_only)
+        return GuardedLocalStore(path, read_only=read_only)
     _check_protocol(url)
+    hardening.check_storage_options(url, storage_options)
     return zarr.storage.FsspecStore.from_url(
         url, storage_options=dict(storage_options or {}), read_only=read_only
     )
