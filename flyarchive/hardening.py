@@ -30,7 +30,7 @@ from flyarchive.errors import CorruptArchiveError, SchemaError, StorageError
 
 __all__ = [
     "MAX_METADATA_BYTES", "MAX_JSON_DEPTH", "MAX_CHUNK_BYTES", "MAX_SHARD_BYTES",
-    "ChunkLimits", "check_array_metadata", "check_arrays", "check_json_bytes", "json_depth",
+    "ChunkLimits", "refuse", "check_array_metadata", "check_arrays", "check_json_bytes", "json_depth",
     "BoundedPCodec", "CheckedCrc32cCodec", "damaged", "install_bounded_decoders", "zstd_content_size", "check_storage_options",
 ]
 
@@ -74,7 +74,8 @@ class ChunkLimits:
     zstd_bytes: int | None = None
 
 
-def _refuse(where: str, problem: str, archive: str) -> SchemaError:
+def refuse(where: str, problem: str, archive: str) -> SchemaError:
+    """The error for a metadata file flyarchive does not accept, naming it and the problem."""
     return SchemaError(
         f"{where}: {problem}. flyarchive reads only what it writes, so nothing was decoded. "
         f"The archive was damaged or tampered with; run `flyarchive verify {archive}` to "
@@ -188,7 +189,7 @@ def check_array_metadata(meta: Any, where: str, archive: str) -> ChunkLimits:
             raise ValueError("it has storage transformers")
         return _pipeline_bound(meta.get("codecs"), chunks, dtype)
     except ValueError as err:
-        raise _refuse(where, str(err), archive) from None
+        raise refuse(where, str(err), archive) from None
 
 
 def check_arrays(group: zarr.Group, archive: str) -> None:
@@ -220,7 +221,7 @@ def check_arrays(group: zarr.Group, archive: str) -> None:
         check_array_metadata(plain, where, archive)
         depth = json_depth_of(dict(arr.attrs))
         if depth > MAX_JSON_DEPTH:
-            raise _refuse(where, f"its attributes are nested {depth} deep (at most "
+            raise refuse(where, f"its attributes are nested {depth} deep (at most "
                           f"{MAX_JSON_DEPTH})", archive)
 
 
@@ -261,12 +262,12 @@ def check_json_bytes(raw: bytes, where: str, archive: str) -> None:
         SchemaError: naming the file, its size or depth, and the limit.
     """
     if len(raw) > MAX_METADATA_BYTES:
-        raise _refuse(where, f"it is {len(raw)} bytes; flyarchive reads metadata files of at "
+        raise refuse(where, f"it is {len(raw)} bytes; flyarchive reads metadata files of at "
                       f"most {MAX_METADATA_BYTES} bytes (keep per-world data in world variables)",
                       archive)
     depth = json_depth(raw)
     if depth > MAX_JSON_DEPTH:
-        raise _refuse(where, f"its JSON is nested {depth} deep; flyarchive reads at most "
+        raise refuse(where, f"its JSON is nested {depth} deep; flyarchive reads at most "
                       f"{MAX_JSON_DEPTH} levels", archive)
 
 

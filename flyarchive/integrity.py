@@ -58,13 +58,14 @@ def damaged_chunks(arr: zarr.Array, *, limit: int | None = None,
     Args:
         arr: The array.
         limit: Stop after this many (None: all).
-        region: Only objects touching these index ranges (default: the whole array).
+        region: Only objects touching these index ranges, leading dimensions first
+            (default, and for dimensions not given: all of it).
 
     Returns:
         The damaged objects, in grid order; empty when every one reads.
     """
     outer = arr.shards or arr.chunks
-    region = region or tuple(slice(0, n) for n in arr.shape)
+    region = tuple(region or ()) + tuple(slice(0, n) for n in arr.shape[len(region or ()):])
     ranges = []
     for (start, stop, _), size, n in zip((r.indices(m) for r, m in zip(region, arr.shape)),
                                          outer, arr.shape):

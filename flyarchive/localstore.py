@@ -7,8 +7,9 @@ belongs, a folder symlinked out of the archive (writes land outside it).
 archive root, ``lstat``s before opening and opens with ``O_NOFOLLOW | O_NONBLOCK``,
 reads only regular files, bounds each file's size by what its array's declared
 shapes can need (:mod:`flyarchive.hardening`), and checks metadata files before
-zarr parses them. A writable store refuses, when first used, an archive holding a
-folder symlinked out of it, before anything is written.
+zarr parses them. A writable store refuses, when it is made, an archive holding a
+folder symlinked out of it (down to an array's ``c/<world block>`` folders), before
+anything is written; every write checks its own path.
 """
 
 from __future__ import annotations
@@ -59,6 +60,8 @@ class GuardedLocalStore(zarr.storage.LocalStore):
     def __init__(self, root: Path | str, *, read_only: bool = False) -> None:
         super().__init__(root, read_only=read_only)
         self._limits: dict[str, tuple[tuple[int, int, int], hardening.ChunkLimits]] = {}
+        if not read_only and self.root.is_dir():
+            self._check_links()  # before anything is opened, let alone written
 
     # ------------------------------------------------------------------ paths
     def _root_real(self) -> str:
@@ -66,8 +69,8 @@ class GuardedLocalStore(zarr.storage.LocalStore):
 
     def _refuse(self, key: str, problem: str, fix: str) -> UnsafeFileError:
         return UnsafeFileError(
-            f"{self.root / key} {problem}; flyarchive never follows it. {fix} The archive was "
-            f"damaged or tampered with; run `flyarchive verify {self.root}` to list every problem."
+            f"{self.root / key} {problem}. {fix} The archive was damaged or tampered with; "
+            f"run `flyarchive verify {self.root}` to list every problem."
         )
 
     def _inside(self, key: str) -> str:
@@ -75,33 +78,28 @@ class GuardedLocalStore(zarr.storage.LocalStore):
         root = self._root_real()
         real = os.path.realpath(os.path.join(self.root, key))
         if real != root and not real.startswith(root.rstrip(os.sep) + os.sep):
-            raise self._refuse(key, f"leads out of the archive (to {real})",
-                               "Replace the link by the file or folder itself.")
+            raise self._refuse(key, f"leads out of the archive (to {real}); flyarchive never "
+                               "reads or writes through it", "Replace the link by the file or "
+                               "folder itself.")
         return real
 
-    def _check_links(self) -> None:
-        """Refuse a writable archive holding a folder symlinked out of it."""
+    def _check_links(self, depth: int = 3) -> None:
+        """Refuse a writable archive holding a folder symlinked out of it, down to ``depth``
+        levels (``qpos/c/0``; deeper folders are one per block of frames, too many to visit
+        on every open, and every write checks its own path anyway)."""
         root = self._root_real()
-        for folder, dirs, _ in os.walk(root):
-            for name in dirs:
-                path = os.path.join(folder, name)
-                if os.path.islink(path):
-                    self._inside(os.path.relpath(path, root))
-
-    def _ensure_open_sync(self) -> None:
-        if not self._is_open:
-            super()._ensure_open_sync()
-            if not self.read_only:
-                self._check_links()
-
-    async def _ensure_open(self) -> None:
-        if not self._is_open:
-            await asyncio.to_thread(self._ensure_open_sync)
-
-    async def _open(self, *, mode: Any = None) -> None:
-        await super()._open(mode=mode)
-        if not self.read_only:
-            await asyncio.to_thread(self._check_links)
+        level = [root]
+        for _ in range(depth):
+            below = []
+            for folder in level:
+                with os.scandir(folder) as entries:
+                    for entry in entries:
+                        if entry.is_symlink():
+                            if os.path.isdir(entry.path):
+                                self._inside(os.path.relpath(entry.path, root))
+                        elif entry.is_dir(follow_symlinks=False):
+                            below.append(entry.path)
+            level = below
 
     # ------------------------------------------------------------------ reading
     def _limit(self, key: str) -> hardening.ChunkLimits:
@@ -139,8 +137,9 @@ class GuardedLocalStore(zarr.storage.LocalStore):
             return None
         if not stat.S_ISREG(st.st_mode):
             kind = _KINDS.get(stat.S_IFMT(st.st_mode), "not a regular file")
-            raise self._refuse(key, f"is {kind}, not a regular file (reading it could block "
-                               "forever or never end)", "Delete it and restore the chunk file.")
+            raise self._refuse(key, f"is {kind}, not a regular file; flyarchive never opens it "
+                               "(reading it could block forever or never end)",
+                               "Delete it and restore the chunk file.")
         try:
             fd = os.open(real, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
         except OSError as err:
@@ -164,7 +163,8 @@ class GuardedLocalStore(zarr.storage.LocalStore):
             if st.st_size > limit.file_bytes:
                 raise self._refuse(
                     key, f"is {st.st_size} bytes, more than the {limit.file_bytes} bytes its "
-                    "array's declared shapes can need", "Restore the file.")
+                    "array's declared shapes can need; flyarchive did not read it",
+                    "Restore the file.")
             size = st.st_size
             if byte_range is None:
                 start, stop = 0, size
@@ -179,10 +179,13 @@ class GuardedLocalStore(zarr.storage.LocalStore):
             f.seek(start)
             data = f.read(max(0, stop - start))
         name = key.rsplit("/", 1)[-1]
-        if name in _METADATA and byte_range is None:
+        if name in _METADATA and name != "zarr.json":
+            raise hardening.refuse(str(self.root / key), "it is zarr v2 metadata; flyarchive "
+                                   "archives are zarr v3 (their metadata is zarr.json)",
+                                   str(self.root))
+        if name == "zarr.json" and byte_range is None:
             hardening.check_json_bytes(data, str(self.root / key), str(self.root))
-            if name == "zarr.json":
-                self._check_metadata(key, data)
+            self._check_metadata(key, data)
         elif limit.zstd_bytes is not None and byte_range is None:
             self._check_zstd(key, data, limit.zstd_bytes)
         return data
@@ -200,9 +203,13 @@ class GuardedLocalStore(zarr.storage.LocalStore):
             size = hardening.zstd_content_size(data)
         except ValueError as err:
             raise self._refuse(key, f"is not zstd data ({err})", "Restore the file.") from None
-        if size is None or size > most:
-            raise self._refuse(key, f"declares {size} decoded bytes (at most {most}; None: "
-                               "undeclared)", "Restore the file.")
+        if size is None:
+            raise self._refuse(key, "is zstd data that does not declare its decoded size, "
+                               "which flyarchive needs to bound memory", "Restore the file.")
+        if size > most:
+            raise self._refuse(key, f"is zstd data that declares {size} decoded bytes, more "
+                               f"than the {most} a label chunk may hold; flyarchive did not "
+                               "decode it", "Restore the file.")
 
     def _buffer(self, key: str, prototype: BufferPrototype | None,
                 byte_range: ByteRequest | None) -> Buffer | None:
