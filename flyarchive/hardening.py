@@ -8,8 +8,9 @@ files must be small and shallow (JSON nested 200,000 deep exhausts Python's
 recursion). pcodec, whose compression ratio has no bound, decodes into the chunk's
 declared shape and never past it (:class:`BoundedPCodec`, installed for every zarr
 read in this process, with :class:`CheckedCrc32cCodec`, whose checksum mismatch is a
-:class:`~flyarchive.errors.CorruptArchiveError`). The local store (:mod:`flyarchive.localstore`) applies these
-limits to every file it reads; :func:`check_arrays` applies them on any storage.
+:class:`~flyarchive.errors.CorruptArchiveError`). The local store
+(:mod:`flyarchive.localstore`) applies these limits to every file it reads;
+:func:`check_arrays` applies them on any storage.
 """
 
 from __future__ import annotations
@@ -30,8 +31,9 @@ from flyarchive.errors import CorruptArchiveError, SchemaError, StorageError
 
 __all__ = [
     "MAX_METADATA_BYTES", "MAX_JSON_DEPTH", "MAX_CHUNK_BYTES", "MAX_SHARD_BYTES",
-    "ChunkLimits", "refuse", "check_array_metadata", "check_arrays", "check_json_bytes", "json_depth",
-    "BoundedPCodec", "CheckedCrc32cCodec", "damaged", "install_bounded_decoders", "zstd_content_size", "check_storage_options",
+    "ChunkLimits", "refuse", "check_array_metadata", "check_arrays", "check_json_bytes",
+    "json_depth", "json_depth_of", "BoundedPCodec", "CheckedCrc32cCodec", "damaged",
+    "install_bounded_decoders", "zstd_content_size", "check_storage_options",
 ]
 
 #: Largest metadata file (``zarr.json``) read; large per-world data belongs in world variables.
@@ -50,8 +52,10 @@ MAX_STRINGS = 1 << 20
 
 _FIXED_DTYPES = frozenset(
     {"bool", "int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64",
-     "float16", "float32", "float64"}
+     "float16", "float32", "float64", "complex64", "complex128"}
 )
+#: Data types with a configuration, as zarr writes world variables of numpy dtypes U, M, m.
+_CONFIGURED_DTYPES = ("fixed_length_utf32", "numpy.datetime64", "numpy.timedelta64")
 _SERIALIZERS = ("bytes", "numcodecs.pcodec")
 _FILTERS = ("numcodecs.fixedscaleoffset",)
 _WRITTEN = (
@@ -101,18 +105,32 @@ def _names(codecs: Any) -> list[str]:
     return names
 
 
-def _pipeline_bound(codecs: Any, shape: tuple[int, ...], dtype: str) -> ChunkLimits:
+def _itemsize(dtype: Any) -> int:
+    """Bytes per element of a zarr v3 data type flyarchive writes (not ``"string"``)."""
+    if isinstance(dtype, str) and dtype in _FIXED_DTYPES:
+        return np.dtype(dtype).itemsize
+    if isinstance(dtype, dict) and dtype.get("name") in _CONFIGURED_DTYPES:
+        if dtype["name"] != "fixed_length_utf32":
+            return 8
+        length = (dtype.get("configuration") or {}).get("length_bytes")
+        if type(length) is int and 0 < length <= 1 << 20:
+            return length
+    raise ValueError(f"data type {str(dtype)[:80]!r} is not one flyarchive writes")
+
+
+def _pipeline_bound(codecs: Any, shape: tuple[int, ...], dtype: Any) -> ChunkLimits:
     """Check one codec pipeline against the allowlist; bound its encoded size."""
     names = _names(codecs)
     n = math.prod(shape)
     if dtype == "string":
         if names not in (["vlen-utf8"], ["vlen-utf8", "zstd"], ["vlen-utf8", "crc32c"]):
-            raise ValueError(f"the string pipeline {names} is not one flyarchive writes ({_WRITTEN})")
+            raise ValueError(f"the string pipeline {names} is not one flyarchive writes "
+                             f"({_WRITTEN})")
         if n > MAX_STRINGS:
             raise ValueError(f"a chunk holds {n} strings; flyarchive reads at most {MAX_STRINGS}")
         return ChunkLimits(MAX_STRING_CHUNK_BYTES + 4,
                            MAX_STRING_CHUNK_BYTES if "zstd" in names else None)
-    size = n * np.dtype(dtype).itemsize
+    size = n * _itemsize(dtype)
     if names and names[0] == "sharding_indexed":
         if len(names) != 1:
             raise ValueError(f"stages {names[1:]} follow sharding_indexed")
@@ -129,16 +147,17 @@ def _pipeline_bound(codecs: Any, shape: tuple[int, ...], dtype: str) -> ChunkLim
     return ChunkLimits(encoded + 4 * (len(rest) - 1))
 
 
-def _sharding_bound(config: Any, shape: tuple[int, ...], dtype: str) -> ChunkLimits:
+def _sharding_bound(config: Any, shape: tuple[int, ...], dtype: Any) -> ChunkLimits:
     if not isinstance(config, dict):
         raise ValueError("sharding_indexed has no configuration")
     inner = _ints(config.get("chunk_shape"), len(shape), "the inner chunk shape")
     if any(i == 0 or s % i for s, i in zip(shape, inner)):
         raise ValueError(f"the inner chunk shape {inner} does not divide the shard shape {shape}")
-    if math.prod(shape) * np.dtype(dtype).itemsize > MAX_SHARD_BYTES:
+    if math.prod(shape) * _itemsize(dtype) > MAX_SHARD_BYTES:
         raise ValueError(f"a shard of shape {shape} decodes to more than {MAX_SHARD_BYTES} bytes")
     if _names(config.get("index_codecs")) not in (["bytes", "crc32c"], ["bytes"]):
-        raise ValueError(f"the shard index codecs {config.get('index_codecs')} are not bytes, crc32c")
+        raise ValueError(f"the shard index codecs {config.get('index_codecs')} are not "
+                         "bytes, crc32c")
     if config.get("index_location", "end") not in ("end", "start"):
         raise ValueError(f"index_location is {config.get('index_location')!r}")
     if "sharding_indexed" in _names(config.get("codecs")):
@@ -168,8 +187,8 @@ def check_array_metadata(meta: Any, where: str, archive: str) -> ChunkLimits:
         if not isinstance(meta, dict) or meta.get("zarr_format") != 3:
             raise ValueError("it is not zarr v3 array metadata (flyarchive archives are zarr v3)")
         dtype = meta.get("data_type")
-        if dtype != "string" and dtype not in _FIXED_DTYPES:
-            raise ValueError(f"data type {str(dtype)[:80]!r} is not one flyarchive writes")
+        if dtype != "string":
+            _itemsize(dtype)
         shape = _ints(meta.get("shape"), None, "shape")
         grid = meta.get("chunk_grid") or {}
         if grid.get("name") != "regular":
@@ -217,7 +236,8 @@ def check_arrays(group: zarr.Group, archive: str) -> None:
             continue
         where = f"{archive.rstrip('/')}/{name}/zarr.json"
         meta = arr.metadata
-        plain = json.loads(json.dumps(meta.to_dict(), default=str)) if meta.zarr_format == 3 else {}
+        plain = json.loads(json.dumps(meta.to_dict(), default=str)) if meta.zarr_format == 3 \
+            else {}
         check_array_metadata(plain, where, archive)
         depth = json_depth_of(dict(arr.attrs))
         if depth > MAX_JSON_DEPTH:

@@ -60,7 +60,8 @@ def _unique_names(
     out = []
     for i, name, kind in zip(ids, names, kinds):
         if name is None:
-            name = next(c for c in _candidates(f"{prefix}{i}") if taken.isdisjoint(_labels(c, kind)))
+            name = next(c for c in _candidates(f"{prefix}{i}")
+                        if taken.isdisjoint(_labels(c, kind)))
             taken.update(_labels(name, kind))
         out.append(name)
     return tuple(out)

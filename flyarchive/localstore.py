@@ -37,7 +37,8 @@ __all__ = ["GuardedLocalStore", "UnsafeFileError"]
 MAX_OTHER_BYTES = 1 << 30
 _METADATA = ("zarr.json", ".zarray", ".zgroup", ".zattrs", ".zmetadata")
 _KINDS = {stat.S_IFIFO: "a FIFO (named pipe)", stat.S_IFCHR: "a character device",
-          stat.S_IFBLK: "a block device", stat.S_IFSOCK: "a socket", stat.S_IFLNK: "a symbolic link"}
+          stat.S_IFBLK: "a block device", stat.S_IFSOCK: "a socket",
+          stat.S_IFLNK: "a symbolic link"}
 
 
 class UnsafeFileError(CorruptArchiveError):
@@ -119,7 +120,7 @@ class GuardedLocalStore(zarr.storage.LocalStore):
         if cached is None or cached[0] != stamp:
             raw = self._read(meta_key, None)
             meta = json.loads(raw) if raw is not None else {}
-            if meta.get("node_type") != "array":
+            if not isinstance(meta, dict) or meta.get("node_type") != "array":
                 return hardening.ChunkLimits(MAX_OTHER_BYTES)
             cached = (stamp, hardening.check_array_metadata(meta, str(self.root / meta_key),
                                                             str(self.root)))

@@ -105,8 +105,9 @@ def plot_traces(
             kinds = fig.canvas.get_supported_filetypes()
             if target.suffix[1:].lower() not in kinds:
                 raise SelectionError(
-                    f"Cannot write a plot to {str(target)!r}: matplotlib writes {', '.join(kinds)}. "
-                    "Name the file with one of these suffixes, e.g. traces.png."
+                    f"Cannot write a plot to {str(target)!r}: matplotlib writes "
+                    f"{', '.join(kinds)}. Name the file with one of these suffixes, e.g. "
+                    "traces.png."
                 )
             for i, label in enumerate(chosen):
                 ax.plot(times, values[:, i], label=label)

@@ -93,8 +93,9 @@ def _check_types(attrs: Mapping[str, Any]) -> None:
                       "mocap_names and hash"))
     if "codec" in attrs:  # archives from before the codec option have none: lossless
         codec = attrs["codec"]
+        spec = codec.get("spec") if isinstance(codec, Mapping) else None
         try:
-            parse_codec(codec.get("spec") if isinstance(codec, Mapping) else None)  # type: ignore[arg-type]
+            parse_codec(spec)
         except CodecSpecError:
             wrong.append(("codec", "an object whose 'spec' is 'lossless' or 'abs:<bound>'"))
     versions = attrs.get("versions", {})

@@ -6,12 +6,15 @@ Runs the harnesses of :mod:`flyarchive.faults` and prints one table:
   Warp's CPU device), and frames lost per kill against the recorder's bound;
 - S3 faults injected through the fault proxy (record, read, render) and their outcomes;
 - corruptions injected into a local archive and whether ``flyarchive verify`` caught them;
+- hostile archives (:mod:`flyarchive.faults_hostile`: decompression bombs, FIFOs, links
+  to ``/dev/zero``, metadata nested 200,000 deep...): each command run in a child with a
+  3 GiB address-space cap, its time and peak memory;
 - bad inputs tried (``tests/test_bad_input.py``) and passed.
 
 Usage::
 
     python scripts/reliability_report.py [--kills 20] [--backends cpu,warp]
-        [--s3-trials 4] [--json PATH]
+        [--s3-trials 4] [--no-hostile] [--json PATH]
 """
 
 from __future__ import annotations
@@ -151,6 +154,36 @@ def run_corruptions(workdir: Path) -> list[dict[str, Any]]:
     return rows
 
 
+def run_hostile(workdir: Path) -> list[dict[str, Any]]:
+    """Every command on every hostile archive, each in a capped child process."""
+    from flyarchive.faults_hostile import hostile_table
+
+    folder = workdir / "hostile"
+    folder.mkdir()
+    return hostile_table(folder, progress=lambda line: print(line, file=sys.stderr))
+
+
+def print_hostile(rows: list[dict[str, Any]]) -> None:
+    from flyarchive.faults_hostile import COMMANDS, MAX_MB, MAX_SECONDS, Outcome, passed
+
+    print(f"\nHostile archives (each command in a child process, 3 GiB address-space cap; "
+          f"R refused, ok worked, X crashed, hung or out of bounds; bounds {MAX_SECONDS:g} s "
+          f"in the command, {MAX_MB:g} MiB peak RSS)")
+    short = {"open_archive": "api", "export-npz": "export"}
+    print(f"{'case':<42} " + " ".join(f"{short.get(c, c):>6}" for c in COMMANDS)
+          + f" {'max s':>6} {'max MiB':>7} {'unchanged':>9}  result")
+    for row in rows:
+        cells = []
+        for command in COMMANDS:
+            outcome = Outcome(**row["outcomes"][command])
+            mark = "X" if not passed(outcome) else "ok" if outcome.exit == 0 else "R"
+            cells.append(f"{mark:>6}")
+        seconds = "-" if row["max_seconds"] is None else f"{row['max_seconds']:.2f}"
+        memory = "-" if row["max_mb"] is None else f"{row['max_mb']:.0f}"
+        print(f"{row['case']:<42} " + " ".join(cells) + f" {seconds:>6} {memory:>7} "
+              f"{str(row['unchanged']):>9}  {'pass' if row['passed'] else 'FAIL'}")
+
+
 def run_bad_input(workdir: Path) -> dict[str, Any]:
     """Run tests/test_bad_input.py; count cases tried and passed."""
     xml = workdir / "bad_input.xml"
@@ -190,6 +223,8 @@ def print_table(report: dict[str, Any]) -> None:
     for row in report["corruptions"]:
         print(f"  {row['corruption']:<42} verify ok={row['verify_ok']!s:<5} "
               f"cli exit={row['cli_exit']}  {'caught' if row['caught'] else 'MISSED'}")
+    if report.get("hostile"):
+        print_hostile(report["hostile"])
     bad = report["bad_input"]
     if bad:
         print(f"\nBad input: {bad['tried']} tried, {bad['passed']} passed")
@@ -205,6 +240,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--s3-trials", type=int, default=4,
                         help="trials per S3 operation (0: skip)")
     parser.add_argument("--no-bad-input", action="store_true", help="skip tests/test_bad_input.py")
+    parser.add_argument("--no-hostile", action="store_true", help="skip the hostile archives")
     parser.add_argument("--json", metavar="PATH", help="also write the report as JSON")
     args = parser.parse_args(argv)
     start = time.monotonic()
@@ -219,6 +255,7 @@ def main(argv: list[str] | None = None) -> int:
                            for b in args.backends.split(",") if b.strip()]
         report["s3"] = run_s3(args.s3_trials) if args.s3_trials > 0 else []
         report["corruptions"] = run_corruptions(work)
+        report["hostile"] = [] if args.no_hostile else run_hostile(work)
         report["bad_input"] = {} if args.no_bad_input else run_bad_input(work)
     report["seconds"] = round(time.monotonic() - start, 1)
     print_table(report)
