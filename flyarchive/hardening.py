@@ -24,6 +24,7 @@ from typing import Any
 
 import numpy as np
 import zarr
+import zarr.storage
 from zarr.codecs import Crc32cCodec
 from zarr.codecs.numcodecs import PCodec
 
@@ -212,28 +213,13 @@ def check_array_metadata(meta: Any, where: str, archive: str) -> ChunkLimits:
 
 
 def check_arrays(group: zarr.Group, archive: str) -> None:
-    """Check the metadata of every array of an opened archive (any storage), one by one.
+    """Check the metadata of every array of an opened archive (any storage).
 
     Raises:
         SchemaError: for the first array whose metadata :func:`check_array_metadata`
             refuses, or whose attributes nest deeper than :data:`MAX_JSON_DEPTH`.
     """
-    from zarr.core.sync import sync
-
-    async def names() -> list[str]:
-        return [name async for name in group.store.list_dir(group.path)]
-
-    for name in sorted(sync(names())):
-        if name == "zarr.json":
-            continue
-        try:
-            arr = group[name]  # one at a time: a refusal leaves no fetch pending
-        except (SchemaError, CorruptArchiveError):
-            raise
-        except Exception:  # not a node, or metadata zarr cannot parse: reported on open
-            continue
-        if not isinstance(arr, zarr.Array):
-            continue
+    for name, arr in _arrays(group):
         where = f"{archive.rstrip('/')}/{name}/zarr.json"
         meta = arr.metadata
         plain = json.loads(json.dumps(meta.to_dict(), default=str)) if meta.zarr_format == 3 \
@@ -242,7 +228,35 @@ def check_arrays(group: zarr.Group, archive: str) -> None:
         depth = json_depth_of(dict(arr.attrs))
         if depth > MAX_JSON_DEPTH:
             raise refuse(where, f"its attributes are nested {depth} deep (at most "
-                          f"{MAX_JSON_DEPTH})", archive)
+                         f"{MAX_JSON_DEPTH})", archive)
+
+
+def _arrays(group: zarr.Group) -> list[tuple[str, zarr.Array]]:
+    """The group's arrays. On local disk one at a time, so that a refused file leaves no
+    fetch pending; elsewhere concurrently (one round trip), one at a time after a failure."""
+    if not isinstance(group.store, zarr.storage.LocalStore):
+        try:
+            return sorted(group.arrays())
+        except Exception:
+            pass
+    from zarr.core.sync import sync
+
+    async def names() -> list[str]:
+        return [name async for name in group.store.list_dir(group.path)]
+
+    found = []
+    for name in sorted(sync(names())):
+        if name == "zarr.json":
+            continue
+        try:
+            node = group[name]
+        except (SchemaError, CorruptArchiveError):
+            raise
+        except Exception:  # not a node, or metadata zarr cannot parse: reported on open
+            continue
+        if isinstance(node, zarr.Array):
+            found.append((name, node))
+    return found
 
 
 # Strings (with their escapes) removed before counting brackets.

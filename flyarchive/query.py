@@ -16,7 +16,7 @@ from flyarchive.store import open_group, unavailable
 
 __all__ = [
     "open_archive", "open_stored", "open_checked", "time_extents", "damaged_metadata",
-    "corrupt_read",
+    "corrupt_read", "unreadable",
 ]
 
 
@@ -68,7 +68,6 @@ def unreadable(url: str, group: zarr.Group, err: BaseException) -> FlyarchiveErr
     """The error for an archive that xarray cannot open: a damaged chunk of a coordinate
     when one is found (named, with its file), else damaged metadata."""
     from flyarchive.integrity import damaged_chunks
-
     from flyarchive.localstore import UnsafeFileError
 
     for name in ("time", "world", "n_frames", "dof", "mocap", "xyz", "wxyz"):
@@ -88,8 +87,7 @@ def corrupt_read(url: str, what: str, err: BaseException) -> CorruptArchiveError
     """The error for stored bytes that fail their checksum or do not decode."""
     return CorruptArchiveError(
         f"Reading {what} from {url!r} failed: {getattr(err, 'reason', err)}. The stored "
-        "bytes are damaged; run "
-        f"`flyarchive verify {url}` to list every damaged chunk."
+        f"bytes are damaged; run `flyarchive verify {url}` to list every damaged chunk."
     )
 
 
