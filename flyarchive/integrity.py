@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -11,11 +12,75 @@ import zarr
 
 from flyarchive import codecs
 from flyarchive.errors import FlyarchiveError, StorageError
-from flyarchive.query import open_stored, time_extents
+from flyarchive.query import open_checked, open_stored, time_extents
 from flyarchive.schema import STATE_VARS, validate
-from flyarchive.store import open_group
 
-__all__ = ["verify", "VerifyReport"]
+__all__ = ["verify", "VerifyReport", "DamagedChunk", "damaged_chunks", "chunk_file"]
+
+
+def chunk_file(arr: zarr.Array, coords: tuple[int, ...]) -> str:
+    """The key of the stored object (shard, or chunk when unsharded) at ``coords`` of the
+    stored-object grid, relative to the archive, e.g. ``"qpos/c/0/1/0"``."""
+    return f"{arr.path}/{arr.metadata.encode_chunk_key(coords)}" if arr.path else \
+        arr.metadata.encode_chunk_key(coords)
+
+
+@dataclass(frozen=True)
+class DamagedChunk:
+    """A stored object of an array that fails to read.
+
+    Attributes:
+        name: The array.
+        file: Its key in the archive, e.g. ``"time/c/1"``.
+        region: ``(start, stop)`` index ranges it covers, one per dimension.
+        dims: The array's dimension names.
+        error: What reading it raised.
+    """
+
+    name: str
+    file: str
+    region: tuple[tuple[int, int], ...]
+    dims: tuple[str, ...]
+    error: BaseException
+
+    def describe(self) -> str:
+        """E.g. ``"qpos [worlds 0..1, frames 5..9] (file qpos/c/0/1/0)"``."""
+        words = {"world": "worlds", "time": "frames"}
+        spans = [f"{words.get(d, d)} {a}..{b - 1}" for d, (a, b) in zip(self.dims, self.region)
+                 if d in words or len(self.region) == 1]
+        return f"{self.name} [{', '.join(spans)}] (file {self.file})"
+
+
+def damaged_chunks(arr: zarr.Array, *, limit: int | None = None,
+                   region: tuple[slice, ...] | None = None) -> list[DamagedChunk]:
+    """Read an array one stored object (shard or chunk) at a time; list those that fail.
+
+    Args:
+        arr: The array.
+        limit: Stop after this many (None: all).
+        region: Only objects touching these index ranges, leading dimensions first
+            (default, and for dimensions not given: all of it).
+
+    Returns:
+        The damaged objects, in grid order; empty when every one reads.
+    """
+    outer = arr.shards or arr.chunks
+    region = tuple(region or ()) + tuple(slice(0, n) for n in arr.shape[len(region or ()):])
+    ranges = []
+    for (start, stop, _), size, n in zip((r.indices(m) for r, m in zip(region, arr.shape)),
+                                         outer, arr.shape):
+        ranges.append(range(start // size, -(-stop // size)) if stop > start else range(0))
+    dims = tuple(arr.metadata.dimension_names or (f"dim{i}" for i in range(arr.ndim)))
+    found: list[DamagedChunk] = []
+    for coords in itertools.product(*ranges):
+        box = tuple((c * s, min((c + 1) * s, n)) for c, s, n in zip(coords, outer, arr.shape))
+        try:
+            arr[tuple(slice(a, b) for a, b in box)]
+        except Exception as err:  # checksum, decode, refused file: all mean damaged bytes
+            found.append(DamagedChunk(arr.basename, chunk_file(arr, coords), box, dims, err))
+            if limit is not None and len(found) >= limit:
+                break
+    return found
 
 
 @dataclass
@@ -44,21 +109,38 @@ class VerifyReport:
 def verify(url: str, storage_options: Mapping[str, Any] | None = None) -> VerifyReport:
     """Read every committed frame of an archive and report what is wrong.
 
-    Checks: the schema; ``n_frames`` within the time extent; committed times finite
-    and increasing; every chunk holding committed frames readable (CRC-32C checksums
-    catch flipped bits) and finite (a missing chunk reads as NaN); for bounded-error
-    archives, values on the quantization grid.
+    Checks: every array's metadata against what flyarchive writes (codec pipelines,
+    chunk sizes); every chunk of the coordinates and commit markers readable; the
+    schema; ``n_frames`` within the time extent; committed times finite and
+    increasing; every chunk holding committed frames readable (CRC-32C checksums
+    catch flipped bits; files that are not regular files inside the archive are
+    refused) and finite (a missing chunk reads as NaN); for bounded-error archives,
+    values on the quantization grid.
 
     Raises:
         ArchiveNotFoundError: nothing at ``url``.
     """
     report = VerifyReport(str(url))
     try:
-        group = open_group(url, storage_options)
-        validate(open_stored(group))
+        group = open_checked(url, storage_options)
     except FlyarchiveError as err:
         if isinstance(err, (FileNotFoundError, StorageError)):  # interop: not the archive's fault
             raise
+        report.problems.append(f"Schema: {err}")
+        return report
+    except Exception as err:  # unreadable metadata
+        report.problems.append(f"Metadata unreadable: {err!r}")
+        return report
+    for name, arr in sorted(group.arrays()):
+        if name not in STATE_VARS:  # coordinates, commit markers, world variables
+            for bad in damaged_chunks(arr):
+                report.problems.append(
+                    f"Unreadable: {bad.describe()}: {getattr(bad.error, 'reason', bad.error)}")
+    if report.problems:
+        return report
+    try:
+        validate(open_stored(group))
+    except FlyarchiveError as err:
         report.problems.append(f"Schema: {err}")
         return report
     except Exception as err:  # unreadable metadata or coordinates
@@ -70,11 +152,7 @@ def verify(url: str, storage_options: Mapping[str, Any] | None = None) -> Verify
     if status is not None and status != "complete":
         report.problems.append(status)
     n_time = min(time_extents(group).values())
-    try:
-        n_frames = np.asarray(group["n_frames"][:])
-    except Exception as err:
-        report.problems.append(f"n_frames is unreadable ({err!r}); the commit markers are lost.")
-        return report
+    n_frames = np.asarray(group["n_frames"][:])
     report.n_worlds, report.n_frames = len(n_frames), [int(n) for n in n_frames]
     if (n_frames < 0).any() or (n_frames > n_time).any():
         report.problems.append(
@@ -117,9 +195,12 @@ def _check_state(
             try:
                 values = np.asarray(arr[w0:w1, t0:t1])
             except Exception as err:
+                shard_t = (arr.shards or arr.chunks)[1]
+                where = chunk_file(arr, (w0 // block_w, t0 // shard_t) + (0,) * (arr.ndim - 2))
                 report.problems.append(
-                    f"{name}[worlds {w0}..{w1 - 1}, frames {t0}..{t1 - 1}] is unreadable: "
-                    f"{err} (corrupt bytes: checksum mismatch or damaged chunk)."
+                    f"{name}[worlds {w0}..{w1 - 1}, frames {t0}..{t1 - 1}] (file {where}) is "
+                    f"unreadable: {getattr(err, 'reason', err)} (corrupt bytes: checksum "
+                    "mismatch or damaged chunk)."
                 )
                 continue
             committed = np.arange(t0, t0 + values.shape[1])[None, :] < n_frames[w0:w1, None]

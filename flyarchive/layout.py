@@ -8,7 +8,10 @@ checks a model against it with :func:`check_compatible`.
 from __future__ import annotations
 
 import hashlib
+import itertools
 import json
+from collections import Counter
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -33,8 +36,41 @@ _SUFFIXES = {
 }
 
 
-def _name(model: mujoco.MjModel, obj: mujoco.mjtObj, i: int, prefix: str) -> str:
-    return mujoco.mj_id2name(model, obj, i) or f"{prefix}{i}"
+def _labels(name: str, kind: str) -> list[str]:
+    return [f"{name}/{s}" if s else name for s in _SUFFIXES[kind]]
+
+
+def _candidates(base: str) -> Iterator[str]:
+    yield base
+    yield f"{base}_unnamed"
+    for k in itertools.count(2):
+        yield f"{base}_unnamed{k}"
+
+
+def _unique_names(
+    model: mujoco.MjModel, obj: mujoco.mjtObj, ids: list[int], kinds: list[str], prefix: str
+) -> tuple[str, ...]:
+    """Names of objects ``ids``; an unnamed one is ``{prefix}{id}``, or, when a named object
+    (or its labels) already uses that, ``{prefix}{id}_unnamed``, ``..._unnamed2``...
+
+    Models without such a collision keep the names (and layout hashes) they always had.
+    """
+    names = [mujoco.mj_id2name(model, obj, i) or None for i in ids]
+    taken = {label for name, kind in zip(names, kinds) if name for label in _labels(name, kind)}
+    out = []
+    for i, name, kind in zip(ids, names, kinds):
+        if name is None:
+            name = next(c for c in _candidates(f"{prefix}{i}")
+                        if taken.isdisjoint(_labels(c, kind)))
+            taken.update(_labels(name, kind))
+        out.append(name)
+    return tuple(out)
+
+
+def _check_unique(labels: tuple[str, ...], what: str, fix: str) -> None:
+    repeated = sorted(label for label, n in Counter(labels).items() if n > 1)
+    if repeated:
+        raise SchemaError(f"The {what} are not unique: {repeated[:5]} appear more than once. {fix}")
 
 
 @dataclass(frozen=True)
@@ -42,7 +78,8 @@ class ModelLayout:
     """The state layout of a model: what each qpos entry and mocap slot means.
 
     Attributes:
-        joint_names: Joint names in qpos order (unnamed joints are ``joint{i}``).
+        joint_names: Joint names in qpos order (unnamed joints are ``joint{i}``, or
+            ``joint{i}_unnamed`` when a named joint is called ``joint{i}``).
         joint_types: ``"free"``, ``"ball"``, ``"slide"`` or ``"hinge"`` per joint.
         mocap_names: Names of the mocap bodies in mocap index order.
     """
@@ -53,23 +90,31 @@ class ModelLayout:
 
     @classmethod
     def from_model(cls, model: mujoco.MjModel) -> "ModelLayout":
-        """Read the layout of a compiled model."""
-        order = np.argsort(model.jnt_qposadr, kind="stable")
-        names = tuple(_name(model, mujoco.mjtObj.mjOBJ_JOINT, int(j), "joint") for j in order)
+        """Read the layout of a compiled model.
+
+        Raises:
+            SchemaError: if two qpos labels would be equal (a joint named like another
+                joint's label); unnamed joints and bodies get names no other one uses.
+        """
+        order = [int(j) for j in np.argsort(model.jnt_qposadr, kind="stable")]
         types = tuple(_JOINT_TYPES[int(model.jnt_type[j])] for j in order)
-        mocap = [""] * model.nmocap
-        for body in range(model.nbody):
-            mocap_id = int(model.body_mocapid[body])
-            if mocap_id >= 0:
-                mocap[mocap_id] = _name(model, mujoco.mjtObj.mjOBJ_BODY, body, "body")
-        return cls(names, types, tuple(mocap))
+        names = _unique_names(model, mujoco.mjtObj.mjOBJ_JOINT, order, list(types), "joint")
+        bodies = sorted((int(model.body_mocapid[b]), b) for b in range(model.nbody)
+                        if model.body_mocapid[b] >= 0)
+        mocap = _unique_names(model, mujoco.mjtObj.mjOBJ_BODY, [b for _, b in bodies],
+                              ["hinge"] * len(bodies), "body")
+        layout = cls(names, types, mocap)
+        _check_unique(layout.dof_labels, "model's qpos labels",
+                      "A joint's name equals another joint's label (e.g. a hinge named 'root/x' "
+                      "beside a free joint 'root'); rename it in the model.")
+        return layout
 
     @property
     def dof_labels(self) -> tuple[str, ...]:
         """One label per qpos entry: ``joint``, ``joint/x..qz`` (free), ``joint/qw..qz`` (ball)."""
         labels = []
         for name, kind in zip(self.joint_names, self.joint_types):
-            labels += [f"{name}/{s}" if s else name for s in _SUFFIXES[kind]]
+            labels += _labels(name, kind)
         return tuple(labels)
 
     @property
@@ -124,6 +169,10 @@ class ModelLayout:
                 "The archive's 'layout' attribute is inconsistent: nq, nmocap or hash do not "
                 "match its joint names and types. The attribute was edited or corrupted."
             )
+        fix = ("Such an archive cannot tell its dofs apart by label; open it with "
+               "xarray.open_zarr(url, consolidated=False) and select dofs by position.")
+        _check_unique(layout.dof_labels, "archive's dof labels", fix)
+        _check_unique(layout.mocap_names, "archive's mocap body names", fix)
         return layout
 
 

@@ -2,14 +2,52 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from flyarchive.errors import SelectionError, missing_dependency
+import numpy as np
+
+from flyarchive.errors import SelectionError, StorageError, missing_dependency
 from flyarchive.query import open_archive
 
 __all__ = ["plot_traces"]
+
+
+def _target(out: str | Path, world: int) -> Path:
+    """The file to write: inside ``out`` when it is a folder, with ``.png`` when it has no
+    suffix (matplotlib would add one and the caller would report another path)."""
+    text = os.fspath(out)
+    path = Path(text).expanduser()
+    if path.is_dir() or text.endswith(("/", os.sep)):
+        return path / f"world{world:05d}.png"
+    return path if path.suffix else path.with_name(path.name + ".png")
+
+
+def _traces(url: str, storage_options: Mapping[str, Any] | None, ds: Any, world: int,
+            chosen: list[str]) -> tuple[np.ndarray, np.ndarray]:
+    """Times ``(n,)`` and values ``(n, len(chosen))`` of one world's committed frames.
+
+    Raises:
+        CorruptArchiveError: naming the damaged chunk (and its file) when a read fails.
+    """
+    one = ds.sel(world=world)
+    n = int(one.n_frames)
+    try:
+        return one.time.values[:n], one.qpos.sel(dof=chosen).values[:n]
+    except Exception as err:  # a checksum mismatch, bytes that do not decode, a refused file
+        from flyarchive.integrity import damaged_chunks
+        from flyarchive.localstore import UnsafeFileError
+        from flyarchive.query import corrupt_read, open_checked
+
+        index = [int(w) for w in ds.world.values].index(world)
+        found = damaged_chunks(open_checked(url, storage_options)["qpos"], limit=1,
+                               region=(slice(index, index + 1), slice(0, n)))
+        if found and isinstance(found[0].error, UnsafeFileError):  # names its file already
+            raise found[0].error from None
+        what = found[0].describe() if found else f"qpos of world {world}"
+        raise corrupt_read(url, what, found[0].error if found else err) from None
 
 
 def plot_traces(
@@ -22,14 +60,21 @@ def plot_traces(
 ) -> Path:
     """Plot dof traces of one world against simulated time into a PNG.
 
+    Labels are drawn as plain text (a ``$`` in a joint name is not mathtext).
+
     Args:
         url: Archive URL.
         world: World id.
-        out: PNG path.
+        out: Image path (``~`` expanded; ``.png`` added when it has no suffix), or an
+            existing folder (or one ending in ``/``), which gets ``world{world:05d}.png``.
         dofs: dof labels (default: the first six hinge or slide joints).
+
+    Returns:
+        The path written.
 
     Raises:
         SelectionError: unknown world or dof label (the message lists what exists).
+        CorruptArchiveError: a chunk of the world's frames is damaged (named, with its file).
     """
     try:
         import matplotlib
@@ -52,18 +97,32 @@ def plot_traces(
             f"dof label(s) {unknown} are not in the archive. Labels: {', '.join(labels[:30])}"
             f"{'...' if len(labels) > 30 else ''}."
         )
-    one = ds.sel(world=world)
-    n = int(one.n_frames)
-    fig, ax = plt.subplots(figsize=(8, 4), dpi=100)
-    for label in chosen:
-        ax.plot(one.time.values[:n], one.qpos.sel(dof=label).values[:n], label=label)
-    ax.set_xlabel("simulated time (s)")
-    ax.set_ylabel("qpos (rad or m)")
-    ax.set_title(f"world {world}")
-    ax.legend(fontsize="small", loc="best")
-    fig.tight_layout()
-    out = Path(out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(out)
-    plt.close(fig)
-    return out
+    target = _target(out, world)
+    times, values = _traces(url, storage_options, ds, world, chosen)
+    with matplotlib.rc_context({"text.parse_math": False, "text.usetex": False}):
+        fig, ax = plt.subplots(figsize=(8, 4), dpi=100)
+        try:
+            kinds = fig.canvas.get_supported_filetypes()
+            if target.suffix[1:].lower() not in kinds:
+                raise SelectionError(
+                    f"Cannot write a plot to {str(target)!r}: matplotlib writes "
+                    f"{', '.join(kinds)}. Name the file with one of these suffixes, e.g. "
+                    "traces.png."
+                )
+            for i, label in enumerate(chosen):
+                ax.plot(times, values[:, i], label=label)
+            ax.set_xlabel("simulated time (s)")
+            ax.set_ylabel("qpos (rad or m)")
+            ax.set_title(f"world {world}")
+            ax.legend(fontsize="small", loc="best")
+            fig.tight_layout()
+            target.parent.mkdir(parents=True, exist_ok=True)
+            fig.savefig(target)
+        except OSError as err:
+            raise StorageError(
+                f"Cannot write the plot to {str(target)!r} ({type(err).__name__}: {err}). "
+                "Choose a writable location whose parent is a folder."
+            ) from None
+        finally:
+            plt.close(fig)
+    return target

@@ -9,12 +9,14 @@ import numpy as np
 import xarray as xr
 import zarr
 
-from flyarchive.errors import CorruptArchiveError, SchemaError
+from flyarchive.errors import CorruptArchiveError, FlyarchiveError, SchemaError
+from flyarchive.hardening import check_arrays
 from flyarchive.schema import STATE_VARS, validate
 from flyarchive.store import open_group, unavailable
 
 __all__ = [
-    "open_archive", "open_stored", "time_extents", "damaged_metadata", "corrupt_read",
+    "open_archive", "open_stored", "open_checked", "time_extents", "damaged_metadata",
+    "corrupt_read", "unreadable",
 ]
 
 
@@ -44,11 +46,48 @@ def damaged_metadata(url: str, group: zarr.Group, err: BaseException) -> SchemaE
     )
 
 
+def open_checked(url: str, storage_options: Mapping[str, Any] | None = None) -> zarr.Group:
+    """:func:`~flyarchive.store.open_group`, then every array's metadata checked against what
+    flyarchive writes (:func:`flyarchive.hardening.check_arrays`) before any chunk is read.
+
+    Raises:
+        ArchiveNotFoundError, SchemaError (also for metadata nested too deep to parse).
+    """
+    try:
+        group = open_group(url, storage_options)
+    except RecursionError:
+        raise SchemaError(
+            f"The zarr metadata at {url!r} is nested too deeply to parse. Run "
+            f"`flyarchive verify {url}`; restore the zarr.json files from a backup."
+        ) from None
+    check_arrays(group, str(url))
+    return group
+
+
+def unreadable(url: str, group: zarr.Group, err: BaseException) -> FlyarchiveError:
+    """The error for an archive that xarray cannot open: a damaged chunk of a coordinate
+    when one is found (named, with its file), else damaged metadata."""
+    from flyarchive.integrity import damaged_chunks
+    from flyarchive.localstore import UnsafeFileError
+
+    for name in ("time", "world", "n_frames", "dof", "mocap", "xyz", "wxyz"):
+        try:
+            arr = group[name]
+        except Exception:
+            continue
+        found = damaged_chunks(arr, limit=1)
+        if found:
+            if isinstance(found[0].error, UnsafeFileError):  # names its file already
+                return found[0].error
+            return corrupt_read(url, found[0].describe(), found[0].error)
+    return err if isinstance(err, FlyarchiveError) else damaged_metadata(url, group, err)
+
+
 def corrupt_read(url: str, what: str, err: BaseException) -> CorruptArchiveError:
     """The error for stored bytes that fail their checksum or do not decode."""
     return CorruptArchiveError(
-        f"Reading {what} from {url!r} failed: {err}. The stored bytes are damaged; run "
-        f"`flyarchive verify {url}` to list every damaged chunk."
+        f"Reading {what} from {url!r} failed: {getattr(err, 'reason', err)}. The stored "
+        f"bytes are damaged; run `flyarchive verify {url}` to list every damaged chunk."
     )
 
 
@@ -125,21 +164,26 @@ def open_archive(url: str, storage_options: Mapping[str, Any] | None = None) -> 
         SchemaError, SchemaVersionError: not a readable flyarchive archive.
         StorageBackendMissingError: the URL's protocol needs a package (names the extra).
     """
-    group = open_group(url, storage_options)
+    group = open_checked(url, storage_options)
     for attempt in (1, 2):  # a second look, should a writer have changed it under the first
         try:
             ds = open_stored(group)
             break
         except (OSError, TimeoutError) as err:
+            if isinstance(err, FlyarchiveError):
+                raise
             if not isinstance(err, FileNotFoundError):
                 raise unavailable(url, err) from None
             if attempt == 2:
                 raise damaged_metadata(url, group, err) from None
         except Exception as err:  # zarr/xarray report damaged metadata in many ways
             if attempt == 2:
-                raise damaged_metadata(url, group, err) from None
+                raise unreadable(url, group, err) from None
     validate(ds)
-    n_frames = ds["n_frames"].values.clip(0, ds.sizes["time"])
+    try:
+        n_frames = ds["n_frames"].values.clip(0, ds.sizes["time"])
+    except Exception as err:  # a checksum mismatch or bytes that do not decode
+        raise unreadable(url, group, err) from None
     ds = ds.isel(time=slice(0, int(n_frames.max(initial=0))))
     ds["n_frames"] = ("world", n_frames.astype(np.int64), ds["n_frames"].attrs)
     committed = xr.DataArray(np.arange(ds.sizes["time"]), dims="time") < ds["n_frames"]

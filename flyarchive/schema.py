@@ -6,13 +6,16 @@ touches no storage.
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
 import xarray as xr
 
+from flyarchive.codecs import CodecSpecError, parse_codec
 from flyarchive.errors import SchemaError, SchemaVersionError
+from flyarchive.hardening import MAX_JSON_DEPTH, json_depth_of
 from flyarchive.layout import ModelLayout
 
 __all__ = [
@@ -62,6 +65,12 @@ def validate_attrs(attrs: Mapping[str, Any]) -> ModelLayout:
             f"expected {SCHEMA_NAME!r}. Open it with xarray.open_zarr instead, or record "
             "it with flyarchive."
         )
+    depth = json_depth_of(dict(attrs))
+    if depth > MAX_JSON_DEPTH:
+        raise SchemaError(
+            f"The archive's attributes are nested {depth} deep; flyarchive reads at most "
+            f"{MAX_JSON_DEPTH} levels. The metadata was edited or corrupted; restore zarr.json."
+        )
     version = attrs.get("flyarchive_schema_version")
     if version != SCHEMA_VERSION:
         raise SchemaVersionError(
@@ -77,7 +86,36 @@ def validate_attrs(attrs: Mapping[str, Any]) -> ModelLayout:
             )
     if "layout" not in attrs:
         raise SchemaError("The archive has no 'layout' attribute; replay cannot check models.")
+    _check_types(attrs)
     return ModelLayout.from_attrs(attrs["layout"])
+
+
+def _check_types(attrs: Mapping[str, Any]) -> None:
+    """Refuse reserved attributes of the wrong type (a ``codec`` that is a string...)."""
+    wrong = []
+    if not isinstance(attrs["layout"], Mapping):
+        wrong.append(("layout", "an object with nq, nmocap, joint_names, joint_types, "
+                      "mocap_names and hash"))
+    if "codec" in attrs:  # archives from before the codec option have none: lossless
+        codec = attrs["codec"]
+        spec = codec.get("spec") if isinstance(codec, Mapping) else None
+        try:
+            parse_codec(spec)
+        except CodecSpecError:
+            wrong.append(("codec", "an object whose 'spec' is 'lossless' or 'abs:<bound>'"))
+    versions = attrs.get("versions", {})
+    if not isinstance(versions, Mapping) or not all(
+            isinstance(v, str) for v in versions.values()):
+        wrong.append(("versions", "an object of package names to version strings"))
+    if not isinstance(attrs.get("source", ""), str):
+        wrong.append(("source", "a string such as 'mujoco'"))
+    if wrong:
+        name, expected = wrong[0]
+        raise SchemaError(
+            f"Attribute {name!r} is {str(attrs[name])[:80]!r} ({type(attrs[name]).__name__}); "
+            f"it must be {expected}. The archive's metadata was edited or corrupted; restore "
+            "zarr.json from a backup."
+        )
 
 
 def validate(ds: xr.Dataset) -> ModelLayout:
@@ -102,6 +140,12 @@ def validate(ds: xr.Dataset) -> ModelLayout:
         if name in ds.variables:
             _check_time_coord(ds, name, dtype)
     labels = tuple(str(v) for v in ds["dof"].values) if "dof" in ds.coords else ()
+    repeated = sorted(label for label, n in Counter(labels).items() if n > 1)
+    if repeated:
+        raise SchemaError(
+            f"Coordinate 'dof' repeats the label(s) {repeated}; each dof must have its own "
+            "label to be selected. The archive's metadata was edited or corrupted."
+        )
     if labels != layout.dof_labels:
         raise SchemaError(
             f"Coordinate 'dof' has {len(labels)} labels that do not match the recorded layout "

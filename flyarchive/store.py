@@ -43,7 +43,7 @@ import numpy as np
 import zarr
 import zarr.storage
 
-from flyarchive import storage_errors
+from flyarchive import hardening, storage_errors
 from flyarchive.claims import WRITER_KEY, block_keys, claim_archive, claim_block, register, release
 from flyarchive.clock import Timing
 from flyarchive.creation import (
@@ -70,6 +70,7 @@ from flyarchive.errors import (
     StorageError,
 )
 from flyarchive.layout import ModelLayout
+from flyarchive.localstore import GuardedLocalStore
 from flyarchive.schema import STATE_VARS, TIME_COORDS, validate_attrs
 from flyarchive.spec import ArchiveSpec, FrameBlock
 
@@ -125,11 +126,15 @@ def open_store(
 ) -> zarr.abc.store.Store:
     """Open a zarr store at any fsspec URL (a local path, ``file://``, ``memory://``, ``s3://``...).
 
+    Local paths get a :class:`~flyarchive.localstore.GuardedLocalStore` (regular files
+    inside the archive only); every store reads pcodec with bounded decoding.
+
     Raises:
         StorageBackendMissingError: if the protocol's package is not installed.
-        StorageError: for an unknown protocol.
+        StorageError: for an unknown protocol, or storage options of the wrong type.
     """
     url = str(url)
+    hardening.install_bounded_decoders()
     if not _is_local(url):  # interop: malformed options are refused before a client is built
         storage_errors.check_storage_options(url, storage_options)
     if _is_local(url):
@@ -138,7 +143,7 @@ def open_store(
         path = _local_path(url)
         if read_only and not path.exists():
             raise ArchiveNotFoundError(f"Nothing at {url!r}. Check the path.")
-        return zarr.storage.LocalStore(path, read_only=read_only)
+        return GuardedLocalStore(path, read_only=read_only)
     _check_protocol(url)
     return zarr.storage.FsspecStore.from_url(
         url, storage_options=dict(storage_options or {}), read_only=read_only

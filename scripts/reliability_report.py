@@ -11,18 +11,21 @@ Runs the harnesses of :mod:`flyarchive.faults` and prints one table:
   winner, the others refused cleanly, the archive exactly the winner's), and a reader
   polling ``open_archive`` while a writer appends (no open reports damage, no frame read
   inside ``n_frames`` differs from the final data);
-- bad inputs tried (``tests/test_bad_input.py``) and passed;
 - import-npz / export-npz killed mid-way (:mod:`flyarchive.faults_interop`): half-written
   files, leftovers after the rerun, interrupted imports reported partial and resumed.
 - renders killed (SIGKILL) or interrupted (Ctrl-C) mid-way, in their own process and on a
   LocalCluster (:mod:`flyarchive.faults_render`): half-written final videos, what was
-  left behind before and after the next render into the same folder.
+  left behind before and after the next render into the same folder;
+- hostile archives (:mod:`flyarchive.faults_hostile`: decompression bombs, FIFOs, links
+  to ``/dev/zero``, metadata nested 200,000 deep...): each command run in a child with a
+  3 GiB address-space cap, its time and peak memory;
+- bad inputs tried (``tests/test_bad_input.py``) and passed.
 
 Usage::
 
     python scripts/reliability_report.py [--kills 20] [--backends cpu,warp]
         [--s3-trials 4] [--races 10] [--race-processes 3] [--interop-kills 6]
-        [--render-kills 3] [--json PATH]
+        [--render-kills 3] [--no-hostile] [--json PATH]
 """
 
 from __future__ import annotations
@@ -206,6 +209,34 @@ def run_reader(n_steps: int, workdir: Path) -> dict[str, Any]:
     print(f"  reader: {result.opens} opens, {result.damaged} damaged, {result.frames_differing} "
           f"of {result.frames_read} frames differ; writer {result.writer}", file=sys.stderr)
     return {**result.to_json(), "errors": sorted({e.split(":")[0] for e in result.errors})}
+def run_hostile(workdir: Path) -> list[dict[str, Any]]:
+    """Every command on every hostile archive, each in a capped child process."""
+    from flyarchive.faults_hostile import hostile_table
+
+    folder = workdir / "hostile"
+    folder.mkdir()
+    return hostile_table(folder, progress=lambda line: print(line, file=sys.stderr))
+
+
+def print_hostile(rows: list[dict[str, Any]]) -> None:
+    from flyarchive.faults_hostile import COMMANDS, MAX_MB, MAX_SECONDS, Outcome, passed
+
+    print(f"\nHostile archives (each command in a child process, 3 GiB address-space cap; "
+          f"R refused, ok worked, X crashed, hung or out of bounds; bounds {MAX_SECONDS:g} s "
+          f"in the command, {MAX_MB:g} MiB peak RSS)")
+    short = {"open_archive": "api", "export-npz": "export"}
+    print(f"{'case':<42} " + " ".join(f"{short.get(c, c):>6}" for c in COMMANDS)
+          + f" {'max s':>6} {'max MiB':>7} {'unchanged':>9}  result")
+    for row in rows:
+        cells = []
+        for command in COMMANDS:
+            outcome = Outcome(**row["outcomes"][command])
+            mark = "X" if not passed(outcome) else "ok" if outcome.exit == 0 else "R"
+            cells.append(f"{mark:>6}")
+        seconds = "-" if row["max_seconds"] is None else f"{row['max_seconds']:.2f}"
+        memory = "-" if row["max_mb"] is None else f"{row['max_mb']:.0f}"
+        print(f"{row['case']:<42} " + " ".join(cells) + f" {seconds:>6} {memory:>7} "
+              f"{str(row['unchanged']):>9}  {'pass' if row['passed'] else 'FAIL'}")
 
 
 def run_bad_input(workdir: Path) -> dict[str, Any]:
@@ -305,6 +336,8 @@ def print_table(report: dict[str, Any]) -> None:
                   f"{row['stopped_mid_render']:>10} {row['half_written']:>12} "
                   f"{row['stops_leaving_files']:>10} {row['left_after_next_run']:>15} "
                   f"{clean:>16} {row['passed']:>6}")
+    if report.get("hostile"):
+        print_hostile(report["hostile"])
     bad = report["bad_input"]
     if bad:
         print(f"\nBad input: {bad['tried']} tried, {bad['passed']} passed")
@@ -331,6 +364,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--render-kills", type=int, default=3,
                         help="renders stopped per (in process | LocalCluster) x (SIGKILL | "
                              "Ctrl-C) (default 3; 0: skip)")
+    parser.add_argument("--no-hostile", action="store_true", help="skip the hostile archives")
     parser.add_argument("--json", metavar="PATH", help="also write the report as JSON")
     args = parser.parse_args(argv)
     start = time.monotonic()
@@ -348,6 +382,7 @@ def main(argv: list[str] | None = None) -> int:
         report["races"] = (run_races(args.races, args.race_processes, work / "races")
                            if args.races > 0 else [])
         report["reader"] = run_reader(args.reader_steps, work) if args.races > 0 else {}
+        report["hostile"] = [] if args.no_hostile else run_hostile(work)
         report["bad_input"] = {} if args.no_bad_input else run_bad_input(work)
         from flyarchive import faults_interop
 

@@ -1,0 +1,427 @@
+"""What flyarchive accepts from an archive before it decodes a byte of it.
+
+An archive is untrusted input: a file from a colleague, a bucket, a download. Before
+any chunk of an array is read, its metadata must name one of the codec pipelines
+flyarchive writes (an allowlist: a pickle, gzip or blosc stage is refused before
+zarr builds it), with chunks small enough to decode in bounded memory. Metadata
+files must be small and shallow (JSON nested 200,000 deep exhausts Python's
+recursion). pcodec, whose compression ratio has no bound, decodes into the chunk's
+declared shape and never past it (:class:`BoundedPCodec`, installed for every zarr
+read in this process, with :class:`CheckedCrc32cCodec`, whose checksum mismatch is a
+:class:`~flyarchive.errors.CorruptArchiveError`). The local store
+(:mod:`flyarchive.localstore`) applies these limits to every file it reads;
+:func:`check_arrays` applies them on any storage.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import zarr
+import zarr.storage
+from zarr.codecs import BloscCodec, Crc32cCodec
+from zarr.codecs.numcodecs import PCodec
+
+from flyarchive.errors import CorruptArchiveError, SchemaError, StorageError
+
+__all__ = [
+    "MAX_METADATA_BYTES", "MAX_JSON_DEPTH", "MAX_CHUNK_BYTES", "MAX_SHARD_BYTES",
+    "ChunkLimits", "refuse", "check_array_metadata", "check_arrays", "check_json_bytes",
+    "json_depth", "json_depth_of", "BoundedPCodec", "CheckedCrc32cCodec", "damaged",
+    "install_bounded_decoders", "zstd_content_size",
+]
+
+#: Largest metadata file (``zarr.json``) read; large per-world data belongs in world variables.
+MAX_METADATA_BYTES = 4 << 20
+#: Deepest nesting of lists and objects in metadata and attributes.
+MAX_JSON_DEPTH = 64
+#: Largest decoded chunk (the unit a codec decodes at once), bytes.
+MAX_CHUNK_BYTES = 256 << 20
+#: Largest decoded shard (what one read of a stored object may allocate), bytes.
+MAX_SHARD_BYTES = 1 << 30
+#: Most stored objects (shards or chunks) per array: dask builds a task per object.
+MAX_OBJECTS = 1 << 22
+#: Largest decoded chunk of a string array (labels), bytes, and most strings in one.
+MAX_STRING_CHUNK_BYTES = 16 << 20
+MAX_STRINGS = 1 << 20
+
+_FIXED_DTYPES = frozenset(
+    {"bool", "int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64",
+     "float16", "float32", "float64", "complex64", "complex128"}
+)
+#: Data types with a configuration, as zarr writes world variables of numpy dtypes U, M, m.
+_CONFIGURED_DTYPES = ("fixed_length_utf32", "numpy.datetime64", "numpy.timedelta64")
+_SERIALIZERS = ("bytes", "numcodecs.pcodec")
+_FILTERS = ("numcodecs.fixedscaleoffset", "transpose")
+_COMPRESSORS = ("blosc",)  # between the serializer and crc32c (codec="portable")
+_WRITTEN = (
+    "sharding_indexed(numcodecs.pcodec, crc32c) or numcodecs.pcodec, crc32c for state, "
+    "sharding_indexed(transpose, bytes, blosc, crc32c) for portable state; "
+    "bytes, crc32c for numbers; vlen-utf8 with zstd or crc32c for labels"
+)
+
+
+@dataclass(frozen=True)
+class ChunkLimits:
+    """Bounds on one stored object (chunk or shard file) of an array.
+
+    Attributes:
+        file_bytes: Most bytes an encoded object can need for the declared shapes.
+        zstd_bytes: For string arrays compressed with zstd, the most bytes a zstd frame
+            may declare it decodes to; None when the pipeline has no zstd stage.
+    """
+
+    file_bytes: int
+    zstd_bytes: int | None = None
+
+
+def refuse(where: str, problem: str, archive: str) -> SchemaError:
+    """The error for a metadata file flyarchive does not accept, naming it and the problem."""
+    return SchemaError(
+        f"{where}: {problem}. flyarchive reads only what it writes, so nothing was decoded. "
+        f"The archive was damaged or tampered with; run `flyarchive verify {archive}` to "
+        "list every problem, and restore the file from a backup."
+    )
+
+
+def _ints(value: Any, ndim: int | None, what: str) -> tuple[int, ...]:
+    ok = isinstance(value, list) and all(type(v) is int and v >= 0 for v in value)
+    if not ok or (ndim is not None and len(value) != ndim) or len(value) > 8:
+        raise ValueError(f"{what} is {str(value)[:80]!r}, not a list of non-negative integers"
+                         + (f" of length {ndim}" if ndim is not None else ""))
+    return tuple(value)
+
+
+def _names(codecs: Any) -> list[str]:
+    if not isinstance(codecs, list) or not all(isinstance(c, dict) for c in codecs):
+        raise ValueError(f"codecs is {str(codecs)[:80]!r}, not a list of codec objects")
+    names = [c.get("name") for c in codecs]
+    for name in names:
+        if not isinstance(name, str):
+            raise ValueError(f"a codec has the name {name!r}")
+    return names
+
+
+def _itemsize(dtype: Any) -> int:
+    """Bytes per element of a zarr v3 data type flyarchive writes (not ``"string"``)."""
+    if isinstance(dtype, str) and dtype in _FIXED_DTYPES:
+        return np.dtype(dtype).itemsize
+    if isinstance(dtype, dict) and dtype.get("name") in _CONFIGURED_DTYPES:
+        if dtype["name"] != "fixed_length_utf32":
+            return 8
+        length = (dtype.get("configuration") or {}).get("length_bytes")
+        if type(length) is int and 0 < length <= 1 << 20:
+            return length
+    raise ValueError(f"data type {str(dtype)[:80]!r} is not one flyarchive writes")
+
+
+def _pipeline_bound(codecs: Any, shape: tuple[int, ...], dtype: Any) -> ChunkLimits:
+    """Check one codec pipeline against the allowlist; bound its encoded size."""
+    names = _names(codecs)
+    n = math.prod(shape)
+    if dtype == "string":
+        if names not in (["vlen-utf8"], ["vlen-utf8", "zstd"], ["vlen-utf8", "crc32c"]):
+            raise ValueError(f"the string pipeline {names} is not one flyarchive writes "
+                             f"({_WRITTEN})")
+        if n > MAX_STRINGS:
+            raise ValueError(f"a chunk holds {n} strings; flyarchive reads at most {MAX_STRINGS}")
+        return ChunkLimits(MAX_STRING_CHUNK_BYTES + 4,
+                           MAX_STRING_CHUNK_BYTES if "zstd" in names else None)
+    size = n * _itemsize(dtype)
+    if names and names[0] == "sharding_indexed":
+        if len(names) != 1:
+            raise ValueError(f"stages {names[1:]} follow sharding_indexed")
+        return _sharding_bound(codecs[0].get("configuration"), shape, dtype)
+    if size > MAX_CHUNK_BYTES:
+        raise ValueError(f"a chunk of shape {shape} decodes to {size} bytes; flyarchive reads "
+                         f"chunks of at most {MAX_CHUNK_BYTES} bytes")
+    filters = [x for x in names if x in _FILTERS]
+    rest = names[len(filters):]
+    compressors = [x for x in rest[1:2] if x in _COMPRESSORS]
+    checks = rest[1 + len(compressors):]
+    if names[:len(filters)] != filters or not rest or rest[0] not in _SERIALIZERS \
+            or any(x != "crc32c" for x in checks):
+        raise ValueError(f"the pipeline {names} is not one flyarchive writes ({_WRITTEN})")
+    encoded = size if rest[0] == "bytes" else 2 * size + (64 << 10)  # pcodec: raw bits + headers
+    if compressors:  # blosc: at most its 16-byte header over the raw bytes
+        encoded += _BLOSC_HEADER
+    return ChunkLimits(encoded + 4 * len(checks))
+
+
+def _sharding_bound(config: Any, shape: tuple[int, ...], dtype: Any) -> ChunkLimits:
+    if not isinstance(config, dict):
+        raise ValueError("sharding_indexed has no configuration")
+    inner = _ints(config.get("chunk_shape"), len(shape), "the inner chunk shape")
+    if any(i == 0 or s % i for s, i in zip(shape, inner)):
+        raise ValueError(f"the inner chunk shape {inner} does not divide the shard shape {shape}")
+    if math.prod(shape) * _itemsize(dtype) > MAX_SHARD_BYTES:
+        raise ValueError(f"a shard of shape {shape} decodes to more than {MAX_SHARD_BYTES} bytes")
+    if _names(config.get("index_codecs")) not in (["bytes", "crc32c"], ["bytes"]):
+        raise ValueError(f"the shard index codecs {config.get('index_codecs')} are not "
+                         "bytes, crc32c")
+    if config.get("index_location", "end") not in ("end", "start"):
+        raise ValueError(f"index_location is {config.get('index_location')!r}")
+    if "sharding_indexed" in _names(config.get("codecs")):
+        raise ValueError("shards are nested")
+    each = _pipeline_bound(config.get("codecs"), inner, dtype).file_bytes
+    count = math.prod(s // i for s, i in zip(shape, inner))
+    return ChunkLimits(count * (each + 16) + 4)
+
+
+def check_array_metadata(meta: Any, where: str, archive: str) -> ChunkLimits:
+    """Check one array's zarr v3 metadata against what flyarchive writes.
+
+    Args:
+        meta: The parsed ``zarr.json`` of an array.
+        where: Its location, for messages (e.g. ``"/data/run.zarr/qpos/zarr.json"``).
+        archive: The archive's URL, for the pointer to ``flyarchive verify``.
+
+    Returns:
+        Bounds on the array's stored objects.
+
+    Raises:
+        SchemaError: naming the file and what in it flyarchive does not accept: a codec
+            outside the allowlist (pickle, gzip, blosc...), a chunk or shard too large to
+            decode in bounded memory, too many stored objects, an unknown data type.
+    """
+    try:
+        if not isinstance(meta, dict) or meta.get("zarr_format") != 3:
+            raise ValueError("it is not zarr v3 array metadata (flyarchive archives are zarr v3)")
+        dtype = meta.get("data_type")
+        if dtype != "string":
+            _itemsize(dtype)
+        shape = _ints(meta.get("shape"), None, "shape")
+        grid = meta.get("chunk_grid") or {}
+        if grid.get("name") != "regular":
+            raise ValueError(f"chunk grid {str(grid)[:80]!r} is not 'regular'")
+        chunks = _ints((grid.get("configuration") or {}).get("chunk_shape"), len(shape),
+                       "chunk_shape")
+        if 0 in chunks:
+            raise ValueError(f"chunk_shape {chunks} has a zero")
+        objects = math.prod(-(-s // c) for s, c in zip(shape, chunks))
+        if objects > MAX_OBJECTS:
+            raise ValueError(f"shape {shape} in chunks {chunks} makes {objects} stored objects; "
+                             f"flyarchive reads at most {MAX_OBJECTS} per array")
+        encoding = meta.get("chunk_key_encoding")
+        if encoding != {"name": "default", "configuration": {"separator": "/"}}:
+            raise ValueError(f"chunk_key_encoding {str(encoding)[:80]!r} is not the default '/'")
+        if meta.get("storage_transformers"):
+            raise ValueError("it has storage transformers")
+        return _pipeline_bound(meta.get("codecs"), chunks, dtype)
+    except ValueError as err:
+        raise refuse(where, str(err), archive) from None
+
+
+def check_arrays(group: zarr.Group, archive: str) -> None:
+    """Check the metadata of every array of an opened archive (any storage).
+
+    Raises:
+        SchemaError: for the first array whose metadata :func:`check_array_metadata`
+            refuses, or whose attributes nest deeper than :data:`MAX_JSON_DEPTH`.
+    """
+    for name, arr in _arrays(group):
+        where = f"{archive.rstrip('/')}/{name}/zarr.json"
+        meta = arr.metadata
+        plain = json.loads(json.dumps(meta.to_dict(), default=str)) if meta.zarr_format == 3 \
+            else {}
+        check_array_metadata(plain, where, archive)
+        depth = json_depth_of(dict(arr.attrs))
+        if depth > MAX_JSON_DEPTH:
+            raise refuse(where, f"its attributes are nested {depth} deep (at most "
+                         f"{MAX_JSON_DEPTH})", archive)
+
+
+def _arrays(group: zarr.Group) -> list[tuple[str, zarr.Array]]:
+    """The group's arrays. On local disk one at a time, so that a refused file leaves no
+    fetch pending; elsewhere concurrently (one round trip), one at a time after a failure."""
+    if not isinstance(group.store, zarr.storage.LocalStore):
+        try:
+            return sorted(group.arrays())
+        except Exception:
+            pass
+    from zarr.core.sync import sync
+
+    async def names() -> list[str]:
+        return [name async for name in group.store.list_dir(group.path)]
+
+    found = []
+    for name in sorted(sync(names())):
+        if name == "zarr.json":
+            continue
+        try:
+            node = group[name]
+        except (SchemaError, CorruptArchiveError):
+            raise
+        except Exception:  # not a node, or metadata zarr cannot parse: reported on open
+            continue
+        if isinstance(node, zarr.Array):
+            found.append((name, node))
+    return found
+
+
+# Strings (with their escapes) removed before counting brackets.
+_JSON_STRING = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"', re.S)
+
+
+def json_depth(raw: bytes) -> int:
+    """Deepest nesting of ``[`` and ``{`` in JSON text, counted without parsing it."""
+    codes = np.frombuffer(_JSON_STRING.sub(b'""', raw), dtype=np.uint8)
+    steps = np.isin(codes, (ord("["), ord("{"))).astype(np.int64)
+    steps -= np.isin(codes, (ord("]"), ord("}")))
+    return int(np.cumsum(steps).max(initial=0))
+
+
+def json_depth_of(value: Any) -> int:
+    """Deepest nesting of lists and mappings in a parsed value (iterative: no recursion)."""
+    deepest, stack = 0, [(value, 0)]
+    while stack:
+        item, depth = stack.pop()
+        if isinstance(item, Mapping):
+            children: Any = item.values()
+        elif isinstance(item, (list, tuple)):
+            children = item
+        else:
+            continue
+        deepest = max(deepest, depth + 1)
+        if deepest > MAX_JSON_DEPTH:
+            return deepest
+        stack.extend((child, depth + 1) for child in children)
+    return deepest
+
+
+def check_json_bytes(raw: bytes, where: str, archive: str) -> None:
+    """Refuse a metadata file that is too large or too deeply nested to parse safely.
+
+    Raises:
+        SchemaError: naming the file, its size or depth, and the limit.
+    """
+    if len(raw) > MAX_METADATA_BYTES:
+        raise refuse(where, f"it is {len(raw)} bytes; flyarchive reads metadata files of at "
+                      f"most {MAX_METADATA_BYTES} bytes (keep per-world data in world variables)",
+                      archive)
+    depth = json_depth(raw)
+    if depth > MAX_JSON_DEPTH:
+        raise refuse(where, f"its JSON is nested {depth} deep; flyarchive reads at most "
+                      f"{MAX_JSON_DEPTH} levels", archive)
+
+
+def zstd_content_size(frame: bytes) -> int | None:
+    """The decoded size a zstd frame declares in its header; None if it declares none.
+
+    Raises:
+        ValueError: if ``frame`` does not start with a zstd frame header.
+    """
+    if len(frame) < 6 or frame[:4] != b"\x28\xb5\x2f\xfd":
+        raise ValueError("not a zstd frame")
+    descriptor = frame[4]
+    fcs_flag, single_segment, dict_flag = descriptor >> 6, (descriptor >> 5) & 1, descriptor & 3
+    at = 5 + (0 if single_segment else 1) + (0, 1, 2, 4)[dict_flag]
+    width = (1 if single_segment else 0, 2, 4, 8)[fcs_flag]
+    if width == 0:
+        return None
+    if len(frame) < at + width:
+        raise ValueError("truncated zstd frame header")
+    size = int.from_bytes(frame[at:at + width], "little")
+    return size + 256 if width == 2 else size
+
+
+def damaged(reason: str) -> CorruptArchiveError:
+    """The error for a chunk whose bytes do not decode; ``reason`` is kept as ``.reason``
+    for callers that name the chunk and the archive themselves."""
+    err = CorruptArchiveError(
+        f"{reason[0].upper()}{reason[1:]}: its stored bytes are damaged. Run `flyarchive "
+        "verify` on the archive to list every damaged chunk."
+    )
+    err.reason = reason  # type: ignore[attr-defined]
+    return err
+
+
+class BoundedPCodec(PCodec):
+    """zarr's pcodec codec, decoding into the chunk's declared shape and never past it.
+
+    pcodec compresses constant runs to a few bytes per 2**18 values, so a stored chunk of
+    kilobytes can declare gigabytes. This decoder writes into an array of the chunk's
+    shape and refuses data that holds more (or fewer) values: memory stays bounded by the
+    declared chunk, which :func:`check_array_metadata` bounds in turn.
+    """
+
+    def _decode_sync(self, chunk_data: Any, chunk_spec: Any) -> Any:
+        from pcodec import standalone
+
+        count = math.prod(chunk_spec.shape)
+        out = np.empty(count, dtype=chunk_spec.dtype.to_native_dtype())
+        try:
+            progress = standalone.simple_decompress_into(chunk_data.to_bytes(), out)
+        except (RuntimeError, TypeError) as err:
+            raise damaged(f"a pcodec chunk does not decode ({err})") from None
+        if progress.n_processed != count or not progress.finished:
+            raise damaged(
+                f"a pcodec chunk holds more or fewer values than its declared shape "
+                f"{tuple(chunk_spec.shape)} ({count} values); it was not decoded past them"
+            )
+        return chunk_spec.prototype.nd_buffer.from_ndarray_like(out.reshape(chunk_spec.shape))
+
+
+class CheckedCrc32cCodec(Crc32cCodec):
+    """zarr's CRC-32C codec, reporting a mismatch as :class:`CorruptArchiveError` (a
+    ``ValueError``, as before) that says what it means and what to run."""
+
+    def _decode_sync(self, chunk_bytes: Any, chunk_spec: Any) -> Any:
+        try:
+            return super()._decode_sync(chunk_bytes, chunk_spec)
+        except ValueError as err:
+            raise damaged(f"a stored chunk fails its CRC-32C checksum ({err})") from None
+
+
+_BLOSC_HEADER = 16
+
+
+class BoundedBloscCodec(BloscCodec):
+    """zarr's Blosc codec, refusing a chunk whose header declares more bytes than the
+    chunk's declared shape holds (a few stored bytes can declare gigabytes), before
+    anything is allocated."""
+
+    def _decode_sync(self, chunk_bytes: Any, chunk_spec: Any) -> Any:
+        raw = chunk_bytes.as_numpy_array()
+        if raw.nbytes < _BLOSC_HEADER:
+            raise damaged(f"a blosc chunk of {raw.nbytes} bytes is shorter than its header")
+        declared, stored = (int(v) for v in raw[4:16].view("<u4")[[0, 2]])
+        expected = math.prod(chunk_spec.shape) * chunk_spec.dtype.to_native_dtype().itemsize
+        if declared > expected or stored != raw.nbytes:
+            raise damaged(
+                f"a blosc chunk declares {declared} bytes ({stored} stored in "
+                f"{raw.nbytes}); its shape {tuple(chunk_spec.shape)} holds {expected}"
+            )
+        return super()._decode_sync(chunk_bytes, chunk_spec)
+
+
+_DECODERS = {"numcodecs.pcodec": BoundedPCodec, "crc32c": CheckedCrc32cCodec,
+             "blosc": BoundedBloscCodec}
+
+
+def _qualname(cls: type) -> str:
+    return f"{cls.__module__}.{cls.__qualname__}"
+
+
+def install_bounded_decoders() -> None:
+    """Make every zarr read in this process decode pcodec with :class:`BoundedPCodec` and
+    check CRC-32C with :class:`CheckedCrc32cCodec`.
+
+    Idempotent. Encoding is unchanged (the classes inherit it), so archives written
+    before and after are identical.
+    """
+    chosen = dict(zarr.config.get("codecs", {}))
+    if all(chosen.get(name) == _qualname(cls) for name, cls in _DECODERS.items()):
+        return
+    for name, cls in _DECODERS.items():
+        zarr.registry.register_codec(name, cls, qualname=_qualname(cls))
+        chosen[name] = _qualname(cls)
+    # The whole mapping: a dotted key would nest ("numcodecs" -> "pcodec") where zarr
+    # looks up the literal name "numcodecs.pcodec".
+    zarr.config.set({"codecs": chosen})

@@ -1,0 +1,323 @@
+"""A local zarr store that reads and writes only regular files inside its archive.
+
+zarr's ``LocalStore`` opens whatever a path names: a symlink to ``/dev/zero`` (reads
+never end), a FIFO (the open blocks forever), a 6 GB file where a 100-byte chunk
+belongs, a folder symlinked out of the archive (writes land outside it).
+:class:`GuardedLocalStore` resolves every key and refuses one that leads out of the
+archive root, ``lstat``s before opening and opens with ``O_NOFOLLOW | O_NONBLOCK``,
+reads only regular files, bounds each file's size by what its array's declared
+shapes can need (:mod:`flyarchive.hardening`), and checks metadata files before
+zarr parses them. A writable store refuses, when it is made, an archive holding a
+folder symlinked out of it (down to an array's ``c/<world block>`` folders), before
+anything is written; every write checks its own path.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import errno
+import io
+import json
+import os
+import stat
+from collections.abc import AsyncIterator, Iterable, Sequence
+from pathlib import Path
+from typing import Any
+
+import zarr.storage
+from zarr.abc.store import ByteRequest, OffsetByteRequest, RangeByteRequest, SuffixByteRequest
+from zarr.core.buffer import Buffer, BufferPrototype, default_buffer_prototype
+
+from flyarchive import hardening
+from flyarchive.errors import CorruptArchiveError
+
+__all__ = ["GuardedLocalStore", "UnsafeFileError"]
+
+#: Largest file read that is neither metadata nor an array's chunk (claims, models), bytes.
+MAX_OTHER_BYTES = 1 << 30
+_METADATA = ("zarr.json", ".zarray", ".zgroup", ".zattrs", ".zmetadata")
+_KINDS = {stat.S_IFIFO: "a FIFO (named pipe)", stat.S_IFCHR: "a character device",
+          stat.S_IFBLK: "a block device", stat.S_IFSOCK: "a socket",
+          stat.S_IFLNK: "a symbolic link"}
+
+
+class UnsafeFileError(CorruptArchiveError):
+    """A file of a local archive that flyarchive refuses to open or write through: not a
+    regular file, leading out of the archive, or larger than its array can need. The
+    message names the file and points at ``flyarchive verify``."""
+
+
+class GuardedLocalStore(zarr.storage.LocalStore):
+    """``zarr.storage.LocalStore`` confined to regular files inside ``root``.
+
+    Raises (from its methods):
+        UnsafeFileError: a key that resolves outside the root, a file that is not a
+            regular file, a file larger than its array can need, a writable archive
+            holding a folder symlinked out of it.
+        SchemaError: a metadata file too large or deep to parse safely, or naming a codec
+            pipeline flyarchive does not write.
+    """
+
+    def __init__(self, root: Path | str, *, read_only: bool = False) -> None:
+        super().__init__(root, read_only=read_only)
+        self._limits: dict[str, tuple[tuple[int, int, int], hardening.ChunkLimits]] = {}
+        if not read_only and self.root.is_dir():
+            self._check_links()  # before anything is opened, let alone written
+
+    # ------------------------------------------------------------------ paths
+    def _root_real(self) -> str:
+        return os.path.realpath(self.root)
+
+    def _refuse(self, key: str, problem: str, fix: str) -> UnsafeFileError:
+        return UnsafeFileError(
+            f"{self.root / key} {problem}. {fix} The archive was damaged or tampered with; "
+            f"run `flyarchive verify {self.root}` to list every problem."
+        )
+
+    def _inside(self, key: str) -> str:
+        """The real path of ``key``; refuses one that leads out of the root."""
+        root = self._root_real()
+        real = os.path.realpath(os.path.join(self.root, key))
+        if real != root and not real.startswith(root.rstrip(os.sep) + os.sep):
+            raise self._refuse(key, f"leads out of the archive (to {real}); flyarchive never "
+                               "reads or writes through it", "Replace the link by the file or "
+                               "folder itself.")
+        return real
+
+    def _check_links(self, depth: int = 3) -> None:
+        """Refuse a writable archive holding a folder symlinked out of it, down to ``depth``
+        levels (``qpos/c/0``; deeper folders are one per block of frames, too many to visit
+        on every open, and every write checks its own path anyway)."""
+        root = self._root_real()
+        level = [root]
+        for _ in range(depth):
+            below = []
+            for folder in level:
+                with os.scandir(folder) as entries:
+                    for entry in entries:
+                        if entry.is_symlink():
+                            if os.path.isdir(entry.path):
+                                self._inside(os.path.relpath(entry.path, root))
+                        elif entry.is_dir(follow_symlinks=False):
+                            below.append(entry.path)
+            level = below
+
+    # ------------------------------------------------------------------ reading
+    def _limit(self, key: str) -> hardening.ChunkLimits:
+        name = key.rsplit("/", 1)[-1]
+        if name in _METADATA:
+            return hardening.ChunkLimits(hardening.MAX_METADATA_BYTES)
+        array, sep, _ = key.partition("/c/")
+        if not sep:
+            return hardening.ChunkLimits(MAX_OTHER_BYTES)
+        meta_key = f"{array}/zarr.json"
+        try:
+            st = os.stat(self._inside(meta_key))
+        except FileNotFoundError:
+            return hardening.ChunkLimits(MAX_OTHER_BYTES)  # zarr reads no chunk without metadata
+        stamp = (st.st_ino, st.st_size, st.st_mtime_ns)
+        cached = self._limits.get(array)
+        if cached is None or cached[0] != stamp:
+            raw = self._read(meta_key, None)
+            meta = json.loads(raw) if raw is not None else {}
+            if not isinstance(meta, dict) or meta.get("node_type") != "array":
+                return hardening.ChunkLimits(MAX_OTHER_BYTES)
+            cached = (stamp, hardening.check_array_metadata(meta, str(self.root / meta_key),
+                                                            str(self.root)))
+            self._limits[array] = cached
+        return cached[1]
+
+    def _open_regular(self, key: str) -> tuple[int, os.stat_result] | None:
+        """A descriptor and stat of the regular file at ``key``; None if there is none."""
+        real = self._inside(key)
+        try:
+            st = os.lstat(real)
+        except (FileNotFoundError, NotADirectoryError):
+            return None
+        if stat.S_ISDIR(st.st_mode):
+            return None
+        if not stat.S_ISREG(st.st_mode):
+            kind = _KINDS.get(stat.S_IFMT(st.st_mode), "not a regular file")
+            raise self._refuse(key, f"is {kind}, not a regular file; flyarchive never opens it "
+                               "(reading it could block forever or never end)",
+                               "Delete it and restore the chunk file.")
+        try:
+            fd = os.open(real, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+        except OSError as err:
+            if err.errno == errno.ELOOP:
+                raise self._refuse(key, "became a symbolic link", "Restore the file.") from None
+            raise
+        opened = os.fstat(fd)
+        if (opened.st_dev, opened.st_ino) != (st.st_dev, st.st_ino) or not stat.S_ISREG(
+                opened.st_mode):
+            os.close(fd)
+            raise self._refuse(key, "changed while it was opened", "Retry.")
+        return fd, opened
+
+    def _read(self, key: str, byte_range: ByteRequest | None) -> bytes | None:
+        found = self._open_regular(key)
+        if found is None:
+            return None
+        fd, st = found
+        with io.FileIO(fd, "rb", closefd=True) as f:
+            limit = self._limit(key)
+            if st.st_size > limit.file_bytes:
+                raise self._refuse(
+                    key, f"is {st.st_size} bytes, more than the {limit.file_bytes} bytes its "
+                    "array's declared shapes can need; flyarchive did not read it",
+                    "Restore the file.")
+            size = st.st_size
+            if byte_range is None:
+                start, stop = 0, size
+            elif isinstance(byte_range, RangeByteRequest):
+                start, stop = byte_range.start, min(byte_range.end, size)
+            elif isinstance(byte_range, OffsetByteRequest):
+                start, stop = byte_range.offset, size
+            elif isinstance(byte_range, SuffixByteRequest):
+                start, stop = max(0, size - byte_range.suffix), size
+            else:
+                raise TypeError(f"Unexpected byte_range, got {byte_range}.")
+            f.seek(start)
+            data = f.read(max(0, stop - start))
+        name = key.rsplit("/", 1)[-1]
+        if name in _METADATA and name != "zarr.json":
+            raise hardening.refuse(str(self.root / key), "it is zarr v2 metadata; flyarchive "
+                                   "archives are zarr v3 (their metadata is zarr.json)",
+                                   str(self.root))
+        if name == "zarr.json" and byte_range is None:
+            hardening.check_json_bytes(data, str(self.root / key), str(self.root))
+            self._check_metadata(key, data)
+        elif limit.zstd_bytes is not None and byte_range is None:
+            self._check_zstd(key, data, limit.zstd_bytes)
+        return data
+
+    def _check_metadata(self, key: str, data: bytes) -> None:
+        try:
+            meta = json.loads(data)
+        except ValueError:
+            return  # zarr reports unparsable metadata itself
+        if isinstance(meta, dict) and meta.get("node_type") == "array":
+            hardening.check_array_metadata(meta, str(self.root / key), str(self.root))
+
+    def _check_zstd(self, key: str, data: bytes, most: int) -> None:
+        try:
+            size = hardening.zstd_content_size(data)
+        except ValueError as err:
+            raise self._refuse(key, f"is not zstd data ({err})", "Restore the file.") from None
+        if size is None:
+            raise self._refuse(key, "is zstd data that does not declare its decoded size, "
+                               "which flyarchive needs to bound memory", "Restore the file.")
+        if size > most:
+            raise self._refuse(key, f"is zstd data that declares {size} decoded bytes, more "
+                               f"than the {most} a label chunk may hold; flyarchive did not "
+                               "decode it", "Restore the file.")
+
+    def _buffer(self, key: str, prototype: BufferPrototype | None,
+                byte_range: ByteRequest | None) -> Buffer | None:
+        data = self._read(key, byte_range)
+        if data is None:
+            return None
+        return (prototype or default_buffer_prototype()).buffer.from_bytes(data)
+
+    def get_sync(self, key: str, *, prototype: BufferPrototype | None = None,
+                 byte_range: ByteRequest | None = None) -> Buffer | None:
+        self._ensure_open_sync()
+        return self._buffer(key, prototype, byte_range)
+
+    async def get(self, key: str, prototype: BufferPrototype | None = None,
+                  byte_range: ByteRequest | None = None) -> Buffer | None:
+        await self._ensure_open()
+        return await asyncio.to_thread(self._buffer, key, prototype, byte_range)
+
+    async def get_partial_values(
+        self, prototype: BufferPrototype, key_ranges: Iterable[tuple[str, ByteRequest | None]]
+    ) -> list[Buffer | None]:
+        return [await self.get(key, prototype, byte_range) for key, byte_range in key_ranges]
+
+    async def get_ranges(self, key: str, byte_ranges: Sequence[ByteRequest | None],
+                         **kwargs: Any) -> AsyncIterator[Sequence[tuple[int, Buffer | None]]]:
+        # Checked here first: a refusal inside zarr's coalescer would arrive wrapped in
+        # an exception group.
+        await asyncio.to_thread(self._precheck, key)
+        async for group in super().get_ranges(key, byte_ranges, **kwargs):
+            yield group
+
+    def get_ranges_sync(self, key: str, byte_ranges: Sequence[ByteRequest | None],
+                        **kwargs: Any) -> Sequence[tuple[int, Buffer | None]]:
+        self._precheck(key)
+        return super().get_ranges_sync(key, byte_ranges, **kwargs)
+
+    def _precheck(self, key: str) -> None:
+        found = self._open_regular(key)
+        if found is not None:
+            os.close(found[0])
+            if found[1].st_size > self._limit(key).file_bytes:
+                self._read(key, None)  # raises the size refusal
+
+    async def exists(self, key: str) -> bool:
+        def regular() -> bool:
+            real = self._inside(key)
+            try:
+                return stat.S_ISREG(os.lstat(real).st_mode)
+            except (FileNotFoundError, NotADirectoryError):
+                return False
+
+        return await asyncio.to_thread(regular)
+
+    async def getsize(self, key: str) -> int:
+        self._inside(key)
+        return await super().getsize(key)
+
+    # ------------------------------------------------------------------ listing
+    def _files(self, prefix: str) -> list[str]:
+        root = self._root_real()
+        base = self._inside(prefix) if prefix else root
+        out = []
+        for folder, _, files in os.walk(base):  # never descends into symlinked folders
+            for name in files:
+                path = os.path.join(folder, name)
+                key = os.path.relpath(path, root).replace(os.sep, "/")
+                if os.path.islink(path):
+                    real = os.path.realpath(path)
+                    if not real.startswith(root + os.sep) or not os.path.isfile(real):
+                        continue
+                out.append(key)
+        return out
+
+    async def list(self) -> AsyncIterator[str]:
+        for key in await asyncio.to_thread(self._files, ""):
+            yield key
+
+    async def list_prefix(self, prefix: str) -> AsyncIterator[str]:
+        for key in await asyncio.to_thread(self._files, prefix.rstrip("/")):
+            yield key
+
+    async def list_dir(self, prefix: str) -> AsyncIterator[str]:
+        if prefix:
+            await asyncio.to_thread(self._inside, prefix.rstrip("/"))
+        async for name in super().list_dir(prefix):
+            yield name
+
+    # ------------------------------------------------------------------ writing
+    def set_sync(self, key: str, value: Buffer) -> None:
+        self._ensure_open_sync()
+        self._inside(key)
+        super().set_sync(key, value)
+
+    async def _set(self, key: str, value: Buffer, exclusive: bool = False) -> None:
+        await self._ensure_open()
+        await asyncio.to_thread(self._inside, key)
+        await super()._set(key, value, exclusive=exclusive)
+
+    def delete_sync(self, key: str) -> None:
+        self._inside(key)
+        super().delete_sync(key)
+
+    async def delete(self, key: str) -> None:
+        await asyncio.to_thread(self._inside, key)
+        await super().delete(key)
+
+    async def delete_dir(self, prefix: str) -> None:
+        if prefix:
+            await asyncio.to_thread(self._inside, prefix.rstrip("/"))
+        await super().delete_dir(prefix)
