@@ -1,8 +1,11 @@
 """flyarchive: record MuJoCo kinematic state into xarray/zarr archives, render video later.
 
-The whole public API is re-exported here. Heavy optional parts (rendering,
-mujoco-warp, Dask) load on first use: ``import flyarchive`` imports no warp,
-dask.distributed or s3fs.
+The whole public API is re-exported here, following the data flow:
+
+    record -> store -> query -> replay -> video -> distribute
+
+Heavy optional parts (rendering, mujoco-warp, Dask) load on first use: ``import
+flyarchive`` imports no warp, dask.distributed or s3fs.
 """
 
 from __future__ import annotations
@@ -11,11 +14,11 @@ import importlib
 from typing import Any
 
 from flyarchive.clock import FrameClock, Timing
-from flyarchive.dofs import dof_labels, select_dofs
 from flyarchive.errors import *  # noqa: F403
 from flyarchive.errors import __all__ as _errors_all
 from flyarchive.layout import ModelLayout, check_compatible
 from flyarchive.query import open_archive
+from flyarchive.query.dofs import dof_labels, select_dofs
 from flyarchive.record.cpu import TrajectoryRecorder
 from flyarchive.schema import SCHEMA_VERSION, validate
 
@@ -23,11 +26,18 @@ __version__ = "0.1.0"
 
 _LAZY = {
     "WarpTrajectoryRecorder": "flyarchive.record.warp",
-    "render_videos": "flyarchive.render",
-    "render_frames": "flyarchive.render",
+    "render_videos": "flyarchive.distribute.api",
+    "render_frames": "flyarchive.distribute.api",
+    "RenderOptions": "flyarchive.distribute.api",
+    "RenderResult": "flyarchive.distribute.api",
+    "VideoOptions": "flyarchive.video.writer",
     "import_npz": "flyarchive.interop.flygym_npz",
     "export_npz": "flyarchive.interop.flygym_npz",
-    "verify": "flyarchive.integrity",
+    "verify": "flyarchive.store.integrity",
+    "VerifyReport": "flyarchive.store.integrity",
+    "load_model": "flyarchive.models",
+    "save_mjb": "flyarchive.models",
+    "set_trajectory_recorder": "flyarchive.interop.flygym_sim",
 }
 
 __all__ = [

@@ -135,7 +135,7 @@ def cmd_export_npz(args: argparse.Namespace) -> int:
 
 
 def cmd_verify(args: argparse.Namespace) -> int:
-    from flyarchive.integrity import verify
+    from flyarchive.store.integrity import verify
 
     report = verify(_path(args.url), _storage_options(args.storage_options))
     if report.ok:
@@ -149,8 +149,8 @@ def cmd_verify(args: argparse.Namespace) -> int:
 
 
 def cmd_render(args: argparse.Namespace) -> int:
+    from flyarchive.distribute.api import RenderOptions, render_videos
     from flyarchive.models import load_model
-    from flyarchive.render import RenderOptions, render_videos
     from flyarchive.warp_log import set_verbose
 
     set_verbose(args.verbose)  # Warp's logs, here and in local Dask workers
@@ -172,7 +172,7 @@ def _video_options(args: argparse.Namespace) -> Any:
     """``--preset`` / ``--crf`` over the backend's defaults (``None`` when neither is given)."""
     from dataclasses import replace
 
-    from flyarchive.render import default_video_options
+    from flyarchive.distribute.api import default_video_options
 
     if args.preset is None and args.crf is None:
         return None
@@ -281,7 +281,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _one_line(args: argparse.Namespace, err: BaseException) -> str:
     """The error as one line, with the storage options' secrets scrubbed."""
-    from flyarchive.storage_errors import scrub, translate
+    from flyarchive.store.storage_errors import scrub, translate
 
     options: Any = {}
     for name in ("storage_options", "out_storage_options"):
@@ -304,7 +304,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     output pipe (``flyarchive info | head``) ends the command quietly.
     """
     args = build_parser().parse_args(argv)
-    from flyarchive.storage_errors import client_errors
+    from flyarchive.store.storage_errors import client_errors
 
     try:
         code = int(args.func(args))

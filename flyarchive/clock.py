@@ -21,15 +21,13 @@ from fractions import Fraction
 
 import numpy as np
 
-from flyarchive.errors import FlyarchiveError
+from flyarchive.errors import TimingError
 
 __all__ = ["Timing", "FrameClock"]
 
 _EXACT_INT = 2**53  # integers up to this are exact in float64
 
 
-class TimingError(FlyarchiveError, ValueError):
-    """Frame timing that cannot work with the simulation's timestep."""
 
 
 @dataclass(frozen=True)

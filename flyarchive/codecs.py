@@ -39,7 +39,7 @@ import numpy as np
 from zarr.codecs import BloscCodec, BytesCodec, Crc32cCodec, TransposeCodec
 from zarr.codecs.numcodecs import FixedScaleOffset, PCodec
 
-from flyarchive.errors import FlyarchiveError
+from flyarchive.errors import CodecSpecError
 
 __all__ = [
     "CodecSpecError",
@@ -63,8 +63,6 @@ PORTABLE = "portable"
 _SPECS = "'lossless' (default, smallest), 'portable' (any zarr v3 reader) or 'abs:<bound>'"
 
 
-class CodecSpecError(FlyarchiveError, ValueError):
-    """A codec specification that flyarchive does not know."""
 
 
 def parse_codec(spec: str) -> float | None:

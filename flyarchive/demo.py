@@ -47,11 +47,11 @@ def run_demo(
         from flyarchive.interop import nmf
     except ImportError:
         raise missing_dependency("flygym", "flygym", "flyarchive demo") from None
-    from flyarchive import mjcf_save
+    from flyarchive.models import save_mjb
     from flyarchive.plot import plot_traces
     from flyarchive.record.cpu import TrajectoryRecorder
+    from flyarchive.store.integrity import verify
     from flyarchive.summary import summarize
-    from flyarchive.integrity import verify
 
     out = Path(out)
     url = str(out / "demo.zarr")
@@ -61,7 +61,7 @@ def run_demo(
         )
     out.mkdir(parents=True, exist_ok=True)
     world = nmf.build_world()
-    model_path = mjcf_save.save_mjb(world.model, out / "nmf.mjb")
+    model_path = save_mjb(world.model, out / "nmf.mjb")
     _say(f"simulating {n_worlds} NeuroMechFly worlds for {seconds} s on the CPU "
          f"(nq={world.model.nq}, timestep {world.model.opt.timestep} s)")
     start = time.perf_counter()
@@ -82,7 +82,7 @@ def run_demo(
     result: dict[str, object] = {"archive": url, "model": str(model_path), "plot": str(png),
                                  "frames": recorder.n_frames, "verify_ok": report.ok}
     if render:
-        from flyarchive.render import RenderOptions, render_videos
+        from flyarchive.distribute.api import RenderOptions, render_videos
 
         start = time.perf_counter()
         rendered = render_videos(

@@ -33,6 +33,11 @@ __all__ = [
     "OutputLocationError",
     "RenderFailedError",
     "RenderOptionsError",
+    "TimingError",
+    "CodecSpecError",
+    "UnsafeFileError",
+    "FrameFormatError",
+    "VideoEncodeError",
 ]
 
 
@@ -126,6 +131,28 @@ class RecordingError(FlyarchiveError, ValueError):
 
 class RenderFailedError(FlyarchiveError, RuntimeError):
     """A render task failed on a worker (it died, or raised an unexpected error)."""
+
+
+class FrameFormatError(FlyarchiveError, TypeError):
+    """Frames are not uint8 arrays."""
+
+
+class VideoEncodeError(FlyarchiveError, RuntimeError):
+    """ffmpeg failed, or a video would be empty or mixes incompatible segments."""
+
+
+class TimingError(FlyarchiveError, ValueError):
+    """Frame timing that cannot work with the simulation's timestep."""
+
+
+class CodecSpecError(FlyarchiveError, ValueError):
+    """A codec specification that flyarchive does not know."""
+
+
+class UnsafeFileError(CorruptArchiveError):
+    """A file of a local archive that flyarchive refuses to open or write through: not a
+    regular file, leading out of the archive, or larger than its array can need. The
+    message names the file and points at ``flyarchive verify``."""
 
 
 class RenderOptionsError(FlyarchiveError, ValueError):

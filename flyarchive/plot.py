@@ -37,9 +37,8 @@ def _traces(url: str, storage_options: Mapping[str, Any] | None, ds: Any, world:
     try:
         return one.time.values[:n], one.qpos.sel(dof=chosen).values[:n]
     except Exception as err:  # a checksum mismatch, bytes that do not decode, a refused file
-        from flyarchive.integrity import damaged_chunks
-        from flyarchive.localstore import UnsafeFileError
-        from flyarchive.query import corrupt_read, open_checked
+        from flyarchive.store.reader import corrupt_read, damaged_chunks, open_checked
+        from flyarchive.store.localstore import UnsafeFileError
 
         index = [int(w) for w in ds.world.values].index(world)
         found = damaged_chunks(open_checked(url, storage_options)["qpos"], limit=1,

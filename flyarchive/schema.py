@@ -15,8 +15,10 @@ import xarray as xr
 
 from flyarchive.codecs import CodecSpecError, parse_codec
 from flyarchive.errors import SchemaError, SchemaVersionError
-from flyarchive.hardening import MAX_JSON_DEPTH, json_depth_of
 from flyarchive.layout import ModelLayout
+
+#: Deepest nesting of lists and objects in metadata and attributes.
+MAX_JSON_DEPTH = 64
 
 __all__ = [
     "SCHEMA_NAME",
@@ -24,8 +26,12 @@ __all__ = [
     "STATE_VARS",
     "TIMING_ATTRS",
     "TIME_COORDS",
+    "IMPORT_ATTR",
+    "import_status",
     "validate",
     "validate_attrs",
+    "MAX_JSON_DEPTH",
+    "json_depth_of",
 ]
 
 SCHEMA_NAME = "flyarchive.trajectory"
@@ -41,6 +47,8 @@ STATE_VARS: dict[str, tuple[str, ...]] = {
 #: the simulation time at which each frame was recorded and its index on the frame
 #: schedule (-1: unknown). Archives written before flyarchive stored them lack them.
 TIME_COORDS: dict[str, np.dtype] = {"sim_time": np.dtype("float64"), "frame": np.dtype("int64")}
+#: Archive attribute that marks an import: its state, files, frames and the files' digest.
+IMPORT_ATTR = "npz_import"
 #: Attributes that replay needs, besides the schema name/version and the layout.
 TIMING_ATTRS = ("timestep", "output_fps", "playback_speed")
 #: Attributes written by flyarchive; user metadata may not reuse these names.
@@ -191,3 +199,37 @@ def _check_time_coord(ds: xr.Dataset, name: str, dtype: np.dtype) -> None:
             f"{name!r} has dims {var.dims} and dtype {var.dtype}; schema v1 wants ('time',) and "
             f"{dtype}. The archive's metadata was edited or corrupted."
         )
+
+
+def import_status(attrs: Mapping[str, Any]) -> str | None:
+    """How an archive's ``.npz`` import stands: None (not imported), ``"complete"``, or a
+    sentence saying the import is partial and how to finish it."""
+    marker = attrs.get(IMPORT_ATTR)
+    if not isinstance(marker, Mapping):
+        return None
+    if marker.get("state") == "complete":
+        return "complete"
+    return (
+        f"PARTIAL: an import of {marker.get('files')!s} .npz file(s) ({marker.get('frames')!s} "
+        "frames) into this archive is in progress or was interrupted, so frames are missing. "
+        "Finish it with the same files and model: flyarchive import-npz FILES --to URL --model "
+        "MODEL --resume (API: import_npz(..., resume=True))."
+    )
+
+
+def json_depth_of(value: Any) -> int:
+    """Deepest nesting of lists and mappings in a parsed value (iterative: no recursion)."""
+    deepest, stack = 0, [(value, 0)]
+    while stack:
+        item, depth = stack.pop()
+        if isinstance(item, Mapping):
+            children: Any = item.values()
+        elif isinstance(item, (list, tuple)):
+            children = item
+        else:
+            continue
+        deepest = max(deepest, depth + 1)
+        if deepest > MAX_JSON_DEPTH:
+            return deepest
+        stack.extend((child, depth + 1) for child in children)
+    return deepest

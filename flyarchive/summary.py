@@ -5,8 +5,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-
 from flyarchive.query import open_archive
+from flyarchive.schema import import_status
 
 __all__ = ["summarize"]
 
@@ -39,7 +39,6 @@ def summarize(url: str, storage_options: Mapping[str, Any] | None = None) -> dic
         "layout_hash": layout["hash"][:16],
         "versions": ", ".join(f"{k} {v}" for k, v in ds.attrs.get("versions", {}).items()),
     }
-    from flyarchive.interop.flygym_npz import import_status  # interop: a partial import
 
     status = import_status(ds.attrs)
     if status is not None:

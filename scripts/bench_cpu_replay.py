@@ -304,7 +304,7 @@ def _child_flygym(spec: dict[str, Any], model: Any) -> dict[str, Any]:
 
 
 def _child_renderer(spec: dict[str, Any], model: Any) -> dict[str, Any]:
-    from flyarchive.replay.cpu import CpuRenderer
+    from flyarchive.replay.opengl import CpuRenderer
 
     _, qpos, _ = _states(spec["url"])
     start = time.perf_counter()
@@ -320,7 +320,7 @@ def _child_renderer(spec: dict[str, Any], model: Any) -> dict[str, Any]:
 
 
 def _options(spec: dict[str, Any], **extra: Any) -> Any:
-    from flyarchive.render import RenderOptions
+    from flyarchive.distribute.api import RenderOptions
 
     return RenderOptions(size=tuple(spec["size"]), segment_frames=spec["segment_frames"],
                          overwrite=True, **extra)
@@ -331,7 +331,7 @@ def _frames_of(result: Any) -> int:
 
 
 def _child_videos(spec: dict[str, Any], model: Any) -> dict[str, Any]:
-    from flyarchive.render import render_videos
+    from flyarchive.distribute.api import render_videos
 
     window = None
     if spec.get("frames"):
@@ -347,7 +347,7 @@ def _child_videos(spec: dict[str, Any], model: Any) -> dict[str, Any]:
 def _child_dask(spec: dict[str, Any], model: Any) -> dict[str, Any]:
     from distributed import Client, LocalCluster
 
-    from flyarchive.render import render_videos
+    from flyarchive.distribute.api import render_videos
 
     start = time.perf_counter()
     env = {"MUJOCO_GL": "egl", "LP_NUM_THREADS": "1", "OMP_NUM_THREADS": "1",
@@ -380,7 +380,7 @@ def _synchronous_dask() -> None:
 
 
 def _child_warp(spec: dict[str, Any], model: Any) -> dict[str, Any]:
-    from flyarchive.render import render_videos
+    from flyarchive.distribute.api import render_videos
 
     options = _options(spec, backend="warp-cpu", batch_worlds=spec["batch_worlds"])
     start = time.perf_counter()
@@ -399,8 +399,8 @@ def _child_warp(spec: dict[str, Any], model: Any) -> dict[str, Any]:
 def _child_warp_dask(spec: dict[str, Any], model: Any) -> dict[str, Any]:
     """warp-cpu on render_videos' own LocalCluster (``distributed.connect``), k workers:
     a cold render (worker start-up included), then the same render warm (timed)."""
-    from flyarchive.distributed import connect
-    from flyarchive.render import render_videos
+    from flyarchive.distribute.cluster import connect
+    from flyarchive.distribute.api import render_videos
 
     options = _options(spec, backend="warp-cpu", batch_worlds=spec["batch_worlds"])
     start = time.perf_counter()
@@ -423,7 +423,7 @@ def _child_warp_dask(spec: dict[str, Any], model: Any) -> dict[str, Any]:
 def _child_profile(spec: dict[str, Any], model: Any) -> dict[str, Any]:
     """Seconds spent per stage of archive -> mp4 for all frames, measured one by one."""
     from flyarchive.query import open_archive
-    from flyarchive.replay.cpu import CpuRenderer
+    from flyarchive.replay.opengl import CpuRenderer
     from flyarchive.video import VideoOptions, VideoWriter, concat_segments
 
     size, seg = tuple(spec["size"]), spec["segment_frames"]

@@ -34,7 +34,7 @@ def main() -> None:
 
     import warp as wp
 
-    from flyarchive.replay.gpu import WarpBatchRenderer
+    from flyarchive.replay.warp import WarpBatchRenderer
 
     wp.config.quiet = True
     device = {"cuda": "cuda:0", "cpu": "cpu"}[args.device] if args.device else None

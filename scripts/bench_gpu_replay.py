@@ -190,7 +190,7 @@ def _write_archive(url: Path, model: mujoco.MjModel, qpos: np.ndarray,
 def _renderer_rows(model: mujoco.MjModel, camera: str, qpos: np.ndarray,
                    mocap: tuple[np.ndarray, np.ndarray] | None, args: argparse.Namespace,
                    device: str) -> tuple[dict[str, Any], dict[str, Any]]:
-    from flyarchive.replay.gpu import WarpBatchRenderer
+    from flyarchive.replay.warp import WarpBatchRenderer
 
     states = qpos.reshape(-1, qpos.shape[-1])
     flat_mocap = None if mocap is None else tuple(m.reshape(-1, *m.shape[2:]) for m in mocap)
@@ -240,7 +240,7 @@ def _pipelined_row(model: mujoco.MjModel, camera: str, qpos: np.ndarray,
                    mocap: tuple[np.ndarray, np.ndarray] | None, args: argparse.Namespace,
                    device: str) -> dict[str, Any]:
     """yuv420p batches submitted one ahead of the one waited for: the GPU stage's limit."""
-    from flyarchive.replay.gpu import WarpBatchRenderer
+    from flyarchive.replay.warp import WarpBatchRenderer
 
     states = qpos.reshape(-1, qpos.shape[-1])
     flat_mocap = None if mocap is None else tuple(m.reshape(-1, *m.shape[2:]) for m in mocap)
@@ -287,7 +287,7 @@ def _prerendered(model: mujoco.MjModel, camera: str, qpos: np.ndarray,
                  mocap: tuple[np.ndarray, np.ndarray] | None, args: argparse.Namespace,
                  device: str) -> _Prerendered:
     """The first batch's yuv420p frames, rendered once, handed out for every batch."""
-    from flyarchive.replay.gpu import WarpBatchRenderer
+    from flyarchive.replay.warp import WarpBatchRenderer
 
     states = qpos.reshape(-1, qpos.shape[-1])
     b = min(args.batch, len(states))
@@ -302,7 +302,7 @@ def _encode_only(url: str, model: mujoco.MjModel, camera: str, out: Path,
                  args: argparse.Namespace, backend: str, stub: _Prerendered,
                  preset: str | None) -> None:
     """Row 3 with the renderer replaced by ``stub`` (frames rendered beforehand)."""
-    from flyarchive.replay import gpu_videos
+    from flyarchive.distribute import warp_pipeline as gpu_videos
 
     real = gpu_videos._renderer
     gpu_videos._renderer = lambda *_, **__: stub
@@ -314,21 +314,21 @@ def _encode_only(url: str, model: mujoco.MjModel, camera: str, out: Path,
 
 def _read_all(url: str, batch_worlds: int) -> None:
     """Read every batch's states from the archive as ``render_videos`` does (no rendering)."""
-    from flyarchive.query import open_archive
-    from flyarchive.render import select_frames
-    from flyarchive.replay import gpu_videos
+    from flyarchive.distribute.plan import pack_batches
+    from flyarchive.query import open_archive, select_frames
+    from flyarchive.store import StateReader
 
     jobs = tuple(select_frames(open_archive(url)))
-    source = gpu_videos.batch_source(url)
-    for batch in gpu_videos.pack_batches(jobs, batch_worlds):
-        gpu_videos._read_batch(source, jobs, batch)
+    reader = StateReader(url)
+    for batch in pack_batches(jobs, batch_worlds):
+        reader.read([(jobs[p.job].world_index, p.start, p.stop) for p in batch.pieces])
 
 
 def _flyarchive(url: str, model: mujoco.MjModel, camera: str, out: Path,
                 args: argparse.Namespace, backend: str, preset: str | None = None,
                 encoders: int = 0) -> None:
     """``render_videos`` of every world; x264 ``preset`` (None: the backend's default)."""
-    from flyarchive.render import RenderOptions, render_videos
+    from flyarchive.distribute.api import RenderOptions, render_videos
     from flyarchive.video import VideoOptions
 
     options = RenderOptions(size=args.size, backend=backend, batch_worlds=args.batch,
@@ -339,7 +339,7 @@ def _flyarchive(url: str, model: mujoco.MjModel, camera: str, out: Path,
 
 def _no_graph(run: Callable[[], None]) -> None:
     """``run()`` with a fresh renderer that launches kernel by kernel (no CUDA graph)."""
-    from flyarchive.replay import gpu_videos
+    from flyarchive.distribute import warp_pipeline as gpu_videos
 
     gpu_videos._renderers.clear()
     try:
@@ -396,8 +396,8 @@ def _warm_up(url: str, model: mujoco.MjModel, camera: str, qpos: np.ndarray,
     Renderer setup (model upload, BVH build) stays in both end-to-end rows: flyarchive's
     cached renderer is dropped, and flygym builds its own on every call anyway.
     """
-    from flyarchive.render import RenderOptions, render_videos
-    from flyarchive.replay import gpu_videos
+    from flyarchive.distribute.api import RenderOptions, render_videos
+    from flyarchive.distribute import warp_pipeline as gpu_videos
 
     options = RenderOptions(size=args.size, backend=backend, batch_worlds=args.batch)
     render_videos(url, model, camera, str(out / "fa"), worlds=[0], time=(0.0, 0.0),
@@ -436,7 +436,7 @@ def _measure(n_images: int, run: Callable[[], None]) -> dict[str, Any]:
 
 def _stages(n_images: int, run: Callable[[], None]) -> dict[str, Any]:
     """:func:`_measure` of a flyarchive run, with the pipeline's stage timers."""
-    from flyarchive.replay import gpu_videos
+    from flyarchive.distribute import warp_pipeline as gpu_videos
 
     gpu_videos.STATS.update(dict.fromkeys(gpu_videos.STATS, 0.0))
     row = _measure(n_images, run)

@@ -23,7 +23,7 @@ own decode speed on the stored chunks of one shard in memory (no zarr, no checks
 running as long as a short query, so that it meets the same machine load) and the full scan
 as a fraction of it. On S3 (moto on loopback) the times come from direct requests;
 request counts and bytes come from a second pass through a counting proxy
-(:class:`flyarchive.faultproxy.FaultProxy`). On disk, bytes read are the process's
+(:class:`flyarchive.testing.faultproxy.FaultProxy`). On disk, bytes read are the process's
 ``rchar`` (``/proc/self/io``). Times are the best of ``--repeat`` runs.
 
 Usage::
@@ -602,8 +602,8 @@ def main(argv: list[str] | None = None) -> None:
     for b, run in zip(built.values(), runs):
         print_table(run, b)
     if not args.no_s3:
-        from flyarchive.faultproxy import FaultProxy
-        from flyarchive.testing_s3 import S3Server
+        from flyarchive.testing.faultproxy import FaultProxy
+        from flyarchive.testing.s3 import S3Server
 
         with S3Server() as s3, FaultProxy(s3.endpoint_url) as proxy:
             s3.create_bucket(args.bucket)

@@ -1,22 +1,22 @@
 """Reliability report: killed writers, flaky S3, injected corruption, bad input.
 
-Runs the harnesses of :mod:`flyarchive.faults` and prints one table:
+Runs the harnesses of :mod:`flyarchive.testing.kills` and prints one table:
 
 - kills survived of kills made, per recording backend (CPU MuJoCo, mujoco-warp on
   Warp's CPU device), and frames lost per kill against the recorder's bound;
 - S3 faults injected through the fault proxy (record, read, render) and their outcomes;
 - corruptions injected into a local archive and whether ``flyarchive verify`` caught them;
-- concurrent writers (:mod:`flyarchive.faults_concurrency`): recorders creating one URL,
+- concurrent writers (:mod:`flyarchive.testing.concurrency`): recorders creating one URL,
   replacing one archive, or appending to one archive, started at the same instant (one
   winner, the others refused cleanly, the archive exactly the winner's), and a reader
   polling ``open_archive`` while a writer appends (no open reports damage, no frame read
   inside ``n_frames`` differs from the final data);
-- import-npz / export-npz killed mid-way (:mod:`flyarchive.faults_interop`): half-written
+- import-npz / export-npz killed mid-way (:mod:`flyarchive.testing.interop_kills`): half-written
   files, leftovers after the rerun, interrupted imports reported partial and resumed.
 - renders killed (SIGKILL) or interrupted (Ctrl-C) mid-way, in their own process and on a
-  LocalCluster (:mod:`flyarchive.faults_render`): half-written final videos, what was
+  LocalCluster (:mod:`flyarchive.testing.render_kills`): half-written final videos, what was
   left behind before and after the next render into the same folder;
-- hostile archives (:mod:`flyarchive.faults_hostile`: decompression bombs, FIFOs, links
+- hostile archives (:mod:`flyarchive.testing.hostile`: decompression bombs, FIFOs, links
   to ``/dev/zero``, metadata nested 200,000 deep...): each command run in a child with a
   3 GiB address-space cap, its time and peak memory;
 - bad inputs tried (``tests/test_bad_input.py``) and passed.
@@ -48,7 +48,7 @@ os.environ.setdefault("MUJOCO_GL", "egl")
 
 import numpy as np  # noqa: E402
 
-from flyarchive.faults import (  # noqa: E402
+from flyarchive.testing.kills import (  # noqa: E402
     S3_OUTCOMES,
     KillConfig,
     KillResult,
@@ -88,8 +88,8 @@ def run_s3(n: int) -> list[dict[str, Any]]:
     """``n`` trials each of record, read and render through the fault proxy."""
     from flyarchive import TrajectoryRecorder
     from flyarchive.testing import simulate, tiny_model
-    from flyarchive.faultproxy import FaultPlan
-    from flyarchive.testing_s3 import S3Server
+    from flyarchive.testing.faultproxy import FaultPlan
+    from flyarchive.testing.s3 import S3Server
 
     rows = []
     with S3Server() as server:
@@ -129,7 +129,7 @@ def run_corruptions(workdir: Path) -> list[dict[str, Any]]:
 
     from flyarchive import TrajectoryRecorder
     from flyarchive.testing import flip_bits, shard_file, simulate, tiny_model
-    from flyarchive.integrity import verify
+    from flyarchive.store.integrity import verify
 
     model = tiny_model()
     sound = workdir / "sound.zarr"
@@ -167,7 +167,7 @@ def run_corruptions(workdir: Path) -> list[dict[str, Any]]:
 
 def run_races(n: int, processes: int, workdir: Path) -> list[dict[str, Any]]:
     """``n`` trials each of creators (w-), replacing writers (w) and appenders (a)."""
-    from flyarchive.faults_concurrency import (
+    from flyarchive.testing.concurrency import (
         RecorderPool,
         appenders_trial,
         creators_trial,
@@ -202,7 +202,7 @@ def run_races(n: int, processes: int, workdir: Path) -> list[dict[str, Any]]:
 
 def run_reader(n_steps: int, workdir: Path) -> dict[str, Any]:
     """A reader polling open_archive while a writer process appends ``n_steps`` steps."""
-    from flyarchive.faults_concurrency import RecorderPool, reader_trial
+    from flyarchive.testing.concurrency import RecorderPool, reader_trial
 
     with RecorderPool(1) as pool:
         result = reader_trial(pool, str(workdir / "polled.zarr"), n_steps=n_steps)
@@ -211,7 +211,7 @@ def run_reader(n_steps: int, workdir: Path) -> dict[str, Any]:
     return {**result.to_json(), "errors": sorted({e.split(":")[0] for e in result.errors})}
 def run_hostile(workdir: Path) -> list[dict[str, Any]]:
     """Every command on every hostile archive, each in a capped child process."""
-    from flyarchive.faults_hostile import hostile_table
+    from flyarchive.testing.hostile import hostile_table
 
     folder = workdir / "hostile"
     folder.mkdir()
@@ -219,7 +219,7 @@ def run_hostile(workdir: Path) -> list[dict[str, Any]]:
 
 
 def print_hostile(rows: list[dict[str, Any]]) -> None:
-    from flyarchive.faults_hostile import COMMANDS, MAX_MB, MAX_SECONDS, Outcome, passed
+    from flyarchive.testing.hostile import COMMANDS, MAX_MB, MAX_SECONDS, Outcome, passed
 
     print(f"\nHostile archives (each command in a child process, 3 GiB address-space cap; "
           f"R refused, ok worked, X crashed, hung or out of bounds; bounds {MAX_SECONDS:g} s "
@@ -256,7 +256,7 @@ def run_bad_input(workdir: Path) -> dict[str, Any]:
 
 def run_render_kills(n: int, workdir: Path) -> list[dict[str, Any]]:
     """``n`` seeded trials of each (where, signal): a render stopped mid-way, then rerun."""
-    from flyarchive.faults_render import RenderKillConfig, make_render_archive, render_kill_trial
+    from flyarchive.testing.render_kills import RenderKillConfig, make_render_archive, render_kill_trial
 
     archive = make_render_archive(workdir / "render-kill-archive")
     rows = []
@@ -384,7 +384,7 @@ def main(argv: list[str] | None = None) -> int:
         report["reader"] = run_reader(args.reader_steps, work) if args.races > 0 else {}
         report["hostile"] = [] if args.no_hostile else run_hostile(work)
         report["bad_input"] = {} if args.no_bad_input else run_bad_input(work)
-        from flyarchive import faults_interop
+        from flyarchive.testing import interop_kills as faults_interop
 
         report["interop_kills"] = [
             faults_interop.run_kills("import", args.interop_kills, work / "interop"),
@@ -396,7 +396,7 @@ def main(argv: list[str] | None = None) -> int:
     report["seconds"] = round(time.monotonic() - start, 1)
     print_table(report)
     if report["interop_kills"]:
-        from flyarchive import faults_interop
+        from flyarchive.testing import interop_kills as faults_interop
 
         faults_interop.print_table(report["interop_kills"])
     print(f"\n({report['seconds']} s)")

@@ -24,7 +24,7 @@ class Location:
 @pytest.fixture(scope="session")
 def s3_server() -> Iterator[Any]:
     """A real S3-compatible server (moto in server mode) on loopback, with a bucket."""
-    from flyarchive.testing_s3 import S3Server
+    from flyarchive.testing.s3 import S3Server
 
     with S3Server() as server:
         server.create_bucket("flyarchive-test")

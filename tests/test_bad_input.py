@@ -30,7 +30,7 @@ from flyarchive.errors import (
     SelectionError,
     StorageError,
 )
-from flyarchive.render import RenderOptions, render_videos
+from flyarchive.distribute.api import RenderOptions, render_videos
 from flyarchive.store import ArchiveWriter, FrameBlock
 from flyarchive.testing import TINY_XML, flip_bits, shard_file, simulate
 
@@ -229,7 +229,7 @@ def forbidding_s3():
 
 def test_bad_s3_credentials_give_a_storage_error_that_hides_the_secret(
         forbidding_s3, caplog, capsys):
-    from flyarchive.testing_s3 import s3_storage_options
+    from flyarchive.testing.s3 import s3_storage_options
 
     options = s3_storage_options(forbidding_s3, key="AKIAWRONGKEY", secret="wrong-secret-value")
     caplog.set_level(logging.DEBUG)

@@ -382,7 +382,7 @@ def forbidding_s3():
 @pytest.fixture
 def unreachable():
     """Storage options for an unused loopback port, one quick attempt."""
-    from flyarchive.testing_s3 import _free_port, s3_storage_options
+    from flyarchive.testing.s3 import _free_port, s3_storage_options
 
     return s3_storage_options(f"http://127.0.0.1:{_free_port()}", botocore_attempts=1,
                               secret="unreachable-secret-value",
@@ -434,7 +434,7 @@ def test_recording_without_credentials_is_a_storage_error(tiny, s3_server, monke
 
 
 def test_recording_with_refused_credentials_hides_key_and_secret(tiny, forbidding_s3):
-    from flyarchive.testing_s3 import s3_storage_options
+    from flyarchive.testing.s3 import s3_storage_options
 
     options = s3_storage_options(forbidding_s3, key="AKIAWRONGKEY", secret="wrong-secret-value")
 

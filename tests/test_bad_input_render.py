@@ -25,7 +25,7 @@ from flyarchive.errors import (
     StorageError,
 )
 from flyarchive.layout import ModelLayout
-from flyarchive.render import RenderOptions, render_frames, render_videos
+from flyarchive.distribute.api import RenderOptions, render_frames, render_videos
 from flyarchive.store import ArchiveSpec, ArchiveWriter, FrameBlock
 from flyarchive.testing import TINY_XML, reference_frames, simulate
 
@@ -81,7 +81,7 @@ def state(rendered: tuple[str, Path], tmp_path: Path) -> Any:
 @pytest.fixture
 def renders(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     """Counts OpenGL renderers made in this process: none means nothing was rendered."""
-    from flyarchive.replay import cpu
+    from flyarchive.replay import opengl as cpu
 
     made: list[int] = []
     real = cpu.CpuRenderer.__init__

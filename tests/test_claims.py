@@ -13,7 +13,7 @@ from zarr.core.buffer import default_buffer_prototype
 from zarr.core.sync import sync
 
 from flyarchive import TrajectoryRecorder
-from flyarchive.claims import WRITER_KEY, _identity, _proc_stat, put_exclusive
+from flyarchive.store.claims import WRITER_KEY, _identity, _proc_stat, put_exclusive
 from flyarchive.clock import Timing
 from flyarchive.errors import ArchiveInUseError, SchemaError, StorageError, WorldBlockConflictError
 from flyarchive.layout import ModelLayout
@@ -252,13 +252,13 @@ def test_an_interrupted_creation_whose_creator_died_is_created_anew(tiny, tmp_pa
 
 
 def test_a_creation_that_fails_midway_leaves_nothing(tiny, tmp_path, monkeypatch):
-    import flyarchive.store
+    import flyarchive.store.writer
 
     def fail(group, spec):
         group.create_array("qpos", shape=(1,), dtype="f8")
         raise OSError(28, "No space left on device")
 
-    monkeypatch.setattr(flyarchive.store, "create_arrays", fail)
+    monkeypatch.setattr(flyarchive.store.writer, "create_arrays", fail)
     url = tmp_path / "full-disk.zarr"
     spec = ArchiveSpec(ModelLayout.from_model(tiny), Timing(tiny.opt.timestep, 25, 0.2), (0,))
 

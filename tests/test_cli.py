@@ -8,7 +8,7 @@ import pytest
 from flyarchive import TrajectoryRecorder, open_archive
 from flyarchive.cli import main, parse_size, parse_time, parse_worlds
 from flyarchive.errors import SelectionError
-from flyarchive.mjcf_save import save_mjb
+from flyarchive.models import save_mjb
 from flyarchive.testing import TINY_XML, simulate
 
 

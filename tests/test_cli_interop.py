@@ -5,7 +5,6 @@ import signal
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import pytest
 
@@ -42,7 +41,7 @@ def test_info_into_a_closed_pipe_exits_quietly(archive):
 
 
 def test_ctrl_c_during_an_import_is_one_line_and_exit_130(tiny, tmp_path):
-    from flyarchive.faults_interop import write_npz_inputs
+    from flyarchive.testing.interop_kills import write_npz_inputs
 
     write_npz_inputs(tmp_path / "in", 8, 600)
     (tmp_path / "tiny.xml").write_text(TINY_XML)
@@ -62,7 +61,7 @@ def test_ctrl_c_during_an_import_is_one_line_and_exit_130(tiny, tmp_path):
 
 
 def test_render_does_not_print_warp_logs(tiny, archive, tmp_path):
-    from flyarchive.mjcf_save import save_mjb
+    from flyarchive.models import save_mjb
 
     model = str(save_mjb(tiny, tmp_path / "tiny.mjb"))
 

@@ -1,7 +1,7 @@
 """Writers started at the same instant in real processes, and a reader polling a writer.
 
 Each race starts 3 recorder processes within microseconds of each other (they wait
-on their stdin with everything imported, see :mod:`flyarchive.faults_concurrency`)
+on their stdin with everything imported, see :mod:`flyarchive.testing.concurrency`)
 and is repeated, so that a check-then-act race would show.
 """
 
@@ -9,7 +9,7 @@ import uuid
 
 import pytest
 
-from flyarchive.faults_concurrency import (
+from flyarchive.testing.concurrency import (
     RecorderPool,
     appenders_trial,
     creators_trial,

@@ -12,7 +12,7 @@ from flyarchive.errors import WorldBlockConflictError
 from flyarchive.layout import ModelLayout
 from flyarchive.store import ArchiveSpec, ArchiveWriter
 from flyarchive.testing import reference_frames
-from flyarchive.integrity import verify
+from flyarchive.store.integrity import verify
 
 N_STEPS = 160  # 41 frames at a frame every 4 steps
 

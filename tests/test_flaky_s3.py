@@ -13,10 +13,10 @@ import pytest
 
 from flyarchive import TrajectoryRecorder, open_archive
 from flyarchive.errors import StorageError
-from flyarchive.faults import s3_read_trial, s3_record_trial, s3_render_trial
+from flyarchive.testing.kills import s3_read_trial, s3_record_trial, s3_render_trial
 from flyarchive.testing import reference_frames, simulate, tiny_model
-from flyarchive.faultproxy import FaultPlan, FaultProxy
-from flyarchive.integrity import verify
+from flyarchive.testing.faultproxy import FaultPlan, FaultProxy
+from flyarchive.store.integrity import verify
 
 pytestmark = pytest.mark.timeout(300)
 BUCKET = "flyarchive-test"  # created by the s3_server fixture
@@ -120,7 +120,7 @@ def test_rendering_through_faults_equals_the_clean_render_or_fails_clearly(s3_se
 
 def test_render_videos_through_faults_writes_the_clean_videos_or_fails_clearly(
         s3_server, s3_archive, tmp_path):
-    from flyarchive.render import RenderOptions, render_videos
+    from flyarchive.distribute.api import RenderOptions, render_videos
     from flyarchive.video import read_video
 
     options = RenderOptions(size=(48, 64), segment_frames=8)

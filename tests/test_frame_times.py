@@ -10,7 +10,7 @@ import zarr
 
 from flyarchive import TrajectoryRecorder, open_archive
 from flyarchive.errors import SchemaError
-from flyarchive.render import render_frames
+from flyarchive.distribute.api import render_frames
 from flyarchive.testing import reference_frames, simulate
 
 

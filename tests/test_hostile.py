@@ -1,6 +1,6 @@
 """Hostile archives that could exhaust memory or hang: each command refuses them.
 
-Each case is an adversary's edit of a small sound archive (flyarchive.faults_hostile):
+Each case is an adversary's edit of a small sound archive (flyarchive.testing.hostile):
 a chunk that decodes to 4 GiB, a chunk linked to /dev/zero, a FIFO... The command runs
 in a child process limited to 3 GiB of address space and 25 s, so a regression fails
 (MemoryError, a killed child) instead of taking the machine or hanging the suite.
@@ -8,7 +8,7 @@ in a child process limited to 3 GiB of address space and 25 s, so a regression f
 
 import pytest
 
-from flyarchive.faults_hostile import make_case, make_sound, run_isolated, snapshot
+from flyarchive.testing.hostile import make_case, make_sound, run_isolated, snapshot
 
 pytestmark = pytest.mark.timeout(90)
 

@@ -1,12 +1,12 @@
 """SIGKILL during import-npz and export-npz: nothing half-written, partial imports said, reruns heal.
 
 Each trial runs the operation in a real child process and kills it with SIGKILL at
-a chosen step (see :mod:`flyarchive.faults_interop`).
+a chosen step (see :mod:`flyarchive.testing.interop_kills`).
 """
 
 import pytest
 
-from flyarchive.faults_interop import InteropKillConfig, kill_trial
+from flyarchive.testing.interop_kills import InteropKillConfig, kill_trial
 
 pytestmark = pytest.mark.timeout(300)
 

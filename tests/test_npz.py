@@ -182,7 +182,7 @@ def test_import_writes_with_the_codec_asked_for(tiny, tmp_path):
 
 
 def test_an_interrupted_import_is_reported_partial_by_info_and_verify(tiny, tmp_path):
-    from flyarchive.integrity import verify
+    from flyarchive.store.integrity import verify
     from flyarchive.summary import summarize
 
     write_flygym_npz(tiny, tmp_path / "in", lengths=(20, 20))
@@ -200,7 +200,7 @@ def test_an_interrupted_import_is_reported_partial_by_info_and_verify(tiny, tmp_
 
 
 def test_a_complete_import_is_reported_complete(tiny, tmp_path):
-    from flyarchive.integrity import verify
+    from flyarchive.store.integrity import verify
     from flyarchive.summary import summarize
 
     write_flygym_npz(tiny, tmp_path / "in")
@@ -213,7 +213,7 @@ def test_a_complete_import_is_reported_complete(tiny, tmp_path):
 
 
 def test_resume_finishes_an_interrupted_import_equal_to_an_uninterrupted_one(tiny, tmp_path):
-    from flyarchive.faults_interop import datasets_equal
+    from flyarchive.testing.interop_kills import datasets_equal
 
     write_flygym_npz(tiny, tmp_path / "in", lengths=(7, 23))
     whole, url = str(tmp_path / "whole.zarr"), str(tmp_path / "resumed.zarr")

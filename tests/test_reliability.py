@@ -11,9 +11,9 @@ import zarr
 
 from flyarchive import TrajectoryRecorder
 from flyarchive.cli import main
-from flyarchive.faults import KillConfig, kill_trial
+from flyarchive.testing.kills import KillConfig, kill_trial
 from flyarchive.testing import flip_bits, shard_file, simulate
-from flyarchive.integrity import verify
+from flyarchive.store.integrity import verify
 
 PACKAGE = Path(__file__).resolve().parents[1] / "flyarchive"
 
@@ -140,7 +140,7 @@ def test_verify_detects_n_frames_beyond_the_time_extent(tiny, tmp_path, capsys):
 # ----------------------------------------------------------------------------- renderers
 RENDER_WORKER = """
 import sys
-from flyarchive.render import RenderOptions, render_videos
+from flyarchive.distribute.api import RenderOptions, render_videos
 from flyarchive.testing import tiny_model
 result = render_videos(sys.argv[1], tiny_model(), ["front", "top"], sys.argv[2], n_workers=0,
                        options=RenderOptions(size=(48, 64), segment_frames=8))

@@ -10,8 +10,8 @@ from flyarchive import TrajectoryRecorder
 from flyarchive.errors import (
     CameraNotFoundError, FrameSizeError, LayoutMismatchError, OutputExistsError, SelectionError,
 )
-from flyarchive.render import RenderOptions, render_frames, render_videos
-from flyarchive.replay.cpu import CpuRenderer
+from flyarchive.distribute.api import RenderOptions, render_frames, render_videos
+from flyarchive.replay.opengl import CpuRenderer
 from flyarchive.store import ArchiveSpec, ArchiveWriter, FrameBlock
 from flyarchive.clock import Timing
 from flyarchive.layout import ModelLayout
@@ -163,7 +163,7 @@ def test_manifest_keeps_videos_of_an_earlier_run_into_the_same_folder(tiny, tiny
 
 
 def test_encoder_defaults_follow_the_backend():
-    from flyarchive.render import RenderOptions
+    from flyarchive.distribute.api import RenderOptions
     from flyarchive.video import VideoOptions
 
     assert RenderOptions().video == VideoOptions(preset="veryfast", crf=18)

@@ -18,8 +18,9 @@ os.environ.setdefault("MUJOCO_GL", "egl")
 
 from flyarchive.query import open_archive  # noqa: E402
 from flyarchive.record.cpu import TrajectoryRecorder  # noqa: E402
-from flyarchive.render import RenderOptions, model_bytes, render_frames, render_videos  # noqa: E402
-from flyarchive.replay.cpu import CpuRenderer  # noqa: E402
+from flyarchive.distribute.api import RenderOptions, render_frames, render_videos  # noqa: E402
+from flyarchive.models import model_bytes  # noqa: E402
+from flyarchive.replay.opengl import CpuRenderer  # noqa: E402
 from flyarchive.testing import simulate, tiny_model  # noqa: E402
 from flyarchive.video import VideoOptions, read_video  # noqa: E402
 
@@ -137,7 +138,7 @@ def test_dask_videos_match_in_process_videos(dask_videos: Any, in_process_videos
 
 @pytest.mark.timeout(180)
 def test_four_egl_worker_processes_render_at_once(archive: str, model: Any, tmp_path: Path) -> None:
-    from flyarchive.distributed import render_block
+    from flyarchive.distribute.cpu_tasks import render_block
 
     ds = open_archive(archive).isel(world=0, time=slice(0, 3))
     with CpuRenderer(model, "front", SIZE) as renderer:
@@ -201,7 +202,7 @@ def test_render_videos_accepts_a_client_that_is_not_default(
 
 
 def test_the_model_is_sent_to_each_worker_once_under_its_hash(client: Any) -> None:
-    from flyarchive.distributed import scatter_model
+    from flyarchive.distribute.cluster import scatter_model
 
     blob = b"model bytes " * 1000
     first = scatter_model(client, blob)

@@ -1,6 +1,6 @@
 """Renders killed (SIGKILL) or interrupted (Ctrl-C) mid-way, in their own process and on a
 LocalCluster: no half-written video under a final name, nothing left after the next run,
-Ctrl-C exits 130 with one line. Real processes, real signals (flyarchive.faults_render)."""
+Ctrl-C exits 130 with one line. Real processes, real signals (flyarchive.testing.render_kills)."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ import pytest
 
 os.environ.setdefault("MUJOCO_GL", "egl")
 
-from flyarchive.faults_render import (  # noqa: E402
+from flyarchive.testing.render_kills import (  # noqa: E402
     RenderArchive,
     RenderKillConfig,
     make_render_archive,
@@ -84,7 +84,7 @@ def test_a_worker_killed_mid_render_fails_naming_the_world_and_leaves_no_video(
     import distributed
 
     from flyarchive.errors import RenderFailedError
-    from flyarchive.render import RenderOptions, render_videos
+    from flyarchive.distribute.api import RenderOptions, render_videos
     from flyarchive.testing import tiny_model
 
     out = tmp_path / "v"
@@ -127,7 +127,7 @@ def _kill_when_busy(client: Any, pid: int) -> None:
 # ----------------------------------------------------------------------------- liveness
 HOLDER = """
 import sys, time
-from flyarchive.workspace import RunFolder
+from flyarchive.distribute.workspace import RunFolder
 run = RunFolder.create(sys.argv[1])
 print(run.url, flush=True)
 time.sleep(600)
@@ -135,7 +135,7 @@ time.sleep(600)
 
 
 def test_a_live_runs_parts_folder_in_another_process_is_never_removed(tmp_path: Path) -> None:
-    from flyarchive.workspace import RunFolder
+    from flyarchive.distribute.workspace import RunFolder
 
     out = tmp_path / "v"
     holder = subprocess.Popen([sys.executable, "-c", HOLDER, str(out)], stdout=subprocess.PIPE,
@@ -153,7 +153,7 @@ def test_a_live_runs_parts_folder_in_another_process_is_never_removed(tmp_path: 
 
 
 def test_a_dead_runs_parts_folder_is_removed_by_the_next_run(tmp_path: Path) -> None:
-    from flyarchive.workspace import RunFolder
+    from flyarchive.distribute.workspace import RunFolder
 
     out = tmp_path / "v"
     holder = subprocess.Popen([sys.executable, "-c", HOLDER, str(out)], stdout=subprocess.PIPE,

@@ -16,7 +16,7 @@ from flyarchive.clock import Timing
 from flyarchive.errors import OutputExistsError, RenderBackendError
 from flyarchive.layout import ModelLayout
 from flyarchive.record.cpu import TrajectoryRecorder
-from flyarchive.render import RenderOptions, VideoJob, render_videos
+from flyarchive.distribute.api import RenderOptions, VideoJob, render_videos
 from flyarchive.store import ArchiveSpec, ArchiveWriter, FrameBlock
 from flyarchive.testing import flip_bits, shard_file, simulate, slider_model, tiny_model
 from flyarchive.video import VideoOptions, read_video
@@ -91,7 +91,7 @@ def slider_archive(tmp_path_factory: pytest.TempPathFactory) -> tuple[str, np.nd
 @pytest.fixture(scope="module", autouse=True)
 def warm_warp() -> None:
     """Import mujoco-warp and load its cached kernels once for the module."""
-    from flyarchive.replay.gpu import WarpBatchRenderer
+    from flyarchive.replay.warp import WarpBatchRenderer
 
     WarpBatchRenderer(slider_model(), "front", SIZE, batch_worlds=1, device="cpu")
 
@@ -100,7 +100,7 @@ def warm_warp() -> None:
 
 
 def test_batches_are_full_world_major_and_keep_frame_order():
-    from flyarchive.replay.gpu_videos import pack_batches
+    from flyarchive.distribute.plan import pack_batches
 
     jobs = [VideoJob(0, 0, 0, 5), VideoJob(3, 2, 2, 9)]
 
@@ -113,7 +113,7 @@ def test_batches_are_full_world_major_and_keep_frame_order():
 
 
 def test_groups_hold_whole_videos_of_about_equal_frames():
-    from flyarchive.replay.gpu_videos import split_groups
+    from flyarchive.distribute.plan import split_groups
 
     jobs = [VideoJob(w, w, 0, 10) for w in range(6)]
 
@@ -126,7 +126,7 @@ def test_groups_hold_whole_videos_of_about_equal_frames():
 def test_gpu_backend_without_cuda_suggests_the_cpu_backends():
     import warp as wp
 
-    from flyarchive.replay.gpu_videos import warp_device
+    from flyarchive.distribute.warp_pipeline import warp_device
 
     wp.init()
     if wp.get_cuda_device_count() > 0:
@@ -288,7 +288,7 @@ def test_gpu_batches_on_a_cluster_without_gpu_workers_are_refused(slider_archive
 
 
 def test_warp_cpu_runs_on_a_local_cluster_unless_told_otherwise():
-    from flyarchive.replay.gpu_videos import runs_here
+    from flyarchive.distribute.drivers import runs_here
 
     assert not runs_here("warp-cpu", 4, n_workers=2)
     assert runs_here("warp-cpu", 4, n_workers=0)

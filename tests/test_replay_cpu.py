@@ -16,7 +16,7 @@ from flyarchive.errors import (
     LayoutMismatchError,
     RenderBackendError,
 )
-from flyarchive.replay.cpu import CpuRenderer, headless_renderer, pin_rasterizer_threads
+from flyarchive.replay.opengl import CpuRenderer, headless_renderer, pin_rasterizer_threads
 from flyarchive.replay.kinematics import set_state, update_render_geometry
 from flyarchive.testing import simulate, slider_model, tiny_model
 
@@ -200,7 +200,7 @@ def test_closed_renderer_refuses_to_render() -> None:
 
 def test_unusable_egl_raises_render_backend_error_with_instructions() -> None:
     script = (
-        "from flyarchive.replay.cpu import CpuRenderer\n"
+        "from flyarchive.replay.opengl import CpuRenderer\n"
         "from flyarchive.testing import tiny_model\n"
         "try:\n"
         "    CpuRenderer(tiny_model(), 'front')\n"
@@ -233,7 +233,7 @@ def test_egl_is_used_even_when_mujoco_was_imported_before_flyarchive() -> None:
         "import mujoco\n"  # MUJOCO_GL unset here: MuJoCo binds GLFW, which needs a display
         "from mujoco.rendering.classic import gl_context\n"
         "before = gl_context.GLContext\n"
-        "from flyarchive.replay.cpu import CpuRenderer\n"
+        "from flyarchive.replay.opengl import CpuRenderer\n"
         "from flyarchive.testing import tiny_model\n"
         "model = tiny_model()\n"
         "with CpuRenderer(model, 'front', (32, 32)) as renderer:\n"

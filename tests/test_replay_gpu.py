@@ -1,4 +1,4 @@
-"""Batch replay with mujoco-warp's renderer, on Warp's CPU device (flyarchive.replay.gpu)."""
+"""Batch replay with mujoco-warp's renderer, on Warp's CPU device (flyarchive.replay.warp)."""
 
 from __future__ import annotations
 
@@ -57,7 +57,7 @@ MESH_XML = """
 
 @pytest.fixture(scope="module")
 def tiny():
-    from flyarchive.replay.gpu import WarpBatchRenderer
+    from flyarchive.replay.warp import WarpBatchRenderer
 
     model = tiny_model()
     renderer = WarpBatchRenderer(model, ["front", "top"], SIZE, batch_worlds=BATCH, device="cpu")
@@ -66,7 +66,7 @@ def tiny():
 
 @pytest.fixture(scope="module")
 def slider():
-    from flyarchive.replay.gpu import WarpBatchRenderer
+    from flyarchive.replay.warp import WarpBatchRenderer
 
     model = slider_model()
     return model, WarpBatchRenderer(model, "front", SIZE, batch_worlds=BATCH, device="cpu")
@@ -205,7 +205,7 @@ def test_render_batch_returns_uint8_frames_per_state_and_camera(tiny):
 
 
 def test_yuv420p_frames_are_the_bt601_conversion_of_the_rgb_frames(tiny):
-    from flyarchive.replay.gpu import WarpBatchRenderer
+    from flyarchive.replay.warp import WarpBatchRenderer
     from flyarchive.testing import rgb_to_i420
 
     model, rgb_renderer = tiny
@@ -222,7 +222,7 @@ def test_yuv420p_frames_are_the_bt601_conversion_of_the_rgb_frames(tiny):
 
 
 def test_yuv420p_needs_even_sizes(tiny):
-    from flyarchive.replay.gpu import WarpBatchRenderer
+    from flyarchive.replay.warp import WarpBatchRenderer
 
     model, _ = tiny
     with pytest.raises(FrameSizeError, match="even"):
@@ -320,7 +320,7 @@ def test_missing_mocap_poses_default_to_the_models(tiny):
 
 
 def test_unknown_camera_error_lists_the_cameras():
-    from flyarchive.replay.gpu import WarpBatchRenderer
+    from flyarchive.replay.warp import WarpBatchRenderer
 
     with pytest.raises(CameraNotFoundError) as info:
         WarpBatchRenderer(tiny_model(), ["front", "side"], SIZE, batch_worlds=1, device="cpu")
@@ -366,7 +366,7 @@ def test_importing_flyarchive_and_warp_model_does_not_import_warp():
 
 
 def test_host_buffer_ring_keeps_each_batch_until_it_is_reused(slider):
-    from flyarchive.replay.gpu import WarpBatchRenderer
+    from flyarchive.replay.warp import WarpBatchRenderer
 
     model, copying = slider
     qpos = np.linspace(-0.5, 0.5, 3 * BATCH).reshape(3, BATCH, 1)
@@ -381,7 +381,7 @@ def test_host_buffer_ring_keeps_each_batch_until_it_is_reused(slider):
 
 
 def test_submitted_batches_land_in_the_buffers_named(slider):
-    from flyarchive.replay.gpu import WarpBatchRenderer
+    from flyarchive.replay.warp import WarpBatchRenderer
 
     model, copying = slider
     qpos = np.linspace(-0.5, 0.5, 2 * BATCH).reshape(2, BATCH, 1)
@@ -409,7 +409,7 @@ def _has_cuda() -> bool:
 def test_cuda_graph_batches_equal_kernel_by_kernel_batches(monkeypatch):
     if not _has_cuda():
         pytest.skip("CUDA graphs need a CUDA device; CI has none (run this on a GPU machine)")
-    from flyarchive.replay.gpu import WarpBatchRenderer
+    from flyarchive.replay.warp import WarpBatchRenderer
 
     model = tiny_model()
     qpos, mocap_pos, mocap_quat = random_states(model, 4 * BATCH + 1, seed=9)

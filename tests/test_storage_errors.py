@@ -1,11 +1,11 @@
-"""flyarchive.storage_errors: storage faults become one clear StorageError, secrets hidden."""
+"""flyarchive.store.storage_errors: storage faults become one clear StorageError, secrets hidden."""
 
 import errno
 
 import pytest
 
 from flyarchive.errors import StorageError
-from flyarchive.storage_errors import check_storage_options, local_error, scrub, translate
+from flyarchive.store.storage_errors import check_storage_options, local_error, scrub, translate
 
 
 def test_scrub_hides_secrets_at_any_depth():

@@ -1,4 +1,4 @@
-"""Tests of flyarchive.testing_s3: moto on loopback and the fault-injecting proxy.
+"""Tests of flyarchive.testing.s3: moto on loopback and the fault-injecting proxy.
 
 Everything goes over HTTP to a moto server process started by the tests.
 """
@@ -24,8 +24,8 @@ import botocore.exceptions  # noqa: E402
 import fsspec  # noqa: E402
 import zarr  # noqa: E402
 
-from flyarchive.faultproxy import FaultPlan, FaultProxy  # noqa: E402
-from flyarchive.testing_s3 import S3Server, S3ServerStartError  # noqa: E402
+from flyarchive.testing.faultproxy import FaultPlan, FaultProxy  # noqa: E402
+from flyarchive.testing.s3 import S3Server, S3ServerStartError  # noqa: E402
 
 pytestmark = pytest.mark.timeout(120)
 

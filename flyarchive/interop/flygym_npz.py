@@ -38,6 +38,7 @@ from flyarchive.errors import (
 )
 from flyarchive.interop.npz_export import NpzExport, export_npz
 from flyarchive.layout import ModelLayout
+from flyarchive.schema import IMPORT_ATTR, import_status
 from flyarchive.store import ArchiveSpec, ArchiveWriter, FrameBlock, open_group
 
 __all__ = [
@@ -47,8 +48,6 @@ __all__ = [
 
 _REQUIRED = ("time", "qpos", "output_fps", "playback_speed", "world_id")
 _ZIP_MAGIC = (b"PK\x03\x04", b"PK\x05\x06")
-#: Archive attribute that marks an import: its state, files, frames and the files' digest.
-IMPORT_ATTR = "npz_import"
 #: ``(world,)`` variable holding the files' own ``world_id`` when worlds were renumbered.
 ORIGINAL_ID_VAR = "original_world_id"
 
@@ -254,22 +253,6 @@ def _marker(trajs: list[NpzTrajectory], renumber: bool) -> dict[str, Any]:
             digest.update(hashlib.file_digest(f, "sha256").digest())
     return {"state": "importing", "files": len(trajs), "frames": max(len(t.time) for t in trajs),
             "renumber": renumber, "sha256": digest.hexdigest()}
-
-
-def import_status(attrs: Mapping[str, Any]) -> str | None:
-    """How an archive's ``.npz`` import stands: None (not imported), ``"complete"``, or a
-    sentence saying the import is partial and how to finish it."""
-    marker = attrs.get(IMPORT_ATTR)
-    if not isinstance(marker, Mapping):
-        return None
-    if marker.get("state") == "complete":
-        return "complete"
-    return (
-        f"PARTIAL: an import of {marker.get('files')!s} .npz file(s) ({marker.get('frames')!s} "
-        "frames) into this archive is in progress or was interrupted, so frames are missing. "
-        "Finish it with the same files and model: flyarchive import-npz FILES --to URL --model "
-        "MODEL --resume (API: import_npz(..., resume=True))."
-    )
 
 
 def _mark_complete(url: str, storage_options: Mapping[str, Any] | None,

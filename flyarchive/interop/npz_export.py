@@ -28,7 +28,7 @@ from flyarchive.errors import (
     StorageError,
 )
 from flyarchive.query import open_archive
-from flyarchive.storage_errors import check_storage_options, is_remote, local_error, translated
+from flyarchive.store.storage_errors import check_storage_options, is_remote, local_error, translated
 
 __all__ = ["export_npz", "NpzExport", "npz_name"]
 

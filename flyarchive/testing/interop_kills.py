@@ -2,7 +2,7 @@
 
 Used by ``tests/test_kill_interop.py`` and ``scripts/reliability_report.py``.
 :func:`kill_trial` runs an import or an export in a child process (``python -m
-flyarchive.faults_interop``), which prints ``STEP <done> <total>`` after each commit
+flyarchive.testing.interop_kills``), which prints ``STEP <done> <total>`` after each commit
 (import) or file (export); the parent SIGKILLs it after a seeded number of steps
 plus a seeded delay, then checks what was left:
 
@@ -198,7 +198,7 @@ def _run_and_kill(source: str, target: str, config: InteropKillConfig,
     wait_steps = wait_steps if config.wait_steps is None else config.wait_steps
     delay = float(rng.uniform(0.0, config.max_delay_s))
     env = {**os.environ, "MUJOCO_GL": os.environ.get("MUJOCO_GL", "egl")}
-    cmd = [sys.executable, "-m", "flyarchive.faults_interop", config.operation, source, target,
+    cmd = [sys.executable, "-m", "flyarchive.testing.interop_kills", config.operation, source, target,
            "--chunk-frames", str(config.chunk_frames)]
     stderr = tempfile.TemporaryFile(mode="w+")
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=stderr, text=True, env=env)
@@ -297,7 +297,7 @@ def _import_trial(npz: Path, url: str, reference: str,
                   config: InteropKillConfig) -> InteropKillResult:
     from flyarchive import open_archive
     from flyarchive.cli import main
-    from flyarchive.integrity import verify
+    from flyarchive.store.integrity import verify
     from flyarchive.summary import summarize
 
     result = InteropKillResult(config)

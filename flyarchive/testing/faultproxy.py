@@ -26,8 +26,7 @@ from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, Self
 
-
-from flyarchive.testing_s3 import _LOOPBACK, _Endpoint
+from flyarchive.testing.s3 import _LOOPBACK, _Endpoint
 
 __all__ = ["FaultPlan", "FaultProxy"]
 

@@ -53,7 +53,7 @@ def write_manifest(plan: Any, ds: xr.Dataset, entries: list[dict[str, Any]], *,
     """Write (or update) ``{plan.out}/manifest.json`` with the videos of one render.
 
     Args:
-        plan: The :class:`flyarchive.distributed.RenderPlan` that was rendered.
+        plan: The :class:`flyarchive.distribute.cpu_tasks.RenderPlan` that was rendered.
         ds: Its archive, from :func:`flyarchive.open_archive`.
         entries: One per video, from :func:`describe`.
         staging: A local folder on the output's file system to stage the file in.
@@ -64,9 +64,9 @@ def write_manifest(plan: Any, ds: xr.Dataset, entries: list[dict[str, Any]], *,
     Raises:
         StorageError: the manifest could not be written.
     """
+    from flyarchive.distribute.workspace import scratch_dir
     from flyarchive.store import package_versions
     from flyarchive.video import write_output
-    from flyarchive.workspace import scratch_dir
 
     url = f"{plan.out}/manifest.json"
     with _turn(plan.out, plan.out_storage_options):
@@ -134,7 +134,7 @@ def _upgrade(entry: dict[str, Any], earlier: dict[str, Any]) -> dict[str, Any]:
 @contextmanager
 def _turn(out: str, storage_options: Mapping[str, Any]) -> Iterator[None]:
     """Hold the output folder's lock on local disk (no-op elsewhere, or without flock)."""
-    from flyarchive.workspace import filesystem, is_local_fs
+    from flyarchive.distribute.workspace import filesystem, is_local_fs
 
     fs, path = filesystem(out, storage_options)
     if not is_local_fs(fs):

@@ -5,7 +5,7 @@ S3 tests in flyarchive talk HTTP to a real server, as they would to AWS or MinIO
 ``127.0.0.1``, and s3fs reaches it through ``endpoint_url``. Nothing is patched
 in-process and nothing global (environment, AWS config) is changed.
 
-:class:`flyarchive.faultproxy.FaultProxy` can sit between s3fs and the server to
+:class:`flyarchive.testing.faultproxy.FaultProxy` can sit between s3fs and the server to
 inject faults.
 
 The fake credentials exist only in this module, in the server's environment
@@ -150,8 +150,6 @@ class _Endpoint:
         """
         _check_bucket_name(name)
         self.filesystem().mkdir(name)
-
-
 
 
 def _free_port() -> int:

@@ -9,6 +9,7 @@ their scratch folders are removed when it closes.
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import logging
 import os
 import sys
@@ -19,10 +20,10 @@ import warnings
 from collections.abc import Iterator
 from typing import Any
 
+from flyarchive.distribute.workspace import SCRATCH_PREFIX, sweep_local
 from flyarchive.errors import missing_dependency
-from flyarchive.workspace import SCRATCH_PREFIX, sweep_local
 
-__all__ = ["connect", "LOCAL_DASHBOARD"]
+__all__ = ["connect", "scatter_model", "LOCAL_DASHBOARD"]
 
 #: Worker processes of the default LocalCluster: one core each (one Mesa rasterizer
 #: thread, one x264 thread, one encoder thread on the Warp backends).
@@ -47,7 +48,7 @@ class connect:
     included, and each would print a traceback. The worker processes are started while
     this process ignores SIGINT, so they inherit it ignored (the disposition survives
     ``exec``; a signal mask does not: subprocesses start with none blocked); workers
-    restarted later ignore it once they run (:mod:`flyarchive.worker_setup`). This
+    restarted later ignore it once they run (:mod:`flyarchive.distribute.worker_setup`). This
     process alone handles Ctrl-C, and closes the cluster. Worker logs are silenced below
     CRITICAL: a task's error comes back to this process, and a worker shut down with its
     cluster would log the lost connection.
@@ -104,7 +105,7 @@ def _local_cluster(cls: Any, n_workers: int) -> Any:
     cluster = cls(n_workers=0, threads_per_worker=1, processes=True,
                   dashboard_address=LOCAL_DASHBOARD, scheduler_kwargs={"dashboard": False},
                   env=dict(_WORKER_ENV), silence_logs=logging.CRITICAL,
-                  preload=["flyarchive.worker_setup"])
+                  preload=["flyarchive.distribute.worker_setup"])
     try:
         me = psutil.Process()
         before = {c.pid for c in me.children()}
@@ -148,3 +149,14 @@ def _sigint_ignored() -> Iterator[None]:
         yield
     finally:
         signal.signal(signal.SIGINT, before)
+
+
+def scatter_model(client: Any, blob: bytes) -> Any:
+    """Send the MJB bytes to every worker once; the future of them.
+
+    The key is the bytes' SHA-256, so a later render with the same model reuses what
+    the workers hold, and Dask does not tokenize the bytes itself (0.4 s for
+    NeuroMechFly's 23 MB, measured here, against 0.03 s for hashlib).
+    """
+    key = f"flyarchive-model-{hashlib.sha256(blob).hexdigest()}"
+    return client.scatter({key: blob}, broadcast=True)[key]

@@ -3,7 +3,7 @@
 Used by ``tests/test_concurrent_creation.py`` and ``scripts/reliability_report.py``.
 
 :class:`RecorderPool` keeps ``n`` child processes (``python -m
-flyarchive.faults_concurrency``) that have imported everything and wait on their
+flyarchive.testing.concurrency``) that have imported everything and wait on their
 stdin. A trial writes one job line to every child in a tight loop, so they all
 start recording within microseconds of each other (the slow part, starting Python
 and importing MuJoCo, is done once per pool). Each child reports its outcome,
@@ -163,7 +163,7 @@ class RecorderPool:
     def __init__(self, n: int, *, timeout_s: float = 120.0) -> None:
         self.timeout_s = timeout_s
         self._procs = [
-            subprocess.Popen([sys.executable, "-m", "flyarchive.faults_concurrency"],
+            subprocess.Popen([sys.executable, "-m", "flyarchive.testing.concurrency"],
                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
             for _ in range(n)
         ]
@@ -268,7 +268,7 @@ def _compare(url: str, expected: dict[str, np.ndarray], problems: list[str],
              storage_options: dict[str, Any] | None = None) -> None:
     """Check the archive at ``url`` against ``expected`` frames (all of them)."""
     from flyarchive import open_archive
-    from flyarchive.integrity import verify
+    from flyarchive.store.integrity import verify
 
     report = verify(url, storage_options)
     problems += [f"verify: {p}" for p in report.problems]

@@ -20,12 +20,12 @@ import numpy as np
 import zarr
 
 from flyarchive import codecs
-from flyarchive.claims import WRITER_KEY, release
 from flyarchive.clock import Timing
 from flyarchive.errors import ArchiveExistsError, CorruptArchiveError, FlyarchiveError, SchemaError
 from flyarchive.layout import ModelLayout, check_compatible
 from flyarchive.schema import SCHEMA_NAME, SCHEMA_VERSION, STATE_VARS, TIME_COORDS
-from flyarchive.spec import ArchiveSpec
+from flyarchive.store.claims import WRITER_KEY, release
+from flyarchive.store.spec import ArchiveSpec
 
 __all__ = ["package_versions", "root_attrs", "create_arrays", "claims_group", "inventory",
            "clear", "refusal", "check_commits", "check_against", "tidy_local", "undo",

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import itertools
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -12,75 +11,10 @@ import zarr
 
 from flyarchive import codecs
 from flyarchive.errors import FlyarchiveError, StorageError
-from flyarchive.query import open_checked, open_stored, time_extents
-from flyarchive.schema import STATE_VARS, validate
+from flyarchive.schema import STATE_VARS, import_status, validate
+from flyarchive.store.reader import chunk_file, damaged_chunks, open_checked, open_stored, time_extents
 
-__all__ = ["verify", "VerifyReport", "DamagedChunk", "damaged_chunks", "chunk_file"]
-
-
-def chunk_file(arr: zarr.Array, coords: tuple[int, ...]) -> str:
-    """The key of the stored object (shard, or chunk when unsharded) at ``coords`` of the
-    stored-object grid, relative to the archive, e.g. ``"qpos/c/0/1/0"``."""
-    return f"{arr.path}/{arr.metadata.encode_chunk_key(coords)}" if arr.path else \
-        arr.metadata.encode_chunk_key(coords)
-
-
-@dataclass(frozen=True)
-class DamagedChunk:
-    """A stored object of an array that fails to read.
-
-    Attributes:
-        name: The array.
-        file: Its key in the archive, e.g. ``"time/c/1"``.
-        region: ``(start, stop)`` index ranges it covers, one per dimension.
-        dims: The array's dimension names.
-        error: What reading it raised.
-    """
-
-    name: str
-    file: str
-    region: tuple[tuple[int, int], ...]
-    dims: tuple[str, ...]
-    error: BaseException
-
-    def describe(self) -> str:
-        """E.g. ``"qpos [worlds 0..1, frames 5..9] (file qpos/c/0/1/0)"``."""
-        words = {"world": "worlds", "time": "frames"}
-        spans = [f"{words.get(d, d)} {a}..{b - 1}" for d, (a, b) in zip(self.dims, self.region)
-                 if d in words or len(self.region) == 1]
-        return f"{self.name} [{', '.join(spans)}] (file {self.file})"
-
-
-def damaged_chunks(arr: zarr.Array, *, limit: int | None = None,
-                   region: tuple[slice, ...] | None = None) -> list[DamagedChunk]:
-    """Read an array one stored object (shard or chunk) at a time; list those that fail.
-
-    Args:
-        arr: The array.
-        limit: Stop after this many (None: all).
-        region: Only objects touching these index ranges, leading dimensions first
-            (default, and for dimensions not given: all of it).
-
-    Returns:
-        The damaged objects, in grid order; empty when every one reads.
-    """
-    outer = arr.shards or arr.chunks
-    region = tuple(region or ()) + tuple(slice(0, n) for n in arr.shape[len(region or ()):])
-    ranges = []
-    for (start, stop, _), size, n in zip((r.indices(m) for r, m in zip(region, arr.shape)),
-                                         outer, arr.shape):
-        ranges.append(range(start // size, -(-stop // size)) if stop > start else range(0))
-    dims = tuple(arr.metadata.dimension_names or (f"dim{i}" for i in range(arr.ndim)))
-    found: list[DamagedChunk] = []
-    for coords in itertools.product(*ranges):
-        box = tuple((c * s, min((c + 1) * s, n)) for c, s, n in zip(coords, outer, arr.shape))
-        try:
-            arr[tuple(slice(a, b) for a, b in box)]
-        except Exception as err:  # checksum, decode, refused file: all mean damaged bytes
-            found.append(DamagedChunk(arr.basename, chunk_file(arr, coords), box, dims, err))
-            if limit is not None and len(found) >= limit:
-                break
-    return found
+__all__ = ["verify", "VerifyReport"]
 
 
 @dataclass
@@ -146,7 +80,6 @@ def verify(url: str, storage_options: Mapping[str, Any] | None = None) -> Verify
     except Exception as err:  # unreadable metadata or coordinates
         report.problems.append(f"Metadata unreadable: {err!r}")
         return report
-    from flyarchive.interop.flygym_npz import import_status  # interop: a partial import
 
     status = import_status(group.attrs.asdict())
     if status is not None and status != "complete":

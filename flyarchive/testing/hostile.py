@@ -4,7 +4,7 @@ Used by ``tests/test_hostile.py`` and ``scripts/reliability_report.py``. Each ca
 :data:`CASES` turns a copy of a small sound archive into a hostile one: a chunk that
 decodes to gigabytes, a chunk that is a FIFO or a link to ``/dev/zero``, metadata
 nested 200,000 deep... :func:`run_isolated` runs one command on it in a child
-process (``python -m flyarchive.faults_hostile``) under an address-space limit and a
+process (``python -m flyarchive.testing.hostile``) under an address-space limit and a
 timeout, so a regression fails (``MemoryError``, timeout) instead of exhausting the
 machine or hanging, and reports what happened: exit status, error, seconds inside the
 command, and the child's peak resident memory (``ru_maxrss``).
@@ -307,8 +307,8 @@ def _child(command: str, argv: list[str]) -> dict:
     import xarray
 
     import flyarchive.cli  # noqa: F401
-    import flyarchive.integrity  # noqa: F401
     import flyarchive.interop.flygym_npz  # noqa: F401
+    import flyarchive.store.integrity  # noqa: F401
     import flyarchive.summary  # noqa: F401
 
     xarray.backends.list_engines()
@@ -323,8 +323,8 @@ def _child(command: str, argv: list[str]) -> dict:
         figure.canvas.draw()
         plt.close(figure)
     if command == "render":
-        import flyarchive.distributed  # noqa: F401
-        import flyarchive.render  # noqa: F401
+        import flyarchive.distribute.api  # noqa: F401
+        import flyarchive.distribute.cpu_tasks  # noqa: F401
     start = time.perf_counter()
     stderr = io.StringIO()
     error_type, code = None, 0
@@ -371,7 +371,7 @@ def run_isolated(command: str, url: str, workdir: Path, *, memory_bytes: int = M
     start = time.perf_counter()
     try:
         done = subprocess.run(
-            [sys.executable, "-m", "flyarchive.faults_hostile", command, *argv],
+            [sys.executable, "-m", "flyarchive.testing.hostile", command, *argv],
             capture_output=True, text=True, timeout=timeout_s, preexec_fn=limit, env=env,
         )
     except subprocess.TimeoutExpired:

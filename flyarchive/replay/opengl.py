@@ -36,12 +36,12 @@ from flyarchive.errors import (  # noqa: E402
     RenderBackendError,
 )
 from flyarchive.models import camera_ids, camera_names  # noqa: E402
+from flyarchive.replay.frames import MAX_GL_SIDE, parse_frame_size  # noqa: E402
 from flyarchive.replay.kinematics import set_state  # noqa: E402
 
 __all__ = ["CpuRenderer", "headless_renderer", "pin_rasterizer_threads", "camera_names"]
 
 _HEADLESS_BACKENDS = ("egl", "osmesa")
-_MAX_SIZE = 16384  # the largest framebuffer side common OpenGL drivers allocate
 _context_lock = threading.Lock()
 
 
@@ -104,7 +104,7 @@ class CpuRenderer:
         names = (cameras,) if isinstance(cameras, str) else tuple(cameras)
         self._camera_ids = camera_ids(model, names)
         self.cameras: tuple[str, ...] = names
-        self.size: tuple[int, int] = _parse_size(size)
+        self.size: tuple[int, int] = parse_frame_size(size, max_side=MAX_GL_SIDE)
         self.model = model
         self._render_model = _fit_buffer(model, self.size, enlarge_buffer)
         self._data = mujoco.MjData(model)
@@ -215,20 +215,6 @@ class CpuRenderer:
                 out=frames[k],
             )
         return frames
-
-
-def _parse_size(size: tuple[int, int]) -> tuple[int, int]:
-    ok = (
-        isinstance(size, (tuple, list))
-        and len(size) == 2
-        and all(isinstance(s, (int, np.integer)) and not isinstance(s, bool) for s in size)
-    )
-    if not ok or not all(0 < s <= _MAX_SIZE for s in size):
-        raise FrameSizeError(
-            f"size must be (height, width) in pixels, two integers in 1..{_MAX_SIZE}; "
-            f"got {size!r}."
-        )
-    return int(size[0]), int(size[1])
 
 
 def _fit_buffer(

@@ -9,7 +9,7 @@ recursion). pcodec, whose compression ratio has no bound, decodes into the chunk
 declared shape and never past it (:class:`BoundedPCodec`, installed for every zarr
 read in this process, with :class:`CheckedCrc32cCodec`, whose checksum mismatch is a
 :class:`~flyarchive.errors.CorruptArchiveError`). The local store
-(:mod:`flyarchive.localstore`) applies these limits to every file it reads;
+(:mod:`flyarchive.store.localstore`) applies these limits to every file it reads;
 :func:`check_arrays` applies them on any storage.
 """
 
@@ -18,7 +18,6 @@ from __future__ import annotations
 import json
 import math
 import re
-from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -28,19 +27,18 @@ import zarr.storage
 from zarr.codecs import BloscCodec, Crc32cCodec
 from zarr.codecs.numcodecs import PCodec
 
-from flyarchive.errors import CorruptArchiveError, SchemaError, StorageError
+from flyarchive.errors import CorruptArchiveError, SchemaError
+from flyarchive.schema import MAX_JSON_DEPTH, json_depth_of
 
 __all__ = [
-    "MAX_METADATA_BYTES", "MAX_JSON_DEPTH", "MAX_CHUNK_BYTES", "MAX_SHARD_BYTES",
+    "MAX_METADATA_BYTES", "MAX_CHUNK_BYTES", "MAX_SHARD_BYTES",
     "ChunkLimits", "refuse", "check_array_metadata", "check_arrays", "check_json_bytes",
-    "json_depth", "json_depth_of", "BoundedPCodec", "CheckedCrc32cCodec", "damaged",
+    "json_depth", "BoundedPCodec", "CheckedCrc32cCodec", "damaged",
     "install_bounded_decoders", "zstd_content_size",
 ]
 
 #: Largest metadata file (``zarr.json``) read; large per-world data belongs in world variables.
 MAX_METADATA_BYTES = 4 << 20
-#: Deepest nesting of lists and objects in metadata and attributes.
-MAX_JSON_DEPTH = 64
 #: Largest decoded chunk (the unit a codec decodes at once), bytes.
 MAX_CHUNK_BYTES = 256 << 20
 #: Largest decoded shard (what one read of a stored object may allocate), bytes.
@@ -277,22 +275,6 @@ def json_depth(raw: bytes) -> int:
     return int(np.cumsum(steps).max(initial=0))
 
 
-def json_depth_of(value: Any) -> int:
-    """Deepest nesting of lists and mappings in a parsed value (iterative: no recursion)."""
-    deepest, stack = 0, [(value, 0)]
-    while stack:
-        item, depth = stack.pop()
-        if isinstance(item, Mapping):
-            children: Any = item.values()
-        elif isinstance(item, (list, tuple)):
-            children = item
-        else:
-            continue
-        deepest = max(deepest, depth + 1)
-        if deepest > MAX_JSON_DEPTH:
-            return deepest
-        stack.extend((child, depth + 1) for child in children)
-    return deepest
 
 
 def check_json_bytes(raw: bytes, where: str, archive: str) -> None:

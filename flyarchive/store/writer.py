@@ -1,5 +1,4 @@
-"""The only code that touches zarr and fsspec (with its helpers :mod:`flyarchive.creation`
-and :mod:`flyarchive.claims`): create, append, commit, open.
+"""Writing archives: :class:`ArchiveWriter` creates, appends and commits frames.
 
 Commit protocol (one writer per archive, or per block of worlds):
   1. grow the arrays' time extent (metadata only; new frames read as NaN);
@@ -13,7 +12,7 @@ below ``n_frames`` are never changed. A crash between steps leaves frames past
 temporary file and a rename, and S3 PUTs are atomic, so a rewritten shard is
 either the old or the new one: committed frames are never lost.
 
-Creation: a creator first claims the archive (:func:`flyarchive.claims.claim_archive`,
+Creation: a creator first claims the archive (:func:`flyarchive.store.claims.claim_archive`,
 exclusive: of two creators of one URL exactly one goes on, the other writes
 nothing), then looks at what is at the URL, then writes the root group, the
 arrays, and ``n_frames`` last. What each mode does with what it finds:
@@ -35,203 +34,56 @@ from __future__ import annotations
 
 import weakref
 from collections.abc import Mapping
-from pathlib import Path
 from typing import Any
 
-import fsspec
 import numpy as np
 import zarr
 import zarr.storage
 
-from flyarchive import hardening, storage_errors
-from flyarchive.claims import WRITER_KEY, block_keys, claim_archive, claim_block, register, release
 from flyarchive.clock import Timing
-from flyarchive.creation import (
+from flyarchive.errors import (
+    ArchiveExistsError,
+    ArchiveInUseError,
+    FlyarchiveError,
+    StorageError,
+)
+from flyarchive.layout import ModelLayout
+from flyarchive.schema import STATE_VARS, TIME_COORDS
+from flyarchive.store import storage_errors
+from flyarchive.store.claims import WRITER_KEY, block_keys, claim_archive, claim_block, register, release
+from flyarchive.store.creation import (
     check_against,
     check_commits,
     claims_group,
     clear,
     create_arrays,
     inventory,
-    package_versions,
     refusal,
     release_quietly,
     root_attrs,
     tidy_local,
     undo,
 )
-from flyarchive.errors import (
-    ArchiveExistsError,
-    ArchiveInUseError,
-    ArchiveNotFoundError,
-    FlyarchiveError,
-    SchemaError,
-    StorageBackendMissingError,
-    StorageError,
+from flyarchive.store.location import (
+    access_denied,
+    archive_exists,
+    exists_error,
+    is_local,
+    local_path,
+    open_store,
+    parse_mode,
+    sync,
 )
-from flyarchive.layout import ModelLayout
-from flyarchive.localstore import GuardedLocalStore
-from flyarchive.schema import STATE_VARS, TIME_COORDS, validate_attrs
-from flyarchive.spec import ArchiveSpec, FrameBlock
+from flyarchive.store.reader import open_group
+from flyarchive.store.spec import ArchiveSpec, FrameBlock
 
-__all__ = [
-    "ArchiveSpec", "ArchiveWriter", "FrameBlock", "open_store", "archive_exists", "open_group",
-    "refuse_existing", "package_versions", "parse_mode",
-]
-
-_EXTRAS = {"s3": "s3", "s3a": "s3", "gs": "gcs", "gcs": "gcs", "az": "azure", "abfs": "azure"}
-_MODES = ("w-", "w", "a")
-
-
-def parse_mode(mode: str) -> str:
-    """Check a creation mode: ``"w-"``, ``"w"`` or ``"a"``.
-
-    Raises:
-        ValueError: for anything else.
-    """
-    if not isinstance(mode, str) or mode not in _MODES:
-        raise ValueError(f"mode must be one of {_MODES}, got {mode!r}.")
-    return mode
-
-
-def _is_local(url: str) -> bool:
-    return "://" not in url or url.startswith("file://")
-
-
-def _local_path(url: str) -> Path:
-    return Path(url[len("file://"):] if url.startswith("file://") else url).expanduser()
-
-
-def _check_protocol(url: str) -> None:
-    protocol = url.split("://", 1)[0]
-    try:
-        fsspec.get_filesystem_class(protocol)
-    except ImportError as err:
-        extra = _EXTRAS.get(protocol)
-        hint = f"pip install 'flyarchive[{extra}]'" if extra else f"install the fsspec backend for {protocol!r}"
-        raise StorageBackendMissingError(
-            f"URL {url!r} uses protocol {protocol!r}, whose package is not installed ({err}). "
-            f"Install it with: {hint}"
-        ) from None
-    except ValueError:
-        known = ", ".join(sorted(p for p in fsspec.available_protocols() if len(p) < 8)[:20])
-        raise StorageError(
-            f"URL {url!r} uses protocol {protocol!r}, which fsspec does not know. "
-            f"Use a local path, file://, memory://, s3://, or another fsspec protocol ({known}...)."
-        ) from None
-
-
-def open_store(
-    url: str, storage_options: Mapping[str, Any] | None = None, *, read_only: bool = False
-) -> zarr.abc.store.Store:
-    """Open a zarr store at any fsspec URL (a local path, ``file://``, ``memory://``, ``s3://``...).
-
-    Local paths get a :class:`~flyarchive.localstore.GuardedLocalStore` (regular files
-    inside the archive only); every store reads pcodec with bounded decoding.
-
-    Raises:
-        StorageBackendMissingError: if the protocol's package is not installed.
-        StorageError: for an unknown protocol, or storage options of the wrong type.
-    """
-    url = str(url)
-    hardening.install_bounded_decoders()
-    if not _is_local(url):  # interop: malformed options are refused before a client is built
-        storage_errors.check_storage_options(url, storage_options)
-    if _is_local(url):
-        if storage_options:
-            raise StorageError(f"storage_options were given for the local path {url!r}; drop them.")
-        path = _local_path(url)
-        if read_only and not path.exists():
-            raise ArchiveNotFoundError(f"Nothing at {url!r}. Check the path.")
-        return GuardedLocalStore(path, read_only=read_only)
-    _check_protocol(url)
-    return zarr.storage.FsspecStore.from_url(
-        url, storage_options=dict(storage_options or {}), read_only=read_only
-    )
-
-
-def archive_exists(store: zarr.abc.store.Store) -> bool:
-    """True if anything (an archive or other objects) is at the store's location."""
-    return _sync(_store_nonempty(store))
-
-
-async def _store_nonempty(store: zarr.abc.store.Store) -> bool:
-    if await store.exists("zarr.json"):
-        return True
-    async for _ in store.list():
-        return True
-    return False
-
-
-def _exists_error(url: str) -> ArchiveExistsError:
-    return ArchiveExistsError(
-        f"Something is already at {url!r}; flyarchive never overwrites without being "
-        "asked. Pass mode='a' to append to that archive, mode='w' to replace it "
-        "(its data is deleted), or choose another URL."
-    )
-
-
-def access_denied(url: str, err: BaseException) -> StorageError:
-    """The error for storage that refuses access (HTTP 403, file permissions)."""
-    return StorageError(
-        f"Access to {url!r} was refused ({type(err).__name__}: {err}). Check the credentials "
-        "(key and secret, profile, or environment) and the permissions of the location."
-    )
-
-
-def unavailable(url: str, err: BaseException) -> StorageError:
-    """The error for storage that failed to answer (after the client's retries)."""
-    return StorageError(
-        f"Reading {url!r} failed ({type(err).__name__}: {err}); the storage did not answer "
-        "after retries. Nothing was changed; retry later."
-    )
-
-
-def refuse_existing(url: str, storage_options: Mapping[str, Any] | None = None) -> None:
-    """Raise :class:`ArchiveExistsError` if anything is at ``url``."""
-    with storage_errors.translated(url, storage_options):  # interop: unreachable, no bucket...
-        exists = archive_exists(open_store(url, storage_options))
-    if exists:
-        raise _exists_error(url)
-
-
-def _sync(coro: Any) -> Any:
-    from zarr.core.sync import sync
-
-    return sync(coro)
-
-
-def open_group(url: str, storage_options: Mapping[str, Any] | None = None, *, mode: str = "r") -> zarr.Group:
-    """Open an existing archive's zarr group and check its schema attributes.
-
-    Raises:
-        ArchiveNotFoundError: if no archive is at ``url``.
-        SchemaError / SchemaVersionError: if it is not a readable flyarchive archive.
-    """
-    store = open_store(url, storage_options, read_only=(mode == "r"))
-    try:
-        group = zarr.open_group(store, mode="r" if mode == "r" else "r+")
-    except storage_errors.client_errors() as err:  # interop: unreachable, no credentials...
-        raise storage_errors.translate(err, url, storage_options) or err from None
-    except PermissionError as err:
-        raise access_denied(url, err) from None
-    except (FileNotFoundError, zarr.errors.GroupNotFoundError, KeyError):
-        raise ArchiveNotFoundError(
-            f"No archive at {url!r}: there is no zarr.json there. Check the URL, or record "
-            "one with flyarchive.TrajectoryRecorder."
-        ) from None
-    except OSError as err:
-        raise unavailable(url, err) from None
-    except (ValueError, TypeError) as err:
-        raise SchemaError(f"The zarr metadata at {url!r} is unreadable ({err}).") from None
-    validate_attrs(group.attrs.asdict())
-    return group
+__all__ = ["ArchiveWriter"]
 
 
 # ----------------------------------------------------------------------------- the writer
 class ArchiveWriter:
     """Appends and commits frames to an archive. One writer per archive, or per block
-    of worlds (see :mod:`flyarchive.claims`).
+    of worlds (see :mod:`flyarchive.store.claims`).
 
     Use :meth:`create` for a new archive or :meth:`append` to resume one, and
     :meth:`close` (or ``with``) when done: the writer holds the archive's claim until
@@ -322,11 +174,11 @@ class ArchiveWriter:
     ) -> "ArchiveWriter":
         store = open_store(url, storage_options)
         if mode == "w-" and archive_exists(store):
-            raise _exists_error(url)
-        if mode == "a" and _sync(inventory(store)) == "archive":
+            raise exists_error(url)
+        if mode == "a" and sync(inventory(store)) == "archive":
             return cls.append(url, spec.layout, storage_options=storage_options,
                               timing=spec.timing, takeover=takeover)
-        local = _local_path(url) if _is_local(url) else None
+        local = local_path(url) if is_local(url) else None
         existed = local is not None and local.exists()
         try:
             writer = claim_archive(store, url, takeover=takeover)
@@ -343,16 +195,16 @@ class ArchiveWriter:
         claim = ([WRITER_KEY], writer)
         ours = False  # True once everything at the location (but the claim) is this writer's
         try:
-            there = _sync(inventory(store))
+            there = sync(inventory(store))
             if there == "archive" and mode == "a":  # made between our look and our claim
                 group = open_group(url, storage_options, mode="r+")
                 stored = check_against(group, url, spec.layout, spec.timing)
                 return cls._opened(group, url, stored, claim)
             if there != "empty" and (mode == "w-" or (mode == "a" and there != "interrupted")):
-                raise _exists_error(url) if there == "archive" else refusal(url, there)
+                raise exists_error(url) if there == "archive" else refusal(url, there)
             ours = True
             if there != "empty":
-                _sync(clear(store))
+                sync(clear(store))
             group = zarr.create_group(store, attributes=root_attrs(spec), zarr_format=3)
             create_arrays(group, spec)
             return cls(group, url, spec.layout, claim=claim)
@@ -391,7 +243,7 @@ class ArchiveWriter:
         group = open_group(url, storage_options, mode="r+")
         stored = check_against(group, url, layout, timing)
         if "n_frames" not in group or "qpos" not in group:
-            there = _sync(inventory(group.store))
+            there = sync(inventory(group.store))
             raise refusal(url, there if there != "archive" else "damaged")
         if world_block is None:
             claims_group(group, world_blocks=False)

@@ -2,7 +2,7 @@
 
 Used by ``tests/test_reliability.py`` and ``scripts/reliability_report.py``.
 :func:`kill_trial` starts a recording in a child process (``python -m
-flyarchive.faults``), SIGKILLs it at a seeded random point, reopens the archive,
+flyarchive.testing.kills``), SIGKILLs it at a seeded random point, reopens the archive,
 compares every committed frame with a deterministic regeneration of the
 simulation, runs :func:`flyarchive.verify`, resumes the recording with
 ``mode="a"`` and checks that the resumed archive equals the full reference.
@@ -233,7 +233,7 @@ def _run_and_kill(url: str, config: KillConfig) -> KillResult:
     wait_frames = int(rng.integers(1, config.max_wait_frames + 1))
     delay = float(rng.uniform(0.0, config.max_delay_s))
     env = {**os.environ, "MUJOCO_GL": os.environ.get("MUJOCO_GL", "egl")}
-    cmd = [sys.executable, "-m", "flyarchive.faults", config.backend, url,
+    cmd = [sys.executable, "-m", "flyarchive.testing.kills", config.backend, url,
            "--worlds", str(config.n_worlds), "--chunk-frames", str(config.chunk_frames)]
     stderr = tempfile.TemporaryFile(mode="w+")  # a pipe left unread could block the child
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=stderr, text=True, env=env)
@@ -294,7 +294,7 @@ def _compare(ds: Any, ref: dict[str, np.ndarray], n: int, what: str, problems: l
 def _check_archive(url: str, result: KillResult) -> int:
     from flyarchive import open_archive
     from flyarchive.store import open_group
-    from flyarchive.integrity import verify
+    from flyarchive.store.integrity import verify
 
     try:
         ds = open_archive(url)
@@ -388,7 +388,7 @@ S3_OUTCOMES = (
 
 @dataclass
 class S3FaultResult:
-    """One operation (record, read, render) through :class:`~flyarchive.faultproxy.FaultProxy`.
+    """One operation (record, read, render) through :class:`~flyarchive.testing.faultproxy.FaultProxy`.
 
     Attributes:
         operation: ``"record"``, ``"read"`` or ``"render"``.
@@ -434,7 +434,7 @@ def _archive_outcome(url: str, options: dict[str, Any], ref: dict[str, np.ndarra
                      min_committed: int) -> tuple[str, int]:
     """Judge an archive after a (possibly failed) recording, through a clean connection."""
     from flyarchive import open_archive
-    from flyarchive.integrity import verify
+    from flyarchive.store.integrity import verify
 
     try:
         ds = open_archive(url, options)
@@ -459,13 +459,13 @@ def s3_record_trial(server: Any, plan: Any, url: str, *, n_worlds: int = 2, n_fr
     """Record ``n_frames`` tiny frames to ``url`` through a fault proxy, then judge the archive.
 
     Args:
-        server: A running :class:`~flyarchive.testing_s3.S3Server` (the bucket must exist).
-        plan: The :class:`~flyarchive.faultproxy.FaultPlan` for the proxy.
+        server: A running :class:`~flyarchive.testing.s3.S3Server` (the bucket must exist).
+        plan: The :class:`~flyarchive.testing.faultproxy.FaultPlan` for the proxy.
         url: ``s3://bucket/key`` of a new archive.
     """
     from flyarchive import TrajectoryRecorder
     from flyarchive.testing import reference_frames, simulate, tiny_model
-    from flyarchive.faultproxy import FaultProxy
+    from flyarchive.testing.faultproxy import FaultProxy
 
     model = tiny_model()
     steps = 4 * (n_frames - 1)
@@ -509,7 +509,7 @@ def s3_read_trial(server: Any, plan: Any, url: str) -> S3FaultResult:
 def s3_render_trial(server: Any, plan: Any, url: str, camera: str = "front",
                     size: tuple[int, int] = (48, 64)) -> S3FaultResult:
     """Render the frames of an archive through a fault proxy; compare with a clean render."""
-    from flyarchive.render import render_frames
+    from flyarchive.distribute.api import render_frames
     from flyarchive.testing import tiny_model
 
     model = tiny_model()
@@ -528,7 +528,7 @@ def _through_proxy(server: Any, plan: Any, operation: str, run: Callable[[dict[s
                    expected: Any) -> S3FaultResult:
     import xarray as xr
 
-    from flyarchive.faultproxy import FaultProxy
+    from flyarchive.testing.faultproxy import FaultProxy
 
     with FaultProxy(server.endpoint_url, plan) as proxy:
         try:
@@ -548,6 +548,7 @@ def _through_proxy(server: Any, plan: Any, operation: str, run: Callable[[dict[s
         same, holes = np.array_equal(actual, expected), False
     outcome = "equal" if same else "silent-hole" if holes else "wrong-data"
     return S3FaultResult(operation, plan.seed, stats, outcome)
+
 
 if __name__ == "__main__":
     sys.exit(_main())

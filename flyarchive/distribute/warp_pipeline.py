@@ -40,19 +40,17 @@ import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from flyarchive.distribute.plan import Batch, Piece, pack_batches
+from flyarchive.distribute.workspace import scratch_dir
 from flyarchive.errors import RenderBackendError
-from flyarchive.workspace import scratch_dir
+from flyarchive.store import StateReader
 
-__all__ = [
-    "Batch", "Piece", "pack_batches", "split_groups", "warp_device", "render_jobs",
-    "run_warp_plan", "runs_here", "batch_source",
-]
+__all__ = ["warp_device", "render_jobs", "batch_worlds_of", "progress_bar", "STATS"]
 
 #: Host frame buffers, one batch each: batches being rendered or waiting for their
 #: encoders at one time (the host memory bound).
@@ -72,84 +70,6 @@ STATS: dict[str, float] = dict.fromkeys(
     ("wait_read_s", "wait_encoders_s", "submit_s", "wait_gpu_s", "encode_s", "publish_s",
      "encoder_threads"), 0.0)
 _STOP = object()
-
-
-@dataclass(frozen=True)
-class Piece:
-    """Frames ``[start, stop)`` of ``plan.jobs[job]``, rows ``[offset, offset + n)`` of a batch."""
-
-    job: int
-    start: int
-    stop: int
-    offset: int
-
-    @property
-    def n(self) -> int:
-        return self.stop - self.start
-
-
-@dataclass(frozen=True)
-class Batch:
-    """Up to ``B`` states to render together: consecutive pieces of world-major work."""
-
-    pieces: tuple[Piece, ...]
-
-    @property
-    def n(self) -> int:
-        return sum(p.n for p in self.pieces)
-
-
-def pack_batches(jobs: Sequence[Any], batch_worlds: int) -> list[Batch]:
-    """Pack the frames of ``jobs`` world-major into batches of ``batch_worlds`` states.
-
-    Every batch but the last is full; a job's frames keep their order across batches.
-
-    Args:
-        jobs: :class:`flyarchive.render.VideoJob` s (``start``, ``stop`` archive indices).
-        batch_worlds: ``B``, states per batch, ``>= 1``.
-
-    Returns:
-        The batches, in rendering order; ``Piece.job`` indexes ``jobs``.
-    """
-    if batch_worlds < 1:
-        raise ValueError(f"batch_worlds must be at least 1, got {batch_worlds!r}.")
-    batches: list[Batch] = []
-    pieces: list[Piece] = []
-    filled = 0
-    for index, job in enumerate(jobs):
-        k = job.start
-        while k < job.stop:
-            take = min(batch_worlds - filled, job.stop - k)
-            pieces.append(Piece(index, k, k + take, filled))
-            filled += take
-            k += take
-            if filled == batch_worlds:
-                batches.append(Batch(tuple(pieces)))
-                pieces, filled = [], 0
-    if pieces:
-        batches.append(Batch(tuple(pieces)))
-    return batches
-
-
-def split_groups(jobs: Sequence[Any], batch_worlds: int, n_groups: int) -> list[tuple[Any, ...]]:
-    """Split jobs, in order, into at most ``n_groups`` groups of whole videos.
-
-    Each group holds about the same number of frames, rounded up to whole batches, so
-    only a group's last batch can be partial (a partial batch costs a full one).
-
-    Returns:
-        Non-empty tuples of jobs; concatenated, they are ``jobs``.
-    """
-    ends = np.cumsum([job.n_frames for job in jobs])  # frames up to the end of each job
-    total = int(ends[-1]) if len(ends) else 0
-    cuts: list[int] = [0]
-    for i in range(1, max(1, n_groups)):
-        target = round(i * total / n_groups / batch_worlds) * batch_worlds
-        cut = int(np.argmin(np.abs(ends - target))) + 1  # jobs before the cut
-        if cuts[-1] < cut < len(jobs):
-            cuts.append(cut)
-    cuts.append(len(jobs))
-    return [tuple(jobs[a:b]) for a, b in zip(cuts, cuts[1:]) if b > a]
 
 
 def warp_device(backend: str) -> str:
@@ -191,7 +111,7 @@ def _in_flight() -> int:
     return max(2, int(os.environ.get("FLYARCHIVE_BATCHES_IN_FLIGHT", 0)) or _BATCHES_IN_FLIGHT)
 
 
-def _batch_worlds(options: Any) -> int:
+def batch_worlds_of(options: Any) -> int:
     """States per batch: ``options.batch_worlds``, at most ``_CPU_BATCH_WORLDS`` on the CPU."""
     if options.backend == "warp-cpu":
         return min(options.batch_worlds, _CPU_BATCH_WORLDS)
@@ -201,8 +121,8 @@ def _batch_worlds(options: Any) -> int:
 def _renderer(blob: bytes, cameras: tuple[str, ...], size: tuple[int, int],
               batch_worlds: int, device: str) -> Any:
     """One cached :class:`WarpBatchRenderer` per process (the last one asked for)."""
-    from flyarchive.distributed import model_from_bytes
-    from flyarchive.replay.gpu import WarpBatchRenderer
+    from flyarchive.models import model_from_bytes
+    from flyarchive.replay.warp import WarpBatchRenderer
 
     buffers = _in_flight()  # a batch's frames stay valid until it is encoded
     key = (hashlib.sha256(blob).hexdigest(), cameras, tuple(size), batch_worlds, device, buffers)
@@ -223,12 +143,12 @@ def render_jobs(plan: Any, blob: bytes, jobs: Sequence[Any], device: str, *,
     """Render and encode every video of ``jobs`` in this process, on one Warp device.
 
     Args:
-        plan: The :class:`flyarchive.distributed.RenderPlan` (archive, cameras, output,
+        plan: The :class:`flyarchive.distribute.cpu_tasks.RenderPlan` (archive, cameras, output,
             options).
         blob: The compiled model as MJB bytes.
         jobs: The videos to make (a subset of ``plan.jobs``, or all of them).
         device: Warp device, ``"cuda"``, ``"cuda:1"`` or ``"cpu"``.
-        parts: The run's parts folder (:class:`flyarchive.workspace.RunFolder`): finished
+        parts: The run's parts folder (:class:`flyarchive.distribute.workspace.RunFolder`): finished
             videos are staged in it on local disk, and none is published once it is gone
             (the run was given up). None: stage beside each video.
         on_frames: Called with the number of frames of each batch rendered (for a
@@ -247,9 +167,9 @@ def render_jobs(plan: Any, blob: bytes, jobs: Sequence[Any], device: str, *,
     jobs = tuple(jobs)
     options = plan.options
     # No bigger than the work: a partial batch costs a full one.
-    batch_worlds = min(_batch_worlds(options), sum(job.n_frames for job in jobs))
+    batch_worlds = min(batch_worlds_of(options), sum(job.n_frames for job in jobs))
     batches = pack_batches(jobs, batch_worlds)
-    source = batch_source(plan.url, plan.storage_options)
+    source = StateReader(plan.url, plan.storage_options)
     with _renderers_lock:  # one batch stream per device at a time in a process
         renderer = _renderer(blob, tuple(plan.cameras), tuple(options.size), batch_worlds,
                              device)
@@ -257,7 +177,7 @@ def render_jobs(plan: Any, blob: bytes, jobs: Sequence[Any], device: str, *,
             encoders = _Encoders(plan, jobs, Path(tmp), renderer.pixel_format, parts)
             bar = None
             if on_frames is None:
-                bar = _progress_bar(sum(b.n for b in batches), options.progress)
+                bar = progress_bar(sum(b.n for b in batches), options.progress)
                 on_frames = None if bar is None else bar.update
             try:
                 _render_batches(source, jobs, batches, renderer, renderer.default_state,
@@ -325,7 +245,7 @@ def _blacken(frames: np.ndarray, rows: np.ndarray, pixel_format: str) -> None:
     frames[rows, :, luma_rows:] = 128
 
 
-def _progress_bar(total: int, show: bool) -> Any:
+def progress_bar(total: int, show: bool) -> Any:
     if not show:
         return None
     from tqdm import tqdm
@@ -351,21 +271,6 @@ def _fill_invalid(qpos: np.ndarray, mocap_pos: np.ndarray | None, mocap_quat: np
     return valid
 
 
-# ----------------------------------------------------------------------------- reading
-def batch_source(url: str, storage_options: dict[str, Any] | None = None
-                 ) -> tuple[str, dict[str, Any]]:
-    """``(url, {name: zarr array})``: the state arrays batches are read from.
-
-    Opened once, with the schema checked (:func:`flyarchive.store.open_group`), and read
-    with zarr directly: xarray and dask cost ~6x more per batch, and the reader must keep
-    up with the GPU while the encoders load every core.
-    """
-    from flyarchive.store import open_group
-
-    group = open_group(url, storage_options or None)
-    return url, {n: group[n] for n in ("qpos", "mocap_pos", "mocap_quat") if n in group}
-
-
 @contextmanager
 def _read_ahead(source: tuple[str, dict[str, Any]], jobs: tuple[Any, ...], batches: list[Batch]
                 ) -> Iterator[Iterator[Any]]:
@@ -386,7 +291,8 @@ def _read_ahead(source: tuple[str, dict[str, Any]], jobs: tuple[Any, ...], batch
     def read_all() -> None:
         try:
             for batch in batches:
-                if not offer(_read_batch(source, jobs, batch)):
+                pieces = [(jobs[p.job].world_index, p.start, p.stop) for p in batch.pieces]
+                if not offer(source.read(pieces)):
                     return
         except BaseException as err:  # handed to the consumer
             offer(err)
@@ -405,47 +311,6 @@ def _read_ahead(source: tuple[str, dict[str, Any]], jobs: tuple[Any, ...], batch
     finally:
         stop.set()
         thread.join()
-
-
-def _read_batch(source: tuple[str, dict[str, Any]], jobs: tuple[Any, ...], batch: Batch
-                ) -> tuple[np.ndarray, np.ndarray | None, np.ndarray | None]:
-    """``(n, nq)`` qpos and ``(n, nmocap, 3|4)`` mocap of a batch, host float32 arrays.
-
-    ``source`` is ``(url, {name: zarr array})``. The bounding block of worlds x frames
-    is read at once when it holds at most twice the frames needed (the usual case:
-    whole recordings of consecutive worlds); else one read per piece. Jobs hold
-    committed frames only, so no masking is needed.
-
-    Raises:
-        CorruptArchiveError: stored bytes fail their checksum or do not decode.
-    """
-    from flyarchive.query import corrupt_read
-
-    url, arrays = source
-    try:
-        return _read_batch_unchecked(arrays, jobs, batch)
-    except ValueError as err:
-        worlds = sorted({jobs[p.job].world_id for p in batch.pieces})
-        raise corrupt_read(url, f"the states of worlds {worlds}", err) from None
-
-
-def _read_batch_unchecked(arrays: dict[str, Any], jobs: tuple[Any, ...], batch: Batch
-                          ) -> tuple[np.ndarray, np.ndarray | None, np.ndarray | None]:
-    out = {n: np.empty((batch.n, *a.shape[2:]), dtype=np.float32) for n, a in arrays.items()}
-    rows = [jobs[p.job].world_index for p in batch.pieces]
-    w0, w1 = min(rows), max(rows) + 1
-    k0 = min(p.start for p in batch.pieces)
-    k1 = max(p.stop for p in batch.pieces)
-    if (w1 - w0) * (k1 - k0) <= 2 * batch.n:
-        block = {n: a[w0:w1, k0:k1] for n, a in arrays.items()}
-        for p, row in zip(batch.pieces, rows):
-            for n in arrays:
-                out[n][p.offset:p.offset + p.n] = block[n][row - w0, p.start - k0:p.stop - k0]
-    else:
-        for p, row in zip(batch.pieces, rows):
-            for n, a in arrays.items():
-                out[n][p.offset:p.offset + p.n] = a[row, p.start:p.stop]
-    return out["qpos"], out.get("mocap_pos"), out.get("mocap_quat")
 
 
 # ----------------------------------------------------------------------------- encoding
@@ -628,9 +493,9 @@ class _Encoders:
             STATS["publish_s"] += time.perf_counter() - clock
 
     def _publish(self, key: tuple[int, int], writer: Any) -> None:
-        from flyarchive.distributed import given_up_error, local_staging
+        from flyarchive.distribute.cpu_tasks import given_up_error, local_staging
+        from flyarchive.distribute.workspace import RunFolder
         from flyarchive.video import write_output
-        from flyarchive.workspace import RunFolder
 
         plan, job, camera = self._plan, self._jobs[key[0]], self._cameras[key[1]]
         writer.close()
@@ -649,116 +514,3 @@ class _Encoders:
             "world": job.world_id, "camera": camera, "path": url, "frames": job.n_frames,
             "first_frame": job.start, "fps": plan.fps, "size": list(plan.options.size),
         }
-
-
-# ----------------------------------------------------------------------------- drivers
-def run_warp_plan(plan: Any, blob: bytes, parts: str | None = None, *, client: Any = None,
-                  scheduler: str | None = None, n_workers: int | None = None,
-                  in_process: bool = False) -> list[dict[str, Any]]:
-    """Render a plan on the Warp backend of ``plan.options.backend``; the manifest entries.
-
-    ``"gpu"``: without ``client`` and ``scheduler`` everything runs in this process (one
-    process drives one GPU); with either, groups of whole videos go to Dask workers
-    that hold the resource ``GPU`` (start them with ``--resources GPU=1``, one per GPU).
-
-    ``"warp-cpu"``: Warp runs a CPU kernel on one core, so by default groups of whole
-    videos go to a LocalCluster of ``n_workers`` single-core worker processes (one per
-    core), or to the workers of ``client`` / ``scheduler``; ``in_process=True`` (or a
-    single core) renders here.
-
-    Args:
-        plan: :class:`flyarchive.distributed.RenderPlan` with a Warp backend.
-        blob: The compiled model as MJB bytes.
-        parts: The run's parts folder (see :func:`render_jobs`).
-        client: A ``distributed.Client``.
-        scheduler: A scheduler address, used when ``client`` is None.
-        n_workers: Worker processes of the LocalCluster (``"warp-cpu"`` only).
-        in_process: Render in this process (when no client or scheduler is given).
-
-    Returns:
-        One entry per (world, camera) in ``plan.jobs`` order, then camera order:
-        ``{"world", "camera", "path", "frames", "first_frame", "fps", "size"}``.
-
-    Raises:
-        RenderBackendError: no CUDA device for ``"gpu"`` here, or no worker of the
-            cluster offers the ``GPU`` resource.
-        RenderFailedError: a group failed on a worker (the message names its worlds).
-        OutputExistsError, VideoEncodeError, StorageError.
-    """
-    from flyarchive.distributed import connect
-
-    if runs_here(plan.options.backend, len(plan.jobs), client=client, scheduler=scheduler,
-                 n_workers=n_workers, in_process=in_process):
-        return render_jobs(plan, blob, plan.jobs, warp_device(plan.options.backend), parts=parts)
-    with connect(client, scheduler, n_workers) as dask_client:
-        return _run_dask(plan, blob, parts, dask_client)
-
-
-def runs_here(backend: str, n_videos: int, *, client: Any = None, scheduler: str | None = None,
-              n_workers: int | None = None, in_process: bool = False) -> bool:
-    """Whether :func:`run_warp_plan` renders in this process rather than on Dask."""
-    if client is not None or scheduler is not None:
-        return False
-    n = n_workers if n_workers is not None else (os.cpu_count() or 1)
-    return backend == "gpu" or in_process or n <= 1 or n_videos <= 1
-
-
-def _run_on_worker(plan: Any, blob: bytes, jobs: tuple[Any, ...], parts: str | None,
-                   topic: str | None) -> list[dict[str, Any]]:
-    """A Dask task: one group of videos on the worker's Warp device (checked there).
-
-    With a ``topic``, frames rendered are reported as events to the client, which shows
-    the one progress bar; the worker shows none.
-    """
-    on_frames = None
-    if topic is not None:
-        from distributed import get_worker
-
-        worker = get_worker()
-        on_frames = lambda n: worker.log_event(topic, n)  # noqa: E731
-    quiet = dataclasses.replace(plan, options=dataclasses.replace(plan.options, progress=False))
-    return render_jobs(quiet, blob, jobs, warp_device(plan.options.backend), parts=parts,
-                       on_frames=on_frames)
-
-
-def _run_dask(plan: Any, blob: bytes, parts: str | None, client: Any) -> list[dict[str, Any]]:
-    from flyarchive.distributed import cancel_quietly, scatter_model, task_result
-
-    workers = client.scheduler_info().get("workers", {})
-    resources = {"GPU": 1} if plan.options.backend == "gpu" else {}
-    able = [a for a, w in workers.items()
-            if all(w.get("resources", {}).get(k, 0) >= v for k, v in resources.items())]
-    if not able:
-        raise RenderBackendError(
-            f"None of the cluster's {len(workers)} worker(s) offers the resource 'GPU', so "
-            f"backend={plan.options.backend!r} batches cannot be placed. Start workers with "
-            "`dask worker SCHEDULER --nthreads 1 --resources GPU=1` (one per GPU), or pass "
-            "no client to render in this process."
-        )
-    groups = split_groups(plan.jobs, _batch_worlds(plan.options), len(able))
-    blob_future = scatter_model(client, blob)
-    # One group per worker, placed explicitly: the scheduler would put the first tasks
-    # together on the worker holding the data (every worker holds the model).
-    bar = _progress_bar(sum(job.n_frames for job in plan.jobs), plan.options.progress)
-    topic = None
-    if bar is not None:
-        topic = f"flyarchive-progress-{os.getpid()}-{time.monotonic_ns()}"
-        client.subscribe_topic(topic, lambda event: bar.update(event[1]))
-    futures = [
-        client.submit(_run_on_worker, plan, blob_future, group, parts, topic,
-                      resources=resources or None, workers=[able[i % len(able)]],
-                      allow_other_workers=True, pure=False)
-        for i, group in enumerate(groups)
-    ]
-    try:
-        entries: list[dict[str, Any]] = []
-        for future, group in zip(futures, groups):
-            entries.extend(task_result(future, f"worlds {[job.world_id for job in group]}"))
-        return entries
-    except BaseException:
-        cancel_quietly(client, futures)
-        raise
-    finally:
-        if bar is not None:
-            client.unsubscribe_topic(topic)
-            bar.close()

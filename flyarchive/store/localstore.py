@@ -6,7 +6,7 @@ belongs, a folder symlinked out of the archive (writes land outside it).
 :class:`GuardedLocalStore` resolves every key and refuses one that leads out of the
 archive root, ``lstat``s before opening and opens with ``O_NOFOLLOW | O_NONBLOCK``,
 reads only regular files, bounds each file's size by what its array's declared
-shapes can need (:mod:`flyarchive.hardening`), and checks metadata files before
+shapes can need (:mod:`flyarchive.store.hardening`), and checks metadata files before
 zarr parses them. A writable store refuses, when it is made, an archive holding a
 folder symlinked out of it (down to an array's ``c/<world block>`` folders), before
 anything is written; every write checks its own path.
@@ -28,8 +28,8 @@ import zarr.storage
 from zarr.abc.store import ByteRequest, OffsetByteRequest, RangeByteRequest, SuffixByteRequest
 from zarr.core.buffer import Buffer, BufferPrototype, default_buffer_prototype
 
-from flyarchive import hardening
-from flyarchive.errors import CorruptArchiveError
+from flyarchive.errors import UnsafeFileError
+from flyarchive.store import hardening
 
 __all__ = ["GuardedLocalStore", "UnsafeFileError"]
 
@@ -41,10 +41,6 @@ _KINDS = {stat.S_IFIFO: "a FIFO (named pipe)", stat.S_IFCHR: "a character device
           stat.S_IFLNK: "a symbolic link"}
 
 
-class UnsafeFileError(CorruptArchiveError):
-    """A file of a local archive that flyarchive refuses to open or write through: not a
-    regular file, leading out of the archive, or larger than its array can need. The
-    message names the file and points at ``flyarchive verify``."""
 
 
 class GuardedLocalStore(zarr.storage.LocalStore):

@@ -270,7 +270,7 @@ def _problems(result: RenderKillResult, rerun: subprocess.CompletedProcess[str])
 
 
 def _main(argv: list[str] | None = None) -> int:
-    """``python -m flyarchive.faults_render [--where dask] [--how int] [--seed 3]``: one
+    """``python -m flyarchive.testing.render_kills [--where dask] [--how int] [--seed 3]``: one
     trial, printed as JSON."""
     import argparse
     import json

@@ -25,22 +25,21 @@ import mujoco
 import numpy as np
 
 from flyarchive.errors import (
-    FrameSizeError,
     LayoutMismatchError,
     NonFiniteStateError,
     SelectionError,
     missing_dependency,
 )
 from flyarchive.models import camera_ids
+from flyarchive.replay.frames import PIXEL_FORMATS, frame_shape, parse_frame_size
 from flyarchive.replay.warp_model import prepare_for_batch_rendering
-from flyarchive.video import PIXEL_FORMATS, frame_shape, parse_video_size
 
 try:
     import mujoco_warp as mjw
     import warp as wp
 except ImportError as exc:  # pragma: no cover - depends on the environment
     raise missing_dependency(
-        "warp", "gpu", "Rendering with mujoco-warp (flyarchive.replay.gpu)"
+        "warp", "gpu", "Rendering with mujoco-warp (flyarchive.replay.warp)"
     ) from exc
 from flyarchive.warp_log import configure_warp  # noqa: E402  (interop: Warp quiet unless verbose)
 
@@ -214,9 +213,8 @@ class WarpBatchRenderer:
             raise ValueError(f"host_buffers={host_buffers!r} must be at least 1.")
         self._n_host = int(host_buffers)
         self._next_host = 0
-        self._size = _parse_size(size)
-        if pixel_format == "yuv420p":
-            parse_video_size(self._size)  # even sides, or a FrameSizeError naming them
+        # I420 needs even sides: a FrameSizeError naming the nearest even sizes.
+        self._size = parse_frame_size(size, even=pixel_format == "yuv420p")
         if int(batch_worlds) < 1:
             raise ValueError(
                 f"batch_worlds={batch_worlds!r} cannot hold a state. Pass a positive integer."
@@ -537,20 +535,6 @@ class WarpBatchRenderer:
 def _parse_cameras(model: mujoco.MjModel, cameras: str | Sequence[str]) -> tuple[str, ...]:
     camera_ids(model, cameras)  # raises CameraNotFoundError with the model's cameras
     return (cameras,) if isinstance(cameras, str) else tuple(cameras)
-
-
-def _parse_size(size: Any) -> tuple[int, int]:
-    try:
-        height, width = (int(v) for v in size)
-    except (TypeError, ValueError):
-        raise FrameSizeError(
-            f"size={size!r} is not a frame size. Pass (height, width) in pixels, e.g. (240, 320)."
-        ) from None
-    if height < 1 or width < 1:
-        raise FrameSizeError(
-            f"size={size!r} has a side below 1 pixel. Pass positive (height, width)."
-        )
-    return height, width
 
 
 def _parse_batch(qpos: np.ndarray, nq: int, batch_worlds: int) -> int:

@@ -1,0 +1,244 @@
+"""The public replay entry points: render worlds and time windows of an archive to
+videos (:func:`render_videos`) or to lazy frames (:func:`render_frames`).
+
+``render_videos`` selects frames (:mod:`flyarchive.query.frames`), makes a plan
+(:mod:`~flyarchive.distribute.plan`), checks it before any work, and runs it
+(:mod:`~flyarchive.distribute.drivers`): in this process, on a local Dask cluster it
+starts, or on the cluster given.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import mujoco
+import numpy as np
+import xarray as xr
+
+from flyarchive.distribute.drivers import run_plan
+from flyarchive.distribute.plan import RenderPlan, absolute_url, preflight
+from flyarchive.errors import RenderOptionsError
+from flyarchive.layout import ModelLayout, check_compatible
+from flyarchive.models import model_bytes
+from flyarchive.query import open_archive
+from flyarchive.query.frames import VideoJob, select_frames
+from flyarchive.video import VideoOptions
+
+__all__ = [
+    "RenderOptions", "RenderResult", "VideoJob", "render_videos", "render_frames", "select_frames",
+    "default_video_options",
+]
+
+BACKENDS = ("cpu", "gpu", "warp-cpu")
+
+
+@dataclass(frozen=True)
+class RenderOptions:
+    """How to render.
+
+    Attributes:
+        size: ``(height, width)`` of each frame, pixels; both even (H.264 yuv420p).
+        backend: ``"cpu"`` (mujoco.Renderer, OpenGL/EGL, bit-exact), ``"gpu"``
+            (mujoco-warp batch renderer on CUDA) or ``"warp-cpu"`` (the same renderer on
+            Warp's CPU device).
+        segment_frames: Frames per independently encoded segment (a Dask task).
+        batch_worlds: States per batch for the Warp backends (at most 4 on
+            ``"warp-cpu"``, whose CPU device renders them one after another).
+        video: Encoder settings. ``None`` (default): :func:`default_video_options` of
+            the backend: x264 ``veryfast``, or ``ultrafast`` on ``"gpu"``.
+        overwrite: Replace existing videos.
+        progress: Show a progress bar in this process (one, however many workers).
+    """
+
+    size: tuple[int, int] = (240, 320)
+    backend: str = "cpu"
+    segment_frames: int = 100
+    batch_worlds: int = 256
+    video: VideoOptions = None  # type: ignore[assignment]  # set in __post_init__
+    overwrite: bool = False
+    progress: bool = False
+
+    def __post_init__(self) -> None:
+        if self.backend not in BACKENDS:
+            raise RenderOptionsError(
+                f"Unknown backend {self.backend!r}. Backends: {', '.join(map(repr, BACKENDS))}."
+            )
+        for name in ("segment_frames", "batch_worlds"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise RenderOptionsError(f"{name} must be an integer of at least 1, got {value!r}.")
+        if self.video is None:
+            object.__setattr__(self, "video", default_video_options(self.backend))
+        elif not isinstance(self.video, VideoOptions):
+            raise TypeError(f"video must be a VideoOptions or None, got {self.video!r}.")
+
+
+def default_video_options(backend: str) -> VideoOptions:
+    """The encoder settings a backend uses unless told otherwise.
+
+    Both encode H.264 yuv420p at ``crf=18``. On ``"gpu"`` the x264 encoders on the host
+    CPU are the slowest stage, so it uses the ``ultrafast`` preset: measured on an
+    H200 host with 16 cores, NeuroMechFly 240x320, it costs 0.7 ms of CPU per frame
+    against about 2 for ``veryfast``, for files about 3x larger at the same quality
+    setting. The OpenGL and Warp CPU backends render far slower than they encode and
+    keep ``veryfast``.
+    """
+    return VideoOptions(preset="ultrafast") if backend == "gpu" else VideoOptions()
+
+
+@dataclass(frozen=True)
+class RenderResult:
+    """What :func:`render_videos` wrote.
+
+    Attributes:
+        videos: One entry per (world, camera), as in the manifest (:mod:`flyarchive.video.manifest`):
+            world, camera, path, frames, first_frame, frame_range, start_time, end_time,
+            fps, size, backend, video.
+        manifest: Path or URL of the JSON manifest beside the videos.
+    """
+
+    videos: list[dict[str, Any]]
+    manifest: str
+
+
+def _check_model(ds: xr.Dataset, model: mujoco.MjModel) -> None:
+    check_compatible(ModelLayout.from_attrs(ds.attrs["layout"]), ModelLayout.from_model(model))
+
+
+def render_videos(
+    source: str,
+    model: mujoco.MjModel,
+    cameras: str | Sequence[str],
+    out: str,
+    *,
+    worlds: Sequence[int] | None = None,
+    time: tuple[float | None, float | None] | None = None,
+    options: RenderOptions = RenderOptions(),
+    client: Any = None,
+    scheduler: str | None = None,
+    n_workers: int | None = None,
+    storage_options: Mapping[str, Any] | None = None,
+    out_storage_options: Mapping[str, Any] | None = None,
+) -> RenderResult:
+    """Render worlds of an archive to one mp4 per (world, camera), plus a JSON manifest.
+
+    Videos are ``{out}/world{id:05d}/{camera}.mp4`` (camera names sanitized); the
+    manifest is ``{out}/manifest.json``. Work runs on Dask: ``client`` if given, else
+    the scheduler at ``scheduler``, else a local cluster of ``n_workers`` processes (one
+    per core by default); ``n_workers=0`` renders in this process. ``memory://``
+    archives are rendered in this process (worker processes cannot see them).
+
+    Local paths (``source``, ``out``, also as ``file://``) are made absolute here, with
+    ``~`` expanded, before they go to workers, which may run in other folders. The
+    output folder is checked (and created) before anything is rendered. A final video
+    name never holds a partial video: segments go to ``{out}/.parts-{run}/``, which is
+    removed at the end, on errors and on Ctrl-C; one left by a killed run is removed by
+    the next run into ``out`` (:mod:`flyarchive.distribute.workspace`).
+
+    Args:
+        source: Archive URL.
+        model: The compiled model it was recorded with (checked against the layout).
+        cameras: Camera name(s).
+        out: Output folder: a local path or an fsspec URL; created if missing.
+        worlds: World ids (default: all with frames).
+        time: ``(start, end)`` simulated seconds (default: everything).
+        options: Size, backend, segment length, encoder settings, overwrite, progress.
+        storage_options: fsspec options for the archive.
+        out_storage_options: fsspec options for ``out`` (default: ``storage_options``
+            when ``out`` uses the archive's protocol).
+
+    Raises:
+        CameraNotFoundError, LayoutMismatchError, SelectionError, FrameSizeError,
+        OutputExistsError (a video exists without ``overwrite``, or a folder is where a
+        video goes), StorageError (``out`` is a file or cannot be written; nothing
+        is rendered), RenderBackendError, RenderFailedError (a task failed on a worker;
+        the message names the world).
+    """
+    from flyarchive.distribute.workspace import RunFolder
+    from flyarchive.video.manifest import describe, write_manifest
+
+    cameras = (cameras,) if isinstance(cameras, str) else tuple(cameras)
+    source, out = absolute_url(source), absolute_url(out).rstrip("/")
+    ds = open_archive(source, storage_options)
+    _check_model(ds, model)
+    jobs = select_frames(ds, worlds, time)
+    if out_storage_options is None and _protocol(out) == _protocol(source) != "file":
+        out_storage_options = storage_options
+    plan = RenderPlan(
+        url=source, storage_options=dict(storage_options or {}), cameras=cameras,
+        out=out, out_storage_options=dict(out_storage_options or {}),
+        fps=float(ds.attrs["output_fps"]), options=options, jobs=tuple(jobs),
+    )
+    preflight(plan, model)
+    in_process = n_workers == 0 or source.startswith("memory://")
+    with RunFolder.create(plan.out, plan.out_storage_options) as run:
+        videos = run_plan(plan, model_bytes(model), run.url, client=client,
+                          scheduler=scheduler, n_workers=n_workers,
+                          in_process=in_process and client is None)
+        videos = [describe(plan, ds, v) for v in videos]
+        manifest = write_manifest(plan, ds, videos, staging=run.local)
+    return RenderResult(videos, manifest)
+
+
+def _protocol(url: str) -> str:
+    """``"s3"`` for ``s3://...``; ``"file"`` for local paths."""
+    protocol, sep, _ = url.partition("://")
+    return protocol if sep and protocol != "local" else "file"
+
+
+def render_frames(
+    source: str,
+    model: mujoco.MjModel,
+    camera: str,
+    *,
+    worlds: Sequence[int] | None = None,
+    time: tuple[float | None, float | None] | None = None,
+    size: tuple[int, int] = (240, 320),
+    block_frames: int = 16,
+    storage_options: Mapping[str, Any] | None = None,
+) -> xr.DataArray:
+    """Frames of one camera as a lazy ``(world, time, y, x, channel)`` uint8 DataArray.
+
+    Nothing is rendered until computed; computing a slice renders only the blocks of
+    ``block_frames`` frames it touches (on the CPU OpenGL backend). The time axis runs
+    from the first to the last selected frame of any world; frames past a world's
+    ``n_frames`` (a ragged archive) are black. A local ``source`` is made absolute, so
+    the graph computes on workers started in other folders.
+
+    Raises:
+        CameraNotFoundError, LayoutMismatchError, SelectionError.
+    """
+    import dask
+    import dask.array as da
+
+    from flyarchive.distribute.cpu_tasks import render_block
+    from flyarchive.models import camera_ids
+
+    camera_ids(model, camera)
+    source = absolute_url(source)
+    ds = open_archive(source, storage_options)
+    _check_model(ds, model)
+    jobs = select_frames(ds, worlds, time)
+    start, stop = min(j.start for j in jobs), max(j.stop for j in jobs)
+    blob = dask.delayed(model_bytes(model), name="flyarchive-model")  # once, not per task
+    h, w = size
+    rows = []
+    for job in jobs:
+        blocks = []
+        for k0 in range(start, stop, block_frames):
+            k1 = min(k0 + block_frames, stop)
+            task = dask.delayed(render_block, pure=True)(
+                source, dict(storage_options or {}), blob, camera, (h, w),
+                job.world_index, k0, k1, committed=job.stop,
+            )
+            blocks.append(da.from_delayed(task, shape=(k1 - k0, h, w, 3), dtype=np.uint8))
+        rows.append(da.concatenate(blocks, axis=0))
+    data = da.stack(rows, axis=0)
+    return xr.DataArray(
+        data, dims=("world", "time", "y", "x", "channel"),
+        coords={"world": [j.world_id for j in jobs], "time": ds.time.values[start:stop],
+                "channel": ["r", "g", "b"]},
+        name=camera, attrs={"camera": camera, "output_fps": ds.attrs["output_fps"]},
+    )

@@ -1,0 +1,189 @@
+"""Render plans: what to render and where, as plain values sent to workers.
+
+A plan holds the archive URL (absolute), the cameras, the output folder, the options and
+the videos to make (:class:`flyarchive.query.frames.VideoJob`, one per world). The CPU
+backend cuts each video into segments; the Warp backends pack (world, frame) states into
+batches and split the videos into groups, one per worker.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import mujoco
+import numpy as np
+
+from flyarchive.distribute.workspace import filesystem as _filesystem
+from flyarchive.distribute.workspace import is_local_fs
+from flyarchive.errors import OutputExistsError
+
+__all__ = ["absolute_url", "RenderPlan", "preflight", "Piece", "Batch", "pack_batches",
+           "split_groups"]
+
+
+def absolute_url(url: str | os.PathLike[str]) -> str:
+    """``url`` as it means the same in every process and folder, to send to workers.
+
+    A local path (plain, ``file://`` or ``local://``) gets ``~`` expanded and becomes
+    absolute against this process's working folder; a Dask worker started elsewhere
+    would read it against its own. Other URLs (``s3://``, ``memory://``, chained
+    ``a::b``) are returned as they are. Symbolic links are kept, not resolved.
+    """
+    text = os.fspath(url)
+    if "::" in text:
+        return text
+    protocol, sep, rest = text.partition("://")
+    if not sep:
+        return os.path.abspath(os.path.expanduser(text))
+    if protocol in ("file", "local"):
+        return f"{protocol}://{os.path.abspath(os.path.expanduser(rest))}"
+    return text
+
+
+@dataclass(frozen=True)
+class RenderPlan:
+    """What to render and where (plain values, sent to workers)."""
+
+    url: str
+    storage_options: dict[str, Any]
+    cameras: tuple[str, ...]
+    out: str
+    out_storage_options: dict[str, Any]
+    fps: float
+    options: Any  # render.RenderOptions
+    jobs: tuple[Any, ...]  # render.VideoJob
+
+    def video_url(self, world_id: int, camera: str) -> str:
+        from flyarchive.video import safe_video_path
+
+        return safe_video_path(self.out, world_id, camera)
+
+    def segments(self, n_workers: int | None = 1) -> Iterator[tuple[Any, int, int]]:
+        """(job, start, stop) for every segment, in playing order per job.
+
+        Segments are at most ``options.segment_frames`` long, shorter (down to 25
+        frames) when that gives each of ``n_workers`` workers about four tasks.
+        ``n_workers=None`` (rendering in this process): one segment per video.
+        """
+        total = sum(job.n_frames for job in self.jobs)
+        if n_workers is None:
+            step = max((job.n_frames for job in self.jobs), default=1)
+        else:
+            step = max(min(self.options.segment_frames, 25),
+                       min(self.options.segment_frames, -(-total // (4 * max(n_workers, 1)))))
+        for job in self.jobs:
+            for k0 in range(job.start, job.stop, step):
+                yield job, k0, min(k0 + step, job.stop)
+
+
+def preflight(plan: RenderPlan, model: mujoco.MjModel) -> None:
+    """Fail before any work: cameras, frame size, and outputs in the way.
+
+    Raises:
+        CameraNotFoundError, StorageError (an unknown protocol).
+        FrameSizeError: a size H.264 or (backend ``"cpu"``) OpenGL cannot take.
+        OutputExistsError: videos exist and ``overwrite`` is off, or (local disk) a folder
+            is where a video goes (even with ``overwrite``).
+    """
+    from flyarchive.models import camera_ids
+    from flyarchive.replay.frames import MAX_GL_SIDE, parse_frame_size
+
+    gl = plan.options.backend == "cpu"  # OpenGL's limit, found before any work
+    parse_frame_size(plan.options.size, even=True, max_side=MAX_GL_SIDE if gl else None)
+    camera_ids(model, plan.cameras)
+    fs, _ = _filesystem(plan.out, plan.out_storage_options)
+    finals = [plan.video_url(j.world_id, c) for j in plan.jobs for c in plan.cameras]
+    paths = {u: _filesystem(u, plan.out_storage_options)[1] for u in finals}
+    folders = [u for u, p in paths.items() if os.path.isdir(p)] if is_local_fs(fs) else []
+    if folders:
+        raise OutputExistsError(
+            f"{len(folders)} video path(s) are folders, e.g. {folders[0]!r}. Remove or rename "
+            "them, or choose another output folder."
+        )
+    existing = [] if plan.options.overwrite else [u for u, p in paths.items() if fs.exists(p)]
+    if existing:
+        raise OutputExistsError(
+            f"{len(existing)} video(s) already exist, e.g. {existing[0]!r}. Pass overwrite=True "
+            "(--overwrite) to replace them, or choose another output folder."
+        )
+
+
+@dataclass(frozen=True)
+class Piece:
+    """Frames ``[start, stop)`` of ``plan.jobs[job]``, rows ``[offset, offset + n)`` of a batch."""
+
+    job: int
+    start: int
+    stop: int
+    offset: int
+
+    @property
+    def n(self) -> int:
+        return self.stop - self.start
+
+
+@dataclass(frozen=True)
+class Batch:
+    """Up to ``B`` states to render together: consecutive pieces of world-major work."""
+
+    pieces: tuple[Piece, ...]
+
+    @property
+    def n(self) -> int:
+        return sum(p.n for p in self.pieces)
+
+
+def pack_batches(jobs: Sequence[Any], batch_worlds: int) -> list[Batch]:
+    """Pack the frames of ``jobs`` world-major into batches of ``batch_worlds`` states.
+
+    Every batch but the last is full; a job's frames keep their order across batches.
+
+    Args:
+        jobs: :class:`flyarchive.distribute.api.VideoJob` s (``start``, ``stop`` archive indices).
+        batch_worlds: ``B``, states per batch, ``>= 1``.
+
+    Returns:
+        The batches, in rendering order; ``Piece.job`` indexes ``jobs``.
+    """
+    if batch_worlds < 1:
+        raise ValueError(f"batch_worlds must be at least 1, got {batch_worlds!r}.")
+    batches: list[Batch] = []
+    pieces: list[Piece] = []
+    filled = 0
+    for index, job in enumerate(jobs):
+        k = job.start
+        while k < job.stop:
+            take = min(batch_worlds - filled, job.stop - k)
+            pieces.append(Piece(index, k, k + take, filled))
+            filled += take
+            k += take
+            if filled == batch_worlds:
+                batches.append(Batch(tuple(pieces)))
+                pieces, filled = [], 0
+    if pieces:
+        batches.append(Batch(tuple(pieces)))
+    return batches
+
+
+def split_groups(jobs: Sequence[Any], batch_worlds: int, n_groups: int) -> list[tuple[Any, ...]]:
+    """Split jobs, in order, into at most ``n_groups`` groups of whole videos.
+
+    Each group holds about the same number of frames, rounded up to whole batches, so
+    only a group's last batch can be partial (a partial batch costs a full one).
+
+    Returns:
+        Non-empty tuples of jobs; concatenated, they are ``jobs``.
+    """
+    ends = np.cumsum([job.n_frames for job in jobs])  # frames up to the end of each job
+    total = int(ends[-1]) if len(ends) else 0
+    cuts: list[int] = [0]
+    for i in range(1, max(1, n_groups)):
+        target = round(i * total / n_groups / batch_worlds) * batch_worlds
+        cut = int(np.argmin(np.abs(ends - target))) + 1  # jobs before the cut
+        if cuts[-1] < cut < len(jobs):
+            cuts.append(cut)
+    cuts.append(len(jobs))
+    return [tuple(jobs[a:b]) for a, b in zip(cuts, cuts[1:]) if b > a]

@@ -1,0 +1,12 @@
+"""Query: archives as lazy, validated, masked ``xarray.Dataset`` s, and selections in them.
+
+- :func:`open_archive` (:mod:`~flyarchive.query.archive`);
+- dofs by leg, joint and axis (:mod:`~flyarchive.query.dofs`);
+- frames of worlds and time windows to render (:mod:`~flyarchive.query.frames`).
+"""
+
+from flyarchive.query.archive import open_archive
+from flyarchive.query.dofs import dof_labels, select_dofs
+from flyarchive.query.frames import VideoJob, select_frames
+
+__all__ = ["open_archive", "select_dofs", "dof_labels", "select_frames", "VideoJob"]

@@ -1,0 +1,29 @@
+"""The store: the only code that touches zarr. Create, append, commit, open, check.
+
+- :mod:`~flyarchive.store.location`: URLs and zarr stores on any fsspec file system;
+- :mod:`~flyarchive.store.spec`: what is fixed when an archive is created;
+- :mod:`~flyarchive.store.writer` (with :mod:`~flyarchive.store.creation` and
+  :mod:`~flyarchive.store.claims`): create, append and commit, one writer at a time;
+- :mod:`~flyarchive.store.reader`: open (checked by :mod:`~flyarchive.store.hardening`),
+  read, and name what failed to read;
+- :mod:`~flyarchive.store.integrity`: ``verify``, every committed byte.
+"""
+
+from flyarchive.store.creation import package_versions
+from flyarchive.store.location import (
+    access_denied,
+    archive_exists,
+    open_store,
+    parse_mode,
+    refuse_existing,
+    unavailable,
+)
+from flyarchive.store.reader import StateReader, open_checked, open_group, open_stored
+from flyarchive.store.spec import ArchiveSpec, FrameBlock
+from flyarchive.store.writer import ArchiveWriter
+
+__all__ = [
+    "ArchiveSpec", "ArchiveWriter", "FrameBlock", "StateReader", "open_store", "archive_exists",
+    "open_group", "open_checked", "open_stored", "refuse_existing", "package_versions",
+    "parse_mode", "access_denied", "unavailable",
+]

@@ -1,0 +1,150 @@
+"""Where an archive lives: URLs, zarr stores on any fsspec file system, and their errors.
+
+Local paths get a :class:`~flyarchive.store.localstore.GuardedLocalStore` (regular
+files inside the archive only); every store decodes with bounded decoders
+(:mod:`flyarchive.store.hardening`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import fsspec
+import zarr
+import zarr.storage
+
+from flyarchive.errors import (
+    ArchiveExistsError,
+    ArchiveNotFoundError,
+    StorageBackendMissingError,
+    StorageError,
+)
+from flyarchive.store import hardening, storage_errors
+from flyarchive.store.localstore import GuardedLocalStore
+
+__all__ = ["parse_mode", "open_store", "archive_exists", "access_denied", "unavailable",
+           "refuse_existing", "is_local", "local_path", "exists_error", "sync"]
+
+
+_EXTRAS = {"s3": "s3", "s3a": "s3", "gs": "gcs", "gcs": "gcs", "az": "azure", "abfs": "azure"}
+_MODES = ("w-", "w", "a")
+
+
+def parse_mode(mode: str) -> str:
+    """Check a creation mode: ``"w-"``, ``"w"`` or ``"a"``.
+
+    Raises:
+        ValueError: for anything else.
+    """
+    if not isinstance(mode, str) or mode not in _MODES:
+        raise ValueError(f"mode must be one of {_MODES}, got {mode!r}.")
+    return mode
+
+
+def is_local(url: str) -> bool:
+    return "://" not in url or url.startswith("file://")
+
+
+def local_path(url: str) -> Path:
+    return Path(url[len("file://"):] if url.startswith("file://") else url).expanduser()
+
+
+def _check_protocol(url: str) -> None:
+    protocol = url.split("://", 1)[0]
+    try:
+        fsspec.get_filesystem_class(protocol)
+    except ImportError as err:
+        extra = _EXTRAS.get(protocol)
+        hint = f"pip install 'flyarchive[{extra}]'" if extra else f"install the fsspec backend for {protocol!r}"
+        raise StorageBackendMissingError(
+            f"URL {url!r} uses protocol {protocol!r}, whose package is not installed ({err}). "
+            f"Install it with: {hint}"
+        ) from None
+    except ValueError:
+        known = ", ".join(sorted(p for p in fsspec.available_protocols() if len(p) < 8)[:20])
+        raise StorageError(
+            f"URL {url!r} uses protocol {protocol!r}, which fsspec does not know. "
+            f"Use a local path, file://, memory://, s3://, or another fsspec protocol ({known}...)."
+        ) from None
+
+
+def open_store(
+    url: str, storage_options: Mapping[str, Any] | None = None, *, read_only: bool = False
+) -> zarr.abc.store.Store:
+    """Open a zarr store at any fsspec URL (a local path, ``file://``, ``memory://``, ``s3://``...).
+
+    Local paths get a :class:`~flyarchive.store.localstore.GuardedLocalStore` (regular files
+    inside the archive only); every store reads pcodec with bounded decoding.
+
+    Raises:
+        StorageBackendMissingError: if the protocol's package is not installed.
+        StorageError: for an unknown protocol, or storage options of the wrong type.
+    """
+    url = str(url)
+    hardening.install_bounded_decoders()
+    if not is_local(url):  # interop: malformed options are refused before a client is built
+        storage_errors.check_storage_options(url, storage_options)
+    if is_local(url):
+        if storage_options:
+            raise StorageError(f"storage_options were given for the local path {url!r}; drop them.")
+        path = local_path(url)
+        if read_only and not path.exists():
+            raise ArchiveNotFoundError(f"Nothing at {url!r}. Check the path.")
+        return GuardedLocalStore(path, read_only=read_only)
+    _check_protocol(url)
+    return zarr.storage.FsspecStore.from_url(
+        url, storage_options=dict(storage_options or {}), read_only=read_only
+    )
+
+
+def archive_exists(store: zarr.abc.store.Store) -> bool:
+    """True if anything (an archive or other objects) is at the store's location."""
+    return sync(_store_nonempty(store))
+
+
+async def _store_nonempty(store: zarr.abc.store.Store) -> bool:
+    if await store.exists("zarr.json"):
+        return True
+    async for _ in store.list():
+        return True
+    return False
+
+
+def exists_error(url: str) -> ArchiveExistsError:
+    return ArchiveExistsError(
+        f"Something is already at {url!r}; flyarchive never overwrites without being "
+        "asked. Pass mode='a' to append to that archive, mode='w' to replace it "
+        "(its data is deleted), or choose another URL."
+    )
+
+
+def access_denied(url: str, err: BaseException) -> StorageError:
+    """The error for storage that refuses access (HTTP 403, file permissions)."""
+    return StorageError(
+        f"Access to {url!r} was refused ({type(err).__name__}: {err}). Check the credentials "
+        "(key and secret, profile, or environment) and the permissions of the location."
+    )
+
+
+def unavailable(url: str, err: BaseException) -> StorageError:
+    """The error for storage that failed to answer (after the client's retries)."""
+    return StorageError(
+        f"Reading {url!r} failed ({type(err).__name__}: {err}); the storage did not answer "
+        "after retries. Nothing was changed; retry later."
+    )
+
+
+def refuse_existing(url: str, storage_options: Mapping[str, Any] | None = None) -> None:
+    """Raise :class:`ArchiveExistsError` if anything is at ``url``."""
+    with storage_errors.translated(url, storage_options):  # interop: unreachable, no bucket...
+        exists = archive_exists(open_store(url, storage_options))
+    if exists:
+        raise exists_error(url)
+
+
+def sync(coro: Any) -> Any:
+    from zarr.core.sync import sync
+
+    return sync(coro)

@@ -1,0 +1,299 @@
+"""Reading archives: open the group (checked before any chunk is read), the dataset as
+stored, states for replay batches, and the errors that name what failed to read.
+
+Readers read ``n_frames`` first, then each array's metadata once: extents only grow,
+and a writer grows them before it commits, so every state a reader can see is valid.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import xarray as xr
+import zarr
+
+from flyarchive.errors import ArchiveNotFoundError, CorruptArchiveError, FlyarchiveError, SchemaError
+from flyarchive.schema import STATE_VARS, validate_attrs
+from flyarchive.store import storage_errors
+from flyarchive.store.hardening import check_arrays
+from flyarchive.store.localstore import UnsafeFileError
+from flyarchive.store.location import access_denied, open_store, unavailable
+
+__all__ = [
+    "open_group", "open_checked", "open_stored", "time_extents", "StateReader",
+    "damaged_metadata", "unreadable", "corrupt_read", "DamagedChunk", "damaged_chunks",
+    "chunk_file",
+]
+
+
+def open_group(url: str, storage_options: Mapping[str, Any] | None = None, *, mode: str = "r") -> zarr.Group:
+    """Open an existing archive's zarr group and check its schema attributes.
+
+    Raises:
+        ArchiveNotFoundError: if no archive is at ``url``.
+        SchemaError / SchemaVersionError: if it is not a readable flyarchive archive.
+    """
+    store = open_store(url, storage_options, read_only=(mode == "r"))
+    try:
+        group = zarr.open_group(store, mode="r" if mode == "r" else "r+")
+    except storage_errors.client_errors() as err:  # interop: unreachable, no credentials...
+        raise storage_errors.translate(err, url, storage_options) or err from None
+    except PermissionError as err:
+        raise access_denied(url, err) from None
+    except (FileNotFoundError, zarr.errors.GroupNotFoundError, KeyError):
+        raise ArchiveNotFoundError(
+            f"No archive at {url!r}: there is no zarr.json there. Check the URL, or record "
+            "one with flyarchive.TrajectoryRecorder."
+        ) from None
+    except OSError as err:
+        raise unavailable(url, err) from None
+    except (ValueError, TypeError) as err:
+        raise SchemaError(f"The zarr metadata at {url!r} is unreadable ({err}).") from None
+    validate_attrs(group.attrs.asdict())
+    return group
+
+
+def damaged_metadata(url: str, group: zarr.Group, err: BaseException) -> SchemaError:
+    """The error for an archive whose arrays' metadata cannot be read, naming them."""
+    bad = []
+    for name in _EXPECTED:
+        try:
+            group[name]
+        except KeyError:
+            if name in ("qpos", "n_frames", "time", "world", "dof"):
+                bad.append(f"{name!r} (missing)")
+        except Exception:
+            bad.append(f"{name!r} (unreadable metadata)")
+    if any("'qpos' (missing)" == b for b in bad):
+        return SchemaError(
+            f"The archive at {url!r} has no variable 'qpos' (its zarr.json is missing). "
+            "It cannot be replayed; restore the file from a backup."
+        )
+    return SchemaError(
+        f"The archive at {url!r} has damaged metadata in {', '.join(bad) or 'an array'} "
+        f"({type(err).__name__}: {err}). Run `flyarchive verify {url}`; restore the damaged "
+        "zarr.json files from a backup."
+    )
+
+
+def open_checked(url: str, storage_options: Mapping[str, Any] | None = None) -> zarr.Group:
+    """:func:`~flyarchive.store.open_group`, then every array's metadata checked against what
+    flyarchive writes (:func:`flyarchive.store.hardening.check_arrays`) before any chunk is read.
+
+    Raises:
+        ArchiveNotFoundError, SchemaError (also for metadata nested too deep to parse).
+    """
+    try:
+        group = open_group(url, storage_options)
+    except RecursionError:
+        raise SchemaError(
+            f"The zarr metadata at {url!r} is nested too deeply to parse. Run "
+            f"`flyarchive verify {url}`; restore the zarr.json files from a backup."
+        ) from None
+    check_arrays(group, str(url))
+    return group
+
+
+def unreadable(url: str, group: zarr.Group, err: BaseException) -> FlyarchiveError:
+    """The error for an archive that xarray cannot open: a damaged chunk of a coordinate
+    when one is found (named, with its file), else damaged metadata."""
+
+    for name in ("time", "world", "n_frames", "dof", "mocap", "xyz", "wxyz"):
+        try:
+            arr = group[name]
+        except Exception:
+            continue
+        found = damaged_chunks(arr, limit=1)
+        if found:
+            if isinstance(found[0].error, UnsafeFileError):  # names its file already
+                return found[0].error
+            return corrupt_read(url, found[0].describe(), found[0].error)
+    return err if isinstance(err, FlyarchiveError) else damaged_metadata(url, group, err)
+
+
+def corrupt_read(url: str, what: str, err: BaseException) -> CorruptArchiveError:
+    """The error for stored bytes that fail their checksum or do not decode."""
+    return CorruptArchiveError(
+        f"Reading {what} from {url!r} failed: {getattr(err, 'reason', err)}. The stored "
+        f"bytes are damaged; run `flyarchive verify {url}` to list every damaged chunk."
+    )
+
+
+def time_extents(group: zarr.Group) -> dict[str, int]:
+    """Length along ``time`` of every stored array that has that dimension."""
+    return _extents(dict(group.arrays()))
+
+
+def _extents(arrays: Mapping[str, zarr.Array]) -> dict[str, int]:
+    out = {}
+    for name, arr in arrays.items():
+        dims = tuple(arr.metadata.dimension_names or ())
+        if "time" in dims:
+            out[name] = int(arr.shape[dims.index("time")])
+    return out
+
+
+def open_stored(group: zarr.Group, chunks: Mapping[str, int] | None = None) -> xr.Dataset:
+    """The dataset as stored (not masked), lazy, from one consistent look at the archive.
+
+    ``n_frames`` is read first (in memory), then each array's metadata exactly once:
+    a writer grows every array before it commits, and extents only grow, so the
+    extents seen are never below the ``n_frames`` seen, whatever a writer does
+    meanwhile. Arrays may have different time extents (a commit in progress grows
+    them one by one; a crash can stop it halfway): every array is cut to the
+    shortest (committed frames never go beyond it).
+
+    Args:
+        group: The archive's root group.
+        chunks: Dask chunk length per dimension; other dimensions follow the stored
+            shards (or chunks). None: the stored shards.
+    """
+    import dask.array as da
+
+    n_frames = np.asarray(group["n_frames"][:]) if "n_frames" in group else None
+    arrays = dict(group.arrays())
+    extents = _extents(arrays)
+    n = min(extents.values()) if extents else 0
+    variables, coords = {}, {}
+    for name, arr in arrays.items():
+        dims = tuple(arr.metadata.dimension_names or ())
+        cut = tuple(slice(0, n) if d == "time" else slice(None) for d in dims)
+        if name in dims:  # a coordinate: small, read now
+            coords[name] = xr.Variable(dims, np.asarray(arr[cut]), dict(arr.attrs))
+        elif name == "n_frames" and n_frames is not None:
+            variables[name] = xr.Variable(dims, n_frames, dict(arr.attrs))
+        else:
+            stored = arr.shards or arr.chunks
+            sizes = tuple((chunks or {}).get(d, c) for d, c in zip(dims, stored))
+            data = da.from_zarr(arr, chunks=sizes)[cut]
+            variables[name] = xr.Variable(dims, data, dict(arr.attrs))
+    return xr.Dataset(variables, coords=coords, attrs=group.attrs.asdict())
+
+
+_EXPECTED = ("qpos", "mocap_pos", "mocap_quat", "n_frames", "time", "world", "dof", "mocap")
+
+
+def chunk_file(arr: zarr.Array, coords: tuple[int, ...]) -> str:
+    """The key of the stored object (shard, or chunk when unsharded) at ``coords`` of the
+    stored-object grid, relative to the archive, e.g. ``"qpos/c/0/1/0"``."""
+    return f"{arr.path}/{arr.metadata.encode_chunk_key(coords)}" if arr.path else \
+        arr.metadata.encode_chunk_key(coords)
+
+
+@dataclass(frozen=True)
+class DamagedChunk:
+    """A stored object of an array that fails to read.
+
+    Attributes:
+        name: The array.
+        file: Its key in the archive, e.g. ``"time/c/1"``.
+        region: ``(start, stop)`` index ranges it covers, one per dimension.
+        dims: The array's dimension names.
+        error: What reading it raised.
+    """
+
+    name: str
+    file: str
+    region: tuple[tuple[int, int], ...]
+    dims: tuple[str, ...]
+    error: BaseException
+
+    def describe(self) -> str:
+        """E.g. ``"qpos [worlds 0..1, frames 5..9] (file qpos/c/0/1/0)"``."""
+        words = {"world": "worlds", "time": "frames"}
+        spans = [f"{words.get(d, d)} {a}..{b - 1}" for d, (a, b) in zip(self.dims, self.region)
+                 if d in words or len(self.region) == 1]
+        return f"{self.name} [{', '.join(spans)}] (file {self.file})"
+
+
+def damaged_chunks(arr: zarr.Array, *, limit: int | None = None,
+                   region: tuple[slice, ...] | None = None) -> list[DamagedChunk]:
+    """Read an array one stored object (shard or chunk) at a time; list those that fail.
+
+    Args:
+        arr: The array.
+        limit: Stop after this many (None: all).
+        region: Only objects touching these index ranges, leading dimensions first
+            (default, and for dimensions not given: all of it).
+
+    Returns:
+        The damaged objects, in grid order; empty when every one reads.
+    """
+    outer = arr.shards or arr.chunks
+    region = tuple(region or ()) + tuple(slice(0, n) for n in arr.shape[len(region or ()):])
+    ranges = []
+    for (start, stop, _), size, n in zip((r.indices(m) for r, m in zip(region, arr.shape)),
+                                         outer, arr.shape):
+        ranges.append(range(start // size, -(-stop // size)) if stop > start else range(0))
+    dims = tuple(arr.metadata.dimension_names or (f"dim{i}" for i in range(arr.ndim)))
+    found: list[DamagedChunk] = []
+    for coords in itertools.product(*ranges):
+        box = tuple((c * s, min((c + 1) * s, n)) for c, s, n in zip(coords, outer, arr.shape))
+        try:
+            arr[tuple(slice(a, b) for a, b in box)]
+        except Exception as err:  # checksum, decode, refused file: all mean damaged bytes
+            found.append(DamagedChunk(arr.basename, chunk_file(arr, coords), box, dims, err))
+            if limit is not None and len(found) >= limit:
+                break
+    return found
+
+
+class StateReader:
+    """Reads recorded states straight through zarr into host arrays, for replay batches.
+
+    xarray and dask cost about 6x more per batch than zarr alone, and a batch reader
+    must keep up with a GPU. Opened once, with every array's metadata checked.
+
+    Args:
+        url: The archive's URL.
+        storage_options: Passed to fsspec.
+    """
+
+    def __init__(self, url: str, storage_options: Mapping[str, Any] | None = None) -> None:
+        group = open_checked(url, storage_options or None)
+        self.url = url
+        self.arrays = {n: group[n] for n in STATE_VARS if n in group}
+        self.world_ids = np.asarray(group["world"][:])
+
+    def read(self, pieces: Sequence[tuple[int, int, int]], *, dtype: Any = np.float32
+             ) -> tuple[np.ndarray, np.ndarray | None, np.ndarray | None]:
+        """The states of ``pieces``, one after another: ``(n, nq)`` qpos and ``(n, nmocap,
+        3|4)`` mocap poses (None without mocap bodies), host arrays of ``dtype``.
+
+        Args:
+            pieces: ``(world index, start, stop)`` frame ranges; ``n`` is their total.
+
+        The bounding block of worlds x frames is read at once when it holds at most
+        twice the frames needed (whole recordings of consecutive worlds); else one read
+        per piece.
+
+        Raises:
+            CorruptArchiveError: stored bytes fail their checksum or do not decode.
+        """
+        try:
+            out = self._read(pieces, dtype)
+        except ValueError as err:
+            worlds = sorted({int(self.world_ids[w]) for w, _, _ in pieces})
+            raise corrupt_read(self.url, f"the states of worlds {worlds}", err) from None
+        return out["qpos"], out.get("mocap_pos"), out.get("mocap_quat")
+
+    def _read(self, pieces: Sequence[tuple[int, int, int]], dtype: Any) -> dict[str, np.ndarray]:
+        n = sum(stop - start for _, start, stop in pieces)
+        out = {name: np.empty((n, *a.shape[2:]), dtype=dtype) for name, a in self.arrays.items()}
+        w0, w1 = min(p[0] for p in pieces), max(p[0] for p in pieces) + 1
+        k0, k1 = min(p[1] for p in pieces), max(p[2] for p in pieces)
+        block = None
+        if (w1 - w0) * (k1 - k0) <= 2 * n:
+            block = {name: a[w0:w1, k0:k1] for name, a in self.arrays.items()}
+        row = 0
+        for world, start, stop in pieces:
+            for name, a in self.arrays.items():
+                out[name][row:row + stop - start] = (
+                    a[world, start:stop] if block is None
+                    else block[name][world - w0, start - k0:stop - k0])
+            row += stop - start
+        return out

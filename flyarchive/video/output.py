@@ -1,0 +1,149 @@
+"""Where videos go: their names (:func:`safe_video_path`) and how a finished local file
+reaches a local folder or any fsspec URL (:func:`write_output`), complete or not at all.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+import shutil
+import uuid
+from pathlib import Path
+from typing import Any
+
+from flyarchive.errors import (
+    OutputExistsError,
+    SelectionError,
+    StorageBackendMissingError,
+    StorageError,
+)
+from flyarchive.replay.frames import is_int
+
+__all__ = ["write_output", "safe_video_path"]
+
+
+_SAFE_CHARS = re.compile(r"[^A-Za-z0-9._-]")
+
+
+def write_output(
+    local_path: str | os.PathLike[str],
+    url: str,
+    storage_options: dict[str, Any] | None = None,
+    *,
+    overwrite: bool = False,
+    staging_dir: str | os.PathLike[str] | None = None,
+) -> str:
+    """Copy a finished local file to a local path or any fsspec URL.
+
+    On the local file system the file appears complete or not at all (it is copied to
+    a staging file, then renamed or linked into place), and an existing file is never
+    replaced unless asked, even by a concurrent writer. On object stores the existence
+    check and the upload are two requests: writers racing for one key are not detected.
+
+    Args:
+        local_path: The file to copy (e.g. a finished mp4 in a temporary folder).
+        url: Destination: a path, ``file://``, ``s3://bucket/key``, ``memory://``...
+        storage_options: Passed to the fsspec file system (e.g. ``{"endpoint_url": ...}``
+            for s3fs).
+        overwrite: Replace an existing destination.
+        staging_dir: Local destinations only: a folder on the destination's file system
+            to stage the copy in (e.g. a render run's parts folder, removed with the run
+            even if the process is killed mid-copy). ``None``: a hidden file beside the
+            destination.
+
+    Returns:
+        The destination URL as given.
+
+    Raises:
+        OutputExistsError: if the destination exists and ``overwrite`` is False
+            (nothing is written).
+        StorageBackendMissingError: if the URL's protocol needs a missing package.
+        StorageError: if the copy fails.
+    """
+    import fsspec
+    from fsspec.implementations.local import LocalFileSystem
+
+    source = Path(local_path)
+    if not source.is_file():
+        raise FileNotFoundError(f"No file to copy at {str(source)!r}.")
+    try:
+        fs, target = fsspec.core.url_to_fs(url, **(storage_options or {}))
+    except ImportError as err:
+        raise StorageBackendMissingError(
+            f"Writing to {url!r} needs a package that is not installed: {err}. "
+            "For s3:// install it with: pip install 'flyarchive[s3]'"
+        ) from err
+    exists_error = OutputExistsError(
+        f"An output already exists at {url!r}. Pass overwrite=True to replace it, "
+        "or choose another output location."
+    )
+    try:
+        if isinstance(fs, LocalFileSystem):
+            staging = None if staging_dir is None else Path(staging_dir)
+            _copy_local(source, Path(target), overwrite, exists_error, staging)
+        else:
+            if not overwrite and fs.exists(target):
+                raise exists_error
+            fs.put_file(str(source), target)
+    except (OutputExistsError, StorageBackendMissingError):
+        raise
+    except Exception as err:
+        raise StorageError(f"Copying {str(source)!r} to {url!r} failed: {err!r}") from err
+    return url
+
+
+def safe_video_path(out_dir: str | os.PathLike[str], world_id: int, camera: str) -> str:
+    """The output path of one (world, camera) video: ``{out_dir}/world{id:05d}/{camera}.mp4``.
+
+    The camera name becomes a file name that stays inside its folder: characters other
+    than letters, digits, ``.``, ``_`` and ``-`` become ``_``, a leading dot becomes
+    ``_`` (no ``..``, no hidden files), and names longer than 100 characters are cut.
+    A name that had to change gets a short hash of the original, so two cameras never
+    share a file (``a/b`` and ``a_b`` differ).
+
+    Args:
+        out_dir: Output folder, a local path or an fsspec URL (joined with ``/``).
+        world_id: World index, ``>= 0``.
+        camera: Camera name as in the model.
+
+    Returns:
+        The path or URL of the video file.
+
+    Raises:
+        SelectionError: if ``world_id`` is not a non-negative integer.
+    """
+    if not is_int(world_id) or world_id < 0:
+        raise SelectionError(f"world_id must be a non-negative integer, got {world_id!r}.")
+    name = _SAFE_CHARS.sub("_", str(camera))[:100]
+    name = re.sub(r"^\.", "_", name) or "_"
+    if name != camera:
+        name += "-" + hashlib.sha256(str(camera).encode()).hexdigest()[:8]
+    base = os.fspath(out_dir).rstrip("/")
+    return f"{base}/world{int(world_id):05d}/{name}.mp4"
+
+
+def _copy_local(source: Path, target: Path, overwrite: bool, exists: OutputExistsError,
+                staging_dir: Path | None = None) -> None:
+    if not overwrite and target.exists():
+        raise exists
+    target.parent.mkdir(parents=True, exist_ok=True)
+    name = f".{target.name}.{uuid.uuid4().hex}.part"
+    staging = target.with_name(name) if staging_dir is None else staging_dir / name
+    shutil.copyfile(source, staging)
+    try:
+        if overwrite:
+            os.replace(staging, target)
+        else:
+            try:
+                os.link(staging, target)  # atomic, and refuses an existing file
+            except FileExistsError:
+                raise exists from None
+            except OSError:  # no hard links here: exclusive create, then copy
+                try:
+                    with open(target, "xb") as out, open(staging, "rb") as src:
+                        shutil.copyfileobj(src, out)
+                except FileExistsError:
+                    raise exists from None
+    finally:
+        staging.unlink(missing_ok=True)
