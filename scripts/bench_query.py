@@ -524,7 +524,7 @@ def print_table(run: dict[str, Any], built: Built) -> None:
         "results differ": lambda e: ",".join(e["differs_from_npz"]) or "no",
     }
     width = 31 if run["storage"] == "s3" else 16
-    table = Table([Column("query", 25, "label", align="<"), *(Column(f, width, f) for f in fmts)])
+    table = Table([Column("query", 26, "label", align="<"), *(Column(f, width, f) for f in fmts)])
     table.print(
         [{"label": label, **{f: fn(e) for f, e in fmts.items()}} for label, fn in lines.items()],
         title=f"\n{built.dtype}, {'local disk' if run['storage'] == 'local' else 'S3 (moto, loopback)'}: "
