@@ -40,7 +40,7 @@ from benchlib import (
     PeakMemory,
     Table,
     add_json_option,
-    host_info,
+    gpu_bench_host_keys,
     tree_memory,
     write_json,
 )
@@ -86,7 +86,6 @@ def main() -> None:
             recorder.close()  # commits the frames still buffered
             close_s = time.perf_counter() - close_start
 
-    info = host_info()
     base_sps = args.steps / base_s
     rec_sps = args.steps / rec_s
     result: dict[str, Any] = {
@@ -110,10 +109,7 @@ def main() -> None:
         "rss_before_mb": round(rss_before / 2**20, 1),
         "rss_peak_recording_mb": memory.results["peak_mib"],
         "out": out,
-        "host": info["host"],
-        "mujoco": mujoco.__version__,
-        "warp": wp.config.version,
-        "host_info": info,
+        **gpu_bench_host_keys(),
     }
     TABLE.print([result])
     write_json(args.json, result, indent=2)

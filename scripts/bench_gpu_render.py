@@ -24,7 +24,15 @@ from typing import Any
 import mujoco
 import numpy as np
 
-from benchlib import Column, Table, add_json_option, host_info, parse_size, replay_states, write_json
+from benchlib import (
+    Column,
+    Table,
+    add_json_option,
+    gpu_bench_host_keys,
+    parse_size,
+    replay_states,
+    write_json,
+)
 
 
 def main() -> None:
@@ -51,7 +59,6 @@ def main() -> None:
     batches = [qpos[i : i + args.worlds] for i in range(0, args.frames, args.worlds)]
     batch_s = _time_batches(renderer, batches)
 
-    info = host_info()
     result: dict[str, Any] = {
         "model": args.model,
         "device": renderer.device,
@@ -64,10 +71,7 @@ def main() -> None:
         "setup_s": round(setup_s, 3),
         "raw_fps": round(n_batches * args.worlds / raw_s, 2),
         "batch_fps": round(args.frames / batch_s, 2),
-        "host": info["host"],
-        "mujoco": mujoco.__version__,
-        "warp": wp.config.version,
-        "host_info": info,
+        **gpu_bench_host_keys(),
     }
     TABLE.print([result])
     write_json(args.json, result, indent=2)

@@ -59,7 +59,6 @@ from pathlib import Path
 from typing import Any
 from unittest import mock
 
-import mujoco
 import numpy as np
 
 from benchlib import (
@@ -69,7 +68,7 @@ from benchlib import (
     Table,
     add_json_option,
     cached_archive,
-    host_info,
+    gpu_bench_host_keys,
     parse_size,
     replay_states,
     write_json,
@@ -86,12 +85,10 @@ def main() -> None:
     st = replay_states(args.model, args.worlds, args.frames, cache=args.cache)
     n_frames = args.worlds * args.frames  # one camera: one image per state
 
-    info = host_info()
     result: dict[str, Any] = {
         "model": args.model, "device": device, "worlds": args.worlds, "frames": args.frames,
         "batch": args.batch, "size": list(args.size), "camera": st.camera, "nq": st.model.nq,
-        "ngeom": st.model.ngeom, "images": n_frames, "host": info["host"],
-        "mujoco": mujoco.__version__, "warp": wp.config.version, "rows": {}, "host_info": info,
+        "ngeom": st.model.ngeom, "images": n_frames, **gpu_bench_host_keys(), "rows": {},
     }
     rows = result["rows"]
     with tempfile.TemporaryDirectory(prefix="bench-gpu-replay-") as tmp:

@@ -151,6 +151,14 @@ def host_info(packages: Iterable[str] = PACKAGES) -> dict[str, Any]:
     }
 
 
+def gpu_bench_host_keys() -> dict[str, Any]:
+    """The host keys the GPU benchmarks' JSON has always had (``host``, ``mujoco``,
+    ``warp``: node name and versions), and :func:`host_info` under ``host_info``."""
+    info = host_info()
+    return {"host": info["host"], "mujoco": info["versions"]["mujoco"],
+            "warp": info["versions"]["warp-lang"], "host_info": info}
+
+
 def _cpu_model() -> str:
     try:
         with open("/proc/cpuinfo") as f:
