@@ -1,7 +1,8 @@
 """CPU replay of NeuroMechFly: flygym's render_trajectories against flyarchive, same frames.
 
 One run builds a NeuroMechFly archive (``walk_qpos`` for ``--worlds`` worlds, seeds
-0..W-1, float64, written with ``ArchiveWriter``) and renders the same frames with:
+0..W-1, float64, written with ``ArchiveWriter``; kept under ``--cache`` when given) and
+renders the same frames with:
 
 - ``flygym``: flygym 2.1.1 ``flygym.recording.render_trajectories`` on
   ``RecordedTrajectory`` objects holding the same qpos, without and with an mp4
