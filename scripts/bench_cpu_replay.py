@@ -120,7 +120,7 @@ def _parse_args() -> argparse.Namespace:
     parser.add_argument("--segment-frames", type=int, default=100)
     parser.add_argument("--batch-worlds", type=int, default=64, help="warp-cpu batch size")
     parser.add_argument("--workdir", default=None, help="where archives and videos go")
-    parser.add_argument("--cache", default=None,
+    parser.add_argument("--cache", metavar="DIR", default=None,
                         help="keep the archives here and reuse them (default: built in --workdir)")
     parser.add_argument("--sync-reads", action="store_true",
                         help="also run dask-k-sync: workers read the archive with dask's "

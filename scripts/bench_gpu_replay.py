@@ -146,7 +146,7 @@ def _parse_args() -> argparse.Namespace:
                         help="encoder threads of the extra rows (comma list; default: cores)")
     parser.add_argument("--no-flygym", dest="flygym", action="store_false",
                         help="skip flygym's render_trajectories_gpu rows")
-    parser.add_argument("--cache", type=Path, default=None,
+    parser.add_argument("--cache", metavar="DIR", type=Path, default=None,
                         help="keep the walk and the archive here and reuse them "
                              "(default: built again in a temporary folder)")
     args = parser.parse_args()
