@@ -1,7 +1,8 @@
 """CPU replay of NeuroMechFly: flygym's render_trajectories against flyarchive, same frames.
 
 One run builds a NeuroMechFly archive (``walk_qpos`` for ``--worlds`` worlds, seeds
-0..W-1, float64, written with ``ArchiveWriter``) and renders the same frames with:
+0..W-1, float64, written with ``ArchiveWriter``; kept under ``--cache`` when given) and
+renders the same frames with:
 
 - ``flygym``: flygym 2.1.1 ``flygym.recording.render_trajectories`` on
   ``RecordedTrajectory`` objects holding the same qpos, without and with an mp4
@@ -38,9 +39,9 @@ Usage:
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
-import platform
 import subprocess
 import sys
 import tempfile
@@ -48,6 +49,18 @@ import threading
 import time
 from pathlib import Path
 from typing import Any
+
+from benchlib import (
+    Column,
+    PeakMemory,
+    Table,
+    add_json_option,
+    cached_archive,
+    host_info,
+    nmf_states,
+    parse_size,
+    write_json,
+)
 
 TARGETS = (
     ("dask-2", "flygym-mp4", 1.3, "archive->mp4, default path (2 workers), >= 1.3x flygym+mp4"),
@@ -69,37 +82,36 @@ def main() -> None:
     work = Path(tempfile.mkdtemp(prefix="bench-cpu-replay-", dir=args.workdir))
     camera = "nmf/trackcam"
     t0 = time.perf_counter()
-    archives = _build_archives(work, args.worlds, args.frames)
+    archives = _build_archives(Path(args.cache) if args.cache else work, args.worlds, args.frames)
     build_s = time.perf_counter() - t0
     base = {"size": list(args.size), "camera": camera, "segment_frames": args.segment_frames}
     cases = _cases(args, archives, work, base)
     rows = []
+    print(ROW_TABLE.header())
     for name, spec, env in cases:
         row = _run_case(name, spec, env)
         rows.append(row)
-        _print_row(row)
+        print(ROW_TABLE.line(row), flush=True)
     summary = _summary(rows)
+    info = host_info()
     meta = {
-        "host": platform.node(), "cpus": os.cpu_count(), "python": platform.python_version(),
-        "versions": _versions(), "worlds": args.worlds, "frames_per_world": args.frames,
+        "host": info["host"], "cpus": info["cpus_total"], "python": info["python"],
+        "versions": info["versions"], "worlds": args.worlds, "frames_per_world": args.frames,
         "size": list(args.size), "segment_frames": args.segment_frames,
         "batch_worlds": args.batch_worlds, "archive_build_s": round(build_s, 2),
-        "loadavg_end": os.getloadavg(),
+        "loadavg_end": os.getloadavg(), "host_info": info,
     }
     _print_summary(summary, meta)
-    if args.json:
-        Path(args.json).write_text(json.dumps({"meta": meta, "rows": rows, "summary": summary},
-                                              indent=1))
-        print(f"\nwrote {args.json}")
+    write_json(args.json, {"meta": meta, "rows": rows, "summary": summary})
 
 
 def _parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--json", metavar="PATH", help="write the results as JSON")
+    add_json_option(parser)
     parser.add_argument("--frames", type=int, default=250, help="frames per world")
     parser.add_argument("--worlds", type=int, default=2, help="worlds rendered")
     parser.add_argument("--workers", default="1,2", help="Dask worker counts, comma-separated")
-    parser.add_argument("--size", default="240x320", type=_size, help="HxW pixels")
+    parser.add_argument("--size", default="240x320", type=parse_size, help="HxW pixels")
     parser.add_argument("--backends", default="cpu,warp-cpu", help="cpu and/or warp-cpu")
     parser.add_argument("--flygym", action=argparse.BooleanOptionalAction, default=True)
     parser.add_argument("--rss", action=argparse.BooleanOptionalAction, default=True,
@@ -108,6 +120,8 @@ def _parse_args() -> argparse.Namespace:
     parser.add_argument("--segment-frames", type=int, default=100)
     parser.add_argument("--batch-worlds", type=int, default=64, help="warp-cpu batch size")
     parser.add_argument("--workdir", default=None, help="where archives and videos go")
+    parser.add_argument("--cache", metavar="DIR", default=None,
+                        help="keep the archives here and reuse them (default: built in --workdir)")
     parser.add_argument("--sync-reads", action="store_true",
                         help="also run dask-k-sync: workers read the archive with dask's "
                         "synchronous scheduler (prototype of a distributed.py fix)")
@@ -117,36 +131,19 @@ def _parse_args() -> argparse.Namespace:
     return parser.parse_args()
 
 
-def _size(text: str) -> tuple[int, int]:
-    h, w = text.lower().split("x")
-    return int(h), int(w)
-
-
-def _build_archives(work: Path, n_worlds: int, n_frames: int) -> dict[str, str]:
-    """The main archive (n_worlds x n_frames) and a one-world archive of 10 n_frames."""
+def _build_archives(folder: Path, n_worlds: int, n_frames: int) -> dict[str, str]:
+    """The main archive (n_worlds independent walks, seeds 0..W-1, x n_frames, float64) and
+    a one-world archive of 10 n_frames (world 0's walk ten times), built once in ``folder``."""
     import numpy as np
 
-    from flyarchive.clock import Timing
-    from flyarchive.interop.nmf import build_world, walk_qpos
-    from flyarchive.layout import ModelLayout
-    from flyarchive.store import ArchiveSpec, ArchiveWriter, FrameBlock
+    from flyarchive.interop.nmf import build_world
 
     world = build_world()
-    qpos = np.stack([walk_qpos(n_frames, seed=w, world=world) for w in range(n_worlds)])
-    timing = Timing(world.model.opt.timestep, 25.0, 0.2)
-    layout = ModelLayout.from_model(world.model)
-
-    def write(url: str, states: np.ndarray) -> str:
-        times = np.array([timing.frame_step(k) * timing.timestep for k in range(states.shape[1])])
-        spec = ArchiveSpec(layout, timing, tuple(range(states.shape[0])), chunk_frames=100,
-                           source="mujoco")
-        writer = ArchiveWriter.create(url, spec)
-        writer.write(FrameBlock(times, states))
-        return url
-
+    walks = functools.cache(lambda: nmf_states(n_worlds, n_frames, world=world, cache=folder))
     return {
-        "main": write(str(work / "walk.zarr"), qpos),
-        "long": write(str(work / "walk10.zarr"), np.tile(qpos[:1], (1, 10, 1))),
+        "main": cached_archive(folder, f"walk-{n_worlds}x{n_frames}", world.model, walks),
+        "long": cached_archive(folder, f"walk10-{n_frames}", world.model,
+                               lambda: np.tile(walks()[:1], (1, 10, 1))),
     }
 
 
@@ -195,34 +192,16 @@ _PSS_INTERVAL_S = 2.0
 
 def _run_case(name: str, spec: dict[str, Any], extra_env: dict[str, str]) -> dict[str, Any]:
     """Run one case in a fresh interpreter; measure its process tree's memory."""
-    import psutil
-
     env = {k: v for k, v in os.environ.items() if k != "LP_NUM_THREADS"}
     env.update({"MUJOCO_GL": "egl", **extra_env})
     load = os.getloadavg()[0]
     command = [sys.executable, __file__, "--child", json.dumps(spec)]
     proc = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             text=True)
-    peak = {"tree": 0}
-    done = threading.Event()
-
-    def sample() -> None:
-        root = psutil.Process(proc.pid)
-        while not done.is_set():
-            try:
-                procs = [root, *root.children(recursive=True)]
-                peak["tree"] = max(peak["tree"], sum(_rss(p) for p in procs))
-            except psutil.NoSuchProcess:
-                pass
-            time.sleep(_PSS_INTERVAL_S)
-
-    sampler = threading.Thread(target=sample, daemon=True)
-    sampler.start()
-    stdout, stderr, maxrss_kib = _communicate_wait4(proc)
-    done.set()
-    sampler.join()
+    with PeakMemory(proc.pid, interval_s=_PSS_INTERVAL_S, kind="pss") as memory:
+        stdout, stderr, maxrss_kib = _communicate_wait4(proc)
     row: dict[str, Any] = {"case": name, "loadavg_1m": round(load, 2),
-                           "peak_pss_tree_mib": round(peak["tree"] / 2**20, 1),
+                           "peak_pss_tree_mib": memory.results["peak_mib"],
                            "maxrss_mib": round(maxrss_kib / 1024, 1)}
     lines = [ln for ln in stdout.splitlines() if ln.startswith("RESULT ")]
     if proc.returncode != 0 or not lines:
@@ -230,14 +209,6 @@ def _run_case(name: str, spec: dict[str, Any], extra_env: dict[str, str]) -> dic
         return row
     row.update(json.loads(lines[-1][len("RESULT "):]))
     return row
-
-
-def _rss(p: Any) -> int:
-    """Proportional set size: shared pages (a forked process before exec) count once."""
-    try:
-        return int(p.memory_full_info().pss)
-    except Exception:  # the process ended between listing and reading
-        return 0
 
 
 def _communicate_wait4(proc: subprocess.Popen[str]) -> tuple[str, str, int]:
@@ -259,23 +230,12 @@ def _communicate_wait4(proc: subprocess.Popen[str]) -> tuple[str, str, int]:
 def _run_child(spec: dict[str, Any]) -> dict[str, Any]:
     from flyarchive.interop.nmf import build_world
 
-    model = build_world().model
-    kind = spec["kind"]
-    if kind == "flygym":
-        return _child_flygym(spec, model)
-    if kind == "renderer":
-        return _child_renderer(spec, model)
-    if kind == "videos":
-        return _child_videos(spec, model)
-    if kind == "dask":
-        return _child_dask(spec, model)
-    if kind == "warp":
-        return _child_warp(spec, model)
-    if kind == "warp-dask":
-        return _child_warp_dask(spec, model)
-    if kind == "profile":
-        return _child_profile(spec, model)
-    raise ValueError(f"unknown case kind {kind!r}")
+    children = {"flygym": _child_flygym, "renderer": _child_renderer, "videos": _child_videos,
+                "dask": _child_dask, "warp": _child_warp, "warp-dask": _child_warp_dask,
+                "profile": _child_profile}
+    if spec["kind"] not in children:
+        raise ValueError(f"unknown case kind {spec['kind']!r}; kinds: {', '.join(children)}")
+    return children[spec["kind"]](spec, build_world().model)
 
 
 def _states(url: str) -> Any:
@@ -508,18 +468,22 @@ def _summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
     return out
 
 
-def _print_row(row: dict[str, Any]) -> None:
-    if not getattr(_print_row, "header", False):
-        print(f"{'case':18} {'frames':>6} {'s':>8} {'fps':>7} {'tree PSS':>9} {'maxrss':>7} "
-              f"{'load1':>5}  notes")
-        _print_row.header = True  # type: ignore[attr-defined]
-    notes = row.get("error") or ", ".join(
-        f"{k}={v}" for k, v in row.items()
-        if k not in {"case", "frames", "seconds", "fps", "peak_pss_tree_mib", "maxrss_mib",
-                     "loadavg_1m"})
-    print(f"{row['case']:18} {row.get('frames', '-'):>6} {row.get('seconds', '-'):>8} "
-          f"{row.get('fps', '-'):>7} {row['peak_pss_tree_mib']:>9} {row['maxrss_mib']:>7} "
-          f"{row['loadavg_1m']:>5}  {notes}", flush=True)
+_COLUMNS = {"case": 18, "frames": 6, "seconds": 8, "fps": 7, "peak_pss_tree_mib": 9,
+            "maxrss_mib": 7, "loadavg_1m": 5}
+_TITLES = {"seconds": "s", "peak_pss_tree_mib": "tree PSS", "maxrss_mib": "maxrss",
+           "loadavg_1m": "load1"}
+
+
+def _notes(row: dict[str, Any]) -> str:
+    return " " + (row.get("error") or ", ".join(
+        f"{k}={v}" for k, v in row.items() if k not in _COLUMNS))
+
+
+ROW_TABLE = Table([
+    *(Column(_TITLES.get(key, key), width, key, align="<" if key == "case" else ">")
+      for key, width in _COLUMNS.items()),
+    Column(" notes", 0, _notes, align="<"),
+])
 
 
 def _print_summary(summary: dict[str, Any], meta: dict[str, Any]) -> None:
@@ -533,19 +497,5 @@ def _print_summary(summary: dict[str, Any], meta: dict[str, Any]) -> None:
             print(f"  {key}: {summary[key]}")
 
 
-def _versions() -> dict[str, str]:
-    from importlib.metadata import PackageNotFoundError, version
-
-    out = {}
-    for name in ("mujoco", "mujoco-warp", "warp-lang", "flygym", "zarr", "distributed",
-                 "imageio-ffmpeg"):
-        try:
-            out[name] = version(name)
-        except PackageNotFoundError:
-            out[name] = "missing"
-    return out
-
-
 if __name__ == "__main__":
-    sys.path.insert(0, str(Path(__file__).resolve().parent))
     main()

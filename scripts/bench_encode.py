@@ -27,9 +27,7 @@ Usage::
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import platform
 import queue
 import resource
 import subprocess
@@ -42,6 +40,7 @@ from typing import Any
 import imageio_ffmpeg
 import numpy as np
 
+from benchlib import Column, Table, add_json_option, host_info, parse_size, write_json
 from flyarchive.testing import rgb_to_i420
 from flyarchive.video import read_video
 
@@ -54,10 +53,11 @@ def main() -> None:
     rgb = make_frames(args.frames, *args.size)
     inputs = {"rgb24": rgb, "yuv420p": rgb_to_i420(rgb)}
     version = subprocess.run([exe, "-version"], capture_output=True, text=True).stdout
+    info = host_info()
     result: dict[str, Any] = {
-        "machine": {"platform": platform.platform(), "host": platform.node(),
-                    "cpu_count": os.cpu_count(), "ffmpeg": version.splitlines()[0]},
-        "args": vars(args), "rows": [],
+        "machine": {"platform": info["platform"], "host": info["host"],
+                    "cpu_count": info["cpus_total"], "ffmpeg": version.splitlines()[0]},
+        "args": vars(args), "rows": [], "host_info": info,
     }
     rows = result["rows"]
     with tempfile.TemporaryDirectory(prefix="bench-encode-") as tmp:
@@ -70,19 +70,18 @@ def main() -> None:
                         out = Path(tmp) / f"{preset}-{fmt}-t{threads}-j{jobs}"
                         rows.append(run_case(exe, name, inputs[fmt], fmt, preset, threads,
                                              jobs, args.videos, out))
-                        print(_format_row(rows[-1]), flush=True)
+                        print(TABLE.line(rows[-1]), flush=True)
                         firsts.setdefault(fmt, out / "v00000.mp4")
                 if args.long:
                     out = Path(tmp) / f"{preset}-{fmt}-long"
                     rows.append(run_case(exe, f"{preset} {fmt} long", inputs[fmt], fmt, preset,
                                          1, 1, 1, out, repeat=args.videos))
-                    print(_format_row(rows[-1]), flush=True)
+                    print(TABLE.line(rows[-1]), flush=True)
         if {"rgb24", "yuv420p"} <= firsts.keys():
             result["sanity"] = sanity(firsts["rgb24"], firsts["yuv420p"], rgb)
             print("sanity:", result["sanity"], flush=True)
     _print_table(result)
-    if args.json:
-        Path(args.json).write_text(json.dumps(result, indent=2))
+    write_json(args.json, result, indent=2)
 
 
 def _parse_args() -> argparse.Namespace:
@@ -92,9 +91,9 @@ def _parse_args() -> argparse.Namespace:
     def words(s: str) -> list[str]:
         return [v.strip() for v in s.split(",") if v.strip()]
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--json", help="also write the result as JSON to this path")
-    parser.add_argument("--size", type=lambda s: tuple(int(v) for v in s.split("x")),
-                        default=(240, 320), help="frame size HEIGHTxWIDTH (default 240x320)")
+    add_json_option(parser, "also write the result as JSON to this path")
+    parser.add_argument("--size", type=parse_size, default=(240, 320),
+                        help="frame size HEIGHTxWIDTH (default 240x320)")
     parser.add_argument("--frames", type=int, default=100, help="frames per video")
     parser.add_argument("--videos", type=int, default=128, help="videos per case")
     parser.add_argument("--jobs", type=ints, default=[os.cpu_count() or 1],
@@ -109,7 +108,7 @@ def _parse_args() -> argparse.Namespace:
     args = parser.parse_args()
     if min(args.frames, args.videos, *args.jobs, *args.threads_per_encoder) < 1:
         parser.error("--frames, --videos, --jobs and --threads-per-encoder must be positive")
-    if len(args.size) != 2 or args.size[0] % 2 or args.size[1] % 2:
+    if args.size[0] % 2 or args.size[1] % 2:
         parser.error("--size must be HEIGHTxWIDTH with both even (yuv420p)")
     if not set(args.formats) <= {"rgb24", "yuv420p"}:
         parser.error("--formats must be among rgb24, yuv420p")
@@ -214,18 +213,17 @@ def sanity(rgb_mp4: Path, yuv_mp4: Path, source: np.ndarray) -> dict[str, float]
 
 
 # ----------------------------------------------------------------------------- output
-def _format_row(r: dict[str, Any]) -> str:
-    return (f"{r['case']:<28} {r['jobs']:>5} {r['frames']:>8} {r['wall_s']:>9.2f} "
-            f"{r['fps']:>10.1f} {r['proc_mean_s']:>10.3f} {r['cpu_ms_per_frame']:>13.3f}")
+TABLE = Table([
+    Column("case", 28, "case", align="<"), Column("jobs", 5, "jobs"),
+    Column("frames", 8, "frames"), Column("wall s", 9, "wall_s", ".2f"),
+    Column("frames/s", 10, "fps", ".1f"), Column("proc s", 10, "proc_mean_s", ".3f"),
+    Column("cpu ms/frame", 13, "cpu_ms_per_frame", ".3f"),
+])
 
 
 def _print_table(result: dict[str, Any]) -> None:
     m = result["machine"]
-    print(f"\n{m['host']}: {m['cpu_count']} cpus, {m['ffmpeg']}")
-    print(f"{'case':<28} {'jobs':>5} {'frames':>8} {'wall s':>9} {'frames/s':>10} "
-          f"{'proc s':>10} {'cpu ms/frame':>13}")
-    for r in result["rows"]:
-        print(_format_row(r))
+    TABLE.print(result["rows"], title=f"\n{m['host']}: {m['cpu_count']} cpus, {m['ffmpeg']}")
     for k, v in result.get("sanity", {}).items():
         print(f"{k} {v}")
 

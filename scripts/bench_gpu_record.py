@@ -26,10 +26,7 @@ Usage:
 
 import argparse
 import copy
-import json
-import platform
 import tempfile
-import threading
 import time
 import warnings
 from typing import Any
@@ -37,7 +34,16 @@ from typing import Any
 import fsspec
 import mujoco
 import numpy as np
-import psutil
+
+from benchlib import (
+    Column,
+    PeakMemory,
+    Table,
+    add_json_option,
+    gpu_bench_host_keys,
+    tree_memory,
+    write_json,
+)
 
 
 def main() -> None:
@@ -51,7 +57,6 @@ def main() -> None:
     wp.config.quiet = True
     device = wp.get_device({"cuda": "cuda:0", "cpu": "cpu"}[args.device])
     model, data0, label = _model(args.model)
-    rss = _PeakRss()
     with wp.ScopedDevice(device), warnings.catch_warnings():
         warnings.simplefilter("ignore", UserWarning)
         m = mjw.put_model(model)
@@ -65,7 +70,7 @@ def main() -> None:
         setup_s = time.perf_counter() - setup_start
 
         _restore(d, start)
-        rss_before = rss.current()
+        rss_before = tree_memory()
         base_s = _timed(lambda: _loop(step, args.steps, None, d), wp, device)
 
         _restore(d, start)
@@ -74,13 +79,12 @@ def main() -> None:
         recorder = WarpTrajectoryRecorder(
             out, model, args.nworld, worlds=worlds, chunk_frames=args.chunk_frames, mode="w"
         )
-        rss.start()
-        recorder.record_as_needed(d)  # creates the archive and records the initial state
-        rec_s = _timed(lambda: _loop(step, args.steps, recorder, d), wp, device)
-        close_start = time.perf_counter()
-        recorder.close()  # commits the frames still buffered
-        close_s = time.perf_counter() - close_start
-        rss.stop()
+        with PeakMemory(interval_s=0.02) as memory:  # this process (no children)
+            recorder.record_as_needed(d)  # creates the archive and records the initial state
+            rec_s = _timed(lambda: _loop(step, args.steps, recorder, d), wp, device)
+            close_start = time.perf_counter()
+            recorder.close()  # commits the frames still buffered
+            close_s = time.perf_counter() - close_start
 
     base_sps = args.steps / base_s
     rec_sps = args.steps / rec_s
@@ -103,21 +107,17 @@ def main() -> None:
         "frames": recorder.committed_frames,
         "bytes_stored": _bytes_stored(out),
         "rss_before_mb": round(rss_before / 2**20, 1),
-        "rss_peak_recording_mb": round(rss.peak / 2**20, 1),
+        "rss_peak_recording_mb": memory.results["peak_mib"],
         "out": out,
-        "host": platform.node(),
-        "mujoco": mujoco.__version__,
-        "warp": wp.config.version,
+        **gpu_bench_host_keys(),
     }
-    _print_table(result)
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(result, f, indent=2)
+    TABLE.print([result])
+    write_json(args.json, result, indent=2)
 
 
 def _parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--json", help="also write the result as JSON to this path")
+    add_json_option(parser, "also write the result as JSON to this path")
     parser.add_argument("--device", choices=["cuda", "cpu"], default="cuda", help="Warp device")
     parser.add_argument("--nworld", type=int, default=4096, help="simulated worlds")
     parser.add_argument("--steps", type=int, default=2000, help="timed steps per run")
@@ -203,47 +203,16 @@ def _bytes_stored(url: str) -> int:
     return int(sum(fs.du(path, total=False).values()))
 
 
-class _PeakRss:
-    """Host resident memory of this process, sampled every 20 ms between start and stop."""
-
-    def __init__(self) -> None:
-        self._process = psutil.Process()
-        self.peak = 0
-        self._done = threading.Event()
-        self._thread = threading.Thread(target=self._sample, daemon=True)
-
-    def current(self) -> int:
-        return int(self._process.memory_info().rss)
-
-    def start(self) -> None:
-        self.peak = self.current()
-        self._thread.start()
-
-    def stop(self) -> None:
-        self._done.set()
-        self._thread.join()
-        self.peak = max(self.peak, self.current())
-
-    def _sample(self) -> None:
-        while not self._done.wait(0.02):
-            self.peak = max(self.peak, self.current())
-
-
-def _print_table(r: dict[str, Any]) -> None:
-    header = (
-        f"{'model':<6} {'device':<7} {'nworld':>7} {'rec':>6} {'steps':>6} {'steps/s':>9} "
-        f"{'rec steps/s':>11} {'overhead':>9} {'close s':>8} {'frames':>7} {'MB stored':>10} "
-        f"{'RSS MB':>8}"
-    )
-    row = (
-        f"{r['model']:<6} {r['device']:<7} {r['nworld']:>7} {r['recorded_worlds']:>6} "
-        f"{r['steps']:>6} {r['steps_per_s']:>9.1f} {r['steps_per_s_recording']:>11.1f} "
-        f"{r['overhead_pct']:>8.1f}% {r['close_s']:>8.2f} {r['frames']:>7} "
-        f"{r['bytes_stored'] / 1e6:>10.2f} "
-        f"{r['rss_peak_recording_mb']:>8.0f}"
-    )
-    print(header)
-    print(row)
+TABLE = Table([
+    Column("model", 6, "model", align="<"), Column("device", 7, "device", align="<"),
+    Column("nworld", 7, "nworld"), Column("rec", 6, "recorded_worlds"), Column("steps", 6, "steps"),
+    Column("steps/s", 9, "steps_per_s", ".1f"),
+    Column("rec steps/s", 11, "steps_per_s_recording", ".1f"),
+    Column("overhead", 9, lambda r: f"{r['overhead_pct']:.1f}%"),
+    Column("close s", 8, "close_s", ".2f"), Column("frames", 7, "frames"),
+    Column("MB stored", 10, lambda r: r["bytes_stored"] / 1e6, ".2f"),
+    Column("RSS MB", 8, "rss_peak_recording_mb", ".0f"),
+])
 
 
 if __name__ == "__main__":

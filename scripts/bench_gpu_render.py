@@ -18,13 +18,21 @@ Usage:
 from __future__ import annotations
 
 import argparse
-import json
-import platform
 import time
 from typing import Any
 
 import mujoco
 import numpy as np
+
+from benchlib import (
+    Column,
+    Table,
+    add_json_option,
+    gpu_bench_host_keys,
+    parse_size,
+    replay_states,
+    write_json,
+)
 
 
 def main() -> None:
@@ -63,27 +71,21 @@ def main() -> None:
         "setup_s": round(setup_s, 3),
         "raw_fps": round(n_batches * args.worlds / raw_s, 2),
         "batch_fps": round(args.frames / batch_s, 2),
-        "host": platform.node(),
-        "mujoco": mujoco.__version__,
-        "warp": wp.config.version,
+        **gpu_bench_host_keys(),
     }
-    _print_table(result)
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(result, f, indent=2)
+    TABLE.print([result])
+    write_json(args.json, result, indent=2)
 
 
 def _parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--json", help="also write the result as JSON to this path")
+    add_json_option(parser, "also write the result as JSON to this path")
     parser.add_argument("--device", choices=["cuda", "cpu"], help="Warp device (default: Warp's)")
     parser.add_argument("--worlds", type=int, default=16, help="B, states per batch")
     parser.add_argument("--frames", type=int, default=64, help="states rendered in the timed run")
     parser.add_argument("--model", choices=["tiny", "nmf"], default="tiny")
-    parser.add_argument(
-        "--size", type=lambda s: tuple(int(v) for v in s.split("x")), default=(240, 320),
-        help="frame size HEIGHTxWIDTH (default 240x320)",
-    )
+    parser.add_argument("--size", type=parse_size, default=(240, 320),
+                        help="frame size HEIGHTxWIDTH (default 240x320)")
     args = parser.parse_args()
     if args.worlds < 1 or args.frames < 1:
         parser.error("--worlds and --frames must be positive")
@@ -91,22 +93,11 @@ def _parse_args() -> argparse.Namespace:
 
 
 def _states(which: str, n_frames: int) -> tuple[mujoco.MjModel, str, np.ndarray]:
-    """The model, its camera, and ``(n_frames, nq)`` float32 qpos to render."""
-    if which == "tiny":
-        from flyarchive.testing import tiny_model
-
-        model = tiny_model()
-        rng = np.random.default_rng(0)
-        qpos = np.tile(model.qpos0, (n_frames, 1))
-        qpos[:, 7] = rng.uniform(-1.0, 1.0, n_frames)
-        qpos[:, 12] = rng.uniform(-0.1, 0.1, n_frames)
-        return model, "front", qpos.astype(np.float32)
-    from flyarchive.interop import nmf
-
-    world = nmf.build_world()
-    walk = nmf.walk_qpos(min(n_frames, 100), dtype=np.float32, world=world)
-    qpos = np.resize(walk, (n_frames, world.model.nq))  # repeat the walk
-    return world.model, world.cameras[0], qpos
+    """The model, its camera, and ``(n_frames, nq)`` float32 qpos to render: one world's
+    states of :func:`benchlib.replay_states`, at most 100 of them, repeated."""
+    states = replay_states(which, 1, min(n_frames, 100))
+    qpos = np.resize(states.qpos[0], (n_frames, states.model.nq))
+    return states.model, states.camera, qpos
 
 
 def _time(step: Any, n: int, renderer: Any) -> float:
@@ -125,18 +116,13 @@ def _time_batches(renderer: Any, batches: list[np.ndarray]) -> float:
     return time.perf_counter() - start
 
 
-def _print_table(r: dict[str, Any]) -> None:
-    header = (
-        f"{'model':<6} {'device':<8} {'B':>6} {'frames':>7} {'HxW':>9} "
-        f"{'setup s':>8} {'raw f/s':>10} {'batch f/s':>10}"
-    )
-    size = f"{r['size'][0]}x{r['size'][1]}"
-    row = (
-        f"{r['model']:<6} {r['device']:<8} {r['worlds']:>6} {r['frames']:>7} {size:>9} "
-        f"{r['setup_s']:>8.1f} {r['raw_fps']:>10.1f} {r['batch_fps']:>10.1f}"
-    )
-    print(header)
-    print(row)
+TABLE = Table([
+    Column("model", 6, "model", align="<"), Column("device", 8, "device", align="<"),
+    Column("B", 6, "worlds"), Column("frames", 7, "frames"),
+    Column("HxW", 9, lambda r: f"{r['size'][0]}x{r['size'][1]}"),
+    Column("setup s", 8, "setup_s", ".1f"), Column("raw f/s", 10, "raw_fps", ".1f"),
+    Column("batch f/s", 10, "batch_fps", ".1f"),
+])
 
 
 if __name__ == "__main__":

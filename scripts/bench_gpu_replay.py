@@ -37,31 +37,42 @@ jittered per world; or the tiny test model). Rows of the table:
 A frame is one (state, camera) image. Peak RSS is sampled every 20 ms over this
 process and its children (ffmpeg), per row; ``cpu_s`` is this process's CPU time
 and ``cpu_children_s`` that of its finished children (ffmpeg), per row. flyarchive
-rows carry ``stages_s``, the pipeline's stage timers (``gpu_videos.STATS``).
+rows carry ``stages_s``, the pipeline's stage timers (``warp_pipeline.STATS``).
 
 Usage:
     python scripts/bench_gpu_replay.py --device cpu --model tiny --worlds 4 --frames 10 \\
         --batch 16 --size 48x64
     python scripts/bench_gpu_replay.py --device cuda --model nmf --worlds 128 --frames 100 \\
-        --batch 1024 --json replay.json
+        --batch 1024 --json replay.json [--cache /tmp/flyarchive-bench-gpu]
 """
 
 from __future__ import annotations
 
 import argparse
-import json
-import platform
+import os
 import tempfile
-import threading
 import time
 import traceback
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
+from unittest import mock
 
-import mujoco
 import numpy as np
+
+from benchlib import (
+    Column,
+    PeakMemory,
+    ReplayStates,
+    Table,
+    add_json_option,
+    cached_archive,
+    gpu_bench_host_keys,
+    parse_size,
+    replay_states,
+    write_json,
+)
 
 
 def main() -> None:
@@ -71,133 +82,96 @@ def main() -> None:
     wp.config.quiet = True
     device = {"cuda": "cuda:0", "cpu": "cpu"}[args.device]
     backend = {"cuda": "gpu", "cpu": "warp-cpu"}[args.device]
-    model, camera, qpos, mocap = _states(args.model, args.worlds, args.frames)
+    st = replay_states(args.model, args.worlds, args.frames, cache=args.cache)
     n_frames = args.worlds * args.frames  # one camera: one image per state
 
     result: dict[str, Any] = {
         "model": args.model, "device": device, "worlds": args.worlds, "frames": args.frames,
-        "batch": args.batch, "size": list(args.size), "camera": camera, "nq": model.nq,
-        "ngeom": model.ngeom, "images": n_frames, "host": platform.node(),
-        "mujoco": mujoco.__version__, "warp": wp.config.version, "rows": {},
+        "batch": args.batch, "size": list(args.size), "camera": st.camera, "nq": st.model.nq,
+        "ngeom": st.model.ngeom, "images": n_frames, **gpu_bench_host_keys(), "rows": {},
     }
     rows = result["rows"]
     with tempfile.TemporaryDirectory(prefix="bench-gpu-replay-") as tmp:
-        url = _write_archive(Path(tmp) / "run.zarr", model, qpos, mocap)
-        rows["raw"], rows["batch"] = _renderer_rows(model, camera, qpos, mocap, args, device)
-        _warm_up(url, model, camera, qpos, mocap, args, device, backend, Path(tmp) / "warm")
+        url = cached_archive(
+            Path(args.cache or tmp), f"{args.model}-{args.worlds}x{args.frames}-float32",
+            st.model, lambda: st.qpos, mocap=st.mocap, source="mujoco-warp",
+            chunk_frames=min(args.frames, 100), shard_worlds=min(args.worlds, 64))
+        rows["raw"], rows["batch"] = _renderer_rows(st, args, device)
+        _warm_up(url, st, args, device, backend, Path(tmp) / "warm")
         rows["read"] = _measure(n_frames, lambda: _read_all(url, args.batch))
-        rows["pipelined"] = _pipelined_row(model, camera, qpos, mocap, args, device)
+        rows["pipelined"] = _pipelined_row(st, args, device)
         presets = [p for p in args.presets.split(",") if p]
-        stub = _prerendered(model, camera, qpos, mocap, args, device)
+        stub = _prerendered(st, args, device)
         for preset in [None, *presets]:
             name = "encode_only" + (f"_{preset}" if preset else "")
             rows[name] = _stages(n_frames, lambda p=preset, n=name: _encode_only(
-                url, model, camera, Path(tmp) / n, args, backend, stub, p))
+                url, st, Path(tmp) / n, args, backend, stub, p))
         rows["flyarchive"] = _stages(n_frames, lambda: _flyarchive(
-            url, model, camera, Path(tmp) / "fa", args, backend))
+            url, st, Path(tmp) / "fa", args, backend))
         rows["flyarchive_warm"] = _stages(n_frames, lambda: _flyarchive(
-            url, model, camera, Path(tmp) / "fa-warm", args, backend))
+            url, st, Path(tmp) / "fa-warm", args, backend))
         for preset in presets:
             for encoders in [int(e) for e in args.encoders.split(",") if e] or [0]:
                 name = f"flyarchive_{preset}" + (f"_e{encoders}" if encoders else "")
                 rows[name] = _stages(n_frames, lambda p=preset, e=encoders, n=name: _flyarchive(
-                    url, model, camera, Path(tmp) / n, args, backend, preset=p, encoders=e))
+                    url, st, Path(tmp) / n, args, backend, preset=p, encoders=e))
         if device.startswith("cuda"):  # row 3 launching kernel by kernel (no CUDA graph)
             rows["flyarchive_no_graph"] = _stages(n_frames, lambda: _no_graph(
-                lambda: _flyarchive(url, model, camera, Path(tmp) / "fa-ng", args, backend)))
+                lambda: _flyarchive(url, st, Path(tmp) / "fa-ng", args, backend)))
         for wpb in (32, 256) if args.flygym else ():
             rows[f"flygym_b{wpb}"] = _measure(n_frames, lambda wpb=wpb: _flygym(
-                model, camera, qpos, mocap, args, device, wpb, Path(tmp) / f"fg{wpb}"))
+                st, args, device, wpb, Path(tmp) / f"fg{wpb}"))
     fly = [r for k, r in rows.items() if k.startswith("flygym") and "fps" in r]
     if fly and "fps" in rows["flyarchive"]:
         best = max(fly, key=lambda r: r["fps"])
         result["flygym_best_fps"] = best["fps"]
         result["ratio_flyarchive_over_flygym"] = round(rows["flyarchive"]["fps"] / best["fps"], 3)
     _print_table(result)
-    if args.json:
-        Path(args.json).write_text(json.dumps(result, indent=2))
+    write_json(args.json, result, indent=2)
 
 
 def _parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--json", help="also write the result as JSON to this path")
+    add_json_option(parser, "also write the result as JSON to this path")
     parser.add_argument("--device", choices=["cuda", "cpu"], default="cuda", help="Warp device")
     parser.add_argument("--worlds", type=int, default=128, help="worlds in the archive")
     parser.add_argument("--frames", type=int, default=100, help="frames per world")
     parser.add_argument("--batch", type=int, default=1024, help="B, states per flyarchive batch")
     parser.add_argument("--model", choices=["nmf", "tiny"], default="nmf")
-    parser.add_argument(
-        "--size", type=lambda s: tuple(int(v) for v in s.split("x")), default=(240, 320),
-        help="frame size HEIGHTxWIDTH (default 240x320)",
-    )
+    parser.add_argument("--size", type=parse_size, default=(240, 320),
+                        help="frame size HEIGHTxWIDTH (default 240x320)")
     parser.add_argument("--presets", default="veryfast",
                         help="x264 presets of extra flyarchive and encode_only rows (comma list)")
     parser.add_argument("--encoders", default="",
                         help="encoder threads of the extra rows (comma list; default: cores)")
     parser.add_argument("--no-flygym", dest="flygym", action="store_false",
                         help="skip flygym's render_trajectories_gpu rows")
+    parser.add_argument("--cache", metavar="DIR", type=Path, default=None,
+                        help="keep the walk and the archive here and reuse them "
+                             "(default: built again in a temporary folder)")
     args = parser.parse_args()
     if min(args.worlds, args.frames, args.batch) < 1:
         parser.error("--worlds, --frames and --batch must be positive")
     return args
 
 
-# ----------------------------------------------------------------------------- data
-def _states(which: str, n_worlds: int, n_frames: int
-            ) -> tuple[mujoco.MjModel, str, np.ndarray, tuple[np.ndarray, np.ndarray] | None]:
-    """The model, its camera, ``(worlds, frames, nq)`` float32 qpos and mocap poses or None."""
-    rng = np.random.default_rng(0)
-    if which == "tiny":
-        from flyarchive.testing import tiny_model
-
-        model = tiny_model()
-        qpos = np.tile(model.qpos0, (n_worlds, n_frames, 1))
-        qpos[..., 7] = rng.uniform(-1.0, 1.0, (n_worlds, n_frames))  # shoulder
-        qpos[..., 12] = rng.uniform(-0.1, 0.1, (n_worlds, n_frames))  # slider
-        data = mujoco.MjData(model)
-        mocap_pos = np.broadcast_to(data.mocap_pos, (n_worlds, n_frames, model.nmocap, 3))
-        mocap_quat = np.broadcast_to(data.mocap_quat, (n_worlds, n_frames, model.nmocap, 4))
-        mocap = (mocap_pos.astype(np.float32), mocap_quat.astype(np.float32))
-        return model, "front", qpos.astype(np.float32), mocap
-    from flyarchive.interop import nmf
-
-    world = nmf.build_world()
-    walk = nmf.walk_qpos(n_frames, dtype=np.float64, world=world)  # (frames, nq)
-    qpos = np.repeat(walk[None], n_worlds, axis=0)
-    qpos[:, :, :2] += rng.normal(0.0, 2.0, (n_worlds, 1, 2))  # per-world offset, mm
-    qpos[:, :, 7:] += rng.normal(0.0, 0.02, (n_worlds, n_frames, walk.shape[1] - 7))  # rad
-    return world.model, world.cameras[0], qpos.astype(np.float32), None
-
-
-def _write_archive(url: Path, model: mujoco.MjModel, qpos: np.ndarray,
-                   mocap: tuple[np.ndarray, np.ndarray] | None) -> str:
-    from flyarchive.clock import Timing
-    from flyarchive.layout import ModelLayout
-    from flyarchive.store import ArchiveSpec, ArchiveWriter, FrameBlock
-
-    n_worlds, n_frames, _ = qpos.shape
-    timing = Timing(float(model.opt.timestep), 25.0, 0.2)
-    spec = ArchiveSpec(ModelLayout.from_model(model), timing, tuple(range(n_worlds)),
-                       dtype="float32", source="mujoco-warp", chunk_frames=min(n_frames, 100),
-                       shard_worlds=min(n_worlds, 64))
-    writer = ArchiveWriter.create(str(url), spec)
-    times = np.arange(n_frames) * timing.interval
-    writer.write(FrameBlock(times, qpos, *(mocap or (None, None))))
-    return str(url)
-
-
 # ----------------------------------------------------------------------------- rows
-def _renderer_rows(model: mujoco.MjModel, camera: str, qpos: np.ndarray,
-                   mocap: tuple[np.ndarray, np.ndarray] | None, args: argparse.Namespace,
+def _flat(st: ReplayStates, batch: int) -> tuple[np.ndarray, tuple[np.ndarray, ...], int]:
+    """All states one after the other ``(worlds * frames, nq)``, their mocap poses (``()``
+    when the model has none), and the batch size ``B`` (at most the number of states)."""
+    states = st.qpos.reshape(-1, st.qpos.shape[-1])
+    mocap = () if st.mocap is None else tuple(m.reshape(-1, *m.shape[2:]) for m in st.mocap)
+    return states, mocap, min(batch, len(states))
+
+
+def _renderer_rows(st: ReplayStates, args: argparse.Namespace,
                    device: str) -> tuple[dict[str, Any], dict[str, Any]]:
     from flyarchive.replay.warp import WarpBatchRenderer
 
-    states = qpos.reshape(-1, qpos.shape[-1])
-    flat_mocap = None if mocap is None else tuple(m.reshape(-1, *m.shape[2:]) for m in mocap)
-    b = min(args.batch, len(states))
+    states, mocap, b = _flat(st, args.batch)
     start = time.perf_counter()
-    renderer = WarpBatchRenderer(model, camera, args.size, batch_worlds=b, device=device)
-    renderer.render_batch(states[:b], *(m[:b] for m in flat_mocap or ()))  # compile or load
+    renderer = WarpBatchRenderer(st.model, st.camera, args.size, batch_worlds=b, device=device)
+    renderer.render_batch(states[:b], *(m[:b] for m in mocap))  # compile or load
     setup_s = time.perf_counter() - start
     n_batches = -(-len(states) // b)
 
@@ -208,7 +182,7 @@ def _renderer_rows(model: mujoco.MjModel, camera: str, qpos: np.ndarray,
 
     def batch(r: Any) -> None:
         for i in range(0, len(states), b):
-            r.render_batch(states[i:i + b], *(m[i:i + b] for m in flat_mocap or ()))
+            r.render_batch(states[i:i + b], *(m[i:i + b] for m in mocap))
 
     raw_row = _measure(n_batches * b, raw)
     raw_row["setup_s"] = round(setup_s, 3)
@@ -229,31 +203,27 @@ def _renderer_rows(model: mujoco.MjModel, camera: str, qpos: np.ndarray,
             raw_row["graph"] = {"error": f"{type(err).__name__}: {err}"[:300]}
         print("raw as a CUDA graph:", raw_row["graph"], flush=True)
     batch_row = _measure(len(states), lambda: batch(renderer))
-    yuv = WarpBatchRenderer(model, camera, args.size, batch_worlds=b, device=device,
+    yuv = WarpBatchRenderer(st.model, st.camera, args.size, batch_worlds=b, device=device,
                             pixel_format="yuv420p")
-    yuv.render_batch(states[:b], *(m[:b] for m in flat_mocap or ()))
+    yuv.render_batch(states[:b], *(m[:b] for m in mocap))
     batch_row["yuv420p"] = _measure(len(states), lambda: batch(yuv))
     return raw_row, batch_row
 
 
-def _pipelined_row(model: mujoco.MjModel, camera: str, qpos: np.ndarray,
-                   mocap: tuple[np.ndarray, np.ndarray] | None, args: argparse.Namespace,
-                   device: str) -> dict[str, Any]:
+def _pipelined_row(st: ReplayStates, args: argparse.Namespace, device: str) -> dict[str, Any]:
     """yuv420p batches submitted one ahead of the one waited for: the GPU stage's limit."""
     from flyarchive.replay.warp import WarpBatchRenderer
 
-    states = qpos.reshape(-1, qpos.shape[-1])
-    flat_mocap = None if mocap is None else tuple(m.reshape(-1, *m.shape[2:]) for m in mocap)
-    b = min(args.batch, len(states))
+    states, mocap, b = _flat(st, args.batch)
     start = time.perf_counter()
-    renderer = WarpBatchRenderer(model, camera, args.size, batch_worlds=b, device=device,
+    renderer = WarpBatchRenderer(st.model, st.camera, args.size, batch_worlds=b, device=device,
                                  pixel_format="yuv420p", host_buffers=2)
     built = time.perf_counter() - start
 
     def run() -> None:
         pending = None
         for i, k in enumerate(range(0, len(states), b)):
-            submitted = renderer.submit(states[k:k + b], *(m[k:k + b] for m in flat_mocap or ()),
+            submitted = renderer.submit(states[k:k + b], *(m[k:k + b] for m in mocap),
                                         buffer=i % 2)
             if pending is not None:
                 pending.wait()
@@ -283,33 +253,24 @@ class _Prerendered:
         return type("Done", (), {"wait": staticmethod(lambda: frames)})()
 
 
-def _prerendered(model: mujoco.MjModel, camera: str, qpos: np.ndarray,
-                 mocap: tuple[np.ndarray, np.ndarray] | None, args: argparse.Namespace,
-                 device: str) -> _Prerendered:
+def _prerendered(st: ReplayStates, args: argparse.Namespace, device: str) -> _Prerendered:
     """The first batch's yuv420p frames, rendered once, handed out for every batch."""
     from flyarchive.replay.warp import WarpBatchRenderer
 
-    states = qpos.reshape(-1, qpos.shape[-1])
-    b = min(args.batch, len(states))
-    renderer = WarpBatchRenderer(model, camera, args.size, batch_worlds=b, device=device,
+    states, mocap, b = _flat(st, args.batch)
+    renderer = WarpBatchRenderer(st.model, st.camera, args.size, batch_worlds=b, device=device,
                                  pixel_format="yuv420p")
-    first = renderer.render_batch(states[:b], *(m.reshape(-1, *m.shape[2:])[:b]
-                                                for m in mocap or ()))
+    first = renderer.render_batch(states[:b], *(m[:b] for m in mocap))
     return _Prerendered(first, renderer.default_state)
 
 
-def _encode_only(url: str, model: mujoco.MjModel, camera: str, out: Path,
-                 args: argparse.Namespace, backend: str, stub: _Prerendered,
-                 preset: str | None) -> None:
+def _encode_only(url: str, st: ReplayStates, out: Path, args: argparse.Namespace, backend: str,
+                 stub: _Prerendered, preset: str | None) -> None:
     """Row 3 with the renderer replaced by ``stub`` (frames rendered beforehand)."""
-    from flyarchive.distribute import warp_pipeline as gpu_videos
+    from flyarchive.distribute import warp_pipeline
 
-    real = gpu_videos._renderer
-    gpu_videos._renderer = lambda *_, **__: stub
-    try:
-        _flyarchive(url, model, camera, out, args, backend, preset=preset)
-    finally:
-        gpu_videos._renderer = real
+    with mock.patch.object(warp_pipeline, "_renderer", lambda *_, **__: stub):
+        _flyarchive(url, st, out, args, backend, preset=preset)
 
 
 def _read_all(url: str, batch_worlds: int) -> None:
@@ -324,88 +285,70 @@ def _read_all(url: str, batch_worlds: int) -> None:
         reader.read([(jobs[p.job].world_index, p.start, p.stop) for p in batch.pieces])
 
 
-def _flyarchive(url: str, model: mujoco.MjModel, camera: str, out: Path,
-                args: argparse.Namespace, backend: str, preset: str | None = None,
-                encoders: int = 0) -> None:
+def _flyarchive(url: str, st: ReplayStates, out: Path, args: argparse.Namespace, backend: str,
+                preset: str | None = None, encoders: int = 0) -> None:
     """``render_videos`` of every world; x264 ``preset`` (None: the backend's default)."""
     from flyarchive.distribute.api import RenderOptions, render_videos
     from flyarchive.video import VideoOptions
 
     options = RenderOptions(size=args.size, backend=backend, batch_worlds=args.batch,
                             video=VideoOptions(preset=preset) if preset else None)
-    with _environ("FLYARCHIVE_ENCODERS", str(encoders)):  # 0: one per core
-        render_videos(url, model, camera, str(out), options=options, n_workers=0)
+    with mock.patch.dict(os.environ, {"FLYARCHIVE_ENCODERS": str(encoders)}):  # 0: one per core
+        render_videos(url, st.model, st.camera, str(out), options=options, n_workers=0)
 
 
 def _no_graph(run: Callable[[], None]) -> None:
     """``run()`` with a fresh renderer that launches kernel by kernel (no CUDA graph)."""
-    from flyarchive.distribute import warp_pipeline as gpu_videos
+    from flyarchive.distribute import warp_pipeline
 
-    gpu_videos._renderers.clear()
+    warp_pipeline._renderers.clear()
     try:
-        with _environ("FLYARCHIVE_CUDA_GRAPH", "0"):
+        with mock.patch.dict(os.environ, {"FLYARCHIVE_CUDA_GRAPH": "0"}):
             run()
     finally:
-        gpu_videos._renderers.clear()
+        warp_pipeline._renderers.clear()
 
 
-@contextmanager
-def _environ(name: str, value: str) -> Iterator[None]:
-    """``os.environ[name] = value`` inside the block, as it was after it."""
-    import os
-
-    before = os.environ.get(name)
-    os.environ[name] = value
-    try:
-        yield
-    finally:
-        if before is None:
-            os.environ.pop(name)
-        else:
-            os.environ[name] = before
-
-
-def _flygym(model: mujoco.MjModel, camera: str, qpos: np.ndarray,
-            mocap: tuple[np.ndarray, np.ndarray] | None, args: argparse.Namespace,
-            device: str, worlds_per_batch: int, out: Path | None) -> None:
+def _flygym(st: ReplayStates, args: argparse.Namespace, device: str, worlds_per_batch: int,
+            out: Path | None) -> None:
     import warp as wp
     from flygym.recording import RecordedTrajectory
     from flygym.warp.recording import render_trajectories_gpu
 
     from flyarchive.replay.warp_model import prepare_for_batch_rendering
 
-    times = np.arange(qpos.shape[1]) * 0.2 / 25.0
+    times = np.arange(st.qpos.shape[1]) * 0.2 / 25.0
     trajectories = [
         RecordedTrajectory(
-            time=times, qpos=qpos[w], output_fps=25, playback_speed=0.2, world_id=w,
-            mocap_pos=None if mocap is None else mocap[0][w],
-            mocap_quat=None if mocap is None else mocap[1][w],
+            time=times, qpos=st.qpos[w], output_fps=25, playback_speed=0.2, world_id=w,
+            mocap_pos=None if st.mocap is None else st.mocap[0][w],
+            mocap_quat=None if st.mocap is None else st.mocap[1][w],
         )
-        for w in range(qpos.shape[0])
+        for w in range(st.qpos.shape[0])
     ]
     with wp.ScopedDevice(device):
-        render_trajectories_gpu(prepare_for_batch_rendering(model), trajectories, camera, out,
-                                camera_res=tuple(args.size), worlds_per_batch=worlds_per_batch)
+        render_trajectories_gpu(prepare_for_batch_rendering(st.model), trajectories, st.camera,
+                                out, camera_res=tuple(args.size), worlds_per_batch=worlds_per_batch)
 
 
-def _warm_up(url: str, model: mujoco.MjModel, camera: str, qpos: np.ndarray,
-             mocap: tuple[np.ndarray, np.ndarray] | None, args: argparse.Namespace,
-             device: str, backend: str, out: Path) -> None:
+def _warm_up(url: str, st: ReplayStates, args: argparse.Namespace, device: str, backend: str,
+             out: Path) -> None:
     """Compile (or load) both libraries' kernels on one frame, so no timed row pays for it.
 
     Renderer setup (model upload, BVH build) stays in both end-to-end rows: flyarchive's
     cached renderer is dropped, and flygym builds its own on every call anyway.
     """
+    from flyarchive.distribute import warp_pipeline
     from flyarchive.distribute.api import RenderOptions, render_videos
-    from flyarchive.distribute import warp_pipeline as gpu_videos
 
     options = RenderOptions(size=args.size, backend=backend, batch_worlds=args.batch)
-    render_videos(url, model, camera, str(out / "fa"), worlds=[0], time=(0.0, 0.0),
+    render_videos(url, st.model, st.camera, str(out / "fa"), worlds=[0], time=(0.0, 0.0),
                   options=options)
-    gpu_videos._renderers.clear()
+    warp_pipeline._renderers.clear()
     if args.flygym:
-        one = (qpos[:1, :1], None if mocap is None else (mocap[0][:1, :1], mocap[1][:1, :1]))
-        _measure(1, lambda: _flygym(model, camera, *one, args, device, 1, None))
+        mocap = None if st.mocap is None else (st.mocap[0][:1, :1], st.mocap[1][:1, :1])
+        one = ReplayStates(st.model, st.camera, st.qpos[:1, :1], mocap)
+        _measure(1, lambda: _flygym(one, args, device, 1, None))
 
 
 # ----------------------------------------------------------------------------- measuring
@@ -421,73 +364,70 @@ def _measure(n_images: int, run: Callable[[], None]) -> dict[str, Any]:
         return usage.ru_utime + usage.ru_stime
 
     before = cpu(resource.RUSAGE_SELF), cpu(resource.RUSAGE_CHILDREN)
-    with _peak_rss() as peak:
+    error = None
+    with PeakMemory(interval_s=0.02) as memory:
         start = time.perf_counter()
         try:
             run()
         except Exception as err:  # reported in the table, not raised
             traceback.print_exc()
-            return {"error": f"{type(err).__name__}: {err}"[:300], "peak_rss_mb": peak()}
+            error = f"{type(err).__name__}: {err}"[:300]
         wall = time.perf_counter() - start
-    return {"wall_s": round(wall, 3), "fps": round(n_images / wall, 2), "peak_rss_mb": peak(),
+    if error is not None:
+        return {"error": error, "peak_rss_mb": memory.results["peak_mib"]}
+    return {"wall_s": round(wall, 3), "fps": round(n_images / wall, 2),
+            "peak_rss_mb": memory.results["peak_mib"],
             "cpu_s": round(cpu(resource.RUSAGE_SELF) - before[0], 2),
             "cpu_children_s": round(cpu(resource.RUSAGE_CHILDREN) - before[1], 2)}
 
 
+@contextmanager
+def _stage_timers() -> Iterator[dict[str, float]]:
+    """Seconds per stage of the Warp pipeline over the block (filled in at its end).
+
+    The pipeline keeps them in the module-level dict ``warp_pipeline.STATS``: zeroed
+    here before the block, copied after it. The only code here that touches STATS.
+    """
+    from flyarchive.distribute import warp_pipeline
+
+    warp_pipeline.STATS.update(dict.fromkeys(warp_pipeline.STATS, 0.0))
+    out: dict[str, float] = {}
+    try:
+        yield out
+    finally:
+        out.update(warp_pipeline.STATS)
+
+
 def _stages(n_images: int, run: Callable[[], None]) -> dict[str, Any]:
     """:func:`_measure` of a flyarchive run, with the pipeline's stage timers."""
-    from flyarchive.distribute import warp_pipeline as gpu_videos
-
-    gpu_videos.STATS.update(dict.fromkeys(gpu_videos.STATS, 0.0))
-    row = _measure(n_images, run)
-    row["stages_s"] = {k: round(v, 3) for k, v in gpu_videos.STATS.items()}
+    with _stage_timers() as stages:
+        row = _measure(n_images, run)
+    row["stages_s"] = {k: round(v, 3) for k, v in stages.items()}
     print(f"{row.get('fps')} frames/s, stages: {row['stages_s']}", flush=True)
     return row
 
 
-@contextmanager
-def _peak_rss(interval_s: float = 0.02) -> Iterator[Callable[[], float]]:
-    import psutil
+def _note(row: dict[str, Any]) -> str:
+    note = row.get("error", f"setup {row['setup_s']:.1f} s" if "setup_s" in row else "")
+    if "fps" in row.get("yuv420p", {}):
+        note += f"yuv420p on the device: {row['yuv420p']['fps']:.1f} frames/s"
+    return " " + note
 
-    me = psutil.Process()
-    peak = [0]
-    done = threading.Event()
 
-    def sample() -> None:
-        while True:
-            total = 0
-            for proc in [me, *me.children(recursive=True)]:
-                try:
-                    total += proc.memory_info().rss
-                except psutil.Error:
-                    pass
-            peak[0] = max(peak[0], total)
-            if done.wait(interval_s):
-                return
-
-    thread = threading.Thread(target=sample, daemon=True)
-    thread.start()
-    try:
-        yield lambda: round(peak[0] / 2**20, 1)
-    finally:
-        done.set()
-        thread.join()
+TABLE = Table([
+    Column("row", 26, "name", align="<"), Column("wall s", 9, "wall_s", ".2f"),
+    Column("frames/s", 10, "fps", ".1f"), Column("peak RSS MB", 12, "peak_rss_mb", ".0f"),
+    Column("CPU s self+ffmpeg", 18,
+           lambda r: f"{r['cpu_s']:.1f}+{r['cpu_children_s']:.1f}" if "cpu_s" in r else None),
+    Column(" note", 0, _note, align="<"),
+])
 
 
 def _print_table(r: dict[str, Any]) -> None:
-    size = f"{r['size'][0]}x{r['size'][1]}"
-    print(f"\n{r['model']} on {r['device']}: {r['worlds']} worlds x {r['frames']} frames, "
-          f"{size}, B={r['batch']}, camera {r['camera']!r}")
-    print(f"{'row':<26} {'wall s':>9} {'frames/s':>10} {'peak RSS MB':>12} "
-          f"{'CPU s self+ffmpeg':>18}  note")
-    for name, row in r["rows"].items():
-        wall = f"{row['wall_s']:.2f}" if "wall_s" in row else "-"
-        fps = f"{row['fps']:.1f}" if "fps" in row else "-"
-        note = row.get("error", f"setup {row['setup_s']:.1f} s" if "setup_s" in row else "")
-        if "fps" in row.get("yuv420p", {}):
-            note += f"yuv420p on the device: {row['yuv420p']['fps']:.1f} frames/s"
-        cpu = (f"{row['cpu_s']:.1f}+{row['cpu_children_s']:.1f}" if "cpu_s" in row else "-")
-        print(f"{name:<26} {wall:>9} {fps:>10} {row['peak_rss_mb']:>12.0f} {cpu:>18}  {note}")
+    TABLE.print([{"name": name, **row} for name, row in r["rows"].items()],
+                title=f"\n{r['model']} on {r['device']}: {r['worlds']} worlds x {r['frames']} "
+                      f"frames, {r['size'][0]}x{r['size'][1]}, B={r['batch']}, "
+                      f"camera {r['camera']!r}")
     if "ratio_flyarchive_over_flygym" in r:
         print(f"flyarchive / best flygym: {r['ratio_flyarchive_over_flygym']:.2f}x "
               f"(flygym best {r['flygym_best_fps']:.1f} frames/s)")

@@ -35,10 +35,10 @@ Usage::
 from __future__ import annotations
 
 import argparse
+import functools
 import io
 import json
 import os
-import shutil
 import struct
 import time
 import warnings
@@ -51,45 +51,30 @@ import numpy as np
 import xarray as xr
 import zarr
 
+from benchlib import (
+    OUTPUT_FPS,
+    PLAYBACK,
+    Column,
+    Jitter,
+    Table,
+    add_json_option,
+    cached,
+    frame_times,
+    host_info,
+    nmf_states,
+    write_archive,
+    write_json,
+)
 from flyarchive import open_archive
-from flyarchive.clock import Timing
 from flyarchive.layout import ModelLayout
-from flyarchive.store import ArchiveSpec, ArchiveWriter, FrameBlock
 
 FORMATS = ("flyarchive", "portable", "npz", "zarr-zstd")
 QUERIES = ("open", "one world", "time window", "one dof", "scan 1 core", "scan all cores")
-OUTPUT_FPS, PLAYBACK = 25.0, 0.2
-WALK_MARGIN = 200  # frames: room for each world's random start
 
 
 # ----------------------------------------------------------------------------- data
-def nmf_model() -> Any:
-    from flyarchive.interop.nmf import build_world
-
-    return build_world()
-
-
-def walk(cache: Path, frames: int, world: Any) -> np.ndarray:
-    """One simulated walk, ``(frames + WALK_MARGIN, 73)`` float64, cached as .npy."""
-    path = cache / f"walk-{frames + WALK_MARGIN}.npy"
-    if not path.exists():
-        from flyarchive.interop.nmf import walk_qpos
-
-        print(f"simulating a {frames + WALK_MARGIN}-frame NeuroMechFly walk...", flush=True)
-        np.save(path, walk_qpos(frames + WALK_MARGIN, OUTPUT_FPS, PLAYBACK, world=world))
-    return np.load(path)
-
-
-def jittered(base: np.ndarray, n_worlds: int, frames: int, seed: int = 0) -> np.ndarray:
-    """``(n_worlds, frames, nq)`` float64 copies of ``base`` with per-world jitter."""
-    out = np.empty((n_worlds, frames, base.shape[1]))
-    for w in range(n_worlds):
-        rng = np.random.default_rng([seed, w])
-        start = int(rng.integers(0, len(base) - frames + 1))
-        out[w] = base[start:start + frames]
-        out[w, :, :2] += rng.normal(0.0, 5.0, 2)  # the fly's x, y (mm)
-        out[w, :, 7:] += rng.normal(0.0, 0.01, base.shape[1] - 7)  # hinge angles (rad)
-    return out
+#: Per-world copies of one walk: a random start, x/y offset (mm), joint biases (rad).
+JITTER = Jitter(start_margin=200, xy_mm=5.0, angle_bias_rad=0.01)
 
 
 @dataclass(frozen=True)
@@ -109,60 +94,47 @@ class Built:
 def build(cache: Path, args: argparse.Namespace, dtype: str) -> Built:
     """Build every format once (a ``.done`` marker per format); return where they are."""
     root = cache / f"{args.worlds}x{args.frames}-cf{args.chunk_frames}-sw{args.shard_worlds}-{dtype}"
-    root.mkdir(parents=True, exist_ok=True)
-    world = None
-    data = None
+    built = Built(root, args.worlds, args.frames, 73, dtype)
+
+    @functools.cache
+    def source() -> tuple[Any, np.ndarray]:  # simulated only if some format is missing
+        from flyarchive.interop.nmf import build_world
+
+        world = build_world()
+        data = nmf_states(args.worlds, args.frames, world=world, jitter=JITTER, cache=cache)
+        return world, data.astype(dtype)
+
+    def builder(fmt: str) -> Callable[[Path], None]:
+        def run(path: Path) -> None:
+            print(f"building {fmt} ({dtype}, {args.worlds} x {args.frames})...", flush=True)
+            BUILDERS[fmt](path, *source(), args)
+
+        return run
+
     for fmt in FORMATS:
-        done = root / f"{fmt}.done"
-        if done.exists():
-            continue
-        if data is None:
-            world = nmf_model()
-            data = jittered(walk(cache, args.frames, world), args.worlds, args.frames).astype(dtype)
-        shutil.rmtree(Built(root, 0, 0, 0, dtype).path(fmt), ignore_errors=True)
-        print(f"building {fmt} ({dtype}, {args.worlds} x {args.frames})...", flush=True)
-        t0 = time.perf_counter()
-        BUILDERS[fmt](root, data, world, args)
-        done.write_text(f"{time.perf_counter() - t0:.1f} s\n")
-    return Built(root, args.worlds, args.frames, 73, dtype)
-
-
-def _times(model: Any, frames: int) -> tuple[Timing, np.ndarray]:
-    timing = Timing(float(model.opt.timestep), OUTPUT_FPS, PLAYBACK)
-    steps = np.array([timing.frame_step(k) for k in range(frames)])
-    return timing, steps * timing.timestep
+        cached(built.path(fmt), builder(fmt))
+    return built
 
 
 def _build_archive(codec: str) -> Callable[..., None]:
-    def run(root: Path, data: np.ndarray, world: Any, args: argparse.Namespace) -> None:
-        timing, times = _times(world.model, data.shape[1])
-        spec = ArchiveSpec(
-            ModelLayout.from_model(world.model), timing, tuple(range(len(data))),
-            dtype=str(data.dtype), source="flygym-npz", chunk_frames=args.chunk_frames,
-            shard_worlds=args.shard_worlds, codec=codec,
-        )
-        name = "flyarchive" if codec == "lossless" else codec
-        writer = ArchiveWriter.create(str(root / f"{name}.zarr"), spec)
-        for t0 in range(0, data.shape[1], args.chunk_frames):
-            t1 = min(t0 + args.chunk_frames, data.shape[1])
-            writer.write(FrameBlock(times[t0:t1], data[:, t0:t1]))
+    def run(path: Path, world: Any, data: np.ndarray, args: argparse.Namespace) -> None:
+        write_archive(str(path), world.model, data, chunk_frames=args.chunk_frames,
+                      shard_worlds=args.shard_worlds, codec=codec, source="flygym-npz")
 
     return run
 
 
-def _build_npz(root: Path, data: np.ndarray, world: Any, args: argparse.Namespace) -> None:
-    folder = root / "npz"
+def _build_npz(folder: Path, world: Any, data: np.ndarray, args: argparse.Namespace) -> None:
     folder.mkdir()
-    _, times = _times(world.model, data.shape[1])
+    times = frame_times(world.model, data.shape[1])
     for w, qpos in enumerate(data):  # flygym 2.1 RecordedTrajectory.save's fields
         np.savez_compressed(folder / f"world{w:05d}.npz", time=times, qpos=qpos,
                             output_fps=np.asarray(OUTPUT_FPS), playback_speed=np.asarray(PLAYBACK),
                             world_id=np.asarray(w))
 
 
-def _build_zarr_zstd(root: Path, data: np.ndarray, world: Any, args: argparse.Namespace) -> None:
-    store = zarr.storage.LocalStore(root / "zarr-zstd.zarr")
-    group = zarr.open_group(store, mode="w-")
+def _build_zarr_zstd(path: Path, world: Any, data: np.ndarray, args: argparse.Namespace) -> None:
+    group = zarr.open_group(zarr.storage.LocalStore(path), mode="w-")
     n_worlds, frames, nq = data.shape
     qpos = group.create_array(
         "qpos", shape=data.shape, dtype=data.dtype, chunks=(1, args.chunk_frames, nq),
@@ -170,8 +142,7 @@ def _build_zarr_zstd(root: Path, data: np.ndarray, world: Any, args: argparse.Na
         dimension_names=["world", "time", "dof"],
     )  # zarr's default compressor: zstd
     qpos[:] = data
-    _, times = _times(world.model, frames)
-    group.create_array("time", data=times, dimension_names=["time"])
+    group.create_array("time", data=frame_times(world.model, frames), dimension_names=["time"])
     group.create_array("world", data=np.arange(n_worlds), dimension_names=["world"])
     labels = np.array(ModelLayout.from_model(world.model).dof_labels, dtype=str)
     group.create_array("dof", data=labels, dimension_names=["dof"])
@@ -535,20 +506,10 @@ def print_table(run: dict[str, Any], built: Built) -> None:
     fmts = run["formats"]
     decoded = built.n_worlds * built.frames * built.nq * np.dtype(built.dtype).itemsize
     npz = fmts["npz"]
-    print(f"\n{built.dtype}, {'local disk' if run['storage'] == 'local' else 'S3 (moto, loopback)'}: "
-          f"{built.n_worlds} worlds x {built.frames} frames x {built.nq} dofs "
-          f"({decoded / 1e6:.0f} MB decoded); window {run['plan']['window']}, world "
-          f"{run['plan']['world']}, dof {run['plan']['dof']}")
-    width = 32 if run["storage"] == "s3" else 17
-    print(f"{'query':26s}" + "".join(f"{f:>{width}s}" for f in fmts))
-    lines = {"stored (vs npz)": lambda e: f"{e['stored_bytes'] / 1e6:.1f} MB "
-                                          f"({e['stored_bytes'] / npz['stored_bytes']:.2f})"}
-    for label, fn in lines.items():
-        print(f"{label:26s}" + "".join(f"{fn(e):>{width}s}" for e in fmts.values()))
-    for q in QUERIES:
-        print(f"{q:26s}" + "".join(f"{_cell(e['queries'].get(q), run['storage']):>{width}s}"
-                                   for e in fmts.values()))
-    derived = {
+    lines: dict[str, Callable[[dict[str, Any]], str]] = {
+        "stored (vs npz)": lambda e: f"{e['stored_bytes'] / 1e6:.1f} MB "
+                                     f"({e['stored_bytes'] / npz['stored_bytes']:.2f})",
+        **{q: lambda e, q=q: _cell(e["queries"].get(q), run["storage"]) for q in QUERIES},
         "scan MB/s (1 core)": lambda e: f"{decoded / e['queries']['scan 1 core']['s'] / 1e6:,.0f}",
         "codec, 1 chunk best MB/s": lambda e: _num(e, "codec_best_MBps"),
         "codec, 1 shard run MB/s": lambda e: _num(e, "codec_MBps"),
@@ -562,8 +523,14 @@ def print_table(run: dict[str, Any], built: Built) -> None:
             f"{e['queries']['one world']['s'] / npz['queries']['one world']['s']:.1f}x"),
         "results differ": lambda e: ",".join(e["differs_from_npz"]) or "no",
     }
-    for label, fn in derived.items():
-        print(f"{label:26s}" + "".join(f"{fn(e):>{width}s}" for e in fmts.values()))
+    width = 31 if run["storage"] == "s3" else 16
+    table = Table([Column("query", 26, "label", align="<"), *(Column(f, width, f) for f in fmts)])
+    table.print(
+        [{"label": label, **{f: fn(e) for f, e in fmts.items()}} for label, fn in lines.items()],
+        title=f"\n{built.dtype}, {'local disk' if run['storage'] == 'local' else 'S3 (moto, loopback)'}: "
+              f"{built.n_worlds} worlds x {built.frames} frames x {built.nq} dofs "
+              f"({decoded / 1e6:.0f} MB decoded); window {run['plan']['window']}, world "
+              f"{run['plan']['world']}, dof {run['plan']['dof']}")
 
 
 def _num(entry: dict[str, Any], key: str) -> str:
@@ -593,7 +560,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--cache", default="/tmp/flyarchive-bench-query",
                         help="where the data sets are built once and kept")
     parser.add_argument("--bucket", default="bench-query", help="bucket on the S3 server")
-    parser.add_argument("--json", metavar="PATH", help="write the results as JSON")
+    add_json_option(parser)
     args = parser.parse_args(argv)
     cache = Path(args.cache)
     cache.mkdir(parents=True, exist_ok=True)
@@ -613,13 +580,10 @@ def main(argv: list[str] | None = None) -> None:
                 run = run_storage(b, "s3", args, s3, proxy)
                 runs.append(run)
                 print_table(run, b)
-    if args.json:
-        meta = {"worlds": args.worlds, "frames": args.frames, "chunk_frames": args.chunk_frames,
-                "shard_worlds": args.shard_worlds, "repeat": args.repeat, "cpus": os.cpu_count(),
-                "zarr": zarr.__version__, "xarray": xr.__version__}
-        Path(args.json).write_text(json.dumps({"meta": meta, "runs": runs}, indent=1))
-        print(f"\nwrote {args.json}")
-
+    meta = {"worlds": args.worlds, "frames": args.frames, "chunk_frames": args.chunk_frames,
+            "shard_worlds": args.shard_worlds, "repeat": args.repeat, "cpus": os.cpu_count(),
+            "zarr": zarr.__version__, "xarray": xr.__version__, "host_info": host_info()}
+    write_json(args.json, {"meta": meta, "runs": runs})
 
 if __name__ == "__main__":
     main()

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import io
-import json
 import math
 import time
 import warnings
@@ -29,6 +28,7 @@ from zarr.codecs import BloscCodec, BytesCodec, Crc32cCodec, TransposeCodec
 from zarr.codecs.numcodecs import PCodec, Shuffle, Zstd
 from zarr.storage import MemoryStore
 
+from benchlib import Column, Table, add_json_option, host_info, nmf_states, write_json
 from flyarchive import codecs
 
 Kwargs = dict[str, Any]
@@ -186,6 +186,15 @@ def measure(
     }
 
 
+TABLE = Table([
+    Column("pipeline", 44, "pipeline", align="<"), Column("dtype", 7, "dtype", align="<"),
+    Column("B/frame", 8, "bytes_per_frame", ".1f"), Column("vs npz", 7, "ratio_to_savez", ".3f"),
+    Column("enc MB/s", 9, "encode_MBps", ".1f"), Column("dec MB/s", 9, "decode_MBps", ".1f"),
+    Column("max err", 9, "max_abs_error", ".2e"),
+    Column("ok", 2, lambda r: "yes" if r["within_bound"] else "NO", align="<"),
+])
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--frames", type=int, default=250, help="frames per world (default 250)")
@@ -194,24 +203,19 @@ def main(argv: list[str] | None = None) -> None:
                         help="frames per chunk (default: all frames in one chunk)")
     parser.add_argument("--bound", type=float, default=1e-6, help="absolute error bound")
     parser.add_argument("--repeat", type=int, default=3, help="best of N timings")
-    parser.add_argument("--json", metavar="PATH", help="write the results as JSON")
+    add_json_option(parser)
     args = parser.parse_args(argv)
 
-    from flyarchive.interop.nmf import build_world, walk_qpos
-
-    world = build_world()
-    walks = np.stack([walk_qpos(args.frames, seed=s, world=world) for s in range(args.worlds)])
+    walks = nmf_states(args.worlds, args.frames)  # independent walks, seeds 0 .. worlds-1
     chunk_frames = args.chunk_frames or args.frames
     rows: list[dict[str, Any]] = []
-    header = (f"{'pipeline':44s} {'dtype':7s} {'B/frame':>8s} {'vs npz':>7s} "
-              f"{'enc MB/s':>9s} {'dec MB/s':>9s} {'max err':>9s} ok")
     for dtype in (np.float64, np.float32):
         qpos = walks.astype(dtype)
         npz = sum(savez_bytes(w) for w in qpos)
         npz_per_frame = npz / (qpos.shape[0] * qpos.shape[1])
         print(f"\n{dtype.__name__}: {qpos.shape}, raw {qpos.itemsize * qpos.shape[2]} B/frame, "
               f"savez_compressed {npz_per_frame:.1f} B/frame")
-        print(header)
+        print(TABLE.header())
         for candidate in CANDIDATES:
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore", UserWarning)  # zarr: numcodecs not in spec
@@ -219,16 +223,11 @@ def main(argv: list[str] | None = None) -> None:
             row["ratio_to_savez"] = row["bytes_per_frame"] / npz_per_frame
             row["savez_bytes_per_frame"] = npz_per_frame
             rows.append(row)
-            print(f"{row['pipeline']:44s} {row['dtype']:7s} {row['bytes_per_frame']:8.1f} "
-                  f"{row['ratio_to_savez']:7.3f} {row['encode_MBps']:9.1f} "
-                  f"{row['decode_MBps']:9.1f} {row['max_abs_error']:9.2e} "
-                  f"{'yes' if row['within_bound'] else 'NO'}")
-    if args.json:
-        meta = {"frames": args.frames, "worlds": args.worlds, "chunk_frames": chunk_frames,
-                "bound": args.bound, "nq": int(walks.shape[2]), "zarr": zarr.__version__}
-        with open(args.json, "w") as f:
-            json.dump({"meta": meta, "rows": rows}, f, indent=1)
-        print(f"\nwrote {args.json}")
+            print(TABLE.line(row), flush=True)
+    meta = {"frames": args.frames, "worlds": args.worlds, "chunk_frames": chunk_frames,
+            "bound": args.bound, "nq": int(walks.shape[2]), "zarr": zarr.__version__,
+            "host_info": host_info()}
+    write_json(args.json, {"meta": meta, "rows": rows})
 
 
 if __name__ == "__main__":

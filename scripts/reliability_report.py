@@ -31,7 +31,6 @@ Usage::
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import platform
 import shutil
@@ -41,6 +40,7 @@ import tempfile
 import time
 import uuid
 import xml.etree.ElementTree as ET
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -48,6 +48,7 @@ os.environ.setdefault("MUJOCO_GL", "egl")
 
 import numpy as np  # noqa: E402
 
+from benchlib import Column, Table, add_json_option, host_info, write_json  # noqa: E402
 from flyarchive.testing.kills import (  # noqa: E402
     S3_OUTCOMES,
     KillConfig,
@@ -209,6 +210,8 @@ def run_reader(n_steps: int, workdir: Path) -> dict[str, Any]:
     print(f"  reader: {result.opens} opens, {result.damaged} damaged, {result.frames_differing} "
           f"of {result.frames_read} frames differ; writer {result.writer}", file=sys.stderr)
     return {**result.to_json(), "errors": sorted({e.split(":")[0] for e in result.errors})}
+
+
 def run_hostile(workdir: Path) -> list[dict[str, Any]]:
     """Every command on every hostile archive, each in a capped child process."""
     from flyarchive.testing.hostile import hostile_table
@@ -221,22 +224,25 @@ def run_hostile(workdir: Path) -> list[dict[str, Any]]:
 def print_hostile(rows: list[dict[str, Any]]) -> None:
     from flyarchive.testing.hostile import COMMANDS, MAX_MB, MAX_SECONDS, Outcome, passed
 
-    print(f"\nHostile archives (each command in a child process, 3 GiB address-space cap; "
-          f"R refused, ok worked, X crashed, hung or out of bounds; bounds {MAX_SECONDS:g} s "
-          f"in the command, {MAX_MB:g} MiB peak RSS)")
-    short = {"open_archive": "api", "export-npz": "export"}
-    print(f"{'case':<42} " + " ".join(f"{short.get(c, c):>6}" for c in COMMANDS)
-          + f" {'max s':>6} {'max MiB':>7} {'unchanged':>9}  result")
-    for row in rows:
-        cells = []
-        for command in COMMANDS:
+    def mark(command: str) -> Callable[[dict[str, Any]], str]:
+        def cell(row: dict[str, Any]) -> str:
             outcome = Outcome(**row["outcomes"][command])
-            mark = "X" if not passed(outcome) else "ok" if outcome.exit == 0 else "R"
-            cells.append(f"{mark:>6}")
-        seconds = "-" if row["max_seconds"] is None else f"{row['max_seconds']:.2f}"
-        memory = "-" if row["max_mb"] is None else f"{row['max_mb']:.0f}"
-        print(f"{row['case']:<42} " + " ".join(cells) + f" {seconds:>6} {memory:>7} "
-              f"{str(row['unchanged']):>9}  {'pass' if row['passed'] else 'FAIL'}")
+            return "X" if not passed(outcome) else "ok" if outcome.exit == 0 else "R"
+
+        return cell
+
+    short = {"open_archive": "api", "export-npz": "export"}
+    table = Table([
+        Column("case", 42, "case", align="<"),
+        *(Column(short.get(c, c), 6, mark(c)) for c in COMMANDS),
+        Column("max s", 6, "max_seconds", ".2f"), Column("max MiB", 7, "max_mb", ".0f"),
+        Column("unchanged", 9, lambda r: str(r["unchanged"])),
+        Column(" result", 0, lambda r: " " + ("pass" if r["passed"] else "FAIL"), align="<"),
+    ])
+    table.print(rows, title=f"\nHostile archives (each command in a child process, 3 GiB "
+                            f"address-space cap; R refused, ok worked, X crashed, hung or out of "
+                            f"bounds; bounds {MAX_SECONDS:g} s in the command, {MAX_MB:g} MiB "
+                            f"peak RSS)")
 
 
 def run_bad_input(workdir: Path) -> dict[str, Any]:
@@ -286,23 +292,40 @@ def run_render_kills(n: int, workdir: Path) -> list[dict[str, Any]]:
     return rows
 
 
+KILLS = Table([
+    Column("backend", 8, "backend", align="<"), Column("kills", 5, "made"),
+    Column("survived", 8, "survived"), Column("lost/kill min", 13, "lost_min"),
+    Column("mean", 5, "lost_mean", ".1f"), Column("max", 4, "lost_max"), Column("bound", 5, "bound"),
+    Column(" failed checks", 0, lambda r: " " + ("; ".join(r["problems"]) or "-"), align="<"),
+])
+S3 = Table([
+    Column("op", 7, "operation", align="<"), Column("trials", 6, "trials"),
+    Column("requests", 8, "requests"), Column("faults", 6, "faults"), Column("drop", 4, "drop"),
+    Column("500", 4, "error500"), Column("503", 4, "error503"), Column("delay", 5, "delay"),
+    Column("|", 1, lambda r: "|"), *(Column(o, 13, o) for o in S3_OUTCOMES),
+])
+RACES = Table([
+    Column("race", 12, "race", align="<"), Column("procs", 5, "processes"),
+    Column("trials", 6, "trials"), Column("1 winner", 8, "one_winner"),
+    Column("clean refusals", 14,
+           lambda r: f"{r['clean_refusals']:>7}/{r['expected_refusals']:<6}"),
+    Column("other errors", 12, "other_errors"), Column("damaged", 7, "damaged"),
+])
+RENDER_KILLS = Table([
+    Column("where", 8, "where", align="<"), Column("signal", 16, "signal", align="<"),
+    Column("trials", 6, "trials"), Column("mid-render", 10, "stopped_mid_render"),
+    Column("half-written", 12, "half_written"), Column("left files", 10, "stops_leaving_files"),
+    Column("left after next", 15, "left_after_next_run"),
+    Column("exit 130, 1 line", 16, "clean_ctrl_c"), Column("passed", 6, "passed"),
+])
+
+
 def print_table(report: dict[str, Any]) -> None:
     print(f"\nflyarchive reliability report — {report['machine']}, {report['date']}")
-    print("\nKilled writers (SIGKILL at seeded random points)")
-    print(f"{'backend':<8} {'kills':>5} {'survived':>8} {'lost/kill min':>13} {'mean':>5} "
-          f"{'max':>4} {'bound':>5}  failed checks")
-    for row in report["kills"]:
-        print(f"{row['backend']:<8} {row['made']:>5} {row['survived']:>8} {row['lost_min']:>13} "
-              f"{row['lost_mean']:>5.1f} {row['lost_max']:>4} {row['bound']:>5}  "
-              f"{'; '.join(row['problems']) or '-'}")
+    KILLS.print(report["kills"], title="\nKilled writers (SIGKILL at seeded random points)")
     if report["s3"]:
-        print("\nFlaky S3 (fault proxy: 4% each of drop, 500, 503, delay; botocore 2 attempts)")
-        print(f"{'op':<7} {'trials':>6} {'requests':>8} {'faults':>6} {'drop':>4} {'500':>4} "
-              f"{'503':>4} {'delay':>5} | " + " ".join(f"{o:>13}" for o in S3_OUTCOMES))
-        for row in report["s3"]:
-            print(f"{row['operation']:<7} {row['trials']:>6} {row['requests']:>8} "
-                  f"{row['faults']:>6} {row['drop']:>4} {row['error500']:>4} {row['error503']:>4} "
-                  f"{row['delay']:>5} | " + " ".join(f"{row[o]:>13}" for o in S3_OUTCOMES))
+        S3.print(report["s3"], title="\nFlaky S3 (fault proxy: 4% each of drop, 500, 503, "
+                                     "delay; botocore 2 attempts)")
         for row in report["s3"]:
             if row["error_types"]:
                 print(f"  {row['operation']} errors: {', '.join(row['error_types'])}")
@@ -311,13 +334,9 @@ def print_table(report: dict[str, Any]) -> None:
         print(f"  {row['corruption']:<42} verify ok={row['verify_ok']!s:<5} "
               f"cli exit={row['cli_exit']}  {'caught' if row['caught'] else 'MISSED'}")
     if report.get("races"):
-        print("\nConcurrent writers (processes started at one instant; expected: 1 winner per trial)")
-        print(f"{'race':<12} {'procs':>5} {'trials':>6} {'1 winner':>8} {'clean refusals':>14} "
-              f"{'other errors':>12} {'damaged':>7}")
+        RACES.print(report["races"], title="\nConcurrent writers (processes started at one "
+                                           "instant; expected: 1 winner per trial)")
         for row in report["races"]:
-            print(f"{row['race']:<12} {row['processes']:>5} {row['trials']:>6} "
-                  f"{row['one_winner']:>8} {row['clean_refusals']:>7}/{row['expected_refusals']:<6} "
-                  f"{row['other_errors']:>12} {row['damaged']:>7}")
             if row["error_types"]:
                 print(f"  {row['race']} errors: {', '.join(row['error_types'])}")
     reader = report.get("reader")
@@ -327,15 +346,8 @@ def print_table(report: dict[str, Any]) -> None:
               f"{reader['commits_seen']}, frames read inside n_frames {reader['frames_read']}, "
               f"differing from the final data {reader['frames_differing']}, writer {reader['writer']}")
     if report.get("render_kills"):
-        print("\nRenders stopped mid-way (then rendered again into the same folder)")
-        print(f"{'where':<8} {'signal':<16} {'trials':>6} {'mid-render':>10} {'half-written':>12} "
-              f"{'left files':>10} {'left after next':>15} {'exit 130, 1 line':>16} {'passed':>6}")
-        for row in report["render_kills"]:
-            clean = "-" if row["clean_ctrl_c"] is None else str(row["clean_ctrl_c"])
-            print(f"{row['where']:<8} {row['signal']:<16} {row['trials']:>6} "
-                  f"{row['stopped_mid_render']:>10} {row['half_written']:>12} "
-                  f"{row['stops_leaving_files']:>10} {row['left_after_next_run']:>15} "
-                  f"{clean:>16} {row['passed']:>6}")
+        RENDER_KILLS.print(report["render_kills"], title="\nRenders stopped mid-way (then "
+                                                         "rendered again into the same folder)")
     if report.get("hostile"):
         print_hostile(report["hostile"])
     bad = report["bad_input"]
@@ -365,13 +377,15 @@ def main(argv: list[str] | None = None) -> int:
                         help="renders stopped per (in process | LocalCluster) x (SIGKILL | "
                              "Ctrl-C) (default 3; 0: skip)")
     parser.add_argument("--no-hostile", action="store_true", help="skip the hostile archives")
-    parser.add_argument("--json", metavar="PATH", help="also write the report as JSON")
+    add_json_option(parser, "also write the report as JSON")
     args = parser.parse_args(argv)
     start = time.monotonic()
+    info = host_info()
     report: dict[str, Any] = {
-        "machine": f"{platform.node()} ({os.cpu_count()} CPUs, {platform.machine()}, "
-                   f"Python {platform.python_version()})",
+        "machine": f"{info['host']} ({info['cpus_total']} CPUs, {platform.machine()}, "
+                   f"Python {info['python']})",
         "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
+        "host_info": info,
     }
     with tempfile.TemporaryDirectory(prefix="flyarchive-reliability-") as tmp:
         work = Path(tmp)
@@ -400,8 +414,7 @@ def main(argv: list[str] | None = None) -> int:
 
         faults_interop.print_table(report["interop_kills"])
     print(f"\n({report['seconds']} s)")
-    if args.json:
-        Path(args.json).write_text(json.dumps(report, indent=2, default=str))
+    write_json(args.json, report, indent=2, default=str)
     return 0
 
 

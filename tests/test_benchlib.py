@@ -1,0 +1,178 @@
+"""The benchmark scripts' shared tools (``scripts/benchlib.py``): what they print, write,
+sample and build. No timing is asserted: timing belongs in the benchmarks themselves."""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+_PATH = Path(__file__).resolve().parents[1] / "scripts" / "benchlib.py"
+_SPEC = importlib.util.spec_from_file_location("benchlib", _PATH)
+assert _SPEC is not None and _SPEC.loader is not None
+benchlib = importlib.util.module_from_spec(_SPEC)
+sys.modules["benchlib"] = benchlib  # dataclasses look their module up by name
+_SPEC.loader.exec_module(benchlib)
+
+MIB = 2**20
+#: A child that holds 200 MiB of written (resident) memory for a second.
+_HOLD_200_MIB = "import time; block = b'x' * (200 * 2**20); time.sleep(1.0)"
+
+
+def test_table_prints_a_dash_for_a_missing_or_none_value() -> None:
+    table = benchlib.Table([benchlib.Column("a", 3, "a"), benchlib.Column("b", 3, "b", ".1f")])
+
+    lines = [table.line({"a": None, "b": 2.0}), table.line({})]
+
+    assert lines == ["  - 2.0", "  -   -"]
+
+
+def test_table_header_and_cells_use_each_columns_width_alignment_and_format() -> None:
+    table = benchlib.Table([
+        benchlib.Column("name", 6, "name", align="<"),
+        benchlib.Column("MB", 7, lambda row: row["bytes"] / 1e6, ",.1f"),
+    ])
+
+    text = [table.header(), table.line({"name": "npz", "bytes": 1_234_567_890})]
+
+    assert text == ["name        MB", "npz    1,234.6"]
+
+
+def test_write_json_writes_the_result_and_nothing_without_a_path(tmp_path: Path) -> None:
+    path = tmp_path / "out.json"
+    result = {"meta": {"frames": 3}, "rows": [{"fps": 1.5}]}
+
+    benchlib.write_json(None, result)
+    written_without_path = list(tmp_path.iterdir())
+    benchlib.write_json(str(path), result)
+
+    assert written_without_path == []
+    assert json.loads(path.read_text()) == result
+
+
+def test_parse_size_rejects_text_that_is_not_height_x_width() -> None:
+    with pytest.raises(argparse.ArgumentTypeError, match="'240x320x3' is not HEIGHTxWIDTH"):
+        benchlib.parse_size("240x320x3")
+
+
+def test_parse_size_reads_height_then_width() -> None:
+    assert benchlib.parse_size("240X320") == (240, 320)
+
+
+def test_host_info_reports_cores_memory_gpus_and_versions() -> None:
+    info = benchlib.host_info()
+
+    assert info["cpus"] == len(os.sched_getaffinity(0))
+    assert info["memory_gib"] > 0
+    assert isinstance(info["gpus"], list)
+    assert info["versions"]["numpy"] == np.__version__
+    assert info["versions"]["flyarchive"] != "missing"
+
+
+def test_peak_memory_of_a_pid_counts_what_that_process_holds() -> None:
+    child = subprocess.Popen([sys.executable, "-c", _HOLD_200_MIB])
+
+    with benchlib.PeakMemory(child.pid, interval_s=0.05, kind="pss") as memory:
+        child.wait()
+
+    assert memory.results["peak_bytes"] >= 200 * MIB
+    assert memory.results["kind"] == "pss"
+
+
+def test_peak_memory_of_this_process_counts_its_children() -> None:
+    before = benchlib.tree_memory()
+
+    with benchlib.PeakMemory(interval_s=0.05) as memory:
+        subprocess.run([sys.executable, "-c", _HOLD_200_MIB], check=True)
+
+    assert memory.results["peak_bytes"] >= before + 200 * MIB
+
+
+def test_cached_builds_once(tmp_path: Path) -> None:
+    builds: list[Path] = []
+    path = tmp_path / "data.zarr"
+
+    for _ in range(2):
+        benchlib.cached(path, lambda p: (builds.append(p), p.mkdir()))
+
+    assert builds == [path]
+    assert (tmp_path / "data.done").exists()
+
+
+def test_cached_removes_what_an_interrupted_build_left_and_builds_again(tmp_path: Path) -> None:
+    path = tmp_path / "data.zarr"
+    path.mkdir()
+    (path / "half-written").write_bytes(b"x")  # no .done marker: the build was interrupted
+
+    benchlib.cached(path, lambda p: (p.mkdir(), (p / "whole").write_bytes(b"y")))
+
+    assert sorted(p.name for p in path.iterdir()) == ["whole"]
+
+
+def _walk(n_frames: int, nq: int = 10) -> np.ndarray:
+    """A fake walk: a free joint (x, y, z, quaternion) then hinge angles, all distinct."""
+    walk = np.arange(n_frames * nq, dtype=np.float64).reshape(n_frames, nq)
+    walk[:, 3:7] = [1.0, 0.0, 0.0, 0.0]
+    return walk
+
+
+def test_jittered_moves_only_position_and_hinges_and_keeps_the_quaternion() -> None:
+    base = _walk(30)
+    jitter = benchlib.Jitter(start_margin=5, xy_mm=5.0, angle_bias_rad=0.01, angle_noise_rad=0.02)
+
+    out = benchlib.jittered(base, 3, 25, jitter)
+
+    assert out.shape == (3, 25, 10)
+    np.testing.assert_array_equal(out[..., 3:7], np.broadcast_to([1.0, 0.0, 0.0, 0.0], (3, 25, 4)))
+    assert not np.array_equal(out[0, :, 7:], out[1, :, 7:])
+    starts = [int(np.argmin(np.abs(base[:, 2] - w[0, 2]))) for w in out]  # z is not jittered
+    assert all(0 <= s <= 5 for s in starts)
+
+
+def test_jittered_world_does_not_depend_on_how_many_worlds_there_are() -> None:
+    base = _walk(40)
+    jitter = benchlib.Jitter(start_margin=10)
+
+    few, many = benchlib.jittered(base, 2, 30, jitter), benchlib.jittered(base, 6, 30, jitter)
+
+    np.testing.assert_array_equal(few, many[:2])
+
+
+def test_write_archive_stores_states_mocap_and_frame_times(tmp_path: Path) -> None:
+    from flyarchive import open_archive
+
+    states = benchlib.replay_states("tiny", 2, 7)
+    url = str(tmp_path / "run.zarr")
+
+    benchlib.write_archive(url, states.model, states.qpos, mocap=states.mocap, chunk_frames=3,
+                           shard_worlds=2)
+    ds = open_archive(url)
+
+    expected_times = benchlib.frame_times(states.model, 7)
+    np.testing.assert_array_equal(ds.qpos.values, states.qpos)
+    np.testing.assert_array_equal(ds.mocap_pos.values, states.mocap[0])
+    np.testing.assert_array_equal(ds.time.values, expected_times)
+    assert str(ds.qpos.dtype) == "float32"
+
+
+def test_cached_archive_does_not_compute_states_once_built(tmp_path: Path) -> None:
+    states = benchlib.replay_states("tiny", 1, 4)
+    calls: list[int] = []
+
+    def compute() -> Any:
+        calls.append(1)
+        return states.qpos
+
+    urls = [benchlib.cached_archive(tmp_path, "tiny-1x4", states.model, compute,
+                                    mocap=states.mocap) for _ in range(2)]
+
+    assert calls == [1]
+    assert urls == [str(tmp_path / "tiny-1x4.zarr")] * 2
