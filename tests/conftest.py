@@ -5,20 +5,13 @@ from __future__ import annotations
 import os
 import uuid
 from collections.abc import Iterator
-from dataclasses import dataclass
 from typing import Any
 
 import pytest
 
 os.environ.setdefault("MUJOCO_GL", "egl")
 
-
-@dataclass(frozen=True)
-class Location:
-    """Where a test writes an archive."""
-
-    url: str
-    storage_options: dict[str, Any] | None = None
+from flyarchive.testing.fixtures import Location  # noqa: E402
 
 
 @pytest.fixture(scope="session")

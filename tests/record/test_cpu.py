@@ -8,6 +8,7 @@ from flyarchive import TrajectoryRecorder, open_archive
 from flyarchive.clock import FrameClock, Timing
 from flyarchive.errors import ArchiveExistsError, LayoutMismatchError
 from flyarchive.testing import simulate, slider_model
+from flyarchive.testing.fixtures import Location
 
 
 def record_tiny(model, location, *, n_worlds=2, n_steps=150, chunk_frames=8, mode="w-"):
@@ -59,8 +60,6 @@ def test_frames_follow_the_schedule(tiny, location):
 def test_plain_xarray_and_zarr_read_the_archive_without_flyarchive(tiny, tmp_path):
     import zarr
 
-    from conftest import Location
-
     url = str(tmp_path / "plain.zarr")
     expected = record_tiny(tiny, Location(url))
 
@@ -92,8 +91,6 @@ def test_world_ids_and_user_metadata_are_stored(tiny, tmp_path):
 
 
 def test_existing_archive_is_not_overwritten(tiny, tmp_path):
-    from conftest import Location
-
     location = Location(str(tmp_path / "keep.zarr"))
     expected = record_tiny(tiny, location)
 
@@ -104,8 +101,6 @@ def test_existing_archive_is_not_overwritten(tiny, tmp_path):
 
 
 def test_overwrite_when_asked(tiny, tmp_path):
-    from conftest import Location
-
     location = Location(str(tmp_path / "replace.zarr"))
     record_tiny(tiny, location, n_steps=100)
 
@@ -115,8 +110,6 @@ def test_overwrite_when_asked(tiny, tmp_path):
 
 
 def test_resume_appends_after_last_committed_frame(tiny, tmp_path):
-    from conftest import Location
-
     location = Location(str(tmp_path / "resume.zarr"))
     full = record_tiny(tiny, Location(str(tmp_path / "full.zarr")), n_steps=150)
     first = TrajectoryRecorder(location.url, tiny, chunk_frames=8)
@@ -134,8 +127,6 @@ def test_resume_appends_after_last_committed_frame(tiny, tmp_path):
 
 
 def test_appending_with_another_model_names_the_difference(tiny, tmp_path):
-    from conftest import Location
-
     location = Location(str(tmp_path / "other.zarr"))
     record_tiny(tiny, location, n_steps=20)
     recorder = TrajectoryRecorder(location.url, slider_model(), mode="a", playback_speed=1.0)
@@ -146,8 +137,6 @@ def test_appending_with_another_model_names_the_difference(tiny, tmp_path):
 
 def test_uncommitted_frames_are_masked(tiny, tmp_path):
     import zarr
-
-    from conftest import Location
 
     url = str(tmp_path / "partial.zarr")
     expected = record_tiny(tiny, Location(url), n_steps=100, chunk_frames=8)

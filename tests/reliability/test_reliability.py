@@ -15,7 +15,7 @@ from flyarchive.testing.kills import KillConfig, kill_trial
 from flyarchive.testing import flip_bits, shard_file, simulate
 from flyarchive.store.integrity import verify
 
-PACKAGE = Path(__file__).resolve().parents[1] / "flyarchive"
+PACKAGE = Path(__file__).resolve().parents[2] / "flyarchive"
 
 
 def record_local(model, url, *, n_worlds=2, n_steps=76, chunk_frames=5):

@@ -10,6 +10,7 @@ import pytest
 
 from flyarchive import TrajectoryRecorder, open_archive
 from flyarchive.testing import reference_frames, simulate
+from flyarchive.testing.fixtures import record
 
 WRITER = """
 import sys
@@ -72,11 +73,8 @@ def test_resume_after_sigkill_continues_the_recording(tiny, tmp_path):
 def test_commit_interrupted_while_growing_arrays_still_opens(tiny, tmp_path):
     import zarr
 
-    from conftest import Location
-    from test_record_cpu import record_tiny
-
-    url = str(tmp_path / "grown.zarr")
-    expected = record_tiny(tiny, Location(url), n_steps=40, chunk_frames=4)
+    url = record(tiny, str(tmp_path / "grown.zarr"), n_steps=40, chunk_frames=4)
+    expected = reference_frames(tiny, 2, 40)
     zarr.open_group(url, mode="r+")["qpos"].resize((2, 16, tiny.nq))  # killed after this resize
 
     ds = open_archive(url)
