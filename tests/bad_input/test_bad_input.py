@@ -2,9 +2,6 @@
 
 import json
 import logging
-import shutil
-import threading
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import mujoco
@@ -33,38 +30,9 @@ from flyarchive.errors import (
 from flyarchive.distribute.api import RenderOptions, render_videos
 from flyarchive.store import ArchiveWriter, FrameBlock
 from flyarchive.testing import TINY_XML, flip_bits, shard_file, simulate
+from flyarchive.testing.fixtures import snapshot
 
 SMALL = RenderOptions(size=(48, 64), segment_frames=8)
-
-
-def record(model, url, *, n_worlds=2, n_steps=76, chunk_frames=5, **kwargs):
-    """Record 20 frames of ``n_worlds`` tiny worlds."""
-    with TrajectoryRecorder(url, model, chunk_frames=chunk_frames, **kwargs) as recorder:
-        simulate(model, n_worlds, n_steps, recorder.record_as_needed)
-
-
-def snapshot(url):
-    """Every file of a local archive: relative path -> bytes."""
-    root = Path(url)
-    files = sorted(p for p in root.rglob("*") if p.is_file())
-    return {str(p.relative_to(root)): p.read_bytes() for p in files}
-
-
-@pytest.fixture
-def archive(tiny, tmp_path):
-    url = str(tmp_path / "run.zarr")
-    record(tiny, url)
-    return url
-
-
-@pytest.fixture
-def copy_of(tmp_path):
-    def copy(url, name):
-        target = tmp_path / name
-        shutil.copytree(url, target)
-        return str(target)
-
-    return copy
 
 
 # ----------------------------------------------------------------------------- recording
@@ -192,46 +160,11 @@ def test_storage_options_for_a_local_path_are_refused(archive):
         open_archive(archive, {"anon": True})
 
 
-class _Forbidden(BaseHTTPRequestHandler):
-    """Answers every S3 request as AWS does for an unknown access key."""
-
-    protocol_version = "HTTP/1.1"
-    body = (b'<?xml version="1.0" encoding="UTF-8"?><Error><Code>InvalidAccessKeyId</Code>'
-            b"<Message>The AWS Access Key Id you provided does not exist in our records."
-            b"</Message></Error>")
-
-    def log_message(self, *args):
-        pass
-
-    def do_GET(self):  # noqa: N802
-        length = int(self.headers.get("Content-Length") or 0)
-        if length:
-            self.rfile.read(length)
-        self.send_response(403)
-        self.send_header("Content-Type", "application/xml")
-        self.send_header("Content-Length", "0" if self.command == "HEAD" else str(len(self.body)))
-        self.end_headers()
-        if self.command != "HEAD":
-            self.wfile.write(self.body)
-
-    do_PUT = do_HEAD = do_POST = do_DELETE = do_GET
-
-
-@pytest.fixture
-def forbidding_s3():
-    server = ThreadingHTTPServer(("127.0.0.1", 0), _Forbidden)
-    thread = threading.Thread(target=server.serve_forever, args=(0.05,), daemon=True)
-    thread.start()
-    yield f"http://127.0.0.1:{server.server_address[1]}"
-    server.shutdown()
-    server.server_close()
-
-
 def test_bad_s3_credentials_give_a_storage_error_that_hides_the_secret(
         forbidding_s3, caplog, capsys):
     from flyarchive.testing.s3 import s3_storage_options
 
-    options = s3_storage_options(forbidding_s3, key="AKIAWRONGKEY", secret="wrong-secret-value")
+    options = s3_storage_options(forbidding_s3.endpoint_url, key="AKIAWRONGKEY", secret="wrong-secret-value")
     caplog.set_level(logging.DEBUG)
 
     with pytest.raises(StorageError, match="credentials") as err:

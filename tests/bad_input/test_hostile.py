@@ -8,17 +8,14 @@ tests/test_hostile.py.
 import json
 import re
 import shutil
-import uuid
 from pathlib import Path
 
-import fsspec
 import mujoco
 import numpy as np
 import pytest
 import zarr
 
 from flyarchive import TrajectoryRecorder, open_archive
-from flyarchive.cli import main
 from flyarchive.errors import CorruptArchiveError, SchemaError, StorageError
 from flyarchive.testing.hostile import (
     make_case, make_sound, pcodec_bomb, rewrite_shard, snapshot, unpickled_marker,
@@ -27,6 +24,7 @@ from flyarchive.store.integrity import verify
 from flyarchive.layout import ModelLayout
 from flyarchive.plot import plot_traces
 from flyarchive.testing import simulate
+from flyarchive.testing.fixtures import memory_snapshot, record, to_memory
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -64,54 +62,27 @@ def hostile(sound, tmp_path):
     return build
 
 
-def record(model, url, n_steps=76):
-    with TrajectoryRecorder(url, model, chunk_frames=5) as recorder:
-        simulate(model, 1, n_steps, recorder.record_as_needed)
-    return url
-
-
-def to_memory(url):
-    """A copy of a local archive in fsspec's memory filesystem (no file-system checks)."""
-    target = f"memory://{uuid.uuid4().hex}.zarr"
-    fs = fsspec.filesystem("memory")
-    for path in Path(url).rglob("*"):
-        if path.is_file():
-            fs.pipe(f"{target}/{path.relative_to(url).as_posix()}", path.read_bytes())
-    return target
-
-
-def memory_snapshot(url):
-    fs = fsspec.filesystem("memory")
-    return {p: fs.cat(p) for p in sorted(fs.find(url))}
-
-
-def cli(capsys, *argv):
-    code = main(list(argv))
-    out = capsys.readouterr()
-    return code, out.out, out.err
-
-
 # ----------------------------------------------------------------------------- attributes
 @pytest.mark.parametrize("command", ["info", "plot", "export-npz"])
 def test_attributes_nested_200000_deep_are_refused_by_every_command(
-        hostile, tmp_path, capsys, command):
+        hostile, tmp_path, cli, command):
     url = hostile("attributes nested 200,000 deep")
     before = snapshot(Path(url))
     extra = {"plot": ["--world", "0", "--out", str(tmp_path / "p.png")],
              "export-npz": ["--to", str(tmp_path / "npz")]}.get(command, [])
 
-    code, _, err = cli(capsys, command, url, *extra)
+    code, _, err = cli(command, url, *extra)
 
     assert code == 2
     assert "zarr.json: its JSON is nested 200002 deep; flyarchive reads at most 64" in err
     assert snapshot(Path(url)) == before
 
 
-def test_attributes_nested_200000_deep_fail_verify_with_the_reason(hostile, capsys):
+def test_attributes_nested_200000_deep_fail_verify_with_the_reason(hostile, cli):
     url = hostile("attributes nested 200,000 deep")
     before = snapshot(Path(url))
 
-    code, _, err = cli(capsys, "verify", url)
+    code, _, err = cli("verify", url)
 
     assert code == 1
     assert "nested 200002 deep" in err
@@ -134,11 +105,11 @@ def test_attributes_nested_200000_deep_in_memory_storage_are_a_schema_error(host
     ("layout attribute a string", "Attribute 'layout' is 'joints' (str); it must be an object"),
 ])
 def test_reserved_attributes_of_the_wrong_type_are_schema_errors(
-        hostile, capsys, command, case, fragment):
+        hostile, cli, command, case, fragment):
     url = hostile(case)
     before = snapshot(Path(url))
 
-    code, _, err = cli(capsys, command, url)
+    code, _, err = cli(command, url)
 
     assert code == (2 if command == "info" else 1)
     assert fragment in err
@@ -157,11 +128,11 @@ def test_a_pickle_codec_is_refused_without_unpickling_anything(hostile):
     assert snapshot(Path(url)) == before
 
 
-def test_a_zarr_v2_pickle_compressor_is_refused_without_unpickling_anything(hostile, capsys):
+def test_a_zarr_v2_pickle_compressor_is_refused_without_unpickling_anything(hostile, cli):
     url = hostile("zarr v2 archive, qpos compressor pickle")
     before = snapshot(Path(url))
 
-    code, _, err = cli(capsys, "verify", url)
+    code, _, err = cli("verify", url)
 
     assert code == 1
     assert re.search(r"\.z(group|attrs|array|metadata): it is zarr v2 metadata; flyarchive "
@@ -212,11 +183,11 @@ def test_flipped_bits_in_qpos_then_plot_name_the_chunk_and_point_at_verify(hosti
     assert snapshot(Path(url)) == before
 
 
-def test_flipped_bits_in_a_time_chunk_then_info_name_the_chunk_not_zarr_json(hostile, capsys):
+def test_flipped_bits_in_a_time_chunk_then_info_name_the_chunk_not_zarr_json(hostile, cli):
     url = hostile("flipped bits in a time chunk")
     before = snapshot(Path(url))
 
-    code, _, err = cli(capsys, "info", url)
+    code, _, err = cli("info", url)
 
     assert code == 2
     assert "time [frames 5..9] (file time/c/1)" in err
@@ -260,7 +231,7 @@ def test_appending_through_a_deeper_link_writes_nothing_outside(copy_of, tmp_pat
 def test_plot_draws_a_mathtext_like_dof_label_as_plain_text(tmp_path):
     name = r"$\notacommand{$"
     model = mujoco.MjModel.from_xml_string(TWO_HINGES.format(name=name))
-    url = record(model, str(tmp_path / "math.zarr"))
+    url = record(model, str(tmp_path / "math.zarr"), n_worlds=1)
 
     written = plot_traces(url, 0, tmp_path / "p.png", dofs=[name])
 
@@ -289,7 +260,7 @@ def duplicate_labels(tmp_path):
     """An archive as flyarchive 69c2104 recorded a model with an unnamed joint beside one
     named joint0: both labelled 'joint0'."""
     model = mujoco.MjModel.from_xml_string(TWO_HINGES.format(name="joint0"))
-    url = record(model, str(tmp_path / "dup.zarr"))
+    url = record(model, str(tmp_path / "dup.zarr"), n_worlds=1)
     group = zarr.open_group(url, mode="r+")
     group.attrs["layout"] = ModelLayout(("joint0", "joint0"), ("hinge", "hinge"), ()).to_attrs()
     group["dof"][:] = np.array(["joint0", "joint0"])
@@ -312,27 +283,27 @@ def test_open_archive_refuses_an_archive_with_duplicate_dof_labels(duplicate_lab
 
 
 # ----------------------------------------------------------------------------- plot output
-def test_plot_into_a_folder_writes_inside_it_and_reports_that_path(sound, tmp_path, capsys):
+def test_plot_into_a_folder_writes_inside_it_and_reports_that_path(sound, tmp_path, cli):
     folder = tmp_path / "work"
     folder.mkdir()
 
-    code, out, _ = cli(capsys, "plot", sound, "--world", "1", "--out", str(folder))
+    code, out, _ = cli("plot", sound, "--world", "1", "--out", str(folder))
 
     assert code == 0
     assert out.strip() == f"wrote {folder / 'world00001.png'}"
     assert (folder / "world00001.png").read_bytes()[:4] == b"\x89PNG"
 
 
-def test_plot_to_a_name_without_suffix_reports_the_png_it_wrote(sound, tmp_path, capsys):
-    code, out, _ = cli(capsys, "plot", sound, "--world", "0", "--out", str(tmp_path / "traces"))
+def test_plot_to_a_name_without_suffix_reports_the_png_it_wrote(sound, tmp_path, cli):
+    code, out, _ = cli("plot", sound, "--world", "0", "--out", str(tmp_path / "traces"))
 
     assert code == 0
     assert out.strip() == f"wrote {tmp_path / 'traces.png'}"
     assert (tmp_path / "traces.png").exists()
 
 
-def test_plot_to_a_suffix_matplotlib_cannot_write_is_refused(sound, tmp_path, capsys):
-    code, _, err = cli(capsys, "plot", sound, "--world", "0", "--out", str(tmp_path / "t.xyz"))
+def test_plot_to_a_suffix_matplotlib_cannot_write_is_refused(sound, tmp_path, cli):
+    code, _, err = cli("plot", sound, "--world", "0", "--out", str(tmp_path / "t.xyz"))
 
     assert code == 2
     assert "Cannot write a plot to" in err and "png" in err
@@ -341,10 +312,10 @@ def test_plot_to_a_suffix_matplotlib_cannot_write_is_refused(sound, tmp_path, ca
 
 # ----------------------------------------------------------------------------- storage options
 def test_an_endpoint_url_that_is_not_a_string_is_a_storage_options_error(
-        tmp_path, capsys, monkeypatch):
+        tmp_path, cli, monkeypatch):
     monkeypatch.chdir(tmp_path)
 
-    code, _, err = cli(capsys, "info", "s3://flies/run.zarr",
+    code, _, err = cli("info", "s3://flies/run.zarr",
                        "--storage-options", json.dumps({"endpoint_url": 5}))
 
     assert code == 2

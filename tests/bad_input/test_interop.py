@@ -7,15 +7,12 @@ committed before (an archive, files, a bucket) is byte for byte as it was.
 import json
 import subprocess
 import sys
-import threading
 import uuid
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from pathlib import Path
 
 import numpy as np
 import pytest
 
-from flyarchive import TrajectoryRecorder, errors
+from flyarchive import errors
 from flyarchive.cli import main
 from flyarchive.errors import (
     ArchiveExistsError,
@@ -27,22 +24,10 @@ from flyarchive.errors import (
 )
 from flyarchive.interop.flygym_npz import export_npz, import_npz
 from flyarchive.testing import TINY_XML, reference_frames, simulate, slider_model
+from flyarchive.testing.fixtures import bucket_snapshot, record, snapshot
+from flyarchive.testing.markers import requires_linux_sys
 
 UNWRITABLE = "/sys/flyarchive-test/out"  # EPERM even for root
-requires_sys = pytest.mark.skipif(not Path("/sys/kernel").is_dir(), reason="needs Linux /sys")
-
-
-def record(model, url, *, n_worlds=2, n_steps=76, chunk_frames=5, **kwargs):
-    """Record 20 frames of ``n_worlds`` tiny worlds."""
-    with TrajectoryRecorder(url, model, chunk_frames=chunk_frames, **kwargs) as recorder:
-        simulate(model, n_worlds, n_steps, recorder.record_as_needed)
-
-
-def snapshot(url):
-    """Every file of a local archive or folder: relative path -> bytes."""
-    root = Path(url)
-    files = sorted(p for p in root.rglob("*") if p.is_file())
-    return {str(p.relative_to(root)): p.read_bytes() for p in files}
 
 
 def write_npz(path, tiny, *, n=12, world_id=0, **override):
@@ -66,13 +51,6 @@ def npz_dir(tiny, tmp_path):
 
 
 @pytest.fixture
-def archive(tiny, tmp_path):
-    url = str(tmp_path / "run.zarr")
-    record(tiny, url)
-    return url
-
-
-@pytest.fixture
 def partial(tiny, tmp_path, npz_dir):
     """An import of ``npz_dir`` stopped after its first commit."""
     url = str(tmp_path / "partial.zarr")
@@ -83,13 +61,6 @@ def partial(tiny, tmp_path, npz_dir):
     with pytest.raises(KeyboardInterrupt):
         import_npz(npz_dir, url, tiny, chunk_frames=5, progress=stop)
     return url
-
-
-@pytest.fixture
-def model_xml(tmp_path):
-    path = tmp_path / "tiny.xml"
-    path.write_text(TINY_XML)
-    return str(path)
 
 
 # ----------------------------------------------------------------------------- import: files
@@ -274,7 +245,7 @@ def test_export_to_an_existing_file_says_it_is_not_a_folder(archive, tmp_path):
     assert snapshot(archive) == before
 
 
-@requires_sys
+@requires_linux_sys
 def test_export_to_an_unwritable_folder_is_a_storage_error(archive):
     before = snapshot(archive)
 
@@ -284,7 +255,7 @@ def test_export_to_an_unwritable_folder_is_a_storage_error(archive):
     assert snapshot(archive) == before
 
 
-@requires_sys
+@requires_linux_sys
 def test_cli_export_to_an_unwritable_folder_is_one_line_exit_2(archive, capsys):
     code = main(["export-npz", archive, "--to", UNWRITABLE])
 
@@ -344,59 +315,9 @@ def test_cli_export_refuses_a_world_selection_it_cannot_take(archive, tmp_path, 
 
 
 # ----------------------------------------------------------------------------- S3
-class _Forbidden(BaseHTTPRequestHandler):
-    """Answers every S3 request as AWS does for an unknown access key."""
-
-    protocol_version = "HTTP/1.1"
-    body = (b'<?xml version="1.0" encoding="UTF-8"?><Error><Code>InvalidAccessKeyId</Code>'
-            b"<Message>The AWS Access Key Id you provided does not exist in our records."
-            b"</Message></Error>")
-
-    def log_message(self, *args):
-        pass
-
-    def do_GET(self):  # noqa: N802
-        length = int(self.headers.get("Content-Length") or 0)
-        if length:
-            self.rfile.read(length)
-        self.send_response(403)
-        self.send_header("Content-Type", "application/xml")
-        self.send_header("Content-Length", "0" if self.command == "HEAD" else str(len(self.body)))
-        self.end_headers()
-        if self.command != "HEAD":
-            self.wfile.write(self.body)
-
-    do_PUT = do_HEAD = do_POST = do_DELETE = do_GET
-
-
-@pytest.fixture
-def forbidding_s3():
-    server = ThreadingHTTPServer(("127.0.0.1", 0), _Forbidden)
-    thread = threading.Thread(target=server.serve_forever, args=(0.05,), daemon=True)
-    thread.start()
-    yield f"http://127.0.0.1:{server.server_address[1]}"
-    server.shutdown()
-    server.server_close()
-
-
-@pytest.fixture
-def unreachable():
-    """Storage options for an unused loopback port, one quick attempt."""
-    from flyarchive.testing.s3 import _free_port, s3_storage_options
-
-    return s3_storage_options(f"http://127.0.0.1:{_free_port()}", botocore_attempts=1,
-                              secret="unreachable-secret-value",
-                              config_kwargs={"connect_timeout": 1})
-
-
-def bucket_snapshot(server, bucket="flyarchive-test"):
-    fs = server.filesystem()
-    return {p: fs.cat_file(p) for p in fs.find(bucket)}
-
-
 def test_recording_to_an_unreachable_endpoint_is_a_storage_error(tiny, s3_server, unreachable):
     url = f"s3://flyarchive-test/{uuid.uuid4().hex}.zarr"
-    before = bucket_snapshot(s3_server)
+    before = bucket_snapshot(s3_server.filesystem(), "flyarchive-test")
 
     with pytest.raises(StorageError, match="Cannot reach the storage of .* nothing answered at "
                                            "http://127.0.0.1:") as err:
@@ -404,7 +325,7 @@ def test_recording_to_an_unreachable_endpoint_is_a_storage_error(tiny, s3_server
 
     assert url in str(err.value)
     assert "unreachable-secret-value" not in str(err.value)
-    assert bucket_snapshot(s3_server) == before
+    assert bucket_snapshot(s3_server.filesystem(), "flyarchive-test") == before
 
 
 def test_cli_info_of_an_unreachable_endpoint_is_one_line_exit_2(unreachable, capsys):
@@ -425,18 +346,18 @@ def test_recording_without_credentials_is_a_storage_error(tiny, s3_server, monke
     monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
     options = s3_server.storage_options(skip_instance_cache=True)
     del options["key"], options["secret"]
-    before = bucket_snapshot(s3_server)
+    before = bucket_snapshot(s3_server.filesystem(), "flyarchive-test")
 
     with pytest.raises(StorageError, match="No usable credentials were found for 's3://"):
         record(tiny, f"s3://flyarchive-test/{uuid.uuid4().hex}.zarr", storage_options=options)
 
-    assert bucket_snapshot(s3_server) == before
+    assert bucket_snapshot(s3_server.filesystem(), "flyarchive-test") == before
 
 
 def test_recording_with_refused_credentials_hides_key_and_secret(tiny, forbidding_s3):
     from flyarchive.testing.s3 import s3_storage_options
 
-    options = s3_storage_options(forbidding_s3, key="AKIAWRONGKEY", secret="wrong-secret-value")
+    options = s3_storage_options(forbidding_s3.endpoint_url, key="AKIAWRONGKEY", secret="wrong-secret-value")
 
     with pytest.raises(StorageError, match=r"Access to 's3://flies/run.zarr' was refused") as err:
         record(tiny, "s3://flies/run.zarr", storage_options=options)
@@ -480,7 +401,7 @@ def test_export_to_a_missing_bucket_is_refused_and_writes_no_local_folder(
 
 
 # ----------------------------------------------------------------------------- CLI
-@requires_sys
+@requires_linux_sys
 def test_cli_turns_any_os_error_into_one_line_exit_2(archive, capsys):
     before = snapshot(archive)
 

@@ -1,7 +1,6 @@
 """Bad input to the recorders: each case is refused with a clear error, records nothing of
 the call, and leaves what was committed as it was (issue 10, items 1, 5, 7 and 12)."""
 
-import importlib.util
 import warnings
 from pathlib import Path
 
@@ -12,19 +11,8 @@ import pytest
 from flyarchive import TrajectoryRecorder, open_archive
 from flyarchive.errors import LayoutMismatchError, RecordingError
 from flyarchive.testing import reference_frames, simulate, slider_model
-
-
-def record(model, url, *, n_worlds=2, n_steps=76, chunk_frames=5, **kwargs):
-    """Record 20 frames of ``n_worlds`` tiny worlds."""
-    with TrajectoryRecorder(url, model, chunk_frames=chunk_frames, **kwargs) as recorder:
-        simulate(model, n_worlds, n_steps, recorder.record_as_needed)
-
-
-def snapshot(url):
-    """Every file of a local archive: relative path -> bytes."""
-    root = Path(url)
-    files = sorted(p for p in root.rglob("*") if p.is_file())
-    return {str(p.relative_to(root)): p.read_bytes() for p in files}
+from flyarchive.testing.fixtures import snapshot
+from flyarchive.testing.markers import requires_warp
 
 
 def worlds_at(model, n_worlds, n_steps, *, seed=0):
@@ -37,13 +25,6 @@ def stepped(model, datas, n_steps):
         for data in datas:
             mujoco.mj_step(model, data)
     return datas
-
-
-@pytest.fixture
-def archive(tiny, tmp_path):
-    url = str(tmp_path / "run.zarr")
-    record(tiny, url)
-    return url
 
 
 @pytest.fixture
@@ -215,11 +196,6 @@ def test_recording_after_reset_is_refused_and_keeps_the_frames(tiny, tmp_path):
 
 
 # ----------------------------------------------------------------------------- Warp recorder
-requires_warp = pytest.mark.skipif(
-    importlib.util.find_spec("mujoco_warp") is None, reason="needs mujoco-warp (flyarchive[gpu])"
-)
-
-
 @pytest.fixture(scope="module")
 def warp_tiny():
     """The tiny model on Warp's CPU device."""

@@ -12,7 +12,6 @@ import mujoco
 import numpy as np
 import pytest
 
-from flyarchive import TrajectoryRecorder
 from flyarchive.cli import main
 from flyarchive.clock import Timing
 from flyarchive.errors import (
@@ -27,22 +26,10 @@ from flyarchive.errors import (
 from flyarchive.layout import ModelLayout
 from flyarchive.distribute.api import RenderOptions, render_frames, render_videos
 from flyarchive.store import ArchiveSpec, ArchiveWriter, FrameBlock
-from flyarchive.testing import TINY_XML, reference_frames, simulate
+from flyarchive.testing import TINY_XML, reference_frames
+from flyarchive.testing.fixtures import record, snapshot
 
 SMALL = RenderOptions(size=(48, 64), segment_frames=8)
-
-
-def record(model, url, *, n_worlds=2, n_steps=40, chunk_frames=5):
-    """Record 11 frames of ``n_worlds`` tiny worlds."""
-    with TrajectoryRecorder(url, model, chunk_frames=chunk_frames) as recorder:
-        simulate(model, n_worlds, n_steps, recorder.record_as_needed)
-
-
-def snapshot(root):
-    """Every file under a local folder: relative path -> bytes."""
-    root = Path(root)
-    files = sorted(p for p in root.rglob("*") if p.is_file())
-    return {str(p.relative_to(root)): p.read_bytes() for p in files}
 
 
 @pytest.fixture(scope="module")
@@ -52,7 +39,7 @@ def rendered(tmp_path_factory: pytest.TempPathFactory) -> tuple[str, Path]:
 
     folder = tmp_path_factory.mktemp("bad-render")
     url = str(folder / "run.zarr")
-    record(tiny_model(), url)
+    record(tiny_model(), url, n_steps=40)
     out = folder / "videos"
     render_videos(url, tiny_model(), "front", str(out), worlds=[0], time=(0, 0.016),
                   options=SMALL, n_workers=0)

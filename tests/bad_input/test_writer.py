@@ -16,27 +16,9 @@ from flyarchive.codecs import CodecSpecError
 from flyarchive.errors import ArchiveExistsError, CorruptArchiveError, SchemaError
 from flyarchive.layout import ModelLayout
 from flyarchive.store import ArchiveSpec, ArchiveWriter
-from flyarchive.testing import TINY_XML, simulate
-
-
-def record(model, url, *, n_worlds=2, n_steps=76, chunk_frames=5, **kwargs):
-    """Record 20 frames of ``n_worlds`` tiny worlds."""
-    with TrajectoryRecorder(url, model, chunk_frames=chunk_frames, **kwargs) as recorder:
-        simulate(model, n_worlds, n_steps, recorder.record_as_needed)
-
-
-def snapshot(url):
-    """Every file of a local archive: relative path -> bytes."""
-    root = Path(url)
-    files = sorted(p for p in root.rglob("*") if p.is_file())
-    return {str(p.relative_to(root)): p.read_bytes() for p in files}
-
-
-@pytest.fixture
-def archive(tiny, tmp_path):
-    url = str(tmp_path / "run.zarr")
-    record(tiny, url)
-    return url
+from flyarchive.testing import TINY_XML
+from flyarchive.testing.fixtures import record, snapshot
+from flyarchive.testing.markers import requires_warp
 
 
 @pytest.fixture
@@ -115,8 +97,8 @@ def test_a_spec_with_a_huge_capacity_is_refused(tiny, url):
     (dict(chunk_frames=2.5), SchemaError, "chunk_frames must be a whole number"),
     (dict(attrs={"when": datetime.date(2024, 1, 2)}), SchemaError, "holds a date"),
 ])
+@requires_warp
 def test_a_warp_recorder_refuses_bad_options_at_construction(tiny, url, kwargs, error, message):
-    pytest.importorskip("mujoco_warp")
     from flyarchive.record.warp import WarpTrajectoryRecorder
 
     with pytest.raises(error, match=message):

@@ -17,6 +17,7 @@ from flyarchive.clock import Timing
 from flyarchive.layout import ModelLayout
 from flyarchive.testing import simulate, slider_model
 from flyarchive.video import read_video
+from flyarchive.testing.markers import requires_warp
 
 SMALL = RenderOptions(size=(48, 64), segment_frames=4)
 
@@ -214,8 +215,8 @@ def test_manifest_entry_names_its_frame_range_and_simulated_times(tiny, tiny_arc
     assert entry["start_time"] == pytest.approx(0.016) and entry["end_time"] == pytest.approx(0.04)
 
 
+@requires_warp
 def test_manifest_keeps_each_renders_own_size_backend_and_encoder(tiny, tiny_archive, tmp_path):
-    pytest.importorskip("mujoco_warp")
     from flyarchive.video import VideoOptions
 
     out = str(tmp_path / "v")

@@ -23,6 +23,7 @@ from flyarchive.models import model_bytes  # noqa: E402
 from flyarchive.replay.opengl import CpuRenderer  # noqa: E402
 from flyarchive.testing import simulate, tiny_model  # noqa: E402
 from flyarchive.video import VideoOptions, read_video  # noqa: E402
+from flyarchive.testing.markers import requires_warp  # noqa: E402
 
 distributed = pytest.importorskip("distributed")
 
@@ -237,10 +238,10 @@ def test_a_local_cluster_never_asks_for_the_busy_dashboard_port(
     assert not [m for m in messages if "already in use" in m]
 
 
+@requires_warp
 @pytest.mark.timeout(300)
 def test_warp_workers_on_a_local_cluster_show_one_progress_bar(
         archive: str, model: Any, tmp_path: Path, capfd: pytest.CaptureFixture[str]) -> None:
-    pytest.importorskip("mujoco_warp")
     options = RenderOptions(size=SIZE, backend="warp-cpu", batch_worlds=4, progress=True)
 
     render_videos(archive, model, "front", str(tmp_path / "v"), options=options, n_workers=2)

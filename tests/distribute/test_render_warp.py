@@ -3,10 +3,8 @@
 from __future__ import annotations
 
 import copy
-import importlib.util
 import json
 import math
-import os
 from pathlib import Path
 
 import numpy as np
@@ -19,16 +17,14 @@ from flyarchive.record.cpu import TrajectoryRecorder
 from flyarchive.distribute.api import RenderOptions, VideoJob, render_videos
 from flyarchive.store import ArchiveSpec, ArchiveWriter, FrameBlock
 from flyarchive.testing import flip_bits, shard_file, simulate, slider_model, tiny_model
+from flyarchive.testing.markers import WARP_BACKEND, requires_no_cuda, requires_warp
 from flyarchive.video import VideoOptions, read_video
 
-requires_warp = pytest.mark.skipif(
-    importlib.util.find_spec("mujoco_warp") is None, reason="needs mujoco-warp (flyarchive[gpu])"
-)
 pytestmark = [requires_warp, pytest.mark.timeout(600)]
 
 SIZE = (48, 64)  # (height, width)
-# Warp's CPU device in CI; FLYARCHIVE_TEST_WARP_BACKEND=gpu runs these tests on a GPU.
-BACKEND = os.environ.get("FLYARCHIVE_TEST_WARP_BACKEND", "warp-cpu")
+# Warp's CPU device in CI; FLYARCHIVE_TEST_WARP_DEVICE=cuda runs these tests on a GPU ("gpu").
+BACKEND = WARP_BACKEND
 WARP = RenderOptions(backend=BACKEND, size=SIZE, batch_worlds=8)
 SLIDER_FRAMES = 11  # not a multiple of the batch: videos straddle batches
 
@@ -123,14 +119,9 @@ def test_groups_hold_whole_videos_of_about_equal_frames():
     assert [j for g in groups for j in g] == jobs
 
 
+@requires_no_cuda
 def test_gpu_backend_without_cuda_suggests_the_cpu_backends():
-    import warp as wp
-
     from flyarchive.distribute.warp_pipeline import warp_device
-
-    wp.init()
-    if wp.get_cuda_device_count() > 0:
-        pytest.skip("this machine has a CUDA device")
 
     with pytest.raises(RenderBackendError, match="warp-cpu"):
         warp_device("gpu")

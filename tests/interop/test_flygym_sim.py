@@ -7,7 +7,6 @@ Warp's CPU device.
 """
 
 import gc
-import importlib.util
 import warnings
 
 import numpy as np
@@ -16,13 +15,8 @@ import pytest
 import flyarchive
 from flyarchive import open_archive
 from flyarchive.errors import RecordingError
+from flyarchive.testing.markers import requires_flygym, requires_warp
 
-requires_flygym = pytest.mark.skipif(
-    importlib.util.find_spec("flygym") is None, reason="needs flygym (flyarchive[flygym])"
-)
-requires_warp = pytest.mark.skipif(
-    importlib.util.find_spec("mujoco_warp") is None, reason="needs mujoco-warp (flyarchive[gpu])"
-)
 pytestmark = [requires_flygym, pytest.mark.timeout(600)]
 
 

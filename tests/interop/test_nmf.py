@@ -2,15 +2,11 @@
 
 from __future__ import annotations
 
-import importlib.util
-
 import mujoco
 import numpy as np
 import pytest
 
-requires_flygym = pytest.mark.skipif(
-    importlib.util.find_spec("flygym") is None, reason="needs flygym (flyarchive[flygym])"
-)
+from flyarchive.testing.markers import requires_flygym
 
 pytestmark = requires_flygym
 

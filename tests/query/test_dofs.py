@@ -1,16 +1,14 @@
 """Picking NeuroMechFly dofs by leg, joint and axis (issue 10, item 15)."""
 
-import importlib.util
-
 import numpy as np
 import pytest
 import xarray as xr
 
 import flyarchive
 from flyarchive.errors import SelectionError
+from flyarchive.testing.markers import requires_flygym
 
-pytestmark = pytest.mark.skipif(importlib.util.find_spec("flygym") is None,
-                                reason="needs flygym (flyarchive[flygym])")
+pytestmark = requires_flygym
 
 
 @pytest.fixture(scope="module")

@@ -1,8 +1,6 @@
 """Frame times (issue 10, item 13): ``time`` is the scheduled time of each frame, exactly;
 ``sim_time`` is when it was recorded; ``frame`` is its index on the schedule."""
 
-import importlib.util
-
 import mujoco
 import numpy as np
 import pytest
@@ -12,6 +10,7 @@ from flyarchive import TrajectoryRecorder, open_archive
 from flyarchive.errors import SchemaError
 from flyarchive.distribute.api import render_frames
 from flyarchive.testing import reference_frames, simulate
+from flyarchive.testing.markers import requires_warp
 
 
 def record(model, url, n_steps, *, every=1, step_first=False, chunk_frames=8, **kwargs):
@@ -124,7 +123,7 @@ def test_a_frame_coordinate_of_another_dtype_is_a_schema_error(tiny, tmp_path):
         open_archive(url)
 
 
-@pytest.mark.skipif(importlib.util.find_spec("mujoco_warp") is None, reason="needs mujoco-warp")
+@requires_warp
 def test_warp_frames_are_found_by_their_scheduled_time(tiny, tmp_path):
     import warnings
 

@@ -5,7 +5,6 @@ recorder is garbage-collected or Python exits, with a ResourceWarning.
 """
 
 import gc
-import importlib.util
 import subprocess
 import sys
 import warnings
@@ -15,10 +14,7 @@ import pytest
 
 from flyarchive import TrajectoryRecorder, open_archive
 from flyarchive.testing import reference_frames, simulate
-
-requires_warp = pytest.mark.skipif(
-    importlib.util.find_spec("mujoco_warp") is None, reason="needs mujoco-warp (flyarchive[gpu])"
-)
+from flyarchive.testing.markers import requires_warp
 
 CPU_CHILD = """
 import sys

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.util
-import os
 import subprocess
 import sys
 import threading
@@ -20,17 +18,14 @@ from flyarchive.errors import ArchiveExistsError, SelectionError, StorageError
 from flyarchive.layout import ModelLayout, check_compatible
 from flyarchive.store import ArchiveWriter
 from flyarchive.testing import tiny_model
+from flyarchive.testing.markers import WARP_DEVICE, requires_warp
 
-requires_warp = pytest.mark.skipif(
-    importlib.util.find_spec("mujoco_warp") is None, reason="needs mujoco-warp (flyarchive[gpu])"
-)
 pytestmark = [requires_warp, pytest.mark.timeout(900)]
 
 NWORLD = 4
-
-
 # Warp's CPU device in CI; FLYARCHIVE_TEST_WARP_DEVICE=cuda runs the same tests on a GPU.
-DEVICE = os.environ.get("FLYARCHIVE_TEST_WARP_DEVICE", "cpu")
+DEVICE = WARP_DEVICE
+
 
 @pytest.fixture(scope="module")
 def sim():

@@ -14,6 +14,7 @@ from flyarchive.cli import main
 from flyarchive.testing.kills import KillConfig, kill_trial
 from flyarchive.testing import flip_bits, shard_file, simulate
 from flyarchive.store.integrity import verify
+from flyarchive.testing.markers import requires_warp
 
 PACKAGE = Path(__file__).resolve().parents[2] / "flyarchive"
 
@@ -38,9 +39,9 @@ def test_sigkill_at_a_random_point_keeps_committed_frames_and_resumes(tmp_path, 
     assert 0 <= result.frames_lost <= config.chunk_frames
 
 
+@requires_warp
 @pytest.mark.timeout(600)
 def test_sigkill_of_a_mujoco_warp_recording_keeps_committed_frames_and_resumes(tmp_path):
-    pytest.importorskip("mujoco_warp")
     config = KillConfig(backend="warp", seed=1, chunk_frames=5, max_wait_frames=30)
 
     result = kill_trial(str(tmp_path / "killed-warp.zarr"), config)

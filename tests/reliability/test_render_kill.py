@@ -23,6 +23,7 @@ from flyarchive.testing.render_kills import (  # noqa: E402
     make_render_archive,
     render_kill_trial,
 )
+from flyarchive.testing.fixtures import snapshot  # noqa: E402
 
 pytestmark = pytest.mark.timeout(400)
 
@@ -107,12 +108,6 @@ def test_a_worker_killed_mid_render_fails_naming_the_world_and_leaves_no_video(
     assert "tcp://" in str(err.value)  # the worker that died
     assert not list(out.rglob("*.mp4")) and not list(out.glob(".parts-*"))
     assert snapshot(archive.url) == before
-
-
-def snapshot(url: str) -> dict[str, bytes]:
-    """Every file of a local archive: relative path -> bytes."""
-    root = Path(url)
-    return {str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
 
 
 def _kill_when_busy(client: Any, pid: int) -> None:

@@ -3,9 +3,7 @@
 from __future__ import annotations
 
 import copy
-import importlib.util
 import math
-import os
 import subprocess
 import sys
 
@@ -22,13 +20,8 @@ from flyarchive.errors import (
 )
 from flyarchive.layout import ModelLayout
 from flyarchive.testing import slider_model, tiny_model
+from flyarchive.testing.markers import requires_cuda, requires_warp
 
-os.environ.setdefault("MUJOCO_GL", "egl")  # effective via conftest, which runs first
-
-requires_warp = pytest.mark.skipif(
-    importlib.util.find_spec("mujoco_warp") is None,
-    reason="needs mujoco-warp (flyarchive[gpu])",
-)
 pytestmark = [requires_warp, pytest.mark.timeout(900)]
 
 SIZE = (48, 64)  # (height, width)
@@ -399,16 +392,8 @@ def test_submitted_batches_land_in_the_buffers_named(slider):
         renderer.submit(qpos[0], buffer=2)
 
 
-def _has_cuda() -> bool:
-    import warp as wp
-
-    wp.init()
-    return wp.get_cuda_device_count() > 0
-
-
+@requires_cuda
 def test_cuda_graph_batches_equal_kernel_by_kernel_batches(monkeypatch):
-    if not _has_cuda():
-        pytest.skip("CUDA graphs need a CUDA device; CI has none (run this on a GPU machine)")
     from flyarchive.replay.warp import WarpBatchRenderer
 
     model = tiny_model()
