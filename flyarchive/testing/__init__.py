@@ -13,7 +13,7 @@ import mujoco
 import numpy as np
 
 __all__ = [
-    "TINY_XML", "SLIDER_XML", "tiny_model", "slider_model", "simulate", "perturb",
+    "TINY_XML", "SLIDER_XML", "TWO_HINGES_XML", "tiny_model", "slider_model", "simulate", "perturb",
     "reference_frames", "rgb_to_i420", "shard_file", "flip_bits",
 ]
 
@@ -64,6 +64,21 @@ SLIDER_XML = """
     <body name="block" pos="0 0 0">
       <joint name="x" type="slide" axis="1 0 0"/>
       <geom type="box" size="0.05 0.05 0.4" rgba="1 1 1 1" contype="0" conaffinity="0"/>
+    </body>
+  </worldbody>
+</mujoco>
+"""
+
+
+# Two hinges: the first unnamed, the second named ``{name}`` (``TWO_HINGES_XML.format(name=...)``),
+# for dof labels: a name that looks like matplotlib mathtext, or one that collides with the
+# label of the unnamed joint ("joint0").
+TWO_HINGES_XML = """
+<mujoco>
+  <worldbody>
+    <body><joint type="hinge" axis="0 1 0"/><geom size="0.1" mass="1"/></body>
+    <body pos="1 0 0">
+      <joint name="{name}" type="hinge" axis="0 1 0"/><geom size="0.1" mass="1"/>
     </body>
   </worldbody>
 </mujoco>

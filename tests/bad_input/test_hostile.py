@@ -1,8 +1,10 @@
 """Hostile archives and outputs that are safe to try in this process: each gets a clear
-error (or works, where the input is legal), and nothing committed changes.
+error, and nothing committed changes.
 
 Cases that could exhaust memory or hang on a regression run in a child process, in
-tests/test_hostile.py.
+tests/reliability/test_hostile.py. Legal inputs met on the way (labels that look like
+mathtext, plots into folders) are tested with their stage: tests/cli/test_plot.py,
+tests/base/test_layout.py.
 """
 
 import json
@@ -23,21 +25,11 @@ from flyarchive.testing.hostile import (
 from flyarchive.store.integrity import verify
 from flyarchive.layout import ModelLayout
 from flyarchive.plot import plot_traces
-from flyarchive.testing import simulate
+from flyarchive.testing import TWO_HINGES_XML, simulate
 from flyarchive.testing.fixtures import memory_snapshot, record, to_memory
 
 pytestmark = pytest.mark.timeout(30)
 
-TWO_HINGES = """
-<mujoco>
-  <worldbody>
-    <body><joint type="hinge" axis="0 1 0"/><geom size="0.1" mass="1"/></body>
-    <body pos="1 0 0">
-      <joint name="{name}" type="hinge" axis="0 1 0"/><geom size="0.1" mass="1"/>
-    </body>
-  </worldbody>
-</mujoco>
-"""
 
 
 @pytest.fixture(scope="module")
@@ -227,39 +219,12 @@ def test_appending_through_a_deeper_link_writes_nothing_outside(copy_of, tmp_pat
     assert np.array_equal(np.asarray(zarr.open_group(url)["qpos"][:, :20]), committed)
 
 
-# ----------------------------------------------------------------------------- labels
-def test_plot_draws_a_mathtext_like_dof_label_as_plain_text(tmp_path):
-    name = r"$\notacommand{$"
-    model = mujoco.MjModel.from_xml_string(TWO_HINGES.format(name=name))
-    url = record(model, str(tmp_path / "math.zarr"), n_worlds=1)
-
-    written = plot_traces(url, 0, tmp_path / "p.png", dofs=[name])
-
-    assert written == tmp_path / "p.png"
-    assert written.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-
-
-def test_an_unnamed_joint_beside_one_named_joint0_gets_its_own_label():
-    model = mujoco.MjModel.from_xml_string(TWO_HINGES.format(name="joint0"))
-
-    labels = ModelLayout.from_model(model).dof_labels
-
-    assert labels == ("joint0_unnamed", "joint0")
-
-
-def test_layouts_of_models_without_a_name_collision_keep_their_hash(tiny):
-    expected = "30188fcf72d2369f58ace2940db51a375dcc1c67884c55e04c5f47c2ef2beec5"  # 69c2104
-
-    actual = ModelLayout.from_model(tiny).hash
-
-    assert actual == expected
-
-
+# ----------------------------------------------------------------------------- dof labels
 @pytest.fixture
 def duplicate_labels(tmp_path):
     """An archive as flyarchive 69c2104 recorded a model with an unnamed joint beside one
     named joint0: both labelled 'joint0'."""
-    model = mujoco.MjModel.from_xml_string(TWO_HINGES.format(name="joint0"))
+    model = mujoco.MjModel.from_xml_string(TWO_HINGES_XML.format(name="joint0"))
     url = record(model, str(tmp_path / "dup.zarr"), n_worlds=1)
     group = zarr.open_group(url, mode="r+")
     group.attrs["layout"] = ModelLayout(("joint0", "joint0"), ("hinge", "hinge"), ()).to_attrs()
@@ -278,36 +243,24 @@ def test_verify_refuses_an_archive_with_duplicate_dof_labels(duplicate_labels):
 
 
 def test_open_archive_refuses_an_archive_with_duplicate_dof_labels(duplicate_labels):
+    before = snapshot(Path(duplicate_labels))
+
     with pytest.raises(SchemaError, match=r"not unique: \['joint0'\].*select dofs by position"):
         open_archive(duplicate_labels)
 
+    assert snapshot(Path(duplicate_labels)) == before
+
 
 # ----------------------------------------------------------------------------- plot output
-def test_plot_into_a_folder_writes_inside_it_and_reports_that_path(sound, tmp_path, cli):
-    folder = tmp_path / "work"
-    folder.mkdir()
-
-    code, out, _ = cli("plot", sound, "--world", "1", "--out", str(folder))
-
-    assert code == 0
-    assert out.strip() == f"wrote {folder / 'world00001.png'}"
-    assert (folder / "world00001.png").read_bytes()[:4] == b"\x89PNG"
-
-
-def test_plot_to_a_name_without_suffix_reports_the_png_it_wrote(sound, tmp_path, cli):
-    code, out, _ = cli("plot", sound, "--world", "0", "--out", str(tmp_path / "traces"))
-
-    assert code == 0
-    assert out.strip() == f"wrote {tmp_path / 'traces.png'}"
-    assert (tmp_path / "traces.png").exists()
-
-
 def test_plot_to_a_suffix_matplotlib_cannot_write_is_refused(sound, tmp_path, cli):
+    before = snapshot(Path(sound))
+
     code, _, err = cli("plot", sound, "--world", "0", "--out", str(tmp_path / "t.xyz"))
 
     assert code == 2
     assert "Cannot write a plot to" in err and "png" in err
     assert list(tmp_path.iterdir()) == []
+    assert snapshot(Path(sound)) == before
 
 
 # ----------------------------------------------------------------------------- storage options
@@ -324,13 +277,15 @@ def test_an_endpoint_url_that_is_not_a_string_is_a_storage_options_error(
     assert list(tmp_path.iterdir()) == []
 
 
-def test_a_secret_option_of_the_wrong_type_is_named_without_its_value():
+def test_a_secret_option_of_the_wrong_type_is_named_without_its_value(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # a URL mistaken for a local path would land here
     options = {"key": 12345678, "secret": "s3cr3t", "endpoint_url": "http://127.0.0.1:9"}
 
     with pytest.raises(StorageError, match="'key' for 's3://flies/run.zarr' must be a string, got int") as err:
         open_archive("s3://flies/run.zarr", options)
 
     assert "12345678" not in str(err.value)
+    assert list(tmp_path.iterdir()) == []
 
 
 def test_a_blosc_chunk_declaring_more_bytes_than_its_shape_is_refused_before_decoding(

@@ -13,7 +13,6 @@ import numpy as np
 import pytest
 
 from flyarchive import errors
-from flyarchive.cli import main
 from flyarchive.errors import (
     ArchiveExistsError,
     LayoutMismatchError,
@@ -221,14 +220,14 @@ def test_resume_with_another_model_is_refused_and_keeps_the_partial_import(npz_d
     assert snapshot(partial) == before
 
 
-def test_cli_resume_with_overwrite_is_refused(npz_dir, partial, model_xml, capsys):
+def test_cli_resume_with_overwrite_is_refused(npz_dir, partial, model_xml, cli):
     before = snapshot(partial)
 
-    code = main(["import-npz", str(npz_dir), "--to", partial, "--model", model_xml,
-                 "--resume", "--overwrite"])
+    code, _, err = cli("import-npz", npz_dir, "--to", partial, "--model", model_xml,
+                       "--resume", "--overwrite")
 
     assert code == 2
-    assert "--resume finishes an import and --overwrite replaces it" in capsys.readouterr().err
+    assert "--resume finishes an import and --overwrite replaces it" in err
     assert snapshot(partial) == before
 
 
@@ -256,13 +255,15 @@ def test_export_to_an_unwritable_folder_is_a_storage_error(archive):
 
 
 @requires_linux_sys
-def test_cli_export_to_an_unwritable_folder_is_one_line_exit_2(archive, capsys):
-    code = main(["export-npz", archive, "--to", UNWRITABLE])
+def test_cli_export_to_an_unwritable_folder_is_one_line_exit_2(archive, cli):
+    before = snapshot(archive)
 
-    err = capsys.readouterr().err
+    code, _, err = cli("export-npz", archive, "--to", UNWRITABLE)
+
     assert code == 2
     assert err.startswith("flyarchive export-npz: error: Cannot create the folder")
     assert err.count("\n") == 1
+    assert snapshot(archive) == before
 
 
 def test_export_when_the_disk_refuses_a_write_leaves_no_half_file(tiny, tmp_path):
@@ -302,14 +303,14 @@ def test_export_of_worlds_without_frames_writes_nothing(tiny, tmp_path):
     ("0-2000000", "names 2,000,001 worlds; at most 1,000,000"),
     ("5-3", "'5-3' in '5-3' ends before it starts"),
 ])
-def test_cli_export_refuses_a_world_selection_it_cannot_take(archive, tmp_path, capsys,
+def test_cli_export_refuses_a_world_selection_it_cannot_take(archive, tmp_path, cli,
                                                              worlds, fragment):
     before = snapshot(archive)
 
-    code = main(["export-npz", archive, "--to", str(tmp_path / "out"), "--worlds", worlds])
+    code, _, err = cli("export-npz", archive, "--to", tmp_path / "out", "--worlds", worlds)
 
     assert code == 2
-    assert fragment in capsys.readouterr().err
+    assert fragment in err
     assert not (tmp_path / "out").exists()
     assert snapshot(archive) == before
 
@@ -328,14 +329,17 @@ def test_recording_to_an_unreachable_endpoint_is_a_storage_error(tiny, s3_server
     assert bucket_snapshot(s3_server.filesystem(), "flyarchive-test") == before
 
 
-def test_cli_info_of_an_unreachable_endpoint_is_one_line_exit_2(unreachable, capsys):
-    code = main(["info", "s3://flyarchive-test/run.zarr", "--storage-options",
-                 json.dumps(unreachable)])
+def test_cli_info_of_an_unreachable_endpoint_is_one_line_exit_2(unreachable, cli, tmp_path,
+                                                                monkeypatch):
+    monkeypatch.chdir(tmp_path)  # a URL mistaken for a local path would land here
 
-    err = capsys.readouterr().err
+    code, _, err = cli("info", "s3://flyarchive-test/run.zarr", "--storage-options",
+                       json.dumps(unreachable))
+
     assert code == 2
     assert err.startswith("flyarchive info: error: Cannot reach the storage of 's3://")
     assert err.count("\n") == 1 and "unreachable-secret-value" not in err
+    assert list(tmp_path.iterdir()) == []
 
 
 def test_recording_without_credentials_is_a_storage_error(tiny, s3_server, monkeypatch):
@@ -354,16 +358,20 @@ def test_recording_without_credentials_is_a_storage_error(tiny, s3_server, monke
     assert bucket_snapshot(s3_server.filesystem(), "flyarchive-test") == before
 
 
-def test_recording_with_refused_credentials_hides_key_and_secret(tiny, forbidding_s3):
+def test_recording_with_refused_credentials_hides_key_and_secret(tiny, forbidding_s3, tmp_path,
+                                                                monkeypatch):
     from flyarchive.testing.s3 import s3_storage_options
 
-    options = s3_storage_options(forbidding_s3.endpoint_url, key="AKIAWRONGKEY", secret="wrong-secret-value")
+    monkeypatch.chdir(tmp_path)  # a URL mistaken for a local path would land here
+    options = s3_storage_options(forbidding_s3.endpoint_url, key="AKIAWRONGKEY",
+                                 secret="wrong-secret-value")
 
     with pytest.raises(StorageError, match=r"Access to 's3://flies/run.zarr' was refused") as err:
         record(tiny, "s3://flies/run.zarr", storage_options=options)
 
     assert "wrong-secret-value" not in str(err.value)
     assert "AKIAWRONGKEY" not in str(err.value)
+    assert list(tmp_path.iterdir()) == []
 
 
 def test_recording_into_a_missing_bucket_names_the_bucket_and_url(tiny, s3_server):
@@ -376,16 +384,17 @@ def test_recording_into_a_missing_bucket_names_the_bucket_and_url(tiny, s3_serve
     assert not s3_server.filesystem().exists("no-such-bucket-here")
 
 
-def test_cli_info_with_a_non_url_endpoint_names_the_option(capsys):
+def test_cli_info_with_a_non_url_endpoint_names_the_option(cli, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # a URL mistaken for a local path would land here
     options = json.dumps({"endpoint_url": 5, "secret": "never-printed-secret"})
 
-    code = main(["info", "s3://flyarchive-test/run.zarr", "--storage-options", options])
+    code, _, err = cli("info", "s3://flyarchive-test/run.zarr", "--storage-options", options)
 
-    err = capsys.readouterr().err
     assert code == 2
     assert "The storage option 'endpoint_url' for 's3://flyarchive-test/run.zarr' must be a URL" \
         in err
     assert "never-printed-secret" not in err
+    assert list(tmp_path.iterdir()) == []
 
 
 def test_export_to_a_missing_bucket_is_refused_and_writes_no_local_folder(
@@ -402,12 +411,11 @@ def test_export_to_a_missing_bucket_is_refused_and_writes_no_local_folder(
 
 # ----------------------------------------------------------------------------- CLI
 @requires_linux_sys
-def test_cli_turns_any_os_error_into_one_line_exit_2(archive, capsys):
+def test_cli_turns_any_os_error_into_one_line_exit_2(archive, cli):
     before = snapshot(archive)
 
-    code = main(["plot", archive, "--world", "0", "--out", UNWRITABLE + "/p.png"])
+    code, _, err = cli("plot", archive, "--world", "0", "--out", UNWRITABLE + "/p.png")
 
-    err = capsys.readouterr().err
     assert code == 2
     assert err.startswith("flyarchive plot: error: ") and err.count("\n") == 1
     assert snapshot(archive) == before

@@ -79,7 +79,7 @@ def test_a_refused_call_leaves_no_stale_rows_in_the_committed_worlds(tiny, tmp_p
 
     def on_step(datas):
         if round(datas[0].time / tiny.opt.timestep) == 20:  # a frame is due: offer 2 of 3
-            with pytest.raises(RecordingError):
+            with pytest.raises(RecordingError, match="has 3 worlds; 2 MjData were passed"):
                 recorder.record_as_needed(datas[:2])
         recorder.record_as_needed(datas)
 

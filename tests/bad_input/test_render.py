@@ -12,7 +12,6 @@ import mujoco
 import numpy as np
 import pytest
 
-from flyarchive.cli import main
 from flyarchive.clock import Timing
 from flyarchive.errors import (
     CameraNotFoundError,
@@ -301,48 +300,37 @@ def test_existing_s3_video_is_kept_without_overwrite(state, tiny, renders, s3_se
 
 
 # ----------------------------------------------------------------------------- CLI
-def cli_render(state, out, *extra):
-    model = Path(state.url).parent / "tiny.xml"
-    model.write_text(TINY_XML)
-    return main(["render", state.url, "--model", str(model), "--camera", "front", "--size",
-                 "48x64", "--worlds", "1", "--workers", "0", "--quiet", "--out", str(out), *extra])
+RENDER = ("render", "--camera", "front", "--size", "48x64", "--workers", "0", "--quiet")
 
 
-def test_cli_render_into_a_file_is_one_line_and_exit_2(state, tmp_path, capsys):
+def test_cli_render_into_a_file_is_one_line_and_exit_2(state, model_xml, tmp_path, cli):
     out = tmp_path / "videos.mp4"
     out.write_bytes(b"not a folder")
 
-    code = cli_render(state, out)
+    code, _, err = cli(*RENDER, state.url, "--model", model_xml, "--worlds", "1", "--out", out)
 
-    err = capsys.readouterr().err
     assert code == 2
     assert err.startswith("flyarchive render: error: The output folder") and err.count("\n") == 1
     assert out.read_bytes() == b"not a folder" and state.unchanged()
 
 
-def test_cli_render_of_a_world_without_frames_is_one_line_and_exit_2(ragged, tmp_path, capsys):
+def test_cli_render_of_a_world_without_frames_is_one_line_and_exit_2(ragged, model_xml, tmp_path,
+                                                                      cli):
     before = snapshot(ragged)
 
-    code = main(["render", ragged, "--model", str(_model_file(tmp_path)), "--camera", "front",
-                 "--size", "48x64", "--worlds", "2", "--workers", "0", "--quiet",
-                 "--out", str(tmp_path / "v")])
+    code, _, err = cli(*RENDER, ragged, "--model", model_xml, "--worlds", "2",
+                       "--out", tmp_path / "v")
 
-    err = capsys.readouterr().err
     assert code == 2
     assert err.startswith("flyarchive render: error: World(s) [2] have no committed frames")
     assert err.count("\n") == 1 and snapshot(ragged) == before
+    assert not (tmp_path / "v").exists()
 
 
-def test_cli_render_over_existing_videos_is_one_line_and_exit_2(state, capsys):
-    code = cli_render(state, state.out, "--worlds", "0")
+def test_cli_render_over_existing_videos_is_one_line_and_exit_2(state, model_xml, cli):
+    code, _, err = cli(*RENDER, state.url, "--model", model_xml, "--worlds", "0",
+                       "--out", state.out)
 
-    err = capsys.readouterr().err
     assert code == 2
     assert err.startswith("flyarchive render: error: 1 video(s) already exist")
     assert state.unchanged()
-
-
-def _model_file(folder: Path) -> Path:
-    path = folder / "tiny.xml"
-    path.write_text(TINY_XML)
-    return path

@@ -10,13 +10,11 @@ import pytest
 import zarr
 
 from flyarchive import TrajectoryRecorder
-from flyarchive.cli import main
 from flyarchive.clock import Timing
 from flyarchive.codecs import CodecSpecError
 from flyarchive.errors import ArchiveExistsError, CorruptArchiveError, SchemaError
 from flyarchive.layout import ModelLayout
 from flyarchive.store import ArchiveSpec, ArchiveWriter
-from flyarchive.testing import TINY_XML
 from flyarchive.testing.fixtures import record, snapshot
 from flyarchive.testing.markers import requires_warp
 
@@ -160,18 +158,18 @@ def test_a_missing_root_zarr_json_is_refused_by_an_append_and_deletes_nothing(ti
     assert snapshot(archive) == before
 
 
-def test_import_npz_into_an_archive_missing_n_frames_is_refused(tiny, archive, tmp_path, capsys):
+def test_import_npz_into_an_archive_missing_n_frames_is_refused(tiny, archive, tmp_path, model_xml,
+                                                                 cli):
     from flyarchive.interop.flygym_npz import export_npz
 
     paths = export_npz(archive, tmp_path / "npz")
-    (tmp_path / "tiny.xml").write_text(TINY_XML)
     (Path(archive) / "n_frames" / "zarr.json").unlink()
     before = snapshot(archive)
 
-    code = main(["import-npz", *map(str, paths.files), "--to", archive, "--model", str(tmp_path / "tiny.xml")])
+    code, _, err = cli("import-npz", *paths.files, "--to", archive, "--model", model_xml)
 
     assert code == 2
-    assert "flyarchive import-npz: error: Something is already at" in capsys.readouterr().err
+    assert "flyarchive import-npz: error: Something is already at" in err
     assert snapshot(archive) == before
 
 

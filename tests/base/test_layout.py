@@ -3,7 +3,7 @@ import pytest
 
 from flyarchive.errors import LayoutMismatchError, SchemaError
 from flyarchive.layout import ModelLayout, check_compatible
-from flyarchive.testing import TINY_XML, slider_model
+from flyarchive.testing import TINY_XML, TWO_HINGES_XML, slider_model
 
 
 def test_dof_labels_name_each_qpos_entry_by_joint_type(tiny):
@@ -64,3 +64,19 @@ def test_missing_mocap_body_is_a_mismatch(tiny):
 
 def test_same_model_is_compatible(tiny):
     check_compatible(ModelLayout.from_model(tiny), ModelLayout.from_model(tiny))
+
+
+def test_an_unnamed_joint_beside_one_named_joint0_gets_its_own_label():
+    model = mujoco.MjModel.from_xml_string(TWO_HINGES_XML.format(name="joint0"))
+
+    labels = ModelLayout.from_model(model).dof_labels
+
+    assert labels == ("joint0_unnamed", "joint0")
+
+
+def test_layouts_of_models_without_a_name_collision_keep_their_hash(tiny):
+    expected = "30188fcf72d2369f58ace2940db51a375dcc1c67884c55e04c5f47c2ef2beec5"  # 69c2104
+
+    actual = ModelLayout.from_model(tiny).hash
+
+    assert actual == expected
