@@ -6,15 +6,18 @@ tests) need no large model.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from pathlib import Path
 
 import mujoco
 import numpy as np
+from numpy.typing import ArrayLike
 
 __all__ = [
-    "TINY_XML", "SLIDER_XML", "TWO_HINGES_XML", "tiny_model", "slider_model", "simulate", "perturb",
-    "reference_frames", "rgb_to_i420", "shard_file", "flip_bits",
+    "TINY_XML", "SLIDER_XML", "TWO_HINGES_XML", "tiny_model", "slider_model", "slider_columns",
+    "block_columns", "simulate", "perturb", "reference_frames", "rgb_to_i420", "shard_file",
+    "flip_bits",
 ]
 
 TINY_XML = """
@@ -93,6 +96,32 @@ def tiny_model() -> mujoco.MjModel:
 def slider_model() -> mujoco.MjModel:
     """A white block on a slide joint ``x`` in front of camera ``front`` (nq=1)."""
     return mujoco.MjModel.from_xml_string(SLIDER_XML)
+
+
+def slider_columns(xs: ArrayLike, size: tuple[int, int]) -> np.ndarray:
+    """Where camera ``front`` of :func:`slider_model` shows the block at ``x = xs``.
+
+    The pinhole projection (``fovy=60``, camera 3 m from the block's plane): the column
+    of the block's centre in a ``size = (height, width)`` frame, in pixels, with column
+    ``c`` spanning ``c .. c + 1`` (so the middle of the frame is ``width / 2``).
+    """
+    height, width = size
+    focal = (height / 2) / math.tan(math.radians(60) / 2)
+    return width / 2 + focal * np.asarray(xs, dtype=float) / 3.0
+
+
+def block_columns(frames: np.ndarray) -> np.ndarray:
+    """The mean column (pixel centres, ``c + 0.5``) of the bright block in each frame.
+
+    Args:
+        frames: ``(n, H, W, 3)`` uint8 RGB of :func:`slider_model`'s camera ``front``.
+
+    Returns:
+        ``(n,)`` float: compare with :func:`slider_columns` (NaN where no pixel is bright).
+    """
+    bright = np.asarray(frames).min(axis=-1) > 128
+    columns = np.arange(bright.shape[-1]) + 0.5
+    return np.array([columns[b.any(axis=0)].mean() if b.any() else np.nan for b in bright])
 
 
 def perturb(model: mujoco.MjModel, data: mujoco.MjData, seed: int) -> None:

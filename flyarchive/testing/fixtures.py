@@ -21,7 +21,7 @@ from typing import Any
 import mujoco
 
 __all__ = [
-    "Location", "record", "snapshot", "to_memory", "memory_snapshot", "bucket_snapshot",
+    "Location", "record", "slider_archive", "snapshot", "to_memory", "memory_snapshot", "bucket_snapshot",
     "forbidding_s3",
 ]
 
@@ -58,6 +58,39 @@ def record(model: mujoco.MjModel, url: str, *, n_worlds: int = 2, n_steps: int =
 
     with TrajectoryRecorder(url, model, chunk_frames=chunk_frames, **kwargs) as recorder:
         simulate(model, n_worlds, n_steps, recorder.record_as_needed)
+    return url
+
+
+def slider_archive(url: str, qpos: Any, *, output_fps: float = 25.0,
+                   playback_speed: float = 0.25, chunk_frames: int = 4) -> str:
+    """An archive of :func:`flyarchive.testing.slider_model` whose frame ``k`` of world
+    ``w`` puts the block at ``x = qpos[w, k, 0]`` (see :func:`~flyarchive.testing.slider_columns`).
+
+    Args:
+        url: Where to write it (created).
+        qpos: ``(n_worlds, n_frames, 1)`` slider positions in metres; NaN is written as is.
+        output_fps: Frames per second of video.
+        playback_speed: Simulated seconds per second of video: frame ``k`` is at
+            ``t = k * playback_speed / output_fps`` (the slider's timestep is 10 ms).
+        chunk_frames: Frames per chunk; each world is a shard of its own.
+
+    Returns:
+        ``url``.
+    """
+    import numpy as np
+
+    from flyarchive.clock import Timing
+    from flyarchive.layout import ModelLayout
+    from flyarchive.store import ArchiveSpec, ArchiveWriter, FrameBlock
+    from flyarchive.testing import slider_model
+
+    qpos = np.asarray(qpos, dtype=float)
+    n_worlds, n_frames = qpos.shape[:2]
+    spec = ArchiveSpec(ModelLayout.from_model(slider_model()),
+                       Timing(0.01, output_fps, playback_speed), tuple(range(n_worlds)),
+                       chunk_frames=chunk_frames, shard_worlds=1)
+    time = np.arange(n_frames) * (playback_speed / output_fps)
+    ArchiveWriter.create(url, spec).write(FrameBlock(time=time, qpos=qpos))
     return url
 
 

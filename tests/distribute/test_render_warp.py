@@ -1,23 +1,25 @@
-"""Archive -> mp4 on the Warp batch renderer (backend "warp-cpu": Warp's CPU device)."""
+"""Archive -> mp4 on the Warp batch renderer (backend "warp-cpu": Warp's CPU device).
+
+What every backend does with an archive (frame k shows state k, NaN frames black) is in
+the replay conformance suite (tests/replay/test_warp.py::TestWarpReplay).
+"""
 
 from __future__ import annotations
 
 import copy
 import json
-import math
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-from flyarchive.clock import Timing
-from flyarchive.errors import OutputExistsError, RenderBackendError
-from flyarchive.layout import ModelLayout
-from flyarchive.record.cpu import TrajectoryRecorder
 from flyarchive.distribute.api import RenderOptions, VideoJob, render_videos
-from flyarchive.store import ArchiveSpec, ArchiveWriter, FrameBlock
-from flyarchive.testing import flip_bits, shard_file, simulate, slider_model, tiny_model
-from flyarchive.testing.markers import WARP_BACKEND, requires_no_cuda, requires_warp
+from flyarchive.errors import OutputExistsError, RenderBackendError
+from flyarchive.testing import (
+    block_columns, flip_bits, shard_file, slider_columns, slider_model, tiny_model,
+)
+from flyarchive.testing.fixtures import record, slider_archive
+from flyarchive.testing.markers import WARP_BACKEND, WARP_DEVICE, requires_no_cuda, requires_warp
 from flyarchive.video import VideoOptions, read_video
 
 pytestmark = [requires_warp, pytest.mark.timeout(600)]
@@ -36,9 +38,7 @@ def render_here(*args, **kwargs):
 
 def record_tiny(url: str, n_worlds: int = 3, n_steps: int = 40) -> None:
     """A float64 CPU recording of the tiny model: 11 frames per world (every 4 steps)."""
-    model = tiny_model()
-    with TrajectoryRecorder(url, model, output_fps=25, playback_speed=0.2, chunk_frames=8) as rec:
-        simulate(model, n_worlds, n_steps, rec.record_as_needed)
+    record(tiny_model(), url, n_worlds=n_worlds, n_steps=n_steps, chunk_frames=8)
 
 
 def slider_qpos(n_worlds: int, n_frames: int) -> np.ndarray:
@@ -46,27 +46,6 @@ def slider_qpos(n_worlds: int, n_frames: int) -> np.ndarray:
     rng = np.random.default_rng(7)
     xs = np.linspace(-0.8, 0.8, n_frames)
     return np.stack([rng.permutation(xs) for _ in range(n_worlds)])[..., None]
-
-
-def write_slider_archive(url: str, qpos: np.ndarray) -> None:
-    model = slider_model()
-    spec = ArchiveSpec(ModelLayout.from_model(model), Timing(0.01, 25.0, 0.25),
-                       tuple(range(qpos.shape[0])), chunk_frames=4, shard_worlds=1)
-    writer = ArchiveWriter.create(url, spec)
-    writer.write(FrameBlock(time=np.arange(qpos.shape[1]) * 0.01, qpos=qpos))
-
-
-def block_columns(frames: np.ndarray) -> np.ndarray:
-    """Mean pixel column (centre of pixel) of the bright block in each frame ``(n, H, W, 3)``."""
-    bright = frames.min(axis=-1) > 128
-    columns = np.arange(frames.shape[2]) + 0.5
-    return np.array([columns[b.any(axis=0)].mean() for b in bright])
-
-
-def expected_columns(xs: np.ndarray) -> np.ndarray:
-    height, width = SIZE
-    focal = (height / 2) / math.tan(math.radians(60) / 2)  # camera 'front': fovy 60, 3 m away
-    return width / 2 + focal * np.asarray(xs) / 3.0
 
 
 @pytest.fixture(scope="module")
@@ -77,11 +56,10 @@ def tiny_archive(tmp_path_factory: pytest.TempPathFactory) -> str:
 
 
 @pytest.fixture(scope="module")
-def slider_archive(tmp_path_factory: pytest.TempPathFactory) -> tuple[str, np.ndarray]:
+def slider_worlds(tmp_path_factory: pytest.TempPathFactory) -> tuple[str, np.ndarray]:
     url = str(tmp_path_factory.mktemp("slider") / "run.zarr")
     qpos = slider_qpos(2, SLIDER_FRAMES)
-    write_slider_archive(url, qpos)
-    return url, qpos
+    return slider_archive(url, qpos), qpos
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -89,7 +67,7 @@ def warm_warp() -> None:
     """Import mujoco-warp and load its cached kernels once for the module."""
     from flyarchive.replay.warp import WarpBatchRenderer
 
-    WarpBatchRenderer(slider_model(), "front", SIZE, batch_worlds=1, device="cpu")
+    WarpBatchRenderer(slider_model(), "front", SIZE, batch_worlds=1, device=WARP_DEVICE)
 
 
 # -- packing ----------------------------------------------------------------------
@@ -146,19 +124,8 @@ def test_one_video_per_world_and_camera_with_every_frame(tiny_archive, tmp_path)
     assert [v["backend"] for v in manifest["videos"]] == [BACKEND] * len(expected)
 
 
-def test_decoded_frame_k_shows_the_block_where_qpos_k_puts_it(slider_archive, tmp_path):
-    url, qpos = slider_archive
-    options = RenderOptions(backend=BACKEND, size=SIZE, batch_worlds=4)
-
-    result = render_here(url, slider_model(), "front", str(tmp_path / "v"), options=options)
-
-    for world, video in enumerate(result.videos):
-        actual = block_columns(read_video(video["path"]))
-        np.testing.assert_allclose(actual, expected_columns(qpos[world, :, 0]), atol=1.5)
-
-
-def test_time_window_and_world_subset(slider_archive, tmp_path):
-    url, qpos = slider_archive
+def test_time_window_and_world_subset(slider_worlds, tmp_path):
+    url, qpos = slider_worlds
     window = (0.03, 0.07)  # frames 3..7 (time = 0.01 k)
 
     result = render_here(url, slider_model(), "front", str(tmp_path / "v"), worlds=[1],
@@ -168,7 +135,7 @@ def test_time_window_and_world_subset(slider_archive, tmp_path):
     assert (video["world"], video["first_frame"], video["frames"]) == (1, 3, 5)
     assert not (tmp_path / "v" / "world00000").exists()
     actual = block_columns(read_video(video["path"]))
-    np.testing.assert_allclose(actual, expected_columns(qpos[1, 3:8, 0]), atol=1.5)
+    np.testing.assert_allclose(actual, slider_columns(qpos[1, 3:8, 0], SIZE), atol=1.5)
 
 
 def test_cpu_recording_replays_like_the_opengl_backend(tiny_archive, tmp_path):
@@ -195,26 +162,11 @@ def bodies(frames: np.ndarray) -> np.ndarray:
     return (rgb.max(axis=-1) - rgb.min(axis=-1)) > 60
 
 
-def test_frames_that_hold_nan_render_black(tmp_path):
-    url = str(tmp_path / "nan.zarr")
-    qpos = slider_qpos(1, SLIDER_FRAMES)
-    qpos[0, 5] = np.nan
-    write_slider_archive(url, qpos)
-
-    result = render_here(url, slider_model(), "front", str(tmp_path / "v"), options=WARP)
-
-    frames = read_video(result.videos[0]["path"]).astype(int)
-    assert frames.shape[0] == SLIDER_FRAMES
-    assert frames[5].max() <= 20  # black, give or take the codec
-    others = np.delete(frames, 5, axis=0)
-    assert (others.reshape(len(others), -1).max(axis=1) > 128).all()  # the block shows
-
-
 def test_a_chunk_with_flipped_bits_is_a_corrupt_archive_error(tmp_path):
     from flyarchive.errors import CorruptArchiveError
 
     url = str(tmp_path / "bad.zarr")
-    write_slider_archive(url, slider_qpos(1, SLIDER_FRAMES))
+    slider_archive(url, slider_qpos(1, SLIDER_FRAMES))
     flip_bits(shard_file(url, "qpos"))
 
     with pytest.raises(CorruptArchiveError, match="verify") as err:
@@ -224,8 +176,8 @@ def test_a_chunk_with_flipped_bits_is_a_corrupt_archive_error(tmp_path):
     assert not (tmp_path / "v" / "world00000" / "front.mp4").exists()
 
 
-def test_existing_videos_are_refused_without_overwrite(slider_archive, tmp_path):
-    url, _ = slider_archive
+def test_existing_videos_are_refused_without_overwrite(slider_worlds, tmp_path):
+    url, _ = slider_worlds
     out = str(tmp_path / "v")
     render_here(url, slider_model(), "front", out, worlds=[0], options=WARP)
 
@@ -233,8 +185,8 @@ def test_existing_videos_are_refused_without_overwrite(slider_archive, tmp_path)
         render_here(url, slider_model(), "front", out, worlds=[0], options=WARP)
 
 
-def test_overwrite_replaces_existing_videos(slider_archive, tmp_path):
-    url, _ = slider_archive
+def test_overwrite_replaces_existing_videos(slider_worlds, tmp_path):
+    url, _ = slider_worlds
     out = tmp_path / "v"
     render_here(url, slider_model(), "front", str(out), worlds=[0], time=(0.0, 0.02),
                   options=WARP)
@@ -248,10 +200,10 @@ def test_overwrite_replaces_existing_videos(slider_archive, tmp_path):
 # -- Dask -------------------------------------------------------------------------
 
 
-def test_batches_run_on_a_dask_worker_that_holds_a_gpu(slider_archive, tmp_path):
+def test_batches_run_on_a_dask_worker_that_holds_a_gpu(slider_worlds, tmp_path):
     from distributed import Client, LocalCluster, get_task_stream
 
-    url, _ = slider_archive
+    url, _ = slider_worlds
     with LocalCluster(n_workers=1, threads_per_worker=1, processes=True, resources={"GPU": 1},
                       dashboard_address="127.0.0.1:0", silence_logs=40) as cluster, Client(cluster) as client:
         with get_task_stream(client) as stream:
@@ -264,10 +216,10 @@ def test_batches_run_on_a_dask_worker_that_holds_a_gpu(slider_archive, tmp_path)
     assert any("_run_on_worker" in str(key) for key in ran)
 
 
-def test_gpu_batches_on_a_cluster_without_gpu_workers_are_refused(slider_archive, tmp_path):
+def test_gpu_batches_on_a_cluster_without_gpu_workers_are_refused(slider_worlds, tmp_path):
     from distributed import Client, LocalCluster
 
-    url, _ = slider_archive
+    url, _ = slider_worlds
     gpu = RenderOptions(backend="gpu", size=SIZE, batch_worlds=8)
     with LocalCluster(n_workers=1, processes=False, dashboard_address="127.0.0.1:0",
                       silence_logs=40) as cluster, Client(cluster) as client:
@@ -290,8 +242,8 @@ def test_warp_cpu_runs_on_a_local_cluster_unless_told_otherwise():
 
 
 @pytest.mark.skipif(BACKEND != "warp-cpu", reason="the LocalCluster default is warp-cpu's")
-def test_local_cluster_videos_equal_the_in_process_ones(slider_archive, tmp_path):
-    url, _ = slider_archive
+def test_local_cluster_videos_equal_the_in_process_ones(slider_worlds, tmp_path):
+    url, _ = slider_worlds
 
     here = render_here(url, slider_model(), "front", str(tmp_path / "here"), options=WARP)
     spread = render_videos(url, slider_model(), "front", str(tmp_path / "spread"),
