@@ -1,7 +1,19 @@
-"""Tiny models and synthetic simulations for tests, examples and benchmarks.
+"""Test support: tiny models and synthetic simulations for tests, examples and benchmarks.
 
-Nothing here is needed to record or replay; it exists so that tests (and users'
-tests) need no large model.
+Nothing here is needed to record or replay, and no product module imports it
+(tests/test_layout_rules.py); it exists so that tests (and users' tests) need no large
+model. This module and :mod:`~flyarchive.testing.fixtures` (tiny recordings, snapshots
+of committed bytes) need only numpy and MuJoCo. Loaded only by tests, with pytest:
+
+- :mod:`~flyarchive.testing.markers`: ``requires_warp`` and the other skip markers, and
+  the Warp device of the Warp tests (``FLYARCHIVE_TEST_WARP_DEVICE``);
+- :mod:`~flyarchive.testing.replay_suite`: the conformance suite every renderer passes.
+
+Harnesses: :mod:`~flyarchive.testing.s3` (moto on loopback),
+:mod:`~flyarchive.testing.faultproxy` (a flaky S3), :mod:`~flyarchive.testing.kills`,
+:mod:`~flyarchive.testing.render_kills`, :mod:`~flyarchive.testing.interop_kills`
+(processes killed mid-way), :mod:`~flyarchive.testing.concurrency` (racing writers),
+:mod:`~flyarchive.testing.hostile` (hostile archives).
 """
 
 from __future__ import annotations
