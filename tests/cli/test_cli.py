@@ -5,27 +5,17 @@ import json
 import numpy as np
 import pytest
 
-from flyarchive import TrajectoryRecorder, open_archive
+from flyarchive import open_archive
 from flyarchive.cli import main, parse_size, parse_time, parse_worlds
 from flyarchive.errors import SelectionError
 from flyarchive.models import save_mjb
-from flyarchive.testing import TINY_XML, simulate
+from flyarchive.testing.fixtures import record
 
 
 @pytest.fixture
 def archive(tiny, tmp_path):
-    url = str(tmp_path / "cli.zarr")
-    recorder = TrajectoryRecorder(url, tiny, chunk_frames=5)
-    with recorder:
-        simulate(tiny, 2, 24, recorder.record_as_needed)
-    return url
-
-
-@pytest.fixture
-def model_xml(tmp_path):
-    path = tmp_path / "tiny.xml"
-    path.write_text(TINY_XML)
-    return str(path)
+    """2 tiny worlds, 7 frames each."""
+    return record(tiny, str(tmp_path / "cli.zarr"), n_steps=24)
 
 
 def test_info_json_describes_the_archive(archive, capsys):

@@ -8,10 +8,10 @@ import time
 
 import pytest
 
-from flyarchive import TrajectoryRecorder
 from flyarchive.cli import main, parse_worlds
 from flyarchive.errors import SelectionError
-from flyarchive.testing import TINY_XML, simulate
+from flyarchive.testing import TINY_XML
+from flyarchive.testing.fixtures import record
 
 pytestmark = pytest.mark.timeout(300)
 ENV = {**os.environ, "MUJOCO_GL": "egl"}
@@ -23,10 +23,8 @@ def flyarchive(*args):
 
 @pytest.fixture
 def archive(tiny, tmp_path):
-    url = str(tmp_path / "cli.zarr")
-    with TrajectoryRecorder(url, tiny, chunk_frames=5) as recorder:
-        simulate(tiny, 2, 24, recorder.record_as_needed)
-    return url
+    """2 tiny worlds, 7 frames each."""
+    return record(tiny, str(tmp_path / "cli.zarr"), n_steps=24)
 
 
 def test_info_into_a_closed_pipe_exits_quietly(archive):

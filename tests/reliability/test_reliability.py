@@ -13,16 +13,11 @@ from flyarchive import TrajectoryRecorder
 from flyarchive.cli import main
 from flyarchive.testing.kills import KillConfig, kill_trial
 from flyarchive.testing import flip_bits, shard_file, simulate
+from flyarchive.testing.fixtures import record
 from flyarchive.store.integrity import verify
 from flyarchive.testing.markers import requires_warp
 
 PACKAGE = Path(__file__).resolve().parents[2] / "flyarchive"
-
-
-def record_local(model, url, *, n_worlds=2, n_steps=76, chunk_frames=5):
-    """Record 20 frames (4 chunks) of ``n_worlds`` tiny worlds at ``url``."""
-    with TrajectoryRecorder(url, model, chunk_frames=chunk_frames) as recorder:
-        simulate(model, n_worlds, n_steps, recorder.record_as_needed)
 
 
 # ----------------------------------------------------------------------------- kills
@@ -58,7 +53,7 @@ def test_resume_after_a_kill_during_creation_records_from_frame_zero(tiny, tmp_p
     from flyarchive.testing import reference_frames
 
     url = tmp_path / "half-created.zarr"
-    record_local(tiny, str(url), n_steps=0)
+    record(tiny, str(url), n_steps=0)
     for folder in [p for p in url.iterdir() if p.is_dir()]:
         shutil.rmtree(folder)  # as if killed after the root zarr.json, before the arrays
     expected = reference_frames(tiny, 2, 36)
@@ -74,7 +69,7 @@ def test_resume_after_a_kill_during_creation_records_from_frame_zero(tiny, tmp_p
 # ----------------------------------------------------------------------------- verify
 def test_verify_passes_a_sound_archive(tiny, tmp_path, capsys):
     url = str(tmp_path / "sound.zarr")
-    record_local(tiny, url)
+    record(tiny, url)
 
     report = verify(url)
     code = main(["verify", url])
@@ -87,7 +82,7 @@ def test_verify_passes_a_sound_archive(tiny, tmp_path, capsys):
 
 def test_verify_detects_flipped_bits_in_a_chunk(tiny, tmp_path, capsys):
     url = str(tmp_path / "flipped.zarr")
-    record_local(tiny, url)
+    record(tiny, url)
     flip_bits(shard_file(url, "qpos", 0, 1), at=1 / 3, mask=0b0001_0000)
 
     report = verify(url)
@@ -101,7 +96,7 @@ def test_verify_detects_flipped_bits_in_a_chunk(tiny, tmp_path, capsys):
 
 def test_verify_detects_a_missing_chunk_inside_n_frames(tiny, tmp_path, capsys):
     url = str(tmp_path / "holed.zarr")
-    record_local(tiny, url)
+    record(tiny, url)
     shard_file(url, "mocap_pos", 0, 2).unlink()
 
     report = verify(url)
@@ -115,7 +110,7 @@ def test_verify_detects_a_missing_chunk_inside_n_frames(tiny, tmp_path, capsys):
 
 def test_verify_detects_a_missing_time_chunk(tiny, tmp_path):
     url = str(tmp_path / "no-time.zarr")
-    record_local(tiny, url)
+    record(tiny, url)
     (Path(url) / "time" / "c" / "1").unlink()
 
     report = verify(url)
@@ -126,7 +121,7 @@ def test_verify_detects_a_missing_time_chunk(tiny, tmp_path):
 
 def test_verify_detects_n_frames_beyond_the_time_extent(tiny, tmp_path, capsys):
     url = str(tmp_path / "overcommitted.zarr")
-    record_local(tiny, url)
+    record(tiny, url)
     zarr.open_group(url, mode="r+")["n_frames"][:] = np.array([20, 25])
 
     report = verify(url)
@@ -154,7 +149,7 @@ def test_four_cpu_render_processes_at_once_all_finish(tiny, tmp_path):
     from flyarchive.video import read_video
 
     url = str(tmp_path / "shared.zarr")
-    record_local(tiny, url, n_worlds=1, n_steps=40)  # 11 frames
+    record(tiny, url, n_worlds=1, n_steps=40)  # 11 frames
     env = {"MUJOCO_GL": "egl", "LP_NUM_THREADS": "1", "PATH": "/usr/bin:/bin"}
     outs = [tmp_path / f"out{i}" for i in range(4)]
 

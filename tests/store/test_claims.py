@@ -19,11 +19,7 @@ from flyarchive.errors import ArchiveInUseError, SchemaError, StorageError, Worl
 from flyarchive.layout import ModelLayout
 from flyarchive.store import ArchiveSpec, ArchiveWriter, FrameBlock, open_store
 from flyarchive.testing import simulate
-
-
-def record(model, url, *, n_steps=36, **kwargs):
-    with TrajectoryRecorder(url, model, chunk_frames=5, **kwargs) as recorder:
-        simulate(model, 2, n_steps, recorder.record_as_needed)
+from flyarchive.testing.fixtures import record
 
 
 def plant_claim(url, key=WRITER_KEY, **fields):
@@ -37,7 +33,7 @@ def plant_claim(url, key=WRITER_KEY, **fields):
 @pytest.fixture
 def archive(tiny, tmp_path):
     url = str(tmp_path / "run.zarr")
-    record(tiny, url)
+    record(tiny, url, n_steps=36)
     return url
 
 
@@ -235,7 +231,7 @@ def test_an_archive_another_live_process_is_creating_is_not_touched(tiny, tmp_pa
     before = sorted(p.relative_to(url) for p in url.rglob("*"))
 
     with pytest.raises(ArchiveInUseError, match=f"process {sleeper.pid}"):
-        record(tiny, str(url), mode="a")
+        record(tiny, str(url), n_steps=36, mode="a")
 
     assert sorted(p.relative_to(url) for p in url.rglob("*")) == before
 

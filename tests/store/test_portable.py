@@ -17,8 +17,8 @@ import numpy as np
 import pytest
 import zarr
 
-from flyarchive import TrajectoryRecorder, codecs, open_archive
-from flyarchive.testing import simulate
+from flyarchive import codecs, open_archive
+from flyarchive.testing.fixtures import record
 
 CORE_CODECS = {"sharding_indexed", "transpose", "bytes", "blosc", "crc32c"}
 
@@ -34,11 +34,6 @@ n = int(ds.n_frames.values.min())
 np.save(sys.argv[2] + "/qpos.npy", ds.qpos.values[:, :n])
 np.save(sys.argv[2] + "/mocap_pos.npy", ds.mocap_pos.values[:, :n])
 """
-
-
-def record(model, url, codec):
-    with TrajectoryRecorder(url, model, chunk_frames=5, codec=codec) as recorder:
-        simulate(model, 2, 76, recorder.record_as_needed)
 
 
 def codec_names(array_json: Path) -> set[str]:
@@ -77,7 +72,7 @@ def read_in(python: Path, url: str, out: Path) -> subprocess.CompletedProcess[st
 @pytest.mark.slow
 def test_portable_archive_opens_with_plain_zarr_and_xarray_without_pcodec(tiny, tmp_path, plain_python):
     url = str(tmp_path / "portable.zarr")
-    record(tiny, url, "portable")
+    record(tiny, url, codec="portable")
     ds = open_archive(url)
     n = int(ds.n_frames.min())
     expected = {"qpos": ds.qpos.values[:, :n], "mocap_pos": ds.mocap_pos.values[:, :n]}
@@ -94,7 +89,7 @@ def test_portable_archive_opens_with_plain_zarr_and_xarray_without_pcodec(tiny, 
 @pytest.mark.slow
 def test_default_archive_in_that_environment_fails_naming_numcodecs_pcodec(tiny, tmp_path, plain_python):
     url = str(tmp_path / "default.zarr")
-    record(tiny, url, "lossless")
+    record(tiny, url, codec="lossless")
 
     done = read_in(plain_python, url, tmp_path / "read")
 
@@ -107,7 +102,7 @@ def test_default_archive_in_that_environment_fails_naming_numcodecs_pcodec(tiny,
 def test_portable_archive_stores_only_zarr_v3_core_codecs(tiny, tmp_path):
     url = tmp_path / "portable.zarr"
 
-    record(tiny, str(url), "portable")
+    record(tiny, str(url), codec="portable")
 
     for name in ("qpos", "mocap_pos", "mocap_quat", "time", "n_frames", "world"):
         assert codec_names(url / name / "zarr.json") <= CORE_CODECS, name
@@ -116,7 +111,7 @@ def test_portable_archive_stores_only_zarr_v3_core_codecs(tiny, tmp_path):
 def test_portable_state_is_stored_time_last(tiny, tmp_path):
     url = tmp_path / "portable.zarr"
 
-    record(tiny, str(url), "portable")
+    record(tiny, str(url), codec="portable")
 
     inner = json.loads((url / "mocap_quat" / "zarr.json").read_text())["codecs"][0]
     transpose = inner["configuration"]["codecs"][0]
@@ -153,7 +148,7 @@ def test_describe_names_the_codec_and_what_a_reader_needs():
 def test_archive_attributes_name_the_portable_codec(tiny, tmp_path):
     url = str(tmp_path / "portable.zarr")
 
-    record(tiny, url, "portable")
+    record(tiny, url, codec="portable")
 
     assert open_archive(url).attrs["codec"] == codecs.describe("portable")
 
