@@ -1,24 +1,21 @@
-"""Shared fixtures: storage locations (memory, local disk, S3 on loopback) and models."""
+"""Shared fixtures: storage locations (memory, local disk, S3 on loopback), models, the CLI.
+
+Skip markers (``requires_warp``...) are in :mod:`flyarchive.testing.markers`; plain helpers
+(``record``, ``snapshot``...) in :mod:`flyarchive.testing.fixtures`.
+"""
 
 from __future__ import annotations
 
 import os
 import uuid
 from collections.abc import Iterator
-from dataclasses import dataclass
 from typing import Any
 
 import pytest
 
 os.environ.setdefault("MUJOCO_GL", "egl")
 
-
-@dataclass(frozen=True)
-class Location:
-    """Where a test writes an archive."""
-
-    url: str
-    storage_options: dict[str, Any] | None = None
+from flyarchive.testing.fixtures import Location  # noqa: E402
 
 
 @pytest.fixture(scope="session")
@@ -51,3 +48,26 @@ def tiny():
     from flyarchive.testing import tiny_model
 
     return tiny_model()
+
+
+@pytest.fixture
+def model_xml(tmp_path: Any) -> str:
+    """The tiny model's MJCF in a file, for the CLI's ``--model``."""
+    from flyarchive.testing import TINY_XML
+
+    path = tmp_path / "tiny.xml"
+    path.write_text(TINY_XML)
+    return str(path)
+
+
+@pytest.fixture
+def cli(capsys: pytest.CaptureFixture[str]) -> Any:
+    """Run ``flyarchive ARGS...`` in this process: ``cli(*argv) -> (exit code, stdout, stderr)``."""
+    from flyarchive.cli import main
+
+    def run(*argv: str) -> tuple[int, str, str]:
+        code = main([str(arg) for arg in argv])
+        out = capsys.readouterr()
+        return code, out.out, out.err
+
+    return run

@@ -9,7 +9,6 @@ The S3 example talks to the moto server of the test session through the AWS prof
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import re
@@ -20,13 +19,14 @@ from pathlib import Path
 import pytest
 
 from flyarchive import open_archive
+from flyarchive.testing.markers import requires_flygym, requires_warp
 
 README = Path(__file__).resolve().parents[1] / "README.md"
 _BLOCK = re.compile(r"^```(\w+)\n(.*?)^```", re.S | re.M)
 
 pytestmark = [
-    pytest.mark.skipif(importlib.util.find_spec("flygym") is None, reason="needs flygym"),
-    pytest.mark.skipif(importlib.util.find_spec("mujoco_warp") is None, reason="needs mujoco-warp"),
+    requires_flygym,
+    requires_warp,
     pytest.mark.timeout(900),
     pytest.mark.slow,  # about 2 minutes on 2 cores: two Dask clusters, flygym on Warp's CPU device
 ]

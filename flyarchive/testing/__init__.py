@@ -1,20 +1,35 @@
-"""Tiny models and synthetic simulations for tests, examples and benchmarks.
+"""Test support: tiny models and synthetic simulations for tests, examples and benchmarks.
 
-Nothing here is needed to record or replay; it exists so that tests (and users'
-tests) need no large model.
+Nothing here is needed to record or replay, and no product module imports it
+(tests/test_layout_rules.py); it exists so that tests (and users' tests) need no large
+model. This module and :mod:`~flyarchive.testing.fixtures` (tiny recordings, snapshots
+of committed bytes) need only numpy and MuJoCo. Loaded only by tests, with pytest:
+
+- :mod:`~flyarchive.testing.markers`: ``requires_warp`` and the other skip markers, and
+  the Warp device of the Warp tests (``FLYARCHIVE_TEST_WARP_DEVICE``);
+- :mod:`~flyarchive.testing.replay_suite`: the conformance suite every renderer passes.
+
+Harnesses: :mod:`~flyarchive.testing.s3` (moto on loopback),
+:mod:`~flyarchive.testing.faultproxy` (a flaky S3), :mod:`~flyarchive.testing.kills`,
+:mod:`~flyarchive.testing.render_kills`, :mod:`~flyarchive.testing.interop_kills`
+(processes killed mid-way), :mod:`~flyarchive.testing.concurrency` (racing writers),
+:mod:`~flyarchive.testing.hostile` (hostile archives).
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from pathlib import Path
 
 import mujoco
 import numpy as np
+from numpy.typing import ArrayLike
 
 __all__ = [
-    "TINY_XML", "SLIDER_XML", "tiny_model", "slider_model", "simulate", "perturb",
-    "reference_frames", "rgb_to_i420", "shard_file", "flip_bits",
+    "TINY_XML", "SLIDER_XML", "TWO_HINGES_XML", "tiny_model", "slider_model", "slider_columns",
+    "block_columns", "simulate", "perturb", "reference_frames", "rgb_to_i420", "shard_file",
+    "flip_bits",
 ]
 
 TINY_XML = """
@@ -70,6 +85,21 @@ SLIDER_XML = """
 """
 
 
+# Two hinges: the first unnamed, the second named ``{name}`` (``TWO_HINGES_XML.format(name=...)``),
+# for dof labels: a name that looks like matplotlib mathtext, or one that collides with the
+# label of the unnamed joint ("joint0").
+TWO_HINGES_XML = """
+<mujoco>
+  <worldbody>
+    <body><joint type="hinge" axis="0 1 0"/><geom size="0.1" mass="1"/></body>
+    <body pos="1 0 0">
+      <joint name="{name}" type="hinge" axis="0 1 0"/><geom size="0.1" mass="1"/>
+    </body>
+  </worldbody>
+</mujoco>
+"""
+
+
 def tiny_model() -> mujoco.MjModel:
     """A model with free, hinge, ball and slide joints, a mocap body and two cameras (nq=13)."""
     return mujoco.MjModel.from_xml_string(TINY_XML)
@@ -78,6 +108,32 @@ def tiny_model() -> mujoco.MjModel:
 def slider_model() -> mujoco.MjModel:
     """A white block on a slide joint ``x`` in front of camera ``front`` (nq=1)."""
     return mujoco.MjModel.from_xml_string(SLIDER_XML)
+
+
+def slider_columns(xs: ArrayLike, size: tuple[int, int]) -> np.ndarray:
+    """Where camera ``front`` of :func:`slider_model` shows the block at ``x = xs``.
+
+    The pinhole projection (``fovy=60``, camera 3 m from the block's plane): the column
+    of the block's centre in a ``size = (height, width)`` frame, in pixels, with column
+    ``c`` spanning ``c .. c + 1`` (so the middle of the frame is ``width / 2``).
+    """
+    height, width = size
+    focal = (height / 2) / math.tan(math.radians(60) / 2)
+    return width / 2 + focal * np.asarray(xs, dtype=float) / 3.0
+
+
+def block_columns(frames: np.ndarray) -> np.ndarray:
+    """The mean column (pixel centres, ``c + 0.5``) of the bright block in each frame.
+
+    Args:
+        frames: ``(n, H, W, 3)`` uint8 RGB of :func:`slider_model`'s camera ``front``.
+
+    Returns:
+        ``(n,)`` float: compare with :func:`slider_columns` (NaN where no pixel is bright).
+    """
+    bright = np.asarray(frames).min(axis=-1) > 128
+    columns = np.arange(bright.shape[-1]) + 0.5
+    return np.array([columns[b.any(axis=0)].mean() if b.any() else np.nan for b in bright])
 
 
 def perturb(model: mujoco.MjModel, data: mujoco.MjData, seed: int) -> None:

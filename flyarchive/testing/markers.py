@@ -1,0 +1,74 @@
+"""Skip markers for optional parts, defined once for the whole suite (needs pytest).
+
+``@requires_warp`` instead of ``if`` branches in tests, as in ``xarray/tests/__init__.py``.
+The Warp device the tests use is chosen here too: Warp's CPU device by default (CI has
+no GPU); ``FLYARCHIVE_TEST_WARP_DEVICE=cuda`` runs the same Warp tests on a GPU
+(recording on it, the replay conformance suite on it, and ``backend="gpu"`` renders).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import importlib.util
+import os
+from pathlib import Path
+
+import pytest
+
+__all__ = [
+    "has_module", "has_cuda", "WARP_DEVICE", "WARP_BACKEND", "requires_warp", "requires_cuda",
+    "requires_no_cuda", "requires_flygym", "requires_distributed", "requires_s3",
+    "requires_linux_sys",
+]
+
+
+def has_module(name: str) -> bool:
+    """Whether ``name`` can be imported (without importing it)."""
+    return importlib.util.find_spec(name) is not None
+
+
+@functools.cache
+def has_cuda() -> bool:
+    """Whether this machine shows an NVIDIA GPU and its CUDA driver library.
+
+    Asked of the file system and the dynamic loader only: CUDA is not initialised in
+    the pytest process, whose forked children could not use it afterwards.
+    """
+    if not any(Path("/dev").glob("nvidia[0-9]*")):
+        return False
+    try:
+        ctypes.CDLL("libcuda.so.1")
+    except OSError:
+        return False
+    return True
+
+
+#: Warp device of the Warp tests: ``"cpu"`` unless ``FLYARCHIVE_TEST_WARP_DEVICE`` says
+#: otherwise (``"cuda"``, ``"cuda:1"``).
+WARP_DEVICE = os.environ.get("FLYARCHIVE_TEST_WARP_DEVICE", "cpu")
+#: The render backend on that device: ``"warp-cpu"``, or ``"gpu"`` on CUDA.
+WARP_BACKEND = os.environ.get(
+    "FLYARCHIVE_TEST_WARP_BACKEND", "gpu" if WARP_DEVICE.startswith("cuda") else "warp-cpu"
+)
+
+requires_warp = pytest.mark.skipif(
+    not has_module("mujoco_warp"), reason="needs mujoco-warp: pip install 'flyarchive[gpu]'"
+)
+requires_cuda = pytest.mark.skipif(
+    not has_cuda(), reason="needs a CUDA device (CI has none; run it on a GPU machine)"
+)
+requires_no_cuda = pytest.mark.skipif(has_cuda(), reason="this machine has a CUDA device")
+requires_flygym = pytest.mark.skipif(
+    not has_module("flygym"), reason="needs flygym 2.1: pip install 'flyarchive[flygym]'"
+)
+requires_distributed = pytest.mark.skipif(
+    not has_module("distributed"), reason="needs dask.distributed: pip install 'flyarchive[dask]'"
+)
+requires_s3 = pytest.mark.skipif(
+    not (has_module("s3fs") and has_module("moto")),
+    reason="needs s3fs and moto[server]: pip install 'flyarchive[s3,test]'",
+)
+requires_linux_sys = pytest.mark.skipif(
+    not Path("/sys/kernel").is_dir(), reason="needs Linux /sys (a folder nobody may write in)"
+)

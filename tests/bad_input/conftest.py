@@ -1,0 +1,37 @@
+"""Fixtures of the bad-input suite: every case asserts the error type, a fragment of its
+message, and that what was committed before is byte for byte as it was
+(:func:`flyarchive.testing.fixtures.snapshot`)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import mujoco
+import pytest
+
+from flyarchive.testing.fixtures import ForbiddingS3, forbidding_s3, record
+
+
+@pytest.fixture
+def archive(tiny: mujoco.MjModel, tmp_path: Path) -> str:
+    """A local archive of 2 tiny worlds, 20 frames each (chunks of 5), at ``run.zarr``."""
+    return record(tiny, str(tmp_path / "run.zarr"))
+
+
+@pytest.fixture(name="forbidding_s3")
+def forbidding_s3_endpoint() -> Iterator[ForbiddingS3]:
+    """An S3 endpoint on loopback that refuses every request as AWS does a bad key."""
+    with forbidding_s3() as endpoint:
+        yield endpoint
+
+
+@pytest.fixture
+def unreachable() -> dict[str, Any]:
+    """Storage options for an unused loopback port, one quick attempt."""
+    from flyarchive.testing.s3 import _free_port, s3_storage_options
+
+    return s3_storage_options(f"http://127.0.0.1:{_free_port()}", botocore_attempts=1,
+                              secret="unreachable-secret-value",
+                              config_kwargs={"connect_timeout": 1})

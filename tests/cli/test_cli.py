@@ -1,0 +1,137 @@
+"""The flyarchive command: each subcommand end to end, and its errors."""
+
+import json
+
+import numpy as np
+import pytest
+
+from flyarchive import open_archive
+from flyarchive.cli import main, parse_size, parse_time, parse_worlds
+from flyarchive.errors import SelectionError
+from flyarchive.models import save_mjb
+from flyarchive.testing.fixtures import record
+
+
+@pytest.fixture
+def archive(tiny, tmp_path):
+    """2 tiny worlds, 7 frames each."""
+    return record(tiny, str(tmp_path / "cli.zarr"), n_steps=24)
+
+
+def test_info_json_describes_the_archive(archive, capsys):
+    assert main(["info", archive, "--json"]) == 0
+
+    info = json.loads(capsys.readouterr().out)
+    assert (info["worlds"], info["frames_max"], info["nq"], info["nmocap"]) == (2, 7, 13, 1)
+    assert info["codec"] == "lossless" and info["dtype"] == "float64"
+
+
+def test_verify_passes_a_sound_archive(archive, capsys):
+    assert main(["verify", archive]) == 0
+    assert "14 committed frames read" in capsys.readouterr().out
+
+
+def test_verify_fails_when_n_frames_is_inconsistent(archive, capsys):
+    import zarr
+
+    zarr.open_group(archive, mode="r+")["n_frames"][:] = [7, 99]
+
+    assert main(["verify", archive]) == 1
+    assert "outside 0..7" in capsys.readouterr().err
+
+
+def test_export_then_import_round_trips(archive, model_xml, tmp_path):
+    assert main(["export-npz", archive, "--to", str(tmp_path / "npz"), "--worlds", "0-1"]) == 0
+    assert main(["import-npz", str(tmp_path / "npz"), "--to", str(tmp_path / "back.zarr"),
+                 "--model", model_xml]) == 0
+
+    np.testing.assert_array_equal(open_archive(str(tmp_path / "back.zarr")).qpos.values,
+                                  open_archive(archive).qpos.values)
+
+
+def test_render_writes_videos_from_an_mjb_model(tiny, archive, tmp_path):
+    model = str(save_mjb(tiny, tmp_path / "tiny.mjb"))
+
+    code = main(["render", archive, "--model", model, "--camera", "front", "--worlds", "1",
+                 "--time", "0:0.02", "--size", "48x64", "--out", str(tmp_path / "v"),
+                 "--workers", "0", "--quiet"])
+
+    assert code == 0
+    assert (tmp_path / "v" / "world00001" / "front.mp4").is_file()
+    manifest = json.loads((tmp_path / "v" / "manifest.json").read_text())
+    (video,) = manifest["videos"]
+    assert video["video"]["preset"] == "veryfast" and video["video"]["crf"] == 18
+
+
+def test_render_takes_the_x264_preset_and_crf(tiny, archive, tmp_path):
+    model = str(save_mjb(tiny, tmp_path / "tiny.mjb"))
+
+    code = main(["render", archive, "--model", model, "--camera", "front", "--worlds", "1",
+                 "--time", "0:0.02", "--size", "48x64", "--out", str(tmp_path / "v"),
+                 "--workers", "0", "--quiet", "--preset", "ultrafast", "--crf", "23"])
+
+    assert code == 0
+    manifest = json.loads((tmp_path / "v" / "manifest.json").read_text())
+    (video,) = manifest["videos"]
+    assert video["video"]["preset"] == "ultrafast" and video["video"]["crf"] == 23
+
+
+@pytest.mark.parametrize("flag", [["--crf", "52"], ["--crf", "-1"], ["--preset", "fastest"]])
+def test_bad_encoder_settings_are_refused_before_rendering(archive, tmp_path, capsys, flag):
+    with pytest.raises(SystemExit) as exit_:
+        main(["render", archive, "--model", "m.xml", "--camera", "front", *flag])
+
+    assert exit_.value.code == 2
+    assert "argument --" + flag[0].lstrip("-") in capsys.readouterr().err
+
+
+def test_plot_writes_a_png(archive, tmp_path):
+    assert main(["plot", archive, "--world", "1", "--dof", "shoulder", "--out",
+                 str(tmp_path / "p.png")]) == 0
+    assert (tmp_path / "p.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_missing_archive_is_a_clear_error_with_exit_code_2(tmp_path, capsys):
+    assert main(["info", str(tmp_path / "none.zarr")]) == 2
+    assert "flyarchive info: error: Nothing at" in capsys.readouterr().err
+
+
+def test_missing_model_file_is_a_clear_error(archive, tmp_path, capsys):
+    code = main(["render", archive, "--model", str(tmp_path / "no.xml"), "--camera", "front",
+                 "--workers", "0"])
+
+    assert code == 2
+    assert "No model file at" in capsys.readouterr().err
+
+
+def test_model_with_unknown_suffix_is_refused(archive, tmp_path, capsys):
+    (tmp_path / "m.txt").write_text("x")
+
+    assert main(["import-npz", str(tmp_path), "--to", str(tmp_path / "a.zarr"),
+                 "--model", str(tmp_path / "m.txt")]) == 2
+    assert "must be an MJCF .xml or a compiled .mjb" in capsys.readouterr().err
+
+
+def test_world_ranges_parse():
+    assert parse_worlds("0,3,10-12") == [0, 3, 10, 11, 12]
+
+
+def test_bad_world_selection_is_refused():
+    with pytest.raises(SelectionError, match="ids and ranges like '0,3,10-20'"):
+        parse_worlds("a-b")
+
+
+def test_time_window_parses_open_ends():
+    assert parse_time("0.5:") == (0.5, None)
+    assert parse_time(":2") == (None, 2.0)
+
+
+def test_bad_time_window_is_refused():
+    with pytest.raises(SelectionError, match="START:END"):
+        parse_time("2")
+
+
+def test_size_parses_height_by_width():
+    assert parse_size("240x320") == (240, 320)
+    with pytest.raises(SelectionError, match="HEIGHTxWIDTH"):
+        parse_size("240")

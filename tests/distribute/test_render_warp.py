@@ -1,0 +1,255 @@
+"""Archive -> mp4 on the Warp batch renderer (backend "warp-cpu": Warp's CPU device).
+
+What every backend does with an archive (frame k shows state k, NaN frames black) is in
+the replay conformance suite (tests/replay/test_warp.py::TestWarpReplay).
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from flyarchive.distribute.api import RenderOptions, VideoJob, render_videos
+from flyarchive.errors import OutputExistsError, RenderBackendError
+from flyarchive.testing import (
+    block_columns, flip_bits, shard_file, slider_columns, slider_model, tiny_model,
+)
+from flyarchive.testing.fixtures import record, slider_archive
+from flyarchive.testing.markers import WARP_BACKEND, WARP_DEVICE, requires_no_cuda, requires_warp
+from flyarchive.video import VideoOptions, read_video
+
+pytestmark = [requires_warp, pytest.mark.timeout(600)]
+
+SIZE = (48, 64)  # (height, width)
+# Warp's CPU device in CI; FLYARCHIVE_TEST_WARP_DEVICE=cuda runs these tests on a GPU ("gpu").
+BACKEND = WARP_BACKEND
+WARP = RenderOptions(backend=BACKEND, size=SIZE, batch_worlds=8)
+SLIDER_FRAMES = 11  # not a multiple of the batch: videos straddle batches
+
+
+def render_here(*args, **kwargs):
+    """``render_videos`` in this process (warp-cpu would start a LocalCluster)."""
+    return render_videos(*args, n_workers=0, **kwargs)
+
+
+def record_tiny(url: str, n_worlds: int = 3, n_steps: int = 40) -> None:
+    """A float64 CPU recording of the tiny model: 11 frames per world (every 4 steps)."""
+    record(tiny_model(), url, n_worlds=n_worlds, n_steps=n_steps, chunk_frames=8)
+
+
+def slider_qpos(n_worlds: int, n_frames: int) -> np.ndarray:
+    """``(worlds, frames, 1)`` slider positions, shuffled in time and different per world."""
+    rng = np.random.default_rng(7)
+    xs = np.linspace(-0.8, 0.8, n_frames)
+    return np.stack([rng.permutation(xs) for _ in range(n_worlds)])[..., None]
+
+
+@pytest.fixture(scope="module")
+def tiny_archive(tmp_path_factory: pytest.TempPathFactory) -> str:
+    url = str(tmp_path_factory.mktemp("tiny") / "run.zarr")
+    record_tiny(url)
+    return url
+
+
+@pytest.fixture(scope="module")
+def slider_worlds(tmp_path_factory: pytest.TempPathFactory) -> tuple[str, np.ndarray]:
+    url = str(tmp_path_factory.mktemp("slider") / "run.zarr")
+    qpos = slider_qpos(2, SLIDER_FRAMES)
+    return slider_archive(url, qpos), qpos
+
+
+@pytest.fixture(scope="module", autouse=True)
+def warm_warp() -> None:
+    """Import mujoco-warp and load its cached kernels once for the module."""
+    from flyarchive.replay.warp import WarpBatchRenderer
+
+    WarpBatchRenderer(slider_model(), "front", SIZE, batch_worlds=1, device=WARP_DEVICE)
+
+
+# -- packing ----------------------------------------------------------------------
+
+
+def test_batches_are_full_world_major_and_keep_frame_order():
+    from flyarchive.distribute.plan import pack_batches
+
+    jobs = [VideoJob(0, 0, 0, 5), VideoJob(3, 2, 2, 9)]
+
+    batches = pack_batches(jobs, 4)
+
+    assert [b.n for b in batches] == [4, 4, 4]
+    flat = [(p.job, k) for b in batches for p in b.pieces for k in range(p.start, p.stop)]
+    assert flat == [(0, k) for k in range(5)] + [(1, k) for k in range(2, 9)]
+    assert all(p.offset + p.n <= 4 for b in batches for p in b.pieces)
+
+
+def test_groups_hold_whole_videos_of_about_equal_frames():
+    from flyarchive.distribute.plan import split_groups
+
+    jobs = [VideoJob(w, w, 0, 10) for w in range(6)]
+
+    groups = split_groups(jobs, 8, 3)
+
+    assert [len(g) for g in groups] == [2, 2, 2]
+    assert [j for g in groups for j in g] == jobs
+
+
+@requires_no_cuda
+def test_gpu_backend_without_cuda_suggests_the_cpu_backends():
+    from flyarchive.distribute.warp_pipeline import warp_device
+
+    with pytest.raises(RenderBackendError, match="warp-cpu"):
+        warp_device("gpu")
+
+
+# -- archive -> mp4 ---------------------------------------------------------------
+
+
+def test_one_video_per_world_and_camera_with_every_frame(tiny_archive, tmp_path):
+    out = tmp_path / "videos"
+
+    result = render_here(tiny_archive, tiny_model(), ["front", "top"], str(out), options=WARP)
+
+    expected = [(w, c) for w in (0, 1, 2) for c in ("front", "top")]
+    assert [(v["world"], v["camera"]) for v in result.videos] == expected
+    for video in result.videos:
+        frames = read_video(video["path"])
+        assert frames.shape == (11, *SIZE, 3) == (video["frames"], *SIZE, 3)
+        assert frames.std() > 5  # a scene, not a blank frame
+    manifest = json.loads(Path(result.manifest).read_text())
+    assert [v["path"] for v in manifest["videos"]] == [v["path"] for v in result.videos]
+    assert [v["backend"] for v in manifest["videos"]] == [BACKEND] * len(expected)
+
+
+def test_time_window_and_world_subset(slider_worlds, tmp_path):
+    url, qpos = slider_worlds
+    window = (0.03, 0.07)  # frames 3..7 (time = 0.01 k)
+
+    result = render_here(url, slider_model(), "front", str(tmp_path / "v"), worlds=[1],
+                           time=window, options=WARP)
+
+    (video,) = result.videos
+    assert (video["world"], video["first_frame"], video["frames"]) == (1, 3, 5)
+    assert not (tmp_path / "v" / "world00000").exists()
+    actual = block_columns(read_video(video["path"]))
+    np.testing.assert_allclose(actual, slider_columns(qpos[1, 3:8, 0], SIZE), atol=1.5)
+
+
+def test_cpu_recording_replays_like_the_opengl_backend(tiny_archive, tmp_path):
+    model = copy.deepcopy(tiny_model())
+    model.vis.quality.offsamples = 0  # OpenGL samples pixel centres, as the ray tracer does
+    size = (96, 128)  # bodies large enough that yuv420p's half-resolution colour edges
+    fine = VideoOptions(crf=10)  # (and crf 23's blur) leave their silhouettes
+    cpu = RenderOptions(backend="cpu", size=size, video=fine)
+    warp = RenderOptions(backend=BACKEND, size=size, batch_worlds=8, video=fine)
+
+    expected = render_here(tiny_archive, model, "front", str(tmp_path / "gl"), options=cpu)
+    actual = render_here(tiny_archive, model, "front", str(tmp_path / "warp"), options=warp)
+
+    for gl_video, warp_video in zip(expected.videos, actual.videos, strict=True):
+        gl, wa = bodies(read_video(gl_video["path"])), bodies(read_video(warp_video["path"]))
+        assert gl.any() and not gl.all()
+        assert np.mean(wa == gl) >= 0.99
+        assert (wa & gl).sum() / (wa | gl).sum() >= 0.85  # the bodies cover ~1% of pixels
+
+
+def bodies(frames: np.ndarray) -> np.ndarray:
+    """Pixels of the coloured bodies: saturated colours, unlike the grey floor and black sky."""
+    rgb = frames.astype(np.int16)
+    return (rgb.max(axis=-1) - rgb.min(axis=-1)) > 60
+
+
+def test_a_chunk_with_flipped_bits_is_a_corrupt_archive_error(tmp_path):
+    from flyarchive.errors import CorruptArchiveError
+
+    url = str(tmp_path / "bad.zarr")
+    slider_archive(url, slider_qpos(1, SLIDER_FRAMES))
+    flip_bits(shard_file(url, "qpos"))
+
+    with pytest.raises(CorruptArchiveError, match="verify") as err:
+        render_here(url, slider_model(), "front", str(tmp_path / "v"), options=WARP)
+
+    assert "worlds [0]" in str(err.value)
+    assert not (tmp_path / "v" / "world00000" / "front.mp4").exists()
+
+
+def test_existing_videos_are_refused_without_overwrite(slider_worlds, tmp_path):
+    url, _ = slider_worlds
+    out = str(tmp_path / "v")
+    render_here(url, slider_model(), "front", out, worlds=[0], options=WARP)
+
+    with pytest.raises(OutputExistsError, match="overwrite"):
+        render_here(url, slider_model(), "front", out, worlds=[0], options=WARP)
+
+
+def test_overwrite_replaces_existing_videos(slider_worlds, tmp_path):
+    url, _ = slider_worlds
+    out = tmp_path / "v"
+    render_here(url, slider_model(), "front", str(out), worlds=[0], time=(0.0, 0.02),
+                  options=WARP)
+    options = RenderOptions(backend=BACKEND, size=SIZE, batch_worlds=8, overwrite=True)
+
+    result = render_here(url, slider_model(), "front", str(out), worlds=[0], options=options)
+
+    assert read_video(result.videos[0]["path"]).shape[0] == SLIDER_FRAMES
+
+
+# -- Dask -------------------------------------------------------------------------
+
+
+def test_batches_run_on_a_dask_worker_that_holds_a_gpu(slider_worlds, tmp_path):
+    from distributed import Client, LocalCluster, get_task_stream
+
+    url, _ = slider_worlds
+    with LocalCluster(n_workers=1, threads_per_worker=1, processes=True, resources={"GPU": 1},
+                      dashboard_address="127.0.0.1:0", silence_logs=40) as cluster, Client(cluster) as client:
+        with get_task_stream(client) as stream:
+            result = render_videos(url, slider_model(), "front", str(tmp_path / "v"),
+                                   options=WARP, client=client)
+        ran = [t["key"] for t in stream.data]
+
+    assert all(Path(v["path"]).is_file() for v in result.videos)
+    assert len(result.videos) == 2
+    assert any("_run_on_worker" in str(key) for key in ran)
+
+
+def test_gpu_batches_on_a_cluster_without_gpu_workers_are_refused(slider_worlds, tmp_path):
+    from distributed import Client, LocalCluster
+
+    url, _ = slider_worlds
+    gpu = RenderOptions(backend="gpu", size=SIZE, batch_worlds=8)
+    with LocalCluster(n_workers=1, processes=False, dashboard_address="127.0.0.1:0",
+                      silence_logs=40) as cluster, Client(cluster) as client:
+        with pytest.raises(RenderBackendError, match="resources GPU=1"):
+            render_videos(url, slider_model(), "front", str(tmp_path / "v"), options=gpu,
+                          client=client)
+
+    assert not (tmp_path / "v" / "world00000").exists()
+
+
+def test_warp_cpu_runs_on_a_local_cluster_unless_told_otherwise():
+    from flyarchive.distribute.drivers import runs_here
+
+    assert not runs_here("warp-cpu", 4, n_workers=2)
+    assert runs_here("warp-cpu", 4, n_workers=0)
+    assert runs_here("warp-cpu", 4, n_workers=2, in_process=True)
+    assert runs_here("warp-cpu", 1, n_workers=2)  # one video: nothing to spread
+    assert runs_here("gpu", 4, n_workers=2)  # one process drives one GPU
+    assert not runs_here("gpu", 4, scheduler="tcp://127.0.0.1:8786")
+
+
+@pytest.mark.skipif(BACKEND != "warp-cpu", reason="the LocalCluster default is warp-cpu's")
+def test_local_cluster_videos_equal_the_in_process_ones(slider_worlds, tmp_path):
+    url, _ = slider_worlds
+
+    here = render_here(url, slider_model(), "front", str(tmp_path / "here"), options=WARP)
+    spread = render_videos(url, slider_model(), "front", str(tmp_path / "spread"),
+                           options=WARP, n_workers=2)
+
+    assert [v["world"] for v in spread.videos] == [0, 1]
+    for a, b in zip(here.videos, spread.videos, strict=True):
+        np.testing.assert_array_equal(read_video(a["path"]), read_video(b["path"]))
+        assert Path(b["path"]).read_bytes() == Path(a["path"]).read_bytes()

@@ -1,0 +1,138 @@
+"""Recorders that are never closed still commit their frames (issue 10, item 4).
+
+flygym never closes ``sim.recorder``: buffered frames are committed when the
+recorder is garbage-collected or Python exits, with a ResourceWarning.
+"""
+
+import gc
+import subprocess
+import sys
+import warnings
+
+import numpy as np
+import pytest
+
+from flyarchive import TrajectoryRecorder, open_archive
+from flyarchive.testing import reference_frames, simulate
+from flyarchive.testing.markers import requires_warp
+
+CPU_CHILD = """
+import sys
+from flyarchive import TrajectoryRecorder
+from flyarchive.testing import simulate, tiny_model
+
+model = tiny_model()
+recorder = TrajectoryRecorder(sys.argv[1], model, chunk_frames=100)
+simulate(model, 2, 24, recorder.record_as_needed)  # 7 frames, all still buffered
+print(recorder.committed_frames, recorder.n_frames, flush=True)
+"""
+
+WARP_CHILD = """
+import sys, warnings
+import numpy as np
+import warp as wp
+wp.config.quiet = True
+import mujoco_warp as mjw
+from flyarchive.record.warp import WarpTrajectoryRecorder
+from flyarchive.testing import tiny_model
+
+model = tiny_model()
+with wp.ScopedDevice("cpu"), warnings.catch_warnings():
+    warnings.simplefilter("ignore", UserWarning)
+    mjw_model = mjw.put_model(model)
+    d = mjw.make_data(model, nworld=2)
+    recorder = WarpTrajectoryRecorder(sys.argv[1], model, 2, chunk_frames=100)
+    recorder.record_as_needed(d)
+    for _ in range(24):
+        mjw.step(mjw_model, d)
+        recorder.record_as_needed(d)  # 7 frames, all still in the device buffer
+print(recorder.committed_frames, recorder.n_frames, flush=True)
+"""
+
+
+def run_child(code, url):
+    return subprocess.run([sys.executable, "-W", "always::ResourceWarning", "-c", code, url],
+                          capture_output=True, text=True, timeout=300)
+
+
+def test_a_collected_recorder_commits_its_buffered_frames(tiny, tmp_path):
+    url = str(tmp_path / "collected.zarr")
+    expected = reference_frames(tiny, 2, 24)
+    recorder = TrajectoryRecorder(url, tiny, chunk_frames=100)
+    simulate(tiny, 2, 24, recorder.record_as_needed)
+
+    with pytest.warns(ResourceWarning, match=r"was not closed.*`with` block or call recorder.close"):
+        del recorder
+        gc.collect()
+
+    ds = open_archive(url)
+    assert ds.n_frames.values.tolist() == [7, 7]
+    np.testing.assert_array_equal(ds.qpos.values, expected["qpos"])
+
+
+def test_a_closed_recorder_gives_no_resource_warning_when_collected(tiny, tmp_path):
+    recorder = TrajectoryRecorder(str(tmp_path / "closed.zarr"), tiny)
+    simulate(tiny, 1, 8, recorder.record_as_needed)
+    recorder.close()
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", ResourceWarning)
+        del recorder
+        gc.collect()
+
+
+@pytest.mark.timeout(120)
+def test_a_recorder_never_closed_is_committed_when_python_exits(tiny, tmp_path):
+    url = str(tmp_path / "exit.zarr")
+    expected = reference_frames(tiny, 2, 24)
+
+    child = run_child(CPU_CHILD, url)
+
+    assert child.returncode == 0, child.stderr
+    assert child.stdout.split() == ["0", "7"]  # nothing committed before the exit
+    assert "ResourceWarning" in child.stderr and "was not closed" in child.stderr
+    assert "failed" not in child.stderr, child.stderr
+    np.testing.assert_array_equal(open_archive(url).qpos.values, expected["qpos"])
+
+
+@requires_warp
+@pytest.mark.timeout(300)
+def test_a_warp_recorder_never_closed_is_committed_when_python_exits(tmp_path):
+    url = str(tmp_path / "warp-exit.zarr")
+
+    child = run_child(WARP_CHILD, url)
+
+    assert child.returncode == 0, child.stderr
+    assert child.stdout.split()[-2:] == ["0", "7"]
+    assert "was not closed" in child.stderr
+    ds = open_archive(url)
+    assert ds.n_frames.values.tolist() == [7, 7]
+    assert np.isfinite(ds.qpos.values).all()
+
+
+@requires_warp
+@pytest.mark.timeout(300)
+def test_a_collected_warp_recorder_commits_its_frames(tiny, tmp_path):
+    import mujoco_warp as mjw
+    import warp as wp
+
+    from flyarchive.record.warp import WarpTrajectoryRecorder
+
+    url = str(tmp_path / "warp-gc.zarr")
+    wp.config.quiet = True
+    with wp.ScopedDevice("cpu"), warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)  # mujoco-warp's notices about the model
+        mjw_model, d = mjw.put_model(tiny), mjw.make_data(tiny, nworld=2)
+        recorder = WarpTrajectoryRecorder(url, tiny, 2, chunk_frames=100)
+        recorder.record_as_needed(d)
+        for _ in range(24):
+            mjw.step(mjw_model, d)
+            recorder.record_as_needed(d)
+
+    with pytest.warns(ResourceWarning, match="was not closed"):
+        del recorder
+        gc.collect()
+
+    ds = open_archive(url)
+    assert ds.n_frames.values.tolist() == [7, 7]
+    assert np.isfinite(ds.qpos.values).all()

@@ -1,0 +1,83 @@
+"""A recording process killed with SIGKILL leaves a valid archive with every committed frame."""
+
+import os
+import signal
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from flyarchive import TrajectoryRecorder, open_archive
+from flyarchive.testing import reference_frames, simulate
+from flyarchive.testing.fixtures import record
+
+WRITER = """
+import sys
+from flyarchive import TrajectoryRecorder
+from flyarchive.testing import simulate, tiny_model
+model = tiny_model()
+recorder = TrajectoryRecorder(sys.argv[1], model, chunk_frames=5)
+last = [0]
+def on_step(datas):
+    recorder.record_as_needed(datas)
+    if recorder.committed_frames != last[0]:
+        last[0] = recorder.committed_frames
+        print(last[0], flush=True)
+simulate(model, 3, 100_000, on_step)
+"""
+
+
+def record_and_kill(url: str, after_frames: int) -> int:
+    """Start a recording process, SIGKILL it once it reports a commit; return the last report."""
+    proc = subprocess.Popen([sys.executable, "-c", WRITER, url], stdout=subprocess.PIPE, text=True)
+    reported = 0
+    while reported < after_frames:
+        reported = int(proc.stdout.readline())
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait()
+    return reported
+
+
+@pytest.mark.timeout(120)
+def test_sigkill_mid_recording_keeps_committed_frames(tiny, tmp_path):
+    url = str(tmp_path / "killed.zarr")
+    reported = record_and_kill(url, 40)
+
+    ds = open_archive(url)
+    n = int(ds.n_frames.min())
+    expected = reference_frames(tiny, 3, 4 * n + 4)
+
+    assert n >= reported
+    assert (ds.n_frames.values == n).all()
+    np.testing.assert_array_equal(ds.qpos.values[:, :n], expected["qpos"][:, :n])
+    np.testing.assert_array_equal(ds.mocap_quat.values[:, :n], expected["mocap_quat"][:, :n])
+    np.testing.assert_array_equal(ds.sim_time.values[:n], expected["time"][:n])
+
+
+@pytest.mark.timeout(120)
+def test_resume_after_sigkill_continues_the_recording(tiny, tmp_path):
+    url = str(tmp_path / "resumed.zarr")
+    record_and_kill(url, 20)
+    expected = reference_frames(tiny, 3, 400)
+
+    recorder = TrajectoryRecorder(url, tiny, chunk_frames=5, mode="a")
+    with recorder:
+        simulate(tiny, 3, 400, recorder.record_as_needed)
+
+    ds = open_archive(url)
+    np.testing.assert_array_equal(ds.qpos.values, expected["qpos"])
+    np.testing.assert_array_equal(ds.sim_time.values, expected["time"])
+
+
+def test_commit_interrupted_while_growing_arrays_still_opens(tiny, tmp_path):
+    import zarr
+
+    url = record(tiny, str(tmp_path / "grown.zarr"), n_steps=40, chunk_frames=4)
+    expected = reference_frames(tiny, 2, 40)
+    zarr.open_group(url, mode="r+")["qpos"].resize((2, 16, tiny.nq))  # killed after this resize
+
+    ds = open_archive(url)
+
+    np.testing.assert_array_equal(ds.qpos.values, expected["qpos"])
+    np.testing.assert_array_equal(ds.mocap_pos.values, expected["mocap_pos"])

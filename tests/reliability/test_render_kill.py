@@ -1,0 +1,164 @@
+"""Renders killed (SIGKILL) or interrupted (Ctrl-C) mid-way, in their own process and on a
+LocalCluster: no half-written video under a final name, nothing left after the next run,
+Ctrl-C exits 130 with one line. Real processes, real signals (flyarchive.testing.render_kills)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+os.environ.setdefault("MUJOCO_GL", "egl")
+
+from flyarchive.testing.render_kills import (  # noqa: E402
+    RenderArchive,
+    RenderKillConfig,
+    make_render_archive,
+    render_kill_trial,
+)
+from flyarchive.testing.fixtures import snapshot  # noqa: E402
+
+pytestmark = pytest.mark.timeout(400)
+
+
+@pytest.fixture(scope="module")
+def archive(tmp_path_factory: pytest.TempPathFactory) -> RenderArchive:
+    """2 worlds of 21 frames: long enough to stop mid-render."""
+    return make_render_archive(tmp_path_factory.mktemp("render-kill"), n_steps=400)
+
+
+@pytest.fixture(scope="module", params=["process", "dask"])
+def killed(request: pytest.FixtureRequest, archive: RenderArchive,
+           tmp_path_factory: pytest.TempPathFactory) -> Any:
+    """A render SIGKILLed mid-way, then rendered again into the same folder."""
+    work = tmp_path_factory.mktemp(f"killed-{request.param}")
+    return render_kill_trial(archive, work, RenderKillConfig(request.param, "kill", seed=1))
+
+
+@pytest.fixture(scope="module", params=["process", "dask"])
+def interrupted(request: pytest.FixtureRequest, archive: RenderArchive,
+                tmp_path_factory: pytest.TempPathFactory) -> Any:
+    """A render interrupted mid-way by SIGINT to its process group (Ctrl-C in a terminal),
+    then rendered again into the same folder."""
+    work = tmp_path_factory.mktemp(f"interrupted-{request.param}")
+    return render_kill_trial(archive, work, RenderKillConfig(request.param, "int", seed=3))
+
+
+def test_sigkill_mid_render_leaves_no_half_written_video(killed: Any) -> None:
+    assert killed.stopped_mid_render and killed.exit_code == -signal.SIGKILL
+
+    assert killed.half_written == []
+
+
+def test_the_next_render_removes_what_a_killed_render_left(killed: Any) -> None:
+    assert killed.stopped_mid_render and killed.left_after_stop  # a parts or scratch folder
+
+    assert killed.rerun_ok
+    assert killed.left_after_rerun == []
+
+
+def test_ctrl_c_mid_render_exits_130_with_one_line(interrupted: Any) -> None:
+    assert interrupted.stopped_mid_render
+
+    assert interrupted.exit_code == 130
+    assert interrupted.stderr == "flyarchive render: interrupted\n"
+
+
+def test_ctrl_c_mid_render_leaves_nothing_behind(interrupted: Any) -> None:
+    assert interrupted.stopped_mid_render
+
+    assert interrupted.half_written == [] and interrupted.left_after_stop == []
+    assert interrupted.rerun_ok and interrupted.left_after_rerun == []
+
+
+# ----------------------------------------------------------------------------- a worker dies
+def test_a_worker_killed_mid_render_fails_naming_the_world_and_leaves_no_video(
+        archive: RenderArchive, tmp_path: Path) -> None:
+    import dask
+    import distributed
+
+    from flyarchive.errors import RenderFailedError
+    from flyarchive.distribute.api import RenderOptions, render_videos
+    from flyarchive.testing import tiny_model
+
+    out = tmp_path / "v"
+    before = snapshot(archive.url)
+    options = RenderOptions(size=(48, 64), segment_frames=100)  # one segment per world
+    with dask.config.set({"distributed.scheduler.allowed-failures": 0}), \
+            distributed.LocalCluster(n_workers=1, threads_per_worker=1, processes=True,
+                                     dashboard_address="127.0.0.1:0", silence_logs=50,
+                                     env={"MUJOCO_GL": "egl", "LP_NUM_THREADS": "1"}) as cluster, \
+            distributed.Client(cluster, set_as_default=False) as client:
+        (pid,) = client.run(os.getpid).values()
+        killer = threading.Thread(target=_kill_when_busy, args=(client, pid))
+        killer.start()
+
+        with pytest.raises(RenderFailedError, match=r"world 0, frames 0\.\.20 failed") as err:
+            render_videos(archive.url, tiny_model(), "front", str(out), worlds=[0],
+                          client=client, options=options)
+        killer.join()
+
+    assert "tcp://" in str(err.value)  # the worker that died
+    assert not list(out.rglob("*.mp4")) and not list(out.glob(".parts-*"))
+    assert snapshot(archive.url) == before
+
+
+def _kill_when_busy(client: Any, pid: int) -> None:
+    """SIGKILL the worker process ``pid`` once it is running a task."""
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and not any(client.processing().values()):
+        time.sleep(0.02)
+    time.sleep(0.3)
+    os.kill(pid, signal.SIGKILL)
+
+
+# ----------------------------------------------------------------------------- liveness
+HOLDER = """
+import sys, time
+from flyarchive.distribute.workspace import RunFolder
+run = RunFolder.create(sys.argv[1])
+print(run.url, flush=True)
+time.sleep(600)
+"""
+
+
+def test_a_live_runs_parts_folder_in_another_process_is_never_removed(tmp_path: Path) -> None:
+    from flyarchive.distribute.workspace import RunFolder
+
+    out = tmp_path / "v"
+    holder = subprocess.Popen([sys.executable, "-c", HOLDER, str(out)], stdout=subprocess.PIPE,
+                              text=True)
+    try:
+        theirs = Path(holder.stdout.readline().strip())
+
+        with RunFolder.create(str(out)) as mine:
+            assert Path(mine.url).is_dir()
+
+        assert theirs.is_dir() and (theirs / "run.lock").is_file()
+    finally:
+        holder.kill()
+        holder.wait()
+
+
+def test_a_dead_runs_parts_folder_is_removed_by_the_next_run(tmp_path: Path) -> None:
+    from flyarchive.distribute.workspace import RunFolder
+
+    out = tmp_path / "v"
+    holder = subprocess.Popen([sys.executable, "-c", HOLDER, str(out)], stdout=subprocess.PIPE,
+                              text=True)
+    theirs = Path(holder.stdout.readline().strip())
+    holder.kill()
+    holder.wait()
+
+    with RunFolder.create(str(out)):
+        pass
+
+    assert not theirs.exists()
+    assert list(out.iterdir()) == []

@@ -1,0 +1,285 @@
+"""Writer claims: one writer per archive, held until close, taken over from crashed writers."""
+
+import gc
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import zarr
+from zarr.core.buffer import default_buffer_prototype
+from zarr.core.sync import sync
+
+from flyarchive import TrajectoryRecorder
+from flyarchive.store.claims import WRITER_KEY, _identity, _proc_stat, put_exclusive
+from flyarchive.clock import Timing
+from flyarchive.errors import ArchiveInUseError, SchemaError, StorageError, WorldBlockConflictError
+from flyarchive.layout import ModelLayout
+from flyarchive.store import ArchiveSpec, ArchiveWriter, FrameBlock, open_store
+from flyarchive.testing import simulate
+from flyarchive.testing.fixtures import record
+
+
+def plant_claim(url, key=WRITER_KEY, **fields):
+    """Write a claim as another writer would have left it."""
+    record = {"writer": "planted", "kind": "archive", **_identity(), "time": 1.7e9, **fields}
+    path = Path(url) / key
+    path.parent.mkdir(exist_ok=True)
+    path.write_text(json.dumps(record))
+
+
+@pytest.fixture
+def archive(tiny, tmp_path):
+    url = str(tmp_path / "run.zarr")
+    record(tiny, url, n_steps=36)
+    return url
+
+
+@pytest.fixture
+def layout(tiny):
+    return ModelLayout.from_model(tiny)
+
+
+@pytest.fixture
+def sleeper():
+    """Another live process on this host."""
+    proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
+    yield proc
+    proc.kill()
+    proc.wait()
+
+
+def dead_pid():
+    proc = subprocess.Popen([sys.executable, "-c", "pass"])
+    proc.wait()
+    return proc.pid
+
+
+def created_without_frames(model, url):
+    """An archive as its creator leaves it before ``n_frames``: arrays, no frame, no marker."""
+    spec = ArchiveSpec(ModelLayout.from_model(model), Timing(model.opt.timestep, 25, 0.2), (0, 1),
+                       chunk_frames=5)
+    ArchiveWriter.create(str(url), spec).close()
+    (url / "n_frames" / "zarr.json").unlink()
+
+
+def shared_archive(model, url):
+    spec = ArchiveSpec(ModelLayout.from_model(model), Timing(model.opt.timestep, 25, 0.2),
+                       (0, 1, 2, 3), chunk_frames=5, shard_worlds=2, capacity_frames=40)
+    ArchiveWriter.create(url, spec).close()
+
+
+# ----------------------------------------------------------------------------- one writer
+def test_a_second_writer_in_the_same_process_is_refused(archive, layout):
+    first = ArchiveWriter.append(archive, layout)
+
+    with pytest.raises(ArchiveInUseError, match=r"held by this process .*not closed.*takeover=True"):
+        ArchiveWriter.append(archive, layout)
+
+    assert not first.closed
+
+
+def test_a_writer_in_another_live_process_is_named_with_its_pid(archive, layout, sleeper):
+    plant_claim(archive, pid=sleeper.pid, started=_proc_stat(sleeper.pid)[1])
+
+    with pytest.raises(ArchiveInUseError) as err:
+        ArchiveWriter.append(archive, layout)
+
+    assert f"process {sleeper.pid} on this host (still running) since 2023-11-14" in str(err.value)
+
+
+def test_a_recorder_is_refused_while_another_process_holds_the_archive(archive, tiny, sleeper):
+    plant_claim(archive, pid=sleeper.pid, started=_proc_stat(sleeper.pid)[1])
+    recorder = TrajectoryRecorder(archive, tiny, chunk_frames=5, mode="a")
+
+    with pytest.raises(ArchiveInUseError, match=f"process {sleeper.pid}"):
+        simulate(tiny, 2, 40, recorder.record_as_needed)
+
+
+def test_a_claim_left_by_a_dead_process_on_this_host_is_taken_over(archive, layout):
+    plant_claim(archive, pid=dead_pid())
+
+    writer = ArchiveWriter.append(archive, layout)
+
+    holder = json.loads((Path(archive) / WRITER_KEY).read_text())
+    assert writer.n_frames == 10
+    assert holder["pid"] == _identity()["pid"] and holder["writer"] != "planted"
+
+
+def test_a_claim_from_another_host_is_refused_naming_it(archive, layout):
+    plant_claim(archive, host="node-17", pid=4242)
+
+    with pytest.raises(ArchiveInUseError, match=r"process 4242 on host 'node-17'.*takeover=True"):
+        ArchiveWriter.append(archive, layout)
+
+
+def test_takeover_takes_a_claim_from_another_host(archive, layout):
+    plant_claim(archive, host="node-17", pid=4242)
+
+    writer = ArchiveWriter.append(archive, layout, takeover=True)
+
+    assert json.loads((Path(archive) / WRITER_KEY).read_text())["host"] != "node-17"
+    assert writer.n_frames == 10
+
+
+# ----------------------------------------------------------------------------- release
+def test_close_releases_the_claim(archive, layout):
+    writer = ArchiveWriter.append(archive, layout)
+
+    writer.close()
+
+    assert not (Path(archive) / WRITER_KEY).exists()
+    ArchiveWriter.append(archive, layout).close()
+
+
+def test_a_dropped_writer_releases_its_claim(archive, layout):
+    ArchiveWriter.append(archive, layout)
+    gc.collect()
+
+    second = ArchiveWriter.append(archive, layout)
+
+    assert second.n_frames == 10
+
+
+def test_a_closed_recorder_lets_the_next_one_append(archive, tiny):
+    record(tiny, archive, n_steps=76, mode="a")
+
+    record(tiny, archive, n_steps=116, mode="a")
+
+    assert not (Path(archive) / WRITER_KEY).exists()
+
+
+def test_a_closed_writer_takes_no_more_frames(archive, layout):
+    writer = ArchiveWriter.append(archive, layout)
+    writer.close()
+
+    with pytest.raises(RuntimeError, match="is closed"):
+        writer.write(None)
+
+
+def test_a_writer_whose_commit_failed_is_taken_over_by_the_next_in_the_same_process(
+        archive, layout, monkeypatch):
+    first = ArchiveWriter.append(archive, layout)
+    block = FrameBlock(np.array([1.0]), np.zeros((2, 1, 13)), np.zeros((2, 1, 1, 3)),
+                       np.zeros((2, 1, 1, 4)))
+    with monkeypatch.context() as patch:
+        patch.setattr(zarr.Array, "__setitem__", disk_full)
+        with pytest.raises(StorageError, match="still holds its 10 committed frames"):
+            first.write(block)
+
+    second = ArchiveWriter.append(archive, layout)
+
+    assert second.n_frames == 10
+    assert first.closed
+    with pytest.raises(RuntimeError, match="is closed"):
+        first.write(block)
+
+
+def disk_full(*args, **kwargs):
+    raise OSError(28, "No space left on device")
+
+
+# ----------------------------------------------------------------------------- damaged claims
+def test_a_malformed_writer_claim_is_a_schema_error(archive, layout):
+    (Path(archive) / WRITER_KEY).write_text("{not json")
+
+    with pytest.raises(SchemaError, match=r"writer claim 'claims/writer.json' .* is damaged"):
+        ArchiveWriter.append(archive, layout)
+
+
+def test_a_malformed_block_claim_is_a_schema_error(tiny, layout, tmp_path):
+    url = str(tmp_path / "shared.zarr")
+    shared_archive(tiny, url)
+    (Path(url) / "claims" / "shard-000000.json").write_text('["a list"]')
+
+    with pytest.raises(SchemaError, match=r"'claims/shard-000000.json' .* is damaged"):
+        ArchiveWriter.append(url, layout, world_block=(0, 2))
+
+
+# ----------------------------------------------------------------------------- whole vs blocks
+def test_a_block_writer_is_refused_while_a_writer_holds_the_whole_archive(tiny, layout, tmp_path):
+    url = str(tmp_path / "shared.zarr")
+    shared_archive(tiny, url)
+    whole = ArchiveWriter.append(url, layout)
+
+    with pytest.raises(ArchiveInUseError, match="held by this process"):
+        ArchiveWriter.append(url, layout, world_block=(0, 2))
+
+    assert sorted(p.name for p in (Path(url) / "claims").iterdir()) == ["writer.json", "zarr.json"]
+    whole.close()
+
+
+def test_a_whole_archive_writer_is_refused_while_a_block_is_claimed(tiny, layout, tmp_path):
+    url = str(tmp_path / "shared.zarr")
+    shared_archive(tiny, url)
+    block = ArchiveWriter.append(url, layout, world_block=(2, 4))
+
+    with pytest.raises(WorldBlockConflictError, match=r"claimed by world_block writers .*\[2, 4\)"):
+        ArchiveWriter.append(url, layout)
+
+    assert not (Path(url) / WRITER_KEY).exists()
+    block.close()
+
+
+# ----------------------------------------------------------------------------- creation
+def test_an_archive_another_live_process_is_creating_is_not_touched(tiny, tmp_path, sleeper):
+    url = tmp_path / "creating.zarr"
+    created_without_frames(tiny, url)  # its creator has not reached n_frames yet
+    plant_claim(url, pid=sleeper.pid, started=_proc_stat(sleeper.pid)[1])
+    before = sorted(p.relative_to(url) for p in url.rglob("*"))
+
+    with pytest.raises(ArchiveInUseError, match=f"process {sleeper.pid}"):
+        record(tiny, str(url), n_steps=36, mode="a")
+
+    assert sorted(p.relative_to(url) for p in url.rglob("*")) == before
+
+
+def test_an_interrupted_creation_whose_creator_died_is_created_anew(tiny, tmp_path):
+    url = tmp_path / "interrupted.zarr"
+    created_without_frames(tiny, url)
+    plant_claim(url, pid=dead_pid())
+
+    record(tiny, str(url), n_steps=36, mode="a")
+
+    assert (url / "n_frames" / "zarr.json").exists()
+    assert not (url / WRITER_KEY).exists()
+
+
+def test_a_creation_that_fails_midway_leaves_nothing(tiny, tmp_path, monkeypatch):
+    import flyarchive.store.writer
+
+    def fail(group, spec):
+        group.create_array("qpos", shape=(1,), dtype="f8")
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(flyarchive.store.writer, "create_arrays", fail)
+    url = tmp_path / "full-disk.zarr"
+    spec = ArchiveSpec(ModelLayout.from_model(tiny), Timing(tiny.opt.timestep, 25, 0.2), (0,))
+
+    with pytest.raises(StorageError, match="No space left on device"):
+        ArchiveWriter.create(str(url), spec)
+
+    assert not url.exists()
+
+
+# ----------------------------------------------------------------------------- object stores
+def test_a_claim_on_s3_is_a_conditional_put_that_keeps_the_first(s3_location, monkeypatch):
+    store = open_store(s3_location.url, s3_location.storage_options)
+    modes = []
+    pipe = store.fs._pipe_file
+
+    async def spy(path, data, **kwargs):
+        modes.append(kwargs.get("mode"))
+        return await pipe(path, data, **kwargs)
+
+    monkeypatch.setattr(store.fs, "_pipe_file", spy)
+
+    first = put_exclusive(store, WRITER_KEY, b'{"writer": "first"}')
+    second = put_exclusive(store, WRITER_KEY, b'{"writer": "second"}')
+
+    assert (first, second) == (True, False)
+    assert modes == ["create", "create"]
+    assert sync(store.get(WRITER_KEY, prototype=default_buffer_prototype())).to_bytes() == \
+        b'{"writer": "first"}'
