@@ -19,7 +19,7 @@ Runs the harnesses of :mod:`flyarchive.testing.kills` and prints one table:
 - hostile archives (:mod:`flyarchive.testing.hostile`: decompression bombs, FIFOs, links
   to ``/dev/zero``, metadata nested 200,000 deep...): each command run in a child with a
   3 GiB address-space cap, its time and peak memory;
-- bad inputs tried (``tests/test_bad_input.py``) and passed.
+- bad inputs tried (``tests/bad_input``) and passed.
 
 Usage::
 
@@ -246,10 +246,10 @@ def print_hostile(rows: list[dict[str, Any]]) -> None:
 
 
 def run_bad_input(workdir: Path) -> dict[str, Any]:
-    """Run tests/test_bad_input.py; count cases tried and passed."""
+    """Run tests/bad_input; count cases tried and passed."""
     xml = workdir / "bad_input.xml"
     subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
-                    str(ROOT / "tests" / "test_bad_input.py"), f"--junitxml={xml}"],
+                    str(ROOT / "tests" / "bad_input"), f"--junitxml={xml}"],
                    cwd=ROOT, capture_output=True, text=True)
     cases = ET.parse(xml).getroot().iter("testcase")
     failed, tried = [], 0
@@ -370,7 +370,7 @@ def main(argv: list[str] | None = None) -> int:
                         help="recorder processes started at once per race (default 3)")
     parser.add_argument("--reader-steps", type=int, default=2000,
                         help="steps the writer appends while the reader polls (default 2000)")
-    parser.add_argument("--no-bad-input", action="store_true", help="skip tests/test_bad_input.py")
+    parser.add_argument("--no-bad-input", action="store_true", help="skip tests/bad_input")
     parser.add_argument("--interop-kills", type=int, default=6,
                         help="kills each of import-npz and export-npz (0: skip)")
     parser.add_argument("--render-kills", type=int, default=3,
