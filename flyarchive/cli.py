@@ -149,9 +149,9 @@ def cmd_verify(args: argparse.Namespace) -> int:
 
 
 def cmd_render(args: argparse.Namespace) -> int:
+    from flyarchive.config import set_verbose
     from flyarchive.distribute.api import RenderOptions, render_videos
     from flyarchive.models import load_model
-    from flyarchive.warp_log import set_verbose
 
     set_verbose(args.verbose)  # Warp's logs, here and in local Dask workers
     written = render_videos(

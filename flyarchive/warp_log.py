@@ -3,8 +3,9 @@
 Warp prints a greeting when it initializes (version, devices, kernel cache) and one
 line per module it loads; on a machine without a CUDA driver its native code also
 prints a warning. flyarchive silences them unless the environment variable
-``FLYARCHIVE_VERBOSE`` is ``1`` (``flyarchive render --verbose`` sets it), so that
-processes started later (Dask workers on this machine) follow the same setting.
+``FLYARCHIVE_VERBOSE`` is on (:func:`flyarchive.config.verbose`; ``flyarchive render
+--verbose`` sets it), so that processes started later (Dask workers on this machine)
+follow the same setting.
 Every module that imports warp calls :func:`configure_warp` right after.
 
 A user who chose a Warp log level is left alone: only Warp's default level
@@ -19,21 +20,11 @@ import sys
 import tempfile
 from typing import Any
 
-__all__ = ["VERBOSE_ENV", "set_verbose", "verbose", "configure_warp"]
+from flyarchive.config import verbose
 
-#: Environment variable: ``1`` shows Warp's messages; anything else hides them.
-VERBOSE_ENV = "FLYARCHIVE_VERBOSE"
+__all__ = ["configure_warp"]
+
 _CUDA_WARNING = "Warp CUDA warning: Could not find or load the NVIDIA CUDA driver"
-
-
-def set_verbose(on: bool) -> None:
-    """Show (True) or hide (False) Warp's messages, in this process and its children."""
-    os.environ[VERBOSE_ENV] = "1" if on else "0"
-
-
-def verbose() -> bool:
-    """True when Warp's messages are to be shown."""
-    return os.environ.get(VERBOSE_ENV, "0").strip().lower() in ("1", "true", "yes")
 
 
 def configure_warp(wp: Any) -> None:
