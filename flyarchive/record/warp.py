@@ -33,6 +33,7 @@ from flyarchive.clock import FrameClock, Timing
 from flyarchive.errors import (
     FlyarchiveError,
     LayoutMismatchError,
+    OptionsError,
     RecordingError,
     SelectionError,
     StorageError,
@@ -125,7 +126,7 @@ class WarpTrajectoryRecorder:
     Raises:
         ArchiveExistsError: if ``mode="w-"`` and something is at ``url`` (checked at once).
         SelectionError: for world ids outside ``[0, nworld)``, repeated, or none.
-        SchemaError, CodecSpecError, TimingError, ValueError: for options that cannot
+        SchemaError, CodecSpecError, TimingError, OptionsError: for options that cannot
             work (checked at once, before anything is written).
         MissingDependencyError: when ``warp`` is not installed (on import of this module).
     """
@@ -153,7 +154,7 @@ class WarpTrajectoryRecorder:
         self.timing = Timing(float(model.opt.timestep), output_fps, playback_speed)
         self.nworld = int(nworld)
         if self.nworld < 1:
-            raise ValueError(f"nworld must be at least 1, got {nworld!r}.")
+            raise OptionsError(f"nworld must be at least 1, got {nworld!r}.")
         self.world_ids = _parse_worlds(worlds, self.nworld)
         # Every archive option is checked now, before the first frame and before any storage.
         ArchiveSpec(self.layout, self.timing, self.world_ids, dtype="float32",
@@ -161,12 +162,12 @@ class WarpTrajectoryRecorder:
                     attrs=dict(attrs or {}), world_vars=dict(world_vars or {}))
         parse_mode(mode)
         if int(chunk_frames) < 1 or (start_step is not None and int(start_step) < 0):
-            raise ValueError(
+            raise OptionsError(
                 f"chunk_frames must be at least 1 and start_step at least 0, "
                 f"got chunk_frames={chunk_frames!r}, start_step={start_step!r}."
             )
         if attrs and FIRST_FRAME_ATTR in attrs:
-            raise ValueError(
+            raise OptionsError(
                 f"The attribute name {FIRST_FRAME_ATTR!r} is the recorder's; rename it."
             )
         self.chunk_frames = int(chunk_frames)
@@ -476,9 +477,9 @@ def _check_data(d: Any, nworld: int, layout: ModelLayout, url: str) -> str:
     """Check a mujoco-warp ``Data`` against the recorder; return the numpy dtype name of qpos.
 
     Raises:
-        RecordingError: for another number of worlds.
+        RecordingError: for another number of worlds, or arrays that are missing or of
+            another dtype (not a mujoco_warp.Data).
         LayoutMismatchError: for another model's state (nq, nmocap).
-        ValueError: for arrays that are missing or of another dtype.
     """
     qpos = getattr(d, "qpos", None)
     if qpos is not None and qpos.ndim == 2 and qpos.shape[0] != nworld:
@@ -497,7 +498,7 @@ def _check_data(d: Any, nworld: int, layout: ModelLayout, url: str) -> str:
         arr = getattr(d, name, None)
         if arr is None or tuple(arr.shape) != shape or arr.dtype != dtype:
             got = None if arr is None else (tuple(arr.shape), wp.types.type_repr(arr.dtype))
-            kind = LayoutMismatchError if arr is not None and arr.dtype == dtype else ValueError
+            kind = LayoutMismatchError if arr is not None and arr.dtype == dtype else RecordingError
             raise kind(
                 f"mjw_data.{name} is {got}; the recorder for {url!r} expects shape {shape} of "
                 f"{wp.types.type_repr(dtype)} (nworld={nworld}, nq={layout.nq}, "
