@@ -17,6 +17,7 @@ from flyarchive.record.common import (
     commit_when_abandoned,
     ended_by_reset,
     forget,
+    read_back,
     release_writer,
 )
 from flyarchive.schema import finite_frames
@@ -225,14 +226,8 @@ class TrajectoryRecorder:
             RuntimeError: if no frame was recorded yet (as flygym's recorder).
             MissingDependencyError: if flygym is not installed.
         """
-        if self._session is None or self.n_frames == 0:
-            raise RuntimeError(f"No frames have been recorded yet into {self.url!r}.")
-        if not self._session.closed:
-            self.flush()
-        from flyarchive.interop.flygym_sim import read_trajectories
-
-        return read_trajectories(self.url, self._options["storage_options"],
-                                 worlds=self._session.writer.world_ids)
+        return read_back(self.url, self._options["storage_options"], self._session,
+                         self.n_frames, self.flush)
 
     @property
     def trajectory(self) -> Any:

@@ -41,11 +41,12 @@ from flyarchive.errors import (
 )
 from flyarchive.layout import ModelLayout
 from flyarchive.record.common import (
-    FIRST_FRAME_ATTR,
     CommittedTail,
+    FIRST_FRAME_ATTR,
     commit_when_abandoned,
     ended_by_reset,
     forget,
+    read_back,
     release_writer,
 )
 from flyarchive.store import ArchiveSpec, ArchiveWriter, parse_mode, refuse_existing
@@ -217,14 +218,8 @@ class WarpTrajectoryRecorder:
             RuntimeError: if no frame was recorded yet (as flygym's recorder).
             MissingDependencyError: if flygym is not installed.
         """
-        if self._session is None or self.n_frames == 0:
-            raise RuntimeError(f"No frames have been recorded yet into {self.url!r}.")
-        if not self._session.closed:
-            self.flush()
-        from flyarchive.interop.flygym_sim import read_trajectories
-
-        return read_trajectories(self.url, self._options["storage_options"],
-                                 worlds=self.world_ids)
+        return read_back(self.url, self._options["storage_options"], self._session,
+                         self.n_frames, self.flush)
 
     # -- recording ----------------------------------------------------------------
 
