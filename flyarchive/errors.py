@@ -181,9 +181,9 @@ class OutputLocationError(FlyarchiveError, NotADirectoryError):
     """An output location that must be a folder is a file (or another non-folder)."""
 
 
-#: The flyarchive extra that installs the fsspec backend of a URL protocol.
-_PROTOCOL_EXTRAS = {"s3": "s3", "s3a": "s3", "gs": "gcs", "gcs": "gcs", "az": "azure",
-                    "abfs": "azure"}
+#: The flyarchive extra that installs the fsspec backend of a URL protocol (pyproject.toml);
+#: other protocols' packages (gcsfs, adlfs...) are named as they are.
+_PROTOCOL_EXTRAS = {"s3": "s3", "s3a": "s3"}
 
 
 def missing_dependency(package: str, extra: str | None, what: str, *,
