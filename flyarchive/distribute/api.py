@@ -25,7 +25,7 @@ from flyarchive.models import model_bytes
 from flyarchive.query import open_archive
 from flyarchive.query.frames import VideoJob, select_frames
 from flyarchive.replay import BACKENDS
-from flyarchive.replay.frames import MAX_GL_SIDE, parse_frame_size
+from flyarchive.replay.frames import MAX_GL_SIDE, is_int, parse_frame_size
 from flyarchive.video import VideoOptions
 
 __all__ = [
@@ -174,13 +174,19 @@ def render_videos(
         OutputExistsError (a video exists without ``overwrite``, or a folder is where a
         video goes), StorageError (``out`` is a file or cannot be written; nothing
         is rendered), RenderBackendError, RenderFailedError (a task failed on a worker;
-        the message names the world), ConfigError (a ``FLYARCHIVE_*`` environment
-        variable holds a value that is not allowed; :mod:`flyarchive.config`).
+        the message names the world), RenderOptionsError (``n_workers`` below 0),
+        ConfigError (a ``FLYARCHIVE_*`` environment variable holds a value that is not
+        allowed; :mod:`flyarchive.config`).
     """
     from flyarchive.distribute.workspace import RunFolder
     from flyarchive.video.manifest import describe, write_manifest
 
     cameras = (cameras,) if isinstance(cameras, str) else tuple(cameras)
+    if n_workers is not None and (not is_int(n_workers) or n_workers < 0):
+        raise RenderOptionsError(
+            f"n_workers must be None (one worker per core) or a whole number >= 0 (0: render "
+            f"in this process), got {n_workers!r}."
+        )
     source, out = absolute_url(source), absolute_url(out).rstrip("/")
     ds = open_archive(source, storage_options)
     _check_model(ds, model)

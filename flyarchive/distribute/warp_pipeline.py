@@ -74,11 +74,9 @@ def warp_device(backend: str) -> str:
             f"Backend {backend!r} does not render with Warp. Warp backends: "
             f"{', '.join(map(repr, WARP_BACKENDS))}."
         )
-    import warp as wp
+    from flyarchive.warp_log import import_warp
 
-    from flyarchive.warp_log import configure_warp  # interop: Warp quiet unless verbose
-
-    configure_warp(wp)
+    wp = import_warp("backend='gpu'")
     wp.init()
     if wp.get_cuda_device_count() < 1:
         raise RenderBackendError(

@@ -1,4 +1,4 @@
-"""What the CPU and Warp recorders share: time order, resumed reruns, commit at exit.
+"""What the CPU and Warp recorders share: time order, resumed reruns, commit at exit, read-back.
 
 - :class:`TimeGuard` refuses a simulation that goes back in time: a recording is
   one run, and two runs are never spliced into one time axis.

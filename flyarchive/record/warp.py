@@ -37,12 +37,11 @@ from flyarchive.errors import (
     RecordingError,
     SelectionError,
     StorageError,
-    missing_dependency,
 )
 from flyarchive.layout import ModelLayout
 from flyarchive.record.common import (
-    CommittedTail,
     FIRST_FRAME_ATTR,
+    CommittedTail,
     commit_when_abandoned,
     ended_by_reset,
     forget,
@@ -51,15 +50,16 @@ from flyarchive.record.common import (
 )
 from flyarchive.store import ArchiveSpec, ArchiveWriter, parse_mode, refuse_existing
 
-try:
-    import warp as wp
+from flyarchive.warp_log import import_warp
 
-    from flyarchive.record.warp_io import BackgroundWriter, Frames, Session, gather_frame
-except ImportError as exc:  # pragma: no cover - depends on the environment
-    raise missing_dependency("warp", "gpu", "WarpTrajectoryRecorder") from exc
-from flyarchive.warp_log import configure_warp  # noqa: E402  (interop: Warp quiet unless verbose)
+wp = import_warp("WarpTrajectoryRecorder")
 
-configure_warp(wp)
+from flyarchive.record.warp_io import (  # noqa: E402  (after the check that warp is there)
+    BackgroundWriter,
+    Frames,
+    Session,
+    gather_frame,
+)
 
 __all__ = ["WarpTrajectoryRecorder", "FIRST_FRAME_ATTR"]
 

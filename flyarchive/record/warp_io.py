@@ -19,13 +19,15 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-import warp as wp
 
 from flyarchive.clock import Timing
 from flyarchive.errors import RecordingError
 from flyarchive.record.common import release_writer
 from flyarchive.schema import finite_frames
 from flyarchive.store import ArchiveWriter, FrameBlock
+from flyarchive.warp_log import import_warp
+
+wp = import_warp("WarpTrajectoryRecorder")
 
 __all__ = ["gather_frame", "Frames", "BackgroundWriter", "Session"]
 

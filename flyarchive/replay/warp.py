@@ -29,25 +29,19 @@ from flyarchive.errors import (
     NonFiniteStateError,
     OptionsError,
     SelectionError,
-    missing_dependency,
 )
 from flyarchive.models import camera_ids
 from flyarchive.replay.frames import PIXEL_FORMATS, frame_shape, parse_frame_size
 from flyarchive.replay.warp_model import prepare_for_batch_rendering
 from flyarchive.schema import finite_frames
 
-try:
-    import mujoco_warp as mjw
-    import warp as wp
-except ImportError as exc:  # pragma: no cover - depends on the environment
-    raise missing_dependency(
-        "warp", "gpu", "Rendering with mujoco-warp (flyarchive.replay.warp)"
-    ) from exc
-from flyarchive.warp_log import configure_warp  # noqa: E402  (interop: Warp quiet unless verbose)
+from flyarchive.warp_log import import_mujoco_warp, import_warp
 
-configure_warp(wp)
+_WHAT = "Rendering with mujoco-warp (flyarchive.replay.warp)"
+wp = import_warp(_WHAT)
+mjw = import_mujoco_warp(_WHAT)
 
-from flyarchive.replay.warp_kernels import (  # noqa: E402  (after Warp is configured)
+from flyarchive.replay.warp_kernels import (  # noqa: E402  (after the check that warp is there)
     packed_rgb_to_i420,
     packed_rgb_to_uint8,
     scatter_mocap,

@@ -8,11 +8,9 @@ Each kernel runs on the renderer's Warp device over a batch of ``B`` render worl
 
 from __future__ import annotations
 
-import warp as wp
+from flyarchive.warp_log import import_warp
 
-from flyarchive.warp_log import configure_warp
-
-configure_warp(wp)
+wp = import_warp("Rendering with mujoco-warp (flyarchive.replay.warp)")
 
 __all__ = ["scatter_qpos", "scatter_mocap", "packed_rgb_to_uint8", "packed_rgb_to_i420"]
 
