@@ -37,7 +37,7 @@ jittered per world; or the tiny test model). Rows of the table:
 A frame is one (state, camera) image. Peak RSS is sampled every 20 ms over this
 process and its children (ffmpeg), per row; ``cpu_s`` is this process's CPU time
 and ``cpu_children_s`` that of its finished children (ffmpeg), per row. flyarchive
-rows carry ``stages_s``, the pipeline's stage timers (``gpu_videos.STATS``).
+rows carry ``stages_s``, the pipeline's stage timers (``PipelineProfile().results``).
 
 Usage:
     python scripts/bench_gpu_replay.py --device cpu --model tiny --worlds 4 --frames 10 \\
@@ -436,11 +436,11 @@ def _measure(n_images: int, run: Callable[[], None]) -> dict[str, Any]:
 
 def _stages(n_images: int, run: Callable[[], None]) -> dict[str, Any]:
     """:func:`_measure` of a flyarchive run, with the pipeline's stage timers."""
-    from flyarchive.distribute import warp_pipeline as gpu_videos
+    from flyarchive.distribute.diagnostics import PipelineProfile
 
-    gpu_videos.STATS.update(dict.fromkeys(gpu_videos.STATS, 0.0))
-    row = _measure(n_images, run)
-    row["stages_s"] = {k: round(v, 3) for k, v in gpu_videos.STATS.items()}
+    with PipelineProfile() as profile:
+        row = _measure(n_images, run)
+    row["stages_s"] = {k: round(v, 3) for k, v in profile.results.items()}
     print(f"{row.get('fps')} frames/s, stages: {row['stages_s']}", flush=True)
     return row
 
