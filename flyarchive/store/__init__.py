@@ -7,8 +7,8 @@ it writes with are defined in :mod:`flyarchive.codecs`). Create, append, commit,
 - :mod:`~flyarchive.store.spec`: what is fixed when an archive is created;
 - :mod:`~flyarchive.store.writer` (with :mod:`~flyarchive.store.creation` and
   :mod:`~flyarchive.store.claims`): create, append and commit, one writer at a time;
-- :mod:`~flyarchive.store.reader`: open (checked by :mod:`~flyarchive.store.hardening`),
-  read, and name what failed to read;
+- :mod:`~flyarchive.store.reader`: open (checked by :mod:`~flyarchive.store.hardening`,
+  decoded by :mod:`~flyarchive.store.decoders`), read, and name what failed to read;
 - :mod:`~flyarchive.store.integrity`: ``verify``, every committed byte;
 - :mod:`~flyarchive.store.shutdown`: writes that must still happen while Python exits.
 """
