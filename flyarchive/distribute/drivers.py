@@ -138,7 +138,7 @@ def run_warp_plan(plan: Any, blob: bytes, parts: str | None = None, *, client: A
     single core) renders here.
 
     Args:
-        plan: :class:`flyarchive.distribute.cpu_tasks.RenderPlan` with a Warp backend.
+        plan: :class:`flyarchive.distribute.plan.RenderPlan` with a Warp backend.
         blob: The compiled model as MJB bytes.
         parts: The run's parts folder (see :func:`render_jobs`).
         client: A ``distributed.Client``.

@@ -146,7 +146,7 @@ def pack_batches(jobs: Sequence[Any], batch_worlds: int) -> list[Batch]:
     Every batch but the last is full; a job's frames keep their order across batches.
 
     Args:
-        jobs: :class:`flyarchive.distribute.api.VideoJob` s (``start``, ``stop`` archive indices).
+        jobs: :class:`flyarchive.query.frames.VideoJob` s (``start``, ``stop`` archive indices).
         batch_worlds: ``B``, states per batch, ``>= 1``.
 
     Returns:

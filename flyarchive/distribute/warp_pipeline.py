@@ -123,8 +123,12 @@ def render_jobs(plan: Any, blob: bytes, jobs: Sequence[Any], device: str, *,
                 ) -> list[dict[str, Any]]:
     """Render and encode every video of ``jobs`` in this process, on one Warp device.
 
+    Stage timings and counts go to the
+    :class:`~flyarchive.distribute.diagnostics.PipelineProfile` s active in the calling
+    context (none: nothing is measured).
+
     Args:
-        plan: The :class:`flyarchive.distribute.cpu_tasks.RenderPlan` (archive, cameras, output,
+        plan: The :class:`flyarchive.distribute.plan.RenderPlan` (archive, cameras, output,
             options).
         blob: The compiled model as MJB bytes.
         jobs: The videos to make (a subset of ``plan.jobs``, or all of them).
