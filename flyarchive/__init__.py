@@ -1,11 +1,15 @@
 """flyarchive: record MuJoCo kinematic state into xarray/zarr archives, render video later.
 
-The whole public API is re-exported here, following the data flow:
+The public API (every name in ``__all__``: what the README uses, and more) is
+re-exported here, following the data flow:
 
     record -> store -> query -> replay -> video -> distribute
 
-Heavy optional parts (rendering, mujoco-warp, Dask) load on first use: ``import
-flyarchive`` imports no warp, dask.distributed or s3fs.
+Lower-level parts (the store's writer and reader, render plans and tasks) live in their
+stage packages, whose ``__init__`` lists their modules. Heavy optional parts
+(rendering, mujoco-warp, Dask) load on first use: ``import flyarchive`` imports no
+warp, dask.distributed or s3fs. The ``FLYARCHIVE_*`` environment variables are listed
+in :mod:`flyarchive.config`.
 """
 
 from __future__ import annotations
@@ -17,7 +21,7 @@ from flyarchive.clock import FrameClock, Timing
 from flyarchive.errors import *  # noqa: F403
 from flyarchive.errors import __all__ as _errors_all
 from flyarchive.layout import ModelLayout, check_compatible
-from flyarchive.query import open_archive
+from flyarchive.query import VideoJob, open_archive, select_frames
 from flyarchive.query.dofs import dof_labels, select_dofs
 from flyarchive.record.cpu import TrajectoryRecorder
 from flyarchive.schema import SCHEMA_VERSION, validate
@@ -30,7 +34,12 @@ _LAZY = {
     "render_frames": "flyarchive.distribute.api",
     "RenderOptions": "flyarchive.distribute.api",
     "RenderResult": "flyarchive.distribute.api",
+    "default_video_options": "flyarchive.distribute.api",
+    "PipelineProfile": "flyarchive.distribute.diagnostics",
+    "CpuRenderer": "flyarchive.replay.opengl",
+    "WarpBatchRenderer": "flyarchive.replay.warp",
     "VideoOptions": "flyarchive.video.writer",
+    "read_video": "flyarchive.video.decode",
     "import_npz": "flyarchive.interop.flygym_npz",
     "export_npz": "flyarchive.interop.flygym_npz",
     "verify": "flyarchive.store.integrity",
@@ -38,12 +47,13 @@ _LAZY = {
     "load_model": "flyarchive.models",
     "save_mjb": "flyarchive.models",
     "set_trajectory_recorder": "flyarchive.interop.flygym_sim",
+    "read_trajectories": "flyarchive.interop.flygym_sim",
 }
 
 __all__ = [
     "FrameClock", "Timing", "ModelLayout", "check_compatible", "open_archive",
     "TrajectoryRecorder", "SCHEMA_VERSION", "validate", "select_dofs", "dof_labels",
-    *_errors_all, *_LAZY,
+    "select_frames", "VideoJob", *_errors_all, *_LAZY,
 ]
 
 
@@ -51,3 +61,7 @@ def __getattr__(name: str) -> Any:
     if name in _LAZY:
         return getattr(importlib.import_module(_LAZY[name]), name)
     raise AttributeError(f"module 'flyarchive' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *__all__})

@@ -149,9 +149,9 @@ def cmd_verify(args: argparse.Namespace) -> int:
 
 
 def cmd_render(args: argparse.Namespace) -> int:
+    from flyarchive.config import set_verbose
     from flyarchive.distribute.api import RenderOptions, render_videos
     from flyarchive.models import load_model
-    from flyarchive.warp_log import set_verbose
 
     set_verbose(args.verbose)  # Warp's logs, here and in local Dask workers
     written = render_videos(
@@ -204,6 +204,7 @@ def _crf(text: str) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from flyarchive.replay import BACKENDS
     from flyarchive.video import PRESETS
 
     parser = argparse.ArgumentParser(prog="flyarchive", description=__doc__)
@@ -254,7 +255,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", default="videos", help="output folder or fsspec URL")
     p.add_argument("--scheduler", help="Dask scheduler address (default: a local cluster)")
     p.add_argument("--workers", type=int, help="local worker processes (default: one per core)")
-    p.add_argument("--backend", default="cpu", choices=["cpu", "gpu", "warp-cpu"])
+    p.add_argument("--backend", default="cpu", choices=BACKENDS,
+                   help="cpu (OpenGL, bit-exact), gpu (mujoco-warp on CUDA) or warp-cpu "
+                        "(mujoco-warp on Warp's CPU device)")
     p.add_argument("--preset", choices=PRESETS,
                    help="x264 preset (default: veryfast; ultrafast with --backend gpu)")
     p.add_argument("--crf", type=_crf, help="x264 quality, 0 (lossless) to 51 (default 18)")

@@ -1,8 +1,10 @@
-"""Errors raised by flyarchive.
+"""Every exception class flyarchive raises, and the one install hint for missing packages.
 
 Every error is also a builtin (``ValueError``, ``FileNotFoundError``...), so code
 that catches builtins keeps working. Messages say what was asked, what exists,
-and how to fix it.
+and how to fix it. A missing optional package is always reported by
+:func:`missing_dependency` (or :func:`missing_storage_backend` for a URL's protocol),
+which names the extra to install.
 """
 
 from __future__ import annotations
@@ -38,6 +40,8 @@ __all__ = [
     "UnsafeFileError",
     "FrameFormatError",
     "VideoEncodeError",
+    "OptionsError",
+    "ConfigError",
 ]
 
 
@@ -67,10 +71,6 @@ class LayoutMismatchError(FlyarchiveError, ValueError):
 
 class NonFiniteStateError(FlyarchiveError, ValueError):
     """The simulation state holds NaN or infinity."""
-
-
-class StorageBackendMissingError(FlyarchiveError, ImportError):
-    """The fsspec protocol of a URL needs a package that is not installed."""
 
 
 class StorageError(FlyarchiveError, OSError):
@@ -120,6 +120,10 @@ class MissingDependencyError(FlyarchiveError, ImportError):
     """An optional dependency is missing; the message names the extra to install."""
 
 
+class StorageBackendMissingError(MissingDependencyError):
+    """The fsspec protocol of a URL needs a package that is not installed."""
+
+
 class CorruptArchiveError(FlyarchiveError, ValueError):
     """Stored bytes fail their checksum or committed frames are missing."""
 
@@ -155,28 +159,74 @@ class UnsafeFileError(CorruptArchiveError):
     message names the file and points at ``flyarchive verify``."""
 
 
-class RenderOptionsError(FlyarchiveError, ValueError):
+class OptionsError(FlyarchiveError, ValueError):
+    """An argument or option that cannot be used (a mode, a count, a block of worlds...);
+    the message names it, its value and what is allowed."""
+
+
+class RenderOptionsError(OptionsError):
     """Render options that cannot be used (an unknown backend, a segment of no frames...)."""
 
 
-def missing_dependency(package: str, extra: str, what: str) -> MissingDependencyError:
-    """Build the error for a missing optional dependency.
-
-    Args:
-        package: The import name that failed, e.g. ``"s3fs"``.
-        extra: The flyarchive extra that installs it, e.g. ``"s3"``.
-        what: What the user asked for that needs it.
-    """
-    return MissingDependencyError(
-        f"{what} needs the package {package!r}, which is not installed. "
-        f"Install it with: pip install 'flyarchive[{extra}]'"
-    )
+class ConfigError(OptionsError):
+    """A ``FLYARCHIVE_*`` environment variable holds a value flyarchive cannot use
+    (:mod:`flyarchive.config` lists them)."""
 
 
-# ----------------------------------------------------------------------------- interop
 class ImportMismatchError(FlyarchiveError, ValueError):
     """An interrupted ``.npz`` import cannot be resumed with these files or this model."""
 
 
 class OutputLocationError(FlyarchiveError, NotADirectoryError):
     """An output location that must be a folder is a file (or another non-folder)."""
+
+
+#: The flyarchive extra that installs the fsspec backend of a URL protocol (pyproject.toml);
+#: other protocols' packages (gcsfs, adlfs...) are named as they are.
+_PROTOCOL_EXTRAS = {"s3": "s3", "s3a": "s3"}
+
+
+def missing_dependency(package: str, extra: str | None, what: str, *,
+                       cause: BaseException | None = None,
+                       error: type[MissingDependencyError] = MissingDependencyError
+                       ) -> MissingDependencyError:
+    """The error for a missing optional dependency, with the one install hint flyarchive gives.
+
+    Every "install X" message of the package is made here, so that they all read alike:
+    ``"<what> needs the package 'x', which is not installed (<cause>). Install it with:
+    pip install 'flyarchive[extra]'"``.
+
+    Args:
+        package: The package that is missing, e.g. ``"s3fs"``.
+        extra: The flyarchive extra that installs it, e.g. ``"s3"``; None: the hint
+            names the package itself (``pip install <package>``).
+        what: What the user asked for that needs it.
+        cause: The ImportError that revealed it (its message is quoted), if any.
+        error: The class to build: :class:`MissingDependencyError` or a subclass.
+    """
+    detail = f" ({type(cause).__name__}: {cause})" if cause is not None else ""
+    hint = f"pip install 'flyarchive[{extra}]'" if extra else f"pip install {package}"
+    return error(
+        f"{what} needs the package {package!r}, which is not installed{detail}. "
+        f"Install it with: {hint}"
+    )
+
+
+def missing_storage_backend(url: str, cause: BaseException | None = None
+                            ) -> StorageBackendMissingError:
+    """The error for a URL whose fsspec protocol needs a package that is not installed.
+
+    Args:
+        url: The URL asked for, e.g. ``"s3://lab/run.zarr"``.
+        cause: The ImportError fsspec raised, if any.
+    """
+    from fsspec.registry import known_implementations
+
+    protocol = url.split("://", 1)[0] if "://" in url else "file"
+    implementation = str(known_implementations.get(protocol, {}).get("class", ""))
+    package = implementation.split(".")[0] or f"an fsspec backend for {protocol!r}"
+    error = missing_dependency(package, _PROTOCOL_EXTRAS.get(protocol),
+                               f"The URL {url!r} (protocol {protocol!r})", cause=cause,
+                               error=StorageBackendMissingError)
+    assert isinstance(error, StorageBackendMissingError)
+    return error

@@ -1,7 +1,8 @@
-"""Schema v1 of a flyarchive archive: names, dims, dtypes, attributes, validation.
+"""Schema v1 of a flyarchive archive: names, dims, dtypes, attributes, validation, and
+which frames of recorded state are usable (finite).
 
-See DESIGN.md, "The archive (schema v1)". This module knows the contract; it
-touches no storage.
+The schema is described for users in README.md, section "The archive". This module
+knows the contract; it touches no storage.
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ __all__ = [
     "validate_attrs",
     "MAX_JSON_DEPTH",
     "json_depth_of",
+    "finite_frames",
 ]
 
 SCHEMA_NAME = "flyarchive.trajectory"
@@ -233,3 +235,28 @@ def json_depth_of(value: Any) -> int:
             return deepest
         stack.extend((child, depth + 1) for child in children)
     return deepest
+
+
+def finite_frames(*states: np.ndarray | None, frame_dims: int = 1) -> np.ndarray:
+    """Which frames of recorded state hold only finite numbers (no NaN, no infinity).
+
+    A frame is usable (recorded, replayed) only when every value of its ``qpos`` and
+    mocap pose is finite; the recorders, replay, ``verify`` and the ``.npz`` import all
+    ask this one question.
+
+    Args:
+        states: Arrays that share their leading ``frame_dims`` dimensions (e.g.
+            ``qpos (n, nq)``, ``mocap_pos (n, nmocap, 3)``, ``mocap_quat (n, nmocap, 4)``;
+            or ``(worlds, n, ...)`` with ``frame_dims=2``); None (no mocap) is skipped.
+        frame_dims: How many leading dimensions index frames.
+
+    Returns:
+        Bool array of the leading shape: True where the frame is finite in every array.
+    """
+    present = [np.asarray(s) for s in states if s is not None]
+    if not present:
+        raise ValueError("finite_frames needs at least one array.")
+    finite = np.ones(present[0].shape[:frame_dims], dtype=bool)
+    for values in present:
+        finite &= np.isfinite(values).all(axis=tuple(range(frame_dims, values.ndim)))
+    return finite

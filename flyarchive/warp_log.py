@@ -1,11 +1,13 @@
-"""Warp's console messages: silent unless asked for.
+"""Warp, imported for flyarchive: the missing-package error, and its console messages
+silent unless asked for.
 
 Warp prints a greeting when it initializes (version, devices, kernel cache) and one
 line per module it loads; on a machine without a CUDA driver its native code also
 prints a warning. flyarchive silences them unless the environment variable
-``FLYARCHIVE_VERBOSE`` is ``1`` (``flyarchive render --verbose`` sets it), so that
-processes started later (Dask workers on this machine) follow the same setting.
-Every module that imports warp calls :func:`configure_warp` right after.
+``FLYARCHIVE_VERBOSE`` is on (:func:`flyarchive.config.verbose`; ``flyarchive render
+--verbose`` sets it), so that processes started later (Dask workers on this machine)
+follow the same setting. Every module imports warp and mujoco_warp through
+:func:`import_warp` and :func:`import_mujoco_warp`, which configure it.
 
 A user who chose a Warp log level is left alone: only Warp's default level
 (``LOG_INFO``) is raised to ``LOG_WARNING``.
@@ -19,21 +21,43 @@ import sys
 import tempfile
 from typing import Any
 
-__all__ = ["VERBOSE_ENV", "set_verbose", "verbose", "configure_warp"]
+from flyarchive.config import verbose
+from flyarchive.errors import missing_dependency
 
-#: Environment variable: ``1`` shows Warp's messages; anything else hides them.
-VERBOSE_ENV = "FLYARCHIVE_VERBOSE"
+__all__ = ["import_warp", "import_mujoco_warp", "configure_warp"]
+
 _CUDA_WARNING = "Warp CUDA warning: Could not find or load the NVIDIA CUDA driver"
 
 
-def set_verbose(on: bool) -> None:
-    """Show (True) or hide (False) Warp's messages, in this process and its children."""
-    os.environ[VERBOSE_ENV] = "1" if on else "0"
+def import_warp(what: str) -> Any:
+    """The ``warp`` module, configured (:func:`configure_warp`).
+
+    Args:
+        what: What needs it, for the error.
+
+    Raises:
+        MissingDependencyError: warp is not installed (names the ``gpu`` extra).
+    """
+    try:
+        import warp
+    except ImportError as err:
+        raise missing_dependency("warp-lang", "gpu", what, cause=err) from None
+    configure_warp(warp)
+    return warp
 
 
-def verbose() -> bool:
-    """True when Warp's messages are to be shown."""
-    return os.environ.get(VERBOSE_ENV, "0").strip().lower() in ("1", "true", "yes")
+def import_mujoco_warp(what: str) -> Any:
+    """The ``mujoco_warp`` module, with ``warp`` configured first.
+
+    Raises:
+        MissingDependencyError: mujoco-warp or warp is not installed (names the ``gpu`` extra).
+    """
+    import_warp(what)
+    try:
+        import mujoco_warp
+    except ImportError as err:
+        raise missing_dependency("mujoco-warp", "gpu", what, cause=err) from None
+    return mujoco_warp
 
 
 def configure_warp(wp: Any) -> None:

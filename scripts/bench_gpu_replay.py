@@ -37,7 +37,7 @@ jittered per world; or the tiny test model). Rows of the table:
 A frame is one (state, camera) image. Peak RSS is sampled every 20 ms over this
 process and its children (ffmpeg), per row; ``cpu_s`` is this process's CPU time
 and ``cpu_children_s`` that of its finished children (ffmpeg), per row. flyarchive
-rows carry ``stages_s``, the pipeline's stage timers (``warp_pipeline.STATS``).
+rows carry ``stages_s``, the pipeline's stage timers (``PipelineProfile().results``).
 
 Usage:
     python scripts/bench_gpu_replay.py --device cpu --model tiny --worlds 4 --frames 10 \\
@@ -53,8 +53,7 @@ import os
 import tempfile
 import time
 import traceback
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 from unittest import mock
@@ -381,28 +380,13 @@ def _measure(n_images: int, run: Callable[[], None]) -> dict[str, Any]:
             "cpu_children_s": round(cpu(resource.RUSAGE_CHILDREN) - before[1], 2)}
 
 
-@contextmanager
-def _stage_timers() -> Iterator[dict[str, float]]:
-    """Seconds per stage of the Warp pipeline over the block (filled in at its end).
-
-    The pipeline keeps them in the module-level dict ``warp_pipeline.STATS``: zeroed
-    here before the block, copied after it. The only code here that touches STATS.
-    """
-    from flyarchive.distribute import warp_pipeline
-
-    warp_pipeline.STATS.update(dict.fromkeys(warp_pipeline.STATS, 0.0))
-    out: dict[str, float] = {}
-    try:
-        yield out
-    finally:
-        out.update(warp_pipeline.STATS)
-
-
 def _stages(n_images: int, run: Callable[[], None]) -> dict[str, Any]:
     """:func:`_measure` of a flyarchive run, with the pipeline's stage timers."""
-    with _stage_timers() as stages:
+    from flyarchive.distribute.diagnostics import PipelineProfile
+
+    with PipelineProfile() as profile:
         row = _measure(n_images, run)
-    row["stages_s"] = {k: round(v, 3) for k, v in stages.items()}
+    row["stages_s"] = {k: round(v, 3) for k, v in profile.results.items()}
     print(f"{row.get('fps')} frames/s, stages: {row['stages_s']}", flush=True)
     return row
 

@@ -4,7 +4,7 @@ videos (:func:`render_videos`) or to lazy frames (:func:`render_frames`).
 ``render_videos`` selects frames (:mod:`flyarchive.query.frames`), makes a plan
 (:mod:`~flyarchive.distribute.plan`), checks it before any work, and runs it
 (:mod:`~flyarchive.distribute.drivers`): in this process, on a local Dask cluster it
-starts, or on the cluster given.
+starts, or on the cluster given (which one: see :func:`render_videos`).
 """
 
 from __future__ import annotations
@@ -24,14 +24,14 @@ from flyarchive.layout import ModelLayout, check_compatible
 from flyarchive.models import model_bytes
 from flyarchive.query import open_archive
 from flyarchive.query.frames import VideoJob, select_frames
+from flyarchive.replay import BACKENDS
+from flyarchive.replay.frames import MAX_GL_SIDE, is_int, parse_frame_size
 from flyarchive.video import VideoOptions
 
 __all__ = [
     "RenderOptions", "RenderResult", "VideoJob", "render_videos", "render_frames", "select_frames",
-    "default_video_options",
+    "default_video_options", "BACKENDS",
 ]
-
-BACKENDS = ("cpu", "gpu", "warp-cpu")
 
 
 @dataclass(frozen=True)
@@ -39,7 +39,8 @@ class RenderOptions:
     """How to render.
 
     Attributes:
-        size: ``(height, width)`` of each frame, pixels; both even (H.264 yuv420p).
+        size: ``(height, width)`` of each frame, pixels; both even (H.264 yuv420p), at
+            most 16384 on ``"cpu"`` (OpenGL).
         backend: ``"cpu"`` (mujoco.Renderer, OpenGL/EGL, bit-exact), ``"gpu"``
             (mujoco-warp batch renderer on CUDA) or ``"warp-cpu"`` (the same renderer on
             Warp's CPU device).
@@ -50,6 +51,10 @@ class RenderOptions:
             the backend: x264 ``veryfast``, or ``ultrafast`` on ``"gpu"``.
         overwrite: Replace existing videos.
         progress: Show a progress bar in this process (one, however many workers).
+
+    Raises:
+        RenderOptionsError: an unknown backend, or counts below 1.
+        FrameSizeError: a size H.264 (or, for ``"cpu"``, OpenGL) cannot take.
     """
 
     size: tuple[int, int] = (240, 320)
@@ -69,6 +74,8 @@ class RenderOptions:
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise RenderOptionsError(f"{name} must be an integer of at least 1, got {value!r}.")
+        gl = MAX_GL_SIDE if self.backend == "cpu" else None
+        object.__setattr__(self, "size", parse_frame_size(self.size, even=True, max_side=gl))
         if self.video is None:
             object.__setattr__(self, "video", default_video_options(self.backend))
         elif not isinstance(self.video, VideoOptions):
@@ -124,11 +131,24 @@ def render_videos(
 ) -> RenderResult:
     """Render worlds of an archive to one mp4 per (world, camera), plus a JSON manifest.
 
-    Videos are ``{out}/world{id:05d}/{camera}.mp4`` (camera names sanitized); the
-    manifest is ``{out}/manifest.json``. Work runs on Dask: ``client`` if given, else
-    the scheduler at ``scheduler``, else a local cluster of ``n_workers`` processes (one
-    per core by default); ``n_workers=0`` renders in this process. ``memory://``
-    archives are rendered in this process (worker processes cannot see them).
+    Videos are ``{out}/world{id:05d}/{name}.mp4`` (:func:`flyarchive.video.safe_video_path`):
+    ``name`` is the camera's name when it holds only letters, digits, ``.``, ``_`` and
+    ``-``; otherwise other characters become ``_`` and a short hash of the name is
+    appended, e.g. camera ``"nmf/trackcam"`` of world 3 ->
+    ``{out}/world00003/nmf_trackcam-1b3fdcea.mp4``. The manifest is
+    ``{out}/manifest.json``.
+
+    Where the work runs (:func:`flyarchive.distribute.drivers.runs_here`):
+
+    - ``client`` or ``scheduler`` given: on that Dask cluster (``"gpu"``: on workers
+      that offer the resource ``GPU``);
+    - else ``"cpu"``: a local Dask cluster of ``n_workers`` processes (default: one per
+      core) that this call starts and stops;
+    - else ``"gpu"``: in this process, on its GPU;
+    - else ``"warp-cpu"``: a local cluster of ``n_workers`` processes, or this process
+      when ``n_workers`` is 1 or there is one core or one video;
+    - ``n_workers=0``, or a ``memory://`` archive (worker processes cannot see it):
+      always in this process.
 
     Local paths (``source``, ``out``, also as ``file://``) are made absolute here, with
     ``~`` expanded, before they go to workers, which may run in other folders. The
@@ -154,12 +174,19 @@ def render_videos(
         OutputExistsError (a video exists without ``overwrite``, or a folder is where a
         video goes), StorageError (``out`` is a file or cannot be written; nothing
         is rendered), RenderBackendError, RenderFailedError (a task failed on a worker;
-        the message names the world).
+        the message names the world), RenderOptionsError (``n_workers`` below 0),
+        ConfigError (a ``FLYARCHIVE_*`` environment variable holds a value that is not
+        allowed; :mod:`flyarchive.config`).
     """
     from flyarchive.distribute.workspace import RunFolder
     from flyarchive.video.manifest import describe, write_manifest
 
     cameras = (cameras,) if isinstance(cameras, str) else tuple(cameras)
+    if n_workers is not None and (not is_int(n_workers) or n_workers < 0):
+        raise RenderOptionsError(
+            f"n_workers must be None (one worker per core) or a whole number >= 0 (0: render "
+            f"in this process), got {n_workers!r}."
+        )
     source, out = absolute_url(source), absolute_url(out).rstrip("/")
     ds = open_archive(source, storage_options)
     _check_model(ds, model)
@@ -209,6 +236,7 @@ def render_frames(
 
     Raises:
         CameraNotFoundError, LayoutMismatchError, SelectionError.
+        FrameSizeError: ``size`` is not two positive integers of at most 16384.
     """
     import dask
     import dask.array as da
@@ -216,6 +244,7 @@ def render_frames(
     from flyarchive.distribute.cpu_tasks import render_block
     from flyarchive.models import camera_ids
 
+    size = parse_frame_size(size, max_side=MAX_GL_SIDE)
     camera_ids(model, camera)
     source = absolute_url(source)
     ds = open_archive(source, storage_options)

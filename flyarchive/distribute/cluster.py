@@ -20,15 +20,12 @@ import warnings
 from collections.abc import Iterator
 from typing import Any
 
+from flyarchive.config import worker_environment
 from flyarchive.distribute.workspace import SCRATCH_PREFIX, sweep_local
 from flyarchive.errors import missing_dependency
 
 __all__ = ["connect", "scatter_model", "LOCAL_DASHBOARD"]
 
-#: Worker processes of the default LocalCluster: one core each (one Mesa rasterizer
-#: thread, one x264 thread, one encoder thread on the Warp backends).
-_WORKER_ENV = {"MUJOCO_GL": "egl", "LP_NUM_THREADS": "1", "OMP_NUM_THREADS": "1",
-               "FLYARCHIVE_ENCODERS": "1", "FLYARCHIVE_WORKER": "1"}
 #: Where a LocalCluster's scheduler serves HTTP: a free port on loopback. A fixed port
 #: (Dask's default 8787) warns "Port 8787 is already in use" whenever another cluster
 #: or dashboard runs; ``None`` does not help, it falls back to 8787.
@@ -39,7 +36,8 @@ class connect:
     """Context manager: the given client, one connected to ``scheduler``, or a LocalCluster.
 
     The LocalCluster has ``n_workers`` (default: one per core) single-thread worker
-    processes, each pinned to one core's worth of threads (``_WORKER_ENV``); its
+    processes, each pinned to one core's worth of threads
+    (:func:`flyarchive.config.worker_environment`); its
     scheduler serves HTTP on a free loopback port (:data:`LOCAL_DASHBOARD`), never on a
     fixed one. Clients and clusters it made are closed on exit; a given client is left
     open.
@@ -104,7 +102,7 @@ def _local_cluster(cls: Any, n_workers: int) -> Any:
 
     cluster = cls(n_workers=0, threads_per_worker=1, processes=True,
                   dashboard_address=LOCAL_DASHBOARD, scheduler_kwargs={"dashboard": False},
-                  env=dict(_WORKER_ENV), silence_logs=logging.CRITICAL,
+                  env=worker_environment(), silence_logs=logging.CRITICAL,
                   preload=["flyarchive.distribute.worker_setup"])
     try:
         me = psutil.Process()

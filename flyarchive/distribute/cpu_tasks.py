@@ -3,16 +3,14 @@ a join of one video's segments without re-encoding, and blocks of frames for
 :func:`flyarchive.render_frames`.
 
 Tasks carry plain values: the archive URL, MJB model bytes (scattered once), frame
-ranges. Each worker thread keeps one opened archive and one renderer per model,
-cameras and size.
+ranges. Each worker thread keeps its opened archives and its last renderer
+(:mod:`flyarchive.distribute.caches`).
 """
 
 from __future__ import annotations
 
-import atexit
 import hashlib
 import json
-import os
 import tempfile
 import threading
 from collections.abc import Mapping
@@ -23,11 +21,14 @@ from typing import Any
 import dask
 import numpy as np
 
+from flyarchive import config
+from flyarchive.distribute.caches import close_thread_renderers, thread_renderers
 from flyarchive.distribute.plan import RenderPlan
 from flyarchive.distribute.workspace import RunFolder, is_local_fs, scratch_dir
 from flyarchive.distribute.workspace import filesystem as _filesystem
 from flyarchive.errors import RenderFailedError
 from flyarchive.models import model_from_bytes
+from flyarchive.schema import finite_frames
 
 __all__ = [
     "render_segment", "join_segments", "render_block", "close_thread_renderers",
@@ -37,23 +38,6 @@ __all__ = [
 
 # ----------------------------------------------------------------------------- workers
 _local = threading.local()
-_renderers: list[Any] = []  # cached renderers, closed at exit before EGL is terminated
-
-
-def _close_renderers() -> None:
-    while _renderers:
-        _renderers.pop().close()
-
-
-def close_thread_renderers() -> None:
-    """Close the renderers cached for this thread (frees its GL contexts); other threads
-    keep theirs (e.g. the threads of a dask computation of :func:`render_block`)."""
-    cache = _local.__dict__.get("renderers", {})
-    for renderer in cache.values():
-        renderer.close()
-        if renderer in _renderers:
-            _renderers.remove(renderer)
-    cache.clear()
 
 
 def _archive(url: str, storage_options: Mapping[str, Any]) -> Any:
@@ -70,19 +54,16 @@ def _archive(url: str, storage_options: Mapping[str, Any]) -> Any:
 
 
 def _cpu_renderer(blob: bytes, cameras: tuple[str, ...], size: tuple[int, int]) -> Any:
+    """This thread's OpenGL renderer for a model, cameras and size (built once, kept)."""
     from flyarchive.replay.opengl import CpuRenderer, pin_rasterizer_threads
 
-    cache = _local.__dict__.setdefault("renderers", {})
-    key = (hashlib.sha256(blob).hexdigest(), cameras, tuple(size))
-    if key not in cache:
-        if os.environ.get("FLYARCHIVE_WORKER"):
+    def make() -> Any:
+        if config.is_worker():
             pin_rasterizer_threads(1)
-        close_thread_renderers()
-        cache[key] = CpuRenderer(model_from_bytes(blob), cameras, size)
-        if not _renderers:  # after MuJoCo's own atexit (eglTerminate): runs before it
-            atexit.register(_close_renderers)
-        _renderers.append(cache[key])
-    return cache[key]
+        return CpuRenderer(model_from_bytes(blob), cameras, size)
+
+    key = (hashlib.sha256(blob).hexdigest(), tuple(cameras), tuple(size))
+    return thread_renderers().get(key, make)
 
 
 def _states(url: str, storage_options: Mapping[str, Any], world_index: int,
@@ -137,7 +118,7 @@ def render_segment(plan: RenderPlan, blob: bytes, parts: str, job: Any, start: i
     qpos, mocap_pos, mocap_quat = _states(plan.url, plan.storage_options, job.world_index, start, stop)
     renderer = _cpu_renderer(blob, plan.cameras, plan.options.size)
     video = plan.options.video
-    if os.environ.get("FLYARCHIVE_WORKER") and video.threads is None:
+    if config.is_worker() and video.threads is None:
         video = VideoOptions(video.crf, video.preset, 1, video.keyframe_interval)
     so = plan.out_storage_options
     urls = []
@@ -180,6 +161,7 @@ def join_segments(plan: RenderPlan, parts: str, job: Any, camera: str,
     partial video.
     """
     from flyarchive.video import concat_segments, write_output
+    from flyarchive.video.manifest import video_entry
 
     final = plan.video_url(job.world_id, camera)
     so = plan.out_storage_options
@@ -197,8 +179,7 @@ def join_segments(plan: RenderPlan, parts: str, job: Any, camera: str,
         write_output(joined, final, so, overwrite=plan.options.overwrite,
                      staging_dir=local_staging(parts, so))
     _remove_quietly(segments, so)
-    return {"world": job.world_id, "camera": camera, "path": final, "frames": job.n_frames,
-            "first_frame": job.start, "fps": plan.fps, "size": list(plan.options.size)}
+    return video_entry(plan, job, camera, final)
 
 
 def render_block(url: str, storage_options: dict[str, Any], blob: bytes, camera: str,
@@ -215,7 +196,7 @@ def render_block(url: str, storage_options: dict[str, Any], blob: bytes, camera:
     if last <= start:
         return out
     qpos, mocap_pos, mocap_quat = _states(url, storage_options, world_index, start, last)
-    valid = np.isfinite(qpos).all(axis=1)
+    valid = finite_frames(qpos, mocap_pos, mocap_quat)
     renderer = _cpu_renderer(blob, (camera,), size)
     for k in np.flatnonzero(valid):
         renderer.render_frame(qpos[k], None if mocap_pos is None else mocap_pos[k],

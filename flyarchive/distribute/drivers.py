@@ -13,22 +13,14 @@ from __future__ import annotations
 import dataclasses
 import os
 import time
-from collections.abc import Iterable
 from typing import Any
 
+from flyarchive.distribute.caches import close_thread_renderers
 from flyarchive.distribute.cluster import connect, scatter_model
-from flyarchive.distribute.cpu_tasks import (
-    close_thread_renderers,
-    join_segments,
-    render_segment,
-)
+from flyarchive.distribute.cpu_tasks import join_segments, render_segment
+from flyarchive.distribute.diagnostics import PipelineProfile, StageTimer, progress_bar
 from flyarchive.distribute.plan import RenderPlan, split_groups
-from flyarchive.distribute.warp_pipeline import (
-    batch_worlds_of,
-    progress_bar,
-    render_jobs,
-    warp_device,
-)
+from flyarchive.distribute.warp_pipeline import batch_worlds_of, render_jobs, warp_device
 from flyarchive.errors import FlyarchiveError, RenderBackendError, RenderFailedError
 
 __all__ = ["run_plan", "run_warp_plan", "runs_here", "task_result", "cancel_quietly"]
@@ -61,19 +53,13 @@ def run_plan(plan: RenderPlan, blob: bytes, parts: str, *, client: Any = None,
         return _run_dask(plan, blob, parts, dask_client)
 
 
-def _progress(items: Iterable[Any], total: int, show: bool, what: str) -> Iterable[Any]:
-    if not show:
-        return items
-    from tqdm import tqdm
-
-    return tqdm(items, total=total, desc=what, unit="task")
-
-
 def _run_here(plan: RenderPlan, blob: bytes, parts: str) -> list[dict[str, Any]]:
     done: dict[tuple[Any, str], list[str]] = {}
     segments = list(plan.segments(None))  # nothing to parallelize here: whole videos
     try:
-        for job, k0, k1 in _progress(segments, len(segments), plan.options.progress, "segments"):
+        bar = progress_bar(len(segments), plan.options.progress, what="segments", unit="task",
+                           items=segments)
+        for job, k0, k1 in segments if bar is None else bar:
             for camera, url in zip(plan.cameras, render_segment(plan, blob, parts, job, k0, k1)):
                 done.setdefault((job, camera), []).append(url)
         return [join_segments(plan, parts, job, camera, urls) for (job, camera), urls in done.items()]
@@ -110,7 +96,9 @@ def _run_dask(plan: RenderPlan, blob: bytes, parts: str, client: Any) -> list[di
     try:
         results: dict[tuple[Any, int], list[str]] = {}
         done = as_completed(futures, loop=client.loop)
-        for future in _progress(done, len(futures), plan.options.progress, "segments"):
+        bar = progress_bar(len(futures), plan.options.progress, what="segments", unit="task",
+                           items=done)
+        for future in done if bar is None else bar:
             job, k0, k1 = futures[future]
             what = f"world {job.world_id}, frames {k0}..{k1 - 1}"
             results[(job, k0)] = task_result(future, what)
@@ -150,7 +138,7 @@ def run_warp_plan(plan: Any, blob: bytes, parts: str | None = None, *, client: A
     single core) renders here.
 
     Args:
-        plan: :class:`flyarchive.distribute.cpu_tasks.RenderPlan` with a Warp backend.
+        plan: :class:`flyarchive.distribute.plan.RenderPlan` with a Warp backend.
         blob: The compiled model as MJB bytes.
         parts: The run's parts folder (see :func:`render_jobs`).
         client: A ``distributed.Client``.
@@ -185,8 +173,9 @@ def runs_here(backend: str, n_videos: int, *, client: Any = None, scheduler: str
 
 
 def _run_on_worker(plan: Any, blob: bytes, jobs: tuple[Any, ...], parts: str | None,
-                   topic: str | None) -> list[dict[str, Any]]:
-    """A Dask task: one group of videos on the worker's Warp device (checked there).
+                   topic: str | None) -> tuple[list[dict[str, Any]], dict[str, float]]:
+    """A Dask task: one group of videos on the worker's Warp device (checked there);
+    their manifest entries and the worker's stage timings.
 
     With a ``topic``, frames rendered are reported as events to the client, which shows
     the one progress bar; the worker shows none.
@@ -198,8 +187,10 @@ def _run_on_worker(plan: Any, blob: bytes, jobs: tuple[Any, ...], parts: str | N
         worker = get_worker()
         on_frames = lambda n: worker.log_event(topic, n)  # noqa: E731
     quiet = dataclasses.replace(plan, options=dataclasses.replace(plan.options, progress=False))
-    return render_jobs(quiet, blob, jobs, warp_device(plan.options.backend), parts=parts,
-                       on_frames=on_frames)
+    with PipelineProfile() as profile:
+        entries = render_jobs(quiet, blob, jobs, warp_device(plan.options.backend), parts=parts,
+                              on_frames=on_frames)
+    return entries, profile.results
 
 
 def _run_warp_dask(plan: Any, blob: bytes, parts: str | None, client: Any) -> list[dict[str, Any]]:
@@ -218,6 +209,7 @@ def _run_warp_dask(plan: Any, blob: bytes, parts: str | None, client: Any) -> li
     blob_future = scatter_model(client, blob)
     # One group per worker, placed explicitly: the scheduler would put the first tasks
     # together on the worker holding the data (every worker holds the model).
+    timer = StageTimer()  # the profiles active here get the workers' timings
     bar = progress_bar(sum(job.n_frames for job in plan.jobs), plan.options.progress)
     topic = None
     if bar is not None:
@@ -232,7 +224,9 @@ def _run_warp_dask(plan: Any, blob: bytes, parts: str | None, client: Any) -> li
     try:
         entries: list[dict[str, Any]] = []
         for future, group in zip(futures, groups):
-            entries.extend(task_result(future, f"worlds {[job.world_id for job in group]}"))
+            done, stages = task_result(future, f"worlds {[job.world_id for job in group]}")
+            entries.extend(done)
+            timer.add_results(stages)
         return entries
     except BaseException:
         cancel_quietly(client, futures)

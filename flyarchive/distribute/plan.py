@@ -18,7 +18,7 @@ import numpy as np
 
 from flyarchive.distribute.workspace import filesystem as _filesystem
 from flyarchive.distribute.workspace import is_local_fs
-from flyarchive.errors import OutputExistsError
+from flyarchive.errors import OutputExistsError, RenderOptionsError
 
 __all__ = ["absolute_url", "RenderPlan", "preflight", "Piece", "Batch", "pack_batches",
            "split_groups"]
@@ -80,17 +80,21 @@ class RenderPlan:
 
 
 def preflight(plan: RenderPlan, model: mujoco.MjModel) -> None:
-    """Fail before any work: cameras, frame size, and outputs in the way.
+    """Fail before any work: environment variables, cameras, frame size, and outputs in the way.
 
     Raises:
+        ConfigError: a ``FLYARCHIVE_*`` environment variable holds a value that is not
+            allowed (:mod:`flyarchive.config`).
         CameraNotFoundError, StorageError (an unknown protocol).
         FrameSizeError: a size H.264 or (backend ``"cpu"``) OpenGL cannot take.
         OutputExistsError: videos exist and ``overwrite`` is off, or (local disk) a folder
             is where a video goes (even with ``overwrite``).
     """
+    from flyarchive import config
     from flyarchive.models import camera_ids
     from flyarchive.replay.frames import MAX_GL_SIDE, parse_frame_size
 
+    config.check()
     gl = plan.options.backend == "cpu"  # OpenGL's limit, found before any work
     parse_frame_size(plan.options.size, even=True, max_side=MAX_GL_SIDE if gl else None)
     camera_ids(model, plan.cameras)
@@ -142,14 +146,14 @@ def pack_batches(jobs: Sequence[Any], batch_worlds: int) -> list[Batch]:
     Every batch but the last is full; a job's frames keep their order across batches.
 
     Args:
-        jobs: :class:`flyarchive.distribute.api.VideoJob` s (``start``, ``stop`` archive indices).
+        jobs: :class:`flyarchive.query.frames.VideoJob` s (``start``, ``stop`` archive indices).
         batch_worlds: ``B``, states per batch, ``>= 1``.
 
     Returns:
         The batches, in rendering order; ``Piece.job`` indexes ``jobs``.
     """
     if batch_worlds < 1:
-        raise ValueError(f"batch_worlds must be at least 1, got {batch_worlds!r}.")
+        raise RenderOptionsError(f"batch_worlds must be at least 1, got {batch_worlds!r}.")
     batches: list[Batch] = []
     pieces: list[Piece] = []
     filled = 0

@@ -35,7 +35,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
-from flyarchive.errors import StorageBackendMissingError, StorageError
+from flyarchive.errors import StorageError, missing_storage_backend
 
 __all__ = [
     "RunFolder", "scratch_dir", "sweep_local", "filesystem", "is_local_fs", "PARTS_PREFIX", "SCRATCH_PREFIX",
@@ -185,10 +185,7 @@ def filesystem(url: str, storage_options: Mapping[str, Any]) -> tuple[Any, str]:
     try:
         return fsspec.core.url_to_fs(url, **dict(storage_options))
     except ImportError as err:
-        raise StorageBackendMissingError(
-            f"Writing to {url!r} needs a package that is not installed: {err}. "
-            "For s3:// install it with: pip install 'flyarchive[s3]'"
-        ) from err
+        raise missing_storage_backend(url, err) from err
     except (ValueError, TypeError) as err:
         raise StorageError(
             f"Cannot use {url!r} ({type(err).__name__}: {err}). Pass a local path or a URL "

@@ -34,11 +34,12 @@ from flyarchive.errors import (
     LayoutMismatchError,
     NonFiniteStateError,
     NpzFormatError,
+    OptionsError,
     SelectionError,
 )
 from flyarchive.interop.npz_export import NpzExport, export_npz
 from flyarchive.layout import ModelLayout
-from flyarchive.schema import IMPORT_ATTR, import_status
+from flyarchive.schema import IMPORT_ATTR, finite_frames, import_status
 from flyarchive.store import ArchiveSpec, ArchiveWriter, FrameBlock, open_group
 
 __all__ = [
@@ -174,7 +175,7 @@ def _check_values(path: str, a: dict[str, np.ndarray], time: np.ndarray) -> None
         )
     for key in ("qpos", "mocap_pos", "mocap_quat"):
         if key in a:
-            bad = ~np.isfinite(a[key]).reshape(len(time), -1).all(axis=1)
+            bad = ~finite_frames(a[key])
             if bad.any():
                 i = int(np.flatnonzero(bad)[0])
                 raise NonFiniteStateError(
@@ -312,9 +313,9 @@ def import_npz(
     if mode == "a":
         mode, resume = "w-", True
     if mode not in ("w-", "w"):
-        raise ValueError(f"mode must be 'w-' or 'w' (or resume=True), got {mode!r}.")
+        raise OptionsError(f"mode must be 'w-' or 'w' (or resume=True), got {mode!r}.")
     if resume and mode == "w":
-        raise ValueError("resume=True continues an archive and mode='w' replaces it; choose one.")
+        raise OptionsError("resume=True continues an archive and mode='w' replaces it; choose one.")
     trajs = [read_npz(p) for p in find_npz_files(paths)]
     if not renumber:
         trajs.sort(key=lambda t: t.world_id)

@@ -26,7 +26,7 @@ import mujoco
 import numpy as np
 
 from flyarchive.clock import FrameClock, Timing
-from flyarchive.errors import missing_dependency
+from flyarchive.errors import OptionsError, missing_dependency
 
 __all__ = ["CAMERAS", "NmfWorld", "WalkPattern", "build_world", "simulate_walk", "walk_qpos"]
 
@@ -108,12 +108,12 @@ def build_world(*, camera: str = "tracking") -> NmfWorld:
         The compiled world, walking pattern included.
 
     Raises:
-        ValueError: for an unknown camera preset.
+        OptionsError: for an unknown camera preset.
         MissingDependencyError: if flygym (with its bundled ``flygym_demo`` data) is
             not installed.
     """
     if camera not in CAMERAS:
-        raise ValueError(
+        raise OptionsError(
             f"Unknown camera preset {camera!r}. Presets: {', '.join(map(repr, CAMERAS))}."
         )
     try:
@@ -265,12 +265,12 @@ def simulate_walk(
         The ``MjData`` of every world after the last step.
 
     Raises:
-        ValueError: if ``n_worlds < 1`` or ``seconds`` is negative or not finite.
+        OptionsError: if ``n_worlds < 1`` or ``seconds`` is negative or not finite.
     """
     if not (isinstance(n_worlds, int) and n_worlds >= 1):
-        raise ValueError(f"n_worlds must be a positive integer, got {n_worlds!r}.")
+        raise OptionsError(f"n_worlds must be a positive integer, got {n_worlds!r}.")
     if not (math.isfinite(seconds) and seconds >= 0):
-        raise ValueError(f"seconds must be a finite number >= 0, got {seconds!r}.")
+        raise OptionsError(f"seconds must be a finite number >= 0, got {seconds!r}.")
     model = world.model
     n_steps = round(seconds / model.opt.timestep)
     datas = [mujoco.MjData(model) for _ in range(n_worlds)]
@@ -315,7 +315,7 @@ def walk_qpos(
         position in mm, quaternion w,x,y,z, hinge angles in radians.
     """
     if not (isinstance(n_frames, int) and n_frames >= 1):
-        raise ValueError(f"n_frames must be a positive integer, got {n_frames!r}.")
+        raise OptionsError(f"n_frames must be a positive integer, got {n_frames!r}.")
     world = build_world() if world is None else world
     model = world.model
     timing = Timing(model.opt.timestep, output_fps, playback_speed)

@@ -26,6 +26,7 @@ from flyarchive.errors import (
     OutputLocationError,
     SelectionError,
     StorageError,
+    missing_storage_backend,
 )
 from flyarchive.query import open_archive
 from flyarchive.store.storage_errors import check_storage_options, is_remote, local_error, translated
@@ -221,10 +222,12 @@ class _FsspecSink(_Sink):
         with translated(url, self.options):
             try:
                 self.fs, self.root = fsspec.core.url_to_fs(self.url, **self.options)
-            except (ImportError, ValueError) as err:
+            except ImportError as err:
+                raise missing_storage_backend(url, err) from None
+            except ValueError as err:
                 raise StorageError(
-                    f"Cannot write to {url!r}: {err}. Use a local folder or an fsspec URL whose "
-                    "backend is installed (e.g. pip install 'flyarchive[s3]' for s3://)."
+                    f"Cannot write to {url!r}: {err}. Use a local folder or an fsspec URL of a "
+                    "known protocol (s3://, gs://, memory://...)."
                 ) from None
             if self.fs.isfile(self.root):
                 raise OutputLocationError(

@@ -1,4 +1,4 @@
-"""What the CPU and Warp recorders share: time order, resumed reruns, commit at exit.
+"""What the CPU and Warp recorders share: time order, resumed reruns, commit at exit, read-back.
 
 - :class:`TimeGuard` refuses a simulation that goes back in time: a recording is
   one run, and two runs are never spliced into one time axis.
@@ -9,18 +9,17 @@
 - :func:`commit_when_abandoned` commits what a recorder buffered when it is
   garbage-collected or the interpreter exits before ``close()`` (flygym never
   closes ``sim.recorder``), with a ``ResourceWarning``.
+- :func:`read_back` reads a recording back as flygym ``RecordedTrajectory`` objects.
 """
 
 from __future__ import annotations
 
 import asyncio
 import atexit
-import sys
 import threading
 import warnings
 import weakref
 from collections.abc import Callable
-from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
@@ -29,9 +28,10 @@ import numpy as np
 from flyarchive.codecs import parse_codec
 from flyarchive.errors import RecordingError
 from flyarchive.store import ArchiveWriter
+from flyarchive.store.shutdown import write_without_new_threads
 
 __all__ = ["TimeGuard", "CommittedTail", "commit_when_abandoned", "forget", "release_writer",
-           "ended_by_reset", "FIRST_FRAME_ATTR"]
+           "ended_by_reset", "read_back", "FIRST_FRAME_ATTR"]
 
 #: Archive attribute of the Warp recorder (before archives stored ``frame``): index on
 #: the frame schedule of the archive's frame 0.
@@ -166,6 +166,32 @@ def ended_by_reset(url: str, n_frames: int) -> str:
     )
 
 
+def read_back(url: str, storage_options: Any, session: Any, n_frames: int,
+              flush: Callable[[], None]) -> list[Any]:
+    """A recorder's worlds as flygym ``RecordedTrajectory`` objects (its ``.trajectories``).
+
+    Every recorded frame is committed first (``flush``, unless the session is closed).
+
+    Args:
+        url, storage_options: The recorder's archive.
+        session: The recorder's session (``.closed``, ``.writer.world_ids``); None: not
+            started.
+        n_frames: Frames the recorder recorded.
+        flush: The recorder's ``flush``.
+
+    Raises:
+        RuntimeError: if no frame was recorded yet (as flygym's recorder).
+        MissingDependencyError: if flygym is not installed.
+    """
+    if session is None or n_frames == 0:
+        raise RuntimeError(f"No frames have been recorded yet into {url!r}.")
+    if not session.closed:
+        flush()
+    from flyarchive.interop.flygym_sim import read_trajectories
+
+    return read_trajectories(url, storage_options, worlds=session.writer.world_ids)
+
+
 def release_writer(writer: ArchiveWriter) -> None:
     """Let go of what a writer holds (its claim on the archive), once its frames are committed."""
     writer.close()
@@ -250,38 +276,7 @@ def _close_quietly(close: Callable[[], Any], url: str) -> None:
 
 def _at_exit() -> None:
     if any(finalizer.alive for finalizer in _LIVE):
-        _write_without_new_threads()
+        write_without_new_threads()
     for finalizer in list(_LIVE):
         finalizer()
     _LIVE.clear()
-
-
-class _InlineExecutor(ThreadPoolExecutor):
-    """Runs each task at once, in the thread that submits it."""
-
-    def submit(self, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Future[Any]:
-        future: Future[Any] = Future()
-        try:
-            future.set_result(fn(*args, **kwargs))
-        except BaseException as err:
-            future.set_exception(err)
-        return future
-
-
-def _write_without_new_threads() -> None:
-    """Let zarr's and fsspec's event loops do blocking I/O without starting threads.
-
-    Once Python exits it refuses new threads (3.12), and ``asyncio.to_thread``, through
-    which zarr writes local files (and aiohttp resolves names for s3fs), starts one
-    whenever its pool has no idle thread. Their loops run such calls inline from here on.
-    """
-    from zarr.core.sync import sync
-
-    async def install() -> None:
-        asyncio.get_running_loop().set_default_executor(_InlineExecutor(max_workers=1))
-
-    sync(install())
-    fsspec_asyn = sys.modules.get("fsspec.asyn")
-    fsspec_loop = getattr(fsspec_asyn, "loop", [None])[0]
-    if fsspec_loop is not None and fsspec_loop.is_running():
-        fsspec_asyn.sync(fsspec_loop, install)  # type: ignore[union-attr]

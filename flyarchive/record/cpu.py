@@ -9,7 +9,7 @@ import mujoco
 import numpy as np
 
 from flyarchive.clock import FrameClock, Timing
-from flyarchive.errors import LayoutMismatchError, NonFiniteStateError, RecordingError
+from flyarchive.errors import LayoutMismatchError, NonFiniteStateError, OptionsError, RecordingError
 from flyarchive.layout import ModelLayout
 from flyarchive.record.common import (
     CommittedTail,
@@ -17,8 +17,10 @@ from flyarchive.record.common import (
     commit_when_abandoned,
     ended_by_reset,
     forget,
+    read_back,
     release_writer,
 )
+from flyarchive.schema import finite_frames
 from flyarchive.store import ArchiveSpec, ArchiveWriter, FrameBlock, parse_mode, refuse_existing
 
 __all__ = ["TrajectoryRecorder", "FrameBuffer"]
@@ -137,7 +139,7 @@ class TrajectoryRecorder:
 
     Raises:
         ArchiveExistsError: if ``mode="w-"`` and something is at ``url`` (checked at once).
-        SchemaError, CodecSpecError, TimingError, ValueError: for options that cannot
+        SchemaError, CodecSpecError, TimingError, OptionsError: for options that cannot
             work (checked at once, before anything is written).
         ArchiveInUseError: from the first :meth:`record_as_needed` when another writer
             holds the archive.
@@ -171,7 +173,7 @@ class TrajectoryRecorder:
         takeover: bool = False,
     ) -> None:
         if world_block is not None and parse_mode(mode) != "a":
-            raise ValueError("world_block writes into an existing archive: pass mode='a'.")
+            raise OptionsError("world_block writes into an existing archive: pass mode='a'.")
         self._block = dict(world_block=world_block, takeover=takeover)
         self.url = str(url)
         self.layout = ModelLayout.from_model(model)
@@ -224,14 +226,8 @@ class TrajectoryRecorder:
             RuntimeError: if no frame was recorded yet (as flygym's recorder).
             MissingDependencyError: if flygym is not installed.
         """
-        if self._session is None or self.n_frames == 0:
-            raise RuntimeError(f"No frames have been recorded yet into {self.url!r}.")
-        if not self._session.closed:
-            self.flush()
-        from flyarchive.interop.flygym_sim import read_trajectories
-
-        return read_trajectories(self.url, self._options["storage_options"],
-                                 worlds=self._session.writer.world_ids)
+        return read_back(self.url, self._options["storage_options"], self._session,
+                         self.n_frames, self.flush)
 
     @property
     def trajectory(self) -> Any:
@@ -356,10 +352,9 @@ class TrajectoryRecorder:
     def _check_finite(self, i: int, time: float) -> None:
         assert self._session is not None
         buf = self._session.buffer
-        bad = ~np.isfinite(buf.qpos[:, i]).all(axis=1)
-        if buf.mocap_pos is not None and buf.mocap_quat is not None:
-            bad |= ~np.isfinite(buf.mocap_pos[:, i]).all(axis=(1, 2))
-            bad |= ~np.isfinite(buf.mocap_quat[:, i]).all(axis=(1, 2))
+        mocap = buf.mocap_pos is not None and buf.mocap_quat is not None
+        bad = ~finite_frames(buf.qpos[:, i], buf.mocap_pos[:, i] if mocap else None,
+                             buf.mocap_quat[:, i] if mocap else None)
         if bad.any():
             worlds = [self._session.writer.world_ids[w] for w in np.flatnonzero(bad)]
             raise NonFiniteStateError(

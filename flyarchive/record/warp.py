@@ -33,10 +33,10 @@ from flyarchive.clock import FrameClock, Timing
 from flyarchive.errors import (
     FlyarchiveError,
     LayoutMismatchError,
+    OptionsError,
     RecordingError,
     SelectionError,
     StorageError,
-    missing_dependency,
 )
 from flyarchive.layout import ModelLayout
 from flyarchive.record.common import (
@@ -45,19 +45,21 @@ from flyarchive.record.common import (
     commit_when_abandoned,
     ended_by_reset,
     forget,
+    read_back,
     release_writer,
 )
 from flyarchive.store import ArchiveSpec, ArchiveWriter, parse_mode, refuse_existing
 
-try:
-    import warp as wp
+from flyarchive.warp_log import import_warp
 
-    from flyarchive.record.warp_io import BackgroundWriter, Frames, Session, gather_frame
-except ImportError as exc:  # pragma: no cover - depends on the environment
-    raise missing_dependency("warp", "gpu", "WarpTrajectoryRecorder") from exc
-from flyarchive.warp_log import configure_warp  # noqa: E402  (interop: Warp quiet unless verbose)
+wp = import_warp("WarpTrajectoryRecorder")
 
-configure_warp(wp)
+from flyarchive.record.warp_io import (  # noqa: E402  (after the check that warp is there)
+    BackgroundWriter,
+    Frames,
+    Session,
+    gather_frame,
+)
 
 __all__ = ["WarpTrajectoryRecorder", "FIRST_FRAME_ATTR"]
 
@@ -125,7 +127,7 @@ class WarpTrajectoryRecorder:
     Raises:
         ArchiveExistsError: if ``mode="w-"`` and something is at ``url`` (checked at once).
         SelectionError: for world ids outside ``[0, nworld)``, repeated, or none.
-        SchemaError, CodecSpecError, TimingError, ValueError: for options that cannot
+        SchemaError, CodecSpecError, TimingError, OptionsError: for options that cannot
             work (checked at once, before anything is written).
         MissingDependencyError: when ``warp`` is not installed (on import of this module).
     """
@@ -153,7 +155,7 @@ class WarpTrajectoryRecorder:
         self.timing = Timing(float(model.opt.timestep), output_fps, playback_speed)
         self.nworld = int(nworld)
         if self.nworld < 1:
-            raise ValueError(f"nworld must be at least 1, got {nworld!r}.")
+            raise OptionsError(f"nworld must be at least 1, got {nworld!r}.")
         self.world_ids = _parse_worlds(worlds, self.nworld)
         # Every archive option is checked now, before the first frame and before any storage.
         ArchiveSpec(self.layout, self.timing, self.world_ids, dtype="float32",
@@ -161,12 +163,12 @@ class WarpTrajectoryRecorder:
                     attrs=dict(attrs or {}), world_vars=dict(world_vars or {}))
         parse_mode(mode)
         if int(chunk_frames) < 1 or (start_step is not None and int(start_step) < 0):
-            raise ValueError(
+            raise OptionsError(
                 f"chunk_frames must be at least 1 and start_step at least 0, "
                 f"got chunk_frames={chunk_frames!r}, start_step={start_step!r}."
             )
         if attrs and FIRST_FRAME_ATTR in attrs:
-            raise ValueError(
+            raise OptionsError(
                 f"The attribute name {FIRST_FRAME_ATTR!r} is the recorder's; rename it."
             )
         self.chunk_frames = int(chunk_frames)
@@ -216,14 +218,8 @@ class WarpTrajectoryRecorder:
             RuntimeError: if no frame was recorded yet (as flygym's recorder).
             MissingDependencyError: if flygym is not installed.
         """
-        if self._session is None or self.n_frames == 0:
-            raise RuntimeError(f"No frames have been recorded yet into {self.url!r}.")
-        if not self._session.closed:
-            self.flush()
-        from flyarchive.interop.flygym_sim import read_trajectories
-
-        return read_trajectories(self.url, self._options["storage_options"],
-                                 worlds=self.world_ids)
+        return read_back(self.url, self._options["storage_options"], self._session,
+                         self.n_frames, self.flush)
 
     # -- recording ----------------------------------------------------------------
 
@@ -476,9 +472,9 @@ def _check_data(d: Any, nworld: int, layout: ModelLayout, url: str) -> str:
     """Check a mujoco-warp ``Data`` against the recorder; return the numpy dtype name of qpos.
 
     Raises:
-        RecordingError: for another number of worlds.
+        RecordingError: for another number of worlds, or arrays that are missing or of
+            another dtype (not a mujoco_warp.Data).
         LayoutMismatchError: for another model's state (nq, nmocap).
-        ValueError: for arrays that are missing or of another dtype.
     """
     qpos = getattr(d, "qpos", None)
     if qpos is not None and qpos.ndim == 2 and qpos.shape[0] != nworld:
@@ -497,7 +493,7 @@ def _check_data(d: Any, nworld: int, layout: ModelLayout, url: str) -> str:
         arr = getattr(d, name, None)
         if arr is None or tuple(arr.shape) != shape or arr.dtype != dtype:
             got = None if arr is None else (tuple(arr.shape), wp.types.type_repr(arr.dtype))
-            kind = LayoutMismatchError if arr is not None and arr.dtype == dtype else ValueError
+            kind = LayoutMismatchError if arr is not None and arr.dtype == dtype else RecordingError
             raise kind(
                 f"mjw_data.{name} is {got}; the recorder for {url!r} expects shape {shape} of "
                 f"{wp.types.type_repr(dtype)} (nworld={nworld}, nq={layout.nq}, "

@@ -19,12 +19,15 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-import warp as wp
 
 from flyarchive.clock import Timing
 from flyarchive.errors import RecordingError
 from flyarchive.record.common import release_writer
+from flyarchive.schema import finite_frames
 from flyarchive.store import ArchiveWriter, FrameBlock
+from flyarchive.warp_log import import_warp
+
+wp = import_warp("WarpTrajectoryRecorder")
 
 __all__ = ["gather_frame", "Frames", "BackgroundWriter", "Session"]
 
@@ -99,10 +102,7 @@ class Frames:
 def _first_non_finite(block: FrameBlock) -> np.ndarray:
     """Per world, the index of its first frame holding NaN/inf in ``block`` (n if none)."""
     n = len(block.time)
-    bad = ~np.isfinite(block.qpos).all(axis=2)
-    if block.mocap_pos is not None and block.mocap_quat is not None:
-        bad |= ~np.isfinite(block.mocap_pos).all(axis=(2, 3))
-        bad |= ~np.isfinite(block.mocap_quat).all(axis=(2, 3))
+    bad = ~finite_frames(block.qpos, block.mocap_pos, block.mocap_quat, frame_dims=2)
     return np.where(bad.any(axis=1), bad.argmax(axis=1), n)
 
 

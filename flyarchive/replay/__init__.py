@@ -1,1 +1,20 @@
-"""Replay recorded kinematic state: position-only kinematics, then rasterize."""
+"""Replay recorded kinematic state: position-only kinematics, then rasterize.
+
+- :mod:`~flyarchive.replay.kinematics`: recorded state into an ``MjData``;
+- :mod:`~flyarchive.replay.opengl`: :class:`CpuRenderer`, ``mujoco.Renderer`` on EGL
+  (backend ``"cpu"``, bit-exact with frames rendered live);
+- :mod:`~flyarchive.replay.warp` (with :mod:`~flyarchive.replay.warp_kernels` and
+  :mod:`~flyarchive.replay.warp_model`): :class:`WarpBatchRenderer`, mujoco-warp's
+  batch ray tracer on CUDA (``"gpu"``) or Warp's CPU device (``"warp-cpu"``);
+- :mod:`~flyarchive.replay.frames`: frame sizes, pixel formats and shapes.
+
+Nothing here is imported by ``import flyarchive`` but these names.
+"""
+
+__all__ = ["BACKENDS", "WARP_BACKENDS"]
+
+#: Render backends, as ``RenderOptions(backend=...)`` and ``flyarchive render --backend``
+#: take them: OpenGL (``"cpu"``), mujoco-warp on CUDA (``"gpu"``) or on Warp's CPU device.
+BACKENDS = ("cpu", "gpu", "warp-cpu")
+#: The backends that render with mujoco-warp.
+WARP_BACKENDS = ("gpu", "warp-cpu")

@@ -54,7 +54,8 @@ def set_state(
         data: The ``MjData`` to overwrite, usually a private one kept for rendering.
         qpos: Generalized coordinates, shape ``(nq,)``, any float dtype (float32 from
             a GPU recording is widened to float64).
-        mocap_pos: Mocap body positions, shape ``(nmocap, 3)``, metres, or ``None`` to
+        mocap_pos: Mocap body positions, shape ``(nmocap, 3)``, in the model's length
+            unit (NeuroMechFly: millimetres), or ``None`` to
             keep what ``data`` holds (the model's default pose for a fresh ``MjData``).
         mocap_quat: Mocap body orientations, shape ``(nmocap, 4)``, order w, x, y, z, or
             ``None`` to keep what ``data`` holds.

@@ -1,12 +1,11 @@
 """Replay on CPU: OpenGL rasterization with ``mujoco.Renderer`` (EGL, Mesa without a GPU).
 
-The OpenGL backend: MuJoCo picks it from ``MUJOCO_GL`` *when ``mujoco`` is first
-imported*. Importing this module sets ``MUJOCO_GL=egl`` when it is unset, which only
-takes effect if nothing imported ``mujoco`` before. When ``mujoco`` was imported first
-(``MUJOCO_GL`` unset at the time, so MuJoCo chose GLFW, which needs a display),
-:class:`CpuRenderer` creates its own context with the backend named by ``MUJOCO_GL``
-now (``egl`` or ``osmesa``); MuJoCo's global choice is left as it was for other code.
-An explicit ``MUJOCO_GL`` set before importing ``mujoco`` is always respected.
+The OpenGL backend: MuJoCo binds its GL context class from ``MUJOCO_GL`` *when
+``mujoco`` is first imported* (unset: GLFW, which needs a display). This module sets
+no environment variable: each renderer it makes (:func:`headless_renderer`) creates
+its context with :func:`flyarchive.config.gl_backend` (``MUJOCO_GL`` when set, else
+``egl`` on Linux), whatever was imported first; MuJoCo's global choice is left as it
+was for other code.
 
 Mesa's software rasterizer (llvmpipe) uses every core by default; several renderers in
 parallel processes should call :func:`pin_rasterizer_threads` before their first frame.
@@ -14,30 +13,29 @@ parallel processes should call :func:`pin_rasterizer_threads` before their first
 
 from __future__ import annotations
 
+import copy
+import importlib
 import os
+import threading
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from types import TracebackType
+from typing import Any
 
-os.environ.setdefault("MUJOCO_GL", "egl")  # before any import of mujoco, where possible
+import mujoco
+import numpy as np
+from numpy.typing import ArrayLike
 
-import copy  # noqa: E402
-import importlib  # noqa: E402
-import threading  # noqa: E402
-from collections.abc import Iterator, Sequence  # noqa: E402
-from contextlib import contextmanager  # noqa: E402
-from types import TracebackType  # noqa: E402
-from typing import Any  # noqa: E402
-
-import mujoco  # noqa: E402
-import numpy as np  # noqa: E402
-from numpy.typing import ArrayLike  # noqa: E402
-
-from flyarchive.errors import (  # noqa: E402
+from flyarchive.config import gl_backend
+from flyarchive.errors import (
     FrameSizeError,
     LayoutMismatchError,
+    OptionsError,
     RenderBackendError,
 )
-from flyarchive.models import camera_ids, camera_names  # noqa: E402
-from flyarchive.replay.frames import MAX_GL_SIDE, parse_frame_size  # noqa: E402
-from flyarchive.replay.kinematics import set_state  # noqa: E402
+from flyarchive.models import camera_ids, camera_names
+from flyarchive.replay.frames import MAX_GL_SIDE, parse_frame_size
+from flyarchive.replay.kinematics import set_state
 
 __all__ = ["CpuRenderer", "headless_renderer", "pin_rasterizer_threads", "camera_names"]
 
@@ -59,7 +57,7 @@ def pin_rasterizer_threads(n: int = 1) -> str:
         The value of ``LP_NUM_THREADS`` now in effect (the caller's, if already set).
     """
     if not isinstance(n, int) or isinstance(n, bool) or n < 0:
-        raise ValueError(f"n must be a non-negative integer, got {n!r}.")
+        raise OptionsError(f"n must be a non-negative integer, got {n!r}.")
     return os.environ.setdefault("LP_NUM_THREADS", str(n))
 
 
@@ -140,7 +138,8 @@ class CpuRenderer:
 
         Args:
             qpos: ``(nq,)`` generalized coordinates.
-            mocap_pos: ``(nmocap, 3)`` metres, or ``None`` for the model's default poses.
+            mocap_pos: ``(nmocap, 3)`` in the model's length unit (NeuroMechFly:
+                millimetres), or ``None`` for the model's default poses.
             mocap_quat: ``(nmocap, 4)`` w, x, y, z, or ``None`` for the default poses.
             out: Optional ``(n_cameras, H, W, 3)`` uint8 array to fill.
 
@@ -171,7 +170,8 @@ class CpuRenderer:
 
         Args:
             qpos: ``(n_frames, nq)`` generalized coordinates.
-            mocap_pos: ``(n_frames, nmocap, 3)`` metres, or ``None`` (default poses).
+            mocap_pos: ``(n_frames, nmocap, 3)`` in the model's length unit
+                (NeuroMechFly: millimetres), or ``None`` (default poses).
             mocap_quat: ``(n_frames, nmocap, 4)`` w, x, y, z, or ``None`` (default poses).
 
         Yields:
@@ -274,7 +274,10 @@ def _check_block(
 def headless_renderer(
     model: mujoco.MjModel, size: tuple[int, int], *, max_geom: int = 10000
 ) -> mujoco.Renderer:
-    """A ``mujoco.Renderer`` on the GL backend ``MUJOCO_GL`` names now, whatever the import order.
+    """A ``mujoco.Renderer`` on :func:`flyarchive.config.gl_backend` now, whatever the import order.
+
+    That is ``MUJOCO_GL`` when set, else ``egl`` on Linux: a machine without a display
+    renders with EGL (Mesa without a GPU) although nobody set ``MUJOCO_GL``.
 
     Use it for live rendering that must match replay bit for bit (same GL backend).
 
@@ -287,7 +290,7 @@ def headless_renderer(
         RenderBackendError: if no OpenGL context can be created; the message says how to
             set ``MUJOCO_GL`` and what to install.
     """
-    backend = os.environ.get("MUJOCO_GL", "").lower().strip()
+    backend = gl_backend()
     try:
         with _context_lock, _gl_backend(backend):
             return mujoco.Renderer(model, size[0], size[1], max_geom=max_geom)

@@ -16,7 +16,6 @@ flyarchive`` does not import it.
 
 from __future__ import annotations
 
-import os
 import warnings
 from collections.abc import Sequence
 from typing import Any
@@ -24,115 +23,32 @@ from typing import Any
 import mujoco
 import numpy as np
 
+from flyarchive import config
 from flyarchive.errors import (
     LayoutMismatchError,
     NonFiniteStateError,
+    OptionsError,
     SelectionError,
-    missing_dependency,
 )
 from flyarchive.models import camera_ids
 from flyarchive.replay.frames import PIXEL_FORMATS, frame_shape, parse_frame_size
 from flyarchive.replay.warp_model import prepare_for_batch_rendering
+from flyarchive.schema import finite_frames
 
-try:
-    import mujoco_warp as mjw
-    import warp as wp
-except ImportError as exc:  # pragma: no cover - depends on the environment
-    raise missing_dependency(
-        "warp", "gpu", "Rendering with mujoco-warp (flyarchive.replay.warp)"
-    ) from exc
-from flyarchive.warp_log import configure_warp  # noqa: E402  (interop: Warp quiet unless verbose)
+from flyarchive.warp_log import import_mujoco_warp, import_warp
 
-configure_warp(wp)
+_WHAT = "Rendering with mujoco-warp (flyarchive.replay.warp)"
+wp = import_warp(_WHAT)
+mjw = import_mujoco_warp(_WHAT)
+
+from flyarchive.replay.warp_kernels import (  # noqa: E402  (after the check that warp is there)
+    packed_rgb_to_i420,
+    packed_rgb_to_uint8,
+    scatter_mocap,
+    scatter_qpos,
+)
 
 __all__ = ["PendingBatch", "WarpBatchRenderer", "prepare_for_batch_rendering"]
-
-
-@wp.kernel
-def _scatter_qpos(
-    states: wp.array2d(dtype=wp.float32),  # (B, nstate), device
-    qpos: wp.array2d(dtype=wp.float32),  # (B, nq), device
-):
-    world, i = wp.tid()
-    qpos[world, i] = states[world, i]
-
-
-@wp.kernel
-def _scatter_mocap(
-    states: wp.array2d(dtype=wp.float32),  # (B, nstate), device
-    nq: int,
-    nmocap: int,
-    mocap_pos: wp.array2d(dtype=wp.vec3),  # (B, nmocap), device
-    mocap_quat: wp.array2d(dtype=wp.quat),  # (B, nmocap), device, MuJoCo order w,x,y,z
-):
-    world, k = wp.tid()
-    p = nq + 3 * k
-    q = nq + 3 * nmocap + 4 * k
-    mocap_pos[world, k] = wp.vec3(states[world, p], states[world, p + 1], states[world, p + 2])
-    # Stored component by component: mujoco-warp keeps MuJoCo's w,x,y,z order in wp.quat.
-    mocap_quat[world, k] = wp.quat(
-        states[world, q], states[world, q + 1], states[world, q + 2], states[world, q + 3]
-    )
-
-
-@wp.kernel
-def _packed_rgb_to_uint8(
-    packed: wp.array2d(dtype=wp.uint32),  # (B, sum of H*W over cameras), ARGB, device
-    rgb_adr: wp.array(dtype=int),  # (n_cameras,) offset of each camera's pixels
-    out: wp.array4d(dtype=wp.uint8),  # (B, n_cameras, H*W, 3), device
-):
-    world, cam, pixel = wp.tid()
-    value = packed[world, rgb_adr[cam] + pixel]
-    out[world, cam, pixel, 0] = wp.uint8((value >> wp.uint32(16)) & wp.uint32(0xFF))
-    out[world, cam, pixel, 1] = wp.uint8((value >> wp.uint32(8)) & wp.uint32(0xFF))
-    out[world, cam, pixel, 2] = wp.uint8(value & wp.uint32(0xFF))
-
-
-@wp.func
-def _channel(value: wp.uint32, shift: wp.uint32) -> int:
-    return int((value >> shift) & wp.uint32(0xFF))
-
-
-@wp.kernel
-def _packed_rgb_to_i420(
-    packed: wp.array2d(dtype=wp.uint32),  # (B, sum of H*W over cameras), ARGB, device
-    rgb_adr: wp.array(dtype=int),  # (n_cameras,) offset of each camera's pixels
-    width: int,
-    height: int,
-    out: wp.array3d(dtype=wp.uint8),  # (B, n_cameras, H*W*3/2) planar I420, device
-):
-    """One thread per 2x2 block: four luma samples and one U and one V sample.
-
-    BT.601 limited range in 8-bit fixed point; chroma from the mean RGB of the block
-    (a box filter, as libyuv's ARGBToI420 does).
-    """
-    world, cam, block = wp.tid()
-    half = width // 2
-    by = block // half
-    bx = block - by * half
-    base = rgb_adr[cam]
-    r_sum = int(0)
-    g_sum = int(0)
-    b_sum = int(0)
-    for dy in range(2):
-        for dx in range(2):
-            pixel = (2 * by + dy) * width + 2 * bx + dx
-            value = packed[world, base + pixel]
-            r = _channel(value, wp.uint32(16))
-            g = _channel(value, wp.uint32(8))
-            b = _channel(value, wp.uint32(0))
-            out[world, cam, pixel] = wp.uint8(((66 * r + 129 * g + 25 * b + 128) >> 8) + 16)
-            r_sum += r
-            g_sum += g
-            b_sum += b
-    r = (r_sum + 2) >> 2
-    g = (g_sum + 2) >> 2
-    b = (b_sum + 2) >> 2
-    plane = width * height
-    out[world, cam, plane + block] = wp.uint8(((-38 * r - 74 * g + 112 * b + 128) >> 8) + 128)
-    out[world, cam, plane + plane // 4 + block] = wp.uint8(
-        ((112 * r - 94 * g - 18 * b + 128) >> 8) + 128
-    )
 
 
 class PendingBatch:
@@ -191,7 +107,7 @@ class WarpBatchRenderer:
     Raises:
         CameraNotFoundError: A camera is not in the model.
         FrameSizeError: ``size`` is not two positive integers (even for yuv420p).
-        ValueError: ``batch_worlds`` is not positive, or an unknown ``pixel_format``.
+        OptionsError: ``batch_worlds`` is not positive, or an unknown ``pixel_format``.
     """
 
     def __init__(
@@ -207,16 +123,16 @@ class WarpBatchRenderer:
     ) -> None:
         self._camera_names = _parse_cameras(model, cameras)
         if pixel_format not in PIXEL_FORMATS:
-            raise ValueError(f"pixel_format={pixel_format!r} is not one of {PIXEL_FORMATS}.")
+            raise OptionsError(f"pixel_format={pixel_format!r} is not one of {PIXEL_FORMATS}.")
         self._pixel_format = pixel_format
         if int(host_buffers) < 1:
-            raise ValueError(f"host_buffers={host_buffers!r} must be at least 1.")
+            raise OptionsError(f"host_buffers={host_buffers!r} must be at least 1.")
         self._n_host = int(host_buffers)
         self._next_host = 0
         # I420 needs even sides: a FrameSizeError naming the nearest even sizes.
         self._size = parse_frame_size(size, even=pixel_format == "yuv420p")
         if int(batch_worlds) < 1:
-            raise ValueError(
+            raise OptionsError(
                 f"batch_worlds={batch_worlds!r} cannot hold a state. Pass a positive integer."
             )
         self._batch_worlds = int(batch_worlds)
@@ -228,7 +144,7 @@ class WarpBatchRenderer:
         with wp.ScopedDevice(self._device):
             self._build_device_state()
         # FLYARCHIVE_CUDA_GRAPH=0 launches kernel by kernel on CUDA too (for comparison).
-        self._use_graph = self._device.is_cuda and os.environ.get("FLYARCHIVE_CUDA_GRAPH") != "0"
+        self._use_graph = self._device.is_cuda and config.cuda_graph()
         self._graphs: dict[int, Any] = {}  # per device output slot
         self._saw_full_batch = False  # the first full batch runs kernel by kernel
         self._turn = 0  # the staging / output slot of the next batch
@@ -276,7 +192,8 @@ class WarpBatchRenderer:
 
         Args:
             qpos: Host array ``(n, nq)``, float32 or float64, ``1 <= n <= B``.
-            mocap_pos: Host array ``(n, nmocap, 3)`` in metres, or ``None`` for the
+            mocap_pos: Host array ``(n, nmocap, 3)`` in the model's length unit
+                (NeuroMechFly: millimetres), or ``None`` for the
                 model's mocap body positions.
             mocap_quat: Host array ``(n, nmocap, 4)``, MuJoCo order ``w, x, y, z``, or
                 ``None`` for the model's mocap body orientations.
@@ -325,10 +242,10 @@ class WarpBatchRenderer:
             :meth:`render_batch` does (a view of the buffer).
 
         Raises:
-            As :meth:`render_batch`; ``ValueError`` for a buffer index out of range.
+            As :meth:`render_batch`; ``OptionsError`` for a buffer index out of range.
         """
         if not 0 <= buffer < self._n_host:
-            raise ValueError(f"buffer={buffer!r} is not one of the {self._n_host} host buffers.")
+            raise OptionsError(f"buffer={buffer!r} is not one of the {self._n_host} host buffers.")
         slot = self._turn
         self._turn = (slot + 1) % len(self._states_hosts)
         n = self._upload(qpos, mocap_pos, mocap_quat, slot)
@@ -365,7 +282,8 @@ class WarpBatchRenderer:
         Args: as :meth:`render_batch`.
 
         Returns:
-            ``geom_xpos`` float32 ``(n, ngeom, 3)`` in metres and ``geom_xmat``
+            ``geom_xpos`` float32 ``(n, ngeom, 3)`` in the model's length unit
+            (NeuroMechFly: millimetres) and ``geom_xmat``
             float32 ``(n, ngeom, 3, 3)``, host arrays, as ``mujoco.mj_kinematics``
             computes them.
         """
@@ -464,8 +382,9 @@ class WarpBatchRenderer:
         if mocap_quat is not None:
             _check_trailing_shape("mocap_quat", mocap_quat, (n, nmocap, 4))
             staging[:n, nq + 3 * nmocap :] = np.asarray(mocap_quat).reshape(n, -1)
-        if not np.isfinite(staging[:n]).all():
-            bad = int(np.nonzero(~np.isfinite(staging[:n]).all(axis=1))[0][0])
+        finite = finite_frames(staging[:n])
+        if not finite.all():
+            bad = int(np.flatnonzero(~finite)[0])
             raise NonFiniteStateError(
                 f"State {bad} of the batch holds NaN or infinity (in float32). "
                 "Replay cannot place the model; drop or repair that frame."
@@ -502,10 +421,10 @@ class WarpBatchRenderer:
         self._convert_pixels(n, self._rgb_devices[slot])
 
     def _unpack_states(self, n: int) -> None:
-        wp.launch(_scatter_qpos, dim=(n, self._nq), inputs=[self._states_device, self._data.qpos])
+        wp.launch(scatter_qpos, dim=(n, self._nq), inputs=[self._states_device, self._data.qpos])
         if self._nmocap:
             wp.launch(
-                _scatter_mocap,
+                scatter_mocap,
                 dim=(n, self._nmocap),
                 inputs=[self._states_device, self._nq, self._nmocap],
                 outputs=[self._data.mocap_pos, self._data.mocap_quat],
@@ -524,10 +443,10 @@ class WarpBatchRenderer:
         ncam = len(self._camera_names)
         rc = self._render_context
         if self._pixel_format == "rgb24":
-            wp.launch(_packed_rgb_to_uint8, dim=(n, ncam, height * width),
+            wp.launch(packed_rgb_to_uint8, dim=(n, ncam, height * width),
                       inputs=[rc.rgb_data, rc.rgb_adr], outputs=[out])
         else:
-            wp.launch(_packed_rgb_to_i420, dim=(n, ncam, height * width // 4),
+            wp.launch(packed_rgb_to_i420, dim=(n, ncam, height * width // 4),
                       inputs=[rc.rgb_data, rc.rgb_adr, width, height],
                       outputs=[out])
 

@@ -13,11 +13,10 @@ inside the function (``import flyarchive`` never imports warp).
 from __future__ import annotations
 
 import copy
+from typing import Any
 
 import mujoco
 import numpy as np
-
-from flyarchive.errors import missing_dependency
 
 __all__ = ["prepare_for_batch_rendering"]
 
@@ -97,19 +96,10 @@ def _flag_mask(supported: object) -> int:
     return mask
 
 
-def _import_mujoco_warp():  # type: ignore[no-untyped-def]
-    try:
-        import mujoco_warp
-    except ImportError as exc:
-        raise missing_dependency(
-            "mujoco_warp", "gpu", "Preparing a model for mujoco-warp's batch renderer"
-        ) from exc
-    import warp
+def _import_mujoco_warp() -> Any:
+    from flyarchive.warp_log import import_mujoco_warp
 
-    from flyarchive.warp_log import configure_warp  # interop: Warp quiet unless verbose
-
-    configure_warp(warp)
-    return mujoco_warp
+    return import_mujoco_warp("Preparing a model for mujoco-warp's batch renderer")
 
 
 def _switch_off_collisions(m: mujoco.MjModel) -> None:

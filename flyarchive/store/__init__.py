@@ -1,12 +1,16 @@
-"""The store: the only code that touches zarr. Create, append, commit, open, check.
+"""The store: the only code that opens, reads and writes zarr stores (the codec pipelines
+it writes with are defined in :mod:`flyarchive.codecs`). Create, append, commit, open, check.
 
-- :mod:`~flyarchive.store.location`: URLs and zarr stores on any fsspec file system;
+- :mod:`~flyarchive.store.location`: URLs and zarr stores on any fsspec file system
+  (:mod:`~flyarchive.store.localstore` on local disk), and the errors of storage clients
+  in flyarchive's words (:mod:`~flyarchive.store.storage_errors`);
 - :mod:`~flyarchive.store.spec`: what is fixed when an archive is created;
 - :mod:`~flyarchive.store.writer` (with :mod:`~flyarchive.store.creation` and
   :mod:`~flyarchive.store.claims`): create, append and commit, one writer at a time;
-- :mod:`~flyarchive.store.reader`: open (checked by :mod:`~flyarchive.store.hardening`),
-  read, and name what failed to read;
-- :mod:`~flyarchive.store.integrity`: ``verify``, every committed byte.
+- :mod:`~flyarchive.store.reader`: open (checked by :mod:`~flyarchive.store.hardening`,
+  decoded by :mod:`~flyarchive.store.decoders`), read, and name what failed to read;
+- :mod:`~flyarchive.store.integrity`: ``verify``, every committed byte;
+- :mod:`~flyarchive.store.shutdown`: writes that must still happen while Python exits.
 """
 
 from flyarchive.store.creation import package_versions

@@ -40,7 +40,7 @@ from typing import Any
 
 from zarr.core.buffer import default_buffer_prototype
 
-from flyarchive.errors import ArchiveInUseError, SchemaError, WorldBlockConflictError
+from flyarchive.errors import ArchiveInUseError, OptionsError, SchemaError, WorldBlockConflictError
 
 __all__ = [
     "Claim", "claim_archive", "claim_block", "release", "shards_of_block", "block_keys",
@@ -346,14 +346,14 @@ def shards_of_block(start: int, stop: int, shard_worlds: int, n_worlds: int) -> 
     """The shard indices a block of world indices ``[start, stop)`` covers.
 
     Raises:
-        ValueError: if the block is empty, outside the archive, or not shard-aligned.
+        OptionsError: if the block is empty, outside the archive, or not shard-aligned.
     """
     if not 0 <= start < stop <= n_worlds:
-        raise ValueError(
+        raise OptionsError(
             f"World block [{start}, {stop}) is not inside the archive's {n_worlds} worlds."
         )
     if start % shard_worlds or (stop % shard_worlds and stop != n_worlds):
-        raise ValueError(
+        raise OptionsError(
             f"World block [{start}, {stop}) does not follow shard boundaries (every "
             f"{shard_worlds} worlds): two writers would share a shard and lose data. "
             f"Start and end blocks at multiples of {shard_worlds}."

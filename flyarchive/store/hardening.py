@@ -5,12 +5,10 @@ any chunk of an array is read, its metadata must name one of the codec pipelines
 flyarchive writes (an allowlist: a pickle, gzip or blosc stage is refused before
 zarr builds it), with chunks small enough to decode in bounded memory. Metadata
 files must be small and shallow (JSON nested 200,000 deep exhausts Python's
-recursion). pcodec, whose compression ratio has no bound, decodes into the chunk's
-declared shape and never past it (:class:`BoundedPCodec`, installed for every zarr
-read in this process, with :class:`CheckedCrc32cCodec`, whose checksum mismatch is a
-:class:`~flyarchive.errors.CorruptArchiveError`). The local store
-(:mod:`flyarchive.store.localstore`) applies these limits to every file it reads;
-:func:`check_arrays` applies them on any storage.
+recursion). The local store (:mod:`flyarchive.store.localstore`) applies these limits
+to every file it reads; :func:`check_arrays` applies them on any storage. While
+chunks decode, the decoders of :mod:`flyarchive.store.decoders` keep to the declared
+shapes.
 """
 
 from __future__ import annotations
@@ -24,17 +22,16 @@ from typing import Any
 import numpy as np
 import zarr
 import zarr.storage
-from zarr.codecs import BloscCodec, Crc32cCodec
-from zarr.codecs.numcodecs import PCodec
 
 from flyarchive.errors import CorruptArchiveError, SchemaError
 from flyarchive.schema import MAX_JSON_DEPTH, json_depth_of
+from flyarchive.store.decoders import BLOSC_HEADER, install_bounded_decoders
+
 
 __all__ = [
     "MAX_METADATA_BYTES", "MAX_CHUNK_BYTES", "MAX_SHARD_BYTES",
     "ChunkLimits", "refuse", "check_array_metadata", "check_arrays", "check_json_bytes",
-    "json_depth", "BoundedPCodec", "CheckedCrc32cCodec", "damaged",
-    "install_bounded_decoders", "zstd_content_size",
+    "json_depth", "install_bounded_decoders", "zstd_content_size",
 ]
 
 #: Largest metadata file (``zarr.json``) read; large per-world data belongs in world variables.
@@ -148,7 +145,7 @@ def _pipeline_bound(codecs: Any, shape: tuple[int, ...], dtype: Any) -> ChunkLim
         raise ValueError(f"the pipeline {names} is not one flyarchive writes ({_WRITTEN})")
     encoded = size if rest[0] == "bytes" else 2 * size + (64 << 10)  # pcodec: raw bits + headers
     if compressors:  # blosc: at most its 16-byte header over the raw bytes
-        encoded += _BLOSC_HEADER
+        encoded += BLOSC_HEADER
     return ChunkLimits(encoded + 4 * len(checks))
 
 
@@ -311,99 +308,3 @@ def zstd_content_size(frame: bytes) -> int | None:
         raise ValueError("truncated zstd frame header")
     size = int.from_bytes(frame[at:at + width], "little")
     return size + 256 if width == 2 else size
-
-
-def damaged(reason: str) -> CorruptArchiveError:
-    """The error for a chunk whose bytes do not decode; ``reason`` is kept as ``.reason``
-    for callers that name the chunk and the archive themselves."""
-    err = CorruptArchiveError(
-        f"{reason[0].upper()}{reason[1:]}: its stored bytes are damaged. Run `flyarchive "
-        "verify` on the archive to list every damaged chunk."
-    )
-    err.reason = reason  # type: ignore[attr-defined]
-    return err
-
-
-class BoundedPCodec(PCodec):
-    """zarr's pcodec codec, decoding into the chunk's declared shape and never past it.
-
-    pcodec compresses constant runs to a few bytes per 2**18 values, so a stored chunk of
-    kilobytes can declare gigabytes. This decoder writes into an array of the chunk's
-    shape and refuses data that holds more (or fewer) values: memory stays bounded by the
-    declared chunk, which :func:`check_array_metadata` bounds in turn.
-    """
-
-    def _decode_sync(self, chunk_data: Any, chunk_spec: Any) -> Any:
-        from pcodec import standalone
-
-        count = math.prod(chunk_spec.shape)
-        out = np.empty(count, dtype=chunk_spec.dtype.to_native_dtype())
-        try:
-            progress = standalone.simple_decompress_into(chunk_data.to_bytes(), out)
-        except (RuntimeError, TypeError) as err:
-            raise damaged(f"a pcodec chunk does not decode ({err})") from None
-        if progress.n_processed != count or not progress.finished:
-            raise damaged(
-                f"a pcodec chunk holds more or fewer values than its declared shape "
-                f"{tuple(chunk_spec.shape)} ({count} values); it was not decoded past them"
-            )
-        return chunk_spec.prototype.nd_buffer.from_ndarray_like(out.reshape(chunk_spec.shape))
-
-
-class CheckedCrc32cCodec(Crc32cCodec):
-    """zarr's CRC-32C codec, reporting a mismatch as :class:`CorruptArchiveError` (a
-    ``ValueError``, as before) that says what it means and what to run."""
-
-    def _decode_sync(self, chunk_bytes: Any, chunk_spec: Any) -> Any:
-        try:
-            return super()._decode_sync(chunk_bytes, chunk_spec)
-        except ValueError as err:
-            raise damaged(f"a stored chunk fails its CRC-32C checksum ({err})") from None
-
-
-_BLOSC_HEADER = 16
-
-
-class BoundedBloscCodec(BloscCodec):
-    """zarr's Blosc codec, refusing a chunk whose header declares more bytes than the
-    chunk's declared shape holds (a few stored bytes can declare gigabytes), before
-    anything is allocated."""
-
-    def _decode_sync(self, chunk_bytes: Any, chunk_spec: Any) -> Any:
-        raw = chunk_bytes.as_numpy_array()
-        if raw.nbytes < _BLOSC_HEADER:
-            raise damaged(f"a blosc chunk of {raw.nbytes} bytes is shorter than its header")
-        declared, stored = (int(v) for v in raw[4:16].view("<u4")[[0, 2]])
-        expected = math.prod(chunk_spec.shape) * chunk_spec.dtype.to_native_dtype().itemsize
-        if declared > expected or stored != raw.nbytes:
-            raise damaged(
-                f"a blosc chunk declares {declared} bytes ({stored} stored in "
-                f"{raw.nbytes}); its shape {tuple(chunk_spec.shape)} holds {expected}"
-            )
-        return super()._decode_sync(chunk_bytes, chunk_spec)
-
-
-_DECODERS = {"numcodecs.pcodec": BoundedPCodec, "crc32c": CheckedCrc32cCodec,
-             "blosc": BoundedBloscCodec}
-
-
-def _qualname(cls: type) -> str:
-    return f"{cls.__module__}.{cls.__qualname__}"
-
-
-def install_bounded_decoders() -> None:
-    """Make every zarr read in this process decode pcodec with :class:`BoundedPCodec` and
-    check CRC-32C with :class:`CheckedCrc32cCodec`.
-
-    Idempotent. Encoding is unchanged (the classes inherit it), so archives written
-    before and after are identical.
-    """
-    chosen = dict(zarr.config.get("codecs", {}))
-    if all(chosen.get(name) == _qualname(cls) for name, cls in _DECODERS.items()):
-        return
-    for name, cls in _DECODERS.items():
-        zarr.registry.register_codec(name, cls, qualname=_qualname(cls))
-        chosen[name] = _qualname(cls)
-    # The whole mapping: a dotted key would nest ("numcodecs" -> "pcodec") where zarr
-    # looks up the literal name "numcodecs.pcodec".
-    zarr.config.set({"codecs": chosen})

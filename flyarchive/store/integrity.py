@@ -11,7 +11,7 @@ import zarr
 
 from flyarchive import codecs
 from flyarchive.errors import FlyarchiveError, StorageError
-from flyarchive.schema import STATE_VARS, import_status, validate
+from flyarchive.schema import STATE_VARS, finite_frames, import_status, validate
 from flyarchive.store.reader import chunk_file, damaged_chunks, open_checked, open_stored, time_extents
 
 __all__ = ["verify", "VerifyReport"]
@@ -137,7 +137,7 @@ def _check_state(
                 )
                 continue
             committed = np.arange(t0, t0 + values.shape[1])[None, :] < n_frames[w0:w1, None]
-            finite = np.isfinite(values).reshape(*values.shape[:2], -1).all(axis=2)
+            finite = finite_frames(values, frame_dims=2)
             bad = committed & ~finite
             if bad.any():
                 w, t = np.argwhere(bad)[0]

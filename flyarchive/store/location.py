@@ -18,8 +18,9 @@ import zarr.storage
 from flyarchive.errors import (
     ArchiveExistsError,
     ArchiveNotFoundError,
-    StorageBackendMissingError,
+    OptionsError,
     StorageError,
+    missing_storage_backend,
 )
 from flyarchive.store import hardening, storage_errors
 from flyarchive.store.localstore import GuardedLocalStore
@@ -28,7 +29,6 @@ __all__ = ["parse_mode", "open_store", "archive_exists", "access_denied", "unava
            "refuse_existing", "is_local", "local_path", "exists_error", "sync"]
 
 
-_EXTRAS = {"s3": "s3", "s3a": "s3", "gs": "gcs", "gcs": "gcs", "az": "azure", "abfs": "azure"}
 _MODES = ("w-", "w", "a")
 
 
@@ -36,10 +36,10 @@ def parse_mode(mode: str) -> str:
     """Check a creation mode: ``"w-"``, ``"w"`` or ``"a"``.
 
     Raises:
-        ValueError: for anything else.
+        OptionsError: for anything else (a ValueError).
     """
     if not isinstance(mode, str) or mode not in _MODES:
-        raise ValueError(f"mode must be one of {_MODES}, got {mode!r}.")
+        raise OptionsError(f"mode must be one of {_MODES}, got {mode!r}.")
     return mode
 
 
@@ -56,12 +56,7 @@ def _check_protocol(url: str) -> None:
     try:
         fsspec.get_filesystem_class(protocol)
     except ImportError as err:
-        extra = _EXTRAS.get(protocol)
-        hint = f"pip install 'flyarchive[{extra}]'" if extra else f"install the fsspec backend for {protocol!r}"
-        raise StorageBackendMissingError(
-            f"URL {url!r} uses protocol {protocol!r}, whose package is not installed ({err}). "
-            f"Install it with: {hint}"
-        ) from None
+        raise missing_storage_backend(url, err) from None
     except ValueError:
         known = ", ".join(sorted(p for p in fsspec.available_protocols() if len(p) < 8)[:20])
         raise StorageError(

@@ -41,7 +41,7 @@ from typing import Any
 
 import xarray as xr
 
-__all__ = ["write_manifest", "read_manifest", "describe", "MANIFEST_VERSION"]
+__all__ = ["write_manifest", "read_manifest", "video_entry", "describe", "MANIFEST_VERSION"]
 
 MANIFEST_VERSION = 2
 #: Settings that version 1 manifests kept at the top level only.
@@ -53,7 +53,7 @@ def write_manifest(plan: Any, ds: xr.Dataset, entries: list[dict[str, Any]], *,
     """Write (or update) ``{plan.out}/manifest.json`` with the videos of one render.
 
     Args:
-        plan: The :class:`flyarchive.distribute.cpu_tasks.RenderPlan` that was rendered.
+        plan: The :class:`flyarchive.distribute.plan.RenderPlan` that was rendered.
         ds: Its archive, from :func:`flyarchive.open_archive`.
         entries: One per video, from :func:`describe`.
         staging: A local folder on the output's file system to stage the file in.
@@ -100,6 +100,23 @@ def read_manifest(url: str, storage_options: Mapping[str, Any]) -> dict[str, Any
     except (OSError, ValueError):
         return {}
     return value if isinstance(value, dict) else {}
+
+
+def video_entry(plan: Any, job: Any, camera: str, path: str) -> dict[str, Any]:
+    """What a render task returns for one finished video (every backend alike).
+
+    Args:
+        plan: The render plan (``fps``, ``options.size``).
+        job: The video's :class:`~flyarchive.query.frames.VideoJob`.
+        camera: Its camera name.
+        path: Its final path or URL.
+
+    Returns:
+        ``{"world", "camera", "path", "frames", "first_frame", "fps", "size"}``; the
+        manifest's entry adds the rest (:func:`describe`).
+    """
+    return {"world": job.world_id, "camera": camera, "path": path, "frames": job.n_frames,
+            "first_frame": job.start, "fps": plan.fps, "size": list(plan.options.size)}
 
 
 def describe(plan: Any, ds: xr.Dataset, video: dict[str, Any]) -> dict[str, Any]:

@@ -17,6 +17,7 @@ from flyarchive.errors import (
     SelectionError,
     StorageBackendMissingError,
     StorageError,
+    missing_storage_backend,
 )
 from flyarchive.replay.frames import is_int
 
@@ -70,10 +71,7 @@ def write_output(
     try:
         fs, target = fsspec.core.url_to_fs(url, **(storage_options or {}))
     except ImportError as err:
-        raise StorageBackendMissingError(
-            f"Writing to {url!r} needs a package that is not installed: {err}. "
-            "For s3:// install it with: pip install 'flyarchive[s3]'"
-        ) from err
+        raise missing_storage_backend(url, err) from err
     exists_error = OutputExistsError(
         f"An output already exists at {url!r}. Pass overwrite=True to replace it, "
         "or choose another output location."

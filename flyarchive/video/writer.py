@@ -24,6 +24,7 @@ import numpy as np
 from flyarchive.errors import (
     FrameFormatError,
     FrameSizeError,
+    OptionsError,
     OutputExistsError,
     VideoEncodeError,
 )
@@ -60,14 +61,14 @@ class VideoOptions:
 
     def __post_init__(self) -> None:
         if not is_int(self.crf) or not 0 <= self.crf <= 51:
-            raise ValueError(f"crf must be an integer in 0..51, got {self.crf!r}.")
+            raise OptionsError(f"crf must be an integer in 0..51, got {self.crf!r}.")
         if self.preset not in PRESETS:
             presets = ", ".join(PRESETS)
-            raise ValueError(f"preset {self.preset!r} is not an x264 preset: {presets}.")
+            raise OptionsError(f"preset {self.preset!r} is not an x264 preset: {presets}.")
         for name in ("threads", "keyframe_interval"):
             value = getattr(self, name)
             if value is not None and (not is_int(value) or value < 1):
-                raise ValueError(f"{name} must be None or a positive integer, got {value!r}.")
+                raise OptionsError(f"{name} must be None or a positive integer, got {value!r}.")
 
     def ffmpeg_args(self) -> list[str]:
         """The ffmpeg output options these settings stand for."""
@@ -99,7 +100,7 @@ class VideoWriter:
         FrameSizeError: if a side is odd or not positive (the message suggests the
             nearest even size).
         OutputExistsError: if ``path`` exists and ``overwrite`` is False, or is a folder.
-        ValueError: if ``pixel_format`` is not one of :data:`PIXEL_FORMATS`.
+        OptionsError: if ``pixel_format`` is not one of :data:`PIXEL_FORMATS`.
     """
 
     def __init__(
@@ -115,10 +116,10 @@ class VideoWriter:
         self.path = Path(path)
         self.size = parse_frame_size(size, even=True)
         if pixel_format not in PIXEL_FORMATS:
-            raise ValueError(f"pixel_format must be one of {PIXEL_FORMATS}, got {pixel_format!r}.")
+            raise OptionsError(f"pixel_format must be one of {PIXEL_FORMATS}, got {pixel_format!r}.")
         self.pixel_format = pixel_format
         if not isinstance(fps, (int, float)) or isinstance(fps, bool) or not fps >= 0.01:
-            raise ValueError(f"fps must be a number >= 0.01, got {fps!r}.")
+            raise OptionsError(f"fps must be a number >= 0.01, got {fps!r}.")
         if self.path.is_dir():
             raise OutputExistsError(
                 f"{str(self.path)!r} is a folder; a video needs a file path. Pass a path "

@@ -1,0 +1,183 @@
+"""The environment variables flyarchive reads: each one read, checked and documented here only.
+
+Values are read when they are needed (not at import), so a variable set later in the
+process, or in a worker's environment, takes effect for the next render. A value that
+cannot be used raises :class:`~flyarchive.errors.ConfigError` naming the variable, its
+value and what is allowed; unset or empty means the default.
+
+- ``FLYARCHIVE_ENCODERS`` (a whole number >= 0; default 0): x264 encoder threads of
+  the Warp render pipeline; 0: one per core (at most 64, and at most one per video).
+- ``FLYARCHIVE_BATCHES_IN_FLIGHT`` (a whole number >= 2; default 4): host frame buffers
+  of the Warp pipeline, one batch each: its host memory bound.
+- ``FLYARCHIVE_CUDA_GRAPH`` (a switch; default on): off launches the Warp renderer
+  kernel by kernel on CUDA instead of replaying a captured CUDA graph (to compare).
+- ``FLYARCHIVE_VERBOSE`` (a switch; default off): on shows Warp's initialization and
+  kernel-loading messages (``flyarchive render --verbose`` sets it).
+- ``FLYARCHIVE_WORKER`` (a switch; default off): on marks a worker process of
+  flyarchive's own LocalCluster, one core each (one Mesa thread, one x264 thread);
+  flyarchive sets it for its workers.
+- ``MUJOCO_GL`` (MuJoCo's own: ``egl``, ``osmesa``, ``glfw``...): the OpenGL backend.
+  Unset, flyarchive's renderers use ``egl`` on Linux (no display needed), without
+  setting the variable (:func:`gl_backend`).
+
+A switch is ``1``/``true``/``yes``/``on`` or ``0``/``false``/``no``/``off`` (any case).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from dataclasses import dataclass
+
+from flyarchive.errors import ConfigError
+
+__all__ = [
+    "Knob", "KNOBS", "ENCODERS", "BATCHES_IN_FLIGHT", "CUDA_GRAPH", "VERBOSE", "WORKER",
+    "encoders", "batches_in_flight", "cuda_graph", "verbose", "set_verbose", "is_worker",
+    "worker_environment", "gl_backend", "check",
+]
+
+_TRUE = ("1", "true", "yes", "on")
+_FALSE = ("0", "false", "no", "off")
+
+
+@dataclass(frozen=True)
+class Knob:
+    """One ``FLYARCHIVE_*`` environment variable.
+
+    Attributes:
+        name: The variable's name.
+        default: Its value when unset or empty.
+        minimum: The smallest integer allowed; None: the variable is a switch (bool).
+        meaning: What it changes, in a sentence (for the README and errors).
+    """
+
+    name: str
+    default: int | bool
+    minimum: int | None
+    meaning: str
+
+    @property
+    def allowed(self) -> str:
+        """What the variable may hold, in words."""
+        if self.minimum is None:
+            return "a switch: 1, true, yes, on or 0, false, no, off"
+        return f"a whole number >= {self.minimum}"
+
+    def read(self) -> int | bool:
+        """The variable's value now.
+
+        Raises:
+            ConfigError: the value is not allowed (the message names the variable).
+        """
+        text = os.environ.get(self.name, "").strip()
+        if not text:
+            return self.default
+        if self.minimum is None:
+            if text.lower() in _TRUE + _FALSE:
+                return text.lower() in _TRUE
+        else:
+            try:
+                number = int(text)
+            except ValueError:
+                number = None
+            if number is not None and number >= self.minimum:
+                return number
+        raise ConfigError(
+            f"The environment variable {self.name}={os.environ[self.name]!r} cannot be used: "
+            f"it must be {self.allowed} ({self.meaning}). Set it to such a value, or unset it "
+            f"for the default ({self.default!r})."
+        )
+
+
+ENCODERS = Knob("FLYARCHIVE_ENCODERS", 0, 0,
+                "x264 encoder threads of the Warp render pipeline; 0: one per core")
+BATCHES_IN_FLIGHT = Knob("FLYARCHIVE_BATCHES_IN_FLIGHT", 4, 2,
+                         "host frame buffers of the Warp render pipeline, one batch each")
+CUDA_GRAPH = Knob("FLYARCHIVE_CUDA_GRAPH", True, None,
+                  "0: the Warp renderer launches kernel by kernel on CUDA, no CUDA graph")
+VERBOSE = Knob("FLYARCHIVE_VERBOSE", False, None,
+               "1: show Warp's initialization and kernel-loading messages")
+WORKER = Knob("FLYARCHIVE_WORKER", False, None,
+              "1: a worker process of flyarchive's LocalCluster, one core each")
+#: Every variable, by name.
+KNOBS: dict[str, Knob] = {k.name: k for k in (ENCODERS, BATCHES_IN_FLIGHT, CUDA_GRAPH, VERBOSE,
+                                               WORKER)}
+
+
+def encoders() -> int:
+    """Encoder threads the Warp pipeline starts: ``FLYARCHIVE_ENCODERS``, or one per core.
+
+    Raises:
+        ConfigError: the variable is not a whole number >= 0.
+    """
+    return int(ENCODERS.read()) or (os.cpu_count() or 1)
+
+
+def batches_in_flight() -> int:
+    """Host frame buffers of the Warp pipeline (``FLYARCHIVE_BATCHES_IN_FLIGHT``, default 4).
+
+    At least 2: batch k + 1 is submitted before batch k is handed to the encoders.
+
+    Raises:
+        ConfigError: the variable is not a whole number >= 2.
+    """
+    return int(BATCHES_IN_FLIGHT.read())
+
+
+def cuda_graph() -> bool:
+    """Whether the Warp renderer replays a captured CUDA graph (``FLYARCHIVE_CUDA_GRAPH``)."""
+    return bool(CUDA_GRAPH.read())
+
+
+def verbose() -> bool:
+    """Whether Warp's console messages are shown (``FLYARCHIVE_VERBOSE``)."""
+    return bool(VERBOSE.read())
+
+
+def set_verbose(on: bool) -> None:
+    """Show (True) or hide (False) Warp's messages, in this process and processes it starts."""
+    os.environ[VERBOSE.name] = "1" if on else "0"
+
+
+def is_worker() -> bool:
+    """Whether this process is a worker of flyarchive's own LocalCluster (``FLYARCHIVE_WORKER``)."""
+    return bool(WORKER.read())
+
+
+def worker_environment() -> dict[str, str]:
+    """The environment of the worker processes of flyarchive's own LocalCluster.
+
+    One core each: one Mesa rasterizer thread, one OpenMP thread, one encoder thread on
+    the Warp backends, single-threaded x264 (``FLYARCHIVE_WORKER``); and this process's
+    OpenGL backend (:func:`gl_backend`).
+    """
+    env = {"LP_NUM_THREADS": "1", "OMP_NUM_THREADS": "1", ENCODERS.name: "1", WORKER.name: "1"}
+    backend = gl_backend()
+    if backend:
+        env["MUJOCO_GL"] = backend
+    return env
+
+
+def gl_backend() -> str:
+    """The OpenGL backend flyarchive's renderers use: ``MUJOCO_GL`` when it is set, else
+    ``"egl"`` on Linux (headless: no display needed; Mesa without a GPU), else ``""``
+    (MuJoCo's own choice: CGL on macOS, GLFW elsewhere).
+
+    Nothing is written to ``os.environ``: MuJoCo's own choice for other code stays as it
+    was (see :func:`flyarchive.replay.opengl.headless_renderer`).
+    """
+    value = os.environ.get("MUJOCO_GL", "").strip().lower()
+    if value:
+        return value
+    return "egl" if sys.platform.startswith("linux") else ""
+
+
+def check() -> None:
+    """Read every ``FLYARCHIVE_*`` variable, so that a bad value fails before any work.
+
+    Raises:
+        ConfigError: the first variable whose value is not allowed.
+    """
+    for knob in KNOBS.values():
+        knob.read()

@@ -1,0 +1,239 @@
+"""The encoding stage of the Warp render pipeline: threads that pipe rendered batches into
+one ffmpeg per (world, camera) video and publish each finished video to its final URL.
+
+:class:`Encoders` takes batches of frames in host buffers from
+:func:`flyarchive.distribute.warp_pipeline.render_jobs` and gives each buffer back once
+every frame in it is encoded, which bounds host memory by the buffers in flight.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import queue
+import threading
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from flyarchive import config
+from flyarchive.distribute.diagnostics import StageTimer
+from flyarchive.distribute.plan import Batch, Piece
+
+__all__ = ["Encoders", "MAX_ENCODERS"]
+
+#: Most encoder threads one render starts (and never more than its videos).
+MAX_ENCODERS = 64
+_STOP = object()
+
+
+def _leave_render_core() -> None:
+    """Keep this encoder thread, and the ffmpeg processes it starts, off one core.
+
+    With an encoder on every core, the thread that drives the renderer waits for a
+    time slice at each step and the GPU idles meanwhile. On Linux with at least 4
+    usable cores, encoder threads (ffmpeg inherits the affinity of the thread that
+    starts it) use all cores but the first, which the render and read threads keep.
+    """
+    if not hasattr(os, "sched_setaffinity"):  # not Linux
+        return
+    cores = os.sched_getaffinity(0)
+    if len(cores) >= 4:
+        os.sched_setaffinity(0, cores - {min(cores)})  # pid 0: this thread only
+
+
+class Encoders:
+    """Encoder threads, each writing the videos given to it, each video's frames in order.
+
+    A video (job, camera) goes to the thread with the fewest frames queued when its
+    first frames come, and its later frames to the same thread, so they stay in order
+    and no thread idles while another has a queue. Each thread opens a
+    :class:`VideoWriter` on a video's first frames; after its last frame it closes
+    ffmpeg's input and goes on with the next video while ffmpeg finishes the file,
+    and publishes the file (copies it to its final URL) once ffmpeg has exited.
+
+    Args:
+        plan: The :class:`~flyarchive.distribute.plan.RenderPlan` (cameras, output, options).
+        jobs: The videos to make, indexed by ``Piece.job``.
+        tmp: A local folder for videos being encoded.
+        pixel_format: Of the frames submitted (see :class:`VideoWriter`).
+        buffers: Host frame buffers, by index ``0 .. buffers - 1``.
+        parts: The run's parts folder (see :func:`~flyarchive.distribute.warp_pipeline.render_jobs`).
+        timer: Where stage timings go.
+
+    Raises:
+        ConfigError: ``FLYARCHIVE_ENCODERS`` is not a whole number >= 0.
+    """
+
+    def __init__(self, plan: Any, jobs: tuple[Any, ...], tmp: Path, pixel_format: str,
+                 buffers: int, parts: str | None = None, timer: StageTimer | None = None) -> None:
+        self._plan, self._jobs, self._tmp, self._parts = plan, jobs, tmp, parts
+        self._pixel_format = pixel_format
+        self._cameras = tuple(plan.cameras)
+        self._timer = timer if timer is not None else StageTimer()
+        # Encoding is the slow stage (x264 on the CPU): one single-threaded encoder per
+        # core, fed in parallel, beats fewer multi-threaded ones.
+        n_videos = len(jobs) * len(self._cameras)
+        n_threads = max(1, min(n_videos, config.encoders(), MAX_ENCODERS))
+        video = plan.options.video
+        self._video = video if video.threads is not None else dataclasses.replace(video, threads=1)
+        self._timer.add_results({"encoder_threads": n_threads})
+        self._queues: list[queue.Queue[Any]] = [queue.Queue() for _ in range(n_threads)]
+        self._free: queue.Queue[int] = queue.Queue()  # host buffers no batch holds
+        for buffer in range(buffers):
+            self._free.put(buffer)
+        self._lock = threading.Lock()
+        self._pending: dict[int, int] = {}  # host buffer -> pieces not yet encoded
+        self._owner: dict[tuple[int, int], int] = {}  # video -> its thread
+        self._load = [0] * n_threads  # frames queued per thread
+        self._writers: dict[tuple[int, int], Any] = {}
+        self.entries: dict[tuple[int, str], dict[str, Any]] = {}
+        self._error: BaseException | None = None
+        self._threads = [
+            threading.Thread(target=self._work, args=(i,), name=f"flyarchive-encode-{i}",
+                             daemon=True)
+            for i in range(n_threads)
+        ]
+        for thread in self._threads:
+            thread.start()
+
+    def reserve(self) -> int:
+        """Wait for a free host buffer for one more batch; its index."""
+        while True:
+            self.raise_if_failed()
+            try:
+                return self._free.get(timeout=0.1)
+            except queue.Empty:
+                continue
+
+    def submit(self, batch: Batch, frames: np.ndarray, buffer: int) -> None:
+        """Hand a rendered batch ``(n, ncam, *frame)`` uint8 in host buffer ``buffer`` over.
+
+        The buffer is free again once every piece of the batch is encoded.
+        """
+        work = [(p, c) for p in batch.pieces for c in range(len(self._cameras))]
+        threads = []
+        with self._lock:
+            self._pending[buffer] = len(work)
+            for piece, cam in work:
+                thread = self._owner.get((piece.job, cam))
+                if thread is None:  # a new video: the least loaded thread
+                    thread = min(range(len(self._load)), key=self._load.__getitem__)
+                    self._owner[(piece.job, cam)] = thread
+                self._load[thread] += piece.n
+                threads.append(thread)
+        for (piece, cam), thread in zip(work, threads):
+            self._queues[thread].put((piece, cam, frames, buffer))
+
+    def raise_if_failed(self) -> None:
+        if self._error is not None:
+            raise self._error
+
+    def finish(self) -> dict[tuple[int, str], dict[str, Any]]:
+        """Wait for every video to be written; returns the manifest entries."""
+        self._stop_threads()
+        self.raise_if_failed()
+        return self.entries
+
+    def abort(self) -> None:
+        """Stop the threads and drop partial videos."""
+        if self._error is None:
+            self._error = RuntimeError("aborted")
+        self._stop_threads()
+        for writer in self._writers.values():
+            writer.abort()
+
+    def _stop_threads(self) -> None:
+        for q in self._queues:
+            q.put(_STOP)
+        for thread in self._threads:
+            thread.join()
+
+    def _work(self, index: int) -> None:
+        _leave_render_core()
+        q = self._queues[index]
+        finishing: list[tuple[tuple[int, int], Any]] = []  # input closed, not yet published
+        while True:
+            try:  # while ffmpeg processes finish files, look at them every few ms
+                item = q.get(timeout=0.005) if finishing else q.get()
+            except queue.Empty:
+                self._publish_finished(finishing, wait=False)
+                continue
+            if item is _STOP:
+                break
+            piece, cam, frames, buffer = item
+            try:
+                if self._error is None:
+                    done = self._encode(piece, cam, frames[piece.offset:piece.offset + piece.n, cam])
+                    if done is not None:
+                        finishing.append(done)
+                    self._publish_finished(finishing, wait=False)
+            except BaseException as err:
+                self._error = self._error or err
+            finally:
+                self._done(buffer, index, piece.n)
+        try:
+            if self._error is None:
+                self._publish_finished(finishing, wait=True)
+        except BaseException as err:
+            self._error = self._error or err
+
+    def _done(self, buffer: int, thread: int, n_frames: int) -> None:
+        with self._lock:
+            self._load[thread] -= n_frames
+            self._pending[buffer] -= 1
+            last = self._pending[buffer] == 0
+            if last:
+                del self._pending[buffer]
+        if last:
+            self._free.put(buffer)
+
+    def _encode(self, piece: Piece, cam: int, frames: np.ndarray
+                ) -> tuple[tuple[int, int], Any] | None:
+        """Write a piece's frames; ``(video, writer)`` when that was the video's last piece."""
+        from flyarchive.video import VideoWriter, safe_video_path
+
+        plan, job, camera = self._plan, self._jobs[piece.job], self._cameras[cam]
+        key = (piece.job, cam)
+        writer = self._writers.get(key)
+        if writer is None:
+            local = Path(safe_video_path(self._tmp, job.world_id, camera))
+            writer = VideoWriter(local, plan.fps, plan.options.size, options=self._video,
+                                 pixel_format=self._pixel_format)
+            self._writers[key] = writer
+        with self._timer.time("encode_s"):
+            writer.write(frames)
+        if writer.n_frames < job.n_frames:
+            return None
+        writer.close_input()  # ffmpeg finishes the file while this thread goes on
+        return key, writer
+
+    def _publish_finished(self, finishing: list[tuple[tuple[int, int], Any]], wait: bool) -> None:
+        """Publish the videos whose ffmpeg has exited (all of them with ``wait``)."""
+        for item in [f for f in finishing if wait or f[1].finished]:
+            finishing.remove(item)
+            with self._timer.time("publish_s"):
+                self._publish(*item)
+            self._timer.add("videos", 1)
+
+    def _publish(self, key: tuple[int, int], writer: Any) -> None:
+        from flyarchive.distribute.cpu_tasks import given_up_error, local_staging
+        from flyarchive.distribute.workspace import RunFolder
+        from flyarchive.video import write_output
+        from flyarchive.video.manifest import video_entry
+
+        plan, job, camera = self._plan, self._jobs[key[0]], self._cameras[key[1]]
+        writer.close()
+        url = plan.video_url(job.world_id, camera)
+        so, staging = plan.out_storage_options, None
+        if self._parts is not None:
+            if not RunFolder.is_open(self._parts, so):
+                raise given_up_error(self._parts)
+            staging = local_staging(self._parts, so)
+        write_output(writer.path, url, so, overwrite=plan.options.overwrite, staging_dir=staging)
+        writer.path.unlink(missing_ok=True)
+        del self._writers[key]
+        with self._lock:
+            del self._owner[key]
+        self.entries[(key[0], camera)] = video_entry(plan, job, camera, url)

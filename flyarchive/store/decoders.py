@@ -1,0 +1,122 @@
+"""zarr's decoders for what flyarchive writes, made to keep to each chunk's declared shape
+and to report damaged bytes as :class:`~flyarchive.errors.CorruptArchiveError`.
+
+pcodec's compression ratio has no bound, and a Blosc header can declare gigabytes in a
+few stored bytes: :class:`BoundedPCodec` decodes into the chunk's declared shape and
+never past it, :class:`BoundedBloscCodec` refuses an oversized header before anything
+is allocated, and :class:`CheckedCrc32cCodec` says what a checksum mismatch means.
+:func:`install_bounded_decoders` makes them zarr's decoders in this process (their
+metadata is checked first: :mod:`flyarchive.store.hardening`).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+import zarr
+from zarr.codecs import BloscCodec, Crc32cCodec
+from zarr.codecs.numcodecs import PCodec
+
+from flyarchive.errors import CorruptArchiveError
+
+__all__ = ["BoundedPCodec", "CheckedCrc32cCodec", "BoundedBloscCodec", "damaged",
+           "install_bounded_decoders", "BLOSC_HEADER"]
+
+
+def damaged(reason: str) -> CorruptArchiveError:
+    """The error for a chunk whose bytes do not decode; ``reason`` is kept as ``.reason``
+    for callers that name the chunk and the archive themselves."""
+    err = CorruptArchiveError(
+        f"{reason[0].upper()}{reason[1:]}: its stored bytes are damaged. Run `flyarchive "
+        "verify` on the archive to list every damaged chunk."
+    )
+    err.reason = reason  # type: ignore[attr-defined]
+    return err
+
+
+class BoundedPCodec(PCodec):
+    """zarr's pcodec codec, decoding into the chunk's declared shape and never past it.
+
+    pcodec compresses constant runs to a few bytes per 2**18 values, so a stored chunk of
+    kilobytes can declare gigabytes. This decoder writes into an array of the chunk's
+    shape and refuses data that holds more (or fewer) values: memory stays bounded by the
+    declared chunk, which :func:`check_array_metadata` bounds in turn.
+    """
+
+    def _decode_sync(self, chunk_data: Any, chunk_spec: Any) -> Any:
+        from pcodec import standalone
+
+        count = math.prod(chunk_spec.shape)
+        out = np.empty(count, dtype=chunk_spec.dtype.to_native_dtype())
+        try:
+            progress = standalone.simple_decompress_into(chunk_data.to_bytes(), out)
+        except (RuntimeError, TypeError) as err:
+            raise damaged(f"a pcodec chunk does not decode ({err})") from None
+        if progress.n_processed != count or not progress.finished:
+            raise damaged(
+                f"a pcodec chunk holds more or fewer values than its declared shape "
+                f"{tuple(chunk_spec.shape)} ({count} values); it was not decoded past them"
+            )
+        return chunk_spec.prototype.nd_buffer.from_ndarray_like(out.reshape(chunk_spec.shape))
+
+
+class CheckedCrc32cCodec(Crc32cCodec):
+    """zarr's CRC-32C codec, reporting a mismatch as :class:`CorruptArchiveError` (a
+    ``ValueError``, as before) that says what it means and what to run."""
+
+    def _decode_sync(self, chunk_bytes: Any, chunk_spec: Any) -> Any:
+        try:
+            return super()._decode_sync(chunk_bytes, chunk_spec)
+        except ValueError as err:
+            raise damaged(f"a stored chunk fails its CRC-32C checksum ({err})") from None
+
+
+#: Bytes of a Blosc chunk header.
+BLOSC_HEADER = 16
+
+
+class BoundedBloscCodec(BloscCodec):
+    """zarr's Blosc codec, refusing a chunk whose header declares more bytes than the
+    chunk's declared shape holds (a few stored bytes can declare gigabytes), before
+    anything is allocated."""
+
+    def _decode_sync(self, chunk_bytes: Any, chunk_spec: Any) -> Any:
+        raw = chunk_bytes.as_numpy_array()
+        if raw.nbytes < BLOSC_HEADER:
+            raise damaged(f"a blosc chunk of {raw.nbytes} bytes is shorter than its header")
+        declared, stored = (int(v) for v in raw[4:16].view("<u4")[[0, 2]])
+        expected = math.prod(chunk_spec.shape) * chunk_spec.dtype.to_native_dtype().itemsize
+        if declared > expected or stored != raw.nbytes:
+            raise damaged(
+                f"a blosc chunk declares {declared} bytes ({stored} stored in "
+                f"{raw.nbytes}); its shape {tuple(chunk_spec.shape)} holds {expected}"
+            )
+        return super()._decode_sync(chunk_bytes, chunk_spec)
+
+
+_DECODERS = {"numcodecs.pcodec": BoundedPCodec, "crc32c": CheckedCrc32cCodec,
+             "blosc": BoundedBloscCodec}
+
+
+def _qualname(cls: type) -> str:
+    return f"{cls.__module__}.{cls.__qualname__}"
+
+
+def install_bounded_decoders() -> None:
+    """Make every zarr read in this process decode pcodec with :class:`BoundedPCodec` and
+    check CRC-32C with :class:`CheckedCrc32cCodec`.
+
+    Idempotent. Encoding is unchanged (the classes inherit it), so archives written
+    before and after are identical.
+    """
+    chosen = dict(zarr.config.get("codecs", {}))
+    if all(chosen.get(name) == _qualname(cls) for name, cls in _DECODERS.items()):
+        return
+    for name, cls in _DECODERS.items():
+        zarr.registry.register_codec(name, cls, qualname=_qualname(cls))
+        chosen[name] = _qualname(cls)
+    # The whole mapping: a dotted key would nest ("numcodecs" -> "pcodec") where zarr
+    # looks up the literal name "numcodecs.pcodec".
+    zarr.config.set({"codecs": chosen})
