@@ -47,7 +47,7 @@ _LAZY = {
     "load_model": "flyarchive.models",
     "save_mjb": "flyarchive.models",
     "set_trajectory_recorder": "flyarchive.interop.flygym_sim",
-    "read_trajectories": "flyarchive.interop.flygym_sim",
+    "read_trajectories": "flyarchive.record.trajectories",
 }
 
 __all__ = [

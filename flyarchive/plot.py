@@ -37,8 +37,8 @@ def _traces(url: str, storage_options: Mapping[str, Any] | None, ds: Any, world:
     try:
         return one.time.values[:n], one.qpos.sel(dof=chosen).values[:n]
     except Exception as err:  # a checksum mismatch, bytes that do not decode, a refused file
-        from flyarchive.store.reader import corrupt_read, damaged_chunks, open_checked
         from flyarchive.store.localstore import UnsafeFileError
+        from flyarchive.store.reader import corrupt_read, damaged_chunks, open_checked
 
         index = [int(w) for w in ds.world.values].index(world)
         found = damaged_chunks(open_checked(url, storage_options)["qpos"], limit=1,

@@ -359,8 +359,8 @@ def _child_warp(spec: dict[str, Any], model: Any) -> dict[str, Any]:
 def _child_warp_dask(spec: dict[str, Any], model: Any) -> dict[str, Any]:
     """warp-cpu on render_videos' own LocalCluster (``distributed.connect``), k workers:
     a cold render (worker start-up included), then the same render warm (timed)."""
-    from flyarchive.distribute.cluster import connect
     from flyarchive.distribute.api import render_videos
+    from flyarchive.distribute.cluster import connect
 
     options = _options(spec, backend="warp-cpu", batch_worlds=spec["batch_worlds"])
     start = time.perf_counter()

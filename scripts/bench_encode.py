@@ -39,8 +39,8 @@ from typing import Any
 
 import imageio_ffmpeg
 import numpy as np
-
 from benchlib import Column, Table, add_json_option, host_info, parse_size, write_json
+
 from flyarchive.testing import rgb_to_i420
 from flyarchive.video import read_video
 

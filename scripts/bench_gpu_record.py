@@ -34,7 +34,6 @@ from typing import Any
 import fsspec
 import mujoco
 import numpy as np
-
 from benchlib import (
     Column,
     PeakMemory,

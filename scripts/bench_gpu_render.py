@@ -23,7 +23,6 @@ from typing import Any
 
 import mujoco
 import numpy as np
-
 from benchlib import (
     Column,
     Table,

@@ -59,7 +59,6 @@ from typing import Any
 from unittest import mock
 
 import numpy as np
-
 from benchlib import (
     Column,
     PeakMemory,

@@ -50,7 +50,6 @@ from typing import Any
 import numpy as np
 import xarray as xr
 import zarr
-
 from benchlib import (
     OUTPUT_FPS,
     PLAYBACK,
@@ -65,6 +64,7 @@ from benchlib import (
     write_archive,
     write_json,
 )
+
 from flyarchive import open_archive
 from flyarchive.layout import ModelLayout
 

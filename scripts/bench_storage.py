@@ -24,11 +24,11 @@ from typing import Any
 
 import numpy as np
 import zarr
+from benchlib import Column, Table, add_json_option, host_info, nmf_states, write_json
 from zarr.codecs import BloscCodec, BytesCodec, Crc32cCodec, TransposeCodec
 from zarr.codecs.numcodecs import PCodec, Shuffle, Zstd
 from zarr.storage import MemoryStore
 
-from benchlib import Column, Table, add_json_option, host_info, nmf_states, write_json
 from flyarchive import codecs
 
 Kwargs = dict[str, Any]

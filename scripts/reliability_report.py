@@ -47,8 +47,8 @@ from typing import Any
 os.environ.setdefault("MUJOCO_GL", "egl")
 
 import numpy as np  # noqa: E402
-
 from benchlib import Column, Table, add_json_option, host_info, write_json  # noqa: E402
+
 from flyarchive.testing.kills import (  # noqa: E402
     S3_OUTCOMES,
     KillConfig,
@@ -129,8 +129,8 @@ def run_corruptions(workdir: Path) -> list[dict[str, Any]]:
     import zarr
 
     from flyarchive import TrajectoryRecorder
-    from flyarchive.testing import flip_bits, shard_file, simulate, tiny_model
     from flyarchive.store.integrity import verify
+    from flyarchive.testing import flip_bits, shard_file, simulate, tiny_model
 
     model = tiny_model()
     sound = workdir / "sound.zarr"

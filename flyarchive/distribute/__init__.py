@@ -10,7 +10,7 @@
 - :mod:`~flyarchive.distribute.cpu_tasks`: OpenGL tasks (segments, joins, frame blocks);
 - :mod:`~flyarchive.distribute.warp_pipeline` and :mod:`~flyarchive.distribute.encoders`:
   the Warp pipeline of one process (read, render, encode);
-- :mod:`~flyarchive.distribute.workspace`: run folders, scratch space, publishing;
+- :mod:`~flyarchive.video.workspace`: run folders, scratch space, publishing;
 - :mod:`~flyarchive.distribute.caches`: renderers kept between tasks;
 - :mod:`~flyarchive.distribute.diagnostics`: progress bars, :class:`PipelineProfile`.
 

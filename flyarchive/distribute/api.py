@@ -155,7 +155,7 @@ def render_videos(
     output folder is checked (and created) before anything is rendered. A final video
     name never holds a partial video: segments go to ``{out}/.parts-{run}/``, which is
     removed at the end, on errors and on Ctrl-C; one left by a killed run is removed by
-    the next run into ``out`` (:mod:`flyarchive.distribute.workspace`).
+    the next run into ``out`` (:mod:`flyarchive.video.workspace`).
 
     Args:
         source: Archive URL.
@@ -178,8 +178,8 @@ def render_videos(
         ConfigError (a ``FLYARCHIVE_*`` environment variable holds a value that is not
         allowed; :mod:`flyarchive.config`).
     """
-    from flyarchive.distribute.workspace import RunFolder
     from flyarchive.video.manifest import describe, write_manifest
+    from flyarchive.video.workspace import RunFolder
 
     cameras = (cameras,) if isinstance(cameras, str) else tuple(cameras)
     if n_workers is not None and (not is_int(n_workers) or n_workers < 0):

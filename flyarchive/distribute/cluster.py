@@ -21,8 +21,8 @@ from collections.abc import Iterator
 from typing import Any
 
 from flyarchive.config import worker_environment
-from flyarchive.distribute.workspace import SCRATCH_PREFIX, sweep_local
 from flyarchive.errors import missing_dependency
+from flyarchive.video.workspace import SCRATCH_PREFIX, sweep_local
 
 __all__ = ["connect", "scatter_model", "LOCAL_DASHBOARD"]
 

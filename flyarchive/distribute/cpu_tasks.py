@@ -24,11 +24,11 @@ import numpy as np
 from flyarchive import config
 from flyarchive.distribute.caches import close_thread_renderers, thread_renderers
 from flyarchive.distribute.plan import RenderPlan
-from flyarchive.distribute.workspace import RunFolder, is_local_fs, scratch_dir
-from flyarchive.distribute.workspace import filesystem as _filesystem
 from flyarchive.errors import RenderFailedError
 from flyarchive.models import model_from_bytes
 from flyarchive.schema import finite_frames
+from flyarchive.video.workspace import RunFolder, is_local_fs, scratch_dir
+from flyarchive.video.workspace import filesystem as _filesystem
 
 __all__ = [
     "render_segment", "join_segments", "render_block", "close_thread_renderers",

@@ -34,7 +34,7 @@ def run_plan(plan: RenderPlan, blob: bytes, parts: str, *, client: Any = None,
     Args:
         plan: What to render.
         blob: The compiled model as MJB bytes.
-        parts: The run's parts folder (:attr:`flyarchive.distribute.workspace.RunFolder.url`), which
+        parts: The run's parts folder (:attr:`flyarchive.video.workspace.RunFolder.url`), which
             the caller holds for the whole run and removes afterwards.
         client, scheduler, n_workers: Where to run (see :class:`connect`).
         in_process: Render in this process.

@@ -219,9 +219,9 @@ class Encoders:
 
     def _publish(self, key: tuple[int, int], writer: Any) -> None:
         from flyarchive.distribute.cpu_tasks import given_up_error, local_staging
-        from flyarchive.distribute.workspace import RunFolder
         from flyarchive.video import write_output
         from flyarchive.video.manifest import video_entry
+        from flyarchive.video.workspace import RunFolder
 
         plan, job, camera = self._plan, self._jobs[key[0]], self._cameras[key[1]]
         writer.close()

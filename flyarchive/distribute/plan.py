@@ -16,9 +16,9 @@ from typing import Any
 import mujoco
 import numpy as np
 
-from flyarchive.distribute.workspace import filesystem as _filesystem
-from flyarchive.distribute.workspace import is_local_fs
 from flyarchive.errors import OutputExistsError, RenderOptionsError
+from flyarchive.video.workspace import filesystem as _filesystem
+from flyarchive.video.workspace import is_local_fs
 
 __all__ = ["absolute_url", "RenderPlan", "preflight", "Piece", "Batch", "pack_batches",
            "split_groups"]

@@ -43,11 +43,11 @@ from flyarchive.distribute.caches import RendererCache
 from flyarchive.distribute.diagnostics import StageTimer, progress_bar
 from flyarchive.distribute.encoders import Encoders
 from flyarchive.distribute.plan import Batch, pack_batches
-from flyarchive.distribute.workspace import scratch_dir
 from flyarchive.errors import RenderBackendError
 from flyarchive.replay import WARP_BACKENDS
 from flyarchive.schema import finite_frames
 from flyarchive.store import StateReader
+from flyarchive.video.workspace import scratch_dir
 
 __all__ = ["warp_device", "render_jobs", "batch_worlds_of"]
 #: Largest batch on Warp's CPU device, which renders a batch's states one after
@@ -133,7 +133,7 @@ def render_jobs(plan: Any, blob: bytes, jobs: Sequence[Any], device: str, *,
         blob: The compiled model as MJB bytes.
         jobs: The videos to make (a subset of ``plan.jobs``, or all of them).
         device: Warp device, ``"cuda"``, ``"cuda:1"`` or ``"cpu"``.
-        parts: The run's parts folder (:class:`flyarchive.distribute.workspace.RunFolder`): finished
+        parts: The run's parts folder (:class:`flyarchive.video.workspace.RunFolder`): finished
             videos are staged in it on local disk, and none is published once it is gone
             (the run was given up). None: stage beside each video.
         on_frames: Called with the number of frames of each batch rendered (for a

@@ -20,67 +20,13 @@ the first step at or after ``k * playback_speed / output_fps``; see the README).
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from typing import Any
 
-import numpy as np
-
-from flyarchive.errors import SelectionError, missing_dependency
-from flyarchive.query import open_archive
+from flyarchive.errors import SelectionError
+from flyarchive.record.trajectories import read_trajectories
 
 __all__ = ["read_trajectories", "set_trajectory_recorder"]
-
-
-def read_trajectories(
-    url: str,
-    storage_options: Mapping[str, Any] | None = None,
-    *,
-    worlds: Sequence[int] | None = None,
-) -> list[Any]:
-    """Committed frames of worlds of an archive as flygym ``RecordedTrajectory`` objects.
-
-    Args:
-        url: Archive URL.
-        storage_options: Passed to fsspec.
-        worlds: World ids (default: every world), in the order returned.
-
-    Returns:
-        One ``flygym.recording.RecordedTrajectory`` per world: ``time`` (n,) the
-        simulation time of each frame (``sim_time``; ``time`` for archives without it),
-        ``qpos`` (n, nq) and mocap poses as stored, ``output_fps``, ``playback_speed``
-        and ``world_id``. Only committed frames.
-
-    Raises:
-        MissingDependencyError: if flygym is not installed.
-        SelectionError: for a world id that is not in the archive.
-    """
-    try:
-        from flygym.recording import RecordedTrajectory
-    except ImportError:
-        raise missing_dependency("flygym", "flygym", "Reading flygym trajectories") from None
-    ds = open_archive(url, storage_options)
-    ids = [int(w) for w in ds.world.values]
-    chosen = ids if worlds is None else [int(w) for w in worlds]
-    unknown = [w for w in chosen if w not in ids]
-    if unknown:
-        raise SelectionError(f"World(s) {unknown} are not in {url!r}; it has worlds {ids[:20]}.")
-    fps = float(ds.attrs["output_fps"])
-    times = ds["sim_time"] if "sim_time" in ds.variables else ds["time"]
-    out = []
-    for w in chosen:
-        one = ds.sel(world=w)
-        n = int(one.n_frames)
-        mocap = "mocap_pos" in ds
-        out.append(RecordedTrajectory(
-            time=np.asarray(times.values[:n]),
-            qpos=np.asarray(one.qpos.values[:n]),
-            output_fps=int(fps) if fps.is_integer() else fps,  # type: ignore[arg-type]
-            playback_speed=float(ds.attrs["playback_speed"]),
-            world_id=w,
-            mocap_pos=np.asarray(one.mocap_pos.values[:n]) if mocap else None,
-            mocap_quat=np.asarray(one.mocap_quat.values[:n]) if mocap else None,
-        ))
-    return out
 
 
 def set_trajectory_recorder(

@@ -27,6 +27,7 @@ import numpy as np
 
 from flyarchive.codecs import parse_codec
 from flyarchive.errors import RecordingError
+from flyarchive.record.trajectories import read_trajectories
 from flyarchive.store import ArchiveWriter
 from flyarchive.store.shutdown import write_without_new_threads
 
@@ -187,8 +188,6 @@ def read_back(url: str, storage_options: Any, session: Any, n_frames: int,
         raise RuntimeError(f"No frames have been recorded yet into {url!r}.")
     if not session.closed:
         flush()
-    from flyarchive.interop.flygym_sim import read_trajectories
-
     return read_trajectories(url, storage_options, worlds=session.writer.world_ids)
 
 

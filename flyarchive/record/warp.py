@@ -49,7 +49,6 @@ from flyarchive.record.common import (
     release_writer,
 )
 from flyarchive.store import ArchiveSpec, ArchiveWriter, parse_mode, refuse_existing
-
 from flyarchive.warp_log import import_warp
 
 wp = import_warp("WarpTrajectoryRecorder")

@@ -34,7 +34,6 @@ from flyarchive.models import camera_ids
 from flyarchive.replay.frames import PIXEL_FORMATS, frame_shape, parse_frame_size
 from flyarchive.replay.warp_model import prepare_for_batch_rendering
 from flyarchive.schema import finite_frames
-
 from flyarchive.warp_log import import_mujoco_warp, import_warp
 
 _WHAT = "Rendering with mujoco-warp (flyarchive.replay.warp)"

@@ -27,7 +27,6 @@ from flyarchive.errors import CorruptArchiveError, SchemaError
 from flyarchive.schema import MAX_JSON_DEPTH, json_depth_of
 from flyarchive.store.decoders import BLOSC_HEADER, install_bounded_decoders
 
-
 __all__ = [
     "MAX_METADATA_BYTES", "MAX_CHUNK_BYTES", "MAX_SHARD_BYTES",
     "ChunkLimits", "refuse", "check_array_metadata", "check_arrays", "check_json_bytes",

@@ -64,9 +64,9 @@ def write_manifest(plan: Any, ds: xr.Dataset, entries: list[dict[str, Any]], *,
     Raises:
         StorageError: the manifest could not be written.
     """
-    from flyarchive.distribute.workspace import scratch_dir
     from flyarchive.store import package_versions
     from flyarchive.video import write_output
+    from flyarchive.video.workspace import scratch_dir
 
     url = f"{plan.out}/manifest.json"
     with _turn(plan.out, plan.out_storage_options):
@@ -151,7 +151,7 @@ def _upgrade(entry: dict[str, Any], earlier: dict[str, Any]) -> dict[str, Any]:
 @contextmanager
 def _turn(out: str, storage_options: Mapping[str, Any]) -> Iterator[None]:
     """Hold the output folder's lock on local disk (no-op elsewhere, or without flock)."""
-    from flyarchive.distribute.workspace import filesystem, is_local_fs
+    from flyarchive.video.workspace import filesystem, is_local_fs
 
     fs, path = filesystem(out, storage_options)
     if not is_local_fs(fs):

@@ -57,7 +57,7 @@ def concat_segments(
         )
     _check_same_stream(segments)
     out.parent.mkdir(parents=True, exist_ok=True)
-    from flyarchive.distribute.workspace import scratch_dir
+    from flyarchive.video.workspace import scratch_dir
 
     with tempfile.TemporaryDirectory(prefix="flyarchive-concat-", dir=scratch_dir()) as tmp:
         listing = Path(tmp) / "segments.txt"

@@ -10,6 +10,7 @@ import pytest
 import zarr
 
 from flyarchive import TrajectoryRecorder, open_archive
+from flyarchive.distribute.api import RenderOptions, render_videos
 from flyarchive.errors import (
     ArchiveExistsError,
     ArchiveNotFoundError,
@@ -26,7 +27,6 @@ from flyarchive.errors import (
     SelectionError,
     StorageError,
 )
-from flyarchive.distribute.api import RenderOptions, render_videos
 from flyarchive.store import ArchiveWriter, FrameBlock
 from flyarchive.testing import TINY_XML, flip_bits, reference_frames, shard_file, simulate
 from flyarchive.testing.fixtures import snapshot

@@ -19,14 +19,19 @@ import zarr
 
 from flyarchive import TrajectoryRecorder, open_archive
 from flyarchive.errors import CorruptArchiveError, SchemaError, StorageError
-from flyarchive.testing.hostile import (
-    make_case, make_sound, pcodec_bomb, rewrite_shard, snapshot, unpickled_marker,
-)
-from flyarchive.store.integrity import verify
 from flyarchive.layout import ModelLayout
 from flyarchive.plot import plot_traces
+from flyarchive.store.integrity import verify
 from flyarchive.testing import TWO_HINGES_XML, simulate
 from flyarchive.testing.fixtures import memory_snapshot, record, to_memory
+from flyarchive.testing.hostile import (
+    make_case,
+    make_sound,
+    pcodec_bomb,
+    rewrite_shard,
+    snapshot,
+    unpickled_marker,
+)
 
 pytestmark = pytest.mark.timeout(30)
 

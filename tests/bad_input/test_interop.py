@@ -22,7 +22,7 @@ from flyarchive.errors import (
     StorageError,
 )
 from flyarchive.interop.flygym_npz import export_npz, import_npz
-from flyarchive.testing import TINY_XML, reference_frames, simulate, slider_model
+from flyarchive.testing import reference_frames, slider_model
 from flyarchive.testing.fixtures import bucket_snapshot, record, snapshot
 from flyarchive.testing.markers import requires_linux_sys
 

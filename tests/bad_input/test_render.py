@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 
 from flyarchive.clock import Timing
+from flyarchive.distribute.api import RenderOptions, render_frames, render_videos
 from flyarchive.errors import (
     CameraNotFoundError,
     FrameSizeError,
@@ -23,7 +24,6 @@ from flyarchive.errors import (
     StorageError,
 )
 from flyarchive.layout import ModelLayout
-from flyarchive.distribute.api import RenderOptions, render_frames, render_videos
 from flyarchive.store import ArchiveSpec, ArchiveWriter, FrameBlock
 from flyarchive.testing import TINY_XML, reference_frames
 from flyarchive.testing.fixtures import record, snapshot

@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-_PATH = Path(__file__).resolve().parents[1] / "scripts" / "benchlib.py"
+_PATH = Path(__file__).resolve().parents[2] / "scripts" / "benchlib.py"
 _SPEC = importlib.util.spec_from_file_location("benchlib", _PATH)
 assert _SPEC is not None and _SPEC.loader is not None
 benchlib = importlib.util.module_from_spec(_SPEC)

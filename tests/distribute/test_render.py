@@ -11,17 +11,21 @@ import numpy as np
 import pytest
 
 from flyarchive import TrajectoryRecorder
-from flyarchive.errors import (
-    CameraNotFoundError, FrameSizeError, LayoutMismatchError, OutputExistsError, SelectionError,
-)
+from flyarchive.clock import Timing
 from flyarchive.distribute.api import RenderOptions, render_frames, render_videos
+from flyarchive.errors import (
+    CameraNotFoundError,
+    FrameSizeError,
+    LayoutMismatchError,
+    OutputExistsError,
+    SelectionError,
+)
+from flyarchive.layout import ModelLayout
 from flyarchive.replay.opengl import CpuRenderer
 from flyarchive.store import ArchiveSpec, ArchiveWriter, FrameBlock
-from flyarchive.clock import Timing
-from flyarchive.layout import ModelLayout
 from flyarchive.testing import simulate, slider_model
-from flyarchive.video import read_video
 from flyarchive.testing.markers import requires_warp
+from flyarchive.video import read_video
 
 SMALL = RenderOptions(size=(48, 64), segment_frames=4)
 

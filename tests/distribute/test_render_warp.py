@@ -16,7 +16,12 @@ import pytest
 from flyarchive.distribute.api import RenderOptions, VideoJob, render_videos
 from flyarchive.errors import OutputExistsError, RenderBackendError
 from flyarchive.testing import (
-    block_columns, flip_bits, shard_file, slider_columns, slider_model, tiny_model,
+    block_columns,
+    flip_bits,
+    shard_file,
+    slider_columns,
+    slider_model,
+    tiny_model,
 )
 from flyarchive.testing.fixtures import record, slider_archive
 from flyarchive.testing.markers import WARP_BACKEND, WARP_DEVICE, requires_no_cuda, requires_warp

@@ -13,11 +13,11 @@ from pathlib import Path
 
 import pytest
 
-from flyarchive.distribute.workspace import STALE_S, RunFolder
+from flyarchive.video.workspace import STALE_S, RunFolder
 
 SCRATCH = """
 import sys, time
-from flyarchive.distribute.workspace import scratch_dir
+from flyarchive.video.workspace import scratch_dir
 print(scratch_dir(), flush=True)
 if sys.argv[1] == "wait":
     time.sleep(600)
@@ -136,7 +136,7 @@ def test_s3_parts_folder_of_a_run_that_beats_elsewhere_is_kept(s3_out):
 
 
 def test_s3_parts_folder_of_a_dead_process_on_this_host_is_removed(s3_out):
-    from flyarchive.distribute.workspace import _host
+    from flyarchive.video.workspace import _host
 
     out, fs, options = s3_out
     dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],

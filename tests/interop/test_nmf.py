@@ -88,8 +88,8 @@ def test_walk_qpos_samples_frames_at_the_video_cadence(world):
 def test_replay_of_neuromechfly_equals_live_rendering_with_its_own_framebuffer(world):
     # Replay renders with a framebuffer fitted to the frames, not the model's 2048 x 2048.
     from flyarchive.interop import nmf
-    from flyarchive.replay.opengl import CpuRenderer, headless_renderer
     from flyarchive.replay.kinematics import update_render_geometry
+    from flyarchive.replay.opengl import CpuRenderer, headless_renderer
 
     size, camera = (96, 128), world.cameras[0]
     qpos = nmf.walk_qpos(3, world=world)

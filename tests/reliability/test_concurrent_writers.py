@@ -11,8 +11,8 @@ from flyarchive.clock import Timing
 from flyarchive.errors import WorldBlockConflictError
 from flyarchive.layout import ModelLayout
 from flyarchive.store import ArchiveSpec, ArchiveWriter
-from flyarchive.testing import reference_frames
 from flyarchive.store.integrity import verify
+from flyarchive.testing import reference_frames
 
 N_STEPS = 160  # 41 frames at a frame every 4 steps
 

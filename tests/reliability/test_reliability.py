@@ -11,10 +11,10 @@ import zarr
 
 from flyarchive import TrajectoryRecorder
 from flyarchive.cli import main
-from flyarchive.testing.kills import KillConfig, kill_trial
+from flyarchive.store.integrity import verify
 from flyarchive.testing import flip_bits, shard_file, simulate
 from flyarchive.testing.fixtures import record
-from flyarchive.store.integrity import verify
+from flyarchive.testing.kills import KillConfig, kill_trial
 from flyarchive.testing.markers import requires_warp
 
 PACKAGE = Path(__file__).resolve().parents[2] / "flyarchive"

@@ -17,13 +17,13 @@ import pytest
 
 os.environ.setdefault("MUJOCO_GL", "egl")
 
+from flyarchive.testing.fixtures import snapshot  # noqa: E402
 from flyarchive.testing.render_kills import (  # noqa: E402
     RenderArchive,
     RenderKillConfig,
     make_render_archive,
     render_kill_trial,
 )
-from flyarchive.testing.fixtures import snapshot  # noqa: E402
 
 pytestmark = pytest.mark.timeout(400)
 
@@ -84,8 +84,8 @@ def test_a_worker_killed_mid_render_fails_naming_the_world_and_leaves_no_video(
     import dask
     import distributed
 
-    from flyarchive.errors import RenderFailedError
     from flyarchive.distribute.api import RenderOptions, render_videos
+    from flyarchive.errors import RenderFailedError
     from flyarchive.testing import tiny_model
 
     out = tmp_path / "v"
@@ -122,7 +122,7 @@ def _kill_when_busy(client: Any, pid: int) -> None:
 # ----------------------------------------------------------------------------- liveness
 HOLDER = """
 import sys, time
-from flyarchive.distribute.workspace import RunFolder
+from flyarchive.video.workspace import RunFolder
 run = RunFolder.create(sys.argv[1])
 print(run.url, flush=True)
 time.sleep(600)
@@ -130,7 +130,7 @@ time.sleep(600)
 
 
 def test_a_live_runs_parts_folder_in_another_process_is_never_removed(tmp_path: Path) -> None:
-    from flyarchive.distribute.workspace import RunFolder
+    from flyarchive.video.workspace import RunFolder
 
     out = tmp_path / "v"
     holder = subprocess.Popen([sys.executable, "-c", HOLDER, str(out)], stdout=subprocess.PIPE,
@@ -148,7 +148,7 @@ def test_a_live_runs_parts_folder_in_another_process_is_never_removed(tmp_path: 
 
 
 def test_a_dead_runs_parts_folder_is_removed_by_the_next_run(tmp_path: Path) -> None:
-    from flyarchive.distribute.workspace import RunFolder
+    from flyarchive.video.workspace import RunFolder
 
     out = tmp_path / "v"
     holder = subprocess.Popen([sys.executable, "-c", HOLDER, str(out)], stdout=subprocess.PIPE,

@@ -17,8 +17,8 @@ import numpy as np
 import pytest
 
 from flyarchive.errors import FrameSizeError, LayoutMismatchError, RenderBackendError
-from flyarchive.replay.opengl import CpuRenderer, headless_renderer, pin_rasterizer_threads
 from flyarchive.replay.kinematics import set_state, update_render_geometry
+from flyarchive.replay.opengl import CpuRenderer, headless_renderer, pin_rasterizer_threads
 from flyarchive.testing import simulate, slider_model, tiny_model
 from flyarchive.testing.replay_suite import ReplayTests
 

@@ -13,11 +13,11 @@ from zarr.core.buffer import default_buffer_prototype
 from zarr.core.sync import sync
 
 from flyarchive import TrajectoryRecorder
-from flyarchive.store.claims import WRITER_KEY, _identity, _proc_stat, put_exclusive
 from flyarchive.clock import Timing
 from flyarchive.errors import ArchiveInUseError, SchemaError, StorageError, WorldBlockConflictError
 from flyarchive.layout import ModelLayout
 from flyarchive.store import ArchiveSpec, ArchiveWriter, FrameBlock, open_store
+from flyarchive.store.claims import WRITER_KEY, _identity, _proc_stat, put_exclusive
 from flyarchive.testing import simulate
 from flyarchive.testing.fixtures import record
 
