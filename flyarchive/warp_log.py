@@ -1,5 +1,5 @@
-"""Warp, imported for flyarchive: the missing-package error, and its console messages
-silent unless asked for.
+"""Warp, imported for flyarchive: the missing-package error, its console messages silent
+unless asked for, and kernels compiled once per machine.
 
 Warp prints a greeting when it initializes (version, devices, kernel cache) and one
 line per module it loads; on a machine without a CUDA driver its native code also
@@ -11,20 +11,34 @@ follow the same setting. Every module imports warp and mujoco_warp through
 
 A user who chose a Warp log level is left alone: only Warp's default level
 (``LOG_INFO``) is raised to ``LOG_WARNING``.
+
+Kernels compile once per machine, not once per process: Warp compiles a module that
+is not in its kernel cache in every process that needs it, at the same time (two
+Warp-CPU workers each spent 22-25 s compiling mujoco-warp's render kernel, side by
+side). :func:`configure_warp` puts a file lock around Warp's compile step, one per
+module, in ``{kernel cache}/flyarchive-locks/``: the first process compiles, the others
+wait for it and then load the module from the cache. A process that dies releases its
+lock. Without ``fcntl`` (Windows) nothing is locked.
 """
 
 from __future__ import annotations
 
 import ctypes
+import functools
 import os
 import sys
 import tempfile
+import time
+from collections.abc import Callable
 from typing import Any
 
 from flyarchive.config import verbose
 from flyarchive.errors import missing_dependency
 
-__all__ = ["import_warp", "import_mujoco_warp", "configure_warp"]
+__all__ = ["import_warp", "import_mujoco_warp", "configure_warp", "LOCK_FOLDER"]
+
+#: Folder of the kernel cache that holds the compile locks (one file per module).
+LOCK_FOLDER = "flyarchive-locks"
 
 _CUDA_WARNING = "Warp CUDA warning: Could not find or load the NVIDIA CUDA driver"
 
@@ -67,8 +81,10 @@ def configure_warp(wp: Any) -> None:
     (no greeting, no "Module ... load" lines); on a machine without a CUDA driver,
     Warp is initialized now with its native "could not load the CUDA driver" line
     held back (any other output of that moment is passed on). Verbose: ``LOG_INFO``.
+    Either way, kernel compilation is serialized across processes (see the module doc).
     """
     config = wp.config
+    _lock_compilation(wp)
     if verbose():
         if getattr(config, "log_level", None) is not None and config.log_level > wp.LOG_INFO:
             config.log_level = wp.LOG_INFO
@@ -115,3 +131,75 @@ def _init_without_cuda_warning(wp: Any) -> None:
                     if not line.startswith(_CUDA_WARNING)]
     if rest:
         sys.stderr.write("".join(rest))
+
+
+def _lock_compilation(wp: Any) -> None:
+    """Wrap Warp's ``Module._compile`` (once) so that one process at a time compiles a module.
+
+    ``Module._compile(device, output_dir, ...)`` returns at once when the module's binary
+    is in the cache; otherwise it generates and compiles it into ``output_dir``. Under
+    the lock of ``output_dir``, a process that waited finds the binary that the other one
+    made. Left alone when Warp has no such method (another Warp version) or no ``fcntl``.
+    """
+    try:
+        import fcntl  # noqa: F401  (POSIX only)
+
+        module_class = wp._src.context.Module
+    except (ImportError, AttributeError):
+        return
+    compile_ = getattr(module_class, "_compile", None)
+    if compile_ is None or getattr(compile_, "_flyarchive_locked", False):
+        return
+    module_class._compile = _locked(compile_, wp)
+
+
+def _locked(compile_: Callable[..., bool], wp: Any) -> Callable[..., bool]:
+    @functools.wraps(compile_)
+    def _compile(self: Any, device: Any = None, output_dir: Any = None, *args: Any,
+                 **kwargs: Any) -> bool:
+        if output_dir is None:  # ahead-of-time builds: Warp picks the folder itself
+            return compile_(self, device, output_dir, *args, **kwargs)
+        with _compile_lock(os.fspath(output_dir), wp, getattr(self, "name", "?")):
+            return compile_(self, device, output_dir, *args, **kwargs)
+
+    _compile._flyarchive_locked = True  # type: ignore[attr-defined]
+    return _compile
+
+
+class _compile_lock:
+    """Exclusive ``flock`` on ``{kernel cache}/flyarchive-locks/{module folder}.lock``
+    (beside ``output_dir`` when that is outside the kernel cache) for the block."""
+
+    def __init__(self, output_dir: str, wp: Any, module: str) -> None:
+        cache = os.path.realpath(str(getattr(wp.config, "kernel_cache_dir", None) or ""))
+        name = os.path.basename(os.path.normpath(output_dir))
+        inside = bool(cache) and os.path.dirname(os.path.realpath(output_dir)) == cache
+        folder = os.path.join(cache, LOCK_FOLDER) if inside else os.path.dirname(output_dir)
+        self.path = os.path.join(folder, f"{name}.lock")
+        self.module = module
+        self.fd: int | None = None
+
+    def __enter__(self) -> None:
+        import fcntl
+
+        try:
+            os.makedirs(os.path.dirname(self.path), exist_ok=True)
+            self.fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o666)
+        except OSError:  # a read-only cache: compile unlocked, as Warp alone would
+            return
+        try:
+            fcntl.flock(self.fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            start = time.perf_counter()
+            if verbose():
+                sys.stderr.write(f"Warp module {self.module}: waiting for another process "
+                                 f"compiling it (lock {self.path})\n")
+            fcntl.flock(self.fd, fcntl.LOCK_EX)
+            if verbose():
+                sys.stderr.write(f"Warp module {self.module}: waited "
+                                 f"{time.perf_counter() - start:.1f} s\n")
+
+    def __exit__(self, *exc: object) -> None:
+        if self.fd is not None:
+            os.close(self.fd)  # releases the lock
+            self.fd = None
