@@ -11,7 +11,7 @@ from typing import Any
 
 from flyarchive.errors import FlyarchiveError, SelectionError
 
-__all__ = ["main", "parse_worlds", "parse_time", "parse_size", "MAX_WORLDS"]
+__all__ = ["main", "parse_worlds", "parse_time", "parse_size", "parse_gpus", "MAX_WORLDS"]
 
 #: Most world ids one ``--worlds`` selection may name (a range is refused before it is expanded).
 MAX_WORLDS = 1_000_000
@@ -65,6 +65,21 @@ def parse_time(text: str) -> tuple[float | None, float | None]:
     except ValueError:
         raise SelectionError(
             f"Cannot read time window {text!r}; write START:END in seconds, e.g. '0.5:2.0' or '1:'."
+        ) from None
+
+
+def parse_gpus(text: str) -> list[int]:
+    """``"0,1"`` -> ``[0, 1]``: CUDA device numbers for ``--gpus``.
+
+    Raises:
+        SelectionError: not a comma-separated list of whole numbers.
+    """
+    try:
+        return [int(part) for part in text.split(",")]
+    except ValueError:
+        raise SelectionError(
+            f"Cannot read GPUs {text!r}; write CUDA device numbers like '0,1' (nvidia-smi "
+            "lists them), or leave --gpus out to use every GPU."
         ) from None
 
 
@@ -163,6 +178,7 @@ def cmd_render(args: argparse.Namespace) -> int:
                               video=_video_options(args)),
         scheduler=args.scheduler, n_workers=args.workers,
         storage_options=_storage_options(args.storage_options),
+        gpus=parse_gpus(args.gpus) if args.gpus else None,
     )
     print(f"wrote {len(written.videos)} video(s) and {written.manifest}")
     return 0
@@ -254,7 +270,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--size", default="240x320", help="HEIGHTxWIDTH (default 240x320)")
     p.add_argument("--out", default="videos", help="output folder or fsspec URL")
     p.add_argument("--scheduler", help="Dask scheduler address (default: a local cluster)")
-    p.add_argument("--workers", type=int, help="local worker processes (default: one per core)")
+    p.add_argument("--workers", type=int, help="local worker processes (default: one per core; "
+                   "warp-cpu: render threads of this process)")
     p.add_argument("--backend", default="cpu", choices=BACKENDS,
                    help="cpu (OpenGL, bit-exact), gpu (mujoco-warp on CUDA) or warp-cpu "
                         "(mujoco-warp on Warp's CPU device)")
@@ -265,6 +282,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.add_argument("--verbose", action="store_true", help="show Warp's initialization and "
                    "kernel-loading messages (hidden by default)")
+    p.add_argument("--gpus", help="with --backend gpu: CUDA device numbers to use, e.g. 0,1 "
+                   "(default: every GPU, one worker process each; one GPU renders in this "
+                   "process)")
     storage(p)
     p = add("plot", cmd_plot, "Plot joint traces of one world to a PNG.")
     p.add_argument("url")

@@ -6,7 +6,11 @@ cannot be used raises :class:`~flyarchive.errors.ConfigError` naming the variabl
 value and what is allowed; unset or empty means the default.
 
 - ``FLYARCHIVE_ENCODERS`` (a whole number >= 0; default 0): x264 encoder threads of
-  the Warp render pipeline; 0: one per core (at most 64, and at most one per video).
+  the Warp render pipeline; 0: one per core this process may use (its CPU affinity; at
+  most 64, and at most one per video).
+- ``FLYARCHIVE_CPUS`` (a CPU list such as ``0-15`` or ``0,2,4-7``; default: unset): the
+  cores of one render worker process; a worker pins itself to them at start. flyarchive
+  sets it for each worker of its own GPU cluster (disjoint cores per GPU).
 - ``FLYARCHIVE_BATCHES_IN_FLIGHT`` (a whole number >= 2; default 4): host frame buffers
   of the Warp pipeline, one batch each: its host memory bound.
 - ``FLYARCHIVE_CUDA_GRAPH`` (a switch; default on): off launches the Warp renderer
@@ -32,9 +36,10 @@ from dataclasses import dataclass
 from flyarchive.errors import ConfigError
 
 __all__ = [
-    "Knob", "KNOBS", "ENCODERS", "BATCHES_IN_FLIGHT", "CUDA_GRAPH", "VERBOSE", "WORKER",
-    "encoders", "batches_in_flight", "cuda_graph", "verbose", "set_verbose", "is_worker",
-    "worker_environment", "gl_backend", "check",
+    "Knob", "CpuListKnob", "KNOBS", "ENCODERS", "CPUS", "BATCHES_IN_FLIGHT", "CUDA_GRAPH",
+    "VERBOSE", "WORKER", "encoders", "usable_cores", "cpus", "parse_cpu_list",
+    "format_cpu_list", "batches_in_flight", "cuda_graph", "verbose", "set_verbose",
+    "is_worker", "worker_environment", "gl_backend", "check",
 ]
 
 _TRUE = ("1", "true", "yes", "on")
@@ -90,8 +95,66 @@ class Knob:
         )
 
 
+class CpuListKnob(Knob):
+    """A ``FLYARCHIVE_*`` variable that holds a list of CPU numbers (``0-3,8``); unset: None."""
+
+    @property
+    def allowed(self) -> str:
+        return "a list of CPU numbers and ranges such as 0-15 or 0,2,4-7"
+
+    def read(self) -> tuple[int, ...] | None:  # type: ignore[override]
+        """The CPUs, sorted, without duplicates; None when unset or empty.
+
+        Raises:
+            ConfigError: the value is not such a list (the message names the variable).
+        """
+        text = os.environ.get(self.name, "").strip()
+        if not text:
+            return None
+        try:
+            return parse_cpu_list(text)
+        except ValueError:
+            raise ConfigError(
+                f"The environment variable {self.name}={os.environ[self.name]!r} cannot be "
+                f"used: it must be {self.allowed} ({self.meaning}). Set it to such a value, or "
+                "unset it (every core this process may use)."
+            ) from None
+
+
+def parse_cpu_list(text: str) -> tuple[int, ...]:
+    """``"0-3,8"`` -> ``(0, 1, 2, 3, 8)`` (the format of ``taskset -c`` and Linux's
+    ``cpulist`` files); sorted, without duplicates.
+
+    Raises:
+        ValueError: not such a list, or empty.
+    """
+    cpus: set[int] = set()
+    for part in text.split(","):
+        lo, sep, hi = part.strip().partition("-")
+        first, last = int(lo), int(hi) if sep else int(lo)
+        if first < 0 or last < first:
+            raise ValueError(f"bad CPU range {part!r}")
+        cpus.update(range(first, last + 1))
+    if not cpus:
+        raise ValueError("no CPU")
+    return tuple(sorted(cpus))
+
+
+def format_cpu_list(cpus: tuple[int, ...] | list[int]) -> str:
+    """``(0, 1, 2, 3, 8)`` -> ``"0-3,8"`` (the inverse of :func:`parse_cpu_list`)."""
+    runs: list[list[int]] = []
+    for cpu in sorted(set(cpus)):
+        if runs and cpu == runs[-1][1] + 1:
+            runs[-1][1] = cpu
+        else:
+            runs.append([cpu, cpu])
+    return ",".join(str(a) if a == b else f"{a}-{b}" for a, b in runs)
+
+
 ENCODERS = Knob("FLYARCHIVE_ENCODERS", 0, 0,
                 "x264 encoder threads of the Warp render pipeline; 0: one per core")
+CPUS = CpuListKnob("FLYARCHIVE_CPUS", None, None,  # type: ignore[arg-type]
+                   "the cores a render worker process pins itself to")
 BATCHES_IN_FLIGHT = Knob("FLYARCHIVE_BATCHES_IN_FLIGHT", 4, 2,
                          "host frame buffers of the Warp render pipeline, one batch each")
 CUDA_GRAPH = Knob("FLYARCHIVE_CUDA_GRAPH", True, None,
@@ -102,16 +165,34 @@ WORKER = Knob("FLYARCHIVE_WORKER", False, None,
               "1: a worker process of flyarchive's LocalCluster, one core each")
 #: Every variable, by name.
 KNOBS: dict[str, Knob] = {k.name: k for k in (ENCODERS, BATCHES_IN_FLIGHT, CUDA_GRAPH, VERBOSE,
-                                               WORKER)}
+                                               WORKER, CPUS)}
 
 
 def encoders() -> int:
-    """Encoder threads the Warp pipeline starts: ``FLYARCHIVE_ENCODERS``, or one per core.
+    """Encoder threads the Warp pipeline starts: ``FLYARCHIVE_ENCODERS``, or one per core
+    this process may use (its CPU affinity, e.g. a worker's share of a GPU host).
 
     Raises:
         ConfigError: the variable is not a whole number >= 0.
     """
-    return int(ENCODERS.read()) or (os.cpu_count() or 1)
+    return int(ENCODERS.read()) or usable_cores()
+
+
+def usable_cores() -> int:
+    """Cores this process may run on: its CPU affinity where the system says (Linux),
+    else ``os.cpu_count()``."""
+    if hasattr(os, "sched_getaffinity"):
+        return len(os.sched_getaffinity(0)) or 1
+    return os.cpu_count() or 1
+
+
+def cpus() -> tuple[int, ...] | None:
+    """The cores of this render worker (``FLYARCHIVE_CPUS``), None when unset.
+
+    Raises:
+        ConfigError: the variable is not a CPU list.
+    """
+    return CPUS.read()
 
 
 def batches_in_flight() -> int:

@@ -128,6 +128,7 @@ def render_videos(
     n_workers: int | None = None,
     storage_options: Mapping[str, Any] | None = None,
     out_storage_options: Mapping[str, Any] | None = None,
+    gpus: Sequence[int] | None = None,
 ) -> RenderResult:
     """Render worlds of an archive to one mp4 per (world, camera), plus a JSON manifest.
 
@@ -144,11 +145,14 @@ def render_videos(
       that offer the resource ``GPU``);
     - else ``"cpu"``: a local Dask cluster of ``n_workers`` processes (default: one per
       core) that this call starts and stops;
-    - else ``"gpu"``: in this process, on its GPU;
-    - else ``"warp-cpu"``: a local cluster of ``n_workers`` processes, or this process
-      when ``n_workers`` is 1 or there is one core or one video;
+    - else ``"gpu"``: every GPU of this machine (or those of ``gpus``), one group of
+      videos each: one GPU in this process; several on a local Dask cluster of one
+      worker process per GPU, each with its share of the cores, that this call starts
+      and stops;
+    - else ``"warp-cpu"``: ``n_workers`` render threads of this process (default: one
+      per core);
     - ``n_workers=0``, or a ``memory://`` archive (worker processes cannot see it):
-      always in this process.
+      always in this process (one thread; ``"gpu"``: the first GPU of ``gpus``).
 
     Local paths (``source``, ``out``, also as ``file://``) are made absolute here, with
     ``~`` expanded, before they go to workers, which may run in other folders. The
@@ -168,13 +172,16 @@ def render_videos(
         storage_options: fsspec options for the archive.
         out_storage_options: fsspec options for ``out`` (default: ``storage_options``
             when ``out`` uses the archive's protocol).
+        gpus: Backend ``"gpu"`` without a client or scheduler: the CUDA device numbers
+            of the GPUs to use (``[0, 1]``); default: every visible GPU.
 
     Raises:
         CameraNotFoundError, LayoutMismatchError, SelectionError, FrameSizeError,
         OutputExistsError (a video exists without ``overwrite``, or a folder is where a
         video goes), StorageError (``out`` is a file or cannot be written; nothing
         is rendered), RenderBackendError, RenderFailedError (a task failed on a worker;
-        the message names the world), RenderOptionsError (``n_workers`` below 0),
+        the message names the world), RenderOptionsError (``n_workers`` below 0, or
+        ``gpus`` names a GPU that is not visible),
         ConfigError (a ``FLYARCHIVE_*`` environment variable holds a value that is not
         allowed; :mod:`flyarchive.config`).
     """
@@ -203,7 +210,7 @@ def render_videos(
     with RunFolder.create(plan.out, plan.out_storage_options) as run:
         videos = run_plan(plan, model_bytes(model), run.url, client=client,
                           scheduler=scheduler, n_workers=n_workers,
-                          in_process=in_process and client is None)
+                          in_process=in_process and client is None, gpus=gpus)
         videos = [describe(plan, ds, v) for v in videos]
         manifest = write_manifest(plan, ds, videos, staging=run.local)
     return RenderResult(videos, manifest)

@@ -4,6 +4,11 @@ A LocalCluster started here renders quietly and stops cleanly: its scheduler ser
 HTTP on a free loopback port (never Dask's fixed 8787, which warns when taken), its
 worker processes ignore Ctrl-C (this process handles it and closes the cluster), and
 their scratch folders are removed when it closes.
+
+Two kinds are started here: one worker process per core (the OpenGL backend), or one
+per GPU (backend ``"gpu"``, as dask-cuda's ``LocalCUDACluster`` does): each with its GPU
+alone (``CUDA_VISIBLE_DEVICES``), the resource ``GPU=1``, its own cores and as many x264
+encoders (:mod:`flyarchive.distribute.gpus`).
 """
 
 from __future__ import annotations
@@ -20,7 +25,7 @@ import warnings
 from collections.abc import Iterator
 from typing import Any
 
-from flyarchive.config import worker_environment
+from flyarchive.config import gl_backend, worker_environment
 from flyarchive.errors import missing_dependency
 from flyarchive.video.workspace import SCRATCH_PREFIX, sweep_local
 
@@ -37,7 +42,9 @@ class connect:
 
     The LocalCluster has ``n_workers`` (default: one per core) single-thread worker
     processes, each pinned to one core's worth of threads
-    (:func:`flyarchive.config.worker_environment`); its
+    (:func:`flyarchive.config.worker_environment`), or, with ``gpu_workers``, one
+    single-thread worker process per GPU (:class:`flyarchive.distribute.gpus.GpuWorker`:
+    its GPU, resource ``GPU=1``, its cores); its
     scheduler serves HTTP on a free loopback port (:data:`LOCAL_DASHBOARD`), never on a
     fixed one. Clients and clusters it made are closed on exit; a given client is left
     open.
@@ -53,8 +60,9 @@ class connect:
     """
 
     def __init__(self, client: Any = None, scheduler: str | None = None,
-                 n_workers: int | None = None) -> None:
+                 n_workers: int | None = None, *, gpu_workers: list[Any] | None = None) -> None:
         self._given, self._scheduler, self._n = client, scheduler, n_workers
+        self._gpu_workers = gpu_workers
         self._own: list[Any] = []
 
     def __enter__(self) -> Any:
@@ -68,7 +76,11 @@ class connect:
             if self._scheduler:
                 self._own.append(Client(self._scheduler))
             else:
-                self._own.append(_local_cluster(LocalCluster, self._n or os.cpu_count() or 1))
+                if self._gpu_workers:
+                    cluster = _local_gpu_cluster(LocalCluster, self._gpu_workers)
+                else:
+                    cluster = _local_cluster(LocalCluster, self._n or os.cpu_count() or 1)
+                self._own.append(cluster)
                 self._own.insert(0, Client(self._own[0]))
                 self._own[0].wait_for_workers(len(self._own[1].worker_spec))
         except BaseException as err:  # also Ctrl-C while the cluster starts
@@ -98,17 +110,47 @@ def _local_cluster(cls: Any, n_workers: int) -> Any:
     This process ignores SIGINT only until the worker processes exist (a fraction of a
     second: they import in their own time), not while the whole cluster starts.
     """
+    cluster = _empty_cluster(cls, worker_environment())
+    return _start_workers(cluster, lambda: cluster.scale(n_workers), n_workers)
+
+
+def _local_gpu_cluster(cls: Any, workers: list[Any]) -> Any:
+    """A LocalCluster of one worker process per :class:`~flyarchive.distribute.gpus.GpuWorker`,
+    each with its own environment (GPU, cores, encoders) and the resource ``GPU=1``.
+
+    The workers are Dask nannies' processes, as the LocalCluster's own, with per-worker
+    options (what ``dask-cuda``'s LocalCUDACluster does); a worker that dies is started
+    again by its nanny with the same environment. Each pins itself to its cores and
+    imports the Warp renderer as it starts (:mod:`flyarchive.distribute.worker_setup`),
+    so that the first group of videos finds it ready.
+    """
+    env = {"MUJOCO_GL": gl_backend()} if gl_backend() else {}
+    cluster = _empty_cluster(cls, env)
+    template = cluster.new_spec
+    for worker in workers:
+        options = {**template["options"], "name": worker.name, "resources": worker.resources,
+                   "env": {**template["options"].get("env", {}), **worker.env}}
+        cluster.worker_spec[worker.name] = {"cls": template["cls"], "options": options}
+    return _start_workers(cluster, lambda: cluster.scale(len(workers)), len(workers))
+
+
+def _empty_cluster(cls: Any, env: dict[str, str]) -> Any:
+    """A LocalCluster without workers yet, quiet, on loopback, single-thread workers."""
+    return cls(n_workers=0, threads_per_worker=1, processes=True,
+               dashboard_address=LOCAL_DASHBOARD, scheduler_kwargs={"dashboard": False},
+               env=env, silence_logs=logging.CRITICAL,
+               preload=["flyarchive.distribute.worker_setup"])
+
+
+def _start_workers(cluster: Any, scale: Any, n_workers: int) -> Any:
+    """Start the cluster's worker processes with SIGINT ignored until they exist."""
     import psutil
 
-    cluster = cls(n_workers=0, threads_per_worker=1, processes=True,
-                  dashboard_address=LOCAL_DASHBOARD, scheduler_kwargs={"dashboard": False},
-                  env=worker_environment(), silence_logs=logging.CRITICAL,
-                  preload=["flyarchive.distribute.worker_setup"])
     try:
         me = psutil.Process()
         before = {c.pid for c in me.children()}
         with _sigint_ignored():
-            cluster.scale(n_workers)
+            scale()
             deadline = time.monotonic() + 60
             while time.monotonic() < deadline and _new_workers(me, before) < n_workers:
                 time.sleep(0.01)

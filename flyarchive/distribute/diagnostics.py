@@ -19,11 +19,14 @@ from typing import Any
 
 __all__ = ["PipelineProfile", "StageTimer", "STAGES", "COUNTS", "progress_bar"]
 
-#: Seconds per stage, summed over threads. The thread that drives the renderer waits for
+#: Seconds per stage, summed over threads. The thread that drives the renderer gets its
+#: renderer (``setup_s``: imports, kernel loading, model and buffers on the device, when
+#: the process does not hold one already), waits for
 #: reads (``wait_read_s``), for a free host buffer (``wait_encoders_s``), submits
 #: batches (``submit_s``) and waits for their frames (``wait_gpu_s``); encoder threads
 #: pipe frames to ffmpeg (``encode_s``) and finish and publish videos (``publish_s``).
-STAGES = ("wait_read_s", "wait_encoders_s", "submit_s", "wait_gpu_s", "encode_s", "publish_s")
+STAGES = ("setup_s", "wait_read_s", "wait_encoders_s", "submit_s", "wait_gpu_s", "encode_s",
+          "publish_s")
 #: Counts: batches submitted, states rendered (one per world and frame, every camera),
 #: videos published, and the most encoder threads one render used.
 COUNTS = ("batches", "frames", "videos", "encoder_threads")

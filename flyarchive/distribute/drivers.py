@@ -2,33 +2,44 @@
 
 CPU (OpenGL): (world, frame segment) tasks, each rendered and encoded on its own, then a
 join task per (world, camera) that concatenates the segments without re-encoding. Warp
-backends: groups of whole videos, one per worker, each rendered by
-:func:`flyarchive.distribute.warp_pipeline.render_jobs`; for ``"gpu"`` on workers that
-hold the resource ``GPU`` (passed to ``client.submit`` explicitly: Dask drops
-``annotate`` resources during graph optimization, dask #7036).
+backends: groups of whole videos, balanced by frames, each rendered by
+:func:`flyarchive.distribute.warp_pipeline.render_jobs`; where they run is a
+:class:`Placement` (:func:`placement`):
+
+- ``"gpu"``: one group per GPU: in this process when one GPU is used (no Dask, no
+  second process: the least set-up), else on a local cluster of one worker process
+  per GPU (:mod:`flyarchive.distribute.gpus`), or on the workers of the cluster given
+  that hold the resource ``GPU`` (passed to ``client.submit`` explicitly: Dask drops
+  ``annotate`` resources during graph optimization, dask #7036);
+- ``"warp-cpu"``: one group per render thread of this process, one thread per core
+  (Warp's CPU kernels release the GIL: threads render in parallel, and a process
+  pays its imports and kernel loading once), or on the workers of the cluster given.
+
+A group whose worker dies is run again by Dask on another worker; it skips the videos
+that its first run finished (they are complete under their final names).
 """
 
 from __future__ import annotations
 
-import dataclasses
-import os
-import time
+from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from flyarchive.distribute.caches import close_thread_renderers
 from flyarchive.distribute.cluster import connect, scatter_model
 from flyarchive.distribute.cpu_tasks import join_segments, render_segment
-from flyarchive.distribute.diagnostics import PipelineProfile, StageTimer, progress_bar
-from flyarchive.distribute.plan import RenderPlan, split_groups
-from flyarchive.distribute.warp_pipeline import batch_worlds_of, render_jobs, warp_device
-from flyarchive.errors import FlyarchiveError, RenderBackendError, RenderFailedError
+from flyarchive.distribute.diagnostics import progress_bar
+from flyarchive.distribute.plan import RenderPlan
+from flyarchive.errors import FlyarchiveError, RenderFailedError
 
-__all__ = ["run_plan", "run_warp_plan", "runs_here", "task_result", "cancel_quietly"]
+__all__ = ["run_plan", "run_warp_plan", "runs_here", "placement", "Placement", "task_result",
+           "cancel_quietly"]
 
 
 def run_plan(plan: RenderPlan, blob: bytes, parts: str, *, client: Any = None,
              scheduler: str | None = None, n_workers: int | None = None,
-             in_process: bool = False) -> list[dict[str, Any]]:
+             in_process: bool = False, gpus: Sequence[int] | None = None
+             ) -> list[dict[str, Any]]:
     """Render every segment, join every video; returns the manifest entries.
 
     Args:
@@ -38,6 +49,7 @@ def run_plan(plan: RenderPlan, blob: bytes, parts: str, *, client: Any = None,
             the caller holds for the whole run and removes afterwards.
         client, scheduler, n_workers: Where to run (see :class:`connect`).
         in_process: Render in this process.
+        gpus: GPUs of this machine to use (backend ``"gpu"``; see :func:`placement`).
 
     Raises:
         RenderFailedError: a task failed on the cluster (a worker died, or raised an
@@ -46,7 +58,7 @@ def run_plan(plan: RenderPlan, blob: bytes, parts: str, *, client: Any = None,
     """
     if plan.options.backend != "cpu":
         return run_warp_plan(plan, blob, parts, client=client, scheduler=scheduler,
-                             n_workers=n_workers, in_process=in_process)
+                             n_workers=n_workers, in_process=in_process, gpus=gpus)
     if in_process:
         return _run_here(plan, blob, parts)
     with connect(client, scheduler, n_workers) as dask_client:
@@ -78,8 +90,8 @@ def task_result(future: Any, what: str) -> Any:
     except Exception as err:  # KilledWorker names the last worker that ran the task
         raise RenderFailedError(
             f"Rendering {what} failed on the Dask cluster ({type(err).__name__}: {err}) "
-            "No video of it was written under its final name. Read that worker's log for "
-            "the cause (memory limit, crash), then render again."
+            "No partial video of it was written under its final name. Read that worker's "
+            "log for the cause (memory limit, crash), then render again."
         ) from err
 
 
@@ -123,19 +135,91 @@ def cancel_quietly(client: Any, futures: list[Any]) -> None:
         pass
 
 
+
+
+# ----------------------------------------------------------------------------- Warp backends
+@dataclass(frozen=True)
+class Placement:
+    """Where a Warp plan renders.
+
+    Attributes:
+        where: ``"here"`` (this process, one render thread), ``"threads"`` (``threads``
+            render threads of this process, Warp's CPU device), ``"local-gpus"`` (a local
+            cluster of one worker process per GPU of ``gpu_workers``) or ``"cluster"``
+            (the client or scheduler given).
+        device: The Warp device of ``"here"`` and ``"threads"`` (``"cuda:1"``, ``"cpu"``).
+        threads: Render threads of ``"threads"``.
+        gpu_workers: The :class:`~flyarchive.distribute.gpus.GpuWorker` s of ``"local-gpus"``.
+    """
+
+    where: str
+    device: str | None = None
+    threads: int = 1
+    gpu_workers: tuple[Any, ...] = ()
+
+
+def placement(backend: str, n_videos: int, *, client: Any = None, scheduler: str | None = None,
+              n_workers: int | None = None, in_process: bool = False,
+              gpus: Sequence[int] | None = None, visible: Sequence[Any] | None = None,
+              cpus: Sequence[int] | None = None) -> Placement:
+    """Where :func:`run_warp_plan` renders a plan of ``n_videos`` (world) videos.
+
+    - a client or scheduler given: there;
+    - ``"gpu"``: the GPUs of ``gpus`` (default: every visible GPU, found without CUDA
+      here: :func:`flyarchive.distribute.gpus.visible_gpus`), at most one per video: one
+      GPU (or ``in_process``) renders in this process, on that GPU; several, on a local
+      cluster of one worker process per GPU, each with its share of ``cpus`` (default:
+      this process's cores);
+    - ``"warp-cpu"``: ``n_workers`` render threads (default: one per core), at most one
+      per video, in this process; one thread (``n_workers`` 0 or 1, ``in_process``, one
+      core or one video) renders here.
+
+    Raises:
+        RenderBackendError: ``"gpu"`` and no GPU is visible.
+        RenderOptionsError: ``gpus`` names a GPU that is not visible.
+    """
+    from flyarchive import config
+
+    if client is not None or scheduler is not None:
+        return Placement("cluster")
+    if backend == "gpu":
+        from flyarchive.distribute import gpus as gpu_placement
+
+        shown = gpu_placement.visible_gpus() if visible is None else list(visible)
+        chosen = gpu_placement.choose_gpus(gpus, shown)[:max(1, n_videos)]
+        if in_process or len(chosen) == 1:
+            return Placement("here", device=f"cuda:{chosen[0].ordinal}")
+        return Placement("local-gpus", gpu_workers=tuple(gpu_placement.gpu_workers(chosen,
+                                                                                   cpus=cpus)))
+    n = config.usable_cores() if n_workers is None else n_workers
+    n = min(n, n_videos)
+    if in_process or n <= 1:
+        return Placement("here", device="cpu")
+    return Placement("threads", device="cpu", threads=n)
+
+
+def runs_here(backend: str, n_videos: int, *, client: Any = None, scheduler: str | None = None,
+              n_workers: int | None = None, in_process: bool = False,
+              gpus: Sequence[int] | None = None) -> bool:
+    """Whether :func:`run_warp_plan` renders in this process (one thread or several)
+    rather than on Dask (:func:`placement`)."""
+    where = placement(backend, n_videos, client=client, scheduler=scheduler,
+                      n_workers=n_workers, in_process=in_process, gpus=gpus)
+    return where.where in ("here", "threads")
+
+
 def run_warp_plan(plan: Any, blob: bytes, parts: str | None = None, *, client: Any = None,
                   scheduler: str | None = None, n_workers: int | None = None,
-                  in_process: bool = False) -> list[dict[str, Any]]:
+                  in_process: bool = False, gpus: Sequence[int] | None = None
+                  ) -> list[dict[str, Any]]:
     """Render a plan on the Warp backend of ``plan.options.backend``; the manifest entries.
 
-    ``"gpu"``: without ``client`` and ``scheduler`` everything runs in this process (one
-    process drives one GPU); with either, groups of whole videos go to Dask workers
-    that hold the resource ``GPU`` (start them with ``--resources GPU=1``, one per GPU).
-
-    ``"warp-cpu"``: Warp runs a CPU kernel on one core, so by default groups of whole
-    videos go to a LocalCluster of ``n_workers`` single-core worker processes (one per
-    core), or to the workers of ``client`` / ``scheduler``; ``in_process=True`` (or a
-    single core) renders here.
+    Where: :func:`placement`. On ``"gpu"`` every visible GPU is used by default (one
+    worker process each, on a local cluster started and stopped here; one GPU renders
+    in this process); with a client or scheduler, groups of whole videos go to its
+    workers that hold the resource ``GPU`` (start them with ``--resources GPU=1``, one
+    per GPU). On ``"warp-cpu"`` this process renders with one thread per core, or the
+    workers of the cluster given do.
 
     Args:
         plan: :class:`flyarchive.distribute.plan.RenderPlan` with a Warp backend.
@@ -143,95 +227,32 @@ def run_warp_plan(plan: Any, blob: bytes, parts: str | None = None, *, client: A
         parts: The run's parts folder (see :func:`render_jobs`).
         client: A ``distributed.Client``.
         scheduler: A scheduler address, used when ``client`` is None.
-        n_workers: Worker processes of the LocalCluster (``"warp-cpu"`` only).
-        in_process: Render in this process (when no client or scheduler is given).
+        n_workers: Render threads (``"warp-cpu"``; 0: one, in this process).
+        in_process: Render in this process, one thread (when no client or scheduler is
+            given).
+        gpus: CUDA device numbers of the GPUs to use (``"gpu"``, no client or scheduler;
+            default: all).
 
     Returns:
         One entry per (world, camera) in ``plan.jobs`` order, then camera order:
         ``{"world", "camera", "path", "frames", "first_frame", "fps", "size"}``.
 
     Raises:
-        RenderBackendError: no CUDA device for ``"gpu"`` here, or no worker of the
-            cluster offers the ``GPU`` resource.
-        RenderFailedError: a group failed on a worker (the message names its worlds).
+        RenderBackendError: no CUDA device for ``"gpu"``, or no worker of the cluster
+            offers the ``GPU`` resource.
+        RenderOptionsError: ``gpus`` names a GPU that is not visible.
+        RenderFailedError: a group failed on a worker (the message names its worlds and
+            the worker).
         OutputExistsError, VideoEncodeError, StorageError.
     """
-    if runs_here(plan.options.backend, len(plan.jobs), client=client, scheduler=scheduler,
-                 n_workers=n_workers, in_process=in_process):
-        return render_jobs(plan, blob, plan.jobs, warp_device(plan.options.backend), parts=parts)
-    with connect(client, scheduler, n_workers) as dask_client:
-        return _run_warp_dask(plan, blob, parts, dask_client)
+    from flyarchive.distribute import warp_runs
 
-
-def runs_here(backend: str, n_videos: int, *, client: Any = None, scheduler: str | None = None,
-              n_workers: int | None = None, in_process: bool = False) -> bool:
-    """Whether :func:`run_warp_plan` renders in this process rather than on Dask."""
-    if client is not None or scheduler is not None:
-        return False
-    n = n_workers if n_workers is not None else (os.cpu_count() or 1)
-    return backend == "gpu" or in_process or n <= 1 or n_videos <= 1
-
-
-def _run_on_worker(plan: Any, blob: bytes, jobs: tuple[Any, ...], parts: str | None,
-                   topic: str | None) -> tuple[list[dict[str, Any]], dict[str, float]]:
-    """A Dask task: one group of videos on the worker's Warp device (checked there);
-    their manifest entries and the worker's stage timings.
-
-    With a ``topic``, frames rendered are reported as events to the client, which shows
-    the one progress bar; the worker shows none.
-    """
-    on_frames = None
-    if topic is not None:
-        from distributed import get_worker
-
-        worker = get_worker()
-        on_frames = lambda n: worker.log_event(topic, n)  # noqa: E731
-    quiet = dataclasses.replace(plan, options=dataclasses.replace(plan.options, progress=False))
-    with PipelineProfile() as profile:
-        entries = render_jobs(quiet, blob, jobs, warp_device(plan.options.backend), parts=parts,
-                              on_frames=on_frames)
-    return entries, profile.results
-
-
-def _run_warp_dask(plan: Any, blob: bytes, parts: str | None, client: Any) -> list[dict[str, Any]]:
-    workers = client.scheduler_info().get("workers", {})
-    resources = {"GPU": 1} if plan.options.backend == "gpu" else {}
-    able = [a for a, w in workers.items()
-            if all(w.get("resources", {}).get(k, 0) >= v for k, v in resources.items())]
-    if not able:
-        raise RenderBackendError(
-            f"None of the cluster's {len(workers)} worker(s) offers the resource 'GPU', so "
-            f"backend={plan.options.backend!r} batches cannot be placed. Start workers with "
-            "`dask worker SCHEDULER --nthreads 1 --resources GPU=1` (one per GPU), or pass "
-            "no client to render in this process."
-        )
-    groups = split_groups(plan.jobs, batch_worlds_of(plan.options), len(able))
-    blob_future = scatter_model(client, blob)
-    # One group per worker, placed explicitly: the scheduler would put the first tasks
-    # together on the worker holding the data (every worker holds the model).
-    timer = StageTimer()  # the profiles active here get the workers' timings
-    bar = progress_bar(sum(job.n_frames for job in plan.jobs), plan.options.progress)
-    topic = None
-    if bar is not None:
-        topic = f"flyarchive-progress-{os.getpid()}-{time.monotonic_ns()}"
-        client.subscribe_topic(topic, lambda event: bar.update(event[1]))
-    futures = [
-        client.submit(_run_on_worker, plan, blob_future, group, parts, topic,
-                      resources=resources or None, workers=[able[i % len(able)]],
-                      allow_other_workers=True, pure=False)
-        for i, group in enumerate(groups)
-    ]
-    try:
-        entries: list[dict[str, Any]] = []
-        for future, group in zip(futures, groups):
-            done, stages = task_result(future, f"worlds {[job.world_id for job in group]}")
-            entries.extend(done)
-            timer.add_results(stages)
-        return entries
-    except BaseException:
-        cancel_quietly(client, futures)
-        raise
-    finally:
-        if bar is not None:
-            client.unsubscribe_topic(topic)
-            bar.close()
+    where = placement(plan.options.backend, len(plan.jobs), client=client, scheduler=scheduler,
+                      n_workers=n_workers, in_process=in_process, gpus=gpus)
+    if where.where == "here":
+        return warp_runs.render_here(plan, blob, parts, where.device)
+    if where.where == "threads":
+        return warp_runs.render_threads(plan, blob, parts, where.threads)
+    with connect(client, scheduler, gpu_workers=list(where.gpu_workers) or None) as dask_client:
+        return warp_runs.render_on_dask(plan, blob, parts, dask_client,
+                                        own_cluster=where.where == "local-gpus")

@@ -4,8 +4,10 @@ One process drives one Warp device. The (world, frame) work of a render plan is
 packed world-major into batches of ``B = options.batch_worlds`` states, so that a
 batch touches few videos. Three stages overlap:
 
-- a reader thread loads each batch's states from the archive (one read per
-  rectangular block of worlds x frames, not one per frame) into a bounded queue;
+- reader threads load the batches' states from the archive (one read per rectangular
+  block of worlds x frames, not one per frame), ``_READERS`` batches at a time and at
+  most ``_READ_AHEAD`` batches ahead of the renderer, in order (on S3, a batch's read
+  waits on the network: several in flight keep the renderer fed);
 - this thread submits each batch with one :meth:`WarpBatchRenderer.submit` call
   (one host-to-device and one device-to-host copy), the next one before waiting for
   the current one's frames, into one of ``FLYARCHIVE_BATCHES_IN_FLIGHT`` (default 4)
@@ -19,7 +21,9 @@ a few batches, never by the length of a video. Stage timings go to the active
 :class:`~flyarchive.distribute.diagnostics.PipelineProfile` (if any).
 
 On Dask (:func:`flyarchive.distribute.drivers.run_warp_plan`), each worker runs the
-same single-process routine on a group of whole videos.
+same single-process routine on a group of whole videos; on Warp's CPU device, several
+threads of one process do (each with a renderer of its own, from a
+:class:`~flyarchive.distribute.caches.RendererPool`: Warp's CPU kernels release the GIL).
 
 ``import flyarchive`` does not import this module; it imports ``warp`` lazily.
 """
@@ -28,10 +32,11 @@ from __future__ import annotations
 
 import hashlib
 import os
-import queue
 import tempfile
 import threading
+from collections import deque
 from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -39,7 +44,7 @@ from typing import Any
 import numpy as np
 
 from flyarchive import config
-from flyarchive.distribute.caches import RendererCache
+from flyarchive.distribute.caches import RendererCache, RendererPool
 from flyarchive.distribute.diagnostics import StageTimer, progress_bar
 from flyarchive.distribute.encoders import Encoders
 from flyarchive.distribute.plan import Batch, pack_batches
@@ -56,8 +61,11 @@ __all__ = ["warp_device", "render_jobs", "batch_worlds_of"]
 #: 150-frame video 15.7 frames/s at 16, 18.1-20.4 at 4, 15.5 at 2; two 250-frame
 #: videos 19.0 at both 16 and 4.
 _CPU_BATCH_WORLDS = 4
-#: States read ahead of the renderer, in batches.
-_READ_AHEAD = 2
+#: States read ahead of the renderer, in batches (a batch's states are small: 1024
+#: NeuroMechFly states are 0.3 MB).
+_READ_AHEAD = 8
+#: Batches read at the same time.
+_READERS = 4
 
 
 def warp_device(backend: str) -> str:
@@ -88,9 +96,25 @@ def warp_device(backend: str) -> str:
 
 
 # ----------------------------------------------------------------------------- one process
-#: This process's Warp renderer (one device stream at a time: used under the lock).
+#: This process's Warp renderer on a GPU (one device stream at a time: used under the lock).
 _renderers = RendererCache()
 _renderers_lock = threading.Lock()
+#: Renderers of Warp's CPU device, one per render thread; built one at a time (below).
+_cpu_renderers = RendererPool()
+_cpu_build_lock = threading.Lock()
+
+
+@contextmanager
+def _renderer_cache(device: str) -> Iterator[RendererCache]:
+    """The cache of this render's renderer: on a GPU the process's own, held under its
+    lock (one batch stream per device); on the CPU one of the pool's, so that threads
+    render at the same time."""
+    if device == "cpu":
+        with _cpu_renderers.take() as cache:
+            yield cache
+    else:
+        with _renderers_lock:
+            yield _renderers
 
 
 def batch_worlds_of(options: Any) -> int:
@@ -101,21 +125,30 @@ def batch_worlds_of(options: Any) -> int:
 
 
 def _renderer(blob: bytes, cameras: tuple[str, ...], size: tuple[int, int],
-              batch_worlds: int, device: str, buffers: int) -> Any:
-    """This process's :class:`WarpBatchRenderer` (the last one asked for is kept)."""
+              batch_worlds: int, device: str, buffers: int, *,
+              cache: RendererCache | None = None) -> Any:
+    """The :class:`WarpBatchRenderer` of ``cache`` (default: this process's GPU renderer);
+    the last one asked for is kept."""
     from flyarchive.models import model_from_bytes
     from flyarchive.replay.warp import WarpBatchRenderer
 
     def make() -> Any:
         # WarpBatchRenderer prepares a copy with prepare_for_batch_rendering.
         # I420 on the device: half the bytes to copy, and no RGB conversion in ffmpeg.
-        return WarpBatchRenderer(
-            model_from_bytes(blob), cameras, size, batch_worlds=batch_worlds, device=device,
+        model = model_from_bytes(blob)
+        renderer = WarpBatchRenderer(
+            model, cameras, size, batch_worlds=batch_worlds, device=device,
             host_buffers=buffers, pixel_format="yuv420p",
         )
+        if device == "cpu":  # load its kernels now, while no other thread loads any
+            renderer.render_batch(renderer.default_state[None, :model.nq])
+        return renderer
 
     key = (hashlib.sha256(blob).hexdigest(), cameras, tuple(size), batch_worlds, device, buffers)
-    return _renderers.get(key, make)
+    if device != "cpu":
+        return (cache if cache is not None else _renderers).get(key, make)
+    with _cpu_build_lock:  # Warp's module loading is not meant for threads at once
+        return (cache if cache is not None else RendererCache()).get(key, make)
 
 
 def render_jobs(plan: Any, blob: bytes, jobs: Sequence[Any], device: str, *,
@@ -160,9 +193,10 @@ def render_jobs(plan: Any, blob: bytes, jobs: Sequence[Any], device: str, *,
     batch_worlds = min(batch_worlds_of(options), sum(job.n_frames for job in jobs))
     batches = pack_batches(jobs, batch_worlds)
     source = StateReader(plan.url, plan.storage_options)
-    with _renderers_lock:  # one batch stream per device at a time in a process
-        renderer = _renderer(blob, tuple(plan.cameras), tuple(options.size), batch_worlds,
-                             device, buffers)
+    with _renderer_cache(device) as cache:
+        with timer.time("setup_s"):  # imports, kernels and device state when not kept
+            renderer = _renderer(blob, tuple(plan.cameras), tuple(options.size), batch_worlds,
+                                 device, buffers, cache=cache)
         with tempfile.TemporaryDirectory(prefix="flyarchive-warp-", dir=scratch_dir()) as tmp:
             encoders = Encoders(plan, jobs, Path(tmp), renderer.pixel_format, buffers, parts,
                                 timer)
@@ -250,42 +284,36 @@ def _fill_invalid(qpos: np.ndarray, mocap_pos: np.ndarray | None, mocap_quat: np
 
 
 @contextmanager
-def _read_ahead(source: StateReader, jobs: tuple[Any, ...], batches: list[Batch]
+def _read_ahead(source: StateReader, jobs: tuple[Any, ...], batches: list[Batch], *,
+                depth: int = _READ_AHEAD, readers: int = _READERS
                 ) -> Iterator[Iterator[Any]]:
-    """States of each batch, read by a background thread at most ``_READ_AHEAD`` ahead."""
-    results: queue.Queue[Any] = queue.Queue(maxsize=_READ_AHEAD)
-    stop = threading.Event()
+    """States of each batch, in order, read by ``readers`` threads at most ``depth``
+    batches ahead of the consumer; a failed read raises when its batch is reached."""
+    pool = ThreadPoolExecutor(max_workers=max(1, min(readers, depth)),
+                              thread_name_prefix="flyarchive-read")
+    pending: deque[Future[Any]] = deque()
+    todo = iter(batches)
 
-    def offer(item: Any) -> bool:
-        """Put ``item`` in the queue unless the consumer has gone; False when it has."""
-        while not stop.is_set():
-            try:
-                results.put(item, timeout=0.1)
-                return True
-            except queue.Full:
-                continue
-        return False
+    def read(batch: Batch) -> Any:
+        return source.read([(jobs[p.job].world_index, p.start, p.stop) for p in batch.pieces])
 
-    def read_all() -> None:
-        try:
-            for batch in batches:
-                pieces = [(jobs[p.job].world_index, p.start, p.stop) for p in batch.pieces]
-                if not offer(source.read(pieces)):
-                    return
-        except BaseException as err:  # handed to the consumer
-            offer(err)
+    def fill() -> None:
+        while len(pending) < depth:
+            batch = next(todo, None)
+            if batch is None:
+                return
+            pending.append(pool.submit(read, batch))
 
     def consume() -> Iterator[Any]:
-        for _ in batches:
-            item = results.get()
-            if isinstance(item, BaseException):
-                raise item
-            yield item
+        fill()
+        while pending:
+            states = pending.popleft().result()
+            fill()
+            yield states
 
-    thread = threading.Thread(target=read_all, name="flyarchive-read", daemon=True)
-    thread.start()
     try:
         yield consume()
     finally:
-        stop.set()
-        thread.join()
+        for future in pending:
+            future.cancel()
+        pool.shutdown(wait=True)

@@ -3,6 +3,12 @@
 Worker processes share the client's terminal process group, so a Ctrl-C reaches them
 too: each would print a ``KeyboardInterrupt`` traceback and die while the client shuts
 the cluster down. The client alone handles Ctrl-C; its workers ignore SIGINT.
+
+A worker given cores of its own (``FLYARCHIVE_CPUS``, set per GPU worker by
+:mod:`flyarchive.distribute.gpus`) pins itself to them. A worker that offers the resource
+``GPU`` starts importing the Warp renderer and initializing CUDA in a background thread
+as it starts, so that this overlaps with the other workers' start and the client's
+work; the first task waits for that import instead of doing it.
 """
 
 from __future__ import annotations
@@ -11,8 +17,39 @@ import signal
 import threading
 from typing import Any
 
+from flyarchive import config
+
 
 def dask_setup(worker: Any) -> None:
-    """Ignore SIGINT in this worker process (called by Dask as the worker starts)."""
+    """Ignore SIGINT, pin to ``FLYARCHIVE_CPUS``, start warming Warp on GPU workers
+    (called by Dask as the worker starts)."""
     if threading.current_thread() is threading.main_thread():
         signal.signal(signal.SIGINT, signal.SIG_IGN)
+    cpus = config.cpus()
+    if cpus:
+        from flyarchive.distribute.gpus import pin_process
+
+        pin_process(cpus)
+    if _offers(worker, "GPU"):
+        threading.Thread(target=warm_warp, args=("cuda",), name="flyarchive-warm",
+                         daemon=True).start()
+
+
+def _offers(worker: Any, resource: str) -> bool:
+    state = getattr(worker, "state", None)
+    resources = getattr(state, "total_resources", None) or getattr(worker, "total_resources", {})
+    return bool((resources or {}).get(resource))
+
+
+def warm_warp(device: str) -> None:
+    """Import the Warp renderer (warp, mujoco_warp) and initialize ``device`` (a CUDA
+    context), ignoring failures: the render that follows reports them."""
+    try:
+        from flyarchive.replay import warp  # noqa: F401  (the import is the work)
+
+        wp = warp.wp
+        wp.init()
+        if device.startswith("cuda") and wp.get_cuda_device_count() > 0:
+            wp.get_device(device).context  # noqa: B018  (creates the primary context)
+    except Exception:
+        pass

@@ -450,13 +450,13 @@ def test_render_videos_names_files_as_its_docstring_says() -> None:
 
 
 @pytest.mark.parametrize(("backend", "n_videos", "where", "expected"), [
-    ("gpu", 8, {}, True),                           # in this process, on its GPU
     ("gpu", 8, {"scheduler": "tcp://x:8786"}, False),
     ("warp-cpu", 8, {"n_workers": 1}, True),
     ("warp-cpu", 8, {"n_workers": 0}, True),
     ("warp-cpu", 1, {"n_workers": 4}, True),        # one video
-    ("warp-cpu", 8, {"n_workers": 4}, False),       # a local cluster
+    ("warp-cpu", 8, {"n_workers": 4}, True),        # render threads of this process
     ("warp-cpu", 8, {"n_workers": 4, "in_process": True}, True),
+    ("warp-cpu", 8, {"client": object()}, False),
 ])
 def test_where_warp_renders_run_is_what_render_videos_documents(
         backend: str, n_videos: int, where: dict, expected: bool) -> None:

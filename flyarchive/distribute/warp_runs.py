@@ -1,0 +1,305 @@
+"""The three ways a Warp render plan runs (chosen by :func:`flyarchive.distribute.drivers.placement`):
+in this process on one device (:func:`render_here`), in render threads of this process on
+Warp's CPU device (:func:`render_threads`), or as groups of whole videos on Dask workers
+(:func:`render_on_dask`). Each group is rendered by
+:func:`flyarchive.distribute.warp_pipeline.render_jobs`; one progress bar covers them all.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import dataclasses
+import os
+import threading
+import time
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from typing import Any
+
+from flyarchive.distribute.diagnostics import PipelineProfile, StageTimer, progress_bar
+from flyarchive.distribute.plan import split_groups
+from flyarchive.errors import RenderBackendError
+
+__all__ = ["render_here", "render_threads", "render_on_dask", "render_group"]
+
+#: Seconds between looks at the render threads while this thread waits (Ctrl-C).
+_POLL_S = 0.1
+
+
+def render_here(plan: Any, blob: bytes, parts: str | None, device: str) -> list[dict[str, Any]]:
+    """Every video in this thread, on ``device`` (``"cpu"`` or ``"cuda:k"``).
+
+    Raises:
+        RenderBackendError: a CUDA device was asked for and Warp sees none.
+    """
+    from flyarchive.distribute.warp_pipeline import render_jobs, warp_device
+
+    if device.startswith("cuda"):
+        warp_device("gpu")  # checks that Warp sees a CUDA device
+    return render_jobs(plan, blob, plan.jobs, device, parts=parts)
+
+
+class _Stopped(Exception):
+    """Raised in a render thread when another one failed or this thread was interrupted."""
+
+
+def render_threads(plan: Any, blob: bytes, parts: str | None, n_threads: int
+                   ) -> list[dict[str, Any]]:
+    """Every video, in ``n_threads`` render threads of this process on Warp's CPU device,
+    one group of whole videos each (balanced by frames), each with a renderer of its own.
+
+    Warp's CPU kernels run with the GIL released, so the threads render on as many
+    cores; a process pays its imports and kernel loading once. Warp's default device is
+    this process's, not a thread's: it is ``"cpu"`` while the threads run. A failure in
+    one thread stops the others after their current batch; so does Ctrl-C here.
+
+    Raises:
+        What a thread raised first (the others stop and their videos are dropped).
+    """
+    from flyarchive.distribute.warp_pipeline import batch_worlds_of, render_jobs
+
+    groups = split_groups(plan.jobs, batch_worlds_of(plan.options), n_threads)
+    quiet = dataclasses.replace(plan, options=dataclasses.replace(plan.options, progress=False))
+    stop = threading.Event()
+    results: list[Any] = [None] * len(groups)
+    errors: list[BaseException] = []
+    with _shared_progress(plan, stop) as on_frames:
+
+        def work(index: int, group: tuple[Any, ...]) -> None:
+            try:
+                results[index] = render_jobs(quiet, blob, group, "cpu", parts=parts,
+                                             on_frames=on_frames)
+            except BaseException as err:  # the first one is raised in the caller
+                if not isinstance(err, _Stopped):
+                    errors.append(err)
+                stop.set()
+
+        threads = [threading.Thread(target=contextvars.copy_context().run, args=(work, i, g),
+                                    name=f"flyarchive-render-{i}", daemon=True)
+                   for i, g in enumerate(groups)]
+        with _warp_default_device("cpu"):
+            for thread in threads:
+                thread.start()
+            try:
+                for thread in threads:
+                    while thread.is_alive():
+                        thread.join(_POLL_S)
+            except BaseException:  # Ctrl-C: the threads stop after their batch
+                stop.set()
+                for thread in threads:
+                    thread.join()
+                raise
+    if errors:
+        raise errors[0]
+    return [entry for group in results for entry in group]
+
+
+@contextmanager
+def _shared_progress(plan: Any, stop: threading.Event) -> Iterator[Callable[[int], None]]:
+    """``on_frames`` for render threads: one progress bar (when asked for), and a stop
+    signal: it raises :class:`_Stopped` once ``stop`` is set."""
+    bar = progress_bar(sum(job.n_frames for job in plan.jobs), plan.options.progress)
+    lock = threading.Lock()
+
+    def on_frames(n: int) -> None:
+        if stop.is_set():
+            raise _Stopped
+        if bar is not None:
+            with lock:
+                bar.update(n)
+
+    try:
+        yield on_frames
+    finally:
+        if bar is not None:
+            bar.close()
+
+
+@contextmanager
+def _warp_default_device(device: str) -> Iterator[None]:
+    """Warp's default device is ``device`` for the block (threads' ``ScopedDevice`` s
+    then save and restore the same device, whatever order they run in)."""
+    from flyarchive.warp_log import import_warp
+
+    wp = import_warp("Rendering with Warp")
+    before = wp.get_device()
+    wp.set_device(device)
+    try:
+        yield
+    finally:
+        wp.set_device(before)
+
+
+# ----------------------------------------------------------------------------- on Dask
+def render_group(plan: Any, blob: bytes, jobs: tuple[Any, ...], parts: str | None,
+                 topic: str | None, share: tuple[int, int] | None = None
+                 ) -> tuple[list[dict[str, Any]], dict[str, float]]:
+    """A Dask task: one group of whole videos on the worker's Warp device; their manifest
+    entries and the worker's stage timings.
+
+    With a ``topic``, frames rendered are reported as events to the client, which shows
+    the one progress bar; the worker shows none. ``share`` ``(i, k)``: this worker is
+    number ``i`` of ``k`` GPU workers of one host whose cores it was not given; it
+    renders on block ``i`` of ``k`` of them (:func:`flyarchive.distribute.gpus.share_of`),
+    and as many encoders, for the task.
+
+    When Dask runs the task again (its first worker died), the videos that the first
+    run finished are complete under their final names: without ``overwrite`` they are
+    kept and not rendered again.
+    """
+    from flyarchive.distribute.warp_pipeline import render_jobs, warp_device
+
+    on_frames = None
+    if topic is not None:
+        from distributed import get_worker
+
+        worker = get_worker()
+        on_frames = lambda n: worker.log_event(topic, n)  # noqa: E731
+    quiet = dataclasses.replace(plan, options=dataclasses.replace(plan.options, progress=False))
+    done = _finished_before(plan, jobs, parts)
+    todo = tuple(job for job in jobs if job not in done)
+    entries: list[dict[str, Any]] = []
+    with _cores(share), PipelineProfile() as profile:
+        if todo:
+            entries = render_jobs(quiet, blob, todo, warp_device(plan.options.backend),
+                                  parts=parts, on_frames=on_frames)
+    if done:
+        entries = _in_job_order(plan, jobs, entries, done)
+        if on_frames is not None:
+            on_frames(sum(job.n_frames for job in done))
+    return entries, profile.results
+
+
+def _finished_before(plan: Any, jobs: tuple[Any, ...], parts: str | None) -> set[Any]:
+    """Jobs of this group whose videos an earlier run of the task finished (every camera).
+
+    The first run of a group leaves a marker in the run's parts folder; only a later
+    run, and only without ``overwrite`` (then no video of the plan existed when the run
+    began), looks for finished videos.
+    """
+    if parts is None:
+        return set()
+    from flyarchive.video.workspace import filesystem
+
+    fs, path = filesystem(parts, plan.out_storage_options)
+    key = min(job.world_id for job in jobs)
+    marker = f"{path}/groups/{key}"
+    if not fs.exists(marker):
+        fs.makedirs(f"{path}/groups", exist_ok=True)
+        fs.pipe_file(marker, b"")
+        return set()
+    if plan.options.overwrite:
+        return set()
+    out_fs = filesystem(plan.out, plan.out_storage_options)[0]
+    return {job for job in jobs
+            if all(out_fs.exists(filesystem(plan.video_url(job.world_id, c),
+                                            plan.out_storage_options)[1])
+                   for c in plan.cameras)}
+
+
+def _in_job_order(plan: Any, jobs: tuple[Any, ...], rendered: list[dict[str, Any]],
+                  done: set[Any]) -> list[dict[str, Any]]:
+    from flyarchive.video.manifest import video_entry
+
+    made = {(e["world"], e["camera"]): e for e in rendered}
+    return [made.get((job.world_id, camera)) or video_entry(
+                plan, job, camera, plan.video_url(job.world_id, camera))
+            for job in jobs for camera in plan.cameras]
+
+
+@contextmanager
+def _cores(share: tuple[int, int] | None) -> Iterator[None]:
+    """Run this process on its share of the host's cores for the block (see
+    :func:`render_group`); nothing when ``share`` is None or the process is pinned."""
+    from flyarchive.distribute import gpus
+
+    if share is None or share[1] <= 1 or not hasattr(os, "sched_getaffinity"):
+        yield
+        return
+    before = gpus.usable_cpus()
+    if len(before) < (os.cpu_count() or 1):  # already given cores: keep them
+        yield
+        return
+    gpus.pin_process(gpus.share_of(before, *share))
+    try:
+        yield
+    finally:
+        gpus.pin_process(before)
+
+
+def render_on_dask(plan: Any, blob: bytes, parts: str | None, client: Any, *,
+                   own_cluster: bool = False) -> list[dict[str, Any]]:
+    """One group of whole videos per able worker (``"gpu"``: those with the resource
+    ``GPU``), balanced by frames; the manifest entries in plan order.
+
+    ``own_cluster``: the workers are flyarchive's own, each given its cores; otherwise
+    GPU workers that share a host split its cores (:func:`render_group`).
+
+    Raises:
+        RenderBackendError: no worker offers the resource ``GPU`` (``"gpu"``).
+        RenderFailedError: a group failed (the message names its worlds and the worker).
+    """
+    from flyarchive.distribute.cluster import scatter_model
+    from flyarchive.distribute.drivers import cancel_quietly, task_result
+    from flyarchive.distribute.warp_pipeline import batch_worlds_of
+
+    workers = client.scheduler_info().get("workers", {})
+    resources = {"GPU": 1} if plan.options.backend == "gpu" else {}
+    able = [a for a, w in workers.items()
+            if all(w.get("resources", {}).get(k, 0) >= v for k, v in resources.items())]
+    if not able:
+        raise RenderBackendError(
+            f"None of the cluster's {len(workers)} worker(s) offers the resource 'GPU', so "
+            f"backend={plan.options.backend!r} batches cannot be placed. Start workers with "
+            "`dask worker SCHEDULER --nthreads 1 --resources GPU=1` (one per GPU), or pass "
+            "no client to render on this machine's GPUs."
+        )
+    groups = split_groups(plan.jobs, batch_worlds_of(plan.options), len(able))
+    shares = {} if own_cluster else _host_shares(able, workers)
+    blob_future = scatter_model(client, blob)
+    # One group per worker, placed explicitly: the scheduler would put the first tasks
+    # together on the worker holding the data (every worker holds the model).
+    timer = StageTimer()  # the profiles active here get the workers' timings
+    bar = progress_bar(sum(job.n_frames for job in plan.jobs), plan.options.progress)
+    topic = None
+    if bar is not None:
+        topic = f"flyarchive-progress-{os.getpid()}-{time.monotonic_ns()}"
+        client.subscribe_topic(topic, lambda event: bar.update(event[1]))
+    placed = [able[i % len(able)] for i in range(len(groups))]
+    futures = [
+        client.submit(render_group, plan, blob_future, group, parts, topic, shares.get(worker),
+                      resources=resources or None, workers=[worker], allow_other_workers=True,
+                      pure=False)
+        for group, worker in zip(groups, placed)
+    ]
+    try:
+        entries: list[dict[str, Any]] = []
+        for future, group, worker in zip(futures, groups, placed):
+            what = f"worlds {_worlds(group)} (placed on worker {worker})"
+            done, stages = task_result(future, what)
+            entries.extend(done)
+            timer.add_results(stages)
+        return entries
+    except BaseException:
+        cancel_quietly(client, futures)
+        raise
+    finally:
+        if bar is not None:
+            client.unsubscribe_topic(topic)
+            bar.close()
+
+
+def _worlds(group: Sequence[Any]) -> str:
+    ids = [job.world_id for job in group]
+    return str(ids) if len(ids) <= 8 else f"[{ids[0]}, {ids[1]}, ... {ids[-1]}] ({len(ids)})"
+
+
+def _host_shares(able: list[str], workers: dict[str, Any]) -> dict[str, tuple[int, int]]:
+    """``(i, k)`` per worker: its number among the ``k`` able single-thread workers of its
+    host (workers with more threads run other work too: left alone)."""
+    by_host: dict[str, list[str]] = {}
+    for address in able:
+        info = workers[address]
+        if info.get("nthreads", 1) == 1:
+            by_host.setdefault(str(info.get("host")), []).append(address)
+    return {a: (i, len(group)) for group in by_host.values() for i, a in enumerate(group)}
