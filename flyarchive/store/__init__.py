@@ -6,6 +6,10 @@
   :mod:`~flyarchive.store.claims`): create, append and commit, one writer at a time;
 - :mod:`~flyarchive.store.reader`: open (checked by :mod:`~flyarchive.store.hardening`),
   read, and name what failed to read;
+- :mod:`~flyarchive.store.dataset`: the lazy dataset readers get (selections read only
+  the chunks they touch; frames past ``n_frames`` masked inside the read);
+- :mod:`~flyarchive.store.consolidated`: every array's metadata in the root ``zarr.json``,
+  written at each commit, never ahead of ``n_frames``;
 - :mod:`~flyarchive.store.integrity`: ``verify``, every committed byte.
 """
 
