@@ -241,3 +241,22 @@ def test_open_archive_on_s3_reads_the_arrays_own_metadata_when_the_copy_lags(s3_
 
     assert ds.sizes["time"] == 60
     assert np.array_equal(ds.qpos.values, written)
+
+
+def test_plain_xarray_opens_an_imported_archive_without_warnings(tiny, tmp_path):
+    from flyarchive.interop.flygym_npz import import_npz
+    from flyarchive.testing import reference_frames
+
+    frames = reference_frames(tiny, 1, 40)
+    np.savez(tmp_path / "walk.npz", time=frames["time"], qpos=frames["qpos"][0],
+             mocap_pos=frames["mocap_pos"][0], mocap_quat=frames["mocap_quat"][0],
+             output_fps=np.asarray(25.0), playback_speed=np.asarray(0.2), world_id=np.asarray(0))
+    url = str(tmp_path / "imported.zarr")
+    import_npz(tmp_path / "walk.npz", url, tiny)  # its last step rewrites the root attributes
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        ds = xr.open_zarr(url)
+
+    assert ds.attrs["npz_import"]["state"] == "complete"
+    assert ds.sizes["time"] == 11

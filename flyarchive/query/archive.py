@@ -24,8 +24,9 @@ def open_archive(url: str, storage_options: Mapping[str, Any] | None = None) -> 
     touches (one world of 1024 reads about its own bytes), and a damaged chunk fails
     only the reads that touch it, naming its worlds, frames and file. Opening reads
     the metadata (on S3 one request: the root ``zarr.json``, which holds every array's
-    metadata, consolidated), ``n_frames`` and the coordinates. Plain ``xarray.open_zarr(url)`` opens the same data without
-    flyarchive, unmasked.
+    metadata, consolidated), ``n_frames`` and the coordinates. Plain
+    ``xarray.open_zarr(url)`` opens the same data without flyarchive, unmasked (and
+    without warnings: the consolidated metadata is there).
 
     Args:
         url: A local path or any fsspec URL (``s3://bucket/run.zarr``, ``memory://x``).
