@@ -21,7 +21,9 @@ import numpy as np
 import xarray as xr
 import zarr
 
-from flyarchive.errors import FlyarchiveError, SchemaError, StorageError, UnsafeFileError
+from flyarchive.errors import (
+    CorruptArchiveError, FlyarchiveError, SchemaError, StorageError, UnsafeFileError,
+)
 from flyarchive.schema import STATE_VARS
 from flyarchive.store import storage_errors
 from flyarchive.store.consolidated import time_extent
@@ -128,7 +130,9 @@ class CommittedFrames:
             if isinstance(err, (OSError, TimeoutError)):
                 return unavailable(self.url, err)
         found = self._damaged(worlds, frames)
-        if not found:
+        if not found and not isinstance(err, CorruptArchiveError):
+            return err if isinstance(err, Exception) else RuntimeError(repr(err))
+        if not found:  # e.g. a shard index that failed its checksum once
             return corrupt_read(self.url, f"{self.name} [{self._worlds(worlds)}, frames "
                                 f"{frames.min(initial=0)}..{frames.max(initial=0)}]", err)
         named = "; ".join(what for what, _ in found[:_MAX_NAMED])
