@@ -17,6 +17,7 @@ copy; :func:`consolidated_problems` compares it with the arrays' own metadata.
 from __future__ import annotations
 
 import dataclasses
+import warnings
 from collections.abc import Mapping
 from typing import Any
 
@@ -49,8 +50,11 @@ def _cut(meta: Metadata, n_time: int | None) -> Metadata:
 
 
 def members_metadata(group: zarr.Group) -> dict[str, Metadata]:
-    """The metadata of every node under ``group`` (one level), read from the store."""
-    return {name: node.metadata for name, node in group.members()}
+    """The metadata of every node under ``group`` (one level), read from the store; other
+    objects beside them (claims, stored models) are not nodes and are left out quietly."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=".*not recognized as a component of a Zarr")
+        return {name: node.metadata for name, node in group.members()}
 
 
 def write_consolidated(group: zarr.Group, members: Mapping[str, Metadata],
