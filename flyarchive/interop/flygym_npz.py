@@ -41,6 +41,7 @@ from flyarchive.interop.npz_export import NpzExport, export_npz
 from flyarchive.layout import ModelLayout
 from flyarchive.schema import IMPORT_ATTR, finite_frames, import_status
 from flyarchive.store import ArchiveSpec, ArchiveWriter, FrameBlock, open_group
+from flyarchive.store.consolidated import consolidate
 
 __all__ = [
     "import_npz", "export_npz", "read_npz", "find_npz_files", "import_status", "NpzTrajectory",
@@ -260,6 +261,7 @@ def _mark_complete(url: str, storage_options: Mapping[str, Any] | None,
                    marker: Mapping[str, Any]) -> None:
     group = open_group(url, storage_options, mode="r+")
     group.attrs.update({IMPORT_ATTR: {**marker, "state": "complete"}})
+    consolidate(group, n_time=int(np.max(group["n_frames"][:], initial=0)))  # root rewritten
 
 
 # ----------------------------------------------------------------------------- import

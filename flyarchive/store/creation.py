@@ -11,6 +11,7 @@ import asyncio
 import importlib.metadata
 import json
 import threading
+import uuid
 from collections.abc import Sequence
 from datetime import datetime, timezone
 from pathlib import Path
@@ -52,6 +53,7 @@ def root_attrs(spec: ArchiveSpec) -> dict[str, Any]:
         "source": spec.source,
         "versions": package_versions(),
         "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "archive_id": uuid.uuid4().hex,  # which archive this is, also when one replaces another
         "layout": spec.layout.to_attrs(),
         "codec": codecs.describe(spec.codec),
         **dict(spec.attrs),
@@ -103,7 +105,10 @@ def create_arrays(group: zarr.Group, spec: ArchiveSpec) -> None:
         values = np.asarray(values)
         group.create_array(name, shape=values.shape, dtype=values.dtype, chunks=values.shape,
                            dimension_names=["world"], **crc)[:] = values
-    group.create_array("n_frames", shape=(nw,), dtype="int64", chunks=(sw,), fill_value=0,
+    # One chunk per shard of worlds when several writers share the archive (each writes
+    # its own), else one chunk: a reader opens it with one request.
+    group.create_array("n_frames", shape=(nw,), dtype="int64", chunks=(sw if nt else nw,),
+                       fill_value=0,
                        dimension_names=["world"],
                        attributes={"description": "committed frames per world"}, **crc)
 
