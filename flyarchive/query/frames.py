@@ -191,8 +191,8 @@ def where_mask(ds: xr.Dataset, where: xr.DataArray) -> np.ndarray:
     if "world" not in dims or not set(dims) <= {"world", "time"}:
         raise SelectionError(
             f"The where mask has dims {dims}; it must be over ('world',) or ('world', "
-            f"'time') of the archive (dims {tuple(ds.qpos.dims)}). Reduce the other dims "
-            "first, e.g. (ds.qpos.sel(dof='x') > 0.1) or (ds.qpos > 0.1).any('dof').")
+            f"'time') (the archive's qpos is over {tuple(ds.qpos.dims)}). Reduce the other "
+            "dims first, e.g. (ds.qpos.sel(dof='x') > 0.1) or (ds.qpos > 0.1).any('dof').")
     if where.dtype.kind not in "biu":
         raise SelectionError(
             f"The where mask has dtype {where.dtype}; it must be bool (or integer, nonzero "
