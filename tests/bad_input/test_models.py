@@ -192,6 +192,22 @@ def test_a_kept_model_that_is_a_fifo_is_refused_without_blocking(archive, tmp_pa
     assert snapshot(archive) == before and not (tmp_path / "videos").exists()
 
 
+def test_a_kept_model_larger_than_a_model_may_be_is_not_read(archive, tmp_path):
+    from flyarchive.store.models import MAX_MODEL_BYTES
+
+    path = kept(archive)
+    with open(path, "r+b") as f:
+        f.truncate(MAX_MODEL_BYTES + 1)  # sparse: no gigabyte is written, none must be read
+    others = {p: p.read_bytes() for p in Path(archive).rglob("*") if p.is_file() and p != path}
+
+    with pytest.raises(UnsafeFileError, match=f"is {MAX_MODEL_BYTES + 1} bytes, more than"):
+        render(archive, tmp_path / "videos")
+
+    assert {p: p.read_bytes() for p in Path(archive).rglob("*") if p.is_file() and p != path} \
+        == others and path.stat().st_size == MAX_MODEL_BYTES + 1
+    assert not (tmp_path / "videos").exists()
+
+
 # ----------------------------------------------------------------------------- model files
 @pytest.mark.parametrize(("content", "fragment"), [
     (lambda blob: TINY_XML.encode(), r"is not a compiled MuJoCo model \(.mjb\): it does not start "
