@@ -100,9 +100,10 @@ class RenderResult:
     """What :func:`render_videos` wrote.
 
     Attributes:
-        videos: One entry per (world, camera), as in the manifest (:mod:`flyarchive.video.manifest`):
-            world, camera, path, frames, first_frame, frame_range, start_time, end_time,
-            fps, size, backend, video.
+        videos: One entry per (world, camera), or per (window, camera) with a ``where``
+            mask over time, as in the manifest (:mod:`flyarchive.video.manifest`): world,
+            camera, path, frames, first_frame, frame_range, start_time, end_time, fps,
+            size, backend, video (and window, for a window).
         manifest: Path or URL of the JSON manifest beside the videos.
     """
 
