@@ -13,6 +13,7 @@ from flyarchive import codecs
 from flyarchive.errors import FlyarchiveError, StorageError
 from flyarchive.schema import STATE_VARS, finite_frames, import_status, validate
 from flyarchive.store.consolidated import consolidated_problems, root_document
+from flyarchive.store.models import model_problems
 from flyarchive.store.reader import chunk_file, damaged_chunks, open_checked, open_stored, time_extents
 
 __all__ = ["verify", "VerifyReport"]
@@ -52,7 +53,8 @@ def verify(url: str, storage_options: Mapping[str, Any] | None = None) -> Verify
     finite and increasing; every chunk holding committed frames readable (CRC-32C
     checksums catch flipped bits; files that are not regular files inside the archive
     are refused) and finite (a missing chunk reads as NaN); for bounded-error archives,
-    values on the quantization grid.
+    values on the quantization grid; the model kept beside the archive, if any, hashing
+    to its name.
 
     Raises:
         ArchiveNotFoundError: nothing at ``url``.
@@ -84,6 +86,7 @@ def verify(url: str, storage_options: Mapping[str, Any] | None = None) -> Verify
         report.problems.append(f"Metadata unreadable: {err!r}")
         return report
 
+    report.problems += model_problems(group, str(url))  # the model kept by content, if any
     status = import_status(group.attrs.asdict())
     if status is not None and status != "complete":
         report.problems.append(status)
