@@ -163,7 +163,7 @@ def join_segments(plan: RenderPlan, parts: str, job: Any, camera: str,
     from flyarchive.video import concat_segments, write_output
     from flyarchive.video.manifest import video_entry
 
-    final = plan.video_url(job.world_id, camera)
+    final = plan.video_url(job, camera)
     so = plan.out_storage_options
     fs, _ = _filesystem(plan.out, so)
     with tempfile.TemporaryDirectory(prefix="flyarchive-join-", dir=scratch_dir()) as tmp:

@@ -192,13 +192,14 @@ class Encoders:
     def _encode(self, piece: Piece, cam: int, frames: np.ndarray
                 ) -> tuple[tuple[int, int], Any] | None:
         """Write a piece's frames; ``(video, writer)`` when that was the video's last piece."""
-        from flyarchive.video import VideoWriter, safe_video_path
+        from flyarchive.distribute.plan import job_video_path
+        from flyarchive.video import VideoWriter
 
         plan, job, camera = self._plan, self._jobs[piece.job], self._cameras[cam]
         key = (piece.job, cam)
         writer = self._writers.get(key)
         if writer is None:
-            local = Path(safe_video_path(self._tmp, job.world_id, camera))
+            local = Path(job_video_path(str(self._tmp), job, camera))
             writer = VideoWriter(local, plan.fps, plan.options.size, options=self._video,
                                  pixel_format=self._pixel_format)
             self._writers[key] = writer
@@ -225,7 +226,7 @@ class Encoders:
 
         plan, job, camera = self._plan, self._jobs[key[0]], self._cameras[key[1]]
         writer.close()
-        url = plan.video_url(job.world_id, camera)
+        url = plan.video_url(job, camera)
         so, staging = plan.out_storage_options, None
         if self._parts is not None:
             if not RunFolder.is_open(self._parts, so):

@@ -21,7 +21,7 @@ from flyarchive.video.workspace import filesystem as _filesystem
 from flyarchive.video.workspace import is_local_fs
 
 __all__ = ["absolute_url", "RenderPlan", "preflight", "Piece", "Batch", "pack_batches",
-           "split_groups"]
+           "split_groups", "job_video_path"]
 
 
 def absolute_url(url: str | os.PathLike[str]) -> str:
@@ -43,6 +43,24 @@ def absolute_url(url: str | os.PathLike[str]) -> str:
     return text
 
 
+def job_video_path(out: str, job: Any, camera: str) -> str:
+    """:func:`flyarchive.video.safe_video_path` of a job's world and camera, with the job's
+    window, if any, before ``.mp4``: ``{out}/world00003/front.frames000120-000240.mp4``
+    (archive frames ``[120, 240)``, :attr:`~flyarchive.query.frames.VideoJob.suffix`).
+
+    Args:
+        out: The output folder (path or URL).
+        job: A :class:`~flyarchive.query.frames.VideoJob`, or a world id.
+        camera: The camera's name.
+    """
+    from flyarchive.video import safe_video_path
+
+    world_id = job if isinstance(job, (int, np.integer)) else job.world_id
+    path = safe_video_path(out, world_id, camera)
+    suffix = getattr(job, "suffix", "")
+    return f"{path[:-len('.mp4')]}{suffix}.mp4" if suffix else path
+
+
 @dataclass(frozen=True)
 class RenderPlan:
     """What to render and where (plain values, sent to workers)."""
@@ -56,10 +74,10 @@ class RenderPlan:
     options: Any  # render.RenderOptions
     jobs: tuple[Any, ...]  # render.VideoJob
 
-    def video_url(self, world_id: int, camera: str) -> str:
-        from flyarchive.video import safe_video_path
-
-        return safe_video_path(self.out, world_id, camera)
+    def video_url(self, job: Any, camera: str) -> str:
+        """The final URL of the video of ``job`` (a :class:`~flyarchive.query.frames.VideoJob`,
+        or a world id) and ``camera`` (see :func:`job_video_path`)."""
+        return job_video_path(self.out, job, camera)
 
     def segments(self, n_workers: int | None = 1) -> Iterator[tuple[Any, int, int]]:
         """(job, start, stop) for every segment, in playing order per job.
@@ -99,7 +117,7 @@ def preflight(plan: RenderPlan, model: mujoco.MjModel) -> None:
     parse_frame_size(plan.options.size, even=True, max_side=MAX_GL_SIDE if gl else None)
     camera_ids(model, plan.cameras)
     fs, _ = _filesystem(plan.out, plan.out_storage_options)
-    finals = [plan.video_url(j.world_id, c) for j in plan.jobs for c in plan.cameras]
+    finals = [plan.video_url(j, c) for j in plan.jobs for c in plan.cameras]
     paths = {u: _filesystem(u, plan.out_storage_options)[1] for u in finals}
     folders = [u for u, p in paths.items() if os.path.isdir(p)] if is_local_fs(fs) else []
     if folders:
