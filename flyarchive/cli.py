@@ -73,12 +73,14 @@ def parse_gpus(text: str) -> list[int]:
     """``"0,1"`` -> ``[0, 1]``: CUDA device numbers for ``--gpus``.
 
     Raises:
-        SelectionError: not a comma-separated list of whole numbers.
+        RenderOptionsError: not a comma-separated list of whole numbers.
     """
+    from flyarchive.errors import RenderOptionsError
+
     try:
         return [int(part) for part in text.split(",")]
     except ValueError:
-        raise SelectionError(
+        raise RenderOptionsError(
             f"Cannot read GPUs {text!r}; write CUDA device numbers like '0,1' (nvidia-smi "
             "lists them), or leave --gpus out to use every GPU."
         ) from None
@@ -189,7 +191,7 @@ def cmd_render(args: argparse.Namespace) -> int:
                               video=_video_options(args)),
         scheduler=args.scheduler, n_workers=args.workers,
         storage_options=storage_options,
-        gpus=parse_gpus(args.gpus) if args.gpus else None,
+        gpus=parse_gpus(args.gpus) if args.gpus is not None else None,
     )
     print(f"wrote {len(written.videos)} video(s) and {written.manifest}")
     return 0

@@ -18,6 +18,7 @@ import numpy as np
 import xarray as xr
 
 from flyarchive.distribute.drivers import run_plan
+from flyarchive.distribute.gpus import check_gpus
 from flyarchive.distribute.plan import RenderPlan, absolute_url, preflight
 from flyarchive.errors import ModelLoadError, RenderOptionsError
 from flyarchive.layout import ModelLayout, check_compatible
@@ -190,10 +191,10 @@ def render_videos(
       videos each: one GPU in this process; several on a local Dask cluster of one
       worker process per GPU, each with its share of the cores, that this call starts
       and stops;
-    - else ``"warp-cpu"``: ``n_workers`` render threads of this process (default: one
-      per core);
+    - else ``"warp-cpu"``: a local cluster of ``n_workers`` processes, or this process
+      when ``n_workers`` is 1 or there is one core or one video;
     - ``n_workers=0``, or a ``memory://`` archive (worker processes cannot see it):
-      always in this process (one thread; ``"gpu"``: the first GPU of ``gpus``).
+      always in this process (``"gpu"``: on the first GPU of ``gpus``).
 
     Local paths (``source``, ``out``, also as ``file://``) are made absolute here, with
     ``~`` expanded, before they go to workers, which may run in other folders. The
@@ -228,7 +229,8 @@ def render_videos(
         out_storage_options: fsspec options for ``out`` (default: ``storage_options``
             when ``out`` uses the archive's protocol).
         gpus: Backend ``"gpu"`` without a client or scheduler: the CUDA device numbers
-            of the GPUs to use (``[0, 1]``); default: every visible GPU.
+            of the GPUs to use (``[0, 1]``); default: every visible GPU
+            (:mod:`flyarchive.distribute.gpus` says how they are found).
 
     Raises:
         CameraNotFoundError, LayoutMismatchError, FrameSizeError,
@@ -239,7 +241,8 @@ def render_videos(
         video goes), StorageError (``out`` is a file or cannot be written; nothing
         is rendered), RenderBackendError, RenderFailedError (a task failed on a worker;
         the message names the world), RenderOptionsError (``n_workers`` below 0, or
-        ``gpus`` names a GPU that is not visible),
+        ``gpus`` is malformed, names a GPU that is not visible, or is given with another
+        backend than ``"gpu"`` or with a client or scheduler),
         ConfigError (a ``FLYARCHIVE_*`` environment variable holds a value that is not
         allowed; :mod:`flyarchive.config`).
     """
@@ -252,6 +255,7 @@ def render_videos(
             f"n_workers must be None (one worker per core) or a whole number >= 0 (0: render "
             f"in this process), got {n_workers!r}."
         )
+    check_gpus(gpus, options.backend, on_cluster=client is not None or scheduler is not None)
     source, out = absolute_url(source), absolute_url(out).rstrip("/")
     ds = open_archive(source, storage_options)
     jobs = select_frames(ds, worlds, time, where=where, pad=pad)

@@ -5,19 +5,17 @@ Building a renderer costs far more than a task's frames (a GL context and scene,
 mujoco-warp model, render context and BVH on the device), and a worker renders many
 tasks with one model. Each cache holds one renderer and closes it when another is asked
 for. OpenGL renderers are kept per thread (a GL context belongs to the thread that made
-it: :func:`thread_renderers`); the Warp pipeline keeps one per process for a GPU, and a
-:class:`RendererPool` of them for the render threads of Warp's CPU device.
+it: :func:`thread_renderers`); the Warp pipeline keeps one per process for its device.
 """
 
 from __future__ import annotations
 
 import atexit
 import threading
-from collections.abc import Callable, Hashable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable, Hashable
 from typing import Any
 
-__all__ = ["RendererCache", "RendererPool", "thread_renderers", "close_thread_renderers"]
+__all__ = ["RendererCache", "thread_renderers", "close_thread_renderers"]
 
 
 class RendererCache:
@@ -43,37 +41,6 @@ class RendererCache:
         renderer, self._renderer, self._key = self._renderer, None, None
         if renderer is not None and hasattr(renderer, "close"):
             renderer.close()
-
-
-class RendererPool:
-    """Renderer caches for threads that render at the same time, kept between renders.
-
-    A render takes a cache for its duration (:meth:`take`) and gives it back; the cache
-    given back last is taken first, so one thread rendering again and again keeps one
-    renderer, and ``k`` threads at once keep ``k``. Thread-safe.
-    """
-
-    def __init__(self) -> None:
-        self._free: list[RendererCache] = []
-        self._lock = threading.Lock()
-
-    @contextmanager
-    def take(self) -> Iterator[RendererCache]:
-        """A cache no other render holds, for the ``with`` block."""
-        with self._lock:
-            cache = self._free.pop() if self._free else RendererCache()
-        try:
-            yield cache
-        finally:
-            with self._lock:
-                self._free.append(cache)
-
-    def clear(self) -> None:
-        """Close the renderers of the caches no render holds."""
-        with self._lock:
-            caches, self._free = self._free, []
-        for cache in caches:
-            cache.clear()
 
 
 _local = threading.local()

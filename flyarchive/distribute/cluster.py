@@ -26,10 +26,10 @@ from collections.abc import Iterator
 from typing import Any
 
 from flyarchive.config import gl_backend, worker_environment
-from flyarchive.errors import missing_dependency
+from flyarchive.errors import FlyarchiveError, RenderFailedError, missing_dependency
 from flyarchive.video.workspace import SCRATCH_PREFIX, sweep_local
 
-__all__ = ["connect", "scatter_model", "LOCAL_DASHBOARD"]
+__all__ = ["connect", "scatter_model", "task_result", "cancel_quietly", "LOCAL_DASHBOARD"]
 
 #: Where a LocalCluster's scheduler serves HTTP: a free port on loopback. A fixed port
 #: (Dask's default 8787) warns "Port 8787 is already in use" whenever another cluster
@@ -200,3 +200,27 @@ def scatter_model(client: Any, blob: bytes) -> Any:
     """
     key = f"flyarchive-model-{hashlib.sha256(blob).hexdigest()}"
     return client.scatter({key: blob}, broadcast=True)[key]
+
+
+def task_result(future: Any, what: str) -> Any:
+    """The result of a Dask future; a failure that is not a flyarchive error (a worker
+    that died, an unexpected exception) becomes a :class:`RenderFailedError` naming
+    ``what`` (e.g. ``"world 3, frames 0..99"``)."""
+    try:
+        return future.result()
+    except FlyarchiveError:
+        raise
+    except Exception as err:  # KilledWorker names the last worker that ran the task
+        raise RenderFailedError(
+            f"Rendering {what} failed on the Dask cluster ({type(err).__name__}: {err}) "
+            "No partial video of it was written under its final name. Read that worker's "
+            "log for the cause (memory limit, crash), then render again."
+        ) from err
+
+
+def cancel_quietly(client: Any, futures: list[Any]) -> None:
+    """Cancel what is left of a failed or interrupted run (best effort)."""
+    try:
+        client.cancel(futures)
+    except Exception:
+        pass

@@ -11,9 +11,8 @@ backends: groups of whole videos, balanced by frames, each rendered by
   per GPU (:mod:`flyarchive.distribute.gpus`), or on the workers of the cluster given
   that hold the resource ``GPU`` (passed to ``client.submit`` explicitly: Dask drops
   ``annotate`` resources during graph optimization, dask #7036);
-- ``"warp-cpu"``: one group per render thread of this process, one thread per core
-  (Warp's CPU kernels release the GIL: threads render in parallel, and a process
-  pays its imports and kernel loading once), or on the workers of the cluster given.
+- ``"warp-cpu"``: one group per worker of a local cluster of single-core worker
+  processes (one per core), or on the workers of the cluster given.
 
 A group whose worker dies is run again by Dask on another worker; it skips the videos
 that its first run finished (they are complete under their final names).
@@ -21,16 +20,16 @@ that its first run finished (they are complete under their final names).
 
 from __future__ import annotations
 
+import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from flyarchive.distribute.caches import close_thread_renderers
-from flyarchive.distribute.cluster import connect, scatter_model
+from flyarchive.distribute.cluster import cancel_quietly, connect, scatter_model, task_result
 from flyarchive.distribute.cpu_tasks import join_segments, render_segment
 from flyarchive.distribute.diagnostics import progress_bar
 from flyarchive.distribute.plan import RenderPlan
-from flyarchive.errors import FlyarchiveError, RenderFailedError
 
 __all__ = ["run_plan", "run_warp_plan", "runs_here", "placement", "Placement", "task_result",
            "cancel_quietly"]
@@ -79,22 +78,6 @@ def _run_here(plan: RenderPlan, blob: bytes, parts: str) -> list[dict[str, Any]]
         close_thread_renderers()  # free this thread's GL context
 
 
-def task_result(future: Any, what: str) -> Any:
-    """The result of a Dask future; a failure that is not a flyarchive error (a worker
-    that died, an unexpected exception) becomes a :class:`RenderFailedError` naming
-    ``what`` (e.g. ``"world 3, frames 0..99"``)."""
-    try:
-        return future.result()
-    except FlyarchiveError:
-        raise
-    except Exception as err:  # KilledWorker names the last worker that ran the task
-        raise RenderFailedError(
-            f"Rendering {what} failed on the Dask cluster ({type(err).__name__}: {err}) "
-            "No partial video of it was written under its final name. Read that worker's "
-            "log for the cause (memory limit, crash), then render again."
-        ) from err
-
-
 def _run_dask(plan: RenderPlan, blob: bytes, parts: str, client: Any) -> list[dict[str, Any]]:
     from distributed import as_completed
 
@@ -127,34 +110,24 @@ def _run_dask(plan: RenderPlan, blob: bytes, parts: str, client: Any) -> list[di
         raise
 
 
-def cancel_quietly(client: Any, futures: list[Any]) -> None:
-    """Cancel what is left of a failed or interrupted run (best effort)."""
-    try:
-        client.cancel(futures)
-    except Exception:
-        pass
-
-
-
-
 # ----------------------------------------------------------------------------- Warp backends
 @dataclass(frozen=True)
 class Placement:
     """Where a Warp plan renders.
 
     Attributes:
-        where: ``"here"`` (this process, one render thread), ``"threads"`` (``threads``
-            render threads of this process, Warp's CPU device), ``"local-gpus"`` (a local
-            cluster of one worker process per GPU of ``gpu_workers``) or ``"cluster"``
-            (the client or scheduler given).
-        device: The Warp device of ``"here"`` and ``"threads"`` (``"cuda:1"``, ``"cpu"``).
-        threads: Render threads of ``"threads"``.
+        where: ``"here"`` (this process), ``"local-gpus"`` (a local cluster of one
+            worker process per GPU of ``gpu_workers``), ``"local"`` (a local cluster of
+            ``n_workers`` single-core worker processes, Warp's CPU device) or
+            ``"cluster"`` (the client or scheduler given).
+        device: The Warp device of ``"here"`` (``"cuda:1"``, ``"cpu"``).
+        n_workers: Worker processes of ``"local"``.
         gpu_workers: The :class:`~flyarchive.distribute.gpus.GpuWorker` s of ``"local-gpus"``.
     """
 
     where: str
     device: str | None = None
-    threads: int = 1
+    n_workers: int | None = None
     gpu_workers: tuple[Any, ...] = ()
 
 
@@ -165,21 +138,19 @@ def placement(backend: str, n_videos: int, *, client: Any = None, scheduler: str
     """Where :func:`run_warp_plan` renders a plan of ``n_videos`` (world) videos.
 
     - a client or scheduler given: there;
-    - ``"gpu"``: the GPUs of ``gpus`` (default: every visible GPU, found without CUDA
-      here: :func:`flyarchive.distribute.gpus.visible_gpus`), at most one per video: one
-      GPU (or ``in_process``) renders in this process, on that GPU; several, on a local
-      cluster of one worker process per GPU, each with its share of ``cpus`` (default:
-      this process's cores);
-    - ``"warp-cpu"``: ``n_workers`` render threads (default: one per core), at most one
-      per video, in this process; one thread (``n_workers`` 0 or 1, ``in_process``, one
-      core or one video) renders here.
+    - ``"gpu"``: the GPUs of ``gpus`` (default: every visible GPU, found without a CUDA
+      context here: :func:`flyarchive.distribute.gpus.visible_gpus`; ``visible``
+      replaces that list), at most one per video: one GPU (or ``in_process``) renders
+      in this process, on that GPU; several, on a local cluster of one worker process
+      per GPU, each with its share of ``cpus`` (default: this process's cores);
+    - ``"warp-cpu"``: a local cluster of ``n_workers`` single-core worker processes
+      (default: one per core); in this process when ``n_workers`` is 0 or 1, with
+      ``in_process``, one core or one video.
 
     Raises:
         RenderBackendError: ``"gpu"`` and no GPU is visible.
-        RenderOptionsError: ``gpus`` names a GPU that is not visible.
+        RenderOptionsError: ``gpus`` names a GPU that is not visible, is empty or repeats one.
     """
-    from flyarchive import config
-
     if client is not None or scheduler is not None:
         return Placement("cluster")
     if backend == "gpu":
@@ -189,23 +160,22 @@ def placement(backend: str, n_videos: int, *, client: Any = None, scheduler: str
         chosen = gpu_placement.choose_gpus(gpus, shown)[:max(1, n_videos)]
         if in_process or len(chosen) == 1:
             return Placement("here", device=f"cuda:{chosen[0].ordinal}")
-        return Placement("local-gpus", gpu_workers=tuple(gpu_placement.gpu_workers(chosen,
-                                                                                   cpus=cpus)))
-    n = config.usable_cores() if n_workers is None else n_workers
-    n = min(n, n_videos)
-    if in_process or n <= 1:
+        workers = gpu_placement.gpu_workers(chosen, cpus=cpus)
+        return Placement("local-gpus", gpu_workers=tuple(workers))
+    n = (os.cpu_count() or 1) if n_workers is None else n_workers
+    if in_process or n <= 1 or n_videos <= 1:
         return Placement("here", device="cpu")
-    return Placement("threads", device="cpu", threads=n)
+    return Placement("local", n_workers=n)
 
 
 def runs_here(backend: str, n_videos: int, *, client: Any = None, scheduler: str | None = None,
               n_workers: int | None = None, in_process: bool = False,
-              gpus: Sequence[int] | None = None) -> bool:
-    """Whether :func:`run_warp_plan` renders in this process (one thread or several)
-    rather than on Dask (:func:`placement`)."""
+              gpus: Sequence[int] | None = None, visible: Sequence[Any] | None = None) -> bool:
+    """Whether :func:`run_warp_plan` renders in this process rather than on Dask
+    (:func:`placement`; ``visible`` replaces the GPUs found on this machine)."""
     where = placement(backend, n_videos, client=client, scheduler=scheduler,
-                      n_workers=n_workers, in_process=in_process, gpus=gpus)
-    return where.where in ("here", "threads")
+                      n_workers=n_workers, in_process=in_process, gpus=gpus, visible=visible)
+    return where.where == "here"
 
 
 def run_warp_plan(plan: Any, blob: bytes, parts: str | None = None, *, client: Any = None,
@@ -218,8 +188,8 @@ def run_warp_plan(plan: Any, blob: bytes, parts: str | None = None, *, client: A
     worker process each, on a local cluster started and stopped here; one GPU renders
     in this process); with a client or scheduler, groups of whole videos go to its
     workers that hold the resource ``GPU`` (start them with ``--resources GPU=1``, one
-    per GPU). On ``"warp-cpu"`` this process renders with one thread per core, or the
-    workers of the cluster given do.
+    per GPU). On ``"warp-cpu"`` a local cluster of single-core worker processes renders
+    (one per core), or the workers of the cluster given do.
 
     Args:
         plan: :class:`flyarchive.distribute.plan.RenderPlan` with a Warp backend.
@@ -227,9 +197,9 @@ def run_warp_plan(plan: Any, blob: bytes, parts: str | None = None, *, client: A
         parts: The run's parts folder (see :func:`render_jobs`).
         client: A ``distributed.Client``.
         scheduler: A scheduler address, used when ``client`` is None.
-        n_workers: Render threads (``"warp-cpu"``; 0: one, in this process).
-        in_process: Render in this process, one thread (when no client or scheduler is
-            given).
+        n_workers: Worker processes of the local cluster (``"warp-cpu"``; 0 or 1: in
+            this process).
+        in_process: Render in this process (when no client or scheduler is given).
         gpus: CUDA device numbers of the GPUs to use (``"gpu"``, no client or scheduler;
             default: all).
 
@@ -251,8 +221,7 @@ def run_warp_plan(plan: Any, blob: bytes, parts: str | None = None, *, client: A
                       n_workers=n_workers, in_process=in_process, gpus=gpus)
     if where.where == "here":
         return warp_runs.render_here(plan, blob, parts, where.device)
-    if where.where == "threads":
-        return warp_runs.render_threads(plan, blob, parts, where.threads)
-    with connect(client, scheduler, gpu_workers=list(where.gpu_workers) or None) as dask_client:
+    with connect(client, scheduler, where.n_workers,
+                 gpu_workers=list(where.gpu_workers) or None) as dask_client:
         return warp_runs.render_on_dask(plan, blob, parts, dask_client,
                                         own_cluster=where.where == "local-gpus")

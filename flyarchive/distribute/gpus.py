@@ -33,8 +33,8 @@ from pathlib import Path
 from flyarchive import config
 from flyarchive.errors import RenderBackendError, RenderOptionsError
 
-__all__ = ["Gpu", "GpuWorker", "visible_gpus", "choose_gpus", "gpu_workers", "split_cpus",
-           "usable_cpus", "pin_process", "share_of"]
+__all__ = ["Gpu", "GpuWorker", "visible_gpus", "choose_gpus", "check_gpus", "gpu_workers",
+           "split_cpus", "usable_cpus", "pin_process", "share_of"]
 
 _NVIDIA_SMI = ("nvidia-smi", "--query-gpu=index,uuid,pci.bus_id", "--format=csv,noheader")
 _PROC_GPUS = Path("/proc/driver/nvidia/gpus")
@@ -206,6 +206,44 @@ def choose_gpus(gpus: Sequence[int] | None, visible: Sequence[Gpu]) -> list[Gpu]
             "or leave gpus out to use every GPU."
         )
     return [visible[n] for n in numbers]
+
+
+def check_gpus(gpus: Sequence[int] | None, backend: str, *, on_cluster: bool,
+               visible: Sequence[Gpu] | None = None) -> None:
+    """Refuse a ``gpus=`` request that cannot be met, before anything is read or written.
+
+    Args:
+        gpus: What the caller passed to ``render_videos(gpus=...)``; None: nothing to check.
+        backend: The render backend.
+        on_cluster: A client or scheduler was given (its workers hold the GPUs).
+        visible: The GPUs of this machine (default: :func:`visible_gpus`).
+
+    Raises:
+        RenderOptionsError: ``gpus`` is not a list of whole numbers, is given with a
+            backend other than ``"gpu"`` or with a cluster, or names a GPU that is not
+            there (see :func:`choose_gpus`).
+        RenderBackendError: no GPU is visible.
+    """
+    if gpus is None:
+        return
+    if isinstance(gpus, (str, bytes)) or not isinstance(gpus, Sequence):
+        raise RenderOptionsError(
+            f"gpus must be a list of CUDA device numbers such as [0, 1], got {gpus!r}. "
+            "Leave it out to use every GPU."
+        )
+    if backend != "gpu":
+        raise RenderOptionsError(
+            f"gpus={list(gpus)!r} picks the GPUs of backend 'gpu', but backend={backend!r} "
+            "renders on the CPU. Pass backend='gpu' (--backend gpu), or leave gpus out."
+        )
+    if on_cluster:
+        raise RenderOptionsError(
+            f"gpus={list(gpus)!r} picks GPUs of this machine, but a client or scheduler was "
+            "given: its workers hold the GPUs. Start one `dask worker SCHEDULER --nthreads 1 "
+            "--resources GPU=1` per GPU (with CUDA_VISIBLE_DEVICES set to it), and leave "
+            "gpus out."
+        )
+    choose_gpus(gpus, visible_gpus() if visible is None else visible)
 
 
 # ----------------------------------------------------------------------------- cores

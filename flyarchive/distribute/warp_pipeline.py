@@ -21,9 +21,7 @@ a few batches, never by the length of a video. Stage timings go to the active
 :class:`~flyarchive.distribute.diagnostics.PipelineProfile` (if any).
 
 On Dask (:func:`flyarchive.distribute.drivers.run_warp_plan`), each worker runs the
-same single-process routine on a group of whole videos; on Warp's CPU device, several
-threads of one process do (each with a renderer of its own, from a
-:class:`~flyarchive.distribute.caches.RendererPool`: Warp's CPU kernels release the GIL).
+same single-process routine on a group of whole videos.
 
 ``import flyarchive`` does not import this module; it imports ``warp`` lazily.
 """
@@ -44,7 +42,7 @@ from typing import Any
 import numpy as np
 
 from flyarchive import config
-from flyarchive.distribute.caches import RendererCache, RendererPool
+from flyarchive.distribute.caches import RendererCache
 from flyarchive.distribute.diagnostics import StageTimer, progress_bar
 from flyarchive.distribute.encoders import Encoders
 from flyarchive.distribute.plan import Batch, pack_batches
@@ -96,25 +94,9 @@ def warp_device(backend: str) -> str:
 
 
 # ----------------------------------------------------------------------------- one process
-#: This process's Warp renderer on a GPU (one device stream at a time: used under the lock).
+#: This process's Warp renderer (one device stream at a time: used under the lock).
 _renderers = RendererCache()
 _renderers_lock = threading.Lock()
-#: Renderers of Warp's CPU device, one per render thread; built one at a time (below).
-_cpu_renderers = RendererPool()
-_cpu_build_lock = threading.Lock()
-
-
-@contextmanager
-def _renderer_cache(device: str) -> Iterator[RendererCache]:
-    """The cache of this render's renderer: on a GPU the process's own, held under its
-    lock (one batch stream per device); on the CPU one of the pool's, so that threads
-    render at the same time."""
-    if device == "cpu":
-        with _cpu_renderers.take() as cache:
-            yield cache
-    else:
-        with _renderers_lock:
-            yield _renderers
 
 
 def batch_worlds_of(options: Any) -> int:
@@ -125,30 +107,22 @@ def batch_worlds_of(options: Any) -> int:
 
 
 def _renderer(blob: bytes, cameras: tuple[str, ...], size: tuple[int, int],
-              batch_worlds: int, device: str, buffers: int, *,
-              cache: RendererCache | None = None) -> Any:
-    """The :class:`WarpBatchRenderer` of ``cache`` (default: this process's GPU renderer);
-    the last one asked for is kept."""
+              batch_worlds: int, device: str, buffers: int) -> Any:
+    """This process's :class:`WarpBatchRenderer` (the last one asked for is kept: a
+    worker reuses it across batches and calls with the same model and options)."""
     from flyarchive.models import model_from_bytes
     from flyarchive.replay.warp import WarpBatchRenderer
 
     def make() -> Any:
         # WarpBatchRenderer prepares a copy with prepare_for_batch_rendering.
         # I420 on the device: half the bytes to copy, and no RGB conversion in ffmpeg.
-        model = model_from_bytes(blob)
-        renderer = WarpBatchRenderer(
-            model, cameras, size, batch_worlds=batch_worlds, device=device,
+        return WarpBatchRenderer(
+            model_from_bytes(blob), cameras, size, batch_worlds=batch_worlds, device=device,
             host_buffers=buffers, pixel_format="yuv420p",
         )
-        if device == "cpu":  # load its kernels now, while no other thread loads any
-            renderer.render_batch(renderer.default_state[None, :model.nq])
-        return renderer
 
     key = (hashlib.sha256(blob).hexdigest(), cameras, tuple(size), batch_worlds, device, buffers)
-    if device != "cpu":
-        return (cache if cache is not None else _renderers).get(key, make)
-    with _cpu_build_lock:  # Warp's module loading is not meant for threads at once
-        return (cache if cache is not None else RendererCache()).get(key, make)
+    return _renderers.get(key, make)
 
 
 def render_jobs(plan: Any, blob: bytes, jobs: Sequence[Any], device: str, *,
@@ -193,10 +167,10 @@ def render_jobs(plan: Any, blob: bytes, jobs: Sequence[Any], device: str, *,
     batch_worlds = min(batch_worlds_of(options), sum(job.n_frames for job in jobs))
     batches = pack_batches(jobs, batch_worlds)
     source = StateReader(plan.url, plan.storage_options)
-    with _renderer_cache(device) as cache:
+    with _renderers_lock:  # one batch stream per device at a time in a process
         with timer.time("setup_s"):  # imports, kernels and device state when not kept
             renderer = _renderer(blob, tuple(plan.cameras), tuple(options.size), batch_worlds,
-                                 device, buffers, cache=cache)
+                                 device, buffers)
         with tempfile.TemporaryDirectory(prefix="flyarchive-warp-", dir=scratch_dir()) as tmp:
             encoders = Encoders(plan, jobs, Path(tmp), renderer.pixel_format, buffers, parts,
                                 timer)

@@ -1,18 +1,16 @@
-"""The three ways a Warp render plan runs (chosen by :func:`flyarchive.distribute.drivers.placement`):
-in this process on one device (:func:`render_here`), in render threads of this process on
-Warp's CPU device (:func:`render_threads`), or as groups of whole videos on Dask workers
-(:func:`render_on_dask`). Each group is rendered by
-:func:`flyarchive.distribute.warp_pipeline.render_jobs`; one progress bar covers them all.
+"""The two ways a Warp render plan runs (chosen by :func:`flyarchive.distribute.drivers.placement`):
+in this process on one device (:func:`render_here`), or as groups of whole videos,
+balanced by frames, on Dask workers (:func:`render_on_dask`: one group per able worker,
+one progress bar for them all). Each group is rendered by
+:func:`flyarchive.distribute.warp_pipeline.render_jobs`.
 """
 
 from __future__ import annotations
 
-import contextvars
 import dataclasses
 import os
-import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
 
@@ -20,10 +18,7 @@ from flyarchive.distribute.diagnostics import PipelineProfile, StageTimer, progr
 from flyarchive.distribute.plan import split_groups
 from flyarchive.errors import RenderBackendError
 
-__all__ = ["render_here", "render_threads", "render_on_dask", "render_group"]
-
-#: Seconds between looks at the render threads while this thread waits (Ctrl-C).
-_POLL_S = 0.1
+__all__ = ["render_here", "render_on_dask", "render_group"]
 
 
 def render_here(plan: Any, blob: bytes, parts: str | None, device: str) -> list[dict[str, Any]]:
@@ -37,97 +32,6 @@ def render_here(plan: Any, blob: bytes, parts: str | None, device: str) -> list[
     if device.startswith("cuda"):
         warp_device("gpu")  # checks that Warp sees a CUDA device
     return render_jobs(plan, blob, plan.jobs, device, parts=parts)
-
-
-class _Stopped(Exception):
-    """Raised in a render thread when another one failed or this thread was interrupted."""
-
-
-def render_threads(plan: Any, blob: bytes, parts: str | None, n_threads: int
-                   ) -> list[dict[str, Any]]:
-    """Every video, in ``n_threads`` render threads of this process on Warp's CPU device,
-    one group of whole videos each (balanced by frames), each with a renderer of its own.
-
-    Warp's CPU kernels run with the GIL released, so the threads render on as many
-    cores; a process pays its imports and kernel loading once. Warp's default device is
-    this process's, not a thread's: it is ``"cpu"`` while the threads run. A failure in
-    one thread stops the others after their current batch; so does Ctrl-C here.
-
-    Raises:
-        What a thread raised first (the others stop and their videos are dropped).
-    """
-    from flyarchive.distribute.warp_pipeline import batch_worlds_of, render_jobs
-
-    groups = split_groups(plan.jobs, batch_worlds_of(plan.options), n_threads)
-    quiet = dataclasses.replace(plan, options=dataclasses.replace(plan.options, progress=False))
-    stop = threading.Event()
-    results: list[Any] = [None] * len(groups)
-    errors: list[BaseException] = []
-    with _shared_progress(plan, stop) as on_frames:
-
-        def work(index: int, group: tuple[Any, ...]) -> None:
-            try:
-                results[index] = render_jobs(quiet, blob, group, "cpu", parts=parts,
-                                             on_frames=on_frames)
-            except BaseException as err:  # the first one is raised in the caller
-                if not isinstance(err, _Stopped):
-                    errors.append(err)
-                stop.set()
-
-        threads = [threading.Thread(target=contextvars.copy_context().run, args=(work, i, g),
-                                    name=f"flyarchive-render-{i}", daemon=True)
-                   for i, g in enumerate(groups)]
-        with _warp_default_device("cpu"):
-            for thread in threads:
-                thread.start()
-            try:
-                for thread in threads:
-                    while thread.is_alive():
-                        thread.join(_POLL_S)
-            except BaseException:  # Ctrl-C: the threads stop after their batch
-                stop.set()
-                for thread in threads:
-                    thread.join()
-                raise
-    if errors:
-        raise errors[0]
-    return [entry for group in results for entry in group]
-
-
-@contextmanager
-def _shared_progress(plan: Any, stop: threading.Event) -> Iterator[Callable[[int], None]]:
-    """``on_frames`` for render threads: one progress bar (when asked for), and a stop
-    signal: it raises :class:`_Stopped` once ``stop`` is set."""
-    bar = progress_bar(sum(job.n_frames for job in plan.jobs), plan.options.progress)
-    lock = threading.Lock()
-
-    def on_frames(n: int) -> None:
-        if stop.is_set():
-            raise _Stopped
-        if bar is not None:
-            with lock:
-                bar.update(n)
-
-    try:
-        yield on_frames
-    finally:
-        if bar is not None:
-            bar.close()
-
-
-@contextmanager
-def _warp_default_device(device: str) -> Iterator[None]:
-    """Warp's default device is ``device`` for the block (threads' ``ScopedDevice`` s
-    then save and restore the same device, whatever order they run in)."""
-    from flyarchive.warp_log import import_warp
-
-    wp = import_warp("Rendering with Warp")
-    before = wp.get_device()
-    wp.set_device(device)
-    try:
-        yield
-    finally:
-        wp.set_device(before)
 
 
 # ----------------------------------------------------------------------------- on Dask
@@ -239,8 +143,7 @@ def render_on_dask(plan: Any, blob: bytes, parts: str | None, client: Any, *,
         RenderBackendError: no worker offers the resource ``GPU`` (``"gpu"``).
         RenderFailedError: a group failed (the message names its worlds and the worker).
     """
-    from flyarchive.distribute.cluster import scatter_model
-    from flyarchive.distribute.drivers import cancel_quietly, task_result
+    from flyarchive.distribute.cluster import cancel_quietly, scatter_model, task_result
     from flyarchive.distribute.warp_pipeline import batch_worlds_of
 
     workers = client.scheduler_info().get("workers", {})

@@ -450,17 +450,24 @@ def test_render_videos_names_files_as_its_docstring_says() -> None:
 
 
 @pytest.mark.parametrize(("backend", "n_videos", "where", "expected"), [
+    ("gpu", 8, {"visible": "0"}, True),             # one GPU: in this process
+    ("gpu", 8, {"visible": "01"}, False),           # two: a local cluster, one worker each
+    ("gpu", 8, {"visible": "01", "gpus": [1]}, True),
+    ("gpu", 1, {"visible": "01"}, True),            # one video: one GPU
     ("gpu", 8, {"scheduler": "tcp://x:8786"}, False),
     ("warp-cpu", 8, {"n_workers": 1}, True),
     ("warp-cpu", 8, {"n_workers": 0}, True),
     ("warp-cpu", 1, {"n_workers": 4}, True),        # one video
-    ("warp-cpu", 8, {"n_workers": 4}, True),        # render threads of this process
+    ("warp-cpu", 8, {"n_workers": 4}, False),       # a local cluster
     ("warp-cpu", 8, {"n_workers": 4, "in_process": True}, True),
-    ("warp-cpu", 8, {"client": object()}, False),
 ])
 def test_where_warp_renders_run_is_what_render_videos_documents(
         backend: str, n_videos: int, where: dict, expected: bool) -> None:
     from flyarchive.distribute.drivers import runs_here
+    from flyarchive.distribute.gpus import Gpu
+
+    if "visible" in where:  # a fake set of GPUs: "01" is two
+        where = {**where, "visible": [Gpu(int(i), i) for i in where["visible"]]}
 
     assert runs_here(backend, n_videos, **where) is expected
 

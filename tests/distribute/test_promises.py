@@ -7,9 +7,9 @@ and what they are called, and where the work runs.
   ``.``, ``_``, ``-`` become ``_``, and a name that changed gets ``-`` and 8 hex digits
   of its SHA-256); the manifest is ``{out}/manifest.json``.
 - ``n_workers=0`` renders in this process; so does a ``memory://`` archive.
-- ``"cpu"`` otherwise starts a local cluster; ``"warp-cpu"`` renders in threads of this
-  process; ``"gpu"`` renders in this process with one GPU (or none: refused here) unless
-  a client or a scheduler is given (several GPUs: tests/distribute/test_gpu_placement.py).
+- ``"cpu"`` and ``"warp-cpu"`` otherwise start a local cluster;
+  ``"gpu"`` renders in this process on one GPU unless a client or a scheduler is given
+  (several GPUs: a local cluster of one worker per GPU, tests/distribute/test_gpu_placement.py).
 
 Where work runs is seen from outside: ``distributed.LocalCluster`` and
 ``distributed.Client`` are replaced by recorders that stop the render when asked for a
@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import os
 from pathlib import Path
 from typing import Any
 
@@ -127,22 +128,24 @@ def test_cpu_starts_a_local_cluster_by_default(tiny, archive, tmp_path, clusters
 
 @requires_warp
 @requires_distributed
-def test_warp_cpu_renders_in_this_process_by_default(tiny, archive, tmp_path, clusters):
+@pytest.mark.skipif((os.cpu_count() or 1) < 2, reason="one core: warp-cpu renders in process")
+def test_warp_cpu_starts_a_local_cluster_by_default(tiny, archive, tmp_path, clusters):
     options = RenderOptions(size=(48, 64), backend="warp-cpu", batch_worlds=4)
 
-    result = render_videos(archive, tiny, "front", str(tmp_path / "v"), options=options)
+    with pytest.raises(ClusterAsked):
+        render_videos(archive, tiny, "front", str(tmp_path / "v"), options=options)
 
-    assert clusters == []
-    assert len(result.videos) == 2
+    assert clusters == [("LocalCluster", None)]
 
 
 @requires_warp
 @requires_distributed
-def test_gpu_renders_in_this_process_with_n_workers_0(tiny, archive, tmp_path, clusters):
+def test_gpu_renders_in_this_process_on_one_gpu(tiny, archive, tmp_path, clusters):
     options = RenderOptions(size=(48, 64), backend="gpu", batch_worlds=4)
 
     with contextlib.suppress(RenderBackendError):  # without CUDA: refused here, in process
-        render_videos(archive, tiny, "front", str(tmp_path / "v"), options=options, n_workers=0)
+        render_videos(archive, tiny, "front", str(tmp_path / "v"), options=options, n_workers=4,
+                      gpus=[0])
 
     assert clusters == []
 

@@ -235,19 +235,18 @@ def test_gpu_batches_on_a_cluster_without_gpu_workers_are_refused(slider_worlds,
     assert not (tmp_path / "v" / "world00000").exists()
 
 
-def test_warp_cpu_renders_in_threads_of_this_process_unless_given_a_cluster():
-    from flyarchive.distribute.drivers import placement
+def test_warp_cpu_runs_on_a_local_cluster_unless_told_otherwise():
+    from flyarchive.distribute.drivers import runs_here
 
-    assert placement("warp-cpu", 4, n_workers=2).where == "threads"
-    assert placement("warp-cpu", 4, n_workers=2).threads == 2
-    assert placement("warp-cpu", 4, n_workers=0).where == "here"
-    assert placement("warp-cpu", 4, n_workers=2, in_process=True).where == "here"
-    assert placement("warp-cpu", 1, n_workers=2).where == "here"  # one video: one thread
-    assert placement("warp-cpu", 4, scheduler="tcp://127.0.0.1:8786").where == "cluster"
+    assert not runs_here("warp-cpu", 4, n_workers=2)
+    assert runs_here("warp-cpu", 4, n_workers=0)
+    assert runs_here("warp-cpu", 4, n_workers=2, in_process=True)
+    assert runs_here("warp-cpu", 1, n_workers=2)  # one video: nothing to spread
+    assert not runs_here("gpu", 4, scheduler="tcp://127.0.0.1:8786")
 
 
-@pytest.mark.skipif(BACKEND != "warp-cpu", reason="render threads are warp-cpu's")
-def test_render_threads_videos_equal_the_one_thread_ones(slider_worlds, tmp_path):
+@pytest.mark.skipif(BACKEND != "warp-cpu", reason="the LocalCluster default is warp-cpu's")
+def test_local_cluster_videos_equal_the_in_process_ones(slider_worlds, tmp_path):
     url, _ = slider_worlds
 
     here = render_here(url, slider_model(), "front", str(tmp_path / "here"), options=WARP)
