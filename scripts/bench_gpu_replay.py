@@ -27,7 +27,15 @@ jittered per world; or the tiny test model). Rows of the table:
    (``--presets``, ``--encoders``): other x264 presets and encoder thread counts,
    renderer warm. ``flyarchive_no_graph``: row 3 launching kernel by kernel
    (``FLYARCHIVE_CUDA_GRAPH=0``).
-4. flygym: ``flygym.warp.recording.render_trajectories_gpu`` on the same states
+4. whole processes (``--cli``, :mod:`bench_cli`): ``cli`` is ``flyarchive render`` run as
+   a subprocess on the same archive, timed from start to exit, on one GPU (``--gpus
+   0``); ``cli_all_gpus`` the same on every GPU (the default; two or more GPUs);
+   ``cli_s3`` with the archive on a loopback S3 server (moto) and the videos written
+   to it (one GPU); ``cli_scheduler`` with ``--scheduler`` of hand-started ``dask
+   worker --nthreads 1 --resources GPU=1`` processes, one per GPU
+   (``CUDA_VISIBLE_DEVICES``; on ``--device cpu``: two workers). ``ratios`` compares
+   them (``cli`` / ``pipelined``, ``cli_all_gpus`` / ``cli``, ...).
+5. flygym: ``flygym.warp.recording.render_trajectories_gpu`` on the same states
    (``RecordedTrajectory`` objects built from them) with ``worlds_per_batch`` 32 and
    256, videos written to ``output_path``; the better of the two is compared. The
    model is prepared with flyarchive's ``prepare_for_batch_rendering`` (what flygym's
@@ -44,6 +52,8 @@ Usage:
         --batch 16 --size 48x64
     python scripts/bench_gpu_replay.py --device cuda --model nmf --worlds 128 --frames 100 \\
         --batch 1024 --json replay.json [--cache /tmp/flyarchive-bench-gpu]
+    python scripts/bench_gpu_replay.py --device cuda --model nmf --worlds 1024 --frames 250 \\
+        --only-cli --json cli.json    # rows pipelined and cli* only
 """
 
 from __future__ import annotations
@@ -59,6 +69,7 @@ from typing import Any
 from unittest import mock
 
 import numpy as np
+from bench_cli import cli_rows, save_mjb
 from benchlib import (
     Column,
     PeakMemory,
@@ -71,6 +82,8 @@ from benchlib import (
     replay_states,
     write_json,
 )
+
+CLI_ROWS = ("cli", "cli_all_gpus", "cli_s3", "cli_scheduler")
 
 
 def main() -> None:
@@ -94,10 +107,20 @@ def main() -> None:
             Path(args.cache or tmp), f"{args.model}-{args.worlds}x{args.frames}-float32",
             st.model, lambda: st.qpos, mocap=st.mocap, source="mujoco-warp",
             chunk_frames=min(args.frames, 100), shard_worlds=min(args.worlds, 64))
-        rows["raw"], rows["batch"] = _renderer_rows(st, args, device)
+        if not args.only_cli:
+            rows["raw"], rows["batch"] = _renderer_rows(st, args, device)
         _warm_up(url, st, args, device, backend, Path(tmp) / "warm")
-        rows["read"] = _measure(n_frames, lambda: _read_all(url, args.batch))
         rows["pipelined"] = _pipelined_row(st, args, device)
+        which = tuple(r for r in args.cli.split(",") if r)
+        rows.update(cli_rows(url, save_mjb(st.model, Path(tmp)), camera=st.camera,
+                             size=args.size, backend=backend, n_images=n_frames,
+                             folder=Path(tmp), measure=_measure, which=which))
+        result["ratios"] = _cli_ratios(rows)
+        if args.only_cli:
+            _print_table(result)
+            write_json(args.json, result, indent=2)
+            return
+        rows["read"] = _measure(n_frames, lambda: _read_all(url, args.batch))
         presets = [p for p in args.presets.split(",") if p]
         stub = _prerendered(st, args, device)
         for preset in [None, *presets]:
@@ -144,12 +167,20 @@ def _parse_args() -> argparse.Namespace:
                         help="encoder threads of the extra rows (comma list; default: cores)")
     parser.add_argument("--no-flygym", dest="flygym", action="store_false",
                         help="skip flygym's render_trajectories_gpu rows")
+    parser.add_argument("--cli", default=",".join(CLI_ROWS),
+                        help="whole-process rows to run (comma list of "
+                             f"{', '.join(CLI_ROWS)}; empty: none)")
+    parser.add_argument("--only-cli", action="store_true",
+                        help="run only the pipelined row and the whole-process rows")
     parser.add_argument("--cache", metavar="DIR", type=Path, default=None,
                         help="keep the walk and the archive here and reuse them "
                              "(default: built again in a temporary folder)")
     args = parser.parse_args()
     if min(args.worlds, args.frames, args.batch) < 1:
         parser.error("--worlds, --frames and --batch must be positive")
+    unknown = [r for r in args.cli.split(",") if r and r not in CLI_ROWS]
+    if unknown:
+        parser.error(f"--cli {args.cli!r}: unknown row(s) {unknown}; rows: {', '.join(CLI_ROWS)}")
     return args
 
 
@@ -341,7 +372,7 @@ def _warm_up(url: str, st: ReplayStates, args: argparse.Namespace, device: str, 
 
     options = RenderOptions(size=args.size, backend=backend, batch_worlds=args.batch)
     render_videos(url, st.model, st.camera, str(out / "fa"), worlds=[0], time=(0.0, 0.0),
-                  options=options)
+                  options=options, n_workers=0)
     warp_pipeline._renderers.clear()
     if args.flygym:
         mocap = None if st.mocap is None else (st.mocap[0][:1, :1], st.mocap[1][:1, :1])
@@ -390,6 +421,16 @@ def _stages(n_images: int, run: Callable[[], None]) -> dict[str, Any]:
     return row
 
 
+def _cli_ratios(rows: dict[str, dict[str, Any]]) -> dict[str, float]:
+    """What the issue's targets compare: ``cli`` / ``pipelined`` (>= 0.9), ``cli_all_gpus``
+    / ``cli`` (>= 1.9 on 2 GPUs), ``cli_s3`` / ``cli`` (>= 0.8), ``cli_scheduler`` /
+    ``cli`` (>= 1.9 on 2 GPUs)."""
+    pairs = (("cli", "pipelined"), ("cli_all_gpus", "cli"), ("cli_s3", "cli"),
+             ("cli_scheduler", "cli"))
+    fps = {k: r["fps"] for k, r in rows.items() if "fps" in r}
+    return {f"{a}/{b}": round(fps[a] / fps[b], 3) for a, b in pairs if a in fps and b in fps}
+
+
 def _note(row: dict[str, Any]) -> str:
     note = row.get("error", f"setup {row['setup_s']:.1f} s" if "setup_s" in row else "")
     if "fps" in row.get("yuv420p", {}):
@@ -411,6 +452,8 @@ def _print_table(r: dict[str, Any]) -> None:
                 title=f"\n{r['model']} on {r['device']}: {r['worlds']} worlds x {r['frames']} "
                       f"frames, {r['size'][0]}x{r['size'][1]}, B={r['batch']}, "
                       f"camera {r['camera']!r}")
+    if r.get("ratios"):
+        print("whole-process ratios:", ", ".join(f"{k} {v:.2f}" for k, v in r["ratios"].items()))
     if "ratio_flyarchive_over_flygym" in r:
         print(f"flyarchive / best flygym: {r['ratio_flyarchive_over_flygym']:.2f}x "
               f"(flygym best {r['flygym_best_fps']:.1f} frames/s)")
