@@ -16,6 +16,13 @@ renders the same frames with:
 - ``warp-cpu``: ``render_videos(options=RenderOptions(backend="warp-cpu"))``, the
   mujoco-warp batch renderer on Warp's CPU device, cold (kernel load included)
   and warm (a one-frame render first, in the same process);
+- ``flygym-warp-cpu``: flygym 2.1.1 ``flygym.warp.recording.render_trajectories_gpu``
+  on Warp's CPU device (``wp.ScopedDevice("cpu")``), with mp4 output, the model
+  prepared as flygym's ``modify_world_for_batch_rendering`` does
+  (``prepare_for_batch_rendering``), ``worlds_per_batch`` = ``--worlds``; the call timed;
+- ``cli-warp-cpu``: ``flyarchive render --backend warp-cpu`` run as a subprocess (what a
+  user types: its default local cluster), timed as a whole process from start to exit
+  (``scripts/bench_cli.py``);
 - ``rss-N``: peak memory of ``render_videos(n_workers=0)`` for N = F and 10 F
   frames of one world (the 10 F archive repeats the F-frame walk).
 - ``profile``: where the time of archive -> mp4 goes: archive reads per segment,
@@ -70,6 +77,10 @@ TARGETS = (
     ("dask-2-sync", "dask-1-sync", 1.8, "same, workers reading synchronously (prototype)"),
     ("warp-cpu", "flygym-mp4", 3.0, "warp-cpu archive->mp4, one process, vs flygym with mp4"),
     ("warp-cpu-dask-2", "flygym-mp4", 3.0, "warp-cpu, 2 workers (warm), >= 3x flygym with mp4"),
+    ("cli-warp-cpu", "flygym-warp-cpu", 1.5,
+     "`flyarchive render --backend warp-cpu` whole process >= 1.5x flygym Warp-CPU + mp4"),
+    ("cli-warp-cpu", "flygym-mp4", 3.0,
+     "`flyarchive render --backend warp-cpu` whole process >= 3x flygym OpenGL + mp4"),
 )
 
 
@@ -164,7 +175,12 @@ def _cases(args: argparse.Namespace, archives: dict[str, str], work: Path,
                 name = f"dask-{k}{'-sync' if sync else ''}"
                 cases.append((name, {"kind": "dask", "url": main, "workers": k,
                                      "sync_reads": sync, "out": str(work / name)}, {}))
+    if "warp-cpu" in backends and args.flygym:
+        cases.append(("flygym-warp-cpu", {"kind": "flygym-warp", "url": main,
+                                          "out": str(work / "fgw")}, {}))
     if "warp-cpu" in backends:
+        cases.append(("cli-warp-cpu", {"kind": "cli", "url": main, "out": str(work / "cli"),
+                                       "workdir": str(work)}, {}))
         cases.append(("warp-cpu", {"kind": "warp", "url": main, "out": str(work / "warp"),
                                    "batch_worlds": args.batch_worlds}, {}))
         for k in [int(x) for x in args.workers.split(",") if x]:
@@ -232,7 +248,8 @@ def _run_child(spec: dict[str, Any]) -> dict[str, Any]:
 
     children = {"flygym": _child_flygym, "renderer": _child_renderer, "videos": _child_videos,
                 "dask": _child_dask, "warp": _child_warp, "warp-dask": _child_warp_dask,
-                "profile": _child_profile}
+                "profile": _child_profile, "flygym-warp": _child_flygym_warp,
+                "cli": _child_cli}
     if spec["kind"] not in children:
         raise ValueError(f"unknown case kind {spec['kind']!r}; kinds: {', '.join(children)}")
     return children[spec["kind"]](spec, build_world().model)
@@ -261,6 +278,37 @@ def _child_flygym(spec: dict[str, Any], model: Any) -> dict[str, Any]:
     render_trajectories(model, trajectories, spec["camera"], spec["out"],
                         camera_res=tuple(spec["size"]))
     return _rate(qpos.shape[0] * qpos.shape[1], time.perf_counter() - start)
+
+
+def _child_flygym_warp(spec: dict[str, Any], model: Any) -> dict[str, Any]:
+    """flygym's mujoco-warp path on Warp's CPU device, with mp4, the call timed."""
+    import warp as wp
+    from flygym.recording import RecordedTrajectory
+    from flygym.warp.recording import render_trajectories_gpu
+
+    from flyarchive.replay.warp_model import prepare_for_batch_rendering
+
+    _, qpos, times = _states(spec["url"])
+    trajectories = [RecordedTrajectory(time=times, qpos=qpos[w], output_fps=25,
+                                       playback_speed=0.2, world_id=w)
+                    for w in range(qpos.shape[0])]
+    start = time.perf_counter()
+    with wp.ScopedDevice("cpu"):
+        render_trajectories_gpu(prepare_for_batch_rendering(model), trajectories,
+                                spec["camera"], spec["out"], camera_res=tuple(spec["size"]),
+                                worlds_per_batch=qpos.shape[0])
+    return _rate(qpos.shape[0] * qpos.shape[1], time.perf_counter() - start)
+
+
+def _child_cli(spec: dict[str, Any], model: Any) -> dict[str, Any]:
+    """``flyarchive render --backend warp-cpu`` as a subprocess, timed whole."""
+    from bench_cli import run_render, save_mjb
+
+    _, qpos, _ = _states(spec["url"])
+    mjb = save_mjb(model, Path(spec["workdir"]))
+    done = run_render(spec["url"], spec["out"], camera=spec["camera"],
+                      size=tuple(spec["size"]), backend="warp-cpu", model=mjb)
+    return _rate(qpos.shape[0] * qpos.shape[1], done["wall_s"])
 
 
 def _child_renderer(spec: dict[str, Any], model: Any) -> dict[str, Any]:

@@ -279,13 +279,13 @@ def _read_ahead(source: StateReader, jobs: tuple[Any, ...], batches: list[Batch]
             pending.append(pool.submit(read, batch))
 
     def consume() -> Iterator[Any]:
-        fill()
         while pending:
             states = pending.popleft().result()
             fill()
             yield states
 
     try:
+        fill()  # reads start now, before the first batch is asked for
         yield consume()
     finally:
         for future in pending:

@@ -1,0 +1,108 @@
+"""What one render worker pays once: its renderer is kept across calls with the same model
+and options; and what it overlaps: archive reads run ahead of rendering, bounded, in order.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from flyarchive.distribute.api import RenderOptions, render_videos
+from flyarchive.distribute.plan import pack_batches
+from flyarchive.distribute.warp_pipeline import _read_ahead
+from flyarchive.query.frames import VideoJob
+from flyarchive.testing import tiny_model
+from flyarchive.testing.fixtures import record
+from flyarchive.testing.markers import WARP_BACKEND, requires_warp
+
+JOBS = tuple(VideoJob(w, w, 0, 10) for w in range(4))
+BATCHES = pack_batches(JOBS, 4)  # 10 batches of 4 states
+
+
+class SlowSource:
+    """Stands in for a StateReader: each read blocks until released, and is recorded."""
+
+    def __init__(self) -> None:
+        self.started: list[tuple[int, int, int]] = []
+        self.lock = threading.Lock()
+        self.release = threading.Event()
+
+    def read(self, pieces: list[tuple[int, int, int]]) -> list[tuple[int, int, int]]:
+        with self.lock:
+            self.started.append(pieces[0])
+        self.release.wait(10)
+        return pieces
+
+    def n_started(self) -> int:
+        with self.lock:
+            return len(self.started)
+
+
+def wait_until(check: Any, timeout_s: float = 10.0) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline and not check():
+        time.sleep(0.01)
+    return check()
+
+
+def expected_reads() -> list[list[tuple[int, int, int]]]:
+    return [[(JOBS[p.job].world_index, p.start, p.stop) for p in b.pieces] for b in BATCHES]
+
+
+def test_reads_of_later_batches_start_before_the_first_is_consumed_up_to_the_depth():
+    source = SlowSource()
+
+    with _read_ahead(source, JOBS, BATCHES, depth=3, readers=3) as states:
+        in_flight = wait_until(lambda: source.n_started() == 3)
+        time.sleep(0.1)  # room for a fourth read, which must not start
+        started_before_consuming = source.n_started()
+        source.release.set()
+        got = list(states)
+
+    assert in_flight and started_before_consuming == 3
+    assert got == expected_reads()
+
+
+def test_a_failed_read_raises_when_its_batch_is_reached_after_the_earlier_ones():
+    class FailingThird(SlowSource):
+        def read(self, pieces):
+            if pieces[0] == expected_reads()[2][0]:
+                raise OSError("connection reset")
+            return pieces
+
+    got = []
+
+    with pytest.raises(OSError, match="connection reset"):
+        with _read_ahead(FailingThird(), JOBS, BATCHES, depth=4, readers=2) as states:
+            for item in states:
+                got.append(item)
+
+    assert got == expected_reads()[:2]
+
+
+@requires_warp
+def test_a_worker_builds_its_renderer_once_for_calls_with_the_same_model_and_options(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    from flyarchive.replay import warp as replay_warp
+
+    url = record(tiny_model(), str(tmp_path / "run.zarr"), n_worlds=2)
+    built = []
+    real = replay_warp.WarpBatchRenderer
+
+    def counting(*args: Any, **kwargs: Any) -> Any:
+        built.append(args[2])
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(replay_warp, "WarpBatchRenderer", counting)
+    options = RenderOptions(size=(48, 64), backend=WARP_BACKEND, batch_worlds=4)
+    other = RenderOptions(size=(32, 48), backend=WARP_BACKEND, batch_worlds=4)
+
+    for out in ("a", "b", "c"):
+        render_videos(url, None, "front", str(tmp_path / out), options=options, n_workers=0)
+    render_videos(url, None, "front", str(tmp_path / "d"), options=other, n_workers=0)
+
+    assert built == [(48, 64), (32, 48)]
