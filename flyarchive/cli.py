@@ -375,7 +375,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", default="videos", help="output folder or fsspec URL")
     p.add_argument("--scheduler", help="Dask scheduler address (default: a local cluster)")
     p.add_argument("--workers", type=int, help="local worker processes (default: one per core; "
-                   "warp-cpu: render threads of this process)")
+                   "gpu: one per GPU, see --gpus; 0: in this process)")
     p.add_argument("--backend", default="cpu", choices=BACKENDS,
                    help="cpu (OpenGL, bit-exact), gpu (mujoco-warp on CUDA) or warp-cpu "
                         "(mujoco-warp on Warp's CPU device)")
@@ -386,9 +386,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.add_argument("--verbose", action="store_true", help="show Warp's initialization and "
                    "kernel-loading messages (hidden by default)")
-    p.add_argument("--gpus", help="with --backend gpu: CUDA device numbers to use, e.g. 0,1 "
-                   "(default: every GPU, one worker process each; one GPU renders in this "
-                   "process)")
+    p.add_argument("--gpus", help="with --backend gpu and no --scheduler: CUDA device numbers "
+                   "to use, e.g. 0,1 (default: every visible GPU, one worker process each with "
+                   "its share of the cores; one GPU renders in this process)")
     storage(p)
     p = add("set-world-var", cmd_set_world_var,
             "Add per-world variables to an archive (committed atomically).")

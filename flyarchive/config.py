@@ -23,6 +23,11 @@ value and what is allowed; unset or empty means the default.
 - ``MUJOCO_GL`` (MuJoCo's own: ``egl``, ``osmesa``, ``glfw``...): the OpenGL backend.
   Unset, flyarchive's renderers use ``egl`` on Linux (no display needed), without
   setting the variable (:func:`gl_backend`).
+- ``CUDA_VISIBLE_DEVICES`` (CUDA's own): the GPUs backend ``"gpu"`` spreads over (one
+  worker process per GPU, :mod:`flyarchive.distribute.gpus`), read without a CUDA
+  context: set, its entries are the GPUs (``0,1``: two; empty: none), whatever CUDA
+  would find; unset, ``nvidia-smi`` (then the driver's ``/proc`` folder, then Warp)
+  lists them. Tests and CI set it to fake a set of GPUs.
 
 A switch is ``1``/``true``/``yes``/``on`` or ``0``/``false``/``no``/``off`` (any case).
 """

@@ -20,6 +20,7 @@ import xarray as xr
 from flyarchive.distribute.drivers import run_plan
 from flyarchive.distribute.gpus import check_gpus
 from flyarchive.distribute.plan import RenderPlan, absolute_url, preflight
+from flyarchive.distribute.warp_runs import warm_up_here
 from flyarchive.errors import ModelLoadError, RenderOptionsError
 from flyarchive.layout import ModelLayout, check_compatible
 from flyarchive.models import load_mjb, model_bytes
@@ -255,7 +256,9 @@ def render_videos(
             f"n_workers must be None (one worker per core) or a whole number >= 0 (0: render "
             f"in this process), got {n_workers!r}."
         )
-    check_gpus(gpus, options.backend, on_cluster=client is not None or scheduler is not None)
+    on_cluster = client is not None or scheduler is not None
+    check_gpus(gpus, options.backend, on_cluster=on_cluster)
+    warm_up_here(options.backend, gpus=gpus, n_workers=n_workers, on_cluster=on_cluster)
     source, out = absolute_url(source), absolute_url(out).rstrip("/")
     ds = open_archive(source, storage_options)
     jobs = select_frames(ds, worlds, time, where=where, pad=pad)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import threading
 import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
@@ -21,6 +22,37 @@ from flyarchive.errors import RenderBackendError
 __all__ = ["render_here", "render_on_dask", "render_group"]
 
 
+#: The thread importing Warp and initializing the device (:func:`warm_up_here`), if any.
+_warming: threading.Thread | None = None
+
+
+def warm_up_here(backend: str, *, gpus: Sequence[int] | None, n_workers: int | None,
+                 on_cluster: bool) -> None:
+    """When this process will render on a Warp device (one GPU, or ``n_workers`` 0 or 1),
+    start importing Warp and initializing the device (a CUDA context) in a background
+    thread, so that this overlaps with opening the archive and preparing the model
+    (:func:`render_here` waits for it). Nothing otherwise (a cluster renders)."""
+    global _warming
+    if on_cluster or backend not in ("gpu", "warp-cpu"):
+        return
+    if backend == "gpu":
+        from flyarchive.distribute.gpus import visible_gpus
+
+        if not (n_workers == 0 or (gpus is not None and len(gpus) == 1)
+                or len(visible_gpus()) == 1):
+            return
+        device = f"cuda:{gpus[0] if gpus else 0}"
+    elif n_workers in (0, 1) or (os.cpu_count() or 1) <= 1:
+        device = "cpu"
+    else:
+        return
+    from flyarchive.distribute.worker_setup import warm_warp
+
+    _warming = threading.Thread(target=warm_warp, args=(device,), name="flyarchive-warm",
+                                daemon=True)
+    _warming.start()
+
+
 def render_here(plan: Any, blob: bytes, parts: str | None, device: str) -> list[dict[str, Any]]:
     """Every video in this thread, on ``device`` (``"cpu"`` or ``"cuda:k"``).
 
@@ -29,6 +61,10 @@ def render_here(plan: Any, blob: bytes, parts: str | None, device: str) -> list[
     """
     from flyarchive.distribute.warp_pipeline import render_jobs, warp_device
 
+    global _warming
+    if _warming is not None:  # Warp is not imported and initialized by two threads at once
+        _warming.join()
+        _warming = None
     if device.startswith("cuda"):
         warp_device("gpu")  # checks that Warp sees a CUDA device
     return render_jobs(plan, blob, plan.jobs, device, parts=parts)

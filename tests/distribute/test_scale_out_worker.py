@@ -106,3 +106,32 @@ def test_a_worker_builds_its_renderer_once_for_calls_with_the_same_model_and_opt
     render_videos(url, None, "front", str(tmp_path / "d"), options=other, n_workers=0)
 
     assert built == [(48, 64), (32, 48)]
+
+
+@requires_warp
+def test_rendering_here_starts_loading_warp_while_the_archive_is_opened(monkeypatch):
+    from flyarchive.distribute import warp_runs
+
+    monkeypatch.setattr(warp_runs, "_warming", None)
+
+    warp_runs.warm_up_here("warp-cpu", gpus=None, n_workers=0, on_cluster=False)
+    warming = warp_runs._warming
+
+    assert warming is not None and warming.name == "flyarchive-warm"
+    warming.join()
+
+
+@pytest.mark.parametrize("where", [
+    {"backend": "gpu", "gpus": None, "n_workers": None, "on_cluster": False},  # 2 GPUs
+    {"backend": "gpu", "gpus": [0], "n_workers": None, "on_cluster": True},
+    {"backend": "cpu", "gpus": None, "n_workers": 0, "on_cluster": False},
+])
+def test_nothing_is_warmed_here_when_workers_render(where, monkeypatch):
+    from flyarchive.distribute import warp_runs
+
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0,1")
+    monkeypatch.setattr(warp_runs, "_warming", None)
+
+    warp_runs.warm_up_here(where.pop("backend"), **where)
+
+    assert warp_runs._warming is None
