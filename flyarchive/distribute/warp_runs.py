@@ -122,9 +122,13 @@ def _finished_before(plan: Any, jobs: tuple[Any, ...], parts: str | None) -> set
     from flyarchive.video.workspace import filesystem
 
     fs, path = filesystem(parts, plan.out_storage_options)
-    key = min(job.world_id for job in jobs)
-    marker = f"{path}/groups/{key}"
+    first = jobs[0]  # groups are disjoint runs of jobs: their first jobs differ
+    marker = f"{path}/groups/{first.world_id}-{first.start}"
     if not fs.exists(marker):
+        if not fs.exists(path):  # the run was given up (an error elsewhere): write nothing
+            from flyarchive.distribute.cpu_tasks import given_up_error
+
+            raise given_up_error(parts)
         fs.makedirs(f"{path}/groups", exist_ok=True)
         fs.pipe_file(marker, b"")
         return set()
@@ -132,7 +136,7 @@ def _finished_before(plan: Any, jobs: tuple[Any, ...], parts: str | None) -> set
         return set()
     out_fs = filesystem(plan.out, plan.out_storage_options)[0]
     return {job for job in jobs
-            if all(out_fs.exists(filesystem(plan.video_url(job.world_id, c),
+            if all(out_fs.exists(filesystem(plan.video_url(job, c),
                                             plan.out_storage_options)[1])
                    for c in plan.cameras)}
 
@@ -141,10 +145,9 @@ def _in_job_order(plan: Any, jobs: tuple[Any, ...], rendered: list[dict[str, Any
                   done: set[Any]) -> list[dict[str, Any]]:
     from flyarchive.video.manifest import video_entry
 
-    made = {(e["world"], e["camera"]): e for e in rendered}
-    return [made.get((job.world_id, camera)) or video_entry(
-                plan, job, camera, plan.video_url(job.world_id, camera))
-            for job in jobs for camera in plan.cameras]
+    made = {e["path"]: e for e in rendered}
+    urls = [(job, camera, plan.video_url(job, camera)) for job in jobs for camera in plan.cameras]
+    return [made.get(url) or video_entry(plan, job, camera, url) for job, camera, url in urls]
 
 
 @contextmanager

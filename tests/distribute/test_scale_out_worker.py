@@ -135,3 +135,40 @@ def test_nothing_is_warmed_here_when_workers_render(where, monkeypatch):
     warp_runs.warm_up_here(where.pop("backend"), **where)
 
     assert warp_runs._warming is None
+
+
+def a_plan(url: str, out: str) -> tuple[Any, bytes]:
+    """The render plan of every world of ``url`` to ``out`` (as render_videos makes it)."""
+    from flyarchive.distribute.api import replay_model
+    from flyarchive.distribute.plan import RenderPlan
+    from flyarchive.query import open_archive, select_frames
+
+    ds = open_archive(url)
+    _, blob = replay_model(url, ds, None)
+    plan = RenderPlan(url=url, storage_options={}, cameras=("front",), out=out,
+                      out_storage_options={}, fps=float(ds.attrs["output_fps"]),
+                      options=RenderOptions(size=(48, 64), backend=WARP_BACKEND, batch_worlds=4,
+                                            progress=False),
+                      jobs=tuple(select_frames(ds)))
+    return plan, blob
+
+
+@requires_warp
+def test_a_group_run_again_after_its_worker_died_keeps_the_videos_it_finished(tmp_path: Path):
+    from flyarchive.distribute.warp_runs import render_group
+    from flyarchive.video.workspace import RunFolder
+
+    url = record(tiny_model(), str(tmp_path / "run.zarr"), n_worlds=3)
+    plan, blob = a_plan(url, str(tmp_path / "v"))
+    with RunFolder.create(plan.out, {}) as run:
+        first, _ = render_group(plan, blob, plan.jobs, run.url, None)
+        kept = Path(first[0]["path"])
+        stamp = kept.stat().st_mtime_ns
+        lost = Path(first[1]["path"])
+        lost.unlink()  # the first run died before it published this one
+
+        again, _ = render_group(plan, blob, plan.jobs, run.url, None)
+
+    assert again == first
+    assert kept.stat().st_mtime_ns == stamp
+    assert lost.is_file()
