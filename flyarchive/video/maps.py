@@ -35,8 +35,8 @@ import numpy as np
 from flyarchive.errors import FrameSizeError, OutputExistsError, StorageError, VideoEncodeError
 
 __all__ = [
-    "CHUNK_FRAMES", "MAP_SUFFIXES", "map_url", "MapWriter", "publish_map", "depth_attrs",
-    "segmentation_attrs",
+    "CHUNK_FRAMES", "MAP_SUFFIXES", "map_url", "MapWriter", "publish_map", "join_maps",
+    "depth_attrs", "segmentation_attrs",
 ]
 
 #: Frames per chunk of a map array (about 7.7 MB of raw counts at 240x320).
@@ -172,6 +172,29 @@ class MapWriter:
             self._array[self.written:self.written + self._held] = self._buffer[:self._held]
             self.written += self._held
             self._held = 0
+
+
+def join_maps(parts: list[Path], out: str | os.PathLike[str], **attrs: Any) -> None:
+    """Join finished local map arrays, in order, into a new one at ``out``.
+
+    The parts are read a chunk at a time; the result has their attributes (the first
+    part's), updated with ``attrs`` (e.g. ``first_frame``).
+
+    Raises:
+        VideoEncodeError: the parts differ in frame size.
+    """
+    import zarr
+
+    arrays = [zarr.open_array(str(p), mode="r") for p in parts]
+    sizes = {tuple(a.shape[1:]) for a in arrays}
+    if len(sizes) != 1:
+        raise VideoEncodeError(f"Map segments of different sizes {sorted(sizes)} cannot be joined.")
+    meta = {**dict(arrays[0].attrs), **attrs}
+    total = sum(a.shape[0] for a in arrays)
+    with MapWriter(out, sizes.pop(), total, meta) as writer:  # type: ignore[arg-type]
+        for array in arrays:
+            for k in range(0, array.shape[0], CHUNK_FRAMES):
+                writer.write(np.asarray(array[k:k + CHUNK_FRAMES]))
 
 
 def publish_map(local: str | os.PathLike[str], url: str, storage_options: Mapping[str, Any],
