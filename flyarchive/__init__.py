@@ -50,6 +50,7 @@ _LAZY = {
     "save_mjb": "flyarchive.models",
     "set_trajectory_recorder": "flyarchive.interop.flygym_sim",
     "read_trajectories": "flyarchive.record.trajectories",
+    "add_world_vars": "flyarchive.store.world_vars",
 }
 
 __all__ = [

@@ -11,7 +11,7 @@ from typing import Any
 
 from flyarchive.errors import FlyarchiveError, SelectionError
 
-__all__ = ["main", "parse_worlds", "parse_time", "parse_size", "MAX_WORLDS"]
+__all__ = ["main", "parse_worlds", "parse_time", "parse_size", "parse_world_var", "MAX_WORLDS"]
 
 #: Most world ids one ``--worlds`` selection may name (a range is refused before it is expanded).
 MAX_WORLDS = 1_000_000
@@ -96,8 +96,14 @@ def cmd_info(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(info, indent=2))
     else:
+        from flyarchive.summary import describe_model
+
         width = max(len(k) for k in info)
         for key, value in info.items():
+            if key == "model":
+                value = describe_model(value)
+            elif key == "world_vars":
+                value = ", ".join(value) or "none"
             print(f"{key:<{width}}  {value}")
     return 0
 
@@ -114,7 +120,7 @@ def cmd_import_npz(args: argparse.Namespace) -> int:
     url = import_npz(files, _path(args.to), model,
                      mode="w" if args.overwrite else "w-", resume=args.resume,
                      renumber=args.renumber, storage_options=_storage_options(args.storage_options),
-                     codec=args.codec)
+                     codec=args.codec, store_model=not args.no_store_model)
     print(f"imported {len(files)} file(s) into {url}")
     return 0
 
@@ -154,17 +160,100 @@ def cmd_render(args: argparse.Namespace) -> int:
     from flyarchive.models import load_model
 
     set_verbose(args.verbose)  # Warp's logs, here and in local Dask workers
+    storage_options = _storage_options(args.storage_options)
+    where = _where(_path(args.url), storage_options, args.where_world_var, args.where_dof)
     written = render_videos(
-        _path(args.url), load_model(_path(args.model)), args.camera, _path(args.out),
+        _path(args.url), load_model(_path(args.model)) if args.model else None, args.camera,
+        _path(args.out),
         worlds=parse_worlds(args.worlds) if args.worlds else None,
         time=parse_time(args.time) if args.time else None,
+        where=where, pad=args.pad,
         options=RenderOptions(size=parse_size(args.size), backend=args.backend,
                               overwrite=args.overwrite, progress=not args.quiet,
                               video=_video_options(args)),
         scheduler=args.scheduler, n_workers=args.workers,
-        storage_options=_storage_options(args.storage_options),
+        storage_options=storage_options,
     )
     print(f"wrote {len(written.videos)} video(s) and {written.manifest}")
+    return 0
+
+
+def _where(url: str, storage_options: dict[str, Any] | None, world_vars: list[str] | None,
+           dofs: list[str] | None) -> Any:
+    """The ``where`` mask of ``--where-world-var`` and ``--where-dof`` (None without any)."""
+    if not world_vars and not dofs:
+        return None
+    from flyarchive.query import open_archive
+    from flyarchive.query.conditions import where_from_conditions
+
+    return where_from_conditions(open_archive(url, storage_options), world_vars or [], dofs or [])
+
+
+def _number(text: str) -> float | None:
+    from flyarchive.query.conditions import parse_number
+
+    return parse_number(text)
+
+
+def parse_world_var(text: str) -> tuple[str, Any]:
+    """``"success=1,0,1"`` -> ``("success", array([1, 0, 1]))``.
+
+    Values: comma-separated numbers (all whole numbers: int64; else float64, ``nan``
+    allowed) or ``true`` / ``false`` (bool); or ``@file.npy`` / ``@file.json`` (a list).
+
+    Raises:
+        OptionsError: no ``=``, an empty name, a value that is not a number (or mixes
+            true/false with numbers), or a file that cannot be read.
+    """
+    import numpy as np
+
+    from flyarchive.errors import OptionsError
+
+    name, sep, rhs = text.partition("=")
+    name, rhs = name.strip(), rhs.strip()
+    how = ("write NAME=V1,V2,... with one value per world (e.g. success=1,0,1 or "
+           "ok=true,false,true), or NAME=@values.npy / NAME=@values.json")
+    if not sep or not name or not rhs:
+        raise OptionsError(f"Cannot read the world variable {text!r}; {how}.")
+    if rhs.startswith("@"):
+        return name, _values_file(name, _path(rhs[1:]), how)
+    items = [item.strip() for item in rhs.split(",")]
+    if all(item.lower() in ("true", "false") for item in items):
+        return name, np.array([item.lower() == "true" for item in items])
+    bad = [item for item in items if _number(item) is None or item.lower() in ("true", "false")]
+    if bad:
+        raise OptionsError(
+            f"Cannot read the world variable {text!r}: {bad[0]!r} is not a number (true/false "
+            f"only when every value is one); {how}.")
+    try:
+        return name, np.array([int(item) for item in items], dtype=np.int64)
+    except ValueError:
+        return name, np.array([float(item) for item in items], dtype=np.float64)
+
+
+def _values_file(name: str, path: str, how: str) -> Any:
+    import numpy as np
+
+    from flyarchive.errors import OptionsError
+
+    try:
+        if path.endswith(".npy"):
+            return np.load(path, allow_pickle=False)
+        if path.endswith(".json"):
+            with open(path) as f:
+                return np.asarray(json.load(f))
+    except (OSError, ValueError) as err:
+        raise OptionsError(f"Cannot read the values of {name!r} from {path!r} ({err}).") from None
+    raise OptionsError(f"The values of {name!r} come from {path!r}; {how} (.npy or .json).")
+
+
+def cmd_set_world_var(args: argparse.Namespace) -> int:
+    from flyarchive.store.world_vars import add_world_vars
+
+    variables = dict(parse_world_var(text) for text in args.assignments)
+    names = add_world_vars(_path(args.url), variables, overwrite=args.overwrite,
+                           storage_options=_storage_options(args.storage_options))
+    print(f"set {', '.join(names)} in {args.url}")
     return 0
 
 
@@ -233,6 +322,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--renumber", action="store_true",
                    help="number worlds 0, 1, ... in file order (flygym CPU files all have "
                         "world_id 0); the files' ids are kept as 'original_world_id'")
+    p.add_argument("--no-store-model", action="store_true",
+                   help="do not keep the model beside the archive (render then needs --model)")
     storage(p)
     p = add("export-npz", cmd_export_npz, "Export worlds as flygym .npz files.")
     p.add_argument("url")
@@ -247,10 +338,20 @@ def build_parser() -> argparse.ArgumentParser:
     storage(p)
     p = add("render", cmd_render, "Render worlds of an archive to mp4 videos.")
     p.add_argument("url")
-    p.add_argument("--model", required=True, help="MJCF .xml or compiled .mjb")
+    p.add_argument("--model", help="MJCF .xml or compiled .mjb (default: the model kept in "
+                   "the archive when it was recorded)")
     p.add_argument("--camera", action="append", required=True, help="camera name (repeatable)")
     p.add_argument("--worlds", help="e.g. 0,3,10-20 (default all)")
     p.add_argument("--time", help="START:END seconds of simulated time")
+    p.add_argument("--where-world-var", action="append", metavar="NAME=VALUE",
+                   help="only worlds whose world variable holds: NAME=VALUE, or with != > >= "
+                        "< <= (repeatable: all must hold), e.g. success=1")
+    p.add_argument("--where-dof", action="append", metavar="DOF>VALUE",
+                   help="only the frames where a dof's qpos holds, e.g. 'joint>0.5' (= != > "
+                        ">= < <=; repeatable); each window of frames is a video of its own")
+    p.add_argument("--pad", type=float, default=0.0,
+                   help="simulated seconds of context around each --where-dof window "
+                        "(windows closer than 2*pad merge; default 0)")
     p.add_argument("--size", default="240x320", help="HEIGHTxWIDTH (default 240x320)")
     p.add_argument("--out", default="videos", help="output folder or fsspec URL")
     p.add_argument("--scheduler", help="Dask scheduler address (default: a local cluster)")
@@ -265,6 +366,16 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.add_argument("--verbose", action="store_true", help="show Warp's initialization and "
                    "kernel-loading messages (hidden by default)")
+    storage(p)
+    p = add("set-world-var", cmd_set_world_var,
+            "Add per-world variables to an archive (committed atomically).")
+    p.add_argument("url")
+    p.add_argument("assignments", nargs="+", metavar="NAME=VALUES",
+                   help="one value per world in the archive's world order: success=1,0,1, "
+                        "ok=true,false, reward=0.5,1e-3 (int, float or bool), or "
+                        "NAME=@values.npy / NAME=@values.json")
+    p.add_argument("--overwrite", action="store_true",
+                   help="replace variables of these names (keeping their dtype)")
     storage(p)
     p = add("plot", cmd_plot, "Plot joint traces of one world to a PNG.")
     p.add_argument("url")

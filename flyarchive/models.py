@@ -1,13 +1,18 @@
 """The compiled MuJoCo model that replay and import need: load, save, and as bytes.
 
 The archive's attributes never hold the model; a model travels to workers, and is
-kept beside an archive, as its exact compiled form (MJB bytes).
+kept beside an archive (:mod:`flyarchive.store.models`), as its exact compiled form
+(MJB bytes). An MJB is tied to the MuJoCo release that wrote it: its header is checked
+before MuJoCo reads it, and MuJoCo's own reason for refusing one (which it would
+otherwise append to ``MUJOCO_LOG.TXT`` in the working folder) goes into the error.
 """
 
 from __future__ import annotations
 
 import functools
 import hashlib
+import struct
+import threading
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -16,8 +21,11 @@ import numpy as np
 
 from flyarchive.errors import CameraNotFoundError, ModelLoadError
 
-__all__ = ["load_model", "save_mjb", "model_bytes", "model_from_bytes", "camera_names",
-           "camera_ids"]
+__all__ = ["load_model", "save_mjb", "model_bytes", "model_from_bytes", "load_mjb", "check_mjb",
+           "mjb_version", "camera_names", "camera_ids", "MJB_ID"]
+
+#: The first int32 of every MJB file (MuJoCo's ``ID`` in ``engine_io.c``).
+MJB_ID = 54321
 
 
 def load_model(path: str | Path) -> mujoco.MjModel:
@@ -30,9 +38,13 @@ def load_model(path: str | Path) -> mujoco.MjModel:
     if not path.is_file():
         raise ModelLoadError(f"No model file at {str(path)!r}. Pass an MJCF .xml or a compiled .mjb.")
     suffix = path.suffix.lower()
+    if suffix == ".mjb":
+        try:
+            blob = path.read_bytes()
+        except OSError as err:
+            raise ModelLoadError(f"Cannot read the model file {str(path)!r} ({err}).") from None
+        return load_mjb(blob, repr(str(path)))
     try:
-        if suffix == ".mjb":
-            return mujoco.MjModel.from_binary_path(str(path))
         if suffix == ".xml":
             return mujoco.MjModel.from_xml_path(str(path))
     except (ValueError, RuntimeError) as err:
@@ -74,14 +86,98 @@ def model_from_bytes(blob: bytes) -> mujoco.MjModel:
 
 @functools.lru_cache(maxsize=8)
 def _model_from_bytes(digest: str, blob: bytes) -> mujoco.MjModel:
-    name = f"{digest}.mjb"  # loaded from memory through MuJoCo's asset map: no file
-    try:
-        return mujoco.MjModel.from_binary_path(name, assets={name: blob})
-    except (ValueError, RuntimeError) as err:
+    return load_mjb(blob, f"the model bytes (sha256 {digest[:12]}...)")
+
+
+def _version_text(header: int) -> str:
+    """``3016000`` -> ``"3.16.0"``."""
+    return f"{header // 1_000_000}.{header // 1000 % 1000}.{header % 1000}"
+
+
+def mjb_version(blob: bytes) -> str | None:
+    """The MuJoCo release that wrote an MJB (e.g. ``"3.16.0"``), from its header; None
+    when ``blob`` does not start with an MJB header."""
+    if len(blob) < 16:
+        return None
+    ident, _, _, version = struct.unpack("<4i", blob[:16])
+    return _version_text(version) if ident == MJB_ID else None
+
+
+def check_mjb(blob: bytes, where: str) -> None:
+    """Check the header of MJB bytes against this MuJoCo, before MuJoCo reads them.
+
+    The header is four little-endian int32: the MJB id 54321, ``sizeof(mjtNum)``, the
+    number of size fields of ``mjModel``, and ``mjVERSION_HEADER`` (e.g. 3016000);
+    MuJoCo loads only its own release's MJB.
+
+    Args:
+        blob: The bytes.
+        where: What they are, for messages (a path, or an archive's object).
+
+    Raises:
+        ModelLoadError: not an MJB (too short, or another first number: e.g. an XML
+            file), or an MJB of another MuJoCo release or build.
+    """
+    if len(blob) < 16 or struct.unpack("<i", blob[:4])[0] != MJB_ID:
+        start = blob[:16]
+        hint = " (it looks like MJCF XML: load it with load_model('x.xml'))" \
+            if blob.lstrip()[:1] == b"<" else ""
         raise ModelLoadError(
-            f"MuJoCo {mujoco.__version__} could not load the model bytes (sha256 {digest[:12]}...): "
-            f"{err}. Pass a model compiled by this MuJoCo version."
-        ) from None
+            f"{where} is not a compiled MuJoCo model (.mjb): it does not start with the MJB "
+            f"id {MJB_ID} (it starts with {start!r}){hint}. Pass an .mjb written by "
+            "mujoco.mj_saveModel or flyarchive.models.save_mjb."
+        )
+    _, real, _, version = struct.unpack("<4i", blob[:16])
+    if version != mujoco.mjVERSION_HEADER:
+        theirs = _version_text(version)
+        raise ModelLoadError(
+            f"{where} was compiled by MuJoCo {theirs}; this is MuJoCo {mujoco.__version__}, "
+            "which reads only the .mjb of its own release. Recompile the model from its XML "
+            f"with this MuJoCo, or install mujoco=={theirs} to replay it."
+        )
+    if real != 8:
+        raise ModelLoadError(
+            f"{where} was compiled with {real}-byte floating point numbers (mjtNum); this "
+            "MuJoCo uses 8-byte ones. Recompile the model from its XML with this MuJoCo."
+        )
+
+
+_WARNING_LOCK = threading.Lock()  # MuJoCo's warning handler is process-wide
+
+
+def load_mjb(blob: bytes, where: str = "the model") -> mujoco.MjModel:
+    """Load a model from MJB bytes, in memory (no file is written, not even MuJoCo's log).
+
+    The header is checked first (:func:`check_mjb`). While MuJoCo reads the bytes, its
+    warning handler is replaced, so that its reason for refusing them (truncated
+    data, sizes that differ...) goes into the error instead of ``MUJOCO_LOG.TXT`` in
+    the working folder.
+
+    Args:
+        blob: The MJB bytes.
+        where: What they are, for messages.
+
+    Raises:
+        ModelLoadError: bytes that are not an MJB this MuJoCo can load, with MuJoCo's
+            reason.
+    """
+    check_mjb(blob, where)
+    name = "model.mjb"  # read from MuJoCo's asset map: no file
+    messages: list[str] = []
+    with _WARNING_LOCK:
+        previous = mujoco.get_mju_user_warning()
+        mujoco.set_mju_user_warning(messages.append)
+        try:
+            return mujoco.MjModel.from_binary_path(name, assets={name: blob})
+        except (ValueError, RuntimeError) as err:
+            reason = "; ".join(m.strip() for m in messages) or str(err)
+            raise ModelLoadError(
+                f"MuJoCo {mujoco.__version__} could not load {where}: {reason}. The file is "
+                "damaged or truncated; write it again from the model (save_mjb), or recompile "
+                "it from its XML."
+            ) from None
+        finally:
+            mujoco.set_mju_user_warning(previous)
 
 
 def camera_names(model: mujoco.MjModel) -> tuple[str, ...]:

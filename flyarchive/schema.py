@@ -55,7 +55,8 @@ IMPORT_ATTR = "npz_import"
 TIMING_ATTRS = ("timestep", "output_fps", "playback_speed")
 #: Attributes written by flyarchive; user metadata may not reuse these names.
 RESERVED_ATTRS = frozenset(
-    {"flyarchive_schema", "flyarchive_schema_version", "layout", "source", "versions", "codec"}
+    {"flyarchive_schema", "flyarchive_schema_version", "layout", "source", "versions", "codec",
+     "model"}
     | set(TIMING_ATTRS)
 )
 STATE_DTYPES = (np.dtype("float64"), np.dtype("float32"))

@@ -7,12 +7,16 @@ from typing import Any
 
 from flyarchive.query import open_archive
 from flyarchive.schema import import_status
+from flyarchive.store.models import stored_entry
 
-__all__ = ["summarize"]
+__all__ = ["summarize", "describe_model"]
 
 
 def summarize(url: str, storage_options: Mapping[str, Any] | None = None) -> dict[str, Any]:
-    """Summarize an archive: worlds, frames, timing, layout, codec, sources (JSON-friendly)."""
+    """Summarize an archive: worlds, frames, timing, layout, codec, sources, the model kept
+    beside it (``model``: its ``sha256``, ``size`` in bytes, the ``mujoco`` release that
+    wrote it and its ``path``; None when none is kept) and the per-world variables
+    (JSON-friendly)."""
     ds = open_archive(url, storage_options)
     n_frames = ds.n_frames.values
     times = ds.time.values
@@ -38,9 +42,24 @@ def summarize(url: str, storage_options: Mapping[str, Any] | None = None) -> dic
         "codec": ds.attrs.get("codec", {}).get("spec"),
         "layout_hash": layout["hash"][:16],
         "versions": ", ".join(f"{k} {v}" for k, v in ds.attrs.get("versions", {}).items()),
+        "model": stored_entry(ds.attrs, str(url)),
+        "world_vars": sorted(str(n) for n, v in ds.data_vars.items()
+                             if v.dims == ("world",) and n != "n_frames"),
     }
 
     status = import_status(ds.attrs)
     if status is not None:
         info["import"] = status
     return info
+
+
+def describe_model(entry: Mapping[str, Any] | None) -> str:
+    """One line for ``flyarchive info``: the kept model, or that there is none."""
+    if entry is None:
+        return "not stored (render needs --model)"
+    return (f"stored: {entry['path']} (sha256 {entry['sha256'][:16]}..., "
+            f"{_size(entry['size'])}, MuJoCo {entry.get('mujoco') or 'unknown'})")
+
+
+def _size(n: int) -> str:
+    return f"{n / 1e6:.1f} MB" if n >= 1e6 else f"{n / 1e3:.1f} kB"

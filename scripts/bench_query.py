@@ -18,7 +18,8 @@ built once and kept under ``--cache``:
 
 Queries, each from an already opened dataset: one world (all frames); a time window
 of F/10 frames across all worlds; one dof's mean over worlds; a full scan (per-dof
-mean) pinned to one core and on all cores; ``open`` itself. Beside them: the codec's
+mean) pinned to one core, on all cores, and on a ``distributed.LocalCluster`` of one
+and of ``--workers`` single-thread worker processes; ``open`` itself. Beside them: the codec's
 own decode speed on the stored chunks of one shard in memory (no zarr, no checksum,
 running as long as a short query, so that it meets the same machine load) and the full scan
 as a fraction of it. On S3 (moto on loopback) the times come from direct requests;
@@ -29,7 +30,8 @@ request counts and bytes come from a second pass through a counting proxy
 Usage::
 
     python scripts/bench_query.py [--worlds 1024] [--frames 1000] [--dtypes float64,float32]
-        [--no-s3] [--repeat 3] [--cache /tmp/flyarchive-bench-query] [--json PATH]
+        [--no-s3] [--repeat 3] [--workers 2] [--cache /tmp/flyarchive-bench-query]
+        [--json PATH]
 """
 
 from __future__ import annotations
@@ -389,7 +391,8 @@ def timed_queries(reader: Reader, url: str, so: dict[str, Any] | None, plan: Pla
     Full scans run once; on S3 (``so`` given) every query across all worlds runs once.
     """
     rows: dict[str, dict[str, float]] = {}
-    reader.open(url, so)  # warm-up: lazy imports would count as bytes read
+    warm = reader.open(url, so)  # warm-up: lazy imports would count as bytes read
+    reader.one_world(warm, 0 if plan.world else 1)  # ...also those of the first decode
     r0 = _rchar()
     first_s, handle = _best(lambda: reader.open(url, so), 1)
     read = _rchar() - r0
@@ -410,6 +413,23 @@ def timed_queries(reader: Reader, url: str, so: dict[str, Any] | None, plan: Pla
         finally:
             _pin(cpus)
     return rows, results
+
+
+def cluster_scans(reader: Reader, url: str, so: dict[str, Any] | None,
+                  workers: int) -> dict[str, dict[str, float]]:
+    """The full scan on a ``distributed.LocalCluster`` of 1 and of ``workers`` worker
+    processes of one thread each (one run each, after a warm-up scan on the cluster)."""
+    from distributed import Client, LocalCluster
+
+    rows = {}
+    for n in sorted({1, workers}):
+        with LocalCluster(n_workers=n, threads_per_worker=1, processes=True,
+                          dashboard_address=None) as cluster, Client(cluster):
+            handle = reader.open(url, so)
+            reader.scan_mean(handle)  # warm-up: every worker imports and connects
+            seconds, _ = _best(lambda: reader.scan_mean(handle), 1)
+        rows[f"scan {n} worker{'s' if n > 1 else ''}"] = {"s": seconds}
+    return rows
 
 
 def counted_queries(reader: Reader, url: str, proxy: Any, plan: Plan) -> dict[str, dict[str, int]]:
@@ -466,6 +486,8 @@ def run_storage(built: Built, storage: str, args: argparse.Namespace, s3: Any = 
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # zarr: numcodecs codecs are not in the v3 spec
             rows, results = timed_queries(READERS[fmt], url, so, plan, args.repeat)
+            if args.workers and READERS[fmt].parallel:
+                rows.update(cluster_scans(READERS[fmt], url, so, args.workers))
             if proxy is not None:
                 for name, counts in counted_queries(READERS[fmt], url, proxy, plan).items():
                     rows[name].update(counts)
@@ -506,16 +528,19 @@ def print_table(run: dict[str, Any], built: Built) -> None:
     fmts = run["formats"]
     decoded = built.n_worlds * built.frames * built.nq * np.dtype(built.dtype).itemsize
     npz = fmts["npz"]
+    extra = [q for e in fmts.values() for q in e["queries"] if q not in QUERIES]
     lines: dict[str, Callable[[dict[str, Any]], str]] = {
         "stored (vs npz)": lambda e: f"{e['stored_bytes'] / 1e6:.1f} MB "
                                      f"({e['stored_bytes'] / npz['stored_bytes']:.2f})",
-        **{q: lambda e, q=q: _cell(e["queries"].get(q), run["storage"]) for q in QUERIES},
+        **{q: lambda e, q=q: _cell(e["queries"].get(q), run["storage"])
+           for q in [*QUERIES, *dict.fromkeys(extra)]},
         "scan MB/s (1 core)": lambda e: f"{decoded / e['queries']['scan 1 core']['s'] / 1e6:,.0f}",
         "codec, 1 chunk best MB/s": lambda e: _num(e, "codec_best_MBps"),
         "codec, 1 shard run MB/s": lambda e: _num(e, "codec_MBps"),
         "crc32c, 1 shard run MB/s": lambda e: _num(e, "crc32c_MBps"),
         "scan 1 core / codec best": lambda e: _share(e, decoded, "codec_best_MBps"),
         "scan 1 core / codec run": lambda e: _share(e, decoded, "codec_MBps"),
+        "workers: speed-up": lambda e: _speedup(e),
         "one world: read / bytes": lambda e: (
             f"{_world_read(e, run['storage']) / e['world_bytes']:.1f}x"
             if _world_read(e, run["storage"]) is not None else "-"),
@@ -531,6 +556,12 @@ def print_table(run: dict[str, Any], built: Built) -> None:
               f"{built.n_worlds} worlds x {built.frames} frames x {built.nq} dofs "
               f"({decoded / 1e6:.0f} MB decoded); window {run['plan']['window']}, world "
               f"{run['plan']['world']}, dof {run['plan']['dof']}")
+
+
+def _speedup(entry: dict[str, Any]) -> str:
+    scans = {q: r["s"] for q, r in entry["queries"].items() if q.endswith(("worker", "workers"))}
+    one, many = scans.get("scan 1 worker"), [s for q, s in scans.items() if q.endswith("workers")]
+    return f"{one / many[0]:.2f}x" if one and many else "-"
 
 
 def _num(entry: dict[str, Any], key: str) -> str:
@@ -560,10 +591,15 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--cache", default="/tmp/flyarchive-bench-query",
                         help="where the data sets are built once and kept")
     parser.add_argument("--bucket", default="bench-query", help="bucket on the S3 server")
+    parser.add_argument("--workers", type=int, default=2,
+                        help="full scans on a LocalCluster of 1 and of N single-thread worker "
+                             "processes (0: skip)")
     add_json_option(parser)
     args = parser.parse_args(argv)
     cache = Path(args.cache)
     cache.mkdir(parents=True, exist_ok=True)
+    load = os.getloadavg()
+    print(f"load average at the start: {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}", flush=True)
     built = {d: build(cache, args, d) for d in args.dtypes.split(",")}
     runs = [run_storage(b, "local", args) for b in built.values()]
     for b, run in zip(built.values(), runs):
@@ -580,8 +616,11 @@ def main(argv: list[str] | None = None) -> None:
                 run = run_storage(b, "s3", args, s3, proxy)
                 runs.append(run)
                 print_table(run, b)
+    end = os.getloadavg()
+    print(f"\nload average at the end: {end[0]:.2f} {end[1]:.2f} {end[2]:.2f}")
     meta = {"worlds": args.worlds, "frames": args.frames, "chunk_frames": args.chunk_frames,
             "shard_worlds": args.shard_worlds, "repeat": args.repeat, "cpus": os.cpu_count(),
+            "load_average": {"start": load, "end": end},
             "zarr": zarr.__version__, "xarray": xr.__version__, "host_info": host_info()}
     write_json(args.json, {"meta": meta, "runs": runs})
 

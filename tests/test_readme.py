@@ -103,6 +103,17 @@ def test_the_examples_wrote_what_they_say(readme_env, python_examples):
     assert open_archive(str(folder / "flygym-gpu.zarr")).world.values.tolist() == [0, 3]
 
 
+def test_the_query_example_rendered_windows_of_the_successful_worlds(readme_env,
+                                                                    python_examples):
+    folder, _ = readme_env
+
+    videos = json.loads((folder / "query-videos" / "manifest.json").read_text())["videos"]
+
+    assert videos and {v["world"] for v in videos} <= {0, 2}
+    assert all(v["path"].endswith(".frames{:06d}-{:06d}.mp4".format(*v["frame_range"]))
+               for v in videos)
+
+
 def test_every_cli_example_runs_as_written(readme_env, python_examples):
     folder, env = readme_env
     failed = []

@@ -20,9 +20,9 @@ import xarray as xr
 from flyarchive.distribute.drivers import run_plan
 from flyarchive.distribute.output_plan import check_output_options, plan_outputs
 from flyarchive.distribute.plan import RenderPlan, absolute_url, preflight
-from flyarchive.errors import RenderOptionsError
+from flyarchive.errors import ModelLoadError, RenderOptionsError
 from flyarchive.layout import ModelLayout, check_compatible
-from flyarchive.models import model_bytes
+from flyarchive.models import load_mjb, model_bytes
 from flyarchive.query import open_archive
 from flyarchive.query.frames import VideoJob, select_frames
 from flyarchive.replay import BACKENDS
@@ -31,7 +31,7 @@ from flyarchive.video import VideoOptions
 
 __all__ = [
     "RenderOptions", "RenderResult", "VideoJob", "render_videos", "render_frames", "select_frames",
-    "default_video_options", "BACKENDS",
+    "default_video_options", "replay_model", "BACKENDS",
 ]
 
 
@@ -122,9 +122,10 @@ class RenderResult:
     """What :func:`render_videos` wrote.
 
     Attributes:
-        videos: One entry per (world, camera), as in the manifest (:mod:`flyarchive.video.manifest`):
-            world, camera, path, frames, first_frame, frame_range, start_time, end_time,
-            fps, size, backend, video.
+        videos: One entry per (world, camera), or per (window, camera) with a ``where``
+            mask over time, as in the manifest (:mod:`flyarchive.video.manifest`): world,
+            camera, path, frames, first_frame, frame_range, start_time, end_time, fps,
+            size, backend, video (and window, for a window).
         manifest: Path or URL of the JSON manifest beside the videos.
     """
 
@@ -136,14 +137,54 @@ def _check_model(ds: xr.Dataset, model: mujoco.MjModel) -> None:
     check_compatible(ModelLayout.from_attrs(ds.attrs["layout"]), ModelLayout.from_model(model))
 
 
+def replay_model(source: str, ds: xr.Dataset, model: mujoco.MjModel | None,
+                 storage_options: Mapping[str, Any] | None = None
+                 ) -> tuple[mujoco.MjModel, bytes]:
+    """The model to replay an archive with, and its MJB bytes (what workers get).
+
+    Args:
+        source: The archive's URL.
+        ds: The archive, from :func:`flyarchive.open_archive`.
+        model: The compiled model; None: the one kept beside the archive
+            (``models/<sha256>.mjb``, :mod:`flyarchive.store.models`).
+
+    Raises:
+        ModelLoadError: ``model`` is None and the archive keeps no model, or the kept
+            one is not an MJB this MuJoCo can load (another release: named).
+        CorruptArchiveError: the kept model's bytes do not hash to its name, or it is
+            missing.
+        LayoutMismatchError: the model's layout differs from the archive's.
+    """
+    if model is None:
+        from flyarchive.store import open_group
+        from flyarchive.store.models import read_model
+
+        stored = read_model(open_group(source, storage_options), source)
+        if stored is None:
+            raise ModelLoadError(
+                f"The archive at {source!r} keeps no model (it was recorded or imported with "
+                "store_model=False, or before flyarchive kept models). Pass the compiled model "
+                "it was recorded with: model=... (an MjModel), or --model FILE (.mjb or .xml)."
+            )
+        blob, entry = stored
+        model = load_mjb(blob, f"the model kept in the archive ({source.rstrip('/')}/"
+                               f"{entry['path']})")
+    else:
+        blob = model_bytes(model)
+    _check_model(ds, model)
+    return model, blob
+
+
 def render_videos(
     source: str,
-    model: mujoco.MjModel,
-    cameras: str | Sequence[str],
-    out: str,
+    model: mujoco.MjModel | None = None,
+    cameras: str | Sequence[str] = (),
+    out: str = "videos",
     *,
     worlds: Sequence[int] | None = None,
     time: tuple[float | None, float | None] | None = None,
+    where: xr.DataArray | None = None,
+    pad: float = 0.0,
     options: RenderOptions = RenderOptions(),
     client: Any = None,
     scheduler: str | None = None,
@@ -179,21 +220,38 @@ def render_videos(
     removed at the end, on errors and on Ctrl-C; one left by a killed run is removed by
     the next run into ``out`` (:mod:`flyarchive.video.workspace`).
 
+    With ``where`` over ``(world, time)``, each window of selected frames is a video of
+    its own, named by its archive frames ``[start, stop)``:
+    ``{out}/world00003/front.frames000120-000240.mp4``; its manifest entry gives
+    ``window`` (its index among the world's windows), ``frame_range``, ``start_time``
+    and ``end_time``.
+
     Args:
         source: Archive URL.
         model: The compiled model it was recorded with (checked against the layout).
+            None (default): the model kept beside the archive when it was recorded
+            (``store_model=True``, the default of the recorders and ``import_npz``).
         cameras: Camera name(s).
         out: Output folder: a local path or an fsspec URL; created if missing.
         worlds: World ids (default: all with frames).
         time: ``(start, end)`` simulated seconds (default: everything).
+        where: A boolean DataArray computed from the archive, over ``(world,)`` (which
+            worlds, e.g. ``ds.success == 1``) or ``(world, time)`` (which frames, e.g.
+            ``ds.qpos.sel(dof="x") > 0.1``); see :func:`flyarchive.select_frames`.
+            Combined with ``worlds`` and ``time``.
+        pad: Simulated seconds of context before and after each window of a ``(world,
+            time)`` mask; windows closer than ``2 * pad`` merge into one video.
         options: Size, backend, segment length, encoder settings, overwrite, progress.
         storage_options: fsspec options for the archive.
         out_storage_options: fsspec options for ``out`` (default: ``storage_options``
             when ``out`` uses the archive's protocol).
 
     Raises:
-        CameraNotFoundError, LayoutMismatchError, SelectionError, FrameSizeError,
-        OutputExistsError (a video exists without ``overwrite``, or a folder is where a
+        CameraNotFoundError, LayoutMismatchError, FrameSizeError,
+        SelectionError (also a ``where`` mask whose dims, world ids or times do not match
+        the archive), ModelLoadError (no model given and none kept, or the kept one is
+        of another MuJoCo release), CorruptArchiveError (the kept model's bytes do not
+        hash to its name), OutputExistsError (a video exists without ``overwrite``, or a folder is where a
         video goes), StorageError (``out`` is a file or cannot be written; nothing
         is rendered), RenderBackendError, RenderFailedError (a task failed on a worker;
         the message names the world), RenderOptionsError (``n_workers`` below 0),
@@ -211,8 +269,8 @@ def render_videos(
         )
     source, out = absolute_url(source), absolute_url(out).rstrip("/")
     ds = open_archive(source, storage_options)
-    _check_model(ds, model)
-    jobs = select_frames(ds, worlds, time)
+    jobs = select_frames(ds, worlds, time, where=where, pad=pad)
+    model, blob = replay_model(source, ds, model, storage_options)
     options, jobs = plan_outputs(options, ds, model, jobs)  # overlay checked, mosaics grouped
     if out_storage_options is None and _protocol(out) == _protocol(source) != "file":
         out_storage_options = storage_options
@@ -224,7 +282,7 @@ def render_videos(
     preflight(plan, model)
     in_process = n_workers == 0 or source.startswith("memory://")
     with RunFolder.create(plan.out, plan.out_storage_options) as run:
-        videos = run_plan(plan, model_bytes(model), run.url, client=client,
+        videos = run_plan(plan, blob, run.url, client=client,
                           scheduler=scheduler, n_workers=n_workers,
                           in_process=in_process and client is None)
         videos = [describe(plan, ds, v) for v in videos]
@@ -240,8 +298,8 @@ def _protocol(url: str) -> str:
 
 def render_frames(
     source: str,
-    model: mujoco.MjModel,
-    camera: str,
+    model: mujoco.MjModel | None = None,
+    camera: str | None = None,
     *,
     worlds: Sequence[int] | None = None,
     time: tuple[float | None, float | None] | None = None,
@@ -260,7 +318,8 @@ def render_frames(
     selected frame of any world; frames past a world's ``n_frames`` (a ragged archive),
     and frames whose state is not finite, show nothing (black, NaN depth, segmentation
     -1). A local ``source`` is made absolute, so the graph computes on workers started in
-    other folders.
+    other folders. ``model`` None: the model kept beside the archive (as
+    :func:`render_videos`).
 
     Args:
         backend: ``"cpu"`` (OpenGL), ``"gpu"`` or ``"warp-cpu"`` (mujoco-warp; one renderer
@@ -277,6 +336,8 @@ def render_frames(
 
     Raises:
         CameraNotFoundError, LayoutMismatchError, SelectionError.
+        ModelLoadError, CorruptArchiveError: no model given, and none (or a damaged one)
+            kept beside the archive.
         FrameSizeError: ``size`` is not two positive integers (at most 16384 on ``"cpu"``).
         RenderOptionsError: an unknown backend or output.
     """
@@ -293,15 +354,15 @@ def render_frames(
     names = ("rgb",) if outputs is None else parse_outputs(outputs)
     depth_scale = parse_depth_scale(depth_scale)
     size = parse_frame_size(size, max_side=MAX_GL_SIDE if backend == "cpu" else None)
-    camera_ids(model, camera)
-    if "segmentation" in names:
-        check_segmentable(model)
     source = absolute_url(source)
     ds = open_archive(source, storage_options)
-    _check_model(ds, model)
+    model, mjb = replay_model(source, ds, model, storage_options)
+    camera_ids(model, () if camera is None else camera)
+    if "segmentation" in names:
+        check_segmentable(model)
     jobs = select_frames(ds, worlds, time)
     start, stop = min(j.start for j in jobs), max(j.stop for j in jobs)
-    blob = dask.delayed(model_bytes(model), name="flyarchive-model")  # once, not per task
+    blob = dask.delayed(mjb, name="flyarchive-model")  # once, not per task
     h, w = size
     trailing = {"rgb": ((h, w, 3), np.uint8), "depth": ((h, w), np.float32),
                 "segmentation": ((h, w), np.int32)}

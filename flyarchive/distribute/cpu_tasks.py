@@ -30,8 +30,8 @@ from flyarchive.models import model_from_bytes
 from flyarchive.schema import finite_frames
 from flyarchive.video.mosaic import is_mosaic
 from flyarchive.video.workspace import RunFolder, is_local_fs, scratch_dir
-from flyarchive.video.writer import VideoOptions
 from flyarchive.video.workspace import filesystem as _filesystem
+from flyarchive.video.writer import VideoOptions
 
 __all__ = [
     "render_segment", "join_segments", "render_block", "close_thread_renderers",

@@ -21,7 +21,7 @@ from flyarchive.video.workspace import filesystem as _filesystem
 from flyarchive.video.workspace import is_local_fs
 
 __all__ = ["absolute_url", "RenderPlan", "preflight", "Piece", "Batch", "pack_batches",
-           "split_groups"]
+           "split_groups", "job_video_path"]
 
 
 def absolute_url(url: str | os.PathLike[str]) -> str:
@@ -43,6 +43,21 @@ def absolute_url(url: str | os.PathLike[str]) -> str:
     return text
 
 
+def job_video_path(out: str, job: Any, camera: str) -> str:
+    """:func:`flyarchive.video.safe_video_path` of a job's world and camera, with the job's
+    window, if any, before ``.mp4``: ``{out}/world00003/front.frames000120-000240.mp4``
+    (archive frames ``[120, 240)``, :attr:`~flyarchive.query.frames.VideoJob.suffix`).
+
+    Args:
+        out: The output folder (path or URL).
+        job: A :class:`~flyarchive.query.frames.VideoJob`, or a world id.
+        camera: The camera's name.
+    """
+    from flyarchive.video.output import output_urls
+
+    return output_urls(out, job, camera)["rgb"]
+
+
 @dataclass(frozen=True)
 class RenderPlan:
     """What to render and where (plain values, sent to workers)."""
@@ -56,10 +71,10 @@ class RenderPlan:
     options: Any  # render.RenderOptions
     jobs: tuple[Any, ...]  # render.VideoJob
 
-    def video_url(self, world_id: int, camera: str) -> str:
-        from flyarchive.video import safe_video_path
-
-        return safe_video_path(self.out, world_id, camera)
+    def video_url(self, job: Any, camera: str) -> str:
+        """The final URL of the video of ``job`` (a :class:`~flyarchive.query.frames.VideoJob`,
+        or a world id) and ``camera`` (see :func:`job_video_path`)."""
+        return job_video_path(self.out, job, camera)
 
     def output_urls(self, job: Any, camera: str) -> dict[str, str]:
         """Where each output of ``job``'s camera goes (a world's or a mosaic's video, maps

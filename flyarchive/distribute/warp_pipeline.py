@@ -42,13 +42,13 @@ from flyarchive import config
 from flyarchive.distribute.caches import RendererCache
 from flyarchive.distribute.diagnostics import StageTimer, progress_bar
 from flyarchive.distribute.encoders import Encoders
+from flyarchive.distribute.output_plan import text_chars
 from flyarchive.distribute.plan import Batch, pack_batches
+from flyarchive.distribute.warp_batches import BatchSource
 from flyarchive.errors import RenderBackendError
 from flyarchive.models import model_from_bytes
 from flyarchive.replay import WARP_BACKENDS
 from flyarchive.schema import finite_frames
-from flyarchive.distribute.output_plan import text_chars
-from flyarchive.distribute.warp_batches import BatchSource
 from flyarchive.video.workspace import scratch_dir
 
 __all__ = ["warp_device", "render_jobs", "batch_worlds_of"]

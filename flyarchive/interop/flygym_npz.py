@@ -39,8 +39,10 @@ from flyarchive.errors import (
 )
 from flyarchive.interop.npz_export import NpzExport, export_npz
 from flyarchive.layout import ModelLayout
+from flyarchive.models import model_bytes
 from flyarchive.schema import IMPORT_ATTR, finite_frames, import_status
 from flyarchive.store import ArchiveSpec, ArchiveWriter, FrameBlock, open_group
+from flyarchive.store.consolidated import consolidate
 
 __all__ = [
     "import_npz", "export_npz", "read_npz", "find_npz_files", "import_status", "NpzTrajectory",
@@ -260,6 +262,7 @@ def _mark_complete(url: str, storage_options: Mapping[str, Any] | None,
                    marker: Mapping[str, Any]) -> None:
     group = open_group(url, storage_options, mode="r+")
     group.attrs.update({IMPORT_ATTR: {**marker, "state": "complete"}})
+    consolidate(group, n_time=int(np.max(group["n_frames"][:], initial=0)))  # root rewritten
 
 
 # ----------------------------------------------------------------------------- import
@@ -275,6 +278,7 @@ def import_npz(
     codec: str = "lossless",
     chunk_frames: int = 100,
     progress: Callable[[int, int], object] | None = None,
+    store_model: bool = True,
 ) -> str:
     """Import flygym ``.npz`` trajectories (files or folders of them) into one archive.
 
@@ -297,6 +301,9 @@ def import_npz(
         codec: ``"lossless"`` or ``"abs:<bound>"`` (see :mod:`flyarchive.codecs`).
         chunk_frames: Frames per chunk (a resumed import keeps the archive's).
         progress: Called as ``progress(frames_done, frames_total)`` after each commit.
+        store_model: Keep ``model`` (its exact MJB bytes) beside the archive as
+            ``models/<sha256>.mjb``, so that replay needs no model (default). False: keep
+            only its layout; replay then needs the model.
 
     Returns:
         The archive URL.
@@ -330,6 +337,7 @@ def import_npz(
         codec=codec, attrs={IMPORT_ATTR: marker},
         world_vars={ORIGINAL_ID_VAR: np.array([t.world_id for t in trajs], np.int64)}
         if renumber else {},
+        model=model_bytes(model) if store_model else None,
     )
     url = str(url)
     url = str(Path(url).expanduser()) if url.startswith("~") else url

@@ -2,7 +2,9 @@
 
 - :func:`open_archive` (:mod:`~flyarchive.query.archive`);
 - dofs by leg, joint and axis (:mod:`~flyarchive.query.dofs`);
-- frames of worlds and time windows to render (:mod:`~flyarchive.query.frames`).
+- frames of worlds and time windows to render, also chosen by a ``where`` mask
+  (:mod:`~flyarchive.query.frames`), and masks from written conditions
+  (:mod:`~flyarchive.query.conditions`).
 """
 
 from flyarchive.query.archive import open_archive

@@ -5,13 +5,13 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-import numpy as np
 import xarray as xr
 
-from flyarchive.errors import FlyarchiveError
-from flyarchive.schema import STATE_VARS, validate
+from flyarchive.errors import FlyarchiveError, UnsafeFileError
+from flyarchive.schema import validate
 from flyarchive.store import unavailable
-from flyarchive.store.reader import damaged_metadata, open_checked, open_stored, unreadable
+from flyarchive.store.dataset import open_dataset
+from flyarchive.store.reader import damaged_metadata, open_checked, unreadable
 
 __all__ = ["open_archive"]
 
@@ -20,8 +20,13 @@ def open_archive(url: str, storage_options: Mapping[str, Any] | None = None) -> 
     """Open an archive: lazy (dask-backed), validated, masked beyond ``n_frames``.
 
     The time dimension ends at the last committed frame of any world; frames a
-    world has not committed read as NaN. Plain ``xarray.open_zarr(url,
-    consolidated=False)`` opens the same data without flyarchive, unmasked.
+    world has not committed read as NaN. A selection reads only the stored chunks it
+    touches (one world of 1024 reads about its own bytes), and a damaged chunk fails
+    only the reads that touch it, naming its worlds, frames and file. Opening reads
+    the metadata (on S3 one request: the root ``zarr.json``, which holds every array's
+    metadata, consolidated), ``n_frames`` and the coordinates. Plain
+    ``xarray.open_zarr(url)`` opens the same data without flyarchive, unmasked (and
+    without warnings: the consolidated metadata is there).
 
     Args:
         url: A local path or any fsspec URL (``s3://bucket/run.zarr``, ``memory://x``).
@@ -32,16 +37,21 @@ def open_archive(url: str, storage_options: Mapping[str, Any] | None = None) -> 
         Dataset with ``qpos`` (world, time, dof), ``mocap_pos``/``mocap_quat`` when the
         model has mocap bodies, ``n_frames`` (world,) loaded in memory, and the archive's
         attributes (``timestep``, ``output_fps``, ``playback_speed``, ``layout``...).
+        Dask chunks are whole shards of worlds by several stored chunks of frames.
 
     Raises:
         ArchiveNotFoundError: nothing at ``url``.
         SchemaError, SchemaVersionError: not a readable flyarchive archive.
         StorageBackendMissingError: the URL's protocol needs a package (names the extra).
+        CorruptArchiveError: when computing, for damaged stored bytes (names the chunk).
     """
-    group = open_checked(url, storage_options)
+    try:
+        group = open_checked(url, storage_options)
+    except UnsafeFileError:  # a writer replaced a metadata file as it was read: look again
+        group = open_checked(url, storage_options)
     for attempt in (1, 2):  # a second look, should a writer have changed it under the first
         try:
-            ds = open_stored(group)
+            ds = open_dataset(url, storage_options, group)
             break
         except (OSError, TimeoutError) as err:
             if isinstance(err, FlyarchiveError):
@@ -54,14 +64,4 @@ def open_archive(url: str, storage_options: Mapping[str, Any] | None = None) -> 
             if attempt == 2:
                 raise unreadable(url, group, err) from None
     validate(ds)
-    try:
-        n_frames = ds["n_frames"].values.clip(0, ds.sizes["time"])
-    except Exception as err:  # a checksum mismatch or bytes that do not decode
-        raise unreadable(url, group, err) from None
-    ds = ds.isel(time=slice(0, int(n_frames.max(initial=0))))
-    ds["n_frames"] = ("world", n_frames.astype(np.int64), ds["n_frames"].attrs)
-    committed = xr.DataArray(np.arange(ds.sizes["time"]), dims="time") < ds["n_frames"]
-    for name in STATE_VARS:
-        if name in ds:
-            ds[name] = ds[name].where(committed)
     return ds

@@ -1,7 +1,15 @@
-"""Which frames to render: worlds and time windows of an archive as per-world frame ranges."""
+"""Which frames to render: worlds and time windows of an archive as per-world frame ranges,
+chosen by ids and a time span, or by a boolean mask computed from the archive (``where=``).
+
+A ``where`` mask over ``(world, time)`` selects windows: runs of True frames of each world,
+widened by ``pad`` simulated seconds on both sides, merged when they overlap or touch
+(windows closer than ``2 * pad``), cut to the world's committed frames and to ``time``.
+Each window is a video of its own (:attr:`VideoJob.window`).
+"""
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -10,27 +18,50 @@ import xarray as xr
 
 from flyarchive.errors import SelectionError
 
-__all__ = ["VideoJob", "select_frames"]
+__all__ = ["VideoJob", "select_frames", "where_windows"]
+
+#: Slack when comparing simulated times, seconds.
+_TIME_SLACK = 1e-9
 
 
 @dataclass(frozen=True)
 class VideoJob:
-    """The frames of one world to render: archive indices ``[start, stop)`` along time."""
+    """The frames of one world to render: archive indices ``[start, stop)`` along time.
+
+    Attributes:
+        world_id: The world's id (the ``world`` coordinate).
+        world_index: Its index along the archive's ``world`` dimension.
+        start: First frame (archive index along ``time``).
+        stop: One past the last frame.
+        window: For a window of a ``where`` mask: its index among the world's windows
+            (0, 1, ...); its video's name then carries its frames (:attr:`suffix`). None:
+            the whole selection of the world.
+    """
 
     world_id: int
     world_index: int
     start: int
     stop: int
+    window: int | None = None
 
     @property
     def n_frames(self) -> int:
         return self.stop - self.start
+
+    @property
+    def suffix(self) -> str:
+        """What a window's video name carries before ``.mp4``: its archive frames ``[start,
+        stop)``, e.g. ``".frames000120-000240"``; ``""`` without a window."""
+        return "" if self.window is None else f".frames{self.start:06d}-{self.stop:06d}"
 
 
 def select_frames(
     ds: xr.Dataset,
     worlds: Sequence[int] | None = None,
     time: tuple[float | None, float | None] | None = None,
+    *,
+    where: xr.DataArray | None = None,
+    pad: float = 0.0,
 ) -> list[VideoJob]:
     """Turn a world and time selection into per-world frame ranges of committed frames.
 
@@ -38,10 +69,24 @@ def select_frames(
         ds: From :func:`flyarchive.open_archive`.
         worlds: World ids (the ``world`` coordinate); None: every world with frames.
         time: ``(start, end)`` in simulated seconds, inclusive; None on a side: open.
+        where: A boolean (or integer: nonzero is True) DataArray computed from the
+            archive, over ``(world,)`` (worlds to render, e.g. ``ds.success == 1``) or
+            ``(world, time)`` (frames to render, e.g. ``ds.qpos.sel(dof="x") > 0.1``),
+            with the archive's ``world`` (and ``time``) coordinates or a subset of them;
+            without coordinates, of the archive's sizes. Combined with ``worlds`` and
+            ``time`` (all must hold). None: no mask.
+        pad: Simulated seconds added before and after each window of a ``(world, time)``
+            mask; windows that then overlap or touch merge into one.
+
+    Returns:
+        One job per world, or with a ``(world, time)`` mask one per window, in world
+        order then time order (windows numbered 0, 1, ... per world).
 
     Raises:
         SelectionError: unknown worlds, chosen worlds without committed frames, a window
-            outside the recording, or nothing selected.
+            outside the recording, nothing selected, a ``where`` mask whose dims, dtype,
+            world ids or times do not match the archive (naming both), or a ``pad``
+            that is not a number of at least 0.
     """
     ids = [int(w) for w in ds.world.values]
     n_frames = ds.n_frames.values
@@ -62,12 +107,28 @@ def select_frames(
         raise SelectionError(f"The time window {lo}:{hi} ends before it starts.")
     start = 0 if lo is None else int(np.searchsorted(times, lo - 1e-12, side="left"))
     stop = len(times) if hi is None else int(np.searchsorted(times, hi + 1e-12, side="right"))
+    mask = None if where is None else where_mask(ds, where)
+    pad = _parse_pad(pad, where)
+    if mask is not None and mask.ndim == 1:  # worlds only
+        chosen = [w for w in chosen if mask[ids.index(w)]]
+        if not chosen:
+            raise SelectionError(
+                f"The where mask selects none of the chosen worlds ({_shown(ids)} in the "
+                "archive). Check the condition, e.g. print(where.values).")
     jobs = []
     for w in chosen:
         index = ids.index(w)
         k1 = min(stop, int(n_frames[index]))
-        if k1 > start:
+        if mask is not None and mask.ndim == 2:
+            for k, (a, b) in enumerate(where_windows(mask[index], times, pad, start, k1)):
+                jobs.append(VideoJob(w, index, a, b, window=k))
+        elif k1 > start:
             jobs.append(VideoJob(w, index, start, k1))
+    if not jobs and mask is not None and mask.ndim == 2:
+        raise SelectionError(
+            f"The where mask selects no committed frame of the chosen worlds "
+            f"({len(chosen)} worlds) in the time window {lo}:{hi}. Check the condition, e.g. "
+            "print(where.sum('time').values).")
     if not jobs:
         span = f"{times[0]:.6g}..{times[-1]:.6g} s" if len(times) else "nothing"
         raise SelectionError(
@@ -91,3 +152,127 @@ def _refuse_empty_worlds(ids: list[int], n_frames: np.ndarray, chosen: list[int]
         f"recorded for them, or their recorder was never closed). {others} Choose worlds "
         "that have frames."
     )
+
+
+def _shown(ids: Sequence[int]) -> str:
+    return f"{list(ids[:10])}{'...' if len(ids) > 10 else ''} ({len(ids)} worlds)"
+
+
+def _parse_pad(pad: float, where: xr.DataArray | None) -> float:
+    try:
+        value = float(pad)
+        ok = math.isfinite(value) and value >= 0 and not isinstance(pad, bool)
+    except (TypeError, ValueError):
+        ok = False
+    if not ok:
+        raise SelectionError(
+            f"pad must be a number of simulated seconds of at least 0, got {pad!r}.")
+    if value and where is None:
+        raise SelectionError(
+            f"pad={pad!r} widens the windows of a where mask, and no where mask was given. "
+            "Pass where=... (a boolean DataArray over world and time), or leave pad out.")
+    return value
+
+
+def where_mask(ds: xr.Dataset, where: xr.DataArray) -> np.ndarray:
+    """A ``where`` mask aligned with the archive: ``(world,)`` or ``(world, time)`` bool
+    over all of ``ds``'s worlds and times (False where the mask does not reach).
+
+    Raises:
+        SelectionError: not a DataArray; dims other than ``world`` and ``time``; a dtype
+            that is not bool or integer; world ids or times that are not the archive's
+            (both named); sizes that differ when the mask has no coordinates.
+    """
+    if not isinstance(where, xr.DataArray):
+        raise SelectionError(
+            f"where must be an xarray DataArray computed from the archive (e.g. "
+            f"ds.success == 1), got {type(where).__name__}.")
+    dims = tuple(where.dims)
+    if "world" not in dims or not set(dims) <= {"world", "time"}:
+        raise SelectionError(
+            f"The where mask has dims {dims}; it must be over ('world',) or ('world', "
+            f"'time') (the archive's qpos is over {tuple(ds.qpos.dims)}). Reduce the other "
+            "dims first, e.g. (ds.qpos.sel(dof='x') > 0.1) or (ds.qpos > 0.1).any('dof').")
+    if where.dtype.kind not in "biu":
+        raise SelectionError(
+            f"The where mask has dtype {where.dtype}; it must be bool (or integer, nonzero "
+            "meaning True). Compare to get one (ds.success == 1), or fill NaN first: "
+            "where.fillna(0).astype(bool).")
+    where = where.transpose("world", *(("time",) if "time" in dims else ()))
+    rows = _positions(ds, where, "world")
+    shape = (ds.sizes["world"],) + ((ds.sizes["time"],) if "time" in dims else ())
+    out = np.zeros(shape, dtype=bool)
+    values = np.asarray(where.values) != 0  # a dask-backed mask is computed here
+    if "time" in dims:
+        out[np.ix_(rows, _positions(ds, where, "time"))] = values
+    else:
+        out[rows] = values
+    return out
+
+
+def _positions(ds: xr.Dataset, where: xr.DataArray, dim: str) -> np.ndarray:
+    """Indices along ``ds``'s ``dim`` of the mask's entries along ``dim``."""
+    have = ds[dim].values
+    if dim not in where.coords:
+        if where.sizes[dim] != len(have):
+            raise SelectionError(
+                f"The where mask has {where.sizes[dim]} entries along {dim!r} and no {dim!r} "
+                f"coordinate; the archive has {len(have)}. Compute the mask from the archive "
+                "(open_archive), which gives it the archive's coordinates.")
+        return np.arange(len(have))
+    asked = where[dim].values
+    if dim == "world":
+        where_of = {int(w): i for i, w in enumerate(have)}
+        unknown = [int(w) for w in asked if int(w) not in where_of]
+        if unknown:
+            raise SelectionError(
+                f"The where mask is over world ids {_shown([int(w) for w in asked])}, and "
+                f"{unknown[:10]} are not in the archive, which has world ids "
+                f"{_shown([int(w) for w in have])}. Compute the mask from this archive.")
+        return np.array([where_of[int(w)] for w in asked], dtype=np.int64)
+    cols = np.searchsorted(have, asked - _TIME_SLACK)
+    inside = cols < len(have)
+    near = np.zeros(len(asked), dtype=bool)
+    near[inside] = np.abs(have[cols[inside]] - asked[inside]) <= _TIME_SLACK
+    if not near.all():
+        bad = asked[~near]
+        span = f"{have[0]:.6g}..{have[-1]:.6g} s ({len(have)} frames)" if len(have) else "none"
+        raise SelectionError(
+            f"The where mask is over times {asked.min():.6g}..{asked.max():.6g} s "
+            f"({len(asked)} frames), and {len(bad)} of them (first {bad[0]:.6g} s) are not "
+            f"times of the archive's frames, which span {span}. Compute the mask from this "
+            "archive (open_archive).")
+    return cols
+
+
+def where_windows(row: np.ndarray, times: np.ndarray, pad: float, start: int,
+                  stop: int) -> list[tuple[int, int]]:
+    """The windows of one world's mask: ``[a, b)`` archive frame ranges.
+
+    Args:
+        row: ``(time,)`` bool, the world's mask over the archive's frames.
+        times: ``(time,)`` simulated seconds of the archive's frames.
+        pad: Seconds added on both sides of each run of True frames.
+        start, stop: The frames that may be selected (the ``time`` selection, cut to the
+            world's committed frames).
+
+    Returns:
+        Runs of True within ``[start, stop)``, widened by ``pad`` (to the frames whose
+        times lie within ``pad`` of the run) and cut to ``[start, stop)``; windows that
+        overlap or touch merged. Empty when nothing is selected.
+    """
+    if stop <= start:
+        return []
+    inside = np.zeros(len(row) + 2, dtype=np.int8)
+    inside[start + 1:stop + 1] = row[start:stop]
+    edges = np.diff(inside)
+    runs = zip(np.flatnonzero(edges == 1), np.flatnonzero(edges == -1))
+    windows: list[tuple[int, int]] = []
+    for a, b in runs:  # [a, b): frames a..b-1 are True
+        a = max(start, int(np.searchsorted(times, times[a] - pad - _TIME_SLACK, side="left")))
+        b = min(stop, int(np.searchsorted(times, times[b - 1] + pad + _TIME_SLACK, side="right")))
+        if windows and a <= windows[-1][1]:
+            windows[-1] = (windows[-1][0], max(windows[-1][1], b))
+        else:
+            windows.append((a, b))
+    return windows

@@ -11,6 +11,7 @@ import numpy as np
 from flyarchive.clock import FrameClock, Timing
 from flyarchive.errors import LayoutMismatchError, NonFiniteStateError, OptionsError, RecordingError
 from flyarchive.layout import ModelLayout
+from flyarchive.models import model_bytes
 from flyarchive.record.common import (
     CommittedTail,
     TimeGuard,
@@ -136,6 +137,10 @@ class TrajectoryRecorder:
             created beforehand with ``ArchiveSpec(capacity_frames=...)``, alongside other
             processes writing other blocks (e.g. one per GPU). Needs ``mode="a"``.
         takeover: With ``world_block``, take over this block's claim after a crash.
+        store_model: Keep ``model`` (its exact MJB bytes, as it is when the recorder is
+            made) beside the archive as ``models/<sha256>.mjb``, so that replay needs no
+            model (default). False: keep only its layout; replay then needs the model.
+            An archive appended to (``mode="a"``) keeps the model it was created with.
 
     Raises:
         ArchiveExistsError: if ``mode="w-"`` and something is at ``url`` (checked at once).
@@ -171,6 +176,7 @@ class TrajectoryRecorder:
         world_vars: Mapping[str, np.ndarray] | None = None,
         world_block: tuple[int, int] | None = None,
         takeover: bool = False,
+        store_model: bool = True,
     ) -> None:
         if world_block is not None and parse_mode(mode) != "a":
             raise OptionsError("world_block writes into an existing archive: pass mode='a'.")
@@ -185,6 +191,7 @@ class TrajectoryRecorder:
         self._spec_args = dict(
             dtype=dtype, source=source, chunk_frames=chunk_frames, codec=codec,
             attrs=dict(attrs or {}), world_vars=dict(world_vars or {}),
+            model=model_bytes(model) if store_model else None,
         )
         # Every option is checked now, before the first frame and before any storage.
         spec = self._spec(range(_n_world_vars(self._spec_args["world_vars"]))

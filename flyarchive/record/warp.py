@@ -39,6 +39,7 @@ from flyarchive.errors import (
     StorageError,
 )
 from flyarchive.layout import ModelLayout
+from flyarchive.models import model_bytes
 from flyarchive.record.common import (
     FIRST_FRAME_ATTR,
     CommittedTail,
@@ -122,6 +123,9 @@ class WarpTrajectoryRecorder:
             read from ``d.time`` at the first call (one read from the device).
         takeover: Take over the archive's claim from a writer that crashed on another
             host (one that died on this host is taken over without it).
+        store_model: Keep ``model`` (its exact MJB bytes, as it is when the recorder is
+            made) beside the archive as ``models/<sha256>.mjb``, so that replay needs no
+            model (default). False: keep only its layout; replay then needs the model.
 
     Raises:
         ArchiveExistsError: if ``mode="w-"`` and something is at ``url`` (checked at once).
@@ -148,6 +152,7 @@ class WarpTrajectoryRecorder:
         world_vars: Mapping[str, np.ndarray] | None = None,
         start_step: int | None = None,
         takeover: bool = False,
+        store_model: bool = True,
     ) -> None:
         self.url = str(url)
         self.layout = ModelLayout.from_model(model)
@@ -173,7 +178,8 @@ class WarpTrajectoryRecorder:
         self.chunk_frames = int(chunk_frames)
         self._options = dict(mode=mode, storage_options=storage_options, takeover=takeover)
         self._spec_args = dict(
-            codec=codec, attrs=dict(attrs or {}), world_vars=dict(world_vars or {})
+            codec=codec, attrs=dict(attrs or {}), world_vars=dict(world_vars or {}),
+            model=model_bytes(model) if store_model else None,
         )
         self._start_step = None if start_step is None else int(start_step)
         self._step = 0

@@ -11,6 +11,7 @@ import asyncio
 import importlib.metadata
 import json
 import threading
+import uuid
 from collections.abc import Sequence
 from datetime import datetime, timezone
 from pathlib import Path
@@ -25,6 +26,7 @@ from flyarchive.errors import ArchiveExistsError, CorruptArchiveError, Flyarchiv
 from flyarchive.layout import ModelLayout, check_compatible
 from flyarchive.schema import SCHEMA_NAME, SCHEMA_VERSION, STATE_VARS, TIME_COORDS
 from flyarchive.store.claims import WRITER_KEY, release
+from flyarchive.store.models import MODEL_ATTR, write_model
 from flyarchive.store.spec import ArchiveSpec
 
 __all__ = ["package_versions", "root_attrs", "create_arrays", "claims_group", "inventory",
@@ -52,14 +54,19 @@ def root_attrs(spec: ArchiveSpec) -> dict[str, Any]:
         "source": spec.source,
         "versions": package_versions(),
         "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "archive_id": uuid.uuid4().hex,  # which archive this is, also when one replaces another
         "layout": spec.layout.to_attrs(),
         "codec": codecs.describe(spec.codec),
+        **({MODEL_ATTR: spec.model_entry} if spec.model_entry is not None else {}),
         **dict(spec.attrs),
     }
 
 
 def create_arrays(group: zarr.Group, spec: ArchiveSpec) -> None:
-    """Every array of a new archive; ``n_frames`` (the completion marker) last."""
+    """Every array of a new archive (and the model kept by content, if any);
+    ``n_frames`` (the completion marker) last."""
+    if spec.model is not None and spec.model_entry is not None:
+        write_model(group, spec.model, spec.model_entry)
     nw, nq, nm, ct = spec.n_worlds, spec.layout.nq, spec.layout.nmocap, spec.chunk_frames
     sw = min(spec.shard_worlds, nw)
     nt = spec.capacity_frames or 0
@@ -103,7 +110,10 @@ def create_arrays(group: zarr.Group, spec: ArchiveSpec) -> None:
         values = np.asarray(values)
         group.create_array(name, shape=values.shape, dtype=values.dtype, chunks=values.shape,
                            dimension_names=["world"], **crc)[:] = values
-    group.create_array("n_frames", shape=(nw,), dtype="int64", chunks=(sw,), fill_value=0,
+    # One chunk per shard of worlds when several writers share the archive (each writes
+    # its own), else one chunk: a reader opens it with one request.
+    group.create_array("n_frames", shape=(nw,), dtype="int64", chunks=(sw if nt else nw,),
+                       fill_value=0,
                        dimension_names=["world"],
                        attributes={"description": "committed frames per world"}, **crc)
 

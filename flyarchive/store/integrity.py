@@ -12,6 +12,8 @@ import zarr
 from flyarchive import codecs
 from flyarchive.errors import FlyarchiveError, StorageError
 from flyarchive.schema import STATE_VARS, finite_frames, import_status, validate
+from flyarchive.store.consolidated import consolidated_problems, root_document
+from flyarchive.store.models import model_problems
 from flyarchive.store.reader import chunk_file, damaged_chunks, open_checked, open_stored, time_extents
 
 __all__ = ["verify", "VerifyReport"]
@@ -44,19 +46,22 @@ def verify(url: str, storage_options: Mapping[str, Any] | None = None) -> Verify
     """Read every committed frame of an archive and report what is wrong.
 
     Checks: every array's metadata against what flyarchive writes (codec pipelines,
-    chunk sizes); every chunk of the coordinates and commit markers readable; the
-    schema; ``n_frames`` within the time extent; committed times finite and
-    increasing; every chunk holding committed frames readable (CRC-32C checksums
-    catch flipped bits; files that are not regular files inside the archive are
-    refused) and finite (a missing chunk reads as NaN); for bounded-error archives,
-    values on the quantization grid.
+    chunk sizes); its consolidated copy in the root ``zarr.json`` (no shape larger than
+    the array's own, no ``time`` extent beyond the largest ``n_frames`` in archives of
+    one writer, nothing else different); every chunk of the coordinates and commit
+    markers readable; the schema; ``n_frames`` within the time extent; committed times
+    finite and increasing; every chunk holding committed frames readable (CRC-32C
+    checksums catch flipped bits; files that are not regular files inside the archive
+    are refused) and finite (a missing chunk reads as NaN); for bounded-error archives,
+    values on the quantization grid; the model kept beside the archive, if any, hashing
+    to its name.
 
     Raises:
         ArchiveNotFoundError: nothing at ``url``.
     """
     report = VerifyReport(str(url))
     try:
-        group = open_checked(url, storage_options)
+        group = open_checked(url, storage_options, consolidated=False)
     except FlyarchiveError as err:
         if isinstance(err, (FileNotFoundError, StorageError)):  # interop: not the archive's fault
             raise
@@ -81,6 +86,7 @@ def verify(url: str, storage_options: Mapping[str, Any] | None = None) -> Verify
         report.problems.append(f"Metadata unreadable: {err!r}")
         return report
 
+    report.problems += model_problems(group, str(url))  # the model kept by content, if any
     status = import_status(group.attrs.asdict())
     if status is not None and status != "complete":
         report.problems.append(status)
@@ -94,6 +100,9 @@ def verify(url: str, storage_options: Mapping[str, Any] | None = None) -> Verify
         )
         n_frames = n_frames.clip(0, n_time)
     _check_time(group, int(n_frames.max(initial=0)), report)
+    one_writer = not group["claims"].attrs.get("world_blocks", False) if "claims" in group else True
+    report.problems += consolidated_problems(root_document(group), group,
+                                             n_frames if one_writer else None)
     spec = group.attrs.get("codec", {}).get("spec", "lossless")
     for name in STATE_VARS:
         if name in group:

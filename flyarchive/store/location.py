@@ -26,7 +26,7 @@ from flyarchive.store import hardening, storage_errors
 from flyarchive.store.localstore import GuardedLocalStore
 
 __all__ = ["parse_mode", "open_store", "archive_exists", "access_denied", "unavailable",
-           "refuse_existing", "is_local", "local_path", "exists_error", "sync"]
+           "refuse_existing", "is_local", "is_remote", "local_path", "exists_error", "sync"]
 
 
 _MODES = ("w-", "w", "a")
@@ -45,6 +45,11 @@ def parse_mode(mode: str) -> str:
 
 def is_local(url: str) -> bool:
     return "://" not in url or url.startswith("file://")
+
+
+def is_remote(url: str) -> bool:
+    """True for storage reached over a network (``s3://``...): not local, not ``memory://``."""
+    return not is_local(url) and not url.startswith("memory://")
 
 
 def local_path(url: str) -> Path:
@@ -71,7 +76,9 @@ def open_store(
     """Open a zarr store at any fsspec URL (a local path, ``file://``, ``memory://``, ``s3://``...).
 
     Local paths get a :class:`~flyarchive.store.localstore.GuardedLocalStore` (regular files
-    inside the archive only); every store reads pcodec with bounded decoding.
+    inside the archive only); every store reads pcodec with bounded decoding. A read-only
+    S3 store fetches each object with one request (s3fs ``max_concurrency=1``) unless
+    ``storage_options`` set ``max_concurrency``.
 
     Raises:
         StorageBackendMissingError: if the protocol's package is not installed.
@@ -89,9 +96,12 @@ def open_store(
             raise ArchiveNotFoundError(f"Nothing at {url!r}. Check the path.")
         return GuardedLocalStore(path, read_only=read_only)
     _check_protocol(url)
-    return zarr.storage.FsspecStore.from_url(
-        url, storage_options=dict(storage_options or {}), read_only=read_only
-    )
+    options = dict(storage_options or {})
+    if read_only and url.split("://", 1)[0] in ("s3", "s3a"):
+        # s3fs asks for an object's size (a HEAD) before every whole-object GET, to split
+        # objects above 50 MiB into concurrent range requests; archive objects are smaller.
+        options.setdefault("max_concurrency", 1)
+    return zarr.storage.FsspecStore.from_url(url, storage_options=options, read_only=read_only)
 
 
 def archive_exists(store: zarr.abc.store.Store) -> bool:

@@ -8,6 +8,7 @@ half-made is ever left behind by options that could not work.
 
 from __future__ import annotations
 
+import functools
 import json
 import operator
 from collections.abc import Mapping
@@ -20,6 +21,7 @@ from flyarchive import codecs
 from flyarchive.clock import Timing
 from flyarchive.errors import SchemaError
 from flyarchive.layout import ModelLayout
+from flyarchive.models import check_mjb
 from flyarchive.schema import RESERVED_ATTRS
 
 __all__ = ["ArchiveSpec", "FrameBlock", "MAX_CHUNK_FRAMES", "MAX_CAPACITY_FRAMES", "MAX_BUFFER_BYTES"]
@@ -136,6 +138,10 @@ class ArchiveSpec:
         capacity_frames: For archives written by several processes (one per block of
             worlds): the time extent, fixed at creation, with the time coordinate
             filled from the frame schedule. None: the extent grows with each commit.
+        model: The compiled model as MJB bytes (:func:`flyarchive.models.model_bytes`),
+            kept beside the archive as ``models/<sha256>.mjb``
+            (:mod:`flyarchive.store.models`); None: no model is kept (replay then needs
+            one).
 
     Raises:
         SchemaError: naming the first option that cannot work, and how to fix it.
@@ -153,6 +159,7 @@ class ArchiveSpec:
     attrs: Mapping[str, Any] = field(default_factory=dict)
     world_vars: Mapping[str, np.ndarray] = field(default_factory=dict)
     capacity_frames: int | None = None
+    model: bytes | None = field(default=None, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         if not isinstance(self.layout, ModelLayout) or not isinstance(self.timing, Timing):
@@ -180,6 +187,10 @@ class ArchiveSpec:
         _check_attrs(self.attrs)
         _check_world_vars(self.world_vars, len(self.world_ids))
         codecs.parse_codec(self.codec)
+        if self.model is not None:
+            if not isinstance(self.model, bytes):
+                raise SchemaError(f"model must be MJB bytes or None, got {type(self.model).__name__}.")
+            check_mjb(self.model, "The model to keep beside the archive")
         per_frame = self.layout.nq + 7 * self.layout.nmocap
         need = len(self.world_ids) * self.chunk_frames * per_frame * dtype.itemsize
         if need > MAX_BUFFER_BYTES:
@@ -193,6 +204,14 @@ class ArchiveSpec:
     @property
     def n_worlds(self) -> int:
         return len(self.world_ids)
+
+    @functools.cached_property
+    def model_entry(self) -> dict[str, Any] | None:
+        """The root attribute ``model`` (sha256, size, MuJoCo release, path); None
+        without a model."""
+        from flyarchive.store.models import model_entry
+
+        return None if self.model is None else model_entry(self.model)
 
 
 @dataclass(frozen=True)

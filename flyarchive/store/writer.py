@@ -4,11 +4,17 @@ Commit protocol (one writer per archive, or per block of worlds):
   1. grow the arrays' time extent (metadata only; new frames read as NaN);
   2. write the frames' chunks (whole shards when the block is chunk-aligned);
   3. write their times (``time``, ``sim_time``, ``frame``);
-  4. write ``n_frames`` for the block's worlds: the commit marker.
+  4. write ``n_frames`` for the block's worlds: the commit marker;
+  5. (one writer per archive) rewrite the root ``zarr.json`` with every array's
+     metadata consolidated in it, ``time`` extents cut to the largest ``n_frames``
+     (:mod:`~flyarchive.store.consolidated`), so that readers open with one request.
 Every state in between is a valid archive: extents only grow, and grow before
 anything is committed, so ``n_frames`` never exceeds an array's extent, and frames
 below ``n_frames`` are never changed. A crash between steps leaves frames past
-``n_frames``, which readers mask. On local disk zarr writes each object through a
+``n_frames``, which readers mask, and a consolidated copy that is behind the commit
+markers, never ahead of them (readers then read the arrays' own metadata). Archives
+written by several writers (``capacity_frames``) are consolidated once, at creation:
+their extents never change. On local disk zarr writes each object through a
 temporary file and a rename, and S3 PUTs are atomic, so a rewritten shard is
 either the old or the new one: committed frames are never lost.
 
@@ -51,6 +57,7 @@ from flyarchive.layout import ModelLayout
 from flyarchive.schema import STATE_VARS, TIME_COORDS
 from flyarchive.store import storage_errors
 from flyarchive.store.claims import WRITER_KEY, block_keys, claim_archive, claim_block, register, release
+from flyarchive.store.consolidated import consolidate, members_metadata, write_consolidated
 from flyarchive.store.creation import (
     check_against,
     check_commits,
@@ -122,6 +129,9 @@ class ArchiveWriter:
         self.attrs = group.attrs.asdict()
         self._closed = False
         self._failed = False
+        self._members: dict[str, Any] | None = None  # metadata of every node, for step 5
+        self._consolidated = True  # False while the last consolidation failed
+        self._last_commit = 0  # the largest n_frames of the last commit
         self._finalizer: weakref.finalize | None = None
         if claim is not None:
             self._finalizer = weakref.finalize(self, release_quietly, group.store, *claim)
@@ -207,6 +217,7 @@ class ArchiveWriter:
                 sync(clear(store))
             group = zarr.create_group(store, attributes=root_attrs(spec), zarr_format=3)
             create_arrays(group, spec)
+            consolidate(group, n_time=None if spec.capacity_frames else 0)
             return cls(group, url, spec.layout, claim=claim)
         except BaseException:
             undo(store, claim, ours)
@@ -308,13 +319,15 @@ class ArchiveWriter:
             )
         try:
             extent = max(t1, self._extent)
+            grown = {}
             for name in self._state + self._times:
                 arr, axis = self._group[name], 0 if name in self._times else 1
                 if arr.shape[axis] < extent:  # only ever grows: shrinking would delete chunks
                     arr.resize(tuple(extent if i == axis else d for i, d in enumerate(arr.shape)))
+                grown[name] = arr
             self._extent = extent
             for name in self._state:
-                self._group[name][self._worlds, t0:t1] = getattr(block, name)
+                grown[name][self._worlds, t0:t1] = getattr(block, name)
             if self.block is None:  # several writers share the times written at creation
                 self._write_times(block, t0, t1)
             committed = np.full(self.n_worlds, t1) if n_frames is None else np.asarray(n_frames)
@@ -327,6 +340,25 @@ class ArchiveWriter:
             ) from err
         self.n_frames = t1
         self._failed = False
+        if self.block is None:
+            self._consolidate({n: a.metadata for n, a in grown.items()}, int(committed.max()))
+
+    def _consolidate(self, changed: Mapping[str, Any], n_time: int) -> None:
+        """Step 5 of a commit: the consolidated metadata, from what this writer holds.
+
+        A failure is not the commit's: its frames are committed, and readers read the
+        arrays' own metadata while the copy lags behind; the next commit (or
+        :meth:`close`) writes it again.
+        """
+        try:
+            if self._members is None:
+                self._members = members_metadata(self._group)
+            self._members.update(changed)
+            write_consolidated(self._group, self._members, n_time)
+            self._consolidated = True
+        except (OSError, RuntimeError, TimeoutError, *storage_errors.client_errors()):
+            self._consolidated = False
+        self._last_commit = n_time
 
     @property
     def has_schedule(self) -> bool:
@@ -390,7 +422,8 @@ class ArchiveWriter:
             self._finalizer.detach()
 
     def close(self) -> None:
-        """Release the writer's claim of the archive (or of its block); writes nothing.
+        """Release the writer's claim of the archive (or of its block); writes nothing (but
+        the consolidated metadata, if the last commit failed to write it).
 
         Committed frames stay committed; call it once all frames are written. Safe to
         call again.
@@ -398,6 +431,8 @@ class ArchiveWriter:
         Raises:
             StorageError: if the storage fails while the claim is released.
         """
+        if not self._consolidated and not self._closed:
+            self._consolidate({}, self._last_commit)
         self._closed = True
         held = self._finalizer.detach() if self._finalizer is not None else None
         if held is not None:

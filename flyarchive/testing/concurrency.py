@@ -96,6 +96,9 @@ class ReaderResult:
         frames_differing: Of those, pairs that differ from the final data.
         commits_seen: Distinct ``n_frames`` values seen.
         writer: The writer's outcome.
+        plain_ahead: Plain ``xarray.open_zarr(url)`` opens (with ``plain=True``) that
+            showed more frames than the ``n_frames`` read right after them: consolidated
+            metadata ahead of the commit markers.
     """
 
     opens: int = 0
@@ -105,6 +108,7 @@ class ReaderResult:
     frames_differing: int = 0
     commits_seen: int = 0
     writer: str = ""
+    plain_ahead: int = 0
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -335,22 +339,30 @@ def appenders_trial(pool: RecorderPool, url: str, *, n_worlds: int = 2, first_st
 
 
 def reader_trial(pool: RecorderPool, url: str, *, n_worlds: int = 2, first_steps: int = 8,
-                 n_steps: int = 1200, chunk_frames: int = 2, max_opens: int = 10_000) -> ReaderResult:
+                 n_steps: int = 1200, chunk_frames: int = 2, max_opens: int = 10_000,
+                 storage_options: dict[str, Any] | None = None, plain: bool = False) -> ReaderResult:
     """A child appends to ``url`` (one commit per ``chunk_frames`` frames) while this
-    process opens it again and again; every frame read is checked against the final data."""
+    process opens it again and again; every frame read is checked against the final data.
+
+    With ``plain=True`` each poll also opens ``url`` with plain ``xarray.open_zarr`` (which
+    trusts the consolidated metadata) and counts the opens that show more frames than
+    the commit markers read after them."""
     from flyarchive import TrajectoryRecorder, open_archive
     from flyarchive.errors import FlyarchiveError
     from flyarchive.testing import simulate, tiny_model
 
     model = tiny_model()
-    with TrajectoryRecorder(url, model, chunk_frames=chunk_frames) as recorder:
+    with TrajectoryRecorder(url, model, chunk_frames=chunk_frames,
+                            storage_options=storage_options) as recorder:
         simulate(model, n_worlds, first_steps, recorder.record_as_needed)
     out = ReaderResult()
     snapshots: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []
-    pool.start([_job(url, "a", 0, n_worlds, n_steps, chunk_frames)])
+    pool.start([_job(url, "a", 0, n_worlds, n_steps, chunk_frames, storage_options)])
     while not pool.result_ready(0) and out.opens + out.damaged < max_opens:
         try:
-            ds = open_archive(url)
+            if plain:
+                out.plain_ahead += _plain_ahead(url, storage_options)
+            ds = open_archive(url, storage_options)
             snapshots.append((ds.n_frames.values.copy(), ds.qpos.values, ds.sim_time.values))
             out.opens += 1
         except FlyarchiveError as err:
@@ -359,7 +371,7 @@ def reader_trial(pool: RecorderPool, url: str, *, n_worlds: int = 2, first_steps
     attempt = pool.results(1)[0]
     pool.close(1)
     out.writer = attempt.outcome if attempt.outcome == "ok" else f"{attempt.outcome}: {attempt.message}"
-    final = open_archive(url)
+    final = open_archive(url, storage_options)
     qpos, times = final.qpos.values, final.sim_time.values
     out.commits_seen = len({tuple(s[0]) for s in snapshots})
     for n_frames, values, seen_times in snapshots:
@@ -369,6 +381,17 @@ def reader_trial(pool: RecorderPool, url: str, *, n_worlds: int = 2, first_steps
             out.frames_read += int(n)
             out.frames_differing += int((~same).sum())
     return out
+
+
+def _plain_ahead(url: str, storage_options: dict[str, Any] | None) -> int:
+    """1 if ``xarray.open_zarr(url)`` shows more frames than ``n_frames`` read after it."""
+    import xarray as xr
+    import zarr
+
+    frames = xr.open_zarr(url, storage_options=storage_options).sizes["time"]
+    n_frames = zarr.open_array(f"{url.rstrip('/')}/n_frames", mode="r", zarr_format=3,
+                               storage_options=storage_options)[:]
+    return int(frames > int(n_frames.max(initial=0)))
 
 
 if __name__ == "__main__":

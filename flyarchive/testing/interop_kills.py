@@ -143,8 +143,10 @@ def write_npz_inputs(folder: Path, n_files: int, n_frames: int) -> list[Path]:
     return paths
 
 
-def datasets_equal(a: Any, b: Any, ignore_attrs: Sequence[str] = ("created",)) -> list[str]:
-    """Differences between two archives' datasets (variables, coordinates, attributes)."""
+def datasets_equal(a: Any, b: Any,
+                   ignore_attrs: Sequence[str] = ("created", "archive_id")) -> list[str]:
+    """Differences between two archives' datasets (variables, coordinates, attributes but
+    those saying when and as which archive each was created)."""
     problems = []
     names = sorted(set(a.variables) | set(b.variables))
     for name in names:

@@ -309,6 +309,8 @@ def _check_archive(url: str, result: KillResult) -> int:
     n_frames = ds.n_frames.values
     n = int(n_frames.min()) if n_frames.size else 0
     result.committed = n
+    # A frame committed was recorded, though the child may have died before saying so.
+    result.recorded = max(result.recorded, n)
     result.frames_lost = result.recorded - n
     if (n_frames != n).any():
         result.problems.append(
@@ -325,9 +327,30 @@ def _check_archive(url: str, result: KillResult) -> int:
             f"({result.config.max_lost} for {result.config.backend})."
         )
     _compare(ds, _reference(result.config, n), n, "After the kill", result.problems)
+    _check_plain_open(url, result.problems)
     report = verify(url)
     result.problems += [f"verify after the kill: {p}" for p in report.problems]
     return n
+
+
+def _check_plain_open(url: str, problems: list[str]) -> None:
+    """``xarray.open_zarr(url)``, no arguments: no warning (the consolidated metadata is
+    there), and no frame beyond the commit markers."""
+    import warnings
+
+    import xarray as xr
+
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            ds = xr.open_zarr(url)
+    except Exception as err:
+        problems.append(f"xarray.open_zarr(url) after the kill: {err!r}")
+        return
+    if ds.sizes["time"] > int(ds.n_frames.values.max(initial=0)):
+        problems.append(
+            f"xarray.open_zarr(url) after the kill shows {ds.sizes['time']} frames; n_frames "
+            f"commits {ds.n_frames.values.tolist()}: the consolidated metadata is ahead.")
 
 
 def _resume(url: str, result: KillResult, committed: int) -> None:

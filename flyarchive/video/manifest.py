@@ -153,18 +153,23 @@ def describe(plan: Any, ds: xr.Dataset, video: dict[str, Any]) -> dict[str, Any]
     Returns:
         ``video`` plus ``frame_range`` (archive indices ``[start, stop)``),
         ``start_time`` / ``end_time`` (simulated seconds of its first and last frame),
-        ``fps``, ``size`` ``[height, width]``, ``backend`` and ``video`` (encoder settings).
+        ``fps``, ``size`` ``[height, width]``, ``backend`` and ``video`` (encoder settings);
+        for a window of a ``where`` mask also ``window``, its index among its world's
+        windows (its frames and times are the entry's ``frame_range`` and times).
     """
     from flyarchive.video.mosaic import is_mosaic
 
     if "mosaic" in video:
         job = next(j for j in plan.jobs if is_mosaic(j) and j.index == video["mosaic"]["index"])
     else:
-        job = next(j for j in plan.jobs if not is_mosaic(j) and j.world_id == video["world"])
+        job = next(j for j in plan.jobs if not is_mosaic(j) and j.world_id == video["world"]
+                   and j.start == video.get("first_frame", j.start))
     times = ds.time.values
+    window = {} if getattr(job, "window", None) is None else {"window": job.window}
     return {
         **video, "first_frame": job.start, "frame_range": [job.start, job.stop],
         "start_time": float(times[job.start]), "end_time": float(times[job.stop - 1]),
+        **window,
         "fps": plan.fps, "size": list(plan.options.size), "backend": plan.options.backend,
         "video": asdict(plan.options.video),
     }

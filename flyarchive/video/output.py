@@ -131,16 +131,22 @@ def output_urls(out_dir: str | os.PathLike[str], job: Any, camera: str,
 
     Args:
         out_dir: The output folder.
-        job: A :class:`~flyarchive.query.frames.VideoJob`, or a
-            :class:`~flyarchive.video.mosaic.MosaicJob` (RGB only).
+        job: A :class:`~flyarchive.query.frames.VideoJob` (its window, if any, named
+            before ``.mp4``, as :func:`flyarchive.distribute.plan.job_video_path`), a world
+            id, or a :class:`~flyarchive.video.mosaic.MosaicJob` (RGB only).
         camera: Its camera name.
         outputs: Names from :data:`flyarchive.replay.outputs.OUTPUTS`.
     """
     from flyarchive.video.maps import map_url
     from flyarchive.video.mosaic import is_mosaic
 
-    video = (safe_mosaic_path(out_dir, job.index, camera) if is_mosaic(job)
-             else safe_video_path(out_dir, job.world_id, camera))
+    if is_mosaic(job):
+        video = safe_mosaic_path(out_dir, job.index, camera)
+    else:
+        world_id = job if is_int(job) else job.world_id
+        video = safe_video_path(out_dir, world_id, camera)
+        suffix = getattr(job, "suffix", "")  # a window's frames: front.frames000120-000240.mp4
+        video = f"{video[:-len('.mp4')]}{suffix}.mp4" if suffix else video
     return {name: video if name == "rgb" else map_url(video, name) for name in outputs}
 
 

@@ -263,11 +263,11 @@ def test_a_plain_zarr_group_is_not_an_archive(tmp_path):
 
 
 def test_rendering_a_chunk_with_flipped_bits_is_a_corrupt_archive_error(tiny, archive, tmp_path):
-    flip_bits(shard_file(archive, "qpos"))
+    flip_bits(shard_file(archive, "qpos"))  # mid-file: world 1's chunk
     before = snapshot(archive)
 
     with pytest.raises(CorruptArchiveError, match="verify") as err:
-        render_videos(archive, tiny, "front", str(tmp_path / "v"), worlds=[0], options=SMALL,
+        render_videos(archive, tiny, "front", str(tmp_path / "v"), worlds=[1], options=SMALL,
                       n_workers=0)
 
     assert "qpos" in str(err.value)

@@ -277,3 +277,25 @@ def test_import_flyarchive_does_not_import_warp():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
 
     assert out.stdout.strip() == "False"
+
+
+def test_the_recorded_model_is_kept_beside_the_archive(sim):
+    from flyarchive.models import model_bytes
+    from flyarchive.store import open_group
+    from flyarchive.store.models import read_model
+
+    url = memory_url()
+    with recorder_for(sim, url, chunk_frames=4) as recorder:
+        run(sim, new_data(sim), recorder, 8)
+
+    blob, _ = read_model(open_group(url), url)
+
+    assert blob == model_bytes(sim[0])
+
+
+def test_store_model_false_keeps_only_the_layout(sim):
+    url = memory_url()
+    with recorder_for(sim, url, chunk_frames=4, store_model=False) as recorder:
+        run(sim, new_data(sim), recorder, 8)
+
+    assert "model" not in open_archive(url).attrs

@@ -95,7 +95,7 @@ def test_creating_an_archive_when_every_put_fails_is_a_storage_error(s3_server, 
 
 
 # ----------------------------------------------------------------------------- read, render
-@pytest.mark.parametrize("seed", [0, 1])
+@pytest.mark.parametrize("seed", [1, 2])  # a read makes ~25 requests; seed 0's first fault is the 26th
 def test_reading_through_faults_equals_the_clean_read_or_fails_clearly(s3_server, s3_archive, seed):
     result = s3_read_trial(s3_server, moderate(seed), s3_archive)
 

@@ -1,0 +1,162 @@
+"""Consolidated metadata: every array's metadata inside the root ``zarr.json``, so that a
+reader (``open_archive``, plain ``xarray.open_zarr(url)``) opens an archive with one
+metadata request.
+
+zarr v3 keeps it inline in the root document (``"consolidated_metadata": {"kind":
+"inline", "must_understand": false, "metadata": {name: array metadata}}``); readers that
+do not know it ignore it. It is a copy, written by writers as the last step of a commit
+(after ``n_frames``, the marker), with every ``time`` extent cut to the frames committed
+(the largest ``n_frames``): a reader that trusts it never sees an extent beyond what was
+committed, whatever point a writer died at. It may lag behind: a writer that died after
+writing ``n_frames`` and before this step leaves the previous commit's copy, and
+``open_archive`` then reads the arrays' own metadata (see
+:func:`flyarchive.store.dataset.open_dataset`). Writers and ``verify`` never trust the
+copy; :func:`consolidated_problems` compares it with the arrays' own metadata.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import warnings
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+import zarr
+from zarr.core.buffer import default_buffer_prototype
+from zarr.core.group import ConsolidatedMetadata, GroupMetadata
+from zarr.core.metadata import ArrayV3Metadata
+
+from flyarchive.store.location import sync
+
+__all__ = ["consolidate", "write_consolidated", "members_metadata", "time_extent",
+           "root_document", "consolidated_problems"]
+
+Metadata = ArrayV3Metadata | GroupMetadata
+
+
+def _cut(meta: Metadata, n_time: int | None) -> Metadata:
+    """``meta`` with its ``time`` extent cut to ``n_time`` (None: as it is)."""
+    if isinstance(meta, GroupMetadata):
+        return meta if meta.consolidated_metadata is not None else dataclasses.replace(
+            meta, consolidated_metadata=ConsolidatedMetadata(metadata={}))
+    dims = tuple(meta.dimension_names or ())
+    if n_time is None or "time" not in dims:
+        return meta
+    axis = dims.index("time")
+    if meta.shape[axis] <= n_time:
+        return meta
+    return meta.update_shape(tuple(n_time if i == axis else s for i, s in enumerate(meta.shape)))
+
+
+def members_metadata(group: zarr.Group) -> dict[str, Metadata]:
+    """The metadata of every node under ``group`` (one level), read from the store; other
+    objects beside them (claims, stored models) are not nodes and are left out quietly."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=".*not recognized as a component of a Zarr")
+        return {name: node.metadata for name, node in group.members()}
+
+
+def write_consolidated(group: zarr.Group, members: Mapping[str, Metadata],
+                       n_time: int | None) -> None:
+    """Rewrite the root ``zarr.json`` of ``group`` with ``members`` consolidated in it.
+
+    Args:
+        group: The archive's root group, as a writer opened it (its attributes are kept).
+        members: Metadata of every node, e.g. from :func:`members_metadata`.
+        n_time: Cut every ``time`` extent to this many frames (the largest ``n_frames``);
+            None keeps the extents (archives of fixed capacity, written by several writers).
+
+    Raises:
+        OSError (and the storage's client errors): the storage failed; the root document
+        is either the old one or the new one.
+    """
+    consolidated = ConsolidatedMetadata(metadata={k: _cut(v, n_time) for k, v in members.items()})
+    root = dataclasses.replace(group.metadata, consolidated_metadata=consolidated)
+    document = root.to_buffer_dict(default_buffer_prototype())["zarr.json"]
+    sync((group.store_path / "zarr.json").set(document))
+
+
+def consolidate(group: zarr.Group, *, n_time: int | None = None) -> None:
+    """Read every node's metadata and consolidate it (see :func:`write_consolidated`)."""
+    write_consolidated(group, members_metadata(group), n_time)
+
+
+def time_extent(metadata: Mapping[str, Any]) -> int | None:
+    """The shortest ``time`` extent among arrays' metadata (None if no array has one)."""
+    extents = [m.shape[m.dimension_names.index("time")] for m in metadata.values()
+               if isinstance(m, ArrayV3Metadata) and "time" in (m.dimension_names or ())]
+    return min(extents) if extents else None
+
+
+def root_document(group: zarr.Group) -> dict[str, Any] | None:
+    """The root ``zarr.json`` of ``group``'s store as stored, parsed (None if unreadable)."""
+    import json
+
+    raw = sync((group.store_path / "zarr.json").get(prototype=default_buffer_prototype()))
+    try:
+        parsed = json.loads(raw.to_bytes()) if raw is not None else None
+    except ValueError:
+        return None
+    return parsed if isinstance(parsed, dict) else None
+
+
+def _plain(meta: Metadata) -> dict[str, Any]:
+    out = meta.to_dict()
+    out.pop("shape", None)
+    return out
+
+
+def consolidated_problems(root_document: Mapping[str, Any] | None, group: zarr.Group,
+                          n_frames: np.ndarray | None) -> list[str]:
+    """What is wrong with an archive's consolidated metadata (empty when sound or absent).
+
+    Args:
+        root_document: The root ``zarr.json``, parsed (None: none could be read).
+        group: The archive's group opened without the consolidated copy (its arrays'
+            own metadata).
+        n_frames: The commit markers, for archives of one writer (None: not checked,
+            e.g. archives of fixed capacity whose extents are set at creation).
+
+    Returns:
+        One sentence per problem: a consolidated shape larger than the array's own, a
+        ``time`` extent beyond the largest ``n_frames``, metadata that differs from the
+        array's own in anything but its shape, or an array missing from the copy.
+    """
+    copy = (root_document or {}).get("consolidated_metadata")
+    if not isinstance(copy, Mapping):
+        return []
+    try:
+        root = GroupMetadata.from_dict({**root_document, "node_type": "group"})
+        listed = dict(root.consolidated_metadata.metadata) if root.consolidated_metadata else {}
+    except Exception as err:  # zarr refuses what it cannot parse
+        return [f"The consolidated metadata in the root zarr.json is unreadable ({err}); "
+                "rewrite it by appending a frame, or delete its 'consolidated_metadata' entry."]
+    problems = []
+    fix = ("Readers that use it (open_archive, xarray.open_zarr) would read the wrong data; "
+           "restore the root zarr.json from a backup, or delete its 'consolidated_metadata' "
+           "entry (readers then read each array's own zarr.json).")
+    for name, arr in sorted(group.arrays()):
+        copied = listed.get(name)
+        if copied is None:
+            problems.append(f"The consolidated metadata lacks the array {name!r}. {fix}")
+            continue
+        if not isinstance(copied, ArrayV3Metadata):
+            problems.append(f"The consolidated metadata of {name!r} is not an array's. {fix}")
+            continue
+        if len(copied.shape) != len(arr.shape) or any(
+                c > a for c, a in zip(copied.shape, arr.shape)):
+            problems.append(
+                f"The consolidated metadata gives {name!r} the shape {copied.shape}, larger "
+                f"than its own {arr.shape}. {fix}")
+        elif _plain(copied) != _plain(arr.metadata):
+            problems.append(
+                f"The consolidated metadata of {name!r} differs from its own zarr.json "
+                f"(codecs, chunks, dtype or attributes). {fix}")
+    extent = time_extent(listed)
+    if n_frames is not None and extent is not None and extent > int(np.max(n_frames, initial=0)):
+        problems.append(
+            f"The consolidated metadata gives 'time' {extent} frames, more than the "
+            f"{int(np.max(n_frames, initial=0))} committed (n_frames): it is ahead of the commit "
+            f"markers. {fix}")
+    return problems

@@ -1,0 +1,265 @@
+"""The lazy dataset a reader gets: dask arrays over zarr that read only what a selection
+touches, with frames past each world's ``n_frames`` masked inside the read.
+
+dask fuses a selection into the call of an array's getter (``x.isel(world=341)`` calls
+:meth:`CommittedFrames.__getitem__` with ``(341, slice(0, 500), slice(None))``), so zarr
+reads the shard index and only that world's inner chunks. Masking with ``.where`` on
+the dask array would put a layer between the getter and the selection, and every
+selection would read whole dask chunks; so the mask is applied here, inside the read,
+and skipped when every world holds every frame. Dask chunks are whole shards of worlds
+by several time chunks (about :data:`TARGET_CHUNK_BYTES` decoded): few tasks for a full
+scan, while a selection still reads only its inner chunks.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+import xarray as xr
+import zarr
+
+from flyarchive.errors import (
+    CorruptArchiveError,
+    FlyarchiveError,
+    SchemaError,
+    StorageError,
+    UnsafeFileError,
+)
+from flyarchive.schema import STATE_VARS
+from flyarchive.store import storage_errors
+from flyarchive.store.consolidated import time_extent
+from flyarchive.store.hardening import check_arrays
+from flyarchive.store.location import unavailable
+from flyarchive.store.reader import chunk_file, corrupt_read, fused_reads, open_group
+
+__all__ = ["CommittedFrames", "open_dataset", "TARGET_CHUNK_BYTES"]
+
+#: Decoded bytes of one dask chunk of state, about: a shard of worlds by as many chunks of
+#: frames as fit (a full scan of 1024 x 1000 NeuroMechFly frames: 32 tasks).
+TARGET_CHUNK_BYTES = 32 << 20
+_MAX_NAMED = 8  # damaged inner chunks named in one error
+_MAX_PROBES = 4096  # inner chunks re-read, one by one, to find the damaged ones
+
+
+def _axis_key(k: Any, n: int) -> int | slice | np.ndarray:
+    """One axis of a selection as an int in ``0..n-1``, a slice of positive step, or an
+    array of indices."""
+    if isinstance(k, (int, np.integer)):
+        i = int(k) + (n if k < 0 else 0)
+        if not 0 <= i < n:
+            raise IndexError(f"index {int(k)} is out of bounds for an axis of size {n}")
+        return i
+    if isinstance(k, slice):
+        if k.step is None or k.step > 0:
+            return slice(*k.indices(n))
+        return np.arange(n)[k]
+    index = np.asarray(k)
+    if index.dtype == bool:
+        return np.flatnonzero(index)
+    return np.where(index < 0, index + n, index).astype(np.int64)
+
+
+class CommittedFrames:
+    """One state array ``(world, time, ...)`` as an array-like for ``dask.array.from_array``:
+    reads through zarr, frames at or past ``n_frames[world]`` set to NaN.
+
+    Args:
+        arr: The zarr array (opened with the fused codec pipeline).
+        name: Its variable name, for messages.
+        n_frames: ``(world,)`` committed frames per world; None when every world holds
+            all ``n_time`` frames (no mask).
+        n_time: Frames along ``time`` (the largest ``n_frames``).
+        world_ids: ``(world,)`` ids, for messages.
+        url: The archive, for messages.
+        storage_options: As given to ``open_archive``, for messages about storage faults.
+
+    Raises (from ``__getitem__``):
+        CorruptArchiveError: stored bytes that fail their checksum or do not decode, naming
+            the world ids, frames and file of each damaged inner chunk and pointing at
+            ``flyarchive verify``.
+        StorageError: the storage failed to answer.
+        SchemaError, UnsafeFileError: as the store raises them (they name their file).
+    """
+
+    def __init__(self, arr: zarr.Array, name: str, n_frames: np.ndarray | None, n_time: int,
+                 world_ids: np.ndarray, url: str,
+                 storage_options: Mapping[str, Any] | None = None) -> None:
+        self.arr, self.name, self.n_frames = arr, name, n_frames
+        self.world_ids, self.url, self.storage_options = world_ids, url, storage_options
+        self.shape = (int(arr.shape[0]), int(n_time), *(int(s) for s in arr.shape[2:]))
+        self.dtype = arr.dtype
+        self.ndim = arr.ndim
+
+    def __getitem__(self, key: Any) -> np.ndarray:
+        key = key if isinstance(key, tuple) else (key,)
+        if any(k is Ellipsis for k in key):
+            at = key.index(Ellipsis)
+            key = key[:at] + (slice(None),) * (self.ndim - len(key) + 1) + key[at + 1:]
+        key = key + (slice(None),) * (self.ndim - len(key))
+        norm = [_axis_key(k, n) for k, n in zip(key, self.shape)]
+        drop = tuple(i for i in (0, 1) if isinstance(norm[i], int))
+        for i in drop:  # worlds and frames stay axes until the mask is applied
+            norm[i] = slice(norm[i], norm[i] + 1)
+        worlds = np.arange(self.shape[0])[norm[0]]
+        frames = np.arange(self.shape[1])[norm[1]]
+        values = self._read(tuple(norm), worlds, frames)
+        if self.n_frames is not None and worlds.size and frames.size:
+            past = frames[None, :] >= self.n_frames[worlds][:, None]
+            if past.any():
+                values = np.array(values, copy=True) if not values.flags.writeable else values
+                values[past] = np.nan
+        return values.squeeze(axis=drop) if drop else values
+
+    def _read(self, key: tuple[Any, ...], worlds: np.ndarray, frames: np.ndarray) -> np.ndarray:
+        try:
+            if any(isinstance(k, np.ndarray) for k in key):
+                return np.asarray(self.arr.oindex[key])
+            return np.asarray(self.arr[key])
+        except BaseExceptionGroup as group:  # zarr's concurrent reads: the first fault
+            err: BaseException = group.exceptions[0]
+        except Exception as caught:
+            err = caught
+        raise self._error(err, worlds, frames) from None
+
+    def _error(self, err: BaseException, worlds: np.ndarray, frames: np.ndarray) -> Exception:
+        if isinstance(err, (SchemaError, StorageError, UnsafeFileError)):
+            return err  # names its file already, or is not the stored bytes' fault
+        if not isinstance(err, FlyarchiveError):
+            translated = storage_errors.translate(err, self.url, self.storage_options)
+            if translated is not None:
+                return translated
+            if isinstance(err, (OSError, TimeoutError)):
+                return unavailable(self.url, err)
+        found = self._damaged(worlds, frames)
+        if not found and not isinstance(err, CorruptArchiveError):
+            return err if isinstance(err, Exception) else RuntimeError(repr(err))
+        if not found:  # e.g. a shard index that failed its checksum once
+            return corrupt_read(self.url, f"{self.name} [{self._worlds(worlds)}, frames "
+                                f"{frames.min(initial=0)}..{frames.max(initial=0)}]", err)
+        named = "; ".join(what for what, _ in found[:_MAX_NAMED])
+        more = f" and {len(found) - _MAX_NAMED} more" if len(found) > _MAX_NAMED else ""
+        return corrupt_read(self.url, named + more, found[0][1])
+
+    def _worlds(self, worlds: np.ndarray) -> str:
+        ids = [int(self.world_ids[w]) for w in worlds[:8]]
+        return f"world ids {ids}{'...' if len(worlds) > 8 else ''}"
+
+    def _damaged(self, worlds: np.ndarray, frames: np.ndarray) -> list[tuple[str, BaseException]]:
+        """Re-read the selection one inner chunk at a time: the damaged ones, described."""
+        inner_w, inner_t = int(self.arr.chunks[0]), int(self.arr.chunks[1])
+        outer_w, outer_t = (int(s) for s in (self.arr.shards or self.arr.chunks)[:2])
+        found: list[tuple[str, BaseException]] = []
+        probes = 0
+        for w0 in np.unique(worlds // inner_w) * inner_w:
+            for t0 in np.unique(frames // inner_t) * inner_t:
+                probes += 1
+                if probes > _MAX_PROBES:
+                    return found
+                box = (slice(w0, w0 + inner_w), slice(t0, min(t0 + inner_t, self.arr.shape[1])))
+                try:
+                    self.arr[box]
+                except Exception as err:
+                    file = chunk_file(self.arr, (w0 // outer_w, t0 // outer_t)
+                                      + (0,) * (self.ndim - 2))
+                    ids = [int(i) for i in self.world_ids[w0:w0 + inner_w]]
+                    who = (f"world {ids[0]} (index {w0})" if len(ids) == 1
+                           else f"worlds {ids} (indices {w0}..{w0 + len(ids) - 1})")
+                    found.append((f"{self.name} [{who}, frames {t0}..{box[1].stop - 1}] "
+                                  f"(file {file})", err))
+        return found
+
+
+def _dask_chunks(arr: zarr.Array, n_time: int) -> tuple[int, ...]:
+    """Whole shards of worlds by several time chunks (about TARGET_CHUNK_BYTES), the frames
+    split evenly between the time chunks of the dask array."""
+    shard_w = int((arr.shards or arr.chunks)[0])
+    frames = max(int(arr.chunks[1]), 1)
+    frame_bytes = shard_w * int(np.prod(arr.shape[2:], dtype=np.int64)) * arr.dtype.itemsize
+    per_chunk = max(1, TARGET_CHUNK_BYTES // max(frame_bytes * frames, 1))
+    blocks = -(-max(n_time, 1) // frames)  # chunks of frames along time
+    pieces = -(-blocks // per_chunk)
+    return (shard_w, frames * -(-blocks // pieces), *(int(s) for s in arr.shape[2:]))
+
+
+def _token(url: str, storage_options: Mapping[str, Any] | None, name: str, arr: zarr.Array,
+           n_frames: np.ndarray | None, n_time: int, attrs: Mapping[str, Any]) -> str:
+    """A name for the dask array that changes whenever the data it reads can: the archive
+    (URL, storage, root attributes: ``created``, ``archive_id``...), the array's metadata,
+    and every world's committed frames."""
+    from dask.base import tokenize
+
+    described = json.dumps({"url": url, "storage_options": storage_options or {},
+                            "attrs": attrs, "array": arr.metadata.to_dict(), "n_time": n_time},
+                           sort_keys=True, default=repr)
+    committed = b"" if n_frames is None else n_frames.tobytes()
+    return f"flyarchive-{name}-{tokenize(described, committed)}"
+
+
+def open_dataset(url: str, storage_options: Mapping[str, Any] | None = None,
+                 group: zarr.Group | None = None) -> xr.Dataset:
+    """The archive as a lazy dataset: coordinates read, state as masked dask arrays.
+
+    Reads the root ``zarr.json`` (with the consolidated copy of every array's metadata),
+    ``n_frames``, and the coordinates. When the consolidated copy lags behind
+    ``n_frames`` (a writer died between its last two steps, or is between them now),
+    the arrays' own metadata is read instead: committed frames are never hidden.
+
+    Args:
+        url: The archive.
+        storage_options: Passed to fsspec.
+        group: The group, already opened with :func:`~flyarchive.store.open_checked`
+            (default: opened here, unchecked).
+
+    Returns:
+        Dataset cut to the largest ``n_frames`` along ``time``, ``n_frames`` in memory
+        (clipped to the stored frames), not yet validated against the schema.
+
+    Raises:
+        OSError, CorruptArchiveError...: as reading ``n_frames`` or a coordinate raises
+        them (the caller names what failed).
+    """
+    group = group if group is not None else open_group(url, storage_options)
+    with fused_reads():
+        arrays = dict(group.arrays())
+    n_frames = np.asarray(arrays["n_frames"][:]) if "n_frames" in arrays else None
+    committed = int(np.max(n_frames, initial=0)) if n_frames is not None else 0
+    if group.metadata.consolidated_metadata is not None and \
+            (time_extent({k: a.metadata for k, a in arrays.items()}) or 0) < committed:
+        group = open_group(url, storage_options, consolidated=False)  # the copy lags behind
+        check_arrays(group, str(url))
+        with fused_reads():
+            arrays = dict(group.arrays())
+    extent = time_extent({k: a.metadata for k, a in arrays.items()}) or 0
+    variables, coords = {}, {}
+    if n_frames is not None:
+        n_frames = n_frames.clip(0, extent).astype(np.int64)
+        variables["n_frames"] = xr.Variable(("world",), n_frames, dict(arrays["n_frames"].attrs))
+    n_time = int(n_frames.max(initial=0)) if n_frames is not None else extent
+    import dask.array as da
+
+    for name, arr in arrays.items():
+        dims = tuple(arr.metadata.dimension_names or ())
+        cut = tuple(slice(0, n_time) if d == "time" else slice(None) for d in dims)
+        if name in dims:  # a coordinate: small, read now
+            coords[name] = xr.Variable(dims, np.asarray(arr[cut]), dict(arr.attrs))
+    attrs = group.attrs.asdict()
+    for name, arr in arrays.items():
+        dims = tuple(arr.metadata.dimension_names or ())
+        if name in dims or name == "n_frames":
+            continue
+        token = _token(url, storage_options, name, arr, n_frames, n_time, attrs)
+        if name in STATE_VARS and n_frames is not None and dims[:2] == ("world", "time"):
+            masked = None if (n_frames == n_time).all() else n_frames
+            world_ids = coords["world"].values if "world" in coords else np.arange(len(n_frames))
+            getter = CommittedFrames(arr, name, masked, n_time, world_ids, url, storage_options)
+            data = da.from_array(getter, chunks=_dask_chunks(arr, n_time), asarray=False,
+                                 inline_array=True, meta=np.empty((0,) * arr.ndim, arr.dtype),
+                                 name=token)
+        else:  # times of frames, world variables: small, lazy
+            cut = tuple(slice(0, n_time) if d == "time" else slice(None) for d in dims)
+            data = da.from_zarr(arr, chunks=arr.shards or arr.chunks, name=token)[cut]
+        variables[name] = xr.Variable(dims, data, dict(arr.attrs))
+    return xr.Dataset(variables, coords=coords, attrs=attrs)
