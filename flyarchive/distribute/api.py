@@ -63,7 +63,7 @@ class RenderOptions:
         mosaic: ``(rows, cols)`` (CLI ``--mosaic 2x3``): tile that many worlds, each at
             ``size``, into one video per camera, labelled with world ids
             (:mod:`flyarchive.video.mosaic`). RGB only.
-        overlay: Text burnt into the RGB frames (CLI ``--overlay time,world``): any of
+        overlays: Text burnt into the RGB frames (CLI ``--overlay time,world``): any of
             ``"world"``, ``"time"``, ``"speed"`` and the archive's per-world variables
             (:mod:`flyarchive.video.overlay`). Default none.
 
@@ -84,7 +84,7 @@ class RenderOptions:
     outputs: tuple[str, ...] = ("rgb",)
     depth_scale: float | None = None
     mosaic: tuple[int, int] | None = None
-    overlay: tuple[str, ...] = ()
+    overlays: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         if self.backend not in BACKENDS:

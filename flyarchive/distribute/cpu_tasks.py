@@ -170,7 +170,7 @@ def _segment_frames(plan: RenderPlan, blob: bytes, job: Any, start: int, stop: i
 
     options = plan.options
     outputs = tuple(getattr(options, "outputs", ("rgb",)))
-    items = tuple(getattr(options, "overlay", ()))
+    items = tuple(getattr(options, "overlays", ()))
     overlay = None
     if items or is_mosaic(job):
         overlay = OverlayText(_archive(plan.url, plan.storage_options), items,

@@ -1,6 +1,6 @@
 """What a render makes besides one RGB video per (world, camera), checked and planned before
 any work: depth and segmentation maps, mosaics, overlays (:class:`RenderOptions` fields
-``outputs``, ``depth_scale``, ``mosaic``, ``overlay``).
+``outputs``, ``depth_scale``, ``mosaic``, ``overlays``).
 """
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ def check_output_options(options: Any) -> None:
     """
     outputs = parse_outputs(options.outputs)
     mosaic = parse_mosaic(options.mosaic)
-    overlay = parse_overlay(options.overlay)
+    overlay = parse_overlay(options.overlays)
     if mosaic is not None and outputs != ("rgb",):
         raise RenderOptionsError(
             f"A mosaic tiles RGB videos; outputs={outputs!r} asks for maps too. Render depth "
@@ -46,7 +46,7 @@ def check_output_options(options: Any) -> None:
             "to outputs, or drop the overlay (maps are never drawn on).")
     if mosaic is not None:
         mosaic_size(options.size, mosaic)
-    values = {"outputs": outputs, "mosaic": mosaic, "overlay": overlay,
+    values = {"outputs": outputs, "mosaic": mosaic, "overlays": overlay,
               "depth_scale": parse_depth_scale(options.depth_scale)}
     for name, value in values.items():
         object.__setattr__(options, name, value)
@@ -65,7 +65,7 @@ def plan_outputs(options: Any, ds: xr.Dataset, model: mujoco.MjModel, jobs: Sequ
             named).
         OptionsError: segmentation of a model with more than 65534 geoms.
     """
-    check_overlay(options.overlay, ds)
+    check_overlay(options.overlays, ds)
     if "segmentation" in options.outputs:
         check_segmentable(model)
     if map_outputs(options.outputs) and options.depth_scale is None:
@@ -92,6 +92,6 @@ def text_chars(options: Any) -> int:
     tile (0 without overlay or mosaic)."""
     from flyarchive.replay.font import CELL_W
 
-    if not options.overlay and options.mosaic is None:
+    if not options.overlays and options.mosaic is None:
         return 0
     return options.size[1] // CELL_W + 1

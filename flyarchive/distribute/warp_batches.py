@@ -33,7 +33,7 @@ class BatchSource:
         self._reader = StateReader(plan.url, plan.storage_options)
         self._jobs, self._tiles = jobs, tiles
         self._mosaic = bool(jobs) and is_mosaic(jobs[0])
-        items = tuple(getattr(plan.options, "overlay", ()))
+        items = tuple(getattr(plan.options, "overlays", ()))
         self._overlay = None
         if items or self._mosaic:
             from flyarchive.query import open_archive

@@ -40,10 +40,10 @@ def parse_overlay(overlay: Any) -> tuple[str, ...]:
     names = [n.strip() for n in overlay.split(",")] if isinstance(overlay, str) else overlay
     if not isinstance(names, (list, tuple)) or not all(isinstance(n, str) and n for n in names):
         raise RenderOptionsError(
-            f"overlay must be a sequence of item names ({', '.join(BUILT_IN)} or per-world "
+            f"overlays must be a sequence of item names ({', '.join(BUILT_IN)} or per-world "
             f"variables of the archive), got {overlay!r}.")
     if len(set(names)) != len(names):
-        raise RenderOptionsError(f"overlay={overlay!r} names an item twice; name each once.")
+        raise RenderOptionsError(f"overlays={overlay!r} names an item twice; name each once.")
     return tuple(names)
 
 
