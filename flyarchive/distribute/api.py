@@ -61,8 +61,12 @@ class RenderOptions:
         depth_scale: Model length units per depth count; None: the model's far plane
             / 65534 (:func:`flyarchive.replay.outputs.default_depth_scale`).
         mosaic: ``(rows, cols)`` (CLI ``--mosaic 2x3``): tile that many worlds, each at
-            ``size``, into one video per camera, labelled with world ids
-            (:mod:`flyarchive.video.mosaic`). RGB only.
+            ``size``, into one video per camera, ``{out}/mosaic000/{camera}.mp4``, each
+            tile labelled with its world id, tiles in the order of the selected worlds
+            (row by row). More worlds than tiles make several mosaic videos; fewer leave
+            blank (black) tiles, listed in the manifest. RGB only (no maps), not with
+            the windows of a ``(world, time)`` where mask; on the Warp backends the
+            tiles are assembled on the device (:mod:`flyarchive.video.mosaic`).
         overlays: Text burnt into the RGB frames (CLI ``--overlay time,world``): any of
             ``"world"``, ``"time"``, ``"speed"`` and the archive's per-world variables
             (:mod:`flyarchive.video.overlay`). Default none.

@@ -62,7 +62,7 @@ def plan_outputs(options: Any, ds: xr.Dataset, model: mujoco.MjModel, jobs: Sequ
 
     Raises:
         RenderOptionsError: an overlay item the archive lacks (its per-world variables are
-            named).
+            named); a mosaic of the windows of a ``(world, time)`` where mask.
         OptionsError: segmentation of a model with more than 65534 geoms.
     """
     check_overlay(options.overlays, ds)
@@ -71,6 +71,13 @@ def plan_outputs(options: Any, ds: xr.Dataset, model: mujoco.MjModel, jobs: Sequ
     if map_outputs(options.outputs) and options.depth_scale is None:
         options = dataclasses.replace(options, depth_scale=default_depth_scale(model))
     if options.mosaic is not None:
+        windows = [j for j in jobs if getattr(j, "window", None) is not None]
+        if windows:
+            raise RenderOptionsError(
+                f"A mosaic shows its worlds' frames side by side in step; a where mask over "
+                f"(world, time) cut world {windows[0].world_id} into windows of their own "
+                "frames. Select worlds with a (world,) mask (e.g. ds.success == 1) for a "
+                "mosaic, or render the windows without mosaic=.")
         return options, list(mosaic_jobs(list(jobs), options.mosaic))
     return options, list(jobs)
 
