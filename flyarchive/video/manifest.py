@@ -118,7 +118,8 @@ def video_entry(plan: Any, job: Any, camera: str, path: str | Mapping[str, str]
         ``"outputs"`` (``{name: URL}``) and a ``"depth"`` / ``"segmentation"`` entry
         saying what the map's counts mean, when maps were made; plus ``"mosaic"``
         (:meth:`~flyarchive.video.mosaic.MosaicJob.describe`, ``"world"`` None, ``size``
-        of a tile) for a mosaic. ``path`` is the mp4, or the first map without RGB. The
+        of a tile) for a mosaic, ``"overlays"`` (the items burnt in) with overlays.
+        ``path`` is the mp4, or the first map without RGB. The
         manifest's entry adds the rest (:func:`describe`).
     """
     from flyarchive.video.mosaic import is_mosaic
@@ -139,6 +140,8 @@ def video_entry(plan: Any, job: Any, camera: str, path: str | Mapping[str, str]
                                  "background": 0}
     if is_mosaic(job):
         entry["mosaic"] = job.describe()
+    if getattr(options, "overlays", ()):
+        entry["overlays"] = list(options.overlays)
     return entry
 
 

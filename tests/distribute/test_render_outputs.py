@@ -206,6 +206,8 @@ def test_cli_mosaic_with_overlay_writes_one_mosaic_per_camera(archive, tmp_path,
     assert code == 0, err
     for camera in ("front", "top"):
         assert read_video(out / "mosaic000" / f"{camera}.mp4").shape == (11, 48, 192, 3)
+    entries = json.loads((out / "manifest.json").read_text())["videos"]
+    assert [e["overlays"] for e in entries] == [["time", "world"]] * 2
 
 
 # ----------------------------------------------------------------------- render_frames
