@@ -7,7 +7,7 @@ Tile ``t`` of a mosaic is at row ``t // cols``, column ``t % cols``; every tile 
 same archive frame index, so the tiles are in step in simulated time; a world whose
 recording ends earlier shows black after its last frame.
 
-Videos are ``{out}/mosaic{index:03d}/{camera}.mp4`` (:func:`mosaic_video_path`).
+Videos are ``{out}/mosaic{index:03d}/{camera}.mp4`` (:func:`flyarchive.video.output.safe_mosaic_path`).
 """
 
 from __future__ import annotations
