@@ -222,3 +222,18 @@ def test_render_frames_on_warp_gives_the_maps_of_opengl(archive):
     assert (cpu.segmentation.values == warp.segmentation.values).mean() >= 0.99
     same = (cpu.segmentation.values == warp.segmentation.values) & (cpu.segmentation.values >= 0)
     assert np.nanmax(np.abs(cpu.depth.values - warp.depth.values)[same]) < 0.05
+
+
+def test_mosaic_tiles_follow_the_given_world_order(archive, tmp_path):
+    opts = RenderOptions(size=SIZE, segment_frames=4, video=LOSSLESS, mosaic=(1, 2))
+    labelled = RenderOptions(size=SIZE, segment_frames=4, video=LOSSLESS, overlays=("world",))
+    render_videos(archive, None, "front", str(tmp_path / "worlds"), worlds=[2],
+                  options=labelled, n_workers=0)
+
+    result = render_videos(archive, None, "front", str(tmp_path / "mosaic"), worlds=[2, 0],
+                           options=opts, n_workers=0)
+
+    assert [v["mosaic"]["worlds"] for v in result.videos] == [[2, 0]]
+    first_tile = read_video(tmp_path / "mosaic" / "mosaic000" / "front.mp4")[:, :, :SIZE[1]]
+    world2 = read_video(tmp_path / "worlds" / "world00002" / "front.mp4")
+    assert np.abs(first_tile.astype(int) - world2).mean() < 1.0
