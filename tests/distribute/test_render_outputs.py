@@ -18,7 +18,7 @@ import pytest
 from flyarchive.distribute.api import RenderOptions, render_frames, render_videos
 from flyarchive.testing import tiny_model
 from flyarchive.testing.fixtures import record
-from flyarchive.testing.markers import WARP_BACKEND, requires_warp
+from flyarchive.testing.markers import WARP_BACKEND, requires_s3, requires_warp
 from flyarchive.video import VideoOptions, read_video
 from flyarchive.video.decode import read_depth, read_segmentation
 
@@ -237,3 +237,21 @@ def test_mosaic_tiles_follow_the_given_world_order(archive, tmp_path):
     first_tile = read_video(tmp_path / "mosaic" / "mosaic000" / "front.mp4")[:, :, :SIZE[1]]
     world2 = read_video(tmp_path / "worlds" / "world00002" / "front.mp4")
     assert np.abs(first_tile.astype(int) - world2).mean() < 1.0
+
+
+@requires_s3
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_maps_rendered_to_s3_read_back_through_storage_options(archive, s3_server, backend):
+    import uuid
+
+    out = f"s3://flyarchive-test/{uuid.uuid4().hex}/videos"
+    so = s3_server.storage_options()
+
+    render_videos(archive, None, "front", out, worlds=[1], n_workers=0, out_storage_options=so,
+                  options=RenderOptions(backend=backend, size=SIZE, segment_frames=4,
+                                        batch_worlds=4, outputs=MAPS))
+
+    depth = read_depth(f"{out}/world00001/front.depth.zarr", so)
+    seg = read_segmentation(f"{out}/world00001/front.seg.zarr", so)
+    assert depth.shape == seg.shape == (11, *SIZE)
+    assert ((seg >= 0) == np.isfinite(depth)).mean() > 0.99
