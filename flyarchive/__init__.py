@@ -40,6 +40,8 @@ _LAZY = {
     "WarpBatchRenderer": "flyarchive.replay.warp",
     "VideoOptions": "flyarchive.video.writer",
     "read_video": "flyarchive.video.decode",
+    "read_depth": "flyarchive.video.decode",
+    "read_segmentation": "flyarchive.video.decode",
     "import_npz": "flyarchive.interop.flygym_npz",
     "export_npz": "flyarchive.interop.flygym_npz",
     "verify": "flyarchive.store.integrity",

@@ -188,13 +188,19 @@ def cmd_render(args: argparse.Namespace) -> int:
         where=where, pad=args.pad,
         options=RenderOptions(size=parse_size(args.size), backend=args.backend,
                               overwrite=args.overwrite, progress=not args.quiet,
-                              video=_video_options(args)),
+                              video=_video_options(args), **_output_options(args)),
         scheduler=args.scheduler, n_workers=args.workers,
         storage_options=storage_options,
         gpus=parse_gpus(args.gpus) if args.gpus is not None else None,
     )
     print(f"wrote {len(written.videos)} video(s) and {written.manifest}")
     return 0
+
+
+def _output_options(args: argparse.Namespace) -> dict[str, Any]:
+    """``RenderOptions`` fields of ``--outputs``, ``--mosaic`` and ``--overlay`` (checked
+    there: their errors name the flag's text)."""
+    return {"outputs": args.outputs, "mosaic": args.mosaic, "overlays": args.overlay or ()}
 
 
 def _where(url: str, storage_options: dict[str, Any] | None, world_vars: list[str] | None,
@@ -382,6 +388,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--preset", choices=PRESETS,
                    help="x264 preset (default: veryfast; ultrafast with --backend gpu)")
     p.add_argument("--crf", type=_crf, help="x264 quality, 0 (lossless) to 51 (default 18)")
+    p.add_argument("--outputs", default="rgb", metavar="rgb,depth,segmentation",
+                   help="what to make: rgb (mp4), depth and segmentation (lossless 16-bit "
+                        "zarr maps beside the mp4; default rgb)")
+    p.add_argument("--mosaic", metavar="ROWSxCOLS",
+                   help="tile that many worlds (each at --size) into one video per camera, "
+                        "labelled with world ids, e.g. 2x3")
+    p.add_argument("--overlay", metavar="time,world,speed,VAR",
+                   help="text burnt into the frames: time, world, speed and per-world "
+                        "variables (default none)")
     p.add_argument("--overwrite", action="store_true")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.add_argument("--verbose", action="store_true", help="show Warp's initialization and "

@@ -1,7 +1,8 @@
 """``flyarchive demo``: the main job on embedded defaults, end to end on this machine.
 
 Simulate walking NeuroMechFly worlds on the CPU, record them, verify the archive,
-render a few worlds to mp4 on a local Dask cluster, and plot joint traces.
+render a few worlds to mp4 on a local Dask cluster, then every world tiled into one
+mosaic video with world ids and simulated time burnt in, and plot joint traces.
 """
 
 from __future__ import annotations
@@ -32,7 +33,8 @@ def run_demo(
 
     Args:
         out: Output folder: ``demo.zarr``, ``nmf.mjb`` (the model, for replay),
-            ``videos/``, ``world0.png``.
+            ``videos/`` (``world*/`` per world, ``mosaic000/`` every world tiled),
+            ``world0.png``.
         n_worlds: Walking flies simulated in lockstep.
         seconds: Simulated seconds.
         render: Render videos (False: record, verify and plot only).
@@ -96,6 +98,31 @@ def run_demo(
         _say(f"rendered {len(rendered.videos)} video(s), {frames} frames in {elapsed:.1f} s "
              f"({frames / elapsed:.1f} frames/s incl. cluster start): {rendered.manifest}")
         result["videos"] = [v["path"] for v in rendered.videos]
+        result["mosaics"] = _render_mosaic(url, world, out / "videos", n_worlds, overwrite,
+                                           n_workers)
     _say(f"replay again with: flyarchive render {url} --model {model_path} "
          f"--camera {world.cameras[0]} --out {out / 'videos'} --overwrite")
     return result
+
+
+def _render_mosaic(url: str, world: object, videos: Path, n_worlds: int, overwrite: bool,
+                   n_workers: int | None) -> list[str]:
+    """Every world tiled into one mosaic video of the first camera (about square, tiles of
+    120x160), labelled with world ids and simulated time; its path(s)."""
+    import math
+
+    from flyarchive.distribute.api import RenderOptions, render_videos
+
+    cols = math.ceil(math.sqrt(n_worlds))
+    rows = math.ceil(n_worlds / cols)
+    start = time.perf_counter()
+    rendered = render_videos(
+        url, world.model, world.cameras[0], str(videos),  # type: ignore[attr-defined]
+        options=RenderOptions(size=(120, 160), overwrite=overwrite, progress=True,
+                              mosaic=(rows, cols), overlays=("world", "time")),
+        n_workers=n_workers,
+    )
+    paths = [str(v["path"]) for v in rendered.videos]
+    _say(f"rendered a {rows}x{cols} mosaic of {n_worlds} worlds with world ids and time "
+         f"in {time.perf_counter() - start:.1f} s: {', '.join(paths)}")
+    return paths

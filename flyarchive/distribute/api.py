@@ -19,6 +19,7 @@ import xarray as xr
 
 from flyarchive.distribute.drivers import run_plan
 from flyarchive.distribute.gpus import check_gpus
+from flyarchive.distribute.output_plan import check_output_options, plan_outputs
 from flyarchive.distribute.plan import RenderPlan, absolute_url, preflight
 from flyarchive.distribute.warp_runs import warm_up_here
 from flyarchive.errors import ModelLoadError, RenderOptionsError
@@ -53,9 +54,29 @@ class RenderOptions:
             the backend: x264 ``veryfast``, or ``ultrafast`` on ``"gpu"``.
         overwrite: Replace existing videos.
         progress: Show a progress bar in this process (one, however many workers).
+        outputs: What to make per (world, camera), names from
+            :data:`flyarchive.replay.outputs.OUTPUTS` (CLI ``--outputs rgb,depth``): an mp4
+            of ``"rgb"``; lossless 16-bit maps of ``"depth"`` (planar depth, model length
+            unit) and ``"segmentation"`` (geom id + 1) as zarr arrays beside it
+            (:mod:`flyarchive.video.maps`; read them with :func:`flyarchive.read_depth`
+            and :func:`flyarchive.read_segmentation`). Default RGB only.
+        depth_scale: Model length units per depth count; None: the model's far plane
+            / 65534 (:func:`flyarchive.replay.outputs.default_depth_scale`).
+        mosaic: ``(rows, cols)`` (CLI ``--mosaic 2x3``): tile that many worlds, each at
+            ``size``, into one video per camera, ``{out}/mosaic000/{camera}.mp4``, each
+            tile labelled with its world id, tiles in the order of the selected worlds
+            (row by row). More worlds than tiles make several mosaic videos; fewer leave
+            blank (black) tiles, listed in the manifest. RGB only (no maps), not with
+            the windows of a ``(world, time)`` where mask; on the Warp backends the
+            tiles are assembled on the device (:mod:`flyarchive.video.mosaic`).
+        overlays: Text burnt into the RGB frames (CLI ``--overlay time,world``): any of
+            ``"world"``, ``"time"``, ``"speed"`` and the archive's per-world variables
+            (:mod:`flyarchive.video.overlay`). Default none.
 
     Raises:
-        RenderOptionsError: an unknown backend, or counts below 1.
+        RenderOptionsError: an unknown backend or output, counts below 1, a mosaic that is
+            not two positive integers or with other outputs than RGB, or an overlay
+            without RGB.
         FrameSizeError: a size H.264 (or, for ``"cpu"``, OpenGL) cannot take.
     """
 
@@ -66,6 +87,10 @@ class RenderOptions:
     video: VideoOptions = None  # type: ignore[assignment]  # set in __post_init__
     overwrite: bool = False
     progress: bool = False
+    outputs: tuple[str, ...] = ("rgb",)
+    depth_scale: float | None = None
+    mosaic: tuple[int, int] | None = None
+    overlays: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         if self.backend not in BACKENDS:
@@ -82,6 +107,7 @@ class RenderOptions:
             object.__setattr__(self, "video", default_video_options(self.backend))
         elif not isinstance(self.video, VideoOptions):
             raise TypeError(f"video must be a VideoOptions or None, got {self.video!r}.")
+        check_output_options(self)
 
 
 def default_video_options(backend: str) -> VideoOptions:
@@ -263,6 +289,7 @@ def render_videos(
     ds = open_archive(source, storage_options)
     jobs = select_frames(ds, worlds, time, where=where, pad=pad)
     model, blob = replay_model(source, ds, model, storage_options)
+    options, jobs = plan_outputs(options, ds, model, jobs)  # overlay checked, mosaics grouped
     if out_storage_options is None and _protocol(out) == _protocol(source) != "file":
         out_storage_options = storage_options
     plan = RenderPlan(
@@ -297,52 +324,91 @@ def render_frames(
     size: tuple[int, int] = (240, 320),
     block_frames: int = 16,
     storage_options: Mapping[str, Any] | None = None,
-) -> xr.DataArray:
-    """Frames of one camera as a lazy ``(world, time, y, x, channel)`` uint8 DataArray.
+    backend: str = "cpu",
+    outputs: Sequence[str] | None = None,
+    depth_scale: float | None = None,
+) -> xr.DataArray | xr.Dataset:
+    """Frames of one camera as lazy arrays over ``(world, time, y, x[, channel])``.
 
     Nothing is rendered until computed; computing a slice renders only the blocks of
-    ``block_frames`` frames it touches (on the CPU OpenGL backend). The time axis runs
-    from the first to the last selected frame of any world; frames past a world's
-    ``n_frames`` (a ragged archive) are black. A local ``source`` is made absolute, so
-    the graph computes on workers started in other folders. ``model`` None: the model
-    kept beside the archive (as :func:`render_videos`).
+    ``block_frames`` frames it touches, each a task that makes every output asked for
+    from one kinematics pass per frame. The time axis runs from the first to the last
+    selected frame of any world; frames past a world's ``n_frames`` (a ragged archive),
+    and frames whose state is not finite, show nothing (black, NaN depth, segmentation
+    -1). A local ``source`` is made absolute, so the graph computes on workers started in
+    other folders. ``model`` None: the model kept beside the archive (as
+    :func:`render_videos`).
+
+    Args:
+        backend: ``"cpu"`` (OpenGL), ``"gpu"`` or ``"warp-cpu"`` (mujoco-warp; one renderer
+            per process, used by one task at a time).
+        outputs: None (default): return the RGB frames as one DataArray, as before. A
+            sequence of names from :data:`flyarchive.replay.outputs.OUTPUTS`: return an
+            ``xr.Dataset`` with one variable per output: ``rgb`` ``(world, time, y, x,
+            channel)`` uint8, ``depth`` ``(world, time, y, x)`` float32 planar depth in
+            model length units (NaN: no hit; on the Warp backends a multiple of
+            ``depth_scale``), ``segmentation`` ``(world, time, y, x)`` int32 geom ids (-1:
+            no geom).
+        depth_scale: Warp backends: model units per depth count (None: the far plane /
+            65534); the OpenGL depth is not quantized.
 
     Raises:
         CameraNotFoundError, LayoutMismatchError, SelectionError.
         ModelLoadError, CorruptArchiveError: no model given, and none (or a damaged one)
             kept beside the archive.
-        FrameSizeError: ``size`` is not two positive integers of at most 16384.
+        FrameSizeError: ``size`` is not two positive integers (at most 16384 on ``"cpu"``).
+        RenderOptionsError: an unknown backend or output.
     """
     import dask
     import dask.array as da
 
-    from flyarchive.distribute.cpu_tasks import render_block
+    from flyarchive.distribute.frame_tasks import render_block_outputs
     from flyarchive.models import camera_ids
+    from flyarchive.replay.outputs import check_segmentable, parse_depth_scale, parse_outputs
 
-    size = parse_frame_size(size, max_side=MAX_GL_SIDE)
+    if backend not in BACKENDS:
+        raise RenderOptionsError(
+            f"Unknown backend {backend!r}. Backends: {', '.join(map(repr, BACKENDS))}.")
+    names = ("rgb",) if outputs is None else parse_outputs(outputs)
+    depth_scale = parse_depth_scale(depth_scale)
+    size = parse_frame_size(size, max_side=MAX_GL_SIDE if backend == "cpu" else None)
     source = absolute_url(source)
     ds = open_archive(source, storage_options)
     model, mjb = replay_model(source, ds, model, storage_options)
     camera_ids(model, () if camera is None else camera)
+    if "segmentation" in names:
+        check_segmentable(model)
     jobs = select_frames(ds, worlds, time)
     start, stop = min(j.start for j in jobs), max(j.stop for j in jobs)
     blob = dask.delayed(mjb, name="flyarchive-model")  # once, not per task
     h, w = size
-    rows = []
+    trailing = {"rgb": ((h, w, 3), np.uint8), "depth": ((h, w), np.float32),
+                "segmentation": ((h, w), np.int32)}
+    rows: dict[str, list[Any]] = {name: [] for name in names}
     for job in jobs:
-        blocks = []
+        blocks: dict[str, list[Any]] = {name: [] for name in names}
         for k0 in range(start, stop, block_frames):
             k1 = min(k0 + block_frames, stop)
-            task = dask.delayed(render_block, pure=True)(
+            task = dask.delayed(render_block_outputs, pure=True)(
                 source, dict(storage_options or {}), blob, camera, (h, w),
-                job.world_index, k0, k1, committed=job.stop,
+                job.world_index, k0, k1, committed=job.stop, backend=backend, outputs=names,
+                depth_scale=depth_scale,
             )
-            blocks.append(da.from_delayed(task, shape=(k1 - k0, h, w, 3), dtype=np.uint8))
-        rows.append(da.concatenate(blocks, axis=0))
-    data = da.stack(rows, axis=0)
-    return xr.DataArray(
-        data, dims=("world", "time", "y", "x", "channel"),
-        coords={"world": [j.world_id for j in jobs], "time": ds.time.values[start:stop],
-                "channel": ["r", "g", "b"]},
-        name=camera, attrs={"camera": camera, "output_fps": ds.attrs["output_fps"]},
-    )
+            for name in names:
+                shape, dtype = trailing[name]
+                blocks[name].append(da.from_delayed(task[name], shape=(k1 - k0, *shape),
+                                                    dtype=dtype))
+        for name in names:
+            rows[name].append(da.concatenate(blocks[name], axis=0))
+    coords = {"world": [j.world_id for j in jobs], "time": ds.time.values[start:stop]}
+    attrs = {"camera": camera, "output_fps": ds.attrs["output_fps"], "backend": backend}
+    arrays = {
+        name: xr.DataArray(da.stack(rows[name], axis=0),
+                           dims=("world", "time", "y", "x", "channel")[:2 + len(trailing[name][0])],
+                           coords={**coords, **({"channel": ["r", "g", "b"]} if name == "rgb" else {})},
+                           name=camera if outputs is None else name, attrs=attrs)
+        for name in names
+    }
+    if outputs is None:
+        return arrays["rgb"]
+    return xr.Dataset(arrays, attrs=attrs)

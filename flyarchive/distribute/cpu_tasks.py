@@ -13,7 +13,7 @@ import hashlib
 import json
 import tempfile
 import threading
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
@@ -23,12 +23,15 @@ import numpy as np
 
 from flyarchive import config
 from flyarchive.distribute.caches import close_thread_renderers, thread_renderers
+from flyarchive.distribute.output_plan import map_attributes
 from flyarchive.distribute.plan import RenderPlan
 from flyarchive.errors import RenderFailedError
 from flyarchive.models import model_from_bytes
 from flyarchive.schema import finite_frames
+from flyarchive.video.mosaic import is_mosaic
 from flyarchive.video.workspace import RunFolder, is_local_fs, scratch_dir
 from flyarchive.video.workspace import filesystem as _filesystem
+from flyarchive.video.writer import VideoOptions
 
 __all__ = [
     "render_segment", "join_segments", "render_block", "close_thread_renderers",
@@ -53,16 +56,17 @@ def _archive(url: str, storage_options: Mapping[str, Any]) -> Any:
     return cache[key]
 
 
-def _cpu_renderer(blob: bytes, cameras: tuple[str, ...], size: tuple[int, int]) -> Any:
-    """This thread's OpenGL renderer for a model, cameras and size (built once, kept)."""
+def _cpu_renderer(blob: bytes, cameras: tuple[str, ...], size: tuple[int, int],
+                  outputs: tuple[str, ...] = ("rgb",)) -> Any:
+    """This thread's OpenGL renderer for a model, cameras, size and outputs (built once, kept)."""
     from flyarchive.replay.opengl import CpuRenderer, pin_rasterizer_threads
 
     def make() -> Any:
         if config.is_worker():
             pin_rasterizer_threads(1)
-        return CpuRenderer(model_from_bytes(blob), cameras, size)
+        return CpuRenderer(model_from_bytes(blob), cameras, size, outputs=outputs)
 
-    key = (hashlib.sha256(blob).hexdigest(), tuple(cameras), tuple(size))
+    key = (hashlib.sha256(blob).hexdigest(), tuple(cameras), tuple(size), tuple(outputs))
     return thread_renderers().get(key, make)
 
 
@@ -82,10 +86,15 @@ def _states(url: str, storage_options: Mapping[str, Any], world_index: int,
     return (values[0], None, None) if len(values) == 1 else (values[0], values[1], values[2])
 
 
-def _part_url(parts: str, world_id: int, camera: str, start: int) -> str:
-    from flyarchive.video import safe_video_path
+def _part_urls(parts: str, job: Any, camera: str, start: int, outputs: tuple[str, ...]
+               ) -> dict[str, str]:
+    """Where a segment's outputs of one camera go in the parts folder; ``"key"`` names the
+    segment (its mp4, whether or not RGB is an output)."""
+    from flyarchive.video.maps import map_url
+    from flyarchive.video.output import output_urls
 
-    return safe_video_path(parts, world_id, camera)[: -len(".mp4")] + f".{start:09d}.mp4"
+    key = output_urls(parts, job, camera)["rgb"][: -len(".mp4")] + f".{start:09d}.mp4"
+    return {"key": key, **{n: key if n == "rgb" else map_url(key, n) for n in outputs}}
 
 
 def local_staging(url: str, storage_options: Mapping[str, Any]) -> str | None:
@@ -105,81 +114,148 @@ def given_up_error(parts: str) -> RenderFailedError:
 
 def render_segment(plan: RenderPlan, blob: bytes, parts: str, job: Any, start: int,
                    stop: int) -> list[str]:
-    """Render frames ``[start, stop)`` of one world from every camera and encode one
-    segment per camera into the run's parts folder ``parts``; returns the segment URLs
-    (camera order).
+    """Render frames ``[start, stop)`` of one world (or mosaic) from every camera, encode
+    one segment per camera and output into the run's parts folder ``parts``; returns each
+    camera's segment URL (camera order; its maps are beside it, :func:`_part_urls`).
 
     Raises:
         RenderFailedError: the run was given up (its parts folder is gone); nothing is
             left behind.
     """
-    from flyarchive.video import VideoOptions, VideoWriter, write_output
+    from flyarchive.video.writers import OutputWriter
 
-    qpos, mocap_pos, mocap_quat = _states(plan.url, plan.storage_options, job.world_index, start, stop)
-    renderer = _cpu_renderer(blob, plan.cameras, plan.options.size)
-    video = plan.options.video
+    options, so = plan.options, plan.out_storage_options
+    outputs = tuple(getattr(options, "outputs", ("rgb",)))
+    size, frames = _segment_frames(plan, blob, job, start, stop)
+    video = options.video
     if config.is_worker() and video.threads is None:
         video = VideoOptions(video.crf, video.preset, 1, video.keyframe_interval)
-    so = plan.out_storage_options
-    urls = []
+    urls: list[dict[str, str]] = []
     with tempfile.TemporaryDirectory(prefix="flyarchive-seg-", dir=scratch_dir()) as tmp, \
             ExitStack() as stack:
-        locals_ = [Path(tmp) / f"{c}.mp4" for c in range(len(plan.cameras))]
-        writers = [stack.enter_context(VideoWriter(p, plan.fps, plan.options.size, options=video))
-                   for p in locals_]
-        for frame in renderer.iter_frames(qpos, mocap_pos, mocap_quat):  # memory: one frame
-            for writer, image in zip(writers, frame):
-                writer.write(image)
+        model = model_from_bytes(blob)
+        writers = [stack.enter_context(OutputWriter(
+            Path(tmp) / str(c), "part", outputs, fps=plan.fps, size=size, n_frames=stop - start,
+            video=video, map_size=options.size,
+            map_attrs=map_attributes(options, model, _world(job), camera, start, plan.fps)))
+            for c, camera in enumerate(plan.cameras)]
+        for rgb, maps in frames:  # memory: one frame
+            for c, writer in enumerate(writers):
+                writer.write(None if rgb is None else rgb[c:c + 1],
+                             {n: m[c:c + 1] for n, m in maps.items()})
         stack.close()
         if not RunFolder.is_open(parts, so):
             raise given_up_error(parts)
-        for local, camera in zip(locals_, plan.cameras):
-            url = _part_url(parts, job.world_id, camera, start)
-            write_output(local, url, so, overwrite=True)
-            urls.append(url)
+        for writer, camera in zip(writers, plan.cameras):
+            part = _part_urls(parts, job, camera, start, outputs)
+            urls.append(part)
+            writer.publish(part, so, overwrite=True)
     if not RunFolder.is_open(parts, so):  # given up while writing: take the parts back
-        _remove_quietly(urls, so)
+        _remove_quietly([u for part in urls for n, u in part.items() if n != "key"], so)
         raise given_up_error(parts)
-    return urls
+    return [part["key"] for part in urls]
+
+
+def _world(job: Any) -> int | None:
+    return None if is_mosaic(job) else job.world_id
+
+
+def _segment_frames(plan: RenderPlan, blob: bytes, job: Any, start: int, stop: int
+                    ) -> tuple[tuple[int, int], Iterator[tuple[Any, dict[str, np.ndarray]]]]:
+    """The RGB frame size of a segment and its frames, rendered lazily: ``(rgb, maps)``
+    per frame (:func:`flyarchive.distribute.cpu_frames.world_frames`)."""
+    from flyarchive.distribute.cpu_frames import mosaic_frames, world_frames
+    from flyarchive.video.mosaic import mosaic_size
+    from flyarchive.video.overlay import OverlayText
+
+    options = plan.options
+    outputs = tuple(getattr(options, "outputs", ("rgb",)))
+    items = tuple(getattr(options, "overlays", ()))
+    overlay = None
+    if items or is_mosaic(job):
+        overlay = OverlayText(_archive(plan.url, plan.storage_options), items,
+                              label_world=is_mosaic(job))
+    if not is_mosaic(job):
+        states = _states(plan.url, plan.storage_options, job.world_index, start, stop)
+        renderer = _cpu_renderer(blob, plan.cameras, options.size, outputs)
+        texts = None if overlay is None else overlay.texts(job.world_index, start, stop)
+        return options.size, world_frames(renderer, states, outputs, options.depth_scale or 1.0,
+                                          texts)
+    tiles, texts = [], []
+    for tile in job.tiles:
+        last = stop if tile is None else min(stop, tile.stop)
+        if tile is None or last <= start:
+            tiles.append(None)
+            texts.append(None)
+            continue
+        tiles.append(_states(plan.url, plan.storage_options, tile.world_index, start, last))
+        texts.append(overlay.texts(tile.world_index, start, last))  # type: ignore[union-attr]
+    renderer = _cpu_renderer(blob, plan.cameras, options.size)
+    mosaic = (job.rows, job.cols)
+    frames = ((rgb, {}) for rgb in mosaic_frames(renderer, tiles, stop - start, mosaic, texts))
+    return mosaic_size(options.size, mosaic), frames
 
 
 def _remove_quietly(urls: list[str], storage_options: Mapping[str, Any]) -> None:
     for url in urls:
         fs, path = _filesystem(url, storage_options)
         try:
-            fs.rm_file(path)
+            fs.rm(path, recursive=True) if url.endswith(".zarr") else fs.rm_file(path)
         except OSError:
             pass
 
 
 def join_segments(plan: RenderPlan, parts: str, job: Any, camera: str,
                   segments: list[str]) -> dict[str, Any]:
-    """Concatenate one video's segments (stream copy) into its final place.
+    """Join one video's segments into its final place: the mp4 segments by stream copy,
+    the maps' segments into one array each.
 
-    The joined file is staged in the run's parts folder ``parts`` and renamed into place
-    (local disk), or uploaded in one PUT (object stores): a final name never holds a
-    partial video.
+    Each joined output is staged in the run's parts folder ``parts`` and renamed into
+    place (local disk), or uploaded with its metadata last (object stores): a final name
+    never holds a partial video or map.
     """
     from flyarchive.video import concat_segments, write_output
     from flyarchive.video.manifest import video_entry
+    from flyarchive.video.maps import join_maps, map_url, publish_map
 
-    final = plan.video_url(job, camera)
+    outputs = tuple(getattr(plan.options, "outputs", ("rgb",)))
+    finals = plan.output_urls(job, camera)
     so = plan.out_storage_options
     fs, _ = _filesystem(plan.out, so)
+    taken = [map_url(u, n) if n != "rgb" else u for u in segments for n in outputs]
     with tempfile.TemporaryDirectory(prefix="flyarchive-join-", dir=scratch_dir()) as tmp:
-        local_parts = []
-        for i, url in enumerate(segments):
-            local = Path(tmp) / f"{i:06d}.mp4"
-            fs.get_file(_filesystem(url, so)[1], str(local))
-            local_parts.append(local)
-        joined = Path(tmp) / "joined.mp4"
-        concat_segments(local_parts, joined)
+        joined: dict[str, Path] = {}
+        if "rgb" in outputs:
+            local_parts = []
+            for i, url in enumerate(segments):
+                local = Path(tmp) / f"{i:06d}.mp4"
+                fs.get_file(_filesystem(url, so)[1], str(local))
+                local_parts.append(local)
+            joined["rgb"] = Path(tmp) / "joined.mp4"
+            concat_segments(local_parts, joined["rgb"])
+        for name in [n for n in outputs if n != "rgb"]:
+            local_parts = [_download_folder(fs, _filesystem(map_url(u, name), so)[1],
+                                            Path(tmp) / f"{i:06d}.{name}") for i, u in enumerate(segments)]
+            joined[name] = Path(tmp) / f"joined.{name}.zarr"
+            join_maps(local_parts, joined[name], first_frame=job.start)
         if not RunFolder.is_open(parts, so):
             raise given_up_error(parts)
-        write_output(joined, final, so, overwrite=plan.options.overwrite,
-                     staging_dir=local_staging(parts, so))
-    _remove_quietly(segments, so)
-    return video_entry(plan, job, camera, final)
+        for name, local in joined.items():
+            publish = write_output if name == "rgb" else publish_map
+            publish(local, finals[name], so, overwrite=plan.options.overwrite,
+                    staging_dir=local_staging(parts, so))
+    _remove_quietly(taken, so)
+    return video_entry(plan, job, camera, finals)
+
+
+def _download_folder(fs: Any, path: str, local: Path) -> Path:
+    """Copy every file under ``path`` of ``fs`` into the local folder ``local``."""
+    root = path.rstrip("/")
+    for remote in fs.find(root):
+        target = local / remote[len(root):].lstrip("/")
+        target.parent.mkdir(parents=True, exist_ok=True)
+        fs.get_file(remote, str(target))
+    return local
 
 
 def render_block(url: str, storage_options: dict[str, Any], blob: bytes, camera: str,

@@ -20,6 +20,7 @@ import numpy as np
 from flyarchive import config
 from flyarchive.distribute.diagnostics import StageTimer
 from flyarchive.distribute.plan import Batch, Piece
+from flyarchive.video.mosaic import is_mosaic
 
 __all__ = ["Encoders", "MAX_ENCODERS"]
 
@@ -44,7 +45,8 @@ def _leave_render_core() -> None:
 
 
 class Encoders:
-    """Encoder threads, each writing the videos given to it, each video's frames in order.
+    """Encoder threads, each writing the videos given to it (every output of a (video,
+    camera): an :class:`~flyarchive.video.writers.OutputWriter`), each video's frames in order.
 
     A video (job, camera) goes to the thread with the fewest frames queued when its
     first frames come, and its later frames to the same thread, so they stay in order
@@ -61,13 +63,15 @@ class Encoders:
         buffers: Host frame buffers, by index ``0 .. buffers - 1``.
         parts: The run's parts folder (see :func:`~flyarchive.distribute.warp_pipeline.render_jobs`).
         timer: Where stage timings go.
+        model: The compiled model (the far plane, for the depth maps' attributes).
 
     Raises:
         ConfigError: ``FLYARCHIVE_ENCODERS`` is not a whole number >= 0.
     """
 
     def __init__(self, plan: Any, jobs: tuple[Any, ...], tmp: Path, pixel_format: str,
-                 buffers: int, parts: str | None = None, timer: StageTimer | None = None) -> None:
+                 buffers: int, parts: str | None = None, timer: StageTimer | None = None,
+                 model: Any = None) -> None:
         self._plan, self._jobs, self._tmp, self._parts = plan, jobs, tmp, parts
         self._pixel_format = pixel_format
         self._cameras = tuple(plan.cameras)
@@ -77,7 +81,13 @@ class Encoders:
         n_videos = len(jobs) * len(self._cameras)
         n_threads = max(1, min(n_videos, config.encoders(), MAX_ENCODERS))
         video = plan.options.video
-        self._video = video if video.threads is not None else dataclasses.replace(video, threads=1)
+        self._model = model
+        self._outputs = tuple(getattr(plan.options, "outputs", ("rgb",)))
+        # One mosaic is one x264 stream: give each the cores its share of threads leaves.
+        threads = 1 if not jobs or not is_mosaic(jobs[0]) else max(
+            1, (os.cpu_count() or 1) // n_threads)
+        self._video = video if video.threads is not None else dataclasses.replace(
+            video, threads=threads)
         self._timer.add_results({"encoder_threads": n_threads})
         self._queues: list[queue.Queue[Any]] = [queue.Queue() for _ in range(n_threads)]
         self._free: queue.Queue[int] = queue.Queue()  # host buffers no batch holds
@@ -107,8 +117,11 @@ class Encoders:
             except queue.Empty:
                 continue
 
-    def submit(self, batch: Batch, frames: np.ndarray, buffer: int) -> None:
-        """Hand a rendered batch ``(n, ncam, *frame)`` uint8 in host buffer ``buffer`` over.
+    def submit(self, batch: Batch, frames: np.ndarray | None, buffer: int,
+               maps: np.ndarray | None = None) -> None:
+        """Hand a rendered batch over: frames ``(n, ncam, *frame)`` uint8 (None without
+        RGB) and maps ``(n, ncam, n_maps, H, W)`` uint16 (None without maps) in host buffer
+        ``buffer``.
 
         The buffer is free again once every piece of the batch is encoded.
         """
@@ -124,7 +137,7 @@ class Encoders:
                 self._load[thread] += piece.n
                 threads.append(thread)
         for (piece, cam), thread in zip(work, threads):
-            self._queues[thread].put((piece, cam, frames, buffer))
+            self._queues[thread].put((piece, cam, frames, maps, buffer))
 
     def raise_if_failed(self) -> None:
         if self._error is not None:
@@ -162,10 +175,12 @@ class Encoders:
                 continue
             if item is _STOP:
                 break
-            piece, cam, frames, buffer = item
+            piece, cam, frames, maps, buffer = item
+            rows = slice(piece.offset, piece.offset + piece.n)
             try:
                 if self._error is None:
-                    done = self._encode(piece, cam, frames[piece.offset:piece.offset + piece.n, cam])
+                    done = self._encode(piece, cam, None if frames is None else frames[rows, cam],
+                                        None if maps is None else maps[rows, cam])
                     if done is not None:
                         finishing.append(done)
                     self._publish_finished(finishing, wait=False)
@@ -189,22 +204,30 @@ class Encoders:
         if last:
             self._free.put(buffer)
 
-    def _encode(self, piece: Piece, cam: int, frames: np.ndarray
-                ) -> tuple[tuple[int, int], Any] | None:
-        """Write a piece's frames; ``(video, writer)`` when that was the video's last piece."""
-        from flyarchive.distribute.plan import job_video_path
-        from flyarchive.video import VideoWriter
+    def _encode(self, piece: Piece, cam: int, frames: np.ndarray | None,
+                maps: np.ndarray | None) -> tuple[tuple[int, int], Any] | None:
+        """Write a piece's frames and maps; ``(video, writer)`` when that was the video's
+        last piece."""
+        from flyarchive.distribute.output_plan import map_attributes
+        from flyarchive.video.mosaic import mosaic_size
+        from flyarchive.video.writers import OutputWriter
 
         plan, job, camera = self._plan, self._jobs[piece.job], self._cameras[cam]
         key = (piece.job, cam)
         writer = self._writers.get(key)
         if writer is None:
-            local = Path(job_video_path(str(self._tmp), job, camera))
-            writer = VideoWriter(local, plan.fps, plan.options.size, options=self._video,
-                                 pixel_format=self._pixel_format)
+            mosaic = is_mosaic(job)
+            size = mosaic_size(plan.options.size, (job.rows, job.cols)) if mosaic else plan.options.size
+            attrs = ({} if mosaic else map_attributes(plan.options, self._model, job.world_id,
+                                                      camera, job.start, plan.fps))
+            writer = OutputWriter(self._tmp / f"{piece.job}-{cam}", "video", self._outputs,
+                                  fps=plan.fps, size=size, n_frames=job.n_frames,
+                                  video=self._video, pixel_format=self._pixel_format,
+                                  map_attrs=attrs, map_size=plan.options.size)
             self._writers[key] = writer
+        names = [n for n in self._outputs if n != "rgb"]
         with self._timer.time("encode_s"):
-            writer.write(frames)
+            writer.write(frames, {n: maps[:, i] for i, n in enumerate(names)} if names else None)
         if writer.n_frames < job.n_frames:
             return None
         writer.close_input()  # ffmpeg finishes the file while this thread goes on
@@ -220,21 +243,19 @@ class Encoders:
 
     def _publish(self, key: tuple[int, int], writer: Any) -> None:
         from flyarchive.distribute.cpu_tasks import given_up_error, local_staging
-        from flyarchive.video import write_output
         from flyarchive.video.manifest import video_entry
         from flyarchive.video.workspace import RunFolder
 
         plan, job, camera = self._plan, self._jobs[key[0]], self._cameras[key[1]]
         writer.close()
-        url = plan.video_url(job, camera)
+        urls = plan.output_urls(job, camera)
         so, staging = plan.out_storage_options, None
         if self._parts is not None:
             if not RunFolder.is_open(self._parts, so):
                 raise given_up_error(self._parts)
             staging = local_staging(self._parts, so)
-        write_output(writer.path, url, so, overwrite=plan.options.overwrite, staging_dir=staging)
-        writer.path.unlink(missing_ok=True)
+        writer.publish(urls, so, overwrite=plan.options.overwrite, staging_dir=staging)
         del self._writers[key]
         with self._lock:
             del self._owner[key]
-        self.entries[(key[0], camera)] = video_entry(plan, job, camera, url)
+        self.entries[(key[0], camera)] = video_entry(plan, job, camera, urls)

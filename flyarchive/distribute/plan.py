@@ -53,12 +53,9 @@ def job_video_path(out: str, job: Any, camera: str) -> str:
         job: A :class:`~flyarchive.query.frames.VideoJob`, or a world id.
         camera: The camera's name.
     """
-    from flyarchive.video import safe_video_path
+    from flyarchive.video.output import output_urls
 
-    world_id = job if isinstance(job, (int, np.integer)) else job.world_id
-    path = safe_video_path(out, world_id, camera)
-    suffix = getattr(job, "suffix", "")
-    return f"{path[:-len('.mp4')]}{suffix}.mp4" if suffix else path
+    return output_urls(out, job, camera)["rgb"]
 
 
 @dataclass(frozen=True)
@@ -78,6 +75,13 @@ class RenderPlan:
         """The final URL of the video of ``job`` (a :class:`~flyarchive.query.frames.VideoJob`,
         or a world id) and ``camera`` (see :func:`job_video_path`)."""
         return job_video_path(self.out, job, camera)
+
+    def output_urls(self, job: Any, camera: str) -> dict[str, str]:
+        """Where each output of ``job``'s camera goes (a world's or a mosaic's video, maps
+        beside it): :func:`flyarchive.video.output.output_urls`."""
+        from flyarchive.video.output import output_urls
+
+        return output_urls(self.out, job, camera, getattr(self.options, "outputs", ("rgb",)))
 
     def segments(self, n_workers: int | None = 1) -> Iterator[tuple[Any, int, int]]:
         """(job, start, stop) for every segment, in playing order per job.
@@ -117,9 +121,10 @@ def preflight(plan: RenderPlan, model: mujoco.MjModel) -> None:
     parse_frame_size(plan.options.size, even=True, max_side=MAX_GL_SIDE if gl else None)
     camera_ids(model, plan.cameras)
     fs, _ = _filesystem(plan.out, plan.out_storage_options)
-    finals = [plan.video_url(j, c) for j in plan.jobs for c in plan.cameras]
+    finals = [u for j in plan.jobs for c in plan.cameras for u in plan.output_urls(j, c).values()]
     paths = {u: _filesystem(u, plan.out_storage_options)[1] for u in finals}
-    folders = [u for u, p in paths.items() if os.path.isdir(p)] if is_local_fs(fs) else []
+    videos = [u for u in paths if u.endswith(".mp4")]  # maps (.zarr) are folders themselves
+    folders = [u for u in videos if os.path.isdir(paths[u])] if is_local_fs(fs) else []
     if folders:
         raise OutputExistsError(
             f"{len(folders)} video path(s) are folders, e.g. {folders[0]!r}. Remove or rename "

@@ -45,11 +45,13 @@ from flyarchive import config
 from flyarchive.distribute.caches import RendererCache
 from flyarchive.distribute.diagnostics import StageTimer, progress_bar
 from flyarchive.distribute.encoders import Encoders
+from flyarchive.distribute.output_plan import text_chars
 from flyarchive.distribute.plan import Batch, pack_batches
+from flyarchive.distribute.warp_batches import BatchSource
 from flyarchive.errors import RenderBackendError
+from flyarchive.models import model_from_bytes
 from flyarchive.replay import WARP_BACKENDS
 from flyarchive.schema import finite_frames
-from flyarchive.store import StateReader
 from flyarchive.video.workspace import scratch_dir
 
 __all__ = ["warp_device", "render_jobs", "batch_worlds_of"]
@@ -107,9 +109,12 @@ def batch_worlds_of(options: Any) -> int:
 
 
 def _renderer(blob: bytes, cameras: tuple[str, ...], size: tuple[int, int],
-              batch_worlds: int, device: str, buffers: int) -> Any:
+              batch_worlds: int, device: str, buffers: int, **compose: Any) -> Any:
     """This process's :class:`WarpBatchRenderer` (the last one asked for is kept: a
-    worker reuses it across batches and calls with the same model and options)."""
+    worker reuses it across batches and calls with the same model and options).
+
+    ``compose``: ``outputs``, ``depth_scale``, ``mosaic``, ``text_chars`` of the renderer.
+    """
     from flyarchive.models import model_from_bytes
     from flyarchive.replay.warp import WarpBatchRenderer
 
@@ -118,10 +123,11 @@ def _renderer(blob: bytes, cameras: tuple[str, ...], size: tuple[int, int],
         # I420 on the device: half the bytes to copy, and no RGB conversion in ffmpeg.
         return WarpBatchRenderer(
             model_from_bytes(blob), cameras, size, batch_worlds=batch_worlds, device=device,
-            host_buffers=buffers, pixel_format="yuv420p",
+            host_buffers=buffers, pixel_format="yuv420p", **compose,
         )
 
-    key = (hashlib.sha256(blob).hexdigest(), cameras, tuple(size), batch_worlds, device, buffers)
+    key = (hashlib.sha256(blob).hexdigest(), cameras, tuple(size), batch_worlds, device, buffers,
+           tuple(sorted(compose.items())))
     return _renderers.get(key, make)
 
 
@@ -163,23 +169,29 @@ def render_jobs(plan: Any, blob: bytes, jobs: Sequence[Any], device: str, *,
     timer = StageTimer()  # the profiles active here; the threads below get it explicitly
     buffers = config.batches_in_flight()  # a batch's frames stay valid until it is encoded
     config.encoders()  # a bad FLYARCHIVE_ENCODERS fails before the renderer is built
-    # No bigger than the work: a partial batch costs a full one.
-    batch_worlds = min(batch_worlds_of(options), sum(job.n_frames for job in jobs))
-    batches = pack_batches(jobs, batch_worlds)
-    source = StateReader(plan.url, plan.storage_options)
+    mosaic = getattr(options, "mosaic", None)
+    tiles = 1 if mosaic is None else mosaic[0] * mosaic[1]
+    # No bigger than the work: a partial batch costs a full one. Mosaics: whole frames.
+    frames_per_batch = min(max(1, batch_worlds_of(options) // tiles),
+                           sum(job.n_frames for job in jobs))
+    batches = pack_batches(jobs, frames_per_batch)
+    source = BatchSource(plan, jobs, tiles)
+    compose = {"outputs": tuple(getattr(options, "outputs", ("rgb",))), "mosaic": mosaic,
+               "depth_scale": getattr(options, "depth_scale", None),
+               "text_chars": text_chars(options)}
     with _renderers_lock:  # one batch stream per device at a time in a process
         with timer.time("setup_s"):  # imports, kernels and device state when not kept
-            renderer = _renderer(blob, tuple(plan.cameras), tuple(options.size), batch_worlds,
-                                 device, buffers)
+            renderer = _renderer(blob, tuple(plan.cameras), tuple(options.size),
+                                 frames_per_batch * tiles, device, buffers, **compose)
         with tempfile.TemporaryDirectory(prefix="flyarchive-warp-", dir=scratch_dir()) as tmp:
             encoders = Encoders(plan, jobs, Path(tmp), renderer.pixel_format, buffers, parts,
-                                timer)
+                                timer, model=model_from_bytes(blob))
             bar = None
             if on_frames is None:
                 bar = progress_bar(sum(b.n for b in batches), options.progress)
                 on_frames = None if bar is None else bar.update
             try:
-                _render_batches(source, jobs, batches, renderer, encoders, on_frames, timer)
+                _render_batches(source, batches, renderer, encoders, on_frames, timer)
                 entries = encoders.finish()
             except BaseException:
                 encoders.abort()
@@ -190,16 +202,19 @@ def render_jobs(plan: Any, blob: bytes, jobs: Sequence[Any], device: str, *,
     return [entries[(i, c)] for i in range(len(jobs)) for c in plan.cameras]
 
 
-def _render_batches(source: StateReader, jobs: tuple[Any, ...], batches: list[Batch],
-                    renderer: Any, encoders: Encoders, on_frames: Callable[[int], None] | None,
+def _render_batches(source: BatchSource, batches: list[Batch], renderer: Any,
+                    encoders: Encoders, on_frames: Callable[[int], None] | None,
                     timer: StageTimer) -> None:
     """Render every batch, submitting batch k + 1 before handing batch k to the encoders.
 
     On CUDA, :meth:`WarpBatchRenderer.submit` only queues the work, so the GPU renders
     the next batch while this thread waits for the current one's frames and passes
-    them on: the GPU does not wait for the host between batches.
+    them on: the GPU does not wait for the host between batches. Slots whose state is
+    not finite render black (and "nothing there" in maps): blackened here, or by the
+    device in mosaic frames.
     """
     pending: tuple[Batch, Any, np.ndarray, int] | None = None
+    mosaic = getattr(renderer, "mosaic", None) is not None
 
     def hand_over() -> None:
         """Wait for the pending batch's frames and give them to the encoders."""
@@ -207,23 +222,30 @@ def _render_batches(source: StateReader, jobs: tuple[Any, ...], batches: list[Ba
         batch, submitted, valid, buffer = pending
         with timer.time("wait_gpu_s"):
             frames = submitted.wait()  # (n, ncam, *frame), a view of host buffer `buffer`
-        if not valid.all():
-            _blacken(frames, ~valid, renderer.pixel_format)
-        encoders.submit(batch, frames, buffer)
+        maps = getattr(submitted, "maps", None)
+        if not mosaic and not valid.all():
+            if frames is not None:
+                _blacken(frames, ~valid, renderer.pixel_format)
+            if maps is not None:
+                maps[~valid] = 0
+        encoders.submit(batch, frames, buffer, maps)
         timer.add("frames", batch.n)
         if on_frames is not None:
             on_frames(batch.n)
 
-    with _read_ahead(source, jobs, batches) as states:
+    with _read_ahead(source, batches) as states:
         for batch in batches:
             with timer.time("wait_read_s"):
-                qpos, mocap_pos, mocap_quat = next(states)
+                qpos, mocap_pos, mocap_quat, texts = next(states)
             encoders.raise_if_failed()
             valid = _fill_invalid(qpos, mocap_pos, mocap_quat, renderer.default_state)
+            extras: dict[str, Any] = {} if texts is None else {"texts": texts}
+            if mosaic:
+                extras["valid"] = valid
             with timer.time("wait_encoders_s"):
                 buffer = encoders.reserve()  # blocks while every host buffer waits to be encoded
             with timer.time("submit_s"):
-                submitted = renderer.submit(qpos, mocap_pos, mocap_quat, buffer=buffer)
+                submitted = renderer.submit(qpos, mocap_pos, mocap_quat, buffer=buffer, **extras)
             timer.add("batches", 1)
             if pending is not None:
                 hand_over()
@@ -258,25 +280,22 @@ def _fill_invalid(qpos: np.ndarray, mocap_pos: np.ndarray | None, mocap_quat: np
 
 
 @contextmanager
-def _read_ahead(source: StateReader, jobs: tuple[Any, ...], batches: list[Batch], *,
-                depth: int = _READ_AHEAD, readers: int = _READERS
-                ) -> Iterator[Iterator[Any]]:
+def _read_ahead(source: BatchSource, batches: list[Batch], *, depth: int = _READ_AHEAD,
+                readers: int = _READERS) -> Iterator[Iterator[Any]]:
     """States of each batch, in order, read by ``readers`` threads at most ``depth``
-    batches ahead of the consumer; a failed read raises when its batch is reached."""
+    batches ahead of the consumer, from the moment the block is entered; a failed read
+    raises when its batch is reached."""
     pool = ThreadPoolExecutor(max_workers=max(1, min(readers, depth)),
                               thread_name_prefix="flyarchive-read")
     pending: deque[Future[Any]] = deque()
     todo = iter(batches)
-
-    def read(batch: Batch) -> Any:
-        return source.read([(jobs[p.job].world_index, p.start, p.stop) for p in batch.pieces])
 
     def fill() -> None:
         while len(pending) < depth:
             batch = next(todo, None)
             if batch is None:
                 return
-            pending.append(pool.submit(read, batch))
+            pending.append(pool.submit(source.read, batch))
 
     def consume() -> Iterator[Any]:
         while pending:

@@ -136,9 +136,8 @@ def _finished_before(plan: Any, jobs: tuple[Any, ...], parts: str | None) -> set
         return set()
     out_fs = filesystem(plan.out, plan.out_storage_options)[0]
     return {job for job in jobs
-            if all(out_fs.exists(filesystem(plan.video_url(job, c),
-                                            plan.out_storage_options)[1])
-                   for c in plan.cameras)}
+            if all(out_fs.exists(filesystem(url, plan.out_storage_options)[1])
+                   for c in plan.cameras for url in plan.output_urls(job, c).values())}
 
 
 def _in_job_order(plan: Any, jobs: tuple[Any, ...], rendered: list[dict[str, Any]],
@@ -146,8 +145,9 @@ def _in_job_order(plan: Any, jobs: tuple[Any, ...], rendered: list[dict[str, Any
     from flyarchive.video.manifest import video_entry
 
     made = {e["path"]: e for e in rendered}
-    urls = [(job, camera, plan.video_url(job, camera)) for job in jobs for camera in plan.cameras]
-    return [made.get(url) or video_entry(plan, job, camera, url) for job, camera, url in urls]
+    expected = [video_entry(plan, job, camera, plan.output_urls(job, camera))
+                for job in jobs for camera in plan.cameras]
+    return [made.get(entry["path"], entry) for entry in expected]
 
 
 @contextmanager

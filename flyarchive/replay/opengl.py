@@ -36,6 +36,7 @@ from flyarchive.errors import (
 from flyarchive.models import camera_ids, camera_names
 from flyarchive.replay.frames import MAX_GL_SIDE, parse_frame_size
 from flyarchive.replay.kinematics import set_state
+from flyarchive.replay.outputs import check_segmentable, parse_outputs
 
 __all__ = ["CpuRenderer", "headless_renderer", "pin_rasterizer_threads", "camera_names"]
 
@@ -80,12 +81,16 @@ class CpuRenderer:
         scene_option: MuJoCo visualization options; ``None`` means MuJoCo's defaults
             (what flygym's live renderer uses).
         max_geom: Capacity of the scene (geoms drawn per frame).
+        outputs: What :meth:`render_outputs` makes, names from
+            :data:`flyarchive.replay.outputs.OUTPUTS` (default RGB only).
 
     Raises:
         CameraNotFoundError: if a camera is not in the model (the message lists them).
         FrameSizeError: if ``size`` is not two positive integers, is larger than
             16384, or exceeds the model's framebuffer and ``enlarge_buffer`` is False.
         RenderBackendError: if no OpenGL context can be created (no usable EGL).
+        RenderOptionsError: an unknown output name.
+        OptionsError: segmentation of a model with more than 65534 geoms.
     """
 
     def __init__(
@@ -97,8 +102,12 @@ class CpuRenderer:
         enlarge_buffer: bool = True,
         scene_option: mujoco.MjvOption | None = None,
         max_geom: int = 10000,
+        outputs: Sequence[str] = ("rgb",),
     ) -> None:
         self._renderer: Any = None
+        self.outputs: tuple[str, ...] = parse_outputs(outputs)
+        if "segmentation" in self.outputs:
+            check_segmentable(model)
         names = (cameras,) if isinstance(cameras, str) else tuple(cameras)
         self._camera_ids = camera_ids(model, names)
         self.cameras: tuple[str, ...] = names
@@ -155,6 +164,58 @@ class CpuRenderer:
         for i, camera_id in enumerate(self._camera_ids):
             self._renderer.update_scene(self._data, camera_id, self._scene_option)
             self._renderer.render(out=out[i])
+        return out
+
+    def render_outputs(
+        self,
+        qpos: ArrayLike,
+        mocap_pos: ArrayLike | None = None,
+        mocap_quat: ArrayLike | None = None,
+    ) -> dict[str, np.ndarray]:
+        """Render one recorded frame's :attr:`outputs` from every camera (one kinematics pass).
+
+        Each camera's scene is updated once and drawn once per output kind, with
+        ``mujoco.Renderer``'s public depth and segmentation modes: RGB, then segmentation,
+        then depth (depth alone still draws the segmentation pass, which tells where
+        nothing is hit). Each output equals what ``mujoco.Renderer`` returns in that mode.
+
+        Args: as :meth:`render_frame`.
+
+        Returns:
+            ``{"rgb": (n_cameras, H, W, 3) uint8, "depth": (n_cameras, H, W) float32
+            planar depth in the model's length unit (NaN: nothing hit),
+            "segmentation": (n_cameras, H, W) int32 geom id (-1: no geom)}``, the keys
+            of :attr:`outputs` only; host arrays, row 0 at the top of the image.
+        """
+        if self._renderer is None:
+            raise RuntimeError("This CpuRenderer is closed; create a new one to render.")
+        n, (height, width) = len(self._camera_ids), self.size
+        out: dict[str, np.ndarray] = {}
+        if "rgb" in self.outputs:
+            out["rgb"] = np.empty((n, height, width, 3), np.uint8)
+        if "depth" in self.outputs:
+            out["depth"] = np.empty((n, height, width), np.float32)
+        if "segmentation" in self.outputs:
+            out["segmentation"] = np.empty((n, height, width), np.int32)
+        set_state(self.model, self._data, qpos, mocap_pos, mocap_quat)
+        renderer = self._renderer
+        for i, camera_id in enumerate(self._camera_ids):
+            renderer.update_scene(self._data, camera_id, self._scene_option)
+            if "rgb" in out:
+                renderer.render(out=out["rgb"][i])
+            if len(out) == 1 and "rgb" in out:
+                continue
+            objects = _segmentation_pass(renderer)  # (H, W, 2) object id and type
+            if "segmentation" in out:
+                geom = objects[..., 1] == int(mujoco.mjtObj.mjOBJ_GEOM)
+                np.copyto(out["segmentation"][i], np.where(geom, objects[..., 0], -1))
+            if "depth" in out:
+                renderer.enable_depth_rendering()
+                try:
+                    depth = renderer.render(out=out["depth"][i])
+                finally:
+                    renderer.disable_depth_rendering()
+                depth[objects[..., 0] == -1] = np.nan  # the same pixels as the raw depth's 0
         return out
 
     def iter_frames(
@@ -215,6 +276,16 @@ class CpuRenderer:
                 out=frames[k],
             )
         return frames
+
+
+def _segmentation_pass(renderer: mujoco.Renderer) -> np.ndarray:
+    """One ``render()`` in segmentation mode: ``(H, W, 2)`` int32 (object id, object type),
+    ``(-1, -1)`` where nothing is drawn."""
+    renderer.enable_segmentation_rendering()
+    try:
+        return renderer.render()
+    finally:
+        renderer.disable_segmentation_rendering()
 
 
 def _fit_buffer(

@@ -2,8 +2,10 @@
 
 States from any (world, frame) pairs are packed into one batch of ``B`` render
 worlds. Per batch: one host-to-device copy of the packed states, position-only
-kinematics on the device, a BVH refit, one render, RGB packed to ``uint8`` on the
-device, and one device-to-host copy (into pinned host memory on CUDA).
+kinematics on the device, a BVH refit, one render, then on the device text burnt in,
+RGB packed to ``uint8`` or I420 (or tiled into mosaic frames), depth and segmentation
+packed to 16-bit maps (:mod:`flyarchive.replay.warp_compose`), and one device-to-host
+copy per output (into pinned host memory on CUDA).
 
 On CUDA, :meth:`WarpBatchRenderer.submit` queues all of that and returns at once:
 the next batch is queued while the previous one renders, and the frames of a batch
@@ -24,57 +26,35 @@ import mujoco
 import numpy as np
 
 from flyarchive import config
-from flyarchive.errors import (
-    LayoutMismatchError,
-    NonFiniteStateError,
-    OptionsError,
-    SelectionError,
-)
-from flyarchive.models import camera_ids
+from flyarchive.errors import OptionsError
 from flyarchive.replay.frames import PIXEL_FORMATS, frame_shape, parse_frame_size
+from flyarchive.replay.outputs import (
+    check_segmentable,
+    counts_to_depth,
+    counts_to_ids,
+    default_depth_scale,
+    map_outputs,
+    parse_depth_scale,
+    parse_outputs,
+)
+from flyarchive.replay.warp_batch import (
+    PendingBatch,
+    StateRows,
+    parse_batch,
+    parse_cameras,
+    parse_mosaic,
+)
 from flyarchive.replay.warp_model import prepare_for_batch_rendering
-from flyarchive.schema import finite_frames
 from flyarchive.warp_log import import_mujoco_warp, import_warp
 
 _WHAT = "Rendering with mujoco-warp (flyarchive.replay.warp)"
 wp = import_warp(_WHAT)
 mjw = import_mujoco_warp(_WHAT)
 
-from flyarchive.replay.warp_kernels import (  # noqa: E402  (after the check that warp is there)
-    packed_rgb_to_i420,
-    packed_rgb_to_uint8,
-    scatter_mocap,
-    scatter_qpos,
-)
+from flyarchive.replay.warp_compose import Composer  # noqa: E402  (after the check that warp is there)
+from flyarchive.replay.warp_kernels import scatter_mocap, scatter_qpos  # noqa: E402
 
 __all__ = ["PendingBatch", "WarpBatchRenderer", "prepare_for_batch_rendering"]
-
-
-class PendingBatch:
-    """The frames of a submitted batch, on their way to a host buffer.
-
-    Returned by :meth:`WarpBatchRenderer.submit`; :meth:`wait` returns them.
-    """
-
-    def __init__(self, frames: np.ndarray, event: Any = None) -> None:
-        self._frames = frames
-        self._event = event
-
-    @property
-    def n(self) -> int:
-        """States in the batch."""
-        return len(self._frames)
-
-    def wait(self) -> np.ndarray:
-        """Block until the frames are on the host; ``(n, n_cameras, *frame)`` uint8.
-
-        The array is a view of the host buffer the batch was submitted to: valid until
-        that buffer is submitted to again.
-        """
-        if self._event is not None:
-            wp.synchronize_event(self._event)
-            self._event = None
-        return self._frames
 
 
 class WarpBatchRenderer:
@@ -102,11 +82,30 @@ class WarpBatchRenderer:
             frames ``(H * 3 // 2, W)`` planar I420 (BT.601 limited range), converted
             on the device: half the bytes to copy, and what x264 encodes (see
             :class:`flyarchive.video.VideoWriter`); needs even sizes.
+        outputs: Names from :data:`flyarchive.replay.outputs.OUTPUTS`: RGB frames, and
+            depth and segmentation maps packed to 16-bit counts on the device
+            (:attr:`PendingBatch.maps`, :meth:`render_outputs`).
+        depth_scale: Model length units per depth count; None: the model's far plane
+            / 65534 (:func:`flyarchive.replay.outputs.default_depth_scale`).
+        mosaic: ``(rows, cols)``: each batch's states are tiles of mosaic frames (slot
+            ``s`` is tile ``s % (rows * cols)`` of frame ``s // (rows * cols)``), converted
+            to I420 straight into one ``(rows * H * 3 // 2, cols * W)`` frame per mosaic
+            frame on the device. Needs ``pixel_format="yuv420p"``, RGB only, and
+            ``batch_worlds`` a multiple of ``rows * cols``.
+        text_chars: Characters of text burnt into each frame (:meth:`submit`'s
+            ``texts``), on the device before any conversion; 0: no text.
+
+    Attributes:
+        outputs: What the renderer makes, in :data:`~flyarchive.replay.outputs.OUTPUTS` order.
+        depth_scale: Model length units per depth count.
+        mosaic: ``(rows, cols)`` of a mosaic renderer, else None.
 
     Raises:
         CameraNotFoundError: A camera is not in the model.
         FrameSizeError: ``size`` is not two positive integers (even for yuv420p).
-        OptionsError: ``batch_worlds`` is not positive, or an unknown ``pixel_format``.
+        OptionsError: ``batch_worlds`` is not positive, an unknown ``pixel_format``, a
+            mosaic that does not fit the other options, or text without RGB.
+        RenderOptionsError: an unknown output or a depth scale that is not positive.
     """
 
     def __init__(
@@ -119,8 +118,17 @@ class WarpBatchRenderer:
         device: str | None = None,
         host_buffers: int = 1,
         pixel_format: str = "rgb24",
+        outputs: Sequence[str] = ("rgb",),
+        depth_scale: float | None = None,
+        mosaic: tuple[int, int] | None = None,
+        text_chars: int = 0,
     ) -> None:
-        self._camera_names = _parse_cameras(model, cameras)
+        self._camera_names = parse_cameras(model, cameras)
+        self.outputs: tuple[str, ...] = parse_outputs(outputs)
+        self._maps = map_outputs(self.outputs)
+        if "segmentation" in self.outputs:
+            check_segmentable(model)
+        self.depth_scale: float = parse_depth_scale(depth_scale) or default_depth_scale(model)
         if pixel_format not in PIXEL_FORMATS:
             raise OptionsError(f"pixel_format={pixel_format!r} is not one of {PIXEL_FORMATS}.")
         self._pixel_format = pixel_format
@@ -135,10 +143,14 @@ class WarpBatchRenderer:
                 f"batch_worlds={batch_worlds!r} cannot hold a state. Pass a positive integer."
             )
         self._batch_worlds = int(batch_worlds)
+        self.mosaic: tuple[int, int] | None = parse_mosaic(
+            mosaic, self._batch_worlds, pixel_format, self.outputs)
+        self._tiles = 1 if self.mosaic is None else self.mosaic[0] * self.mosaic[1]
         self._model = prepare_for_batch_rendering(model)
         self._nq = model.nq
         self._nmocap = model.nmocap
-        self._nstate = model.nq + 7 * model.nmocap
+        self._rows = StateRows(model, mosaic=self.mosaic is not None, text_chars=text_chars,
+                               rgb="rgb" in self.outputs)
         self._device = wp.get_device(device)
         with wp.ScopedDevice(self._device):
             self._build_device_state()
@@ -147,14 +159,13 @@ class WarpBatchRenderer:
         self._graphs: dict[int, Any] = {}  # per device output slot
         self._saw_full_batch = False  # the first full batch runs kernel by kernel
         self._turn = 0  # the staging / output slot of the next batch
-        self._default_state = _default_state(self._model)
 
     # -- public API --------------------------------------------------------------
 
     @property
     def default_state(self) -> np.ndarray:
         """``qpos0`` then the model's mocap positions and orientations, float32 ``(nstate,)``."""
-        return self._default_state
+        return self._rows.default
 
     @property
     def camera_names(self) -> tuple[str, ...]:
@@ -209,12 +220,44 @@ class WarpBatchRenderer:
             SelectionError: ``n`` is 0 or larger than ``B``.
             NonFiniteStateError: A state holds NaN or infinity.
         """
+        if "rgb" not in self.outputs:
+            raise OptionsError("This renderer makes no RGB frames (outputs="
+                               f"{self.outputs!r}); use render_outputs for its maps.")
         buffer = self._next_host
         frames = self.submit(qpos, mocap_pos, mocap_quat, buffer=buffer).wait()
+        assert frames is not None
         if self._n_host == 1:
             return frames.copy()
         self._next_host = (buffer + 1) % self._n_host
         return frames  # a view of a pinned buffer, reused host_buffers batches later
+
+    def render_outputs(
+        self,
+        qpos: np.ndarray,
+        mocap_pos: np.ndarray | None = None,
+        mocap_quat: np.ndarray | None = None,
+        *,
+        texts: Sequence[str] | None = None,
+    ) -> dict[str, np.ndarray]:
+        """Render up to ``B`` states and return every output, as new host arrays.
+
+        Args: as :meth:`render_batch`, and ``texts`` as :meth:`submit`.
+
+        Returns:
+            ``{"rgb": frames as render_batch returns them, "depth": (n, n_cameras, H, W)
+            float32 planar depth in model units (NaN: no hit), "segmentation": (n,
+            n_cameras, H, W) int32 geom id (-1: no geom)}``, the keys of :attr:`outputs`
+            only. Depth comes from the device's 16-bit counts, so it is a multiple of
+            :attr:`depth_scale` (the stored values).
+        """
+        pending = self.submit(qpos, mocap_pos, mocap_quat, buffer=self._next_host, texts=texts)
+        frames = pending.wait()
+        out: dict[str, np.ndarray] = {} if frames is None else {"rgb": frames.copy()}
+        for i, name in enumerate(self._maps):
+            counts = pending.maps[:, :, i]  # type: ignore[index]
+            out[name] = (counts_to_depth(counts, self.depth_scale) if name == "depth"
+                         else counts_to_ids(counts))
+        return out
 
     def submit(
         self,
@@ -223,6 +266,8 @@ class WarpBatchRenderer:
         mocap_quat: np.ndarray | None = None,
         *,
         buffer: int = 0,
+        texts: Sequence[str] | None = None,
+        valid: np.ndarray | None = None,
     ) -> PendingBatch:
         """Queue the rendering of up to ``B`` states; their frames go to host buffer ``buffer``.
 
@@ -235,10 +280,16 @@ class WarpBatchRenderer:
             buffer: Which of the ``host_buffers`` pinned buffers receives the frames.
                 The caller owns the buffers: do not submit to a buffer whose frames
                 are still in use.
+            texts: One text per state, burnt into its frames (every camera) at the top
+                left (:mod:`flyarchive.replay.overlay`); needs ``text_chars > 0``;
+                longer texts are cut. None: no text.
+            valid: Mosaic renderers: bool ``(n,)``, False for a blank tile (black,
+                whatever its state). None: every state shows.
 
         Returns:
             A :class:`PendingBatch`; its ``wait()`` returns the frames as
-            :meth:`render_batch` does (a view of the buffer).
+            :meth:`render_batch` does (a view of the buffer), then its ``maps`` hold the
+            maps. In mosaic mode there are ``n // (rows * cols)`` frames.
 
         Raises:
             As :meth:`render_batch`; ``OptionsError`` for a buffer index out of range.
@@ -247,28 +298,52 @@ class WarpBatchRenderer:
             raise OptionsError(f"buffer={buffer!r} is not one of the {self._n_host} host buffers.")
         slot = self._turn
         self._turn = (slot + 1) % len(self._states_hosts)
-        n = self._upload(qpos, mocap_pos, mocap_quat, slot)
-        host = self._rgb_hosts[buffer]
-        if host is None:  # filled by copies: no need to zero it
-            host = self._rgb_hosts[buffer] = wp.empty(
-                self._host_shape, dtype=wp.uint8, device="cpu", pinned=self._device.is_cuda)
-        count = n * self._rgb_devices[slot].size // self._batch_worlds
-        frames = host.numpy()[:n].reshape(n, len(self._camera_names),
-                                          *frame_shape(self._size, self._pixel_format))
+        n = self._upload(qpos, mocap_pos, mocap_quat, slot, texts, valid)
+        frames, maps, copies = self._host_views(n, slot, buffer)
         with wp.ScopedDevice(self._device):
             if not self._device.is_cuda:
                 self._launch(n, slot)
-                wp.copy(host, self._rgb_devices[slot], count=count)
-                return PendingBatch(frames)
+                for host, device, count in copies:
+                    wp.copy(host, device, count=count)
+                return PendingBatch(frames, maps=maps)
             stream = self._device.stream
             if self._copied[slot] is not None:  # the last copy out of this slot's pixels
                 stream.wait_event(self._copied[slot])
             self._launch(n, slot)
             rendered = stream.record_event()
             self._copy_stream.wait_event(rendered)
-            wp.copy(host, self._rgb_devices[slot], count=count, stream=self._copy_stream)
+            for host, device, count in copies:
+                wp.copy(host, device, count=count, stream=self._copy_stream)
             self._copied[slot] = self._copy_stream.record_event()
-            return PendingBatch(frames, self._copied[slot])
+            return PendingBatch(frames, self._copied[slot], maps, wp.synchronize_event)
+
+    def _host_views(self, n: int, slot: int, buffer: int
+                    ) -> tuple[np.ndarray | None, np.ndarray | None, list[tuple[Any, Any, int]]]:
+        """Host buffer ``buffer``'s frames and maps views for ``n`` states, and the copies
+        (host, device, count) that fill them from device slot ``slot``."""
+        height, width = self._size
+        ncam = len(self._camera_names)
+        rows = n // self._tiles
+        copies: list[tuple[Any, Any, int]] = []
+        frames = maps = None
+        if self._rgb_devices:
+            host = self._host(self._rgb_hosts, buffer, self._host_shape, wp.uint8)
+            device = self._rgb_devices[slot]
+            copies.append((host, device, rows * device.size // device.shape[0]))
+            frames = host.numpy()[:rows].reshape(rows, ncam, *self._frame_shape)
+        if self._map_devices:
+            device = self._map_devices[slot]
+            host = self._host(self._map_hosts, buffer, device.shape, wp.uint16)
+            copies.append((host, device, n * device.size // device.shape[0]))
+            maps = host.numpy()[:n].reshape(n, ncam, len(self._maps), height, width)
+        return frames, maps, copies
+
+    def _host(self, hosts: list[Any], buffer: int, shape: tuple[int, ...], dtype: Any) -> Any:
+        """Host buffer ``buffer`` of a kind, pinned on CUDA, made on first use (no need to
+        zero it: it is filled by copies)."""
+        if hosts[buffer] is None:
+            hosts[buffer] = wp.empty(shape, dtype=dtype, device="cpu", pinned=self._device.is_cuda)
+        return hosts[buffer]
 
     def geom_poses(
         self,
@@ -334,28 +409,41 @@ class WarpBatchRenderer:
             m,
             nworld=b,
             cam_res=(width, height),  # mujoco-warp takes (width, height)
-            render_rgb=True,
-            render_depth=False,
-            render_seg=False,
+            render_rgb="rgb" in self.outputs,
+            render_depth="depth" in self.outputs,
+            render_seg="segmentation" in self.outputs,
             cam_active=cam_ids,
         )
         # Two of each on CUDA: batch k + 1 is staged and rendered while batch k's
         # states may still be on their way up and its pixels on their way down.
         slots = 2 if self._device.is_cuda else 1
+        width_rows = self._rows.width
         self._states_hosts = [
-            wp.zeros((b, self._nstate), dtype=wp.float32, device="cpu", pinned=pinned)
+            wp.zeros((b, width_rows), dtype=wp.float32, device="cpu", pinned=pinned)
             for _ in range(slots)
         ]
         self._staged: list[Any] = [None] * slots  # event: a slot's states are on the device
-        self._states_device = wp.zeros((b, self._nstate), dtype=wp.float32)
-        shape = ((b, ncam, height * width, 3) if self._pixel_format == "rgb24"
-                 else (b, ncam, height * width * 3 // 2))
-        self._rgb_devices = [wp.zeros(shape, dtype=wp.uint8) for _ in range(slots)]
+        self._states_device = wp.zeros((b, width_rows), dtype=wp.float32)
+        self._composer = Composer(self._size, ncam, self._rows, self._pixel_format,
+                                  self.mosaic, self._maps, self.depth_scale)
+        self._frame_shape = frame_shape(self._size, self._pixel_format)
+        if self.mosaic is not None:
+            rows, cols = self.mosaic
+            self._frame_shape = frame_shape((rows * height, cols * width), self._pixel_format)
+        shape = (b // self._tiles, ncam, int(np.prod(self._frame_shape)))
+        if self._pixel_format == "rgb24":
+            shape = (b, ncam, height * width, 3)
+        has_rgb = "rgb" in self.outputs
+        self._rgb_devices = [wp.zeros(shape, dtype=wp.uint8) for _ in range(slots)] if has_rgb else []
+        map_shape = (b, ncam, len(self._maps), height * width)
+        self._map_devices = ([wp.zeros(map_shape, dtype=wp.uint16) for _ in range(slots)]
+                             if self._maps else [])
         self._copied: list[Any] = [None] * slots  # event: a slot's pixels reached the host
         self._copy_stream = wp.Stream(self._device) if self._device.is_cuda else None
         # Pinned on first use: pinning costs ~0.7 s/GB, and a buffer first used by
         # batch k is pinned while the GPU renders batch k - 1.
         self._rgb_hosts: list[Any] = [None] * self._n_host
+        self._map_hosts: list[Any] = [None] * self._n_host
         self._host_shape = shape
 
     def _upload(
@@ -364,31 +452,18 @@ class WarpBatchRenderer:
         mocap_pos: np.ndarray | None,
         mocap_quat: np.ndarray | None,
         slot: int,
+        texts: Sequence[str] | None = None,
+        valid: np.ndarray | None = None,
     ) -> int:
         """Pack states into staging buffer ``slot`` and queue one copy to the device."""
         qpos = np.asarray(qpos)
-        n = _parse_batch(qpos, self._nq, self._batch_worlds)
+        n = parse_batch(qpos, self._nq, self._batch_worlds, self._tiles)
         if self._staged[slot] is not None:  # the slot's last upload must have left
             wp.synchronize_event(self._staged[slot])
             self._staged[slot] = None
         staging = self._states_hosts[slot].numpy()
-        nq, nmocap = self._nq, self._nmocap
-        staging[:n] = self._default_state
-        staging[:n, :nq] = qpos
-        if mocap_pos is not None:
-            _check_trailing_shape("mocap_pos", mocap_pos, (n, nmocap, 3))
-            staging[:n, nq : nq + 3 * nmocap] = np.asarray(mocap_pos).reshape(n, -1)
-        if mocap_quat is not None:
-            _check_trailing_shape("mocap_quat", mocap_quat, (n, nmocap, 4))
-            staging[:n, nq + 3 * nmocap :] = np.asarray(mocap_quat).reshape(n, -1)
-        finite = finite_frames(staging[:n])
-        if not finite.all():
-            bad = int(np.flatnonzero(~finite)[0])
-            raise NonFiniteStateError(
-                f"State {bad} of the batch holds NaN or infinity (in float32). "
-                "Replay cannot place the model; drop or repair that frame."
-            )
-        wp.copy(self._states_device, self._states_hosts[slot], count=n * self._nstate)
+        self._rows.fill(staging, qpos, mocap_pos, mocap_quat, texts, valid)
+        wp.copy(self._states_device, self._states_hosts[slot], count=n * self._rows.width)
         if self._device.is_cuda:
             self._staged[slot] = self._device.stream.record_event()
         return n
@@ -417,7 +492,9 @@ class WarpBatchRenderer:
     def _queue_work(self, n: int, slot: int) -> None:
         self._unpack_states(n)
         self.render_resident()
-        self._convert_pixels(n, self._rgb_devices[slot])
+        self._composer.launch(n, self._render_context, self._states_device,
+                              self._rgb_devices[slot] if self._rgb_devices else None,
+                              self._map_devices[slot] if self._map_devices else None)
 
     def _unpack_states(self, n: int) -> None:
         wp.launch(scatter_qpos, dim=(n, self._nq), inputs=[self._states_device, self._data.qpos])
@@ -436,52 +513,3 @@ class WarpBatchRenderer:
         mjw.camlight(m, d)
         if self._model.nflex:
             mjw.flex(m, d)
-
-    def _convert_pixels(self, n: int, out: Any) -> None:
-        height, width = self._size
-        ncam = len(self._camera_names)
-        rc = self._render_context
-        if self._pixel_format == "rgb24":
-            wp.launch(packed_rgb_to_uint8, dim=(n, ncam, height * width),
-                      inputs=[rc.rgb_data, rc.rgb_adr], outputs=[out])
-        else:
-            wp.launch(packed_rgb_to_i420, dim=(n, ncam, height * width // 4),
-                      inputs=[rc.rgb_data, rc.rgb_adr, width, height],
-                      outputs=[out])
-
-
-def _parse_cameras(model: mujoco.MjModel, cameras: str | Sequence[str]) -> tuple[str, ...]:
-    camera_ids(model, cameras)  # raises CameraNotFoundError with the model's cameras
-    return (cameras,) if isinstance(cameras, str) else tuple(cameras)
-
-
-def _parse_batch(qpos: np.ndarray, nq: int, batch_worlds: int) -> int:
-    if qpos.ndim != 2 or qpos.shape[1] != nq:
-        raise LayoutMismatchError(
-            f"qpos has shape {qpos.shape!r}; the model needs (n, nq) with nq={nq}. "
-            "Pass one row per state, recorded with this model."
-        )
-    n = qpos.shape[0]
-    if not 1 <= n <= batch_worlds:
-        raise SelectionError(
-            f"A batch of {n} states was asked for; this renderer takes 1 to {batch_worlds}. "
-            "Split the states into batches of at most batch_worlds, or build a larger renderer."
-        )
-    return n
-
-
-def _check_trailing_shape(name: str, array: np.ndarray, expected: tuple[int, ...]) -> None:
-    shape = np.shape(array)
-    if tuple(shape) != expected:
-        raise LayoutMismatchError(
-            f"{name} has shape {tuple(shape)!r}; expected {expected!r} (n, nmocap, xyz/wxyz). "
-            f"Pass one row per qpos row, or None for the model's mocap poses."
-        )
-
-
-def _default_state(model: mujoco.MjModel) -> np.ndarray:
-    """``qpos0`` and the model's mocap poses, packed as a float32 row ``(nstate,)``."""
-    data = mujoco.MjData(model)
-    return np.concatenate(
-        [data.qpos, data.mocap_pos.ravel(), data.mocap_quat.ravel()]
-    ).astype(np.float32)

@@ -28,11 +28,13 @@ import sys
 import tempfile
 import time
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+
+from flyarchive.testing.kills import TrialOutcome
 
 __all__ = ["InteropKillConfig", "InteropKillResult", "kill_trial", "write_npz_inputs",
            "datasets_equal", "OPERATIONS"]
@@ -82,7 +84,7 @@ class InteropKillConfig:
 
 
 @dataclass
-class InteropKillResult:
+class InteropKillResult(TrialOutcome):
     """What one kill trial found.
 
     Attributes:
@@ -113,14 +115,6 @@ class InteropKillResult:
     rerun_equal: bool = False
     problems: list[str] = field(default_factory=list)
 
-    @property
-    def survived(self) -> bool:
-        return not self.problems
-
-    def to_json(self) -> dict[str, Any]:
-        out = asdict(self)
-        out["survived"] = self.survived
-        return out
 
 
 # ----------------------------------------------------------------------------- inputs

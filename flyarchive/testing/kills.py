@@ -77,8 +77,28 @@ class KillConfig:
             raise ValueError(f"backend must be one of {BACKENDS}, got {self.backend!r}.")
 
 
+class TrialOutcome:
+    """What the trial results of the harnesses share: a trial survived when no check failed.
+
+    Subclasses are dataclasses with a ``problems`` field (one sentence per failed
+    check); ``VERDICT`` names the JSON key of the verdict.
+    """
+
+    VERDICT = "survived"
+    problems: list[str]
+
+    @property
+    def survived(self) -> bool:
+        return not self.problems
+
+    def to_json(self) -> dict[str, Any]:
+        out = asdict(self)  # type: ignore[call-overload]
+        out[self.VERDICT] = self.survived
+        return out
+
+
 @dataclass
-class KillResult:
+class KillResult(TrialOutcome):
     """What one kill trial found.
 
     Attributes:
@@ -99,14 +119,6 @@ class KillResult:
     frames_lost: int = 0
     problems: list[str] = field(default_factory=list)
 
-    @property
-    def survived(self) -> bool:
-        return not self.problems
-
-    def to_json(self) -> dict[str, Any]:
-        out = asdict(self)
-        out["survived"] = self.survived
-        return out
 
 
 # ----------------------------------------------------------------------------- child

@@ -26,9 +26,10 @@ import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+
+from flyarchive.testing.kills import TrialOutcome
 
 __all__ = ["RenderKillConfig", "RenderKillResult", "RenderArchive", "render_kill_trial",
            "make_render_archive", "WHERE", "SIGNALS"]
@@ -70,7 +71,7 @@ class RenderKillConfig:
 
 
 @dataclass
-class RenderKillResult:
+class RenderKillResult(TrialOutcome):
     """What one trial found.
 
     Attributes:
@@ -97,14 +98,11 @@ class RenderKillResult:
     rerun_ok: bool = False
     problems: list[str] = field(default_factory=list)
 
+    VERDICT = "passed"
+
     @property
     def passed(self) -> bool:
-        return not self.problems
-
-    def to_json(self) -> dict[str, Any]:
-        out = asdict(self)
-        out["passed"] = self.passed
-        return out
+        return self.survived
 
 
 @dataclass(frozen=True)

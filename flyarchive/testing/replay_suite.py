@@ -9,11 +9,14 @@ renderer. The OpenGL renderer is bit-exact; the Warp ray tracer adds only its to
     class TestOpenGLReplay(ReplayTests):
         backend = "cpu"
 
-        def open_renderer(self, model, cameras, size):
-            return CpuRenderer(model, cameras, size)
+        def open_renderer(self, model, cameras, size, outputs=("rgb",)):
+            return CpuRenderer(model, cameras, size, outputs=outputs)
 
         def render(self, renderer, qpos, mocap_pos=None, mocap_quat=None):
             return renderer.render(qpos, mocap_pos, mocap_quat)
+
+        def render_outputs(self, renderer, qpos, mocap_pos=None, mocap_quat=None):
+            ...  # {"rgb", "depth", "segmentation"}: (n, n_cameras, H, W[, 3]) each
 
 The reference is a live ``mujoco.Renderer`` fed the recorded state the way flygym's
 live rendering does (:func:`live_frames`), with multisampling off, so that rasterizer
@@ -34,12 +37,15 @@ import pytest
 from flyarchive.errors import CameraNotFoundError, FrameSizeError, LayoutMismatchError
 from flyarchive.testing import block_columns, reference_frames, slider_columns, slider_model, tiny_model
 
-__all__ = ["ReplayTests", "live_frames", "silhouette_agreement", "SIZE", "CAMERAS"]
+__all__ = ["ReplayTests", "live_frames", "live_maps", "silhouette_agreement", "SIZE", "CAMERAS",
+           "OUTPUTS"]
 
 #: ``(height, width)`` of the suite's frames.
 SIZE = (48, 64)
 #: The tiny model's cameras, in the order the suite asks for them.
 CAMERAS = ("front", "top")
+#: Every output a renderer makes.
+OUTPUTS = ("rgb", "depth", "segmentation")
 
 
 def without_multisampling(model: mujoco.MjModel) -> mujoco.MjModel:
@@ -82,6 +88,40 @@ def live_frames(model: mujoco.MjModel, cameras: Sequence[str], size: tuple[int, 
     return frames
 
 
+def live_maps(model: mujoco.MjModel, cameras: Sequence[str], size: tuple[int, int],
+              qpos: np.ndarray, mocap_pos: np.ndarray, mocap_quat: np.ndarray
+              ) -> dict[str, np.ndarray]:
+    """Depth and geom ids of a live ``mujoco.Renderer`` in its depth and segmentation modes.
+
+    Returns:
+        ``{"depth": (n, n_cameras, H, W) float32, NaN where segmentation shows nothing,
+        "segmentation": (n, n_cameras, H, W) int32 geom id, -1 where no geom is seen}``.
+    """
+    data = mujoco.MjData(model)
+    renderer = mujoco.Renderer(model, *size)
+    depth = np.empty((len(qpos), len(cameras), *size), np.float32)
+    ids = np.empty((len(qpos), len(cameras), *size), np.int32)
+    try:
+        for k in range(len(qpos)):
+            data.qpos[:], data.mocap_pos[:], data.mocap_quat[:] = qpos[k], mocap_pos[k], mocap_quat[k]
+            mujoco.mj_kinematics(model, data)
+            mujoco.mj_comPos(model, data)
+            mujoco.mj_camlight(model, data)
+            for c, camera in enumerate(cameras):
+                renderer.update_scene(data, camera)
+                renderer.enable_segmentation_rendering()
+                objects = renderer.render()
+                renderer.enable_depth_rendering()
+                depth[k, c] = renderer.render()
+                renderer.disable_depth_rendering()
+                geom = objects[..., 1] == mujoco.mjtObj.mjOBJ_GEOM
+                ids[k, c] = np.where(geom, objects[..., 0], -1)
+                depth[k, c][objects[..., 0] == -1] = np.nan
+    finally:
+        renderer.close()
+    return {"depth": depth, "segmentation": ids}
+
+
 def silhouette_agreement(actual: np.ndarray, expected: np.ndarray) -> float:
     """The fraction of pixels that are background (black) in both frames or in neither."""
     return float(np.mean(actual.any(axis=-1) == expected.any(axis=-1)))
@@ -107,13 +147,33 @@ class ReplayTests:
     #: Decoded video: how far (pixels) the slider block may be from its projection
     #: (H.264 at crf 18 moves edges a little).
     column_tolerance: ClassVar[float] = 1.5
+    #: When not exact: the least fraction of pixels whose segmentation (geom id, or
+    #: nothing) equals a live ``mujoco.Renderer``'s (edges may differ).
+    min_segmentation_agreement: ClassVar[float] = 1.0
+    #: When not exact: the least fraction of pixels, of those where both see the same
+    #: geom, whose depth is within one count (the renderer's depth scale) of the live one.
+    min_depth_agreement: ClassVar[float] = 1.0
 
     # -- what a backend provides -----------------------------------------------------
 
     def open_renderer(self, model: mujoco.MjModel, cameras: str | Sequence[str],
-                      size: tuple[int, int]) -> Any:
-        """A renderer of ``model`` for ``cameras`` at ``size``; raises what the backend raises."""
+                      size: tuple[int, int], outputs: Sequence[str] = ("rgb",)) -> Any:
+        """A renderer of ``model`` for ``cameras`` at ``size`` making ``outputs``; raises
+        what the backend raises."""
         raise NotImplementedError
+
+    def render_outputs(self, renderer: Any, qpos: np.ndarray, mocap_pos: np.ndarray | None = None,
+                       mocap_quat: np.ndarray | None = None) -> dict[str, np.ndarray]:
+        """Every output of ``n`` states: ``"rgb"`` as :meth:`render`, ``"depth"`` ``(n,
+        n_cameras, H, W)`` float32 model units (NaN: no hit), ``"segmentation"`` int32
+        geom ids (-1: none)."""
+        raise NotImplementedError
+
+    def depth_scale(self, renderer: Any) -> float:
+        """Model units per count of the depth maps the renderer's backend stores."""
+        from flyarchive.replay.outputs import default_depth_scale
+
+        return default_depth_scale(renderer.model)
 
     def render(self, renderer: Any, qpos: np.ndarray, mocap_pos: np.ndarray | None = None,
                mocap_quat: np.ndarray | None = None) -> np.ndarray:
@@ -154,6 +214,15 @@ class ReplayTests:
         """A renderer of the tiny model's two cameras."""
         suite = cls()
         renderer = suite.open_renderer(model, CAMERAS, SIZE)
+        yield renderer
+        suite.close_renderer(renderer)
+
+    @pytest.fixture(scope="class")
+    @classmethod
+    def outputs_renderer(cls, model: mujoco.MjModel) -> Iterator[Any]:
+        """A renderer of the tiny model's two cameras making every output."""
+        suite = cls()
+        renderer = suite.open_renderer(model, CAMERAS, SIZE, OUTPUTS)
         yield renderer
         suite.close_renderer(renderer)
 
@@ -240,6 +309,81 @@ class ReplayTests:
         actual = self.render(tiny_renderer, qpos[:2], mocap_pos[:2], mocap_quat[:2])
 
         np.testing.assert_array_equal(actual, expected)
+
+    # -- depth and segmentation ------------------------------------------------------
+
+    def test_outputs_hold_rgb_depth_and_segmentation_of_each_state(self, outputs_renderer,
+                                                                    recorded):
+        n = len(recorded[0])
+
+        outputs = self.render_outputs(outputs_renderer, *recorded)
+
+        assert sorted(outputs) == sorted(OUTPUTS)
+        assert outputs["depth"].shape == outputs["segmentation"].shape == (n, len(CAMERAS), *SIZE)
+        assert (outputs["depth"].dtype, outputs["segmentation"].dtype) == (np.float32, np.int32)
+
+    def test_rgb_among_other_outputs_is_the_rgb_frame_alone(self, tiny_renderer,
+                                                            outputs_renderer, recorded):
+        expected = self.render(tiny_renderer, *recorded)
+
+        actual = self.render_outputs(outputs_renderer, *recorded)["rgb"]
+
+        np.testing.assert_array_equal(actual, expected)
+
+    def test_segmentation_names_the_geoms_a_live_renderer_shows(self, model, outputs_renderer,
+                                                                recorded):
+        expected = live_maps(model, CAMERAS, SIZE, *recorded)["segmentation"]
+        assert len(np.unique(expected)) >= 4  # background and several geoms: a real test
+
+        actual = self.render_outputs(outputs_renderer, *recorded)["segmentation"]
+
+        agreement = float(np.mean(actual == expected))
+        assert agreement >= (1.0 if self.exact else self.min_segmentation_agreement), agreement
+
+    def test_depth_is_a_live_renderers_where_both_see_the_same_geom(self, model,
+                                                                   outputs_renderer, recorded):
+        expected = live_maps(model, CAMERAS, SIZE, *recorded)
+        scale = self.depth_scale(outputs_renderer)
+
+        actual = self.render_outputs(outputs_renderer, *recorded)
+
+        same = (actual["segmentation"] == expected["segmentation"]) & (expected["segmentation"] >= 0)
+        error = np.abs(actual["depth"] - expected["depth"])[same]
+        if self.exact:
+            np.testing.assert_array_equal(actual["depth"], expected["depth"])
+        else:
+            assert float(np.mean(error <= scale)) >= self.min_depth_agreement
+
+    def test_depth_is_nan_where_no_object_is_hit(self, model, outputs_renderer, recorded):
+        expected = np.isnan(live_maps(model, CAMERAS, SIZE, *recorded)["depth"])
+        assert 0.01 < expected.mean() < 0.99  # some background, some objects
+
+        actual = np.isnan(self.render_outputs(outputs_renderer, *recorded)["depth"])
+
+        assert float(np.mean(actual == expected)) >= (
+            1.0 if self.exact else self.min_segmentation_agreement)
+
+    @pytest.mark.parametrize("outputs", [("depth",), ("segmentation",), ("rgb", "depth")])
+    def test_any_outputs_render_as_they_do_among_all(self, model, outputs_renderer, recorded,
+                                                     outputs):
+        qpos, mocap_pos, mocap_quat = (a[:2] for a in recorded)
+        everything = self.render_outputs(outputs_renderer, qpos, mocap_pos, mocap_quat)
+        renderer = self.open_renderer(model, CAMERAS, SIZE, outputs)
+
+        try:
+            actual = self.render_outputs(renderer, qpos, mocap_pos, mocap_quat)
+        finally:
+            self.close_renderer(renderer)
+
+        assert sorted(actual) == sorted(outputs)
+        for name in outputs:
+            np.testing.assert_array_equal(actual[name], everything[name])
+
+    def test_an_unknown_output_is_refused(self, model):
+        from flyarchive.errors import RenderOptionsError
+
+        with pytest.raises(RenderOptionsError, match="Unknown output 'normals'"):
+            self.open_renderer(model, CAMERAS, SIZE, ("rgb", "normals"))
 
     # -- refusals --------------------------------------------------------------------
 

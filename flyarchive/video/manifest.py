@@ -80,7 +80,7 @@ def write_manifest(plan: Any, ds: xr.Dataset, entries: list[dict[str, Any]], *,
             paths = {v["path"] for v in entries}
             kept = [_upgrade(v, earlier) for v in earlier.get("videos", [])
                     if isinstance(v, dict) and v.get("path") not in paths]
-        manifest["worlds"] = sorted({v["world"] for v in kept + entries})
+        manifest["worlds"] = sorted({w for v in kept + entries for w in _worlds(v)})
         manifest["cameras"] = sorted({v["camera"] for v in kept + entries})
         manifest["videos"] = kept + entries
         with tempfile.TemporaryDirectory(prefix="flyarchive-manifest-", dir=scratch_dir()) as tmp:
@@ -102,21 +102,47 @@ def read_manifest(url: str, storage_options: Mapping[str, Any]) -> dict[str, Any
     return value if isinstance(value, dict) else {}
 
 
-def video_entry(plan: Any, job: Any, camera: str, path: str) -> dict[str, Any]:
+def video_entry(plan: Any, job: Any, camera: str, path: str | Mapping[str, str]
+                ) -> dict[str, Any]:
     """What a render task returns for one finished video (every backend alike).
 
     Args:
-        plan: The render plan (``fps``, ``options.size``).
-        job: The video's :class:`~flyarchive.query.frames.VideoJob`.
+        plan: The render plan (``fps``, ``options``).
+        job: The video's :class:`~flyarchive.query.frames.VideoJob`, or
+            :class:`~flyarchive.video.mosaic.MosaicJob`.
         camera: Its camera name.
-        path: Its final path or URL.
+        path: Its final path or URL, or ``{output name: URL}`` of every output.
 
     Returns:
-        ``{"world", "camera", "path", "frames", "first_frame", "fps", "size"}``; the
+        ``{"world", "camera", "path", "frames", "first_frame", "fps", "size"}``, plus
+        ``"outputs"`` (``{name: URL}``) and a ``"depth"`` / ``"segmentation"`` entry
+        saying what the map's counts mean, when maps were made; plus ``"mosaic"``
+        (:meth:`~flyarchive.video.mosaic.MosaicJob.describe`, ``"world"`` None, ``size``
+        of a tile) for a mosaic, ``"overlays"`` (the items burnt in) with overlays.
+        ``path`` is the mp4, or the first map without RGB. The
         manifest's entry adds the rest (:func:`describe`).
     """
-    return {"world": job.world_id, "camera": camera, "path": path, "frames": job.n_frames,
-            "first_frame": job.start, "fps": plan.fps, "size": list(plan.options.size)}
+    from flyarchive.video.mosaic import is_mosaic
+
+    urls = {"rgb": path} if isinstance(path, str) else dict(path)
+    entry = {"world": None if is_mosaic(job) else job.world_id, "camera": camera,
+             "path": next(iter(urls.values())), "frames": job.n_frames,
+             "first_frame": job.start, "fps": plan.fps, "size": list(plan.options.size)}
+    if list(urls) != ["rgb"]:
+        entry["outputs"] = urls
+    options = plan.options
+    if "depth" in urls:
+        entry["depth"] = {"unit": "model length unit (metres for SI models; NeuroMechFly: "
+                                  "millimetres)", "scale": options.depth_scale, "no_hit": 0,
+                          "saturated": 65535, "meaning": "planar depth = count * scale"}
+    if "segmentation" in urls:
+        entry["segmentation"] = {"ids": "geom", "meaning": "count = geom id + 1",
+                                 "background": 0}
+    if is_mosaic(job):
+        entry["mosaic"] = job.describe()
+    if getattr(options, "overlays", ()):
+        entry["overlays"] = list(options.overlays)
+    return entry
 
 
 def describe(plan: Any, ds: xr.Dataset, video: dict[str, Any]) -> dict[str, Any]:
@@ -134,8 +160,13 @@ def describe(plan: Any, ds: xr.Dataset, video: dict[str, Any]) -> dict[str, Any]
         for a window of a ``where`` mask also ``window``, its index among its world's
         windows (its frames and times are the entry's ``frame_range`` and times).
     """
-    job = next(j for j in plan.jobs if j.world_id == video["world"]
-               and j.start == video.get("first_frame", j.start))
+    from flyarchive.video.mosaic import is_mosaic
+
+    if "mosaic" in video:
+        job = next(j for j in plan.jobs if is_mosaic(j) and j.index == video["mosaic"]["index"])
+    else:
+        job = next(j for j in plan.jobs if not is_mosaic(j) and j.world_id == video["world"]
+                   and j.start == video.get("first_frame", j.start))
     times = ds.time.values
     window = {} if getattr(job, "window", None) is None else {"window": job.window}
     return {
@@ -145,6 +176,13 @@ def describe(plan: Any, ds: xr.Dataset, video: dict[str, Any]) -> dict[str, Any]
         "fps": plan.fps, "size": list(plan.options.size), "backend": plan.options.backend,
         "video": asdict(plan.options.video),
     }
+
+
+def _worlds(entry: dict[str, Any]) -> list[int]:
+    """The worlds an entry shows: its world, or a mosaic's worlds."""
+    if isinstance(entry.get("mosaic"), dict):
+        return [w for w in entry["mosaic"].get("worlds", []) if w is not None]
+    return [entry["world"]] if entry.get("world") is not None else []
 
 
 def _upgrade(entry: dict[str, Any], earlier: dict[str, Any]) -> dict[str, Any]:

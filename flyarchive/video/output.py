@@ -21,7 +21,7 @@ from flyarchive.errors import (
 )
 from flyarchive.replay.frames import is_int
 
-__all__ = ["write_output", "safe_video_path"]
+__all__ = ["write_output", "safe_video_path", "safe_mosaic_path", "output_urls"]
 
 
 _SAFE_CHARS = re.compile(r"[^A-Za-z0-9._-]")
@@ -113,12 +113,50 @@ def safe_video_path(out_dir: str | os.PathLike[str], world_id: int, camera: str)
     """
     if not is_int(world_id) or world_id < 0:
         raise SelectionError(f"world_id must be a non-negative integer, got {world_id!r}.")
+    base = os.fspath(out_dir).rstrip("/")
+    return f"{base}/world{int(world_id):05d}/{_file_name(camera)}.mp4"
+
+
+def safe_mosaic_path(out_dir: str | os.PathLike[str], index: int, camera: str) -> str:
+    """The output path of mosaic ``index`` of one camera: ``{out_dir}/mosaic{index:03d}/{camera}.mp4``,
+    the camera's name made safe as in :func:`safe_video_path`."""
+    base = os.fspath(out_dir).rstrip("/")
+    return f"{base}/mosaic{int(index):03d}/{_file_name(camera)}.mp4"
+
+
+def output_urls(out_dir: str | os.PathLike[str], job: Any, camera: str,
+                outputs: tuple[str, ...] = ("rgb",)) -> dict[str, str]:
+    """Where each output of one job's camera goes: ``{"rgb": ....mp4, "depth":
+    ....depth.zarr, "segmentation": ....seg.zarr}``, the keys of ``outputs``.
+
+    Args:
+        out_dir: The output folder.
+        job: A :class:`~flyarchive.query.frames.VideoJob` (its window, if any, named
+            before ``.mp4``, as :func:`flyarchive.distribute.plan.job_video_path`), a world
+            id, or a :class:`~flyarchive.video.mosaic.MosaicJob` (RGB only).
+        camera: Its camera name.
+        outputs: Names from :data:`flyarchive.replay.outputs.OUTPUTS`.
+    """
+    from flyarchive.video.maps import map_url
+    from flyarchive.video.mosaic import is_mosaic
+
+    if is_mosaic(job):
+        video = safe_mosaic_path(out_dir, job.index, camera)
+    else:
+        world_id = job if is_int(job) else job.world_id
+        video = safe_video_path(out_dir, world_id, camera)
+        suffix = getattr(job, "suffix", "")  # a window's frames: front.frames000120-000240.mp4
+        video = f"{video[:-len('.mp4')]}{suffix}.mp4" if suffix else video
+    return {name: video if name == "rgb" else map_url(video, name) for name in outputs}
+
+
+def _file_name(camera: str) -> str:
+    """A camera name as a file name that stays inside its folder (see :func:`safe_video_path`)."""
     name = _SAFE_CHARS.sub("_", str(camera))[:100]
     name = re.sub(r"^\.", "_", name) or "_"
     if name != camera:
         name += "-" + hashlib.sha256(str(camera).encode()).hexdigest()[:8]
-    base = os.fspath(out_dir).rstrip("/")
-    return f"{base}/world{int(world_id):05d}/{name}.mp4"
+    return name
 
 
 def _copy_local(source: Path, target: Path, overwrite: bool, exists: OutputExistsError,

@@ -24,18 +24,18 @@ BATCHES = pack_batches(JOBS, 4)  # 10 batches of 4 states
 
 
 class SlowSource:
-    """Stands in for a StateReader: each read blocks until released, and is recorded."""
+    """Stands in for a BatchSource: each read blocks until released, and is recorded."""
 
     def __init__(self) -> None:
-        self.started: list[tuple[int, int, int]] = []
+        self.started: list[Any] = []
         self.lock = threading.Lock()
         self.release = threading.Event()
 
-    def read(self, pieces: list[tuple[int, int, int]]) -> list[tuple[int, int, int]]:
+    def read(self, batch: Any) -> Any:
         with self.lock:
-            self.started.append(pieces[0])
+            self.started.append(batch)
         self.release.wait(10)
-        return pieces
+        return batch
 
     def n_started(self) -> int:
         with self.lock:
@@ -49,14 +49,10 @@ def wait_until(check: Any, timeout_s: float = 10.0) -> bool:
     return check()
 
 
-def expected_reads() -> list[list[tuple[int, int, int]]]:
-    return [[(JOBS[p.job].world_index, p.start, p.stop) for p in b.pieces] for b in BATCHES]
-
-
 def test_reads_of_later_batches_start_before_the_first_is_consumed_up_to_the_depth():
     source = SlowSource()
 
-    with _read_ahead(source, JOBS, BATCHES, depth=3, readers=3) as states:
+    with _read_ahead(source, BATCHES, depth=3, readers=3) as states:
         in_flight = wait_until(lambda: source.n_started() == 3)
         time.sleep(0.1)  # room for a fourth read, which must not start
         started_before_consuming = source.n_started()
@@ -64,24 +60,24 @@ def test_reads_of_later_batches_start_before_the_first_is_consumed_up_to_the_dep
         got = list(states)
 
     assert in_flight and started_before_consuming == 3
-    assert got == expected_reads()
+    assert got == BATCHES
 
 
 def test_a_failed_read_raises_when_its_batch_is_reached_after_the_earlier_ones():
     class FailingThird(SlowSource):
-        def read(self, pieces):
-            if pieces[0] == expected_reads()[2][0]:
+        def read(self, batch):
+            if batch == BATCHES[2]:
                 raise OSError("connection reset")
-            return pieces
+            return batch
 
     got = []
 
     with pytest.raises(OSError, match="connection reset"):
-        with _read_ahead(FailingThird(), JOBS, BATCHES, depth=4, readers=2) as states:
+        with _read_ahead(FailingThird(), BATCHES, depth=4, readers=2) as states:
             for item in states:
                 got.append(item)
 
-    assert got == expected_reads()[:2]
+    assert got == BATCHES[:2]
 
 
 @requires_warp

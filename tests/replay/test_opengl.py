@@ -31,11 +31,17 @@ class TestOpenGLReplay(ReplayTests):
 
     backend = "cpu"
 
-    def open_renderer(self, model, cameras, size):
-        return CpuRenderer(model, cameras, size)
+    def open_renderer(self, model, cameras, size, outputs=("rgb",)):
+        return CpuRenderer(model, cameras, size, outputs=outputs)
 
     def render(self, renderer, qpos, mocap_pos=None, mocap_quat=None):
         return renderer.render(qpos, mocap_pos, mocap_quat)
+
+    def render_outputs(self, renderer, qpos, mocap_pos=None, mocap_quat=None):
+        frames = [renderer.render_outputs(qpos[k], None if mocap_pos is None else mocap_pos[k],
+                                          None if mocap_quat is None else mocap_quat[k])
+                  for k in range(len(qpos))]
+        return {name: np.stack([f[name] for f in frames]) for name in frames[0]}
 
 
 @pytest.fixture(scope="module")

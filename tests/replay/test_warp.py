@@ -56,17 +56,33 @@ class TestWarpReplay(ReplayTests):
     exact = False
     min_silhouette_agreement = 0.99
 
-    def open_renderer(self, model, cameras, size):
+    min_segmentation_agreement = 0.99
+    min_depth_agreement = 0.999
+
+    def open_renderer(self, model, cameras, size, outputs=("rgb",)):
         from flyarchive.replay.warp import WarpBatchRenderer
 
-        return WarpBatchRenderer(model, cameras, size, batch_worlds=BATCH, device=WARP_DEVICE)
+        return WarpBatchRenderer(model, cameras, size, batch_worlds=BATCH, device=WARP_DEVICE,
+                                 outputs=outputs)
 
     def render(self, renderer, qpos, mocap_pos=None, mocap_quat=None):
-        batch = renderer.batch_worlds
-        rows = lambda a, k: None if a is None else a[k:k + batch]  # noqa: E731
-        return np.concatenate([renderer.render_batch(rows(qpos, k), rows(mocap_pos, k),
-                                                     rows(mocap_quat, k))
-                               for k in range(0, len(qpos), batch)])
+        return np.concatenate(_in_batches(renderer.render_batch, renderer.batch_worlds, qpos,
+                                          mocap_pos, mocap_quat))
+
+    def render_outputs(self, renderer, qpos, mocap_pos=None, mocap_quat=None):
+        blocks = _in_batches(renderer.render_outputs, renderer.batch_worlds, qpos, mocap_pos,
+                             mocap_quat)
+        return {name: np.concatenate([b[name] for b in blocks]) for name in blocks[0]}
+
+    def depth_scale(self, renderer):
+        return renderer.depth_scale
+
+
+def _in_batches(render, batch, qpos, mocap_pos, mocap_quat):
+    """``render`` of consecutive batches of at most ``batch`` states; its results, in order."""
+    rows = lambda a, k: None if a is None else a[k:k + batch]  # noqa: E731
+    return [render(rows(qpos, k), rows(mocap_pos, k), rows(mocap_quat, k))
+            for k in range(0, len(qpos), batch)]
 
 
 @pytest.fixture(scope="module")

@@ -1,0 +1,104 @@
+"""What a render makes besides one RGB video per (world, camera), checked and planned before
+any work: depth and segmentation maps, mosaics, overlays (:class:`RenderOptions` fields
+``outputs``, ``depth_scale``, ``mosaic``, ``overlays``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+from typing import Any
+
+import mujoco
+import xarray as xr
+
+from flyarchive.errors import RenderOptionsError
+from flyarchive.replay.outputs import (
+    check_segmentable,
+    default_depth_scale,
+    far_plane,
+    map_outputs,
+    parse_depth_scale,
+    parse_outputs,
+)
+from flyarchive.video.mosaic import mosaic_jobs, mosaic_size, parse_mosaic
+from flyarchive.video.overlay import check_overlay, parse_overlay
+
+__all__ = ["check_output_options", "plan_outputs", "map_attributes", "text_chars"]
+
+
+def check_output_options(options: Any) -> None:
+    """Check and normalize the output fields of a (frozen) ``RenderOptions`` in place.
+
+    Raises:
+        RenderOptionsError: see :class:`flyarchive.distribute.api.RenderOptions`.
+    """
+    outputs = parse_outputs(options.outputs)
+    mosaic = parse_mosaic(options.mosaic)
+    overlay = parse_overlay(options.overlays)
+    if mosaic is not None and outputs != ("rgb",):
+        raise RenderOptionsError(
+            f"A mosaic tiles RGB videos; outputs={outputs!r} asks for maps too. Render depth "
+            "and segmentation without mosaic=, and the mosaic with outputs=('rgb',).")
+    if overlay and "rgb" not in outputs:
+        raise RenderOptionsError(
+            f"An overlay is burnt into RGB frames; outputs={outputs!r} has none. Add 'rgb' "
+            "to outputs, or drop the overlay (maps are never drawn on).")
+    if mosaic is not None:
+        mosaic_size(options.size, mosaic)
+    values = {"outputs": outputs, "mosaic": mosaic, "overlays": overlay,
+              "depth_scale": parse_depth_scale(options.depth_scale)}
+    for name, value in values.items():
+        object.__setattr__(options, name, value)
+
+
+def plan_outputs(options: Any, ds: xr.Dataset, model: mujoco.MjModel, jobs: Sequence[Any]
+                 ) -> tuple[Any, list[Any]]:
+    """Check the outputs against the archive and model; the options and jobs to plan with.
+
+    The depth scale is resolved from the model (so tasks and the manifest agree), and
+    with ``mosaic`` the per-world jobs become mosaic jobs
+    (:class:`flyarchive.video.mosaic.MosaicJob`).
+
+    Raises:
+        RenderOptionsError: an overlay item the archive lacks (its per-world variables are
+            named); a mosaic of the windows of a ``(world, time)`` where mask.
+        OptionsError: segmentation of a model with more than 65534 geoms.
+    """
+    check_overlay(options.overlays, ds)
+    if "segmentation" in options.outputs:
+        check_segmentable(model)
+    if map_outputs(options.outputs) and options.depth_scale is None:
+        options = dataclasses.replace(options, depth_scale=default_depth_scale(model))
+    if options.mosaic is not None:
+        windows = [j for j in jobs if getattr(j, "window", None) is not None]
+        if windows:
+            raise RenderOptionsError(
+                f"A mosaic shows its worlds' frames side by side in step; a where mask over "
+                f"(world, time) cut world {windows[0].world_id} into windows of their own "
+                "frames. Select worlds with a (world,) mask (e.g. ds.success == 1) for a "
+                "mosaic, or render the windows without mosaic=.")
+        return options, list(mosaic_jobs(list(jobs), options.mosaic))
+    return options, list(jobs)
+
+
+def map_attributes(options: Any, model: mujoco.MjModel, world: int | None, camera: str,
+                   first_frame: int, fps: float) -> dict[str, dict[str, Any]]:
+    """The attributes of each map of one (world, camera) video."""
+    from flyarchive.video.maps import depth_attrs, segmentation_attrs
+
+    where = {"world": world, "camera": camera, "first_frame": first_frame, "fps": fps}
+    scale = options.depth_scale or default_depth_scale(model)
+    made = {"depth": lambda: depth_attrs(scale, far_plane(model)),
+            "segmentation": segmentation_attrs}
+    return {n: {**made[n](), **where} for n in map_outputs(options.outputs)}
+
+
+def text_chars(options: Any) -> int:
+    """Characters of overlay text the Warp renderer holds per frame: what fits across a
+    tile (0 without overlay or mosaic)."""
+    from flyarchive.replay.font import CELL_W
+
+    if not options.overlays and options.mosaic is None:
+        return 0
+    return options.size[1] // CELL_W + 1

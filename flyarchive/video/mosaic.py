@@ -1,0 +1,115 @@
+"""Mosaics: many worlds tiled into one video per camera, each tile labelled with its world id.
+
+A ``rows x cols`` mosaic takes the selected worlds in order (the order of ``worlds=`` as
+given; all worlds: their order in the archive), ``rows * cols`` per video: more worlds
+make several mosaic videos, fewer leave blank (black) tiles, which the manifest lists.
+Tile ``t`` of a mosaic is at row ``t // cols``, column ``t % cols``; every tile shows the
+same archive frame index, so the tiles are in step in simulated time; a world whose
+recording ends earlier shows black after its last frame.
+
+Videos are ``{out}/mosaic{index:03d}/{camera}.mp4`` (:func:`flyarchive.video.output.safe_mosaic_path`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from flyarchive.errors import RenderOptionsError
+from flyarchive.replay.frames import MAX_GL_SIDE, is_int
+
+__all__ = ["MosaicJob", "mosaic_jobs", "parse_mosaic", "mosaic_size", "is_mosaic"]
+
+
+@dataclass(frozen=True)
+class MosaicJob:
+    """One mosaic video: its tiles (one :class:`~flyarchive.query.frames.VideoJob` each, None
+    for a blank tile) over archive frames ``[start, stop)``."""
+
+    index: int
+    rows: int
+    cols: int
+    tiles: tuple[Any, ...]
+    start: int
+    stop: int
+
+    @property
+    def n_frames(self) -> int:
+        return self.stop - self.start
+
+    @property
+    def world_ids(self) -> list[int | None]:
+        """The world id of each tile, None for a blank one."""
+        return [None if t is None else t.world_id for t in self.tiles]
+
+    @property
+    def world_id(self) -> int:
+        """The first tile's world id (for messages that name a job by one world)."""
+        return next(w for w in self.world_ids if w is not None)
+
+    @property
+    def world_index(self) -> int:
+        return next(t.world_index for t in self.tiles if t is not None)
+
+    def describe(self) -> dict[str, Any]:
+        """The manifest's ``mosaic`` entry: layout, worlds per tile and blank tiles."""
+        blank = [i for i, t in enumerate(self.tiles) if t is None]
+        return {"index": self.index, "rows": self.rows, "cols": self.cols,
+                "worlds": self.world_ids, "blank_tiles": blank,
+                "tile_frames": [None if t is None else [t.start, t.stop] for t in self.tiles],
+                "blank": "black tiles: no world, or after a world's last frame"}
+
+
+def is_mosaic(job: Any) -> bool:
+    return isinstance(job, MosaicJob)
+
+
+def parse_mosaic(mosaic: Any) -> tuple[int, int] | None:
+    """``(rows, cols)`` from a pair of positive integers or ``"ROWSxCOLS"``; None stays None.
+
+    Raises:
+        RenderOptionsError: anything else.
+    """
+    if mosaic is None:
+        return None
+    value = mosaic
+    if isinstance(mosaic, str):
+        try:
+            value = tuple(int(v) for v in mosaic.lower().split("x"))
+        except ValueError:
+            value = None
+    if not (isinstance(value, (tuple, list)) and len(value) == 2
+            and all(is_int(v) and v >= 1 for v in value)):
+        raise RenderOptionsError(
+            f"mosaic must be (rows, cols), two positive integers (CLI: --mosaic 2x3), got "
+            f"{mosaic!r}.")
+    return int(value[0]), int(value[1])
+
+
+def mosaic_size(tile: tuple[int, int], mosaic: tuple[int, int]) -> tuple[int, int]:
+    """``(height, width)`` of a mosaic frame of ``tile``-sized tiles.
+
+    Raises:
+        RenderOptionsError: a side above 16384 pixels.
+    """
+    size = (tile[0] * mosaic[0], tile[1] * mosaic[1])
+    if max(size) > MAX_GL_SIDE:
+        raise RenderOptionsError(
+            f"A {mosaic[0]}x{mosaic[1]} mosaic of {tile[0]}x{tile[1]} tiles is {size[0]}x{size[1]} "
+            f"pixels; a side may be at most {MAX_GL_SIDE}. Use smaller tiles or fewer of them.")
+    return size
+
+
+def mosaic_jobs(jobs: Sequence[Any], mosaic: tuple[int, int]) -> list[MosaicJob]:
+    """Group per-world jobs, in order, into mosaics of ``rows * cols`` tiles (the last one
+    padded with blank tiles)."""
+    rows, cols = mosaic
+    per = rows * cols
+    groups = []
+    for index, first in enumerate(range(0, len(jobs), per)):
+        tiles = tuple(jobs[first:first + per]) + (None,) * max(0, first + per - len(jobs))
+        present = [t for t in tiles if t is not None]
+        groups.append(MosaicJob(index, rows, cols, tiles, min(t.start for t in present),
+                                max(t.stop for t in present)))
+    return groups

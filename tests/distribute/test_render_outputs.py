@@ -1,0 +1,257 @@
+"""render_videos with depth and segmentation maps, mosaics and overlays, end to end on the
+OpenGL backend ("cpu") and the Warp batch renderer on Warp's CPU device ("warp-cpu"; "gpu"
+runs the same code on CUDA).
+
+What the renderers make per frame (maps against a live mujoco.Renderer, text and tiles
+against numpy) is in tests/replay/test_compose.py; here: the files, their names, the
+manifest, and that the backends agree.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from flyarchive.distribute.api import RenderOptions, render_frames, render_videos
+from flyarchive.testing import tiny_model
+from flyarchive.testing.fixtures import record
+from flyarchive.testing.markers import WARP_BACKEND, requires_s3, requires_warp
+from flyarchive.video import VideoOptions, read_video
+from flyarchive.video.decode import read_depth, read_segmentation
+
+pytestmark = pytest.mark.timeout(600)
+
+SIZE = (48, 64)
+MAPS = ("rgb", "depth", "segmentation")
+LOSSLESS = VideoOptions(crf=0, preset="ultrafast")
+BACKENDS = ["cpu", pytest.param(WARP_BACKEND, marks=requires_warp)]
+
+
+def render_here(url: str, out: Path, backend: str, **options) -> dict:
+    """Render camera "front" of every world in this process; the manifest's videos."""
+    video = options.pop("video", LOSSLESS)
+    opts = RenderOptions(backend=backend, size=SIZE, batch_worlds=4, segment_frames=4,
+                         video=video, **options)
+    render_videos(url, None, "front", str(out), options=opts, n_workers=0)
+    return json.loads((out / "manifest.json").read_text())["videos"]
+
+
+@pytest.fixture(scope="module")
+def archive(tmp_path_factory: pytest.TempPathFactory) -> str:
+    """3 tiny worlds, 11 frames each, the model kept beside the archive."""
+    url = str(tmp_path_factory.mktemp("outputs") / "run.zarr")
+    record(tiny_model(), url, n_worlds=3, n_steps=40, chunk_frames=8)
+    return url
+
+
+@pytest.fixture(scope="module")
+def maps(archive: str, tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[Path, list]]:
+    """Per backend: the output folder of an RGB + depth + segmentation render, its entries."""
+    made = {}
+    for backend in ("cpu", WARP_BACKEND):
+        out = tmp_path_factory.mktemp(f"maps-{backend}") / "videos"
+        made[backend] = (out, render_here(archive, out, backend, outputs=MAPS))
+    return made
+
+
+# ------------------------------------------------------------------ depth and segmentation
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_maps_are_written_beside_each_video_and_read_back(maps, backend):
+    out, _ = maps[backend]
+
+    depth = read_depth(out / "world00001" / "front.depth.zarr")
+    seg = read_segmentation(out / "world00001" / "front.seg.zarr")
+
+    assert (out / "world00001" / "front.mp4").is_file()
+    assert depth.shape == seg.shape == (11, *SIZE)
+    assert np.isfinite(depth).any() and np.isnan(depth).any()  # the floor, and the sky
+    assert set(np.unique(seg)) <= set(range(-1, tiny_model().ngeom))
+    assert ((seg >= 0) == np.isfinite(depth)).mean() > 0.99
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_manifest_lists_each_output_with_its_unit_scale_and_id_meaning(maps, backend):
+    out, entries = maps[backend]
+
+    entry = next(e for e in entries if e["world"] == 2)
+
+    assert entry["outputs"] == {"rgb": str(out / "world00002" / "front.mp4"),
+                                "depth": str(out / "world00002" / "front.depth.zarr"),
+                                "segmentation": str(out / "world00002" / "front.seg.zarr")}
+    assert entry["depth"]["scale"] > 0 and "model length unit" in entry["depth"]["unit"]
+    assert entry["depth"]["no_hit"] == 0
+    assert entry["segmentation"] == {"ids": "geom", "meaning": "count = geom id + 1",
+                                     "background": 0}
+
+
+@requires_warp
+def test_opengl_and_warp_segmentation_ids_agree_on_99_percent_of_pixels(maps):
+    cpu, warp = maps["cpu"][0], maps[WARP_BACKEND][0]
+
+    equal = [(read_segmentation(cpu / f"world{w:05d}" / "front.seg.zarr")
+              == read_segmentation(warp / f"world{w:05d}" / "front.seg.zarr")).mean()
+             for w in range(3)]
+
+    assert min(equal) >= 0.99
+
+
+@requires_warp
+def test_opengl_and_warp_depth_within_one_count_where_both_see_the_same_geom(maps):
+    (cpu, entries), warp = maps["cpu"], maps[WARP_BACKEND][0]
+    scale = entries[0]["depth"]["scale"]
+
+    within = []
+    for w in range(3):
+        a, b = (f / f"world{w:05d}" / "front" for f in (cpu, warp))
+        seg_a = read_segmentation(a.with_suffix(".seg.zarr"))
+        same = (seg_a == read_segmentation(b.with_suffix(".seg.zarr"))) & (seg_a >= 0)
+        error = np.abs(read_depth(a.with_suffix(".depth.zarr")) - read_depth(b.with_suffix(".depth.zarr")))
+        within.append((error[same] <= 1.01 * scale).mean())
+
+    assert min(within) >= 0.999
+
+
+def test_rgb_video_is_the_same_with_or_without_maps(archive, maps, tmp_path):
+    out = tmp_path / "rgb"
+
+    render_here(archive, out, "cpu")
+
+    assert np.array_equal(read_video(out / "world00000" / "front.mp4"),
+                          read_video(maps["cpu"][0] / "world00000" / "front.mp4"))
+
+
+# ------------------------------------------------------------------------------ mosaics
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_mosaic_tiles_show_each_worlds_labelled_frames(archive, tmp_path, backend):
+    worlds = render_here(archive, tmp_path / "worlds", backend, overlays=("world",))
+    mosaics = render_here(archive, tmp_path / "mosaic", backend, mosaic=(2, 2))
+
+    frames = read_video(tmp_path / "mosaic" / "mosaic000" / "front.mp4")
+    h, w = SIZE
+    assert frames.shape == (11, 2 * h, 2 * w, 3)
+    assert [e["mosaic"]["worlds"] for e in mosaics] == [[0, 1, 2, None]]
+    for tile, entry in enumerate(sorted(worlds, key=lambda e: e["world"])):
+        expected = read_video(entry["path"]).astype(int)
+        got = frames[:, tile // 2 * h:(tile // 2 + 1) * h, tile % 2 * w:(tile % 2 + 1) * w]
+        error = np.abs(got.astype(int) - expected)
+        assert error.mean() < 1.0 and (error <= 24).mean() > 0.99  # chroma at tile edges
+    assert frames[:, h + 2:, w + 2:].max() <= 20  # the blank fourth tile is black
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_more_worlds_than_tiles_make_several_mosaics_in_world_order(archive, tmp_path, backend):
+    out = tmp_path / "mosaic"
+
+    entries = render_here(archive, out, backend, mosaic=(1, 2))
+
+    assert sorted(e["mosaic"]["worlds"] for e in entries) == [[0, 1], [2, None]]
+    assert read_video(out / "mosaic001" / "front.mp4").shape == (11, SIZE[0], 2 * SIZE[1], 3)
+    assert read_video(out / "mosaic001" / "front.mp4")[:, 2:, SIZE[1] + 2:].max() <= 20
+
+
+# ----------------------------------------------------------------------------- overlays
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_overlay_changes_only_the_text_box_and_time_text_changes_per_frame(archive, tmp_path, backend):
+    render_here(archive, tmp_path / "plain", backend)
+    render_here(archive, tmp_path / "text", backend, overlays=("time",))
+
+    plain = read_video(tmp_path / "plain" / "world00000" / "front.mp4").astype(int)
+    text = read_video(tmp_path / "text" / "world00000" / "front.mp4").astype(int)
+    changed = np.abs(text - plain).max(axis=(0, 3)) > 24
+    rows, cols = np.nonzero(changed)
+    assert changed.any() and rows.max() < 16  # the text line, at the top
+    box = text[:, :12, :]
+    assert len({box[k].tobytes() for k in range(len(box))}) > 1  # t=... differs per frame
+
+
+def test_overlay_of_a_world_variable_differs_between_worlds(archive, tmp_path):
+    import shutil
+
+    from flyarchive.store.world_vars import add_world_vars
+
+    url = str(tmp_path / "run.zarr")
+    shutil.copytree(archive, url)
+    add_world_vars(url, {"gain": np.array([1.5, 1.5, 250.0])})
+
+    render_here(url, tmp_path / "text", "cpu", overlays=("gain",))
+
+    box = [read_video(tmp_path / "text" / f"world{w:05d}" / "front.mp4")[0, :12, :48].astype(int)
+           for w in (0, 2)]
+    assert np.abs(box[0] - box[1]).max() > 100
+
+
+# -------------------------------------------------------------------------------- CLI
+def test_cli_outputs_writes_maps_beside_the_videos(archive, tmp_path, cli):
+    out = tmp_path / "videos"
+
+    code, _, err = cli("render", archive, "--camera", "front", "--size", "48x64", "--out", out,
+                       "--workers", "0", "--quiet", "--outputs", "rgb,depth,segmentation",
+                       "--worlds", "1")
+
+    assert code == 0, err
+    assert read_depth(out / "world00001" / "front.depth.zarr").shape == (11, *SIZE)
+    assert (out / "world00001" / "front.seg.zarr").is_dir()
+
+
+def test_cli_mosaic_with_overlay_writes_one_mosaic_per_camera(archive, tmp_path, cli):
+    out = tmp_path / "videos"
+
+    code, _, err = cli("render", archive, "--camera", "front", "--camera", "top", "--size",
+                       "48x64", "--out", out, "--workers", "0", "--quiet", "--mosaic", "1x3",
+                       "--overlay", "time,world")
+
+    assert code == 0, err
+    for camera in ("front", "top"):
+        assert read_video(out / "mosaic000" / f"{camera}.mp4").shape == (11, 48, 192, 3)
+    entries = json.loads((out / "manifest.json").read_text())["videos"]
+    assert [e["overlays"] for e in entries] == [["time", "world"]] * 2
+
+
+# ----------------------------------------------------------------------- render_frames
+@requires_warp
+def test_render_frames_on_warp_gives_the_maps_of_opengl(archive):
+    frames = {b: render_frames(archive, None, "front", size=SIZE, block_frames=4, backend=b,
+                               outputs=("depth", "segmentation"), worlds=[0, 2]).compute()
+              for b in ("cpu", WARP_BACKEND)}
+
+    cpu, warp = frames["cpu"], frames[WARP_BACKEND]
+    assert cpu.segmentation.dims == ("world", "time", "y", "x")
+    assert (cpu.segmentation.values == warp.segmentation.values).mean() >= 0.99
+    same = (cpu.segmentation.values == warp.segmentation.values) & (cpu.segmentation.values >= 0)
+    assert np.nanmax(np.abs(cpu.depth.values - warp.depth.values)[same]) < 0.05
+
+
+def test_mosaic_tiles_follow_the_given_world_order(archive, tmp_path):
+    opts = RenderOptions(size=SIZE, segment_frames=4, video=LOSSLESS, mosaic=(1, 2))
+    labelled = RenderOptions(size=SIZE, segment_frames=4, video=LOSSLESS, overlays=("world",))
+    render_videos(archive, None, "front", str(tmp_path / "worlds"), worlds=[2],
+                  options=labelled, n_workers=0)
+
+    result = render_videos(archive, None, "front", str(tmp_path / "mosaic"), worlds=[2, 0],
+                           options=opts, n_workers=0)
+
+    assert [v["mosaic"]["worlds"] for v in result.videos] == [[2, 0]]
+    first_tile = read_video(tmp_path / "mosaic" / "mosaic000" / "front.mp4")[:, :, :SIZE[1]]
+    world2 = read_video(tmp_path / "worlds" / "world00002" / "front.mp4")
+    assert np.abs(first_tile.astype(int) - world2).mean() < 1.0
+
+
+@requires_s3
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_maps_rendered_to_s3_read_back_through_storage_options(archive, s3_server, backend):
+    import uuid
+
+    out = f"s3://flyarchive-test/{uuid.uuid4().hex}/videos"
+    so = s3_server.storage_options()
+
+    render_videos(archive, None, "front", out, worlds=[1], n_workers=0, out_storage_options=so,
+                  options=RenderOptions(backend=backend, size=SIZE, segment_frames=4,
+                                        batch_worlds=4, outputs=MAPS))
+
+    depth = read_depth(f"{out}/world00001/front.depth.zarr", so)
+    seg = read_segmentation(f"{out}/world00001/front.seg.zarr", so)
+    assert depth.shape == seg.shape == (11, *SIZE)
+    assert ((seg >= 0) == np.isfinite(depth)).mean() > 0.99
