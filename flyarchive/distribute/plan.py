@@ -9,6 +9,7 @@ batches and split the videos into groups, one per worker.
 from __future__ import annotations
 
 import os
+from collections import deque
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -163,34 +164,48 @@ class Batch:
         return sum(p.n for p in self.pieces)
 
 
-def pack_batches(jobs: Sequence[Any], batch_worlds: int) -> list[Batch]:
-    """Pack the frames of ``jobs`` world-major into batches of ``batch_worlds`` states.
+def pack_batches(jobs: Sequence[Any], batch_worlds: int, lanes: int = 1) -> list[Batch]:
+    """Pack the frames of ``jobs`` into batches of ``batch_worlds`` states, ``lanes``
+    videos at a time.
 
+    Jobs are dealt in order to ``lanes`` lanes; a lane takes the next job when its
+    current one is done. Each batch takes frames from every lane still holding frames,
+    in about equal shares (a lane with fewer left leaves its share to the others), so
+    every batch feeds ``lanes`` videos and that many encoders work at once, while the
+    host holds only a few batches. ``lanes=1``: world-major, one video after another.
     Every batch but the last is full; a job's frames keep their order across batches.
 
     Args:
         jobs: :class:`flyarchive.query.frames.VideoJob` s (``start``, ``stop`` archive indices).
         batch_worlds: ``B``, states per batch, ``>= 1``.
+        lanes: Videos in each batch, at most (capped at ``B``); ``>= 1``.
 
     Returns:
         The batches, in rendering order; ``Piece.job`` indexes ``jobs``.
     """
     if batch_worlds < 1:
         raise RenderOptionsError(f"batch_worlds must be at least 1, got {batch_worlds!r}.")
+    todo = deque(i for i, job in enumerate(jobs) if job.stop > job.start)
+    open_lanes: list[list[int]] = []  # per lane: [job index, next archive index]
     batches: list[Batch] = []
-    pieces: list[Piece] = []
-    filled = 0
-    for index, job in enumerate(jobs):
-        k = job.start
-        while k < job.stop:
-            take = min(batch_worlds - filled, job.stop - k)
-            pieces.append(Piece(index, k, k + take, filled))
-            filled += take
-            k += take
-            if filled == batch_worlds:
-                batches.append(Batch(tuple(pieces)))
-                pieces, filled = [], 0
-    if pieces:
+    while todo or open_lanes:
+        pieces: list[Piece] = []
+        filled = 0
+        while filled < batch_worlds and (todo or open_lanes):
+            while len(open_lanes) < max(1, min(lanes, batch_worlds)) and todo:
+                i = todo.popleft()
+                open_lanes.append([i, jobs[i].start])
+            share = -(-(batch_worlds - filled) // len(open_lanes))  # ceil
+            for lane in list(open_lanes):
+                i, k = lane
+                take = min(share, jobs[i].stop - k, batch_worlds - filled)
+                if take <= 0:
+                    break
+                pieces.append(Piece(i, k, k + take, filled))
+                filled += take
+                lane[1] = k + take
+                if lane[1] == jobs[i].stop:
+                    open_lanes.remove(lane)
         batches.append(Batch(tuple(pieces)))
     return batches
 

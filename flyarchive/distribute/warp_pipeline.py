@@ -44,7 +44,7 @@ import numpy as np
 from flyarchive import config
 from flyarchive.distribute.caches import RendererCache
 from flyarchive.distribute.diagnostics import StageTimer, progress_bar
-from flyarchive.distribute.encoders import Encoders
+from flyarchive.distribute.encoders import MAX_ENCODERS, Encoders
 from flyarchive.distribute.output_plan import text_chars
 from flyarchive.distribute.plan import Batch, pack_batches
 from flyarchive.distribute.warp_batches import BatchSource
@@ -106,6 +106,19 @@ def batch_worlds_of(options: Any) -> int:
     if options.backend == "warp-cpu":
         return min(options.batch_worlds, _CPU_BATCH_WORLDS)
     return options.batch_worlds
+
+
+#: Fewest states a lane gives a batch: each piece is one read of the archive.
+_MIN_PIECE = 8
+
+
+def _lanes(jobs: tuple[Any, ...], plan: Any, frames_per_batch: int) -> int:
+    """Videos fed by each batch: one per encoder thread (a job makes a video per camera),
+    so that every encoder works while the host holds only a few batches; no more than
+    pieces of :data:`_MIN_PIECE` states allow."""
+    cameras = max(1, len(plan.cameras))
+    threads = max(1, min(len(jobs) * cameras, config.encoders(), MAX_ENCODERS))
+    return max(1, min(-(-threads // cameras), frames_per_batch // _MIN_PIECE))
 
 
 def _renderer(blob: bytes, cameras: tuple[str, ...], size: tuple[int, int],
@@ -174,7 +187,7 @@ def render_jobs(plan: Any, blob: bytes, jobs: Sequence[Any], device: str, *,
     # No bigger than the work: a partial batch costs a full one. Mosaics: whole frames.
     frames_per_batch = min(max(1, batch_worlds_of(options) // tiles),
                            sum(job.n_frames for job in jobs))
-    batches = pack_batches(jobs, frames_per_batch)
+    batches = pack_batches(jobs, frames_per_batch, lanes=_lanes(jobs, plan, frames_per_batch))
     source = BatchSource(plan, jobs, tiles)
     compose = {"outputs": tuple(getattr(options, "outputs", ("rgb",))), "mosaic": mosaic,
                "depth_scale": getattr(options, "depth_scale", None),

@@ -91,6 +91,25 @@ def test_batches_are_full_world_major_and_keep_frame_order():
     assert all(p.offset + p.n <= 4 for b in batches for p in b.pieces)
 
 
+def test_batches_with_lanes_feed_that_many_videos_each_in_frame_order():
+    from flyarchive.distribute.plan import pack_batches
+
+    jobs = [VideoJob(w, w, 0, 12) for w in range(5)] + [VideoJob(9, 9, 3, 7)]
+
+    batches = pack_batches(jobs, 8, lanes=4)
+
+    assert [b.n for b in batches[:-1]] == [8] * (len(batches) - 1)  # all full but the last
+    assert sum(b.n for b in batches) == 5 * 12 + 4
+    assert all(len({p.job for p in b.pieces}) == 4 for b in batches[:2])  # 4 videos at once
+    for j, job in enumerate(jobs):
+        frames = [k for b in batches for p in b.pieces if p.job == j for k in range(p.start, p.stop)]
+        assert frames == list(range(job.start, job.stop))
+    for b in batches:  # the pieces tile the batch
+        assert sorted((p.offset, p.offset + p.n) for p in b.pieces) == [
+            (o, o + n) for o, n in sorted((p.offset, p.n) for p in b.pieces)]
+        assert sum(p.n for p in b.pieces) == b.n and max(p.offset + p.n for p in b.pieces) == b.n
+
+
 def test_groups_hold_whole_videos_of_about_equal_frames():
     from flyarchive.distribute.plan import split_groups
 
@@ -141,6 +160,21 @@ def test_time_window_and_world_subset(slider_worlds, tmp_path):
     assert not (tmp_path / "v" / "world00000").exists()
     actual = block_columns(read_video(video["path"]))
     np.testing.assert_allclose(actual, slider_columns(qpos[1, 3:8, 0], SIZE), atol=1.5)
+
+
+def test_batches_feeding_several_videos_at_once_make_the_same_videos(tiny_archive, tmp_path,
+                                                                      monkeypatch):
+    lossless = VideoOptions(crf=0, preset="ultrafast")
+    one_by_one = RenderOptions(backend=BACKEND, size=SIZE, batch_worlds=4, video=lossless)
+    together = RenderOptions(backend=BACKEND, size=SIZE, batch_worlds=32, video=lossless)
+    monkeypatch.setenv("FLYARCHIVE_ENCODERS", "3")  # 3 lanes: 32 states, 3 worlds x 11 frames
+
+    a = render_here(tiny_archive, tiny_model(), "front", str(tmp_path / "a"), options=one_by_one)
+    b = render_here(tiny_archive, tiny_model(), "front", str(tmp_path / "b"), options=together)
+
+    assert len(a.videos) == len(b.videos) == 3
+    for va, vb in zip(a.videos, b.videos):
+        np.testing.assert_array_equal(read_video(va["path"]), read_video(vb["path"]))
 
 
 def test_cpu_recording_replays_like_the_opengl_backend(tiny_archive, tmp_path):
