@@ -64,9 +64,6 @@ class Encoders:
         parts: The run's parts folder (see :func:`~flyarchive.distribute.warp_pipeline.render_jobs`).
         timer: Where stage timings go.
         model: The compiled model (the far plane, for the depth maps' attributes).
-        streams: Videos each batch feeds (the batches' lanes); mosaics, each one x264
-            stream, get the cores over that many streams as x264 threads. None: one
-            stream per encoder thread.
 
     Raises:
         ConfigError: ``FLYARCHIVE_ENCODERS`` is not a whole number >= 0.
@@ -74,7 +71,7 @@ class Encoders:
 
     def __init__(self, plan: Any, jobs: tuple[Any, ...], tmp: Path, pixel_format: str,
                  buffers: int, parts: str | None = None, timer: StageTimer | None = None,
-                 model: Any = None, streams: int | None = None) -> None:
+                 model: Any = None) -> None:
         self._plan, self._jobs, self._tmp, self._parts = plan, jobs, tmp, parts
         self._pixel_format = pixel_format
         self._cameras = tuple(plan.cameras)
@@ -86,11 +83,9 @@ class Encoders:
         video = plan.options.video
         self._model = model
         self._outputs = tuple(getattr(plan.options, "outputs", ("rgb",)))
-        # One mosaic is one x264 stream: give each the cores its share of the streams
-        # encoded at once leaves (``streams``: the videos each batch feeds).
-        at_once = max(1, min(n_threads, streams or n_threads))
+        # One mosaic is one x264 stream: give each the cores its share of threads leaves.
         threads = 1 if not jobs or not is_mosaic(jobs[0]) else max(
-            1, config.usable_cores() // at_once)
+            1, (os.cpu_count() or 1) // n_threads)
         self._video = video if video.threads is not None else dataclasses.replace(
             video, threads=threads)
         self._timer.add_results({"encoder_threads": n_threads})

@@ -109,14 +109,11 @@ def batch_worlds_of(options: Any) -> int:
     return options.batch_worlds
 
 
-#: Fewest states a lane gives a batch: each piece is one read of the archive (per tile,
-#: in a mosaic, whose batches hold B / tiles frames).
+#: Fewest states a lane gives a batch: each piece is one read of the archive.
 _MIN_PIECE = 8
-_MIN_MOSAIC_PIECE = 4
 
 
-def _lanes(jobs: tuple[Any, ...], plan: Any, frames_per_batch: int, *,
-           mosaic: bool = False) -> int:
+def _lanes(jobs: tuple[Any, ...], plan: Any, frames_per_batch: int) -> int:
     """Videos fed by each batch: one per encoder thread (a job makes a video per camera),
     so that every encoder works while the host holds only a few batches; no more than
     pieces of :data:`_MIN_PIECE` states allow. Archives on remote storage: 1 (each piece
@@ -126,8 +123,7 @@ def _lanes(jobs: tuple[Any, ...], plan: Any, frames_per_batch: int, *,
         return 1
     cameras = max(1, len(plan.cameras))
     threads = max(1, min(len(jobs) * cameras, config.encoders(), MAX_ENCODERS))
-    piece = _MIN_MOSAIC_PIECE if mosaic else _MIN_PIECE
-    return max(1, min(-(-threads // cameras), frames_per_batch // piece))
+    return max(1, min(-(-threads // cameras), frames_per_batch // _MIN_PIECE))
 
 
 def _renderer(blob: bytes, cameras: tuple[str, ...], size: tuple[int, int],
@@ -196,8 +192,7 @@ def render_jobs(plan: Any, blob: bytes, jobs: Sequence[Any], device: str, *,
     # No bigger than the work: a partial batch costs a full one. Mosaics: whole frames.
     frames_per_batch = min(max(1, batch_worlds_of(options) // tiles),
                            sum(job.n_frames for job in jobs))
-    lanes = _lanes(jobs, plan, frames_per_batch, mosaic=tiles > 1)
-    batches = pack_batches(jobs, frames_per_batch, lanes=lanes)
+    batches = pack_batches(jobs, frames_per_batch, lanes=_lanes(jobs, plan, frames_per_batch))
     source = BatchSource(plan, jobs, tiles)
     compose = {"outputs": tuple(getattr(options, "outputs", ("rgb",))), "mosaic": mosaic,
                "depth_scale": getattr(options, "depth_scale", None),
@@ -208,7 +203,7 @@ def render_jobs(plan: Any, blob: bytes, jobs: Sequence[Any], device: str, *,
                                  frames_per_batch * tiles, device, buffers, **compose)
         with tempfile.TemporaryDirectory(prefix="flyarchive-warp-", dir=scratch_dir()) as tmp:
             encoders = Encoders(plan, jobs, Path(tmp), renderer.pixel_format, buffers, parts,
-                                timer, model=model_from_bytes(blob), streams=lanes)
+                                timer, model=model_from_bytes(blob))
             bar = None
             if on_frames is None:
                 bar = progress_bar(sum(b.n for b in batches), options.progress)
