@@ -133,7 +133,6 @@ def _renderer(blob: bytes, cameras: tuple[str, ...], size: tuple[int, int],
 
     ``compose``: ``outputs``, ``depth_scale``, ``mosaic``, ``text_chars`` of the renderer.
     """
-    from flyarchive.models import model_from_bytes
     from flyarchive.replay.warp import WarpBatchRenderer
 
     def make() -> Any:
@@ -206,7 +205,7 @@ def render_jobs(plan: Any, blob: bytes, jobs: Sequence[Any], device: str, *,
                                  frames_per_batch * tiles, device, buffers, **compose)
         with tempfile.TemporaryDirectory(prefix="flyarchive-warp-", dir=scratch_dir()) as tmp:
             encoders = Encoders(plan, jobs, Path(tmp), renderer.pixel_format, buffers, parts,
-                                timer, model=model_from_bytes(blob))
+                                timer, model=renderer.model)
             bar = None
             if on_frames is None:
                 bar = progress_bar(sum(b.n for b in batches), options.progress)

@@ -178,6 +178,12 @@ class WarpBatchRenderer:
         return self._size
 
     @property
+    def model(self) -> mujoco.MjModel:
+        """The host model it renders: the caller's, prepared for batch rendering (its
+        ``vis`` and ``stat``, hence the far plane, unchanged)."""
+        return self._model
+
+    @property
     def pixel_format(self) -> str:
         """``"rgb24"`` or ``"yuv420p"``: the layout of the frames :meth:`render_batch` returns."""
         return self._pixel_format
