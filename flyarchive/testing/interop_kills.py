@@ -21,11 +21,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import io
-import os
-import signal
-import subprocess
 import sys
-import tempfile
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -34,7 +30,7 @@ from typing import Any
 
 import numpy as np
 
-from flyarchive.testing.kills import TrialOutcome
+from flyarchive.testing.kills import Child, TrialOutcome
 
 __all__ = ["InteropKillConfig", "InteropKillResult", "kill_trial", "write_npz_inputs",
            "datasets_equal", "OPERATIONS"]
@@ -193,43 +189,28 @@ def _run_and_kill(source: str, target: str, config: InteropKillConfig,
     wait_steps = int(rng.integers(0, config.total_steps + 1))
     wait_steps = wait_steps if config.wait_steps is None else config.wait_steps
     delay = float(rng.uniform(0.0, config.max_delay_s))
-    env = {**os.environ, "MUJOCO_GL": os.environ.get("MUJOCO_GL", "egl")}
     cmd = [sys.executable, "-m", "flyarchive.testing.interop_kills", config.operation, source, target,
            "--chunk-frames", str(config.chunk_frames)]
-    stderr = tempfile.TemporaryFile(mode="w+")
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=stderr, text=True, env=env)
     deadline = time.monotonic() + config.timeout_s
     seen = -1
-    try:
-        assert proc.stdout is not None
+    with Child(cmd) as child:
         while seen < wait_steps and time.monotonic() < deadline:
-            line = proc.stdout.readline()
+            line = child.readline()
             if not line:
                 break
             if line.startswith(_STEP):
                 seen += 1
         if config.mid_write:
-            while (proc.poll() is None and not _temporaries(Path(target))
+            while (child.proc.poll() is None and not _temporaries(Path(target))
                    and time.monotonic() < deadline):
                 time.sleep(0.0005)
         else:
             time.sleep(delay)
-        result.killed = proc.poll() is None
-        if result.killed:
-            os.kill(proc.pid, signal.SIGKILL)
-        proc.wait(timeout=30)
-        seen += sum(line.startswith(_STEP) for line in proc.stdout.read().splitlines())
+        result.killed, lines = child.kill()
+        seen += sum(line.startswith(_STEP) for line in lines)
         result.steps = max(seen, 0)
-        if not result.killed and proc.returncode != 0:
-            stderr.seek(0)
-            result.problems.append(f"The child failed before the kill: {stderr.read()[-2000:]}")
-    finally:
-        if proc.poll() is None:
-            os.kill(proc.pid, signal.SIGKILL)
-            proc.wait()
-        if proc.stdout is not None:
-            proc.stdout.close()
-        stderr.close()
+        if not result.killed and child.proc.returncode != 0:
+            result.problems.append(f"The child failed before the kill: {child.stderr_tail()}")
 
 
 def _temporaries(folder: Path) -> list[Path]:

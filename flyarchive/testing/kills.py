@@ -30,7 +30,7 @@ from typing import Any
 import numpy as np
 
 __all__ = [
-    "KillConfig", "KillResult", "kill_trial", "BACKENDS", "record_warp", "warp_reference",
+    "Child", "KillConfig", "KillResult", "kill_trial", "BACKENDS", "record_warp", "warp_reference",
     "S3_OUTCOMES",
     "S3FaultResult", "s3_record_trial", "s3_read_trial", "s3_render_trial",
 ]
@@ -240,44 +240,73 @@ def _progress(line: str, last: tuple[int, int]) -> tuple[int, int]:
     return last
 
 
+class Child:
+    """A harness's child process to SIGKILL mid-way (``with``-block: always reaped).
+
+    Its stdout is a text pipe of progress lines; its stderr goes to a temporary file (a
+    pipe left unread could block the child); ``MUJOCO_GL`` defaults to ``egl``.
+    """
+
+    def __init__(self, cmd: Sequence[str]) -> None:
+        env = {**os.environ, "MUJOCO_GL": os.environ.get("MUJOCO_GL", "egl")}
+        self._stderr = tempfile.TemporaryFile(mode="w+")
+        self.proc = subprocess.Popen(list(cmd), stdout=subprocess.PIPE, stderr=self._stderr,
+                                     text=True, env=env)
+
+    def __enter__(self) -> Child:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self.proc.poll() is None:
+            os.kill(self.proc.pid, signal.SIGKILL)
+            self.proc.wait()
+        if self.proc.stdout is not None:
+            self.proc.stdout.close()
+        self._stderr.close()
+
+    def readline(self) -> str:
+        """The next progress line; "" once the child's stdout is closed."""
+        assert self.proc.stdout is not None
+        return self.proc.stdout.readline()
+
+    def kill(self) -> tuple[bool, list[str]]:
+        """SIGKILL the child if it still runs; (whether it did, the lines it printed before)."""
+        killed = self.proc.poll() is None
+        if killed:
+            os.kill(self.proc.pid, signal.SIGKILL)
+        self.proc.wait(timeout=30)
+        assert self.proc.stdout is not None
+        return killed, self.proc.stdout.read().splitlines()
+
+    def stderr_tail(self, n: int = 2000) -> str:
+        """The last ``n`` characters the child wrote to stderr."""
+        self._stderr.seek(0)
+        return self._stderr.read()[-n:]
+
+
 def _run_and_kill(url: str, config: KillConfig) -> KillResult:
     rng = np.random.default_rng(config.seed)
     wait_frames = int(rng.integers(1, config.max_wait_frames + 1))
     delay = float(rng.uniform(0.0, config.max_delay_s))
-    env = {**os.environ, "MUJOCO_GL": os.environ.get("MUJOCO_GL", "egl")}
     cmd = [sys.executable, "-m", "flyarchive.testing.kills", config.backend, url,
            "--worlds", str(config.n_worlds), "--chunk-frames", str(config.chunk_frames)]
-    stderr = tempfile.TemporaryFile(mode="w+")  # a pipe left unread could block the child
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=stderr, text=True, env=env)
     result = KillResult(config)
     deadline = time.monotonic() + config.timeout_s
-    try:
-        assert proc.stdout is not None
+    with Child(cmd) as child:
         last = (0, 0)
         while last[0] < wait_frames and time.monotonic() < deadline:
-            line = proc.stdout.readline()
+            line = child.readline()
             if not line:
                 break
             last = _progress(line, last)
         time.sleep(delay)
-        result.killed = proc.poll() is None
-        if result.killed:
-            os.kill(proc.pid, signal.SIGKILL)
-        proc.wait(timeout=30)
-        for line in proc.stdout.read().splitlines():  # printed before the process died
+        result.killed, lines = child.kill()
+        for line in lines:  # printed before the process died
             last = _progress(line, last)
         result.recorded, result.reported_committed = last
         if not result.killed:
-            stderr.seek(0)
-            err = stderr.read()
-            result.problems.append(f"The recording child exited before the kill: {err[-2000:]}")
-    finally:
-        if proc.poll() is None:
-            os.kill(proc.pid, signal.SIGKILL)
-            proc.wait()
-        if proc.stdout is not None:
-            proc.stdout.close()
-        stderr.close()
+            result.problems.append(
+                f"The recording child exited before the kill: {child.stderr_tail()}")
     return result
 
 
