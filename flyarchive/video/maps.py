@@ -27,12 +27,12 @@ import shutil
 import uuid
 from collections.abc import Mapping
 from pathlib import Path
-from types import TracebackType
 from typing import Any
 
 import numpy as np
 
 from flyarchive.errors import FrameSizeError, OutputExistsError, StorageError, VideoEncodeError
+from flyarchive.video.writer import CloseOrAbort
 
 __all__ = [
     "CHUNK_FRAMES", "MAP_SUFFIXES", "map_url", "MapWriter", "publish_map", "join_maps",
@@ -78,7 +78,7 @@ def segmentation_attrs() -> dict[str, Any]:
     }
 
 
-class MapWriter:
+class MapWriter(CloseOrAbort):
     """Streams ``(n, H, W)`` uint16 maps into a new zarr v3 array in a local folder.
 
     Frames are buffered to whole chunks, so each chunk is written once. The attributes
@@ -117,15 +117,6 @@ class MapWriter:
         self._held = 0  # frames in the buffer
         self.written = 0  # frames in the array
 
-    def __enter__(self) -> MapWriter:
-        return self
-
-    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
-                 tb: TracebackType | None) -> None:
-        if exc_type is None:
-            self.close()
-        else:
-            self.abort()
 
     def write(self, counts: np.ndarray) -> None:
         """Append one map ``(H, W)`` or a block ``(n, H, W)`` of uint16 counts.

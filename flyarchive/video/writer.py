@@ -16,7 +16,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
-from typing import Any
+from typing import Any, Self
 
 import imageio_ffmpeg
 import numpy as np
@@ -80,7 +80,28 @@ class VideoOptions:
         return args
 
 
-class VideoWriter:
+class CloseOrAbort:
+    """The ``with``-block of a writer: :meth:`close` when the block ends normally,
+    :meth:`abort` when it raises (so nothing partial is left under a final name)."""
+
+    def close(self) -> None:
+        raise NotImplementedError
+
+    def abort(self) -> None:
+        raise NotImplementedError
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        if exc_type is None:
+            self.close()
+        else:
+            self.abort()
+
+
+class VideoWriter(CloseOrAbort):
     """Streams RGB frames into an H.264 mp4 file on the local disk.
 
     Use it as a context manager. On leaving the block the file is finished; when the
@@ -139,17 +160,6 @@ class VideoWriter:
     def __enter__(self) -> VideoWriter:
         self.open()
         return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        if exc_type is None:
-            self.close()
-        else:
-            self.abort()
 
     def open(self) -> None:
         """Start ffmpeg. Called by ``with``; calling it twice does nothing.

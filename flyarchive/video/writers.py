@@ -9,18 +9,17 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from types import TracebackType
 from typing import Any
 
 import numpy as np
 
 from flyarchive.video.maps import MAP_SUFFIXES, MapWriter, publish_map
-from flyarchive.video.writer import VideoOptions, VideoWriter
+from flyarchive.video.writer import CloseOrAbort, VideoOptions, VideoWriter
 
 __all__ = ["OutputWriter"]
 
 
-class OutputWriter:
+class OutputWriter(CloseOrAbort):
     """The writers of one camera's outputs, fed frame blocks in order.
 
     Args:
@@ -54,15 +53,6 @@ class OutputWriter:
                       for n in self.outputs if n != "rgb"}
         self._maps_closed = False
 
-    def __enter__(self) -> OutputWriter:
-        return self
-
-    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
-                 tb: TracebackType | None) -> None:
-        if exc_type is None:
-            self.close()
-        else:
-            self.abort()
 
     def write(self, frames: np.ndarray | None = None,
               maps: Mapping[str, np.ndarray] | None = None) -> None:
