@@ -20,7 +20,14 @@ from flyarchive.warp_log import import_warp
 
 wp = import_warp("Rendering with mujoco-warp (flyarchive.replay.warp)")
 
-from flyarchive.replay.warp_kernels import packed_rgb_to_i420, packed_rgb_to_uint8  # noqa: E402
+from flyarchive.replay.warp_kernels import (  # noqa: E402
+    bt601_u,
+    bt601_v,
+    bt601_y,
+    channel,
+    packed_rgb_to_i420,
+    packed_rgb_to_uint8,
+)
 
 __all__ = ["Composer", "pack_maps", "burn_text_argb", "packed_rgb_to_i420_tiled"]
 
@@ -96,11 +103,6 @@ def burn_text_argb(
         packed[world, i] = ((packed[world, i] >> wp.uint32(1)) & _HALF_MASK) | _OPAQUE
 
 
-@wp.func
-def _channel(value: wp.uint32, shift: wp.uint32) -> int:
-    return int((value >> shift) & wp.uint32(0xFF))
-
-
 @wp.kernel
 def packed_rgb_to_i420_tiled(
     packed: wp.array2d(dtype=wp.uint32),  # (B, sum of H*W) ARGB; slot = frame * tiles + tile
@@ -137,10 +139,10 @@ def packed_rgb_to_i420_tiled(
             luma = int(16)
             if valid:
                 value = packed[slot, base + (2 * by + dy) * width + 2 * bx + dx]
-                red = _channel(value, wp.uint32(16))
-                green = _channel(value, wp.uint32(8))
-                blue = _channel(value, wp.uint32(0))
-                luma = ((66 * red + 129 * green + 25 * blue + 128) >> 8) + 16
+                red = channel(value, wp.uint32(16))
+                green = channel(value, wp.uint32(8))
+                blue = channel(value, wp.uint32(0))
+                luma = bt601_y(red, green, blue)
                 r_sum += red
                 g_sum += green
                 b_sum += blue
@@ -151,8 +153,8 @@ def packed_rgb_to_i420_tiled(
         red = (r_sum + 2) >> 2
         green = (g_sum + 2) >> 2
         blue = (b_sum + 2) >> 2
-        u = ((-38 * red - 74 * green + 112 * blue + 128) >> 8) + 128
-        v = ((112 * red - 94 * green - 18 * blue + 128) >> 8) + 128
+        u = bt601_u(red, green, blue)
+        v = bt601_v(red, green, blue)
     out[m, cam, plane + chroma] = wp.uint8(u)
     out[m, cam, plane + plane // 4 + chroma] = wp.uint8(v)
 

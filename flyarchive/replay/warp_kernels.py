@@ -56,8 +56,27 @@ def packed_rgb_to_uint8(
 
 
 @wp.func
-def _channel(value: wp.uint32, shift: wp.uint32) -> int:
+def channel(value: wp.uint32, shift: wp.uint32) -> int:
+    """One 8-bit channel of a packed ARGB pixel (shift 16: red, 8: green, 0: blue)."""
     return int((value >> shift) & wp.uint32(0xFF))
+
+
+@wp.func
+def bt601_y(r: int, g: int, b: int) -> int:
+    """Luma of 8-bit RGB, BT.601 limited range in 8-bit fixed point."""
+    return ((66 * r + 129 * g + 25 * b + 128) >> 8) + 16
+
+
+@wp.func
+def bt601_u(r: int, g: int, b: int) -> int:
+    """Blue-difference chroma of 8-bit RGB (BT.601 limited range)."""
+    return ((-38 * r - 74 * g + 112 * b + 128) >> 8) + 128
+
+
+@wp.func
+def bt601_v(r: int, g: int, b: int) -> int:
+    """Red-difference chroma of 8-bit RGB (BT.601 limited range)."""
+    return ((112 * r - 94 * g - 18 * b + 128) >> 8) + 128
 
 
 @wp.kernel
@@ -85,10 +104,10 @@ def packed_rgb_to_i420(
         for dx in range(2):
             pixel = (2 * by + dy) * width + 2 * bx + dx
             value = packed[world, base + pixel]
-            r = _channel(value, wp.uint32(16))
-            g = _channel(value, wp.uint32(8))
-            b = _channel(value, wp.uint32(0))
-            out[world, cam, pixel] = wp.uint8(((66 * r + 129 * g + 25 * b + 128) >> 8) + 16)
+            r = channel(value, wp.uint32(16))
+            g = channel(value, wp.uint32(8))
+            b = channel(value, wp.uint32(0))
+            out[world, cam, pixel] = wp.uint8(bt601_y(r, g, b))
             r_sum += r
             g_sum += g
             b_sum += b
@@ -96,7 +115,5 @@ def packed_rgb_to_i420(
     g = (g_sum + 2) >> 2
     b = (b_sum + 2) >> 2
     plane = width * height
-    out[world, cam, plane + block] = wp.uint8(((-38 * r - 74 * g + 112 * b + 128) >> 8) + 128)
-    out[world, cam, plane + plane // 4 + block] = wp.uint8(
-        ((112 * r - 94 * g - 18 * b + 128) >> 8) + 128
-    )
+    out[world, cam, plane + block] = wp.uint8(bt601_u(r, g, b))
+    out[world, cam, plane + plane // 4 + block] = wp.uint8(bt601_v(r, g, b))
