@@ -120,12 +120,7 @@ class KillResult(TrialOutcome):
     problems: list[str] = field(default_factory=list)
 
 
-
 # ----------------------------------------------------------------------------- child
-def _dtype(backend: str) -> Any:
-    return np.float64 if backend == "cpu" else np.float32
-
-
 def _child_cpu(url: str, n_worlds: int, chunk_frames: int) -> None:
     from flyarchive import TrajectoryRecorder
     from flyarchive.testing import simulate, tiny_model
