@@ -22,8 +22,10 @@ published (:func:`publish_map`), so that a final name never holds a partial arra
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
+import struct
 import uuid
 from collections.abc import Mapping
 from pathlib import Path
@@ -36,7 +38,7 @@ from flyarchive.video.writer import CloseOrAbort
 
 __all__ = [
     "CHUNK_FRAMES", "MAP_SUFFIXES", "map_url", "MapWriter", "publish_map", "join_maps",
-    "depth_attrs", "segmentation_attrs",
+    "depth_attrs", "segmentation_attrs", "array_metadata", "encode_chunk",
 ]
 
 #: Frames per chunk of a map array (about 7.7 MB of raw counts at 240x320).
@@ -81,10 +83,15 @@ def segmentation_attrs() -> dict[str, Any]:
 class MapWriter(CloseOrAbort):
     """Streams ``(n, H, W)`` uint16 maps into a new zarr v3 array in a local folder.
 
-    Frames are buffered to whole chunks, so each chunk is written once. The attributes
-    are written by :meth:`close`, after every frame: an array without them is not
-    finished. Use it as a context manager: leaving the block by an error removes the
-    folder.
+    Frames are buffered to whole chunks; each chunk is encoded as zarr would (little-endian
+    bytes, zstd, CRC-32C; a chunk of zeros only is not stored, as zarr leaves it) and
+    written to its file by the calling thread. zarr's own write path would send every
+    chunk through its one event-loop thread: with an encoder thread per core that loop was
+    the bound (on an H200 host, 16 encoder threads spent 1.9 ms of CPU per frame of maps
+    against 0.1 ms for the compression itself). The array's metadata (``zarr.json``,
+    attributes included) is written by :meth:`close`, after every chunk: an array without
+    it is not finished. Use it as a context manager: leaving the block by an error
+    removes the folder.
 
     Args:
         path: Local folder of the array (created; must not exist).
@@ -99,24 +106,17 @@ class MapWriter(CloseOrAbort):
 
     def __init__(self, path: str | os.PathLike[str], size: tuple[int, int], n_frames: int,
                  attrs: Mapping[str, Any], *, chunk_frames: int = CHUNK_FRAMES) -> None:
-        import zarr
-        from zarr.codecs import Crc32cCodec, ZstdCodec
-
         self.path = Path(path)
-        if self.path.exists():
-            raise OutputExistsError(f"A map already exists at {str(self.path)!r}.")
         self.size, self.n_frames, self._attrs = tuple(size), int(n_frames), dict(attrs)
         self._chunk = max(1, min(int(chunk_frames), self.n_frames))
-        self._array = zarr.create_array(
-            store=str(self.path), shape=(self.n_frames, *self.size),
-            chunks=(self._chunk, *self.size), dtype="uint16", fill_value=0,
-            compressors=[ZstdCodec(level=_ZSTD_LEVEL), Crc32cCodec()],
-            dimension_names=("time", "y", "x"), zarr_format=3,
-        )
-        self._buffer = np.empty((self._chunk, *self.size), np.uint16)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            self.path.mkdir()
+        except FileExistsError:
+            raise OutputExistsError(f"A map already exists at {str(self.path)!r}.") from None
+        self._buffer = np.zeros((self._chunk, *self.size), np.uint16)
         self._held = 0  # frames in the buffer
         self.written = 0  # frames in the array
-
 
     def write(self, counts: np.ndarray) -> None:
         """Append one map ``(H, W)`` or a block ``(n, H, W)`` of uint16 counts.
@@ -140,7 +140,7 @@ class MapWriter(CloseOrAbort):
                 self._flush()
 
     def close(self) -> None:
-        """Write what is buffered, then the attributes.
+        """Write what is buffered, then the metadata with the attributes.
 
         Raises:
             VideoEncodeError: fewer frames than ``n_frames`` were written (the folder is
@@ -152,17 +152,58 @@ class MapWriter(CloseOrAbort):
             raise VideoEncodeError(
                 f"Only {self.written} of the {self.n_frames} frames of {str(self.path)!r} "
                 "were written; the map is removed.")
-        self._array.attrs.update(self._attrs)
+        metadata = array_metadata((self.n_frames, *self.size), (self._chunk, *self.size),
+                                  self._attrs)
+        (self.path / _METADATA).write_text(json.dumps(metadata, indent=2))
 
     def abort(self) -> None:
         """Remove the folder and everything written."""
         shutil.rmtree(self.path, ignore_errors=True)
 
     def _flush(self) -> None:
-        if self._held:
-            self._array[self.written:self.written + self._held] = self._buffer[:self._held]
-            self.written += self._held
-            self._held = 0
+        if not self._held:
+            return
+        if self._held < self._chunk:  # the last chunk: zarr stores edge chunks whole
+            self._buffer[self._held:] = 0
+        if self._buffer.any():
+            index = self.written // self._chunk
+            folder = self.path / "c" / str(index) / "0"
+            folder.mkdir(parents=True, exist_ok=True)
+            (folder / "0").write_bytes(encode_chunk(self._buffer))
+        self.written += self._held
+        self._held = 0
+
+
+def array_metadata(shape: tuple[int, ...], chunks: tuple[int, ...], attrs: Mapping[str, Any]
+                   ) -> dict[str, Any]:
+    """The ``zarr.json`` of a map array: uint16, fill 0, regular chunks, default chunk
+    keys (``c/i/0/0``), codecs bytes (little-endian), zstd (level 1), crc32c; dimensions
+    ``(time, y, x)`` (zarr v3 core specification)."""
+    return {
+        "shape": list(shape),
+        "data_type": "uint16",
+        "chunk_grid": {"name": "regular", "configuration": {"chunk_shape": list(chunks)}},
+        "chunk_key_encoding": {"name": "default", "configuration": {"separator": "/"}},
+        "fill_value": 0,
+        "codecs": [{"name": "bytes", "configuration": {"endian": "little"}},
+                   {"name": "zstd", "configuration": {"level": _ZSTD_LEVEL, "checksum": False}},
+                   {"name": "crc32c"}],
+        "attributes": dict(attrs),
+        "dimension_names": ["time", "y", "x"],
+        "zarr_format": 3,
+        "node_type": "array",
+        "storage_transformers": [],
+    }
+
+
+def encode_chunk(counts: np.ndarray) -> bytes:
+    """One chunk of uint16 counts as :func:`array_metadata`'s codecs store it: the
+    little-endian bytes compressed with zstd, then their CRC-32C (little-endian uint32)."""
+    import google_crc32c
+    from numcodecs import Zstd
+
+    compressed = Zstd(level=_ZSTD_LEVEL).encode(np.ascontiguousarray(counts, dtype="<u2"))
+    return bytes(compressed) + struct.pack("<I", google_crc32c.value(bytes(compressed)))
 
 
 def join_maps(parts: list[Path], out: str | os.PathLike[str], **attrs: Any) -> None:
@@ -189,8 +230,8 @@ def join_maps(parts: list[Path], out: str | os.PathLike[str], **attrs: Any) -> N
 
 
 def publish_map(local: str | os.PathLike[str], url: str, storage_options: Mapping[str, Any],
-                *, overwrite: bool = False, staging_dir: str | os.PathLike[str] | None = None
-                ) -> str:
+                *, overwrite: bool = False, staging_dir: str | os.PathLike[str] | None = None,
+                move: bool = False) -> str:
     """Copy a finished map folder to its final URL, so that the URL never holds part of it.
 
     Local disk: the folder is copied beside the target (or into ``staging_dir``, on the
@@ -205,6 +246,8 @@ def publish_map(local: str | os.PathLike[str], url: str, storage_options: Mappin
         storage_options: fsspec options of ``url``.
         overwrite: Replace an existing array.
         staging_dir: Local destinations: a folder on their file system to stage in.
+        move: The caller is done with ``local``: on the destination's file system the
+            folder is renamed into place instead of copied.
 
     Returns:
         ``url``.
@@ -222,7 +265,7 @@ def publish_map(local: str | os.PathLike[str], url: str, storage_options: Mappin
         "another output location.")
     try:
         if is_local_fs(fs):
-            _publish_local(source, Path(target), overwrite, exists, staging_dir)
+            _publish_local(source, Path(target), overwrite, exists, staging_dir, move)
         else:
             _publish_remote(fs, source, target, overwrite, exists)
     except OutputExistsError:
@@ -233,13 +276,15 @@ def publish_map(local: str | os.PathLike[str], url: str, storage_options: Mappin
 
 
 def _publish_local(source: Path, target: Path, overwrite: bool, exists: OutputExistsError,
-                   staging_dir: str | os.PathLike[str] | None) -> None:
+                   staging_dir: str | os.PathLike[str] | None, move: bool) -> None:
+    from flyarchive.video.workspace import stage
+
     if target.exists() and not overwrite:
         raise exists
     target.parent.mkdir(parents=True, exist_ok=True)
     folder = target.parent if staging_dir is None else Path(staging_dir)
     staging = folder / f".{target.name}.{uuid.uuid4().hex}.part"
-    shutil.copytree(source, staging)
+    stage(source, staging, move)
     trash = None
     try:
         if overwrite and target.exists():

@@ -20,6 +20,7 @@ from flyarchive.errors import (
     missing_storage_backend,
 )
 from flyarchive.replay.frames import is_int
+from flyarchive.video.workspace import stage
 
 __all__ = ["write_output", "safe_video_path", "safe_mosaic_path", "output_urls"]
 
@@ -34,6 +35,7 @@ def write_output(
     *,
     overwrite: bool = False,
     staging_dir: str | os.PathLike[str] | None = None,
+    move: bool = False,
 ) -> str:
     """Copy a finished local file to a local path or any fsspec URL.
 
@@ -52,6 +54,9 @@ def write_output(
             to stage the copy in (e.g. a render run's parts folder, removed with the run
             even if the process is killed mid-copy). ``None``: a hidden file beside the
             destination.
+        move: The caller is done with ``local_path``: on the destination's file
+            system it is renamed into the staging name instead of copied (it is gone
+            afterwards, whatever happens).
 
     Returns:
         The destination URL as given.
@@ -79,7 +84,7 @@ def write_output(
     try:
         if isinstance(fs, LocalFileSystem):
             staging = None if staging_dir is None else Path(staging_dir)
-            _copy_local(source, Path(target), overwrite, exists_error, staging)
+            _copy_local(source, Path(target), overwrite, exists_error, staging, move)
         else:
             if not overwrite and fs.exists(target):
                 raise exists_error
@@ -160,13 +165,13 @@ def _file_name(camera: str) -> str:
 
 
 def _copy_local(source: Path, target: Path, overwrite: bool, exists: OutputExistsError,
-                staging_dir: Path | None = None) -> None:
+                staging_dir: Path | None = None, move: bool = False) -> None:
     if not overwrite and target.exists():
         raise exists
     target.parent.mkdir(parents=True, exist_ok=True)
     name = f".{target.name}.{uuid.uuid4().hex}.part"
     staging = target.with_name(name) if staging_dir is None else staging_dir / name
-    shutil.copyfile(source, staging)
+    stage(source, staging, move)
     try:
         if overwrite:
             os.replace(staging, target)
@@ -183,3 +188,4 @@ def _copy_local(source: Path, target: Path, overwrite: bool, exists: OutputExist
                     raise exists from None
     finally:
         staging.unlink(missing_ok=True)
+

@@ -39,7 +39,7 @@ from flyarchive.errors import StorageError, missing_storage_backend
 
 __all__ = [
     "RunFolder", "scratch_dir", "sweep_local", "filesystem", "is_local_fs", "PARTS_PREFIX", "SCRATCH_PREFIX",
-    "HEARTBEAT_S", "STALE_S", "LOCKLESS_GRACE_S",
+    "HEARTBEAT_S", "STALE_S", "LOCKLESS_GRACE_S", "stage",
 ]
 
 PARTS_PREFIX = ".parts-"
@@ -370,3 +370,18 @@ def _pid_alive(pid: object) -> bool:
     except OSError:
         return True
     return True
+
+
+def stage(source: Path, staging: Path, move: bool) -> None:
+    """Put a file or folder at ``staging``: renamed there when ``move`` and both are on
+    one file system (nothing is copied), else copied."""
+    if move:
+        try:
+            os.rename(source, staging)
+            return
+        except OSError:  # another file system (EXDEV): copy
+            pass
+    if source.is_dir():
+        shutil.copytree(source, staging)
+    else:
+        shutil.copyfile(source, staging)

@@ -7,6 +7,7 @@ each to its final URL (:meth:`OutputWriter.publish`), complete or not at all.
 from __future__ import annotations
 
 import os
+import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -52,7 +53,9 @@ class OutputWriter(CloseOrAbort):
         self._maps = {n: MapWriter(self.paths[n], map_size or size, n_frames, attrs.get(n, {}))
                       for n in self.outputs if n != "rgb"}
         self._maps_closed = False
-
+        #: Seconds spent in :meth:`write`, by kind: ``"rgb"`` (piping to ffmpeg) and
+        #: ``"maps"`` (packing and compressing map chunks).
+        self.seconds = {"rgb": 0.0, "maps": 0.0}
 
     def write(self, frames: np.ndarray | None = None,
               maps: Mapping[str, np.ndarray] | None = None) -> None:
@@ -63,14 +66,18 @@ class OutputWriter(CloseOrAbort):
             maps: ``{name: (n, H, W) uint16}`` for each map output.
         """
         n = None
+        start = time.perf_counter()
         if self._video is not None:
             assert frames is not None
             self._video.write(frames)
             n = len(frames)
+        middle = time.perf_counter()
         for name, writer in self._maps.items():
             assert maps is not None
             writer.write(maps[name])
             n = len(maps[name])
+        self.seconds["rgb"] += middle - start
+        self.seconds["maps"] += time.perf_counter() - middle
         self.n_frames += n or 0
 
     def close_input(self) -> None:
@@ -118,9 +125,9 @@ class OutputWriter(CloseOrAbort):
         for name, path in self.paths.items():
             if name == "rgb":
                 write_output(path, urls[name], dict(storage_options), overwrite=overwrite,
-                             staging_dir=staging_dir)
+                             staging_dir=staging_dir, move=True)
                 path.unlink(missing_ok=True)
             else:
                 publish_map(path, urls[name], storage_options, overwrite=overwrite,
-                            staging_dir=staging_dir)
+                            staging_dir=staging_dir, move=True)
                 shutil.rmtree(path, ignore_errors=True)

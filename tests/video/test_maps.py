@@ -50,6 +50,46 @@ def test_chunks_hold_whole_blocks_of_frames(tmp_path):
     assert sorted(p.name for p in (path / "c").iterdir()) == ["0", "1", "2"]
 
 
+def test_chunks_and_metadata_equal_what_zarr_itself_writes(tmp_path):
+    """Chunks are encoded in the writing thread, not through zarr: the files must be the
+    ones zarr writes for the same array (an all-zero chunk left out, the edge chunk whole)."""
+    import json
+
+    import zarr
+    from zarr.codecs import Crc32cCodec, ZstdCodec
+
+    values = counts(8)
+    values[3:6] = 0  # chunk 1 holds zeros only
+    attrs = depth_attrs(0.5, 100.0)
+    ours = write_map(tmp_path / "ours.depth.zarr", values, attrs)
+    theirs = zarr.create_array(
+        store=str(tmp_path / "zarr.depth.zarr"), shape=values.shape, chunks=(3, *SIZE),
+        dtype="uint16", fill_value=0, compressors=[ZstdCodec(level=1), Crc32cCodec()],
+        dimension_names=("time", "y", "x"), zarr_format=3, attributes=attrs)
+    theirs[:] = values
+    zarr_dir = tmp_path / "zarr.depth.zarr"
+
+    files = sorted(str(p.relative_to(ours)) for p in ours.rglob("*") if p.is_file())
+    assert files == sorted(str(p.relative_to(zarr_dir)) for p in zarr_dir.rglob("*") if p.is_file())
+    assert "c/1/0/0" not in files and "c/2/0/0" in files
+    for name in files:
+        if name == "zarr.json":
+            assert json.loads((ours / name).read_text()) == json.loads((zarr_dir / name).read_text())
+        else:
+            assert (ours / name).read_bytes() == (zarr_dir / name).read_bytes(), name
+    np.testing.assert_array_equal(zarr.open_array(str(ours))[:], values)
+
+
+def test_a_map_folder_that_exists_is_refused_and_kept(tmp_path):
+    path = tmp_path / "front.depth.zarr"
+    path.mkdir()
+    (path / "keep").write_text("x")
+
+    with pytest.raises(OutputExistsError, match="already exists"):
+        MapWriter(path, SIZE, 3, depth_attrs(0.5, 100.0))
+    assert (path / "keep").read_text() == "x"
+
+
 def test_depth_reads_as_count_times_scale_and_nan_where_nothing_was_hit(tmp_path):
     values = np.array([[[0, 1, 2, 3, 4, 65535]] * 4] * 3, np.uint16)
     path = write_map(tmp_path / "a.depth.zarr", values, depth_attrs(0.25, 10.0))
@@ -174,3 +214,37 @@ def test_a_map_published_to_s3_reads_back_through_storage_options(tmp_path, s3_s
     publish_map(write_map(tmp_path / "local.zarr", counts()), url, options)
 
     np.testing.assert_allclose(read_depth(url, options)[1], counts()[1] * 0.5)
+
+
+def test_publishing_by_move_renames_the_folder_and_reads_back(tmp_path):
+    expected = counts()
+    local = write_map(tmp_path / "work" / "front.depth.zarr", expected)
+    target = tmp_path / "out" / "front.depth.zarr"
+
+    publish_map(local, str(target), {}, move=True)
+
+    assert not local.exists()  # renamed, not copied
+    np.testing.assert_array_equal(read_map(target)[0], expected)
+    assert [p.name for p in target.parent.iterdir()] == ["front.depth.zarr"]  # no staging left
+
+
+def test_publishing_by_move_across_file_systems_copies(tmp_path, monkeypatch):
+    import errno
+
+    import flyarchive.video.workspace as workspace
+
+    def cross_device(src, dst):
+        raise OSError(errno.EXDEV, "Invalid cross-device link")
+
+    expected = counts()
+    local = write_map(tmp_path / "work" / "front.depth.zarr", expected)
+    target = tmp_path / "out" / "front.depth.zarr"
+    real_rename = workspace.os.rename
+    monkeypatch.setattr(workspace.os, "rename", cross_device)
+
+    workspace.stage(local, tmp_path / "staged", move=True)
+
+    monkeypatch.setattr(workspace.os, "rename", real_rename)
+    assert local.exists()  # copied: the source stays for its owner to remove
+    np.testing.assert_array_equal(read_map(tmp_path / "staged")[0], expected)
+    assert not target.exists()
