@@ -10,7 +10,9 @@ process) on each backend of ``--backends`` with:
 - ``overlays``: RGB with ``time,world,speed`` burnt in.
 
 Each case runs ``--repeat`` times after one warm-up render (kernels loaded, renderer
-built); the best wall time counts. A frame is one (world, frame, camera) image, a tile of
+built); the best wall time counts, and its
+stage timings (:class:`~flyarchive.distribute.diagnostics.PipelineProfile`) go to the
+row's ``stages`` in the JSON. A frame is one (world, frame, camera) image, a tile of
 a mosaic counting as one. Ratios, against ``rgb`` of the same backend: ``maps_ratio``
 (time, target <= 1.3 on the GPU), ``mosaic_fps_ratio`` (tile-frames/s over per-world
 frames/s, target >= 0.8) and ``overlay_cost_pct`` (extra time, target <= 5 %).
@@ -88,23 +90,25 @@ def _run(url: str, states: Any, backend: str, case: str, args: argparse.Namespac
          ) -> dict[str, Any]:
     """Best wall time of ``--repeat`` renders of one case, after a warm-up."""
     from flyarchive.distribute.api import render_videos
+    from flyarchive.distribute.diagnostics import PipelineProfile
 
     options = _options(backend, case, args)
-    best = float("inf")
+    best, stages = float("inf"), {}
     with tempfile.TemporaryDirectory(prefix="bench-outputs-out-") as tmp:
         for attempt in range(args.repeat + 1):
             out = Path(tmp) / f"out{attempt}"
             worlds = [0] if attempt == 0 else None  # warm-up: one world
             start = time.perf_counter()
-            render_videos(url, states.model, states.camera, str(out), worlds=worlds,
-                          options=options, n_workers=args.workers)
+            with PipelineProfile() as profile:
+                render_videos(url, states.model, states.camera, str(out), worlds=worlds,
+                              options=options, n_workers=args.workers)
             elapsed = time.perf_counter() - start
-            if attempt:
-                best = min(best, elapsed)
+            if attempt and elapsed < best:
+                best, stages = elapsed, {k: round(v, 3) for k, v in profile.results.items()}
             shutil.rmtree(out, ignore_errors=True)
     frames = args.worlds * args.frames  # one camera; mosaic: tile-frames (blank tiles not)
     return {"backend": backend, "case": case, "frames": frames, "seconds": best,
-            "fps": frames / best}
+            "fps": frames / best, "stages": stages}
 
 
 def _summary(rows: list[dict[str, Any]]) -> dict[str, dict[str, float]]:

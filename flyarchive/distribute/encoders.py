@@ -12,6 +12,7 @@ import dataclasses
 import os
 import queue
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +27,9 @@ __all__ = ["Encoders", "MAX_ENCODERS"]
 
 #: Most encoder threads one render starts (and never more than its videos).
 MAX_ENCODERS = 64
+#: Batches' worth of frames copied out of the host buffers and queued for the encoder
+#: threads, at most (0: no copies; each buffer is held until its last piece is encoded).
+COPY_OUT_BATCHES = 0
 _STOP = object()
 
 
@@ -94,6 +98,10 @@ class Encoders:
         for buffer in range(buffers):
             self._free.put(buffer)
         self._lock = threading.Lock()
+        self._room = threading.Condition(self._lock)  # copied-out bytes fell
+        self._copy_batches = COPY_OUT_BATCHES
+        self._queued_bytes = 0  # copied out, not yet encoded
+        self._batch_bytes = 0  # largest batch seen
         self._pending: dict[int, int] = {}  # host buffer -> pieces not yet encoded
         self._owner: dict[tuple[int, int], int] = {}  # video -> its thread
         self._load = [0] * n_threads  # frames queued per thread
@@ -126,9 +134,19 @@ class Encoders:
         The buffer is free again once every piece of the batch is encoded.
         """
         work = [(p, c) for p in batch.pieces for c in range(len(self._cameras))]
+        blocks = []
+        for piece, cam in work:
+            rows = slice(piece.offset, piece.offset + piece.n)
+            blocks.append((None if frames is None else frames[rows, cam],
+                           None if maps is None else maps[rows, cam]))
+        release: int | None = buffer
+        if self._copy_batches:
+            blocks = self._copy_out(blocks)
+            release = None
         threads = []
         with self._lock:
-            self._pending[buffer] = len(work)
+            if release is not None:
+                self._pending[buffer] = len(work)
             for piece, cam in work:
                 thread = self._owner.get((piece.job, cam))
                 if thread is None:  # a new video: the least loaded thread
@@ -136,8 +154,26 @@ class Encoders:
                     self._owner[(piece.job, cam)] = thread
                 self._load[thread] += piece.n
                 threads.append(thread)
-        for (piece, cam), thread in zip(work, threads):
-            self._queues[thread].put((piece, cam, frames, maps, buffer))
+        for (piece, cam), (block, block_maps), thread in zip(work, blocks, threads):
+            self._queues[thread].put((piece, cam, block, block_maps, release))
+        if release is None:
+            self._free.put(buffer)
+
+    def _copy_out(self, blocks: list[tuple[np.ndarray | None, np.ndarray | None]]
+                  ) -> list[tuple[np.ndarray | None, np.ndarray | None]]:
+        """Copies of the blocks, made once the copies already queued leave room for them
+        (at most ``COPY_OUT_BATCHES`` of the largest batch's bytes, or one batch)."""
+        size = sum(a.nbytes for block in blocks for a in block if a is not None)
+        with self._timer.time("wait_encoders_s"), self._room:
+            self._batch_bytes = max(self._batch_bytes, size)
+            budget = self._copy_batches * self._batch_bytes
+            while self._queued_bytes and self._queued_bytes + size > budget:
+                self.raise_if_failed()
+                self._room.wait(0.1)
+            self._queued_bytes += size
+        with self._timer.time("copy_s"):
+            return [tuple(None if a is None else a.copy() for a in block)  # type: ignore[misc]
+                    for block in blocks]
 
     def raise_if_failed(self) -> None:
         if self._error is not None:
@@ -168,39 +204,47 @@ class Encoders:
         q = self._queues[index]
         finishing: list[tuple[tuple[int, int], Any]] = []  # input closed, not yet published
         while True:
+            idle = time.perf_counter()
             try:  # while ffmpeg processes finish files, look at them every few ms
                 item = q.get(timeout=0.005) if finishing else q.get()
             except queue.Empty:
+                self._timer.add("encoder_idle_s", time.perf_counter() - idle)
                 self._publish_finished(finishing, wait=False)
                 continue
+            self._timer.add("encoder_idle_s", time.perf_counter() - idle)
             if item is _STOP:
                 break
             piece, cam, frames, maps, buffer = item
-            rows = slice(piece.offset, piece.offset + piece.n)
             try:
                 if self._error is None:
-                    done = self._encode(piece, cam, None if frames is None else frames[rows, cam],
-                                        None if maps is None else maps[rows, cam])
+                    done = self._encode(piece, cam, frames, maps)
                     if done is not None:
                         finishing.append(done)
                     self._publish_finished(finishing, wait=False)
             except BaseException as err:
                 self._error = self._error or err
             finally:
-                self._done(buffer, index, piece.n)
+                nbytes = sum(a.nbytes for a in (frames, maps) if a is not None)
+                self._done(buffer, index, piece.n, nbytes)
         try:
             if self._error is None:
                 self._publish_finished(finishing, wait=True)
         except BaseException as err:
             self._error = self._error or err
 
-    def _done(self, buffer: int, thread: int, n_frames: int) -> None:
+    def _done(self, buffer: int | None, thread: int, n_frames: int, nbytes: int) -> None:
+        """A piece is encoded: its host buffer (None: its copy, ``nbytes``) is given back."""
+        last = False
         with self._lock:
             self._load[thread] -= n_frames
-            self._pending[buffer] -= 1
-            last = self._pending[buffer] == 0
-            if last:
-                del self._pending[buffer]
+            if buffer is None:
+                self._queued_bytes -= nbytes
+                self._room.notify_all()
+            else:
+                self._pending[buffer] -= 1
+                last = self._pending[buffer] == 0
+                if last:
+                    del self._pending[buffer]
         if last:
             self._free.put(buffer)
 
@@ -220,17 +264,21 @@ class Encoders:
             size = mosaic_size(plan.options.size, (job.rows, job.cols)) if mosaic else plan.options.size
             attrs = ({} if mosaic else map_attributes(plan.options, self._model, job.world_id,
                                                       camera, job.start, plan.fps))
-            writer = OutputWriter(self._tmp / f"{piece.job}-{cam}", "video", self._outputs,
-                                  fps=plan.fps, size=size, n_frames=job.n_frames,
-                                  video=self._video, pixel_format=self._pixel_format,
-                                  map_attrs=attrs, map_size=plan.options.size)
+            with self._timer.time("open_s"):
+                writer = OutputWriter(self._tmp / f"{piece.job}-{cam}", "video", self._outputs,
+                                      fps=plan.fps, size=size, n_frames=job.n_frames,
+                                      video=self._video, pixel_format=self._pixel_format,
+                                      map_attrs=attrs, map_size=plan.options.size)
             self._writers[key] = writer
         names = [n for n in self._outputs if n != "rgb"]
         with self._timer.time("encode_s"):
             writer.write(frames, {n: maps[:, i] for i, n in enumerate(names)} if names else None)
         if writer.n_frames < job.n_frames:
             return None
-        writer.close_input()  # ffmpeg finishes the file while this thread goes on
+        with self._timer.time("close_input_s"):
+            writer.close_input()  # ffmpeg finishes the file while this thread goes on
+        for kind, seconds in writer.seconds.items():
+            self._timer.add(f"write_{kind}_s", seconds)
         return key, writer
 
     def _publish_finished(self, finishing: list[tuple[tuple[int, int], Any]], wait: bool) -> None:
@@ -247,7 +295,8 @@ class Encoders:
         from flyarchive.video.workspace import RunFolder
 
         plan, job, camera = self._plan, self._jobs[key[0]], self._cameras[key[1]]
-        writer.close()
+        with self._timer.time("wait_ffmpeg_s"):
+            writer.close()
         urls = plan.output_urls(job, camera)
         so, staging = plan.out_storage_options, None
         if self._parts is not None:
