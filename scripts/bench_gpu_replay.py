@@ -330,12 +330,12 @@ def _no_graph(run: Callable[[], None]) -> None:
     """``run()`` with a fresh renderer that launches kernel by kernel (no CUDA graph)."""
     from flyarchive.distribute import warp_pipeline
 
-    warp_pipeline._renderers.clear()
+    warp_pipeline.clear_renderers()
     try:
         with mock.patch.dict(os.environ, {"FLYARCHIVE_CUDA_GRAPH": "0"}):
             run()
     finally:
-        warp_pipeline._renderers.clear()
+        warp_pipeline.clear_renderers()
 
 
 def _flygym(st: ReplayStates, args: argparse.Namespace, device: str, worlds_per_batch: int,
@@ -373,7 +373,7 @@ def _warm_up(url: str, st: ReplayStates, args: argparse.Namespace, device: str, 
     options = RenderOptions(size=args.size, backend=backend, batch_worlds=args.batch)
     render_videos(url, st.model, st.camera, str(out / "fa"), worlds=[0], time=(0.0, 0.0),
                   options=options, n_workers=0)
-    warp_pipeline._renderers.clear()
+    warp_pipeline.clear_renderers()
     if args.flygym:
         mocap = None if st.mocap is None else (st.mocap[0][:1, :1], st.mocap[1][:1, :1])
         one = ReplayStates(st.model, st.camera, st.qpos[:1, :1], mocap)

@@ -116,12 +116,13 @@ class Placement:
     """Where a Warp plan renders.
 
     Attributes:
-        where: ``"here"`` (this process), ``"local-gpus"`` (a local cluster of one
-            worker process per GPU of ``gpu_workers``), ``"local"`` (a local cluster of
-            ``n_workers`` single-core worker processes, Warp's CPU device) or
+        where: ``"here"`` (this process), ``"threads"`` (this process, ``n_workers``
+            render threads on Warp's CPU device), ``"local-gpus"`` (a local cluster of
+            one worker process per GPU of ``gpu_workers``), ``"local"`` (a local cluster
+            of ``n_workers`` single-core worker processes, Warp's CPU device) or
             ``"cluster"`` (the client or scheduler given).
         device: The Warp device of ``"here"`` (``"cuda:1"``, ``"cpu"``).
-        n_workers: Worker processes of ``"local"``.
+        n_workers: Render threads of ``"threads"``, worker processes of ``"local"``.
         gpu_workers: The :class:`~flyarchive.distribute.gpus.GpuWorker` s of ``"local-gpus"``.
     """
 
@@ -143,9 +144,13 @@ def placement(backend: str, n_videos: int, *, client: Any = None, scheduler: str
       replaces that list), at most one per video: one GPU (or ``in_process``) renders
       in this process, on that GPU; several, on a local cluster of one worker process
       per GPU, each with its share of ``cpus`` (default: this process's cores);
-    - ``"warp-cpu"``: a local cluster of ``n_workers`` single-core worker processes
-      (default: one per core); in this process when ``n_workers`` is 0 or 1, with
-      ``in_process``, one core or one video.
+    - ``"warp-cpu"``: by default one render thread per core (at most one per video) in
+      this process: Warp's CPU kernels release the GIL, and threads share the imports,
+      the loaded kernels and the model (a 2-core VM, NeuroMechFly: a whole
+      ``flyarchive render`` of 2 videos took 16.8 s on a local cluster of 2 worker
+      processes, most of it their start); ``n_workers`` >= 2: a local cluster of that
+      many single-core worker processes; in this process, one thread, when
+      ``n_workers`` is 0 or 1, with ``in_process``, one core or one video.
 
     Raises:
         RenderBackendError: ``"gpu"`` and no GPU is visible.
@@ -165,6 +170,8 @@ def placement(backend: str, n_videos: int, *, client: Any = None, scheduler: str
     n = (os.cpu_count() or 1) if n_workers is None else n_workers
     if in_process or n <= 1 or n_videos <= 1:
         return Placement("here", device="cpu")
+    if n_workers is None:
+        return Placement("threads", device="cpu", n_workers=min(n, n_videos))
     return Placement("local", n_workers=n)
 
 
@@ -175,7 +182,7 @@ def runs_here(backend: str, n_videos: int, *, client: Any = None, scheduler: str
     (:func:`placement`; ``visible`` replaces the GPUs found on this machine)."""
     where = placement(backend, n_videos, client=client, scheduler=scheduler,
                       n_workers=n_workers, in_process=in_process, gpus=gpus, visible=visible)
-    return where.where == "here"
+    return where.where in ("here", "threads")
 
 
 def run_warp_plan(plan: Any, blob: bytes, parts: str | None = None, *, client: Any = None,
@@ -188,8 +195,9 @@ def run_warp_plan(plan: Any, blob: bytes, parts: str | None = None, *, client: A
     worker process each, on a local cluster started and stopped here; one GPU renders
     in this process); with a client or scheduler, groups of whole videos go to its
     workers that hold the resource ``GPU`` (start them with ``--resources GPU=1``, one
-    per GPU). On ``"warp-cpu"`` a local cluster of single-core worker processes renders
-    (one per core), or the workers of the cluster given do.
+    per GPU). On ``"warp-cpu"`` render threads in this process (one per core), a local
+    cluster of ``n_workers`` single-core worker processes, or the workers of the
+    cluster given do.
 
     Args:
         plan: :class:`flyarchive.distribute.plan.RenderPlan` with a Warp backend.
@@ -197,8 +205,8 @@ def run_warp_plan(plan: Any, blob: bytes, parts: str | None = None, *, client: A
         parts: The run's parts folder (see :func:`render_jobs`).
         client: A ``distributed.Client``.
         scheduler: A scheduler address, used when ``client`` is None.
-        n_workers: Worker processes of the local cluster (``"warp-cpu"``; 0 or 1: in
-            this process).
+        n_workers: ``"warp-cpu"``: worker processes of a local cluster (0 or 1: in this
+            process, one thread; None: one render thread per core in this process).
         in_process: Render in this process (when no client or scheduler is given).
         gpus: CUDA device numbers of the GPUs to use (``"gpu"``, no client or scheduler;
             default: all).
@@ -221,6 +229,8 @@ def run_warp_plan(plan: Any, blob: bytes, parts: str | None = None, *, client: A
                       n_workers=n_workers, in_process=in_process, gpus=gpus)
     if where.where == "here":
         return warp_runs.render_here(plan, blob, parts, where.device)
+    if where.where == "threads":
+        return warp_runs.render_threads(plan, blob, parts, where.n_workers or 1)
     with connect(client, scheduler, where.n_workers,
                  gpu_workers=list(where.gpu_workers) or None) as dask_client:
         return warp_runs.render_on_dask(plan, blob, parts, dask_client,

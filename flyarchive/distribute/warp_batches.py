@@ -57,23 +57,31 @@ class BatchSource:
 
     def _read_mosaic(self, batch: Batch) -> tuple[np.ndarray, np.ndarray | None,
                                                   np.ndarray | None, list[str] | None]:
+        """The tiles of every mosaic frame of the batch, in one read of the archive (the
+        tiles of a mosaic are often consecutive worlds over the same frames: one block)."""
         tiles = self._tiles
         slots = batch.n * tiles
-        arrays = self._reader.arrays
         out = {name: np.full((slots, *a.shape[2:]), np.nan, np.float32)
-               for name, a in arrays.items()}
+               for name, a in self._reader.arrays.items()}
         texts = [""] * slots
+        reads: list[tuple[int, int, int]] = []  # (world index, start, stop) per tile piece
+        rows: list[np.ndarray] = []  # the slots each one fills
         for piece in batch.pieces:
             for t, tile in enumerate(self._jobs[piece.job].tiles):
                 last = piece.stop if tile is None else min(piece.stop, tile.stop)
                 if tile is None or last <= piece.start:
                     continue
-                states = self._reader.read([(tile.world_index, piece.start, last)])
-                rows = (piece.offset + np.arange(last - piece.start)) * tiles + t
-                for name, values in zip(("qpos", "mocap_pos", "mocap_quat"), states):
-                    if values is not None:
-                        out[name][rows] = values
-                assert self._overlay is not None
-                for row, text in zip(rows, self._overlay.texts(tile.world_index, piece.start, last)):
-                    texts[row] = text
+                reads.append((tile.world_index, piece.start, last))
+                rows.append((piece.offset + np.arange(last - piece.start)) * tiles + t)
+        if not reads:
+            return out["qpos"], out.get("mocap_pos"), out.get("mocap_quat"), texts
+        states = self._reader.read(reads)
+        where = np.concatenate(rows)
+        for name, values in zip(("qpos", "mocap_pos", "mocap_quat"), states):
+            if values is not None:
+                out[name][where] = values
+        assert self._overlay is not None
+        for (world, start, stop), slot_rows in zip(reads, rows):
+            for row, text in zip(slot_rows, self._overlay.texts(world, start, stop)):
+                texts[row] = text
         return out["qpos"], out.get("mocap_pos"), out.get("mocap_quat"), texts

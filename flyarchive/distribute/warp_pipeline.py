@@ -55,7 +55,7 @@ from flyarchive.schema import finite_frames
 from flyarchive.store.location import is_remote
 from flyarchive.video.workspace import scratch_dir
 
-__all__ = ["warp_device", "render_jobs", "batch_worlds_of"]
+__all__ = ["warp_device", "render_jobs", "batch_worlds_of", "clear_renderers"]
 #: Largest batch on Warp's CPU device, which renders a batch's states one after
 #: another: bigger batches save nothing there and make partial batches cost more;
 #: below 4 the launch overhead shows. NeuroMechFly 240x320 on a 2-core VM: one
@@ -97,9 +97,27 @@ def warp_device(backend: str) -> str:
 
 
 # ----------------------------------------------------------------------------- one process
-#: This process's Warp renderer (one device stream at a time: used under the lock).
-_renderers = RendererCache()
-_renderers_lock = threading.Lock()
+#: This process's Warp renderers, by slot (one batch stream each: used under its lock).
+#: Slot 0 unless render threads share Warp's CPU device (:func:`render_jobs` ``slot``).
+_renderers: dict[int, RendererCache] = {}
+_renderers_locks: dict[int, threading.Lock] = {}
+_slots_lock = threading.Lock()
+
+
+def clear_renderers() -> None:
+    """Close every renderer this process keeps (the next render builds its own)."""
+    with _slots_lock:
+        slots = list(_renderers.items())
+    for slot, cache in slots:
+        with _renderers_locks[slot]:
+            cache.clear()
+
+
+def _slot(slot: int) -> tuple[RendererCache, threading.Lock]:
+    with _slots_lock:
+        if slot not in _renderers:
+            _renderers[slot], _renderers_locks[slot] = RendererCache(), threading.Lock()
+        return _renderers[slot], _renderers_locks[slot]
 
 
 def batch_worlds_of(options: Any) -> int:
@@ -111,24 +129,28 @@ def batch_worlds_of(options: Any) -> int:
 
 #: Fewest states a lane gives a batch: each piece is one read of the archive.
 _MIN_PIECE = 8
+#: Fewest mosaic frames a lane gives a batch: the tiles of a batch are read at once, but
+#: a tile's piece decodes its world's whole stored chunk of frames.
+_MIN_MOSAIC_PIECE = 2
 
 
-def _lanes(jobs: tuple[Any, ...], plan: Any, frames_per_batch: int) -> int:
+def _lanes(jobs: tuple[Any, ...], plan: Any, frames_per_batch: int, mosaic: bool = False) -> int:
     """Videos fed by each batch: one per encoder thread (a job makes a video per camera),
     so that every encoder works while the host holds only a few batches; no more than
-    pieces of :data:`_MIN_PIECE` states allow. Archives on remote storage: 1 (each piece
-    is a request; on an H200 with a loopback S3 server, 16 lanes took the S3 row from
-    0.88 to 0.43 of the local one)."""
+    pieces of :data:`_MIN_PIECE` states (mosaics: :data:`_MIN_MOSAIC_PIECE` frames) allow.
+    Archives on remote storage: 1 (each piece is a request; on an H200 with a loopback
+    S3 server, 16 lanes took the S3 row from 0.88 to 0.43 of the local one)."""
     if is_remote(plan.url):
         return 1
     cameras = max(1, len(plan.cameras))
     threads = max(1, min(len(jobs) * cameras, config.encoders(), MAX_ENCODERS))
-    return max(1, min(-(-threads // cameras), frames_per_batch // _MIN_PIECE))
+    smallest = _MIN_MOSAIC_PIECE if mosaic else _MIN_PIECE
+    return max(1, min(-(-threads // cameras), frames_per_batch // smallest))
 
 
-def _renderer(blob: bytes, cameras: tuple[str, ...], size: tuple[int, int],
+def _renderer(cache: RendererCache, blob: bytes, cameras: tuple[str, ...], size: tuple[int, int],
               batch_worlds: int, device: str, buffers: int, **compose: Any) -> Any:
-    """This process's :class:`WarpBatchRenderer` (the last one asked for is kept: a
+    """The :class:`WarpBatchRenderer` of a slot's cache (the last one asked for is kept: a
     worker reuses it across batches and calls with the same model and options).
 
     ``compose``: ``outputs``, ``depth_scale``, ``mosaic``, ``text_chars`` of the renderer.
@@ -145,12 +167,12 @@ def _renderer(blob: bytes, cameras: tuple[str, ...], size: tuple[int, int],
 
     key = (hashlib.sha256(blob).hexdigest(), cameras, tuple(size), batch_worlds, device, buffers,
            tuple(sorted(compose.items())))
-    return _renderers.get(key, make)
+    return cache.get(key, make)
 
 
 def render_jobs(plan: Any, blob: bytes, jobs: Sequence[Any], device: str, *,
-                parts: str | None = None, on_frames: Callable[[int], None] | None = None
-                ) -> list[dict[str, Any]]:
+                parts: str | None = None, on_frames: Callable[[int], None] | None = None,
+                slot: int = 0) -> list[dict[str, Any]]:
     """Render and encode every video of ``jobs`` in this process, on one Warp device.
 
     Stage timings and counts go to the
@@ -168,7 +190,11 @@ def render_jobs(plan: Any, blob: bytes, jobs: Sequence[Any], device: str, *,
             (the run was given up). None: stage beside each video.
         on_frames: Called with the number of frames of each batch rendered (for a
             progress bar elsewhere); None: a progress bar here when
-            ``plan.options.progress``.
+            ``plan.options.progress``; if it raises, the render stops (partial
+            videos removed) and the error propagates.
+        slot: Which of this process's kept renderers to use: threads that render at
+            the same time on Warp's CPU device each use their own; calls on one slot
+            wait for each other.
 
     Returns:
         Manifest entries ``{"world", "camera", "path", "frames", "first_frame", "fps",
@@ -191,17 +217,16 @@ def render_jobs(plan: Any, blob: bytes, jobs: Sequence[Any], device: str, *,
     # No bigger than the work: a partial batch costs a full one. Mosaics: whole frames.
     frames_per_batch = min(max(1, batch_worlds_of(options) // tiles),
                            sum(job.n_frames for job in jobs))
-    # Mosaics one at a time: on an H200, 2 lanes took tile-frames/s from 0.38 to 0.29 of
-    # per-world videos' (each piece is a read per tile).
-    lanes = 1 if tiles > 1 else _lanes(jobs, plan, frames_per_batch)
+    lanes = _lanes(jobs, plan, frames_per_batch, mosaic=tiles > 1)
     batches = pack_batches(jobs, frames_per_batch, lanes=lanes)
     source = BatchSource(plan, jobs, tiles)
     compose = {"outputs": tuple(getattr(options, "outputs", ("rgb",))), "mosaic": mosaic,
                "depth_scale": getattr(options, "depth_scale", None),
                "text_chars": text_chars(options)}
-    with _renderers_lock:  # one batch stream per device at a time in a process
+    cache, lock = _slot(slot)
+    with lock:  # one batch stream per renderer at a time
         with timer.time("setup_s"):  # imports, kernels and device state when not kept
-            renderer = _renderer(blob, tuple(plan.cameras), tuple(options.size),
+            renderer = _renderer(cache, blob, tuple(plan.cameras), tuple(options.size),
                                  frames_per_batch * tiles, device, buffers, **compose)
         with tempfile.TemporaryDirectory(prefix="flyarchive-warp-", dir=scratch_dir()) as tmp:
             encoders = Encoders(plan, jobs, Path(tmp), renderer.pixel_format, buffers, parts,

@@ -17,9 +17,9 @@ from typing import Any
 
 from flyarchive.distribute.diagnostics import PipelineProfile, StageTimer, progress_bar
 from flyarchive.distribute.plan import split_groups
-from flyarchive.errors import RenderBackendError
+from flyarchive.errors import RenderBackendError, RenderFailedError
 
-__all__ = ["render_here", "render_on_dask", "render_group"]
+__all__ = ["render_here", "render_threads", "render_on_dask", "render_group"]
 
 
 #: The thread importing Warp and initializing the device (:func:`warm_up_here`), if any.
@@ -28,7 +28,8 @@ _warming: threading.Thread | None = None
 
 def warm_up_here(backend: str, *, gpus: Sequence[int] | None, n_workers: int | None,
                  on_cluster: bool) -> None:
-    """When this process will render on a Warp device (one GPU, or ``n_workers`` 0 or 1),
+    """When this process will render on a Warp device (one GPU, or Warp's CPU device
+    unless ``n_workers`` asks for worker processes),
     start importing Warp and initializing the device (a CUDA context) in a background
     thread, so that this overlaps with opening the archive and preparing the model
     (:func:`render_here` waits for it). Nothing otherwise (a cluster renders)."""
@@ -42,8 +43,8 @@ def warm_up_here(backend: str, *, gpus: Sequence[int] | None, n_workers: int | N
                 or len(visible_gpus()) == 1):
             return
         device = f"cuda:{gpus[0] if gpus else 0}"
-    elif n_workers in (0, 1) or (os.cpu_count() or 1) <= 1:
-        device = "cpu"
+    elif n_workers is None or n_workers <= 1 or (os.cpu_count() or 1) <= 1:
+        device = "cpu"  # render threads in this process, or one
     else:
         return
     from flyarchive.distribute.worker_setup import warm_warp
@@ -68,6 +69,73 @@ def render_here(plan: Any, blob: bytes, parts: str | None, device: str) -> list[
     if device.startswith("cuda"):
         warp_device("gpu")  # checks that Warp sees a CUDA device
     return render_jobs(plan, blob, plan.jobs, device, parts=parts)
+
+
+def render_threads(plan: Any, blob: bytes, parts: str | None, n_threads: int
+                   ) -> list[dict[str, Any]]:
+    """Every video in this process on Warp's CPU device: groups of whole videos, balanced
+    by frames, one per thread, each with its own renderer (kept for the next call).
+
+    Warp's CPU kernels run without the GIL, so the threads render on as many cores. The
+    first group renders its first batch alone: Warp loads a module on its first launch,
+    unguarded, and the others then find every kernel loaded. A failed group stops the
+    others at their next batch; its error is raised.
+
+    Raises:
+        As :func:`flyarchive.distribute.warp_pipeline.render_jobs`.
+    """
+    import contextvars
+
+    from flyarchive.distribute.warp_pipeline import batch_worlds_of, render_jobs
+
+    global _warming
+    if _warming is not None:
+        _warming.join()
+        _warming = None
+    groups = split_groups(plan.jobs, batch_worlds_of(plan.options), n_threads)
+    bar = progress_bar(sum(job.n_frames for job in plan.jobs), plan.options.progress)
+    loaded = threading.Event()  # the first group has rendered a batch (or failed)
+    failed: list[BaseException] = []
+    results: list[list[dict[str, Any]]] = [[] for _ in groups]
+
+    def on_frames(n: int) -> None:
+        loaded.set()
+        if failed:
+            raise RenderFailedError("Stopped: another group of videos failed.")
+        if bar is not None:
+            bar.update(n)
+
+    def run(i: int, group: tuple[Any, ...]) -> None:
+        try:
+            if i:
+                loaded.wait()
+            if not failed:
+                results[i] = render_jobs(plan, blob, group, "cpu", parts=parts,
+                                         on_frames=on_frames, slot=i)
+        except BaseException as err:
+            failed.append(err)
+        finally:
+            loaded.set()
+
+    threads = [threading.Thread(target=contextvars.copy_context().run, args=(run, i, group),
+                                name=f"flyarchive-render-{i}", daemon=True)
+               for i, group in enumerate(groups)]
+    try:
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+    except BaseException as err:  # Ctrl-C: the threads stop at their next batch
+        failed.append(err)
+        for thread in threads:
+            thread.join()
+        raise
+    finally:
+        if bar is not None:
+            bar.close()
+    if failed:
+        raise next((e for e in failed if not isinstance(e, RenderFailedError)), failed[0])
+    return [entry for group in results for entry in group]
 
 
 # ----------------------------------------------------------------------------- on Dask

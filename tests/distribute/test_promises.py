@@ -7,7 +7,8 @@ and what they are called, and where the work runs.
   ``.``, ``_``, ``-`` become ``_``, and a name that changed gets ``-`` and 8 hex digits
   of its SHA-256); the manifest is ``{out}/manifest.json``.
 - ``n_workers=0`` renders in this process; so does a ``memory://`` archive.
-- ``"cpu"`` and ``"warp-cpu"`` otherwise start a local cluster;
+- ``"cpu"`` otherwise starts a local cluster; ``"warp-cpu"`` renders on threads in this
+  process unless ``n_workers`` >= 2 asks for worker processes;
   ``"gpu"`` renders in this process on one GPU unless a client or a scheduler is given
   (several GPUs: a local cluster of one worker per GPU, tests/distribute/test_gpu_placement.py).
 
@@ -21,7 +22,6 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
-import os
 from pathlib import Path
 from typing import Any
 
@@ -128,12 +128,23 @@ def test_cpu_starts_a_local_cluster_by_default(tiny, archive, tmp_path, clusters
 
 @requires_warp
 @requires_distributed
-@pytest.mark.skipif((os.cpu_count() or 1) < 2, reason="one core: warp-cpu renders in process")
-def test_warp_cpu_starts_a_local_cluster_by_default(tiny, archive, tmp_path, clusters):
+def test_warp_cpu_renders_in_this_process_by_default(tiny, archive, tmp_path, clusters):
+    options = RenderOptions(size=(48, 64), backend="warp-cpu", batch_worlds=4)
+
+    result = render_videos(archive, tiny, "front", str(tmp_path / "v"), options=options)
+
+    assert clusters == []
+    assert len(result.videos) == 2
+
+
+@requires_warp
+@requires_distributed
+def test_warp_cpu_starts_a_local_cluster_when_asked_for_worker_processes(tiny, archive, tmp_path,
+                                                                          clusters):
     options = RenderOptions(size=(48, 64), backend="warp-cpu", batch_worlds=4)
 
     with pytest.raises(ClusterAsked):
-        render_videos(archive, tiny, "front", str(tmp_path / "v"), options=options)
+        render_videos(archive, tiny, "front", str(tmp_path / "v"), options=options, n_workers=2)
 
     assert clusters == [("LocalCluster", None)]
 

@@ -152,6 +152,35 @@ def test_more_worlds_than_tiles_make_several_mosaics_in_world_order(archive, tmp
     assert read_video(out / "mosaic001" / "front.mp4")[:, 2:, SIZE[1] + 2:].max() <= 20
 
 
+@requires_warp
+def test_mosaics_fed_side_by_side_in_each_batch_equal_mosaics_fed_one_at_a_time(
+        archive, tmp_path, monkeypatch):
+    """Lanes: each batch holds frames of several mosaics, their tiles read at once."""
+    import flyarchive.distribute.warp_pipeline as pipeline
+    from flyarchive.distribute.plan import pack_batches
+
+    lanes_used = []
+    real_pack = pipeline.pack_batches
+
+    def pack(jobs, frames_per_batch, lanes=1):
+        lanes_used.append(lanes)
+        return real_pack(jobs, frames_per_batch, lanes=lanes)
+
+    monkeypatch.setattr(pipeline, "pack_batches", pack)
+    monkeypatch.setattr(pipeline, "_CPU_BATCH_WORLDS", 8)  # 4 mosaic frames of 2 tiles
+    monkeypatch.setattr(pipeline, "_MIN_MOSAIC_PIECE", 1)
+    render_here(archive, tmp_path / "lanes", WARP_BACKEND, mosaic=(1, 2), overlays=("time",))
+    monkeypatch.setattr(pipeline, "_MIN_MOSAIC_PIECE", 100)  # one mosaic per batch
+    render_here(archive, tmp_path / "one", WARP_BACKEND, mosaic=(1, 2), overlays=("time",))
+
+    assert lanes_used == [2, 1] and pack_batches is real_pack
+    for name in ("mosaic000", "mosaic001"):
+        side = read_video(tmp_path / "lanes" / name / "front.mp4")
+        alone = read_video(tmp_path / "one" / name / "front.mp4")
+        assert side.shape == alone.shape == (11, SIZE[0], 2 * SIZE[1], 3)
+        np.testing.assert_array_equal(side, alone)  # lossless: the same frames
+
+
 # ----------------------------------------------------------------------------- overlays
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_overlay_changes_only_the_text_box_and_time_text_changes_per_frame(archive, tmp_path, backend):

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import copy
 import json
+import os
 from pathlib import Path
 
 import numpy as np
@@ -269,14 +270,80 @@ def test_gpu_batches_on_a_cluster_without_gpu_workers_are_refused(slider_worlds,
     assert not (tmp_path / "v" / "world00000").exists()
 
 
-def test_warp_cpu_runs_on_a_local_cluster_unless_told_otherwise():
-    from flyarchive.distribute.drivers import runs_here
+def test_warp_cpu_runs_in_this_process_unless_worker_processes_are_asked_for():
+    from flyarchive.distribute.drivers import placement, runs_here
 
     assert not runs_here("warp-cpu", 4, n_workers=2)
+    assert runs_here("warp-cpu", 4)
     assert runs_here("warp-cpu", 4, n_workers=0)
     assert runs_here("warp-cpu", 4, n_workers=2, in_process=True)
     assert runs_here("warp-cpu", 1, n_workers=2)  # one video: nothing to spread
     assert not runs_here("gpu", 4, scheduler="tcp://127.0.0.1:8786")
+    threads = placement("warp-cpu", 3)  # one thread per core, at most one per video
+    assert threads.where == ("threads" if (os.cpu_count() or 1) > 1 else "here")
+    assert threads.where == "here" or threads.n_workers == min(3, os.cpu_count() or 1)
+
+
+@pytest.mark.skipif(BACKEND != "warp-cpu", reason="render threads are warp-cpu's")
+def test_render_threads_make_the_videos_one_thread_makes(tiny_archive, tmp_path):
+    from flyarchive.distribute import warp_pipeline
+    from flyarchive.distribute.diagnostics import PipelineProfile
+    from flyarchive.distribute.warp_runs import render_threads
+
+    lossless = RenderOptions(backend=BACKEND, size=SIZE, batch_worlds=4,
+                             video=VideoOptions(crf=0, preset="ultrafast"))
+    one = render_here(tiny_archive, tiny_model(), "front", str(tmp_path / "one"), options=lossless)
+    used = []
+    real = warp_pipeline.render_jobs
+
+    def spy(*args, **kwargs):
+        used.append(kwargs["slot"])
+        return real(*args, **kwargs)
+
+    with pytest.MonkeyPatch.context() as mp, PipelineProfile() as profile:
+        mp.setattr(warp_pipeline, "render_jobs", spy)
+        mp.setattr("flyarchive.distribute.drivers.placement",
+                   lambda *a, **k: _threads(3))  # 3 threads, whatever the cores
+        three = render_videos(tiny_archive, tiny_model(), "front", str(tmp_path / "three"),
+                              options=lossless)
+
+    assert sorted(used) == [0, 1, 2] and render_threads.__name__ == "render_threads"
+    assert profile.results["frames"] == 33  # the threads' timings reach the caller's profile
+    assert [v["world"] for v in three.videos] == [v["world"] for v in one.videos]
+    for a, b in zip(one.videos, three.videos, strict=True):
+        np.testing.assert_array_equal(read_video(a["path"]), read_video(b["path"]))
+
+
+def _threads(n: int):
+    from flyarchive.distribute.drivers import Placement
+
+    return Placement("threads", device="cpu", n_workers=n)
+
+
+@pytest.mark.skipif(BACKEND != "warp-cpu", reason="render threads are warp-cpu's")
+def test_a_failing_render_thread_stops_the_others_and_its_error_is_raised(tiny_archive, tmp_path):
+    from flyarchive.distribute.warp_batches import BatchSource
+    from flyarchive.errors import CorruptArchiveError
+
+    real = BatchSource.read
+
+    def read(self, batch):
+        if any(self._jobs[p.job].world_id == 2 for p in batch.pieces):
+            raise CorruptArchiveError("world 2 cannot be read")
+        return real(self, batch)
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(BatchSource, "read", read)
+        mp.setattr("flyarchive.distribute.drivers.placement", lambda *a, **k: _threads(3))
+        with pytest.raises(CorruptArchiveError, match="world 2"):
+            render_videos(tiny_archive, tiny_model(), "front", str(tmp_path / "v"),
+                          options=RenderOptions(backend=BACKEND, size=SIZE, batch_worlds=4))
+
+    assert not (tmp_path / "v" / "world00002").exists()
+    leftovers = [p for p in (tmp_path / "v").rglob("*") if p.is_file() and p.suffix != ".mp4"]
+    assert leftovers == []  # no parts, no partial files
+    for video in (tmp_path / "v").rglob("*.mp4"):  # finished ones are whole
+        assert read_video(video).shape[0] == 11
 
 
 @pytest.mark.skipif(BACKEND != "warp-cpu", reason="the LocalCluster default is warp-cpu's")
