@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import os
 import sys
@@ -187,6 +188,7 @@ def cmd_render(args: argparse.Namespace) -> int:
         time=parse_time(args.time) if args.time else None,
         where=where, pad=args.pad,
         options=RenderOptions(size=parse_size(args.size), backend=args.backend,
+                              batch_worlds=args.batch_worlds,
                               overwrite=args.overwrite, progress=not args.quiet,
                               video=_video_options(args), **_output_options(args)),
         scheduler=args.scheduler, n_workers=args.workers,
@@ -381,10 +383,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", default="videos", help="output folder or fsspec URL")
     p.add_argument("--scheduler", help="Dask scheduler address (default: a local cluster)")
     p.add_argument("--workers", type=int, help="local worker processes (default: one per core; "
-                   "gpu: one per GPU, see --gpus; 0: in this process)")
+                   "gpu: one per GPU, see --gpus; warp-cpu: one render thread per core in "
+                   "this process unless given; 0: in this process)")
     p.add_argument("--backend", default="cpu", choices=BACKENDS,
                    help="cpu (OpenGL, bit-exact), gpu (mujoco-warp on CUDA) or warp-cpu "
                         "(mujoco-warp on Warp's CPU device)")
+    p.add_argument("--batch-worlds", type=int, metavar="N",
+                   help="states per batch of the Warp backends (default: 1024 on gpu, 4 "
+                        "on warp-cpu); smaller uses less GPU and pinned host memory")
     p.add_argument("--preset", choices=PRESETS,
                    help="x264 preset (default: veryfast; ultrafast with --backend gpu)")
     p.add_argument("--crf", type=_crf, help="x264 quality, 0 (lossless) to 51 (default 18)")
@@ -480,5 +486,18 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
 
 
+def run() -> None:
+    """The ``flyarchive`` console script: :func:`main`, then exit with its status.
+
+    Before exiting, the objects that exist are frozen out of the garbage collector
+    (:func:`gc.freeze`): the interpreter's final collections would otherwise walk the
+    large graph of objects that importing mujoco_warp makes, for nothing (measured on
+    a 2-core VM: 1.3 s of a 14 s ``flyarchive render --backend warp-cpu``).
+    """
+    code = main()
+    gc.freeze()
+    sys.exit(code)
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    run()

@@ -29,7 +29,7 @@ __all__ = ["CliRowError", "run_render", "save_mjb", "S3Copy", "HandStartedCluste
 
 #: The ``flyarchive`` command, run by this interpreter (what the console script runs;
 #: ``PYTHONPATH`` decides which flyarchive).
-FLYARCHIVE = (sys.executable, "-c", "import sys; from flyarchive.cli import main; sys.exit(main())")
+FLYARCHIVE = (sys.executable, "-c", "from flyarchive.cli import run; run()")  # the console script
 #: Seconds a whole-process row may take before it is stopped and reported.
 TIMEOUT_S = 3600
 

@@ -96,3 +96,17 @@ def test_cli_gpus_naming_a_missing_device_is_one_error_line_and_exit_2(archive, 
     assert "flyarchive render: error: gpus=[0, 7] asks for GPU(s) [7]" in err
     assert snapshot(archive) == before
     assert not (tmp_path / "v").exists()
+
+
+@pytest.mark.parametrize("value", ["0", "-4"])
+def test_cli_batch_worlds_below_one_is_one_error_line_and_exit_2(archive, tmp_path, cli, value):
+    before = snapshot(archive)
+
+    code, _, err = cli("render", archive, "--camera", "front", "--backend", "gpu",
+                       "--batch-worlds", value, "--out", tmp_path / "v")
+
+    assert code == 2
+    assert err.startswith("flyarchive render: error: batch_worlds must be an integer of at "
+                          f"least 1, got {value}.")
+    assert snapshot(archive) == before
+    assert not (tmp_path / "v").exists()
