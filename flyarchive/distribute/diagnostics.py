@@ -28,11 +28,10 @@ __all__ = ["PipelineProfile", "StageTimer", "STAGES", "COUNTS", "progress_bar"]
 #: ``write_rgb_s`` piping to ffmpeg and ``write_maps_s`` compressing map chunks), open
 #: each video's writers (``open_s``), close their inputs (``close_input_s``: the maps'
 #: last chunks) and finish and publish videos (``publish_s``, of which ``wait_ffmpeg_s``
-#: waiting for ffmpeg to exit); with copies out of the host buffers, the driving
-#: thread copies each batch (``copy_s``).
+#: waiting for ffmpeg to exit).
 STAGES = ("setup_s", "wait_read_s", "wait_encoders_s", "submit_s", "wait_gpu_s", "encode_s",
           "publish_s", "encoder_idle_s", "write_rgb_s", "write_maps_s", "open_s",
-          "close_input_s", "wait_ffmpeg_s", "copy_s")
+          "close_input_s", "wait_ffmpeg_s")
 #: Counts: batches submitted, states rendered (one per world and frame, every camera),
 #: videos published, and the most encoder threads one render used.
 COUNTS = ("batches", "frames", "videos", "encoder_threads")

@@ -27,9 +27,6 @@ __all__ = ["Encoders", "MAX_ENCODERS"]
 
 #: Most encoder threads one render starts (and never more than its videos).
 MAX_ENCODERS = 64
-#: Batches' worth of frames copied out of the host buffers and queued for the encoder
-#: threads, at most (0: no copies; each buffer is held until its last piece is encoded).
-COPY_OUT_BATCHES = 0
 _STOP = object()
 
 
@@ -98,10 +95,6 @@ class Encoders:
         for buffer in range(buffers):
             self._free.put(buffer)
         self._lock = threading.Lock()
-        self._room = threading.Condition(self._lock)  # copied-out bytes fell
-        self._copy_batches = COPY_OUT_BATCHES
-        self._queued_bytes = 0  # copied out, not yet encoded
-        self._batch_bytes = 0  # largest batch seen
         self._pending: dict[int, int] = {}  # host buffer -> pieces not yet encoded
         self._owner: dict[tuple[int, int], int] = {}  # video -> its thread
         self._load = [0] * n_threads  # frames queued per thread
@@ -139,14 +132,9 @@ class Encoders:
             rows = slice(piece.offset, piece.offset + piece.n)
             blocks.append((None if frames is None else frames[rows, cam],
                            None if maps is None else maps[rows, cam]))
-        release: int | None = buffer
-        if self._copy_batches:
-            blocks = self._copy_out(blocks)
-            release = None
         threads = []
         with self._lock:
-            if release is not None:
-                self._pending[buffer] = len(work)
+            self._pending[buffer] = len(work)
             for piece, cam in work:
                 thread = self._owner.get((piece.job, cam))
                 if thread is None:  # a new video: the least loaded thread
@@ -155,25 +143,7 @@ class Encoders:
                 self._load[thread] += piece.n
                 threads.append(thread)
         for (piece, cam), (block, block_maps), thread in zip(work, blocks, threads):
-            self._queues[thread].put((piece, cam, block, block_maps, release))
-        if release is None:
-            self._free.put(buffer)
-
-    def _copy_out(self, blocks: list[tuple[np.ndarray | None, np.ndarray | None]]
-                  ) -> list[tuple[np.ndarray | None, np.ndarray | None]]:
-        """Copies of the blocks, made once the copies already queued leave room for them
-        (at most ``COPY_OUT_BATCHES`` of the largest batch's bytes, or one batch)."""
-        size = sum(a.nbytes for block in blocks for a in block if a is not None)
-        with self._timer.time("wait_encoders_s"), self._room:
-            self._batch_bytes = max(self._batch_bytes, size)
-            budget = self._copy_batches * self._batch_bytes
-            while self._queued_bytes and self._queued_bytes + size > budget:
-                self.raise_if_failed()
-                self._room.wait(0.1)
-            self._queued_bytes += size
-        with self._timer.time("copy_s"):
-            return [tuple(None if a is None else a.copy() for a in block)  # type: ignore[misc]
-                    for block in blocks]
+            self._queues[thread].put((piece, cam, block, block_maps, buffer))
 
     def raise_if_failed(self) -> None:
         if self._error is not None:
@@ -224,27 +194,21 @@ class Encoders:
             except BaseException as err:
                 self._error = self._error or err
             finally:
-                nbytes = sum(a.nbytes for a in (frames, maps) if a is not None)
-                self._done(buffer, index, piece.n, nbytes)
+                self._done(buffer, index, piece.n)
         try:
             if self._error is None:
                 self._publish_finished(finishing, wait=True)
         except BaseException as err:
             self._error = self._error or err
 
-    def _done(self, buffer: int | None, thread: int, n_frames: int, nbytes: int) -> None:
-        """A piece is encoded: its host buffer (None: its copy, ``nbytes``) is given back."""
-        last = False
+    def _done(self, buffer: int, thread: int, n_frames: int) -> None:
+        """A piece is encoded: its host buffer is given back with the batch's last piece."""
         with self._lock:
             self._load[thread] -= n_frames
-            if buffer is None:
-                self._queued_bytes -= nbytes
-                self._room.notify_all()
-            else:
-                self._pending[buffer] -= 1
-                last = self._pending[buffer] == 0
-                if last:
-                    del self._pending[buffer]
+            self._pending[buffer] -= 1
+            last = self._pending[buffer] == 0
+            if last:
+                del self._pending[buffer]
         if last:
             self._free.put(buffer)
 

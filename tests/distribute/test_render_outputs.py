@@ -18,7 +18,7 @@ import pytest
 from flyarchive.distribute.api import RenderOptions, render_frames, render_videos
 from flyarchive.testing import tiny_model
 from flyarchive.testing.fixtures import record
-from flyarchive.testing.markers import WARP_BACKEND, requires_s3, requires_warp
+from flyarchive.testing.markers import WARP_BACKEND, opengl_vendor, requires_s3, requires_warp
 from flyarchive.video import VideoOptions, read_video
 from flyarchive.video.decode import read_depth, read_segmentation
 
@@ -98,6 +98,13 @@ def test_opengl_and_warp_segmentation_ids_agree_on_99_percent_of_pixels(maps):
     assert min(equal) >= 0.99
 
 
+def gl_depth_slack(depth: np.ndarray) -> np.ndarray:
+    """What OpenGL's depth may differ from Warp's beyond the stated tolerance: nothing
+    through Mesa (CI); 1.5 % through NVIDIA's EGL driver, whose depth came out 1.2 %
+    short on an H200 host (README) while Warp on CUDA equals Warp on the CPU."""
+    return 0.015 * depth if opengl_vendor().startswith("NVIDIA") else np.zeros_like(depth)
+
+
 @requires_warp
 def test_opengl_and_warp_depth_within_one_count_where_both_see_the_same_geom(maps):
     (cpu, entries), warp = maps["cpu"], maps[WARP_BACKEND][0]
@@ -108,10 +115,26 @@ def test_opengl_and_warp_depth_within_one_count_where_both_see_the_same_geom(map
         a, b = (f / f"world{w:05d}" / "front" for f in (cpu, warp))
         seg_a = read_segmentation(a.with_suffix(".seg.zarr"))
         same = (seg_a == read_segmentation(b.with_suffix(".seg.zarr"))) & (seg_a >= 0)
-        error = np.abs(read_depth(a.with_suffix(".depth.zarr")) - read_depth(b.with_suffix(".depth.zarr")))
-        within.append((error[same] <= 1.01 * scale).mean())
+        depth_a = read_depth(a.with_suffix(".depth.zarr"))
+        error = np.abs(depth_a - read_depth(b.with_suffix(".depth.zarr")))
+        within.append((error[same] <= 1.01 * scale + gl_depth_slack(depth_a)[same]).mean())
 
     assert min(within) >= 0.999
+
+
+@pytest.mark.skipif(WARP_BACKEND != "gpu", reason="compares CUDA with Warp's CPU device")
+def test_warp_depth_and_segmentation_on_cuda_equal_warp_cpu_to_one_count(archive, maps, tmp_path):
+    out = tmp_path / "warp-cpu"
+    entries = render_here(archive, out, "warp-cpu", outputs=MAPS)
+    scale = entries[0]["depth"]["scale"]
+    gpu = maps[WARP_BACKEND][0]
+
+    for w in range(3):
+        a, b = (f / f"world{w:05d}" / "front" for f in (out, gpu))
+        seg = read_segmentation(a.with_suffix(".seg.zarr"))
+        assert (seg == read_segmentation(b.with_suffix(".seg.zarr"))).mean() >= 0.999
+        error = np.abs(read_depth(a.with_suffix(".depth.zarr")) - read_depth(b.with_suffix(".depth.zarr")))
+        assert (error[seg >= 0] <= 1.01 * scale).mean() >= 0.999
 
 
 def test_rgb_video_is_the_same_with_or_without_maps(archive, maps, tmp_path):
@@ -250,7 +273,8 @@ def test_render_frames_on_warp_gives_the_maps_of_opengl(archive):
     assert cpu.segmentation.dims == ("world", "time", "y", "x")
     assert (cpu.segmentation.values == warp.segmentation.values).mean() >= 0.99
     same = (cpu.segmentation.values == warp.segmentation.values) & (cpu.segmentation.values >= 0)
-    assert np.nanmax(np.abs(cpu.depth.values - warp.depth.values)[same]) < 0.05
+    error = np.abs(cpu.depth.values - warp.depth.values) - gl_depth_slack(cpu.depth.values)
+    assert np.nanmax(error[same]) < 0.05
 
 
 def test_mosaic_tiles_follow_the_given_world_order(archive, tmp_path):
