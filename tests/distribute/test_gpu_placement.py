@@ -123,13 +123,11 @@ def test_a_cluster_given_takes_the_work_whatever_the_gpus_here():
 
 @requires_distributed
 @pytest.mark.timeout(120)
-def test_local_gpu_cluster_workers_hold_their_gpu_resource_and_cores(monkeypatch):
+def test_local_gpu_cluster_workers_hold_their_gpu_resource_and_cores():
+    import dask
+
     from flyarchive.distribute.cluster import connect
     from flyarchive.distribute.gpus import usable_cpus
-
-    # The two GPUs are fake: on a host with one real GPU, Dask's NVML monitor would fail
-    # the worker that CUDA_VISIBLE_DEVICES=1 points at a GPU that is not there.
-    monkeypatch.setenv("DASK_DISTRIBUTED__DIAGNOSTICS__NVML", "False")
 
     cores = usable_cpus()
     workers = gpu_workers(TWO, cpus=cores, sys_pci=Path("/nonexistent"))
@@ -138,7 +136,11 @@ def test_local_gpu_cluster_workers_hold_their_gpu_resource_and_cores(monkeypatch
         return (os.environ["CUDA_VISIBLE_DEVICES"], os.environ["FLYARCHIVE_CPUS"],
                 sorted(os.sched_getaffinity(0)))
 
-    with connect(gpu_workers=workers) as client:
+    # The two GPUs are fake: on a host with one real GPU, Dask's NVML monitor fails the
+    # worker whose CUDA_VISIBLE_DEVICES=1 names a GPU that is not there (the nanny hands
+    # its Dask configuration to the worker process).
+    with dask.config.set({"distributed.diagnostics.nvml": False}), \
+            connect(gpu_workers=workers) as client:
         info = client.scheduler_info()["workers"]
         by_name = {w["name"]: (w["resources"], w["nthreads"]) for w in info.values()}
         names = {a: w["name"] for a, w in info.items()}

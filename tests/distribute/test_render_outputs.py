@@ -98,15 +98,19 @@ def test_opengl_and_warp_segmentation_ids_agree_on_99_percent_of_pixels(maps):
     assert min(equal) >= 0.99
 
 
-def gl_depth_slack(depth: np.ndarray) -> np.ndarray:
-    """What OpenGL's depth may differ from Warp's beyond the stated tolerance: nothing
-    through Mesa (CI); 1.5 % through NVIDIA's EGL driver, whose depth came out 1.2 %
-    short on an H200 host (README) while Warp on CUDA equals Warp on the CPU."""
-    return 0.015 * depth if opengl_vendor().startswith("NVIDIA") else np.zeros_like(depth)
+def skip_on_nvidia_gl() -> None:
+    """MuJoCo's OpenGL depth through NVIDIA's EGL driver differs from Mesa's and Warp's
+    (1.2 % short at NeuroMechFly's centre pixel, up to 0.4 model units on the tiny
+    model; README): compared with Warp only where the OpenGL is Mesa's (CI). On CUDA,
+    Warp's depth is checked against Warp's CPU device instead (the test below)."""
+    if opengl_vendor().startswith("NVIDIA"):
+        pytest.skip("OpenGL depth through NVIDIA's EGL driver is not Mesa's (see README); "
+                    "test_warp_depth_and_segmentation_on_cuda_equal_warp_cpu_to_one_count")
 
 
 @requires_warp
 def test_opengl_and_warp_depth_within_one_count_where_both_see_the_same_geom(maps):
+    skip_on_nvidia_gl()
     (cpu, entries), warp = maps["cpu"], maps[WARP_BACKEND][0]
     scale = entries[0]["depth"]["scale"]
 
@@ -115,9 +119,8 @@ def test_opengl_and_warp_depth_within_one_count_where_both_see_the_same_geom(map
         a, b = (f / f"world{w:05d}" / "front" for f in (cpu, warp))
         seg_a = read_segmentation(a.with_suffix(".seg.zarr"))
         same = (seg_a == read_segmentation(b.with_suffix(".seg.zarr"))) & (seg_a >= 0)
-        depth_a = read_depth(a.with_suffix(".depth.zarr"))
-        error = np.abs(depth_a - read_depth(b.with_suffix(".depth.zarr")))
-        within.append((error[same] <= 1.01 * scale + gl_depth_slack(depth_a)[same]).mean())
+        error = np.abs(read_depth(a.with_suffix(".depth.zarr")) - read_depth(b.with_suffix(".depth.zarr")))
+        within.append((error[same] <= 1.01 * scale).mean())
 
     assert min(within) >= 0.999
 
@@ -273,8 +276,8 @@ def test_render_frames_on_warp_gives_the_maps_of_opengl(archive):
     assert cpu.segmentation.dims == ("world", "time", "y", "x")
     assert (cpu.segmentation.values == warp.segmentation.values).mean() >= 0.99
     same = (cpu.segmentation.values == warp.segmentation.values) & (cpu.segmentation.values >= 0)
-    error = np.abs(cpu.depth.values - warp.depth.values) - gl_depth_slack(cpu.depth.values)
-    assert np.nanmax(error[same]) < 0.05
+    skip_on_nvidia_gl()  # segmentation is compared on every GL; depth only on Mesa's
+    assert np.nanmax(np.abs(cpu.depth.values - warp.depth.values)[same]) < 0.05
 
 
 def test_mosaic_tiles_follow_the_given_world_order(archive, tmp_path):
