@@ -358,3 +358,34 @@ def test_local_cluster_videos_equal_the_in_process_ones(slider_worlds, tmp_path)
     for a, b in zip(here.videos, spread.videos, strict=True):
         np.testing.assert_array_equal(read_video(a["path"]), read_video(b["path"]))
         assert Path(b["path"]).read_bytes() == Path(a["path"]).read_bytes()
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("threads", [0, 3], ids=["one-thread", "render-threads"])
+def test_an_encoder_failing_mid_video_fails_the_render_and_leaves_no_partial_video(
+        tiny_archive, tmp_path, threads):
+    from flyarchive.distribute.encoders import Encoders
+    from flyarchive.errors import VideoEncodeError
+
+    real = Encoders._encode
+
+    def encode(self, piece, cam, frames, maps):
+        if self._jobs[piece.job].world_id == 1 and piece.start >= 4:  # world 1, mid-way
+            raise VideoEncodeError("ffmpeg stopped (injected)")
+        return real(self, piece, cam, frames, maps)
+
+    out = tmp_path / "v"
+    out.mkdir()
+    options = RenderOptions(backend=BACKEND, size=SIZE, batch_worlds=4)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(Encoders, "_encode", encode)
+        if threads:
+            mp.setattr("flyarchive.distribute.drivers.placement", lambda *a, **k: _threads(threads))
+        with pytest.raises(VideoEncodeError, match="injected"):
+            render_videos(tiny_archive, tiny_model(), "front", str(out), options=options,
+                          n_workers=None if threads else 0)
+
+    assert not (out / "world00001").exists()
+    assert [p.name for p in out.iterdir() if p.name.startswith(".")] == []  # no parts left
+    for video in out.rglob("*.mp4"):  # any finished one is whole
+        assert read_video(video).shape[0] == 11
