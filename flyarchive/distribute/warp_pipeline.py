@@ -35,7 +35,7 @@ import threading
 from collections import deque
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from pathlib import Path
 from typing import Any
 
@@ -102,6 +102,10 @@ def warp_device(backend: str) -> str:
 _renderers: dict[int, RendererCache] = {}
 _renderers_locks: dict[int, threading.Lock] = {}
 _slots_lock = threading.Lock()
+#: Held while a renderer is built and while it submits its first batch of a call: Warp
+#: loads a module on its first launch without a lock of its own, so two threads must not
+#: load one module at the same time; later batches run side by side.
+_loading = threading.Lock()
 
 
 def clear_renderers() -> None:
@@ -225,7 +229,7 @@ def render_jobs(plan: Any, blob: bytes, jobs: Sequence[Any], device: str, *,
                "text_chars": text_chars(options)}
     cache, lock = _slot(slot)
     with lock:  # one batch stream per renderer at a time
-        with timer.time("setup_s"):  # imports, kernels and device state when not kept
+        with timer.time("setup_s"), _loading:  # imports, kernels and device state when not kept
             renderer = _renderer(cache, blob, tuple(plan.cameras), tuple(options.size),
                                  frames_per_batch * tiles, device, buffers, **compose)
         with tempfile.TemporaryDirectory(prefix="flyarchive-warp-", dir=scratch_dir()) as tmp:
@@ -289,7 +293,7 @@ def _render_batches(source: BatchSource, batches: list[Batch], renderer: Any,
                 extras["valid"] = valid
             with timer.time("wait_encoders_s"):
                 buffer = encoders.reserve()  # blocks while every host buffer waits to be encoded
-            with timer.time("submit_s"):
+            with timer.time("submit_s"), (_loading if pending is None else nullcontext()):
                 submitted = renderer.submit(qpos, mocap_pos, mocap_quat, buffer=buffer, **extras)
             timer.add("batches", 1)
             if pending is not None:

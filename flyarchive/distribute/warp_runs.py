@@ -76,10 +76,10 @@ def render_threads(plan: Any, blob: bytes, parts: str | None, n_threads: int
     """Every video in this process on Warp's CPU device: groups of whole videos, balanced
     by frames, one per thread, each with its own renderer (kept for the next call).
 
-    Warp's CPU kernels run without the GIL, so the threads render on as many cores. The
-    first group renders its first batch alone: Warp loads a module on its first launch,
-    unguarded, and the others then find every kernel loaded. A failed group stops the
-    others at their next batch; its error is raised.
+    Warp's CPU kernels run without the GIL, so the threads render on as many cores
+    (each builds its renderer and submits its first batch alone: Warp loads modules on
+    first launch, see :func:`~flyarchive.distribute.warp_pipeline.render_jobs`). A failed
+    group stops the others at their next batch; its error is raised.
 
     Raises:
         As :func:`flyarchive.distribute.warp_pipeline.render_jobs`.
@@ -94,12 +94,10 @@ def render_threads(plan: Any, blob: bytes, parts: str | None, n_threads: int
         _warming = None
     groups = split_groups(plan.jobs, batch_worlds_of(plan.options), n_threads)
     bar = progress_bar(sum(job.n_frames for job in plan.jobs), plan.options.progress)
-    loaded = threading.Event()  # the first group has rendered a batch (or failed)
     failed: list[BaseException] = []
     results: list[list[dict[str, Any]]] = [[] for _ in groups]
 
     def on_frames(n: int) -> None:
-        loaded.set()
         if failed:
             raise RenderFailedError("Stopped: another group of videos failed.")
         if bar is not None:
@@ -107,15 +105,10 @@ def render_threads(plan: Any, blob: bytes, parts: str | None, n_threads: int
 
     def run(i: int, group: tuple[Any, ...]) -> None:
         try:
-            if i:
-                loaded.wait()
-            if not failed:
-                results[i] = render_jobs(plan, blob, group, "cpu", parts=parts,
-                                         on_frames=on_frames, slot=i)
+            results[i] = render_jobs(plan, blob, group, "cpu", parts=parts,
+                                     on_frames=on_frames, slot=i)
         except BaseException as err:
             failed.append(err)
-        finally:
-            loaded.set()
 
     threads = [threading.Thread(target=contextvars.copy_context().run, args=(run, i, group),
                                 name=f"flyarchive-render-{i}", daemon=True)

@@ -83,9 +83,11 @@ def test_a_failed_read_raises_when_its_batch_is_reached_after_the_earlier_ones()
 @requires_warp
 def test_a_worker_builds_its_renderer_once_for_calls_with_the_same_model_and_options(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    from flyarchive.distribute.warp_pipeline import clear_renderers
     from flyarchive.replay import warp as replay_warp
 
     url = record(tiny_model(), str(tmp_path / "run.zarr"), n_worlds=2)
+    clear_renderers()  # not one an earlier test left with the same key
     built = []
     real = replay_warp.WarpBatchRenderer
 
