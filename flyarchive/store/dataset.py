@@ -34,6 +34,7 @@ from flyarchive.store.consolidated import time_extent
 from flyarchive.store.hardening import check_arrays
 from flyarchive.store.location import unavailable
 from flyarchive.store.reader import chunk_file, corrupt_read, fused_reads, open_group
+from flyarchive.store.shards import ShardReader, settled_shards
 
 __all__ = ["CommittedFrames", "open_dataset", "TARGET_CHUNK_BYTES"]
 
@@ -75,6 +76,8 @@ class CommittedFrames:
         world_ids: ``(world,)`` ids, for messages.
         url: The archive, for messages.
         storage_options: As given to ``open_archive``, for messages about storage faults.
+        reader: Reads boxes of ``arr`` (:class:`~flyarchive.store.shards.ShardReader`);
+            None: every read goes through zarr.
 
     Raises (from ``__getitem__``):
         CorruptArchiveError: stored bytes that fail their checksum or do not decode, naming
@@ -86,8 +89,9 @@ class CommittedFrames:
 
     def __init__(self, arr: zarr.Array, name: str, n_frames: np.ndarray | None, n_time: int,
                  world_ids: np.ndarray, url: str,
-                 storage_options: Mapping[str, Any] | None = None) -> None:
-        self.arr, self.name, self.n_frames = arr, name, n_frames
+                 storage_options: Mapping[str, Any] | None = None, *,
+                 reader: ShardReader | None = None) -> None:
+        self.arr, self.name, self.n_frames, self.reader = arr, name, n_frames, reader
         self.world_ids, self.url, self.storage_options = world_ids, url, storage_options
         self.shape = (int(arr.shape[0]), int(n_time), *(int(s) for s in arr.shape[2:]))
         self.dtype = arr.dtype
@@ -115,6 +119,11 @@ class CommittedFrames:
 
     def _read(self, key: tuple[Any, ...], worlds: np.ndarray, frames: np.ndarray) -> np.ndarray:
         try:
+            box = _box(key) if self.reader is not None else None
+            if box is not None:
+                values = self.reader.read(box)
+                points = tuple(i for i, k in enumerate(key) if isinstance(k, int))
+                return values.squeeze(axis=points) if points else values
             if any(isinstance(k, np.ndarray) for k in key):
                 return np.asarray(self.arr.oindex[key])
             return np.asarray(self.arr[key])
@@ -170,6 +179,19 @@ class CommittedFrames:
                     found.append((f"{self.name} [{who}, frames {t0}..{box[1].stop - 1}] "
                                   f"(file {file})", err))
         return found
+
+
+def _box(key: tuple[Any, ...]) -> tuple[slice, ...] | None:
+    """A selection of ints and slices of step 1 as slices (None for any other)."""
+    box = []
+    for k in key:
+        if isinstance(k, int):
+            box.append(slice(k, k + 1))
+        elif isinstance(k, slice) and k.step == 1:
+            box.append(k)
+        else:
+            return None
+    return tuple(box)
 
 
 def _dask_chunks(arr: zarr.Array, n_time: int) -> tuple[int, ...]:
@@ -254,7 +276,12 @@ def open_dataset(url: str, storage_options: Mapping[str, Any] | None = None,
         if name in STATE_VARS and n_frames is not None and dims[:2] == ("world", "time"):
             masked = None if (n_frames == n_time).all() else n_frames
             world_ids = coords["world"].values if "world" in coords else np.arange(len(n_frames))
-            getter = CommittedFrames(arr, name, masked, n_time, world_ids, url, storage_options)
+            reader = None
+            if ShardReader.supports(arr):
+                settled = settled_shards(n_frames, int(arr.shards[1]))
+                reader = ShardReader(arr, settled=(1, settled))
+            getter = CommittedFrames(arr, name, masked, n_time, world_ids, url, storage_options,
+                                     reader=reader)
             data = da.from_array(getter, chunks=_dask_chunks(arr, n_time), asarray=False,
                                  inline_array=True, meta=np.empty((0,) * arr.ndim, arr.dtype),
                                  name=token)
