@@ -187,7 +187,7 @@ def _box(key: tuple[Any, ...]) -> tuple[slice, ...] | None:
     for k in key:
         if isinstance(k, int):
             box.append(slice(k, k + 1))
-        elif isinstance(k, slice) and k.step == 1:
+        elif isinstance(k, slice) and k.step in (None, 1):
             box.append(k)
         else:
             return None

@@ -210,6 +210,11 @@ class ShardReader:
                 return  # no shard: fill value
             index = self._index(shard.coords, raw)
         wanted = self._ranges(shard, index)
+        if len(wanted) == 1:  # one request, nothing to coalesce
+            buf = get(shard.key, prototype=_PROTOTYPE, byte_range=wanted[0][1])
+            if buf is not None:
+                shard.data[wanted[0][0]] = buf.as_numpy_array()
+            return
         if not wanted:
             return
         try:
@@ -240,6 +245,11 @@ class ShardReader:
                 return
             index = self._index(shard.coords, raw)
         wanted = self._ranges(shard, index)
+        if len(wanted) == 1:
+            buf = await self.store.get(shard.key, prototype=_PROTOTYPE, byte_range=wanted[0][1])
+            if buf is not None:
+                shard.data[wanted[0][0]] = buf.as_numpy_array()
+            return
         if not wanted:
             return
         try:
