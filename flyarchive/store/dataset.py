@@ -13,8 +13,9 @@ scan, while a selection still reads only its inner chunks.
 
 from __future__ import annotations
 
+import asyncio
 import json
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -32,7 +33,7 @@ from flyarchive.schema import STATE_VARS
 from flyarchive.store import storage_errors
 from flyarchive.store.consolidated import time_extent
 from flyarchive.store.hardening import check_arrays
-from flyarchive.store.location import unavailable
+from flyarchive.store.location import sync, unavailable
 from flyarchive.store.reader import chunk_file, corrupt_read, fused_reads, open_group
 from flyarchive.store.shards import ShardReader, settled_shards
 
@@ -220,6 +221,60 @@ def _token(url: str, storage_options: Mapping[str, Any] | None, name: str, arr: 
     return f"flyarchive-{name}-{tokenize(described, committed)}"
 
 
+def _coordinate_names(arrays: Mapping[str, zarr.Array]) -> list[str]:
+    """The coordinates: arrays named after their dimension (small, read at open)."""
+    return [n for n, a in arrays.items() if n in (a.metadata.dimension_names or ())]
+
+
+def _read_now(arrays: Mapping[str, zarr.Array], names: Sequence[str], n_time: int
+              ) -> dict[str, np.ndarray]:
+    """Arrays ``names`` read whole (``time`` cut to ``n_time``), concurrently: one round
+    of requests on remote storage."""
+    cuts = {name: tuple(slice(0, n_time) if d == "time" else slice(None)
+                        for d in arrays[name].metadata.dimension_names or ()) for name in names}
+
+    async def read_all() -> list[Any]:
+        return await asyncio.gather(*(arrays[n]._async_array.getitem(cuts[n]) for n in names))
+
+    return {name: np.asarray(value) for name, value in zip(names, sync(read_all()))}
+
+
+def _committed_and_coordinates(url: str, storage_options: Mapping[str, Any] | None,
+                               group: zarr.Group) -> tuple[zarr.Group, dict[str, zarr.Array],
+                                                           np.ndarray | None, dict[str, np.ndarray]]:
+    """``n_frames`` and the coordinates, read in the order that keeps them consistent.
+
+    With consolidated metadata, whose ``time`` extent E was committed before the copy was
+    written (hence before it was read here), ``n_frames`` and the coordinates cut to E
+    are read in one round. Without it (the arrays' own extents may run ahead of what is
+    committed), ``n_frames`` comes first, then the coordinates cut to it; and so when the
+    consolidated copy lags behind ``n_frames`` (then the arrays' own metadata is read).
+
+    Returns:
+        The group and arrays used, ``n_frames`` as stored (None without it), and the
+        coordinates (``time`` may run past the committed frames: cut it).
+    """
+    with fused_reads():
+        arrays = dict(group.arrays())
+    names = _coordinate_names(arrays)
+    marker = ["n_frames"] if "n_frames" in arrays else []
+    consolidated = group.metadata.consolidated_metadata is not None
+    extent = time_extent({k: a.metadata for k, a in arrays.items()}) or 0
+    if consolidated:
+        values = _read_now(arrays, marker + names, extent)
+        n_frames = values.pop("n_frames", None)
+        if int(np.max(n_frames, initial=0) if n_frames is not None else 0) <= extent:
+            return group, arrays, n_frames, values
+        group = open_group(url, storage_options, consolidated=False)  # the copy lags behind
+        check_arrays(group, str(url))
+        with fused_reads():
+            arrays = dict(group.arrays())
+        extent = time_extent({k: a.metadata for k, a in arrays.items()}) or 0
+    n_frames = _read_now(arrays, marker, 0)["n_frames"] if marker else None
+    n_time = min(int(np.max(n_frames, initial=0)), extent) if n_frames is not None else extent
+    return group, arrays, n_frames, _read_now(arrays, _coordinate_names(arrays), n_time)
+
+
 def open_dataset(url: str, storage_options: Mapping[str, Any] | None = None,
                  group: zarr.Group | None = None) -> xr.Dataset:
     """The archive as a lazy dataset: coordinates read, state as masked dask arrays.
@@ -244,29 +299,20 @@ def open_dataset(url: str, storage_options: Mapping[str, Any] | None = None,
         them (the caller names what failed).
     """
     group = group if group is not None else open_group(url, storage_options)
-    with fused_reads():
-        arrays = dict(group.arrays())
-    n_frames = np.asarray(arrays["n_frames"][:]) if "n_frames" in arrays else None
-    committed = int(np.max(n_frames, initial=0)) if n_frames is not None else 0
-    if group.metadata.consolidated_metadata is not None and \
-            (time_extent({k: a.metadata for k, a in arrays.items()}) or 0) < committed:
-        group = open_group(url, storage_options, consolidated=False)  # the copy lags behind
-        check_arrays(group, str(url))
-        with fused_reads():
-            arrays = dict(group.arrays())
+    group, arrays, n_frames, coordinates = _committed_and_coordinates(url, storage_options, group)
     extent = time_extent({k: a.metadata for k, a in arrays.items()}) or 0
-    variables, coords = {}, {}
+    variables = {}
     if n_frames is not None:
         n_frames = n_frames.clip(0, extent).astype(np.int64)
         variables["n_frames"] = xr.Variable(("world",), n_frames, dict(arrays["n_frames"].attrs))
     n_time = int(n_frames.max(initial=0)) if n_frames is not None else extent
     import dask.array as da
 
-    for name, arr in arrays.items():
-        dims = tuple(arr.metadata.dimension_names or ())
+    coords = {}
+    for name, values in coordinates.items():
+        dims = tuple(arrays[name].metadata.dimension_names)
         cut = tuple(slice(0, n_time) if d == "time" else slice(None) for d in dims)
-        if name in dims:  # a coordinate: small, read now
-            coords[name] = xr.Variable(dims, np.asarray(arr[cut]), dict(arr.attrs))
+        coords[name] = xr.Variable(dims, values[cut], dict(arrays[name].attrs))
     attrs = group.attrs.asdict()
     for name, arr in arrays.items():
         dims = tuple(arr.metadata.dimension_names or ())
