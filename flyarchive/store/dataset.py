@@ -2,13 +2,17 @@
 touches, with frames past each world's ``n_frames`` masked inside the read.
 
 dask fuses a selection into the call of an array's getter (``x.isel(world=341)`` calls
-:meth:`CommittedFrames.__getitem__` with ``(341, slice(0, 500), slice(None))``), so zarr
-reads the shard index and only that world's inner chunks. Masking with ``.where`` on
-the dask array would put a layer between the getter and the selection, and every
-selection would read whole dask chunks; so the mask is applied here, inside the read,
-and skipped when every world holds every frame. Dask chunks are whole shards of worlds
-by several time chunks (about :data:`TARGET_CHUNK_BYTES` decoded): few tasks for a full
-scan, while a selection still reads only its inner chunks.
+:meth:`CommittedFrames.__getitem__` with ``(341, slice(0, 500), slice(None))``), and the
+getter reads that box through a :class:`~flyarchive.store.shards.ShardReader`: per shard,
+the whole shard in one request when the box covers it, else its index (kept once the
+shard can no longer change) and only the box's inner chunks, decoded straight into the
+result. Masking with ``.where`` on the dask array would put a layer between the getter
+and the selection, and every selection would read whole dask chunks; so the mask is
+applied here, inside the read, and skipped when every world holds every frame. Dask
+chunks are whole shards of worlds by several time chunks (about
+:data:`TARGET_CHUNK_BYTES` decoded): few tasks for a full scan, while a selection still
+reads only its inner chunks. Opening reads ``n_frames`` and the coordinates in one
+concurrent round of requests when the consolidated metadata bounds them.
 """
 
 from __future__ import annotations
