@@ -85,6 +85,7 @@ class ShardReader:
     """
 
     def __init__(self, arr: zarr.Array, *, settled: tuple[int, int] | None = None) -> None:
+        self._arr = arr
         codec = arr.metadata.codecs[0]
         self.shape = tuple(int(s) for s in arr.shape)
         self.shard_shape = tuple(int(s) for s in arr.shards)
@@ -110,6 +111,11 @@ class ShardReader:
         self._indexes: dict[tuple[int, ...], Any] = {}
         self._lock = threading.Lock()
         self._into = _direct_decoder(self._transform.codecs, self._chunk_spec)
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        """Sent to a Dask worker as the array and what may be cached; the worker keeps
+        its own indexes."""
+        return _rebuild, (self._arr, self._settled)
 
     @staticmethod
     def supports(arr: zarr.Array) -> bool:
@@ -279,6 +285,10 @@ class ShardReader:
                 decoded = self._transform.decode_chunk(_PROTOTYPE.buffer.from_array_like(raw),
                                                        self._chunk_spec).as_numpy_array()
                 target[...] = decoded[tuple(slice(l - o, h - o) for l, h, o in zip(lo, hi, origin))]
+
+
+def _rebuild(arr: zarr.Array, settled: tuple[int, int] | None) -> ShardReader:
+    return ShardReader(arr, settled=settled)
 
 
 def _direct_decoder(codecs: Sequence[Any], spec: ArraySpec

@@ -180,3 +180,19 @@ def shard_index(url, storage_options):
 
     fs, path = fsspec.core.url_to_fs(url, **(storage_options or {}))
     return fs.cat_file(f"{path}/qpos/c/0/1/0")[-(16 * 4 + 4):]
+
+
+# ----------------------------------------------------------------------------- dask
+def test_a_full_scan_runs_on_a_distributed_cluster_of_worker_processes(tmp_path):
+    from distributed import Client, LocalCluster
+
+    url = str(tmp_path / "run.zarr")
+    qpos = np.random.default_rng(5).normal(size=(6, 45, 13))
+    write_archive(url, qpos)
+    ds = open_archive(url)
+
+    with LocalCluster(n_workers=1, threads_per_worker=1, processes=True,
+                      dashboard_address=None) as cluster, Client(cluster):
+        mean = ds.qpos.mean(("world", "time")).values  # the getter travels to the worker
+
+    assert np.allclose(mean, qpos.mean(axis=(0, 1)), rtol=1e-12, atol=0)
