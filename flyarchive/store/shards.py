@@ -38,6 +38,7 @@ from zarr.codecs import Crc32cCodec
 from zarr.codecs.sharding import ShardingCodec
 from zarr.core.array_spec import ArraySpec
 from zarr.core.buffer import Buffer, default_buffer_prototype
+from zarr.core.metadata import ArrayV3Metadata
 
 from flyarchive.store.location import sync
 
@@ -121,8 +122,7 @@ class ShardReader:
     def supports(arr: zarr.Array) -> bool:
         """Whether ``arr`` is sharded the way this reader reads (one sharding codec whose
         inner chains run synchronously, as zarr's fused pipeline needs too)."""
-        codecs = arr.metadata.codecs if isinstance(arr.metadata, zarr.core.metadata.ArrayV3Metadata) \
-            else ()
+        codecs = arr.metadata.codecs if isinstance(arr.metadata, ArrayV3Metadata) else ()
         if len(codecs) != 1 or not isinstance(codecs[0], ShardingCodec) or arr.shards is None:
             return False
         sharding = codecs[0]

@@ -196,3 +196,19 @@ def test_a_full_scan_runs_on_a_distributed_cluster_of_worker_processes(tmp_path)
         mean = ds.qpos.mean(("world", "time")).values  # the getter travels to the worker
 
     assert np.allclose(mean, qpos.mean(axis=(0, 1)), rtol=1e-12, atol=0)
+
+
+def test_open_archive_reads_every_state_variable_through_a_shard_reader(tmp_path):
+    from flyarchive.store.dataset import CommittedFrames
+
+    url = str(tmp_path / "run.zarr")
+    write_archive(url, np.random.default_rng(6).normal(size=(4, 20, 13)))
+    ds = open_archive(url)
+
+    getters = [value for name in ("qpos", "mocap_pos", "mocap_quat")
+               for layer in ds[name].data.dask.layers.values() for task in layer.values()
+               for arg in getattr(task, "args", ())
+               if isinstance(value := getattr(arg, "value", None), CommittedFrames)]
+
+    assert len(getters) >= 3
+    assert all(isinstance(g.reader, ShardReader) for g in getters)
