@@ -22,9 +22,12 @@ def open_archive(url: str, storage_options: Mapping[str, Any] | None = None) -> 
     The time dimension ends at the last committed frame of any world; frames a
     world has not committed read as NaN. A selection reads only the stored chunks it
     touches (one world of 1024 reads about its own bytes), and a damaged chunk fails
-    only the reads that touch it, naming its worlds, frames and file. Opening reads
-    the metadata (on S3 one request: the root ``zarr.json``, which holds every array's
-    metadata, consolidated), ``n_frames`` and the coordinates. Plain
+    only the reads that touch it, naming its worlds, frames and file. The dataset keeps
+    the indexes of the shards that can no longer change (all their frames below every
+    world's ``n_frames``): a second query of the same shards on S3 makes one request per
+    shard. Opening reads the metadata (on S3 one request: the root ``zarr.json``, which
+    holds every array's metadata, consolidated), then ``n_frames`` and the coordinates
+    in one concurrent round of requests. Plain
     ``xarray.open_zarr(url)`` opens the same data without flyarchive, unmasked (and
     without warnings: the consolidated metadata is there).
 

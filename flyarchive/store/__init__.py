@@ -10,7 +10,9 @@ it writes with are defined in :mod:`flyarchive.codecs`). Create, append, commit,
 - :mod:`~flyarchive.store.reader`: open (checked by :mod:`~flyarchive.store.hardening`,
   decoded by :mod:`~flyarchive.store.decoders`), read, and name what failed to read;
 - :mod:`~flyarchive.store.dataset`: the lazy dataset readers get (selections read only
-  the chunks they touch; frames past ``n_frames`` masked inside the read);
+  the chunks they touch; frames past ``n_frames`` masked inside the read), read through
+  :mod:`~flyarchive.store.shards` (each shard fetched once, inner chunks decoded into the
+  result, indexes of shards that can no longer change kept);
 - :mod:`~flyarchive.store.consolidated`: every array's metadata in the root ``zarr.json``,
   written at each commit, never ahead of ``n_frames``;
 - :mod:`~flyarchive.store.integrity`: ``verify``, every committed byte;

@@ -2,19 +2,24 @@
 touches, with frames past each world's ``n_frames`` masked inside the read.
 
 dask fuses a selection into the call of an array's getter (``x.isel(world=341)`` calls
-:meth:`CommittedFrames.__getitem__` with ``(341, slice(0, 500), slice(None))``), so zarr
-reads the shard index and only that world's inner chunks. Masking with ``.where`` on
-the dask array would put a layer between the getter and the selection, and every
-selection would read whole dask chunks; so the mask is applied here, inside the read,
-and skipped when every world holds every frame. Dask chunks are whole shards of worlds
-by several time chunks (about :data:`TARGET_CHUNK_BYTES` decoded): few tasks for a full
-scan, while a selection still reads only its inner chunks.
+:meth:`CommittedFrames.__getitem__` with ``(341, slice(0, 500), slice(None))``), and the
+getter reads that box through a :class:`~flyarchive.store.shards.ShardReader`: per shard,
+the whole shard in one request when the box covers it, else its index (kept once the
+shard can no longer change) and only the box's inner chunks, decoded straight into the
+result. Masking with ``.where`` on the dask array would put a layer between the getter
+and the selection, and every selection would read whole dask chunks; so the mask is
+applied here, inside the read, and skipped when every world holds every frame. Dask
+chunks are whole shards of worlds by several time chunks (about
+:data:`TARGET_CHUNK_BYTES` decoded): few tasks for a full scan, while a selection still
+reads only its inner chunks. Opening reads ``n_frames`` and the coordinates in one
+concurrent round of requests when the consolidated metadata bounds them.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -32,8 +37,9 @@ from flyarchive.schema import STATE_VARS
 from flyarchive.store import storage_errors
 from flyarchive.store.consolidated import time_extent
 from flyarchive.store.hardening import check_arrays
-from flyarchive.store.location import unavailable
+from flyarchive.store.location import sync, unavailable
 from flyarchive.store.reader import chunk_file, corrupt_read, fused_reads, open_group
+from flyarchive.store.shards import ShardReader, settled_shards
 
 __all__ = ["CommittedFrames", "open_dataset", "TARGET_CHUNK_BYTES"]
 
@@ -75,6 +81,8 @@ class CommittedFrames:
         world_ids: ``(world,)`` ids, for messages.
         url: The archive, for messages.
         storage_options: As given to ``open_archive``, for messages about storage faults.
+        reader: Reads boxes of ``arr`` (:class:`~flyarchive.store.shards.ShardReader`);
+            None: every read goes through zarr.
 
     Raises (from ``__getitem__``):
         CorruptArchiveError: stored bytes that fail their checksum or do not decode, naming
@@ -86,8 +94,9 @@ class CommittedFrames:
 
     def __init__(self, arr: zarr.Array, name: str, n_frames: np.ndarray | None, n_time: int,
                  world_ids: np.ndarray, url: str,
-                 storage_options: Mapping[str, Any] | None = None) -> None:
-        self.arr, self.name, self.n_frames = arr, name, n_frames
+                 storage_options: Mapping[str, Any] | None = None, *,
+                 reader: ShardReader | None = None) -> None:
+        self.arr, self.name, self.n_frames, self.reader = arr, name, n_frames, reader
         self.world_ids, self.url, self.storage_options = world_ids, url, storage_options
         self.shape = (int(arr.shape[0]), int(n_time), *(int(s) for s in arr.shape[2:]))
         self.dtype = arr.dtype
@@ -115,6 +124,11 @@ class CommittedFrames:
 
     def _read(self, key: tuple[Any, ...], worlds: np.ndarray, frames: np.ndarray) -> np.ndarray:
         try:
+            box = _box(key) if self.reader is not None else None
+            if box is not None:
+                values = self.reader.read(box)
+                points = tuple(i for i, k in enumerate(key) if isinstance(k, int))
+                return values.squeeze(axis=points) if points else values
             if any(isinstance(k, np.ndarray) for k in key):
                 return np.asarray(self.arr.oindex[key])
             return np.asarray(self.arr[key])
@@ -172,6 +186,32 @@ class CommittedFrames:
         return found
 
 
+def _box(key: tuple[Any, ...]) -> tuple[slice, ...] | None:
+    """A selection of ints and slices of step 1 as slices (None for any other)."""
+    box = []
+    for k in key:
+        if isinstance(k, int):
+            box.append(slice(k, k + 1))
+        elif isinstance(k, slice) and k.step in (None, 1):
+            box.append(k)
+        else:
+            return None
+    return tuple(box)
+
+
+def _shard_reader(arr: zarr.Array, n_frames: np.ndarray) -> ShardReader | None:
+    """The shard reader of a state array ``(world, time, ...)``, keeping the indexes of
+    the shards below every world's ``n_frames``; None where zarr reads (an array not
+    sharded as flyarchive writes it, or a zarr release whose sharding internals differ:
+    ``tests/query/test_shard_reader.py`` fails then)."""
+    if not ShardReader.supports(arr):
+        return None
+    try:
+        return ShardReader(arr, settled=(1, settled_shards(n_frames, int(arr.shards[1]))))
+    except (TypeError, AttributeError):
+        return None
+
+
 def _dask_chunks(arr: zarr.Array, n_time: int) -> tuple[int, ...]:
     """Whole shards of worlds by several time chunks (about TARGET_CHUNK_BYTES), the frames
     split evenly between the time chunks of the dask array."""
@@ -198,6 +238,60 @@ def _token(url: str, storage_options: Mapping[str, Any] | None, name: str, arr: 
     return f"flyarchive-{name}-{tokenize(described, committed)}"
 
 
+def _coordinate_names(arrays: Mapping[str, zarr.Array]) -> list[str]:
+    """The coordinates: arrays named after their dimension (small, read at open)."""
+    return [n for n, a in arrays.items() if n in (a.metadata.dimension_names or ())]
+
+
+def _read_now(arrays: Mapping[str, zarr.Array], names: Sequence[str], n_time: int
+              ) -> dict[str, np.ndarray]:
+    """Arrays ``names`` read whole (``time`` cut to ``n_time``), concurrently: one round
+    of requests on remote storage."""
+    cuts = {name: tuple(slice(0, n_time) if d == "time" else slice(None)
+                        for d in arrays[name].metadata.dimension_names or ()) for name in names}
+
+    async def read_all() -> list[Any]:
+        return await asyncio.gather(*(arrays[n]._async_array.getitem(cuts[n]) for n in names))
+
+    return {name: np.asarray(value) for name, value in zip(names, sync(read_all()))}
+
+
+def _committed_and_coordinates(url: str, storage_options: Mapping[str, Any] | None,
+                               group: zarr.Group) -> tuple[zarr.Group, dict[str, zarr.Array],
+                                                           np.ndarray | None, dict[str, np.ndarray]]:
+    """``n_frames`` and the coordinates, read in the order that keeps them consistent.
+
+    With consolidated metadata, whose ``time`` extent E was committed before the copy was
+    written (hence before it was read here), ``n_frames`` and the coordinates cut to E
+    are read in one round. Without it (the arrays' own extents may run ahead of what is
+    committed), ``n_frames`` comes first, then the coordinates cut to it; and so when the
+    consolidated copy lags behind ``n_frames`` (then the arrays' own metadata is read).
+
+    Returns:
+        The group and arrays used, ``n_frames`` as stored (None without it), and the
+        coordinates (``time`` may run past the committed frames: cut it).
+    """
+    with fused_reads():
+        arrays = dict(group.arrays())
+    names = _coordinate_names(arrays)
+    marker = ["n_frames"] if "n_frames" in arrays else []
+    consolidated = group.metadata.consolidated_metadata is not None
+    extent = time_extent({k: a.metadata for k, a in arrays.items()}) or 0
+    if consolidated:
+        values = _read_now(arrays, marker + names, extent)
+        n_frames = values.pop("n_frames", None)
+        if int(np.max(n_frames, initial=0) if n_frames is not None else 0) <= extent:
+            return group, arrays, n_frames, values
+        group = open_group(url, storage_options, consolidated=False)  # the copy lags behind
+        check_arrays(group, str(url))
+        with fused_reads():
+            arrays = dict(group.arrays())
+        extent = time_extent({k: a.metadata for k, a in arrays.items()}) or 0
+    n_frames = _read_now(arrays, marker, 0)["n_frames"] if marker else None
+    n_time = min(int(np.max(n_frames, initial=0)), extent) if n_frames is not None else extent
+    return group, arrays, n_frames, _read_now(arrays, _coordinate_names(arrays), n_time)
+
+
 def open_dataset(url: str, storage_options: Mapping[str, Any] | None = None,
                  group: zarr.Group | None = None) -> xr.Dataset:
     """The archive as a lazy dataset: coordinates read, state as masked dask arrays.
@@ -222,29 +316,20 @@ def open_dataset(url: str, storage_options: Mapping[str, Any] | None = None,
         them (the caller names what failed).
     """
     group = group if group is not None else open_group(url, storage_options)
-    with fused_reads():
-        arrays = dict(group.arrays())
-    n_frames = np.asarray(arrays["n_frames"][:]) if "n_frames" in arrays else None
-    committed = int(np.max(n_frames, initial=0)) if n_frames is not None else 0
-    if group.metadata.consolidated_metadata is not None and \
-            (time_extent({k: a.metadata for k, a in arrays.items()}) or 0) < committed:
-        group = open_group(url, storage_options, consolidated=False)  # the copy lags behind
-        check_arrays(group, str(url))
-        with fused_reads():
-            arrays = dict(group.arrays())
+    group, arrays, n_frames, coordinates = _committed_and_coordinates(url, storage_options, group)
     extent = time_extent({k: a.metadata for k, a in arrays.items()}) or 0
-    variables, coords = {}, {}
+    variables = {}
     if n_frames is not None:
         n_frames = n_frames.clip(0, extent).astype(np.int64)
         variables["n_frames"] = xr.Variable(("world",), n_frames, dict(arrays["n_frames"].attrs))
     n_time = int(n_frames.max(initial=0)) if n_frames is not None else extent
     import dask.array as da
 
-    for name, arr in arrays.items():
-        dims = tuple(arr.metadata.dimension_names or ())
+    coords = {}
+    for name, values in coordinates.items():
+        dims = tuple(arrays[name].metadata.dimension_names)
         cut = tuple(slice(0, n_time) if d == "time" else slice(None) for d in dims)
-        if name in dims:  # a coordinate: small, read now
-            coords[name] = xr.Variable(dims, np.asarray(arr[cut]), dict(arr.attrs))
+        coords[name] = xr.Variable(dims, values[cut], dict(arrays[name].attrs))
     attrs = group.attrs.asdict()
     for name, arr in arrays.items():
         dims = tuple(arr.metadata.dimension_names or ())
@@ -254,7 +339,9 @@ def open_dataset(url: str, storage_options: Mapping[str, Any] | None = None,
         if name in STATE_VARS and n_frames is not None and dims[:2] == ("world", "time"):
             masked = None if (n_frames == n_time).all() else n_frames
             world_ids = coords["world"].values if "world" in coords else np.arange(len(n_frames))
-            getter = CommittedFrames(arr, name, masked, n_time, world_ids, url, storage_options)
+            reader = _shard_reader(arr, n_frames)
+            getter = CommittedFrames(arr, name, masked, n_time, world_ids, url, storage_options,
+                                     reader=reader)
             data = da.from_array(getter, chunks=_dask_chunks(arr, n_time), asarray=False,
                                  inline_array=True, meta=np.empty((0,) * arr.ndim, arr.dtype),
                                  name=token)

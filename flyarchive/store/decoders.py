@@ -46,12 +46,28 @@ class BoundedPCodec(PCodec):
     """
 
     def _decode_sync(self, chunk_data: Any, chunk_spec: Any) -> Any:
+        out = np.empty(chunk_spec.shape, dtype=chunk_spec.dtype.to_native_dtype())
+        self.decode_into(chunk_data, out, chunk_spec)
+        return chunk_spec.prototype.nd_buffer.from_ndarray_like(out)
+
+    def decode_into(self, chunk_data: Any, out: np.ndarray, chunk_spec: Any) -> None:
+        """Decode one chunk (a zarr ``Buffer`` or a ``uint8`` array) into ``out``: a
+        C-contiguous array of the chunk's shape and native dtype (e.g. a view into a
+        larger result, saving a copy).
+
+        Raises:
+            CorruptArchiveError: the bytes do not decode, or hold more or fewer values
+                than the chunk's declared shape.
+        """
         from pcodec import standalone
 
         count = math.prod(chunk_spec.shape)
-        out = np.empty(count, dtype=chunk_spec.dtype.to_native_dtype())
+        data = chunk_data.tobytes() if isinstance(chunk_data, np.ndarray) else chunk_data.to_bytes()
+        if out.size != count or not out.flags.c_contiguous:
+            raise ValueError(f"decode_into needs a C-contiguous array of {count} values; "
+                             f"got shape {out.shape}")
         try:
-            progress = standalone.simple_decompress_into(chunk_data.to_bytes(), out)
+            progress = standalone.simple_decompress_into(data, out.reshape(count))
         except (RuntimeError, TypeError) as err:
             raise damaged(f"a pcodec chunk does not decode ({err})") from None
         if progress.n_processed != count or not progress.finished:
@@ -59,7 +75,6 @@ class BoundedPCodec(PCodec):
                 f"a pcodec chunk holds more or fewer values than its declared shape "
                 f"{tuple(chunk_spec.shape)} ({count} values); it was not decoded past them"
             )
-        return chunk_spec.prototype.nd_buffer.from_ndarray_like(out.reshape(chunk_spec.shape))
 
 
 class CheckedCrc32cCodec(Crc32cCodec):

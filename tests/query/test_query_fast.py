@@ -1,7 +1,8 @@
 """Queries at scale: a selection reads only the stored chunks it touches, frames past
 n_frames are masked inside the read, a damaged chunk fails only the reads that touch it
-(naming it), reads go through zarr's fused codec pipeline, and dask names change
-whenever the data can."""
+(naming it), reads equal zarr's bit for bit (the damaged-chunk probes go through zarr's
+fused codec pipeline), and dask names change whenever the data can. The shard reader
+itself: test_shard_reader.py."""
 
 import numpy as np
 import pytest

@@ -1,0 +1,328 @@
+"""Reading boxes of a sharded zarr array: every shard fetched once, its inner chunks
+decoded with zarr's own codec objects straight into the output, and the indexes of
+shards that can no longer change kept for the life of the reader.
+
+zarr reads a selection shard by shard: the whole shard in one request when the
+selection covers it, else its index, then the inner chunks' byte ranges (coalesced).
+:class:`ShardReader` makes the same requests (through the same store), but decodes
+each inner chunk with the array's inner codec chain (CRC-32C checked, pcodec bounded:
+:mod:`~flyarchive.store.decoders`) directly into one output array, where zarr decodes
+into a chunk buffer, copies into a shard buffer and copies again into the result; on
+a remote store the shards of one read are fetched concurrently. Nothing here writes,
+and the bytes on disk are plain zarr v3.
+
+A shard's index changes whenever a writer rewrites the shard. Writers append after
+the smallest ``n_frames`` of their worlds and never rewrite frames below it
+(:class:`~flyarchive.store.writer.ArchiveWriter`, the import's resume), so a shard whose
+frames all lie below the smallest ``n_frames`` of the whole archive (read when the
+dataset was opened) is never written again: its index is cached (``settled``); any
+other shard's index is read again on every read.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import math
+import threading
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import google_crc32c
+import numpy as np
+import zarr
+from zarr.abc.codec import ArrayArrayCodec, ArrayBytesCodec, BytesBytesCodec
+from zarr.abc.store import RangeByteRequest, _store_supports_sync_io
+from zarr.codecs import Crc32cCodec
+from zarr.codecs.sharding import ShardingCodec
+from zarr.core.array_spec import ArraySpec
+from zarr.core.buffer import Buffer, default_buffer_prototype
+from zarr.core.metadata import ArrayV3Metadata
+
+from flyarchive.store.location import sync
+
+__all__ = ["ShardReader", "settled_shards"]
+
+_PROTOTYPE = default_buffer_prototype()
+_EMPTY = np.uint64(2**64 - 1)  # an inner chunk never written (zarr's sharding spec)
+
+
+def settled_shards(n_frames: np.ndarray | None, shard_frames: int) -> int:
+    """How many leading shards along ``time`` can no longer change: those whose frames
+    all lie below the smallest ``n_frames`` of the archive.
+
+    Args:
+        n_frames: ``(world,)`` committed frames of every world of the archive, as read
+            when it was opened (None: none are settled).
+        shard_frames: Frames per shard.
+    """
+    if n_frames is None or n_frames.size == 0 or shard_frames <= 0:
+        return 0
+    return int(n_frames.min()) // shard_frames
+
+
+@dataclass
+class _Shard:
+    """One shard a read touches: its key, the inner chunks wanted, what was fetched."""
+
+    coords: tuple[int, ...]
+    key: str
+    chunks: list[tuple[int, ...]]  # global inner-chunk coordinates
+    whole: bool  # every inner chunk of the shard is wanted: one request
+    data: dict[tuple[int, ...], np.ndarray] = field(default_factory=dict)  # stored bytes
+
+
+class ShardReader:
+    """Reads boxes of one sharded zarr array (a ``sharding_indexed`` codec alone).
+
+    Args:
+        arr: The array.
+        settled: ``time`` axis and the number of leading shards along it whose indexes
+            may be cached (see :func:`settled_shards`); None caches nothing.
+
+    Raises (from :meth:`read`): what zarr's decoders and the store raise for the same
+    bytes (CorruptArchiveError for a checksum or decode failure, the store's errors).
+    """
+
+    def __init__(self, arr: zarr.Array, *, settled: tuple[int, int] | None = None) -> None:
+        self._arr = arr
+        codec = arr.metadata.codecs[0]
+        self.shape = tuple(int(s) for s in arr.shape)
+        self.shard_shape = tuple(int(s) for s in arr.shards)
+        self.chunk_shape = tuple(int(s) for s in codec.chunk_shape)
+        self.dtype = arr.dtype
+        self.fill_value = arr.fill_value
+        self.store = arr.store_path.store
+        self._prefix = arr.store_path
+        self._encode_key = arr.metadata.encode_chunk_key
+        shard_spec = ArraySpec(shape=self.shard_shape, dtype=arr.metadata.dtype,
+                               fill_value=arr.metadata.fill_value,
+                               config=arr._async_array.config, prototype=_PROTOTYPE)
+        self._codec: ShardingCodec = codec
+        self._per_shard = codec._get_chunks_per_shard(shard_spec)
+        self._chunk_spec = codec._get_chunk_spec(shard_spec)
+        self._transform = codec._get_inner_chunk_transform(shard_spec)
+        self._index_size = codec._shard_index_size(self._per_shard)
+        self._index_range = codec._shard_index_byte_range(self._per_shard)
+        self._coalesce = {"max_gap_bytes": shard_spec.config.sharding_coalesce_max_gap_bytes,
+                          "max_coalesced_bytes": shard_spec.config.sharding_coalesce_max_bytes}
+        self._sync_io = _store_supports_sync_io(self.store)
+        self._settled = settled
+        self._indexes: dict[tuple[int, ...], Any] = {}
+        self._lock = threading.Lock()
+        self._into = _direct_decoder(self._transform.codecs, self._chunk_spec)
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        """Sent to a Dask worker as the array and what may be cached; the worker keeps
+        its own indexes."""
+        return _rebuild, (self._arr, self._settled)
+
+    @staticmethod
+    def supports(arr: zarr.Array) -> bool:
+        """Whether ``arr`` is sharded the way this reader reads (one sharding codec whose
+        inner chains run synchronously, as zarr's fused pipeline needs too)."""
+        codecs = arr.metadata.codecs if isinstance(arr.metadata, ArrayV3Metadata) else ()
+        if len(codecs) != 1 or not isinstance(codecs[0], ShardingCodec) or arr.shards is None:
+            return False
+        sharding = codecs[0]
+        return all(hasattr(sharding, name) for name in (
+            "_get_inner_chunk_transform", "_decode_shard_index_sync", "_shard_index_byte_range",
+            "_get_chunks_per_shard", "_get_chunk_spec", "_shard_index_size")) and bool(
+            getattr(sharding, "_sync_capable", True))
+
+    # ------------------------------------------------------------------ reading
+    def read(self, box: Sequence[slice]) -> np.ndarray:
+        """The values in ``box``: one slice of step 1 per axis, inside the array.
+
+        Returns:
+            A new array of the box's shape (inner chunks never written read as the
+            array's fill value).
+        """
+        starts = [int(s.start) for s in box]
+        stops = [max(int(s.stop), int(s.start)) for s in box]
+        out = np.empty([b - a for a, b in zip(starts, stops)], dtype=self.dtype)
+        if out.size == 0:
+            return out
+        shards = self._plan(starts, stops)
+        if self._sync_io:  # one shard's bytes at a time: the same memory, reused
+            for shard in shards:
+                self._fetch_sync(shard)
+                self._decode(shard, out, starts, stops)
+                shard.data.clear()
+            return out
+        sync(self._fetch_all(shards))  # the shards' requests concurrently
+        for shard in shards:
+            self._decode(shard, out, starts, stops)
+        return out
+
+    def _plan(self, starts: list[int], stops: list[int]) -> list[_Shard]:
+        spans = [range(a // s, -(-b // s)) for a, b, s in zip(starts, stops, self.shard_shape)]
+        shards = []
+        total = math.prod(self._per_shard)
+        for coords in itertools.product(*spans):
+            ranges = []
+            for c, a, b, s, k in zip(coords, starts, stops, self.shard_shape, self.chunk_shape):
+                lo, hi = max(a, c * s), min(b, (c + 1) * s)
+                ranges.append(range(lo // k, -(-hi // k)))
+            chunks = list(itertools.product(*ranges))
+            key = (self._prefix / self._encode_key(coords)).path
+            shards.append(_Shard(coords, key, chunks, whole=len(chunks) == total))
+        return shards
+
+    def _cacheable(self, coords: tuple[int, ...]) -> bool:
+        if self._settled is None:
+            return False
+        axis, count = self._settled
+        return coords[axis] < count
+
+    def _index(self, coords: tuple[int, ...], raw: Buffer) -> Any:
+        index = self._codec._decode_shard_index_sync(raw, self._per_shard)  # CRC-32C checked
+        if self._cacheable(coords):
+            with self._lock:
+                self._indexes[coords] = index
+        return index
+
+    def _ranges(self, shard: _Shard, index: Any) -> list[tuple[tuple[int, ...], RangeByteRequest]]:
+        """Byte ranges of the wanted inner chunks that were written (in ``shard.chunks``
+        order)."""
+        local = np.asarray(shard.chunks, dtype=np.int64) % np.asarray(self._per_shard)
+        found = index.offsets_and_lengths[tuple(local.T)]  # (n, 2): offset, length
+        written = found[:, 0] != _EMPTY
+        return [(chunk, RangeByteRequest(start, start + length))
+                for chunk, (start, length), keep in zip(shard.chunks, found.tolist(),
+                                                        written.tolist()) if keep]
+
+    def _split(self, shard: _Shard, buf: Buffer) -> None:
+        """A whole shard's bytes: its index decoded, its wanted inner chunks kept."""
+        size = self._index_size
+        raw = buf[len(buf) - size:] if self._codec.index_location == "end" else buf[:size]
+        index = self._index(shard.coords, raw)
+        stored = buf.as_numpy_array()
+        for chunk, wanted in self._ranges(shard, index):
+            shard.data[chunk] = stored[wanted.start:wanted.end]
+
+    def _fetch_sync(self, shard: _Shard) -> None:
+        get = self.store.get_sync
+        if shard.whole:
+            buf = get(shard.key, prototype=_PROTOTYPE)
+            if buf is not None:
+                self._split(shard, buf)
+            return
+        index = self._indexes.get(shard.coords)
+        if index is None:
+            raw = get(shard.key, prototype=_PROTOTYPE, byte_range=self._index_range)
+            if raw is None:
+                return  # no shard: fill value
+            index = self._index(shard.coords, raw)
+        wanted = self._ranges(shard, index)
+        if len(wanted) == 1:  # one request, nothing to coalesce
+            buf = get(shard.key, prototype=_PROTOTYPE, byte_range=wanted[0][1])
+            if buf is not None:
+                shard.data[wanted[0][0]] = buf.as_numpy_array()
+            return
+        if not wanted:
+            return
+        try:
+            got = self.store.get_ranges_sync(shard.key, [r for _, r in wanted],
+                                             prototype=_PROTOTYPE, **self._coalesce)
+        except BaseExceptionGroup as group:  # as zarr: a shard gone since its index was read
+            if group.split(FileNotFoundError)[1] is not None:
+                raise
+            return
+        for i, buf in got:
+            if buf is not None:
+                shard.data[wanted[i][0]] = buf.as_numpy_array()
+
+    async def _fetch_all(self, shards: list[_Shard]) -> None:
+        await asyncio.gather(*(self._fetch(shard) for shard in shards))
+
+    async def _fetch(self, shard: _Shard) -> None:
+        if shard.whole:
+            buf = await self.store.get(shard.key, prototype=_PROTOTYPE)
+            if buf is not None:
+                self._split(shard, buf)
+            return
+        index = self._indexes.get(shard.coords)
+        if index is None:
+            raw = await self.store.get(shard.key, prototype=_PROTOTYPE,
+                                       byte_range=self._index_range)
+            if raw is None:
+                return
+            index = self._index(shard.coords, raw)
+        wanted = self._ranges(shard, index)
+        if len(wanted) == 1:
+            buf = await self.store.get(shard.key, prototype=_PROTOTYPE, byte_range=wanted[0][1])
+            if buf is not None:
+                shard.data[wanted[0][0]] = buf.as_numpy_array()
+            return
+        if not wanted:
+            return
+        try:
+            async for got in self.store.get_ranges(shard.key, [r for _, r in wanted],
+                                                   prototype=_PROTOTYPE, **self._coalesce):
+                for i, buf in got:
+                    if buf is not None:
+                        shard.data[wanted[i][0]] = buf.as_numpy_array()
+        except BaseExceptionGroup as group:
+            if group.split(FileNotFoundError)[1] is not None:
+                raise
+
+    # ------------------------------------------------------------------ decoding
+    def _decode(self, shard: _Shard, out: np.ndarray, starts: list[int], stops: list[int]) -> None:
+        into, shape = self._into, self.chunk_shape
+        for chunk in shard.chunks:
+            origin = [c * k for c, k in zip(chunk, shape)]
+            lo = [max(a, o) for a, o in zip(starts, origin)]
+            hi = [min(b, o + k) for b, o, k in zip(stops, origin, shape)]
+            target = out[tuple(slice(l - a, h - a) for l, h, a in zip(lo, hi, starts))]
+            raw = shard.data.get(chunk)
+            if raw is None:
+                target[...] = self.fill_value
+            elif into is not None and target.shape == shape and target.flags.c_contiguous:
+                into(raw, target)
+            else:
+                decoded = self._transform.decode_chunk(_PROTOTYPE.buffer.from_array_like(raw),
+                                                       self._chunk_spec).as_numpy_array()
+                target[...] = decoded[tuple(slice(l - o, h - o) for l, h, o in zip(lo, hi, origin))]
+
+
+def _rebuild(arr: zarr.Array, settled: tuple[int, int] | None) -> ShardReader:
+    return ShardReader(arr, settled=settled)
+
+
+def _direct_decoder(codecs: Sequence[Any], spec: ArraySpec
+                    ) -> Callable[[np.ndarray, np.ndarray], None] | None:
+    """A decoder of one inner chunk's bytes (``uint8``) into a C-contiguous array of its
+    shape, for chains of bytes-to-bytes codecs and an array-to-bytes codec that decodes
+    in place (``decode_into``: :class:`~flyarchive.store.decoders.BoundedPCodec`); None
+    for other chains (they decode through zarr's transform, then one copy).
+
+    A CRC-32C codec that comes first in decoding order is checked here on the stored
+    bytes without a copy; a mismatch is handed to the codec object itself, which raises
+    its own error (CorruptArchiveError with flyarchive's decoders).
+    """
+    if any(isinstance(c, ArrayArrayCodec) for c in codecs):
+        return None
+    array_bytes = [c for c in codecs if isinstance(c, ArrayBytesCodec)]
+    bytes_bytes = [c for c in codecs if isinstance(c, BytesBytesCodec)][::-1]  # decode order
+    if len(array_bytes) != 1 or not hasattr(array_bytes[0], "decode_into"):
+        return None
+    decode_into = array_bytes[0].decode_into
+    crc = bytes_bytes.pop(0) if bytes_bytes and isinstance(bytes_bytes[0], Crc32cCodec) else None
+    wrap = _PROTOTYPE.buffer.from_array_like
+
+    def decode(raw: np.ndarray, target: np.ndarray) -> None:
+        if crc is not None:
+            if raw.size < 4 or google_crc32c.value(raw[:-4]) != int.from_bytes(raw[-4:], "little"):
+                crc._decode_sync(wrap(raw), spec)  # raises the codec's own error
+                raise ValueError("a stored chunk fails its CRC-32C checksum")
+            raw = raw[:-4]
+        if bytes_bytes:
+            data = wrap(raw)
+            for codec in bytes_bytes:
+                data = codec._decode_sync(data, spec)
+            raw = data.as_numpy_array()
+        decode_into(raw, target, spec)
+
+    return decode

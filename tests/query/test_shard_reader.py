@@ -1,0 +1,214 @@
+"""The shard reader behind open_archive: it reads any box as zarr does (both codecs, on
+every storage backend, unwritten chunks as the fill value), keeps the indexes of the shards
+that can no longer change (one request per shard for a repeated query on S3), and never
+serves a stale index after a writer appends frames."""
+
+import numpy as np
+import pytest
+import zarr
+
+from flyarchive import open_archive
+from flyarchive.store.reader import open_group
+from flyarchive.store.shards import ShardReader, settled_shards
+from flyarchive.testing.fixtures import Location
+from flyarchive.testing.synthetic import TIMING
+
+BOXES = {
+    "everything": (slice(0, 6), slice(0, 45), slice(0, 13)),
+    "one world": (slice(4, 5), slice(0, 45), slice(0, 13)),
+    "worlds across shards, part of the frames": (slice(1, 6), slice(7, 38), slice(0, 13)),
+    "one frame": (slice(0, 6), slice(44, 45), slice(0, 13)),
+    "one dof of one world": (slice(2, 3), slice(0, 45), slice(5, 6)),
+    "empty": (slice(3, 3), slice(0, 45), slice(0, 13)),
+}
+
+
+def write_archive(url, qpos, *, codec="lossless", chunk_frames=10, shard_worlds=4,
+                  storage_options=None, frames=None):
+    """Write ``qpos`` (worlds, frames, 13) of the tiny model, committing ``frames`` frames
+    at a time (default: one chunk), with ``codec``."""
+    from flyarchive.layout import ModelLayout
+    from flyarchive.store import ArchiveSpec, ArchiveWriter
+    from flyarchive.testing import tiny_model
+
+    spec = ArchiveSpec(ModelLayout.from_model(tiny_model()), TIMING, tuple(range(len(qpos))),
+                       chunk_frames=chunk_frames, shard_worlds=shard_worlds, codec=codec)
+    with ArchiveWriter.create(url, spec, storage_options=storage_options) as writer:
+        append_to(writer, qpos, 0, frames or chunk_frames)
+
+
+def append_to(writer, qpos, t0, step):
+    from flyarchive.store import FrameBlock
+
+    n_worlds = len(qpos)
+    for a in range(0, qpos.shape[1], step):
+        part = qpos[:, a:a + step]
+        frames = np.arange(t0 + a, t0 + a + part.shape[1])
+        zeros = np.zeros((n_worlds, len(frames), 1, 3))
+        writer.write(FrameBlock(TIMING.frame_times(frames), part, zeros,
+                                np.tile([1.0, 0, 0, 0], (n_worlds, len(frames), 1, 1)),
+                                frame=frames))
+
+
+def append_frames(url, qpos, t0, storage_options=None):
+    from flyarchive.layout import ModelLayout
+    from flyarchive.store import ArchiveWriter
+    from flyarchive.testing import tiny_model
+
+    layout = ModelLayout.from_model(tiny_model())
+    with ArchiveWriter.append(url, layout, storage_options=storage_options) as writer:
+        append_to(writer, qpos, t0, qpos.shape[1])
+
+
+def shard_reader(url, storage_options=None, name="qpos"):
+    arr = open_group(url, storage_options, consolidated=False)[name]
+    return arr, ShardReader(arr)
+
+
+# ----------------------------------------------------------------------------- reading
+@pytest.mark.parametrize("codec", ["lossless", "portable"])
+def test_every_box_reads_as_zarr_reads_it(tmp_path, codec):
+    url = str(tmp_path / "run.zarr")
+    write_archive(url, np.random.default_rng(0).normal(size=(6, 45, 13)), codec=codec)
+    arr, reader = shard_reader(url)
+
+    got = {name: reader.read(box) for name, box in BOXES.items()}
+
+    for name, box in BOXES.items():
+        assert np.array_equal(got[name], arr[box]), name
+
+
+def test_every_box_reads_as_zarr_reads_it_on_every_storage(location):
+    write_archive(location.url, np.random.default_rng(1).normal(size=(6, 45, 13)),
+                  storage_options=location.storage_options)
+    arr, reader = shard_reader(location.url, location.storage_options)
+
+    got = {name: reader.read(box) for name, box in BOXES.items()}
+
+    for name, box in BOXES.items():
+        assert np.array_equal(got[name], arr[box]), name
+
+
+def test_shards_and_inner_chunks_never_written_read_as_the_fill_value(tmp_path):
+    arr = zarr.create_array(str(tmp_path / "plain.zarr"), shape=(8, 30, 3), dtype="float64",
+                            chunks=(1, 10, 3), shards=(4, 10, 3), fill_value=np.nan)
+    arr[1, 0:10] = 1.0  # one inner chunk of the first shard; the other shards are missing
+    arr[5, 20:30] = 2.0
+    reader = ShardReader(arr)
+
+    got = reader.read((slice(0, 8), slice(0, 30), slice(0, 3)))
+
+    expected = np.full((8, 30, 3), np.nan)
+    expected[1, 0:10], expected[5, 20:30] = 1.0, 2.0
+    assert np.array_equal(got, expected, equal_nan=True)
+
+
+def test_the_shards_settled_are_those_below_the_smallest_commit_of_all_worlds():
+    committed = np.array([250, 400, 320])
+
+    settled = settled_shards(committed, 100)
+
+    assert settled == 2  # frames 0..199; frames 200..299 of world 0 may still be written
+    assert settled_shards(None, 100) == 0
+
+
+# ----------------------------------------------------------------------------- the index cache
+def requests_of(proxy, action):
+    proxy.reset_stats()
+    action()
+    return proxy.stats()["requests"]
+
+
+def test_a_repeated_query_of_settled_shards_makes_one_request_per_shard_on_s3(s3_server,
+                                                                             s3_location):
+    from flyarchive.testing.faultproxy import FaultProxy
+
+    write_archive(s3_location.url, np.random.default_rng(2).normal(size=(8, 40, 13)),
+                  storage_options=s3_location.storage_options)  # 4 shards of 10 frames
+    with FaultProxy(s3_server.endpoint_url) as proxy:
+        ds = open_archive(s3_location.url, proxy.storage_options())
+
+        first = requests_of(proxy, lambda: ds.qpos.isel(world=1).values)
+        again = requests_of(proxy, lambda: ds.qpos.isel(world=1).values)
+        other = requests_of(proxy, lambda: ds.qpos.isel(world=2).values)
+
+    assert first == 8  # per shard: its index, then the world's inner chunk
+    assert again == 4
+    assert other == 4  # same shards, another world: the indexes are kept too
+
+
+def test_the_index_of_a_shard_still_being_written_is_read_again(s3_server, s3_location):
+    from flyarchive.testing.faultproxy import FaultProxy
+
+    write_archive(s3_location.url, np.random.default_rng(3).normal(size=(8, 35, 13)),
+                  storage_options=s3_location.storage_options)  # the 4th shard holds 5 frames
+    with FaultProxy(s3_server.endpoint_url) as proxy:
+        ds = open_archive(s3_location.url, proxy.storage_options())
+        ds.qpos.isel(world=1).values
+
+        again = requests_of(proxy, lambda: ds.qpos.isel(world=1).values)
+
+    assert again == 3 + 2
+
+
+@pytest.mark.parametrize("storage", ["local", "s3"])
+def test_reads_after_frames_are_appended_see_no_stale_shard(storage, tmp_path, request):
+    location = (request.getfixturevalue("s3_location") if storage == "s3"
+                else Location(str(tmp_path / "run.zarr")))
+    url, so = location.url, location.storage_options
+    rng = np.random.default_rng(4)
+    qpos = rng.normal(size=(4, 30, 13))
+    qpos[:, 15:] = np.round(qpos[:, 15:], 1)  # compresses better: shard 1's layout changes
+    write_archive(url, qpos[:, :15], storage_options=so, frames=15)  # shard 1 holds 5 frames
+    before = open_archive(url, so)
+    first = before.qpos.isel(world=2).values  # keeps the indexes of the settled shards
+    index_then = shard_index(url, so)
+
+    append_frames(url, qpos[:, 15:], 15, storage_options=so)
+    again = before.qpos.isel(world=2).values
+    after = open_archive(url, so).qpos.isel(world=2).values
+
+    assert shard_index(url, so) != index_then  # the append rewrote shard 1: a new layout
+    assert np.array_equal(first, qpos[2, :15])
+    assert np.array_equal(again, qpos[2, :15])
+    assert np.array_equal(after, qpos[2])
+
+
+def shard_index(url, storage_options):
+    """The stored bytes of the index of qpos's shard 1 (worlds 0..3, frames 10..19)."""
+    import fsspec
+
+    fs, path = fsspec.core.url_to_fs(url, **(storage_options or {}))
+    return fs.cat_file(f"{path}/qpos/c/0/1/0")[-(16 * 4 + 4):]
+
+
+# ----------------------------------------------------------------------------- dask
+def test_a_full_scan_runs_on_a_distributed_cluster_of_worker_processes(tmp_path):
+    from distributed import Client, LocalCluster
+
+    url = str(tmp_path / "run.zarr")
+    qpos = np.random.default_rng(5).normal(size=(6, 45, 13))
+    write_archive(url, qpos)
+    ds = open_archive(url)
+
+    with LocalCluster(n_workers=1, threads_per_worker=1, processes=True,
+                      dashboard_address=None) as cluster, Client(cluster):
+        mean = ds.qpos.mean(("world", "time")).values  # the getter travels to the worker
+
+    assert np.allclose(mean, qpos.mean(axis=(0, 1)), rtol=1e-12, atol=0)
+
+
+def test_open_archive_reads_every_state_variable_through_a_shard_reader(tmp_path):
+    from flyarchive.store.dataset import CommittedFrames
+
+    url = str(tmp_path / "run.zarr")
+    write_archive(url, np.random.default_rng(6).normal(size=(4, 20, 13)))
+    ds = open_archive(url)
+
+    getters = [value for name in ("qpos", "mocap_pos", "mocap_quat")
+               for layer in ds[name].data.dask.layers.values() for task in layer.values()
+               for arg in getattr(task, "args", ())
+               if isinstance(value := getattr(arg, "value", None), CommittedFrames)]
+
+    assert len(getters) >= 3
+    assert all(isinstance(g.reader, ShardReader) for g in getters)
