@@ -275,7 +275,7 @@ class ShardReader:
             origin = [c * k for c, k in zip(chunk, shape)]
             lo = [max(a, o) for a, o in zip(starts, origin)]
             hi = [min(b, o + k) for b, o, k in zip(stops, origin, shape)]
-            target = out[tuple(slice(l - a, h - a) for l, h, a in zip(lo, hi, starts))]
+            target = out[tuple(slice(low - a, h - a) for low, h, a in zip(lo, hi, starts))]
             raw = shard.data.get(chunk)
             if raw is None:
                 target[...] = self.fill_value
@@ -284,7 +284,7 @@ class ShardReader:
             else:
                 decoded = self._transform.decode_chunk(_PROTOTYPE.buffer.from_array_like(raw),
                                                        self._chunk_spec).as_numpy_array()
-                target[...] = decoded[tuple(slice(l - o, h - o) for l, h, o in zip(lo, hi, origin))]
+                target[...] = decoded[tuple(slice(low - o, h - o) for low, h, o in zip(lo, hi, origin))]
 
 
 def _rebuild(arr: zarr.Array, settled: tuple[int, int] | None) -> ShardReader:
