@@ -22,10 +22,11 @@ other shard's index is read again on every read.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import math
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Generator, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -202,71 +203,66 @@ class ShardReader:
         for chunk, wanted in self._ranges(shard, index):
             shard.data[chunk] = stored[wanted.start:wanted.end]
 
-    def _fetch_sync(self, shard: _Shard) -> None:
-        get = self.store.get_sync
+    def _steps(self, shard: _Shard) -> Generator[Any, Any, None]:
+        """One shard's fetch, written once for both drivers (:meth:`_fetch_sync`,
+        :meth:`_fetch`): yields each request — a byte range (None: the whole object) or a
+        list of ranges (one coalesced read) — and is sent its result (a buffer or None; a
+        list of ``(i, buffer)``)."""
         if shard.whole:
-            buf = get(shard.key, prototype=_PROTOTYPE)
+            buf = yield None
             if buf is not None:
                 self._split(shard, buf)
             return
         index = self._indexes.get(shard.coords)
         if index is None:
-            raw = get(shard.key, prototype=_PROTOTYPE, byte_range=self._index_range)
+            raw = yield self._index_range
             if raw is None:
                 return  # no shard: fill value
             index = self._index(shard.coords, raw)
         wanted = self._ranges(shard, index)
         if len(wanted) == 1:  # one request, nothing to coalesce
-            buf = get(shard.key, prototype=_PROTOTYPE, byte_range=wanted[0][1])
+            buf = yield wanted[0][1]
             if buf is not None:
                 shard.data[wanted[0][0]] = buf.as_numpy_array()
-            return
-        if not wanted:
-            return
-        try:
-            got = self.store.get_ranges_sync(shard.key, [r for _, r in wanted],
-                                             prototype=_PROTOTYPE, **self._coalesce)
-        except BaseExceptionGroup as group:  # as zarr: a shard gone since its index was read
-            if group.split(FileNotFoundError)[1] is not None:
-                raise
-            return
-        for i, buf in got:
-            if buf is not None:
-                shard.data[wanted[i][0]] = buf.as_numpy_array()
+        elif wanted:
+            for i, buf in (yield [r for _, r in wanted]):
+                if buf is not None:
+                    shard.data[wanted[i][0]] = buf.as_numpy_array()
+
+    def _fetch_sync(self, shard: _Shard) -> None:
+        steps = self._steps(shard)
+        request = next(steps)
+        with contextlib.suppress(StopIteration):
+            while True:
+                request = steps.send(self._get_sync(shard.key, request))
 
     async def _fetch_all(self, shards: list[_Shard]) -> None:
         await asyncio.gather(*(self._fetch(shard) for shard in shards))
 
     async def _fetch(self, shard: _Shard) -> None:
-        if shard.whole:
-            buf = await self.store.get(shard.key, prototype=_PROTOTYPE)
-            if buf is not None:
-                self._split(shard, buf)
-            return
-        index = self._indexes.get(shard.coords)
-        if index is None:
-            raw = await self.store.get(shard.key, prototype=_PROTOTYPE,
-                                       byte_range=self._index_range)
-            if raw is None:
-                return
-            index = self._index(shard.coords, raw)
-        wanted = self._ranges(shard, index)
-        if len(wanted) == 1:
-            buf = await self.store.get(shard.key, prototype=_PROTOTYPE, byte_range=wanted[0][1])
-            if buf is not None:
-                shard.data[wanted[0][0]] = buf.as_numpy_array()
-            return
-        if not wanted:
-            return
-        try:
-            async for got in self.store.get_ranges(shard.key, [r for _, r in wanted],
-                                                   prototype=_PROTOTYPE, **self._coalesce):
-                for i, buf in got:
-                    if buf is not None:
-                        shard.data[wanted[i][0]] = buf.as_numpy_array()
-        except BaseExceptionGroup as group:
-            if group.split(FileNotFoundError)[1] is not None:
-                raise
+        steps = self._steps(shard)
+        request = next(steps)
+        with contextlib.suppress(StopIteration):
+            while True:
+                request = steps.send(await self._get(shard.key, request))
+
+    def _get_sync(self, key: str, request: Any) -> Any:
+        if not isinstance(request, list):
+            return self.store.get_sync(key, prototype=_PROTOTYPE, byte_range=request)
+        with _shard_gone():
+            return list(self.store.get_ranges_sync(key, request, prototype=_PROTOTYPE,
+                                                   **self._coalesce))
+        return []
+
+    async def _get(self, key: str, request: Any) -> Any:
+        if not isinstance(request, list):
+            return await self.store.get(key, prototype=_PROTOTYPE, byte_range=request)
+        got: list[tuple[int, Buffer | None]] = []
+        with _shard_gone():
+            async for part in self.store.get_ranges(key, request, prototype=_PROTOTYPE,
+                                                    **self._coalesce):
+                got.extend(part)
+        return got
 
     # ------------------------------------------------------------------ decoding
     def _decode(self, shard: _Shard, out: np.ndarray, starts: list[int], stops: list[int]) -> None:
@@ -326,3 +322,14 @@ def _direct_decoder(codecs: Sequence[Any], spec: ArraySpec
         decode_into(raw, target, spec)
 
     return decode
+
+
+@contextlib.contextmanager
+def _shard_gone() -> Iterator[None]:
+    """As zarr: a coalesced read of a shard deleted since its index was read gives what
+    it got (the rest reads as fill value); any other failure is raised."""
+    try:
+        yield
+    except BaseExceptionGroup as group:
+        if group.split(FileNotFoundError)[1] is not None:
+            raise
