@@ -7,9 +7,10 @@ re-exported here, following the data flow:
 
 Lower-level parts (the store's writer and reader, render plans and tasks) live in their
 stage packages, whose ``__init__`` lists their modules. Heavy optional parts
-(rendering, mujoco-warp, Dask) load on first use: ``import flyarchive`` imports no
-warp, dask.distributed or s3fs. The ``FLYARCHIVE_*`` environment variables are listed
-in :mod:`flyarchive.config`.
+(rendering, mujoco-warp, Dask) load on first use: ``import flyarchive`` imports only
+the error classes, and each other name loads its module when it is first used (so
+the command line starts Warp beside its imports of xarray and zarr). The
+``FLYARCHIVE_*`` environment variables are listed in :mod:`flyarchive.config`.
 """
 
 from __future__ import annotations
@@ -17,18 +18,24 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-from flyarchive.clock import FrameClock, Timing
 from flyarchive.errors import *  # noqa: F403
 from flyarchive.errors import __all__ as _errors_all
-from flyarchive.layout import ModelLayout, check_compatible
-from flyarchive.query import VideoJob, open_archive, select_frames
-from flyarchive.query.dofs import dof_labels, select_dofs
-from flyarchive.record.cpu import TrajectoryRecorder
-from flyarchive.schema import SCHEMA_VERSION, validate
 
 __version__ = "0.1.0"
 
 _LAZY = {
+    "FrameClock": "flyarchive.clock",
+    "Timing": "flyarchive.clock",
+    "ModelLayout": "flyarchive.layout",
+    "check_compatible": "flyarchive.layout",
+    "open_archive": "flyarchive.query",
+    "select_frames": "flyarchive.query",
+    "VideoJob": "flyarchive.query",
+    "dof_labels": "flyarchive.query.dofs",
+    "select_dofs": "flyarchive.query.dofs",
+    "TrajectoryRecorder": "flyarchive.record.cpu",
+    "SCHEMA_VERSION": "flyarchive.schema",
+    "validate": "flyarchive.schema",
     "WarpTrajectoryRecorder": "flyarchive.record.warp",
     "render_videos": "flyarchive.distribute.api",
     "render_frames": "flyarchive.distribute.api",
@@ -53,16 +60,14 @@ _LAZY = {
     "add_world_vars": "flyarchive.store.world_vars",
 }
 
-__all__ = [
-    "FrameClock", "Timing", "ModelLayout", "check_compatible", "open_archive",
-    "TrajectoryRecorder", "SCHEMA_VERSION", "validate", "select_dofs", "dof_labels",
-    "select_frames", "VideoJob", *_errors_all, *_LAZY,
-]
+__all__ = [*_errors_all, *_LAZY]
 
 
 def __getattr__(name: str) -> Any:
     if name in _LAZY:
-        return getattr(importlib.import_module(_LAZY[name]), name)
+        value = getattr(importlib.import_module(_LAZY[name]), name)
+        globals()[name] = value  # looked up once
+        return value
     raise AttributeError(f"module 'flyarchive' has no attribute {name!r}")
 
 

@@ -199,6 +199,20 @@ def cmd_render(args: argparse.Namespace) -> int:
     return 0
 
 
+def _warm_up(args: argparse.Namespace) -> None:
+    """Start importing Warp and initializing its device beside this process's own
+    imports when ``render`` will render here on a Warp device (see
+    :mod:`flyarchive.distribute.warm`). Malformed ``--gpus`` is reported later."""
+    from flyarchive.distribute.warm import warm_up_here
+
+    try:
+        gpus = parse_gpus(args.gpus) if args.gpus is not None else None
+    except FlyarchiveError:
+        return
+    warm_up_here(args.backend, gpus=gpus, n_workers=args.workers,
+                 on_cluster=args.scheduler is not None)
+
+
 def _output_options(args: argparse.Namespace) -> dict[str, Any]:
     """``RenderOptions`` fields of ``--outputs``, ``--mosaic`` and ``--overlay`` (checked
     there: their errors name the flag's text)."""
@@ -462,6 +476,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     output pipe (``flyarchive info | head``) ends the command quietly.
     """
     args = build_parser().parse_args(argv)
+    if args.command == "render":
+        _warm_up(args)
     from flyarchive.store.storage_errors import client_errors
 
     try:
@@ -479,11 +495,19 @@ def main(argv: Sequence[str] | None = None) -> int:
         # zarr's event loop may still hold the interrupted write; asyncio would report the
         # task as "destroyed but pending" at exit: noise after Ctrl-C.
         logging.getLogger("asyncio").setLevel(logging.CRITICAL)
-        print(f"flyarchive {args.command}: interrupted", file=sys.stderr)
+        _say(f"flyarchive {args.command}: interrupted")
         return 130
     except (FlyarchiveError, OSError, *client_errors()) as err:
-        print(f"flyarchive {args.command}: error: {_one_line(args, err)}", file=sys.stderr)
+        _say(f"flyarchive {args.command}: error: {_one_line(args, err)}")
         return 2
+
+
+def _say(line: str) -> None:
+    """``line`` on stderr, never while Warp's start in another thread has captured it."""
+    from flyarchive.warp_log import STDERR_LOCK
+
+    with STDERR_LOCK:
+        print(line, file=sys.stderr, flush=True)
 
 
 def run() -> None:

@@ -28,6 +28,7 @@ import functools
 import os
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Callable
 from typing import Any
@@ -35,10 +36,16 @@ from typing import Any
 from flyarchive.config import verbose
 from flyarchive.errors import missing_dependency
 
-__all__ = ["import_warp", "import_mujoco_warp", "configure_warp", "LOCK_FOLDER"]
+__all__ = ["import_warp", "import_mujoco_warp", "configure_warp", "LOCK_FOLDER", "STDERR_LOCK"]
 
 #: Folder of the kernel cache that holds the compile locks (one file per module).
 LOCK_FOLDER = "flyarchive-locks"
+
+#: Held while file descriptor 2 is captured (Warp initializing on a machine without a
+#: CUDA driver, often in a background thread: :mod:`flyarchive.distribute.warm`). A
+#: thread whose stderr line must not be lost in that capture (the command line's error)
+#: writes it holding this lock.
+STDERR_LOCK = threading.Lock()
 
 _CUDA_WARNING = "Warp CUDA warning: Could not find or load the NVIDIA CUDA driver"
 
@@ -115,8 +122,13 @@ def _initialized(wp: Any) -> bool:
 
 
 def _init_without_cuda_warning(wp: Any) -> None:
-    """``wp.init()`` with file descriptor 2 captured; lines other than the CUDA-driver
-    warning are written back to stderr."""
+    """``wp.init()`` with file descriptor 2 captured (holding :data:`STDERR_LOCK`); lines
+    other than the CUDA-driver warning are written back to stderr."""
+    with STDERR_LOCK:
+        _capture_init(wp)
+
+
+def _capture_init(wp: Any) -> None:
     sys.stderr.flush()
     saved = os.dup(2)
     with tempfile.TemporaryFile() as capture:

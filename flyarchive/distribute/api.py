@@ -21,7 +21,7 @@ from flyarchive.distribute.drivers import run_plan
 from flyarchive.distribute.gpus import check_gpus
 from flyarchive.distribute.output_plan import check_output_options, plan_outputs
 from flyarchive.distribute.plan import RenderPlan, absolute_url, preflight
-from flyarchive.distribute.warp_runs import warm_up_here
+from flyarchive.distribute.warm import warm_up_here
 from flyarchive.errors import ModelLoadError, RenderOptionsError
 from flyarchive.layout import ModelLayout, check_compatible
 from flyarchive.models import load_mjb, model_bytes

@@ -17,41 +17,10 @@ from typing import Any
 
 from flyarchive.distribute.diagnostics import PipelineProfile, StageTimer, progress_bar
 from flyarchive.distribute.plan import split_groups
+from flyarchive.distribute.warm import wait_for_warm_up
 from flyarchive.errors import RenderBackendError, RenderFailedError
 
 __all__ = ["render_here", "render_threads", "render_on_dask", "render_group"]
-
-
-#: The thread importing Warp and initializing the device (:func:`warm_up_here`), if any.
-_warming: threading.Thread | None = None
-
-
-def warm_up_here(backend: str, *, gpus: Sequence[int] | None, n_workers: int | None,
-                 on_cluster: bool) -> None:
-    """When this process will render on a Warp device (one GPU, or Warp's CPU device
-    unless ``n_workers`` asks for worker processes),
-    start importing Warp and initializing the device (a CUDA context) in a background
-    thread, so that this overlaps with opening the archive and preparing the model
-    (:func:`render_here` waits for it). Nothing otherwise (a cluster renders)."""
-    global _warming
-    if on_cluster or backend not in ("gpu", "warp-cpu"):
-        return
-    if backend == "gpu":
-        from flyarchive.distribute.gpus import visible_gpus
-
-        if not (n_workers == 0 or (gpus is not None and len(gpus) == 1)
-                or len(visible_gpus()) == 1):
-            return
-        device = f"cuda:{gpus[0] if gpus else 0}"
-    elif n_workers is None or n_workers <= 1 or (os.cpu_count() or 1) <= 1:
-        device = "cpu"  # render threads in this process, or one
-    else:
-        return
-    from flyarchive.distribute.worker_setup import warm_warp
-
-    _warming = threading.Thread(target=warm_warp, args=(device,), name="flyarchive-warm",
-                                daemon=True)
-    _warming.start()
 
 
 def render_here(plan: Any, blob: bytes, parts: str | None, device: str) -> list[dict[str, Any]]:
@@ -62,10 +31,7 @@ def render_here(plan: Any, blob: bytes, parts: str | None, device: str) -> list[
     """
     from flyarchive.distribute.warp_pipeline import render_jobs, warp_device
 
-    global _warming
-    if _warming is not None:  # Warp is not imported and initialized by two threads at once
-        _warming.join()
-        _warming = None
+    wait_for_warm_up()  # Warp is not imported and initialized by two threads at once
     if device.startswith("cuda"):
         warp_device("gpu")  # checks that Warp sees a CUDA device
     return render_jobs(plan, blob, plan.jobs, device, parts=parts)
@@ -88,10 +54,7 @@ def render_threads(plan: Any, blob: bytes, parts: str | None, n_threads: int
 
     from flyarchive.distribute.warp_pipeline import batch_worlds_of, render_jobs
 
-    global _warming
-    if _warming is not None:
-        _warming.join()
-        _warming = None
+    wait_for_warm_up()
     groups = split_groups(plan.jobs, batch_worlds_of(plan.options), n_threads)
     bar = progress_bar(sum(job.n_frames for job in plan.jobs), plan.options.progress)
     failed: list[BaseException] = []

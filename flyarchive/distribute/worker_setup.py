@@ -31,6 +31,8 @@ def dask_setup(worker: Any) -> None:
 
         pin_process(cpus)
     if _offers(worker, "GPU"):
+        from flyarchive.distribute.warm import warm_warp
+
         threading.Thread(target=warm_warp, args=("cuda",), name="flyarchive-warm",
                          daemon=True).start()
 
@@ -39,17 +41,3 @@ def _offers(worker: Any, resource: str) -> bool:
     state = getattr(worker, "state", None)
     resources = getattr(state, "total_resources", None) or getattr(worker, "total_resources", {})
     return bool((resources or {}).get(resource))
-
-
-def warm_warp(device: str) -> None:
-    """Import the Warp renderer (warp, mujoco_warp) and initialize ``device`` (a CUDA
-    context), ignoring failures: the render that follows reports them."""
-    try:
-        from flyarchive.replay import warp  # noqa: F401  (the import is the work)
-
-        wp = warp.wp
-        wp.init()
-        if device.startswith("cuda") and wp.get_cuda_device_count() > 0:
-            wp.get_device(device).context  # noqa: B018  (creates the primary context)
-    except Exception:
-        pass

@@ -1,6 +1,8 @@
 """The flyarchive command: each subcommand end to end, and its errors."""
 
 import json
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -135,3 +137,41 @@ def test_size_parses_height_by_width():
     assert parse_size("240x320") == (240, 320)
     with pytest.raises(SelectionError, match="HEIGHTxWIDTH"):
         parse_size("240")
+
+
+def test_an_error_is_not_lost_while_warp_starting_in_a_thread_holds_stderr(tmp_path):
+    # Warp's start on a machine without CUDA captures file descriptor 2 (to drop its
+    # driver warning); the command's one-line error must still reach stderr when the
+    # process exits while a daemon thread is inside that capture.
+    code = (
+        "import sys, threading, time, types\n"
+        "import flyarchive.warp_log as log\n"
+        "slow = types.SimpleNamespace(init=lambda: time.sleep(1.0))\n"
+        "threading.Thread(target=log._init_without_cuda_warning, args=(slow,), daemon=True).start()\n"
+        "time.sleep(0.2)\n"
+        "from flyarchive.cli import main\n"
+        f"sys.exit(main(['render', {str(tmp_path / 'none.zarr')!r}, '--camera', 'c', "
+        f"'--out', {str(tmp_path / 'out')!r}]))\n"
+    )
+
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+
+    assert done.returncode == 2
+    assert "flyarchive render: error: Nothing at" in done.stderr
+
+
+def test_render_starts_warp_before_importing_xarray(tmp_path):
+    code = (
+        "import sys\n"
+        "import flyarchive.distribute.warm as warm\n"
+        "seen = []\n"
+        "warm.warm_up_here = lambda *a, **k: seen.append('xarray' in sys.modules)\n"
+        "from flyarchive.cli import main\n"
+        f"main(['render', {str(tmp_path / 'none.zarr')!r}, '--camera', 'c', '--backend', "
+        f"'warp-cpu', '--out', {str(tmp_path / 'out')!r}])\n"
+        "print('xarray imported at the first warm-up:', seen[0])\n"
+    )
+
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+
+    assert "xarray imported at the first warm-up: False" in done.stdout

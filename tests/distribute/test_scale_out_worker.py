@@ -108,12 +108,12 @@ def test_a_worker_builds_its_renderer_once_for_calls_with_the_same_model_and_opt
 
 @requires_warp
 def test_rendering_here_starts_loading_warp_while_the_archive_is_opened(monkeypatch):
-    from flyarchive.distribute import warp_runs
+    from flyarchive.distribute import warm
 
-    monkeypatch.setattr(warp_runs, "_warming", None)
+    monkeypatch.setattr(warm, "_warming", None)
 
-    warp_runs.warm_up_here("warp-cpu", gpus=None, n_workers=0, on_cluster=False)
-    warming = warp_runs._warming
+    warm.warm_up_here("warp-cpu", gpus=None, n_workers=0, on_cluster=False)
+    warming = warm._warming
 
     assert warming is not None and warming.name == "flyarchive-warm"
     warming.join()
@@ -125,14 +125,14 @@ def test_rendering_here_starts_loading_warp_while_the_archive_is_opened(monkeypa
     {"backend": "cpu", "gpus": None, "n_workers": 0, "on_cluster": False},
 ])
 def test_nothing_is_warmed_here_when_workers_render(where, monkeypatch):
-    from flyarchive.distribute import warp_runs
+    from flyarchive.distribute import warm
 
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0,1")
-    monkeypatch.setattr(warp_runs, "_warming", None)
+    monkeypatch.setattr(warm, "_warming", None)
 
-    warp_runs.warm_up_here(where.pop("backend"), **where)
+    warm.warm_up_here(where.pop("backend"), **where)
 
-    assert warp_runs._warming is None
+    assert warm._warming is None
 
 
 def a_plan(url: str, out: str) -> tuple[Any, bytes]:
