@@ -127,3 +127,24 @@ def test_reads_racing_a_replacement_give_the_opened_archive_or_the_error(tmp_pat
 
     assert all(o in ("opened archive", "replaced") for outcomes in rounds for o in outcomes)
     assert [outcomes[-1] for outcomes in rounds] == ["replaced"] * 4
+
+
+def test_an_archive_without_an_archive_id_reads_and_its_replacement_is_noticed(tmp_path):
+    import json
+    from pathlib import Path
+
+    url = str(tmp_path / "run.zarr")
+    write(url, data(0))
+    root = Path(url) / "zarr.json"
+    meta = json.loads(root.read_text())
+    del meta["attributes"]["archive_id"]  # as written before the attribute existed
+    root.write_text(json.dumps(meta, indent=2))
+    ds = open_archive(url)
+
+    first = ds.qpos.isel(world=1).values
+    write(url, data(1), mode="w")
+    with pytest.raises(StorageError) as err:
+        ds.qpos.isel(world=1).values
+
+    assert np.array_equal(first, data(0)[1])
+    assert "its archive_id is now '" in str(err.value)
