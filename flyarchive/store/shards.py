@@ -102,9 +102,11 @@ class _Shard:
 
     coords: tuple[int, ...]
     key: str
-    chunks: list[tuple[int, ...]]  # global inner-chunk coordinates
+    spans: tuple[range, ...]  # per axis, the global inner-chunk coordinates wanted
     whole: bool  # every inner chunk of the shard is wanted: one request
-    data: dict[tuple[int, ...], np.ndarray] = field(default_factory=dict)  # stored bytes
+    # the stored bytes of each wanted inner chunk, in the order of itertools.product(*spans)
+    # (None: never written); empty until fetched
+    data: list[np.ndarray | None] = field(default_factory=list)
 
 
 class ShardReader:
@@ -192,7 +194,7 @@ class ShardReader:
                 for shard in shards:
                     self._drive_sync(shard.key, self._steps(shard))
                     self._decode(shard, out, starts, stops)
-                    shard.data.clear()
+                    shard.data = []
                 self._drive_sync(self._root_key, self._same_archive())
                 return out
             sync(self._fetch_all(shards))  # the shards' requests concurrently, then the root
@@ -268,13 +270,12 @@ class ShardReader:
         shards = []
         total = math.prod(self._per_shard)
         for coords in itertools.product(*spans):
-            ranges = []
-            for c, a, b, s, k in zip(coords, starts, stops, self.shard_shape, self.chunk_shape):
-                lo, hi = max(a, c * s), min(b, (c + 1) * s)
-                ranges.append(range(lo // k, -(-hi // k)))
-            chunks = list(itertools.product(*ranges))
+            ranges = tuple(range(max(a, c * s) // k, -(-min(b, (c + 1) * s) // k))
+                           for c, a, b, s, k in zip(coords, starts, stops, self.shard_shape,
+                                                    self.chunk_shape))
             key = (self._prefix / self._encode_key(coords)).path
-            shards.append(_Shard(coords, key, chunks, whole=len(chunks) == total))
+            shards.append(_Shard(coords, key, ranges,
+                                 whole=math.prod(map(len, ranges)) == total))
         return shards
 
     def _cacheable(self, coords: tuple[int, ...]) -> bool:
@@ -290,15 +291,13 @@ class ShardReader:
                 self._indexes[coords] = index
         return index
 
-    def _ranges(self, shard: _Shard, index: Any) -> list[tuple[tuple[int, ...], RangeByteRequest]]:
-        """Byte ranges of the wanted inner chunks that were written (in ``shard.chunks``
-        order)."""
-        local = np.asarray(shard.chunks, dtype=np.int64) % np.asarray(self._per_shard)
-        found = index.offsets_and_lengths[tuple(local.T)]  # (n, 2): offset, length
-        written = found[:, 0] != _EMPTY
-        return [(chunk, RangeByteRequest(start, start + length))
-                for chunk, (start, length), keep in zip(shard.chunks, found.tolist(),
-                                                        written.tolist()) if keep]
+    def _ranges(self, shard: _Shard, index: Any) -> list[list[int]]:
+        """``[offset, length]`` of each wanted inner chunk (in the order of
+        ``shard.data``); the offset of one never written is ``2**64 - 1``."""
+        local = [np.arange(r.start - c * n, r.stop - c * n)
+                 for r, c, n in zip(shard.spans, shard.coords, self._per_shard)]
+        found: list[list[int]] = index.offsets_and_lengths[np.ix_(*local)].reshape(-1, 2).tolist()
+        return found
 
     def _split(self, shard: _Shard, buf: Buffer) -> None:
         """A whole shard's bytes: its index decoded, its wanted inner chunks kept."""
@@ -306,8 +305,8 @@ class ShardReader:
         raw = buf[len(buf) - size:] if self._codec.index_location == "end" else buf[:size]
         index = self._index(shard.coords, raw)
         stored = buf.as_numpy_array()
-        for chunk, wanted in self._ranges(shard, index):
-            shard.data[chunk] = stored[wanted.start:wanted.end]
+        shard.data = [None if start == _EMPTY else stored[start:start + length]
+                      for start, length in self._ranges(shard, index)]
 
     def _steps(self, shard: _Shard) -> Generator[Any, Any, None]:
         """One shard's fetch, written once for both drivers (:meth:`_drive_sync`,
@@ -325,15 +324,18 @@ class ShardReader:
             if raw is None:
                 return  # no shard: fill value
             index = self._index(shard.coords, raw)
-        wanted = self._ranges(shard, index)
+        found = self._ranges(shard, index)
+        shard.data = [None] * len(found)
+        wanted = [(i, RangeByteRequest(start, start + length))
+                  for i, (start, length) in enumerate(found) if start != _EMPTY]
         if len(wanted) == 1:  # one request, nothing to coalesce
             buf = yield wanted[0][1]
             if buf is not None:
                 shard.data[wanted[0][0]] = buf.as_numpy_array()
         elif wanted:
-            for i, buf in (yield [r for _, r in wanted]):
+            for j, buf in (yield [r for _, r in wanted]):
                 if buf is not None:
-                    shard.data[wanted[i][0]] = buf.as_numpy_array()
+                    shard.data[wanted[j][0]] = buf.as_numpy_array()
 
     def _drive_sync(self, key: str, steps: Generator[Any, Any, None]) -> None:
         """Run ``steps`` (:meth:`_steps`, :meth:`_same_archive`) on ``key`` with the
@@ -373,21 +375,27 @@ class ShardReader:
 
     # ------------------------------------------------------------------ decoding
     def _decode(self, shard: _Shard, out: np.ndarray, starts: list[int], stops: list[int]) -> None:
-        into, shape = self._into, self.chunk_shape
-        for chunk in shard.chunks:
-            origin = [c * k for c, k in zip(chunk, shape)]
-            lo = [max(a, o) for a, o in zip(starts, origin)]
-            hi = [min(b, o + k) for b, o, k in zip(stops, origin, shape)]
-            target = out[tuple(slice(low - a, h - a) for low, h, a in zip(lo, hi, starts))]
-            raw = shard.data.get(chunk)
+        """Each fetched inner chunk of ``shard`` decoded into its place in ``out`` (the box
+        ``starts..stops``): straight into it when the chunk lies whole in the box."""
+        places, cuts = [], []  # per axis: where each chunk goes in out; what of it (None: all)
+        for span, a, b, k in zip(shard.spans, starts, stops, self.chunk_shape):
+            places.append([slice(max(a, c * k) - a, min(b, c * k + k) - a) for c in span])
+            cuts.append([None if a <= c * k and c * k + k <= b
+                         else slice(max(a, c * k) - c * k, min(b, c * k + k) - c * k)
+                         for c in span])
+        into = self._into
+        stored = shard.data or itertools.repeat(None)  # nothing fetched: no shard there
+        for place, cut, raw in zip(itertools.product(*places), itertools.product(*cuts),
+                                   stored):
+            target = out[place]
             if raw is None:
                 target[...] = self.fill_value
-            elif into is not None and target.shape == shape and target.flags.c_contiguous:
+            elif into is not None and not any(cut) and target.flags.c_contiguous:
                 into(raw, target)
             else:
                 decoded = self._transform.decode_chunk(_PROTOTYPE.buffer.from_array_like(raw),
                                                        self._chunk_spec).as_numpy_array()
-                target[...] = decoded[tuple(slice(low - o, h - o) for low, h, o in zip(lo, hi, origin))]
+                target[...] = decoded[tuple(slice(None) if c is None else c for c in cut)]
 
 
 def _rebuild(arr: zarr.Array, settled: tuple[int, int] | None,
