@@ -33,7 +33,10 @@ Usage::
 
     python scripts/bench_query.py [--worlds 1024] [--frames 1000] [--dtypes float64,float32]
         [--no-s3] [--repeat 3] [--scan-repeat 2] [--workers 2] [--cache /tmp/flyarchive-bench-query]
-        [--json PATH]
+        [--formats flyarchive,npz] [--only scan] [--json PATH]
+
+``--formats`` and ``--only`` (queries whose name holds one of the words, e.g. ``scan``)
+run a part of the table, for quick before/after comparisons; ``open`` always runs.
 """
 
 from __future__ import annotations
@@ -373,7 +376,8 @@ class Plan:
     dof: int
 
 
-def _calls(reader: Reader, handle: Any, plan: Plan) -> dict[str, Callable[[], Any]]:
+def _calls(reader: Reader, handle: Any, plan: Plan, only: tuple[str, ...] = ()
+           ) -> dict[str, Callable[[], Any]]:
     calls = {
         "one world": lambda: reader.one_world(handle, plan.world),
         "time window": lambda: reader.window(handle, *plan.window),
@@ -383,11 +387,12 @@ def _calls(reader: Reader, handle: Any, plan: Plan) -> dict[str, Callable[[], An
     }
     if not reader.parallel:
         del calls["scan all cores"]
-    return calls
+    return {name: call for name, call in calls.items()
+            if not only or any(word in name for word in only)}
 
 
 def timed_queries(reader: Reader, url: str, so: dict[str, Any] | None, plan: Plan,
-                  repeat: int, scan_repeat: int = 1
+                  repeat: int, scan_repeat: int = 1, only: tuple[str, ...] = ()
                   ) -> tuple[dict[str, dict[str, float]], dict[str, Any]]:
     """Best-of-``repeat`` seconds per query (and, on disk, bytes read); the results.
 
@@ -406,7 +411,7 @@ def timed_queries(reader: Reader, url: str, so: dict[str, Any] | None, plan: Pla
     rows["open"] = {"s": min(first_s, rest), "read_bytes": read}
     results = {}
     cpus = os.sched_getaffinity(0)
-    for name, call in _calls(reader, handle, plan).items():
+    for name, call in _calls(reader, handle, plan, only).items():
         if name == "scan 1 core":
             _pin({min(cpus)})
         try:
@@ -439,13 +444,14 @@ def cluster_scans(reader: Reader, url: str, so: dict[str, Any] | None,
     return rows
 
 
-def counted_queries(reader: Reader, url: str, proxy: Any, plan: Plan) -> dict[str, dict[str, int]]:
+def counted_queries(reader: Reader, url: str, proxy: Any, plan: Plan, only: tuple[str, ...] = ()
+                    ) -> dict[str, dict[str, int]]:
     """Requests and bytes of each query (one run) through a counting proxy."""
     so = proxy.storage_options()
     proxy.reset_stats()
     handle = reader.open(url, so)
     counts = {"open": _proxy_counts(proxy)}
-    for name, call in _calls(reader, handle, plan).items():
+    for name, call in _calls(reader, handle, plan, only).items():
         if name == "scan all cores":
             continue  # the same requests as on one core
         proxy.reset_stats()
@@ -489,7 +495,7 @@ def run_storage(built: Built, storage: str, args: argparse.Namespace, s3: Any = 
     out: dict[str, Any] = {"storage": storage, "dtype": built.dtype, "plan": plan.__dict__,
                            "formats": {}}
     reference: dict[str, Any] | None = None
-    for fmt in ("npz", "flyarchive", "portable", "zarr-zstd"):
+    for fmt in [f for f in ("npz", "flyarchive", "portable", "zarr-zstd") if f in args.formats]:
         url, so = str(built.path(fmt)), None
         if storage == "s3":
             url = f"s3://{args.bucket}/{built.root.name}/{built.path(fmt).name}"
@@ -498,13 +504,14 @@ def run_storage(built: Built, storage: str, args: argparse.Namespace, s3: Any = 
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # zarr: numcodecs codecs are not in the v3 spec
             rows, results = timed_queries(READERS[fmt], url, so, plan, args.repeat,
-                                          args.scan_repeat)
-            if args.workers and READERS[fmt].parallel:
+                                          args.scan_repeat, args.only)
+            if args.workers and READERS[fmt].parallel and _wanted("scan", args.only):
                 rows.update(cluster_scans(READERS[fmt], url, so, args.workers))
             if proxy is not None:
-                for name, counts in counted_queries(READERS[fmt], url, proxy, plan).items():
+                for name, counts in counted_queries(READERS[fmt], url, proxy, plan,
+                                                    args.only).items():
                     rows[name].update(counts)
-        reference = reference or results
+        reference = reference or results  # npz's, unless --formats leaves it out
         entry = {"queries": rows, "differs_from_npz": same_results(results, reference, built.dtype),
                  "stored_bytes": stored_bytes(built.path(fmt)),
                  "world_bytes": world_bytes(built, fmt, plan.world)}
@@ -512,6 +519,10 @@ def run_storage(built: Built, storage: str, args: argparse.Namespace, s3: Any = 
             entry.update(codec_speed(built, fmt, plan.world))
         out["formats"][fmt] = entry
     return out
+
+
+def _wanted(name: str, only: tuple[str, ...]) -> bool:
+    return not only or any(word in name for word in only)
 
 
 def _dof_index(built: Built) -> int:
@@ -540,7 +551,7 @@ def _cell(row: dict[str, Any] | None, storage: str) -> str:
 def print_table(run: dict[str, Any], built: Built) -> None:
     fmts = run["formats"]
     decoded = built.n_worlds * built.frames * built.nq * np.dtype(built.dtype).itemsize
-    npz = fmts["npz"]
+    npz = fmts.get("npz")
     extra = [q for e in fmts.values() for q in e["queries"] if q not in QUERIES]
     lines: dict[str, Callable[[dict[str, Any]], str]] = {
         "stored (vs npz)": lambda e: f"{e['stored_bytes'] / 1e6:.1f} MB "
@@ -568,11 +579,20 @@ def print_table(run: dict[str, Any], built: Built) -> None:
     width = 31 if run["storage"] == "s3" else 16
     table = Table([Column("query", 26, "label", align="<"), *(Column(f, width, f) for f in fmts)])
     table.print(
-        [{"label": label, **{f: fn(e) for f, e in fmts.items()}} for label, fn in lines.items()],
+        [{"label": label, **{f: _safe(fn, e) for f, e in fmts.items()}}
+         for label, fn in lines.items()],
         title=f"\n{built.dtype}, {'local disk' if run['storage'] == 'local' else 'S3 (moto, loopback)'}: "
               f"{built.n_worlds} worlds x {built.frames} frames x {built.nq} dofs "
               f"({decoded / 1e6:.0f} MB decoded); window {run['plan']['window']}, world "
               f"{run['plan']['world']}, dof {run['plan']['dof']}")
+
+
+def _safe(fn: Callable[[dict[str, Any]], str], entry: dict[str, Any]) -> str:
+    """A cell, or "-" when a query it needs did not run (``--only``, ``--formats``)."""
+    try:
+        return fn(entry)
+    except (KeyError, TypeError):
+        return "-"
 
 
 def _ms(seconds: float | None) -> str:
@@ -622,8 +642,18 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--workers", type=int, default=2,
                         help="full scans on a LocalCluster of 1 and of N single-thread worker "
                              "processes (0: skip)")
+    parser.add_argument("--formats", default=",".join(FORMATS),
+                        help=f"comma-separated, of {', '.join(FORMATS)} (default: all)")
+    parser.add_argument("--only", default="",
+                        help="run only the queries whose name holds one of these comma-separated "
+                             "words, e.g. 'scan' or 'one world' (default: all)")
     add_json_option(parser)
     args = parser.parse_args(argv)
+    args.formats = tuple(f for f in args.formats.split(",") if f)
+    unknown = sorted(set(args.formats) - set(FORMATS))
+    if unknown:
+        parser.error(f"--formats: unknown {unknown}; choose among {list(FORMATS)}")
+    args.only = tuple(w for w in args.only.split(",") if w)
     cache = Path(args.cache)
     cache.mkdir(parents=True, exist_ok=True)
     load = os.getloadavg()
@@ -640,13 +670,14 @@ def main(argv: list[str] | None = None) -> None:
             s3.create_bucket(args.bucket)
             for b in built.values():
                 print(f"uploading {b.root.name} to the S3 server...", flush=True)
-                upload(b, s3, args.bucket, list(FORMATS))
+                upload(b, s3, args.bucket, list(args.formats))
                 run = run_storage(b, "s3", args, s3, proxy)
                 runs.append(run)
                 print_table(run, b)
     end = os.getloadavg()
     print(f"\nload average at the end: {end[0]:.2f} {end[1]:.2f} {end[2]:.2f}")
     meta = {"worlds": args.worlds, "frames": args.frames, "chunk_frames": args.chunk_frames,
+            "formats": list(args.formats), "only": list(args.only),
             "shard_worlds": args.shard_worlds, "repeat": args.repeat,
             "scan_repeat": args.scan_repeat, "cpus": os.cpu_count(),
             "load_average": {"start": load, "end": end},
