@@ -20,7 +20,9 @@ Queries, each from an already opened dataset: one world (all frames; best of
 ``--repeat``, its first read beside it, and on S3 the requests of a second read through
 the same dataset, which keeps the indexes of shards that can no longer change); a time window
 of F/10 frames across all worlds; one dof's mean over worlds; a full scan (per-dof
-mean) pinned to one core, on all cores, and on a ``distributed.LocalCluster`` of one
+mean) pinned to one core (also with ``skipna=False``: the same sum without xarray's NaN
+masking, to show the decoding apart from the reduction), on all cores, and on a
+``distributed.LocalCluster`` of one
 and of ``--workers`` single-thread worker processes; ``open`` itself. Beside them: the codec's
 own decode speed on the stored chunks of one shard in memory (no zarr, no checksum,
 running as long as a short query, so that it meets the same machine load) and the full scan
@@ -33,7 +35,10 @@ Usage::
 
     python scripts/bench_query.py [--worlds 1024] [--frames 1000] [--dtypes float64,float32]
         [--no-s3] [--repeat 3] [--scan-repeat 2] [--workers 2] [--cache /tmp/flyarchive-bench-query]
-        [--json PATH]
+        [--formats flyarchive,npz] [--only scan] [--json PATH]
+
+``--formats`` and ``--only`` (queries whose name holds one of the words, e.g. ``scan``)
+run a part of the table, for quick before/after comparisons; ``open`` always runs.
 """
 
 from __future__ import annotations
@@ -73,7 +78,12 @@ from flyarchive import open_archive
 from flyarchive.layout import ModelLayout
 
 FORMATS = ("flyarchive", "portable", "npz", "zarr-zstd")
-QUERIES = ("open", "one world", "time window", "one dof", "scan 1 core", "scan all cores")
+#: The scan without NaN skipping: the same sum where xarray's default mean also masks NaN
+#: (the data holds none: every world holds every frame), to show what decoding costs apart
+#: from the reduction (beside the issue's scan, which stays the default mean).
+NO_SKIP = "scan 1 core, skipna=False"
+QUERIES = ("open", "one world", "time window", "one dof", "scan 1 core", NO_SKIP,
+           "scan all cores")
 
 
 # ----------------------------------------------------------------------------- data
@@ -174,8 +184,8 @@ class Reader:
     def dof_mean(self, handle: Any, j: int) -> np.ndarray:
         return handle.qpos.isel(dof=j).mean("world").values
 
-    def scan_mean(self, handle: Any) -> np.ndarray:
-        return handle.qpos.mean(("world", "time")).values
+    def scan_mean(self, handle: Any, skipna: bool | None = None) -> np.ndarray:
+        return handle.qpos.mean(("world", "time"), skipna=skipna).values
 
 
 class ArchiveReader(Reader):
@@ -231,7 +241,7 @@ class NpzReader(Reader):
     def dof_mean(self, handle: NpzFiles, j: int) -> np.ndarray:
         return np.mean([q[:, j] for q in self._load(handle, range(len(handle.paths)))], axis=0)
 
-    def scan_mean(self, handle: NpzFiles) -> np.ndarray:
+    def scan_mean(self, handle: NpzFiles, skipna: bool | None = None) -> np.ndarray:
         qs = self._load(handle, range(len(handle.paths)))
         return np.sum([q.sum(axis=0, dtype=np.float64) for q in qs], axis=0) / sum(map(len, qs))
 
@@ -373,21 +383,24 @@ class Plan:
     dof: int
 
 
-def _calls(reader: Reader, handle: Any, plan: Plan) -> dict[str, Callable[[], Any]]:
+def _calls(reader: Reader, handle: Any, plan: Plan, only: tuple[str, ...] = ()
+           ) -> dict[str, Callable[[], Any]]:
     calls = {
         "one world": lambda: reader.one_world(handle, plan.world),
         "time window": lambda: reader.window(handle, *plan.window),
         "one dof": lambda: reader.dof_mean(handle, plan.dof),
         "scan 1 core": lambda: reader.scan_mean(handle),
+        NO_SKIP: lambda: reader.scan_mean(handle, skipna=False),
         "scan all cores": lambda: reader.scan_mean(handle),
     }
     if not reader.parallel:
-        del calls["scan all cores"]
-    return calls
+        del calls["scan all cores"], calls[NO_SKIP]
+    return {name: call for name, call in calls.items()
+            if not only or any(word in name for word in only)}
 
 
 def timed_queries(reader: Reader, url: str, so: dict[str, Any] | None, plan: Plan,
-                  repeat: int, scan_repeat: int = 1
+                  repeat: int, scan_repeat: int = 1, only: tuple[str, ...] = ()
                   ) -> tuple[dict[str, dict[str, float]], dict[str, Any]]:
     """Best-of-``repeat`` seconds per query (and, on disk, bytes read); the results.
 
@@ -406,8 +419,8 @@ def timed_queries(reader: Reader, url: str, so: dict[str, Any] | None, plan: Pla
     rows["open"] = {"s": min(first_s, rest), "read_bytes": read}
     results = {}
     cpus = os.sched_getaffinity(0)
-    for name, call in _calls(reader, handle, plan).items():
-        if name == "scan 1 core":
+    for name, call in _calls(reader, handle, plan, only).items():
+        if name.startswith("scan 1 core"):
             _pin({min(cpus)})
         try:
             r0 = _rchar()
@@ -439,14 +452,15 @@ def cluster_scans(reader: Reader, url: str, so: dict[str, Any] | None,
     return rows
 
 
-def counted_queries(reader: Reader, url: str, proxy: Any, plan: Plan) -> dict[str, dict[str, int]]:
+def counted_queries(reader: Reader, url: str, proxy: Any, plan: Plan, only: tuple[str, ...] = ()
+                    ) -> dict[str, dict[str, int]]:
     """Requests and bytes of each query (one run) through a counting proxy."""
     so = proxy.storage_options()
     proxy.reset_stats()
     handle = reader.open(url, so)
     counts = {"open": _proxy_counts(proxy)}
-    for name, call in _calls(reader, handle, plan).items():
-        if name == "scan all cores":
+    for name, call in _calls(reader, handle, plan, only).items():
+        if name in ("scan all cores", NO_SKIP):
             continue  # the same requests as on one core
         proxy.reset_stats()
         call()
@@ -469,9 +483,9 @@ def same_results(results: dict[str, Any], reference: dict[str, Any], dtype: str)
     rtol = 1e-9 if dtype == "float64" else 1e-4
     bad = []
     for name, value in results.items():
-        if name not in reference:
+        ref = reference.get("scan 1 core" if name == NO_SKIP else name)  # the same mean
+        if ref is None:
             continue
-        ref = reference[name]
         exact = name in ("one world", "time window")
         same = np.array_equal(value, ref) if exact else np.allclose(value, ref, rtol=rtol, atol=0)
         if not same:
@@ -489,7 +503,7 @@ def run_storage(built: Built, storage: str, args: argparse.Namespace, s3: Any = 
     out: dict[str, Any] = {"storage": storage, "dtype": built.dtype, "plan": plan.__dict__,
                            "formats": {}}
     reference: dict[str, Any] | None = None
-    for fmt in ("npz", "flyarchive", "portable", "zarr-zstd"):
+    for fmt in [f for f in ("npz", "flyarchive", "portable", "zarr-zstd") if f in args.formats]:
         url, so = str(built.path(fmt)), None
         if storage == "s3":
             url = f"s3://{args.bucket}/{built.root.name}/{built.path(fmt).name}"
@@ -498,13 +512,14 @@ def run_storage(built: Built, storage: str, args: argparse.Namespace, s3: Any = 
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # zarr: numcodecs codecs are not in the v3 spec
             rows, results = timed_queries(READERS[fmt], url, so, plan, args.repeat,
-                                          args.scan_repeat)
-            if args.workers and READERS[fmt].parallel:
+                                          args.scan_repeat, args.only)
+            if args.workers and READERS[fmt].parallel and _wanted("scan", args.only):
                 rows.update(cluster_scans(READERS[fmt], url, so, args.workers))
             if proxy is not None:
-                for name, counts in counted_queries(READERS[fmt], url, proxy, plan).items():
+                for name, counts in counted_queries(READERS[fmt], url, proxy, plan,
+                                                    args.only).items():
                     rows[name].update(counts)
-        reference = reference or results
+        reference = reference or results  # npz's, unless --formats leaves it out
         entry = {"queries": rows, "differs_from_npz": same_results(results, reference, built.dtype),
                  "stored_bytes": stored_bytes(built.path(fmt)),
                  "world_bytes": world_bytes(built, fmt, plan.world)}
@@ -512,6 +527,10 @@ def run_storage(built: Built, storage: str, args: argparse.Namespace, s3: Any = 
             entry.update(codec_speed(built, fmt, plan.world))
         out["formats"][fmt] = entry
     return out
+
+
+def _wanted(name: str, only: tuple[str, ...]) -> bool:
+    return not only or any(word in name for word in only)
 
 
 def _dof_index(built: Built) -> int:
@@ -540,7 +559,7 @@ def _cell(row: dict[str, Any] | None, storage: str) -> str:
 def print_table(run: dict[str, Any], built: Built) -> None:
     fmts = run["formats"]
     decoded = built.n_worlds * built.frames * built.nq * np.dtype(built.dtype).itemsize
-    npz = fmts["npz"]
+    npz = fmts.get("npz")
     extra = [q for e in fmts.values() for q in e["queries"] if q not in QUERIES]
     lines: dict[str, Callable[[dict[str, Any]], str]] = {
         "stored (vs npz)": lambda e: f"{e['stored_bytes'] / 1e6:.1f} MB "
@@ -554,6 +573,7 @@ def print_table(run: dict[str, Any], built: Built) -> None:
         "crc32c, 1 shard run MB/s": lambda e: _num(e, "crc32c_MBps"),
         "scan 1 core / codec best": lambda e: _share(e, decoded, "codec_best_MBps"),
         "scan 1 core / codec run": lambda e: _share(e, decoded, "codec_MBps"),
+        "skipna=False / codec run": lambda e: _share(e, decoded, "codec_MBps", NO_SKIP),
         "workers: speed-up": lambda e: _speedup(e),
         "one world: read / bytes": lambda e: (
             f"{_world_read(e, run['storage']) / e['world_bytes']:.1f}x"
@@ -568,11 +588,20 @@ def print_table(run: dict[str, Any], built: Built) -> None:
     width = 31 if run["storage"] == "s3" else 16
     table = Table([Column("query", 26, "label", align="<"), *(Column(f, width, f) for f in fmts)])
     table.print(
-        [{"label": label, **{f: fn(e) for f, e in fmts.items()}} for label, fn in lines.items()],
+        [{"label": label, **{f: _safe(fn, e) for f, e in fmts.items()}}
+         for label, fn in lines.items()],
         title=f"\n{built.dtype}, {'local disk' if run['storage'] == 'local' else 'S3 (moto, loopback)'}: "
               f"{built.n_worlds} worlds x {built.frames} frames x {built.nq} dofs "
               f"({decoded / 1e6:.0f} MB decoded); window {run['plan']['window']}, world "
               f"{run['plan']['world']}, dof {run['plan']['dof']}")
+
+
+def _safe(fn: Callable[[dict[str, Any]], str], entry: dict[str, Any]) -> str:
+    """A cell, or "-" when a query it needs did not run (``--only``, ``--formats``)."""
+    try:
+        return fn(entry)
+    except (KeyError, TypeError):
+        return "-"
 
 
 def _ms(seconds: float | None) -> str:
@@ -592,10 +621,10 @@ def _num(entry: dict[str, Any], key: str) -> str:
     return f"{entry[key]:,.0f}" if key in entry else "-"
 
 
-def _share(entry: dict[str, Any], decoded: int, key: str) -> str:
+def _share(entry: dict[str, Any], decoded: int, key: str, query: str = "scan 1 core") -> str:
     if key not in entry:
         return "-"
-    return f"{decoded / entry['queries']['scan 1 core']['s'] / 1e6 / entry[key]:.0%}"
+    return f"{decoded / entry['queries'][query]['s'] / 1e6 / entry[key]:.0%}"
 
 
 def _world_read(entry: dict[str, Any], storage: str) -> int | None:
@@ -622,8 +651,18 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--workers", type=int, default=2,
                         help="full scans on a LocalCluster of 1 and of N single-thread worker "
                              "processes (0: skip)")
+    parser.add_argument("--formats", default=",".join(FORMATS),
+                        help=f"comma-separated, of {', '.join(FORMATS)} (default: all)")
+    parser.add_argument("--only", default="",
+                        help="run only the queries whose name holds one of these comma-separated "
+                             "words, e.g. 'scan' or 'one world' (default: all)")
     add_json_option(parser)
     args = parser.parse_args(argv)
+    args.formats = tuple(f for f in args.formats.split(",") if f)
+    unknown = sorted(set(args.formats) - set(FORMATS))
+    if unknown:
+        parser.error(f"--formats: unknown {unknown}; choose among {list(FORMATS)}")
+    args.only = tuple(w for w in args.only.split(",") if w)
     cache = Path(args.cache)
     cache.mkdir(parents=True, exist_ok=True)
     load = os.getloadavg()
@@ -640,13 +679,14 @@ def main(argv: list[str] | None = None) -> None:
             s3.create_bucket(args.bucket)
             for b in built.values():
                 print(f"uploading {b.root.name} to the S3 server...", flush=True)
-                upload(b, s3, args.bucket, list(FORMATS))
+                upload(b, s3, args.bucket, list(args.formats))
                 run = run_storage(b, "s3", args, s3, proxy)
                 runs.append(run)
                 print_table(run, b)
     end = os.getloadavg()
     print(f"\nload average at the end: {end[0]:.2f} {end[1]:.2f} {end[2]:.2f}")
     meta = {"worlds": args.worlds, "frames": args.frames, "chunk_frames": args.chunk_frames,
+            "formats": list(args.formats), "only": list(args.only),
             "shard_worlds": args.shard_worlds, "repeat": args.repeat,
             "scan_repeat": args.scan_repeat, "cpus": os.cpu_count(),
             "load_average": {"start": load, "end": end},

@@ -25,7 +25,8 @@ def open_archive(url: str, storage_options: Mapping[str, Any] | None = None) -> 
     only the reads that touch it, naming its worlds, frames and file. The dataset keeps
     the indexes of the shards that can no longer change (all their frames below every
     world's ``n_frames``): a second query of the same shards on S3 makes one request per
-    shard. Opening reads the metadata (on S3 one request: the root ``zarr.json``, which
+    shard, and one more to check that the archive is still the one opened (its
+    ``archive_id``). Opening reads the metadata (on S3 one request: the root ``zarr.json``, which
     holds every array's metadata, consolidated), then ``n_frames`` and the coordinates
     in one concurrent round of requests. Plain
     ``xarray.open_zarr(url)`` opens the same data without flyarchive, unmasked (and
@@ -47,6 +48,9 @@ def open_archive(url: str, storage_options: Mapping[str, Any] | None = None) -> 
         SchemaError, SchemaVersionError: not a readable flyarchive archive.
         StorageBackendMissingError: the URL's protocol needs a package (names the extra).
         CorruptArchiveError: when computing, for damaged stored bytes (names the chunk).
+        StorageError: when computing, once the archive was replaced (written again with
+            ``mode="w"``) or deleted after it was opened: the dataset never mixes two
+            archives; open it again.
     """
     try:
         group = open_checked(url, storage_options)

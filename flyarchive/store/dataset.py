@@ -39,7 +39,7 @@ from flyarchive.store.consolidated import time_extent
 from flyarchive.store.hardening import check_arrays
 from flyarchive.store.location import sync, unavailable
 from flyarchive.store.reader import chunk_file, corrupt_read, fused_reads, open_group
-from flyarchive.store.shards import ShardReader, settled_shards
+from flyarchive.store.shards import OpenedArchive, ShardReader, settled_shards
 
 __all__ = ["CommittedFrames", "open_dataset", "TARGET_CHUNK_BYTES"]
 
@@ -199,15 +199,18 @@ def _box(key: tuple[Any, ...]) -> tuple[slice, ...] | None:
     return tuple(box)
 
 
-def _shard_reader(arr: zarr.Array, n_frames: np.ndarray) -> ShardReader | None:
+def _shard_reader(arr: zarr.Array, n_frames: np.ndarray, opened: OpenedArchive
+                  ) -> ShardReader | None:
     """The shard reader of a state array ``(world, time, ...)``, keeping the indexes of
-    the shards below every world's ``n_frames``; None where zarr reads (an array not
+    the shards below every world's ``n_frames`` while the archive is still ``opened``
+    (every read checks it); None where zarr reads (an array not
     sharded as flyarchive writes it, or a zarr release whose sharding internals differ:
     ``tests/query/test_shard_reader.py`` fails then)."""
     if not ShardReader.supports(arr):
         return None
     try:
-        return ShardReader(arr, settled=(1, settled_shards(n_frames, int(arr.shards[1]))))
+        return ShardReader(arr, settled=(1, settled_shards(n_frames, int(arr.shards[1]))),
+                           opened=opened)
     except (TypeError, AttributeError):
         return None
 
@@ -339,7 +342,8 @@ def open_dataset(url: str, storage_options: Mapping[str, Any] | None = None,
         if name in STATE_VARS and n_frames is not None and dims[:2] == ("world", "time"):
             masked = None if (n_frames == n_time).all() else n_frames
             world_ids = coords["world"].values if "world" in coords else np.arange(len(n_frames))
-            reader = _shard_reader(arr, n_frames)
+            reader = _shard_reader(arr, n_frames,
+                                   OpenedArchive(str(url), attrs.get("archive_id")))
             getter = CommittedFrames(arr, name, masked, n_time, world_ids, url, storage_options,
                                      reader=reader)
             data = da.from_array(getter, chunks=_dask_chunks(arr, n_time), asarray=False,

@@ -17,6 +17,16 @@ the smallest ``n_frames`` of their worlds and never rewrite frames below it
 frames all lie below the smallest ``n_frames`` of the whole archive (read when the
 dataset was opened) is never written again: its index is cached (``settled``); any
 other shard's index is read again on every read.
+
+That holds while the archive stays the one that was opened. A writer with ``mode="w"``
+replaces it (root ``zarr.json`` deleted first, a new one with a new ``archive_id``
+written before any new shard): kept indexes would then point into the new shards, and
+fresh reads would mix its data with the old ``n_frames``. So every read, once its
+requests are answered, reads the ``archive_id`` of the root ``zarr.json`` (one request:
+its head the first time, then the ~50 bytes where it was) and raises
+:class:`~flyarchive.errors.StorageError` if it is not the one opened: a read that passes
+fetched nothing written after the old root was deleted. ``n_frames`` and the arrays'
+metadata were read at open, after the root: the check covers them too.
 """
 
 from __future__ import annotations
@@ -24,7 +34,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import itertools
+import json
 import math
+import re
 import threading
 from collections.abc import Callable, Generator, Iterator, Sequence
 from dataclasses import dataclass, field
@@ -41,12 +53,19 @@ from zarr.core.array_spec import ArraySpec
 from zarr.core.buffer import Buffer, default_buffer_prototype
 from zarr.core.metadata import ArrayV3Metadata
 
+from flyarchive.errors import StorageError
 from flyarchive.store.location import sync
 
-__all__ = ["ShardReader", "settled_shards"]
+__all__ = ["OpenedArchive", "ShardReader", "settled_shards"]
 
 _PROTOTYPE = default_buffer_prototype()
 _EMPTY = np.uint64(2**64 - 1)  # an inner chunk never written (zarr's sharding spec)
+#: Bytes of the root ``zarr.json`` read to find its ``archive_id`` (about 500 bytes in;
+#: the whole file is read when the head does not hold it).
+_HEAD = 2048
+#: The first ``archive_id`` key of a root ``zarr.json``: that of its attributes, which
+#: precede the consolidated metadata (a key inside a JSON string has escaped quotes).
+_ARCHIVE_ID = re.compile(rb'"archive_id"\s*:\s*"([^"\\]*)"')
 
 
 def settled_shards(n_frames: np.ndarray | None, shard_frames: int) -> int:
@@ -63,15 +82,31 @@ def settled_shards(n_frames: np.ndarray | None, shard_frames: int) -> int:
     return int(n_frames.min()) // shard_frames
 
 
+@dataclass(frozen=True)
+class OpenedArchive:
+    """The archive a reader was opened on.
+
+    Args:
+        url: Its URL, for messages.
+        archive_id: The ``archive_id`` of its root attributes when it was opened (None:
+            it had none, an archive written before the attribute existed).
+    """
+
+    url: str
+    archive_id: str | None
+
+
 @dataclass
 class _Shard:
     """One shard a read touches: its key, the inner chunks wanted, what was fetched."""
 
     coords: tuple[int, ...]
     key: str
-    chunks: list[tuple[int, ...]]  # global inner-chunk coordinates
+    spans: tuple[range, ...]  # per axis, the global inner-chunk coordinates wanted
     whole: bool  # every inner chunk of the shard is wanted: one request
-    data: dict[tuple[int, ...], np.ndarray] = field(default_factory=dict)  # stored bytes
+    # the stored bytes of each wanted inner chunk, in the order of itertools.product(*spans)
+    # (None: never written); empty until fetched
+    data: list[np.ndarray | None] = field(default_factory=list)
 
 
 class ShardReader:
@@ -81,12 +116,16 @@ class ShardReader:
         arr: The array.
         settled: ``time`` axis and the number of leading shards along it whose indexes
             may be cached (see :func:`settled_shards`); None caches nothing.
+        opened: The archive ``arr`` belongs to (at the top of its store path), whose
+            identity every read checks; None checks nothing (a plain zarr array).
 
     Raises (from :meth:`read`): what zarr's decoders and the store raise for the same
-    bytes (CorruptArchiveError for a checksum or decode failure, the store's errors).
+    bytes (CorruptArchiveError for a checksum or decode failure, the store's errors);
+    StorageError when the archive was replaced (or deleted) since ``opened``.
     """
 
-    def __init__(self, arr: zarr.Array, *, settled: tuple[int, int] | None = None) -> None:
+    def __init__(self, arr: zarr.Array, *, settled: tuple[int, int] | None = None,
+                 opened: OpenedArchive | None = None) -> None:
         self._arr = arr
         codec = arr.metadata.codecs[0]
         self.shape = tuple(int(s) for s in arr.shape)
@@ -110,6 +149,10 @@ class ShardReader:
                           "max_coalesced_bytes": shard_spec.config.sharding_coalesce_max_bytes}
         self._sync_io = _store_supports_sync_io(self.store)
         self._settled = settled
+        self._opened = opened
+        self._known: tuple[int, bytes] | None = None  # where the root holds the archive_id
+        parent = arr.store_path.path.rpartition("/")[0]
+        self._root_key = f"{parent}/zarr.json" if parent else "zarr.json"
         self._indexes: dict[tuple[int, ...], Any] = {}
         self._lock = threading.Lock()
         self._into = _direct_decoder(self._transform.codecs, self._chunk_spec)
@@ -117,7 +160,7 @@ class ShardReader:
     def __reduce__(self) -> tuple[Any, ...]:
         """Sent to a Dask worker as the array and what may be cached; the worker keeps
         its own indexes."""
-        return _rebuild, (self._arr, self._settled)
+        return _rebuild, (self._arr, self._settled, self._opened)
 
     @staticmethod
     def supports(arr: zarr.Array) -> bool:
@@ -146,29 +189,93 @@ class ShardReader:
         if out.size == 0:
             return out
         shards = self._plan(starts, stops)
-        if self._sync_io:  # one shard's bytes at a time: the same memory, reused
+        try:
+            if self._sync_io:  # one shard's bytes at a time: the same memory, reused
+                for shard in shards:
+                    self._drive_sync(shard.key, self._steps(shard))
+                    self._decode(shard, out, starts, stops)
+                    shard.data = []
+                self._drive_sync(self._root_key, self._same_archive())
+                return out
+            sync(self._fetch_all(shards))  # the shards' requests concurrently, then the root
             for shard in shards:
-                self._fetch_sync(shard)
                 self._decode(shard, out, starts, stops)
-                shard.data.clear()
             return out
-        sync(self._fetch_all(shards))  # the shards' requests concurrently
-        for shard in shards:
-            self._decode(shard, out, starts, stops)
-        return out
+        except Exception as err:
+            if self._opened is not None and not isinstance(err, StorageError):
+                self._replaced_under(err)
+            raise
+
+    # ------------------------------------------------------------------ identity
+    def _same_archive(self) -> Generator[Any, Any, None]:
+        """The identity check, as steps for the drivers: the head of the root
+        ``zarr.json`` (the whole file if the head does not say), its ``archive_id``
+        compared with the one opened; once found, only the bytes of its key and value
+        (about 50: the same bytes at the same place, a new archive has another id).
+
+        Raises:
+            StorageError: the archive was replaced or deleted since it was opened.
+        """
+        if self._opened is None:
+            return
+        known = self._known
+        if known is not None:  # the bytes where the archive_id was: still the same?
+            got = yield RangeByteRequest(known[0], known[0] + len(known[1]))
+            if got is not None and got.to_bytes() == known[1]:
+                return
+        head = yield RangeByteRequest(0, _HEAD)
+        raw = head.to_bytes() if head is not None else b""
+        found = _ARCHIVE_ID.search(raw)
+        if found is not None:
+            now: str | None = found.group(1).decode("ascii", "replace")
+            if now == self._opened.archive_id:
+                self._known = (found.start(), found.group(0))
+        else:
+            whole = (yield None) if len(raw) >= _HEAD else head
+            if whole is None:
+                raise self._replaced("its root zarr.json is gone: the archive was deleted, or "
+                                     "is being replaced now")
+            try:
+                attrs = json.loads(whole.to_bytes()).get("attributes", {})
+                now = attrs.get("archive_id") if isinstance(attrs, dict) else ""
+            except (ValueError, AttributeError):
+                now = ""  # not a group's metadata any more
+        if now != self._opened.archive_id:
+            raise self._replaced(f"its archive_id is now {now!r}, it was "
+                                 f"{self._opened.archive_id!r}")
+
+    def _replaced(self, detail: str) -> StorageError:
+        url = self._opened.url if self._opened is not None else str(self.store)
+        return StorageError(
+            f"The archive at {url!r} was replaced after it was opened ({detail}). The opened "
+            "dataset reads none of it, so that no result mixes two archives. Call "
+            f"open_archive({url!r}) again to read the archive that is there now."
+        )
+
+    def _replaced_under(self, err: BaseException) -> None:
+        """After a failed read: raise the replacement if that is what happened (a kept
+        index read into a new shard fails its checksum); else return (``err`` stands)."""
+        try:
+            if self._sync_io:
+                self._drive_sync(self._root_key, self._same_archive())
+            else:
+                sync(self._drive(self._root_key, self._same_archive()))
+        except StorageError as replaced:
+            raise replaced from None
+        except Exception:  # noqa: BLE001 - the storage fails too: the first error stands
+            return
 
     def _plan(self, starts: list[int], stops: list[int]) -> list[_Shard]:
         spans = [range(a // s, -(-b // s)) for a, b, s in zip(starts, stops, self.shard_shape)]
         shards = []
         total = math.prod(self._per_shard)
         for coords in itertools.product(*spans):
-            ranges = []
-            for c, a, b, s, k in zip(coords, starts, stops, self.shard_shape, self.chunk_shape):
-                lo, hi = max(a, c * s), min(b, (c + 1) * s)
-                ranges.append(range(lo // k, -(-hi // k)))
-            chunks = list(itertools.product(*ranges))
+            ranges = tuple(range(max(a, c * s) // k, -(-min(b, (c + 1) * s) // k))
+                           for c, a, b, s, k in zip(coords, starts, stops, self.shard_shape,
+                                                    self.chunk_shape))
             key = (self._prefix / self._encode_key(coords)).path
-            shards.append(_Shard(coords, key, chunks, whole=len(chunks) == total))
+            shards.append(_Shard(coords, key, ranges,
+                                 whole=math.prod(map(len, ranges)) == total))
         return shards
 
     def _cacheable(self, coords: tuple[int, ...]) -> bool:
@@ -184,15 +291,13 @@ class ShardReader:
                 self._indexes[coords] = index
         return index
 
-    def _ranges(self, shard: _Shard, index: Any) -> list[tuple[tuple[int, ...], RangeByteRequest]]:
-        """Byte ranges of the wanted inner chunks that were written (in ``shard.chunks``
-        order)."""
-        local = np.asarray(shard.chunks, dtype=np.int64) % np.asarray(self._per_shard)
-        found = index.offsets_and_lengths[tuple(local.T)]  # (n, 2): offset, length
-        written = found[:, 0] != _EMPTY
-        return [(chunk, RangeByteRequest(start, start + length))
-                for chunk, (start, length), keep in zip(shard.chunks, found.tolist(),
-                                                        written.tolist()) if keep]
+    def _ranges(self, shard: _Shard, index: Any) -> list[list[int]]:
+        """``[offset, length]`` of each wanted inner chunk (in the order of
+        ``shard.data``); the offset of one never written is ``2**64 - 1``."""
+        local = [np.arange(r.start - c * n, r.stop - c * n)
+                 for r, c, n in zip(shard.spans, shard.coords, self._per_shard)]
+        found: list[list[int]] = index.offsets_and_lengths[np.ix_(*local)].reshape(-1, 2).tolist()
+        return found
 
     def _split(self, shard: _Shard, buf: Buffer) -> None:
         """A whole shard's bytes: its index decoded, its wanted inner chunks kept."""
@@ -200,12 +305,12 @@ class ShardReader:
         raw = buf[len(buf) - size:] if self._codec.index_location == "end" else buf[:size]
         index = self._index(shard.coords, raw)
         stored = buf.as_numpy_array()
-        for chunk, wanted in self._ranges(shard, index):
-            shard.data[chunk] = stored[wanted.start:wanted.end]
+        shard.data = [None if start == _EMPTY else stored[start:start + length]
+                      for start, length in self._ranges(shard, index)]
 
     def _steps(self, shard: _Shard) -> Generator[Any, Any, None]:
-        """One shard's fetch, written once for both drivers (:meth:`_fetch_sync`,
-        :meth:`_fetch`): yields each request — a byte range (None: the whole object) or a
+        """One shard's fetch, written once for both drivers (:meth:`_drive_sync`,
+        :meth:`_drive`): yields each request — a byte range (None: the whole object) or a
         list of ranges (one coalesced read) — and is sent its result (a buffer or None; a
         list of ``(i, buffer)``)."""
         if shard.whole:
@@ -219,32 +324,36 @@ class ShardReader:
             if raw is None:
                 return  # no shard: fill value
             index = self._index(shard.coords, raw)
-        wanted = self._ranges(shard, index)
+        found = self._ranges(shard, index)
+        shard.data = [None] * len(found)
+        wanted = [(i, RangeByteRequest(start, start + length))
+                  for i, (start, length) in enumerate(found) if start != _EMPTY]
         if len(wanted) == 1:  # one request, nothing to coalesce
             buf = yield wanted[0][1]
             if buf is not None:
                 shard.data[wanted[0][0]] = buf.as_numpy_array()
         elif wanted:
-            for i, buf in (yield [r for _, r in wanted]):
+            for j, buf in (yield [r for _, r in wanted]):
                 if buf is not None:
-                    shard.data[wanted[i][0]] = buf.as_numpy_array()
+                    shard.data[wanted[j][0]] = buf.as_numpy_array()
 
-    def _fetch_sync(self, shard: _Shard) -> None:
-        steps = self._steps(shard)
-        request = next(steps)
+    def _drive_sync(self, key: str, steps: Generator[Any, Any, None]) -> None:
+        """Run ``steps`` (:meth:`_steps`, :meth:`_same_archive`) on ``key`` with the
+        store's synchronous reads."""
         with contextlib.suppress(StopIteration):
+            request = next(steps)
             while True:
-                request = steps.send(self._get_sync(shard.key, request))
+                request = steps.send(self._get_sync(key, request))
 
     async def _fetch_all(self, shards: list[_Shard]) -> None:
-        await asyncio.gather(*(self._fetch(shard) for shard in shards))
+        await asyncio.gather(*(self._drive(shard.key, self._steps(shard)) for shard in shards))
+        await self._drive(self._root_key, self._same_archive())  # after every answer
 
-    async def _fetch(self, shard: _Shard) -> None:
-        steps = self._steps(shard)
-        request = next(steps)
+    async def _drive(self, key: str, steps: Generator[Any, Any, None]) -> None:
         with contextlib.suppress(StopIteration):
+            request = next(steps)
             while True:
-                request = steps.send(await self._get(shard.key, request))
+                request = steps.send(await self._get(key, request))
 
     def _get_sync(self, key: str, request: Any) -> Any:
         if not isinstance(request, list):
@@ -266,25 +375,32 @@ class ShardReader:
 
     # ------------------------------------------------------------------ decoding
     def _decode(self, shard: _Shard, out: np.ndarray, starts: list[int], stops: list[int]) -> None:
-        into, shape = self._into, self.chunk_shape
-        for chunk in shard.chunks:
-            origin = [c * k for c, k in zip(chunk, shape)]
-            lo = [max(a, o) for a, o in zip(starts, origin)]
-            hi = [min(b, o + k) for b, o, k in zip(stops, origin, shape)]
-            target = out[tuple(slice(low - a, h - a) for low, h, a in zip(lo, hi, starts))]
-            raw = shard.data.get(chunk)
+        """Each fetched inner chunk of ``shard`` decoded into its place in ``out`` (the box
+        ``starts..stops``): straight into it when the chunk lies whole in the box."""
+        places, cuts = [], []  # per axis: where each chunk goes in out; what of it (None: all)
+        for span, a, b, k in zip(shard.spans, starts, stops, self.chunk_shape):
+            places.append([slice(max(a, c * k) - a, min(b, c * k + k) - a) for c in span])
+            cuts.append([None if a <= c * k and c * k + k <= b
+                         else slice(max(a, c * k) - c * k, min(b, c * k + k) - c * k)
+                         for c in span])
+        into = self._into
+        stored = shard.data or itertools.repeat(None)  # nothing fetched: no shard there
+        for place, cut, raw in zip(itertools.product(*places), itertools.product(*cuts),
+                                   stored):
+            target = out[place]
             if raw is None:
                 target[...] = self.fill_value
-            elif into is not None and target.shape == shape and target.flags.c_contiguous:
+            elif into is not None and not any(cut) and target.flags.c_contiguous:
                 into(raw, target)
             else:
                 decoded = self._transform.decode_chunk(_PROTOTYPE.buffer.from_array_like(raw),
                                                        self._chunk_spec).as_numpy_array()
-                target[...] = decoded[tuple(slice(low - o, h - o) for low, h, o in zip(lo, hi, origin))]
+                target[...] = decoded[tuple(slice(None) if c is None else c for c in cut)]
 
 
-def _rebuild(arr: zarr.Array, settled: tuple[int, int] | None) -> ShardReader:
-    return ShardReader(arr, settled=settled)
+def _rebuild(arr: zarr.Array, settled: tuple[int, int] | None,
+             opened: OpenedArchive | None) -> ShardReader:
+    return ShardReader(arr, settled=settled, opened=opened)
 
 
 def _direct_decoder(codecs: Sequence[Any], spec: ArraySpec

@@ -1,7 +1,7 @@
 """The shard reader behind open_archive: it reads any box as zarr does (both codecs, on
 every storage backend, unwritten chunks as the fill value), keeps the indexes of the shards
-that can no longer change (one request per shard for a repeated query on S3), and never
-serves a stale index after a writer appends frames."""
+that can no longer change (a repeated query on S3: one request per shard, and one for the
+archive's identity), and never serves a stale index after a writer appends frames."""
 
 import numpy as np
 import pytest
@@ -119,8 +119,8 @@ def requests_of(proxy, action):
     return proxy.stats()["requests"]
 
 
-def test_a_repeated_query_of_settled_shards_makes_one_request_per_shard_on_s3(s3_server,
-                                                                             s3_location):
+def test_a_repeated_query_of_settled_shards_makes_one_request_per_shard_and_one_on_s3(
+        s3_server, s3_location):
     from flyarchive.testing.faultproxy import FaultProxy
 
     write_archive(s3_location.url, np.random.default_rng(2).normal(size=(8, 40, 13)),
@@ -132,9 +132,10 @@ def test_a_repeated_query_of_settled_shards_makes_one_request_per_shard_on_s3(s3
         again = requests_of(proxy, lambda: ds.qpos.isel(world=1).values)
         other = requests_of(proxy, lambda: ds.qpos.isel(world=2).values)
 
-    assert first == 8  # per shard: its index, then the world's inner chunk
-    assert again == 4
-    assert other == 4  # same shards, another world: the indexes are kept too
+    # per shard: its index, then the world's inner chunk; then the archive's identity
+    assert first == 8 + 1
+    assert again == 4 + 1
+    assert other == 4 + 1  # same shards, another world: the indexes are kept too
 
 
 def test_the_index_of_a_shard_still_being_written_is_read_again(s3_server, s3_location):
@@ -148,7 +149,7 @@ def test_the_index_of_a_shard_still_being_written_is_read_again(s3_server, s3_lo
 
         again = requests_of(proxy, lambda: ds.qpos.isel(world=1).values)
 
-    assert again == 3 + 2
+    assert again == 3 + 2 + 1  # and the archive's identity
 
 
 @pytest.mark.parametrize("storage", ["local", "s3"])
