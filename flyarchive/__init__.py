@@ -9,7 +9,7 @@ Lower-level parts (the store's writer and reader, render plans and tasks) live i
 stage packages, whose ``__init__`` lists their modules. Heavy optional parts
 (rendering, mujoco-warp, Dask) load on first use: ``import flyarchive`` imports only
 the error classes, and each other name loads its module when it is first used (so
-the command line starts Warp beside its imports of xarray and zarr). The
+``flyarchive --help`` and commands that need no xarray start at once). The
 ``FLYARCHIVE_*`` environment variables are listed in :mod:`flyarchive.config`.
 """
 

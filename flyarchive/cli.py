@@ -199,20 +199,6 @@ def cmd_render(args: argparse.Namespace) -> int:
     return 0
 
 
-def _warm_up(args: argparse.Namespace) -> None:
-    """Start importing Warp and initializing its device beside this process's own
-    imports when ``render`` will render here on a Warp device (see
-    :mod:`flyarchive.distribute.warm`). Malformed ``--gpus`` is reported later."""
-    from flyarchive.distribute.warm import warm_up_here
-
-    try:
-        gpus = parse_gpus(args.gpus) if args.gpus is not None else None
-    except FlyarchiveError:
-        return
-    warm_up_here(args.backend, gpus=gpus, n_workers=args.workers,
-                 on_cluster=args.scheduler is not None)
-
-
 def _output_options(args: argparse.Namespace) -> dict[str, Any]:
     """``RenderOptions`` fields of ``--outputs``, ``--mosaic`` and ``--overlay`` (checked
     there: their errors name the flag's text)."""
@@ -476,8 +462,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     output pipe (``flyarchive info | head``) ends the command quietly.
     """
     args = build_parser().parse_args(argv)
-    if args.command == "render":
-        _warm_up(args)
     from flyarchive.store.storage_errors import client_errors
 
     try:

@@ -19,6 +19,7 @@ __all__ = [
     "NonFiniteStateError",
     "StorageBackendMissingError",
     "StorageError",
+    "ArchiveReplacedError",
     "WorldBlockConflictError",
     "ArchiveInUseError",
     "NpzFormatError",
@@ -75,6 +76,11 @@ class NonFiniteStateError(FlyarchiveError, ValueError):
 
 class StorageError(FlyarchiveError, OSError):
     """Reading or writing the storage failed."""
+
+
+class ArchiveReplacedError(StorageError):
+    """The archive an opened dataset reads was replaced (``mode="w"``) or deleted after it
+    was opened: open it again."""
 
 
 class WorldBlockConflictError(FlyarchiveError, RuntimeError):

@@ -48,9 +48,9 @@ def open_archive(url: str, storage_options: Mapping[str, Any] | None = None) -> 
         SchemaError, SchemaVersionError: not a readable flyarchive archive.
         StorageBackendMissingError: the URL's protocol needs a package (names the extra).
         CorruptArchiveError: when computing, for damaged stored bytes (names the chunk).
-        StorageError: when computing, once the archive was replaced (written again with
-            ``mode="w"``) or deleted after it was opened: the dataset never mixes two
-            archives; open it again.
+        ArchiveReplacedError (a StorageError): when computing, once the archive was
+            replaced (written again with ``mode="w"``) or deleted after it was opened:
+            the dataset never mixes two archives; open it again.
     """
     try:
         group = open_checked(url, storage_options)

@@ -24,7 +24,7 @@ written before any new shard): kept indexes would then point into the new shards
 fresh reads would mix its data with the old ``n_frames``. So every read, once its
 requests are answered, reads the ``archive_id`` of the root ``zarr.json`` (one request:
 its head the first time, then the ~50 bytes where it was) and raises
-:class:`~flyarchive.errors.StorageError` if it is not the one opened: a read that passes
+:class:`~flyarchive.errors.ArchiveReplacedError` if it is not the one opened: a read that passes
 fetched nothing written after the old root was deleted. ``n_frames`` and the arrays'
 metadata were read at open, after the root: the check covers them too.
 """
@@ -53,7 +53,7 @@ from zarr.core.array_spec import ArraySpec
 from zarr.core.buffer import Buffer, default_buffer_prototype
 from zarr.core.metadata import ArrayV3Metadata
 
-from flyarchive.errors import StorageError
+from flyarchive.errors import ArchiveReplacedError, StorageError
 from flyarchive.store.location import sync
 
 __all__ = ["OpenedArchive", "ShardReader", "settled_shards"]
@@ -121,7 +121,8 @@ class ShardReader:
 
     Raises (from :meth:`read`): what zarr's decoders and the store raise for the same
     bytes (CorruptArchiveError for a checksum or decode failure, the store's errors);
-    StorageError when the archive was replaced (or deleted) since ``opened``.
+    ArchiveReplacedError (a StorageError) when the archive was replaced (or deleted)
+    since ``opened``.
     """
 
     def __init__(self, arr: zarr.Array, *, settled: tuple[int, int] | None = None,
@@ -214,7 +215,7 @@ class ShardReader:
         (about 50: the same bytes at the same place, a new archive has another id).
 
         Raises:
-            StorageError: the archive was replaced or deleted since it was opened.
+            ArchiveReplacedError: the archive was replaced or deleted since it was opened.
         """
         if self._opened is None:
             return
@@ -244,9 +245,9 @@ class ShardReader:
             raise self._replaced(f"its archive_id is now {now!r}, it was "
                                  f"{self._opened.archive_id!r}")
 
-    def _replaced(self, detail: str) -> StorageError:
+    def _replaced(self, detail: str) -> ArchiveReplacedError:
         url = self._opened.url if self._opened is not None else str(self.store)
-        return StorageError(
+        return ArchiveReplacedError(
             f"The archive at {url!r} was replaced after it was opened ({detail}). The opened "
             "dataset reads none of it, so that no result mixes two archives. Call "
             f"open_archive({url!r}) again to read the archive that is there now."
@@ -260,7 +261,7 @@ class ShardReader:
                 self._drive_sync(self._root_key, self._same_archive())
             else:
                 sync(self._drive(self._root_key, self._same_archive()))
-        except StorageError as replaced:
+        except ArchiveReplacedError as replaced:
             raise replaced from None
         except Exception:  # noqa: BLE001 - the storage fails too: the first error stands
             return

@@ -159,19 +159,3 @@ def test_an_error_is_not_lost_while_warp_starting_in_a_thread_holds_stderr(tmp_p
     assert done.returncode == 2
     assert "flyarchive render: error: Nothing at" in done.stderr
 
-
-def test_render_starts_warp_before_importing_xarray(tmp_path):
-    code = (
-        "import sys\n"
-        "import flyarchive.distribute.warm as warm\n"
-        "seen = []\n"
-        "warm.warm_up_here = lambda *a, **k: seen.append('xarray' in sys.modules)\n"
-        "from flyarchive.cli import main\n"
-        f"main(['render', {str(tmp_path / 'none.zarr')!r}, '--camera', 'c', '--backend', "
-        f"'warp-cpu', '--out', {str(tmp_path / 'out')!r}])\n"
-        "print('xarray imported at the first warm-up:', seen[0])\n"
-    )
-
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
-
-    assert "xarray imported at the first warm-up: False" in done.stdout

@@ -1,5 +1,5 @@
 """A dataset opened with open_archive reads only the archive it opened: once the archive is
-replaced (written again with mode="w") or deleted, the next read raises a StorageError that
+replaced (written again with mode="w") or deleted, the next read raises an ArchiveReplacedError (a StorageError) that
 says so and to call open_archive again; it never returns the new archive's data or a mix
 of both (the shard reader's kept indexes would point into the new shards)."""
 
@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from flyarchive import open_archive
-from flyarchive.errors import StorageError
+from flyarchive.errors import ArchiveReplacedError
 from flyarchive.testing.fixtures import Location
 from flyarchive.testing.synthetic import TIMING
 
@@ -50,7 +50,7 @@ def test_one_world_read_after_the_archive_is_replaced_raises_and_says_to_reopen(
     ds.qpos.isel(world=1).values  # keeps the indexes of its four shards
 
     write(place.url, data(1), mode="w", storage_options=place.storage_options)
-    with pytest.raises(StorageError) as err:
+    with pytest.raises(ArchiveReplacedError) as err:
         ds.qpos.isel(world=1).values
 
     message = str(err.value)
@@ -63,7 +63,7 @@ def test_full_read_after_the_archive_is_replaced_raises(place):
     ds = open_archive(place.url, place.storage_options)
 
     write(place.url, data(1), mode="w", storage_options=place.storage_options)
-    with pytest.raises(StorageError) as err:
+    with pytest.raises(ArchiveReplacedError) as err:
         ds.qpos.values  # whole shards: no kept index, the new archive's bytes
 
     assert "was replaced after it was opened" in str(err.value)
@@ -76,7 +76,7 @@ def test_a_read_after_the_archive_is_deleted_raises(tmp_path):
     ds.qpos.isel(world=1).values
 
     shutil.rmtree(url)
-    with pytest.raises(StorageError) as err:
+    with pytest.raises(ArchiveReplacedError) as err:
         ds.qpos.isel(world=1).values
 
     assert "root zarr.json is gone" in str(err.value)
@@ -98,7 +98,7 @@ def outcome(ds, worlds, expected):
     error), or what else it gave."""
     try:
         values = ds.qpos.isel(world=worlds).values
-    except StorageError as err:
+    except ArchiveReplacedError as err:
         return "replaced" if "was replaced after it was opened" in str(err) else repr(err)
     except Exception as err:  # noqa: BLE001 - reported by the assertion
         return repr(err)
@@ -143,7 +143,7 @@ def test_an_archive_without_an_archive_id_reads_and_its_replacement_is_noticed(t
 
     first = ds.qpos.isel(world=1).values
     write(url, data(1), mode="w")
-    with pytest.raises(StorageError) as err:
+    with pytest.raises(ArchiveReplacedError) as err:
         ds.qpos.isel(world=1).values
 
     assert np.array_equal(first, data(0)[1])
