@@ -432,12 +432,17 @@ def write_archive(url: str, model: Any, qpos: np.ndarray, *,
     return url
 
 
-def cached(path: Path, build: Callable[[Path], Any]) -> Path:
+def cached(path: Path, build: Callable[[Path], Any], *, stamp: str | None = None) -> Path:
     """Build ``path`` once: ``build(path)`` unless the marker ``path.with_suffix(".done")``
-    says an earlier build finished (what an interrupted build left is removed first)."""
+    says an earlier build finished (what an interrupted build left is removed first) —
+    with the same ``stamp`` when one is given (default: :func:`writer_stamp`, so data
+    written by other flyarchive code, e.g. before a format change, is built again)."""
+    stamp = writer_stamp() if stamp is None else stamp
     done = path.with_suffix(".done")
     if done.exists():
-        return path
+        if f"stamp {stamp}" in done.read_text().split("\n"):
+            return path
+        print(f"{path}: built by other flyarchive code; building it again", flush=True)
     if path.is_dir():
         shutil.rmtree(path)
     elif path.exists():
@@ -445,8 +450,23 @@ def cached(path: Path, build: Callable[[Path], Any]) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     start = time.perf_counter()
     build(path)
-    done.write_text(f"{time.perf_counter() - start:.1f} s\n")
+    done.write_text(f"{time.perf_counter() - start:.1f} s\nstamp {stamp}\n")
     return path
+
+
+def writer_stamp() -> str:
+    """A fingerprint of the flyarchive code that decides what an archive holds (the
+    schema, the codecs, the store package): 12 hex digits of SHA-256 over their source."""
+    import hashlib
+
+    import flyarchive
+
+    package = Path(flyarchive.__file__).parent
+    digest = hashlib.sha256()
+    for file in [package / "schema.py", package / "codecs.py",
+                 *sorted((package / "store").glob("*.py"))]:
+        digest.update(file.name.encode() + b"\0" + file.read_bytes())
+    return digest.hexdigest()[:12]
 
 
 def cached_archive(folder: Path, name: str, model: Any, states: Callable[[], np.ndarray],

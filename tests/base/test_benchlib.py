@@ -117,6 +117,18 @@ def test_cached_removes_what_an_interrupted_build_left_and_builds_again(tmp_path
     assert sorted(p.name for p in path.iterdir()) == ["whole"]
 
 
+def test_cached_builds_again_what_other_flyarchive_code_built(tmp_path: Path) -> None:
+    builds: list[str] = []
+    path = tmp_path / "data.zarr"
+    benchlib.cached(path, lambda p: (builds.append("old"), p.mkdir()), stamp="0123456789ab")
+
+    benchlib.cached(path, lambda p: (builds.append("new"), p.mkdir()))
+    benchlib.cached(path, lambda p: (builds.append("again"), p.mkdir()))
+
+    assert builds == ["old", "new"]
+    assert f"stamp {benchlib.writer_stamp()}" in (tmp_path / "data.done").read_text()
+
+
 def _walk(n_frames: int, nq: int = 10) -> np.ndarray:
     """A fake walk: a free joint (x, y, z, quaternion) then hinge angles, all distinct."""
     walk = np.arange(n_frames * nq, dtype=np.float64).reshape(n_frames, nq)
