@@ -18,6 +18,7 @@ imports nothing heavy at import time (mujoco, flygym, zarr and psutil load on fi
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import platform
@@ -454,6 +455,7 @@ def cached(path: Path, build: Callable[[Path], Any], *, stamp: str | None = None
     return path
 
 
+@functools.cache
 def writer_stamp() -> str:
     """A fingerprint of the flyarchive code that decides what an archive holds (the
     schema, the codecs, the store package): 12 hex digits of SHA-256 over their source."""

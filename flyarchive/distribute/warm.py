@@ -6,8 +6,8 @@ archive (on S3: waiting for the network) and preparing the model.
 is known that this process renders on a Warp device, that work starts in a background
 thread (a no-op while one lives). The render waits for the thread
 (:func:`wait_for_warm_up`) so Warp is never imported and initialized by two threads at
-once. Dask GPU workers start :func:`warm_warp` as they start
-(:mod:`flyarchive.distribute.worker_setup`).
+once. Dask GPU workers start it as they start (:func:`start_warm_up`, from
+:mod:`flyarchive.distribute.worker_setup`).
 
 Started earlier, beside the command line's own imports of xarray and zarr, it gained
 nothing: both are Python work under one GIL, and the CUDA context takes 0.34 s (1×
@@ -24,7 +24,7 @@ import os
 import threading
 from collections.abc import Sequence
 
-__all__ = ["warm_up_here", "wait_for_warm_up", "warm_warp"]
+__all__ = ["warm_up_here", "start_warm_up", "wait_for_warm_up", "warm_warp"]
 
 #: The thread importing Warp and initializing the device, if any.
 _warming: threading.Thread | None = None
@@ -51,16 +51,19 @@ def warm_up_here(backend: str, *, gpus: Sequence[int] | None, n_workers: int | N
     unless ``n_workers`` asks for worker processes), start importing Warp and
     initializing the device in a background thread, unless one is already at it.
     Nothing otherwise (a cluster renders). Arguments as :func:`render_videos`'s."""
-    global _warming
     device = _device_here(backend, gpus=gpus, n_workers=n_workers, on_cluster=on_cluster)
-    if device is None:
-        return
+    if device is not None:
+        start_warm_up(device)
+
+
+def start_warm_up(device: str) -> None:
+    """:func:`warm_warp` of ``device`` in a background thread, unless one is already at it."""
+    global _warming
     with _lock:
-        if _warming is not None:
-            return
-        _warming = threading.Thread(target=warm_warp, args=(device,), name="flyarchive-warm",
-                                    daemon=True)
-        _warming.start()
+        if _warming is None:
+            _warming = threading.Thread(target=warm_warp, args=(device,),
+                                        name="flyarchive-warm", daemon=True)
+            _warming.start()
 
 
 def wait_for_warm_up() -> None:

@@ -31,10 +31,9 @@ def dask_setup(worker: Any) -> None:
 
         pin_process(cpus)
     if _offers(worker, "GPU"):
-        from flyarchive.distribute.warm import warm_warp
+        from flyarchive.distribute.warm import start_warm_up
 
-        threading.Thread(target=warm_warp, args=("cuda",), name="flyarchive-warm",
-                         daemon=True).start()
+        start_warm_up("cuda")
 
 
 def _offers(worker: Any, resource: str) -> bool:

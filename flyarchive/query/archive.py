@@ -26,9 +26,9 @@ def open_archive(url: str, storage_options: Mapping[str, Any] | None = None) -> 
     the indexes of the shards that can no longer change (all their frames below every
     world's ``n_frames``): a second query of the same shards on S3 makes one request per
     shard, and one more to check that the archive is still the one opened (its
-    ``archive_id``). Opening reads the metadata (on S3 one request: the root ``zarr.json``, which
-    holds every array's metadata, consolidated), then ``n_frames`` and the coordinates
-    in one concurrent round of requests. Plain
+    ``archive_id``). Opening reads the metadata (on S3 one request: the root
+    ``zarr.json``, which holds every array's metadata, consolidated), then ``n_frames``
+    and the coordinates in one concurrent round of requests. Plain
     ``xarray.open_zarr(url)`` opens the same data without flyarchive, unmasked (and
     without warnings: the consolidated metadata is there).
 

@@ -196,7 +196,7 @@ class ShardReader:
                     self._drive_sync(shard.key, self._steps(shard))
                     self._decode(shard, out, starts, stops)
                     shard.data = []
-                self._drive_sync(self._root_key, self._same_archive())
+                self._check_archive()
                 return out
             sync(self._fetch_all(shards))  # the shards' requests concurrently, then the root
             for shard in shards:
@@ -217,7 +217,8 @@ class ShardReader:
         Raises:
             ArchiveReplacedError: the archive was replaced or deleted since it was opened.
         """
-        if self._opened is None:
+        opened = self._opened
+        if opened is None:
             return
         known = self._known
         if known is not None:  # the bytes where the archive_id was: still the same?
@@ -229,38 +230,34 @@ class ShardReader:
         found = _ARCHIVE_ID.search(raw)
         if found is not None:
             now: str | None = found.group(1).decode("ascii", "replace")
-            if now == self._opened.archive_id:
+            if now == opened.archive_id:
                 self._known = (found.start(), found.group(0))
         else:
             whole = (yield None) if len(raw) >= _HEAD else head
             if whole is None:
-                raise self._replaced("its root zarr.json is gone: the archive was deleted, or "
-                                     "is being replaced now")
+                raise _replaced(opened, "its root zarr.json is gone: the archive was deleted, "
+                                        "or is being replaced now")
             try:
                 attrs = json.loads(whole.to_bytes()).get("attributes", {})
                 now = attrs.get("archive_id") if isinstance(attrs, dict) else ""
             except (ValueError, AttributeError):
                 now = ""  # not a group's metadata any more
-        if now != self._opened.archive_id:
-            raise self._replaced(f"its archive_id is now {now!r}, it was "
-                                 f"{self._opened.archive_id!r}")
+        if now != opened.archive_id:
+            raise _replaced(opened, f"its archive_id is now {now!r}, it was "
+                                    f"{opened.archive_id!r}")
 
-    def _replaced(self, detail: str) -> ArchiveReplacedError:
-        url = self._opened.url if self._opened is not None else str(self.store)
-        return ArchiveReplacedError(
-            f"The archive at {url!r} was replaced after it was opened ({detail}). The opened "
-            "dataset reads none of it, so that no result mixes two archives. Call "
-            f"open_archive({url!r}) again to read the archive that is there now."
-        )
+    def _check_archive(self) -> None:
+        """Run :meth:`_same_archive` now, with the store's own kind of reads."""
+        if self._sync_io:
+            self._drive_sync(self._root_key, self._same_archive())
+        else:
+            sync(self._drive(self._root_key, self._same_archive()))
 
     def _replaced_under(self, err: BaseException) -> None:
         """After a failed read: raise the replacement if that is what happened (a kept
         index read into a new shard fails its checksum); else return (``err`` stands)."""
         try:
-            if self._sync_io:
-                self._drive_sync(self._root_key, self._same_archive())
-            else:
-                sync(self._drive(self._root_key, self._same_archive()))
+            self._check_archive()
         except ArchiveReplacedError as replaced:
             raise replaced from None
         except Exception:  # noqa: BLE001 - the storage fails too: the first error stands
@@ -397,6 +394,16 @@ class ShardReader:
                 decoded = self._transform.decode_chunk(_PROTOTYPE.buffer.from_array_like(raw),
                                                        self._chunk_spec).as_numpy_array()
                 target[...] = decoded[tuple(slice(None) if c is None else c for c in cut)]
+
+
+def _replaced(opened: OpenedArchive, detail: str) -> ArchiveReplacedError:
+    """The error for a read of ``opened`` once it was replaced or deleted."""
+    url = opened.url
+    return ArchiveReplacedError(
+        f"The archive at {url!r} was replaced after it was opened ({detail}). The opened "
+        "dataset reads none of it, so that no result mixes two archives. Call "
+        f"open_archive({url!r}) again to read the archive that is there now."
+    )
 
 
 def _rebuild(arr: zarr.Array, settled: tuple[int, int] | None,
