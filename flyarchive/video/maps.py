@@ -22,7 +22,6 @@ published (:func:`publish_map`), so that a final name never holds a partial arra
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import struct
@@ -38,7 +37,7 @@ from flyarchive.video.writer import CloseOrAbort
 
 __all__ = [
     "CHUNK_FRAMES", "MAP_SUFFIXES", "map_url", "MapWriter", "publish_map", "join_maps",
-    "depth_attrs", "segmentation_attrs", "array_metadata", "encode_chunk",
+    "depth_attrs", "segmentation_attrs", "encode_chunk",
 ]
 
 #: Frames per chunk of a map array (about 7.7 MB of raw counts at 240x320).
@@ -152,9 +151,17 @@ class MapWriter(CloseOrAbort):
             raise VideoEncodeError(
                 f"Only {self.written} of the {self.n_frames} frames of {str(self.path)!r} "
                 "were written; the map is removed.")
-        metadata = array_metadata((self.n_frames, *self.size), (self._chunk, *self.size),
-                                  self._attrs)
-        (self.path / _METADATA).write_text(json.dumps(metadata, indent=2))
+        import zarr
+        from zarr.codecs import Crc32cCodec, ZstdCodec
+
+        # zarr writes the metadata (zarr.json) only: the chunks already hold what its
+        # codecs below would store (encode_chunk)
+        zarr.create_array(
+            store=str(self.path), shape=(self.n_frames, *self.size),
+            chunks=(self._chunk, *self.size), dtype="uint16", fill_value=0,
+            compressors=[ZstdCodec(level=_ZSTD_LEVEL), Crc32cCodec()],
+            dimension_names=("time", "y", "x"), zarr_format=3, attributes=self._attrs,
+        )
 
     def abort(self) -> None:
         """Remove the folder and everything written."""
@@ -174,30 +181,8 @@ class MapWriter(CloseOrAbort):
         self._held = 0
 
 
-def array_metadata(shape: tuple[int, ...], chunks: tuple[int, ...], attrs: Mapping[str, Any]
-                   ) -> dict[str, Any]:
-    """The ``zarr.json`` of a map array: uint16, fill 0, regular chunks, default chunk
-    keys (``c/i/0/0``), codecs bytes (little-endian), zstd (level 1), crc32c; dimensions
-    ``(time, y, x)`` (zarr v3 core specification)."""
-    return {
-        "shape": list(shape),
-        "data_type": "uint16",
-        "chunk_grid": {"name": "regular", "configuration": {"chunk_shape": list(chunks)}},
-        "chunk_key_encoding": {"name": "default", "configuration": {"separator": "/"}},
-        "fill_value": 0,
-        "codecs": [{"name": "bytes", "configuration": {"endian": "little"}},
-                   {"name": "zstd", "configuration": {"level": _ZSTD_LEVEL, "checksum": False}},
-                   {"name": "crc32c"}],
-        "attributes": dict(attrs),
-        "dimension_names": ["time", "y", "x"],
-        "zarr_format": 3,
-        "node_type": "array",
-        "storage_transformers": [],
-    }
-
-
 def encode_chunk(counts: np.ndarray) -> bytes:
-    """One chunk of uint16 counts as :func:`array_metadata`'s codecs store it: the
+    """One chunk of uint16 counts as the map array's codecs store it: the
     little-endian bytes compressed with zstd, then their CRC-32C (little-endian uint32)."""
     import google_crc32c
     from numcodecs import Zstd
