@@ -99,8 +99,7 @@ def warp_device(backend: str) -> str:
 # ----------------------------------------------------------------------------- one process
 #: This process's Warp renderers, by slot (one batch stream each: used under its lock).
 #: Slot 0 unless render threads share Warp's CPU device (:func:`render_jobs` ``slot``).
-_renderers: dict[int, RendererCache] = {}
-_renderers_locks: dict[int, threading.Lock] = {}
+_slots: dict[int, tuple[RendererCache, threading.Lock]] = {}
 _slots_lock = threading.Lock()
 #: Held while a renderer is built and while it submits its first batch of a call: Warp
 #: loads a module on its first launch without a lock of its own, so two threads must not
@@ -111,17 +110,15 @@ _loading = threading.Lock()
 def clear_renderers() -> None:
     """Close every renderer this process keeps (the next render builds its own)."""
     with _slots_lock:
-        slots = list(_renderers.items())
-    for slot, cache in slots:
-        with _renderers_locks[slot]:
+        slots = list(_slots.values())
+    for cache, lock in slots:
+        with lock:
             cache.clear()
 
 
 def _slot(slot: int) -> tuple[RendererCache, threading.Lock]:
     with _slots_lock:
-        if slot not in _renderers:
-            _renderers[slot], _renderers_locks[slot] = RendererCache(), threading.Lock()
-        return _renderers[slot], _renderers_locks[slot]
+        return _slots.setdefault(slot, (RendererCache(), threading.Lock()))
 
 
 def batch_worlds_of(options: Any) -> int:
