@@ -89,7 +89,11 @@ class GuardedLocalStore(zarr.storage.LocalStore):
         for _ in range(depth):
             below = []
             for folder in level:
-                with os.scandir(folder) as entries:
+                try:
+                    entries = os.scandir(folder)
+                except (FileNotFoundError, NotADirectoryError):
+                    continue  # deleted meanwhile (a writer replacing the archive): no link
+                with entries:
                     for entry in entries:
                         if entry.is_symlink():
                             if os.path.isdir(entry.path):

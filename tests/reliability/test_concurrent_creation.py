@@ -80,3 +80,32 @@ def test_a_reader_polling_while_a_writer_appends_sees_no_damage_and_no_wrong_fra
     assert result.damaged == 0, result.errors[:3]
     assert result.opens > 0 and result.commits_seen > 1
     assert result.frames_differing == 0
+
+
+def test_opening_for_writing_while_another_writer_deletes_folders_is_not_a_storage_error(
+        tmp_path, monkeypatch):
+    """The race above, made certain: a losing recorder's store walks the archive's
+    folders for links while the winner's ``mode="w"`` deletes them. A folder that vanished
+    between its listing and its walk is skipped (it holds no link) instead of ending the
+    losing recorder's attempt in a StorageError instead of ArchiveInUseError."""
+    import os
+    import shutil
+
+    from flyarchive.store import localstore
+
+    url = tmp_path / "walked.zarr"
+    (url / "frame" / "c").mkdir(parents=True)
+    (url / "qpos" / "c").mkdir(parents=True)
+    real_scandir = os.scandir
+    vanished = []
+
+    def scandir_racing_a_clear(folder):
+        if str(folder).endswith(os.path.join("frame", "c")):
+            shutil.rmtree(folder)  # the winner's clear, between the listing and the walk
+            vanished.append(folder)
+        return real_scandir(folder)
+
+    monkeypatch.setattr(localstore.os, "scandir", scandir_racing_a_clear)
+    store = localstore.GuardedLocalStore(url)
+
+    assert vanished and store.root == url
