@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import gc
 import json
 import os
@@ -175,10 +176,41 @@ def cmd_verify(args: argparse.Namespace) -> int:
 
 def cmd_render(args: argparse.Namespace) -> int:
     from flyarchive.config import set_verbose
+
+    set_verbose(args.verbose)  # Warp's logs, here and in local Dask workers
+    with _early_cluster(args):
+        return _render(args)
+
+
+def _early_cluster(args: argparse.Namespace) -> contextlib.AbstractContextManager[None]:
+    """The local Dask cluster the render will start, started now, before the imports and
+    the archive's opening (:func:`flyarchive.distribute.cluster.early_cluster`); nothing
+    when it renders in this process, on ``--scheduler``, or the options are wrong (the
+    render says what is wrong)."""
+    if (args.scheduler or (args.workers is not None and args.workers < 1)
+            or args.url.startswith("memory://")):
+        return contextlib.nullcontext()
+    from flyarchive.distribute.cluster import early_cluster
+    from flyarchive.distribute.placement import placement
+
+    if args.backend == "cpu":
+        return early_cluster(args.workers)
+    try:
+        where = placement(args.backend, sys.maxsize, n_workers=args.workers,
+                          gpus=parse_gpus(args.gpus) if args.gpus is not None else None)
+    except FlyarchiveError:
+        return contextlib.nullcontext()
+    if where.where == "local-gpus":
+        return early_cluster(gpu_workers=list(where.gpu_workers))
+    if where.where == "local":
+        return early_cluster(where.n_workers)
+    return contextlib.nullcontext()
+
+
+def _render(args: argparse.Namespace) -> int:
     from flyarchive.distribute.api import RenderOptions, render_videos
     from flyarchive.models import load_model
 
-    set_verbose(args.verbose)  # Warp's logs, here and in local Dask workers
     storage_options = _storage_options(args.storage_options)
     where = _where(_path(args.url), storage_options, args.where_world_var, args.where_dof)
     written = render_videos(
