@@ -7,8 +7,10 @@ mosaic video with world ids and simulated time burnt in, and plot joint traces.
 
 from __future__ import annotations
 
+import contextlib
 import time
 from pathlib import Path
+from typing import Any
 
 from flyarchive.errors import ArchiveExistsError, missing_dependency
 
@@ -49,11 +51,6 @@ def run_demo(
         from flyarchive.interop import nmf
     except ImportError:
         raise missing_dependency("flygym", "flygym", "flyarchive demo") from None
-    from flyarchive.models import save_mjb
-    from flyarchive.plot import plot_traces
-    from flyarchive.record.cpu import TrajectoryRecorder
-    from flyarchive.store.integrity import verify
-    from flyarchive.summary import summarize
 
     out = Path(out)
     url = str(out / "demo.zarr")
@@ -62,6 +59,37 @@ def run_demo(
             f"{url!r} holds an earlier demo. Pass --overwrite to replace it, or --out another folder."
         )
     out.mkdir(parents=True, exist_ok=True)
+    with _cluster(render and _workers(n_workers), n_workers, early=True):
+        return _run(nmf, out, url, n_worlds, seconds, render, render_worlds, overwrite,
+                    n_workers)
+
+
+def _workers(n_workers: int | None) -> bool:
+    """Whether the renders run on worker processes (else in this process; a wrong
+    ``n_workers`` goes to render_videos, which says what is wrong)."""
+    return n_workers is None or (isinstance(n_workers, int) and n_workers >= 1)
+
+
+def _cluster(wanted: bool, n_workers: int | None, *, early: bool = False
+             ) -> contextlib.AbstractContextManager[Any]:
+    """The local Dask cluster of the demo's renders, one for both: started early (its
+    workers start while the flies walk: :func:`flyarchive.distribute.cluster.early_cluster`),
+    then connected (the client; None: render in this process)."""
+    if not wanted:
+        return contextlib.nullcontext()
+    from flyarchive.distribute.cluster import connect, early_cluster
+
+    return early_cluster(n_workers) if early else connect(None, None, n_workers)
+
+
+def _run(nmf: Any, out: Path, url: str, n_worlds: int, seconds: float, render: bool,
+         render_worlds: int, overwrite: bool, n_workers: int | None) -> dict[str, object]:
+    from flyarchive.models import save_mjb
+    from flyarchive.plot import plot_traces
+    from flyarchive.record.cpu import TrajectoryRecorder
+    from flyarchive.store.integrity import verify
+    from flyarchive.summary import summarize
+
     world = nmf.build_world()
     model_path = save_mjb(world.model, out / "nmf.mjb")
     _say(f"simulating {n_worlds} NeuroMechFly worlds for {seconds} s on the CPU "
@@ -87,26 +115,28 @@ def run_demo(
         from flyarchive.distribute.api import RenderOptions, render_videos
 
         start = time.perf_counter()
-        rendered = render_videos(
-            url, world.model, world.cameras, str(out / "videos"),
-            worlds=list(range(min(render_worlds, n_worlds))),
-            options=RenderOptions(size=(240, 320), overwrite=overwrite, progress=True),
-            n_workers=n_workers,
-        )
-        frames = sum(int(v["frames"]) for v in rendered.videos)
-        elapsed = time.perf_counter() - start
-        _say(f"rendered {len(rendered.videos)} video(s), {frames} frames in {elapsed:.1f} s "
-             f"({frames / elapsed:.1f} frames/s incl. cluster start): {rendered.manifest}")
-        result["videos"] = [v["path"] for v in rendered.videos]
-        result["mosaics"] = _render_mosaic(url, world, out / "videos", n_worlds, overwrite,
-                                           n_workers)
+        with _cluster(_workers(n_workers), n_workers) as client:
+            where = {"client": client} if client is not None else {"n_workers": n_workers}
+            rendered = render_videos(
+                url, world.model, world.cameras, str(out / "videos"),
+                worlds=list(range(min(render_worlds, n_worlds))),
+                options=RenderOptions(size=(240, 320), overwrite=overwrite, progress=True),
+                **where,
+            )
+            frames = sum(int(v["frames"]) for v in rendered.videos)
+            elapsed = time.perf_counter() - start
+            _say(f"rendered {len(rendered.videos)} video(s), {frames} frames in {elapsed:.1f} s "
+                 f"({frames / elapsed:.1f} frames/s incl. cluster start): {rendered.manifest}")
+            result["videos"] = [v["path"] for v in rendered.videos]
+            result["mosaics"] = _render_mosaic(url, world, out / "videos", n_worlds, overwrite,
+                                               where)
     _say(f"replay again with: flyarchive render {url} --model {model_path} "
          f"--camera {world.cameras[0]} --out {out / 'videos'} --overwrite")
     return result
 
 
 def _render_mosaic(url: str, world: object, videos: Path, n_worlds: int, overwrite: bool,
-                   n_workers: int | None) -> list[str]:
+                   where: dict[str, Any]) -> list[str]:
     """Every world tiled into one mosaic video of the first camera (about square, tiles of
     120x160), labelled with world ids and simulated time; its path(s)."""
     import math
@@ -120,7 +150,7 @@ def _render_mosaic(url: str, world: object, videos: Path, n_worlds: int, overwri
         url, world.model, world.cameras[0], str(videos),  # type: ignore[attr-defined]
         options=RenderOptions(size=(120, 160), overwrite=overwrite, progress=True,
                               mosaic=(rows, cols), overlays=("world", "time")),
-        n_workers=n_workers,
+        **where,
     )
     paths = [str(v["path"]) for v in rendered.videos]
     _say(f"rendered a {rows}x{cols} mosaic of {n_worlds} worlds with world ids and time "

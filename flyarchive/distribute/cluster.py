@@ -142,6 +142,9 @@ def early_cluster(n_workers: int | None = None, *,
     except ImportError:  # connect names the missing dependency, if it comes to that
         yield
         return
+    if not gpu_workers and n_workers is not None and n_workers < 1:
+        yield  # no cluster: rendered in this process, or refused by the render
+        return
     key = _cluster_key(n_workers, gpu_workers)
     try:
         _EARLY[key] = _start_local(LocalCluster, n_workers, gpu_workers)
