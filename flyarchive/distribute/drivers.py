@@ -25,7 +25,6 @@ from typing import Any
 
 from flyarchive.distribute.caches import close_thread_renderers
 from flyarchive.distribute.cluster import cancel_quietly, connect, scatter_model, task_result
-from flyarchive.distribute.cpu_tasks import join_segments, render_segment
 from flyarchive.distribute.diagnostics import progress_bar
 from flyarchive.distribute.placement import Placement, placement, runs_here
 from flyarchive.distribute.plan import RenderPlan
@@ -64,6 +63,8 @@ def run_plan(plan: RenderPlan, blob: bytes, parts: str, *, client: Any = None,
 
 
 def _run_here(plan: RenderPlan, blob: bytes, parts: str) -> list[dict[str, Any]]:
+    from flyarchive.distribute.cpu_tasks import join_segments, render_segment
+
     done: dict[tuple[Any, str], list[str]] = {}
     segments = list(plan.segments(None))  # nothing to parallelize here: whole videos
     try:
@@ -79,6 +80,8 @@ def _run_here(plan: RenderPlan, blob: bytes, parts: str) -> list[dict[str, Any]]
 
 def _run_dask(plan: RenderPlan, blob: bytes, parts: str, client: Any) -> list[dict[str, Any]]:
     from distributed import as_completed
+
+    from flyarchive.distribute.cpu_tasks import join_segments, render_segment
 
     blob_future = scatter_model(client, blob)
     segments = list(plan.segments(len(client.scheduler_info().get("workers", {})) or 1))
