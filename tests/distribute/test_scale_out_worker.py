@@ -170,3 +170,29 @@ def test_a_group_run_again_after_its_worker_died_keeps_the_videos_it_finished(tm
     assert again == first
     assert kept.stat().st_mtime_ns == stamp
     assert lost.is_file()
+
+
+def test_a_local_cluster_worker_exits_with_its_objects_frozen_out_of_the_collector(tmp_path):
+    """The interpreter's final collections would walk every object importing mujoco_warp
+    made (a worker took 1.2-1.4 s to exit, and the cluster's close waits for its
+    workers); the worker preload freezes them at exit, after every other exit handler."""
+    import subprocess
+    import sys
+
+    script = tmp_path / "worker_exit.py"
+    script.write_text(
+        "import atexit, gc, sys\n"
+        "atexit.register(lambda: print('collected at exit:', len(gc.get_objects()) > 1000))\n"
+        "from flyarchive.distribute.worker_setup import dask_setup\n"
+        "class Worker:\n"
+        "    total_resources = {}\n"
+        "dask_setup(Worker())\n"
+        "atexit.register(lambda: print('exit handler after the preload ran', flush=True))\n"
+    )
+
+    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
+                          timeout=120)
+
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines() == ["exit handler after the preload ran",
+                                        "collected at exit: False"]
