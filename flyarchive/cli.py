@@ -184,14 +184,19 @@ def cmd_render(args: argparse.Namespace) -> int:
 
 def _early_cluster(args: argparse.Namespace) -> contextlib.AbstractContextManager[None]:
     """The local Dask cluster the render will start, started now, before the imports and
-    the archive's opening (:func:`flyarchive.distribute.cluster.early_cluster`); nothing
-    when it renders in this process, on ``--scheduler``, or the options are wrong (the
-    render says what is wrong)."""
-    if (args.scheduler or (args.workers is not None and args.workers < 1)
-            or args.url.startswith("memory://")):
-        return contextlib.nullcontext()
-    from flyarchive.distribute.cluster import early_cluster
+    the archive's opening (:func:`flyarchive.distribute.cluster.early_cluster`), or the
+    client of ``--scheduler``, its workers warming Warp meanwhile
+    (:func:`~flyarchive.distribute.cluster.early_client`); nothing when it renders in
+    this process, or the options are wrong (the render says what is wrong)."""
+    from flyarchive.distribute.cluster import early_client, early_cluster
     from flyarchive.distribute.placement import placement
+
+    if args.scheduler:  # its workers start warming Warp; connected once
+        warm = {"gpu": "cuda", "warp-cpu": "cpu"}.get(args.backend)
+        return early_client(args.scheduler, warm) if args.gpus is None else \
+            contextlib.nullcontext()  # refused by the render: --gpus with --scheduler
+    if (args.workers is not None and args.workers < 1) or args.url.startswith("memory://"):
+        return contextlib.nullcontext()
 
     if args.backend == "cpu":
         return early_cluster(args.workers)

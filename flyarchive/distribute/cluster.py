@@ -26,10 +26,15 @@ from collections.abc import Iterator
 from typing import Any
 
 from flyarchive.config import gl_backend, worker_environment
-from flyarchive.errors import FlyarchiveError, RenderFailedError, missing_dependency
+from flyarchive.errors import (
+    FlyarchiveError,
+    RenderBackendError,
+    RenderFailedError,
+    missing_dependency,
+)
 from flyarchive.video.workspace import SCRATCH_PREFIX, sweep_local
 
-__all__ = ["connect", "early_cluster", "scatter_model", "task_result", "cancel_quietly",
+__all__ = ["connect", "early_cluster", "early_client", "scatter_model", "task_result", "cancel_quietly",
            "LOCAL_DASHBOARD"]
 
 #: Where a LocalCluster's scheduler serves HTTP: a free port on loopback. A fixed port
@@ -75,7 +80,10 @@ class connect:
             raise missing_dependency("distributed", "dask", "Rendering on a Dask cluster") from None
         try:
             if self._scheduler:
-                self._own.append(Client(self._scheduler))
+                early = _EARLY.pop(("scheduler", self._scheduler), None)
+                if isinstance(early, BaseException):
+                    raise early
+                self._own.append(early if early is not None else _client(Client, self._scheduler))
             else:
                 cluster = _EARLY.pop(_cluster_key(self._n, self._gpu_workers), None)
                 if cluster is None:
@@ -157,6 +165,58 @@ def early_cluster(n_workers: int | None = None, *,
         if left is not None:
             left.close()
             sweep_local(tempfile.gettempdir(), SCRATCH_PREFIX)
+
+
+@contextlib.contextmanager
+def early_client(scheduler: str, warm: str | None = None) -> Iterator[None]:
+    """Connect to ``scheduler`` now, and have its workers start importing the Warp
+    renderer and initializing ``warm`` (``"cuda"``: on the workers offering ``GPU``;
+    ``"cpu"``: on every worker) without waiting for them; the :class:`connect` to the
+    same scheduler takes the client over (and closes it). Closed on exit if none did.
+
+    Workers started by hand (``dask worker ADDRESS --resources GPU=1``) import Warp at
+    their first render, after the command's own imports and the archive's opening; so
+    started, they import it meanwhile, on their own cores. A scheduler that cannot be
+    reached is reported by that :class:`connect` (not waited for twice).
+    """
+    key = ("scheduler", scheduler)
+    try:
+        from distributed import Client
+    except ImportError:  # connect names the missing dependency, if it comes to that
+        yield
+        return
+    try:
+        client = _client(Client, scheduler)
+    except RenderBackendError as err:
+        _EARLY[key] = err
+    else:
+        _EARLY[key] = client
+        if warm is not None:
+            from flyarchive.distribute.worker_setup import warm_worker
+
+            try:  # returns at once: each worker only starts a thread
+                client.run(warm_worker, warm)
+            except Exception:  # the render works without it
+                pass
+    try:
+        yield
+    finally:
+        left = _EARLY.pop(key, None)
+        if left is not None and not isinstance(left, BaseException):
+            left.close()
+
+
+def _client(cls: Any, scheduler: str) -> Any:
+    """A client of ``scheduler``; one that cannot be reached is a RenderBackendError."""
+    try:
+        return cls(scheduler)
+    except (OSError, TimeoutError, ValueError) as err:
+        raise RenderBackendError(
+            f"Cannot connect to the Dask scheduler at {scheduler!r} ({type(err).__name__}: "
+            f"{err}). Check the address and that the scheduler runs (`dask scheduler`, its "
+            "workers started with `dask worker ADDRESS --nthreads 1 --resources GPU=1` for "
+            "GPUs); without --scheduler the render starts a local cluster."
+        ) from None
 
 
 def _local_cluster(cls: Any, n_workers: int) -> Any:

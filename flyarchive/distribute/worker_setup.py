@@ -49,3 +49,13 @@ def _offers(worker: Any, resource: str) -> bool:
     state = getattr(worker, "state", None)
     resources = getattr(state, "total_resources", None) or getattr(worker, "total_resources", {})
     return bool((resources or {}).get(resource))
+
+
+def warm_worker(device: str, dask_worker: Any = None) -> None:
+    """Start importing the Warp renderer and initializing ``device`` on this worker, in a
+    background thread (``client.run(warm_worker, device)``: Dask passes ``dask_worker``):
+    on ``"cuda"`` only a worker that offers the resource ``GPU``."""
+    if device == "cpu" or _offers(dask_worker, "GPU"):
+        from flyarchive.distribute.warm import start_warm_up
+
+        start_warm_up(device)

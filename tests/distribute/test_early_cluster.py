@@ -27,10 +27,26 @@ pytestmark = pytest.mark.timeout(180)
 TWO = [Gpu(0, "0"), Gpu(1, "1")]
 
 
+_OTHERS: set[int] = set()  # children that were there before (the session's S3 server...)
+
+
 def worker_processes() -> list[psutil.Process]:
-    """This process's Dask worker processes (its nannies' children included)."""
-    return [p for p in psutil.Process().children(recursive=True)
-            if "resource_tracker" not in " ".join(p.cmdline())]
+    """This process's Dask worker processes (its nannies' children included) started
+    during the test."""
+    found = []
+    for p in psutil.Process().children(recursive=True):
+        try:
+            if p.pid not in _OTHERS and "resource_tracker" not in " ".join(p.cmdline()):
+                found.append(p)
+        except psutil.Error:  # exited meanwhile
+            continue
+    return found
+
+
+@pytest.fixture(autouse=True)
+def others():
+    _OTHERS.clear()
+    _OTHERS.update(p.pid for p in psutil.Process().children(recursive=True))
 
 
 @pytest.fixture
@@ -79,7 +95,9 @@ def test_a_cluster_started_early_but_not_taken_is_closed(started):
 @pytest.mark.parametrize("argv, expected", [
     (["--backend", "gpu"], ("gpus", ["gpu0", "gpu1"])),
     (["--backend", "gpu", "--gpus", "1"], None),  # one GPU: in this process
-    (["--backend", "gpu", "--scheduler", "tcp://127.0.0.1:1"], None),
+    (["--backend", "gpu", "--scheduler", "tcp://127.0.0.1:1"], ("scheduler", "cuda")),
+    (["--backend", "warp-cpu", "--scheduler", "tcp://127.0.0.1:1"], ("scheduler", "cpu")),
+    (["--backend", "cpu", "--scheduler", "tcp://127.0.0.1:1"], ("scheduler", None)),
     (["--backend", "warp-cpu"], None),  # render threads in this process
     (["--backend", "warp-cpu", "--workers", "2"], ("cpus", 2)),
     (["--backend", "cpu"], ("cpus", None)),
@@ -101,7 +119,13 @@ def test_the_command_line_starts_early_the_cluster_its_render_will_use(monkeypat
                      else ("cpus", n_workers))
         yield
 
+    @contextlib.contextmanager
+    def client(scheduler, warm=None):
+        asked.append(("scheduler", warm))
+        yield
+
     monkeypatch.setattr(clusters, "early_cluster", early)
+    monkeypatch.setattr(clusters, "early_client", client)
     monkeypatch.setattr(cli, "_render", lambda args: 0)
 
     assert main(["render", "run.zarr", "--camera", "front", *argv]) == 0
@@ -135,3 +159,53 @@ def test_a_render_failing_before_its_cluster_is_used_closes_it(tiny, tmp_path, s
     assert started == [(2, None)] and clusters._EARLY == {}
     psutil.wait_procs(worker_processes(), timeout=20)
     assert worker_processes() == []
+
+
+def test_workers_of_a_scheduler_given_start_warming_warp_before_any_render():
+    """``--scheduler``: the command connects first and its workers start importing the Warp
+    renderer (Warp's CPU device here) while it imports and opens the archive; the render
+    then uses that client."""
+    from distributed import LocalCluster
+
+    def has_warp():
+        import sys
+
+        return "mujoco_warp" in sys.modules and "flyarchive.replay.warp" in sys.modules
+
+    with LocalCluster(n_workers=2, threads_per_worker=1, processes=True,
+                      resources={"GPU": 1}, dashboard_address="127.0.0.1:0",
+                      silence_logs=50) as cluster:
+        address = cluster.scheduler_address
+        with clusters.early_client(address, "cpu"):
+            early = clusters._EARLY[("scheduler", address)]
+            seen = early.run(has_warp)
+            import time
+
+            deadline = time.monotonic() + 150
+            while not all(seen.values()) and time.monotonic() < deadline:
+                time.sleep(0.5)
+                seen = early.run(has_warp)
+            with clusters.connect(scheduler=address) as client:
+                taken = client is early
+            left = dict(clusters._EARLY)
+
+    assert len(seen) == 2 and all(seen.values())
+    assert taken and left == {}
+
+
+def test_a_scheduler_that_cannot_be_reached_is_one_clear_error_waited_for_once(
+        tiny, tmp_path, capsys, monkeypatch):
+    archive = record(tiny, str(tmp_path / "early.zarr"), n_steps=24)
+    tries = []
+    real = clusters._client
+    monkeypatch.setattr(clusters, "_client", lambda *a: tries.append(a[1]) or real(*a))
+
+    with dask.config.set({"distributed.comm.timeouts.connect": "1s"}):
+        code = main(["render", archive, "--camera", "front", "--backend", "warp-cpu",
+                     "--scheduler", "tcp://127.0.0.1:1", "--out", str(tmp_path / "v")])
+
+    err = capsys.readouterr().err
+    assert code == 2 and "Cannot connect to the Dask scheduler at 'tcp://127.0.0.1:1'" in err
+    assert len(err.strip().splitlines()) == 1 and "dask scheduler" in err
+    assert tries == ["tcp://127.0.0.1:1"]
+    assert not (tmp_path / "v").exists() or not any((tmp_path / "v").rglob("*.mp4"))
