@@ -53,7 +53,7 @@ from zarr.core.array_spec import ArraySpec
 from zarr.core.buffer import Buffer, default_buffer_prototype
 from zarr.core.metadata import ArrayV3Metadata
 
-from flyarchive.errors import ArchiveReplacedError, StorageError
+from flyarchive.errors import ArchiveReplacedError
 from flyarchive.store.location import sync
 
 __all__ = ["OpenedArchive", "ShardReader", "settled_shards"]
@@ -203,7 +203,7 @@ class ShardReader:
                 self._decode(shard, out, starts, stops)
             return out
         except Exception as err:
-            if self._opened is not None and not isinstance(err, StorageError):
+            if self._opened is not None and not isinstance(err, ArchiveReplacedError):
                 self._replaced_under(err)
             raise
 
@@ -256,11 +256,13 @@ class ShardReader:
     def _replaced_under(self, err: BaseException) -> None:
         """After a failed read: raise the replacement if that is what happened (a kept
         index read into a new shard fails its checksum); else return (``err`` stands)."""
-        try:
-            self._check_archive()
-        except ArchiveReplacedError as replaced:
-            raise replaced from None
-        except Exception:  # noqa: BLE001 - the storage fails too: the first error stands
+        for _ in range(2):  # a file replaced as it was opened: look once more
+            try:
+                self._check_archive()
+            except ArchiveReplacedError as replaced:
+                raise replaced from None
+            except Exception:  # noqa: BLE001 - the storage fails too: the first error stands
+                continue
             return
 
     def _plan(self, starts: list[int], stops: list[int]) -> list[_Shard]:
