@@ -51,6 +51,7 @@ def run_demo(
         from flyarchive.interop import nmf
     except ImportError:
         raise missing_dependency("flygym", "flygym", "flyarchive demo") from None
+    from flyarchive.distribute.cluster import early_cluster
 
     out = Path(out)
     url = str(out / "demo.zarr")
@@ -59,7 +60,8 @@ def run_demo(
             f"{url!r} holds an earlier demo. Pass --overwrite to replace it, or --out another folder."
         )
     out.mkdir(parents=True, exist_ok=True)
-    with _cluster(render and _workers(n_workers), n_workers, early=True):
+    # One local cluster for both renders, its workers starting while the flies walk.
+    with early_cluster(n_workers) if render and _workers(n_workers) else contextlib.nullcontext():
         return _run(nmf, out, url, n_worlds, seconds, render, render_worlds, overwrite,
                     n_workers)
 
@@ -68,18 +70,6 @@ def _workers(n_workers: int | None) -> bool:
     """Whether the renders run on worker processes (else in this process; a wrong
     ``n_workers`` goes to render_videos, which says what is wrong)."""
     return n_workers is None or (isinstance(n_workers, int) and n_workers >= 1)
-
-
-def _cluster(wanted: bool, n_workers: int | None, *, early: bool = False
-             ) -> contextlib.AbstractContextManager[Any]:
-    """The local Dask cluster of the demo's renders, one for both: started early (its
-    workers start while the flies walk: :func:`flyarchive.distribute.cluster.early_cluster`),
-    then connected (the client; None: render in this process)."""
-    if not wanted:
-        return contextlib.nullcontext()
-    from flyarchive.distribute.cluster import connect, early_cluster
-
-    return early_cluster(n_workers) if early else connect(None, None, n_workers)
 
 
 def _run(nmf: Any, out: Path, url: str, n_worlds: int, seconds: float, render: bool,
@@ -113,9 +103,11 @@ def _run(nmf: Any, out: Path, url: str, n_worlds: int, seconds: float, render: b
                                  "frames": recorder.n_frames, "verify_ok": report.ok}
     if render:
         from flyarchive.distribute.api import RenderOptions, render_videos
+        from flyarchive.distribute.cluster import connect
 
         start = time.perf_counter()
-        with _cluster(_workers(n_workers), n_workers) as client:
+        with connect(None, None, n_workers) if _workers(n_workers) else \
+                contextlib.nullcontext() as client:  # takes the cluster started early
             where = {"client": client} if client is not None else {"n_workers": n_workers}
             rendered = render_videos(
                 url, world.model, world.cameras, str(out / "videos"),

@@ -22,7 +22,7 @@ import tempfile
 import threading
 import time
 import warnings
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from flyarchive.config import gl_backend, worker_environment
@@ -120,8 +120,7 @@ _EARLY: dict[tuple[Any, ...], Any] = {}
 def _cluster_key(n_workers: int | None, gpu_workers: list[Any] | None) -> tuple[Any, ...]:
     """What tells two local clusters apart: their workers' names and environments."""
     if gpu_workers:
-        return ("gpus", tuple((w.name, tuple(sorted(w.env.items())), w.cpus)
-                              for w in gpu_workers))
+        return ("gpus", tuple((w.name, tuple(sorted(w.env.items()))) for w in gpu_workers))
     return ("cpus", n_workers or os.cpu_count() or 1, tuple(sorted(worker_environment().items())))
 
 
@@ -131,9 +130,8 @@ def _start_local(cls: Any, n_workers: int | None, gpu_workers: list[Any] | None)
     return _local_cluster(cls, n_workers or os.cpu_count() or 1)
 
 
-@contextlib.contextmanager
 def early_cluster(n_workers: int | None = None, *,
-                  gpu_workers: list[Any] | None = None) -> Iterator[None]:
+                  gpu_workers: list[Any] | None = None) -> contextlib.AbstractContextManager[None]:
     """Start, now, the LocalCluster that :class:`connect` with the same ``n_workers`` or
     ``gpu_workers`` would start later, without waiting for its workers; that
     :class:`connect` takes it over (and closes it). Closed on exit if none did.
@@ -145,30 +143,22 @@ def early_cluster(n_workers: int | None = None, *,
     cluster than in one process). A cluster that the render does not use (fewer videos
     than GPUs, an error before rendering, Ctrl-C) is closed here.
     """
-    try:
-        from distributed import LocalCluster
-    except ImportError:  # connect names the missing dependency, if it comes to that
-        yield
-        return
     if not gpu_workers and n_workers is not None and n_workers < 1:
-        yield  # no cluster: rendered in this process, or refused by the render
-        return
-    key = _cluster_key(n_workers, gpu_workers)
-    try:
-        _EARLY[key] = _start_local(LocalCluster, n_workers, gpu_workers)
-    except Exception:  # connect starts it again, and reports what fails then
-        pass
-    try:
-        yield
-    finally:
-        left = _EARLY.pop(key, None)
-        if left is not None:
-            left.close()
-            sweep_local(tempfile.gettempdir(), SCRATCH_PREFIX)
+        return contextlib.nullcontext()  # rendered in this process, or refused by the render
+
+    def start() -> Any:
+        from distributed import LocalCluster
+
+        return _start_local(LocalCluster, n_workers, gpu_workers)
+
+    def close(cluster: Any) -> None:
+        cluster.close()
+        sweep_local(tempfile.gettempdir(), SCRATCH_PREFIX)
+
+    return _ahead(_cluster_key(n_workers, gpu_workers), start, close)
 
 
-@contextlib.contextmanager
-def early_client(scheduler: str, warm: str | None = None) -> Iterator[None]:
+def early_client(scheduler: str, warm: str | None = None) -> contextlib.AbstractContextManager[None]:
     """Connect to ``scheduler`` now, and have its workers start importing the Warp
     renderer and initializing ``warm`` (``"cuda"``: on the workers offering ``GPU``;
     ``"cpu"``: on every worker) without waiting for them; the :class:`connect` to the
@@ -179,31 +169,39 @@ def early_client(scheduler: str, warm: str | None = None) -> Iterator[None]:
     started, they import it meanwhile, on their own cores. A scheduler that cannot be
     reached is reported by that :class:`connect` (not waited for twice).
     """
-    key = ("scheduler", scheduler)
-    try:
+    def start() -> Any:
         from distributed import Client
-    except ImportError:  # connect names the missing dependency, if it comes to that
-        yield
-        return
-    try:
+
         client = _client(Client, scheduler)
-    except RenderBackendError as err:
-        _EARLY[key] = err
-    else:
-        _EARLY[key] = client
         if warm is not None:
             from flyarchive.distribute.worker_setup import warm_worker
 
-            try:  # returns at once: each worker only starts a thread
-                client.run(warm_worker, warm)
-            except Exception:  # the render works without it
-                pass
+            with contextlib.suppress(Exception):  # the render works without it
+                client.run(warm_worker, warm)  # returns at once: each starts a thread
+        return client
+
+    return _ahead(("scheduler", scheduler), start, lambda client: client.close())
+
+
+@contextlib.contextmanager
+def _ahead(key: tuple[Any, ...], start: Callable[[], Any],
+           close: Callable[[Any], None]) -> Iterator[None]:
+    """``start()`` now, kept in :data:`_EARLY` under ``key`` for :class:`connect` to
+    take; closed with ``close`` on exit if it was not. A scheduler that cannot be reached
+    is kept as its error (connect raises it); any other failure is left for connect to
+    meet again."""
+    try:
+        _EARLY[key] = start()
+    except RenderBackendError as err:
+        _EARLY[key] = err
+    except Exception:  # e.g. distributed missing: connect names it
+        pass
     try:
         yield
     finally:
         left = _EARLY.pop(key, None)
         if left is not None and not isinstance(left, BaseException):
-            left.close()
+            close(left)
 
 
 def _client(cls: Any, scheduler: str) -> Any:
