@@ -9,14 +9,16 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import xarray as xr
 
 from flyarchive.codecs import CodecSpecError, parse_codec
 from flyarchive.errors import SchemaError, SchemaVersionError
 from flyarchive.layout import ModelLayout
+
+if TYPE_CHECKING:
+    import xarray as xr
 
 #: Deepest nesting of lists and objects in metadata and attributes.
 MAX_JSON_DEPTH = 64

@@ -7,10 +7,9 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import mujoco
-import xarray as xr
 
 from flyarchive.errors import RenderOptionsError
 from flyarchive.replay.outputs import (
@@ -23,6 +22,9 @@ from flyarchive.replay.outputs import (
 )
 from flyarchive.video.mosaic import mosaic_jobs, mosaic_size, parse_mosaic
 from flyarchive.video.overlay import check_overlay, parse_overlay
+
+if TYPE_CHECKING:
+    import xarray as xr
 
 __all__ = ["check_output_options", "plan_outputs", "map_attributes", "text_chars"]
 

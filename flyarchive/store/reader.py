@@ -16,10 +16,9 @@ import threading
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import xarray as xr
 import zarr
 from zarr.core.buffer import default_buffer_prototype
 
@@ -29,6 +28,9 @@ from flyarchive.store import hardening, storage_errors
 from flyarchive.store.hardening import check_arrays
 from flyarchive.store.localstore import UnsafeFileError
 from flyarchive.store.location import access_denied, is_remote, open_store, sync, unavailable
+
+if TYPE_CHECKING:
+    import xarray as xr
 
 __all__ = [
     "open_group", "open_checked", "open_stored", "time_extents", "StateReader",
@@ -227,6 +229,8 @@ def open_stored(group: zarr.Group, chunks: Mapping[str, int] | None = None) -> x
         chunks: Dask chunk length per dimension; other dimensions follow the stored
             shards (or chunks). None: the stored shards.
     """
+    import xarray as xr  # not at import: Dask workers that only read states skip it
+
     import dask.array as da
 
     n_frames = np.asarray(group["n_frames"][:]) if "n_frames" in group else None

@@ -17,12 +17,14 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import xarray as xr
 
 from flyarchive.errors import RenderOptionsError
+
+if TYPE_CHECKING:
+    import xarray as xr
 
 __all__ = ["BUILT_IN", "parse_overlay", "check_overlay", "world_variables", "OverlayText"]
 
