@@ -11,11 +11,10 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import mujoco
 import numpy as np
-import xarray as xr
 
 from flyarchive.distribute.drivers import run_plan
 from flyarchive.distribute.gpus import check_gpus
@@ -25,11 +24,18 @@ from flyarchive.distribute.warm import warm_up_here
 from flyarchive.errors import ModelLoadError, RenderOptionsError
 from flyarchive.layout import ModelLayout, check_compatible
 from flyarchive.models import load_mjb, model_bytes
-from flyarchive.query import open_archive
+from flyarchive.query.archive import open_archive, open_header
 from flyarchive.query.frames import VideoJob, select_frames
 from flyarchive.replay import BACKENDS
 from flyarchive.replay.frames import MAX_GL_SIDE, is_int, parse_frame_size
 from flyarchive.video import VideoOptions
+
+if TYPE_CHECKING:
+    import xarray as xr
+
+    from flyarchive.store.header import ArchiveHeader
+
+    Archive = xr.Dataset | ArchiveHeader  # what planning reads: the dataset or its header
 
 __all__ = [
     "RenderOptions", "RenderResult", "VideoJob", "render_videos", "render_frames", "select_frames",
@@ -152,11 +158,11 @@ class RenderResult:
     manifest: str
 
 
-def _check_model(ds: xr.Dataset, model: mujoco.MjModel) -> None:
+def _check_model(ds: Archive, model: mujoco.MjModel) -> None:
     check_compatible(ModelLayout.from_attrs(ds.attrs["layout"]), ModelLayout.from_model(model))
 
 
-def replay_model(source: str, ds: xr.Dataset, model: mujoco.MjModel | None,
+def replay_model(source: str, ds: Archive, model: mujoco.MjModel | None,
                  storage_options: Mapping[str, Any] | None = None
                  ) -> tuple[mujoco.MjModel, bytes]:
     """The model to replay an archive with, and its MJB bytes (what workers get).
@@ -301,7 +307,9 @@ def render_videos(
     check_gpus(gpus, options.backend, on_cluster=on_cluster)
     warm_up_here(options.backend, gpus=gpus, n_workers=n_workers, on_cluster=on_cluster)
     source, out = absolute_url(source), absolute_url(out).rstrip("/")
-    ds = open_archive(source, storage_options)
+    # Without a where mask the render plans from the header: no xarray or dask imported
+    ds = open_archive(source, storage_options) if where is not None else \
+        open_header(source, storage_options)
     jobs = select_frames(ds, worlds, time, where=where, pad=pad)
     model, blob = replay_model(source, ds, model, storage_options)
     options, jobs = plan_outputs(options, ds, model, jobs)  # overlay checked, mosaics grouped
@@ -376,6 +384,7 @@ def render_frames(
     """
     import dask
     import dask.array as da
+    import xarray as xr
 
     from flyarchive.distribute.frame_tasks import render_block_outputs
     from flyarchive.models import camera_ids

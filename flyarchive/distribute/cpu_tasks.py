@@ -18,7 +18,6 @@ from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
 
-import dask
 import numpy as np
 
 from flyarchive import config
@@ -44,6 +43,8 @@ _local = threading.local()
 
 
 def _archive(url: str, storage_options: Mapping[str, Any]) -> Any:
+    import dask
+
     from flyarchive.query import open_archive
 
     cache = _local.__dict__.setdefault("archives", {})
@@ -72,6 +73,8 @@ def _cpu_renderer(blob: bytes, cameras: tuple[str, ...], size: tuple[int, int],
 
 def _states(url: str, storage_options: Mapping[str, Any], world_index: int,
             start: int, stop: int) -> tuple[np.ndarray, np.ndarray | None, np.ndarray | None]:
+    import dask
+
     from flyarchive.store.reader import corrupt_read
 
     ds = _archive(url, storage_options).isel(world=world_index, time=slice(start, stop))

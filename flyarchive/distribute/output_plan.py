@@ -26,6 +26,10 @@ from flyarchive.video.overlay import check_overlay, parse_overlay
 if TYPE_CHECKING:
     import xarray as xr
 
+    from flyarchive.store.header import ArchiveHeader
+
+    Archive = xr.Dataset | ArchiveHeader  # what planning reads: the dataset or its header
+
 __all__ = ["check_output_options", "plan_outputs", "map_attributes", "text_chars"]
 
 
@@ -54,7 +58,7 @@ def check_output_options(options: Any) -> None:
         object.__setattr__(options, name, value)
 
 
-def plan_outputs(options: Any, ds: xr.Dataset, model: mujoco.MjModel, jobs: Sequence[Any]
+def plan_outputs(options: Any, ds: Archive, model: mujoco.MjModel, jobs: Sequence[Any]
                  ) -> tuple[Any, list[Any]]:
     """Check the outputs against the archive and model; the options and jobs to plan with.
 

@@ -35,8 +35,7 @@ def warm_warp(device: str) -> None:
     """Import the Warp renderer (warp, mujoco_warp) and initialize ``device`` (a CUDA
     context), ignoring failures: the render that follows reports them."""
     try:
-        import flyarchive.distribute.warp_pipeline  # noqa: F401  (the import is the work:
-        from flyarchive.replay import warp  # the render stack, Warp, mujoco_warp)
+        from flyarchive.replay import warp  # noqa: F401  (the import is the work)
 
         wp = warp.wp
         wp.init()

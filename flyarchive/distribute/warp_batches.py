@@ -36,11 +36,11 @@ class BatchSource:
         items = tuple(getattr(plan.options, "overlays", ()))
         self._overlay = None
         if items or self._mosaic:
-            from flyarchive.query import open_archive
+            from flyarchive.query.archive import open_header
             from flyarchive.video.overlay import OverlayText
 
-            ds = open_archive(plan.url, plan.storage_options or None)
-            self._overlay = OverlayText(ds, items, label_world=self._mosaic)
+            header = open_header(plan.url, plan.storage_options or None)  # no xarray imported
+            self._overlay = OverlayText(header, items, label_world=self._mosaic)
 
     def read(self, batch: Batch) -> tuple[np.ndarray, np.ndarray | None, np.ndarray | None,
                                           list[str] | None]:

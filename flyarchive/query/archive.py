@@ -1,19 +1,23 @@
-"""Open an archive as a lazy, validated, masked ``xarray.Dataset``."""
+"""Open an archive as a lazy, validated, masked ``xarray.Dataset`` (:func:`open_archive`),
+or its header alone, without xarray or dask (:func:`open_header`)."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import Any
-
-import xarray as xr
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from flyarchive.errors import FlyarchiveError, UnsafeFileError
 from flyarchive.schema import validate
-from flyarchive.store import unavailable
-from flyarchive.store.dataset import open_dataset
+from flyarchive.store import dataset, unavailable
+from flyarchive.store.header import ArchiveHeader
 from flyarchive.store.reader import damaged_metadata, open_checked, unreadable
 
-__all__ = ["open_archive"]
+if TYPE_CHECKING:
+    import xarray as xr
+
+__all__ = ["open_archive", "open_header"]
+
+_Opened = TypeVar("_Opened")
 
 
 def open_archive(url: str, storage_options: Mapping[str, Any] | None = None) -> xr.Dataset:
@@ -52,14 +56,36 @@ def open_archive(url: str, storage_options: Mapping[str, Any] | None = None) -> 
             replaced (written again with ``mode="w"``) or deleted after it was opened:
             the dataset never mixes two archives; open it again.
     """
+    ds = _opened(url, storage_options, dataset.open_dataset)
+    validate(ds)
+    return ds
+
+
+def open_header(url: str, storage_options: Mapping[str, Any] | None = None) -> ArchiveHeader:
+    """Open an archive's header: its attributes, ``n_frames``, coordinates and per-world
+    variables, checked and validated as :func:`open_archive` does, without importing
+    xarray or dask (:mod:`flyarchive.store.header`). What a render plans with; state is
+    read by :func:`open_archive`.
+
+    Raises:
+        As :func:`open_archive` when opening.
+    """
+    header = _opened(url, storage_options, dataset.open_header)
+    validate(header)  # type: ignore[arg-type]  (it answers what validate reads)
+    return header
+
+
+def _opened(url: str, storage_options: Mapping[str, Any] | None,
+            read: Callable[..., _Opened]) -> _Opened:
+    """``read(url, storage_options, group)`` of the checked group, looked at twice should
+    a writer have changed the archive under the first look; errors named."""
     try:
         group = open_checked(url, storage_options)
     except UnsafeFileError:  # a writer replaced a metadata file as it was read: look again
         group = open_checked(url, storage_options)
-    for attempt in (1, 2):  # a second look, should a writer have changed it under the first
+    for attempt in (1, 2):
         try:
-            ds = open_dataset(url, storage_options, group)
-            break
+            return read(url, storage_options, group)
         except (OSError, TimeoutError) as err:
             if isinstance(err, FlyarchiveError):
                 raise
@@ -70,5 +96,4 @@ def open_archive(url: str, storage_options: Mapping[str, Any] | None = None) -> 
         except Exception as err:  # zarr/xarray report damaged metadata in many ways
             if attempt == 2:
                 raise unreadable(url, group, err) from None
-    validate(ds)
-    return ds
+    raise AssertionError("unreachable")

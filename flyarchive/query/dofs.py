@@ -21,15 +21,16 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import TypeVar
-
-import xarray as xr
+from typing import TYPE_CHECKING, TypeVar
 
 from flyarchive.errors import SelectionError
 
+if TYPE_CHECKING:
+    import xarray as xr
+
 __all__ = ["select_dofs", "dof_labels", "DofName"]
 
-_Data = TypeVar("_Data", xr.Dataset, xr.DataArray)
+_Data = TypeVar("_Data", "xr.Dataset", "xr.DataArray")
 
 
 @dataclass(frozen=True)
@@ -97,6 +98,8 @@ def dof_labels(
         SelectionError: if nothing matches; the message lists the legs, joints and axes
             that exist.
     """
+    import xarray as xr
+
     labels = [str(v) for v in (data["dof"].values if isinstance(data, (xr.Dataset, xr.DataArray))
                                 else data)]
     wanted = {"leg": _as_set(leg), "joint": _as_set(joint), "axis": _as_set(axis),

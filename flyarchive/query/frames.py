@@ -12,11 +12,18 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
-import xarray as xr
 
 from flyarchive.errors import SelectionError
+
+if TYPE_CHECKING:  # imported where a where mask is read: planning without one needs no xarray
+    import xarray as xr
+
+    from flyarchive.store.header import ArchiveHeader
+
+    Archive = xr.Dataset | ArchiveHeader  # what planning reads: the dataset or its header
 
 __all__ = ["VideoJob", "select_frames", "where_windows"]
 
@@ -56,7 +63,7 @@ class VideoJob:
 
 
 def select_frames(
-    ds: xr.Dataset,
+    ds: Archive,
     worlds: Sequence[int] | None = None,
     time: tuple[float | None, float | None] | None = None,
     *,
@@ -66,7 +73,8 @@ def select_frames(
     """Turn a world and time selection into per-world frame ranges of committed frames.
 
     Args:
-        ds: From :func:`flyarchive.open_archive`.
+        ds: From :func:`flyarchive.open_archive`, or its header without a ``where`` mask
+            (:func:`flyarchive.query.archive.open_header`).
         worlds: World ids (the ``world`` coordinate); None: every world with frames.
         time: ``(start, end)`` in simulated seconds, inclusive; None on a side: open.
         where: A boolean (or integer: nonzero is True) DataArray computed from the
@@ -183,6 +191,8 @@ def where_mask(ds: xr.Dataset, where: xr.DataArray) -> np.ndarray:
             that is not bool or integer; world ids or times that are not the archive's
             (both named); sizes that differ when the mask has no coordinates.
     """
+    import xarray as xr
+
     if not isinstance(where, xr.DataArray):
         raise SelectionError(
             f"where must be an xarray DataArray computed from the archive (e.g. "

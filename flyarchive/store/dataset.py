@@ -20,10 +20,9 @@ from __future__ import annotations
 import asyncio
 import json
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import xarray as xr
 import zarr
 
 from flyarchive.errors import (
@@ -37,11 +36,15 @@ from flyarchive.schema import STATE_VARS
 from flyarchive.store import storage_errors
 from flyarchive.store.consolidated import time_extent
 from flyarchive.store.hardening import check_arrays
+from flyarchive.store.header import ArchiveHeader, HeaderVariable
 from flyarchive.store.location import sync, unavailable
 from flyarchive.store.reader import chunk_file, corrupt_read, fused_reads, open_group
 from flyarchive.store.shards import OpenedArchive, ShardReader, settled_shards
 
-__all__ = ["CommittedFrames", "open_dataset", "TARGET_CHUNK_BYTES"]
+if TYPE_CHECKING:
+    import xarray as xr
+
+__all__ = ["CommittedFrames", "open_dataset", "open_header", "TARGET_CHUNK_BYTES"]
 
 #: Decoded bytes of one dask chunk of state, about: a shard of worlds by as many chunks of
 #: frames as fit (a full scan of 1024 x 1000 NeuroMechFly frames: 32 tasks).
@@ -295,6 +298,30 @@ def _committed_and_coordinates(url: str, storage_options: Mapping[str, Any] | No
     return group, arrays, n_frames, _read_now(arrays, _coordinate_names(arrays), n_time)
 
 
+def _dims(arr: zarr.Array) -> tuple[str, ...]:
+    return tuple(arr.metadata.dimension_names or ())
+
+
+def _cut(arr: zarr.Array, n_time: int) -> tuple[slice, ...]:
+    """An array's selection of the committed frames: ``time`` cut to ``n_time``."""
+    return tuple(slice(0, n_time) if d == "time" else slice(None) for d in _dims(arr))
+
+
+def _stored(url: str, storage_options: Mapping[str, Any] | None, group: zarr.Group
+            ) -> tuple[zarr.Group, dict[str, zarr.Array], np.ndarray | None, int,
+                       dict[str, np.ndarray]]:
+    """What :func:`open_dataset` and :func:`open_header` build on: the group and arrays
+    read, ``n_frames`` (clipped to the stored frames; None without it), the committed
+    length of ``time``, and the coordinates cut to it."""
+    group, arrays, n_frames, coordinates = _committed_and_coordinates(url, storage_options, group)
+    extent = time_extent({k: a.metadata for k, a in arrays.items()}) or 0
+    if n_frames is not None:
+        n_frames = n_frames.clip(0, extent).astype(np.int64)
+    n_time = int(n_frames.max(initial=0)) if n_frames is not None else extent
+    cut = {name: values[_cut(arrays[name], n_time)] for name, values in coordinates.items()}
+    return group, arrays, n_frames, n_time, cut
+
+
 def open_dataset(url: str, storage_options: Mapping[str, Any] | None = None,
                  group: zarr.Group | None = None) -> xr.Dataset:
     """The archive as a lazy dataset: coordinates read, state as masked dask arrays.
@@ -318,24 +345,19 @@ def open_dataset(url: str, storage_options: Mapping[str, Any] | None = None,
         OSError, CorruptArchiveError...: as reading ``n_frames`` or a coordinate raises
         them (the caller names what failed).
     """
+    import dask.array as da
+    import xarray as xr
+
     group = group if group is not None else open_group(url, storage_options)
-    group, arrays, n_frames, coordinates = _committed_and_coordinates(url, storage_options, group)
-    extent = time_extent({k: a.metadata for k, a in arrays.items()}) or 0
+    group, arrays, n_frames, n_time, coordinates = _stored(url, storage_options, group)
     variables = {}
     if n_frames is not None:
-        n_frames = n_frames.clip(0, extent).astype(np.int64)
         variables["n_frames"] = xr.Variable(("world",), n_frames, dict(arrays["n_frames"].attrs))
-    n_time = int(n_frames.max(initial=0)) if n_frames is not None else extent
-    import dask.array as da
-
-    coords = {}
-    for name, values in coordinates.items():
-        dims = tuple(arrays[name].metadata.dimension_names)
-        cut = tuple(slice(0, n_time) if d == "time" else slice(None) for d in dims)
-        coords[name] = xr.Variable(dims, values[cut], dict(arrays[name].attrs))
+    coords = {name: xr.Variable(_dims(arrays[name]), values, dict(arrays[name].attrs))
+              for name, values in coordinates.items()}
     attrs = group.attrs.asdict()
     for name, arr in arrays.items():
-        dims = tuple(arr.metadata.dimension_names or ())
+        dims = _dims(arr)
         if name in dims or name == "n_frames":
             continue
         token = _token(url, storage_options, name, arr, n_frames, n_time, attrs)
@@ -350,7 +372,35 @@ def open_dataset(url: str, storage_options: Mapping[str, Any] | None = None,
                                  inline_array=True, meta=np.empty((0,) * arr.ndim, arr.dtype),
                                  name=token)
         else:  # times of frames, world variables: small, lazy
-            cut = tuple(slice(0, n_time) if d == "time" else slice(None) for d in dims)
-            data = da.from_zarr(arr, chunks=arr.shards or arr.chunks, name=token)[cut]
+            data = da.from_zarr(arr, chunks=arr.shards or arr.chunks, name=token)[_cut(arr, n_time)]
         variables[name] = xr.Variable(dims, data, dict(arr.attrs))
     return xr.Dataset(variables, coords=coords, attrs=attrs)
+
+
+def open_header(url: str, storage_options: Mapping[str, Any] | None = None,
+                group: zarr.Group | None = None) -> ArchiveHeader:
+    """The archive's header (:mod:`flyarchive.store.header`): what :func:`open_dataset`
+    reads at open, the same values, without xarray or dask. Other variables than state
+    are read whole on first use (committed frames); state is not read.
+
+    Args and Raises: as :func:`open_dataset`.
+    """
+    group = group if group is not None else open_group(url, storage_options)
+    group, arrays, n_frames, n_time, coordinates = _stored(url, storage_options, group)
+    variables: dict[str, HeaderVariable] = {}
+    if n_frames is not None:
+        variables["n_frames"] = HeaderVariable("n_frames", ("world",), n_frames.dtype,
+                                               n_frames.shape, arrays["n_frames"].attrs,
+                                               values=n_frames)
+    for name, values in coordinates.items():
+        variables[name] = HeaderVariable(name, _dims(arrays[name]), values.dtype, values.shape,
+                                         arrays[name].attrs, values=values)
+    for name, arr in arrays.items():
+        if name in variables:
+            continue
+        dims = _dims(arr)
+        shape = tuple(n_time if d == "time" else n for d, n in zip(dims, arr.shape))
+        read = None if name in STATE_VARS else \
+            (lambda arr=arr: np.asarray(arr[_cut(arr, n_time)]))  # noqa: E731
+        variables[name] = HeaderVariable(name, dims, arr.dtype, shape, arr.attrs, read=read)
+    return ArchiveHeader(group.attrs.asdict(), variables, coords=tuple(coordinates))

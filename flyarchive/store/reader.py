@@ -229,9 +229,8 @@ def open_stored(group: zarr.Group, chunks: Mapping[str, int] | None = None) -> x
         chunks: Dask chunk length per dimension; other dimensions follow the stored
             shards (or chunks). None: the stored shards.
     """
-    import xarray as xr  # not at import: Dask workers that only read states skip it
-
     import dask.array as da
+    import xarray as xr  # not at import: Dask workers that only read states skip it
 
     n_frames = np.asarray(group["n_frames"][:]) if "n_frames" in group else None
     arrays = dict(group.arrays())

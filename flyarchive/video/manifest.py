@@ -37,9 +37,14 @@ from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import asdict
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import xarray as xr
+if TYPE_CHECKING:
+    import xarray as xr
+
+    from flyarchive.store.header import ArchiveHeader
+
+    Archive = xr.Dataset | ArchiveHeader  # what planning reads: the dataset or its header
 
 __all__ = ["write_manifest", "read_manifest", "video_entry", "describe", "MANIFEST_VERSION"]
 
@@ -48,7 +53,7 @@ MANIFEST_VERSION = 2
 _V1_SHARED = ("fps", "size", "backend", "video")
 
 
-def write_manifest(plan: Any, ds: xr.Dataset, entries: list[dict[str, Any]], *,
+def write_manifest(plan: Any, ds: Archive, entries: list[dict[str, Any]], *,
                    staging: Path | None = None) -> str:
     """Write (or update) ``{plan.out}/manifest.json`` with the videos of one render.
 
@@ -145,7 +150,7 @@ def video_entry(plan: Any, job: Any, camera: str, path: str | Mapping[str, str]
     return entry
 
 
-def describe(plan: Any, ds: xr.Dataset, video: dict[str, Any]) -> dict[str, Any]:
+def describe(plan: Any, ds: Archive, video: dict[str, Any]) -> dict[str, Any]:
     """A rendered video's entry, with everything that describes it alone.
 
     Args:

@@ -26,6 +26,8 @@ from flyarchive.errors import RenderOptionsError
 if TYPE_CHECKING:
     import xarray as xr
 
+    from flyarchive.store.header import ArchiveHeader
+
 __all__ = ["BUILT_IN", "parse_overlay", "check_overlay", "world_variables", "OverlayText"]
 
 #: Overlay items every archive has.
@@ -49,12 +51,12 @@ def parse_overlay(overlay: Any) -> tuple[str, ...]:
     return tuple(names)
 
 
-def world_variables(ds: xr.Dataset) -> list[str]:
+def world_variables(ds: xr.Dataset | ArchiveHeader) -> list[str]:
     """The archive's per-world variables (dims ``(world,)``), sorted."""
     return sorted(str(n) for n, v in ds.data_vars.items() if v.dims == ("world",))
 
 
-def check_overlay(items: Sequence[str], ds: xr.Dataset) -> None:
+def check_overlay(items: Sequence[str], ds: xr.Dataset | ArchiveHeader) -> None:
     """Refuse overlay items that are neither built in nor a per-world variable of ``ds``.
 
     Raises:
@@ -75,13 +77,14 @@ class OverlayText:
     """The overlay text of every frame of an archive's worlds.
 
     Args:
-        ds: The archive (:func:`flyarchive.open_archive`).
+        ds: The archive (:func:`flyarchive.open_archive`), or its header
+            (:func:`flyarchive.query.archive.open_header`).
         items: Overlay items, checked (:func:`check_overlay`).
         label_world: Put the world id first even if ``"world"`` is not an item (mosaic
             tiles).
     """
 
-    def __init__(self, ds: xr.Dataset, items: Sequence[str], *, label_world: bool = False
+    def __init__(self, ds: xr.Dataset | ArchiveHeader, items: Sequence[str], *, label_world: bool = False
                  ) -> None:
         items = tuple(items)
         if label_world and "world" not in items:

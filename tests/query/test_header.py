@@ -1,0 +1,121 @@
+"""open_header: what a render plans with, read without xarray or dask, equal to what
+open_archive reads (same variables, dims, dtypes, shapes, values, attributes; same
+checks), and a render without a where mask imports neither xarray, pandas nor dask."""
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import pytest
+
+from flyarchive import open_archive
+from flyarchive.errors import SchemaError
+from flyarchive.query.archive import open_header
+from flyarchive.store.world_vars import add_world_vars
+from flyarchive.testing.synthetic import write_random
+
+
+def _archive(location):
+    committed = np.array([40, 25, 0, 40, 33, 40])
+    write_random(location.url, n_worlds=6, world_ids=[3, 5, 8, 13, 21, 34], committed=committed,
+                 storage_options=location.storage_options)
+    add_world_vars(location.url, {"success": [1, 0, 1, 1, 0, 1],
+                                  "gain": [0.5, 1.5, 2.5, 3.5, 4.5, 5.5]},
+                   storage_options=location.storage_options)
+    return location
+
+
+def test_the_header_holds_what_the_dataset_holds_but_state(location):
+    _archive(location)
+    ds = open_archive(location.url, location.storage_options)
+    header = open_header(location.url, location.storage_options)
+
+    assert header.attrs == ds.attrs
+    assert dict(header.sizes) == dict(ds.sizes)
+    assert sorted(header.coords) == sorted(ds.coords)
+    assert sorted(header.data_vars) == sorted(ds.data_vars)
+    assert {"qpos", "mocap_pos", "mocap_quat", "success", "gain"} <= set(header.data_vars)
+    for name, var in ds.variables.items():
+        got = header[name]
+        assert (got.dims, got.dtype, got.shape, got.attrs) == \
+            (var.dims, var.dtype, var.shape, dict(var.attrs)), name
+        if name not in ("qpos", "mocap_pos", "mocap_quat"):
+            np.testing.assert_array_equal(got.values, var.values, err_msg=name)
+    assert getattr(header, "n_frames") is header["n_frames"]
+    assert list(header.n_frames.values) == [40, 25, 0, 40, 33, 40]
+    assert "success" in header and "nothing" not in header
+
+
+def test_state_is_not_read_from_a_header_and_says_what_reads_it(tmp_path):
+    url = str(tmp_path / "run.zarr")
+    write_random(url, n_worlds=2)
+    header = open_header(url)
+    with pytest.raises(TypeError, match=r"'qpos' is state.*open_archive"):
+        header.qpos.values
+    with pytest.raises(KeyError, match="no variable 'speed'"):
+        header["speed"]
+    with pytest.raises(AttributeError, match="speed"):
+        header.speed
+
+
+def test_the_header_checks_the_archive_as_open_archive_does(tmp_path):
+    url = tmp_path / "run.zarr"
+    write_random(str(url), n_worlds=2)
+    meta = json.loads((url / "zarr.json").read_text())
+    meta["attributes"]["output_fps"] = "fast"
+    (url / "zarr.json").write_text(json.dumps(meta))
+
+    with pytest.raises(SchemaError) as from_dataset:
+        open_archive(str(url))
+    with pytest.raises(SchemaError) as from_header:
+        open_header(str(url))
+    assert str(from_header.value) == str(from_dataset.value)
+    assert "output_fps" in str(from_header.value)
+
+
+def test_a_header_with_repeated_world_ids_is_refused_like_the_dataset(tmp_path):
+    url = str(tmp_path / "run.zarr")
+    write_random(url, n_worlds=3)
+    import zarr
+
+    zarr.open_array(f"{url}/world", mode="r+")[:] = [4, 4, 5]
+    with pytest.raises(SchemaError, match="repeats a world id"):
+        open_archive(url)
+    with pytest.raises(SchemaError, match="repeats a world id"):
+        open_header(url)
+
+
+_RENDER = textwrap.dedent("""
+    import json, sys
+    from flyarchive.cli import main
+    rc = main(sys.argv[1:])
+    heavy = [m for m in ("xarray", "pandas", "dask", "dask.array") if m in sys.modules]
+    print(json.dumps({"rc": rc, "heavy": heavy}))
+""")
+
+
+@pytest.mark.parametrize("where", [[], ["--where-world-var", "success=1"]])
+def test_a_render_without_a_where_mask_imports_no_xarray_pandas_or_dask(tmp_path, model_xml,
+                                                                        where):
+    url = str(tmp_path / "run.zarr")
+    write_random(url, n_worlds=2, n_frames=4, chunk_frames=4)
+    add_world_vars(url, {"success": [1, 0]})
+    out = tmp_path / "videos"
+    args = ["render", url, "--model", model_xml, "--camera", "front", "--size", "48x64",
+            "--backend", "warp-cpu", "--workers", "0", "--out", str(out), "--quiet", *where]
+    run = subprocess.run([sys.executable, "-c", _RENDER, *args], capture_output=True,
+                         text=True, env={**os.environ, "MUJOCO_GL": "egl"},
+                         timeout=600)
+    assert run.returncode == 0, run.stderr[-2000:]
+    result = json.loads(run.stdout.strip().splitlines()[-1])
+    assert result["rc"] == 0
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert [v["world"] for v in manifest["videos"]] == ([0] if where else [0, 1])
+    assert [v["frame_range"] for v in manifest["videos"]][0] == [0, 4]
+    if where:  # the mask is computed with xarray: it is imported then
+        assert "xarray" in result["heavy"]
+    else:
+        assert result["heavy"] == []
