@@ -71,7 +71,7 @@ def open_header(url: str, storage_options: Mapping[str, Any] | None = None) -> A
         As :func:`open_archive` when opening.
     """
     header = _opened(url, storage_options, dataset.open_header)
-    validate(header)  # type: ignore[arg-type]  (it answers what validate reads)
+    validate(header)
     return header
 
 
