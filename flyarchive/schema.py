@@ -20,10 +20,6 @@ from flyarchive.layout import ModelLayout
 if TYPE_CHECKING:
     import xarray as xr
 
-    from flyarchive.store.header import ArchiveHeader
-
-    Archive = xr.Dataset | ArchiveHeader  # what planning reads: the dataset or its header
-
 #: Deepest nesting of lists and objects in metadata and attributes.
 MAX_JSON_DEPTH = 64
 
@@ -135,11 +131,13 @@ def _check_types(attrs: Mapping[str, Any]) -> None:
         )
 
 
-def validate(ds: Archive) -> ModelLayout:
+def validate(ds: xr.Dataset) -> ModelLayout:
     """Check a dataset against schema v1 and return its layout.
 
     Args:
-        ds: A dataset as stored (before masking), e.g. from ``xarray.open_zarr``.
+        ds: A dataset as stored (before masking), e.g. from ``xarray.open_zarr``, or an
+            archive's header (:class:`flyarchive.store.header.ArchiveHeader`: the same
+            interface, without state values).
 
     Returns:
         The model layout recorded in the attributes.
@@ -183,7 +181,7 @@ def validate(ds: Archive) -> ModelLayout:
     return layout
 
 
-def _check_var(ds: Archive, name: str, dims: tuple[str, ...], dtypes: tuple[np.dtype, ...]) -> None:
+def _check_var(ds: xr.Dataset, name: str, dims: tuple[str, ...], dtypes: tuple[np.dtype, ...]) -> None:
     if name not in ds:
         raise SchemaError(f"The archive has no variable {name!r}. Variables: {sorted(ds.data_vars)}.")
     var = ds[name]
@@ -194,14 +192,14 @@ def _check_var(ds: Archive, name: str, dims: tuple[str, ...], dtypes: tuple[np.d
         raise SchemaError(f"Variable {name!r} has dtype {var.dtype}; schema v1 wants {wanted}.")
 
 
-def _check_coord(ds: Archive, name: str, dtype: np.dtype) -> None:
+def _check_coord(ds: xr.Dataset, name: str, dtype: np.dtype) -> None:
     if name not in ds.coords:
         raise SchemaError(f"The archive has no coordinate {name!r}.")
     if ds[name].dtype != dtype:
         raise SchemaError(f"Coordinate {name!r} has dtype {ds[name].dtype}; schema v1 wants {dtype}.")
 
 
-def _check_time_coord(ds: Archive, name: str, dtype: np.dtype) -> None:
+def _check_time_coord(ds: xr.Dataset, name: str, dtype: np.dtype) -> None:
     var = ds.variables[name]
     if var.dims != ("time",) or var.dtype != dtype:
         raise SchemaError(
