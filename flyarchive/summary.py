@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from flyarchive.query import open_archive
+from flyarchive.query.archive import open_header
 from flyarchive.schema import import_status
 from flyarchive.store.models import stored_entry
 
@@ -17,7 +17,7 @@ def summarize(url: str, storage_options: Mapping[str, Any] | None = None) -> dic
     beside it (``model``: its ``sha256``, ``size`` in bytes, the ``mujoco`` release that
     wrote it and its ``path``; None when none is kept) and the per-world variables
     (JSON-friendly)."""
-    ds = open_archive(url, storage_options)
+    ds = open_header(url, storage_options)  # what it shows is in the header: no xarray needed
     n_frames = ds.n_frames.values
     times = ds.time.values
     layout = ds.attrs["layout"]

@@ -119,3 +119,17 @@ def test_a_render_without_a_where_mask_imports_no_xarray_pandas_or_dask(tmp_path
         assert "xarray" in result["heavy"]
     else:
         assert result["heavy"] == []
+
+
+def test_flyarchive_info_reads_the_header_without_xarray_pandas_or_dask(tmp_path):
+    url = str(tmp_path / "run.zarr")
+    write_random(url, n_worlds=3, n_frames=4, chunk_frames=4, committed=np.array([4, 2, 0]))
+    add_world_vars(url, {"success": [1, 0, 1]})
+    run = subprocess.run([sys.executable, "-c", _RENDER, "info", "--json", url],
+                         capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr[-2000:]
+    *printed, last = run.stdout.strip().splitlines()
+    info = json.loads("\n".join(printed))
+    assert (info["worlds"], info["frames_min"], info["frames_max"]) == (3, 0, 4)
+    assert (info["world_vars"], info["dtype"], info["nq"]) == (["success"], "float64", 13)
+    assert json.loads(last) == {"rc": 0, "heavy": []}
