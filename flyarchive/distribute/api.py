@@ -33,9 +33,7 @@ from flyarchive.video import VideoOptions
 if TYPE_CHECKING:
     import xarray as xr
 
-    from flyarchive.store.header import ArchiveHeader
-
-    Archive = xr.Dataset | ArchiveHeader  # what planning reads: the dataset or its header
+    from flyarchive.store.header import Archive
 
 __all__ = [
     "RenderOptions", "RenderResult", "VideoJob", "render_videos", "render_frames", "select_frames",

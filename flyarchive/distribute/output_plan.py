@@ -24,11 +24,7 @@ from flyarchive.video.mosaic import mosaic_jobs, mosaic_size, parse_mosaic
 from flyarchive.video.overlay import check_overlay, parse_overlay
 
 if TYPE_CHECKING:
-    import xarray as xr
-
-    from flyarchive.store.header import ArchiveHeader
-
-    Archive = xr.Dataset | ArchiveHeader  # what planning reads: the dataset or its header
+    from flyarchive.store.header import Archive
 
 __all__ = ["check_output_options", "plan_outputs", "map_attributes", "text_chars"]
 

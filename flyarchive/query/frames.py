@@ -21,9 +21,7 @@ from flyarchive.errors import SelectionError
 if TYPE_CHECKING:  # imported where a where mask is read: planning without one needs no xarray
     import xarray as xr
 
-    from flyarchive.store.header import ArchiveHeader
-
-    Archive = xr.Dataset | ArchiveHeader  # what planning reads: the dataset or its header
+    from flyarchive.store.header import Archive
 
 __all__ = ["VideoJob", "select_frames", "where_windows"]
 

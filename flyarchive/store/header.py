@@ -19,9 +19,17 @@ This module imports nothing heavy (numpy only).
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
+
+if TYPE_CHECKING:
+    from typing import TypeAlias
+
+    import xarray as xr
+
+    #: What planning code reads: an archive's dataset or its header (for annotations).
+    Archive: TypeAlias = "xr.Dataset | ArchiveHeader"
 
 __all__ = ["ArchiveHeader", "HeaderVariable"]
 

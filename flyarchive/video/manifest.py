@@ -40,11 +40,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    import xarray as xr
-
-    from flyarchive.store.header import ArchiveHeader
-
-    Archive = xr.Dataset | ArchiveHeader  # what planning reads: the dataset or its header
+    from flyarchive.store.header import Archive
 
 __all__ = ["write_manifest", "read_manifest", "video_entry", "describe", "MANIFEST_VERSION"]
 

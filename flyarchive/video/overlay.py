@@ -24,9 +24,7 @@ import numpy as np
 from flyarchive.errors import RenderOptionsError
 
 if TYPE_CHECKING:
-    import xarray as xr
-
-    from flyarchive.store.header import ArchiveHeader
+    from flyarchive.store.header import Archive
 
 __all__ = ["BUILT_IN", "parse_overlay", "check_overlay", "world_variables", "OverlayText"]
 
@@ -51,12 +49,12 @@ def parse_overlay(overlay: Any) -> tuple[str, ...]:
     return tuple(names)
 
 
-def world_variables(ds: xr.Dataset | ArchiveHeader) -> list[str]:
+def world_variables(ds: Archive) -> list[str]:
     """The archive's per-world variables (dims ``(world,)``), sorted."""
     return sorted(str(n) for n, v in ds.data_vars.items() if v.dims == ("world",))
 
 
-def check_overlay(items: Sequence[str], ds: xr.Dataset | ArchiveHeader) -> None:
+def check_overlay(items: Sequence[str], ds: Archive) -> None:
     """Refuse overlay items that are neither built in nor a per-world variable of ``ds``.
 
     Raises:
@@ -84,7 +82,7 @@ class OverlayText:
             tiles).
     """
 
-    def __init__(self, ds: xr.Dataset | ArchiveHeader, items: Sequence[str], *, label_world: bool = False
+    def __init__(self, ds: Archive, items: Sequence[str], *, label_world: bool = False
                  ) -> None:
         items = tuple(items)
         if label_world and "world" not in items:
