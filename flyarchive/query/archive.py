@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from flyarchive.errors import FlyarchiveError, UnsafeFileError
+from flyarchive.errors import FlyarchiveError, SchemaError, UnsafeFileError
 from flyarchive.schema import validate
 from flyarchive.store import dataset, unavailable
 from flyarchive.store.header import ArchiveHeader
@@ -79,10 +79,10 @@ def _opened(url: str, storage_options: Mapping[str, Any] | None,
             read: Callable[..., _Opened]) -> _Opened:
     """``read(url, storage_options, group)`` of the checked group, looked at twice should
     a writer have changed the archive under the first look; errors named."""
-    try:
-        group = open_checked(url, storage_options)
+    try:  # the arrays' own metadata is checked in read's first round (store.copies)
+        group = open_checked(url, storage_options, own_later=True)
     except UnsafeFileError:  # a writer replaced a metadata file as it was read: look again
-        group = open_checked(url, storage_options)
+        group = open_checked(url, storage_options, own_later=True)
     for attempt in (1, 2):
         try:
             return read(url, storage_options, group)
@@ -93,6 +93,8 @@ def _opened(url: str, storage_options: Mapping[str, Any] | None,
                 raise unavailable(url, err) from None
             if attempt == 2:
                 raise damaged_metadata(url, group, err) from None
+        except SchemaError:  # names its file: looking again would not change it
+            raise
         except Exception as err:  # zarr/xarray report damaged metadata in many ways
             if attempt == 2:
                 raise unreadable(url, group, err) from None

@@ -27,6 +27,9 @@ from zarr.core.buffer import default_buffer_prototype
 from zarr.core.group import ConsolidatedMetadata, GroupMetadata
 from zarr.core.metadata import ArrayV3Metadata
 
+from flyarchive.errors import SchemaError
+from flyarchive.store import copies
+from flyarchive.store.hardening import check_array_metadata
 from flyarchive.store.location import sync
 
 __all__ = ["consolidate", "write_consolidated", "members_metadata", "time_extent",
@@ -101,14 +104,8 @@ def root_document(group: zarr.Group) -> dict[str, Any] | None:
     return parsed if isinstance(parsed, dict) else None
 
 
-def _plain(meta: Metadata) -> dict[str, Any]:
-    out = meta.to_dict()
-    out.pop("shape", None)
-    return out
-
-
 def consolidated_problems(root_document: Mapping[str, Any] | None, group: zarr.Group,
-                          n_frames: np.ndarray | None) -> list[str]:
+                          n_frames: np.ndarray | None, archive: str = "") -> list[str]:
     """What is wrong with an archive's consolidated metadata (empty when sound or absent).
 
     Args:
@@ -117,11 +114,14 @@ def consolidated_problems(root_document: Mapping[str, Any] | None, group: zarr.G
             own metadata).
         n_frames: The commit markers, for archives of one writer (None: not checked,
             e.g. archives of fixed capacity whose extents are set at creation).
+        archive: The archive's URL, for messages.
 
     Returns:
-        One sentence per problem: a consolidated shape larger than the array's own, a
-        ``time`` extent beyond the largest ``n_frames``, metadata that differs from the
-        array's own in anything but its shape, or an array missing from the copy.
+        One sentence per problem: a copy whose pipeline flyarchive does not write (no
+        CRC-32C checksum...), a copy that decodes otherwise than the array's own metadata
+        (the same sentences readers refuse it with: :mod:`~flyarchive.store.copies`),
+        other differences (attributes), an array missing from the copy, a ``time``
+        extent beyond the largest ``n_frames``.
     """
     copy = (root_document or {}).get("consolidated_metadata")
     if not isinstance(copy, Mapping):
@@ -140,23 +140,31 @@ def consolidated_problems(root_document: Mapping[str, Any] | None, group: zarr.G
         copied = listed.get(name)
         if copied is None:
             problems.append(f"The consolidated metadata lacks the array {name!r}. {fix}")
-            continue
-        if not isinstance(copied, ArrayV3Metadata):
+        elif not isinstance(copied, ArrayV3Metadata):
             problems.append(f"The consolidated metadata of {name!r} is not an array's. {fix}")
-            continue
-        if len(copied.shape) != len(arr.shape) or any(
-                c > a for c, a in zip(copied.shape, arr.shape)):
-            problems.append(
-                f"The consolidated metadata gives {name!r} the shape {copied.shape}, larger "
-                f"than its own {arr.shape}. {fix}")
-        elif _plain(copied) != _plain(arr.metadata):
-            problems.append(
-                f"The consolidated metadata of {name!r} differs from its own zarr.json "
-                f"(codecs, chunks, dtype or attributes). {fix}")
+        else:
+            problems += _array_copy_problems(name, arr, copied, archive, fix)
     extent = time_extent(listed)
     if n_frames is not None and extent is not None and extent > int(np.max(n_frames, initial=0)):
         problems.append(
             f"The consolidated metadata gives 'time' {extent} frames, more than the "
             f"{int(np.max(n_frames, initial=0))} committed (n_frames): it is ahead of the commit "
             f"markers. {fix}")
+    return problems
+
+
+def _array_copy_problems(name: str, arr: zarr.Array, copied: ArrayV3Metadata, archive: str,
+                         fix: str) -> list[str]:
+    copy, own = copies.plain(copied), copies.plain(arr.metadata)
+    problems = []
+    try:
+        check_array_metadata(copy, copies.copy_where(archive, name), archive, name=name)
+    except SchemaError as err:
+        problems.append(str(err))
+    found = copies.differences(own, copy)
+    if found:
+        problems.append(str(copies.disagreement(name, found, archive)))
+    elif copy.get("attributes") != own.get("attributes"):
+        problems.append(f"The consolidated metadata of {name!r} differs from its own zarr.json "
+                        f"in its attributes. {fix}")
     return problems

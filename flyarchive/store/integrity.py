@@ -61,7 +61,7 @@ def verify(url: str, storage_options: Mapping[str, Any] | None = None) -> Verify
     """
     report = VerifyReport(str(url))
     try:
-        group = open_checked(url, storage_options, consolidated=False)
+        group = open_checked(url, storage_options, consolidated=False, check_copy=False)
     except FlyarchiveError as err:
         if isinstance(err, (FileNotFoundError, StorageError)):  # interop: not the archive's fault
             raise
@@ -102,7 +102,7 @@ def verify(url: str, storage_options: Mapping[str, Any] | None = None) -> Verify
     _check_time(group, int(n_frames.max(initial=0)), report)
     one_writer = not group["claims"].attrs.get("world_blocks", False) if "claims" in group else True
     report.problems += consolidated_problems(root_document(group), group,
-                                             n_frames if one_writer else None)
+                                             n_frames if one_writer else None, str(url))
     spec = group.attrs.get("codec", {}).get("spec", "lossless")
     for name in STATE_VARS:
         if name in group:
