@@ -17,7 +17,6 @@ concurrent round of requests when the consolidated metadata bounds them.
 
 from __future__ import annotations
 
-import asyncio
 import json
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
