@@ -26,6 +26,7 @@ from flyarchive.errors import ArchiveNotFoundError, CorruptArchiveError, Flyarch
 from flyarchive.schema import STATE_VARS, validate_attrs
 from flyarchive.store import hardening, storage_errors
 from flyarchive.store.copies import check_copies, check_own, read_checked, read_copy
+from flyarchive.store.elsewhere import not_an_archive
 from flyarchive.store.hardening import check_arrays
 from flyarchive.store.localstore import UnsafeFileError
 from flyarchive.store.location import access_denied, is_remote, open_store, sync, unavailable
@@ -70,15 +71,19 @@ def open_group(url: str, storage_options: Mapping[str, Any] | None = None, *, mo
         raise access_denied(url, err) from None
     except (FileNotFoundError, zarr.errors.GroupNotFoundError, KeyError):
         _refuse_v2(store, url)
-        raise ArchiveNotFoundError(
+        raise not_an_archive(url, storage_options) or ArchiveNotFoundError(
             f"No archive at {url!r}: there is no zarr.json there. Check the URL, or record "
             "one with flyarchive.TrajectoryRecorder."
         ) from None
     except OSError as err:
         raise unavailable(url, err) from None
-    except (ValueError, TypeError) as err:
-        raise SchemaError(f"The zarr metadata at {url!r} is unreadable ({err}).") from None
-    validate_attrs(group.attrs.asdict())
+    except (ValueError, TypeError) as err:  # also an array (a map...) where the group should be
+        raise not_an_archive(url, storage_options) or SchemaError(
+            f"The zarr metadata at {url!r} is unreadable ({err}).") from None
+    try:
+        validate_attrs(group.attrs.asdict())
+    except SchemaError as err:  # a folder inside an archive (claims, models) is not one
+        raise not_an_archive(url, storage_options) or err from None
     return group
 
 
