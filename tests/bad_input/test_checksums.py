@@ -17,7 +17,7 @@ from flyarchive.testing.checksums import (
     read_with,
     upload,
 )
-from flyarchive.testing.fixtures import bucket_snapshot, snapshot
+from flyarchive.testing.fixtures import snapshot
 
 BUCKET = "flyarchive-test"  # created by the s3_server fixture
 pytestmark = pytest.mark.timeout(120)
@@ -51,8 +51,8 @@ def s3_fs(s3_server):
 
 
 def s3_prefix_snapshot(fs, url):
-    return {key: value for key, value in bucket_snapshot(fs, BUCKET).items()
-            if key.startswith(url.removeprefix("s3://"))}
+    """Every object under ``url``: key -> bytes."""
+    return {key: fs.cat_file(key) for key in sorted(fs.find(url.removeprefix("s3://")))}
 
 
 # ----------------------------------------------------------------------------- controls
