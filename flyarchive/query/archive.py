@@ -31,8 +31,11 @@ def open_archive(url: str, storage_options: Mapping[str, Any] | None = None) -> 
     world's ``n_frames``): a second query of the same shards on S3 makes one request per
     shard, and one more to check that the archive is still the one opened (its
     ``archive_id``). Opening reads the metadata (on S3 one request: the root
-    ``zarr.json``, which holds every array's metadata, consolidated), then ``n_frames``
-    and the coordinates in one concurrent round of requests. Plain
+    ``zarr.json``, which holds every array's metadata, consolidated), then ``n_frames``,
+    the coordinates and every array's own ``zarr.json`` in one concurrent round of
+    requests; an archive whose two copies of an array's metadata disagree on how bytes
+    decode, or whose pipelines of numbers lack their CRC-32C checksum, is refused
+    (:mod:`flyarchive.store.copies`). Plain
     ``xarray.open_zarr(url)`` opens the same data without flyarchive, unmasked (and
     without warnings: the consolidated metadata is there).
 
@@ -49,7 +52,9 @@ def open_archive(url: str, storage_options: Mapping[str, Any] | None = None) -> 
 
     Raises:
         ArchiveNotFoundError: nothing at ``url``.
-        SchemaError, SchemaVersionError: not a readable flyarchive archive.
+        SchemaError, SchemaVersionError: not a readable flyarchive archive (also: metadata
+            that switches a checksum off, or two copies of an array's metadata that decode
+            otherwise; the error names the array and the file).
         StorageBackendMissingError: the URL's protocol needs a package (names the extra).
         CorruptArchiveError: when computing, for damaged stored bytes (names the chunk).
         ArchiveReplacedError (a StorageError): when computing, once the archive was
