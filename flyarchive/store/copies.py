@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import re
 from collections.abc import Awaitable, Mapping, Sequence
 from typing import Any
 
@@ -43,7 +42,6 @@ DECODING = {"data_type": "data type", "chunk_grid": "chunks (or shards)",
             "chunk_key_encoding": "chunk key encoding", "codecs": "codecs",
             "fill_value": "fill value", "dimension_names": "dimension names",
             "storage_transformers": "storage transformers"}
-_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.\-]{0,254}")
 
 
 def plain(meta: ArrayV3Metadata) -> dict[str, Any]:
@@ -236,8 +234,8 @@ async def check_own(group: zarr.Group, archive: str) -> None:
     copy = group.metadata.consolidated_metadata
     if copy is None:
         return
-    names = sorted(name for name, meta in copy.metadata.items()
-                   if isinstance(meta, ArrayV3Metadata) and _NAME.fullmatch(name))
+    names = sorted(name for name, meta in copy.metadata.items()  # the group's own arrays
+                   if isinstance(meta, ArrayV3Metadata) and "/" not in name and name)
     proto = default_buffer_prototype()
     found = await asyncio.gather(*((group.store_path / name / "zarr.json").get(prototype=proto)
                                    for name in names))
