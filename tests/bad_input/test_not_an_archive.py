@@ -10,7 +10,7 @@ import pytest
 import zarr
 
 from flyarchive import open_archive
-from flyarchive.errors import ArchiveNotFoundError, SchemaError
+from flyarchive.errors import ArchiveNotFoundError
 from flyarchive.testing.checksums import upload
 from flyarchive.testing.fixtures import snapshot
 from flyarchive.video.maps import MapWriter, depth_attrs, segmentation_attrs
@@ -103,10 +103,3 @@ def test_a_plain_zarr_array_is_not_an_archive(tmp_path):
 
     assert snapshot(url) == before
 
-
-def test_a_plain_zarr_group_beside_nothing_is_still_refused_as_before(tmp_path):
-    url = str(tmp_path / "plain.zarr")
-    zarr.open_group(url, mode="w")
-
-    with pytest.raises(SchemaError, match="not a flyarchive archive"):
-        open_archive(url)
