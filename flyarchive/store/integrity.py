@@ -137,7 +137,9 @@ def _writers(url: str, storage_options: Mapping[str, Any] | None) -> list[str]:
 
     try:
         store = open_store(url, storage_options, read_only=True)
-        return [claim.describe() for claim in live_claims(store, str(url))]
+        return [claim.describe() + ("" if claim.alive() else " (perhaps: from here it cannot be "
+                                    "told whether it still runs)")
+                for claim in live_claims(store, str(url))]
     except (OSError, FlyarchiveError):  # no claims to read: verify reports the storage
         return []
 
