@@ -10,10 +10,12 @@ committed frames). Otherwise metadata could switch checksums off or make intact 
 decode as other values (a transpose order, a scale, an endianness).
 
 Readers compare the two at no extra round trip: a group opened without the copy (local,
-``memory://``) re-reads the root document, one small file (:func:`read_copy`,
-:func:`check_copies`); a group opened with it (S3) fetches the arrays' own ``zarr.json``
-in its first round of reads, beside ``n_frames`` and the coordinates (:func:`check_own`,
-:func:`read_checked`). The copy is always read before the arrays' own metadata, and
+``memory://``) re-reads the root document, one small file, and compares every array
+(:func:`read_copy`, :func:`check_copies`); a group opened with it (S3) fetches the own
+``zarr.json`` of state, ``n_frames``, ``time`` and ``world`` (:data:`OWN_CHECKED`) in its
+first round of reads, beside ``n_frames`` and the coordinates (:func:`check_own`,
+:func:`read_checked`); for the other arrays it decodes with the copy, whose pipeline must
+then be exactly what flyarchive writes. The copy is always read before the arrays' own metadata, and
 writers grow an array's own metadata before they rewrite the copy, so a writer's commit
 never makes the two disagree.
 """
@@ -30,12 +32,19 @@ from zarr.core.buffer import default_buffer_prototype
 from zarr.core.metadata import ArrayV3Metadata
 
 from flyarchive.errors import SchemaError
+from flyarchive.schema import STATE_VARS
 from flyarchive.store.hardening import check_array_metadata, check_json_bytes
 from flyarchive.store.location import sync
 
 __all__ = ["plain", "differences", "disagreement", "read_copy", "check_copies", "check_own",
-           "read_checked", "copy_where", "own_where", "DECODING"]
+           "read_checked", "copy_where", "own_where", "DECODING", "OWN_CHECKED"]
 
+#: The arrays whose own ``zarr.json`` readers of the consolidated copy fetch and compare:
+#: state and the numbers read at open. Each request costs (on loopback S3 about 5 ms of
+#: CPU on the 2-core VM: ``scripts/bench_open.py``); the copy of every other array must be
+#: exactly what flyarchive writes (:mod:`~flyarchive.store.hardening`), and ``verify`` and
+#: local readers compare them all.
+OWN_CHECKED = (*STATE_VARS, "n_frames", "time", "world")
 #: The fields of an array's metadata that decide how its stored bytes decode, and their
 #: names in messages (the shape is compared apart: ``time`` may be shorter in the copy).
 DECODING = {"data_type": "data type", "chunk_grid": "chunks (or shards)",
@@ -224,8 +233,8 @@ def check_copies(listed: Mapping[str, Any], checked: Mapping[str, Mapping[str, A
 
 
 async def check_own(group: zarr.Group, archive: str) -> None:
-    """Check the own ``zarr.json`` of every array of ``group``, opened with the
-    consolidated copy, against it; fetched concurrently (one round of requests).
+    """Check the own ``zarr.json`` of the arrays of :data:`OWN_CHECKED` of ``group``, opened
+    with the consolidated copy, against it; fetched concurrently (one round of requests).
     Nothing to do for a group opened without the copy.
 
     Raises:
@@ -234,8 +243,8 @@ async def check_own(group: zarr.Group, archive: str) -> None:
     copy = group.metadata.consolidated_metadata
     if copy is None:
         return
-    names = sorted(name for name, meta in copy.metadata.items()  # the group's own arrays
-                   if isinstance(meta, ArrayV3Metadata) and "/" not in name and name)
+    names = sorted(name for name in OWN_CHECKED
+                   if isinstance(copy.metadata.get(name), ArrayV3Metadata))
     proto = default_buffer_prototype()
     found = await asyncio.gather(*((group.store_path / name / "zarr.json").get(prototype=proto)
                                    for name in names))

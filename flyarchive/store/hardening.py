@@ -28,7 +28,7 @@ from flyarchive.schema import MAX_JSON_DEPTH, STATE_VARS, json_depth_of
 from flyarchive.store.decoders import BLOSC_HEADER, install_bounded_decoders
 
 __all__ = [
-    "MAX_METADATA_BYTES", "MAX_CHUNK_BYTES", "MAX_SHARD_BYTES",
+    "MAX_METADATA_BYTES", "MAX_CHUNK_BYTES", "MAX_SHARD_BYTES", "FIXED_NUMBERS",
     "ChunkLimits", "refuse", "check_array_metadata", "check_arrays", "check_json_bytes",
     "json_depth", "install_bounded_decoders", "zstd_content_size",
 ]
@@ -69,6 +69,10 @@ _STATE_PIPELINES = (
 _STATE_WRITTEN = ("numcodecs.pcodec, crc32c (lossless); numcodecs.fixedscaleoffset, "
                   "numcodecs.pcodec, crc32c (abs:<bound>); transpose, bytes, blosc, crc32c "
                   "(portable), each inside sharding_indexed with index codecs bytes, crc32c")
+#: Arrays flyarchive always writes with :data:`_LITTLE` then crc32c (world variables may be
+#: big-endian numbers, as a user's array was).
+FIXED_NUMBERS = ("n_frames", "time", "sim_time", "frame", "world")
+_LITTLE = {"name": "bytes", "configuration": {"endian": "little"}}
 _NO_CHECKSUM = ("; flyarchive ends every chunk of numbers with a CRC-32C checksum, and without "
                 "one damaged bytes would be read as data")
 
@@ -227,19 +231,42 @@ def check_array_metadata(meta: Any, where: str, archive: str, *,
             raise ValueError("it has storage transformers")
         limits = _pipeline_bound(meta.get("codecs"), chunks, dtype)
         if name in STATE_VARS:
-            _check_state_pipeline(meta.get("codecs"))
+            _check_state_pipeline(meta.get("codecs"), len(shape), dtype)
+        elif name in FIXED_NUMBERS:
+            if meta.get("codecs") != [_LITTLE, {"name": "crc32c"}]:
+                raise ValueError(f"the pipeline {str(meta.get('codecs'))[:160]} is not the one "
+                                 f"flyarchive writes for {name!r} (bytes, little-endian, then "
+                                 "crc32c)")
         return limits
     except ValueError as err:
         raise refuse(where, str(err), archive) from None
 
 
-def _check_state_pipeline(codecs: list[dict[str, Any]]) -> None:
-    """A state array's chunk pipeline (inside its shards) must be one flyarchive writes."""
+def _check_state_pipeline(codecs: list[dict[str, Any]], ndim: int, dtype: Any) -> None:
+    """A state array's chunk pipeline (inside its shards) must be one flyarchive writes, with
+    the settings that decide decoding as flyarchive sets them: the transpose that moves time
+    last, little-endian bytes, a quantizer of offset 0 and a power-of-two scale in the
+    array's own data type."""
     inner = codecs[0].get("configuration", {}).get("codecs") \
         if _names(codecs)[:1] == ["sharding_indexed"] else codecs
     if _names(inner) not in _STATE_PIPELINES:
         raise ValueError(f"the state pipeline {_names(inner)} is not one flyarchive writes "
                          f"({_STATE_WRITTEN})")
+    for codec in inner:
+        config = codec.get("configuration") or {}
+        if codec["name"] == "transpose" and config.get("order") != [0, *range(2, ndim), 1]:
+            raise ValueError(f"the transpose order {config.get('order')} is not the one "
+                             f"flyarchive writes ({[0, *range(2, ndim), 1]}: time last)")
+        if codec["name"] == "bytes" and codec != _LITTLE:
+            raise ValueError(f"the bytes stage {codec} is not the one flyarchive writes "
+                             "(little-endian)")
+        if codec["name"] == "numcodecs.fixedscaleoffset":
+            scale, native = config.get("scale"), np.dtype(dtype).str
+            whole = isinstance(scale, (int, float)) and scale > 0 and math.isfinite(scale)
+            if config.get("offset") != 0 or not whole or math.frexp(scale)[0] != 0.5 \
+                    or config.get("dtype") != native or config.get("astype") != native:
+                raise ValueError(f"the quantizer {config} is not one flyarchive writes (offset "
+                                 f"0, a power-of-two scale, dtype and astype {native!r})")
 
 
 def check_arrays(group: zarr.Group, archive: str) -> dict[str, dict[str, Any]]:

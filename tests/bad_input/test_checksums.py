@@ -158,17 +158,30 @@ def test_a_copy_decoding_otherwise_says_what_differs_in_both_files(variant_url, 
     from flyarchive.store import StateReader
 
     options = s3_server.storage_options()
-    url = upload(variant_url("copy: world big-endian"),
-                 f"s3://{BUCKET}/{uuid.uuid4().hex}.zarr", options)
+    url = upload(variant_url("copy: qpos float32"), f"s3://{BUCKET}/{uuid.uuid4().hex}.zarr",
+                 options)
 
     with pytest.raises(SchemaError) as err:
         StateReader(url, options)
 
     assert str(err.value).startswith(
-        f"The metadata of 'world' disagrees with itself: its consolidated copy in {url}/zarr.json "
-        f"and its own {url}/world/zarr.json differ in codecs (bytes {{\"endian\": \"big\"}} in "
-        "the copy, bytes {\"endian\": \"little\"} in its own).")
+        f"The metadata of 'qpos' disagrees with itself: its consolidated copy in {url}/zarr.json "
+        f"and its own {url}/qpos/zarr.json differ in data type (\"float32\" in the copy, "
+        "\"float64\" in its own).")
     assert "restore both files from a backup" in str(err.value)
+
+
+def test_a_big_endian_copy_of_world_ids_on_s3_is_not_what_flyarchive_writes(variant_url,
+                                                                          s3_server):
+    from flyarchive.query.archive import open_header
+
+    options = s3_server.storage_options()
+    url = upload(variant_url("copy: world big-endian"), f"s3://{BUCKET}/{uuid.uuid4().hex}.zarr",
+                 options)
+
+    with pytest.raises(SchemaError, match="the consolidated metadata of 'world'.*is not the one "
+                       r"flyarchive writes for 'world' \(bytes, little-endian, then crc32c\)"):
+        open_header(url, options)
 
 
 # ----------------------------------------------------------------------------- the CLI
@@ -196,7 +209,7 @@ def test_flyarchive_render_refuses_a_copy_decoding_otherwise_before_rendering(
                        "48x64", "--out", tmp_path / "videos", "--workers", "0", "--quiet")
 
     assert code == 2
-    assert "The metadata of 'qpos' disagrees with itself" in err
-    assert 'transpose {"order": [0, 1, 2]} in the copy, transpose {"order": [0, 2, 1]}' in err
+    assert "(the consolidated metadata of 'qpos'): the transpose order [0, 1, 2] is not the " \
+           "one flyarchive writes ([0, 2, 1]: time last)" in err
     assert not (tmp_path / "videos").exists()
     assert snapshot(url) == before

@@ -187,7 +187,7 @@ def s3_calls(caplog):
     return found
 
 
-def test_open_archive_on_s3_reads_the_copy_first_then_each_arrays_own_beside_the_coordinates(
+def test_open_archive_on_s3_reads_the_copy_first_then_the_own_metadata_beside_the_coordinates(
         s3_server, s3_archive, caplog):
     url, _ = s3_archive
     with FaultProxy(s3_server.endpoint_url) as proxy:
@@ -202,12 +202,11 @@ def test_open_archive_on_s3_reads_the_copy_first_then_each_arrays_own_beside_the
     prefix = url.removeprefix(f"s3://{BUCKET}/")
     calls = [key for _, key in s3_calls(caplog)]
     metadata = [key for key in calls if key.endswith("zarr.json")]
-    names = ["dof", "frame", "mocap", "mocap_pos", "mocap_quat", "n_frames", "qpos", "sim_time",
-             "time", "world", "wxyz", "xyz"]
+    names = ["mocap_pos", "mocap_quat", "n_frames", "qpos", "time", "world"]  # copies.OWN_CHECKED
     assert calls[0] == f"{prefix}/zarr.json"  # the copy, before any array's own metadata
     assert sorted(metadata[1:]) == [f"{prefix}/{name}/zarr.json" for name in names]
-    # one round after the root: every array's own zarr.json, and one request per coordinate
-    # chunk: n_frames, 2 of time, world, dof, 3 of labels
+    # one round after the root: the own zarr.json of state and of the numbers read at open,
+    # and one request per coordinate chunk: n_frames, 2 of time, world, dof, 3 of labels
     assert requests == 1 + len(names) + 8
 
 
