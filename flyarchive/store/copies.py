@@ -15,9 +15,9 @@ Readers compare the two at no extra round trip: a group opened without the copy 
 ``zarr.json`` of state, ``n_frames``, ``time`` and ``world`` (:data:`OWN_CHECKED`) in its
 first round of reads, beside ``n_frames`` and the coordinates (:func:`check_own`,
 :func:`read_checked`); for the other arrays it decodes with the copy, whose pipeline must
-then be exactly what flyarchive writes. The copy is always read before the arrays' own metadata, and
-writers grow an array's own metadata before they rewrite the copy, so a writer's commit
-never makes the two disagree.
+then be exactly what flyarchive writes. The copy is always read before the arrays' own
+metadata, and writers grow an array's own metadata before they rewrite the copy, so a
+writer's commit never makes the two disagree.
 """
 
 from __future__ import annotations
@@ -40,10 +40,10 @@ __all__ = ["plain", "differences", "disagreement", "read_copy", "check_copies", 
            "read_checked", "copy_where", "own_where", "DECODING", "OWN_CHECKED"]
 
 #: The arrays whose own ``zarr.json`` readers of the consolidated copy fetch and compare:
-#: state and the numbers read at open. Each request costs (on loopback S3 about 5 ms of
-#: CPU on the 2-core VM: ``scripts/bench_open.py``); the copy of every other array must be
-#: exactly what flyarchive writes (:mod:`~flyarchive.store.hardening`), and ``verify`` and
-#: local readers compare them all.
+#: state and the numbers read at open. Each request costs CPU (on loopback S3 about 5 ms
+#: on the 2-core VM: ``scripts/bench_open.py``), so the copies of the other arrays are
+#: only held to exactly what flyarchive writes (:mod:`~flyarchive.store.hardening`);
+#: ``verify`` and local readers compare them all.
 OWN_CHECKED = (*STATE_VARS, "n_frames", "time", "world")
 #: The fields of an array's metadata that decide how its stored bytes decode, and their
 #: names in messages (the shape is compared apart: ``time`` may be shorter in the copy).
