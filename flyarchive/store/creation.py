@@ -27,7 +27,7 @@ from flyarchive.layout import ModelLayout, check_compatible
 from flyarchive.schema import SCHEMA_NAME, SCHEMA_VERSION, STATE_VARS, TIME_COORDS
 from flyarchive.store.claims import WRITER_KEY, release
 from flyarchive.store.models import MODEL_ATTR, write_model
-from flyarchive.store.spec import ArchiveSpec
+from flyarchive.store.spec import ArchiveSpec, world_var_dtype
 
 __all__ = ["package_versions", "root_attrs", "create_arrays", "claims_group", "inventory",
            "clear", "refusal", "check_commits", "check_against", "tidy_local", "undo",
@@ -106,10 +106,9 @@ def create_arrays(group: zarr.Group, spec: ArchiveSpec) -> None:
         sim_time[:] = steps * spec.timing.timestep
     group.create_array("world", shape=(nw,), dtype="int64", chunks=(nw,), fill_value=-1,
                        dimension_names=["world"], **crc)[:] = np.asarray(spec.world_ids, dtype=np.int64)
-    for name, values in spec.world_vars.items():
-        values = np.asarray(values)
-        group.create_array(name, shape=values.shape, dtype=values.dtype, chunks=values.shape,
-                           dimension_names=["world"], **crc)[:] = values
+    for name, values in spec.world_vars.items():  # checked by the spec (world_var_array)
+        group.create_array(name, shape=values.shape, dtype=world_var_dtype(values),
+                           chunks=values.shape, dimension_names=["world"], **crc)[:] = values
     # One chunk per shard of worlds when several writers share the archive (each writes
     # its own), else one chunk: a reader opens it with one request.
     group.create_array("n_frames", shape=(nw,), dtype="int64", chunks=(sw if nt else nw,),
