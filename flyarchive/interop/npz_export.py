@@ -29,6 +29,7 @@ from flyarchive.errors import (
     missing_storage_backend,
 )
 from flyarchive.query import open_archive
+from flyarchive.query.frames import parse_world_ids
 from flyarchive.store.storage_errors import check_storage_options, is_remote, local_error, translated
 
 __all__ = ["export_npz", "NpzExport", "npz_name"]
@@ -82,15 +83,18 @@ def export_npz(
         progress: Called as ``progress(files_done, files_total)`` after each file.
 
     Raises:
-        SelectionError: a world id not in the archive, or no chosen world has frames.
+        SelectionError: a world id not in the archive, ``worlds`` that are not whole
+            numbers each given once (a world named twice would be one file reported
+            twice), or no chosen world has frames.
         OutputExistsError: a file exists and ``overwrite`` is False (nothing is written).
         OutputLocationError: ``out_dir`` is a file.
         StorageError: the output cannot be written (no permission, disk full, unreachable
             storage); files written before stay complete, none is half-written.
     """
+    asked = parse_world_ids(worlds)  # whole numbers, each once: one file per world
     ds = open_archive(url, storage_options)
     ids = [int(w) for w in ds.world.values]
-    chosen = ids if worlds is None else [int(w) for w in worlds]
+    chosen = ids if asked is None else asked
     unknown = [w for w in chosen if w not in ids]
     if unknown or not chosen:
         raise SelectionError(
