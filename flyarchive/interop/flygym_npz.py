@@ -318,6 +318,7 @@ def import_npz(
     chunk_frames: int = 100,
     progress: Callable[[int, int], object] | None = None,
     store_model: bool = True,
+    takeover: bool = False,
 ) -> str:
     """Import flygym ``.npz`` trajectories (files or folders of them) into one archive.
 
@@ -343,6 +344,8 @@ def import_npz(
         store_model: Keep ``model`` (its exact MJB bytes) beside the archive as
             ``models/<sha256>.mjb``, so that replay needs no model (default). False: keep
             only its layout; replay then needs the model.
+        takeover: Take over the writer claim that a crashed writer (on another host) left
+            on ``url`` (:mod:`flyarchive.store.claims`).
 
     Returns:
         The archive URL.
@@ -380,8 +383,9 @@ def import_npz(
     )
     url = str(url)
     url = str(Path(url).expanduser()) if url.startswith("~") else url
-    writer = (_resume_writer(url, spec, trajs, storage_options) if resume
-              else _create_writer(url, spec, mode, storage_options))
+    options = {"storage_options": storage_options, "takeover": takeover}
+    writer = (_resume_writer(url, spec, trajs, options) if resume
+              else _create_writer(url, spec, mode, options))
     if writer is not None:
         _write_frames(writer, trajs, progress)
         _mark_complete(url, storage_options, marker)
@@ -389,13 +393,14 @@ def import_npz(
 
 
 def _create_writer(url: str, spec: ArchiveSpec, mode: str,
-                   storage_options: Mapping[str, Any] | None) -> ArchiveWriter:
+                   options: Mapping[str, Any]) -> ArchiveWriter:
+    """A writer of a new archive (``options``: ``storage_options`` and ``takeover``)."""
     try:
-        return ArchiveWriter.create(url, spec, mode=mode, storage_options=storage_options)
+        return ArchiveWriter.create(url, spec, mode=mode, **options)
     except ArchiveExistsError:
         pass
     try:
-        status = import_status(open_group(url, storage_options).attrs.asdict())
+        status = import_status(open_group(url, options["storage_options"]).attrs.asdict())
     except Exception:  # something that is not an archive: the plain message below
         status = None
     if status is not None and status != "complete":
@@ -410,13 +415,13 @@ def _create_writer(url: str, spec: ArchiveSpec, mode: str,
 
 
 def _resume_writer(url: str, spec: ArchiveSpec, trajs: list[NpzTrajectory],
-                   storage_options: Mapping[str, Any] | None) -> ArchiveWriter | None:
+                   options: Mapping[str, Any]) -> ArchiveWriter | None:
     """A writer positioned after the frames every unfinished world committed, or None when
-    the import is already complete."""
+    the import is already complete (``options``: ``storage_options`` and ``takeover``)."""
     try:
-        group = open_group(url, storage_options)
+        group = open_group(url, options["storage_options"])
     except ArchiveNotFoundError:
-        return ArchiveWriter.create(url, spec, mode="w-", storage_options=storage_options)
+        return ArchiveWriter.create(url, spec, mode="w-", **options)
     stored = group.attrs.get(IMPORT_ATTR)
     ours = spec.attrs[IMPORT_ATTR]
     if not isinstance(stored, Mapping):
@@ -437,9 +442,9 @@ def _resume_writer(url: str, spec: ArchiveSpec, trajs: list[NpzTrajectory],
     if stored.get("state") == "complete":
         return None
     if "n_frames" not in group:  # killed while creating the arrays: nothing was committed
-        return ArchiveWriter.create(url, spec, mode="w", storage_options=storage_options)
-    writer = ArchiveWriter.append(url, spec.layout, storage_options=storage_options,
-                                  timing=spec.timing)
+        return ArchiveWriter.create(url, spec, mode="w", **options)
+    writer = ArchiveWriter.append(url, spec.layout, timing=spec.timing, codec=spec.codec,
+                                  dtype=spec.dtype, **options)
     if writer.world_ids != spec.world_ids:
         raise ImportMismatchError(
             f"The archive at {url!r} has worlds {list(writer.world_ids)[:10]}; these files give "
