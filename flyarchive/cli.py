@@ -187,7 +187,8 @@ def cmd_import_npz(args: argparse.Namespace) -> int:
     url = import_npz(files, _path(args.to), model,
                      mode="w" if args.overwrite else "w-", resume=args.resume,
                      renumber=args.renumber, storage_options=_storage_options(args.storage_options),
-                     codec=args.codec, store_model=not args.no_store_model)
+                     codec=args.codec, store_model=not args.no_store_model,
+                     takeover=args.takeover)
     print(f"imported {len(files)} file(s) into {url}")
     return 0
 
@@ -373,7 +374,8 @@ def cmd_set_world_var(args: argparse.Namespace) -> int:
 
     variables = dict(parse_world_var(text) for text in args.assignments)
     names = add_world_vars(_path(args.url), variables, overwrite=args.overwrite,
-                           storage_options=_storage_options(args.storage_options))
+                           storage_options=_storage_options(args.storage_options),
+                           takeover=args.takeover)
     print(f"set {', '.join(names)} in {args.url}")
     return 0
 
@@ -428,6 +430,12 @@ def build_parser() -> argparse.ArgumentParser:
     def storage(p: argparse.ArgumentParser) -> None:
         p.add_argument("--storage-options", help="fsspec options as JSON, e.g. S3 endpoint_url")
 
+    def takeover(p: argparse.ArgumentParser) -> None:
+        p.add_argument("--takeover", action="store_true",
+                       help="take over the writer claim that a crashed writer left on the "
+                            "archive (one that died on this host is taken over without it); "
+                            "never while that writer still runs")
+
     p = add("info", cmd_info, "Summarize an archive.")
     p.add_argument("url")
     p.add_argument("--json", action="store_true", help="print JSON")
@@ -445,6 +453,7 @@ def build_parser() -> argparse.ArgumentParser:
                         "world_id 0); the files' ids are kept as 'original_world_id'")
     p.add_argument("--no-store-model", action="store_true",
                    help="do not keep the model beside the archive (render then needs --model)")
+    takeover(p)
     storage(p)
     p = add("export-npz", cmd_export_npz, "Export worlds as flygym .npz files.")
     p.add_argument("url")
@@ -516,6 +525,7 @@ def build_parser() -> argparse.ArgumentParser:
                         "or text), or NAME=@values.npy / NAME=@values.json")
     p.add_argument("--overwrite", action="store_true",
                    help="replace variables of these names (keeping their dtype)")
+    takeover(p)
     storage(p)
     p = add("plot", cmd_plot, "Plot joint traces of one world to a PNG.")
     p.add_argument("url")
