@@ -13,7 +13,7 @@ import pytest
 
 from flyarchive import TrajectoryRecorder, open_archive
 from flyarchive.clock import Timing
-from flyarchive.errors import ArchiveInUseError, NpzFormatError, SchemaError
+from flyarchive.errors import NpzFormatError, SchemaError
 from flyarchive.interop.flygym_npz import import_npz
 from flyarchive.interop.npz_export import export_npz
 from flyarchive.layout import ModelLayout

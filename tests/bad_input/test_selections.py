@@ -6,7 +6,6 @@ said once. Each case fails with a clear error and changes nothing."""
 from __future__ import annotations
 
 import re
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -22,25 +21,6 @@ from flyarchive.testing import flip_bits, shard_file
 from flyarchive.testing.fixtures import snapshot
 
 SMALL = RenderOptions(size=(48, 64), segment_frames=8)
-
-
-@pytest.fixture
-def ragged(tiny, tmp_path: Path) -> str:
-    """Worlds 0 and 1 with 8 committed frames, world 2 with none."""
-    from flyarchive.clock import Timing
-    from flyarchive.layout import ModelLayout
-    from flyarchive.store import ArchiveSpec, ArchiveWriter, FrameBlock
-    from flyarchive.testing import reference_frames
-
-    frames = reference_frames(tiny, 3, 40)
-    url = str(tmp_path / "ragged.zarr")
-    spec = ArchiveSpec(ModelLayout.from_model(tiny), Timing(0.002, 25, 0.2), (0, 1, 2),
-                       chunk_frames=4)
-    block = FrameBlock(frames["time"][:8], frames["qpos"][:, :8], frames["mocap_pos"][:, :8],
-                       frames["mocap_quat"][:, :8])
-    with ArchiveWriter.create(url, spec) as writer:
-        writer.write(block, n_frames=np.array([8, 8, 0]))
-    return url
 
 
 def one_line(err: str) -> bool:
