@@ -92,9 +92,9 @@ def select_frames(
         SelectionError: ``worlds`` that are not whole numbers each given once
             (:func:`parse_world_ids`), a ``time`` that is not ``(start, end)`` of numbers
             (:func:`parse_time_window`), unknown worlds, chosen worlds without committed
-            frames, a window outside the recording, nothing selected, a ``where`` mask whose dims, dtype,
-            world ids or times do not match the archive (naming both), or a ``pad``
-            that is not a number of at least 0.
+            frames, a window outside the recording, nothing selected, a ``where`` mask
+            whose dims, dtype, world ids or times do not match the archive (naming both),
+            or a ``pad`` that is not a number of at least 0.
     """
     worlds, time = parse_world_ids(worlds), parse_time_window(time)
     ids = [int(w) for w in ds.world.values]
@@ -161,11 +161,15 @@ def parse_world_ids(worlds: Sequence[int] | None, what: str = "worlds") -> list[
 
     if worlds is None:
         return None
-    if isinstance(worlds, (str, bytes)) or not hasattr(worlds, "__iter__"):
+    try:
+        if isinstance(worlds, (str, bytes)):
+            raise TypeError
+        items = list(worlds)
+    except TypeError:
         raise SelectionError(
-            f"{what} must be a sequence of world ids, e.g. [0, 3], got {worlds!r}.")
+            f"{what} must be a sequence of world ids, e.g. [0, 3], got {worlds!r}.") from None
     ids = []
-    for w in worlds:
+    for w in items:
         try:
             if isinstance(w, (bool, np.bool_)):
                 raise TypeError
@@ -177,8 +181,10 @@ def parse_world_ids(worlds: Sequence[int] | None, what: str = "worlds") -> list[
                 f"{what}={_listed(worlds)} holds {w!r}, {kind}. World ids are whole numbers "
                 "(the world coordinate); to select worlds by a condition pass where=..., e.g. "
                 "where=ds.success == 1.") from None
-    repeated = sorted({w for w in ids if ids.count(w) > 1}) if len(set(ids)) < len(ids) else []
-    if repeated:
+    if len(set(ids)) < len(ids):
+        from collections import Counter
+
+        repeated = sorted(w for w, n in Counter(ids).items() if n > 1)
         raise SelectionError(
             f"{what}={_listed(worlds)} names world(s) {repeated[:10]} more than once; name "
             "each world once.")

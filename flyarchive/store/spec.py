@@ -133,7 +133,13 @@ def world_var_array(values: Any) -> np.ndarray:
     if not is_text(array.dtype):
         kinds = {"O": "Python objects", "S": "bytes", "c": "complex numbers", "M": "dates",
                  "m": "durations", "V": "records"}
-        raise ValueError(f"it has dtype {array.dtype} ({kinds.get(array.dtype.kind, array.dtype.kind)})")
+        raise ValueError(f"it has dtype {array.dtype} "
+                         f"({kinds.get(array.dtype.kind, array.dtype.kind)})")
+    if not isinstance(values, np.ndarray):  # numpy makes ["wt", 1] text: refuse the mix
+        others = [v for v in values if not isinstance(v, str)]
+        if others:
+            raise ValueError(f"it mixes text with {others[0]!r} ({type(others[0]).__name__}); "
+                             "give text for every world, or numbers for every world")
     try:
         size = 4 + sum(4 + len(str(v).encode("utf-8")) for v in array.flat)
     except UnicodeEncodeError as err:

@@ -251,6 +251,7 @@ def test_cli_render_with_a_model_file_that_is_not_an_mjb_is_one_line(archive, tm
     ({"note": [b"good", b"bad"]}, SchemaError, r"dtype \|S4 \(bytes\)"),
     ({"note": "good"}, SchemaError, r"'note' is the single value 'good'; it must be 2 values"),
     ({"note": ["ok", "\ud800"]}, SchemaError, r"text that is not valid Unicode"),
+    ({"note": ["wt", 1]}, SchemaError, r"'note' cannot be stored: it mixes text with 1 \(int\)"),
     ({"note": ["x" * (9 << 20), "y" * (9 << 20)]}, SchemaError,
      r"its text is 18,874,380 bytes in 2 values; readers take at most 16,777,216 bytes"),
     ({"z": np.array([1j, 2j])}, SchemaError, r"complex numbers"),
