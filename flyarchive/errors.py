@@ -4,10 +4,13 @@ Every error is also a builtin (``ValueError``, ``FileNotFoundError``...), so cod
 that catches builtins keeps working. Messages say what was asked, what exists,
 and how to fix it. A missing optional package is always reported by
 :func:`missing_dependency` (or :func:`missing_storage_backend` for a URL's protocol),
-which names the extra to install.
+which names the extra to install; an unknown name gets the closest existing ones from
+:func:`did_you_mean`.
 """
 
 from __future__ import annotations
+
+from collections.abc import Iterable
 
 __all__ = [
     "FlyarchiveError",
@@ -43,6 +46,7 @@ __all__ = [
     "VideoEncodeError",
     "OptionsError",
     "ConfigError",
+    "did_you_mean",
 ]
 
 
@@ -216,6 +220,23 @@ def missing_dependency(package: str, extra: str | None, what: str, *,
         f"{what} needs the package {package!r}, which is not installed{detail}. "
         f"Install it with: {hint}"
     )
+
+
+def did_you_mean(word: str, choices: Iterable[str], *, n: int = 3) -> str:
+    """``" Did you mean 'shoulder'?"`` for the names of ``choices`` closest to ``word``
+    (:func:`difflib.get_close_matches`), to append to an error; ``""`` when none is close.
+
+    Args:
+        word: The name asked for, e.g. an unknown dof label or world variable.
+        choices: The names that exist.
+        n: Most names suggested.
+    """
+    import difflib
+
+    close = difflib.get_close_matches(str(word), [str(c) for c in choices], n=n)
+    if not close:
+        return ""
+    return f" Did you mean {' or '.join(map(repr, close))}?"
 
 
 def missing_storage_backend(url: str, cause: BaseException | None = None

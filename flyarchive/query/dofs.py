@@ -23,7 +23,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, TypeVar
 
-from flyarchive.errors import SelectionError
+from flyarchive.errors import SelectionError, did_you_mean
 
 if TYPE_CHECKING:
     import xarray as xr
@@ -115,11 +115,25 @@ def dof_labels(
             return ", ".join(sorted({getattr(n, key) for n in names})) or "none"
 
         raise SelectionError(
-            f"No dof matches {asked or 'the selection'}. Of {len(labels)} dofs, {len(names)} are "
-            f"named as flygym names joints; they have legs {values('leg')}; joints "
-            f"{values('joint')}; axes {values('axis')}; flies {values('fly')}."
+            f"No dof matches {asked or 'the selection'}.{_closest(names, wanted)} Of "
+            f"{len(labels)} dofs, {len(names)} are named as flygym names joints; they have legs "
+            f"{values('leg')}; joints {values('joint')}; axes {values('axis')}; flies "
+            f"{values('fly')}."
         )
     return found
+
+
+def _closest(names: list[DofName], wanted: dict[str, set[str] | None]) -> str:
+    """A "did you mean" for the first value asked for that no dof has (``joint="tarsus"``:
+    ``" Did you mean 'tarsus1' or ..."``), else ``""``."""
+    for key, want in wanted.items():
+        have = {getattr(n, key) for n in names}
+        for value in sorted(want or ()):
+            if value not in have:
+                hint = did_you_mean(value, sorted(have))
+                if hint:
+                    return f" No dof has {key} {value!r}.{hint}"
+    return ""
 
 
 def select_dofs(

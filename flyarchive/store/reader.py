@@ -193,11 +193,18 @@ def unreadable(url: str, group: zarr.Group, err: BaseException) -> FlyarchiveErr
 
 
 def corrupt_read(url: str, what: str, err: BaseException) -> CorruptArchiveError:
-    """The error for stored bytes that fail their checksum or do not decode."""
-    return CorruptArchiveError(
+    """The error for stored bytes that fail their checksum or do not decode; ``err`` itself
+    when it is already one of these (it names what was read: wrapping it again would say
+    everything twice in one message)."""
+    if getattr(err, "names_read", False):
+        assert isinstance(err, CorruptArchiveError)
+        return err
+    error = CorruptArchiveError(
         f"Reading {what} from {url!r} failed: {getattr(err, 'reason', err)}. The stored "
         f"bytes are damaged; run `flyarchive verify {url}` to list every damaged chunk."
     )
+    error.names_read = True  # type: ignore[attr-defined]
+    return error
 
 
 def time_extents(group: zarr.Group) -> dict[str, int]:

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from flyarchive.errors import RenderOptionsError
+from flyarchive.errors import RenderOptionsError, did_you_mean
 
 if TYPE_CHECKING:
     from flyarchive.store.header import Archive
@@ -67,7 +67,8 @@ def check_overlay(items: Sequence[str], ds: Archive) -> None:
         raise RenderOptionsError(
             f"Cannot overlay {unknown[0]!r}: it is neither a built-in item "
             f"({', '.join(map(repr, BUILT_IN))}) nor a per-world variable of the archive "
-            f"(it has {', '.join(map(repr, known)) or 'none'}). Pass one of those, or add the "
+            f"(it has {', '.join(map(repr, known)) or 'none'})."
+            f"{did_you_mean(unknown[0], (*BUILT_IN, *known))} Pass one of those, or add the "
             "variable to the archive first.")
 
 
