@@ -31,8 +31,12 @@ MJB_ID = 54321
 def load_model(path: str | Path) -> mujoco.MjModel:
     """Load an MJCF ``.xml`` (with its assets beside it) or a compiled ``.mjb``.
 
+    The file is one you trust: it is loaded in this process. A model kept in an archive
+    is loaded by :func:`flyarchive.load_model` (checked in a child process first).
+
     Raises:
-        ModelLoadError: no such file, an unknown suffix, or MuJoCo refuses the model.
+        ModelLoadError: no such file, an unknown suffix, or MuJoCo refuses the model
+            (also with ``mujoco.FatalError``).
     """
     path = Path(path)
     if not path.is_file():
@@ -47,7 +51,7 @@ def load_model(path: str | Path) -> mujoco.MjModel:
     try:
         if suffix == ".xml":
             return mujoco.MjModel.from_xml_path(str(path))
-    except (ValueError, RuntimeError) as err:
+    except (ValueError, RuntimeError, mujoco.FatalError) as err:
         raise ModelLoadError(f"MuJoCo could not load {str(path)!r}: {err}") from None
     raise ModelLoadError(
         f"{str(path)!r} has suffix {suffix!r}; the model must be an MJCF .xml or a compiled .mjb."
@@ -157,9 +161,12 @@ def load_mjb(blob: bytes, where: str = "the model") -> mujoco.MjModel:
         blob: The MJB bytes.
         where: What they are, for messages.
 
+    Only for bytes you trust: MuJoCo's loader is not memory-safe on crafted bytes (an
+    archive's kept model goes through :mod:`flyarchive.store.model_check` first).
+
     Raises:
         ModelLoadError: bytes that are not an MJB this MuJoCo can load, with MuJoCo's
-            reason.
+            reason (also when MuJoCo raises ``mujoco.FatalError``).
     """
     check_mjb(blob, where)
     name = "model.mjb"  # read from MuJoCo's asset map: no file
@@ -169,7 +176,7 @@ def load_mjb(blob: bytes, where: str = "the model") -> mujoco.MjModel:
         mujoco.set_mju_user_warning(messages.append)
         try:
             return mujoco.MjModel.from_binary_path(name, assets={name: blob})
-        except (ValueError, RuntimeError) as err:
+        except (ValueError, RuntimeError, mujoco.FatalError) as err:
             reason = "; ".join(m.strip() for m in messages) or str(err)
             raise ModelLoadError(
                 f"MuJoCo {mujoco.__version__} could not load {where}: {reason}. The file is "
