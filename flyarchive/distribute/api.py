@@ -24,7 +24,7 @@ from flyarchive.distribute.plan import RenderPlan, absolute_url, preflight
 from flyarchive.distribute.warm import warm_up_here
 from flyarchive.errors import RenderOptionsError
 from flyarchive.layout import ModelLayout, check_compatible
-from flyarchive.models import model_bytes
+from flyarchive.models import check_data, model_bytes
 from flyarchive.query.archive import open_archive, open_header
 from flyarchive.query.frames import VideoJob, select_frames
 from flyarchive.replay import BACKENDS
@@ -174,7 +174,8 @@ def replay_model(source: str, ds: Archive, model: mujoco.MjModel | None,
 
     Raises:
         ModelLoadError: ``model`` is None and the archive keeps no model, or the kept
-            one is not an MJB this MuJoCo can load (another release: named).
+            one is not an MJB this MuJoCo can load (another release: named); a model
+            given whose data MuJoCo cannot make (``mujoco.FatalError``).
         UnsafeModelError: the kept model crashed the child process that loaded it first,
             raised ``mujoco.FatalError`` there, or did not finish
             (:func:`flyarchive.store.models.kept_model`).
@@ -187,6 +188,7 @@ def replay_model(source: str, ds: Archive, model: mujoco.MjModel | None,
 
         model, blob = kept_model(source, storage_options)  # checked in a child process first
     else:
+        check_data(model)  # mujoco.FatalError of a damaged model: a ModelLoadError
         blob = model_bytes(model)
     _check_model(ds, model)
     return model, blob

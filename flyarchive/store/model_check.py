@@ -57,8 +57,9 @@ _CHILD = Path(__file__).with_name("model_child.py")
 _STAGES = {"load": "MuJoCo's model loader", "data": "making the model's MjData",
            "kinematics": "the model's kinematics (mj_kinematics and the position stages)",
            "scene": "the model's scene update (mjv_updateScene)"}
-#: Verdicts already known in this process, by (sha256, loader).
-_KNOWN: dict[tuple[str, str], Verdict] = {}
+#: Verdicts already known in this process, by their file (:func:`verdict_path`): a cache
+#: folder that cannot be written is not asked again.
+_KNOWN: dict[Path, Verdict] = {}
 
 
 @dataclass(frozen=True)
@@ -133,13 +134,14 @@ def check_model(blob: bytes, where: str, *, sha256: str | None = None,
     """
     check_mjb(blob, repr(where))
     digest = sha256 or hashlib.sha256(blob).hexdigest()
-    verdict = _KNOWN.get((digest, loader())) or _read_verdict(digest, cache)
+    path = verdict_path(digest, cache)
+    verdict = _KNOWN.get(path) or _read_verdict(path, digest)
     if verdict is None:
         verdict = run_child(blob, digest, timeout_s)
         if verdict.keep:
-            _write_verdict(verdict, cache)
+            _write_verdict(verdict, path)
     if verdict.keep:
-        _KNOWN[(digest, loader())] = verdict
+        _KNOWN[path] = verdict
     if verdict.verdict == "refused":
         raise ModelLoadError(
             f"MuJoCo {mujoco.__version__} could not load {where!r}: {verdict.what}. The file "
@@ -217,11 +219,12 @@ def _signal_name(number: int) -> str:
         return f"signal {number}"
 
 
-def _read_verdict(sha256: str, cache: Path | None) -> Verdict | None:
-    """The kept verdict of a model for this loader; None when there is none that can be
-    used (missing, not a regular file, too large, malformed, of another check or loader)."""
+def _read_verdict(path: Path, sha256: str) -> Verdict | None:
+    """The verdict kept at ``path`` for the model ``sha256`` and this loader; None when there
+    is none that can be used (missing, not a regular file, too large, malformed, of another
+    model, check or loader)."""
     try:
-        fd = os.open(verdict_path(sha256, cache), os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
     except OSError:
         return None
     try:
@@ -241,10 +244,9 @@ def _read_verdict(sha256: str, cache: Path | None) -> Verdict | None:
     return verdict if sound else None
 
 
-def _write_verdict(verdict: Verdict, cache: Path | None) -> None:
-    """Keep ``verdict`` (atomically: a temporary file renamed); a cache folder that cannot
-    be written is left as it is."""
-    path = verdict_path(verdict.sha256, cache)
+def _write_verdict(verdict: Verdict, path: Path) -> None:
+    """Keep ``verdict`` at ``path`` (atomically: a temporary file renamed); a cache folder
+    that cannot be written is left as it is."""
     temporary = None
     try:
         path.parent.mkdir(parents=True, exist_ok=True)

@@ -6,7 +6,8 @@ Used by ``tests/bad_input/test_model_fuzz.py`` and ``scripts/reliability_report.
 overwritten with an extreme value, the end cut off; the 16-byte header kept, so that only
 MuJoCo can tell); :func:`put_model` puts them in place of an archive's kept model under
 their own hash, attribute included, so the archive is consistent and only loading the
-model can tell. :func:`run_command` runs one command on it in a child process
+model can tell; :data:`CRAFTED` are models edited through MuJoCo's own fields to a known
+outcome (a SIGSEGV, a ``FatalError``, a clean refusal). :func:`run_command` runs one command on it in a child process
 (``python -m flyarchive.testing.model_fuzz``): that child is the process a user runs
 (``flyarchive render`` without ``--model``, ``flyarchive verify``,
 ``flyarchive.load_model``), and the outcome says whether it ended on its own (exit 0, 1
@@ -34,8 +35,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-__all__ = ["COMMANDS", "MUTATIONS", "Outcome", "mutate", "put_model", "kept_path",
-           "make_case", "run_command", "fuzz", "crashed", "clean"]
+__all__ = ["COMMANDS", "MUTATIONS", "CRAFTED", "Outcome", "mutate", "crafted", "put_model",
+           "kept_path", "make_case", "run_command", "fuzz", "crashed", "clean"]
 
 #: What :func:`run_command` runs: the CLI's ``render`` (no ``--model``) and ``verify``,
 #: and the API's ``load_model``.
@@ -70,6 +71,27 @@ def mutate(blob: bytes, seed: int) -> tuple[bytes, str]:
     else:
         del data[rng.randrange(_HEADER, len(data)):]
     return bytes(data), kind
+
+
+#: Models edited through MuJoCo's own fields (field, index, value), each with what MuJoCo
+#: 3.16 does when it loads one and makes its data: the edits of sparse-matrix addresses
+#: pass the loader's own checks.
+CRAFTED = {
+    "segfault": ("D_rowadr", 2, 10**8),  # MjData's set-up reads far out of the matrix: SIGSEGV
+    "fatal": ("D_rownnz", 2, 10**6),  # MjData's set-up: mujoco.FatalError (checkDBSparse)
+    "refused": ("body_parentid", 2, 10**8),  # the loader: "body_parentid out of bounds"
+}
+
+
+def crafted(name: str) -> bytes:
+    """The MJB bytes of the tiny model with the edit ``CRAFTED[name]``."""
+    from flyarchive.models import model_bytes
+    from flyarchive.testing import tiny_model
+
+    model = tiny_model()
+    field, index, value = CRAFTED[name]
+    getattr(model, field)[index] = value
+    return model_bytes(model)
 
 
 def kept_path(url: str) -> Path:
