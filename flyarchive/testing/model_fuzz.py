@@ -36,7 +36,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 __all__ = ["COMMANDS", "MUTATIONS", "CRAFTED", "Outcome", "mutate", "crafted", "put_model",
-           "kept_path", "make_case", "run_command", "fuzz", "crashed", "clean"]
+           "kept_path", "make_case", "run_command", "fuzz", "summarize", "crashed", "clean"]
 
 #: What :func:`run_command` runs: the CLI's ``render`` (no ``--model``) and ``verify``,
 #: and the API's ``load_model``.
@@ -222,11 +222,36 @@ def fuzz(workdir: Path, sound: str, seeds: Sequence[int], *,
             for c, o in outcomes.items():
                 progress(f"  model seed {seed} ({kind}) / {c}: exit {o.exit} {o.signal or ''} "
                          f"{o.error_type or ''} {o.seconds:.1f} s {o.message[:140]!r}")
-        rows.append({"seed": seed, "mutation": kind,
+        rows.append({"seed": seed, "mutation": kind, "check": _verdict(workdir / f"cache-{seed}"),
                      "outcomes": {c: o.to_json() for c, o in outcomes.items()},
                      "crashes": [c for c, o in outcomes.items() if crashed(o)],
                      "unclear": [c for c, o in outcomes.items() if not clean(o)]})
     return rows
+
+
+def _verdict(cache: Path) -> str:
+    """What the model check found, from the verdict it kept in ``cache``: ``"ok"``,
+    ``"refused"``, ``"FatalError"``, a signal's name, or ``"none kept"``."""
+    found = sorted((cache / "model-checks").glob("*.json"))
+    if not found:
+        return "none kept"
+    verdict = json.loads(found[0].read_text())
+    if verdict["verdict"] != "unsafe":
+        return verdict["verdict"]
+    what = verdict["what"]
+    return "FatalError" if "FatalError" in what else what.rsplit(" ", 1)[-1]
+
+
+def summarize(rows: Sequence[dict]) -> dict:
+    """Counts over :func:`fuzz`'s rows: ``fuzzed``, ``crashes`` (processes of a command that
+    crashed), ``unclear`` (commands that ended without a clear error), ``checks`` (the
+    model check's findings -> number of models) and ``failed_seeds``."""
+    checks: dict[str, int] = {}
+    for row in rows:
+        checks[row["check"]] = checks.get(row["check"], 0) + 1
+    return {"fuzzed": len(rows), "crashes": sum(len(r["crashes"]) for r in rows),
+            "unclear": sum(len(r["unclear"]) for r in rows), "checks": checks,
+            "failed_seeds": [r["seed"] for r in rows if r["crashes"] or r["unclear"]]}
 
 
 # ----------------------------------------------------------------------------- child side
