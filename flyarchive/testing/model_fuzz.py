@@ -19,9 +19,7 @@ Nothing here is needed to record or replay.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import hashlib
-import io
 import json
 import os
 import random
@@ -257,26 +255,13 @@ def summarize(rows: Sequence[dict]) -> dict:
 # ----------------------------------------------------------------------------- child side
 def _child(argv: list[str]) -> dict:
     """Run one command here (the child); what it did, as JSON-friendly values."""
-    stderr = io.StringIO()
-    error_type, code = None, 0
-    try:
-        if argv[0] == "load_model":
-            from flyarchive import load_model
+    from flyarchive.testing.hostile import run_caught
 
-            load_model(argv[1])
-        else:
-            from flyarchive.cli import main
+    if argv[0] == "load_model":
+        from flyarchive import load_model
 
-            with contextlib.redirect_stderr(stderr), contextlib.redirect_stdout(io.StringIO()):
-                code = main(argv)
-            error_type = "FlyarchiveError" if code == 2 else None
-    except BaseException as err:  # noqa: BLE001 - reported to the parent, whatever it is
-        from flyarchive.errors import FlyarchiveError
-
-        code = 2 if isinstance(err, FlyarchiveError) else 1
-        error_type = type(err).__name__
-        stderr.write(str(err)[:2000])
-    return {"exit": code, "error_type": error_type, "message": stderr.getvalue().strip()}
+        return run_caught(lambda: load_model(argv[1]))
+    return run_caught(argv)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
