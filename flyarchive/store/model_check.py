@@ -25,6 +25,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
+import math
 import os
 import platform
 import signal
@@ -163,7 +164,8 @@ def run_child(blob: bytes, sha256: str, timeout_s: float = CHECK_TIMEOUT_S) -> V
     with tempfile.TemporaryDirectory(prefix="flyarchive-model-check-") as folder:
         try:
             done = subprocess.run(
-                [sys.executable, "-I", str(_CHILD), str(child_memory(len(blob)))],
+                [sys.executable, "-I", str(_CHILD), str(child_memory(len(blob))),
+                 str(math.ceil(timeout_s))],
                 input=blob, capture_output=True, timeout=timeout_s, cwd=folder, env=env,
             )
         except OSError as err:  # no process could be started: not the model's doing
@@ -176,9 +178,21 @@ def run_child(blob: bytes, sha256: str, timeout_s: float = CHECK_TIMEOUT_S) -> V
             return Verdict(sha256, loader(), "unsafe", stage,
                            f"{_STAGES[stage]} did not finish within {timeout_s:g} s (killed)",
                            time.perf_counter() - start, keep=False)
-    seconds = time.perf_counter() - start
+    return _judge(sha256, done, time.perf_counter() - start, timeout_s)
+
+
+def _judge(sha256: str, done: subprocess.CompletedProcess, seconds: float,
+           timeout_s: float) -> Verdict:
+    """The verdict on what the child reported and how it ended."""
     last = _last(done.stdout)
     stage = last.get("stage", "load")
+    if not last:  # it never began loading (no interpreter, no MuJoCo): not the model's doing
+        tail = done.stderr.decode(errors="replace").strip()[-300:]
+        raise ModelLoadError(
+            f"flyarchive could not check the model {sha256[:12]}... in a child process: "
+            f"{sys.executable} ended with status {done.returncode} before loading it "
+            f"({tail!r}). Pass --model to use a model you trust (API: model=...)."
+        )
     if last.get("verdict") == "ok" and done.returncode == 0:
         return Verdict(sha256, loader(), "ok", seconds=seconds)
     if last.get("verdict") == "refused":
@@ -186,20 +200,13 @@ def run_child(blob: bytes, sha256: str, timeout_s: float = CHECK_TIMEOUT_S) -> V
         what = (f"{_STAGES[stage]} raised mujoco.{last.get('error')}: {last.get('message')}"
                 if fatal else str(last.get("message")))
         return Verdict(sha256, loader(), "unsafe" if fatal else "refused", stage, what, seconds)
-    if done.returncode < 0:
-        name = _signal_name(-done.returncode)
-        return Verdict(sha256, loader(), "unsafe", stage, f"{_STAGES[stage]} crashed with {name}",
-                       seconds)
-    tail = done.stderr.decode(errors="replace").strip()[-300:]
-    if "stage" not in last:  # it never began: not the model's doing
-        raise ModelLoadError(
-            f"flyarchive could not check the model {sha256[:12]}... in a child process: "
-            f"{sys.executable} exited with status {done.returncode} before loading it "
-            f"({tail!r}). Pass --model to use a model you trust (API: model=...)."
-        )
-    return Verdict(sha256, loader(), "unsafe", stage,
-                   f"{_STAGES[stage]} ended the process with status {done.returncode} "
-                   f"({tail!r})", seconds)
+    if done.returncode == -signal.SIGXCPU:  # its CPU time ran out: as a timeout
+        return Verdict(sha256, loader(), "unsafe", stage,
+                       f"{_STAGES[stage]} did not finish within {math.ceil(timeout_s)} s of CPU "
+                       "time (stopped)", seconds, keep=False)
+    ended = (f"crashed with {_signal_name(-done.returncode)}" if done.returncode < 0 else
+             f"ended the process with status {done.returncode}")
+    return Verdict(sha256, loader(), "unsafe", stage, f"{_STAGES[stage]} {ended}", seconds)
 
 
 def _last(stdout: bytes) -> dict:

@@ -1,10 +1,11 @@
 """The child side of :mod:`flyarchive.store.model_check`: load untrusted MJB bytes once,
 in a process of its own, and say how far it got.
 
-Run as a script, isolated (``python -I model_child.py MEMORY_BYTES``), never imported by
-the product: it imports only the standard library and MuJoCo, so that nothing of the
-caller's folder or environment is imported beside them. It limits its own address space
-to ``MEMORY_BYTES`` (or less, if its limit is already lower) and writes no core file, then reads the MJB bytes from stdin and runs
+Run as a script, isolated (``python -I model_child.py MEMORY_BYTES CPU_SECONDS``), never
+imported by the product: it imports only the standard library and MuJoCo, so that nothing
+of the caller's folder or environment is imported beside them. It limits its own address
+space to ``MEMORY_BYTES`` and its CPU time to ``CPU_SECONDS`` (or less, where its limits
+are lower already: it ends even if its parent was killed) and writes no core file, then reads the MJB bytes from stdin and runs
 the stages replay runs, in order:
 
 - ``load``: ``MjModel`` from the bytes (in memory: no file, no ``MUJOCO_LOG.TXT``);
@@ -31,12 +32,13 @@ def _say(**fields: object) -> None:
 
 
 def main() -> int:
-    memory = int(sys.argv[1])
-    hard = resource.getrlimit(resource.RLIMIT_AS)[1]
-    if hard != resource.RLIM_INFINITY:  # a process may lower its limit, never raise it
-        memory = min(memory, hard)
-    resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
-    resource.setrlimit(resource.RLIMIT_AS, (memory, memory))
+    memory, seconds = int(sys.argv[1]), int(sys.argv[2])
+    for limit, value in ((resource.RLIMIT_AS, memory), (resource.RLIMIT_CPU, seconds),
+                         (resource.RLIMIT_CORE, 0)):
+        hard = resource.getrlimit(limit)[1]
+        if hard != resource.RLIM_INFINITY:  # a process may lower its limit, never raise it
+            value = min(value, hard)
+        resource.setrlimit(limit, (value, value))
     import mujoco
 
     blob = sys.stdin.buffer.read()

@@ -207,3 +207,16 @@ def test_load_model_of_nothing_names_what_it_looked_for(tmp_path):
         flyarchive.load_model(str(tmp_path / "missing.zarr"))
     with pytest.raises(ModelLoadError, match="No model file at"):
         flyarchive.load_model(str(tmp_path / "missing.mjb"))
+
+
+def test_a_check_whose_process_cannot_begin_is_an_error_of_its_own_and_not_kept(
+        tiny, tmp_path, monkeypatch):
+    monkeypatch.setattr(model_check, "_KNOWN", {})
+    monkeypatch.setattr(model_check, "_CHILD", tmp_path / "missing_child.py")  # python exits 2
+
+    with pytest.raises(ModelLoadError, match=r"could not check the model .* in a child process: "
+                                             r".* ended with status 2 before loading it") as caught:
+        check_model(model_bytes(tiny), "tiny.mjb", cache=tmp_path / "cache")
+
+    assert not isinstance(caught.value, model_check.UnsafeModelError)
+    assert not (tmp_path / "cache").exists()
