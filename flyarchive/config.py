@@ -255,10 +255,11 @@ def worker_environment() -> dict[str, str]:
 
 def cache_folder() -> Path:
     """flyarchive's cache folder (which may not exist yet): ``FLYARCHIVE_CACHE_DIR``, else
-    ``$XDG_CACHE_HOME/flyarchive``, else ``~/.cache/flyarchive``; ``~`` expanded."""
+    ``$XDG_CACHE_HOME/flyarchive``, else ``~/.cache/flyarchive``; ``~`` expanded, made
+    absolute."""
     given = os.environ.get(CACHE_DIR, "").strip()
     if given:
-        return Path(given).expanduser()
+        return Path(given).expanduser().absolute()
     xdg = os.environ.get("XDG_CACHE_HOME", "").strip()
     base = Path(xdg) if xdg and Path(xdg).is_absolute() else Path("~/.cache").expanduser()
     return base / "flyarchive"

@@ -36,6 +36,7 @@ import tempfile
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Any
 
 import mujoco
 
@@ -181,7 +182,7 @@ def run_child(blob: bytes, sha256: str, timeout_s: float = CHECK_TIMEOUT_S) -> V
     return _judge(sha256, done, time.perf_counter() - start, timeout_s)
 
 
-def _judge(sha256: str, done: subprocess.CompletedProcess, seconds: float,
+def _judge(sha256: str, done: subprocess.CompletedProcess[bytes], seconds: float,
            timeout_s: float) -> Verdict:
     """The verdict on what the child reported and how it ended."""
     last = _last(done.stdout)
@@ -209,7 +210,7 @@ def _judge(sha256: str, done: subprocess.CompletedProcess, seconds: float,
     return Verdict(sha256, loader(), "unsafe", stage, f"{_STAGES[stage]} {ended}", seconds)
 
 
-def _last(stdout: bytes) -> dict:
+def _last(stdout: bytes) -> dict[str, Any]:
     """The child's last JSON line (``{}`` when none)."""
     for line in reversed(stdout.decode(errors="replace").splitlines()):
         with contextlib.suppress(ValueError):

@@ -5,8 +5,8 @@ Run as a script, isolated (``python -I model_child.py MEMORY_BYTES CPU_SECONDS``
 imported by the product: it imports only the standard library and MuJoCo, so that nothing
 of the caller's folder or environment is imported beside them. It limits its own address
 space to ``MEMORY_BYTES`` and its CPU time to ``CPU_SECONDS`` (or less, where its limits
-are lower already: it ends even if its parent was killed) and writes no core file, then reads the MJB bytes from stdin and runs
-the stages replay runs, in order:
+are lower already: it ends even if its parent was killed) and writes no core file, then
+reads the MJB bytes from stdin and runs the stages replay runs, in order:
 
 - ``load``: ``MjModel`` from the bytes (in memory: no file, no ``MUJOCO_LOG.TXT``);
 - ``data``: ``MjData`` of the model;

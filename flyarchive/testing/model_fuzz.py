@@ -7,11 +7,11 @@ overwritten with an extreme value, the end cut off; the 16-byte header kept, so 
 MuJoCo can tell); :func:`put_model` puts them in place of an archive's kept model under
 their own hash, attribute included, so the archive is consistent and only loading the
 model can tell; :data:`CRAFTED` are models edited through MuJoCo's own fields to a known
-outcome (a SIGSEGV, a ``FatalError``, a clean refusal). :func:`run_command` runs one command on it in a child process
-(``python -m flyarchive.testing.model_fuzz``): that child is the process a user runs
-(``flyarchive render`` without ``--model``, ``flyarchive verify``,
-``flyarchive.load_model``), and the outcome says whether it ended on its own (exit 0, 1
-or 2, with the error it reported) or was killed (a crash: a signal).
+outcome (a SIGSEGV, a ``FatalError``, a clean refusal). :func:`run_command` runs one
+command on such an archive in a child process (``python -m flyarchive.testing.model_fuzz``):
+that child is the process a user runs (``flyarchive render`` without ``--model``,
+``flyarchive verify``, ``flyarchive.load_model``), and the outcome says whether it ended
+on its own (exit 0, 1 or 2, with the error it reported) or was killed (a crash: a signal).
 
 Nothing here is needed to record or replay.
 """
