@@ -53,7 +53,7 @@ _LAZY = {
     "export_npz": "flyarchive.interop.flygym_npz",
     "verify": "flyarchive.store.integrity",
     "VerifyReport": "flyarchive.store.integrity",
-    "load_model": "flyarchive.models",
+    "load_model": "flyarchive.store.models",
     "save_mjb": "flyarchive.models",
     "set_trajectory_recorder": "flyarchive.interop.flygym_sim",
     "read_trajectories": "flyarchive.record.trajectories",

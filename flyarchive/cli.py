@@ -587,9 +587,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         logging.getLogger("asyncio").setLevel(logging.CRITICAL)
         _say(f"flyarchive {args.command}: interrupted")
         return 130
-    except (FlyarchiveError, OSError, *client_errors()) as err:
+    except (FlyarchiveError, OSError, *client_errors(), *_mujoco_errors()) as err:
         _say(f"flyarchive {args.command}: error: {_one_line(args, err)}")
         return 2
+
+
+def _mujoco_errors() -> tuple[type[BaseException], ...]:
+    """``mujoco.FatalError`` once MuJoCo is loaded: MuJoCo's own failures are one line too."""
+    mujoco = sys.modules.get("mujoco")
+    return (mujoco.FatalError,) if mujoco is not None else ()
 
 
 def _say(line: str) -> None:

@@ -42,6 +42,7 @@ __all__ = [
     "TimingError",
     "CodecSpecError",
     "UnsafeFileError",
+    "UnsafeModelError",
     "FrameFormatError",
     "VideoEncodeError",
     "OptionsError",
@@ -167,6 +168,13 @@ class UnsafeFileError(CorruptArchiveError):
     """A file of a local archive that flyarchive refuses to open or write through: not a
     regular file, leading out of the archive, or larger than its array can need. The
     message names the file and points at ``flyarchive verify``."""
+
+
+class UnsafeModelError(CorruptArchiveError, ModelLoadError):
+    """A compiled model read from an archive that MuJoCo cannot load safely: loading it in a
+    child process crashed it (a signal), raised ``mujoco.FatalError`` or did not finish.
+    The message names the file and what happened; pass a model you trust instead
+    (``--model``, ``model=``)."""
 
 
 class OptionsError(FlyarchiveError, ValueError):

@@ -19,13 +19,16 @@ Runs the harnesses of :mod:`flyarchive.testing.kills` and prints one table:
 - hostile archives (:mod:`flyarchive.testing.hostile`: decompression bombs, FIFOs, links
   to ``/dev/zero``, metadata nested 200,000 deep...): each command run in a child with a
   3 GiB address-space cap, its time and peak memory;
+- crafted models (:mod:`flyarchive.testing.model_fuzz`): a kept model's bytes fuzzed, its
+  hash matching, through ``render``, ``verify`` and ``load_model`` in child processes:
+  crashes of the calling process (none expected) and what the model check found;
 - bad inputs tried (``tests/bad_input``) and passed.
 
 Usage::
 
     python scripts/reliability_report.py [--kills 20] [--backends cpu,warp]
         [--s3-trials 4] [--races 10] [--race-processes 3] [--interop-kills 6]
-        [--render-kills 3] [--no-hostile] [--json PATH]
+        [--render-kills 3] [--no-hostile] [--crafted-models 40] [--json PATH]
 """
 
 from __future__ import annotations
@@ -245,6 +248,31 @@ def print_hostile(rows: list[dict[str, Any]]) -> None:
                             f"peak RSS)")
 
 
+def run_crafted_models(n: int, workdir: Path) -> dict[str, Any]:
+    """``n`` fuzzed kept models (:mod:`flyarchive.testing.model_fuzz`, seeds 0..n-1), each
+    through ``flyarchive render`` (no ``--model``), ``flyarchive verify`` and
+    ``flyarchive.load_model``, each in a child process."""
+    from flyarchive.testing.hostile import make_sound
+    from flyarchive.testing.model_fuzz import fuzz, summarize
+
+    folder = workdir / "models"
+    folder.mkdir()
+    rows = fuzz(folder, make_sound(str(folder / "sound.zarr")), range(n),
+                progress=lambda line: print(line, file=sys.stderr))
+    return {**summarize(rows), "rows": rows}
+
+
+def print_crafted_models(result: dict[str, Any]) -> None:
+    checks = ", ".join(f"{n} {what}" for what, n in sorted(result["checks"].items()))
+    print(f"\nCrafted models (a kept models/<sha256>.mjb fuzzed, its hash matching; render, "
+          f"verify and load_model each in a child process)")
+    print(f"  crafted models: {result['fuzzed']} fuzzed, {result['crashes']} crashes of the "
+          f"calling process, {result['unclear']} exits without a clear error")
+    print(f"  the model check found: {checks}")
+    for seed in result["failed_seeds"]:
+        print(f"  FAILED: seed {seed}")
+
+
 def run_bad_input(workdir: Path) -> dict[str, Any]:
     """Run tests/bad_input; count cases tried and passed."""
     xml = workdir / "bad_input.xml"
@@ -350,6 +378,8 @@ def print_table(report: dict[str, Any]) -> None:
                                                          "rendered again into the same folder)")
     if report.get("hostile"):
         print_hostile(report["hostile"])
+    if report.get("crafted_models"):
+        print_crafted_models(report["crafted_models"])
     bad = report["bad_input"]
     if bad:
         print(f"\nBad input: {bad['tried']} tried, {bad['passed']} passed")
@@ -377,6 +407,9 @@ def main(argv: list[str] | None = None) -> int:
                         help="renders stopped per (in process | LocalCluster) x (SIGKILL | "
                              "Ctrl-C) (default 3; 0: skip)")
     parser.add_argument("--no-hostile", action="store_true", help="skip the hostile archives")
+    parser.add_argument("--crafted-models", type=int, default=40,
+                        help="fuzzed kept models, each through render, verify and load_model "
+                             "(default 40; 0: skip)")
     add_json_option(parser, "also write the report as JSON")
     args = parser.parse_args(argv)
     start = time.monotonic()
@@ -397,6 +430,8 @@ def main(argv: list[str] | None = None) -> int:
                            if args.races > 0 else [])
         report["reader"] = run_reader(args.reader_steps, work) if args.races > 0 else {}
         report["hostile"] = [] if args.no_hostile else run_hostile(work)
+        report["crafted_models"] = (run_crafted_models(args.crafted_models, work)
+                                    if args.crafted_models > 0 else {})
         report["bad_input"] = {} if args.no_bad_input else run_bad_input(work)
         from flyarchive.testing import interop_kills as faults_interop
 

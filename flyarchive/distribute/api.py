@@ -9,6 +9,7 @@ starts, or on the cluster given (which one: see :func:`render_videos`).
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -21,9 +22,9 @@ from flyarchive.distribute.gpus import check_gpus
 from flyarchive.distribute.output_plan import check_output_options, plan_outputs
 from flyarchive.distribute.plan import RenderPlan, absolute_url, preflight
 from flyarchive.distribute.warm import warm_up_here
-from flyarchive.errors import ModelLoadError, RenderOptionsError
+from flyarchive.errors import RenderOptionsError
 from flyarchive.layout import ModelLayout, check_compatible
-from flyarchive.models import load_mjb, model_bytes
+from flyarchive.models import check_data, model_bytes
 from flyarchive.query.archive import open_archive, open_header
 from flyarchive.query.frames import VideoJob, select_frames
 from flyarchive.replay import BACKENDS
@@ -37,7 +38,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "RenderOptions", "RenderResult", "VideoJob", "render_videos", "render_frames", "select_frames",
-    "default_video_options", "replay_model", "BACKENDS", "DEFAULT_BATCH_WORLDS",
+    "default_video_options", "replay_model", "graph_model", "BACKENDS", "DEFAULT_BATCH_WORLDS",
 ]
 
 
@@ -173,26 +174,21 @@ def replay_model(source: str, ds: Archive, model: mujoco.MjModel | None,
 
     Raises:
         ModelLoadError: ``model`` is None and the archive keeps no model, or the kept
-            one is not an MJB this MuJoCo can load (another release: named).
+            one is not an MJB this MuJoCo can load (another release: named); a model
+            given whose data MuJoCo cannot make (``mujoco.FatalError``).
+        UnsafeModelError: the kept model crashed the child process that loaded it first,
+            raised ``mujoco.FatalError`` there, or did not finish
+            (:func:`flyarchive.store.models.kept_model`).
         CorruptArchiveError: the kept model's bytes do not hash to its name, or it is
             missing.
         LayoutMismatchError: the model's layout differs from the archive's.
     """
     if model is None:
-        from flyarchive.store import open_group
-        from flyarchive.store.models import read_model
+        from flyarchive.store.models import kept_model
 
-        stored = read_model(open_group(source, storage_options), source)
-        if stored is None:
-            raise ModelLoadError(
-                f"The archive at {source!r} keeps no model (it was recorded or imported with "
-                "store_model=False, or before flyarchive kept models). Pass the compiled model "
-                "it was recorded with: model=... (an MjModel), or --model FILE (.mjb or .xml)."
-            )
-        blob, entry = stored
-        model = load_mjb(blob, f"the model kept in the archive ({source.rstrip('/')}/"
-                               f"{entry['path']})")
+        model, blob = kept_model(source, storage_options)  # checked in a child process first
     else:
+        check_data(model)  # mujoco.FatalError of a damaged model: a ModelLoadError
         blob = model_bytes(model)
     _check_model(ds, model)
     return model, blob
@@ -282,7 +278,9 @@ def render_videos(
         CameraNotFoundError, LayoutMismatchError, FrameSizeError,
         SelectionError (also a ``where`` mask whose dims, world ids or times do not match
         the archive), ModelLoadError (no model given and none kept, or the kept one is
-        of another MuJoCo release), CorruptArchiveError (the kept model's bytes do not
+        of another MuJoCo release), UnsafeModelError (no model given, and the kept one
+        crashed, or raised ``mujoco.FatalError`` in, the child process that loads it first),
+        CorruptArchiveError (the kept model's bytes do not
         hash to its name), OutputExistsError (a video exists without ``overwrite``, or a folder is where a
         video goes), StorageError (``out`` is a file or cannot be written; nothing
         is rendered), RenderBackendError, RenderFailedError (a task failed on a worker;
@@ -358,7 +356,10 @@ def render_frames(
     and frames whose state is not finite, show nothing (black, NaN depth, segmentation
     -1). A local ``source`` is made absolute, so the graph computes on workers started in
     other folders. ``model`` None: the model kept beside the archive (as
-    :func:`render_videos`).
+    :func:`render_videos`). The model reaches the workers once (:func:`graph_model`):
+    with a default ``distributed.Client`` in this process, it is sent to its workers
+    when this is called, and the frames compute on that client; else it is one key of
+    each graph, never one copy per task.
 
     Args:
         backend: ``"cpu"`` (OpenGL), ``"gpu"`` or ``"warp-cpu"`` (mujoco-warp; one renderer
@@ -376,7 +377,7 @@ def render_frames(
     Raises:
         CameraNotFoundError, LayoutMismatchError, SelectionError.
         ModelLoadError, CorruptArchiveError: no model given, and none (or a damaged one)
-            kept beside the archive.
+            kept beside the archive (UnsafeModelError: one that is not safe to load).
         FrameSizeError: ``size`` is not two positive integers (at most 16384 on ``"cpu"``).
         RenderOptionsError: an unknown backend or output.
     """
@@ -402,7 +403,7 @@ def render_frames(
         check_segmentable(model)
     jobs = select_frames(ds, worlds, time)
     start, stop = min(j.start for j in jobs), max(j.stop for j in jobs)
-    blob = dask.delayed(mjb, name="flyarchive-model")  # once, not per task
+    blob = graph_model(mjb)  # once, not per task nor per compute
     h, w = size
     trailing = {"rgb": ((h, w, 3), np.uint8), "depth": ((h, w), np.float32),
                 "segmentation": ((h, w), np.int32)}
@@ -434,3 +435,33 @@ def render_frames(
     if outputs is None:
         return arrays["rgb"]
     return xr.Dataset(arrays, attrs=attrs)
+
+
+def graph_model(mjb: bytes) -> Any:
+    """The model's MJB bytes as the one input of :func:`render_frames`'s tasks that holds it.
+
+    With a default Dask client in this process (``distributed.Client(...)``), the bytes
+    are sent to its workers once, now, under a key named by their SHA-256
+    (:func:`flyarchive.distribute.cluster.scatter_model`): every later graph of these
+    frames holds only that key (a future of the client), so compute them on that
+    client. Without one, the bytes are one key of the graph, named by their SHA-256
+    (so that frames of two models computed together cannot mix them up), sent with
+    each compute.
+    """
+    import hashlib
+
+    import dask
+
+    client = None
+    if "distributed" in sys.modules:  # no client can exist without it: no import
+        from distributed import default_client
+
+        try:
+            client = default_client()
+        except ValueError:  # no default client
+            client = None
+    if client is not None:
+        from flyarchive.distribute.cluster import scatter_model
+
+        return scatter_model(client, mjb)
+    return dask.delayed(mjb, name=f"flyarchive-model-{hashlib.sha256(mjb).hexdigest()}")

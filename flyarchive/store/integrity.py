@@ -54,7 +54,8 @@ def verify(url: str, storage_options: Mapping[str, Any] | None = None) -> Verify
     checksums catch flipped bits; files that are not regular files inside the archive
     are refused) and finite (a missing chunk reads as NaN); for bounded-error archives,
     values on the quantization grid; the model kept beside the archive, if any, hashing
-    to its name.
+    to its name and loading safely in a child process (the check of
+    :mod:`~flyarchive.store.model_check`, its verdict kept by hash).
 
     Raises:
         ArchiveNotFoundError: nothing at ``url``.

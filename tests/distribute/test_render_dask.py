@@ -175,6 +175,25 @@ def test_render_frames_on_cluster_equal_cpu_renderer_frames(
     np.testing.assert_array_equal(actual, expected)
 
 
+def test_render_frames_under_a_default_client_send_the_model_to_its_workers_once(
+    archive: str, model: Any, client: Any
+) -> None:
+    key = f"flyarchive-model-{hashlib.sha256(model_bytes(model)).hexdigest()}"
+    ds = open_archive(archive).isel(world=1, time=slice(0, 8))
+    with CpuRenderer(model, "top", SIZE) as renderer:
+        expected = renderer.render(ds.qpos.values, ds.mocap_pos.values, ds.mocap_quat.values)[:, 0]
+
+    with client.as_current():  # the default client of this thread
+        lazy = render_frames(archive, model, "top", size=SIZE, block_frames=SEGMENT)
+        holders = client.who_has()[key]  # before anything is computed
+        first = lazy.isel(world=1, time=slice(0, 4)).values
+        second = lazy.isel(world=1, time=slice(4, 8)).values
+
+    assert len(holders) == 2  # every worker
+    assert key not in dict(lazy.data.__dask_graph__())  # each graph names it, holds no bytes
+    np.testing.assert_array_equal(np.concatenate([first, second]), expected)
+
+
 def test_dask_render_to_s3_lands_in_the_bucket(
     archive: str, model: Any, client: Any, s3_server: Any, tmp_path: Path
 ) -> None:
