@@ -239,26 +239,25 @@ def start(viewer: Viewer, *, host: str = "127.0.0.1", port: int = 0,
 
     from flyarchive.view.server import ViewApp
 
-    app = ViewApp(viewer, token)
-    loop = asyncio.new_event_loop()
-    runner = web.AppRunner(app.app, access_log=None, handle_signals=False)
-
     try:
         sock = socket.create_server((host, port))
     except OSError as err:
         raise OptionsError(f"Cannot serve on {host}:{port} ({err.strerror or err}). Pass another "
                            "--port, or 0 for any free one.") from None
     bound = int(sock.getsockname()[1])
+    app = ViewApp(viewer, token)
+    app.serve_on({host, *LOOPBACK, "[::1]"} if host in LOOPBACK else {host}, bound)
+    loop = asyncio.new_event_loop()
+    runner = web.AppRunner(app.app, access_log=None, handle_signals=False)
 
     async def listen() -> None:
         await runner.setup()
         await web.SockSite(runner, sock).start()
 
-    loop.run_until_complete(listen())
-    app.serve_on({host, *LOOPBACK, "[::1]"} if host in LOOPBACK else {host}, bound)
-    shown = f"[{host}]" if ":" in host else host
     thread = threading.Thread(target=loop.run_forever, name="flyarchive-view-server", daemon=True)
-    thread.start()
+    thread.start()  # the loop runs on its own thread: the caller may run another loop
+    asyncio.run_coroutine_threadsafe(listen(), loop).result(timeout=60)
+    shown = f"[{host}]" if ":" in host else host
     return Served(viewer, runner, loop, thread, f"http://{shown}:{bound}/?token={app.token}",
                   app.token)
 

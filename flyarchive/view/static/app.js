@@ -133,6 +133,8 @@ async function drawTraces() {
   if (asked !== tracesAsked) return;  // a later selection won
   traces.show(answer);
   traces.setCursor(state.info.times[state.frame]);
+  state.traceWorlds = answer.lines.map((l) => l.world);
+  state.traceValues = answer.lines.map((l) => l.v);
   state.tracesSeq += 1;
 }
 
@@ -180,6 +182,7 @@ async function showFrame(frame) {
   const t = state.info.times[frame];
   $("time-label").textContent = `frame ${frame}  t = ${t.toFixed(4)} s`;
   traces.setCursor(t);
+  state.traceCursor = t;
   if (!view || !view.tiles.length) return;
   const worlds = view.tiles.map((tile) => tile.world);
   const key = `${worlds.join(",")}|${frame}`;
@@ -273,7 +276,8 @@ async function reopen() {
 
 function describe() {
   const info = state.info;
-  $("archive").textContent = `${info.url}: ${info.worlds} worlds x ${info.frames} frames at ${info.fps} fps (x${info.playback_speed}); videos go to ${info.out}`;
+  $("archive").textContent = `${info.url}: ${info.worlds} worlds x ${info.frames} frames at ${info.fps} fps (x${info.playback_speed})`;
+  $("header-out").textContent = `videos go to ${info.out}`;
   $("time").max = info.frames - 1;
   $("dof-list").replaceChildren(...info.dofs.map((d) => Object.assign(document.createElement("option"), { value: d })));
   if (!$("dof").value && !$("leg").value) $("dof").value = info.dofs.find((d) => !d.includes("/q") && !/\/[xyz]$/.test(d)) || info.dofs[0];
