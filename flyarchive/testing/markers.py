@@ -19,7 +19,7 @@ import pytest
 __all__ = [
     "has_module", "has_cuda", "WARP_DEVICE", "WARP_BACKEND", "requires_warp", "requires_cuda",
     "requires_no_cuda", "requires_flygym", "requires_distributed", "requires_s3",
-    "requires_linux_sys", "opengl_vendor", "CHROMIUM", "CHROMIUM_ARGS", "requires_chromium",
+    "requires_linux_sys", "opengl_vendor", "CHROMIUM", "CHROMIUM_ARGS", "requires_chromium", "requires_view",
 ]
 
 
@@ -110,4 +110,7 @@ requires_chromium = pytest.mark.skipif(
     not (Path(CHROMIUM).is_file() and has_module("playwright") and has_module("aiohttp")),
     reason="needs Chromium (apt-get install chromium), playwright and aiohttp: "
            "pip install 'flyarchive[view,test]'",
+)
+requires_view = pytest.mark.skipif(
+    not has_module("aiohttp"), reason="needs aiohttp: pip install 'flyarchive[view]'"
 )

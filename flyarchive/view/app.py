@@ -270,7 +270,15 @@ def run_view(url: str, *, storage_options: Mapping[str, Any] | None = None,
     Raises:
         As :class:`Viewer` and :func:`start` (before anything is served).
     """
-    _log_to_stderr()
+    handler = _log_to_stderr()
+    try:
+        return _serve(url, storage_options, model_path, host, port, out, backend)
+    finally:
+        log.removeHandler(handler)
+
+
+def _serve(url: str, storage_options: Mapping[str, Any] | None, model_path: str | None,
+           host: str, port: int, out: str, backend: str | None) -> int:
     viewer = Viewer(url, storage_options=storage_options, model_path=model_path, out=out,
                     backend=backend)
     try:
@@ -294,9 +302,10 @@ def run_view(url: str, *, storage_options: Mapping[str, Any] | None = None,
     return 0
 
 
-def _log_to_stderr() -> None:
+def _log_to_stderr() -> logging.Handler:
+    """The viewer's log lines on stderr, with the time; the handler (removed at the end)."""
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(logging.Formatter("[flyarchive view %(asctime)s] %(message)s", "%H:%M:%S"))
     log.addHandler(handler)
     log.setLevel(logging.INFO)
-    log.propagate = False
+    return handler

@@ -4,7 +4,8 @@ evaluated, column by column with numpy. Nothing is ever passed to ``eval``.
 
 Allowed: names of columns, numbers, quoted text, ``true`` / ``false`` / ``nan``,
 comparisons (``== != < <= > >=``, chains such as ``0 < x < 1``), ``and`` / ``or`` /
-``not`` (also ``&``, ``|``, ``~``), ``+ - * / %`` and parentheses.
+``not``, ``+ - * / %`` and parentheses. ``&``, ``|`` and ``~`` are refused with a hint:
+Python applies them before ``==``, so ``a == 1 & b > 5`` would not mean what it reads.
 """
 
 from __future__ import annotations
@@ -156,15 +157,20 @@ class _Evaluator:
         return result
 
     def visit_UnaryOp(self, node: ast.UnaryOp) -> Any:
-        if isinstance(node.op, (ast.Not, ast.Invert)):
+        if isinstance(node.op, ast.Invert):
+            raise SelectionError(f"The filter {self.text!r} uses ~; write 'not' instead.")
+        if isinstance(node.op, ast.Not):
             return np.logical_not(self.truth(node.operand))
         value = self._number(node.operand)
         return -value if isinstance(node.op, ast.USub) else +value
 
     def visit_BinOp(self, node: ast.BinOp) -> Any:
-        if isinstance(node.op, (ast.BitAnd, ast.BitOr)):
-            combine = np.logical_and if isinstance(node.op, ast.BitAnd) else np.logical_or
-            return combine(self.truth(node.left), self.truth(node.right))
+        if isinstance(node.op, (ast.BitAnd, ast.BitOr)):  # binds before ==: never what is meant
+            word = "and" if isinstance(node.op, ast.BitAnd) else "or"
+            raise SelectionError(
+                f"The filter {self.text!r} uses {'&' if word == 'and' else '|'}; write {word!r} "
+                f"instead (in Python, & and | apply before ==, so 'a == 1 & b > 5' would "
+                "compare a with 1 & b).")
         op = _ARITHMETIC.get(type(node.op))
         if op is None:
             raise self._refused(node)
