@@ -111,6 +111,7 @@ class Viewer:
             raise SelectionError(f"No 3D view: {self.model_problem}")
         if self._scene is None:
             self._scene = poses_.scene(self.model, self.poser.geoms)
+            self.renders.warm()  # the page is up: now the renderer may take the CPU
         return self._scene
 
     def poses(self, query: Mapping[str, str]) -> tuple[bytes, tuple[int, ...]]:

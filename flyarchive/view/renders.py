@@ -100,6 +100,7 @@ class Renders:
         self.backend = backend
         self.jobs: dict[int, RenderJob] = {}
         self._lock = threading.Lock()
+        self._warmed = False
         self._thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="flyarchive-view-render")
 
     def submit(self, worlds: list[int], camera: str, start: float | None, end: float | None,
@@ -128,6 +129,13 @@ class Renders:
             self.jobs[number] = job
         self._thread.submit(self._run, job)
         return job
+
+    def warm(self) -> None:
+        """Start loading the renderer on the render thread (imports of the render stack;
+        Warp's on the Warp backends), so that the first render does not wait for them."""
+        if self.model is not None and not self._warmed:
+            self._warmed = True
+            self._thread.submit(_warm, self.backend)
 
     def _folder(self, number: int, worlds: list[int]) -> Path:
         shown = "-".join(map(str, worlds[:4])) + ("-etc" if len(worlds) > 4 else "")
@@ -195,3 +203,15 @@ class Renders:
 
     def close(self) -> None:
         self._thread.shutdown(wait=False, cancel_futures=True)
+
+
+def _warm(backend: str) -> None:
+    import importlib
+
+    try:
+        importlib.import_module("flyarchive").render_videos  # noqa: B018  (the import is the work)
+        if backend in ("gpu", "warp-cpu"):
+            importlib.import_module("warp").init()
+            importlib.import_module("mujoco_warp")
+    except Exception as err:  # noqa: BLE001 - the render itself reports what is missing
+        log.info("warming the renderer: %s", err)
