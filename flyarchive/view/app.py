@@ -137,11 +137,9 @@ class Viewer:
 
     def render(self, body: Mapping[str, Any]) -> dict[str, Any]:
         """Queue a render (:class:`~flyarchive.view.renders.Renders`); its job as JSON."""
-        from flyarchive.cli import parse_size
-
         worlds = [int(w) for w in body.get("worlds", []) if isinstance(w, (int, float))]
         camera = str(body.get("camera") or "")
-        size = parse_size(str(body.get("size") or "240x320"))
+        size = _size(str(body.get("size") or "240x320"))
         start, end = (_float_or_none(body.get(k)) for k in ("start", "end"))
         return self.renders.submit(worlds, camera, start, end, size).as_json()
 
@@ -154,9 +152,22 @@ def _bodies(model: Any) -> list[str]:
 
 
 def _worlds(text: str) -> list[int]:
-    from flyarchive.cli import parse_worlds
+    """``"0,3,7"`` -> ``[0, 3, 7]`` (the page sends world ids, comma-separated)."""
+    try:
+        return [int(part) for part in text.split(",") if part.strip()]
+    except ValueError:
+        raise SelectionError(f"Cannot read worlds {text!r}; the page sends ids like '0,3,7'.") \
+            from None
 
-    return parse_worlds(text, limit=10_000) if text.strip() else []
+
+def _size(text: str) -> tuple[int, int]:
+    """``"240x320"`` -> ``(240, 320)`` (height x width; checked by RenderOptions)."""
+    height, sep, width = text.lower().partition("x")
+    try:
+        return int(height), int(width)
+    except ValueError:
+        raise SelectionError(f"Cannot read size {text!r}; write HEIGHTxWIDTH, e.g. 240x320.") \
+            from None
 
 
 def _number(query: Mapping[str, str], name: str, default: Any, kind: Any) -> Any:
