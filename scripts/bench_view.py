@@ -116,12 +116,19 @@ class Viewer:
         self.proc.wait(timeout=30)
 
 
-def timed(page: Any, act: Any, done: str, arg: Any = None) -> float:
-    """Milliseconds from ``act()`` to the page's ``done`` condition (a JS function body)."""
+SERVER: dict[str, list[float]] = {}
+
+
+def timed(page: Any, act: Any, done: str, arg: Any = None, name: str = "") -> float:
+    """Milliseconds from ``act()`` to the page's ``done`` condition (a JS function body);
+    the server's own part (its ``Server-Timing``) kept under ``name`` in :data:`SERVER`."""
     start = time.perf_counter()
     act()
     page.wait_for_function(done, arg=arg, timeout=120_000)
-    return (time.perf_counter() - start) * 1000.0
+    took = (time.perf_counter() - start) * 1000.0
+    if name:
+        SERVER.setdefault(name, []).append(page.evaluate("window.flyarchiveView.serverMs"))
+    return took
 
 
 def measure(viewer: Viewer, repeat: int, n_worlds: int) -> dict[str, list[float]]:
@@ -146,7 +153,7 @@ def measure(viewer: Viewer, repeat: int, n_worlds: int) -> dict[str, list[float]
             seq = page.evaluate(f"{v}.tableSeq")
             page.fill("#filter", f"success == 1 and distance > {rng.uniform(0, 5):.3f}")
             out["filter"].append(timed(page, lambda: page.click("#filter-form button"),
-                                       f"{v}.tableSeq > {seq}"))
+                                       f"{v}.tableSeq > {seq}", name="filter"))
             seq = page.evaluate(f"{v}.tableSeq")
             column = ["distance", "speed", "seed"][i % 3]
             out["sort"].append(timed(page, lambda: page.click(f"th:text-is('{column}')"),
@@ -156,7 +163,7 @@ def measure(viewer: Viewer, repeat: int, n_worlds: int) -> dict[str, list[float]
             seq = page.evaluate(f"{v}.tracesSeq")
             out["traces"].append(timed(
                 page, lambda: page.evaluate(f"ws => {{ {v}.selected = ws; document.querySelector('#draw').click(); }}", worlds),
-                f"{v}.tracesSeq > {seq}"))
+                f"{v}.tracesSeq > {seq}", name="traces"))
         page.click("#clear")
         for row in range(1, 5):  # 4 worlds side by side
             page.click(f"#table tbody tr:nth-child({row})")
@@ -168,7 +175,7 @@ def measure(viewer: Viewer, repeat: int, n_worlds: int) -> dict[str, list[float]
                 page, lambda: page.evaluate("f => { const t = document.querySelector('#time'); "
                                             "t.value = f; t.dispatchEvent(new Event('input')); }",
                                             frame),
-                f"{v}.poseFrame === {frame}"))
+                f"{v}.poseFrame === {frame}", name="pose update"))
         browser.close()
     return out
 
@@ -193,12 +200,18 @@ def main() -> None:
              "p95": viewer.listening_s * 1000.0, "n": 1}]
     for name, values in times.items():
         label = f"traces 50 x {args.frames}" if name == "traces" else name
+        server = SERVER.get(name)
         rows.append({"what": label, "p50": float(np.percentile(values, 50)),
                      "p95": float(np.percentile(values, 95)), "n": len(values),
-                     "target": targets.get(name)})
+                     "target": targets.get(name),
+                     "server_p50": float(np.percentile(server, 50)) if server else None,
+                     "server_p95": float(np.percentile(server, 95)) if server else None})
     Table([Column("what", 24, "what", align="<"), Column("p50 ms", 9, "p50", ".0f"),
-           Column("p95 ms", 9, "p95", ".0f"), Column("runs", 5, "n"),
+           Column("p95 ms", 9, "p95", ".0f"), Column("server p50", 11, "server_p50", ".0f"),
+           Column("server p95", 11, "server_p95", ".0f"), Column("runs", 5, "n"),
            Column("target p95 ms", 14, "target", ".0f")]).print(rows)
+    print("server: the server's own time (Server-Timing); the rest is the browser and the "
+          "network (loopback)")
     write_json(args.json, {"host_info": host_info(), "worlds": args.worlds,
                            "frames": args.frames, "rows": rows,
                            "raw_ms": {k: [round(x, 2) for x in v] for k, v in times.items()}})

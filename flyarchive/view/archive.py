@@ -147,14 +147,15 @@ class ViewedArchive:
         with self._lock:
             generation, ds = self.generation, self.ds
             missing = sorted({int(w) for w in worlds if int(w) not in self._cache})
+        fresh = {}
         if missing:
+            # World by world: a read of one world reads only its own chunks (a list of
+            # scattered worlds made dask read their whole shards: 7x slower, measured).
             names = [n for n in ("qpos", "mocap_pos", "mocap_quat") if n in ds]
-            read = ds[names].isel(world=[self._index[w] for w in missing]).compute()
-            fresh = {w: {n: np.asarray(read[n].values[i], dtype=np.float64) for n in names}
-                     for i, w in enumerate(missing)}
+            for w in missing:
+                read = ds[names].isel(world=self._index[w])
+                fresh[w] = {n: np.asarray(read[n].values, dtype=np.float64) for n in names}
             self._keep(generation, fresh)
-        else:
-            fresh = {}
         with self._lock:
             got = [fresh.get(int(w)) or self._cache.get(int(w)) for w in worlds]
             for w in worlds:

@@ -19,6 +19,7 @@ import json
 import logging
 import mimetypes
 import secrets
+import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
@@ -165,8 +166,13 @@ class ViewApp:
 
         @functools.wraps(method)
         async def handler(request: web.Request) -> web.Response:
-            body = await request.json() if request.method == "POST" and request.can_read_body \
-                else {}
+            try:
+                body = await request.json() if request.method == "POST" and \
+                    request.can_read_body else {}
+            except ValueError:
+                log.warning("%s %s: the body is not JSON", request.method, request.path)
+                return web.json_response({"error": "The request's body is not JSON."}, status=400)
+            start = time.perf_counter()
             try:
                 result = await asyncio.get_running_loop().run_in_executor(
                     None, method, request, body)
@@ -178,7 +184,7 @@ class ViewApp:
                     f"{type(err).__name__}: {err}"
                 log.warning("%s %s: %s", request.method, request.path_qs[:300], message)
                 return web.json_response({"error": message}, status=400)
-            return web.json_response(result, dumps=_dumps)
+            return web.json_response(result, dumps=_dumps, headers=_took(start))
 
         return handler
 
@@ -207,6 +213,7 @@ class ViewApp:
         return response
 
     async def poses(self, request: web.Request) -> web.Response:
+        start = time.perf_counter()
         try:
             blob, shape = await asyncio.get_running_loop().run_in_executor(
                 None, self.state.poses, request.query)
@@ -217,7 +224,7 @@ class ViewApp:
             log.warning("GET %s: %s", request.path_qs[:300], err)
             return web.json_response({"error": str(err)}, status=400)
         return web.Response(body=blob, content_type="application/octet-stream",
-                            headers={"X-Shape": ",".join(map(str, shape))})
+                            headers={"X-Shape": ",".join(map(str, shape)), **_took(start)})
 
     def render(self, request: web.Request, body: Any) -> dict[str, Any]:
         if not isinstance(body, dict):
@@ -233,6 +240,11 @@ class ViewApp:
     def reopen(self, request: web.Request, body: Any) -> dict[str, Any]:
         self.state.reopen()
         return self.state.info()
+
+
+def _took(start: float) -> dict[str, str]:
+    """The ``Server-Timing`` header: how long the server worked on the answer (ms)."""
+    return {"Server-Timing": f"app;dur={(time.perf_counter() - start) * 1000:.1f}"}
 
 
 def _int(query: Any, name: str, default: int) -> int:

@@ -145,6 +145,18 @@ def test_a_bad_api_request_gets_its_reason_and_a_log_line(viewed, path, fragment
     assert log.having(fragment)
 
 
+def test_a_render_request_that_is_not_json_is_refused(viewed):
+    served, log = viewed
+    request = urllib.request.Request(origin(served) + "/api/render", data=b"{worlds: 0", method="POST",
+                                     headers={"X-Flyarchive-Token": served.token})
+
+    with pytest.raises(urllib.error.HTTPError) as caught:
+        urllib.request.urlopen(request, timeout=60)
+
+    assert caught.value.code == 400 and b"not JSON" in caught.value.read()
+    assert served.viewer.renders.jobs == {}
+
+
 @pytest.mark.parametrize("body, fragment", [
     ({"worlds": [], "camera": "front"}, "Select at least one world"),
     ({"worlds": [0], "camera": "side"}, "No camera 'side' in the model"),

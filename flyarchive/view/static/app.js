@@ -22,6 +22,8 @@ async function api(path, options = {}) {
   const response = await fetch(path, {
     ...options, headers: { "X-Flyarchive-Token": token, ...(options.headers || {}) },
   });
+  const timing = /dur=([0-9.]+)/.exec(response.headers.get("Server-Timing") || "");
+  if (timing) state.serverMs = Number(timing[1]);
   if (!response.ok) {
     let text = `${response.status} ${response.statusText}`;
     let replaced = false;

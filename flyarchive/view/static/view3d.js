@@ -37,7 +37,7 @@ export class PoseView {
   constructor(canvas, labels) {
     this.canvas = canvas;
     this.labels = labels;
-    this.renderer = new THREE.WebGLRenderer({ canvas, antialias: true, preserveDrawingBuffer: true });
+    this.renderer = new THREE.WebGLRenderer({ canvas, antialias: false, preserveDrawingBuffer: true });
     this.renderer.setScissorTest(true);
     this.camera = new THREE.PerspectiveCamera(45, 1, 0.001, 1000);
     this.camera.up.copy(MUJOCO_UP);
