@@ -11,6 +11,7 @@ from __future__ import annotations
 import inspect
 import threading
 from collections import OrderedDict
+from concurrent.futures import ThreadPoolExecutor
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -151,10 +152,16 @@ class ViewedArchive:
         if missing:
             # World by world: a read of one world reads only its own chunks (a list of
             # scattered worlds made dask read their whole shards: 7x slower, measured).
+            # Four at a time: decoding releases the GIL in part (25 NeuroMechFly worlds of
+            # 1000 frames, 2 busy cores: 1.32 -> 0.92 s).
             names = [n for n in ("qpos", "mocap_pos", "mocap_quat") if n in ds]
-            for w in missing:
-                read = ds[names].isel(world=self._index[w])
-                fresh[w] = {n: np.asarray(read[n].values, dtype=np.float64) for n in names}
+
+            def read(world: int) -> dict[str, np.ndarray]:
+                one = ds[names].isel(world=self._index[world])
+                return {n: np.asarray(one[n].values, dtype=np.float64) for n in names}
+
+            with ThreadPoolExecutor(max_workers=min(4, len(missing))) as pool:
+                fresh = dict(zip(missing, pool.map(read, missing)))
             self._keep(generation, fresh)
         with self._lock:
             got = [fresh.get(int(w)) or self._cache.get(int(w)) for w in worlds]

@@ -1,6 +1,5 @@
 // flyarchive view: the world table (filtered, sorted and paged on the server), the
 // selection that drives traces, the 3D pose view and renders.
-import { PoseView } from "/static/view3d.js";
 import { Traces } from "/static/traces.js";
 
 const $ = (id) => document.getElementById(id);
@@ -149,7 +148,9 @@ async function loadScene() {
     $("view3d-note").textContent = `No 3D view: ${state.info.model_problem}`;
     return;
   }
-  const [description, blob] = await Promise.all([getJson("/api/scene"), api("/api/meshes").then((r) => r.arrayBuffer())]);
+  // three.js (2 MB) loads after the table is drawn: the first page does not wait for it.
+  const [{ PoseView }, description, blob] = await Promise.all([
+    import("/static/view3d.js"), getJson("/api/scene"), api("/api/meshes").then((r) => r.arrayBuffer())]);
   view = new PoseView($("view3d"), $("tile-labels"));
   view.load(description, blob);
   state.geoms = description.geoms.length;
