@@ -104,6 +104,19 @@ def _rgba(model: mujoco.MjModel, geom: int) -> np.ndarray:
     return rgba
 
 
+def _radius(model: mujoco.MjModel, geoms: Sequence[int]) -> float:
+    """How far the model's geoms (planes aside) reach from the root body in its first
+    pose (``qpos0``), model units: what the camera keeps in view."""
+    data = mujoco.MjData(model)
+    mujoco.mj_kinematics(model, data)
+    root = data.xpos[_root_body(model)]
+    solid = [g for g in geoms if int(model.geom_type[g]) != int(mujoco.mjtGeom.mjGEOM_PLANE)]
+    if not solid:
+        return float(model.stat.extent)
+    reach = np.linalg.norm(data.geom_xpos[solid] - root, axis=1) + model.geom_rbound[solid]
+    return float(reach.max())
+
+
 def scene(model: mujoco.MjModel, geoms: Sequence[int]) -> tuple[dict[str, Any], bytes]:
     """The visible geoms' shapes, for the browser.
 
@@ -112,7 +125,8 @@ def scene(model: mujoco.MjModel, geoms: Sequence[int]) -> tuple[dict[str, Any], 
         (MuJoCo's three numbers), ``rgba``, and for a mesh ``mesh``: its index in
         ``meshes``) and each mesh (``vertices``, ``faces``: counts, and ``offset``: where
         its float32 vertices ``(n, 3)`` then uint32 faces ``(m, 3)`` start in ``blob``,
-        bytes); ``extent`` (the model's size, length units) and ``center``.
+        bytes); ``extent`` (the model's size, length units), ``radius`` (how far its
+        geoms reach from the root body, see :func:`_radius`) and ``center``.
     """
     meshes: dict[int, int] = {}
     parts: list[bytes] = []
@@ -138,6 +152,6 @@ def scene(model: mujoco.MjModel, geoms: Sequence[int]) -> tuple[dict[str, Any], 
             item["mesh"] = meshes[mesh]
         described.append(item)
     description = {"geoms": described, "meshes": described_meshes,
-                   "extent": float(model.stat.extent),
+                   "extent": float(model.stat.extent), "radius": _radius(model, geoms),
                    "center": [float(v) for v in model.stat.center]}
     return description, b"".join(parts)

@@ -59,7 +59,7 @@ export class PoseView {
       opacity: g.rgba[3], transparent: g.rgba[3] < 1, roughness: 0.7, metalness: 0.0,
       side: g.type === "plane" ? THREE.DoubleSide : THREE.FrontSide,
     }));
-    const d = extent * 1.2;
+    const d = (description.radius || extent) * 1.6;
     this.camera.position.set(d, -d, d * 0.7);
     this.controls.target.set(0, 0, 0);
     this.camera.near = extent / 100; this.camera.far = extent * 100;
