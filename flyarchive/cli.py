@@ -409,6 +409,20 @@ def cmd_demo(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_view(args: argparse.Namespace) -> int:
+    try:
+        from flyarchive.view.app import run_view
+    except ImportError as err:
+        if err.name != "aiohttp":
+            raise
+        from flyarchive.errors import missing_dependency
+
+        raise missing_dependency("aiohttp", "view", "flyarchive view") from None
+    return run_view(_path(args.url), storage_options=_storage_options(args.storage_options),
+                    model_path=_path(args.model) if args.model else None, host=args.host,
+                    port=args.port, out=_path(args.out), backend=args.backend)
+
+
 def _crf(text: str) -> int:
     if not text.isdigit() or not 0 <= int(text) <= 51:
         raise argparse.ArgumentTypeError(f"{text!r} is not an integer from 0 to 51")
@@ -540,6 +554,20 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--workers", type=int, help="render worker processes (default: one per core)")
     p.add_argument("--no-render", action="store_true")
     p.add_argument("--overwrite", action="store_true", help="replace an earlier demo's output")
+    p = add("view", cmd_view, "Browse, filter and watch the worlds of an archive in the browser.")
+    p.add_argument("url")
+    p.add_argument("--model", help="MJCF .xml or compiled .mjb (default: the model kept in the "
+                   "archive; without one: table and traces only)")
+    p.add_argument("--host", default="127.0.0.1",
+                   help="address to serve on (default 127.0.0.1: this machine only)")
+    p.add_argument("--port", type=int, default=8750, help="port (default 8750, or a free one "
+                   "if it is taken; 0: any free port)")
+    p.add_argument("--out", default="view-videos",
+                   help="folder for the videos rendered from the page (default view-videos)")
+    p.add_argument("--backend", choices=BACKENDS,
+                   help="renderer of the page's renders (default: the fastest here: gpu, "
+                        "warp-cpu, else OpenGL)")
+    storage(p)
     return parser
 
 

@@ -124,6 +124,8 @@ def _run(nmf: Any, out: Path, url: str, n_worlds: int, seconds: float, render: b
                                                where)
     _say(f"replay again with: flyarchive render {url} --model {model_path} "
          f"--camera {world.cameras[0]} --out {out / 'videos'} --overwrite")
+    _say(f"browse and watch the worlds in the browser: flyarchive view {url} "
+         f"--out {out / 'view-videos'}")
     return result
 
 

@@ -9,7 +9,7 @@ store and read their recording back through query (flygym's ``trajectory``), so 
 sits on top of both.
 
 Base modules (errors, schema, layout, clock, codecs, models, config, warp_log) import
-only each other; applications (cli, demo, plot, summary, interop, render, and the
+only each other; applications (cli, demo, plot, summary, interop, render, view, and the
 package's own ``__init__``) may import anything; ``flyarchive.testing`` is not part of
 the product and may import anything too.
 
@@ -31,7 +31,8 @@ PACKAGE = Path(__file__).resolve().parents[1] / "flyarchive"
 
 BASE = frozenset({"errors", "schema", "layout", "clock", "codecs", "models", "config", "warp_log"})
 STAGES = ("store", "query", "record", "replay", "video", "distribute")
-APPLICATIONS = frozenset({"cli", "demo", "plot", "summary", "interop", "render", "__main__"})
+APPLICATIONS = frozenset({"cli", "demo", "plot", "summary", "interop", "render", "view",
+                          "__main__"})
 TEST_SUPPORT = "flyarchive.testing"
 
 #: Import cycles of today's code, each as the set of its modules.
