@@ -9,7 +9,7 @@ from typing import Any
 
 import numpy as np
 
-from flyarchive.errors import SelectionError, StorageError, missing_dependency
+from flyarchive.errors import CorruptArchiveError, SelectionError, StorageError, missing_dependency
 from flyarchive.query import open_archive
 
 __all__ = ["plot_traces"]
@@ -36,6 +36,8 @@ def _traces(url: str, storage_options: Mapping[str, Any] | None, ds: Any, world:
     n = int(one.n_frames)
     try:
         return one.time.values[:n], one.qpos.sel(dof=chosen).values[:n]
+    except CorruptArchiveError:  # names the variable, worlds, frames and file already
+        raise
     except Exception as err:  # a checksum mismatch, bytes that do not decode, a refused file
         from flyarchive.store.localstore import UnsafeFileError
         from flyarchive.store.reader import corrupt_read, damaged_chunks, open_checked

@@ -39,7 +39,8 @@ from flyarchive.store.hardening import check_arrays
 from flyarchive.store.header import ArchiveHeader, HeaderVariable
 from flyarchive.store.location import sync, unavailable
 from flyarchive.store.reader import chunk_file, corrupt_read, fused_reads, open_group
-from flyarchive.store.shards import OpenedArchive, ShardReader, settled_shards
+from flyarchive.store.missing import committed_holes, fill_cells, missing_error, probe
+from flyarchive.store.shards import NeverWritten, OpenedArchive, ShardReader, settled_shards
 
 if TYPE_CHECKING:
     import xarray as xr
@@ -86,11 +87,14 @@ class CommittedFrames:
         storage_options: As given to ``open_archive``, for messages about storage faults.
         reader: Reads boxes of ``arr`` (:class:`~flyarchive.store.shards.ShardReader`);
             None: every read goes through zarr.
+        committed: ``(world,)`` committed frames of every world: a read of committed
+            frames whose chunk, shard or index entry is missing raises
+            (:mod:`~flyarchive.store.missing`); None: not checked.
 
     Raises (from ``__getitem__``):
-        CorruptArchiveError: stored bytes that fail their checksum or do not decode, naming
-            the world ids, frames and file of each damaged inner chunk and pointing at
-            ``flyarchive verify``.
+        CorruptArchiveError: stored bytes that fail their checksum or do not decode, or
+            committed frames that are missing, naming the world ids, frames and file of
+            each damaged inner chunk and pointing at ``flyarchive verify``.
         StorageError: the storage failed to answer.
         SchemaError, UnsafeFileError: as the store raises them (they name their file).
     """
@@ -98,12 +102,14 @@ class CommittedFrames:
     def __init__(self, arr: zarr.Array, name: str, n_frames: np.ndarray | None, n_time: int,
                  world_ids: np.ndarray, url: str,
                  storage_options: Mapping[str, Any] | None = None, *,
-                 reader: ShardReader | None = None) -> None:
+                 reader: ShardReader | None = None,
+                 committed: np.ndarray | None = None) -> None:
         self.arr, self.name, self.n_frames, self.reader = arr, name, n_frames, reader
         self.world_ids, self.url, self.storage_options = world_ids, url, storage_options
         self.shape = (int(arr.shape[0]), int(n_time), *(int(s) for s in arr.shape[2:]))
         self.dtype = arr.dtype
         self.ndim = arr.ndim
+        self.committed = committed
 
     def __getitem__(self, key: Any) -> np.ndarray:
         key = key if isinstance(key, tuple) else (key,)
@@ -126,20 +132,48 @@ class CommittedFrames:
         return values.squeeze(axis=drop) if drop else values
 
     def _read(self, key: tuple[Any, ...], worlds: np.ndarray, frames: np.ndarray) -> np.ndarray:
+        """The values of ``key`` (worlds and frames as slices or arrays, never ints), as
+        stored; committed frames found missing raise."""
+        empty: list[NeverWritten] = []
         try:
             box = _box(key) if self.reader is not None else None
             if box is not None:
-                values = self.reader.read(box)
+                values = self.reader.read(box, never_written=empty)
+                for axis in range(self.ndim - 1, 1, -1):  # dofs, mocap bodies... picked
+                    if isinstance(key[axis], np.ndarray):
+                        values = np.take(values, key[axis] - box[axis].start, axis=axis)
                 points = tuple(i for i, k in enumerate(key) if isinstance(k, int))
-                return values.squeeze(axis=points) if points else values
-            if any(isinstance(k, np.ndarray) for k in key):
-                return np.asarray(self.arr.oindex[key])
-            return np.asarray(self.arr[key])
+                values = values.squeeze(axis=points) if points else values
+            elif any(isinstance(k, np.ndarray) for k in key):
+                values = np.asarray(self.arr.oindex[key])
+            else:
+                values = np.asarray(self.arr[key])
         except BaseExceptionGroup as group:  # zarr's concurrent reads: the first fault
             err: BaseException = group.exceptions[0]
         except Exception as caught:
             err = caught
+        else:
+            self._check_committed(values, worlds, frames, empty, read_by_zarr=box is None)
+            return values
         raise self._error(err, worlds, frames) from None
+
+    def _check_committed(self, values: np.ndarray, worlds: np.ndarray, frames: np.ndarray,
+                         empty: list[NeverWritten], *, read_by_zarr: bool) -> None:
+        """Raise if committed frames of the read are missing: those the shard reader found
+        empty, or, for reads through zarr, those the storage says are missing among the
+        committed frames that read as the fill value (asked only then)."""
+        if self.committed is None or not worlds.size or not frames.size:
+            return
+        if read_by_zarr:
+            hit = fill_cells(values, self.arr.fill_value)
+            hit &= frames[None, :] < self.committed[worlds][:, None]
+            if not hit.any():
+                return
+            w, t = np.nonzero(hit)
+            empty = probe(self.arr, np.stack([worlds[w], frames[t]], axis=1))
+        holes = committed_holes(empty, worlds, frames, self.committed) if empty else []
+        if holes:
+            raise missing_error(self.url, self.name, self.world_ids, holes)
 
     def _error(self, err: BaseException, worlds: np.ndarray, frames: np.ndarray) -> Exception:
         if isinstance(err, (SchemaError, StorageError, UnsafeFileError)):
@@ -190,13 +224,17 @@ class CommittedFrames:
 
 
 def _box(key: tuple[Any, ...]) -> tuple[slice, ...] | None:
-    """A selection of ints and slices of step 1 as slices (None for any other)."""
+    """A selection of ints and slices of step 1 as slices, where arrays of indices may pick
+    along the axes after ``world`` and ``time`` (read whole: a chunk holds them all);
+    None for any other."""
     box = []
-    for k in key:
+    for axis, k in enumerate(key):
         if isinstance(k, int):
             box.append(slice(k, k + 1))
         elif isinstance(k, slice) and k.step in (None, 1):
             box.append(k)
+        elif axis >= 2 and isinstance(k, np.ndarray) and k.ndim == 1 and k.size:
+            box.append(slice(int(k.min()), int(k.max()) + 1))
         else:
             return None
     return tuple(box)
@@ -367,7 +405,7 @@ def open_dataset(url: str, storage_options: Mapping[str, Any] | None = None,
             reader = _shard_reader(arr, n_frames,
                                    OpenedArchive(str(url), attrs.get("archive_id")))
             getter = CommittedFrames(arr, name, masked, n_time, world_ids, url, storage_options,
-                                     reader=reader)
+                                     reader=reader, committed=n_frames)
             data = da.from_array(getter, chunks=_dask_chunks(arr, n_time), asarray=False,
                                  inline_array=True, meta=np.empty((0,) * arr.ndim, arr.dtype),
                                  name=token)
