@@ -32,7 +32,7 @@ from flyarchive.errors import (
     StorageError,
     UnsafeFileError,
 )
-from flyarchive.schema import STATE_VARS
+from flyarchive.schema import STATE_VARS, n_frames_problem, sizes_problem, times_problem
 from flyarchive.store import storage_errors
 from flyarchive.store.consolidated import time_extent
 from flyarchive.store.hardening import check_arrays
@@ -326,10 +326,7 @@ def _committed_and_coordinates(url: str, storage_options: Mapping[str, Any] | No
         n_frames = values.pop("n_frames", None)
         if int(np.max(n_frames, initial=0) if n_frames is not None else 0) <= extent:
             return group, arrays, n_frames, values
-        group = open_group(url, storage_options, consolidated=False)  # the copy lags behind
-        check_arrays(group, str(url))
-        with fused_reads():
-            arrays = dict(group.arrays())
+        group, arrays = _arrays_now(url, storage_options)  # the copy lags behind
         extent = time_extent({k: a.metadata for k, a in arrays.items()}) or 0
     n_frames = _read_now(arrays, marker, 0)["n_frames"] if marker else None
     n_time = min(int(np.max(n_frames, initial=0)), extent) if n_frames is not None else extent
@@ -348,16 +345,52 @@ def _cut(arr: zarr.Array, n_time: int) -> tuple[slice, ...]:
 def _stored(url: str, storage_options: Mapping[str, Any] | None, group: zarr.Group
             ) -> tuple[zarr.Group, dict[str, zarr.Array], np.ndarray | None, int,
                        dict[str, np.ndarray]]:
-    """What :func:`open_dataset` and :func:`open_header` build on: the group and arrays
-    read, ``n_frames`` (clipped to the stored frames; None without it), the committed
-    length of ``time``, and the coordinates cut to it."""
+    """What :func:`open_dataset` and :func:`open_header` build on, checked the same way
+    for both (and as ``verify`` checks: :func:`flyarchive.schema.sizes_problem`,
+    :func:`~flyarchive.schema.n_frames_problem`, :func:`~flyarchive.schema.times_problem`):
+    the group and arrays read, ``n_frames`` (None without it), the committed length of
+    ``time``, and the coordinates cut to it.
+
+    Raises:
+        SchemaError: arrays of different lengths along a dimension.
+        CorruptArchiveError: ``n_frames`` outside the stored frames, or the times of the
+            committed frames missing, not finite or not increasing.
+    """
     group, arrays, n_frames, coordinates = _committed_and_coordinates(url, storage_options, group)
     extent = time_extent({k: a.metadata for k, a in arrays.items()}) or 0
-    if n_frames is not None:
-        n_frames = n_frames.clip(0, extent).astype(np.int64)
+    if n_frames is not None and n_frames.size and n_frames.min() >= 0 and n_frames.max() > extent:
+        # a writer grew the arrays and committed after their metadata was read: read it again
+        group, arrays = _arrays_now(url, storage_options)
+        extent = time_extent({k: a.metadata for k, a in arrays.items()}) or 0
+        coordinates = _read_now(arrays, _coordinate_names(arrays), int(n_frames.max()))
+    problem = sizes_problem({k: (_dims(a), tuple(int(n) for n in a.shape))
+                             for k, a in arrays.items()})
+    if problem is not None:
+        raise SchemaError(f"The archive at {url!r} is damaged: {problem} {_FIX.format(url=url)}")
+    committed = n_frames_problem(n_frames, extent) if n_frames is not None else None
+    if committed is not None:
+        raise CorruptArchiveError(f"The archive at {url!r} is damaged: {committed} "
+                                  f"{_FIX.format(url=url)}")
+    n_frames = n_frames.astype(np.int64) if n_frames is not None else None
     n_time = int(n_frames.max(initial=0)) if n_frames is not None else extent
     cut = {name: values[_cut(arrays[name], n_time)] for name, values in coordinates.items()}
+    times = times_problem(cut["time"], cut.get("sim_time")) if "time" in cut else None
+    if times is not None:
+        raise CorruptArchiveError(f"The archive at {url!r} is damaged: {times} "
+                                  f"{_FIX.format(url=url)}")
     return group, arrays, n_frames, n_time, cut
+
+
+_FIX = "Run `flyarchive verify {url}` to list every problem; restore the archive from a backup."
+
+
+def _arrays_now(url: str, storage_options: Mapping[str, Any] | None
+                ) -> tuple[zarr.Group, dict[str, zarr.Array]]:
+    """The group and every array's own metadata, read now (checked as at open)."""
+    group = open_group(url, storage_options, consolidated=False)
+    check_arrays(group, str(url))
+    with fused_reads():
+        return group, dict(group.arrays())
 
 
 def open_dataset(url: str, storage_options: Mapping[str, Any] | None = None,
