@@ -32,7 +32,7 @@ from flyarchive.errors import (
     StorageError,
     UnsafeFileError,
 )
-from flyarchive.schema import STATE_VARS, n_frames_problem, sizes_problem, times_problem
+from flyarchive.schema import STATE_VARS, TIME_COORDS, n_frames_problem, sizes_problem, times_problem
 from flyarchive.store import storage_errors
 from flyarchive.store.consolidated import time_extent
 from flyarchive.store.hardening import check_arrays
@@ -283,8 +283,19 @@ def _token(url: str, storage_options: Mapping[str, Any] | None, name: str, arr: 
 
 
 def _coordinate_names(arrays: Mapping[str, zarr.Array]) -> list[str]:
-    """The coordinates: arrays named after their dimension (small, read at open)."""
-    return [n for n, a in arrays.items() if n in (a.metadata.dimension_names or ())]
+    """The coordinates (small, read at open): arrays named after their dimension, and
+    ``sim_time`` and ``frame`` along ``time`` (the state arrays' ``coordinates``
+    attribute names them; ``xarray.open_zarr`` makes them coordinates too)."""
+    return [n for n, a in arrays.items() if n in (a.metadata.dimension_names or ())
+            or (n in TIME_COORDS and _dims(a) == ("time",))]
+
+
+def _attrs(arr: zarr.Array) -> tuple[dict[str, Any], dict[str, Any]]:
+    """A variable's attributes and encoding, as xarray decodes them: the CF ``coordinates``
+    attribute (the coordinates are read as such) moves to the encoding."""
+    attrs = dict(arr.attrs)
+    listed = attrs.pop("coordinates", None)
+    return attrs, ({"coordinates": listed} if listed is not None else {})
 
 
 def _read_now(arrays: Mapping[str, zarr.Array], names: Sequence[str], n_time: int
@@ -429,7 +440,7 @@ def open_dataset(url: str, storage_options: Mapping[str, Any] | None = None,
     attrs = group.attrs.asdict()
     for name, arr in arrays.items():
         dims = _dims(arr)
-        if name in dims or name == "n_frames":
+        if name in coords or name == "n_frames":
             continue
         token = _token(url, storage_options, name, arr, n_frames, n_time, attrs)
         if name in STATE_VARS and n_frames is not None and dims[:2] == ("world", "time"):
@@ -444,7 +455,7 @@ def open_dataset(url: str, storage_options: Mapping[str, Any] | None = None,
                                  name=token)
         else:  # times of frames, world variables: small, lazy
             data = da.from_zarr(arr, chunks=arr.shards or arr.chunks, name=token)[_cut(arr, n_time)]
-        variables[name] = xr.Variable(dims, data, dict(arr.attrs))
+        variables[name] = xr.Variable(dims, data, *_attrs(arr))
     return xr.Dataset(variables, coords=coords, attrs=attrs)
 
 
@@ -473,5 +484,5 @@ def open_header(url: str, storage_options: Mapping[str, Any] | None = None,
         shape = tuple(n_time if d == "time" else n for d, n in zip(dims, arr.shape))
         read = None if name in STATE_VARS else \
             (lambda arr=arr: np.asarray(arr[_cut(arr, n_time)]))  # noqa: E731
-        variables[name] = HeaderVariable(name, dims, arr.dtype, shape, arr.attrs, read=read)
+        variables[name] = HeaderVariable(name, dims, arr.dtype, shape, _attrs(arr)[0], read=read)
     return ArchiveHeader(group.attrs.asdict(), variables, coords=tuple(coordinates))
