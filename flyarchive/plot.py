@@ -11,6 +11,7 @@ import numpy as np
 
 from flyarchive.errors import CorruptArchiveError, SelectionError, StorageError, missing_dependency
 from flyarchive.query import open_archive
+from flyarchive.store.location import as_url
 
 __all__ = ["plot_traces"]
 
@@ -52,7 +53,7 @@ def _traces(url: str, storage_options: Mapping[str, Any] | None, ds: Any, world:
 
 
 def plot_traces(
-    url: str,
+    url: str | os.PathLike[str],
     world: int,
     out: str | Path,
     *,
@@ -84,6 +85,7 @@ def plot_traces(
         import matplotlib.pyplot as plt
     except ImportError:
         raise missing_dependency("matplotlib", "plot", "flyarchive plot") from None
+    url = as_url(url)
     ds = open_archive(url, storage_options)
     ids = [int(w) for w in ds.world.values]
     if world not in ids:

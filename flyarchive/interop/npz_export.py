@@ -29,6 +29,7 @@ from flyarchive.errors import (
     missing_storage_backend,
 )
 from flyarchive.query import open_archive
+from flyarchive.store.location import as_url
 from flyarchive.store.storage_errors import check_storage_options, is_remote, local_error, translated
 
 __all__ = ["export_npz", "NpzExport", "npz_name"]
@@ -57,7 +58,7 @@ def npz_name(world: int) -> str:
 
 
 def export_npz(
-    url: str,
+    url: str | os.PathLike[str],
     out_dir: str | Path,
     *,
     worlds: Sequence[int] | None = None,
@@ -88,6 +89,7 @@ def export_npz(
         StorageError: the output cannot be written (no permission, disk full, unreachable
             storage); files written before stay complete, none is half-written.
     """
+    url = as_url(url)
     ds = open_archive(url, storage_options)
     ids = [int(w) for w in ds.world.values]
     chosen = ids if worlds is None else [int(w) for w in worlds]

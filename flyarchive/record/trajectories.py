@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -10,12 +11,13 @@ import numpy as np
 
 from flyarchive.errors import SelectionError, missing_dependency
 from flyarchive.query import open_archive
+from flyarchive.store.location import as_url
 
 __all__ = ["read_trajectories"]
 
 
 def read_trajectories(
-    url: str,
+    url: str | os.PathLike[str],
     storage_options: Mapping[str, Any] | None = None,
     *,
     worlds: Sequence[int] | None = None,
@@ -41,6 +43,7 @@ def read_trajectories(
         from flygym.recording import RecordedTrajectory
     except ImportError:
         raise missing_dependency("flygym", "flygym", "Reading flygym trajectories") from None
+    url = as_url(url)
     ds = open_archive(url, storage_options)
     ids = [int(w) for w in ds.world.values]
     chosen = ids if worlds is None else [int(w) for w in worlds]
