@@ -9,8 +9,15 @@ from typing import Any
 
 import numpy as np
 
-from flyarchive.errors import SelectionError, StorageError, did_you_mean, missing_dependency
+from flyarchive.errors import (
+    CorruptArchiveError,
+    SelectionError,
+    StorageError,
+    did_you_mean,
+    missing_dependency,
+)
 from flyarchive.query import open_archive
+from flyarchive.store.location import as_url
 
 __all__ = ["plot_traces"]
 
@@ -36,6 +43,8 @@ def _traces(url: str, storage_options: Mapping[str, Any] | None, ds: Any, world:
     n = int(one.n_frames)
     try:
         return one.time.values[:n], one.qpos.sel(dof=chosen).values[:n]
+    except CorruptArchiveError:  # names the variable, worlds, frames and file already
+        raise
     except Exception as err:  # a checksum mismatch, bytes that do not decode, a refused file
         from flyarchive.store.localstore import UnsafeFileError
         from flyarchive.store.reader import corrupt_read, damaged_chunks, open_checked
@@ -50,7 +59,7 @@ def _traces(url: str, storage_options: Mapping[str, Any] | None, ds: Any, world:
 
 
 def plot_traces(
-    url: str,
+    url: str | os.PathLike[str],
     world: int,
     out: str | Path,
     *,
@@ -85,6 +94,7 @@ def plot_traces(
         raise missing_dependency("matplotlib", "plot", "flyarchive plot") from None
     if isinstance(world, (bool, np.bool_)) or not isinstance(world, (int, np.integer)):
         raise SelectionError(f"world must be a world id (a whole number), got {world!r}.")
+    url = as_url(url)
     ds = open_archive(url, storage_options)
     ids = [int(w) for w in ds.world.values]
     if world not in ids:

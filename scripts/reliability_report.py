@@ -18,7 +18,9 @@ Runs the harnesses of :mod:`flyarchive.testing.kills` and prints one table:
   left behind before and after the next render into the same folder;
 - hostile archives (:mod:`flyarchive.testing.hostile`: decompression bombs, FIFOs, links
   to ``/dev/zero``, metadata nested 200,000 deep...): each command run in a child with a
-  3 GiB address-space cap, its time and peak memory;
+  3 GiB address-space cap, its time and peak memory; among them committed frames missing
+  (a shard deleted, index entries never written: :mod:`flyarchive.testing.holes`), counted
+  as the reads of them refused and passed off as data;
 - crafted models (:mod:`flyarchive.testing.model_fuzz`): a kept model's bytes fuzzed, its
   hash matching, through ``render``, ``verify`` and ``load_model`` in child processes:
   crashes of the calling process (none expected) and what the model check found;
@@ -273,6 +275,28 @@ def print_crafted_models(result: dict[str, Any]) -> None:
         print(f"  FAILED: seed {seed}")
 
 
+def missing_chunks(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """Committed frames missing (:data:`flyarchive.testing.holes.MISSING_CASES`), from the
+    hostile rows: the reads of them made, refused, and passed off as data (exit 0)."""
+    from flyarchive.testing.holes import MISSING_CASES
+
+    found = [r for r in rows if r["case"] in MISSING_CASES]
+    reads = [(r["case"], c, r["outcomes"][c]) for r in found for c in MISSING_CASES[r["case"]][1]
+             if c in r["outcomes"]]
+    return {"variants": len(found), "reads": len(reads),
+            "refused": sum(o["exit"] in (1, 2) for _, _, o in reads),
+            "passed_off": [f"{case} / {command}" for case, command, o in reads if o["exit"] == 0]}
+
+
+def print_missing(summary: dict[str, Any]) -> None:
+    print(f"\nMissing chunks inside n_frames: {summary['variants']} hostile variants, "
+          f"{summary['reads']} reads of the missing frames (verify, open_archive, export-npz, "
+          f"plot, render), {summary['refused']} refused, {len(summary['passed_off'])} passed "
+          "off as data")
+    for what in summary["passed_off"]:
+        print(f"  passed off: {what}")
+
+
 def run_bad_input(workdir: Path) -> dict[str, Any]:
     """Run tests/bad_input; count cases tried and passed."""
     xml = workdir / "bad_input.xml"
@@ -378,6 +402,7 @@ def print_table(report: dict[str, Any]) -> None:
                                                          "rendered again into the same folder)")
     if report.get("hostile"):
         print_hostile(report["hostile"])
+        print_missing(missing_chunks(report["hostile"]))
     if report.get("crafted_models"):
         print_crafted_models(report["crafted_models"])
     bad = report["bad_input"]
@@ -432,6 +457,7 @@ def main(argv: list[str] | None = None) -> int:
         report["hostile"] = [] if args.no_hostile else run_hostile(work)
         report["crafted_models"] = (run_crafted_models(args.crafted_models, work)
                                     if args.crafted_models > 0 else {})
+        report["missing_chunks"] = missing_chunks(report["hostile"])
         report["bad_input"] = {} if args.no_bad_input else run_bad_input(work)
         from flyarchive.testing import interop_kills as faults_interop
 

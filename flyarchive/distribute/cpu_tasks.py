@@ -24,7 +24,7 @@ from flyarchive import config
 from flyarchive.distribute.caches import close_thread_renderers, thread_renderers
 from flyarchive.distribute.output_plan import map_attributes
 from flyarchive.distribute.plan import RenderPlan
-from flyarchive.errors import RenderFailedError
+from flyarchive.errors import CorruptArchiveError, RenderFailedError
 from flyarchive.models import model_from_bytes
 from flyarchive.schema import finite_frames
 from flyarchive.video.mosaic import is_mosaic
@@ -83,6 +83,8 @@ def _states(url: str, storage_options: Mapping[str, Any], world_index: int,
         # In this thread: inside a Dask task, the default would send the reads to the
         # cluster and let this task's thread start other segments meanwhile.
         values = dask.compute(*[ds[n].data for n in names], scheduler="synchronous")
+    except CorruptArchiveError:  # names its variable, worlds, frames and file already
+        raise
     except ValueError as err:  # a checksum mismatch or undecodable chunk
         what = f"{'/'.join(names)} of world index {world_index}, frames {start}..{stop - 1}"
         raise corrupt_read(url, what, err) from None

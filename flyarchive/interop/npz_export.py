@@ -40,6 +40,7 @@ from flyarchive.errors import (
 )
 from flyarchive.query import open_archive
 from flyarchive.query.frames import parse_world_ids
+from flyarchive.store.location import as_url
 from flyarchive.store.storage_errors import check_storage_options, is_remote, local_error, translated
 
 __all__ = ["export_npz", "NpzExport", "npz_name", "SCHEDULED_TIME_KEY", "FRAME_KEY"]
@@ -72,7 +73,7 @@ def npz_name(world: int) -> str:
 
 
 def export_npz(
-    url: str,
+    url: str | os.PathLike[str],
     out_dir: str | Path,
     *,
     worlds: Sequence[int] | None = None,
@@ -108,6 +109,7 @@ def export_npz(
             storage); files written before stay complete, none is half-written.
     """
     asked = parse_world_ids(worlds)  # whole numbers, each once: one file per world
+    url = as_url(url)
     ds = open_archive(url, storage_options)
     ids = [int(w) for w in ds.world.values]
     chosen = ids if asked is None else asked

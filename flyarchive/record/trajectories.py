@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -11,12 +12,13 @@ import numpy as np
 from flyarchive.errors import SelectionError, missing_dependency
 from flyarchive.query import open_archive
 from flyarchive.query.frames import parse_world_ids
+from flyarchive.store.location import as_url
 
 __all__ = ["read_trajectories"]
 
 
 def read_trajectories(
-    url: str,
+    url: str | os.PathLike[str],
     storage_options: Mapping[str, Any] | None = None,
     *,
     worlds: Sequence[int] | None = None,
@@ -44,6 +46,7 @@ def read_trajectories(
     except ImportError:
         raise missing_dependency("flygym", "flygym", "Reading flygym trajectories") from None
     asked = parse_world_ids(worlds)
+    url = as_url(url)
     ds = open_archive(url, storage_options)
     ids = [int(w) for w in ds.world.values]
     chosen = ids if asked is None else asked

@@ -11,7 +11,15 @@ import zarr
 
 from flyarchive import codecs
 from flyarchive.errors import FlyarchiveError, StorageError
-from flyarchive.schema import STATE_VARS, finite_frames, import_status, validate
+from flyarchive.schema import (
+    STATE_VARS,
+    finite_frames,
+    import_status,
+    n_frames_problem,
+    sizes_problem,
+    times_problem,
+    validate,
+)
 from flyarchive.store.consolidated import consolidated_problems, root_document
 from flyarchive.store.models import model_problems
 from flyarchive.store.reader import chunk_file, damaged_chunks, open_checked, open_stored, time_extents
@@ -78,6 +86,11 @@ def verify(url: str, storage_options: Mapping[str, Any] | None = None) -> Verify
                     f"Unreadable: {bad.describe()}: {getattr(bad.error, 'reason', bad.error)}")
     if report.problems:
         return report
+    sizes = sizes_problem({n: (tuple(a.metadata.dimension_names or ()), a.shape)
+                           for n, a in group.arrays()})  # as readers check it
+    if sizes is not None:
+        report.problems.append(f"Schema: {sizes}")
+        return report
     try:
         validate(open_stored(group))
     except FlyarchiveError as err:
@@ -94,11 +107,9 @@ def verify(url: str, storage_options: Mapping[str, Any] | None = None) -> Verify
     n_time = min(time_extents(group).values())
     n_frames = np.asarray(group["n_frames"][:])
     report.n_worlds, report.n_frames = len(n_frames), [int(n) for n in n_frames]
-    if (n_frames < 0).any() or (n_frames > n_time).any():
-        report.problems.append(
-            f"n_frames {report.n_frames} is outside 0..{n_time} (the time extent): "
-            "the commit markers are inconsistent with the stored frames."
-        )
+    committed = n_frames_problem(n_frames, n_time)  # readers refuse what this finds
+    if committed is not None:
+        report.problems.append(committed)
         n_frames = n_frames.clip(0, n_time)
     _check_time(group, int(n_frames.max(initial=0)), report)
     one_writer = not group["claims"].attrs.get("world_blocks", False) if "claims" in group else True
@@ -114,16 +125,13 @@ def verify(url: str, storage_options: Mapping[str, Any] | None = None) -> Verify
 def _check_time(group: zarr.Group, n: int, report: VerifyReport) -> None:
     try:
         time = np.asarray(group["time"][:n])
+        sim_time = np.asarray(group["sim_time"][:n]) if "sim_time" in group else None
     except Exception as err:
         report.problems.append(f"time is unreadable ({err!r}).")
         return
-    if not np.isfinite(time).all():
-        report.problems.append(
-            f"time has {int((~np.isfinite(time)).sum())} missing or non-finite values among "
-            f"the {n} committed frames (a chunk is missing or was never written)."
-        )
-    elif (np.diff(time) <= 0).any():
-        report.problems.append("time is not strictly increasing over the committed frames.")
+    problem = times_problem(time, sim_time)  # readers refuse what this finds
+    if problem is not None:
+        report.problems.append(problem)
 
 
 def _check_state(

@@ -32,6 +32,8 @@ from pathlib import Path
 
 import numpy as np
 
+from flyarchive.testing.holes import INCONSISTENT_CASES, MISSING_CASES
+
 __all__ = [
     "CASES", "COMMANDS", "Outcome", "make_sound", "make_case", "command_argv", "run_isolated",
     "hostile_table", "passed", "MAX_SECONDS", "MAX_MB", "pcodec_bomb", "rewrite_shard",
@@ -219,6 +221,9 @@ CASES: dict[str, Callable[[Path], None]] = {
     "zarr v2 archive, qpos compressor pickle": _zarr_v2_pickle,
     "flipped bits in a time chunk": _flip("time", "1"),
     "flipped bits in a qpos shard": _flip("qpos", "0", "1", "0"),
+    # committed frames missing, and archives whose parts disagree (flyarchive.testing.holes)
+    **{name: edit for name, (edit, _) in MISSING_CASES.items()},
+    **INCONSISTENT_CASES,
 }
 
 
@@ -421,7 +426,9 @@ def hostile_table(workdir: Path, *, commands: Sequence[str] = COMMANDS,
     Returns:
         One row per case: ``case``, ``outcomes`` (command -> :meth:`Outcome.to_json`),
         ``max_seconds``, ``max_mb``, ``unchanged`` (the archive's files after all commands
-        equal those before) and ``passed`` (every command :func:`passed`).
+        equal those before), ``passed_off`` (for committed frames missing: the commands that
+        read them and exited 0, passing the hole off as data) and ``passed`` (every command
+        :func:`passed`, nothing passed off).
     """
     sound = make_sound(str(workdir / "sound.zarr"))
     rows = []
@@ -436,13 +443,17 @@ def hostile_table(workdir: Path, *, commands: Sequence[str] = COMMANDS,
                          f"{outcome.message[:160]!r}")
         seconds = [o.seconds for o in outcomes.values()]
         memory = [o.maxrss_mb for o in outcomes.values()]
+        readers = MISSING_CASES[name][1] if name in MISSING_CASES else ()
+        passed_off = [c for c in readers if c in outcomes and outcomes[c].exit == 0]
         rows.append({
             "case": name,
             "outcomes": {c: o.to_json() for c, o in outcomes.items()},
             "max_seconds": None if None in seconds else max(seconds),
             "max_mb": None if None in memory else max(memory),
             "unchanged": snapshot(Path(url)) == before,
-            "passed": all(passed(o) for o in outcomes.values()) and snapshot(Path(url)) == before,
+            "passed_off": passed_off,
+            "passed": all(passed(o) for o in outcomes.values()) and snapshot(Path(url)) == before
+            and not passed_off,
         })
     return rows
 
