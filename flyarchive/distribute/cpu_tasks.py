@@ -218,7 +218,7 @@ def join_segments(plan: RenderPlan, parts: str, job: Any, camera: str,
     never holds a partial video or map.
     """
     from flyarchive.video import concat_segments, write_output
-    from flyarchive.video.manifest import video_entry
+    from flyarchive.video.manifest import output_root, video_entry
     from flyarchive.video.maps import join_maps, map_url, publish_map
 
     outputs = tuple(getattr(plan.options, "outputs", ("rgb",)))
@@ -246,7 +246,7 @@ def join_segments(plan: RenderPlan, parts: str, job: Any, camera: str,
         for name, local in joined.items():
             publish = write_output if name == "rgb" else publish_map
             publish(local, finals[name], so, overwrite=plan.options.overwrite,
-                    staging_dir=local_staging(parts, so))
+                    staging_dir=local_staging(parts, so), root=output_root(plan.out))
     _remove_quietly(taken, so)
     return video_entry(plan, job, camera, finals)
 

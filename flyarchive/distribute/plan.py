@@ -112,10 +112,16 @@ def preflight(plan: RenderPlan, model: mujoco.MjModel) -> None:
         FrameSizeError: a size H.264 or (backend ``"cpu"``) OpenGL cannot take.
         OutputExistsError: videos exist and ``overwrite`` is off, or (local disk) a folder
             is where a video goes (even with ``overwrite``).
+        UnsafeFileError: a folder inside the output folder is a symbolic link leading out
+            of it on the way to an output, or the manifest there is not a regular file
+            inside it, or too large (:mod:`flyarchive.video.guard`).
+        ManifestError: the manifest there is not JSON or has entries of the wrong types.
     """
     from flyarchive import config
     from flyarchive.models import camera_ids
     from flyarchive.replay.frames import MAX_GL_SIDE, parse_frame_size
+    from flyarchive.video.guard import check_out_folders
+    from flyarchive.video.manifest import manifest_url, output_root, read_manifest
 
     config.check()
     gl = plan.options.backend == "cpu"  # OpenGL's limit, found before any work
@@ -124,6 +130,8 @@ def preflight(plan: RenderPlan, model: mujoco.MjModel) -> None:
     fs, _ = _filesystem(plan.out, plan.out_storage_options)
     finals = [u for j in plan.jobs for c in plan.cameras for u in plan.output_urls(j, c).values()]
     paths = {u: _filesystem(u, plan.out_storage_options)[1] for u in finals}
+    check_out_folders(plan.out, plan.out_storage_options, [*finals, manifest_url(plan.out)])
+    read_manifest(manifest_url(plan.out), plan.out_storage_options, root=output_root(plan.out))
     videos = [u for u in paths if u.endswith(".mp4")]  # maps (.zarr) are folders themselves
     folders = [u for u in videos if os.path.isdir(paths[u])] if is_local_fs(fs) else []
     if folders:

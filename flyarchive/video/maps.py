@@ -32,7 +32,13 @@ from typing import Any
 
 import numpy as np
 
-from flyarchive.errors import FrameSizeError, OutputExistsError, StorageError, VideoEncodeError
+from flyarchive.errors import (
+    FrameSizeError,
+    OutputExistsError,
+    StorageError,
+    UnsafeFileError,
+    VideoEncodeError,
+)
 from flyarchive.video.writer import CloseOrAbort
 
 __all__ = [
@@ -216,7 +222,7 @@ def join_maps(parts: list[Path], out: str | os.PathLike[str], **attrs: Any) -> N
 
 def publish_map(local: str | os.PathLike[str], url: str, storage_options: Mapping[str, Any],
                 *, overwrite: bool = False, staging_dir: str | os.PathLike[str] | None = None,
-                move: bool = False) -> str:
+                move: bool = False, root: str | os.PathLike[str] | None = None) -> str:
     """Copy a finished map folder to its final URL, so that the URL never holds part of it.
 
     Local disk: the folder is copied beside the target (or into ``staging_dir``, on the
@@ -233,12 +239,14 @@ def publish_map(local: str | os.PathLike[str], url: str, storage_options: Mappin
         staging_dir: Local destinations: a folder on their file system to stage in.
         move: The caller is done with ``local``: on the destination's file system the
             folder is renamed into place instead of copied.
+        root: Local destinations: the output folder the array must stay inside.
 
     Returns:
         ``url``.
 
     Raises:
         OutputExistsError: the destination exists and ``overwrite`` is False.
+        UnsafeFileError: the destination leads out of ``root``.
         StorageError: the copy failed.
     """
     from flyarchive.video.workspace import filesystem, is_local_fs
@@ -250,10 +258,10 @@ def publish_map(local: str | os.PathLike[str], url: str, storage_options: Mappin
         "another output location.")
     try:
         if is_local_fs(fs):
-            _publish_local(source, Path(target), overwrite, exists, staging_dir, move)
+            _publish_local(source, Path(target), overwrite, exists, staging_dir, move, root)
         else:
             _publish_remote(fs, source, target, overwrite, exists)
-    except OutputExistsError:
+    except (OutputExistsError, UnsafeFileError):
         raise
     except Exception as err:
         raise StorageError(f"Copying the map {str(source)!r} to {url!r} failed: {err!r}") from err
@@ -261,12 +269,14 @@ def publish_map(local: str | os.PathLike[str], url: str, storage_options: Mappin
 
 
 def _publish_local(source: Path, target: Path, overwrite: bool, exists: OutputExistsError,
-                   staging_dir: str | os.PathLike[str] | None, move: bool) -> None:
+                   staging_dir: str | os.PathLike[str] | None, move: bool,
+                   root: str | os.PathLike[str] | None = None) -> None:
+    from flyarchive.video.output import make_parent
     from flyarchive.video.workspace import stage
 
+    make_parent(target, root)
     if target.exists() and not overwrite:
         raise exists
-    target.parent.mkdir(parents=True, exist_ok=True)
     folder = target.parent if staging_dir is None else Path(staging_dir)
     staging = folder / f".{target.name}.{uuid.uuid4().hex}.part"
     stage(source, staging, move)
