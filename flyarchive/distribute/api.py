@@ -151,10 +151,16 @@ class RenderResult:
             camera, path, frames, first_frame, frame_range, start_time, end_time, fps,
             size, backend, video (and window, for a window).
         manifest: Path or URL of the JSON manifest beside the videos.
+        kept: With ``resume=True``: how many of ``videos`` (the first ones) an earlier
+            render had finished, and were kept.
+        notes: What the render changed from what was asked (a mosaic fitted to fewer
+            worlds, overlay items left out of small frames), one sentence each.
     """
 
     videos: list[dict[str, Any]]
     manifest: str
+    kept: int = 0
+    notes: tuple[str, ...] = ()
 
 
 def _check_model(ds: Archive, model: mujoco.MjModel) -> None:
@@ -331,13 +337,13 @@ def render_videos(
         open_header(source, storage_options)
     jobs = select_frames(ds, worlds, time, where=where, pad=pad)
     model, blob = replay_model(source, ds, model, storage_options)
-    options, jobs = plan_outputs(options, ds, model, jobs)  # overlay checked, mosaics grouped
+    options, jobs, notes = plan_outputs(options, ds, model, jobs)  # mosaics grouped
     if out_storage_options is None and _protocol(out) == _protocol(source) != "file":
         out_storage_options = storage_options
     plan = RenderPlan(
         url=source, storage_options=dict(storage_options or {}), cameras=cameras,
         out=out, out_storage_options=dict(out_storage_options or {}),
-        fps=float(ds.attrs["output_fps"]), options=options, jobs=tuple(jobs),
+        fps=float(ds.attrs["output_fps"]), options=options, jobs=tuple(jobs), notes=notes,
     )
     kept: list[dict[str, Any]] = []
     if resume:
@@ -345,7 +351,7 @@ def render_videos(
 
         plan, kept = resume_plan(plan, ds)
         if not plan.jobs:
-            return RenderResult(kept, manifest_url(plan.out))
+            return RenderResult(kept, manifest_url(plan.out), len(kept), plan.notes)
     preflight(plan, model)
     in_process = n_workers == 0 or source.startswith("memory://")
     with RunFolder.create(plan.out, plan.out_storage_options) as run:
@@ -360,7 +366,7 @@ def render_videos(
             raise
         videos = [describe(plan, ds, v) for v in videos]
         manifest = journal.close(videos)
-    return RenderResult(kept + videos, manifest)
+    return RenderResult(kept + videos, manifest, len(kept), plan.notes)
 
 
 def _check_out(out: Any, resume: bool, options: RenderOptions) -> None:

@@ -177,7 +177,7 @@ def _segment_frames(plan: RenderPlan, blob: bytes, job: Any, start: int, stop: i
     overlay = None
     if items or is_mosaic(job):
         overlay = OverlayText(_archive(plan.url, plan.storage_options), items,
-                              label_world=is_mosaic(job))
+                              label_world=is_mosaic(job), size=options.size)
     if not is_mosaic(job):
         states = _states(plan.url, plan.storage_options, job.world_index, start, stop)
         renderer = _cpu_renderer(blob, plan.cameras, options.size, outputs)
@@ -209,9 +209,10 @@ def _remove_quietly(urls: list[str], storage_options: Mapping[str, Any]) -> None
 
 
 def join_segments(plan: RenderPlan, parts: str, job: Any, camera: str,
-                  segments: list[str]) -> dict[str, Any]:
+                  segments: list[str]) -> dict[str, Any] | None:
     """Join one video's segments into its final place: the mp4 segments by stream copy,
-    the maps' segments into one array each.
+    the maps' segments into one array each; its manifest entry (None, and nothing
+    published, for a video kept from an earlier render, :attr:`RenderPlan.kept`).
 
     Each joined output is staged in the run's parts folder ``parts`` and renamed into
     place (local disk), or uploaded with its metadata last (object stores): a final name
@@ -226,6 +227,9 @@ def join_segments(plan: RenderPlan, parts: str, job: Any, camera: str,
     so = plan.out_storage_options
     fs, _ = _filesystem(plan.out, so)
     taken = [map_url(u, n) if n != "rgb" else u for u in segments for n in outputs]
+    if plan.is_kept(job, camera):
+        _remove_quietly(taken, so)
+        return None
     with tempfile.TemporaryDirectory(prefix="flyarchive-join-", dir=scratch_dir()) as tmp:
         joined: dict[str, Path] = {}
         if "rgb" in outputs:

@@ -91,8 +91,10 @@ def _run_here(plan: RenderPlan, blob: bytes, parts: str, on_video: OnVideo
             if k1 < job.stop:
                 continue
             for camera in plan.cameras:
-                entries.append(join_segments(plan, parts, job, camera, done.pop((job, camera))))
-                on_video(entries[-1])
+                entry = join_segments(plan, parts, job, camera, done.pop((job, camera)))
+                if entry is not None:  # None: kept from an earlier render
+                    entries.append(entry)
+                    on_video(entry)
         return entries
     finally:
         close_thread_renderers()  # free this thread's GL context
@@ -125,7 +127,8 @@ def _run_dask(plan: RenderPlan, blob: bytes, parts: str, client: Any, on_video: 
                 job, camera = joins[future]
                 entries[(job, camera)] = task_result(
                     future, f"world {job.world_id}, camera {camera!r} (joining segments)")
-                on_video(entries[(job, camera)])
+                if entries[(job, camera)] is not None:  # None: kept from an earlier render
+                    on_video(entries[(job, camera)])
                 continue
             job, k0, k1 = futures[future]
             results[(job, k0)] = task_result(future, f"world {job.world_id}, frames {k0}..{k1 - 1}")
@@ -138,7 +141,8 @@ def _run_dask(plan: RenderPlan, blob: bytes, parts: str, client: Any, on_video: 
                                      [results[(job, k)][c] for k in keys], pure=False)
                 joins[join] = (job, camera)
                 done.add(join)
-        return [entries[(job, camera)] for job in plan.jobs for camera in plan.cameras]
+        return [e for e in (entries[(job, camera)] for job in plan.jobs for camera in plan.cameras)
+                if e is not None]
     except BaseException:
         cancel_quietly(client, [*futures, *joins])
         raise

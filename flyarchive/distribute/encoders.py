@@ -256,6 +256,11 @@ class Encoders:
                 self._publish(*item)
             self._timer.add("videos", 1)
 
+    def _forget(self, key: tuple[int, int]) -> None:
+        del self._writers[key]
+        with self._lock:
+            del self._owner[key]
+
     def _publish(self, key: tuple[int, int], writer: Any) -> None:
         from flyarchive.distribute.cpu_tasks import given_up_error, local_staging
         from flyarchive.video.manifest import output_root, video_entry
@@ -265,6 +270,10 @@ class Encoders:
         with self._timer.time("wait_ffmpeg_s"):
             writer.close()
         urls = plan.output_urls(job, camera)
+        if plan.is_kept(job, camera):  # finished by an earlier render: not published again
+            writer.abort()
+            self._forget(key)
+            return
         so, staging = plan.out_storage_options, None
         if self._parts is not None:
             if not RunFolder.is_open(self._parts, so):
@@ -272,9 +281,7 @@ class Encoders:
             staging = local_staging(self._parts, so)
         writer.publish(urls, so, overwrite=plan.options.overwrite, staging_dir=staging,
                        root=output_root(plan.out))
-        del self._writers[key]
-        with self._lock:
-            del self._owner[key]
+        self._forget(key)
         self.entries[(key[0], camera)] = video_entry(plan, job, camera, urls)
         if self._on_video is not None:
             self._on_video(self.entries[(key[0], camera)])

@@ -71,6 +71,13 @@ class RenderPlan:
     fps: float
     options: Any  # render.RenderOptions
     jobs: tuple[Any, ...]  # render.VideoJob
+    #: Videos (their manifest ``path``) that an earlier render finished and this one
+    #: keeps (``resume``): their job is rendered for its other cameras, they are not
+    #: published again.
+    kept: frozenset[str] = frozenset()
+    #: What the render changed from what was asked (a mosaic fitted to fewer worlds, overlay
+    #: items left out of small frames), one sentence each; the manifest's entries give them.
+    notes: tuple[str, ...] = ()
 
     def video_url(self, job: Any, camera: str) -> str:
         """The final URL of the video of ``job`` (a :class:`~flyarchive.query.frames.VideoJob`,
@@ -83,6 +90,10 @@ class RenderPlan:
         from flyarchive.video.output import output_urls
 
         return output_urls(self.out, job, camera, getattr(self.options, "outputs", ("rgb",)))
+
+    def is_kept(self, job: Any, camera: str) -> bool:
+        """Whether the video of ``job`` and ``camera`` is kept from an earlier render."""
+        return bool(self.kept) and next(iter(self.output_urls(job, camera).values())) in self.kept
 
     def segments(self, n_workers: int | None = 1) -> Iterator[tuple[Any, int, int]]:
         """(job, start, stop) for every segment, in playing order per job.
@@ -128,7 +139,8 @@ def preflight(plan: RenderPlan, model: mujoco.MjModel) -> None:
     parse_frame_size(plan.options.size, even=True, max_side=MAX_GL_SIDE if gl else None)
     camera_ids(model, plan.cameras)
     fs, _ = _filesystem(plan.out, plan.out_storage_options)
-    finals = [u for j in plan.jobs for c in plan.cameras for u in plan.output_urls(j, c).values()]
+    finals = [u for j in plan.jobs for c in plan.cameras if not plan.is_kept(j, c)
+              for u in plan.output_urls(j, c).values()]
     paths = {u: _filesystem(u, plan.out_storage_options)[1] for u in finals}
     check_out_folders(plan.out, plan.out_storage_options, [*finals, manifest_url(plan.out)])
     read_manifest(manifest_url(plan.out), plan.out_storage_options, root=output_root(plan.out))
@@ -143,7 +155,8 @@ def preflight(plan: RenderPlan, model: mujoco.MjModel) -> None:
     if existing:
         raise OutputExistsError(
             f"{len(existing)} video(s) already exist, e.g. {existing[0]!r}. Pass overwrite=True "
-            "(--overwrite) to replace them, or choose another output folder."
+            "(--overwrite) to replace them, resume=True (--resume) to keep those a stopped "
+            "render finished and render the rest, or choose another output folder."
         )
 
 

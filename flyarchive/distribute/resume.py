@@ -7,9 +7,9 @@ A (world, camera) video is kept when the manifest lists it for this archive (sam
 ``archive_id`` and layout hash) with the very entry this render would write (path, frames,
 window, size, fps, backend, encoder settings, outputs, mosaic, overlays...), and each of
 its outputs is a regular file (a map: its ``zarr.json``) inside the output folder. A job
-(a world or a mosaic) is rendered again, for every camera, unless all of its cameras are
-kept; what is rendered replaces what is there (a video the stopped render finished but
-did not list yet, one of other settings).
+(a world or a mosaic) with a camera not kept is rendered (all its cameras are rendered
+together), and only its videos not kept are published, replacing what is in their place
+(a video the stopped render finished but did not list yet, one of other settings).
 """
 
 from __future__ import annotations
@@ -55,20 +55,19 @@ def resume_plan(plan: RenderPlan, ds: Any) -> tuple[RenderPlan, list[dict[str, A
     kept: list[dict[str, Any]] = []
     todo = []
     for job in plan.jobs:
-        found = []
+        found = 0
         for camera in plan.cameras:
             urls = plan.output_urls(job, camera)
             expected = describe(plan, ds, video_entry(plan, job, camera, urls))
             entry = listed.get(expected["path"])
-            if entry != json.loads(json.dumps(expected)) or not _present(plan, urls.values()):
-                break
-            found.append(entry)
-        else:
-            kept.extend(found)
-            continue
-        todo.append(job)
+            if entry == json.loads(json.dumps(expected)) and _present(plan, urls.values()):
+                kept.append(entry)
+                found += 1
+        if found < len(plan.cameras):
+            todo.append(job)
     options = dataclasses.replace(plan.options, overwrite=True)
-    return dataclasses.replace(plan, jobs=tuple(todo), options=options), kept
+    return dataclasses.replace(plan, jobs=tuple(todo), options=options,
+                               kept=frozenset(v["path"] for v in kept)), kept
 
 
 def _present(plan: RenderPlan, urls: Any) -> bool:

@@ -248,7 +248,8 @@ def render_jobs(plan: Any, blob: bytes, jobs: Sequence[Any], device: str, *,
             finally:
                 if bar is not None:
                     bar.close()
-    return [entries[(i, c)] for i in range(len(jobs)) for c in plan.cameras]
+    return [entries[(i, c)] for i in range(len(jobs)) for c in plan.cameras
+            if (i, c) in entries]  # not those kept from an earlier render (plan.kept)
 
 
 def _render_batches(source: BatchSource, batches: list[Batch], renderer: Any,

@@ -18,13 +18,14 @@ import io
 import os
 import stat
 from collections.abc import Iterable, Mapping
+from pathlib import Path
 from typing import Any
 
 from flyarchive.errors import UnsafeFileError
 from flyarchive.store.localstore import IrregularFileError, kind_of, open_regular
 from flyarchive.store.location import is_local, local_path
 
-__all__ = ["refuse", "confine", "read_bytes", "check_file", "check_out_folders"]
+__all__ = ["refuse", "confine", "read_bytes", "check_file", "check_out_folders", "make_parent"]
 
 _DAMAGED = ("The output folder was damaged or tampered with; flyarchive reads and writes "
             "only regular files and folders inside it.")
@@ -165,3 +166,17 @@ def check_out_folders(out: str, storage_options: Mapping[str, Any],
                 confine(here, base)
             elif not os.path.isdir(here):
                 break  # missing (made by the render) or a file (refused where it is written)
+
+
+def make_parent(target: Path, root: str | os.PathLike[str] | None) -> None:
+    """Make the folder of a local output, which must stay inside ``root`` (checked before
+    and after it is made: a folder linked out of the output folder is never written into).
+
+    Raises:
+        UnsafeFileError: the folder leads out of ``root``.
+    """
+    if root is not None:
+        confine(target.parent, root)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    if root is not None:
+        confine(target.parent, root)

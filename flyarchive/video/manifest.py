@@ -342,8 +342,8 @@ def video_entry(plan: Any, job: Any, camera: str, path: str | Mapping[str, str]
         ``{"world", "camera", "path", "frames", "first_frame", "fps", "size"}``, plus
         ``"outputs"`` (``{name: URL}``) and a ``"depth"`` / ``"segmentation"`` entry
         saying what the map's counts mean, when maps were made; plus ``"mosaic"``
-        (:meth:`~flyarchive.video.mosaic.MosaicJob.describe`, ``"world"`` None, ``size``
-        of a tile) for a mosaic, ``"overlays"`` (the items burnt in) with overlays.
+        (:meth:`~flyarchive.video.mosaic.MosaicJob.describe` and ``tile_size``; ``"world"``
+        None, ``size`` the mosaic frame's) for a mosaic, ``"overlays"`` (the items burnt in) with overlays.
         ``path`` is the mp4, or the first map without RGB. The
         manifest's entry adds the rest (:func:`describe`).
     """
@@ -352,7 +352,7 @@ def video_entry(plan: Any, job: Any, camera: str, path: str | Mapping[str, str]
     urls = {"rgb": path} if isinstance(path, str) else dict(path)
     entry = {"world": None if is_mosaic(job) else job.world_id, "camera": camera,
              "path": next(iter(urls.values())), "frames": job.n_frames,
-             "first_frame": job.start, "fps": plan.fps, "size": list(plan.options.size)}
+             "first_frame": job.start, "fps": plan.fps, "size": video_size(plan, job)}
     if list(urls) != ["rgb"]:
         entry["outputs"] = urls
     options = plan.options
@@ -364,7 +364,7 @@ def video_entry(plan: Any, job: Any, camera: str, path: str | Mapping[str, str]
         entry["segmentation"] = {"ids": "geom", "meaning": "count = geom id + 1",
                                  "background": 0}
     if is_mosaic(job):
-        entry["mosaic"] = job.describe()
+        entry["mosaic"] = {**job.describe(), "tile_size": list(options.size)}
     if getattr(options, "overlays", ()):
         entry["overlays"] = list(options.overlays)
     return entry
@@ -383,7 +383,9 @@ def describe(plan: Any, ds: Archive, video: dict[str, Any]) -> dict[str, Any]:
         ``start_time`` / ``end_time`` (simulated seconds of its first and last frame),
         ``fps``, ``size`` ``[height, width]``, ``backend`` and ``video`` (encoder settings);
         for a window of a ``where`` mask also ``window``, its index among its world's
-        windows (its frames and times are the entry's ``frame_range`` and times).
+        windows (its frames and times are the entry's ``frame_range`` and times); and
+        ``notes`` when the render changed something asked for (a fitted mosaic, overlay
+        items left out of small frames).
     """
     from flyarchive.video.mosaic import is_mosaic
 
@@ -394,13 +396,23 @@ def describe(plan: Any, ds: Archive, video: dict[str, Any]) -> dict[str, Any]:
                    and j.start == video.get("first_frame", j.start))
     times = ds.time.values
     window = {} if getattr(job, "window", None) is None else {"window": job.window}
+    notes = {"notes": list(plan.notes)} if getattr(plan, "notes", ()) else {}
     return {
         **video, "first_frame": job.start, "frame_range": [job.start, job.stop],
         "start_time": float(times[job.start]), "end_time": float(times[job.stop - 1]),
-        **window,
-        "fps": plan.fps, "size": list(plan.options.size), "backend": plan.options.backend,
+        **window, **notes,
+        "fps": plan.fps, "size": video_size(plan, job), "backend": plan.options.backend,
         "video": asdict(plan.options.video),
     }
+
+
+def video_size(plan: Any, job: Any) -> list[int]:
+    """``[height, width]`` of a job's video frames: the mosaic's for a mosaic."""
+    from flyarchive.video.mosaic import is_mosaic, mosaic_size
+
+    if is_mosaic(job):
+        return list(mosaic_size(plan.options.size, (job.rows, job.cols)))
+    return list(plan.options.size)
 
 
 def _worlds(entry: dict[str, Any]) -> list[int]:

@@ -21,9 +21,10 @@ from flyarchive.errors import (
     missing_storage_backend,
 )
 from flyarchive.replay.frames import is_int
+from flyarchive.video.guard import make_parent
 from flyarchive.video.workspace import stage
 
-__all__ = ["write_output", "safe_video_path", "safe_mosaic_path", "output_urls", "make_parent"]
+__all__ = ["write_output", "safe_video_path", "safe_mosaic_path", "output_urls"]
 
 
 _SAFE_CHARS = re.compile(r"[^A-Za-z0-9._-]")
@@ -194,20 +195,3 @@ def _copy_local(source: Path, target: Path, overwrite: bool, exists: OutputExist
                     raise exists from None
     finally:
         staging.unlink(missing_ok=True)
-
-
-
-def make_parent(target: Path, root: str | os.PathLike[str] | None) -> None:
-    """Make the folder of a local output, which must stay inside ``root`` (checked before
-    and after it is made: a folder linked out of the output folder is never written into).
-
-    Raises:
-        UnsafeFileError: the folder leads out of ``root``.
-    """
-    from flyarchive.video.guard import confine
-
-    if root is not None:
-        confine(target.parent, root)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    if root is not None:
-        confine(target.parent, root)

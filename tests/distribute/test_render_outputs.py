@@ -262,7 +262,10 @@ def test_cli_mosaic_with_overlay_writes_one_mosaic_per_camera(archive, tmp_path,
     for camera in ("front", "top"):
         assert read_video(out / "mosaic000" / f"{camera}.mp4").shape == (11, 48, 192, 3)
     entries = json.loads((out / "manifest.json").read_text())["videos"]
-    assert [e["overlays"] for e in entries] == [["time", "world"]] * 2
+    # 64-pixel tiles hold 10 characters: the world label first, "t=0.040s" left out
+    assert [e["overlays"] for e in entries] == [["world"]] * 2
+    assert "Overlay items 'time' left out: 64-pixel-wide frames hold 10 characters" in \
+        entries[0]["notes"][0]
 
 
 # ----------------------------------------------------------------------- render_frames
