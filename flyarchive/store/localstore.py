@@ -109,6 +109,9 @@ class GuardedLocalStore(zarr.storage.LocalStore):
             pipeline flyarchive does not write.
     """
 
+    #: What the store holds, for messages ("leads out of the archive").
+    _what = "archive"
+
     def __init__(self, root: Path | str, *, read_only: bool = False) -> None:
         super().__init__(root, read_only=read_only)
         self._limits: dict[str, tuple[tuple[int, int, int], hardening.ChunkLimits]] = {}
@@ -130,8 +133,8 @@ class GuardedLocalStore(zarr.storage.LocalStore):
         root = self._root_real()
         real = os.path.realpath(os.path.join(self.root, key))
         if real != root and not real.startswith(root.rstrip(os.sep) + os.sep):
-            raise self._refuse(key, f"leads out of the archive (to {real}); flyarchive never "
-                               "reads or writes through it", "Replace the link by the file or "
+            raise self._refuse(key, f"leads out of the {self._what} (to {real}); flyarchive "
+                               "never reads or writes through it", "Replace the link by the file or "
                                "folder itself.")
         return real
 

@@ -162,6 +162,8 @@ def read_map(url: str | os.PathLike[str], storage_options: Mapping[str, Any] | N
             "was asked for. Pass the path a render's manifest lists for it.")
     try:
         return np.asarray(array[:]), attrs
+    except CorruptArchiveError:  # a file refused unread (UnsafeFileError)
+        raise
     except (ValueError, RuntimeError) as err:
         raise CorruptArchiveError(f"The map {text!r} does not decode ({err}); render it again.") from err
 
@@ -172,7 +174,8 @@ def _map_limits(folder: str, text: str) -> tuple[int, int]:
     from flyarchive.video.maps import check_map_metadata
 
     where = f"{text}/zarr.json"
-    raw = read_bytes(os.path.join(folder, "zarr.json"), max_bytes=_MAP_METADATA_BYTES, root=folder)
+    raw = read_bytes(os.path.join(folder, "zarr.json"), max_bytes=_MAP_METADATA_BYTES,
+                     root=folder, what="the map")
     if raw is None:
         raise FileNotFoundError(f"No map array at {text!r} (no zarr.json: missing, or not "
                                 "finished). Pass the path a render's manifest lists for it.")
@@ -200,6 +203,8 @@ def _open_map(folder: str, limits: tuple[int, int]) -> Any:
 
     class MapStore(GuardedLocalStore):
         """A map's files: regular, inside the map, each chunk no larger than it can be."""
+
+        _what = "map"
 
         def _refuse(self, key: str, problem: str, fix: str) -> Exception:
             return refuse(str(self.root / key), problem, fix)

@@ -36,12 +36,14 @@ def refuse(path: str, problem: str, fix: str) -> UnsafeFileError:
     return UnsafeFileError(f"{path} {problem}. {fix} {_DAMAGED}")
 
 
-def confine(path: str | os.PathLike[str], root: str | os.PathLike[str] | None) -> str:
+def confine(path: str | os.PathLike[str], root: str | os.PathLike[str] | None, *,
+            what: str = "the output folder") -> str:
     """The real path of a local ``path`` (links resolved); refuses one leading out of ``root``.
 
     Args:
         path: A local path inside ``root`` (it need not exist).
         root: The output folder; None: no confinement (the real path is returned).
+        what: What ``root`` is, for the message.
 
     Raises:
         UnsafeFileError: the real path is outside the real path of ``root``.
@@ -51,7 +53,7 @@ def confine(path: str | os.PathLike[str], root: str | os.PathLike[str] | None) -
         return real
     top = os.path.realpath(root)
     if real != top and not real.startswith(top.rstrip(os.sep) + os.sep):
-        raise refuse(os.fspath(path), f"leads out of the output folder {os.fspath(root)!r} "
+        raise refuse(os.fspath(path), f"leads out of {what} {os.fspath(root)!r} "
                      f"(to {real}); flyarchive never reads or writes through it",
                      "Replace the link by the file or folder itself, or choose another "
                      "output folder.")
@@ -79,7 +81,8 @@ def check_file(path: str | os.PathLike[str], root: str | os.PathLike[str] | None
 
 
 def read_bytes(url: str, storage_options: Mapping[str, Any] | None = None, *,
-               max_bytes: int, root: str | None = None) -> bytes | None:
+               max_bytes: int, root: str | None = None,
+               what: str = "the output folder") -> bytes | None:
     """The bytes of a file of an output folder, read only if it is safe to; None if missing.
 
     Args:
@@ -88,6 +91,7 @@ def read_bytes(url: str, storage_options: Mapping[str, Any] | None = None, *,
         max_bytes: Most bytes the file may hold.
         root: Local files: the output folder the file must be inside; None: only the file
             itself must be a regular file (links to one are followed).
+        what: What ``root`` is, for messages.
 
     Raises:
         UnsafeFileError: a local file leading out of ``root``, a FIFO, device or socket,
@@ -95,7 +99,7 @@ def read_bytes(url: str, storage_options: Mapping[str, Any] | None = None, *,
         StorageError, StorageBackendMissingError: the URL cannot be used.
     """
     if is_local(url):
-        return _read_local(str(local_path(url)), max_bytes, root)
+        return _read_local(str(local_path(url)), max_bytes, root, what)
     from flyarchive.video.workspace import filesystem
 
     fs, path = filesystem(url, storage_options or {})
@@ -111,9 +115,9 @@ def read_bytes(url: str, storage_options: Mapping[str, Any] | None = None, *,
     return bytes(data)
 
 
-def _read_local(path: str, max_bytes: int, root: str | None) -> bytes | None:
+def _read_local(path: str, max_bytes: int, root: str | None, what: str) -> bytes | None:
     try:
-        found = open_regular(confine(path, root), restore="the file, or render again")
+        found = open_regular(confine(path, root, what=what), restore="the file, or render again")
     except IrregularFileError as err:
         raise refuse(path, err.problem, err.fix) from None
     if found is None:

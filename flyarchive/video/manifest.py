@@ -244,9 +244,8 @@ def check_manifest(value: Any, url: str) -> None:
     """
     if not isinstance(value, dict):
         raise _bad(url, f"it holds {type(value).__name__}, not a JSON object")
-    depth = json_depth_of(value)
-    if depth > MAX_JSON_DEPTH:
-        raise _bad(url, f"its JSON is nested {depth} deep (at most {MAX_JSON_DEPTH})")
+    if json_depth_of(value) > MAX_JSON_DEPTH:
+        raise _bad(url, f"its JSON is nested more than {MAX_JSON_DEPTH} deep")
     videos = value.get("videos", [])
     if not isinstance(videos, list):
         raise _bad(url, f"'videos' is {_short(videos)}, not a list")
