@@ -344,6 +344,7 @@ def render_videos(
         url=source, storage_options=dict(storage_options or {}), cameras=cameras,
         out=out, out_storage_options=dict(out_storage_options or {}),
         fps=float(ds.attrs["output_fps"]), options=options, jobs=tuple(jobs), notes=notes,
+        archive_id=ds.attrs.get("archive_id"),
     )
     kept: list[dict[str, Any]] = []
     if resume:

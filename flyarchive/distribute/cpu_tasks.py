@@ -42,13 +42,18 @@ __all__ = [
 _local = threading.local()
 
 
-def _archive(url: str, storage_options: Mapping[str, Any]) -> Any:
+def _archive(url: str, storage_options: Mapping[str, Any], archive_id: str | None = None) -> Any:
+    """This thread's opened archive at ``url``; opened again when it is not the archive
+    ``archive_id`` (the one the render planned with: it was replaced at the same URL
+    since this thread opened it)."""
     import dask
 
     from flyarchive.query import open_archive
 
     cache = _local.__dict__.setdefault("archives", {})
     key = (url, json.dumps(storage_options, sort_keys=True, default=str))
+    if key in cache and archive_id is not None and cache[key].attrs.get("archive_id") != archive_id:
+        del cache[key]
     if key not in cache:
         # Small reads (n_frames, time) on this thread: inside a task, Dask's default would
         # send them to the cluster and let this worker start other segments meanwhile.
@@ -72,12 +77,14 @@ def _cpu_renderer(blob: bytes, cameras: tuple[str, ...], size: tuple[int, int],
 
 
 def _states(url: str, storage_options: Mapping[str, Any], world_index: int,
-            start: int, stop: int) -> tuple[np.ndarray, np.ndarray | None, np.ndarray | None]:
+            start: int, stop: int, archive_id: str | None = None
+            ) -> tuple[np.ndarray, np.ndarray | None, np.ndarray | None]:
     import dask
 
     from flyarchive.store.reader import corrupt_read
 
-    ds = _archive(url, storage_options).isel(world=world_index, time=slice(start, stop))
+    ds = _archive(url, storage_options, archive_id).isel(world=world_index,
+                                                         time=slice(start, stop))
     names = [n for n in ("qpos", "mocap_pos", "mocap_quat") if n in ds]
     try:
         # In this thread: inside a Dask task, the default would send the reads to the
@@ -176,10 +183,11 @@ def _segment_frames(plan: RenderPlan, blob: bytes, job: Any, start: int, stop: i
     items = tuple(getattr(options, "overlays", ()))
     overlay = None
     if items or is_mosaic(job):
-        overlay = OverlayText(_archive(plan.url, plan.storage_options), items,
+        overlay = OverlayText(_archive(plan.url, plan.storage_options, plan.archive_id), items,
                               label_world=is_mosaic(job), size=options.size)
     if not is_mosaic(job):
-        states = _states(plan.url, plan.storage_options, job.world_index, start, stop)
+        states = _states(plan.url, plan.storage_options, job.world_index, start, stop,
+                         plan.archive_id)
         renderer = _cpu_renderer(blob, plan.cameras, options.size, outputs)
         texts = None if overlay is None else overlay.texts(job.world_index, start, stop)
         return options.size, world_frames(renderer, states, outputs, options.depth_scale or 1.0,
@@ -191,7 +199,8 @@ def _segment_frames(plan: RenderPlan, blob: bytes, job: Any, start: int, stop: i
             tiles.append(None)
             texts.append(None)
             continue
-        tiles.append(_states(plan.url, plan.storage_options, tile.world_index, start, last))
+        tiles.append(_states(plan.url, plan.storage_options, tile.world_index, start, last,
+                             plan.archive_id))
         texts.append(overlay.texts(tile.world_index, start, last))  # type: ignore[union-attr]
     renderer = _cpu_renderer(blob, plan.cameras, options.size)
     mosaic = (job.rows, job.cols)

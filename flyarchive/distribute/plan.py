@@ -78,6 +78,9 @@ class RenderPlan:
     #: What the render changed from what was asked (a mosaic fitted to fewer worlds, overlay
     #: items left out of small frames), one sentence each; the manifest's entries give them.
     notes: tuple[str, ...] = ()
+    #: The ``archive_id`` of the archive planned with: a worker that opened an archive
+    #: since replaced at the same URL opens it again.
+    archive_id: str | None = None
 
     def video_url(self, job: Any, camera: str) -> str:
         """The final URL of the video of ``job`` (a :class:`~flyarchive.query.frames.VideoJob`,
