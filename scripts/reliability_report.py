@@ -19,6 +19,10 @@ Runs the harnesses of :mod:`flyarchive.testing.kills` and prints one table:
 - hostile archives (:mod:`flyarchive.testing.hostile`: decompression bombs, FIFOs, links
   to ``/dev/zero``, metadata nested 200,000 deep...): each command run in a child with a
   3 GiB address-space cap, its time and peak memory;
+- hostile output folders (:mod:`flyarchive.testing.hostile_outputs`: a manifest linked to
+  ``/dev/zero`` or made a FIFO, folders linked out of ``--out``, map chunks and videos that
+  are FIFOs or links...): a render into them or a read back from them, each in a child;
+  cases, refused, followed (a link written or read through) and hung;
 - bad inputs tried (``tests/bad_input``) and passed.
 
 Usage::
@@ -245,6 +249,18 @@ def print_hostile(rows: list[dict[str, Any]]) -> None:
                             f"peak RSS)")
 
 
+def run_hostile_outputs(workdir: Path) -> dict[str, Any]:
+    """Every hostile output folder case, each in a capped child process; one summary row."""
+    from flyarchive.testing.hostile_outputs import hostile_outputs_table
+
+    folder = workdir / "hostile-outputs"
+    folder.mkdir()
+    rows = hostile_outputs_table(folder, progress=lambda line: print(line, file=sys.stderr))
+    return {"cases": len(rows), "refused": sum(bool(r["error_type"]) for r in rows),
+            "followed": sum(r["followed"] for r in rows), "hung": sum(r["hung"] for r in rows),
+            "passed": sum(r["passed"] for r in rows), "rows": rows}
+
+
 def run_bad_input(workdir: Path) -> dict[str, Any]:
     """Run tests/bad_input; count cases tried and passed."""
     xml = workdir / "bad_input.xml"
@@ -350,6 +366,14 @@ def print_table(report: dict[str, Any]) -> None:
                                                          "rendered again into the same folder)")
     if report.get("hostile"):
         print_hostile(report["hostile"])
+    outputs = report.get("hostile_outputs")
+    if outputs:
+        print(f"\nHostile output folders (render into, read back from; each in a child): "
+              f"{outputs['cases']} cases, {outputs['refused']} refused, {outputs['followed']} "
+              f"followed, {outputs['hung']} hung, {outputs['passed']} passed")
+        for row in outputs["rows"]:
+            if not row["passed"]:
+                print(f"  FAILED {row['case']}: {row['error_type']} {row['message'][:200]}")
     bad = report["bad_input"]
     if bad:
         print(f"\nBad input: {bad['tried']} tried, {bad['passed']} passed")
@@ -376,7 +400,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--render-kills", type=int, default=3,
                         help="renders stopped per (in process | LocalCluster) x (SIGKILL | "
                              "Ctrl-C) (default 3; 0: skip)")
-    parser.add_argument("--no-hostile", action="store_true", help="skip the hostile archives")
+    parser.add_argument("--no-hostile", action="store_true",
+                        help="skip the hostile archives and output folders")
     add_json_option(parser, "also write the report as JSON")
     args = parser.parse_args(argv)
     start = time.monotonic()
@@ -397,6 +422,7 @@ def main(argv: list[str] | None = None) -> int:
                            if args.races > 0 else [])
         report["reader"] = run_reader(args.reader_steps, work) if args.races > 0 else {}
         report["hostile"] = [] if args.no_hostile else run_hostile(work)
+        report["hostile_outputs"] = {} if args.no_hostile else run_hostile_outputs(work)
         report["bad_input"] = {} if args.no_bad_input else run_bad_input(work)
         from flyarchive.testing import interop_kills as faults_interop
 

@@ -154,7 +154,8 @@ def preflight(plan: RenderPlan, model: mujoco.MjModel) -> None:
             f"{len(folders)} video path(s) are folders, e.g. {folders[0]!r}. Remove or rename "
             "them, or choose another output folder."
         )
-    existing = [] if plan.options.overwrite else [u for u, p in paths.items() if fs.exists(p)]
+    exists = os.path.lexists if is_local_fs(fs) else fs.exists  # local: a dangling link too
+    existing = [] if plan.options.overwrite else [u for u, p in paths.items() if exists(p)]
     if existing:
         raise OutputExistsError(
             f"{len(existing)} video(s) already exist, e.g. {existing[0]!r}. Pass overwrite=True "

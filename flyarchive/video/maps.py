@@ -332,25 +332,27 @@ def _publish_local(source: Path, target: Path, overwrite: bool, exists: OutputEx
     from flyarchive.video.workspace import stage
 
     make_parent(target, root)
-    if target.exists() and not overwrite:
+    if os.path.lexists(target) and not overwrite:  # a dangling link too
         raise exists
     folder = target.parent if staging_dir is None else Path(staging_dir)
     staging = folder / f".{target.name}.{uuid.uuid4().hex}.part"
     stage(source, staging, move)
     trash = None
     try:
-        if overwrite and target.exists():
+        if overwrite and os.path.lexists(target):
             trash = staging.with_name(staging.name + ".old")
             os.rename(target, trash)
         try:
             os.rename(staging, target)  # refuses a non-empty folder that appeared meanwhile
         except OSError:
-            if target.exists():
+            if os.path.lexists(target):
                 raise exists from None
             raise
     finally:
         shutil.rmtree(staging, ignore_errors=True)
-        if trash is not None:
+        if trash is not None and trash.is_symlink():  # a link was replaced: not what it names
+            trash.unlink()
+        elif trash is not None:
             shutil.rmtree(trash, ignore_errors=True)
 
 

@@ -206,6 +206,21 @@ def test_a_dangling_folder_link_leading_out_is_refused(archive, before, tmp_path
     assert snapshot(Path(archive)) == before
 
 
+def test_a_dangling_link_where_a_video_goes_is_an_existing_output(archive, before, tmp_path,
+                                                                   tiny):
+    from flyarchive.errors import OutputExistsError
+
+    out = tmp_path / "out"
+    (out / "world00000").mkdir(parents=True)
+    os.symlink(out / "gone.mp4", out / "world00000" / "front.mp4")  # inside, dangling
+
+    with pytest.raises(OutputExistsError, match=r"1 video\(s\) already exist.*--resume"):
+        render(archive, tiny, out)
+
+    assert sorted(p.name for p in out.rglob("*")) == ["front.mp4", "world00000"]
+    assert snapshot(Path(archive)) == before
+
+
 def test_a_map_folder_linked_out_is_refused_even_with_overwrite(archive, before, tmp_path, tiny):
     out, outside = tmp_path / "out", outside_folder(tmp_path)
     (out / "world00000").mkdir(parents=True)
