@@ -21,7 +21,7 @@ from typing import Any
 import imageio_ffmpeg
 import numpy as np
 
-from flyarchive.errors import CorruptArchiveError, OptionsError, StorageError
+from flyarchive.errors import CorruptArchiveError, OptionsError, StorageError, UnsafeFileError
 from flyarchive.schema import MAX_JSON_DEPTH, json_depth_of
 
 __all__ = ["read_video", "read_depth", "read_segmentation", "read_map", "MAX_VIDEO_BYTES",
@@ -162,7 +162,7 @@ def read_map(url: str | os.PathLike[str], storage_options: Mapping[str, Any] | N
             "was asked for. Pass the path a render's manifest lists for it.")
     try:
         return np.asarray(array[:]), attrs
-    except CorruptArchiveError:  # a file refused unread (UnsafeFileError)
+    except UnsafeFileError:  # a file refused unread
         raise
     except (ValueError, RuntimeError) as err:
         raise CorruptArchiveError(f"The map {text!r} does not decode ({err}); render it again.") from err

@@ -345,10 +345,16 @@ def test_read_segmentation_refuses_a_fifo_chunk(out):
         read_segmentation(out / "world00000" / "front.seg.zarr")
 
 
+def link_out(out: Path, name: str, tmp_path: Path) -> Path:
+    """Move ``world00000/name`` out of the output folder, leaving a link to it in its place."""
+    moved = tmp_path / f"elsewhere-{name}"
+    shutil.move(out / "world00000" / name, moved)
+    os.symlink(moved, out / "world00000" / name)
+    return out / "world00000" / name
+
+
 def test_a_map_folder_linked_out_of_the_output_folder_is_refused_when_read_inside_it(out, tmp_path):
-    moved = tmp_path / "elsewhere.depth.zarr"
-    shutil.move(out / "world00000" / "front.depth.zarr", moved)
-    os.symlink(moved, out / "world00000" / "front.depth.zarr")
+    link_out(out, "front.depth.zarr", tmp_path)
 
     with pytest.raises(UnsafeFileError, match="leads out of the output folder"):
         read_depth(out / "world00000" / "front.depth.zarr", root=out)
@@ -394,9 +400,7 @@ def test_read_video_of_a_file_that_is_not_a_video_is_a_clear_error(tmp_path):
 
 
 def test_read_video_refuses_a_link_leading_out_of_root(out, tmp_path):
-    moved = tmp_path / "elsewhere.mp4"
-    shutil.move(out / "world00000" / "front.mp4", moved)
-    os.symlink(moved, out / "world00000" / "front.mp4")
+    link_out(out, "front.mp4", tmp_path)
 
     with pytest.raises(UnsafeFileError, match="leads out of the output folder"):
         read_video(out / "world00000" / "front.mp4", root=out)
