@@ -39,6 +39,7 @@ import json
 import os
 import tempfile
 import threading
+import time
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import asdict
@@ -114,8 +115,9 @@ class ManifestJournal:
     """The manifest of one render, kept up to date while it runs.
 
     Each finished video's entry (:meth:`add`, from any thread) reaches ``manifest.json``
-    within :data:`JOURNAL_EVERY_S` seconds (the first one at once), written by a thread of
-    its own; :meth:`close` writes the last ones. A render stopped by Ctrl-C, SIGTERM or an
+    within :data:`JOURNAL_EVERY_S` seconds (the first one at once; for a manifest so large
+    that writing it takes longer than a tenth of that, within ten times a write), written
+    by a thread of its own; :meth:`close` writes the last ones. A render stopped by Ctrl-C, SIGTERM or an
     error keeps every finished video listed; one killed (SIGKILL) keeps those listed up to
     :data:`JOURNAL_EVERY_S` seconds before. ``render --resume`` continues from the list.
 
@@ -176,11 +178,14 @@ class ManifestJournal:
             self._dirty.clear()
             with self._lock:
                 entries = list(self._entries.values())
+            start = time.monotonic()
             try:
                 write_manifest(self._plan, self._ds, entries, staging=self._staging)
             except Exception:  # the last write (close) reports it
                 pass
-            if self._stop.wait(self._every_s):
+            # a large manifest (a write takes long) is written less often: at most ~10 % of
+            # one core goes to it
+            if self._stop.wait(max(self._every_s, 10 * (time.monotonic() - start))):
                 return
 
 
