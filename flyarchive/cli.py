@@ -227,8 +227,34 @@ def cmd_render(args: argparse.Namespace) -> int:
     from flyarchive.config import set_verbose
 
     set_verbose(args.verbose)  # Warp's logs, here and in local Dask workers
-    with _early_cluster(args):
+    with _sigterm_stops(), _early_cluster(args):
         return _render(args)
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM arrived (``kill PID``, a scheduler's stop): the command stops as on Ctrl-C,
+    keeping what it finished."""
+
+
+@contextlib.contextmanager
+def _sigterm_stops() -> Any:
+    """While inside, SIGTERM raises :class:`Terminated` in the main thread (a render stops
+    as on Ctrl-C: finished videos and their manifest entries are kept, partial files go)."""
+    import signal
+    import threading
+
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def stop(signum: int, frame: Any) -> None:
+        raise Terminated()
+
+    previous = signal.signal(signal.SIGTERM, stop)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 def _early_cluster(args: argparse.Namespace) -> contextlib.AbstractContextManager[None]:
@@ -280,8 +306,12 @@ def _render(args: argparse.Namespace) -> int:
         scheduler=args.scheduler, n_workers=args.workers,
         storage_options=storage_options,
         gpus=parse_gpus(args.gpus) if args.gpus is not None else None,
+        resume=args.resume,
     )
-    print(f"wrote {len(written.videos)} video(s) and {written.manifest}")
+    kept = f", kept {written.kept} finished before" if written.kept else ""
+    print(f"wrote {len(written.videos) - written.kept} video(s){kept} and {written.manifest}")
+    for note in written.notes:
+        print(f"note: {note}")
     return 0
 
 
@@ -522,7 +552,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--overlay", metavar="time,world,speed,VAR",
                    help="text burnt into the frames: time, world, speed and per-world "
                         "variables (default none)")
-    p.add_argument("--overwrite", action="store_true")
+    p.add_argument("--overwrite", action="store_true", help="replace existing videos")
+    p.add_argument("--resume", action="store_true",
+                   help="continue a render into --out that stopped (Ctrl-C, a kill): keep the "
+                        "finished videos its manifest lists, render the rest")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.add_argument("--verbose", action="store_true", help="show Warp's initialization and "
                    "kernel-loading messages (hidden by default)")
@@ -592,8 +625,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``flyarchive`` command.
 
     Returns the exit status: 0 done, 1 ``verify`` found problems, 2 an error (one line
-    on stderr: ``flyarchive <command>: error: ...``), 130 interrupted (Ctrl-C). A closed
-    output pipe (``flyarchive info | head``) ends the command quietly.
+    on stderr: ``flyarchive <command>: error: ...``), 130 interrupted (Ctrl-C), 143
+    ``render`` stopped by SIGTERM. A closed output pipe (``flyarchive info | head``) ends
+    the command quietly.
     """
     args = build_parser().parse_args(argv)
     from flyarchive.store.storage_errors import client_errors
@@ -607,14 +641,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         devnull = os.open(os.devnull, os.O_WRONLY)
         os.dup2(devnull, sys.stdout.fileno())
         return 1
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as stop:
         import logging
 
         # zarr's event loop may still hold the interrupted write; asyncio would report the
         # task as "destroyed but pending" at exit: noise after Ctrl-C.
         logging.getLogger("asyncio").setLevel(logging.CRITICAL)
-        _say(f"flyarchive {args.command}: interrupted")
-        return 130
+        terminated = isinstance(stop, Terminated)
+        _say(f"flyarchive {args.command}: {'terminated' if terminated else 'interrupted'}")
+        return 143 if terminated else 130
     except (FlyarchiveError, OSError, *client_errors(), *_mujoco_errors()) as err:
         _say(f"flyarchive {args.command}: error: {_one_line(args, err)}")
         return 2

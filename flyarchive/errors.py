@@ -43,6 +43,7 @@ __all__ = [
     "CodecSpecError",
     "UnsafeFileError",
     "UnsafeModelError",
+    "ManifestError",
     "FrameFormatError",
     "VideoEncodeError",
     "OptionsError",
@@ -165,9 +166,16 @@ class CodecSpecError(FlyarchiveError, ValueError):
 
 
 class UnsafeFileError(CorruptArchiveError):
-    """A file of a local archive that flyarchive refuses to open or write through: not a
-    regular file, leading out of the archive, or larger than its array can need. The
-    message names the file and points at ``flyarchive verify``."""
+    """A file of a local archive or output folder that flyarchive refuses to open or write
+    through: not a regular file, leading out of the archive (or output folder), or larger
+    than it can need. The message names the file and what to do (for an archive:
+    ``flyarchive verify``)."""
+
+
+class ManifestError(FlyarchiveError, ValueError):
+    """A ``manifest.json`` beside rendered videos that flyarchive cannot read or trust: not
+    JSON, nested too deep, or entries of the wrong types. The message names the file, the
+    entry and the field."""
 
 
 class UnsafeModelError(CorruptArchiveError, ModelLoadError):

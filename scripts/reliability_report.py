@@ -13,9 +13,11 @@ Runs the harnesses of :mod:`flyarchive.testing.kills` and prints one table:
   inside ``n_frames`` differs from the final data);
 - import-npz / export-npz killed mid-way (:mod:`flyarchive.testing.interop_kills`): half-written
   files, leftovers after the rerun, interrupted imports reported partial and resumed.
-- renders killed (SIGKILL) or interrupted (Ctrl-C) mid-way, in their own process and on a
-  LocalCluster (:mod:`flyarchive.testing.render_kills`): half-written final videos, what was
-  left behind before and after the next render into the same folder;
+- renders killed (SIGKILL), interrupted (Ctrl-C) or terminated (SIGTERM), in their own
+  process and on a LocalCluster (:mod:`flyarchive.testing.render_kills`): mid-render, then
+  rendered again with ``--overwrite``, or once the manifest lists a finished video, then
+  continued with ``--resume`` (the listed videos kept untouched); half-written final
+  videos, what was left behind before and after the next render into the same folder;
 - hostile archives (:mod:`flyarchive.testing.hostile`: decompression bombs, FIFOs, links
   to ``/dev/zero``, metadata nested 200,000 deep...): each command run in a child with a
   3 GiB address-space cap, its time and peak memory; among them committed frames missing
@@ -24,6 +26,10 @@ Runs the harnesses of :mod:`flyarchive.testing.kills` and prints one table:
 - crafted models (:mod:`flyarchive.testing.model_fuzz`): a kept model's bytes fuzzed, its
   hash matching, through ``render``, ``verify`` and ``load_model`` in child processes:
   crashes of the calling process (none expected) and what the model check found;
+- hostile output folders (:mod:`flyarchive.testing.hostile_outputs`: a manifest linked to
+  ``/dev/zero`` or made a FIFO, folders linked out of ``--out``, map chunks and videos that
+  are FIFOs or links...): a render into them or a read back from them, each in a child;
+  cases, refused, followed (a link written or read through) and hung;
 - bad inputs tried (``tests/bad_input``) and passed.
 
 Usage::
@@ -297,6 +303,18 @@ def print_missing(summary: dict[str, Any]) -> None:
         print(f"  passed off: {what}")
 
 
+def run_hostile_outputs(workdir: Path) -> dict[str, Any]:
+    """Every hostile output folder case, each in a capped child process; one summary row."""
+    from flyarchive.testing.hostile_outputs import hostile_outputs_table
+
+    folder = workdir / "hostile-outputs"
+    folder.mkdir()
+    rows = hostile_outputs_table(folder, progress=lambda line: print(line, file=sys.stderr))
+    return {"cases": len(rows), "refused": sum(bool(r["error_type"]) for r in rows),
+            "followed": sum(r["followed"] for r in rows), "hung": sum(r["hung"] for r in rows),
+            "passed": sum(r["passed"] for r in rows), "rows": rows}
+
+
 def run_bad_input(workdir: Path) -> dict[str, Any]:
     """Run tests/bad_input; count cases tried and passed."""
     xml = workdir / "bad_input.xml"
@@ -312,35 +330,46 @@ def run_bad_input(workdir: Path) -> dict[str, Any]:
     return {"tried": tried, "passed": tried - len(failed), "failed": failed}
 
 
+#: (where, signal, when) of the render kill trials: stopped mid-render then rendered again
+#: with --overwrite, or stopped once a video is listed then continued with --resume.
+RENDER_STOPS = [(w, h, "mid-render") for w in ("process", "dask") for h in ("kill", "int")] + [
+    ("process", "term", "first-video"), ("process", "kill", "first-video"),
+    ("dask", "term", "first-video")]
+
+
 def run_render_kills(n: int, workdir: Path) -> list[dict[str, Any]]:
-    """``n`` seeded trials of each (where, signal): a render stopped mid-way, then rerun."""
+    """``n`` seeded trials of each of :data:`RENDER_STOPS`."""
     from flyarchive.testing.render_kills import RenderKillConfig, make_render_archive, render_kill_trial
 
     archive = make_render_archive(workdir / "render-kill-archive")
     rows = []
-    for where in ("process", "dask"):
-        for how in ("kill", "int"):
-            results = []
-            for seed in range(n):
-                config = RenderKillConfig(where, how, seed)
-                result = render_kill_trial(archive, workdir / f"render-{where}-{how}-{seed}", config)
-                results.append(result)
-                status = "ok" if result.passed else "FAILED: " + "; ".join(result.problems)[:300]
-                print(f"  render {where} {how} #{seed}: exit {result.exit_code}, left "
-                      f"{len(result.left_after_stop)}, after rerun {len(result.left_after_rerun)}: "
-                      f"{status}", file=sys.stderr)
-            stopped = [r for r in results if r.stopped_mid_render]
-            rows.append({
-                "where": where, "signal": "SIGKILL" if how == "kill" else "SIGINT (Ctrl-C)",
-                "trials": n, "stopped_mid_render": len(stopped),
-                "half_written": sum(len(r.half_written) for r in results),
-                "stops_leaving_files": sum(bool(r.left_after_stop) for r in stopped),
-                "left_after_next_run": sum(len(r.left_after_rerun) for r in results),
-                "clean_ctrl_c": (sum(r.exit_code == 130 and r.stderr.count("\n") == 1
-                                     for r in stopped) if how == "int" else None),
-                "passed": sum(r.passed for r in results),
-                "trials_json": [r.to_json() for r in results],
-            })
+    signals = {"kill": "SIGKILL", "int": "SIGINT (Ctrl-C)", "term": "SIGTERM"}
+    for where, how, stop in RENDER_STOPS:
+        results = []
+        for seed in range(n):
+            config = RenderKillConfig(where, how, seed, stop=stop)
+            result = render_kill_trial(archive, workdir / f"render-{where}-{how}-{stop}-{seed}",
+                                       config)
+            results.append(result)
+            status = "ok" if result.passed else "FAILED: " + "; ".join(result.problems)[:300]
+            print(f"  render {where} {how} {stop} #{seed}: exit {result.exit_code}, left "
+                  f"{len(result.left_after_stop)}, after rerun {len(result.left_after_rerun)}: "
+                  f"{status}", file=sys.stderr)
+        stopped = [r for r in results if r.stopped_mid_render]
+        rows.append({
+            "where": where, "signal": signals[how], "stop": stop,
+            "trials": n, "stopped_mid_render": len(stopped),
+            "half_written": sum(len(r.half_written) for r in results),
+            "stops_leaving_files": sum(bool(r.left_after_stop) for r in stopped),
+            "left_after_next_run": sum(len(r.left_after_rerun) for r in results),
+            "clean_ctrl_c": (sum(r.exit_code == {"int": 130, "term": 143}[how]
+                                 and r.stderr.count("\n") == 1 for r in stopped)
+                             if how != "kill" else None),
+            "listed_kept": (sum(bool(r.listed) and sorted(r.kept) == sorted(r.listed)
+                                for r in stopped) if stop == "first-video" else None),
+            "passed": sum(r.passed for r in results),
+            "trials_json": [r.to_json() for r in results],
+        })
     return rows
 
 
@@ -365,10 +394,12 @@ RACES = Table([
 ])
 RENDER_KILLS = Table([
     Column("where", 8, "where", align="<"), Column("signal", 16, "signal", align="<"),
+    Column("stop", 11, "stop", align="<"),
     Column("trials", 6, "trials"), Column("mid-render", 10, "stopped_mid_render"),
     Column("half-written", 12, "half_written"), Column("left files", 10, "stops_leaving_files"),
     Column("left after next", 15, "left_after_next_run"),
-    Column("exit 130, 1 line", 16, "clean_ctrl_c"), Column("passed", 6, "passed"),
+    Column("exit 130/143, 1 line", 20, "clean_ctrl_c"),
+    Column("resume kept", 11, "listed_kept"), Column("passed", 6, "passed"),
 ])
 
 
@@ -399,12 +430,22 @@ def print_table(report: dict[str, Any]) -> None:
               f"differing from the final data {reader['frames_differing']}, writer {reader['writer']}")
     if report.get("render_kills"):
         RENDER_KILLS.print(report["render_kills"], title="\nRenders stopped mid-way (then "
-                                                         "rendered again into the same folder)")
+                                                         "rendered again into the same folder: "
+                                                         "--overwrite after mid-render, --resume "
+                                                         "after first-video)")
     if report.get("hostile"):
         print_hostile(report["hostile"])
         print_missing(missing_chunks(report["hostile"]))
     if report.get("crafted_models"):
         print_crafted_models(report["crafted_models"])
+    outputs = report.get("hostile_outputs")
+    if outputs:
+        print(f"\nHostile output folders (render into, read back from; each in a child): "
+              f"{outputs['cases']} cases, {outputs['refused']} refused, {outputs['followed']} "
+              f"followed, {outputs['hung']} hung, {outputs['passed']} passed")
+        for row in outputs["rows"]:
+            if not row["passed"]:
+                print(f"  FAILED {row['case']}: {row['error_type']} {row['message'][:200]}")
     bad = report["bad_input"]
     if bad:
         print(f"\nBad input: {bad['tried']} tried, {bad['passed']} passed")
@@ -429,9 +470,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--interop-kills", type=int, default=6,
                         help="kills each of import-npz and export-npz (0: skip)")
     parser.add_argument("--render-kills", type=int, default=3,
-                        help="renders stopped per (in process | LocalCluster) x (SIGKILL | "
-                             "Ctrl-C) (default 3; 0: skip)")
-    parser.add_argument("--no-hostile", action="store_true", help="skip the hostile archives")
+                        help="renders stopped per (where, signal, when) of RENDER_STOPS "
+                             "(default 3; 0: skip)")
+    parser.add_argument("--no-hostile", action="store_true",
+                        help="skip the hostile archives and output folders")
     parser.add_argument("--crafted-models", type=int, default=40,
                         help="fuzzed kept models, each through render, verify and load_model "
                              "(default 40; 0: skip)")
@@ -458,6 +500,7 @@ def main(argv: list[str] | None = None) -> int:
         report["crafted_models"] = (run_crafted_models(args.crafted_models, work)
                                     if args.crafted_models > 0 else {})
         report["missing_chunks"] = missing_chunks(report["hostile"])
+        report["hostile_outputs"] = {} if args.no_hostile else run_hostile_outputs(work)
         report["bad_input"] = {} if args.no_bad_input else run_bad_input(work)
         from flyarchive.testing import interop_kills as faults_interop
 

@@ -9,6 +9,7 @@ starts, or on the cluster given (which one: see :func:`render_videos`).
 
 from __future__ import annotations
 
+import os
 import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -151,10 +152,16 @@ class RenderResult:
             camera, path, frames, first_frame, frame_range, start_time, end_time, fps,
             size, backend, video (and window, for a window).
         manifest: Path or URL of the JSON manifest beside the videos.
+        kept: With ``resume=True``: how many of ``videos`` (the first ones) an earlier
+            render had finished, and were kept.
+        notes: What the render changed from what was asked (a mosaic fitted to fewer
+            worlds, overlay items left out of small frames), one sentence each.
     """
 
     videos: list[dict[str, Any]]
     manifest: str
+    kept: int = 0
+    notes: tuple[str, ...] = ()
 
 
 def _check_model(ds: Archive, model: mujoco.MjModel) -> None:
@@ -211,6 +218,7 @@ def render_videos(
     storage_options: Mapping[str, Any] | None = None,
     out_storage_options: Mapping[str, Any] | None = None,
     gpus: Sequence[int] | None = None,
+    resume: bool = False,
 ) -> RenderResult:
     """Render worlds of an archive to one mp4 per (world, camera), plus a JSON manifest.
 
@@ -245,6 +253,18 @@ def render_videos(
     removed at the end, on errors and on Ctrl-C; one left by a killed run is removed by
     the next run into ``out`` (:mod:`flyarchive.video.workspace`).
 
+    Finished work is kept: each video is listed in the manifest as soon as it is finished
+    (within :data:`~flyarchive.video.manifest.JOURNAL_EVERY_S` seconds), so a render
+    stopped by Ctrl-C (KeyboardInterrupt), an error or a kill keeps its finished videos
+    and their entries; only partial files go. ``resume=True`` continues it: the videos
+    listed for this archive with exactly the entry this render would write are kept, the
+    rest rendered (:mod:`flyarchive.distribute.resume`).
+
+    Output folders are read and written as guarded as archives
+    (:mod:`flyarchive.video.guard`): a folder inside ``out`` that is a symbolic link
+    leading out of it, or a manifest that is not a small regular JSON file of the
+    expected types, is refused before anything is rendered.
+
     With ``where`` over ``(world, time)``, each window of selected frames is a video of
     its own, named by its archive frames ``[start, stop)``:
     ``{out}/world00003/front.frames000120-000240.mp4``; its manifest entry gives
@@ -273,6 +293,9 @@ def render_videos(
         gpus: Backend ``"gpu"`` without a client or scheduler: the CUDA device numbers
             of the GPUs to use (``[0, 1]``); default: every visible GPU
             (:mod:`flyarchive.distribute.gpus` says how they are found).
+        resume: Continue a render into ``out`` that stopped: keep the finished videos its
+            manifest lists (when they match this render), render the rest, replacing what
+            is in their place. Not with ``options.overwrite``.
 
     Raises:
         CameraNotFoundError, LayoutMismatchError, FrameSizeError,
@@ -288,12 +311,16 @@ def render_videos(
         ``gpus`` is malformed, names a GPU that is not visible, or is given with another
         backend than ``"gpu"`` or with a client or scheduler),
         ConfigError (a ``FLYARCHIVE_*`` environment variable holds a value that is not
-        allowed; :mod:`flyarchive.config`).
+        allowed; :mod:`flyarchive.config`), UnsafeFileError (a folder inside ``out``
+        linked out of it; a manifest that is a FIFO, a device, a link out or too large),
+        ManifestError (a manifest there that is not JSON or has entries of the wrong
+        types; move it away).
     """
-    from flyarchive.video.manifest import describe, write_manifest
+    from flyarchive.video.manifest import ManifestJournal, describe, manifest_url
     from flyarchive.video.workspace import RunFolder
 
     cameras = (cameras,) if isinstance(cameras, str) else tuple(cameras)
+    _check_out(out, resume, options)
     if n_workers is not None and (not is_int(n_workers) or n_workers < 0):
         raise RenderOptionsError(
             f"n_workers must be None (one worker per core) or a whole number >= 0 (0: render "
@@ -308,23 +335,53 @@ def render_videos(
         open_header(source, storage_options)
     jobs = select_frames(ds, worlds, time, where=where, pad=pad)
     model, blob = replay_model(source, ds, model, storage_options)
-    options, jobs = plan_outputs(options, ds, model, jobs)  # overlay checked, mosaics grouped
+    options, jobs, notes = plan_outputs(options, ds, model, jobs)  # mosaics grouped
     if out_storage_options is None and _protocol(out) == _protocol(source) != "file":
         out_storage_options = storage_options
     plan = RenderPlan(
         url=source, storage_options=dict(storage_options or {}), cameras=cameras,
         out=out, out_storage_options=dict(out_storage_options or {}),
-        fps=float(ds.attrs["output_fps"]), options=options, jobs=tuple(jobs),
+        fps=float(ds.attrs["output_fps"]), options=options, jobs=tuple(jobs), notes=notes,
+        archive_id=ds.attrs.get("archive_id"),
     )
+    kept: list[dict[str, Any]] = []
+    if resume:
+        from flyarchive.distribute.resume import resume_plan
+
+        plan, kept = resume_plan(plan, ds)
+        if not plan.jobs:
+            return RenderResult(kept, manifest_url(plan.out), len(kept), plan.notes)
     preflight(plan, model)
     in_process = n_workers == 0 or source.startswith("memory://")
     with RunFolder.create(plan.out, plan.out_storage_options) as run:
-        videos = run_plan(plan, blob, run.url, client=client,
-                          scheduler=scheduler, n_workers=n_workers,
-                          in_process=in_process and client is None, gpus=gpus)
+        journal = ManifestJournal(plan, ds, staging=run.local)
+        try:
+            videos = run_plan(plan, blob, run.url, client=client,
+                              scheduler=scheduler, n_workers=n_workers,
+                              in_process=in_process and client is None, gpus=gpus,
+                              on_video=journal.add)
+        except BaseException:
+            journal.close(quiet=True)  # the finished videos stay listed
+            raise
         videos = [describe(plan, ds, v) for v in videos]
-        manifest = write_manifest(plan, ds, videos, staging=run.local)
-    return RenderResult(videos, manifest)
+        manifest = journal.close(videos)
+    return RenderResult(kept + videos, manifest, len(kept), plan.notes)
+
+
+def _check_out(out: Any, resume: bool, options: RenderOptions) -> None:
+    """Refuse an empty output location, and ``resume`` with ``overwrite``.
+
+    Raises:
+        RenderOptionsError: naming what was given.
+    """
+    if not isinstance(out, (str, os.PathLike)) or not os.fspath(out).strip():
+        raise RenderOptionsError(
+            f"The output folder is {out!r}; pass a folder (a path, created if missing) or an "
+            "fsspec URL such as s3://bucket/videos (CLI: --out videos).")
+    if resume and options.overwrite:
+        raise RenderOptionsError(
+            "resume=True (--resume) keeps the videos a stopped render finished, and "
+            "overwrite=True (--overwrite) replaces them; choose one.")
 
 
 def _protocol(url: str) -> str:

@@ -246,8 +246,8 @@ def test_manifest_top_level_holds_only_what_every_video_shares(tiny, tiny_archiv
 
     manifest = json.loads(Path(result.manifest).read_text())
 
-    assert set(manifest) == {"manifest_version", "archive", "layout_hash", "versions", "worlds",
-                             "cameras", "videos"}
+    assert set(manifest) == {"manifest_version", "archive", "archive_id", "layout_hash",
+                             "versions", "worlds", "cameras", "videos"}
     assert manifest["manifest_version"] == 2
 
 

@@ -270,3 +270,17 @@ def test_warp_workers_on_a_local_cluster_show_one_progress_bar(
     done = [line for line in bars if f"{N_WORLDS * N_FRAMES}/{N_WORLDS * N_FRAMES}" in line]
     per_worker = [line for line in bars if f"/{N_FRAMES} " in line]
     assert done and per_worker == []
+
+
+def test_dask_lists_each_video_in_the_manifest_when_its_join_completes(
+        archive: str, model: Any, client: Any, tmp_path: Path, monkeypatch: Any) -> None:
+    from flyarchive.video import manifest
+
+    seen, add = [], manifest.ManifestJournal.add
+    monkeypatch.setattr(manifest.ManifestJournal, "add",
+                        lambda self, video: (seen.append(video["path"]), add(self, video))[1])
+
+    result = render_videos(archive, model, CAMERAS, str(tmp_path / "v"), worlds=[0],
+                           options=OPTIONS, client=client)
+
+    assert sorted(seen) == sorted(v["path"] for v in result.videos) and len(seen) == len(CAMERAS)
