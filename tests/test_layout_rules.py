@@ -2,11 +2,12 @@
 included) have no cycles, the product never imports its test support, and each stage
 imports only from the stages below it:
 
-    base <- store <- query <- record <- replay <- video <- distribute <- applications
+    base <- store <- query <- analyze <- record <- replay <- video <- distribute <- applications
 
-Data flows record -> store -> query -> replay -> video, but recorders write through the
-store and read their recording back through query (flygym's ``trajectory``), so record
-sits on top of both.
+Data flows record -> store -> query -> analyze -> replay -> video, but recorders write
+through the store and read their recording back through query (flygym's ``trajectory``),
+so record sits on top of both. Analyze (positions of bodies, gait measures) reads archives
+through query and keeps derived values through the store; replay and later stages may use it.
 
 Base modules (errors, schema, layout, clock, codecs, models, config, warp_log) import
 only each other; applications (cli, demo, plot, summary, interop, render, and the
@@ -30,7 +31,7 @@ import pytest
 PACKAGE = Path(__file__).resolve().parents[1] / "flyarchive"
 
 BASE = frozenset({"errors", "schema", "layout", "clock", "codecs", "models", "config", "warp_log"})
-STAGES = ("store", "query", "record", "replay", "video", "distribute")
+STAGES = ("store", "query", "analyze", "record", "replay", "video", "distribute")
 APPLICATIONS = frozenset({"cli", "demo", "plot", "summary", "interop", "render", "__main__"})
 TEST_SUPPORT = "flyarchive.testing"
 
@@ -154,7 +155,7 @@ def describe(found: list[frozenset[str]]) -> list[str]:
 
 # ----------------------------------------------------------------------------- layers
 def layer(name: str) -> tuple[int, str]:
-    """``(rank, group)``: base 0, the stages 1..6 in flow order, applications 100."""
+    """``(rank, group)``: base 0, the stages 1..7 in flow order, applications 100."""
     parts = name.split(".")
     if len(parts) == 1:
         return 100, "flyarchive"  # the package's __init__: re-exports the API on top
