@@ -128,11 +128,12 @@ class WarpKinematics:
             self.out = wp.zeros((self.batch, len(keypoints), self.channels), dtype=wp.float32)
             # One site (never read) when the skeleton has none: the kernel needs an array.
             self._no_sites = wp.zeros((self.batch, 1), dtype=wp.vec3) if host.nsite == 0 else None
-        pinned = self.device.is_cuda
-        self._host_in = {name: wp.zeros(getattr(self.data, name).shape, dtype=getattr(self.data, name).dtype,
-                                        device="cpu", pinned=pinned)
-                         for name in ("qpos", "mocap_pos", "mocap_quat") if getattr(self.data, name).size}
-        self._host_out = wp.zeros(self.out.shape, dtype=wp.float32, device="cpu", pinned=pinned)
+        self._host_in: dict[str, Any] = {}  # staging buffers (pinned on CUDA), made on first use
+        self._host_out: Any = None
+
+    def host_buffer(self, like: Any) -> Any:
+        """A host array shaped as the device array ``like`` (pinned on CUDA)."""
+        return wp.zeros(like.shape, dtype=like.dtype, device="cpu", pinned=self.device.is_cuda)
 
     def frames(self, qpos: np.ndarray, mocap_pos: np.ndarray | None = None,
                mocap_quat: np.ndarray | None = None) -> np.ndarray:
@@ -164,7 +165,9 @@ class WarpKinematics:
         """Copy the first ``n`` rows of each state array into the ``Data`` (on CUDA
         through a pinned buffer, on the device's stream)."""
         for name, values in state.items():
-            host = self._host_in[name]
+            host = self._host_in.get(name)
+            if host is None:
+                host = self._host_in[name] = self.host_buffer(getattr(self.data, name))
             host.numpy()[:n] = values
             wp.copy(getattr(self.data, name), host, count=n * int(np.prod(host.shape[1:])))
 
@@ -179,6 +182,8 @@ class WarpKinematics:
 
     def download(self, n: int) -> np.ndarray:
         """The first ``n`` rows of the gathered keypoints, on the host (waits for them)."""
+        if self._host_out is None:
+            self._host_out = self.host_buffer(self.out)
         wp.copy(self._host_out, self.out, count=n * len(self._keypoints) * self.channels)
         if self.device.is_cuda:
             wp.synchronize_device(self.device)
