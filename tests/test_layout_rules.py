@@ -10,7 +10,7 @@ so record sits on top of both. Analyze (positions of bodies, gait measures) read
 through query and keeps derived values through the store; replay and later stages may use it.
 
 Base modules (errors, schema, layout, clock, codecs, models, config, warp_log) import
-only each other; applications (cli, demo, plot, summary, interop, render, and the
+only each other; applications (cli, cli_analyze, demo, plot, summary, interop, render, and the
 package's own ``__init__``) may import anything; ``flyarchive.testing`` is not part of
 the product and may import anything too.
 
@@ -32,7 +32,8 @@ PACKAGE = Path(__file__).resolve().parents[1] / "flyarchive"
 
 BASE = frozenset({"errors", "schema", "layout", "clock", "codecs", "models", "config", "warp_log"})
 STAGES = ("store", "query", "analyze", "record", "replay", "video", "distribute")
-APPLICATIONS = frozenset({"cli", "demo", "plot", "summary", "interop", "render", "__main__"})
+APPLICATIONS = frozenset({"cli", "cli_analyze", "demo", "plot", "summary", "interop", "render",
+                          "__main__"})
 TEST_SUPPORT = "flyarchive.testing"
 
 #: Import cycles of today's code, each as the set of its modules.

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from flyarchive.analyze.keypoints import KeypointRequest, PointSpec
-from flyarchive.analyze.lazy import (
+from flyarchive.analyze.prepare import (
     UNITS,
     Prepared,
     as_positions,

@@ -79,8 +79,8 @@ class KeypointRequest:
     """What a caller asked for, before it is checked against a model.
 
     Attributes:
-        bodies: Body names; None: every body (but the world) when nothing else is asked,
-            else none.
+        bodies: Body names (``"*"``: every body but the world); None: every body when
+            nothing else is asked, else none.
         sites: Site names.
         points: ``{label: (body, (x, y, z) | "tip")}``.
         leg, segment, fly: Keep only keypoints whose label matches (None: any); see
@@ -220,6 +220,8 @@ def resolve(model: mujoco.MjModel, request: KeypointRequest) -> KeypointSet:
         asked_bodies = bodies if nothing_else else ()
     rows: list[tuple[str, str, str, int, int, np.ndarray, np.ndarray]] = []
     identity = np.array([1.0, 0.0, 0.0, 0.0])
+    if "*" in asked_bodies:  # every body, in id order, with the others asked after them
+        asked_bodies = [*bodies, *(b for b in asked_bodies if b != "*" and b not in bodies)]
     for name in asked_bodies:
         b = _find(name, bodies, "body") + 1
         rows.append((name, "body", name, b, -1, np.zeros(3), identity))
@@ -260,10 +262,14 @@ def _find(name: str, names: tuple[str, ...], kind: str, *, point: str | None = N
     what = f"Point {point!r} is in body {name!r}, but there is no such body" if point \
         else f"No {kind} {name!r} in the model"
     raise SelectionError(
-        f"{what}.{hint} The model has {len(names)} {kind}{'s' if len(names) != 1 else ''}"
+        f"{what}.{hint} The model has {len(names)} {_plural(kind, len(names))}"
         f"{': ' + shown if names else ''}. Pass one of them"
         f"{' (flyarchive.analyze.keypoints.body_names(model) lists them)' if kind == 'body' else ''}."
     )
+
+
+def _plural(kind: str, n: int) -> str:
+    return kind if n == 1 else {"body": "bodies"}.get(kind, f"{kind}s")
 
 
 def _selected(rows: list[Any], request: KeypointRequest) -> list[Any]:

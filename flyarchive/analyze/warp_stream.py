@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from flyarchive.analyze.keypoints import KeypointRequest, PointSpec
-from flyarchive.analyze.lazy import Prepared, as_positions, check_backend, prepare
+from flyarchive.analyze.prepare import Prepared, as_positions, check_backend, prepare
 
 if TYPE_CHECKING:
     import mujoco
@@ -103,7 +103,7 @@ def load_positions(
     prepared = prepare(str(source), request, worlds=worlds, time=time, model=model,
                        storage_options=storage_options)
     if backend == "cpu":
-        from flyarchive.analyze.lazy import lazy_positions
+        from flyarchive.analyze.prepare import lazy_positions
 
         return as_positions(prepared, lazy_positions(prepared, orientations, backend).compute(),
                             orientations, backend)
