@@ -94,7 +94,13 @@ def keep_positions(
         As :func:`flyarchive.positions`; ArchiveExistsError when something else is at
         ``to`` (nothing is changed); ArchiveInUseError when another writer holds it.
     """
-    from flyarchive.store.derived import DerivedSpec, DerivedWriter, derived_url, make_parent
+    from flyarchive.store.derived import (
+        DerivedSpec,
+        DerivedWriter,
+        derived_url,
+        make_parent,
+        stored_chunks,
+    )
 
     check_backend(backend)
     request = KeypointRequest.of(bodies, sites, points, leg=leg, segment=segment, fly=fly)
@@ -108,12 +114,11 @@ def keep_positions(
     else:
         target = str(to)
         options = to_storage_options if to_storage_options is not None else storage_options
-    qpos = ds.qpos.data
+    chunk_frames, shard_worlds = stored_chunks(str(url), storage_options)
     spec = DerivedSpec(dict(ds.attrs), made, prepared.keypoints.labels,
                        tuple(int(w) for w in ds.world.values), orientations,
                        "float64" if backend == "cpu" else "float32",
-                       chunk_frames=int(qpos.chunks[1][0]) if qpos.chunks[1] else 100,
-                       shard_worlds=int(qpos.chunks[0][0]))
+                       chunk_frames=chunk_frames, shard_worlds=shard_worlds)
     with DerivedWriter.open(target, spec, storage_options=options, takeover=takeover,
                             overwrite=overwrite) as writer:
         _fill(writer, prepared, orientations, backend, spec.chunk_frames, on_block)

@@ -43,7 +43,7 @@ if TYPE_CHECKING:
     import xarray as xr
 
 __all__ = ["DERIVED_GROUP", "DerivedSpec", "DerivedBlock", "DerivedWriter", "open_derived",
-           "find_derived", "derived_url", "make_parent"]
+           "find_derived", "derived_url", "make_parent", "stored_chunks"]
 
 #: The group under an archive's root that holds its derived groups.
 DERIVED_GROUP = "derived"
@@ -238,6 +238,12 @@ def _create_arrays(group: zarr.Group, spec: DerivedSpec) -> None:
                        attributes={"description": "committed frames per world"}, **crc)
 
 
+def stored_chunks(url: str, storage_options: Mapping[str, Any] | None = None) -> tuple[int, int]:
+    """``(frames per chunk, worlds per shard)`` of the archive's stored ``qpos``."""
+    qpos = open_group(url, storage_options)["qpos"]
+    return int(qpos.chunks[1]), int((qpos.shards or qpos.chunks)[0])
+
+
 def make_parent(url: str, storage_options: Mapping[str, Any] | None = None) -> None:
     """The archive's ``derived`` group (a zarr group, so that zarr lists it), made if missing.
 
@@ -259,8 +265,8 @@ def find_derived(url: str, storage_options: Mapping[str, Any] | None = None
                  ) -> list[tuple[str, dict[str, Any], np.ndarray]]:
     """The derived groups kept beside the archive at ``url``: ``(url, provenance,
     n_frames)`` of each whose creation finished; ``[]`` when there are none."""
-    try:
-        root = open_group(url, storage_options)
+    try:  # the archive's consolidated metadata may predate its derived groups: not used
+        root = open_group(url, storage_options, consolidated=False)
         parent = root.get(DERIVED_GROUP)
     except (FlyarchiveError, KeyError, OSError):
         return []
