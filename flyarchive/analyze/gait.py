@@ -96,6 +96,10 @@ def gait_measures(times: np.ndarray, thorax: np.ndarray, tips: np.ndarray,
         ``{name: (W,) array}`` for :data:`MEASURES`, and ``stance_fraction``,
         ``step_frequency`` as ``(W, L)``; NaN for a world with fewer than 2 frames.
     """
+    if thorax.shape[1] < 2:  # no step between frames: nothing to measure
+        worlds, legs = len(thorax), tips.shape[2]
+        return {**{name: np.full(worlds, np.nan) for name in MEASURES},
+                **{name: np.full((worlds, legs), np.nan) for name in _PER_LEG}}
     valid = np.isfinite(thorax).all(axis=-1)  # (W, T)
     t = np.where(valid, times[None, :], np.nan)
     with np.errstate(invalid="ignore", divide="ignore"), warnings.catch_warnings():
@@ -214,8 +218,9 @@ def gait_summary(
             thorax's fly (NeuroMechFly's six tarsus tips, legs ``lf`` ... ``rh``).
         params: Thresholds (:class:`GaitParams`).
         worlds, time: Worlds and a time window (seconds, inclusive), as for positions.
-        window: Seconds: measures per consecutive window of that length (a ``window``
-            dimension, its start time as coordinate). None: the whole selection.
+        window: Seconds: measures per window ``[start, start + window)``, windows one after
+            another from the first frame (a ``window`` dimension, its start time as
+            coordinate; a window of fewer than 2 frames gives NaN). None: the whole selection.
         model, storage_options, backend: As for :func:`flyarchive.positions`.
         save: Also store the measures in the archive as world variables
             (:func:`flyarchive.add_world_vars`, replacing earlier ones), so that
@@ -247,7 +252,7 @@ def gait_summary(
     values, quats = dask.compute(pos.data, None if quat is None else quat.data)  # one pass
     values = np.asarray(values)
     quats = None if quats is None else np.asarray(quats)
-    starts = [None] if window is None else list(np.arange(times[0], times[-1] + 1e-12, window))
+    starts = [None] if window is None else list(np.arange(times[0], times[-1], window)) or [times[0]]
     parts = []
     for t0 in starts:
         cut = slice(None) if t0 is None else (times >= t0 - 1e-12) & (times < t0 + window - 1e-12)
