@@ -90,9 +90,9 @@ class KeypointRequest:
     bodies: tuple[str, ...] | None = None
     sites: tuple[str, ...] = ()
     points: tuple[tuple[str, str, tuple[float, float, float] | str], ...] = ()
-    leg: tuple[str, ...] | None = None
-    segment: tuple[str, ...] | None = None
-    fly: tuple[str, ...] | None = None
+    leg: str | tuple[str, ...] | None = None
+    segment: str | tuple[str, ...] | None = None
+    fly: str | tuple[str, ...] | None = None
 
     @classmethod
     def of(cls, bodies: str | Iterable[str] | None = None, sites: str | Iterable[str] | None = None,
@@ -105,7 +105,7 @@ class KeypointRequest:
         """
         return cls(_names(bodies) if bodies is not None else None, _names(sites) or (),
                    tuple(_point(label, spec) for label, spec in (points or {}).items()),
-                   _lowered(leg), _lowered(segment), _lowered(fly))
+                   _selector(leg), _selector(segment), _selector(fly))
 
 
 def _names(value: str | Iterable[str] | None) -> tuple[str, ...]:
@@ -114,8 +114,9 @@ def _names(value: str | Iterable[str] | None) -> tuple[str, ...]:
     return (value,) if isinstance(value, str) else tuple(str(v) for v in value)
 
 
-def _lowered(value: Any) -> tuple[str, ...] | None:
-    return None if value is None else tuple(v.lower() for v in _names(value))
+def _selector(value: Any) -> str | tuple[str, ...] | None:
+    """A selector as given (one text, or several as a tuple: hashable)."""
+    return value if value is None or isinstance(value, str) else _names(value)
 
 
 def _point(label: Any, spec: Any) -> tuple[str, str, tuple[float, float, float] | str]:
