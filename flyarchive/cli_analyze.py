@@ -123,7 +123,9 @@ def cmd_gait(args: argparse.Namespace) -> int:
 
     params = GaitParams(stance_height=args.stance_height, stance_speed=args.stance_speed,
                         fall_height=args.fall_height)
-    summary = gait_summary(_path(args.url), params=params, model=_model(args),
+    tips = parse_keypoints(None, args.tip)["points"] or None
+    summary = gait_summary(_path(args.url), thorax=args.thorax, tips=tips, params=params,
+                           model=_model(args),
                            storage_options=_options(args), backend=args.backend,
                            save=args.save, **_window(args))
     table = {name: [None if v != v else round(float(v), 6) for v in values.values]
@@ -188,6 +190,11 @@ def add_commands(add: Callable[[str, Any, str], argparse.ArgumentParser],
     p = add("gait", cmd_gait, "Gait and locomotion measures per world (distance, speed, "
             "heading, height, stance and swing per leg).")
     common(p)
+    p.add_argument("--thorax", default="nmf/c_thorax",
+                   help="the body whose path is the fly's (default nmf/c_thorax)")
+    p.add_argument("--tip", action="append", metavar="LABEL=BODY@X,Y,Z",
+                   help="a leg tip as a point (LABEL=BODY@X,Y,Z or LABEL=BODY@tip; repeatable; "
+                        "default: NeuroMechFly's six tarsus tips)")
     p.add_argument("--worlds", help="e.g. 0,3,10-20 (default all)")
     p.add_argument("--time", help="START:END seconds of simulated time")
     p.add_argument("--stance-height", type=float, default=0.1,

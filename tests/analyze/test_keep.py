@@ -126,3 +126,36 @@ def test_keep_on_each_storage(location, sites_model):
 
     assert read.attrs["stored"] == group
     assert np.isfinite(read.values).all()
+
+
+@pytest.mark.slow  # a child process killed mid-way
+def test_a_killed_positions_command_loses_only_its_block_and_resumes(tmp_path):
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    from flyarchive.store.derived import open_derived
+
+    url = record(tiny_model(), str(tmp_path / "long.zarr"), n_worlds=3, n_steps=1600,
+                 chunk_frames=25)  # 401 frames
+    expected = flyarchive.positions(url, "hand").values
+    command = [sys.executable, "-m", "flyarchive.cli", "positions", url, "--keypoints", "hand"]
+    child = subprocess.Popen(command, stderr=subprocess.PIPE, start_new_session=True)
+    seen = b""
+    while b"100/401" not in seen and child.poll() is None:  # printed once committed
+        seen += child.stderr.read1(256)
+    os.killpg(child.pid, signal.SIGKILL)
+    child.wait()
+    (name,) = [n for n in os.listdir(f"{url}/derived") if n.startswith("positions-")]
+    partial = open_derived(f"{url}/derived/{name}")
+    committed = int(partial.n_frames.min())
+
+    resumed = subprocess.run(command, capture_output=True, text=True, timeout=300)
+
+    assert 100 <= committed < 401 or child.returncode == 0
+    assert np.array_equal(partial.position.values[:, :committed], expected[:, :committed])
+    assert resumed.returncode == 0, resumed.stderr
+    kept = flyarchive.positions(url, "hand")
+    assert "stored" in kept.attrs and np.array_equal(kept.values, expected)
+    assert flyarchive.verify(url).ok
