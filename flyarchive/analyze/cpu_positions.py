@@ -31,6 +31,22 @@ def quat_mul(a: np.ndarray, b: np.ndarray) -> np.ndarray:
                      aw * bz + ax * by - ay * bx + az * bw], axis=-1)
 
 
+#: Frames per batch of copies (NeuroMechFly: 1.2 MB of body positions, in the cache).
+_BATCH = 1024
+
+
+def _bytes(array: np.ndarray) -> memoryview:
+    """The bytes of ``array`` as float64, C-contiguous (a copy only when it is not so)."""
+    return memoryview(np.ascontiguousarray(array, dtype=np.float64)).cast("B")
+
+
+def _span(indices: np.ndarray) -> slice | np.ndarray:
+    """``indices`` as a slice when they are consecutive (a view, not a gather)."""
+    if indices.size and np.array_equal(indices, np.arange(indices[0], indices[0] + indices.size)):
+        return slice(int(indices[0]), int(indices[0]) + indices.size)
+    return indices
+
+
 class CpuKinematics:
     """Keypoint positions (and orientations) of frames, by ``mj_kinematics``.
 
@@ -54,6 +70,14 @@ class CpuKinematics:
         self._keypoints = keypoints
         self._orientations = orientations
         self.channels = 7 if orientations else 3
+        # Positions of consecutive bodies only: each frame's rows of xpos are its result.
+        span = _span(self._body_ids)
+        direct = not orientations and not self._site_k.size and isinstance(span, slice)
+        self._direct = self.data.xpos[span] if direct else None
+        names = (["xpos"] if self._body_k.size else []) + \
+            (["site_xpos"] if self._site_k.size else []) + (["xquat"] if orientations else [])
+        self._copies = {name: np.empty((_BATCH, *getattr(self.data, name).shape))
+                        for name in ([] if direct else names)}
 
     def frames(self, qpos: np.ndarray, mocap_pos: np.ndarray | None = None,
                mocap_quat: np.ndarray | None = None) -> np.ndarray:
@@ -68,57 +92,68 @@ class CpuKinematics:
             z) after them; NaN for frames whose state is not finite.
         """
         n, k = len(qpos), len(self._keypoints)
-        out = np.full((n, k, self.channels), np.nan)
         valid = np.isfinite(qpos).all(axis=1)
+        states = [qpos]
         if mocap_pos is not None and mocap_quat is not None and self.model.nmocap:
             valid &= np.isfinite(mocap_pos).all(axis=(1, 2)) & np.isfinite(mocap_quat).all(axis=(1, 2))
-        else:
-            mocap_pos = mocap_quat = None
+            states += [mocap_pos, mocap_quat]
         rows = np.flatnonzero(valid)
-        if rows.size == 0:
-            return out
-        copies = self._copies(rows.size)
-        self._run(qpos, mocap_pos, mocap_quat, rows, copies)
-        if self._body_k.size:
-            out[rows[:, None], self._body_k, :3] = copies["xpos"][:, self._body_ids]
-        if self._site_k.size:
-            out[rows[:, None], self._site_k, :3] = copies["site_xpos"][:, self._site_ids]
-        if self._orientations:
-            out[rows, :, 3:] = self._orientation(copies["xquat"])
+        if rows.size < n:
+            states = [state[rows] for state in states]
+        # States move as bytes between memoryviews (1.5 us a frame less than numpy's slice
+        # assignment for NeuroMechFly): float64, contiguous, one block at a time.
+        ins = [(_bytes(state), _bytes(getattr(self.data, name)))
+               for state, name in zip(states, ("qpos", "mocap_pos", "mocap_quat"))]
+        values = np.empty((rows.size, k, self.channels))
+        for r0 in range(0, rows.size, _BATCH):  # batches whose copies stay in the cache
+            r1 = min(rows.size, r0 + _BATCH)
+            if self._direct is not None:
+                self._run(ins, [(_bytes(values[r0:r1]), _bytes(self._direct))], r0, r1)
+            else:
+                self._run(ins, [(_bytes(b), _bytes(getattr(self.data, name)))
+                                for name, b in self._copies.items()], r0, r1)
+                self._pick(values[r0:r1], r1 - r0)
+        if rows.size == n:
+            return values
+        out = np.full((n, k, self.channels), np.nan)
+        out[rows] = values
         return out
 
-    def _copies(self, n: int) -> dict[str, np.ndarray]:
-        """What to copy out of the data after each frame: ``{field: (n, ...) buffer}``."""
-        names = (["xpos"] if self._body_k.size else []) + \
-            (["site_xpos"] if self._site_k.size else []) + (["xquat"] if self._orientations else [])
-        return {name: np.empty((n, *getattr(self.data, name).shape)) for name in names}
+    def _pick(self, values: np.ndarray, n: int) -> None:
+        """The keypoints of ``n`` frames from the batch's copies (one index array per
+        assignment: two would make numpy broadcast them, 20 us a frame)."""
+        if self._body_k.size:
+            values[:, _span(self._body_k), :3] = self._copies["xpos"][:n, _span(self._body_ids)]
+        if self._site_k.size:
+            values[:, _span(self._site_k), :3] = self._copies["site_xpos"][:n, _span(self._site_ids)]
+        if self._orientations:
+            values[..., 3:] = self._orientation(self._copies["xquat"][:n])
 
-    def _run(self, qpos: np.ndarray, mocap_pos: np.ndarray | None, mocap_quat: np.ndarray | None,
-             rows: np.ndarray, copies: dict[str, np.ndarray]) -> None:
-        """The per-frame loop: set the state, ``mj_kinematics``, copy; nothing else."""
+    def _run(self, ins: list[tuple[memoryview, memoryview]],
+             outs: list[tuple[memoryview, memoryview]], r0: int, r1: int) -> None:
+        """The per-frame loop over rows ``r0 .. r1 - 1`` of the states ``ins`` (``(source
+        bytes, MjData field)``): set the state, ``mj_kinematics``, copy each field of
+        ``outs`` (``(destination bytes from row r0, MjData field)``); nothing else."""
         m, d, kin = self.model, self.data, mujoco.mj_kinematics
-        q = d.qpos
-        pairs = [(copies[name], getattr(d, name)) for name in copies]
-        if mocap_pos is None and len(pairs) == 1:  # the common case, kept lean
-            (dst, src), = pairs
-            for j, i in enumerate(rows.tolist()):
-                q[:] = qpos[i]
+        if len(ins) == 1 and len(outs) == 1:  # the common case, kept lean
+            (src, q), = ins
+            (dst, x), = outs
+            a, b = q.nbytes, x.nbytes
+            for i, j in zip(range(r0 * a, r1 * a, a), range(0, (r1 - r0) * b, b)):
+                q[:] = src[i:i + a]
                 kin(m, d)
-                dst[j] = src
+                dst[j:j + b] = x
             return
-        mp, mq = d.mocap_pos, d.mocap_quat
-        for j, i in enumerate(rows.tolist()):
-            q[:] = qpos[i]
-            if mocap_pos is not None:
-                mp[:] = mocap_pos[i]
-                mq[:] = mocap_quat[i]  # type: ignore[index]
+        for i in range(r0, r1):
+            for src, state in ins:
+                state[:] = src[i * state.nbytes:(i + 1) * state.nbytes]
             kin(m, d)
-            for dst, src in pairs:
-                dst[j] = src
+            for dst, out in outs:
+                dst[(i - r0) * out.nbytes:(i - r0 + 1) * out.nbytes] = out
 
     def _orientation(self, xquat: np.ndarray) -> np.ndarray:
         """``(n, K, 4)``: each keypoint's body orientation, times its site's quaternion."""
-        quats = xquat[:, self._keypoints.body_ids]
+        quats = xquat.take(self._keypoints.body_ids, axis=1)
         turned = np.flatnonzero((self._keypoints.quats != [1.0, 0.0, 0.0, 0.0]).any(axis=1))
         if turned.size:
             product = quat_mul(quats[:, turned], self._keypoints.quats[turned])
