@@ -347,29 +347,13 @@ def keypoint_labels(
     """
     import xarray as xr
 
+    from flyarchive.query.dofs import matching
+
     labels = [str(v) for v in (data["keypoint"].values
                                if isinstance(data, (xr.Dataset, xr.DataArray)) else data)]
-    wanted = {"leg": _as_set(leg), "segment": _as_set(segment), "fly": _as_set(fly)}
     names = [n for n in map(KeypointName.parse, labels) if n is not None]
-    found = [n.label for n in names
-             if all(want is None or getattr(n, key) in want for key, want in wanted.items())]
-    if not found:
-        asked = ", ".join(f"{k}={v!r}" for k, v in (("leg", leg), ("segment", segment),
-                                                    ("fly", fly)) if v is not None)
-
-        def values(key: str) -> str:
-            return ", ".join(sorted({getattr(n, key) for n in names})) or "none"
-
-        raise SelectionError(
-            f"No keypoint matches {asked or 'the selection'}. Of {len(labels)} keypoints, "
-            f"{len(names)} are named as flygym names bodies ({{fly}}/{{leg}}_{{segment}}); they "
-            f"have legs {values('leg')}; segments {values('segment')}; flies {values('fly')}."
-        )
-    return found
-
-
-def _as_set(value: str | Iterable[str] | None) -> set[str] | None:
-    return None if value is None else {v.lower() for v in _names(value)}
+    return matching(labels, names, {"leg": leg, "segment": segment, "fly": fly}, "keypoint",
+                    "as flygym names bodies ({fly}/{leg}_{segment})")
 
 
 def select_keypoints(
