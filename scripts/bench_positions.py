@@ -102,7 +102,9 @@ def cpu_rows(url: str, world: Any, frames: int, repeat: int) -> list[dict[str, A
     import flyarchive
 
     cpus = os.sched_getaffinity(0)
-    compute = lambda **kw: flyarchive.positions(url, model=world.model, stored=False).compute(**kw)  # noqa: E731
+    def compute(**kw: Any) -> Any:
+        return flyarchive.positions(url, model=world.model, stored=False).compute(**kw)
+
     rows = []
     pin_threads({min(cpus)})
     try:

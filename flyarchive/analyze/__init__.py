@@ -2,9 +2,14 @@
 sites and points fixed in bodies) for every world and frame, kept beside the archive on
 request, and gait and locomotion measures from them.
 
-- :func:`positions` (:mod:`~flyarchive.analyze.lazy`): lazy positions of an archive, on
-  the CPU (:mod:`~flyarchive.analyze.cpu_positions`, bit-exact with MuJoCo) or with
+- :func:`positions` (:mod:`~flyarchive.analyze.lazy`): lazy positions of an archive
+  (built by :mod:`~flyarchive.analyze.prepare`: window, model
+  (:mod:`~flyarchive.analyze.model`), keypoints, dask blocks running
+  :mod:`~flyarchive.analyze.blocks`), on the CPU (:mod:`~flyarchive.analyze.cpu_positions`,
+  bit-exact with MuJoCo, on the model's :mod:`~flyarchive.analyze.skeleton`) or with
   mujoco-warp (:mod:`~flyarchive.analyze.warp_positions`, Warp's CPU device or CUDA);
+  :func:`~flyarchive.analyze.warp_stream.load_positions` streams a window into host memory
+  with reading, upload, kinematics and copy-back overlapped;
 - keypoints by name, leg and segment (:mod:`~flyarchive.analyze.keypoints`);
 - :func:`keep_positions`, :func:`open_positions` (:mod:`~flyarchive.analyze.keep`):
   positions stored as a derived group, committed as recordings are;

@@ -198,13 +198,6 @@ class KeypointSet:
         """SHA-256 of :meth:`definitions` (hex): equal definitions, equal digest."""
         return hashlib.sha256(json.dumps(self.definitions(), sort_keys=True).encode()).hexdigest()
 
-    def subset(self, labels: Sequence[str]) -> "KeypointSet":
-        """The keypoints ``labels`` (all of them in this set), in that order."""
-        at = [self.labels.index(label) for label in labels]
-        return KeypointSet(tuple(self.labels[i] for i in at), tuple(self.kinds[i] for i in at),
-                           tuple(self.bodies[i] for i in at), self.body_ids[at],
-                           self.site_ids[at], self.offsets[at], self.quats[at])
-
 
 def resolve(model: mujoco.MjModel, request: KeypointRequest) -> KeypointSet:
     """The keypoints of ``request`` in ``model``.

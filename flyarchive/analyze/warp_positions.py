@@ -39,10 +39,16 @@ _ENGINES_LOCK = threading.Lock()
 
 
 @wp.kernel
-def gather_keypoints(xpos: wp.array2d(dtype=wp.vec3), site_xpos: wp.array2d(dtype=wp.vec3),  # type: ignore[valid-type]
-                     xquat: wp.array2d(dtype=wp.quat), from_site: wp.array(dtype=wp.int32),  # type: ignore[valid-type]
-                     index: wp.array(dtype=wp.int32), body: wp.array(dtype=wp.int32),  # type: ignore[valid-type]
-                     channels: wp.int32, out: wp.array3d(dtype=wp.float32)):  # type: ignore[valid-type]
+def gather_keypoints(
+    xpos: wp.array2d(dtype=wp.vec3),  # type: ignore[valid-type]
+    site_xpos: wp.array2d(dtype=wp.vec3),  # type: ignore[valid-type]
+    xquat: wp.array2d(dtype=wp.quat),  # type: ignore[valid-type]
+    from_site: wp.array(dtype=wp.int32),  # type: ignore[valid-type]
+    index: wp.array(dtype=wp.int32),  # type: ignore[valid-type]
+    body: wp.array(dtype=wp.int32),  # type: ignore[valid-type]
+    channels: wp.int32,
+    out: wp.array3d(dtype=wp.float32),  # type: ignore[valid-type]
+):
     """``out[w, k]``: keypoint ``k`` of world ``w``: a body's or a site's position, then
     (``channels == 7``) its body's quaternion, as stored (w, x, y, z)."""
     w, k = wp.tid()
