@@ -152,3 +152,21 @@ def test_the_cli_refuses_a_point_it_cannot_read(cli, archive):
 
     assert code == 2
     assert "Cannot read the point 'claw=hand'; write LABEL=BODY@X,Y,Z" in err
+
+
+@pytest.mark.parametrize(("fmt", "module", "extra"), [("movement", "movement", "movement"),
+                                                      ("nwb", "ndx_pose", "nwb")])
+def test_an_export_without_its_extra_names_the_extra_to_install(archive, tmp_path, monkeypatch,
+                                                                fmt, module, extra):
+    import importlib.util
+
+    from flyarchive.errors import MissingDependencyError
+
+    found = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda name, *a: None if name == module else found(name, *a))
+
+    with pytest.raises(MissingDependencyError, match=rf"pip install 'flyarchive\[{extra}\]'"):
+        export_poses(archive, tmp_path / "out", format=fmt, bodies="hand")
+
+    assert not (tmp_path / "out").exists()
