@@ -316,7 +316,8 @@ def _trajectories(source: Any, thorax: str, tips: Any, worlds: Any, time: Any, m
                 f"The positions have no keypoint {missing[0]!r}. Keypoints: "
                 f"{[str(k) for k in pos.keypoint.values][:12]}. Pass thorax= and tips= labels "
                 "that exist.")
-        pos = pos.sel(keypoint=[thorax, *labels])
+        if list(pos.keypoint.values) != [thorax, *labels]:  # (a selection copies)
+            pos = pos.sel(keypoint=[thorax, *labels])
         if worlds is not None or time is not None:
             pos = pos.sel(world=list(worlds) if worlds is not None else slice(None),
                           time=slice(*(time or (None, None))))

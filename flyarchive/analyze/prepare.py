@@ -81,7 +81,7 @@ def _archive(source: str | xr.Dataset, storage_options: Mapping[str, Any] | None
     if isinstance(source, xr.Dataset):
         return source, source_url(source)
     if not isinstance(source, str):
-        source = str(source)  # a pathlib.Path
+        source = str(source)  # a pathlib.Path, say
     return open_archive(source, storage_options), source
 
 

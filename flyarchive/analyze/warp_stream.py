@@ -3,8 +3,9 @@ kinematics and copy-back overlapped (:func:`load_positions`).
 
 The window's frames, flattened world by world, are cut into batches of the engine's size
 (:class:`~flyarchive.analyze.warp_positions.WarpKinematics`). Reader threads read batches
-ahead straight through zarr (:class:`flyarchive.store.StateReader`, no xarray or dask),
-masking frames past ``n_frames``. On CUDA each batch then goes
+ahead through the archive's own readers (the lazy dataset's getters, one block each,
+frames past ``n_frames`` NaN; decoding runs outside the GIL, so the threads read in
+parallel). On CUDA each batch then goes
 
     host -> pinned staging slot -> (upload stream) device slot
          -> (compute stream) Data.qpos, kinematics, keypoint gather -> device out slot
@@ -61,7 +62,7 @@ class StreamStats:
 
 
 def load_positions(
-    source: str,
+    source: str | xr.Dataset,
     bodies: str | Iterable[str] | None = None,
     sites: str | Iterable[str] | None = None,
     points: Mapping[str, PointSpec] | None = None,
@@ -83,7 +84,7 @@ def load_positions(
     reading, upload, kinematics and copy-back overlapped (see the module's docstring).
 
     Args:
-        source: The archive's URL.
+        source: The archive's URL, or its dataset from :func:`flyarchive.open_archive`.
         bodies ... backend: As :func:`flyarchive.positions`; ``backend`` ``"gpu"`` or
             ``"warp-cpu"`` (``"cpu"`` computes the lazy array).
         batch_frames: Frames per batch (default: 65,536 on CUDA, 4,096 on the CPU).
@@ -100,7 +101,7 @@ def load_positions(
 
     check_backend(backend)
     request = KeypointRequest.of(bodies, sites, points, leg=leg, segment=segment, fly=fly)
-    prepared = prepare(str(source), request, worlds=worlds, time=time, model=model,
+    prepared = prepare(source, request, worlds=worlds, time=time, model=model,
                        storage_options=storage_options)
     if backend == "cpu":
         from flyarchive.analyze.prepare import lazy_positions
@@ -113,19 +114,23 @@ def load_positions(
     return as_positions(prepared, values, orientations, backend)
 
 
+def _concatenate(pieces: list[Any]) -> Any:
+    import dask.array as da
+
+    return da.concatenate(pieces) if isinstance(pieces[0], da.Array) else np.concatenate(pieces)
+
+
 class _Stream:
     """One run of the pipeline (see the module's docstring)."""
 
     def __init__(self, prepared: Prepared, orientations: bool, backend: str,
                  batch: int | None, readers: int, stats: StreamStats) -> None:
         from flyarchive.analyze.warp_positions import WarpKinematics, device_of, wp
-        from flyarchive.store import StateReader
 
         started = clock.perf_counter()
         self.wp, self.prepared, self.stats, self.readers = wp, prepared, stats, readers
         self.engine = WarpKinematics(prepared.model.model, prepared.keypoints, orientations,
                                      device=device_of(backend), batch=batch)
-        self.reader = StateReader(str(prepared.url), prepared.storage_options)
         self.cuda = bool(self.engine.device.is_cuda)
         self.n_time = prepared.frames[1] - prepared.frames[0]
         self.n_rows = len(prepared.world_index) * self.n_time
@@ -148,34 +153,31 @@ class _Stream:
         return slot
 
     # ------------------------------------------------------------------------- reading
-    def _pieces(self, r0: int, r1: int) -> list[tuple[int, int, int]]:
-        """``(archive world index, start, stop)`` frame ranges of rows ``[r0, r1)``."""
-        start, pieces = self.prepared.frames[0], []
-        row = r0
-        while row < r1:
-            w, t = divmod(row, self.n_time)
-            take = min(self.n_time - t, r1 - row)
-            pieces.append((int(self.prepared.world_index[w]), start + t, start + t + take))
-            row += take
-        return pieces
-
     def _read(self, r0: int, r1: int) -> tuple[dict[str, np.ndarray], float]:
-        """The state of rows ``[r0, r1)``, float32, NaN past each world's ``n_frames``."""
+        """The state of rows ``[r0, r1)`` (NaN past each world's ``n_frames``), read in
+        this thread through the archive's readers (decoding runs outside the GIL)."""
         began = clock.perf_counter()
-        pieces = self._pieces(r0, r1)
-        qpos, mocap_pos, mocap_quat = self.reader.read(pieces, dtype=np.float32)
-        committed = self.prepared.ds.n_frames.values
-        row = 0
-        index = {int(w): i for i, w in enumerate(self.prepared.world_index)}
-        for world, a, b in pieces:
-            past = max(a, min(b, int(committed[index[world]])))
-            for array in (qpos, mocap_pos, mocap_quat):
-                if array is not None and past < b:
-                    array[row + past - a:row + b - a] = np.nan
-            row += b - a
-        state = {"qpos": qpos}
-        if mocap_pos is not None and self.engine.nmocap:
-            state.update(mocap_pos=mocap_pos, mocap_quat=mocap_quat)
+        ds = self.prepared.ds
+        names = ["qpos"] + (["mocap_pos", "mocap_quat"] if self.engine.nmocap else [])
+        state = {}
+        for name in names:
+            data = ds[name].data
+            pieces = []
+            row = r0
+            while row < r1:  # whole worlds at once where the batch holds them
+                w, t = divmod(row, self.n_time)
+                if t == 0 and r1 - row >= self.n_time:
+                    take = (r1 - row) // self.n_time
+                    part = data[w:w + take]
+                    row += take * self.n_time
+                else:
+                    stop = min(self.n_time, t + r1 - row)
+                    part = data[w:w + 1, t:stop]
+                    row += stop - t
+                pieces.append(part.reshape((-1, *data.shape[2:])))
+            block = pieces[0] if len(pieces) == 1 else _concatenate(pieces)
+            state[name] = np.asarray(block.compute(scheduler="synchronous")
+                                     if hasattr(block, "compute") else block)
         return state, clock.perf_counter() - began
 
     # ------------------------------------------------------------------------- the run
