@@ -59,6 +59,7 @@ _LAZY = {
     "read_trajectories": "flyarchive.record.trajectories",
     "add_world_vars": "flyarchive.store.world_vars",
     "positions": "flyarchive.analyze",
+    "load_positions": "flyarchive.analyze",
     "keep_positions": "flyarchive.analyze",
     "open_positions": "flyarchive.analyze",
     "gait_summary": "flyarchive.analyze",

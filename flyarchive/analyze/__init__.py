@@ -23,6 +23,7 @@ from flyarchive.analyze.gait import GaitParams, gait_summary
 from flyarchive.analyze.keep import keep_positions, open_positions
 from flyarchive.analyze.keypoints import keypoint_labels, select_keypoints, tarsus_tips
 from flyarchive.analyze.lazy import positions
+from flyarchive.analyze.warp_stream import StreamStats, load_positions
 
-__all__ = ["positions", "keep_positions", "open_positions", "gait_summary", "GaitParams",
-           "keypoint_labels", "select_keypoints", "tarsus_tips"]
+__all__ = ["positions", "load_positions", "StreamStats", "keep_positions", "open_positions",
+           "gait_summary", "GaitParams", "keypoint_labels", "select_keypoints", "tarsus_tips"]

@@ -183,6 +183,8 @@ class _Stream:
     # ------------------------------------------------------------------------- the run
     def run(self) -> np.ndarray:
         batch = self.engine.batch
+        if 0 < self.n_time <= batch:  # whole worlds per batch: each read is one block
+            batch -= batch % self.n_time
         bounds = [(r0, min(self.n_rows, r0 + batch)) for r0 in range(0, self.n_rows, batch)]
         result = np.empty((self.n_rows, self.width), dtype=np.float32)
         started = clock.perf_counter()
