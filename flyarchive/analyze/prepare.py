@@ -9,7 +9,6 @@ bytes once (one object every worker fetches once), the keypoint definitions and 
 function: no state travels.
 """
 
-
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
@@ -17,9 +16,9 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from flyarchive.analyze.blocks import BACKENDS, kinematics_block
 from flyarchive.analyze.keypoints import KeypointRequest, KeypointSet, resolve
 from flyarchive.analyze.model import AnalysisModel, analysis_model
-from flyarchive.analyze.blocks import BACKENDS, kinematics_block
 from flyarchive.errors import OptionsError
 
 if TYPE_CHECKING:
@@ -41,19 +40,13 @@ class Prepared:
         url: Its URL; None when only a dataset was given and its URL is unknown.
         model: The checked model (:class:`~flyarchive.analyze.model.AnalysisModel`).
         keypoints: Resolved in the model.
-        world_index: ``(W,)`` the window's worlds as indices into ``ds`` as given (the
-            archive's, when opened from a URL here).
-        frames: ``(start, stop)`` the window's frames, indices into the same.
+        storage_options: Of the archive's URL.
     """
 
     def __init__(self, ds: xr.Dataset, url: str | None, model: AnalysisModel,
-                 keypoints: KeypointSet, storage_options: Mapping[str, Any] | None, *,
-                 world_index: np.ndarray | None = None,
-                 frames: tuple[int, int] | None = None) -> None:
+                 keypoints: KeypointSet, storage_options: Mapping[str, Any] | None) -> None:
         self.ds, self.url, self.model, self.keypoints = ds, url, model, keypoints
         self.storage_options = storage_options
-        self.world_index = np.arange(ds.sizes["world"]) if world_index is None else world_index
-        self.frames = (0, int(ds.sizes["time"])) if frames is None else frames
 
 
 def prepare(source: str | xr.Dataset, request: KeypointRequest, *,
@@ -64,12 +57,10 @@ def prepare(source: str | xr.Dataset, request: KeypointRequest, *,
     """Open (or take) the archive, cut it to the window, find the model, resolve the
     keypoints. Raises as :func:`positions` does."""
     ds, url = _archive(source, storage_options)
-    index, frames = window(ds, worlds, time)
+    ds = window(ds, worlds, time)
     checked = analysis_model(ds.attrs["layout"], url=url, model=model,
                              storage_options=storage_options)
-    cut = ds if index is None else ds.isel(world=index, time=slice(*frames))
-    return Prepared(cut, url, checked, resolve(checked.model, request), storage_options,
-                    world_index=index, frames=frames)
+    return Prepared(ds, url, checked, resolve(checked.model, request), storage_options)
 
 
 def _archive(source: str | xr.Dataset, storage_options: Mapping[str, Any] | None
@@ -116,18 +107,17 @@ def source_url(ds: xr.Dataset) -> str | None:
 
 
 def window(ds: xr.Dataset, worlds: Sequence[int] | None,
-           time: tuple[float | None, float | None] | None
-           ) -> tuple[np.ndarray | None, tuple[int, int] | None]:
-    """The worlds (indices) and frames ``(start, stop)`` of a selection, checked
-    (:func:`flyarchive.query.frames.select_frames`); ``(None, None)`` for all of ``ds``.
-    Worlds without frames are kept only when no selection is made."""
+           time: tuple[float | None, float | None] | None) -> xr.Dataset:
+    """``ds`` cut to the worlds and the frames of a time window, checked
+    (:func:`flyarchive.query.frames.select_frames`). Worlds without frames are kept only
+    when no selection is made."""
     if worlds is None and time is None:
-        return None, None
+        return ds
     from flyarchive.query.frames import select_frames
 
     jobs = select_frames(ds, worlds, time)
     start, stop = min(j.start for j in jobs), max(j.stop for j in jobs)
-    return np.array([j.world_index for j in jobs]), (start, stop)
+    return ds.isel(world=[j.world_index for j in jobs], time=slice(start, stop))
 
 
 def check_backend(backend: str) -> str:

@@ -132,8 +132,8 @@ class _Stream:
         self.engine = WarpKinematics(prepared.model.model, prepared.keypoints, orientations,
                                      device=device_of(backend), batch=batch)
         self.cuda = bool(self.engine.device.is_cuda)
-        self.n_time = prepared.frames[1] - prepared.frames[0]
-        self.n_rows = len(prepared.world_index) * self.n_time
+        self.n_time, self.n_worlds = int(prepared.ds.sizes["time"]), int(prepared.ds.sizes["world"])
+        self.n_rows = self.n_worlds * self.n_time
         self.width = len(prepared.keypoints) * self.engine.channels
         self._slots = [self._slot() for _ in range(2 if self.cuda else 1)]
         stats.setup_seconds = clock.perf_counter() - started
@@ -209,8 +209,7 @@ class _Stream:
         if self.engine.channels == 7:
             view = result.reshape(self.n_rows, -1, 7)
             view[..., 3:] = self.engine.turn(view[..., 3:])
-        n_worlds = len(self.prepared.world_index)
-        return result.reshape(n_worlds, self.n_time, -1, self.engine.channels)
+        return result.reshape(self.n_worlds, self.n_time, -1, self.engine.channels)
 
     def _queue(self, slot: dict[str, Any], state: dict[str, np.ndarray], n: int) -> None:
         """Queue batch ``state`` (``n`` rows) through ``slot``: upload, kinematics,
