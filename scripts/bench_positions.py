@@ -138,11 +138,19 @@ def dask_rows(url: str, world: Any, workers: int) -> list[dict[str, Any]]:
 
     rows = []
     for n in sorted({1, workers}):
-        with LocalCluster(n_workers=n, threads_per_worker=1, processes=True,
-                          dashboard_address=None) as cluster, Client(cluster):
+        cluster = LocalCluster(n_workers=n, threads_per_worker=1, processes=True,
+                               dashboard_address=None)
+        client = Client(cluster)
+        try:
             lazy = flyarchive.positions(url, model=world.model, stored=False).max("time")
             lazy.compute()  # warm-up: every worker imports, loads the model, connects
             seconds, _ = best(lambda: lazy.compute(), 2)
+        finally:
+            client.close()
+            try:
+                cluster.close(timeout=60)  # a busy machine stops workers slowly
+            except TimeoutError:
+                print(f"the cluster of {n} worker(s) did not stop within 60 s", flush=True)
         frames = lazy.shape[0] * flyarchive.open_archive(url).sizes["time"]
         rows.append({"row": f"Dask {n} worker{'s' if n > 1 else ''}", "cores": n, "s": seconds,
                      "frames_per_s": frames / seconds})
