@@ -580,6 +580,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--dof", action="append", help="dof label (repeatable; default: a few)")
     p.add_argument("--out", required=True, help="PNG path")
     storage(p)
+    from flyarchive.cli_analyze import CliTools, add_commands
+
+    add_commands(add, storage, CliTools(parse_worlds, parse_time, _storage_options))
     p = add("demo", cmd_demo, "Simulate walking NeuroMechFly worlds, record, verify, render.")
     p.add_argument("--out", default="demo-out", help="output folder (default demo-out)")
     p.add_argument("--worlds", type=int, default=4)

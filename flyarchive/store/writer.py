@@ -99,6 +99,9 @@ class ArchiveWriter:
     ``takeover=True``.
     """
 
+    #: The state arrays it writes (those of them the archive has), the first one always.
+    STATE: tuple[str, ...] = tuple(STATE_VARS)
+
     def __init__(
         self, group: zarr.Group, url: str, layout: ModelLayout,
         block: tuple[int, int] | None = None, *, claim: tuple[list[str], str] | None = None,
@@ -106,11 +109,11 @@ class ArchiveWriter:
         self._group = group
         self.url = url
         self.layout = layout
-        self._state = [n for n in STATE_VARS if n in group]
+        self._state = [n for n in self.STATE if n in group]
         # Archives written before flyarchive stored sim_time and frame have only time.
         self._times = ["time"] + [n for n in TIME_COORDS if n in group]
         check_commits(group, url, self._state)
-        qpos = group["qpos"]
+        qpos = group[self._state[0]]
         self.chunk_frames: int = int(qpos.chunks[1])
         self.dtype = qpos.dtype
         self.block = block
