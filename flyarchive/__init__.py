@@ -3,7 +3,7 @@
 The public API (every name in ``__all__``: what the README uses, and more) is
 re-exported here, following the data flow:
 
-    record -> store -> query -> replay -> video -> distribute
+    record -> store -> query -> analyze -> replay -> video -> distribute
 
 Lower-level parts (the store's writer and reader, render plans and tasks) live in their
 stage packages, whose ``__init__`` lists their modules. Heavy optional parts
@@ -53,11 +53,22 @@ _LAZY = {
     "export_npz": "flyarchive.interop.flygym_npz",
     "verify": "flyarchive.store.integrity",
     "VerifyReport": "flyarchive.store.integrity",
-    "load_model": "flyarchive.models",
+    "load_model": "flyarchive.store.models",
     "save_mjb": "flyarchive.models",
     "set_trajectory_recorder": "flyarchive.interop.flygym_sim",
     "read_trajectories": "flyarchive.record.trajectories",
     "add_world_vars": "flyarchive.store.world_vars",
+    "positions": "flyarchive.analyze",
+    "load_positions": "flyarchive.analyze",
+    "keep_positions": "flyarchive.analyze",
+    "open_positions": "flyarchive.analyze",
+    "gait_summary": "flyarchive.analyze",
+    "GaitParams": "flyarchive.analyze",
+    "select_keypoints": "flyarchive.analyze",
+    "keypoint_labels": "flyarchive.analyze",
+    "tarsus_tips": "flyarchive.analyze",
+    "to_movement": "flyarchive.interop.poses",
+    "export_poses": "flyarchive.interop.poses",
 }
 
 __all__ = [*_errors_all, *_LAZY]

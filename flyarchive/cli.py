@@ -20,37 +20,82 @@ __all__ = ["main", "parse_worlds", "parse_time", "parse_size", "parse_world_var"
 MAX_WORLDS = 1_000_000
 
 
-def parse_worlds(text: str, *, limit: int = MAX_WORLDS) -> list[int]:
-    """``"0,3,10-20"`` -> ``[0, 3, 10, ..., 20]``.
+def parse_worlds(text: str, *, limit: int = MAX_WORLDS,
+                 ids: Sequence[int] | None = None) -> list[int]:
+    """``"0,3,10-20"`` -> ``[0, 3, 10, ..., 20]``; ``"512-"`` (an open range) -> the ids of
+    ``ids`` (the archive's) from 512 on.
 
     Raises:
-        SelectionError: unreadable text, a range whose end is before its start, an empty
-            selection, or more than ``limit`` ids (checked before any range is expanded).
+        SelectionError: unreadable text, a range whose end is before its start, an open
+            range without ``ids`` or that selects none of them, a world named twice, an
+            empty selection, or more than ``limit`` ids (checked before any range is
+            expanded).
     """
-    bounds: list[tuple[int, int]] = []
+    bounds: list[tuple[int, int | None]] = []
     try:
         for part in text.split(","):
-            lo, _, hi = part.strip().partition("-")
-            bounds.append((int(lo), int(hi) if hi else int(lo)))
+            lo, sep, hi = part.strip().partition("-")
+            bounds.append((int(lo), int(hi) if hi else None if sep else int(lo)))
     except ValueError:
         raise SelectionError(
-            f"Cannot read worlds {text!r}; write ids and ranges like '0,3,10-20'."
+            f"Cannot read worlds {text!r}; write ids and ranges like '0,3,10-20' (or '512-' "
+            "for every world from 512 on)."
         ) from None
-    backwards = [f"{lo}-{hi}" for lo, hi in bounds if hi < lo]
+    closed = [(lo, hi) for lo, hi in bounds if hi is not None]
+    backwards = [f"{lo}-{hi}" for lo, hi in closed if hi < lo]
     if backwards:
         raise SelectionError(
             f"The world range {backwards[0]!r} in {text!r} ends before it starts; write START-END."
         )
-    count = sum(hi - lo + 1 for lo, hi in bounds)
+    count = sum(hi - lo + 1 for lo, hi in closed)
     if count > limit:
         raise SelectionError(
             f"The world selection {text!r} names {count:,} worlds; at most {limit:,} can be "
             "selected at once. Select fewer, or leave --worlds out to take every world."
         )
-    worlds = [w for lo, hi in bounds for w in range(lo, hi + 1)]
+    worlds: list[int] = []
+    for lo, hi in bounds:
+        worlds += range(lo, hi + 1) if hi is not None else _open_range(text, lo, ids)
     if not worlds:
         raise SelectionError(f"The world selection {text!r} is empty.")
+    if len(set(worlds)) < len(worlds):
+        from collections import Counter
+
+        twice = sorted(w for w, n in Counter(worlds).items() if n > 1)
+        raise SelectionError(
+            f"The world selection {text!r} names world(s) {twice[:10]} more than once; name "
+            "each world once."
+        )
     return worlds
+
+
+def _open_range(text: str, lo: int, ids: Sequence[int] | None) -> list[int]:
+    """The archive's world ids from ``lo`` on (``--worlds 512-``), in the archive's order."""
+    if ids is None:
+        raise SelectionError(
+            f"The world selection {text!r} has an open range ('{lo}-'), which needs the "
+            "archive's world ids; write START-END instead."
+        )
+    found = [int(w) for w in ids if int(w) >= lo]
+    if not found:
+        raise SelectionError(
+            f"The world range '{lo}-' in {text!r} selects no world: the archive's largest "
+            f"world id is {max((int(w) for w in ids), default=None)}."
+        )
+    return found
+
+
+def _worlds(args: argparse.Namespace, storage_options: dict[str, Any] | None) -> list[int] | None:
+    """``--worlds`` of a command on ``args.url``; the archive's world ids are read (its
+    header) only for an open range such as ``512-``."""
+    if not args.worlds:
+        return None
+    ids = None
+    if any(part.strip().endswith("-") for part in args.worlds.split(",")):
+        from flyarchive.query.archive import open_header
+
+        ids = [int(w) for w in open_header(_path(args.url), storage_options).world.values]
+    return parse_worlds(args.worlds, ids=ids)
 
 
 def _path(text: str) -> str:
@@ -59,16 +104,21 @@ def _path(text: str) -> str:
 
 
 def parse_time(text: str) -> tuple[float | None, float | None]:
-    """``"0.5:2.0"`` -> ``(0.5, 2.0)``; either side may be empty."""
+    """``"0.5:2.0"`` -> ``(0.5, 2.0)``; either side may be empty (open), or ``inf``."""
     lo, sep, hi = text.partition(":")
     try:
         if not sep:
             raise ValueError
-        return (float(lo) if lo else None, float(hi) if hi else None)
+        window = (float(lo) if lo.strip() else None, float(hi) if hi.strip() else None)
     except ValueError:
+        window = None
+    nan = window is not None and any(side is not None and side != side for side in window)
+    if window is None or nan:
         raise SelectionError(
-            f"Cannot read time window {text!r}; write START:END in seconds, e.g. '0.5:2.0' or '1:'."
-        ) from None
+            f"Cannot read time window {text!r}{': NaN is no time' if nan else ''}; write "
+            "START:END in seconds, e.g. '0.5:2.0' or '1:' (an empty side is open)."
+        )
+    return window
 
 
 def parse_gpus(text: str) -> list[int]:
@@ -116,14 +166,11 @@ def cmd_info(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(info, indent=2))
     else:
-        from flyarchive.summary import describe_model
+        from flyarchive.summary import summary_lines
 
-        width = max(len(k) for k in info)
-        for key, value in info.items():
-            if key == "model":
-                value = describe_model(value)
-            elif key == "world_vars":
-                value = ", ".join(value) or "none"
+        lines = summary_lines(info)
+        width = max(len(k) for k in lines)
+        for key, value in lines.items():
             print(f"{key:<{width}}  {value}")
     return 0
 
@@ -140,7 +187,8 @@ def cmd_import_npz(args: argparse.Namespace) -> int:
     url = import_npz(files, _path(args.to), model,
                      mode="w" if args.overwrite else "w-", resume=args.resume,
                      renumber=args.renumber, storage_options=_storage_options(args.storage_options),
-                     codec=args.codec, store_model=not args.no_store_model)
+                     codec=args.codec, store_model=not args.no_store_model,
+                     takeover=args.takeover)
     print(f"imported {len(files)} file(s) into {url}")
     return 0
 
@@ -148,10 +196,11 @@ def cmd_import_npz(args: argparse.Namespace) -> int:
 def cmd_export_npz(args: argparse.Namespace) -> int:
     from flyarchive.interop.flygym_npz import export_npz
 
-    worlds = parse_worlds(args.worlds) if args.worlds else None
+    storage_options = _storage_options(args.storage_options)
+    worlds = _worlds(args, storage_options)
     out = _path(args.to)
     done = export_npz(_path(args.url), out, worlds=worlds, overwrite=args.overwrite,
-                      storage_options=_storage_options(args.storage_options),
+                      storage_options=storage_options,
                       out_storage_options=_storage_options(args.out_storage_options))
     print(f"wrote {len(done.files)} file(s) to {out}")
     if done.skipped:
@@ -184,8 +233,34 @@ def cmd_render(args: argparse.Namespace) -> int:
     from flyarchive.config import set_verbose
 
     set_verbose(args.verbose)  # Warp's logs, here and in local Dask workers
-    with _early_cluster(args):
+    with _sigterm_stops(), _early_cluster(args):
         return _render(args)
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM arrived (``kill PID``, a scheduler's stop): the command stops as on Ctrl-C,
+    keeping what it finished."""
+
+
+@contextlib.contextmanager
+def _sigterm_stops() -> Any:
+    """While inside, SIGTERM raises :class:`Terminated` in the main thread (a render stops
+    as on Ctrl-C: finished videos and their manifest entries are kept, partial files go)."""
+    import signal
+    import threading
+
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def stop(signum: int, frame: Any) -> None:
+        raise Terminated()
+
+    previous = signal.signal(signal.SIGTERM, stop)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 def _early_cluster(args: argparse.Namespace) -> contextlib.AbstractContextManager[None]:
@@ -227,7 +302,7 @@ def _render(args: argparse.Namespace) -> int:
     written = render_videos(
         _path(args.url), load_model(_path(args.model)) if args.model else None, args.camera,
         _path(args.out),
-        worlds=parse_worlds(args.worlds) if args.worlds else None,
+        worlds=_worlds(args, storage_options),
         time=parse_time(args.time) if args.time else None,
         where=where, pad=args.pad,
         options=RenderOptions(size=parse_size(args.size), backend=args.backend,
@@ -237,8 +312,12 @@ def _render(args: argparse.Namespace) -> int:
         scheduler=args.scheduler, n_workers=args.workers,
         storage_options=storage_options,
         gpus=parse_gpus(args.gpus) if args.gpus is not None else None,
+        resume=args.resume,
     )
-    print(f"wrote {len(written.videos)} video(s) and {written.manifest}")
+    kept = f", kept {written.kept} finished before" if written.kept else ""
+    print(f"wrote {len(written.videos) - written.kept} video(s){kept} and {written.manifest}")
+    for note in written.notes:
+        print(f"note: {note}")
     return 0
 
 
@@ -269,11 +348,13 @@ def parse_world_var(text: str) -> tuple[str, Any]:
     """``"success=1,0,1"`` -> ``("success", array([1, 0, 1]))``.
 
     Values: comma-separated numbers (all whole numbers: int64; else float64, ``nan``
-    allowed) or ``true`` / ``false`` (bool); or ``@file.npy`` / ``@file.json`` (a list).
+    allowed), ``true`` / ``false`` (bool), or text when no value is a number
+    (``genotype=wt,mutA``: str); or ``@file.npy`` / ``@file.json`` (a list, e.g. of
+    strings for text that looks like numbers).
 
     Raises:
-        OptionsError: no ``=``, an empty name, a value that is not a number (or mixes
-            true/false with numbers), or a file that cannot be read.
+        OptionsError: no ``=``, an empty name, numbers mixed with values that are not
+            numbers (or with true/false), or a file that cannot be read.
     """
     import numpy as np
 
@@ -281,20 +362,27 @@ def parse_world_var(text: str) -> tuple[str, Any]:
 
     name, sep, rhs = text.partition("=")
     name, rhs = name.strip(), rhs.strip()
-    how = ("write NAME=V1,V2,... with one value per world (e.g. success=1,0,1 or "
-           "ok=true,false,true), or NAME=@values.npy / NAME=@values.json")
+    how = ("write NAME=V1,V2,... with one value per world (e.g. success=1,0,1, "
+           "ok=true,false,true or genotype=wt,mutA,wt), or NAME=@values.npy / NAME=@values.json")
     if not sep or not name or not rhs:
         raise OptionsError(f"Cannot read the world variable {text!r}; {how}.")
     if rhs.startswith("@"):
         return name, _values_file(name, _path(rhs[1:]), how)
     items = [item.strip() for item in rhs.split(",")]
+    if "" in items:
+        raise OptionsError(
+            f"Cannot read the world variable {text!r}: value {items.index('') + 1} is empty; "
+            f"{how}.")
     if all(item.lower() in ("true", "false") for item in items):
         return name, np.array([item.lower() == "true" for item in items])
     bad = [item for item in items if _number(item) is None or item.lower() in ("true", "false")]
+    if len(bad) == len(items):  # no number: text
+        return name, np.array(items, dtype=str)
     if bad:
         raise OptionsError(
-            f"Cannot read the world variable {text!r}: {bad[0]!r} is not a number (true/false "
-            f"only when every value is one); {how}.")
+            f"Cannot read the world variable {text!r}: {bad[0]!r} is not a number, and other "
+            "values are (true/false only when every value is one; text only when no value is "
+            f"a number: for text that looks like numbers use @values.json); {how}.")
     try:
         return name, np.array([int(item) for item in items], dtype=np.int64)
     except ValueError:
@@ -322,7 +410,8 @@ def cmd_set_world_var(args: argparse.Namespace) -> int:
 
     variables = dict(parse_world_var(text) for text in args.assignments)
     names = add_world_vars(_path(args.url), variables, overwrite=args.overwrite,
-                           storage_options=_storage_options(args.storage_options))
+                           storage_options=_storage_options(args.storage_options),
+                           takeover=args.takeover)
     print(f"set {', '.join(names)} in {args.url}")
     return 0
 
@@ -356,6 +445,20 @@ def cmd_demo(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_view(args: argparse.Namespace) -> int:
+    try:
+        from flyarchive.view.app import run_view
+    except ImportError as err:
+        if err.name != "aiohttp":
+            raise
+        from flyarchive.errors import missing_dependency
+
+        raise missing_dependency("aiohttp", "view", "flyarchive view") from None
+    return run_view(_path(args.url), storage_options=_storage_options(args.storage_options),
+                    model_path=_path(args.model) if args.model else None, host=args.host,
+                    port=args.port, out=_path(args.out), backend=args.backend)
+
+
 def _crf(text: str) -> int:
     if not text.isdigit() or not 0 <= int(text) <= 51:
         raise argparse.ArgumentTypeError(f"{text!r} is not an integer from 0 to 51")
@@ -377,6 +480,12 @@ def build_parser() -> argparse.ArgumentParser:
     def storage(p: argparse.ArgumentParser) -> None:
         p.add_argument("--storage-options", help="fsspec options as JSON, e.g. S3 endpoint_url")
 
+    def takeover(p: argparse.ArgumentParser) -> None:
+        p.add_argument("--takeover", action="store_true",
+                       help="take over the writer claim that a crashed writer left on the "
+                            "archive (one that died on this host is taken over without it); "
+                            "never while that writer still runs")
+
     p = add("info", cmd_info, "Summarize an archive.")
     p.add_argument("url")
     p.add_argument("--json", action="store_true", help="print JSON")
@@ -394,11 +503,13 @@ def build_parser() -> argparse.ArgumentParser:
                         "world_id 0); the files' ids are kept as 'original_world_id'")
     p.add_argument("--no-store-model", action="store_true",
                    help="do not keep the model beside the archive (render then needs --model)")
+    takeover(p)
     storage(p)
     p = add("export-npz", cmd_export_npz, "Export worlds as flygym .npz files.")
     p.add_argument("url")
     p.add_argument("--to", required=True, help="output folder or fsspec URL (e.g. s3://lab/npz)")
-    p.add_argument("--worlds", help="e.g. 0,3,10-20 (default all)")
+    p.add_argument("--worlds", help="e.g. 0,3,10-20, or 512- for every world from 512 on "
+                   "(default all)")
     p.add_argument("--overwrite", action="store_true")
     storage(p)
     p.add_argument("--out-storage-options",
@@ -411,7 +522,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--model", help="MJCF .xml or compiled .mjb (default: the model kept in "
                    "the archive when it was recorded)")
     p.add_argument("--camera", action="append", required=True, help="camera name (repeatable)")
-    p.add_argument("--worlds", help="e.g. 0,3,10-20 (default all)")
+    p.add_argument("--worlds", help="e.g. 0,3,10-20, or 512- for every world from 512 on "
+                   "(default all)")
     p.add_argument("--time", help="START:END seconds of simulated time")
     p.add_argument("--where-world-var", action="append", metavar="NAME=VALUE",
                    help="only worlds whose world variable holds: NAME=VALUE, or with != > >= "
@@ -446,7 +558,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--overlay", metavar="time,world,speed,VAR",
                    help="text burnt into the frames: time, world, speed and per-world "
                         "variables (default none)")
-    p.add_argument("--overwrite", action="store_true")
+    p.add_argument("--overwrite", action="store_true", help="replace existing videos")
+    p.add_argument("--resume", action="store_true",
+                   help="continue a render into --out that stopped (Ctrl-C, a kill): keep the "
+                        "finished videos its manifest lists, render the rest")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.add_argument("--verbose", action="store_true", help="show Warp's initialization and "
                    "kernel-loading messages (hidden by default)")
@@ -459,10 +574,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("url")
     p.add_argument("assignments", nargs="+", metavar="NAME=VALUES",
                    help="one value per world in the archive's world order: success=1,0,1, "
-                        "ok=true,false, reward=0.5,1e-3 (int, float or bool), or "
-                        "NAME=@values.npy / NAME=@values.json")
+                        "ok=true,false, reward=0.5,1e-3, genotype=wt,mutA (int, float, bool "
+                        "or text), or NAME=@values.npy / NAME=@values.json")
     p.add_argument("--overwrite", action="store_true",
                    help="replace variables of these names (keeping their dtype)")
+    takeover(p)
     storage(p)
     p = add("plot", cmd_plot, "Plot joint traces of one world to a PNG.")
     p.add_argument("url")
@@ -470,6 +586,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--dof", action="append", help="dof label (repeatable; default: a few)")
     p.add_argument("--out", required=True, help="PNG path")
     storage(p)
+    from flyarchive.cli_analyze import CliTools, add_commands
+
+    add_commands(add, storage, CliTools(parse_worlds, parse_time, _storage_options))
     p = add("demo", cmd_demo, "Simulate walking NeuroMechFly worlds, record, verify, render.")
     p.add_argument("--out", default="demo-out", help="output folder (default demo-out)")
     p.add_argument("--worlds", type=int, default=4)
@@ -477,6 +596,20 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--workers", type=int, help="render worker processes (default: one per core)")
     p.add_argument("--no-render", action="store_true")
     p.add_argument("--overwrite", action="store_true", help="replace an earlier demo's output")
+    p = add("view", cmd_view, "Browse, filter and watch the worlds of an archive in the browser.")
+    p.add_argument("url")
+    p.add_argument("--model", help="MJCF .xml or compiled .mjb (default: the model kept in the "
+                   "archive; without one: table and traces only)")
+    p.add_argument("--host", default="127.0.0.1",
+                   help="address to serve on (default 127.0.0.1: this machine only)")
+    p.add_argument("--port", type=int, default=8750, help="port (default 8750, or a free one "
+                   "if it is taken; 0: any free port)")
+    p.add_argument("--out", default="view-videos",
+                   help="folder for the videos rendered from the page (default view-videos)")
+    p.add_argument("--backend", choices=BACKENDS,
+                   help="renderer of the page's renders (default: the fastest here: gpu, "
+                        "warp-cpu, else OpenGL)")
+    storage(p)
     return parser
 
 
@@ -501,8 +634,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``flyarchive`` command.
 
     Returns the exit status: 0 done, 1 ``verify`` found problems, 2 an error (one line
-    on stderr: ``flyarchive <command>: error: ...``), 130 interrupted (Ctrl-C). A closed
-    output pipe (``flyarchive info | head``) ends the command quietly.
+    on stderr: ``flyarchive <command>: error: ...``), 130 interrupted (Ctrl-C), 143
+    ``render`` stopped by SIGTERM. A closed output pipe (``flyarchive info | head``) ends
+    the command quietly.
     """
     args = build_parser().parse_args(argv)
     from flyarchive.store.storage_errors import client_errors
@@ -516,17 +650,24 @@ def main(argv: Sequence[str] | None = None) -> int:
         devnull = os.open(os.devnull, os.O_WRONLY)
         os.dup2(devnull, sys.stdout.fileno())
         return 1
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as stop:
         import logging
 
         # zarr's event loop may still hold the interrupted write; asyncio would report the
         # task as "destroyed but pending" at exit: noise after Ctrl-C.
         logging.getLogger("asyncio").setLevel(logging.CRITICAL)
-        _say(f"flyarchive {args.command}: interrupted")
-        return 130
-    except (FlyarchiveError, OSError, *client_errors()) as err:
+        terminated = isinstance(stop, Terminated)
+        _say(f"flyarchive {args.command}: {'terminated' if terminated else 'interrupted'}")
+        return 143 if terminated else 130
+    except (FlyarchiveError, OSError, *client_errors(), *_mujoco_errors()) as err:
         _say(f"flyarchive {args.command}: error: {_one_line(args, err)}")
         return 2
+
+
+def _mujoco_errors() -> tuple[type[BaseException], ...]:
+    """``mujoco.FatalError`` once MuJoCo is loaded: MuJoCo's own failures are one line too."""
+    mujoco = sys.modules.get("mujoco")
+    return (mujoco.FatalError,) if mujoco is not None else ()
 
 
 def _say(line: str) -> None:

@@ -20,6 +20,11 @@ value and what is allowed; unset or empty means the default.
 - ``FLYARCHIVE_WORKER`` (a switch; default off): on marks a worker process of
   flyarchive's own LocalCluster, one core each (one Mesa thread, one x264 thread);
   flyarchive sets it for its workers.
+- ``FLYARCHIVE_CACHE_DIR`` (a folder; default: unset): flyarchive's cache folder (the
+  verdicts of the checks of models read from archives, :mod:`flyarchive.store.model_check`).
+  Unset or empty: ``$XDG_CACHE_HOME/flyarchive``, or ``~/.cache/flyarchive`` when
+  ``XDG_CACHE_HOME`` is unset, empty or not an absolute path (the XDG base directory
+  specification). Tests point it at a temporary folder.
 - ``MUJOCO_GL`` (MuJoCo's own: ``egl``, ``osmesa``, ``glfw``...): the OpenGL backend.
   Unset, flyarchive's renderers use ``egl`` on Linux (no display needed), without
   setting the variable (:func:`gl_backend`).
@@ -37,6 +42,7 @@ from __future__ import annotations
 import os
 import sys
 from dataclasses import dataclass
+from pathlib import Path
 
 from flyarchive.errors import ConfigError
 
@@ -44,7 +50,7 @@ __all__ = [
     "Knob", "CpuListKnob", "KNOBS", "ENCODERS", "CPUS", "BATCHES_IN_FLIGHT", "CUDA_GRAPH",
     "VERBOSE", "WORKER", "encoders", "usable_cores", "cpus", "parse_cpu_list",
     "format_cpu_list", "batches_in_flight", "cuda_graph", "verbose", "set_verbose",
-    "is_worker", "worker_environment", "gl_backend", "check",
+    "is_worker", "worker_environment", "gl_backend", "check", "CACHE_DIR", "cache_folder",
 ]
 
 _TRUE = ("1", "true", "yes", "on")
@@ -168,6 +174,8 @@ VERBOSE = Knob("FLYARCHIVE_VERBOSE", False, None,
                "1: show Warp's initialization and kernel-loading messages")
 WORKER = Knob("FLYARCHIVE_WORKER", False, None,
               "1: a worker process of flyarchive's LocalCluster, one core each")
+#: The name of the variable that moves flyarchive's cache folder (:func:`cache_folder`).
+CACHE_DIR = "FLYARCHIVE_CACHE_DIR"
 #: Every variable, by name.
 KNOBS: dict[str, Knob] = {k.name: k for k in (ENCODERS, BATCHES_IN_FLIGHT, CUDA_GRAPH, VERBOSE,
                                                WORKER, CPUS)}
@@ -243,6 +251,18 @@ def worker_environment() -> dict[str, str]:
     if backend:
         env["MUJOCO_GL"] = backend
     return env
+
+
+def cache_folder() -> Path:
+    """flyarchive's cache folder (which may not exist yet): ``FLYARCHIVE_CACHE_DIR``, else
+    ``$XDG_CACHE_HOME/flyarchive``, else ``~/.cache/flyarchive``; ``~`` expanded, made
+    absolute."""
+    given = os.environ.get(CACHE_DIR, "").strip()
+    if given:
+        return Path(given).expanduser().absolute()
+    xdg = os.environ.get("XDG_CACHE_HOME", "").strip()
+    base = Path(xdg) if xdg and Path(xdg).is_absolute() else Path("~/.cache").expanduser()
+    return base / "flyarchive"
 
 
 def gl_backend() -> str:

@@ -78,7 +78,7 @@ def _run(nmf: Any, out: Path, url: str, n_worlds: int, seconds: float, render: b
     from flyarchive.plot import plot_traces
     from flyarchive.record.cpu import TrajectoryRecorder
     from flyarchive.store.integrity import verify
-    from flyarchive.summary import summarize
+    from flyarchive.summary import summarize, summary_lines
 
     world = nmf.build_world()
     model_path = save_mjb(world.model, out / "nmf.mjb")
@@ -91,7 +91,7 @@ def _run(nmf: Any, out: Path, url: str, n_worlds: int, seconds: float, render: b
         nmf.simulate_walk(world, n_worlds, seconds, recorder.record_as_needed)
     _say(f"recorded {recorder.n_frames} frames x {n_worlds} worlds to {url} "
          f"in {time.perf_counter() - start:.1f} s")
-    for key, value in summarize(url).items():
+    for key, value in summary_lines(summarize(url)).items():
         _say(f"  {key}: {value}")
     report = verify(url)
     _say(f"verify: {'OK' if report.ok else 'FAILED'} ({report.frames_checked} frames read)")
@@ -124,6 +124,8 @@ def _run(nmf: Any, out: Path, url: str, n_worlds: int, seconds: float, render: b
                                                where)
     _say(f"replay again with: flyarchive render {url} --model {model_path} "
          f"--camera {world.cameras[0]} --out {out / 'videos'} --overwrite")
+    _say(f"browse and watch the worlds in the browser: flyarchive view {url} "
+         f"--out {out / 'view-videos'}")
     return result
 
 

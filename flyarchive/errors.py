@@ -4,10 +4,13 @@ Every error is also a builtin (``ValueError``, ``FileNotFoundError``...), so cod
 that catches builtins keeps working. Messages say what was asked, what exists,
 and how to fix it. A missing optional package is always reported by
 :func:`missing_dependency` (or :func:`missing_storage_backend` for a URL's protocol),
-which names the extra to install.
+which names the extra to install; an unknown name gets the closest existing ones from
+:func:`did_you_mean`.
 """
 
 from __future__ import annotations
+
+from collections.abc import Iterable
 
 __all__ = [
     "FlyarchiveError",
@@ -39,10 +42,13 @@ __all__ = [
     "TimingError",
     "CodecSpecError",
     "UnsafeFileError",
+    "UnsafeModelError",
+    "ManifestError",
     "FrameFormatError",
     "VideoEncodeError",
     "OptionsError",
     "ConfigError",
+    "did_you_mean",
 ]
 
 
@@ -160,9 +166,23 @@ class CodecSpecError(FlyarchiveError, ValueError):
 
 
 class UnsafeFileError(CorruptArchiveError):
-    """A file of a local archive that flyarchive refuses to open or write through: not a
-    regular file, leading out of the archive, or larger than its array can need. The
-    message names the file and points at ``flyarchive verify``."""
+    """A file of a local archive or output folder that flyarchive refuses to open or write
+    through: not a regular file, leading out of the archive (or output folder), or larger
+    than it can need. The message names the file and what to do (for an archive:
+    ``flyarchive verify``)."""
+
+
+class ManifestError(FlyarchiveError, ValueError):
+    """A ``manifest.json`` beside rendered videos that flyarchive cannot read or trust: not
+    JSON, nested too deep, or entries of the wrong types. The message names the file, the
+    entry and the field."""
+
+
+class UnsafeModelError(CorruptArchiveError, ModelLoadError):
+    """A compiled model read from an archive that MuJoCo cannot load safely: loading it in a
+    child process crashed it (a signal), raised ``mujoco.FatalError`` or did not finish.
+    The message names the file and what happened; pass a model you trust instead
+    (``--model``, ``model=``)."""
 
 
 class OptionsError(FlyarchiveError, ValueError):
@@ -216,6 +236,23 @@ def missing_dependency(package: str, extra: str | None, what: str, *,
         f"{what} needs the package {package!r}, which is not installed{detail}. "
         f"Install it with: {hint}"
     )
+
+
+def did_you_mean(word: str, choices: Iterable[str], *, n: int = 3) -> str:
+    """``" Did you mean 'shoulder'?"`` for the names of ``choices`` closest to ``word``
+    (:func:`difflib.get_close_matches`), to append to an error; ``""`` when none is close.
+
+    Args:
+        word: The name asked for, e.g. an unknown dof label or world variable.
+        choices: The names that exist.
+        n: Most names suggested.
+    """
+    import difflib
+
+    close = difflib.get_close_matches(str(word), [str(c) for c in choices], n=n)
+    if not close:
+        return ""
+    return f" Did you mean {' or '.join(map(repr, close))}?"
 
 
 def missing_storage_backend(url: str, cause: BaseException | None = None

@@ -22,7 +22,7 @@ import numpy as np
 from flyarchive.errors import CameraNotFoundError, ModelLoadError
 
 __all__ = ["load_model", "save_mjb", "model_bytes", "model_from_bytes", "load_mjb", "check_mjb",
-           "mjb_version", "camera_names", "camera_ids", "MJB_ID"]
+           "check_data", "mjb_version", "camera_names", "camera_ids", "MJB_ID"]
 
 #: The first int32 of every MJB file (MuJoCo's ``ID`` in ``engine_io.c``).
 MJB_ID = 54321
@@ -31,8 +31,13 @@ MJB_ID = 54321
 def load_model(path: str | Path) -> mujoco.MjModel:
     """Load an MJCF ``.xml`` (with its assets beside it) or a compiled ``.mjb``.
 
+    The file is one you trust: it is loaded in this process. A model kept in an archive
+    is loaded by :func:`flyarchive.load_model` (checked in a child process first).
+
     Raises:
-        ModelLoadError: no such file, an unknown suffix, or MuJoCo refuses the model.
+        ModelLoadError: no such file, an unknown suffix, or MuJoCo refuses the model
+            (also with ``mujoco.FatalError``, loading it or making its data:
+            :func:`check_data`).
     """
     path = Path(path)
     if not path.is_file():
@@ -43,15 +48,36 @@ def load_model(path: str | Path) -> mujoco.MjModel:
             blob = path.read_bytes()
         except OSError as err:
             raise ModelLoadError(f"Cannot read the model file {str(path)!r} ({err}).") from None
-        return load_mjb(blob, repr(str(path)))
+        model = load_mjb(blob, repr(str(path)))
+    elif suffix == ".xml":
+        try:
+            model = mujoco.MjModel.from_xml_path(str(path))
+        except (ValueError, RuntimeError, mujoco.FatalError) as err:
+            raise ModelLoadError(f"MuJoCo could not load {str(path)!r}: {err}") from None
+    else:
+        raise ModelLoadError(
+            f"{str(path)!r} has suffix {suffix!r}; the model must be an MJCF .xml or a compiled "
+            ".mjb."
+        )
+    check_data(model, repr(str(path)))
+    return model
+
+
+def check_data(model: mujoco.MjModel, where: str = "the model") -> None:
+    """Make the model's ``MjData`` once: MuJoCo checks a compiled model's sparse matrices
+    and sizes there, and raises ``mujoco.FatalError`` on a damaged one; here that is a
+    :class:`ModelLoadError` (NeuroMechFly: a few milliseconds).
+
+    Raises:
+        ModelLoadError: MuJoCo cannot make the model's data, with its reason.
+    """
     try:
-        if suffix == ".xml":
-            return mujoco.MjModel.from_xml_path(str(path))
-    except (ValueError, RuntimeError) as err:
-        raise ModelLoadError(f"MuJoCo could not load {str(path)!r}: {err}") from None
-    raise ModelLoadError(
-        f"{str(path)!r} has suffix {suffix!r}; the model must be an MJCF .xml or a compiled .mjb."
-    )
+        mujoco.MjData(model)
+    except (mujoco.FatalError, MemoryError) as err:
+        raise ModelLoadError(
+            f"MuJoCo cannot use {where}: making its MjData raised {type(err).__name__}: {err}. "
+            "The model is damaged; compile it again from its XML."
+        ) from None
 
 
 def save_mjb(model: mujoco.MjModel, path: str | Path) -> Path:
@@ -157,9 +183,12 @@ def load_mjb(blob: bytes, where: str = "the model") -> mujoco.MjModel:
         blob: The MJB bytes.
         where: What they are, for messages.
 
+    Only for bytes you trust: MuJoCo's loader is not memory-safe on crafted bytes (an
+    archive's kept model goes through :mod:`flyarchive.store.model_check` first).
+
     Raises:
         ModelLoadError: bytes that are not an MJB this MuJoCo can load, with MuJoCo's
-            reason.
+            reason (also when MuJoCo raises ``mujoco.FatalError``).
     """
     check_mjb(blob, where)
     name = "model.mjb"  # read from MuJoCo's asset map: no file
@@ -169,7 +198,7 @@ def load_mjb(blob: bytes, where: str = "the model") -> mujoco.MjModel:
         mujoco.set_mju_user_warning(messages.append)
         try:
             return mujoco.MjModel.from_binary_path(name, assets={name: blob})
-        except (ValueError, RuntimeError) as err:
+        except (ValueError, RuntimeError, mujoco.FatalError) as err:
             reason = "; ".join(m.strip() for m in messages) or str(err)
             raise ModelLoadError(
                 f"MuJoCo {mujoco.__version__} could not load {where}: {reason}. The file is "

@@ -9,8 +9,15 @@ from typing import Any
 
 import numpy as np
 
-from flyarchive.errors import SelectionError, StorageError, missing_dependency
+from flyarchive.errors import (
+    CorruptArchiveError,
+    SelectionError,
+    StorageError,
+    did_you_mean,
+    missing_dependency,
+)
 from flyarchive.query import open_archive
+from flyarchive.store.location import as_url
 
 __all__ = ["plot_traces"]
 
@@ -36,6 +43,8 @@ def _traces(url: str, storage_options: Mapping[str, Any] | None, ds: Any, world:
     n = int(one.n_frames)
     try:
         return one.time.values[:n], one.qpos.sel(dof=chosen).values[:n]
+    except CorruptArchiveError:  # names the variable, worlds, frames and file already
+        raise
     except Exception as err:  # a checksum mismatch, bytes that do not decode, a refused file
         from flyarchive.store.localstore import UnsafeFileError
         from flyarchive.store.reader import corrupt_read, damaged_chunks, open_checked
@@ -50,7 +59,7 @@ def _traces(url: str, storage_options: Mapping[str, Any] | None, ds: Any, world:
 
 
 def plot_traces(
-    url: str,
+    url: str | os.PathLike[str],
     world: int,
     out: str | Path,
     *,
@@ -72,7 +81,8 @@ def plot_traces(
         The path written.
 
     Raises:
-        SelectionError: unknown world or dof label (the message lists what exists).
+        SelectionError: unknown world or dof label (the message lists what exists, and
+            the closest labels), or a world without committed frames (nothing is written).
         CorruptArchiveError: a chunk of the world's frames is damaged (named, with its file).
     """
     try:
@@ -82,10 +92,19 @@ def plot_traces(
         import matplotlib.pyplot as plt
     except ImportError:
         raise missing_dependency("matplotlib", "plot", "flyarchive plot") from None
+    if isinstance(world, (bool, np.bool_)) or not isinstance(world, (int, np.integer)):
+        raise SelectionError(f"world must be a world id (a whole number), got {world!r}.")
+    url = as_url(url)
     ds = open_archive(url, storage_options)
     ids = [int(w) for w in ds.world.values]
     if world not in ids:
         raise SelectionError(f"World {world!r} is not in the archive; it has {ids[:20]}.")
+    if int(ds.n_frames.values[ids.index(world)]) == 0:
+        with_frames = [w for w, n in zip(ids, ds.n_frames.values) if n > 0]
+        raise SelectionError(
+            f"World {world} of {url!r} has no committed frames, so there are no traces to "
+            f"plot (nothing was recorded for it, or its recorder was never closed). Worlds "
+            f"with frames: {with_frames[:20] or 'none'}. Nothing was written.")
     labels = [str(d) for d in ds.dof.values]
     layout = ds.attrs["layout"]
     hinges = [n for n, t in zip(layout["joint_names"], layout["joint_types"]) if t in ("hinge", "slide")]
@@ -93,8 +112,8 @@ def plot_traces(
     unknown = [d for d in chosen if d not in labels]
     if unknown:
         raise SelectionError(
-            f"dof label(s) {unknown} are not in the archive. Labels: {', '.join(labels[:30])}"
-            f"{'...' if len(labels) > 30 else ''}."
+            f"dof label(s) {unknown} are not in the archive.{did_you_mean(unknown[0], labels)} "
+            f"Labels: {', '.join(labels[:30])}{'...' if len(labels) > 30 else ''}."
         )
     target = _target(out, world)
     times, values = _traces(url, storage_options, ds, world, chosen)

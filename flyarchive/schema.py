@@ -36,6 +36,9 @@ __all__ = [
     "MAX_JSON_DEPTH",
     "json_depth_of",
     "finite_frames",
+    "sizes_problem",
+    "n_frames_problem",
+    "times_problem",
 ]
 
 SCHEMA_NAME = "flyarchive.trajectory"
@@ -265,3 +268,64 @@ def finite_frames(*states: np.ndarray | None, frame_dims: int = 1) -> np.ndarray
     for values in present:
         finite &= np.isfinite(values).all(axis=tuple(range(frame_dims, values.ndim)))
     return finite
+
+
+# ----------------------------------------------------------------------------- consistency
+# One sentence per problem, shared by the readers (which refuse: flyarchive.store.dataset)
+# and verify (which lists it), so that both say the same of the same archive.
+
+def sizes_problem(shapes: Mapping[str, tuple[tuple[str, ...], tuple[int, ...]]]) -> str | None:
+    """The first variable whose length along a dimension other than ``time`` differs from
+    that dimension's coordinate (or, without one, from the first variable along it).
+
+    Args:
+        shapes: ``{name: (dims, shape)}`` of every stored array, as its metadata says.
+
+    Returns:
+        One sentence, or None when every dimension has one length.
+    """
+    lengths: dict[str, tuple[str, int]] = {}
+    for name, (dims, shape) in shapes.items():  # coordinates first: they set the length
+        if tuple(dims) == (name,) and name != "time":
+            lengths[name] = (f"coordinate {name!r}", int(shape[0]))
+    for name in sorted(shapes):
+        dims, shape = shapes[name]
+        for dim, n in zip(dims, shape):
+            if dim == "time":  # extents may differ while a commit grows them: n_frames says
+                continue
+            seen = lengths.setdefault(dim, (f"variable {name!r}", int(n)))
+            if int(n) != seen[1]:
+                return (f"Variable {name!r} has length {int(n)} along {dim!r}, but {seen[0]} "
+                        f"has length {seen[1]}. The archive's metadata was edited or corrupted.")
+    return None
+
+
+def n_frames_problem(n_frames: np.ndarray, extent: int) -> str | None:
+    """The commit markers outside ``0..extent`` (the shortest ``time`` extent of the
+    stored arrays), as one sentence; None when they are inside."""
+    n_frames = np.asarray(n_frames)
+    if not ((n_frames < 0).any() or (n_frames > extent).any()):
+        return None
+    shown = [int(n) for n in n_frames[:16]]
+    more = f" (first 16 of {len(n_frames)} worlds)" if len(n_frames) > 16 else ""
+    return (f"n_frames {shown}{more} is outside 0..{extent} (the time extent): the commit "
+            "markers are inconsistent with the stored frames.")
+
+
+def times_problem(time: np.ndarray, sim_time: np.ndarray | None = None) -> str | None:
+    """What is wrong with the times of the committed frames, as one sentence: ``time``
+    (the schedule) must be finite and strictly increasing, ``sim_time`` (when stored)
+    finite; None when they are sound.
+
+    Args:
+        time: ``(n,)`` ``time`` of the committed frames (``n`` = the largest ``n_frames``).
+        sim_time: ``(n,)`` ``sim_time`` of the same frames, or None.
+    """
+    for name, values in (("time", time), ("sim_time", sim_time)):
+        if values is not None and not np.isfinite(values).all():
+            return (f"{name} has {int((~np.isfinite(values)).sum())} missing or non-finite "
+                    f"values among the {len(values)} committed frames (a chunk is missing or "
+                    "was never written).")
+    if (np.diff(time) <= 0).any():
+        return "time is not strictly increasing over the committed frames."
+    return None

@@ -70,6 +70,7 @@ from benchlib import (
     frame_times,
     host_info,
     nmf_states,
+    pin_threads,
     write_archive,
     write_json,
 )
@@ -359,12 +360,7 @@ def _rchar() -> int:
         return next(int(line.split()[1]) for line in f if line.startswith("rchar:"))
 
 
-def _pin(cpus: set[int]) -> None:
-    for tid in os.listdir("/proc/self/task"):
-        try:
-            os.sched_setaffinity(int(tid), cpus)
-        except OSError:
-            pass  # a thread that just ended
+_pin = pin_threads
 
 
 def _best(fn: Callable[[], Any], repeat: int) -> tuple[float, Any]:

@@ -10,6 +10,7 @@ imports nothing heavy at import time (mujoco, flygym, zarr and psutil load on fi
 - :func:`add_json_option`, :func:`write_json`: the ``--json PATH`` flag and its file.
 - :func:`parse_size`: the ``HEIGHTxWIDTH`` flag type.
 - :func:`host_info`: CPU model, cores, memory, GPUs, library versions.
+- :func:`pin_threads`: every thread of this process on chosen cores.
 - :class:`PeakMemory`: peak RSS or PSS of a process tree, sampled while a block runs.
 - :func:`nmf_walk`, :func:`jittered`, :func:`nmf_states`, :func:`replay_states`: states.
 - :func:`write_archive`, :func:`cached`, :func:`cached_archive`: archives, built once.
@@ -187,6 +188,17 @@ def _gpus() -> list[dict[str, Any]]:
         gpus = [{"name": d.name, "memory_mib": None, "driver": None}
                 for d in wp.get_cuda_devices()]
     return gpus
+
+
+# ----------------------------------------------------------------------------- cores
+def pin_threads(cpus: set[int]) -> None:
+    """Pin every thread of this process (those there now) to ``cpus``; Python's and the
+    libraries' threads started later inherit it from the thread that starts them."""
+    for tid in os.listdir("/proc/self/task"):
+        try:
+            os.sched_setaffinity(int(tid), cpus)
+        except OSError:
+            pass  # a thread that just ended
 
 
 # ----------------------------------------------------------------------------- memory

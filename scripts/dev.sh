@@ -30,6 +30,18 @@ ensure_egl() {
   fi
 }
 
+ensure_chromium() {
+  # The viewer's browser tests drive Debian's Chromium through Playwright (tests/view).
+  if ! command -v chromium >/dev/null 2>&1; then
+    if command -v apt-get >/dev/null 2>&1 && [ "$(id -u)" = 0 ]; then
+      echo "dev.sh: installing Chromium (for the viewer's browser tests)"
+      apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null
+    else
+      echo "dev.sh: no chromium found; the browser tests will be skipped (Debian: apt-get install chromium)" >&2
+    fi
+  fi
+}
+
 setup() {
   local stamp=.venv/.flyarchive-installed
   if [ ! -x .venv/bin/python ]; then
@@ -41,6 +53,7 @@ setup() {
     touch "$stamp"
   fi
   ensure_egl
+  ensure_chromium
 }
 
 cmd=${1:-}

@@ -13,22 +13,34 @@ Runs the harnesses of :mod:`flyarchive.testing.kills` and prints one table:
   inside ``n_frames`` differs from the final data);
 - import-npz / export-npz killed mid-way (:mod:`flyarchive.testing.interop_kills`): half-written
   files, leftovers after the rerun, interrupted imports reported partial and resumed.
-- renders killed (SIGKILL) or interrupted (Ctrl-C) mid-way, in their own process and on a
-  LocalCluster (:mod:`flyarchive.testing.render_kills`): half-written final videos, what was
-  left behind before and after the next render into the same folder;
+- renders killed (SIGKILL), interrupted (Ctrl-C) or terminated (SIGTERM), in their own
+  process and on a LocalCluster (:mod:`flyarchive.testing.render_kills`): mid-render, then
+  rendered again with ``--overwrite``, or once the manifest lists a finished video, then
+  continued with ``--resume`` (the listed videos kept untouched); half-written final
+  videos, what was left behind before and after the next render into the same folder;
 - metadata that drops checksums or decodes otherwise (:mod:`flyarchive.testing.checksums`),
   through every read path, local and S3 (0 accepted), and ``verify`` run beside a live
   writer (:mod:`flyarchive.testing.verify_beside`: 0 false alarms, damage still reported);
 - hostile archives (:mod:`flyarchive.testing.hostile`: decompression bombs, FIFOs, links
   to ``/dev/zero``, metadata nested 200,000 deep...): each command run in a child with a
-  3 GiB address-space cap, its time and peak memory;
+  3 GiB address-space cap, its time and peak memory; among them committed frames missing
+  (a shard deleted, index entries never written: :mod:`flyarchive.testing.holes`), counted
+  as the reads of them refused and passed off as data;
+- crafted models (:mod:`flyarchive.testing.model_fuzz`): a kept model's bytes fuzzed, its
+  hash matching, through ``render``, ``verify`` and ``load_model`` in child processes:
+  crashes of the calling process (none expected) and what the model check found;
+- hostile output folders (:mod:`flyarchive.testing.hostile_outputs`: a manifest linked to
+  ``/dev/zero`` or made a FIFO, folders linked out of ``--out``, map chunks and videos that
+  are FIFOs or links...): a render into them or a read back from them, each in a child;
+  cases, refused, followed (a link written or read through) and hung;
 - bad inputs tried (``tests/bad_input``) and passed.
 
 Usage::
 
     python scripts/reliability_report.py [--kills 20] [--backends cpu,warp]
         [--s3-trials 4] [--races 10] [--race-processes 3] [--interop-kills 6]
-        [--render-kills 3] [--verify-runs 12] [--no-hostile] [--json PATH]
+        [--render-kills 3] [--verify-runs 12] [--no-hostile] [--crafted-models 40]
+        [--json PATH]
 """
 
 from __future__ import annotations
@@ -302,6 +314,65 @@ def print_hostile(rows: list[dict[str, Any]]) -> None:
                             f"peak RSS)")
 
 
+def run_crafted_models(n: int, workdir: Path) -> dict[str, Any]:
+    """``n`` fuzzed kept models (:mod:`flyarchive.testing.model_fuzz`, seeds 0..n-1), each
+    through ``flyarchive render`` (no ``--model``), ``flyarchive verify`` and
+    ``flyarchive.load_model``, each in a child process."""
+    from flyarchive.testing.hostile import make_sound
+    from flyarchive.testing.model_fuzz import fuzz, summarize
+
+    folder = workdir / "models"
+    folder.mkdir()
+    rows = fuzz(folder, make_sound(str(folder / "sound.zarr")), range(n),
+                progress=lambda line: print(line, file=sys.stderr))
+    return {**summarize(rows), "rows": rows}
+
+
+def print_crafted_models(result: dict[str, Any]) -> None:
+    checks = ", ".join(f"{n} {what}" for what, n in sorted(result["checks"].items()))
+    print(f"\nCrafted models (a kept models/<sha256>.mjb fuzzed, its hash matching; render, "
+          f"verify and load_model each in a child process)")
+    print(f"  crafted models: {result['fuzzed']} fuzzed, {result['crashes']} crashes of the "
+          f"calling process, {result['unclear']} exits without a clear error")
+    print(f"  the model check found: {checks}")
+    for seed in result["failed_seeds"]:
+        print(f"  FAILED: seed {seed}")
+
+
+def missing_chunks(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """Committed frames missing (:data:`flyarchive.testing.holes.MISSING_CASES`), from the
+    hostile rows: the reads of them made, refused, and passed off as data (exit 0)."""
+    from flyarchive.testing.holes import MISSING_CASES
+
+    found = [r for r in rows if r["case"] in MISSING_CASES]
+    reads = [(r["case"], c, r["outcomes"][c]) for r in found for c in MISSING_CASES[r["case"]][1]
+             if c in r["outcomes"]]
+    return {"variants": len(found), "reads": len(reads),
+            "refused": sum(o["exit"] in (1, 2) for _, _, o in reads),
+            "passed_off": [f"{case} / {command}" for case, command, o in reads if o["exit"] == 0]}
+
+
+def print_missing(summary: dict[str, Any]) -> None:
+    print(f"\nMissing chunks inside n_frames: {summary['variants']} hostile variants, "
+          f"{summary['reads']} reads of the missing frames (verify, open_archive, export-npz, "
+          f"plot, render), {summary['refused']} refused, {len(summary['passed_off'])} passed "
+          "off as data")
+    for what in summary["passed_off"]:
+        print(f"  passed off: {what}")
+
+
+def run_hostile_outputs(workdir: Path) -> dict[str, Any]:
+    """Every hostile output folder case, each in a capped child process; one summary row."""
+    from flyarchive.testing.hostile_outputs import hostile_outputs_table
+
+    folder = workdir / "hostile-outputs"
+    folder.mkdir()
+    rows = hostile_outputs_table(folder, progress=lambda line: print(line, file=sys.stderr))
+    return {"cases": len(rows), "refused": sum(bool(r["error_type"]) for r in rows),
+            "followed": sum(r["followed"] for r in rows), "hung": sum(r["hung"] for r in rows),
+            "passed": sum(r["passed"] for r in rows), "rows": rows}
+
+
 def run_bad_input(workdir: Path) -> dict[str, Any]:
     """Run tests/bad_input; count cases tried and passed."""
     xml = workdir / "bad_input.xml"
@@ -317,35 +388,46 @@ def run_bad_input(workdir: Path) -> dict[str, Any]:
     return {"tried": tried, "passed": tried - len(failed), "failed": failed}
 
 
+#: (where, signal, when) of the render kill trials: stopped mid-render then rendered again
+#: with --overwrite, or stopped once a video is listed then continued with --resume.
+RENDER_STOPS = [(w, h, "mid-render") for w in ("process", "dask") for h in ("kill", "int")] + [
+    ("process", "term", "first-video"), ("process", "kill", "first-video"),
+    ("dask", "term", "first-video")]
+
+
 def run_render_kills(n: int, workdir: Path) -> list[dict[str, Any]]:
-    """``n`` seeded trials of each (where, signal): a render stopped mid-way, then rerun."""
+    """``n`` seeded trials of each of :data:`RENDER_STOPS`."""
     from flyarchive.testing.render_kills import RenderKillConfig, make_render_archive, render_kill_trial
 
     archive = make_render_archive(workdir / "render-kill-archive")
     rows = []
-    for where in ("process", "dask"):
-        for how in ("kill", "int"):
-            results = []
-            for seed in range(n):
-                config = RenderKillConfig(where, how, seed)
-                result = render_kill_trial(archive, workdir / f"render-{where}-{how}-{seed}", config)
-                results.append(result)
-                status = "ok" if result.passed else "FAILED: " + "; ".join(result.problems)[:300]
-                print(f"  render {where} {how} #{seed}: exit {result.exit_code}, left "
-                      f"{len(result.left_after_stop)}, after rerun {len(result.left_after_rerun)}: "
-                      f"{status}", file=sys.stderr)
-            stopped = [r for r in results if r.stopped_mid_render]
-            rows.append({
-                "where": where, "signal": "SIGKILL" if how == "kill" else "SIGINT (Ctrl-C)",
-                "trials": n, "stopped_mid_render": len(stopped),
-                "half_written": sum(len(r.half_written) for r in results),
-                "stops_leaving_files": sum(bool(r.left_after_stop) for r in stopped),
-                "left_after_next_run": sum(len(r.left_after_rerun) for r in results),
-                "clean_ctrl_c": (sum(r.exit_code == 130 and r.stderr.count("\n") == 1
-                                     for r in stopped) if how == "int" else None),
-                "passed": sum(r.passed for r in results),
-                "trials_json": [r.to_json() for r in results],
-            })
+    signals = {"kill": "SIGKILL", "int": "SIGINT (Ctrl-C)", "term": "SIGTERM"}
+    for where, how, stop in RENDER_STOPS:
+        results = []
+        for seed in range(n):
+            config = RenderKillConfig(where, how, seed, stop=stop)
+            result = render_kill_trial(archive, workdir / f"render-{where}-{how}-{stop}-{seed}",
+                                       config)
+            results.append(result)
+            status = "ok" if result.passed else "FAILED: " + "; ".join(result.problems)[:300]
+            print(f"  render {where} {how} {stop} #{seed}: exit {result.exit_code}, left "
+                  f"{len(result.left_after_stop)}, after rerun {len(result.left_after_rerun)}: "
+                  f"{status}", file=sys.stderr)
+        stopped = [r for r in results if r.stopped_mid_render]
+        rows.append({
+            "where": where, "signal": signals[how], "stop": stop,
+            "trials": n, "stopped_mid_render": len(stopped),
+            "half_written": sum(len(r.half_written) for r in results),
+            "stops_leaving_files": sum(bool(r.left_after_stop) for r in stopped),
+            "left_after_next_run": sum(len(r.left_after_rerun) for r in results),
+            "clean_ctrl_c": (sum(r.exit_code == {"int": 130, "term": 143}[how]
+                                 and r.stderr.count("\n") == 1 for r in stopped)
+                             if how != "kill" else None),
+            "listed_kept": (sum(bool(r.listed) and sorted(r.kept) == sorted(r.listed)
+                                for r in stopped) if stop == "first-video" else None),
+            "passed": sum(r.passed for r in results),
+            "trials_json": [r.to_json() for r in results],
+        })
     return rows
 
 
@@ -370,10 +452,12 @@ RACES = Table([
 ])
 RENDER_KILLS = Table([
     Column("where", 8, "where", align="<"), Column("signal", 16, "signal", align="<"),
+    Column("stop", 11, "stop", align="<"),
     Column("trials", 6, "trials"), Column("mid-render", 10, "stopped_mid_render"),
     Column("half-written", 12, "half_written"), Column("left files", 10, "stops_leaving_files"),
     Column("left after next", 15, "left_after_next_run"),
-    Column("exit 130, 1 line", 16, "clean_ctrl_c"), Column("passed", 6, "passed"),
+    Column("exit 130/143, 1 line", 20, "clean_ctrl_c"),
+    Column("resume kept", 11, "listed_kept"), Column("passed", 6, "passed"),
 ])
 
 
@@ -405,9 +489,22 @@ def print_table(report: dict[str, Any]) -> None:
     print_metadata_rows(report)
     if report.get("render_kills"):
         RENDER_KILLS.print(report["render_kills"], title="\nRenders stopped mid-way (then "
-                                                         "rendered again into the same folder)")
+                                                         "rendered again into the same folder: "
+                                                         "--overwrite after mid-render, --resume "
+                                                         "after first-video)")
     if report.get("hostile"):
         print_hostile(report["hostile"])
+        print_missing(missing_chunks(report["hostile"]))
+    if report.get("crafted_models"):
+        print_crafted_models(report["crafted_models"])
+    outputs = report.get("hostile_outputs")
+    if outputs:
+        print(f"\nHostile output folders (render into, read back from; each in a child): "
+              f"{outputs['cases']} cases, {outputs['refused']} refused, {outputs['followed']} "
+              f"followed, {outputs['hung']} hung, {outputs['passed']} passed")
+        for row in outputs["rows"]:
+            if not row["passed"]:
+                print(f"  FAILED {row['case']}: {row['error_type']} {row['message'][:200]}")
     bad = report["bad_input"]
     if bad:
         print(f"\nBad input: {bad['tried']} tried, {bad['passed']} passed")
@@ -434,9 +531,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--interop-kills", type=int, default=6,
                         help="kills each of import-npz and export-npz (0: skip)")
     parser.add_argument("--render-kills", type=int, default=3,
-                        help="renders stopped per (in process | LocalCluster) x (SIGKILL | "
-                             "Ctrl-C) (default 3; 0: skip)")
-    parser.add_argument("--no-hostile", action="store_true", help="skip the hostile archives")
+                        help="renders stopped per (where, signal, when) of RENDER_STOPS "
+                             "(default 3; 0: skip)")
+    parser.add_argument("--no-hostile", action="store_true",
+                        help="skip the hostile archives and output folders")
+    parser.add_argument("--crafted-models", type=int, default=40,
+                        help="fuzzed kept models, each through render, verify and load_model "
+                             "(default 40; 0: skip)")
     add_json_option(parser, "also write the report as JSON")
     args = parser.parse_args(argv)
     start = time.monotonic()
@@ -460,6 +561,10 @@ def main(argv: list[str] | None = None) -> int:
         report["verify_beside"] = (run_verify_beside(args.verify_runs, work)
                                    if args.verify_runs > 0 else {})
         report["hostile"] = [] if args.no_hostile else run_hostile(work)
+        report["crafted_models"] = (run_crafted_models(args.crafted_models, work)
+                                    if args.crafted_models > 0 else {})
+        report["missing_chunks"] = missing_chunks(report["hostile"])
+        report["hostile_outputs"] = {} if args.no_hostile else run_hostile_outputs(work)
         report["bad_input"] = {} if args.no_bad_input else run_bad_input(work)
         from flyarchive.testing import interop_kills as faults_interop
 

@@ -18,6 +18,20 @@ os.environ.setdefault("MUJOCO_GL", "egl")
 from flyarchive.testing.fixtures import Location  # noqa: E402
 
 
+@pytest.fixture(scope="session", autouse=True)
+def model_check_cache(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    """flyarchive's cache folder (verdicts of kept models' checks) for the whole session: a
+    temporary one, never the user's; processes started by the tests inherit it."""
+    before = os.environ.get("FLYARCHIVE_CACHE_DIR")
+    folder = tmp_path_factory.mktemp("flyarchive-cache")
+    os.environ["FLYARCHIVE_CACHE_DIR"] = str(folder)
+    yield folder
+    if before is None:
+        os.environ.pop("FLYARCHIVE_CACHE_DIR", None)
+    else:
+        os.environ["FLYARCHIVE_CACHE_DIR"] = before
+
+
 @pytest.fixture(scope="session")
 def s3_server() -> Iterator[Any]:
     """A real S3-compatible server (moto in server mode) on loopback, with a bucket."""

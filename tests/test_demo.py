@@ -47,6 +47,7 @@ def test_the_demo_command_refuses_to_overwrite_an_earlier_demo(tmp_path):
     first = subprocess.run([*DEMO, "--out", str(out), "--worlds", "2", "--seconds", "0.05",
                             "--no-render"], capture_output=True, text=True, timeout=300)
     assert first.returncode == 0, first.stderr
+    assert f"flyarchive view {out / 'demo.zarr'} --out {out / 'view-videos'}" in first.stdout
     before = (out / "demo.zarr" / "zarr.json").read_bytes()
 
     again = subprocess.run([*DEMO, "--out", str(out), "--no-render"], capture_output=True,

@@ -2,15 +2,16 @@
 included) have no cycles, the product never imports its test support, and each stage
 imports only from the stages below it:
 
-    base <- store <- query <- record <- replay <- video <- distribute <- applications
+    base <- store <- query <- analyze <- record <- replay <- video <- distribute <- applications
 
-Data flows record -> store -> query -> replay -> video, but recorders write through the
-store and read their recording back through query (flygym's ``trajectory``), so record
-sits on top of both.
+Data flows record -> store -> query -> analyze -> replay -> video, but recorders write
+through the store and read their recording back through query (flygym's ``trajectory``),
+so record sits on top of both. Analyze (positions of bodies, gait measures) reads archives
+through query and keeps derived values through the store; replay and later stages may use it.
 
 Base modules (errors, schema, layout, clock, codecs, models, config, warp_log) import
-only each other; applications (cli, demo, plot, summary, interop, render, and the
-package's own ``__init__``) may import anything; ``flyarchive.testing`` is not part of
+only each other; applications (cli, cli_analyze, demo, plot, summary, interop, render, view,
+and the package's own ``__init__``) may import anything; ``flyarchive.testing`` is not part of
 the product and may import anything too.
 
 Where today's code breaks a rule, the rule's test is marked xfail(strict=True) with the
@@ -30,8 +31,9 @@ import pytest
 PACKAGE = Path(__file__).resolve().parents[1] / "flyarchive"
 
 BASE = frozenset({"errors", "schema", "layout", "clock", "codecs", "models", "config", "warp_log"})
-STAGES = ("store", "query", "record", "replay", "video", "distribute")
-APPLICATIONS = frozenset({"cli", "demo", "plot", "summary", "interop", "render", "__main__"})
+STAGES = ("store", "query", "analyze", "record", "replay", "video", "distribute")
+APPLICATIONS = frozenset({"cli", "cli_analyze", "demo", "plot", "summary", "interop", "render", "view",
+                          "__main__"})
 TEST_SUPPORT = "flyarchive.testing"
 
 #: Import cycles of today's code, each as the set of its modules.
@@ -154,7 +156,7 @@ def describe(found: list[frozenset[str]]) -> list[str]:
 
 # ----------------------------------------------------------------------------- layers
 def layer(name: str) -> tuple[int, str]:
-    """``(rank, group)``: base 0, the stages 1..6 in flow order, applications 100."""
+    """``(rank, group)``: base 0, the stages 1..7 in flow order, applications 100."""
     parts = name.split(".")
     if len(parts) == 1:
         return 100, "flyarchive"  # the package's __init__: re-exports the API on top

@@ -114,6 +114,19 @@ def test_the_query_example_rendered_windows_of_the_successful_worlds(readme_env,
                for v in videos)
 
 
+def test_the_positions_example_found_the_farthest_worlds_and_tiled_them(readme_env,
+                                                                         python_examples):
+    folder, _ = readme_env
+
+    ds = open_archive(str(folder / "run.zarr"))
+    manifest = json.loads((folder / "farthest" / "manifest.json").read_text())
+
+    farthest = ds.distance.sortby(ds.distance, ascending=False).world.values.tolist()
+    assert (folder / "tarsus-heights.png").stat().st_size > 0
+    assert [v["path"].split("/")[-2] for v in manifest["videos"]] == ["mosaic000"]
+    assert manifest["videos"][0]["mosaic"]["worlds"] == farthest
+
+
 def test_every_cli_example_runs_as_written(readme_env, python_examples):
     folder, env = readme_env
     failed = []

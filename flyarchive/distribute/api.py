@@ -9,6 +9,8 @@ starts, or on the cluster given (which one: see :func:`render_videos`).
 
 from __future__ import annotations
 
+import os
+import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -21,9 +23,9 @@ from flyarchive.distribute.gpus import check_gpus
 from flyarchive.distribute.output_plan import check_output_options, plan_outputs
 from flyarchive.distribute.plan import RenderPlan, absolute_url, preflight
 from flyarchive.distribute.warm import warm_up_here
-from flyarchive.errors import ModelLoadError, RenderOptionsError
+from flyarchive.errors import RenderOptionsError
 from flyarchive.layout import ModelLayout, check_compatible
-from flyarchive.models import load_mjb, model_bytes
+from flyarchive.models import check_data, model_bytes
 from flyarchive.query.archive import open_archive, open_header
 from flyarchive.query.frames import VideoJob, select_frames
 from flyarchive.replay import BACKENDS
@@ -37,7 +39,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "RenderOptions", "RenderResult", "VideoJob", "render_videos", "render_frames", "select_frames",
-    "default_video_options", "replay_model", "BACKENDS", "DEFAULT_BATCH_WORLDS",
+    "default_video_options", "replay_model", "graph_model", "BACKENDS", "DEFAULT_BATCH_WORLDS",
 ]
 
 
@@ -150,10 +152,16 @@ class RenderResult:
             camera, path, frames, first_frame, frame_range, start_time, end_time, fps,
             size, backend, video (and window, for a window).
         manifest: Path or URL of the JSON manifest beside the videos.
+        kept: With ``resume=True``: how many of ``videos`` (the first ones) an earlier
+            render had finished, and were kept.
+        notes: What the render changed from what was asked (a mosaic fitted to fewer
+            worlds, overlay items left out of small frames), one sentence each.
     """
 
     videos: list[dict[str, Any]]
     manifest: str
+    kept: int = 0
+    notes: tuple[str, ...] = ()
 
 
 def _check_model(ds: Archive, model: mujoco.MjModel) -> None:
@@ -173,26 +181,21 @@ def replay_model(source: str, ds: Archive, model: mujoco.MjModel | None,
 
     Raises:
         ModelLoadError: ``model`` is None and the archive keeps no model, or the kept
-            one is not an MJB this MuJoCo can load (another release: named).
+            one is not an MJB this MuJoCo can load (another release: named); a model
+            given whose data MuJoCo cannot make (``mujoco.FatalError``).
+        UnsafeModelError: the kept model crashed the child process that loaded it first,
+            raised ``mujoco.FatalError`` there, or did not finish
+            (:func:`flyarchive.store.models.kept_model`).
         CorruptArchiveError: the kept model's bytes do not hash to its name, or it is
             missing.
         LayoutMismatchError: the model's layout differs from the archive's.
     """
     if model is None:
-        from flyarchive.store import open_group
-        from flyarchive.store.models import read_model
+        from flyarchive.store.models import kept_model
 
-        stored = read_model(open_group(source, storage_options), source)
-        if stored is None:
-            raise ModelLoadError(
-                f"The archive at {source!r} keeps no model (it was recorded or imported with "
-                "store_model=False, or before flyarchive kept models). Pass the compiled model "
-                "it was recorded with: model=... (an MjModel), or --model FILE (.mjb or .xml)."
-            )
-        blob, entry = stored
-        model = load_mjb(blob, f"the model kept in the archive ({source.rstrip('/')}/"
-                               f"{entry['path']})")
+        model, blob = kept_model(source, storage_options)  # checked in a child process first
     else:
+        check_data(model)  # mujoco.FatalError of a damaged model: a ModelLoadError
         blob = model_bytes(model)
     _check_model(ds, model)
     return model, blob
@@ -215,6 +218,7 @@ def render_videos(
     storage_options: Mapping[str, Any] | None = None,
     out_storage_options: Mapping[str, Any] | None = None,
     gpus: Sequence[int] | None = None,
+    resume: bool = False,
 ) -> RenderResult:
     """Render worlds of an archive to one mp4 per (world, camera), plus a JSON manifest.
 
@@ -249,6 +253,18 @@ def render_videos(
     removed at the end, on errors and on Ctrl-C; one left by a killed run is removed by
     the next run into ``out`` (:mod:`flyarchive.video.workspace`).
 
+    Finished work is kept: each video is listed in the manifest as soon as it is finished
+    (within :data:`~flyarchive.video.manifest.JOURNAL_EVERY_S` seconds), so a render
+    stopped by Ctrl-C (KeyboardInterrupt), an error or a kill keeps its finished videos
+    and their entries; only partial files go. ``resume=True`` continues it: the videos
+    listed for this archive with exactly the entry this render would write are kept, the
+    rest rendered (:mod:`flyarchive.distribute.resume`).
+
+    Output folders are read and written as guarded as archives
+    (:mod:`flyarchive.video.guard`): a folder inside ``out`` that is a symbolic link
+    leading out of it, or a manifest that is not a small regular JSON file of the
+    expected types, is refused before anything is rendered.
+
     With ``where`` over ``(world, time)``, each window of selected frames is a video of
     its own, named by its archive frames ``[start, stop)``:
     ``{out}/world00003/front.frames000120-000240.mp4``; its manifest entry gives
@@ -277,12 +293,17 @@ def render_videos(
         gpus: Backend ``"gpu"`` without a client or scheduler: the CUDA device numbers
             of the GPUs to use (``[0, 1]``); default: every visible GPU
             (:mod:`flyarchive.distribute.gpus` says how they are found).
+        resume: Continue a render into ``out`` that stopped: keep the finished videos its
+            manifest lists (when they match this render), render the rest, replacing what
+            is in their place. Not with ``options.overwrite``.
 
     Raises:
         CameraNotFoundError, LayoutMismatchError, FrameSizeError,
         SelectionError (also a ``where`` mask whose dims, world ids or times do not match
         the archive), ModelLoadError (no model given and none kept, or the kept one is
-        of another MuJoCo release), CorruptArchiveError (the kept model's bytes do not
+        of another MuJoCo release), UnsafeModelError (no model given, and the kept one
+        crashed, or raised ``mujoco.FatalError`` in, the child process that loads it first),
+        CorruptArchiveError (the kept model's bytes do not
         hash to its name), OutputExistsError (a video exists without ``overwrite``, or a folder is where a
         video goes), StorageError (``out`` is a file or cannot be written; nothing
         is rendered), RenderBackendError, RenderFailedError (a task failed on a worker;
@@ -290,12 +311,16 @@ def render_videos(
         ``gpus`` is malformed, names a GPU that is not visible, or is given with another
         backend than ``"gpu"`` or with a client or scheduler),
         ConfigError (a ``FLYARCHIVE_*`` environment variable holds a value that is not
-        allowed; :mod:`flyarchive.config`).
+        allowed; :mod:`flyarchive.config`), UnsafeFileError (a folder inside ``out``
+        linked out of it; a manifest that is a FIFO, a device, a link out or too large),
+        ManifestError (a manifest there that is not JSON or has entries of the wrong
+        types; move it away).
     """
-    from flyarchive.video.manifest import describe, write_manifest
+    from flyarchive.video.manifest import ManifestJournal, describe, manifest_url
     from flyarchive.video.workspace import RunFolder
 
     cameras = (cameras,) if isinstance(cameras, str) else tuple(cameras)
+    _check_out(out, resume, options)
     if n_workers is not None and (not is_int(n_workers) or n_workers < 0):
         raise RenderOptionsError(
             f"n_workers must be None (one worker per core) or a whole number >= 0 (0: render "
@@ -310,23 +335,53 @@ def render_videos(
         open_header(source, storage_options)
     jobs = select_frames(ds, worlds, time, where=where, pad=pad)
     model, blob = replay_model(source, ds, model, storage_options)
-    options, jobs = plan_outputs(options, ds, model, jobs)  # overlay checked, mosaics grouped
+    options, jobs, notes = plan_outputs(options, ds, model, jobs)  # mosaics grouped
     if out_storage_options is None and _protocol(out) == _protocol(source) != "file":
         out_storage_options = storage_options
     plan = RenderPlan(
         url=source, storage_options=dict(storage_options or {}), cameras=cameras,
         out=out, out_storage_options=dict(out_storage_options or {}),
-        fps=float(ds.attrs["output_fps"]), options=options, jobs=tuple(jobs),
+        fps=float(ds.attrs["output_fps"]), options=options, jobs=tuple(jobs), notes=notes,
+        archive_id=ds.attrs.get("archive_id"),
     )
+    kept: list[dict[str, Any]] = []
+    if resume:
+        from flyarchive.distribute.resume import resume_plan
+
+        plan, kept = resume_plan(plan, ds)
+        if not plan.jobs:
+            return RenderResult(kept, manifest_url(plan.out), len(kept), plan.notes)
     preflight(plan, model)
     in_process = n_workers == 0 or source.startswith("memory://")
     with RunFolder.create(plan.out, plan.out_storage_options) as run:
-        videos = run_plan(plan, blob, run.url, client=client,
-                          scheduler=scheduler, n_workers=n_workers,
-                          in_process=in_process and client is None, gpus=gpus)
+        journal = ManifestJournal(plan, ds, staging=run.local)
+        try:
+            videos = run_plan(plan, blob, run.url, client=client,
+                              scheduler=scheduler, n_workers=n_workers,
+                              in_process=in_process and client is None, gpus=gpus,
+                              on_video=journal.add)
+        except BaseException:
+            journal.close(quiet=True)  # the finished videos stay listed
+            raise
         videos = [describe(plan, ds, v) for v in videos]
-        manifest = write_manifest(plan, ds, videos, staging=run.local)
-    return RenderResult(videos, manifest)
+        manifest = journal.close(videos)
+    return RenderResult(kept + videos, manifest, len(kept), plan.notes)
+
+
+def _check_out(out: Any, resume: bool, options: RenderOptions) -> None:
+    """Refuse an empty output location, and ``resume`` with ``overwrite``.
+
+    Raises:
+        RenderOptionsError: naming what was given.
+    """
+    if not isinstance(out, (str, os.PathLike)) or not os.fspath(out).strip():
+        raise RenderOptionsError(
+            f"The output folder is {out!r}; pass a folder (a path, created if missing) or an "
+            "fsspec URL such as s3://bucket/videos (CLI: --out videos).")
+    if resume and options.overwrite:
+        raise RenderOptionsError(
+            "resume=True (--resume) keeps the videos a stopped render finished, and "
+            "overwrite=True (--overwrite) replaces them; choose one.")
 
 
 def _protocol(url: str) -> str:
@@ -358,7 +413,10 @@ def render_frames(
     and frames whose state is not finite, show nothing (black, NaN depth, segmentation
     -1). A local ``source`` is made absolute, so the graph computes on workers started in
     other folders. ``model`` None: the model kept beside the archive (as
-    :func:`render_videos`).
+    :func:`render_videos`). The model reaches the workers once (:func:`graph_model`):
+    with a default ``distributed.Client`` in this process, it is sent to its workers
+    when this is called, and the frames compute on that client; else it is one key of
+    each graph, never one copy per task.
 
     Args:
         backend: ``"cpu"`` (OpenGL), ``"gpu"`` or ``"warp-cpu"`` (mujoco-warp; one renderer
@@ -376,7 +434,7 @@ def render_frames(
     Raises:
         CameraNotFoundError, LayoutMismatchError, SelectionError.
         ModelLoadError, CorruptArchiveError: no model given, and none (or a damaged one)
-            kept beside the archive.
+            kept beside the archive (UnsafeModelError: one that is not safe to load).
         FrameSizeError: ``size`` is not two positive integers (at most 16384 on ``"cpu"``).
         RenderOptionsError: an unknown backend or output.
     """
@@ -402,7 +460,7 @@ def render_frames(
         check_segmentable(model)
     jobs = select_frames(ds, worlds, time)
     start, stop = min(j.start for j in jobs), max(j.stop for j in jobs)
-    blob = dask.delayed(mjb, name="flyarchive-model")  # once, not per task
+    blob = graph_model(mjb)  # once, not per task nor per compute
     h, w = size
     trailing = {"rgb": ((h, w, 3), np.uint8), "depth": ((h, w), np.float32),
                 "segmentation": ((h, w), np.int32)}
@@ -434,3 +492,33 @@ def render_frames(
     if outputs is None:
         return arrays["rgb"]
     return xr.Dataset(arrays, attrs=attrs)
+
+
+def graph_model(mjb: bytes) -> Any:
+    """The model's MJB bytes as the one input of :func:`render_frames`'s tasks that holds it.
+
+    With a default Dask client in this process (``distributed.Client(...)``), the bytes
+    are sent to its workers once, now, under a key named by their SHA-256
+    (:func:`flyarchive.distribute.cluster.scatter_model`): every later graph of these
+    frames holds only that key (a future of the client), so compute them on that
+    client. Without one, the bytes are one key of the graph, named by their SHA-256
+    (so that frames of two models computed together cannot mix them up), sent with
+    each compute.
+    """
+    import hashlib
+
+    import dask
+
+    client = None
+    if "distributed" in sys.modules:  # no client can exist without it: no import
+        from distributed import default_client
+
+        try:
+            client = default_client()
+        except ValueError:  # no default client
+            client = None
+    if client is not None:
+        from flyarchive.distribute.cluster import scatter_model
+
+        return scatter_model(client, mjb)
+    return dask.delayed(mjb, name=f"flyarchive-model-{hashlib.sha256(mjb).hexdigest()}")

@@ -24,7 +24,7 @@ from flyarchive import config
 from flyarchive.distribute.caches import close_thread_renderers, thread_renderers
 from flyarchive.distribute.output_plan import map_attributes
 from flyarchive.distribute.plan import RenderPlan
-from flyarchive.errors import RenderFailedError
+from flyarchive.errors import CorruptArchiveError, RenderFailedError
 from flyarchive.models import model_from_bytes
 from flyarchive.schema import finite_frames
 from flyarchive.video.mosaic import is_mosaic
@@ -42,13 +42,18 @@ __all__ = [
 _local = threading.local()
 
 
-def _archive(url: str, storage_options: Mapping[str, Any]) -> Any:
+def _archive(url: str, storage_options: Mapping[str, Any], archive_id: str | None = None) -> Any:
+    """This thread's opened archive at ``url``; opened again when it is not the archive
+    ``archive_id`` (the one the render planned with: it was replaced at the same URL
+    since this thread opened it)."""
     import dask
 
     from flyarchive.query import open_archive
 
     cache = _local.__dict__.setdefault("archives", {})
     key = (url, json.dumps(storage_options, sort_keys=True, default=str))
+    if key in cache and archive_id is not None and cache[key].attrs.get("archive_id") != archive_id:
+        del cache[key]
     if key not in cache:
         # Small reads (n_frames, time) on this thread: inside a task, Dask's default would
         # send them to the cluster and let this worker start other segments meanwhile.
@@ -72,17 +77,21 @@ def _cpu_renderer(blob: bytes, cameras: tuple[str, ...], size: tuple[int, int],
 
 
 def _states(url: str, storage_options: Mapping[str, Any], world_index: int,
-            start: int, stop: int) -> tuple[np.ndarray, np.ndarray | None, np.ndarray | None]:
+            start: int, stop: int, archive_id: str | None = None
+            ) -> tuple[np.ndarray, np.ndarray | None, np.ndarray | None]:
     import dask
 
     from flyarchive.store.reader import corrupt_read
 
-    ds = _archive(url, storage_options).isel(world=world_index, time=slice(start, stop))
+    ds = _archive(url, storage_options, archive_id).isel(world=world_index,
+                                                         time=slice(start, stop))
     names = [n for n in ("qpos", "mocap_pos", "mocap_quat") if n in ds]
     try:
         # In this thread: inside a Dask task, the default would send the reads to the
         # cluster and let this task's thread start other segments meanwhile.
         values = dask.compute(*[ds[n].data for n in names], scheduler="synchronous")
+    except CorruptArchiveError:  # names its variable, worlds, frames and file already
+        raise
     except ValueError as err:  # a checksum mismatch or undecodable chunk
         what = f"{'/'.join(names)} of world index {world_index}, frames {start}..{stop - 1}"
         raise corrupt_read(url, what, err) from None
@@ -176,10 +185,11 @@ def _segment_frames(plan: RenderPlan, blob: bytes, job: Any, start: int, stop: i
     items = tuple(getattr(options, "overlays", ()))
     overlay = None
     if items or is_mosaic(job):
-        overlay = OverlayText(_archive(plan.url, plan.storage_options), items,
-                              label_world=is_mosaic(job))
+        overlay = OverlayText(_archive(plan.url, plan.storage_options, plan.archive_id), items,
+                              label_world=is_mosaic(job), size=options.size)
     if not is_mosaic(job):
-        states = _states(plan.url, plan.storage_options, job.world_index, start, stop)
+        states = _states(plan.url, plan.storage_options, job.world_index, start, stop,
+                         plan.archive_id)
         renderer = _cpu_renderer(blob, plan.cameras, options.size, outputs)
         texts = None if overlay is None else overlay.texts(job.world_index, start, stop)
         return options.size, world_frames(renderer, states, outputs, options.depth_scale or 1.0,
@@ -191,7 +201,8 @@ def _segment_frames(plan: RenderPlan, blob: bytes, job: Any, start: int, stop: i
             tiles.append(None)
             texts.append(None)
             continue
-        tiles.append(_states(plan.url, plan.storage_options, tile.world_index, start, last))
+        tiles.append(_states(plan.url, plan.storage_options, tile.world_index, start, last,
+                             plan.archive_id))
         texts.append(overlay.texts(tile.world_index, start, last))  # type: ignore[union-attr]
     renderer = _cpu_renderer(blob, plan.cameras, options.size)
     mosaic = (job.rows, job.cols)
@@ -209,16 +220,17 @@ def _remove_quietly(urls: list[str], storage_options: Mapping[str, Any]) -> None
 
 
 def join_segments(plan: RenderPlan, parts: str, job: Any, camera: str,
-                  segments: list[str]) -> dict[str, Any]:
+                  segments: list[str]) -> dict[str, Any] | None:
     """Join one video's segments into its final place: the mp4 segments by stream copy,
-    the maps' segments into one array each.
+    the maps' segments into one array each; its manifest entry (None, and nothing
+    published, for a video kept from an earlier render, :attr:`RenderPlan.kept`).
 
     Each joined output is staged in the run's parts folder ``parts`` and renamed into
     place (local disk), or uploaded with its metadata last (object stores): a final name
     never holds a partial video or map.
     """
     from flyarchive.video import concat_segments, write_output
-    from flyarchive.video.manifest import video_entry
+    from flyarchive.video.manifest import output_root, video_entry
     from flyarchive.video.maps import join_maps, map_url, publish_map
 
     outputs = tuple(getattr(plan.options, "outputs", ("rgb",)))
@@ -226,6 +238,9 @@ def join_segments(plan: RenderPlan, parts: str, job: Any, camera: str,
     so = plan.out_storage_options
     fs, _ = _filesystem(plan.out, so)
     taken = [map_url(u, n) if n != "rgb" else u for u in segments for n in outputs]
+    if plan.is_kept(job, camera):
+        _remove_quietly(taken, so)
+        return None
     with tempfile.TemporaryDirectory(prefix="flyarchive-join-", dir=scratch_dir()) as tmp:
         joined: dict[str, Path] = {}
         if "rgb" in outputs:
@@ -246,7 +261,7 @@ def join_segments(plan: RenderPlan, parts: str, job: Any, camera: str,
         for name, local in joined.items():
             publish = write_output if name == "rgb" else publish_map
             publish(local, finals[name], so, overwrite=plan.options.overwrite,
-                    staging_dir=local_staging(parts, so))
+                    staging_dir=local_staging(parts, so), root=output_root(plan.out))
     _remove_quietly(taken, so)
     return video_entry(plan, job, camera, finals)
 

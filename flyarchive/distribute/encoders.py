@@ -65,6 +65,8 @@ class Encoders:
         parts: The run's parts folder (see :func:`~flyarchive.distribute.warp_pipeline.render_jobs`).
         timer: Where stage timings go.
         model: The compiled model (the far plane, for the depth maps' attributes).
+        on_video: Called with each video's entry once it is published (from the encoder
+            thread that published it).
 
     Raises:
         ConfigError: ``FLYARCHIVE_ENCODERS`` is not a whole number >= 0.
@@ -72,7 +74,7 @@ class Encoders:
 
     def __init__(self, plan: Any, jobs: tuple[Any, ...], tmp: Path, pixel_format: str,
                  buffers: int, parts: str | None = None, timer: StageTimer | None = None,
-                 model: Any = None) -> None:
+                 model: Any = None, on_video: Any = None) -> None:
         self._plan, self._jobs, self._tmp, self._parts = plan, jobs, tmp, parts
         self._pixel_format = pixel_format
         self._cameras = tuple(plan.cameras)
@@ -83,6 +85,7 @@ class Encoders:
         n_threads = max(1, min(n_videos, config.encoders(), MAX_ENCODERS))
         video = plan.options.video
         self._model = model
+        self._on_video = on_video
         self._outputs = tuple(getattr(plan.options, "outputs", ("rgb",)))
         # One mosaic is one x264 stream: give each the cores its share of threads leaves.
         threads = 1 if not jobs or not is_mosaic(jobs[0]) else max(
@@ -253,22 +256,32 @@ class Encoders:
                 self._publish(*item)
             self._timer.add("videos", 1)
 
+    def _forget(self, key: tuple[int, int]) -> None:
+        del self._writers[key]
+        with self._lock:
+            del self._owner[key]
+
     def _publish(self, key: tuple[int, int], writer: Any) -> None:
         from flyarchive.distribute.cpu_tasks import given_up_error, local_staging
-        from flyarchive.video.manifest import video_entry
+        from flyarchive.video.manifest import output_root, video_entry
         from flyarchive.video.workspace import RunFolder
 
         plan, job, camera = self._plan, self._jobs[key[0]], self._cameras[key[1]]
         with self._timer.time("wait_ffmpeg_s"):
             writer.close()
         urls = plan.output_urls(job, camera)
+        if plan.is_kept(job, camera):  # finished by an earlier render: not published again
+            writer.abort()
+            self._forget(key)
+            return
         so, staging = plan.out_storage_options, None
         if self._parts is not None:
             if not RunFolder.is_open(self._parts, so):
                 raise given_up_error(self._parts)
             staging = local_staging(self._parts, so)
-        writer.publish(urls, so, overwrite=plan.options.overwrite, staging_dir=staging)
-        del self._writers[key]
-        with self._lock:
-            del self._owner[key]
+        writer.publish(urls, so, overwrite=plan.options.overwrite, staging_dir=staging,
+                       root=output_root(plan.out))
+        self._forget(key)
         self.entries[(key[0], camera)] = video_entry(plan, job, camera, urls)
+        if self._on_video is not None:
+            self._on_video(self.entries[(key[0], camera)])

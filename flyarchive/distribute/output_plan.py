@@ -20,7 +20,7 @@ from flyarchive.replay.outputs import (
     parse_depth_scale,
     parse_outputs,
 )
-from flyarchive.video.mosaic import mosaic_jobs, mosaic_size, parse_mosaic
+from flyarchive.video.mosaic import check_h264_size, fit_mosaic, mosaic_jobs, mosaic_size, parse_mosaic
 from flyarchive.video.overlay import check_overlay, parse_overlay
 
 if TYPE_CHECKING:
@@ -48,6 +48,8 @@ def check_output_options(options: Any) -> None:
             "to outputs, or drop the overlay (maps are never drawn on).")
     if mosaic is not None:
         mosaic_size(options.size, mosaic)
+    elif "rgb" in outputs:
+        check_h264_size(options.size, f"Frames of {options.size[0]}x{options.size[1]} pixels")
     values = {"outputs": outputs, "mosaic": mosaic, "overlays": overlay,
               "depth_scale": parse_depth_scale(options.depth_scale)}
     for name, value in values.items():
@@ -55,8 +57,9 @@ def check_output_options(options: Any) -> None:
 
 
 def plan_outputs(options: Any, ds: Archive, model: mujoco.MjModel, jobs: Sequence[Any]
-                 ) -> tuple[Any, list[Any]]:
-    """Check the outputs against the archive and model; the options and jobs to plan with.
+                 ) -> tuple[Any, list[Any], tuple[str, ...]]:
+    """Check the outputs against the archive and model; the options and jobs to plan with,
+    and notes on what was changed from what was asked (for the manifest).
 
     The depth scale is resolved from the model (so tasks and the manifest agree), and
     with ``mosaic`` the per-world jobs become mosaic jobs
@@ -65,9 +68,15 @@ def plan_outputs(options: Any, ds: Archive, model: mujoco.MjModel, jobs: Sequenc
     Raises:
         RenderOptionsError: an overlay item the archive lacks (its per-world variables are
             named); a mosaic of the windows of a ``(world, time)`` where mask.
+
+    A mosaic of more tiles than selected worlds is fitted to them
+    (:func:`~flyarchive.video.mosaic.fit_mosaic`); the manifest names the layout asked for.
+    Overlay items that do not fit across a frame (a tile) are left out
+    (:class:`~flyarchive.video.overlay.OverlayText`), with a note.
         OptionsError: segmentation of a model with more than 65534 geoms.
     """
     check_overlay(options.overlays, ds)
+    notes: list[str] = []
     if "segmentation" in options.outputs:
         check_segmentable(model)
     if map_outputs(options.outputs) and options.depth_scale is None:
@@ -80,8 +89,30 @@ def plan_outputs(options: Any, ds: Archive, model: mujoco.MjModel, jobs: Sequenc
                 f"(world, time) cut world {windows[0].world_id} into windows of their own "
                 "frames. Select worlds with a (world,) mask (e.g. ds.success == 1) for a "
                 "mosaic, or render the windows without mosaic=.")
-        return options, list(mosaic_jobs(list(jobs), options.mosaic))
-    return options, list(jobs)
+        asked = options.mosaic
+        fitted = fit_mosaic(asked, len(jobs))
+        if fitted != asked:  # fewer worlds than tiles: no blank rows or columns
+            options = dataclasses.replace(options, mosaic=fitted)
+            notes.append(f"A {asked[0]}x{asked[1]} mosaic was asked for {len(jobs)} world(s); "
+                         f"it is {fitted[0]}x{fitted[1]}.")
+        jobs = mosaic_jobs(list(jobs), fitted, asked=asked)
+    options, note = _fit_overlay(options, ds)
+    return options, list(jobs), tuple(notes + ([note] if note else []))
+
+
+def _fit_overlay(options: Any, ds: Archive) -> tuple[Any, str]:
+    """The options with only the overlay items that fit across a frame (a tile), and a
+    note on those left out ("" when none)."""
+    from flyarchive.video.overlay import OverlayText
+
+    if not options.overlays and options.mosaic is None:
+        return options, ""
+    overlay = OverlayText(ds, options.overlays, label_world=options.mosaic is not None,
+                          size=tuple(options.size))
+    if not overlay.left_out:
+        return options, ""
+    shown = tuple(name for name in options.overlays if name in overlay.items)
+    return dataclasses.replace(options, overlays=shown), overlay.note
 
 
 def map_attributes(options: Any, model: mujoco.MjModel, world: int | None, camera: str,

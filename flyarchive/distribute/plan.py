@@ -71,6 +71,16 @@ class RenderPlan:
     fps: float
     options: Any  # render.RenderOptions
     jobs: tuple[Any, ...]  # render.VideoJob
+    #: Videos (their manifest ``path``) that an earlier render finished and this one
+    #: keeps (``resume``): their job is rendered for its other cameras, they are not
+    #: published again.
+    kept: frozenset[str] = frozenset()
+    #: What the render changed from what was asked (a mosaic fitted to fewer worlds, overlay
+    #: items left out of small frames), one sentence each; the manifest's entries give them.
+    notes: tuple[str, ...] = ()
+    #: The ``archive_id`` of the archive planned with: a worker that opened an archive
+    #: since replaced at the same URL opens it again.
+    archive_id: str | None = None
 
     def video_url(self, job: Any, camera: str) -> str:
         """The final URL of the video of ``job`` (a :class:`~flyarchive.query.frames.VideoJob`,
@@ -83,6 +93,10 @@ class RenderPlan:
         from flyarchive.video.output import output_urls
 
         return output_urls(self.out, job, camera, getattr(self.options, "outputs", ("rgb",)))
+
+    def is_kept(self, job: Any, camera: str) -> bool:
+        """Whether the video of ``job`` and ``camera`` is kept from an earlier render."""
+        return bool(self.kept) and next(iter(self.output_urls(job, camera).values())) in self.kept
 
     def segments(self, n_workers: int | None = 1) -> Iterator[tuple[Any, int, int]]:
         """(job, start, stop) for every segment, in playing order per job.
@@ -112,18 +126,27 @@ def preflight(plan: RenderPlan, model: mujoco.MjModel) -> None:
         FrameSizeError: a size H.264 or (backend ``"cpu"``) OpenGL cannot take.
         OutputExistsError: videos exist and ``overwrite`` is off, or (local disk) a folder
             is where a video goes (even with ``overwrite``).
+        UnsafeFileError: a folder inside the output folder is a symbolic link leading out
+            of it on the way to an output, or the manifest there is not a regular file
+            inside it, or too large (:mod:`flyarchive.video.guard`).
+        ManifestError: the manifest there is not JSON or has entries of the wrong types.
     """
     from flyarchive import config
     from flyarchive.models import camera_ids
     from flyarchive.replay.frames import MAX_GL_SIDE, parse_frame_size
+    from flyarchive.video.guard import check_out_folders
+    from flyarchive.video.manifest import manifest_url, output_root, read_manifest
 
     config.check()
     gl = plan.options.backend == "cpu"  # OpenGL's limit, found before any work
     parse_frame_size(plan.options.size, even=True, max_side=MAX_GL_SIDE if gl else None)
     camera_ids(model, plan.cameras)
     fs, _ = _filesystem(plan.out, plan.out_storage_options)
-    finals = [u for j in plan.jobs for c in plan.cameras for u in plan.output_urls(j, c).values()]
+    finals = [u for j in plan.jobs for c in plan.cameras if not plan.is_kept(j, c)
+              for u in plan.output_urls(j, c).values()]
     paths = {u: _filesystem(u, plan.out_storage_options)[1] for u in finals}
+    check_out_folders(plan.out, plan.out_storage_options, [*finals, manifest_url(plan.out)])
+    read_manifest(manifest_url(plan.out), plan.out_storage_options, root=output_root(plan.out))
     videos = [u for u in paths if u.endswith(".mp4")]  # maps (.zarr) are folders themselves
     folders = [u for u in videos if os.path.isdir(paths[u])] if is_local_fs(fs) else []
     if folders:
@@ -131,11 +154,13 @@ def preflight(plan: RenderPlan, model: mujoco.MjModel) -> None:
             f"{len(folders)} video path(s) are folders, e.g. {folders[0]!r}. Remove or rename "
             "them, or choose another output folder."
         )
-    existing = [] if plan.options.overwrite else [u for u, p in paths.items() if fs.exists(p)]
+    exists = os.path.lexists if is_local_fs(fs) else fs.exists  # local: a dangling link too
+    existing = [] if plan.options.overwrite else [u for u, p in paths.items() if exists(p)]
     if existing:
         raise OutputExistsError(
             f"{len(existing)} video(s) already exist, e.g. {existing[0]!r}. Pass overwrite=True "
-            "(--overwrite) to replace them, or choose another output folder."
+            "(--overwrite) to replace them, resume=True (--resume) to keep those a stopped "
+            "render finished and render the rest, or choose another output folder."
         )
 
 

@@ -40,7 +40,8 @@ class BatchSource:
             from flyarchive.video.overlay import OverlayText
 
             header = open_header(plan.url, plan.storage_options or None)  # no xarray imported
-            self._overlay = OverlayText(header, items, label_world=self._mosaic)
+            self._overlay = OverlayText(header, items, label_world=self._mosaic,
+                                        size=tuple(plan.options.size))
 
     def read(self, batch: Batch) -> tuple[np.ndarray, np.ndarray | None, np.ndarray | None,
                                           list[str] | None]:

@@ -173,7 +173,8 @@ def _renderer(cache: RendererCache, blob: bytes, cameras: tuple[str, ...], size:
 
 def render_jobs(plan: Any, blob: bytes, jobs: Sequence[Any], device: str, *,
                 parts: str | None = None, on_frames: Callable[[int], None] | None = None,
-                slot: int = 0) -> list[dict[str, Any]]:
+                slot: int = 0, on_video: Callable[[dict[str, Any]], None] | None = None
+                ) -> list[dict[str, Any]]:
     """Render and encode every video of ``jobs`` in this process, on one Warp device.
 
     Stage timings and counts go to the
@@ -196,6 +197,8 @@ def render_jobs(plan: Any, blob: bytes, jobs: Sequence[Any], device: str, *,
         slot: Which of this process's kept renderers to use: threads that render at
             the same time on Warp's CPU device each use their own; calls on one slot
             wait for each other.
+        on_video: Called (from an encoder thread) with each video's entry once it is
+            published under its final name.
 
     Returns:
         Manifest entries ``{"world", "camera", "path", "frames", "first_frame", "fps",
@@ -231,7 +234,7 @@ def render_jobs(plan: Any, blob: bytes, jobs: Sequence[Any], device: str, *,
                                  frames_per_batch * tiles, device, buffers, **compose)
         with tempfile.TemporaryDirectory(prefix="flyarchive-warp-", dir=scratch_dir()) as tmp:
             encoders = Encoders(plan, jobs, Path(tmp), renderer.pixel_format, buffers, parts,
-                                timer, model=renderer.model)
+                                timer, model=renderer.model, on_video=on_video)
             bar = None
             if on_frames is None:
                 bar = progress_bar(sum(b.n for b in batches), options.progress)
@@ -245,7 +248,8 @@ def render_jobs(plan: Any, blob: bytes, jobs: Sequence[Any], device: str, *,
             finally:
                 if bar is not None:
                     bar.close()
-    return [entries[(i, c)] for i in range(len(jobs)) for c in plan.cameras]
+    return [entries[(i, c)] for i in range(len(jobs)) for c in plan.cameras
+            if (i, c) in entries]  # not those kept from an earlier render (plan.kept)
 
 
 def _render_batches(source: BatchSource, batches: list[Batch], renderer: Any,

@@ -11,7 +11,7 @@ import dataclasses
 import os
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
 
@@ -23,8 +23,11 @@ from flyarchive.errors import RenderBackendError, RenderFailedError
 __all__ = ["render_here", "render_threads", "render_on_dask", "render_group"]
 
 
-def render_here(plan: Any, blob: bytes, parts: str | None, device: str) -> list[dict[str, Any]]:
-    """Every video in this thread, on ``device`` (``"cpu"`` or ``"cuda:k"``).
+def render_here(plan: Any, blob: bytes, parts: str | None, device: str, *,
+                on_video: Callable[[dict[str, Any]], None] | None = None
+                ) -> list[dict[str, Any]]:
+    """Every video in this thread, on ``device`` (``"cpu"`` or ``"cuda:k"``); ``on_video``
+    gets each finished video's entry (from an encoder thread).
 
     Raises:
         RenderBackendError: a CUDA device was asked for and Warp sees none.
@@ -34,10 +37,11 @@ def render_here(plan: Any, blob: bytes, parts: str | None, device: str) -> list[
     wait_for_warm_up()  # Warp is not imported and initialized by two threads at once
     if device.startswith("cuda"):
         warp_device("gpu")  # checks that Warp sees a CUDA device
-    return render_jobs(plan, blob, plan.jobs, device, parts=parts)
+    return render_jobs(plan, blob, plan.jobs, device, parts=parts, on_video=on_video)
 
 
-def render_threads(plan: Any, blob: bytes, parts: str | None, n_threads: int
+def render_threads(plan: Any, blob: bytes, parts: str | None, n_threads: int, *,
+                   on_video: Callable[[dict[str, Any]], None] | None = None
                    ) -> list[dict[str, Any]]:
     """Every video in this process on Warp's CPU device: groups of whole videos, balanced
     by frames, one per thread, each with its own renderer (kept for the next call).
@@ -69,7 +73,7 @@ def render_threads(plan: Any, blob: bytes, parts: str | None, n_threads: int
     def run(i: int, group: tuple[Any, ...]) -> None:
         try:
             results[i] = render_jobs(plan, blob, group, "cpu", parts=parts,
-                                     on_frames=on_frames, slot=i)
+                                     on_frames=on_frames, slot=i, on_video=on_video)
         except BaseException as err:
             failed.append(err)
 
@@ -96,7 +100,8 @@ def render_threads(plan: Any, blob: bytes, parts: str | None, n_threads: int
 
 # ----------------------------------------------------------------------------- on Dask
 def render_group(plan: Any, blob: bytes, jobs: tuple[Any, ...], parts: str | None,
-                 topic: str | None, share: tuple[int, int] | None = None
+                 topic: str | None, share: tuple[int, int] | None = None,
+                 videos_topic: str | None = None
                  ) -> tuple[list[dict[str, Any]], dict[str, float]]:
     """A Dask task: one group of whole videos on the worker's Warp device; their manifest
     entries and the worker's stage timings.
@@ -105,7 +110,9 @@ def render_group(plan: Any, blob: bytes, jobs: tuple[Any, ...], parts: str | Non
     the one progress bar; the worker shows none. ``share`` ``(i, k)``: this worker is
     number ``i`` of ``k`` GPU workers of one host whose cores it was not given; it
     renders on block ``i`` of ``k`` of them (:func:`flyarchive.distribute.gpus.share_of`),
-    and as many encoders, for the task.
+    and as many encoders, for the task. With a ``videos_topic``, each finished video's
+    entry is reported as an event to the client, which lists it in the manifest at once
+    (a stop keeps it).
 
     When Dask runs the task again (its first worker died), the videos that the first
     run finished are complete under their final names: without ``overwrite`` they are
@@ -113,12 +120,15 @@ def render_group(plan: Any, blob: bytes, jobs: tuple[Any, ...], parts: str | Non
     """
     from flyarchive.distribute.warp_pipeline import render_jobs, warp_device
 
-    on_frames = None
-    if topic is not None:
+    on_frames = on_video = None
+    if topic is not None or videos_topic is not None:
         from distributed import get_worker
 
         worker = get_worker()
-        on_frames = lambda n: worker.log_event(topic, n)  # noqa: E731
+        if topic is not None:
+            on_frames = lambda n: worker.log_event(topic, n)  # noqa: E731
+        if videos_topic is not None:
+            on_video = lambda entry: worker.log_event(videos_topic, entry)  # noqa: E731
     quiet = dataclasses.replace(plan, options=dataclasses.replace(plan.options, progress=False))
     done = _finished_before(plan, jobs, parts)
     todo = tuple(job for job in jobs if job not in done)
@@ -126,7 +136,7 @@ def render_group(plan: Any, blob: bytes, jobs: tuple[Any, ...], parts: str | Non
     with _cores(share), PipelineProfile() as profile:
         if todo:
             entries = render_jobs(quiet, blob, todo, warp_device(plan.options.backend),
-                                  parts=parts, on_frames=on_frames)
+                                  parts=parts, on_frames=on_frames, on_video=on_video)
     if done:
         entries = _in_job_order(plan, jobs, entries, done)
         if on_frames is not None:
@@ -195,12 +205,15 @@ def _cores(share: tuple[int, int] | None) -> Iterator[None]:
 
 
 def render_on_dask(plan: Any, blob: bytes, parts: str | None, client: Any, *,
-                   own_cluster: bool = False) -> list[dict[str, Any]]:
+                   own_cluster: bool = False,
+                   on_video: Callable[[dict[str, Any]], None] | None = None
+                   ) -> list[dict[str, Any]]:
     """One group of whole videos per able worker (``"gpu"``: those with the resource
     ``GPU``), balanced by frames; the manifest entries in plan order.
 
     ``own_cluster``: the workers are flyarchive's own, each given its cores; otherwise
-    GPU workers that share a host split its cores (:func:`render_group`).
+    GPU workers that share a host split its cores (:func:`render_group`). ``on_video`` gets
+    each finished video's entry as the workers report it (in the client's event loop).
 
     Raises:
         RenderBackendError: no worker offers the resource ``GPU`` (``"gpu"``).
@@ -227,15 +240,18 @@ def render_on_dask(plan: Any, blob: bytes, parts: str | None, client: Any, *,
     # together on the worker holding the data (every worker holds the model).
     timer = StageTimer()  # the profiles active here get the workers' timings
     bar = progress_bar(sum(job.n_frames for job in plan.jobs), plan.options.progress)
-    topic = None
+    topic = videos_topic = None
     if bar is not None:
         topic = f"flyarchive-progress-{os.getpid()}-{time.monotonic_ns()}"
         client.subscribe_topic(topic, lambda event: bar.update(event[1]))
+    if on_video is not None:
+        videos_topic = f"flyarchive-videos-{os.getpid()}-{time.monotonic_ns()}"
+        client.subscribe_topic(videos_topic, lambda event: on_video(event[1]))
     placed = [able[i % len(able)] for i in range(len(groups))]
     futures = [
         client.submit(render_group, plan, blob_future, group, parts, topic, shares.get(worker),
-                      resources=resources or None, workers=[worker], allow_other_workers=True,
-                      pure=False)
+                      videos_topic, resources=resources or None, workers=[worker],
+                      allow_other_workers=True, pure=False)
         for group, worker in zip(groups, placed)
     ]
     try:
@@ -250,6 +266,8 @@ def render_on_dask(plan: Any, blob: bytes, parts: str | None, client: Any, *,
         cancel_quietly(client, futures)
         raise
     finally:
+        if videos_topic is not None:
+            client.unsubscribe_topic(videos_topic)
         if bar is not None:
             client.unsubscribe_topic(topic)
             bar.close()

@@ -3,7 +3,11 @@
 A flygym 2.1 ``.npz`` holds one world: ``time`` (n,), ``qpos`` (n, nq),
 ``output_fps``, ``playback_speed``, ``world_id`` and, for models with mocap
 bodies, ``mocap_pos`` (n, nmocap, 3) and ``mocap_quat`` (n, nmocap, 4). Files are
-read with ``allow_pickle=False``.
+read with ``allow_pickle=False``. ``time`` is flygym's: the simulation time of each
+frame; it becomes the archive's ``sim_time``, and also its ``time`` unless the file
+holds ``scheduled_time`` and ``frame`` (as :func:`export_npz` writes them): then those
+become ``time`` and ``frame``, so that an archive exported and imported again keeps
+all three coordinates.
 
 An import is marked complete only at its end: the archive is created with the
 attribute ``npz_import`` (``state: "importing"``, the number of files and frames, a
@@ -37,7 +41,7 @@ from flyarchive.errors import (
     OptionsError,
     SelectionError,
 )
-from flyarchive.interop.npz_export import NpzExport, export_npz
+from flyarchive.interop.npz_export import FRAME_KEY, SCHEDULED_TIME_KEY, NpzExport, export_npz
 from flyarchive.layout import ModelLayout
 from flyarchive.models import model_bytes
 from flyarchive.schema import IMPORT_ATTR, finite_frames, import_status
@@ -67,6 +71,8 @@ class NpzTrajectory:
     world_id: int
     mocap_pos: np.ndarray | None
     mocap_quat: np.ndarray | None
+    scheduled_time: np.ndarray | None = None
+    frame: np.ndarray | None = None
 
 
 # ----------------------------------------------------------------------------- reading
@@ -151,8 +157,33 @@ def _check_fields(path: str, a: dict[str, np.ndarray]) -> NpzTrajectory:
     _check_values(path, a, time)
     return NpzTrajectory(
         path, time.astype(np.float64), qpos, float(a["output_fps"]), float(a["playback_speed"]),
-        int(a["world_id"]), a.get("mocap_pos"), a.get("mocap_quat"),
+        int(a["world_id"]), a.get("mocap_pos"), a.get("mocap_quat"), *_schedule(path, a, n),
     )
+
+
+def _schedule(path: str, a: dict[str, np.ndarray], n: int
+              ) -> tuple[np.ndarray | None, np.ndarray | None]:
+    """The file's ``scheduled_time`` (float64) and ``frame`` (int64), written by
+    :func:`export_npz` beside flygym's fields; None, None when it has neither."""
+    has = (SCHEDULED_TIME_KEY in a, FRAME_KEY in a)
+    if not any(has):
+        return None, None
+    if not all(has):
+        raise NpzFormatError(
+            f"{path!r}: {SCHEDULED_TIME_KEY} and {FRAME_KEY} must come together (flyarchive's "
+            "export writes both); remove the other one, or export the file again.")
+    scheduled, frame = np.asarray(a[SCHEDULED_TIME_KEY]), np.asarray(a[FRAME_KEY])
+    if scheduled.shape != (n,) or frame.shape != (n,) or scheduled.dtype.kind != "f" \
+            or frame.dtype.kind not in "iu":
+        raise NpzFormatError(
+            f"{path!r}: {SCHEDULED_TIME_KEY} must be (n,) floats and {FRAME_KEY} (n,) whole "
+            f"numbers with n={n}; got {scheduled.shape} {scheduled.dtype} and {frame.shape} "
+            f"{frame.dtype}.")
+    if not np.isfinite(scheduled).all() or (np.diff(scheduled) <= 0).any() or (frame < -1).any():
+        raise NpzFormatError(
+            f"{path!r}: {SCHEDULED_TIME_KEY} must be finite and strictly increasing, and "
+            f"{FRAME_KEY} at least -1 (unknown); export the file again.")
+    return scheduled.astype(np.float64), frame.astype(np.int64)
 
 
 def _check_values(path: str, a: dict[str, np.ndarray], time: np.ndarray) -> None:
@@ -229,7 +260,8 @@ def _check_same_run(trajs: list[NpzTrajectory], model: mujoco.MjModel, renumber:
                 "import them into separate archives."
             )
         n = min(len(t.time), len(first.time))
-        if not np.array_equal(t.time[:n], first.time[:n]):
+        if not all(_same_prefix(getattr(t, key), getattr(first, key), n)
+                   for key in ("time", "scheduled_time", "frame")):
             raise NpzFormatError(
                 f"{t.path!r} and {first.path!r} sample different times; one archive shares one "
                 "time axis. Import them into separate archives."
@@ -246,6 +278,13 @@ def _check_same_run(trajs: list[NpzTrajectory], model: mujoco.MjModel, renumber:
                 "0, 1, ... in file order (the files' ids are kept as 'original_world_id')."
             )
         seen[t.world_id] = t.path
+
+
+def _same_prefix(a: np.ndarray | None, b: np.ndarray | None, n: int) -> bool:
+    """Both None, or equal in their first ``n`` values."""
+    if a is None or b is None:
+        return a is None and b is None
+    return np.array_equal(a[:n], b[:n])
 
 
 # ----------------------------------------------------------------------------- the marker
@@ -279,6 +318,7 @@ def import_npz(
     chunk_frames: int = 100,
     progress: Callable[[int, int], object] | None = None,
     store_model: bool = True,
+    takeover: bool = False,
 ) -> str:
     """Import flygym ``.npz`` trajectories (files or folders of them) into one archive.
 
@@ -304,6 +344,8 @@ def import_npz(
         store_model: Keep ``model`` (its exact MJB bytes) beside the archive as
             ``models/<sha256>.mjb``, so that replay needs no model (default). False: keep
             only its layout; replay then needs the model.
+        takeover: Take over the writer claim that a crashed writer (on another host) left
+            on ``url`` (:mod:`flyarchive.store.claims`).
 
     Returns:
         The archive URL.
@@ -341,8 +383,9 @@ def import_npz(
     )
     url = str(url)
     url = str(Path(url).expanduser()) if url.startswith("~") else url
-    writer = (_resume_writer(url, spec, trajs, storage_options) if resume
-              else _create_writer(url, spec, mode, storage_options))
+    options = {"storage_options": storage_options, "takeover": takeover}
+    writer = (_resume_writer(url, spec, trajs, options) if resume
+              else _create_writer(url, spec, mode, options))
     if writer is not None:
         _write_frames(writer, trajs, progress)
         _mark_complete(url, storage_options, marker)
@@ -350,13 +393,14 @@ def import_npz(
 
 
 def _create_writer(url: str, spec: ArchiveSpec, mode: str,
-                   storage_options: Mapping[str, Any] | None) -> ArchiveWriter:
+                   options: Mapping[str, Any]) -> ArchiveWriter:
+    """A writer of a new archive (``options``: ``storage_options`` and ``takeover``)."""
     try:
-        return ArchiveWriter.create(url, spec, mode=mode, storage_options=storage_options)
+        return ArchiveWriter.create(url, spec, mode=mode, **options)
     except ArchiveExistsError:
         pass
     try:
-        status = import_status(open_group(url, storage_options).attrs.asdict())
+        status = import_status(open_group(url, options["storage_options"]).attrs.asdict())
     except Exception:  # something that is not an archive: the plain message below
         status = None
     if status is not None and status != "complete":
@@ -371,13 +415,13 @@ def _create_writer(url: str, spec: ArchiveSpec, mode: str,
 
 
 def _resume_writer(url: str, spec: ArchiveSpec, trajs: list[NpzTrajectory],
-                   storage_options: Mapping[str, Any] | None) -> ArchiveWriter | None:
+                   options: Mapping[str, Any]) -> ArchiveWriter | None:
     """A writer positioned after the frames every unfinished world committed, or None when
-    the import is already complete."""
+    the import is already complete (``options``: ``storage_options`` and ``takeover``)."""
     try:
-        group = open_group(url, storage_options)
+        group = open_group(url, options["storage_options"])
     except ArchiveNotFoundError:
-        return ArchiveWriter.create(url, spec, mode="w-", storage_options=storage_options)
+        return ArchiveWriter.create(url, spec, mode="w-", **options)
     stored = group.attrs.get(IMPORT_ATTR)
     ours = spec.attrs[IMPORT_ATTR]
     if not isinstance(stored, Mapping):
@@ -398,9 +442,9 @@ def _resume_writer(url: str, spec: ArchiveSpec, trajs: list[NpzTrajectory],
     if stored.get("state") == "complete":
         return None
     if "n_frames" not in group:  # killed while creating the arrays: nothing was committed
-        return ArchiveWriter.create(url, spec, mode="w", storage_options=storage_options)
-    writer = ArchiveWriter.append(url, spec.layout, storage_options=storage_options,
-                                  timing=spec.timing)
+        return ArchiveWriter.create(url, spec, mode="w", **options)
+    writer = ArchiveWriter.append(url, spec.layout, timing=spec.timing, codec=spec.codec,
+                                  dtype=spec.dtype, **options)
     if writer.world_ids != spec.world_ids:
         raise ImportMismatchError(
             f"The archive at {url!r} has worlds {list(writer.world_ids)[:10]}; these files give "
@@ -431,9 +475,12 @@ def _write_frames(writer: ArchiveWriter, trajs: list[NpzTrajectory],
 
     for t0 in range(writer.n_frames, n, step):
         t1 = min(t0 + step, n)
+        scheduled = longest.scheduled_time  # None: the file's time is the only time
         writer.write(
-            FrameBlock(longest.time[t0:t1], block("qpos", t0, t1), block("mocap_pos", t0, t1),
-                       block("mocap_quat", t0, t1)),
+            FrameBlock(longest.time[t0:t1] if scheduled is None else scheduled[t0:t1],
+                       block("qpos", t0, t1), block("mocap_pos", t0, t1),
+                       block("mocap_quat", t0, t1), sim_time=longest.time[t0:t1],
+                       frame=None if longest.frame is None else longest.frame[t0:t1]),
             n_frames=np.array([min(len(t.time), t1) for t in trajs]),
         )
         if progress is not None:

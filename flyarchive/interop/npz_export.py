@@ -1,5 +1,15 @@
 """Worlds of an archive out as flygym ``RecordedTrajectory`` ``.npz`` files.
 
+flygym defines ``time`` as the simulation time of each frame, so a file's ``time`` is the
+archive's ``sim_time`` (the time at which each frame was recorded: ``0.0001, 0.008, ...``
+in flygym's loop), as ``.trajectory`` gives it; archives written before ``sim_time``
+existed keep the simulation time in ``time``, which is written then. Beside flygym's
+fields, a file of an archive that has them also holds the archive's own coordinates,
+which flygym's ``RecordedTrajectory.from_file`` ignores and ``import_npz`` reads back:
+``scheduled_time`` (the ``time`` coordinate: each frame's scheduled time, ``0.0, 0.008,
+...``) and ``frame`` (its index on the frame schedule, -1: unknown). An archive exported
+then imported so has the same ``time``, ``sim_time`` and ``frame``.
+
 No file is ever half-written under its final name. In a local folder each file is
 written to a temporary name beside it (``.world00003.npz.<random>.<pid>.tmp``),
 flushed to disk, then renamed (atomic); a killed export leaves at most temporary
@@ -29,9 +39,15 @@ from flyarchive.errors import (
     missing_storage_backend,
 )
 from flyarchive.query import open_archive
+from flyarchive.query.frames import parse_world_ids
+from flyarchive.store.location import as_url
 from flyarchive.store.storage_errors import check_storage_options, is_remote, local_error, translated
 
-__all__ = ["export_npz", "NpzExport", "npz_name"]
+__all__ = ["export_npz", "NpzExport", "npz_name", "SCHEDULED_TIME_KEY", "FRAME_KEY"]
+
+#: Fields of an exported file beyond flygym's: the archive's ``time`` and ``frame`` coordinates.
+SCHEDULED_TIME_KEY = "scheduled_time"
+FRAME_KEY = "frame"
 
 _TMP_SUFFIX = ".tmp"
 _OBJECT_STORES = {"s3", "s3a", "gs", "gcs", "az", "abfs", "abfss", "memory"}
@@ -57,7 +73,7 @@ def npz_name(world: int) -> str:
 
 
 def export_npz(
-    url: str,
+    url: str | os.PathLike[str],
     out_dir: str | Path,
     *,
     worlds: Sequence[int] | None = None,
@@ -69,7 +85,9 @@ def export_npz(
     """Write worlds of an archive as flygym ``.npz`` files (``{out_dir}/world{id:05d}.npz``).
 
     flygym's ``RecordedTrajectory.from_file`` loads them unchanged; only committed
-    frames are exported, and worlds without any are skipped.
+    frames are exported, and worlds without any are skipped. ``time`` is each frame's
+    simulation time (``sim_time``), as flygym defines it; the archive's scheduled time
+    and frame index go along as ``scheduled_time`` and ``frame`` (see the module's text).
 
     Args:
         url: The archive.
@@ -82,15 +100,19 @@ def export_npz(
         progress: Called as ``progress(files_done, files_total)`` after each file.
 
     Raises:
-        SelectionError: a world id not in the archive, or no chosen world has frames.
+        SelectionError: a world id not in the archive, ``worlds`` that are not whole
+            numbers each given once (a world named twice would be one file reported
+            twice), or no chosen world has frames.
         OutputExistsError: a file exists and ``overwrite`` is False (nothing is written).
         OutputLocationError: ``out_dir`` is a file.
         StorageError: the output cannot be written (no permission, disk full, unreachable
             storage); files written before stay complete, none is half-written.
     """
+    asked = parse_world_ids(worlds)  # whole numbers, each once: one file per world
+    url = as_url(url)
     ds = open_archive(url, storage_options)
     ids = [int(w) for w in ds.world.values]
-    chosen = ids if worlds is None else [int(w) for w in worlds]
+    chosen = ids if asked is None else asked
     unknown = [w for w in chosen if w not in ids]
     if unknown or not chosen:
         raise SelectionError(
@@ -129,8 +151,10 @@ def export_npz(
 
 def _arrays(ds: Any, world: int, n: int) -> dict[str, np.ndarray]:
     one = ds.sel(world=world)
+    schedule = "sim_time" in ds.variables and "frame" in ds.variables
     arrays = {
-        "time": np.asarray(one.time.values[:n]),
+        # flygym's time is the simulation time (sim_time); older archives keep it in time
+        "time": np.asarray(ds["sim_time" if schedule else "time"].values[:n]),
         "qpos": np.asarray(one.qpos.values[:n]),
         "output_fps": np.asarray(ds.attrs["output_fps"]),
         "playback_speed": np.asarray(ds.attrs["playback_speed"]),
@@ -139,6 +163,9 @@ def _arrays(ds: Any, world: int, n: int) -> dict[str, np.ndarray]:
     if "mocap_pos" in ds:
         arrays["mocap_pos"] = np.asarray(one.mocap_pos.values[:n])
         arrays["mocap_quat"] = np.asarray(one.mocap_quat.values[:n])
+    if schedule:  # ignored by flygym, read back by import_npz
+        arrays[SCHEDULED_TIME_KEY] = np.asarray(ds["time"].values[:n])
+        arrays[FRAME_KEY] = np.asarray(ds["frame"].values[:n])
     return arrays
 
 

@@ -3,12 +3,14 @@ or its header alone, without xarray or dask (:func:`open_header`)."""
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from flyarchive.errors import FlyarchiveError, SchemaError, UnsafeFileError
 from flyarchive.schema import validate
 from flyarchive.store import dataset, unavailable
+from flyarchive.store.location import as_url
 from flyarchive.store.header import ArchiveHeader
 from flyarchive.store.reader import damaged_metadata, open_checked, unreadable
 
@@ -20,7 +22,8 @@ __all__ = ["open_archive", "open_header"]
 _Opened = TypeVar("_Opened")
 
 
-def open_archive(url: str, storage_options: Mapping[str, Any] | None = None) -> xr.Dataset:
+def open_archive(url: str | os.PathLike[str], storage_options: Mapping[str, Any] | None = None
+                 ) -> xr.Dataset:
     """Open an archive: lazy (dask-backed), validated, masked beyond ``n_frames``.
 
     The time dimension ends at the last committed frame of any world; frames a
@@ -40,7 +43,8 @@ def open_archive(url: str, storage_options: Mapping[str, Any] | None = None) -> 
     without warnings: the consolidated metadata is there).
 
     Args:
-        url: A local path or any fsspec URL (``s3://bucket/run.zarr``, ``memory://x``).
+        url: A local path (a string or a :class:`pathlib.Path`) or any fsspec URL
+            (``s3://bucket/run.zarr``, ``memory://x``).
         storage_options: Passed to fsspec, e.g. ``{"key": ..., "secret": ...,
             "client_kwargs": {"endpoint_url": ...}}`` for S3.
 
@@ -61,12 +65,13 @@ def open_archive(url: str, storage_options: Mapping[str, Any] | None = None) -> 
             replaced (written again with ``mode="w"``) or deleted after it was opened:
             the dataset never mixes two archives; open it again.
     """
-    ds = _opened(url, storage_options, dataset.open_dataset)
+    ds = _opened(as_url(url), storage_options, dataset.open_dataset)
     validate(ds)
     return ds
 
 
-def open_header(url: str, storage_options: Mapping[str, Any] | None = None) -> ArchiveHeader:
+def open_header(url: str | os.PathLike[str], storage_options: Mapping[str, Any] | None = None
+                ) -> ArchiveHeader:
     """Open an archive's header: its attributes, ``n_frames``, coordinates and per-world
     variables, checked and validated as :func:`open_archive` does, without importing
     xarray or dask (:mod:`flyarchive.store.header`). What a render plans with; state is
@@ -75,7 +80,7 @@ def open_header(url: str, storage_options: Mapping[str, Any] | None = None) -> A
     Raises:
         As :func:`open_archive` when opening.
     """
-    header = _opened(url, storage_options, dataset.open_header)
+    header = _opened(as_url(url), storage_options, dataset.open_header)
     validate(header)
     return header
 

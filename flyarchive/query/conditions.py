@@ -1,14 +1,20 @@
 """``where`` masks from written conditions (the command line's ``--where-world-var
 success=1`` and ``--where-dof 'joint>0.5'``): a world variable or a dof's ``qpos``
-compared with a number.
+compared with a number, or a text world variable with a text (``genotype=='wt'``).
+
+Comparisons follow numpy and xarray: where a world variable is NaN (a missing value),
+``=``, ``>``, ``>=``, ``<`` and ``<=`` are False and ``!=`` is True, as ``ds.reward > 0.5``
+is in Python; ``nan`` as the value compared with is refused (it equals nothing; select
+missing values in Python with ``ds.reward.isnull()``).
 
 In Python, compute the mask from the dataset itself (``ds.success == 1``,
-``ds.qpos.sel(dof="x") > 0.1``) and pass it as ``where=``
+``ds.genotype == "wt"``, ``ds.qpos.sel(dof="x") > 0.1``) and pass it as ``where=``
 (:func:`flyarchive.query.frames.select_frames`).
 """
 
 from __future__ import annotations
 
+import math
 import operator
 import re
 from collections.abc import Callable, Sequence
@@ -16,7 +22,7 @@ from typing import Any
 
 import xarray as xr
 
-from flyarchive.errors import SelectionError
+from flyarchive.errors import SelectionError, did_you_mean
 
 __all__ = ["parse_condition", "parse_number", "world_var_mask", "dof_mask",
            "where_from_conditions", "OPERATORS", "world_var_names"]
@@ -26,7 +32,7 @@ OPERATORS: dict[str, Callable[[Any, Any], Any]] = {
     "==": operator.eq, "!=": operator.ne, ">=": operator.ge, "<=": operator.le,
     ">": operator.gt, "<": operator.lt,
 }
-_CONDITION = re.compile(r"\s*(.+?)\s*(==|!=|>=|<=|=|>|<)\s*(\S+)\s*")
+_CONDITION = re.compile(r"""\s*(.+?)\s*(==|!=|>=|<=|=|>|<)\s*('[^']*'|"[^"]*"|\S+)\s*""")
 
 
 def parse_number(text: str) -> float | None:
@@ -40,24 +46,36 @@ def parse_number(text: str) -> float | None:
         return None
 
 
-def parse_condition(text: str, option: str = "--where-world-var") -> tuple[str, str, float]:
-    """``"success=1"`` -> ``("success", "==", 1.0)``.
+def parse_condition(text: str, option: str = "--where-world-var") -> tuple[str, str, float | str]:
+    """``"success=1"`` -> ``("success", "==", 1.0)``; ``"genotype=='wt'"`` (or
+    ``genotype=wt``) -> ``("genotype", "==", "wt")``.
 
-    Operators: ``= == != > >= < <=``; the value a number or ``true`` / ``false``.
+    Operators: ``= == != > >= < <=``; the value a number, ``true`` / ``false``, or text:
+    quoted (``'wt'``, ``"wt"``) or a word that is not a number.
 
     Raises:
-        SelectionError: no operator, an empty name, or a value that is not a number
-            (the message quotes ``option`` and the text).
+        SelectionError: no operator, an empty name, or ``nan`` as the value (the message
+            quotes ``option`` and the text).
     """
     found = _CONDITION.fullmatch(text)
-    value = parse_number(found.group(3)) if found else None
-    if found is None or value is None:
+    if found is None:
         raise SelectionError(
-            f"Cannot read the condition {option} {text!r}; write NAME OPERATOR NUMBER with one "
-            f"of = == != > >= < <=, e.g. {option} success=1 or {option} 'reward>0.5'."
+            f"Cannot read the condition {option} {text!r}; write NAME OPERATOR VALUE with one "
+            f"of = == != > >= < <=, e.g. {option} success=1, {option} 'reward>0.5' or "
+            f"{option} \"genotype=='wt'\"."
         )
     op = "==" if found.group(2) == "=" else found.group(2)
-    return found.group(1), op, value
+    raw = found.group(3)
+    if raw[:1] in ("'", '"'):
+        return found.group(1), op, raw[1:-1]
+    value = parse_number(raw)
+    if value is not None and math.isnan(value):
+        raise SelectionError(
+            f"The condition {option} {text!r} compares with NaN, which equals nothing (every "
+            "comparison with it is False, but !=). NaN marks a missing value: select worlds "
+            "whose value is missing in Python, with where=ds.NAME.isnull()."
+        )
+    return found.group(1), op, raw if value is None else value
 
 
 def world_var_names(ds: xr.Dataset) -> list[str]:
@@ -66,35 +84,57 @@ def world_var_names(ds: xr.Dataset) -> list[str]:
                   and n != "n_frames")
 
 
-def world_var_mask(ds: xr.Dataset, name: str, op: str, value: float) -> xr.DataArray:
-    """``ds[name] <op> value`` over ``(world,)``.
+def world_var_mask(ds: xr.Dataset, name: str, op: str, value: float | str) -> xr.DataArray:
+    """``ds[name] <op> value`` over ``(world,)``: a number (or bool) for a variable of
+    numbers or bools, a text for a text variable (``==`` or ``!=`` only).
 
     Raises:
-        SelectionError: no world variable ``name`` (the message lists them).
+        SelectionError: no world variable ``name`` (the message lists them and the
+            closest names), or a value of the wrong kind for the variable.
     """
     names = world_var_names(ds)
+    shown = f"{name}{op}{value:g}" if isinstance(value, float) else f"{name}{op}{value!r}"
     if name not in names:
         raise SelectionError(
-            f"--where-world-var {name}{op}{value:g}: the archive has no world variable {name!r}. "
-            f"World variables: {', '.join(map(repr, names)) or 'none'}. Add one with "
+            f"--where-world-var {shown}: the archive has no world variable {name!r}."
+            f"{did_you_mean(name, names)} World variables: "
+            f"{', '.join(map(repr, names)) or 'none'}. Add one with "
             "`flyarchive set-world-var URL NAME=V1,V2,...` (or flyarchive.add_world_vars)."
         )
+    text = ds[name].dtype.kind in "UTO"
+    if text and not isinstance(value, str):
+        raise SelectionError(
+            f"--where-world-var {shown}: {name!r} holds text; compare it with a text in quotes, "
+            f"e.g. \"{name}=='{value:g}'\".")
+    if not text and isinstance(value, str):
+        raise SelectionError(
+            f"--where-world-var {shown}: {value!r} is not a number, and {name!r} holds "
+            f"{ds[name].dtype} values; compare it with a number (or true / false).")
+    if text and op not in ("==", "!="):
+        raise SelectionError(
+            f"--where-world-var {shown}: {name!r} holds text, which is compared with = or != "
+            "only.")
     return OPERATORS[op](ds[name], value)
 
 
-def dof_mask(ds: xr.Dataset, label: str, op: str, value: float) -> xr.DataArray:
+def dof_mask(ds: xr.Dataset, label: str, op: str, value: float | str) -> xr.DataArray:
     """``ds.qpos.sel(dof=label) <op> value`` over ``(world, time)``; frames past a world's
     ``n_frames`` (NaN) are False.
 
     Raises:
-        SelectionError: no dof ``label`` (the message lists some).
+        SelectionError: no dof ``label`` (the message lists some, and the closest labels),
+            or a value that is not a number.
     """
     labels = [str(d) for d in ds.dof.values]
+    if isinstance(value, str):
+        raise SelectionError(
+            f"--where-dof {label}{op}{value!r}: {value!r} is not a number; a dof's qpos is "
+            "compared with a number, e.g. --where-dof 'joint>0.5'.")
     if label not in labels:
         shown = ", ".join(map(repr, labels[:8])) + (" ..." if len(labels) > 8 else "")
         raise SelectionError(
-            f"--where-dof {label}{op}{value:g}: the archive has no dof {label!r}. Dofs: {shown} "
-            "(flyarchive.dof_labels lists them)."
+            f"--where-dof {label}{op}{value:g}: the archive has no dof {label!r}."
+            f"{did_you_mean(label, labels)} Dofs: {shown} (flyarchive.dof_labels lists them)."
         )
     return OPERATORS[op](ds.qpos.sel(dof=label), value)
 

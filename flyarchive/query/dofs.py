@@ -21,14 +21,14 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
-from flyarchive.errors import SelectionError
+from flyarchive.errors import SelectionError, did_you_mean
 
 if TYPE_CHECKING:
     import xarray as xr
 
-__all__ = ["select_dofs", "dof_labels", "DofName"]
+__all__ = ["select_dofs", "dof_labels", "DofName", "matching"]
 
 _Data = TypeVar("_Data", "xr.Dataset", "xr.DataArray")
 
@@ -102,24 +102,48 @@ def dof_labels(
 
     labels = [str(v) for v in (data["dof"].values if isinstance(data, (xr.Dataset, xr.DataArray))
                                 else data)]
-    wanted = {"leg": _as_set(leg), "joint": _as_set(joint), "axis": _as_set(axis),
-              "fly": _as_set(fly)}
     names = [n for n in map(DofName.parse, labels) if n is not None]
+    return matching(labels, names, {"leg": leg, "joint": joint, "axis": axis, "fly": fly},
+                    "dof", "as flygym names joints")
+
+
+def matching(labels: Sequence[str], names: Sequence[Any], asked: dict[str, Any], noun: str,
+             named: str) -> list[str]:
+    """The labels of ``names`` (parsed labels with a ``label`` and a field per key of
+    ``asked``) whose every asked field is one of the values asked (any case; None: any).
+
+    Raises:
+        SelectionError: nothing matches, naming the values of every field that exist.
+    """
+    wanted = {key: _as_set(value) for key, value in asked.items()}
     found = [n.label for n in names
              if all(want is None or getattr(n, key) in want for key, want in wanted.items())]
     if not found:
-        asked = ", ".join(f"{k}={v!r}" for k, v in (("leg", leg), ("joint", joint),
-                                                    ("axis", axis), ("fly", fly)) if v is not None)
+        text = ", ".join(f"{k}={v!r}" for k, v in asked.items() if v is not None)
 
         def values(key: str) -> str:
             return ", ".join(sorted({getattr(n, key) for n in names})) or "none"
 
+        plural = {"axis": "axes", "leg": "legs", "fly": "flies"}
+        have = "; ".join(f"{plural.get(key, key + 's')} {values(key)}" for key in asked)
         raise SelectionError(
-            f"No dof matches {asked or 'the selection'}. Of {len(labels)} dofs, {len(names)} are "
-            f"named as flygym names joints; they have legs {values('leg')}; joints "
-            f"{values('joint')}; axes {values('axis')}; flies {values('fly')}."
+            f"No {noun} matches {text or 'the selection'}.{_closest(names, wanted)} Of "
+            f"{len(labels)} {noun}s, {len(names)} are named {named}; they have {have}."
         )
     return found
+
+
+def _closest(names: list[DofName], wanted: dict[str, set[str] | None]) -> str:
+    """A "did you mean" for the first value asked for that no dof has (``joint="tarsus"``:
+    ``" Did you mean 'tarsus1' or ..."``), else ``""``."""
+    for key, want in wanted.items():
+        have = {getattr(n, key) for n in names}
+        for value in sorted(want or ()):
+            if value not in have:
+                hint = did_you_mean(value, sorted(have))
+                if hint:
+                    return f" No dof has {key} {value!r}.{hint}"
+    return ""
 
 
 def select_dofs(

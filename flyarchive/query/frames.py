@@ -12,7 +12,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -23,7 +23,7 @@ if TYPE_CHECKING:  # imported where a where mask is read: planning without one n
 
     from flyarchive.store.header import Archive
 
-__all__ = ["VideoJob", "select_frames", "where_windows"]
+__all__ = ["VideoJob", "select_frames", "where_windows", "parse_world_ids", "parse_time_window"]
 
 #: Slack when comparing simulated times, seconds.
 _TIME_SLACK = 1e-9
@@ -89,17 +89,20 @@ def select_frames(
         order then time order (windows numbered 0, 1, ... per world).
 
     Raises:
-        SelectionError: unknown worlds, chosen worlds without committed frames, a window
-            outside the recording, nothing selected, a ``where`` mask whose dims, dtype,
-            world ids or times do not match the archive (naming both), or a ``pad``
-            that is not a number of at least 0.
+        SelectionError: ``worlds`` that are not whole numbers each given once
+            (:func:`parse_world_ids`), a ``time`` that is not ``(start, end)`` of numbers
+            (:func:`parse_time_window`), unknown worlds, chosen worlds without committed
+            frames, a window outside the recording, nothing selected, a ``where`` mask
+            whose dims, dtype, world ids or times do not match the archive (naming both),
+            or a ``pad`` that is not a number of at least 0.
     """
+    worlds, time = parse_world_ids(worlds), parse_time_window(time)
     ids = [int(w) for w in ds.world.values]
     n_frames = ds.n_frames.values
     if worlds is None:
         chosen = [w for w, n in zip(ids, n_frames) if n > 0]
     else:
-        chosen = [int(w) for w in worlds]
+        chosen = worlds
         unknown = sorted(set(chosen) - set(ids))
         if unknown:
             shown = f"{ids[:10]}{'...' if len(ids) > 10 else ''} ({len(ids)} worlds)"
@@ -109,8 +112,6 @@ def select_frames(
     _refuse_empty_worlds(ids, n_frames, chosen)
     times = ds.time.values
     lo, hi = time if time is not None else (None, None)
-    if lo is not None and hi is not None and lo > hi:
-        raise SelectionError(f"The time window {lo}:{hi} ends before it starts.")
     start = 0 if lo is None else int(np.searchsorted(times, lo - 1e-12, side="left"))
     stop = len(times) if hi is None else int(np.searchsorted(times, hi + 1e-12, side="right"))
     mask = None if where is None else where_mask(ds, where)
@@ -142,6 +143,89 @@ def select_frames(
             f"the recording spans {span}. Widen or move the window."
         )
     return jobs
+
+
+def parse_world_ids(worlds: Sequence[int] | None, what: str = "worlds") -> list[int] | None:
+    """World ids asked for, checked: whole numbers (Python or numpy ints; not bools, which
+    are not world ids), each given once; None stays None (every world).
+
+    Args:
+        worlds: The ids, e.g. ``[0, 3]`` or ``np.array([0, 3])``.
+        what: The argument's name, for messages.
+
+    Raises:
+        SelectionError: not a sequence (a string, a single number), an id that is not a
+            whole number, or an id given twice.
+    """
+    import operator
+
+    if worlds is None:
+        return None
+    try:
+        if isinstance(worlds, (str, bytes)):
+            raise TypeError
+        items = list(worlds)
+    except TypeError:
+        raise SelectionError(
+            f"{what} must be a sequence of world ids, e.g. [0, 3], got {worlds!r}.") from None
+    ids = []
+    for w in items:
+        try:
+            if isinstance(w, (bool, np.bool_)):
+                raise TypeError
+            ids.append(operator.index(w))
+        except TypeError:
+            kind = "a bool, which is not a world id" if isinstance(w, (bool, np.bool_)) \
+                else f"a {type(w).__name__}"
+            raise SelectionError(
+                f"{what}={_listed(worlds)} holds {w!r}, {kind}. World ids are whole numbers "
+                "(the world coordinate); to select worlds by a condition pass where=..., e.g. "
+                "where=ds.success == 1.") from None
+    if len(set(ids)) < len(ids):
+        from collections import Counter
+
+        repeated = sorted(w for w, n in Counter(ids).items() if n > 1)
+        raise SelectionError(
+            f"{what}={_listed(worlds)} names world(s) {repeated[:10]} more than once; name "
+            "each world once.")
+    return ids
+
+
+def _listed(worlds: Any) -> str:
+    items = list(worlds)
+    return f"[{', '.join(map(repr, items[:10]))}{', ...' if len(items) > 10 else ''}]"
+
+
+def parse_time_window(time: Any) -> tuple[float | None, float | None] | None:
+    """A time window asked for, checked: None, or ``(start, end)`` simulated seconds, each
+    a number or None (open); infinities are open sides too.
+
+    Raises:
+        SelectionError: not a pair, a side that is not a number (or is a bool), NaN, or a
+            window that ends before it starts.
+    """
+    if time is None:
+        return None
+    if isinstance(time, (str, bytes)) or not isinstance(time, (tuple, list)) or len(time) != 2:
+        raise SelectionError(
+            f"time must be (start, end) in simulated seconds, either side None for open, e.g. "
+            f"(0.5, 2.0) or (1.0, None); got {time!r}.")
+    sides = []
+    for side in time:
+        if side is not None and (isinstance(side, (bool, np.bool_))
+                                 or not isinstance(side, (int, float, np.integer, np.floating))):
+            raise SelectionError(
+                f"time={time!r} holds {side!r}; each side is a number of simulated seconds or "
+                "None (open).")
+        if side is not None and math.isnan(side):
+            raise SelectionError(
+                f"time={time!r} holds NaN, which is no time; give a number of simulated "
+                "seconds, or None for an open side.")
+        sides.append(None if side is None else float(side))
+    lo, hi = sides
+    if lo is not None and hi is not None and lo > hi:
+        raise SelectionError(f"The time window {lo}:{hi} ends before it starts.")
+    return lo, hi
 
 
 def _refuse_empty_worlds(ids: list[int], n_frames: np.ndarray, chosen: list[int]) -> None:

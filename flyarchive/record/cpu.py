@@ -128,8 +128,10 @@ class TrajectoryRecorder:
         mode: ``"w-"`` (default) refuses an existing archive, ``"w"`` replaces it,
             ``"a"`` appends after its last committed frame.
         storage_options: Passed to fsspec.
-        codec: ``"lossless"`` (default) or ``"abs:<bound>"``.
-        dtype: Storage dtype (default float64, bit-exact with MuJoCo's state).
+        codec: ``"lossless"`` (default), ``"portable"`` or ``"abs:<bound>"``. Appending
+            (``mode="a"``) needs the archive's own: another is refused.
+        dtype: Storage dtype (default float64, bit-exact with MuJoCo's state). Appending
+            needs the archive's own: another is refused.
         source: Recorded in the attributes.
         attrs: User metadata stored in the archive's attributes.
         world_vars: Per-world user variables, ``{name: (n_worlds,) array}``.
@@ -153,6 +155,8 @@ class TrajectoryRecorder:
             went back in time, or a rerun that differs from the recorded run; nothing of
             that call is recorded.
         LayoutMismatchError: from :meth:`record_as_needed`, for ``MjData`` of another model.
+        SchemaError: from :meth:`record_as_needed` with ``mode="a"``, when the archive was
+            recorded with another timing, codec or dtype (nothing is written).
         NonFiniteStateError: from :meth:`record_as_needed` when a world's state holds
             NaN or infinity; nothing of that frame is buffered, and every frame before it
             is committed by :meth:`close`.
@@ -387,7 +391,8 @@ class TrajectoryRecorder:
         if self._block["world_block"] is not None:
             writer = ArchiveWriter.append(
                 self.url, self.layout, storage_options=self._options["storage_options"],
-                timing=self.timing, **self._block,
+                timing=self.timing, codec=self._spec_args["codec"],
+                dtype=self._spec_args["dtype"], **self._block,
             )
         else:
             writer = ArchiveWriter.create(self.url, self._spec(world_ids), **self._options)

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -10,12 +11,14 @@ import numpy as np
 
 from flyarchive.errors import SelectionError, missing_dependency
 from flyarchive.query import open_archive
+from flyarchive.query.frames import parse_world_ids
+from flyarchive.store.location import as_url
 
 __all__ = ["read_trajectories"]
 
 
 def read_trajectories(
-    url: str,
+    url: str | os.PathLike[str],
     storage_options: Mapping[str, Any] | None = None,
     *,
     worlds: Sequence[int] | None = None,
@@ -35,15 +38,18 @@ def read_trajectories(
 
     Raises:
         MissingDependencyError: if flygym is not installed.
-        SelectionError: for a world id that is not in the archive.
+        SelectionError: for a world id that is not in the archive, or ``worlds`` that are
+            not whole numbers each given once.
     """
     try:
         from flygym.recording import RecordedTrajectory
     except ImportError:
         raise missing_dependency("flygym", "flygym", "Reading flygym trajectories") from None
+    asked = parse_world_ids(worlds)
+    url = as_url(url)
     ds = open_archive(url, storage_options)
     ids = [int(w) for w in ds.world.values]
-    chosen = ids if worlds is None else [int(w) for w in worlds]
+    chosen = ids if asked is None else asked
     unknown = [w for w in chosen if w not in ids]
     if unknown:
         raise SelectionError(f"World(s) {unknown} are not in {url!r}; it has worlds {ids[:20]}.")

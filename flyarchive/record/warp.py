@@ -116,7 +116,9 @@ class WarpTrajectoryRecorder:
         mode: ``"w-"`` (default) refuses an existing archive, ``"w"`` replaces it,
             ``"a"`` appends after its last committed frame.
         storage_options: Passed to fsspec.
-        codec: ``"lossless"`` (default) or ``"abs:<bound>"``.
+        codec: ``"lossless"`` (default), ``"portable"`` or ``"abs:<bound>"``. Appending
+            (``mode="a"``) needs the archive's own codec, and a float32 archive (the
+            device's dtype): another is refused at the first call.
         attrs: User metadata stored in the archive's attributes.
         world_vars: Per-world user variables, ``{name: (len(worlds),) array}``.
         start_step: Steps the simulation has taken at the first call. None (default):

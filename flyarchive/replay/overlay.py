@@ -3,8 +3,9 @@
 The OpenGL backend composes here with numpy; the Warp backends do the same on the device
 (:mod:`flyarchive.replay.warp_compose`), pixel for pixel alike. Text is white, in the
 font of :mod:`flyarchive.replay.font`, on a box of the frame darkened to half (every
-channel halved), at :data:`TEXT_X`, :data:`TEXT_Y` from the top left corner; what does not
-fit in the frame is cut off.
+channel halved), at :data:`TEXT_X`, :data:`TEXT_Y` from the top left corner; only whole
+characters are drawn (:func:`max_chars`: what does not fit is left out, never cut through
+a glyph).
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ import numpy as np
 from flyarchive.errors import FrameSizeError
 from flyarchive.replay.font import CELL_H, CELL_W, GLYPHS, text_codes
 
-__all__ = ["TEXT_X", "TEXT_Y", "burn_text", "tile_frames", "text_width"]
+__all__ = ["TEXT_X", "TEXT_Y", "burn_text", "tile_frames", "text_width", "max_chars"]
 
 #: Top left corner of burnt-in text, pixels from the frame's left and top edges.
 TEXT_X, TEXT_Y = 2, 2
@@ -34,7 +35,8 @@ def burn_text(frame: np.ndarray, text: str, x: int = TEXT_X, y: int = TEXT_Y) ->
         x, y: Top left corner of the text, pixels.
     """
     height, width = frame.shape[:2]
-    if not text or x >= width or y >= height:
+    text = text[:max_chars((height, width), x, y)]
+    if not text:
         return
     codes = text_codes([text], len(text))[0]
     mask = np.hstack(GLYPHS[codes])[: height - y, : width - x].astype(bool)
@@ -61,6 +63,16 @@ def tile_frames(tiles: np.ndarray, rows: int, cols: int) -> np.ndarray:
         raise FrameSizeError(f"A {rows}x{cols} mosaic takes {rows * cols} tiles, got {n}.")
     grid = tiles.reshape(rows, cols, height, width, channels).transpose(0, 2, 1, 3, 4)
     return np.ascontiguousarray(grid).reshape(rows * height, cols * width, channels)
+
+
+def max_chars(size: tuple[int, int], x: int = TEXT_X, y: int = TEXT_Y) -> int:
+    """Whole characters that fit across a frame of ``size = (H, W)`` from ``(x, y)``: 0
+    when a glyph's 7 rows do not fit below ``y`` (the last character's blank column may
+    fall outside the frame)."""
+    height, width = size
+    if y + CELL_H - 1 > height or x >= width:
+        return 0
+    return max(0, (width - x + 1) // CELL_W)
 
 
 def fits(n_chars: int, size: tuple[int, int]) -> bool:

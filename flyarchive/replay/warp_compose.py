@@ -83,7 +83,8 @@ def burn_text_argb(
     packed: wp.array2d(dtype=wp.uint32),  # (B, sum of H*W) ARGB, in place
 ):
     """One thread per pixel of a character cell: glyph pixels white, the rest of the cell
-    darkened to half, as :func:`flyarchive.replay.overlay.burn_text`."""
+    darkened to half, as :func:`flyarchive.replay.overlay.burn_text`; only characters whose
+    5 x 7 glyph fits in the frame whole are drawn."""
     world, cam, p = wp.tid()
     k = p // (_CELL_W * _CELL_H)
     q = p - k * _CELL_W * _CELL_H
@@ -91,6 +92,8 @@ def burn_text_argb(
     gx = q - gy * _CELL_W
     code = int(states[world, text_col + k])
     if code <= 0 or code >= 128:
+        return
+    if x0 + _CELL_W * k + 4 >= width or y0 + 6 >= height:  # the glyph would be cut
         return
     x = x0 + _CELL_W * k + gx
     y = y0 + gy

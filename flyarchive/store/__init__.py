@@ -12,7 +12,8 @@ it writes with are defined in :mod:`flyarchive.codecs`). Create, append, commit,
 - :mod:`~flyarchive.store.dataset`: the lazy dataset readers get (selections read only
   the chunks they touch; frames past ``n_frames`` masked inside the read), read through
   :mod:`~flyarchive.store.shards` (each shard fetched once, inner chunks decoded into the
-  result, indexes of shards that can no longer change kept);
+  result, indexes of shards that can no longer change kept); inside ``n_frames`` a missing
+  chunk, shard or index entry fails the read (:mod:`~flyarchive.store.missing`);
 - :mod:`~flyarchive.store.consolidated`: every array's metadata in the root ``zarr.json``,
   written at each commit, never ahead of ``n_frames``;
 - :mod:`~flyarchive.store.integrity`: ``verify``, every committed byte;

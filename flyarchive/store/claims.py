@@ -231,7 +231,8 @@ def read_claim(store: Any, key: str, url: str = "") -> Claim | None:
         raise SchemaError(
             f"The writer claim {key!r} of the archive at {url!r} is damaged ({type(err).__name__}: "
             f"{str(err)[:200]}). If no process is writing this archive, delete that file "
-            "(or pass takeover=True); then run `flyarchive verify` on the archive."
+            "(or pass takeover=True, --takeover on the command line); then run `flyarchive "
+            "verify` on the archive."
         ) from None
     return Claim(key, record)
 
@@ -354,7 +355,7 @@ def _in_use(url: str, holder: Claim | None, *, blocks: int = 0) -> ArchiveInUseE
     err = ArchiveInUseError(
         f"Another writer is writing the archive at {url!r}: {what}. Two writers of one archive "
         "would write the same frames. Wait until it is closed; if it crashed, pass "
-        "takeover=True to take its claim over."
+        "takeover=True (--takeover on the command line) to take its claim over."
     )
     err.holder = who  # type: ignore[attr-defined]
     return err

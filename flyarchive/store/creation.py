@@ -27,7 +27,7 @@ from flyarchive.layout import ModelLayout, check_compatible
 from flyarchive.schema import SCHEMA_NAME, SCHEMA_VERSION, STATE_VARS, TIME_COORDS
 from flyarchive.store.claims import WRITER_KEY, release
 from flyarchive.store.models import MODEL_ATTR, write_model
-from flyarchive.store.spec import ArchiveSpec
+from flyarchive.store.spec import ArchiveSpec, world_var_dtype
 
 __all__ = ["package_versions", "root_attrs", "create_arrays", "claims_group", "inventory",
            "clear", "refusal", "check_commits", "check_against", "tidy_local", "undo",
@@ -106,10 +106,9 @@ def create_arrays(group: zarr.Group, spec: ArchiveSpec) -> None:
         sim_time[:] = steps * spec.timing.timestep
     group.create_array("world", shape=(nw,), dtype="int64", chunks=(nw,), fill_value=-1,
                        dimension_names=["world"], **crc)[:] = np.asarray(spec.world_ids, dtype=np.int64)
-    for name, values in spec.world_vars.items():
-        values = np.asarray(values)
-        group.create_array(name, shape=values.shape, dtype=values.dtype, chunks=values.shape,
-                           dimension_names=["world"], **crc)[:] = values
+    for name, values in spec.world_vars.items():  # checked by the spec (world_var_array)
+        group.create_array(name, shape=values.shape, dtype=world_var_dtype(values),
+                           chunks=values.shape, dimension_names=["world"], **crc)[:] = values
     # One chunk per shard of worlds when several writers share the archive (each writes
     # its own), else one chunk: a reader opens it with one request.
     group.create_array("n_frames", shape=(nw,), dtype="int64", chunks=(sw if nt else nw,),
@@ -229,8 +228,17 @@ def check_commits(group: zarr.Group, url: str, state: list[str]) -> None:
         )
 
 
-def check_against(group: zarr.Group, url: str, layout: ModelLayout, timing: Timing | None) -> ModelLayout:
-    """The archive's layout, after checking ``layout`` and ``timing`` against it."""
+def check_against(group: zarr.Group, url: str, layout: ModelLayout, timing: Timing | None, *,
+                  codec: str | None = None, dtype: Any = None) -> ModelLayout:
+    """The archive's layout, after checking ``layout``, ``timing``, ``codec`` and ``dtype``
+    against it (None: not checked).
+
+    Raises:
+        LayoutMismatchError: another layout.
+        SchemaError: another timing, codec or state dtype than the archive's: one archive
+            keeps one frame schedule, one codec and one dtype, so appending with others
+            would mix them (or store the frames otherwise than asked, silently).
+    """
     stored = ModelLayout.from_attrs(group.attrs["layout"])
     check_compatible(stored, layout)
     if timing is not None:
@@ -240,6 +248,24 @@ def check_against(group: zarr.Group, url: str, layout: ModelLayout, timing: Timi
                 f"The archive at {url!r} was recorded with {have}; appending with {timing} "
                 "would mix frame schedules. Use the same timestep, output_fps and playback_speed."
             )
+    codec_attr = group.attrs.get("codec")
+    # Archives from before the codec option have no codec attribute: they are lossless.
+    have_codec = codec_attr.get("spec") if isinstance(codec_attr, dict) else "lossless"
+    if codec is not None and codec != have_codec:
+        raise SchemaError(
+            f"The archive at {url!r} stores its state with codec {have_codec!r}; appending asks "
+            f"for codec {codec!r}. One archive keeps one codec (its frames would be stored with "
+            f"{have_codec!r} whatever was asked). Pass codec={have_codec!r} (--codec "
+            f"{have_codec}) to append to it, or write into a new archive."
+        )
+    if dtype is not None and "qpos" in group and np.dtype(dtype) != group["qpos"].dtype:
+        have_dtype = np.dtype(group["qpos"].dtype).name
+        raise SchemaError(
+            f"The archive at {url!r} stores its state as {have_dtype}; appending asks for "
+            f"{np.dtype(dtype).name}. One archive keeps one dtype (frames would be cast to "
+            f"{have_dtype}). Pass dtype={have_dtype!r} to append to it, or write into a new "
+            "archive."
+        )
     return stored
 
 

@@ -31,14 +31,15 @@ from flyarchive.errors import (
     StorageError,
     UnsafeFileError,
 )
-from flyarchive.schema import STATE_VARS
+from flyarchive.schema import STATE_VARS, TIME_COORDS, n_frames_problem, sizes_problem, times_problem
 from flyarchive.store import storage_errors
 from flyarchive.store.consolidated import time_extent
 from flyarchive.store.copies import read_checked
 from flyarchive.store.header import ArchiveHeader, HeaderVariable
 from flyarchive.store.location import sync, unavailable
 from flyarchive.store.reader import chunk_file, corrupt_read, fused_reads, open_checked, open_group
-from flyarchive.store.shards import OpenedArchive, ShardReader, settled_shards
+from flyarchive.store.missing import committed_holes, fill_cells, missing_error, probe
+from flyarchive.store.shards import NeverWritten, OpenedArchive, ShardReader, settled_shards
 
 if TYPE_CHECKING:
     import xarray as xr
@@ -85,11 +86,14 @@ class CommittedFrames:
         storage_options: As given to ``open_archive``, for messages about storage faults.
         reader: Reads boxes of ``arr`` (:class:`~flyarchive.store.shards.ShardReader`);
             None: every read goes through zarr.
+        committed: ``(world,)`` committed frames of every world: a read of committed
+            frames whose chunk, shard or index entry is missing raises
+            (:mod:`~flyarchive.store.missing`); None: not checked.
 
     Raises (from ``__getitem__``):
-        CorruptArchiveError: stored bytes that fail their checksum or do not decode, naming
-            the world ids, frames and file of each damaged inner chunk and pointing at
-            ``flyarchive verify``.
+        CorruptArchiveError: stored bytes that fail their checksum or do not decode, or
+            committed frames that are missing, naming the world ids, frames and file of
+            each damaged inner chunk and pointing at ``flyarchive verify``.
         StorageError: the storage failed to answer.
         SchemaError, UnsafeFileError: as the store raises them (they name their file).
     """
@@ -97,12 +101,14 @@ class CommittedFrames:
     def __init__(self, arr: zarr.Array, name: str, n_frames: np.ndarray | None, n_time: int,
                  world_ids: np.ndarray, url: str,
                  storage_options: Mapping[str, Any] | None = None, *,
-                 reader: ShardReader | None = None) -> None:
+                 reader: ShardReader | None = None,
+                 committed: np.ndarray | None = None) -> None:
         self.arr, self.name, self.n_frames, self.reader = arr, name, n_frames, reader
         self.world_ids, self.url, self.storage_options = world_ids, url, storage_options
         self.shape = (int(arr.shape[0]), int(n_time), *(int(s) for s in arr.shape[2:]))
         self.dtype = arr.dtype
         self.ndim = arr.ndim
+        self.committed = committed
 
     def __getitem__(self, key: Any) -> np.ndarray:
         key = key if isinstance(key, tuple) else (key,)
@@ -125,20 +131,48 @@ class CommittedFrames:
         return values.squeeze(axis=drop) if drop else values
 
     def _read(self, key: tuple[Any, ...], worlds: np.ndarray, frames: np.ndarray) -> np.ndarray:
+        """The values of ``key`` (worlds and frames as slices or arrays, never ints), as
+        stored; committed frames found missing raise."""
+        empty: list[NeverWritten] = []
         try:
             box = _box(key) if self.reader is not None else None
             if box is not None:
-                values = self.reader.read(box)
+                values = self.reader.read(box, never_written=empty)
+                for axis in range(self.ndim - 1, 1, -1):  # dofs, mocap bodies... picked
+                    if isinstance(key[axis], np.ndarray):
+                        values = np.take(values, key[axis] - box[axis].start, axis=axis)
                 points = tuple(i for i, k in enumerate(key) if isinstance(k, int))
-                return values.squeeze(axis=points) if points else values
-            if any(isinstance(k, np.ndarray) for k in key):
-                return np.asarray(self.arr.oindex[key])
-            return np.asarray(self.arr[key])
+                values = values.squeeze(axis=points) if points else values
+            elif any(isinstance(k, np.ndarray) for k in key):
+                values = np.asarray(self.arr.oindex[key])
+            else:
+                values = np.asarray(self.arr[key])
         except BaseExceptionGroup as group:  # zarr's concurrent reads: the first fault
             err: BaseException = group.exceptions[0]
         except Exception as caught:
             err = caught
+        else:
+            self._check_committed(values, worlds, frames, empty, read_by_zarr=box is None)
+            return values
         raise self._error(err, worlds, frames) from None
+
+    def _check_committed(self, values: np.ndarray, worlds: np.ndarray, frames: np.ndarray,
+                         empty: list[NeverWritten], *, read_by_zarr: bool) -> None:
+        """Raise if committed frames of the read are missing: those the shard reader found
+        empty, or, for reads through zarr, those the storage says are missing among the
+        committed frames that read as the fill value (asked only then)."""
+        if self.committed is None or not worlds.size or not frames.size:
+            return
+        if read_by_zarr:
+            hit = fill_cells(values, self.arr.fill_value)
+            hit &= frames[None, :] < self.committed[worlds][:, None]
+            if not hit.any():
+                return
+            w, t = np.nonzero(hit)
+            empty = probe(self.arr, np.stack([worlds[w], frames[t]], axis=1))
+        holes = committed_holes(empty, worlds, frames, self.committed) if empty else []
+        if holes:
+            raise missing_error(self.url, self.name, self.world_ids, holes)
 
     def _error(self, err: BaseException, worlds: np.ndarray, frames: np.ndarray) -> Exception:
         if isinstance(err, (SchemaError, StorageError, UnsafeFileError)):
@@ -189,13 +223,17 @@ class CommittedFrames:
 
 
 def _box(key: tuple[Any, ...]) -> tuple[slice, ...] | None:
-    """A selection of ints and slices of step 1 as slices (None for any other)."""
+    """A selection of ints and slices of step 1 as slices, where arrays of indices may pick
+    along the axes after ``world`` and ``time`` (read whole: a chunk holds them all);
+    None for any other."""
     box = []
-    for k in key:
+    for axis, k in enumerate(key):
         if isinstance(k, int):
             box.append(slice(k, k + 1))
         elif isinstance(k, slice) and k.step in (None, 1):
             box.append(k)
+        elif axis >= 2 and isinstance(k, np.ndarray) and k.ndim == 1 and k.size:
+            box.append(slice(int(k.min()), int(k.max()) + 1))
         else:
             return None
     return tuple(box)
@@ -244,8 +282,19 @@ def _token(url: str, storage_options: Mapping[str, Any] | None, name: str, arr: 
 
 
 def _coordinate_names(arrays: Mapping[str, zarr.Array]) -> list[str]:
-    """The coordinates: arrays named after their dimension (small, read at open)."""
-    return [n for n, a in arrays.items() if n in (a.metadata.dimension_names or ())]
+    """The coordinates (small, read at open): arrays named after their dimension, and
+    ``sim_time`` and ``frame`` along ``time`` (the state arrays' ``coordinates``
+    attribute names them; ``xarray.open_zarr`` makes them coordinates too)."""
+    return [n for n, a in arrays.items() if n in (a.metadata.dimension_names or ())
+            or (n in TIME_COORDS and _dims(a) == ("time",))]
+
+
+def _attrs(arr: zarr.Array) -> tuple[dict[str, Any], dict[str, Any]]:
+    """A variable's attributes and encoding, as xarray decodes them: the CF ``coordinates``
+    attribute (the coordinates are read as such) moves to the encoding."""
+    attrs = dict(arr.attrs)
+    listed = attrs.pop("coordinates", None)
+    return attrs, ({"coordinates": listed} if listed is not None else {})
 
 
 def _read_now(arrays: Mapping[str, zarr.Array], names: Sequence[str], n_time: int,
@@ -286,9 +335,7 @@ def _committed_and_coordinates(url: str, storage_options: Mapping[str, Any] | No
         n_frames = values.pop("n_frames", None)
         if int(np.max(n_frames, initial=0) if n_frames is not None else 0) <= extent:
             return group, arrays, n_frames, values
-        group = open_checked(url, storage_options, consolidated=False)  # the copy lags behind
-        with fused_reads():
-            arrays = dict(group.arrays())
+        group, arrays = _arrays_now(url, storage_options)  # the copy lags behind
         extent = time_extent({k: a.metadata for k, a in arrays.items()}) or 0
     n_frames = _read_now(arrays, marker, 0, group, url)["n_frames"] if marker else None
     n_time = min(int(np.max(n_frames, initial=0)), extent) if n_frames is not None else extent
@@ -307,16 +354,51 @@ def _cut(arr: zarr.Array, n_time: int) -> tuple[slice, ...]:
 def _stored(url: str, storage_options: Mapping[str, Any] | None, group: zarr.Group
             ) -> tuple[zarr.Group, dict[str, zarr.Array], np.ndarray | None, int,
                        dict[str, np.ndarray]]:
-    """What :func:`open_dataset` and :func:`open_header` build on: the group and arrays
-    read, ``n_frames`` (clipped to the stored frames; None without it), the committed
-    length of ``time``, and the coordinates cut to it."""
+    """What :func:`open_dataset` and :func:`open_header` build on, checked the same way
+    for both (and as ``verify`` checks: :func:`flyarchive.schema.sizes_problem`,
+    :func:`~flyarchive.schema.n_frames_problem`, :func:`~flyarchive.schema.times_problem`):
+    the group and arrays read, ``n_frames`` (None without it), the committed length of
+    ``time``, and the coordinates cut to it.
+
+    Raises:
+        SchemaError: arrays of different lengths along a dimension.
+        CorruptArchiveError: ``n_frames`` outside the stored frames, or the times of the
+            committed frames missing, not finite or not increasing.
+    """
     group, arrays, n_frames, coordinates = _committed_and_coordinates(url, storage_options, group)
     extent = time_extent({k: a.metadata for k, a in arrays.items()}) or 0
-    if n_frames is not None:
-        n_frames = n_frames.clip(0, extent).astype(np.int64)
+    if n_frames is not None and n_frames.size and n_frames.min() >= 0 and n_frames.max() > extent:
+        # a writer grew the arrays and committed after their metadata was read: read it again
+        group, arrays = _arrays_now(url, storage_options)
+        extent = time_extent({k: a.metadata for k, a in arrays.items()}) or 0
+        coordinates = _read_now(arrays, _coordinate_names(arrays), int(n_frames.max()))
+    problem = sizes_problem({k: (_dims(a), tuple(int(n) for n in a.shape))
+                             for k, a in arrays.items()})
+    if problem is not None:
+        raise SchemaError(f"The archive at {url!r} is damaged: {problem} {_FIX.format(url=url)}")
+    committed = n_frames_problem(n_frames, extent) if n_frames is not None else None
+    if committed is not None:
+        raise CorruptArchiveError(f"The archive at {url!r} is damaged: {committed} "
+                                  f"{_FIX.format(url=url)}")
+    n_frames = n_frames.astype(np.int64) if n_frames is not None else None
     n_time = int(n_frames.max(initial=0)) if n_frames is not None else extent
     cut = {name: values[_cut(arrays[name], n_time)] for name, values in coordinates.items()}
+    times = times_problem(cut["time"], cut.get("sim_time")) if "time" in cut else None
+    if times is not None:
+        raise CorruptArchiveError(f"The archive at {url!r} is damaged: {times} "
+                                  f"{_FIX.format(url=url)}")
     return group, arrays, n_frames, n_time, cut
+
+
+_FIX = "Run `flyarchive verify {url}` to list every problem; restore the archive from a backup."
+
+
+def _arrays_now(url: str, storage_options: Mapping[str, Any] | None
+                ) -> tuple[zarr.Group, dict[str, zarr.Array]]:
+    """The group and every array's own metadata, read now (checked as at open)."""
+    group = open_checked(url, storage_options, consolidated=False)
+    with fused_reads():
+        return group, dict(group.arrays())
 
 
 def open_dataset(url: str, storage_options: Mapping[str, Any] | None = None,
@@ -355,7 +437,7 @@ def open_dataset(url: str, storage_options: Mapping[str, Any] | None = None,
     attrs = group.attrs.asdict()
     for name, arr in arrays.items():
         dims = _dims(arr)
-        if name in dims or name == "n_frames":
+        if name in coords or name == "n_frames":
             continue
         token = _token(url, storage_options, name, arr, n_frames, n_time, attrs)
         if name in STATE_VARS and n_frames is not None and dims[:2] == ("world", "time"):
@@ -364,13 +446,13 @@ def open_dataset(url: str, storage_options: Mapping[str, Any] | None = None,
             reader = _shard_reader(arr, n_frames,
                                    OpenedArchive(str(url), attrs.get("archive_id")))
             getter = CommittedFrames(arr, name, masked, n_time, world_ids, url, storage_options,
-                                     reader=reader)
+                                     reader=reader, committed=n_frames)
             data = da.from_array(getter, chunks=_dask_chunks(arr, n_time), asarray=False,
                                  inline_array=True, meta=np.empty((0,) * arr.ndim, arr.dtype),
                                  name=token)
         else:  # times of frames, world variables: small, lazy
             data = da.from_zarr(arr, chunks=arr.shards or arr.chunks, name=token)[_cut(arr, n_time)]
-        variables[name] = xr.Variable(dims, data, dict(arr.attrs))
+        variables[name] = xr.Variable(dims, data, *_attrs(arr))
     return xr.Dataset(variables, coords=coords, attrs=attrs)
 
 
@@ -399,5 +481,5 @@ def open_header(url: str, storage_options: Mapping[str, Any] | None = None,
         shape = tuple(n_time if d == "time" else n for d, n in zip(dims, arr.shape))
         read = None if name in STATE_VARS else \
             (lambda arr=arr: np.asarray(arr[_cut(arr, n_time)]))  # noqa: E731
-        variables[name] = HeaderVariable(name, dims, arr.dtype, shape, arr.attrs, read=read)
+        variables[name] = HeaderVariable(name, dims, arr.dtype, shape, _attrs(arr)[0], read=read)
     return ArchiveHeader(group.attrs.asdict(), variables, coords=tuple(coordinates))

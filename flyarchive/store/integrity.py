@@ -23,7 +23,15 @@ import zarr
 
 from flyarchive import codecs
 from flyarchive.errors import FlyarchiveError, StorageError
-from flyarchive.schema import STATE_VARS, finite_frames, import_status, validate
+from flyarchive.schema import (
+    STATE_VARS,
+    finite_frames,
+    import_status,
+    n_frames_problem,
+    sizes_problem,
+    times_problem,
+    validate,
+)
 from flyarchive.store.claims import live_claims
 from flyarchive.store.consolidated import WHILE_WRITING, consolidated_findings, root_document
 from flyarchive.store.models import model_problems
@@ -109,7 +117,9 @@ def verify(url: str, storage_options: Mapping[str, Any] | None = None) -> Verify
     checksums catch flipped bits; files that are not regular files inside the archive
     are refused) and finite (a missing chunk reads as NaN); for bounded-error archives,
     values on the quantization grid; the model kept beside the archive, if any, hashing
-    to its name. Safe beside a writer (see the module's text).
+    to its name and loading safely in a child process (the check of
+    :mod:`~flyarchive.store.model_check`, its verdict kept by hash). Safe beside a writer
+    (see the module's text).
 
     Raises:
         ArchiveNotFoundError: nothing at ``url``.
@@ -164,6 +174,11 @@ def _one_pass(url: str, storage_options: Mapping[str, Any] | None) -> _Pass:
                     f"Unreadable: {bad.describe()}: {getattr(bad.error, 'reason', bad.error)}")
     if found.findings:
         return found
+    sizes = sizes_problem({n: (tuple(a.metadata.dimension_names or ()), a.shape)
+                           for n, a in group.arrays()})  # as readers check it
+    if sizes is not None:
+        found.add(f"Schema: {sizes}", f"Schema: {sizes} {WHILE_WRITING}")
+        return found
     try:
         validate(open_stored(group))
     except FlyarchiveError as err:
@@ -188,10 +203,9 @@ def _check_committed(group: zarr.Group, document: Mapping[str, Any] | None, url:
     n_frames = np.asarray(group["n_frames"][:])
     n_time = min(time_extents(group).values())  # read after n_frames: never behind it
     report.n_worlds, report.n_frames = len(n_frames), [int(n) for n in n_frames]
-    if (n_frames < 0).any() or (n_frames > n_time).any():
-        what = (f"n_frames {report.n_frames} is outside 0..{n_time} (the time extent): "
-                "the commit markers are inconsistent with the stored frames.")
-        found.add(what, f"{what} {WHILE_WRITING}")
+    committed = n_frames_problem(n_frames, n_time)  # readers refuse what this finds
+    if committed is not None:
+        found.add(committed, f"{committed} {WHILE_WRITING}")
         n_frames = n_frames.clip(0, n_time)
     _check_time(group, int(n_frames.max(initial=0)), report)
     one_writer = not group["claims"].attrs.get("world_blocks", False) if "claims" in group else True
@@ -210,16 +224,13 @@ def _check_committed(group: zarr.Group, document: Mapping[str, Any] | None, url:
 def _check_time(group: zarr.Group, n: int, report: VerifyReport) -> None:
     try:
         time = np.asarray(group["time"][:n])
+        sim_time = np.asarray(group["sim_time"][:n]) if "sim_time" in group else None
     except Exception as err:
         report.problems.append(f"time is unreadable ({err!r}).")
         return
-    if not np.isfinite(time).all():
-        report.problems.append(
-            f"time has {int((~np.isfinite(time)).sum())} missing or non-finite values among "
-            f"the {n} committed frames (a chunk is missing or was never written)."
-        )
-    elif (np.diff(time) <= 0).any():
-        report.problems.append("time is not strictly increasing over the committed frames.")
+    problem = times_problem(time, sim_time)  # readers refuse what this finds
+    if problem is not None:
+        report.problems.append(problem)
 
 
 def _check_state(

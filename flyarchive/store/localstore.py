@@ -31,7 +31,7 @@ from zarr.core.buffer import Buffer, BufferPrototype, default_buffer_prototype
 from flyarchive.errors import UnsafeFileError
 from flyarchive.store import hardening
 
-__all__ = ["GuardedLocalStore", "UnsafeFileError"]
+__all__ = ["GuardedLocalStore", "UnsafeFileError", "IrregularFileError", "open_regular", "kind_of"]
 
 #: Largest file read that is neither metadata nor an array's chunk (claims, models), bytes.
 MAX_OTHER_BYTES = 1 << 30
@@ -41,6 +41,61 @@ _KINDS = {stat.S_IFIFO: "a FIFO (named pipe)", stat.S_IFCHR: "a character device
           stat.S_IFLNK: "a symbolic link"}
 
 
+class IrregularFileError(OSError):
+    """What :func:`open_regular` found instead of a regular file.
+
+    Attributes:
+        problem: What the path is, as a phrase (``"is a FIFO (named pipe), not a regular
+            file; ..."``).
+        fix: What to do about it, as a sentence.
+    """
+
+    def __init__(self, problem: str, fix: str) -> None:
+        super().__init__(problem)
+        self.problem, self.fix = problem, fix
+
+
+def kind_of(mode: int) -> str:
+    """What a file of ``st_mode`` is, as a phrase: ``"a FIFO (named pipe)"``..."""
+    return _KINDS.get(stat.S_IFMT(mode), "not a regular file")
+
+
+def open_regular(real: str, *, restore: str = "the chunk file"
+                 ) -> tuple[int, os.stat_result] | None:
+    """A read-only descriptor and the stat of the regular file at ``real``, opened without
+    following a link at its last component and without blocking (a FIFO never hangs the
+    open); None when nothing (or a folder) is there. The caller closes the descriptor.
+
+    Args:
+        real: The path, its links already resolved (``os.path.realpath``) by the caller.
+        restore: What the fix restores, for the message.
+
+    Raises:
+        IrregularFileError: a FIFO, device, socket or link is there, or the file changed
+            between the check and the open.
+    """
+    try:
+        st = os.lstat(real)
+    except (FileNotFoundError, NotADirectoryError):
+        return None
+    if stat.S_ISDIR(st.st_mode):
+        return None
+    if not stat.S_ISREG(st.st_mode):
+        raise IrregularFileError(
+            f"is {kind_of(st.st_mode)}, not a regular file; flyarchive never opens it "
+            "(reading it could block forever or never end)", f"Delete it and restore {restore}.")
+    try:
+        fd = os.open(real, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError as err:
+        if err.errno == errno.ELOOP:
+            raise IrregularFileError("became a symbolic link", "Restore the file.") from None
+        raise
+    opened = os.fstat(fd)
+    if (opened.st_dev, opened.st_ino) != (st.st_dev, st.st_ino) or not stat.S_ISREG(
+            opened.st_mode):
+        os.close(fd)
+        raise IrregularFileError("changed while it was opened", "Retry.")
+    return fd, opened
 
 
 class GuardedLocalStore(zarr.storage.LocalStore):
@@ -53,6 +108,9 @@ class GuardedLocalStore(zarr.storage.LocalStore):
         SchemaError: a metadata file too large or deep to parse safely, or naming a codec
             pipeline flyarchive does not write.
     """
+
+    #: What the store holds, for messages ("leads out of the archive").
+    _what = "archive"
 
     def __init__(self, root: Path | str, *, read_only: bool = False) -> None:
         super().__init__(root, read_only=read_only)
@@ -75,8 +133,8 @@ class GuardedLocalStore(zarr.storage.LocalStore):
         root = self._root_real()
         real = os.path.realpath(os.path.join(self.root, key))
         if real != root and not real.startswith(root.rstrip(os.sep) + os.sep):
-            raise self._refuse(key, f"leads out of the archive (to {real}); flyarchive never "
-                               "reads or writes through it", "Replace the link by the file or "
+            raise self._refuse(key, f"leads out of the {self._what} (to {real}); flyarchive "
+                               "never reads or writes through it", "Replace the link by the file or "
                                "folder itself.")
         return real
 
@@ -129,30 +187,10 @@ class GuardedLocalStore(zarr.storage.LocalStore):
 
     def _open_regular(self, key: str) -> tuple[int, os.stat_result] | None:
         """A descriptor and stat of the regular file at ``key``; None if there is none."""
-        real = self._inside(key)
         try:
-            st = os.lstat(real)
-        except (FileNotFoundError, NotADirectoryError):
-            return None
-        if stat.S_ISDIR(st.st_mode):
-            return None
-        if not stat.S_ISREG(st.st_mode):
-            kind = _KINDS.get(stat.S_IFMT(st.st_mode), "not a regular file")
-            raise self._refuse(key, f"is {kind}, not a regular file; flyarchive never opens it "
-                               "(reading it could block forever or never end)",
-                               "Delete it and restore the chunk file.")
-        try:
-            fd = os.open(real, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
-        except OSError as err:
-            if err.errno == errno.ELOOP:
-                raise self._refuse(key, "became a symbolic link", "Restore the file.") from None
-            raise
-        opened = os.fstat(fd)
-        if (opened.st_dev, opened.st_ino) != (st.st_dev, st.st_ino) or not stat.S_ISREG(
-                opened.st_mode):
-            os.close(fd)
-            raise self._refuse(key, "changed while it was opened", "Retry.")
-        return fd, opened
+            return open_regular(self._inside(key))
+        except IrregularFileError as err:
+            raise self._refuse(key, err.problem, err.fix) from None
 
     def _read(self, key: str, byte_range: ByteRequest | None) -> bytes | None:
         found = self._open_regular(key)

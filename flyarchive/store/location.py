@@ -7,6 +7,7 @@ files inside the archive only); every store decodes with bounded decoders
 
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -25,7 +26,7 @@ from flyarchive.errors import (
 from flyarchive.store import hardening, storage_errors
 from flyarchive.store.localstore import GuardedLocalStore
 
-__all__ = ["parse_mode", "open_store", "archive_exists", "access_denied", "unavailable",
+__all__ = ["as_url", "parse_mode", "open_store", "archive_exists", "access_denied", "unavailable",
            "refuse_existing", "is_local", "is_remote", "local_path", "exists_error", "sync"]
 
 
@@ -41,6 +42,12 @@ def parse_mode(mode: str) -> str:
     if not isinstance(mode, str) or mode not in _MODES:
         raise OptionsError(f"mode must be one of {_MODES}, got {mode!r}.")
     return mode
+
+
+def as_url(url: str | os.PathLike[str]) -> str:
+    """An archive's location as the string every function takes: a local path given as a
+    :class:`pathlib.Path` (any ``os.PathLike``) becomes its text; a string is kept."""
+    return os.fspath(url) if isinstance(url, os.PathLike) else url
 
 
 def is_local(url: str) -> bool:

@@ -17,24 +17,35 @@ the bytes against the name, and refuses them with :class:`CorruptArchiveError` n
 the object and both hashes. The model bytes are read through the archive's zarr store,
 so on local disk the guarded store (:mod:`~flyarchive.store.localstore`) reads only a
 regular file inside the archive, of bounded size.
+
+Bytes that hash to their name are still untrusted (anyone may write an archive): they
+are loaded into a long-lived process only after a short-lived child process loaded them
+safely (:mod:`~flyarchive.store.model_check`; :func:`kept_model`, :func:`load_model`,
+and ``verify`` through :func:`model_problems`).
 """
 
 from __future__ import annotations
 
 import hashlib
+import os
 import re
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
+import mujoco
 import zarr
 from zarr.core.buffer import default_buffer_prototype
 
-from flyarchive.errors import CorruptArchiveError, SchemaError
-from flyarchive.models import mjb_version
+from flyarchive.errors import CorruptArchiveError, ModelLoadError, SchemaError
+from flyarchive.models import load_mjb, mjb_version
+from flyarchive.models import load_model as load_model_file
 from flyarchive.store.location import sync
+from flyarchive.store.model_check import check_model
 
 __all__ = ["MODELS_GROUP", "MODEL_ATTR", "MAX_MODEL_BYTES", "model_entry", "model_key",
-           "write_model", "stored_entry", "read_model", "model_problems"]
+           "write_model", "stored_entry", "read_model", "model_problems", "kept_model",
+           "load_model"]
 
 #: The zarr group holding the models, under the archive's root.
 MODELS_GROUP = "models"
@@ -206,12 +217,94 @@ def read_model(group: zarr.Group, url: str) -> tuple[bytes, dict[str, Any]] | No
     return blob, entry
 
 
-
 def model_problems(group: zarr.Group, url: str) -> list[str]:
     """What is wrong with the stored model, for ``verify`` (empty when sound or absent):
-    a malformed attribute, a missing object, or bytes that do not hash to its name."""
+    a malformed attribute, a missing object, bytes that do not hash to its name, or bytes
+    that this MuJoCo refuses or cannot load safely (checked in a child process,
+    :func:`~flyarchive.store.model_check.check_model`)."""
     try:
-        read_model(group, url)
-    except (CorruptArchiveError, SchemaError) as err:
+        stored = read_model(group, url)
+        if stored is not None:
+            check_model(stored[0], _where(url, stored[1]), sha256=stored[1]["sha256"])
+    except (CorruptArchiveError, SchemaError, ModelLoadError) as err:
         return [f"Model: {err}"]
     return []
+
+
+def _where(url: str, entry: Mapping[str, Any]) -> str:
+    """The kept model's file: ``"<url>/models/<sha256>.mjb"``."""
+    return f"{url.rstrip('/')}/{entry['path']}"
+
+
+def kept_model(url: str, storage_options: Mapping[str, Any] | None = None
+               ) -> tuple[mujoco.MjModel, bytes]:
+    """The model kept beside an archive, loaded into this process only once it is known to
+    load safely; and its MJB bytes (what workers get).
+
+    The bytes are checked against their name (:func:`read_model`), then loaded in a
+    short-lived child process unless a verdict for them is kept
+    (:func:`~flyarchive.store.model_check.check_model`), then here.
+
+    Args:
+        url: The archive (any fsspec URL or local path).
+        storage_options: fsspec options for it.
+
+    Raises:
+        ArchiveNotFoundError: nothing at ``url``.
+        ModelLoadError: the archive keeps no model, or this MuJoCo refuses it (another
+            release, truncated...).
+        UnsafeModelError: loading it crashed the child process, raised
+            ``mujoco.FatalError``, or did not finish (the message names the file).
+        CorruptArchiveError, SchemaError: the object is missing, or its bytes or the
+            attribute naming it were damaged.
+    """
+    from flyarchive.store.reader import open_group
+
+    stored = read_model(open_group(url, storage_options), url)
+    if stored is None:
+        raise ModelLoadError(
+            f"The archive at {url!r} keeps no model (it was recorded or imported with "
+            "store_model=False, or before flyarchive kept models). Pass the compiled model "
+            "it was recorded with: model=... (an MjModel), or --model FILE (.mjb or .xml)."
+        )
+    blob, entry = stored
+    where = _where(url, entry)
+    check_model(blob, where, sha256=entry["sha256"])
+    return load_mjb(blob, f"the model kept in the archive ({where})"), blob
+
+
+def load_model(source: str | os.PathLike[str],
+               storage_options: Mapping[str, Any] | None = None) -> mujoco.MjModel:
+    """The compiled model of an archive, or of a model file (``flyarchive.load_model``).
+
+    - An archive (a local folder, ``file://``, ``s3://``... any fsspec URL): the model
+      kept beside it, ``models/<sha256>.mjb``. It is untrusted input: its bytes are
+      checked against their name, then loaded first in a short-lived child process
+      (MuJoCo's loader is not memory-safe on crafted files), whose verdict is kept by
+      hash in the cache folder (``FLYARCHIVE_CACHE_DIR``, else
+      ``$XDG_CACHE_HOME/flyarchive``), so later loads of the same model skip it.
+    - A local ``.xml`` (MJCF, with its assets beside it) or ``.mjb`` file: a model you
+      trust, loaded in this process as :func:`flyarchive.models.load_model` does.
+
+    Args:
+        source: An archive's URL or path, or a model file's path.
+        storage_options: fsspec options for an archive (e.g. S3 credentials).
+
+    Returns:
+        The compiled model (host memory).
+
+    Raises:
+        ModelLoadError: the archive keeps no model, or MuJoCo refuses the model (another
+            release, a damaged file); a model file that is missing or of another suffix.
+        UnsafeModelError: the archive's model crashed the child process that loaded it,
+            raised ``mujoco.FatalError``, or did not finish; the message names the file.
+            Pass a model you trust instead (``model=``, ``--model``).
+        ArchiveNotFoundError: nothing at the archive's URL.
+        CorruptArchiveError, SchemaError: the kept model is missing or damaged.
+    """
+    text = os.fspath(source)
+    local = "://" not in text or text.startswith("file://")
+    path = Path(text.removeprefix("file://")).expanduser()
+    if local and (path.suffix.lower() in (".xml", ".mjb") or path.is_file()):
+        return load_model_file(path)
+    return kept_model(text, storage_options)[0]

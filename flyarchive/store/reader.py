@@ -215,11 +215,18 @@ def unreadable(url: str, group: zarr.Group, err: BaseException) -> FlyarchiveErr
 
 
 def corrupt_read(url: str, what: str, err: BaseException) -> CorruptArchiveError:
-    """The error for stored bytes that fail their checksum or do not decode."""
-    return CorruptArchiveError(
+    """The error for stored bytes that fail their checksum or do not decode; ``err`` itself
+    when it is already one of these (it names what was read: wrapping it again would say
+    everything twice in one message)."""
+    if getattr(err, "names_read", False):
+        assert isinstance(err, CorruptArchiveError)
+        return err
+    error = CorruptArchiveError(
         f"Reading {what} from {url!r} failed: {getattr(err, 'reason', err)}. The stored "
         f"bytes are damaged; run `flyarchive verify {url}` to list every damaged chunk."
     )
+    error.names_read = True  # type: ignore[attr-defined]
+    return error
 
 
 def time_extents(group: zarr.Group) -> dict[str, int]:
@@ -355,7 +362,7 @@ class StateReader:
 
     def __init__(self, url: str, storage_options: Mapping[str, Any] | None = None) -> None:
         group = open_checked(url, storage_options or None, own_later=True)
-        self.url = url
+        self.url, self._group = url, group
         with fused_reads():
             self.arrays = {n: group[n] for n in STATE_VARS if n in group}
         world = group["world"]._async_array  # read beside the arrays' own metadata
@@ -374,15 +381,44 @@ class StateReader:
         twice the frames needed (whole recordings of consecutive worlds); else one read
         per piece.
 
+        Every frame of ``pieces`` must be committed (below its world's ``n_frames``): one
+        whose chunk, shard or index entry is missing is damage.
+
         Raises:
-            CorruptArchiveError: stored bytes fail their checksum or do not decode.
+            CorruptArchiveError: stored bytes fail their checksum or do not decode, or a
+                chunk of the pieces is missing (named: variable, worlds, frames, file).
         """
         try:
             out = self._read(pieces, dtype)
         except ValueError as err:
             worlds = sorted({int(self.world_ids[w]) for w, _, _ in pieces})
             raise corrupt_read(self.url, f"the states of worlds {worlds}", err) from None
+        for name, values in out.items():
+            self._check_present(name, values, pieces)
         return out["qpos"], out.get("mocap_pos"), out.get("mocap_quat")
+
+    def _check_present(self, name: str, values: np.ndarray,
+                       pieces: Sequence[tuple[int, int, int]]) -> None:
+        """Raise if frames of ``pieces`` that read as the fill value are missing (the
+        storage is asked only when some did)."""
+        from flyarchive.store.missing import committed_holes, fill_cells, missing_error, probe
+
+        arr = self.arrays[name]
+        hit = fill_cells(values[:, None], arr.fill_value)[:, 0]
+        if not hit.any():
+            return
+        worlds = np.concatenate([np.full(stop - start, w) for w, start, stop in pieces])
+        frames = np.concatenate([np.arange(start, stop) for _, start, stop in pieces])
+        cells = np.stack([worlds[hit], frames[hit]], axis=1)
+        empty = probe(arr, cells)
+        if not empty:
+            return
+        # every piece is committed; n_frames (read now, for the message) spans each hole
+        committed = np.maximum(np.asarray(self._group["n_frames"][:], dtype=np.int64), 0)
+        np.maximum.at(committed, cells[:, 0], cells[:, 1] + 1)
+        holes = committed_holes(empty, np.unique(cells[:, 0]), np.arange(arr.shape[1]),
+                                committed)
+        raise missing_error(self.url, name, self.world_ids, holes)
 
     def _read(self, pieces: Sequence[tuple[int, int, int]], dtype: Any) -> dict[str, np.ndarray]:
         n = sum(stop - start for _, start, stop in pieces)

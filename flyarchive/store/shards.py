@@ -56,7 +56,7 @@ from zarr.core.metadata import ArrayV3Metadata
 from flyarchive.errors import ArchiveReplacedError
 from flyarchive.store.location import sync
 
-__all__ = ["OpenedArchive", "ShardReader", "settled_shards"]
+__all__ = ["NeverWritten", "OpenedArchive", "ShardReader", "settled_shards"]
 
 _PROTOTYPE = default_buffer_prototype()
 _EMPTY = np.uint64(2**64 - 1)  # an inner chunk never written (zarr's sharding spec)
@@ -94,6 +94,24 @@ class OpenedArchive:
 
     url: str
     archive_id: str | None
+
+
+@dataclass(frozen=True)
+class NeverWritten:
+    """An inner chunk that a read covered and found empty: its shard is missing, or the
+    shard's index marks it never written (offset and length ``2**64 - 1``). It reads as
+    the fill value; whether that is legal is the caller's question
+    (:mod:`~flyarchive.store.missing`: inside ``n_frames`` it is damage).
+
+    Attributes:
+        region: ``(start, stop)`` indices it covers along each axis, inside the array.
+        key: The key of its shard in the store, e.g. ``"qpos/c/0/1/0"``.
+        shard_missing: True when the whole shard is missing.
+    """
+
+    region: tuple[tuple[int, int], ...]
+    key: str
+    shard_missing: bool
 
 
 @dataclass
@@ -177,8 +195,15 @@ class ShardReader:
             getattr(sharding, "_sync_capable", True))
 
     # ------------------------------------------------------------------ reading
-    def read(self, box: Sequence[slice]) -> np.ndarray:
+    def read(self, box: Sequence[slice], *,
+             never_written: list[NeverWritten] | None = None) -> np.ndarray:
         """The values in ``box``: one slice of step 1 per axis, inside the array.
+
+        Args:
+            box: The selection.
+            never_written: If given, each inner chunk of the box that holds nothing (no
+                shard, or an index entry never written) is appended to it: found from the
+                requests the read makes anyway, none more.
 
         Returns:
             A new array of the box's shape (inner chunks never written read as the
@@ -194,13 +219,13 @@ class ShardReader:
             if self._sync_io:  # one shard's bytes at a time: the same memory, reused
                 for shard in shards:
                     self._drive_sync(shard.key, self._steps(shard))
-                    self._decode(shard, out, starts, stops)
+                    self._decode(shard, out, starts, stops, never_written)
                     shard.data = []
                 self._check_archive()
                 return out
             sync(self._fetch_all(shards))  # the shards' requests concurrently, then the root
             for shard in shards:
-                self._decode(shard, out, starts, stops)
+                self._decode(shard, out, starts, stops, never_written)
             return out
         except Exception as err:
             if self._opened is not None and not isinstance(err, ArchiveReplacedError):
@@ -374,9 +399,11 @@ class ShardReader:
         return got
 
     # ------------------------------------------------------------------ decoding
-    def _decode(self, shard: _Shard, out: np.ndarray, starts: list[int], stops: list[int]) -> None:
+    def _decode(self, shard: _Shard, out: np.ndarray, starts: list[int], stops: list[int],
+                never_written: list[NeverWritten] | None = None) -> None:
         """Each fetched inner chunk of ``shard`` decoded into its place in ``out`` (the box
-        ``starts..stops``): straight into it when the chunk lies whole in the box."""
+        ``starts..stops``): straight into it when the chunk lies whole in the box; those
+        never written filled (and listed in ``never_written``, if given)."""
         places, cuts = [], []  # per axis: where each chunk goes in out; what of it (None: all)
         for span, a, b, k in zip(shard.spans, starts, stops, self.chunk_shape):
             places.append([slice(max(a, c * k) - a, min(b, c * k + k) - a) for c in span])
@@ -385,11 +412,16 @@ class ShardReader:
                          for c in span])
         into = self._into
         stored = shard.data or itertools.repeat(None)  # nothing fetched: no shard there
-        for place, cut, raw in zip(itertools.product(*places), itertools.product(*cuts),
-                                   stored):
+        for coords, place, cut, raw in zip(itertools.product(*shard.spans),
+                                           itertools.product(*places),
+                                           itertools.product(*cuts), stored):
             target = out[place]
             if raw is None:
                 target[...] = self.fill_value
+                if never_written is not None:
+                    region = tuple((c * k, min(c * k + k, n))
+                                   for c, k, n in zip(coords, self.chunk_shape, self.shape))
+                    never_written.append(NeverWritten(region, shard.key, not shard.data))
             elif into is not None and not any(cut) and target.flags.c_contiguous:
                 into(raw, target)
             else:

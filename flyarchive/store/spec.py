@@ -24,7 +24,8 @@ from flyarchive.layout import ModelLayout
 from flyarchive.models import check_mjb
 from flyarchive.schema import RESERVED_ATTRS
 
-__all__ = ["ArchiveSpec", "FrameBlock", "MAX_CHUNK_FRAMES", "MAX_CAPACITY_FRAMES", "MAX_BUFFER_BYTES"]
+__all__ = ["ArchiveSpec", "FrameBlock", "MAX_CHUNK_FRAMES", "MAX_CAPACITY_FRAMES", "MAX_BUFFER_BYTES",
+           "world_var_array", "world_var_dtype", "is_text"]
 
 #: Largest ``chunk_frames``: a chunk is also the recorder's host buffer.
 MAX_CHUNK_FRAMES = 100_000
@@ -103,7 +104,62 @@ def _check_attrs(attrs: Mapping[str, Any]) -> None:
             ) from None
 
 
-def _check_world_vars(world_vars: Mapping[str, Any], n_worlds: int) -> None:
+def is_text(dtype: Any) -> bool:
+    """True for a dtype of text (numpy ``str_`` or ``StringDType``): a text world variable."""
+    return np.dtype(dtype).kind in "UT"
+
+
+def world_var_array(values: Any) -> np.ndarray:
+    """``values`` as the array a world variable stores: bools, whole numbers, floats (NaN
+    and infinities included: NaN marks a missing value, as in xarray) or text (``str``,
+    one per world; an object array of ``str`` becomes text).
+
+    Returns:
+        A native-byte-order array; text as numpy ``str_``.
+
+    Raises:
+        ValueError: saying what the values hold instead (objects that are not all
+            ``str``, bytes, complex numbers, dates...), or text that a reader would refuse
+            (not UTF-8 encodable, more than :data:`~flyarchive.store.hardening.MAX_STRINGS`
+            values or :data:`~flyarchive.store.hardening.MAX_STRING_CHUNK_BYTES` bytes).
+    """
+    from flyarchive.store.hardening import MAX_STRING_CHUNK_BYTES, MAX_STRINGS
+
+    array = np.asarray(values)
+    if array.dtype.kind == "O" and array.size and all(isinstance(v, str) for v in array.flat):
+        array = array.astype(str)
+    if array.dtype.kind in "biuf":
+        return np.ascontiguousarray(array, dtype=array.dtype.newbyteorder("="))
+    if not is_text(array.dtype):
+        kinds = {"O": "Python objects", "S": "bytes", "c": "complex numbers", "M": "dates",
+                 "m": "durations", "V": "records"}
+        raise ValueError(f"it has dtype {array.dtype} "
+                         f"({kinds.get(array.dtype.kind, array.dtype.kind)})")
+    if not isinstance(values, np.ndarray):  # numpy makes ["wt", 1] text: refuse the mix
+        others = [v for v in values if not isinstance(v, str)]
+        if others:
+            raise ValueError(f"it mixes text with {others[0]!r} ({type(others[0]).__name__}); "
+                             "give text for every world, or numbers for every world")
+    try:
+        size = 4 + sum(4 + len(str(v).encode("utf-8")) for v in array.flat)
+    except UnicodeEncodeError as err:
+        raise ValueError(f"it holds text that is not valid Unicode ({err.reason})") from None
+    if array.size > MAX_STRINGS or size > MAX_STRING_CHUNK_BYTES:
+        raise ValueError(
+            f"its text is {size:,} bytes in {array.size:,} values; readers take at most "
+            f"{MAX_STRING_CHUNK_BYTES:,} bytes and {MAX_STRINGS:,} values per text variable")
+    return np.asarray(array, dtype=str)
+
+
+def world_var_dtype(values: np.ndarray) -> Any:
+    """The dtype to create a world variable's zarr array with: ``str`` (zarr's variable-length
+    UTF-8 ``string``) for text, else the values' own."""
+    return str if is_text(values.dtype) else values.dtype
+
+
+def _check_world_vars(world_vars: Mapping[str, Any], n_worlds: int) -> dict[str, np.ndarray]:
+    """The world variables as arrays (:func:`world_var_array`), each checked."""
+    checked = {}
     for name, values in world_vars.items():
         if not isinstance(name, str) or not name or "/" in name or name.startswith(".") \
                 or name in RESERVED_NAMES:
@@ -111,12 +167,24 @@ def _check_world_vars(world_vars: Mapping[str, Any], n_worlds: int) -> None:
                 f"World variable name {name!r} cannot be used: names are non-empty strings "
                 f"without '/' or a leading '.', other than {sorted(RESERVED_NAMES)}. Rename it."
             )
-        array = np.asarray(values) if not isinstance(values, (str, bytes)) else np.asarray([])
-        if array.shape != (n_worlds,) or array.dtype.kind not in "biuf":
+        if isinstance(values, (str, bytes)):
             raise SchemaError(
-                f"World variable {name!r} must be a ({n_worlds},) numeric array (one value per "
-                f"world), got shape {array.shape} of dtype {array.dtype}."
+                f"World variable {name!r} is the single value {values!r}; give one value per "
+                f"world ({n_worlds}), e.g. [{values!r}] * {n_worlds}.")
+        try:
+            array = world_var_array(values)
+        except ValueError as err:
+            raise SchemaError(
+                f"World variable {name!r} cannot be stored: {err}. World variables hold "
+                f"({n_worlds},) bools, numbers or text, one value per world."
+            ) from None
+        if array.shape != (n_worlds,):
+            raise SchemaError(
+                f"World variable {name!r} must be a ({n_worlds},) array of bools, numbers or "
+                f"text (one value per world), got shape {array.shape} of dtype {array.dtype}."
             )
+        checked[name] = array
+    return checked
 
 
 @dataclass(frozen=True)
@@ -134,7 +202,8 @@ class ArchiveSpec:
         shard_worlds: Worlds per shard; a writer's world block is a multiple of it.
         codec: ``"lossless"`` or ``"abs:<bound>"`` (see :mod:`flyarchive.codecs`).
         attrs: User metadata for the archive's attributes (JSON values).
-        world_vars: Per-world user variables, each ``(n_worlds,)`` numeric.
+        world_vars: Per-world user variables, each ``(n_worlds,)``: bools, numbers or
+            text (:func:`world_var_array`).
         capacity_frames: For archives written by several processes (one per block of
             worlds): the time extent, fixed at creation, with the time coordinate
             filled from the frame schedule. None: the extent grows with each commit.
@@ -185,7 +254,7 @@ class ArchiveSpec:
         if not isinstance(self.source, str):
             raise SchemaError(f"source must be a string, got {self.source!r}.")
         _check_attrs(self.attrs)
-        _check_world_vars(self.world_vars, len(self.world_ids))
+        set_(self, "world_vars", _check_world_vars(self.world_vars, len(self.world_ids)))
         codecs.parse_codec(self.codec)
         if self.model is not None:
             if not isinstance(self.model, bytes):

@@ -1,9 +1,17 @@
 """Per-world variables added to an archive after recording: :func:`add_world_vars`.
 
-A world variable is a ``(world,)`` array of numbers or bools (a seed, a parameter, a
-success flag, a reward) stored beside the recorded state as its own zarr array with
-dimension ``world``, so that ``open_archive`` (and plain ``xarray.open_zarr``) shows it
-as a ``(world,)`` variable.
+A world variable is a ``(world,)`` array of bools, numbers or text (a seed, a parameter,
+a success flag, a reward, a genotype) stored beside the recorded state as its own zarr
+array with dimension ``world``, so that ``open_archive`` (and plain ``xarray.open_zarr``)
+shows it as a ``(world,)`` variable. Text is stored as zarr's variable-length UTF-8
+``string`` data type (read back as numpy strings).
+
+Non-finite floats are stored as given, as xarray stores them: NaN marks a missing value
+(a world whose reward was never computed), and infinities are values. A condition on them
+follows numpy and xarray: ``ds.reward > 0.5`` and ``ds.reward == x`` are False where the
+reward is NaN, ``ds.reward != x`` is True there (``--where-world-var`` does the same, and
+refuses ``nan`` as the value compared with, which equals nothing: select missing values
+in Python with ``ds.reward.isnull()``).
 
 Committed atomically: a reader sees a variable whole or not at all. Each variable is one
 chunk; its chunk is written first, its ``zarr.json`` (which makes it exist) last, then
@@ -37,7 +45,7 @@ from flyarchive.store import storage_errors
 from flyarchive.store.claims import WRITER_KEY, claim_archive, release
 from flyarchive.store.location import access_denied, sync
 from flyarchive.store.reader import open_group
-from flyarchive.store.spec import RESERVED_NAMES
+from flyarchive.store.spec import RESERVED_NAMES, is_text, world_var_array, world_var_dtype
 
 __all__ = ["add_world_vars", "check_world_var", "RESERVED_WORLD_VAR_NAMES"]
 
@@ -64,7 +72,8 @@ def add_world_vars(
         variables: ``{name: values}``, one value per world in the archive's world order
             (a sequence or array of shape ``(n_worlds,)``), or an ``xarray.DataArray``
             over ``world`` whose ``world`` coordinate holds exactly the archive's world
-            ids (in any order: it is aligned). Numbers or bools only.
+            ids (in any order: it is aligned). Bools, numbers (NaN and infinities kept as
+            given) or text (``str``: e.g. ``["wt", "mutA", "wt"]``).
         storage_options: Passed to fsspec.
         overwrite: Replace variables of these names added before (never the archive's
             own arrays).
@@ -76,8 +85,8 @@ def add_world_vars(
     Raises:
         SchemaError: a name that is not allowed (empty, with ``/``, or one of the
             archive's own: ``qpos``, ``time``, ``world``, ``models``...), values of
-            another length than the worlds, of a dtype that is not bool, integer or
-            float (strings, objects, complex), or a DataArray whose world ids differ from
+            another length than the worlds, of a dtype that is not bool, integer, float or
+            text (objects, bytes, complex), or a DataArray whose world ids differ from
             the archive's; nothing is written.
         OutputExistsError: a variable of that name exists and ``overwrite`` is False.
         ArchiveNotFoundError: no archive at ``url``.
@@ -150,31 +159,24 @@ def check_world_var(name: Any, values: Any, world_ids: np.ndarray, url: str = ""
         )
     if isinstance(values, (str, bytes)):
         raise SchemaError(
-            f"World variable {name!r} is the text {values!r}; it must be {n} numbers or bools, "
-            "one per world.")
+            f"World variable {name!r} is the single value {values!r}; it must be {n} values, "
+            f"one per world, e.g. [{values!r}] * {n}.")
     values = _aligned(name, values, world_ids, url)
     try:
-        array = np.asarray(values)
+        array = world_var_array(values)
     except (ValueError, TypeError) as err:
-        raise SchemaError(f"World variable {name!r} cannot be made an array ({err}).") from None
-    if array.dtype.kind not in "biuf":
         raise SchemaError(
-            f"World variable {name!r} has dtype {array.dtype} ({_kind(array.dtype)}); world "
-            "variables are numbers or bools. Convert it, e.g. np.asarray(values, dtype=float), "
-            "or keep text in the archive's attributes."
-        )
+            f"World variable {name!r} cannot be stored: {err}. World variables hold bools, "
+            "numbers or text (str), one per world; convert it, e.g. np.asarray(values, "
+            "dtype=float) or [str(v) for v in values]."
+        ) from None
     if array.shape != (n,):
         raise SchemaError(
             f"World variable {name!r} has shape {array.shape}; the archive at {url!r} has {n} "
             f"worlds (ids {_shown(world_ids)}), so it needs shape ({n},): one value per world, "
             "in the archive's world order."
         )
-    return np.ascontiguousarray(array, dtype=array.dtype.newbyteorder("="))
-
-
-def _kind(dtype: np.dtype) -> str:
-    return {"O": "Python objects", "U": "text", "S": "bytes", "c": "complex numbers",
-            "M": "dates", "m": "durations", "V": "records"}.get(dtype.kind, dtype.kind)
+    return array
 
 
 def _shown(ids: np.ndarray) -> str:
@@ -257,7 +259,7 @@ def _encoded(values: np.ndarray, stored_meta: bytes | None, *, name: str = "") -
     proto = default_buffer_prototype()
     if stored_meta is None:
         array = zarr.create_array(
-            memory, shape=values.shape, dtype=values.dtype, chunks=values.shape,
+            memory, shape=values.shape, dtype=world_var_dtype(values), chunks=values.shape,
             dimension_names=["world"], compressors=[zarr.codecs.Crc32cCodec()],
             attributes={"description": "per-world variable (add_world_vars)"},
         )
@@ -279,6 +281,14 @@ def _fitted(name: str, values: np.ndarray, array: zarr.Array) -> np.ndarray:
             f"The world variable {name!r} is stored with shape {array.shape}; the new values "
             f"have shape {values.shape}.")
     dtype = np.dtype(array.dtype)
+    if is_text(dtype) != is_text(values.dtype):
+        raise SchemaError(
+            f"The world variable {name!r} is stored as {'text' if is_text(dtype) else dtype}; a "
+            f"replacement keeps it (so that readers never see a half-replaced variable), and "
+            f"the new values are {'text' if is_text(values.dtype) else values.dtype}. Pass "
+            f"{'text' if is_text(dtype) else 'numbers'}, or add them under another name.")
+    if is_text(dtype):
+        return values
     with np.errstate(all="ignore"):
         cast = values.astype(dtype)
     same = np.array_equal(cast.astype(values.dtype), values, equal_nan=values.dtype.kind == "f")

@@ -99,6 +99,9 @@ class ArchiveWriter:
     ``takeover=True``.
     """
 
+    #: The state arrays it writes (those of them the archive has), the first one always.
+    STATE: tuple[str, ...] = tuple(STATE_VARS)
+
     def __init__(
         self, group: zarr.Group, url: str, layout: ModelLayout,
         block: tuple[int, int] | None = None, *, claim: tuple[list[str], str] | None = None,
@@ -106,11 +109,11 @@ class ArchiveWriter:
         self._group = group
         self.url = url
         self.layout = layout
-        self._state = [n for n in STATE_VARS if n in group]
+        self._state = [n for n in self.STATE if n in group]
         # Archives written before flyarchive stored sim_time and frame have only time.
         self._times = ["time"] + [n for n in TIME_COORDS if n in group]
         check_commits(group, url, self._state)
-        qpos = group["qpos"]
+        qpos = group[self._state[0]]
         self.chunk_frames: int = int(qpos.chunks[1])
         self.dtype = qpos.dtype
         self.block = block
@@ -161,6 +164,8 @@ class ArchiveWriter:
             ArchiveInUseError: with ``"a"`` or ``"w"`` when another writer holds the archive.
             CorruptArchiveError: with ``"a"`` for a damaged archive (see :meth:`append`).
             LayoutMismatchError: with ``mode="a"`` when the archive's layout differs.
+            SchemaError: with ``mode="a"`` when the archive's timing, codec or dtype differs
+                from ``spec``'s (nothing is written).
         """
         parse_mode(mode)
         url = str(url)
@@ -187,7 +192,8 @@ class ArchiveWriter:
             raise exists_error(url)
         if mode == "a" and sync(inventory(store)) == "archive":
             return cls.append(url, spec.layout, storage_options=storage_options,
-                              timing=spec.timing, takeover=takeover)
+                              timing=spec.timing, takeover=takeover, codec=spec.codec,
+                              dtype=spec.dtype)
         local = local_path(url) if is_local(url) else None
         existed = local is not None and local.exists()
         try:
@@ -208,7 +214,8 @@ class ArchiveWriter:
             there = sync(inventory(store))
             if there == "archive" and mode == "a":  # made between our look and our claim
                 group = open_group(url, storage_options, mode="r+")
-                stored = check_against(group, url, spec.layout, spec.timing)
+                stored = check_against(group, url, spec.layout, spec.timing, codec=spec.codec,
+                                       dtype=spec.dtype)
                 return cls._opened(group, url, stored, claim)
             if there != "empty" and (mode == "w-" or (mode == "a" and there != "interrupted")):
                 raise exists_error(url) if there == "archive" else refusal(url, there)
@@ -229,6 +236,7 @@ class ArchiveWriter:
         cls, url: str, layout: ModelLayout, *,
         storage_options: Mapping[str, Any] | None = None, timing: Timing | None = None,
         world_block: tuple[int, int] | None = None, takeover: bool = False,
+        codec: str | None = None, dtype: Any = None,
     ) -> "ArchiveWriter":
         """Open an existing archive to add frames after its last committed one.
 
@@ -241,18 +249,21 @@ class ArchiveWriter:
             takeover: Take over the claim of a writer that crashed (of this exact block
                 with ``world_block``). A claim whose holder provably died on this host is
                 taken over without it.
+            codec, dtype: The codec spec and state dtype the caller writes with, checked
+                against the archive's (None: not checked).
 
         Raises:
             ArchiveNotFoundError: if no archive is at ``url``.
             LayoutMismatchError: if ``layout`` differs from the archive's.
-            SchemaError: if ``timing`` differs from the archive's, or a claim file is damaged.
+            SchemaError: if ``timing``, ``codec`` or ``dtype`` differs from the archive's,
+                or a claim file is damaged.
             ArchiveInUseError: if another writer holds the archive (naming it).
             WorldBlockConflictError: if the block overlaps another writer's.
             CorruptArchiveError: if ``n_frames`` is missing, outside the time extent, or the
                 committed times are not finite and increasing (nothing is written).
         """
         group = open_group(url, storage_options, mode="r+")
-        stored = check_against(group, url, layout, timing)
+        stored = check_against(group, url, layout, timing, codec=codec, dtype=dtype)
         if "n_frames" not in group or "qpos" not in group:
             there = sync(inventory(group.store))
             raise refusal(url, there if there != "archive" else "damaged")

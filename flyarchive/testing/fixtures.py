@@ -21,7 +21,7 @@ from typing import Any
 import mujoco
 
 __all__ = [
-    "Location", "record", "slider_archive", "snapshot", "to_memory", "memory_snapshot", "bucket_snapshot",
+    "Location", "record", "slider_archive", "write_states", "snapshot", "to_memory", "memory_snapshot", "bucket_snapshot",
     "forbidding_s3",
 ]
 
@@ -91,6 +91,27 @@ def slider_archive(url: str, qpos: Any, *, output_fps: float = 25.0,
                        chunk_frames=chunk_frames, shard_worlds=1)
     time = np.arange(n_frames) * (playback_speed / output_fps)
     ArchiveWriter.create(url, spec).write(FrameBlock(time=time, qpos=qpos))
+    return url
+
+
+def write_states(url: str, model: mujoco.MjModel, qpos: Any, *, chunk_frames: int = 5,
+                 mocap: tuple[Any, Any] | None = None) -> str:
+    """An archive of given states: ``qpos`` ``(worlds, frames, nq)`` (and mocap poses), frame
+    ``k`` at ``k * 0.008`` s, the model kept beside it; returns ``url``."""
+    import numpy as np
+
+    from flyarchive.clock import Timing
+    from flyarchive.layout import ModelLayout
+    from flyarchive.models import model_bytes
+    from flyarchive.store import ArchiveSpec, ArchiveWriter, FrameBlock
+
+    qpos = np.asarray(qpos, dtype=float)
+    spec = ArchiveSpec(ModelLayout.from_model(model), Timing(float(model.opt.timestep), 25, 0.2),
+                       tuple(range(qpos.shape[0])), chunk_frames=chunk_frames,
+                       model=model_bytes(model))
+    with ArchiveWriter.create(url, spec) as writer:
+        writer.write(FrameBlock(np.arange(qpos.shape[1]) * 0.008, qpos,
+                                *(mocap if mocap is not None else (None, None))))
     return url
 
 

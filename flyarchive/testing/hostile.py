@@ -32,10 +32,12 @@ from pathlib import Path
 
 import numpy as np
 
+from flyarchive.testing.holes import INCONSISTENT_CASES, MISSING_CASES
+
 __all__ = [
     "CASES", "COMMANDS", "Outcome", "make_sound", "make_case", "command_argv", "run_isolated",
     "hostile_table", "passed", "MAX_SECONDS", "MAX_MB", "pcodec_bomb", "rewrite_shard",
-    "snapshot", "unpickled_marker", "BOMB_BYTES", "MEMORY_CAP",
+    "snapshot", "unpickled_marker", "run_caught", "BOMB_BYTES", "MEMORY_CAP",
 ]
 
 #: What every bomb decodes to, bytes: well above :data:`MEMORY_CAP` (4 GiB).
@@ -219,6 +221,9 @@ CASES: dict[str, Callable[[Path], None]] = {
     "zarr v2 archive, qpos compressor pickle": _zarr_v2_pickle,
     "flipped bits in a time chunk": _flip("time", "1"),
     "flipped bits in a qpos shard": _flip("qpos", "0", "1", "0"),
+    # committed frames missing, and archives whose parts disagree (flyarchive.testing.holes)
+    **{name: edit for name, (edit, _) in MISSING_CASES.items()},
+    **INCONSISTENT_CASES,
 }
 
 
@@ -326,18 +331,37 @@ def _child(command: str, argv: list[str]) -> dict:
         import flyarchive.distribute.api  # noqa: F401
         import flyarchive.distribute.cpu_tasks  # noqa: F401
     start = time.perf_counter()
+    if command == "open_archive":
+        from flyarchive import open_archive
+
+        done = run_caught(lambda: open_archive(argv[0]).load())
+    else:
+        done = run_caught(argv)
+    seconds = time.perf_counter() - start
+    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    return {**done, "seconds": seconds, "maxrss_mb": rss}
+
+
+def run_caught(command: Sequence[str] | Callable[[], object]) -> dict:
+    """Run here a CLI command (its arguments) or an API call (a function), whatever it
+    raises; what it did, as JSON-friendly values.
+
+    Returns:
+        ``exit``: the CLI's exit status, or 0 for an API call that returned; 2 for a
+        flyarchive error, 1 for any other exception. ``error_type``: the exception's
+        class, ``"FlyarchiveError"`` for a CLI exit 2, None when it worked. ``message``:
+        the CLI's stderr, or the exception's message.
+    """
     stderr = io.StringIO()
     error_type, code = None, 0
     try:
-        if command == "open_archive":
-            from flyarchive import open_archive
-
-            open_archive(argv[0]).load()
+        if callable(command):
+            command()
         else:
             from flyarchive.cli import main
 
             with contextlib.redirect_stderr(stderr), contextlib.redirect_stdout(io.StringIO()):
-                code = main(argv)
+                code = main(list(command))
             error_type = "FlyarchiveError" if code == 2 else None
     except BaseException as err:  # noqa: BLE001 - reported to the parent, whatever it is
         from flyarchive.errors import FlyarchiveError
@@ -345,10 +369,7 @@ def _child(command: str, argv: list[str]) -> dict:
         code = 2 if isinstance(err, FlyarchiveError) else 1
         error_type = type(err).__name__
         stderr.write(str(err)[:2000])
-    seconds = time.perf_counter() - start
-    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-    return {"exit": code, "error_type": error_type, "message": stderr.getvalue().strip(),
-            "seconds": seconds, "maxrss_mb": rss}
+    return {"exit": code, "error_type": error_type, "message": stderr.getvalue().strip()}
 
 
 def run_isolated(command: str, url: str, workdir: Path, *, memory_bytes: int = MEMORY_CAP,
@@ -405,7 +426,9 @@ def hostile_table(workdir: Path, *, commands: Sequence[str] = COMMANDS,
     Returns:
         One row per case: ``case``, ``outcomes`` (command -> :meth:`Outcome.to_json`),
         ``max_seconds``, ``max_mb``, ``unchanged`` (the archive's files after all commands
-        equal those before) and ``passed`` (every command :func:`passed`).
+        equal those before), ``passed_off`` (for committed frames missing: the commands that
+        read them and exited 0, passing the hole off as data) and ``passed`` (every command
+        :func:`passed`, nothing passed off).
     """
     sound = make_sound(str(workdir / "sound.zarr"))
     rows = []
@@ -420,13 +443,17 @@ def hostile_table(workdir: Path, *, commands: Sequence[str] = COMMANDS,
                          f"{outcome.message[:160]!r}")
         seconds = [o.seconds for o in outcomes.values()]
         memory = [o.maxrss_mb for o in outcomes.values()]
+        readers = MISSING_CASES[name][1] if name in MISSING_CASES else ()
+        passed_off = [c for c in readers if c in outcomes and outcomes[c].exit == 0]
         rows.append({
             "case": name,
             "outcomes": {c: o.to_json() for c, o in outcomes.items()},
             "max_seconds": None if None in seconds else max(seconds),
             "max_mb": None if None in memory else max(memory),
             "unchanged": snapshot(Path(url)) == before,
-            "passed": all(passed(o) for o in outcomes.values()) and snapshot(Path(url)) == before,
+            "passed_off": passed_off,
+            "passed": all(passed(o) for o in outcomes.values()) and snapshot(Path(url)) == before
+            and not passed_off,
         })
     return rows
 

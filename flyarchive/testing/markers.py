@@ -19,7 +19,8 @@ import pytest
 __all__ = [
     "has_module", "has_cuda", "WARP_DEVICE", "WARP_BACKEND", "requires_warp", "requires_cuda",
     "requires_no_cuda", "requires_flygym", "requires_distributed", "requires_s3",
-    "requires_linux_sys", "opengl_vendor",
+    "requires_linux_sys", "requires_movement", "requires_nwb", "opengl_vendor", "CHROMIUM",
+    "CHROMIUM_ARGS", "requires_chromium", "requires_view",
 ]
 
 
@@ -95,6 +96,30 @@ requires_s3 = pytest.mark.skipif(
     not (has_module("s3fs") and has_module("moto")),
     reason="needs s3fs and moto[server]: pip install 'flyarchive[s3,test]'",
 )
+requires_movement = pytest.mark.skipif(
+    not (has_module("movement") and has_module("h5netcdf")),
+    reason="needs movement: pip install 'flyarchive[movement]'",
+)
+requires_nwb = pytest.mark.skipif(
+    not (has_module("pynwb") and has_module("ndx_pose")),
+    reason="needs pynwb and ndx-pose: pip install 'flyarchive[nwb]'",
+)
 requires_linux_sys = pytest.mark.skipif(
     not Path("/sys/kernel").is_dir(), reason="needs Linux /sys (a folder nobody may write in)"
+)
+
+#: Debian's Chromium (``apt-get install chromium``), driven by Playwright through
+#: ``executable_path`` (Playwright's own browser download cannot reach its servers here).
+CHROMIUM = os.environ.get("FLYARCHIVE_TEST_CHROMIUM", "/usr/bin/chromium")
+#: Its flags: no sandbox (root in CI), no GPU (WebGL on SwiftShader), nothing fetched.
+CHROMIUM_ARGS = ("--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+                 "--disable-background-networking", "--disable-component-update",
+                 "--disable-sync")
+requires_chromium = pytest.mark.skipif(
+    not (Path(CHROMIUM).is_file() and has_module("playwright") and has_module("aiohttp")),
+    reason="needs Chromium (apt-get install chromium), playwright and aiohttp: "
+           "pip install 'flyarchive[view,test]'",
+)
+requires_view = pytest.mark.skipif(
+    not has_module("aiohttp"), reason="needs aiohttp: pip install 'flyarchive[view]'"
 )

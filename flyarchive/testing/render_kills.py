@@ -3,16 +3,25 @@
 Used by ``tests/test_render_kill.py`` and ``scripts/reliability_report.py``.
 :func:`render_kill_trial` starts ``flyarchive render`` in a child process (in that
 process with ``--workers 0``, or on its own LocalCluster of two worker processes) in a
-session of its own and with a temporary folder (``TMPDIR``) of its own. Once a segment is
-being rendered, and after a seeded delay, it sends SIGKILL to the child (its worker
-processes die with it) or SIGINT to the child's process group, as a terminal's Ctrl-C
-does. Then it checks:
+session of its own and with a temporary folder (``TMPDIR``) of its own. It stops the
+child at one of two moments (:data:`STOPS`):
+
+- ``"mid-render"``: once a segment is being rendered, after a seeded delay;
+- ``"first-video"``: as soon as the manifest lists a finished video (the event the
+  render's manifest journal makes), while the other videos still render;
+
+by SIGKILL to the child (its worker processes die with it), SIGINT to its process group
+(a terminal's Ctrl-C) or SIGTERM to the child (``kill PID``). Then it checks:
 
 - no final video is half-written: every ``world*/*.mp4`` decodes to all its frames;
-- after Ctrl-C: exit status 130, one line on stderr, and nothing left behind;
-- a second render into the same folder (``--overwrite``, in its own process) succeeds
-  and leaves nothing but the videos and the manifest, in the output folder and in the
-  temporary folder: what the killed run left is removed by it.
+- after Ctrl-C or SIGTERM: exit status 130 or 143, one line on stderr, nothing left
+  behind but finished videos and the manifest, and every video the manifest lists is
+  there, whole;
+- a second render into the same folder (``--overwrite``; after ``"first-video"``:
+  ``--resume``, in its own process) succeeds and leaves nothing but the videos and the
+  manifest, in the output folder and in the temporary folder: what the killed run left
+  is removed by it. ``--resume`` keeps every video the manifest listed (the same file,
+  untouched), renders the rest, and lists them all.
 
 Nothing here is needed to record or replay.
 """
@@ -32,12 +41,18 @@ from pathlib import Path
 from flyarchive.testing.kills import TrialOutcome
 
 __all__ = ["RenderKillConfig", "RenderKillResult", "RenderArchive", "render_kill_trial",
-           "make_render_archive", "WHERE", "SIGNALS"]
+           "make_render_archive", "WHERE", "SIGNALS", "STOPS"]
 
 #: Where the killed render runs: in its own process, or on its own LocalCluster.
 WHERE = ("process", "dask")
-#: How it is stopped: SIGKILL to the process, or SIGINT to its process group (Ctrl-C).
-SIGNALS = ("kill", "int")
+#: How it is stopped: SIGKILL to the process, SIGINT to its process group (Ctrl-C), or
+#: SIGTERM to the process.
+SIGNALS = ("kill", "int", "term")
+#: When it is stopped: mid-render (a seeded delay after a segment starts), or as soon as
+#: the manifest lists a finished video.
+STOPS = ("mid-render", "first-video")
+#: Exit status of a render stopped by each signal.
+_EXITS = {"kill": -signal.SIGKILL, "int": 130, "term": 143}
 _SIZE = "48x64"
 #: The child: the console script's entry point (``python -m`` would turn a caught
 #: KeyboardInterrupt into a SIGINT exit status, a CPython quirk of ``-m``).
@@ -50,12 +65,13 @@ class RenderKillConfig:
 
     Attributes:
         where: ``"process"`` (``--workers 0``) or ``"dask"`` (a LocalCluster, 2 workers).
-        how: ``"kill"`` (SIGKILL to the render process) or ``"int"`` (SIGINT to its
-            process group).
+        how: ``"kill"`` (SIGKILL to the render process), ``"int"`` (SIGINT to its
+            process group) or ``"term"`` (SIGTERM to the render process).
         seed: Seeds the delay after the first segment starts.
         max_delay_s: The signal comes a uniform random [0, max_delay_s] seconds after
-            the first segment starts rendering.
+            the first segment starts rendering (``stop="mid-render"``).
         timeout_s: Seconds to wait for each step (start, exit, rerun).
+        stop: When: ``"mid-render"`` or ``"first-video"`` (then the next render resumes).
     """
 
     where: str = "process"
@@ -63,11 +79,12 @@ class RenderKillConfig:
     seed: int = 0
     max_delay_s: float = 1.5
     timeout_s: float = 180.0
+    stop: str = "mid-render"
 
     def __post_init__(self) -> None:
-        if self.where not in WHERE or self.how not in SIGNALS:
-            raise ValueError(f"where must be one of {WHERE} and how one of {SIGNALS}, got "
-                             f"{self.where!r}, {self.how!r}.")
+        if self.where not in WHERE or self.how not in SIGNALS or self.stop not in STOPS:
+            raise ValueError(f"where must be one of {WHERE}, how one of {SIGNALS} and stop one "
+                             f"of {STOPS}, got {self.where!r}, {self.how!r}, {self.stop!r}.")
 
 
 @dataclass
@@ -84,6 +101,11 @@ class RenderKillResult(TrialOutcome):
         left_after_stop: Files and folders the stopped run left (output and TMPDIR).
         left_after_rerun: The same after a second render into the same folder.
         rerun_ok: The second render exited 0 and every video decodes to all its frames.
+        listed: Videos the manifest listed after the stop.
+        listed_missing: Of those, the ones not there whole after the stop.
+        kept: ``stop="first-video"``: the listed videos that the resumed render left
+            untouched (same inode, size and modification time).
+        resumed_listed: Videos the manifest lists after the resumed render.
         problems: One sentence per failed check; empty when the trial passed.
     """
 
@@ -96,6 +118,10 @@ class RenderKillResult(TrialOutcome):
     left_after_stop: list[str] = field(default_factory=list)
     left_after_rerun: list[str] = field(default_factory=list)
     rerun_ok: bool = False
+    listed: list[str] = field(default_factory=list)
+    listed_missing: list[str] = field(default_factory=list)
+    kept: list[str] = field(default_factory=list)
+    resumed_listed: int = 0
     problems: list[str] = field(default_factory=list)
 
     VERDICT = "passed"
@@ -157,7 +183,8 @@ def render_kill_trial(archive: RenderArchive, workdir: str | os.PathLike[str],
     child = subprocess.Popen(command, env=env, start_new_session=True, cwd=work,
                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     try:
-        result.stopped_mid_render = _stop_mid_render(child, tmp, config)
+        wait = _wait_first_video if config.stop == "first-video" else _wait_mid_render
+        result.stopped_mid_render = _stop(child, config, wait(child, out, tmp, config))
         _, result.stderr = child.communicate(timeout=config.timeout_s)
     finally:
         if child.poll() is None:
@@ -168,14 +195,25 @@ def render_kill_trial(archive: RenderArchive, workdir: str | os.PathLike[str],
     result.half_written = [str(p.relative_to(out)) for p in _finals(out)
                            if _frames(p) != n_frames]
     result.left_after_stop = _leftovers(out, tmp)
-    again = [*command[:-3], "--workers", "0", "--quiet", "--overwrite"]  # in one process: quicker
+    listed = _listed(out)
+    result.listed = [str(Path(p).relative_to(out)) for p in listed]
+    result.listed_missing = [str(Path(p).relative_to(out)) for p in listed
+                             if _frames(Path(p)) != n_frames]
+    before = {p: _identity(Path(p)) for p in listed}
+    resume = config.stop == "first-video"
+    again = [*command[:-3], "--workers", "0", "--quiet",  # in one process: quicker
+             "--resume" if resume else "--overwrite"]
     rerun = subprocess.run(again, env=env, cwd=work, capture_output=True, text=True,
                            timeout=config.timeout_s)
     complete = [_frames(p) == n_frames for p in _finals(out)]
     n_videos = 2 * archive.n_worlds  # cameras 'front' and 'top'
     result.rerun_ok = rerun.returncode == 0 and len(complete) == n_videos and all(complete)
     result.left_after_rerun = _leftovers(out, tmp)
-    result.problems = _problems(result, rerun)
+    if resume:
+        result.kept = [str(Path(p).relative_to(out)) for p, was in before.items()
+                       if _identity(Path(p)) == was]
+        result.resumed_listed = len(_listed(out))
+    result.problems = _problems(result, rerun, n_videos)
     return result
 
 
@@ -186,26 +224,65 @@ def _child_env(tmp: Path, pythonpath: str | None) -> dict[str, str]:
     return env
 
 
-def _stop_mid_render(child: subprocess.Popen[str], tmp: Path, config: RenderKillConfig) -> bool:
-    """Wait for a segment to be rendering, then a seeded delay, then send the signal;
-    whether the child was still running then."""
-    import psutil
-
+def _wait_mid_render(child: subprocess.Popen[str], out: Path, tmp: Path,
+                     config: RenderKillConfig) -> float:
+    """Wait for a segment to be rendering, then a seeded delay; the deadline of the trial."""
     deadline = time.monotonic() + config.timeout_s
     while child.poll() is None and time.monotonic() < deadline:
         if any(tmp.rglob("flyarchive-seg-*")):
             break
         time.sleep(0.05)
     time.sleep(random.Random(config.seed).uniform(0, config.max_delay_s))
+    return deadline
+
+
+def _wait_first_video(child: subprocess.Popen[str], out: Path, tmp: Path,
+                      config: RenderKillConfig) -> float:
+    """Wait until the manifest lists a finished video (polling the file the render's
+    manifest journal writes); the deadline of the trial."""
+    deadline = time.monotonic() + config.timeout_s
+    while child.poll() is None and time.monotonic() < deadline and not _listed(out):
+        time.sleep(0.02)
+    return deadline
+
+
+def _stop(child: subprocess.Popen[str], config: RenderKillConfig, deadline: float) -> bool:
+    """Send the trial's signal and wait until the child's processes are gone; whether the
+    child was still running then."""
+    import psutil
+
     if child.poll() is not None:
         return False
     family = [child.pid] + [p.pid for p in psutil.Process(child.pid).children(recursive=True)]
     if config.how == "kill":
         os.kill(child.pid, signal.SIGKILL)
+    elif config.how == "term":
+        os.kill(child.pid, signal.SIGTERM)
     else:
         os.killpg(child.pid, signal.SIGINT)
     _wait_gone(family, deadline)
     return True
+
+
+def _listed(out: Path) -> list[str]:
+    """The video paths the manifest in ``out`` lists (none while it is missing or being
+    replaced)."""
+    import json
+
+    try:
+        return [v["path"] for v in json.loads((out / "manifest.json").read_text())["videos"]]
+    except (OSError, ValueError, KeyError, TypeError):
+        return []
+
+
+def _identity(path: Path) -> tuple[int, int, int] | None:
+    """Inode, size and modification time of a file (None if missing): unchanged when the
+    file was kept."""
+    try:
+        st = path.stat()
+    except OSError:
+        return None
+    return st.st_ino, st.st_size, st.st_mtime_ns
 
 
 def _wait_gone(pids: list[int], deadline: float) -> None:
@@ -247,19 +324,32 @@ def _leftovers(out: Path, tmp: Path) -> list[str]:
     return sorted(str(p) for p in left)
 
 
-def _problems(result: RenderKillResult, rerun: subprocess.CompletedProcess[str]) -> list[str]:
+def _problems(result: RenderKillResult, rerun: subprocess.CompletedProcess[str],
+              n_videos: int) -> list[str]:
     problems = []
+    config = result.config
     if result.half_written:
         problems.append(f"half-written final videos: {result.half_written}")
-    if result.config.how == "int" and result.stopped_mid_render:
+    if result.listed_missing:
+        problems.append(f"listed in the manifest but not there whole: {result.listed_missing}")
+    if config.how != "kill" and result.stopped_mid_render:
         lines = [line for line in result.stderr.splitlines() if line.strip()]
-        if result.exit_code != 130:
-            problems.append(f"Ctrl-C exit status {result.exit_code}, expected 130")
+        what = {"int": "Ctrl-C", "term": "SIGTERM"}[config.how]
+        if result.exit_code != _EXITS[config.how]:
+            problems.append(f"{what} exit status {result.exit_code}, expected {_EXITS[config.how]}")
         if len(lines) != 1:
-            problems.append(f"Ctrl-C printed {len(lines)} lines on stderr, expected 1: "
+            problems.append(f"{what} printed {len(lines)} lines on stderr, expected 1: "
                             f"{result.stderr[-600:]!r}")
         if result.left_after_stop:
-            problems.append(f"left after Ctrl-C: {result.left_after_stop}")
+            problems.append(f"left after {what}: {result.left_after_stop}")
+    if config.stop == "first-video" and result.stopped_mid_render:
+        if not result.listed:
+            problems.append("the manifest listed no finished video after the stop")
+        if sorted(result.kept) != sorted(result.listed):
+            problems.append(f"--resume did not keep {sorted(set(result.listed) - set(result.kept))}")
+        if result.rerun_ok and result.resumed_listed != n_videos:
+            problems.append(f"the manifest lists {result.resumed_listed} of the {n_videos} "
+                            "videos after --resume")
     if not result.rerun_ok:
         problems.append(f"the next render failed (exit {rerun.returncode}): {rerun.stderr[-600:]!r}")
     if result.left_after_rerun:
@@ -276,9 +366,10 @@ def _main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=_main.__doc__)
     parser.add_argument("--where", choices=WHERE, default="process")
     parser.add_argument("--how", choices=SIGNALS, default="kill")
+    parser.add_argument("--stop", choices=STOPS, default="mid-render")
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
-    config = RenderKillConfig(args.where, args.how, args.seed)
+    config = RenderKillConfig(args.where, args.how, args.seed, stop=args.stop)
     with tempfile.TemporaryDirectory(prefix="flyarchive-render-kill-") as work:
         result = render_kill_trial(make_render_archive(Path(work) / "archive"),
                                    Path(work) / "trial", config)

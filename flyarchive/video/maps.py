@@ -32,12 +32,19 @@ from typing import Any
 
 import numpy as np
 
-from flyarchive.errors import FrameSizeError, OutputExistsError, StorageError, VideoEncodeError
+from flyarchive.errors import (
+    CorruptArchiveError,
+    FrameSizeError,
+    OutputExistsError,
+    StorageError,
+    UnsafeFileError,
+    VideoEncodeError,
+)
 from flyarchive.video.writer import CloseOrAbort
 
 __all__ = [
     "CHUNK_FRAMES", "MAP_SUFFIXES", "map_url", "MapWriter", "publish_map", "join_maps",
-    "depth_attrs", "segmentation_attrs", "encode_chunk",
+    "depth_attrs", "segmentation_attrs", "encode_chunk", "check_map_metadata", "MAX_MAP_BYTES",
 ]
 
 #: Frames per chunk of a map array (about 7.7 MB of raw counts at 240x320).
@@ -46,6 +53,8 @@ CHUNK_FRAMES = 50
 MAP_SUFFIXES = {"depth": ".depth.zarr", "segmentation": ".seg.zarr"}
 _ZSTD_LEVEL = 1
 _METADATA = "zarr.json"
+#: Largest map read whole (:func:`flyarchive.video.decode.read_map`), decoded bytes.
+MAX_MAP_BYTES = 8 << 30
 
 
 def map_url(video_url: str, kind: str) -> str:
@@ -191,6 +200,60 @@ def encode_chunk(counts: np.ndarray) -> bytes:
     return bytes(compressed) + struct.pack("<I", google_crc32c.value(bytes(compressed)))
 
 
+def check_map_metadata(meta: Any, where: str) -> tuple[int, int]:
+    """Check a map array's parsed ``zarr.json`` against what :class:`MapWriter` writes:
+    uint16 ``(frames, H, W)`` in chunks of whole frames, little-endian bytes, zstd, CRC-32C,
+    fill 0, default chunk keys; small enough chunks, few enough of them, at most
+    :data:`MAX_MAP_BYTES` in all.
+
+    Args:
+        meta: The parsed metadata.
+        where: Its path or URL, for messages.
+
+    Returns:
+        ``(most bytes a chunk file may hold, bytes it decodes to)``.
+
+    Raises:
+        CorruptArchiveError: naming the file and what in it a map never holds.
+    """
+    from flyarchive.store.hardening import MAX_CHUNK_BYTES, MAX_OBJECTS
+
+    def bad(problem: str) -> CorruptArchiveError:
+        return CorruptArchiveError(
+            f"{where}: {problem}. flyarchive reads only the maps it writes (uint16 counts, "
+            "zstd then CRC-32C), so nothing was decoded; render the map again.")
+
+    if not isinstance(meta, dict) or (meta.get("zarr_format"), meta.get("node_type")) != (3, "array"):
+        raise bad("it is not the metadata of a zarr v3 array")
+    shape = meta.get("shape")
+    grid = meta.get("chunk_grid") or {}
+    chunks = (grid.get("configuration") or {}).get("chunk_shape") if isinstance(grid, dict) else None
+    for name, value in (("shape", shape), ("chunk_shape", chunks)):
+        if not (isinstance(value, list) and len(value) == 3
+                and all(type(v) is int and v >= 0 for v in value)):
+            raise bad(f"its {name} is {str(value)[:60]}, not three whole numbers")
+    if grid.get("name") != "regular" or chunks[0] < 1 or chunks[1:] != shape[1:]:
+        raise bad(f"its chunk grid {str(grid)[:80]} is not whole frames of {shape[1:]}")
+    codecs = meta.get("codecs")
+    names = [c.get("name") if isinstance(c, dict) else c for c in codecs] \
+        if isinstance(codecs, list) else codecs
+    if meta.get("data_type") != "uint16" or names != ["bytes", "zstd", "crc32c"] or \
+            (codecs[0].get("configuration") or {}).get("endian", "little") != "little":
+        raise bad(f"it holds {meta.get('data_type')!r} through {str(names)[:80]}, not uint16 "
+                  "through bytes (little-endian), zstd, crc32c")
+    if meta.get("fill_value") != 0 or meta.get("storage_transformers") or \
+            meta.get("chunk_key_encoding") != {"name": "default", "configuration": {"separator": "/"}}:
+        raise bad("its fill value, storage transformers or chunk keys are not a map's")
+    raw = 2 * chunks[0] * shape[1] * shape[2]
+    count = -(-shape[0] // chunks[0])
+    if raw > MAX_CHUNK_BYTES or count > MAX_OBJECTS or 2 * shape[0] * shape[1] * shape[2] > MAX_MAP_BYTES:
+        raise bad(f"shape {shape} in chunks of {chunks[0]} frames is more than flyarchive reads "
+                  f"(chunks of at most {MAX_CHUNK_BYTES} bytes, {MAX_OBJECTS} of them, "
+                  f"{MAX_MAP_BYTES} bytes in all); open it with zarr and read slices")
+    # zstd's bound on compressed size (ZSTD_COMPRESSBOUND), then the 4-byte checksum
+    return raw + (raw >> 8) + (128 << 10) + 4, raw
+
+
 def join_maps(parts: list[Path], out: str | os.PathLike[str], **attrs: Any) -> None:
     """Join finished local map arrays, in order, into a new one at ``out``.
 
@@ -216,7 +279,7 @@ def join_maps(parts: list[Path], out: str | os.PathLike[str], **attrs: Any) -> N
 
 def publish_map(local: str | os.PathLike[str], url: str, storage_options: Mapping[str, Any],
                 *, overwrite: bool = False, staging_dir: str | os.PathLike[str] | None = None,
-                move: bool = False) -> str:
+                move: bool = False, root: str | os.PathLike[str] | None = None) -> str:
     """Copy a finished map folder to its final URL, so that the URL never holds part of it.
 
     Local disk: the folder is copied beside the target (or into ``staging_dir``, on the
@@ -233,12 +296,14 @@ def publish_map(local: str | os.PathLike[str], url: str, storage_options: Mappin
         staging_dir: Local destinations: a folder on their file system to stage in.
         move: The caller is done with ``local``: on the destination's file system the
             folder is renamed into place instead of copied.
+        root: Local destinations: the output folder the array must stay inside.
 
     Returns:
         ``url``.
 
     Raises:
         OutputExistsError: the destination exists and ``overwrite`` is False.
+        UnsafeFileError: the destination leads out of ``root``.
         StorageError: the copy failed.
     """
     from flyarchive.video.workspace import filesystem, is_local_fs
@@ -250,10 +315,10 @@ def publish_map(local: str | os.PathLike[str], url: str, storage_options: Mappin
         "another output location.")
     try:
         if is_local_fs(fs):
-            _publish_local(source, Path(target), overwrite, exists, staging_dir, move)
+            _publish_local(source, Path(target), overwrite, exists, staging_dir, move, root)
         else:
             _publish_remote(fs, source, target, overwrite, exists)
-    except OutputExistsError:
+    except (OutputExistsError, UnsafeFileError):
         raise
     except Exception as err:
         raise StorageError(f"Copying the map {str(source)!r} to {url!r} failed: {err!r}") from err
@@ -261,29 +326,33 @@ def publish_map(local: str | os.PathLike[str], url: str, storage_options: Mappin
 
 
 def _publish_local(source: Path, target: Path, overwrite: bool, exists: OutputExistsError,
-                   staging_dir: str | os.PathLike[str] | None, move: bool) -> None:
+                   staging_dir: str | os.PathLike[str] | None, move: bool,
+                   root: str | os.PathLike[str] | None = None) -> None:
+    from flyarchive.video.guard import make_parent
     from flyarchive.video.workspace import stage
 
-    if target.exists() and not overwrite:
+    make_parent(target, root)
+    if os.path.lexists(target) and not overwrite:  # a dangling link too
         raise exists
-    target.parent.mkdir(parents=True, exist_ok=True)
     folder = target.parent if staging_dir is None else Path(staging_dir)
     staging = folder / f".{target.name}.{uuid.uuid4().hex}.part"
     stage(source, staging, move)
     trash = None
     try:
-        if overwrite and target.exists():
+        if overwrite and os.path.lexists(target):
             trash = staging.with_name(staging.name + ".old")
             os.rename(target, trash)
         try:
             os.rename(staging, target)  # refuses a non-empty folder that appeared meanwhile
         except OSError:
-            if target.exists():
+            if os.path.lexists(target):
                 raise exists from None
             raise
     finally:
         shutil.rmtree(staging, ignore_errors=True)
-        if trash is not None:
+        if trash is not None and trash.is_symlink():  # a link was replaced: not what it names
+            trash.unlink()
+        elif trash is not None:
             shutil.rmtree(trash, ignore_errors=True)
 
 

@@ -17,9 +17,11 @@ from flyarchive.errors import (
     SelectionError,
     StorageBackendMissingError,
     StorageError,
+    UnsafeFileError,
     missing_storage_backend,
 )
 from flyarchive.replay.frames import is_int
+from flyarchive.video.guard import make_parent
 from flyarchive.video.workspace import stage
 
 __all__ = ["write_output", "safe_video_path", "safe_mosaic_path", "output_urls"]
@@ -36,6 +38,7 @@ def write_output(
     overwrite: bool = False,
     staging_dir: str | os.PathLike[str] | None = None,
     move: bool = False,
+    root: str | os.PathLike[str] | None = None,
 ) -> str:
     """Copy a finished local file to a local path or any fsspec URL.
 
@@ -57,6 +60,8 @@ def write_output(
         move: The caller is done with ``local_path``: on the destination's file
             system it is renamed into the staging name instead of copied (it is gone
             afterwards, whatever happens).
+        root: Local destinations only: the output folder the destination must stay inside
+            (a folder on the way that is a link leading out of it is refused).
 
     Returns:
         The destination URL as given.
@@ -64,6 +69,7 @@ def write_output(
     Raises:
         OutputExistsError: if the destination exists and ``overwrite`` is False
             (nothing is written).
+        UnsafeFileError: the destination leads out of ``root`` (nothing is written).
         StorageBackendMissingError: if the URL's protocol needs a missing package.
         StorageError: if the copy fails.
     """
@@ -84,12 +90,12 @@ def write_output(
     try:
         if isinstance(fs, LocalFileSystem):
             staging = None if staging_dir is None else Path(staging_dir)
-            _copy_local(source, Path(target), overwrite, exists_error, staging, move)
+            _copy_local(source, Path(target), overwrite, exists_error, staging, move, root)
         else:
             if not overwrite and fs.exists(target):
                 raise exists_error
             fs.put_file(str(source), target)
-    except (OutputExistsError, StorageBackendMissingError):
+    except (OutputExistsError, StorageBackendMissingError, UnsafeFileError):
         raise
     except Exception as err:
         raise StorageError(f"Copying {str(source)!r} to {url!r} failed: {err!r}") from err
@@ -165,10 +171,11 @@ def _file_name(camera: str) -> str:
 
 
 def _copy_local(source: Path, target: Path, overwrite: bool, exists: OutputExistsError,
-                staging_dir: Path | None = None, move: bool = False) -> None:
+                staging_dir: Path | None = None, move: bool = False,
+                root: str | os.PathLike[str] | None = None) -> None:
+    make_parent(target, root)
     if not overwrite and target.exists():
         raise exists
-    target.parent.mkdir(parents=True, exist_ok=True)
     name = f".{target.name}.{uuid.uuid4().hex}.part"
     staging = target.with_name(name) if staging_dir is None else staging_dir / name
     stage(source, staging, move)
@@ -188,4 +195,3 @@ def _copy_local(source: Path, target: Path, overwrite: bool, exists: OutputExist
                     raise exists from None
     finally:
         staging.unlink(missing_ok=True)
-

@@ -111,11 +111,15 @@ class OutputWriter(CloseOrAbort):
             writer.abort()
 
     def publish(self, urls: Mapping[str, str], storage_options: Mapping[str, Any], *,
-                overwrite: bool, staging_dir: str | os.PathLike[str] | None = None) -> None:
+                overwrite: bool, staging_dir: str | os.PathLike[str] | None = None,
+                root: str | os.PathLike[str] | None = None) -> None:
         """Copy every finished file to its URL (``urls[name]``), then remove the local ones.
+
+        ``root``: local outputs must stay inside this folder (the output folder).
 
         Raises:
             OutputExistsError: an output exists and ``overwrite`` is False.
+            UnsafeFileError: an output would leave ``root``.
             StorageError: a copy failed.
         """
         import shutil
@@ -125,9 +129,9 @@ class OutputWriter(CloseOrAbort):
         for name, path in self.paths.items():
             if name == "rgb":
                 write_output(path, urls[name], dict(storage_options), overwrite=overwrite,
-                             staging_dir=staging_dir, move=True)
+                             staging_dir=staging_dir, move=True, root=root)
                 path.unlink(missing_ok=True)
             else:
                 publish_map(path, urls[name], storage_options, overwrite=overwrite,
-                            staging_dir=staging_dir, move=True)
+                            staging_dir=staging_dir, move=True, root=root)
                 shutil.rmtree(path, ignore_errors=True)

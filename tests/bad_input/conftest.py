@@ -20,6 +20,27 @@ def archive(tiny: mujoco.MjModel, tmp_path: Path) -> str:
     return record(tiny, str(tmp_path / "run.zarr"))
 
 
+@pytest.fixture
+def ragged(tiny: mujoco.MjModel, tmp_path: Path) -> str:
+    """Worlds 0, 1, 2 with 8, 5 and 0 committed frames."""
+    import numpy as np
+
+    from flyarchive.clock import Timing
+    from flyarchive.layout import ModelLayout
+    from flyarchive.store import ArchiveSpec, ArchiveWriter, FrameBlock
+    from flyarchive.testing import reference_frames
+
+    frames = reference_frames(tiny, 3, 40)
+    url = str(tmp_path / "ragged.zarr")
+    spec = ArchiveSpec(ModelLayout.from_model(tiny), Timing(0.002, 25, 0.2), (0, 1, 2),
+                       chunk_frames=4)
+    block = FrameBlock(frames["time"][:8], frames["qpos"][:, :8], frames["mocap_pos"][:, :8],
+                       frames["mocap_quat"][:, :8])
+    with ArchiveWriter.create(url, spec) as writer:
+        writer.write(block, n_frames=np.array([8, 5, 0]))
+    return url
+
+
 @pytest.fixture(name="forbidding_s3")
 def forbidding_s3_endpoint() -> Iterator[ForbiddingS3]:
     """An S3 endpoint on loopback that refuses every request as AWS does a bad key."""

@@ -174,7 +174,7 @@ def test_flipped_bits_in_qpos_then_plot_name_the_chunk_and_point_at_verify(hosti
     with pytest.raises(CorruptArchiveError) as err:
         plot_traces(url, 1, tmp_path / "p.png")  # world 1: the damaged chunk (at mid-file)
 
-    assert "qpos [worlds 0..1, frames 5..9] (file qpos/c/0/1/0)" in str(err.value)
+    assert "qpos [world 1 (index 1), frames 5..9] (file qpos/c/0/1/0)" in str(err.value)
     assert f"flyarchive verify {url}" in str(err.value)
     assert not (tmp_path / "p.png").exists()
     assert snapshot(Path(url)) == before

@@ -246,8 +246,14 @@ def test_cli_render_with_a_model_file_that_is_not_an_mjb_is_one_line(archive, tm
     ({"models": [1, 0]}, SchemaError, "World variable name 'models' cannot be used"),
     ({"a/b": [1, 0]}, SchemaError, "World variable name 'a/b' cannot be used"),
     ({"note": np.array(["a", None], dtype=object)}, SchemaError,
-     r"has dtype object \(Python objects\); world variables are numbers or bools"),
-    ({"note": ["good", "bad"]}, SchemaError, r"dtype <U4 \(text\)"),
+     r"'note' cannot be stored: it has dtype object \(Python objects\)\. World variables hold "
+     r"bools, numbers or text"),
+    ({"note": [b"good", b"bad"]}, SchemaError, r"dtype \|S4 \(bytes\)"),
+    ({"note": "good"}, SchemaError, r"'note' is the single value 'good'; it must be 2 values"),
+    ({"note": ["ok", "\ud800"]}, SchemaError, r"text that is not valid Unicode"),
+    ({"note": ["wt", 1]}, SchemaError, r"'note' cannot be stored: it mixes text with 1 \(int\)"),
+    ({"note": ["x" * (9 << 20), "y" * (9 << 20)]}, SchemaError,
+     r"its text is 18,874,380 bytes in 2 values; readers take at most 16,777,216 bytes"),
     ({"z": np.array([1j, 2j])}, SchemaError, r"complex numbers"),
     ({"ok": [1, 0], "success": [[1], [0]]}, SchemaError, r"'success' has shape \(2, 1\)"),
     ({"score": xr.DataArray([1, 2], dims="world", coords={"world": [0, 7]})}, SchemaError,
@@ -299,9 +305,11 @@ def test_world_variables_are_refused_while_a_recorder_writes(tiny, tmp_path):
 
 
 @pytest.mark.parametrize(("assignment", "fragment"), [
-    ("success=1,x,1", r"'x' is not a number"),
+    ("success=1,x,1", r"'x' is not a number, and other values are"),
+    ("genotype=wt,,mutA", r"value 2 is empty"),
     ("success", r"Cannot read the world variable 'success'; write NAME=V1,V2"),
-    ("ok=true,1", r"'true' is not a number \(true/false only when every value is one\)"),
+    ("ok=true,1", r"'true' is not a number, and other values are \(true/false only when every "
+                  r"value is one"),
     ("=1,2", r"Cannot read the world variable '=1,2'"),
     ("seed=@missing.npy", r"Cannot read the values of 'seed' from '.*missing.npy'"),
 ])

@@ -9,10 +9,8 @@ from pathlib import Path
 from typing import Any
 
 import mujoco
-import numpy as np
 import pytest
 
-from flyarchive.clock import Timing
 from flyarchive.distribute.api import RenderOptions, render_frames, render_videos
 from flyarchive.errors import (
     CameraNotFoundError,
@@ -23,9 +21,7 @@ from flyarchive.errors import (
     SelectionError,
     StorageError,
 )
-from flyarchive.layout import ModelLayout
-from flyarchive.store import ArchiveSpec, ArchiveWriter, FrameBlock
-from flyarchive.testing import TINY_XML, reference_frames
+from flyarchive.testing import TINY_XML
 from flyarchive.testing.fixtures import record, snapshot
 
 SMALL = RenderOptions(size=(48, 64), segment_frames=8)
@@ -78,22 +74,6 @@ def renders(monkeypatch: pytest.MonkeyPatch) -> list[int]:
 
     monkeypatch.setattr(cpu.CpuRenderer, "__init__", counting)
     return made
-
-
-@pytest.fixture
-def ragged(tmp_path: Path) -> str:
-    """Worlds 0, 1, 2 with 8, 5 and 0 committed frames."""
-    from flyarchive.testing import tiny_model
-
-    model = tiny_model()
-    frames = reference_frames(model, 3, 40)
-    url = str(tmp_path / "ragged.zarr")
-    spec = ArchiveSpec(ModelLayout.from_model(model), Timing(0.002, 25, 0.2), (0, 1, 2),
-                       chunk_frames=4)
-    block = FrameBlock(frames["time"][:8], frames["qpos"][:, :8], frames["mocap_pos"][:, :8],
-                       frames["mocap_quat"][:, :8])
-    ArchiveWriter.create(url, spec).write(block, n_frames=np.array([8, 5, 0]))
-    return url
 
 
 def render(state: Any, tiny: mujoco.MjModel, out: Any = None, **kwargs: Any) -> Any:

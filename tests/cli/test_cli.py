@@ -118,6 +118,21 @@ def test_world_ranges_parse():
     assert parse_worlds("0,3,10-12") == [0, 3, 10, 11, 12]
 
 
+def test_an_open_world_range_takes_the_archives_ids_from_its_start():
+    assert parse_worlds("0,512-", ids=[0, 3, 511, 512, 1024]) == [0, 512, 1024]
+
+
+def test_export_npz_of_an_open_world_range_writes_those_worlds(archive, tmp_path, capsys):
+    assert main(["export-npz", archive, "--to", str(tmp_path / "npz"), "--worlds", "1-"]) == 0
+
+    assert "wrote 1 file(s)" in capsys.readouterr().out
+    assert sorted(p.name for p in (tmp_path / "npz").iterdir()) == ["world00001.npz"]
+
+
+def test_time_window_takes_infinity_as_an_open_side():
+    assert parse_time("0:inf") == (0.0, float("inf"))
+
+
 def test_bad_world_selection_is_refused():
     with pytest.raises(SelectionError, match="ids and ranges like '0,3,10-20'"):
         parse_worlds("a-b")

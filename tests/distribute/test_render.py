@@ -80,6 +80,29 @@ def test_render_frames_is_lazy_and_equals_direct_rendering(tiny, tiny_archive):
     np.testing.assert_array_equal(actual, expected)
 
 
+def test_render_frames_of_two_models_computed_together_keep_their_own_model(tiny, tiny_archive):
+    import hashlib
+
+    import dask
+
+    from flyarchive.models import model_bytes
+    from flyarchive.testing import tiny_model
+
+    blue = tiny_model()
+    blue.geom_rgba[1] = [0.2, 0.2, 0.8, 1.0]  # the torso, red in tiny: the same layout
+    frames = [render_frames(tiny_archive, m, "front", size=(48, 64), block_frames=4)
+              for m in (tiny, blue)]
+    alone = [f.isel(time=slice(0, 2)).values for f in frames]
+
+    together = dask.compute(*[f.isel(time=slice(0, 2)).data for f in frames])
+
+    assert not np.array_equal(*alone)
+    for actual, expected in zip(together, alone):
+        np.testing.assert_array_equal(actual, expected)
+    keys = [k for k in dict(frames[0].data.__dask_graph__()) if str(k).startswith("flyarchive-model")]
+    assert keys == [f"flyarchive-model-{hashlib.sha256(model_bytes(tiny)).hexdigest()}"]
+
+
 def test_unknown_camera_lists_the_cameras(tiny, tiny_archive, tmp_path):
     with pytest.raises(CameraNotFoundError, match="Cameras: 'front', 'top'"):
         render_videos(tiny_archive, tiny, "side", str(tmp_path / "v"), options=SMALL, n_workers=0)
@@ -223,8 +246,8 @@ def test_manifest_top_level_holds_only_what_every_video_shares(tiny, tiny_archiv
 
     manifest = json.loads(Path(result.manifest).read_text())
 
-    assert set(manifest) == {"manifest_version", "archive", "layout_hash", "versions", "worlds",
-                             "cameras", "videos"}
+    assert set(manifest) == {"manifest_version", "archive", "archive_id", "layout_hash",
+                             "versions", "worlds", "cameras", "videos"}
     assert manifest["manifest_version"] == 2
 
 

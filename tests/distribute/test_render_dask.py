@@ -175,6 +175,25 @@ def test_render_frames_on_cluster_equal_cpu_renderer_frames(
     np.testing.assert_array_equal(actual, expected)
 
 
+def test_render_frames_under_a_default_client_send_the_model_to_its_workers_once(
+    archive: str, model: Any, client: Any
+) -> None:
+    key = f"flyarchive-model-{hashlib.sha256(model_bytes(model)).hexdigest()}"
+    ds = open_archive(archive).isel(world=1, time=slice(0, 8))
+    with CpuRenderer(model, "top", SIZE) as renderer:
+        expected = renderer.render(ds.qpos.values, ds.mocap_pos.values, ds.mocap_quat.values)[:, 0]
+
+    with client.as_current():  # the default client of this thread
+        lazy = render_frames(archive, model, "top", size=SIZE, block_frames=SEGMENT)
+        holders = client.who_has()[key]  # before anything is computed
+        first = lazy.isel(world=1, time=slice(0, 4)).values
+        second = lazy.isel(world=1, time=slice(4, 8)).values
+
+    assert len(holders) == 2  # every worker
+    assert key not in dict(lazy.data.__dask_graph__())  # each graph names it, holds no bytes
+    np.testing.assert_array_equal(np.concatenate([first, second]), expected)
+
+
 def test_dask_render_to_s3_lands_in_the_bucket(
     archive: str, model: Any, client: Any, s3_server: Any, tmp_path: Path
 ) -> None:
@@ -251,3 +270,17 @@ def test_warp_workers_on_a_local_cluster_show_one_progress_bar(
     done = [line for line in bars if f"{N_WORLDS * N_FRAMES}/{N_WORLDS * N_FRAMES}" in line]
     per_worker = [line for line in bars if f"/{N_FRAMES} " in line]
     assert done and per_worker == []
+
+
+def test_dask_lists_each_video_in_the_manifest_when_its_join_completes(
+        archive: str, model: Any, client: Any, tmp_path: Path, monkeypatch: Any) -> None:
+    from flyarchive.video import manifest
+
+    seen, add = [], manifest.ManifestJournal.add
+    monkeypatch.setattr(manifest.ManifestJournal, "add",
+                        lambda self, video: (seen.append(video["path"]), add(self, video))[1])
+
+    result = render_videos(archive, model, CAMERAS, str(tmp_path / "v"), worlds=[0],
+                           options=OPTIONS, client=client)
+
+    assert sorted(seen) == sorted(v["path"] for v in result.videos) and len(seen) == len(CAMERAS)

@@ -179,6 +179,66 @@ def test_more_worlds_than_tiles_make_several_mosaics_in_world_order(archive, tmp
 
 
 @requires_warp
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_mosaic_larger_than_the_worlds_is_fitted_and_the_manifest_gives_its_real_size(
+        archive, tmp_path, backend):
+    out = tmp_path / "mosaic"
+
+    (entry,) = render_here(archive, out, backend, mosaic=(4, 4))
+
+    frames = read_video(out / "mosaic000" / "front.mp4")
+    assert frames.shape == (11, SIZE[0], 3 * SIZE[1], 3)  # 1x3, not 4x4 with 13 blank tiles
+    assert entry["size"] == [SIZE[0], 3 * SIZE[1]] == list(frames.shape[1:3])
+    mosaic = entry["mosaic"]
+    assert (mosaic["rows"], mosaic["cols"], mosaic["asked"]) == (1, 3, [4, 4])
+    assert mosaic["tile_size"] == list(SIZE) and mosaic["worlds"] == [0, 1, 2]
+    assert entry["notes"] == ["A 4x4 mosaic was asked for 3 world(s); it is 1x3."]
+
+
+def test_a_mosaic_the_worlds_fill_is_not_fitted(archive, tmp_path):
+    entries = render_here(archive, tmp_path / "mosaic", "cpu", mosaic=(2, 2))
+
+    assert (entries[0]["mosaic"]["rows"], entries[0]["mosaic"]["cols"]) == (2, 2)
+    assert "asked" not in entries[0]["mosaic"] and "notes" not in entries[0]
+    assert entries[0]["size"] == [2 * SIZE[0], 2 * SIZE[1]]
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("size, shown, left_out", [
+    ((64, 64), ["time"], "'world', 'speed' left out: 64-pixel-wide frames hold 10 characters"),
+    ((48, 80), ["time", "world"], "'speed' left out: 80-pixel-wide frames hold 13 characters"),
+    ((8, 64), [], "'time', 'world', 'speed' left out: 8-pixel-high frames hold no line"),
+])
+def test_an_overlay_too_long_for_small_frames_keeps_the_items_that_fit(archive, tmp_path,
+                                                                      backend, size, shown,
+                                                                      left_out):
+    out = tmp_path / "text"
+    opts = RenderOptions(backend=backend, size=size, batch_worlds=4, segment_frames=4,
+                         video=LOSSLESS, overlays=("time", "world", "speed"))
+
+    result = render_videos(archive, None, "front", str(out), worlds=[2], options=opts,
+                           n_workers=0)
+
+    (entry,) = result.videos
+    assert entry.get("overlays", []) == shown
+    assert left_out in entry["notes"][0] and result.notes == tuple(entry["notes"])
+    assert read_video(entry["path"]).shape == (11, *size, 3)
+
+
+def test_an_overlay_cut_short_draws_no_part_of_a_character(archive, tmp_path):
+    plain, text = tmp_path / "plain", tmp_path / "text"
+    size = (48, 80)  # 13 characters: "t=0.000s w2" (11) fits, " x0.2" does not
+    for out, items in ((plain, ()), (text, ("time", "world", "speed"))):
+        render_videos(archive, None, "front", str(out), worlds=[2], n_workers=0,
+                      options=RenderOptions(size=size, video=LOSSLESS, overlays=items))
+
+    a, b = (read_video(p / "world00002" / "front.mp4").astype(int) for p in (plain, text))
+
+    right = 2 + 11 * 6 + 2  # past the text's box, and its chroma neighbour
+    assert np.abs(a[:, :, right:] - b[:, :, right:]).max() <= 2
+    assert np.abs(a[:, 2:9, 2:60] - b[:, 2:9, 2:60]).max() > 100  # the text is there
+
+
 def test_mosaics_fed_side_by_side_in_each_batch_equal_mosaics_fed_one_at_a_time(
         archive, tmp_path, monkeypatch):
     """Lanes: each batch holds frames of several mosaics, their tiles read at once."""
@@ -262,7 +322,10 @@ def test_cli_mosaic_with_overlay_writes_one_mosaic_per_camera(archive, tmp_path,
     for camera in ("front", "top"):
         assert read_video(out / "mosaic000" / f"{camera}.mp4").shape == (11, 48, 192, 3)
     entries = json.loads((out / "manifest.json").read_text())["videos"]
-    assert [e["overlays"] for e in entries] == [["time", "world"]] * 2
+    # 64-pixel tiles hold 10 characters: the world label first, "t=0.040s" left out
+    assert [e["overlays"] for e in entries] == [["world"]] * 2
+    assert "Overlay items 'time' left out: 64-pixel-wide frames hold 10 characters" in \
+        entries[0]["notes"][0]
 
 
 # ----------------------------------------------------------------------- render_frames
@@ -311,3 +374,22 @@ def test_maps_rendered_to_s3_read_back_through_storage_options(archive, s3_serve
     seg = read_segmentation(f"{out}/world00001/front.seg.zarr", so)
     assert depth.shape == seg.shape == (11, *SIZE)
     assert ((seg >= 0) == np.isfinite(depth)).mean() > 0.99
+
+
+@requires_s3
+def test_videos_a_manifest_on_s3_lists_read_back_through_storage_options(archive, s3_server):
+    import uuid
+
+    from flyarchive.video.manifest import read_manifest
+
+    out = f"s3://flyarchive-test/{uuid.uuid4().hex}/videos"
+    so = s3_server.storage_options()
+    render_videos(archive, None, "front", out, worlds=[1], n_workers=0, out_storage_options=so,
+                  options=RenderOptions(size=SIZE, segment_frames=4, video=LOSSLESS))
+
+    (entry,) = read_manifest(f"{out}/manifest.json", so)["videos"]
+    frames = read_video(entry["path"], so)
+
+    assert entry["path"].startswith("s3://") and frames.shape == (11, *SIZE, 3)
+    with pytest.raises(FileNotFoundError, match="No video at 's3://.*/world00009/front.mp4'"):
+        read_video(f"{out}/world00009/front.mp4", so)

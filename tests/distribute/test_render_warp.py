@@ -240,9 +240,14 @@ def test_overwrite_replaces_existing_videos(slider_worlds, tmp_path):
 # -- Dask -------------------------------------------------------------------------
 
 
-def test_batches_run_on_a_dask_worker_that_holds_a_gpu(slider_worlds, tmp_path):
+def test_batches_run_on_a_dask_worker_that_holds_a_gpu(slider_worlds, tmp_path, monkeypatch):
     from distributed import Client, LocalCluster, get_task_stream
 
+    from flyarchive.video import manifest
+
+    seen, add = [], manifest.ManifestJournal.add  # what the workers report as they publish
+    monkeypatch.setattr(manifest.ManifestJournal, "add",
+                        lambda self, video: (seen.append(video["path"]), add(self, video))[1])
     url, _ = slider_worlds
     with LocalCluster(n_workers=1, threads_per_worker=1, processes=True, resources={"GPU": 1},
                       dashboard_address="127.0.0.1:0", silence_logs=40) as cluster, Client(cluster) as client:
@@ -254,6 +259,7 @@ def test_batches_run_on_a_dask_worker_that_holds_a_gpu(slider_worlds, tmp_path):
     assert all(Path(v["path"]).is_file() for v in result.videos)
     assert len(result.videos) == 2
     assert any("render_group" in str(key) for key in ran)
+    assert sorted(seen) == sorted(v["path"] for v in result.videos)
 
 
 def test_gpu_batches_on_a_cluster_without_gpu_workers_are_refused(slider_worlds, tmp_path):

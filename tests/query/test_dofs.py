@@ -79,3 +79,9 @@ def test_no_match_lists_the_legs_joints_and_axes_that_exist(labels):
     with pytest.raises(SelectionError, match=r"No dof matches leg='LX'.*legs c?.*lf, lh, lm, rf, rh, "
                                              r"rm.*joints coxa, tarsus1.*axes pitch, roll, yaw"):
         flyarchive.dof_labels(labels, leg="LX")
+
+
+def test_a_misspelt_joint_gets_the_closest_joints(labels):
+    with pytest.raises(SelectionError, match=r"No dof matches joint='tibai'\. No dof has joint "
+                                             r"'tibai'\. Did you mean 'tibia'\?"):
+        flyarchive.dof_labels(labels, joint="tibai")

@@ -1,6 +1,8 @@
-"""Renders killed (SIGKILL) or interrupted (Ctrl-C) mid-way, in their own process and on a
-LocalCluster: no half-written video under a final name, nothing left after the next run,
-Ctrl-C exits 130 with one line. Real processes, real signals (flyarchive.testing.render_kills)."""
+"""Renders killed (SIGKILL), interrupted (Ctrl-C) or terminated (SIGTERM) mid-way, in their
+own process and on a LocalCluster: no half-written video under a final name, nothing left
+after the next run, Ctrl-C exits 130 and SIGTERM 143 with one line; a stop keeps the
+finished videos listed in the manifest, and ``--resume`` keeps them untouched and renders
+the rest. Real processes, real signals (flyarchive.testing.render_kills)."""
 
 from __future__ import annotations
 
@@ -76,6 +78,48 @@ def test_ctrl_c_mid_render_leaves_nothing_behind(interrupted: Any) -> None:
 
     assert interrupted.half_written == [] and interrupted.left_after_stop == []
     assert interrupted.rerun_ok and interrupted.left_after_rerun == []
+
+
+# ----------------------------------------------------------------------------- keep, resume
+@pytest.fixture(scope="module", params=[("process", "int"), ("process", "term"),
+                                        ("process", "kill"), ("dask", "term")],
+                ids=lambda p: "-".join(p))
+def resumed(request: pytest.FixtureRequest, archive: RenderArchive,
+            tmp_path_factory: pytest.TempPathFactory) -> Any:
+    """A render stopped as soon as its manifest lists a finished video (the event its
+    manifest journal makes), then continued with --resume."""
+    where, how = request.param
+    work = tmp_path_factory.mktemp(f"resumed-{where}-{how}")
+    return render_kill_trial(archive, work, RenderKillConfig(where, how, stop="first-video"))
+
+
+def test_a_stop_keeps_finished_videos_whole_and_listed(resumed: Any) -> None:
+    expected_exit = {"int": 130, "term": 143, "kill": -signal.SIGKILL}[resumed.config.how]
+    assert resumed.stopped_mid_render
+
+    assert resumed.exit_code == expected_exit
+    assert resumed.listed and resumed.listed_missing == [] and resumed.half_written == []
+    assert len(resumed.finals) < 4  # stopped before the last video
+
+
+def test_a_stop_leaves_only_finished_videos_or_what_the_next_run_removes(resumed: Any) -> None:
+    said = {"int": "flyarchive render: interrupted\n", "term": "flyarchive render: terminated\n",
+            "kill": ""}[resumed.config.how]
+
+    assert resumed.stderr == said
+    if resumed.config.how == "kill":  # no answer to SIGKILL: its parts folder stays
+        assert resumed.left_after_stop and resumed.left_after_rerun == []
+    else:
+        assert resumed.left_after_stop == []
+
+
+def test_resume_keeps_listed_videos_untouched_and_renders_the_rest(resumed: Any) -> None:
+    assert resumed.stopped_mid_render
+
+    assert resumed.rerun_ok, resumed.problems
+    assert sorted(resumed.kept) == sorted(resumed.listed)
+    assert resumed.resumed_listed == 4 and resumed.left_after_rerun == []
+    assert resumed.problems == []
 
 
 # ----------------------------------------------------------------------------- a worker dies

@@ -103,13 +103,26 @@ def test_burnt_text_is_white_glyphs_on_a_box_darkened_to_half():
     assert (frame[outside] == 200).all()
 
 
-def test_text_past_the_frames_edge_is_cut_off():
+def test_text_past_the_frames_edge_stops_after_the_last_whole_character():
     frame = grey_frame()
+    whole = (SIZE[1] - TEXT_X + 1) // CELL_W  # 10 characters of 64 pixels
 
     burn_text(frame, "x" * 40)  # 240 pixels across a frame 64 wide
 
-    assert (frame[TEXT_Y:TEXT_Y + CELL_H, -1] != 200).all()  # the box reaches the edge
+    last = TEXT_X + (whole - 1) * CELL_W
+    glyph = GLYPHS[ord("x"), :7, :5].astype(bool)
+    assert (frame[TEXT_Y:TEXT_Y + 7, last:last + 5][glyph] == 255).all()  # drawn whole
+    assert (frame[:, TEXT_X + whole * CELL_W:] == 200).all()  # no part of an 11th
     assert (frame[TEXT_Y + CELL_H:] == 200).all()
+
+
+@pytest.mark.parametrize("size", [(8, 64), (48, 6), (2, 2)])
+def test_frames_too_small_for_one_character_get_no_text(size):
+    frame = np.full((*size, 3), 200, np.uint8)
+
+    burn_text(frame, "w3 t=0.04s")
+
+    assert (frame == 200).all()
 
 
 def test_characters_outside_printable_ascii_show_as_question_marks():

@@ -1,0 +1,29 @@
+"""Analyze: what the recorded worlds did, in space. Forward kinematics of keypoints (bodies,
+sites and points fixed in bodies) for every world and frame, kept beside the archive on
+request, and gait and locomotion measures from them.
+
+- :func:`positions` (:mod:`~flyarchive.analyze.lazy`): lazy positions of an archive
+  (built by :mod:`~flyarchive.analyze.prepare`: window, model
+  (:mod:`~flyarchive.analyze.model`), keypoints, dask blocks running
+  :mod:`~flyarchive.analyze.blocks`), on the CPU (:mod:`~flyarchive.analyze.cpu_positions`,
+  bit-exact with MuJoCo, on the model's :mod:`~flyarchive.analyze.skeleton`) or with
+  mujoco-warp (:mod:`~flyarchive.analyze.warp_positions`, Warp's CPU device or CUDA);
+  :func:`~flyarchive.analyze.warp_stream.load_positions` streams a window into host memory
+  with reading, upload, kinematics and copy-back overlapped;
+- keypoints by name, leg and segment (:mod:`~flyarchive.analyze.keypoints`);
+- :func:`keep_positions`, :func:`open_positions` (:mod:`~flyarchive.analyze.keep`):
+  positions stored as a derived group, committed as recordings are;
+- :func:`gait_summary` (:mod:`~flyarchive.analyze.gait`): distance, speed, heading,
+  height, stance and swing per world.
+
+Imports only the stages before it (store, query) and the base modules.
+"""
+
+from flyarchive.analyze.gait import GaitParams, gait_summary
+from flyarchive.analyze.keep import keep_positions, open_positions
+from flyarchive.analyze.keypoints import keypoint_labels, select_keypoints, tarsus_tips
+from flyarchive.analyze.lazy import positions
+from flyarchive.analyze.warp_stream import StreamStats, load_positions
+
+__all__ = ["positions", "load_positions", "StreamStats", "keep_positions", "open_positions",
+           "gait_summary", "GaitParams", "keypoint_labels", "select_keypoints", "tarsus_tips"]

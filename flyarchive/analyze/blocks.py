@@ -1,0 +1,78 @@
+"""What a task of the lazy positions runs: :func:`kinematics_block` finds (or builds, once
+per thread, model and keypoints) the engine of its backend and runs it on a block of the
+archive's state.
+
+The model travels to workers as its MJB bytes, one object per worker, loaded once per
+process (:func:`model_of`); state is read on the worker from the archive, never shipped.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+import mujoco
+import numpy as np
+
+from flyarchive.analyze.cpu_positions import CpuKinematics
+from flyarchive.analyze.keypoints import KeypointSet
+from flyarchive.models import load_mjb
+
+__all__ = ["kinematics_block", "model_of", "BACKENDS"]
+
+#: Backends of :func:`flyarchive.positions`: CPU MuJoCo (bit-exact), mujoco-warp on
+#: Warp's CPU device, mujoco-warp on CUDA.
+BACKENDS = ("cpu", "warp-cpu", "gpu")
+
+_MODELS: dict[str, mujoco.MjModel] = {}
+_MODELS_LOCK = threading.Lock()
+_LOCAL = threading.local()
+
+
+def model_of(sha256: str, blob: bytes) -> mujoco.MjModel:
+    """The model of MJB bytes whose SHA-256 is ``sha256`` (computed by the caller), loaded
+    once per process (a model is only read by kinematics: threads share it)."""
+    with _MODELS_LOCK:
+        model = _MODELS.get(sha256)
+        if model is None:
+            model = _MODELS[sha256] = load_mjb(blob, f"the model (sha256 {sha256[:12]}...)")
+            while len(_MODELS) > 4:
+                _MODELS.pop(next(iter(_MODELS)))
+        return model
+
+
+def _engine(sha256: str, blob: bytes, keypoints: KeypointSet, orientations: bool,
+            backend: str) -> Any:
+    """This thread's engine for a model, keypoints and backend (built on first use)."""
+    engines = getattr(_LOCAL, "engines", None)
+    if engines is None:
+        engines = _LOCAL.engines = {}
+    key = (sha256, keypoints.digest, orientations, backend)
+    engine = engines.get(key)
+    if engine is None:
+        model = model_of(sha256, blob)
+        if backend == "cpu":
+            engine = CpuKinematics(model, keypoints, orientations)
+        else:
+            from flyarchive.analyze.warp_positions import warp_engine
+
+            engine = warp_engine(model, sha256, keypoints, orientations, backend)
+        while len(engines) >= 4:
+            engines.pop(next(iter(engines)))
+        engines[key] = engine
+    return engine
+
+
+def kinematics_block(qpos: np.ndarray, *args: Any, sha256: str, keypoints: KeypointSet,
+                     orientations: bool, backend: str, mocap: bool) -> np.ndarray:
+    """One block of the lazy positions: ``(w, t, nq)`` qpos (and, with ``mocap``,
+    ``(w, t, nmocap, 3)`` positions and ``(w, t, nmocap, 4)`` quaternions), then the
+    model's MJB bytes -> ``(w, t, K, 3 or 7)`` (float64 on ``"cpu"``, float32 on Warp)."""
+    blob = args[-1]
+    mocap_pos, mocap_quat = (args[0], args[1]) if mocap else (None, None)
+    engine = _engine(sha256, blob, keypoints, orientations, backend)
+    w, t = qpos.shape[:2]
+    flat = [None if a is None else np.asarray(a).reshape(w * t, *a.shape[2:])
+            for a in (qpos, mocap_pos, mocap_quat)]
+    out = engine.frames(*flat)
+    return out.reshape(w, t, *out.shape[1:])

@@ -1,0 +1,214 @@
+"""Keep positions: compute them once and store them beside the archive (a derived group,
+``derived/positions-<hash>/``) or as an archive of their own, and read them back.
+
+:func:`keep_positions` walks the archive's frames one chunk of frames at a time (every
+world), computes that block's keypoints (in parallel, as the lazy array does) and commits
+it with the store's :class:`~flyarchive.store.derived.DerivedWriter`: chunks, times,
+then ``n_frames``. A killed run loses at most the block it was writing; running it again
+resumes after the last committed frame, and extends the group when the archive has
+grown since. :func:`stored_positions` is how :func:`flyarchive.positions` finds them.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Callable, Iterable, Mapping
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from flyarchive.analyze.keypoints import KeypointRequest, PointSpec
+from flyarchive.analyze.prepare import (
+    UNITS,
+    Prepared,
+    as_positions,
+    check_backend,
+    lazy_positions,
+    prepare,
+)
+
+if TYPE_CHECKING:
+    import mujoco
+    import xarray as xr
+
+__all__ = ["keep_positions", "stored_positions", "open_positions", "provenance"]
+
+#: What a derived group of positions is, in its ``derived`` attribute.
+KIND = "positions"
+
+
+def provenance(prepared: Prepared, orientations: bool, backend: str) -> dict[str, Any]:
+    """The ``derived`` attribute of kept positions: what they are and what made them."""
+    return {"kind": KIND, "keypoints": prepared.keypoints.definitions(),
+            "model_sha256": prepared.model.sha256, "orientations": bool(orientations),
+            "backend": backend, "units": UNITS,
+            "source_archive_id": prepared.ds.attrs.get("archive_id")}
+
+
+def keep_positions(
+    url: str,
+    bodies: str | Iterable[str] | None = None,
+    sites: str | Iterable[str] | None = None,
+    points: Mapping[str, PointSpec] | None = None,
+    *,
+    leg: Any = None,
+    segment: Any = None,
+    fly: Any = None,
+    to: str | None = None,
+    model: mujoco.MjModel | None = None,
+    storage_options: Mapping[str, Any] | None = None,
+    to_storage_options: Mapping[str, Any] | None = None,
+    orientations: bool = False,
+    backend: str = "cpu",
+    overwrite: bool = False,
+    takeover: bool = False,
+    on_block: Callable[[int, int], None] | None = None,
+) -> str:
+    """Compute keypoint positions of every committed frame and store them.
+
+    Kept beside the archive (default) as ``{url}/derived/positions-<hash>`` (the hash of
+    the request: keypoint definitions, model, orientations, backend), where
+    :func:`flyarchive.positions` finds them; or as a new archive at ``to``, read with
+    :func:`open_positions`. Running it again resumes an interrupted run, or extends the
+    stored frames when the archive has grown.
+
+    Args:
+        url: The archive.
+        bodies, sites, points, leg, segment, fly: The keypoints, as for
+            :func:`flyarchive.positions`.
+        to: Another URL to write them to (an archive of positions); None: beside the archive.
+        model: The compiled model; None: the one kept beside the archive.
+        storage_options, to_storage_options: fsspec options of ``url`` and ``to``
+            (``to`` defaults to ``storage_options``).
+        orientations: Keep orientations too.
+        backend: ``"cpu"``, ``"warp-cpu"`` or ``"gpu"`` (as :func:`flyarchive.positions`).
+        overwrite: Replace what is at ``to`` (or at the derived group) whatever it holds.
+        takeover: Take over the claim of a writer that crashed on another host.
+        on_block: Called ``(frames committed, frames in all)`` after each committed block.
+
+    Returns:
+        The URL of the stored positions.
+
+    Raises:
+        As :func:`flyarchive.positions`; ArchiveExistsError when something else is at
+        ``to`` (nothing is changed); ArchiveInUseError when another writer holds it.
+    """
+    from flyarchive.store.derived import (
+        DerivedSpec,
+        DerivedWriter,
+        derived_url,
+        make_parent,
+        stored_chunks,
+    )
+
+    check_backend(backend)
+    request = KeypointRequest.of(bodies, sites, points, leg=leg, segment=segment, fly=fly)
+    prepared = prepare(str(url), request, model=model, storage_options=storage_options)
+    made = provenance(prepared, orientations, backend)
+    digest = hashlib.sha256(json.dumps(made, sort_keys=True).encode()).hexdigest()[:16]
+    ds = prepared.ds
+    if to is None:
+        target, options = derived_url(str(url), f"{KIND}-{digest}"), storage_options
+        make_parent(str(url), storage_options)
+    else:
+        target = str(to)
+        options = to_storage_options if to_storage_options is not None else storage_options
+    chunk_frames, shard_worlds = stored_chunks(str(url), storage_options)
+    spec = DerivedSpec(dict(ds.attrs), made, prepared.keypoints.labels,
+                       tuple(int(w) for w in ds.world.values), orientations,
+                       "float64" if backend == "cpu" else "float32",
+                       chunk_frames=chunk_frames, shard_worlds=shard_worlds)
+    with DerivedWriter.open(target, spec, storage_options=options, takeover=takeover,
+                            overwrite=overwrite) as writer:
+        _fill(writer, prepared, orientations, backend, spec.chunk_frames, on_block)
+    return target
+
+
+def _fill(writer: Any, prepared: Prepared, orientations: bool, backend: str, chunk: int,
+          on_block: Callable[[int, int], None] | None) -> None:
+    """Commit every block of frames after the writer's last committed one."""
+    from flyarchive.store.derived import DerivedBlock
+
+    ds = prepared.ds
+    n_time, n_frames = int(ds.sizes["time"]), ds.n_frames.values
+    t0 = writer.n_frames
+    while t0 < n_time:
+        t1 = min(n_time, (t0 // chunk + 1) * chunk)
+        part = Prepared(ds.isel(time=slice(t0, t1)), prepared.url, prepared.model,
+                        prepared.keypoints, prepared.storage_options)
+        values = np.asarray(lazy_positions(part, orientations, backend).compute())
+        times = {name: part.ds[name].values if name in part.ds.coords else None
+                 for name in ("time", "sim_time", "frame")}
+        block = DerivedBlock(times["time"], values[..., :3],
+                             values[..., 3:] if orientations else None,
+                             sim_time=times["sim_time"], frame=times["frame"])
+        writer.write(block, n_frames=np.minimum(n_frames, t1))
+        t0 = t1
+        if on_block is not None:
+            on_block(t1, n_time)
+
+
+def open_positions(url: str, storage_options: Mapping[str, Any] | None = None
+                   ) -> xr.DataArray | xr.Dataset:
+    """Positions kept by :func:`keep_positions` (a derived group or an archive of
+    positions), lazily: ``position`` (and a Dataset with ``orientation`` when kept).
+
+    Raises:
+        ArchiveNotFoundError: nothing at ``url``.
+        SchemaError: not kept positions.
+    """
+    from flyarchive.store.derived import open_derived
+
+    kept = open_derived(str(url), storage_options)
+    derived = kept.attrs["derived"]
+    kinds = {d["label"]: (d["kind"], d["body"]) for d in derived.get("keypoints", [])}
+    labels = [str(v) for v in kept.keypoint.values]
+    kept = kept.assign_coords(keypoint_kind=("keypoint", [kinds.get(k, ("", ""))[0] for k in labels]),
+                              keypoint_body=("keypoint", [kinds.get(k, ("", ""))[1] for k in labels]))
+    attrs = {"units": derived.get("units", UNITS), "model_sha256": derived.get("model_sha256"),
+             "backend": derived.get("backend"), "stored": str(url)}
+    position = kept.position.assign_attrs(attrs)
+    if "orientation" not in kept:
+        return position
+    orientation = kept.orientation.assign_attrs({**attrs, "units": "quaternion"})
+    return position.to_dataset().assign(orientation=orientation).assign_attrs(attrs)
+
+
+def stored_positions(prepared: Prepared, *, orientations: bool, backend: str
+                     ) -> xr.DataArray | xr.Dataset | None:
+    """The request's positions read from a derived group kept beside the archive, if one
+    holds its keypoints (same definitions), of the same model and archive, for every
+    committed frame of the window's worlds (and orientations if asked); else None.
+    Positions computed on the CPU serve every backend; Warp's serve Warp's backends."""
+    import dask.array as da
+
+    from flyarchive.store.derived import find_derived, open_derived
+
+    ds, kp = prepared.ds, prepared.keypoints
+    wanted = {d["label"]: d for d in kp.definitions()}
+    for group_url, derived, n_frames in find_derived(prepared.url, prepared.storage_options):
+        have = {d.get("label"): d for d in derived.get("keypoints", []) if isinstance(d, dict)}
+        if derived.get("kind") != KIND or derived.get("model_sha256") != prepared.model.sha256 \
+                or derived.get("source_archive_id") != ds.attrs.get("archive_id") \
+                or (orientations and not derived.get("orientations")) \
+                or derived.get("backend") not in ("cpu", backend) \
+                or any(have.get(label) != d for label, d in wanted.items()):
+            continue
+        kept = open_derived(group_url, prepared.storage_options)
+        ids = [int(w) for w in kept.world.values]
+        if not set(int(w) for w in ds.world.values) <= set(ids):
+            continue
+        at = [ids.index(int(w)) for w in ds.world.values]
+        if not np.array_equal(n_frames[at], ds.n_frames.values):
+            continue  # the archive has grown since (or the group is not finished)
+        frames = np.searchsorted(kept.time.values, ds.time.values)
+        if frames.size and (frames.max() >= kept.sizes["time"]
+                            or not np.array_equal(kept.time.values[frames], ds.time.values)):
+            continue
+        pick = kept.isel(world=at, time=frames).sel(keypoint=list(kp.labels))
+        data = pick.position.data
+        if orientations:
+            data = da.concatenate([data, pick.orientation.data.astype(data.dtype)], axis=-1)
+        return as_positions(prepared, data, orientations, backend, stored=group_url)
+    return None

@@ -1,0 +1,204 @@
+"""Positions of keypoints with mujoco-warp: a batch of frames is a batch of worlds of one
+``Data``; ``kinematics`` on Warp's CPU device or on CUDA, float32.
+
+The twin of :mod:`~flyarchive.analyze.cpu_positions` (same skeleton model, same keypoint
+picking): :class:`WarpKinematics` copies a batch's ``qpos`` (and mocap poses) into the
+``Data`` (host arrays; on CUDA through a pinned staging buffer), runs ``kinematics``,
+gathers the keypoints on the device (:func:`gather_keypoints`: one small array comes
+back, not every body), and copies them to the host. Within float32 of the CPU's values
+(NeuroMechFly: 2e-6 mm measured on an H200; the tests allow 1e-4 model units).
+
+Imported only when a Warp backend is asked for (``import flyarchive`` imports no warp).
+"""
+
+from __future__ import annotations
+
+import copy
+import threading
+import warnings
+from typing import Any
+
+import mujoco
+import numpy as np
+
+from flyarchive.analyze.cpu_positions import quat_mul
+from flyarchive.analyze.keypoints import KeypointSet
+from flyarchive.analyze.skeleton import kinematic_model
+from flyarchive.warp_log import import_mujoco_warp, import_warp
+
+wp = import_warp("Positions with mujoco-warp (backend 'warp-cpu' or 'gpu')")
+mjw = import_mujoco_warp("Positions with mujoco-warp (backend 'warp-cpu' or 'gpu')")
+
+__all__ = ["WarpKinematics", "warp_engine", "device_of", "DEFAULT_BATCH"]
+
+#: Frames per batch (worlds of the ``Data``) by device kind.
+DEFAULT_BATCH = {"cpu": 4096, "cuda": 65536}
+
+_ENGINES: dict[tuple[Any, ...], "WarpKinematics"] = {}
+_ENGINES_LOCK = threading.Lock()
+
+
+@wp.kernel
+def gather_keypoints(
+    xpos: wp.array2d(dtype=wp.vec3),  # type: ignore[valid-type]
+    site_xpos: wp.array2d(dtype=wp.vec3),  # type: ignore[valid-type]
+    xquat: wp.array2d(dtype=wp.quat),  # type: ignore[valid-type]
+    from_site: wp.array(dtype=wp.int32),  # type: ignore[valid-type]
+    index: wp.array(dtype=wp.int32),  # type: ignore[valid-type]
+    body: wp.array(dtype=wp.int32),  # type: ignore[valid-type]
+    channels: wp.int32,
+    out: wp.array3d(dtype=wp.float32),  # type: ignore[valid-type]
+):
+    """``out[w, k]``: keypoint ``k`` of world ``w``: a body's or a site's position, then
+    (``channels == 7``) its body's quaternion, as stored (w, x, y, z)."""
+    w, k = wp.tid()
+    p = xpos[w, index[k]]
+    if from_site[k] != 0:
+        p = site_xpos[w, index[k]]
+    out[w, k, 0] = p[0]
+    out[w, k, 1] = p[1]
+    out[w, k, 2] = p[2]
+    if channels == 7:
+        q = xquat[w, body[k]]
+        out[w, k, 3] = q[0]
+        out[w, k, 4] = q[1]
+        out[w, k, 5] = q[2]
+        out[w, k, 6] = q[3]
+
+
+def device_of(backend: str) -> str:
+    """The Warp device of a backend: ``"cpu"`` for ``"warp-cpu"``, ``"cuda"`` for ``"gpu"``."""
+    return "cpu" if backend == "warp-cpu" else "cuda"
+
+
+def warp_engine(model: mujoco.MjModel, sha256: str, keypoints: KeypointSet, orientations: bool,
+                backend: str) -> "WarpKinematics":
+    """The process's engine for a model and keypoints on a backend's device (one per
+    process: device memory is not duplicated per thread); callers hold its lock."""
+    key = (sha256, keypoints.digest, orientations, backend)
+    with _ENGINES_LOCK:
+        engine = _ENGINES.get(key)
+        if engine is None:
+            while len(_ENGINES) >= 2:
+                _ENGINES.pop(next(iter(_ENGINES)))
+            engine = _ENGINES[key] = WarpKinematics(model, keypoints, orientations,
+                                                    device=device_of(backend))
+        return engine
+
+
+def _for_warp(model: mujoco.MjModel) -> mujoco.MjModel:
+    """A copy of a model that ``put_model`` accepts for kinematics: noslip and contacts
+    off (only dynamics use them; the layout is untouched)."""
+    prepared = copy.deepcopy(model)
+    prepared.opt.noslip_iterations = 0
+    prepared.opt.disableflags |= int(mujoco.mjtDisableBit.mjDSBL_CONTACT)
+    prepared.geom_contype[:] = 0
+    prepared.geom_conaffinity[:] = 0
+    return prepared
+
+
+class WarpKinematics:
+    """Keypoint positions (and orientations) of batches of frames with mujoco-warp.
+
+    Args:
+        model: The compiled model (host; not modified).
+        keypoints: Resolved in ``model``.
+        orientations: Also give each keypoint's orientation.
+        device: ``"cpu"`` or ``"cuda"`` (``"cuda:1"``...).
+        batch: Frames per batch (worlds of the ``Data``); default by device kind.
+
+    Thread-safe: one batch at a time (a lock).
+    """
+
+    def __init__(self, model: mujoco.MjModel, keypoints: KeypointSet, orientations: bool, *,
+                 device: str = "cpu", batch: int | None = None) -> None:
+        built = kinematic_model(model, keypoints)
+        self.device = wp.get_device(device)
+        self.batch = int(batch or DEFAULT_BATCH["cuda" if self.device.is_cuda else "cpu"])
+        self.channels = 7 if orientations else 3
+        self.nq, self.nmocap = model.nq, model.nmocap
+        self.lock = threading.Lock()
+        self._keypoints = keypoints
+        kinds = np.asarray(keypoints.kinds)
+        from_site = (kinds != "body").astype(np.int32)
+        index = np.where(from_site == 1, built.site_ids, keypoints.body_ids).astype(np.int32)
+        host = _for_warp(built.model)
+        with wp.ScopedDevice(self.device), warnings.catch_warnings():
+            warnings.filterwarnings("ignore", category=UserWarning)
+            self.model = mjw.put_model(host)
+            self.data = mjw.put_data(host, mujoco.MjData(host), nworld=self.batch, nconmax=0,
+                                     njmax=0)
+            self._from_site = wp.array(from_site, dtype=wp.int32)
+            self._index = wp.array(index, dtype=wp.int32)
+            self._body = wp.array(keypoints.body_ids.astype(np.int32), dtype=wp.int32)
+            self.out = wp.zeros((self.batch, len(keypoints), self.channels), dtype=wp.float32)
+            # One site (never read) when the skeleton has none: the kernel needs an array.
+            self._no_sites = wp.zeros((self.batch, 1), dtype=wp.vec3) if host.nsite == 0 else None
+        self._host_in: dict[str, Any] = {}  # staging buffers (pinned on CUDA), made on first use
+        self._host_out: Any = None
+
+    def host_buffer(self, like: Any) -> Any:
+        """A host array shaped as the device array ``like`` (pinned on CUDA)."""
+        return wp.zeros(like.shape, dtype=like.dtype, device="cpu", pinned=self.device.is_cuda)
+
+    def frames(self, qpos: np.ndarray, mocap_pos: np.ndarray | None = None,
+               mocap_quat: np.ndarray | None = None) -> np.ndarray:
+        """Keypoints of ``n`` frames, in batches.
+
+        Args:
+            qpos: ``(n, nq)`` (host, any float dtype; NaN rows give NaN).
+            mocap_pos, mocap_quat: ``(n, nmocap, 3)``, ``(n, nmocap, 4)`` or None.
+
+        Returns:
+            ``(n, K, 3)`` float32 positions, or ``(n, K, 7)`` with orientations (host).
+        """
+        n = len(qpos)
+        out = np.empty((n, len(self._keypoints), self.channels), dtype=np.float32)
+        with self.lock:
+            for r0 in range(0, n, self.batch):
+                r1 = min(n, r0 + self.batch)
+                state = {"qpos": qpos[r0:r1]}
+                if self.nmocap and mocap_pos is not None and mocap_quat is not None:
+                    state.update(mocap_pos=mocap_pos[r0:r1], mocap_quat=mocap_quat[r0:r1])
+                self.upload(state, r1 - r0)
+                self.launch()
+                out[r0:r1] = self.download(r1 - r0)
+        if self.channels == 7:
+            out[..., 3:] = self.turn(out[..., 3:])
+        return out
+
+    def upload(self, state: dict[str, np.ndarray], n: int) -> None:
+        """Copy the first ``n`` rows of each state array into the ``Data`` (on CUDA
+        through a pinned buffer, on the device's stream)."""
+        for name, values in state.items():
+            host = self._host_in.get(name)
+            if host is None:
+                host = self._host_in[name] = self.host_buffer(getattr(self.data, name))
+            host.numpy()[:n] = values
+            wp.copy(getattr(self.data, name), host, count=n * int(np.prod(host.shape[1:])))
+
+    def launch(self) -> None:
+        """``kinematics`` and the keypoint gather on the device (queued on CUDA)."""
+        with wp.ScopedDevice(self.device):
+            mjw.kinematics(self.model, self.data)
+            sites = self.data.site_xpos if self._no_sites is None else self._no_sites
+            wp.launch(gather_keypoints, dim=(self.batch, len(self._keypoints)),
+                      inputs=[self.data.xpos, sites, self.data.xquat, self._from_site,
+                              self._index, self._body, self.channels, self.out])
+
+    def download(self, n: int) -> np.ndarray:
+        """The first ``n`` rows of the gathered keypoints, on the host (waits for them)."""
+        if self._host_out is None:
+            self._host_out = self.host_buffer(self.out)
+        wp.copy(self._host_out, self.out, count=n * len(self._keypoints) * self.channels)
+        if self.device.is_cuda:
+            wp.synchronize_device(self.device)
+        return self._host_out.numpy()[:n].copy()
+
+    def turn(self, quats: np.ndarray) -> np.ndarray:
+        """Body orientations ``(n, K, 4)`` turned by each site's ``site_quat``."""
+        turned = np.flatnonzero((self._keypoints.quats != [1.0, 0.0, 0.0, 0.0]).any(axis=1))
+        if turned.size:
+            product = quat_mul(quats[:, turned].astype(np.float64), self._keypoints.quats[turned])
+            quats[:, turned] = product / np.linalg.norm(product, axis=-1, keepdims=True)
+        return quats

@@ -1,0 +1,94 @@
+"""Continue a render that stopped (``render_videos(..., resume=True)``, ``flyarchive render
+--resume``): keep the videos that an earlier render into the same output folder finished
+and listed in its manifest, when they are exactly what this render would make; render the
+rest (:func:`resume_plan`).
+
+A (world, camera) video is kept when the manifest lists it for this archive (same URL,
+``archive_id`` and layout hash) with the very entry this render would write (path, frames,
+window, size, fps, backend, encoder settings, outputs, mosaic, overlays...), and each of
+its outputs is a regular file (a map: its ``zarr.json``) inside the output folder. A job
+(a world or a mosaic) with a camera not kept is rendered (all its cameras are rendered
+together), and only its videos not kept are published, replacing what is in their place
+(a video the stopped render finished but did not list yet, one of other settings).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from typing import Any
+
+from flyarchive.distribute.plan import RenderPlan
+from flyarchive.errors import UnsafeFileError
+
+__all__ = ["resume_plan"]
+
+
+def resume_plan(plan: RenderPlan, ds: Any) -> tuple[RenderPlan, list[dict[str, Any]]]:
+    """The plan of what is left to render, and the manifest entries of the videos kept.
+
+    Args:
+        plan: The whole render.
+        ds: Its archive (or header).
+
+    Returns:
+        The plan of the jobs left (with ``overwrite``: they replace what is there), and
+        the kept videos' entries, in plan order.
+
+    Raises:
+        UnsafeFileError, ManifestError: the manifest there cannot be read safely.
+    """
+    from flyarchive.video.manifest import (
+        describe,
+        manifest_url,
+        output_root,
+        read_manifest,
+        video_entry,
+    )
+
+    earlier = read_manifest(manifest_url(plan.out), plan.out_storage_options,
+                            root=output_root(plan.out))
+    ours = (plan.url, ds.attrs.get("archive_id"), ds.attrs["layout"]["hash"])
+    same = ours[1] is not None and (earlier.get("archive"), earlier.get("archive_id"),
+                                    earlier.get("layout_hash")) == ours
+    listed = {v["path"]: v for v in earlier.get("videos", [])} if same else {}
+    kept: list[dict[str, Any]] = []
+    todo = []
+    for job in plan.jobs:
+        found = 0
+        for camera in plan.cameras:
+            urls = plan.output_urls(job, camera)
+            expected = describe(plan, ds, video_entry(plan, job, camera, urls))
+            entry = listed.get(expected["path"])
+            if entry == json.loads(json.dumps(expected)) and _present(plan, urls.values()):
+                kept.append(entry)
+                found += 1
+        if found < len(plan.cameras):
+            todo.append(job)
+    options = dataclasses.replace(plan.options, overwrite=True)
+    return dataclasses.replace(plan, jobs=tuple(todo), options=options,
+                               kept=frozenset(v["path"] for v in kept)), kept
+
+
+def _present(plan: RenderPlan, urls: Any) -> bool:
+    """Whether every output is there: a regular file inside the output folder (a map: its
+    ``zarr.json``, written last); a hostile one is not kept (it is rendered again)."""
+    from flyarchive.store.location import is_local, local_path
+    from flyarchive.video.guard import check_file
+    from flyarchive.video.manifest import output_root
+    from flyarchive.video.workspace import filesystem
+
+    root = output_root(plan.out)
+    for url in urls:
+        target = url if url.endswith(".mp4") else f"{url}/zarr.json"
+        if is_local(target):
+            try:
+                if check_file(local_path(target), root) is None:
+                    return False
+            except UnsafeFileError:
+                return False
+            continue
+        fs, path = filesystem(target, plan.out_storage_options)
+        if not fs.isfile(path):
+            return False
+    return True

@@ -1,0 +1,288 @@
+"""Positions out in the formats neuroscience tools read: ``movement`` poses datasets and NWB
+files with ``ndx-pose``.
+
+- :func:`to_movement`: a ``movement`` poses dataset (movement >= 0.17 conventions, built by
+  ``movement.io.load_poses.from_numpy``): ``position`` ``(time, space, keypoint,
+  individual)``, ``confidence`` ``(time, keypoint, individual)`` all ones, one
+  *individual* per world (named ``world<id>``, with the ids as the ``world`` coordinate
+  along ``individual``), ``time`` in simulated seconds (``time_unit="seconds"``,
+  ``fps`` frames per simulated second), ``source_software="flyarchive"``. NaN positions
+  are frames that do not exist (past a world's ``n_frames``), as movement reads NaN.
+- :func:`export_poses`: that dataset as a netCDF file (``format="movement"``: movement and
+  ``xarray.open_dataset`` read it), or NWB (``format="nwb"``): **one file per world**
+  (``world00003.nwb``; NWB holds one subject per file, as movement's own NWB export
+  does), each with a ``behavior`` processing module holding an ``ndx_pose.Skeletons`` and a
+  ``PoseEstimation`` (the world is the file's ``identifier`` and subject, ``world<id>``;
+  ``movement.io.load_poses.from_nwb_file`` reads it), one ``PoseEstimationSeries`` per keypoint
+  (``/`` in a label becomes ``.``), unit ``meters`` with the ``conversion`` of the
+  model's length unit, ``timestamps`` the simulated times of the world's frames.
+
+Files are written to a temporary name beside the target and renamed (a killed export
+leaves no file under a final name); an existing target is refused unless ``overwrite``.
+Local paths only. Needs the extras ``movement`` (movement) or ``nwb`` (pynwb, ndx-pose).
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from flyarchive.errors import (
+    OptionsError,
+    OutputExistsError,
+    OutputLocationError,
+    missing_dependency,
+)
+
+if TYPE_CHECKING:
+    import mujoco
+    import xarray as xr
+
+__all__ = ["to_movement", "export_poses", "nwb_name", "FORMATS", "LENGTH_UNITS"]
+
+#: What :func:`export_poses` writes.
+FORMATS = ("movement", "nwb")
+#: Length units of a model, and their size in metres (NWB stores metres by ``conversion``).
+LENGTH_UNITS = {"mm": 1e-3, "cm": 1e-2, "m": 1.0}
+
+
+def nwb_name(world: int) -> str:
+    """The NWB file of a world: ``world00003.nwb``."""
+    return f"world{world:05d}.nwb"
+
+
+def _positions_of(data: xr.DataArray | xr.Dataset) -> xr.DataArray:
+    import xarray as xr
+
+    position = data["position"] if isinstance(data, xr.Dataset) else data
+    if not isinstance(position, xr.DataArray) or set(position.dims) != {"world", "time",
+                                                                         "keypoint", "xyz"}:
+        raise OptionsError(
+            "Expected positions from flyarchive.positions (dims world, time, keypoint, xyz), "
+            f"got {type(data).__name__} with dims {getattr(data, 'dims', None)}.")
+    return position
+
+
+def to_movement(data: xr.DataArray | xr.Dataset) -> xr.Dataset:
+    """A ``movement`` poses dataset of positions (computed now; see the module's docstring).
+
+    Args:
+        data: From :func:`flyarchive.positions` (a DataArray, or a Dataset with
+            ``position``), any selection of it.
+
+    Returns:
+        The dataset, which movement's functions take as they are (e.g.
+        ``movement.kinematics.compute_velocity(ds.position)``).
+
+    Raises:
+        MissingDependencyError: movement is not installed (extra ``movement``).
+        OptionsError: ``data`` is not positions.
+    """
+    try:
+        from movement.io import load_poses
+    except ImportError as err:
+        raise missing_dependency("movement", "movement", "Exporting positions as a movement "
+                                 "poses dataset", cause=err) from None
+    position = _positions_of(data).transpose("time", "xyz", "keypoint", "world")
+    values = np.asarray(position.values, dtype=np.float64)
+    times = np.asarray(position.time.values, dtype=np.float64)
+    fps = float(1.0 / np.median(np.diff(times))) if len(times) > 1 else None
+    worlds = [int(w) for w in position.world.values]
+    ds = load_poses.from_numpy(values, np.ones((values.shape[0], *values.shape[2:])),
+                               individual_names=[f"world{w}" for w in worlds],
+                               keypoint_names=[str(k) for k in position.keypoint.values],
+                               fps=fps, source_software="flyarchive")
+    if fps is not None:
+        ds = ds.assign_coords(time=times)
+    ds = ds.assign_coords(world=("individual", np.asarray(worlds, dtype=np.int64)))
+    units = position.attrs.get("units")
+    ds.position.attrs.update({"units": units} if units else {})
+    source = position.attrs.get("source") or position.attrs.get("stored")
+    if source:
+        ds.attrs["source_file"] = str(source)
+    return ds
+
+
+def export_poses(
+    url: str,
+    to: str | os.PathLike[str],
+    *,
+    format: str = "movement",
+    bodies: str | Iterable[str] | None = None,
+    sites: str | Iterable[str] | None = None,
+    points: Mapping[str, Any] | None = None,
+    leg: Any = None,
+    segment: Any = None,
+    worlds: Sequence[int] | None = None,
+    time: tuple[float | None, float | None] | None = None,
+    model: mujoco.MjModel | None = None,
+    storage_options: Mapping[str, Any] | None = None,
+    length_unit: str = "mm",
+    overwrite: bool = False,
+    progress: Callable[[int, int], object] | None = None,
+) -> list[str]:
+    """Positions of an archive (or kept positions) written as ``movement`` netCDF or NWB.
+
+    Args:
+        url: An archive (positions are computed, or read when kept beside it), or
+            positions kept as an archive of their own (``flyarchive positions --to``).
+        to: ``format="movement"``: the netCDF file to write (``.nc``); ``"nwb"``: a folder
+            (created) for one ``world<id>.nwb`` per world.
+        format: ``"movement"`` or ``"nwb"``.
+        bodies, sites, points, leg, segment, worlds, time, model, storage_options: As
+            :func:`flyarchive.positions` (an archive of positions takes only ``worlds``,
+            ``time`` and ``storage_options``).
+        length_unit: The model's length unit (``"mm"`` for NeuroMechFly; ``"cm"``, ``"m"``):
+            NWB's ``conversion`` to metres.
+        overwrite: Replace existing files.
+        progress: Called ``(files written, files in all)`` after each file.
+
+    Returns:
+        The paths written.
+
+    Raises:
+        OutputExistsError: a file to write exists and ``overwrite`` is False (nothing is
+            written).
+        OutputLocationError: ``to`` is not a local path, or (NWB) is a file.
+        OptionsError: an unknown format or length unit.
+        MissingDependencyError: the format's packages are missing (names the extra).
+        And as :func:`flyarchive.positions`.
+    """
+    if format not in FORMATS:
+        raise OptionsError(f"format must be one of {', '.join(FORMATS)}, got {format!r}.")
+    if length_unit not in LENGTH_UNITS:
+        raise OptionsError(
+            f"length_unit must be one of {', '.join(LENGTH_UNITS)}, got {length_unit!r}.")
+    target = _local(to)
+    _check_packages(format)
+    data = _source_positions(url, bodies, sites, points, leg, segment, worlds, time, model,
+                             storage_options)
+    if format == "movement":
+        _refuse_existing([target], overwrite)
+        _atomic_write(target, lambda path: to_movement(data).to_netcdf(path, engine="h5netcdf"))
+        written = [str(target)]
+    else:
+        written = _write_nwb(_positions_of(data), target, length_unit, overwrite)
+    if progress is not None:
+        progress(len(written), len(written))
+    return written
+
+
+def _local(to: str | os.PathLike[str]) -> Path:
+    text = str(to)
+    if "://" in text and not text.startswith("file://"):
+        raise OutputLocationError(
+            f"export-poses writes local files; {text!r} is a URL. Write to a local path, then "
+            "copy the files where they belong.")
+    return Path(text.removeprefix("file://")).expanduser()
+
+
+def _check_packages(format: str) -> None:
+    packages = {"movement": [("movement", "movement"), ("h5netcdf", "movement")],
+                "nwb": [("pynwb", "nwb"), ("ndx_pose", "nwb")]}[format]
+    import importlib.util
+
+    for module, extra in packages:
+        if importlib.util.find_spec(module) is None:
+            raise missing_dependency(module.replace("_", "-"), extra,
+                                     f"Exporting positions as {format}")
+
+
+def _source_positions(url: str, bodies: Any, sites: Any, points: Any, leg: Any, segment: Any,
+                      worlds: Any, time: Any, model: Any, storage_options: Any) -> Any:
+    """Positions kept as an archive of their own, or of an archive (computed or kept)."""
+    from flyarchive.analyze import open_positions, positions
+    from flyarchive.errors import SchemaError
+
+    try:
+        kept = open_positions(url, storage_options)
+    except SchemaError:
+        kept = None
+    if kept is None:
+        return positions(url, bodies, sites, points, leg=leg, segment=segment, worlds=worlds,
+                         time=time, model=model, storage_options=storage_options)
+    if worlds is not None:
+        kept = kept.sel(world=list(worlds))
+    if time is not None:
+        kept = kept.sel(time=slice(*time))
+    return kept
+
+
+def _refuse_existing(paths: Sequence[Path], overwrite: bool) -> None:
+    existing = [str(p) for p in paths if p.exists() or p.is_symlink()]
+    if existing and not overwrite:
+        raise OutputExistsError(
+            f"{existing[:3]} already exist{'s' if len(existing) == 1 else ''}"
+            f"{f' (and {len(existing) - 3} more)' if len(existing) > 3 else ''}; pass "
+            "overwrite=True (--overwrite) to replace them. Nothing was written.")
+
+
+def _atomic_write(target: Path, write: Callable[[str], object]) -> None:
+    """``write(path)`` into a temporary file beside ``target``, then rename it there."""
+    target.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.",
+                               suffix=f".tmp{target.suffix}")
+    os.close(fd)
+    try:
+        write(tmp)
+        os.replace(tmp, target)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def _write_nwb(position: xr.DataArray, folder: Path, length_unit: str,
+               overwrite: bool) -> list[str]:
+    if folder.exists() and not folder.is_dir():
+        raise OutputLocationError(
+            f"{str(folder)!r} is a file; NWB export writes one world<id>.nwb per world into a "
+            "folder. Choose a folder path (it is created if missing).")
+    worlds = [int(w) for w in position.world.values]
+    paths = [folder / nwb_name(w) for w in worlds]
+    _refuse_existing(paths, overwrite)
+    values = np.asarray(position.transpose("world", "time", "keypoint", "xyz").values)
+    labels = [str(k) for k in position.keypoint.values]
+    names = [label.replace("/", ".") for label in labels]
+    if len(set(names)) != len(names):
+        raise OptionsError(f"Keypoint labels {labels} collide once '/' becomes '.' for NWB.")
+    for world, path, world_values in zip(worlds, paths, values):
+        committed = np.flatnonzero(np.isfinite(world_values).any(axis=(1, 2)))
+        last = int(committed.max()) + 1 if committed.size else 0
+        _atomic_write(path, lambda tmp, w=world, v=world_values[:last]: _nwb_file(
+            tmp, w, v, position.time.values[:last], names, labels, length_unit))
+    return [str(p) for p in paths]
+
+
+def _nwb_file(path: str, world: int, values: np.ndarray, times: np.ndarray, names: list[str],
+              labels: list[str], length_unit: str) -> None:
+    """One world's NWB file: Skeletons and PoseEstimation in the ``behavior`` module."""
+    from datetime import datetime, timezone
+
+    import ndx_pose
+    import pynwb
+
+    nwbfile = pynwb.NWBFile(session_description="flyarchive simulated positions",
+                            identifier=f"world{world}",
+                            session_start_time=datetime.now(timezone.utc),
+                            subject=pynwb.file.Subject(subject_id=f"world{world}",
+                                                       species="simulated"))
+    skeleton = ndx_pose.Skeleton(name=f"world{world}_skeleton", nodes=names,
+                                 subject=nwbfile.subject)
+    series = [ndx_pose.PoseEstimationSeries(
+        name=name, description=f"keypoint {label!r}", data=values[:, k],
+        confidence=np.ones(len(times)), unit="meters", conversion=LENGTH_UNITS[length_unit],
+        reference_frame="the model's world frame (MuJoCo, z up)", timestamps=times)
+        for k, (name, label) in enumerate(zip(names, labels))]
+    pose = ndx_pose.PoseEstimation(name="PoseEstimation", pose_estimation_series=series,
+                                   description=f"Positions of world {world} by forward kinematics",
+                                   source_software="flyarchive", skeleton=skeleton)
+    behavior = nwbfile.create_processing_module("behavior", "processed behavioral data")
+    behavior.add(ndx_pose.Skeletons(skeletons=[skeleton]))
+    behavior.add(pose)
+    with pynwb.NWBHDF5IO(path, "w") as io:
+        io.write(nwbfile)

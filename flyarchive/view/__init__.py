@@ -1,0 +1,25 @@
+"""The web viewer (``flyarchive view URL``): find the worlds worth watching among
+thousands, and watch them, in the browser. Needs ``pip install 'flyarchive[view]'``
+(aiohttp); loaded only by the ``view`` command.
+
+Modules (none is public; the command line is the way in):
+
+- :mod:`~flyarchive.view.app`: the command: open the archive and its model, serve, print
+  the address with its access token; :class:`~flyarchive.view.app.Viewer` answers the API;
+- :mod:`~flyarchive.view.server`: the aiohttp application: token and ``Host`` checks on
+  every request, fixed routes, the page's files, the JSON API, videos by job number;
+- :mod:`~flyarchive.view.archive`: the viewed archive (opened again when it was replaced),
+  its world table columns, states read per world and cached, the model;
+- :mod:`~flyarchive.view.expressions`: filter expressions over world variables, parsed
+  with :mod:`ast` and a whitelist of node kinds (never ``eval``);
+- :mod:`~flyarchive.view.table`: filter, sort and page the world table;
+- :mod:`~flyarchive.view.traces`: dof and keypoint traces, min/max per pixel column;
+- :mod:`~flyarchive.view.poses`: the model's visible geoms for three.js, and their poses
+  by forward kinematics (``mujoco.mj_kinematics``);
+- :mod:`~flyarchive.view.renders`: render on demand through
+  :func:`flyarchive.render_videos`, one warm renderer, progress.
+
+The page (``static/``) is plain JavaScript modules with three.js (3D view, orbit controls)
+and uPlot (traces), vendored from npm with their licences (``static/vendor/``): nothing
+is fetched from the internet at run time.
+"""

@@ -1,0 +1,323 @@
+"""``flyarchive view URL``: open the archive and its model, then serve the page until
+Ctrl-C. What the API answers is computed here (:class:`Viewer`); the web side is
+:mod:`flyarchive.view.server`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import ipaddress
+import logging
+import socket
+import sys
+import threading
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from flyarchive.errors import FlyarchiveError, OptionsError, OutputLocationError, SelectionError
+from flyarchive.view import poses as poses_
+from flyarchive.view import traces as traces_
+from flyarchive.view.archive import ViewedArchive, load_viewed_model
+from flyarchive.view.renders import Renders, best_backend
+
+log = logging.getLogger("flyarchive.view")
+
+
+class Viewer:
+    """What one viewer shows: the archive, its model (None: no 3D view, no renders, and
+    ``model_problem`` says why), and the renders asked for.
+
+    Raises:
+        As :func:`flyarchive.open_archive` (before anything is served), and
+        OutputLocationError: ``out`` is not a folder that can be made.
+    """
+
+    def __init__(self, url: str, *, storage_options: Mapping[str, Any] | None = None,
+                 model_path: str | None = None, out: str | Path = "view-videos",
+                 backend: str | None = None) -> None:
+        self.viewed = ViewedArchive(url, storage_options)
+        self.out = _output_folder(out)
+        self.model_problem = ""
+        try:
+            self.model = load_viewed_model(url, storage_options, model_path)
+        except FlyarchiveError as err:
+            if model_path:
+                raise
+            self.model, self.model_problem = None, str(err)
+            log.warning("no 3D view or renders: %s", err)
+        self.poser = poses_.Poser(self.model) if self.model is not None else None
+        self._scene: tuple[dict[str, Any], bytes] | None = None
+        self.renders = Renders(self.viewed, self.model, self.out, backend or best_backend())
+
+    # ------------------------------------------------------------------ answers
+    def info(self) -> dict[str, Any]:
+        """What the page needs first: sizes, times, dofs, cameras, what is available."""
+        from flyarchive.models import camera_names
+
+        viewed = self.viewed
+        ds = viewed.ds
+        return {
+            "url": viewed.url, "worlds": len(viewed.world_ids), "frames": len(viewed.times),
+            "times": viewed.times, "fps": viewed.fps,
+            "playback_speed": float(ds.attrs.get("playback_speed", 1.0)),
+            "dofs": viewed.dofs, "columns": list(viewed.columns),
+            "cameras": list(camera_names(self.model)) if self.model is not None else [],
+            "model": self.model is not None, "model_problem": self.model_problem,
+            "keypoints": traces_.keypoints_available() and self.model is not None,
+            "bodies": _bodies(self.model) if self.model is not None else [],
+            "backend": self.renders.backend, "out": str(self.out),
+            "generation": viewed.generation, "archive_id": viewed.archive_id,
+        }
+
+    def reopen(self) -> None:
+        """Open the archive again (after it was replaced); keep the model if it still fits."""
+        self.viewed.open()
+        log.info("opened %s again (%d worlds x %d frames)", self.viewed.url,
+                 len(self.viewed.world_ids), len(self.viewed.times))
+
+    def traces(self, query: Mapping[str, str]) -> dict[str, Any]:
+        """Min/max-per-column traces of the selected worlds (see
+        :mod:`flyarchive.view.traces`)."""
+        viewed = self.viewed
+        worlds = _worlds(query.get("worlds", ""))
+        width = _number(query, "width", 800, int)
+        traces_.check_request(worlds, width)
+        window = viewed.frame_window(_number(query, "start", None, float),
+                                     _number(query, "end", None, float))
+        times = viewed.times[window]
+        if query.get("keypoint"):
+            labels, values = traces_.keypoint_values(viewed.ds, worlds, query["keypoint"], window,
+                                                     model=self.model)
+        else:
+            labels = traces_.dof_choices(viewed.dofs, leg=query.get("leg", ""),
+                                         joint=query.get("joint", ""), axis=query.get("axis", ""),
+                                         dof=query.get("dof", ""))
+            columns = [viewed.dofs.index(label) for label in labels]
+            states = viewed.states(worlds)
+            values = np.stack([s["qpos"][window][:, columns].T for s in states])
+        t, v = traces_.min_max_columns(times, values.reshape(-1, values.shape[-1]), width)
+        lines = [{"world": worlds[i // len(labels)], "label": labels[i % len(labels)],
+                  "v": [None if not np.isfinite(x) else float(x) for x in row]}
+                 for i, row in enumerate(v)]
+        return {"labels": labels, "t": t.round(9).tolist(), "lines": lines,
+                "frames": int(len(times))}
+
+    def scene(self) -> tuple[dict[str, Any], bytes]:
+        """The model's visible geoms for the 3D view (built once)."""
+        if self.poser is None:
+            raise SelectionError(f"No 3D view: {self.model_problem}")
+        if self._scene is None:
+            self._scene = poses_.scene(self.model, self.poser.geoms)
+            self.renders.warm()  # the page is up: now the renderer may take the CPU
+        return self._scene
+
+    def poses(self, query: Mapping[str, str]) -> tuple[bytes, tuple[int, ...]]:
+        """Geom poses of worlds over frames ``start .. start + count - 1``, float32
+        ``(worlds, count, geoms + 1, 12)`` as bytes (:meth:`Poser.poses`)."""
+        if self.poser is None:
+            raise SelectionError(f"No 3D view: {self.model_problem}")
+        worlds = _worlds(query.get("worlds", ""))
+        if not worlds or len(worlds) > poses_.MAX_WORLDS:
+            raise SelectionError(f"Show 1 to {poses_.MAX_WORLDS} worlds side by side, not "
+                                 f"{len(worlds)}.")
+        n = len(self.viewed.times)
+        start = _number(query, "start", 0, int)
+        count = _number(query, "count", 1, int)
+        if not 0 <= start < n or not 1 <= count <= poses_.MAX_FRAMES:
+            raise SelectionError(f"Frames {start} + {count}: the archive has frames 0 to {n - 1}, "
+                                 f"and one request covers 1 to {poses_.MAX_FRAMES}.")
+        frames = list(range(start, min(start + count, n)))
+        self.viewed.check_same()
+        states = self.viewed.states(worlds)
+        out = np.stack([self.poser.poses(s, frames) for s in states])
+        return out.tobytes(), out.shape
+
+    def render(self, body: Mapping[str, Any]) -> dict[str, Any]:
+        """Queue a render (:class:`~flyarchive.view.renders.Renders`); its job as JSON."""
+        worlds = [int(w) for w in body.get("worlds", []) if isinstance(w, (int, float))]
+        camera = str(body.get("camera") or "")
+        size = _size(str(body.get("size") or "240x320"))
+        start, end = (_float_or_none(body.get(k)) for k in ("start", "end"))
+        return self.renders.submit(worlds, camera, start, end, size).as_json()
+
+
+def _bodies(model: Any) -> list[str]:
+    import mujoco
+
+    return [mujoco.mj_id2name(model, mujoco.mjtObj.mjOBJ_BODY, b) or f"body{b}"
+            for b in range(1, model.nbody)]
+
+
+def _worlds(text: str) -> list[int]:
+    """``"0,3,7"`` -> ``[0, 3, 7]`` (the page sends world ids, comma-separated)."""
+    try:
+        return [int(part) for part in text.split(",") if part.strip()]
+    except ValueError:
+        raise SelectionError(f"Cannot read worlds {text!r}; the page sends ids like '0,3,7'.") \
+            from None
+
+
+def _size(text: str) -> tuple[int, int]:
+    """``"240x320"`` -> ``(240, 320)`` (height x width; checked by RenderOptions)."""
+    height, sep, width = text.lower().partition("x")
+    try:
+        return int(height), int(width)
+    except ValueError:
+        raise SelectionError(f"Cannot read size {text!r}; write HEIGHTxWIDTH, e.g. 240x320.") \
+            from None
+
+
+def _number(query: Mapping[str, str], name: str, default: Any, kind: Any) -> Any:
+    text = query.get(name, "")
+    if text == "":
+        return default
+    try:
+        return kind(text)
+    except ValueError:
+        raise SelectionError(f"{name} must be a number, not {text!r}.") from None
+
+
+def _float_or_none(value: Any) -> float | None:
+    if value is None or value == "":
+        return None
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        raise SelectionError(f"A time must be a number of seconds, not {value!r}.") from None
+
+
+def _output_folder(out: str | Path) -> Path:
+    path = Path(out).expanduser().absolute()
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except (FileExistsError, NotADirectoryError):
+        raise OutputLocationError(
+            f"The output folder {str(path)!r} is a file (or inside one); pass --out FOLDER."
+        ) from None
+    return path
+
+
+# ---------------------------------------------------------------------- serving
+LOOPBACK = ("127.0.0.1", "localhost", "::1")
+
+
+def exposure_warning(host: str) -> str:
+    """What serving on ``host`` exposes (``""`` for loopback addresses)."""
+    if host in LOOPBACK:
+        return ""
+    try:
+        if ipaddress.ip_address(host).is_loopback:
+            return ""
+    except ValueError:
+        pass
+    return (f"warning: serving on {host!r}: anyone who can reach this machine on that address "
+            "and has the token can read every world of the archive, its model and the "
+            "rendered videos, and render more (CPU time and disk in the output folder). The "
+            "connection is plain HTTP: the token travels unencrypted. Use an SSH tunnel to "
+            "127.0.0.1 instead where you can.")
+
+
+class Served:
+    """A running viewer: :func:`start` returns it; ``url`` is the address with the token."""
+
+    def __init__(self, viewer: Viewer, runner: Any, loop: asyncio.AbstractEventLoop,
+                 thread: threading.Thread | None, url: str, token: str) -> None:
+        self.viewer, self.runner, self.loop, self.thread = viewer, runner, loop, thread
+        self.url, self.token = url, token
+
+    def stop(self) -> None:
+        """Stop serving (idempotent)."""
+        if self.loop.is_closed():
+            return
+        future = asyncio.run_coroutine_threadsafe(self.runner.cleanup(), self.loop)
+        future.result(timeout=10)
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        if self.thread is not None:
+            self.thread.join(timeout=10)
+        self.viewer.renders.close()
+
+
+def start(viewer: Viewer, *, host: str = "127.0.0.1", port: int = 0,
+          token: str | None = None) -> Served:
+    """Serve ``viewer`` on a thread of its own; returns once it listens.
+
+    Raises:
+        OptionsError: the port cannot be listened on (in use, not allowed).
+    """
+    from aiohttp import web
+
+    from flyarchive.view.server import ViewApp
+
+    try:
+        sock = socket.create_server((host, port))
+    except OSError as err:
+        raise OptionsError(f"Cannot serve on {host}:{port} ({err.strerror or err}). Pass another "
+                           "--port, or 0 for any free one.") from None
+    bound = int(sock.getsockname()[1])
+    app = ViewApp(viewer, token)
+    app.serve_on({host, *LOOPBACK, "[::1]"} if host in LOOPBACK else {host}, bound)
+    loop = asyncio.new_event_loop()
+    runner = web.AppRunner(app.app, access_log=None, handle_signals=False)
+
+    async def listen() -> None:
+        await runner.setup()
+        await web.SockSite(runner, sock).start()
+
+    thread = threading.Thread(target=loop.run_forever, name="flyarchive-view-server", daemon=True)
+    thread.start()  # the loop runs on its own thread: the caller may run another loop
+    asyncio.run_coroutine_threadsafe(listen(), loop).result(timeout=60)
+    shown = f"[{host}]" if ":" in host else host
+    return Served(viewer, runner, loop, thread, f"http://{shown}:{bound}/?token={app.token}",
+                  app.token)
+
+
+def run_view(url: str, *, storage_options: Mapping[str, Any] | None = None,
+             model_path: str | None = None, host: str = "127.0.0.1", port: int = 8750,
+             out: str = "view-videos", backend: str | None = None) -> int:
+    """``flyarchive view``: open, serve, print the address, wait for Ctrl-C.
+
+    Raises:
+        As :class:`Viewer` and :func:`start` (before anything is served).
+    """
+    handler = _log_to_stderr()
+    try:
+        return _serve(url, storage_options, model_path, host, port, out, backend)
+    finally:
+        log.removeHandler(handler)
+
+
+def _serve(url: str, storage_options: Mapping[str, Any] | None, model_path: str | None,
+           host: str, port: int, out: str, backend: str | None) -> int:
+    viewer = Viewer(url, storage_options=storage_options, model_path=model_path, out=out,
+                    backend=backend)
+    try:
+        served = start(viewer, host=host, port=port)
+    except OptionsError:
+        if port != 8750:
+            raise
+        served = start(viewer, host=host, port=0)  # the default port is taken: any free one
+    warning = exposure_warning(host)
+    if warning:
+        print(f"flyarchive view: {warning}", file=sys.stderr, flush=True)
+    viewed = viewer.viewed
+    print(f"flyarchive view: {url} ({len(viewed.world_ids)} worlds x {len(viewed.times)} frames); "
+          f"videos go to {viewer.out}", flush=True)
+    print(f"flyarchive view: open {served.url}", flush=True)
+    print("flyarchive view: Ctrl-C stops it", flush=True)
+    try:
+        threading.Event().wait()
+    finally:
+        served.stop()
+    return 0
+
+
+def _log_to_stderr() -> logging.Handler:
+    """The viewer's log lines on stderr, with the time; the handler (removed at the end)."""
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter("[flyarchive view %(asctime)s] %(message)s", "%H:%M:%S"))
+    log.addHandler(handler)
+    log.setLevel(logging.INFO)
+    return handler

@@ -1,0 +1,227 @@
+"""Filter expressions over world variables (``success == 1 and distance > 5``), parsed
+safely: Python's own parser (:mod:`ast`), then only a whitelist of node kinds is
+evaluated, column by column with numpy. Nothing is ever passed to ``eval``.
+
+Allowed: names of columns, numbers, quoted text, ``true`` / ``false`` / ``nan``,
+comparisons (``== != < <= > >=``, chains such as ``0 < x < 1``), ``and`` / ``or`` /
+``not``, ``+ - * / %`` and parentheses. ``&``, ``|`` and ``~`` are refused with a hint:
+Python applies them before ``==``, so ``a == 1 & b > 5`` would not mean what it reads.
+"""
+
+from __future__ import annotations
+
+import ast
+import difflib
+import operator
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import numpy as np
+
+from flyarchive.errors import SelectionError
+
+#: Longest expression accepted, characters; and most nodes in its tree.
+MAX_LENGTH = 2000
+MAX_NODES = 400
+
+_COMPARE: dict[type, Callable[[Any, Any], Any]] = {
+    ast.Eq: operator.eq, ast.NotEq: operator.ne, ast.Lt: operator.lt, ast.LtE: operator.le,
+    ast.Gt: operator.gt, ast.GtE: operator.ge,
+}
+_ARITHMETIC: dict[type, Callable[[Any, Any], Any]] = {
+    ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul,
+    ast.Div: operator.truediv, ast.Mod: operator.mod,
+}
+_CONSTANTS = {"true": True, "false": False, "True": True, "False": False, "nan": np.nan}
+_HOW = ("Write conditions on world variables such as success == 1 and distance > 5 "
+        "(== != < <= > >=, and, or, not, parentheses, + - * /; text in quotes).")
+
+
+def evaluate(text: str, columns: Mapping[str, np.ndarray]) -> np.ndarray:
+    """The rows where ``text`` holds.
+
+    Args:
+        text: The expression, e.g. ``"success == 1 and distance > 5"``.
+        columns: Column name -> ``(n,)`` values (numbers, bools or text).
+
+    Returns:
+        ``(n,)`` bool. NaN compares False (as in numpy).
+
+    Raises:
+        SelectionError: text that does not parse (the message points at the place), a
+            name that is no column (with the closest names), an operation that is not
+            allowed, or a result that is not true/false per row.
+    """
+    n = len(next(iter(columns.values()))) if columns else 0
+    tree = parse(text)
+    result = np.asarray(_Evaluator(text, columns).truth(tree.body))
+    return np.broadcast_to(result, (n,)).copy()
+
+
+def parse(text: str) -> ast.Expression:
+    """The expression's tree, checked to use only allowed node kinds.
+
+    Raises:
+        SelectionError: as :func:`evaluate`.
+    """
+    if not isinstance(text, str) or not text.strip():
+        raise SelectionError(f"The filter {text!r} is empty. {_HOW}")
+    if len(text) > MAX_LENGTH:
+        raise SelectionError(f"The filter is {len(text):,} characters long; at most "
+                             f"{MAX_LENGTH:,} are read. Write a shorter one.")
+    source = " ".join(text.split())  # one line: newlines would make statements
+    try:
+        tree = ast.parse(source, mode="eval")
+    except SyntaxError as err:
+        raise SelectionError(_syntax_message(source, err)) from None
+    nodes = list(ast.walk(tree))
+    if len(nodes) > MAX_NODES:
+        raise SelectionError(f"The filter {text!r} has {len(nodes)} parts; at most {MAX_NODES} "
+                             "are read. Write a shorter one.")
+    return tree
+
+
+def _syntax_message(source: str, err: SyntaxError) -> str:
+    at = max((err.offset or 1) - 1, 0)
+    pointer = f"{source}\n{' ' * at}^"
+    single = _single_equals(source)
+    hint = f" Use == to compare: {single}." if single else ""
+    return f"Cannot read the filter {source!r} (at character {at + 1}):\n{pointer}\n{_HOW}{hint}"
+
+
+def _single_equals(source: str) -> str | None:
+    """``"a = 1"`` -> ``"a == 1"``: the fix for a lone ``=``, if there is one."""
+    out, i, changed = [], 0, False
+    while i < len(source):
+        ch = source[i]
+        if ch == "=" and (i == 0 or source[i - 1] not in "=!<>") and source[i + 1:i + 2] != "=":
+            out.append("==")
+            changed = True
+        else:
+            out.append(ch)
+        i += 1
+    return "".join(out) if changed else None
+
+
+def _kind(value: np.ndarray) -> str:
+    if value.dtype.kind in "iuf":
+        return "numbers"
+    if value.dtype.kind in "USO":
+        return "text"
+    return f"values of type {value.dtype}"
+
+
+class _Evaluator:
+    """Evaluates an allowed tree over whole columns."""
+
+    def __init__(self, text: str, columns: Mapping[str, np.ndarray]) -> None:
+        self.text = text
+        self.columns = columns
+
+    def visit(self, node: ast.AST) -> Any:
+        method = getattr(self, f"visit_{type(node).__name__}", None)
+        if method is None:
+            raise self._refused(node)
+        return method(node)
+
+    def _refused(self, node: ast.AST) -> SelectionError:
+        piece = ast.get_source_segment(" ".join(self.text.split()), node) or type(node).__name__
+        return SelectionError(
+            f"The filter {self.text!r} uses {piece!r}, which a filter cannot contain. {_HOW}")
+
+    def visit_Name(self, node: ast.Name) -> Any:
+        if node.id in self.columns:
+            return np.asarray(self.columns[node.id])
+        if node.id in _CONSTANTS:
+            return _CONSTANTS[node.id]
+        names = list(self.columns)
+        close = difflib.get_close_matches(node.id, names, n=3, cutoff=0.6) or \
+            [n for n in names if n.lower() == node.id.lower()]
+        hint = f" Did you mean {' or '.join(map(repr, close))}?" if close else ""
+        raise SelectionError(
+            f"The filter {self.text!r} names {node.id!r}, which is no world variable.{hint} "
+            f"Variables: {', '.join(map(repr, names)) or 'none'}.")
+
+    def visit_Constant(self, node: ast.Constant) -> Any:
+        if isinstance(node.value, (bool, int, float, str)):
+            return node.value
+        raise SelectionError(f"The filter {self.text!r} holds {node.value!r}, which is neither "
+                             f"a number nor text. {_HOW}")
+
+    def visit_BoolOp(self, node: ast.BoolOp) -> Any:
+        values = [self.truth(v) for v in node.values]
+        combine = np.logical_and if isinstance(node.op, ast.And) else np.logical_or
+        result = values[0]
+        for value in values[1:]:
+            result = combine(result, value)
+        return result
+
+    def visit_UnaryOp(self, node: ast.UnaryOp) -> Any:
+        if isinstance(node.op, ast.Invert):
+            raise SelectionError(f"The filter {self.text!r} uses ~; write 'not' instead.")
+        if isinstance(node.op, ast.Not):
+            return np.logical_not(self.truth(node.operand))
+        value = self._number(node.operand)
+        return -value if isinstance(node.op, ast.USub) else +value
+
+    def visit_BinOp(self, node: ast.BinOp) -> Any:
+        if isinstance(node.op, (ast.BitAnd, ast.BitOr)):  # binds before ==: never what is meant
+            word = "and" if isinstance(node.op, ast.BitAnd) else "or"
+            raise SelectionError(
+                f"The filter {self.text!r} uses {'&' if word == 'and' else '|'}; write {word!r} "
+                f"instead (in Python, & and | apply before ==, so 'a == 1 & b > 5' would "
+                "compare a with 1 & b).")
+        op = _ARITHMETIC.get(type(node.op))
+        if op is None:
+            raise self._refused(node)
+        with np.errstate(all="ignore"):
+            return op(self._number(node.left), self._number(node.right))
+
+    def visit_Compare(self, node: ast.Compare) -> Any:
+        left = self.visit(node.left)
+        result: Any = True
+        for op_node, right_node in zip(node.ops, node.comparators):
+            op = _COMPARE.get(type(op_node))
+            if op is None:
+                raise SelectionError(
+                    f"The filter {self.text!r} uses {type(op_node).__name__!r}; compare with "
+                    "== != < <= > >=.")
+            right = self.visit(right_node)
+            self._comparable(left, right)
+            with np.errstate(invalid="ignore"):
+                result = np.logical_and(result, op(left, right))
+            left = right
+        return result
+
+    def _comparable(self, left: Any, right: Any) -> None:
+        kinds = {_is_text(left), _is_text(right)}
+        if kinds == {True, False}:
+            raise SelectionError(
+                f"The filter {self.text!r} compares text with a number. Put text in quotes on "
+                "both sides (genotype == \"wt\") and numbers without them.")
+
+    def _number(self, node: ast.AST) -> Any:
+        value = self.visit(node)
+        if _is_text(value):
+            raise SelectionError(f"The filter {self.text!r} does arithmetic on text.")
+        return np.asarray(value, dtype=float) if np.asarray(value).dtype == bool else value
+
+    def truth(self, node: ast.AST) -> Any:
+        """The node's value as true/false: bools as they are, numbers ``!= 0`` (a 0/1
+        column, e.g. ``success and not fell``).
+
+        Raises:
+            SelectionError: text, which has no truth value here.
+        """
+        value = np.asarray(self.visit(node))
+        if value.dtype == bool:
+            return value
+        if value.dtype.kind in "iuf":
+            return value != 0
+        raise SelectionError(
+            f"The filter {self.text!r} uses {_kind(value)} as true/false; compare it: "
+            "genotype == \"wt\".")
+
+
+def _is_text(value: Any) -> bool:
+    return isinstance(value, str) or np.asarray(value).dtype.kind in "USO"

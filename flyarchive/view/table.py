@@ -1,0 +1,94 @@
+"""The world table on the server: filter by an expression, sort, and cut one page of rows.
+
+The page never holds more than a page of rows; thousands of worlds stay smooth because
+filtering and sorting are numpy operations over whole columns (4096 worlds: well under
+a millisecond each).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+
+from flyarchive.errors import SelectionError
+from flyarchive.view.expressions import evaluate
+
+#: Most rows one page may hold.
+MAX_PAGE = 500
+
+
+def query_table(columns: Mapping[str, np.ndarray], *, where: str = "", sort: str = "world",
+                descending: bool = False, page: int = 0, page_size: int = 50) -> dict[str, Any]:
+    """One page of the world table.
+
+    Args:
+        columns: Column name -> ``(n_worlds,)`` values (``world`` first).
+        where: A filter expression (:mod:`flyarchive.view.expressions`); empty: every world.
+        sort: The column to sort by (ties keep world order).
+        descending: Largest first (NaN stays last either way).
+        page: Page number from 0 (past the end: the last page).
+        page_size: Rows per page, 1 to :data:`MAX_PAGE`.
+
+    Returns:
+        JSON-ready: ``columns`` (names), ``kinds`` (``"number"``, ``"bool"`` or
+        ``"text"`` per column), ``rows`` (lists of values; NaN as None), ``total``
+        (worlds), ``matched`` (worlds the filter keeps), ``page``, ``pages``,
+        ``matched_worlds`` (every matching world id in sorted order, at most 100,000).
+
+    Raises:
+        SelectionError: a bad filter (see :func:`~flyarchive.view.expressions.evaluate`),
+            an unknown sort column, or a page size out of range.
+    """
+    names = list(columns)
+    if sort not in columns:
+        raise SelectionError(f"No column {sort!r} to sort by. Columns: {', '.join(map(repr, names))}.")
+    if not 1 <= page_size <= MAX_PAGE:
+        raise SelectionError(f"A page holds 1 to {MAX_PAGE} rows, not {page_size!r}.")
+    total = len(columns["world"])
+    keep = evaluate(where, columns) if where.strip() else np.ones(total, dtype=bool)
+    rows = np.flatnonzero(keep)
+    order = _order(np.asarray(columns[sort])[rows], descending)
+    rows = rows[order]
+    pages = max(1, math.ceil(len(rows) / page_size))
+    page = min(max(int(page), 0), pages - 1)
+    shown = rows[page * page_size:(page + 1) * page_size]
+    return {
+        "columns": names,
+        "kinds": [_kind(np.asarray(columns[n])) for n in names],
+        "rows": [[_cell(columns[n][i]) for n in names] for i in shown],
+        "total": total, "matched": int(len(rows)), "page": page, "pages": pages,
+        "matched_worlds": [int(w) for w in np.asarray(columns["world"])[rows[:100_000]]],
+    }
+
+
+def _order(values: np.ndarray, descending: bool) -> np.ndarray:
+    """A stable order of ``values``; NaN last, also when descending."""
+    if values.dtype.kind == "f":
+        nan = np.isnan(values)
+        key = np.where(nan, 0.0, -values if descending else values)
+        return np.lexsort((key, nan))
+    if values.dtype.kind in "biu":
+        key = values.astype(np.int64)
+    else:  # text: by rank
+        key = np.unique(values.astype(str), return_inverse=True)[1].astype(np.int64)
+    return np.argsort(-key if descending else key, kind="stable")
+
+
+def _kind(values: np.ndarray) -> str:
+    if values.dtype == bool:
+        return "bool"
+    return "number" if values.dtype.kind in "iuf" else "text"
+
+
+def _cell(value: Any) -> Any:
+    """A JSON value: numbers as numbers (NaN and infinities as None), text as text."""
+    if isinstance(value, (bool, np.bool_)):
+        return bool(value)
+    if isinstance(value, (int, np.integer)):
+        return int(value)
+    if isinstance(value, (float, np.floating)):
+        return float(value) if math.isfinite(value) else None
+    return str(value)

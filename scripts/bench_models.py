@@ -1,0 +1,155 @@
+"""What the safety check of a kept model costs: the first time, and once its verdict is kept.
+
+A model kept beside an archive (``models/<sha256>.mjb``) is loaded first in a short-lived
+child process (:mod:`flyarchive.store.model_check`); the verdict is kept by hash in the
+cache folder. For the tiny test model and NeuroMechFly (``flyarchive.interop.nmf``;
+needs flygym), this times, best and median of ``--repeat`` runs:
+
+- ``child_start_s``: the child's floor: an isolated interpreter that imports MuJoCo
+  (without OpenGL) and exits;
+- ``first_s``: :func:`check_model` with no verdict kept (that child, plus loading the
+  model, its MjData, one kinematics pass and a scene update, plus writing the verdict);
+- ``cached_ms``: :func:`check_model` in a new process with the verdict kept (reading one
+  small JSON file), and ``known_ms`` with the verdict known in this process (both given
+  the model's SHA-256, as the reader of a kept model has it);
+- ``load_here_s``: loading the MJB in this process (what any use of the model costs);
+- ``kept_first_s`` and ``kept_cached_s``: ``flyarchive.load_model(archive)`` whole (read
+  and hash the kept model, check it, load it), without and with a kept verdict;
+- ``child_maxrss_mb``: the child's peak resident memory.
+
+Usage::
+
+    python scripts/bench_models.py [--models tiny,nmf] [--repeat 5] [--json PATH]
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import os
+import resource
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+os.environ.setdefault("MUJOCO_GL", "egl")
+
+from benchlib import Column, Table, add_json_option, host_info, write_json  # noqa: E402
+
+TABLE = Table([
+    Column("model", 5, "model", align="<"), Column("MJB MB", 6, "mjb_mb", ".2f"),
+    Column("child start s", 13, "child_start_s", ".3f"), Column("first s", 7, "first_s", ".3f"),
+    Column("cached ms", 9, "cached_ms", ".3f"), Column("known ms", 8, "known_ms", ".4f"),
+    Column("load here s", 11, "load_here_s", ".3f"),
+    Column("kept first s", 12, "kept_first_s", ".3f"),
+    Column("kept cached s", 13, "kept_cached_s", ".3f"),
+    Column("child MiB", 9, "child_maxrss_mb", ".0f"),
+])
+
+
+def _times(run: Callable[[], Any], repeat: int, setup: Callable[[], Any] = lambda: None
+           ) -> list[float]:
+    out = []
+    for _ in range(repeat):
+        setup()
+        start = time.perf_counter()
+        run()
+        out.append(time.perf_counter() - start)
+    return out
+
+
+def _model(name: str) -> Any:
+    if name == "tiny":
+        from flyarchive.testing import tiny_model
+
+        return tiny_model()
+    from flyarchive.interop.nmf import build_world
+
+    return build_world().model
+
+
+def _archive(model: Any, folder: Path) -> str:
+    """A small archive that keeps ``model``: 1 world, a few frames."""
+    from flyarchive import TrajectoryRecorder
+    from flyarchive.testing import simulate
+
+    url = str(folder / "run.zarr")
+    with TrajectoryRecorder(url, model, output_fps=25, playback_speed=1.0) as recorder:
+        simulate(model, 1, 3, recorder.record_as_needed)
+    return url
+
+
+def measure(name: str, repeat: int, folder: Path) -> dict[str, Any]:
+    import flyarchive
+    from flyarchive.models import load_mjb, model_bytes
+    from flyarchive.store import model_check
+
+    model = _model(name)
+    blob = model_bytes(model)
+    digest = hashlib.sha256(blob).hexdigest()  # a kept model's reader has it already
+    caches = iter(range(10**6))
+    cache = folder / "cache"
+
+    def fresh_cache() -> None:  # no verdict kept anywhere
+        nonlocal cache
+        cache = folder / f"cache-{next(caches)}"
+        os.environ["FLYARCHIVE_CACHE_DIR"] = str(cache)
+        model_check._KNOWN.clear()
+
+    child = [sys.executable, "-I", "-c", "import mujoco"]
+    env = {**os.environ, "MUJOCO_GL": "disable"}
+    start = _times(lambda: subprocess.run(child, env=env, check=True), repeat)
+    def check() -> None:
+        model_check.check_model(blob, name, sha256=digest, cache=cache)
+
+    first = _times(check, repeat, fresh_cache)
+    cached = _times(check, repeat * 20, model_check._KNOWN.clear)
+    known = _times(check, repeat * 20)
+    here = _times(lambda: load_mjb(blob), repeat)
+    url = _archive(model, folder)
+    kept_first = _times(lambda: flyarchive.load_model(url), repeat, fresh_cache)
+    kept_cached = _times(lambda: flyarchive.load_model(url), repeat, model_check._KNOWN.clear)
+    rss = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024
+    row = {
+        "model": name, "mjb_bytes": len(blob), "mjb_mb": len(blob) / 1e6,
+        "child_start_s": min(start), "first_s": min(first), "cached_ms": 1e3 * min(cached),
+        "known_ms": 1e3 * min(known), "load_here_s": min(here), "kept_first_s": min(kept_first),
+        "kept_cached_s": min(kept_cached), "child_maxrss_mb": rss,
+        "median": {"child_start_s": statistics.median(start), "first_s": statistics.median(first),
+                   "cached_ms": 1e3 * statistics.median(cached),
+                   "kept_first_s": statistics.median(kept_first),
+                   "kept_cached_s": statistics.median(kept_cached)},
+        "child_memory_cap_bytes": model_check.child_memory(len(blob)),
+    }
+    return row
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--models", default="tiny,nmf", help="comma-separated: tiny,nmf")
+    parser.add_argument("--repeat", type=int, default=5, help="runs per timing (best shown)")
+    add_json_option(parser)
+    args = parser.parse_args(argv)
+    info = host_info()
+    rows = []
+    with tempfile.TemporaryDirectory(prefix="flyarchive-bench-models-") as tmp:
+        for name in (n.strip() for n in args.models.split(",") if n.strip()):
+            folder = Path(tmp) / name
+            folder.mkdir()
+            rows.append(measure(name, args.repeat, folder))
+    TABLE.print(rows, title=f"\nModel check (best of {args.repeat}; cached/known: best of "
+                            f"{args.repeat * 20}) on {info['host']}, {info['cpus']} CPUs, "
+                            f"load {info.get('loadavg')}")
+    print("\nmedians: " + "; ".join(f"{r['model']}: " + ", ".join(
+        f"{k} {v:.3f}" for k, v in r["median"].items()) for r in rows))
+    write_json(args.json, {"host_info": info, "repeat": args.repeat, "rows": rows})
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,260 @@
+"""Speed of keypoint positions from archives: CPU per core, Dask workers, mujoco-warp, gait.
+
+The data: NeuroMechFly (73 dofs, 50 bodies) walking, one simulated flygym walk copied per
+world with jitter (``benchlib.nmf_states``), written by flyarchive's own writer (chunks of
+1 world x 100 frames in shards of 64 worlds, the default codec) and kept under
+``--cache``. Rows (frames/s count world-frames, the read of the archive included):
+
+- ``mj_kinematics loop``: the reference: a plain Python loop setting ``qpos``, calling
+  ``mujoco.mj_kinematics`` on the full model and copying ``xpos``, states in memory, one core;
+- ``archive -> 50 bodies, 1 core``: ``flyarchive.positions(url).compute()`` with the
+  process pinned to one core (``--worlds`` x ``--frames``);
+- for these two and the gait rows, ``per CPU s`` is frames per second of the process's CPU
+  time (all its threads; ``CPU s`` that time), which a machine shared with other work does
+  not inflate as it does wall time;
+- ``... all cores``: the same, dask's threads on every core of the process;
+- ``Dask 1 worker`` / ``Dask N workers``: positions of ``--dask-worlds`` x ``--frames``
+  reduced on the workers (each body's highest point per world) on a
+  ``distributed.LocalCluster`` of single-thread worker processes (after a warm-up
+  computation), and their ratio;
+- ``warp-<device> streamed``: :func:`flyarchive.analyze.warp_stream.load_positions` of
+  ``--warp-worlds`` x ``--warp-frames`` float32 frames (an archive as the GPU recorder
+  writes it) into host memory: reading, upload, kinematics and copy-back overlapped on
+  CUDA; setup (engine, kernels) apart; peak device memory (Warp's pool) and the peak
+  RSS of the process;
+- ``gait summary``: :func:`flyarchive.gait_summary` of ``--gait-worlds`` x
+  ``--gait-frames`` from the archive (thorax and six tarsus tips computed on all cores),
+  and the measures alone from positions in memory.
+
+Usage::
+
+    python scripts/bench_positions.py [--worlds 64] [--frames 1000] [--workers 2] [--dask-worlds 256]
+        [--device cpu|cuda] [--warp-worlds 4096] [--warp-frames 250]
+        [--gait-worlds 1024] [--gait-frames 1000] [--only cpu,dask,warp,gait]
+        [--repeat 2] [--cache /tmp/flyarchive-bench-positions] [--json PATH]
+
+On the 2-core VM ``--device cpu`` runs the Warp row on Warp's CPU device with
+``--warp-worlds 64 --warp-frames 250`` unless given; on a GPU host use ``--device cuda``
+(defaults 4096 x 250).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from benchlib import (
+    Column,
+    Jitter,
+    PeakMemory,
+    Table,
+    add_json_option,
+    cached_archive,
+    host_info,
+    nmf_states,
+    pin_threads,
+    write_json,
+)
+
+JITTER = Jitter(start_margin=200, xy_mm=5.0, angle_bias_rad=0.01)
+ROWS = ("cpu", "dask", "warp", "gait")
+
+
+def best(fn: Callable[[], Any], repeat: int, clock: Callable[[], float] = time.perf_counter
+         ) -> tuple[float, Any]:
+    """The best time of ``repeat`` calls by ``clock``, s, and the last result."""
+    seconds, result = float("inf"), None
+    for _ in range(repeat):
+        t0 = clock()
+        result = fn()
+        seconds = min(seconds, clock() - t0)
+    return seconds, result
+
+
+def archive(cache: Path, world: Any, worlds: int, frames: int, dtype: str) -> str:
+    states = lambda: nmf_states(worlds, frames, world=world, jitter=JITTER, dtype=dtype,  # noqa: E731
+                                cache=cache / "walks")
+    return cached_archive(cache, f"nmf-{worlds}x{frames}-{dtype}", world.model, states,
+                          chunk_frames=100, shard_worlds=64)
+
+
+def kinematics_loop(model: Any, qpos: np.ndarray, clock: Callable[[], float]) -> float:
+    """Frames/s of the reference loop on the full model, this core, by ``clock``."""
+    import mujoco
+
+    data = mujoco.MjData(model)
+    q, x, kin = data.qpos, data.xpos, mujoco.mj_kinematics
+    out = np.empty((len(qpos), model.nbody, 3))
+
+    def run() -> None:
+        for i, row in enumerate(qpos):
+            q[:] = row
+            kin(model, data)
+            out[i] = x
+
+    seconds, _ = best(run, 2, clock)
+    return len(qpos) / seconds
+
+
+def cpu_rows(url: str, world: Any, frames: int, repeat: int) -> list[dict[str, Any]]:
+    import flyarchive
+
+    cpus = os.sched_getaffinity(0)
+    def compute(**kw: Any) -> Any:
+        return flyarchive.positions(url, model=world.model, stored=False).compute(**kw)
+
+    rows = []
+    pin_threads({min(cpus)})
+    try:
+        qpos = flyarchive.open_archive(url).qpos.isel(world=0).values[:frames]
+        rows.append({"row": "mj_kinematics loop (states in memory)", "cores": 1,
+                     "frames_per_s": kinematics_loop(world.model, qpos, time.perf_counter),
+                     "cpu_frames_per_s": kinematics_loop(world.model, qpos, time.process_time)})
+        compute(scheduler="synchronous")  # warm: the engine, imports
+        seconds, result = best(lambda: compute(scheduler="synchronous"), repeat)
+        cpu_s, _ = best(lambda: compute(scheduler="synchronous"), repeat, time.process_time)
+        frames_done = result.shape[0] * result.shape[1]
+        rows.append({"row": "archive -> 50 bodies, 1 core", "cores": 1, "s": seconds,
+                     "frames_per_s": frames_done / seconds, "cpu_frames_per_s": frames_done / cpu_s})
+    finally:
+        pin_threads(cpus)
+    seconds, result = best(lambda: compute(), repeat)
+    rows.append({"row": "archive -> 50 bodies, all cores (threads)", "cores": len(cpus),
+                 "s": seconds, "frames_per_s": result.shape[0] * result.shape[1] / seconds})
+    return rows
+
+
+def dask_rows(url: str, world: Any, workers: int) -> list[dict[str, Any]]:
+    """Each world's highest point of each body, computed on the workers (a result of
+    kilobytes: the rate of computing, not of shipping 75 MB of positions back)."""
+    from distributed import Client, LocalCluster
+
+    import flyarchive
+
+    rows = []
+    for n in sorted({1, workers}):
+        cluster = LocalCluster(n_workers=n, threads_per_worker=1, processes=True,
+                               dashboard_address=None)
+        client = Client(cluster)
+        try:
+            lazy = flyarchive.positions(url, model=world.model, stored=False).max("time")
+            lazy.compute()  # warm-up: every worker imports, loads the model, connects
+            seconds, _ = best(lambda: lazy.compute(), 2)
+        finally:
+            client.close()
+            try:
+                cluster.close(timeout=60)  # a busy machine stops workers slowly
+            except TimeoutError:
+                print(f"the cluster of {n} worker(s) did not stop within 60 s", flush=True)
+        frames = lazy.shape[0] * flyarchive.open_archive(url).sizes["time"]
+        rows.append({"row": f"Dask {n} worker{'s' if n > 1 else ''}", "cores": n, "s": seconds,
+                     "frames_per_s": frames / seconds})
+    if len(rows) == 2:
+        rows[1]["speedup"] = rows[1]["frames_per_s"] / rows[0]["frames_per_s"]
+    return rows
+
+
+def warp_rows(url: str, world: Any, device: str, repeat: int) -> list[dict[str, Any]]:
+    from flyarchive.analyze.warp_stream import StreamStats, load_positions
+
+    backend = "gpu" if device.startswith("cuda") else "warp-cpu"
+    rows = []
+    for attempt in range(repeat + 1):  # the first builds kernels (Warp's cache) and warms up
+        stats = StreamStats()
+        with PeakMemory(interval_s=0.05) as memory:
+            t0 = time.perf_counter()
+            load_positions(url, model=world.model, backend=backend, stats=stats)
+            total = time.perf_counter() - t0
+        if attempt == 0:
+            continue
+        rows.append({"row": f"{backend} streamed, 50 bodies", "cores": len(os.sched_getaffinity(0)),
+                     "s": stats.seconds, "frames_per_s": stats.frames / stats.seconds,
+                     "setup_s": stats.setup_seconds, "call_s": total,
+                     "read_core_s": stats.read_seconds,
+                     "peak_device_mib": None if stats.peak_device_bytes is None
+                     else stats.peak_device_bytes / 2**20,
+                     "pinned_mib": stats.pinned_bytes / 2**20,
+                     "peak_rss_mib": memory.results["peak_mib"]})
+    return rows[-1:] if rows else []
+
+
+def gait_rows(url: str, world: Any) -> list[dict[str, Any]]:
+    import flyarchive
+    from flyarchive.analyze.gait import gait_summary
+
+    t0, c0 = time.perf_counter(), time.process_time()
+    summary = gait_summary(url, model=world.model)
+    end_to_end, cpu_s = time.perf_counter() - t0, time.process_time() - c0
+    frames = summary.sizes["world"] * flyarchive.open_archive(url).sizes["time"]
+    pos = flyarchive.positions(url, ["nmf/c_thorax"], points=flyarchive.tarsus_tips(),
+                               model=world.model, orientations=True).compute()
+    seconds, _ = best(lambda: gait_summary(pos), 2)
+    measures_cpu_s, _ = best(lambda: gait_summary(pos), 1, time.process_time)
+    return [{"row": "gait summary from the archive", "s": end_to_end, "cpu_s": cpu_s,
+             "frames_per_s": frames / end_to_end, "cpu_frames_per_s": frames / cpu_s,
+             "cores": len(os.sched_getaffinity(0))},
+            {"row": "gait measures, positions in memory", "s": seconds, "cpu_s": measures_cpu_s,
+             "frames_per_s": frames / seconds, "cpu_frames_per_s": frames / measures_cpu_s,
+             "cores": 1}]
+
+
+TABLE = Table([
+    Column("what", 46, "row", align="<"),
+    Column("cores", 5, "cores"),
+    Column("s", 8, "s", ".3f"),
+    Column("CPU s", 8, "cpu_s", ".2f"),
+    Column("frames/s", 12, "frames_per_s", ",.0f"),
+    Column("per CPU s", 10, "cpu_frames_per_s", ",.0f"),
+    Column("x1", 6, "speedup", ".2f"),
+    Column("setup s", 8, "setup_s", ".2f"),
+    Column("dev MiB", 8, "peak_device_mib", ",.0f"),
+    Column("RSS MiB", 8, "peak_rss_mib", ",.0f"),
+])
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--worlds", type=int, default=64)
+    parser.add_argument("--frames", type=int, default=1000)
+    parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--dask-worlds", type=int, default=256)
+    parser.add_argument("--device", default="cpu", help="Warp row: cpu or cuda[:N]")
+    parser.add_argument("--warp-worlds", type=int)
+    parser.add_argument("--warp-frames", type=int, default=250)
+    parser.add_argument("--gait-worlds", type=int, default=1024)
+    parser.add_argument("--gait-frames", type=int, default=1000)
+    parser.add_argument("--only", default=",".join(ROWS), help=f"rows: {','.join(ROWS)}")
+    parser.add_argument("--repeat", type=int, default=2)
+    parser.add_argument("--cache", type=Path, default=Path("/tmp/flyarchive-bench-positions"))
+    add_json_option(parser)
+    args = parser.parse_args()
+    only = set(args.only.split(","))
+    from flyarchive.interop.nmf import build_world
+
+    world = build_world()
+    rows: list[dict[str, Any]] = []
+    if "cpu" in only:
+        url = archive(args.cache, world, args.worlds, args.frames, "float64")
+        rows += cpu_rows(url, world, args.frames, args.repeat)
+    if "dask" in only and args.workers:
+        url = archive(args.cache, world, args.dask_worlds, args.frames, "float64")
+        rows += dask_rows(url, world, args.workers)
+    if "warp" in only:
+        warp_worlds = args.warp_worlds or (4096 if args.device.startswith("cuda") else 64)
+        url = archive(args.cache, world, warp_worlds, args.warp_frames, "float32")
+        rows += warp_rows(url, world, args.device, args.repeat)
+    if "gait" in only:
+        url = archive(args.cache, world, args.gait_worlds, args.gait_frames, "float64")
+        rows += gait_rows(url, world)
+    TABLE.print(rows, title=f"\nNeuroMechFly positions ({len(os.sched_getaffinity(0))} cores)")
+    write_json(args.json, {"host": host_info(), "args": {k: str(v) for k, v in vars(args).items()},
+                           "rows": rows})
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,139 @@
+"""Gait measures against trajectories whose answers are known, and their storage as world
+variables that pick worlds."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import xarray as xr
+
+import flyarchive
+from flyarchive.analyze.gait import GaitParams
+from flyarchive.errors import SelectionError
+
+DT = 0.01
+LABELS = ["nmf/c_thorax", "nmf/lf_tip"]
+
+
+def positions(thorax, tips=None, *, quat=None):
+    """Positions as flyarchive.positions gives them: thorax ``(W, T, 3)``, one tip
+    ``(W, T, 3)`` (default: resting on the ground under the thorax), times ``k * DT``."""
+    thorax = np.asarray(thorax, dtype=float)
+    if tips is None:
+        tips = thorax * [1, 1, 0]
+    values = np.stack([thorax, np.asarray(tips, dtype=float)], axis=2)
+    coords = {"world": np.arange(len(values)), "time": np.arange(values.shape[1]) * DT,
+              "keypoint": LABELS, "xyz": ["x", "y", "z"]}
+    pos = xr.DataArray(values, dims=("world", "time", "keypoint", "xyz"), coords=coords)
+    if quat is None:
+        return pos
+    q = np.stack([np.asarray(quat)] * 2, axis=2)
+    return xr.Dataset({"position": pos, "orientation": (("world", "time", "keypoint", "wxyz"), q)})
+
+
+def summary(data, **kwargs):
+    return flyarchive.gait_summary(data, thorax="nmf/c_thorax", tips=["nmf/lf_tip"], **kwargs)
+
+
+def line(speed, angle, n=101, height=1.0):
+    t = np.arange(n) * DT
+    return np.stack([speed * t * math.cos(angle), speed * t * math.sin(angle),
+                     np.full(n, height)], axis=-1)
+
+
+def test_a_straight_walk_at_known_speed():
+    got = summary(positions([line(10.0, math.radians(30))]))
+
+    assert got.duration.item() == pytest.approx(1.0)
+    assert got.distance.item() == pytest.approx(10.0)
+    assert got.path_length.item() == pytest.approx(10.0)
+    assert got.mean_speed.item() == pytest.approx(10.0)
+    assert got.peak_speed.item() == pytest.approx(10.0)
+    assert got.heading_change.item() == pytest.approx(0.0, abs=1e-12)
+    assert got.distance.attrs["units"] == "mm"
+
+
+def test_a_full_circle_turns_two_pi_and_ends_where_it_began():
+    n, radius = 201, 2.0
+    angle = np.linspace(0, 2 * math.pi, n)
+    thorax = np.stack([radius * np.cos(angle), radius * np.sin(angle), np.ones(n)], axis=-1)
+    yaw = angle + math.pi / 2  # facing along the path, counter-clockwise
+    quat = np.stack([np.cos(yaw / 2), 0 * yaw, 0 * yaw, np.sin(yaw / 2)], axis=-1)
+
+    got = summary(positions([thorax], quat=[quat]))
+    from_travel = summary(positions([thorax]))
+
+    chords = n - 1
+    assert got.heading_change.item() == pytest.approx(2 * math.pi)
+    assert from_travel.heading_change.item() == pytest.approx(2 * math.pi * (chords - 1) / chords)
+    assert got.distance.item() == pytest.approx(0.0, abs=1e-12)
+    assert got.path_length.item() == pytest.approx(chords * 2 * radius * math.sin(math.pi / chords))
+
+
+def test_height_and_time_below_the_fall_threshold():
+    thorax = line(0.0, 0.0)
+    thorax[60:, 2] = 0.2  # fell after 0.6 s
+
+    got = summary(positions([thorax]), params=GaitParams(fall_height=0.5))
+
+    assert got.time_below.item() == pytest.approx(41 * DT)
+    assert got.min_height.item() == pytest.approx(0.2)
+    assert got.mean_height.item() == pytest.approx((60 * 1.0 + 41 * 0.2) / 101)
+
+
+def test_a_known_stance_and_swing_pattern():
+    cycles, stance, swing, step = 10, 6, 4, 0.5
+    tip = []
+    for c in range(cycles):  # resting at x = c * step, then lifted and carried forward
+        tip += [[c * step, 0.0, 0.0]] * stance
+        tip += [[c * step, 0, 0.5], [(c + 0.5) * step, 0, 0.5], [(c + 1) * step, 0, 0.5],
+                [(c + 1) * step, 0, 0.5]]
+    n = cycles * (stance + swing)
+    thorax = line(0.0, 0.0, n=n)
+
+    got = summary(positions([thorax], [tip]))
+
+    assert got.stance_fraction_lf.item() == pytest.approx(stance / (stance + swing))
+    assert got.step_frequency_lf.item() == pytest.approx((cycles - 1) / ((n - 1) * DT))
+    assert got.stance_fraction_lf.attrs["units"] == "1"
+
+
+def test_frames_that_do_not_exist_do_not_count():
+    walked, short = line(10.0, 0.0), line(10.0, 0.0)
+    short[51:] = np.nan  # past this world's n_frames
+
+    got = summary(positions([walked, short]))
+
+    assert got.distance.values == pytest.approx([10.0, 5.0])
+    assert got.duration.values == pytest.approx([1.0, 0.5])
+    assert got.mean_speed.values == pytest.approx([10.0, 10.0])
+
+
+def test_measures_per_window():
+    got = summary(positions([line(10.0, 0.0)]), window=0.5)
+
+    assert got.window.values.tolist() == pytest.approx([0.0, 0.5])
+    assert got.distance.values[:, 0] == pytest.approx([4.9, 4.9])  # 50 frames, 0.49 s each
+
+
+def test_saved_measures_pick_worlds_by_a_condition(sites_archive):
+    from flyarchive.query.conditions import where_from_conditions
+
+    tips = {"fly/lf_tip": ("fly/lf_tarsus5", "tip")}
+    got = flyarchive.gait_summary(sites_archive, thorax="fly/c_thorax", tips=tips, save=True)
+    ds = flyarchive.open_archive(sites_archive)
+    median = float(np.median(got.path_length.values))
+
+    picked = where_from_conditions(ds, [f"path_length>{median}"], [])
+
+    assert np.array_equal(ds.path_length.values, got.path_length.values)
+    assert picked.values.tolist() == (got.path_length.values > median).tolist()
+    assert set(got.data_vars) == {*flyarchive.analyze.gait.MEASURES, "stance_fraction_lf",
+                                  "step_frequency_lf"}
+
+
+def test_saving_needs_the_archive_and_one_value_per_world(sites_archive):
+    with pytest.raises(SelectionError, match="save=True"):
+        summary(positions([line(1.0, 0.0)]), save=True)

@@ -1,0 +1,161 @@
+"""Kept positions: a derived group beside the archive (or an archive of its own), committed
+as recordings are, resumed after an interruption, and read back by flyarchive.positions."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import xarray as xr
+
+import flyarchive
+from flyarchive.analyze import blocks
+from flyarchive.errors import ArchiveExistsError
+from flyarchive.testing import tiny_model
+from flyarchive.testing.fixtures import record, snapshot
+
+POINTS = {"claw": ("fly/lf_tarsus5", (0.1, 0.0, -0.2))}
+
+
+def no_kinematics(monkeypatch):
+    """Make computing positions fail: what is read must come from the store."""
+    def refuse(*args, **kwargs):
+        raise AssertionError("positions were computed instead of read")
+
+    monkeypatch.setattr(blocks, "kinematics_block", refuse)
+    import flyarchive.analyze.prepare as prepare
+
+    monkeypatch.setattr(prepare, "kinematics_block", refuse)
+
+
+def test_kept_positions_are_read_back_instead_of_computed(sites_archive, monkeypatch):
+    expected = flyarchive.positions(sites_archive, "*", points=POINTS, orientations=True).compute()
+    group = flyarchive.keep_positions(sites_archive, "*", points=POINTS, orientations=True)
+    no_kinematics(monkeypatch)
+
+    actual = flyarchive.positions(sites_archive, ["fly/lf_femur", "*"], points=POINTS,
+                                  orientations=True, worlds=[2, 1], time=(0.0, 0.1)).compute()
+
+    assert actual.attrs["stored"] == group and "/derived/positions-" in group
+    window = expected.sel(world=[2, 1], time=actual.time)
+    assert np.array_equal(actual.position.values,
+                          window.position.sel(keypoint=actual.keypoint).values)
+    assert np.array_equal(actual.orientation.values,
+                          window.orientation.sel(keypoint=actual.keypoint).values)
+
+
+def test_a_request_the_kept_group_does_not_hold_is_computed(sites_archive):
+    flyarchive.keep_positions(sites_archive, "target")
+
+    other = flyarchive.positions(sites_archive, "target", points=POINTS)
+    turned = flyarchive.positions(sites_archive, "target", orientations=True)
+
+    assert "stored" not in other.attrs and "stored" not in turned.attrs
+
+
+def test_the_archive_still_verifies_and_opens_with_a_derived_group(sites_archive):
+    flyarchive.keep_positions(sites_archive, "target")
+
+    report = flyarchive.verify(sites_archive)
+    plain = xr.open_zarr(sites_archive)
+
+    assert report.ok, report.problems
+    assert "qpos" in plain and "derived" not in plain
+    assert flyarchive.open_archive(sites_archive).qpos.shape == (3, 20, 13)
+
+
+def test_an_interrupted_keep_resumes_after_its_last_committed_block(sites_archive, monkeypatch):
+    expected = flyarchive.positions(sites_archive, "target").values
+
+    def stop(done, total):
+        if done >= 10:
+            raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        flyarchive.keep_positions(sites_archive, "target", on_block=stop)
+    seen = []
+    group = flyarchive.keep_positions(sites_archive, "target",
+                                      on_block=lambda done, total: seen.append(done))
+
+    assert seen == [15, 20]  # frames 10.. only
+    assert np.array_equal(flyarchive.open_positions(group).values, expected)
+
+
+def test_positions_of_an_archive_that_grew_are_computed_then_kept_again(tmp_path):
+    model = tiny_model()
+    url = record(model, str(tmp_path / "grow.zarr"), n_steps=36)  # 10 frames
+    flyarchive.keep_positions(url, "hand")
+    record(model, url, n_steps=76, mode="a")  # rerun to 20 frames
+
+    grown = flyarchive.positions(url, "hand")
+    group = flyarchive.keep_positions(url, "hand")
+    again = flyarchive.positions(url, "hand")
+
+    assert "stored" not in grown.attrs and grown.sizes["time"] == 20
+    assert again.attrs["stored"] == group
+    assert np.array_equal(again.values, grown.values)
+
+
+def test_positions_kept_as_an_archive_of_their_own(sites_archive, tmp_path):
+    to = str(tmp_path / "positions.zarr")
+
+    written = flyarchive.keep_positions(sites_archive, sites="target_tip", to=to)
+    kept = flyarchive.open_positions(to)
+
+    assert written == to
+    assert kept.attrs["backend"] == "cpu" and kept.keypoint_kind.values.tolist() == ["site"]
+    assert np.array_equal(kept.values, flyarchive.positions(sites_archive, sites="target_tip").values)
+    assert {"sim_time", "frame"} <= set(xr.open_zarr(to).position.coords)  # plain xarray reads it
+
+
+def test_an_archive_of_other_positions_is_not_replaced(sites_archive, tmp_path):
+    to = str(tmp_path / "positions.zarr")
+    flyarchive.keep_positions(sites_archive, "target", to=to)
+    before = snapshot(to)
+
+    with pytest.raises(ArchiveExistsError, match="not these derived values"):
+        flyarchive.keep_positions(sites_archive, "fly/c_thorax", to=to)
+
+    assert snapshot(to) == before
+
+
+def test_keep_on_each_storage(location, sites_model):
+    url = record(sites_model, location.url, storage_options=location.storage_options)
+
+    group = flyarchive.keep_positions(url, "target", storage_options=location.storage_options)
+    read = flyarchive.positions(url, "target", storage_options=location.storage_options)
+
+    assert read.attrs["stored"] == group
+    assert np.isfinite(read.values).all()
+
+
+@pytest.mark.slow  # a child process killed mid-way
+def test_a_killed_positions_command_loses_only_its_block_and_resumes(tmp_path):
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    from flyarchive.store.derived import open_derived
+
+    url = record(tiny_model(), str(tmp_path / "long.zarr"), n_worlds=3, n_steps=1600,
+                 chunk_frames=25)  # 401 frames
+    expected = flyarchive.positions(url, "hand").values
+    command = [sys.executable, "-m", "flyarchive.cli", "positions", url, "--keypoints", "hand"]
+    child = subprocess.Popen(command, stderr=subprocess.PIPE, start_new_session=True)
+    seen = b""
+    while b"100/401" not in seen and child.poll() is None:  # printed once committed
+        seen += child.stderr.read1(256)
+    os.killpg(child.pid, signal.SIGKILL)
+    child.wait()
+    (name,) = [n for n in os.listdir(f"{url}/derived") if n.startswith("positions-")]
+    partial = open_derived(f"{url}/derived/{name}")
+    committed = int(partial.n_frames.min())
+
+    resumed = subprocess.run(command, capture_output=True, text=True, timeout=300)
+
+    assert 100 <= committed < 401 or child.returncode == 0
+    assert np.array_equal(partial.position.values[:, :committed], expected[:, :committed])
+    assert resumed.returncode == 0, resumed.stderr
+    kept = flyarchive.positions(url, "hand")
+    assert "stored" in kept.attrs and np.array_equal(kept.values, expected)
+    assert flyarchive.verify(url).ok

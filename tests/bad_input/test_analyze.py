@@ -1,0 +1,172 @@
+"""Bad input to positions, kept positions, gait and pose export: a clear error (what was
+asked, what exists, how to fix it), and nothing committed or written changes."""
+
+from __future__ import annotations
+
+import mujoco
+import pytest
+
+import flyarchive
+from flyarchive.errors import (
+    ArchiveExistsError,
+    LayoutMismatchError,
+    ModelLoadError,
+    OptionsError,
+    OutputExistsError,
+    OutputLocationError,
+    SelectionError,
+)
+from flyarchive.interop.poses import export_poses
+from flyarchive.testing import TWO_HINGES_XML
+from flyarchive.testing.fixtures import record, snapshot
+from flyarchive.testing.markers import requires_movement, requires_nwb
+
+
+def test_an_unknown_body_names_close_ones_and_how_many_exist(archive):
+    before = snapshot(archive)
+
+    with pytest.raises(SelectionError, match=r"No body 'hnad' in the model\. Did you mean "
+                       r"'hand'\? The model has 5 bodies: 'torso', 'arm', 'hand'"):
+        flyarchive.positions(archive, ["torso", "hnad"])
+
+    assert snapshot(archive) == before
+
+
+def test_an_unknown_site_is_refused_with_the_sites_that_exist(archive):
+    with pytest.raises(SelectionError, match=r"No site 'tip' in the model\. The model has 0 sites"):
+        flyarchive.positions(archive, sites=["tip"])
+
+
+def test_a_point_in_a_body_that_does_not_exist(archive):
+    before = snapshot(archive)
+
+    with pytest.raises(SelectionError, match=r"Point 'claw' is in body 'hands', but there is no "
+                       r"such body\. Did you mean 'hand'\?"):
+        flyarchive.keep_positions(archive, points={"claw": ("hands", (0, 0, 0.1))})
+
+    assert snapshot(archive) == before
+
+
+@pytest.mark.parametrize("spec", [("hand",), ("hand", (0, 1)), ("hand", "end"),
+                                  ("hand", (0, float("nan"), 0))])
+def test_a_point_that_is_not_a_body_and_an_offset(archive, spec):
+    with pytest.raises(SelectionError, match=r"Point 'p' .*A point is \{label: \(body, \(x, y, z\)\)\}"):
+        flyarchive.positions(archive, points={"p": spec})
+
+
+def test_a_selector_that_keeps_nothing_lists_what_there_is(archive):
+    with pytest.raises(SelectionError, match=r"No keypoint matches leg='lf'\. Of 5 keypoints, 0 "
+                       r"are named as flygym names bodies"):
+        flyarchive.positions(archive, leg="lf")
+
+
+def test_a_model_that_does_not_match_the_layout(archive):
+    other = mujoco.MjModel.from_xml_string(TWO_HINGES_XML.format(name="knee"))
+    before = snapshot(archive)
+
+    with pytest.raises(LayoutMismatchError, match=r"archive has nq=13.*model has nq=2"):
+        flyarchive.keep_positions(archive, "hand", model=other)
+
+    assert snapshot(archive) == before
+
+
+def test_an_archive_that_keeps_no_model_and_none_given(tiny, tmp_path):
+    url = record(tiny, str(tmp_path / "nomodel.zarr"), store_model=False)
+    before = snapshot(url)
+
+    with pytest.raises(ModelLoadError, match=r"keeps no model, and no model was given\. Pass "
+                       r"the compiled model"):
+        flyarchive.keep_positions(url, "hand")
+
+    assert snapshot(url) == before
+
+
+def test_a_dataset_in_memory_without_a_model(archive):
+    ds = flyarchive.open_archive(archive).load()
+
+    with pytest.raises(ModelLoadError, match="does not say which archive it was opened from"):
+        flyarchive.positions(ds, "hand")
+
+
+def test_a_time_window_outside_the_recording(archive):
+    with pytest.raises(SelectionError, match=r"No recorded frame of the chosen worlds lies in the "
+                       r"time window 5\.0:6\.0; the recording spans 0\.\.0\.152 s"):
+        flyarchive.positions(archive, "hand", time=(5.0, 6.0))
+
+
+def test_worlds_that_are_not_in_the_archive(archive):
+    with pytest.raises(SelectionError, match=r"World\(s\) \[7\] are not in the archive"):
+        flyarchive.gait_summary(archive, thorax="torso", tips=["hand"], worlds=[0, 7])
+
+
+def test_an_unknown_backend(archive):
+    with pytest.raises(OptionsError, match="backend must be one of cpu, warp-cpu, gpu, got 'cuda'"):
+        flyarchive.positions(archive, "hand", backend="cuda")
+
+
+def test_kept_positions_never_replace_an_archive_at_their_target(archive, tiny, tmp_path):
+    other = record(tiny, str(tmp_path / "other.zarr"))
+    before = snapshot(other)
+
+    with pytest.raises(ArchiveExistsError, match=r"Something that is not these derived values is "
+                       r"at .*other\.zarr.*pass overwrite=True \(--overwrite\)"):
+        flyarchive.keep_positions(archive, "hand", to=other)
+
+    assert snapshot(other) == before
+
+
+@requires_movement
+def test_a_movement_export_over_an_existing_file_is_refused(archive, tmp_path):
+    target = tmp_path / "poses.nc"
+    target.write_bytes(b"earlier results")
+
+    with pytest.raises(OutputExistsError, match=r"poses\.nc'\] already exists; pass overwrite=True"):
+        export_poses(archive, target, format="movement", bodies="hand")
+
+    assert target.read_bytes() == b"earlier results"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["poses.nc", "run.zarr"]
+
+
+@requires_nwb
+def test_an_nwb_export_over_an_existing_world_file_writes_nothing(archive, tmp_path):
+    folder = tmp_path / "nwb"
+    folder.mkdir()
+    (folder / "world00001.nwb").write_bytes(b"earlier")
+
+    with pytest.raises(OutputExistsError, match=r"world00001\.nwb'\] already exists"):
+        export_poses(archive, folder, format="nwb", bodies="hand")
+
+    assert [p.name for p in folder.iterdir()] == ["world00001.nwb"]
+    assert (folder / "world00001.nwb").read_bytes() == b"earlier"
+
+
+def test_an_export_to_a_url_or_in_an_unknown_format(archive):
+    with pytest.raises(OutputLocationError, match="writes local files"):
+        export_poses(archive, "s3://lab/poses.nc", format="movement")
+    with pytest.raises(OptionsError, match="format must be one of movement, nwb, got 'csv'"):
+        export_poses(archive, "poses.csv", format="csv")
+
+
+def test_the_cli_refuses_a_point_it_cannot_read(cli, archive):
+    code, out, err = cli("positions", archive, "--point", "claw=hand")
+
+    assert code == 2
+    assert "Cannot read the point 'claw=hand'; write LABEL=BODY@X,Y,Z" in err
+
+
+@pytest.mark.parametrize(("fmt", "module", "extra"), [("movement", "movement", "movement"),
+                                                      ("nwb", "ndx_pose", "nwb")])
+def test_an_export_without_its_extra_names_the_extra_to_install(archive, tmp_path, monkeypatch,
+                                                                fmt, module, extra):
+    import importlib.util
+
+    from flyarchive.errors import MissingDependencyError
+
+    found = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda name, *a: None if name == module else found(name, *a))
+
+    with pytest.raises(MissingDependencyError, match=rf"pip install 'flyarchive\[{extra}\]'"):
+        export_poses(archive, tmp_path / "out", format=fmt, bodies="hand")
+
+    assert not (tmp_path / "out").exists()

@@ -1,0 +1,217 @@
+"""Inside n_frames, missing is damage: a shard deleted, or an inner chunk marked never
+written in its shard's index, fails every read of committed frames it holds with a
+CorruptArchiveError naming the variable, the worlds, the frames and the file, on every
+storage and through every reader (open_archive, the render's StateReader, render,
+render_frames, export-npz, plot, read_trajectories), and nothing that looks like data is
+written. Frames past n_frames may be missing: tests/query/test_missing_chunks.py."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from flyarchive import open_archive
+from flyarchive.errors import CorruptArchiveError
+from flyarchive.testing.fixtures import record, snapshot
+from flyarchive.testing.holes import delete_object, empty_inner_chunks
+
+pytestmark = pytest.mark.timeout(120)
+
+# The tiny archive (flyarchive.testing.fixtures.record): 2 worlds x 20 frames; a qpos shard
+# holds both worlds over 5 frames, an inner chunk one world over 5 frames.
+SHARD = "qpos/c/0/1/0"  # frames 5..9
+
+
+def stored(location):
+    """Every object of an archive on its storage: key -> bytes."""
+    import fsspec
+
+    fs, root = fsspec.core.url_to_fs(location.url, **(location.storage_options or {}))
+    return {p: fs.cat_file(p) for p in sorted(fs.find(root))}
+
+
+@pytest.fixture(scope="module")
+def sound(tmp_path_factory):
+    from flyarchive.testing import tiny_model
+
+    return record(tiny_model(), str(tmp_path_factory.mktemp("missing") / "run.zarr"))
+
+
+@pytest.fixture
+def copy(sound, tmp_path):
+    target = tmp_path / "run.zarr"
+    shutil.copytree(sound, target)
+    return str(target)
+
+
+# ----------------------------------------------------------------------------- open_archive
+def test_a_deleted_shard_fails_reads_of_its_committed_frames_on_every_storage(location, tiny):
+    record(tiny, location.url, storage_options=location.storage_options)
+    delete_object(location.url, SHARD, location.storage_options)
+    before = stored(location)
+    ds = open_archive(location.url, location.storage_options)
+
+    with pytest.raises(CorruptArchiveError) as err:
+        ds.qpos.isel(world=1).values
+
+    message = str(err.value)
+    assert "qpos [world 1 (index 1), frames 5..9] (file qpos/c/0/1/0)" in message
+    assert "the file is missing, but n_frames says these frames were committed" in message
+    assert f"flyarchive verify {location.url}" in message
+    assert stored(location) == before
+
+
+def test_an_index_entry_never_written_fails_reads_of_its_frames_on_every_storage(location, tiny):
+    record(tiny, location.url, storage_options=location.storage_options)
+    empty_inner_chunks(location.url, "qpos/c/0/2/0", [0], location.storage_options)  # world 0
+    ds = open_archive(location.url, location.storage_options)
+
+    with pytest.raises(CorruptArchiveError) as err:
+        ds.qpos.values
+
+    assert "qpos [world 0 (index 0), frames 10..14] (file qpos/c/0/2/0)" in str(err.value)
+    assert "the shard's index marks the chunk as never written" in str(err.value)
+    assert ds.qpos.isel(world=1).values.shape == (20, 13)  # the other world's chunk is there
+
+
+def test_reads_that_miss_the_hole_still_work(copy):
+    delete_object(copy, SHARD)
+    ds = open_archive(copy)
+
+    window = ds.qpos.isel(time=slice(10, 20)).values
+
+    assert np.isfinite(window).all()
+
+
+def test_a_deleted_mocap_shard_names_its_variable(copy):
+    delete_object(copy, "mocap_quat/c/0/3/0/0")
+
+    with pytest.raises(CorruptArchiveError, match=r"mocap_quat \[worlds \[0, 1\] \(indices 0, 1\), "
+                                                  r"frames 15\.\.19\] \(file mocap_quat/c/0/3/0/0\)"):
+        open_archive(copy).mocap_quat.values
+
+
+def test_a_read_through_zarr_asks_the_storage_once_a_committed_frame_reads_as_nan(copy):
+    from flyarchive.store.dataset import CommittedFrames
+
+    empty_inner_chunks(copy, SHARD, [1])
+    ds = open_archive(copy)
+    getter = next(arg.value for layer in ds.qpos.data.dask.layers.values()
+                  for task in layer.values() for arg in getattr(task, "args", ())
+                  if isinstance(getattr(arg, "value", None), CommittedFrames))
+    getter.reader = None  # every read through zarr, as for arrays the shard reader does not take
+
+    with pytest.raises(CorruptArchiveError, match=r"qpos \[world 1 \(index 1\), frames 5\.\.9\] "
+                                                  r"\(file qpos/c/0/1/0\)"):
+        getter[np.array([1]), 0:20]
+    assert np.isfinite(getter[np.array([0]), 0:20]).all()
+
+
+def test_a_selection_of_dofs_by_index_reads_the_box_and_refuses_the_hole(copy):
+    import zarr
+
+    delete_object(copy, "qpos/c/0/3/0")
+    ds = open_archive(copy)
+
+    picked = ds.qpos.isel(time=slice(0, 15), dof=[1, 4, 2]).values
+
+    expected = zarr.open_array(f"{copy}/qpos", mode="r").oindex[:, 0:15, [1, 4, 2]]
+    assert np.array_equal(picked, expected)
+    with pytest.raises(CorruptArchiveError, match="frames 15..19"):
+        ds.qpos.isel(dof=[1, 4]).values
+
+
+# ----------------------------------------------------------------------------- other readers
+@pytest.mark.parametrize("storage", ["local", "s3"])
+def test_the_warp_render_state_reader_refuses_missing_committed_frames(storage, tiny, tmp_path,
+                                                                       request):
+    from flyarchive.store import StateReader
+    from flyarchive.testing.fixtures import Location
+
+    location = (request.getfixturevalue("s3_location") if storage == "s3"
+                else Location(str(tmp_path / "run.zarr")))
+    record(tiny, location.url, storage_options=location.storage_options)
+    empty_inner_chunks(location.url, SHARD, [1], location.storage_options)
+    reader = StateReader(location.url, location.storage_options)
+
+    qpos, _, _ = reader.read([(0, 0, 20)])  # world 0 is whole
+    with pytest.raises(CorruptArchiveError) as err:
+        reader.read([(0, 0, 4), (1, 3, 12)])
+
+    assert np.isfinite(qpos).all()
+    assert "qpos [world 1 (index 1), frames 5..9] (file qpos/c/0/1/0)" in str(err.value)
+
+
+def test_read_trajectories_refuses_missing_committed_frames(copy):
+    pytest.importorskip("flygym")
+    from flyarchive import read_trajectories
+
+    delete_object(copy, SHARD)
+
+    with pytest.raises(CorruptArchiveError, match=r"qpos \[.*frames 5\.\.9\] \(file qpos/c/0/1/0\)"):
+        read_trajectories(copy, worlds=[1])
+
+
+def test_render_frames_refuses_missing_committed_frames(copy, tiny):
+    from flyarchive import render_frames
+
+    delete_object(copy, SHARD)
+    frames = render_frames(copy, tiny, "front", worlds=[0], size=(48, 64), block_frames=5)
+
+    with pytest.raises(CorruptArchiveError, match=r"world 0 \(index 0\), frames 5\.\.9\] "
+                                                  r"\(file qpos/c/0/1/0\)"):
+        frames.isel(time=slice(4, 8)).values
+    assert frames.isel(time=slice(0, 5)).values.any()  # the frames before the hole render
+
+
+# ----------------------------------------------------------------------------- the CLI
+def files_under(folder: Path) -> list[Path]:
+    return [p for p in folder.rglob("*") if p.is_file()] if folder.exists() else []
+
+
+def _one_line(err: str) -> str:
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert len(lines) == 1, err
+    return lines[0]
+
+
+def test_export_npz_exits_2_and_writes_no_file_for_a_damaged_world(copy, cli, tmp_path):
+    delete_object(copy, SHARD)
+    before = snapshot(copy)
+
+    code, _, err = cli("export-npz", copy, "--to", tmp_path / "npz", "--worlds", "0")
+
+    assert code == 2
+    assert "qpos [world 0 (index 0), frames 5..9] (file qpos/c/0/1/0)" in _one_line(err)
+    assert files_under(tmp_path / "npz") == []
+    assert snapshot(copy) == before
+
+
+def test_plot_exits_2_and_writes_no_image(copy, cli, tmp_path):
+    empty_inner_chunks(copy, "qpos/c/0/2/0", [0, 1])
+
+    code, _, err = cli("plot", copy, "--world", "1", "--out", tmp_path / "traces.png")
+
+    assert code == 2
+    assert "qpos [world 1 (index 1), frames 10..14] (file qpos/c/0/2/0)" in _one_line(err)
+    assert not (tmp_path / "traces.png").exists()
+
+
+@pytest.mark.parametrize("backend", ["cpu", "warp-cpu"])
+def test_render_exits_2_and_writes_no_video_of_the_damaged_world(copy, cli, model_xml, tmp_path,
+                                                                 backend):
+    if backend == "warp-cpu":
+        pytest.importorskip("mujoco_warp")
+    delete_object(copy, SHARD)
+    out = tmp_path / "videos"
+
+    code, _, err = cli("render", copy, "--model", model_xml, "--camera", "front", "--size",
+                       "48x64", "--worlds", "1", "--backend", backend, "--workers", "0",
+                       "--out", out, "--quiet")
+
+    assert code == 2
+    assert "qpos [world 1 (index 1), frames 5..9] (file qpos/c/0/1/0)" in _one_line(err)
+    assert files_under(out) == []

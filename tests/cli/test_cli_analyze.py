@@ -1,0 +1,74 @@
+"""``flyarchive positions``, ``gait`` and ``export-poses`` as a user runs them."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+import flyarchive
+from flyarchive.cli import _where
+from flyarchive.cli_analyze import parse_keypoints
+from flyarchive.testing.fixtures import record
+from flyarchive.testing.markers import requires_movement
+
+
+@pytest.fixture
+def archive(tiny, tmp_path):
+    return record(tiny, str(tmp_path / "run.zarr"), n_worlds=3)
+
+
+def test_keypoints_and_points_are_read_from_the_command_line():
+    got = parse_keypoints(["torso,site:s1", "bodies"], ["tip=arm@tip", "p=hand@0,0.5,-1e-3"])
+
+    assert got == {"bodies": ["torso", "*"], "sites": ["s1"],
+                   "points": {"tip": ("arm", "tip"), "p": ("hand", (0.0, 0.5, -0.001))}}
+    assert parse_keypoints(["tarsus-tips"], None)["points"]["nmf/rh_tip"] == ("nmf/rh_tarsus5", "tip")
+
+
+def test_positions_are_kept_beside_the_archive_and_read_back(cli, archive):
+    code, out, err = cli("positions", archive, "--keypoints", "torso,hand", "--point", "tip=arm@tip",
+                         "--quiet")
+
+    kept = flyarchive.positions(archive, ["torso", "hand"], points={"tip": ("arm", "tip")})
+    assert code == 0, err
+    assert out.strip() == f"kept positions at {kept.attrs['stored']}"
+
+
+def test_positions_as_an_archive_of_their_own_with_orientations(cli, archive, tmp_path):
+    to = str(tmp_path / "pos.zarr")
+
+    code, out, err = cli("positions", archive, "--to", to, "--keypoints", "torso,target",
+                         "--orientations", "--quiet")
+
+    kept = flyarchive.open_positions(to)
+    assert code == 0, err
+    assert kept.orientation.shape == (3, 20, 2, 4)
+    assert np.array_equal(kept.position.values, flyarchive.positions(archive, ["torso", "target"]).values)
+
+
+def test_gait_prints_json_and_saves_world_variables_that_select_worlds(cli, archive):
+    code, out, err = cli("gait", archive, "--thorax", "torso", "--tip", "hand_tip=hand@tip",
+                         "--json", "--save")
+
+    assert code == 0, err
+    table = json.loads(out.replace("NaN", "null"))
+    assert table["world"] == [0, 1, 2] and table["units"]["distance"] == "mm"
+    ds = flyarchive.open_archive(archive)
+    assert np.allclose(ds.path_length.values, table["path_length"])
+    where = _where(archive, None, [f"path_length>{min(table['path_length'])}"], None)
+    assert where.values.tolist() == [v > min(table["path_length"]) for v in table["path_length"]]
+
+
+@requires_movement
+def test_export_poses_writes_a_movement_file_and_refuses_to_overwrite_it(cli, archive, tmp_path):
+    target = tmp_path / "poses.nc"
+
+    code, out, err = cli("export-poses", archive, "--format", "movement", "--to", target,
+                         "--keypoints", "hand", "--worlds", "0-1")
+    again = cli("export-poses", archive, "--format", "movement", "--to", target)
+
+    assert code == 0, err
+    assert out.strip() == f"wrote 1 file(s): {target}"
+    assert again[0] == 2 and "already exists" in again[2]

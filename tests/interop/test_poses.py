@@ -1,0 +1,86 @@
+"""Positions as movement poses datasets and NWB files that movement and pynwb read back."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import flyarchive
+from flyarchive.interop.poses import export_poses, to_movement
+from flyarchive.testing.fixtures import record
+from flyarchive.testing.markers import requires_movement, requires_nwb
+
+pytestmark = pytest.mark.slow  # movement, xarray's netCDF and pynwb import for seconds
+
+POINTS = {"arm/tip": ("arm", "tip")}
+
+
+@pytest.fixture
+def archive(tiny, tmp_path):
+    return record(tiny, str(tmp_path / "run.zarr"), n_worlds=3)
+
+
+@requires_movement
+def test_a_movement_dataset_that_movement_validates_and_analyses(archive):
+    from movement.kinematics import compute_speed
+    from movement.validators.datasets import ValidPosesInputs
+
+    positions = flyarchive.positions(archive, ["torso", "hand"], points=POINTS)
+
+    ds = to_movement(positions)
+
+    ValidPosesInputs.validate(ds)
+    assert ds.position.dims == ("time", "space", "keypoint", "individual")
+    assert ds.individual.values.tolist() == ["world0", "world1", "world2"]
+    assert ds.world.values.tolist() == [0, 1, 2] and (ds.confidence == 1).all()
+    assert ds.attrs["time_unit"] == "seconds" and ds.attrs["fps"] == pytest.approx(125.0)
+    expected = positions.sel(world=1, keypoint="hand").values
+    assert np.array_equal(ds.position.sel(individual="world1", keypoint="hand").values, expected)
+    speed = compute_speed(ds.position).sel(individual="world1", keypoint="hand").values
+    step = np.linalg.norm(np.diff(expected, axis=0), axis=-1) / 0.008
+    assert speed[1] == pytest.approx((step[0] + step[1]) / 2, rel=0.2)
+
+
+@requires_movement
+def test_a_movement_netcdf_file_reads_back_as_written(archive, tmp_path):
+    import xarray as xr
+
+    written = export_poses(archive, tmp_path / "poses.nc", format="movement", bodies="hand",
+                           worlds=[2], time=(0.04, 0.1))
+
+    back = xr.open_dataset(written[0])
+    expected = to_movement(flyarchive.positions(archive, "hand", worlds=[2], time=(0.04, 0.1)))
+    xr.testing.assert_identical(back.load(), expected)
+
+
+@requires_nwb
+def test_one_nwb_file_per_world_that_pynwb_reads_back(archive, tmp_path):
+    import pynwb
+
+    written = export_poses(archive, tmp_path / "nwb", format="nwb", bodies=["torso", "hand"],
+                           points=POINTS)
+
+    expected = flyarchive.positions(archive, ["torso", "hand"], points=POINTS)
+    assert [p.rsplit("/", 1)[-1] for p in written] == [f"world0000{w}.nwb" for w in range(3)]
+    with pynwb.NWBHDF5IO(written[1], "r") as io:
+        nwb = io.read()
+        pose = nwb.processing["behavior"]["PoseEstimation"]
+        series = pose.pose_estimation_series["arm.tip"]
+        assert nwb.identifier == "world1" and nwb.subject.subject_id == "world1"
+        assert np.array_equal(series.data[:], expected.sel(world=1, keypoint="arm/tip").values)
+        assert np.array_equal(series.timestamps[:], expected.time.values)
+        assert series.unit == "meters" and series.conversion == 1e-3
+        assert list(pose.skeleton.nodes[:]) == ["torso", "hand", "arm.tip"]
+
+
+@requires_nwb
+@requires_movement
+def test_movement_loads_the_nwb_files(archive, tmp_path):
+    from movement.io import load_poses
+
+    written = export_poses(archive, tmp_path / "nwb", format="nwb", bodies="hand", worlds=[0])
+
+    ds = load_poses.from_nwb_file(written[0])
+
+    expected = flyarchive.positions(archive, "hand", worlds=[0]).values[0, :, 0]
+    assert np.array_equal(ds.position.sel(keypoint="hand", individual="world0").values, expected)

@@ -1,0 +1,55 @@
+"""Crafted kept models crash no process a user runs: ``flyarchive render`` (no ``--model``),
+``flyarchive verify`` and ``flyarchive.load_model``, each in a child process
+(flyarchive.testing.model_fuzz), on archives whose kept model was fuzzed or edited and
+named by its new hash. scripts/reliability_report.py runs many more seeds.
+
+The seeds are chosen so that MuJoCo 3.16's own loader, run on their bytes in a process of
+its own, crashes (SIGSEGV), raises mujoco.FatalError, or loads them (then they render).
+"""
+
+import pytest
+
+from flyarchive.testing.hostile import make_sound, snapshot
+from flyarchive.testing.model_fuzz import crafted, fuzz, make_case, put_model, run_command, summarize
+
+pytestmark = [pytest.mark.timeout(600), pytest.mark.slow]
+
+#: Seeds of flyarchive.testing.model_fuzz.mutate and what MuJoCo 3.16 does with their bytes.
+SEEDS = {246: "SIGSEGV", 32: "FatalError", 0: "ok"}
+
+
+@pytest.fixture(scope="module")
+def sound(tmp_path_factory):
+    return make_sound(str(tmp_path_factory.mktemp("sound") / "run.zarr"))
+
+
+def test_fuzzed_kept_models_crash_no_calling_process(sound, tmp_path):
+    rows = fuzz(tmp_path, sound, list(SEEDS))
+
+    summary = summarize(rows)
+    assert (summary["crashes"], summary["unclear"]) == (0, 0), summary["failed_seeds"]
+    assert {row["seed"]: row["check"] for row in rows} == SEEDS
+    for row in rows:
+        outcomes = row["outcomes"]
+        expected = (0, 0, 0) if row["check"] == "ok" else (2, 1, 2)  # verify: exit 1 FAILED
+        assert (outcomes["render"]["exit"], outcomes["verify"]["exit"],
+                outcomes["load_model"]["exit"]) == expected, outcomes
+        if row["check"] != "ok":
+            assert row["check"] in outcomes["render"]["message"]
+            assert "Pass --model to use a model you trust" in outcomes["render"]["message"]
+
+
+def test_a_kept_model_that_crashes_the_loader_crashes_no_command(sound, tmp_path):
+    url, _ = make_case(sound, 0, tmp_path / "crafted.zarr")
+    put_model(url, crafted("segfault"))
+    before = snapshot(tmp_path / "crafted.zarr")
+
+    outcomes = {c: run_command(c, url, tmp_path / c, cache=tmp_path / "cache")
+                for c in ("render", "verify", "load_model")}
+
+    assert [o.exit for o in outcomes.values()] == [2, 1, 2], outcomes
+    assert all("crashed with SIGSEGV" in o.message for o in outcomes.values())
+    assert outcomes["load_model"].error_type == "UnsafeModelError"
+    assert snapshot(tmp_path / "crafted.zarr") == before
+    assert not (tmp_path / "render" / "videos").exists()
+    assert not list(tmp_path.rglob("MUJOCO_LOG.TXT")) and not list(tmp_path.rglob("core*"))

@@ -1,0 +1,217 @@
+"""The viewer in a real browser (headless Chromium through Playwright): the table, the
+selection, traces, the 3D view's time cursor and a render played in the page; and bad
+input, which shows a message on the page and a line in the log, never a blank page."""
+
+from __future__ import annotations
+
+from typing import Any
+from urllib.parse import urlsplit
+
+import numpy as np
+import pytest
+
+from flyarchive.testing.markers import requires_chromium
+
+pytestmark = [pytest.mark.browser, requires_chromium]
+
+STATE = "window.flyarchiveView"
+
+
+def table_worlds(page: Any) -> list[int]:
+    return [int(w) for w in page.eval_on_selector_all(
+        "#table tbody tr", "rows => rows.map(r => r.dataset.world)")]
+
+
+def apply_filter(page: Any, text: str) -> None:
+    seq, errors = page.evaluate(f"[{STATE}.tableSeq, {STATE}.errors]")
+    page.fill("#filter", text)
+    page.click("#filter-form button")
+    page.wait_for_function(f"{STATE}.tableSeq > {seq} || {STATE}.errors > {errors}")
+
+
+def select(page: Any, *worlds: int) -> None:
+    seq = page.evaluate(f"{STATE}.tracesSeq")
+    for world in worlds:
+        page.click(f"#table tbody tr[data-world='{world}']")
+    page.wait_for_function(f"{STATE}.tracesSeq > {seq} && {STATE}.poseSeq >= 1")
+
+
+def move_cursor(page: Any, frame: int) -> None:
+    page.evaluate("f => { const t = document.querySelector('#time'); t.value = f; "
+                  "t.dispatchEvent(new Event('input')); }", frame)
+    page.wait_for_function(f"{STATE}.poseFrame === {frame}")
+
+
+def message(page: Any) -> str:
+    page.wait_for_selector("#message.error")
+    return page.inner_text("#message")
+
+
+# ----------------------------------------------------------------------------- using it
+def test_the_page_lists_every_world_with_its_variables(page):
+    expected = [0, 1, 2, 3]
+
+    actual = table_worlds(page)
+
+    assert actual == expected
+    assert page.inner_text("#page-info").startswith("4 of 4 worlds")
+    headers = page.eval_on_selector_all("#table th", "hs => hs.map(h => h.textContent)")
+    assert {"world", "n_frames", "success", "distance"} <= set(headers)
+
+
+def test_a_filter_keeps_the_worlds_it_matches(page):
+    apply_filter(page, "success == 1 and distance > 5")
+
+    assert table_worlds(page) == [0, 2]
+    assert page.inner_text("#page-info").startswith("2 of 4 worlds")
+
+
+def test_a_column_header_sorts_the_table_largest_first_on_a_second_click(page):
+    seq = page.evaluate(f"{STATE}.tableSeq")
+    page.click("#table th:text-is('distance')")
+    page.wait_for_function(f"{STATE}.tableSeq > {seq}")
+    page.click("#table th:text-is('distance')")
+    page.wait_for_function(f"{STATE}.tableSeq > {seq + 1}")
+
+    assert table_worlds(page) == [2, 0, 1, 3]  # 7.5, 6, 2, then NaN last
+
+
+def test_selected_worlds_get_one_trace_each_with_the_shared_time_cursor(page, viewed):
+    select(page, 0, 2)
+
+    lines = page.evaluate(f"{STATE}.traceWorlds")
+    assert lines == [0, 2]
+    dof = page.input_value("#dof")
+    expected = viewed[0].viewer.viewed.states([2])[0]["qpos"][:, viewed[0].viewer.viewed.dofs.index(dof)]
+    drawn = page.evaluate(f"{STATE}.traceValues[1]")
+    np.testing.assert_allclose(drawn, expected)  # 51 frames: drawn as they are
+
+
+def test_moving_the_time_cursor_poses_the_3d_view(page):
+    select(page, 1)
+    move_cursor(page, 0)
+    first = page.locator("#view3d").screenshot()
+
+    move_cursor(page, 45)
+    later = page.locator("#view3d").screenshot()
+    cursor = page.evaluate(f"{STATE}.traceCursor")
+    move_cursor(page, 0)
+    again = page.locator("#view3d").screenshot()
+
+    assert later != first  # the pose changed
+    assert again == first  # and it is the frame's pose, not drift
+    assert cursor == pytest.approx(45 * 0.008)  # the traces' cursor moved along
+
+
+def test_a_render_of_the_selected_worlds_plays_in_the_page(page, view_dir):
+    select(page, 0, 2)
+
+    page.click("#render")
+    page.wait_for_function("document.querySelector('#render-status').dataset.state === 'done'",
+                           timeout=240_000)
+    page.wait_for_function("document.querySelector('#video').readyState >= 1")
+
+    duration = page.evaluate("document.querySelector('#video').duration")
+    assert duration == pytest.approx(51 / 25, abs=0.05)  # 51 frames at 25 fps
+    videos = list((view_dir / "videos").glob("*-worlds-0-2/mosaic000/*.mp4"))
+    assert len(videos) == 1  # both worlds tiled into one video, in the output folder
+    assert str(view_dir / "videos") in page.inner_text("#header-out")
+
+
+# ----------------------------------------------------------------------------- bad input
+def test_a_filter_that_does_not_parse_says_where_and_keeps_the_table(page, viewed):
+    apply_filter(page, "success = 1")
+
+    text = message(page)
+    assert "Cannot read the filter 'success = 1'" in text
+    assert "Use == to compare: success == 1" in text
+    assert table_worlds(page) == [0, 1, 2, 3]  # the last good table stays
+    assert viewed[1].having("Cannot read the filter 'success = 1'")
+
+
+def test_a_filter_naming_no_variable_suggests_the_closest(page, viewed):
+    apply_filter(page, "sucess == 1")
+
+    text = message(page)
+    assert "names 'sucess', which is no world variable. Did you mean 'success'?" in text
+    assert viewed[1].having("names 'sucess'")
+
+
+def test_a_render_that_fails_says_why(page, viewed):
+    select(page, 1)
+    page.fill("#size", "241x320")
+
+    page.click("#render")
+
+    text = message(page)
+    assert "The render failed" in text and "241" in text
+    assert viewed[1].having("failed")
+    assert page.evaluate("document.querySelector('#render-status').dataset.state") == "failed"
+
+
+def test_a_wrong_token_gets_a_403_page_and_a_log_line(browser, viewed):
+    served, log = viewed
+    parts = urlsplit(served.url)
+    context = browser.new_context()  # no cookie from other tests
+    page = context.new_page()
+
+    response = page.goto(f"{parts.scheme}://{parts.netloc}/?token=wrong")
+
+    assert response.status == 403
+    assert "Wrong access token" in page.inner_text("#message")
+    assert log.having("403 GET / from 127.0.0.1: Wrong access token")
+    context.close()
+
+
+@pytest.mark.parametrize("path", ["/static/..%2F..%2Fapp.py", "/static/%2e%2e/%2e%2e/archive.py",
+                                  "/video/..%2F..%2Frun.zarr%2Fzarr.json",
+                                  "/run.zarr/zarr.json", "/api/file?path=/etc/passwd"])
+def test_a_path_outside_the_viewer_is_refused(browser, viewed, path):
+    parts = urlsplit(viewed[0].url)  # the token passes: only the path is wrong
+    page = browser.new_page()
+
+    response = page.goto(f"{parts.scheme}://{parts.netloc}{path}"
+                         f"{'&' if '?' in path else '?'}{parts.query}")
+
+    assert response.status == 404
+    assert "nothing else is read from this machine" in page.inner_text("#message")
+    body = response.body()
+    assert b"import" not in body and b"archive_id" not in body and b"root:" not in body
+    assert viewed[1].having("404 GET")
+    page.close()
+
+
+def test_an_archive_replaced_while_the_page_is_open_is_said_and_opened_again(browser, view_dir):
+    from flyarchive.testing.view import open_page, serving, view_archive
+
+    url = view_archive(str(view_dir / "replaced.zarr"))
+    with serving(url, out=view_dir / "videos-replaced", backend="cpu") as (served, log):
+        page = open_page(browser, served.url)
+        view_archive(url, n_worlds=3, mode="w")  # written again while the page is open
+
+        apply_filter(page, "world >= 0")
+        text = message(page)
+        page.click("#reopen")
+        page.wait_for_function("document.querySelector('#page-info').textContent.startsWith('3 of 3')")
+
+        assert "was replaced" in text or "replaced" in text.lower()
+        assert table_worlds(page) == [0, 1, 2]
+        assert log.having("replaced")
+        page.close()
+
+
+def test_a_page_without_a_model_shows_the_table_and_says_why_there_is_no_3d_view(browser, view_dir):
+    from flyarchive.testing import tiny_model
+    from flyarchive.testing.fixtures import record
+    from flyarchive.testing.view import open_page, serving
+
+    url = record(tiny_model(), str(view_dir / "no-model.zarr"), store_model=False)
+    with serving(url, out=view_dir / "videos-none", backend="cpu") as (served, log):
+        page = open_page(browser, served.url)
+
+        assert table_worlds(page) == [0, 1]
+        assert "No 3D view" in page.inner_text("#view3d-note")
+        assert page.is_disabled("#render")
+        assert log.having("no 3D view or renders")
+        page.close()
+

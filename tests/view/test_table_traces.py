@@ -1,0 +1,93 @@
+"""The world table's paging and sorting, and min/max-per-column traces."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from flyarchive.errors import SelectionError
+from flyarchive.view.table import query_table
+from flyarchive.view.traces import dof_choices, min_max_columns
+
+COLUMNS = {"world": np.arange(10, 20), "n_frames": np.full(10, 5),
+           "distance": np.array([3.0, np.nan, 1, 5, 2, np.nan, 9, 0, 4, 8]),
+           "genotype": np.array(list("bacabcabca"))}
+
+
+def test_a_page_holds_its_rows_and_the_count_of_all_matches():
+    answer = query_table(COLUMNS, where="distance >= 2", sort="distance", page=1, page_size=3)
+
+    assert [row[0] for row in answer["rows"]] == [13, 19, 16]  # 2, 3, 4 | 5, 8, 9
+    assert answer["matched"] == 6 and answer["pages"] == 2 and answer["total"] == 10
+    assert answer["matched_worlds"] == [14, 10, 18, 13, 19, 16]
+
+
+def test_descending_sort_keeps_nan_last_and_ties_in_world_order():
+    answer = query_table(COLUMNS, sort="distance", descending=True)
+
+    assert [row[0] for row in answer["rows"]] == [16, 19, 13, 18, 10, 14, 12, 17, 11, 15]
+    assert answer["rows"][-1][2] is None  # NaN travels as null
+
+
+def test_text_columns_sort_by_value():
+    answer = query_table(COLUMNS, sort="genotype", descending=True)
+
+    assert [row[3] for row in answer["rows"]] == list("cccbbbaaaa")
+    assert answer["kinds"] == ["number", "number", "number", "text"]
+
+
+def test_a_page_past_the_end_is_the_last_page():
+    answer = query_table(COLUMNS, page=99, page_size=4)
+
+    assert answer["page"] == 2 and [row[0] for row in answer["rows"]] == [18, 19]
+
+
+@pytest.mark.parametrize("options, fragment", [
+    ({"sort": "speed"}, "No column 'speed' to sort by"),
+    ({"page_size": 0}, "A page holds 1 to 500 rows"),
+    ({"where": "distanse > 1"}, "Did you mean 'distance'?"),
+])
+def test_a_bad_table_request_is_refused(options, fragment):
+    with pytest.raises(SelectionError, match=fragment):
+        query_table(COLUMNS, **options)
+
+
+def test_min_max_columns_keep_each_columns_extremes_in_time_order():
+    rng = np.random.default_rng(0)
+    values = rng.normal(size=(3, 1000))
+    values[1, 300:420] = np.nan
+    times = np.arange(1000) * 0.008
+
+    t, v = min_max_columns(times, values, 100)
+
+    assert t.shape == (200,) and v.shape == (3, 200)
+    blocks = values.reshape(3, 100, 10)
+    with np.errstate(invalid="ignore"), pytest.warns(RuntimeWarning):
+        lo, hi = np.nanmin(blocks, axis=2), np.nanmax(blocks, axis=2)
+    pairs = v.reshape(3, 100, 2)
+    np.testing.assert_array_equal(np.fmin(pairs[..., 0], pairs[..., 1]), lo)
+    np.testing.assert_array_equal(np.fmax(pairs[..., 0], pairs[..., 1]), hi)
+    np.testing.assert_array_equal(t[::2], times[::10])  # each column's first frame
+    assert np.isnan(pairs[1, 31]).all()  # frames 310-319: no data, no point
+
+
+def test_short_traces_are_sent_as_they_are():
+    values = np.arange(12.0).reshape(2, 6)
+
+    t, v = min_max_columns(np.arange(6.0), values, 800)
+
+    np.testing.assert_array_equal(v, values)
+    np.testing.assert_array_equal(t, np.arange(6.0))
+
+
+def test_dofs_are_chosen_by_label_or_by_flygym_names():
+    labels = ["nmf/c_thorax-lf_coxa-yaw", "nmf/lf_tibia-lf_tarsus1-pitch",
+              "nmf/rf_tibia-rf_tarsus1-pitch"]
+
+    assert dof_choices(labels, dof=labels[0]) == [labels[0]]
+    assert dof_choices(labels, joint="tarsus1") == labels[1:]
+    assert dof_choices(labels, leg="rf", joint="tarsus1") == labels[2:]
+    with pytest.raises(SelectionError, match="Did you mean 'nmf/lf_tibia-lf_tarsus1-pitch'"):
+        dof_choices(labels, dof="nmf/lf_tibia-lf_tarsus-pitch")
+    with pytest.raises(SelectionError, match="Choose a dof"):
+        dof_choices(labels)
