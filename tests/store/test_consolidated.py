@@ -206,8 +206,9 @@ def test_open_archive_on_s3_reads_the_copy_first_then_the_own_metadata_beside_th
     assert calls[0] == f"{prefix}/zarr.json"  # the copy, before any array's own metadata
     assert sorted(metadata[1:]) == [f"{prefix}/{name}/zarr.json" for name in names]
     # one round after the root: the own zarr.json of state and of the numbers read at open,
-    # and one request per coordinate chunk: n_frames, 2 of time, world, dof, 3 of labels
-    assert requests == 1 + len(names) + 8
+    # and one request per coordinate chunk: n_frames, 2 each of time, sim_time and frame,
+    # world, dof, 3 of labels
+    assert requests == 1 + len(names) + 12
 
 
 def test_open_archive_on_s3_asks_for_no_object_sizes(s3_server, s3_archive, caplog):
