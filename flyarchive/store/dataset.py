@@ -371,7 +371,8 @@ def _stored(url: str, storage_options: Mapping[str, Any] | None, group: zarr.Gro
         # a writer grew the arrays and committed after their metadata was read: read it again
         group, arrays = _arrays_now(url, storage_options)
         extent = time_extent({k: a.metadata for k, a in arrays.items()}) or 0
-        coordinates = _read_now(arrays, _coordinate_names(arrays), int(n_frames.max()))
+        coordinates = _read_now(arrays, _coordinate_names(arrays), int(n_frames.max()),
+                                group, url)
     problem = sizes_problem({k: (_dims(a), tuple(int(n) for n in a.shape))
                              for k, a in arrays.items()})
     if problem is not None:
