@@ -213,13 +213,19 @@ def cmd_verify(args: argparse.Namespace) -> int:
     from flyarchive.store.integrity import verify
 
     report = verify(_path(args.url), _storage_options(args.storage_options))
+    writing = f" It is being written by {report.writer}." if report.writer else ""
     if report.ok:
         print(f"OK: {args.url}: {report.n_worlds} worlds, {report.frames_checked} committed "
-              "frames read, all finite, checksums match.")
+              f"frames read, all finite, checksums match.{writing}")
+        for note in report.being_written:
+            print(f"  - being written: {note}")
         return 0
     print(f"FAILED: {args.url}:", file=sys.stderr)
     for problem in report.problems:
         print(f"  - {problem}", file=sys.stderr)
+    if report.writer:
+        print(f"  ({writing.strip()} No writer makes the damage above; stop it before "
+              "restoring anything.)", file=sys.stderr)
     return 1
 
 

@@ -18,6 +18,9 @@ Runs the harnesses of :mod:`flyarchive.testing.kills` and prints one table:
   rendered again with ``--overwrite``, or once the manifest lists a finished video, then
   continued with ``--resume`` (the listed videos kept untouched); half-written final
   videos, what was left behind before and after the next render into the same folder;
+- metadata that drops checksums or decodes otherwise (:mod:`flyarchive.testing.checksums`),
+  through every read path, local and S3 (0 accepted), and ``verify`` run beside a live
+  writer (:mod:`flyarchive.testing.verify_beside`: 0 false alarms, damage still reported);
 - hostile archives (:mod:`flyarchive.testing.hostile`: decompression bombs, FIFOs, links
   to ``/dev/zero``, metadata nested 200,000 deep...): each command run in a child with a
   3 GiB address-space cap, its time and peak memory; among them committed frames missing
@@ -36,7 +39,8 @@ Usage::
 
     python scripts/reliability_report.py [--kills 20] [--backends cpu,warp]
         [--s3-trials 4] [--races 10] [--race-processes 3] [--interop-kills 6]
-        [--render-kills 3] [--no-hostile] [--crafted-models 40] [--json PATH]
+        [--render-kills 3] [--verify-runs 12] [--no-hostile] [--crafted-models 40]
+        [--json PATH]
 """
 
 from __future__ import annotations
@@ -221,6 +225,60 @@ def run_reader(n_steps: int, workdir: Path) -> dict[str, Any]:
     print(f"  reader: {result.opens} opens, {result.damaged} damaged, {result.frames_differing} "
           f"of {result.frames_read} frames differ; writer {result.writer}", file=sys.stderr)
     return {**result.to_json(), "errors": sorted({e.split(":")[0] for e in result.errors})}
+
+
+def run_checksums(workdir: Path) -> dict[str, Any]:
+    """Metadata that drops checksums or decodes otherwise (:mod:`flyarchive.testing.checksums`),
+    through every read path, locally and on a loopback S3 server."""
+    from flyarchive.testing.checksums import variants_table
+    from flyarchive.testing.s3 import S3Server
+
+    folder = workdir / "checksums"
+    folder.mkdir()
+    with S3Server() as server:
+        server.create_bucket("flyarchive-checksums")
+        result = variants_table(folder, {"prefix": "s3://flyarchive-checksums/run",
+                                         "storage_options": server.storage_options()})
+    print(f"  checksums: {result['variants']} variants, {result['tries']} reads, "
+          f"{len(result['accepted'])} accepted", file=sys.stderr)
+    return result
+
+
+def run_verify_beside(n: int, workdir: Path) -> dict[str, Any]:
+    """``verify`` run ``n`` times beside a writer process appending to a sound archive, and
+    ``n // 3`` times beside one appending to an archive with a damaged committed shard."""
+    from flyarchive.testing.concurrency import RecorderPool
+    from flyarchive.testing.verify_beside import verify_trial
+
+    with RecorderPool(1) as pool:
+        sound = verify_trial(pool, str(workdir / "verified.zarr"), n_runs=n)
+        damaged = verify_trial(pool, str(workdir / "verified-damaged.zarr"),
+                               n_runs=max(n // 3, 1), damaged=True)
+    print(f"  verify beside a writer: {sound.runs} runs, {len(sound.false_alarms)} false alarms; "
+          f"damaged: {damaged.damage_reported} of {damaged.runs} reported", file=sys.stderr)
+    return {"sound": sound.to_json(), "damaged": damaged.to_json()}
+
+
+def print_metadata_rows(report: dict[str, Any]) -> None:
+    """The rows of :func:`run_checksums` and :func:`run_verify_beside`."""
+    checks = report.get("checksums")
+    if checks:
+        print("\nMetadata that drops checksums or decodes otherwise (copy, own zarr.json or "
+              "both; open_archive, open_header, StateReader, info, verify; local and S3)")
+        print(f"  {checks['variants']} variants, {checks['tries']} reads, "
+              f"{len(checks['accepted'])} accepted, {len(checks['not_named'])} refusals not "
+              "naming the array")
+        for label in checks["accepted"] + checks["not_named"]:
+            print(f"  FAILED: {label}")
+    beside = report.get("verify_beside")
+    if beside:
+        sound, damaged = beside["sound"], beside["damaged"]
+        print("\nverify beside a live writer (a writer process appending small commits)")
+        print(f"  sound archive: {sound['runs']} runs ({sound['runs_with_writer']} saw its claim, "
+              f"{sound['commits_seen']} commits seen), {len(sound['false_alarms'])} false alarms, "
+              f"{len(sound['metadata_advice'])} advising to restore or delete metadata")
+        print(f"  damaged shard: {damaged['damage_reported']} of {damaged['runs']} runs reported "
+              f"it, {len(damaged['false_alarms'])} false alarms")
 
 
 def run_hostile(workdir: Path) -> list[dict[str, Any]]:
@@ -428,6 +486,7 @@ def print_table(report: dict[str, Any]) -> None:
         print(f"  opens {reader['opens']}, reported damaged {reader['damaged']}, commits seen "
               f"{reader['commits_seen']}, frames read inside n_frames {reader['frames_read']}, "
               f"differing from the final data {reader['frames_differing']}, writer {reader['writer']}")
+    print_metadata_rows(report)
     if report.get("render_kills"):
         RENDER_KILLS.print(report["render_kills"], title="\nRenders stopped mid-way (then "
                                                          "rendered again into the same folder: "
@@ -467,6 +526,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--reader-steps", type=int, default=2000,
                         help="steps the writer appends while the reader polls (default 2000)")
     parser.add_argument("--no-bad-input", action="store_true", help="skip tests/bad_input")
+    parser.add_argument("--verify-runs", type=int, default=12,
+                        help="verify runs beside a live writer (default 12; 0: skip)")
     parser.add_argument("--interop-kills", type=int, default=6,
                         help="kills each of import-npz and export-npz (0: skip)")
     parser.add_argument("--render-kills", type=int, default=3,
@@ -496,6 +557,9 @@ def main(argv: list[str] | None = None) -> int:
         report["races"] = (run_races(args.races, args.race_processes, work / "races")
                            if args.races > 0 else [])
         report["reader"] = run_reader(args.reader_steps, work) if args.races > 0 else {}
+        report["checksums"] = run_checksums(work)
+        report["verify_beside"] = (run_verify_beside(args.verify_runs, work)
+                                   if args.verify_runs > 0 else {})
         report["hostile"] = [] if args.no_hostile else run_hostile(work)
         report["crafted_models"] = (run_crafted_models(args.crafted_models, work)
                                     if args.crafted_models > 0 else {})

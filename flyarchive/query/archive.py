@@ -7,7 +7,7 @@ import os
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from flyarchive.errors import FlyarchiveError, UnsafeFileError
+from flyarchive.errors import FlyarchiveError, SchemaError, UnsafeFileError
 from flyarchive.schema import validate
 from flyarchive.store import dataset, unavailable
 from flyarchive.store.location import as_url
@@ -34,8 +34,11 @@ def open_archive(url: str | os.PathLike[str], storage_options: Mapping[str, Any]
     world's ``n_frames``): a second query of the same shards on S3 makes one request per
     shard, and one more to check that the archive is still the one opened (its
     ``archive_id``). Opening reads the metadata (on S3 one request: the root
-    ``zarr.json``, which holds every array's metadata, consolidated), then ``n_frames``
-    and the coordinates in one concurrent round of requests. Plain
+    ``zarr.json``, which holds every array's metadata, consolidated), then ``n_frames``,
+    the coordinates and every array's own ``zarr.json`` in one concurrent round of
+    requests; an archive whose two copies of an array's metadata disagree on how bytes
+    decode, or whose pipelines of numbers lack their CRC-32C checksum, is refused
+    (:mod:`flyarchive.store.copies`). Plain
     ``xarray.open_zarr(url)`` opens the same data without flyarchive, unmasked (and
     without warnings: the consolidated metadata is there).
 
@@ -53,7 +56,9 @@ def open_archive(url: str | os.PathLike[str], storage_options: Mapping[str, Any]
 
     Raises:
         ArchiveNotFoundError: nothing at ``url``.
-        SchemaError, SchemaVersionError: not a readable flyarchive archive.
+        SchemaError, SchemaVersionError: not a readable flyarchive archive (also: metadata
+            that switches a checksum off, or two copies of an array's metadata that decode
+            otherwise; the error names the array and the file).
         StorageBackendMissingError: the URL's protocol needs a package (names the extra).
         CorruptArchiveError: when computing, for damaged stored bytes (names the chunk).
         ArchiveReplacedError (a StorageError): when computing, once the archive was
@@ -84,10 +89,10 @@ def _opened(url: str, storage_options: Mapping[str, Any] | None,
             read: Callable[..., _Opened]) -> _Opened:
     """``read(url, storage_options, group)`` of the checked group, looked at twice should
     a writer have changed the archive under the first look; errors named."""
-    try:
-        group = open_checked(url, storage_options)
+    try:  # the arrays' own metadata is checked in read's first round (store.copies)
+        group = open_checked(url, storage_options, own_later=True)
     except UnsafeFileError:  # a writer replaced a metadata file as it was read: look again
-        group = open_checked(url, storage_options)
+        group = open_checked(url, storage_options, own_later=True)
     for attempt in (1, 2):
         try:
             return read(url, storage_options, group)
@@ -98,6 +103,8 @@ def _opened(url: str, storage_options: Mapping[str, Any] | None,
                 raise unavailable(url, err) from None
             if attempt == 2:
                 raise damaged_metadata(url, group, err) from None
+        except SchemaError:  # names its file: looking again would not change it
+            raise
         except Exception as err:  # zarr/xarray report damaged metadata in many ways
             if attempt == 2:
                 raise unreadable(url, group, err) from None

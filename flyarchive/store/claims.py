@@ -44,6 +44,7 @@ from flyarchive.errors import ArchiveInUseError, OptionsError, SchemaError, Worl
 
 __all__ = [
     "Claim", "claim_archive", "claim_block", "release", "shards_of_block", "block_keys",
+    "live_claims",
     "put_exclusive", "read_claim", "register", "WRITER_KEY",
 ]
 
@@ -252,6 +253,24 @@ def _shard_claims(store: Any, url: str, *, takeover: bool) -> list[Claim]:
         if claim is not None:
             out.append(claim)
     return out
+
+
+def live_claims(store: Any, url: str = "") -> list[Claim]:
+    """The claims of ``store`` whose holder may be writing: running, or not provably dead
+    (on another host...). Damaged claim files are left out (writers refuse them).
+
+    Raises:
+        OSError (and the storage's client errors): the storage failed.
+    """
+    found = []
+    try:
+        whole = read_claim(store, WRITER_KEY, url)
+    except SchemaError:
+        whole = None
+    for claim in ([whole] if whole is not None else []) + _shard_claims(store, url, takeover=True):
+        if claim.writer != "damaged" and claim.alive() is not False:
+            found.append(claim)
+    return found
 
 
 def release(store: Any, keys: list[str], writer: str) -> None:

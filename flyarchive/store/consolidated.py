@@ -27,10 +27,13 @@ from zarr.core.buffer import default_buffer_prototype
 from zarr.core.group import ConsolidatedMetadata, GroupMetadata
 from zarr.core.metadata import ArrayV3Metadata
 
+from flyarchive.errors import SchemaError
+from flyarchive.store import copies
+from flyarchive.store.hardening import check_array_metadata
 from flyarchive.store.location import sync
 
 __all__ = ["consolidate", "write_consolidated", "members_metadata", "time_extent",
-           "root_document", "consolidated_problems"]
+           "root_document", "consolidated_problems", "consolidated_findings", "WHILE_WRITING"]
 
 Metadata = ArrayV3Metadata | GroupMetadata
 
@@ -101,27 +104,39 @@ def root_document(group: zarr.Group) -> dict[str, Any] | None:
     return parsed if isinstance(parsed, dict) else None
 
 
-def _plain(meta: Metadata) -> dict[str, Any]:
-    out = meta.to_dict()
-    out.pop("shape", None)
-    return out
+#: What consolidated metadata that a commit in progress can explain says while a writer
+#: holds the archive: no advice to restore or delete metadata then.
+WHILE_WRITING = "A commit in progress explains it; run verify again once the writer is closed."
+_FIX = ("Readers that use it (open_archive, xarray.open_zarr) would read the wrong data; "
+        "restore the root zarr.json from a backup, or delete its 'consolidated_metadata' "
+        "entry (readers then read each array's own zarr.json).")
 
 
-def consolidated_problems(root_document: Mapping[str, Any] | None, group: zarr.Group,
-                          n_frames: np.ndarray | None) -> list[str]:
+def consolidated_findings(root_document: Mapping[str, Any] | None, group: zarr.Group,
+                          n_frames: np.ndarray | None, archive: str = ""
+                          ) -> list[tuple[str, str | None]]:
     """What is wrong with an archive's consolidated metadata (empty when sound or absent).
+
+    Read ``root_document`` before ``n_frames`` and ``group``'s arrays: writers grow the
+    arrays, then commit ``n_frames``, then rewrite the copy, so a copy read first is never
+    ahead of them, whatever a writer does meanwhile.
 
     Args:
         root_document: The root ``zarr.json``, parsed (None: none could be read).
         group: The archive's group opened without the consolidated copy (its arrays'
-            own metadata).
+            own metadata, read now).
         n_frames: The commit markers, for archives of one writer (None: not checked,
             e.g. archives of fixed capacity whose extents are set at creation).
+        archive: The archive's URL, for messages.
 
     Returns:
-        One sentence per problem: a consolidated shape larger than the array's own, a
-        ``time`` extent beyond the largest ``n_frames``, metadata that differs from the
-        array's own in anything but its shape, or an array missing from the copy.
+        ``(sentence, while_writing)`` per problem. ``while_writing`` is None for damage
+        whatever a writer does: a copy whose pipeline flyarchive does not write (no
+        CRC-32C checksum...), a copy that decodes otherwise than the array's own metadata
+        (the sentences readers refuse it with: :mod:`~flyarchive.store.copies`), other
+        differences (attributes). For what a commit in progress can explain (an array
+        missing from the copy, a ``time`` extent beyond the largest ``n_frames``) it is
+        the sentence to show while a writer holds the archive.
     """
     copy = (root_document or {}).get("consolidated_metadata")
     if not isinstance(copy, Mapping):
@@ -130,33 +145,46 @@ def consolidated_problems(root_document: Mapping[str, Any] | None, group: zarr.G
         root = GroupMetadata.from_dict({**root_document, "node_type": "group"})
         listed = dict(root.consolidated_metadata.metadata) if root.consolidated_metadata else {}
     except Exception as err:  # zarr refuses what it cannot parse
-        return [f"The consolidated metadata in the root zarr.json is unreadable ({err}); "
-                "rewrite it by appending a frame, or delete its 'consolidated_metadata' entry."]
-    problems = []
-    fix = ("Readers that use it (open_archive, xarray.open_zarr) would read the wrong data; "
-           "restore the root zarr.json from a backup, or delete its 'consolidated_metadata' "
-           "entry (readers then read each array's own zarr.json).")
+        return [(f"The consolidated metadata in the root zarr.json is unreadable ({err}); "
+                 "rewrite it by appending a frame, or delete its 'consolidated_metadata' entry.",
+                 None)]
+    found: list[tuple[str, str | None]] = []
     for name, arr in sorted(group.arrays()):
         copied = listed.get(name)
         if copied is None:
-            problems.append(f"The consolidated metadata lacks the array {name!r}. {fix}")
-            continue
-        if not isinstance(copied, ArrayV3Metadata):
-            problems.append(f"The consolidated metadata of {name!r} is not an array's. {fix}")
-            continue
-        if len(copied.shape) != len(arr.shape) or any(
-                c > a for c, a in zip(copied.shape, arr.shape)):
-            problems.append(
-                f"The consolidated metadata gives {name!r} the shape {copied.shape}, larger "
-                f"than its own {arr.shape}. {fix}")
-        elif _plain(copied) != _plain(arr.metadata):
-            problems.append(
-                f"The consolidated metadata of {name!r} differs from its own zarr.json "
-                f"(codecs, chunks, dtype or attributes). {fix}")
+            what = f"The consolidated metadata lacks the array {name!r}."
+            found.append((f"{what} {_FIX}", f"{what} {WHILE_WRITING}"))
+        elif not isinstance(copied, ArrayV3Metadata):
+            found.append((f"The consolidated metadata of {name!r} is not an array's. {_FIX}", None))
+        else:
+            found += [(text, None) for text in _array_copy_problems(name, arr, copied, archive)]
     extent = time_extent(listed)
     if n_frames is not None and extent is not None and extent > int(np.max(n_frames, initial=0)):
-        problems.append(
-            f"The consolidated metadata gives 'time' {extent} frames, more than the "
-            f"{int(np.max(n_frames, initial=0))} committed (n_frames): it is ahead of the commit "
-            f"markers. {fix}")
+        what = (f"The consolidated metadata gives 'time' {extent} frames, more than the "
+                f"{int(np.max(n_frames, initial=0))} committed (n_frames): it is ahead of the "
+                "commit markers.")
+        found.append((f"{what} {_FIX}", f"{what} {WHILE_WRITING}"))
+    return found
+
+
+def consolidated_problems(root_document: Mapping[str, Any] | None, group: zarr.Group,
+                          n_frames: np.ndarray | None, archive: str = "") -> list[str]:
+    """The sentences of :func:`consolidated_findings` (no writer holding the archive)."""
+    return [text for text, _ in consolidated_findings(root_document, group, n_frames, archive)]
+
+
+def _array_copy_problems(name: str, arr: zarr.Array, copied: ArrayV3Metadata,
+                         archive: str) -> list[str]:
+    copy, own = copies.plain(copied), copies.plain(arr.metadata)
+    problems = []
+    try:
+        check_array_metadata(copy, copies.copy_where(archive, name), archive, name=name)
+    except SchemaError as err:
+        problems.append(str(err))
+    found = copies.differences(own, copy)
+    if found:
+        problems.append(str(copies.disagreement(name, found, archive)))
+    elif copy.get("attributes") != own.get("attributes"):
+        problems.append(f"The consolidated metadata of {name!r} differs from its own zarr.json "
+                        f"in its attributes. {_FIX}")
     return problems

@@ -17,7 +17,6 @@ concurrent round of requests when the consolidated metadata bounds them.
 
 from __future__ import annotations
 
-import asyncio
 import json
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
@@ -35,10 +34,10 @@ from flyarchive.errors import (
 from flyarchive.schema import STATE_VARS, TIME_COORDS, n_frames_problem, sizes_problem, times_problem
 from flyarchive.store import storage_errors
 from flyarchive.store.consolidated import time_extent
-from flyarchive.store.hardening import check_arrays
+from flyarchive.store.copies import read_checked
 from flyarchive.store.header import ArchiveHeader, HeaderVariable
 from flyarchive.store.location import sync, unavailable
-from flyarchive.store.reader import chunk_file, corrupt_read, fused_reads, open_group
+from flyarchive.store.reader import chunk_file, corrupt_read, fused_reads, open_checked, open_group
 from flyarchive.store.missing import committed_holes, fill_cells, missing_error, probe
 from flyarchive.store.shards import NeverWritten, OpenedArchive, ShardReader, settled_shards
 
@@ -298,17 +297,16 @@ def _attrs(arr: zarr.Array) -> tuple[dict[str, Any], dict[str, Any]]:
     return attrs, ({"coordinates": listed} if listed is not None else {})
 
 
-def _read_now(arrays: Mapping[str, zarr.Array], names: Sequence[str], n_time: int
-              ) -> dict[str, np.ndarray]:
-    """Arrays ``names`` read whole (``time`` cut to ``n_time``), concurrently: one round
-    of requests on remote storage."""
+def _read_now(arrays: Mapping[str, zarr.Array], names: Sequence[str], n_time: int,
+              group: zarr.Group, url: str) -> dict[str, np.ndarray]:
+    """Arrays ``names`` read whole (``time`` cut to ``n_time``), concurrently, beside the
+    arrays' own metadata when ``group`` reads the consolidated copy
+    (:func:`~flyarchive.store.copies.read_checked`): one round of requests on remote storage."""
     cuts = {name: tuple(slice(0, n_time) if d == "time" else slice(None)
                         for d in arrays[name].metadata.dimension_names or ()) for name in names}
-
-    async def read_all() -> list[Any]:
-        return await asyncio.gather(*(arrays[n]._async_array.getitem(cuts[n]) for n in names))
-
-    return {name: np.asarray(value) for name, value in zip(names, sync(read_all()))}
+    reads = [arrays[n]._async_array.getitem(cuts[n]) for n in names]
+    return {name: np.asarray(value)
+            for name, value in zip(names, sync(read_checked(group, str(url), reads)))}
 
 
 def _committed_and_coordinates(url: str, storage_options: Mapping[str, Any] | None,
@@ -333,15 +331,15 @@ def _committed_and_coordinates(url: str, storage_options: Mapping[str, Any] | No
     consolidated = group.metadata.consolidated_metadata is not None
     extent = time_extent({k: a.metadata for k, a in arrays.items()}) or 0
     if consolidated:
-        values = _read_now(arrays, marker + names, extent)
+        values = _read_now(arrays, marker + names, extent, group, url)
         n_frames = values.pop("n_frames", None)
         if int(np.max(n_frames, initial=0) if n_frames is not None else 0) <= extent:
             return group, arrays, n_frames, values
         group, arrays = _arrays_now(url, storage_options)  # the copy lags behind
         extent = time_extent({k: a.metadata for k, a in arrays.items()}) or 0
-    n_frames = _read_now(arrays, marker, 0)["n_frames"] if marker else None
+    n_frames = _read_now(arrays, marker, 0, group, url)["n_frames"] if marker else None
     n_time = min(int(np.max(n_frames, initial=0)), extent) if n_frames is not None else extent
-    return group, arrays, n_frames, _read_now(arrays, _coordinate_names(arrays), n_time)
+    return group, arrays, n_frames, _read_now(arrays, _coordinate_names(arrays), n_time, group, url)
 
 
 def _dims(arr: zarr.Array) -> tuple[str, ...]:
@@ -373,7 +371,8 @@ def _stored(url: str, storage_options: Mapping[str, Any] | None, group: zarr.Gro
         # a writer grew the arrays and committed after their metadata was read: read it again
         group, arrays = _arrays_now(url, storage_options)
         extent = time_extent({k: a.metadata for k, a in arrays.items()}) or 0
-        coordinates = _read_now(arrays, _coordinate_names(arrays), int(n_frames.max()))
+        coordinates = _read_now(arrays, _coordinate_names(arrays), int(n_frames.max()),
+                                group, url)
     problem = sizes_problem({k: (_dims(a), tuple(int(n) for n in a.shape))
                              for k, a in arrays.items()})
     if problem is not None:
@@ -398,8 +397,7 @@ _FIX = "Run `flyarchive verify {url}` to list every problem; restore the archive
 def _arrays_now(url: str, storage_options: Mapping[str, Any] | None
                 ) -> tuple[zarr.Group, dict[str, zarr.Array]]:
     """The group and every array's own metadata, read now (checked as at open)."""
-    group = open_group(url, storage_options, consolidated=False)
-    check_arrays(group, str(url))
+    group = open_checked(url, storage_options, consolidated=False)
     with fused_reads():
         return group, dict(group.arrays())
 

@@ -24,11 +24,11 @@ import zarr
 import zarr.storage
 
 from flyarchive.errors import CorruptArchiveError, SchemaError
-from flyarchive.schema import MAX_JSON_DEPTH, json_depth_of
+from flyarchive.schema import MAX_JSON_DEPTH, STATE_VARS, json_depth_of
 from flyarchive.store.decoders import BLOSC_HEADER, install_bounded_decoders
 
 __all__ = [
-    "MAX_METADATA_BYTES", "MAX_CHUNK_BYTES", "MAX_SHARD_BYTES",
+    "MAX_METADATA_BYTES", "MAX_CHUNK_BYTES", "MAX_SHARD_BYTES", "FIXED_NUMBERS",
     "ChunkLimits", "refuse", "check_array_metadata", "check_arrays", "check_json_bytes",
     "json_depth", "install_bounded_decoders", "zstd_content_size",
 ]
@@ -59,6 +59,22 @@ _WRITTEN = (
     "sharding_indexed(transpose, bytes, blosc, crc32c) for portable state; "
     "bytes, crc32c for numbers; vlen-utf8 with zstd or crc32c for labels"
 )
+#: The chunk pipelines of state arrays (inside ``sharding_indexed``): lossless, ``abs:<bound>``
+#: and portable (:mod:`flyarchive.codecs`). Each ends in CRC-32C.
+_STATE_PIPELINES = (
+    ["numcodecs.pcodec", "crc32c"],
+    ["numcodecs.fixedscaleoffset", "numcodecs.pcodec", "crc32c"],
+    ["transpose", "bytes", "blosc", "crc32c"],
+)
+_STATE_WRITTEN = ("numcodecs.pcodec, crc32c (lossless); numcodecs.fixedscaleoffset, "
+                  "numcodecs.pcodec, crc32c (abs:<bound>); transpose, bytes, blosc, crc32c "
+                  "(portable), each inside sharding_indexed with index codecs bytes, crc32c")
+#: Arrays flyarchive always writes with :data:`_LITTLE` then crc32c (world variables may be
+#: big-endian numbers, as a user's array was).
+FIXED_NUMBERS = ("n_frames", "time", "sim_time", "frame", "world")
+_LITTLE = {"name": "bytes", "configuration": {"endian": "little"}}
+_NO_CHECKSUM = ("; flyarchive ends every chunk of numbers with a CRC-32C checksum, and without "
+                "one damaged bytes would be read as data")
 
 
 @dataclass(frozen=True)
@@ -142,6 +158,8 @@ def _pipeline_bound(codecs: Any, shape: tuple[int, ...], dtype: Any) -> ChunkLim
     if names[:len(filters)] != filters or not rest or rest[0] not in _SERIALIZERS \
             or any(x != "crc32c" for x in checks):
         raise ValueError(f"the pipeline {names} is not one flyarchive writes ({_WRITTEN})")
+    if checks != ["crc32c"]:
+        raise ValueError(f"the pipeline {names} does not end in one crc32c stage" + _NO_CHECKSUM)
     encoded = size if rest[0] == "bytes" else 2 * size + (64 << 10)  # pcodec: raw bits + headers
     if compressors:  # blosc: at most its 16-byte header over the raw bytes
         encoded += BLOSC_HEADER
@@ -156,9 +174,9 @@ def _sharding_bound(config: Any, shape: tuple[int, ...], dtype: Any) -> ChunkLim
         raise ValueError(f"the inner chunk shape {inner} does not divide the shard shape {shape}")
     if math.prod(shape) * _itemsize(dtype) > MAX_SHARD_BYTES:
         raise ValueError(f"a shard of shape {shape} decodes to more than {MAX_SHARD_BYTES} bytes")
-    if _names(config.get("index_codecs")) not in (["bytes", "crc32c"], ["bytes"]):
-        raise ValueError(f"the shard index codecs {config.get('index_codecs')} are not "
-                         "bytes, crc32c")
+    if _names(config.get("index_codecs")) != ["bytes", "crc32c"]:
+        raise ValueError(f"the shard index codecs {_names(config.get('index_codecs'))} are not "
+                         "bytes, crc32c (flyarchive checks every shard index with CRC-32C)")
     if config.get("index_location", "end") not in ("end", "start"):
         raise ValueError(f"index_location is {config.get('index_location')!r}")
     if "sharding_indexed" in _names(config.get("codecs")):
@@ -168,21 +186,25 @@ def _sharding_bound(config: Any, shape: tuple[int, ...], dtype: Any) -> ChunkLim
     return ChunkLimits(count * (each + 16) + 4)
 
 
-def check_array_metadata(meta: Any, where: str, archive: str) -> ChunkLimits:
+def check_array_metadata(meta: Any, where: str, archive: str, *,
+                         name: str | None = None) -> ChunkLimits:
     """Check one array's zarr v3 metadata against what flyarchive writes.
 
     Args:
         meta: The parsed ``zarr.json`` of an array.
         where: Its location, for messages (e.g. ``"/data/run.zarr/qpos/zarr.json"``).
         archive: The archive's URL, for the pointer to ``flyarchive verify``.
+        name: The array's name in the archive: a state array (``qpos``, mocap poses)
+            must have one of the state pipelines flyarchive writes. None: any allowed one.
 
     Returns:
         Bounds on the array's stored objects.
 
     Raises:
         SchemaError: naming the file and what in it flyarchive does not accept: a codec
-            outside the allowlist (pickle, gzip, blosc...), a chunk or shard too large to
-            decode in bounded memory, too many stored objects, an unknown data type.
+            outside the allowlist (pickle, gzip, blosc...), a pipeline of numbers without
+            its CRC-32C checksum, a chunk or shard too large to decode in bounded memory,
+            too many stored objects, an unknown data type.
     """
     try:
         if not isinstance(meta, dict) or meta.get("zarr_format") != 3:
@@ -207,28 +229,73 @@ def check_array_metadata(meta: Any, where: str, archive: str) -> ChunkLimits:
             raise ValueError(f"chunk_key_encoding {str(encoding)[:80]!r} is not the default '/'")
         if meta.get("storage_transformers"):
             raise ValueError("it has storage transformers")
-        return _pipeline_bound(meta.get("codecs"), chunks, dtype)
+        limits = _pipeline_bound(meta.get("codecs"), chunks, dtype)
+        if name in STATE_VARS:
+            _check_state_pipeline(meta.get("codecs"), len(shape), dtype)
+        elif name in FIXED_NUMBERS:
+            if meta.get("codecs") != [_LITTLE, {"name": "crc32c"}]:
+                raise ValueError(f"the pipeline {str(meta.get('codecs'))[:160]} is not the one "
+                                 f"flyarchive writes for {name!r} (bytes, little-endian, then "
+                                 "crc32c)")
+        return limits
     except ValueError as err:
         raise refuse(where, str(err), archive) from None
 
 
-def check_arrays(group: zarr.Group, archive: str) -> None:
-    """Check the metadata of every array of an opened archive (any storage).
+def _check_state_pipeline(codecs: list[dict[str, Any]], ndim: int, dtype: Any) -> None:
+    """A state array's chunk pipeline (inside its shards) must be one flyarchive writes, with
+    the settings that decide decoding as flyarchive sets them: the transpose that moves time
+    last, little-endian bytes, a quantizer of offset 0 and a power-of-two scale in the
+    array's own data type."""
+    inner = codecs[0].get("configuration", {}).get("codecs") \
+        if _names(codecs)[:1] == ["sharding_indexed"] else codecs
+    if _names(inner) not in _STATE_PIPELINES:
+        raise ValueError(f"the state pipeline {_names(inner)} is not one flyarchive writes "
+                         f"({_STATE_WRITTEN})")
+    for codec in inner:
+        config = codec.get("configuration") or {}
+        if codec["name"] == "transpose" and config.get("order") != [0, *range(2, ndim), 1]:
+            raise ValueError(f"the transpose order {config.get('order')} is not the one "
+                             f"flyarchive writes ({[0, *range(2, ndim), 1]}: time last)")
+        if codec["name"] == "bytes" and codec != _LITTLE:
+            raise ValueError(f"the bytes stage {codec} is not the one flyarchive writes "
+                             "(little-endian)")
+        if codec["name"] == "numcodecs.fixedscaleoffset":
+            scale, native = config.get("scale"), np.dtype(dtype).str
+            whole = isinstance(scale, (int, float)) and scale > 0 and math.isfinite(scale)
+            if config.get("offset") != 0 or not whole or math.frexp(scale)[0] != 0.5 \
+                    or config.get("dtype") != native or config.get("astype") != native:
+                raise ValueError(f"the quantizer {config} is not one flyarchive writes (offset "
+                                 f"0, a power-of-two scale, dtype and astype {native!r})")
+
+
+def check_arrays(group: zarr.Group, archive: str) -> dict[str, dict[str, Any]]:
+    """Check the metadata of every array of an opened archive (any storage): the arrays'
+    own, or their consolidated copy when the group was opened with it.
+
+    Returns:
+        The metadata checked, by array name, as zarr writes it to ``zarr.json`` (JSON).
 
     Raises:
         SchemaError: for the first array whose metadata :func:`check_array_metadata`
-            refuses, or whose attributes nest deeper than :data:`MAX_JSON_DEPTH`.
+            refuses (naming the array's own ``zarr.json``, or the root ``zarr.json`` for the
+            copy), or whose attributes nest deeper than :data:`MAX_JSON_DEPTH`.
     """
+    copied = group.metadata.consolidated_metadata is not None
+    checked = {}
     for name, arr in _arrays(group):
-        where = f"{archive.rstrip('/')}/{name}/zarr.json"
+        where = (f"{archive.rstrip('/')}/zarr.json (the consolidated metadata of {name!r})"
+                 if copied else f"{archive.rstrip('/')}/{name}/zarr.json")
         meta = arr.metadata
         plain = json.loads(json.dumps(meta.to_dict(), default=str)) if meta.zarr_format == 3 \
             else {}
-        check_array_metadata(plain, where, archive)
+        check_array_metadata(plain, where, archive, name=name)
         depth = json_depth_of(dict(arr.attrs))
         if depth > MAX_JSON_DEPTH:
             raise refuse(where, f"its attributes are nested {depth} deep (at most "
                          f"{MAX_JSON_DEPTH})", archive)
+        checked[name] = plain
+    return checked
 
 
 def _arrays(group: zarr.Group) -> list[tuple[str, zarr.Array]]:

@@ -25,6 +25,8 @@ from zarr.core.buffer import default_buffer_prototype
 from flyarchive.errors import ArchiveNotFoundError, CorruptArchiveError, FlyarchiveError, SchemaError
 from flyarchive.schema import STATE_VARS, validate_attrs
 from flyarchive.store import hardening, storage_errors
+from flyarchive.store.copies import check_copies, check_own, read_checked, read_copy
+from flyarchive.store.elsewhere import not_an_archive
 from flyarchive.store.hardening import check_arrays
 from flyarchive.store.localstore import UnsafeFileError
 from flyarchive.store.location import access_denied, is_remote, open_store, sync, unavailable
@@ -69,15 +71,19 @@ def open_group(url: str, storage_options: Mapping[str, Any] | None = None, *, mo
         raise access_denied(url, err) from None
     except (FileNotFoundError, zarr.errors.GroupNotFoundError, KeyError):
         _refuse_v2(store, url)
-        raise ArchiveNotFoundError(
+        raise not_an_archive(url, storage_options) or ArchiveNotFoundError(
             f"No archive at {url!r}: there is no zarr.json there. Check the URL, or record "
             "one with flyarchive.TrajectoryRecorder."
         ) from None
     except OSError as err:
         raise unavailable(url, err) from None
-    except (ValueError, TypeError) as err:
-        raise SchemaError(f"The zarr metadata at {url!r} is unreadable ({err}).") from None
-    validate_attrs(group.attrs.asdict())
+    except (ValueError, TypeError) as err:  # also an array (a map...) where the group should be
+        raise not_an_archive(url, storage_options) or SchemaError(
+            f"The zarr metadata at {url!r} is unreadable ({err}).") from None
+    try:
+        validate_attrs(group.attrs.asdict())
+    except SchemaError as err:  # a folder inside an archive (claims, models) is not one
+        raise not_an_archive(url, storage_options) or err from None
     return group
 
 
@@ -153,25 +159,41 @@ def damaged_metadata(url: str, group: zarr.Group, err: BaseException) -> SchemaE
 
 
 def open_checked(url: str, storage_options: Mapping[str, Any] | None = None, *,
-                 consolidated: bool = True) -> zarr.Group:
+                 consolidated: bool = True, own_later: bool = False,
+                 check_copy: bool = True) -> zarr.Group:
     """:func:`~flyarchive.store.open_group`, then every array's metadata checked against what
-    flyarchive writes (:func:`flyarchive.store.hardening.check_arrays`) before any chunk is read.
+    flyarchive writes (:func:`flyarchive.store.hardening.check_arrays`) before any chunk is
+    read, and against its other copy (:mod:`flyarchive.store.copies`): the consolidated
+    copy in the root ``zarr.json`` and the array's own ``zarr.json`` must agree.
 
     Args:
         consolidated: Use the consolidated copy of the arrays' metadata when there is one
             (``verify`` passes False: it checks each array's own).
+        own_later: For a group opened with the consolidated copy: the caller awaits
+            :func:`flyarchive.store.copies.check_own` in its first round of reads (the
+            arrays' own ``zarr.json`` fetched beside them). False: fetched here, one more
+            round of requests.
+        check_copy: False: the two copies are not compared (``verify`` reports every
+            difference itself).
 
     Raises:
-        ArchiveNotFoundError, SchemaError (also for metadata nested too deep to parse).
+        ArchiveNotFoundError, SchemaError (also for metadata nested too deep to parse, a
+        pipeline without its checksum, or copies that disagree).
     """
     try:
         group = open_group(url, storage_options, consolidated=consolidated)
+        with_copy = group.metadata.consolidated_metadata is not None
+        listed = read_copy(group, str(url)) if check_copy and not with_copy else {}
     except RecursionError:
         raise SchemaError(
             f"The zarr metadata at {url!r} is nested too deeply to parse. Run "
             f"`flyarchive verify {url}`; restore the zarr.json files from a backup."
         ) from None
-    check_arrays(group, str(url))
+    checked = check_arrays(group, str(url))
+    if listed:
+        check_copies(listed, checked, str(url))
+    elif check_copy and with_copy and not own_later:
+        sync(check_own(group, str(url)))
     return group
 
 
@@ -339,11 +361,13 @@ class StateReader:
     """
 
     def __init__(self, url: str, storage_options: Mapping[str, Any] | None = None) -> None:
-        group = open_checked(url, storage_options or None)
+        group = open_checked(url, storage_options or None, own_later=True)
         self.url, self._group = url, group
         with fused_reads():
             self.arrays = {n: group[n] for n in STATE_VARS if n in group}
-        self.world_ids = np.asarray(group["world"][:])
+        world = group["world"]._async_array  # read beside the arrays' own metadata
+        self.world_ids = np.asarray(sync(read_checked(group, str(url),
+                                                      [world.getitem(slice(None))]))[0])
 
     def read(self, pieces: Sequence[tuple[int, int, int]], *, dtype: Any = np.float32
              ) -> tuple[np.ndarray, np.ndarray | None, np.ndarray | None]:

@@ -100,10 +100,19 @@ MISSING_CASES: dict[str, tuple[Callable[[Path], None], tuple[str, ...]]] = {
 
 
 def _json(root: Path, name: str, edit: Callable[[dict], None]) -> None:
+    """Edit array ``name``'s metadata the same way in its own ``zarr.json`` and in the
+    consolidated copy of the root ``zarr.json`` (a consistent edit: copies that disagree
+    are a case of their own, :mod:`flyarchive.testing.checksums`)."""
     path = root / name / "zarr.json"
     meta = json.loads(path.read_text())
     edit(meta)
     path.write_text(json.dumps(meta))
+    root_path = root / "zarr.json"
+    document = json.loads(root_path.read_text())
+    copies = (document.get("consolidated_metadata") or {}).get("metadata") or {}
+    if name in copies:
+        edit(copies[name])
+        root_path.write_text(json.dumps(document))
 
 
 def _values(name: str, change: Callable[[np.ndarray], np.ndarray]) -> Callable[[Path], None]:

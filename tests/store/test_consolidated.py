@@ -111,7 +111,8 @@ def test_verify_reports_a_consolidated_shape_larger_than_the_arrays_own(tmp_path
 
     report = verify(url)
 
-    assert any("gives 'world' the shape (5,), larger than its own (2,)" in p
+    assert any("The metadata of 'world' disagrees with itself" in p
+               and "shape ((5,) in the copy, (2,) in its own)" in p
                for p in report.problems), report.problems
 
 
@@ -134,7 +135,10 @@ def test_verify_reports_consolidated_codecs_that_differ_from_the_arrays_own(tmp_
 
     report = verify(url)
 
-    assert any("consolidated metadata of 'time' differs from its own zarr.json" in p
+    assert any("(the consolidated metadata of 'time'): the pipeline ['bytes'] does not end in "
+               "one crc32c stage" in p for p in report.problems), report.problems
+    assert any("The metadata of 'time' disagrees with itself" in p and "differ in codecs "
+               "(bytes in the copy, bytes, crc32c in its own)" in p
                for p in report.problems), report.problems
 
 
@@ -183,8 +187,8 @@ def s3_calls(caplog):
     return found
 
 
-def test_open_archive_on_s3_reads_every_arrays_metadata_with_one_request(s3_server, s3_archive,
-                                                                        caplog):
+def test_open_archive_on_s3_reads_the_copy_first_then_the_own_metadata_beside_the_coordinates(
+        s3_server, s3_archive, caplog):
     url, _ = s3_archive
     with FaultProxy(s3_server.endpoint_url) as proxy:
         options = proxy.storage_options()
@@ -195,10 +199,16 @@ def test_open_archive_on_s3_reads_every_arrays_metadata_with_one_request(s3_serv
         open_archive(url, options)
         requests = proxy.stats()["requests"]
 
-    metadata = [key for _, key in s3_calls(caplog) if key.endswith("zarr.json")]
-    assert metadata == [url.removeprefix(f"s3://{BUCKET}/") + "/zarr.json"]
-    # and one request per coordinate chunk: n_frames, 2 of time, world, dof, 3 of labels
-    assert requests == 1 + 8
+    prefix = url.removeprefix(f"s3://{BUCKET}/")
+    calls = [key for _, key in s3_calls(caplog)]
+    metadata = [key for key in calls if key.endswith("zarr.json")]
+    names = ["mocap_pos", "mocap_quat", "n_frames", "qpos", "time", "world"]  # copies.OWN_CHECKED
+    assert calls[0] == f"{prefix}/zarr.json"  # the copy, before any array's own metadata
+    assert sorted(metadata[1:]) == [f"{prefix}/{name}/zarr.json" for name in names]
+    # one round after the root: the own zarr.json of state and of the numbers read at open,
+    # and one request per coordinate chunk: n_frames, 2 each of time, sim_time and frame,
+    # world, dof, 3 of labels
+    assert requests == 1 + len(names) + 12
 
 
 def test_open_archive_on_s3_asks_for_no_object_sizes(s3_server, s3_archive, caplog):
