@@ -11,7 +11,7 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-from flyarchive.errors import FlyarchiveError, SelectionError
+from flyarchive.errors import FlyarchiveError, SelectionError, Terminated
 
 __all__ = ["main", "parse_worlds", "parse_time", "parse_size", "parse_world_var", "parse_gpus",
            "MAX_WORLDS"]
@@ -235,11 +235,6 @@ def cmd_render(args: argparse.Namespace) -> int:
     set_verbose(args.verbose)  # Warp's logs, here and in local Dask workers
     with _sigterm_stops(), _early_cluster(args):
         return _render(args)
-
-
-class Terminated(KeyboardInterrupt):
-    """SIGTERM arrived (``kill PID``, a scheduler's stop): the command stops as on Ctrl-C,
-    keeping what it finished."""
 
 
 @contextlib.contextmanager

@@ -238,6 +238,26 @@ def missing_dependency(package: str, extra: str | None, what: str, *,
     )
 
 
+# Not flyarchive errors, not public: what a local file turned out to be, and SIGTERM.
+class IrregularFileError(OSError):
+    """What :func:`flyarchive.store.localstore.open_regular` found instead of a regular file.
+
+    Attributes:
+        problem: What the path is, as a phrase (``"is a FIFO (named pipe), not a regular
+            file; ..."``).
+        fix: What to do about it, as a sentence.
+    """
+
+    def __init__(self, problem: str, fix: str) -> None:
+        super().__init__(problem)
+        self.problem, self.fix = problem, fix
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM arrived (``kill PID``, a scheduler's stop): the command stops as on Ctrl-C,
+    keeping what it finished."""
+
+
 def did_you_mean(word: str, choices: Iterable[str], *, n: int = 3) -> str:
     """``" Did you mean 'shoulder'?"`` for the names of ``choices`` closest to ``word``
     (:func:`difflib.get_close_matches`), to append to an error; ``""`` when none is close.

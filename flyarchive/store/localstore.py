@@ -28,7 +28,7 @@ import zarr.storage
 from zarr.abc.store import ByteRequest, OffsetByteRequest, RangeByteRequest, SuffixByteRequest
 from zarr.core.buffer import Buffer, BufferPrototype, default_buffer_prototype
 
-from flyarchive.errors import UnsafeFileError
+from flyarchive.errors import IrregularFileError, UnsafeFileError
 from flyarchive.store import hardening
 
 __all__ = ["GuardedLocalStore", "UnsafeFileError", "IrregularFileError", "open_regular", "kind_of"]
@@ -39,20 +39,6 @@ _METADATA = ("zarr.json", ".zarray", ".zgroup", ".zattrs", ".zmetadata")
 _KINDS = {stat.S_IFIFO: "a FIFO (named pipe)", stat.S_IFCHR: "a character device",
           stat.S_IFBLK: "a block device", stat.S_IFSOCK: "a socket",
           stat.S_IFLNK: "a symbolic link"}
-
-
-class IrregularFileError(OSError):
-    """What :func:`open_regular` found instead of a regular file.
-
-    Attributes:
-        problem: What the path is, as a phrase (``"is a FIFO (named pipe), not a regular
-            file; ..."``).
-        fix: What to do about it, as a sentence.
-    """
-
-    def __init__(self, problem: str, fix: str) -> None:
-        super().__init__(problem)
-        self.problem, self.fix = problem, fix
 
 
 def kind_of(mode: int) -> str:

@@ -27,6 +27,7 @@ from flyarchive.testing import (
 from flyarchive.testing.fixtures import record, slider_archive
 from flyarchive.testing.markers import WARP_BACKEND, WARP_DEVICE, requires_no_cuda, requires_warp
 from flyarchive.video import VideoOptions, read_video
+from flyarchive.video.manifest import read_manifest
 
 pytestmark = [requires_warp, pytest.mark.timeout(600)]
 
@@ -346,8 +347,12 @@ def test_a_failing_render_thread_stops_the_others_and_its_error_is_raised(tiny_a
                           options=RenderOptions(backend=BACKEND, size=SIZE, batch_worlds=4))
 
     assert not (tmp_path / "v" / "world00002").exists()
-    leftovers = [p for p in (tmp_path / "v").rglob("*") if p.is_file() and p.suffix != ".mp4"]
+    videos = sorted(p for p in (tmp_path / "v").rglob("*.mp4"))
+    leftovers = [p for p in (tmp_path / "v").rglob("*")
+                 if p.is_file() and p.suffix != ".mp4" and p.name != "manifest.json"]
     assert leftovers == []  # no parts, no partial files
+    listed = read_manifest(str(tmp_path / "v" / "manifest.json"))["videos"] if videos else []
+    assert sorted(Path(v["path"]) for v in listed) == videos  # finished videos kept, listed
     for video in (tmp_path / "v").rglob("*.mp4"):  # finished ones are whole
         assert read_video(video).shape[0] == 11
 
