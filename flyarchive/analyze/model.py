@@ -1,9 +1,6 @@
-"""The model positions are computed with: the one kept beside the archive, or one given
-and checked against the archive's layout.
-
-Loading a kept model is done here only (:func:`kept_model`), so that it can follow the
-store's way of loading models (a kept model checked in a child process first) in one
-place.
+"""The model positions are computed with: the one kept beside the archive (loaded as
+every reader loads it, :func:`flyarchive.store.models.kept_model`: checked in a short-lived
+child process first), or one given and checked against the archive's layout.
 """
 
 from __future__ import annotations
@@ -17,9 +14,9 @@ import mujoco
 
 from flyarchive.errors import ModelLoadError
 from flyarchive.layout import ModelLayout, check_compatible
-from flyarchive.models import load_mjb, model_bytes
+from flyarchive.models import model_bytes
 
-__all__ = ["AnalysisModel", "analysis_model", "kept_model"]
+__all__ = ["AnalysisModel", "analysis_model"]
 
 
 @dataclass(frozen=True)
@@ -37,24 +34,6 @@ class AnalysisModel:
     sha256: str
 
 
-def kept_model(url: str, storage_options: Mapping[str, Any] | None = None
-               ) -> tuple[mujoco.MjModel, bytes] | None:
-    """The model kept beside the archive at ``url`` and its bytes; None when it keeps none.
-
-    Raises:
-        ModelLoadError: the kept bytes are not an MJB this MuJoCo loads.
-        CorruptArchiveError: the kept model is missing or does not hash to its name.
-    """
-    from flyarchive.store import open_group
-    from flyarchive.store.models import read_model
-
-    stored = read_model(open_group(url, storage_options), url)
-    if stored is None:
-        return None
-    blob, entry = stored
-    return load_mjb(blob, f"the model kept in the archive ({url.rstrip('/')}/{entry['path']})"), blob
-
-
 def analysis_model(layout_attrs: Any, *, url: str | None, model: mujoco.MjModel | None,
                    storage_options: Mapping[str, Any] | None = None) -> AnalysisModel:
     """The model to compute an archive's positions with.
@@ -66,17 +45,19 @@ def analysis_model(layout_attrs: Any, *, url: str | None, model: mujoco.MjModel 
 
     Raises:
         ModelLoadError: no model given and the archive keeps none (or its URL is unknown).
+        UnsafeModelError: the kept model crashed (or did not finish) the child process that
+            loads it first.
         LayoutMismatchError: the model does not fit the archive (names the first difference).
     """
     if model is None:
-        kept = kept_model(url, storage_options) if url is not None else None
-        if kept is None:
-            where = f"The archive at {url!r} keeps no model" if url is not None else \
-                "The dataset does not say which archive it was opened from"
+        if url is None:
             raise ModelLoadError(
-                f"{where}, and no model was given. Pass the compiled model the archive was "
-                "recorded with: model=... (an MjModel), or --model FILE (.mjb or .xml).")
-        model, blob = kept
+                "The dataset does not say which archive it was opened from, and no model was "
+                "given. Pass the compiled model the archive was recorded with: model=... (an "
+                "MjModel), or --model FILE (.mjb or .xml).")
+        from flyarchive.store.models import kept_model
+
+        model, blob = kept_model(url, storage_options)  # checked in a child process first
     else:
         if not isinstance(model, mujoco.MjModel):
             raise ModelLoadError(

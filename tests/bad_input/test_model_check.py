@@ -42,8 +42,14 @@ def _load(url: str, out: Path) -> Any:
     return load_model(url)
 
 
-@pytest.mark.parametrize("call", [_render, _frames, _load], ids=["render_videos", "render_frames",
-                                                                 "load_model"])
+def _positions(url: str, out: Path) -> Any:
+    from flyarchive import positions
+
+    return positions(url, bodies=["torso"])
+
+
+@pytest.mark.parametrize("call", [_render, _frames, _load, _positions],
+                         ids=["render_videos", "render_frames", "load_model", "positions"])
 @pytest.mark.parametrize(("name", "fragment"), [("segfault", SEGFAULT), ("fatal", FATAL)])
 def test_a_kept_model_that_is_not_safe_to_load_is_refused_naming_the_file(
         archive, tmp_path, call, name, fragment):
