@@ -74,8 +74,8 @@ def test_an_archive_that_keeps_no_model_and_none_given(tiny, tmp_path):
     url = record(tiny, str(tmp_path / "nomodel.zarr"), store_model=False)
     before = snapshot(url)
 
-    with pytest.raises(ModelLoadError, match=r"keeps no model, and no model was given\. Pass "
-                       r"the compiled model"):
+    with pytest.raises(ModelLoadError, match=r"keeps no model \(it was recorded or imported with "
+                       r"store_model=False.*\)\. Pass the compiled model"):
         flyarchive.keep_positions(url, "hand")
 
     assert snapshot(url) == before
