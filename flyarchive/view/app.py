@@ -66,7 +66,7 @@ class Viewer:
             "dofs": viewed.dofs, "columns": list(viewed.columns),
             "cameras": list(camera_names(self.model)) if self.model is not None else [],
             "model": self.model is not None, "model_problem": self.model_problem,
-            "keypoints": traces_.keypoints_available() and self.model is not None,
+            "keypoints": self.model is not None,
             "bodies": _bodies(self.model) if self.model is not None else [],
             "backend": self.renders.backend, "out": str(self.out),
             "generation": viewed.generation, "archive_id": viewed.archive_id,

@@ -8,7 +8,6 @@ reads, with the same checks.
 
 from __future__ import annotations
 
-import inspect
 import threading
 from collections import OrderedDict
 from concurrent.futures import ThreadPoolExecutor
@@ -26,11 +25,8 @@ CACHE_BYTES = 512 << 20
 def load_viewed_model(url: str, storage_options: Mapping[str, Any] | None,
                       model_path: str | None) -> Any:
     """The model to pose and render with: the file given, else the one kept beside the
-    archive.
-
-    A kept model is untrusted input. With ``flyarchive.load_model(url)`` (which loads
-    it in a child process first, to check it), that is used; without it, the model is
-    read as ``render_videos`` reads it.
+    archive (untrusted input: :func:`flyarchive.load_model` loads it in a short-lived child
+    process first).
 
     Raises:
         ModelLoadError: no model file at ``model_path``, or no kept model (the viewer
@@ -41,12 +37,7 @@ def load_viewed_model(url: str, storage_options: Mapping[str, Any] | None,
 
     if model_path:
         return flyarchive.load_model(model_path)
-    if "storage_options" in inspect.signature(flyarchive.load_model).parameters:
-        return flyarchive.load_model(url, storage_options)  # type: ignore[call-arg]
-    from flyarchive.distribute.api import replay_model
-
-    return replay_model(url, flyarchive.open_archive(url, storage_options), None,
-                        storage_options)[0]
+    return flyarchive.load_model(url, storage_options)
 
 
 class ViewedArchive:

@@ -86,33 +86,19 @@ def dof_choices(labels: Sequence[str], *, leg: str = "", joint: str = "", axis: 
     return flyarchive.dof_labels(list(labels), **criteria)
 
 
-def keypoints_available() -> bool:
-    """Whether this flyarchive computes keypoint positions (``flyarchive.positions``)."""
-    import flyarchive
-
-    try:
-        return callable(getattr(flyarchive, "positions"))
-    except AttributeError:
-        return False
-
-
 def keypoint_values(ds: Any, worlds: Sequence[int], body: str, window: slice, *,
                     model: Any) -> tuple[list[str], np.ndarray]:
     """Positions of one keypoint (a body's origin) of the worlds, by forward kinematics
-    (``flyarchive.positions``), over the frames of ``window``.
+    (:func:`flyarchive.positions`), over the frames of ``window``.
 
     Returns:
         ``(["body/x", "body/y", "body/z"], (worlds, 3, frames))`` in the model's length unit.
 
     Raises:
-        SelectionError: this flyarchive has no ``positions``, or an unknown body.
+        SelectionError: an unknown body (with the names that exist).
     """
-    import flyarchive
+    from flyarchive.analyze import positions
 
-    positions = getattr(flyarchive, "positions", None)
-    if positions is None:
-        raise SelectionError("Keypoint traces need flyarchive.positions, which this version "
-                             "of flyarchive does not have; draw dofs instead.")
     chosen = ds.isel(time=window).sel(world=list(worlds))
     found = positions(chosen, bodies=[body], model=model)
     values = np.asarray(found.values, dtype=np.float64)[:, :, 0, :]  # (world, time, xyz)

@@ -1,50 +1,49 @@
-"""The viewer's links to optional parts: keypoint traces through ``flyarchive.positions``
-where this flyarchive has it, and the render backend it picks."""
+"""The viewer's links to the rest of flyarchive: keypoint traces by forward kinematics
+(:func:`flyarchive.positions`), and the render backend it picks."""
 
 from __future__ import annotations
 
+import mujoco
 import numpy as np
 import pytest
-import xarray as xr
 
 import flyarchive
 from flyarchive.errors import SelectionError
+from flyarchive.testing import reference_frames, tiny_model
+from flyarchive.testing.fixtures import record
 from flyarchive.view import traces
 from flyarchive.view.renders import best_backend
 
 
-@pytest.fixture
-def ds():
-    return xr.Dataset(coords={"world": [3, 5, 7], "time": np.arange(6) * 0.008})
+def test_keypoint_traces_are_the_bodies_of_the_recorded_states(tmp_path):
+    model = tiny_model()
+    url = record(model, str(tmp_path / "run.zarr"), n_worlds=3)
+    ds = flyarchive.open_archive(url)
+    expected = reference_frames(model, 3, 76)
+    data = mujoco.MjData(model)
+    hand = model.body("hand").id
+
+    labels, values = traces.keypoint_values(ds, [1, 2], "hand", slice(2, 6), model=model)
+
+    assert labels == ["hand/x", "hand/y", "hand/z"]
+    assert values.shape == (2, 3, 4)  # (world, xyz, time)
+    for i, w in enumerate([1, 2]):
+        for j, k in enumerate(range(2, 6)):
+            data.qpos[:] = expected["qpos"][w, k]
+            data.mocap_pos[:] = expected["mocap_pos"][w, k]
+            data.mocap_quat[:] = expected["mocap_quat"][w, k]
+            mujoco.mj_kinematics(model, data)
+            np.testing.assert_array_equal(values[i, :, j], data.xpos[hand])
 
 
-def test_keypoint_traces_come_from_flyarchive_positions(monkeypatch, ds):
-    asked = {}
+def test_keypoint_traces_of_an_unknown_body_say_which_bodies_exist(tmp_path):
+    model = tiny_model()
+    ds = flyarchive.open_archive(record(model, str(tmp_path / "run.zarr")))
 
-    def positions(source, bodies=None, *, model=None):
-        asked.update(worlds=source.world.values.tolist(), times=source.time.size, bodies=bodies,
-                     model=model)
-        values = np.arange(2 * 4 * 3, dtype=float).reshape(2, 4, 1, 3)
-        return xr.DataArray(values, dims=("world", "time", "keypoint", "xyz"))
+    with pytest.raises(SelectionError, match="hnd") as caught:
+        traces.keypoint_values(ds, [0], "hnd", slice(None), model=model)
 
-    monkeypatch.setattr(flyarchive, "positions", positions, raising=False)
-
-    labels, values = traces.keypoint_values(ds, [5, 7], "torso", slice(1, 5), model="m")
-
-    assert traces.keypoints_available()
-    assert asked == {"worlds": [5, 7], "times": 4, "bodies": ["torso"], "model": "m"}
-    assert labels == ["torso/x", "torso/y", "torso/z"]
-    assert values.shape == (2, 3, 4) and values[1, 2, 3] == 23.0  # (world, xyz, time)
-
-
-def test_without_flyarchive_positions_keypoint_traces_say_so(monkeypatch, ds):
-    monkeypatch.delattr(flyarchive, "positions", raising=False)  # loaded or not: gone
-    monkeypatch.setattr(flyarchive, "_LAZY",
-                        {k: v for k, v in flyarchive._LAZY.items() if k != "positions"})
-
-    with pytest.raises(SelectionError, match="need flyarchive.positions"):
-        traces.keypoint_values(ds, [3], "torso", slice(None), model=None)
-    assert not traces.keypoints_available()
+    assert "hand" in str(caught.value)
 
 
 def test_the_render_backend_is_the_fastest_this_machine_has(monkeypatch):
