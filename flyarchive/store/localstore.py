@@ -57,8 +57,8 @@ def open_regular(real: str, *, restore: str = "the chunk file"
         restore: What the fix restores, for the message.
 
     Raises:
-        IrregularFileError: a FIFO, device, socket or link is there, or the file changed
-            between the check and the open.
+        IrregularFileError: a FIFO, device, socket or link is there, or became there
+            between the check and the open (a regular file put there by a rename is read).
     """
     try:
         st = os.lstat(real)
@@ -77,10 +77,13 @@ def open_regular(real: str, *, restore: str = "the chunk file"
             raise IrregularFileError("became a symbolic link", "Restore the file.") from None
         raise
     opened = os.fstat(fd)
-    if (opened.st_dev, opened.st_ino) != (st.st_dev, st.st_ino) or not stat.S_ISREG(
-            opened.st_mode):
+    # A writer may have replaced the file (a rename over it) between the lstat and the open:
+    # what was opened is then the new file, which is as good if it is a regular file too.
+    if not stat.S_ISREG(opened.st_mode):
         os.close(fd)
-        raise IrregularFileError("changed while it was opened", "Retry.")
+        raise IrregularFileError(
+            f"became {kind_of(opened.st_mode)} while it was opened; flyarchive never reads it",
+            f"Delete it and restore {restore}.")
     return fd, opened
 
 

@@ -77,11 +77,13 @@ def concat_segments(
 
 
 def _probe(path: Path) -> tuple[str, tuple[int, int], float]:
-    reader = imageio_ffmpeg.read_frames(str(path))
-    try:
-        meta = next(reader)
-    finally:
-        reader.close()
+    # No frames asked: ffmpeg ends after the header, so the reader runs to its end. Closing
+    # it early instead makes imageio-ffmpeg wait for ffmpeg, then kill it with a warning on
+    # stderr when a loaded machine is slower than its 1.5 s (a second line after a stop).
+    reader = imageio_ffmpeg.read_frames(str(path), output_params=["-frames:v", "0"])
+    meta = next(reader)
+    for _ in reader:
+        pass
     return str(meta["codec"]), tuple(meta["size"]), float(meta["fps"])
 
 
