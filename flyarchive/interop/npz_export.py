@@ -140,10 +140,12 @@ def export_npz(
             f"{f' (and {len(existing) - 3} more)' if len(existing) > 3 else ''}; pass "
             "overwrite=True (--overwrite) to replace them. Nothing was written."
         )
-    sink.prepare()
     written: list[str] = []
     for w, name in zip(todo, names):
-        written.append(sink.write(name, _arrays(ds, w, n_frames[w])))
+        arrays = _arrays(ds, w, n_frames[w])  # read (and checked) before anything is made
+        if not written:
+            sink.prepare()  # a damaged first world leaves no empty folder behind
+        written.append(sink.write(name, arrays))
         if progress is not None:
             progress(len(written), len(todo))
     return NpzExport(written, skipped)
