@@ -41,12 +41,15 @@ class Prepared:
         model: The checked model (:class:`~flyarchive.analyze.model.AnalysisModel`).
         keypoints: Resolved in the model.
         storage_options: Of the archive's URL.
+        whole: The dataset ``ds`` was cut from (as opened or given), where streamed
+            reads find the window (:mod:`~flyarchive.analyze.state_read`); None: unknown.
     """
 
     def __init__(self, ds: xr.Dataset, url: str | None, model: AnalysisModel,
-                 keypoints: KeypointSet, storage_options: Mapping[str, Any] | None) -> None:
+                 keypoints: KeypointSet, storage_options: Mapping[str, Any] | None,
+                 whole: xr.Dataset | None = None) -> None:
         self.ds, self.url, self.model, self.keypoints = ds, url, model, keypoints
-        self.storage_options = storage_options
+        self.storage_options, self.whole = storage_options, whole
 
 
 def prepare(source: str | xr.Dataset, request: KeypointRequest, *,
@@ -56,11 +59,11 @@ def prepare(source: str | xr.Dataset, request: KeypointRequest, *,
             storage_options: Mapping[str, Any] | None = None) -> Prepared:
     """Open (or take) the archive, cut it to the window, find the model, resolve the
     keypoints. Raises as :func:`positions` does."""
-    ds, url = _archive(source, storage_options)
-    ds = window(ds, worlds, time)
+    whole, url = _archive(source, storage_options)
+    ds = window(whole, worlds, time)
     checked = analysis_model(ds.attrs["layout"], url=url, model=model,
                              storage_options=storage_options)
-    return Prepared(ds, url, checked, resolve(checked.model, request), storage_options)
+    return Prepared(ds, url, checked, resolve(checked.model, request), storage_options, whole)
 
 
 def _archive(source: str | xr.Dataset, storage_options: Mapping[str, Any] | None
@@ -79,31 +82,10 @@ def _archive(source: str | xr.Dataset, storage_options: Mapping[str, Any] | None
 def source_url(ds: xr.Dataset) -> str | None:
     """The URL the archive's dataset was opened from (its readers know it); None if its
     state is not read from an archive (e.g. loaded in memory)."""
-    from flyarchive.store.dataset import CommittedFrames
+    from flyarchive.analyze.state_read import committed_getter
 
-    data = getattr(ds.get("qpos"), "data", None)
-    graph = getattr(data, "dask", None)
-    if graph is None:
-        return None
-
-    def find(value: Any, depth: int = 0) -> CommittedFrames | None:
-        if isinstance(value, CommittedFrames):
-            return value
-        if depth > 4:
-            return None
-        inner = [getattr(value, "value", None), *getattr(value, "args", ())]
-        if isinstance(value, (tuple, list)):
-            inner += list(value)
-        for item in inner:
-            if item is not None and (found := find(item, depth + 1)) is not None:
-                return found
-        return None
-
-    for task in dict(graph).values():
-        getter = find(task)
-        if getter is not None:
-            return str(getter.url)
-    return None
+    getter = committed_getter(ds.get("qpos"))
+    return None if getter is None else str(getter.url)
 
 
 def window(ds: xr.Dataset, worlds: Sequence[int] | None,
