@@ -208,13 +208,16 @@ class _Stream:
         bounds = [(r0, min(self.n_rows, r0 + batch)) for r0 in range(0, self.n_rows, batch)]
         result = np.empty((self.n_rows, self.width), dtype=np.float32)
         started = clock.perf_counter()
-        with ThreadPoolExecutor(self.readers, thread_name_prefix="flyarchive-positions") as pool:
+        # Copies into the result have threads of their own: queued behind the reads ahead
+        # on the readers' threads, they would hold the pipeline up.
+        with ThreadPoolExecutor(self.readers, thread_name_prefix="flyarchive-positions") as readers, \
+                ThreadPoolExecutor(min(4, self.readers), thread_name_prefix="flyarchive-copy") as pool:
             reads: dict[int, Future[Any]] = {}
             ahead = self.readers + len(self._slots)
             for k, (r0, r1) in enumerate(bounds):
                 for j in range(k, min(len(bounds), k + ahead)):
                     if j not in reads:
-                        reads[j] = pool.submit(self._read, *bounds[j])
+                        reads[j] = readers.submit(self._read, *bounds[j])
                 waited = clock.perf_counter()
                 state, seconds = reads.pop(k).result()
                 self.stats.read_wait_seconds += clock.perf_counter() - waited
@@ -322,7 +325,7 @@ class _Stream:
 
     def _finish(self, slot: dict[str, Any], result: np.ndarray, pool: ThreadPoolExecutor) -> None:
         """Copy the slot's last batch (if any) from its host buffer into ``result``, in
-        pieces on the pool's threads; waits for them (the slot is about to be reused)."""
+        pieces on the copy threads; waits for them (the slot is about to be reused)."""
         rows = slot.pop("rows", None)
         if rows is None:
             return
