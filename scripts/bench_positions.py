@@ -220,7 +220,8 @@ def read_rows(url: str, world: Any, repeat: int) -> list[dict[str, Any]]:
     rows = []
     for label, fn, n in (("read qpos: dask (ds.qpos.values)", lambda: ds.qpos.values, cores),
                          ("read qpos: state_read, 1 thread", lambda: streamed(1), 1),
-                         (f"read qpos: state_read, {cores} threads", lambda: streamed(cores), cores)):
+                         (f"read qpos: state_read, {cores} threads", lambda: streamed(cores),
+                          cores)):
         fn()  # warm: file cache, shard indexes
         seconds, _ = best(fn, repeat)
         cpu_s, _ = best(fn, repeat, time.process_time)

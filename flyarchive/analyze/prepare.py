@@ -25,8 +25,10 @@ if TYPE_CHECKING:
     import mujoco
     import xarray as xr
 
+    from flyarchive.store.dataset import CommittedFrames
+
 __all__ = ["Prepared", "prepare", "window", "source_url", "check_backend", "lazy_positions",
-           "as_positions", "UNITS"]
+           "as_positions", "committed_getter", "UNITS"]
 
 #: The unit of positions: the model's own (MuJoCo has none).
 UNITS = "model length unit (mm for NeuroMechFly)"
@@ -82,10 +84,37 @@ def _archive(source: str | xr.Dataset, storage_options: Mapping[str, Any] | None
 def source_url(ds: xr.Dataset) -> str | None:
     """The URL the archive's dataset was opened from (its readers know it); None if its
     state is not read from an archive (e.g. loaded in memory)."""
-    from flyarchive.analyze.state_read import committed_getter
-
     getter = committed_getter(ds.get("qpos"))
     return None if getter is None else str(getter.url)
+
+
+def committed_getter(values: Any) -> CommittedFrames | None:
+    """The archive getter a dask-backed state array reads through (None: none, e.g. an
+    array in memory)."""
+    from flyarchive.store.dataset import CommittedFrames
+
+    graph = getattr(getattr(values, "data", values), "dask", None)
+    if graph is None:
+        return None
+
+    def find(value: Any, depth: int = 0) -> CommittedFrames | None:
+        if isinstance(value, CommittedFrames):
+            return value
+        if depth > 4:
+            return None
+        inner = [getattr(value, "value", None), *getattr(value, "args", ())]
+        if isinstance(value, (tuple, list)):
+            inner += list(value)
+        for item in inner:
+            if item is not None and (found := find(item, depth + 1)) is not None:
+                return found
+        return None
+
+    for task in dict(graph).values():
+        getter = find(task)
+        if getter is not None:
+            return getter
+    return None
 
 
 def window(ds: xr.Dataset, worlds: Sequence[int] | None,

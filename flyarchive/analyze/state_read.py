@@ -20,45 +20,12 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from flyarchive.analyze.prepare import Prepared, committed_getter
+
 if TYPE_CHECKING:
     import xarray as xr
 
-    from flyarchive.analyze.prepare import Prepared
-    from flyarchive.store.dataset import CommittedFrames
-
-__all__ = ["StateReader", "state_reader", "committed_getter", "STATE_NAMES"]
-
-#: The state arrays kinematics reads, in the order engines take them.
-STATE_NAMES = ("qpos", "mocap_pos", "mocap_quat")
-
-
-def committed_getter(values: Any) -> CommittedFrames | None:
-    """The archive getter a dask-backed state array reads through (None: none, e.g. an
-    array in memory)."""
-    from flyarchive.store.dataset import CommittedFrames
-
-    graph = getattr(getattr(values, "data", values), "dask", None)
-    if graph is None:
-        return None
-
-    def find(value: Any, depth: int = 0) -> CommittedFrames | None:
-        if isinstance(value, CommittedFrames):
-            return value
-        if depth > 4:
-            return None
-        inner = [getattr(value, "value", None), *getattr(value, "args", ())]
-        if isinstance(value, (tuple, list)):
-            inner += list(value)
-        for item in inner:
-            if item is not None and (found := find(item, depth + 1)) is not None:
-                return found
-        return None
-
-    for task in dict(graph).values():
-        getter = find(task)
-        if getter is not None:
-            return getter
-    return None
+__all__ = ["StateReader", "state_reader"]
 
 
 class StateReader:
@@ -173,5 +140,6 @@ def _locate(prepared: Prepared, names: list[str]
     stop = start + times.size
     if stop > all_times.size or not np.array_equal(all_times[start:stop], times):
         return None
-    return getters, np.array([where[w] for w in asked], dtype=np.int64), (start, stop)  # type: ignore[return-value]
+    indices = np.array([where[w] for w in asked], dtype=np.int64)
+    return getters, indices, (start, stop)  # type: ignore[return-value]
 

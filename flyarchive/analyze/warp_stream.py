@@ -210,8 +210,9 @@ class _Stream:
         started = clock.perf_counter()
         # Copies into the result have threads of their own: queued behind the reads ahead
         # on the readers' threads, they would hold the pipeline up.
-        with ThreadPoolExecutor(self.readers, thread_name_prefix="flyarchive-positions") as readers, \
-                ThreadPoolExecutor(min(4, self.readers), thread_name_prefix="flyarchive-copy") as pool:
+        copiers = min(4, self.readers)
+        with ThreadPoolExecutor(self.readers, thread_name_prefix="flyarchive-read") as readers, \
+                ThreadPoolExecutor(copiers, thread_name_prefix="flyarchive-copy") as pool:
             reads: dict[int, Future[Any]] = {}
             ahead = self.readers + len(self._slots)
             for k, (r0, r1) in enumerate(bounds):
