@@ -22,6 +22,12 @@ world with jitter (``benchlib.nmf_states``), written by flyarchive's own writer 
   writes it) into host memory: reading, upload, kinematics and copy-back overlapped on
   CUDA; setup (engine, kernels) apart; peak device memory (Warp's pool) and the peak
   RSS of the process;
+- stages of the streamed row (a second table): reader threads' busy time, the wait for
+  reads, staging into pinned slots, upload, kinematics and copy-back (summed over
+  batches; CUDA events on CUDA), copy into the result; peak memory of Warp's pool and of
+  the whole device;
+- ``read qpos``: the read stage alone, every ``qpos`` of the Warp row's archive into host
+  memory through dask and through the streamed reader (one thread, then one per core);
 - ``gait summary``: :func:`flyarchive.gait_summary` of ``--gait-worlds`` x
   ``--gait-frames`` from the archive (thorax and six tarsus tips computed on all cores),
   and the measures alone from positions in memory.
@@ -30,12 +36,13 @@ Usage::
 
     python scripts/bench_positions.py [--worlds 64] [--frames 1000] [--workers 2] [--dask-worlds 256]
         [--device cpu|cuda] [--warp-worlds 4096] [--warp-frames 250]
-        [--gait-worlds 1024] [--gait-frames 1000] [--only cpu,dask,warp,gait]
+        [--gait-worlds 1024] [--gait-frames 1000] [--only cpu,dask,warp,read,gait]
         [--repeat 2] [--cache /tmp/flyarchive-bench-positions] [--json PATH]
 
 On the 2-core VM ``--device cpu`` runs the Warp row on Warp's CPU device with
 ``--warp-worlds 64 --warp-frames 250`` unless given; on a GPU host use ``--device cuda``
-(defaults 4096 x 250).
+(defaults 4096 x 250): ``--device cuda --only warp,read`` gives the GPU row, its stages
+and the read alone.
 """
 
 from __future__ import annotations
@@ -62,7 +69,9 @@ from benchlib import (
 )
 
 JITTER = Jitter(start_margin=200, xy_mm=5.0, angle_bias_rad=0.01)
-ROWS = ("cpu", "dask", "warp", "gait")
+ROWS = ("cpu", "dask", "warp", "read", "gait")
+#: Stages of the streamed Warp row (StreamStats fields ``<stage>_seconds``).
+STAGES = ("read_wait", "stage", "upload", "kinematics", "download", "copy_out")
 
 
 def best(fn: Callable[[], Any], repeat: int, clock: Callable[[], float] = time.perf_counter
@@ -172,15 +181,53 @@ def warp_rows(url: str, world: Any, device: str, repeat: int) -> list[dict[str, 
             total = time.perf_counter() - t0
         if attempt == 0:
             continue
+        mib = lambda b: None if b is None else b / 2**20  # noqa: E731
         rows.append({"row": f"{backend} streamed, 50 bodies", "cores": len(os.sched_getaffinity(0)),
                      "s": stats.seconds, "frames_per_s": stats.frames / stats.seconds,
-                     "setup_s": stats.setup_seconds, "call_s": total,
-                     "read_core_s": stats.read_seconds,
-                     "peak_device_mib": None if stats.peak_device_bytes is None
-                     else stats.peak_device_bytes / 2**20,
+                     "setup_s": stats.setup_seconds, "call_s": total, "reader": stats.reader,
+                     "batches": stats.batches, "read_core_s": stats.read_seconds,
+                     **{f"{stage}_s": getattr(stats, f"{stage}_seconds") for stage in STAGES},
+                     "peak_device_mib": mib(stats.peak_device_bytes),
+                     "peak_device_used_mib": mib(stats.peak_device_used_bytes),
                      "pinned_mib": stats.pinned_bytes / 2**20,
                      "peak_rss_mib": memory.results["peak_mib"]})
     return rows[-1:] if rows else []
+
+
+def read_rows(url: str, world: Any, repeat: int) -> list[dict[str, Any]]:
+    """The read stage alone: every frame's ``qpos`` of the archive into host memory,
+    through dask (``ds.qpos.values``, dask's threads) and through the streamed reader
+    (:mod:`flyarchive.analyze.state_read`, batches of whole shards on one thread per core)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    import flyarchive
+    from flyarchive.analyze.keypoints import KeypointRequest
+    from flyarchive.analyze.prepare import prepare
+    from flyarchive.analyze.state_read import state_reader
+
+    ds = flyarchive.open_archive(url)
+    frames = ds.sizes["world"] * ds.sizes["time"]
+    cores = len(os.sched_getaffinity(0))
+    reader = state_reader(prepare(ds, KeypointRequest.of("*", None, None), model=world.model),
+                          ["qpos"])
+    step = 256 * ds.sizes["time"]  # 4 shards of 64 worlds
+    bounds = [(r0, min(frames, r0 + step)) for r0 in range(0, frames, step)]
+
+    def streamed(threads: int) -> None:
+        with ThreadPoolExecutor(threads) as pool:
+            list(pool.map(lambda b: reader.read(*b), bounds))
+
+    rows = []
+    for label, fn, n in (("read qpos: dask (ds.qpos.values)", lambda: ds.qpos.values, cores),
+                         ("read qpos: state_read, 1 thread", lambda: streamed(1), 1),
+                         (f"read qpos: state_read, {cores} threads", lambda: streamed(cores),
+                          cores)):
+        fn()  # warm: file cache, shard indexes
+        seconds, _ = best(fn, repeat)
+        cpu_s, _ = best(fn, repeat, time.process_time)
+        rows.append({"row": label, "cores": n, "s": seconds, "cpu_s": cpu_s,
+                     "frames_per_s": frames / seconds, "cpu_frames_per_s": frames / cpu_s})
+    return rows
 
 
 def gait_rows(url: str, world: Any) -> list[dict[str, Any]]:
@@ -217,6 +264,30 @@ TABLE = Table([
 ])
 
 
+STAGE_TABLE = Table([
+    Column("stages of the streamed row", 28, "row", align="<"),
+    Column("reader", 7, "reader", align="<"),
+    Column("batches", 7, "batches"),
+    Column("wall s", 7, "s", ".3f"),
+    Column("read*", 7, "read_core_s", ".2f"),
+    Column("wait rd", 7, "read_wait_s", ".3f"),
+    Column("pin s", 7, "stage_s", ".3f"),
+    Column("upload", 7, "upload_s", ".3f"),
+    Column("kinem.", 7, "kinematics_s", ".3f"),
+    Column("copy bk", 7, "download_s", ".3f"),
+    Column("out s", 7, "copy_out_s", ".3f"),
+    Column("dev MiB", 8, "peak_device_mib", ",.0f"),
+    Column("GPU used", 8, "peak_device_used_mib", ",.0f"),
+    Column("pinned", 7, "pinned_mib", ",.0f"),
+    Column("RSS MiB", 8, "peak_rss_mib", ",.0f"),
+])
+STAGE_NOTE = ("read* = reader threads' busy time summed (s); wait rd = the pipeline waiting "
+              "for reads; pin s = state into pinned slots; upload / kinem. / copy bk = device "
+              "stages summed over batches (CUDA events on CUDA; overlapped, so they may sum to "
+              "more than wall); out s = pinned slot -> result; GPU used = peak of the whole "
+              "device's memory in use (every process), dev MiB = Warp's pool high-water mark")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--worlds", type=int, default=64)
@@ -248,10 +319,18 @@ def main() -> None:
         warp_worlds = args.warp_worlds or (4096 if args.device.startswith("cuda") else 64)
         url = archive(args.cache, world, warp_worlds, args.warp_frames, "float32")
         rows += warp_rows(url, world, args.device, args.repeat)
+    if "read" in only:
+        warp_worlds = args.warp_worlds or (4096 if args.device.startswith("cuda") else 64)
+        url = archive(args.cache, world, warp_worlds, args.warp_frames, "float32")
+        rows += read_rows(url, world, args.repeat)
     if "gait" in only:
         url = archive(args.cache, world, args.gait_worlds, args.gait_frames, "float64")
         rows += gait_rows(url, world)
     TABLE.print(rows, title=f"\nNeuroMechFly positions ({len(os.sched_getaffinity(0))} cores)")
+    streamed = [r for r in rows if "streamed" in r["row"]]
+    if streamed:
+        STAGE_TABLE.print(streamed, title="")
+        print(STAGE_NOTE)
     write_json(args.json, {"host": host_info(), "args": {k: str(v) for k, v in vars(args).items()},
                            "rows": rows})
 

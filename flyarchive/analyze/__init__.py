@@ -9,7 +9,8 @@ request, and gait and locomotion measures from them.
   bit-exact with MuJoCo, on the model's :mod:`~flyarchive.analyze.skeleton`) or with
   mujoco-warp (:mod:`~flyarchive.analyze.warp_positions`, Warp's CPU device or CUDA);
   :func:`~flyarchive.analyze.warp_stream.load_positions` streams a window into host memory
-  with reading, upload, kinematics and copy-back overlapped;
+  with reading (straight through the archive's shard reader:
+  :mod:`~flyarchive.analyze.state_read`), upload, kinematics and copy-back overlapped;
 - keypoints by name, leg and segment (:mod:`~flyarchive.analyze.keypoints`);
 - :func:`keep_positions`, :func:`open_positions` (:mod:`~flyarchive.analyze.keep`):
   positions stored as a derived group, committed as recordings are;

@@ -70,14 +70,24 @@ class CpuKinematics:
         self._keypoints = keypoints
         self._orientations = orientations
         self.channels = 7 if orientations else 3
-        # Positions of consecutive bodies only: each frame's rows of xpos are its result.
-        span = _span(self._body_ids)
-        direct = not orientations and not self._site_k.size and isinstance(span, slice)
-        self._direct = self.data.xpos[span] if direct else None
+        # Positions of consecutive bodies only (or of consecutive sites only: points, as
+        # gait asks for): each frame's rows of xpos (site_xpos) are its result.
+        self._direct = None if orientations else self._direct_rows()
+        direct = self._direct is not None
         names = (["xpos"] if self._body_k.size else []) + \
             (["site_xpos"] if self._site_k.size else []) + (["xquat"] if orientations else [])
         self._copies = {name: np.empty((_BATCH, *getattr(self.data, name).shape))
                         for name in ([] if direct else names)}
+
+    def _direct_rows(self) -> np.ndarray | None:
+        """The rows of ``xpos`` or ``site_xpos`` that are the keypoints, in order, when
+        they are consecutive rows of one of them; else None."""
+        for ids, others, field in ((self._body_ids, self._site_k, "xpos"),
+                                   (self._site_ids, self._body_k, "site_xpos")):
+            span = _span(ids)
+            if ids.size and not others.size and isinstance(span, slice):
+                return getattr(self.data, field)[span]
+        return None
 
     def frames(self, qpos: np.ndarray, mocap_pos: np.ndarray | None = None,
                mocap_quat: np.ndarray | None = None) -> np.ndarray:

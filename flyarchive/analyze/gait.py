@@ -336,7 +336,9 @@ def _trajectories(source: Any, thorax: str, tips: Any, worlds: Any, time: Any, m
     got = positions(source, bodies, points=points, worlds=worlds, time=time, model=model,
                     storage_options=storage_options, backend=backend)
     order = [_THORAX, _AHEAD, *tip_points, *bodies]
-    return got.sel(keypoint=order).compute(), "ahead"
+    if [str(k) for k in got.keypoint.values] != order:  # (a selection copies every frame)
+        got = got.sel(keypoint=order)
+    return got.compute(), "ahead"
 
 
 def _dataset(measured: Mapping[str, np.ndarray], worlds: np.ndarray, legs: list[str]) -> xr.Dataset:

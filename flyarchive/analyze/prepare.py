@@ -25,8 +25,10 @@ if TYPE_CHECKING:
     import mujoco
     import xarray as xr
 
+    from flyarchive.store.dataset import CommittedFrames
+
 __all__ = ["Prepared", "prepare", "window", "source_url", "check_backend", "lazy_positions",
-           "as_positions", "UNITS"]
+           "as_positions", "committed_getter", "UNITS"]
 
 #: The unit of positions: the model's own (MuJoCo has none).
 UNITS = "model length unit (mm for NeuroMechFly)"
@@ -41,12 +43,15 @@ class Prepared:
         model: The checked model (:class:`~flyarchive.analyze.model.AnalysisModel`).
         keypoints: Resolved in the model.
         storage_options: Of the archive's URL.
+        whole: The dataset ``ds`` was cut from (as opened or given), where streamed
+            reads find the window (:mod:`~flyarchive.analyze.state_read`); None: unknown.
     """
 
     def __init__(self, ds: xr.Dataset, url: str | None, model: AnalysisModel,
-                 keypoints: KeypointSet, storage_options: Mapping[str, Any] | None) -> None:
+                 keypoints: KeypointSet, storage_options: Mapping[str, Any] | None,
+                 whole: xr.Dataset | None = None) -> None:
         self.ds, self.url, self.model, self.keypoints = ds, url, model, keypoints
-        self.storage_options = storage_options
+        self.storage_options, self.whole = storage_options, whole
 
 
 def prepare(source: str | xr.Dataset, request: KeypointRequest, *,
@@ -56,11 +61,11 @@ def prepare(source: str | xr.Dataset, request: KeypointRequest, *,
             storage_options: Mapping[str, Any] | None = None) -> Prepared:
     """Open (or take) the archive, cut it to the window, find the model, resolve the
     keypoints. Raises as :func:`positions` does."""
-    ds, url = _archive(source, storage_options)
-    ds = window(ds, worlds, time)
+    whole, url = _archive(source, storage_options)
+    ds = window(whole, worlds, time)
     checked = analysis_model(ds.attrs["layout"], url=url, model=model,
                              storage_options=storage_options)
-    return Prepared(ds, url, checked, resolve(checked.model, request), storage_options)
+    return Prepared(ds, url, checked, resolve(checked.model, request), storage_options, whole)
 
 
 def _archive(source: str | xr.Dataset, storage_options: Mapping[str, Any] | None
@@ -79,10 +84,16 @@ def _archive(source: str | xr.Dataset, storage_options: Mapping[str, Any] | None
 def source_url(ds: xr.Dataset) -> str | None:
     """The URL the archive's dataset was opened from (its readers know it); None if its
     state is not read from an archive (e.g. loaded in memory)."""
+    getter = committed_getter(ds.get("qpos"))
+    return None if getter is None else str(getter.url)
+
+
+def committed_getter(values: Any) -> CommittedFrames | None:
+    """The archive getter a dask-backed state array reads through (None: none, e.g. an
+    array in memory)."""
     from flyarchive.store.dataset import CommittedFrames
 
-    data = getattr(ds.get("qpos"), "data", None)
-    graph = getattr(data, "dask", None)
+    graph = getattr(getattr(values, "data", values), "dask", None)
     if graph is None:
         return None
 
@@ -102,7 +113,7 @@ def source_url(ds: xr.Dataset) -> str | None:
     for task in dict(graph).values():
         getter = find(task)
         if getter is not None:
-            return str(getter.url)
+            return getter
     return None
 
 

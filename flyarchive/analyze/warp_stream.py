@@ -2,10 +2,11 @@
 kinematics and copy-back overlapped (:func:`load_positions`).
 
 The window's frames, flattened world by world, are cut into batches of the engine's size
-(:class:`~flyarchive.analyze.warp_positions.WarpKinematics`). Reader threads read batches
-ahead through the archive's own readers (the lazy dataset's getters, one block each,
-frames past ``n_frames`` NaN; decoding runs outside the GIL, so the threads read in
-parallel). On CUDA each batch then goes
+(:class:`~flyarchive.analyze.warp_positions.WarpKinematics`; whole shards of worlds when a
+batch holds several). Reader threads read batches ahead straight through the store's
+shard reader (:mod:`~flyarchive.analyze.state_read`: one getter call per run of whole
+worlds, frames past ``n_frames`` NaN; decoding runs outside the GIL, so the threads read
+in parallel). On CUDA each batch then goes
 
     host -> pinned staging slot -> (upload stream) device slot
          -> (compute stream) Data.qpos, kinematics, keypoint gather -> device out slot
@@ -29,6 +30,7 @@ import numpy as np
 
 from flyarchive.analyze.keypoints import KeypointRequest, PointSpec
 from flyarchive.analyze.prepare import Prepared, as_positions, check_backend, prepare
+from flyarchive.analyze.state_read import StateReader, state_reader
 
 if TYPE_CHECKING:
     import mujoco
@@ -47,8 +49,22 @@ class StreamStats:
         seconds: Wall time from the first read to the last copy, s (setup excluded).
         setup_seconds: Building the engine (model upload, buffers, kernels), s.
         read_seconds: Time reader threads spent reading, summed over threads, s.
+        read_wait_seconds: Time the pipeline waited for a batch's state to be read, s
+            (the read is the bound when this is most of ``seconds``).
+        stage_seconds: Copying each batch's state into its (pinned) staging slot, s.
+        upload_seconds: Host to device copies, summed over batches, s (CUDA: timed by
+            CUDA events on the upload stream; Warp's CPU device: the copy into ``Data``).
+        kinematics_seconds: ``kinematics`` and the keypoint gather, summed, s (CUDA:
+            events on the compute stream).
+        download_seconds: Device to (pinned) host copies of the keypoints, summed, s.
+        copy_out_seconds: Waiting for and copying each batch from its pinned slot into
+            the result array, s.
+        reader: ``"shards"`` (the archive's getters, :mod:`~flyarchive.analyze.state_read`)
+            or ``"dask"``.
         peak_device_bytes: Largest device memory held by Warp's memory pool during the
             run (CUDA with a memory pool; None elsewhere).
+        peak_device_used_bytes: Largest memory in use on the whole device (every
+            process), sampled once per batch (CUDA; None elsewhere).
         pinned_bytes: Pinned host memory of the staging and copy-back slots.
     """
 
@@ -57,7 +73,15 @@ class StreamStats:
     seconds: float = 0.0
     setup_seconds: float = 0.0
     read_seconds: float = 0.0
+    read_wait_seconds: float = 0.0
+    stage_seconds: float = 0.0
+    upload_seconds: float = 0.0
+    kinematics_seconds: float = 0.0
+    download_seconds: float = 0.0
+    copy_out_seconds: float = 0.0
+    reader: str = ""
     peak_device_bytes: int | None = None
+    peak_device_used_bytes: int | None = None
     pinned_bytes: int = 0
 
 
@@ -87,7 +111,8 @@ def load_positions(
         source: The archive's URL, or its dataset from :func:`flyarchive.open_archive`.
         bodies ... backend: As :func:`flyarchive.positions`; ``backend`` ``"gpu"`` or
             ``"warp-cpu"`` (``"cpu"`` computes the lazy array).
-        batch_frames: Frames per batch (default: 65,536 on CUDA, 4,096 on the CPU).
+        batch_frames: Frames per batch (default: 65,536 on CUDA, 4,096 on the CPU, cut
+            to whole shards of worlds where a batch holds several).
         readers: Reader (and copy) threads (default: the cores this process may use).
         stats: Filled with what the run measured.
 
@@ -114,12 +139,6 @@ def load_positions(
     return as_positions(prepared, values, orientations, backend)
 
 
-def _concatenate(pieces: list[Any]) -> Any:
-    import dask.array as da
-
-    return da.concatenate(pieces) if isinstance(pieces[0], da.Array) else np.concatenate(pieces)
-
-
 class _Stream:
     """One run of the pipeline (see the module's docstring)."""
 
@@ -135,6 +154,10 @@ class _Stream:
         self.n_time, self.n_worlds = int(prepared.ds.sizes["time"]), int(prepared.ds.sizes["world"])
         self.n_rows = self.n_worlds * self.n_time
         self.width = len(prepared.keypoints) * self.engine.channels
+        names = ["qpos"] + (["mocap_pos", "mocap_quat"] if self.engine.nmocap else [])
+        self.reader = state_reader(prepared, names)
+        stats.reader = "shards" if isinstance(self.reader, StateReader) else "dask"
+        self._timed: list[tuple[str, Any, Any]] = []  # (stage, start event, end event) on CUDA
         self._slots = [self._slot() for _ in range(2 if self.cuda else 1)]
         stats.setup_seconds = clock.perf_counter() - started
         stats.pinned_bytes = 0 if not self.cuda else sum(
@@ -155,57 +178,62 @@ class _Stream:
     # ------------------------------------------------------------------------- reading
     def _read(self, r0: int, r1: int) -> tuple[dict[str, np.ndarray], float]:
         """The state of rows ``[r0, r1)`` (NaN past each world's ``n_frames``), read in
-        this thread through the archive's readers (decoding runs outside the GIL)."""
+        this thread (:mod:`~flyarchive.analyze.state_read`; decoding runs outside the
+        GIL, so the threads read in parallel), and the seconds it took."""
         began = clock.perf_counter()
-        ds = self.prepared.ds
-        names = ["qpos"] + (["mocap_pos", "mocap_quat"] if self.engine.nmocap else [])
-        state = {}
-        for name in names:
-            data = ds[name].data
-            pieces = []
-            row = r0
-            while row < r1:  # whole worlds at once where the batch holds them
-                w, t = divmod(row, self.n_time)
-                if t == 0 and r1 - row >= self.n_time:
-                    take = (r1 - row) // self.n_time
-                    part = data[w:w + take]
-                    row += take * self.n_time
-                else:
-                    stop = min(self.n_time, t + r1 - row)
-                    part = data[w:w + 1, t:stop]
-                    row += stop - t
-                pieces.append(part.reshape((-1, *data.shape[2:])))
-            block = pieces[0] if len(pieces) == 1 else _concatenate(pieces)
-            state[name] = np.asarray(block.compute(scheduler="synchronous")
-                                     if hasattr(block, "compute") else block)
+        state = self.reader.read(r0, r1)
         return state, clock.perf_counter() - began
 
-    # ------------------------------------------------------------------------- the run
-    def run(self) -> np.ndarray:
+    def _batch(self) -> int:
+        """Frames per batch: the engine's, cut to whole worlds when it holds several,
+        and to whole shards of worlds when it holds several of them."""
         batch = self.engine.batch
         if 0 < self.n_time <= batch:  # whole worlds per batch: each read is one block
             batch -= batch % self.n_time
+            shard = self._shard_worlds() * self.n_time
+            if shard and batch >= shard and batch != self.n_rows:
+                batch -= batch % shard
+        return batch
+
+    def _shard_worlds(self) -> int:
+        """Worlds per shard of the archive's ``qpos`` (0: unknown)."""
+        getters = getattr(self.reader, "getters", None)
+        arr = getattr(getters.get("qpos"), "arr", None) if getters else None
+        shards = getattr(arr, "shards", None) or getattr(arr, "chunks", None)
+        return int(shards[0]) if shards else 0
+
+    # ------------------------------------------------------------------------- the run
+    def run(self) -> np.ndarray:
+        batch = self._batch()
         bounds = [(r0, min(self.n_rows, r0 + batch)) for r0 in range(0, self.n_rows, batch)]
         result = np.empty((self.n_rows, self.width), dtype=np.float32)
         started = clock.perf_counter()
-        with ThreadPoolExecutor(self.readers, thread_name_prefix="flyarchive-positions") as pool:
+        # Copies into the result have threads of their own: queued behind the reads ahead
+        # on the readers' threads, they would hold the pipeline up.
+        copiers = min(4, self.readers)
+        with ThreadPoolExecutor(self.readers, thread_name_prefix="flyarchive-read") as readers, \
+                ThreadPoolExecutor(copiers, thread_name_prefix="flyarchive-copy") as pool:
             reads: dict[int, Future[Any]] = {}
             ahead = self.readers + len(self._slots)
             for k, (r0, r1) in enumerate(bounds):
                 for j in range(k, min(len(bounds), k + ahead)):
                     if j not in reads:
-                        reads[j] = pool.submit(self._read, *bounds[j])
+                        reads[j] = readers.submit(self._read, *bounds[j])
+                waited = clock.perf_counter()
                 state, seconds = reads.pop(k).result()
+                self.stats.read_wait_seconds += clock.perf_counter() - waited
                 self.stats.read_seconds += seconds
                 slot = self._slots[k % len(self._slots)]
                 self._finish(slot, result, pool)  # its previous batch, if any
                 self._queue(slot, state, r1 - r0)
                 slot["rows"] = (r0, r1)
+                self._sample_device()
             for slot in self._slots:
                 self._finish(slot, result, pool)
         self.stats.frames, self.stats.batches = self.n_rows, len(bounds)
         self.stats.seconds = clock.perf_counter() - started
         self.stats.peak_device_bytes = self._peak_device_bytes()
+        self._device_stage_seconds()
         if self.engine.channels == 7:
             view = result.reshape(self.n_rows, -1, 7)
             view[..., 3:] = self.engine.turn(view[..., 3:])
@@ -218,14 +246,23 @@ class _Stream:
         up = slot["events"].get("uploaded")
         if up is not None:  # the slot's pinned buffers still feed its last upload
             wp.synchronize_event(up)
+        began = clock.perf_counter()
         for name, values in state.items():
             slot["in"][name].numpy()[:n] = values
+        self.stats.stage_seconds += clock.perf_counter() - began
         if not self.cuda:
+            t0 = clock.perf_counter()
             for name in state:
                 wp.copy(getattr(engine.data, name), slot["in"][name],
                         count=n * int(np.prod(slot["in"][name].shape[1:])))
+            t1 = clock.perf_counter()
             engine.launch()
+            wp.synchronize_device(engine.device)
+            t2 = clock.perf_counter()
             wp.copy(slot["out"], engine.out, count=n * self.width)
+            self.stats.upload_seconds += t1 - t0
+            self.stats.kinematics_seconds += t2 - t1
+            self.stats.download_seconds += clock.perf_counter() - t2
             return
         self._queue_cuda(slot, state, n)
 
@@ -237,11 +274,13 @@ class _Stream:
         compute = device.stream
         if "consumed" in events:  # the device slot still feeds the last batch's kinematics
             self._upload_stream.wait_event(events["consumed"])
+        up_began = self._timing_event(self._upload_stream)
         for name in state:
             count = n * int(np.prod(slot["in"][name].shape[1:]))
             wp.copy(slot["device_in"][name], slot["in"][name], count=count,
                     stream=self._upload_stream)
-        events["uploaded"] = self._upload_stream.record_event()
+        events["uploaded"] = self._timing_event(self._upload_stream)
+        self._timed.append(("upload", up_began, events["uploaded"]))
         compute.wait_event(events["uploaded"])
         for name in state:
             wp.copy(getattr(engine.data, name), slot["device_in"][name],
@@ -249,20 +288,54 @@ class _Stream:
         events["consumed"] = compute.record_event()
         if "downloaded" in events:  # the out slot must have reached the host
             compute.wait_event(events["downloaded"])
+        kin_began = self._timing_event(compute)
         with wp.ScopedStream(compute):
             engine.launch()
             wp.copy(slot["device_out"], engine.out, count=n * self.width, stream=compute)
-        computed = compute.record_event()
+        computed = self._timing_event(compute)
+        self._timed.append(("kinematics", kin_began, computed))
         self._copy_stream.wait_event(computed)
+        down_began = self._timing_event(self._copy_stream)
         wp.copy(slot["out"], slot["device_out"], count=n * self.width, stream=self._copy_stream)
-        events["downloaded"] = self._copy_stream.record_event()
+        events["downloaded"] = self._timing_event(self._copy_stream)
+        self._timed.append(("download", down_began, events["downloaded"]))
+
+    def _timing_event(self, stream: Any) -> Any:
+        """A CUDA event recorded on ``stream`` now, with timing (for the stage times)."""
+        return stream.record_event(self.wp.Event(self.engine.device, enable_timing=True))
+
+    def _device_stage_seconds(self) -> None:
+        """Sum the CUDA-event times of each stage into the stats (after the run)."""
+        if not self._timed:
+            return
+        self.wp.synchronize_device(self.engine.device)
+        for stage, began, ended in self._timed:
+            seconds = self.wp.get_event_elapsed_time(began, ended) / 1000.0
+            setattr(self.stats, f"{stage}_seconds",
+                    getattr(self.stats, f"{stage}_seconds") + seconds)
+        self._timed = []
+
+    def _sample_device(self) -> None:
+        """Note the memory in use on the whole device (CUDA), for the peak."""
+        device = self.engine.device
+        if not self.cuda:
+            return
+        used = int(device.total_memory) - int(device.free_memory)
+        peak = self.stats.peak_device_used_bytes or 0
+        self.stats.peak_device_used_bytes = max(peak, used)
 
     def _finish(self, slot: dict[str, Any], result: np.ndarray, pool: ThreadPoolExecutor) -> None:
         """Copy the slot's last batch (if any) from its host buffer into ``result``, in
-        pieces on the pool's threads; waits for them (the slot is about to be reused)."""
+        pieces on the copy threads; waits for them (the slot is about to be reused)."""
         rows = slot.pop("rows", None)
         if rows is None:
             return
+        began = clock.perf_counter()
+        self._copy_out(slot, rows, result, pool)
+        self.stats.copy_out_seconds += clock.perf_counter() - began
+
+    def _copy_out(self, slot: dict[str, Any], rows: tuple[int, int], result: np.ndarray,
+                  pool: ThreadPoolExecutor) -> None:
         if self.cuda:
             self.wp.synchronize_event(slot["events"]["downloaded"])
         host = slot["out"].numpy().reshape(-1, self.width)

@@ -36,6 +36,19 @@ def damaged(reason: str) -> CorruptArchiveError:
     return err
 
 
+def _pcodec() -> Any:
+    """pcodec's ``standalone`` module (imported on first use, then from ``sys.modules``)."""
+    global _STANDALONE
+    if _STANDALONE is None:
+        from pcodec import standalone
+
+        _STANDALONE = standalone
+    return _STANDALONE
+
+
+_STANDALONE: Any = None
+
+
 class BoundedPCodec(PCodec):
     """zarr's pcodec codec, decoding into the chunk's declared shape and never past it.
 
@@ -59,15 +72,13 @@ class BoundedPCodec(PCodec):
             CorruptArchiveError: the bytes do not decode, or hold more or fewer values
                 than the chunk's declared shape.
         """
-        from pcodec import standalone
-
         count = math.prod(chunk_spec.shape)
         data = chunk_data.tobytes() if isinstance(chunk_data, np.ndarray) else chunk_data.to_bytes()
         if out.size != count or not out.flags.c_contiguous:
             raise ValueError(f"decode_into needs a C-contiguous array of {count} values; "
                              f"got shape {out.shape}")
         try:
-            progress = standalone.simple_decompress_into(data, out.reshape(count))
+            progress = _pcodec().simple_decompress_into(data, out.reshape(count))
         except (RuntimeError, TypeError) as err:
             raise damaged(f"a pcodec chunk does not decode ({err})") from None
         if progress.n_processed != count or not progress.finished:

@@ -424,6 +424,10 @@ class ShardReader:
                     never_written.append(NeverWritten(region, shard.key, not shard.data))
             elif into is not None and not any(cut) and target.flags.c_contiguous:
                 into(raw, target)
+            elif into is not None:  # a chunk cut by the box (the last frames): whole, then cut
+                whole = np.empty(self._chunk_spec.shape, dtype=self.dtype)
+                into(raw, whole)
+                target[...] = whole[tuple(slice(None) if c is None else c for c in cut)]
             else:
                 decoded = self._transform.decode_chunk(_PROTOTYPE.buffer.from_array_like(raw),
                                                        self._chunk_spec).as_numpy_array()

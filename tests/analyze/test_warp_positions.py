@@ -42,6 +42,19 @@ def test_streamed_positions_equal_the_lazy_ones_with_masks_and_windows(uneven_ar
     assert np.array_equal(streamed.values, lazy.values, equal_nan=True)
     assert np.isnan(streamed.values[0, 10:]).all() and np.isfinite(streamed.values[1]).all()
     assert stats.frames == 2 * 14 and stats.batches == 4
+    assert stats.reader == "shards" and stats.kinematics_seconds > 0
+
+
+def test_streamed_positions_of_a_dataset_in_memory_equal_the_lazy_ones(sites_archive, sites_model):
+    loaded = flyarchive.open_archive(sites_archive).load()
+    lazy = flyarchive.positions(sites_archive, "*", backend=WARP_BACKEND).compute()
+    stats = StreamStats()
+
+    streamed = load_positions(loaded, "*", model=sites_model, backend=WARP_BACKEND,
+                              batch_frames=16, readers=2, stats=stats)
+
+    assert stats.reader == "dask"
+    assert np.array_equal(streamed.values, lazy.values)
 
 
 @requires_flygym

@@ -1,0 +1,64 @@
+"""Streamed reads of a window's state (flyarchive.analyze.state_read): the archive's
+getters where the window is found in them, dask otherwise, the same values either way."""
+
+from __future__ import annotations
+
+import numpy as np
+
+import flyarchive
+from flyarchive.analyze.keypoints import KeypointRequest
+from flyarchive.analyze.prepare import prepare
+from flyarchive.analyze.state_read import StateReader, state_reader
+
+
+def _rows(ds, name: str) -> np.ndarray:
+    values = ds[name].values
+    return values.reshape(-1, *values.shape[2:])
+
+
+def test_a_window_is_read_through_the_getters_row_by_row_as_dask_reads_it(sites_archive):
+    prepared = prepare(sites_archive, KeypointRequest.of("*", None, None), worlds=[2, 0],
+                       time=(0.02, 0.1))
+    expected = _rows(prepared.ds, "qpos")
+
+    reader = state_reader(prepared, ["qpos"])
+    cuts = (0, 3, len(expected) // 2 + 1, len(expected))  # partial worlds, then a whole one
+    pieces = [reader.read(r0, r1)["qpos"] for r0, r1 in zip(cuts[:-1], cuts[1:])]
+
+    assert isinstance(reader, StateReader)
+    assert list(reader.worlds) == [2, 0] and reader.n_time == len(expected) // 2
+    assert np.array_equal(np.concatenate(pieces), expected, equal_nan=True)
+
+
+def test_frames_past_n_frames_read_as_nan_through_the_getters(uneven_archive):
+    prepared = prepare(uneven_archive, KeypointRequest.of("*", None, None))
+    reader = state_reader(prepared, ["qpos", "mocap_pos", "mocap_quat"])
+
+    state = reader.read(0, 40)
+
+    assert isinstance(reader, StateReader)
+    assert np.isnan(state["qpos"][12:20]).all() and np.isfinite(state["qpos"][:12]).all()
+    assert np.isnan(state["mocap_quat"][12:20]).all()
+    for name in ("qpos", "mocap_pos", "mocap_quat"):
+        assert np.array_equal(state[name], _rows(prepared.ds, name), equal_nan=True)
+
+
+def test_a_dataset_cut_before_it_was_given_is_read_through_dask(sites_archive):
+    cut = flyarchive.open_archive(sites_archive).isel(world=[2, 1])
+    prepared = prepare(cut, KeypointRequest.of("*", None, None))
+
+    reader = state_reader(prepared, ["qpos"])
+
+    assert not isinstance(reader, StateReader)
+    assert np.array_equal(reader.read(0, 40)["qpos"], _rows(cut, "qpos"), equal_nan=True)
+
+
+def test_a_dataset_in_memory_is_read_as_it_is(sites_archive, sites_model):
+    loaded = flyarchive.open_archive(sites_archive).load()
+    prepared = prepare(loaded, KeypointRequest.of("*", None, None), model=sites_model)
+
+    reader = state_reader(prepared, ["qpos"])
+
+    assert not isinstance(reader, StateReader)
+    assert np.array_equal(reader.read(5, 47)["qpos"], _rows(loaded, "qpos")[5:47])
+
