@@ -79,6 +79,7 @@ class ViewApp:
         get("/favicon.ico", self.favicon)
         get("/static/{name:.+}", self.static)
         get("/api/info", self._api(self.info))
+        get("/api/model", self._api(self.model))
         get("/api/table", self._api(self.table))
         get("/api/traces", self._api(self.traces))
         get("/api/scene", self._api(self.scene))
@@ -191,13 +192,18 @@ class ViewApp:
     def info(self, request: web.Request, body: Any) -> dict[str, Any]:
         return self.state.info()
 
+    def model(self, request: web.Request, body: Any) -> dict[str, Any]:
+        return self.state.model_info()
+
     def table(self, request: web.Request, body: Any) -> dict[str, Any]:
         q = request.query
         viewed = self.state.viewed
         viewed.check_same()
-        return query_table(viewed.columns, where=q.get("where", ""), sort=q.get("sort", "world"),
-                           descending=q.get("desc") == "1", page=_int(q, "page", 0),
-                           page_size=_int(q, "size", 50))
+        answer = query_table(viewed.columns, where=q.get("where", ""),
+                             sort=q.get("sort", "world"), descending=q.get("desc") == "1",
+                             page=_int(q, "page", 0), page_size=_int(q, "size", 50))
+        self.state.first_page.set()  # the page is up: the model and the dataset may load
+        return answer
 
     def traces(self, request: web.Request, body: Any) -> dict[str, Any]:
         return self.state.traces(request.query)

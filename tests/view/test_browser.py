@@ -30,10 +30,14 @@ def apply_filter(page: Any, text: str) -> None:
 
 
 def select(page: Any, *worlds: int) -> None:
+    """Click the rows of ``worlds``; wait until the traces show them all (an answer for
+    the first click may arrive before the second) and a pose is drawn."""
     seq = page.evaluate(f"{STATE}.tracesSeq")
     for world in worlds:
         page.click(f"#table tbody tr[data-world='{world}']")
-    page.wait_for_function(f"{STATE}.tracesSeq > {seq} && {STATE}.poseSeq >= 1")
+    page.wait_for_function(
+        f"{STATE}.tracesSeq > {seq} && {STATE}.poseSeq >= 1 && "
+        f"[...new Set({STATE}.traceWorlds)].join() === {STATE}.selected.join()")
 
 
 def move_cursor(page: Any, frame: int) -> None:
@@ -187,6 +191,7 @@ def test_an_archive_replaced_while_the_page_is_open_is_said_and_opened_again(bro
     url = view_archive(str(view_dir / "replaced.zarr"))
     with serving(url, out=view_dir / "videos-replaced", backend="cpu") as (served, log):
         page = open_page(browser, served.url)
+        served.viewer.viewed.dataset()  # opened after the page (warm_up): now every read checks
         view_archive(url, n_worlds=3, mode="w")  # written again while the page is open
 
         apply_filter(page, "world >= 0")

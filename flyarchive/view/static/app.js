@@ -284,10 +284,18 @@ function describe() {
   $("time").max = info.frames - 1;
   $("dof-list").replaceChildren(...info.dofs.map((d) => Object.assign(document.createElement("option"), { value: d })));
   if (!$("dof").value && !$("leg").value) $("dof").value = info.dofs.find((d) => !d.includes("/q") && !/\/[xyz]$/.test(d)) || info.dofs[0];
+  if (info.model !== undefined) describeModel();
+}
+
+// The model's part of the page: it loads after the table (/api/model waits for it).
+function describeModel() {
+  const info = state.info;
   $("camera").replaceChildren(...info.cameras.map((c) => Object.assign(document.createElement("option"), { value: c, textContent: c })));
   $("render").disabled = !info.model;
   $("keypoint-label").hidden = !info.keypoints;
-  if (info.keypoints) $("keypoint").append(...info.bodies.map((b) => Object.assign(document.createElement("option"), { value: b, textContent: b })));
+  const option = (b) => Object.assign(document.createElement("option"), { value: b, textContent: b });
+  $("keypoint").replaceChildren(option(""), ...info.bodies.map(option));
+  $("keypoint").options[0].textContent = "(dofs)";
 }
 
 async function main() {
@@ -318,6 +326,10 @@ async function main() {
   describe();
   await loadTable();
   state.firstPage = performance.now();
+  if (state.info.model === undefined) {
+    Object.assign(state.info, await getJson("/api/model"));
+    describeModel();
+  }
   await loadScene();
   showFrame(0).catch(failed);
   state.ready = true;
