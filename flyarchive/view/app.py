@@ -129,9 +129,9 @@ class Viewer:
         log.info("opened %s again (%d worlds x %d frames)", self.viewed.url,
                  len(self.viewed.world_ids), len(self.viewed.times))
 
-    def traces(self, query: Mapping[str, str]) -> dict[str, Any]:
+    def traces(self, query: Mapping[str, str]) -> bytes:
         """Min/max-per-column traces of the selected worlds (see
-        :mod:`flyarchive.view.traces`)."""
+        :mod:`flyarchive.view.traces`), packed for the page (:func:`traces_.pack`)."""
         viewed = self.viewed
         worlds = _worlds(query.get("worlds", ""))
         width = _number(query, "width", 800, int)
@@ -150,11 +150,8 @@ class Viewer:
             states = viewed.states(worlds)
             values = np.stack([s["qpos"][window][:, columns].T for s in states])
         t, v = traces_.min_max_columns(times, values.reshape(-1, values.shape[-1]), width)
-        lines = [{"world": worlds[i // len(labels)], "label": labels[i % len(labels)],
-                  "v": [None if not np.isfinite(x) else float(x) for x in row]}
-                 for i, row in enumerate(v)]
-        return {"labels": labels, "t": t.round(9).tolist(), "lines": lines,
-                "frames": int(len(times))}
+        lines = [(worlds[i // len(labels)], labels[i % len(labels)]) for i in range(len(v))]
+        return traces_.pack({"labels": labels, "lines": lines, "frames": int(len(times))}, t, v)
 
     def scene(self) -> tuple[dict[str, Any], bytes]:
         """The model's visible geoms for the 3D view (built once)."""

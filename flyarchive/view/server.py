@@ -162,8 +162,8 @@ class ViewApp:
 
     # ------------------------------------------------------------------ the API
     def _api(self, method: Callable[[web.Request], Any]) -> _Handler:
-        """Run ``method`` (blocking work) on a thread; its result as JSON; its error as a
-        JSON ``{"error": ...}`` the page shows, and a log line."""
+        """Run ``method`` (blocking work) on a thread; its result as JSON (bytes as they
+        are); its error as a JSON ``{"error": ...}`` the page shows, and a log line."""
 
         @functools.wraps(method)
         async def handler(request: web.Request) -> web.Response:
@@ -185,6 +185,9 @@ class ViewApp:
                     f"{type(err).__name__}: {err}"
                 log.warning("%s %s: %s", request.method, request.path_qs[:300], message)
                 return web.json_response({"error": message}, status=400)
+            if isinstance(result, bytes):  # packed arrays (traces)
+                return web.Response(body=result, content_type="application/octet-stream",
+                                    headers=_took(start))
             return web.json_response(result, dumps=_dumps, headers=_took(start))
 
         return handler
@@ -205,7 +208,7 @@ class ViewApp:
         self.state.first_page.set()  # the page is up: the model and the dataset may load
         return answer
 
-    def traces(self, request: web.Request, body: Any) -> dict[str, Any]:
+    def traces(self, request: web.Request, body: Any) -> bytes:
         return self.state.traces(request.query)
 
     def scene(self, request: web.Request, body: Any) -> dict[str, Any]:
