@@ -174,3 +174,19 @@ def test_a_bad_render_request_is_refused_before_it_is_queued(viewed, body, fragm
     assert status == 400 and fragment in json.loads(text)["error"]
     assert served.viewer.renders.jobs == {}
     assert not list(Path(served.viewer.out).iterdir())
+
+
+def test_an_archive_replaced_before_its_states_are_read_is_said(tmp_path):
+    from flyarchive.errors import ArchiveReplacedError
+    from flyarchive.testing.view import view_archive
+    from flyarchive.view.app import Viewer
+
+    url = view_archive(str(tmp_path / "run.zarr"))
+    viewer = Viewer(url, out=tmp_path / "videos", backend="cpu")  # the header only
+    view_archive(url, n_worlds=3, mode="w")  # written again before the dataset opened
+
+    with pytest.raises(ArchiveReplacedError, match="was replaced after the viewer opened it"):
+        viewer.viewed.states([0])
+
+    assert viewer.viewed._ds is None  # nothing of the new archive mixed into the old table
+    assert len(viewer.viewed.world_ids) == 4

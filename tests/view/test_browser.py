@@ -107,6 +107,47 @@ def test_moving_the_time_cursor_poses_the_3d_view(page):
     assert cursor == pytest.approx(45 * 0.008)  # the traces' cursor moved along
 
 
+def test_a_cursor_move_over_the_kept_frames_asks_the_server_nothing(page):
+    select(page, 1)
+    move_cursor(page, 0)
+    first = page.locator("#view3d").screenshot()
+    page.wait_for_function(f"{STATE}.posesKept() === {STATE}.info.frames")  # all 51 fetched
+    asked: list[str] = []
+    page.on("request", lambda request: asked.append(request.url))
+
+    move_cursor(page, 45)
+    later = page.locator("#view3d").screenshot()
+    move_cursor(page, 0)
+    again = page.locator("#view3d").screenshot()
+
+    assert not [url for url in asked if "/api/poses" in url]
+    assert later != first and again == first  # kept poses are the frames' poses
+
+
+def test_cursor_moves_between_two_animation_frames_draw_only_the_last(page):
+    select(page, 1)
+    move_cursor(page, 0)
+    seq = page.evaluate(f"{STATE}.poseSeq")
+
+    page.evaluate("() => { const t = document.querySelector('#time'); for (const f of [10, 20, 30]) "
+                  "{ t.value = f; t.dispatchEvent(new Event('input')); } }")
+    page.wait_for_function(f"{STATE}.poseFrame === 30")
+
+    assert page.evaluate(f"{STATE}.poseSeq") == seq + 1  # 10 and 20 were never drawn
+    assert page.inner_text("#time-label").startswith("frame 30")
+
+
+def test_traces_arrive_packed_and_draw_every_frame_of_each_world(page, viewed):
+    select(page, 3, 1)
+
+    drawn = page.evaluate(f"{STATE}.traceValues")
+    dof = viewed[0].viewer.viewed.dofs.index(page.input_value("#dof"))
+    expected = [s["qpos"][:, dof] for s in viewed[0].viewer.viewed.states([3, 1])]
+    assert page.evaluate(f"{STATE}.traceWorlds") == [3, 1]
+    np.testing.assert_array_equal(drawn[0], expected[0])  # float64 sent as it is
+    np.testing.assert_array_equal(drawn[1], expected[1])
+
+
 def test_a_render_of_the_selected_worlds_plays_in_the_page(page, view_dir):
     select(page, 0, 2)
 
