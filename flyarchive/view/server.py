@@ -146,11 +146,15 @@ class ViewApp:
         return web.Response(status=204)
 
     async def static(self, request: web.Request) -> web.Response:
-        found = self.files.get(request.match_info["name"])
+        name = request.match_info["name"]
+        found = self.files.get(name)
         if found is None:
             raise web.HTTPNotFound()
         body, kind = found
-        response = web.Response(body=body, content_type=kind)
+        # the vendored libraries (three.js: 2 MB) stay in the browser's cache for an hour:
+        # a page opened again does not fetch them again; the page's own files are checked
+        cache = "private, max-age=3600" if name.startswith("vendor/") else "no-cache"
+        response = web.Response(body=body, content_type=kind, headers={"Cache-Control": cache})
         response.enable_compression()
         return response
 
