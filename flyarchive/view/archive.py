@@ -86,7 +86,7 @@ class ViewedArchive:
         world_ids = np.asarray(header["world"].values, dtype=np.int64)
         n_frames = np.asarray(header["n_frames"].values, dtype=np.int64)
         columns: dict[str, np.ndarray] = {"world": world_ids, "n_frames": n_frames}
-        for name, var in header.data_vars.items():
+        for name, var in sorted(header.data_vars.items()):  # the same order every time
             if var.dims == ("world",) and name != "n_frames":
                 columns[str(name)] = np.asarray(var.values)
         with self._lock:

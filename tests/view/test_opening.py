@@ -15,7 +15,7 @@ def test_the_viewer_reads_only_the_header_before_serving(tmp_path):
 
     assert viewer.viewed._ds is None and viewer.model is None  # neither loaded yet
     assert viewer.info()["worlds"] == 4 and "model" not in viewer.info()
-    assert list(viewer.viewed.columns) == ["world", "n_frames", "success", "distance"]
+    assert list(viewer.viewed.columns) == ["world", "n_frames", "distance", "success"]
 
 
 def test_the_model_and_the_states_load_when_first_asked_for(tmp_path):
