@@ -21,5 +21,11 @@ Modules (none is public; the command line is the way in):
 
 The page (``static/``) is plain JavaScript modules with three.js (3D view, orbit controls)
 and uPlot (traces), vendored from npm with their licences (``static/vendor/``): nothing
-is fetched from the internet at run time.
+is fetched from the internet at run time. ``poseframes.js`` keeps the poses of the shown
+worlds in the page (fetched in blocks after a selection), so that a cursor move asks
+the server nothing.
+
+Start-up: the command reads the archive's header only (no xarray, no dask) and listens;
+the model and the dataset that reads states load after the first page's table, on a
+thread of their own (:meth:`~flyarchive.view.app.Viewer.warm_up`).
 """

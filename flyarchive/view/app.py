@@ -30,8 +30,13 @@ class Viewer:
     """What one viewer shows: the archive, its model (None: no 3D view, no renders, and
     ``model_problem`` says why), and the renders asked for.
 
+    The archive's header is read here; the model and the dataset that reads states are
+    loaded after the server listens (:meth:`warm_up`), so that the first page does not
+    wait for them: requests that need them wait.
+
     Raises:
-        As :func:`flyarchive.open_archive` (before anything is served), and
+        As :func:`flyarchive.open_header` (before anything is served),
+        ModelLoadError: no file at ``model_path``, and
         OutputLocationError: ``out`` is not a folder that can be made.
     """
 
@@ -40,37 +45,83 @@ class Viewer:
                  backend: str | None = None) -> None:
         self.viewed = ViewedArchive(url, storage_options)
         self.out = _output_folder(out)
+        if model_path and not Path(model_path).is_file():
+            load_viewed_model(url, storage_options, model_path)  # raises: no file there
+        self._model_source = (url, storage_options, model_path)
+        self.model: Any = None
         self.model_problem = ""
-        try:
-            self.model = load_viewed_model(url, storage_options, model_path)
-        except FlyarchiveError as err:
-            if model_path:
-                raise
-            self.model, self.model_problem = None, str(err)
-            log.warning("no 3D view or renders: %s", err)
-        self.poser = poses_.Poser(self.model) if self.model is not None else None
+        self.poser: Any = None
+        self._model_loaded = threading.Event()
+        self._model_lock = threading.Lock()
+        self.first_page = threading.Event()
         self._scene: tuple[dict[str, Any], bytes] | None = None
-        self.renders = Renders(self.viewed, self.model, self.out, backend or best_backend())
+        self.renders = Renders(self.viewed, None, self.out, backend or best_backend())
+
+    # ------------------------------------------------------------------ loading
+    def warm_up(self, wait_for_page_s: float = 2.0) -> None:
+        """Load the model, then open the dataset, on a thread of its own: after the first
+        page's table was answered (or ``wait_for_page_s`` passed), so that its imports
+        do not hold the interpreter while the page loads. Problems are logged; the
+        requests that need what failed report it."""
+
+        def work() -> None:
+            self.first_page.wait(wait_for_page_s)
+            self.load_model()
+            try:
+                self.viewed.dataset()
+            except Exception as err:  # noqa: BLE001 - the next read reports it on the page
+                log.warning("opening the dataset of %s: %s", self.viewed.url, err)
+
+        threading.Thread(target=work, name="flyarchive-view-warm-up", daemon=True).start()
+
+    def load_model(self) -> Any:
+        """The model (loaded once, here or by :meth:`warm_up`); None when there is none
+        (``model_problem`` says why)."""
+        with self._model_lock:
+            if self._model_loaded.is_set():
+                return self.model
+            url, storage_options, model_path = self._model_source
+            try:
+                self.model = load_viewed_model(url, storage_options, model_path)
+            except FlyarchiveError as err:
+                self.model_problem = str(err)
+                log.warning("no 3D view or renders: %s", err)
+            except Exception as err:  # noqa: BLE001 - said on the page, not a crash
+                self.model_problem = f"{type(err).__name__}: {err}"
+                log.error("no 3D view or renders: %s", self.model_problem)
+            if self.model is not None:
+                self.poser = poses_.Poser(self.model)
+                self.renders.model = self.model
+            self._model_loaded.set()
+            return self.model
 
     # ------------------------------------------------------------------ answers
     def info(self) -> dict[str, Any]:
-        """What the page needs first: sizes, times, dofs, cameras, what is available."""
-        from flyarchive.models import camera_names
-
+        """What the page needs first: sizes, times, dofs, what is available (the model's
+        part once it is loaded: :meth:`model_info`)."""
         viewed = self.viewed
-        ds = viewed.ds
-        return {
+        info = {
             "url": viewed.url, "worlds": len(viewed.world_ids), "frames": len(viewed.times),
             "times": viewed.times, "fps": viewed.fps,
-            "playback_speed": float(ds.attrs.get("playback_speed", 1.0)),
+            "playback_speed": float(viewed.attrs.get("playback_speed", 1.0)),
             "dofs": viewed.dofs, "columns": list(viewed.columns),
-            "cameras": list(camera_names(self.model)) if self.model is not None else [],
-            "model": self.model is not None, "model_problem": self.model_problem,
-            "keypoints": self.model is not None,
-            "bodies": _bodies(self.model) if self.model is not None else [],
             "backend": self.renders.backend, "out": str(self.out),
             "generation": viewed.generation, "archive_id": viewed.archive_id,
         }
+        if self._model_loaded.is_set():
+            info.update(self.model_info())
+        return info
+
+    def model_info(self) -> dict[str, Any]:
+        """The model's part of :meth:`info` (waits for the model): whether there is one
+        (and why not), its cameras and bodies."""
+        from flyarchive.models import camera_names
+
+        model = self.load_model()
+        return {"model": model is not None, "model_problem": self.model_problem,
+                "cameras": list(camera_names(model)) if model is not None else [],
+                "keypoints": model is not None,
+                "bodies": _bodies(model) if model is not None else []}
 
     def reopen(self) -> None:
         """Open the archive again (after it was replaced); keep the model if it still fits."""
@@ -78,9 +129,9 @@ class Viewer:
         log.info("opened %s again (%d worlds x %d frames)", self.viewed.url,
                  len(self.viewed.world_ids), len(self.viewed.times))
 
-    def traces(self, query: Mapping[str, str]) -> dict[str, Any]:
+    def traces(self, query: Mapping[str, str]) -> bytes:
         """Min/max-per-column traces of the selected worlds (see
-        :mod:`flyarchive.view.traces`)."""
+        :mod:`flyarchive.view.traces`), packed for the page (:func:`traces_.pack`)."""
         viewed = self.viewed
         worlds = _worlds(query.get("worlds", ""))
         width = _number(query, "width", 800, int)
@@ -90,7 +141,7 @@ class Viewer:
         times = viewed.times[window]
         if query.get("keypoint"):
             labels, values = traces_.keypoint_values(viewed.ds, worlds, query["keypoint"], window,
-                                                     model=self.model)
+                                                     model=self._model_for("keypoint traces"))
         else:
             labels = traces_.dof_choices(viewed.dofs, leg=query.get("leg", ""),
                                          joint=query.get("joint", ""), axis=query.get("axis", ""),
@@ -99,16 +150,12 @@ class Viewer:
             states = viewed.states(worlds)
             values = np.stack([s["qpos"][window][:, columns].T for s in states])
         t, v = traces_.min_max_columns(times, values.reshape(-1, values.shape[-1]), width)
-        lines = [{"world": worlds[i // len(labels)], "label": labels[i % len(labels)],
-                  "v": [None if not np.isfinite(x) else float(x) for x in row]}
-                 for i, row in enumerate(v)]
-        return {"labels": labels, "t": t.round(9).tolist(), "lines": lines,
-                "frames": int(len(times))}
+        lines = [(worlds[i // len(labels)], labels[i % len(labels)]) for i in range(len(v))]
+        return traces_.pack({"labels": labels, "lines": lines, "frames": int(len(times))}, t, v)
 
     def scene(self) -> tuple[dict[str, Any], bytes]:
         """The model's visible geoms for the 3D view (built once)."""
-        if self.poser is None:
-            raise SelectionError(f"No 3D view: {self.model_problem}")
+        self._model_for("3D view")
         if self._scene is None:
             self._scene = poses_.scene(self.model, self.poser.geoms)
             self.renders.warm()  # the page is up: now the renderer may take the CPU
@@ -117,8 +164,7 @@ class Viewer:
     def poses(self, query: Mapping[str, str]) -> tuple[bytes, tuple[int, ...]]:
         """Geom poses of worlds over frames ``start .. start + count - 1``, float32
         ``(worlds, count, geoms + 1, 12)`` as bytes (:meth:`Poser.poses`)."""
-        if self.poser is None:
-            raise SelectionError(f"No 3D view: {self.model_problem}")
+        self._model_for("3D view")
         worlds = _worlds(query.get("worlds", ""))
         if not worlds or len(worlds) > poses_.MAX_WORLDS:
             raise SelectionError(f"Show 1 to {poses_.MAX_WORLDS} worlds side by side, not "
@@ -137,11 +183,20 @@ class Viewer:
 
     def render(self, body: Mapping[str, Any]) -> dict[str, Any]:
         """Queue a render (:class:`~flyarchive.view.renders.Renders`); its job as JSON."""
+        self.load_model()
         worlds = [int(w) for w in body.get("worlds", []) if isinstance(w, (int, float))]
         camera = str(body.get("camera") or "")
         size = _size(str(body.get("size") or "240x320"))
         start, end = (_float_or_none(body.get(k)) for k in ("start", "end"))
         return self.renders.submit(worlds, camera, start, end, size).as_json()
+
+
+    def _model_for(self, what: str) -> Any:
+        """The model (waits for it); SelectionError when there is none."""
+        model = self.load_model()
+        if model is None:
+            raise SelectionError(f"No {what}: {self.model_problem}")
+        return model
 
 
 def _bodies(model: Any) -> list[str]:
@@ -269,6 +324,7 @@ def start(viewer: Viewer, *, host: str = "127.0.0.1", port: int = 0,
     thread = threading.Thread(target=loop.run_forever, name="flyarchive-view-server", daemon=True)
     thread.start()  # the loop runs on its own thread: the caller may run another loop
     asyncio.run_coroutine_threadsafe(listen(), loop).result(timeout=60)
+    viewer.warm_up()
     shown = f"[{host}]" if ":" in host else host
     return Served(viewer, runner, loop, thread, f"http://{shown}:{bound}/?token={app.token}",
                   app.token)

@@ -1,9 +1,15 @@
 """The one archive a viewer shows: opened once (and again when it was replaced), its world
 table, its states read per world and kept in a bounded cache, and its model.
 
-Everything goes through the package's public functions (:func:`flyarchive.open_archive`,
-:func:`flyarchive.load_model`), so the viewer reads exactly what every other reader
-reads, with the same checks.
+Everything goes through the package's public functions (:func:`flyarchive.open_header`,
+:func:`flyarchive.open_archive`, :func:`flyarchive.load_model`), so the viewer reads
+exactly what every other reader reads, with the same checks.
+
+Opening is in two steps, so that the page is up in a second or two: the header
+(attributes, coordinates, ``n_frames``, world variables: no xarray, no dask) before the
+server listens, and the lazy dataset that reads states (xarray and dask: seconds of
+imports on a 2-core machine) after, on a thread of its own (:meth:`ViewedArchive.dataset`),
+checked to be the archive whose header the page shows.
 """
 
 from __future__ import annotations
@@ -16,7 +22,7 @@ from typing import Any
 
 import numpy as np
 
-from flyarchive.errors import SelectionError
+from flyarchive.errors import ArchiveReplacedError, SelectionError
 
 #: Bytes of states kept in memory (whole worlds: 1000 NeuroMechFly frames are 0.58 MB).
 CACHE_BYTES = 512 << 20
@@ -46,7 +52,9 @@ class ViewedArchive:
     Attributes:
         url: As given to ``flyarchive view``.
         generation: Incremented each time the archive is opened (again).
-        ds: The dataset (:func:`flyarchive.open_archive`).
+        attrs: The archive's attributes (from its header).
+        ds: The dataset (:func:`flyarchive.open_archive`), opened on first use
+            (:meth:`dataset`).
         world_ids: ``(n_worlds,)`` int64.
         times: ``(n_times,)`` float64 simulated seconds of the frames.
         columns: World table columns: ``world``, ``n_frames``, then each per-world
@@ -60,55 +68,89 @@ class ViewedArchive:
         self._lock = threading.RLock()
         self._cache: OrderedDict[int, dict[str, np.ndarray]] = OrderedDict()
         self._cached_bytes = 0
+        self._ds: Any = None
+        self._opening = threading.Lock()  # one opening of the dataset at a time
         self.open()
 
     # ------------------------------------------------------------------ opening
     def open(self) -> None:
-        """Open (or open again) the archive; forget everything read from the last one.
+        """Open (or open again) the archive's header; forget everything read from the last
+        one (the dataset is opened again on first use).
 
         Raises:
+            As :func:`flyarchive.open_header`.
+        """
+        from flyarchive.query.archive import open_header
+
+        header = open_header(self.url, self.storage_options or None)
+        world_ids = np.asarray(header["world"].values, dtype=np.int64)
+        n_frames = np.asarray(header["n_frames"].values, dtype=np.int64)
+        columns: dict[str, np.ndarray] = {"world": world_ids, "n_frames": n_frames}
+        for name, var in sorted(header.data_vars.items()):  # the same order every time
+            if var.dims == ("world",) and name != "n_frames":
+                columns[str(name)] = np.asarray(var.values)
+        with self._lock:
+            self.attrs = header.attrs
+            self.world_ids, self.n_frames, self.columns = world_ids, n_frames, columns
+            self.times = np.asarray(header["time"].values, dtype=np.float64)
+            self.dofs = [str(d) for d in header["dof"].values]
+            self._index = {int(w): i for i, w in enumerate(world_ids)}
+            self._cache.clear()
+            self._cached_bytes = 0
+            self._ds = None
+            self.generation += 1
+
+    def dataset(self) -> Any:
+        """The lazy dataset that reads states (:func:`flyarchive.open_archive`), opened on
+        first use (or by :meth:`Viewer.warm_up <flyarchive.view.app.Viewer.warm_up>`).
+
+        Raises:
+            ArchiveReplacedError: the archive there now is not the one whose header the page
+                shows (another ``archive_id``).
             As :func:`flyarchive.open_archive`.
         """
         import flyarchive
 
-        ds = flyarchive.open_archive(self.url, self.storage_options or None)
-        with self._lock:
-            self.ds = ds
-            self.world_ids = np.asarray(ds.world.values, dtype=np.int64)
-            self.times = np.asarray(ds.time.values, dtype=np.float64)
-            self.n_frames = np.asarray(ds.n_frames.values, dtype=np.int64)
-            self.columns = self._columns(ds)
-            self.dofs = [str(d) for d in ds.dof.values]
-            self._index = {int(w): i for i, w in enumerate(self.world_ids)}
-            self._cache.clear()
-            self._cached_bytes = 0
-            self.generation += 1
+        with self._opening:
+            with self._lock:
+                ds, generation, opened_id = self._ds, self.generation, self.archive_id
+            if ds is None:
+                ds = flyarchive.open_archive(self.url, self.storage_options or None)
+                now = str(ds.attrs.get("archive_id", ""))
+                if now != opened_id:
+                    raise ArchiveReplacedError(
+                        f"The archive at {self.url!r} was replaced after the viewer opened it "
+                        f"(its archive_id is now {now!r}, it was {opened_id!r}). Open it again "
+                        "to see the archive that is there now.")
+                with self._lock:
+                    if generation == self.generation:
+                        self._ds = ds
+        return ds
 
-    def _columns(self, ds: Any) -> dict[str, np.ndarray]:
-        columns: dict[str, np.ndarray] = {"world": self.world_ids, "n_frames": self.n_frames}
-        for name, var in ds.data_vars.items():
-            if var.dims == ("world",) and name != "n_frames":
-                columns[str(name)] = np.asarray(var.values)
-        return columns
+    @property
+    def ds(self) -> Any:
+        """:meth:`dataset`."""
+        return self.dataset()
 
     @property
     def fps(self) -> float:
-        return float(self.ds.attrs["output_fps"])
+        return float(self.attrs["output_fps"])
 
     @property
     def archive_id(self) -> str:
-        return str(self.ds.attrs.get("archive_id", ""))
+        return str(self.attrs.get("archive_id", ""))
 
     def check_same(self) -> None:
         """Read one stored value: every read checks that the archive is still the one
-        opened.
+        opened. Before the dataset is open there is nothing to check: the page shows the
+        header read moments ago, and the dataset is checked against it as it opens.
 
         Raises:
             ArchiveReplacedError: it was replaced or deleted since it was opened.
         """
         with self._lock:
-            ds = self.ds
-        if ds.sizes["time"] and ds.sizes["world"]:
+            ds = self._ds
+        if ds is not None and ds.sizes["time"] and ds.sizes["world"]:
             ds.qpos.isel(world=0, time=0, dof=0).values  # noqa: B018  (the read is the check)
 
     # ------------------------------------------------------------------ states
@@ -137,10 +179,11 @@ class ViewedArchive:
         """
         self.index_of(worlds)  # unknown ids refused first
         with self._lock:
-            generation, ds = self.generation, self.ds
+            generation = self.generation
             missing = sorted({int(w) for w in worlds if int(w) not in self._cache})
         fresh = {}
         if missing:
+            ds = self.dataset()
             # World by world: a read of one world reads only its own chunks (a list of
             # scattered worlds made dask read their whole shards: 7x slower, measured).
             # Four at a time: decoding releases the GIL in part (25 NeuroMechFly worlds of

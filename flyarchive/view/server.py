@@ -79,6 +79,7 @@ class ViewApp:
         get("/favicon.ico", self.favicon)
         get("/static/{name:.+}", self.static)
         get("/api/info", self._api(self.info))
+        get("/api/model", self._api(self.model))
         get("/api/table", self._api(self.table))
         get("/api/traces", self._api(self.traces))
         get("/api/scene", self._api(self.scene))
@@ -145,11 +146,15 @@ class ViewApp:
         return web.Response(status=204)
 
     async def static(self, request: web.Request) -> web.Response:
-        found = self.files.get(request.match_info["name"])
+        name = request.match_info["name"]
+        found = self.files.get(name)
         if found is None:
             raise web.HTTPNotFound()
         body, kind = found
-        response = web.Response(body=body, content_type=kind)
+        # the vendored libraries (three.js: 2 MB) stay in the browser's cache for an hour:
+        # a page opened again does not fetch them again; the page's own files are checked
+        cache = "private, max-age=3600" if name.startswith("vendor/") else "no-cache"
+        response = web.Response(body=body, content_type=kind, headers={"Cache-Control": cache})
         response.enable_compression()
         return response
 
@@ -161,8 +166,8 @@ class ViewApp:
 
     # ------------------------------------------------------------------ the API
     def _api(self, method: Callable[[web.Request], Any]) -> _Handler:
-        """Run ``method`` (blocking work) on a thread; its result as JSON; its error as a
-        JSON ``{"error": ...}`` the page shows, and a log line."""
+        """Run ``method`` (blocking work) on a thread; its result as JSON (bytes as they
+        are); its error as a JSON ``{"error": ...}`` the page shows, and a log line."""
 
         @functools.wraps(method)
         async def handler(request: web.Request) -> web.Response:
@@ -184,6 +189,9 @@ class ViewApp:
                     f"{type(err).__name__}: {err}"
                 log.warning("%s %s: %s", request.method, request.path_qs[:300], message)
                 return web.json_response({"error": message}, status=400)
+            if isinstance(result, bytes):  # packed arrays (traces)
+                return web.Response(body=result, content_type="application/octet-stream",
+                                    headers=_took(start))
             return web.json_response(result, dumps=_dumps, headers=_took(start))
 
         return handler
@@ -191,15 +199,20 @@ class ViewApp:
     def info(self, request: web.Request, body: Any) -> dict[str, Any]:
         return self.state.info()
 
+    def model(self, request: web.Request, body: Any) -> dict[str, Any]:
+        return self.state.model_info()
+
     def table(self, request: web.Request, body: Any) -> dict[str, Any]:
         q = request.query
         viewed = self.state.viewed
         viewed.check_same()
-        return query_table(viewed.columns, where=q.get("where", ""), sort=q.get("sort", "world"),
-                           descending=q.get("desc") == "1", page=_int(q, "page", 0),
-                           page_size=_int(q, "size", 50))
+        answer = query_table(viewed.columns, where=q.get("where", ""),
+                             sort=q.get("sort", "world"), descending=q.get("desc") == "1",
+                             page=_int(q, "page", 0), page_size=_int(q, "size", 50))
+        self.state.first_page.set()  # the page is up: the model and the dataset may load
+        return answer
 
-    def traces(self, request: web.Request, body: Any) -> dict[str, Any]:
+    def traces(self, request: web.Request, body: Any) -> bytes:
         return self.state.traces(request.query)
 
     def scene(self, request: web.Request, body: Any) -> dict[str, Any]:

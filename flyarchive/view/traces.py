@@ -6,6 +6,7 @@ maximum per pixel column, so that 50 worlds × 1000 frames travel as at most
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 from typing import Any
 
@@ -103,6 +104,19 @@ def keypoint_values(ds: Any, worlds: Sequence[int], body: str, window: slice, *,
     found = positions(chosen, bodies=[body], model=model)
     values = np.asarray(found.values, dtype=np.float64)[:, :, 0, :]  # (world, time, xyz)
     return [f"{body}/{axis}" for axis in "xyz"], np.moveaxis(values, 2, 1)
+
+
+def pack(head: dict[str, Any], times: np.ndarray, values: np.ndarray) -> bytes:
+    """Traces as the page reads them: a little-endian uint32 length, the JSON ``head``
+    (with ``points``: ``m``), zeros up to a multiple of 8 bytes, then float64 ``times``
+    ``(m,)`` and ``values`` ``(lines, m)`` (NaN: no data). Binary, so that 50 worlds of
+    1000 frames are neither formatted nor parsed as text."""
+    text = json.dumps({**head, "points": int(times.shape[0])}, allow_nan=False).encode()
+    start = 4 + len(text)
+    pad = -start % 8
+    return b"".join([len(text).to_bytes(4, "little"), text, b"\0" * pad,
+                     np.ascontiguousarray(times, "<f8").tobytes(),
+                     np.ascontiguousarray(values, "<f8").tobytes()])
 
 
 def check_request(worlds: Sequence[int], width: int) -> None:

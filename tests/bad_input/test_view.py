@@ -174,3 +174,37 @@ def test_a_bad_render_request_is_refused_before_it_is_queued(viewed, body, fragm
     assert status == 400 and fragment in json.loads(text)["error"]
     assert served.viewer.renders.jobs == {}
     assert not list(Path(served.viewer.out).iterdir())
+
+
+def test_an_archive_replaced_before_its_states_are_read_is_said(tmp_path):
+    from flyarchive.errors import ArchiveReplacedError
+    from flyarchive.testing.view import view_archive
+    from flyarchive.view.app import Viewer
+
+    url = view_archive(str(tmp_path / "run.zarr"))
+    viewer = Viewer(url, out=tmp_path / "videos", backend="cpu")  # the header only
+    view_archive(url, n_worlds=3, mode="w")  # written again before the dataset opened
+
+    with pytest.raises(ArchiveReplacedError, match="was replaced after the viewer opened it"):
+        viewer.viewed.states([0])
+
+    assert viewer.viewed._ds is None  # nothing of the new archive mixed into the old table
+    assert len(viewer.viewed.world_ids) == 4
+
+
+def test_a_model_file_that_is_no_model_is_said_when_the_3d_view_asks_for_it(tmp_path):
+    from flyarchive.errors import SelectionError
+    from flyarchive.testing.view import view_archive
+    from flyarchive.view.app import Viewer
+
+    url = view_archive(str(tmp_path / "run.zarr"))
+    (tmp_path / "nmf.mjb").write_text("not a model")
+    viewer = Viewer(url, model_path=str(tmp_path / "nmf.mjb"), out=tmp_path / "videos",
+                    backend="cpu")  # served at once: the model loads after the first page
+
+    answer = viewer.model_info()
+
+    assert answer["model"] is False and "is not a compiled MuJoCo model" in answer["model_problem"]
+    with pytest.raises(SelectionError, match="No 3D view: .*nmf.mjb"):
+        viewer.poses({"worlds": "0", "start": "0", "count": "1"})
+    assert (tmp_path / "nmf.mjb").read_text() == "not a model"

@@ -30,10 +30,14 @@ def apply_filter(page: Any, text: str) -> None:
 
 
 def select(page: Any, *worlds: int) -> None:
+    """Click the rows of ``worlds``; wait until the traces show them all (an answer for
+    the first click may arrive before the second) and a pose is drawn."""
     seq = page.evaluate(f"{STATE}.tracesSeq")
     for world in worlds:
         page.click(f"#table tbody tr[data-world='{world}']")
-    page.wait_for_function(f"{STATE}.tracesSeq > {seq} && {STATE}.poseSeq >= 1")
+    page.wait_for_function(
+        f"{STATE}.tracesSeq > {seq} && {STATE}.poseSeq >= 1 && "
+        f"[...new Set({STATE}.traceWorlds)].join() === {STATE}.selected.join()")
 
 
 def move_cursor(page: Any, frame: int) -> None:
@@ -101,6 +105,47 @@ def test_moving_the_time_cursor_poses_the_3d_view(page):
     assert later != first  # the pose changed
     assert again == first  # and it is the frame's pose, not drift
     assert cursor == pytest.approx(45 * 0.008)  # the traces' cursor moved along
+
+
+def test_a_cursor_move_over_the_kept_frames_asks_the_server_nothing(page):
+    select(page, 1)
+    move_cursor(page, 0)
+    first = page.locator("#view3d").screenshot()
+    page.wait_for_function(f"{STATE}.posesKept() === {STATE}.info.frames")  # all 51 fetched
+    asked: list[str] = []
+    page.on("request", lambda request: asked.append(request.url))
+
+    move_cursor(page, 45)
+    later = page.locator("#view3d").screenshot()
+    move_cursor(page, 0)
+    again = page.locator("#view3d").screenshot()
+
+    assert not [url for url in asked if "/api/poses" in url]
+    assert later != first and again == first  # kept poses are the frames' poses
+
+
+def test_cursor_moves_between_two_animation_frames_draw_only_the_last(page):
+    select(page, 1)
+    move_cursor(page, 0)
+    seq = page.evaluate(f"{STATE}.poseSeq")
+
+    page.evaluate("() => { const t = document.querySelector('#time'); for (const f of [10, 20, 30]) "
+                  "{ t.value = f; t.dispatchEvent(new Event('input')); } }")
+    page.wait_for_function(f"{STATE}.poseFrame === 30")
+
+    assert page.evaluate(f"{STATE}.poseSeq") == seq + 1  # 10 and 20 were never drawn
+    assert page.inner_text("#time-label").startswith("frame 30")
+
+
+def test_traces_arrive_packed_and_draw_every_frame_of_each_world(page, viewed):
+    select(page, 3, 1)
+
+    drawn = page.evaluate(f"{STATE}.traceValues")
+    dof = viewed[0].viewer.viewed.dofs.index(page.input_value("#dof"))
+    expected = [s["qpos"][:, dof] for s in viewed[0].viewer.viewed.states([3, 1])]
+    assert page.evaluate(f"{STATE}.traceWorlds") == [3, 1]
+    np.testing.assert_array_equal(drawn[0], expected[0])  # float64 sent as it is
+    np.testing.assert_array_equal(drawn[1], expected[1])
 
 
 def test_a_render_of_the_selected_worlds_plays_in_the_page(page, view_dir):
@@ -187,6 +232,7 @@ def test_an_archive_replaced_while_the_page_is_open_is_said_and_opened_again(bro
     url = view_archive(str(view_dir / "replaced.zarr"))
     with serving(url, out=view_dir / "videos-replaced", backend="cpu") as (served, log):
         page = open_page(browser, served.url)
+        served.viewer.viewed.dataset()  # opened after the page (warm_up): now every read checks
         view_archive(url, n_worlds=3, mode="w")  # written again while the page is open
 
         apply_filter(page, "world >= 0")

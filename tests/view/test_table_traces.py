@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pytest
 
 from flyarchive.errors import SelectionError
 from flyarchive.view.table import query_table
-from flyarchive.view.traces import dof_choices, min_max_columns
+from flyarchive.view.traces import dof_choices, min_max_columns, pack
 
 COLUMNS = {"world": np.arange(10, 20), "n_frames": np.full(10, 5),
            "distance": np.array([3.0, np.nan, 1, 5, 2, np.nan, 9, 0, 4, 8]),
@@ -91,3 +93,18 @@ def test_dofs_are_chosen_by_label_or_by_flygym_names():
         dof_choices(labels, dof="nmf/lf_tibia-lf_tarsus-pitch")
     with pytest.raises(SelectionError, match="Choose a dof"):
         dof_choices(labels)
+
+
+def test_packed_traces_hold_the_head_times_and_values_as_float64():
+    times = np.array([0.0, 0.5, 1.0])
+    values = np.array([[1.0, np.nan, 3.0], [4.0, 5.0, 6.0]])
+
+    blob = pack({"labels": ["a"], "lines": [[0, "a"], [2, "a"]]}, times, values)
+
+    size = int.from_bytes(blob[:4], "little")
+    head = json.loads(blob[4:4 + size])
+    offset = -(-(4 + size) // 8) * 8
+    body = np.frombuffer(blob, "<f8", offset=offset)
+    assert head == {"labels": ["a"], "lines": [[0, "a"], [2, "a"]], "points": 3}
+    np.testing.assert_array_equal(body[:3], times)
+    np.testing.assert_array_equal(body[3:].reshape(2, 3), values)  # NaN stays NaN

@@ -1,5 +1,6 @@
 // flyarchive view: the world table (filtered, sorted and paged on the server), the
 // selection that drives traces, the 3D pose view and renders.
+import { PoseFrames } from "/static/poseframes.js";
 import { Traces } from "/static/traces.js";
 
 const $ = (id) => document.getElementById(id);
@@ -11,6 +12,7 @@ history.replaceState(null, "", location.pathname);  // the token leaves the addr
 const state = window.flyarchiveView = {
   info: null, table: { where: "", sort: "world", desc: false, page: 0, size: 50 },
   selected: [], frame: 0, tableSeq: 0, tracesSeq: 0, poseSeq: 0, errors: 0, playing: false,
+  took: {}, tookSeq: {}, serverMs: 0, posesKept: () => (poseFrames ? poseFrames.frames.size : 0),
 };
 
 class ApiError extends Error {
@@ -21,8 +23,6 @@ async function api(path, options = {}) {
   const response = await fetch(path, {
     ...options, headers: { "X-Flyarchive-Token": token, ...(options.headers || {}) },
   });
-  const timing = /dur=([0-9.]+)/.exec(response.headers.get("Server-Timing") || "");
-  if (timing) state.serverMs = Number(timing[1]);
   if (!response.ok) {
     let text = `${response.status} ${response.statusText}`;
     let replaced = false;
@@ -32,6 +32,21 @@ async function api(path, options = {}) {
   return response;
 }
 const getJson = async (path) => (await api(path)).json();
+
+// How long the server worked on a response (its Server-Timing header), ms.
+function serverTime(response) {
+  const timing = /dur=([0-9.]+)/.exec(response.headers.get("Server-Timing") || "");
+  return timing ? Number(timing[1]) : 0;
+}
+
+// What the benchmark reads: ms from the user's action (`asked`) to the next animation
+// frame after the page was updated (state.took[kind]; state.tookSeq[kind] counts them).
+function mark(kind, asked) {
+  requestAnimationFrame(() => {
+    state.took[kind] = performance.now() - asked;
+    state.tookSeq[kind] = (state.tookSeq[kind] || 0) + 1;
+  });
+}
 
 function say(text, isError = false) {
   const box = $("message");
@@ -58,16 +73,19 @@ async function guarded(work) {
 
 // ------------------------------------------------------------------ the table
 let tableAsked = 0;
-async function loadTable() {
+async function loadTable(kind = "table", since = performance.now()) {
   const asked = ++tableAsked;
   const t = state.table;
   const q = new URLSearchParams({ where: t.where, sort: t.sort, desc: t.desc ? "1" : "0", page: t.page, size: t.size });
-  const answer = await getJson(`/api/table?${q}`);
+  const response = await api(`/api/table?${q}`);
+  const answer = await response.json();
   if (asked !== tableAsked) return;
+  state.serverMs = serverTime(response);
   t.page = answer.page;
   t.matched = answer.matched_worlds;
   drawTable(answer);
   state.tableSeq += 1;
+  mark(kind, since);
 }
 
 function drawTable(answer) {
@@ -78,11 +96,11 @@ function drawTable(answer) {
     th.textContent = name;
     if (name === state.table.sort) th.className = state.table.desc ? "sorted desc" : "sorted";
     th.onclick = () => {
-      const t = state.table;
+      const t = state.table, since = performance.now();
       t.desc = t.sort === name ? !t.desc : false;
       t.sort = name;
       t.page = 0;
-      guarded(loadTable);
+      guarded(() => loadTable("sort", since));
     };
     row.append(th);
   });
@@ -122,7 +140,7 @@ function selectionChanged() {
 // ------------------------------------------------------------------ traces
 let traces;
 let tracesAsked = 0;
-async function drawTraces() {
+async function drawTraces(since = performance.now()) {
   const asked = ++tracesAsked;
   if (!state.selected.length) { traces.clear(); return; }
   const q = new URLSearchParams({
@@ -130,13 +148,32 @@ async function drawTraces() {
     dof: $("dof").value, leg: $("leg").value, joint: $("joint").value, axis: $("axis").value,
     keypoint: $("keypoint").value,
   });
-  const answer = await getJson(`/api/traces?${q}`);
+  const response = await api(`/api/traces?${q}`);
+  const answer = readTraces(await response.arrayBuffer());
   if (asked !== tracesAsked) return;  // a later selection won
+  state.serverMs = serverTime(response);
   traces.show(answer);
   traces.setCursor(state.info.times[state.frame]);
   state.traceWorlds = answer.lines.map((l) => l.world);
-  state.traceValues = answer.lines.map((l) => l.v);
+  state.traceValues = answer.lines.map((l) => Array.from(l.v));
   state.tracesSeq += 1;
+  mark("traces", since);
+}
+
+// /api/traces's answer: uint32 length of a JSON head, the head (labels, lines' worlds and
+// labels, points m), zeros up to a multiple of 8 bytes, then float64 times (m) and values
+// (lines x m; NaN: no data, given to uPlot as null, a gap).
+function readTraces(buffer) {
+  const size = new DataView(buffer).getUint32(0, true);
+  const head = JSON.parse(new TextDecoder().decode(new Uint8Array(buffer, 4, size)));
+  const offset = Math.ceil((4 + size) / 8) * 8, m = head.points;
+  const t = new Float64Array(buffer, offset, m);
+  const lines = head.lines.map(([world, label], i) => {
+    let v = new Float64Array(buffer, offset + 8 * m * (i + 1), m);
+    if (v.some(Number.isNaN)) v = Array.from(v, (x) => (Number.isNaN(x) ? null : x));
+    return { world, label, v };
+  });
+  return { labels: head.labels, t, lines, frames: head.frames };
 }
 
 // ------------------------------------------------------------------ 3D view
@@ -156,18 +193,24 @@ async function loadScene() {
   state.geoms = description.geoms.length;
 }
 
+let poseFrames = null;  // PoseFrames of the tiles' worlds (made in main)
+
 async function showWorlds() {
   if (!view) return;
   state.frame = Math.min(state.frame, state.info.frames - 1);
   const worlds = state.selected.slice(0, MAX_3D);
   $("view3d-note").textContent = worlds.length ? "" : "Select worlds in the table to see them here.";
   view.setWorlds(worlds);
-  if (worlds.length) await showFrame(state.frame);
+  poseFrames.reset(worlds);
+  if (!worlds.length) return;
+  showFrame(state.frame);
+  // the rest of the recording, in blocks, while the user looks (one frame's poses: bytes)
+  poseFrames.prefetch(state.frame, worlds.length * (state.geoms + 1) * 48).catch(failed);
 }
 
-const poseCache = new Map();  // "worlds|frame" -> Float32Array, filled by play's blocks
 async function fetchPoses(worlds, start, count) {
   const response = await api(`/api/poses?worlds=${worlds.join(",")}&start=${start}&count=${count}`);
+  if (count === 1) state.serverMs = serverTime(response);
   const [w, n, g, k] = response.headers.get("X-Shape").split(",").map(Number);
   const all = new Float32Array(await response.arrayBuffer());
   const frames = [];
@@ -179,7 +222,11 @@ async function fetchPoses(worlds, start, count) {
   return frames;
 }
 
-async function showFrame(frame) {
+// A move of the time cursor: the label and the traces' cursor at once; the 3D view at the
+// next animation frame, with the latest frame asked for (moves in between are skipped),
+// from the poses kept in the page, else fetched (one such request at a time).
+let poseWanted = null, poseAsked = 0;
+function showFrame(frame, asked = performance.now()) {
   state.frame = frame;
   $("time").value = frame;
   const t = state.info.times[frame];
@@ -187,44 +234,43 @@ async function showFrame(frame) {
   traces.setCursor(t);
   state.traceCursor = t;
   if (!view || !view.tiles.length) return;
-  const worlds = view.tiles.map((tile) => tile.world);
-  const key = `${worlds.join(",")}|${frame}`;
-  let poses = poseCache.get(key);
-  if (!poses) [poses] = await fetchPoses(worlds, frame, 1);
-  if (state.frame !== frame) return;  // a later move won
-  view.setPoses(poses);
-  state.poseSeq += 1;
-  state.poseFrame = frame;
+  const idle = poseWanted === null;
+  poseWanted = frame;
+  poseAsked = asked;
+  if (idle) requestAnimationFrame(() => drawPose().catch(failed));
 }
 
-// Play at the recorded speed: output_fps frames per second, poses fetched a block ahead.
+async function drawPose() {
+  for (;;) {
+    const frame = poseWanted, asked = poseAsked;
+    const poses = poseFrames.get(frame) || await poseFrames.fetch(frame);
+    if (poseWanted !== frame) continue;  // moved on meanwhile: fetch the latest
+    poseWanted = null;
+    view.setPoses(poses);
+    state.poseSeq += 1;
+    state.poseFrame = frame;
+    mark("pose", asked);
+    return;
+  }
+}
+
+// Play at the recorded speed: output_fps frames per second, from the poses kept.
 async function play() {
   if (state.playing) { state.playing = false; return; }
   if (!view || !view.tiles.length) { say("Select worlds in the table to play them."); return; }
   state.playing = true;
   $("play").textContent = "\u23f8";
   const fps = state.info.fps, last = state.info.frames - 1;
-  const worlds = view.tiles.map((tile) => tile.world);
-  const block = Math.max(1, Math.round(fps));
-  const fill = async (start) => {
-    const frames = await fetchPoses(worlds, start, Math.min(block, last - start + 1));
-    frames.forEach((p, i) => poseCache.set(`${worlds.join(",")}|${start + i}`, p));
-  };
-  try {
-    let frame = state.frame >= last ? 0 : state.frame;
-    await fill(frame);
-    const t0 = performance.now(), f0 = frame;
-    while (state.playing && frame <= last) {
-      if ((frame - f0) % block === Math.floor(block / 2) && frame + block <= last) fill(frame + block - Math.floor(block / 2)).catch(failed);
-      await showFrame(frame);
-      const due = t0 + ((frame + 1 - f0) * 1000) / fps;
-      await new Promise((r) => setTimeout(r, Math.max(0, due - performance.now())));
-      frame += 1;
-    }
-  } catch (err) { failed(err); }
+  let frame = state.frame >= last ? 0 : state.frame;
+  const t0 = performance.now(), f0 = frame;
+  while (state.playing && frame <= last) {
+    showFrame(frame);
+    const due = t0 + ((frame + 1 - f0) * 1000) / fps;
+    await new Promise((r) => setTimeout(r, Math.max(0, due - performance.now())));
+    frame += 1;
+  }
   state.playing = false;
   $("play").textContent = "\u25b6";
-  poseCache.clear();
 }
 
 // ------------------------------------------------------------------ renders
@@ -270,6 +316,7 @@ async function follow(id) {
 async function reopen() {
   await guarded(async () => {
     state.info = await (await api("/api/reopen", { method: "POST" })).json();
+    poseFrames = new PoseFrames(fetchPoses, state.info.frames);
     say(`Opened ${state.info.url} again: ${state.info.worlds} worlds x ${state.info.frames} frames.`);
     describe();
     await loadTable();
@@ -284,10 +331,18 @@ function describe() {
   $("time").max = info.frames - 1;
   $("dof-list").replaceChildren(...info.dofs.map((d) => Object.assign(document.createElement("option"), { value: d })));
   if (!$("dof").value && !$("leg").value) $("dof").value = info.dofs.find((d) => !d.includes("/q") && !/\/[xyz]$/.test(d)) || info.dofs[0];
+  if (info.model !== undefined) describeModel();
+}
+
+// The model's part of the page: it loads after the table (/api/model waits for it).
+function describeModel() {
+  const info = state.info;
   $("camera").replaceChildren(...info.cameras.map((c) => Object.assign(document.createElement("option"), { value: c, textContent: c })));
   $("render").disabled = !info.model;
   $("keypoint-label").hidden = !info.keypoints;
-  if (info.keypoints) $("keypoint").append(...info.bodies.map((b) => Object.assign(document.createElement("option"), { value: b, textContent: b })));
+  const option = (b) => Object.assign(document.createElement("option"), { value: b, textContent: b });
+  $("keypoint").replaceChildren(option(""), ...info.bodies.map(option));
+  $("keypoint").options[0].textContent = "(dofs)";
 }
 
 async function main() {
@@ -301,7 +356,8 @@ async function main() {
     e.preventDefault();
     state.table.where = $("filter").value;
     state.table.page = 0;
-    guarded(async () => { await loadTable(); say(""); });
+    const since = performance.now();
+    guarded(async () => { await loadTable("filter", since); say(""); });
   };
   $("prev").onclick = () => { state.table.page = Math.max(0, state.table.page - 1); guarded(loadTable); };
   $("next").onclick = () => { state.table.page += 1; guarded(loadTable); };
@@ -312,14 +368,19 @@ async function main() {
   $("clear").onclick = () => { state.selected = []; selectionChanged(); };
   $("time").oninput = () => guarded(() => showFrame(Number($("time").value)));
   $("play").onclick = () => play();
-  $("draw").onclick = () => guarded(drawTraces);
+  $("draw").onclick = () => { const since = performance.now(); guarded(() => drawTraces(since)); };
   $("render").onclick = () => guarded(render);
   state.info = await getJson("/api/info");
+  poseFrames = new PoseFrames(fetchPoses, state.info.frames);
   describe();
   await loadTable();
   state.firstPage = performance.now();
+  if (state.info.model === undefined) {
+    Object.assign(state.info, await getJson("/api/model"));
+    describeModel();
+  }
   await loadScene();
-  showFrame(0).catch(failed);
+  showFrame(0);
   state.ready = true;
 }
 

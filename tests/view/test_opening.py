@@ -1,0 +1,52 @@
+"""The viewer opens in two steps: the archive's header before it serves, the model and
+the dataset that reads states after (the first page does not wait for them)."""
+
+from __future__ import annotations
+
+from flyarchive.testing.view import view_archive
+
+
+def test_the_viewer_reads_only_the_header_before_serving(tmp_path):
+    from flyarchive.view.app import Viewer
+
+    url = view_archive(str(tmp_path / "run.zarr"))
+
+    viewer = Viewer(url, out=tmp_path / "videos", backend="cpu")
+
+    assert viewer.viewed._ds is None and viewer.model is None  # neither loaded yet
+    assert viewer.info()["worlds"] == 4 and "model" not in viewer.info()
+    assert list(viewer.viewed.columns) == ["world", "n_frames", "distance", "success"]
+
+
+def test_the_model_and_the_states_load_when_first_asked_for(tmp_path):
+    from flyarchive.view.app import Viewer
+
+    url = view_archive(str(tmp_path / "run.zarr"))
+    viewer = Viewer(url, out=tmp_path / "videos", backend="cpu")
+
+    model = viewer.model_info()
+    states = viewer.viewed.states([2])
+
+    assert model["model"] is True and model["cameras"]
+    assert viewer.info()["model"] is True
+    assert states[0]["qpos"].shape[0] == 51 and viewer.viewed._ds is not None
+
+
+def test_the_vendored_libraries_stay_in_the_browsers_cache_and_the_pages_files_do_not(tmp_path):
+    import urllib.request
+    from urllib.parse import urlsplit
+
+    from flyarchive.testing.view import serving
+
+    url = view_archive(str(tmp_path / "run.zarr"))
+    with serving(url, out=tmp_path / "videos", backend="cpu") as (served, _):
+        origin = "{0.scheme}://{0.netloc}".format(urlsplit(served.url))
+        headers = {"X-Flyarchive-Token": served.token}
+
+        def cache_control(path: str) -> str:
+            request = urllib.request.Request(origin + path, headers=headers)
+            with urllib.request.urlopen(request, timeout=60) as response:
+                return response.headers["Cache-Control"]
+
+        assert cache_control("/static/vendor/three.module.js") == "private, max-age=3600"
+        assert cache_control("/static/app.js") == "no-cache"
