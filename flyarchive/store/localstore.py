@@ -10,6 +10,16 @@ shapes can need (:mod:`flyarchive.store.hardening`), and checks metadata files b
 zarr parses them. A writable store refuses, when it is made, an archive holding a
 folder symlinked out of it (down to an array's ``c/<world block>`` folders), before
 anything is written; every write checks its own path.
+
+Reads take a short way where it gives the same answer (Linux): the key's folder is
+opened (``O_DIRECTORY``), the real path of what was opened (``/proc/self/fd``) must lie
+inside the archive's real root (kept once, looked up again when it differs), then the
+last component is ``lstat``-ed and opened relative to that folder's descriptor
+(``dir_fd``, ``O_NOFOLLOW``) and ``fstat``-ed: five system calls where
+``os.path.realpath`` ``lstat``s every component in Python. Anything else there (a
+folder missing or outside, a link, a FIFO, a device, a folder at the last component)
+takes the long way, :meth:`GuardedLocalStore._inside` and :func:`open_regular`, which
+says what is wrong as before.
 """
 
 from __future__ import annotations
@@ -36,6 +46,10 @@ __all__ = ["GuardedLocalStore", "UnsafeFileError", "IrregularFileError", "open_r
 #: Largest file read that is neither metadata nor an array's chunk (claims, models), bytes.
 MAX_OTHER_BYTES = 1 << 30
 _METADATA = ("zarr.json", ".zarray", ".zgroup", ".zattrs", ".zmetadata")
+#: Where the kernel says what a descriptor opened (Linux); None: every read takes the long way.
+_FD_LINKS = "/proc/self/fd" if os.path.isdir("/proc/self/fd") and os.open in os.supports_dir_fd \
+    and os.stat in os.supports_dir_fd else None
+_LONG_WAY = object()  # what the short way returns when it cannot answer
 _KINDS = {stat.S_IFIFO: "a FIFO (named pipe)", stat.S_IFCHR: "a character device",
           stat.S_IFBLK: "a block device", stat.S_IFSOCK: "a socket",
           stat.S_IFLNK: "a symbolic link"}
@@ -104,6 +118,7 @@ class GuardedLocalStore(zarr.storage.LocalStore):
     def __init__(self, root: Path | str, *, read_only: bool = False) -> None:
         super().__init__(root, read_only=read_only)
         self._limits: dict[str, tuple[tuple[int, int, int], hardening.ChunkLimits]] = {}
+        self._real_root: str | None = None  # the root's real path, as last looked up
         if not read_only and self.root.is_dir():
             self._check_links()  # before anything is opened, let alone written
 
@@ -126,6 +141,82 @@ class GuardedLocalStore(zarr.storage.LocalStore):
                                "never reads or writes through it", "Replace the link by the file or "
                                "folder itself.")
         return real
+
+    def _inside_real(self, real: str) -> bool:
+        """Whether the real path ``real`` is the root or lies inside it (the root's real
+        path looked up again when it does not, in case the root's own links changed)."""
+        for fresh in (False, True):
+            root = self._real_root
+            if fresh or root is None:
+                root = self._real_root = self._root_real()
+            if real == root or real.startswith(root.rstrip(os.sep) + os.sep):
+                return True
+        return False
+
+    def _folder_fd(self, key: str) -> tuple[int, str] | None:
+        """A descriptor of ``key``'s folder, found inside the root by its real path, and
+        the last component; None where the short way cannot tell (the caller closes)."""
+        if _FD_LINKS is None:
+            return None
+        folder, _, name = key.rpartition("/")
+        if not name or name in (".", ".."):
+            return None
+        try:
+            dfd = os.open(os.path.join(self.root, folder), os.O_RDONLY | os.O_DIRECTORY
+                          | os.O_CLOEXEC)
+        except OSError:
+            return None  # missing, not a folder...: the long way says what is there
+        try:
+            if self._inside_real(os.readlink(f"{_FD_LINKS}/{dfd}")):
+                return dfd, name
+        except OSError:
+            pass
+        os.close(dfd)
+        return None
+
+    def _open_short(self, key: str) -> tuple[int, os.stat_result] | None | object:
+        """:meth:`_open_regular` the short way (see the module's docstring); ``_LONG_WAY``
+        where it cannot answer."""
+        found = self._folder_fd(key)
+        if found is None:
+            return _LONG_WAY
+        dfd, name = found
+        try:
+            try:
+                st = os.stat(name, dir_fd=dfd, follow_symlinks=False)
+            except (FileNotFoundError, NotADirectoryError):
+                return None
+            if not stat.S_ISREG(st.st_mode):
+                return _LONG_WAY
+            try:
+                fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC,
+                             dir_fd=dfd)
+            except OSError:
+                return _LONG_WAY  # replaced meanwhile (a link: ELOOP), or gone
+            opened = os.fstat(fd)
+            if not stat.S_ISREG(opened.st_mode):
+                os.close(fd)
+                return _LONG_WAY
+            return fd, opened
+        finally:
+            os.close(dfd)
+
+    def _stat_short(self, key: str) -> os.stat_result | None | object:
+        """``os.stat`` of the regular file at ``key`` the short way (None: nothing there;
+        ``_LONG_WAY`` where it cannot answer)."""
+        found = self._folder_fd(key)
+        if found is None:
+            return _LONG_WAY
+        dfd, name = found
+        try:
+            st = os.stat(name, dir_fd=dfd, follow_symlinks=False)
+        except (FileNotFoundError, NotADirectoryError):
+            return None
+        except OSError:
+            return _LONG_WAY
+        finally:
+            os.close(dfd)
+        return st if stat.S_ISREG(st.st_mode) else _LONG_WAY
 
     def _check_links(self, depth: int = 3) -> None:
         """Refuse a writable archive holding a folder symlinked out of it, down to ``depth``
@@ -158,10 +249,15 @@ class GuardedLocalStore(zarr.storage.LocalStore):
         if not sep:
             return hardening.ChunkLimits(MAX_OTHER_BYTES)
         meta_key = f"{array}/zarr.json"
-        try:
-            st = os.stat(self._inside(meta_key))
-        except FileNotFoundError:
+        st = self._stat_short(meta_key)
+        if st is _LONG_WAY:
+            try:
+                st = os.stat(self._inside(meta_key))
+            except FileNotFoundError:
+                st = None
+        if st is None:
             return hardening.ChunkLimits(MAX_OTHER_BYTES)  # zarr reads no chunk without metadata
+        assert isinstance(st, os.stat_result)
         stamp = (st.st_ino, st.st_size, st.st_mtime_ns)
         cached = self._limits.get(array)
         if cached is None or cached[0] != stamp:
@@ -176,6 +272,9 @@ class GuardedLocalStore(zarr.storage.LocalStore):
 
     def _open_regular(self, key: str) -> tuple[int, os.stat_result] | None:
         """A descriptor and stat of the regular file at ``key``; None if there is none."""
+        found = self._open_short(key)
+        if found is not _LONG_WAY:
+            return found  # type: ignore[return-value]
         try:
             return open_regular(self._inside(key))
         except IrregularFileError as err:
@@ -283,6 +382,9 @@ class GuardedLocalStore(zarr.storage.LocalStore):
 
     async def exists(self, key: str) -> bool:
         def regular() -> bool:
+            st = self._stat_short(key)
+            if st is not _LONG_WAY:
+                return st is not None
             real = self._inside(key)
             try:
                 return stat.S_ISREG(os.lstat(real).st_mode)
