@@ -11,11 +11,29 @@ read in parallel. Frames past a world's ``n_frames`` read as NaN (the getter mas
 as for the lazy array). When the window cannot be found in the archive's getters (a
 dataset not read from an archive, or cut in ways other than worlds and a time span),
 :func:`state_reader` returns a reader through dask instead.
+
+Threads share the GIL for the Python work around each decoded chunk, so past a few
+cores they stop scaling. :class:`ProcessStateReader` reads with worker processes
+instead (spawned once per process of the caller, one per usable core, kept for the
+next reads): each is sent a job as JSON (the archive's URL and storage options, its
+``archive_id``, the array's name, the boxes of worlds and frames, the name and layout
+of a ``multiprocessing.shared_memory`` block the caller owns) over a pipe, opens the
+archive itself (kept for the next jobs) and decodes through the same getters into that
+block; no array is pickled. The caller masks frames past its own ``n_frames`` (those
+of the dataset it opened) and raises a worker's error as the same flyarchive error.
 """
 
 from __future__ import annotations
 
+import contextlib
+import json
+import os
+import queue
+import subprocess
+import sys
+import threading
 from collections.abc import Iterator
+from multiprocessing import shared_memory
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -25,7 +43,12 @@ from flyarchive.analyze.prepare import Prepared, committed_getter
 if TYPE_CHECKING:
     import xarray as xr
 
-__all__ = ["StateReader", "state_reader"]
+__all__ = ["StateReader", "ProcessStateReader", "state_reader"]
+
+#: Frames of a window from which :func:`state_reader` reads with processes by itself
+#: (``processes=None``), on a machine with at least :data:`AUTO_CORES` usable cores.
+AUTO_FRAMES = 1_000_000
+AUTO_CORES = 8
 
 
 class StateReader:
@@ -100,15 +123,37 @@ class _DaskReader:
         return state
 
 
-def state_reader(prepared: Prepared, names: list[str]
-                 ) -> StateReader | _DaskReader:
+def state_reader(prepared: Prepared, names: list[str], processes: int | None = None
+                 ) -> StateReader | ProcessStateReader | _DaskReader:
     """The fastest reader of the prepared window's state arrays ``names``: through the
-    archive's getters when the window is found in them, else through dask."""
+    archive's getters when the window is found in them, else through dask.
+
+    Args:
+        prepared: The window.
+        names: State arrays to read, e.g. ``["qpos"]``.
+        processes: Worker processes reading the getters' archive
+            (:class:`ProcessStateReader`); 0: threads of the caller
+            (:class:`StateReader`); None: processes, one per usable core, when there are
+            at least :data:`AUTO_CORES` of them, the window holds at least
+            :data:`AUTO_FRAMES` frames and its archive can be opened by another process
+            (not a ``memory://`` one).
+    """
     located = _locate(prepared, names)
     if located is None:
         return _DaskReader(prepared.ds, names)
     getters, worlds, (start, stop) = located
-    return StateReader(getters, worlds, start, stop)
+    threads = StateReader(getters, worlds, start, stop)
+    url = getattr(getters[names[0]], "url", None)
+    if not isinstance(url, str) or url.startswith("memory://"):
+        return threads
+    cores = len(os.sched_getaffinity(0))
+    if processes is None:
+        big = worlds.size * (stop - start) >= AUTO_FRAMES
+        processes = cores if cores >= AUTO_CORES and big else 0
+    if processes <= 0:
+        return threads
+    archive_id = prepared.whole.attrs.get("archive_id") if prepared.whole is not None else None
+    return ProcessStateReader(threads, archive_id, processes)
 
 
 def _locate(prepared: Prepared, names: list[str]
@@ -143,3 +188,246 @@ def _locate(prepared: Prepared, names: list[str]
     indices = np.array([where[w] for w in asked], dtype=np.int64)
     return getters, indices, (start, stop)  # type: ignore[return-value]
 
+
+
+class ProcessStateReader:
+    """Reads rows of a window's state with worker processes into shared memory (see the
+    module's docstring); the same results as :class:`StateReader`.
+
+    Args:
+        threads: The window's reader in this process (its getters, worlds and frames).
+        archive_id: The ``archive_id`` of the archive as the caller opened it; a worker
+            that finds another raises ArchiveReplacedError.
+        processes: Worker processes to use (started on first need, kept for later reads).
+    """
+
+    def __init__(self, threads: StateReader, archive_id: str | None, processes: int) -> None:
+        self.threads, self.archive_id = threads, archive_id
+        self.getters, self.worlds = threads.getters, threads.worlds
+        self.start, self.stop, self.n_time = threads.start, threads.stop, threads.n_time
+        self.pool = _pool(processes)
+        first = next(iter(self.getters.values()))
+        self.url, self.storage_options = first.url, dict(first.storage_options or {})
+        shards = getattr(getattr(first, "arr", None), "shards", None)
+        self.shard_worlds = int(shards[0]) if shards else 64
+
+    def read(self, r0: int, r1: int) -> dict[str, np.ndarray]:
+        """Rows ``[r0, r1)`` of each state array, as :meth:`StateReader.read`."""
+        layout, size = {}, 0
+        for name, getter in self.getters.items():
+            inner = tuple(int(s) for s in getter.shape[2:])
+            layout[name] = (size, inner, np.dtype(getter.dtype))
+            size += (r1 - r0) * int(np.prod(inner, dtype=np.int64)) * np.dtype(getter.dtype).itemsize
+        if r1 <= r0:
+            return {n: np.empty((0, *inner), dt) for n, (_, inner, dt) in layout.items()}
+        parts = self._parts(r0, r1)
+        block = shared_memory.SharedMemory(create=True, size=size)
+        try:
+            self.pool.run([self._job(block.name, layout, part) for part in parts])
+            state = {}
+            for name, (offset, inner, dtype) in layout.items():
+                view = np.ndarray((r1 - r0, *inner), dtype, buffer=block.buf, offset=offset)
+                state[name] = np.array(view)
+                del view
+        finally:
+            block.close()
+            block.unlink()
+        self._mask(state, r0, r1)
+        return state
+
+    def _parts(self, r0: int, r1: int) -> list[list[tuple[int, int, int, int, int]]]:
+        """The boxes of rows ``[r0, r1)`` (``(w0, w1, t0, t1, row)``, ``row`` their first
+        row in the block), cut at shards of worlds, shared out for the workers."""
+        boxes, row = [], 0
+        for w0, w1, t0, t1 in _pieces(r0, r1, self.n_time, self.worlds):
+            while w0 < w1:
+                cut = min(w1, (w0 // self.shard_worlds + 1) * self.shard_worlds)
+                boxes.append((w0, cut, t0, t1, row))
+                row += (cut - w0) * (t1 - t0)
+                w0 = cut
+        count = max(1, min(len(boxes), self.pool.size))
+        return [boxes[i::count] for i in range(count)]
+
+    def _job(self, block: str, layout: dict[str, Any], boxes: list[Any]) -> dict[str, Any]:
+        return {"url": self.url, "storage_options": self.storage_options,
+                "archive_id": self.archive_id, "block": block,
+                "arrays": {n: [o, list(i), d.str] for n, (o, i, d) in layout.items()},
+                "boxes": [[int(v) for v in b] for b in boxes],
+                "start": int(self.start)}
+
+    def _mask(self, state: dict[str, np.ndarray], r0: int, r1: int) -> None:
+        """NaN at frames past each world's ``n_frames`` as this process opened them."""
+        for name, values in state.items():
+            n_frames = getattr(self.getters[name], "n_frames", None)
+            if n_frames is None or values.dtype.kind != "f":
+                continue
+            rows = np.arange(r0, r1)
+            past = self.start + rows % self.n_time >= n_frames[self.worlds[rows // self.n_time]]
+            if past.any():
+                values[past] = np.nan
+
+
+class _Pool:
+    """Worker processes, each a fresh Python (``python -c``, this process's ``sys.path``:
+    nothing of the caller's ``__main__`` is run) answering JSON lines on its pipes; idle
+    ones in a queue."""
+
+    def __init__(self) -> None:
+        self.size = 0
+        self.idle: queue.SimpleQueue[subprocess.Popen[bytes]] = queue.SimpleQueue()
+        self.lock = threading.Lock()
+
+    def grow(self, size: int) -> None:
+        env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
+        with self.lock:
+            while self.size < size:
+                self.idle.put(subprocess.Popen(
+                    [sys.executable, "-c", "from flyarchive.analyze.state_read import _serve; "
+                     "_serve()"], stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env))
+                self.size += 1
+
+    def run(self, jobs: list[dict[str, Any]]) -> None:
+        """Run ``jobs`` on idle workers (waiting for one, then taking as many as are
+        idle); raises the first worker's error once every job is answered."""
+        held = [self.idle.get()]
+        while len(held) < len(jobs):
+            try:
+                held.append(self.idle.get_nowait())
+            except queue.Empty:
+                break
+        shares = [jobs[i::len(held)] for i in range(len(held))]
+        for worker, share in zip(held, shares):  # all started, then all answered
+            for job in share:
+                worker.stdin.write(json.dumps(job).encode() + b"\n")  # type: ignore[union-attr]
+            with contextlib.suppress(OSError):
+                worker.stdin.flush()  # type: ignore[union-attr]
+        errors: list[BaseException] = []
+        for worker, share in zip(held, shares):
+            errors += self._answers(worker, len(share))
+        if errors:
+            raise errors[0]
+
+    def _answers(self, worker: subprocess.Popen[bytes], count: int) -> list[BaseException]:
+        errors: list[BaseException] = []
+        for _ in range(count):
+            line = worker.stdout.readline()  # type: ignore[union-attr]
+            if not line:  # the worker died: a fresh one takes its place
+                worker.kill()
+                with self.lock:
+                    self.size -= 1
+                self.grow(self.size + 1)
+                return [RuntimeError(
+                    f"A state-reading worker process stopped (exit status {worker.wait()}); "
+                    "read again, or read with threads (processes=0).")]
+            reply = json.loads(line)
+            if "error" in reply:
+                errors.append(_error(reply))
+        self.idle.put(worker)
+        return errors
+
+
+_POOL = _Pool()
+
+
+def _pool(size: int) -> _Pool:
+    _POOL.grow(size)
+    return _POOL
+
+
+def _error(reply: dict[str, Any]) -> BaseException:
+    """The exception a worker reported: the same flyarchive error, when it is one."""
+    from flyarchive import errors
+
+    kind, message = str(reply.get("error")), str(reply.get("message"))
+    cls = getattr(errors, kind, None)
+    if isinstance(cls, type) and issubclass(cls, errors.FlyarchiveError):
+        try:
+            return cls(message)
+        except TypeError:
+            pass
+    return RuntimeError(f"{kind}: {message}")
+
+
+def _serve() -> None:
+    """A worker's loop: answer each job (a JSON line on stdin) with a JSON line, ``{}`` or
+    ``{"error", "message"}``, on what was stdout (stdout itself goes to stderr, so that
+    nothing else printed can garble the answers)."""
+    answers = os.fdopen(os.dup(1), "wb")
+    os.dup2(2, 1)
+    opened: dict[str, Any] = {}
+    for line in sys.stdin.buffer:
+        try:
+            _fill(json.loads(line), opened)
+            reply: dict[str, Any] = {}
+        except Exception as err:  # noqa: BLE001 - reported to the caller, raised there
+            reply = {"error": type(err).__name__, "message": str(err)}
+        answers.write(json.dumps(reply).encode() + b"\n")
+        answers.flush()
+
+
+def _fill(job: dict[str, Any], opened: dict[str, Any]) -> None:
+    """Decode a job's boxes of each array into its shared-memory block."""
+    import flyarchive
+    from flyarchive.errors import ArchiveReplacedError
+
+    key = json.dumps([job["url"], job["storage_options"]], sort_keys=True)
+    ds = opened.get(key)
+    if ds is None or ds.attrs.get("archive_id") != job["archive_id"]:
+        ds = opened[key] = flyarchive.open_archive(job["url"],
+                                                   storage_options=job["storage_options"] or None)
+    if ds.attrs.get("archive_id") != job["archive_id"]:
+        raise ArchiveReplacedError(
+            f"The archive at {job['url']!r} was replaced after it was opened (its archive_id "
+            f"is now {ds.attrs.get('archive_id')!r}, it was {job['archive_id']!r}). Call "
+            f"open_archive({job['url']!r}) again to read the archive that is there now.")
+    block = _attach(job["block"])
+    try:
+        for name, (offset, inner, dtype) in job["arrays"].items():
+            _decode_boxes(committed_getter(ds[name]), block.buf, offset, tuple(inner),
+                          np.dtype(dtype), job["boxes"], job["start"])
+    finally:
+        block.close()
+
+
+def _decode_boxes(getter: Any, buf: Any, offset: int, inner: tuple[int, ...],
+                  dtype: np.dtype, boxes: list[list[int]], start: int) -> None:
+    """Each box ``(w0, w1, t0, t1, row)`` of ``getter`` (frames from ``start``) into rows
+    ``row...`` of the array at ``offset`` of ``buf``."""
+    last = max(row + (w1 - w0) * (t1 - t0) for w0, w1, t0, t1, row in boxes)
+    view = np.ndarray((last, *inner), dtype, buffer=buf, offset=offset)
+    for w0, w1, t0, t1, row in boxes:
+        n = (w1 - w0) * (t1 - t0)
+        view[row:row + n] = getter[w0:w1, start + t0:start + t1].reshape(n, *inner)
+
+
+class _Block:
+    """A shared-memory block mapped in a worker: ``buf``, then ``close()``."""
+
+    def __init__(self, buf: Any, owner: Any) -> None:
+        self.buf, self._owner = buf, owner
+
+    def close(self) -> None:
+        buf, self.buf = self.buf, None
+        try:
+            if isinstance(self._owner, type(buf)) is False and isinstance(buf, memoryview):
+                buf.release()
+            self._owner.close()
+        except BufferError:
+            pass  # a view is still held (by an error's traceback): unmapped when it goes
+
+
+def _attach(name: str) -> _Block:
+    """The caller's shared-memory block ``name``, mapped here without registering it
+    with a resource tracker (which would unlink it when this worker exits)."""
+    path = f"/dev/shm/{name.lstrip('/')}"
+    if not os.path.exists(path):
+        block = shared_memory.SharedMemory(name=name, track=False)  # type: ignore[call-arg]
+        return _Block(block.buf, block)
+    import mmap
+
+    fd = os.open(path, os.O_RDWR)
+    try:
+        mapped = mmap.mmap(fd, 0)
+    finally:
+        os.close(fd)
+    return _Block(memoryview(mapped), mapped)
