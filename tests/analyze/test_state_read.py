@@ -62,3 +62,44 @@ def test_a_dataset_in_memory_is_read_as_it_is(sites_archive, sites_model):
     assert not isinstance(reader, StateReader)
     assert np.array_equal(reader.read(5, 47)["qpos"], _rows(loaded, "qpos")[5:47])
 
+
+
+def test_worker_processes_read_what_dask_reads_into_shared_memory(sites_archive, uneven_archive):
+    from flyarchive.analyze.state_read import ProcessStateReader
+
+    prepared = prepare(sites_archive, KeypointRequest.of("*", None, None), worlds=[0, 1, 2],
+                       time=(0.02, 0.1))
+    expected = _rows(prepared.ds, "qpos")
+    reader = state_reader(prepared, ["qpos"], processes=2)
+    cuts = (0, 3, len(expected) // 3 + 1, len(expected))  # partial worlds, then whole ones
+    pieces = [reader.read(r0, r1)["qpos"] for r0, r1 in zip(cuts[:-1], cuts[1:])]
+
+    uneven = prepare(uneven_archive, KeypointRequest.of("*", None, None))
+    names = ["qpos", "mocap_pos", "mocap_quat"]
+    state = state_reader(uneven, names, processes=2).read(0, 40)
+
+    assert isinstance(reader, ProcessStateReader)
+    assert np.array_equal(np.concatenate(pieces), expected, equal_nan=True)
+    assert np.isnan(state["qpos"][12:20]).all() and np.isfinite(state["qpos"][:12]).all()
+    for name in names:
+        assert np.array_equal(state[name], _rows(uneven.ds, name), equal_nan=True)
+
+
+def test_a_missing_chunk_read_by_a_worker_process_is_the_same_corrupt_archive_error(
+        sites_archive):
+    import pytest
+
+    from flyarchive.errors import CorruptArchiveError
+    from flyarchive.testing import shard_file
+
+    prepared = prepare(sites_archive, KeypointRequest.of("*", None, None))
+    threads = state_reader(prepared, ["qpos"], processes=0)
+    shard_file(sites_archive, "qpos", 0, 1).unlink()  # frames 5..9 of committed worlds
+
+    with pytest.raises(CorruptArchiveError) as by_threads:
+        threads.read(0, 60)
+    with pytest.raises(CorruptArchiveError) as by_processes:
+        state_reader(prepared, ["qpos"], processes=2).read(0, 60)
+
+    assert "frames 5..9" in str(by_processes.value)
+    assert str(by_processes.value) == str(by_threads.value)
