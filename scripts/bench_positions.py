@@ -27,7 +27,11 @@ world with jitter (``benchlib.nmf_states``), written by flyarchive's own writer 
   batches; CUDA events on CUDA), copy into the result; peak memory of Warp's pool and of
   the whole device;
 - ``read qpos``: the read stage alone, every ``qpos`` of the Warp row's archive into host
-  memory through dask and through the streamed reader (one thread, then one per core);
+  memory through dask and through the streamed reader (one thread, then one per core,
+  then one thread per core handing the decoding to as many worker processes: their CPU
+  time counted in ``CPU s``);
+- the Warp row twice: its state decoded by the reader threads, then by worker processes
+  (``load_positions(read_processes=...)``);
 - ``gait summary``: :func:`flyarchive.gait_summary` of ``--gait-worlds`` x
   ``--gait-frames`` from the archive (thorax and six tarsus tips computed on all cores),
   and the measures alone from positions in memory.
@@ -172,17 +176,31 @@ def warp_rows(url: str, world: Any, device: str, repeat: int) -> list[dict[str, 
     from flyarchive.analyze.warp_stream import StreamStats, load_positions
 
     backend = "gpu" if device.startswith("cuda") else "warp-cpu"
+    cores = len(os.sched_getaffinity(0))
+    return [row for processes in (0, cores)
+            for row in warp_row(url, world, backend, repeat, processes)]
+
+
+def warp_row(url: str, world: Any, backend: str, repeat: int, processes: int
+             ) -> list[dict[str, Any]]:
+    """The streamed row, its state decoded by the reader threads (``processes`` 0) or by
+    that many worker processes."""
+    from flyarchive.analyze.warp_stream import StreamStats, load_positions
+
     rows = []
+    how = "threads" if not processes else f"{processes} processes"
     for attempt in range(repeat + 1):  # the first builds kernels (Warp's cache) and warms up
         stats = StreamStats()
         with PeakMemory(interval_s=0.05) as memory:
             t0 = time.perf_counter()
-            load_positions(url, model=world.model, backend=backend, stats=stats)
+            load_positions(url, model=world.model, backend=backend, stats=stats,
+                           read_processes=processes)
             total = time.perf_counter() - t0
         if attempt == 0:
             continue
         mib = lambda b: None if b is None else b / 2**20  # noqa: E731
-        rows.append({"row": f"{backend} streamed, 50 bodies", "cores": len(os.sched_getaffinity(0)),
+        rows.append({"row": f"{backend} streamed, 50 bodies, read by {how}",
+                     "cores": len(os.sched_getaffinity(0)),
                      "s": stats.seconds, "frames_per_s": stats.frames / stats.seconds,
                      "setup_s": stats.setup_seconds, "call_s": total, "reader": stats.reader,
                      "batches": stats.batches, "read_core_s": stats.read_seconds,
@@ -205,29 +223,51 @@ def read_rows(url: str, world: Any, repeat: int) -> list[dict[str, Any]]:
     from flyarchive.analyze.prepare import prepare
     from flyarchive.analyze.state_read import state_reader
 
+    from flyarchive.analyze.state_read import _POOL
+
     ds = flyarchive.open_archive(url)
     frames = ds.sizes["world"] * ds.sizes["time"]
     cores = len(os.sched_getaffinity(0))
-    reader = state_reader(prepare(ds, KeypointRequest.of("*", None, None), model=world.model),
-                          ["qpos"])
+    prepared = prepare(ds, KeypointRequest.of("*", None, None), model=world.model)
+    threads = state_reader(prepared, ["qpos"], processes=0)
+    processes = state_reader(prepared, ["qpos"], processes=cores)
     step = 256 * ds.sizes["time"]  # 4 shards of 64 worlds
     bounds = [(r0, min(frames, r0 + step)) for r0 in range(0, frames, step)]
 
-    def streamed(threads: int) -> None:
-        with ThreadPoolExecutor(threads) as pool:
+    def streamed(reader: Any, n: int) -> None:
+        with ThreadPoolExecutor(n) as pool:
             list(pool.map(lambda b: reader.read(*b), bounds))
+
+    def cpu_clock() -> float:  # this process's CPU time and its reader processes'
+        return time.process_time() + workers_cpu_seconds(_POOL.pids)
 
     rows = []
     for label, fn, n in (("read qpos: dask (ds.qpos.values)", lambda: ds.qpos.values, cores),
-                         ("read qpos: state_read, 1 thread", lambda: streamed(1), 1),
-                         (f"read qpos: state_read, {cores} threads", lambda: streamed(cores),
-                          cores)):
-        fn()  # warm: file cache, shard indexes
+                         ("read qpos: state_read, 1 thread", lambda: streamed(threads, 1), 1),
+                         (f"read qpos: state_read, {cores} threads",
+                          lambda: streamed(threads, cores), cores),
+                         (f"read qpos: state_read, {cores} processes",
+                          lambda: streamed(processes, cores), cores)):
+        fn()  # warm: file cache, shard indexes, the processes' opened archive
         seconds, _ = best(fn, repeat)
-        cpu_s, _ = best(fn, repeat, time.process_time)
+        cpu_s, _ = best(fn, repeat, cpu_clock)
         rows.append({"row": label, "cores": n, "s": seconds, "cpu_s": cpu_s,
                      "frames_per_s": frames / seconds, "cpu_frames_per_s": frames / cpu_s})
     return rows
+
+
+def workers_cpu_seconds(pids: list[int]) -> float:
+    """CPU seconds (user + system) the processes ``pids`` used so far (Linux's /proc; the
+    ones gone count 0)."""
+    total, tick = 0, os.sysconf("SC_CLK_TCK")
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        total += int(fields[11]) + int(fields[12])  # utime, stime (fields 14, 15)
+    return total / tick
 
 
 def gait_rows(url: str, world: Any) -> list[dict[str, Any]]:

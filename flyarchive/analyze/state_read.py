@@ -274,6 +274,7 @@ class _Pool:
 
     def __init__(self) -> None:
         self.size = 0
+        self.pids: list[int] = []  # of every worker started (for benchmarks' CPU time)
         self.idle: queue.SimpleQueue[subprocess.Popen[bytes]] = queue.SimpleQueue()
         self.lock = threading.Lock()
 
@@ -281,9 +282,11 @@ class _Pool:
         env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
         with self.lock:
             while self.size < size:
-                self.idle.put(subprocess.Popen(
+                worker = subprocess.Popen(
                     [sys.executable, "-c", "from flyarchive.analyze.state_read import _serve; "
-                     "_serve()"], stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env))
+                     "_serve()"], stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env)
+                self.pids.append(worker.pid)
+                self.idle.put(worker)
                 self.size += 1
 
     def run(self, jobs: list[dict[str, Any]]) -> None:

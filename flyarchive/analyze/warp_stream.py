@@ -30,7 +30,7 @@ import numpy as np
 
 from flyarchive.analyze.keypoints import KeypointRequest, PointSpec
 from flyarchive.analyze.prepare import Prepared, as_positions, check_backend, prepare
-from flyarchive.analyze.state_read import StateReader, state_reader
+from flyarchive.analyze.state_read import ProcessStateReader, StateReader, state_reader
 
 if TYPE_CHECKING:
     import mujoco
@@ -59,8 +59,8 @@ class StreamStats:
         download_seconds: Device to (pinned) host copies of the keypoints, summed, s.
         copy_out_seconds: Waiting for and copying each batch from its pinned slot into
             the result array, s.
-        reader: ``"shards"`` (the archive's getters, :mod:`~flyarchive.analyze.state_read`)
-            or ``"dask"``.
+        reader: ``"shards"`` (the archive's getters, :mod:`~flyarchive.analyze.state_read`),
+            ``"processes"`` (the same in worker processes) or ``"dask"``.
         peak_device_bytes: Largest device memory held by Warp's memory pool during the
             run (CUDA with a memory pool; None elsewhere).
         peak_device_used_bytes: Largest memory in use on the whole device (every
@@ -102,6 +102,7 @@ def load_positions(
     backend: str = "gpu",
     batch_frames: int | None = None,
     readers: int | None = None,
+    read_processes: int | None = None,
     stats: StreamStats | None = None,
 ) -> xr.DataArray | xr.Dataset:
     """Positions of an archive's window computed into host memory at once, with the
@@ -114,6 +115,10 @@ def load_positions(
         batch_frames: Frames per batch (default: 65,536 on CUDA, 4,096 on the CPU, cut
             to whole shards of worlds where a batch holds several).
         readers: Reader (and copy) threads (default: the cores this process may use).
+        read_processes: Worker processes decoding the state for the reader threads
+            (:class:`~flyarchive.analyze.state_read.ProcessStateReader`); 0: the threads
+            decode; None: as :func:`~flyarchive.analyze.state_read.state_reader` chooses
+            (processes on 8 cores or more for a window of a million frames or more).
         stats: Filled with what the run measured.
 
     Returns:
@@ -135,7 +140,8 @@ def load_positions(
                             orientations, backend)
     stats = stats if stats is not None else StreamStats()
     readers = readers or len(os.sched_getaffinity(0))
-    values = _Stream(prepared, orientations, backend, batch_frames, readers, stats).run()
+    values = _Stream(prepared, orientations, backend, batch_frames, readers, stats,
+                     read_processes).run()
     return as_positions(prepared, values, orientations, backend)
 
 
@@ -143,7 +149,8 @@ class _Stream:
     """One run of the pipeline (see the module's docstring)."""
 
     def __init__(self, prepared: Prepared, orientations: bool, backend: str,
-                 batch: int | None, readers: int, stats: StreamStats) -> None:
+                 batch: int | None, readers: int, stats: StreamStats,
+                 read_processes: int | None = None) -> None:
         from flyarchive.analyze.warp_positions import WarpKinematics, device_of, wp
 
         started = clock.perf_counter()
@@ -155,8 +162,9 @@ class _Stream:
         self.n_rows = self.n_worlds * self.n_time
         self.width = len(prepared.keypoints) * self.engine.channels
         names = ["qpos"] + (["mocap_pos", "mocap_quat"] if self.engine.nmocap else [])
-        self.reader = state_reader(prepared, names)
-        stats.reader = "shards" if isinstance(self.reader, StateReader) else "dask"
+        self.reader = state_reader(prepared, names, read_processes)
+        stats.reader = "shards" if isinstance(self.reader, StateReader) else \
+            "processes" if isinstance(self.reader, ProcessStateReader) else "dask"
         self._timed: list[tuple[str, Any, Any]] = []  # (stage, start event, end event) on CUDA
         self._slots = [self._slot() for _ in range(2 if self.cuda else 1)]
         stats.setup_seconds = clock.perf_counter() - started
