@@ -383,10 +383,13 @@ def _fill(job: dict[str, Any], opened: dict[str, Any]) -> None:
             f"The archive at {job['url']!r} was replaced after it was opened (its archive_id "
             f"is now {ds.attrs.get('archive_id')!r}, it was {job['archive_id']!r}). Call "
             f"open_archive({job['url']!r}) again to read the archive that is there now.")
+    getters = opened.setdefault(f"{key} getters {id(ds)}", {})
     block = _attach(job["block"])
     try:
         for name, (offset, inner, dtype) in job["arrays"].items():
-            _decode_boxes(committed_getter(ds[name]), block.buf, offset, tuple(inner),
+            if name not in getters:
+                getters[name] = committed_getter(ds[name])
+            _decode_boxes(getters[name], block.buf, offset, tuple(inner),
                           np.dtype(dtype), job["boxes"], job["start"])
     finally:
         block.close()
