@@ -370,14 +370,14 @@ def _serve() -> None:
 
 def _fill(job: dict[str, Any], opened: dict[str, Any]) -> None:
     """Decode a job's boxes of each array into its shared-memory block."""
-    import flyarchive
     from flyarchive.errors import ArchiveReplacedError
+    from flyarchive.query.archive import open_archive
 
     key = json.dumps([job["url"], job["storage_options"]], sort_keys=True)
     ds = opened.get(key)
     if ds is None or ds.attrs.get("archive_id") != job["archive_id"]:
-        ds = opened[key] = flyarchive.open_archive(job["url"],
-                                                   storage_options=job["storage_options"] or None)
+        ds = opened[key] = open_archive(job["url"],
+                                     storage_options=job["storage_options"] or None)
     if ds.attrs.get("archive_id") != job["archive_id"]:
         raise ArchiveReplacedError(
             f"The archive at {job['url']!r} was replaced after it was opened (its archive_id "
