@@ -1,18 +1,25 @@
 """The package's shape: its imports (read from the source, imports inside functions
 included) have no cycles, the product never imports its test support, and each stage
-imports only from the stages below it:
+imports only from the stages before it, in the order of the data flow
+(../shared/DESIGN.md):
 
-    base <- store <- query <- analyze <- record <- replay <- video <- distribute <- applications
+    base <- record <- store <- query <- analyze <- replay <- video <- render <- distribute
+         <- applications
 
-Data flows record -> store -> query -> analyze -> replay -> video, but recorders write
-through the store and read their recording back through query (flygym's ``trajectory``),
-so record sits on top of both. Analyze (positions of bodies, gait measures) reads archives
-through query and keeps derived values through the store; replay and later stages may use it.
+Record imports only the base modules: recorders hand blocks of frames to a sink
+(:mod:`flyarchive.record.sink`, a protocol the store's writer implements), and the public
+recorders are bound to the store and query by an application module
+(:mod:`flyarchive.recorders`). Render (how one process turns an archive into videos) never
+imports distribute (where that work runs).
 
 Base modules (errors, schema, layout, clock, codecs, models, config, warp_log) import
-only each other; applications (cli, cli_analyze, demo, plot, summary, interop, render, view,
-and the package's own ``__init__``) may import anything; ``flyarchive.testing`` is not part of
-the product and may import anything too.
+only each other; applications (cli, demo, plot, summary, recorders, interop, view, and the
+package's own ``__init__``) may import anything; ``flyarchive.testing`` is not part of the
+product and may import anything too.
+
+The public line: no module imports another module's private (``_name``) names, ``__all__``
+appears only in the public modules (:data:`PUBLIC`), and every module is listed in its
+package's docstring.
 
 Where today's code breaks a rule, the rule's test is marked xfail(strict=True) with the
 list of what breaks it, so that it fails (XPASS) once the product is fixed: then empty the
@@ -22,6 +29,7 @@ list. A second test per rule fails at once on anything not on the list.
 from __future__ import annotations
 
 import ast
+import re
 from collections import deque
 from functools import cache
 from pathlib import Path
@@ -31,16 +39,208 @@ import pytest
 PACKAGE = Path(__file__).resolve().parents[1] / "flyarchive"
 
 BASE = frozenset({"errors", "schema", "layout", "clock", "codecs", "models", "config", "warp_log"})
-STAGES = ("store", "query", "analyze", "record", "replay", "video", "distribute")
-APPLICATIONS = frozenset({"cli", "cli_analyze", "demo", "plot", "summary", "interop", "render", "view",
-                          "__main__"})
+STAGES = ("record", "store", "query", "analyze", "replay", "video", "render", "distribute")
+APPLICATIONS = frozenset({"cli", "cli_analyze", "demo", "plot", "summary", "recorders", "interop",
+                          "view", "__main__"})
 TEST_SUPPORT = "flyarchive.testing"
 
 #: Import cycles of today's code, each as the set of its modules.
 KNOWN_CYCLES: list[frozenset[str]] = []
 
 #: Imports of today's code against the stage order: (importer, imported).
-KNOWN_STAGE_VIOLATIONS: frozenset[tuple[str, str]] = frozenset()
+KNOWN_STAGE_VIOLATIONS: frozenset[tuple[str, str]] = frozenset({
+    ('flyarchive.record.common', 'flyarchive.store'),
+    ('flyarchive.record.common', 'flyarchive.store.shutdown'),
+    ('flyarchive.record.cpu', 'flyarchive.store'),
+    ('flyarchive.record.trajectories', 'flyarchive.query'),
+    ('flyarchive.record.trajectories', 'flyarchive.query.frames'),
+    ('flyarchive.record.trajectories', 'flyarchive.store.location'),
+    ('flyarchive.record.warp', 'flyarchive.store'),
+    ('flyarchive.record.warp_io', 'flyarchive.store'),
+    ('flyarchive.render', 'flyarchive.distribute.api'),
+})
+
+#: The public modules: the package's face (``flyarchive``), the errors, the environment
+#: variables, models as files and bytes, the test support (as ``zarr.testing``), and the
+#: bridges users call by module. Only these declare ``__all__``.
+PUBLIC = frozenset({"flyarchive", "flyarchive.errors", "flyarchive.config", "flyarchive.models",
+                    "flyarchive.interop.nmf", "flyarchive.interop.flygym_sim",
+                    "flyarchive.interop.flygym_npz"})
+
+#: Uses of another module's private names in today's code: (user, "module.name").
+KNOWN_PRIVATE_USES: frozenset[tuple[str, str]] = frozenset({
+    ('flyarchive.distribute.frame_tasks', 'flyarchive.distribute.cpu_tasks._cpu_renderer'),
+    ('flyarchive.distribute.frame_tasks', 'flyarchive.distribute.cpu_tasks._states'),
+    ('flyarchive.testing.faultproxy', 'flyarchive.testing.s3._Endpoint'),
+    ('flyarchive.testing.faultproxy', 'flyarchive.testing.s3._LOOPBACK'),
+    ('flyarchive.testing.verify_beside', 'flyarchive.testing.concurrency._job'),
+})
+
+#: Internal modules of today's code that declare ``__all__``.
+KNOWN_ALL_OUTSIDE_PUBLIC: frozenset[str] = frozenset({
+    'flyarchive.analyze',
+    'flyarchive.analyze.blocks',
+    'flyarchive.analyze.cpu_positions',
+    'flyarchive.analyze.gait',
+    'flyarchive.analyze.keep',
+    'flyarchive.analyze.keypoints',
+    'flyarchive.analyze.lazy',
+    'flyarchive.analyze.model',
+    'flyarchive.analyze.prepare',
+    'flyarchive.analyze.skeleton',
+    'flyarchive.analyze.warp_positions',
+    'flyarchive.analyze.warp_stream',
+    'flyarchive.cli',
+    'flyarchive.cli_analyze',
+    'flyarchive.clock',
+    'flyarchive.codecs',
+    'flyarchive.demo',
+    'flyarchive.distribute.api',
+    'flyarchive.distribute.caches',
+    'flyarchive.distribute.cluster',
+    'flyarchive.distribute.cpu_frames',
+    'flyarchive.distribute.cpu_tasks',
+    'flyarchive.distribute.diagnostics',
+    'flyarchive.distribute.drivers',
+    'flyarchive.distribute.encoders',
+    'flyarchive.distribute.frame_tasks',
+    'flyarchive.distribute.gpus',
+    'flyarchive.distribute.output_plan',
+    'flyarchive.distribute.placement',
+    'flyarchive.distribute.plan',
+    'flyarchive.distribute.resume',
+    'flyarchive.distribute.warm',
+    'flyarchive.distribute.warp_batches',
+    'flyarchive.distribute.warp_pipeline',
+    'flyarchive.distribute.warp_runs',
+    'flyarchive.interop.npz_export',
+    'flyarchive.interop.poses',
+    'flyarchive.layout',
+    'flyarchive.plot',
+    'flyarchive.query',
+    'flyarchive.query.archive',
+    'flyarchive.query.conditions',
+    'flyarchive.query.dofs',
+    'flyarchive.query.frames',
+    'flyarchive.record.common',
+    'flyarchive.record.cpu',
+    'flyarchive.record.trajectories',
+    'flyarchive.record.warp',
+    'flyarchive.record.warp_io',
+    'flyarchive.render',
+    'flyarchive.replay',
+    'flyarchive.replay.font',
+    'flyarchive.replay.frames',
+    'flyarchive.replay.kinematics',
+    'flyarchive.replay.opengl',
+    'flyarchive.replay.outputs',
+    'flyarchive.replay.overlay',
+    'flyarchive.replay.warp',
+    'flyarchive.replay.warp_batch',
+    'flyarchive.replay.warp_compose',
+    'flyarchive.replay.warp_kernels',
+    'flyarchive.replay.warp_model',
+    'flyarchive.schema',
+    'flyarchive.store',
+    'flyarchive.store.claims',
+    'flyarchive.store.consolidated',
+    'flyarchive.store.copies',
+    'flyarchive.store.creation',
+    'flyarchive.store.dataset',
+    'flyarchive.store.decoders',
+    'flyarchive.store.derived',
+    'flyarchive.store.elsewhere',
+    'flyarchive.store.hardening',
+    'flyarchive.store.header',
+    'flyarchive.store.integrity',
+    'flyarchive.store.localstore',
+    'flyarchive.store.location',
+    'flyarchive.store.missing',
+    'flyarchive.store.model_check',
+    'flyarchive.store.models',
+    'flyarchive.store.reader',
+    'flyarchive.store.shards',
+    'flyarchive.store.shutdown',
+    'flyarchive.store.spec',
+    'flyarchive.store.storage_errors',
+    'flyarchive.store.world_vars',
+    'flyarchive.store.writer',
+    'flyarchive.summary',
+    'flyarchive.video',
+    'flyarchive.video.decode',
+    'flyarchive.video.guard',
+    'flyarchive.video.manifest',
+    'flyarchive.video.maps',
+    'flyarchive.video.mosaic',
+    'flyarchive.video.output',
+    'flyarchive.video.overlay',
+    'flyarchive.video.segments',
+    'flyarchive.video.workspace',
+    'flyarchive.video.writer',
+    'flyarchive.video.writers',
+    'flyarchive.warp_log',
+})
+
+#: Modules of today's code missing from their package's docstring.
+KNOWN_UNLISTED: frozenset[str] = frozenset({
+    'flyarchive.analyze',
+    'flyarchive.cli',
+    'flyarchive.cli_analyze',
+    'flyarchive.clock',
+    'flyarchive.codecs',
+    'flyarchive.demo',
+    'flyarchive.distribute',
+    'flyarchive.distribute.cpu_frames',
+    'flyarchive.distribute.frame_tasks',
+    'flyarchive.distribute.gpus',
+    'flyarchive.distribute.output_plan',
+    'flyarchive.distribute.placement',
+    'flyarchive.distribute.resume',
+    'flyarchive.distribute.warm',
+    'flyarchive.distribute.warp_batches',
+    'flyarchive.distribute.warp_runs',
+    'flyarchive.distribute.worker_setup',
+    'flyarchive.errors',
+    'flyarchive.interop',
+    'flyarchive.interop.npz_export',
+    'flyarchive.interop.poses',
+    'flyarchive.layout',
+    'flyarchive.models',
+    'flyarchive.plot',
+    'flyarchive.query',
+    'flyarchive.record',
+    'flyarchive.record.trajectories',
+    'flyarchive.render',
+    'flyarchive.replay',
+    'flyarchive.schema',
+    'flyarchive.store',
+    'flyarchive.store.copies',
+    'flyarchive.store.derived',
+    'flyarchive.store.elsewhere',
+    'flyarchive.store.header',
+    'flyarchive.store.model_check',
+    'flyarchive.store.model_child',
+    'flyarchive.store.models',
+    'flyarchive.store.world_vars',
+    'flyarchive.summary',
+    'flyarchive.testing',
+    'flyarchive.testing.checksums',
+    'flyarchive.testing.holes',
+    'flyarchive.testing.hostile_outputs',
+    'flyarchive.testing.model_fuzz',
+    'flyarchive.testing.synthetic',
+    'flyarchive.testing.verify_beside',
+    'flyarchive.testing.view',
+    'flyarchive.testing.ways_in',
+    'flyarchive.video',
+    'flyarchive.video.guard',
+    'flyarchive.video.mosaic',
+    'flyarchive.video.overlay',
+    'flyarchive.video.workspace',
+    'flyarchive.video.writers',
+    'flyarchive.view',
+    'flyarchive.warp_log',
+})
 
 
 # ----------------------------------------------------------------------------- the graph
@@ -156,7 +356,7 @@ def describe(found: list[frozenset[str]]) -> list[str]:
 
 # ----------------------------------------------------------------------------- layers
 def layer(name: str) -> tuple[int, str]:
-    """``(rank, group)``: base 0, the stages 1..7 in flow order, applications 100."""
+    """``(rank, group)``: base 0, the stages 1..8 in flow order, applications 100."""
     parts = name.split(".")
     if len(parts) == 1:
         return 100, "flyarchive"  # the package's __init__: re-exports the API on top
@@ -263,3 +463,140 @@ def test_no_import_against_the_stage_order_beyond_the_known_ones():
     found = stage_violations()
 
     assert sorted(found - KNOWN_STAGE_VIOLATIONS) == []
+
+
+# ----------------------------------------------------------------------------- the public line
+def is_public(name: str) -> bool:
+    return name in PUBLIC or not is_product(name)
+
+
+def private_uses_in(source: str, name: str, package: str) -> set[tuple[str, str]]:
+    """``(name, "module.attr")`` for each private name of another of the package's modules
+    that the source of module ``name`` imports (``from flyarchive.x import _y``) or reads
+    as an attribute of a module it imported (``x._y``, ``flyarchive.x._y``). Dunder names
+    (``__all__``, ``__version__``) are not private."""
+    def private(attr: str) -> bool:
+        return attr.startswith("_") and not (attr.startswith("__") and attr.endswith("__"))
+
+    tree = ast.parse(source)
+    bound: dict[str, str] = {}  # local name -> module of ours it is bound to
+    found: set[tuple[str, str]] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                if alias.name.split(".")[0] == "flyarchive" and alias.name in modules():
+                    bound[alias.asname or alias.name] = alias.name
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                anchor = package.split(".")[: len(package.split(".")) - node.level + 1]
+                base = ".".join([*anchor, *([node.module] if node.module else [])])
+            if base.split(".")[0] != "flyarchive":
+                continue
+            for alias in node.names:
+                sub = f"{base}.{alias.name}"
+                if sub in modules():
+                    bound[alias.asname or alias.name] = sub
+                elif private(alias.name) and base != name:
+                    found.add((name, sub))
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Attribute) and private(node.attr):
+            owner = _dotted(node.value)
+            target = bound.get(owner) or (owner if owner in modules() else None)
+            if target is not None and target != name:
+                found.add((name, f"{target}.{node.attr}"))
+    return found
+
+
+def _dotted(node: ast.expr) -> str:
+    """``a.b.c`` of an expression made only of names and attributes ("" otherwise)."""
+    if isinstance(node, ast.Name):
+        return node.id
+    if isinstance(node, ast.Attribute):
+        head = _dotted(node.value)
+        return f"{head}.{node.attr}" if head else ""
+    return ""
+
+
+def private_uses() -> set[tuple[str, str]]:
+    found: set[tuple[str, str]] = set()
+    for name, path in modules().items():
+        package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+        found |= private_uses_in(path.read_text(), name, package)
+    return found
+
+
+def declares_all(name: str) -> bool:
+    tree = ast.parse(modules()[name].read_text())
+    return any(isinstance(node, (ast.Assign, ast.AnnAssign)) and any(
+        isinstance(t, ast.Name) and t.id == "__all__"
+        for t in (node.targets if isinstance(node, ast.Assign) else [node.target]))
+        for node in tree.body)
+
+
+def all_outside_public() -> set[str]:
+    return {name for name in modules() if not is_public(name) and declares_all(name)}
+
+
+def unlisted() -> set[str]:
+    """Modules (and subpackages) whose full name is missing from their package's docstring."""
+    missing = set()
+    for name, path in modules().items():
+        if "." not in name or path.name == "__main__.py":
+            continue
+        package = name.rpartition(".")[0]
+        doc = ast.get_docstring(ast.parse(modules()[package].read_text())) or ""
+        if not re.search(rf"(?<![\w.]){re.escape(name)}(?![\w])", doc.replace("~", "")):
+            missing.add(name)
+    return missing
+
+
+def test_private_names_of_other_modules_are_found():
+    source = (
+        "import flyarchive.store.writer\n"
+        "from flyarchive.store import reader as r\n"
+        "from flyarchive.store.reader import _refuse_v2, open_group\n"
+        "from flyarchive.errors import __all__\n"
+        "def f():\n"
+        "    return r._has_fused(), flyarchive.store.writer._opened, r.open_group\n"
+    )
+
+    found = private_uses_in(source, "flyarchive.query.archive", "flyarchive.query")
+
+    assert found == {("flyarchive.query.archive", "flyarchive.store.reader._refuse_v2"),
+                     ("flyarchive.query.archive", "flyarchive.store.reader._has_fused"),
+                     ("flyarchive.query.archive", "flyarchive.store.writer._opened")}
+
+
+@pytest.mark.xfail(bool(KNOWN_PRIVATE_USES), strict=True,
+                   reason=f"known uses of other modules' private names: {sorted(KNOWN_PRIVATE_USES)}")
+def test_no_module_uses_another_modules_private_names():
+    assert sorted(private_uses()) == []
+
+
+def test_no_private_name_use_beyond_the_known_ones():
+    assert sorted(private_uses() - KNOWN_PRIVATE_USES) == []
+
+
+@pytest.mark.xfail(bool(KNOWN_ALL_OUTSIDE_PUBLIC), strict=True,
+                   reason=f"internal modules declaring __all__: {sorted(KNOWN_ALL_OUTSIDE_PUBLIC)}")
+def test_only_public_modules_declare_all():
+    assert sorted(all_outside_public()) == []
+
+
+def test_no_internal_module_declares_all_beyond_the_known_ones():
+    assert sorted(all_outside_public() - KNOWN_ALL_OUTSIDE_PUBLIC) == []
+
+
+def test_the_public_modules_exist_and_declare_all():
+    assert sorted(name for name in PUBLIC if name not in modules() or not declares_all(name)) == []
+
+
+@pytest.mark.xfail(bool(KNOWN_UNLISTED), strict=True,
+                   reason=f"modules missing from their package's docstring: {sorted(KNOWN_UNLISTED)}")
+def test_every_module_is_listed_in_its_packages_docstring():
+    assert sorted(unlisted()) == []
+
+
+def test_no_module_is_unlisted_beyond_the_known_ones():
+    assert sorted(unlisted() - KNOWN_UNLISTED) == []
