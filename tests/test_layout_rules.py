@@ -53,7 +53,7 @@ KNOWN_STAGE_VIOLATIONS: frozenset[tuple[str, str]] = frozenset({
     ('flyarchive.record.common', 'flyarchive.store.shutdown'),
     ('flyarchive.record.cpu', 'flyarchive.store'),
     ('flyarchive.record.trajectories', 'flyarchive.query'),
-    ('flyarchive.record.trajectories', 'flyarchive.query.frames'),
+    ('flyarchive.record.trajectories', 'flyarchive.query.selection'),
     ('flyarchive.record.trajectories', 'flyarchive.store.location'),
     ('flyarchive.record.warp', 'flyarchive.store'),
     ('flyarchive.record.warp_io', 'flyarchive.store'),
@@ -121,7 +121,7 @@ KNOWN_ALL_OUTSIDE_PUBLIC: frozenset[str] = frozenset({
     'flyarchive.query.archive',
     'flyarchive.query.conditions',
     'flyarchive.query.dofs',
-    'flyarchive.query.frames',
+    'flyarchive.query.selection',
     'flyarchive.record.common',
     'flyarchive.record.cpu',
     'flyarchive.record.trajectories',
@@ -129,17 +129,17 @@ KNOWN_ALL_OUTSIDE_PUBLIC: frozenset[str] = frozenset({
     'flyarchive.record.warp_io',
     'flyarchive.render',
     'flyarchive.replay',
+    'flyarchive.replay.compose',
     'flyarchive.replay.font',
-    'flyarchive.replay.frames',
     'flyarchive.replay.kinematics',
     'flyarchive.replay.opengl',
     'flyarchive.replay.outputs',
-    'flyarchive.replay.overlay',
+    'flyarchive.replay.sizes',
     'flyarchive.replay.warp',
-    'flyarchive.replay.warp_batch',
     'flyarchive.replay.warp_compose',
     'flyarchive.replay.warp_kernels',
     'flyarchive.replay.warp_model',
+    'flyarchive.replay.warp_rows',
     'flyarchive.schema',
     'flyarchive.store',
     'flyarchive.store.claims',
@@ -153,11 +153,11 @@ KNOWN_ALL_OUTSIDE_PUBLIC: frozenset[str] = frozenset({
     'flyarchive.store.hardening',
     'flyarchive.store.header',
     'flyarchive.store.integrity',
+    'flyarchive.store.kept_models',
     'flyarchive.store.localstore',
     'flyarchive.store.location',
     'flyarchive.store.missing',
     'flyarchive.store.model_check',
-    'flyarchive.store.models',
     'flyarchive.store.reader',
     'flyarchive.store.shards',
     'flyarchive.store.shutdown',
@@ -172,12 +172,10 @@ KNOWN_ALL_OUTSIDE_PUBLIC: frozenset[str] = frozenset({
     'flyarchive.video.manifest',
     'flyarchive.video.maps',
     'flyarchive.video.mosaic',
-    'flyarchive.video.output',
-    'flyarchive.video.overlay',
-    'flyarchive.video.segments',
+    'flyarchive.video.mp4',
+    'flyarchive.video.outputs',
+    'flyarchive.video.overlay_text',
     'flyarchive.video.workspace',
-    'flyarchive.video.writer',
-    'flyarchive.video.writers',
     'flyarchive.warp_log',
 })
 
@@ -218,9 +216,9 @@ KNOWN_UNLISTED: frozenset[str] = frozenset({
     'flyarchive.store.derived',
     'flyarchive.store.elsewhere',
     'flyarchive.store.header',
+    'flyarchive.store.kept_models',
     'flyarchive.store.model_check',
     'flyarchive.store.model_child',
-    'flyarchive.store.models',
     'flyarchive.store.world_vars',
     'flyarchive.summary',
     'flyarchive.testing',
@@ -235,9 +233,8 @@ KNOWN_UNLISTED: frozenset[str] = frozenset({
     'flyarchive.video',
     'flyarchive.video.guard',
     'flyarchive.video.mosaic',
-    'flyarchive.video.overlay',
+    'flyarchive.video.overlay_text',
     'flyarchive.video.workspace',
-    'flyarchive.video.writers',
     'flyarchive.view',
     'flyarchive.warp_log',
 })
@@ -398,13 +395,13 @@ def test_imports_inside_functions_and_relative_imports_are_read():
         "from flyarchive.errors import SchemaError\n"
         "def load():\n"
         "    from flyarchive.store import writer\n"
-        "    from .frames import select_frames\n"
+        "    from .selection import select_frames\n"
         "    import flyarchive.replay.opengl\n"
     )
 
     found = imports_in(source, "flyarchive.query.archive", "flyarchive.query")
 
-    assert found == {"flyarchive.errors", "flyarchive.store.writer", "flyarchive.query.frames",
+    assert found == {"flyarchive.errors", "flyarchive.store.writer", "flyarchive.query.selection",
                      "flyarchive.replay.opengl"}
 
 

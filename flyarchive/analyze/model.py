@@ -46,7 +46,7 @@ def kept_model(url: str, storage_options: Mapping[str, Any] | None = None
         CorruptArchiveError: the kept model is missing or does not hash to its name.
     """
     from flyarchive.store import open_group
-    from flyarchive.store.models import read_model
+    from flyarchive.store.kept_models import read_model
 
     stored = read_model(open_group(url, storage_options), url)
     if stored is None:

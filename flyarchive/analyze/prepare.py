@@ -109,11 +109,11 @@ def source_url(ds: xr.Dataset) -> str | None:
 def window(ds: xr.Dataset, worlds: Sequence[int] | None,
            time: tuple[float | None, float | None] | None) -> xr.Dataset:
     """``ds`` cut to the worlds and the frames of a time window, checked
-    (:func:`flyarchive.query.frames.select_frames`). Worlds without frames are kept only
+    (:func:`flyarchive.query.selection.select_frames`). Worlds without frames are kept only
     when no selection is made."""
     if worlds is None and time is None:
         return ds
-    from flyarchive.query.frames import select_frames
+    from flyarchive.query.selection import select_frames
 
     jobs = select_frames(ds, worlds, time)
     start, stop = min(j.start for j in jobs), max(j.stop for j in jobs)

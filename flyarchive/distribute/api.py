@@ -1,7 +1,7 @@
 """The public replay entry points: render worlds and time windows of an archive to
 videos (:func:`render_videos`) or to lazy frames (:func:`render_frames`).
 
-``render_videos`` selects frames (:mod:`flyarchive.query.frames`), makes a plan
+``render_videos`` selects frames (:mod:`flyarchive.query.selection`), makes a plan
 (:mod:`~flyarchive.distribute.plan`), checks it before any work, and runs it
 (:mod:`~flyarchive.distribute.drivers`): in this process, on a local Dask cluster it
 starts, or on the cluster given (which one: see :func:`render_videos`).
@@ -27,9 +27,9 @@ from flyarchive.errors import RenderOptionsError
 from flyarchive.layout import ModelLayout, check_compatible
 from flyarchive.models import check_data, model_bytes
 from flyarchive.query.archive import open_archive, open_header
-from flyarchive.query.frames import VideoJob, select_frames
+from flyarchive.query.selection import VideoJob, select_frames
 from flyarchive.replay import BACKENDS
-from flyarchive.replay.frames import MAX_GL_SIDE, is_int, parse_frame_size
+from flyarchive.replay.sizes import MAX_GL_SIDE, is_int, parse_frame_size
 from flyarchive.video import VideoOptions
 
 if TYPE_CHECKING:
@@ -88,7 +88,7 @@ class RenderOptions:
             tiles are assembled on the device (:mod:`flyarchive.video.mosaic`).
         overlays: Text burnt into the RGB frames (CLI ``--overlay time,world``): any of
             ``"world"``, ``"time"``, ``"speed"`` and the archive's per-world variables
-            (:mod:`flyarchive.video.overlay`). Default none.
+            (:mod:`flyarchive.video.overlay_text`). Default none.
 
     Raises:
         RenderOptionsError: an unknown backend or output, counts below 1, a mosaic that is
@@ -177,7 +177,7 @@ def replay_model(source: str, ds: Archive, model: mujoco.MjModel | None,
         source: The archive's URL.
         ds: The archive, from :func:`flyarchive.open_archive`.
         model: The compiled model; None: the one kept beside the archive
-            (``models/<sha256>.mjb``, :mod:`flyarchive.store.models`).
+            (``models/<sha256>.mjb``, :mod:`flyarchive.store.kept_models`).
 
     Raises:
         ModelLoadError: ``model`` is None and the archive keeps no model, or the kept
@@ -185,13 +185,13 @@ def replay_model(source: str, ds: Archive, model: mujoco.MjModel | None,
             given whose data MuJoCo cannot make (``mujoco.FatalError``).
         UnsafeModelError: the kept model crashed the child process that loaded it first,
             raised ``mujoco.FatalError`` there, or did not finish
-            (:func:`flyarchive.store.models.kept_model`).
+            (:func:`flyarchive.store.kept_models.kept_model`).
         CorruptArchiveError: the kept model's bytes do not hash to its name, or it is
             missing.
         LayoutMismatchError: the model's layout differs from the archive's.
     """
     if model is None:
-        from flyarchive.store.models import kept_model
+        from flyarchive.store.kept_models import kept_model
 
         model, blob = kept_model(source, storage_options)  # checked in a child process first
     else:

@@ -1,5 +1,5 @@
 """What one OpenGL segment task renders, frame by frame: every output of a world's frames,
-or the tiled frames of a mosaic, with overlays burnt in (:mod:`flyarchive.replay.overlay`).
+or the tiled frames of a mosaic, with overlays burnt in (:mod:`flyarchive.replay.compose`).
 
 A frame whose state holds NaN or infinity is black, and its maps say "nothing there"
 (depth 0, segmentation 0), as on the Warp backends.
@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 
 from flyarchive.replay.outputs import depth_to_counts, ids_to_counts, map_outputs
-from flyarchive.replay.overlay import burn_text, tile_frames
+from flyarchive.replay.compose import burn_text, tile_frames
 from flyarchive.schema import finite_frames
 
 __all__ = ["States", "world_frames", "mosaic_frames"]

@@ -30,7 +30,7 @@ from flyarchive.schema import finite_frames
 from flyarchive.video.mosaic import is_mosaic
 from flyarchive.video.workspace import RunFolder, is_local_fs, scratch_dir
 from flyarchive.video.workspace import filesystem as _filesystem
-from flyarchive.video.writer import VideoOptions
+from flyarchive.video.mp4 import VideoOptions
 
 __all__ = [
     "render_segment", "join_segments", "render_block", "close_thread_renderers",
@@ -103,7 +103,7 @@ def _part_urls(parts: str, job: Any, camera: str, start: int, outputs: tuple[str
     """Where a segment's outputs of one camera go in the parts folder; ``"key"`` names the
     segment (its mp4, whether or not RGB is an output)."""
     from flyarchive.video.maps import map_url
-    from flyarchive.video.output import output_urls
+    from flyarchive.video.outputs import output_urls
 
     key = output_urls(parts, job, camera)["rgb"][: -len(".mp4")] + f".{start:09d}.mp4"
     return {"key": key, **{n: key if n == "rgb" else map_url(key, n) for n in outputs}}
@@ -134,7 +134,7 @@ def render_segment(plan: RenderPlan, blob: bytes, parts: str, job: Any, start: i
         RenderFailedError: the run was given up (its parts folder is gone); nothing is
             left behind.
     """
-    from flyarchive.video.writers import OutputWriter
+    from flyarchive.video.outputs import OutputWriter
 
     options, so = plan.options, plan.out_storage_options
     outputs = tuple(getattr(options, "outputs", ("rgb",)))
@@ -178,7 +178,7 @@ def _segment_frames(plan: RenderPlan, blob: bytes, job: Any, start: int, stop: i
     per frame (:func:`flyarchive.distribute.cpu_frames.world_frames`)."""
     from flyarchive.distribute.cpu_frames import mosaic_frames, world_frames
     from flyarchive.video.mosaic import mosaic_size
-    from flyarchive.video.overlay import OverlayText
+    from flyarchive.video.overlay_text import OverlayText
 
     options = plan.options
     outputs = tuple(getattr(options, "outputs", ("rgb",)))

@@ -47,7 +47,7 @@ def _leave_render_core() -> None:
 
 class Encoders:
     """Encoder threads, each writing the videos given to it (every output of a (video,
-    camera): an :class:`~flyarchive.video.writers.OutputWriter`), each video's frames in order.
+    camera): an :class:`~flyarchive.video.outputs.OutputWriter`), each video's frames in order.
 
     A video (job, camera) goes to the thread with the fewest frames queued when its
     first frames come, and its later frames to the same thread, so they stay in order
@@ -221,7 +221,7 @@ class Encoders:
         last piece."""
         from flyarchive.distribute.output_plan import map_attributes
         from flyarchive.video.mosaic import mosaic_size
-        from flyarchive.video.writers import OutputWriter
+        from flyarchive.video.outputs import OutputWriter
 
         plan, job, camera = self._plan, self._jobs[piece.job], self._cameras[cam]
         key = (piece.job, cam)

@@ -21,7 +21,7 @@ from flyarchive.replay.outputs import (
     parse_outputs,
 )
 from flyarchive.video.mosaic import check_h264_size, fit_mosaic, mosaic_jobs, mosaic_size, parse_mosaic
-from flyarchive.video.overlay import check_overlay, parse_overlay
+from flyarchive.video.overlay_text import check_overlay, parse_overlay
 
 if TYPE_CHECKING:
     from flyarchive.store.header import Archive
@@ -72,7 +72,7 @@ def plan_outputs(options: Any, ds: Archive, model: mujoco.MjModel, jobs: Sequenc
     A mosaic of more tiles than selected worlds is fitted to them
     (:func:`~flyarchive.video.mosaic.fit_mosaic`); the manifest names the layout asked for.
     Overlay items that do not fit across a frame (a tile) are left out
-    (:class:`~flyarchive.video.overlay.OverlayText`), with a note.
+    (:class:`~flyarchive.video.overlay_text.OverlayText`), with a note.
         OptionsError: segmentation of a model with more than 65534 geoms.
     """
     check_overlay(options.overlays, ds)
@@ -103,7 +103,7 @@ def plan_outputs(options: Any, ds: Archive, model: mujoco.MjModel, jobs: Sequenc
 def _fit_overlay(options: Any, ds: Archive) -> tuple[Any, str]:
     """The options with only the overlay items that fit across a frame (a tile), and a
     note on those left out ("" when none)."""
-    from flyarchive.video.overlay import OverlayText
+    from flyarchive.video.overlay_text import OverlayText
 
     if not options.overlays and options.mosaic is None:
         return options, ""

@@ -1,7 +1,7 @@
 """Render plans: what to render and where, as plain values sent to workers.
 
 A plan holds the archive URL (absolute), the cameras, the output folder, the options and
-the videos to make (:class:`flyarchive.query.frames.VideoJob`, one per world). The CPU
+the videos to make (:class:`flyarchive.query.selection.VideoJob`, one per world). The CPU
 backend cuts each video into segments; the Warp backends pack (world, frame) states into
 batches and split the videos into groups, one per worker.
 """
@@ -47,14 +47,14 @@ def absolute_url(url: str | os.PathLike[str]) -> str:
 def job_video_path(out: str, job: Any, camera: str) -> str:
     """:func:`flyarchive.video.safe_video_path` of a job's world and camera, with the job's
     window, if any, before ``.mp4``: ``{out}/world00003/front.frames000120-000240.mp4``
-    (archive frames ``[120, 240)``, :attr:`~flyarchive.query.frames.VideoJob.suffix`).
+    (archive frames ``[120, 240)``, :attr:`~flyarchive.query.selection.VideoJob.suffix`).
 
     Args:
         out: The output folder (path or URL).
-        job: A :class:`~flyarchive.query.frames.VideoJob`, or a world id.
+        job: A :class:`~flyarchive.query.selection.VideoJob`, or a world id.
         camera: The camera's name.
     """
-    from flyarchive.video.output import output_urls
+    from flyarchive.video.outputs import output_urls
 
     return output_urls(out, job, camera)["rgb"]
 
@@ -83,14 +83,14 @@ class RenderPlan:
     archive_id: str | None = None
 
     def video_url(self, job: Any, camera: str) -> str:
-        """The final URL of the video of ``job`` (a :class:`~flyarchive.query.frames.VideoJob`,
+        """The final URL of the video of ``job`` (a :class:`~flyarchive.query.selection.VideoJob`,
         or a world id) and ``camera`` (see :func:`job_video_path`)."""
         return job_video_path(self.out, job, camera)
 
     def output_urls(self, job: Any, camera: str) -> dict[str, str]:
         """Where each output of ``job``'s camera goes (a world's or a mosaic's video, maps
-        beside it): :func:`flyarchive.video.output.output_urls`."""
-        from flyarchive.video.output import output_urls
+        beside it): :func:`flyarchive.video.outputs.output_urls`."""
+        from flyarchive.video.outputs import output_urls
 
         return output_urls(self.out, job, camera, getattr(self.options, "outputs", ("rgb",)))
 
@@ -133,7 +133,7 @@ def preflight(plan: RenderPlan, model: mujoco.MjModel) -> None:
     """
     from flyarchive import config
     from flyarchive.models import camera_ids
-    from flyarchive.replay.frames import MAX_GL_SIDE, parse_frame_size
+    from flyarchive.replay.sizes import MAX_GL_SIDE, parse_frame_size
     from flyarchive.video.guard import check_out_folders
     from flyarchive.video.manifest import manifest_url, output_root, read_manifest
 
@@ -201,7 +201,7 @@ def pack_batches(jobs: Sequence[Any], batch_worlds: int, lanes: int = 1) -> list
     Every batch but the last is full; a job's frames keep their order across batches.
 
     Args:
-        jobs: :class:`flyarchive.query.frames.VideoJob` s (``start``, ``stop`` archive indices).
+        jobs: :class:`flyarchive.query.selection.VideoJob` s (``start``, ``stop`` archive indices).
         batch_worlds: ``B``, states per batch, ``>= 1``.
         lanes: Videos in each batch, at most (capped at ``B``); ``>= 1``.
 

@@ -37,7 +37,7 @@ class BatchSource:
         self._overlay = None
         if items or self._mosaic:
             from flyarchive.query.archive import open_header
-            from flyarchive.video.overlay import OverlayText
+            from flyarchive.video.overlay_text import OverlayText
 
             header = open_header(plan.url, plan.storage_options or None)  # no xarray imported
             self._overlay = OverlayText(header, items, label_world=self._mosaic,

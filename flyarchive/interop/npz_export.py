@@ -39,7 +39,7 @@ from flyarchive.errors import (
     missing_storage_backend,
 )
 from flyarchive.query import open_archive
-from flyarchive.query.frames import parse_world_ids
+from flyarchive.query.selection import parse_world_ids
 from flyarchive.store.location import as_url
 from flyarchive.store.storage_errors import check_storage_options, is_remote, local_error, translated
 

@@ -9,7 +9,7 @@ missing values in Python with ``ds.reward.isnull()``).
 
 In Python, compute the mask from the dataset itself (``ds.success == 1``,
 ``ds.genotype == "wt"``, ``ds.qpos.sel(dof="x") > 0.1``) and pass it as ``where=``
-(:func:`flyarchive.query.frames.select_frames`).
+(:func:`flyarchive.query.selection.select_frames`).
 """
 
 from __future__ import annotations

@@ -4,14 +4,14 @@
 - :mod:`~flyarchive.replay.opengl`: :class:`CpuRenderer`, ``mujoco.Renderer`` on EGL
   (backend ``"cpu"``, bit-exact with frames rendered live);
 - :mod:`~flyarchive.replay.warp` (with :mod:`~flyarchive.replay.warp_kernels`,
-  :mod:`~flyarchive.replay.warp_compose`, :mod:`~flyarchive.replay.warp_batch` and
+  :mod:`~flyarchive.replay.warp_compose`, :mod:`~flyarchive.replay.warp_rows` and
   :mod:`~flyarchive.replay.warp_model`): :class:`WarpBatchRenderer`, mujoco-warp's
   batch ray tracer on CUDA (``"gpu"``) or Warp's CPU device (``"warp-cpu"``);
 - :mod:`~flyarchive.replay.outputs`: depth and segmentation besides RGB, and their
   16-bit counts;
-- :mod:`~flyarchive.replay.overlay` (with :mod:`~flyarchive.replay.font`): text burnt into
+- :mod:`~flyarchive.replay.compose` (with :mod:`~flyarchive.replay.font`): text burnt into
   frames, tiles joined into mosaics, on the host;
-- :mod:`~flyarchive.replay.frames`: frame sizes, pixel formats and shapes.
+- :mod:`~flyarchive.replay.sizes`: frame sizes, pixel formats and shapes.
 
 Nothing here is imported by ``import flyarchive`` but these names.
 """

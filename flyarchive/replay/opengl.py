@@ -34,7 +34,7 @@ from flyarchive.errors import (
     RenderBackendError,
 )
 from flyarchive.models import camera_ids, camera_names
-from flyarchive.replay.frames import MAX_GL_SIDE, parse_frame_size
+from flyarchive.replay.sizes import MAX_GL_SIDE, parse_frame_size
 from flyarchive.replay.kinematics import set_state
 from flyarchive.replay.outputs import check_segmentable, parse_outputs
 

@@ -26,7 +26,7 @@ from flyarchive.errors import ArchiveExistsError, CorruptArchiveError, Flyarchiv
 from flyarchive.layout import ModelLayout, check_compatible
 from flyarchive.schema import SCHEMA_NAME, SCHEMA_VERSION, STATE_VARS, TIME_COORDS
 from flyarchive.store.claims import WRITER_KEY, release
-from flyarchive.store.models import MODEL_ATTR, write_model
+from flyarchive.store.kept_models import MODEL_ATTR, write_model
 from flyarchive.store.spec import ArchiveSpec, world_var_dtype
 
 __all__ = ["package_versions", "root_attrs", "create_arrays", "claims_group", "inventory",

@@ -209,7 +209,7 @@ class ArchiveSpec:
             filled from the frame schedule. None: the extent grows with each commit.
         model: The compiled model as MJB bytes (:func:`flyarchive.models.model_bytes`),
             kept beside the archive as ``models/<sha256>.mjb``
-            (:mod:`flyarchive.store.models`); None: no model is kept (replay then needs
+            (:mod:`flyarchive.store.kept_models`); None: no model is kept (replay then needs
             one).
 
     Raises:
@@ -278,7 +278,7 @@ class ArchiveSpec:
     def model_entry(self) -> dict[str, Any] | None:
         """The root attribute ``model`` (sha256, size, MuJoCo release, path); None
         without a model."""
-        from flyarchive.store.models import model_entry
+        from flyarchive.store.kept_models import model_entry
 
         return None if self.model is None else model_entry(self.model)
 

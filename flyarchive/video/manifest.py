@@ -337,7 +337,7 @@ def video_entry(plan: Any, job: Any, camera: str, path: str | Mapping[str, str]
 
     Args:
         plan: The render plan (``fps``, ``options``).
-        job: The video's :class:`~flyarchive.query.frames.VideoJob`, or
+        job: The video's :class:`~flyarchive.query.selection.VideoJob`, or
             :class:`~flyarchive.video.mosaic.MosaicJob`.
         camera: Its camera name.
         path: Its final path or URL, or ``{output name: URL}`` of every output.

@@ -40,7 +40,7 @@ from flyarchive.errors import (
     UnsafeFileError,
     VideoEncodeError,
 )
-from flyarchive.video.writer import CloseOrAbort
+from flyarchive.video.mp4 import CloseOrAbort
 
 __all__ = [
     "CHUNK_FRAMES", "MAP_SUFFIXES", "map_url", "MapWriter", "publish_map", "join_maps",

@@ -12,7 +12,7 @@ A mosaic larger than the selected worlds is fitted to them (:func:`fit_mosaic`: 
 The manifest gives each mosaic's real frame size, its tile size and, when fitted, the
 layout asked for.
 
-Videos are ``{out}/mosaic{index:03d}/{camera}.mp4`` (:func:`flyarchive.video.output.safe_mosaic_path`).
+Videos are ``{out}/mosaic{index:03d}/{camera}.mp4`` (:func:`flyarchive.video.outputs.safe_mosaic_path`).
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from flyarchive.errors import FrameSizeError, RenderOptionsError
-from flyarchive.replay.frames import MAX_GL_SIDE, is_int
+from flyarchive.replay.sizes import MAX_GL_SIDE, is_int
 
 __all__ = ["MosaicJob", "mosaic_jobs", "parse_mosaic", "mosaic_size", "is_mosaic", "fit_mosaic",
            "check_h264_size", "H264_MAX_MACROBLOCKS"]
@@ -33,7 +33,7 @@ H264_MAX_MACROBLOCKS = 139264
 
 @dataclass(frozen=True)
 class MosaicJob:
-    """One mosaic video: its tiles (one :class:`~flyarchive.query.frames.VideoJob` each, None
+    """One mosaic video: its tiles (one :class:`~flyarchive.query.selection.VideoJob` each, None
     for a blank tile) over archive frames ``[start, stop)``."""
 
     index: int

@@ -169,7 +169,7 @@ def test_the_manifest_journal_lists_the_first_video_at_once_and_the_rest_on_clos
         archive, tiny, tmp_path):
     from flyarchive.distribute.plan import RenderPlan
     from flyarchive.query.archive import open_header
-    from flyarchive.query.frames import select_frames
+    from flyarchive.query.selection import select_frames
     from flyarchive.video.manifest import ManifestJournal, video_entry
 
     ds = open_header(archive)

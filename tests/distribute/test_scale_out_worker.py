@@ -14,7 +14,7 @@ import pytest
 from flyarchive.distribute.api import RenderOptions, render_videos
 from flyarchive.distribute.plan import pack_batches
 from flyarchive.distribute.warp_pipeline import _read_ahead
-from flyarchive.query.frames import VideoJob
+from flyarchive.query.selection import VideoJob
 from flyarchive.testing import tiny_model
 from flyarchive.testing.fixtures import record
 from flyarchive.testing.markers import WARP_BACKEND, requires_warp
