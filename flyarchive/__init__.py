@@ -39,11 +39,11 @@ _LAZY = {
     "WarpTrajectoryRecorder": "flyarchive.record.warp",
     "render_videos": "flyarchive.distribute.api",
     "render_frames": "flyarchive.distribute.api",
-    "RenderOptions": "flyarchive.distribute.api",
+    "RenderOptions": "flyarchive.render.options",
     "RenderResult": "flyarchive.distribute.api",
-    "default_video_options": "flyarchive.distribute.api",
-    "PipelineProfile": "flyarchive.distribute.diagnostics",
-    "CpuRenderer": "flyarchive.replay.opengl",
+    "default_video_options": "flyarchive.render.options",
+    "PipelineProfile": "flyarchive.render.diagnostics",
+    "OpenGLRenderer": "flyarchive.replay.opengl",
     "WarpBatchRenderer": "flyarchive.replay.warp",
     "VideoOptions": "flyarchive.video.mp4",
     "read_video": "flyarchive.video.decode",
@@ -74,7 +74,19 @@ _LAZY = {
 __all__ = [*_errors_all, *_LAZY]
 
 
+#: Old names, kept working with a DeprecationWarning: old name -> (name, since).
+_DEPRECATED = {"CpuRenderer": ("OpenGLRenderer", "0.2")}
+
+
 def __getattr__(name: str) -> Any:
+    if name in _DEPRECATED:
+        new, since = _DEPRECATED[name]
+        import warnings
+
+        warnings.warn(f"flyarchive.{name} is flyarchive.{new} since flyarchive {since} (it is "
+                      f"the OpenGL renderer); {name} will be removed.", DeprecationWarning,
+                      stacklevel=2)
+        return __getattr__(new)
     if name in _LAZY:
         value = getattr(importlib.import_module(_LAZY[name]), name)
         globals()[name] = value  # looked up once

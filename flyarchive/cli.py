@@ -415,7 +415,7 @@ def _video_options(args: argparse.Namespace) -> Any:
     """``--preset`` / ``--crf`` over the backend's defaults (``None`` when neither is given)."""
     from dataclasses import replace
 
-    from flyarchive.distribute.api import default_video_options
+    from flyarchive.render.options import default_video_options
 
     if args.preset is None and args.crf is None:
         return None

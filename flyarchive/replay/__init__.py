@@ -1,7 +1,7 @@
 """Replay recorded kinematic state: position-only kinematics, then rasterize.
 
 - :mod:`~flyarchive.replay.kinematics`: recorded state into an ``MjData``;
-- :mod:`~flyarchive.replay.opengl`: :class:`CpuRenderer`, ``mujoco.Renderer`` on EGL
+- :mod:`~flyarchive.replay.opengl`: :class:`OpenGLRenderer`, ``mujoco.Renderer`` on EGL
   (backend ``"cpu"``, bit-exact with frames rendered live);
 - :mod:`~flyarchive.replay.warp` (with :mod:`~flyarchive.replay.warp_kernels`,
   :mod:`~flyarchive.replay.warp_compose`, :mod:`~flyarchive.replay.warp_rows` and

@@ -71,13 +71,17 @@ class ArchiveHeader:
     Attributes:
         attrs: The archive's attributes.
         variables: Every variable, coordinates included, by name.
+        group: The opened, checked zarr group it was read through (None when built
+            without one): what reads more of the same archive (its states, its kept model)
+            without opening it again.
     """
 
     def __init__(self, attrs: Mapping[str, Any], variables: Mapping[str, HeaderVariable],
-                 coords: tuple[str, ...]) -> None:
+                 coords: tuple[str, ...], group: Any = None) -> None:
         self.attrs = dict(attrs)
         self.variables = dict(variables)
         self._coords = tuple(coords)
+        self.group = group
 
     @property
     def coords(self) -> dict[str, HeaderVariable]:

@@ -70,7 +70,7 @@ def write_manifest(plan: Any, ds: Archive, entries: list[dict[str, Any]], *,
     """Write (or update) ``{plan.out}/manifest.json`` with the videos of one render.
 
     Args:
-        plan: The :class:`flyarchive.distribute.plan.RenderPlan` that was rendered.
+        plan: The :class:`flyarchive.render.plan.RenderPlan` that was rendered.
         ds: Its archive, from :func:`flyarchive.open_archive`.
         entries: One per video, from :func:`describe`.
         staging: A local folder on the output's file system to stage the file in.

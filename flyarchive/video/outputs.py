@@ -152,7 +152,7 @@ def output_urls(out_dir: str | os.PathLike[str], job: Any, camera: str,
     Args:
         out_dir: The output folder.
         job: A :class:`~flyarchive.query.selection.VideoJob` (its window, if any, named
-            before ``.mp4``, as :func:`flyarchive.distribute.plan.job_video_path`), a world
+            before ``.mp4``, as :func:`flyarchive.render.plan.job_video_path`), a world
             id, or a :class:`~flyarchive.video.mosaic.MosaicJob` (RGB only).
         camera: Its camera name.
         outputs: Names from :data:`flyarchive.replay.outputs.OUTPUTS`.

@@ -66,13 +66,13 @@ def renders(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     from flyarchive.replay import opengl as cpu
 
     made: list[int] = []
-    real = cpu.CpuRenderer.__init__
+    real = cpu.OpenGLRenderer.__init__
 
     def counting(self: Any, *args: Any, **kwargs: Any) -> None:
         made.append(1)
         real(self, *args, **kwargs)
 
-    monkeypatch.setattr(cpu.CpuRenderer, "__init__", counting)
+    monkeypatch.setattr(cpu.OpenGLRenderer, "__init__", counting)
     return made
 
 

@@ -142,7 +142,7 @@ def test_render_frames_of_a_relative_archive_compute_on_a_worker_started_elsewhe
 ])
 def test_local_paths_become_absolute_and_urls_stay(
         given: str, expected: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from flyarchive.distribute.plan import absolute_url
+    from flyarchive.render.plan import absolute_url
 
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("HOME", str(tmp_path / "home"))
