@@ -233,8 +233,8 @@ def cmd_render(args: argparse.Namespace) -> int:
     from flyarchive.config import set_verbose
 
     set_verbose(args.verbose)  # Warp's logs, here and in local Dask workers
-    with _sigterm_stops(), _early_cluster(args):
-        return _render(args)
+    with _sigterm_stops(), _render_cluster(args) as client:
+        return _render(args, client)
 
 
 @contextlib.contextmanager
@@ -258,38 +258,43 @@ def _sigterm_stops() -> Any:
         signal.signal(signal.SIGTERM, previous)
 
 
-def _early_cluster(args: argparse.Namespace) -> contextlib.AbstractContextManager[None]:
-    """The local Dask cluster the render will start, started now, before the imports and
-    the archive's opening (:func:`flyarchive.distribute.cluster.early_cluster`), or the
-    client of ``--scheduler``, its workers warming Warp meanwhile
-    (:func:`~flyarchive.distribute.cluster.early_client`); nothing when it renders in
-    this process, or the options are wrong (the render says what is wrong)."""
-    from flyarchive.distribute.cluster import early_client, early_cluster
+def _render_cluster(args: argparse.Namespace) -> contextlib.AbstractContextManager[Any]:
+    """Where the render runs, decided once, before the imports and the archive's opening:
+    a client of the local Dask cluster the render runs on, started now
+    (:func:`flyarchive.distribute.cluster.local_cluster`), or of ``--scheduler``, its
+    workers warming Warp meanwhile (:func:`~flyarchive.distribute.cluster.scheduler_client`);
+    None when it renders in this process, or the options are wrong (the render says what
+    is wrong). The client is passed to :func:`flyarchive.render_videos`."""
+    from flyarchive.distribute.cluster import local_cluster, scheduler_client
     from flyarchive.distribute.placement import placement
+    from flyarchive.replay import WARP_BACKENDS
 
     if args.scheduler:  # its workers start warming Warp; connected once
         warm = {"gpu": "cuda", "warp-cpu": "cpu"}.get(args.backend)
-        return early_client(args.scheduler, warm) if args.gpus is None else \
+        return scheduler_client(args.scheduler, warm) if args.gpus is None else \
             contextlib.nullcontext()  # refused by the render: --gpus with --scheduler
     if (args.workers is not None and args.workers < 1) or args.url.startswith("memory://"):
         return contextlib.nullcontext()
 
-    if args.backend == "cpu":
-        return early_cluster(args.workers)
+    if args.backend not in WARP_BACKENDS:  # OpenGL: a worker process per core
+        return local_cluster(args.workers)
     try:
         where = placement(args.backend, sys.maxsize, n_workers=args.workers,
                           gpus=parse_gpus(args.gpus) if args.gpus is not None else None)
     except FlyarchiveError:
         return contextlib.nullcontext()
     if where.where == "local-gpus":
-        return early_cluster(gpu_workers=list(where.gpu_workers))
+        return local_cluster(gpu_workers=list(where.gpu_workers))
     if where.where == "local":
-        return early_cluster(where.n_workers)
+        return local_cluster(where.n_workers)
     return contextlib.nullcontext()
 
 
-def _render(args: argparse.Namespace) -> int:
-    from flyarchive.distribute.api import RenderOptions, render_videos
+def _render(args: argparse.Namespace, client: Any = None) -> int:
+    """The render of ``args`` on ``client`` (:func:`_render_cluster`), or where
+    :func:`flyarchive.render_videos` places it when None."""
+    from flyarchive.distribute.api import render_videos
+    from flyarchive.render.options import RenderOptions
     from flyarchive.models import load_model
 
     storage_options = _storage_options(args.storage_options)
@@ -304,9 +309,9 @@ def _render(args: argparse.Namespace) -> int:
                               batch_worlds=args.batch_worlds,
                               overwrite=args.overwrite, progress=not args.quiet,
                               video=_video_options(args), **_output_options(args)),
-        scheduler=args.scheduler, n_workers=args.workers,
-        storage_options=storage_options,
-        gpus=parse_gpus(args.gpus) if args.gpus is not None else None,
+        client=client, scheduler=None if client is not None else args.scheduler,
+        n_workers=args.workers, storage_options=storage_options,
+        gpus=parse_gpus(args.gpus) if args.gpus is not None and client is None else None,
         resume=args.resume,
     )
     kept = f", kept {written.kept} finished before" if written.kept else ""

@@ -1,6 +1,7 @@
 """Where a Warp render plan runs (:func:`placement`), decided from the backend, the
 number of videos and the machine, before anything heavy is imported: the command line
-asks it to start a local cluster early (:func:`flyarchive.distribute.cluster.early_cluster`).
+asks it once, and starts the local cluster it names early
+(:func:`flyarchive.distribute.cluster.local_cluster`), whose client it passes to the render.
 """
 
 from __future__ import annotations
