@@ -68,13 +68,7 @@ PUBLIC = frozenset({"flyarchive", "flyarchive.errors", "flyarchive.config", "fly
                     "flyarchive.interop.flygym_npz"})
 
 #: Uses of another module's private names in today's code: (user, "module.name").
-KNOWN_PRIVATE_USES: frozenset[tuple[str, str]] = frozenset({
-    ('flyarchive.render.blocks', 'flyarchive.render.opengl._cpu_renderer'),
-    ('flyarchive.render.blocks', 'flyarchive.render.opengl._states'),
-    ('flyarchive.testing.faultproxy', 'flyarchive.testing.s3._Endpoint'),
-    ('flyarchive.testing.faultproxy', 'flyarchive.testing.s3._LOOPBACK'),
-    ('flyarchive.testing.verify_beside', 'flyarchive.testing.concurrency._job'),
-})
+KNOWN_PRIVATE_USES: frozenset[tuple[str, str]] = frozenset()
 
 #: Internal modules of today's code that declare ``__all__``.
 KNOWN_ALL_OUTSIDE_PUBLIC: frozenset[str] = frozenset({

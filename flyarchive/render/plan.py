@@ -14,18 +14,14 @@ import os
 from collections import deque
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any, TypeAlias
+from typing import Any
 
 import mujoco
 
 from flyarchive.errors import OutputExistsError, RenderOptionsError
-from flyarchive.query.selection import VideoJob
 from flyarchive.render.options import RenderOptions
-from flyarchive.video.mosaic import MosaicJob
+from flyarchive.video.mosaic import Job
 from flyarchive.video.workspace import filesystem, is_local_fs
-
-#: One video to make (per camera): a world's frames, or a mosaic of worlds.
-Job: TypeAlias = VideoJob | MosaicJob
 
 
 def absolute_url(url: str | os.PathLike[str]) -> str:

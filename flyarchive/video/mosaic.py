@@ -19,9 +19,10 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeAlias
 
 from flyarchive.errors import FrameSizeError, RenderOptionsError
+from flyarchive.query.selection import VideoJob
 from flyarchive.replay.sizes import MAX_GL_SIDE, is_int
 
 __all__ = ["MosaicJob", "mosaic_jobs", "parse_mosaic", "mosaic_size", "is_mosaic", "fit_mosaic",
@@ -39,7 +40,7 @@ class MosaicJob:
     index: int
     rows: int
     cols: int
-    tiles: tuple[Any, ...]
+    tiles: tuple[VideoJob | None, ...]
     start: int
     stop: int
     #: The ``(rows, cols)`` asked for, when the mosaic was fitted to fewer worlds.
@@ -73,7 +74,12 @@ class MosaicJob:
                 "blank": "black tiles: no world, or after a world's last frame"}
 
 
-def is_mosaic(job: Any) -> bool:
+#: One video to make (per camera): a world's frames, or a mosaic of worlds.
+Job: TypeAlias = VideoJob | MosaicJob
+
+
+def is_mosaic(job: object) -> bool:
+    """Whether ``job`` is a :class:`MosaicJob` (else a world's :class:`VideoJob`, or a world id)."""
     return isinstance(job, MosaicJob)
 
 
@@ -144,7 +150,7 @@ def fit_mosaic(mosaic: tuple[int, int], n_worlds: int) -> tuple[int, int]:
     return min(rows, -(-n_worlds // cols)), cols
 
 
-def mosaic_jobs(jobs: Sequence[Any], mosaic: tuple[int, int], *,
+def mosaic_jobs(jobs: Sequence[VideoJob], mosaic: tuple[int, int], *,
                 asked: tuple[int, int] | None = None) -> list[MosaicJob]:
     """Group per-world jobs, in order, into mosaics of ``rows * cols`` tiles (the last one
     padded with blank tiles); ``asked``: the layout asked for, when ``mosaic`` was fitted."""

@@ -15,7 +15,7 @@ import time
 import uuid
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -32,6 +32,9 @@ from flyarchive.video.guard import make_parent
 from flyarchive.video.maps import MAP_SUFFIXES, MapWriter, map_url, publish_map
 from flyarchive.video.mp4 import CloseOrAbort, VideoOptions, VideoWriter
 from flyarchive.video.workspace import stage
+
+if TYPE_CHECKING:
+    from flyarchive.video.mosaic import Job
 
 __all__ = ["write_output", "safe_video_path", "safe_mosaic_path", "output_urls", "OutputWriter"]
 
@@ -144,7 +147,7 @@ def safe_mosaic_path(out_dir: str | os.PathLike[str], index: int, camera: str) -
     return f"{base}/mosaic{int(index):03d}/{_file_name(camera)}.mp4"
 
 
-def output_urls(out_dir: str | os.PathLike[str], job: Any, camera: str,
+def output_urls(out_dir: str | os.PathLike[str], job: Job | int, camera: str,
                 outputs: tuple[str, ...] = ("rgb",)) -> dict[str, str]:
     """Where each output of one job's camera goes: ``{"rgb": ....mp4, "depth":
     ....depth.zarr, "segmentation": ....seg.zarr}``, the keys of ``outputs``.
