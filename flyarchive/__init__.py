@@ -1,16 +1,40 @@
 """flyarchive: record MuJoCo kinematic state into xarray/zarr archives, render video later.
 
 The public API (every name in ``__all__``: what the README uses, and more) is
-re-exported here, following the data flow:
+re-exported here. Heavy optional parts (rendering, mujoco-warp, Dask) load on first use:
+``import flyarchive`` imports only the error classes, and each other name loads its
+module when it is first used (so ``flyarchive --help`` and commands that need no xarray
+start at once).
 
-    record -> store -> query -> analyze -> replay -> video -> distribute
+Public modules (they declare ``__all__``; everything else is internal, reached through
+the names re-exported here): this package, :mod:`flyarchive.errors`,
+:mod:`flyarchive.config` (the ``FLYARCHIVE_*`` environment variables),
+:mod:`flyarchive.models` (models as files and bytes), :mod:`flyarchive.testing` (test
+support, as ``zarr.testing``) and the bridges of :mod:`flyarchive.interop` that users
+call by module.
 
-Lower-level parts (the store's writer and reader, render plans and tasks) live in their
-stage packages, whose ``__init__`` lists their modules. Heavy optional parts
-(rendering, mujoco-warp, Dask) load on first use: ``import flyarchive`` imports only
-the error classes, and each other name loads its module when it is first used (so
-``flyarchive --help`` and commands that need no xarray start at once). The
-``FLYARCHIVE_*`` environment variables are listed in :mod:`flyarchive.config`.
+The stages, in the order of the data flow (each imports only those before it;
+tests/test_layout_rules.py checks it):
+
+- base: :mod:`flyarchive.errors` (every exception), :mod:`flyarchive.config`,
+  :mod:`flyarchive.schema` (schema v1, validation), :mod:`flyarchive.layout` (a model's
+  qpos/mocap layout and fingerprint), :mod:`flyarchive.clock` (when a frame is due),
+  :mod:`flyarchive.codecs` (the state arrays' codec pipelines), :mod:`flyarchive.models`,
+  :mod:`flyarchive.warp_log` (Warp imported quietly, kernels compiled once);
+- :mod:`flyarchive.record`: recorders sample state when a frame is due;
+- :mod:`flyarchive.store`: the code that opens, writes and commits zarr archives;
+- :mod:`flyarchive.query`: archives as lazy, validated xarray Datasets; selections;
+- :mod:`flyarchive.analyze`: forward kinematics of keypoints, gait measures;
+- :mod:`flyarchive.replay`: position-only kinematics and rasterizing (OpenGL, Warp);
+- :mod:`flyarchive.video`: frames to mp4 and lossless maps, manifests, output folders;
+- :mod:`flyarchive.render`: how one process turns an archive into videos;
+- :mod:`flyarchive.distribute`: where render work runs (this process, Dask, GPUs);
+- applications: :mod:`flyarchive.cli` (the ``flyarchive`` command, with
+  :mod:`flyarchive.cli_analyze`), :mod:`flyarchive.demo`, :mod:`flyarchive.plot`,
+  :mod:`flyarchive.summary` (``flyarchive info``), :mod:`flyarchive.view` (the web
+  viewer), :mod:`flyarchive.interop` (flygym, movement, NWB).
+
+:mod:`flyarchive.testing` is test support; no product module imports it.
 """
 
 from __future__ import annotations

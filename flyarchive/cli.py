@@ -13,9 +13,6 @@ from typing import Any
 
 from flyarchive.errors import FlyarchiveError, SelectionError, Terminated
 
-__all__ = ["main", "parse_worlds", "parse_time", "parse_size", "parse_world_var", "parse_gpus",
-           "MAX_WORLDS"]
-
 #: Most world ids one ``--worlds`` selection may name (a range is refused before it is expanded).
 MAX_WORLDS = 1_000_000
 

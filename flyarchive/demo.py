@@ -14,8 +14,6 @@ from typing import Any
 
 from flyarchive.errors import ArchiveExistsError, missing_dependency
 
-__all__ = ["run_demo"]
-
 
 def _say(message: str) -> None:
     print(f"[flyarchive demo] {message}", flush=True)

@@ -23,24 +23,6 @@ if TYPE_CHECKING:
 #: Deepest nesting of lists and objects in metadata and attributes.
 MAX_JSON_DEPTH = 64
 
-__all__ = [
-    "SCHEMA_NAME",
-    "SCHEMA_VERSION",
-    "STATE_VARS",
-    "TIMING_ATTRS",
-    "TIME_COORDS",
-    "IMPORT_ATTR",
-    "import_status",
-    "validate",
-    "validate_attrs",
-    "MAX_JSON_DEPTH",
-    "json_depth_of",
-    "finite_frames",
-    "sizes_problem",
-    "n_frames_problem",
-    "times_problem",
-]
-
 SCHEMA_NAME = "flyarchive.trajectory"
 SCHEMA_VERSION = 1
 

@@ -10,9 +10,6 @@ from flyarchive.query.archive import open_header
 from flyarchive.schema import import_status
 from flyarchive.store.kept_models import stored_entry
 
-__all__ = ["summarize", "summary_lines", "describe_model", "describe_codec_line",
-           "describe_world_vars", "format_ids"]
-
 
 def summarize(url: str, storage_options: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """Summarize an archive (JSON-friendly).

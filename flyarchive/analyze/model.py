@@ -19,8 +19,6 @@ from flyarchive.errors import ModelLoadError
 from flyarchive.layout import ModelLayout, check_compatible
 from flyarchive.models import load_mjb, model_bytes
 
-__all__ = ["AnalysisModel", "analysis_model", "kept_model"]
-
 
 @dataclass(frozen=True)
 class AnalysisModel:

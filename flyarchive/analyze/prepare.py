@@ -25,9 +25,6 @@ if TYPE_CHECKING:
     import mujoco
     import xarray as xr
 
-__all__ = ["Prepared", "prepare", "window", "source_url", "check_backend", "lazy_positions",
-           "as_positions", "UNITS"]
-
 #: The unit of positions: the model's own (MuJoCo has none).
 UNITS = "model length unit (mm for NeuroMechFly)"
 

@@ -33,9 +33,6 @@ from pathlib import Path
 from flyarchive import config
 from flyarchive.errors import RenderBackendError, RenderOptionsError
 
-__all__ = ["Gpu", "GpuWorker", "visible_gpus", "choose_gpus", "check_gpus", "gpu_workers",
-           "split_cpus", "usable_cpus", "pin_process", "share_of"]
-
 _NVIDIA_SMI = ("nvidia-smi", "--query-gpu=index,uuid,pci.bus_id", "--format=csv,noheader")
 _PROC_GPUS = Path("/proc/driver/nvidia/gpus")
 _SYS_PCI = Path("/sys/bus/pci/devices")

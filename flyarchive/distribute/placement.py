@@ -11,8 +11,6 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["Placement", "placement", "runs_here"]
-
 
 @dataclass(frozen=True)
 class Placement:

@@ -11,4 +11,3 @@ from flyarchive.query.archive import open_archive
 from flyarchive.query.dofs import dof_labels, select_dofs
 from flyarchive.query.selection import VideoJob, select_frames
 
-__all__ = ["open_archive", "select_dofs", "dof_labels", "select_frames", "VideoJob"]

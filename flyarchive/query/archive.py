@@ -17,8 +17,6 @@ from flyarchive.store.reader import damaged_metadata, open_checked, unreadable
 if TYPE_CHECKING:
     import xarray as xr
 
-__all__ = ["open_archive", "open_header"]
-
 _Opened = TypeVar("_Opened")
 
 

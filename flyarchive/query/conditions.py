@@ -24,9 +24,6 @@ import xarray as xr
 
 from flyarchive.errors import SelectionError, did_you_mean
 
-__all__ = ["parse_condition", "parse_number", "world_var_mask", "dof_mask",
-           "where_from_conditions", "OPERATORS", "world_var_names"]
-
 #: Comparison operators a condition may use (``=`` means ``==``).
 OPERATORS: dict[str, Callable[[Any, Any], Any]] = {
     "==": operator.eq, "!=": operator.ne, ">=": operator.ge, "<=": operator.le,

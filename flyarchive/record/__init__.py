@@ -6,7 +6,11 @@
   ``Data`` of many worlds on one Warp device (and flygym's ``GPUSimulation``), with its
   device buffers and background writer in :mod:`~flyarchive.record.warp_io`;
 - :mod:`~flyarchive.record.common`: what both share (time order, resumed reruns,
-  commit when abandoned).
+  commit when abandoned);
+- :mod:`~flyarchive.record.trajectories`: a recording read back as flygym
+  ``RecordedTrajectory`` objects (the recorders' ``trajectory``).
+
+Internal: the public names are re-exported by ``flyarchive``.
 
 Recorders never touch zarr: they write through :class:`flyarchive.store.ArchiveWriter`.
 """

@@ -31,9 +31,6 @@ from flyarchive.record.trajectories import read_trajectories
 from flyarchive.store import ArchiveWriter
 from flyarchive.store.shutdown import write_without_new_threads
 
-__all__ = ["TimeGuard", "CommittedTail", "commit_when_abandoned", "forget", "release_writer",
-           "ended_by_reset", "read_back", "FIRST_FRAME_ATTR"]
-
 #: Archive attribute of the Warp recorder (before archives stored ``frame``): index on
 #: the frame schedule of the archive's frame 0.
 FIRST_FRAME_ATTR = "first_frame"

@@ -24,8 +24,6 @@ from flyarchive.record.common import (
 from flyarchive.schema import finite_frames
 from flyarchive.store import ArchiveSpec, ArchiveWriter, FrameBlock, parse_mode, refuse_existing
 
-__all__ = ["TrajectoryRecorder", "FrameBuffer"]
-
 
 def _n_world_vars(world_vars: Mapping[str, Any]) -> int:
     """Worlds implied by the first world variable (1 without any), to check options early."""

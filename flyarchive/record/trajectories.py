@@ -14,8 +14,6 @@ from flyarchive.query import open_archive
 from flyarchive.query.selection import parse_world_ids
 from flyarchive.store.location import as_url
 
-__all__ = ["read_trajectories"]
-
 
 def read_trajectories(
     url: str | os.PathLike[str],

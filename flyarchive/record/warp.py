@@ -61,8 +61,6 @@ from flyarchive.record.warp_io import (  # noqa: E402  (after the check that war
     gather_frame,
 )
 
-__all__ = ["WarpTrajectoryRecorder", "FIRST_FRAME_ATTR"]
-
 
 class WarpTrajectoryRecorder:
     """Records the kinematic state of selected worlds of a mujoco-warp simulation.

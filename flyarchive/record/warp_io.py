@@ -29,8 +29,6 @@ from flyarchive.warp_log import import_warp
 
 wp = import_warp("WarpTrajectoryRecorder")
 
-__all__ = ["gather_frame", "Frames", "BackgroundWriter", "Session"]
-
 
 @wp.kernel
 def gather_frame(

@@ -17,8 +17,6 @@ from contextlib import contextmanager
 from types import TracebackType
 from typing import Any
 
-__all__ = ["PipelineProfile", "StageTimer", "STAGES", "COUNTS", "progress_bar"]
-
 #: Seconds per stage, summed over threads. The thread that drives the renderer gets its
 #: renderer (``setup_s``: imports, kernel loading, model and buffers on the device, when
 #: the process does not hold one already), waits for

@@ -16,8 +16,6 @@
 Nothing here is imported by ``import flyarchive`` but these names.
 """
 
-__all__ = ["BACKENDS", "WARP_BACKENDS"]
-
 #: Render backends, as ``RenderOptions(backend=...)`` and ``flyarchive render --backend``
 #: take them: OpenGL (``"cpu"``), mujoco-warp on CUDA (``"gpu"``) or on Warp's CPU device.
 BACKENDS = ("cpu", "gpu", "warp-cpu")

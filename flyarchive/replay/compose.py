@@ -15,8 +15,6 @@ import numpy as np
 from flyarchive.errors import FrameSizeError
 from flyarchive.replay.font import CELL_H, CELL_W, GLYPHS, text_codes
 
-__all__ = ["TEXT_X", "TEXT_Y", "burn_text", "tile_frames", "text_width", "max_chars"]
-
 #: Top left corner of burnt-in text, pixels from the frame's left and top edges.
 TEXT_X, TEXT_Y = 2, 2
 

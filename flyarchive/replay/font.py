@@ -13,8 +13,6 @@ from collections.abc import Sequence
 
 import numpy as np
 
-__all__ = ["GLYPHS", "CELL_W", "CELL_H", "text_codes"]
-
 #: Pixels per character cell: width and height.
 CELL_W, CELL_H = 6, 8
 

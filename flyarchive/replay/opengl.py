@@ -38,8 +38,6 @@ from flyarchive.replay.sizes import MAX_GL_SIDE, parse_frame_size
 from flyarchive.replay.kinematics import set_state
 from flyarchive.replay.outputs import check_segmentable, parse_outputs
 
-__all__ = ["OpenGLRenderer", "headless_renderer", "pin_rasterizer_threads", "camera_names"]
-
 _HEADLESS_BACKENDS = ("egl", "osmesa")
 _context_lock = threading.Lock()
 

@@ -54,8 +54,6 @@ mjw = import_mujoco_warp(_WHAT)
 from flyarchive.replay.warp_compose import Composer  # noqa: E402  (after the check that warp is there)
 from flyarchive.replay.warp_kernels import scatter_mocap, scatter_qpos  # noqa: E402
 
-__all__ = ["PendingBatch", "WarpBatchRenderer", "prepare_for_batch_rendering"]
-
 
 class WarpBatchRenderer:
     """Render batches of recorded states with mujoco-warp's batch renderer.

@@ -29,8 +29,6 @@ from flyarchive.replay.warp_kernels import (  # noqa: E402
     packed_rgb_to_uint8,
 )
 
-__all__ = ["Composer", "pack_maps", "burn_text_argb", "packed_rgb_to_i420_tiled"]
-
 _CELL_W = wp.constant(CELL_W)
 _CELL_H = wp.constant(CELL_H)
 _WHITE = wp.constant(wp.uint32(0xFFFFFFFF))

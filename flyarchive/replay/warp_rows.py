@@ -17,8 +17,6 @@ from flyarchive.replay.font import text_codes
 from flyarchive.replay.sizes import is_int
 from flyarchive.schema import finite_frames
 
-__all__ = ["PendingBatch", "StateRows", "parse_cameras", "parse_mosaic", "default_state"]
-
 
 class PendingBatch:
     """The frames (and maps) of a submitted batch, on their way to host buffers.

@@ -32,9 +32,6 @@ from flyarchive.store import copies
 from flyarchive.store.hardening import check_array_metadata
 from flyarchive.store.location import sync
 
-__all__ = ["consolidate", "write_consolidated", "members_metadata", "time_extent",
-           "root_document", "consolidated_problems", "consolidated_findings", "WHILE_WRITING"]
-
 Metadata = ArrayV3Metadata | GroupMetadata
 
 

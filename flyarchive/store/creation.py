@@ -29,10 +29,6 @@ from flyarchive.store.claims import WRITER_KEY, release
 from flyarchive.store.kept_models import MODEL_ATTR, write_model
 from flyarchive.store.spec import ArchiveSpec, world_var_dtype
 
-__all__ = ["package_versions", "root_attrs", "create_arrays", "claims_group", "inventory",
-           "clear", "refusal", "check_commits", "check_against", "tidy_local", "undo",
-           "release_quietly"]
-
 
 def package_versions() -> dict[str, str]:
     out = {}

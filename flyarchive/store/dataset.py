@@ -44,8 +44,6 @@ from flyarchive.store.shards import NeverWritten, OpenedArchive, ShardReader, se
 if TYPE_CHECKING:
     import xarray as xr
 
-__all__ = ["CommittedFrames", "open_dataset", "read_header", "TARGET_CHUNK_BYTES"]
-
 #: Decoded bytes of one dask chunk of state, about: a shard of worlds by as many chunks of
 #: frames as fit (a full scan of 1024 x 1000 NeuroMechFly frames: 32 tasks).
 TARGET_CHUNK_BYTES = 32 << 20

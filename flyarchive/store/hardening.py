@@ -27,12 +27,6 @@ from flyarchive.errors import CorruptArchiveError, SchemaError
 from flyarchive.schema import MAX_JSON_DEPTH, STATE_VARS, json_depth_of
 from flyarchive.store.decoders import BLOSC_HEADER, install_bounded_decoders
 
-__all__ = [
-    "MAX_METADATA_BYTES", "MAX_CHUNK_BYTES", "MAX_SHARD_BYTES", "FIXED_NUMBERS",
-    "ChunkLimits", "refuse", "check_array_metadata", "check_arrays", "check_json_bytes",
-    "json_depth", "install_bounded_decoders", "zstd_content_size",
-]
-
 #: Largest metadata file (``zarr.json``) read; large per-world data belongs in world variables.
 MAX_METADATA_BYTES = 4 << 20
 #: Largest decoded chunk (the unit a codec decodes at once), bytes.

@@ -31,8 +31,6 @@ if TYPE_CHECKING:
     #: What planning code reads: an archive's dataset or its header (for annotations).
     Archive: TypeAlias = "xr.Dataset | ArchiveHeader"
 
-__all__ = ["ArchiveHeader", "HeaderVariable"]
-
 
 class HeaderVariable:
     """One variable of an :class:`ArchiveHeader`: dims, dtype, shape, attributes, and its

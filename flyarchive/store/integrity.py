@@ -37,8 +37,6 @@ from flyarchive.store.consolidated import WHILE_WRITING, consolidated_findings, 
 from flyarchive.store.kept_models import model_problems
 from flyarchive.store.reader import chunk_file, damaged_chunks, open_checked, open_stored, time_extents
 
-__all__ = ["verify", "VerifyReport", "PASSES"]
-
 #: Most passes over an archive that a writer changes while it is read.
 PASSES = 3
 #: What a refusal of metadata flyarchive does not write says (:mod:`~flyarchive.store.hardening`).

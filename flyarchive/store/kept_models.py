@@ -43,10 +43,6 @@ from flyarchive.models import load_model as load_model_file
 from flyarchive.store.location import sync
 from flyarchive.store.model_check import check_model
 
-__all__ = ["MODELS_GROUP", "MODEL_ATTR", "MAX_MODEL_BYTES", "model_entry", "model_key",
-           "write_model", "stored_entry", "read_model", "model_problems", "kept_model",
-           "load_model"]
-
 #: The zarr group holding the models, under the archive's root.
 MODELS_GROUP = "models"
 #: The root attribute that names the stored model.

@@ -26,9 +26,6 @@ from flyarchive.errors import (
 from flyarchive.store import hardening, storage_errors
 from flyarchive.store.localstore import GuardedLocalStore
 
-__all__ = ["as_url", "parse_mode", "open_store", "archive_exists", "access_denied", "unavailable",
-           "refuse_existing", "is_local", "is_remote", "local_path", "exists_error", "sync"]
-
 
 _MODES = ("w-", "w", "a")
 

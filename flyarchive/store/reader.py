@@ -34,12 +34,6 @@ from flyarchive.store.location import access_denied, is_remote, open_store, sync
 if TYPE_CHECKING:
     import xarray as xr
 
-__all__ = [
-    "open_group", "open_checked", "open_stored", "time_extents", "StateReader",
-    "damaged_metadata", "unreadable", "corrupt_read", "DamagedChunk", "damaged_chunks",
-    "chunk_file", "fused_reads", "FUSED_PIPELINE",
-]
-
 
 def open_group(url: str, storage_options: Mapping[str, Any] | None = None, *, mode: str = "r",
                consolidated: bool = True) -> zarr.Group:

@@ -24,9 +24,6 @@ from flyarchive.layout import ModelLayout
 from flyarchive.models import check_mjb
 from flyarchive.schema import RESERVED_ATTRS
 
-__all__ = ["ArchiveSpec", "FrameBlock", "MAX_CHUNK_FRAMES", "MAX_CAPACITY_FRAMES", "MAX_BUFFER_BYTES",
-           "world_var_array", "world_var_dtype", "is_text"]
-
 #: Largest ``chunk_frames``: a chunk is also the recorder's host buffer.
 MAX_CHUNK_FRAMES = 100_000
 #: Largest ``capacity_frames`` (its time coordinate is written at creation).

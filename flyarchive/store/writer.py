@@ -84,8 +84,6 @@ from flyarchive.store.location import (
 from flyarchive.store.reader import open_group
 from flyarchive.store.spec import ArchiveSpec, FrameBlock
 
-__all__ = ["ArchiveWriter"]
-
 
 # ----------------------------------------------------------------------------- the writer
 class ArchiveWriter:

@@ -10,7 +10,15 @@ and published to any fsspec URL, manifests, and decoding for checks.
 - :mod:`~flyarchive.video.maps`: depth and segmentation maps, lossless zarr arrays beside
   the videos;
 - :mod:`~flyarchive.video.decode`: :func:`read_video`, :func:`read_depth`,
-  :func:`read_segmentation`.
+  :func:`read_segmentation`;
+- :mod:`~flyarchive.video.mosaic`: many worlds tiled into one video per camera;
+- :mod:`~flyarchive.video.overlay_text`: the text burnt into each frame, from the archive;
+- :mod:`~flyarchive.video.workspace`: a render run's folders (parts, scratch), removed by
+  the next run once their owner is dead;
+- :mod:`~flyarchive.video.guard`: output folders guarded as archives are (links out,
+  odd files).
+
+Internal: the public names are re-exported by ``flyarchive``.
 """
 
 from flyarchive.errors import FrameFormatError, VideoEncodeError
@@ -19,8 +27,3 @@ from flyarchive.video.decode import read_depth, read_segmentation, read_video
 from flyarchive.video.mp4 import PRESETS, VideoOptions, VideoWriter, concat_segments, encode_segment
 from flyarchive.video.outputs import safe_video_path, write_output
 
-__all__ = [
-    "VideoOptions", "VideoWriter", "encode_segment", "concat_segments", "write_output",
-    "safe_video_path", "read_video", "read_depth", "read_segmentation", "PRESETS", "PIXEL_FORMATS", "frame_shape",
-    "FrameFormatError", "VideoEncodeError",
-]

@@ -90,10 +90,6 @@ class RenderedPlan(Protocol):
     @property
     def notes(self) -> tuple[str, ...]: ...
 
-__all__ = ["write_manifest", "read_manifest", "check_manifest", "video_entry", "describe",
-           "MANIFEST_VERSION", "MAX_MANIFEST_BYTES", "JOURNAL_EVERY_S", "ManifestJournal",
-           "manifest_url", "output_root"]
-
 MANIFEST_VERSION = 2
 #: Largest manifest read, bytes (about 400,000 videos).
 MAX_MANIFEST_BYTES = 256 << 20

@@ -42,11 +42,6 @@ from flyarchive.errors import (
 )
 from flyarchive.video.mp4 import CloseOrAbort
 
-__all__ = [
-    "CHUNK_FRAMES", "MAP_SUFFIXES", "map_url", "MapWriter", "publish_map", "join_maps",
-    "depth_attrs", "segmentation_attrs", "encode_chunk", "check_map_metadata", "MAX_MAP_BYTES",
-]
-
 #: Frames per chunk of a map array (about 7.7 MB of raw counts at 240x320).
 CHUNK_FRAMES = 50
 #: File name suffix of each map kind, replacing the video's ``.mp4``.

@@ -25,9 +25,6 @@ from flyarchive.errors import FrameSizeError, RenderOptionsError
 from flyarchive.query.selection import VideoJob
 from flyarchive.replay.sizes import MAX_GL_SIDE, is_int
 
-__all__ = ["MosaicJob", "mosaic_jobs", "parse_mosaic", "mosaic_size", "is_mosaic", "fit_mosaic",
-           "check_h264_size", "H264_MAX_MACROBLOCKS"]
-
 #: Most 16 x 16 macroblocks in an H.264 frame (level 6.2, the highest; e.g. 8192 x 4352).
 H264_MAX_MACROBLOCKS = 139264
 

@@ -33,8 +33,6 @@ from flyarchive.errors import (
 )
 from flyarchive.replay.sizes import PIXEL_FORMATS, frame_shape, is_int, parse_frame_size
 
-__all__ = ["VideoOptions", "VideoWriter", "encode_segment", "concat_segments", "PRESETS"]
-
 #: x264 presets, fastest first.
 PRESETS = (
     "ultrafast", "superfast", "veryfast", "faster", "fast",

@@ -36,8 +36,6 @@ from flyarchive.video.workspace import stage
 if TYPE_CHECKING:
     from flyarchive.video.mosaic import Job
 
-__all__ = ["write_output", "safe_video_path", "safe_mosaic_path", "output_urls", "OutputWriter"]
-
 
 _SAFE_CHARS = re.compile(r"[^A-Za-z0-9._-]")
 

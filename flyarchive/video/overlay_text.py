@@ -31,8 +31,6 @@ from flyarchive.errors import RenderOptionsError, did_you_mean
 if TYPE_CHECKING:
     from flyarchive.store.header import Archive
 
-__all__ = ["BUILT_IN", "parse_overlay", "check_overlay", "world_variables", "OverlayText"]
-
 #: Overlay items every archive has.
 BUILT_IN = ("world", "time", "speed")
 

@@ -37,11 +37,6 @@ from typing import Any
 
 from flyarchive.errors import RenderFailedError, StorageError, missing_storage_backend
 
-__all__ = [
-    "RunFolder", "scratch_dir", "sweep_local", "filesystem", "is_local_fs", "PARTS_PREFIX", "SCRATCH_PREFIX",
-    "HEARTBEAT_S", "STALE_S", "LOCKLESS_GRACE_S", "stage",
-]
-
 PARTS_PREFIX = ".parts-"
 SCRATCH_PREFIX = "flyarchive-scratch-"
 LOCK_NAME = "run.lock"
