@@ -230,6 +230,7 @@ def cmd_render(args: argparse.Namespace) -> int:
     from flyarchive.config import set_verbose
 
     set_verbose(args.verbose)  # Warp's logs, here and in local Dask workers
+    args.backend = _backend(args.backend)
     with _sigterm_stops(), _render_cluster(args) as client:
         return _render(args, client)
 
@@ -253,6 +254,17 @@ def _sigterm_stops() -> Any:
         yield
     finally:
         signal.signal(signal.SIGTERM, previous)
+
+
+def _backend(backend: str | None) -> str | None:
+    """``--backend`` by its current name; an old one (``cpu``) with a note on stderr."""
+    from flyarchive.replay import OLD_BACKENDS
+
+    if backend in OLD_BACKENDS:
+        _say(f"note: --backend {backend} is called --backend {OLD_BACKENDS[backend]} now; "
+             f"{backend} will be removed.")
+        return OLD_BACKENDS[backend]
+    return backend
 
 
 def _render_cluster(args: argparse.Namespace) -> contextlib.AbstractContextManager[Any]:
@@ -453,7 +465,7 @@ def cmd_view(args: argparse.Namespace) -> int:
         raise missing_dependency("aiohttp", "view", "flyarchive view") from None
     return run_view(_path(args.url), storage_options=_storage_options(args.storage_options),
                     model_path=_path(args.model) if args.model else None, host=args.host,
-                    port=args.port, out=_path(args.out), backend=args.backend)
+                    port=args.port, out=_path(args.out), backend=_backend(args.backend))
 
 
 def _crf(text: str) -> int:
@@ -463,7 +475,7 @@ def _crf(text: str) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from flyarchive.replay import BACKENDS
+    from flyarchive.replay import BACKENDS, OLD_BACKENDS
     from flyarchive.video import PRESETS
 
     parser = argparse.ArgumentParser(prog="flyarchive", description=__doc__)
@@ -537,9 +549,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--workers", type=int, help="local worker processes (default: one per core; "
                    "gpu: one per GPU, see --gpus; warp-cpu: one render thread per core in "
                    "this process unless given; 0: in this process)")
-    p.add_argument("--backend", default="cpu", choices=BACKENDS,
-                   help="cpu (OpenGL, bit-exact), gpu (mujoco-warp on CUDA) or warp-cpu "
-                        "(mujoco-warp on Warp's CPU device)")
+    p.add_argument("--backend", default="opengl", choices=(*BACKENDS, *OLD_BACKENDS),
+                   help="opengl (mujoco.Renderer, bit-exact; default), gpu (mujoco-warp on "
+                        "CUDA) or warp-cpu (mujoco-warp on Warp's CPU device); cpu is the "
+                        "old name of opengl")
     p.add_argument("--batch-worlds", type=int, metavar="N",
                    help="states per batch of the Warp backends (default: 1024 on gpu, 4 "
                         "on warp-cpu); smaller uses less GPU and pinned host memory")
@@ -603,7 +616,7 @@ def build_parser() -> argparse.ArgumentParser:
                    "if it is taken; 0: any free port)")
     p.add_argument("--out", default="view-videos",
                    help="folder for the videos rendered from the page (default view-videos)")
-    p.add_argument("--backend", choices=BACKENDS,
+    p.add_argument("--backend", choices=(*BACKENDS, *OLD_BACKENDS),
                    help="renderer of the page's renders (default: the fastest here: gpu, "
                         "warp-cpu, else OpenGL)")
     storage(p)

@@ -32,7 +32,7 @@ from flyarchive.render.options import RenderOptions
 from flyarchive.render.output_plan import plan_outputs
 from flyarchive.render.plan import RenderPlan, absolute_url, preflight
 from flyarchive.render.renderers import keep_archive
-from flyarchive.replay import BACKENDS, WARP_BACKENDS
+from flyarchive.replay import BACKENDS, WARP_BACKENDS, backend_name
 from flyarchive.replay.sizes import MAX_GL_SIDE, is_int, parse_frame_size
 
 if TYPE_CHECKING:
@@ -135,7 +135,7 @@ def render_videos(
 
     - ``client`` or ``scheduler`` given: on that Dask cluster (``"gpu"``: on workers
       that offer the resource ``GPU``);
-    - else ``"cpu"``: a local Dask cluster of ``n_workers`` processes (default: one per
+    - else ``"opengl"``: a local Dask cluster of ``n_workers`` processes (default: one per
       core) that this call starts and stops;
     - else ``"gpu"``: every GPU of this machine (or those of ``gpus``), one group of
       videos each: one GPU in this process; several on a local Dask cluster of one
@@ -303,7 +303,7 @@ def render_frames(
     size: tuple[int, int] = (240, 320),
     block_frames: int = 16,
     storage_options: Mapping[str, Any] | None = None,
-    backend: str = "cpu",
+    backend: str = "opengl",
     outputs: Sequence[str] | None = None,
     depth_scale: float | None = None,
 ) -> xr.DataArray | xr.Dataset:
@@ -322,7 +322,8 @@ def render_frames(
     each graph, never one copy per task.
 
     Args:
-        backend: ``"cpu"`` (OpenGL), ``"gpu"`` or ``"warp-cpu"`` (mujoco-warp; one renderer
+        backend: ``"opengl"`` (its old name ``"cpu"`` is accepted with a
+            DeprecationWarning), ``"gpu"`` or ``"warp-cpu"`` (mujoco-warp; one renderer
             per process, used by one task at a time).
         outputs: None (default): return the RGB frames as one DataArray, as before. A
             sequence of names from :data:`flyarchive.replay.outputs.OUTPUTS`: return an
@@ -338,7 +339,7 @@ def render_frames(
         CameraNotFoundError, LayoutMismatchError, SelectionError.
         ModelLoadError, CorruptArchiveError: no model given, and none (or a damaged one)
             kept beside the archive (UnsafeModelError: one that is not safe to load).
-        FrameSizeError: ``size`` is not two positive integers (at most 16384 on ``"cpu"``).
+        FrameSizeError: ``size`` is not two positive integers (at most 16384 on ``"opengl"``).
         RenderOptionsError: an unknown backend or output.
     """
     import dask
@@ -349,12 +350,13 @@ def render_frames(
     from flyarchive.models import camera_ids
     from flyarchive.replay.outputs import check_segmentable, parse_depth_scale, parse_outputs
 
+    backend = backend_name(backend)
     if backend not in BACKENDS:
         raise RenderOptionsError(
             f"Unknown backend {backend!r}. Backends: {', '.join(map(repr, BACKENDS))}.")
     names = ("rgb",) if outputs is None else parse_outputs(outputs)
     depth_scale = parse_depth_scale(depth_scale)
-    size = parse_frame_size(size, max_side=MAX_GL_SIDE if backend == "cpu" else None)
+    size = parse_frame_size(size, max_side=MAX_GL_SIDE if backend == "opengl" else None)
     source = absolute_url(source)
     ds = open_header(source, storage_options)  # opened once here
     model, mjb = replay_model(source, ds, model, storage_options)

@@ -186,7 +186,7 @@ def choose_gpus(gpus: Sequence[int] | None, visible: Sequence[Gpu]) -> list[Gpu]
             "backend='gpu' needs a CUDA device, and none is visible to this process "
             f"(CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES')!r}; nvidia-smi "
             "lists none). Pass backend='warp-cpu' (the same renderer on the CPU) or "
-            "backend='cpu' (OpenGL), or a client/scheduler whose workers hold GPUs."
+            "backend='opengl', or a client/scheduler whose workers hold GPUs."
         )
     if gpus is None:
         return list(visible)

@@ -43,7 +43,7 @@ class PipelineProfile:
 
     Every render started inside the ``with`` block, in this thread (or a task of
     this context), adds to :attr:`results`; renders that run on Dask workers send
-    their numbers back with their results. The OpenGL backend (``"cpu"``) reports
+    their numbers back with their results. The OpenGL backend (``"opengl"``) reports
     nothing. Profiles nest: an inner one sees only its block, the outer one all of it.
 
     Example::

@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from flyarchive.errors import RenderOptionsError
-from flyarchive.replay import BACKENDS
+from flyarchive.replay import BACKENDS, backend_name
 from flyarchive.replay.outputs import parse_depth_scale, parse_outputs
 from flyarchive.replay.sizes import MAX_GL_SIDE, parse_frame_size
 from flyarchive.video.mosaic import check_h264_size, mosaic_size, parse_mosaic
@@ -28,8 +28,9 @@ class RenderOptions:
 
     Attributes:
         size: ``(height, width)`` of each frame, pixels; both even (H.264 yuv420p), at
-            most 16384 on ``"cpu"`` (OpenGL).
-        backend: ``"cpu"`` (mujoco.Renderer, OpenGL/EGL, bit-exact), ``"gpu"``
+            most 16384 on ``"opengl"``.
+        backend: ``"opengl"`` (mujoco.Renderer, OpenGL/EGL, bit-exact; its old name
+            ``"cpu"`` is accepted with a DeprecationWarning), ``"gpu"``
             (mujoco-warp batch renderer on CUDA) or ``"warp-cpu"`` (the same renderer on
             Warp's CPU device).
         segment_frames: Frames per independently encoded segment (a Dask task).
@@ -66,11 +67,11 @@ class RenderOptions:
         RenderOptionsError: an unknown backend or output, counts below 1, a mosaic that is
             not two positive integers or with other outputs than RGB, or an overlay
             without RGB.
-        FrameSizeError: a size H.264 (or, for ``"cpu"``, OpenGL) cannot take.
+        FrameSizeError: a size H.264 (or, for ``"opengl"``, OpenGL) cannot take.
     """
 
     size: tuple[int, int] = (240, 320)
-    backend: str = "cpu"
+    backend: str = "opengl"
     segment_frames: int = 100
     batch_worlds: int | None = None
     video: VideoOptions = None  # type: ignore[assignment]  # set in __post_init__
@@ -82,6 +83,7 @@ class RenderOptions:
     overlays: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
+        object.__setattr__(self, "backend", backend_name(self.backend))
         if self.backend not in BACKENDS:
             raise RenderOptionsError(
                 f"Unknown backend {self.backend!r}. Backends: {', '.join(map(repr, BACKENDS))}."
@@ -92,7 +94,7 @@ class RenderOptions:
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise RenderOptionsError(f"{name} must be an integer of at least 1, got {value!r}.")
-        gl = MAX_GL_SIDE if self.backend == "cpu" else None
+        gl = MAX_GL_SIDE if self.backend == "opengl" else None
         object.__setattr__(self, "size", parse_frame_size(self.size, even=True, max_side=gl))
         if self.video is None:
             object.__setattr__(self, "video", default_video_options(self.backend))

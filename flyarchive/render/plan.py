@@ -122,7 +122,7 @@ def preflight(plan: RenderPlan, model: mujoco.MjModel) -> None:
         ConfigError: a ``FLYARCHIVE_*`` environment variable holds a value that is not
             allowed (:mod:`flyarchive.config`).
         CameraNotFoundError, StorageError (an unknown protocol).
-        FrameSizeError: a size H.264 or (backend ``"cpu"``) OpenGL cannot take.
+        FrameSizeError: a size H.264 or (backend ``"opengl"``) OpenGL cannot take.
         OutputExistsError: videos exist and ``overwrite`` is off, or (local disk) a folder
             is where a video goes (even with ``overwrite``).
         UnsafeFileError: a folder inside the output folder is a symbolic link leading out
@@ -137,7 +137,7 @@ def preflight(plan: RenderPlan, model: mujoco.MjModel) -> None:
     from flyarchive.video.manifest import manifest_url, output_root, read_manifest
 
     config.check()
-    gl = plan.options.backend == "cpu"  # OpenGL's limit, found before any work
+    gl = plan.options.backend == "opengl"  # OpenGL's limit, found before any work
     parse_frame_size(plan.options.size, even=True, max_side=MAX_GL_SIDE if gl else None)
     camera_ids(model, plan.cameras)
     fs, _ = filesystem(plan.out, plan.out_storage_options)

@@ -62,7 +62,7 @@ def resume_plan(plan: RenderPlan, ds: Archive) -> tuple[RenderPlan, list[dict[st
         for camera in plan.cameras:
             urls = plan.output_urls(job, camera)
             expected = describe(plan, ds, video_entry(plan, job, camera, urls))
-            entry = listed.get(expected["path"])
+            entry = _current(listed.get(expected["path"]))
             if entry == json.loads(json.dumps(expected)) and _present(plan, urls.values()):
                 kept.append(entry)
                 found += 1
@@ -71,6 +71,16 @@ def resume_plan(plan: RenderPlan, ds: Archive) -> tuple[RenderPlan, list[dict[st
     options = dataclasses.replace(plan.options, overwrite=True)
     return dataclasses.replace(plan, jobs=tuple(todo), options=options,
                                kept=frozenset(v["path"] for v in kept)), kept
+
+
+def _current(entry: dict[str, Any] | None) -> dict[str, Any] | None:
+    """A manifest entry with its backend by its current name (manifests written before
+    the OpenGL backend was called ``"opengl"`` say ``"cpu"``)."""
+    from flyarchive.replay import OLD_BACKENDS
+
+    if entry is not None and entry.get("backend") in OLD_BACKENDS:
+        return {**entry, "backend": OLD_BACKENDS[entry["backend"]]}
+    return entry
 
 
 def _present(plan: RenderPlan, urls: Iterable[str]) -> bool:

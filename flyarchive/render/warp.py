@@ -98,7 +98,7 @@ def warp_device(backend: str) -> str:
         raise RenderBackendError(
             "backend='gpu' needs a CUDA device, and Warp sees none on this machine "
             f"(CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES')!r}). Pass "
-            "backend='warp-cpu' (the same renderer on the CPU) or backend='cpu' (OpenGL)."
+            "backend='warp-cpu' (the same renderer on the CPU) or backend='opengl'."
         )
     return "cuda"
 

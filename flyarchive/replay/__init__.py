@@ -2,7 +2,7 @@
 
 - :mod:`~flyarchive.replay.kinematics`: recorded state into an ``MjData``;
 - :mod:`~flyarchive.replay.opengl`: :class:`OpenGLRenderer`, ``mujoco.Renderer`` on EGL
-  (backend ``"cpu"``, bit-exact with frames rendered live);
+  (backend ``"opengl"``, bit-exact with frames rendered live);
 - :mod:`~flyarchive.replay.warp` (with :mod:`~flyarchive.replay.warp_kernels`,
   :mod:`~flyarchive.replay.warp_compose`, :mod:`~flyarchive.replay.warp_rows` and
   :mod:`~flyarchive.replay.warp_model`): :class:`WarpBatchRenderer`, mujoco-warp's
@@ -17,7 +17,24 @@ Nothing here is imported by ``import flyarchive`` but these names.
 """
 
 #: Render backends, as ``RenderOptions(backend=...)`` and ``flyarchive render --backend``
-#: take them: OpenGL (``"cpu"``), mujoco-warp on CUDA (``"gpu"``) or on Warp's CPU device.
-BACKENDS = ("cpu", "gpu", "warp-cpu")
+#: take them: OpenGL (``"opengl"``: mujoco.Renderer, bit-exact), mujoco-warp on CUDA
+#: (``"gpu"``) or on Warp's CPU device (``"warp-cpu"``).
+BACKENDS = ("opengl", "gpu", "warp-cpu")
 #: The backends that render with mujoco-warp.
 WARP_BACKENDS = ("gpu", "warp-cpu")
+#: Old names of backends, still accepted with a DeprecationWarning: old -> new.
+OLD_BACKENDS = {"cpu": "opengl"}
+
+
+def backend_name(backend: str) -> str:
+    """``backend`` by its current name: ``"cpu"`` (the OpenGL backend's old name) is
+    ``"opengl"``, with a :class:`DeprecationWarning`; any other value is returned as it is
+    (checked by its user)."""
+    if isinstance(backend, str) and backend in OLD_BACKENDS:
+        import warnings
+
+        new = OLD_BACKENDS[backend]
+        warnings.warn(f"backend={backend!r} is called {new!r} now (it renders with OpenGL); "
+                      f"{backend!r} will be removed.", DeprecationWarning, stacklevel=3)
+        return new
+    return backend

@@ -11,7 +11,7 @@
         {"world": 3, "camera": "front", "path": "/data/videos/world00003/front.mp4",
          "frames": 50, "first_frame": 10, "frame_range": [10, 60],
          "start_time": 0.4, "end_time": 2.36, "fps": 25.0, "size": [240, 320],
-         "backend": "cpu", "video": {"crf": 18, "preset": "veryfast", ...}},
+         "backend": "opengl", "video": {"crf": 18, "preset": "veryfast", ...}},
         ...
       ]
     }

@@ -234,7 +234,7 @@ def test_manifest_keeps_each_renders_own_size_backend_and_encoder(tiny, tiny_arc
 
     manifest = json.loads((Path(out) / "manifest.json").read_text())
     by_world = {v["world"]: v for v in manifest["videos"]}
-    assert (by_world[3]["size"], by_world[3]["backend"], by_world[3]["video"]["crf"]) == ([48, 64], "cpu", 30)
+    assert (by_world[3]["size"], by_world[3]["backend"], by_world[3]["video"]["crf"]) == ([48, 64], "opengl", 30)
     assert (by_world[7]["size"], by_world[7]["backend"], by_world[7]["video"]["crf"]) == ([32, 48], "warp-cpu", 18)
     assert read_video(by_world[3]["path"]).shape[1:3] == (48, 64)
     assert read_video(by_world[7]["path"]).shape[1:3] == (32, 48)
