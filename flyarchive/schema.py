@@ -20,6 +20,11 @@ from flyarchive.layout import ModelLayout
 if TYPE_CHECKING:
     import xarray as xr
 
+#: Largest decoded chunk of a string array (labels, text world variables), bytes, and most
+#: strings in one: what readers accept, and so what writers may write.
+MAX_STRING_CHUNK_BYTES = 16 << 20
+MAX_STRINGS = 1 << 20
+
 #: Deepest nesting of lists and objects in metadata and attributes.
 MAX_JSON_DEPTH = 64
 

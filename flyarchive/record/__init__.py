@@ -7,6 +7,9 @@
   device buffers and background writer in :mod:`~flyarchive.record.warp_io`;
 - :mod:`~flyarchive.record.common`: what both share (time order, resumed reruns,
   commit when abandoned);
+- :mod:`~flyarchive.record.spec`: what is fixed when an archive is created
+  (:class:`ArchiveSpec`) and a block of frames to commit (:class:`FrameBlock`): what a
+  recorder hands to the store, checked before anything is written;
 - :mod:`~flyarchive.record.trajectories`: a recording read back as flygym
   ``RecordedTrajectory`` objects (the recorders' ``trajectory``).
 

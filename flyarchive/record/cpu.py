@@ -22,7 +22,8 @@ from flyarchive.record.common import (
     release_writer,
 )
 from flyarchive.schema import finite_frames
-from flyarchive.store import ArchiveSpec, ArchiveWriter, FrameBlock, parse_mode, refuse_existing
+from flyarchive.record.spec import ArchiveSpec, FrameBlock
+from flyarchive.store import ArchiveWriter, parse_mode, refuse_existing
 
 
 def _n_world_vars(world_vars: Mapping[str, Any]) -> int:

@@ -49,7 +49,8 @@ from flyarchive.record.common import (
     read_back,
     release_writer,
 )
-from flyarchive.store import ArchiveSpec, ArchiveWriter, parse_mode, refuse_existing
+from flyarchive.record.spec import ArchiveSpec
+from flyarchive.store import ArchiveWriter, parse_mode, refuse_existing
 from flyarchive.warp_log import import_warp
 
 wp = import_warp("WarpTrajectoryRecorder")

@@ -24,7 +24,8 @@ from flyarchive.clock import Timing
 from flyarchive.errors import RecordingError
 from flyarchive.record.common import release_writer
 from flyarchive.schema import finite_frames
-from flyarchive.store import ArchiveWriter, FrameBlock
+from flyarchive.record.spec import FrameBlock
+from flyarchive.store import ArchiveWriter
 from flyarchive.warp_log import import_warp
 
 wp = import_warp("WarpTrajectoryRecorder")

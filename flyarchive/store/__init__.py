@@ -7,7 +7,9 @@ plain zarr arrays beside its videos, written and read by :mod:`flyarchive.video.
 - :mod:`~flyarchive.store.location`: URLs and zarr stores on any fsspec file system
   (:mod:`~flyarchive.store.localstore` on local disk), and the errors of storage clients
   in flyarchive's words (:mod:`~flyarchive.store.storage_errors`);
-- :mod:`~flyarchive.store.spec`: what is fixed when an archive is created;
+- what is fixed when an archive is created (:class:`~flyarchive.record.spec.ArchiveSpec`)
+  and the blocks of frames it commits (:class:`~flyarchive.record.spec.FrameBlock`) are
+  the record stage's (:mod:`flyarchive.record.spec`), which produces them;
 - :mod:`~flyarchive.store.writer` (with :mod:`~flyarchive.store.creation` and
   :mod:`~flyarchive.store.claims`): create, append and commit, one writer at a time;
 - :mod:`~flyarchive.store.reader`: open (checked by :mod:`~flyarchive.store.hardening`,
@@ -47,6 +49,6 @@ from flyarchive.store.location import (
     unavailable,
 )
 from flyarchive.store.reader import StateReader, open_checked, open_group, open_stored
-from flyarchive.store.spec import ArchiveSpec, FrameBlock
+from flyarchive.record.spec import ArchiveSpec, FrameBlock
 from flyarchive.store.writer import ArchiveWriter
 

@@ -82,7 +82,7 @@ from flyarchive.store.location import (
     sync,
 )
 from flyarchive.store.reader import open_group
-from flyarchive.store.spec import ArchiveSpec, FrameBlock
+from flyarchive.record.spec import ArchiveSpec, FrameBlock
 
 
 # ----------------------------------------------------------------------------- the writer

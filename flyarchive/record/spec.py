@@ -8,7 +8,6 @@ half-made is ever left behind by options that could not work.
 
 from __future__ import annotations
 
-import functools
 import json
 import operator
 from collections.abc import Mapping
@@ -22,7 +21,7 @@ from flyarchive.clock import Timing
 from flyarchive.errors import SchemaError
 from flyarchive.layout import ModelLayout
 from flyarchive.models import check_mjb
-from flyarchive.schema import RESERVED_ATTRS
+from flyarchive.schema import MAX_STRING_CHUNK_BYTES, MAX_STRINGS, RESERVED_ATTRS
 
 #: Largest ``chunk_frames``: a chunk is also the recorder's host buffer.
 MAX_CHUNK_FRAMES = 100_000
@@ -117,11 +116,9 @@ def world_var_array(values: Any) -> np.ndarray:
     Raises:
         ValueError: saying what the values hold instead (objects that are not all
             ``str``, bytes, complex numbers, dates...), or text that a reader would refuse
-            (not UTF-8 encodable, more than :data:`~flyarchive.store.hardening.MAX_STRINGS`
-            values or :data:`~flyarchive.store.hardening.MAX_STRING_CHUNK_BYTES` bytes).
+            (not UTF-8 encodable, more than :data:`~flyarchive.schema.MAX_STRINGS`
+            values or :data:`~flyarchive.schema.MAX_STRING_CHUNK_BYTES` bytes).
     """
-    from flyarchive.store.hardening import MAX_STRING_CHUNK_BYTES, MAX_STRINGS
-
     array = np.asarray(values)
     if array.dtype.kind == "O" and array.size and all(isinstance(v, str) for v in array.flat):
         array = array.astype(str)
@@ -270,14 +267,6 @@ class ArchiveSpec:
     @property
     def n_worlds(self) -> int:
         return len(self.world_ids)
-
-    @functools.cached_property
-    def model_entry(self) -> dict[str, Any] | None:
-        """The root attribute ``model`` (sha256, size, MuJoCo release, path); None
-        without a model."""
-        from flyarchive.store.kept_models import model_entry
-
-        return None if self.model is None else model_entry(self.model)
 
 
 @dataclass(frozen=True)
