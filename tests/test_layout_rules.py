@@ -6,11 +6,12 @@ imports only from the stages before it, in the order of the data flow
     base <- record <- store <- query <- analyze <- replay <- video <- render <- distribute
          <- applications
 
-Record imports only the base modules: recorders hand blocks of frames to a sink
-(:mod:`flyarchive.record.sink`, a protocol the store's writer implements), and the public
-recorders are bound to the store and query by an application module
-(:mod:`flyarchive.recorders`). Render (how one process turns an archive into videos) never
-imports distribute (where that work runs).
+Record imports only the base modules: what a recorder produces (:class:`ArchiveSpec`,
+:class:`FrameBlock`, :mod:`flyarchive.record.spec`) is the record stage's, and the store
+imports it. Today the recorders still open their writer (:class:`flyarchive.store.ArchiveWriter`)
+and read back ``.trajectory`` through query: :data:`KNOWN_STAGE_VIOLATIONS` lists those
+imports until the writer is handed to the recorders (dependency injection). Render (how
+one process turns an archive into videos) never imports distribute (where that work runs).
 
 Base modules (errors, schema, layout, clock, codecs, models, config, warp_log) import
 only each other; applications (cli, demo, plot, summary, recorders, interop, view, and the
@@ -105,6 +106,15 @@ def imports_of(name: str) -> set[str]:
     return imports_in(path.read_text(), name, package)
 
 
+def imported_from(node: ast.ImportFrom, package: str) -> str:
+    """The module a ``from ... import`` in ``package`` imports from, relative ones resolved."""
+    base = node.module or ""
+    if node.level:
+        anchor = package.split(".")[: len(package.split(".")) - node.level + 1]
+        base = ".".join([*anchor, *([node.module] if node.module else [])])
+    return base
+
+
 def imports_in(source: str, name: str, package: str) -> set[str]:
     """The package's modules that the source of module ``name`` (in ``package``) imports.
 
@@ -118,10 +128,7 @@ def imports_in(source: str, name: str, package: str) -> set[str]:
             found.update(_known(alias.name) for alias in node.names
                          if alias.name.split(".")[0] == "flyarchive")
         elif isinstance(node, ast.ImportFrom):
-            base = node.module or ""
-            if node.level:
-                anchor = package.split(".")[: len(package.split(".")) - node.level + 1]
-                base = ".".join([*anchor, *([node.module] if node.module else [])])
+            base = imported_from(node, package)
             if base.split(".")[0] != "flyarchive":
                 continue
             for alias in node.names:
@@ -320,10 +327,7 @@ def private_uses_in(source: str, name: str, package: str) -> set[tuple[str, str]
                 if alias.name.split(".")[0] == "flyarchive" and alias.name in modules():
                     bound[alias.asname or alias.name] = alias.name
         elif isinstance(node, ast.ImportFrom):
-            base = node.module or ""
-            if node.level:
-                anchor = package.split(".")[: len(package.split(".")) - node.level + 1]
-                base = ".".join([*anchor, *([node.module] if node.module else [])])
+            base = imported_from(node, package)
             if base.split(".")[0] != "flyarchive":
                 continue
             for alias in node.names:

@@ -59,36 +59,25 @@ class RenderedOptions(Protocol):
     """What a manifest records of a render's options
     (:class:`flyarchive.render.options.RenderOptions`)."""
 
-    @property
-    def backend(self) -> str: ...
-    @property
-    def size(self) -> tuple[int, int]: ...
-    @property
-    def video(self) -> VideoOptions: ...
-    @property
-    def depth_scale(self) -> float | None: ...
-    @property
-    def overlays(self) -> tuple[str, ...]: ...
+    backend: str
+    size: tuple[int, int]
+    video: VideoOptions
+    depth_scale: float | None
+    overlays: tuple[str, ...]
 
 
 class RenderedPlan(Protocol):
     """What a manifest records of a render's plan (:class:`flyarchive.render.plan.RenderPlan`,
     which the render stage defines after this one)."""
 
-    @property
-    def url(self) -> str: ...
-    @property
-    def out(self) -> str: ...
-    @property
-    def out_storage_options(self) -> dict[str, Any]: ...
-    @property
-    def fps(self) -> float: ...
-    @property
-    def options(self) -> RenderedOptions: ...
-    @property
-    def jobs(self) -> tuple[Job, ...]: ...
-    @property
-    def notes(self) -> tuple[str, ...]: ...
+    url: str
+    out: str
+    out_storage_options: dict[str, Any]
+    fps: float
+    options: RenderedOptions
+    jobs: tuple[Job, ...]
+    notes: tuple[str, ...]
+
 
 MANIFEST_VERSION = 2
 #: Largest manifest read, bytes (about 400,000 videos).
