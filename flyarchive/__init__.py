@@ -21,7 +21,8 @@ tests/test_layout_rules.py checks it):
   qpos/mocap layout and fingerprint), :mod:`flyarchive.clock` (when a frame is due),
   :mod:`flyarchive.codecs` (the state arrays' codec pipelines), :mod:`flyarchive.models`,
   :mod:`flyarchive.warp_log` (Warp imported quietly, kernels compiled once);
-- :mod:`flyarchive.record`: recorders sample state when a frame is due;
+- :mod:`flyarchive.record`: recorders sample state when a frame is due (bound to the
+  store by :mod:`flyarchive.recorders`, an application);
 - :mod:`flyarchive.store`: the code that opens, writes and commits zarr archives;
 - :mod:`flyarchive.query`: archives as lazy, validated xarray Datasets; selections;
 - :mod:`flyarchive.analyze`: forward kinematics of keypoints, gait measures;
@@ -58,10 +59,10 @@ _LAZY = {
     "VideoJob": "flyarchive.query",
     "dof_labels": "flyarchive.query.dofs",
     "select_dofs": "flyarchive.query.dofs",
-    "TrajectoryRecorder": "flyarchive.record.cpu",
+    "TrajectoryRecorder": "flyarchive.recorders",
     "SCHEMA_VERSION": "flyarchive.schema",
     "validate": "flyarchive.schema",
-    "WarpTrajectoryRecorder": "flyarchive.record.warp",
+    "WarpTrajectoryRecorder": "flyarchive.recorders",
     "render_videos": "flyarchive.distribute.api",
     "render_frames": "flyarchive.distribute.api",
     "RenderOptions": "flyarchive.render.options",
@@ -81,7 +82,7 @@ _LAZY = {
     "load_model": "flyarchive.store.kept_models",
     "save_mjb": "flyarchive.models",
     "set_trajectory_recorder": "flyarchive.interop.flygym_sim",
-    "read_trajectories": "flyarchive.record.trajectories",
+    "read_trajectories": "flyarchive.interop.trajectories",
     "add_world_vars": "flyarchive.store.world_vars",
     "positions": "flyarchive.analyze",
     "load_positions": "flyarchive.analyze",

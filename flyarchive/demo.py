@@ -76,7 +76,7 @@ def _run(nmf: Any, out: Path, url: str, n_worlds: int, seconds: float, render: b
          client: Any = None) -> dict[str, object]:
     from flyarchive.models import save_mjb
     from flyarchive.plot import plot_traces
-    from flyarchive.record.cpu import TrajectoryRecorder
+    from flyarchive.recorders import TrajectoryRecorder
     from flyarchive.store.integrity import verify
     from flyarchive.summary import summarize, summary_lines
 

@@ -8,9 +8,9 @@ imports only from the stages before it, in the order of the data flow
 
 Record imports only the base modules: what a recorder produces (:class:`ArchiveSpec`,
 :class:`FrameBlock`, :mod:`flyarchive.record.spec`) is the record stage's, and the store
-imports it. Today the recorders still open their writer (:class:`flyarchive.store.ArchiveWriter`)
-and read back ``.trajectory`` through query: :data:`KNOWN_STAGE_VIOLATIONS` lists those
-imports until the writer is handed to the recorders (dependency injection). Render (how
+imports it; recorders hand blocks of frames to a sink (:mod:`flyarchive.record.sink`, the
+protocols the store's writer implements), and the public recorders are bound to the store
+and query by an application module (:mod:`flyarchive.recorders`). Render (how
 one process turns an archive into videos) never imports distribute (where that work runs).
 
 Base modules (errors, schema, layout, clock, codecs, models, config, warp_log) import
@@ -49,16 +49,7 @@ TEST_SUPPORT = "flyarchive.testing"
 KNOWN_CYCLES: list[frozenset[str]] = []
 
 #: Imports of today's code against the stage order: (importer, imported).
-KNOWN_STAGE_VIOLATIONS: frozenset[tuple[str, str]] = frozenset({
-    ('flyarchive.record.common', 'flyarchive.store'),
-    ('flyarchive.record.common', 'flyarchive.store.shutdown'),
-    ('flyarchive.record.cpu', 'flyarchive.store'),
-    ('flyarchive.record.trajectories', 'flyarchive.query'),
-    ('flyarchive.record.trajectories', 'flyarchive.query.selection'),
-    ('flyarchive.record.trajectories', 'flyarchive.store.location'),
-    ('flyarchive.record.warp', 'flyarchive.store'),
-    ('flyarchive.record.warp_io', 'flyarchive.store'),
-})
+KNOWN_STAGE_VIOLATIONS: frozenset[tuple[str, str]] = frozenset()
 
 #: The public modules: the package's face (``flyarchive``), the errors, the environment
 #: variables, models as files and bytes, the test support (as ``zarr.testing``), and the

@@ -10,10 +10,12 @@
 - :mod:`~flyarchive.record.spec`: what is fixed when an archive is created
   (:class:`ArchiveSpec`) and a block of frames to commit (:class:`FrameBlock`): what a
   recorder hands to the store, checked before anything is written;
-- :mod:`~flyarchive.record.trajectories`: a recording read back as flygym
-  ``RecordedTrajectory`` objects (the recorders' ``trajectory``).
+- :mod:`~flyarchive.record.sink`: what a recorder needs of the archives it writes
+  (protocols the store implements; :mod:`flyarchive.recorders` binds the public
+  recorders to the store).
 
 Internal: the public names are re-exported by ``flyarchive``.
 
-Recorders never touch zarr: they write through :class:`flyarchive.store.ArchiveWriter`.
+Recorders never touch zarr, and import only the base modules: they hand blocks of frames to
+a sink (:class:`flyarchive.store.ArchiveWriter`, given to them by :mod:`flyarchive.recorders`).
 """

@@ -19,7 +19,7 @@ os.environ.setdefault("MUJOCO_GL", "egl")
 from flyarchive.distribute.api import RenderOptions, render_frames, render_videos  # noqa: E402
 from flyarchive.models import model_bytes  # noqa: E402
 from flyarchive.query import open_archive  # noqa: E402
-from flyarchive.record.cpu import TrajectoryRecorder  # noqa: E402
+from flyarchive.recorders import TrajectoryRecorder  # noqa: E402
 from flyarchive.replay.opengl import OpenGLRenderer  # noqa: E402
 from flyarchive.testing import simulate, tiny_model  # noqa: E402
 from flyarchive.testing.markers import requires_warp  # noqa: E402

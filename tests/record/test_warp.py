@@ -92,7 +92,7 @@ def run(sim, d, recorder, n_steps, *, worlds=None, first_step=0, timing=None, on
 
 
 def recorder_for(sim, url, **kwargs):
-    from flyarchive.record.warp import WarpTrajectoryRecorder
+    from flyarchive.recorders import WarpTrajectoryRecorder
 
     return WarpTrajectoryRecorder(url, sim[0], NWORLD, **kwargs)
 
