@@ -398,10 +398,24 @@ class StateReader:
             out = self._read(pieces, dtype)
         except ValueError as err:
             worlds = sorted({int(self.world_ids[w]) for w, _, _ in pieces})
-            raise corrupt_read(self.url, f"the states of worlds {worlds}", err) from None
+            what, err = self._damaged(pieces, err)
+            raise corrupt_read(self.url, f"the states of worlds {worlds}{what}", err) from None
         for name, values in out.items():
             self._check_present(name, values, pieces)
         return out["qpos"], out.get("mocap_pos"), out.get("mocap_quat")
+
+    def _damaged(self, pieces: Sequence[tuple[int, int, int]], err: ValueError
+                 ) -> tuple[str, BaseException]:
+        """The first stored object of the pieces' region that fails to read, named
+        (``": qpos [worlds 0..1, frames 0..9] (file qpos/c/0/0/0)"``), and its error; ``""``
+        and ``err`` when none is found (one at a time, each reads)."""
+        w0, w1 = min(p[0] for p in pieces), max(p[0] for p in pieces) + 1
+        k0, k1 = min(p[1] for p in pieces), max(p[2] for p in pieces)
+        for arr in self.arrays.values():
+            found = damaged_chunks(arr, limit=1, region=(slice(w0, w1), slice(k0, k1)))
+            if found:
+                return f": {found[0].describe()}", found[0].error
+        return "", err
 
     def _check_present(self, name: str, values: np.ndarray,
                        pieces: Sequence[tuple[int, int, int]]) -> None:

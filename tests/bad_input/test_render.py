@@ -169,7 +169,7 @@ def test_impossible_frame_size_is_refused(state, tiny, renders, size, fragment):
 
 
 def test_unknown_backend_lists_the_backends(state, tiny):
-    with pytest.raises(RenderOptionsError, match="Unknown backend 'vulkan'. Backends: 'cpu', 'gpu', 'warp-cpu'"):
+    with pytest.raises(RenderOptionsError, match="Unknown backend 'vulkan'. Backends: 'opengl', 'gpu', 'warp-cpu'"):
         render(state, tiny, worlds=[1], options=RenderOptions(backend="vulkan"))
 
     assert state.unchanged()
