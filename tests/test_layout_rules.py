@@ -22,9 +22,7 @@ The public line: no module imports another module's private (``_name``) names, `
 appears only in the public modules (:data:`PUBLIC`), and every module is listed in its
 package's docstring.
 
-Where today's code breaks a rule, the rule's test is marked xfail(strict=True) with the
-list of what breaks it, so that it fails (XPASS) once the product is fixed: then empty the
-list. A second test per rule fails at once on anything not on the list.
+Each rule's test fails naming what breaks it.
 """
 
 from __future__ import annotations
@@ -41,15 +39,9 @@ PACKAGE = Path(__file__).resolve().parents[1] / "flyarchive"
 
 BASE = frozenset({"errors", "schema", "layout", "clock", "codecs", "models", "config", "warp_log"})
 STAGES = ("record", "store", "query", "analyze", "replay", "video", "render", "distribute")
-APPLICATIONS = frozenset({"cli", "cli_args", "cli_analyze", "cli_render", "demo", "plot", "summary", "recorders", "interop",
-                          "view", "__main__"})
+APPLICATIONS = frozenset({"cli", "cli_args", "cli_analyze", "cli_render", "demo", "plot", "summary",
+                          "recorders", "interop", "view", "__main__"})
 TEST_SUPPORT = "flyarchive.testing"
-
-#: Import cycles of today's code, each as the set of its modules.
-KNOWN_CYCLES: list[frozenset[str]] = []
-
-#: Imports of today's code against the stage order: (importer, imported).
-KNOWN_STAGE_VIOLATIONS: frozenset[tuple[str, str]] = frozenset()
 
 #: The public modules: the package's face (``flyarchive``), the errors, the environment
 #: variables, models as files and bytes, the test support (as ``zarr.testing``), and the
@@ -57,15 +49,6 @@ KNOWN_STAGE_VIOLATIONS: frozenset[tuple[str, str]] = frozenset()
 PUBLIC = frozenset({"flyarchive", "flyarchive.errors", "flyarchive.config", "flyarchive.models",
                     "flyarchive.interop.nmf", "flyarchive.interop.flygym_sim",
                     "flyarchive.interop.flygym_npz"})
-
-#: Uses of another module's private names in today's code: (user, "module.name").
-KNOWN_PRIVATE_USES: frozenset[tuple[str, str]] = frozenset()
-
-#: Internal modules of today's code that declare ``__all__``.
-KNOWN_ALL_OUTSIDE_PUBLIC: frozenset[str] = frozenset()
-
-#: Modules of today's code missing from their package's docstring.
-KNOWN_UNLISTED: frozenset[str] = frozenset()
 
 
 # ----------------------------------------------------------------------------- the graph
@@ -249,19 +232,10 @@ def test_cycles_are_found_and_named():
     assert a_cycle_through(found[0], edges) == ["a", "b", "c", "a"]
 
 
-@pytest.mark.xfail(bool(KNOWN_CYCLES), strict=True,
-                   reason=f"known import cycles: {[sorted(c) for c in KNOWN_CYCLES]}")
 def test_the_package_has_no_import_cycle():
     found = cycles(graph())
 
     assert found == [], f"import cycles: {describe(found)}"
-
-
-def test_no_import_cycle_beyond_the_known_ones():
-    found = cycles(graph())
-
-    new = [c for c in found if not any(c <= known for known in KNOWN_CYCLES)]
-    assert new == [], f"new import cycles: {describe(new)}"
 
 
 def test_no_product_module_imports_the_test_support():
@@ -282,18 +256,10 @@ def test_every_product_module_is_in_a_layer():
     assert unplaced == []
 
 
-@pytest.mark.xfail(bool(KNOWN_STAGE_VIOLATIONS), strict=True,
-                   reason=f"known imports against the stage order: {sorted(KNOWN_STAGE_VIOLATIONS)}")
 def test_each_stage_imports_only_from_the_stages_before_it():
     found = stage_violations()
 
     assert sorted(found) == []
-
-
-def test_no_import_against_the_stage_order_beyond_the_known_ones():
-    found = stage_violations()
-
-    assert sorted(found - KNOWN_STAGE_VIOLATIONS) == []
 
 
 # ----------------------------------------------------------------------------- the public line
@@ -396,35 +362,18 @@ def test_private_names_of_other_modules_are_found():
                      ("flyarchive.query.archive", "flyarchive.store.writer._opened")}
 
 
-@pytest.mark.xfail(bool(KNOWN_PRIVATE_USES), strict=True,
-                   reason=f"known uses of other modules' private names: {sorted(KNOWN_PRIVATE_USES)}")
 def test_no_module_uses_another_modules_private_names():
     assert sorted(private_uses()) == []
 
 
-def test_no_private_name_use_beyond_the_known_ones():
-    assert sorted(private_uses() - KNOWN_PRIVATE_USES) == []
-
-
-@pytest.mark.xfail(bool(KNOWN_ALL_OUTSIDE_PUBLIC), strict=True,
-                   reason=f"internal modules declaring __all__: {sorted(KNOWN_ALL_OUTSIDE_PUBLIC)}")
 def test_only_public_modules_declare_all():
     assert sorted(all_outside_public()) == []
-
-
-def test_no_internal_module_declares_all_beyond_the_known_ones():
-    assert sorted(all_outside_public() - KNOWN_ALL_OUTSIDE_PUBLIC) == []
 
 
 def test_the_public_modules_exist_and_declare_all():
     assert sorted(name for name in PUBLIC if name not in modules() or not declares_all(name)) == []
 
 
-@pytest.mark.xfail(bool(KNOWN_UNLISTED), strict=True,
-                   reason=f"modules missing from their package's docstring: {sorted(KNOWN_UNLISTED)}")
 def test_every_module_is_listed_in_its_packages_docstring():
     assert sorted(unlisted()) == []
 
-
-def test_no_module_is_unlisted_beyond_the_known_ones():
-    assert sorted(unlisted() - KNOWN_UNLISTED) == []
