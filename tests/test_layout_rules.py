@@ -30,6 +30,7 @@ from __future__ import annotations
 import ast
 import re
 from collections import deque
+from collections.abc import Iterator
 from functools import cache
 from pathlib import Path
 
@@ -89,6 +90,18 @@ def imported_from(node: ast.ImportFrom, package: str) -> str:
     return base
 
 
+def our_imports(tree: ast.AST, package: str) -> Iterator[tuple[ast.alias, str | None]]:
+    """``(alias, None)`` for each ``import flyarchive...`` in ``tree`` and ``(alias, module)``
+    for each name of a ``from flyarchive... import`` (relative ones resolved in ``package``)."""
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            yield from ((a, None) for a in node.names if a.name.split(".")[0] == "flyarchive")
+        elif isinstance(node, ast.ImportFrom):
+            base = imported_from(node, package)
+            if base.split(".")[0] == "flyarchive":
+                yield from ((a, base) for a in node.names)
+
+
 def imports_in(source: str, name: str, package: str) -> set[str]:
     """The package's modules that the source of module ``name`` (in ``package``) imports.
 
@@ -97,17 +110,12 @@ def imports_in(source: str, name: str, package: str) -> set[str]:
     packages imported on the way are not counted.
     """
     found: set[str | None] = set()
-    for node in ast.walk(ast.parse(source)):
-        if isinstance(node, ast.Import):
-            found.update(_known(alias.name) for alias in node.names
-                         if alias.name.split(".")[0] == "flyarchive")
-        elif isinstance(node, ast.ImportFrom):
-            base = imported_from(node, package)
-            if base.split(".")[0] != "flyarchive":
-                continue
-            for alias in node.names:
-                sub = f"{base}.{alias.name}"
-                found.add(sub if sub in modules() else _known(base))
+    for alias, base in our_imports(ast.parse(source), package):
+        if base is None:
+            found.add(_known(alias.name))
+        else:
+            sub = f"{base}.{alias.name}"
+            found.add(sub if sub in modules() else _known(base))
     found.discard(None)
     found.discard(name)
     return found  # type: ignore[return-value]
@@ -278,21 +286,12 @@ def private_uses_in(source: str, name: str, package: str) -> set[tuple[str, str]
     tree = ast.parse(source)
     bound: dict[str, str] = {}  # local name -> module of ours it is bound to
     found: set[tuple[str, str]] = set()
-    for node in ast.walk(tree):
-        if isinstance(node, ast.Import):
-            for alias in node.names:
-                if alias.name.split(".")[0] == "flyarchive" and alias.name in modules():
-                    bound[alias.asname or alias.name] = alias.name
-        elif isinstance(node, ast.ImportFrom):
-            base = imported_from(node, package)
-            if base.split(".")[0] != "flyarchive":
-                continue
-            for alias in node.names:
-                sub = f"{base}.{alias.name}"
-                if sub in modules():
-                    bound[alias.asname or alias.name] = sub
-                elif private(alias.name) and base != name:
-                    found.add((name, sub))
+    for alias, base in our_imports(tree, package):
+        sub = alias.name if base is None else f"{base}.{alias.name}"
+        if sub in modules():
+            bound[alias.asname or alias.name] = sub
+        elif base is not None and private(alias.name) and base != name:
+            found.add((name, sub))
     for node in ast.walk(tree):
         if isinstance(node, ast.Attribute) and private(node.attr):
             owner = _dotted(node.value)
