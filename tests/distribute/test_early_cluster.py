@@ -94,13 +94,13 @@ def test_a_cluster_started_early_but_not_used_is_closed(started):
     (["--backend", "gpu", "--gpus", "1"], None),  # one GPU: in this process
     (["--backend", "gpu", "--scheduler", "tcp://127.0.0.1:1"], ("scheduler", "cuda")),
     (["--backend", "warp-cpu", "--scheduler", "tcp://127.0.0.1:1"], ("scheduler", "cpu")),
-    (["--backend", "cpu", "--scheduler", "tcp://127.0.0.1:1"], ("scheduler", None)),
+    (["--backend", "opengl", "--scheduler", "tcp://127.0.0.1:1"], ("scheduler", None)),
     (["--backend", "warp-cpu"], None),  # render threads in this process
     (["--backend", "warp-cpu", "--workers", "2"], ("cpus", 2)),
-    (["--backend", "cpu"], ("cpus", None)),
-    (["--backend", "cpu", "--workers", "3"], ("cpus", 3)),
-    (["--backend", "cpu", "--workers", "0"], None),
-    (["--backend", "cpu", "--workers", "-1"], None),  # refused by the render itself
+    (["--backend", "opengl"], ("cpus", None)),
+    (["--backend", "opengl", "--workers", "3"], ("cpus", 3)),
+    (["--backend", "opengl", "--workers", "0"], None),
+    (["--backend", "opengl", "--workers", "-1"], None),  # refused by the render itself
 ])
 def test_the_command_line_starts_early_the_cluster_its_render_will_use(monkeypatch, argv,
                                                                         expected):
