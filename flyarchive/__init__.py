@@ -1,16 +1,42 @@
 """flyarchive: record MuJoCo kinematic state into xarray/zarr archives, render video later.
 
 The public API (every name in ``__all__``: what the README uses, and more) is
-re-exported here, following the data flow:
+re-exported here. Heavy optional parts (rendering, mujoco-warp, Dask) load on first use:
+``import flyarchive`` imports only the error classes, and each other name loads its
+module when it is first used (so ``flyarchive --help`` and commands that need no xarray
+start at once).
 
-    record -> store -> query -> analyze -> replay -> video -> distribute
+Public modules (they declare ``__all__``; everything else is internal, reached through
+the names re-exported here): this package, :mod:`flyarchive.errors`,
+:mod:`flyarchive.config` (the ``FLYARCHIVE_*`` environment variables),
+:mod:`flyarchive.models` (models as files and bytes), :mod:`flyarchive.testing` (test
+support, as ``zarr.testing``) and the bridges of :mod:`flyarchive.interop` that users
+call by module.
 
-Lower-level parts (the store's writer and reader, render plans and tasks) live in their
-stage packages, whose ``__init__`` lists their modules. Heavy optional parts
-(rendering, mujoco-warp, Dask) load on first use: ``import flyarchive`` imports only
-the error classes, and each other name loads its module when it is first used (so
-``flyarchive --help`` and commands that need no xarray start at once). The
-``FLYARCHIVE_*`` environment variables are listed in :mod:`flyarchive.config`.
+The stages, in the order of the data flow (each imports only those before it;
+tests/test_layout_rules.py checks it):
+
+- base: :mod:`flyarchive.errors` (every exception), :mod:`flyarchive.config`,
+  :mod:`flyarchive.schema` (schema v1, validation), :mod:`flyarchive.layout` (a model's
+  qpos/mocap layout and fingerprint), :mod:`flyarchive.clock` (when a frame is due),
+  :mod:`flyarchive.codecs` (the state arrays' codec pipelines), :mod:`flyarchive.models`,
+  :mod:`flyarchive.warp_log` (Warp imported quietly, kernels compiled once);
+- :mod:`flyarchive.record`: recorders sample state when a frame is due (bound to the
+  store by :mod:`flyarchive.recorders`, an application);
+- :mod:`flyarchive.store`: the code that opens, writes and commits zarr archives;
+- :mod:`flyarchive.query`: archives as lazy, validated xarray Datasets; selections;
+- :mod:`flyarchive.analyze`: forward kinematics of keypoints, gait measures;
+- :mod:`flyarchive.replay`: position-only kinematics and rasterizing (OpenGL, Warp);
+- :mod:`flyarchive.video`: frames to mp4 and lossless maps, manifests, output folders;
+- :mod:`flyarchive.render`: how one process turns an archive into videos;
+- :mod:`flyarchive.distribute`: where render work runs (this process, Dask, GPUs);
+- applications: :mod:`flyarchive.cli` (the ``flyarchive`` command, with
+  :mod:`flyarchive.cli_args`: the parsers its subcommands share,
+  :mod:`flyarchive.cli_render`: ``render``, :mod:`flyarchive.cli_analyze`: analysis), :mod:`flyarchive.demo`, :mod:`flyarchive.plot`,
+  :mod:`flyarchive.summary` (``flyarchive info``), :mod:`flyarchive.view` (the web
+  viewer), :mod:`flyarchive.interop` (flygym, movement, NWB).
+
+:mod:`flyarchive.testing` is test support; no product module imports it.
 """
 
 from __future__ import annotations
@@ -33,19 +59,19 @@ _LAZY = {
     "VideoJob": "flyarchive.query",
     "dof_labels": "flyarchive.query.dofs",
     "select_dofs": "flyarchive.query.dofs",
-    "TrajectoryRecorder": "flyarchive.record.cpu",
+    "TrajectoryRecorder": "flyarchive.recorders",
     "SCHEMA_VERSION": "flyarchive.schema",
     "validate": "flyarchive.schema",
-    "WarpTrajectoryRecorder": "flyarchive.record.warp",
+    "WarpTrajectoryRecorder": "flyarchive.recorders",
     "render_videos": "flyarchive.distribute.api",
     "render_frames": "flyarchive.distribute.api",
-    "RenderOptions": "flyarchive.distribute.api",
+    "RenderOptions": "flyarchive.render.options",
     "RenderResult": "flyarchive.distribute.api",
-    "default_video_options": "flyarchive.distribute.api",
-    "PipelineProfile": "flyarchive.distribute.diagnostics",
-    "CpuRenderer": "flyarchive.replay.opengl",
+    "default_video_options": "flyarchive.render.options",
+    "PipelineProfile": "flyarchive.render.diagnostics",
+    "OpenGLRenderer": "flyarchive.replay.opengl",
     "WarpBatchRenderer": "flyarchive.replay.warp",
-    "VideoOptions": "flyarchive.video.writer",
+    "VideoOptions": "flyarchive.video.mp4",
     "read_video": "flyarchive.video.decode",
     "read_depth": "flyarchive.video.decode",
     "read_segmentation": "flyarchive.video.decode",
@@ -53,10 +79,10 @@ _LAZY = {
     "export_npz": "flyarchive.interop.flygym_npz",
     "verify": "flyarchive.store.integrity",
     "VerifyReport": "flyarchive.store.integrity",
-    "load_model": "flyarchive.store.models",
+    "load_model": "flyarchive.store.kept_models",
     "save_mjb": "flyarchive.models",
     "set_trajectory_recorder": "flyarchive.interop.flygym_sim",
-    "read_trajectories": "flyarchive.record.trajectories",
+    "read_trajectories": "flyarchive.interop.trajectories",
     "add_world_vars": "flyarchive.store.world_vars",
     "positions": "flyarchive.analyze",
     "load_positions": "flyarchive.analyze",
@@ -74,7 +100,19 @@ _LAZY = {
 __all__ = [*_errors_all, *_LAZY]
 
 
+#: Old names, kept working with a DeprecationWarning: old name -> (name, since).
+_DEPRECATED = {"CpuRenderer": ("OpenGLRenderer", "0.2")}
+
+
 def __getattr__(name: str) -> Any:
+    if name in _DEPRECATED:
+        new, since = _DEPRECATED[name]
+        import warnings
+
+        warnings.warn(f"flyarchive.{name} is flyarchive.{new} since flyarchive {since} (it is "
+                      f"the OpenGL renderer); {name} will be removed.", DeprecationWarning,
+                      stacklevel=2)
+        return __getattr__(new)
     if name in _LAZY:
         value = getattr(importlib.import_module(_LAZY[name]), name)
         globals()[name] = value  # looked up once

@@ -14,8 +14,6 @@ from typing import Any
 
 from flyarchive.errors import SelectionError
 
-__all__ = ["add_commands", "parse_keypoints", "CliTools"]
-
 
 @dataclass(frozen=True)
 class CliTools:

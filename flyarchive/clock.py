@@ -23,8 +23,6 @@ import numpy as np
 
 from flyarchive.errors import TimingError
 
-__all__ = ["Timing", "FrameClock"]
-
 _EXACT_INT = 2**53  # integers up to this are exact in float64
 
 

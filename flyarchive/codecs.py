@@ -41,17 +41,6 @@ from zarr.codecs.numcodecs import FixedScaleOffset, PCodec
 
 from flyarchive.errors import CodecSpecError
 
-__all__ = [
-    "CodecSpecError",
-    "PORTABLE",
-    "parse_codec",
-    "reader_needs",
-    "quantization_step",
-    "array_codecs",
-    "describe",
-    "on_grid",
-]
-
 _PCODEC_LEVEL = 8
 _PCODEC_DELTA = "try_lookback"
 _BLOSC_CNAME = "zstd"

@@ -14,8 +14,6 @@ from typing import Any
 
 from flyarchive.errors import ArchiveExistsError, missing_dependency
 
-__all__ = ["run_demo"]
-
 
 def _say(message: str) -> None:
     print(f"[flyarchive demo] {message}", flush=True)
@@ -51,7 +49,7 @@ def run_demo(
         from flyarchive.interop import nmf
     except ImportError:
         raise missing_dependency("flygym", "flygym", "flyarchive demo") from None
-    from flyarchive.distribute.cluster import early_cluster
+    from flyarchive.distribute.cluster import local_cluster
 
     out = Path(out)
     url = str(out / "demo.zarr")
@@ -61,9 +59,10 @@ def run_demo(
         )
     out.mkdir(parents=True, exist_ok=True)
     # One local cluster for both renders, its workers starting while the flies walk.
-    with early_cluster(n_workers) if render and _workers(n_workers) else contextlib.nullcontext():
+    with local_cluster(n_workers) if render and _workers(n_workers) else \
+            contextlib.nullcontext() as client:
         return _run(nmf, out, url, n_worlds, seconds, render, render_worlds, overwrite,
-                    n_workers)
+                    n_workers, client)
 
 
 def _workers(n_workers: int | None) -> bool:
@@ -73,10 +72,11 @@ def _workers(n_workers: int | None) -> bool:
 
 
 def _run(nmf: Any, out: Path, url: str, n_worlds: int, seconds: float, render: bool,
-         render_worlds: int, overwrite: bool, n_workers: int | None) -> dict[str, object]:
+         render_worlds: int, overwrite: bool, n_workers: int | None,
+         client: Any = None) -> dict[str, object]:
     from flyarchive.models import save_mjb
     from flyarchive.plot import plot_traces
-    from flyarchive.record.cpu import TrajectoryRecorder
+    from flyarchive.recorders import TrajectoryRecorder
     from flyarchive.store.integrity import verify
     from flyarchive.summary import summarize, summary_lines
 
@@ -102,26 +102,25 @@ def _run(nmf: Any, out: Path, url: str, n_worlds: int, seconds: float, render: b
     result: dict[str, object] = {"archive": url, "model": str(model_path), "plot": str(png),
                                  "frames": recorder.n_frames, "verify_ok": report.ok}
     if render:
-        from flyarchive.distribute.api import RenderOptions, render_videos
-        from flyarchive.distribute.cluster import connect
+        from flyarchive.distribute.api import render_videos
+        from flyarchive.render.options import RenderOptions
 
         start = time.perf_counter()
-        with connect(None, None, n_workers) if _workers(n_workers) else \
-                contextlib.nullcontext() as client:  # takes the cluster started early
-            where = {"client": client} if client is not None else {"n_workers": n_workers}
-            rendered = render_videos(
-                url, world.model, world.cameras, str(out / "videos"),
-                worlds=list(range(min(render_worlds, n_worlds))),
-                options=RenderOptions(size=(240, 320), overwrite=overwrite, progress=True),
-                **where,
-            )
-            frames = sum(int(v["frames"]) for v in rendered.videos)
-            elapsed = time.perf_counter() - start
-            _say(f"rendered {len(rendered.videos)} video(s), {frames} frames in {elapsed:.1f} s "
-                 f"({frames / elapsed:.1f} frames/s incl. cluster start): {rendered.manifest}")
-            result["videos"] = [v["path"] for v in rendered.videos]
-            result["mosaics"] = _render_mosaic(url, world, out / "videos", n_worlds, overwrite,
-                                               where)
+        # the cluster started while the flies walked, for both renders
+        where = {"client": client} if client is not None else {"n_workers": n_workers}
+        rendered = render_videos(
+            url, world.model, world.cameras, str(out / "videos"),
+            worlds=list(range(min(render_worlds, n_worlds))),
+            options=RenderOptions(size=(240, 320), overwrite=overwrite, progress=True),
+            **where,
+        )
+        frames = sum(int(v["frames"]) for v in rendered.videos)
+        elapsed = time.perf_counter() - start
+        _say(f"rendered {len(rendered.videos)} video(s), {frames} frames in {elapsed:.1f} s "
+             f"({frames / elapsed:.1f} frames/s incl. cluster start): {rendered.manifest}")
+        result["videos"] = [v["path"] for v in rendered.videos]
+        result["mosaics"] = _render_mosaic(url, world, out / "videos", n_worlds, overwrite,
+                                           where)
     _say(f"replay again with: flyarchive render {url} --model {model_path} "
          f"--camera {world.cameras[0]} --out {out / 'videos'} --overwrite")
     _say(f"browse and watch the worlds in the browser: flyarchive view {url} "
@@ -135,7 +134,8 @@ def _render_mosaic(url: str, world: object, videos: Path, n_worlds: int, overwri
     120x160), labelled with world ids and simulated time; its path(s)."""
     import math
 
-    from flyarchive.distribute.api import RenderOptions, render_videos
+    from flyarchive.distribute.api import render_videos
+    from flyarchive.render.options import RenderOptions
 
     cols = math.ceil(math.sqrt(n_worlds))
     rows = math.ceil(n_worlds / cols)

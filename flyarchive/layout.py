@@ -20,8 +20,6 @@ import numpy as np
 
 from flyarchive.errors import LayoutMismatchError, SchemaError
 
-__all__ = ["ModelLayout", "check_compatible"]
-
 _JOINT_TYPES = {
     int(mujoco.mjtJoint.mjJNT_FREE): "free",
     int(mujoco.mjtJoint.mjJNT_BALL): "ball",

@@ -1,7 +1,7 @@
 """The compiled MuJoCo model that replay and import need: load, save, and as bytes.
 
 The archive's attributes never hold the model; a model travels to workers, and is
-kept beside an archive (:mod:`flyarchive.store.models`), as its exact compiled form
+kept beside an archive (:mod:`flyarchive.store.kept_models`), as its exact compiled form
 (MJB bytes). An MJB is tied to the MuJoCo release that wrote it: its header is checked
 before MuJoCo reads it, and MuJoCo's own reason for refusing one (which it would
 otherwise append to ``MUJOCO_LOG.TXT`` in the working folder) goes into the error.

@@ -19,8 +19,6 @@ from flyarchive.errors import (
 from flyarchive.query import open_archive
 from flyarchive.store.location import as_url
 
-__all__ = ["plot_traces"]
-
 
 def _target(out: str | Path, world: int) -> Path:
     """The file to write: inside ``out`` when it is a folder, with ``.png`` when it has no

@@ -20,26 +20,13 @@ from flyarchive.layout import ModelLayout
 if TYPE_CHECKING:
     import xarray as xr
 
+#: Largest decoded chunk of a string array (labels, text world variables), bytes, and most
+#: strings in one: what readers accept, and so what writers may write.
+MAX_STRING_CHUNK_BYTES = 16 << 20
+MAX_STRINGS = 1 << 20
+
 #: Deepest nesting of lists and objects in metadata and attributes.
 MAX_JSON_DEPTH = 64
-
-__all__ = [
-    "SCHEMA_NAME",
-    "SCHEMA_VERSION",
-    "STATE_VARS",
-    "TIMING_ATTRS",
-    "TIME_COORDS",
-    "IMPORT_ATTR",
-    "import_status",
-    "validate",
-    "validate_attrs",
-    "MAX_JSON_DEPTH",
-    "json_depth_of",
-    "finite_frames",
-    "sizes_problem",
-    "n_frames_problem",
-    "times_problem",
-]
 
 SCHEMA_NAME = "flyarchive.trajectory"
 SCHEMA_VERSION = 1

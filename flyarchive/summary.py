@@ -8,10 +8,7 @@ from typing import Any
 from flyarchive.codecs import describe as describe_codec
 from flyarchive.query.archive import open_header
 from flyarchive.schema import import_status
-from flyarchive.store.models import stored_entry
-
-__all__ = ["summarize", "summary_lines", "describe_model", "describe_codec_line",
-           "describe_world_vars", "format_ids"]
+from flyarchive.store.kept_models import stored_entry
 
 
 def summarize(url: str, storage_options: Mapping[str, Any] | None = None) -> dict[str, Any]:

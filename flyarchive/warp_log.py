@@ -36,8 +36,6 @@ from typing import Any
 from flyarchive.config import verbose
 from flyarchive.errors import missing_dependency
 
-__all__ = ["import_warp", "import_mujoco_warp", "configure_warp", "LOCK_FOLDER", "STDERR_LOCK"]
-
 #: Folder of the kernel cache that holds the compile locks (one file per module).
 LOCK_FOLDER = "flyarchive-locks"
 

@@ -7,7 +7,7 @@ renders the same frames with:
 - ``flygym``: flygym 2.1.1 ``flygym.recording.render_trajectories`` on
   ``RecordedTrajectory`` objects holding the same qpos, without and with an mp4
   output (flygym keeps every frame in memory, then encodes);
-- ``renderer``: flyarchive's ``CpuRenderer`` alone, render only (no encode, no
+- ``renderer``: flyarchive's ``OpenGLRenderer`` alone, render only (no encode, no
   read), with ``LP_NUM_THREADS=1`` and with Mesa's default (every core);
 - ``videos``: ``render_videos(..., n_workers=0)``, archive -> mp4 in this process;
 - ``dask-k``: ``render_videos(client=...)`` on a ``LocalCluster`` of k single-thread
@@ -72,7 +72,7 @@ from benchlib import (
 TARGETS = (
     ("dask-2", "flygym-mp4", 1.3, "archive->mp4, default path (2 workers), >= 1.3x flygym+mp4"),
     ("videos", "flygym-mp4", 1.3, "archive->mp4, one process, >= 1.3x flygym with mp4"),
-    ("renderer-default", "flygym", 1.0, "CpuRenderer one process >= flygym render only"),
+    ("renderer-default", "flygym", 1.0, "OpenGLRenderer one process >= flygym render only"),
     ("dask-2", "dask-1", 1.8, "2 single-thread workers >= 1.8x one (excl. start-up)"),
     ("dask-2-sync", "dask-1-sync", 1.8, "same, workers reading synchronously (prototype)"),
     ("warp-cpu", "flygym-mp4", 3.0, "warp-cpu archive->mp4, one process, vs flygym with mp4"),
@@ -312,11 +312,11 @@ def _child_cli(spec: dict[str, Any], model: Any) -> dict[str, Any]:
 
 
 def _child_renderer(spec: dict[str, Any], model: Any) -> dict[str, Any]:
-    from flyarchive.replay.opengl import CpuRenderer
+    from flyarchive.replay.opengl import OpenGLRenderer
 
     _, qpos, _ = _states(spec["url"])
     start = time.perf_counter()
-    with CpuRenderer(model, spec["camera"], tuple(spec["size"])) as renderer:
+    with OpenGLRenderer(model, spec["camera"], tuple(spec["size"])) as renderer:
         setup = time.perf_counter() - start
         start = time.perf_counter()
         for world in qpos:
@@ -431,7 +431,7 @@ def _child_warp_dask(spec: dict[str, Any], model: Any) -> dict[str, Any]:
 def _child_profile(spec: dict[str, Any], model: Any) -> dict[str, Any]:
     """Seconds spent per stage of archive -> mp4 for all frames, measured one by one."""
     from flyarchive.query import open_archive
-    from flyarchive.replay.opengl import CpuRenderer
+    from flyarchive.replay.opengl import OpenGLRenderer
     from flyarchive.video import VideoOptions, VideoWriter, concat_segments
 
     size, seg = tuple(spec["size"]), spec["segment_frames"]
@@ -444,7 +444,7 @@ def _child_profile(spec: dict[str, Any], model: Any) -> dict[str, Any]:
     qpos = [[ds.isel(world=w, time=slice(k, k + seg)).qpos.values  # as distributed._states
              for k in range(0, n_frames, seg)] for w in range(n_worlds)]
     t["read_segments"] = time.perf_counter() - start
-    with CpuRenderer(model, spec["camera"], size) as renderer:
+    with OpenGLRenderer(model, spec["camera"], size) as renderer:
         start = time.perf_counter()
         for world in qpos:
             for block in world:

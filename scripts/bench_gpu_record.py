@@ -51,7 +51,7 @@ def main() -> None:
     import mujoco_warp as mjw
     import warp as wp
 
-    from flyarchive.record.warp import WarpTrajectoryRecorder
+    from flyarchive.recorders import WarpTrajectoryRecorder
 
     wp.config.quiet = True
     device = wp.get_device({"cuda": "cuda:0", "cpu": "cpu"}[args.device])

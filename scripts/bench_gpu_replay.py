@@ -296,15 +296,15 @@ def _prerendered(st: ReplayStates, args: argparse.Namespace, device: str) -> _Pr
 def _encode_only(url: str, st: ReplayStates, out: Path, args: argparse.Namespace, backend: str,
                  stub: _Prerendered, preset: str | None) -> None:
     """Row 3 with the renderer replaced by ``stub`` (frames rendered beforehand)."""
-    from flyarchive.distribute import warp_pipeline
+    from flyarchive.render import warp as warp_pipeline
 
-    with mock.patch.object(warp_pipeline, "_renderer", lambda *_, **__: stub):
+    with mock.patch.object(warp_pipeline, "warp_renderer", lambda *_, **__: stub):
         _flyarchive(url, st, out, args, backend, preset=preset)
 
 
 def _read_all(url: str, batch_worlds: int) -> None:
     """Read every batch's states from the archive as ``render_videos`` does (no rendering)."""
-    from flyarchive.distribute.plan import pack_batches
+    from flyarchive.render.plan import pack_batches
     from flyarchive.query import open_archive, select_frames
     from flyarchive.store import StateReader
 
@@ -328,14 +328,14 @@ def _flyarchive(url: str, st: ReplayStates, out: Path, args: argparse.Namespace,
 
 def _no_graph(run: Callable[[], None]) -> None:
     """``run()`` with a fresh renderer that launches kernel by kernel (no CUDA graph)."""
-    from flyarchive.distribute import warp_pipeline
+    from flyarchive.render.renderers import clear_renderers
 
-    warp_pipeline.clear_renderers()
+    clear_renderers()
     try:
         with mock.patch.dict(os.environ, {"FLYARCHIVE_CUDA_GRAPH": "0"}):
             run()
     finally:
-        warp_pipeline.clear_renderers()
+        clear_renderers()
 
 
 def _flygym(st: ReplayStates, args: argparse.Namespace, device: str, worlds_per_batch: int,
@@ -367,13 +367,13 @@ def _warm_up(url: str, st: ReplayStates, args: argparse.Namespace, device: str, 
     Renderer setup (model upload, BVH build) stays in both end-to-end rows: flyarchive's
     cached renderer is dropped, and flygym builds its own on every call anyway.
     """
-    from flyarchive.distribute import warp_pipeline
     from flyarchive.distribute.api import RenderOptions, render_videos
+    from flyarchive.render.renderers import clear_renderers
 
     options = RenderOptions(size=args.size, backend=backend, batch_worlds=args.batch)
     render_videos(url, st.model, st.camera, str(out / "fa"), worlds=[0], time=(0.0, 0.0),
                   options=options, n_workers=0)
-    warp_pipeline.clear_renderers()
+    clear_renderers()
     if args.flygym:
         mocap = None if st.mocap is None else (st.mocap[0][:1, :1], st.mocap[1][:1, :1])
         one = ReplayStates(st.model, st.camera, st.qpos[:1, :1], mocap)
@@ -412,7 +412,7 @@ def _measure(n_images: int, run: Callable[[], None]) -> dict[str, Any]:
 
 def _stages(n_images: int, run: Callable[[], None]) -> dict[str, Any]:
     """:func:`_measure` of a flyarchive run, with the pipeline's stage timers."""
-    from flyarchive.distribute.diagnostics import PipelineProfile
+    from flyarchive.render.diagnostics import PipelineProfile
 
     with PipelineProfile() as profile:
         row = _measure(n_images, run)

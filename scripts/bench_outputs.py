@@ -11,7 +11,7 @@ process) on each backend of ``--backends`` with:
 
 Each case runs ``--repeat`` times after one warm-up render (kernels loaded, renderer
 built); the best wall time counts, and its
-stage timings (:class:`~flyarchive.distribute.diagnostics.PipelineProfile`) go to the
+stage timings (:class:`~flyarchive.render.diagnostics.PipelineProfile`) go to the
 row's ``stages`` in the JSON. A frame is one (world, frame, camera) image, a tile of
 a mosaic counting as one. Ratios, against ``rgb`` of the same backend: ``maps_ratio``
 (time, target <= 1.3 on the GPU), ``mosaic_fps_ratio`` (tile-frames/s over per-world
@@ -90,7 +90,7 @@ def _run(url: str, states: Any, backend: str, case: str, args: argparse.Namespac
          ) -> dict[str, Any]:
     """Best wall time of ``--repeat`` renders of one case, after a warm-up."""
     from flyarchive.distribute.api import render_videos
-    from flyarchive.distribute.diagnostics import PipelineProfile
+    from flyarchive.render.diagnostics import PipelineProfile
 
     options = _options(backend, case, args)
     best, stages = float("inf"), {}

@@ -32,7 +32,6 @@ def test_the_demo_records_verifies_plots_and_renders_on_one_cluster(tmp_path, mo
     done = run_demo(tmp_path / "demo", n_worlds=2, seconds=0.1, n_workers=2)
 
     assert started == [(2, None)]  # one cluster, started early, for both renders
-    assert clusters._EARLY == {}
     assert done["verify_ok"] and verify(done["archive"]).ok
     ds = open_archive(done["archive"])
     assert ds.sizes["world"] == 2 and int(ds.n_frames.min()) == done["frames"] > 0

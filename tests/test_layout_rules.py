@@ -1,28 +1,36 @@
 """The package's shape: its imports (read from the source, imports inside functions
 included) have no cycles, the product never imports its test support, and each stage
-imports only from the stages below it:
+imports only from the stages before it, in the order of the data flow
+(../shared/DESIGN.md):
 
-    base <- store <- query <- analyze <- record <- replay <- video <- distribute <- applications
+    base <- record <- store <- query <- analyze <- replay <- video <- render <- distribute
+         <- applications
 
-Data flows record -> store -> query -> analyze -> replay -> video, but recorders write
-through the store and read their recording back through query (flygym's ``trajectory``),
-so record sits on top of both. Analyze (positions of bodies, gait measures) reads archives
-through query and keeps derived values through the store; replay and later stages may use it.
+Record imports only the base modules: what a recorder produces (:class:`ArchiveSpec`,
+:class:`FrameBlock`, :mod:`flyarchive.record.spec`) is the record stage's, and the store
+imports it; recorders hand blocks of frames to a sink (:mod:`flyarchive.record.sink`, the
+protocols the store's writer implements), and the public recorders are bound to the store
+and query by an application module (:mod:`flyarchive.recorders`). Render (how
+one process turns an archive into videos) never imports distribute (where that work runs).
 
 Base modules (errors, schema, layout, clock, codecs, models, config, warp_log) import
-only each other; applications (cli, cli_analyze, demo, plot, summary, interop, render, view,
-and the package's own ``__init__``) may import anything; ``flyarchive.testing`` is not part of
-the product and may import anything too.
+only each other; applications (cli, demo, plot, summary, recorders, interop, view, and the
+package's own ``__init__``) may import anything; ``flyarchive.testing`` is not part of the
+product and may import anything too.
 
-Where today's code breaks a rule, the rule's test is marked xfail(strict=True) with the
-list of what breaks it, so that it fails (XPASS) once the product is fixed: then empty the
-list. A second test per rule fails at once on anything not on the list.
+The public line: no module imports another module's private (``_name``) names, ``__all__``
+appears only in the public modules (:data:`PUBLIC`), and every module is listed in its
+package's docstring.
+
+Each rule's test fails naming what breaks it.
 """
 
 from __future__ import annotations
 
 import ast
+import re
 from collections import deque
+from collections.abc import Iterator
 from functools import cache
 from pathlib import Path
 
@@ -31,16 +39,17 @@ import pytest
 PACKAGE = Path(__file__).resolve().parents[1] / "flyarchive"
 
 BASE = frozenset({"errors", "schema", "layout", "clock", "codecs", "models", "config", "warp_log"})
-STAGES = ("store", "query", "analyze", "record", "replay", "video", "distribute")
-APPLICATIONS = frozenset({"cli", "cli_analyze", "demo", "plot", "summary", "interop", "render", "view",
-                          "__main__"})
+STAGES = ("record", "store", "query", "analyze", "replay", "video", "render", "distribute")
+APPLICATIONS = frozenset({"cli", "cli_args", "cli_analyze", "cli_render", "demo", "plot", "summary",
+                          "recorders", "interop", "view", "__main__"})
 TEST_SUPPORT = "flyarchive.testing"
 
-#: Import cycles of today's code, each as the set of its modules.
-KNOWN_CYCLES: list[frozenset[str]] = []
-
-#: Imports of today's code against the stage order: (importer, imported).
-KNOWN_STAGE_VIOLATIONS: frozenset[tuple[str, str]] = frozenset()
+#: The public modules: the package's face (``flyarchive``), the errors, the environment
+#: variables, models as files and bytes, the test support (as ``zarr.testing``), and the
+#: bridges users call by module. Only these declare ``__all__``.
+PUBLIC = frozenset({"flyarchive", "flyarchive.errors", "flyarchive.config", "flyarchive.models",
+                    "flyarchive.interop.nmf", "flyarchive.interop.flygym_sim",
+                    "flyarchive.interop.flygym_npz"})
 
 
 # ----------------------------------------------------------------------------- the graph
@@ -72,6 +81,27 @@ def imports_of(name: str) -> set[str]:
     return imports_in(path.read_text(), name, package)
 
 
+def imported_from(node: ast.ImportFrom, package: str) -> str:
+    """The module a ``from ... import`` in ``package`` imports from, relative ones resolved."""
+    base = node.module or ""
+    if node.level:
+        anchor = package.split(".")[: len(package.split(".")) - node.level + 1]
+        base = ".".join([*anchor, *([node.module] if node.module else [])])
+    return base
+
+
+def our_imports(tree: ast.AST, package: str) -> Iterator[tuple[ast.alias, str | None]]:
+    """``(alias, None)`` for each ``import flyarchive...`` in ``tree`` and ``(alias, module)``
+    for each name of a ``from flyarchive... import`` (relative ones resolved in ``package``)."""
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            yield from ((a, None) for a in node.names if a.name.split(".")[0] == "flyarchive")
+        elif isinstance(node, ast.ImportFrom):
+            base = imported_from(node, package)
+            if base.split(".")[0] == "flyarchive":
+                yield from ((a, base) for a in node.names)
+
+
 def imports_in(source: str, name: str, package: str) -> set[str]:
     """The package's modules that the source of module ``name`` (in ``package``) imports.
 
@@ -80,20 +110,12 @@ def imports_in(source: str, name: str, package: str) -> set[str]:
     packages imported on the way are not counted.
     """
     found: set[str | None] = set()
-    for node in ast.walk(ast.parse(source)):
-        if isinstance(node, ast.Import):
-            found.update(_known(alias.name) for alias in node.names
-                         if alias.name.split(".")[0] == "flyarchive")
-        elif isinstance(node, ast.ImportFrom):
-            base = node.module or ""
-            if node.level:
-                anchor = package.split(".")[: len(package.split(".")) - node.level + 1]
-                base = ".".join([*anchor, *([node.module] if node.module else [])])
-            if base.split(".")[0] != "flyarchive":
-                continue
-            for alias in node.names:
-                sub = f"{base}.{alias.name}"
-                found.add(sub if sub in modules() else _known(base))
+    for alias, base in our_imports(ast.parse(source), package):
+        if base is None:
+            found.add(_known(alias.name))
+        else:
+            sub = f"{base}.{alias.name}"
+            found.add(sub if sub in modules() else _known(base))
     found.discard(None)
     found.discard(name)
     return found  # type: ignore[return-value]
@@ -156,7 +178,7 @@ def describe(found: list[frozenset[str]]) -> list[str]:
 
 # ----------------------------------------------------------------------------- layers
 def layer(name: str) -> tuple[int, str]:
-    """``(rank, group)``: base 0, the stages 1..7 in flow order, applications 100."""
+    """``(rank, group)``: base 0, the stages 1..8 in flow order, applications 100."""
     parts = name.split(".")
     if len(parts) == 1:
         return 100, "flyarchive"  # the package's __init__: re-exports the API on top
@@ -198,13 +220,13 @@ def test_imports_inside_functions_and_relative_imports_are_read():
         "from flyarchive.errors import SchemaError\n"
         "def load():\n"
         "    from flyarchive.store import writer\n"
-        "    from .frames import select_frames\n"
+        "    from .selection import select_frames\n"
         "    import flyarchive.replay.opengl\n"
     )
 
     found = imports_in(source, "flyarchive.query.archive", "flyarchive.query")
 
-    assert found == {"flyarchive.errors", "flyarchive.store.writer", "flyarchive.query.frames",
+    assert found == {"flyarchive.errors", "flyarchive.store.writer", "flyarchive.query.selection",
                      "flyarchive.replay.opengl"}
 
 
@@ -218,19 +240,10 @@ def test_cycles_are_found_and_named():
     assert a_cycle_through(found[0], edges) == ["a", "b", "c", "a"]
 
 
-@pytest.mark.xfail(bool(KNOWN_CYCLES), strict=True,
-                   reason=f"known import cycles: {[sorted(c) for c in KNOWN_CYCLES]}")
 def test_the_package_has_no_import_cycle():
     found = cycles(graph())
 
     assert found == [], f"import cycles: {describe(found)}"
-
-
-def test_no_import_cycle_beyond_the_known_ones():
-    found = cycles(graph())
-
-    new = [c for c in found if not any(c <= known for known in KNOWN_CYCLES)]
-    assert new == [], f"new import cycles: {describe(new)}"
 
 
 def test_no_product_module_imports_the_test_support():
@@ -251,15 +264,115 @@ def test_every_product_module_is_in_a_layer():
     assert unplaced == []
 
 
-@pytest.mark.xfail(bool(KNOWN_STAGE_VIOLATIONS), strict=True,
-                   reason=f"known imports against the stage order: {sorted(KNOWN_STAGE_VIOLATIONS)}")
 def test_each_stage_imports_only_from_the_stages_before_it():
     found = stage_violations()
 
     assert sorted(found) == []
 
 
-def test_no_import_against_the_stage_order_beyond_the_known_ones():
-    found = stage_violations()
+# ----------------------------------------------------------------------------- the public line
+def is_public(name: str) -> bool:
+    return name in PUBLIC or not is_product(name)
 
-    assert sorted(found - KNOWN_STAGE_VIOLATIONS) == []
+
+def private_uses_in(source: str, name: str, package: str) -> set[tuple[str, str]]:
+    """``(name, "module.attr")`` for each private name of another of the package's modules
+    that the source of module ``name`` imports (``from flyarchive.x import _y``) or reads
+    as an attribute of a module it imported (``x._y``, ``flyarchive.x._y``). Dunder names
+    (``__all__``, ``__version__``) are not private."""
+    def private(attr: str) -> bool:
+        return attr.startswith("_") and not (attr.startswith("__") and attr.endswith("__"))
+
+    tree = ast.parse(source)
+    bound: dict[str, str] = {}  # local name -> module of ours it is bound to
+    found: set[tuple[str, str]] = set()
+    for alias, base in our_imports(tree, package):
+        sub = alias.name if base is None else f"{base}.{alias.name}"
+        if sub in modules():
+            bound[alias.asname or alias.name] = sub
+        elif base is not None and private(alias.name) and base != name:
+            found.add((name, sub))
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Attribute) and private(node.attr):
+            owner = _dotted(node.value)
+            target = bound.get(owner) or (owner if owner in modules() else None)
+            if target is not None and target != name:
+                found.add((name, f"{target}.{node.attr}"))
+    return found
+
+
+def _dotted(node: ast.expr) -> str:
+    """``a.b.c`` of an expression made only of names and attributes ("" otherwise)."""
+    if isinstance(node, ast.Name):
+        return node.id
+    if isinstance(node, ast.Attribute):
+        head = _dotted(node.value)
+        return f"{head}.{node.attr}" if head else ""
+    return ""
+
+
+def private_uses() -> set[tuple[str, str]]:
+    found: set[tuple[str, str]] = set()
+    for name, path in modules().items():
+        package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+        found |= private_uses_in(path.read_text(), name, package)
+    return found
+
+
+def declares_all(name: str) -> bool:
+    tree = ast.parse(modules()[name].read_text())
+    return any(isinstance(node, (ast.Assign, ast.AnnAssign)) and any(
+        isinstance(t, ast.Name) and t.id == "__all__"
+        for t in (node.targets if isinstance(node, ast.Assign) else [node.target]))
+        for node in tree.body)
+
+
+def all_outside_public() -> set[str]:
+    return {name for name in modules() if not is_public(name) and declares_all(name)}
+
+
+def unlisted() -> set[str]:
+    """Modules (and subpackages) whose full name is missing from their package's docstring."""
+    missing = set()
+    for name, path in modules().items():
+        if "." not in name or path.name == "__main__.py":
+            continue
+        package = name.rpartition(".")[0]
+        doc = ast.get_docstring(ast.parse(modules()[package].read_text())) or ""
+        if not re.search(rf"(?<![\w.]){re.escape(name)}(?![\w])", doc.replace("~", "")):
+            missing.add(name)
+    return missing
+
+
+def test_private_names_of_other_modules_are_found():
+    source = (
+        "import flyarchive.store.writer\n"
+        "from flyarchive.store import reader as r\n"
+        "from flyarchive.store.reader import _refuse_v2, open_group\n"
+        "from flyarchive.errors import __all__\n"
+        "def f():\n"
+        "    return r._has_fused(), flyarchive.store.writer._opened, r.open_group\n"
+    )
+
+    found = private_uses_in(source, "flyarchive.query.archive", "flyarchive.query")
+
+    assert found == {("flyarchive.query.archive", "flyarchive.store.reader._refuse_v2"),
+                     ("flyarchive.query.archive", "flyarchive.store.reader._has_fused"),
+                     ("flyarchive.query.archive", "flyarchive.store.writer._opened")}
+
+
+def test_no_module_uses_another_modules_private_names():
+    assert sorted(private_uses()) == []
+
+
+def test_only_public_modules_declare_all():
+    assert sorted(all_outside_public()) == []
+
+
+def test_the_public_modules_exist_and_declare_all():
+    assert sorted(name for name in PUBLIC if name not in modules() or not declares_all(name)) == []
+
+
+def test_every_module_is_listed_in_its_packages_docstring():
+    assert sorted(unlisted()) == []
+

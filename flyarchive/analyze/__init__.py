@@ -26,5 +26,3 @@ from flyarchive.analyze.keypoints import keypoint_labels, select_keypoints, tars
 from flyarchive.analyze.lazy import positions
 from flyarchive.analyze.warp_stream import StreamStats, load_positions
 
-__all__ = ["positions", "load_positions", "StreamStats", "keep_positions", "open_positions",
-           "gait_summary", "GaitParams", "keypoint_labels", "select_keypoints", "tarsus_tips"]

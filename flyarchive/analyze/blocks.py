@@ -18,8 +18,6 @@ from flyarchive.analyze.cpu_positions import CpuKinematics
 from flyarchive.analyze.keypoints import KeypointSet
 from flyarchive.models import load_mjb
 
-__all__ = ["kinematics_block", "model_of", "BACKENDS"]
-
 #: Backends of :func:`flyarchive.positions`: CPU MuJoCo (bit-exact), mujoco-warp on
 #: Warp's CPU device, mujoco-warp on CUDA.
 BACKENDS = ("cpu", "warp-cpu", "gpu")

@@ -17,8 +17,6 @@ import numpy as np
 from flyarchive.analyze.keypoints import KeypointSet
 from flyarchive.analyze.skeleton import kinematic_model
 
-__all__ = ["CpuKinematics", "quat_mul"]
-
 
 def quat_mul(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     """``a * b`` for quaternions (w, x, y, z) on the last axis, broadcast (MuJoCo's order

@@ -42,8 +42,6 @@ if TYPE_CHECKING:
     import mujoco
     import xarray as xr
 
-__all__ = ["GaitParams", "gait_summary", "gait_measures", "MEASURES"]
-
 #: Every per-world measure: name -> (unit, description).
 MEASURES: dict[str, tuple[str, str]] = {
     "duration": ("s", "time from the first to the last frame with positions"),

@@ -32,8 +32,6 @@ if TYPE_CHECKING:
     import mujoco
     import xarray as xr
 
-__all__ = ["keep_positions", "stored_positions", "open_positions", "provenance"]
-
 #: What a derived group of positions is, in its ``derived`` attribute.
 KIND = "positions"
 

@@ -38,9 +38,6 @@ from flyarchive.errors import SelectionError
 if TYPE_CHECKING:
     import xarray as xr
 
-__all__ = ["KeypointRequest", "KeypointSet", "KeypointName", "resolve", "keypoint_labels",
-           "select_keypoints", "tarsus_tips", "body_names", "site_names", "LEGS"]
-
 #: flygym's legs: left/right x front/middle/hind.
 LEGS = ("lf", "lm", "lh", "rf", "rm", "rh")
 _KINDS = ("body", "site", "point")

@@ -17,8 +17,6 @@ if TYPE_CHECKING:
     import mujoco
     import xarray as xr
 
-__all__ = ["positions"]
-
 
 def positions(
     source: str | xr.Dataset,

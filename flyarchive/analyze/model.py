@@ -1,5 +1,5 @@
 """The model positions are computed with: the one kept beside the archive (loaded as
-every reader loads it, :func:`flyarchive.store.models.kept_model`: checked in a short-lived
+every reader loads it, :func:`flyarchive.store.kept_models.kept_model`: checked in a short-lived
 child process first), or one given and checked against the archive's layout.
 """
 
@@ -15,8 +15,6 @@ import mujoco
 from flyarchive.errors import ModelLoadError
 from flyarchive.layout import ModelLayout, check_compatible
 from flyarchive.models import model_bytes
-
-__all__ = ["AnalysisModel", "analysis_model"]
 
 
 @dataclass(frozen=True)
@@ -55,7 +53,7 @@ def analysis_model(layout_attrs: Any, *, url: str | None, model: mujoco.MjModel 
                 "The dataset does not say which archive it was opened from, and no model was "
                 "given. Pass the compiled model the archive was recorded with: model=... (an "
                 "MjModel), or --model FILE (.mjb or .xml).")
-        from flyarchive.store.models import kept_model
+        from flyarchive.store.kept_models import kept_model
 
         model, blob = kept_model(url, storage_options)  # checked in a child process first
     else:

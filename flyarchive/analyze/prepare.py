@@ -27,9 +27,6 @@ if TYPE_CHECKING:
 
     from flyarchive.store.dataset import CommittedFrames
 
-__all__ = ["Prepared", "prepare", "window", "source_url", "check_backend", "lazy_positions",
-           "as_positions", "committed_getter", "UNITS"]
-
 #: The unit of positions: the model's own (MuJoCo has none).
 UNITS = "model length unit (mm for NeuroMechFly)"
 
@@ -120,11 +117,11 @@ def committed_getter(values: Any) -> CommittedFrames | None:
 def window(ds: xr.Dataset, worlds: Sequence[int] | None,
            time: tuple[float | None, float | None] | None) -> xr.Dataset:
     """``ds`` cut to the worlds and the frames of a time window, checked
-    (:func:`flyarchive.query.frames.select_frames`). Worlds without frames are kept only
+    (:func:`flyarchive.query.selection.select_frames`). Worlds without frames are kept only
     when no selection is made."""
     if worlds is None and time is None:
         return ds
-    from flyarchive.query.frames import select_frames
+    from flyarchive.query.selection import select_frames
 
     jobs = select_frames(ds, worlds, time)
     start, stop = min(j.start for j in jobs), max(j.stop for j in jobs)

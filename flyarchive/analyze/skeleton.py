@@ -22,8 +22,6 @@ import numpy as np
 
 from flyarchive.analyze.keypoints import KeypointSet
 
-__all__ = ["Skeleton", "skeleton", "kinematic_model"]
-
 #: Arrays that must be equal for ``mj_kinematics`` to follow the same path.
 _STRUCTURE = ("body_parentid", "body_jntadr", "body_jntnum", "body_mocapid", "jnt_type",
               "jnt_qposadr", "jnt_bodyid")

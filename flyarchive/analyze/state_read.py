@@ -43,7 +43,6 @@ from flyarchive.analyze.prepare import Prepared, committed_getter
 if TYPE_CHECKING:
     import xarray as xr
 
-__all__ = ["StateReader", "ProcessStateReader", "state_reader"]
 
 #: Frames of a window from which :func:`state_reader` reads with processes by itself
 #: (``processes=None``), on a machine with at least :data:`AUTO_CORES` usable cores.

@@ -29,8 +29,6 @@ from flyarchive.warp_log import import_mujoco_warp, import_warp
 wp = import_warp("Positions with mujoco-warp (backend 'warp-cpu' or 'gpu')")
 mjw = import_mujoco_warp("Positions with mujoco-warp (backend 'warp-cpu' or 'gpu')")
 
-__all__ = ["WarpKinematics", "warp_engine", "device_of", "DEFAULT_BATCH"]
-
 #: Frames per batch (worlds of the ``Data``) by device kind.
 DEFAULT_BATCH = {"cpu": 4096, "cuda": 65536}
 

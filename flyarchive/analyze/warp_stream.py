@@ -36,8 +36,6 @@ if TYPE_CHECKING:
     import mujoco
     import xarray as xr
 
-__all__ = ["load_positions", "StreamStats"]
-
 
 @dataclass
 class StreamStats:

@@ -1,19 +1,21 @@
-"""Distribute: render plans run in this process or on a Dask cluster, per backend.
+"""Distribute: where render work runs. How one process renders is :mod:`flyarchive.render`'s.
 
-- :mod:`~flyarchive.distribute.api`: :func:`render_videos`, :func:`render_frames`,
-  :class:`RenderOptions` (the public entry points);
-- :mod:`~flyarchive.distribute.plan`: what to render, checked before any work, cut into
-  segments (OpenGL) or batches and groups (Warp);
-- :mod:`~flyarchive.distribute.drivers`: where a plan runs (:func:`runs_here`);
-- :mod:`~flyarchive.distribute.cluster`: the caller's client, a scheduler's, or a
-  LocalCluster started here;
-- :mod:`~flyarchive.distribute.cpu_tasks`: OpenGL tasks (segments, joins, frame blocks);
-- :mod:`~flyarchive.distribute.warp_pipeline` and :mod:`~flyarchive.distribute.encoders`:
-  the Warp pipeline of one process (read, render, encode);
-- :mod:`~flyarchive.video.workspace`: run folders, scratch space, publishing;
-- :mod:`~flyarchive.distribute.caches`: renderers kept between tasks;
-- :mod:`~flyarchive.distribute.diagnostics`: progress bars, :class:`PipelineProfile`.
+- :mod:`flyarchive.distribute.api`: :func:`render_videos`, :func:`render_frames` (the
+  public entry points): the archive opened once, the plan made, run where it belongs;
+- :mod:`flyarchive.distribute.placement`: where a Warp plan runs, decided from the
+  backend, the videos and the machine;
+- :mod:`flyarchive.distribute.opengl_runs` and :mod:`flyarchive.distribute.warp_runs`:
+  a plan run in this process, on render threads, or on a Dask cluster (segments and joins;
+  groups of whole videos, one per worker);
+- :mod:`flyarchive.distribute.cluster`: the caller's client or cluster, a scheduler's, or
+  a LocalCluster started here (:func:`~flyarchive.distribute.cluster.local_cluster`: the
+  command line starts it early and passes it on);
+- :mod:`flyarchive.distribute.gpus`: the GPUs of this machine, one worker per GPU with
+  its share of the cores;
+- :mod:`flyarchive.distribute.worker_setup`: the preload of flyarchive's worker processes;
+- :mod:`flyarchive.distribute.warm`: Warp imported and initialized early, beside the
+  archive's opening.
 
-Nothing here is imported by ``import flyarchive`` (``flyarchive.render_videos`` and
-the other names load it on first use).
+Internal: the public names are re-exported by ``flyarchive``; ``import flyarchive``
+imports none of this (``flyarchive.render_videos`` loads it on first use).
 """

@@ -1,9 +1,11 @@
-"""The public replay entry points: render worlds and time windows of an archive to
-videos (:func:`render_videos`) or to lazy frames (:func:`render_frames`).
+"""The public render entry points: worlds and time windows of an archive to videos
+(:func:`render_videos`) or to lazy frames (:func:`render_frames`).
 
-``render_videos`` selects frames (:mod:`flyarchive.query.frames`), makes a plan
-(:mod:`~flyarchive.distribute.plan`), checks it before any work, and runs it
-(:mod:`~flyarchive.distribute.drivers`): in this process, on a local Dask cluster it
+``render_videos`` opens the archive's header once (:func:`flyarchive.query.archive.open_header`:
+no xarray or dask), selects frames (:mod:`flyarchive.query.selection`), reads the kept
+model through the same opened group, makes a plan (:mod:`flyarchive.render.plan`), checks
+it before any work, and runs it where it belongs (:mod:`~flyarchive.distribute.opengl_runs`,
+:mod:`~flyarchive.distribute.warp_runs`): in this process, on a local Dask cluster it
 starts, or on the cluster given (which one: see :func:`render_videos`).
 """
 
@@ -18,128 +20,25 @@ from typing import TYPE_CHECKING, Any
 import mujoco
 import numpy as np
 
-from flyarchive.distribute.drivers import run_plan
+from flyarchive.distribute import opengl_runs, warp_runs
 from flyarchive.distribute.gpus import check_gpus
-from flyarchive.distribute.output_plan import check_output_options, plan_outputs
-from flyarchive.distribute.plan import RenderPlan, absolute_url, preflight
 from flyarchive.distribute.warm import warm_up_here
 from flyarchive.errors import RenderOptionsError
 from flyarchive.layout import ModelLayout, check_compatible
 from flyarchive.models import check_data, model_bytes
-from flyarchive.query.archive import open_archive, open_header
-from flyarchive.query.frames import VideoJob, select_frames
-from flyarchive.replay import BACKENDS
-from flyarchive.replay.frames import MAX_GL_SIDE, is_int, parse_frame_size
-from flyarchive.video import VideoOptions
+from flyarchive.query.archive import open_header
+from flyarchive.query.selection import select_frames
+from flyarchive.render.options import RenderOptions
+from flyarchive.render.output_plan import plan_outputs
+from flyarchive.render.plan import RenderPlan, absolute_url, preflight
+from flyarchive.render.renderers import keep_archive
+from flyarchive.replay import BACKENDS, WARP_BACKENDS, backend_name
+from flyarchive.replay.sizes import MAX_GL_SIDE, is_int, parse_frame_size
 
 if TYPE_CHECKING:
     import xarray as xr
 
     from flyarchive.store.header import Archive
-
-__all__ = [
-    "RenderOptions", "RenderResult", "VideoJob", "render_videos", "render_frames", "select_frames",
-    "default_video_options", "replay_model", "graph_model", "BACKENDS", "DEFAULT_BATCH_WORLDS",
-]
-
-
-#: States per batch of each Warp backend unless told otherwise. On an H200 (NeuroMechFly
-#: 240x320), the batch renderer's own rate is the same at 256 and 1024 (11.9k and 12.0k
-#: frames/s) and so is a whole render of RGB videos, but RGB + depth + segmentation took
-#: 1.27x the RGB time at 1024 against 1.36x at 256 (fewer, larger map copies).
-DEFAULT_BATCH_WORLDS = {"gpu": 1024, "warp-cpu": 4}
-
-
-@dataclass(frozen=True)
-class RenderOptions:
-    """How to render.
-
-    Attributes:
-        size: ``(height, width)`` of each frame, pixels; both even (H.264 yuv420p), at
-            most 16384 on ``"cpu"`` (OpenGL).
-        backend: ``"cpu"`` (mujoco.Renderer, OpenGL/EGL, bit-exact), ``"gpu"``
-            (mujoco-warp batch renderer on CUDA) or ``"warp-cpu"`` (the same renderer on
-            Warp's CPU device).
-        segment_frames: Frames per independently encoded segment (a Dask task).
-        batch_worlds: States per batch for the Warp backends (at most 4 on
-            ``"warp-cpu"``, whose CPU device renders them one after another). None:
-            :data:`DEFAULT_BATCH_WORLDS` of the backend. Each batch in flight holds
-            its frames on the device and in pinned host memory (NeuroMechFly 240x320,
-            1024 states: 118 MB of I420 frames, 315 MB more with depth and
-            segmentation).
-        video: Encoder settings. ``None`` (default): :func:`default_video_options` of
-            the backend: x264 ``veryfast``, or ``ultrafast`` on ``"gpu"``.
-        overwrite: Replace existing videos.
-        progress: Show a progress bar in this process (one, however many workers).
-        outputs: What to make per (world, camera), names from
-            :data:`flyarchive.replay.outputs.OUTPUTS` (CLI ``--outputs rgb,depth``): an mp4
-            of ``"rgb"``; lossless 16-bit maps of ``"depth"`` (planar depth, model length
-            unit) and ``"segmentation"`` (geom id + 1) as zarr arrays beside it
-            (:mod:`flyarchive.video.maps`; read them with :func:`flyarchive.read_depth`
-            and :func:`flyarchive.read_segmentation`). Default RGB only.
-        depth_scale: Model length units per depth count; None: the model's far plane
-            / 65534 (:func:`flyarchive.replay.outputs.default_depth_scale`).
-        mosaic: ``(rows, cols)`` (CLI ``--mosaic 2x3``): tile that many worlds, each at
-            ``size``, into one video per camera, ``{out}/mosaic000/{camera}.mp4``, each
-            tile labelled with its world id, tiles in the order of the selected worlds
-            (row by row). More worlds than tiles make several mosaic videos; fewer leave
-            blank (black) tiles, listed in the manifest. RGB only (no maps), not with
-            the windows of a ``(world, time)`` where mask; on the Warp backends the
-            tiles are assembled on the device (:mod:`flyarchive.video.mosaic`).
-        overlays: Text burnt into the RGB frames (CLI ``--overlay time,world``): any of
-            ``"world"``, ``"time"``, ``"speed"`` and the archive's per-world variables
-            (:mod:`flyarchive.video.overlay`). Default none.
-
-    Raises:
-        RenderOptionsError: an unknown backend or output, counts below 1, a mosaic that is
-            not two positive integers or with other outputs than RGB, or an overlay
-            without RGB.
-        FrameSizeError: a size H.264 (or, for ``"cpu"``, OpenGL) cannot take.
-    """
-
-    size: tuple[int, int] = (240, 320)
-    backend: str = "cpu"
-    segment_frames: int = 100
-    batch_worlds: int | None = None
-    video: VideoOptions = None  # type: ignore[assignment]  # set in __post_init__
-    overwrite: bool = False
-    progress: bool = False
-    outputs: tuple[str, ...] = ("rgb",)
-    depth_scale: float | None = None
-    mosaic: tuple[int, int] | None = None
-    overlays: tuple[str, ...] = ()
-
-    def __post_init__(self) -> None:
-        if self.backend not in BACKENDS:
-            raise RenderOptionsError(
-                f"Unknown backend {self.backend!r}. Backends: {', '.join(map(repr, BACKENDS))}."
-            )
-        if self.batch_worlds is None:
-            object.__setattr__(self, "batch_worlds", DEFAULT_BATCH_WORLDS.get(self.backend, 256))
-        for name in ("segment_frames", "batch_worlds"):
-            value = getattr(self, name)
-            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-                raise RenderOptionsError(f"{name} must be an integer of at least 1, got {value!r}.")
-        gl = MAX_GL_SIDE if self.backend == "cpu" else None
-        object.__setattr__(self, "size", parse_frame_size(self.size, even=True, max_side=gl))
-        if self.video is None:
-            object.__setattr__(self, "video", default_video_options(self.backend))
-        elif not isinstance(self.video, VideoOptions):
-            raise TypeError(f"video must be a VideoOptions or None, got {self.video!r}.")
-        check_output_options(self)
-
-
-def default_video_options(backend: str) -> VideoOptions:
-    """The encoder settings a backend uses unless told otherwise.
-
-    Both encode H.264 yuv420p at ``crf=18``. On ``"gpu"`` the x264 encoders on the host
-    CPU are the slowest stage, so it uses the ``ultrafast`` preset: measured on an
-    H200 host with 16 cores, NeuroMechFly 240x320, it costs 0.7 ms of CPU per frame
-    against about 2 for ``veryfast``, for files about 3x larger at the same quality
-    setting. The OpenGL and Warp CPU backends render far slower than they encode and
-    keep ``veryfast``.
-    """
-    return VideoOptions(preset="ultrafast") if backend == "gpu" else VideoOptions()
 
 
 @dataclass(frozen=True)
@@ -175,9 +74,11 @@ def replay_model(source: str, ds: Archive, model: mujoco.MjModel | None,
 
     Args:
         source: The archive's URL.
-        ds: The archive, from :func:`flyarchive.open_archive`.
+        ds: The archive, from :func:`flyarchive.open_archive`, or its header
+            (:func:`~flyarchive.query.archive.open_header`), whose opened group the kept
+            model is read through.
         model: The compiled model; None: the one kept beside the archive
-            (``models/<sha256>.mjb``, :mod:`flyarchive.store.models`).
+            (``models/<sha256>.mjb``, :mod:`flyarchive.store.kept_models`).
 
     Raises:
         ModelLoadError: ``model`` is None and the archive keeps no model, or the kept
@@ -185,15 +86,16 @@ def replay_model(source: str, ds: Archive, model: mujoco.MjModel | None,
             given whose data MuJoCo cannot make (``mujoco.FatalError``).
         UnsafeModelError: the kept model crashed the child process that loaded it first,
             raised ``mujoco.FatalError`` there, or did not finish
-            (:func:`flyarchive.store.models.kept_model`).
+            (:func:`flyarchive.store.kept_models.kept_model`).
         CorruptArchiveError: the kept model's bytes do not hash to its name, or it is
             missing.
         LayoutMismatchError: the model's layout differs from the archive's.
     """
     if model is None:
-        from flyarchive.store.models import kept_model
+        from flyarchive.store.kept_models import kept_model
 
-        model, blob = kept_model(source, storage_options)  # checked in a child process first
+        # read through the header's group; checked in a child process first
+        model, blob = kept_model(source, storage_options, group=getattr(ds, "group", None))
     else:
         check_data(model)  # mujoco.FatalError of a damaged model: a ModelLoadError
         blob = model_bytes(model)
@@ -229,11 +131,11 @@ def render_videos(
     ``{out}/world00003/nmf_trackcam-1b3fdcea.mp4``. The manifest is
     ``{out}/manifest.json``.
 
-    Where the work runs (:func:`flyarchive.distribute.drivers.runs_here`):
+    Where the work runs (:func:`flyarchive.distribute.placement.placement`):
 
     - ``client`` or ``scheduler`` given: on that Dask cluster (``"gpu"``: on workers
       that offer the resource ``GPU``);
-    - else ``"cpu"``: a local Dask cluster of ``n_workers`` processes (default: one per
+    - else ``"opengl"``: a local Dask cluster of ``n_workers`` processes (default: one per
       core) that this call starts and stops;
     - else ``"gpu"``: every GPU of this machine (or those of ``gpus``), one group of
       videos each: one GPU in this process; several on a local Dask cluster of one
@@ -258,7 +160,7 @@ def render_videos(
     stopped by Ctrl-C (KeyboardInterrupt), an error or a kill keeps its finished videos
     and their entries; only partial files go. ``resume=True`` continues it: the videos
     listed for this archive with exactly the entry this render would write are kept, the
-    rest rendered (:mod:`flyarchive.distribute.resume`).
+    rest rendered (:mod:`flyarchive.render.resume`).
 
     Output folders are read and written as guarded as archives
     (:mod:`flyarchive.video.guard`): a folder inside ``out`` that is a symbolic link
@@ -330,9 +232,7 @@ def render_videos(
     check_gpus(gpus, options.backend, on_cluster=on_cluster)
     warm_up_here(options.backend, gpus=gpus, n_workers=n_workers, on_cluster=on_cluster)
     source, out = absolute_url(source), absolute_url(out).rstrip("/")
-    # Without a where mask the render plans from the header: no xarray or dask imported
-    ds = open_archive(source, storage_options) if where is not None else \
-        open_header(source, storage_options)
+    ds = open_header(source, storage_options)  # opened once here; planned without xarray
     jobs = select_frames(ds, worlds, time, where=where, pad=pad)
     model, blob = replay_model(source, ds, model, storage_options)
     options, jobs, notes = plan_outputs(options, ds, model, jobs)  # mosaics grouped
@@ -346,20 +246,23 @@ def render_videos(
     )
     kept: list[dict[str, Any]] = []
     if resume:
-        from flyarchive.distribute.resume import resume_plan
+        from flyarchive.render.resume import resume_plan
 
         plan, kept = resume_plan(plan, ds)
         if not plan.jobs:
             return RenderResult(kept, manifest_url(plan.out), len(kept), plan.notes)
     preflight(plan, model)
-    in_process = n_workers == 0 or source.startswith("memory://")
+    keep_archive(source, storage_options, ds)  # what renders in this process reads
+    in_process = (n_workers == 0 or source.startswith("memory://")) and client is None
+    where = dict(client=client, scheduler=scheduler, n_workers=n_workers, in_process=in_process)
     with RunFolder.create(plan.out, plan.out_storage_options) as run:
         journal = ManifestJournal(plan, ds, staging=run.local)
         try:
-            videos = run_plan(plan, blob, run.url, client=client,
-                              scheduler=scheduler, n_workers=n_workers,
-                              in_process=in_process and client is None, gpus=gpus,
-                              on_video=journal.add)
+            if options.backend in WARP_BACKENDS:
+                videos = warp_runs.run_plan(plan, blob, run.url, gpus=gpus,
+                                            on_video=journal.add, **where)
+            else:
+                videos = opengl_runs.run_plan(plan, blob, run.url, on_video=journal.add, **where)
         except BaseException:
             journal.close(quiet=True)  # the finished videos stay listed
             raise
@@ -400,7 +303,7 @@ def render_frames(
     size: tuple[int, int] = (240, 320),
     block_frames: int = 16,
     storage_options: Mapping[str, Any] | None = None,
-    backend: str = "cpu",
+    backend: str = "opengl",
     outputs: Sequence[str] | None = None,
     depth_scale: float | None = None,
 ) -> xr.DataArray | xr.Dataset:
@@ -419,7 +322,8 @@ def render_frames(
     each graph, never one copy per task.
 
     Args:
-        backend: ``"cpu"`` (OpenGL), ``"gpu"`` or ``"warp-cpu"`` (mujoco-warp; one renderer
+        backend: ``"opengl"`` (its old name ``"cpu"`` is accepted with a
+            DeprecationWarning), ``"gpu"`` or ``"warp-cpu"`` (mujoco-warp; one renderer
             per process, used by one task at a time).
         outputs: None (default): return the RGB frames as one DataArray, as before. A
             sequence of names from :data:`flyarchive.replay.outputs.OUTPUTS`: return an
@@ -435,26 +339,28 @@ def render_frames(
         CameraNotFoundError, LayoutMismatchError, SelectionError.
         ModelLoadError, CorruptArchiveError: no model given, and none (or a damaged one)
             kept beside the archive (UnsafeModelError: one that is not safe to load).
-        FrameSizeError: ``size`` is not two positive integers (at most 16384 on ``"cpu"``).
+        FrameSizeError: ``size`` is not two positive integers (at most 16384 on ``"opengl"``).
         RenderOptionsError: an unknown backend or output.
     """
     import dask
     import dask.array as da
     import xarray as xr
 
-    from flyarchive.distribute.frame_tasks import render_block_outputs
+    from flyarchive.render.blocks import render_block_outputs
     from flyarchive.models import camera_ids
     from flyarchive.replay.outputs import check_segmentable, parse_depth_scale, parse_outputs
 
+    backend = backend_name(backend)
     if backend not in BACKENDS:
         raise RenderOptionsError(
             f"Unknown backend {backend!r}. Backends: {', '.join(map(repr, BACKENDS))}.")
     names = ("rgb",) if outputs is None else parse_outputs(outputs)
     depth_scale = parse_depth_scale(depth_scale)
-    size = parse_frame_size(size, max_side=MAX_GL_SIDE if backend == "cpu" else None)
+    size = parse_frame_size(size, max_side=MAX_GL_SIDE if backend == "opengl" else None)
     source = absolute_url(source)
-    ds = open_archive(source, storage_options)
+    ds = open_header(source, storage_options)  # opened once here
     model, mjb = replay_model(source, ds, model, storage_options)
+    keep_archive(source, storage_options, ds)  # what blocks computed in this process read
     camera_ids(model, () if camera is None else camera)
     if "segmentation" in names:
         check_segmentable(model)
@@ -472,7 +378,7 @@ def render_frames(
             task = dask.delayed(render_block_outputs, pure=True)(
                 source, dict(storage_options or {}), blob, camera, (h, w),
                 job.world_index, k0, k1, committed=job.stop, backend=backend, outputs=names,
-                depth_scale=depth_scale,
+                depth_scale=depth_scale, archive_id=ds.attrs.get("archive_id"),
             )
             for name in names:
                 shape, dtype = trailing[name]

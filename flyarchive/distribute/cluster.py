@@ -34,9 +34,6 @@ from flyarchive.errors import (
 )
 from flyarchive.video.workspace import SCRATCH_PREFIX, sweep_local
 
-__all__ = ["connect", "early_cluster", "early_client", "scatter_model", "task_result", "cancel_quietly",
-           "LOCAL_DASHBOARD"]
-
 #: Where a LocalCluster's scheduler serves HTTP: a free port on loopback. A fixed port
 #: (Dask's default 8787) warns "Port 8787 is already in use" whenever another cluster
 #: or dashboard runs; ``None`` does not help, it falls back to 8787.
@@ -73,6 +70,7 @@ class connect:
 
     def __enter__(self) -> Any:
         if self._given is not None:
+            wait_for_local_workers(self._given)
             return self._given
         try:
             from distributed import Client, LocalCluster
@@ -80,17 +78,11 @@ class connect:
             raise missing_dependency("distributed", "dask", "Rendering on a Dask cluster") from None
         try:
             if self._scheduler:
-                early = _EARLY.pop(("scheduler", self._scheduler), None)
-                if isinstance(early, BaseException):
-                    raise early
-                self._own.append(early if early is not None else _client(Client, self._scheduler))
+                self._own.append(_client(Client, self._scheduler))
             else:
-                cluster = _EARLY.pop(_cluster_key(self._n, self._gpu_workers), None)
-                if cluster is None:
-                    cluster = _start_local(LocalCluster, self._n, self._gpu_workers)
-                self._own.append(cluster)
+                self._own.append(_start_local(LocalCluster, self._n, self._gpu_workers))
                 self._own.insert(0, Client(self._own[0]))
-                self._own[0].wait_for_workers(len(self._own[1].worker_spec))
+                wait_for_local_workers(self._own[0])
         except BaseException as err:  # also Ctrl-C while the cluster starts
             if isinstance(err, KeyboardInterrupt):  # a Client cut off mid-way complains when
                 warnings.filterwarnings(  # collected; the process is on its way out
@@ -112,16 +104,13 @@ class connect:
             sweep_local(tempfile.gettempdir(), SCRATCH_PREFIX)
 
 
-#: LocalClusters started ahead by :func:`early_cluster`, by :func:`_cluster_key`; the
-#: :class:`connect` that would start the same cluster takes it instead.
-_EARLY: dict[tuple[Any, ...], Any] = {}
-
-
-def _cluster_key(n_workers: int | None, gpu_workers: list[Any] | None) -> tuple[Any, ...]:
-    """What tells two local clusters apart: their workers' names and environments."""
-    if gpu_workers:
-        return ("gpus", tuple((w.name, tuple(sorted(w.env.items()))) for w in gpu_workers))
-    return ("cpus", n_workers or os.cpu_count() or 1, tuple(sorted(worker_environment().items())))
+def wait_for_local_workers(client: Any) -> None:
+    """Wait until the workers that the client's own cluster asked for (a LocalCluster's
+    ``worker_spec``, e.g. one of :func:`local_cluster`, still starting them) have joined;
+    nothing for a client of a scheduler elsewhere."""
+    expected = len(getattr(getattr(client, "cluster", None), "worker_spec", None) or ())
+    if expected:
+        client.wait_for_workers(expected)
 
 
 def _start_local(cls: Any, n_workers: int | None, gpu_workers: list[Any] | None) -> Any:
@@ -130,78 +119,62 @@ def _start_local(cls: Any, n_workers: int | None, gpu_workers: list[Any] | None)
     return _local_cluster(cls, n_workers or os.cpu_count() or 1)
 
 
-def early_cluster(n_workers: int | None = None, *,
-                  gpu_workers: list[Any] | None = None) -> contextlib.AbstractContextManager[None]:
-    """Start, now, the LocalCluster that :class:`connect` with the same ``n_workers`` or
-    ``gpu_workers`` would start later, without waiting for its workers; that
-    :class:`connect` takes it over (and closes it). Closed on exit if none did.
+@contextlib.contextmanager
+def local_cluster(n_workers: int | None = None, *,
+                  gpu_workers: list[Any] | None = None) -> Iterator[Any]:
+    """A LocalCluster started now, as :class:`connect` would start it (``n_workers``
+    single-core worker processes, default one per core, or one per GPU of
+    ``gpu_workers``), and a client of it, yielded without waiting for its workers; closed
+    on exit. None when ``distributed`` is missing (the render that gets no client says so).
 
     The command line starts its cluster this way before importing xarray, zarr and the
-    renderer and opening the archive, so that the worker processes start (import Dask,
+    renderer and opening the archive, and passes the client to
+    :func:`flyarchive.render_videos`, so that the worker processes start (import Dask,
     the renderer, Warp; create a CUDA context) on their own cores meanwhile instead of
     after (measured on 2 H200s: the render's first frame came 4 s later on a local
-    cluster than in one process). A cluster that the render does not use (fewer videos
-    than GPUs, an error before rendering, Ctrl-C) is closed here.
+    cluster than in one process); :class:`connect` given that client waits for its
+    workers (:func:`wait_for_local_workers`).
     """
-    if not gpu_workers and n_workers is not None and n_workers < 1:
-        return contextlib.nullcontext()  # rendered in this process, or refused by the render
-
-    def start() -> Any:
-        from distributed import LocalCluster
-
-        return _start_local(LocalCluster, n_workers, gpu_workers)
-
-    def close(cluster: Any) -> None:
+    try:
+        from distributed import Client, LocalCluster
+    except ImportError:
+        yield None
+        return
+    cluster = _start_local(LocalCluster, n_workers, gpu_workers)
+    try:
+        with Client(cluster) as client:
+            yield client
+    finally:
         cluster.close()
         sweep_local(tempfile.gettempdir(), SCRATCH_PREFIX)
 
-    return _ahead(_cluster_key(n_workers, gpu_workers), start, close)
 
-
-def early_client(scheduler: str, warm: str | None = None) -> contextlib.AbstractContextManager[None]:
-    """Connect to ``scheduler`` now, and have its workers start importing the Warp
+@contextlib.contextmanager
+def scheduler_client(scheduler: str, warm: str | None = None) -> Iterator[Any]:
+    """A client of ``scheduler``, connected now, whose workers start importing the Warp
     renderer and initializing ``warm`` (``"cuda"``: on the workers offering ``GPU``;
-    ``"cpu"``: on every worker) without waiting for them; the :class:`connect` to the
-    same scheduler takes the client over (and closes it). Closed on exit if none did.
+    ``"cpu"``: on every worker) without waiting for them; closed on exit. None when
+    ``distributed`` is missing (the render that gets no client says so).
 
     Workers started by hand (``dask worker ADDRESS --resources GPU=1``) import Warp at
     their first render, after the command's own imports and the archive's opening; so
-    started, they import it meanwhile, on their own cores. A scheduler that cannot be
-    reached is reported by that :class:`connect` (not waited for twice).
-    """
-    def start() -> Any:
-        from distributed import Client
+    started, they import it meanwhile, on their own cores.
 
-        client = _client(Client, scheduler)
+    Raises:
+        RenderBackendError: the scheduler cannot be reached (waited for once).
+    """
+    try:
+        from distributed import Client
+    except ImportError:
+        yield None
+        return
+    with _client(Client, scheduler) as client:
         if warm is not None:
             from flyarchive.distribute.worker_setup import warm_worker
 
             with contextlib.suppress(Exception):  # the render works without it
                 client.run(warm_worker, warm)  # returns at once: each starts a thread
-        return client
-
-    return _ahead(("scheduler", scheduler), start, lambda client: client.close())
-
-
-@contextlib.contextmanager
-def _ahead(key: tuple[Any, ...], start: Callable[[], Any],
-           close: Callable[[Any], None]) -> Iterator[None]:
-    """``start()`` now, kept in :data:`_EARLY` under ``key`` for :class:`connect` to
-    take; closed with ``close`` on exit if it was not. A scheduler that cannot be reached
-    is kept as its error (connect raises it); any other failure is left for connect to
-    meet again."""
-    try:
-        _EARLY[key] = start()
-    except RenderBackendError as err:
-        _EARLY[key] = err
-    except Exception:  # e.g. distributed missing: connect names it
-        pass
-    try:
-        yield
-    finally:
-        left = _EARLY.pop(key, None)
-        if left is not None and not isinstance(left, BaseException):
-            close(left)
+        yield client
 
 
 def _client(cls: Any, scheduler: str) -> Any:

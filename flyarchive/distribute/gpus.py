@@ -33,9 +33,6 @@ from pathlib import Path
 from flyarchive import config
 from flyarchive.errors import RenderBackendError, RenderOptionsError
 
-__all__ = ["Gpu", "GpuWorker", "visible_gpus", "choose_gpus", "check_gpus", "gpu_workers",
-           "split_cpus", "usable_cpus", "pin_process", "share_of"]
-
 _NVIDIA_SMI = ("nvidia-smi", "--query-gpu=index,uuid,pci.bus_id", "--format=csv,noheader")
 _PROC_GPUS = Path("/proc/driver/nvidia/gpus")
 _SYS_PCI = Path("/sys/bus/pci/devices")
@@ -189,7 +186,7 @@ def choose_gpus(gpus: Sequence[int] | None, visible: Sequence[Gpu]) -> list[Gpu]
             "backend='gpu' needs a CUDA device, and none is visible to this process "
             f"(CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES')!r}; nvidia-smi "
             "lists none). Pass backend='warp-cpu' (the same renderer on the CPU) or "
-            "backend='cpu' (OpenGL), or a client/scheduler whose workers hold GPUs."
+            "backend='opengl', or a client/scheduler whose workers hold GPUs."
         )
     if gpus is None:
         return list(visible)

@@ -1,6 +1,7 @@
 """Where a Warp render plan runs (:func:`placement`), decided from the backend, the
 number of videos and the machine, before anything heavy is imported: the command line
-asks it to start a local cluster early (:func:`flyarchive.distribute.cluster.early_cluster`).
+asks it once, and starts the local cluster it names early
+(:func:`flyarchive.distribute.cluster.local_cluster`), whose client it passes to the render.
 """
 
 from __future__ import annotations
@@ -9,8 +10,6 @@ import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
-
-__all__ = ["Placement", "placement", "runs_here"]
 
 
 @dataclass(frozen=True)
@@ -38,7 +37,7 @@ def placement(backend: str, n_videos: int, *, client: Any = None, scheduler: str
               n_workers: int | None = None, in_process: bool = False,
               gpus: Sequence[int] | None = None, visible: Sequence[Any] | None = None,
               cpus: Sequence[int] | None = None) -> Placement:
-    """Where :func:`run_warp_plan` renders a plan of ``n_videos`` (world) videos.
+    """Where :func:`flyarchive.distribute.warp_runs.run_plan` renders a plan of ``n_videos`` (world) videos.
 
     - a client or scheduler given: there;
     - ``"gpu"``: the GPUs of ``gpus`` (default: every visible GPU, found without a CUDA
@@ -80,7 +79,7 @@ def placement(backend: str, n_videos: int, *, client: Any = None, scheduler: str
 def runs_here(backend: str, n_videos: int, *, client: Any = None, scheduler: str | None = None,
               n_workers: int | None = None, in_process: bool = False,
               gpus: Sequence[int] | None = None, visible: Sequence[Any] | None = None) -> bool:
-    """Whether :func:`run_warp_plan` renders in this process rather than on Dask
+    """Whether :func:`flyarchive.distribute.warp_runs.run_plan` renders in this process rather than on Dask
     (:func:`placement`; ``visible`` replaces the GPUs found on this machine)."""
     where = placement(backend, n_videos, client=client, scheduler=scheduler,
                       n_workers=n_workers, in_process=in_process, gpus=gpus, visible=visible)

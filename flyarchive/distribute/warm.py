@@ -24,8 +24,6 @@ import os
 import threading
 from collections.abc import Sequence
 
-__all__ = ["warm_up_here", "start_warm_up", "wait_for_warm_up", "warm_warp"]
-
 #: The thread importing Warp and initializing the device, if any.
 _warming: threading.Thread | None = None
 _lock = threading.Lock()

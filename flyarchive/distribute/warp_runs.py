@@ -1,8 +1,21 @@
-"""The two ways a Warp render plan runs (chosen by :func:`flyarchive.distribute.drivers.placement`):
-in this process on one device (:func:`render_here`), or as groups of whole videos,
-balanced by frames, on Dask workers (:func:`render_on_dask`: one group per able worker,
+"""Where a Warp render plan runs (the twin of :mod:`flyarchive.distribute.opengl_runs`):
+:func:`run_plan` asks :func:`~flyarchive.distribute.placement.placement`, then renders in
+this process on one device (:func:`render_here`), on render threads sharing Warp's CPU
+device (:func:`render_threads`), or as groups of whole videos, balanced by frames
+(:func:`split_groups`), on Dask workers (:func:`render_on_dask`: one group per able worker,
 one progress bar for them all). Each group is rendered by
-:func:`flyarchive.distribute.warp_pipeline.render_jobs`.
+:func:`flyarchive.render.warp.render_jobs`.
+
+- ``"gpu"``: one group per GPU: in this process when one GPU is used (no Dask, no
+  second process: the least set-up), else on a local cluster of one worker process
+  per GPU (:mod:`flyarchive.distribute.gpus`), or on the workers of the cluster given
+  that hold the resource ``GPU`` (passed to ``client.submit`` explicitly: Dask drops
+  ``annotate`` resources during graph optimization, dask #7036);
+- ``"warp-cpu"``: render threads in this process, or one group per worker of a local
+  cluster of single-core worker processes, or of the cluster given.
+
+A group whose worker dies is run again by Dask on another worker; it skips the videos
+that its first run finished (they are complete under their final names).
 """
 
 from __future__ import annotations
@@ -15,15 +28,93 @@ from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
 
-from flyarchive.distribute.diagnostics import PipelineProfile, StageTimer, progress_bar
-from flyarchive.distribute.plan import split_groups
+import numpy as np
+
+from flyarchive.distribute.cluster import cancel_quietly, connect, scatter_model, task_result
+from flyarchive.distribute.placement import placement
 from flyarchive.distribute.warm import wait_for_warm_up
 from flyarchive.errors import RenderBackendError, RenderFailedError
+from flyarchive.render.diagnostics import PipelineProfile, StageTimer, progress_bar
+from flyarchive.render.plan import Job, RenderPlan
 
-__all__ = ["render_here", "render_threads", "render_on_dask", "render_group"]
+#: What a run calls with each finished video's manifest entry.
+OnVideo = Callable[[dict[str, Any]], None]
 
 
-def render_here(plan: Any, blob: bytes, parts: str | None, device: str, *,
+def run_plan(plan: RenderPlan, blob: bytes, parts: str | None = None, *, client: Any = None,
+             scheduler: str | None = None, n_workers: int | None = None,
+             in_process: bool = False, gpus: Sequence[int] | None = None,
+             on_video: OnVideo | None = None) -> list[dict[str, Any]]:
+    """Render a plan on the Warp backend of ``plan.options.backend``; the manifest entries.
+
+    Where: :func:`placement`. On ``"gpu"`` every visible GPU is used by default (one
+    worker process each, on a local cluster started and stopped here; one GPU renders
+    in this process); with a client or scheduler, groups of whole videos go to its
+    workers that hold the resource ``GPU`` (start them with ``--resources GPU=1``, one
+    per GPU). On ``"warp-cpu"`` render threads in this process (one per core), a local
+    cluster of ``n_workers`` single-core worker processes, or the workers of the
+    cluster given do.
+
+    Args:
+        plan: What to render, with a Warp backend.
+        blob: The compiled model as MJB bytes.
+        parts: The run's parts folder (see :func:`render_jobs`).
+        client: A ``distributed.Client``.
+        scheduler: A scheduler address, used when ``client`` is None.
+        n_workers: ``"warp-cpu"``: worker processes of a local cluster (0 or 1: in this
+            process, one thread; None: one render thread per core in this process).
+        in_process: Render in this process (when no client or scheduler is given).
+        gpus: CUDA device numbers of the GPUs to use (``"gpu"``, no client or scheduler;
+            default: all).
+        on_video: Called in this process with each finished video's entry (see
+            :func:`flyarchive.distribute.opengl_runs.run_plan`).
+
+    Returns:
+        One entry per (world, camera) in ``plan.jobs`` order, then camera order:
+        ``{"world", "camera", "path", "frames", "first_frame", "fps", "size"}``.
+
+    Raises:
+        RenderBackendError: no CUDA device for ``"gpu"``, or no worker of the cluster
+            offers the ``GPU`` resource.
+        RenderOptionsError: ``gpus`` names a GPU that is not visible.
+        RenderFailedError: a group failed on a worker (the message names its worlds and
+            the worker).
+        OutputExistsError, VideoEncodeError, StorageError.
+    """
+    where = placement(plan.options.backend, len(plan.jobs), client=client, scheduler=scheduler,
+                      n_workers=n_workers, in_process=in_process, gpus=gpus)
+    if where.where == "here":
+        return render_here(plan, blob, parts, where.device, on_video=on_video)
+    if where.where == "threads":
+        return render_threads(plan, blob, parts, where.n_workers or 1, on_video=on_video)
+    with connect(client, scheduler, where.n_workers,
+                 gpu_workers=list(where.gpu_workers) or None) as dask_client:
+        return render_on_dask(plan, blob, parts, dask_client,
+                              own_cluster=where.where == "local-gpus", on_video=on_video)
+
+
+def split_groups(jobs: Sequence[Job], batch_worlds: int, n_groups: int) -> list[tuple[Job, ...]]:
+    """Split jobs, in order, into at most ``n_groups`` groups of whole videos.
+
+    Each group holds about the same number of frames, rounded up to whole batches, so
+    only a group's last batch can be partial (a partial batch costs a full one).
+
+    Returns:
+        Non-empty tuples of jobs; concatenated, they are ``jobs``.
+    """
+    ends = np.cumsum([job.n_frames for job in jobs])  # frames up to the end of each job
+    total = int(ends[-1]) if len(ends) else 0
+    cuts: list[int] = [0]
+    for i in range(1, max(1, n_groups)):
+        target = round(i * total / n_groups / batch_worlds) * batch_worlds
+        cut = int(np.argmin(np.abs(ends - target))) + 1  # jobs before the cut
+        if cuts[-1] < cut < len(jobs):
+            cuts.append(cut)
+    cuts.append(len(jobs))
+    return [tuple(jobs[a:b]) for a, b in zip(cuts, cuts[1:]) if b > a]
+
+
+def render_here(plan: RenderPlan, blob: bytes, parts: str | None, device: str, *,
                 on_video: Callable[[dict[str, Any]], None] | None = None
                 ) -> list[dict[str, Any]]:
     """Every video in this thread, on ``device`` (``"cpu"`` or ``"cuda:k"``); ``on_video``
@@ -32,7 +123,7 @@ def render_here(plan: Any, blob: bytes, parts: str | None, device: str, *,
     Raises:
         RenderBackendError: a CUDA device was asked for and Warp sees none.
     """
-    from flyarchive.distribute.warp_pipeline import render_jobs, warp_device
+    from flyarchive.render.warp import render_jobs, warp_device
 
     wait_for_warm_up()  # Warp is not imported and initialized by two threads at once
     if device.startswith("cuda"):
@@ -40,7 +131,7 @@ def render_here(plan: Any, blob: bytes, parts: str | None, device: str, *,
     return render_jobs(plan, blob, plan.jobs, device, parts=parts, on_video=on_video)
 
 
-def render_threads(plan: Any, blob: bytes, parts: str | None, n_threads: int, *,
+def render_threads(plan: RenderPlan, blob: bytes, parts: str | None, n_threads: int, *,
                    on_video: Callable[[dict[str, Any]], None] | None = None
                    ) -> list[dict[str, Any]]:
     """Every video in this process on Warp's CPU device: groups of whole videos, balanced
@@ -48,15 +139,15 @@ def render_threads(plan: Any, blob: bytes, parts: str | None, n_threads: int, *,
 
     Warp's CPU kernels run without the GIL, so the threads render on as many cores
     (each builds its renderer and submits its first batch alone: Warp loads modules on
-    first launch, see :func:`~flyarchive.distribute.warp_pipeline.render_jobs`). A failed
+    first launch, see :func:`~flyarchive.render.warp.render_jobs`). A failed
     group stops the others at their next batch; its error is raised.
 
     Raises:
-        As :func:`flyarchive.distribute.warp_pipeline.render_jobs`.
+        As :func:`flyarchive.render.warp.render_jobs`.
     """
     import contextvars
 
-    from flyarchive.distribute.warp_pipeline import batch_worlds_of, render_jobs
+    from flyarchive.render.warp import batch_worlds_of, render_jobs
 
     wait_for_warm_up()
     groups = split_groups(plan.jobs, batch_worlds_of(plan.options), n_threads)
@@ -70,7 +161,7 @@ def render_threads(plan: Any, blob: bytes, parts: str | None, n_threads: int, *,
         if bar is not None:
             bar.update(n)
 
-    def run(i: int, group: tuple[Any, ...]) -> None:
+    def run(i: int, group: tuple[Job, ...]) -> None:
         try:
             results[i] = render_jobs(plan, blob, group, "cpu", parts=parts,
                                      on_frames=on_frames, slot=i, on_video=on_video)
@@ -99,7 +190,7 @@ def render_threads(plan: Any, blob: bytes, parts: str | None, n_threads: int, *,
 
 
 # ----------------------------------------------------------------------------- on Dask
-def render_group(plan: Any, blob: bytes, jobs: tuple[Any, ...], parts: str | None,
+def render_group(plan: RenderPlan, blob: bytes, jobs: tuple[Job, ...], parts: str | None,
                  topic: str | None, share: tuple[int, int] | None = None,
                  videos_topic: str | None = None
                  ) -> tuple[list[dict[str, Any]], dict[str, float]]:
@@ -118,7 +209,7 @@ def render_group(plan: Any, blob: bytes, jobs: tuple[Any, ...], parts: str | Non
     run finished are complete under their final names: without ``overwrite`` they are
     kept and not rendered again.
     """
-    from flyarchive.distribute.warp_pipeline import render_jobs, warp_device
+    from flyarchive.render.warp import render_jobs, warp_device
 
     on_frames = on_video = None
     if topic is not None or videos_topic is not None:
@@ -144,7 +235,7 @@ def render_group(plan: Any, blob: bytes, jobs: tuple[Any, ...], parts: str | Non
     return entries, profile.results
 
 
-def _finished_before(plan: Any, jobs: tuple[Any, ...], parts: str | None) -> set[Any]:
+def _finished_before(plan: RenderPlan, jobs: tuple[Job, ...], parts: str | None) -> set[Job]:
     """Jobs of this group whose videos an earlier run of the task finished (every camera).
 
     The first run of a group leaves a marker in the run's parts folder; only a later
@@ -153,16 +244,14 @@ def _finished_before(plan: Any, jobs: tuple[Any, ...], parts: str | None) -> set
     """
     if parts is None:
         return set()
-    from flyarchive.video.workspace import filesystem
+    from flyarchive.video.workspace import RunFolder, filesystem
 
     fs, path = filesystem(parts, plan.out_storage_options)
     first = jobs[0]  # groups are disjoint runs of jobs: their first jobs differ
     marker = f"{path}/groups/{first.world_id}-{first.start}"
     if not fs.exists(marker):
         if not fs.exists(path):  # the run was given up (an error elsewhere): write nothing
-            from flyarchive.distribute.cpu_tasks import given_up_error
-
-            raise given_up_error(parts)
+            raise RunFolder.given_up(parts)
         fs.makedirs(f"{path}/groups", exist_ok=True)
         fs.pipe_file(marker, b"")
         return set()
@@ -174,8 +263,8 @@ def _finished_before(plan: Any, jobs: tuple[Any, ...], parts: str | None) -> set
                    for c in plan.cameras for url in plan.output_urls(job, c).values())}
 
 
-def _in_job_order(plan: Any, jobs: tuple[Any, ...], rendered: list[dict[str, Any]],
-                  done: set[Any]) -> list[dict[str, Any]]:
+def _in_job_order(plan: RenderPlan, jobs: tuple[Job, ...], rendered: list[dict[str, Any]],
+                  done: set[Job]) -> list[dict[str, Any]]:
     from flyarchive.video.manifest import video_entry
 
     made = {e["path"]: e for e in rendered}
@@ -204,7 +293,7 @@ def _cores(share: tuple[int, int] | None) -> Iterator[None]:
         gpus.pin_process(before)
 
 
-def render_on_dask(plan: Any, blob: bytes, parts: str | None, client: Any, *,
+def render_on_dask(plan: RenderPlan, blob: bytes, parts: str | None, client: Any, *,
                    own_cluster: bool = False,
                    on_video: Callable[[dict[str, Any]], None] | None = None
                    ) -> list[dict[str, Any]]:
@@ -219,8 +308,7 @@ def render_on_dask(plan: Any, blob: bytes, parts: str | None, client: Any, *,
         RenderBackendError: no worker offers the resource ``GPU`` (``"gpu"``).
         RenderFailedError: a group failed (the message names its worlds and the worker).
     """
-    from flyarchive.distribute.cluster import cancel_quietly, scatter_model, task_result
-    from flyarchive.distribute.warp_pipeline import batch_worlds_of
+    from flyarchive.render.warp import batch_worlds_of
 
     workers = client.scheduler_info().get("workers", {})
     resources = {"GPU": 1} if plan.options.backend == "gpu" else {}
@@ -273,7 +361,7 @@ def render_on_dask(plan: Any, blob: bytes, parts: str | None, client: Any, *,
             bar.close()
 
 
-def _worlds(group: Sequence[Any]) -> str:
+def _worlds(group: Sequence[Job]) -> str:
     ids = [job.world_id for job in group]
     return str(ids) if len(ids) <= 8 else f"[{ids[0]}, {ids[1]}, ... {ids[-1]}] ({len(ids)})"
 

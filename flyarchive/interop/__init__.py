@@ -7,5 +7,15 @@
   flygym 2.1 simulations; archives read back as flygym ``RecordedTrajectory`` objects.
 - :mod:`flyarchive.interop.flygym_npz`: flygym ``RecordedTrajectory`` ``.npz`` files.
 
+These three are public (users call them by module); internal:
+
+- :mod:`flyarchive.interop.npz_export`: worlds of an archive out as flygym ``.npz`` files
+  (``flyarchive export-npz``);
+- :mod:`flyarchive.interop.trajectories`: an archive's worlds read back as flygym
+  ``RecordedTrajectory`` objects (``flyarchive.read_trajectories``, the recorders'
+  ``.trajectory``);
+- :mod:`flyarchive.interop.poses`: positions out as ``movement`` poses datasets and NWB
+  files with ``ndx-pose`` (``flyarchive export-poses``).
+
 Nothing here is imported by ``import flyarchive``.
 """

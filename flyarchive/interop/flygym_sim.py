@@ -5,7 +5,7 @@ flygym's ``Simulation`` and ``GPUSimulation`` call two methods of ``sim.recorder
 ``sim.reset()``); users read ``recorder.trajectory`` (CPU) or
 ``recorder.trajectories`` and ``recorder.world_ids`` (GPU). flyarchive's
 :class:`~flyarchive.TrajectoryRecorder` and
-:class:`~flyarchive.record.warp.WarpTrajectoryRecorder` have all of them, so
+:class:`~flyarchive.recorders.WarpTrajectoryRecorder` have all of them, so
 swapping flygym's recorder for flyarchive's is one line::
 
     sim.recorder = flyarchive.TrajectoryRecorder("run.zarr", sim.mj_model)
@@ -24,7 +24,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from flyarchive.errors import SelectionError
-from flyarchive.record.trajectories import read_trajectories
+from flyarchive.interop.trajectories import read_trajectories
 
 __all__ = ["read_trajectories", "set_trajectory_recorder"]
 
@@ -57,7 +57,7 @@ def set_trajectory_recorder(
     """
     common = dict(playback_speed=playback_speed, output_fps=output_fps, **options)
     if hasattr(sim, "mjw_data"):
-        from flyarchive.record.warp import WarpTrajectoryRecorder
+        from flyarchive.recorders import WarpTrajectoryRecorder
 
         recorder: Any = WarpTrajectoryRecorder(url, sim.mj_model, sim.n_worlds, worlds=worlds,
                                                **common)
@@ -67,7 +67,7 @@ def set_trajectory_recorder(
                 f"worlds={list(worlds)!r} is for GPU simulations; a flygym Simulation has one "
                 "world."
             )
-        from flyarchive.record.cpu import TrajectoryRecorder
+        from flyarchive.recorders import TrajectoryRecorder
 
         recorder = TrajectoryRecorder(url, sim.mj_model, source="flygym", **common)
     sim.recorder = recorder

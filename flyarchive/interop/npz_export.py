@@ -39,11 +39,9 @@ from flyarchive.errors import (
     missing_storage_backend,
 )
 from flyarchive.query import open_archive
-from flyarchive.query.frames import parse_world_ids
+from flyarchive.query.selection import parse_world_ids
 from flyarchive.store.location import as_url
 from flyarchive.store.storage_errors import check_storage_options, is_remote, local_error, translated
-
-__all__ = ["export_npz", "NpzExport", "npz_name", "SCHEDULED_TIME_KEY", "FRAME_KEY"]
 
 #: Fields of an exported file beyond flygym's: the archive's ``time`` and ``frame`` coordinates.
 SCHEDULED_TIME_KEY = "scheduled_time"

@@ -43,8 +43,6 @@ if TYPE_CHECKING:
     import mujoco
     import xarray as xr
 
-__all__ = ["to_movement", "export_poses", "nwb_name", "FORMATS", "LENGTH_UNITS"]
-
 #: What :func:`export_poses` writes.
 FORMATS = ("movement", "nwb")
 #: Length units of a model, and their size in metres (NWB stores metres by ``conversion``).

@@ -17,8 +17,6 @@ from flyarchive.store.reader import damaged_metadata, open_checked, unreadable
 if TYPE_CHECKING:
     import xarray as xr
 
-__all__ = ["open_archive", "open_header"]
-
 _Opened = TypeVar("_Opened")
 
 
@@ -70,29 +68,36 @@ def open_archive(url: str | os.PathLike[str], storage_options: Mapping[str, Any]
     return ds
 
 
-def open_header(url: str | os.PathLike[str], storage_options: Mapping[str, Any] | None = None
-                ) -> ArchiveHeader:
+def open_header(url: str | os.PathLike[str], storage_options: Mapping[str, Any] | None = None,
+                *, group: Any = None) -> ArchiveHeader:
     """Open an archive's header: its attributes, ``n_frames``, coordinates and per-world
     variables, checked and validated as :func:`open_archive` does, without importing
-    xarray or dask (:mod:`flyarchive.store.header`). What a render plans with; state is
-    read by :func:`open_archive`.
+    xarray or dask (:mod:`flyarchive.store.header`). What a render plans with; states are
+    read by :class:`~flyarchive.store.reader.StateReader` (renders) or :func:`open_archive`.
+
+    Args:
+        url, storage_options: As :func:`open_archive`.
+        group: The archive's group, opened and checked already (``header.group`` of an
+            earlier header, ``StateReader.group``); None: opened here.
 
     Raises:
         As :func:`open_archive` when opening.
     """
-    header = _opened(as_url(url), storage_options, dataset.open_header)
+    header = _opened(as_url(url), storage_options, dataset.read_header, group)
     validate(header)
     return header
 
 
 def _opened(url: str, storage_options: Mapping[str, Any] | None,
-            read: Callable[..., _Opened]) -> _Opened:
-    """``read(url, storage_options, group)`` of the checked group, looked at twice should
-    a writer have changed the archive under the first look; errors named."""
-    try:  # the arrays' own metadata is checked in read's first round (store.copies)
-        group = open_checked(url, storage_options, own_later=True)
-    except UnsafeFileError:  # a writer replaced a metadata file as it was read: look again
-        group = open_checked(url, storage_options, own_later=True)
+            read: Callable[..., _Opened], group: Any = None) -> _Opened:
+    """``read(url, storage_options, group)`` of the checked group (opened here unless
+    given), looked at twice should a writer have changed the archive under the first
+    look; errors named."""
+    if group is None:
+        try:  # the arrays' own metadata is checked in read's first round (store.copies)
+            group = open_checked(url, storage_options, own_later=True)
+        except UnsafeFileError:  # a writer replaced a metadata file as it was read: look again
+            group = open_checked(url, storage_options, own_later=True)
     for attempt in (1, 2):
         try:
             return read(url, storage_options, group)

@@ -9,7 +9,7 @@ missing values in Python with ``ds.reward.isnull()``).
 
 In Python, compute the mask from the dataset itself (``ds.success == 1``,
 ``ds.genotype == "wt"``, ``ds.qpos.sel(dof="x") > 0.1``) and pass it as ``where=``
-(:func:`flyarchive.query.frames.select_frames`).
+(:func:`flyarchive.query.selection.select_frames`).
 """
 
 from __future__ import annotations
@@ -23,9 +23,6 @@ from typing import Any
 import xarray as xr
 
 from flyarchive.errors import SelectionError, did_you_mean
-
-__all__ = ["parse_condition", "parse_number", "world_var_mask", "dof_mask",
-           "where_from_conditions", "OPERATORS", "world_var_names"]
 
 #: Comparison operators a condition may use (``=`` means ``==``).
 OPERATORS: dict[str, Callable[[Any, Any], Any]] = {

@@ -28,8 +28,6 @@ from flyarchive.errors import SelectionError, did_you_mean
 if TYPE_CHECKING:
     import xarray as xr
 
-__all__ = ["select_dofs", "dof_labels", "DofName", "matching"]
-
 _Data = TypeVar("_Data", "xr.Dataset", "xr.DataArray")
 
 

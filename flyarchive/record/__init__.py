@@ -6,7 +6,16 @@
   ``Data`` of many worlds on one Warp device (and flygym's ``GPUSimulation``), with its
   device buffers and background writer in :mod:`~flyarchive.record.warp_io`;
 - :mod:`~flyarchive.record.common`: what both share (time order, resumed reruns,
-  commit when abandoned).
+  commit when abandoned);
+- :mod:`~flyarchive.record.spec`: what is fixed when an archive is created
+  (:class:`ArchiveSpec`) and a block of frames to commit (:class:`FrameBlock`): what a
+  recorder hands to the store, checked before anything is written;
+- :mod:`~flyarchive.record.sink`: what a recorder needs of the archives it writes
+  (protocols the store implements; :mod:`flyarchive.recorders` binds the public
+  recorders to the store).
 
-Recorders never touch zarr: they write through :class:`flyarchive.store.ArchiveWriter`.
+Internal: the public names are re-exported by ``flyarchive``.
+
+Recorders never touch zarr, and import only the base modules: they hand blocks of frames to
+a sink (:class:`flyarchive.store.ArchiveWriter`, given to them by :mod:`flyarchive.recorders`).
 """

@@ -27,12 +27,7 @@ import numpy as np
 
 from flyarchive.codecs import parse_codec
 from flyarchive.errors import RecordingError
-from flyarchive.record.trajectories import read_trajectories
-from flyarchive.store import ArchiveWriter
-from flyarchive.store.shutdown import write_without_new_threads
-
-__all__ = ["TimeGuard", "CommittedTail", "commit_when_abandoned", "forget", "release_writer",
-           "ended_by_reset", "read_back", "FIRST_FRAME_ATTR"]
+from flyarchive.record.sink import ArchiveSink
 
 #: Archive attribute of the Warp recorder (before archives stored ``frame``): index on
 #: the frame schedule of the archive's frame 0.
@@ -97,7 +92,7 @@ class CommittedTail:
     bound: float
 
     @classmethod
-    def read(cls, writer: ArchiveWriter) -> "CommittedTail | None":
+    def read(cls, writer: ArchiveSink) -> "CommittedTail | None":
         """The writer's last committed frame, or None when it has none."""
         last = writer.last_frame()
         if last is None:
@@ -168,7 +163,7 @@ def ended_by_reset(url: str, n_frames: int) -> str:
 
 
 def read_back(url: str, storage_options: Any, session: Any, n_frames: int,
-              flush: Callable[[], None]) -> list[Any]:
+              flush: Callable[[], None], read: Callable[..., list[Any]]) -> list[Any]:
     """A recorder's worlds as flygym ``RecordedTrajectory`` objects (its ``.trajectories``).
 
     Every recorded frame is committed first (``flush``, unless the session is closed).
@@ -188,10 +183,10 @@ def read_back(url: str, storage_options: Any, session: Any, n_frames: int,
         raise RuntimeError(f"No frames have been recorded yet into {url!r}.")
     if not session.closed:
         flush()
-    return read_trajectories(url, storage_options, worlds=session.writer.world_ids)
+    return read(url, storage_options, worlds=session.writer.world_ids)
 
 
-def release_writer(writer: ArchiveWriter) -> None:
+def release_writer(writer: ArchiveSink) -> None:
     """Let go of what a writer holds (its claim on the archive), once its frames are committed."""
     writer.close()
 
@@ -199,10 +194,13 @@ def release_writer(writer: ArchiveWriter) -> None:
 # ---------------------------------------------------------------------------- abandoned recorders
 _LIVE: set[weakref.finalize] = set()
 _AT_EXIT: list[bool] = [False]
+_BEFORE_EXIT: dict[Callable[[], None], None] = {}  # what to run first at exit, in order
 
 
-def commit_when_abandoned(recorder: object, close: Callable[[], Any], url: str) -> weakref.finalize:
-    """Run ``close`` if ``recorder`` is garbage-collected or the interpreter exits first.
+def commit_when_abandoned(recorder: object, close: Callable[[], Any], url: str,
+                          before_exit: Callable[[], None]) -> weakref.finalize:
+    """Run ``close`` if ``recorder`` is garbage-collected or the interpreter exits first;
+    at exit, ``before_exit`` first (the store's :meth:`~flyarchive.record.sink.Archives.before_exit`).
 
     ``close`` must not refer to ``recorder`` (or it would never be collected). It runs
     at most once, with a ``ResourceWarning``; :func:`forget` the result when the
@@ -213,6 +211,7 @@ def commit_when_abandoned(recorder: object, close: Callable[[], Any], url: str) 
     finalizer.atexit = False  # run by _at_exit below, in a known order
     _LIVE.difference_update([f for f in _LIVE if not f.alive])
     _LIVE.add(finalizer)
+    _BEFORE_EXIT[before_exit] = None
     if not _AT_EXIT[0]:
         _register_exit_hook()
         _AT_EXIT[0] = True
@@ -275,7 +274,8 @@ def _close_quietly(close: Callable[[], Any], url: str) -> None:
 
 def _at_exit() -> None:
     if any(finalizer.alive for finalizer in _LIVE):
-        write_without_new_threads()
+        for prepare in list(_BEFORE_EXIT):
+            prepare()
     for finalizer in list(_LIVE):
         finalizer()
     _LIVE.clear()

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, ClassVar
 
 import mujoco
 import numpy as np
@@ -22,9 +22,8 @@ from flyarchive.record.common import (
     release_writer,
 )
 from flyarchive.schema import finite_frames
-from flyarchive.store import ArchiveSpec, ArchiveWriter, FrameBlock, parse_mode, refuse_existing
-
-__all__ = ["TrajectoryRecorder", "FrameBuffer"]
+from flyarchive.record.spec import ArchiveSpec, FrameBlock
+from flyarchive.record.sink import ArchiveSink, Archives, parse_mode
 
 
 def _n_world_vars(world_vars: Mapping[str, Any]) -> int:
@@ -75,7 +74,7 @@ class FrameBuffer:
 class _Session:
     """The writer and buffer of a started recorder; its finalizer holds this, not the recorder."""
 
-    def __init__(self, writer: ArchiveWriter, buffer: FrameBuffer, timing: Timing) -> None:
+    def __init__(self, writer: ArchiveSink, buffer: FrameBuffer, timing: Timing) -> None:
         self.writer, self.buffer, self.timing = writer, buffer, timing
         self.closed = False
 
@@ -162,6 +161,10 @@ class TrajectoryRecorder:
             is committed by :meth:`close`.
     """
 
+    #: The archives it writes (:class:`~flyarchive.record.sink.Archives`): the store's, in
+    #: the public recorder (:mod:`flyarchive.recorders`); this class alone writes nowhere.
+    archives: ClassVar[Archives | None] = None
+
     def __init__(
         self,
         url: str,
@@ -182,6 +185,9 @@ class TrajectoryRecorder:
         takeover: bool = False,
         store_model: bool = True,
     ) -> None:
+        if self.archives is None:
+            raise TypeError(f"{type(self).__name__} of flyarchive.record writes nowhere: use "
+                            f"flyarchive.{type(self).__name__} (bound to archives).")
         if world_block is not None and parse_mode(mode) != "a":
             raise OptionsError("world_block writes into an existing archive: pass mode='a'.")
         self._block = dict(world_block=world_block, takeover=takeover)
@@ -211,7 +217,7 @@ class TrajectoryRecorder:
         self._closed = False
         self._reset_after: str | None = None  # the message once reset() ended the recording
         if mode == "w-":
-            refuse_existing(self.url, storage_options)
+            self.archives.refuse_existing(self.url, storage_options)
 
     # -- properties -----------------------------------------------------------------
 
@@ -238,7 +244,8 @@ class TrajectoryRecorder:
             MissingDependencyError: if flygym is not installed.
         """
         return read_back(self.url, self._options["storage_options"], self._session,
-                         self.n_frames, self.flush)
+                         self.n_frames, self.flush,
+                         self.archives.read_trajectories)
 
     @property
     def trajectory(self) -> Any:
@@ -389,17 +396,18 @@ class TrajectoryRecorder:
                 "per MjData."
             )
         if self._block["world_block"] is not None:
-            writer = ArchiveWriter.append(
+            writer = self.archives.append(
                 self.url, self.layout, storage_options=self._options["storage_options"],
                 timing=self.timing, codec=self._spec_args["codec"],
                 dtype=self._spec_args["dtype"], **self._block,
             )
         else:
-            writer = ArchiveWriter.create(self.url, self._spec(world_ids), **self._options)
+            writer = self.archives.create(self.url, self._spec(world_ids), **self._options)
         buffer = FrameBuffer(n_worlds, writer.chunk_frames, self.layout.nq, self.layout.nmocap,
                              writer.dtype)
         self._session = session = _Session(writer, buffer, self.timing)
-        self._finalizer = commit_when_abandoned(self, session.close, self.url)
+        self._finalizer = commit_when_abandoned(self, session.close, self.url,
+                                                self.archives.before_exit)
         if writer.n_worlds != n_worlds:
             forget(self._finalizer)
             session.close()

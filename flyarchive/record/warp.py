@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import warnings
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, ClassVar
 
 import mujoco
 import numpy as np
@@ -49,7 +49,8 @@ from flyarchive.record.common import (
     read_back,
     release_writer,
 )
-from flyarchive.store import ArchiveSpec, ArchiveWriter, parse_mode, refuse_existing
+from flyarchive.record.spec import ArchiveSpec
+from flyarchive.record.sink import ArchiveSink, Archives, parse_mode
 from flyarchive.warp_log import import_warp
 
 wp = import_warp("WarpTrajectoryRecorder")
@@ -60,8 +61,6 @@ from flyarchive.record.warp_io import (  # noqa: E402  (after the check that war
     Session,
     gather_frame,
 )
-
-__all__ = ["WarpTrajectoryRecorder", "FIRST_FRAME_ATTR"]
 
 
 class WarpTrajectoryRecorder:
@@ -137,6 +136,10 @@ class WarpTrajectoryRecorder:
         MissingDependencyError: when ``warp`` is not installed (on import of this module).
     """
 
+    #: The archives it writes (:class:`~flyarchive.record.sink.Archives`): the store's, in
+    #: the public recorder (:mod:`flyarchive.recorders`); this class alone writes nowhere.
+    archives: ClassVar[Archives | None] = None
+
     def __init__(
         self,
         url: str,
@@ -156,6 +159,9 @@ class WarpTrajectoryRecorder:
         takeover: bool = False,
         store_model: bool = True,
     ) -> None:
+        if self.archives is None:
+            raise TypeError(f"{type(self).__name__} of flyarchive.record writes nowhere: use "
+                            f"flyarchive.{type(self).__name__} (bound to archives).")
         self.url = str(url)
         self.layout = ModelLayout.from_model(model)
         self.timing = Timing(float(model.opt.timestep), output_fps, playback_speed)
@@ -196,7 +202,7 @@ class WarpTrajectoryRecorder:
         self._closed = False
         self._reset_after: str | None = None
         if mode == "w-":
-            refuse_existing(self.url, storage_options)
+            self.archives.refuse_existing(self.url, storage_options)
 
     # -- properties ---------------------------------------------------------------
 
@@ -226,7 +232,8 @@ class WarpTrajectoryRecorder:
             MissingDependencyError: if flygym is not installed.
         """
         return read_back(self.url, self._options["storage_options"], self._session,
-                         self.n_frames, self.flush)
+                         self.n_frames, self.flush,
+                         self.archives.read_trajectories)
 
     # -- recording ----------------------------------------------------------------
 
@@ -394,7 +401,7 @@ class WarpTrajectoryRecorder:
             self.layout, self.timing, self.world_ids, dtype=dtype, source="mujoco-warp",
             chunk_frames=self.chunk_frames, **{**self._spec_args, "attrs": attrs},
         )
-        writer = ArchiveWriter.create(self.url, spec, **self._options)  # type: ignore[arg-type]
+        writer = self.archives.create(self.url, spec, **self._options)  # type: ignore[arg-type]
         if writer.world_ids != self.world_ids:
             release_writer(writer)
             raise SelectionError(
@@ -413,7 +420,8 @@ class WarpTrajectoryRecorder:
                                       None if self._tail is None else self._tail.sim_time)
         device_frames = Frames.empty(*shape, device=device, pinned=False)
         self._session = session = Session(writer, device_frames, background, self.chunk_frames)
-        self._finalizer = commit_when_abandoned(self, session.close_and_report, self.url)
+        self._finalizer = commit_when_abandoned(self, session.close_and_report, self.url,
+                                                self.archives.before_exit)
 
     def _first_step(self, d: Any) -> int:
         """The step of the simulation at this call: ``start_step``, or read from ``d.time``."""

@@ -4,7 +4,7 @@
   ``k`` of a device buffer of frames.
 - :class:`Frames` is such a buffer, on the device or pinned on the host.
 - :class:`BackgroundWriter` is the thread that checks host buffers (NaN, time order)
-  and commits them with :meth:`flyarchive.store.ArchiveWriter.write`, in hand-off order.
+  and commits them with :meth:`~flyarchive.record.sink.ArchiveSink.write`, in hand-off order.
 - :class:`Session` holds both for a started recorder (and for its finalizer).
 
 This module imports ``warp``.
@@ -24,12 +24,11 @@ from flyarchive.clock import Timing
 from flyarchive.errors import RecordingError
 from flyarchive.record.common import release_writer
 from flyarchive.schema import finite_frames
-from flyarchive.store import ArchiveWriter, FrameBlock
+from flyarchive.record.spec import FrameBlock
+from flyarchive.record.sink import ArchiveSink
 from flyarchive.warp_log import import_warp
 
 wp = import_warp("WarpTrajectoryRecorder")
-
-__all__ = ["gather_frame", "Frames", "BackgroundWriter", "Session"]
 
 
 @wp.kernel
@@ -125,7 +124,7 @@ class BackgroundWriter:
         last_time: Simulation time of the archive's last committed frame, s (None: none).
     """
 
-    def __init__(self, writer: ArchiveWriter, slots: Sequence[Frames], nmocap: int,
+    def __init__(self, writer: ArchiveSink, slots: Sequence[Frames], nmocap: int,
                  timing: Timing, last_time: float | None) -> None:
         self.writer = writer
         self.nmocap = nmocap
@@ -245,7 +244,7 @@ class Session:
         chunk_frames: Frames per buffer.
     """
 
-    def __init__(self, writer: ArchiveWriter, device_frames: Frames, background: BackgroundWriter,
+    def __init__(self, writer: ArchiveSink, device_frames: Frames, background: BackgroundWriter,
                  chunk_frames: int) -> None:
         self.writer, self.device_frames, self.background = writer, device_frames, background
         self.frames = np.empty(chunk_frames, dtype=np.int64)  # schedule index of each slot

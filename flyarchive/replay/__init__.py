@@ -1,25 +1,40 @@
 """Replay recorded kinematic state: position-only kinematics, then rasterize.
 
 - :mod:`~flyarchive.replay.kinematics`: recorded state into an ``MjData``;
-- :mod:`~flyarchive.replay.opengl`: :class:`CpuRenderer`, ``mujoco.Renderer`` on EGL
-  (backend ``"cpu"``, bit-exact with frames rendered live);
+- :mod:`~flyarchive.replay.opengl`: :class:`OpenGLRenderer`, ``mujoco.Renderer`` on EGL
+  (backend ``"opengl"``, bit-exact with frames rendered live);
 - :mod:`~flyarchive.replay.warp` (with :mod:`~flyarchive.replay.warp_kernels`,
-  :mod:`~flyarchive.replay.warp_compose`, :mod:`~flyarchive.replay.warp_batch` and
+  :mod:`~flyarchive.replay.warp_compose`, :mod:`~flyarchive.replay.warp_rows` and
   :mod:`~flyarchive.replay.warp_model`): :class:`WarpBatchRenderer`, mujoco-warp's
   batch ray tracer on CUDA (``"gpu"``) or Warp's CPU device (``"warp-cpu"``);
 - :mod:`~flyarchive.replay.outputs`: depth and segmentation besides RGB, and their
   16-bit counts;
-- :mod:`~flyarchive.replay.overlay` (with :mod:`~flyarchive.replay.font`): text burnt into
+- :mod:`~flyarchive.replay.compose` (with :mod:`~flyarchive.replay.font`): text burnt into
   frames, tiles joined into mosaics, on the host;
-- :mod:`~flyarchive.replay.frames`: frame sizes, pixel formats and shapes.
+- :mod:`~flyarchive.replay.sizes`: frame sizes, pixel formats and shapes.
 
 Nothing here is imported by ``import flyarchive`` but these names.
 """
 
-__all__ = ["BACKENDS", "WARP_BACKENDS"]
-
 #: Render backends, as ``RenderOptions(backend=...)`` and ``flyarchive render --backend``
-#: take them: OpenGL (``"cpu"``), mujoco-warp on CUDA (``"gpu"``) or on Warp's CPU device.
-BACKENDS = ("cpu", "gpu", "warp-cpu")
+#: take them: OpenGL (``"opengl"``: mujoco.Renderer, bit-exact), mujoco-warp on CUDA
+#: (``"gpu"``) or on Warp's CPU device (``"warp-cpu"``).
+BACKENDS = ("opengl", "gpu", "warp-cpu")
 #: The backends that render with mujoco-warp.
 WARP_BACKENDS = ("gpu", "warp-cpu")
+#: Old names of backends, still accepted with a DeprecationWarning: old -> new.
+OLD_BACKENDS = {"cpu": "opengl"}
+
+
+def backend_name(backend: str) -> str:
+    """``backend`` by its current name: ``"cpu"`` (the OpenGL backend's old name) is
+    ``"opengl"``, with a :class:`DeprecationWarning`; any other value is returned as it is
+    (checked by its user)."""
+    if isinstance(backend, str) and backend in OLD_BACKENDS:
+        import warnings
+
+        new = OLD_BACKENDS[backend]
+        warnings.warn(f"backend={backend!r} is called {new!r} now (it renders with OpenGL); "
+                      f"{backend!r} will be removed.", DeprecationWarning, stacklevel=3)
+        return new
+    return backend

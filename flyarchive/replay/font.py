@@ -3,7 +3,7 @@
 Drawn for flyarchive (no font file, no font library, nothing to install): the printable
 ASCII characters, each 5 pixels wide and 7 high in a cell of :data:`CELL_W` x
 :data:`CELL_H` pixels (one blank column and row between characters). Both the numpy
-overlay (:mod:`flyarchive.replay.overlay`) and the Warp kernel that burns text on the
+overlay (:mod:`flyarchive.replay.compose`) and the Warp kernel that burns text on the
 device read :data:`GLYPHS`.
 """
 
@@ -12,8 +12,6 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import numpy as np
-
-__all__ = ["GLYPHS", "CELL_W", "CELL_H", "text_codes"]
 
 #: Pixels per character cell: width and height.
 CELL_W, CELL_H = 6, 8

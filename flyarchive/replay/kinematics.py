@@ -16,8 +16,6 @@ from numpy.typing import ArrayLike
 
 from flyarchive.errors import LayoutMismatchError
 
-__all__ = ["update_render_geometry", "set_state"]
-
 
 def update_render_geometry(model: mujoco.MjModel, data: mujoco.MjData) -> None:
     """Recompute everything rendering reads from ``data.qpos`` and the mocap poses.

@@ -34,11 +34,9 @@ from flyarchive.errors import (
     RenderBackendError,
 )
 from flyarchive.models import camera_ids, camera_names
-from flyarchive.replay.frames import MAX_GL_SIDE, parse_frame_size
+from flyarchive.replay.sizes import MAX_GL_SIDE, parse_frame_size
 from flyarchive.replay.kinematics import set_state
 from flyarchive.replay.outputs import check_segmentable, parse_outputs
-
-__all__ = ["CpuRenderer", "headless_renderer", "pin_rasterizer_threads", "camera_names"]
 
 _HEADLESS_BACKENDS = ("egl", "osmesa")
 _context_lock = threading.Lock()
@@ -62,7 +60,7 @@ def pin_rasterizer_threads(n: int = 1) -> str:
     return os.environ.setdefault("LP_NUM_THREADS", str(n))
 
 
-class CpuRenderer:
+class OpenGLRenderer:
     """Renders recorded frames of one model from several cameras with OpenGL.
 
     Holds a private ``MjData`` and one ``mujoco.Renderer`` (one GL context). Not
@@ -118,7 +116,7 @@ class CpuRenderer:
         self._scene_option = scene_option if scene_option is not None else mujoco.MjvOption()
         self._renderer = headless_renderer(self._render_model, self.size, max_geom=max_geom)
 
-    def __enter__(self) -> CpuRenderer:
+    def __enter__(self) -> OpenGLRenderer:
         return self
 
     def __exit__(
@@ -156,7 +154,7 @@ class CpuRenderer:
             ``(n_cameras, H, W, 3)`` uint8 RGB on the host; row 0 is the top of the image.
         """
         if self._renderer is None:
-            raise RuntimeError("This CpuRenderer is closed; create a new one to render.")
+            raise RuntimeError("This OpenGLRenderer is closed; create a new one to render.")
         height, width = self.size
         if out is None:
             out = np.empty((len(self._camera_ids), height, width, 3), dtype=np.uint8)
@@ -188,7 +186,7 @@ class CpuRenderer:
             of :attr:`outputs` only; host arrays, row 0 at the top of the image.
         """
         if self._renderer is None:
-            raise RuntimeError("This CpuRenderer is closed; create a new one to render.")
+            raise RuntimeError("This OpenGLRenderer is closed; create a new one to render.")
         n, (height, width) = len(self._camera_ids), self.size
         out: dict[str, np.ndarray] = {}
         if "rgb" in self.outputs:

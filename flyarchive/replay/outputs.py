@@ -32,12 +32,6 @@ import numpy as np
 
 from flyarchive.errors import OptionsError, RenderOptionsError
 
-__all__ = [
-    "OUTPUTS", "MAP_OUTPUTS", "DEPTH_MAX_COUNT", "parse_outputs", "far_plane",
-    "default_depth_scale", "parse_depth_scale", "check_segmentable", "depth_to_counts",
-    "counts_to_depth", "ids_to_counts", "counts_to_ids", "map_outputs",
-]
-
 #: What a render can make, in the order outputs are listed.
 OUTPUTS = ("rgb", "depth", "segmentation")
 #: The outputs stored as lossless 16-bit maps (not as video).

@@ -27,7 +27,7 @@ import numpy as np
 
 from flyarchive import config
 from flyarchive.errors import OptionsError
-from flyarchive.replay.frames import PIXEL_FORMATS, frame_shape, parse_frame_size
+from flyarchive.replay.sizes import PIXEL_FORMATS, frame_shape, parse_frame_size
 from flyarchive.replay.outputs import (
     check_segmentable,
     counts_to_depth,
@@ -37,7 +37,7 @@ from flyarchive.replay.outputs import (
     parse_depth_scale,
     parse_outputs,
 )
-from flyarchive.replay.warp_batch import (
+from flyarchive.replay.warp_rows import (
     PendingBatch,
     StateRows,
     parse_batch,
@@ -53,8 +53,6 @@ mjw = import_mujoco_warp(_WHAT)
 
 from flyarchive.replay.warp_compose import Composer  # noqa: E402  (after the check that warp is there)
 from flyarchive.replay.warp_kernels import scatter_mocap, scatter_qpos  # noqa: E402
-
-__all__ = ["PendingBatch", "WarpBatchRenderer", "prepare_for_batch_rendering"]
 
 
 class WarpBatchRenderer:
@@ -287,7 +285,7 @@ class WarpBatchRenderer:
                 The caller owns the buffers: do not submit to a buffer whose frames
                 are still in use.
             texts: One text per state, burnt into its frames (every camera) at the top
-                left (:mod:`flyarchive.replay.overlay`); needs ``text_chars > 0``;
+                left (:mod:`flyarchive.replay.compose`); needs ``text_chars > 0``;
                 longer texts are cut. None: no text.
             valid: Mosaic renderers: bool ``(n,)``, False for a blank tile (black,
                 whatever its state). None: every state shows.

@@ -3,7 +3,7 @@ segmentation packed into 16-bit maps, text burnt into the packed ARGB frames, an
 converted to I420 straight into one mosaic frame.
 
 Each produces exactly what the host code does (:mod:`flyarchive.replay.outputs`,
-:mod:`flyarchive.replay.overlay`), so the Warp backends and the OpenGL backend compose
+:mod:`flyarchive.replay.compose`), so the Warp backends and the OpenGL backend compose
 alike. Per-slot inputs that change every batch (whether a slot holds a state, the text
 of each slot) travel in extra columns of the batch's state rows, uploaded with the states
 in one copy. This module imports ``warp``.
@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from flyarchive.replay.font import CELL_H, CELL_W, GLYPHS
-from flyarchive.replay.overlay import TEXT_X, TEXT_Y
+from flyarchive.replay.compose import TEXT_X, TEXT_Y
 from flyarchive.warp_log import import_warp
 
 wp = import_warp("Rendering with mujoco-warp (flyarchive.replay.warp)")
@@ -28,8 +28,6 @@ from flyarchive.replay.warp_kernels import (  # noqa: E402
     packed_rgb_to_i420,
     packed_rgb_to_uint8,
 )
-
-__all__ = ["Composer", "pack_maps", "burn_text_argb", "packed_rgb_to_i420_tiled"]
 
 _CELL_W = wp.constant(CELL_W)
 _CELL_H = wp.constant(CELL_H)
@@ -83,7 +81,7 @@ def burn_text_argb(
     packed: wp.array2d(dtype=wp.uint32),  # (B, sum of H*W) ARGB, in place
 ):
     """One thread per pixel of a character cell: glyph pixels white, the rest of the cell
-    darkened to half, as :func:`flyarchive.replay.overlay.burn_text`; only characters whose
+    darkened to half, as :func:`flyarchive.replay.compose.burn_text`; only characters whose
     5 x 7 glyph fits in the frame whole are drawn."""
     world, cam, p = wp.tid()
     k = p // (_CELL_W * _CELL_H)
@@ -168,7 +166,7 @@ class Composer:
     Args:
         size: ``(H, W)`` of a camera's image (of a tile, in a mosaic).
         n_cameras: Cameras rendered.
-        rows: The batch's :class:`~flyarchive.replay.warp_batch.StateRows` (where each
+        rows: The batch's :class:`~flyarchive.replay.warp_rows.StateRows` (where each
             slot's text and blank-tile flag are).
         pixel_format: ``"rgb24"`` or ``"yuv420p"`` frames.
         mosaic: ``(rows, cols)`` or None.

@@ -12,8 +12,6 @@ from flyarchive.warp_log import import_warp
 
 wp = import_warp("Rendering with mujoco-warp (flyarchive.replay.warp)")
 
-__all__ = ["scatter_qpos", "scatter_mocap", "packed_rgb_to_uint8", "packed_rgb_to_i420"]
-
 
 @wp.kernel
 def scatter_qpos(

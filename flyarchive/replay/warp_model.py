@@ -18,8 +18,6 @@ from typing import Any
 import mujoco
 import numpy as np
 
-__all__ = ["prepare_for_batch_rendering"]
-
 # Largest nv for which mujoco-warp 3.16 accepts a dense Jacobian.
 _DENSE_NV_MAX = 60
 

@@ -1,10 +1,15 @@
-"""The store: the only code that opens, reads and writes zarr stores (the codec pipelines
+"""The store: the only code that opens, reads and writes zarr archives (the codec pipelines
 it writes with are defined in :mod:`flyarchive.codecs`). Create, append, commit, open, check.
+The other zarr written by flyarchive is a render's lossless depth and segmentation maps,
+plain zarr arrays beside its videos, written and read by :mod:`flyarchive.video.maps`
+(read back by :mod:`flyarchive.video.decode`), not archives.
 
 - :mod:`~flyarchive.store.location`: URLs and zarr stores on any fsspec file system
   (:mod:`~flyarchive.store.localstore` on local disk), and the errors of storage clients
   in flyarchive's words (:mod:`~flyarchive.store.storage_errors`);
-- :mod:`~flyarchive.store.spec`: what is fixed when an archive is created;
+- what is fixed when an archive is created (:class:`~flyarchive.record.spec.ArchiveSpec`)
+  and the blocks of frames it commits (:class:`~flyarchive.record.spec.FrameBlock`) are
+  the record stage's (:mod:`flyarchive.record.spec`), which produces them;
 - :mod:`~flyarchive.store.writer` (with :mod:`~flyarchive.store.creation` and
   :mod:`~flyarchive.store.claims`): create, append and commit, one writer at a time;
 - :mod:`~flyarchive.store.reader`: open (checked by :mod:`~flyarchive.store.hardening`,
@@ -17,7 +22,21 @@ it writes with are defined in :mod:`flyarchive.codecs`). Create, append, commit,
 - :mod:`~flyarchive.store.consolidated`: every array's metadata in the root ``zarr.json``,
   written at each commit, never ahead of ``n_frames``;
 - :mod:`~flyarchive.store.integrity`: ``verify``, every committed byte;
-- :mod:`~flyarchive.store.shutdown`: writes that must still happen while Python exits.
+- :mod:`~flyarchive.store.shutdown`: writes that must still happen while Python exits;
+- :mod:`~flyarchive.store.header`: an archive's header, what a render plans with, read
+  without xarray or dask;
+- :mod:`~flyarchive.store.copies`: an array's metadata and its consolidated copy, checked
+  to agree;
+- :mod:`~flyarchive.store.elsewhere`: what is at a URL where an archive was expected (a
+  map, an array inside an archive), named in the error;
+- :mod:`~flyarchive.store.kept_models`: compiled models kept by content beside an
+  archive (``models/<sha256>.mjb``), loaded first in a child process
+  (:mod:`~flyarchive.store.model_check`, its child side :mod:`~flyarchive.store.model_child`);
+- :mod:`~flyarchive.store.derived`: derived groups (keypoint positions) kept beside an
+  archive or as an archive of their own;
+- :mod:`~flyarchive.store.world_vars`: per-world variables added after recording.
+
+Internal: the public names are re-exported by ``flyarchive``.
 """
 
 from flyarchive.store.creation import package_versions
@@ -30,11 +49,6 @@ from flyarchive.store.location import (
     unavailable,
 )
 from flyarchive.store.reader import StateReader, open_checked, open_group, open_stored
-from flyarchive.store.spec import ArchiveSpec, FrameBlock
+from flyarchive.record.spec import ArchiveSpec, FrameBlock
 from flyarchive.store.writer import ArchiveWriter
 
-__all__ = [
-    "ArchiveSpec", "ArchiveWriter", "FrameBlock", "StateReader", "open_store", "archive_exists",
-    "open_group", "open_checked", "open_stored", "refuse_existing", "package_versions",
-    "parse_mode", "access_denied", "unavailable",
-]

@@ -42,12 +42,6 @@ from zarr.core.buffer import default_buffer_prototype
 
 from flyarchive.errors import ArchiveInUseError, OptionsError, SchemaError, WorldBlockConflictError
 
-__all__ = [
-    "Claim", "claim_archive", "claim_block", "release", "shards_of_block", "block_keys",
-    "live_claims",
-    "put_exclusive", "read_claim", "register", "WRITER_KEY",
-]
-
 PREFIX = "claims"
 #: The whole-archive writer claim.
 WRITER_KEY = f"{PREFIX}/writer.json"

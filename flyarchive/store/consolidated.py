@@ -11,7 +11,7 @@ committed, whatever point a writer died at. It may lag behind: a writer that die
 writing ``n_frames`` and before this step leaves the previous commit's copy, and
 ``open_archive`` then reads the arrays' own metadata (see
 :func:`flyarchive.store.dataset.open_dataset`). Writers and ``verify`` never trust the
-copy; :func:`consolidated_problems` compares it with the arrays' own metadata.
+copy; :func:`consolidated_findings` compares it with the arrays' own metadata.
 """
 
 from __future__ import annotations
@@ -31,9 +31,6 @@ from flyarchive.errors import SchemaError
 from flyarchive.store import copies
 from flyarchive.store.hardening import check_array_metadata
 from flyarchive.store.location import sync
-
-__all__ = ["consolidate", "write_consolidated", "members_metadata", "time_extent",
-           "root_document", "consolidated_problems", "consolidated_findings", "WHILE_WRITING"]
 
 Metadata = ArrayV3Metadata | GroupMetadata
 
@@ -165,12 +162,6 @@ def consolidated_findings(root_document: Mapping[str, Any] | None, group: zarr.G
                 "commit markers.")
         found.append((f"{what} {_FIX}", f"{what} {WHILE_WRITING}"))
     return found
-
-
-def consolidated_problems(root_document: Mapping[str, Any] | None, group: zarr.Group,
-                          n_frames: np.ndarray | None, archive: str = "") -> list[str]:
-    """The sentences of :func:`consolidated_findings` (no writer holding the archive)."""
-    return [text for text, _ in consolidated_findings(root_document, group, n_frames, archive)]
 
 
 def _array_copy_problems(name: str, arr: zarr.Array, copied: ArrayV3Metadata,

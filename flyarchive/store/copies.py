@@ -36,9 +36,6 @@ from flyarchive.schema import STATE_VARS
 from flyarchive.store.hardening import check_array_metadata, check_json_bytes
 from flyarchive.store.location import sync
 
-__all__ = ["plain", "differences", "disagreement", "read_copy", "check_copies", "check_own",
-           "read_checked", "copy_where", "own_where", "DECODING", "OWN_CHECKED"]
-
 #: The arrays whose own ``zarr.json`` readers of the consolidated copy fetch and compare:
 #: state and the numbers read at open. Each request costs CPU (on loopback S3 about 5 ms
 #: on the 2-core VM: ``scripts/bench_open.py``), so the copies of the other arrays are

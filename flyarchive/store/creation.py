@@ -26,12 +26,8 @@ from flyarchive.errors import ArchiveExistsError, CorruptArchiveError, Flyarchiv
 from flyarchive.layout import ModelLayout, check_compatible
 from flyarchive.schema import SCHEMA_NAME, SCHEMA_VERSION, STATE_VARS, TIME_COORDS
 from flyarchive.store.claims import WRITER_KEY, release
-from flyarchive.store.models import MODEL_ATTR, write_model
-from flyarchive.store.spec import ArchiveSpec, world_var_dtype
-
-__all__ = ["package_versions", "root_attrs", "create_arrays", "claims_group", "inventory",
-           "clear", "refusal", "check_commits", "check_against", "tidy_local", "undo",
-           "release_quietly"]
+from flyarchive.store.kept_models import MODEL_ATTR, model_entry, write_model
+from flyarchive.record.spec import ArchiveSpec, world_var_dtype
 
 
 def package_versions() -> dict[str, str]:
@@ -57,7 +53,7 @@ def root_attrs(spec: ArchiveSpec) -> dict[str, Any]:
         "archive_id": uuid.uuid4().hex,  # which archive this is, also when one replaces another
         "layout": spec.layout.to_attrs(),
         "codec": codecs.describe(spec.codec),
-        **({MODEL_ATTR: spec.model_entry} if spec.model_entry is not None else {}),
+        **({MODEL_ATTR: model_entry(spec.model)} if spec.model is not None else {}),
         **dict(spec.attrs),
     }
 
@@ -65,8 +61,8 @@ def root_attrs(spec: ArchiveSpec) -> dict[str, Any]:
 def create_arrays(group: zarr.Group, spec: ArchiveSpec) -> None:
     """Every array of a new archive (and the model kept by content, if any);
     ``n_frames`` (the completion marker) last."""
-    if spec.model is not None and spec.model_entry is not None:
-        write_model(group, spec.model, spec.model_entry)
+    if spec.model is not None:
+        write_model(group, spec.model, model_entry(spec.model))
     nw, nq, nm, ct = spec.n_worlds, spec.layout.nq, spec.layout.nmocap, spec.chunk_frames
     sw = min(spec.shard_worlds, nw)
     nt = spec.capacity_frames or 0

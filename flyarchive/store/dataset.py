@@ -44,8 +44,6 @@ from flyarchive.store.shards import NeverWritten, OpenedArchive, ShardReader, se
 if TYPE_CHECKING:
     import xarray as xr
 
-__all__ = ["CommittedFrames", "open_dataset", "open_header", "TARGET_CHUNK_BYTES"]
-
 #: Decoded bytes of one dask chunk of state, about: a shard of worlds by as many chunks of
 #: frames as fit (a full scan of 1024 x 1000 NeuroMechFly frames: 32 tasks).
 TARGET_CHUNK_BYTES = 32 << 20
@@ -354,7 +352,7 @@ def _cut(arr: zarr.Array, n_time: int) -> tuple[slice, ...]:
 def _stored(url: str, storage_options: Mapping[str, Any] | None, group: zarr.Group
             ) -> tuple[zarr.Group, dict[str, zarr.Array], np.ndarray | None, int,
                        dict[str, np.ndarray]]:
-    """What :func:`open_dataset` and :func:`open_header` build on, checked the same way
+    """What :func:`open_dataset` and :func:`read_header` build on, checked the same way
     for both (and as ``verify`` checks: :func:`flyarchive.schema.sizes_problem`,
     :func:`~flyarchive.schema.n_frames_problem`, :func:`~flyarchive.schema.times_problem`):
     the group and arrays read, ``n_frames`` (None without it), the committed length of
@@ -457,7 +455,7 @@ def open_dataset(url: str, storage_options: Mapping[str, Any] | None = None,
     return xr.Dataset(variables, coords=coords, attrs=attrs)
 
 
-def open_header(url: str, storage_options: Mapping[str, Any] | None = None,
+def read_header(url: str, storage_options: Mapping[str, Any] | None = None,
                 group: zarr.Group | None = None) -> ArchiveHeader:
     """The archive's header (:mod:`flyarchive.store.header`): what :func:`open_dataset`
     reads at open, the same values, without xarray or dask. Other variables than state
@@ -483,4 +481,4 @@ def open_header(url: str, storage_options: Mapping[str, Any] | None = None,
         read = None if name in STATE_VARS else \
             (lambda arr=arr: np.asarray(arr[_cut(arr, n_time)]))  # noqa: E731
         variables[name] = HeaderVariable(name, dims, arr.dtype, shape, _attrs(arr)[0], read=read)
-    return ArchiveHeader(group.attrs.asdict(), variables, coords=tuple(coordinates))
+    return ArchiveHeader(group.attrs.asdict(), variables, coords=tuple(coordinates), group=group)

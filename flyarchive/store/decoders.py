@@ -21,9 +21,6 @@ from zarr.codecs.numcodecs import PCodec
 
 from flyarchive.errors import CorruptArchiveError
 
-__all__ = ["BoundedPCodec", "CheckedCrc32cCodec", "BoundedBloscCodec", "damaged",
-           "install_bounded_decoders", "BLOSC_HEADER"]
-
 
 def damaged(reason: str) -> CorruptArchiveError:
     """The error for a chunk whose bytes do not decode; ``reason`` is kept as ``.reason``

@@ -42,9 +42,6 @@ from flyarchive.store.writer import ArchiveWriter
 if TYPE_CHECKING:
     import xarray as xr
 
-__all__ = ["DERIVED_GROUP", "DerivedSpec", "DerivedBlock", "DerivedWriter", "open_derived",
-           "find_derived", "derived_url", "make_parent", "stored_chunks"]
-
 #: The group under an archive's root that holds its derived groups.
 DERIVED_GROUP = "derived"
 #: Attributes of the source archive a derived group does not copy.

@@ -18,8 +18,6 @@ from flyarchive.errors import ArchiveNotFoundError
 from flyarchive.schema import SCHEMA_NAME
 from flyarchive.store.hardening import MAX_METADATA_BYTES, check_json_bytes
 
-__all__ = ["not_an_archive"]
-
 #: Levels above a URL searched for the archive holding it.
 _LEVELS = 4
 _MAPS = {"depth": ("read_depth", "a (frames, H, W) float32 array in model length units"),

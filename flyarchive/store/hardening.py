@@ -23,15 +23,10 @@ import numpy as np
 import zarr
 import zarr.storage
 
+from flyarchive.schema import MAX_STRING_CHUNK_BYTES, MAX_STRINGS
 from flyarchive.errors import CorruptArchiveError, SchemaError
 from flyarchive.schema import MAX_JSON_DEPTH, STATE_VARS, json_depth_of
 from flyarchive.store.decoders import BLOSC_HEADER, install_bounded_decoders
-
-__all__ = [
-    "MAX_METADATA_BYTES", "MAX_CHUNK_BYTES", "MAX_SHARD_BYTES", "FIXED_NUMBERS",
-    "ChunkLimits", "refuse", "check_array_metadata", "check_arrays", "check_json_bytes",
-    "json_depth", "install_bounded_decoders", "zstd_content_size",
-]
 
 #: Largest metadata file (``zarr.json``) read; large per-world data belongs in world variables.
 MAX_METADATA_BYTES = 4 << 20
@@ -41,9 +36,6 @@ MAX_CHUNK_BYTES = 256 << 20
 MAX_SHARD_BYTES = 1 << 30
 #: Most stored objects (shards or chunks) per array: dask builds a task per object.
 MAX_OBJECTS = 1 << 22
-#: Largest decoded chunk of a string array (labels), bytes, and most strings in one.
-MAX_STRING_CHUNK_BYTES = 16 << 20
-MAX_STRINGS = 1 << 20
 
 _FIXED_DTYPES = frozenset(
     {"bool", "int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64",

@@ -31,8 +31,6 @@ if TYPE_CHECKING:
     #: What planning code reads: an archive's dataset or its header (for annotations).
     Archive: TypeAlias = "xr.Dataset | ArchiveHeader"
 
-__all__ = ["ArchiveHeader", "HeaderVariable"]
-
 
 class HeaderVariable:
     """One variable of an :class:`ArchiveHeader`: dims, dtype, shape, attributes, and its
@@ -71,13 +69,17 @@ class ArchiveHeader:
     Attributes:
         attrs: The archive's attributes.
         variables: Every variable, coordinates included, by name.
+        group: The opened, checked zarr group it was read through (None when built
+            without one): what reads more of the same archive (its states, its kept model)
+            without opening it again.
     """
 
     def __init__(self, attrs: Mapping[str, Any], variables: Mapping[str, HeaderVariable],
-                 coords: tuple[str, ...]) -> None:
+                 coords: tuple[str, ...], group: Any = None) -> None:
         self.attrs = dict(attrs)
         self.variables = dict(variables)
         self._coords = tuple(coords)
+        self.group = group
 
     @property
     def coords(self) -> dict[str, HeaderVariable]:

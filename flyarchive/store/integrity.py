@@ -34,10 +34,8 @@ from flyarchive.schema import (
 )
 from flyarchive.store.claims import live_claims
 from flyarchive.store.consolidated import WHILE_WRITING, consolidated_findings, root_document
-from flyarchive.store.models import model_problems
+from flyarchive.store.kept_models import model_problems
 from flyarchive.store.reader import chunk_file, damaged_chunks, open_checked, open_stored, time_extents
-
-__all__ = ["verify", "VerifyReport", "PASSES"]
 
 #: Most passes over an archive that a writer changes while it is read.
 PASSES = 3

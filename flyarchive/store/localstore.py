@@ -41,8 +41,6 @@ from zarr.core.buffer import Buffer, BufferPrototype, default_buffer_prototype
 from flyarchive.errors import IrregularFileError, UnsafeFileError
 from flyarchive.store import hardening
 
-__all__ = ["GuardedLocalStore", "UnsafeFileError", "IrregularFileError", "open_regular", "kind_of"]
-
 #: Largest file read that is neither metadata nor an array's chunk (claims, models), bytes.
 MAX_OTHER_BYTES = 1 << 30
 _METADATA = ("zarr.json", ".zarray", ".zgroup", ".zattrs", ".zmetadata")

@@ -16,6 +16,7 @@ import fsspec
 import zarr
 import zarr.storage
 
+from flyarchive.record.sink import parse_mode  # noqa: F401  (the store checks modes too)
 from flyarchive.errors import (
     ArchiveExistsError,
     ArchiveNotFoundError,
@@ -26,22 +27,7 @@ from flyarchive.errors import (
 from flyarchive.store import hardening, storage_errors
 from flyarchive.store.localstore import GuardedLocalStore
 
-__all__ = ["as_url", "parse_mode", "open_store", "archive_exists", "access_denied", "unavailable",
-           "refuse_existing", "is_local", "is_remote", "local_path", "exists_error", "sync"]
 
-
-_MODES = ("w-", "w", "a")
-
-
-def parse_mode(mode: str) -> str:
-    """Check a creation mode: ``"w-"``, ``"w"`` or ``"a"``.
-
-    Raises:
-        OptionsError: for anything else (a ValueError).
-    """
-    if not isinstance(mode, str) or mode not in _MODES:
-        raise OptionsError(f"mode must be one of {_MODES}, got {mode!r}.")
-    return mode
 
 
 def as_url(url: str | os.PathLike[str]) -> str:

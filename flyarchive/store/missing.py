@@ -24,8 +24,6 @@ from flyarchive.errors import CorruptArchiveError
 from flyarchive.store.location import sync
 from flyarchive.store.shards import NeverWritten, ShardReader
 
-__all__ = ["Hole", "committed_holes", "fill_cells", "probe", "missing_error"]
-
 _MAX_NAMED = 8  # holes named in one error
 
 

@@ -44,9 +44,6 @@ from flyarchive.config import cache_folder
 from flyarchive.errors import ModelLoadError, UnsafeModelError
 from flyarchive.models import check_mjb
 
-__all__ = ["Verdict", "check_model", "verdict_path", "CHECK_VERSION", "CHECK_TIMEOUT_S",
-           "child_memory"]
-
 #: What the child does; a kept verdict of another version of the check is checked again.
 CHECK_VERSION = 1
 #: Seconds the child may take (start, import MuJoCo, load, one pass): NeuroMechFly's

@@ -34,12 +34,6 @@ from flyarchive.store.location import access_denied, is_remote, open_store, sync
 if TYPE_CHECKING:
     import xarray as xr
 
-__all__ = [
-    "open_group", "open_checked", "open_stored", "time_extents", "StateReader",
-    "damaged_metadata", "unreadable", "corrupt_read", "DamagedChunk", "damaged_chunks",
-    "chunk_file", "fused_reads", "FUSED_PIPELINE",
-]
-
 
 def open_group(url: str, storage_options: Mapping[str, Any] | None = None, *, mode: str = "r",
                consolidated: bool = True) -> zarr.Group:
@@ -358,16 +352,26 @@ class StateReader:
     Args:
         url: The archive's URL.
         storage_options: Passed to fsspec.
+        group: The archive's group, opened and checked already (an archive header's
+            ``group``); None: opened here.
+        world_ids: The archive's world ids (its ``world`` coordinate), when known
+            already; None: read here.
     """
 
-    def __init__(self, url: str, storage_options: Mapping[str, Any] | None = None) -> None:
-        group = open_checked(url, storage_options or None, own_later=True)
-        self.url, self._group = url, group
+    def __init__(self, url: str, storage_options: Mapping[str, Any] | None = None, *,
+                 group: zarr.Group | None = None, world_ids: np.ndarray | None = None) -> None:
+        if group is None:
+            group = open_checked(url, storage_options or None, own_later=True)
+        #: The opened, checked group the states are read through.
+        self.url, self.group = url, group
+        #: The ``archive_id`` of the archive opened (None for archives without one).
+        self.archive_id: str | None = group.attrs.get("archive_id")
         with fused_reads():
             self.arrays = {n: group[n] for n in STATE_VARS if n in group}
-        world = group["world"]._async_array  # read beside the arrays' own metadata
-        self.world_ids = np.asarray(sync(read_checked(group, str(url),
-                                                      [world.getitem(slice(None))]))[0])
+        if world_ids is None:
+            world = group["world"]._async_array  # read beside the arrays' own metadata
+            world_ids = sync(read_checked(group, str(url), [world.getitem(slice(None))]))[0]
+        self.world_ids = np.asarray(world_ids)
 
     def read(self, pieces: Sequence[tuple[int, int, int]], *, dtype: Any = np.float32
              ) -> tuple[np.ndarray, np.ndarray | None, np.ndarray | None]:
@@ -376,6 +380,8 @@ class StateReader:
 
         Args:
             pieces: ``(world index, start, stop)`` frame ranges; ``n`` is their total.
+            dtype: Of the arrays returned (float32 for the Warp renderer); None: as stored
+                (OpenGL replays float64 states bit-exactly).
 
         The bounding block of worlds x frames is read at once when it holds at most
         twice the frames needed (whole recordings of consecutive worlds); else one read
@@ -392,10 +398,24 @@ class StateReader:
             out = self._read(pieces, dtype)
         except ValueError as err:
             worlds = sorted({int(self.world_ids[w]) for w, _, _ in pieces})
-            raise corrupt_read(self.url, f"the states of worlds {worlds}", err) from None
+            what, err = self._damaged(pieces, err)
+            raise corrupt_read(self.url, f"the states of worlds {worlds}{what}", err) from None
         for name, values in out.items():
             self._check_present(name, values, pieces)
         return out["qpos"], out.get("mocap_pos"), out.get("mocap_quat")
+
+    def _damaged(self, pieces: Sequence[tuple[int, int, int]], err: ValueError
+                 ) -> tuple[str, BaseException]:
+        """The first stored object of the pieces' region that fails to read, named
+        (``": qpos [worlds 0..1, frames 0..9] (file qpos/c/0/0/0)"``), and its error; ``""``
+        and ``err`` when none is found (one at a time, each reads)."""
+        w0, w1 = min(p[0] for p in pieces), max(p[0] for p in pieces) + 1
+        k0, k1 = min(p[1] for p in pieces), max(p[2] for p in pieces)
+        for arr in self.arrays.values():
+            found = damaged_chunks(arr, limit=1, region=(slice(w0, w1), slice(k0, k1)))
+            if found:
+                return f": {found[0].describe()}", found[0].error
+        return "", err
 
     def _check_present(self, name: str, values: np.ndarray,
                        pieces: Sequence[tuple[int, int, int]]) -> None:
@@ -414,7 +434,7 @@ class StateReader:
         if not empty:
             return
         # every piece is committed; n_frames (read now, for the message) spans each hole
-        committed = np.maximum(np.asarray(self._group["n_frames"][:], dtype=np.int64), 0)
+        committed = np.maximum(np.asarray(self.group["n_frames"][:], dtype=np.int64), 0)
         np.maximum.at(committed, cells[:, 0], cells[:, 1] + 1)
         holes = committed_holes(empty, np.unique(cells[:, 0]), np.arange(arr.shape[1]),
                                 committed)
@@ -422,7 +442,8 @@ class StateReader:
 
     def _read(self, pieces: Sequence[tuple[int, int, int]], dtype: Any) -> dict[str, np.ndarray]:
         n = sum(stop - start for _, start, stop in pieces)
-        out = {name: np.empty((n, *a.shape[2:]), dtype=dtype) for name, a in self.arrays.items()}
+        out = {name: np.empty((n, *a.shape[2:]), dtype=a.dtype if dtype is None else dtype)
+               for name, a in self.arrays.items()}
         w0, w1 = min(p[0] for p in pieces), max(p[0] for p in pieces) + 1
         k0, k1 = min(p[1] for p in pieces), max(p[2] for p in pieces)
         block = None

@@ -56,8 +56,6 @@ from zarr.core.metadata import ArrayV3Metadata
 from flyarchive.errors import ArchiveReplacedError
 from flyarchive.store.location import sync
 
-__all__ = ["NeverWritten", "OpenedArchive", "ShardReader", "settled_shards"]
-
 _PROTOTYPE = default_buffer_prototype()
 _EMPTY = np.uint64(2**64 - 1)  # an inner chunk never written (zarr's sharding spec)
 #: Bytes of the root ``zarr.json`` read to find its ``archive_id`` (about 500 bytes in;

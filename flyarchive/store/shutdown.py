@@ -12,8 +12,6 @@ from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
-__all__ = ["write_without_new_threads"]
-
 
 class _InlineExecutor(ThreadPoolExecutor):
     """Runs each task at once, in the thread that submits it."""

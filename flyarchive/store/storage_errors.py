@@ -27,10 +27,6 @@ from urllib.parse import urlsplit
 
 from flyarchive.errors import FlyarchiveError, StorageError
 
-__all__ = [
-    "translate", "translated", "local_error", "client_errors", "check_storage_options", "scrub",
-]
-
 _SECRET_KEY = re.compile(r"secret|token|password|passwd|credential|key|sas|signature", re.I)
 _CREDENTIAL_ERRORS = frozenset({
     "NoCredentialsError", "PartialCredentialsError", "NoAuthTokenError", "ProfileNotFound",

@@ -45,9 +45,7 @@ from flyarchive.store import storage_errors
 from flyarchive.store.claims import WRITER_KEY, claim_archive, release
 from flyarchive.store.location import access_denied, sync
 from flyarchive.store.reader import open_group
-from flyarchive.store.spec import RESERVED_NAMES, is_text, world_var_array, world_var_dtype
-
-__all__ = ["add_world_vars", "check_world_var", "RESERVED_WORLD_VAR_NAMES"]
+from flyarchive.record.spec import RESERVED_NAMES, is_text, world_var_array, world_var_dtype
 
 #: Names a world variable may not take: the archive's own arrays, groups and coordinates.
 RESERVED_WORLD_VAR_NAMES = frozenset(RESERVED_NAMES | set(STATE_VARS) | set(TIME_COORDS))

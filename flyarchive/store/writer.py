@@ -82,9 +82,7 @@ from flyarchive.store.location import (
     sync,
 )
 from flyarchive.store.reader import open_group
-from flyarchive.store.spec import ArchiveSpec, FrameBlock
-
-__all__ = ["ArchiveWriter"]
+from flyarchive.record.spec import ArchiveSpec, FrameBlock
 
 
 # ----------------------------------------------------------------------------- the writer

@@ -12,8 +12,17 @@ of committed bytes) need only numpy and MuJoCo. Loaded only by tests, with pytes
 Harnesses: :mod:`~flyarchive.testing.s3` (moto on loopback),
 :mod:`~flyarchive.testing.faultproxy` (a flaky S3), :mod:`~flyarchive.testing.kills`,
 :mod:`~flyarchive.testing.render_kills`, :mod:`~flyarchive.testing.interop_kills`
-(processes killed mid-way), :mod:`~flyarchive.testing.concurrency` (racing writers),
-:mod:`~flyarchive.testing.hostile` (hostile archives).
+(processes killed mid-way), :mod:`~flyarchive.testing.concurrency` (racing writers,
+and :mod:`~flyarchive.testing.verify_beside`: ``verify`` beside a writer),
+:mod:`~flyarchive.testing.hostile` (hostile archives; :mod:`~flyarchive.testing.checksums`:
+metadata that would switch checksums off; :mod:`~flyarchive.testing.holes`: holes in
+stored state; :mod:`~flyarchive.testing.model_fuzz`: crafted kept models;
+:mod:`~flyarchive.testing.hostile_outputs`: hostile output folders),
+:mod:`~flyarchive.testing.synthetic` (archives of random states),
+:mod:`~flyarchive.testing.ways_in` (every way into an archive, side by side),
+:mod:`~flyarchive.testing.view` (the web viewer in a Chromium page).
+
+Public, as ``zarr.testing``: every module here declares ``__all__``.
 """
 
 from __future__ import annotations

@@ -251,8 +251,9 @@ class RecorderPool:
                 proc.wait()
 
 
-def _job(url: str, mode: str, seed: int, n_worlds: int, n_steps: int, chunk_frames: int,
-         storage_options: dict[str, Any] | None = None) -> dict[str, Any]:
+def writer_job(url: str, mode: str, seed: int, n_worlds: int, n_steps: int, chunk_frames: int,
+               storage_options: dict[str, Any] | None = None) -> dict[str, Any]:
+    """What one writer process of a race is told: its archive, mode, seed and sizes."""
     return {"url": url, "mode": mode, "seed": seed, "n_worlds": n_worlds, "n_steps": n_steps,
             "chunk_frames": chunk_frames, "storage_options": storage_options}
 
@@ -301,7 +302,7 @@ def creators_trial(pool: RecorderPool, url: str, *, mode: str = "w-", n_worlds: 
     from flyarchive.testing import reference_frames, tiny_model
 
     seeds = [100 * (i + 1) for i in range(len(pool))]
-    result = RaceResult(mode, pool.race([_job(url, mode, s, n_worlds, n_steps, chunk_frames,
+    result = RaceResult(mode, pool.race([writer_job(url, mode, s, n_worlds, n_steps, chunk_frames,
                                               storage_options) for s in seeds]))
     _judge(result, url)
     winners = [s for s, a in zip(seeds, result.attempts) if a.outcome == "ok"]
@@ -328,7 +329,7 @@ def appenders_trial(pool: RecorderPool, url: str, *, n_worlds: int = 2, first_st
     model = tiny_model()
     with TrajectoryRecorder(url, model, chunk_frames=chunk_frames) as recorder:
         simulate(model, n_worlds, first_steps, recorder.record_as_needed)
-    result = RaceResult("a", pool.race([_job(url, "a", 0, n_worlds, n_steps, chunk_frames)
+    result = RaceResult("a", pool.race([writer_job(url, "a", 0, n_worlds, n_steps, chunk_frames)
                                         for _ in range(len(pool))]))
     _judge(result, url)
     if result.winners == 1:
@@ -357,7 +358,7 @@ def reader_trial(pool: RecorderPool, url: str, *, n_worlds: int = 2, first_steps
         simulate(model, n_worlds, first_steps, recorder.record_as_needed)
     out = ReaderResult()
     snapshots: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []
-    pool.start([_job(url, "a", 0, n_worlds, n_steps, chunk_frames, storage_options)])
+    pool.start([writer_job(url, "a", 0, n_worlds, n_steps, chunk_frames, storage_options)])
     while not pool.result_ready(0) and out.opens + out.damaged < max_opens:
         try:
             if plain:

@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, Self
 
-from flyarchive.testing.s3 import _LOOPBACK, _Endpoint
+from flyarchive.testing.s3 import LOOPBACK, Endpoint
 
 __all__ = ["FaultPlan", "FaultProxy"]
 
@@ -249,7 +249,7 @@ class _ProxyHandler(BaseHTTPRequestHandler):
         raise AssertionError("unreachable")
 
 
-class FaultProxy(_Endpoint):
+class FaultProxy(Endpoint):
     """HTTP reverse proxy on ``127.0.0.1`` that injects faults into S3 traffic.
 
     Requests are read whole (Content-Length or chunked bodies; ``Expect:
@@ -304,7 +304,7 @@ class FaultProxy(_Endpoint):
         """
         if self._server is None:
             raise RuntimeError("The fault proxy is not running. Use `with FaultProxy(url) as p:`.")
-        return f"http://{_LOOPBACK}:{self._server.server_address[1]}"
+        return f"http://{LOOPBACK}:{self._server.server_address[1]}"
 
     def stats(self) -> dict[str, int]:
         """Return counts since start or the last :meth:`reset_stats`.
@@ -335,7 +335,7 @@ class FaultProxy(_Endpoint):
         """
         if self._server is not None:
             raise RuntimeError("The fault proxy is already started.")
-        server = _ProxyServer((_LOOPBACK, 0), _ProxyHandler)
+        server = _ProxyServer((LOOPBACK, 0), _ProxyHandler)
         server.proxy = self
         self._server = server
         self._thread = threading.Thread(

@@ -329,7 +329,7 @@ def _child(command: str, argv: list[str]) -> dict:
         plt.close(figure)
     if command == "render":
         import flyarchive.distribute.api  # noqa: F401
-        import flyarchive.distribute.cpu_tasks  # noqa: F401
+        import flyarchive.render.opengl  # noqa: F401
     start = time.perf_counter()
     if command == "open_archive":
         from flyarchive import open_archive

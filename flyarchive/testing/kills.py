@@ -178,7 +178,7 @@ def record_warp(url: str, n_worlds: int, chunk_frames: int, n_steps: int,
     Uses ``mode="a"``: a rerun from step 0 into an archive skips its committed frames.
     ``on_frame(recorded, committed)`` is called after each recorded frame.
     """
-    from flyarchive.record.warp import WarpTrajectoryRecorder
+    from flyarchive.recorders import WarpTrajectoryRecorder
     from flyarchive.testing import tiny_model
 
     recorder = WarpTrajectoryRecorder(url, tiny_model(), n_worlds, chunk_frames=chunk_frames,

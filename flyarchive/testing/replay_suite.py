@@ -10,7 +10,7 @@ renderer. The OpenGL renderer is bit-exact; the Warp ray tracer adds only its to
         backend = "cpu"
 
         def open_renderer(self, model, cameras, size, outputs=("rgb",)):
-            return CpuRenderer(model, cameras, size, outputs=outputs)
+            return OpenGLRenderer(model, cameras, size, outputs=outputs)
 
         def render(self, renderer, qpos, mocap_pos=None, mocap_quat=None):
             return renderer.render(qpos, mocap_pos, mocap_quat)

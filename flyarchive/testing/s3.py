@@ -36,7 +36,7 @@ __all__ = ["REGION", "S3Server", "S3ServerStartError", "s3_filesystem", "s3_stor
 REGION = "us-east-1"
 _FAKE_KEY = "flyarchive-testing-key"
 _FAKE_SECRET = "flyarchive-testing-secret"
-_LOOPBACK = "127.0.0.1"
+LOOPBACK = "127.0.0.1"
 _BUCKET_RE = re.compile(r"^[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]$")
 
 
@@ -127,7 +127,7 @@ def _check_bucket_name(name: str) -> None:
         )
 
 
-class _Endpoint:
+class Endpoint:
     """Shared client helpers for anything that has an ``endpoint_url``."""
 
     @property
@@ -154,7 +154,7 @@ class _Endpoint:
 
 def _free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind((_LOOPBACK, 0))
+        sock.bind((LOOPBACK, 0))
         return int(sock.getsockname()[1])
 
 
@@ -169,7 +169,7 @@ def _terminate(proc: subprocess.Popen[bytes]) -> None:
         proc.wait(timeout=5)
 
 
-class S3Server(_Endpoint):
+class S3Server(Endpoint):
     """moto in server mode, in its own process, on ``127.0.0.1`` and a free port.
 
     Use it as a context manager; the process is terminated on exit, on errors and,
@@ -195,7 +195,7 @@ class S3Server(_Endpoint):
         """
         if self._port is None or self._proc is None or self._proc.poll() is not None:
             raise RuntimeError("The S3 server is not running. Use `with S3Server() as s:`.")
-        return f"http://{_LOOPBACK}:{self._port}"
+        return f"http://{LOOPBACK}:{self._port}"
 
     def start(self) -> Self:
         """Start the server and wait until it answers HTTP.
@@ -236,7 +236,7 @@ class S3Server(_Endpoint):
         env = {**os.environ, "AWS_ACCESS_KEY_ID": _FAKE_KEY,
                "AWS_SECRET_ACCESS_KEY": _FAKE_SECRET, "AWS_DEFAULT_REGION": REGION}  # fmt: skip
         self._stderr = tempfile.TemporaryFile()
-        cmd = [sys.executable, "-m", "moto.server", "-H", _LOOPBACK, "-p", str(self._port)]
+        cmd = [sys.executable, "-m", "moto.server", "-H", LOOPBACK, "-p", str(self._port)]
         self._proc = subprocess.Popen(
             cmd, stdin=subprocess.DEVNULL, stdout=self._stderr, stderr=self._stderr, env=env
         )
@@ -244,7 +244,7 @@ class S3Server(_Endpoint):
 
     def _wait_until_answering(self) -> None:
         assert self._proc is not None
-        url = f"http://{_LOOPBACK}:{self._port}/"
+        url = f"http://{LOOPBACK}:{self._port}/"
         opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
         deadline = time.monotonic() + self.startup_timeout_s
         while time.monotonic() < deadline:

@@ -93,7 +93,7 @@ def verify_trial(pool: Any, url: str, *, n_runs: int = 12, damaged: bool = False
     from flyarchive import TrajectoryRecorder
     from flyarchive.store.integrity import verify
     from flyarchive.testing import simulate, tiny_model
-    from flyarchive.testing.concurrency import _job
+    from flyarchive.testing.concurrency import writer_job
 
     model = tiny_model()
     options = dict(storage_options or {}) or None
@@ -105,7 +105,7 @@ def verify_trial(pool: Any, url: str, *, n_runs: int = 12, damaged: bool = False
     out, commits, steps = VerifyTrial(), set(), first_steps
     while out.runs < n_runs and out.jobs < max_jobs:
         steps += more_steps
-        pool.start([_job(url, "a", 0, n_worlds, steps, chunk_frames, options)])
+        pool.start([writer_job(url, "a", 0, n_worlds, steps, chunk_frames, options)])
         out.jobs += 1
         while not pool.result_ready(0) and out.runs < n_runs:
             report = verify(url, options)

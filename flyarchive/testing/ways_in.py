@@ -50,9 +50,9 @@ class Verdict:
 
 def _plan(url: str) -> None:
     from flyarchive.distribute.api import RenderOptions, replay_model
-    from flyarchive.distribute.output_plan import plan_outputs
+    from flyarchive.render.output_plan import plan_outputs
     from flyarchive.query.archive import open_header
-    from flyarchive.query.frames import select_frames
+    from flyarchive.query.selection import select_frames
     from flyarchive.testing import tiny_model
 
     header = open_header(url)

@@ -24,9 +24,6 @@ import numpy as np
 from flyarchive.errors import CorruptArchiveError, OptionsError, StorageError, UnsafeFileError
 from flyarchive.schema import MAX_JSON_DEPTH, json_depth_of
 
-__all__ = ["read_video", "read_depth", "read_segmentation", "read_map", "MAX_VIDEO_BYTES",
-           "MAX_VIDEO_FILE_BYTES"]
-
 #: Most decoded bytes :func:`read_video` holds unless told otherwise (4 GiB).
 MAX_VIDEO_BYTES = 4 << 30
 #: Largest video file read, bytes.

@@ -25,8 +25,6 @@ from flyarchive.errors import UnsafeFileError
 from flyarchive.store.localstore import IrregularFileError, kind_of, open_regular
 from flyarchive.store.location import is_local, local_path
 
-__all__ = ["refuse", "confine", "read_bytes", "check_file", "check_out_folders", "make_parent"]
-
 _DAMAGED = ("The output folder was damaged or tampered with; flyarchive reads and writes "
             "only regular files and folders inside it.")
 

@@ -11,7 +11,7 @@
         {"world": 3, "camera": "front", "path": "/data/videos/world00003/front.mp4",
          "frames": 50, "first_frame": 10, "frame_range": [10, 60],
          "start_time": 0.4, "end_time": 2.36, "fps": 25.0, "size": [240, 320],
-         "backend": "cpu", "video": {"crf": 18, "preset": "veryfast", ...}},
+         "backend": "opengl", "video": {"crf": 18, "preset": "veryfast", ...}},
         ...
       ]
     }
@@ -44,17 +44,40 @@ from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import asdict
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from flyarchive.errors import ManifestError
 from flyarchive.schema import MAX_JSON_DEPTH, json_depth_of
 
 if TYPE_CHECKING:
     from flyarchive.store.header import Archive
+    from flyarchive.video.mosaic import Job
+    from flyarchive.video.mp4 import VideoOptions
 
-__all__ = ["write_manifest", "read_manifest", "check_manifest", "video_entry", "describe",
-           "MANIFEST_VERSION", "MAX_MANIFEST_BYTES", "JOURNAL_EVERY_S", "ManifestJournal",
-           "manifest_url", "output_root"]
+
+class RenderedOptions(Protocol):
+    """What a manifest records of a render's options
+    (:class:`flyarchive.render.options.RenderOptions`)."""
+
+    backend: str
+    size: tuple[int, int]
+    video: VideoOptions
+    depth_scale: float | None
+    overlays: tuple[str, ...]
+
+
+class RenderedPlan(Protocol):
+    """What a manifest records of a render's plan (:class:`flyarchive.render.plan.RenderPlan`,
+    which the render stage defines after this one)."""
+
+    url: str
+    out: str
+    out_storage_options: dict[str, Any]
+    fps: float
+    options: RenderedOptions
+    jobs: tuple[Job, ...]
+    notes: tuple[str, ...]
+
 
 MANIFEST_VERSION = 2
 #: Largest manifest read, bytes (about 400,000 videos).
@@ -65,12 +88,12 @@ JOURNAL_EVERY_S = 2.0
 _V1_SHARED = ("fps", "size", "backend", "video")
 
 
-def write_manifest(plan: Any, ds: Archive, entries: list[dict[str, Any]], *,
+def write_manifest(plan: RenderedPlan, ds: Archive, entries: list[dict[str, Any]], *,
                    staging: Path | None = None) -> str:
     """Write (or update) ``{plan.out}/manifest.json`` with the videos of one render.
 
     Args:
-        plan: The :class:`flyarchive.distribute.plan.RenderPlan` that was rendered.
+        plan: The :class:`flyarchive.render.plan.RenderPlan` that was rendered.
         ds: Its archive, from :func:`flyarchive.open_archive`.
         entries: One per video, from :func:`describe`.
         staging: A local folder on the output's file system to stage the file in.
@@ -128,7 +151,7 @@ class ManifestJournal:
         every_s: Least seconds between two writes.
     """
 
-    def __init__(self, plan: Any, ds: Archive, staging: Path | None = None, *,
+    def __init__(self, plan: RenderedPlan, ds: Archive, staging: Path | None = None, *,
                  every_s: float = JOURNAL_EVERY_S) -> None:
         self._plan, self._ds, self._staging, self._every_s = plan, ds, staging, every_s
         self._entries: dict[str, dict[str, Any]] = {}  # path -> entry, in finishing order
@@ -331,13 +354,13 @@ def _bad(url: str, problem: str) -> ManifestError:
         "manifest lists the videos that render makes.")
 
 
-def video_entry(plan: Any, job: Any, camera: str, path: str | Mapping[str, str]
+def video_entry(plan: RenderedPlan, job: Job, camera: str, path: str | Mapping[str, str]
                 ) -> dict[str, Any]:
     """What a render task returns for one finished video (every backend alike).
 
     Args:
         plan: The render plan (``fps``, ``options``).
-        job: The video's :class:`~flyarchive.query.frames.VideoJob`, or
+        job: The video's :class:`~flyarchive.query.selection.VideoJob`, or
             :class:`~flyarchive.video.mosaic.MosaicJob`.
         camera: Its camera name.
         path: Its final path or URL, or ``{output name: URL}`` of every output.
@@ -369,12 +392,12 @@ def video_entry(plan: Any, job: Any, camera: str, path: str | Mapping[str, str]
                                  "background": 0}
     if is_mosaic(job):
         entry["mosaic"] = {**job.describe(), "tile_size": list(options.size)}
-    if getattr(options, "overlays", ()):
+    if options.overlays:
         entry["overlays"] = list(options.overlays)
     return entry
 
 
-def describe(plan: Any, ds: Archive, video: dict[str, Any]) -> dict[str, Any]:
+def describe(plan: RenderedPlan, ds: Archive, video: dict[str, Any]) -> dict[str, Any]:
     """A rendered video's entry, with everything that describes it alone.
 
     Args:
@@ -400,7 +423,7 @@ def describe(plan: Any, ds: Archive, video: dict[str, Any]) -> dict[str, Any]:
                    and j.start == video.get("first_frame", j.start))
     times = ds.time.values
     window = {} if getattr(job, "window", None) is None else {"window": job.window}
-    notes = {"notes": list(plan.notes)} if getattr(plan, "notes", ()) else {}
+    notes = {"notes": list(plan.notes)} if plan.notes else {}
     return {
         **video, "first_frame": job.start, "frame_range": [job.start, job.stop],
         "start_time": float(times[job.start]), "end_time": float(times[job.stop - 1]),
@@ -410,7 +433,7 @@ def describe(plan: Any, ds: Archive, video: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def video_size(plan: Any, job: Any) -> list[int]:
+def video_size(plan: RenderedPlan, job: Job) -> list[int]:
     """``[height, width]`` of a job's video frames: the mosaic's for a mosaic."""
     from flyarchive.video.mosaic import is_mosaic, mosaic_size
 

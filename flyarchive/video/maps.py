@@ -40,12 +40,7 @@ from flyarchive.errors import (
     UnsafeFileError,
     VideoEncodeError,
 )
-from flyarchive.video.writer import CloseOrAbort
-
-__all__ = [
-    "CHUNK_FRAMES", "MAP_SUFFIXES", "map_url", "MapWriter", "publish_map", "join_maps",
-    "depth_attrs", "segmentation_attrs", "encode_chunk", "check_map_metadata", "MAX_MAP_BYTES",
-]
+from flyarchive.video.mp4 import CloseOrAbort
 
 #: Frames per chunk of a map array (about 7.7 MB of raw counts at 240x320).
 CHUNK_FRAMES = 50

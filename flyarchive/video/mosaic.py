@@ -12,20 +12,18 @@ A mosaic larger than the selected worlds is fitted to them (:func:`fit_mosaic`: 
 The manifest gives each mosaic's real frame size, its tile size and, when fitted, the
 layout asked for.
 
-Videos are ``{out}/mosaic{index:03d}/{camera}.mp4`` (:func:`flyarchive.video.output.safe_mosaic_path`).
+Videos are ``{out}/mosaic{index:03d}/{camera}.mp4`` (:func:`flyarchive.video.outputs.safe_mosaic_path`).
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeAlias
 
 from flyarchive.errors import FrameSizeError, RenderOptionsError
-from flyarchive.replay.frames import MAX_GL_SIDE, is_int
-
-__all__ = ["MosaicJob", "mosaic_jobs", "parse_mosaic", "mosaic_size", "is_mosaic", "fit_mosaic",
-           "check_h264_size", "H264_MAX_MACROBLOCKS"]
+from flyarchive.query.selection import VideoJob
+from flyarchive.replay.sizes import MAX_GL_SIDE, is_int
 
 #: Most 16 x 16 macroblocks in an H.264 frame (level 6.2, the highest; e.g. 8192 x 4352).
 H264_MAX_MACROBLOCKS = 139264
@@ -33,13 +31,13 @@ H264_MAX_MACROBLOCKS = 139264
 
 @dataclass(frozen=True)
 class MosaicJob:
-    """One mosaic video: its tiles (one :class:`~flyarchive.query.frames.VideoJob` each, None
+    """One mosaic video: its tiles (one :class:`~flyarchive.query.selection.VideoJob` each, None
     for a blank tile) over archive frames ``[start, stop)``."""
 
     index: int
     rows: int
     cols: int
-    tiles: tuple[Any, ...]
+    tiles: tuple[VideoJob | None, ...]
     start: int
     stop: int
     #: The ``(rows, cols)`` asked for, when the mosaic was fitted to fewer worlds.
@@ -73,7 +71,12 @@ class MosaicJob:
                 "blank": "black tiles: no world, or after a world's last frame"}
 
 
-def is_mosaic(job: Any) -> bool:
+#: One video to make (per camera): a world's frames, or a mosaic of worlds.
+Job: TypeAlias = VideoJob | MosaicJob
+
+
+def is_mosaic(job: object) -> bool:
+    """Whether ``job`` is a :class:`MosaicJob` (else a world's :class:`VideoJob`, or a world id)."""
     return isinstance(job, MosaicJob)
 
 
@@ -144,7 +147,7 @@ def fit_mosaic(mosaic: tuple[int, int], n_worlds: int) -> tuple[int, int]:
     return min(rows, -(-n_worlds // cols)), cols
 
 
-def mosaic_jobs(jobs: Sequence[Any], mosaic: tuple[int, int], *,
+def mosaic_jobs(jobs: Sequence[VideoJob], mosaic: tuple[int, int], *,
                 asked: tuple[int, int] | None = None) -> list[MosaicJob]:
     """Group per-world jobs, in order, into mosaics of ``rows * cols`` tiles (the last one
     padded with blank tiles); ``asked``: the layout asked for, when ``mosaic`` was fitted."""

@@ -35,12 +35,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
-from flyarchive.errors import StorageError, missing_storage_backend
-
-__all__ = [
-    "RunFolder", "scratch_dir", "sweep_local", "filesystem", "is_local_fs", "PARTS_PREFIX", "SCRATCH_PREFIX",
-    "HEARTBEAT_S", "STALE_S", "LOCKLESS_GRACE_S", "stage",
-]
+from flyarchive.errors import RenderFailedError, StorageError, missing_storage_backend
 
 PARTS_PREFIX = ".parts-"
 SCRATCH_PREFIX = "flyarchive-scratch-"
@@ -307,6 +302,28 @@ class RunFolder:
         segment of a run that was given up is not written)."""
         fs, path = filesystem(url, storage_options)
         return bool(fs.exists(f"{path}/{INFO_NAME}"))
+
+    @classmethod
+    def check_open(cls, url: str, storage_options: Mapping[str, Any]) -> None:
+        """Raise :meth:`given_up` unless the run of the parts folder ``url`` still holds it."""
+        if not cls.is_open(url, storage_options):
+            raise cls.given_up(url)
+
+    @staticmethod
+    def given_up(url: str) -> RenderFailedError:
+        """The error of a task whose run was given up (Ctrl-C, an error elsewhere, a dead
+        client): nobody waits for it, and it writes nothing."""
+        return RenderFailedError(
+            f"The render run of {url!r} was given up (its parts folder is gone); this segment "
+            "is not kept."
+        )
+
+    @staticmethod
+    def staging(url: str, storage_options: Mapping[str, Any]) -> str | None:
+        """The local path of the parts folder ``url``, where final outputs are staged; None
+        off local disk."""
+        fs, path = filesystem(url, storage_options)
+        return path if is_local_fs(fs) else None
 
     def close(self) -> None:
         """Remove the folder and everything in it, then release it; also the output folder

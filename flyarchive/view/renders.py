@@ -36,17 +36,6 @@ def best_backend() -> str:
         return "gpu"
     if warp:
         return "warp-cpu"
-    return opengl_backend()
-
-
-def opengl_backend() -> str:
-    """The OpenGL backend's name: ``"opengl"`` where flyarchive knows it, else ``"cpu"``."""
-    from flyarchive import RenderOptions
-
-    try:
-        RenderOptions(backend="opengl")
-    except FlyarchiveError:
-        return "cpu"
     return "opengl"
 
 

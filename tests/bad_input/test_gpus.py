@@ -58,7 +58,7 @@ def test_gpus_as_a_string_is_refused(archive, tmp_path):
 
 
 def test_gpus_with_the_cpu_backend_is_refused(archive, tmp_path):
-    refused(archive, tmp_path, RenderOptionsError, "backend='cpu' renders on the CPU",
+    refused(archive, tmp_path, RenderOptionsError, "backend='opengl' renders on the CPU",
             options=RenderOptions(size=(48, 64)), gpus=[0])
 
 

@@ -200,7 +200,7 @@ def test_plot_exits_2_and_writes_no_image(copy, cli, tmp_path):
     assert not (tmp_path / "traces.png").exists()
 
 
-@pytest.mark.parametrize("backend", ["cpu", "warp-cpu"])
+@pytest.mark.parametrize("backend", ["opengl", "warp-cpu"])
 def test_render_exits_2_and_writes_no_video_of_the_damaged_world(copy, cli, model_xml, tmp_path,
                                                                  backend):
     if backend == "warp-cpu":

@@ -193,7 +193,7 @@ def test_a_kept_model_that_is_a_fifo_is_refused_without_blocking(archive, tmp_pa
 
 
 def test_a_kept_model_larger_than_a_model_may_be_is_not_read(archive, tmp_path):
-    from flyarchive.store.models import MAX_MODEL_BYTES
+    from flyarchive.store.kept_models import MAX_MODEL_BYTES
 
     path = kept(archive)
     with open(path, "r+b") as f:

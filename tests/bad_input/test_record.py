@@ -237,7 +237,7 @@ def warp_steps(warp_tiny, d, recorder, n_steps, *, first=True):
 
 
 def warp_recorder(model, url, nworld=2, **kwargs):
-    from flyarchive.record.warp import WarpTrajectoryRecorder
+    from flyarchive.recorders import WarpTrajectoryRecorder
 
     return WarpTrajectoryRecorder(url, model, nworld, chunk_frames=4, **kwargs)
 

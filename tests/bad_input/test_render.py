@@ -66,13 +66,13 @@ def renders(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     from flyarchive.replay import opengl as cpu
 
     made: list[int] = []
-    real = cpu.CpuRenderer.__init__
+    real = cpu.OpenGLRenderer.__init__
 
     def counting(self: Any, *args: Any, **kwargs: Any) -> None:
         made.append(1)
         real(self, *args, **kwargs)
 
-    monkeypatch.setattr(cpu.CpuRenderer, "__init__", counting)
+    monkeypatch.setattr(cpu.OpenGLRenderer, "__init__", counting)
     return made
 
 
@@ -169,7 +169,7 @@ def test_impossible_frame_size_is_refused(state, tiny, renders, size, fragment):
 
 
 def test_unknown_backend_lists_the_backends(state, tiny):
-    with pytest.raises(RenderOptionsError, match="Unknown backend 'vulkan'. Backends: 'cpu', 'gpu', 'warp-cpu'"):
+    with pytest.raises(RenderOptionsError, match="Unknown backend 'vulkan'. Backends: 'opengl', 'gpu', 'warp-cpu'"):
         render(state, tiny, worlds=[1], options=RenderOptions(backend="vulkan"))
 
     assert state.unchanged()

@@ -16,7 +16,7 @@ from flyarchive.errors import CorruptArchiveError, RenderOptionsError, Selection
 from flyarchive.interop.npz_export import export_npz
 from flyarchive.plot import plot_traces
 from flyarchive.query.conditions import where_from_conditions
-from flyarchive.record.trajectories import read_trajectories
+from flyarchive.interop.trajectories import read_trajectories
 from flyarchive.testing import flip_bits, shard_file
 from flyarchive.testing.fixtures import snapshot
 

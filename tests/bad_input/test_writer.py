@@ -101,7 +101,7 @@ def test_a_spec_with_a_huge_capacity_is_refused(tiny, url):
 ])
 @requires_warp
 def test_a_warp_recorder_refuses_bad_options_at_construction(tiny, url, kwargs, error, message):
-    from flyarchive.record.warp import WarpTrajectoryRecorder
+    from flyarchive.recorders import WarpTrajectoryRecorder
 
     with pytest.raises(error, match=message):
         WarpTrajectoryRecorder(str(url), tiny, 2, **kwargs)

@@ -201,7 +201,7 @@ def render_warp_cpu(url: str, out: Path, worlds: list[int], time: tuple[float, f
 
 @requires_warp
 def test_a_profile_of_a_warp_cpu_render_has_every_stage(tiny_archive: str, tmp_path: Path) -> None:
-    from flyarchive.distribute.diagnostics import COUNTS, STAGES
+    from flyarchive.render.diagnostics import COUNTS, STAGES
 
     with flyarchive.PipelineProfile() as profile:
         render_warp_cpu(tiny_archive, tmp_path / "v", worlds=[0, 1], time=(0.0, 0.04))
@@ -250,7 +250,7 @@ def test_two_concurrent_renders_do_not_mix_their_profiles(tiny_archive: str,
 
 
 def test_nested_profiles_see_their_own_blocks() -> None:
-    from flyarchive.distribute.diagnostics import StageTimer
+    from flyarchive.render.diagnostics import StageTimer
 
     with flyarchive.PipelineProfile() as outer:
         StageTimer().add("frames", 2)
@@ -261,7 +261,7 @@ def test_nested_profiles_see_their_own_blocks() -> None:
 
 
 def test_the_warp_pipeline_keeps_no_module_level_stats() -> None:
-    import flyarchive.distribute.warp_pipeline as pipeline
+    import flyarchive.render.warp as pipeline
 
     assert not hasattr(pipeline, "STATS")
 
@@ -289,11 +289,11 @@ def test_importing_the_renderers_sets_no_environment_variable() -> None:
 def test_a_renderer_uses_egl_when_mujoco_gl_is_unset_and_leaves_mujocos_choice() -> None:
     code = (
         "import os\n"
-        "from flyarchive.replay.opengl import CpuRenderer\n"  # before mujoco's GL is chosen
+        "from flyarchive.replay.opengl import OpenGLRenderer\n"  # before mujoco's GL is chosen
         "from flyarchive.testing import tiny_model\n"
         "from mujoco.rendering.classic import gl_context\n"
         "model = tiny_model()\n"
-        "with CpuRenderer(model, 'front', (32, 32)) as renderer:\n"
+        "with OpenGLRenderer(model, 'front', (32, 32)) as renderer:\n"
         "    frame = renderer.render(model.qpos0[None])\n"
         "print(frame.mean() > 0, os.environ.get('MUJOCO_GL'), gl_context.GLContext.__module__)\n"
     )
@@ -463,7 +463,7 @@ def test_render_videos_names_files_as_its_docstring_says() -> None:
 ])
 def test_where_warp_renders_run_is_what_render_videos_documents(
         backend: str, n_videos: int, where: dict, expected: bool) -> None:
-    from flyarchive.distribute.drivers import runs_here
+    from flyarchive.distribute.placement import runs_here
     from flyarchive.distribute.gpus import Gpu
 
     if "visible" in where:  # a fake set of GPUs: "01" is two

@@ -8,7 +8,8 @@ import time
 
 import pytest
 
-from flyarchive.cli import main, parse_worlds
+from flyarchive.cli import main
+from flyarchive.cli_args import parse_worlds
 from flyarchive.errors import SelectionError
 from flyarchive.testing import TINY_XML
 from flyarchive.testing.fixtures import record

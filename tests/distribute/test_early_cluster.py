@@ -1,6 +1,6 @@
 """The command line starts its local Dask cluster before its imports and the archive's
-opening (``early_cluster``), and the render takes that cluster over instead of
-starting a second one; a cluster the render does not take is closed.
+opening (``local_cluster``) and passes its client to the render, which runs on it instead
+of starting a second one; the cluster is closed when the command ends, used or not.
 
 Real LocalClusters with worker processes; the GPUs are a fake set of two (CI has no
 CUDA): their workers are started, never asked to render.
@@ -63,31 +63,28 @@ def started(monkeypatch):
     return calls
 
 
-def test_connect_takes_over_the_gpu_cluster_started_early(started):
+def test_connect_given_the_client_of_a_gpu_cluster_started_early_waits_for_its_workers(started):
     workers = gpu_workers(TWO, cpus=range(2), sys_pci=Path("/nonexistent"))
 
     with dask.config.set({"distributed.diagnostics.nvml": False}):
-        with clusters.early_cluster(gpu_workers=workers):
-            early = next(iter(clusters._EARLY.values()))
+        with clusters.local_cluster(gpu_workers=workers) as early:
             assert worker_processes()  # started before connect asks for them
-            with clusters.connect(gpu_workers=workers) as client:
+            with clusters.connect(early) as client:
                 names = sorted(w["name"] for w in client.scheduler_info()["workers"].values())
-                taken = client.cluster is early
-            left = dict(clusters._EARLY)
+                taken = client is early
 
     assert taken and names == ["gpu0", "gpu1"]
-    assert len(started) == 1 and left == {}
+    assert len(started) == 1
     psutil.wait_procs(worker_processes(), timeout=20)
     assert worker_processes() == []
 
 
-def test_a_cluster_started_early_but_not_taken_is_closed(started):
-    with clusters.early_cluster(2):
-        assert len(clusters._EARLY) == 1
+def test_a_cluster_started_early_but_not_used_is_closed(started):
+    with clusters.local_cluster(2):
         with clusters.connect(n_workers=1) as client:  # another cluster: not this one
             assert len(client.scheduler_info()["workers"]) == 1
 
-    assert clusters._EARLY == {} and len(started) == 2
+    assert len(started) == 2
     psutil.wait_procs(worker_processes(), timeout=20)
     assert worker_processes() == []
 
@@ -97,17 +94,17 @@ def test_a_cluster_started_early_but_not_taken_is_closed(started):
     (["--backend", "gpu", "--gpus", "1"], None),  # one GPU: in this process
     (["--backend", "gpu", "--scheduler", "tcp://127.0.0.1:1"], ("scheduler", "cuda")),
     (["--backend", "warp-cpu", "--scheduler", "tcp://127.0.0.1:1"], ("scheduler", "cpu")),
-    (["--backend", "cpu", "--scheduler", "tcp://127.0.0.1:1"], ("scheduler", None)),
+    (["--backend", "opengl", "--scheduler", "tcp://127.0.0.1:1"], ("scheduler", None)),
     (["--backend", "warp-cpu"], None),  # render threads in this process
     (["--backend", "warp-cpu", "--workers", "2"], ("cpus", 2)),
-    (["--backend", "cpu"], ("cpus", None)),
-    (["--backend", "cpu", "--workers", "3"], ("cpus", 3)),
-    (["--backend", "cpu", "--workers", "0"], None),
-    (["--backend", "cpu", "--workers", "-1"], None),  # refused by the render itself
+    (["--backend", "opengl"], ("cpus", None)),
+    (["--backend", "opengl", "--workers", "3"], ("cpus", 3)),
+    (["--backend", "opengl", "--workers", "0"], None),
+    (["--backend", "opengl", "--workers", "-1"], None),  # refused by the render itself
 ])
 def test_the_command_line_starts_early_the_cluster_its_render_will_use(monkeypatch, argv,
                                                                         expected):
-    from flyarchive import cli
+    from flyarchive import cli_render as cli
     from flyarchive.distribute import gpus
 
     monkeypatch.setattr(gpus, "visible_gpus", lambda **_: list(TWO))
@@ -117,19 +114,22 @@ def test_the_command_line_starts_early_the_cluster_its_render_will_use(monkeypat
     def early(n_workers=None, *, gpu_workers=None):
         asked.append(("gpus", [w.name for w in gpu_workers]) if gpu_workers
                      else ("cpus", n_workers))
-        yield
+        yield "cluster's client"
 
     @contextlib.contextmanager
     def client(scheduler, warm=None):
         asked.append(("scheduler", warm))
-        yield
+        yield "scheduler's client"
 
-    monkeypatch.setattr(clusters, "early_cluster", early)
-    monkeypatch.setattr(clusters, "early_client", client)
-    monkeypatch.setattr(cli, "_render", lambda args: 0)
+    given = []
+    monkeypatch.setattr(clusters, "local_cluster", early)
+    monkeypatch.setattr(clusters, "scheduler_client", client)
+    monkeypatch.setattr(cli, "_render", lambda args, client: given.append(client) or 0)
 
     assert main(["render", "run.zarr", "--camera", "front", *argv]) == 0
     assert asked == ([expected] if expected else [])
+    assert given == [None if expected is None else
+                     "scheduler's client" if expected[0] == "scheduler" else "cluster's client"]
 
 
 def test_a_render_on_the_command_line_runs_on_the_cluster_started_early(tiny, tmp_path,
@@ -143,8 +143,7 @@ def test_a_render_on_the_command_line_runs_on_the_cluster_started_early(tiny, tm
 
     assert code == 0, capsys.readouterr().err
     assert (tmp_path / "v" / "world00001" / "front.mp4").is_file()
-    assert started == [(2, None)]  # once, early; the render took it
-    assert clusters._EARLY == {}
+    assert started == [(2, None)]  # once, early; the render ran on it
 
 
 def test_a_render_failing_before_its_cluster_is_used_closes_it(tiny, tmp_path, started,
@@ -156,7 +155,7 @@ def test_a_render_failing_before_its_cluster_is_used_closes_it(tiny, tmp_path, s
                  "--out", str(tmp_path / "v"), "--workers", "2", "--quiet"])
 
     assert code == 2 and "no-such-camera" in capsys.readouterr().err
-    assert started == [(2, None)] and clusters._EARLY == {}
+    assert started == [(2, None)]
     psutil.wait_procs(worker_processes(), timeout=20)
     assert worker_processes() == []
 
@@ -176,8 +175,7 @@ def test_workers_of_a_scheduler_given_start_warming_warp_before_any_render():
                       resources={"GPU": 1}, dashboard_address="127.0.0.1:0",
                       silence_logs=50) as cluster:
         address = cluster.scheduler_address
-        with clusters.early_client(address, "cpu"):
-            early = clusters._EARLY[("scheduler", address)]
+        with clusters.scheduler_client(address, "cpu") as early:
             seen = early.run(has_warp)
             import time
 
@@ -185,12 +183,11 @@ def test_workers_of_a_scheduler_given_start_warming_warp_before_any_render():
             while not all(seen.values()) and time.monotonic() < deadline:
                 time.sleep(0.5)
                 seen = early.run(has_warp)
-            with clusters.connect(scheduler=address) as client:
+            with clusters.connect(early) as client:
                 taken = client is early
-            left = dict(clusters._EARLY)
 
     assert len(seen) == 2 and all(seen.values())
-    assert taken and left == {}
+    assert taken
 
 
 def test_a_scheduler_that_cannot_be_reached_is_one_clear_error_waited_for_once(

@@ -14,10 +14,10 @@ from pathlib import Path
 
 import pytest
 
-from flyarchive.distribute.drivers import placement
+from flyarchive.distribute.placement import placement
 from flyarchive.distribute.gpus import Gpu, gpu_workers, split_cpus, visible_gpus
-from flyarchive.distribute.plan import split_groups
-from flyarchive.query.frames import VideoJob
+from flyarchive.distribute.warp_runs import split_groups
+from flyarchive.query.selection import VideoJob
 from flyarchive.testing.markers import requires_distributed
 
 TWO = [Gpu(0, "0"), Gpu(1, "1")]

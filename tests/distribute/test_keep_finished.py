@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from flyarchive import TrajectoryRecorder
-from flyarchive.distribute import cpu_tasks
+from flyarchive.render import opengl
 from flyarchive.distribute.api import RenderOptions, render_videos
 from flyarchive.testing import simulate
 from flyarchive.testing.markers import WARP_BACKEND, requires_warp
@@ -33,7 +33,7 @@ def archive(tiny, tmp_path) -> str:
 
 def stop_at_join(monkeypatch, n: int) -> None:
     """Ctrl-C (KeyboardInterrupt) when the render starts joining its ``n``-th video."""
-    join, calls = cpu_tasks.join_segments, []
+    join, calls = opengl.join_segments, []
 
     def joining(*args, **kwargs):
         calls.append(1)
@@ -41,7 +41,7 @@ def stop_at_join(monkeypatch, n: int) -> None:
             raise KeyboardInterrupt
         return join(*args, **kwargs)
 
-    monkeypatch.setattr(cpu_tasks, "join_segments", joining)
+    monkeypatch.setattr(opengl, "join_segments", joining)
 
 
 def listed(out: Path) -> list[str]:
@@ -107,7 +107,7 @@ def test_resume_keeps_a_finished_camera_of_a_world_left_unfinished(archive, tiny
 def test_resume_of_a_finished_render_renders_nothing(archive, tiny, tmp_path, monkeypatch):
     out = tmp_path / "v"
     first = render_videos(archive, tiny, CAMERAS, str(out), options=SMALL, n_workers=0)
-    monkeypatch.setattr(cpu_tasks, "render_segment", lambda *a, **k: pytest.fail("rendered"))
+    monkeypatch.setattr(opengl, "render_segment", lambda *a, **k: pytest.fail("rendered"))
 
     result = render_videos(archive, tiny, CAMERAS, str(out), options=SMALL, n_workers=0,
                            resume=True)
@@ -167,9 +167,9 @@ def test_cli_resume_says_what_it_kept(archive, tiny, tmp_path, monkeypatch, cli,
 # ----------------------------------------------------------------------------- the journal
 def test_the_manifest_journal_lists_the_first_video_at_once_and_the_rest_on_close(
         archive, tiny, tmp_path):
-    from flyarchive.distribute.plan import RenderPlan
+    from flyarchive.render.plan import RenderPlan
     from flyarchive.query.archive import open_header
-    from flyarchive.query.frames import select_frames
+    from flyarchive.query.selection import select_frames
     from flyarchive.video.manifest import ManifestJournal, video_entry
 
     ds = open_header(archive)

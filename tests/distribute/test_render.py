@@ -21,7 +21,7 @@ from flyarchive.errors import (
     SelectionError,
 )
 from flyarchive.layout import ModelLayout
-from flyarchive.replay.opengl import CpuRenderer
+from flyarchive.replay.opengl import OpenGLRenderer
 from flyarchive.store import ArchiveSpec, ArchiveWriter, FrameBlock
 from flyarchive.testing import simulate, slider_model
 from flyarchive.testing.markers import requires_warp
@@ -75,7 +75,7 @@ def test_render_frames_is_lazy_and_equals_direct_rendering(tiny, tiny_archive):
     actual = frames.sel(world=7).isel(time=slice(5, 7)).values
 
     ds = open_archive(tiny_archive).sel(world=7).isel(time=slice(5, 7))
-    with CpuRenderer(tiny, "front", (48, 64)) as renderer:
+    with OpenGLRenderer(tiny, "front", (48, 64)) as renderer:
         expected = renderer.render(ds.qpos.values, ds.mocap_pos.values, ds.mocap_quat.values)[:, 0]
     np.testing.assert_array_equal(actual, expected)
 
@@ -204,7 +204,7 @@ def test_render_frames_are_black_past_a_worlds_committed_frames(tiny, tmp_path):
 
     assert actual.shape == (2, 8, 48, 64, 3)
     assert not actual[1, 5:].any()  # past world 1's 5 frames: black
-    with CpuRenderer(tiny, "front", (48, 64)) as renderer:
+    with OpenGLRenderer(tiny, "front", (48, 64)) as renderer:
         expected = renderer.render(frames["qpos"][1, :5], frames["mocap_pos"][1, :5],
                                    frames["mocap_quat"][1, :5])[:, 0]
     np.testing.assert_array_equal(actual[1, :5], expected)
@@ -234,7 +234,7 @@ def test_manifest_keeps_each_renders_own_size_backend_and_encoder(tiny, tiny_arc
 
     manifest = json.loads((Path(out) / "manifest.json").read_text())
     by_world = {v["world"]: v for v in manifest["videos"]}
-    assert (by_world[3]["size"], by_world[3]["backend"], by_world[3]["video"]["crf"]) == ([48, 64], "cpu", 30)
+    assert (by_world[3]["size"], by_world[3]["backend"], by_world[3]["video"]["crf"]) == ([48, 64], "opengl", 30)
     assert (by_world[7]["size"], by_world[7]["backend"], by_world[7]["video"]["crf"]) == ([32, 48], "warp-cpu", 18)
     assert read_video(by_world[3]["path"]).shape[1:3] == (48, 64)
     assert read_video(by_world[7]["path"]).shape[1:3] == (32, 48)

@@ -19,8 +19,8 @@ os.environ.setdefault("MUJOCO_GL", "egl")
 from flyarchive.distribute.api import RenderOptions, render_frames, render_videos  # noqa: E402
 from flyarchive.models import model_bytes  # noqa: E402
 from flyarchive.query import open_archive  # noqa: E402
-from flyarchive.record.cpu import TrajectoryRecorder  # noqa: E402
-from flyarchive.replay.opengl import CpuRenderer  # noqa: E402
+from flyarchive.recorders import TrajectoryRecorder  # noqa: E402
+from flyarchive.replay.opengl import OpenGLRenderer  # noqa: E402
 from flyarchive.testing import simulate, tiny_model  # noqa: E402
 from flyarchive.testing.markers import requires_warp  # noqa: E402
 from flyarchive.video import VideoOptions, read_video  # noqa: E402
@@ -139,22 +139,23 @@ def test_dask_videos_match_in_process_videos(dask_videos: Any, in_process_videos
 
 @pytest.mark.timeout(180)
 def test_four_egl_worker_processes_render_at_once(archive: str, model: Any, tmp_path: Path) -> None:
-    from flyarchive.distribute.cpu_tasks import render_block
+    from flyarchive.render.blocks import render_block_outputs  # what render_frames' tasks run
 
     ds = open_archive(archive).isel(world=0, time=slice(0, 3))
-    with CpuRenderer(model, "front", SIZE) as renderer:
+    with OpenGLRenderer(model, "front", SIZE) as renderer:
         expected = renderer.render(ds.qpos.values, ds.mocap_pos.values, ds.mocap_quat.values)[:, 0]
 
     with _cluster(4) as cluster, distributed.Client(cluster, set_as_default=False) as four:
         four.wait_for_workers(4, timeout=120)
         # client.run calls every worker at once: four EGL contexts are created together.
-        frames = four.run(render_block, archive, {}, model_bytes(model), "front", SIZE, 0, 0, 3)
+        frames = four.run(render_block_outputs, archive, {}, model_bytes(model), "front", SIZE,
+                          0, 0, 3, committed=3, backend="cpu")
         result = render_videos(archive, model, "front", str(tmp_path / "v"), client=four,
                                options=RenderOptions(size=SIZE, segment_frames=SEGMENT))
 
     assert len(frames) == 4
     for actual in frames.values():
-        np.testing.assert_array_equal(actual, expected)
+        np.testing.assert_array_equal(actual["rgb"], expected)
     assert sorted(v["frames"] for v in result.videos) == [N_FRAMES] * N_WORLDS
 
 
@@ -164,7 +165,7 @@ def test_render_frames_on_cluster_equal_cpu_renderer_frames(
     window = slice(2, 9)
     ds = open_archive(archive).isel(time=window)
     qpos, mocap_pos, mocap_quat = ds.qpos.values, ds.mocap_pos.values, ds.mocap_quat.values
-    with CpuRenderer(model, "top", SIZE) as renderer:
+    with OpenGLRenderer(model, "top", SIZE) as renderer:
         expected = np.stack([renderer.render(qpos[w], mocap_pos[w], mocap_quat[w])[:, 0]
                              for w in range(N_WORLDS)])
 
@@ -180,7 +181,7 @@ def test_render_frames_under_a_default_client_send_the_model_to_its_workers_once
 ) -> None:
     key = f"flyarchive-model-{hashlib.sha256(model_bytes(model)).hexdigest()}"
     ds = open_archive(archive).isel(world=1, time=slice(0, 8))
-    with CpuRenderer(model, "top", SIZE) as renderer:
+    with OpenGLRenderer(model, "top", SIZE) as renderer:
         expected = renderer.render(ds.qpos.values, ds.mocap_pos.values, ds.mocap_quat.values)[:, 0]
 
     with client.as_current():  # the default client of this thread

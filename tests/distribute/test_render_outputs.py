@@ -242,8 +242,8 @@ def test_an_overlay_cut_short_draws_no_part_of_a_character(archive, tmp_path):
 def test_mosaics_fed_side_by_side_in_each_batch_equal_mosaics_fed_one_at_a_time(
         archive, tmp_path, monkeypatch):
     """Lanes: each batch holds frames of several mosaics, their tiles read at once."""
-    import flyarchive.distribute.warp_pipeline as pipeline
-    from flyarchive.distribute.plan import pack_batches
+    import flyarchive.render.warp as pipeline
+    from flyarchive.render.plan import pack_batches
 
     lanes_used = []
     real_pack = pipeline.pack_batches

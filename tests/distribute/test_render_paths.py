@@ -17,7 +17,7 @@ import pytest
 os.environ.setdefault("MUJOCO_GL", "egl")
 
 from flyarchive.distribute.api import RenderOptions, render_frames, render_videos  # noqa: E402
-from flyarchive.record.cpu import TrajectoryRecorder  # noqa: E402
+from flyarchive.recorders import TrajectoryRecorder  # noqa: E402
 from flyarchive.testing import simulate, tiny_model  # noqa: E402
 from flyarchive.video import VideoOptions, read_video  # noqa: E402
 
@@ -142,7 +142,7 @@ def test_render_frames_of_a_relative_archive_compute_on_a_worker_started_elsewhe
 ])
 def test_local_paths_become_absolute_and_urls_stay(
         given: str, expected: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from flyarchive.distribute.plan import absolute_url
+    from flyarchive.render.plan import absolute_url
 
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("HOME", str(tmp_path / "home"))

@@ -14,7 +14,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from flyarchive.distribute.api import RenderOptions, VideoJob, render_videos
+from flyarchive.distribute.api import RenderOptions, render_videos
+from flyarchive.query.selection import VideoJob
 from flyarchive.errors import OutputExistsError, RenderBackendError
 from flyarchive.testing import (
     block_columns,
@@ -81,7 +82,7 @@ def warm_warp() -> None:
 
 
 def test_batches_are_full_world_major_and_keep_frame_order():
-    from flyarchive.distribute.plan import pack_batches
+    from flyarchive.render.plan import pack_batches
 
     jobs = [VideoJob(0, 0, 0, 5), VideoJob(3, 2, 2, 9)]
 
@@ -94,7 +95,7 @@ def test_batches_are_full_world_major_and_keep_frame_order():
 
 
 def test_batches_with_lanes_feed_that_many_videos_each_in_frame_order():
-    from flyarchive.distribute.plan import pack_batches
+    from flyarchive.render.plan import pack_batches
 
     jobs = [VideoJob(w, w, 0, 12) for w in range(5)] + [VideoJob(9, 9, 3, 7)]
 
@@ -113,7 +114,7 @@ def test_batches_with_lanes_feed_that_many_videos_each_in_frame_order():
 
 
 def test_groups_hold_whole_videos_of_about_equal_frames():
-    from flyarchive.distribute.plan import split_groups
+    from flyarchive.distribute.warp_runs import split_groups
 
     jobs = [VideoJob(w, w, 0, 10) for w in range(6)]
 
@@ -125,7 +126,7 @@ def test_groups_hold_whole_videos_of_about_equal_frames():
 
 @requires_no_cuda
 def test_gpu_backend_without_cuda_suggests_the_cpu_backends():
-    from flyarchive.distribute.warp_pipeline import warp_device
+    from flyarchive.render.warp import warp_device
 
     with pytest.raises(RenderBackendError, match="warp-cpu"):
         warp_device("gpu")
@@ -278,7 +279,7 @@ def test_gpu_batches_on_a_cluster_without_gpu_workers_are_refused(slider_worlds,
 
 
 def test_warp_cpu_runs_in_this_process_unless_worker_processes_are_asked_for():
-    from flyarchive.distribute.drivers import placement, runs_here
+    from flyarchive.distribute.placement import placement, runs_here
 
     assert not runs_here("warp-cpu", 4, n_workers=2)
     assert runs_here("warp-cpu", 4)
@@ -293,8 +294,8 @@ def test_warp_cpu_runs_in_this_process_unless_worker_processes_are_asked_for():
 
 @pytest.mark.skipif(BACKEND != "warp-cpu", reason="render threads are warp-cpu's")
 def test_render_threads_make_the_videos_one_thread_makes(tiny_archive, tmp_path):
-    from flyarchive.distribute import warp_pipeline
-    from flyarchive.distribute.diagnostics import PipelineProfile
+    from flyarchive.render import warp as warp_pipeline
+    from flyarchive.render.diagnostics import PipelineProfile
     from flyarchive.distribute.warp_runs import render_threads
 
     lossless = RenderOptions(backend=BACKEND, size=SIZE, batch_worlds=4,
@@ -309,7 +310,7 @@ def test_render_threads_make_the_videos_one_thread_makes(tiny_archive, tmp_path)
 
     with pytest.MonkeyPatch.context() as mp, PipelineProfile() as profile:
         mp.setattr(warp_pipeline, "render_jobs", spy)
-        mp.setattr("flyarchive.distribute.drivers.placement",
+        mp.setattr("flyarchive.distribute.warp_runs.placement",
                    lambda *a, **k: _threads(3))  # 3 threads, whatever the cores
         three = render_videos(tiny_archive, tiny_model(), "front", str(tmp_path / "three"),
                               options=lossless)
@@ -322,14 +323,14 @@ def test_render_threads_make_the_videos_one_thread_makes(tiny_archive, tmp_path)
 
 
 def _threads(n: int):
-    from flyarchive.distribute.drivers import Placement
+    from flyarchive.distribute.placement import Placement
 
     return Placement("threads", device="cpu", n_workers=n)
 
 
 @pytest.mark.skipif(BACKEND != "warp-cpu", reason="render threads are warp-cpu's")
 def test_a_failing_render_thread_stops_the_others_and_its_error_is_raised(tiny_archive, tmp_path):
-    from flyarchive.distribute.warp_batches import BatchSource
+    from flyarchive.render.warp import BatchSource
     from flyarchive.errors import CorruptArchiveError
 
     real = BatchSource.read
@@ -341,7 +342,7 @@ def test_a_failing_render_thread_stops_the_others_and_its_error_is_raised(tiny_a
 
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(BatchSource, "read", read)
-        mp.setattr("flyarchive.distribute.drivers.placement", lambda *a, **k: _threads(3))
+        mp.setattr("flyarchive.distribute.warp_runs.placement", lambda *a, **k: _threads(3))
         with pytest.raises(CorruptArchiveError, match="world 2"):
             render_videos(tiny_archive, tiny_model(), "front", str(tmp_path / "v"),
                           options=RenderOptions(backend=BACKEND, size=SIZE, batch_worlds=4))
@@ -375,7 +376,7 @@ def test_local_cluster_videos_equal_the_in_process_ones(slider_worlds, tmp_path)
 @pytest.mark.parametrize("threads", [0, 3], ids=["one-thread", "render-threads"])
 def test_an_encoder_failing_mid_video_fails_the_render_and_leaves_no_partial_video(
         tiny_archive, tmp_path, threads):
-    from flyarchive.distribute.encoders import Encoders
+    from flyarchive.render.encoders import Encoders
     from flyarchive.errors import VideoEncodeError
 
     real = Encoders._encode
@@ -391,7 +392,7 @@ def test_an_encoder_failing_mid_video_fails_the_render_and_leaves_no_partial_vid
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(Encoders, "_encode", encode)
         if threads:
-            mp.setattr("flyarchive.distribute.drivers.placement", lambda *a, **k: _threads(threads))
+            mp.setattr("flyarchive.distribute.warp_runs.placement", lambda *a, **k: _threads(threads))
         with pytest.raises(VideoEncodeError, match="injected"):
             render_videos(tiny_archive, tiny_model(), "front", str(out), options=options,
                           n_workers=None if threads else 0)

@@ -12,9 +12,9 @@ from typing import Any
 import pytest
 
 from flyarchive.distribute.api import RenderOptions, render_videos
-from flyarchive.distribute.plan import pack_batches
-from flyarchive.distribute.warp_pipeline import _read_ahead
-from flyarchive.query.frames import VideoJob
+from flyarchive.render.plan import pack_batches
+from flyarchive.render.warp import _read_ahead
+from flyarchive.query.selection import VideoJob
 from flyarchive.testing import tiny_model
 from flyarchive.testing.fixtures import record
 from flyarchive.testing.markers import WARP_BACKEND, requires_warp
@@ -83,7 +83,7 @@ def test_a_failed_read_raises_when_its_batch_is_reached_after_the_earlier_ones()
 @requires_warp
 def test_a_worker_builds_its_renderer_once_for_calls_with_the_same_model_and_options(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
-    from flyarchive.distribute.warp_pipeline import clear_renderers
+    from flyarchive.render.renderers import clear_renderers
     from flyarchive.replay import warp as replay_warp
 
     url = record(tiny_model(), str(tmp_path / "run.zarr"), n_worlds=2)
@@ -138,7 +138,7 @@ def test_nothing_is_warmed_here_when_workers_render(where, monkeypatch):
 def a_plan(url: str, out: str) -> tuple[Any, bytes]:
     """The render plan of every world of ``url`` to ``out`` (as render_videos makes it)."""
     from flyarchive.distribute.api import replay_model
-    from flyarchive.distribute.plan import RenderPlan
+    from flyarchive.render.plan import RenderPlan
     from flyarchive.query import open_archive, select_frames
 
     ds = open_archive(url)

@@ -158,7 +158,7 @@ def run_gpu(sim, n_steps, worlds):
 
 @requires_warp
 def test_the_warp_recorder_drops_into_a_flygym_gpu_simulation(gpu_sim, tmp_path):
-    from flyarchive.record.warp import WarpTrajectoryRecorder
+    from flyarchive.recorders import WarpTrajectoryRecorder
 
     sim = gpu_sim
     sim.recorder = WarpTrajectoryRecorder(str(tmp_path / "gpu.zarr"), sim.mj_model, sim.n_worlds,
@@ -177,7 +177,7 @@ def test_the_warp_recorder_drops_into_a_flygym_gpu_simulation(gpu_sim, tmp_path)
 
 @requires_warp
 def test_gpu_reset_after_recording_ends_the_recording(gpu_sim, tmp_path):
-    from flyarchive.record.warp import WarpTrajectoryRecorder
+    from flyarchive.recorders import WarpTrajectoryRecorder
 
     sim = gpu_sim
     url = str(tmp_path / "gpu-episode.zarr")

@@ -9,7 +9,7 @@ import xarray as xr
 
 from flyarchive import open_archive, select_frames
 from flyarchive.query.conditions import where_from_conditions
-from flyarchive.query.frames import VideoJob, where_windows
+from flyarchive.query.selection import VideoJob, where_windows
 from flyarchive.testing.fixtures import slider_archive
 
 #: Slider positions of 3 worlds x 30 frames (frame k at t = k * 0.01 s): world 0 is

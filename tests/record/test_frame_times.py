@@ -130,7 +130,7 @@ def test_warp_frames_are_found_by_their_scheduled_time(tiny, tmp_path):
     import mujoco_warp as mjw
     import warp as wp
 
-    from flyarchive.record.warp import WarpTrajectoryRecorder
+    from flyarchive.recorders import WarpTrajectoryRecorder
 
     url = str(tmp_path / "warp.zarr")
     wp.config.quiet = True

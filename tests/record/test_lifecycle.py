@@ -33,7 +33,7 @@ import numpy as np
 import warp as wp
 wp.config.quiet = True
 import mujoco_warp as mjw
-from flyarchive.record.warp import WarpTrajectoryRecorder
+from flyarchive.recorders import WarpTrajectoryRecorder
 from flyarchive.testing import tiny_model
 
 model = tiny_model()
@@ -116,7 +116,7 @@ def test_a_collected_warp_recorder_commits_its_frames(tiny, tmp_path):
     import mujoco_warp as mjw
     import warp as wp
 
-    from flyarchive.record.warp import WarpTrajectoryRecorder
+    from flyarchive.recorders import WarpTrajectoryRecorder
 
     url = str(tmp_path / "warp-gc.zarr")
     wp.config.quiet = True

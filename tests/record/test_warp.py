@@ -92,7 +92,7 @@ def run(sim, d, recorder, n_steps, *, worlds=None, first_step=0, timing=None, on
 
 
 def recorder_for(sim, url, **kwargs):
-    from flyarchive.record.warp import WarpTrajectoryRecorder
+    from flyarchive.recorders import WarpTrajectoryRecorder
 
     return WarpTrajectoryRecorder(url, sim[0], NWORLD, **kwargs)
 
@@ -282,7 +282,7 @@ def test_import_flyarchive_does_not_import_warp():
 def test_the_recorded_model_is_kept_beside_the_archive(sim):
     from flyarchive.models import model_bytes
     from flyarchive.store import open_group
-    from flyarchive.store.models import read_model
+    from flyarchive.store.kept_models import read_model
 
     url = memory_url()
     with recorder_for(sim, url, chunk_frames=4) as recorder:

@@ -15,7 +15,7 @@ from flyarchive.replay.outputs import (
     ids_to_counts,
     parse_outputs,
 )
-from flyarchive.replay.overlay import TEXT_X, TEXT_Y, burn_text, tile_frames
+from flyarchive.replay.compose import TEXT_X, TEXT_Y, burn_text, tile_frames
 from flyarchive.testing import reference_frames, rgb_to_i420, tiny_model
 from flyarchive.testing.markers import WARP_DEVICE, requires_warp
 

@@ -18,7 +18,7 @@ import pytest
 
 from flyarchive.errors import FrameSizeError, LayoutMismatchError, RenderBackendError
 from flyarchive.replay.kinematics import set_state, update_render_geometry
-from flyarchive.replay.opengl import CpuRenderer, headless_renderer, pin_rasterizer_threads
+from flyarchive.replay.opengl import OpenGLRenderer, headless_renderer, pin_rasterizer_threads
 from flyarchive.testing import simulate, slider_model, tiny_model
 from flyarchive.testing.replay_suite import ReplayTests
 
@@ -32,7 +32,7 @@ class TestOpenGLReplay(ReplayTests):
     backend = "cpu"
 
     def open_renderer(self, model, cameras, size, outputs=("rgb",)):
-        return CpuRenderer(model, cameras, size, outputs=outputs)
+        return OpenGLRenderer(model, cameras, size, outputs=outputs)
 
     def render(self, renderer, qpos, mocap_pos=None, mocap_quat=None):
         return renderer.render(qpos, mocap_pos, mocap_quat)
@@ -89,7 +89,7 @@ def test_iter_frames_yields_the_same_frames_as_render(
     expected = live_recording["frames"]
     state = (live_recording["qpos"], live_recording["mocap_pos"], live_recording["mocap_quat"])
 
-    with CpuRenderer(tiny_model(), list(CAMERAS), SIZE) as renderer:
+    with OpenGLRenderer(tiny_model(), list(CAMERAS), SIZE) as renderer:
         actual = np.stack(list(renderer.iter_frames(*state)))
 
     assert np.array_equal(actual, expected)
@@ -116,7 +116,7 @@ def test_size_beyond_the_framebuffer_renders_with_an_enlarged_copy() -> None:
     model = tiny_model()  # offscreen buffer 640 x 480
     qpos = model.qpos0[None]
 
-    with CpuRenderer(model, "front", (500, 700)) as renderer:
+    with OpenGLRenderer(model, "front", (500, 700)) as renderer:
         frames = renderer.render(qpos)
 
     assert frames.shape == (1, 1, 500, 700, 3)
@@ -142,7 +142,7 @@ def test_a_framebuffer_fitted_to_the_frames_renders_the_same_pixels(
         expected.append(live.render())
     live.close()
 
-    with CpuRenderer(model, "front", SIZE) as renderer:
+    with OpenGLRenderer(model, "front", SIZE) as renderer:
         actual = renderer.render(qpos, live_recording["mocap_pos"],
                                  live_recording["mocap_quat"])[:, 0]
         fitted = renderer._render_model.vis.global_
@@ -154,11 +154,11 @@ def test_a_framebuffer_fitted_to_the_frames_renders_the_same_pixels(
 
 def test_size_beyond_the_framebuffer_without_enlarging_says_how_to_fix() -> None:
     with pytest.raises(FrameSizeError, match=r'offwidth="700" offheight="500"'):
-        CpuRenderer(tiny_model(), "front", (500, 700), enlarge_buffer=False)
+        OpenGLRenderer(tiny_model(), "front", (500, 700), enlarge_buffer=False)
 
 
 def test_closed_renderer_refuses_to_render() -> None:
-    renderer = CpuRenderer(tiny_model(), "front", SIZE)
+    renderer = OpenGLRenderer(tiny_model(), "front", SIZE)
     renderer.close()
     renderer.close()
 
@@ -168,10 +168,10 @@ def test_closed_renderer_refuses_to_render() -> None:
 
 def test_unusable_egl_raises_render_backend_error_with_instructions() -> None:
     script = (
-        "from flyarchive.replay.opengl import CpuRenderer\n"
+        "from flyarchive.replay.opengl import OpenGLRenderer\n"
         "from flyarchive.testing import tiny_model\n"
         "try:\n"
-        "    CpuRenderer(tiny_model(), 'front')\n"
+        "    OpenGLRenderer(tiny_model(), 'front')\n"
         "except Exception as err:\n"
         "    print(type(err).__name__, err)\n"
     )
@@ -201,10 +201,10 @@ def test_egl_is_used_even_when_mujoco_was_imported_before_flyarchive() -> None:
         "import mujoco\n"  # MUJOCO_GL unset here: MuJoCo binds GLFW, which needs a display
         "from mujoco.rendering.classic import gl_context\n"
         "before = gl_context.GLContext\n"
-        "from flyarchive.replay.opengl import CpuRenderer\n"
+        "from flyarchive.replay.opengl import OpenGLRenderer\n"
         "from flyarchive.testing import tiny_model\n"
         "model = tiny_model()\n"
-        "with CpuRenderer(model, 'front', (32, 32)) as renderer:\n"
+        "with OpenGLRenderer(model, 'front', (32, 32)) as renderer:\n"
         "    frame = renderer.render(model.qpos0[None])\n"
         "print(frame.shape, frame.mean() > 0, gl_context.GLContext is before)\n"
     )
@@ -235,7 +235,7 @@ def test_iter_frames_reads_the_state_one_frame_at_a_time() -> None:
     model = slider_model()
     qpos = _LazyFrames(np.linspace(-0.5, 0.5, 50)[:, None])
 
-    with CpuRenderer(model, "front", SIZE) as renderer:
+    with OpenGLRenderer(model, "front", SIZE) as renderer:
         frames = renderer.iter_frames(qpos)
         next(frames)
         next(frames)

@@ -310,14 +310,14 @@ def slider_columns(n_frames: int, size: tuple[int, int]) -> tuple[np.ndarray, np
 
 
 def test_decoded_frame_k_shows_the_block_where_qpos_k_puts_it(tmp_path: Path) -> None:
-    from flyarchive.replay.opengl import CpuRenderer
+    from flyarchive.replay.opengl import OpenGLRenderer
     from flyarchive.testing import slider_model
 
     size = (96, 128)
     expected, qpos = slider_columns(28, size)
     segments = [tmp_path / f"seg{i}.mp4" for i in range(3)]
 
-    with CpuRenderer(slider_model(), "front", size) as renderer:
+    with OpenGLRenderer(slider_model(), "front", size) as renderer:
         for path, block in zip(segments, np.array_split(np.arange(28), 3)):
             views = (frame[0] for frame in renderer.iter_frames(qpos[block]))
             encode_segment(views, path, FPS, size)

@@ -15,8 +15,6 @@ import numpy as np
 from flyarchive.errors import FrameSizeError
 from flyarchive.replay.font import CELL_H, CELL_W, GLYPHS, text_codes
 
-__all__ = ["TEXT_X", "TEXT_Y", "burn_text", "tile_frames", "text_width", "max_chars"]
-
 #: Top left corner of burnt-in text, pixels from the frame's left and top edges.
 TEXT_X, TEXT_Y = 2, 2
 
@@ -73,8 +71,3 @@ def max_chars(size: tuple[int, int], x: int = TEXT_X, y: int = TEXT_Y) -> int:
     if y + CELL_H - 1 > height or x >= width:
         return 0
     return max(0, (width - x + 1) // CELL_W)
-
-
-def fits(n_chars: int, size: tuple[int, int]) -> bool:
-    """Whether ``n_chars`` characters fit across a frame of ``size = (H, W)``."""
-    return TEXT_X + text_width(n_chars) <= size[1] and TEXT_Y + CELL_H <= size[0]

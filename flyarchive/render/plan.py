@@ -1,9 +1,11 @@
-"""Render plans: what to render and where, as plain values sent to workers.
+"""Render plans: what to render, as plain values sent to workers.
 
 A plan holds the archive URL (absolute), the cameras, the output folder, the options and
-the videos to make (:class:`flyarchive.query.frames.VideoJob`, one per world). The CPU
-backend cuts each video into segments; the Warp backends pack (world, frame) states into
-batches and split the videos into groups, one per worker.
+the videos to make (:class:`~flyarchive.query.selection.VideoJob`, one per world or window,
+or :class:`~flyarchive.video.mosaic.MosaicJob`), checked before any work
+(:func:`preflight`). The OpenGL backend cuts each video into segments
+(:meth:`RenderPlan.segments`); the Warp backends pack (world, frame) states into batches
+(:func:`pack_batches`: :class:`Batch` es of :class:`Piece` s).
 """
 
 from __future__ import annotations
@@ -15,14 +17,11 @@ from dataclasses import dataclass
 from typing import Any
 
 import mujoco
-import numpy as np
 
 from flyarchive.errors import OutputExistsError, RenderOptionsError
-from flyarchive.video.workspace import filesystem as _filesystem
-from flyarchive.video.workspace import is_local_fs
-
-__all__ = ["absolute_url", "RenderPlan", "preflight", "Piece", "Batch", "pack_batches",
-           "split_groups", "job_video_path"]
+from flyarchive.render.options import RenderOptions
+from flyarchive.video.mosaic import Job
+from flyarchive.video.workspace import filesystem, is_local_fs
 
 
 def absolute_url(url: str | os.PathLike[str]) -> str:
@@ -44,17 +43,17 @@ def absolute_url(url: str | os.PathLike[str]) -> str:
     return text
 
 
-def job_video_path(out: str, job: Any, camera: str) -> str:
+def job_video_path(out: str, job: Job | int, camera: str) -> str:
     """:func:`flyarchive.video.safe_video_path` of a job's world and camera, with the job's
     window, if any, before ``.mp4``: ``{out}/world00003/front.frames000120-000240.mp4``
-    (archive frames ``[120, 240)``, :attr:`~flyarchive.query.frames.VideoJob.suffix`).
+    (archive frames ``[120, 240)``, :attr:`~flyarchive.query.selection.VideoJob.suffix`).
 
     Args:
         out: The output folder (path or URL).
-        job: A :class:`~flyarchive.query.frames.VideoJob`, or a world id.
+        job: A :class:`~flyarchive.query.selection.VideoJob`, or a world id.
         camera: The camera's name.
     """
-    from flyarchive.video.output import output_urls
+    from flyarchive.video.outputs import output_urls
 
     return output_urls(out, job, camera)["rgb"]
 
@@ -69,8 +68,8 @@ class RenderPlan:
     out: str
     out_storage_options: dict[str, Any]
     fps: float
-    options: Any  # render.RenderOptions
-    jobs: tuple[Any, ...]  # render.VideoJob
+    options: RenderOptions
+    jobs: tuple[Job, ...]
     #: Videos (their manifest ``path``) that an earlier render finished and this one
     #: keeps (``resume``): their job is rendered for its other cameras, they are not
     #: published again.
@@ -82,23 +81,23 @@ class RenderPlan:
     #: since replaced at the same URL opens it again.
     archive_id: str | None = None
 
-    def video_url(self, job: Any, camera: str) -> str:
-        """The final URL of the video of ``job`` (a :class:`~flyarchive.query.frames.VideoJob`,
+    def video_url(self, job: Job | int, camera: str) -> str:
+        """The final URL of the video of ``job`` (a :class:`~flyarchive.query.selection.VideoJob`,
         or a world id) and ``camera`` (see :func:`job_video_path`)."""
         return job_video_path(self.out, job, camera)
 
-    def output_urls(self, job: Any, camera: str) -> dict[str, str]:
+    def output_urls(self, job: Job | int, camera: str) -> dict[str, str]:
         """Where each output of ``job``'s camera goes (a world's or a mosaic's video, maps
-        beside it): :func:`flyarchive.video.output.output_urls`."""
-        from flyarchive.video.output import output_urls
+        beside it): :func:`flyarchive.video.outputs.output_urls`."""
+        from flyarchive.video.outputs import output_urls
 
-        return output_urls(self.out, job, camera, getattr(self.options, "outputs", ("rgb",)))
+        return output_urls(self.out, job, camera, self.options.outputs)
 
-    def is_kept(self, job: Any, camera: str) -> bool:
+    def is_kept(self, job: Job, camera: str) -> bool:
         """Whether the video of ``job`` and ``camera`` is kept from an earlier render."""
         return bool(self.kept) and next(iter(self.output_urls(job, camera).values())) in self.kept
 
-    def segments(self, n_workers: int | None = 1) -> Iterator[tuple[Any, int, int]]:
+    def segments(self, n_workers: int | None = 1) -> Iterator[tuple[Job, int, int]]:
         """(job, start, stop) for every segment, in playing order per job.
 
         Segments are at most ``options.segment_frames`` long, shorter (down to 25
@@ -123,7 +122,7 @@ def preflight(plan: RenderPlan, model: mujoco.MjModel) -> None:
         ConfigError: a ``FLYARCHIVE_*`` environment variable holds a value that is not
             allowed (:mod:`flyarchive.config`).
         CameraNotFoundError, StorageError (an unknown protocol).
-        FrameSizeError: a size H.264 or (backend ``"cpu"``) OpenGL cannot take.
+        FrameSizeError: a size H.264 or (backend ``"opengl"``) OpenGL cannot take.
         OutputExistsError: videos exist and ``overwrite`` is off, or (local disk) a folder
             is where a video goes (even with ``overwrite``).
         UnsafeFileError: a folder inside the output folder is a symbolic link leading out
@@ -133,18 +132,18 @@ def preflight(plan: RenderPlan, model: mujoco.MjModel) -> None:
     """
     from flyarchive import config
     from flyarchive.models import camera_ids
-    from flyarchive.replay.frames import MAX_GL_SIDE, parse_frame_size
+    from flyarchive.replay.sizes import MAX_GL_SIDE, parse_frame_size
     from flyarchive.video.guard import check_out_folders
     from flyarchive.video.manifest import manifest_url, output_root, read_manifest
 
     config.check()
-    gl = plan.options.backend == "cpu"  # OpenGL's limit, found before any work
+    gl = plan.options.backend == "opengl"  # OpenGL's limit, found before any work
     parse_frame_size(plan.options.size, even=True, max_side=MAX_GL_SIDE if gl else None)
     camera_ids(model, plan.cameras)
-    fs, _ = _filesystem(plan.out, plan.out_storage_options)
+    fs, _ = filesystem(plan.out, plan.out_storage_options)
     finals = [u for j in plan.jobs for c in plan.cameras if not plan.is_kept(j, c)
               for u in plan.output_urls(j, c).values()]
-    paths = {u: _filesystem(u, plan.out_storage_options)[1] for u in finals}
+    paths = {u: filesystem(u, plan.out_storage_options)[1] for u in finals}
     check_out_folders(plan.out, plan.out_storage_options, [*finals, manifest_url(plan.out)])
     read_manifest(manifest_url(plan.out), plan.out_storage_options, root=output_root(plan.out))
     videos = [u for u in paths if u.endswith(".mp4")]  # maps (.zarr) are folders themselves
@@ -189,7 +188,7 @@ class Batch:
         return sum(p.n for p in self.pieces)
 
 
-def pack_batches(jobs: Sequence[Any], batch_worlds: int, lanes: int = 1) -> list[Batch]:
+def pack_batches(jobs: Sequence[Job], batch_worlds: int, lanes: int = 1) -> list[Batch]:
     """Pack the frames of ``jobs`` into batches of ``batch_worlds`` states, ``lanes``
     videos at a time.
 
@@ -201,7 +200,7 @@ def pack_batches(jobs: Sequence[Any], batch_worlds: int, lanes: int = 1) -> list
     Every batch but the last is full; a job's frames keep their order across batches.
 
     Args:
-        jobs: :class:`flyarchive.query.frames.VideoJob` s (``start``, ``stop`` archive indices).
+        jobs: :class:`flyarchive.query.selection.VideoJob` s (``start``, ``stop`` archive indices).
         batch_worlds: ``B``, states per batch, ``>= 1``.
         lanes: Videos in each batch, at most (capped at ``B``); ``>= 1``.
 
@@ -233,24 +232,3 @@ def pack_batches(jobs: Sequence[Any], batch_worlds: int, lanes: int = 1) -> list
                     open_lanes.remove(lane)
         batches.append(Batch(tuple(pieces)))
     return batches
-
-
-def split_groups(jobs: Sequence[Any], batch_worlds: int, n_groups: int) -> list[tuple[Any, ...]]:
-    """Split jobs, in order, into at most ``n_groups`` groups of whole videos.
-
-    Each group holds about the same number of frames, rounded up to whole batches, so
-    only a group's last batch can be partial (a partial batch costs a full one).
-
-    Returns:
-        Non-empty tuples of jobs; concatenated, they are ``jobs``.
-    """
-    ends = np.cumsum([job.n_frames for job in jobs])  # frames up to the end of each job
-    total = int(ends[-1]) if len(ends) else 0
-    cuts: list[int] = [0]
-    for i in range(1, max(1, n_groups)):
-        target = round(i * total / n_groups / batch_worlds) * batch_worlds
-        cut = int(np.argmin(np.abs(ends - target))) + 1  # jobs before the cut
-        if cuts[-1] < cut < len(jobs):
-            cuts.append(cut)
-    cuts.append(len(jobs))
-    return [tuple(jobs[a:b]) for a, b in zip(cuts, cuts[1:]) if b > a]

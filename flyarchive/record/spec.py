@@ -8,7 +8,6 @@ half-made is ever left behind by options that could not work.
 
 from __future__ import annotations
 
-import functools
 import json
 import operator
 from collections.abc import Mapping
@@ -22,10 +21,7 @@ from flyarchive.clock import Timing
 from flyarchive.errors import SchemaError
 from flyarchive.layout import ModelLayout
 from flyarchive.models import check_mjb
-from flyarchive.schema import RESERVED_ATTRS
-
-__all__ = ["ArchiveSpec", "FrameBlock", "MAX_CHUNK_FRAMES", "MAX_CAPACITY_FRAMES", "MAX_BUFFER_BYTES",
-           "world_var_array", "world_var_dtype", "is_text"]
+from flyarchive.schema import MAX_STRING_CHUNK_BYTES, MAX_STRINGS, RESERVED_ATTRS
 
 #: Largest ``chunk_frames``: a chunk is also the recorder's host buffer.
 MAX_CHUNK_FRAMES = 100_000
@@ -120,11 +116,9 @@ def world_var_array(values: Any) -> np.ndarray:
     Raises:
         ValueError: saying what the values hold instead (objects that are not all
             ``str``, bytes, complex numbers, dates...), or text that a reader would refuse
-            (not UTF-8 encodable, more than :data:`~flyarchive.store.hardening.MAX_STRINGS`
-            values or :data:`~flyarchive.store.hardening.MAX_STRING_CHUNK_BYTES` bytes).
+            (not UTF-8 encodable, more than :data:`~flyarchive.schema.MAX_STRINGS`
+            values or :data:`~flyarchive.schema.MAX_STRING_CHUNK_BYTES` bytes).
     """
-    from flyarchive.store.hardening import MAX_STRING_CHUNK_BYTES, MAX_STRINGS
-
     array = np.asarray(values)
     if array.dtype.kind == "O" and array.size and all(isinstance(v, str) for v in array.flat):
         array = array.astype(str)
@@ -209,7 +203,7 @@ class ArchiveSpec:
             filled from the frame schedule. None: the extent grows with each commit.
         model: The compiled model as MJB bytes (:func:`flyarchive.models.model_bytes`),
             kept beside the archive as ``models/<sha256>.mjb``
-            (:mod:`flyarchive.store.models`); None: no model is kept (replay then needs
+            (:mod:`flyarchive.store.kept_models`); None: no model is kept (replay then needs
             one).
 
     Raises:
@@ -273,14 +267,6 @@ class ArchiveSpec:
     @property
     def n_worlds(self) -> int:
         return len(self.world_ids)
-
-    @functools.cached_property
-    def model_entry(self) -> dict[str, Any] | None:
-        """The root attribute ``model`` (sha256, size, MuJoCo release, path); None
-        without a model."""
-        from flyarchive.store.models import model_entry
-
-        return None if self.model is None else model_entry(self.model)
 
 
 @dataclass(frozen=True)

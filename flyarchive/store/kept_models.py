@@ -43,10 +43,6 @@ from flyarchive.models import load_model as load_model_file
 from flyarchive.store.location import sync
 from flyarchive.store.model_check import check_model
 
-__all__ = ["MODELS_GROUP", "MODEL_ATTR", "MAX_MODEL_BYTES", "model_entry", "model_key",
-           "write_model", "stored_entry", "read_model", "model_problems", "kept_model",
-           "load_model"]
-
 #: The zarr group holding the models, under the archive's root.
 MODELS_GROUP = "models"
 #: The root attribute that names the stored model.
@@ -236,8 +232,8 @@ def _where(url: str, entry: Mapping[str, Any]) -> str:
     return f"{url.rstrip('/')}/{entry['path']}"
 
 
-def kept_model(url: str, storage_options: Mapping[str, Any] | None = None
-               ) -> tuple[mujoco.MjModel, bytes]:
+def kept_model(url: str, storage_options: Mapping[str, Any] | None = None, *,
+               group: zarr.Group | None = None) -> tuple[mujoco.MjModel, bytes]:
     """The model kept beside an archive, loaded into this process only once it is known to
     load safely; and its MJB bytes (what workers get).
 
@@ -248,6 +244,8 @@ def kept_model(url: str, storage_options: Mapping[str, Any] | None = None
     Args:
         url: The archive (any fsspec URL or local path).
         storage_options: fsspec options for it.
+        group: The archive's root group, opened already (a render's header's ``group``):
+            the model is read through it; None: opened here.
 
     Raises:
         ArchiveNotFoundError: nothing at ``url``.
@@ -258,9 +256,11 @@ def kept_model(url: str, storage_options: Mapping[str, Any] | None = None
         CorruptArchiveError, SchemaError: the object is missing, or its bytes or the
             attribute naming it were damaged.
     """
-    from flyarchive.store.reader import open_group
+    if group is None:
+        from flyarchive.store.reader import open_group
 
-    stored = read_model(open_group(url, storage_options), url)
+        group = open_group(url, storage_options)
+    stored = read_model(group, url)
     if stored is None:
         raise ModelLoadError(
             f"The archive at {url!r} keeps no model (it was recorded or imported with "

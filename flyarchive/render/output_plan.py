@@ -1,6 +1,7 @@
-"""What a render makes besides one RGB video per (world, camera), checked and planned before
-any work: depth and segmentation maps, mosaics, overlays (:class:`RenderOptions` fields
-``outputs``, ``depth_scale``, ``mosaic``, ``overlays``).
+"""What a render makes besides one RGB video per (world, camera), planned against the archive
+and model before any work: depth and segmentation maps, mosaics, overlays (the
+:class:`~flyarchive.render.options.RenderOptions` fields ``outputs``, ``depth_scale``,
+``mosaic``, ``overlays``, checked on their own when the options are made).
 """
 
 from __future__ import annotations
@@ -12,52 +13,19 @@ from typing import TYPE_CHECKING, Any
 import mujoco
 
 from flyarchive.errors import RenderOptionsError
-from flyarchive.replay.outputs import (
-    check_segmentable,
-    default_depth_scale,
-    far_plane,
-    map_outputs,
-    parse_depth_scale,
-    parse_outputs,
-)
-from flyarchive.video.mosaic import check_h264_size, fit_mosaic, mosaic_jobs, mosaic_size, parse_mosaic
-from flyarchive.video.overlay import check_overlay, parse_overlay
+from flyarchive.replay.outputs import check_segmentable, default_depth_scale, far_plane, map_outputs
+from flyarchive.video.mosaic import fit_mosaic, mosaic_jobs
+from flyarchive.video.overlay_text import check_overlay
 
 if TYPE_CHECKING:
+    from flyarchive.query.selection import VideoJob
+    from flyarchive.render.options import RenderOptions
+    from flyarchive.render.plan import Job
     from flyarchive.store.header import Archive
 
-__all__ = ["check_output_options", "plan_outputs", "map_attributes", "text_chars"]
 
-
-def check_output_options(options: Any) -> None:
-    """Check and normalize the output fields of a (frozen) ``RenderOptions`` in place.
-
-    Raises:
-        RenderOptionsError: see :class:`flyarchive.distribute.api.RenderOptions`.
-    """
-    outputs = parse_outputs(options.outputs)
-    mosaic = parse_mosaic(options.mosaic)
-    overlay = parse_overlay(options.overlays)
-    if mosaic is not None and outputs != ("rgb",):
-        raise RenderOptionsError(
-            f"A mosaic tiles RGB videos; outputs={outputs!r} asks for maps too. Render depth "
-            "and segmentation without mosaic=, and the mosaic with outputs=('rgb',).")
-    if overlay and "rgb" not in outputs:
-        raise RenderOptionsError(
-            f"An overlay is burnt into RGB frames; outputs={outputs!r} has none. Add 'rgb' "
-            "to outputs, or drop the overlay (maps are never drawn on).")
-    if mosaic is not None:
-        mosaic_size(options.size, mosaic)
-    elif "rgb" in outputs:
-        check_h264_size(options.size, f"Frames of {options.size[0]}x{options.size[1]} pixels")
-    values = {"outputs": outputs, "mosaic": mosaic, "overlays": overlay,
-              "depth_scale": parse_depth_scale(options.depth_scale)}
-    for name, value in values.items():
-        object.__setattr__(options, name, value)
-
-
-def plan_outputs(options: Any, ds: Archive, model: mujoco.MjModel, jobs: Sequence[Any]
-                 ) -> tuple[Any, list[Any], tuple[str, ...]]:
+def plan_outputs(options: RenderOptions, ds: Archive, model: mujoco.MjModel,
+                 jobs: Sequence[VideoJob]) -> tuple[RenderOptions, list[Job], tuple[str, ...]]:
     """Check the outputs against the archive and model; the options and jobs to plan with,
     and notes on what was changed from what was asked (for the manifest).
 
@@ -72,7 +40,7 @@ def plan_outputs(options: Any, ds: Archive, model: mujoco.MjModel, jobs: Sequenc
     A mosaic of more tiles than selected worlds is fitted to them
     (:func:`~flyarchive.video.mosaic.fit_mosaic`); the manifest names the layout asked for.
     Overlay items that do not fit across a frame (a tile) are left out
-    (:class:`~flyarchive.video.overlay.OverlayText`), with a note.
+    (:class:`~flyarchive.video.overlay_text.OverlayText`), with a note.
         OptionsError: segmentation of a model with more than 65534 geoms.
     """
     check_overlay(options.overlays, ds)
@@ -100,10 +68,10 @@ def plan_outputs(options: Any, ds: Archive, model: mujoco.MjModel, jobs: Sequenc
     return options, list(jobs), tuple(notes + ([note] if note else []))
 
 
-def _fit_overlay(options: Any, ds: Archive) -> tuple[Any, str]:
+def _fit_overlay(options: RenderOptions, ds: Archive) -> tuple[RenderOptions, str]:
     """The options with only the overlay items that fit across a frame (a tile), and a
     note on those left out ("" when none)."""
-    from flyarchive.video.overlay import OverlayText
+    from flyarchive.video.overlay_text import OverlayText
 
     if not options.overlays and options.mosaic is None:
         return options, ""
@@ -115,7 +83,7 @@ def _fit_overlay(options: Any, ds: Archive) -> tuple[Any, str]:
     return dataclasses.replace(options, overlays=shown), overlay.note
 
 
-def map_attributes(options: Any, model: mujoco.MjModel, world: int | None, camera: str,
+def map_attributes(options: RenderOptions, model: mujoco.MjModel, world: int | None, camera: str,
                    first_frame: int, fps: float) -> dict[str, dict[str, Any]]:
     """The attributes of each map of one (world, camera) video."""
     from flyarchive.video.maps import depth_attrs, segmentation_attrs
@@ -127,7 +95,7 @@ def map_attributes(options: Any, model: mujoco.MjModel, world: int | None, camer
     return {n: {**made[n](), **where} for n in map_outputs(options.outputs)}
 
 
-def text_chars(options: Any) -> int:
+def text_chars(options: RenderOptions) -> int:
     """Characters of overlay text the Warp renderer holds per frame: what fits across a
     tile (0 without overlay or mosaic)."""
     from flyarchive.replay.font import CELL_W

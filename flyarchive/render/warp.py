@@ -1,34 +1,40 @@
 """Archive -> mp4 on mujoco-warp's batch renderer (backends ``"gpu"`` and ``"warp-cpu"``).
+The twin of :mod:`flyarchive.render.opengl`: read states, render, encode.
 
 One process drives one Warp device. The (world, frame) work of a render plan is
 packed world-major into batches of ``B = options.batch_worlds`` states, so that a
 batch touches few videos. Three stages overlap:
 
-- reader threads load the batches' states from the archive (one read per rectangular
-  block of worlds x frames, not one per frame), ``_READERS`` batches at a time and at
+- reader threads load the batches' states (:class:`BatchSource`, through the archive's
+  :class:`~flyarchive.store.reader.StateReader`, kept by the process as the OpenGL
+  pipeline's: one read per rectangular block of worlds x frames, not one per frame), ``_READERS`` batches at a time and at
   most ``_READ_AHEAD`` batches ahead of the renderer, in order (on S3, a batch's read
   waits on the network: several in flight keep the renderer fed);
 - this thread submits each batch with one :meth:`WarpBatchRenderer.submit` call
   (one host-to-device and one device-to-host copy), the next one before waiting for
   the current one's frames, into one of ``FLYARCHIVE_BATCHES_IN_FLIGHT`` (default 4)
   host buffers that the encoders give back when they are done with its frames;
-- encoder threads (:mod:`flyarchive.distribute.encoders`) pipe the frames to one
+- encoder threads (:mod:`flyarchive.render.encoders`) pipe the frames to one
   ffmpeg process per (world, camera) video, opened when its first frame arrives and
   closed, then copied to its final URL, after its last frame.
 
 At most that many batches hold host buffers at a time, so host memory is bounded by
 a few batches, never by the length of a video. Stage timings go to the active
-:class:`~flyarchive.distribute.diagnostics.PipelineProfile` (if any).
+:class:`~flyarchive.render.diagnostics.PipelineProfile` (if any).
 
-On Dask (:func:`flyarchive.distribute.drivers.run_warp_plan`), each worker runs the
-same single-process routine on a group of whole videos.
+A batch (:class:`~flyarchive.render.plan.Batch`) holds pieces of videos, in frames; a
+mosaic frame of ``T`` tiles takes ``T`` render slots (slot ``frame * T + tile``). Slots
+without a state (a blank tile, or a world past its last frame) are NaN, which renders black
+like any non-finite state.
+
+Where this runs (:mod:`flyarchive.distribute.warp_runs`): in this process, on threads
+sharing Warp's CPU device, or on each Dask worker for a group of whole videos.
 
 ``import flyarchive`` does not import this module; it imports ``warp`` lazily.
 """
 
 from __future__ import annotations
 
-import hashlib
 import os
 import tempfile
 import threading
@@ -37,25 +43,26 @@ from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager, nullcontext
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from flyarchive import config
-from flyarchive.distribute.caches import RendererCache
-from flyarchive.distribute.diagnostics import StageTimer, progress_bar
-from flyarchive.distribute.encoders import MAX_ENCODERS, Encoders
-from flyarchive.distribute.output_plan import text_chars
-from flyarchive.distribute.plan import Batch, pack_batches
-from flyarchive.distribute.warp_batches import BatchSource
 from flyarchive.errors import RenderBackendError
-from flyarchive.models import model_from_bytes
+from flyarchive.render.diagnostics import StageTimer, progress_bar
+from flyarchive.render.encoders import MAX_ENCODERS, Encoders
+from flyarchive.render.options import RenderOptions
+from flyarchive.render.output_plan import text_chars
+from flyarchive.render.plan import Batch, Job, RenderPlan, pack_batches
+from flyarchive.render.renderers import archive_header, state_reader, warp_renderer, warp_slot
 from flyarchive.replay import WARP_BACKENDS
 from flyarchive.schema import finite_frames
 from flyarchive.store.location import is_remote
+from flyarchive.video.mosaic import is_mosaic
 from flyarchive.video.workspace import scratch_dir
 
-__all__ = ["warp_device", "render_jobs", "batch_worlds_of", "clear_renderers"]
+if TYPE_CHECKING:
+    from flyarchive.replay.warp import WarpBatchRenderer
 #: Largest batch on Warp's CPU device, which renders a batch's states one after
 #: another: bigger batches save nothing there and make partial batches cost more;
 #: below 4 the launch overhead shows. NeuroMechFly 240x320 on a 2-core VM: one
@@ -91,37 +98,19 @@ def warp_device(backend: str) -> str:
         raise RenderBackendError(
             "backend='gpu' needs a CUDA device, and Warp sees none on this machine "
             f"(CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES')!r}). Pass "
-            "backend='warp-cpu' (the same renderer on the CPU) or backend='cpu' (OpenGL)."
+            "backend='warp-cpu' (the same renderer on the CPU) or backend='opengl'."
         )
     return "cuda"
 
 
 # ----------------------------------------------------------------------------- one process
-#: This process's Warp renderers, by slot (one batch stream each: used under its lock).
-#: Slot 0 unless render threads share Warp's CPU device (:func:`render_jobs` ``slot``).
-_slots: dict[int, tuple[RendererCache, threading.Lock]] = {}
-_slots_lock = threading.Lock()
 #: Held while a renderer is built and while it submits its first batch of a call: Warp
 #: loads a module on its first launch without a lock of its own, so two threads must not
 #: load one module at the same time; later batches run side by side.
 _loading = threading.Lock()
 
 
-def clear_renderers() -> None:
-    """Close every renderer this process keeps (the next render builds its own)."""
-    with _slots_lock:
-        slots = list(_slots.values())
-    for cache, lock in slots:
-        with lock:
-            cache.clear()
-
-
-def _slot(slot: int) -> tuple[RendererCache, threading.Lock]:
-    with _slots_lock:
-        return _slots.setdefault(slot, (RendererCache(), threading.Lock()))
-
-
-def batch_worlds_of(options: Any) -> int:
+def batch_worlds_of(options: RenderOptions) -> int:
     """States per batch: ``options.batch_worlds``, at most ``_CPU_BATCH_WORLDS`` on the CPU."""
     if options.backend == "warp-cpu":
         return min(options.batch_worlds, _CPU_BATCH_WORLDS)
@@ -135,7 +124,8 @@ _MIN_PIECE = 8
 _MIN_MOSAIC_PIECE = 2
 
 
-def _lanes(jobs: tuple[Any, ...], plan: Any, frames_per_batch: int, mosaic: bool = False) -> int:
+def _lanes(jobs: tuple[Job, ...], plan: RenderPlan, frames_per_batch: int,
+           mosaic: bool = False) -> int:
     """Videos fed by each batch: one per encoder thread (a job makes a video per camera),
     so that every encoder works while the host holds only a few batches; no more than
     pieces of :data:`_MIN_PIECE` states (mosaics: :data:`_MIN_MOSAIC_PIECE` frames) allow.
@@ -149,40 +139,18 @@ def _lanes(jobs: tuple[Any, ...], plan: Any, frames_per_batch: int, mosaic: bool
     return max(1, min(-(-threads // cameras), frames_per_batch // smallest))
 
 
-def _renderer(cache: RendererCache, blob: bytes, cameras: tuple[str, ...], size: tuple[int, int],
-              batch_worlds: int, device: str, buffers: int, **compose: Any) -> Any:
-    """The :class:`WarpBatchRenderer` of a slot's cache (the last one asked for is kept: a
-    worker reuses it across batches and calls with the same model and options).
-
-    ``compose``: ``outputs``, ``depth_scale``, ``mosaic``, ``text_chars`` of the renderer.
-    """
-    from flyarchive.replay.warp import WarpBatchRenderer
-
-    def make() -> Any:
-        # WarpBatchRenderer prepares a copy with prepare_for_batch_rendering.
-        # I420 on the device: half the bytes to copy, and no RGB conversion in ffmpeg.
-        return WarpBatchRenderer(
-            model_from_bytes(blob), cameras, size, batch_worlds=batch_worlds, device=device,
-            host_buffers=buffers, pixel_format="yuv420p", **compose,
-        )
-
-    key = (hashlib.sha256(blob).hexdigest(), cameras, tuple(size), batch_worlds, device, buffers,
-           tuple(sorted(compose.items())))
-    return cache.get(key, make)
-
-
-def render_jobs(plan: Any, blob: bytes, jobs: Sequence[Any], device: str, *,
+def render_jobs(plan: RenderPlan, blob: bytes, jobs: Sequence[Job], device: str, *,
                 parts: str | None = None, on_frames: Callable[[int], None] | None = None,
                 slot: int = 0, on_video: Callable[[dict[str, Any]], None] | None = None
                 ) -> list[dict[str, Any]]:
     """Render and encode every video of ``jobs`` in this process, on one Warp device.
 
     Stage timings and counts go to the
-    :class:`~flyarchive.distribute.diagnostics.PipelineProfile` s active in the calling
+    :class:`~flyarchive.render.diagnostics.PipelineProfile` s active in the calling
     context (none: nothing is measured).
 
     Args:
-        plan: The :class:`flyarchive.distribute.plan.RenderPlan` (archive, cameras, output,
+        plan: The :class:`flyarchive.render.plan.RenderPlan` (archive, cameras, output,
             options).
         blob: The compiled model as MJB bytes.
         jobs: The videos to make (a subset of ``plan.jobs``, or all of them).
@@ -216,7 +184,7 @@ def render_jobs(plan: Any, blob: bytes, jobs: Sequence[Any], device: str, *,
     timer = StageTimer()  # the profiles active here; the threads below get it explicitly
     buffers = config.batches_in_flight()  # a batch's frames stay valid until it is encoded
     config.encoders()  # a bad FLYARCHIVE_ENCODERS fails before the renderer is built
-    mosaic = getattr(options, "mosaic", None)
+    mosaic = options.mosaic
     tiles = 1 if mosaic is None else mosaic[0] * mosaic[1]
     # No bigger than the work: a partial batch costs a full one. Mosaics: whole frames.
     frames_per_batch = min(max(1, batch_worlds_of(options) // tiles),
@@ -224,14 +192,15 @@ def render_jobs(plan: Any, blob: bytes, jobs: Sequence[Any], device: str, *,
     lanes = _lanes(jobs, plan, frames_per_batch, mosaic=tiles > 1)
     batches = pack_batches(jobs, frames_per_batch, lanes=lanes)
     source = BatchSource(plan, jobs, tiles)
-    compose = {"outputs": tuple(getattr(options, "outputs", ("rgb",))), "mosaic": mosaic,
-               "depth_scale": getattr(options, "depth_scale", None),
-               "text_chars": text_chars(options)}
-    cache, lock = _slot(slot)
+    cache, lock = warp_slot(slot)
     with lock:  # one batch stream per renderer at a time
         with timer.time("setup_s"), _loading:  # imports, kernels and device state when not kept
-            renderer = _renderer(cache, blob, tuple(plan.cameras), tuple(options.size),
-                                 frames_per_batch * tiles, device, buffers, **compose)
+            # I420 on the device: half the bytes to copy, and no RGB conversion in ffmpeg.
+            renderer = warp_renderer(
+                cache, blob, tuple(plan.cameras), tuple(options.size),
+                batch_worlds=frames_per_batch * tiles, device=device, host_buffers=buffers,
+                pixel_format="yuv420p", outputs=options.outputs, mosaic=mosaic,
+                depth_scale=options.depth_scale, text_chars=text_chars(options))
         with tempfile.TemporaryDirectory(prefix="flyarchive-warp-", dir=scratch_dir()) as tmp:
             encoders = Encoders(plan, jobs, Path(tmp), renderer.pixel_format, buffers, parts,
                                 timer, model=renderer.model, on_video=on_video)
@@ -252,7 +221,7 @@ def render_jobs(plan: Any, blob: bytes, jobs: Sequence[Any], device: str, *,
             if (i, c) in entries]  # not those kept from an earlier render (plan.kept)
 
 
-def _render_batches(source: BatchSource, batches: list[Batch], renderer: Any,
+def _render_batches(source: BatchSource, batches: list[Batch], renderer: WarpBatchRenderer,
                     encoders: Encoders, on_frames: Callable[[int], None] | None,
                     timer: StageTimer) -> None:
     """Render every batch, submitting batch k + 1 before handing batch k to the encoders.
@@ -360,3 +329,71 @@ def _read_ahead(source: BatchSource, batches: list[Batch], *, depth: int = _READ
         for future in pending:
             future.cancel()
         pool.shutdown(wait=True)
+
+
+# ----------------------------------------------------------------------------- read
+class BatchSource:
+    """Reads the states (and texts) of batches of ``jobs``.
+
+    Args:
+        plan: The render plan (archive, options: ``overlay``).
+        jobs: The videos, indexed by ``Piece.job``: all per-world or all mosaics.
+        tiles: Slots per frame: ``rows * cols`` for mosaics, else 1.
+    """
+
+    def __init__(self, plan: RenderPlan, jobs: tuple[Job, ...], tiles: int = 1) -> None:
+        self._reader = state_reader(plan.url, plan.storage_options, plan.archive_id)
+        self._jobs, self._tiles = jobs, tiles
+        self._mosaic = bool(jobs) and is_mosaic(jobs[0])
+        items = plan.options.overlays
+        self._overlay = None
+        if items or self._mosaic:
+            from flyarchive.video.overlay_text import OverlayText
+
+            header = archive_header(plan.url, plan.storage_options, plan.archive_id)
+            self._overlay = OverlayText(header, items, label_world=self._mosaic,
+                                        size=tuple(plan.options.size))
+
+    def read(self, batch: Batch) -> tuple[np.ndarray, np.ndarray | None, np.ndarray | None,
+                                          list[str] | None]:
+        """qpos ``(n, nq)``, mocap poses (None without mocap bodies), float32 host arrays,
+        and one text per slot (None without overlay) of a batch's slots."""
+        if self._mosaic:
+            return self._read_mosaic(batch)
+        pieces = [(self._jobs[p.job].world_index, p.start, p.stop) for p in batch.pieces]
+        qpos, mocap_pos, mocap_quat = self._reader.read(pieces)
+        texts = None
+        if self._overlay is not None:
+            texts = [t for w, k0, k1 in pieces for t in self._overlay.texts(w, k0, k1)]
+        return qpos, mocap_pos, mocap_quat, texts
+
+    def _read_mosaic(self, batch: Batch) -> tuple[np.ndarray, np.ndarray | None,
+                                                  np.ndarray | None, list[str] | None]:
+        """The tiles of every mosaic frame of the batch, in one read of the archive (the
+        tiles of a mosaic are often consecutive worlds over the same frames: one block)."""
+        tiles = self._tiles
+        slots = batch.n * tiles
+        out = {name: np.full((slots, *a.shape[2:]), np.nan, np.float32)
+               for name, a in self._reader.arrays.items()}
+        texts = [""] * slots
+        reads: list[tuple[int, int, int]] = []  # (world index, start, stop) per tile piece
+        rows: list[np.ndarray] = []  # the slots each one fills
+        for piece in batch.pieces:
+            for t, tile in enumerate(self._jobs[piece.job].tiles):
+                last = piece.stop if tile is None else min(piece.stop, tile.stop)
+                if tile is None or last <= piece.start:
+                    continue
+                reads.append((tile.world_index, piece.start, last))
+                rows.append((piece.offset + np.arange(last - piece.start)) * tiles + t)
+        if not reads:
+            return out["qpos"], out.get("mocap_pos"), out.get("mocap_quat"), texts
+        states = self._reader.read(reads)
+        where = np.concatenate(rows)
+        for name, values in zip(("qpos", "mocap_pos", "mocap_quat"), states):
+            if values is not None:
+                out[name][where] = values
+        assert self._overlay is not None
+        for (world, start, stop), slot_rows in zip(reads, rows):
+            for row, text in zip(slot_rows, self._overlay.texts(world, start, stop)):
+                texts[row] = text
+        return out["qpos"], out.get("mocap_pos"), out.get("mocap_quat"), texts

@@ -11,10 +11,8 @@ import numpy as np
 
 from flyarchive.errors import SelectionError, missing_dependency
 from flyarchive.query import open_archive
-from flyarchive.query.frames import parse_world_ids
+from flyarchive.query.selection import parse_world_ids
 from flyarchive.store.location import as_url
-
-__all__ = ["read_trajectories"]
 
 
 def read_trajectories(

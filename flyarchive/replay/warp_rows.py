@@ -14,10 +14,8 @@ import numpy as np
 from flyarchive.errors import LayoutMismatchError, NonFiniteStateError, OptionsError, SelectionError
 from flyarchive.models import camera_ids
 from flyarchive.replay.font import text_codes
-from flyarchive.replay.frames import is_int
+from flyarchive.replay.sizes import is_int
 from flyarchive.schema import finite_frames
-
-__all__ = ["PendingBatch", "StateRows", "parse_cameras", "parse_mosaic", "default_state"]
 
 
 class PendingBatch:

@@ -16,15 +16,18 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from flyarchive.distribute.plan import RenderPlan
 from flyarchive.errors import UnsafeFileError
+from flyarchive.render.plan import RenderPlan
 
-__all__ = ["resume_plan"]
+if TYPE_CHECKING:
+    from collections.abc import Iterable
+
+    from flyarchive.store.header import Archive
 
 
-def resume_plan(plan: RenderPlan, ds: Any) -> tuple[RenderPlan, list[dict[str, Any]]]:
+def resume_plan(plan: RenderPlan, ds: Archive) -> tuple[RenderPlan, list[dict[str, Any]]]:
     """The plan of what is left to render, and the manifest entries of the videos kept.
 
     Args:
@@ -59,7 +62,7 @@ def resume_plan(plan: RenderPlan, ds: Any) -> tuple[RenderPlan, list[dict[str, A
         for camera in plan.cameras:
             urls = plan.output_urls(job, camera)
             expected = describe(plan, ds, video_entry(plan, job, camera, urls))
-            entry = listed.get(expected["path"])
+            entry = _current(listed.get(expected["path"]))
             if entry == json.loads(json.dumps(expected)) and _present(plan, urls.values()):
                 kept.append(entry)
                 found += 1
@@ -70,7 +73,17 @@ def resume_plan(plan: RenderPlan, ds: Any) -> tuple[RenderPlan, list[dict[str, A
                                kept=frozenset(v["path"] for v in kept)), kept
 
 
-def _present(plan: RenderPlan, urls: Any) -> bool:
+def _current(entry: dict[str, Any] | None) -> dict[str, Any] | None:
+    """A manifest entry with its backend by its current name (manifests written before
+    the OpenGL backend was called ``"opengl"`` say ``"cpu"``)."""
+    from flyarchive.replay import OLD_BACKENDS
+
+    if entry is not None and entry.get("backend") in OLD_BACKENDS:
+        return {**entry, "backend": OLD_BACKENDS[entry["backend"]]}
+    return entry
+
+
+def _present(plan: RenderPlan, urls: Iterable[str]) -> bool:
     """Whether every output is there: a regular file inside the output folder (a map: its
     ``zarr.json``, written last); a hostile one is not kept (it is rendered again)."""
     from flyarchive.store.location import is_local, local_path

@@ -12,8 +12,6 @@ import numpy as np
 
 from flyarchive.errors import FrameSizeError
 
-__all__ = ["PIXEL_FORMATS", "MAX_GL_SIDE", "parse_frame_size", "frame_shape", "is_int"]
-
 #: Pixel formats of frames: ``"rgb24"`` frames ``(H, W, 3)``, or ``"yuv420p"`` frames
 #: ``(H * 3 // 2, W)``: planar I420, H rows of luma then the ``(H/2, W/2)`` U and V
 #: planes (BT.601, limited range), which x264 encodes unconverted.

@@ -23,8 +23,6 @@ if TYPE_CHECKING:  # imported where a where mask is read: planning without one n
 
     from flyarchive.store.header import Archive
 
-__all__ = ["VideoJob", "select_frames", "where_windows", "parse_world_ids", "parse_time_window"]
-
 #: Slack when comparing simulated times, seconds.
 _TIME_SLACK = 1e-9
 

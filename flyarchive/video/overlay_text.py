@@ -9,7 +9,7 @@ Items, in the order asked for, joined by spaces, e.g. ``w3 t=0.152s x0.2 gain=1.
 - any per-world variable of the archive (a ``(world,)`` variable such as a seed or a
   parameter), ``name=value``.
 
-The pixels are burnt by :func:`flyarchive.replay.overlay.burn_text` (OpenGL backend) or on
+The pixels are burnt by :func:`flyarchive.replay.compose.burn_text` (OpenGL backend) or on
 the Warp device; mosaics label every tile with its world id first.
 
 Text fits its frame (tile): given the frame size, :class:`OverlayText` keeps the items, in
@@ -30,8 +30,6 @@ from flyarchive.errors import RenderOptionsError, did_you_mean
 
 if TYPE_CHECKING:
     from flyarchive.store.header import Archive
-
-__all__ = ["BUILT_IN", "parse_overlay", "check_overlay", "world_variables", "OverlayText"]
 
 #: Overlay items every archive has.
 BUILT_IN = ("world", "time", "speed")
@@ -112,7 +110,7 @@ class OverlayText:
     def _fit(self, items: tuple[str, ...], size: tuple[int, int]
              ) -> tuple[tuple[str, ...], tuple[str, ...]]:
         """The leading items whose widest texts fit across ``size`` together, and the rest."""
-        from flyarchive.replay.overlay import max_chars
+        from flyarchive.replay.compose import max_chars
 
         room, used = max_chars(size), -1
         for i, name in enumerate(items):
@@ -134,7 +132,7 @@ class OverlayText:
         """What was left out and why, for the manifest ("" when nothing was)."""
         if not self.left_out or self._size is None:
             return ""
-        from flyarchive.replay.overlay import max_chars
+        from flyarchive.replay.compose import max_chars
 
         height, width = self._size
         room = max_chars(self._size)

@@ -17,8 +17,6 @@ from contextlib import contextmanager
 from types import TracebackType
 from typing import Any
 
-__all__ = ["PipelineProfile", "StageTimer", "STAGES", "COUNTS", "progress_bar"]
-
 #: Seconds per stage, summed over threads. The thread that drives the renderer gets its
 #: renderer (``setup_s``: imports, kernel loading, model and buffers on the device, when
 #: the process does not hold one already), waits for
@@ -45,7 +43,7 @@ class PipelineProfile:
 
     Every render started inside the ``with`` block, in this thread (or a task of
     this context), adds to :attr:`results`; renders that run on Dask workers send
-    their numbers back with their results. The OpenGL backend (``"cpu"``) reports
+    their numbers back with their results. The OpenGL backend (``"opengl"``) reports
     nothing. Profiles nest: an inner one sees only its block, the outer one all of it.
 
     Example::

@@ -2,7 +2,7 @@
 one ffmpeg per (world, camera) video and publish each finished video to its final URL.
 
 :class:`Encoders` takes batches of frames in host buffers from
-:func:`flyarchive.distribute.warp_pipeline.render_jobs` and gives each buffer back once
+:func:`flyarchive.render.warp.render_jobs` and gives each buffer back once
 every frame in it is encoded, which bounds host memory by the buffers in flight.
 """
 
@@ -13,17 +13,21 @@ import os
 import queue
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from flyarchive import config
-from flyarchive.distribute.diagnostics import StageTimer
-from flyarchive.distribute.plan import Batch, Piece
+from flyarchive.render.diagnostics import StageTimer
+from flyarchive.render.plan import Batch, Job, Piece, RenderPlan
 from flyarchive.video.mosaic import is_mosaic
 
-__all__ = ["Encoders", "MAX_ENCODERS"]
+if TYPE_CHECKING:
+    import mujoco
+
+    from flyarchive.video.outputs import OutputWriter
 
 #: Most encoder threads one render starts (and never more than its videos).
 MAX_ENCODERS = 64
@@ -47,7 +51,7 @@ def _leave_render_core() -> None:
 
 class Encoders:
     """Encoder threads, each writing the videos given to it (every output of a (video,
-    camera): an :class:`~flyarchive.video.writers.OutputWriter`), each video's frames in order.
+    camera): an :class:`~flyarchive.video.outputs.OutputWriter`), each video's frames in order.
 
     A video (job, camera) goes to the thread with the fewest frames queued when its
     first frames come, and its later frames to the same thread, so they stay in order
@@ -57,12 +61,12 @@ class Encoders:
     and publishes the file (copies it to its final URL) once ffmpeg has exited.
 
     Args:
-        plan: The :class:`~flyarchive.distribute.plan.RenderPlan` (cameras, output, options).
+        plan: The :class:`~flyarchive.render.plan.RenderPlan` (cameras, output, options).
         jobs: The videos to make, indexed by ``Piece.job``.
         tmp: A local folder for videos being encoded.
         pixel_format: Of the frames submitted (see :class:`VideoWriter`).
         buffers: Host frame buffers, by index ``0 .. buffers - 1``.
-        parts: The run's parts folder (see :func:`~flyarchive.distribute.warp_pipeline.render_jobs`).
+        parts: The run's parts folder (see :func:`~flyarchive.render.warp.render_jobs`).
         timer: Where stage timings go.
         model: The compiled model (the far plane, for the depth maps' attributes).
         on_video: Called with each video's entry once it is published (from the encoder
@@ -72,9 +76,10 @@ class Encoders:
         ConfigError: ``FLYARCHIVE_ENCODERS`` is not a whole number >= 0.
     """
 
-    def __init__(self, plan: Any, jobs: tuple[Any, ...], tmp: Path, pixel_format: str,
+    def __init__(self, plan: RenderPlan, jobs: tuple[Job, ...], tmp: Path, pixel_format: str,
                  buffers: int, parts: str | None = None, timer: StageTimer | None = None,
-                 model: Any = None, on_video: Any = None) -> None:
+                 model: mujoco.MjModel | None = None,
+                 on_video: Callable[[dict[str, Any]], None] | None = None) -> None:
         self._plan, self._jobs, self._tmp, self._parts = plan, jobs, tmp, parts
         self._pixel_format = pixel_format
         self._cameras = tuple(plan.cameras)
@@ -86,7 +91,7 @@ class Encoders:
         video = plan.options.video
         self._model = model
         self._on_video = on_video
-        self._outputs = tuple(getattr(plan.options, "outputs", ("rgb",)))
+        self._outputs = plan.options.outputs
         # One mosaic is one x264 stream: give each the cores its share of threads leaves.
         threads = 1 if not jobs or not is_mosaic(jobs[0]) else max(
             1, (os.cpu_count() or 1) // n_threads)
@@ -101,7 +106,7 @@ class Encoders:
         self._pending: dict[int, int] = {}  # host buffer -> pieces not yet encoded
         self._owner: dict[tuple[int, int], int] = {}  # video -> its thread
         self._load = [0] * n_threads  # frames queued per thread
-        self._writers: dict[tuple[int, int], Any] = {}
+        self._writers: dict[tuple[int, int], OutputWriter] = {}
         self.entries: dict[tuple[int, str], dict[str, Any]] = {}
         self._error: BaseException | None = None
         self._threads = [
@@ -175,7 +180,7 @@ class Encoders:
     def _work(self, index: int) -> None:
         _leave_render_core()
         q = self._queues[index]
-        finishing: list[tuple[tuple[int, int], Any]] = []  # input closed, not yet published
+        finishing: list[tuple[tuple[int, int], OutputWriter]] = []  # input closed, not yet published
         while True:
             idle = time.perf_counter()
             try:  # while ffmpeg processes finish files, look at them every few ms
@@ -216,12 +221,12 @@ class Encoders:
             self._free.put(buffer)
 
     def _encode(self, piece: Piece, cam: int, frames: np.ndarray | None,
-                maps: np.ndarray | None) -> tuple[tuple[int, int], Any] | None:
+                maps: np.ndarray | None) -> tuple[tuple[int, int], OutputWriter] | None:
         """Write a piece's frames and maps; ``(video, writer)`` when that was the video's
         last piece."""
-        from flyarchive.distribute.output_plan import map_attributes
+        from flyarchive.render.output_plan import map_attributes
         from flyarchive.video.mosaic import mosaic_size
-        from flyarchive.video.writers import OutputWriter
+        from flyarchive.video.outputs import OutputWriter
 
         plan, job, camera = self._plan, self._jobs[piece.job], self._cameras[cam]
         key = (piece.job, cam)
@@ -248,7 +253,8 @@ class Encoders:
             self._timer.add(f"write_{kind}_s", seconds)
         return key, writer
 
-    def _publish_finished(self, finishing: list[tuple[tuple[int, int], Any]], wait: bool) -> None:
+    def _publish_finished(self, finishing: list[tuple[tuple[int, int], OutputWriter]],
+                          wait: bool) -> None:
         """Publish the videos whose ffmpeg has exited (all of them with ``wait``)."""
         for item in [f for f in finishing if wait or f[1].finished]:
             finishing.remove(item)
@@ -261,8 +267,7 @@ class Encoders:
         with self._lock:
             del self._owner[key]
 
-    def _publish(self, key: tuple[int, int], writer: Any) -> None:
-        from flyarchive.distribute.cpu_tasks import given_up_error, local_staging
+    def _publish(self, key: tuple[int, int], writer: OutputWriter) -> None:
         from flyarchive.video.manifest import output_root, video_entry
         from flyarchive.video.workspace import RunFolder
 
@@ -276,9 +281,8 @@ class Encoders:
             return
         so, staging = plan.out_storage_options, None
         if self._parts is not None:
-            if not RunFolder.is_open(self._parts, so):
-                raise given_up_error(self._parts)
-            staging = local_staging(self._parts, so)
+            RunFolder.check_open(self._parts, so)
+            staging = RunFolder.staging(self._parts, so)
         writer.publish(urls, so, overwrite=plan.options.overwrite, staging_dir=staging,
                        root=output_root(plan.out))
         self._forget(key)

@@ -1,0 +1,249 @@
+"""What the ``flyarchive`` subcommands share: the parsers of their arguments (worlds, times,
+sizes, GPUs, storage options, world variables, ``where`` masks) and their one-line messages
+on stderr (:func:`say`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from collections.abc import Sequence
+from typing import Any
+
+from flyarchive.errors import SelectionError
+
+#: Most world ids one ``--worlds`` selection may name (a range is refused before it is expanded).
+MAX_WORLDS = 1_000_000
+
+
+def parse_worlds(text: str, *, limit: int = MAX_WORLDS,
+                 ids: Sequence[int] | None = None) -> list[int]:
+    """``"0,3,10-20"`` -> ``[0, 3, 10, ..., 20]``; ``"512-"`` (an open range) -> the ids of
+    ``ids`` (the archive's) from 512 on.
+
+    Raises:
+        SelectionError: unreadable text, a range whose end is before its start, an open
+            range without ``ids`` or that selects none of them, a world named twice, an
+            empty selection, or more than ``limit`` ids (checked before any range is
+            expanded).
+    """
+    bounds: list[tuple[int, int | None]] = []
+    try:
+        for part in text.split(","):
+            lo, sep, hi = part.strip().partition("-")
+            bounds.append((int(lo), int(hi) if hi else None if sep else int(lo)))
+    except ValueError:
+        raise SelectionError(
+            f"Cannot read worlds {text!r}; write ids and ranges like '0,3,10-20' (or '512-' "
+            "for every world from 512 on)."
+        ) from None
+    closed = [(lo, hi) for lo, hi in bounds if hi is not None]
+    backwards = [f"{lo}-{hi}" for lo, hi in closed if hi < lo]
+    if backwards:
+        raise SelectionError(
+            f"The world range {backwards[0]!r} in {text!r} ends before it starts; write START-END."
+        )
+    count = sum(hi - lo + 1 for lo, hi in closed)
+    if count > limit:
+        raise SelectionError(
+            f"The world selection {text!r} names {count:,} worlds; at most {limit:,} can be "
+            "selected at once. Select fewer, or leave --worlds out to take every world."
+        )
+    worlds: list[int] = []
+    for lo, hi in bounds:
+        worlds += range(lo, hi + 1) if hi is not None else _open_range(text, lo, ids)
+    if not worlds:
+        raise SelectionError(f"The world selection {text!r} is empty.")
+    if len(set(worlds)) < len(worlds):
+        from collections import Counter
+
+        twice = sorted(w for w, n in Counter(worlds).items() if n > 1)
+        raise SelectionError(
+            f"The world selection {text!r} names world(s) {twice[:10]} more than once; name "
+            "each world once."
+        )
+    return worlds
+
+
+def _open_range(text: str, lo: int, ids: Sequence[int] | None) -> list[int]:
+    """The archive's world ids from ``lo`` on (``--worlds 512-``), in the archive's order."""
+    if ids is None:
+        raise SelectionError(
+            f"The world selection {text!r} has an open range ('{lo}-'), which needs the "
+            "archive's world ids; write START-END instead."
+        )
+    found = [int(w) for w in ids if int(w) >= lo]
+    if not found:
+        raise SelectionError(
+            f"The world range '{lo}-' in {text!r} selects no world: the archive's largest "
+            f"world id is {max((int(w) for w in ids), default=None)}."
+        )
+    return found
+
+
+def worlds_arg(args: argparse.Namespace, storage_options: dict[str, Any] | None) -> list[int] | None:
+    """``--worlds`` of a command on ``args.url``; the archive's world ids are read (its
+    header) only for an open range such as ``512-``."""
+    if not args.worlds:
+        return None
+    ids = None
+    if any(part.strip().endswith("-") for part in args.worlds.split(",")):
+        from flyarchive.query.archive import open_header
+
+        ids = [int(w) for w in open_header(path_arg(args.url), storage_options).world.values]
+    return parse_worlds(args.worlds, ids=ids)
+
+
+def path_arg(text: str) -> str:
+    """A path or URL as the user gave it, with ``~`` expanded for local paths."""
+    return text if "://" in text else os.path.expanduser(text)
+
+
+def parse_time(text: str) -> tuple[float | None, float | None]:
+    """``"0.5:2.0"`` -> ``(0.5, 2.0)``; either side may be empty (open), or ``inf``."""
+    lo, sep, hi = text.partition(":")
+    try:
+        if not sep:
+            raise ValueError
+        window = (float(lo) if lo.strip() else None, float(hi) if hi.strip() else None)
+    except ValueError:
+        window = None
+    nan = window is not None and any(side is not None and side != side for side in window)
+    if window is None or nan:
+        raise SelectionError(
+            f"Cannot read time window {text!r}{': NaN is no time' if nan else ''}; write "
+            "START:END in seconds, e.g. '0.5:2.0' or '1:' (an empty side is open)."
+        )
+    return window
+
+
+def parse_gpus(text: str) -> list[int]:
+    """``"0,1"`` -> ``[0, 1]``: CUDA device numbers for ``--gpus``.
+
+    Raises:
+        RenderOptionsError: not a comma-separated list of whole numbers.
+    """
+    from flyarchive.errors import RenderOptionsError
+
+    try:
+        return [int(part) for part in text.split(",")]
+    except ValueError:
+        raise RenderOptionsError(
+            f"Cannot read GPUs {text!r}; write CUDA device numbers like '0,1' (nvidia-smi "
+            "lists them), or leave --gpus out to use every GPU."
+        ) from None
+
+
+def parse_size(text: str) -> tuple[int, int]:
+    """``"240x320"`` (height x width) -> ``(240, 320)``."""
+    try:
+        h, w = (int(v) for v in text.lower().split("x"))
+    except ValueError:
+        raise SelectionError(f"Cannot read size {text!r}; write HEIGHTxWIDTH, e.g. 240x320.") from None
+    return h, w
+
+
+def storage_options_arg(text: str | None) -> dict[str, Any] | None:
+    if not text:
+        return None
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as err:
+        raise SelectionError(f"--storage-options must be a JSON object ({err}).") from None
+    if not isinstance(value, dict):
+        raise SelectionError("--storage-options must be a JSON object, e.g. '{\"anon\": true}'.")
+    return value
+
+
+def where_mask(url: str, storage_options: dict[str, Any] | None, world_vars: list[str] | None,
+           dofs: list[str] | None) -> Any:
+    """The ``where`` mask of ``--where-world-var`` and ``--where-dof`` (None without any)."""
+    if not world_vars and not dofs:
+        return None
+    from flyarchive.query import open_archive
+    from flyarchive.query.conditions import where_from_conditions
+
+    return where_from_conditions(open_archive(url, storage_options), world_vars or [], dofs or [])
+
+
+def _number(text: str) -> float | None:
+    from flyarchive.query.conditions import parse_number
+
+    return parse_number(text)
+
+
+def parse_world_var(text: str) -> tuple[str, Any]:
+    """``"success=1,0,1"`` -> ``("success", array([1, 0, 1]))``.
+
+    Values: comma-separated numbers (all whole numbers: int64; else float64, ``nan``
+    allowed), ``true`` / ``false`` (bool), or text when no value is a number
+    (``genotype=wt,mutA``: str); or ``@file.npy`` / ``@file.json`` (a list, e.g. of
+    strings for text that looks like numbers).
+
+    Raises:
+        OptionsError: no ``=``, an empty name, numbers mixed with values that are not
+            numbers (or with true/false), or a file that cannot be read.
+    """
+    import numpy as np
+
+    from flyarchive.errors import OptionsError
+
+    name, sep, rhs = text.partition("=")
+    name, rhs = name.strip(), rhs.strip()
+    how = ("write NAME=V1,V2,... with one value per world (e.g. success=1,0,1, "
+           "ok=true,false,true or genotype=wt,mutA,wt), or NAME=@values.npy / NAME=@values.json")
+    if not sep or not name or not rhs:
+        raise OptionsError(f"Cannot read the world variable {text!r}; {how}.")
+    if rhs.startswith("@"):
+        return name, _values_file(name, path_arg(rhs[1:]), how)
+    items = [item.strip() for item in rhs.split(",")]
+    if "" in items:
+        raise OptionsError(
+            f"Cannot read the world variable {text!r}: value {items.index('') + 1} is empty; "
+            f"{how}.")
+    if all(item.lower() in ("true", "false") for item in items):
+        return name, np.array([item.lower() == "true" for item in items])
+    bad = [item for item in items if _number(item) is None or item.lower() in ("true", "false")]
+    if len(bad) == len(items):  # no number: text
+        return name, np.array(items, dtype=str)
+    if bad:
+        raise OptionsError(
+            f"Cannot read the world variable {text!r}: {bad[0]!r} is not a number, and other "
+            "values are (true/false only when every value is one; text only when no value is "
+            f"a number: for text that looks like numbers use @values.json); {how}.")
+    try:
+        return name, np.array([int(item) for item in items], dtype=np.int64)
+    except ValueError:
+        return name, np.array([float(item) for item in items], dtype=np.float64)
+
+
+def _values_file(name: str, path: str, how: str) -> Any:
+    import numpy as np
+
+    from flyarchive.errors import OptionsError
+
+    try:
+        if path.endswith(".npy"):
+            return np.load(path, allow_pickle=False)
+        if path.endswith(".json"):
+            with open(path) as f:
+                return np.asarray(json.load(f))
+    except (OSError, ValueError) as err:
+        raise OptionsError(f"Cannot read the values of {name!r} from {path!r} ({err}).") from None
+    raise OptionsError(f"The values of {name!r} come from {path!r}; {how} (.npy or .json).")
+
+
+def crf_arg(text: str) -> int:
+    if not text.isdigit() or not 0 <= int(text) <= 51:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer from 0 to 51")
+    return int(text)
+
+
+def say(line: str) -> None:
+    """``line`` on stderr, never while Warp's start in another thread has captured it."""
+    from flyarchive.warp_log import STDERR_LOCK
+
+    with STDERR_LOCK:
+        print(line, file=sys.stderr, flush=True)

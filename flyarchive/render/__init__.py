@@ -1,0 +1,29 @@
+"""Render: how one process turns an archive into videos. Where that work runs (this
+process, a local cluster, a given scheduler, GPUs) is :mod:`flyarchive.distribute`'s; nothing
+here imports it.
+
+The two pipelines, side by side, each read states, render, encode:
+
+- :mod:`flyarchive.render.opengl`: backend ``"opengl"``: segments of a world's frames read,
+  rendered one frame at a time (overlays and mosaics composed on the host), encoded, and
+  joined without re-encoding;
+- :mod:`flyarchive.render.warp`: backends ``"gpu"`` and ``"warp-cpu"``: batches of states
+  read ahead, rendered on the device, handed to :mod:`flyarchive.render.encoders` (one
+  ffmpeg per video, fed by encoder threads).
+
+What they share:
+
+- :mod:`flyarchive.render.options`: what is rendered, :class:`RenderOptions`;
+- :mod:`flyarchive.render.plan`: the plan (:class:`RenderPlan`, its jobs, :class:`Batch`
+  es of :class:`Piece` s), checked before any work;
+- :mod:`flyarchive.render.output_plan`: depth and segmentation maps, mosaics and overlays,
+  checked and planned;
+- :mod:`flyarchive.render.resume`: the plan of what a stopped render left to do;
+- :mod:`flyarchive.render.renderers`: what a process keeps between tasks: its renderers
+  (one cache for every backend) and the archives it reads;
+- :mod:`flyarchive.render.blocks`: blocks of frames of :func:`flyarchive.render_frames`;
+- :mod:`flyarchive.render.diagnostics`: progress bars, :class:`PipelineProfile`.
+
+Internal: the public names are re-exported by ``flyarchive`` (``RenderOptions``,
+``PipelineProfile``); ``import flyarchive`` imports none of this.
+"""

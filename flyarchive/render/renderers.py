@@ -1,0 +1,230 @@
+"""What a process keeps between render tasks: the renderers it built, for the next task
+that asks for the same model, cameras, size and outputs (the one renderer cache of every
+backend and every caller: segments and batches of videos, blocks of ``render_frames``),
+and the archives it reads states from (:func:`state_reader`, :func:`archive_header`:
+opened once per process, and again only when the archive was replaced).
+
+Building a renderer costs far more than a task's frames (a GL context and scene, or a
+mujoco-warp model, render context and BVH on the device), and a worker renders many
+tasks with one model. Each :class:`RendererCache` holds one renderer and closes it when
+another is asked for:
+
+- OpenGL renderers (:func:`opengl_renderer`) are kept per thread: a GL context belongs to
+  the thread that made it;
+- Warp renderers (:func:`warp_renderer`) are kept per process, in slots
+  (:func:`warp_slot`), each used by one batch stream at a time under its lock: slot 0
+  for a process's render, one slot per render thread sharing Warp's CPU device, and
+  :data:`BLOCKS_SLOT` for the blocks of ``render_frames``.
+"""
+
+from __future__ import annotations
+
+import atexit
+import hashlib
+import json
+import threading
+from collections.abc import Callable, Hashable, Sequence
+from typing import TYPE_CHECKING, Any
+
+from flyarchive import config
+from flyarchive.models import model_from_bytes
+
+if TYPE_CHECKING:
+    from collections.abc import Mapping
+
+    from flyarchive.replay.opengl import OpenGLRenderer
+    from flyarchive.replay.warp import WarpBatchRenderer
+    from flyarchive.store.header import ArchiveHeader
+    from flyarchive.store.reader import StateReader
+
+#: The Warp slot of the blocks of ``render_frames`` (:mod:`flyarchive.render.blocks`).
+BLOCKS_SLOT = -1
+
+
+class RendererCache:
+    """The renderer last asked for, by key; asking for another key closes it first.
+
+    Not thread-safe: one cache per thread, or a lock around it.
+    """
+
+    def __init__(self) -> None:
+        self._key: Hashable | None = None
+        self._renderer: Any = None
+
+    def get(self, key: Hashable, make: Callable[[], Any]) -> Any:
+        """The renderer of ``key``: the one held, or ``make()`` (the one held is closed)."""
+        if self._renderer is None or key != self._key:
+            self.clear()
+            self._renderer = make()
+            self._key = key
+        return self._renderer
+
+    def clear(self) -> None:
+        """Close and forget the renderer held (if it has ``close``). Idempotent."""
+        renderer, self._renderer, self._key = self._renderer, None, None
+        if renderer is not None and hasattr(renderer, "close"):
+            renderer.close()
+
+
+# ----------------------------------------------------------------------------- OpenGL
+_local = threading.local()
+_every_thread: list[RendererCache] = []  # closed at exit, before EGL is terminated
+_every_lock = threading.Lock()
+_exit_hook = False
+
+
+def opengl_renderer(blob: bytes, cameras: Sequence[str], size: tuple[int, int],
+                    outputs: Sequence[str] = ("rgb",)) -> OpenGLRenderer:
+    """This thread's OpenGL renderer for a model (MJB bytes), cameras, size and outputs:
+    the one kept, or a new one (the one kept is closed). A worker process of a local
+    cluster pins Mesa's rasterizer to one thread first (:func:`flyarchive.config.is_worker`).
+    """
+    from flyarchive.replay.opengl import OpenGLRenderer, pin_rasterizer_threads
+
+    def make() -> OpenGLRenderer:
+        if config.is_worker():
+            pin_rasterizer_threads(1)
+        return OpenGLRenderer(model_from_bytes(blob), tuple(cameras), size, outputs=tuple(outputs))
+
+    key = (hashlib.sha256(blob).hexdigest(), tuple(cameras), tuple(size), tuple(outputs))
+    return thread_renderers().get(key, make)
+
+
+def thread_renderers() -> RendererCache:
+    """This thread's renderer cache (OpenGL: a GL context is bound to its thread).
+
+    Every thread's renderer is closed when the interpreter exits, before MuJoCo
+    terminates EGL (whose own exit hook, registered when the first renderer imported
+    it, runs after ours).
+    """
+    cache = getattr(_local, "renderers", None)
+    if cache is None:
+        cache = _local.renderers = _ClosedAtExit()
+        with _every_lock:
+            _every_thread.append(cache)
+    return cache
+
+
+def close_thread_renderers() -> None:
+    """Close this thread's renderer (frees its GL context); other threads keep theirs
+    (e.g. the threads of a dask computation of frames)."""
+    thread_renderers().clear()
+
+
+class _ClosedAtExit(RendererCache):
+    """A cache whose renderers are closed at exit; the exit hook is registered after the
+    first renderer exists (so after MuJoCo's EGL hook, hence run before it)."""
+
+    def get(self, key: Hashable, make: Callable[[], Any]) -> Any:
+        global _exit_hook
+        renderer = super().get(key, make)
+        with _every_lock:
+            if not _exit_hook:
+                atexit.register(_close_every_thread)
+                _exit_hook = True
+        return renderer
+
+
+def _close_every_thread() -> None:
+    with _every_lock:
+        caches = list(_every_thread)
+    for cache in caches:
+        cache.clear()
+
+
+# ----------------------------------------------------------------------------- Warp
+_slots: dict[int, tuple[RendererCache, threading.Lock]] = {}
+_slots_lock = threading.Lock()
+
+
+def warp_slot(slot: int = 0) -> tuple[RendererCache, threading.Lock]:
+    """This process's Warp renderer cache of ``slot`` and its lock (one batch stream per
+    renderer at a time: hold the lock while using it)."""
+    with _slots_lock:
+        return _slots.setdefault(slot, (RendererCache(), threading.Lock()))
+
+
+def warp_renderer(cache: RendererCache, blob: bytes, cameras: str | Sequence[str],
+                  size: tuple[int, int], *, batch_worlds: int, device: str,
+                  **options: Any) -> WarpBatchRenderer:
+    """The :class:`~flyarchive.replay.warp.WarpBatchRenderer` of a model (MJB bytes),
+    cameras, size, batch size, device and other renderer ``options`` (``outputs``,
+    ``pixel_format``, ``host_buffers``, ``mosaic``...) in ``cache``: the one kept, or a
+    new one (the one kept is closed). Call it holding the cache's lock."""
+    from flyarchive.replay.warp import WarpBatchRenderer
+
+    def make() -> WarpBatchRenderer:
+        # WarpBatchRenderer prepares a copy with prepare_for_batch_rendering.
+        return WarpBatchRenderer(model_from_bytes(blob), cameras, size,
+                                 batch_worlds=batch_worlds, device=device, **options)
+
+    key = (hashlib.sha256(blob).hexdigest(), tuple([cameras] if isinstance(cameras, str) else cameras),
+           tuple(size), batch_worlds, device, tuple(sorted(options.items())))
+    return cache.get(key, make)
+
+
+def clear_renderers() -> None:
+    """Close every Warp renderer this process keeps (the next render builds its own)."""
+    with _slots_lock:
+        slots = list(_slots.values())
+    for cache, lock in slots:
+        with lock:
+            cache.clear()
+
+
+# ----------------------------------------------------------------------------- archives
+_archives: dict[tuple[str, str], tuple[StateReader, ArchiveHeader | None]] = {}
+_archives_lock = threading.Lock()
+
+
+def _archive_key(url: str, storage_options: Mapping[str, Any] | None) -> tuple[str, str]:
+    return url, json.dumps(dict(storage_options or {}), sort_keys=True, default=str)
+
+
+def keep_archive(url: str, storage_options: Mapping[str, Any] | None,
+                 header: ArchiveHeader) -> None:
+    """Keep the archive a render planned with (its header, and a :class:`StateReader`
+    through the same opened group): this process's tasks read it without opening it again."""
+    from flyarchive.store.reader import StateReader
+
+    reader = StateReader(url, storage_options or None, group=header.group,
+                         world_ids=header["world"].values)
+    with _archives_lock:
+        _archives[_archive_key(url, storage_options)] = (reader, header)
+
+
+def _kept(url: str, storage_options: Mapping[str, Any] | None, archive_id: str | None
+          ) -> tuple[StateReader, ArchiveHeader | None]:
+    from flyarchive.store.reader import StateReader
+
+    key = _archive_key(url, storage_options)
+    with _archives_lock:
+        kept = _archives.get(key)
+    if kept is None or (archive_id is not None and kept[0].archive_id != archive_id):
+        kept = (StateReader(url, storage_options or None), None)
+        with _archives_lock:
+            _archives[key] = kept
+    return kept
+
+
+def state_reader(url: str, storage_options: Mapping[str, Any] | None,
+                 archive_id: str | None = None) -> StateReader:
+    """This process's :class:`~flyarchive.store.reader.StateReader` of the archive at
+    ``url``: the one kept, or a new one when there is none, or when it is not the archive
+    ``archive_id`` (the one the render planned with: it was replaced at the same URL since
+    this process opened it)."""
+    return _kept(url, storage_options, archive_id)[0]
+
+
+def archive_header(url: str, storage_options: Mapping[str, Any] | None,
+                   archive_id: str | None = None) -> ArchiveHeader:
+    """The header (:func:`flyarchive.query.archive.open_header`) of the archive that
+    :func:`state_reader` reads, kept with it (read through its group when it has none)."""
+    from flyarchive.query.archive import open_header
+
+    reader, header = _kept(url, storage_options, archive_id)
+    if header is None:
+        header = open_header(url, storage_options or None, group=reader.group)
+        with _archives_lock:
+            _archives[_archive_key(url, storage_options)] = (reader, header)
+    return header
