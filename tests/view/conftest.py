@@ -22,7 +22,7 @@ def viewed(view_dir: Path) -> Iterator[tuple[Any, Any]]:
     from flyarchive.testing.view import serving, view_archive
 
     url = view_archive(str(view_dir / "run.zarr"))
-    with serving(url, out=view_dir / "videos", backend="cpu") as found:
+    with serving(url, out=view_dir / "videos", backend="opengl") as found:
         yield found
 
 

@@ -230,7 +230,7 @@ def test_an_archive_replaced_while_the_page_is_open_is_said_and_opened_again(bro
     from flyarchive.testing.view import open_page, serving, view_archive
 
     url = view_archive(str(view_dir / "replaced.zarr"))
-    with serving(url, out=view_dir / "videos-replaced", backend="cpu") as (served, log):
+    with serving(url, out=view_dir / "videos-replaced", backend="opengl") as (served, log):
         page = open_page(browser, served.url)
         served.viewer.viewed.dataset()  # opened after the page (warm_up): now every read checks
         view_archive(url, n_worlds=3, mode="w")  # written again while the page is open
@@ -252,7 +252,7 @@ def test_a_page_without_a_model_shows_the_table_and_says_why_there_is_no_3d_view
     from flyarchive.testing.view import open_page, serving
 
     url = record(tiny_model(), str(view_dir / "no-model.zarr"), store_model=False)
-    with serving(url, out=view_dir / "videos-none", backend="cpu") as (served, log):
+    with serving(url, out=view_dir / "videos-none", backend="opengl") as (served, log):
         page = open_page(browser, served.url)
 
         assert table_worlds(page) == [0, 1]

@@ -11,7 +11,7 @@ def test_the_viewer_reads_only_the_header_before_serving(tmp_path):
 
     url = view_archive(str(tmp_path / "run.zarr"))
 
-    viewer = Viewer(url, out=tmp_path / "videos", backend="cpu")
+    viewer = Viewer(url, out=tmp_path / "videos", backend="opengl")
 
     assert viewer.viewed._ds is None and viewer.model is None  # neither loaded yet
     assert viewer.info()["worlds"] == 4 and "model" not in viewer.info()
@@ -22,7 +22,7 @@ def test_the_model_and_the_states_load_when_first_asked_for(tmp_path):
     from flyarchive.view.app import Viewer
 
     url = view_archive(str(tmp_path / "run.zarr"))
-    viewer = Viewer(url, out=tmp_path / "videos", backend="cpu")
+    viewer = Viewer(url, out=tmp_path / "videos", backend="opengl")
 
     model = viewer.model_info()
     states = viewer.viewed.states([2])
@@ -39,7 +39,7 @@ def test_the_vendored_libraries_stay_in_the_browsers_cache_and_the_pages_files_d
     from flyarchive.testing.view import serving
 
     url = view_archive(str(tmp_path / "run.zarr"))
-    with serving(url, out=tmp_path / "videos", backend="cpu") as (served, _):
+    with serving(url, out=tmp_path / "videos", backend="opengl") as (served, _):
         origin = "{0.scheme}://{0.netloc}".format(urlsplit(served.url))
         headers = {"X-Flyarchive-Token": served.token}
 
