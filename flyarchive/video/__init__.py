@@ -21,9 +21,26 @@ and published to any fsspec URL, manifests, and decoding for checks.
 Internal: the public names are re-exported by ``flyarchive``.
 """
 
-from flyarchive.errors import FrameFormatError, VideoEncodeError
-from flyarchive.replay.sizes import PIXEL_FORMATS, frame_shape
-from flyarchive.video.decode import read_depth, read_segmentation, read_video
-from flyarchive.video.mp4 import PRESETS, VideoOptions, VideoWriter, concat_segments, encode_segment
-from flyarchive.video.outputs import safe_video_path, write_output
+import importlib
+from typing import Any
 
+# Names are imported when first used (PEP 562): `flyarchive render --help` needs PRESETS,
+# not zarr and ffmpeg.
+_WHERE = {
+    "FrameFormatError": "flyarchive.errors", "VideoEncodeError": "flyarchive.errors",
+    "PIXEL_FORMATS": "flyarchive.replay.sizes", "frame_shape": "flyarchive.replay.sizes",
+    "read_depth": "flyarchive.video.decode", "read_segmentation": "flyarchive.video.decode",
+    "read_video": "flyarchive.video.decode",
+    "PRESETS": "flyarchive.video.mp4", "VideoOptions": "flyarchive.video.mp4",
+    "VideoWriter": "flyarchive.video.mp4", "concat_segments": "flyarchive.video.mp4",
+    "encode_segment": "flyarchive.video.mp4",
+    "safe_video_path": "flyarchive.video.outputs", "write_output": "flyarchive.video.outputs",
+}
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _WHERE:
+        raise AttributeError(f"module 'flyarchive.video' has no attribute {name!r}")
+    value = getattr(importlib.import_module(_WHERE[name]), name)
+    globals()[name] = value
+    return value
