@@ -8,7 +8,7 @@ import pytest
 
 from flyarchive.testing.interop_kills import InteropKillConfig, kill_trial
 
-pytestmark = pytest.mark.timeout(300)
+pytestmark = [pytest.mark.subprocess, pytest.mark.timeout(300)]
 
 IMPORT_STEPS = InteropKillConfig(operation="import").total_steps  # 24 commits
 EXPORT_FILES = InteropKillConfig(operation="export", n_files=6).total_steps

@@ -69,7 +69,7 @@ def read_in(python: Path, url: str, out: Path) -> subprocess.CompletedProcess[st
                           text=True, timeout=120)
 
 
-@pytest.mark.slow
+@pytest.mark.install
 def test_portable_archive_opens_with_plain_zarr_and_xarray_without_pcodec(tiny, tmp_path, plain_python):
     url = str(tmp_path / "portable.zarr")
     record(tiny, url, codec="portable")
@@ -86,7 +86,7 @@ def test_portable_archive_opens_with_plain_zarr_and_xarray_without_pcodec(tiny, 
         assert actual.dtype == values.dtype and actual.tobytes() == values.tobytes(), name
 
 
-@pytest.mark.slow
+@pytest.mark.install
 def test_default_archive_in_that_environment_fails_naming_numcodecs_pcodec(tiny, tmp_path, plain_python):
     url = str(tmp_path / "default.zarr")
     record(tiny, url, codec="lossless")
