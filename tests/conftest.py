@@ -93,9 +93,10 @@ def pytest_runtest_logreport(report: pytest.TestReport) -> None:
 
 def pytest_terminal_summary(terminalreporter: Any) -> None:
     if _unmarked_slow:
-        terminalreporter.section("tests over 5 s without an expensive marker")
+        terminalreporter.section(f"tests over {_UNMARKED_SLOW_S:g} s without a marker of "
+                                 f"{', '.join(EXPENSIVE)} (mark them, or make them cheaper)")
         for nodeid, seconds in sorted(_unmarked_slow, key=lambda x: -x[1]):
-            terminalreporter.line(f"{seconds:6.1f} s  {nodeid}  (mark it: {', '.join(EXPENSIVE)})")
+            terminalreporter.line(f"{seconds:6.1f} s  {nodeid}")
 
 
 @pytest.fixture(scope="session", autouse=True)

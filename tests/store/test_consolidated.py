@@ -145,7 +145,7 @@ def test_verify_reports_consolidated_codecs_that_differ_from_the_arrays_own(tmp_
 # ----------------------------------------------------------------------------- harnesses
 @pytest.mark.subprocess
 @pytest.mark.timeout(300)
-@pytest.mark.parametrize("seed", range(3))
+@pytest.mark.parametrize("seed", [0, *(pytest.param(s, marks=pytest.mark.sweep) for s in (1, 2))])
 def test_after_a_sigkill_plain_xarray_opens_without_warning_and_nothing_is_ahead(tmp_path, seed):
     config = KillConfig(backend="cpu", seed=seed, chunk_frames=1, max_wait_frames=25)
 
