@@ -4,10 +4,12 @@ and one S3 server for the whole run, models, the CLI; and the test tiers.
 Tiers: every test that is expensive for one of the reasons of :data:`EXPENSIVE` carries
 that marker (declared in pyproject.toml). Most are given here, from what a test uses
 (:func:`pytest_collection_modifyitems`): the ``s3_server`` fixture (through ``s3_location``
-or ``location[s3]`` too) gives ``s3``, ``dask_client`` gives ``cluster``, the skip markers
-``requires_warp``/``requires_flygym``/``requires_chromium`` give ``warp``/``flygym``/
-``browser``, a ``"warp-cpu"`` parameter gives ``warp``; files that start processes of their
-own say ``subprocess`` in their ``pytestmark``. ``--fast`` leaves every expensive test out
+too) or an ``"s3"`` parameter (``location[s3]``) gives ``s3``, the ``dask_cluster`` fixture
+(through ``dask_client`` too) gives ``cluster``, the skip markers ``requires_warp``/
+``requires_flygym``/``requires_chromium`` give ``warp``/``flygym``/``browser``, a
+``"warp-cpu"`` parameter gives ``warp``. Tests that start processes of their own or a
+cluster of their own say ``subprocess`` or ``cluster`` themselves (or in their file's
+``pytestmark``); a test over 5 s with no such marker is named at the end of the run. ``--fast`` leaves every expensive test out
 (``bash scripts/dev.sh test --fast``). Cases marked ``sweep`` repeat a behaviour another
 case already tests (more seeds, more signals...) and run only with ``--run-sweeps``.
 
