@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Set up everything on a fresh machine, then run the demo or the tests.
 #   bash scripts/dev.sh demo [flyarchive demo options]   # the main job, embedded defaults
-#   bash scripts/dev.sh test [pytest options]            # the test suite
+#   bash scripts/dev.sh test [pytest options]            # the test suite (what CI runs)
+#   bash scripts/dev.sh test --fast [pytest options]     # the cheap tier: no cluster, process,
+#                                                        # Warp, flygym, S3, browser or install
 # Creates .venv (Python >= 3.12) and installs flyarchive with all extras into it.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -65,7 +67,13 @@ case "$cmd" in
     exec .venv/bin/flyarchive demo --overwrite "$@" ;;
   test)
     setup
-    exec .venv/bin/python -m pytest -q -p no:cacheprovider --durations=15 "$@" ;;
+    # Bytecode is kept (pytest's rewritten test modules, flyarchive's modules): without it
+    # every run, and every process a test starts, compiles them again.
+    unset PYTHONDONTWRITEBYTECODE
+    # Worker processes (pytest-xdist), one test file per worker at a time: many tests wait
+    # on the processes they start. FLYARCHIVE_TEST_PROCESSES=0 runs everything here.
+    exec .venv/bin/python -m pytest -q -p no:cacheprovider --durations=15 \
+      -n "${FLYARCHIVE_TEST_PROCESSES:-3}" --dist loadscope "$@" ;;
   *)
     echo "usage: bash scripts/dev.sh demo|test [options]" >&2; exit 2 ;;
 esac

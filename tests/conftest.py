@@ -1,4 +1,17 @@
-"""Shared fixtures: storage locations (memory, local disk, S3 on loopback), models, the CLI.
+"""Shared fixtures: storage locations (memory, local disk, S3 on loopback), one Dask cluster
+and one S3 server for the whole run, models, the CLI; and the test tiers.
+
+Tiers: every test that is expensive for one of the reasons of :data:`EXPENSIVE` carries
+that marker (declared in pyproject.toml). Most are given here, from what a test uses
+(:func:`pytest_collection_modifyitems`): the ``s3_server`` fixture (through ``s3_location``
+too) or an ``"s3"`` parameter (``location[s3]``) gives ``s3``, the ``dask_cluster`` fixture
+(through ``dask_client`` too) gives ``cluster``, the skip markers ``requires_warp``/
+``requires_flygym``/``requires_chromium`` give ``warp``/``flygym``/``browser``, a
+``"warp-cpu"`` parameter gives ``warp``. Tests that start processes of their own or a
+cluster of their own say ``subprocess`` or ``cluster`` themselves (or in their file's
+``pytestmark``); a test over 5 s with no such marker is named at the end of the run. ``--fast`` leaves every expensive test out
+(``bash scripts/dev.sh test --fast``). Cases marked ``sweep`` repeat a behaviour another
+case already tests (more seeds, more signals...) and run only with ``--run-sweeps``.
 
 Skip markers (``requires_warp``...) are in :mod:`flyarchive.testing.markers`; plain helpers
 (``record``, ``snapshot``...) in :mod:`flyarchive.testing.fixtures`.
@@ -15,7 +28,77 @@ import pytest
 
 os.environ.setdefault("MUJOCO_GL", "egl")
 
+from flyarchive.testing import markers  # noqa: E402
 from flyarchive.testing.fixtures import Location  # noqa: E402
+
+#: Markers of what makes a test expensive; ``--fast`` deselects a test that has any of them.
+EXPENSIVE = ("cluster", "subprocess", "warp", "flygym", "s3", "browser", "install", "slow")
+#: Fixtures that make a test expensive, and the marker each gives.
+_BY_FIXTURE = {"s3_server": "s3", "dask_cluster": "cluster"}
+#: Skip markers of optional parts, and the marker each gives.
+_BY_SKIP = ((markers.requires_warp.mark, "warp"), (markers.requires_flygym.mark, "flygym"),
+            (markers.requires_chromium.mark, "browser"), (markers.requires_s3.mark, "s3"))
+#: Parameter values that put a test on S3 or mujoco-warp, and the marker each gives.
+_PARAM_MARKS = {"warp": "warp", "warp-cpu": "warp", markers.WARP_BACKEND: "warp", "s3": "s3"}
+#: A test without an expensive marker that takes longer is named at the end of the run.
+_UNMARKED_SLOW_S = 5.0
+#: Files that take minutes (the README's examples, the demo): run first.
+_LONGEST_FILES = ("test_readme.py", "test_demo.py")
+_unmarked_slow: list[tuple[str, float]] = []
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    group = parser.getgroup("flyarchive tiers")
+    group.addoption("--fast", action="store_true",
+                    help=f"leave out the expensive tests (markers {', '.join(EXPENSIVE)})")
+    group.addoption("--run-sweeps", action="store_true",
+                    help="also run the cases marked 'sweep' (more seeds, signals, archives "
+                         "of behaviours another case tests)")
+
+
+def expensive_markers(item: pytest.Item) -> set[str]:
+    """The markers of :data:`EXPENSIVE` that ``item`` has or earns by what it uses."""
+    found = {m.name for m in item.iter_markers() if m.name in EXPENSIVE}
+    found |= {name for fixture, name in _BY_FIXTURE.items() if fixture in item.fixturenames}
+    found |= {name for skip, name in _BY_SKIP for m in item.iter_markers("skipif") if m == skip}
+    params = getattr(item, "callspec", None)
+    for value in params.params.values() if params is not None else ():
+        if isinstance(value, str) and value in _PARAM_MARKS:  # location[s3], backend[warp-cpu]
+            found.add(_PARAM_MARKS[value])
+    return found
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Mark each test by what it uses, leave out sweeps (without ``--run-sweeps``) and
+    expensive tests (with ``--fast``), and put the longest files first."""
+    fast, sweeps = config.getoption("--fast"), config.getoption("--run-sweeps")
+    kept, left = [], []
+    for item in items:
+        found = expensive_markers(item)
+        for name in sorted(found):
+            item.add_marker(name)
+        out = (fast and found) or (not sweeps and item.get_closest_marker("sweep"))
+        (left if out else kept).append(item)
+    if left:
+        config.hook.pytest_deselected(items=left)
+    # The longest files first, so that worker processes (pytest-xdist) start them before
+    # the many short ones.
+    items[:] = sorted(kept, key=lambda item: item.path.name not in _LONGEST_FILES)
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    if (report.when == "call" and report.duration > _UNMARKED_SLOW_S
+            and not any(name in report.keywords for name in EXPENSIVE)):
+        _unmarked_slow.append((report.nodeid, report.duration))
+
+
+def pytest_terminal_summary(terminalreporter: Any) -> None:
+    if _unmarked_slow:
+        terminalreporter.section(f"tests over {_UNMARKED_SLOW_S:g} s without a marker of "
+                                 f"{', '.join(EXPENSIVE)} (mark them, or make them cheaper)")
+        for nodeid, seconds in sorted(_unmarked_slow, key=lambda x: -x[1]):
+            terminalreporter.line(f"{seconds:6.1f} s  {nodeid}")
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -33,6 +116,12 @@ def model_check_cache(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]
 
 
 @pytest.fixture(scope="session")
+def run_sweeps(request: pytest.FixtureRequest) -> bool:
+    """Whether this run repeats races and sweeps in full (``--run-sweeps``)."""
+    return bool(request.config.getoption("--run-sweeps"))
+
+
+@pytest.fixture(scope="session")
 def s3_server() -> Iterator[Any]:
     """A real S3-compatible server (moto in server mode) on loopback, with a bucket."""
     from flyarchive.testing.s3 import S3Server
@@ -40,6 +129,28 @@ def s3_server() -> Iterator[Any]:
     with S3Server() as server:
         server.create_bucket("flyarchive-test")
         yield server
+
+
+@pytest.fixture(scope="session")
+def dask_cluster(model_check_cache: Any) -> Iterator[Any]:
+    """One Dask LocalCluster of 2 single-threaded worker processes (EGL, one llvmpipe thread)
+    for every test that just needs a cluster. A test that kills workers or needs another
+    configuration starts its own."""
+    distributed = pytest.importorskip("distributed")
+    with distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=True,
+                                  dashboard_address="127.0.0.1:0", silence_logs=40,
+                                  env={"MUJOCO_GL": "egl", "LP_NUM_THREADS": "1"}) as cluster:
+        yield cluster
+
+
+@pytest.fixture(scope="session")
+def dask_client(dask_cluster: Any) -> Iterator[Any]:
+    """A client of :func:`dask_cluster`, not the default one (``with dask_client.as_current()``
+    makes it the default in a block)."""
+    import distributed
+
+    with distributed.Client(dask_cluster, set_as_default=False) as client:
+        yield client
 
 
 @pytest.fixture

@@ -3,7 +3,10 @@
 import subprocess
 import sys
 
+import pytest
 
+
+@pytest.mark.subprocess
 def test_import_flyarchive_imports_no_warp_dask_or_s3fs():
     code = ("import sys, flyarchive; print(sorted({m.split('.')[0] for m in sys.modules} & "
             "{'warp', 'mujoco_warp', 'dask', 'distributed', 's3fs', 'flygym'}))")

@@ -41,10 +41,13 @@ __all__ = [
     "flip_bits",
 ]
 
+# Both models keep MuJoCo's shadows but with a 512-pixel shadow map instead of the default
+# 4096: Mesa's software rasterizer draws the whole map for every frame, 90 % of a small frame's
+# time at the default (0.24 s -> 0.02 s per frame of two 48x64 cameras).
 TINY_XML = """
 <mujoco model="tiny">
   <option timestep="0.002"/>
-  <visual><global offwidth="640" offheight="480"/></visual>
+  <visual><global offwidth="640" offheight="480"/><quality shadowsize="512"/></visual>
   <worldbody>
     <light pos="0 0 3" dir="0 0 -1"/>
     <geom name="floor" type="plane" size="2 2 0.1" rgba="0.3 0.3 0.3 1"/>
@@ -81,7 +84,7 @@ TINY_XML = """
 SLIDER_XML = """
 <mujoco model="slider">
   <option timestep="0.01" gravity="0 0 0"/>
-  <visual><global offwidth="640" offheight="480"/></visual>
+  <visual><global offwidth="640" offheight="480"/><quality shadowsize="512"/></visual>
   <worldbody>
     <light pos="0 0 3" dir="0 0 -1" directional="true"/>
     <camera name="front" pos="0 -3 0" xyaxes="1 0 0 0 0 1" fovy="60"/>

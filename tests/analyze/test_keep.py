@@ -128,6 +128,7 @@ def test_keep_on_each_storage(location, sites_model):
     assert np.isfinite(read.values).all()
 
 
+@pytest.mark.subprocess
 @pytest.mark.slow  # a child process killed mid-way
 def test_a_killed_positions_command_loses_only_its_block_and_resumes(tmp_path):
     import os

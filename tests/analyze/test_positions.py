@@ -12,7 +12,7 @@ from flyarchive.analyze import skeleton as skeleton_module
 from flyarchive.analyze.cpu_positions import CpuKinematics
 from flyarchive.analyze.keypoints import KeypointRequest, resolve
 from flyarchive.testing.fixtures import record
-from flyarchive.testing.markers import requires_distributed, requires_flygym
+from flyarchive.testing.markers import requires_flygym
 
 
 def live_poses(model, ds, world, frame):
@@ -190,18 +190,12 @@ def test_neuromechfly_bodies_and_tarsus_tips_equal_a_live_mjdata_bit_for_bit(tmp
         assert np.allclose(got[w, k, 54], data.xpos[tip], atol=0.2)  # within the segment
 
 
-@pytest.mark.slow  # a LocalCluster of worker processes
-@requires_distributed
-def test_positions_compute_on_a_cluster_of_worker_processes(sites_archive):
-    from distributed import Client, LocalCluster
-
+def test_positions_compute_on_a_cluster_of_worker_processes(sites_archive, dask_client):
     lazy = flyarchive.positions(sites_archive, sites="target_tip", orientations=True)
     graph = dict(lazy.position.data.__dask_graph__())
     expected = lazy.compute(scheduler="synchronous")
 
-    with LocalCluster(n_workers=1, threads_per_worker=1, processes=True,
-                      dashboard_address=None) as cluster, Client(cluster, set_as_default=False) as c:
-        actual = c.compute(lazy).result()
+    actual = dask_client.compute(lazy).result()
 
     models = [key for key in graph if str(key).startswith("flyarchive-model-")]
     assert len(models) == 1  # the model's bytes: one object, fetched once per worker

@@ -1,6 +1,8 @@
 """Fixtures of the bad-input suite: every case asserts the error type, a fragment of its
 message, and that what was committed before is byte for byte as it was
-(:func:`flyarchive.testing.fixtures.snapshot`)."""
+(:func:`flyarchive.testing.fixtures.snapshot`). Command-line renders here say ``--workers 0``:
+by default the command line starts its LocalCluster before it reads the other arguments
+(seconds per case); that path's errors close it (tests/distribute/test_early_cluster.py)."""
 
 from __future__ import annotations
 

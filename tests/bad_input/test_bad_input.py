@@ -439,7 +439,7 @@ def test_cli_render_with_unreadable_arguments_exits_2_with_the_reason(
     before = snapshot(archive)
 
     code, _, err = cli("render", archive, "--model", model_xml, "--camera", "front",
-                       "--out", tmp_path / "v", "--quiet", *extra)
+                       "--out", tmp_path / "v", "--quiet", "--workers", "0", *extra)
 
     assert code == 2
     assert fragment in err
@@ -450,7 +450,8 @@ def test_cli_render_with_a_missing_model_file_exits_2(archive, tmp_path, cli, mo
     monkeypatch.chdir(tmp_path)  # where the default output folder would go
     before = snapshot(archive)
 
-    code, _, err = cli("render", archive, "--model", tmp_path / "nope.xml", "--camera", "front")
+    code, _, err = cli("render", archive, "--model", tmp_path / "nope.xml", "--camera", "front",
+                       "--workers", "0")
 
     assert code == 2
     assert "flyarchive render: error: No model file at" in err

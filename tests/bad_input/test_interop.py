@@ -266,6 +266,7 @@ def test_cli_export_to_an_unwritable_folder_is_one_line_exit_2(archive, cli):
     assert snapshot(archive) == before
 
 
+@pytest.mark.subprocess
 def test_export_when_the_disk_refuses_a_write_leaves_no_half_file(tiny, tmp_path):
     url = str(tmp_path / "long.zarr")
     record(tiny, url, n_steps=796)  # 200 frames per world: each file is over the limit

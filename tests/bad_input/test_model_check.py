@@ -148,7 +148,7 @@ def test_cli_render_with_a_model_file_whose_data_raises_a_fatal_error_is_one_lin
     before = snapshot(archive)
 
     code, _, err = cli("render", archive, "--model", path, "--camera", "front",
-                       "--out", tmp_path / "videos")
+                       "--out", tmp_path / "videos", "--workers", "0")
 
     assert code == 2 and err.count("\n") == 1 and "Traceback" not in err
     assert f"MuJoCo cannot use {str(path)!r}" in err and "FatalError" in err

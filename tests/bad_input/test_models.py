@@ -159,7 +159,8 @@ def test_cli_render_without_model_of_an_archive_that_keeps_none_is_one_line(tiny
     url = record(tiny, str(tmp_path / "bare.zarr"), store_model=False)
     before = snapshot(url)
 
-    code, _, err = cli("render", url, "--camera", "front", "--out", tmp_path / "videos")
+    code, _, err = cli("render", url, "--camera", "front", "--out", tmp_path / "videos",
+                       "--workers", "0")
 
     assert code == 2 and err.startswith("flyarchive render: error: ") and err.count("\n") == 1
     assert "--model FILE" in err
@@ -233,7 +234,7 @@ def test_cli_render_with_a_model_file_that_is_not_an_mjb_is_one_line(archive, tm
     before = snapshot(archive)
 
     code, _, err = cli("render", archive, "--model", tmp_path / "model.mjb", "--camera", "front",
-                       "--out", tmp_path / "videos")
+                       "--out", tmp_path / "videos", "--workers", "0")
 
     assert code == 2 and "is not a compiled MuJoCo model" in err and err.count("\n") == 1
     assert snapshot(archive) == before and not (tmp_path / "videos").exists()
@@ -332,7 +333,7 @@ def test_render_where_world_var_it_cannot_use_is_one_line(archive, tmp_path, cli
     before = snapshot(archive)
 
     code, _, err = cli("render", archive, "--camera", "front", "--where-world-var", condition,
-                       "--out", tmp_path / "videos")
+                       "--out", tmp_path / "videos", "--workers", "0")
 
     assert code == 2 and err.count("\n") == 1
     assert re.search(fragment, err)

@@ -159,6 +159,7 @@ def test_a_manifest_entry_without_a_camera_is_a_manifest_error_not_a_key_error(
     (_fifo, "manifest.json is a FIFO (named pipe)"),
     (lambda out: manifest_with(out, {"videos": [{"world": 0, "path": "x"}]}), "has no 'camera'"),
 ], ids=["FIFO", "no camera"])
+@pytest.mark.subprocess
 def test_cli_render_into_a_hostile_manifest_exits_2_with_one_line(archive, before, tmp_path,
                                                                  cli, model_xml, make, fragment):
     out = tmp_path / "out"

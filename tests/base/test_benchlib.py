@@ -77,6 +77,7 @@ def test_host_info_reports_cores_memory_gpus_and_versions() -> None:
     assert info["versions"]["flyarchive"] != "missing"
 
 
+@pytest.mark.subprocess
 def test_peak_memory_of_a_pid_counts_what_that_process_holds() -> None:
     child = subprocess.Popen([sys.executable, "-c", _HOLD_200_MIB])
 
@@ -87,6 +88,7 @@ def test_peak_memory_of_a_pid_counts_what_that_process_holds() -> None:
     assert memory.results["kind"] == "pss"
 
 
+@pytest.mark.subprocess
 def test_peak_memory_of_this_process_counts_its_children() -> None:
     before = benchlib.tree_memory()
 

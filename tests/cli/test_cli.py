@@ -155,6 +155,7 @@ def test_size_parses_height_by_width():
         parse_size("240")
 
 
+@pytest.mark.subprocess
 def test_an_error_is_not_lost_while_warp_starting_in_a_thread_holds_stderr(tmp_path):
     # Warp's start on a machine without CUDA captures file descriptor 2 (to drop its
     # driver warning); the command's one-line error must still reach stderr when the

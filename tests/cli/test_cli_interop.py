@@ -28,6 +28,7 @@ def archive(tiny, tmp_path):
     return record(tiny, str(tmp_path / "cli.zarr"), n_steps=24)
 
 
+@pytest.mark.subprocess
 def test_info_into_a_closed_pipe_exits_quietly(archive):
     proc = subprocess.Popen(flyarchive("info", archive), stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, env=ENV)
@@ -39,6 +40,7 @@ def test_info_into_a_closed_pipe_exits_quietly(archive):
     assert err == b""
 
 
+@pytest.mark.subprocess
 def test_ctrl_c_during_an_import_is_one_line_and_exit_130(tiny, tmp_path):
     from flyarchive.testing.interop_kills import write_npz_inputs
 
@@ -59,6 +61,7 @@ def test_ctrl_c_during_an_import_is_one_line_and_exit_130(tiny, tmp_path):
     assert err == "flyarchive import-npz: interrupted\n"
 
 
+@pytest.mark.subprocess
 def test_render_does_not_print_warp_logs(tiny, archive, tmp_path):
     from flyarchive.models import save_mjb
 

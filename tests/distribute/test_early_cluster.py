@@ -22,7 +22,7 @@ from flyarchive.distribute.gpus import Gpu, gpu_workers
 from flyarchive.models import save_mjb
 from flyarchive.testing.fixtures import record
 
-pytestmark = pytest.mark.timeout(180)
+pytestmark = [pytest.mark.cluster, pytest.mark.timeout(180)]
 
 TWO = [Gpu(0, "0"), Gpu(1, "1")]
 

@@ -15,7 +15,7 @@ import pytest
 
 from flyarchive.testing.markers import requires_warp
 
-pytestmark = [requires_warp, pytest.mark.timeout(300)]
+pytestmark = [pytest.mark.subprocess, requires_warp, pytest.mark.timeout(300)]
 
 KERNEL = textwrap.dedent('''
     import warp as wp

@@ -124,20 +124,14 @@ def test_the_warp_backends_write_each_window_to_its_own_video(slider, tmp_path):
         ("front.frames000003-000006.mp4", 3), ("front.frames000020-000023.mp4", 3)]
 
 
-def test_windows_render_on_a_dask_cluster_with_the_kept_model(tiny, tmp_path):
-    distributed = pytest.importorskip("distributed")
+def test_windows_render_on_a_dask_cluster_with_the_kept_model(tiny, tmp_path, dask_client):
     url = record(tiny, str(tmp_path / "run.zarr"), n_worlds=1, n_steps=76)
     add_world_vars(url, {"success": [True]})
     ds = open_archive(url)
     where = (ds.success == 1) & ds.time.isin(ds.time.values[[2, 3, 10, 11, 12]])
-    cluster = distributed.LocalCluster(n_workers=1, threads_per_worker=1, processes=True,
-                                       dashboard_address="127.0.0.1:0", silence_logs=40,
-                                       env={"MUJOCO_GL": "egl", "LP_NUM_THREADS": "1"})
-
-    with cluster, distributed.Client(cluster, set_as_default=False) as client:
-        result = render_videos(url, None, "front", str(tmp_path / "v"), where=where,
-                               options=RenderOptions(size=(48, 64), segment_frames=2),
-                               client=client)
+    result = render_videos(url, None, "front", str(tmp_path / "v"), where=where,
+                           options=RenderOptions(size=(48, 64), segment_frames=2),
+                           client=dask_client)
 
     assert sorted((Path(v["path"]).name, len(read_video(v["path"]))) for v in result.videos) == [
         ("front.frames000002-000004.mp4", 2), ("front.frames000010-000013.mp4", 3)]

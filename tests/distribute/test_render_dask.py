@@ -25,6 +25,8 @@ from flyarchive.testing import simulate, tiny_model  # noqa: E402
 from flyarchive.testing.markers import requires_warp  # noqa: E402
 from flyarchive.video import VideoOptions, read_video  # noqa: E402
 
+pytestmark = pytest.mark.cluster
+
 distributed = pytest.importorskip("distributed")
 
 SIZE = (48, 64)
@@ -48,9 +50,9 @@ def _cluster(n_workers: int) -> Any:
 
 
 @pytest.fixture(scope="module")
-def client() -> Iterator[Any]:
-    with _cluster(2) as cluster, distributed.Client(cluster, set_as_default=False) as dask_client:
-        yield dask_client
+def client(dask_client: Any) -> Any:
+    """The run's shared cluster of 2 worker processes (tests/conftest.py)."""
+    return dask_client
 
 
 @pytest.fixture(scope="module")

@@ -22,7 +22,7 @@ from flyarchive.testing import simulate, tiny_model  # noqa: E402
 from flyarchive.video import VideoOptions, read_video  # noqa: E402
 
 distributed = pytest.importorskip("distributed")
-pytestmark = pytest.mark.timeout(300)
+pytestmark = [pytest.mark.cluster, pytest.mark.timeout(300)]
 
 SIZE = (48, 64)
 OPTIONS = RenderOptions(size=SIZE, segment_frames=4, video=VideoOptions(threads=1))

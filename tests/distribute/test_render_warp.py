@@ -242,6 +242,7 @@ def test_overwrite_replaces_existing_videos(slider_worlds, tmp_path):
 # -- Dask -------------------------------------------------------------------------
 
 
+@pytest.mark.cluster
 def test_batches_run_on_a_dask_worker_that_holds_a_gpu(slider_worlds, tmp_path, monkeypatch):
     from distributed import Client, LocalCluster, get_task_stream
 
@@ -264,6 +265,7 @@ def test_batches_run_on_a_dask_worker_that_holds_a_gpu(slider_worlds, tmp_path, 
     assert sorted(seen) == sorted(v["path"] for v in result.videos)
 
 
+@pytest.mark.cluster
 def test_gpu_batches_on_a_cluster_without_gpu_workers_are_refused(slider_worlds, tmp_path):
     from distributed import Client, LocalCluster
 
@@ -358,6 +360,7 @@ def test_a_failing_render_thread_stops_the_others_and_its_error_is_raised(tiny_a
         assert read_video(video).shape[0] == 11
 
 
+@pytest.mark.cluster
 @pytest.mark.skipif(BACKEND != "warp-cpu", reason="the LocalCluster default is warp-cpu's")
 def test_local_cluster_videos_equal_the_in_process_ones(slider_worlds, tmp_path):
     url, _ = slider_worlds

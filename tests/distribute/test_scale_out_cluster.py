@@ -24,7 +24,7 @@ from flyarchive.testing.fixtures import record, snapshot
 from flyarchive.testing.markers import requires_distributed, requires_warp
 from flyarchive.video import read_video
 
-pytestmark = [requires_warp, requires_distributed, pytest.mark.timeout(300)]
+pytestmark = [pytest.mark.cluster, requires_warp, requires_distributed, pytest.mark.timeout(300)]
 
 N_WORLDS = 4
 N_FRAMES = 20  # record()'s default: 76 steps

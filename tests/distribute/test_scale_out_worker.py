@@ -172,6 +172,7 @@ def test_a_group_run_again_after_its_worker_died_keeps_the_videos_it_finished(tm
     assert lost.is_file()
 
 
+@pytest.mark.cluster
 def test_a_local_cluster_worker_exits_with_its_objects_frozen_out_of_the_collector(tmp_path):
     """The interpreter's final collections would walk every object importing mujoco_warp
     made (a worker took 1.2-1.4 s to exit, and the cluster's close waits for its

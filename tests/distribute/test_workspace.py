@@ -135,6 +135,7 @@ def test_s3_parts_folder_of_a_run_that_beats_elsewhere_is_kept(s3_out):
     assert fs.exists(f"{live}/world00000/front.000000000.mp4")
 
 
+@pytest.mark.subprocess
 def test_s3_parts_folder_of_a_dead_process_on_this_host_is_removed(s3_out):
     from flyarchive.video.workspace import _host
 

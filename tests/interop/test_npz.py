@@ -212,6 +212,7 @@ def test_a_complete_import_is_reported_complete(tiny, tmp_path):
     assert verify(url).ok
 
 
+@pytest.mark.subprocess
 def test_resume_finishes_an_interrupted_import_equal_to_an_uninterrupted_one(tiny, tmp_path):
     from flyarchive.testing.interop_kills import datasets_equal
 
@@ -313,6 +314,7 @@ def test_export_leaves_no_temporary_file_beside_the_files(tiny, tmp_path):
         "world00005.npz", "world00006.npz"]
 
 
+@pytest.mark.subprocess
 def test_export_removes_temporary_files_a_killed_export_left(tiny, tmp_path):
     import subprocess
     import sys

@@ -97,6 +97,7 @@ _RENDER = textwrap.dedent("""
 """)
 
 
+@pytest.mark.subprocess
 @pytest.mark.parametrize("where", [[], ["--where-world-var", "success=1"]])
 def test_a_render_without_a_where_mask_imports_no_xarray_pandas_or_dask(tmp_path, model_xml,
                                                                         where):
@@ -121,6 +122,7 @@ def test_a_render_without_a_where_mask_imports_no_xarray_pandas_or_dask(tmp_path
         assert result["heavy"] == []
 
 
+@pytest.mark.subprocess
 def test_flyarchive_info_reads_the_header_without_xarray_pandas_or_dask(tmp_path):
     url = str(tmp_path / "run.zarr")
     write_random(url, n_worlds=3, n_frames=4, chunk_frames=4, committed=np.array([4, 2, 0]))

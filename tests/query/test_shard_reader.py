@@ -184,16 +184,13 @@ def shard_index(url, storage_options):
 
 
 # ----------------------------------------------------------------------------- dask
-def test_a_full_scan_runs_on_a_distributed_cluster_of_worker_processes(tmp_path):
-    from distributed import Client, LocalCluster
-
+def test_a_full_scan_runs_on_a_distributed_cluster_of_worker_processes(tmp_path, dask_client):
     url = str(tmp_path / "run.zarr")
     qpos = np.random.default_rng(5).normal(size=(6, 45, 13))
     write_archive(url, qpos)
     ds = open_archive(url)
 
-    with LocalCluster(n_workers=1, threads_per_worker=1, processes=True,
-                      dashboard_address=None) as cluster, Client(cluster):
+    with dask_client.as_current():
         mean = ds.qpos.mean(("world", "time")).values  # the getter travels to the worker
 
     assert np.allclose(mean, qpos.mean(axis=(0, 1)), rtol=1e-12, atol=0)

@@ -16,6 +16,8 @@ from flyarchive import TrajectoryRecorder, open_archive
 from flyarchive.testing import reference_frames, simulate
 from flyarchive.testing.markers import requires_warp
 
+pytestmark = pytest.mark.subprocess
+
 CPU_CHILD = """
 import sys
 from flyarchive import TrajectoryRecorder

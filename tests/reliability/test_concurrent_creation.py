@@ -2,7 +2,8 @@
 
 Each race starts 3 recorder processes within microseconds of each other (they wait
 on their stdin with everything imported, see :mod:`flyarchive.testing.concurrency`)
-and is repeated, so that a check-then-act race would show.
+and is repeated, so that a check-then-act race would show: twice in a plain run, 4 to 6
+times with ``--run-sweeps`` (``scripts/reliability_report.py --races N`` repeats each N times).
 """
 
 import uuid
@@ -16,7 +17,14 @@ from flyarchive.testing.concurrency import (
     reader_trial,
 )
 
+pytestmark = pytest.mark.subprocess
+
 N_PROCESSES = 3
+
+
+def repeats(run_sweeps, full):
+    """How many times a race is run: twice, or ``full`` times with ``--run-sweeps``."""
+    return full if run_sweeps else 2
 
 
 @pytest.fixture(scope="module")
@@ -30,8 +38,9 @@ def summary(results):
 
 
 @pytest.mark.timeout(180)
-def test_recorders_creating_one_url_at_once_one_wins_and_the_others_are_refused(pool, tmp_path):
-    urls = [str(tmp_path / f"created-{i}.zarr") for i in range(6)]
+def test_recorders_creating_one_url_at_once_one_wins_and_the_others_are_refused(pool, tmp_path,
+                                                                              run_sweeps):
+    urls = [str(tmp_path / f"created-{i}.zarr") for i in range(repeats(run_sweeps, 6))]
 
     results = [creators_trial(pool, url, mode="w-") for url in urls]
 
@@ -40,8 +49,9 @@ def test_recorders_creating_one_url_at_once_one_wins_and_the_others_are_refused(
 
 
 @pytest.mark.timeout(180)
-def test_recorders_replacing_one_archive_at_once_leave_exactly_one_recording(pool, tmp_path):
-    urls = [str(tmp_path / f"replaced-{i}.zarr") for i in range(4)]
+def test_recorders_replacing_one_archive_at_once_leave_exactly_one_recording(pool, tmp_path,
+                                                                           run_sweeps):
+    urls = [str(tmp_path / f"replaced-{i}.zarr") for i in range(repeats(run_sweeps, 4))]
     for url in urls:
         creators_trial(pool, url, mode="w-")
 
@@ -52,8 +62,9 @@ def test_recorders_replacing_one_archive_at_once_leave_exactly_one_recording(poo
 
 
 @pytest.mark.timeout(180)
-def test_recorders_appending_to_one_archive_at_once_let_only_one_write(pool, tmp_path):
-    urls = [str(tmp_path / f"appended-{i}.zarr") for i in range(4)]
+def test_recorders_appending_to_one_archive_at_once_let_only_one_write(pool, tmp_path,
+                                                                     run_sweeps):
+    urls = [str(tmp_path / f"appended-{i}.zarr") for i in range(repeats(run_sweeps, 4))]
 
     results = [appenders_trial(pool, url) for url in urls]
 
@@ -62,9 +73,10 @@ def test_recorders_appending_to_one_archive_at_once_let_only_one_write(pool, tmp
 
 
 @pytest.mark.timeout(180)
-def test_recorders_creating_one_s3_url_at_once_one_wins(pool, s3_server):
+def test_recorders_creating_one_s3_url_at_once_one_wins(pool, s3_server, run_sweeps):
     options = s3_server.storage_options()
-    urls = [f"s3://flyarchive-test/race-{uuid.uuid4().hex}.zarr" for _ in range(3)]
+    urls = [f"s3://flyarchive-test/race-{uuid.uuid4().hex}.zarr"
+            for _ in range(repeats(run_sweeps, 3))]
 
     results = [creators_trial(pool, url, mode="w-", storage_options=options) for url in urls]
 
@@ -72,9 +84,11 @@ def test_recorders_creating_one_s3_url_at_once_one_wins(pool, s3_server):
 
 
 @pytest.mark.timeout(180)
-def test_a_reader_polling_while_a_writer_appends_sees_no_damage_and_no_wrong_frame(tmp_path):
-    with RecorderPool(1) as writer:
-        result = reader_trial(writer, str(tmp_path / "polled.zarr"), n_steps=1200)
+def test_a_reader_polling_while_a_writer_appends_sees_no_damage_and_no_wrong_frame(tmp_path,
+                                                                                  run_sweeps):
+    with RecorderPool(1) as writer:  # a commit every 8 steps: 50 commits, 150 with --run-sweeps
+        result = reader_trial(writer, str(tmp_path / "polled.zarr"),
+                              n_steps=1200 if run_sweeps else 400)
 
     assert result.writer == "ok"
     assert result.damaged == 0, result.errors[:3]

@@ -35,6 +35,7 @@ def shared_archive(model, url, n_worlds=4, shard_worlds=2, capacity=64):
     ArchiveWriter.create(url, spec)
 
 
+@pytest.mark.subprocess
 @pytest.mark.timeout(120)
 def test_two_processes_writing_disjoint_blocks_both_land(tiny, tmp_path):
     url = str(tmp_path / "shared.zarr")

@@ -10,7 +10,7 @@ import pytest
 
 from flyarchive.testing.hostile import make_case, make_sound, run_isolated, snapshot
 
-pytestmark = pytest.mark.timeout(90)
+pytestmark = [pytest.mark.subprocess, pytest.mark.timeout(90)]
 
 
 @pytest.fixture(scope="module")

@@ -12,6 +12,8 @@ from flyarchive import TrajectoryRecorder, open_archive
 from flyarchive.testing import reference_frames, simulate
 from flyarchive.testing.fixtures import record
 
+pytestmark = pytest.mark.subprocess
+
 WRITER = """
 import sys
 from flyarchive import TrajectoryRecorder

@@ -8,13 +8,14 @@ import pytest
 
 from flyarchive.testing.interop_kills import InteropKillConfig, kill_trial
 
-pytestmark = pytest.mark.timeout(300)
+pytestmark = [pytest.mark.subprocess, pytest.mark.timeout(300)]
 
 IMPORT_STEPS = InteropKillConfig(operation="import").total_steps  # 24 commits
 EXPORT_FILES = InteropKillConfig(operation="export", n_files=6).total_steps
 
 
-@pytest.mark.parametrize("wait_steps", [0, 3, 12, IMPORT_STEPS])
+@pytest.mark.parametrize("wait_steps", [0, 3, pytest.param(12, marks=pytest.mark.sweep),
+                                        IMPORT_STEPS])  # before, between (twice), after the commits
 def test_a_killed_import_is_reported_partial_and_resume_equals_a_whole_import(tmp_path, wait_steps):
     config = InteropKillConfig(operation="import", wait_steps=wait_steps)
 

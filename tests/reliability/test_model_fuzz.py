@@ -12,7 +12,7 @@ import pytest
 from flyarchive.testing.hostile import make_sound, snapshot
 from flyarchive.testing.model_fuzz import crafted, fuzz, make_case, put_model, run_command, summarize
 
-pytestmark = [pytest.mark.timeout(600), pytest.mark.slow]
+pytestmark = [pytest.mark.subprocess, pytest.mark.timeout(600), pytest.mark.slow]
 
 #: Seeds of flyarchive.testing.model_fuzz.mutate and what MuJoCo 3.16 does with their bytes.
 SEEDS = {246: "SIGSEGV", 32: "FatalError", 0: "ok"}

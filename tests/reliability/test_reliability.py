@@ -21,8 +21,9 @@ PACKAGE = Path(__file__).resolve().parents[2] / "flyarchive"
 
 
 # ----------------------------------------------------------------------------- kills
+@pytest.mark.subprocess
 @pytest.mark.timeout(300)
-@pytest.mark.parametrize("seed", range(5))
+@pytest.mark.parametrize("seed", [0, 1, *(pytest.param(s, marks=pytest.mark.sweep) for s in (2, 3, 4))])
 def test_sigkill_at_a_random_point_keeps_committed_frames_and_resumes(tmp_path, seed):
     config = KillConfig(backend="cpu", seed=seed, chunk_frames=5, max_wait_frames=30)
 
@@ -35,6 +36,7 @@ def test_sigkill_at_a_random_point_keeps_committed_frames_and_resumes(tmp_path, 
 
 
 @requires_warp
+@pytest.mark.subprocess
 @pytest.mark.timeout(600)
 def test_sigkill_of_a_mujoco_warp_recording_keeps_committed_frames_and_resumes(tmp_path):
     config = KillConfig(backend="warp", seed=1, chunk_frames=5, max_wait_frames=30)
@@ -144,6 +146,7 @@ print(len(result.videos))
 """
 
 
+@pytest.mark.subprocess
 @pytest.mark.timeout(400)
 def test_four_cpu_render_processes_at_once_all_finish(tiny, tmp_path):
     from flyarchive.video import read_video

@@ -2,7 +2,13 @@
 own process and on a LocalCluster: no half-written video under a final name, nothing left
 after the next run, Ctrl-C exits 130 and SIGTERM 143 with one line; a stop keeps the
 finished videos listed in the manifest, and ``--resume`` keeps them untouched and renders
-the rest. Real processes, real signals (flyarchive.testing.render_kills)."""
+the rest. Real processes, real signals (flyarchive.testing.render_kills).
+
+One trial per distinct stop: SIGKILL and Ctrl-C mid-render on a LocalCluster (its workers
+die with the render), and a stop at the first finished video by SIGTERM (in its process and
+on a cluster) and by SIGKILL. The other combinations (``sweep``: ``--run-sweeps``) repeat
+these in the other place; ``scripts/reliability_report.py --render-kills N`` runs every
+where x how x stop combination N times."""
 
 from __future__ import annotations
 
@@ -27,7 +33,9 @@ from flyarchive.testing.render_kills import (  # noqa: E402
     render_kill_trial,
 )
 
-pytestmark = pytest.mark.timeout(400)
+pytestmark = [pytest.mark.subprocess, pytest.mark.timeout(400)]
+#: The render in its own process: a repeat of the same stop on the cluster or at the first video.
+_PROCESS_AGAIN = pytest.param("process", marks=pytest.mark.sweep)
 
 
 @pytest.fixture(scope="module")
@@ -36,7 +44,7 @@ def archive(tmp_path_factory: pytest.TempPathFactory) -> RenderArchive:
     return make_render_archive(tmp_path_factory.mktemp("render-kill"), n_steps=400)
 
 
-@pytest.fixture(scope="module", params=["process", "dask"])
+@pytest.fixture(scope="module", params=[_PROCESS_AGAIN, "dask"])
 def killed(request: pytest.FixtureRequest, archive: RenderArchive,
            tmp_path_factory: pytest.TempPathFactory) -> Any:
     """A render SIGKILLed mid-way, then rendered again into the same folder."""
@@ -44,7 +52,7 @@ def killed(request: pytest.FixtureRequest, archive: RenderArchive,
     return render_kill_trial(archive, work, RenderKillConfig(request.param, "kill", seed=1))
 
 
-@pytest.fixture(scope="module", params=["process", "dask"])
+@pytest.fixture(scope="module", params=[_PROCESS_AGAIN, "dask"])
 def interrupted(request: pytest.FixtureRequest, archive: RenderArchive,
                 tmp_path_factory: pytest.TempPathFactory) -> Any:
     """A render interrupted mid-way by SIGINT to its process group (Ctrl-C in a terminal),
@@ -81,9 +89,9 @@ def test_ctrl_c_mid_render_leaves_nothing_behind(interrupted: Any) -> None:
 
 
 # ----------------------------------------------------------------------------- keep, resume
-@pytest.fixture(scope="module", params=[("process", "int"), ("process", "term"),
-                                        ("process", "kill"), ("dask", "term")],
-                ids=lambda p: "-".join(p))
+@pytest.fixture(scope="module", params=[
+    pytest.param(("process", "int"), marks=pytest.mark.sweep),  # Ctrl-C: as `interrupted`
+    ("process", "term"), ("process", "kill"), ("dask", "term")], ids=lambda p: "-".join(p))
 def resumed(request: pytest.FixtureRequest, archive: RenderArchive,
             tmp_path_factory: pytest.TempPathFactory) -> Any:
     """A render stopped as soon as its manifest lists a finished video (the event its
@@ -123,6 +131,7 @@ def test_resume_keeps_listed_videos_untouched_and_renders_the_rest(resumed: Any)
 
 
 # ----------------------------------------------------------------------------- a worker dies
+@pytest.mark.cluster  # its own: one of its workers is killed
 def test_a_worker_killed_mid_render_fails_naming_the_world_and_leaves_no_video(
         archive: RenderArchive, tmp_path: Path) -> None:
     import dask

@@ -27,7 +27,7 @@ import zarr  # noqa: E402
 from flyarchive.testing.faultproxy import FaultPlan, FaultProxy  # noqa: E402
 from flyarchive.testing.s3 import S3Server, S3ServerStartError  # noqa: E402
 
-pytestmark = pytest.mark.timeout(120)
+pytestmark = [pytest.mark.s3, pytest.mark.timeout(120)]
 
 _bucket_ids = itertools.count()
 # A SigV4-shaped header: moto refuses anonymous GET/HEAD but does not check signatures.
@@ -40,9 +40,9 @@ _S3_FAILURES = (OSError, botocore.exceptions.BotoCoreError)
 
 
 @pytest.fixture(scope="module")
-def server() -> Iterator[S3Server]:
-    with S3Server() as s:
-        yield s
+def server(s3_server: S3Server) -> S3Server:
+    """The run's shared server (tests/conftest.py); the lifecycle tests start their own."""
+    return s3_server
 
 
 @pytest.fixture

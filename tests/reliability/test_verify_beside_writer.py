@@ -16,6 +16,8 @@ from flyarchive.testing.concurrency import RecorderPool
 from flyarchive.testing.synthetic import TIMING, write_random
 from flyarchive.testing.verify_beside import METADATA_ADVICE, verify_trial
 
+pytestmark = pytest.mark.subprocess
+
 BUCKET = "flyarchive-test"  # created by the s3_server fixture
 
 

@@ -16,7 +16,7 @@ from flyarchive.testing.holes import INCONSISTENT_CASES, MISSING_CASES
 from flyarchive.testing.hostile import CASES, make_case, make_sound, snapshot
 from flyarchive.testing.ways_in import disagreements, verdicts, verdicts_isolated
 
-pytestmark = pytest.mark.timeout(120)
+pytestmark = [pytest.mark.subprocess, pytest.mark.timeout(120)]
 
 
 @pytest.fixture(scope="module")

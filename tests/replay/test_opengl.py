@@ -166,6 +166,7 @@ def test_closed_renderer_refuses_to_render() -> None:
         renderer.render(tiny_model().qpos0[None])
 
 
+@pytest.mark.subprocess
 def test_unusable_egl_raises_render_backend_error_with_instructions() -> None:
     script = (
         "from flyarchive.replay.opengl import OpenGLRenderer\n"
@@ -196,6 +197,7 @@ def test_pin_rasterizer_threads_sets_lp_num_threads_only_when_unset(
     assert (first, second, os.environ["LP_NUM_THREADS"]) == ("1", "1", "1")
 
 
+@pytest.mark.subprocess
 def test_egl_is_used_even_when_mujoco_was_imported_before_flyarchive() -> None:
     script = (
         "import mujoco\n"  # MUJOCO_GL unset here: MuJoCo binds GLFW, which needs a display

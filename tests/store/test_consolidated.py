@@ -143,8 +143,9 @@ def test_verify_reports_consolidated_codecs_that_differ_from_the_arrays_own(tmp_
 
 
 # ----------------------------------------------------------------------------- harnesses
+@pytest.mark.subprocess
 @pytest.mark.timeout(300)
-@pytest.mark.parametrize("seed", range(3))
+@pytest.mark.parametrize("seed", [0, *(pytest.param(s, marks=pytest.mark.sweep) for s in (1, 2))])
 def test_after_a_sigkill_plain_xarray_opens_without_warning_and_nothing_is_ahead(tmp_path, seed):
     config = KillConfig(backend="cpu", seed=seed, chunk_frames=1, max_wait_frames=25)
 
@@ -154,6 +155,7 @@ def test_after_a_sigkill_plain_xarray_opens_without_warning_and_nothing_is_ahead
     assert result.problems == []  # plain open, verify's consolidated checks, resume
 
 
+@pytest.mark.subprocess
 @pytest.mark.timeout(240)
 def test_s3_readers_polling_a_committing_writer_see_no_damage_and_nothing_ahead(s3_server):
     url = f"s3://{BUCKET}/{uuid.uuid4().hex}.zarr"
