@@ -18,6 +18,17 @@ def bytes_read():
         return next(int(line.split()[1]) for line in f if line.startswith("rchar:"))
 
 
+def bytes_read_by(read):
+    """Bytes this process reads while ``read()`` runs: the least of three runs, as other
+    threads (a test worker's channel, a Dask client's heartbeats) may read at the same time."""
+    counts = []
+    for _ in range(3):
+        before = bytes_read()
+        read()
+        counts.append(bytes_read() - before)
+    return min(counts)
+
+
 def stored_bytes_of_world(url, world, shard_worlds=64):
     """Bytes of a world's inner chunks of qpos, from the shard indexes."""
     from pathlib import Path
@@ -54,9 +65,7 @@ def test_one_world_of_a_64_world_shard_reads_about_its_own_bytes(tmp_path):
     ds.qpos.isel(world=2).values  # warm-up: imports, metadata
     own = stored_bytes_of_world(url, 33)
 
-    before = bytes_read()
-    ds.qpos.isel(world=33).values
-    read = bytes_read() - before
+    read = bytes_read_by(lambda: ds.qpos.isel(world=33).values)
 
     assert read < 3 * own, (read, own)  # the whole shard is 64x
 
@@ -68,9 +77,7 @@ def test_a_time_window_of_one_world_reads_only_that_windows_chunks(tmp_path):
     ds.qpos.isel(world=2, time=slice(0, 5)).values  # warm-up
     own = stored_bytes_of_world(url, 33)  # four chunks of 20 frames
 
-    before = bytes_read()
-    ds.qpos.isel(world=33, time=slice(41, 45)).values
-    read = bytes_read() - before
+    read = bytes_read_by(lambda: ds.qpos.isel(world=33, time=slice(41, 45)).values)
 
     assert read < own / 2, (read, own)
 

@@ -40,8 +40,9 @@ _PROCESS_AGAIN = pytest.param("process", marks=pytest.mark.sweep)
 
 @pytest.fixture(scope="module")
 def archive(tmp_path_factory: pytest.TempPathFactory) -> RenderArchive:
-    """2 worlds of 21 frames: long enough to stop mid-render."""
-    return make_render_archive(tmp_path_factory.mktemp("render-kill"), n_steps=400)
+    """4 worlds of 21 frames, 8 videos (cameras 'front' and 'top'): long enough to stop
+    mid-render, and a stop at the first finished video on 2 workers comes before the last."""
+    return make_render_archive(tmp_path_factory.mktemp("render-kill"), n_worlds=4, n_steps=400)
 
 
 @pytest.fixture(scope="module", params=[_PROCESS_AGAIN, "dask"])
@@ -101,13 +102,14 @@ def resumed(request: pytest.FixtureRequest, archive: RenderArchive,
     return render_kill_trial(archive, work, RenderKillConfig(where, how, stop="first-video"))
 
 
-def test_a_stop_keeps_finished_videos_whole_and_listed(resumed: Any) -> None:
+def test_a_stop_keeps_finished_videos_whole_and_listed(resumed: Any,
+                                                       archive: RenderArchive) -> None:
     expected_exit = {"int": 130, "term": 143, "kill": -signal.SIGKILL}[resumed.config.how]
     assert resumed.stopped_mid_render
 
     assert resumed.exit_code == expected_exit
     assert resumed.listed and resumed.listed_missing == [] and resumed.half_written == []
-    assert len(resumed.finals) < 4  # stopped before the last video
+    assert len(resumed.finals) < 2 * archive.n_worlds  # stopped before the last video
 
 
 def test_a_stop_leaves_only_finished_videos_or_what_the_next_run_removes(resumed: Any) -> None:
@@ -121,12 +123,13 @@ def test_a_stop_leaves_only_finished_videos_or_what_the_next_run_removes(resumed
         assert resumed.left_after_stop == []
 
 
-def test_resume_keeps_listed_videos_untouched_and_renders_the_rest(resumed: Any) -> None:
+def test_resume_keeps_listed_videos_untouched_and_renders_the_rest(
+        resumed: Any, archive: RenderArchive) -> None:
     assert resumed.stopped_mid_render
 
     assert resumed.rerun_ok, resumed.problems
     assert sorted(resumed.kept) == sorted(resumed.listed)
-    assert resumed.resumed_listed == 4 and resumed.left_after_rerun == []
+    assert resumed.resumed_listed == 2 * archive.n_worlds and resumed.left_after_rerun == []
     assert resumed.problems == []
 
 

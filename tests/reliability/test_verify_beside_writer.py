@@ -29,25 +29,27 @@ def pool():
 
 # ----------------------------------------------------------------------------- real writers
 @pytest.mark.timeout(600)
-def test_twelve_verify_runs_beside_an_appending_writer_give_no_false_alarm(pool, tmp_path):
-    result = verify_trial(pool, str(tmp_path / "run.zarr"), n_runs=12)
+def test_verify_runs_beside_an_appending_writer_give_no_false_alarm(pool, tmp_path, run_sweeps):
+    n_runs = 12 if run_sweeps else 4  # scripts/reliability_report.py --verify-runs N: N runs
+    result = verify_trial(pool, str(tmp_path / "run.zarr"), n_runs=n_runs)
 
     assert result.writer == "ok"
-    assert result.runs == 12
-    assert result.runs_with_writer >= 6  # the writer held its claim while they read
-    assert result.commits_seen > 3  # and committed between them
+    assert result.runs == n_runs
+    assert result.runs_with_writer >= n_runs // 2  # the writer held its claim while they read
+    assert result.commits_seen > (3 if run_sweeps else 1)  # and committed between them
     assert result.false_alarms == []
     assert result.metadata_advice == []
 
 
 @pytest.mark.timeout(600)
-def test_verify_runs_beside_a_writer_on_s3_give_no_false_alarm(pool, s3_server):
+def test_verify_runs_beside_a_writer_on_s3_give_no_false_alarm(pool, s3_server, run_sweeps):
     url = f"s3://{BUCKET}/{uuid.uuid4().hex}.zarr"
+    n_runs = 4 if run_sweeps else 2
 
-    result = verify_trial(pool, url, n_runs=4, storage_options=s3_server.storage_options())
+    result = verify_trial(pool, url, n_runs=n_runs, storage_options=s3_server.storage_options())
 
     assert result.writer == "ok"
-    assert result.runs == 4
+    assert result.runs == n_runs
     assert result.false_alarms == []
     assert result.metadata_advice == []
 
