@@ -400,6 +400,11 @@ class StateReader:
             worlds = sorted({int(self.world_ids[w]) for w, _, _ in pieces})
             what, err = self._damaged(pieces, err)
             raise corrupt_read(self.url, f"the states of worlds {worlds}{what}", err) from None
+        except Exception as err:  # a storage fault (zarr's concurrent reads: in a group)
+            new = storage_errors.translate(err, self.url)
+            if new is None:
+                raise
+            raise new from None
         for name, values in out.items():
             self._check_present(name, values, pieces)
         return out["qpos"], out.get("mocap_pos"), out.get("mocap_quat")

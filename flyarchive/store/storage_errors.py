@@ -140,6 +140,8 @@ def translate(
         url: The URL that was being read or written (named in the message).
         storage_options: The options used (to name the endpoint and scrub secrets).
     """
+    while isinstance(err, BaseExceptionGroup) and err.exceptions:
+        err = err.exceptions[0]  # zarr's concurrent reads (a TaskGroup): the first fault
     if isinstance(err, FlyarchiveError):
         return None
     names = _names(err)
