@@ -51,6 +51,9 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     group = parser.getgroup("flyarchive tiers")
     group.addoption("--fast", action="store_true",
                     help=f"leave out the expensive tests (markers {', '.join(EXPENSIVE)})")
+    group.addoption("--cpu-report", metavar="FILE", default=None,
+                    help="write each test's CPU seconds (this process, the processes it "
+                         "started, the shared cluster's workers) to FILE as JSON lines")
     group.addoption("--run-sweeps", action="store_true",
                     help="also run the cases marked 'sweep' (more seeds, signals, archives "
                          "of behaviours another case tests)")
@@ -91,6 +94,43 @@ def pytest_runtest_logreport(report: pytest.TestReport) -> None:
     if (report.when == "call" and report.duration > _UNMARKED_SLOW_S
             and not any(name in report.keywords for name in EXPENSIVE)):
         _unmarked_slow.append((report.nodeid, report.duration))
+
+
+def _cpu_seconds() -> float:
+    """CPU seconds of this process, its reaped children and every live descendant."""
+    import resource
+
+    import psutil
+
+    total = 0.0
+    for who in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN):
+        usage = resource.getrusage(who)
+        total += usage.ru_utime + usage.ru_stime
+    for child in psutil.Process().children(recursive=True):
+        try:
+            times = child.cpu_times()
+        except psutil.Error:
+            continue
+        total += times.user + times.system
+    return total
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_protocol(item: pytest.Item, nextitem: Any) -> Any:
+    target = item.config.getoption("--cpu-report")
+    if not target:
+        return (yield)
+    import json
+    import time
+
+    cpu, wall = _cpu_seconds(), time.perf_counter()
+    try:
+        return (yield)
+    finally:
+        row = {"test": item.nodeid, "cpu_s": round(_cpu_seconds() - cpu, 2),
+               "wall_s": round(time.perf_counter() - wall, 2)}
+        with open(target, "a") as out:
+            out.write(json.dumps(row) + "\n")
 
 
 def pytest_terminal_summary(terminalreporter: Any) -> None:
