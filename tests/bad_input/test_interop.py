@@ -8,6 +8,7 @@ import json
 import subprocess
 import sys
 import uuid
+from typing import Any
 
 import numpy as np
 import pytest
@@ -317,9 +318,17 @@ def test_cli_export_refuses_a_world_selection_it_cannot_take(archive, tmp_path, 
 
 
 # ----------------------------------------------------------------------------- S3
+def fresh_bucket(s3_server: Any) -> str:
+    """A new empty bucket of its own (a snapshot of the shared one reads every test's data)."""
+    name = f"bad-input-{uuid.uuid4().hex[:12]}"
+    s3_server.create_bucket(name)
+    return name
+
+
 def test_recording_to_an_unreachable_endpoint_is_a_storage_error(tiny, s3_server, unreachable):
-    url = f"s3://flyarchive-test/{uuid.uuid4().hex}.zarr"
-    before = bucket_snapshot(s3_server.filesystem(), "flyarchive-test")
+    bucket = fresh_bucket(s3_server)
+    url = f"s3://{bucket}/{uuid.uuid4().hex}.zarr"
+    before = bucket_snapshot(s3_server.filesystem(), bucket)
 
     with pytest.raises(StorageError, match="Cannot reach the storage of .* nothing answered at "
                                            "http://127.0.0.1:") as err:
@@ -327,7 +336,7 @@ def test_recording_to_an_unreachable_endpoint_is_a_storage_error(tiny, s3_server
 
     assert url in str(err.value)
     assert "unreachable-secret-value" not in str(err.value)
-    assert bucket_snapshot(s3_server.filesystem(), "flyarchive-test") == before
+    assert bucket_snapshot(s3_server.filesystem(), bucket) == before
 
 
 def test_cli_info_of_an_unreachable_endpoint_is_one_line_exit_2(unreachable, cli, tmp_path,
@@ -351,12 +360,13 @@ def test_recording_without_credentials_is_a_storage_error(tiny, s3_server, monke
     monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
     options = s3_server.storage_options(skip_instance_cache=True)
     del options["key"], options["secret"]
-    before = bucket_snapshot(s3_server.filesystem(), "flyarchive-test")
+    bucket = fresh_bucket(s3_server)
+    before = bucket_snapshot(s3_server.filesystem(), bucket)
 
     with pytest.raises(StorageError, match="No usable credentials were found for 's3://"):
-        record(tiny, f"s3://flyarchive-test/{uuid.uuid4().hex}.zarr", storage_options=options)
+        record(tiny, f"s3://{bucket}/{uuid.uuid4().hex}.zarr", storage_options=options)
 
-    assert bucket_snapshot(s3_server.filesystem(), "flyarchive-test") == before
+    assert bucket_snapshot(s3_server.filesystem(), bucket) == before
 
 
 def test_recording_with_refused_credentials_hides_key_and_secret(tiny, forbidding_s3, tmp_path,
