@@ -1,9 +1,11 @@
 """``flyarchive demo``, the main job on embedded defaults, end to end (short): simulate,
 record, verify, plot, render on one local Dask cluster (started while the flies walk,
-used by both renders), and its refusal to overwrite an earlier demo."""
+used by both renders), run once; and the command's refusal to overwrite that demo."""
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 import subprocess
 import sys
@@ -20,33 +22,47 @@ pytestmark = [requires_flygym, pytest.mark.timeout(600)]
 DEMO = [sys.executable, "-c", "from flyarchive.cli import run; run()", "demo"]
 
 
-def test_the_demo_records_verifies_plots_and_renders_on_one_cluster(tmp_path, monkeypatch):
-    from flyarchive.demo import run_demo
+@pytest.fixture(scope="module")
+def demo(tmp_path_factory):
+    """``flyarchive demo`` of 2 worlds, 0.1 s, 2 render workers, run once (in this process,
+    through the command line's entry point): its output folder, exit code, what it printed
+    and the local clusters it started."""
+    from flyarchive.cli import main
     from flyarchive.distribute import cluster as clusters
 
+    out = tmp_path_factory.mktemp("demo") / "demo"
     started = []
     real = clusters._start_local
-    monkeypatch.setattr(clusters, "_start_local",
-                        lambda *a, **k: started.append(a[1:]) or real(*a, **k))
+    printed = io.StringIO()
+    with pytest.MonkeyPatch.context() as patch, contextlib.redirect_stdout(printed):
+        patch.setattr(clusters, "_start_local",
+                      lambda *a, **k: started.append(a[1:]) or real(*a, **k))
+        code = main(["demo", "--out", str(out), "--worlds", "2", "--seconds", "0.1",
+                     "--workers", "2"])
+    return out, code, printed.getvalue(), started
 
-    done = run_demo(tmp_path / "demo", n_worlds=2, seconds=0.1, n_workers=2)
 
+def test_the_demo_records_verifies_plots_and_renders_on_one_cluster(demo):
+    out, code, printed, started = demo
+    archive = out / "demo.zarr"
+
+    assert code == 0, printed
     assert started == [(2, None)]  # one cluster, started early, for both renders
-    assert done["verify_ok"] and verify(done["archive"]).ok
-    ds = open_archive(done["archive"])
-    assert ds.sizes["world"] == 2 and int(ds.n_frames.min()) == done["frames"] > 0
-    manifest = json.loads((tmp_path / "demo" / "videos" / "manifest.json").read_text())
-    assert {v["path"] for v in manifest["videos"]} >= set(done["mosaics"])
-    for path in [*done["videos"], *done["mosaics"], done["plot"]]:
-        assert Path(path).is_absolute() and Path(path).stat().st_size > 0, path
+    assert "verify: OK" in printed and verify(str(archive)).ok
+    ds = open_archive(str(archive))
+    frames = int(ds.n_frames.min())
+    assert ds.sizes["world"] == 2 and frames > 0
+    assert f"recorded {frames} frames x 2 worlds to {archive}" in printed
+    manifest = json.loads((out / "videos" / "manifest.json").read_text())
+    videos = [Path(v["path"]) for v in manifest["videos"]]
+    assert {v.parent.name for v in videos} == {"world00000", "world00001", "mosaic000"}
+    for path in [*videos, out / "world0.png"]:
+        assert path.is_absolute() and path.stat().st_size > 0, path
+    assert f"flyarchive view {archive} --out {out / 'view-videos'}" in printed
 
 
-def test_the_demo_command_refuses_to_overwrite_an_earlier_demo(tmp_path):
-    out = tmp_path / "demo"
-    first = subprocess.run([*DEMO, "--out", str(out), "--worlds", "2", "--seconds", "0.05",
-                            "--no-render"], capture_output=True, text=True, timeout=300)
-    assert first.returncode == 0, first.stderr
-    assert f"flyarchive view {out / 'demo.zarr'} --out {out / 'view-videos'}" in first.stdout
+def test_the_demo_command_refuses_to_overwrite_an_earlier_demo(demo):
+    out = demo[0]
     before = (out / "demo.zarr" / "zarr.json").read_bytes()
 
     again = subprocess.run([*DEMO, "--out", str(out), "--no-render"], capture_output=True,
