@@ -20,6 +20,11 @@ value and what is allowed; unset or empty means the default.
 - ``FLYARCHIVE_WORKER`` (a switch; default off): on marks a worker process of
   flyarchive's own LocalCluster, one core each (one Mesa thread, one x264 thread);
   flyarchive sets it for its workers.
+- ``FLYARCHIVE_WARP_OPTIMIZATION`` (a whole number from 0 to 3; default: unset, Warp's
+  own: ``-O2`` on the CPU, ``-O3`` on CUDA): the compiler optimization level of the Warp
+  kernels flyarchive loads, unless the program set ``warp.config.optimization_level``
+  itself. 0 compiles mujoco-warp's kernels for Warp's CPU device in about half the time
+  and runs them slower: for short runs on a fresh kernel cache (tests, CI).
 - ``FLYARCHIVE_CACHE_DIR`` (a folder; default: unset): flyarchive's cache folder (the
   verdicts of the checks of models read from archives, :mod:`flyarchive.store.model_check`).
   Unset or empty: ``$XDG_CACHE_HOME/flyarchive``, or ``~/.cache/flyarchive`` when
@@ -66,21 +71,25 @@ class Knob:
         default: Its value when unset or empty.
         minimum: The smallest integer allowed; None: the variable is a switch (bool).
         meaning: What it changes, in a sentence (for the README and errors).
+        maximum: The largest integer allowed (None: no bound).
     """
 
     name: str
-    default: int | bool
+    default: int | bool | None
     minimum: int | None
     meaning: str
+    maximum: int | None = None
 
     @property
     def allowed(self) -> str:
         """What the variable may hold, in words."""
         if self.minimum is None:
             return "a switch: 1, true, yes, on or 0, false, no, off"
+        if self.maximum is not None:
+            return f"a whole number from {self.minimum} to {self.maximum}"
         return f"a whole number >= {self.minimum}"
 
-    def read(self) -> int | bool:
+    def read(self) -> int | bool | None:
         """The variable's value now.
 
         Raises:
@@ -97,7 +106,7 @@ class Knob:
                 number = int(text)
             except ValueError:
                 number = None
-            if number is not None and number >= self.minimum:
+            if number is not None and self.minimum <= number <= (self.maximum or number):
                 return number
         raise ConfigError(
             f"The environment variable {self.name}={os.environ[self.name]!r} cannot be used: "
@@ -174,11 +183,13 @@ VERBOSE = Knob("FLYARCHIVE_VERBOSE", False, None,
                "1: show Warp's initialization and kernel-loading messages")
 WORKER = Knob("FLYARCHIVE_WORKER", False, None,
               "1: a worker process of flyarchive's LocalCluster, one core each")
+WARP_OPTIMIZATION = Knob("FLYARCHIVE_WARP_OPTIMIZATION", None, 0,
+                         "the compiler optimization level of flyarchive's Warp kernels", 3)
 #: The name of the variable that moves flyarchive's cache folder (:func:`cache_folder`).
 CACHE_DIR = "FLYARCHIVE_CACHE_DIR"
 #: Every variable, by name.
 KNOBS: dict[str, Knob] = {k.name: k for k in (ENCODERS, BATCHES_IN_FLIGHT, CUDA_GRAPH, VERBOSE,
-                                               WORKER, CPUS)}
+                                               WORKER, CPUS, WARP_OPTIMIZATION)}
 
 
 def encoders() -> int:
@@ -232,6 +243,17 @@ def verbose() -> bool:
 def set_verbose(on: bool) -> None:
     """Show (True) or hide (False) Warp's messages, in this process and processes it starts."""
     os.environ[VERBOSE.name] = "1" if on else "0"
+
+
+def warp_optimization() -> int | None:
+    """The optimization level for Warp's kernel compiler (``FLYARCHIVE_WARP_OPTIMIZATION``,
+    0 to 3), None when unset (Warp's default).
+
+    Raises:
+        ConfigError: the variable is not a whole number from 0 to 3.
+    """
+    level = WARP_OPTIMIZATION.read()
+    return None if level is None else int(level)
 
 
 def is_worker() -> bool:

@@ -33,7 +33,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from flyarchive.config import verbose
+from flyarchive.config import verbose, warp_optimization
 from flyarchive.errors import missing_dependency
 
 #: Folder of the kernel cache that holds the compile locks (one file per module).
@@ -86,10 +86,13 @@ def configure_warp(wp: Any) -> None:
     (no greeting, no "Module ... load" lines); on a machine without a CUDA driver,
     Warp is initialized now with its native "could not load the CUDA driver" line
     held back (any other output of that moment is passed on). Verbose: ``LOG_INFO``.
-    Either way, kernel compilation is serialized across processes (see the module doc).
+    Either way, kernel compilation is serialized across processes (see the module doc),
+    and ``FLYARCHIVE_WARP_OPTIMIZATION`` sets the compiler's optimization level
+    (:func:`set_optimization`).
     """
     config = wp.config
     _lock_compilation(wp)
+    set_optimization(config)
     if verbose():
         if getattr(config, "log_level", None) is not None and config.log_level > wp.LOG_INFO:
             config.log_level = wp.LOG_INFO
@@ -101,6 +104,18 @@ def configure_warp(wp: Any) -> None:
         config.quiet = True
     if not _cuda_driver_loadable() and not _initialized(wp):
         _init_without_cuda_warning(wp)
+
+
+def set_optimization(config: Any) -> None:
+    """Give Warp's ``config`` the level of ``FLYARCHIVE_WARP_OPTIMIZATION`` when it is set
+    and the program left ``config.optimization_level`` at Warp's default (None).
+
+    Raises:
+        ConfigError: the variable is not a whole number from 0 to 3.
+    """
+    level = warp_optimization()
+    if level is not None and getattr(config, "optimization_level", 0) is None:
+        config.optimization_level = level
 
 
 def _cuda_driver_loadable() -> bool:

@@ -31,6 +31,12 @@ os.environ.setdefault("MUJOCO_GL", "egl")
 from flyarchive.testing import markers  # noqa: E402
 from flyarchive.testing.fixtures import Location  # noqa: E402
 
+# Warp kernels for Warp's CPU device compile in about half the time at -O0 (the tiny
+# models run fast enough either way): CI starts from an empty kernel cache. This process,
+# the processes the tests start and the cluster's workers all inherit it.
+if markers.WARP_DEVICE == "cpu":
+    os.environ.setdefault("FLYARCHIVE_WARP_OPTIMIZATION", "0")
+
 #: Markers of what makes a test expensive; ``--fast`` deselects a test that has any of them.
 EXPENSIVE = ("cluster", "subprocess", "warp", "flygym", "s3", "browser", "install", "slow")
 #: Fixtures that make a test expensive, and the marker each gives.

@@ -13,6 +13,7 @@ import flyarchive
 from flyarchive import config
 from flyarchive.errors import ConfigError
 from flyarchive.testing.fixtures import record, snapshot
+from flyarchive.testing.markers import requires_warp
 
 ROOT = Path(__file__).resolve().parents[2]
 SIZE = (32, 48)  # (height, width)
@@ -35,6 +36,9 @@ BAD_VALUES = [
     ("FLYARCHIVE_CUDA_GRAPH", "sometimes", "a switch"),
     ("FLYARCHIVE_VERBOSE", "2", "a switch"),
     ("FLYARCHIVE_WORKER", "yes please", "a switch"),
+    ("FLYARCHIVE_WARP_OPTIMIZATION", "4", "whole number from 0 to 3"),
+    ("FLYARCHIVE_WARP_OPTIMIZATION", "-1", "whole number from 0 to 3"),
+    ("FLYARCHIVE_WARP_OPTIMIZATION", "O2", "whole number from 0 to 3"),
 ]
 
 
@@ -59,9 +63,44 @@ def test_unset_or_empty_variables_take_their_defaults(monkeypatch: pytest.Monkey
     monkeypatch.setenv("FLYARCHIVE_BATCHES_IN_FLIGHT", "  ")
 
     actual = (config.encoders(), config.batches_in_flight(), config.cuda_graph(),
-              config.verbose(), config.is_worker())
+              config.verbose(), config.is_worker(), config.warp_optimization())
 
-    assert actual == (os.cpu_count() or 1, 4, True, False, False)
+    assert actual == (os.cpu_count() or 1, 4, True, False, False, None)
+
+
+@pytest.mark.subprocess
+@requires_warp
+def test_warp_imported_by_flyarchive_compiles_at_the_level_the_variable_gives() -> None:
+    import subprocess
+    import sys
+
+    code = ("from flyarchive.warp_log import import_warp; "
+            "print(import_warp('a test').config.optimization_level)")
+    env = {**os.environ, "FLYARCHIVE_WARP_OPTIMIZATION": "1"}
+
+    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True,
+                          text=True, timeout=120)
+
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["1"]
+
+
+@pytest.mark.parametrize(("value", "set_by_program", "expected"), [
+    ("0", None, 0), ("3", None, 3), ("", None, None), ("0", 2, 2),
+])
+def test_warp_optimization_is_given_to_warp_unless_the_program_chose_one(
+        monkeypatch: pytest.MonkeyPatch, value: str, set_by_program: int | None,
+        expected: int | None) -> None:
+    from types import SimpleNamespace
+
+    from flyarchive.warp_log import set_optimization
+
+    monkeypatch.setenv("FLYARCHIVE_WARP_OPTIMIZATION", value)
+    warp_config = SimpleNamespace(optimization_level=set_by_program)
+
+    set_optimization(warp_config)
+
+    assert warp_config.optimization_level == expected
 
 
 @pytest.mark.parametrize(("text", "expected"), [
