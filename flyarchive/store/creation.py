@@ -13,13 +13,19 @@ import importlib.metadata
 import json
 import threading
 import uuid
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import zarr
+import zarr.api.asynchronous
+import zarr.storage
+from zarr.core.group import GroupMetadata
+from zarr.core.metadata import ArrayV3Metadata
+from zarr.core.metadata.io import save_metadata
 
 from flyarchive import codecs
 from flyarchive.clock import Timing
@@ -27,7 +33,8 @@ from flyarchive.errors import ArchiveExistsError, CorruptArchiveError, Flyarchiv
 from flyarchive.layout import ModelLayout, check_compatible
 from flyarchive.schema import SCHEMA_NAME, SCHEMA_VERSION, STATE_VARS, TIME_COORDS
 from flyarchive.store.claims import WRITER_KEY, release
-from flyarchive.store.kept_models import MODEL_ATTR, model_entry, write_model
+from flyarchive.store.kept_models import MODEL_ATTR, MODELS_GROUP, model_entry, write_model
+from flyarchive.store.location import settled, sync
 from flyarchive.record.spec import ArchiveSpec, world_var_dtype
 
 
@@ -71,78 +78,146 @@ def root_attrs(spec: ArchiveSpec) -> dict[str, Any]:
     }
 
 
-def create_arrays(group: zarr.Group, spec: ArchiveSpec) -> None:
+@dataclass(frozen=True)
+class Created:
+    """What :func:`create_arrays` made, as the writer of the new archive keeps it.
+
+    Attributes:
+        arrays: Every array, by name, opened on the archive's store.
+        members: The metadata of every node under the root (the arrays, the ``claims``
+            group, the ``models`` group if a model is kept), for the consolidated copy.
+        world_ids: The values written to ``world``.
+    """
+
+    arrays: dict[str, zarr.Array]
+    members: dict[str, ArrayV3Metadata | GroupMetadata]
+    world_ids: tuple[int, ...]
+
+
+def create_arrays(group: zarr.Group, spec: ArchiveSpec) -> Created:
     """Every array of a new archive (and the model kept by content, if any);
-    ``n_frames`` (the completion marker) last."""
+    ``n_frames`` (the completion marker) last.
+
+    The caller holds the archive's claim and found nothing at the location (or cleared
+    it), so nothing is looked up before writing: the arrays' ``zarr.json`` are written
+    concurrently, then their values (labels, worlds, world variables, the schedule of
+    an archive of fixed capacity) concurrently, then ``n_frames``.
+    """
+    members: dict[str, ArrayV3Metadata | GroupMetadata] = {}
     if spec.model is not None:
-        write_model(group, spec.model, model_entry(spec.model))
+        members[MODELS_GROUP] = write_model(group, spec.model, model_entry(spec.model))
+    members["claims"] = claims_group(group, world_blocks=bool(spec.capacity_frames))
+    planned = _planned_arrays(spec)
+    marker = planned.pop()  # n_frames
+    arrays = sync(_store_arrays(group, planned))
+    arrays.update(sync(_store_arrays(group, [marker])))
+    members.update((name, arr.metadata) for name, arr in arrays.items())
+    return Created(arrays, members, spec.world_ids)
+
+
+#: An array to create: its name, :meth:`zarr.Group.create_array`'s options, its values
+#: (None: none written at creation).
+_Planned = tuple[str, dict[str, Any], Any]
+
+
+def _planned_arrays(spec: ArchiveSpec) -> list[_Planned]:
+    """Every array of a new archive, in the order of its creation; ``n_frames`` last."""
     nw, nq, nm, ct = spec.n_worlds, spec.layout.nq, spec.layout.nmocap, spec.chunk_frames
     sw = min(spec.shard_worlds, nw)
     nt = spec.capacity_frames or 0
 
-    def state_array(name: str, tail: tuple[int, ...], dims: list[str]) -> None:
+    def state_array(name: str, tail: tuple[int, ...], dims: list[str]) -> _Planned:
         state = codecs.array_codecs(spec.codec, np.dtype(spec.dtype), ndim=len(dims))
-        group.create_array(
-            name, shape=(nw, nt, *tail), dtype=spec.dtype, chunks=(1, ct, *tail),
+        return name, dict(
+            shape=(nw, nt, *tail), dtype=spec.dtype, chunks=(1, ct, *tail),
             shards=(sw, ct, *tail), fill_value=np.nan, dimension_names=dims,
             attributes={"coordinates": " ".join(TIME_COORDS)}, **state,
-        )
+        ), None
 
-    claims_group(group, world_blocks=bool(nt))
-    state_array("qpos", (nq,), ["world", "time", "dof"])
+    planned = [state_array("qpos", (nq,), ["world", "time", "dof"])]
     if nm:
-        state_array("mocap_pos", (nm, 3), ["world", "time", "mocap", "xyz"])
-        state_array("mocap_quat", (nm, 4), ["world", "time", "mocap", "wxyz"])
-        _label_array(group, "mocap", spec.layout.mocap_names)
-        _label_array(group, "xyz", ("x", "y", "z"))
-        _label_array(group, "wxyz", ("w", "x", "y", "z"))
-    _label_array(group, "dof", spec.layout.dof_labels)
+        planned += [state_array("mocap_pos", (nm, 3), ["world", "time", "mocap", "xyz"]),
+                    state_array("mocap_quat", (nm, 4), ["world", "time", "mocap", "wxyz"]),
+                    _label_array("mocap", spec.layout.mocap_names),
+                    _label_array("xyz", ("x", "y", "z")),
+                    _label_array("wxyz", ("w", "x", "y", "z"))]
+    planned.append(_label_array("dof", spec.layout.dof_labels))
     crc = {"compressors": [zarr.codecs.Crc32cCodec()]}
-    time = group.create_array("time", shape=(nt,), dtype="float64", chunks=(ct,), fill_value=np.nan,
-                              dimension_names=["time"],
-                              attributes={"description": "scheduled simulation time, s"}, **crc)
-    sim_time = group.create_array(
-        "sim_time", shape=(nt,), dtype="float64", chunks=(ct,), fill_value=np.nan,
-        dimension_names=["time"], attributes={"description": "simulation time when recorded, s"},
-        **crc)
-    frame = group.create_array(
-        "frame", shape=(nt,), dtype="int64", chunks=(ct,), fill_value=-1, dimension_names=["time"],
-        attributes={"description": "index on the frame schedule (-1: unknown)"}, **crc)
+    schedule: dict[str, Any] = {"time": None, "sim_time": None, "frame": None}
     if nt:  # several writers: the schedule's times, written once, never resized
-        frame[:] = np.arange(nt)
-        time[:] = spec.timing.frame_times(np.arange(nt))
         steps = np.array([spec.timing.frame_step(k) for k in range(nt)])
-        sim_time[:] = steps * spec.timing.timestep
-    group.create_array("world", shape=(nw,), dtype="int64", chunks=(nw,), fill_value=-1,
-                       dimension_names=["world"], **crc)[:] = np.asarray(spec.world_ids, dtype=np.int64)
+        schedule = {"time": spec.timing.frame_times(np.arange(nt)),
+                    "sim_time": steps * spec.timing.timestep, "frame": np.arange(nt)}
+    planned += [
+        ("time", dict(shape=(nt,), dtype="float64", chunks=(ct,), fill_value=np.nan,
+                      dimension_names=["time"],
+                      attributes={"description": "scheduled simulation time, s"}, **crc),
+         schedule["time"]),
+        ("sim_time", dict(shape=(nt,), dtype="float64", chunks=(ct,), fill_value=np.nan,
+                          dimension_names=["time"],
+                          attributes={"description": "simulation time when recorded, s"}, **crc),
+         schedule["sim_time"]),
+        ("frame", dict(shape=(nt,), dtype="int64", chunks=(ct,), fill_value=-1,
+                       dimension_names=["time"],
+                       attributes={"description": "index on the frame schedule (-1: unknown)"},
+                       **crc),
+         schedule["frame"]),
+        ("world", dict(shape=(nw,), dtype="int64", chunks=(nw,), fill_value=-1,
+                       dimension_names=["world"], **crc),
+         np.asarray(spec.world_ids, dtype=np.int64)),
+    ]
     for name, values in spec.world_vars.items():  # checked by the spec (world_var_array)
-        group.create_array(name, shape=values.shape, dtype=world_var_dtype(values),
-                           chunks=values.shape, dimension_names=["world"], **crc)[:] = values
+        planned.append((name, dict(shape=values.shape, dtype=world_var_dtype(values),
+                                   chunks=values.shape, dimension_names=["world"], **crc), values))
     # One chunk per shard of worlds when several writers share the archive (each writes
     # its own), else one chunk: a reader opens it with one request.
-    group.create_array("n_frames", shape=(nw,), dtype="int64", chunks=(sw if nt else nw,),
-                       fill_value=0,
-                       dimension_names=["world"],
-                       attributes={"description": "committed frames per world"}, **crc)
+    planned.append(("n_frames", dict(shape=(nw,), dtype="int64", chunks=(sw if nt else nw,),
+                                     fill_value=0, dimension_names=["world"],
+                                     attributes={"description": "committed frames per world"},
+                                     **crc), None))
+    return planned
 
 
-def claims_group(group: zarr.Group, *, world_blocks: bool) -> None:
-    """The ``claims`` group (writer claims live in it), unless it exists."""
-    if "claims" in group:
-        return
+def _label_array(name: str, labels: Sequence[str]) -> _Planned:
+    return name, dict(shape=(len(labels),), dtype=str, chunks=(max(len(labels), 1),),
+                      dimension_names=[name]), np.array(labels, dtype=str) if labels else None
+
+
+async def _store_arrays(group: zarr.Group, planned: list[_Planned]) -> dict[str, zarr.Array]:
+    """Create ``planned`` under ``group``: every ``zarr.json``, then every array's values,
+    each step's writes concurrently; once all of them have finished, the first failure is
+    raised (nothing is left writing behind an error).
+
+    zarr builds an array's metadata only while creating the array; building it in a
+    scratch in-memory store gives the very metadata :meth:`zarr.Group.create_array`
+    would store, without its lookups in the archive's store (is a node there? is the
+    parent an array? is the parent group there?: four requests per array instead of one).
+    """
+    scratch = zarr.storage.MemoryStore()
+    built = {name: (await zarr.api.asynchronous.create_array(scratch, name=name, **options)).metadata
+             for name, options, _ in planned}
+    paths = {name: group.store_path / name for name in built}
+    await settled(save_metadata(paths[name], meta) for name, meta in built.items())
+    arrays = {name: zarr.AsyncArray(meta, paths[name]) for name, meta in built.items()}
+    await settled(arrays[name].setitem(slice(None), values)
+                  for name, _, values in planned if values is not None)
+    return {name: zarr.Array(arr) for name, arr in arrays.items()}
+
+
+def claims_group(group: zarr.Group, *, world_blocks: bool) -> GroupMetadata:
+    """The ``claims`` group (writer claims live in it), made unless it exists; returns
+    its metadata."""
+    found = group.get("claims")
+    if found is not None:
+        return found.metadata
     description = "writers holding the archive" + (" or blocks of its worlds" if world_blocks else "")
     try:
-        zarr.create_group(group.store_path.store, path=f"{group.path}/claims".lstrip("/"),
-                          attributes={"description": description, "world_blocks": world_blocks})
-    except zarr.errors.ContainsGroupError:
-        pass  # another writer made it at the same moment
-
-
-def _label_array(group: zarr.Group, name: str, labels: Sequence[str]) -> None:
-    arr = group.create_array(name, shape=(len(labels),), dtype=str, chunks=(max(len(labels), 1),),
-                             dimension_names=[name])
-    if labels:
-        arr[:] = np.array(labels, dtype=str)
+        made = zarr.create_group(group.store_path.store, path=f"{group.path}/claims".lstrip("/"),
+                                 attributes={"description": description,
+                                             "world_blocks": world_blocks})
+    except zarr.errors.ContainsGroupError:  # another writer made it at the same moment
+        return group["claims"].metadata
+    return made.metadata
 
 
 # ----------------------------------------------------------------------------- what is at a URL
@@ -204,25 +279,36 @@ def refusal(url: str, there: str) -> FlyarchiveError:
     )
 
 
-def check_commits(group: zarr.Group, url: str, state: list[str]) -> None:
+def check_commits(group: zarr.Group, url: str, arrays: Mapping[str, zarr.Array],
+                  state: list[str]) -> tuple[zarr.Array, np.ndarray]:
     """Refuse an archive whose commit markers cannot be trusted, before any write.
+
+    Args:
+        group: The archive's root group.
+        url: For messages.
+        arrays: Its arrays, opened: at least ``state``, ``time`` and ``world``.
+        state: The names of its state arrays.
+
+    Returns:
+        The ``n_frames`` array, opened, and its values (``(world,)`` int).
 
     Raises:
         CorruptArchiveError: ``n_frames`` outside ``0..extent`` or unreadable, or the
             committed times not finite and increasing.
     """
-    extent = min([int(group[n].shape[1]) for n in state] + [int(group["time"].shape[0])])
+    extent = min([int(arrays[n].shape[1]) for n in state] + [int(arrays["time"].shape[0])])
     fix = (f"Nothing was written. Run `flyarchive verify {url}` to see what is wrong; restore "
            "the archive from a backup, or pass mode='w' to replace it (its data is deleted).")
     try:
-        n_frames = np.asarray(group["n_frames"][:])
-        times = np.asarray(group["time"][: int(n_frames.clip(0, extent).max(initial=0))])
+        marker = group["n_frames"]
+        n_frames = np.asarray(marker[:])
+        times = np.asarray(arrays["time"][: int(n_frames.clip(0, extent).max(initial=0))])
     except Exception as err:
         raise CorruptArchiveError(
             f"The commit markers of the archive at {url!r} are unreadable ({type(err).__name__}: "
             f"{err}). {fix}"
         ) from None
-    n_worlds = int(group["world"].shape[0])
+    n_worlds = int(arrays["world"].shape[0])
     if n_frames.shape != (n_worlds,) or n_frames.dtype.kind not in "iu" \
             or (n_frames < 0).any() or (n_frames > extent).any():
         shown = n_frames.tolist() if n_frames.size <= 8 else f"{n_frames[:8].tolist()}..."
@@ -235,6 +321,7 @@ def check_commits(group: zarr.Group, url: str, state: list[str]) -> None:
             f"The archive at {url!r} has committed times that are missing, not finite or not "
             f"increasing (frames 0..{len(times) - 1}): its time coordinate is damaged. {fix}"
         )
+    return marker, n_frames
 
 
 def check_against(group: zarr.Group, url: str, layout: ModelLayout, timing: Timing | None, *,
@@ -291,17 +378,11 @@ def tidy_local(root: Path | None, existed: bool) -> None:
             pass
 
 
-def _sync(coro: Any) -> Any:
-    from zarr.core.sync import sync
-
-    return sync(coro)
-
-
 def undo(store: zarr.abc.store.Store, claim: tuple[list[str], str], ours: bool) -> None:
     """After a refused or failed creation: delete what it made (``ours``), release its claim."""
     try:
         if ours:
-            _sync(clear(store))
+            sync(clear(store))
         release(store, *claim)
     except Exception:  # the storage failed too; the caller reports the first error
         pass

@@ -36,6 +36,7 @@ from typing import Any
 import mujoco
 import zarr
 from zarr.core.buffer import default_buffer_prototype
+from zarr.core.group import GroupMetadata
 
 from flyarchive.errors import CorruptArchiveError, ModelLoadError, SchemaError
 from flyarchive.models import load_mjb, mjb_version
@@ -74,11 +75,15 @@ def model_entry(blob: bytes) -> dict[str, Any]:
             "path": model_key(digest)}
 
 
-def write_model(group: zarr.Group, blob: bytes, entry: Mapping[str, Any]) -> None:
+def write_model(group: zarr.Group, blob: bytes, entry: Mapping[str, Any]) -> GroupMetadata:
     """Put MJB bytes at ``entry["path"]`` under the archive's root ``group``, unless an
     object with those bytes is there already (content-addressed: same name, same bytes).
 
     An object of that name whose bytes do not hash to it (damaged) is replaced.
+
+    Returns:
+        The metadata of the ``models`` group (made unless it exists), for the archive's
+        consolidated metadata.
 
     Raises:
         OSError (and storage client errors): the storage failed; nothing names the model yet.
@@ -87,18 +92,19 @@ def write_model(group: zarr.Group, blob: bytes, entry: Mapping[str, Any]) -> Non
     root = group.path.strip("/")
     prefix = f"{root}/" if root else ""
     try:
-        zarr.create_group(store, path=f"{prefix}{MODELS_GROUP}", attributes={
-            "description": "compiled MuJoCo models (MJB), named models/<sha256>.mjb"})
-    except zarr.errors.ContainsGroupError:
-        pass  # made earlier, by this archive's creation or another writer
+        models = zarr.create_group(store, path=f"{prefix}{MODELS_GROUP}", attributes={
+            "description": "compiled MuJoCo models (MJB), named models/<sha256>.mjb"}).metadata
+    except zarr.errors.ContainsGroupError:  # made earlier, by this archive's creation or another writer
+        models = zarr.open_group(store, path=f"{prefix}{MODELS_GROUP}", mode="r").metadata
     key = f"{prefix}{entry['path']}"
     if _holds(store, key, entry["sha256"]):
-        return
+        return models
     if not _create(store, key, blob):  # there now: made between our look and our put
         if _holds(store, key, entry["sha256"]):
-            return
+            return models
     proto = default_buffer_prototype()
     sync(store.set(key, proto.buffer.from_bytes(blob)))  # a damaged object: replaced
+    return models
 
 
 def _holds(store: Any, key: str, sha256: str) -> bool:

@@ -7,8 +7,9 @@ files inside the archive only); every store decodes with bounded decoders
 
 from __future__ import annotations
 
+import asyncio
 import os
-from collections.abc import Mapping
+from collections.abc import Awaitable, Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -146,3 +147,16 @@ def sync(coro: Any) -> Any:
     from zarr.core.sync import sync
 
     return sync(coro)
+
+
+async def settled(aws: Iterable[Awaitable[Any]]) -> list[Any]:
+    """Await ``aws`` concurrently (e.g. writes of independent objects) and return their
+    results; once every one has finished, raise the first failure, as it is (not an
+    exception group): nothing is left running behind an error, so the caller may undo
+    or retry at once.
+    """
+    results = await asyncio.gather(*aws, return_exceptions=True)
+    for result in results:
+        if isinstance(result, BaseException):
+            raise result
+    return results
