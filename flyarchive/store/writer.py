@@ -2,12 +2,14 @@
 
 Commit protocol (one writer per archive, or per block of worlds):
   1. grow the arrays' time extent (metadata only; new frames read as NaN);
-  2. write the frames' chunks (whole shards when the block is chunk-aligned);
-  3. write their times (``time``, ``sim_time``, ``frame``);
+  2. write the frames' chunks (whole shards when the block is chunk-aligned), and
+  3. their times (``time``, ``sim_time``, ``frame``), steps 2 and 3 together;
   4. write ``n_frames`` for the block's worlds: the commit marker;
   5. (one writer per archive) rewrite the root ``zarr.json`` with every array's
      metadata consolidated in it, ``time`` extents cut to the largest ``n_frames``
      (:mod:`~flyarchive.store.consolidated`), so that readers open with one request.
+The writes of a step go concurrently (on S3 one round trip, not one per object); a
+step starts once every write of the one before it has finished, failed ones included.
 The writer opens its arrays once and keeps what it writes (their metadata, the
 consolidated copy's members): it reads nothing back.
 Every state in between is a valid archive: extents only grow, and grow before
@@ -82,6 +84,7 @@ from flyarchive.store.location import (
     local_path,
     open_store,
     parse_mode,
+    settled,
     sync,
 )
 from flyarchive.store.reader import open_group
@@ -354,19 +357,9 @@ class ArchiveWriter:
                 f"Frames {t0}..{t1 - 1} do not fit the archive's capacity of {capacity} frames "
                 "(fixed for several writers). Create it with a larger capacity_frames."
             )
+        committed = np.full(self.n_worlds, t1) if n_frames is None else np.asarray(n_frames)
         try:
-            extent = max(t1, self._extent)
-            for name in self._state + self._times:
-                arr, axis = self._arrays[name], 0 if name in self._times else 1
-                if arr.shape[axis] < extent:  # only ever grows: shrinking would delete chunks
-                    arr.resize(tuple(extent if i == axis else d for i, d in enumerate(arr.shape)))
-            self._extent = extent
-            for name in self._state:
-                self._arrays[name][self._worlds, t0:t1] = getattr(block, name)
-            if self.block is None:  # several writers share the times written at creation
-                self._write_times(block, t0, t1)
-            committed = np.full(self.n_worlds, t1) if n_frames is None else np.asarray(n_frames)
-            self._arrays["n_frames"][self._worlds] = committed.astype(np.int64)
+            sync(self._commit(block, t0, t1, committed.astype(np.int64)))
         except (OSError, RuntimeError, TimeoutError, *storage_errors.client_errors()) as err:
             self._failed = True  # retrying is allowed, and so is a new writer taking over
             raise StorageError(
@@ -378,6 +371,27 @@ class ArchiveWriter:
         if self.block is None:
             grown = {n: self._arrays[n].metadata for n in self._state + self._times}
             self._consolidate(grown, int(committed.max()))
+
+    async def _commit(self, block: FrameBlock, t0: int, t1: int, committed: np.ndarray) -> None:
+        """Steps 1 to 4 of a commit (see the module's docstring). The writes of one step
+        go concurrently; each step starts once every write of the step before it has
+        finished, and a failure is raised only then (:func:`settled`)."""
+        extent = max(t1, self._extent)
+        grow = []
+        for name in self._state + self._times:
+            arr, axis = self._arrays[name].async_array, 0 if name in self._times else 1
+            if arr.shape[axis] < extent:  # only ever grows: shrinking would delete chunks
+                grow.append(arr.resize(tuple(extent if i == axis else d
+                                             for i, d in enumerate(arr.shape))))
+        await settled(grow)
+        self._extent = extent
+        writes = [self._arrays[name].async_array.setitem((self._worlds, slice(t0, t1)),
+                                                         getattr(block, name))
+                  for name in self._state]
+        if self.block is None:  # several writers share the times written at creation
+            writes += self._time_writes(block, t0, t1)
+        await settled(writes)
+        await self._arrays["n_frames"].async_array.setitem(self._worlds, committed)
 
     def _consolidate(self, changed: Mapping[str, Any], n_time: int) -> None:
         """Step 5 of a commit: the consolidated metadata, from what this writer holds.
@@ -401,14 +415,19 @@ class ArchiveWriter:
         """True if the archive stores ``sim_time`` and ``frame`` beside ``time``."""
         return len(self._times) > 1
 
-    def _write_times(self, block: FrameBlock, t0: int, t1: int) -> None:
+    def _time_writes(self, block: FrameBlock, t0: int, t1: int) -> list[Any]:
+        """The writes of step 3: frames ``t0..t1`` of ``time``, ``sim_time``, ``frame``."""
         sim_time = block.time if block.sim_time is None else block.sim_time
+        where = slice(t0, t1)
         # An archive without sim_time keeps the simulation time in time, as it always did.
-        self._arrays["time"][t0:t1] = block.time if self.has_schedule else sim_time
+        writes = [self._arrays["time"].async_array.setitem(
+            where, block.time if self.has_schedule else sim_time)]
         if self.has_schedule:
-            self._arrays["sim_time"][t0:t1] = sim_time
+            writes.append(self._arrays["sim_time"].async_array.setitem(where, sim_time))
             if block.frame is not None:
-                self._arrays["frame"][t0:t1] = np.asarray(block.frame, dtype=np.int64)
+                writes.append(self._arrays["frame"].async_array.setitem(
+                    where, np.asarray(block.frame, dtype=np.int64)))
+        return writes
 
     def last_frame(self) -> FrameBlock | None:
         """The last committed frame of this writer's worlds (one frame), or None if none.
