@@ -1,5 +1,6 @@
-"""Creating and reopening an archive: its root attributes and arrays, what is at a
-URL before it is created, and whether an existing archive can be appended to.
+"""Creating and reopening an archive: its root attributes, what is at a URL before it
+is created, and whether an existing archive can be appended to (the nodes of a new
+archive are :mod:`~flyarchive.store.new_archive`'s).
 
 Used by :mod:`flyarchive.store` (see its docstring for what each mode does with
 what it finds); touches the store only through zarr's store API.
@@ -13,29 +14,24 @@ import importlib.metadata
 import json
 import threading
 import uuid
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Mapping
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import zarr
-import zarr.api.asynchronous
-import zarr.storage
 from zarr.core.group import GroupMetadata
-from zarr.core.metadata import ArrayV3Metadata
-from zarr.core.metadata.io import save_metadata
 
 from flyarchive import codecs
 from flyarchive.clock import Timing
 from flyarchive.errors import ArchiveExistsError, CorruptArchiveError, FlyarchiveError, SchemaError
 from flyarchive.layout import ModelLayout, check_compatible
-from flyarchive.schema import SCHEMA_NAME, SCHEMA_VERSION, STATE_VARS, TIME_COORDS
+from flyarchive.schema import SCHEMA_NAME, SCHEMA_VERSION, STATE_VARS
 from flyarchive.store.claims import WRITER_KEY, release
-from flyarchive.store.kept_models import MODEL_ATTR, MODELS_GROUP, model_entry, write_model
-from flyarchive.store.location import settled, sync
-from flyarchive.record.spec import ArchiveSpec, world_var_dtype
+from flyarchive.store.kept_models import MODEL_ATTR, model_entry
+from flyarchive.store.location import sync
+from flyarchive.record.spec import ArchiveSpec
 
 
 def package_versions() -> dict[str, str]:
@@ -78,146 +74,22 @@ def root_attrs(spec: ArchiveSpec) -> dict[str, Any]:
     }
 
 
-@dataclass(frozen=True)
-class Created:
-    """What :func:`create_arrays` made, as the writer of the new archive keeps it.
-
-    Attributes:
-        arrays: Every array, by name, opened on the archive's store.
-        members: The metadata of every node under the root (the arrays, the ``claims``
-            group, the ``models`` group if a model is kept), for the consolidated copy.
-        world_ids: The values written to ``world``.
-    """
-
-    arrays: dict[str, zarr.Array]
-    members: dict[str, ArrayV3Metadata | GroupMetadata]
-    world_ids: tuple[int, ...]
-
-
-def create_arrays(group: zarr.Group, spec: ArchiveSpec) -> Created:
-    """Every array of a new archive (and the model kept by content, if any);
-    ``n_frames`` (the completion marker) last.
-
-    The caller holds the archive's claim and found nothing at the location (or cleared
-    it), so nothing is looked up before writing: the arrays' ``zarr.json`` are written
-    concurrently, then their values (labels, worlds, world variables, the schedule of
-    an archive of fixed capacity) concurrently, then ``n_frames``.
-    """
-    members: dict[str, ArrayV3Metadata | GroupMetadata] = {}
-    if spec.model is not None:
-        members[MODELS_GROUP] = write_model(group, spec.model, model_entry(spec.model))
-    members["claims"] = claims_group(group, world_blocks=bool(spec.capacity_frames))
-    planned = _planned_arrays(spec)
-    marker = planned.pop()  # n_frames
-    arrays = sync(_store_arrays(group, planned))
-    arrays.update(sync(_store_arrays(group, [marker])))
-    members.update((name, arr.metadata) for name, arr in arrays.items())
-    return Created(arrays, members, spec.world_ids)
-
-
-#: An array to create: its name, :meth:`zarr.Group.create_array`'s options, its values
-#: (None: none written at creation).
-_Planned = tuple[str, dict[str, Any], Any]
-
-
-def _planned_arrays(spec: ArchiveSpec) -> list[_Planned]:
-    """Every array of a new archive, in the order of its creation; ``n_frames`` last."""
-    nw, nq, nm, ct = spec.n_worlds, spec.layout.nq, spec.layout.nmocap, spec.chunk_frames
-    sw = min(spec.shard_worlds, nw)
-    nt = spec.capacity_frames or 0
-
-    def state_array(name: str, tail: tuple[int, ...], dims: list[str]) -> _Planned:
-        state = codecs.array_codecs(spec.codec, np.dtype(spec.dtype), ndim=len(dims))
-        return name, dict(
-            shape=(nw, nt, *tail), dtype=spec.dtype, chunks=(1, ct, *tail),
-            shards=(sw, ct, *tail), fill_value=np.nan, dimension_names=dims,
-            attributes={"coordinates": " ".join(TIME_COORDS)}, **state,
-        ), None
-
-    planned = [state_array("qpos", (nq,), ["world", "time", "dof"])]
-    if nm:
-        planned += [state_array("mocap_pos", (nm, 3), ["world", "time", "mocap", "xyz"]),
-                    state_array("mocap_quat", (nm, 4), ["world", "time", "mocap", "wxyz"]),
-                    _label_array("mocap", spec.layout.mocap_names),
-                    _label_array("xyz", ("x", "y", "z")),
-                    _label_array("wxyz", ("w", "x", "y", "z"))]
-    planned.append(_label_array("dof", spec.layout.dof_labels))
-    crc = {"compressors": [zarr.codecs.Crc32cCodec()]}
-    schedule: dict[str, Any] = {"time": None, "sim_time": None, "frame": None}
-    if nt:  # several writers: the schedule's times, written once, never resized
-        steps = np.array([spec.timing.frame_step(k) for k in range(nt)])
-        schedule = {"time": spec.timing.frame_times(np.arange(nt)),
-                    "sim_time": steps * spec.timing.timestep, "frame": np.arange(nt)}
-    planned += [
-        ("time", dict(shape=(nt,), dtype="float64", chunks=(ct,), fill_value=np.nan,
-                      dimension_names=["time"],
-                      attributes={"description": "scheduled simulation time, s"}, **crc),
-         schedule["time"]),
-        ("sim_time", dict(shape=(nt,), dtype="float64", chunks=(ct,), fill_value=np.nan,
-                          dimension_names=["time"],
-                          attributes={"description": "simulation time when recorded, s"}, **crc),
-         schedule["sim_time"]),
-        ("frame", dict(shape=(nt,), dtype="int64", chunks=(ct,), fill_value=-1,
-                       dimension_names=["time"],
-                       attributes={"description": "index on the frame schedule (-1: unknown)"},
-                       **crc),
-         schedule["frame"]),
-        ("world", dict(shape=(nw,), dtype="int64", chunks=(nw,), fill_value=-1,
-                       dimension_names=["world"], **crc),
-         np.asarray(spec.world_ids, dtype=np.int64)),
-    ]
-    for name, values in spec.world_vars.items():  # checked by the spec (world_var_array)
-        planned.append((name, dict(shape=values.shape, dtype=world_var_dtype(values),
-                                   chunks=values.shape, dimension_names=["world"], **crc), values))
-    # One chunk per shard of worlds when several writers share the archive (each writes
-    # its own), else one chunk: a reader opens it with one request.
-    planned.append(("n_frames", dict(shape=(nw,), dtype="int64", chunks=(sw if nt else nw,),
-                                     fill_value=0, dimension_names=["world"],
-                                     attributes={"description": "committed frames per world"},
-                                     **crc), None))
-    return planned
-
-
-def _label_array(name: str, labels: Sequence[str]) -> _Planned:
-    return name, dict(shape=(len(labels),), dtype=str, chunks=(max(len(labels), 1),),
-                      dimension_names=[name]), np.array(labels, dtype=str) if labels else None
-
-
-async def _store_arrays(group: zarr.Group, planned: list[_Planned]) -> dict[str, zarr.Array]:
-    """Create ``planned`` under ``group``: every ``zarr.json``, then every array's values,
-    each step's writes concurrently; once all of them have finished, the first failure is
-    raised (nothing is left writing behind an error).
-
-    zarr builds an array's metadata only while creating the array; building it in a
-    scratch in-memory store gives the very metadata :meth:`zarr.Group.create_array`
-    would store, without its lookups in the archive's store (is a node there? is the
-    parent an array? is the parent group there?: four requests per array instead of one).
-    """
-    scratch = zarr.storage.MemoryStore()
-    built = {name: (await zarr.api.asynchronous.create_array(scratch, name=name, **options)).metadata
-             for name, options, _ in planned}
-    paths = {name: group.store_path / name for name in built}
-    await settled(save_metadata(paths[name], meta) for name, meta in built.items())
-    arrays = {name: zarr.AsyncArray(meta, paths[name]) for name, meta in built.items()}
-    await settled(arrays[name].setitem(slice(None), values)
-                  for name, _, values in planned if values is not None)
-    return {name: zarr.Array(arr) for name, arr in arrays.items()}
-
-
-def claims_group(group: zarr.Group, *, world_blocks: bool) -> GroupMetadata:
-    """The ``claims`` group (writer claims live in it), made unless it exists; returns
-    its metadata."""
-    found = group.get("claims")
-    if found is not None:
-        return found.metadata
-    description = "writers holding the archive" + (" or blocks of its worlds" if world_blocks else "")
+def claims_group(group: zarr.Group, *, world_blocks: bool) -> None:
+    """The ``claims`` group (writer claims live in it), unless it exists."""
+    if "claims" in group:
+        return
     try:
-        made = zarr.create_group(group.store_path.store, path=f"{group.path}/claims".lstrip("/"),
-                                 attributes={"description": description,
-                                             "world_blocks": world_blocks})
-    except zarr.errors.ContainsGroupError:  # another writer made it at the same moment
-        return group["claims"].metadata
-    return made.metadata
+        zarr.create_group(group.store_path.store, path=f"{group.path}/claims".lstrip("/"),
+                          attributes=claims_metadata(world_blocks=world_blocks).attributes)
+    except zarr.errors.ContainsGroupError:
+        pass  # another writer made it at the same moment
+
+
+def claims_metadata(*, world_blocks: bool) -> GroupMetadata:
+    """The metadata of the ``claims`` group of an archive written by one writer, or by
+    several (``world_blocks``: an archive of fixed capacity)."""
+    description = "writers holding the archive" + (" or blocks of its worlds" if world_blocks else "")
+    return GroupMetadata(attributes={"description": description, "world_blocks": world_blocks})
 
 
 # ----------------------------------------------------------------------------- what is at a URL

@@ -7,12 +7,14 @@ members: a plain folder makes zarr warn). The root attribute ``model`` holds onl
 ``{"sha256", "size", "mujoco", "path"}``; attributes never hold the bytes.
 
 Commit order: the object is written while the archive is created, before ``n_frames``,
-the commit marker (:func:`flyarchive.store.creation.create_arrays`): the root
+the commit marker (:func:`flyarchive.store.new_archive.create_arrays`): the root
 attributes, written first with the group, already name it, but an archive whose
-creation completed never names a model that is not there. Writing is idempotent:
-the same content always has the same name, so an object already there whose bytes
-hash to its name is kept; a new one is created with a conditional put where the
-storage offers one (local disk: a hard link; S3: ``If-None-Match``). Every read checks
+creation completed never names a model that is not there. A creation puts it with the
+arrays' metadata (its location is empty and its claim held: nothing else can be
+there). Otherwise writing is idempotent (:func:`write_model`): the same content always
+has the same name, so an object already there whose bytes hash to its name is kept; a
+new one is created with a conditional put where the storage offers one (local disk: a
+hard link; S3: ``If-None-Match``). Every read checks
 the bytes against the name, and refuses them with :class:`CorruptArchiveError` naming
 the object and both hashes. The model bytes are read through the archive's zarr store,
 so on local disk the guarded store (:mod:`~flyarchive.store.localstore`) reads only a
@@ -75,15 +77,11 @@ def model_entry(blob: bytes) -> dict[str, Any]:
             "path": model_key(digest)}
 
 
-def write_model(group: zarr.Group, blob: bytes, entry: Mapping[str, Any]) -> GroupMetadata:
+def write_model(group: zarr.Group, blob: bytes, entry: Mapping[str, Any]) -> None:
     """Put MJB bytes at ``entry["path"]`` under the archive's root ``group``, unless an
     object with those bytes is there already (content-addressed: same name, same bytes).
 
     An object of that name whose bytes do not hash to it (damaged) is replaced.
-
-    Returns:
-        The metadata of the ``models`` group (made unless it exists), for the archive's
-        consolidated metadata.
 
     Raises:
         OSError (and storage client errors): the storage failed; nothing names the model yet.
@@ -92,19 +90,24 @@ def write_model(group: zarr.Group, blob: bytes, entry: Mapping[str, Any]) -> Gro
     root = group.path.strip("/")
     prefix = f"{root}/" if root else ""
     try:
-        models = zarr.create_group(store, path=f"{prefix}{MODELS_GROUP}", attributes={
-            "description": "compiled MuJoCo models (MJB), named models/<sha256>.mjb"}).metadata
-    except zarr.errors.ContainsGroupError:  # made earlier, by this archive's creation or another writer
-        models = zarr.open_group(store, path=f"{prefix}{MODELS_GROUP}", mode="r").metadata
+        zarr.create_group(store, path=f"{prefix}{MODELS_GROUP}",
+                          attributes=models_metadata().attributes)
+    except zarr.errors.ContainsGroupError:
+        pass  # made earlier, by this archive's creation or another writer
     key = f"{prefix}{entry['path']}"
     if _holds(store, key, entry["sha256"]):
-        return models
+        return
     if not _create(store, key, blob):  # there now: made between our look and our put
         if _holds(store, key, entry["sha256"]):
-            return models
+            return
     proto = default_buffer_prototype()
     sync(store.set(key, proto.buffer.from_bytes(blob)))  # a damaged object: replaced
-    return models
+
+
+def models_metadata() -> GroupMetadata:
+    """The metadata of the ``models`` group."""
+    return GroupMetadata(attributes={
+        "description": "compiled MuJoCo models (MJB), named models/<sha256>.mjb"})
 
 
 def _holds(store: Any, key: str, sha256: str) -> bool:

@@ -63,12 +63,10 @@ from flyarchive.store import storage_errors
 from flyarchive.store.claims import WRITER_KEY, block_keys, claim_archive, claim_block, register, release
 from flyarchive.store.consolidated import consolidate, members_metadata, write_consolidated
 from flyarchive.store.creation import (
-    Created,
     check_against,
     check_commits,
     claims_group,
     clear,
-    create_arrays,
     inventory,
     refusal,
     release_quietly,
@@ -87,6 +85,7 @@ from flyarchive.store.location import (
     settled,
     sync,
 )
+from flyarchive.store.new_archive import Created, create_arrays
 from flyarchive.store.reader import open_group
 from flyarchive.record.spec import ArchiveSpec, FrameBlock
 
