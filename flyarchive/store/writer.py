@@ -91,11 +91,11 @@ from flyarchive.record.spec import ArchiveSpec, FrameBlock
 
 
 # ----------------------------------------------------------------------------- the writer
-def _opened_arrays(group: zarr.Group) -> dict[str, zarr.Array]:
+def _opened_arrays(group: zarr.Group, state: tuple[str, ...]) -> dict[str, zarr.Array]:
     """The arrays of an existing archive that a writer writes or checks (those present
-    of the state arrays and time coordinates, and ``world``), each opened once."""
+    of its ``state`` arrays and of the time coordinates, and ``world``), each opened once."""
     arrays = {}
-    for name in (*STATE_VARS, "time", *TIME_COORDS):
+    for name in (*state, "time", *TIME_COORDS):
         arr = group.get(name)
         if arr is not None:
             arrays[name] = arr
@@ -128,7 +128,8 @@ class ArchiveWriter:
         # The arrays it writes, opened once: this writer alone changes their metadata
         # (it holds the archive's claim, or its block's in an archive whose extents are
         # fixed), so what it holds is what is stored.
-        self._arrays = _opened_arrays(group) if created is None else dict(created.arrays)
+        self._arrays = (_opened_arrays(group, self.STATE) if created is None
+                        else dict(created.arrays))
         self._state = [n for n in self.STATE if n in self._arrays]
         # Archives written before flyarchive stored sim_time and frame have only time.
         self._times = ["time"] + [n for n in TIME_COORDS if n in self._arrays]
