@@ -10,8 +10,9 @@ plain zarr arrays beside its videos, written and read by :mod:`flyarchive.video.
 - what is fixed when an archive is created (:class:`~flyarchive.record.spec.ArchiveSpec`)
   and the blocks of frames it commits (:class:`~flyarchive.record.spec.FrameBlock`) are
   the record stage's (:mod:`flyarchive.record.spec`), which produces them;
-- :mod:`~flyarchive.store.writer` (with :mod:`~flyarchive.store.creation` and
-  :mod:`~flyarchive.store.claims`): create, append and commit, one writer at a time;
+- :mod:`~flyarchive.store.writer` (with :mod:`~flyarchive.store.creation`,
+  :mod:`~flyarchive.store.new_archive` and :mod:`~flyarchive.store.claims`): create,
+  append and commit, one writer at a time;
 - :mod:`~flyarchive.store.reader`: open (checked by :mod:`~flyarchive.store.hardening`,
   decoded by :mod:`~flyarchive.store.decoders`), read, and name what failed to read;
 - :mod:`~flyarchive.store.dataset`: the lazy dataset readers get (selections read only

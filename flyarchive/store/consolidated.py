@@ -77,9 +77,12 @@ def write_consolidated(group: zarr.Group, members: Mapping[str, Metadata],
     sync((group.store_path / "zarr.json").set(document))
 
 
-def consolidate(group: zarr.Group, *, n_time: int | None = None) -> None:
-    """Read every node's metadata and consolidate it (see :func:`write_consolidated`)."""
-    write_consolidated(group, members_metadata(group), n_time)
+def consolidate(group: zarr.Group, *, n_time: int | None = None,
+                members: Mapping[str, Metadata] | None = None) -> None:
+    """Consolidate the metadata of every node (see :func:`write_consolidated`): ``members``
+    where the caller holds it (a writer that just made every node), else read from the
+    store."""
+    write_consolidated(group, members_metadata(group) if members is None else members, n_time)
 
 
 def time_extent(metadata: Mapping[str, Any]) -> int | None:

@@ -7,12 +7,14 @@ members: a plain folder makes zarr warn). The root attribute ``model`` holds onl
 ``{"sha256", "size", "mujoco", "path"}``; attributes never hold the bytes.
 
 Commit order: the object is written while the archive is created, before ``n_frames``,
-the commit marker (:func:`flyarchive.store.creation.create_arrays`): the root
+the commit marker (:func:`flyarchive.store.new_archive.create_arrays`): the root
 attributes, written first with the group, already name it, but an archive whose
-creation completed never names a model that is not there. Writing is idempotent:
-the same content always has the same name, so an object already there whose bytes
-hash to its name is kept; a new one is created with a conditional put where the
-storage offers one (local disk: a hard link; S3: ``If-None-Match``). Every read checks
+creation completed never names a model that is not there. A creation puts it with the
+arrays' metadata (its location is empty and its claim held: nothing else can be
+there). Otherwise writing is idempotent (:func:`write_model`): the same content always
+has the same name, so an object already there whose bytes hash to its name is kept; a
+new one is created with a conditional put where the storage offers one (local disk: a
+hard link; S3: ``If-None-Match``). Every read checks
 the bytes against the name, and refuses them with :class:`CorruptArchiveError` naming
 the object and both hashes. The model bytes are read through the archive's zarr store,
 so on local disk the guarded store (:mod:`~flyarchive.store.localstore`) reads only a
@@ -36,6 +38,7 @@ from typing import Any
 import mujoco
 import zarr
 from zarr.core.buffer import default_buffer_prototype
+from zarr.core.group import GroupMetadata
 
 from flyarchive.errors import CorruptArchiveError, ModelLoadError, SchemaError
 from flyarchive.models import load_mjb, mjb_version
@@ -87,8 +90,8 @@ def write_model(group: zarr.Group, blob: bytes, entry: Mapping[str, Any]) -> Non
     root = group.path.strip("/")
     prefix = f"{root}/" if root else ""
     try:
-        zarr.create_group(store, path=f"{prefix}{MODELS_GROUP}", attributes={
-            "description": "compiled MuJoCo models (MJB), named models/<sha256>.mjb"})
+        zarr.create_group(store, path=f"{prefix}{MODELS_GROUP}",
+                          attributes=models_metadata().attributes)
     except zarr.errors.ContainsGroupError:
         pass  # made earlier, by this archive's creation or another writer
     key = f"{prefix}{entry['path']}"
@@ -99,6 +102,12 @@ def write_model(group: zarr.Group, blob: bytes, entry: Mapping[str, Any]) -> Non
             return
     proto = default_buffer_prototype()
     sync(store.set(key, proto.buffer.from_bytes(blob)))  # a damaged object: replaced
+
+
+def models_metadata() -> GroupMetadata:
+    """The metadata of the ``models`` group."""
+    return GroupMetadata(attributes={
+        "description": "compiled MuJoCo models (MJB), named models/<sha256>.mjb"})
 
 
 def _holds(store: Any, key: str, sha256: str) -> bool:

@@ -433,6 +433,9 @@ class GuardedLocalStore(zarr.storage.LocalStore):
 
     async def _set(self, key: str, value: Buffer, exclusive: bool = False) -> None:
         await self._ensure_open()
+        if not exclusive:  # the check and the write in one trip to a thread
+            await asyncio.to_thread(self.set_sync, key, value)
+            return
         await asyncio.to_thread(self._inside, key)
         await super()._set(key, value, exclusive=exclusive)
 

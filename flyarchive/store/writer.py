@@ -2,12 +2,16 @@
 
 Commit protocol (one writer per archive, or per block of worlds):
   1. grow the arrays' time extent (metadata only; new frames read as NaN);
-  2. write the frames' chunks (whole shards when the block is chunk-aligned);
-  3. write their times (``time``, ``sim_time``, ``frame``);
+  2. write the frames' chunks (whole shards when the block is chunk-aligned), and
+  3. their times (``time``, ``sim_time``, ``frame``), steps 2 and 3 together;
   4. write ``n_frames`` for the block's worlds: the commit marker;
   5. (one writer per archive) rewrite the root ``zarr.json`` with every array's
      metadata consolidated in it, ``time`` extents cut to the largest ``n_frames``
      (:mod:`~flyarchive.store.consolidated`), so that readers open with one request.
+The writes of a step go concurrently (on S3 one round trip, not one per object); a
+step starts once every write of the one before it has finished, failed ones included.
+The writer opens its arrays once and keeps what it writes (their metadata, the
+consolidated copy's members): it reads nothing back.
 Every state in between is a valid archive: extents only grow, and grow before
 anything is committed, so ``n_frames`` never exceeds an array's extent, and frames
 below ``n_frames`` are never changed. A crash between steps leaves frames past
@@ -63,7 +67,6 @@ from flyarchive.store.creation import (
     check_commits,
     claims_group,
     clear,
-    create_arrays,
     inventory,
     refusal,
     release_quietly,
@@ -79,13 +82,27 @@ from flyarchive.store.location import (
     local_path,
     open_store,
     parse_mode,
+    settled,
     sync,
 )
+from flyarchive.store.new_archive import Created, create_arrays
 from flyarchive.store.reader import open_group
 from flyarchive.record.spec import ArchiveSpec, FrameBlock
 
 
 # ----------------------------------------------------------------------------- the writer
+def _opened_arrays(group: zarr.Group, state: tuple[str, ...]) -> dict[str, zarr.Array]:
+    """The arrays of an existing archive that a writer writes or checks (those present
+    of its ``state`` arrays and of the time coordinates, and ``world``), each opened once."""
+    arrays = {}
+    for name in (*state, "time", *TIME_COORDS):
+        arr = group.get(name)
+        if arr is not None:
+            arrays[name] = arr
+    arrays["world"] = group["world"]
+    return arrays
+
+
 class ArchiveWriter:
     """Appends and commits frames to an archive. One writer per archive, or per block
     of worlds (see :mod:`flyarchive.store.claims`).
@@ -103,34 +120,47 @@ class ArchiveWriter:
     def __init__(
         self, group: zarr.Group, url: str, layout: ModelLayout,
         block: tuple[int, int] | None = None, *, claim: tuple[list[str], str] | None = None,
+        created: Created | None = None,
     ) -> None:
         self._group = group
         self.url = url
         self.layout = layout
-        self._state = [n for n in self.STATE if n in group]
+        # The arrays it writes, opened once: this writer alone changes their metadata
+        # (it holds the archive's claim, or its block's in an archive whose extents are
+        # fixed), so what it holds is what is stored.
+        self._arrays = (_opened_arrays(group, self.STATE) if created is None
+                        else dict(created.arrays))
+        self._state = [n for n in self.STATE if n in self._arrays]
         # Archives written before flyarchive stored sim_time and frame have only time.
-        self._times = ["time"] + [n for n in TIME_COORDS if n in group]
-        check_commits(group, url, self._state)
-        qpos = group[self._state[0]]
+        self._times = ["time"] + [n for n in TIME_COORDS if n in self._arrays]
+        qpos = self._arrays[self._state[0]]
         self.chunk_frames: int = int(qpos.chunks[1])
         self.dtype = qpos.dtype
         self.block = block
         self._worlds = slice(*block) if block else slice(None)
-        self.world_ids: tuple[int, ...] = tuple(int(w) for w in group["world"][self._worlds])
-        frames = np.asarray(group["n_frames"][self._worlds])
+        if created is None:
+            marker, frames = check_commits(group, url, self._arrays, self._state)
+            self._arrays["n_frames"] = marker
+            frames = frames[self._worlds]
+            self.world_ids: tuple[int, ...] = tuple(
+                int(w) for w in self._arrays["world"][self._worlds])
+        else:  # just written by this writer: no frame committed yet
+            frames = np.zeros(len(created.world_ids), dtype=np.int64)[self._worlds]
+            self.world_ids = tuple(created.world_ids[self._worlds])
         # Frames past the smallest commit are redone: a resumed simulation continues
         # from the same step for all its worlds.
         self.n_frames: int = int(frames.min()) if frames.size else 0
         # After an interrupted commit the arrays may have grown to different extents;
         # the next commit grows them all to one extent again.
         self._extent = max(
-            [int(group[n].shape[1]) for n in self._state]
-            + [int(group[n].shape[0]) for n in self._times]
+            [int(self._arrays[n].shape[1]) for n in self._state]
+            + [int(self._arrays[n].shape[0]) for n in self._times]
         )
         self.attrs = group.attrs.asdict()
         self._closed = False
         self._failed = False
-        self._members: dict[str, Any] | None = None  # metadata of every node, for step 5
+        # metadata of every node, for step 5 (None: read at the first commit)
+        self._members: dict[str, Any] | None = None if created is None else dict(created.members)
         self._consolidated = True  # False while the last consolidation failed
         self._last_commit = 0  # the largest n_frames of the last commit
         self._finalizer: weakref.finalize | None = None
@@ -221,9 +251,10 @@ class ArchiveWriter:
             if there != "empty":
                 sync(clear(store))
             group = zarr.create_group(store, attributes=root_attrs(spec), zarr_format=3)
-            create_arrays(group, spec)
-            consolidate(group, n_time=None if spec.capacity_frames else 0)
-            return cls(group, url, spec.layout, claim=claim)
+            created = create_arrays(group, spec)
+            consolidate(group, n_time=None if spec.capacity_frames else 0,
+                        members=created.members)
+            return cls(group, url, spec.layout, claim=claim, created=created)
         except BaseException:
             undo(store, claim, ours)
             tidy_local(local, existed)
@@ -320,27 +351,15 @@ class ArchiveWriter:
         if n == 0:
             return
         t0, t1 = self.n_frames, self.n_frames + n
-        if self.block is not None and t1 > self._group["time"].shape[0]:
+        capacity = self._arrays["time"].shape[0]
+        if self.block is not None and t1 > capacity:
             raise ValueError(
-                f"Frames {t0}..{t1 - 1} do not fit the archive's capacity of "
-                f"{self._group['time'].shape[0]} frames (fixed for several writers). "
-                "Create it with a larger capacity_frames."
+                f"Frames {t0}..{t1 - 1} do not fit the archive's capacity of {capacity} frames "
+                "(fixed for several writers). Create it with a larger capacity_frames."
             )
+        committed = np.full(self.n_worlds, t1) if n_frames is None else np.asarray(n_frames)
         try:
-            extent = max(t1, self._extent)
-            grown = {}
-            for name in self._state + self._times:
-                arr, axis = self._group[name], 0 if name in self._times else 1
-                if arr.shape[axis] < extent:  # only ever grows: shrinking would delete chunks
-                    arr.resize(tuple(extent if i == axis else d for i, d in enumerate(arr.shape)))
-                grown[name] = arr
-            self._extent = extent
-            for name in self._state:
-                grown[name][self._worlds, t0:t1] = getattr(block, name)
-            if self.block is None:  # several writers share the times written at creation
-                self._write_times(block, t0, t1)
-            committed = np.full(self.n_worlds, t1) if n_frames is None else np.asarray(n_frames)
-            self._group["n_frames"][self._worlds] = committed.astype(np.int64)
+            sync(self._commit(block, t0, t1, committed.astype(np.int64)))
         except (OSError, RuntimeError, TimeoutError, *storage_errors.client_errors()) as err:
             self._failed = True  # retrying is allowed, and so is a new writer taking over
             raise StorageError(
@@ -350,7 +369,29 @@ class ArchiveWriter:
         self.n_frames = t1
         self._failed = False
         if self.block is None:
-            self._consolidate({n: a.metadata for n, a in grown.items()}, int(committed.max()))
+            grown = {n: self._arrays[n].metadata for n in self._state + self._times}
+            self._consolidate(grown, int(committed.max()))
+
+    async def _commit(self, block: FrameBlock, t0: int, t1: int, committed: np.ndarray) -> None:
+        """Steps 1 to 4 of a commit (see the module's docstring). The writes of one step
+        go concurrently; each step starts once every write of the step before it has
+        finished, and a failure is raised only then (:func:`settled`)."""
+        extent = max(t1, self._extent)
+        grow = []
+        for name in self._state + self._times:
+            arr, axis = self._arrays[name].async_array, 0 if name in self._times else 1
+            if arr.shape[axis] < extent:  # only ever grows: shrinking would delete chunks
+                grow.append(arr.resize(tuple(extent if i == axis else d
+                                             for i, d in enumerate(arr.shape))))
+        await settled(grow)
+        self._extent = extent
+        writes = [self._arrays[name].async_array.setitem((self._worlds, slice(t0, t1)),
+                                                         getattr(block, name))
+                  for name in self._state]
+        if self.block is None:  # several writers share the times written at creation
+            writes += self._time_writes(block, t0, t1)
+        await settled(writes)
+        await self._arrays["n_frames"].async_array.setitem(self._worlds, committed)
 
     def _consolidate(self, changed: Mapping[str, Any], n_time: int) -> None:
         """Step 5 of a commit: the consolidated metadata, from what this writer holds.
@@ -374,14 +415,19 @@ class ArchiveWriter:
         """True if the archive stores ``sim_time`` and ``frame`` beside ``time``."""
         return len(self._times) > 1
 
-    def _write_times(self, block: FrameBlock, t0: int, t1: int) -> None:
+    def _time_writes(self, block: FrameBlock, t0: int, t1: int) -> list[Any]:
+        """The writes of step 3: frames ``t0..t1`` of ``time``, ``sim_time``, ``frame``."""
         sim_time = block.time if block.sim_time is None else block.sim_time
+        where = slice(t0, t1)
         # An archive without sim_time keeps the simulation time in time, as it always did.
-        self._group["time"][t0:t1] = block.time if self.has_schedule else sim_time
+        writes = [self._arrays["time"].async_array.setitem(
+            where, block.time if self.has_schedule else sim_time)]
         if self.has_schedule:
-            self._group["sim_time"][t0:t1] = sim_time
+            writes.append(self._arrays["sim_time"].async_array.setitem(where, sim_time))
             if block.frame is not None:
-                self._group["frame"][t0:t1] = np.asarray(block.frame, dtype=np.int64)
+                writes.append(self._arrays["frame"].async_array.setitem(
+                    where, np.asarray(block.frame, dtype=np.int64)))
+        return writes
 
     def last_frame(self) -> FrameBlock | None:
         """The last committed frame of this writer's worlds (one frame), or None if none.
@@ -392,10 +438,10 @@ class ArchiveWriter:
         if n == 0:
             return None
         cut = (self._worlds, slice(n - 1, n))
-        have = {name: np.asarray(self._group[name][n - 1:n]) for name in self._times}
+        have = {name: np.asarray(self._arrays[name][n - 1:n]) for name in self._times}
         frame = have.get("frame")
         return FrameBlock(
-            have["time"], *(np.asarray(self._group[name][cut]) if name in self._group else None
+            have["time"], *(np.asarray(self._arrays[name][cut]) if name in self._arrays else None
                             for name in STATE_VARS),
             sim_time=have.get("sim_time"),
             frame=None if frame is None or frame[0] < 0 else frame,

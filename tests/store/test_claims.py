@@ -18,6 +18,7 @@ from flyarchive.errors import ArchiveInUseError, SchemaError, StorageError, Worl
 from flyarchive.layout import ModelLayout
 from flyarchive.store import ArchiveSpec, ArchiveWriter, FrameBlock, open_store
 from flyarchive.store.claims import WRITER_KEY, _identity, _proc_stat, put_exclusive
+from flyarchive.store.localstore import GuardedLocalStore
 from flyarchive.testing import simulate
 from flyarchive.testing.fixtures import record
 
@@ -164,8 +165,9 @@ def test_a_writer_whose_commit_failed_is_taken_over_by_the_next_in_the_same_proc
     first = ArchiveWriter.append(archive, layout)
     block = FrameBlock(np.array([1.0]), np.zeros((2, 1, 13)), np.zeros((2, 1, 1, 3)),
                        np.zeros((2, 1, 1, 4)))
-    with monkeypatch.context() as patch:
-        patch.setattr(zarr.Array, "__setitem__", disk_full)
+    with monkeypatch.context() as patch:  # the disk is full: every write fails
+        patch.setattr(GuardedLocalStore, "set", disk_full_async)
+        patch.setattr(GuardedLocalStore, "set_sync", disk_full)
         with pytest.raises(StorageError, match="still holds its 10 committed frames"):
             first.write(block)
 
@@ -179,6 +181,10 @@ def test_a_writer_whose_commit_failed_is_taken_over_by_the_next_in_the_same_proc
 
 def disk_full(*args, **kwargs):
     raise OSError(28, "No space left on device")
+
+
+async def disk_full_async(*args, **kwargs):
+    disk_full()
 
 
 # ----------------------------------------------------------------------------- damaged claims
