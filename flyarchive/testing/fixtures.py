@@ -21,8 +21,8 @@ from typing import Any
 import mujoco
 
 __all__ = [
-    "Location", "record", "slider_archive", "write_states", "snapshot", "to_memory", "memory_snapshot", "bucket_snapshot",
-    "forbidding_s3",
+    "Location", "record", "copy_archive", "slider_archive", "write_states", "snapshot", "to_memory",
+    "memory_snapshot", "bucket_snapshot", "forbidding_s3",
 ]
 
 
@@ -59,6 +59,18 @@ def record(model: mujoco.MjModel, url: str, *, n_worlds: int = 2, n_steps: int =
     with TrajectoryRecorder(url, model, chunk_frames=chunk_frames, **kwargs) as recorder:
         simulate(model, n_worlds, n_steps, recorder.record_as_needed)
     return url
+
+
+def copy_archive(source: str | os.PathLike[str], target: str | os.PathLike[str]) -> str:
+    """Copy the local archive ``source`` to ``target`` (which must not exist); its path.
+
+    A test that needs an archive of its own copies one recorded once (milliseconds; a
+    recording takes most of a second). The copy is the same archive, ``archive_id``
+    included: a test about an archive replaced at the same URL records a new one.
+    """
+    import shutil
+
+    return str(shutil.copytree(source, target, symlinks=True))
 
 
 def slider_archive(url: str, qpos: Any, *, output_fps: float = 25.0,
