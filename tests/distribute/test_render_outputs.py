@@ -248,6 +248,7 @@ def test_an_overlay_cut_short_draws_no_part_of_a_character(archive, tmp_path):
     assert np.abs(a[:, 2:9, 2:60] - b[:, 2:9, 2:60]).max() > 100  # the text is there
 
 
+@requires_warp
 def test_mosaics_fed_side_by_side_in_each_batch_equal_mosaics_fed_one_at_a_time(
         archive, tmp_path, monkeypatch):
     """Lanes: each batch holds frames of several mosaics, their tiles read at once."""
