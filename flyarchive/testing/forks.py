@@ -59,8 +59,8 @@ def run_forked(module: str, jobs: Sequence[Any], *, memory_bytes: int, timeout_s
     argv = [sys.executable, "-m", module, FORKED, str(memory_bytes), str(timeout_s)]
     try:
         done = subprocess.run(argv, input=json.dumps({"warm": list(warm), "jobs": list(jobs)}),
-                              capture_output=True,
-                              text=True, timeout=120 + timeout_s * len(jobs),
+                              capture_output=True, text=True,
+                              timeout=120 + timeout_s * len(jobs),
                               env=dict(env if env is not None else os.environ))
         stdout, why = done.stdout, f"exit {done.returncode}: {done.stderr.strip()[-500:]}"
     except subprocess.TimeoutExpired as err:
