@@ -173,13 +173,9 @@ def make_variant(sound: str, name: str, target: Path) -> str:
 
 def upload(local: str, url: str, storage_options: Mapping[str, Any]) -> str:
     """Copy a local archive to ``url`` (e.g. ``s3://bucket/key.zarr``), file by file."""
-    import fsspec
+    from flyarchive.testing.fixtures import copy_archive
 
-    fs, root = fsspec.core.url_to_fs(url, **storage_options)
-    for path in sorted(Path(local).rglob("*")):
-        if path.is_file():
-            fs.pipe_file(f"{root}/{path.relative_to(local).as_posix()}", path.read_bytes())
-    return url
+    return copy_archive(local, url, dict(storage_options))
 
 
 @dataclass(frozen=True)

@@ -21,8 +21,8 @@ from typing import Any
 import mujoco
 
 __all__ = [
-    "Location", "record", "slider_archive", "write_states", "snapshot", "to_memory", "memory_snapshot", "bucket_snapshot",
-    "forbidding_s3",
+    "Location", "record", "copy_archive", "slider_archive", "write_states", "snapshot", "to_memory",
+    "memory_snapshot", "bucket_snapshot", "listing_snapshot", "forbidding_s3",
 ]
 
 
@@ -59,6 +59,30 @@ def record(model: mujoco.MjModel, url: str, *, n_worlds: int = 2, n_steps: int =
     with TrajectoryRecorder(url, model, chunk_frames=chunk_frames, **kwargs) as recorder:
         simulate(model, n_worlds, n_steps, recorder.record_as_needed)
     return url
+
+
+def copy_archive(source: str | os.PathLike[str], target: str | os.PathLike[str],
+                 storage_options: dict[str, Any] | None = None) -> str:
+    """Copy the local archive ``source`` to ``target``, a local path (which must not exist)
+    or a URL (``memory://...``, ``s3://bucket/key.zarr``: file by file); returns ``target``.
+
+    A test that needs an archive of its own copies one recorded once (milliseconds; a
+    recording takes most of a second, more on S3). The copy is the same archive,
+    ``archive_id`` included: a test about an archive replaced at the same URL records a
+    new one.
+    """
+    target = str(target)
+    if "://" not in target:
+        import shutil
+
+        return str(shutil.copytree(source, target, symlinks=True))
+    import fsspec
+
+    fs, root = fsspec.core.url_to_fs(target, **(storage_options or {}))
+    for path in sorted(Path(source).rglob("*")):
+        if path.is_file():
+            fs.pipe_file(f"{root}/{path.relative_to(source).as_posix()}", path.read_bytes())
+    return target
 
 
 def slider_archive(url: str, qpos: Any, *, output_fps: float = 25.0,
@@ -128,14 +152,7 @@ def snapshot(root: str | os.PathLike[str]) -> dict[str, bytes]:
 
 def to_memory(url: str | os.PathLike[str]) -> str:
     """A copy of a local archive in fsspec's memory file system; its ``memory://`` URL."""
-    import fsspec
-
-    target = f"memory://{uuid.uuid4().hex}.zarr"
-    fs = fsspec.filesystem("memory")
-    for path in Path(url).rglob("*"):
-        if path.is_file():
-            fs.pipe(f"{target}/{path.relative_to(url).as_posix()}", path.read_bytes())
-    return target
+    return copy_archive(url, f"memory://{uuid.uuid4().hex}.zarr")
 
 
 def memory_snapshot(url: str) -> dict[str, bytes]:
@@ -149,6 +166,18 @@ def memory_snapshot(url: str) -> dict[str, bytes]:
 def bucket_snapshot(fs: Any, bucket: str) -> dict[str, bytes]:
     """Every object of ``bucket`` on the fsspec file system ``fs``: key -> bytes."""
     return {p: fs.cat_file(p) for p in sorted(fs.find(bucket))}
+
+
+def listing_snapshot(fs: Any, root: str) -> dict[str, tuple[Any, ...]]:
+    """Every object under ``root`` (``bucket/prefix``) of the S3 file system ``fs`` as one
+    listing describes it: key -> (ETag, size, last modified).
+
+    One LIST request where :func:`bucket_snapshot` makes a GET per object. The ETag of an
+    object put whole is the MD5 of its bytes, and a rewrite moves its time: equal
+    snapshots mean nothing was written, removed or changed.
+    """
+    return {key: (info["ETag"], info["size"], info["LastModified"])
+            for key, info in sorted(fs.find(root, detail=True).items())}
 
 
 class _Forbidden(BaseHTTPRequestHandler):

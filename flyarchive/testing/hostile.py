@@ -36,6 +36,7 @@ from flyarchive.testing.holes import INCONSISTENT_CASES, MISSING_CASES
 
 __all__ = [
     "CASES", "COMMANDS", "Outcome", "make_sound", "make_case", "command_argv", "run_isolated",
+    "run_isolated_many",
     "hostile_table", "passed", "MAX_SECONDS", "MAX_MB", "pcodec_bomb", "rewrite_shard",
     "snapshot", "unpickled_marker", "run_caught", "BOMB_BYTES", "MEMORY_CAP",
 ]
@@ -301,13 +302,9 @@ def command_argv(command: str, url: str, workdir: Path) -> list[str]:
     raise ValueError(f"Unknown command {command!r}; known: {COMMANDS}.")
 
 
-def _child(command: str, argv: list[str]) -> dict:
-    """Run one command here (in the child); what happened, as JSON-friendly values.
-
-    The command's modules are imported (and xarray's backends and matplotlib's fonts
-    loaded) first, so that ``seconds`` times the command, not one-time start-up work
-    (about 1.2 s of it here).
-    """
+def _warm(commands: Sequence[str]) -> None:
+    """Import the modules of ``commands`` and load xarray's backends (and for ``plot``
+    matplotlib's fonts): one-time start-up work (about 1.2 s of it here)."""
     import dask.array  # noqa: F401
     import xarray
 
@@ -317,7 +314,7 @@ def _child(command: str, argv: list[str]) -> dict:
     import flyarchive.summary  # noqa: F401
 
     xarray.backends.list_engines()
-    if command == "plot":
+    if "plot" in commands:
         import matplotlib
 
         matplotlib.use("Agg")
@@ -327,9 +324,18 @@ def _child(command: str, argv: list[str]) -> dict:
         figure.text(0.5, 0.5, "warm-up")
         figure.canvas.draw()
         plt.close(figure)
-    if command == "render":
+    if "render" in commands:
         import flyarchive.distribute.api  # noqa: F401
         import flyarchive.render.opengl  # noqa: F401
+
+
+def _child(command: str, argv: list[str]) -> dict:
+    """Run one command here (in the child); what happened, as JSON-friendly values.
+
+    The command's modules are imported first (:func:`_warm`), so that ``seconds`` times
+    the command, not one-time start-up work.
+    """
+    _warm([command])
     start = time.perf_counter()
     if command == "open_archive":
         from flyarchive import open_archive
@@ -388,12 +394,11 @@ def run_isolated(command: str, url: str, workdir: Path, *, memory_bytes: int = M
     def limit() -> None:
         resource.setrlimit(resource.RLIMIT_AS, (memory_bytes, memory_bytes))
 
-    env = {**os.environ, "MALLOC_ARENA_MAX": "2", "MUJOCO_GL": os.environ.get("MUJOCO_GL", "egl")}
     start = time.perf_counter()
     try:
         done = subprocess.run(
             [sys.executable, "-m", "flyarchive.testing.hostile", command, *argv],
-            capture_output=True, text=True, timeout=timeout_s, preexec_fn=limit, env=env,
+            capture_output=True, text=True, timeout=timeout_s, preexec_fn=limit, env=_env(),
         )
     except subprocess.TimeoutExpired:
         return Outcome(None, None, f"did not finish within {timeout_s} s (killed)", None,
@@ -404,6 +409,43 @@ def run_isolated(command: str, url: str, workdir: Path, *, memory_bytes: int = M
         return Outcome(None, None, f"the child died (exit {done.returncode}): "
                        f"{done.stderr.strip()[-500:]}", None, wall, None)
     return Outcome(wall_s=wall, **json.loads(lines[-1]))
+
+
+def run_isolated_many(jobs: Sequence[tuple[str, str, Path]], *,
+                      memory_bytes: int = MEMORY_CAP, timeout_s: float = 60.0,
+                      warm: str | None = None) -> list[Outcome]:
+    """:func:`run_isolated` for each ``(command, url, workdir)`` of ``jobs``, through one
+    child process that imports once and forks a process per job, capped at ``memory_bytes``
+    of address space and killed after ``timeout_s`` (:func:`flyarchive.testing.forks.run_forked`).
+
+    Each job runs in an address space of its own, as with :func:`run_isolated`; ``wall_s``
+    is its forked process's, and ``maxrss_mb`` counts what that process shares with the
+    child it was forked from (use :func:`run_isolated` to measure memory).
+
+    Args:
+        warm: A sound archive (:func:`make_sound`) the child reads first with ``info``,
+            ``open_archive`` and ``verify``, so that first-use work is done once.
+    """
+    from flyarchive.testing.forks import run_forked
+
+    todo = []
+    for command, url, workdir in jobs:
+        workdir.mkdir(parents=True, exist_ok=True)
+        argv = [url] if command == "open_archive" else command_argv(command, url, workdir)
+        todo.append({"command": command, "argv": argv})
+    warming = [{"command": c, "argv": [warm] if c == "open_archive" else [c, warm]}
+               for c in ("info", "open_archive", "verify")] if warm else []
+    done = run_forked("flyarchive.testing.hostile", todo, memory_bytes=memory_bytes,
+                      timeout_s=timeout_s, warm=warming, env=_env())
+    return [Outcome(wall_s=d["wall_s"], **d["result"]) if "result" in d
+            else Outcome(None, None, d["died"], None, d["wall_s"], None) for d in done]
+
+
+def _env() -> dict[str, str]:
+    """The environment of a child that runs commands: few malloc arenas (a smaller address
+    space under the cap), EGL for rendering."""
+    return {**os.environ, "MALLOC_ARENA_MAX": "2",
+            "MUJOCO_GL": os.environ.get("MUJOCO_GL", "egl")}
 
 
 #: Bounds every command must keep on a hostile archive: seconds inside the command, MiB.
@@ -459,6 +501,12 @@ def hostile_table(workdir: Path, *, commands: Sequence[str] = COMMANDS,
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    from flyarchive.testing.forks import FORKED, serve_forked
+
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == [FORKED]:  # run_isolated_many's child
+        _warm(COMMANDS)
+        return serve_forked(lambda job: _child(job["command"], job["argv"]), argv[1:])
     parser = argparse.ArgumentParser(description="Run one command on an archive (child side).")
     parser.add_argument("command", choices=COMMANDS)
     parser.add_argument("args", nargs=argparse.REMAINDER)

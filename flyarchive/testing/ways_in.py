@@ -7,7 +7,8 @@ three refuse with the same error (class and message), reading refuses it too, an
 refuse damaged state, both accept sound state). :func:`disagreements` states these rules
 for the verdicts of one archive; ``tests/reliability/test_ways_in.py`` applies them to
 every hostile case of :mod:`flyarchive.testing.hostile`, those that could exhaust memory or
-hang in a child process (:func:`verdicts_isolated`) under the harness's memory cap.
+hang in a child process (:func:`verdicts_isolated`; :func:`verdicts_isolated_many` for
+many archives, a forked process each) under the harness's memory cap.
 
 Nothing here is needed to record or replay.
 """
@@ -19,11 +20,12 @@ import os
 import resource
 import subprocess
 import sys
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
-__all__ = ["WAYS", "Verdict", "verdicts", "verdicts_isolated", "disagreements"]
+__all__ = ["WAYS", "Verdict", "verdicts", "verdicts_isolated", "verdicts_isolated_many",
+           "disagreements"]
 
 #: The ways in: the header (``flyarchive info``), ``open_archive`` opened, render planning
 #: (header, frame selection, model and outputs checked), ``open_archive`` read whole, verify.
@@ -115,6 +117,39 @@ def verdicts_isolated(url: str, *, timeout_s: float = 60.0) -> dict[str, Verdict
     return {way: Verdict(**found[way]) for way in WAYS}
 
 
+def verdicts_isolated_many(urls: Sequence[str], *, timeout_s: float = 60.0,
+                           warm: str | None = None) -> list[dict[str, Verdict]]:
+    """:func:`verdicts_isolated` of each URL, through one child process that imports once
+    and forks a process per archive under the same cap and timeout
+    (:func:`flyarchive.testing.forks.run_forked`); ``warm``: a sound archive the child
+    goes through every way in first, so that first-use work is done once."""
+    from flyarchive.testing.forks import run_forked
+    from flyarchive.testing.hostile import MEMORY_CAP
+
+    env = {**os.environ, "MALLOC_ARENA_MAX": "2"}
+    done = run_forked("flyarchive.testing.ways_in", list(urls), memory_bytes=MEMORY_CAP,
+                      timeout_s=timeout_s, warm=[warm] if warm else [], env=env)
+    return [{way: Verdict(**d["result"][way]) for way in WAYS} if "result" in d
+            else {way: Verdict("died", d["died"]) for way in WAYS} for d in done]
+
+
+def _as_json(url: str) -> dict[str, dict[str, Any]]:
+    return {way: asdict(v) for way, v in verdicts(url).items()}
+
+
+def _warm() -> None:
+    """Import what every way in needs, before the forks."""
+    import xarray
+
+    import flyarchive.distribute.api  # noqa: F401
+    import flyarchive.query.selection  # noqa: F401
+    import flyarchive.render.output_plan  # noqa: F401
+    import flyarchive.store.integrity  # noqa: F401
+    import flyarchive.summary  # noqa: F401
+
+    xarray.backends.list_engines()
+
+
 def disagreements(found: Mapping[str, Verdict]) -> list[str]:
     """Where the ways in disagree about one archive (empty when they agree); see the
     module's text for the rules."""
@@ -136,8 +171,13 @@ def disagreements(found: Mapping[str, Verdict]) -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    url = (argv if argv is not None else sys.argv[1:])[0]
-    print(json.dumps({way: asdict(v) for way, v in verdicts(url).items()}))
+    from flyarchive.testing.forks import FORKED, serve_forked
+
+    argv = argv if argv is not None else sys.argv[1:]
+    if argv[:1] == [FORKED]:  # verdicts_isolated_many's child
+        _warm()
+        return serve_forked(_as_json, argv[1:])
+    print(json.dumps(_as_json(argv[0])))
     return 0
 
 

@@ -18,7 +18,7 @@ from flyarchive.errors import (
 )
 from flyarchive.interop.poses import export_poses
 from flyarchive.testing import TWO_HINGES_XML
-from flyarchive.testing.fixtures import record, snapshot
+from flyarchive.testing.fixtures import copy_archive, snapshot
 from flyarchive.testing.markers import requires_movement, requires_nwb
 
 
@@ -70,8 +70,8 @@ def test_a_model_that_does_not_match_the_layout(archive):
     assert snapshot(archive) == before
 
 
-def test_an_archive_that_keeps_no_model_and_none_given(tiny, tmp_path):
-    url = record(tiny, str(tmp_path / "nomodel.zarr"), store_model=False)
+def test_an_archive_that_keeps_no_model_and_none_given(bare):
+    url = bare
     before = snapshot(url)
 
     with pytest.raises(ModelLoadError, match=r"keeps no model \(it was recorded or imported with "
@@ -104,8 +104,8 @@ def test_an_unknown_backend(archive):
         flyarchive.positions(archive, "hand", backend="cuda")
 
 
-def test_kept_positions_never_replace_an_archive_at_their_target(archive, tiny, tmp_path):
-    other = record(tiny, str(tmp_path / "other.zarr"))
+def test_kept_positions_never_replace_an_archive_at_their_target(archive, recorded, tmp_path):
+    other = copy_archive(recorded, tmp_path / "other.zarr")
     before = snapshot(other)
 
     with pytest.raises(ArchiveExistsError, match=r"Something that is not these derived values is "

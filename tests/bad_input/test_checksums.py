@@ -21,7 +21,7 @@ from flyarchive.testing.checksums import (
     read_with,
     upload,
 )
-from flyarchive.testing.fixtures import snapshot
+from flyarchive.testing.fixtures import listing_snapshot, snapshot
 
 BUCKET = "flyarchive-test"  # created by the s3_server fixture
 pytestmark = pytest.mark.timeout(120)
@@ -67,8 +67,23 @@ def s3_fs(s3_server):
 
 
 def s3_prefix_snapshot(fs, url):
-    """Every object under ``url``: key -> bytes."""
-    return {key: fs.cat_file(key) for key in sorted(fs.find(url.removeprefix("s3://")))}
+    """Every object under ``url``: key -> (ETag: the MD5 of its bytes, size, time)."""
+    return listing_snapshot(fs, url.removeprefix("s3://"))
+
+
+@pytest.fixture(scope="module")
+def s3_variant_url(variant_url, s3_server):
+    """``s3_variant_url(name)``: :func:`variant_url` uploaded to the shared bucket, once per
+    module (reading changes nothing, which the tests of every reader check)."""
+    made = {}
+
+    def upload_once(name):
+        if name not in made:
+            made[name] = upload(variant_url(name), f"s3://{BUCKET}/{uuid.uuid4().hex}.zarr",
+                                s3_server.storage_options())
+        return made[name]
+
+    return upload_once
 
 
 # ----------------------------------------------------------------------------- controls
@@ -112,9 +127,9 @@ def test_a_local_variant_is_refused(variant_url, name, reader):
 
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize("name", S3_CASES)
-def test_an_s3_variant_is_refused_by_every_reader(variant_url, name, s3_server, s3_fs):
+def test_an_s3_variant_is_refused_by_every_reader(s3_variant_url, name, s3_server, s3_fs):
     options = s3_server.storage_options()
-    url = upload(variant_url(name), f"s3://{BUCKET}/{uuid.uuid4().hex}.zarr", options)
+    url = s3_variant_url(name)
     before = s3_prefix_snapshot(s3_fs, url)
 
     outcomes = {reader: read_with(reader, url, options) for reader in READERS
@@ -127,9 +142,9 @@ def test_an_s3_variant_is_refused_by_every_reader(variant_url, name, s3_server, 
 
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize("name", ["copy: qpos chunks without crc32c", "own: n_frames without crc32c"])
-def test_verify_on_s3_reports_a_variant(variant_url, name, s3_server):
+def test_verify_on_s3_reports_a_variant(s3_variant_url, name, s3_server):
     options = s3_server.storage_options()
-    url = upload(variant_url(name), f"s3://{BUCKET}/{uuid.uuid4().hex}.zarr", options)
+    url = s3_variant_url(name)
 
     outcome = read_with("verify", url, options)
 
@@ -139,12 +154,11 @@ def test_verify_on_s3_reports_a_variant(variant_url, name, s3_server):
 
 # ----------------------------------------------------------------------------- messages
 def test_a_copy_without_crc32c_on_s3_names_the_copy_the_array_and_the_fix(
-        variant_url, s3_server):
+        s3_variant_url, s3_server):
     from flyarchive import open_archive
 
     options = s3_server.storage_options()
-    url = upload(variant_url("copy: qpos chunks without crc32c"),
-                 f"s3://{BUCKET}/{uuid.uuid4().hex}.zarr", options)
+    url = s3_variant_url("copy: qpos chunks without crc32c")
 
     with pytest.raises(SchemaError) as err:
         open_archive(url, options)
@@ -157,24 +171,22 @@ def test_a_copy_without_crc32c_on_s3_names_the_copy_the_array_and_the_fix(
 
 
 def test_an_own_zarr_json_without_crc32c_on_s3_is_found_beside_the_coordinates(
-        variant_url, s3_server):
+        s3_variant_url, s3_server):
     from flyarchive.query.archive import open_header
 
     options = s3_server.storage_options()
-    url = upload(variant_url("own: qpos chunks without crc32c"),
-                 f"s3://{BUCKET}/{uuid.uuid4().hex}.zarr", options)
+    url = s3_variant_url("own: qpos chunks without crc32c")
 
     with pytest.raises(SchemaError, match=f"{url}/qpos/zarr.json: the pipeline "
                        r"\['numcodecs.pcodec'\] does not end in one crc32c stage"):
         open_header(url, options)
 
 
-def test_a_copy_decoding_otherwise_says_what_differs_in_both_files(variant_url, s3_server):
+def test_a_copy_decoding_otherwise_says_what_differs_in_both_files(s3_variant_url, s3_server):
     from flyarchive.store import StateReader
 
     options = s3_server.storage_options()
-    url = upload(variant_url("copy: qpos float32"), f"s3://{BUCKET}/{uuid.uuid4().hex}.zarr",
-                 options)
+    url = s3_variant_url("copy: qpos float32")
 
     with pytest.raises(SchemaError) as err:
         StateReader(url, options)
@@ -186,13 +198,12 @@ def test_a_copy_decoding_otherwise_says_what_differs_in_both_files(variant_url, 
     assert "restore both files from a backup" in str(err.value)
 
 
-def test_a_big_endian_copy_of_world_ids_on_s3_is_not_what_flyarchive_writes(variant_url,
+def test_a_big_endian_copy_of_world_ids_on_s3_is_not_what_flyarchive_writes(s3_variant_url,
                                                                           s3_server):
     from flyarchive.query.archive import open_header
 
     options = s3_server.storage_options()
-    url = upload(variant_url("copy: world big-endian"), f"s3://{BUCKET}/{uuid.uuid4().hex}.zarr",
-                 options)
+    url = s3_variant_url("copy: world big-endian")
 
     with pytest.raises(SchemaError, match="the consolidated metadata of 'world'.*is not the one "
                        r"flyarchive writes for 'world' \(bytes, little-endian, then crc32c\)"):
@@ -200,12 +211,11 @@ def test_a_big_endian_copy_of_world_ids_on_s3_is_not_what_flyarchive_writes(vari
 
 
 # ----------------------------------------------------------------------------- the CLI
-def test_flyarchive_info_on_s3_refuses_a_copy_without_crc32c(variant_url, s3_server, cli):
+def test_flyarchive_info_on_s3_refuses_a_copy_without_crc32c(s3_variant_url, s3_server, cli):
     import json
 
     options = s3_server.storage_options()
-    url = upload(variant_url("copy: n_frames without crc32c"),
-                 f"s3://{BUCKET}/{uuid.uuid4().hex}.zarr", options)
+    url = s3_variant_url("copy: n_frames without crc32c")
 
     code, out, err = cli("info", url, "--storage-options", json.dumps(options))
 

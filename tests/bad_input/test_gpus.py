@@ -99,7 +99,7 @@ def test_cli_gpus_naming_a_missing_device_is_one_error_line_and_exit_2(archive, 
 
 
 @pytest.mark.cluster  # the command line starts its cluster first
-@pytest.mark.parametrize("value", ["0", "-4"])
+@pytest.mark.parametrize("value", ["0", pytest.param("-4", marks=pytest.mark.sweep)])
 def test_cli_batch_worlds_below_one_is_one_error_line_and_exit_2(archive, tmp_path, cli, value):
     before = snapshot(archive)
 

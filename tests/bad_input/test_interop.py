@@ -268,14 +268,12 @@ def test_cli_export_to_an_unwritable_folder_is_one_line_exit_2(archive, cli):
 
 
 @pytest.mark.subprocess
-def test_export_when_the_disk_refuses_a_write_leaves_no_half_file(tiny, tmp_path):
-    url = str(tmp_path / "long.zarr")
-    record(tiny, url, n_steps=796)  # 200 frames per world: each file is over the limit
-    out = tmp_path / "out"
-    child = ("import resource, sys; resource.setrlimit(resource.RLIMIT_FSIZE, (6000, 6000)); "
+def test_export_when_the_disk_refuses_a_write_leaves_no_half_file(archive, tmp_path):
+    out = tmp_path / "out"  # each world's file holds 20 frames: over 1500 bytes
+    child = ("import resource, sys; resource.setrlimit(resource.RLIMIT_FSIZE, (1500, 1500)); "
              "from flyarchive.cli import main; sys.exit(main(sys.argv[1:]))")
 
-    proc = subprocess.run([sys.executable, "-c", child, "export-npz", url, "--to", str(out)],
+    proc = subprocess.run([sys.executable, "-c", child, "export-npz", archive, "--to", str(out)],
                           capture_output=True, text=True, timeout=120)
 
     assert proc.returncode == 2

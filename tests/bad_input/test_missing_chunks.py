@@ -7,7 +7,6 @@ written. Frames past n_frames may be missing: tests/query/test_missing_chunks.py
 
 from __future__ import annotations
 
-import shutil
 from pathlib import Path
 
 import numpy as np
@@ -15,7 +14,7 @@ import pytest
 
 from flyarchive import open_archive
 from flyarchive.errors import CorruptArchiveError
-from flyarchive.testing.fixtures import record, snapshot
+from flyarchive.testing.fixtures import copy_archive, listing_snapshot, snapshot
 from flyarchive.testing.holes import delete_object, empty_inner_chunks
 
 pytestmark = pytest.mark.timeout(120)
@@ -26,30 +25,30 @@ SHARD = "qpos/c/0/1/0"  # frames 5..9
 
 
 def stored(location):
-    """Every object of an archive on its storage: key -> bytes."""
+    """Every object of an archive on its storage: key -> bytes (on S3: what one listing
+    says of it, its ETag the MD5 of its bytes)."""
     import fsspec
 
     fs, root = fsspec.core.url_to_fs(location.url, **(location.storage_options or {}))
+    if location.url.startswith("s3://"):
+        return listing_snapshot(fs, root)
     return {p: fs.cat_file(p) for p in sorted(fs.find(root))}
 
 
 @pytest.fixture(scope="module")
-def sound(tmp_path_factory):
-    from flyarchive.testing import tiny_model
-
-    return record(tiny_model(), str(tmp_path_factory.mktemp("missing") / "run.zarr"))
+def sound(recorded):
+    """The tiny archive (tests/bad_input/conftest.py), recorded once: tests copy it."""
+    return recorded
 
 
 @pytest.fixture
 def copy(sound, tmp_path):
-    target = tmp_path / "run.zarr"
-    shutil.copytree(sound, target)
-    return str(target)
+    return copy_archive(sound, tmp_path / "run.zarr")
 
 
 # ----------------------------------------------------------------------------- open_archive
-def test_a_deleted_shard_fails_reads_of_its_committed_frames_on_every_storage(location, tiny):
-    record(tiny, location.url, storage_options=location.storage_options)
+def test_a_deleted_shard_fails_reads_of_its_committed_frames_on_every_storage(location, sound):
+    copy_archive(sound, location.url, location.storage_options)
     delete_object(location.url, SHARD, location.storage_options)
     before = stored(location)
     ds = open_archive(location.url, location.storage_options)
@@ -64,8 +63,8 @@ def test_a_deleted_shard_fails_reads_of_its_committed_frames_on_every_storage(lo
     assert stored(location) == before
 
 
-def test_an_index_entry_never_written_fails_reads_of_its_frames_on_every_storage(location, tiny):
-    record(tiny, location.url, storage_options=location.storage_options)
+def test_an_index_entry_never_written_fails_reads_of_its_frames_on_every_storage(location, sound):
+    copy_archive(sound, location.url, location.storage_options)
     empty_inner_chunks(location.url, "qpos/c/0/2/0", [0], location.storage_options)  # world 0
     ds = open_archive(location.url, location.storage_options)
 
@@ -126,14 +125,14 @@ def test_a_selection_of_dofs_by_index_reads_the_box_and_refuses_the_hole(copy):
 
 # ----------------------------------------------------------------------------- other readers
 @pytest.mark.parametrize("storage", ["local", "s3"])
-def test_the_warp_render_state_reader_refuses_missing_committed_frames(storage, tiny, tmp_path,
+def test_the_warp_render_state_reader_refuses_missing_committed_frames(storage, sound, tmp_path,
                                                                        request):
     from flyarchive.store import StateReader
     from flyarchive.testing.fixtures import Location
 
     location = (request.getfixturevalue("s3_location") if storage == "s3"
                 else Location(str(tmp_path / "run.zarr")))
-    record(tiny, location.url, storage_options=location.storage_options)
+    copy_archive(sound, location.url, location.storage_options)
     empty_inner_chunks(location.url, SHARD, [1], location.storage_options)
     reader = StateReader(location.url, location.storage_options)
 

@@ -29,7 +29,7 @@ from flyarchive.errors import (
 )
 from flyarchive.models import load_model, model_bytes
 from flyarchive.testing import TINY_XML, simulate
-from flyarchive.testing.fixtures import record, snapshot
+from flyarchive.testing.fixtures import snapshot
 
 SMALL = RenderOptions(size=(48, 64), segment_frames=8)
 
@@ -144,8 +144,8 @@ def test_a_kept_model_of_another_mujoco_release_is_refused(archive, tmp_path):
     assert snapshot(archive) == before and not (tmp_path / "videos").exists()
 
 
-def test_rendering_an_archive_that_keeps_no_model_asks_for_one(tiny, tmp_path):
-    url = record(tiny, str(tmp_path / "bare.zarr"), store_model=False)
+def test_rendering_an_archive_that_keeps_no_model_asks_for_one(bare, tmp_path):
+    url = bare
     before = snapshot(url)
 
     with pytest.raises(ModelLoadError, match="keeps no model .*store_model=False.* Pass the "
@@ -155,8 +155,8 @@ def test_rendering_an_archive_that_keeps_no_model_asks_for_one(tiny, tmp_path):
     assert snapshot(url) == before and not (tmp_path / "videos").exists()
 
 
-def test_cli_render_without_model_of_an_archive_that_keeps_none_is_one_line(tiny, tmp_path, cli):
-    url = record(tiny, str(tmp_path / "bare.zarr"), store_model=False)
+def test_cli_render_without_model_of_an_archive_that_keeps_none_is_one_line(bare, tmp_path, cli):
+    url = bare
     before = snapshot(url)
 
     code, _, err = cli("render", url, "--camera", "front", "--out", tmp_path / "videos",

@@ -249,13 +249,10 @@ def test_publishing_through_a_folder_linked_out_is_refused(tmp_path):
 
 # --------------------------------------------------------------------------- maps
 @pytest.fixture(scope="module")
-def rendered(tmp_path_factory, tiny_module) -> Path:
+def rendered(tmp_path_factory, tiny_module, recorded) -> Path:
     """An output folder with a video, a depth map and a segmentation map of world 0."""
-    from flyarchive.testing.fixtures import record
-
     base = tmp_path_factory.mktemp("rendered")
-    url = record(tiny_module, str(base / "run.zarr"))
-    render_videos(url, tiny_module, "front", str(base / "out"), worlds=[0],
+    render_videos(recorded, tiny_module, "front", str(base / "out"), worlds=[0],
                   options=RenderOptions(size=SIZE, outputs=("rgb", "depth", "segmentation")),
                   n_workers=0)
     return base / "out"

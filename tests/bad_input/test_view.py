@@ -14,19 +14,25 @@ from urllib.parse import urlsplit
 
 import pytest
 
-from flyarchive.testing.fixtures import snapshot
+from flyarchive.testing.fixtures import copy_archive, snapshot
 from flyarchive.testing.markers import requires_view
 
 pytestmark = requires_view
 
 
 @pytest.fixture(scope="module")
-def viewed(tmp_path_factory: pytest.TempPathFactory) -> Any:
-    from flyarchive.testing.view import serving, view_archive
+def view_url(tmp_path_factory: pytest.TempPathFactory) -> str:
+    """The viewer's archive (flyarchive.testing.view.view_archive), recorded once."""
+    from flyarchive.testing.view import view_archive
 
-    folder = tmp_path_factory.mktemp("view-bad")
-    url = view_archive(str(folder / "run.zarr"))
-    with serving(url, out=folder / "videos", backend="cpu") as found:
+    return view_archive(str(tmp_path_factory.mktemp("view-bad") / "run.zarr"))
+
+
+@pytest.fixture(scope="module")
+def viewed(view_url: str) -> Any:
+    from flyarchive.testing.view import serving
+
+    with serving(view_url, out=Path(view_url).parent / "videos", backend="cpu") as found:
         yield found
 
 
@@ -176,12 +182,12 @@ def test_a_bad_render_request_is_refused_before_it_is_queued(viewed, body, fragm
     assert not list(Path(served.viewer.out).iterdir())
 
 
-def test_an_archive_replaced_before_its_states_are_read_is_said(tmp_path):
+def test_an_archive_replaced_before_its_states_are_read_is_said(view_url, tmp_path):
     from flyarchive.errors import ArchiveReplacedError
     from flyarchive.testing.view import view_archive
     from flyarchive.view.app import Viewer
 
-    url = view_archive(str(tmp_path / "run.zarr"))
+    url = copy_archive(view_url, tmp_path / "run.zarr")
     viewer = Viewer(url, out=tmp_path / "videos", backend="cpu")  # the header only
     view_archive(url, n_worlds=3, mode="w")  # written again before the dataset opened
 
@@ -192,12 +198,11 @@ def test_an_archive_replaced_before_its_states_are_read_is_said(tmp_path):
     assert len(viewer.viewed.world_ids) == 4
 
 
-def test_a_model_file_that_is_no_model_is_said_when_the_3d_view_asks_for_it(tmp_path):
+def test_a_model_file_that_is_no_model_is_said_when_the_3d_view_asks_for_it(view_url, tmp_path):
     from flyarchive.errors import SelectionError
-    from flyarchive.testing.view import view_archive
     from flyarchive.view.app import Viewer
 
-    url = view_archive(str(tmp_path / "run.zarr"))
+    url = copy_archive(view_url, tmp_path / "run.zarr")
     (tmp_path / "nmf.mjb").write_text("not a model")
     viewer = Viewer(url, model_path=str(tmp_path / "nmf.mjb"), out=tmp_path / "videos",
                     backend="cpu")  # served at once: the model loads after the first page

@@ -15,6 +15,7 @@ from flyarchive import TrajectoryRecorder
 from flyarchive.render import opengl
 from flyarchive.distribute.api import RenderOptions, render_videos
 from flyarchive.testing import simulate
+from flyarchive.testing.fixtures import copy_archive, record
 from flyarchive.testing.markers import WARP_BACKEND, requires_warp
 from flyarchive.video import read_video
 
@@ -22,13 +23,13 @@ SMALL = RenderOptions(size=(48, 64), segment_frames=4)
 CAMERAS = ["front", "top"]
 
 
-@pytest.fixture
-def archive(tiny, tmp_path) -> str:
-    """Worlds 3 and 7 of the tiny model, 11 frames each."""
-    url = str(tmp_path / "tiny.zarr")
-    with TrajectoryRecorder(url, tiny, chunk_frames=5, world_ids=[3, 7]) as recorder:
-        simulate(tiny, 2, 40, recorder.record_as_needed)
-    return url
+@pytest.fixture(scope="module")
+def archive(tmp_path_factory) -> str:
+    """Worlds 3 and 7 of the tiny model, 11 frames each, recorded once: tests only read it."""
+    from flyarchive.testing import tiny_model
+
+    url = str(tmp_path_factory.mktemp("keep") / "tiny.zarr")
+    return record(tiny_model(), url, world_ids=[3, 7], n_steps=40)
 
 
 def stop_at_join(monkeypatch, n: int) -> None:
@@ -141,12 +142,12 @@ def test_resume_renders_again_what_is_not_the_listed_finished_video(archive, tin
 
 def test_resume_renders_everything_again_for_an_archive_replaced_at_the_same_url(
         archive, tiny, tmp_path):
-    out = tmp_path / "v"
-    render_videos(archive, tiny, "front", str(out), options=SMALL, n_workers=0)
-    with TrajectoryRecorder(archive, tiny, chunk_frames=5, world_ids=[3, 7], mode="w") as recorder:
+    url, out = copy_archive(archive, tmp_path / "tiny.zarr"), tmp_path / "v"
+    render_videos(url, tiny, "front", str(out), options=SMALL, n_workers=0)
+    with TrajectoryRecorder(url, tiny, chunk_frames=5, world_ids=[3, 7], mode="w") as recorder:
         simulate(tiny, 2, 40, recorder.record_as_needed)  # a new archive_id
 
-    result = render_videos(archive, tiny, "front", str(out), options=SMALL, n_workers=0,
+    result = render_videos(url, tiny, "front", str(out), options=SMALL, n_workers=0,
                            resume=True)
 
     assert result.kept == 0 and len(result.videos) == 2

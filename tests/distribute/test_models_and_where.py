@@ -12,7 +12,7 @@ import pytest
 from flyarchive import add_world_vars, open_archive
 from flyarchive.distribute.api import RenderOptions, render_frames, render_videos
 from flyarchive.testing import block_columns, slider_columns, slider_model
-from flyarchive.testing.fixtures import record, slider_archive
+from flyarchive.testing.fixtures import copy_archive, record, slider_archive
 from flyarchive.testing.markers import WARP_BACKEND, requires_warp
 from flyarchive.video import read_video
 
@@ -102,10 +102,11 @@ def test_the_manifest_says_which_window_each_video_covers(slider, tmp_path):
 
 
 def test_a_world_variable_mask_renders_only_those_worlds(slider, tmp_path):
-    add_world_vars(slider, {"success": [True, False, True]}, overwrite=True)
-    ds = open_archive(slider)
+    url = copy_archive(slider, tmp_path / "slider.zarr")
+    add_world_vars(url, {"success": [True, False, True]})
+    ds = open_archive(url)
 
-    result = render_videos(slider, slider_model(), "front", str(tmp_path), options=SMALL,
+    result = render_videos(url, slider_model(), "front", str(tmp_path / "v"), options=SMALL,
                            where=ds.success, n_workers=0)
 
     assert sorted(Path(v["path"]).parent.name for v in result.videos) == ["world00000",

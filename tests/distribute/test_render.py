@@ -10,7 +10,6 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from flyarchive import TrajectoryRecorder
 from flyarchive.clock import Timing
 from flyarchive.distribute.api import RenderOptions, render_frames, render_videos
 from flyarchive.errors import (
@@ -23,20 +22,21 @@ from flyarchive.errors import (
 from flyarchive.layout import ModelLayout
 from flyarchive.replay.opengl import OpenGLRenderer
 from flyarchive.store import ArchiveSpec, ArchiveWriter, FrameBlock
-from flyarchive.testing import simulate, slider_model
+from flyarchive.testing import slider_model
+from flyarchive.testing.fixtures import record
 from flyarchive.testing.markers import requires_warp
 from flyarchive.video import read_video
 
 SMALL = RenderOptions(size=(48, 64), segment_frames=4)
 
 
-@pytest.fixture
-def tiny_archive(tiny, tmp_path):
-    url = str(tmp_path / "tiny.zarr")
-    recorder = TrajectoryRecorder(url, tiny, chunk_frames=5, world_ids=[3, 7])
-    with recorder:
-        simulate(tiny, 2, 40, recorder.record_as_needed)
-    return url
+@pytest.fixture(scope="module")
+def tiny_archive(tmp_path_factory):
+    """Worlds 3 and 7 of the tiny model, 11 frames each, recorded once: tests only read it."""
+    from flyarchive.testing import tiny_model
+
+    url = str(tmp_path_factory.mktemp("render") / "tiny.zarr")
+    return record(tiny_model(), url, world_ids=[3, 7], n_steps=40)
 
 
 def test_one_video_per_world_and_camera_with_manifest(tiny, tiny_archive, tmp_path):
@@ -55,11 +55,18 @@ def test_one_video_per_world_and_camera_with_manifest(tiny, tiny_archive, tmp_pa
     assert not list(out.glob(".parts-*"))
 
 
-def test_time_window_and_world_subset(tiny, tiny_archive, tmp_path):
-    result = render_videos(tiny_archive, tiny, "front", str(tmp_path / "v"), worlds=[7],
-                           time=(0.016, 0.04), options=SMALL, n_workers=0)
+@pytest.fixture(scope="module")
+def windowed(tiny_archive, tmp_path_factory):
+    """A render of world 7 from 0.016 s to 0.04 s (frames 2..5), done once: tests only read it."""
+    from flyarchive.testing import tiny_model
 
-    (video,) = result.videos
+    return render_videos(tiny_archive, tiny_model(), "front",
+                         str(tmp_path_factory.mktemp("windowed") / "v"), worlds=[7],
+                         time=(0.016, 0.04), options=SMALL, n_workers=0)
+
+
+def test_time_window_and_world_subset(windowed):
+    (video,) = windowed.videos
     assert video["world"] == 7
     assert video["first_frame"] == 2 and video["frames"] == 4
     assert read_video(video["path"]).shape[0] == 4
@@ -211,11 +218,8 @@ def test_render_frames_are_black_past_a_worlds_committed_frames(tiny, tmp_path):
     assert actual[0].reshape(8, -1).any(axis=1).all()  # world 0: every frame rendered
 
 
-def test_manifest_entry_names_its_frame_range_and_simulated_times(tiny, tiny_archive, tmp_path):
-    result = render_videos(tiny_archive, tiny, "front", str(tmp_path / "v"), worlds=[7],
-                           time=(0.016, 0.04), options=SMALL, n_workers=0)
-
-    (entry,) = json.loads(Path(result.manifest).read_text())["videos"]
+def test_manifest_entry_names_its_frame_range_and_simulated_times(windowed):
+    (entry,) = json.loads(Path(windowed.manifest).read_text())["videos"]
 
     assert entry["frame_range"] == [2, 6] and entry["frames"] == 4
     assert entry["start_time"] == pytest.approx(0.016) and entry["end_time"] == pytest.approx(0.04)

@@ -10,6 +10,7 @@ manifest, and that the backends agree.
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -48,19 +49,33 @@ def archive(tmp_path_factory: pytest.TempPathFactory) -> str:
 
 
 @pytest.fixture(scope="module")
-def maps(archive: str, tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[Path, list]]:
-    """Per backend: the output folder of an RGB + depth + segmentation render, its entries."""
-    made = {}
-    for backend in ("cpu", WARP_BACKEND):
-        out = tmp_path_factory.mktemp(f"maps-{backend}") / "videos"
-        made[backend] = (out, render_here(archive, out, backend, outputs=MAPS))
-    return made
+def rendered(archive: str, tmp_path_factory: pytest.TempPathFactory) -> Callable[..., tuple[Path, list]]:
+    """``rendered(backend, **options)``: :func:`render_here` of the archive, done once per
+    module for each backend and options (tests only read what it wrote); the output folder
+    and the manifest's videos."""
+    made: dict[tuple[str, str], tuple[Path, list]] = {}
+
+    def render(backend: str, **options) -> tuple[Path, list]:
+        key = (backend, repr(sorted(options.items())))
+        if key not in made:
+            out = tmp_path_factory.mktemp(f"render-{backend}") / "videos"
+            made[key] = (out, render_here(archive, out, backend, **options))
+        return made[key]
+
+    return render
+
+
+@pytest.fixture(scope="module")
+def maps(rendered: Callable[..., tuple[Path, list]]) -> Callable[[str], tuple[Path, list]]:
+    """``maps(backend)``: the output folder of an RGB + depth + segmentation render, its
+    entries."""
+    return lambda backend: rendered(backend, outputs=MAPS)
 
 
 # ------------------------------------------------------------------ depth and segmentation
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_maps_are_written_beside_each_video_and_read_back(maps, backend):
-    out, _ = maps[backend]
+    out, _ = maps(backend)
 
     depth = read_depth(out / "world00001" / "front.depth.zarr")
     seg = read_segmentation(out / "world00001" / "front.seg.zarr")
@@ -74,7 +89,7 @@ def test_maps_are_written_beside_each_video_and_read_back(maps, backend):
 
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_manifest_lists_each_output_with_its_unit_scale_and_id_meaning(maps, backend):
-    out, entries = maps[backend]
+    out, entries = maps(backend)
 
     entry = next(e for e in entries if e["world"] == 2)
 
@@ -89,7 +104,7 @@ def test_manifest_lists_each_output_with_its_unit_scale_and_id_meaning(maps, bac
 
 @requires_warp
 def test_opengl_and_warp_segmentation_ids_agree_on_99_percent_of_pixels(maps):
-    cpu, warp = maps["cpu"][0], maps[WARP_BACKEND][0]
+    cpu, warp = maps("cpu")[0], maps(WARP_BACKEND)[0]
 
     equal = [(read_segmentation(cpu / f"world{w:05d}" / "front.seg.zarr")
               == read_segmentation(warp / f"world{w:05d}" / "front.seg.zarr")).mean()
@@ -111,7 +126,7 @@ def skip_on_nvidia_gl() -> None:
 @requires_warp
 def test_opengl_and_warp_depth_within_one_count_where_both_see_the_same_geom(maps):
     skip_on_nvidia_gl()
-    (cpu, entries), warp = maps["cpu"], maps[WARP_BACKEND][0]
+    (cpu, entries), warp = maps("cpu"), maps(WARP_BACKEND)[0]
     scale = entries[0]["depth"]["scale"]
 
     within = []
@@ -130,7 +145,7 @@ def test_warp_depth_and_segmentation_on_cuda_equal_warp_cpu_to_one_count(archive
     out = tmp_path / "warp-cpu"
     entries = render_here(archive, out, "warp-cpu", outputs=MAPS)
     scale = entries[0]["depth"]["scale"]
-    gpu = maps[WARP_BACKEND][0]
+    gpu = maps(WARP_BACKEND)[0]
 
     for w in range(3):
         a, b = (f / f"world{w:05d}" / "front" for f in (out, gpu))
@@ -140,22 +155,20 @@ def test_warp_depth_and_segmentation_on_cuda_equal_warp_cpu_to_one_count(archive
         assert (error[seg >= 0] <= 1.01 * scale).mean() >= 0.999
 
 
-def test_rgb_video_is_the_same_with_or_without_maps(archive, maps, tmp_path):
-    out = tmp_path / "rgb"
-
-    render_here(archive, out, "cpu")
+def test_rgb_video_is_the_same_with_or_without_maps(rendered, maps):
+    out, _ = rendered("cpu")
 
     assert np.array_equal(read_video(out / "world00000" / "front.mp4"),
-                          read_video(maps["cpu"][0] / "world00000" / "front.mp4"))
+                          read_video(maps("cpu")[0] / "world00000" / "front.mp4"))
 
 
 # ------------------------------------------------------------------------------ mosaics
 @pytest.mark.parametrize("backend", BACKENDS)
-def test_mosaic_tiles_show_each_worlds_labelled_frames(archive, tmp_path, backend):
-    worlds = render_here(archive, tmp_path / "worlds", backend, overlays=("world",))
-    mosaics = render_here(archive, tmp_path / "mosaic", backend, mosaic=(2, 2))
+def test_mosaic_tiles_show_each_worlds_labelled_frames(rendered, backend):
+    _, worlds = rendered(backend, overlays=("world",))
+    out, mosaics = rendered(backend, mosaic=(2, 2))
 
-    frames = read_video(tmp_path / "mosaic" / "mosaic000" / "front.mp4")
+    frames = read_video(out / "mosaic000" / "front.mp4")
     h, w = SIZE
     assert frames.shape == (11, 2 * h, 2 * w, 3)
     assert [e["mosaic"]["worlds"] for e in mosaics] == [[0, 1, 2, None]]
@@ -168,10 +181,8 @@ def test_mosaic_tiles_show_each_worlds_labelled_frames(archive, tmp_path, backen
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
-def test_more_worlds_than_tiles_make_several_mosaics_in_world_order(archive, tmp_path, backend):
-    out = tmp_path / "mosaic"
-
-    entries = render_here(archive, out, backend, mosaic=(1, 2))
+def test_more_worlds_than_tiles_make_several_mosaics_in_world_order(rendered, backend):
+    out, entries = rendered(backend, mosaic=(1, 2))
 
     assert sorted(e["mosaic"]["worlds"] for e in entries) == [[0, 1], [2, None]]
     assert read_video(out / "mosaic001" / "front.mp4").shape == (11, SIZE[0], 2 * SIZE[1], 3)
@@ -181,10 +192,8 @@ def test_more_worlds_than_tiles_make_several_mosaics_in_world_order(archive, tmp
 @requires_warp
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_a_mosaic_larger_than_the_worlds_is_fitted_and_the_manifest_gives_its_real_size(
-        archive, tmp_path, backend):
-    out = tmp_path / "mosaic"
-
-    (entry,) = render_here(archive, out, backend, mosaic=(4, 4))
+        rendered, backend):
+    out, (entry,) = rendered(backend, mosaic=(4, 4))
 
     frames = read_video(out / "mosaic000" / "front.mp4")
     assert frames.shape == (11, SIZE[0], 3 * SIZE[1], 3)  # 1x3, not 4x4 with 13 blank tiles
@@ -195,8 +204,8 @@ def test_a_mosaic_larger_than_the_worlds_is_fitted_and_the_manifest_gives_its_re
     assert entry["notes"] == ["A 4x4 mosaic was asked for 3 world(s); it is 1x3."]
 
 
-def test_a_mosaic_the_worlds_fill_is_not_fitted(archive, tmp_path):
-    entries = render_here(archive, tmp_path / "mosaic", "cpu", mosaic=(2, 2))
+def test_a_mosaic_the_worlds_fill_is_not_fitted(rendered):
+    _, entries = rendered("cpu", mosaic=(2, 2))
 
     assert (entries[0]["mosaic"]["rows"], entries[0]["mosaic"]["cols"]) == (2, 2)
     assert "asked" not in entries[0]["mosaic"] and "notes" not in entries[0]
@@ -239,6 +248,7 @@ def test_an_overlay_cut_short_draws_no_part_of_a_character(archive, tmp_path):
     assert np.abs(a[:, 2:9, 2:60] - b[:, 2:9, 2:60]).max() > 100  # the text is there
 
 
+@requires_warp
 def test_mosaics_fed_side_by_side_in_each_batch_equal_mosaics_fed_one_at_a_time(
         archive, tmp_path, monkeypatch):
     """Lanes: each batch holds frames of several mosaics, their tiles read at once."""
@@ -269,12 +279,11 @@ def test_mosaics_fed_side_by_side_in_each_batch_equal_mosaics_fed_one_at_a_time(
 
 # ----------------------------------------------------------------------------- overlays
 @pytest.mark.parametrize("backend", BACKENDS)
-def test_overlay_changes_only_the_text_box_and_time_text_changes_per_frame(archive, tmp_path, backend):
-    render_here(archive, tmp_path / "plain", backend)
-    render_here(archive, tmp_path / "text", backend, overlays=("time",))
+def test_overlay_changes_only_the_text_box_and_time_text_changes_per_frame(rendered, backend):
+    plain = read_video(rendered(backend)[0] / "world00000" / "front.mp4").astype(int)
+    text = read_video(rendered(backend, overlays=("time",))[0] / "world00000" / "front.mp4"
+                      ).astype(int)
 
-    plain = read_video(tmp_path / "plain" / "world00000" / "front.mp4").astype(int)
-    text = read_video(tmp_path / "text" / "world00000" / "front.mp4").astype(int)
     changed = np.abs(text - plain).max(axis=(0, 3)) > 24
     rows, cols = np.nonzero(changed)
     assert changed.any() and rows.max() < 16  # the text line, at the top
@@ -343,18 +352,16 @@ def test_render_frames_on_warp_gives_the_maps_of_opengl(archive):
     assert np.nanmax(np.abs(cpu.depth.values - warp.depth.values)[same]) < 0.05
 
 
-def test_mosaic_tiles_follow_the_given_world_order(archive, tmp_path):
+def test_mosaic_tiles_follow_the_given_world_order(archive, rendered, tmp_path):
     opts = RenderOptions(size=SIZE, segment_frames=4, video=LOSSLESS, mosaic=(1, 2))
-    labelled = RenderOptions(size=SIZE, segment_frames=4, video=LOSSLESS, overlays=("world",))
-    render_videos(archive, None, "front", str(tmp_path / "worlds"), worlds=[2],
-                  options=labelled, n_workers=0)
+    labelled, _ = rendered("cpu", overlays=("world",))
 
     result = render_videos(archive, None, "front", str(tmp_path / "mosaic"), worlds=[2, 0],
                            options=opts, n_workers=0)
 
     assert [v["mosaic"]["worlds"] for v in result.videos] == [[2, 0]]
     first_tile = read_video(tmp_path / "mosaic" / "mosaic000" / "front.mp4")[:, :, :SIZE[1]]
-    world2 = read_video(tmp_path / "worlds" / "world00002" / "front.mp4")
+    world2 = read_video(labelled / "world00002" / "front.mp4")
     assert np.abs(first_tile.astype(int) - world2).mean() < 1.0
 
 

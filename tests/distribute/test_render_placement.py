@@ -37,10 +37,13 @@ from flyarchive.testing.markers import requires_distributed, requires_warp
 SMALL = RenderOptions(size=(48, 64), segment_frames=8)
 
 
-@pytest.fixture
-def archive(tiny: mujoco.MjModel, tmp_path: Path) -> str:
-    """Worlds 3 and 12 of the tiny model, 6 frames each."""
-    return record(tiny, str(tmp_path / "run.zarr"), n_steps=20, world_ids=[3, 12])
+@pytest.fixture(scope="module")
+def archive(tmp_path_factory: pytest.TempPathFactory) -> str:
+    """Worlds 3 and 12 of the tiny model, 6 frames each, recorded once: tests only read it."""
+    from flyarchive.testing import tiny_model
+
+    return record(tiny_model(), str(tmp_path_factory.mktemp("placement") / "run.zarr"),
+                  n_steps=20, world_ids=[3, 12])
 
 
 class ClusterAsked(Exception):

@@ -3,9 +3,10 @@
 open_archive (opened; opened and read), render planning and verify, and they agree
 (flyarchive.testing.ways_in.disagreements): info, open_archive and planning refuse with the
 same error or all accept; reading refuses what they refuse; verify reports what reading
-refuses. Cases that could exhaust memory or hang run in a child process under the
-harness's memory cap; the cases of flyarchive.testing.holes (missing chunks, parts that
-disagree) run here."""
+refuses. Cases that could exhaust memory or hang run in capped processes under the
+harness's memory cap, forked one per archive from one child that imports flyarchive once
+(flyarchive.testing.ways_in.verdicts_isolated_many); the cases of flyarchive.testing.holes
+(missing chunks, parts that disagree) run here. Each hostile archive is built once."""
 
 import shutil
 from pathlib import Path
@@ -14,9 +15,12 @@ import pytest
 
 from flyarchive.testing.holes import INCONSISTENT_CASES, MISSING_CASES
 from flyarchive.testing.hostile import CASES, make_case, make_sound, snapshot
-from flyarchive.testing.ways_in import disagreements, verdicts, verdicts_isolated
+from flyarchive.testing.ways_in import disagreements, verdicts, verdicts_isolated_many
 
-pytestmark = [pytest.mark.subprocess, pytest.mark.timeout(120)]
+pytestmark = [pytest.mark.subprocess, pytest.mark.timeout(600)]
+
+#: The cases judged in this process: no bombs.
+HERE = [name for name in CASES if name in MISSING_CASES or name in INCONSISTENT_CASES]
 
 
 @pytest.fixture(scope="module")
@@ -24,19 +28,30 @@ def sound(tmp_path_factory):
     return make_sound(str(tmp_path_factory.mktemp("sound") / "run.zarr"))
 
 
-def judged(sound, name, tmp_path):
-    url = make_case(sound, name, tmp_path / "hostile.zarr")
-    before = snapshot(Path(url))
-    here = name in MISSING_CASES or name in INCONSISTENT_CASES  # no bombs: this process
-    found = verdicts(url) if here else verdicts_isolated(url, timeout_s=60)
-    assert snapshot(Path(url)) == before
-    return found
+@pytest.fixture(scope="module")
+def built(sound, tmp_path_factory):
+    """Every hostile case: its archive's URL, and the snapshot of it before any way in."""
+    folder = tmp_path_factory.mktemp("hostile")
+    urls = {name: make_case(sound, name, folder / f"case{i}.zarr")
+            for i, name in enumerate(CASES)}
+    return {name: (url, snapshot(Path(url))) for name, url in urls.items()}
+
+
+@pytest.fixture(scope="module")
+def isolated(sound, built):
+    """The verdicts of every case not judged here, each archive in a capped process."""
+    names = [name for name in CASES if name not in HERE]
+    return dict(zip(names, verdicts_isolated_many([built[name][0] for name in names],
+                                                  timeout_s=60, warm=sound)))
 
 
 @pytest.mark.parametrize("name", list(CASES))
-def test_every_way_in_gives_one_verdict_on_each_hostile_archive(sound, name, tmp_path):
-    found = judged(sound, name, tmp_path)
+def test_every_way_in_gives_one_verdict_on_each_hostile_archive(built, isolated, name):
+    url, before = built[name]
 
+    found = verdicts(url) if name in HERE else isolated[name]
+
+    assert snapshot(Path(url)) == before
     assert disagreements(found) == []
     assert found["read"].refused and found["verify"].refused  # every case is damage
     if name in INCONSISTENT_CASES:  # refused at every door, with one message

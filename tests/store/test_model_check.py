@@ -24,9 +24,12 @@ from flyarchive.testing.fixtures import record
 pytestmark = pytest.mark.timeout(120)
 
 
-@pytest.fixture
-def archive(tiny: mujoco.MjModel, tmp_path: Path) -> str:
-    return record(tiny, str(tmp_path / "run.zarr"))
+@pytest.fixture(scope="module")
+def archive(tmp_path_factory: pytest.TempPathFactory) -> str:
+    """The tiny archive, recorded once: tests only read it."""
+    from flyarchive.testing import tiny_model
+
+    return record(tiny_model(), str(tmp_path_factory.mktemp("model-check") / "run.zarr"))
 
 
 @pytest.fixture

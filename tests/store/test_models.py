@@ -19,12 +19,19 @@ from flyarchive.models import model_bytes
 from flyarchive.store import open_group
 from flyarchive.store.kept_models import model_entry, read_model, write_model
 from flyarchive.testing import tiny_model
-from flyarchive.testing.fixtures import record
+from flyarchive.testing.fixtures import copy_archive, record
+
+
+@pytest.fixture(scope="module")
+def recorded(tmp_path_factory: pytest.TempPathFactory) -> str:
+    """The tiny archive, recorded once: :func:`archive` copies it."""
+    return record(tiny_model(), str(tmp_path_factory.mktemp("models") / "run.zarr"))
 
 
 @pytest.fixture
-def archive(tiny: mujoco.MjModel, tmp_path: Path) -> str:
-    return record(tiny, str(tmp_path / "run.zarr"))
+def archive(recorded: str, tmp_path: Path) -> str:
+    """This test's copy of the tiny archive (it may change it)."""
+    return copy_archive(recorded, tmp_path / "run.zarr")
 
 
 def test_a_recording_keeps_its_model_by_content(tiny, archive):
