@@ -4,7 +4,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 
 import pytest
 
@@ -41,24 +40,15 @@ def test_info_into_a_closed_pipe_exits_quietly(archive):
 
 
 @pytest.mark.subprocess
-def test_ctrl_c_during_an_import_is_one_line_and_exit_130(tiny, tmp_path):
-    from flyarchive.testing.interop_kills import write_npz_inputs
+def test_ctrl_c_during_an_import_is_one_line_and_exit_130(tmp_path):
+    from flyarchive.testing.interop_kills import interrupt_import
 
-    write_npz_inputs(tmp_path / "in", 8, 600)
-    (tmp_path / "tiny.xml").write_text(TINY_XML)
-    url = tmp_path / "a.zarr"
-    proc = subprocess.Popen(flyarchive("import-npz", str(tmp_path / "in"), "--to", str(url),
-                                       "--model", str(tmp_path / "tiny.xml")),
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=ENV)
-    deadline = time.monotonic() + 120
-    while not (url / "n_frames").exists() and proc.poll() is None and time.monotonic() < deadline:
-        time.sleep(0.01)
+    result = interrupt_import(tmp_path)  # Ctrl-C while it waits after its first commit
 
-    proc.send_signal(signal.SIGINT)
-    _, err = proc.communicate(timeout=120)
-
-    assert proc.returncode == 130
-    assert err == "flyarchive import-npz: interrupted\n"
+    assert result.exit_code == 130
+    assert result.stderr == "flyarchive import-npz: interrupted\n"
+    assert result.stdout == "COMMITTED\n"  # one commit, no "imported" line
+    assert len(set(result.committed)) == 1 and 0 < result.committed[0] < max(result.frames)
 
 
 @pytest.mark.subprocess
