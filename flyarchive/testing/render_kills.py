@@ -66,25 +66,28 @@ _CAMERAS = ("front", "top")
 _CHILD = "import sys; from flyarchive.cli import main; sys.exit(main(sys.argv[1:]))"
 
 
-#: The ffmpeg of a render under test (``IMAGEIO_FFMPEG_EXE``). An encoder (frames on its
-#: stdin) takes the next number as it starts; the one numbered ``FLYARCHIVE_TEST_GATE_AT``
-#: writes its pid to the FIFO ``held`` and waits for a line on the FIFO ``gate`` (both
+#: The ffmpeg of a render under test (``IMAGEIO_FFMPEG_EXE``). While the file ``at`` holds a
+#: number k > 0, an encoder (frames on its stdin) takes the next number as it starts; the
+#: k-th writes its pid to the FIFO ``held`` and waits for a line on the FIFO ``gate`` (both
 #: opened read-write: neither open blocks), unless the file ``opened`` is there. Then it,
 #: and every other call at once, becomes the real ffmpeg (same pid).
 _GATE_SH = r"""#!/bin/sh
 g="$FLYARCHIVE_TEST_GATE"
+at=$(cat "$g/at" 2>/dev/null)
 case " $* " in
 *" -i - "*)
-    n=1
-    while ! mkdir "$g/started-$n" 2>/dev/null; do
-        n=$((n + 1))
-        [ "$n" -gt 100000 ] && break
-    done
-    if [ "$n" = "$FLYARCHIVE_TEST_GATE_AT" ]; then
-        exec 3<>"$g/gate" 4<>"$g/held"
-        echo $$ >&4
-        [ -e "$g/opened" ] || read -r _ <&3
-        exec 3<&- 4<&-
+    if [ -n "$at" ] && [ "$at" -gt 0 ]; then
+        n=1
+        while ! mkdir "$g/started-$n" 2>/dev/null; do
+            n=$((n + 1))
+            [ "$n" -gt 100000 ] && break
+        done
+        if [ "$n" = "$at" ]; then
+            exec 3<>"$g/gate" 4<>"$g/held"
+            echo $$ >&4
+            [ -e "$g/opened" ] || read -r _ <&3
+            exec 3<&- 4<&-
+        fi
     fi;;
 esac
 exec "$FLYARCHIVE_TEST_FFMPEG" "$@"
@@ -97,9 +100,11 @@ class EncoderGate:
     at its start until :meth:`open`, so that its video cannot finish before then.
 
     ``with EncoderGate(folder, at=1) as gate:`` run the render with :attr:`env` in its
-    environment (``IMAGEIO_FFMPEG_EXE``: a shell script in ``folder``),
-    :meth:`wait_held`, stop the render, :meth:`open`. On exit the gate is opened and the
-    held ffmpeg waited for, so that nothing it writes comes later.
+    environment (``IMAGEIO_FFMPEG_EXE``: a shell script in ``folder``; worker processes
+    inherit it), :meth:`wait_held`, stop the render, :meth:`open`. :meth:`arm` holds
+    another encoder from then on (processes started with :attr:`env` earlier included).
+    On exit the gate is opened and the held ffmpeg waited for, so that nothing it
+    writes comes later.
     """
 
     def __init__(self, folder: str | os.PathLike[str], at: int = 1) -> None:
@@ -114,22 +119,29 @@ class EncoderGate:
         script.chmod(0o755)
         #: What the render's environment needs.
         self.env = {"IMAGEIO_FFMPEG_EXE": str(script), "FLYARCHIVE_TEST_GATE": str(self.folder),
-                    "FLYARCHIVE_TEST_GATE_AT": str(at),
                     "FLYARCHIVE_TEST_FFMPEG": imageio_ffmpeg.get_ffmpeg_exe()}
         #: The held encoder's process id, once it waits.
         self.pid: int | None = None
         self._held = os.open(self.folder / "held", os.O_RDWR | os.O_NONBLOCK)
         self._said = b""
+        self.arm(at)
 
     def __enter__(self) -> EncoderGate:
         return self
 
     def __exit__(self, kind: type[BaseException] | None, err: BaseException | None,
                  tb: TracebackType | None) -> None:
-        self.open()
+        self.release()
         os.close(self._held)
-        if self.pid is not None:
-            _wait_gone([self.pid], time.monotonic() + 60)
+
+    def arm(self, at: int) -> None:
+        """From now on hold the ``at``-th encoder to start (0: none)."""
+        for started in self.folder.glob("started-*"):
+            started.rmdir()
+        (self.folder / "opened").unlink(missing_ok=True)
+        self.pid, self._said = None, b""
+        (self.folder / "at.new").write_text(f"{at}\n")
+        (self.folder / "at.new").replace(self.folder / "at")
 
     def wait_held(self, timeout_s: float, alive: Callable[[], bool] = lambda: True) -> bool:
         """Wait until the encoder waits at the gate, while ``alive()``; whether it does."""
@@ -152,6 +164,12 @@ class EncoderGate:
             os.write(fd, b"go\n")
         finally:
             os.close(fd)
+
+    def release(self, timeout_s: float = 60.0) -> None:
+        """:meth:`open`, then wait until the held encoder's ffmpeg is gone."""
+        self.open()
+        if self.pid is not None:
+            _wait_gone([self.pid], time.monotonic() + timeout_s)
 
 
 @dataclass(frozen=True)
