@@ -39,7 +39,7 @@ import numpy as np
 
 from flyarchive.testing.kills import Child, TrialOutcome
 
-__all__ = ["InteropKillConfig", "InteropKillResult", "kill_trial", "write_npz_inputs",
+__all__ = ["InteropKillConfig", "InteropKillResult", "kill_trial", "trial_inputs", "write_npz_inputs",
            "datasets_equal", "interrupt_import", "InterruptedImport", "OPERATIONS"]
 
 #: Operations the harness can kill.
@@ -326,16 +326,9 @@ def _import_trial(npz: Path, url: str, reference: str,
     return result
 
 
-def kill_trial(workdir: str | Path, config: InteropKillConfig) -> InteropKillResult:
-    """Run one import or export in a child, SIGKILL it at a seeded point, check, rerun, check.
-
-    Args:
-        workdir: An empty local folder for the inputs, the archive and the outputs.
-        config: Operation, seed and sizes.
-
-    Returns:
-        The result; ``problems`` lists every check that failed.
-    """
+def trial_inputs(workdir: str | Path, config: InteropKillConfig) -> tuple[Path, str]:
+    """What a trial reads, never changes: a folder of ``.npz`` files and their
+    uninterrupted import (the reference; the export's source), of ``config``'s sizes."""
     from flyarchive.interop.flygym_npz import import_npz
     from flyarchive.testing import tiny_model
 
@@ -344,6 +337,24 @@ def kill_trial(workdir: str | Path, config: InteropKillConfig) -> InteropKillRes
     write_npz_inputs(npz, config.n_files, config.n_frames)
     reference = str(work / "reference.zarr")
     import_npz(npz, reference, tiny_model(), chunk_frames=config.chunk_frames)
+    return npz, reference
+
+
+def kill_trial(workdir: str | Path, config: InteropKillConfig, *,
+               inputs: tuple[Path, str] | None = None) -> InteropKillResult:
+    """Run one import or export in a child, SIGKILL it at a seeded point, check, rerun, check.
+
+    Args:
+        workdir: An empty local folder for the archive and the outputs (and the inputs).
+        config: Operation, seed and sizes.
+        inputs: :func:`trial_inputs` of the same sizes, shared by several trials; None:
+            made in ``workdir``.
+
+    Returns:
+        The result; ``problems`` lists every check that failed.
+    """
+    work = Path(workdir)
+    npz, reference = inputs if inputs is not None else trial_inputs(work, config)
     if config.operation == "export":
         return _export_trial(reference, work / "npz-out", config)
     return _import_trial(npz, str(work / "killed.zarr"), reference, config)
