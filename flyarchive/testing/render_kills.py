@@ -177,13 +177,15 @@ class RenderKillConfig:
     """One trial.
 
     Attributes:
-        where: ``"process"`` (``--workers 0``) or ``"dask"`` (a LocalCluster, 2 workers).
+        where: ``"process"`` (``--workers 0``) or ``"dask"`` (a LocalCluster of ``workers``).
         how: ``"kill"`` (SIGKILL to the render process), ``"int"`` (SIGINT to its
             process group) or ``"term"`` (SIGTERM to the render process).
         seed: ``stop="mid-render"``: the encoder that waits at the gate is the
             ``1 + seed % videos``-th to start (videos: worlds x cameras).
         timeout_s: Seconds to wait for each step (start, exit, rerun).
         stop: When: ``"mid-render"`` or ``"first-video"`` (then the next render resumes).
+        workers: Worker processes of the LocalCluster (``where="dask"``); a stop at the
+            first video needs 2 (one goes on while the other's encoder is held).
     """
 
     where: str = "process"
@@ -191,6 +193,7 @@ class RenderKillConfig:
     seed: int = 0
     timeout_s: float = 180.0
     stop: str = "mid-render"
+    workers: int = 2
 
     def __post_init__(self) -> None:
         if self.where not in WHERE or self.how not in SIGNALS or self.stop not in STOPS:
@@ -286,7 +289,7 @@ def render_kill_trial(archive: RenderArchive, workdir: str | os.PathLike[str],
     out, tmp = work / "videos", work / "tmp"
     tmp.mkdir(parents=True, exist_ok=True)
     env = _child_env(tmp, pythonpath)
-    workers = "0" if config.where == "process" else "2"
+    workers = "0" if config.where == "process" else str(config.workers)
     command = [sys.executable, "-c", _CHILD, "render", url, "--model", xml,
                *(a for camera in _CAMERAS for a in ("--camera", camera)), "--size", _SIZE,
                "--out", str(out), "--workers", workers, "--quiet"]

@@ -1,4 +1,5 @@
-"""The flyarchive command as a user meets it: pipes, Ctrl-C, home folders, quiet Warp."""
+"""The flyarchive command as a user meets it: pipes, Ctrl-C, home folders. (Quiet Warp: a
+render in a fresh process prints no Warp logs, tests/query/test_header.py.)"""
 
 import os
 import signal
@@ -49,23 +50,6 @@ def test_ctrl_c_during_an_import_is_one_line_and_exit_130(tmp_path):
     assert result.stderr == "flyarchive import-npz: interrupted\n"
     assert result.stdout == "COMMITTED\n"  # one commit, no "imported" line
     assert len(set(result.committed)) == 1 and 0 < result.committed[0] < max(result.frames)
-
-
-@pytest.mark.subprocess
-def test_render_does_not_print_warp_logs(tiny, archive, tmp_path):
-    from flyarchive.models import save_mjb
-
-    model = str(save_mjb(tiny, tmp_path / "tiny.mjb"))
-
-    proc = subprocess.run(flyarchive("render", archive, "--model", model, "--camera", "front",
-                                     "--worlds", "1", "--size", "48x64", "--out",
-                                     str(tmp_path / "v"), "--workers", "0", "--backend",
-                                     "warp-cpu", "--quiet"),
-                          capture_output=True, text=True, env=ENV, timeout=240)
-
-    assert proc.returncode == 0, proc.stderr
-    assert proc.stderr == ""
-    assert proc.stdout.startswith("wrote 1 video(s)") and proc.stdout.count("\n") == 1
 
 
 def test_export_to_a_path_under_the_home_folder_expands_it(archive, tmp_path, monkeypatch):

@@ -2,7 +2,7 @@
 open_archive reads (same variables, dims, dtypes, shapes, values, attributes; same
 checks), and a render without a where mask imports neither xarray, pandas nor dask, nor
 does ``flyarchive info`` (both checked in one fresh process, before a render with a mask
-imports xarray there)."""
+imports xarray there); that Warp render, the first in its process, prints no Warp logs."""
 
 import json
 import os
@@ -91,7 +91,8 @@ def test_a_header_with_repeated_world_ids_is_refused_like_the_dataset(tmp_path):
 
 
 #: Runs ``flyarchive`` once per argv of the JSON list ``argv[1]``, in this order, and after
-#: each says ``RESULT {"rc": ..., "heavy": [...]}`` (the heavy modules imported so far).
+#: each says ``RESULT {"rc": ..., "heavy": [...]}`` (the heavy modules imported so far) on
+#: stdout and ``RESULT`` on stderr.
 _COMMANDS = textwrap.dedent("""
     import json, sys
     from flyarchive.cli import main
@@ -99,14 +100,16 @@ _COMMANDS = textwrap.dedent("""
         rc = main(argv)
         heavy = [m for m in ("xarray", "pandas", "dask", "dask.array") if m in sys.modules]
         print("RESULT", json.dumps({"rc": rc, "heavy": heavy}), flush=True)
+        print("RESULT", file=sys.stderr, flush=True)
 """)
 
 
 @pytest.fixture(scope="module")
 def one_process(tmp_path_factory):
-    """In one fresh process: a Warp render without a where mask, ``flyarchive info`` and a
-    render with one, in that order (imports only grow); per command its output (the lines
-    it printed), exit status and the heavy modules imported after it."""
+    """In one fresh process: a Warp render without a where mask (Warp starts in it),
+    ``flyarchive info`` and a render with one, in that order (imports only grow); per
+    command its output (the lines it printed), what it wrote to stderr, its exit status
+    and the heavy modules imported after it."""
     from flyarchive.testing import TINY_XML
 
     tmp = tmp_path_factory.mktemp("imports")
@@ -138,6 +141,8 @@ def one_process(tmp_path_factory):
             printed = []
         else:
             printed.append(line)
+    for name, err in zip(commands, run.stderr.split("RESULT\n")):
+        said[name]["stderr"] = err
     said["render"]["out"], said["render where"]["out"] = tmp / "all", tmp / "where"
     return said
 
@@ -151,6 +156,14 @@ def test_a_render_without_a_where_mask_imports_no_xarray_pandas_or_dask(one_proc
     assert [v["world"] for v in manifest["videos"]] == [0, 1]
     assert [v["frame_range"] for v in manifest["videos"]][0] == [0, 4]
     assert result["heavy"] == []
+
+
+@pytest.mark.subprocess
+def test_a_warp_render_prints_no_warp_logs(one_process):
+    result = one_process["render"]  # Warp is imported and initialized in this render
+
+    assert result["stderr"] == ""
+    assert len(result["printed"]) == 1 and result["printed"][0].startswith("wrote 2 video(s)")
 
 
 @pytest.mark.subprocess

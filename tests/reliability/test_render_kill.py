@@ -62,9 +62,10 @@ def killed(request: pytest.FixtureRequest, archive: RenderArchive,
 def interrupted(request: pytest.FixtureRequest, archive: RenderArchive,
                 tmp_path_factory: pytest.TempPathFactory) -> Any:
     """A render interrupted mid-way by SIGINT to its process group (Ctrl-C in a terminal),
-    then rendered again into the same folder."""
+    then rendered again into the same folder; on a LocalCluster of one worker process."""
     work = tmp_path_factory.mktemp(f"interrupted-{request.param}")
-    return render_kill_trial(archive, work, RenderKillConfig(request.param, "int", seed=3))
+    config = RenderKillConfig(request.param, "int", seed=3, workers=1)
+    return render_kill_trial(archive, work, config)
 
 
 def test_sigkill_mid_render_leaves_no_half_written_video(killed: Any) -> None:
