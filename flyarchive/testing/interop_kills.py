@@ -13,6 +13,9 @@ plus a seeded delay, then checks what was left:
   (unless the import had finished) and has no other problem; ``import-npz
   --resume`` then finishes it, and the result must equal an uninterrupted import.
 
+:func:`interrupt_import` interrupts ``flyarchive import-npz`` (SIGINT, as Ctrl-C) while it
+waits after its first commit, so that the signal always comes mid-import.
+
 Nothing here is needed to record or replay.
 """
 
@@ -21,7 +24,11 @@ from __future__ import annotations
 import argparse
 import contextlib
 import io
+import os
+import signal
+import subprocess
 import sys
+import textwrap
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -32,8 +39,8 @@ import numpy as np
 
 from flyarchive.testing.kills import Child, TrialOutcome
 
-__all__ = ["InteropKillConfig", "InteropKillResult", "kill_trial", "write_npz_inputs",
-           "datasets_equal", "OPERATIONS"]
+__all__ = ["InteropKillConfig", "InteropKillResult", "kill_trial", "trial_inputs", "write_npz_inputs",
+           "datasets_equal", "interrupt_import", "InterruptedImport", "OPERATIONS"]
 
 #: Operations the harness can kill.
 OPERATIONS = ("import", "export")
@@ -319,16 +326,9 @@ def _import_trial(npz: Path, url: str, reference: str,
     return result
 
 
-def kill_trial(workdir: str | Path, config: InteropKillConfig) -> InteropKillResult:
-    """Run one import or export in a child, SIGKILL it at a seeded point, check, rerun, check.
-
-    Args:
-        workdir: An empty local folder for the inputs, the archive and the outputs.
-        config: Operation, seed and sizes.
-
-    Returns:
-        The result; ``problems`` lists every check that failed.
-    """
+def trial_inputs(workdir: str | Path, config: InteropKillConfig) -> tuple[Path, str]:
+    """What a trial reads, never changes: a folder of ``.npz`` files and their
+    uninterrupted import (the reference; the export's source), of ``config``'s sizes."""
     from flyarchive.interop.flygym_npz import import_npz
     from flyarchive.testing import tiny_model
 
@@ -337,6 +337,24 @@ def kill_trial(workdir: str | Path, config: InteropKillConfig) -> InteropKillRes
     write_npz_inputs(npz, config.n_files, config.n_frames)
     reference = str(work / "reference.zarr")
     import_npz(npz, reference, tiny_model(), chunk_frames=config.chunk_frames)
+    return npz, reference
+
+
+def kill_trial(workdir: str | Path, config: InteropKillConfig, *,
+               inputs: tuple[Path, str] | None = None) -> InteropKillResult:
+    """Run one import or export in a child, SIGKILL it at a seeded point, check, rerun, check.
+
+    Args:
+        workdir: An empty local folder for the archive and the outputs (and the inputs).
+        config: Operation, seed and sizes.
+        inputs: :func:`trial_inputs` of the same sizes, shared by several trials; None:
+            made in ``workdir``.
+
+    Returns:
+        The result; ``problems`` lists every check that failed.
+    """
+    work = Path(workdir)
+    npz, reference = inputs if inputs is not None else trial_inputs(work, config)
     if config.operation == "export":
         return _export_trial(reference, work / "npz-out", config)
     return _import_trial(npz, str(work / "killed.zarr"), reference, config)
@@ -344,6 +362,77 @@ def kill_trial(workdir: str | Path, config: InteropKillConfig) -> InteropKillRes
 
 if __name__ == "__main__":
     sys.exit(_child())
+
+
+# ----------------------------------------------------------------------------- Ctrl-C
+#: ``flyarchive import-npz ARGS`` whose commits (``ArchiveWriter.write``) each say
+#: ``COMMITTED`` on stdout and then wait for a line on stdin: a Ctrl-C sent meanwhile
+#: reaches the command mid-import, between two commits, as a user's would.
+_HELD_IMPORT = textwrap.dedent("""
+    import sys
+    from flyarchive.cli import main
+    from flyarchive.store import ArchiveWriter
+    write = ArchiveWriter.write
+    def held(self, *args, **kwargs):
+        write(self, *args, **kwargs)
+        print("COMMITTED", flush=True)
+        sys.stdin.readline()
+    ArchiveWriter.write = held
+    sys.exit(main(sys.argv[1:]))
+""")
+
+
+@dataclass
+class InterruptedImport:
+    """What :func:`interrupt_import` saw.
+
+    Attributes:
+        exit_code: The command's exit status.
+        stdout: What it printed (``COMMITTED`` per commit, then its own lines).
+        stderr: What it printed on stderr.
+        committed: ``n_frames`` of the archive after the command ended (per world).
+        frames: Frames per world of the files.
+    """
+
+    exit_code: int
+    stdout: str
+    stderr: str
+    committed: list[int]
+    frames: list[int]
+
+
+def interrupt_import(workdir: str | Path, *, n_files: int = 2, n_frames: int = 250,
+                     timeout_s: float = 120.0) -> InterruptedImport:
+    """Run ``flyarchive import-npz`` on ``n_files`` files in a child process and send it
+    SIGINT (a terminal's Ctrl-C) while it waits after its first commit
+    (:data:`_HELD_IMPORT`); what it did. ``n_frames`` over the command's frames per
+    commit (100) leaves the import unfinished then."""
+    import zarr
+
+    from flyarchive.testing import TINY_XML
+
+    work = Path(workdir)
+    paths = write_npz_inputs(work / "npz", n_files, n_frames)
+    (work / "tiny.xml").write_text(TINY_XML)
+    url = work / "interrupted.zarr"
+    command = [sys.executable, "-c", _HELD_IMPORT, "import-npz", str(work / "npz"), "--to",
+               str(url), "--model", str(work / "tiny.xml")]
+    child = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE, text=True,
+                             env={**os.environ, "MUJOCO_GL": os.environ.get("MUJOCO_GL", "egl")})
+    try:
+        first = child.stdout.readline() if child.stdout is not None else ""
+        if first == "COMMITTED\n":
+            child.send_signal(signal.SIGINT)
+        stdout, stderr = child.communicate(timeout=timeout_s)  # stdin closed: no more waits
+    finally:
+        if child.poll() is None:
+            child.kill()
+            child.wait()
+    committed = zarr.open_group(str(url), mode="r")["n_frames"][:].tolist() \
+        if (url / "n_frames").exists() else []
+    frames = [int(np.load(p, allow_pickle=False)["time"].shape[0]) for p in paths]
+    return InterruptedImport(child.returncode, first + stdout, stderr, committed, frames)
 
 
 # ----------------------------------------------------------------------------- report

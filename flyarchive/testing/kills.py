@@ -31,6 +31,7 @@ import numpy as np
 
 __all__ = [
     "Child", "KillConfig", "KillResult", "kill_trial", "BACKENDS", "record_warp", "warp_reference",
+    "WarpFrames",
     "S3_OUTCOMES",
     "S3FaultResult", "s3_record_trial", "s3_read_trial", "s3_render_trial",
 ]
@@ -172,11 +173,13 @@ def _warp_steps(n_worlds: int, n_steps: int, on_step: Callable[[int, Any], None]
 
 
 def record_warp(url: str, n_worlds: int, chunk_frames: int, n_steps: int,
-                on_frame: Callable[[int, int], None] | None = None) -> None:
+                on_frame: Callable[[int, int], None] | None = None, *,
+                observe: Callable[[int, Any], None] | None = None) -> None:
     """Record ``n_steps`` steps of the seeded Warp worlds with ``WarpTrajectoryRecorder``.
 
     Uses ``mode="a"``: a rerun from step 0 into an archive skips its committed frames.
-    ``on_frame(recorded, committed)`` is called after each recorded frame.
+    ``on_frame(recorded, committed)`` is called after each recorded frame;
+    ``observe(step, data)`` at every step, before the recorder (e.g. a :class:`WarpFrames`).
     """
     from flyarchive.recorders import WarpTrajectoryRecorder
     from flyarchive.testing import tiny_model
@@ -185,6 +188,8 @@ def record_warp(url: str, n_worlds: int, chunk_frames: int, n_steps: int,
                                       mode="a")
 
     def on_step(step: int, data: Any) -> None:
+        if observe is not None:
+            observe(step, data)
         if recorder.record_as_needed(data) and on_frame is not None:
             on_frame(recorder.n_frames, recorder.committed_frames)
 
@@ -192,22 +197,34 @@ def record_warp(url: str, n_worlds: int, chunk_frames: int, n_steps: int,
         _warp_steps(n_worlds, n_steps, on_step)
 
 
+class WarpFrames:
+    """``observe(step, data)`` of the seeded Warp worlds: their state at each frame of the
+    recorders' schedule (25 fps at 0.2x), read back on the host beside any recorder."""
+
+    def __init__(self) -> None:
+        from flyarchive.clock import FrameClock, Timing
+        from flyarchive.testing import tiny_model
+
+        self._clock = FrameClock(Timing(float(tiny_model().opt.timestep), 25, 0.2))
+        self._frames: dict[str, list[np.ndarray]] = {k: [] for k in ("time", *_STATE)}
+
+    def __call__(self, step: int, data: Any) -> None:
+        if self._clock.is_due(step):
+            self._frames["time"].append(np.float64(data.time.numpy()[0]))
+            for key in _STATE:
+                self._frames[key].append(getattr(data, key).numpy().copy())
+
+    def arrays(self) -> dict[str, np.ndarray]:
+        """``time`` (frames,) and each state (worlds, frames, ...)."""
+        return {k: np.array(v) if k == "time" else np.stack(v, axis=1)
+                for k, v in self._frames.items()}
+
+
 def warp_reference(n_worlds: int, n_frames: int) -> dict[str, np.ndarray]:
     """The first ``n_frames`` frames of the seeded Warp worlds, read back on the host."""
-    from flyarchive.clock import FrameClock, Timing
-    from flyarchive.testing import tiny_model
-
-    clock = FrameClock(Timing(float(tiny_model().opt.timestep), 25, 0.2))
-    frames: dict[str, list[np.ndarray]] = {k: [] for k in ("time", *_STATE)}
-
-    def on_step(step: int, data: Any) -> None:
-        if clock.is_due(step):
-            frames["time"].append(np.float64(data.time.numpy()[0]))
-            for key in _STATE:
-                frames[key].append(getattr(data, key).numpy().copy())
-
-    _warp_steps(n_worlds, 4 * max(n_frames - 1, 0), on_step)
-    return {k: np.array(v) if k == "time" else np.stack(v, axis=1) for k, v in frames.items()}
+    frames = WarpFrames()
+    _warp_steps(n_worlds, 4 * max(n_frames - 1, 0), frames)
+    return frames.arrays()
 
 
 def _child_warp(url: str, n_worlds: int, chunk_frames: int) -> None:
@@ -312,13 +329,25 @@ def _reference(config: KillConfig, n_frames: int) -> dict[str, np.ndarray]:
         from flyarchive.testing import reference_frames, tiny_model
 
         ref = reference_frames(tiny_model(), config.n_worlds, 4 * max(n_frames - 1, 0))
-    return {k: v[:n_frames] if k == "time" else v[:, :n_frames] for k, v in ref.items()}
+    return _first(ref, n_frames)
 
 
-def _compare(ds: Any, ref: dict[str, np.ndarray], n: int, what: str, problems: list[str]) -> None:
-    actual = {"time": np.asarray(ds.sim_time.values[:n])}  # the simulation time of each frame
+def _first(ref: dict[str, np.ndarray], n: int) -> dict[str, np.ndarray]:
+    return {k: v[:n] if k == "time" else v[:, :n] for k, v in ref.items()}
+
+
+def _state(ds: Any, n: int) -> dict[str, np.ndarray]:
+    """The first ``n`` frames of an opened archive: ``time`` (the simulation time of each
+    frame) and the states, loaded."""
+    actual = {"time": np.asarray(ds.sim_time.values[:n])}
     actual.update({k: np.asarray(ds[k].values[:, :n]) for k in _STATE})
-    for key, expected in ref.items():
+    return actual
+
+
+def _compare(actual: dict[str, np.ndarray], ref: dict[str, np.ndarray], n: int, what: str,
+             problems: list[str]) -> None:
+    """Compare the first ``n`` frames of an archive (:func:`_state`) with the reference."""
+    for key, expected in _first(ref, n).items():
         got = actual[key]
         if got.shape != expected.shape or not np.array_equal(got, expected.astype(got.dtype)):
             problems.append(
@@ -327,7 +356,9 @@ def _compare(ds: Any, ref: dict[str, np.ndarray], n: int, what: str, problems: l
             )
 
 
-def _check_archive(url: str, result: KillResult) -> int:
+def _check_archive(url: str, result: KillResult) -> tuple[int, dict[str, np.ndarray]] | None:
+    """Check the archive a kill left; its committed frames and their states (compared with
+    the simulation later, once it is regenerated), or None if it cannot be read."""
     from flyarchive import open_archive
     from flyarchive.store import open_group
     from flyarchive.store.integrity import verify
@@ -339,9 +370,9 @@ def _check_archive(url: str, result: KillResult) -> int:
         try:
             n = int(np.min(open_group(url)["n_frames"][:]))
         except Exception:
-            return -1
+            return None
         result.committed, result.frames_lost = n, result.recorded - n
-        return n
+        return None
     n_frames = ds.n_frames.values
     n = int(n_frames.min()) if n_frames.size else 0
     result.committed = n
@@ -362,11 +393,11 @@ def _check_archive(url: str, result: KillResult) -> int:
             f"{result.frames_lost} frames lost, more than the recorder's bound "
             f"({result.config.max_lost} for {result.config.backend})."
         )
-    _compare(ds, _reference(result.config, n), n, "After the kill", result.problems)
+    state = _state(ds, n)
     _check_plain_open(url, result.problems)
     report = verify(url)
     result.problems += [f"verify after the kill: {p}" for p in report.problems]
-    return n
+    return n, state
 
 
 def _check_plain_open(url: str, problems: list[str]) -> None:
@@ -389,37 +420,48 @@ def _check_plain_open(url: str, problems: list[str]) -> None:
             f"commits {ds.n_frames.values.tolist()}: the consolidated metadata is ahead.")
 
 
-def _resume(url: str, result: KillResult, committed: int) -> None:
+def _resume(url: str, result: KillResult, committed: int) -> dict[str, np.ndarray] | None:
+    """Resume the recording with ``mode="a"`` up to ``resume_extra_frames`` more frames and
+    compare; the regenerated simulation's frames (mujoco-warp: read while the resumed
+    recording steps it), or None if the resume failed."""
     from flyarchive import open_archive
 
-    total = committed + result.config.resume_extra_frames
+    config = result.config
+    total = committed + config.resume_extra_frames
     try:
-        if result.config.backend == "warp":
-            record_warp(url, result.config.n_worlds, result.config.chunk_frames, 4 * (total - 1))
+        if config.backend == "warp":
+            frames = WarpFrames()
+            record_warp(url, config.n_worlds, config.chunk_frames, 4 * (total - 1),
+                        observe=frames)
+            ref = frames.arrays()
         else:
             from flyarchive import TrajectoryRecorder
             from flyarchive.testing import simulate, tiny_model
 
             model = tiny_model()
-            with TrajectoryRecorder(url, model, chunk_frames=result.config.chunk_frames,
+            with TrajectoryRecorder(url, model, chunk_frames=config.chunk_frames,
                                     mode="a") as recorder:
-                simulate(model, result.config.n_worlds, 4 * (total - 1),
-                         recorder.record_as_needed)
+                simulate(model, config.n_worlds, 4 * (total - 1), recorder.record_as_needed)
+            ref = _reference(config, total)
         ds = open_archive(url)
     except Exception as err:
         result.problems.append(f"Resuming with mode='a' failed: {err!r}")
-        return
-    if ds.n_frames.values.tolist() != [total] * result.config.n_worlds:
+        return None
+    if ds.n_frames.values.tolist() != [total] * config.n_worlds:
         result.problems.append(
             f"After resuming, n_frames is {ds.n_frames.values.tolist()}; "
             f"expected {total} per world."
         )
-        return
-    _compare(ds, _reference(result.config, total), total, "After resuming", result.problems)
+        return ref
+    _compare(_state(ds, total), ref, total, "After resuming", result.problems)
+    return ref
 
 
 def kill_trial(url: str, config: KillConfig) -> KillResult:
     """Record in a child process, SIGKILL it at a seeded random point, check, resume, check.
+
+    The frames the kill left are compared with the simulation regenerated by the resumed
+    recording (one simulation, not two).
 
     Args:
         url: Where the child records (an empty location; a local path is best).
@@ -431,9 +473,12 @@ def kill_trial(url: str, config: KillConfig) -> KillResult:
     result = _run_and_kill(url, config)
     if result.problems:
         return result
-    committed = _check_archive(url, result)
-    if committed >= 0:
-        _resume(url, result, committed)
+    checked = _check_archive(url, result)
+    if checked is not None:
+        committed, state = checked
+        ref = _resume(url, result, committed)
+        _compare(state, ref if ref is not None else _reference(config, committed), committed,
+                 "After the kill", result.problems)
     return result
 
 
@@ -502,12 +547,11 @@ def _archive_outcome(url: str, options: dict[str, Any], ref: dict[str, np.ndarra
     n = int(ds.n_frames.values.min())
     if n < min_committed or (ds.n_frames.values != n).any():
         return "lost-commit", n
-    values = {k: np.asarray(ds[k].values[:, :n]) for k in _STATE}
-    if any(np.isnan(v).any() for v in values.values()):
+    state = _state(ds, n)
+    if any(np.isnan(state[k]).any() for k in _STATE):
         return "silent-hole", n
     problems: list[str] = []
-    sliced = {k: v[:n] if k == "time" else v[:, :n] for k, v in ref.items()}
-    _compare(ds, sliced, n, "", problems)
+    _compare(state, ref, n, "", problems)
     if problems or not verify(url, options).ok:
         return "wrong-data", n
     return "equal", n

@@ -34,7 +34,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 __all__ = ["COMMANDS", "MUTATIONS", "CRAFTED", "Outcome", "mutate", "crafted", "put_model",
-           "kept_path", "make_case", "run_command", "fuzz", "summarize", "crashed", "clean"]
+           "kept_path", "make_case", "run_command", "run_commands", "fuzz", "summarize",
+           "crashed", "clean"]
 
 #: What :func:`run_command` runs: the CLI's ``render`` (no ``--model``) and ``verify``,
 #: and the API's ``load_model``.
@@ -181,8 +182,7 @@ def run_command(command: str, url: str, workdir: Path, *, cache: Path | None = N
         timeout_s: Seconds before the child is killed (then ``exit`` is None).
     """
     workdir.mkdir(parents=True, exist_ok=True)
-    env = {**os.environ, "FLYARCHIVE_CACHE_DIR": str(cache or workdir / "cache"),
-           "MUJOCO_GL": os.environ.get("MUJOCO_GL", "egl"), "LP_NUM_THREADS": "1"}
+    env = _child_env(cache or workdir / "cache")
     start = time.perf_counter()
     try:
         done = subprocess.run(
@@ -201,21 +201,69 @@ def run_command(command: str, url: str, workdir: Path, *, cache: Path | None = N
     return Outcome(seconds=seconds, signal=None, **json.loads(lines[-1]))
 
 
+def run_commands(commands: Sequence[str], url: str, workdir: Path, *, cache: Path | None = None,
+                 timeout_s: float = 300.0) -> dict[str, Outcome]:
+    """Run ``commands`` (of :data:`COMMANDS`) one after the other on the archive ``url`` in
+    one child process, as :func:`run_command` runs one; each command's outcome. When the
+    process crashes, the command it was running and those after it have crashed.
+
+    Args:
+        workdir: Folder for the commands' outputs (``workdir / command``, created).
+        cache: flyarchive's cache folder in the child (default: ``workdir / "cache"``).
+        timeout_s: Seconds before the child is killed.
+    """
+    workdir.mkdir(parents=True, exist_ok=True)
+    start = time.perf_counter()
+    argv = [sys.executable, "-m", "flyarchive.testing.model_fuzz", "--each", ",".join(commands),
+            url, str(workdir)]
+    try:
+        done = subprocess.run(argv, capture_output=True, text=True, timeout=timeout_s,
+                              env=_child_env(cache or workdir / "cache"), cwd=workdir)
+        code, stdout, stderr = done.returncode, done.stdout, done.stderr
+    except subprocess.TimeoutExpired as err:
+        code, stdout, stderr = None, _text(err.stdout), f"did not finish within {timeout_s:g} s"
+    seconds = time.perf_counter() - start
+    found = {}
+    for line in stdout.splitlines():
+        if line.startswith("{"):
+            row = json.loads(line)
+            command = row.pop("command")
+            found[command] = Outcome(signal=None, **row)
+    name = signal.Signals(-code).name if code is not None and code < 0 else None
+    lost = Outcome(None, name, None, f"the process died (exit {code}) before this command "
+                   f"ended: {stderr.strip()[-500:]}", seconds)
+    return {c: found.get(c, lost) for c in commands}
+
+
+def _text(data: bytes | str | None) -> str:
+    return data.decode(errors="replace") if isinstance(data, bytes) else data or ""
+
+
+def _child_env(cache: Path) -> dict[str, str]:
+    return {**os.environ, "FLYARCHIVE_CACHE_DIR": str(cache),
+            "MUJOCO_GL": os.environ.get("MUJOCO_GL", "egl"), "LP_NUM_THREADS": "1"}
+
+
 def fuzz(workdir: Path, sound: str, seeds: Sequence[int], *,
-         commands: Sequence[str] = COMMANDS,
+         commands: Sequence[str] = COMMANDS, together: bool = False,
          progress: Callable[[str], None] | None = None) -> list[dict]:
     """Run every command on the archive of every seed (:func:`make_case`), each in a child
-    process; one row per seed: ``seed``, ``mutation``, ``outcomes`` (command ->
-    :meth:`Outcome.to_json`), ``crashes`` (commands whose process crashed) and
-    ``unclear`` (commands that ended without a clear error).
+    process (``together``: the commands of a seed in one, :func:`run_commands`); one row
+    per seed: ``seed``, ``mutation``, ``outcomes`` (command -> :meth:`Outcome.to_json`),
+    ``crashes`` (commands whose process crashed) and ``unclear`` (commands that ended
+    without a clear error).
 
     The commands of one seed share a cache folder (the model is checked once per seed).
     """
     rows = []
     for seed in seeds:
         url, kind = make_case(sound, seed, workdir / f"fuzz-{seed}.zarr")
-        outcomes = {c: run_command(c, url, workdir / f"out-{seed}-{c}",
-                                   cache=workdir / f"cache-{seed}") for c in commands}
+        if together:
+            outcomes = run_commands(commands, url, workdir / f"out-{seed}",
+                                    cache=workdir / f"cache-{seed}")
+        else:
+            outcomes = {c: run_command(c, url, workdir / f"out-{seed}-{c}",
+                                       cache=workdir / f"cache-{seed}") for c in commands}
         if progress:
             for c, o in outcomes.items():
                 progress(f"  model seed {seed} ({kind}) / {c}: exit {o.exit} {o.signal or ''} "
@@ -265,6 +313,17 @@ def _child(argv: list[str]) -> dict:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    """The child: ``COMMAND ARGS...`` (one command), or ``--each render,verify URL WORKDIR``
+    (each of them on ``URL``, its outputs in ``WORKDIR/<command>``, one JSON line each)."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["--each"]:
+        commands, url, workdir = argv[1].split(","), argv[2], Path(argv[3])
+        for command in commands:
+            start = time.perf_counter()
+            row = _child(_argv(command, url, workdir / command))
+            print(json.dumps({"command": command, **row,
+                              "seconds": time.perf_counter() - start}), flush=True)
+        return 0
     parser = argparse.ArgumentParser(description="Run one command on an archive (child side).")
     parser.add_argument("command", choices=COMMANDS)
     parser.add_argument("args", nargs=argparse.REMAINDER)

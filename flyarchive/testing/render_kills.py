@@ -3,15 +3,19 @@
 Used by ``tests/test_render_kill.py`` and ``scripts/reliability_report.py``.
 :func:`render_kill_trial` starts ``flyarchive render`` in a child process (in that
 process with ``--workers 0``, or on its own LocalCluster of two worker processes) in a
-session of its own and with a temporary folder (``TMPDIR``) of its own. It stops the
-child at one of two moments (:data:`STOPS`):
+session of its own and with a temporary folder (``TMPDIR``) of its own. Its ffmpeg is
+wrapped by an :class:`EncoderGate`: one chosen encoder waits, at its start, until the
+trial opens the gate, so that the render cannot finish before it is stopped. The child
+is stopped at one of two moments (:data:`STOPS`), while that encoder waits:
 
-- ``"mid-render"``: once a segment is being rendered, after a seeded delay;
+- ``"mid-render"``: once the encoder chosen by the seed waits (the k-th to start);
 - ``"first-video"``: as soon as the manifest lists a finished video (the event the
-  render's manifest journal makes), while the other videos still render;
+  render's manifest journal makes), the first encoder after the first video's waiting;
 
 by SIGKILL to the child (its worker processes die with it), SIGINT to its process group
-(a terminal's Ctrl-C) or SIGTERM to the child (``kill PID``). Then it checks:
+(a terminal's Ctrl-C) or SIGTERM to the child (``kill PID``). The gate opens right after
+the signal (ffmpeg runs as it would have: the stopped render meets it as any ffmpeg
+still encoding). Then it checks:
 
 - no final video is half-written: every ``world*/*.mp4`` decodes to all its frames;
 - after Ctrl-C or SIGTERM: exit status 130 or 143, one line on stderr, nothing left
@@ -29,34 +33,143 @@ Nothing here is needed to record or replay.
 from __future__ import annotations
 
 import os
-import random
+import select
 import signal
 import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from types import TracebackType
 
 from flyarchive.testing.kills import TrialOutcome
 
 __all__ = ["RenderKillConfig", "RenderKillResult", "RenderArchive", "render_kill_trial",
-           "make_render_archive", "WHERE", "SIGNALS", "STOPS"]
+           "make_render_archive", "EncoderGate", "WHERE", "SIGNALS", "STOPS"]
 
 #: Where the killed render runs: in its own process, or on its own LocalCluster.
 WHERE = ("process", "dask")
 #: How it is stopped: SIGKILL to the process, SIGINT to its process group (Ctrl-C), or
 #: SIGTERM to the process.
 SIGNALS = ("kill", "int", "term")
-#: When it is stopped: mid-render (a seeded delay after a segment starts), or as soon as
-#: the manifest lists a finished video.
+#: When it is stopped: mid-render (while the encoder chosen by the seed waits at the gate),
+#: or as soon as the manifest lists a finished video (while a later encoder waits).
 STOPS = ("mid-render", "first-video")
 #: Exit status of a render stopped by each signal.
 _EXITS = {"kill": -signal.SIGKILL, "int": 130, "term": 143}
 _SIZE = "48x64"
+_CAMERAS = ("front", "top")
 #: The child: the console script's entry point (``python -m`` would turn a caught
 #: KeyboardInterrupt into a SIGINT exit status, a CPython quirk of ``-m``).
 _CHILD = "import sys; from flyarchive.cli import main; sys.exit(main(sys.argv[1:]))"
+
+
+#: The ffmpeg of a render under test (``IMAGEIO_FFMPEG_EXE``). While the file ``at`` holds a
+#: number k > 0, an encoder (frames on its stdin) takes the next number as it starts; the
+#: k-th writes its pid to the FIFO ``held`` and waits for a line on the FIFO ``gate`` (both
+#: opened read-write: neither open blocks), unless the file ``opened`` is there. Then it,
+#: and every other call at once, becomes the real ffmpeg (same pid).
+_GATE_SH = r"""#!/bin/sh
+g="$FLYARCHIVE_TEST_GATE"
+at=$(cat "$g/at" 2>/dev/null)
+case " $* " in
+*" -i - "*)
+    if [ -n "$at" ] && [ "$at" -gt 0 ]; then
+        n=1
+        while ! mkdir "$g/started-$n" 2>/dev/null; do
+            n=$((n + 1))
+            [ "$n" -gt 100000 ] && break
+        done
+        if [ "$n" = "$at" ]; then
+            exec 3<>"$g/gate" 4<>"$g/held"
+            echo $$ >&4
+            [ -e "$g/opened" ] || read -r _ <&3
+            exec 3<&- 4<&-
+        fi
+    fi;;
+esac
+exec "$FLYARCHIVE_TEST_FFMPEG" "$@"
+"""
+
+
+class EncoderGate:
+    """ffmpeg wrapped for a render under test: the ``at``-th encoder to start (an ffmpeg
+    reading frames from its stdin, counted over every process that has :attr:`env`) waits
+    at its start until :meth:`open`, so that its video cannot finish before then.
+
+    ``with EncoderGate(folder, at=1) as gate:`` run the render with :attr:`env` in its
+    environment (``IMAGEIO_FFMPEG_EXE``: a shell script in ``folder``; worker processes
+    inherit it), :meth:`wait_held`, stop the render, :meth:`open`. :meth:`arm` holds
+    another encoder from then on (processes started with :attr:`env` earlier included).
+    On exit the gate is opened and the held ffmpeg waited for, so that nothing it
+    writes comes later.
+    """
+
+    def __init__(self, folder: str | os.PathLike[str], at: int = 1) -> None:
+        import imageio_ffmpeg
+
+        self.folder = Path(folder)
+        self.folder.mkdir(parents=True, exist_ok=True)
+        for name in ("gate", "held"):
+            os.mkfifo(self.folder / name)
+        script = self.folder / "ffmpeg"
+        script.write_text(_GATE_SH)
+        script.chmod(0o755)
+        #: What the render's environment needs.
+        self.env = {"IMAGEIO_FFMPEG_EXE": str(script), "FLYARCHIVE_TEST_GATE": str(self.folder),
+                    "FLYARCHIVE_TEST_FFMPEG": imageio_ffmpeg.get_ffmpeg_exe()}
+        #: The held encoder's process id, once it waits.
+        self.pid: int | None = None
+        self._held = os.open(self.folder / "held", os.O_RDWR | os.O_NONBLOCK)
+        self._said = b""
+        self.arm(at)
+
+    def __enter__(self) -> EncoderGate:
+        return self
+
+    def __exit__(self, kind: type[BaseException] | None, err: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        self.release()
+        os.close(self._held)
+
+    def arm(self, at: int) -> None:
+        """From now on hold the ``at``-th encoder to start (0: none)."""
+        for started in self.folder.glob("started-*"):
+            started.rmdir()
+        (self.folder / "opened").unlink(missing_ok=True)
+        self.pid, self._said = None, b""
+        (self.folder / "at.new").write_text(f"{at}\n")
+        (self.folder / "at.new").replace(self.folder / "at")
+
+    def wait_held(self, timeout_s: float, alive: Callable[[], bool] = lambda: True) -> bool:
+        """Wait until the encoder waits at the gate, while ``alive()``; whether it does."""
+        deadline = time.monotonic() + timeout_s
+        while self.pid is None and time.monotonic() < deadline and alive():
+            if select.select([self._held], [], [], 0.2)[0]:
+                self._said += os.read(self._held, 64)
+                if self._said.endswith(b"\n"):
+                    self.pid = int(self._said)
+        return self.pid is not None
+
+    def open(self) -> None:
+        """Let the held encoder, if any (now or later), become ffmpeg."""
+        (self.folder / "opened").touch()
+        try:
+            fd = os.open(self.folder / "gate", os.O_WRONLY | os.O_NONBLOCK)
+        except OSError:  # ENXIO: no encoder holds the FIFO (none came yet, or it was killed)
+            return
+        try:
+            os.write(fd, b"go\n")
+        finally:
+            os.close(fd)
+
+    def release(self, timeout_s: float = 60.0) -> None:
+        """:meth:`open`, then wait until the held encoder's ffmpeg is gone."""
+        self.open()
+        if self.pid is not None:
+            _wait_gone([self.pid], time.monotonic() + timeout_s)
 
 
 @dataclass(frozen=True)
@@ -64,22 +177,23 @@ class RenderKillConfig:
     """One trial.
 
     Attributes:
-        where: ``"process"`` (``--workers 0``) or ``"dask"`` (a LocalCluster, 2 workers).
+        where: ``"process"`` (``--workers 0``) or ``"dask"`` (a LocalCluster of ``workers``).
         how: ``"kill"`` (SIGKILL to the render process), ``"int"`` (SIGINT to its
             process group) or ``"term"`` (SIGTERM to the render process).
-        seed: Seeds the delay after the first segment starts.
-        max_delay_s: The signal comes a uniform random [0, max_delay_s] seconds after
-            the first segment starts rendering (``stop="mid-render"``).
+        seed: ``stop="mid-render"``: the encoder that waits at the gate is the
+            ``1 + seed % videos``-th to start (videos: worlds x cameras).
         timeout_s: Seconds to wait for each step (start, exit, rerun).
         stop: When: ``"mid-render"`` or ``"first-video"`` (then the next render resumes).
+        workers: Worker processes of the LocalCluster (``where="dask"``); a stop at the
+            first video needs 2 (one goes on while the other's encoder is held).
     """
 
     where: str = "process"
     how: str = "kill"
     seed: int = 0
-    max_delay_s: float = 1.5
     timeout_s: float = 180.0
     stop: str = "mid-render"
+    workers: int = 2
 
     def __post_init__(self) -> None:
         if self.where not in WHERE or self.how not in SIGNALS or self.stop not in STOPS:
@@ -175,22 +289,14 @@ def render_kill_trial(archive: RenderArchive, workdir: str | os.PathLike[str],
     out, tmp = work / "videos", work / "tmp"
     tmp.mkdir(parents=True, exist_ok=True)
     env = _child_env(tmp, pythonpath)
-    workers = "0" if config.where == "process" else "2"
-    command = [sys.executable, "-c", _CHILD, "render", url, "--model", xml, "--camera", "front",
-               "--camera", "top", "--size", _SIZE, "--out", str(out), "--workers", workers,
-               "--quiet"]
+    workers = "0" if config.where == "process" else str(config.workers)
+    command = [sys.executable, "-c", _CHILD, "render", url, "--model", xml,
+               *(a for camera in _CAMERAS for a in ("--camera", camera)), "--size", _SIZE,
+               "--out", str(out), "--workers", workers, "--quiet"]
+    n_videos = len(_CAMERAS) * archive.n_worlds
     result = RenderKillResult(config)
-    child = subprocess.Popen(command, env=env, start_new_session=True, cwd=work,
-                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-    try:
-        wait = _wait_first_video if config.stop == "first-video" else _wait_mid_render
-        result.stopped_mid_render = _stop(child, config, wait(child, out, tmp, config))
-        _, result.stderr = child.communicate(timeout=config.timeout_s)
-    finally:
-        if child.poll() is None:
-            os.killpg(child.pid, signal.SIGKILL)
-            child.wait()
-    result.exit_code = child.returncode
+    with EncoderGate(work / "gate", at=_gated_encoder(config, n_videos)) as gate:
+        _stopped_render(command, {**env, **gate.env}, work, gate, result)
     result.finals = [str(p.relative_to(out)) for p in _finals(out)]
     result.half_written = [str(p.relative_to(out)) for p in _finals(out)
                            if _frames(p) != n_frames]
@@ -206,7 +312,6 @@ def render_kill_trial(archive: RenderArchive, workdir: str | os.PathLike[str],
     rerun = subprocess.run(again, env=env, cwd=work, capture_output=True, text=True,
                            timeout=config.timeout_s)
     complete = [_frames(p) == n_frames for p in _finals(out)]
-    n_videos = 2 * archive.n_worlds  # cameras 'front' and 'top'
     result.rerun_ok = rerun.returncode == 0 and len(complete) == n_videos and all(complete)
     result.left_after_rerun = _leftovers(out, tmp)
     if resume:
@@ -217,6 +322,36 @@ def render_kill_trial(archive: RenderArchive, workdir: str | os.PathLike[str],
     return result
 
 
+def _gated_encoder(config: RenderKillConfig, n_videos: int) -> int:
+    """Which encoder to start waits at the gate: mid-render, the seed's; at the first
+    video, the first of the second segment (one segment per video rendered in one process;
+    on the cluster, the other worker goes on meanwhile)."""
+    if config.stop == "first-video":
+        return len(_CAMERAS) + 1
+    return 1 + config.seed % n_videos
+
+
+def _stopped_render(command: list[str], env: dict[str, str], work: Path, gate: EncoderGate,
+                    result: RenderKillResult) -> None:
+    """Run the render of ``command`` in a session of its own and stop it at the trial's
+    moment (while the gate holds an encoder); its exit status and stderr into ``result``."""
+    config, out = result.config, work / "videos"
+    child = subprocess.Popen(command, env=env, start_new_session=True, cwd=work,
+                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + config.timeout_s
+        held = gate.wait_held(config.timeout_s, alive=lambda: child.poll() is None)
+        if held and config.stop == "first-video":
+            held = _wait_first_video(child, out, deadline)
+        result.stopped_mid_render = held and _stop(child, config, deadline, gate)
+        _, result.stderr = child.communicate(timeout=config.timeout_s)
+    finally:
+        if child.poll() is None:
+            os.killpg(child.pid, signal.SIGKILL)
+            child.wait()
+    result.exit_code = child.returncode
+
+
 def _child_env(tmp: Path, pythonpath: str | None) -> dict[str, str]:
     env = dict(os.environ, TMPDIR=str(tmp), MUJOCO_GL="egl", LP_NUM_THREADS="1")
     env["PYTHONPATH"] = pythonpath if pythonpath is not None else os.pathsep.join(
@@ -224,31 +359,18 @@ def _child_env(tmp: Path, pythonpath: str | None) -> dict[str, str]:
     return env
 
 
-def _wait_mid_render(child: subprocess.Popen[str], out: Path, tmp: Path,
-                     config: RenderKillConfig) -> float:
-    """Wait for a segment to be rendering, then a seeded delay; the deadline of the trial."""
-    deadline = time.monotonic() + config.timeout_s
-    while child.poll() is None and time.monotonic() < deadline:
-        if any(tmp.rglob("flyarchive-seg-*")):
-            break
-        time.sleep(0.05)
-    time.sleep(random.Random(config.seed).uniform(0, config.max_delay_s))
-    return deadline
-
-
-def _wait_first_video(child: subprocess.Popen[str], out: Path, tmp: Path,
-                      config: RenderKillConfig) -> float:
+def _wait_first_video(child: subprocess.Popen[str], out: Path, deadline: float) -> bool:
     """Wait until the manifest lists a finished video (polling the file the render's
-    manifest journal writes); the deadline of the trial."""
-    deadline = time.monotonic() + config.timeout_s
+    manifest journal writes); whether it does while the child runs."""
     while child.poll() is None and time.monotonic() < deadline and not _listed(out):
         time.sleep(0.02)
-    return deadline
+    return bool(_listed(out)) and child.poll() is None
 
 
-def _stop(child: subprocess.Popen[str], config: RenderKillConfig, deadline: float) -> bool:
-    """Send the trial's signal and wait until the child's processes are gone; whether the
-    child was still running then."""
+def _stop(child: subprocess.Popen[str], config: RenderKillConfig, deadline: float,
+          gate: EncoderGate) -> bool:
+    """Send the trial's signal, open the gate, and wait until the child's processes are
+    gone; whether the child was still running when the signal came."""
     import psutil
 
     if child.poll() is not None:
@@ -260,6 +382,7 @@ def _stop(child: subprocess.Popen[str], config: RenderKillConfig, deadline: floa
         os.kill(child.pid, signal.SIGTERM)
     else:
         os.killpg(child.pid, signal.SIGINT)
+    gate.open()
     _wait_gone(family, deadline)
     return True
 

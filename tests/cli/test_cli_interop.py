@@ -1,10 +1,10 @@
-"""The flyarchive command as a user meets it: pipes, Ctrl-C, home folders, quiet Warp."""
+"""The flyarchive command as a user meets it: pipes, Ctrl-C, home folders. (Quiet Warp: a
+render in a fresh process prints no Warp logs, tests/query/test_header.py.)"""
 
 import os
 import signal
 import subprocess
 import sys
-import time
 
 import pytest
 
@@ -41,41 +41,15 @@ def test_info_into_a_closed_pipe_exits_quietly(archive):
 
 
 @pytest.mark.subprocess
-def test_ctrl_c_during_an_import_is_one_line_and_exit_130(tiny, tmp_path):
-    from flyarchive.testing.interop_kills import write_npz_inputs
+def test_ctrl_c_during_an_import_is_one_line_and_exit_130(tmp_path):
+    from flyarchive.testing.interop_kills import interrupt_import
 
-    write_npz_inputs(tmp_path / "in", 8, 600)
-    (tmp_path / "tiny.xml").write_text(TINY_XML)
-    url = tmp_path / "a.zarr"
-    proc = subprocess.Popen(flyarchive("import-npz", str(tmp_path / "in"), "--to", str(url),
-                                       "--model", str(tmp_path / "tiny.xml")),
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=ENV)
-    deadline = time.monotonic() + 120
-    while not (url / "n_frames").exists() and proc.poll() is None and time.monotonic() < deadline:
-        time.sleep(0.01)
+    result = interrupt_import(tmp_path)  # Ctrl-C while it waits after its first commit
 
-    proc.send_signal(signal.SIGINT)
-    _, err = proc.communicate(timeout=120)
-
-    assert proc.returncode == 130
-    assert err == "flyarchive import-npz: interrupted\n"
-
-
-@pytest.mark.subprocess
-def test_render_does_not_print_warp_logs(tiny, archive, tmp_path):
-    from flyarchive.models import save_mjb
-
-    model = str(save_mjb(tiny, tmp_path / "tiny.mjb"))
-
-    proc = subprocess.run(flyarchive("render", archive, "--model", model, "--camera", "front",
-                                     "--worlds", "1", "--size", "48x64", "--out",
-                                     str(tmp_path / "v"), "--workers", "0", "--backend",
-                                     "warp-cpu", "--quiet"),
-                          capture_output=True, text=True, env=ENV, timeout=240)
-
-    assert proc.returncode == 0, proc.stderr
-    assert proc.stderr == ""
-    assert proc.stdout.startswith("wrote 1 video(s)") and proc.stdout.count("\n") == 1
+    assert result.exit_code == 130
+    assert result.stderr == "flyarchive import-npz: interrupted\n"
+    assert result.stdout == "COMMITTED\n"  # one commit, no "imported" line
+    assert len(set(result.committed)) == 1 and 0 < result.committed[0] < max(result.frames)
 
 
 def test_export_to_a_path_under_the_home_folder_expands_it(archive, tmp_path, monkeypatch):

@@ -1,6 +1,7 @@
 """The command line starts its local Dask cluster before its imports and the archive's
 opening (``local_cluster``) and passes its client to the render, which runs on it instead
-of starting a second one; the cluster is closed when the command ends, used or not.
+of starting a second one; the cluster is closed when the command ends, used or not. (The
+workers of a cluster given by ``--scheduler`` warm Warp early: test_scale_out_cluster.py.)
 
 Real LocalClusters with worker processes; the GPUs are a fake set of two (CI has no
 CUDA): their workers are started, never asked to render.
@@ -80,7 +81,7 @@ def test_connect_given_the_client_of_a_gpu_cluster_started_early_waits_for_its_w
 
 
 def test_a_cluster_started_early_but_not_used_is_closed(started):
-    with clusters.local_cluster(2):
+    with clusters.local_cluster(1):
         with clusters.connect(n_workers=1) as client:  # another cluster: not this one
             assert len(client.scheduler_info()["workers"]) == 1
 
@@ -138,12 +139,12 @@ def test_a_render_on_the_command_line_runs_on_the_cluster_started_early(tiny, tm
     model = str(save_mjb(tiny, tmp_path / "tiny.mjb"))
 
     code = main(["render", archive, "--model", model, "--camera", "front", "--time",
-                 "0:0.02", "--size", "48x64", "--out", str(tmp_path / "v"), "--workers", "2",
+                 "0:0.02", "--size", "48x64", "--out", str(tmp_path / "v"), "--workers", "1",
                  "--quiet"])
 
     assert code == 0, capsys.readouterr().err
     assert (tmp_path / "v" / "world00001" / "front.mp4").is_file()
-    assert started == [(2, None)]  # once, early; the render ran on it
+    assert started == [(1, None)]  # once, early; the render ran on it
 
 
 def test_a_render_failing_before_its_cluster_is_used_closes_it(tiny, tmp_path, started,
@@ -152,42 +153,12 @@ def test_a_render_failing_before_its_cluster_is_used_closes_it(tiny, tmp_path, s
     model = str(save_mjb(tiny, tmp_path / "tiny.mjb"))
 
     code = main(["render", archive, "--model", model, "--camera", "no-such-camera",
-                 "--out", str(tmp_path / "v"), "--workers", "2", "--quiet"])
+                 "--out", str(tmp_path / "v"), "--workers", "1", "--quiet"])
 
     assert code == 2 and "no-such-camera" in capsys.readouterr().err
-    assert started == [(2, None)]
+    assert started == [(1, None)]
     psutil.wait_procs(worker_processes(), timeout=20)
     assert worker_processes() == []
-
-
-def test_workers_of_a_scheduler_given_start_warming_warp_before_any_render():
-    """``--scheduler``: the command connects first and its workers start importing the Warp
-    renderer (Warp's CPU device here) while it imports and opens the archive; the render
-    then uses that client."""
-    from distributed import LocalCluster
-
-    def has_warp():
-        import sys
-
-        return "mujoco_warp" in sys.modules and "flyarchive.replay.warp" in sys.modules
-
-    with LocalCluster(n_workers=2, threads_per_worker=1, processes=True,
-                      resources={"GPU": 1}, dashboard_address="127.0.0.1:0",
-                      silence_logs=50) as cluster:
-        address = cluster.scheduler_address
-        with clusters.scheduler_client(address, "cpu") as early:
-            seen = early.run(has_warp)
-            import time
-
-            deadline = time.monotonic() + 150
-            while not all(seen.values()) and time.monotonic() < deadline:
-                time.sleep(0.5)
-                seen = early.run(has_warp)
-            with clusters.connect(early) as client:
-                taken = client is early
-
-    assert len(seen) == 2 and all(seen.values())
-    assert taken
 
 
 def test_a_scheduler_that_cannot_be_reached_is_one_clear_error_waited_for_once(

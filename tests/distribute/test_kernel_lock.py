@@ -8,7 +8,6 @@ import os
 import subprocess
 import sys
 import textwrap
-import time
 from pathlib import Path
 
 import pytest
@@ -29,18 +28,17 @@ KERNEL = textwrap.dedent('''
         out[i] = s
 ''')
 
-#: A process that loads the module above on Warp's CPU device once the file ``go`` exists.
+#: A process that imports Warp and the module above, says ``ready``, and loads the module on
+#: Warp's CPU device once a line comes on its stdin.
 CHILD = textwrap.dedent('''
-    import sys, time
-    from pathlib import Path
-    folder = Path(sys.argv[1])
+    import sys
+    folder = sys.argv[1]
     from flyarchive.warp_log import import_warp
     wp = import_warp("the kernel lock test")
-    sys.path.insert(0, str(folder))
+    sys.path.insert(0, folder)
     import lock_kernel
-    (folder / f"ready-{sys.argv[2]}").touch()
-    while not (folder / "go").exists():
-        time.sleep(0.005)
+    print("ready", flush=True)
+    sys.stdin.readline()
     wp.load_module(lock_kernel, device="cpu")
 ''')
 
@@ -50,17 +48,28 @@ def load_in_two_processes(folder: Path, cache: Path) -> list[str]:
     (folder / "lock_kernel.py").write_text(KERNEL)
     env = {**os.environ, "WARP_CACHE_PATH": str(cache), "FLYARCHIVE_VERBOSE": "1"}
     children = [  # cwd: not the checkout, whose flyarchive `-c` would put first on sys.path
-        subprocess.Popen([sys.executable, "-c", CHILD, str(folder), str(i)], env=env, cwd=folder,
-                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-        for i in range(2)
+        subprocess.Popen([sys.executable, "-c", CHILD, str(folder)], env=env, cwd=folder,
+                         stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                         text=True)
+        for _ in range(2)
     ]
-    while not all((folder / f"ready-{i}").exists() for i in range(2)):
-        assert all(c.poll() is None for c in children), [c.communicate()[0] for c in children]
-        time.sleep(0.01)
-    (folder / "go").touch()
-    outputs = [c.communicate(timeout=240)[0] for c in children]
+    before = [_until_ready(child) for child in children]  # both have imported Warp
+    for child in children:  # then both load at once
+        child.stdin.write("go\n")
+        child.stdin.flush()
+    outputs = [out + child.communicate(timeout=240)[0] for out, child in zip(before, children)]
     assert [c.returncode for c in children] == [0, 0], outputs
     return outputs
+
+
+def _until_ready(child: subprocess.Popen[str]) -> str:
+    """What the child printed up to its ``ready`` line (all it printed, if it ended first)."""
+    lines = []
+    for line in child.stdout:
+        if line == "ready\n":
+            break
+        lines.append(line)
+    return "".join(lines)
 
 
 def test_two_processes_compile_a_new_module_once(tmp_path):

@@ -6,9 +6,12 @@ the replay conformance suite (tests/replay/test_warp.py::TestWarpReplay).
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import json
 import os
+import sys
+import tempfile
 from pathlib import Path
 
 import numpy as np
@@ -243,29 +246,6 @@ def test_overwrite_replaces_existing_videos(slider_worlds, tmp_path):
 
 
 @pytest.mark.cluster
-def test_batches_run_on_a_dask_worker_that_holds_a_gpu(slider_worlds, tmp_path, monkeypatch):
-    from distributed import Client, LocalCluster, get_task_stream
-
-    from flyarchive.video import manifest
-
-    seen, add = [], manifest.ManifestJournal.add  # what the workers report as they publish
-    monkeypatch.setattr(manifest.ManifestJournal, "add",
-                        lambda self, video: (seen.append(video["path"]), add(self, video))[1])
-    url, _ = slider_worlds
-    with LocalCluster(n_workers=1, threads_per_worker=1, processes=True, resources={"GPU": 1},
-                      dashboard_address="127.0.0.1:0", silence_logs=40) as cluster, Client(cluster) as client:
-        with get_task_stream(client) as stream:
-            result = render_videos(url, slider_model(), "front", str(tmp_path / "v"),
-                                   options=WARP, client=client)
-        ran = [t["key"] for t in stream.data]
-
-    assert all(Path(v["path"]).is_file() for v in result.videos)
-    assert len(result.videos) == 2
-    assert any("render_group" in str(key) for key in ran)
-    assert sorted(seen) == sorted(v["path"] for v in result.videos)
-
-
-@pytest.mark.cluster
 def test_gpu_batches_on_a_cluster_without_gpu_workers_are_refused(slider_worlds, tmp_path):
     from distributed import Client, LocalCluster
 
@@ -360,19 +340,55 @@ def test_a_failing_render_thread_stops_the_others_and_its_error_is_raised(tiny_a
         assert read_video(video).shape[0] == 11
 
 
+@pytest.fixture(scope="module")
+def spread(slider_worlds, tmp_path_factory):
+    """The slider worlds rendered with a progress bar on the LocalCluster of 2 worker
+    processes that render_videos starts; the result, and what this process and its worker
+    processes wrote to stderr."""
+    url, _ = slider_worlds
+    out = tmp_path_factory.mktemp("spread") / "v"
+    options = RenderOptions(backend=BACKEND, size=SIZE, batch_worlds=8, progress=True)
+
+    with tempfile.TemporaryFile("w+") as err:
+        sys.stderr.flush()
+        saved = os.dup(2)
+        os.dup2(err.fileno(), 2)  # worker processes started meanwhile inherit it
+        try:
+            with contextlib.redirect_stderr(err):
+                result = render_videos(url, slider_model(), "front", str(out), options=options,
+                                       n_workers=2)
+        finally:
+            err.flush()
+            os.dup2(saved, 2)
+            os.close(saved)
+        err.seek(0)
+        return result, err.read()
+
+
 @pytest.mark.cluster
 @pytest.mark.skipif(BACKEND != "warp-cpu", reason="the LocalCluster default is warp-cpu's")
-def test_local_cluster_videos_equal_the_in_process_ones(slider_worlds, tmp_path):
+def test_local_cluster_videos_equal_the_in_process_ones(slider_worlds, spread, tmp_path):
     url, _ = slider_worlds
 
     here = render_here(url, slider_model(), "front", str(tmp_path / "here"), options=WARP)
-    spread = render_videos(url, slider_model(), "front", str(tmp_path / "spread"),
-                           options=WARP, n_workers=2)
+    result, _ = spread
 
-    assert [v["world"] for v in spread.videos] == [0, 1]
-    for a, b in zip(here.videos, spread.videos, strict=True):
+    assert [v["world"] for v in result.videos] == [0, 1]
+    for a, b in zip(here.videos, result.videos, strict=True):
         np.testing.assert_array_equal(read_video(a["path"]), read_video(b["path"]))
         assert Path(b["path"]).read_bytes() == Path(a["path"]).read_bytes()
+
+
+@pytest.mark.cluster
+@pytest.mark.skipif(BACKEND != "warp-cpu", reason="the LocalCluster default is warp-cpu's")
+def test_warp_workers_on_a_local_cluster_show_one_progress_bar(spread):
+    _, err = spread
+    total = 2 * SLIDER_FRAMES
+
+    bars = [line for line in err.replace("\r", "\n").split("\n") if line.startswith("frames:")]
+    done = [line for line in bars if f"{total}/{total}" in line]
+    per_worker = [line for line in bars if f"/{SLIDER_FRAMES} " in line]
+    assert done and per_worker == []
 
 
 @pytest.mark.timeout(120)

@@ -131,6 +131,9 @@ def test_set_trajectory_recorder_attaches_a_flyarchive_recorder(cpu_sim, tmp_pat
 
 
 # ----------------------------------------------------------------------------- GPU
+#: Frames per second of the GPU recordings: at flygym's 0.1 ms steps and the recorders'
+#: 0.2x playback, a frame every 20 steps (Warp's CPU device steps NeuroMechFly slowly).
+GPU_FPS = 100
 @pytest.fixture(scope="module")
 def gpu_sim():
     import warp as wp
@@ -162,10 +165,10 @@ def test_the_warp_recorder_drops_into_a_flygym_gpu_simulation(gpu_sim, tmp_path)
 
     sim = gpu_sim
     sim.recorder = WarpTrajectoryRecorder(str(tmp_path / "gpu.zarr"), sim.mj_model, sim.n_worlds,
-                                          worlds=[2, 0], chunk_frames=2)
+                                          worlds=[2, 0], chunk_frames=2, output_fps=GPU_FPS)
     sim.reset()
 
-    frames = run_gpu(sim, 170, [2, 0])  # steps 1..170: frames 0, 1, 2 at steps 1, 80, 160
+    frames = run_gpu(sim, 45, [2, 0])  # steps 1..45: frames 0, 1, 2 (one every 20 steps)
 
     trajectories = sim.recorder.trajectories
     assert [t.world_id for t in trajectories] == list(sim.recorder.world_ids) == [2, 0]
@@ -181,9 +184,9 @@ def test_gpu_reset_after_recording_ends_the_recording(gpu_sim, tmp_path):
 
     sim = gpu_sim
     url = str(tmp_path / "gpu-episode.zarr")
-    sim.recorder = WarpTrajectoryRecorder(url, sim.mj_model, sim.n_worlds)
+    sim.recorder = WarpTrajectoryRecorder(url, sim.mj_model, sim.n_worlds, output_fps=GPU_FPS)
     sim.reset()
-    run_gpu(sim, 90, [0])
+    run_gpu(sim, 25, [0])
 
     sim.reset()
 

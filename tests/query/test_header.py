@@ -1,6 +1,8 @@
 """open_header: what a render plans with, read without xarray or dask, equal to what
 open_archive reads (same variables, dims, dtypes, shapes, values, attributes; same
-checks), and a render without a where mask imports neither xarray, pandas nor dask."""
+checks), and a render without a where mask imports neither xarray, pandas nor dask, nor
+does ``flyarchive info`` (both checked in one fresh process, before a render with a mask
+imports xarray there); that Warp render, the first in its process, prints no Warp logs."""
 
 import json
 import os
@@ -88,50 +90,99 @@ def test_a_header_with_repeated_world_ids_is_refused_like_the_dataset(tmp_path):
         open_header(url)
 
 
-_RENDER = textwrap.dedent("""
+#: Runs ``flyarchive`` once per argv of the JSON list ``argv[1]``, in this order, and after
+#: each says ``RESULT {"rc": ..., "heavy": [...]}`` (the heavy modules imported so far) on
+#: stdout and ``RESULT`` on stderr.
+_COMMANDS = textwrap.dedent("""
     import json, sys
     from flyarchive.cli import main
-    rc = main(sys.argv[1:])
-    heavy = [m for m in ("xarray", "pandas", "dask", "dask.array") if m in sys.modules]
-    print(json.dumps({"rc": rc, "heavy": heavy}))
+    for argv in json.loads(sys.argv[1]):
+        rc = main(argv)
+        heavy = [m for m in ("xarray", "pandas", "dask", "dask.array") if m in sys.modules]
+        print("RESULT", json.dumps({"rc": rc, "heavy": heavy}), flush=True)
+        print("RESULT", file=sys.stderr, flush=True)
 """)
 
 
-@pytest.mark.subprocess
-@pytest.mark.parametrize("where", [[], ["--where-world-var", "success=1"]])
-def test_a_render_without_a_where_mask_imports_no_xarray_pandas_or_dask(tmp_path, model_xml,
-                                                                        where):
-    url = str(tmp_path / "run.zarr")
+@pytest.fixture(scope="module")
+def one_process(tmp_path_factory):
+    """In one fresh process: a Warp render without a where mask (Warp starts in it),
+    ``flyarchive info`` and a render with one, in that order (imports only grow); per
+    command its output (the lines it printed), what it wrote to stderr, its exit status
+    and the heavy modules imported after it."""
+    from flyarchive.testing import TINY_XML
+
+    tmp = tmp_path_factory.mktemp("imports")
+    model = tmp / "tiny.xml"
+    model.write_text(TINY_XML)
+    url = str(tmp / "run.zarr")
     write_random(url, n_worlds=2, n_frames=4, chunk_frames=4)
     add_world_vars(url, {"success": [1, 0]})
-    out = tmp_path / "videos"
-    args = ["render", url, "--model", model_xml, "--camera", "front", "--size", "48x64",
-            "--backend", "warp-cpu", "--workers", "0", "--out", str(out), "--quiet", *where]
-    run = subprocess.run([sys.executable, "-c", _RENDER, *args], capture_output=True,
-                         text=True, env={**os.environ, "MUJOCO_GL": "egl"},
+    info_url = str(tmp / "info.zarr")
+    write_random(info_url, n_worlds=3, n_frames=4, chunk_frames=4, committed=np.array([4, 2, 0]))
+    add_world_vars(info_url, {"success": [1, 0, 1]})
+
+    def render(out, *where):
+        return ["render", url, "--model", str(model), "--camera", "front", "--size", "48x64",
+                "--backend", "warp-cpu", "--workers", "0", "--out", str(tmp / out), "--quiet",
+                *where]
+
+    commands = {"render": render("all"), "info": ["info", "--json", info_url],
+                "render where": render("where", "--where-world-var", "success=1")}
+    run = subprocess.run([sys.executable, "-c", _COMMANDS, json.dumps(list(commands.values()))],
+                         capture_output=True, text=True, env={**os.environ, "MUJOCO_GL": "egl"},
                          timeout=600)
     assert run.returncode == 0, run.stderr[-2000:]
-    result = json.loads(run.stdout.strip().splitlines()[-1])
-    assert result["rc"] == 0
-    manifest = json.loads((out / "manifest.json").read_text())
-    assert [v["world"] for v in manifest["videos"]] == ([0] if where else [0, 1])
-    assert [v["frame_range"] for v in manifest["videos"]][0] == [0, 4]
-    if where:  # the mask is computed with xarray: it is imported then
-        assert "xarray" in result["heavy"]
-    else:
-        assert result["heavy"] == []
+    said, printed = {}, []
+    names = iter(commands)
+    for line in run.stdout.splitlines():
+        if line.startswith("RESULT "):
+            said[next(names)] = {**json.loads(line[len("RESULT "):]), "printed": printed}
+            printed = []
+        else:
+            printed.append(line)
+    for name, err in zip(commands, run.stderr.split("RESULT\n")):
+        said[name]["stderr"] = err
+    said["render"]["out"], said["render where"]["out"] = tmp / "all", tmp / "where"
+    return said
 
 
 @pytest.mark.subprocess
-def test_flyarchive_info_reads_the_header_without_xarray_pandas_or_dask(tmp_path):
-    url = str(tmp_path / "run.zarr")
-    write_random(url, n_worlds=3, n_frames=4, chunk_frames=4, committed=np.array([4, 2, 0]))
-    add_world_vars(url, {"success": [1, 0, 1]})
-    run = subprocess.run([sys.executable, "-c", _RENDER, "info", "--json", url],
-                         capture_output=True, text=True, timeout=300)
-    assert run.returncode == 0, run.stderr[-2000:]
-    *printed, last = run.stdout.strip().splitlines()
-    info = json.loads("\n".join(printed))
+def test_a_render_without_a_where_mask_imports_no_xarray_pandas_or_dask(one_process):
+    result = one_process["render"]
+
+    manifest = json.loads((result["out"] / "manifest.json").read_text())
+    assert result["rc"] == 0
+    assert [v["world"] for v in manifest["videos"]] == [0, 1]
+    assert [v["frame_range"] for v in manifest["videos"]][0] == [0, 4]
+    assert result["heavy"] == []
+
+
+@pytest.mark.subprocess
+def test_a_warp_render_prints_no_warp_logs(one_process):
+    result = one_process["render"]  # Warp is imported and initialized in this render
+
+    assert result["stderr"] == ""
+    assert len(result["printed"]) == 1 and result["printed"][0].startswith("wrote 2 video(s)")
+
+
+@pytest.mark.subprocess
+def test_a_render_with_a_where_mask_computes_it_with_xarray(one_process):
+    result = one_process["render where"]
+
+    manifest = json.loads((result["out"] / "manifest.json").read_text())
+    assert result["rc"] == 0
+    assert [v["world"] for v in manifest["videos"]] == [0]
+    assert [v["frame_range"] for v in manifest["videos"]][0] == [0, 4]
+    assert "xarray" in result["heavy"]  # the mask is computed with xarray: it is imported then
+
+
+@pytest.mark.subprocess
+def test_flyarchive_info_reads_the_header_without_xarray_pandas_or_dask(one_process):
+    result = one_process["info"]  # after a render without a mask, in the same process
+
+    info = json.loads("\n".join(result["printed"]))
+    assert result["rc"] == 0
     assert (info["worlds"], info["frames_min"], info["frames_max"]) == (3, 0, 4)
     assert (info["world_vars"], info["dtype"], info["nq"]) == (["success"], "float64", 13)
-    assert json.loads(last) == {"rc": 0, "heavy": []}
+    assert result["heavy"] == []

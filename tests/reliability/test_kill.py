@@ -1,4 +1,9 @@
-"""A recording process killed with SIGKILL leaves a valid archive with every committed frame."""
+"""A recording process killed with SIGKILL leaves a valid archive with every committed frame.
+
+The two kills here (``sweep``: ``--run-sweeps``) repeat, at other frames, what the default
+trial of tests/reliability/test_reliability.py::test_sigkill_at_a_random_point_keeps_committed_frames_and_resumes
+checks of the same kill (committed frames equal to the simulation, equal across worlds, at
+least those reported; the resumed recording equal to the simulation)."""
 
 import os
 import signal
@@ -41,6 +46,7 @@ def record_and_kill(url: str, after_frames: int) -> int:
     return reported
 
 
+@pytest.mark.sweep
 @pytest.mark.timeout(120)
 def test_sigkill_mid_recording_keeps_committed_frames(tiny, tmp_path):
     url = str(tmp_path / "killed.zarr")
@@ -57,6 +63,7 @@ def test_sigkill_mid_recording_keeps_committed_frames(tiny, tmp_path):
     np.testing.assert_array_equal(ds.sim_time.values[:n], expected["time"][:n])
 
 
+@pytest.mark.sweep
 @pytest.mark.timeout(120)
 def test_resume_after_sigkill_continues_the_recording(tiny, tmp_path):
     url = str(tmp_path / "resumed.zarr")

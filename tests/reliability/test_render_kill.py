@@ -2,13 +2,15 @@
 own process and on a LocalCluster: no half-written video under a final name, nothing left
 after the next run, Ctrl-C exits 130 and SIGTERM 143 with one line; a stop keeps the
 finished videos listed in the manifest, and ``--resume`` keeps them untouched and renders
-the rest. Real processes, real signals (flyarchive.testing.render_kills).
+the rest. Real processes, real signals (flyarchive.testing.render_kills); one encoder of
+the render waits at a gate until the signal has come, so the render cannot finish first.
 
-One trial per distinct stop: SIGKILL and Ctrl-C mid-render on a LocalCluster (its workers
-die with the render), and a stop at the first finished video by SIGTERM (in its process and
-on a cluster) and by SIGKILL. The other combinations (``sweep``: ``--run-sweeps``) repeat
-these in the other place; ``scripts/reliability_report.py --render-kills N`` runs every
-where x how x stop combination N times."""
+One trial per signal by default: Ctrl-C mid-render on a LocalCluster (its workers die with
+the render), and a stop at the first finished video by SIGTERM and by SIGKILL in the
+render's process (a SIGKILL's leftovers: removed by the next render). The other
+combinations (``sweep``: ``--run-sweeps``) repeat these in the other place or at the
+other moment; ``scripts/reliability_report.py --render-kills N`` runs every where x how x
+stop combination N times."""
 
 from __future__ import annotations
 
@@ -17,7 +19,6 @@ import signal
 import subprocess
 import sys
 import threading
-import time
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +28,7 @@ os.environ.setdefault("MUJOCO_GL", "egl")
 
 from flyarchive.testing.fixtures import snapshot  # noqa: E402
 from flyarchive.testing.render_kills import (  # noqa: E402
+    EncoderGate,
     RenderArchive,
     RenderKillConfig,
     make_render_archive,
@@ -34,18 +36,21 @@ from flyarchive.testing.render_kills import (  # noqa: E402
 )
 
 pytestmark = [pytest.mark.subprocess, pytest.mark.timeout(400)]
-#: The render in its own process: a repeat of the same stop on the cluster or at the first video.
+#: A repeat of a stop that a default trial makes by the same signal, elsewhere or later.
 _PROCESS_AGAIN = pytest.param("process", marks=pytest.mark.sweep)
+_DASK_AGAIN = pytest.param("dask", marks=pytest.mark.sweep)
 
 
 @pytest.fixture(scope="module")
 def archive(tmp_path_factory: pytest.TempPathFactory) -> RenderArchive:
-    """4 worlds of 21 frames, 8 videos (cameras 'front' and 'top'): long enough to stop
-    mid-render, and a stop at the first finished video on 2 workers comes before the last."""
-    return make_render_archive(tmp_path_factory.mktemp("render-kill"), n_worlds=4, n_steps=400)
+    """3 worlds of 11 frames, 6 videos (cameras 'front' and 'top'); a gate holds one
+    encoder until the stop, so any length is long enough."""
+    return make_render_archive(tmp_path_factory.mktemp("render-kill"), n_worlds=3, n_steps=200)
 
 
-@pytest.fixture(scope="module", params=[_PROCESS_AGAIN, "dask"])
+# SIGKILL mid-render: the same checks as the default trial of a SIGKILL at the first video
+# (no half-written video, the next render removes what it left).
+@pytest.fixture(scope="module", params=[_PROCESS_AGAIN, _DASK_AGAIN])
 def killed(request: pytest.FixtureRequest, archive: RenderArchive,
            tmp_path_factory: pytest.TempPathFactory) -> Any:
     """A render SIGKILLed mid-way, then rendered again into the same folder."""
@@ -57,9 +62,10 @@ def killed(request: pytest.FixtureRequest, archive: RenderArchive,
 def interrupted(request: pytest.FixtureRequest, archive: RenderArchive,
                 tmp_path_factory: pytest.TempPathFactory) -> Any:
     """A render interrupted mid-way by SIGINT to its process group (Ctrl-C in a terminal),
-    then rendered again into the same folder."""
+    then rendered again into the same folder; on a LocalCluster of one worker process."""
     work = tmp_path_factory.mktemp(f"interrupted-{request.param}")
-    return render_kill_trial(archive, work, RenderKillConfig(request.param, "int", seed=3))
+    config = RenderKillConfig(request.param, "int", seed=3, workers=1)
+    return render_kill_trial(archive, work, config)
 
 
 def test_sigkill_mid_render_leaves_no_half_written_video(killed: Any) -> None:
@@ -92,7 +98,9 @@ def test_ctrl_c_mid_render_leaves_nothing_behind(interrupted: Any) -> None:
 # ----------------------------------------------------------------------------- keep, resume
 @pytest.fixture(scope="module", params=[
     pytest.param(("process", "int"), marks=pytest.mark.sweep),  # Ctrl-C: as `interrupted`
-    ("process", "term"), ("process", "kill"), ("dask", "term")], ids=lambda p: "-".join(p))
+    ("process", "term"), ("process", "kill"),
+    pytest.param(("dask", "term"), marks=pytest.mark.sweep),  # on a cluster: as `interrupted`
+], ids=lambda p: "-".join(p))
 def resumed(request: pytest.FixtureRequest, archive: RenderArchive,
             tmp_path_factory: pytest.TempPathFactory) -> Any:
     """A render stopped as soon as its manifest lists a finished video (the event its
@@ -145,43 +153,46 @@ def test_a_worker_killed_mid_render_fails_naming_the_world_and_leaves_no_video(
     from flyarchive.testing import tiny_model
 
     out = tmp_path / "v"
+    (tmp_path / "tmp").mkdir()
     before = snapshot(archive.url)
     options = RenderOptions(size=(48, 64), segment_frames=100)  # one segment per world
-    with dask.config.set({"distributed.scheduler.allowed-failures": 0}), \
+    with EncoderGate(tmp_path / "gate") as gate, \
+            dask.config.set({"distributed.scheduler.allowed-failures": 0}), \
             distributed.LocalCluster(n_workers=1, threads_per_worker=1, processes=True,
                                      dashboard_address="127.0.0.1:0", silence_logs=50,
-                                     env={"MUJOCO_GL": "egl", "LP_NUM_THREADS": "1"}) as cluster, \
+                                     env={"MUJOCO_GL": "egl", "LP_NUM_THREADS": "1",
+                                          "TMPDIR": str(tmp_path / "tmp"), **gate.env}
+                                     ) as cluster, \
             distributed.Client(cluster, set_as_default=False) as client:
         (pid,) = client.run(os.getpid).values()
-        killer = threading.Thread(target=_kill_when_busy, args=(client, pid))
+        killer = threading.Thread(target=_kill_when_held, args=(gate, pid))
         killer.start()
 
-        with pytest.raises(RenderFailedError, match=r"world 0, frames 0\.\.20 failed") as err:
+        with pytest.raises(RenderFailedError, match=r"world 0, frames 0\.\.10 failed") as err:
             render_videos(archive.url, tiny_model(), "front", str(out), worlds=[0],
                           client=client, options=options)
         killer.join()
 
+    assert gate.pid is not None  # killed while its segment was being encoded
     assert "tcp://" in str(err.value)  # the worker that died
     assert not list(out.rglob("*.mp4")) and not list(out.glob(".parts-*"))
     assert snapshot(archive.url) == before
 
 
-def _kill_when_busy(client: Any, pid: int) -> None:
-    """SIGKILL the worker process ``pid`` once it is running a task."""
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline and not any(client.processing().values()):
-        time.sleep(0.02)
-    time.sleep(0.3)
-    os.kill(pid, signal.SIGKILL)
+def _kill_when_held(gate: EncoderGate, pid: int) -> None:
+    """SIGKILL the worker process ``pid`` once its encoder waits at the gate, then open it."""
+    if gate.wait_held(120):
+        os.kill(pid, signal.SIGKILL)
+    gate.open()
 
 
 # ----------------------------------------------------------------------------- liveness
 HOLDER = """
-import sys, time
+import sys
 from flyarchive.video.workspace import RunFolder
 run = RunFolder.create(sys.argv[1])
 print(run.url, flush=True)
-time.sleep(600)
+sys.stdin.read()  # until killed
 """
 
 
@@ -190,7 +201,7 @@ def test_a_live_runs_parts_folder_in_another_process_is_never_removed(tmp_path: 
 
     out = tmp_path / "v"
     holder = subprocess.Popen([sys.executable, "-c", HOLDER, str(out)], stdout=subprocess.PIPE,
-                              text=True)
+                              stdin=subprocess.PIPE, text=True)
     try:
         theirs = Path(holder.stdout.readline().strip())
 
@@ -208,7 +219,7 @@ def test_a_dead_runs_parts_folder_is_removed_by_the_next_run(tmp_path: Path) -> 
 
     out = tmp_path / "v"
     holder = subprocess.Popen([sys.executable, "-c", HOLDER, str(out)], stdout=subprocess.PIPE,
-                              text=True)
+                              stdin=subprocess.PIPE, text=True)
     theirs = Path(holder.stdout.readline().strip())
     holder.kill()
     holder.wait()
