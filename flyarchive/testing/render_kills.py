@@ -1,21 +1,17 @@
 """Fault harness for rendering: kill or interrupt a render and check what it left behind.
 
-Used by ``tests/test_render_kill.py`` and ``scripts/reliability_report.py``.
+Used by ``tests/reliability/test_render_kill.py`` and ``scripts/reliability_report.py``.
 :func:`render_kill_trial` starts ``flyarchive render`` in a child process (in that
-process with ``--workers 0``, or on its own LocalCluster of two worker processes) in a
+process with ``--workers 0``, or on its own LocalCluster of worker processes) in a
 session of its own and with a temporary folder (``TMPDIR``) of its own. Its ffmpeg is
-wrapped by an :class:`EncoderGate`: one chosen encoder waits, at its start, until the
-trial opens the gate, so that the render cannot finish before it is stopped. The child
-is stopped at one of two moments (:data:`STOPS`), while that encoder waits:
-
-- ``"mid-render"``: once the encoder chosen by the seed waits (the k-th to start);
-- ``"first-video"``: as soon as the manifest lists a finished video (the event the
-  render's manifest journal makes), the first encoder after the first video's waiting;
-
-by SIGKILL to the child (its worker processes die with it), SIGINT to its process group
-(a terminal's Ctrl-C) or SIGTERM to the child (``kill PID``). The gate opens right after
-the signal (ffmpeg runs as it would have: the stopped render meets it as any ffmpeg
-still encoding). Then it checks:
+wrapped by an :class:`EncoderGate`: one chosen encoder waits at its start until the
+trial opens the gate, so the render cannot finish before it is stopped. The child is
+stopped while that encoder waits, at one of two moments (:data:`STOPS`): ``"mid-render"``
+(once the encoder chosen by the seed waits) or ``"first-video"`` (once the manifest lists
+a finished video, the event its manifest journal makes; a later encoder waits), by
+SIGKILL to the child (its worker processes die with it), SIGINT to its process group (a
+terminal's Ctrl-C) or SIGTERM to the child (``kill PID``). The gate opens right after the
+signal (the stopped render meets that ffmpeg as any still encoding). Then it checks:
 
 - no final video is half-written: every ``world*/*.mp4`` decodes to all its frames;
 - after Ctrl-C or SIGTERM: exit status 130 or 143, one line on stderr, nothing left

@@ -150,6 +150,7 @@ sys.exit(main(sys.argv[2:]))
 
 @pytest.mark.subprocess
 @pytest.mark.slow  # a child process killed mid-way
+@pytest.mark.timeout(300)
 def test_a_killed_positions_command_loses_only_its_block_and_resumes(tmp_path):
     import os
     import signal

@@ -44,7 +44,10 @@ def test_a_killed_import_is_reported_partial_and_resume_equals_a_whole_import(tm
         assert result.archive_left and result.partial_detected
 
 
-@pytest.mark.parametrize(("wait_steps", "mid_write"), [(0, False), (2, True), (EXPORT_FILES, False)])
+@pytest.mark.parametrize(("wait_steps", "mid_write"), [
+    (0, False), (2, True),  # before the first file, while a file is being written
+    pytest.param(EXPORT_FILES, False, marks=pytest.mark.sweep),  # after the last: as before it
+])
 def test_a_killed_export_leaves_no_half_written_file_and_the_rerun_no_leftover(
         tmp_path, wait_steps, mid_write, export_inputs):
     config = InteropKillConfig(operation="export", wait_steps=wait_steps, mid_write=mid_write,

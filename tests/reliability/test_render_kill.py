@@ -48,6 +48,12 @@ def archive(tmp_path_factory: pytest.TempPathFactory) -> RenderArchive:
     return make_render_archive(tmp_path_factory.mktemp("render-kill"), n_worlds=3, n_steps=200)
 
 
+def _why(trial: Any) -> str:
+    """What a trial that did not stop mid-render saw instead."""
+    return (f"exit {trial.exit_code}, stderr {trial.stderr[-800:]!r}, listed {trial.listed}, "
+            f"left {trial.left_after_stop}")
+
+
 # SIGKILL mid-render: the same checks as the default trial of a SIGKILL at the first video
 # (no half-written video, the next render removes what it left).
 @pytest.fixture(scope="module", params=[_PROCESS_AGAIN, _DASK_AGAIN])
@@ -82,14 +88,14 @@ def test_the_next_render_removes_what_a_killed_render_left(killed: Any) -> None:
 
 
 def test_ctrl_c_mid_render_exits_130_with_one_line(interrupted: Any) -> None:
-    assert interrupted.stopped_mid_render
+    assert interrupted.stopped_mid_render, _why(interrupted)
 
     assert interrupted.exit_code == 130
     assert interrupted.stderr == "flyarchive render: interrupted\n"
 
 
 def test_ctrl_c_mid_render_leaves_nothing_behind(interrupted: Any) -> None:
-    assert interrupted.stopped_mid_render
+    assert interrupted.stopped_mid_render, _why(interrupted)
 
     assert interrupted.half_written == [] and interrupted.left_after_stop == []
     assert interrupted.rerun_ok and interrupted.left_after_rerun == []
@@ -113,7 +119,7 @@ def resumed(request: pytest.FixtureRequest, archive: RenderArchive,
 def test_a_stop_keeps_finished_videos_whole_and_listed(resumed: Any,
                                                        archive: RenderArchive) -> None:
     expected_exit = {"int": 130, "term": 143, "kill": -signal.SIGKILL}[resumed.config.how]
-    assert resumed.stopped_mid_render
+    assert resumed.stopped_mid_render, _why(resumed)
 
     assert resumed.exit_code == expected_exit
     assert resumed.listed and resumed.listed_missing == [] and resumed.half_written == []
@@ -133,7 +139,7 @@ def test_a_stop_leaves_only_finished_videos_or_what_the_next_run_removes(resumed
 
 def test_resume_keeps_listed_videos_untouched_and_renders_the_rest(
         resumed: Any, archive: RenderArchive) -> None:
-    assert resumed.stopped_mid_render
+    assert resumed.stopped_mid_render, _why(resumed)
 
     assert resumed.rerun_ok, resumed.problems
     assert sorted(resumed.kept) == sorted(resumed.listed)
