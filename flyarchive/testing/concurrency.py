@@ -15,12 +15,21 @@ so the outcomes do not depend on which process the scheduler runs first.
   is exactly the winner's recording.
 - :func:`appenders_trial`: ``n`` recorders append to one archive at once (``mode="a"``,
   no world block). Expected: one writer, the others refused.
-- :func:`reader_trial`: a child appends small commits while this process polls
-  :func:`flyarchive.open_archive`. Expected: no open reports damage, and every frame
-  read inside ``n_frames`` equals the final data.
+- :func:`reader_trial`: a child appends small commits while this process opens
+  the archive with :func:`flyarchive.open_archive`. Expected: no open reports damage,
+  and every frame read inside ``n_frames`` equals the final data.
 
-Children print protocol lines only (``READY``, ``RESULT <json>``, ``CLOSED <json>``);
-nothing here is needed to record or replay, and nothing is pickled.
+A gated job (:meth:`RecorderPool.gated`) makes the reads of a trial meet the writer's
+commits without polling: before each commit the child says ``COMMIT`` and waits; the
+parent lets it through as it starts a read (:meth:`CommitGate.reading`), so every read
+begins as a commit begins, and commits go on only while the parent reads. Once the
+parent has read enough it stops the job (:meth:`CommitGate.stop`): no commit is made
+that no read meets, and no read starves the writer (2 cores).
+
+Children print protocol lines only (``READY``, ``COMMIT <frames>``, ``COMMITTED
+<frames>``, ``RESULT <json>``, ``CLOSED <json>``) and read ``GO``/``STOP`` (gated
+commits), ``CLOSE`` and ``EXIT``; nothing here is needed to record or replay, and
+nothing is pickled.
 """
 
 from __future__ import annotations
@@ -30,14 +39,15 @@ import queue
 import subprocess
 import sys
 import threading
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import numpy as np
 
 __all__ = [
-    "Attempt", "RaceResult", "ReaderResult", "RecorderPool", "creators_trial",
+    "Attempt", "CommitGate", "RaceResult", "ReaderResult", "RecorderPool", "creators_trial",
     "appenders_trial", "reader_trial", "REFUSALS",
 ]
 
@@ -99,6 +109,8 @@ class ReaderResult:
         plain_ahead: Plain ``xarray.open_zarr(url)`` opens (with ``plain=True``) that
             showed more frames than the ``n_frames`` read right after them: consolidated
             metadata ahead of the commit markers.
+        reads_mid_commit: Reads that began as a commit began and that the commit (or one
+            after it) overlapped (:meth:`CommitGate.reading`).
     """
 
     opens: int = 0
@@ -109,23 +121,90 @@ class ReaderResult:
     commits_seen: int = 0
     writer: str = ""
     plain_ahead: int = 0
+    reads_mid_commit: int = 0
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
 
 
 # ----------------------------------------------------------------------------- child
-def _attempt(job: dict[str, Any]) -> tuple[Any, Attempt]:
+class _Stopped(Exception):
+    """The parent answered ``STOP``: the job ends after the commit it let through."""
+
+
+class _ChildGate:
+    """The child's side of a gated job: before each commit it says ``COMMIT <frames>`` and
+    waits for ``GO`` (commit) or ``STOP`` (commit, then end the job); after it, it says
+    ``COMMITTED <frames>``. Closed (no more words) once the job's simulation is over."""
+
+    def __init__(self) -> None:
+        self.open, self.stopped = True, False
+
+    def commit(self, writer: Any, block: Any, options: dict[str, Any]) -> None:
+        told = self.open
+        if told:
+            print("COMMIT", writer.n_frames, flush=True)
+            if sys.stdin.readline().strip() == "STOP":
+                self.open, self.stopped = False, True
+        writer.write(block, **options)
+        if told:
+            print("COMMITTED", writer.n_frames, flush=True)
+
+
+class _GatedWriter:
+    """An archive writer (:class:`flyarchive.record.sink.ArchiveSink`) whose commits pass
+    through a :class:`_ChildGate`; everything else is the writer's."""
+
+    def __init__(self, writer: Any, gate: _ChildGate) -> None:
+        self._writer, self._gate = writer, gate
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._writer, name)
+
+    def write(self, block: Any, **options: Any) -> None:
+        self._gate.commit(self._writer, block, options)
+
+
+def _recorder_class(gate: _ChildGate | None) -> Any:
+    """flyarchive's recorder, or one whose archive writers pass through ``gate``."""
     from flyarchive import TrajectoryRecorder
+    from flyarchive.recorders import StoredArchives
+
+    if gate is None:
+        return TrajectoryRecorder
+
+    class GatedArchives(StoredArchives):
+        def create(self, url: str, spec: Any, **options: Any) -> Any:
+            return _GatedWriter(super().create(url, spec, **options), gate)
+
+        def append(self, url: str, layout: Any, **options: Any) -> Any:
+            return _GatedWriter(super().append(url, layout, **options), gate)
+
+    return type("GatedRecorder", (TrajectoryRecorder,), {"archives": GatedArchives()})
+
+
+def _attempt(job: dict[str, Any]) -> tuple[Any, Attempt]:
     from flyarchive.testing import simulate, tiny_model
 
     model = tiny_model()
+    gate = _ChildGate() if job.get("gated") else None
     recorder = None
+
+    def on_step(datas: Any) -> None:
+        if gate is not None and gate.stopped:
+            raise _Stopped
+        recorder.record_as_needed(datas)
+
     try:
-        recorder = TrajectoryRecorder(job["url"], model, chunk_frames=job["chunk_frames"],
-                                      mode=job["mode"], storage_options=job.get("storage_options"))
-        simulate(model, job["n_worlds"], job["n_steps"], recorder.record_as_needed,
-                 seed=job["seed"])
+        recorder = _recorder_class(gate)(
+            job["url"], model, chunk_frames=job["chunk_frames"], mode=job["mode"],
+            storage_options=job.get("storage_options"))
+        try:
+            simulate(model, job["n_worlds"], job["n_steps"], on_step, seed=job["seed"])
+        except _Stopped:
+            pass
+        if gate is not None:
+            gate.open = False  # the last commits go unannounced
         recorder.flush()
         return recorder, Attempt("ok", committed=recorder.committed_frames)
     except Exception as err:  # reported to the parent, which judges it
@@ -156,6 +235,82 @@ def _child() -> int:
 
 
 # ----------------------------------------------------------------------------- parent
+class CommitGate:
+    """The parent's side of a gated job of one child (:meth:`RecorderPool.gated`).
+
+    The child waits at each commit until the gate lets it through: at once while a
+    :meth:`reading` block runs (up to its ``max_commits``), else when the next block
+    starts; after :meth:`stop` it commits what it holds and ends its job.
+
+    Attributes:
+        commits: Commits the child made through the gate.
+        mid_commit: Whether a commit overlapped the last :meth:`reading` block (one let
+            through ended during it, or was still going on at its end, as the child's
+            ``COMMITTED`` lines tell).
+    """
+
+    def __init__(self, send: Any, timeout_s: float) -> None:
+        self._send, self.timeout_s = send, timeout_s
+        self._cond = threading.Condition()
+        self._held = self._stopped = self._ended = False
+        self._room = 0  # commits let through without holding them, in this block
+        self._let_through = self.commits = 0
+        self.mid_commit = False
+
+    def on_line(self, line: str) -> None:
+        """A line of the child (its pump thread): ``COMMIT``, ``COMMITTED`` or ``RESULT``."""
+        with self._cond:
+            if line.startswith("COMMITTED"):
+                self.commits += 1
+            elif line.startswith("COMMIT"):
+                self._held = True
+                if self._stopped or self._room:
+                    self._answer()
+            else:
+                self._ended = True
+            self._cond.notify_all()
+
+    def _answer(self) -> None:
+        self._held = False
+        if not self._stopped:
+            self._room -= 1
+            self._let_through += 1
+        self._send("STOP" if self._stopped else "GO")
+
+    @contextmanager
+    def reading(self, max_commits: int | None = None) -> Iterator[bool]:
+        """Wait until the child holds its next commit, then let it through, and the commits
+        after it (``max_commits`` in all, default: every one), while the block runs;
+        yields False instead when the job has ended.
+
+        Raises:
+            TimeoutError: if the child neither commits nor ends in ``timeout_s``.
+        """
+        with self._cond:
+            if not self._cond.wait_for(lambda: self._held or self._ended, self.timeout_s):
+                raise TimeoutError(f"the writer neither committed nor ended in {self.timeout_s} s")
+            running = not self._ended
+            if running:
+                self._room = sys.maxsize if max_commits is None else max_commits
+                self._answer()
+            done_before = self.commits
+        try:
+            yield running
+        finally:
+            with self._cond:
+                self._room = 0
+                # a commit let through ended during the block, or is still going on
+                self.mid_commit = running and (self.commits > done_before
+                                               or self._let_through > self.commits)
+
+    def stop(self) -> None:
+        """End the job: the commit held (or the next one) is the child's last."""
+        with self._cond:
+            self._stopped = True
+            if self._held:
+                self._answer()
+
+
 class RecorderPool:
     """``n`` child processes ready to record on command (a context manager).
 
@@ -171,19 +326,25 @@ class RecorderPool:
                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
             for _ in range(n)
         ]
+        self._send_lock = threading.Lock()
+        self._gates: dict[int, CommitGate] = {}
         self._lines: list[queue.Queue[str]] = []
-        for proc in self._procs:
+        for i, proc in enumerate(self._procs):
             lines: queue.Queue[str] = queue.Queue()
-            threading.Thread(target=self._pump, args=(proc, lines), daemon=True).start()
+            threading.Thread(target=self._pump, args=(i, proc, lines), daemon=True).start()
             self._lines.append(lines)
         for i in range(n):
             self._expect(i, "READY")
 
-    @staticmethod
-    def _pump(proc: subprocess.Popen[str], lines: queue.Queue[str]) -> None:
+    def _pump(self, i: int, proc: subprocess.Popen[str], lines: queue.Queue[str]) -> None:
         assert proc.stdout is not None
         for line in proc.stdout:
-            lines.put(line.rstrip("\n"))
+            line = line.rstrip("\n")
+            gate = self._gates.get(i)
+            if gate is not None and line.startswith(("COMMIT", "RESULT")):
+                gate.on_line(line)
+            if not line.startswith("COMMIT"):
+                lines.put(line)
         lines.put("")  # end of output
 
     def _expect(self, i: int, tag: str) -> Any:
@@ -201,8 +362,20 @@ class RecorderPool:
     def _send(self, i: int, line: str) -> None:
         stdin = self._procs[i].stdin
         assert stdin is not None
-        stdin.write(line + "\n")
-        stdin.flush()
+        with self._send_lock:
+            stdin.write(line + "\n")
+            stdin.flush()
+
+    @contextmanager
+    def gated(self, i: int = 0) -> Iterator[CommitGate]:
+        """A :class:`CommitGate` for the gated job (``writer_job(..., gated=True)``) that child
+        ``i`` is given inside the block; the job is stopped when the block ends."""
+        gate = CommitGate(lambda line: self._send(i, line), self.timeout_s)
+        self._gates[i] = gate  # until the next gated job: it answers STOP to late commits
+        try:
+            yield gate
+        finally:
+            gate.stop()
 
     def __len__(self) -> int:
         return len(self._procs)
@@ -252,10 +425,12 @@ class RecorderPool:
 
 
 def writer_job(url: str, mode: str, seed: int, n_worlds: int, n_steps: int, chunk_frames: int,
-               storage_options: dict[str, Any] | None = None) -> dict[str, Any]:
-    """What one writer process of a race is told: its archive, mode, seed and sizes."""
+               storage_options: dict[str, Any] | None = None, *,
+               gated: bool = False) -> dict[str, Any]:
+    """What one writer process of a race is told: its archive, mode, seed and sizes; with
+    ``gated``, to wait at each commit for the parent's :class:`CommitGate`."""
     return {"url": url, "mode": mode, "seed": seed, "n_worlds": n_worlds, "n_steps": n_steps,
-            "chunk_frames": chunk_frames, "storage_options": storage_options}
+            "chunk_frames": chunk_frames, "storage_options": storage_options, "gated": gated}
 
 
 def _judge(result: RaceResult, url: str) -> None:
@@ -341,15 +516,22 @@ def appenders_trial(pool: RecorderPool, url: str, *, n_worlds: int = 2, first_st
 
 def reader_trial(pool: RecorderPool, url: str, *, n_worlds: int = 2, first_steps: int = 8,
                  n_steps: int = 1200, chunk_frames: int = 2, max_opens: int = 10_000,
-                 storage_options: dict[str, Any] | None = None, plain: bool = False) -> ReaderResult:
-    """A child appends to ``url`` (one commit per ``chunk_frames`` frames) while this
-    process opens it again and again; every frame read is checked against the final data.
+                 reads_per_commit: int = 2, storage_options: dict[str, Any] | None = None,
+                 plain: bool = False) -> ReaderResult:
+    """A child appends to ``url`` (one commit per ``chunk_frames`` frames, gated) while this
+    process opens it ``max_opens`` times at most, then the writer stops. Every frame read
+    is checked against the final data.
 
-    With ``plain=True`` each poll also opens ``url`` with plain ``xarray.open_zarr`` (which
+    The reads go by ``reads_per_commit``: the first as a commit starts
+    (:meth:`CommitGate.reading`), the others right after it while the writer goes on
+    committing (so they meet commits at every stage); then the reader waits for the
+    next commit to start. So each group of reads sees at least one commit more, however
+    slow the writer is beside them.
+
+    With ``plain=True`` each read also opens ``url`` with plain ``xarray.open_zarr`` (which
     trusts the consolidated metadata) and counts the opens that show more frames than
     the commit markers read after them."""
     from flyarchive import TrajectoryRecorder, open_archive
-    from flyarchive.errors import FlyarchiveError
     from flyarchive.testing import simulate, tiny_model
 
     model = tiny_model()
@@ -358,17 +540,18 @@ def reader_trial(pool: RecorderPool, url: str, *, n_worlds: int = 2, first_steps
         simulate(model, n_worlds, first_steps, recorder.record_as_needed)
     out = ReaderResult()
     snapshots: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []
-    pool.start([writer_job(url, "a", 0, n_worlds, n_steps, chunk_frames, storage_options)])
-    while not pool.result_ready(0) and out.opens + out.damaged < max_opens:
-        try:
-            if plain:
-                out.plain_ahead += _plain_ahead(url, storage_options)
-            ds = open_archive(url, storage_options)
-            snapshots.append((ds.n_frames.values.copy(), ds.qpos.values, ds.sim_time.values))
-            out.opens += 1
-        except FlyarchiveError as err:
-            out.damaged += 1
-            out.errors.append(f"{type(err).__name__}: {str(err)[:200]}")
+    with pool.gated(0) as gate:
+        pool.start([writer_job(url, "a", 0, n_worlds, n_steps, chunk_frames, storage_options,
+                               gated=True)])
+        while out.opens + out.damaged < max_opens:
+            with gate.reading() as running:
+                if not running:
+                    break
+                for _ in range(min(reads_per_commit, max_opens - out.opens - out.damaged)):
+                    snapshot = _read_once(url, storage_options, plain, out)
+                    if snapshot is not None:
+                        snapshots.append(snapshot)
+            out.reads_mid_commit += gate.mid_commit
     attempt = pool.results(1)[0]
     pool.close(1)
     out.writer = attempt.outcome if attempt.outcome == "ok" else f"{attempt.outcome}: {attempt.message}"
@@ -382,6 +565,26 @@ def reader_trial(pool: RecorderPool, url: str, *, n_worlds: int = 2, first_steps
             out.frames_read += int(n)
             out.frames_differing += int((~same).sum())
     return out
+
+
+def _read_once(url: str, storage_options: dict[str, Any] | None, plain: bool,
+               out: ReaderResult) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
+    """Open ``url`` (with ``plain``: plain xarray first) and read it: its n_frames, qpos
+    and sim_time; None (counted as damaged in ``out``) when open_archive refuses it."""
+    from flyarchive import open_archive
+    from flyarchive.errors import FlyarchiveError
+
+    try:
+        if plain:
+            out.plain_ahead += _plain_ahead(url, storage_options)
+        ds = open_archive(url, storage_options)
+        snapshot = (ds.n_frames.values.copy(), ds.qpos.values, ds.sim_time.values)
+    except FlyarchiveError as err:
+        out.damaged += 1
+        out.errors.append(f"{type(err).__name__}: {str(err)[:200]}")
+        return None
+    out.opens += 1
+    return snapshot
 
 
 def _plain_ahead(url: str, storage_options: dict[str, Any] | None) -> int:

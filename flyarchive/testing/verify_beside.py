@@ -4,10 +4,13 @@ Used by ``tests/reliability/test_verify_beside_writer.py`` and
 ``scripts/reliability_report.py``. :func:`verify_trial` records a few frames, optionally
 damages a committed shard (flipped bits: a checksum that no writer can explain), then
 has a child of a :class:`~flyarchive.testing.concurrency.RecorderPool` append small
-commits while this process runs :func:`flyarchive.store.integrity.verify` until it has
-run ``n_runs`` times; when the child's job ends first, it starts another, longer one
-(each job reruns the simulation from t=0 with ``mode="a"`` and goes further). The loop
-waits on the child's answer, never on a timer.
+commits while this process runs :func:`flyarchive.store.integrity.verify` ``n_runs``
+times. The child's job is gated (:class:`~flyarchive.testing.concurrency.CommitGate`):
+each run starts as a commit starts, the child commits only while a run reads (as fast
+as it can, so commits meet every stage of a run), and it stops after the last run; when
+its job ends first, another, longer one starts (each job reruns the simulation from t=0
+with ``mode="a"`` and goes further). The loop waits on the child's words, never on a
+timer.
 
 Expected: on a sound archive no run reports a problem; on a damaged one every run
 reports the damage, and nothing else; no run advises restoring or deleting metadata
@@ -42,6 +45,7 @@ class VerifyTrial:
         metadata_advice: Texts that advised restoring or deleting metadata while a writer
             held its claim.
         commits_seen: Distinct committed frame counts seen.
+        runs_mid_commit: Runs that a commit overlapped.
         jobs: Writer jobs started.
         writer: The writer's last outcome: ``"ok"`` or ``"Type: message"``.
     """
@@ -54,6 +58,7 @@ class VerifyTrial:
     damage_missed: list[str] = field(default_factory=list)
     metadata_advice: list[str] = field(default_factory=list)
     commits_seen: int = 0
+    runs_mid_commit: int = 0
     jobs: int = 0
     writer: str = ""
 
@@ -76,7 +81,7 @@ def flip_object(url: str, key: str, storage_options: Mapping[str, Any] | None = 
 
 def verify_trial(pool: Any, url: str, *, n_runs: int = 12, damaged: bool = False,
                  n_worlds: int = 2, first_steps: int = 60, more_steps: int = 600,
-                 chunk_frames: int = 2, max_jobs: int = 50,
+                 chunk_frames: int = 2, commits_per_run: int | None = None, max_jobs: int = 50,
                  storage_options: Mapping[str, Any] | None = None) -> VerifyTrial:
     """Run verify ``n_runs`` times while a child of ``pool`` appends to ``url``.
 
@@ -85,8 +90,11 @@ def verify_trial(pool: Any, url: str, *, n_runs: int = 12, damaged: bool = False
         url: A new archive's URL (recorded here first: ``first_steps`` of the tiny model).
         n_runs: Runs of verify wanted beside the writer.
         damaged: Flip bits in the first shard of ``qpos`` (committed frames) first.
-        more_steps: Steps each further writer job adds.
+        first_steps: Steps recorded before (4 steps a frame).
+        more_steps: Steps each further writer job adds (it stops after the last run).
         chunk_frames: Frames per commit.
+        commits_per_run: Commits the writer may make while one run reads, the first as
+            it starts (None: as many as it can).
         max_jobs: Writer jobs at most (each adds ``more_steps``).
         storage_options: Passed to fsspec.
     """
@@ -105,13 +113,19 @@ def verify_trial(pool: Any, url: str, *, n_runs: int = 12, damaged: bool = False
     out, commits, steps = VerifyTrial(), set(), first_steps
     while out.runs < n_runs and out.jobs < max_jobs:
         steps += more_steps
-        pool.start([writer_job(url, "a", 0, n_worlds, steps, chunk_frames, options)])
         out.jobs += 1
-        while not pool.result_ready(0) and out.runs < n_runs:
-            report = verify(url, options)
-            out.runs += 1
-            _judge(report, damaged, out)
-            commits.add(tuple(report.n_frames))
+        with pool.gated(0) as gate:
+            pool.start([writer_job(url, "a", 0, n_worlds, steps, chunk_frames, options,
+                                   gated=True)])
+            while out.runs < n_runs:
+                with gate.reading(commits_per_run) as running:
+                    report = verify(url, options) if running else None
+                if report is None:
+                    break
+                out.runs += 1
+                out.runs_mid_commit += gate.mid_commit
+                _judge(report, damaged, out)
+                commits.add(tuple(report.n_frames))
         attempt = pool.results(1)[0]
         pool.close(1)
         out.writer = "ok" if attempt.outcome == "ok" else f"{attempt.outcome}: {attempt.message}"

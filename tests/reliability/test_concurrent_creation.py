@@ -78,21 +78,23 @@ def test_recorders_creating_one_s3_url_at_once_one_wins(pool, s3_server, run_swe
     urls = [f"s3://flyarchive-test/race-{uuid.uuid4().hex}.zarr"
             for _ in range(repeats(run_sweeps, 3))]
 
-    results = [creators_trial(pool, url, mode="w-", storage_options=options) for url in urls]
+    results = [creators_trial(pool, url, mode="w-", n_steps=20, storage_options=options)
+               for url in urls]
 
     assert [r.clean for r in results] == [True] * len(urls), summary(results)
 
 
 @pytest.mark.timeout(180)
-def test_a_reader_polling_while_a_writer_appends_sees_no_damage_and_no_wrong_frame(tmp_path,
+def test_a_reader_polling_while_a_writer_appends_sees_no_damage_and_no_wrong_frame(pool, tmp_path,
                                                                                   run_sweeps):
-    with RecorderPool(1) as writer:  # a commit every 8 steps: 50 commits, 150 with --run-sweeps
-        result = reader_trial(writer, str(tmp_path / "polled.zarr"),
-                              n_steps=1200 if run_sweeps else 400)
+    n_reads = 40 if run_sweeps else 12  # 2 a commit waited for; then the writer stops
+
+    result = reader_trial(pool, str(tmp_path / "polled.zarr"), n_steps=1200, max_opens=n_reads)
 
     assert result.writer == "ok"
     assert result.damaged == 0, result.errors[:3]
-    assert result.opens > 0 and result.commits_seen > 1
+    assert result.opens == n_reads and result.commits_seen > 3
+    assert result.reads_mid_commit > 0
     assert result.frames_differing == 0
 
 

@@ -160,13 +160,14 @@ def test_after_a_sigkill_plain_xarray_opens_without_warning_and_nothing_is_ahead
 def test_s3_readers_polling_a_committing_writer_see_no_damage_and_nothing_ahead(s3_server):
     url = f"s3://{BUCKET}/{uuid.uuid4().hex}.zarr"
 
-    with RecorderPool(1) as writer:
-        result = reader_trial(writer, url, n_steps=120, storage_options=s3_server.storage_options(),
-                              plain=True)
+    with RecorderPool(1) as writer:  # 2 reads a commit waited for, 6 in all; then it stops
+        result = reader_trial(writer, url, n_steps=120, max_opens=6, plain=True,
+                              storage_options=s3_server.storage_options())
 
     assert result.writer == "ok"
     assert result.damaged == 0, result.errors[:3]
-    assert result.commits_seen > 3
+    assert result.opens == 6 and result.commits_seen > 3
+    assert result.reads_mid_commit > 0
     assert result.frames_differing == 0
     assert result.plain_ahead == 0
 
