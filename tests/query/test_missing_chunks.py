@@ -2,6 +2,8 @@
 missing, and reads of them stay legal (masked as NaN), without a request more than a
 sound read makes. Inside n_frames missing is damage: tests/bad_input/test_missing_chunks.py."""
 
+import uuid
+
 import numpy as np
 import pytest
 import zarr
@@ -31,11 +33,21 @@ def ragged(location):
     return written
 
 
+@pytest.fixture(scope="module")
+def s3_ragged(s3_server):
+    """:func:`ragged` on S3, read (never changed) by the tests below: its location and data."""
+    location = Location(f"s3://flyarchive-test/{uuid.uuid4().hex}.zarr",
+                        s3_server.storage_options())
+    return location, ragged(location)
+
+
 @pytest.mark.parametrize("storage", ["local", "s3"])
 def test_missing_chunks_past_n_frames_read_as_masked_frames(storage, tmp_path, request):
-    location = (request.getfixturevalue("s3_location") if storage == "s3"
-                else Location(str(tmp_path / "run.zarr")))
-    written = ragged(location)
+    if storage == "s3":
+        location, written = request.getfixturevalue("s3_ragged")
+    else:
+        location = Location(str(tmp_path / "run.zarr"))
+        written = ragged(location)
     ds = open_archive(location.url, location.storage_options)
 
     qpos = ds.qpos.values
@@ -46,12 +58,12 @@ def test_missing_chunks_past_n_frames_read_as_masked_frames(storage, tmp_path, r
     assert np.isnan(ds.mocap_quat.isel(world=3).values[10:]).all()
 
 
-def test_a_read_past_n_frames_makes_no_request_more_than_a_sound_read(s3_server, s3_location):
+def test_a_read_past_n_frames_makes_no_request_more_than_a_sound_read(s3_server, s3_ragged):
     from flyarchive.testing.faultproxy import FaultProxy
 
-    ragged(s3_location)
+    location, _ = s3_ragged
     with FaultProxy(s3_server.endpoint_url) as proxy:
-        ds = open_archive(s3_location.url, proxy.storage_options())
+        ds = open_archive(location.url, proxy.storage_options())
         proxy.reset_stats()
         ds.qpos.isel(world=3).values
 

@@ -3,6 +3,8 @@ every storage backend, unwritten chunks as the fill value), keeps the indexes of
 that can no longer change (a repeated query on S3: one request per shard, and one for the
 archive's identity), and never serves a stale index after a writer appends frames."""
 
+import uuid
+
 import numpy as np
 import pytest
 import zarr
@@ -78,9 +80,26 @@ def test_every_box_reads_as_zarr_reads_it(tmp_path, codec):
         assert np.array_equal(got[name], arr[box]), name
 
 
-def test_every_box_reads_as_zarr_reads_it_on_every_storage(location):
-    write_archive(location.url, np.random.default_rng(1).normal(size=(6, 45, 13)),
-                  storage_options=location.storage_options)
+@pytest.fixture(scope="module")
+def s3_archive(s3_server):
+    """8 worlds x 45 frames on S3 in commits of 15 (shards of 4 worlds x 10 frames: 4
+    settled, the 5th still being written), read (never changed) by the tests below: its
+    location and qpos."""
+    location = Location(f"s3://flyarchive-test/{uuid.uuid4().hex}.zarr",
+                        s3_server.storage_options())
+    qpos = np.random.default_rng(2).normal(size=(8, 45, 13))
+    write_archive(location.url, qpos, storage_options=location.storage_options, frames=15)
+    return location, qpos
+
+
+@pytest.mark.parametrize("storage", ["memory", "local", "s3"])
+def test_every_box_reads_as_zarr_reads_it_on_every_storage(storage, tmp_path, request):
+    if storage == "s3":
+        location, _ = request.getfixturevalue("s3_archive")
+    else:
+        location = Location(f"memory://{uuid.uuid4().hex}.zarr" if storage == "memory"
+                            else str(tmp_path / "run.zarr"))
+        write_archive(location.url, np.random.default_rng(1).normal(size=(6, 45, 13)))
     arr, reader = shard_reader(location.url, location.storage_options)
 
     got = {name: reader.read(box) for name, box in BOXES.items()}
@@ -119,37 +138,25 @@ def requests_of(proxy, action):
     return proxy.stats()["requests"]
 
 
-def test_a_repeated_query_of_settled_shards_makes_one_request_per_shard_and_one_on_s3(
-        s3_server, s3_location):
+def test_a_repeated_query_reads_again_only_the_index_of_the_shard_still_being_written(
+        s3_server, s3_archive):
     from flyarchive.testing.faultproxy import FaultProxy
 
-    write_archive(s3_location.url, np.random.default_rng(2).normal(size=(8, 40, 13)),
-                  storage_options=s3_location.storage_options)  # 4 shards of 10 frames
+    location, qpos = s3_archive
     with FaultProxy(s3_server.endpoint_url) as proxy:
-        ds = open_archive(s3_location.url, proxy.storage_options())
+        ds = open_archive(location.url, proxy.storage_options())
 
         first = requests_of(proxy, lambda: ds.qpos.isel(world=1).values)
         again = requests_of(proxy, lambda: ds.qpos.isel(world=1).values)
         other = requests_of(proxy, lambda: ds.qpos.isel(world=2).values)
+        values = ds.qpos.isel(world=2).values
 
     # per shard: its index, then the world's inner chunk; then the archive's identity
-    assert first == 8 + 1
-    assert again == 4 + 1
-    assert other == 4 + 1  # same shards, another world: the indexes are kept too
-
-
-def test_the_index_of_a_shard_still_being_written_is_read_again(s3_server, s3_location):
-    from flyarchive.testing.faultproxy import FaultProxy
-
-    write_archive(s3_location.url, np.random.default_rng(3).normal(size=(8, 35, 13)),
-                  storage_options=s3_location.storage_options)  # the 4th shard holds 5 frames
-    with FaultProxy(s3_server.endpoint_url) as proxy:
-        ds = open_archive(s3_location.url, proxy.storage_options())
-        ds.qpos.isel(world=1).values
-
-        again = requests_of(proxy, lambda: ds.qpos.isel(world=1).values)
-
-    assert again == 3 + 2 + 1  # and the archive's identity
+    assert first == 5 + 5 + 1
+    # the 4 settled shards: the chunk only; the 5th (5 of 10 frames): its index again
+    assert again == 4 + 2 + 1
+    assert other == 4 + 2 + 1  # same shards, another world: the indexes are kept too
+    assert np.array_equal(values, qpos[2])
 
 
 @pytest.mark.parametrize("storage", ["local", "s3"])

@@ -173,8 +173,9 @@ def test_s3_readers_polling_a_committing_writer_see_no_damage_and_nothing_ahead(
 
 
 # ----------------------------------------------------------------------------- S3 requests
-@pytest.fixture
+@pytest.fixture(scope="module")
 def s3_archive(s3_server):
+    """64 worlds x 40 frames on S3, read (never changed) by the tests below."""
     url = f"s3://{BUCKET}/{uuid.uuid4().hex}.zarr"
     written = write_random(url, n_worlds=64, n_frames=40, storage_options=s3_server.storage_options())
     return url, written
