@@ -10,12 +10,8 @@ import uuid
 
 import pytest
 
-from flyarchive.testing.concurrency import (
-    RecorderPool,
-    appenders_trial,
-    creators_trial,
-    reader_trial,
-)
+from flyarchive.testing.concurrency import RecorderPool, appenders_trial, creators_trial
+from flyarchive.testing.verify_beside import reader_trial
 
 pytestmark = pytest.mark.subprocess
 

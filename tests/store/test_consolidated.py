@@ -17,10 +17,11 @@ import zarr
 from flyarchive import TrajectoryRecorder, open_archive
 from flyarchive.store.integrity import verify
 from flyarchive.testing import simulate
-from flyarchive.testing.concurrency import RecorderPool, reader_trial
+from flyarchive.testing.concurrency import RecorderPool
 from flyarchive.testing.faultproxy import FaultProxy
 from flyarchive.testing.kills import KillConfig, kill_trial
 from flyarchive.testing.synthetic import write_random
+from flyarchive.testing.verify_beside import reader_trial
 
 BUCKET = "flyarchive-test"  # created by the s3_server fixture
 
