@@ -162,7 +162,7 @@ def test_s3_readers_polling_a_committing_writer_see_no_damage_and_nothing_ahead(
     url = f"s3://{BUCKET}/{uuid.uuid4().hex}.zarr"
 
     with RecorderPool(1) as writer:  # 2 reads a commit waited for, 6 in all; then it stops
-        result = reader_trial(writer, url, n_steps=120, max_opens=6, plain=True,
+        result = reader_trial(writer, url, first_steps=4, n_steps=120, max_opens=6, plain=True,
                               storage_options=s3_server.storage_options())
 
     assert result.writer == "ok"
