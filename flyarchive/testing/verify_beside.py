@@ -80,10 +80,11 @@ def reader_trial(pool: Any, url: str, *, n_worlds: int = 2, first_steps: int = 8
     stops. Every frame read is checked against the final data.
 
     The reads go by ``reads_per_commit``: the first as a commit starts
-    (:meth:`~flyarchive.testing.concurrency.CommitGate.reading`), the others right after it while the writer goes on
-    committing (so they meet commits at every stage); then the reader waits for the
-    next commit to start. So each group of reads sees at least one commit more, however
-    slow the writer is beside them.
+    (:meth:`~flyarchive.testing.concurrency.CommitGate.reading`), the others right after it
+    while the writer goes on committing, ``reads_per_commit`` commits at most (so they
+    meet commits at every stage, and the writer's commits last for ``max_opens`` reads);
+    then the reader waits for the next commit to start. So groups of reads two apart
+    see different commits, however slow or fast the writer is beside them.
 
     With ``plain=True`` each read also opens ``url`` with plain ``xarray.open_zarr`` (which
     trusts the consolidated metadata) and counts the opens that show more frames than
@@ -102,7 +103,9 @@ def reader_trial(pool: Any, url: str, *, n_worlds: int = 2, first_steps: int = 8
         pool.start([writer_job(url, "a", 0, n_worlds, n_steps, chunk_frames, storage_options,
                                gated=True)])
         while out.opens + out.damaged < max_opens:
-            with gate.reading() as running:
+            # at most reads_per_commit commits a block: the writer's commits last for
+            # max_opens reads however fast it is beside them
+            with gate.reading(max_commits=reads_per_commit) as running:
                 if not running:
                     break
                 for _ in range(min(reads_per_commit, max_opens - out.opens - out.damaged)):

@@ -89,7 +89,8 @@ def test_a_reader_polling_while_a_writer_appends_sees_no_damage_and_no_wrong_fra
 
     assert result.writer == "ok"
     assert result.damaged == 0, result.errors[:3]
-    assert result.opens == n_reads and result.commits_seen > 3
+    # reads two groups apart always see different commits: 6 groups, at least 3 states
+    assert result.opens == n_reads and result.commits_seen >= n_reads // 4
     assert result.reads_mid_commit > 0
     assert result.frames_differing == 0
 
