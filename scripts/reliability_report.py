@@ -218,7 +218,8 @@ def run_races(n: int, processes: int, workdir: Path) -> list[dict[str, Any]]:
 
 def run_reader(n_steps: int, workdir: Path) -> dict[str, Any]:
     """A reader polling open_archive while a writer process appends ``n_steps`` steps."""
-    from flyarchive.testing.concurrency import RecorderPool, reader_trial
+    from flyarchive.testing.concurrency import RecorderPool
+    from flyarchive.testing.verify_beside import reader_trial
 
     with RecorderPool(1) as pool:
         result = reader_trial(pool, str(workdir / "polled.zarr"), n_steps=n_steps)

@@ -1,6 +1,9 @@
-"""Concurrency harnesses: writers started at the same instant, and a reader polling a writer.
+"""Concurrency harnesses: writers started at the same instant, and a writer whose commits
+wait for readers (a gated job).
 
-Used by ``tests/test_concurrent_creation.py`` and ``scripts/reliability_report.py``.
+Used by ``tests/reliability/test_concurrent_creation.py``,
+:mod:`~flyarchive.testing.verify_beside` (readers beside a writer) and
+``scripts/reliability_report.py``.
 
 :class:`RecorderPool` keeps ``n`` child processes (``python -m
 flyarchive.testing.concurrency``) that have imported everything and wait on their
@@ -15,9 +18,6 @@ so the outcomes do not depend on which process the scheduler runs first.
   is exactly the winner's recording.
 - :func:`appenders_trial`: ``n`` recorders append to one archive at once (``mode="a"``,
   no world block). Expected: one writer, the others refused.
-- :func:`reader_trial`: a child appends small commits while this process opens
-  the archive with :func:`flyarchive.open_archive`. Expected: no open reports damage,
-  and every frame read inside ``n_frames`` equals the final data.
 
 A gated job (:meth:`RecorderPool.gated`) makes the reads of a trial meet the writer's
 commits without polling: before each commit the child says ``COMMIT`` and waits; the
@@ -47,8 +47,8 @@ from typing import Any
 import numpy as np
 
 __all__ = [
-    "Attempt", "CommitGate", "RaceResult", "ReaderResult", "RecorderPool", "creators_trial",
-    "appenders_trial", "reader_trial", "REFUSALS",
+    "Attempt", "CommitGate", "RaceResult", "RecorderPool", "creators_trial", "appenders_trial",
+    "writer_job", "REFUSALS",
 ]
 
 #: The error a clean refusal raises, per mode of the competing recorders.
@@ -92,39 +92,6 @@ class RaceResult:
 
     def to_json(self) -> dict[str, Any]:
         return {**asdict(self), "clean": self.clean}
-
-
-@dataclass
-class ReaderResult:
-    """A reader polling ``open_archive`` while a writer appends.
-
-    Attributes:
-        opens: Successful opens.
-        damaged: Opens that reported the archive as damaged (or failed otherwise).
-        errors: Their messages (first 200 characters).
-        frames_read: Committed (world, frame) pairs read over all opens.
-        frames_differing: Of those, pairs that differ from the final data.
-        commits_seen: Distinct ``n_frames`` values seen.
-        writer: The writer's outcome.
-        plain_ahead: Plain ``xarray.open_zarr(url)`` opens (with ``plain=True``) that
-            showed more frames than the ``n_frames`` read right after them: consolidated
-            metadata ahead of the commit markers.
-        reads_mid_commit: Reads that began as a commit began and that the commit (or one
-            after it) overlapped (:meth:`CommitGate.reading`).
-    """
-
-    opens: int = 0
-    damaged: int = 0
-    errors: list[str] = field(default_factory=list)
-    frames_read: int = 0
-    frames_differing: int = 0
-    commits_seen: int = 0
-    writer: str = ""
-    plain_ahead: int = 0
-    reads_mid_commit: int = 0
-
-    def to_json(self) -> dict[str, Any]:
-        return asdict(self)
 
 
 # ----------------------------------------------------------------------------- child
@@ -512,90 +479,6 @@ def appenders_trial(pool: RecorderPool, url: str, *, n_worlds: int = 2, first_st
     elif not result.winners:
         result.problems.append("no appender succeeded")
     return result
-
-
-def reader_trial(pool: RecorderPool, url: str, *, n_worlds: int = 2, first_steps: int = 8,
-                 n_steps: int = 1200, chunk_frames: int = 2, max_opens: int = 10_000,
-                 reads_per_commit: int = 2, storage_options: dict[str, Any] | None = None,
-                 plain: bool = False) -> ReaderResult:
-    """A child appends to ``url`` (one commit per ``chunk_frames`` frames, gated) while this
-    process opens it ``max_opens`` times at most, then the writer stops. Every frame read
-    is checked against the final data.
-
-    The reads go by ``reads_per_commit``: the first as a commit starts
-    (:meth:`CommitGate.reading`), the others right after it while the writer goes on
-    committing (so they meet commits at every stage); then the reader waits for the
-    next commit to start. So each group of reads sees at least one commit more, however
-    slow the writer is beside them.
-
-    With ``plain=True`` each read also opens ``url`` with plain ``xarray.open_zarr`` (which
-    trusts the consolidated metadata) and counts the opens that show more frames than
-    the commit markers read after them."""
-    from flyarchive import TrajectoryRecorder, open_archive
-    from flyarchive.testing import simulate, tiny_model
-
-    model = tiny_model()
-    with TrajectoryRecorder(url, model, chunk_frames=chunk_frames,
-                            storage_options=storage_options) as recorder:
-        simulate(model, n_worlds, first_steps, recorder.record_as_needed)
-    out = ReaderResult()
-    snapshots: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []
-    with pool.gated(0) as gate:
-        pool.start([writer_job(url, "a", 0, n_worlds, n_steps, chunk_frames, storage_options,
-                               gated=True)])
-        while out.opens + out.damaged < max_opens:
-            with gate.reading() as running:
-                if not running:
-                    break
-                for _ in range(min(reads_per_commit, max_opens - out.opens - out.damaged)):
-                    snapshot = _read_once(url, storage_options, plain, out)
-                    if snapshot is not None:
-                        snapshots.append(snapshot)
-            out.reads_mid_commit += gate.mid_commit
-    attempt = pool.results(1)[0]
-    pool.close(1)
-    out.writer = attempt.outcome if attempt.outcome == "ok" else f"{attempt.outcome}: {attempt.message}"
-    final = open_archive(url, storage_options)
-    qpos, times = final.qpos.values, final.sim_time.values
-    out.commits_seen = len({tuple(s[0]) for s in snapshots})
-    for n_frames, values, seen_times in snapshots:
-        for w, n in enumerate(n_frames):
-            same = (values[w, :n] == qpos[w, :n]).all(axis=-1)
-            same &= seen_times[:n] == times[:n]
-            out.frames_read += int(n)
-            out.frames_differing += int((~same).sum())
-    return out
-
-
-def _read_once(url: str, storage_options: dict[str, Any] | None, plain: bool,
-               out: ReaderResult) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
-    """Open ``url`` (with ``plain``: plain xarray first) and read it: its n_frames, qpos
-    and sim_time; None (counted as damaged in ``out``) when open_archive refuses it."""
-    from flyarchive import open_archive
-    from flyarchive.errors import FlyarchiveError
-
-    try:
-        if plain:
-            out.plain_ahead += _plain_ahead(url, storage_options)
-        ds = open_archive(url, storage_options)
-        snapshot = (ds.n_frames.values.copy(), ds.qpos.values, ds.sim_time.values)
-    except FlyarchiveError as err:
-        out.damaged += 1
-        out.errors.append(f"{type(err).__name__}: {str(err)[:200]}")
-        return None
-    out.opens += 1
-    return snapshot
-
-
-def _plain_ahead(url: str, storage_options: dict[str, Any] | None) -> int:
-    """1 if ``xarray.open_zarr(url)`` shows more frames than ``n_frames`` read after it."""
-    import xarray as xr
-    import zarr
-
-    frames = xr.open_zarr(url, storage_options=storage_options).sizes["time"]
-    n_frames = zarr.open_array(f"{url.rstrip('/')}/n_frames", mode="r", zarr_format=3,
-                               storage_options=storage_options)[:]
-    return int(frames > int(n_frames.max(initial=0)))
 
 
 if __name__ == "__main__":

@@ -1,20 +1,25 @@
-"""``verify`` run again and again beside a real writer process that appends.
+"""Readers beside a real writer process that appends: :func:`flyarchive.open_archive`
+(:func:`reader_trial`) and :func:`flyarchive.store.integrity.verify` (:func:`verify_trial`).
 
-Used by ``tests/reliability/test_verify_beside_writer.py`` and
-``scripts/reliability_report.py``. :func:`verify_trial` records a few frames, optionally
-damages a committed shard (flipped bits: a checksum that no writer can explain), then
-has a child of a :class:`~flyarchive.testing.concurrency.RecorderPool` append small
-commits while this process runs :func:`flyarchive.store.integrity.verify` ``n_runs``
-times. The child's job is gated (:class:`~flyarchive.testing.concurrency.CommitGate`):
-each run starts as a commit starts, the child commits only while a run reads (as fast
-as it can, so commits meet every stage of a run), and it stops after the last run; when
-its job ends first, another, longer one starts (each job reruns the simulation from t=0
-with ``mode="a"`` and goes further). The loop waits on the child's words, never on a
-timer.
+Used by ``tests/reliability/test_concurrent_creation.py``,
+``tests/store/test_consolidated.py``, ``tests/reliability/test_verify_beside_writer.py``
+and ``scripts/reliability_report.py``. Each trial records a few frames, then has a child
+of a :class:`~flyarchive.testing.concurrency.RecorderPool` append small commits in a
+gated job (:class:`~flyarchive.testing.concurrency.CommitGate`): each read (or each run of
+verify) starts as a commit starts, the child commits only while this process reads (as
+fast as it can, so commits meet every stage of a read), and it stops after the last
+read. The loops wait on the child's words, never on a timer.
 
-Expected: on a sound archive no run reports a problem; on a damaged one every run
-reports the damage, and nothing else; no run advises restoring or deleting metadata
-while the writer holds its claim.
+- :func:`reader_trial`: opens with ``open_archive`` (and, with ``plain=True``, plain
+  ``xarray.open_zarr``). Expected: no open reports damage, every frame read inside
+  ``n_frames`` equals the final data, and plain xarray never shows more frames than
+  ``n_frames``.
+- :func:`verify_trial`: runs ``verify``, optionally after damaging a committed shard
+  (flipped bits: a checksum that no writer can explain); when the child's job ends
+  first, another, longer one starts (each job reruns the simulation from t=0 with
+  ``mode="a"`` and goes further). Expected: on a sound archive no run reports a
+  problem; on a damaged one every run reports the damage, and nothing else; no run
+  advises restoring or deleting metadata while the writer holds its claim.
 """
 
 from __future__ import annotations
@@ -23,10 +28,141 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-__all__ = ["VerifyTrial", "verify_trial", "METADATA_ADVICE", "flip_object"]
+import numpy as np
+
+__all__ = ["ReaderResult", "reader_trial", "VerifyTrial", "verify_trial", "METADATA_ADVICE",
+           "flip_object"]
 
 #: Advice that must never be given while a writer holds a claim.
 METADATA_ADVICE = ("restore the root zarr.json", "delete its 'consolidated_metadata'")
+
+
+@dataclass
+class ReaderResult:
+    """A reader opening an archive with ``open_archive`` while a writer appends.
+
+    Attributes:
+        opens: Successful opens.
+        damaged: Opens that reported the archive as damaged (or failed otherwise).
+        errors: Their messages (first 200 characters).
+        frames_read: Committed (world, frame) pairs read over all opens.
+        frames_differing: Of those, pairs that differ from the final data.
+        commits_seen: Distinct ``n_frames`` values seen.
+        writer: The writer's outcome.
+        plain_ahead: Plain ``xarray.open_zarr(url)`` opens (with ``plain=True``) that
+            showed more frames than the ``n_frames`` read right after them: consolidated
+            metadata ahead of the commit markers.
+        reads_mid_commit: Reads that began as a commit began and that the commit (or one
+            after it) overlapped
+            (:meth:`~flyarchive.testing.concurrency.CommitGate.reading`).
+    """
+
+    opens: int = 0
+    damaged: int = 0
+    errors: list[str] = field(default_factory=list)
+    frames_read: int = 0
+    frames_differing: int = 0
+    commits_seen: int = 0
+    writer: str = ""
+    plain_ahead: int = 0
+    reads_mid_commit: int = 0
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def reader_trial(pool: Any, url: str, *, n_worlds: int = 2, first_steps: int = 8,
+                 n_steps: int = 1200, chunk_frames: int = 2, max_opens: int = 10_000,
+                 reads_per_commit: int = 2, storage_options: dict[str, Any] | None = None,
+                 plain: bool = False) -> ReaderResult:
+    """A child of ``pool`` appends to ``url`` (one commit per ``chunk_frames`` frames,
+    gated) while this process opens it ``max_opens`` times at most, then the writer
+    stops. Every frame read is checked against the final data.
+
+    The reads go by ``reads_per_commit``: the first as a commit starts
+    (:meth:`~flyarchive.testing.concurrency.CommitGate.reading`), the others right after it
+    while the writer goes on committing, ``reads_per_commit`` commits at most (so they
+    meet commits at every stage, and the writer's commits last for ``max_opens`` reads);
+    then the reader waits for the next commit to start. So groups of reads two apart
+    see different commits, however slow or fast the writer is beside them.
+
+    With ``plain=True`` each read also opens ``url`` with plain ``xarray.open_zarr`` (which
+    trusts the consolidated metadata) and counts the opens that show more frames than
+    the commit markers read after them."""
+    from flyarchive import TrajectoryRecorder, open_archive
+    from flyarchive.testing import simulate, tiny_model
+    from flyarchive.testing.concurrency import writer_job
+
+    model = tiny_model()
+    with TrajectoryRecorder(url, model, chunk_frames=chunk_frames,
+                            storage_options=storage_options) as recorder:
+        simulate(model, n_worlds, first_steps, recorder.record_as_needed)
+    out = ReaderResult()
+    snapshots: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []
+    with pool.gated(0) as gate:
+        pool.start([writer_job(url, "a", 0, n_worlds, n_steps, chunk_frames, storage_options,
+                               gated=True)])
+        while out.opens + out.damaged < max_opens:
+            # at most reads_per_commit commits a block: the writer's commits last for
+            # max_opens reads however fast it is beside them
+            with gate.reading(max_commits=reads_per_commit) as running:
+                if not running:
+                    break
+                for _ in range(min(reads_per_commit, max_opens - out.opens - out.damaged)):
+                    snapshot = _read_once(url, storage_options, plain, out)
+                    if snapshot is not None:
+                        snapshots.append(snapshot)
+            out.reads_mid_commit += gate.mid_commit
+    attempt = pool.results(1)[0]
+    pool.close(1)
+    out.writer = attempt.outcome if attempt.outcome == "ok" else f"{attempt.outcome}: {attempt.message}"
+    _compare(open_archive(url, storage_options), snapshots, out)
+    return out
+
+
+def _compare(final: Any, snapshots: list[tuple[np.ndarray, np.ndarray, np.ndarray]],
+             out: ReaderResult) -> None:
+    """Count into ``out`` the commits seen and the frames read (inside their ``n_frames``)
+    that differ from the ``final`` dataset."""
+    qpos, times = final.qpos.values, final.sim_time.values
+    out.commits_seen = len({tuple(s[0]) for s in snapshots})
+    for n_frames, values, seen_times in snapshots:
+        for w, n in enumerate(n_frames):
+            same = (values[w, :n] == qpos[w, :n]).all(axis=-1)
+            same &= seen_times[:n] == times[:n]
+            out.frames_read += int(n)
+            out.frames_differing += int((~same).sum())
+
+
+def _read_once(url: str, storage_options: dict[str, Any] | None, plain: bool,
+               out: ReaderResult) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
+    """Open ``url`` (with ``plain``: plain xarray first) and read it: its n_frames, qpos
+    and sim_time; None (counted as damaged in ``out``) when open_archive refuses it."""
+    from flyarchive import open_archive
+    from flyarchive.errors import FlyarchiveError
+
+    try:
+        if plain:
+            out.plain_ahead += _plain_ahead(url, storage_options)
+        ds = open_archive(url, storage_options)
+        snapshot = (ds.n_frames.values.copy(), ds.qpos.values, ds.sim_time.values)
+    except FlyarchiveError as err:
+        out.damaged += 1
+        out.errors.append(f"{type(err).__name__}: {str(err)[:200]}")
+        return None
+    out.opens += 1
+    return snapshot
+
+
+def _plain_ahead(url: str, storage_options: dict[str, Any] | None) -> int:
+    """1 if ``xarray.open_zarr(url)`` shows more frames than ``n_frames`` read after it."""
+    import xarray as xr
+    import zarr
+
+    frames = xr.open_zarr(url, storage_options=storage_options).sizes["time"]
+    n_frames = zarr.open_array(f"{url.rstrip('/')}/n_frames", mode="r", zarr_format=3,
+                               storage_options=storage_options)[:]
+    return int(frames > int(n_frames.max(initial=0)))
 
 
 @dataclass

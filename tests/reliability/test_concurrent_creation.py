@@ -10,12 +10,8 @@ import uuid
 
 import pytest
 
-from flyarchive.testing.concurrency import (
-    RecorderPool,
-    appenders_trial,
-    creators_trial,
-    reader_trial,
-)
+from flyarchive.testing.concurrency import RecorderPool, appenders_trial, creators_trial
+from flyarchive.testing.verify_beside import reader_trial
 
 pytestmark = pytest.mark.subprocess
 
@@ -78,8 +74,8 @@ def test_recorders_creating_one_s3_url_at_once_one_wins(pool, s3_server, run_swe
     urls = [f"s3://flyarchive-test/race-{uuid.uuid4().hex}.zarr"
             for _ in range(repeats(run_sweeps, 3))]
 
-    results = [creators_trial(pool, url, mode="w-", n_steps=20, storage_options=options)
-               for url in urls]
+    results = [creators_trial(pool, url, mode="w-", n_steps=8, storage_options=options)
+               for url in urls]  # 3 frames each: the race is the creation
 
     assert [r.clean for r in results] == [True] * len(urls), summary(results)
 
@@ -93,7 +89,8 @@ def test_a_reader_polling_while_a_writer_appends_sees_no_damage_and_no_wrong_fra
 
     assert result.writer == "ok"
     assert result.damaged == 0, result.errors[:3]
-    assert result.opens == n_reads and result.commits_seen > 3
+    # reads two groups apart always see different commits: 6 groups, at least 3 states
+    assert result.opens == n_reads and result.commits_seen >= n_reads // 4
     assert result.reads_mid_commit > 0
     assert result.frames_differing == 0
 

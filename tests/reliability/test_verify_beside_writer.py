@@ -49,7 +49,7 @@ def test_verify_runs_beside_a_writer_on_s3_give_no_false_alarm(pool, s3_server, 
     url = f"s3://{BUCKET}/{uuid.uuid4().hex}.zarr"
     n_runs = 4 if run_sweeps else 2
 
-    result = verify_trial(pool, url, n_runs=n_runs, first_steps=12,
+    result = verify_trial(pool, url, n_runs=n_runs, first_steps=4,
                           storage_options=s3_server.storage_options())
 
     assert result.writer == "ok"
@@ -62,7 +62,7 @@ def test_verify_runs_beside_a_writer_on_s3_give_no_false_alarm(pool, s3_server, 
 @pytest.mark.timeout(600)
 def test_a_damaged_shard_beside_an_appending_writer_is_still_reported_as_damage(pool, tmp_path):
     result = verify_trial(pool, str(tmp_path / "run.zarr"), n_runs=3, damaged=True,
-                          commits_per_run=2)  # a run of a damaged archive reads it 3 times
+                          commits_per_run=2)  # each run reads the damaged archive 3 times
 
     assert result.writer == "ok"
     assert result.runs_with_writer >= 1
