@@ -150,9 +150,15 @@ def pytest_terminal_summary(terminalreporter: Any) -> None:
 @pytest.fixture(scope="session", autouse=True)
 def model_check_cache(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
     """flyarchive's cache folder (verdicts of kept models' checks) for the whole session: a
-    temporary one, never the user's; processes started by the tests inherit it."""
+    temporary one, never the user's, shared by the xdist workers of one run (as processes
+    share a user's cache: verdicts are written by an atomic rename); processes started by
+    the tests inherit it."""
     before = os.environ.get("FLYARCHIVE_CACHE_DIR")
-    folder = tmp_path_factory.mktemp("flyarchive-cache")
+    if os.environ.get("PYTEST_XDIST_WORKER"):  # the run's folder, above each worker's own
+        folder = tmp_path_factory.getbasetemp().parent / "flyarchive-cache"
+        folder.mkdir(exist_ok=True)
+    else:
+        folder = tmp_path_factory.mktemp("flyarchive-cache")
     os.environ["FLYARCHIVE_CACHE_DIR"] = str(folder)
     yield folder
     if before is None:
