@@ -237,6 +237,30 @@ def _box(key: tuple[Any, ...]) -> tuple[slice, ...] | None:
     return tuple(box)
 
 
+def committed_frames(arr: zarr.Array, name: str, n_frames: np.ndarray, n_time: int,
+                     world_ids: np.ndarray, url: str,
+                     storage_options: Mapping[str, Any] | None = None, *,
+                     archive_id: str | None = None) -> CommittedFrames:
+    """The getter of a state array ``(world, time, ...)`` exactly as :func:`open_dataset`
+    reads it (frames past ``n_frames`` NaN, through the array's shard reader, committed
+    frames checked, every read checking that the archive is still the one whose
+    ``archive_id`` is given): what a reader of whole worlds calls without dask.
+
+    Args:
+        arr: The array, opened with :func:`~flyarchive.store.reader.fused_reads`.
+        name: Its variable name.
+        n_frames: ``(world,)`` int64 committed frames, as read when the archive was opened.
+        n_time: Frames along ``time``: the largest of ``n_frames``.
+        world_ids: ``(world,)`` ids, for messages.
+        url, storage_options: The archive, for reads and messages.
+        archive_id: The ``archive_id`` of the archive opened (None: it has none).
+    """
+    masked = None if (n_frames == n_time).all() else n_frames
+    reader = _shard_reader(arr, n_frames, OpenedArchive(str(url), archive_id))
+    return CommittedFrames(arr, name, masked, n_time, world_ids, url, storage_options,
+                           reader=reader, committed=n_frames)
+
+
 def _shard_reader(arr: zarr.Array, n_frames: np.ndarray, opened: OpenedArchive
                   ) -> ShardReader | None:
     """The shard reader of a state array ``(world, time, ...)``, keeping the indexes of
@@ -440,12 +464,9 @@ def open_dataset(url: str, storage_options: Mapping[str, Any] | None = None,
             continue
         token = _token(url, storage_options, name, arr, n_frames, n_time, attrs)
         if name in STATE_VARS and n_frames is not None and dims[:2] == ("world", "time"):
-            masked = None if (n_frames == n_time).all() else n_frames
             world_ids = coords["world"].values if "world" in coords else np.arange(len(n_frames))
-            reader = _shard_reader(arr, n_frames,
-                                   OpenedArchive(str(url), attrs.get("archive_id")))
-            getter = CommittedFrames(arr, name, masked, n_time, world_ids, url, storage_options,
-                                     reader=reader, committed=n_frames)
+            getter = committed_frames(arr, name, n_frames, n_time, world_ids, url,
+                                      storage_options, archive_id=attrs.get("archive_id"))
             data = da.from_array(getter, chunks=_dask_chunks(arr, n_time), asarray=False,
                                  inline_array=True, meta=np.empty((0,) * arr.ndim, arr.dtype),
                                  name=token)

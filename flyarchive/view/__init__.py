@@ -9,7 +9,7 @@ Modules (none is public; the command line is the way in):
 - :mod:`~flyarchive.view.server`: the aiohttp application: token and ``Host`` checks on
   every request, fixed routes, the page's files, the JSON API, videos by job number;
 - :mod:`~flyarchive.view.archive`: the viewed archive (opened again when it was replaced),
-  its world table columns, states read per world and cached, the model;
+  its world table columns, states read per world (without dask) and cached, the model;
 - :mod:`~flyarchive.view.expressions`: filter expressions over world variables, parsed
   with :mod:`ast` and a whitelist of node kinds (never ``eval``);
 - :mod:`~flyarchive.view.table`: filter, sort and page the world table;
@@ -26,6 +26,7 @@ worlds in the page (fetched in blocks after a selection), so that a cursor move 
 the server nothing.
 
 Start-up: the command reads the archive's header only (no xarray, no dask) and listens;
-the model and the dataset that reads states load after the first page's table, on a
-thread of their own (:meth:`~flyarchive.view.app.Viewer.warm_up`).
+the model loads after the first page's table, on a thread of its own
+(:meth:`~flyarchive.view.app.Viewer.warm_up`). States are read without xarray or dask;
+the lazy dataset opens only for keypoint traces.
 """

@@ -30,9 +30,10 @@ class Viewer:
     """What one viewer shows: the archive, its model (None: no 3D view, no renders, and
     ``model_problem`` says why), and the renders asked for.
 
-    The archive's header is read here; the model and the dataset that reads states are
-    loaded after the server listens (:meth:`warm_up`), so that the first page does not
-    wait for them: requests that need them wait.
+    The archive's header is read here (and states are read from the start, without xarray
+    or dask: :class:`~flyarchive.view.archive.ViewedArchive`); the model is loaded after
+    the server listens (:meth:`warm_up`), so that the first page does not wait for it:
+    requests that need it wait.
 
     Raises:
         As :func:`flyarchive.open_header` (before anything is served),
@@ -59,18 +60,19 @@ class Viewer:
 
     # ------------------------------------------------------------------ loading
     def warm_up(self, wait_for_page_s: float = 2.0) -> None:
-        """Load the model, then open the dataset, on a thread of its own: after the first
-        page's table was answered (or ``wait_for_page_s`` passed), so that its imports
-        do not hold the interpreter while the page loads. Problems are logged; the
-        requests that need what failed report it."""
+        """Load the model on a thread of its own: after the first page's table was answered
+        (or ``wait_for_page_s`` passed), so that its loading does not hold the interpreter
+        while the page loads. Problems are logged; the requests that need the model
+        report them.
+
+        The lazy dataset (xarray and dask) is not opened here: only keypoint traces need
+        it (their first request opens it). Opened here, its imports and its first dask
+        computation held the interpreter for seconds while the page was already in use
+        (a filter took 1.6 s on the loaded 2-core machine)."""
 
         def work() -> None:
             self.first_page.wait(wait_for_page_s)
             self.load_model()
-            try:
-                self.viewed.dataset()
-            except Exception as err:  # noqa: BLE001 - the next read reports it on the page
-                log.warning("opening the dataset of %s: %s", self.viewed.url, err)
 
         threading.Thread(target=work, name="flyarchive-view-warm-up", daemon=True).start()
 

@@ -1,15 +1,17 @@
 """The one archive a viewer shows: opened once (and again when it was replaced), its world
 table, its states read per world and kept in a bounded cache, and its model.
 
-Everything goes through the package's public functions (:func:`flyarchive.open_header`,
-:func:`flyarchive.open_archive`, :func:`flyarchive.load_model`), so the viewer reads
-exactly what every other reader reads, with the same checks.
-
-Opening is in two steps, so that the page is up in a second or two: the header
-(attributes, coordinates, ``n_frames``, world variables: no xarray, no dask) before the
-server listens, and the lazy dataset that reads states (xarray and dask: seconds of
-imports on a 2-core machine) after, on a thread of its own (:meth:`ViewedArchive.dataset`),
-checked to be the archive whose header the page shows.
+The viewer reads what every other reader reads, with the same checks: the header through
+:func:`flyarchive.open_header` (attributes, coordinates, ``n_frames``, world variables:
+no xarray, no dask), before the server listens; states through the getters the lazy
+dataset of :func:`flyarchive.open_archive` reads with
+(:func:`~flyarchive.store.dataset.committed_frames`: frames past ``n_frames`` NaN,
+damaged chunks named, every read checking that the archive is still the one opened),
+called directly, one world at a time, without a dask graph per read (50 worlds of 1000
+NeuroMechFly frames: 3x faster); and the model through :func:`flyarchive.load_model`.
+The lazy dataset itself (xarray and dask: seconds of imports on a 2-core machine) is
+opened only for what needs it (keypoint traces: :meth:`ViewedArchive.dataset`), checked
+to be the archive whose header the page shows.
 """
 
 from __future__ import annotations
@@ -17,7 +19,8 @@ from __future__ import annotations
 import threading
 from collections import OrderedDict
 from concurrent.futures import ThreadPoolExecutor
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from typing import Any
 
 import numpy as np
@@ -26,6 +29,39 @@ from flyarchive.errors import ArchiveReplacedError, SelectionError
 
 #: Bytes of states kept in memory (whole worlds: 1000 NeuroMechFly frames are 0.58 MB).
 CACHE_BYTES = 512 << 20
+#: The state variables the viewer reads, when the archive has them.
+STATES = ("qpos", "mocap_pos", "mocap_quat")
+#: Worlds read at once: reading and decoding release the GIL in part (50 NeuroMechFly
+#: worlds of 1000 frames on 2 busy cores: 600 ms one at a time, 300 ms four at a time).
+READERS = 4
+
+
+def _state_getters(header: Any, url: str, storage_options: Mapping[str, Any] | None
+                   ) -> dict[str, Any]:
+    """The getters of the archive's state arrays (:data:`STATES` it has), through the
+    group its ``header`` was read with: name -> ``(world, time, ...)`` array-like, read by
+    ``getter[world_index]`` (stored dtype, NaN past the world's ``n_frames``)."""
+    from flyarchive.store.dataset import committed_frames
+    from flyarchive.store.reader import fused_reads
+
+    n_frames = np.asarray(header["n_frames"].values, dtype=np.int64)
+    world_ids = np.asarray(header["world"].values)
+    n_time = int(header.sizes["time"])
+    with fused_reads():
+        arrays = {name: header.group[name] for name in STATES if name in header}
+    return {name: committed_frames(arr, name, n_frames, n_time, world_ids, url, storage_options,
+                                   archive_id=header.attrs.get("archive_id"))
+            for name, arr in arrays.items()}
+
+
+def _archive_id_now(url: str, storage_options: Mapping[str, Any] | None) -> str | None:
+    """The ``archive_id`` of the archive at ``url`` now (None: none there, or unreadable)."""
+    from flyarchive.store.reader import open_group
+
+    try:
+        return str(open_group(url, storage_options).attrs.get("archive_id", ""))
+    except Exception:  # noqa: BLE001 - gone, or half written: the message says so
+        return None
 
 
 def load_viewed_model(url: str, storage_options: Mapping[str, Any] | None,
@@ -69,13 +105,14 @@ class ViewedArchive:
         self._cache: OrderedDict[int, dict[str, np.ndarray]] = OrderedDict()
         self._cached_bytes = 0
         self._ds: Any = None
+        self._getters: dict[str, Any] = {}
         self._opening = threading.Lock()  # one opening of the dataset at a time
         self.open()
 
     # ------------------------------------------------------------------ opening
     def open(self) -> None:
-        """Open (or open again) the archive's header; forget everything read from the last
-        one (the dataset is opened again on first use).
+        """Open (or open again) the archive's header and its state arrays; forget everything
+        read from the last one (the dataset is opened again on first use).
 
         Raises:
             As :func:`flyarchive.open_header`.
@@ -83,6 +120,7 @@ class ViewedArchive:
         from flyarchive.query.archive import open_header
 
         header = open_header(self.url, self.storage_options or None)
+        getters = _state_getters(header, self.url, self.storage_options or None)
         world_ids = np.asarray(header["world"].values, dtype=np.int64)
         n_frames = np.asarray(header["n_frames"].values, dtype=np.int64)
         columns: dict[str, np.ndarray] = {"world": world_ids, "n_frames": n_frames}
@@ -95,14 +133,15 @@ class ViewedArchive:
             self.times = np.asarray(header["time"].values, dtype=np.float64)
             self.dofs = [str(d) for d in header["dof"].values]
             self._index = {int(w): i for i, w in enumerate(world_ids)}
+            self._getters = getters
             self._cache.clear()
             self._cached_bytes = 0
             self._ds = None
             self.generation += 1
 
     def dataset(self) -> Any:
-        """The lazy dataset that reads states (:func:`flyarchive.open_archive`), opened on
-        first use (or by :meth:`Viewer.warm_up <flyarchive.view.app.Viewer.warm_up>`).
+        """The lazy dataset (:func:`flyarchive.open_archive`), for what reads more than
+        whole worlds' states (keypoint traces), opened on first use.
 
         Raises:
             ArchiveReplacedError: the archive there now is not the one whose header the page
@@ -118,10 +157,7 @@ class ViewedArchive:
                 ds = flyarchive.open_archive(self.url, self.storage_options or None)
                 now = str(ds.attrs.get("archive_id", ""))
                 if now != opened_id:
-                    raise ArchiveReplacedError(
-                        f"The archive at {self.url!r} was replaced after the viewer opened it "
-                        f"(its archive_id is now {now!r}, it was {opened_id!r}). Open it again "
-                        "to see the archive that is there now.")
+                    raise self._replaced(now)
                 with self._lock:
                     if generation == self.generation:
                         self._ds = ds
@@ -142,16 +178,35 @@ class ViewedArchive:
 
     def check_same(self) -> None:
         """Read one stored value: every read checks that the archive is still the one
-        opened. Before the dataset is open there is nothing to check: the page shows the
-        header read moments ago, and the dataset is checked against it as it opens.
+        opened (about a millisecond on local disk).
 
         Raises:
             ArchiveReplacedError: it was replaced or deleted since it was opened.
         """
         with self._lock:
-            ds = self._ds
-        if ds is not None and ds.sizes["time"] and ds.sizes["world"]:
-            ds.qpos.isel(world=0, time=0, dof=0).values  # noqa: B018  (the read is the check)
+            qpos = self._getters.get("qpos")
+        if qpos is not None and qpos.shape[0] and qpos.shape[1]:
+            with self._reading():
+                qpos[0, 0:1, 0:1]  # the read is the check
+
+    def _replaced(self, now: str | None = None) -> ArchiveReplacedError:
+        """The error for an archive replaced since the viewer opened it (``now``: the
+        ``archive_id`` there now; None: looked up)."""
+        if now is None:
+            now = _archive_id_now(self.url, self.storage_options or None)
+        detail = ("it is gone, or being written again now" if now is None else
+                  f"its archive_id is now {now!r}, it was {self.archive_id!r}")
+        return ArchiveReplacedError(
+            f"The archive at {self.url!r} was replaced after the viewer opened it ({detail}). "
+            "Open it again to see the archive that is there now.")
+
+    @contextmanager
+    def _reading(self) -> Iterator[None]:
+        """Reads of states: a replaced archive said as the viewer says it."""
+        try:
+            yield
+        except ArchiveReplacedError:
+            raise self._replaced() from None
 
     # ------------------------------------------------------------------ states
     def index_of(self, worlds: Sequence[int]) -> list[int]:
@@ -171,30 +226,29 @@ class ViewedArchive:
         """Every frame of each world: ``qpos`` ``(n_times, nq)`` float64 (NaN past its
         ``n_frames``), and ``mocap_pos`` / ``mocap_quat`` when the archive has them.
 
-        Worlds not in the cache are read together, in one read.
+        Worlds not in the cache are read world by world (a read of one world reads only its
+        own inner chunks), :data:`READERS` at a time, through the archive's getters (as
+        :func:`flyarchive.open_archive` reads them, without dask).
 
         Raises:
             SelectionError: an unknown world id.
-            ArchiveReplacedError, CorruptArchiveError: as reads of the dataset.
+            ArchiveReplacedError: the archive was replaced or deleted since it was opened.
+            CorruptArchiveError: damaged or missing stored bytes (naming the worlds, frames
+                and file).
+            StorageError: the storage failed to answer.
         """
         self.index_of(worlds)  # unknown ids refused first
         with self._lock:
-            generation = self.generation
+            generation, getters, index = self.generation, self._getters, self._index
             missing = sorted({int(w) for w in worlds if int(w) not in self._cache})
         fresh = {}
         if missing:
-            ds = self.dataset()
-            # World by world: a read of one world reads only its own chunks (a list of
-            # scattered worlds made dask read their whole shards: 7x slower, measured).
-            # Four at a time: decoding releases the GIL in part (25 NeuroMechFly worlds of
-            # 1000 frames, 2 busy cores: 1.32 -> 0.92 s).
-            names = [n for n in ("qpos", "mocap_pos", "mocap_quat") if n in ds]
 
             def read(world: int) -> dict[str, np.ndarray]:
-                one = ds[names].isel(world=self._index[world])
-                return {n: np.asarray(one[n].values, dtype=np.float64) for n in names}
+                i = index[world]
+                return {n: np.asarray(g[i], dtype=np.float64) for n, g in getters.items()}
 
-            with ThreadPoolExecutor(max_workers=min(4, len(missing))) as pool:
+            with self._reading(), ThreadPoolExecutor(min(READERS, len(missing))) as pool:
                 fresh = dict(zip(missing, pool.map(read, missing)))
             self._keep(generation, fresh)
         with self._lock:

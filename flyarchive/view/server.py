@@ -209,7 +209,7 @@ class ViewApp:
         answer = query_table(viewed.columns, where=q.get("where", ""),
                              sort=q.get("sort", "world"), descending=q.get("desc") == "1",
                              page=_int(q, "page", 0), page_size=_int(q, "size", 50))
-        self.state.first_page.set()  # the page is up: the model and the dataset may load
+        self.state.first_page.set()  # the page is up: the model may load
         return answer
 
     def traces(self, request: web.Request, body: Any) -> bytes:
