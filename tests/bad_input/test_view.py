@@ -198,6 +198,36 @@ def test_an_archive_replaced_before_its_states_are_read_is_said(view_url, tmp_pa
     assert len(viewer.viewed.world_ids) == 4
 
 
+@pytest.mark.parametrize("change, fragment", [
+    ("written again", "its archive_id is now '"),
+    ("deleted", "it is gone, or being written again now"),
+])
+def test_an_archive_replaced_after_its_states_were_read_is_said(view_url, tmp_path, change,
+                                                                 fragment):
+    import shutil
+
+    from flyarchive.errors import ArchiveReplacedError
+    from flyarchive.testing.view import view_archive
+    from flyarchive.view.app import Viewer
+
+    url = copy_archive(view_url, tmp_path / "run.zarr")
+    viewer = Viewer(url, out=tmp_path / "videos", backend="cpu")
+    kept = viewer.viewed.states([0])[0]["qpos"]  # the shards' indexes are kept now
+    shutil.rmtree(url)
+    if change == "written again":
+        view_archive(url, n_worlds=4, mode="w-")  # the same sizes, another archive_id
+
+    with pytest.raises(ArchiveReplacedError) as caught:
+        viewer.viewed.states([1])
+    with pytest.raises(ArchiveReplacedError, match="was replaced after the viewer opened it"):
+        viewer.viewed.check_same()  # what every table request does first
+
+    assert "was replaced after the viewer opened it" in str(caught.value)
+    assert fragment in str(caught.value) and "Open it again" in str(caught.value)
+    assert 1 not in viewer.viewed._cache  # nothing of the new archive kept
+    assert viewer.viewed.states([0])[0]["qpos"] is kept
+
+
 def test_a_model_file_that_is_no_model_is_said_when_the_3d_view_asks_for_it(view_url, tmp_path):
     from flyarchive.errors import SelectionError
     from flyarchive.view.app import Viewer
