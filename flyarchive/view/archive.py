@@ -8,7 +8,7 @@ dataset of :func:`flyarchive.open_archive` reads with
 (:func:`~flyarchive.store.dataset.committed_frames`: frames past ``n_frames`` NaN,
 damaged chunks named, every read checking that the archive is still the one opened),
 called directly, one world at a time, without a dask graph per read (50 worlds of 1000
-NeuroMechFly frames: 3x faster); and the model through :func:`flyarchive.load_model`.
+NeuroMechFly frames: 2-3x faster); and the model through :func:`flyarchive.load_model`.
 The lazy dataset itself (xarray and dask: seconds of imports on a 2-core machine) is
 opened only for what needs it (keypoint traces: :meth:`ViewedArchive.dataset`), checked
 to be the archive whose header the page shows.
