@@ -123,3 +123,15 @@ def test_a_damaged_chunk_is_named_as_the_dataset_names_it(uneven, tmp_path, dama
     assert viewed.states([10])[0]["qpos"].shape[0] == 20  # other shards still read
     assert 12 not in viewed._cache and 13 not in viewed._cache
     assert snapshot(url) == before  # nothing written
+
+
+def test_states_read_the_same_on_every_storage(uneven, location):
+    from flyarchive.view.archive import ViewedArchive
+
+    url = copy_archive(uneven[0], location.url, location.storage_options)
+    expected = ViewedArchive(uneven[0]).states(list(WORLD_IDS))
+
+    actual = ViewedArchive(url, location.storage_options).states(list(WORLD_IDS))
+
+    for got, want in zip(actual, expected):
+        assert all(got[name].tobytes() == want[name].tobytes() for name in want)
