@@ -232,7 +232,6 @@ def test_an_archive_replaced_while_the_page_is_open_is_said_and_opened_again(bro
     url = view_archive(str(view_dir / "replaced.zarr"))
     with serving(url, out=view_dir / "videos-replaced", backend="opengl") as (served, log):
         page = open_page(browser, served.url)
-        served.viewer.viewed.dataset()  # opened after the page (warm_up): now every read checks
         view_archive(url, n_worlds=3, mode="w")  # written again while the page is open
 
         apply_filter(page, "world >= 0")
