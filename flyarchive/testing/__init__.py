@@ -12,7 +12,8 @@ of committed bytes) need only numpy and MuJoCo. Loaded only by tests, with pytes
 Harnesses: :mod:`~flyarchive.testing.s3` (moto on loopback),
 :mod:`~flyarchive.testing.faultproxy` (a flaky S3), :mod:`~flyarchive.testing.kills`,
 :mod:`~flyarchive.testing.render_kills`, :mod:`~flyarchive.testing.interop_kills`
-(processes killed mid-way), :mod:`~flyarchive.testing.concurrency` (racing writers,
+(processes killed mid-way; :mod:`~flyarchive.testing.warp_states`: CPU worlds in the
+Warp arrays the Warp recorder reads, without mujoco-warp), :mod:`~flyarchive.testing.concurrency` (racing writers,
 and :mod:`~flyarchive.testing.verify_beside`: ``verify`` beside a writer),
 :mod:`~flyarchive.testing.hostile` (hostile archives; :mod:`~flyarchive.testing.checksums`:
 metadata that would switch checksums off; :mod:`~flyarchive.testing.holes`: holes in

@@ -56,6 +56,10 @@ class KillConfig:
         max_delay_s: ...plus a uniform random delay in [0, max_delay_s] seconds.
         resume_extra_frames: Frames the resumed recording adds after the last committed one.
         timeout_s: Seconds to wait for the child to reach its kill point.
+        host_states: ``"warp"`` only: the worlds are CPU MuJoCo's, their state set into
+            Warp arrays at each step (:mod:`flyarchive.testing.warp_states`) instead of
+            stepped by mujoco-warp: the same recorder on Warp's CPU device, without the
+            ~5 s of CPU per process of importing mujoco-warp and loading its kernels.
     """
 
     backend: str = "cpu"
@@ -66,6 +70,7 @@ class KillConfig:
     max_delay_s: float = 0.05
     resume_extra_frames: int = 12
     timeout_s: float = 120.0
+    host_states: bool = False
 
     @property
     def max_lost(self) -> int:
@@ -158,8 +163,19 @@ def _warp_sim(n_worlds: int) -> tuple[Any, Any, Any]:
     return model, mjw_model, data
 
 
-def _warp_steps(n_worlds: int, n_steps: int, on_step: Callable[[int, Any], None]) -> Any:
-    """Step the seeded Warp worlds ``n_steps`` times; ``on_step(step, data)`` at 0..n_steps."""
+def _warp_steps(n_worlds: int, n_steps: int, on_step: Callable[[int, Any], None],
+                host_states: bool = False) -> Any:
+    """Step the seeded Warp worlds ``n_steps`` times; ``on_step(step, data)`` at 0..n_steps.
+
+    ``host_states``: the worlds of :func:`flyarchive.testing.warp_states.host_warp_steps`
+    (CPU MuJoCo's, in Warp arrays) instead of mujoco-warp's."""
+    if host_states:
+        from flyarchive.testing import tiny_model
+        from flyarchive.testing.warp_states import host_warp_steps
+
+        model = tiny_model()
+        host_warp_steps(model, n_worlds, n_steps, on_step)
+        return model
     import mujoco_warp as mjw
     import warp as wp
 
@@ -174,12 +190,14 @@ def _warp_steps(n_worlds: int, n_steps: int, on_step: Callable[[int, Any], None]
 
 def record_warp(url: str, n_worlds: int, chunk_frames: int, n_steps: int,
                 on_frame: Callable[[int, int], None] | None = None, *,
-                observe: Callable[[int, Any], None] | None = None) -> None:
+                observe: Callable[[int, Any], None] | None = None,
+                host_states: bool = False) -> None:
     """Record ``n_steps`` steps of the seeded Warp worlds with ``WarpTrajectoryRecorder``.
 
     Uses ``mode="a"``: a rerun from step 0 into an archive skips its committed frames.
     ``on_frame(recorded, committed)`` is called after each recorded frame;
     ``observe(step, data)`` at every step, before the recorder (e.g. a :class:`WarpFrames`).
+    ``host_states``: see :func:`_warp_steps`.
     """
     from flyarchive.recorders import WarpTrajectoryRecorder
     from flyarchive.testing import tiny_model
@@ -194,7 +212,7 @@ def record_warp(url: str, n_worlds: int, chunk_frames: int, n_steps: int,
             on_frame(recorder.n_frames, recorder.committed_frames)
 
     with recorder:
-        _warp_steps(n_worlds, n_steps, on_step)
+        _warp_steps(n_worlds, n_steps, on_step, host_states)
 
 
 class WarpFrames:
@@ -220,16 +238,18 @@ class WarpFrames:
                 for k, v in self._frames.items()}
 
 
-def warp_reference(n_worlds: int, n_frames: int) -> dict[str, np.ndarray]:
+def warp_reference(n_worlds: int, n_frames: int, host_states: bool = False
+                   ) -> dict[str, np.ndarray]:
     """The first ``n_frames`` frames of the seeded Warp worlds, read back on the host."""
     frames = WarpFrames()
-    _warp_steps(n_worlds, 4 * max(n_frames - 1, 0), frames)
+    _warp_steps(n_worlds, 4 * max(n_frames - 1, 0), frames, host_states)
     return frames.arrays()
 
 
-def _child_warp(url: str, n_worlds: int, chunk_frames: int) -> None:
+def _child_warp(url: str, n_worlds: int, chunk_frames: int, host_states: bool = False) -> None:
     record_warp(url, n_worlds, chunk_frames, 10_000_000,
-                on_frame=lambda recorded, committed: print(_FRAME, recorded, committed, flush=True))
+                on_frame=lambda recorded, committed: print(_FRAME, recorded, committed, flush=True),
+                host_states=host_states)
 
 
 def _main(argv: Sequence[str] | None = None) -> int:
@@ -238,9 +258,13 @@ def _main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("url")
     parser.add_argument("--worlds", type=int, default=3)
     parser.add_argument("--chunk-frames", type=int, default=5)
+    parser.add_argument("--host-states", action="store_true",
+                        help="warp: CPU MuJoCo worlds in Warp arrays, not mujoco-warp's")
     args = parser.parse_args(argv)
-    child = _child_cpu if args.backend == "cpu" else _child_warp
-    child(args.url, args.worlds, args.chunk_frames)
+    if args.backend == "cpu":
+        _child_cpu(args.url, args.worlds, args.chunk_frames)
+    else:
+        _child_warp(args.url, args.worlds, args.chunk_frames, args.host_states)
     return 0
 
 
@@ -301,7 +325,8 @@ def _run_and_kill(url: str, config: KillConfig) -> KillResult:
     wait_frames = int(rng.integers(1, config.max_wait_frames + 1))
     delay = float(rng.uniform(0.0, config.max_delay_s))
     cmd = [sys.executable, "-m", "flyarchive.testing.kills", config.backend, url,
-           "--worlds", str(config.n_worlds), "--chunk-frames", str(config.chunk_frames)]
+           "--worlds", str(config.n_worlds), "--chunk-frames", str(config.chunk_frames),
+           *(["--host-states"] if config.host_states else [])]
     result = KillResult(config)
     deadline = time.monotonic() + config.timeout_s
     with Child(cmd) as child:
@@ -324,7 +349,7 @@ def _run_and_kill(url: str, config: KillConfig) -> KillResult:
 
 def _reference(config: KillConfig, n_frames: int) -> dict[str, np.ndarray]:
     if config.backend == "warp":
-        ref = warp_reference(config.n_worlds, n_frames)
+        ref = warp_reference(config.n_worlds, n_frames, config.host_states)
     else:
         from flyarchive.testing import reference_frames, tiny_model
 
@@ -432,7 +457,7 @@ def _resume(url: str, result: KillResult, committed: int) -> dict[str, np.ndarra
         if config.backend == "warp":
             frames = WarpFrames()
             record_warp(url, config.n_worlds, config.chunk_frames, 4 * (total - 1),
-                        observe=frames)
+                        observe=frames, host_states=config.host_states)
             ref = frames.arrays()
         else:
             from flyarchive import TrajectoryRecorder

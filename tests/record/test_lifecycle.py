@@ -30,25 +30,15 @@ print(recorder.committed_frames, recorder.n_frames, flush=True)
 """
 
 WARP_CHILD = """
-import sys, warnings
-import numpy as np
-import warp as wp
-wp.config.quiet = True
-import mujoco_warp as mjw
+import sys
 from flyarchive.recorders import WarpTrajectoryRecorder
 from flyarchive.testing import tiny_model
+from flyarchive.testing.warp_states import host_warp_steps
 
 model = tiny_model()
-with wp.ScopedDevice("cpu"), warnings.catch_warnings():
-    warnings.simplefilter("ignore", UserWarning)
-    mjw_model = mjw.put_model(model)
-    d = mjw.make_data(model, nworld=2)
-    recorder = WarpTrajectoryRecorder(sys.argv[1], model, 2, chunk_frames=100)
-    recorder.record_as_needed(d)
-    for _ in range(24):
-        mjw.step(mjw_model, d)
-        recorder.record_as_needed(d)  # 7 frames, all still in the device buffer
-print(recorder.committed_frames, recorder.n_frames, flush=True)
+recorder = WarpTrajectoryRecorder(sys.argv[1], model, 2, chunk_frames=100)
+host_warp_steps(model, 2, 24, lambda step, d: recorder.record_as_needed(d))
+print(recorder.committed_frames, recorder.n_frames, flush=True)  # 7 frames, on the device
 """
 
 
@@ -99,37 +89,36 @@ def test_a_recorder_never_closed_is_committed_when_python_exits(tiny, tmp_path):
 
 @requires_warp
 @pytest.mark.timeout(300)
-def test_a_warp_recorder_never_closed_is_committed_when_python_exits(tmp_path):
+def test_a_warp_recorder_never_closed_is_committed_when_python_exits(tiny, tmp_path):
+    """The Warp recorder on Warp's CPU device, fed CPU worlds in Warp arrays
+    (flyarchive.testing.warp_states: the child imports no mujoco-warp)."""
+    from flyarchive.testing.warp_states import host_warp_reference
+
     url = str(tmp_path / "warp-exit.zarr")
+    expected = host_warp_reference(tiny, 2, 24)
 
     child = run_child(WARP_CHILD, url)
 
     assert child.returncode == 0, child.stderr
-    assert child.stdout.split()[-2:] == ["0", "7"]
+    assert child.stdout.split()[-2:] == ["0", "7"]  # nothing committed before the exit
     assert "was not closed" in child.stderr
+    assert "failed" not in child.stderr, child.stderr
     ds = open_archive(url)
     assert ds.n_frames.values.tolist() == [7, 7]
-    assert np.isfinite(ds.qpos.values).all()
+    np.testing.assert_array_equal(ds.qpos.values, expected["qpos"])
+    np.testing.assert_array_equal(ds.sim_time.values, expected["time"])
 
 
 @requires_warp
 @pytest.mark.timeout(300)
 def test_a_collected_warp_recorder_commits_its_frames(tiny, tmp_path):
-    import mujoco_warp as mjw
-    import warp as wp
-
     from flyarchive.recorders import WarpTrajectoryRecorder
+    from flyarchive.testing.warp_states import host_warp_reference, host_warp_steps
 
     url = str(tmp_path / "warp-gc.zarr")
-    wp.config.quiet = True
-    with wp.ScopedDevice("cpu"), warnings.catch_warnings():
-        warnings.simplefilter("ignore", UserWarning)  # mujoco-warp's notices about the model
-        mjw_model, d = mjw.put_model(tiny), mjw.make_data(tiny, nworld=2)
-        recorder = WarpTrajectoryRecorder(url, tiny, 2, chunk_frames=100)
-        recorder.record_as_needed(d)
-        for _ in range(24):
-            mjw.step(mjw_model, d)
-            recorder.record_as_needed(d)
+    recorder = WarpTrajectoryRecorder(url, tiny, 2, chunk_frames=100)
+    host_warp_steps(tiny, 2, 24, lambda step, d: recorder.record_as_needed(d))
+    assert recorder.committed_frames == 0  # 7 frames, all still in the device buffer
 
     with pytest.warns(ResourceWarning, match="was not closed"):
         del recorder
@@ -137,4 +126,4 @@ def test_a_collected_warp_recorder_commits_its_frames(tiny, tmp_path):
 
     ds = open_archive(url)
     assert ds.n_frames.values.tolist() == [7, 7]
-    assert np.isfinite(ds.qpos.values).all()
+    np.testing.assert_array_equal(ds.qpos.values, host_warp_reference(tiny, 2, 24)["qpos"])

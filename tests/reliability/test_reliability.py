@@ -38,8 +38,20 @@ def test_sigkill_at_a_random_point_keeps_committed_frames_and_resumes(tmp_path, 
 @requires_warp
 @pytest.mark.subprocess
 @pytest.mark.timeout(600)
-def test_sigkill_of_a_mujoco_warp_recording_keeps_committed_frames_and_resumes(tmp_path):
-    config = KillConfig(backend="warp", seed=1, chunk_frames=5, max_wait_frames=30)
+@pytest.mark.parametrize("host_states", [
+    pytest.param(True, id="cpu-worlds-in-warp-arrays"),
+    # the same recorder fed by mujoco-warp's own step: ~5 s more CPU per process (its
+    # import and kernels), and its kernels to compile on an empty cache
+    pytest.param(False, id="mujoco-warp-step", marks=pytest.mark.sweep),
+])
+def test_sigkill_of_a_mujoco_warp_recording_keeps_committed_frames_and_resumes(tmp_path,
+                                                                                host_states):
+    """WarpTrajectoryRecorder on Warp's CPU device, its device buffer and both host
+    buffers, killed mid-recording. By default the worlds are CPU MuJoCo's in Warp arrays
+    (what the recorder reads of a mujoco_warp.Data): the recorder is under test here, not
+    mujoco-warp's physics (tests/record/test_warp.py records mujoco-warp's steps)."""
+    config = KillConfig(backend="warp", seed=1, chunk_frames=5, max_wait_frames=30,
+                        host_states=host_states)
 
     result = kill_trial(str(tmp_path / "killed-warp.zarr"), config)
 
