@@ -33,7 +33,9 @@ def pool():
 @pytest.mark.timeout(600)
 def test_verify_runs_beside_an_appending_writer_give_no_false_alarm(pool, tmp_path, run_sweeps):
     n_runs = 12 if run_sweeps else 4  # scripts/reliability_report.py --verify-runs N: N runs
-    result = verify_trial(pool, str(tmp_path / "run.zarr"), n_runs=n_runs)
+    # up to 6 commits a run, jobs of 50 frames: the work is bounded however fast the writer is
+    result = verify_trial(pool, str(tmp_path / "run.zarr"), n_runs=n_runs, first_steps=8,
+                          more_steps=200, commits_per_run=6)
 
     assert result.writer == "ok"
     assert result.runs == n_runs
@@ -49,8 +51,9 @@ def test_verify_runs_beside_a_writer_on_s3_give_no_false_alarm(pool, s3_server, 
     url = f"s3://{BUCKET}/{uuid.uuid4().hex}.zarr"
     n_runs = 4 if run_sweeps else 2
 
-    result = verify_trial(pool, url, n_runs=n_runs, first_steps=4,
-                          storage_options=s3_server.storage_options())
+    # 3 commits a run (each a dozen requests to moto), jobs of 25 frames
+    result = verify_trial(pool, url, n_runs=n_runs, first_steps=4, more_steps=100,
+                          commits_per_run=3, storage_options=s3_server.storage_options())
 
     assert result.writer == "ok"
     assert result.runs == n_runs
@@ -62,7 +65,7 @@ def test_verify_runs_beside_a_writer_on_s3_give_no_false_alarm(pool, s3_server, 
 @pytest.mark.timeout(600)
 def test_a_damaged_shard_beside_an_appending_writer_is_still_reported_as_damage(pool, tmp_path):
     result = verify_trial(pool, str(tmp_path / "run.zarr"), n_runs=3, damaged=True,
-                          commits_per_run=2)  # each run reads the damaged archive 3 times
+                          first_steps=8, commits_per_run=2)  # each run reads the damaged archive 3 times
 
     assert result.writer == "ok"
     assert result.runs_with_writer >= 1
