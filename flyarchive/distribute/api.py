@@ -1,7 +1,7 @@
 """The public render entry points: worlds and time windows of an archive to videos
 (:func:`render_videos`) or to lazy frames (:func:`render_frames`).
 
-``render_videos`` opens the archive's header once (:func:`flyarchive.query.archive.open_header`:
+``render_videos`` opens the archive's header once (:func:`flyarchive.store.opening.open_header`:
 no xarray or dask), selects frames (:mod:`flyarchive.query.selection`), reads the kept
 model through the same opened group, makes a plan (:mod:`flyarchive.render.plan`), checks
 it before any work, and runs it where it belongs (:mod:`~flyarchive.distribute.opengl_runs`,
@@ -26,7 +26,7 @@ from flyarchive.distribute.warm import warm_up_here
 from flyarchive.errors import RenderOptionsError
 from flyarchive.layout import ModelLayout, check_compatible
 from flyarchive.models import check_data, model_bytes
-from flyarchive.query.archive import open_header
+from flyarchive.store.opening import open_header
 from flyarchive.query.selection import select_frames
 from flyarchive.render.options import RenderOptions
 from flyarchive.render.output_plan import plan_outputs
@@ -75,7 +75,7 @@ def replay_model(source: str, ds: Archive, model: mujoco.MjModel | None,
     Args:
         source: The archive's URL.
         ds: The archive, from :func:`flyarchive.open_archive`, or its header
-            (:func:`~flyarchive.query.archive.open_header`), whose opened group the kept
+            (:func:`~flyarchive.store.opening.open_header`), whose opened group the kept
             model is read through.
         model: The compiled model; None: the one kept beside the archive
             (``models/<sha256>.mjb``, :mod:`flyarchive.store.kept_models`).

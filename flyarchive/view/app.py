@@ -35,7 +35,7 @@ class Viewer:
     wait for them: requests that need them wait.
 
     Raises:
-        As :func:`flyarchive.open_header` (before anything is served),
+        As :func:`flyarchive.store.opening.open_header` (before anything is served),
         ModelLoadError: no file at ``model_path``, and
         OutputLocationError: ``out`` is not a folder that can be made.
     """

@@ -1,7 +1,7 @@
 """The one archive a viewer shows: opened once (and again when it was replaced), its world
 table, its states read per world and kept in a bounded cache, and its model.
 
-Everything goes through the package's public functions (:func:`flyarchive.open_header`,
+Everything goes through the package's own readers (:func:`flyarchive.store.opening.open_header`,
 :func:`flyarchive.open_archive`, :func:`flyarchive.load_model`), so the viewer reads
 exactly what every other reader reads, with the same checks.
 
@@ -78,9 +78,9 @@ class ViewedArchive:
         one (the dataset is opened again on first use).
 
         Raises:
-            As :func:`flyarchive.open_header`.
+            As :func:`flyarchive.store.opening.open_header`.
         """
-        from flyarchive.query.archive import open_header
+        from flyarchive.store.opening import open_header
 
         header = open_header(self.url, self.storage_options or None)
         world_ids = np.asarray(header["world"].values, dtype=np.int64)
