@@ -64,7 +64,7 @@ _LAZY = {
     "validate": "flyarchive.schema",
     "WarpTrajectoryRecorder": "flyarchive.recorders",
     "render_videos": "flyarchive.distribute.api",
-    "render_frames": "flyarchive.distribute.api",
+    "render_frames": "flyarchive.distribute.frames",
     "RenderOptions": "flyarchive.render.options",
     "RenderResult": "flyarchive.distribute.api",
     "default_video_options": "flyarchive.render.options",
