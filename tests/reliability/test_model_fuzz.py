@@ -12,7 +12,7 @@ after the other in one child process.
 
 import pytest
 
-from flyarchive.testing.hostile import make_sound, snapshot
+from flyarchive.testing.hostile_cases import make_sound, snapshot
 from flyarchive.testing.model_fuzz import crafted, fuzz, make_case, put_model, run_command, summarize
 
 pytestmark = [pytest.mark.subprocess, pytest.mark.timeout(600), pytest.mark.slow]
