@@ -3,8 +3,9 @@ from the command line to the mp4: at most 9 (issue 23), counted by one rule, so 
 number cannot grow back unseen.
 
 The rule. A render does its work in steps (:func:`steps`): the archive opened, the plan
-made, a cluster started or connected, states read, the renderer built, frames rendered,
-frames piped into ffmpeg, the mp4 finished, the mp4 published under its final name. At
+made, a cluster started or connected and tasks sent to it, states read, the renderer
+built, frames rendered, frames piped into ffmpeg, the mp4 finished, the mp4 published
+under its final name. At
 each step the Python call stack of the thread doing it is looked at, and the flyarchive
 modules with a function on it (the step's own function included) are noted. The main line
 is every module noted, but the base modules (errors, config, schema, layout, clock,
@@ -15,9 +16,11 @@ is on no step's stack: a side call, not the main line.
 
 The steps are watched with :mod:`sys.monitoring` (the start of the steps' functions
 only, in every thread: nothing else is slowed down) in this process, ``--workers 0``. A
-render on a Dask cluster adds :mod:`flyarchive.distribute.cluster` (the cluster started,
-its client connected; the default of ``--backend opengl``: 9 modules); its tasks run on
-the workers through the same functions as here, which a trace of this process cannot see.
+render on a Dask cluster (the default of ``--backend opengl``: a local one) adds
+:mod:`flyarchive.distribute.cluster` on this side (the cluster started, its client
+connected); its tasks run on the workers through the functions a render in this process
+calls, which a trace of this process cannot see there: the last test counts this side on
+the shared cluster and adds the other from a render in this process.
 """
 
 from __future__ import annotations
@@ -72,10 +75,11 @@ def steps(backend: str) -> dict[str, list[Callable[..., Any]]]:
 
         found["renderer built"] = [WarpBatchRenderer.__init__]
         found["frames rendered"] = [WarpBatchRenderer.submit]
-    with contextlib.suppress(ImportError):  # not reached in this process: --workers 0
+    with contextlib.suppress(ImportError):  # not reached with --workers 0
         from distributed import Client, LocalCluster
 
         found["cluster started or connected"] = [LocalCluster.__init__, Client.__init__]
+        found["tasks sent to the cluster"] = [Client.submit]
     return found
 
 
@@ -124,7 +128,10 @@ def archive(tiny, tmp_path):
     return url, str(save_mjb(tiny, tmp_path / "tiny.mjb"))
 
 
-def render(archive: tuple[str, str], out: str, backend: str) -> tuple[int, list[str], set[str]]:
+def render(archive: tuple[str, str], out: str, backend: str, *where: str
+           ) -> tuple[int, list[str], set[str]]:
+    """``flyarchive render`` of world 1 (``where``: ``--workers 0`` unless given); the exit
+    status, and the :func:`main_line` of this process."""
     from flyarchive.render.renderers import clear_renderers, close_thread_renderers
 
     clear_renderers()  # renderers kept from earlier tests would skip the step that builds one
@@ -132,8 +139,8 @@ def render(archive: tuple[str, str], out: str, backend: str) -> tuple[int, list[
     url, model = archive
     with main_line(backend) as (modules, seen):
         code = main(["render", url, "--model", model, "--camera", "front", "--worlds", "1",
-                     "--size", "48x64", "--out", out, "--workers", "0", "--quiet",
-                     "--backend", backend])
+                     "--size", "48x64", "--out", out, "--quiet", "--backend", backend,
+                     *(where or ("--workers", "0"))])
     return code, modules, seen
 
 
@@ -142,7 +149,8 @@ def test_an_opengl_render_crosses_at_most_9_modules_from_the_command_line_to_the
     code, modules, seen = render(archive, str(tmp_path / "v"), "opengl")
 
     assert code == 0
-    assert seen == set(steps("opengl")) - {"cluster started or connected"}
+    assert seen == set(steps("opengl")) - {"cluster started or connected",
+                                           "tasks sent to the cluster"}
     assert len(modules) + 1 <= MOST, " -> ".join(modules)  # + distribute.cluster on a cluster
     assert sorted(modules) == sorted(OPENGL), modules
 
@@ -153,6 +161,22 @@ def test_a_warp_render_crosses_at_most_9_modules_from_the_command_line_to_the_mp
     code, modules, seen = render(archive, str(tmp_path / "v"), WARP_BACKEND)
 
     assert code == 0
-    assert seen == set(steps(WARP_BACKEND)) - {"cluster started or connected"}
+    assert seen == set(steps(WARP_BACKEND)) - {"cluster started or connected",
+                                               "tasks sent to the cluster"}
     assert len(modules) <= MOST, " -> ".join(modules)
     assert sorted(modules) == sorted(WARP), modules
+
+
+def test_a_render_on_a_cluster_adds_only_the_cluster_on_this_side(archive, tmp_path,
+                                                                  dask_cluster):
+    _, here, _ = render(archive, str(tmp_path / "here"), "opengl")
+
+    code, modules, seen = render(archive, str(tmp_path / "v"), "opengl",
+                                 "--scheduler", dask_cluster.scheduler_address)
+
+    assert code == 0 and (tmp_path / "v" / "world00001" / "front.mp4").is_file()
+    assert seen == {"cluster started or connected", "archive opened", "plan made",
+                    "tasks sent to the cluster"}
+    assert sorted(modules) == ["flyarchive.cli", "flyarchive.distribute.api",
+                               "flyarchive.distribute.cluster", "flyarchive.render.plan"], modules
+    assert len({*modules, *here}) <= MOST  # the workers' side: the render's in this process

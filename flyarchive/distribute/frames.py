@@ -48,7 +48,7 @@ def render_frames(
     and frames whose state is not finite, show nothing (black, NaN depth, segmentation
     -1). A local ``source`` is made absolute, so the graph computes on workers started in
     other folders. ``model`` None: the model kept beside the archive (as
-    :func:`render_videos`). The model reaches the workers once (:func:`graph_model`):
+    :func:`flyarchive.render_videos`). The model reaches the workers once (:func:`graph_model`):
     with a default ``distributed.Client`` in this process, it is sent to its workers
     when this is called, and the frames compute on that client; else it is one key of
     each graph, never one copy per task.
