@@ -32,7 +32,7 @@ tests/test_layout_rules.py checks it):
 - :mod:`flyarchive.distribute`: where render work runs (this process, Dask, GPUs);
 - applications: :mod:`flyarchive.cli` (the ``flyarchive`` command, with
   :mod:`flyarchive.cli_args`: the parsers its subcommands share,
-  :mod:`flyarchive.cli_render`: ``render``, :mod:`flyarchive.cli_analyze`: analysis), :mod:`flyarchive.demo`, :mod:`flyarchive.plot`,
+  :mod:`flyarchive.cli_analyze`: analysis), :mod:`flyarchive.demo`, :mod:`flyarchive.plot`,
   :mod:`flyarchive.summary` (``flyarchive info``), :mod:`flyarchive.view` (the web
   viewer), :mod:`flyarchive.interop` (flygym, movement, NWB).
 
@@ -64,7 +64,7 @@ _LAZY = {
     "validate": "flyarchive.schema",
     "WarpTrajectoryRecorder": "flyarchive.recorders",
     "render_videos": "flyarchive.distribute.api",
-    "render_frames": "flyarchive.distribute.api",
+    "render_frames": "flyarchive.distribute.frames",
     "RenderOptions": "flyarchive.render.options",
     "RenderResult": "flyarchive.distribute.api",
     "default_video_options": "flyarchive.render.options",

@@ -1,12 +1,15 @@
 """``flyarchive`` command line: each subcommand calls one public function.
 
-The parsers the subcommands share are :mod:`flyarchive.cli_args`'s; ``render`` is
-:mod:`flyarchive.cli_render`'s, the analysis subcommands :mod:`flyarchive.cli_analyze`'s.
+``render`` decides where it runs once, starting its cluster before the heavy imports
+(:func:`render_cluster`), and calls :func:`flyarchive.render_videos` with that cluster's
+client. The parsers the subcommands share, and the arguments of ``render``, are
+:mod:`flyarchive.cli_args`'s; the analysis subcommands are :mod:`flyarchive.cli_analyze`'s.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import gc
 import json
 import os
@@ -15,15 +18,18 @@ from collections.abc import Sequence
 from typing import Any
 
 from flyarchive.cli_args import (
+    add_render_arguments,
+    parse_gpus,
+    parse_size,
     parse_time,
     parse_world_var,
     parse_worlds,
     path_arg,
     say,
     storage_options_arg,
+    where_mask,
     worlds_arg,
 )
-from flyarchive.cli_render import add_render_arguments, backend_arg, cmd_render
 from flyarchive.errors import FlyarchiveError, SelectionError, Terminated
 
 
@@ -139,6 +145,130 @@ def cmd_view(args: argparse.Namespace) -> int:
                     port=args.port, out=path_arg(args.out), backend=backend_arg(args.backend))
 
 
+# ----------------------------------------------------------------------------- render
+def cmd_render(args: argparse.Namespace) -> int:
+    from flyarchive.config import set_verbose
+
+    set_verbose(args.verbose)  # Warp's logs, here and in local Dask workers
+    args.backend = backend_arg(args.backend)
+    with _sigterm_stops(), render_cluster(args) as client:
+        return _render(args, client)
+
+
+@contextlib.contextmanager
+def _sigterm_stops() -> Any:
+    """While inside, SIGTERM raises :class:`Terminated` in the main thread (a render stops
+    as on Ctrl-C: finished videos and their manifest entries are kept, partial files go)."""
+    import signal
+    import threading
+
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def stop(signum: int, frame: Any) -> None:
+        raise Terminated()
+
+    previous = signal.signal(signal.SIGTERM, stop)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def backend_arg(backend: str | None) -> str | None:
+    """``--backend`` by its current name; an old one (``cpu``) with a note on stderr."""
+    from flyarchive.replay import OLD_BACKENDS
+
+    if backend in OLD_BACKENDS:
+        say(f"note: --backend {backend} is called --backend {OLD_BACKENDS[backend]} now; "
+            f"{backend} will be removed.")
+        return OLD_BACKENDS[backend]
+    return backend
+
+
+def render_cluster(args: argparse.Namespace) -> contextlib.AbstractContextManager[Any]:
+    """Where the render runs, decided once, before the imports and the archive's opening:
+    a client of the local Dask cluster the render runs on, started now
+    (:func:`flyarchive.distribute.cluster.local_cluster`), or of ``--scheduler``, its
+    workers warming Warp meanwhile (:func:`~flyarchive.distribute.cluster.scheduler_client`);
+    None when it renders in this process, or the options are wrong (the render says what
+    is wrong). The client is passed to :func:`flyarchive.render_videos`."""
+    from flyarchive.distribute.cluster import local_cluster, scheduler_client
+    from flyarchive.distribute.placement import placement
+    from flyarchive.replay import WARP_BACKENDS
+
+    if args.scheduler:  # its workers start warming Warp; connected once
+        warm = {"gpu": "cuda", "warp-cpu": "cpu"}.get(args.backend)
+        return scheduler_client(args.scheduler, warm) if args.gpus is None else \
+            contextlib.nullcontext()  # refused by the render: --gpus with --scheduler
+    if (args.workers is not None and args.workers < 1) or args.url.startswith("memory://"):
+        return contextlib.nullcontext()
+
+    if args.backend not in WARP_BACKENDS:  # OpenGL: a worker process per core
+        return local_cluster(args.workers)
+    try:
+        where = placement(args.backend, sys.maxsize, n_workers=args.workers,
+                          gpus=parse_gpus(args.gpus) if args.gpus is not None else None)
+    except FlyarchiveError:
+        return contextlib.nullcontext()
+    if where.where == "local-gpus":
+        return local_cluster(gpu_workers=list(where.gpu_workers))
+    if where.where == "local":
+        return local_cluster(where.n_workers)
+    return contextlib.nullcontext()
+
+
+def _render(args: argparse.Namespace, client: Any = None) -> int:
+    """The render of ``args`` on ``client`` (:func:`render_cluster`), or where
+    :func:`flyarchive.render_videos` places it when None."""
+    from flyarchive.distribute.api import render_videos
+    from flyarchive.render.options import RenderOptions
+    from flyarchive.models import load_model
+
+    storage_options = storage_options_arg(args.storage_options)
+    where = where_mask(path_arg(args.url), storage_options, args.where_world_var, args.where_dof)
+    written = render_videos(
+        path_arg(args.url), load_model(path_arg(args.model)) if args.model else None, args.camera,
+        path_arg(args.out),
+        worlds=worlds_arg(args, storage_options),
+        time=parse_time(args.time) if args.time else None,
+        where=where, pad=args.pad,
+        options=RenderOptions(size=parse_size(args.size), backend=args.backend,
+                              batch_worlds=args.batch_worlds,
+                              overwrite=args.overwrite, progress=not args.quiet,
+                              video=_video_options(args), **_output_options(args)),
+        client=client, scheduler=None if client is not None else args.scheduler,
+        n_workers=args.workers, storage_options=storage_options,
+        gpus=parse_gpus(args.gpus) if args.gpus is not None and client is None else None,
+        resume=args.resume,
+    )
+    kept = f", kept {written.kept} finished before" if written.kept else ""
+    print(f"wrote {len(written.videos) - written.kept} video(s){kept} and {written.manifest}")
+    for note in written.notes:
+        print(f"note: {note}")
+    return 0
+
+
+def _output_options(args: argparse.Namespace) -> dict[str, Any]:
+    """``RenderOptions`` fields of ``--outputs``, ``--mosaic`` and ``--overlay`` (checked
+    there: their errors name the flag's text)."""
+    return {"outputs": args.outputs, "mosaic": args.mosaic, "overlays": args.overlay or ()}
+
+
+def _video_options(args: argparse.Namespace) -> Any:
+    """``--preset`` / ``--crf`` over the backend's defaults (``None`` when neither is given)."""
+    from dataclasses import replace
+
+    from flyarchive.render.options import default_video_options
+
+    if args.preset is None and args.crf is None:
+        return None
+    chosen = {k: v for k, v in (("preset", args.preset), ("crf", args.crf)) if v is not None}
+    return replace(default_video_options(args.backend), **chosen)
+
+
+# ----------------------------------------------------------------------------- the command
 def build_parser() -> argparse.ArgumentParser:
     from flyarchive.replay import BACKENDS, OLD_BACKENDS
 

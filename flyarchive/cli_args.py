@@ -1,6 +1,7 @@
 """What the ``flyarchive`` subcommands share: the parsers of their arguments (worlds, times,
-sizes, GPUs, storage options, world variables, ``where`` masks) and their one-line messages
-on stderr (:func:`say`).
+sizes, GPUs, storage options, world variables, ``where`` masks), the arguments of ``render``
+(:func:`add_render_arguments`), and their one-line messages on stderr
+(:func:`say`).
 """
 
 from __future__ import annotations
@@ -90,7 +91,7 @@ def worlds_arg(args: argparse.Namespace, storage_options: dict[str, Any] | None)
         return None
     ids = None
     if any(part.strip().endswith("-") for part in args.worlds.split(",")):
-        from flyarchive.query.archive import open_header
+        from flyarchive.store.opening import open_header
 
         ids = [int(w) for w in open_header(path_arg(args.url), storage_options).world.values]
     return parse_worlds(args.worlds, ids=ids)
@@ -239,6 +240,64 @@ def crf_arg(text: str) -> int:
     if not text.isdigit() or not 0 <= int(text) <= 51:
         raise argparse.ArgumentTypeError(f"{text!r} is not an integer from 0 to 51")
     return int(text)
+
+
+def add_render_arguments(p: argparse.ArgumentParser) -> None:
+    """The arguments of ``flyarchive render`` (but ``--storage-options``)."""
+    from flyarchive.replay import BACKENDS, OLD_BACKENDS
+    from flyarchive.video import PRESETS
+
+    p.add_argument("url")
+    p.add_argument("--model", help="MJCF .xml or compiled .mjb (default: the model kept in "
+                   "the archive when it was recorded)")
+    p.add_argument("--camera", action="append", required=True, help="camera name (repeatable)")
+    p.add_argument("--worlds", help="e.g. 0,3,10-20, or 512- for every world from 512 on "
+                   "(default all)")
+    p.add_argument("--time", help="START:END seconds of simulated time")
+    p.add_argument("--where-world-var", action="append", metavar="NAME=VALUE",
+                   help="only worlds whose world variable holds: NAME=VALUE, or with != > >= "
+                        "< <= (repeatable: all must hold), e.g. success=1")
+    p.add_argument("--where-dof", action="append", metavar="DOF>VALUE",
+                   help="only the frames where a dof's qpos holds, e.g. 'joint>0.5' (= != > "
+                        ">= < <=; repeatable); each window of frames is a video of its own")
+    p.add_argument("--pad", type=float, default=0.0,
+                   help="simulated seconds of context around each --where-dof window "
+                        "(windows closer than 2*pad merge; default 0)")
+    p.add_argument("--size", default="240x320", help="HEIGHTxWIDTH (default 240x320)")
+    p.add_argument("--out", default="videos", help="output folder or fsspec URL")
+    p.add_argument("--scheduler", help="Dask scheduler address (default: a local cluster)")
+    p.add_argument("--workers", type=int, help="local worker processes (default: one per core; "
+                   "gpu: one per GPU, see --gpus; warp-cpu: one render thread per core in "
+                   "this process unless given; 0: in this process)")
+    p.add_argument("--backend", default="opengl", choices=(*BACKENDS, *OLD_BACKENDS),
+                   help="opengl (mujoco.Renderer, bit-exact; default), gpu (mujoco-warp on "
+                        "CUDA) or warp-cpu (mujoco-warp on Warp's CPU device); cpu is the "
+                        "old name of opengl")
+    p.add_argument("--batch-worlds", type=int, metavar="N",
+                   help="states per batch of the Warp backends (default: 1024 on gpu, 4 "
+                        "on warp-cpu); smaller uses less GPU and pinned host memory")
+    p.add_argument("--preset", choices=PRESETS,
+                   help="x264 preset (default: veryfast; ultrafast with --backend gpu)")
+    p.add_argument("--crf", type=crf_arg, help="x264 quality, 0 (lossless) to 51 (default 18)")
+    p.add_argument("--outputs", default="rgb", metavar="rgb,depth,segmentation",
+                   help="what to make: rgb (mp4), depth and segmentation (lossless 16-bit "
+                        "zarr maps beside the mp4; default rgb)")
+    p.add_argument("--mosaic", metavar="ROWSxCOLS",
+                   help="tile that many worlds (each at --size) into one video per camera, "
+                        "labelled with world ids, e.g. 2x3")
+    p.add_argument("--overlay", metavar="time,world,speed,VAR",
+                   help="text burnt into the frames: time, world, speed and per-world "
+                        "variables (default none)")
+    p.add_argument("--overwrite", action="store_true", help="replace existing videos")
+    p.add_argument("--resume", action="store_true",
+                   help="continue a render into --out that stopped (Ctrl-C, a kill): keep the "
+                        "finished videos its manifest lists, render the rest")
+    p.add_argument("--quiet", action="store_true", help="no progress bar")
+    p.add_argument("--verbose", action="store_true", help="show Warp's initialization and "
+                   "kernel-loading messages (hidden by default)")
+    p.add_argument("--gpus", help="with --backend gpu and no --scheduler: CUDA device numbers "
+                   "to use, e.g. 0,1 (default: every visible GPU, one worker process each with "
+                   "its share of the cores; one GPU renders in this process)")
 
 
 def say(line: str) -> None:

@@ -6,9 +6,9 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from flyarchive.codecs import describe as describe_codec
-from flyarchive.query.archive import open_header
 from flyarchive.schema import import_status
 from flyarchive.store.kept_models import stored_entry
+from flyarchive.store.opening import open_header
 
 
 def summarize(url: str, storage_options: Mapping[str, Any] | None = None) -> dict[str, Any]:

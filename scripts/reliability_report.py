@@ -319,7 +319,7 @@ def run_crafted_models(n: int, workdir: Path) -> dict[str, Any]:
     """``n`` fuzzed kept models (:mod:`flyarchive.testing.model_fuzz`, seeds 0..n-1), each
     through ``flyarchive render`` (no ``--model``), ``flyarchive verify`` and
     ``flyarchive.load_model``, each in a child process."""
-    from flyarchive.testing.hostile import make_sound
+    from flyarchive.testing.hostile_cases import make_sound
     from flyarchive.testing.model_fuzz import fuzz, summarize
 
     folder = workdir / "models"

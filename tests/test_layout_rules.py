@@ -40,7 +40,7 @@ PACKAGE = Path(__file__).resolve().parents[1] / "flyarchive"
 
 BASE = frozenset({"errors", "schema", "layout", "clock", "codecs", "models", "config", "warp_log"})
 STAGES = ("record", "store", "query", "analyze", "replay", "video", "render", "distribute")
-APPLICATIONS = frozenset({"cli", "cli_args", "cli_analyze", "cli_render", "demo", "plot", "summary",
+APPLICATIONS = frozenset({"cli", "cli_args", "cli_analyze", "demo", "plot", "summary",
                           "recorders", "interop", "view", "__main__"})
 TEST_SUPPORT = "flyarchive.testing"
 

@@ -1,39 +1,42 @@
-"""The public render entry points: worlds and time windows of an archive to videos
-(:func:`render_videos`) or to lazy frames (:func:`render_frames`).
+"""The public render entry point: worlds and time windows of an archive to videos
+(:func:`render_videos`; to lazy frames: :mod:`flyarchive.distribute.frames`).
 
-``render_videos`` opens the archive's header once (:func:`flyarchive.query.archive.open_header`:
+``render_videos`` opens the archive's header once (:func:`flyarchive.store.opening.open_header`:
 no xarray or dask), selects frames (:mod:`flyarchive.query.selection`), reads the kept
 model through the same opened group, makes a plan (:mod:`flyarchive.render.plan`), checks
-it before any work, and runs it where it belongs (:mod:`~flyarchive.distribute.opengl_runs`,
-:mod:`~flyarchive.distribute.warp_runs`): in this process, on a local Dask cluster it
-starts, or on the cluster given (which one: see :func:`render_videos`).
+it before any work, and runs it where it belongs (:func:`run_plan`): in this process
+(:mod:`flyarchive.render.opengl`, :mod:`flyarchive.render.warp`), on a local Dask cluster
+it starts, or on the cluster given (which one: see :func:`render_videos`): OpenGL's
+segments and joins (:func:`run_segments`), Warp's groups of whole videos
+(:mod:`flyarchive.distribute.warp_runs`).
 """
 
 from __future__ import annotations
 
 import os
-import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import mujoco
-import numpy as np
 
-from flyarchive.distribute import opengl_runs, warp_runs
+from flyarchive.distribute.cluster import cancel_quietly, connect, scatter_model, task_result
 from flyarchive.distribute.gpus import check_gpus
-from flyarchive.distribute.warm import warm_up_here
+from flyarchive.distribute.placement import placement
+from flyarchive.distribute.warm import wait_for_warm_up, warm_up_here
+from flyarchive.distribute.warp_runs import render_on_dask
 from flyarchive.errors import RenderOptionsError
 from flyarchive.layout import ModelLayout, check_compatible
 from flyarchive.models import check_data, model_bytes
-from flyarchive.query.archive import open_header
 from flyarchive.query.selection import select_frames
+from flyarchive.render.diagnostics import progress_bar
 from flyarchive.render.options import RenderOptions
 from flyarchive.render.output_plan import plan_outputs
-from flyarchive.render.plan import RenderPlan, absolute_url, preflight
+from flyarchive.render.plan import Job, OnVideo, RenderPlan, absolute_url, preflight
 from flyarchive.render.renderers import keep_archive
-from flyarchive.replay import BACKENDS, WARP_BACKENDS, backend_name
-from flyarchive.replay.sizes import MAX_GL_SIDE, is_int, parse_frame_size
+from flyarchive.replay import WARP_BACKENDS
+from flyarchive.replay.sizes import is_int
+from flyarchive.store.opening import open_header
 
 if TYPE_CHECKING:
     import xarray as xr
@@ -75,7 +78,7 @@ def replay_model(source: str, ds: Archive, model: mujoco.MjModel | None,
     Args:
         source: The archive's URL.
         ds: The archive, from :func:`flyarchive.open_archive`, or its header
-            (:func:`~flyarchive.query.archive.open_header`), whose opened group the kept
+            (:func:`~flyarchive.store.opening.open_header`), whose opened group the kept
             model is read through.
         model: The compiled model; None: the one kept beside the archive
             (``models/<sha256>.mjb``, :mod:`flyarchive.store.kept_models`).
@@ -254,15 +257,11 @@ def render_videos(
     preflight(plan, model)
     keep_archive(source, storage_options, ds)  # what renders in this process reads
     in_process = (n_workers == 0 or source.startswith("memory://")) and client is None
-    where = dict(client=client, scheduler=scheduler, n_workers=n_workers, in_process=in_process)
+    where = Where(client, scheduler, n_workers, in_process, gpus)
     with RunFolder.create(plan.out, plan.out_storage_options) as run:
         journal = ManifestJournal(plan, ds, staging=run.local)
         try:
-            if options.backend in WARP_BACKENDS:
-                videos = warp_runs.run_plan(plan, blob, run.url, gpus=gpus,
-                                            on_video=journal.add, **where)
-            else:
-                videos = opengl_runs.run_plan(plan, blob, run.url, on_video=journal.add, **where)
+            videos = run_plan(plan, blob, run.url, where, on_video=journal.add)
         except BaseException:
             journal.close(quiet=True)  # the finished videos stay listed
             raise
@@ -293,138 +292,131 @@ def _protocol(url: str) -> str:
     return protocol if sep and protocol != "local" else "file"
 
 
-def render_frames(
-    source: str,
-    model: mujoco.MjModel | None = None,
-    camera: str | None = None,
-    *,
-    worlds: Sequence[int] | None = None,
-    time: tuple[float | None, float | None] | None = None,
-    size: tuple[int, int] = (240, 320),
-    block_frames: int = 16,
-    storage_options: Mapping[str, Any] | None = None,
-    backend: str = "opengl",
-    outputs: Sequence[str] | None = None,
-    depth_scale: float | None = None,
-) -> xr.DataArray | xr.Dataset:
-    """Frames of one camera as lazy arrays over ``(world, time, y, x[, channel])``.
+# ----------------------------------------------------------------------------- where it runs
+@dataclass(frozen=True)
+class Where:
+    """Where :func:`render_videos` was asked to render (see its text).
 
-    Nothing is rendered until computed; computing a slice renders only the blocks of
-    ``block_frames`` frames it touches, each a task that makes every output asked for
-    from one kinematics pass per frame. The time axis runs from the first to the last
-    selected frame of any world; frames past a world's ``n_frames`` (a ragged archive),
-    and frames whose state is not finite, show nothing (black, NaN depth, segmentation
-    -1). A local ``source`` is made absolute, so the graph computes on workers started in
-    other folders. ``model`` None: the model kept beside the archive (as
-    :func:`render_videos`). The model reaches the workers once (:func:`graph_model`):
-    with a default ``distributed.Client`` in this process, it is sent to its workers
-    when this is called, and the frames compute on that client; else it is one key of
-    each graph, never one copy per task.
+    Attributes:
+        client, scheduler: A ``distributed.Client``, or a scheduler address used when it
+            is None.
+        n_workers: Worker processes of a local cluster (``"warp-cpu"``: None is one
+            render thread per core in this process; 0 or 1: one thread).
+        in_process: Render in this process (when no client or scheduler is given).
+        gpus: CUDA device numbers of the GPUs to use (``"gpu"``; default: all).
+    """
+
+    client: Any = None
+    scheduler: str | None = None
+    n_workers: int | None = None
+    in_process: bool = False
+    gpus: Sequence[int] | None = None
+
+
+def run_plan(plan: RenderPlan, blob: bytes, parts: str, where: Where = Where(), *,
+             on_video: OnVideo | None = None) -> list[dict[str, Any]]:
+    """Render every video of ``plan``; their manifest entries, in plan order.
+
+    OpenGL: in this thread (:func:`flyarchive.render.opengl.render_here`), or as
+    (world, frame segment) tasks on a Dask cluster joined per video
+    (:func:`run_segments`). Warp: where :func:`~flyarchive.distribute.placement.placement`
+    says: in this thread (:func:`flyarchive.render.warp.render_jobs`), on render threads
+    sharing Warp's CPU device (:func:`flyarchive.render.warp.render_threads`), or as
+    groups of whole videos on Dask workers
+    (:func:`flyarchive.distribute.warp_runs.render_on_dask`). A cluster is
+    :class:`~flyarchive.distribute.cluster.connect`'s: the client given, a scheduler's,
+    or a local one started and stopped here.
 
     Args:
-        backend: ``"opengl"`` (its old name ``"cpu"`` is accepted with a
-            DeprecationWarning), ``"gpu"`` or ``"warp-cpu"`` (mujoco-warp; one renderer
-            per process, used by one task at a time).
-        outputs: None (default): return the RGB frames as one DataArray, as before. A
-            sequence of names from :data:`flyarchive.replay.outputs.OUTPUTS`: return an
-            ``xr.Dataset`` with one variable per output: ``rgb`` ``(world, time, y, x,
-            channel)`` uint8, ``depth`` ``(world, time, y, x)`` float32 planar depth in
-            model length units (NaN: no hit; on the Warp backends a multiple of
-            ``depth_scale``), ``segmentation`` ``(world, time, y, x)`` int32 geom ids (-1:
-            no geom).
-        depth_scale: Warp backends: model units per depth count (None: the far plane /
-            65534); the OpenGL depth is not quantized.
+        plan: What to render.
+        blob: The compiled model as MJB bytes.
+        parts: The run's parts folder (:attr:`flyarchive.video.workspace.RunFolder.url`),
+            which the caller holds for the whole run and removes afterwards.
+        where: Where it was asked to run.
+        on_video: Called in this process with each video's entry as soon as the video is
+            finished under its final name (any thread; it must be quick), so that a render
+            stopped later keeps it listed (:class:`flyarchive.video.manifest.ManifestJournal`).
 
     Raises:
-        CameraNotFoundError, LayoutMismatchError, SelectionError.
-        ModelLoadError, CorruptArchiveError: no model given, and none (or a damaged one)
-            kept beside the archive (UnsafeModelError: one that is not safe to load).
-        FrameSizeError: ``size`` is not two positive integers (at most 16384 on ``"opengl"``).
-        RenderOptionsError: an unknown backend or output.
+        RenderBackendError: no CUDA device for ``"gpu"``, or no worker of the cluster
+            offers the ``GPU`` resource.
+        RenderFailedError: a task failed on the cluster (a worker died, or raised an
+            error that is not a flyarchive error); the message names the world(s).
+        Any flyarchive error a task raised (e.g. CorruptArchiveError).
     """
-    import dask
-    import dask.array as da
-    import xarray as xr
+    if plan.options.backend not in WARP_BACKENDS:
+        if where.in_process:
+            from flyarchive.render.opengl import render_here
 
-    from flyarchive.render.blocks import render_block_outputs
-    from flyarchive.models import camera_ids
-    from flyarchive.replay.outputs import check_segmentable, parse_depth_scale, parse_outputs
+            return render_here(plan, blob, parts, on_video=on_video)
+        with connect(where.client, where.scheduler, where.n_workers) as client:
+            return run_segments(plan, blob, parts, client, on_video=on_video)
+    here = placement(plan.options.backend, len(plan.jobs), client=where.client,
+                     scheduler=where.scheduler, n_workers=where.n_workers,
+                     in_process=where.in_process, gpus=where.gpus)
+    if here.where in ("here", "threads"):
+        from flyarchive.render.warp import render_jobs, render_threads, warp_device
 
-    backend = backend_name(backend)
-    if backend not in BACKENDS:
-        raise RenderOptionsError(
-            f"Unknown backend {backend!r}. Backends: {', '.join(map(repr, BACKENDS))}.")
-    names = ("rgb",) if outputs is None else parse_outputs(outputs)
-    depth_scale = parse_depth_scale(depth_scale)
-    size = parse_frame_size(size, max_side=MAX_GL_SIDE if backend == "opengl" else None)
-    source = absolute_url(source)
-    ds = open_header(source, storage_options)  # opened once here
-    model, mjb = replay_model(source, ds, model, storage_options)
-    keep_archive(source, storage_options, ds)  # what blocks computed in this process read
-    camera_ids(model, () if camera is None else camera)
-    if "segmentation" in names:
-        check_segmentable(model)
-    jobs = select_frames(ds, worlds, time)
-    start, stop = min(j.start for j in jobs), max(j.stop for j in jobs)
-    blob = graph_model(mjb)  # once, not per task nor per compute
-    h, w = size
-    trailing = {"rgb": ((h, w, 3), np.uint8), "depth": ((h, w), np.float32),
-                "segmentation": ((h, w), np.int32)}
-    rows: dict[str, list[Any]] = {name: [] for name in names}
-    for job in jobs:
-        blocks: dict[str, list[Any]] = {name: [] for name in names}
-        for k0 in range(start, stop, block_frames):
-            k1 = min(k0 + block_frames, stop)
-            task = dask.delayed(render_block_outputs, pure=True)(
-                source, dict(storage_options or {}), blob, camera, (h, w),
-                job.world_index, k0, k1, committed=job.stop, backend=backend, outputs=names,
-                depth_scale=depth_scale, archive_id=ds.attrs.get("archive_id"),
-            )
-            for name in names:
-                shape, dtype = trailing[name]
-                blocks[name].append(da.from_delayed(task[name], shape=(k1 - k0, *shape),
-                                                    dtype=dtype))
-        for name in names:
-            rows[name].append(da.concatenate(blocks[name], axis=0))
-    coords = {"world": [j.world_id for j in jobs], "time": ds.time.values[start:stop]}
-    attrs = {"camera": camera, "output_fps": ds.attrs["output_fps"], "backend": backend}
-    arrays = {
-        name: xr.DataArray(da.stack(rows[name], axis=0),
-                           dims=("world", "time", "y", "x", "channel")[:2 + len(trailing[name][0])],
-                           coords={**coords, **({"channel": ["r", "g", "b"]} if name == "rgb" else {})},
-                           name=camera if outputs is None else name, attrs=attrs)
-        for name in names
+        wait_for_warm_up()  # Warp is not imported and initialized by two threads at once
+        if here.where == "threads":
+            return render_threads(plan, blob, parts, here.n_workers or 1, on_video=on_video)
+        if here.device is not None and here.device.startswith("cuda"):
+            warp_device("gpu")  # checks that Warp sees a CUDA device
+        return render_jobs(plan, blob, plan.jobs, here.device or "cpu", parts=parts,
+                           on_video=on_video)
+    with connect(where.client, where.scheduler, here.n_workers,
+                 gpu_workers=list(here.gpu_workers) or None) as client:
+        return render_on_dask(plan, blob, parts, client, own_cluster=here.where == "local-gpus",
+                              on_video=on_video)
+
+
+def run_segments(plan: RenderPlan, blob: bytes, parts: str, client: Any, *,
+                 on_video: OnVideo | None = None) -> list[dict[str, Any]]:
+    """An OpenGL plan on a Dask cluster: (world, frame segment) tasks
+    (:func:`flyarchive.render.opengl.render_segment`), each rendered and encoded on its
+    own; each video's join (:func:`~flyarchive.render.opengl.join_segments`, without
+    re-encoding) submitted as soon as its segments are done, so videos finish (and are
+    kept on a stop) while others still render. Arguments and errors as :func:`run_plan`.
+    """
+    from distributed import as_completed
+
+    from flyarchive.render.opengl import join_segments, render_segment
+
+    blob_future = scatter_model(client, blob)
+    segments = list(plan.segments(len(client.scheduler_info().get("workers", {})) or 1))
+    futures = {
+        client.submit(render_segment, plan, blob_future, parts, job, k0, k1, pure=False): (job, k0, k1)
+        for job, k0, k1 in segments
     }
-    if outputs is None:
-        return arrays["rgb"]
-    return xr.Dataset(arrays, attrs=attrs)
-
-
-def graph_model(mjb: bytes) -> Any:
-    """The model's MJB bytes as the one input of :func:`render_frames`'s tasks that holds it.
-
-    With a default Dask client in this process (``distributed.Client(...)``), the bytes
-    are sent to its workers once, now, under a key named by their SHA-256
-    (:func:`flyarchive.distribute.cluster.scatter_model`): every later graph of these
-    frames holds only that key (a future of the client), so compute them on that
-    client. Without one, the bytes are one key of the graph, named by their SHA-256
-    (so that frames of two models computed together cannot mix them up), sent with
-    each compute.
-    """
-    import hashlib
-
-    import dask
-
-    client = None
-    if "distributed" in sys.modules:  # no client can exist without it: no import
-        from distributed import default_client
-
-        try:
-            client = default_client()
-        except ValueError:  # no default client
-            client = None
-    if client is not None:
-        from flyarchive.distribute.cluster import scatter_model
-
-        return scatter_model(client, mjb)
-    return dask.delayed(mjb, name=f"flyarchive-model-{hashlib.sha256(mjb).hexdigest()}")
+    left = {job: sum(j == job for j, _, _ in segments) for job in plan.jobs}
+    joins: dict[Any, tuple[Job, str]] = {}
+    try:
+        results: dict[tuple[Job, int], list[str]] = {}
+        entries: dict[tuple[Job, str], dict[str, Any]] = {}
+        done = as_completed(futures, loop=client.loop)
+        bar = progress_bar(len(futures) + len(plan.jobs) * len(plan.cameras),
+                           plan.options.progress, what="tasks", unit="task", items=done)
+        for future in done if bar is None else bar:
+            if future in joins:
+                job, camera = joins[future]
+                entries[(job, camera)] = task_result(
+                    future, f"world {job.world_id}, camera {camera!r} (joining segments)")
+                if entries[(job, camera)] is not None and on_video is not None:
+                    on_video(entries[(job, camera)])  # None: kept from an earlier render
+                continue
+            job, k0, k1 = futures[future]
+            results[(job, k0)] = task_result(future, f"world {job.world_id}, frames {k0}..{k1 - 1}")
+            left[job] -= 1
+            if left[job]:
+                continue
+            keys = sorted(k for (j, k) in results if j == job)
+            for c, camera in enumerate(plan.cameras):
+                join = client.submit(join_segments, plan, parts, job, camera,
+                                     [results[(job, k)][c] for k in keys], pure=False)
+                joins[join] = (job, camera)
+                done.add(join)
+        return [e for e in (entries[(job, camera)] for job in plan.jobs for camera in plan.cameras)
+                if e is not None]
+    except BaseException:
+        cancel_quietly(client, [*futures, *joins])
+        raise

@@ -37,7 +37,7 @@ def placement(backend: str, n_videos: int, *, client: Any = None, scheduler: str
               n_workers: int | None = None, in_process: bool = False,
               gpus: Sequence[int] | None = None, visible: Sequence[Any] | None = None,
               cpus: Sequence[int] | None = None) -> Placement:
-    """Where :func:`flyarchive.distribute.warp_runs.run_plan` renders a plan of ``n_videos`` (world) videos.
+    """Where :func:`flyarchive.distribute.api.run_plan` renders a plan of ``n_videos`` (world) videos.
 
     - a client or scheduler given: there;
     - ``"gpu"``: the GPUs of ``gpus`` (default: every visible GPU, found without a CUDA
@@ -79,7 +79,7 @@ def placement(backend: str, n_videos: int, *, client: Any = None, scheduler: str
 def runs_here(backend: str, n_videos: int, *, client: Any = None, scheduler: str | None = None,
               n_workers: int | None = None, in_process: bool = False,
               gpus: Sequence[int] | None = None, visible: Sequence[Any] | None = None) -> bool:
-    """Whether :func:`flyarchive.distribute.warp_runs.run_plan` renders in this process rather than on Dask
+    """Whether :func:`flyarchive.distribute.api.run_plan` renders in this process rather than on Dask
     (:func:`placement`; ``visible`` replaces the GPUs found on this machine)."""
     where = placement(backend, n_videos, client=client, scheduler=scheduler,
                       n_workers=n_workers, in_process=in_process, gpus=gpus, visible=visible)

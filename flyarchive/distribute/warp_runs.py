@@ -1,18 +1,17 @@
-"""Where a Warp render plan runs (the twin of :mod:`flyarchive.distribute.opengl_runs`):
-:func:`run_plan` asks :func:`~flyarchive.distribute.placement.placement`, then renders in
-this process on one device (:func:`render_here`), on render threads sharing Warp's CPU
-device (:func:`render_threads`), or as groups of whole videos, balanced by frames
-(:func:`split_groups`), on Dask workers (:func:`render_on_dask`: one group per able worker,
-one progress bar for them all). Each group is rendered by
-:func:`flyarchive.render.warp.render_jobs`.
+"""Warp render plans on Dask workers (the backends ``"gpu"`` and ``"warp-cpu"``): groups of
+whole videos, balanced by frames (:func:`flyarchive.render.plan.split_groups`), one per able
+worker (:func:`render_on_dask`, one progress bar for them all), each rendered there by
+:func:`render_group` through :func:`flyarchive.render.warp.render_jobs`. Whether a plan
+runs here or on Dask is :func:`flyarchive.distribute.placement.placement`'s choice, made
+in :func:`flyarchive.distribute.api.render_videos`; in this process it renders through
+:mod:`flyarchive.render.warp` alone.
 
-- ``"gpu"``: one group per GPU: in this process when one GPU is used (no Dask, no
-  second process: the least set-up), else on a local cluster of one worker process
-  per GPU (:mod:`flyarchive.distribute.gpus`), or on the workers of the cluster given
-  that hold the resource ``GPU`` (passed to ``client.submit`` explicitly: Dask drops
-  ``annotate`` resources during graph optimization, dask #7036);
-- ``"warp-cpu"``: render threads in this process, or one group per worker of a local
-  cluster of single-core worker processes, or of the cluster given.
+- ``"gpu"``: one group per GPU worker: of a local cluster of one worker process per GPU
+  (:mod:`flyarchive.distribute.gpus`), or of the cluster given, those that hold the
+  resource ``GPU`` (passed to ``client.submit`` explicitly: Dask drops ``annotate``
+  resources during graph optimization, dask #7036);
+- ``"warp-cpu"``: one group per worker of a local cluster of single-core worker
+  processes, or of the cluster given.
 
 A group whose worker dies is run again by Dask on another worker; it skips the videos
 that its first run finished (they are complete under their final names).
@@ -22,174 +21,17 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
 
-import numpy as np
-
-from flyarchive.distribute.cluster import cancel_quietly, connect, scatter_model, task_result
-from flyarchive.distribute.placement import placement
-from flyarchive.distribute.warm import wait_for_warm_up
-from flyarchive.errors import RenderBackendError, RenderFailedError
+from flyarchive.distribute.cluster import cancel_quietly, scatter_model, task_result
+from flyarchive.errors import RenderBackendError
 from flyarchive.render.diagnostics import PipelineProfile, StageTimer, progress_bar
-from flyarchive.render.plan import Job, RenderPlan
-
-#: What a run calls with each finished video's manifest entry.
-OnVideo = Callable[[dict[str, Any]], None]
+from flyarchive.render.plan import Job, OnVideo, RenderPlan, split_groups
 
 
-def run_plan(plan: RenderPlan, blob: bytes, parts: str | None = None, *, client: Any = None,
-             scheduler: str | None = None, n_workers: int | None = None,
-             in_process: bool = False, gpus: Sequence[int] | None = None,
-             on_video: OnVideo | None = None) -> list[dict[str, Any]]:
-    """Render a plan on the Warp backend of ``plan.options.backend``; the manifest entries.
-
-    Where: :func:`placement`. On ``"gpu"`` every visible GPU is used by default (one
-    worker process each, on a local cluster started and stopped here; one GPU renders
-    in this process); with a client or scheduler, groups of whole videos go to its
-    workers that hold the resource ``GPU`` (start them with ``--resources GPU=1``, one
-    per GPU). On ``"warp-cpu"`` render threads in this process (one per core), a local
-    cluster of ``n_workers`` single-core worker processes, or the workers of the
-    cluster given do.
-
-    Args:
-        plan: What to render, with a Warp backend.
-        blob: The compiled model as MJB bytes.
-        parts: The run's parts folder (see :func:`render_jobs`).
-        client: A ``distributed.Client``.
-        scheduler: A scheduler address, used when ``client`` is None.
-        n_workers: ``"warp-cpu"``: worker processes of a local cluster (0 or 1: in this
-            process, one thread; None: one render thread per core in this process).
-        in_process: Render in this process (when no client or scheduler is given).
-        gpus: CUDA device numbers of the GPUs to use (``"gpu"``, no client or scheduler;
-            default: all).
-        on_video: Called in this process with each finished video's entry (see
-            :func:`flyarchive.distribute.opengl_runs.run_plan`).
-
-    Returns:
-        One entry per (world, camera) in ``plan.jobs`` order, then camera order:
-        ``{"world", "camera", "path", "frames", "first_frame", "fps", "size"}``.
-
-    Raises:
-        RenderBackendError: no CUDA device for ``"gpu"``, or no worker of the cluster
-            offers the ``GPU`` resource.
-        RenderOptionsError: ``gpus`` names a GPU that is not visible.
-        RenderFailedError: a group failed on a worker (the message names its worlds and
-            the worker).
-        OutputExistsError, VideoEncodeError, StorageError.
-    """
-    where = placement(plan.options.backend, len(plan.jobs), client=client, scheduler=scheduler,
-                      n_workers=n_workers, in_process=in_process, gpus=gpus)
-    if where.where == "here":
-        return render_here(plan, blob, parts, where.device, on_video=on_video)
-    if where.where == "threads":
-        return render_threads(plan, blob, parts, where.n_workers or 1, on_video=on_video)
-    with connect(client, scheduler, where.n_workers,
-                 gpu_workers=list(where.gpu_workers) or None) as dask_client:
-        return render_on_dask(plan, blob, parts, dask_client,
-                              own_cluster=where.where == "local-gpus", on_video=on_video)
-
-
-def split_groups(jobs: Sequence[Job], batch_worlds: int, n_groups: int) -> list[tuple[Job, ...]]:
-    """Split jobs, in order, into at most ``n_groups`` groups of whole videos.
-
-    Each group holds about the same number of frames, rounded up to whole batches, so
-    only a group's last batch can be partial (a partial batch costs a full one).
-
-    Returns:
-        Non-empty tuples of jobs; concatenated, they are ``jobs``.
-    """
-    ends = np.cumsum([job.n_frames for job in jobs])  # frames up to the end of each job
-    total = int(ends[-1]) if len(ends) else 0
-    cuts: list[int] = [0]
-    for i in range(1, max(1, n_groups)):
-        target = round(i * total / n_groups / batch_worlds) * batch_worlds
-        cut = int(np.argmin(np.abs(ends - target))) + 1  # jobs before the cut
-        if cuts[-1] < cut < len(jobs):
-            cuts.append(cut)
-    cuts.append(len(jobs))
-    return [tuple(jobs[a:b]) for a, b in zip(cuts, cuts[1:]) if b > a]
-
-
-def render_here(plan: RenderPlan, blob: bytes, parts: str | None, device: str, *,
-                on_video: Callable[[dict[str, Any]], None] | None = None
-                ) -> list[dict[str, Any]]:
-    """Every video in this thread, on ``device`` (``"cpu"`` or ``"cuda:k"``); ``on_video``
-    gets each finished video's entry (from an encoder thread).
-
-    Raises:
-        RenderBackendError: a CUDA device was asked for and Warp sees none.
-    """
-    from flyarchive.render.warp import render_jobs, warp_device
-
-    wait_for_warm_up()  # Warp is not imported and initialized by two threads at once
-    if device.startswith("cuda"):
-        warp_device("gpu")  # checks that Warp sees a CUDA device
-    return render_jobs(plan, blob, plan.jobs, device, parts=parts, on_video=on_video)
-
-
-def render_threads(plan: RenderPlan, blob: bytes, parts: str | None, n_threads: int, *,
-                   on_video: Callable[[dict[str, Any]], None] | None = None
-                   ) -> list[dict[str, Any]]:
-    """Every video in this process on Warp's CPU device: groups of whole videos, balanced
-    by frames, one per thread, each with its own renderer (kept for the next call).
-
-    Warp's CPU kernels run without the GIL, so the threads render on as many cores
-    (each builds its renderer and submits its first batch alone: Warp loads modules on
-    first launch, see :func:`~flyarchive.render.warp.render_jobs`). A failed
-    group stops the others at their next batch; its error is raised.
-
-    Raises:
-        As :func:`flyarchive.render.warp.render_jobs`.
-    """
-    import contextvars
-
-    from flyarchive.render.warp import batch_worlds_of, render_jobs
-
-    wait_for_warm_up()
-    groups = split_groups(plan.jobs, batch_worlds_of(plan.options), n_threads)
-    bar = progress_bar(sum(job.n_frames for job in plan.jobs), plan.options.progress)
-    failed: list[BaseException] = []
-    results: list[list[dict[str, Any]]] = [[] for _ in groups]
-
-    def on_frames(n: int) -> None:
-        if failed:
-            raise RenderFailedError("Stopped: another group of videos failed.")
-        if bar is not None:
-            bar.update(n)
-
-    def run(i: int, group: tuple[Job, ...]) -> None:
-        try:
-            results[i] = render_jobs(plan, blob, group, "cpu", parts=parts,
-                                     on_frames=on_frames, slot=i, on_video=on_video)
-        except BaseException as err:
-            failed.append(err)
-
-    threads = [threading.Thread(target=contextvars.copy_context().run, args=(run, i, group),
-                                name=f"flyarchive-render-{i}", daemon=True)
-               for i, group in enumerate(groups)]
-    try:
-        for thread in threads:
-            thread.start()
-        for thread in threads:
-            thread.join()
-    except BaseException as err:  # Ctrl-C: the threads stop at their next batch
-        failed.append(err)
-        for thread in threads:
-            thread.join()
-        raise
-    finally:
-        if bar is not None:
-            bar.close()
-    if failed:
-        raise next((e for e in failed if not isinstance(e, RenderFailedError)), failed[0])
-    return [entry for group in results for entry in group]
-
-
-# ----------------------------------------------------------------------------- on Dask
 def render_group(plan: RenderPlan, blob: bytes, jobs: tuple[Job, ...], parts: str | None,
                  topic: str | None, share: tuple[int, int] | None = None,
                  videos_topic: str | None = None
@@ -294,8 +136,7 @@ def _cores(share: tuple[int, int] | None) -> Iterator[None]:
 
 
 def render_on_dask(plan: RenderPlan, blob: bytes, parts: str | None, client: Any, *,
-                   own_cluster: bool = False,
-                   on_video: Callable[[dict[str, Any]], None] | None = None
+                   own_cluster: bool = False, on_video: OnVideo | None = None
                    ) -> list[dict[str, Any]]:
     """One group of whole videos per able worker (``"gpu"``: those with the resource
     ``GPU``), balanced by frames; the manifest entries in plan order.

@@ -1,23 +1,20 @@
-"""Open an archive as a lazy, validated, masked ``xarray.Dataset`` (:func:`open_archive`),
-or its header alone, without xarray or dask (:func:`open_header`)."""
+"""Open an archive as a lazy, validated, masked ``xarray.Dataset`` (:func:`open_archive`).
+Its header alone, without xarray or dask, is the store's
+(:func:`flyarchive.store.opening.open_header`)."""
 
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Mapping
-from typing import TYPE_CHECKING, Any, TypeVar
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
 
-from flyarchive.errors import FlyarchiveError, SchemaError, UnsafeFileError
 from flyarchive.schema import validate
-from flyarchive.store import dataset, unavailable
+from flyarchive.store import dataset
 from flyarchive.store.location import as_url
-from flyarchive.store.header import ArchiveHeader
-from flyarchive.store.reader import damaged_metadata, open_checked, unreadable
+from flyarchive.store.opening import read_archive
 
 if TYPE_CHECKING:
     import xarray as xr
-
-_Opened = TypeVar("_Opened")
 
 
 def open_archive(url: str | os.PathLike[str], storage_options: Mapping[str, Any] | None = None
@@ -63,54 +60,6 @@ def open_archive(url: str | os.PathLike[str], storage_options: Mapping[str, Any]
             replaced (written again with ``mode="w"``) or deleted after it was opened:
             the dataset never mixes two archives; open it again.
     """
-    ds = _opened(as_url(url), storage_options, dataset.open_dataset)
+    ds = read_archive(as_url(url), storage_options, dataset.open_dataset)
     validate(ds)
     return ds
-
-
-def open_header(url: str | os.PathLike[str], storage_options: Mapping[str, Any] | None = None,
-                *, group: Any = None) -> ArchiveHeader:
-    """Open an archive's header: its attributes, ``n_frames``, coordinates and per-world
-    variables, checked and validated as :func:`open_archive` does, without importing
-    xarray or dask (:mod:`flyarchive.store.header`). What a render plans with; states are
-    read by :class:`~flyarchive.store.reader.StateReader` (renders) or :func:`open_archive`.
-
-    Args:
-        url, storage_options: As :func:`open_archive`.
-        group: The archive's group, opened and checked already (``header.group`` of an
-            earlier header, ``StateReader.group``); None: opened here.
-
-    Raises:
-        As :func:`open_archive` when opening.
-    """
-    header = _opened(as_url(url), storage_options, dataset.read_header, group)
-    validate(header)
-    return header
-
-
-def _opened(url: str, storage_options: Mapping[str, Any] | None,
-            read: Callable[..., _Opened], group: Any = None) -> _Opened:
-    """``read(url, storage_options, group)`` of the checked group (opened here unless
-    given), looked at twice should a writer have changed the archive under the first
-    look; errors named."""
-    if group is None:
-        try:  # the arrays' own metadata is checked in read's first round (store.copies)
-            group = open_checked(url, storage_options, own_later=True)
-        except UnsafeFileError:  # a writer replaced a metadata file as it was read: look again
-            group = open_checked(url, storage_options, own_later=True)
-    for attempt in (1, 2):
-        try:
-            return read(url, storage_options, group)
-        except (OSError, TimeoutError) as err:
-            if isinstance(err, FlyarchiveError):
-                raise
-            if not isinstance(err, FileNotFoundError):
-                raise unavailable(url, err) from None
-            if attempt == 2:
-                raise damaged_metadata(url, group, err) from None
-        except SchemaError:  # names its file: looking again would not change it
-            raise
-        except Exception as err:  # zarr/xarray report damaged metadata in many ways
-            if attempt == 2:
-                raise unreadable(url, group, err) from None
-    raise AssertionError("unreachable")

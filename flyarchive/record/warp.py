@@ -32,7 +32,6 @@ import numpy as np
 from flyarchive.clock import FrameClock, Timing
 from flyarchive.errors import (
     FlyarchiveError,
-    LayoutMismatchError,
     OptionsError,
     RecordingError,
     SelectionError,
@@ -59,7 +58,9 @@ from flyarchive.record.warp_io import (  # noqa: E402  (after the check that war
     BackgroundWriter,
     Frames,
     Session,
+    check_data,
     gather_frame,
+    parse_worlds,
 )
 
 
@@ -168,7 +169,7 @@ class WarpTrajectoryRecorder:
         self.nworld = int(nworld)
         if self.nworld < 1:
             raise OptionsError(f"nworld must be at least 1, got {nworld!r}.")
-        self.world_ids = _parse_worlds(worlds, self.nworld)
+        self.world_ids = parse_worlds(worlds, self.nworld)
         # Every archive option is checked now, before the first frame and before any storage.
         ArchiveSpec(self.layout, self.timing, self.world_ids, dtype="float32",
                     source="mujoco-warp", chunk_frames=chunk_frames, codec=codec,
@@ -260,7 +261,7 @@ class WarpTrajectoryRecorder:
             RuntimeError: after :meth:`close`.
         """
         self._check_usable()
-        dtype = _check_data(mjw_data, self.nworld, self.layout, self.url)
+        dtype = check_data(mjw_data, self.nworld, self.layout, self.url)
         if self._clock is None:
             first = self._first_step(mjw_data)
             if self._session is None:
@@ -467,52 +468,3 @@ class WarpTrajectoryRecorder:
         )
         self._rerun = None
         clock.advance(frame)
-
-
-def _parse_worlds(worlds: Sequence[int] | None, nworld: int) -> tuple[int, ...]:
-    if worlds is None:
-        return tuple(range(nworld))
-    ids = tuple(int(w) for w in worlds)
-    outside = [w for w in ids if not 0 <= w < nworld]
-    if not ids or outside or len(set(ids)) != len(ids):
-        raise SelectionError(
-            f"worlds={list(worlds)!r} must be unique world ids in [0, {nworld}) "
-            f"(the simulation has nworld={nworld}); outside: {outside}. "
-            "Pass at least one id, each once, or None for all worlds."
-        )
-    return ids
-
-
-def _check_data(d: Any, nworld: int, layout: ModelLayout, url: str) -> str:
-    """Check a mujoco-warp ``Data`` against the recorder; return the numpy dtype name of qpos.
-
-    Raises:
-        RecordingError: for another number of worlds, or arrays that are missing or of
-            another dtype (not a mujoco_warp.Data).
-        LayoutMismatchError: for another model's state (nq, nmocap).
-    """
-    qpos = getattr(d, "qpos", None)
-    if qpos is not None and qpos.ndim == 2 and qpos.shape[0] != nworld:
-        raise RecordingError(
-            f"The recorder for {url!r} has {nworld} worlds (nworld); the Data passed has "
-            f"{qpos.shape[0]}. Pass the mujoco_warp.Data the recorder was created for; nothing "
-            "of this call was recorded."
-        )
-    want = {
-        "qpos": ((nworld, layout.nq), wp.float32),
-        "mocap_pos": ((nworld, layout.nmocap), wp.vec3),
-        "mocap_quat": ((nworld, layout.nmocap), wp.quat),
-        "time": ((nworld,), wp.float32),
-    }
-    for name, (shape, dtype) in want.items():
-        arr = getattr(d, name, None)
-        if arr is None or tuple(arr.shape) != shape or arr.dtype != dtype:
-            got = None if arr is None else (tuple(arr.shape), wp.types.type_repr(arr.dtype))
-            kind = LayoutMismatchError if arr is not None and arr.dtype == dtype else RecordingError
-            raise kind(
-                f"mjw_data.{name} is {got}; the recorder for {url!r} expects shape {shape} of "
-                f"{wp.types.type_repr(dtype)} (nworld={nworld}, nq={layout.nq}, "
-                f"nmocap={layout.nmocap}). Pass the mujoco_warp.Data of the model the "
-                "recorder was created with, and the same nworld."
-            )
-    return str(np.dtype(wp.dtype_to_numpy(d.qpos.dtype)))

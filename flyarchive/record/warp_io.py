@@ -6,6 +6,8 @@
 - :class:`BackgroundWriter` is the thread that checks host buffers (NaN, time order)
   and commits them with :meth:`~flyarchive.record.sink.ArchiveSink.write`, in hand-off order.
 - :class:`Session` holds both for a started recorder (and for its finalizer).
+- :func:`check_data` and :func:`parse_worlds` check what a recorder is given: the
+  mujoco-warp ``Data`` (its device arrays) and the worlds to record.
 
 This module imports ``warp``.
 """
@@ -21,7 +23,8 @@ from typing import Any
 import numpy as np
 
 from flyarchive.clock import Timing
-from flyarchive.errors import RecordingError
+from flyarchive.errors import LayoutMismatchError, RecordingError, SelectionError
+from flyarchive.layout import ModelLayout
 from flyarchive.record.common import release_writer
 from flyarchive.schema import finite_frames
 from flyarchive.record.spec import FrameBlock
@@ -277,3 +280,57 @@ class Session:
         self.close()
         if self.background.error is not None:
             raise self.background.error
+
+
+def parse_worlds(worlds: Sequence[int] | None, nworld: int) -> tuple[int, ...]:
+    """The world ids to record: ``worlds``, checked, or every world of ``nworld``.
+
+    Raises:
+        SelectionError: an id outside ``[0, nworld)``, an id named twice, or none.
+    """
+    if worlds is None:
+        return tuple(range(nworld))
+    ids = tuple(int(w) for w in worlds)
+    outside = [w for w in ids if not 0 <= w < nworld]
+    if not ids or outside or len(set(ids)) != len(ids):
+        raise SelectionError(
+            f"worlds={list(worlds)!r} must be unique world ids in [0, {nworld}) "
+            f"(the simulation has nworld={nworld}); outside: {outside}. "
+            "Pass at least one id, each once, or None for all worlds."
+        )
+    return ids
+
+
+def check_data(d: Any, nworld: int, layout: ModelLayout, url: str) -> str:
+    """Check a mujoco-warp ``Data`` against the recorder; return the numpy dtype name of qpos.
+
+    Raises:
+        RecordingError: for another number of worlds, or arrays that are missing or of
+            another dtype (not a mujoco_warp.Data).
+        LayoutMismatchError: for another model's state (nq, nmocap).
+    """
+    qpos = getattr(d, "qpos", None)
+    if qpos is not None and qpos.ndim == 2 and qpos.shape[0] != nworld:
+        raise RecordingError(
+            f"The recorder for {url!r} has {nworld} worlds (nworld); the Data passed has "
+            f"{qpos.shape[0]}. Pass the mujoco_warp.Data the recorder was created for; nothing "
+            "of this call was recorded."
+        )
+    want = {
+        "qpos": ((nworld, layout.nq), wp.float32),
+        "mocap_pos": ((nworld, layout.nmocap), wp.vec3),
+        "mocap_quat": ((nworld, layout.nmocap), wp.quat),
+        "time": ((nworld,), wp.float32),
+    }
+    for name, (shape, dtype) in want.items():
+        arr = getattr(d, name, None)
+        if arr is None or tuple(arr.shape) != shape or arr.dtype != dtype:
+            got = None if arr is None else (tuple(arr.shape), wp.types.type_repr(arr.dtype))
+            kind = LayoutMismatchError if arr is not None and arr.dtype == dtype else RecordingError
+            raise kind(
+                f"mjw_data.{name} is {got}; the recorder for {url!r} expects shape {shape} of "
+                f"{wp.types.type_repr(dtype)} (nworld={nworld}, nq={layout.nq}, "
+                f"nmocap={layout.nmocap}). Pass the mujoco_warp.Data of the model the "
+                "recorder was created with, and the same nworld."
+            )
+    return str(np.dtype(wp.dtype_to_numpy(d.qpos.dtype)))

@@ -1,21 +1,23 @@
 """Render: how one process turns an archive into videos. Where that work runs (this
-process, a local cluster, a given scheduler, GPUs) is :mod:`flyarchive.distribute`'s; nothing
-here imports it.
+process, a local cluster, a given scheduler, GPUs) is decided by :mod:`flyarchive.distribute`;
+nothing here imports it.
 
-The two pipelines, side by side, each read states, render, encode:
+The two pipelines, side by side, each read states, render, encode, and each renders a
+whole plan in this process:
 
 - :mod:`flyarchive.render.opengl`: backend ``"opengl"``: segments of a world's frames read,
   rendered one frame at a time (overlays and mosaics composed on the host), encoded, and
-  joined without re-encoding;
+  joined without re-encoding (every video of a plan in this thread: ``render_here``);
 - :mod:`flyarchive.render.warp`: backends ``"gpu"`` and ``"warp-cpu"``: batches of states
   read ahead, rendered on the device, handed to :mod:`flyarchive.render.encoders` (one
-  ffmpeg per video, fed by encoder threads).
+  ffmpeg per video, fed by encoder threads); in this thread (``render_jobs``) or on
+  render threads sharing Warp's CPU device (``render_threads``).
 
 What they share:
 
 - :mod:`flyarchive.render.options`: what is rendered, :class:`RenderOptions`;
 - :mod:`flyarchive.render.plan`: the plan (:class:`RenderPlan`, its jobs, :class:`Batch`
-  es of :class:`Piece` s), checked before any work;
+  es of :class:`Piece` s, groups of whole videos), checked before any work;
 - :mod:`flyarchive.render.output_plan`: depth and segmentation maps, mosaics and overlays,
   checked and planned;
 - :mod:`flyarchive.render.resume`: the plan of what a stopped render left to do;

@@ -1,6 +1,8 @@
 """Archive -> mp4 on OpenGL (backend ``"opengl"``): a (world, frame segment) read, rendered
 and encoded on its own (:func:`render_segment`), and the join of one video's segments
-without re-encoding (:func:`join_segments`). The twin of :mod:`flyarchive.render.warp`.
+without re-encoding (:func:`join_segments`); every video of a plan in this thread
+(:func:`render_here`; on a Dask cluster the segments and joins are tasks,
+:mod:`flyarchive.distribute.api`). The twin of :mod:`flyarchive.render.warp`.
 
 - read: the segment's states through the archive's
   :class:`~flyarchive.store.reader.StateReader` (:func:`world_states`; one per archive,
@@ -31,9 +33,15 @@ import numpy as np
 
 from flyarchive import config
 from flyarchive.models import model_from_bytes
+from flyarchive.render.diagnostics import progress_bar
 from flyarchive.render.output_plan import map_attributes
-from flyarchive.render.plan import Job, RenderPlan
-from flyarchive.render.renderers import archive_header, opengl_renderer, state_reader
+from flyarchive.render.plan import Job, OnVideo, RenderPlan
+from flyarchive.render.renderers import (
+    archive_header,
+    close_thread_renderers,
+    opengl_renderer,
+    state_reader,
+)
 from flyarchive.replay.compose import burn_text, tile_frames
 from flyarchive.replay.outputs import depth_to_counts, ids_to_counts, map_outputs
 from flyarchive.schema import finite_frames
@@ -46,6 +54,45 @@ if TYPE_CHECKING:
 
 #: One world's states over a range of frames: qpos ``(n, nq)``, mocap poses or None.
 States = tuple[np.ndarray, "np.ndarray | None", "np.ndarray | None"]
+
+
+# ----------------------------------------------------------------------------- in this process
+def render_here(plan: RenderPlan, blob: bytes, parts: str, *, on_video: OnVideo | None = None
+                ) -> list[dict[str, Any]]:
+    """Every video of ``plan`` in this thread; its manifest entries, in plan order.
+
+    One segment per video (nothing to parallelize here), each video joined as soon as it
+    is rendered and ``on_video`` called with its entry, so that a stop keeps the videos
+    finished before it. The thread's GL context is freed at the end.
+
+    Args:
+        plan: What to render, with backend ``"opengl"``.
+        blob: The compiled model as MJB bytes.
+        parts: The run's parts folder (:attr:`flyarchive.video.workspace.RunFolder.url`),
+            which the caller holds for the whole run and removes afterwards.
+        on_video: Called with each video's entry as soon as the video is finished under
+            its final name (:class:`flyarchive.video.manifest.ManifestJournal`).
+    """
+    entries = []
+    segments = list(plan.segments(None))
+    try:
+        bar = progress_bar(len(segments), plan.options.progress, what="segments", unit="task",
+                           items=segments)
+        done: dict[tuple[Job, str], list[str]] = {}
+        for job, k0, k1 in segments if bar is None else bar:
+            for camera, url in zip(plan.cameras, render_segment(plan, blob, parts, job, k0, k1)):
+                done.setdefault((job, camera), []).append(url)
+            if k1 < job.stop:
+                continue
+            for camera in plan.cameras:
+                entry = join_segments(plan, parts, job, camera, done.pop((job, camera)))
+                if entry is not None:  # None: kept from an earlier render
+                    entries.append(entry)
+                    if on_video is not None:
+                        on_video(entry)
+        return entries
+    finally:
+        close_thread_renderers()  # free this thread's GL context
 
 
 # ----------------------------------------------------------------------------- read

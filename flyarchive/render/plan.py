@@ -5,23 +5,29 @@ the videos to make (:class:`~flyarchive.query.selection.VideoJob`, one per world
 or :class:`~flyarchive.video.mosaic.MosaicJob`), checked before any work
 (:func:`preflight`). The OpenGL backend cuts each video into segments
 (:meth:`RenderPlan.segments`); the Warp backends pack (world, frame) states into batches
-(:func:`pack_batches`: :class:`Batch` es of :class:`Piece` s).
+(:func:`pack_batches`: :class:`Batch` es of :class:`Piece` s), and split the videos into
+groups of whole videos, one per render thread or worker (:func:`split_groups`).
 """
 
 from __future__ import annotations
 
 import os
 from collections import deque
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import mujoco
+import numpy as np
 
 from flyarchive.errors import OutputExistsError, RenderOptionsError
 from flyarchive.render.options import RenderOptions
 from flyarchive.video.mosaic import Job
 from flyarchive.video.workspace import filesystem, is_local_fs
+
+
+#: What a run calls with each finished video's manifest entry.
+OnVideo = Callable[[dict[str, Any]], None]
 
 
 def absolute_url(url: str | os.PathLike[str]) -> str:
@@ -232,3 +238,24 @@ def pack_batches(jobs: Sequence[Job], batch_worlds: int, lanes: int = 1) -> list
                     open_lanes.remove(lane)
         batches.append(Batch(tuple(pieces)))
     return batches
+
+
+def split_groups(jobs: Sequence[Job], batch_worlds: int, n_groups: int) -> list[tuple[Job, ...]]:
+    """Split jobs, in order, into at most ``n_groups`` groups of whole videos.
+
+    Each group holds about the same number of frames, rounded up to whole batches, so
+    only a group's last batch can be partial (a partial batch costs a full one).
+
+    Returns:
+        Non-empty tuples of jobs; concatenated, they are ``jobs``.
+    """
+    ends = np.cumsum([job.n_frames for job in jobs])  # frames up to the end of each job
+    total = int(ends[-1]) if len(ends) else 0
+    cuts: list[int] = [0]
+    for i in range(1, max(1, n_groups)):
+        target = round(i * total / n_groups / batch_worlds) * batch_worlds
+        cut = int(np.argmin(np.abs(ends - target))) + 1  # jobs before the cut
+        if cuts[-1] < cut < len(jobs):
+            cuts.append(cut)
+    cuts.append(len(jobs))
+    return [tuple(jobs[a:b]) for a, b in zip(cuts, cuts[1:]) if b > a]

@@ -27,8 +27,9 @@ mosaic frame of ``T`` tiles takes ``T`` render slots (slot ``frame * T + tile``)
 without a state (a blank tile, or a world past its last frame) are NaN, which renders black
 like any non-finite state.
 
-Where this runs (:mod:`flyarchive.distribute.warp_runs`): in this process, on threads
-sharing Warp's CPU device, or on each Dask worker for a group of whole videos.
+Where this runs is :mod:`flyarchive.distribute`'s choice: in this process
+(:func:`render_jobs`), on render threads sharing Warp's CPU device (:func:`render_threads`),
+or on each Dask worker for a group of whole videos (:mod:`flyarchive.distribute.warp_runs`).
 
 ``import flyarchive`` does not import this module; it imports ``warp`` lazily.
 """
@@ -48,12 +49,12 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from flyarchive import config
-from flyarchive.errors import RenderBackendError
+from flyarchive.errors import RenderBackendError, RenderFailedError
 from flyarchive.render.diagnostics import StageTimer, progress_bar
 from flyarchive.render.encoders import MAX_ENCODERS, Encoders
 from flyarchive.render.options import RenderOptions
 from flyarchive.render.output_plan import text_chars
-from flyarchive.render.plan import Batch, Job, RenderPlan, pack_batches
+from flyarchive.render.plan import Batch, Job, OnVideo, RenderPlan, pack_batches, split_groups
 from flyarchive.render.renderers import archive_header, state_reader, warp_renderer, warp_slot
 from flyarchive.replay import WARP_BACKENDS
 from flyarchive.schema import finite_frames
@@ -141,8 +142,7 @@ def _lanes(jobs: tuple[Job, ...], plan: RenderPlan, frames_per_batch: int,
 
 def render_jobs(plan: RenderPlan, blob: bytes, jobs: Sequence[Job], device: str, *,
                 parts: str | None = None, on_frames: Callable[[int], None] | None = None,
-                slot: int = 0, on_video: Callable[[dict[str, Any]], None] | None = None
-                ) -> list[dict[str, Any]]:
+                slot: int = 0, on_video: OnVideo | None = None) -> list[dict[str, Any]]:
     """Render and encode every video of ``jobs`` in this process, on one Warp device.
 
     Stage timings and counts go to the
@@ -219,6 +219,61 @@ def render_jobs(plan: RenderPlan, blob: bytes, jobs: Sequence[Job], device: str,
                     bar.close()
     return [entries[(i, c)] for i in range(len(jobs)) for c in plan.cameras
             if (i, c) in entries]  # not those kept from an earlier render (plan.kept)
+
+
+def render_threads(plan: RenderPlan, blob: bytes, parts: str | None, n_threads: int, *,
+                   on_video: OnVideo | None = None) -> list[dict[str, Any]]:
+    """Every video in this process on Warp's CPU device: groups of whole videos, balanced
+    by frames (:func:`~flyarchive.render.plan.split_groups`), one per thread, each with
+    its own renderer (kept for the next call, :func:`render_jobs`'s ``slot``).
+
+    Warp's CPU kernels run without the GIL, so the threads render on as many cores
+    (each builds its renderer and submits its first batch alone: Warp loads modules on
+    first launch). A failed group stops the others at their next batch; its error is
+    raised. Call it once Warp is imported and initialized (not by two threads at once).
+
+    Raises:
+        As :func:`render_jobs`.
+    """
+    import contextvars
+
+    groups = split_groups(plan.jobs, batch_worlds_of(plan.options), n_threads)
+    bar = progress_bar(sum(job.n_frames for job in plan.jobs), plan.options.progress)
+    failed: list[BaseException] = []
+    results: list[list[dict[str, Any]]] = [[] for _ in groups]
+
+    def on_frames(n: int) -> None:
+        if failed:
+            raise RenderFailedError("Stopped: another group of videos failed.")
+        if bar is not None:
+            bar.update(n)
+
+    def run(i: int, group: tuple[Job, ...]) -> None:
+        try:
+            results[i] = render_jobs(plan, blob, group, "cpu", parts=parts,
+                                     on_frames=on_frames, slot=i, on_video=on_video)
+        except BaseException as err:
+            failed.append(err)
+
+    threads = [threading.Thread(target=contextvars.copy_context().run, args=(run, i, group),
+                                name=f"flyarchive-render-{i}", daemon=True)
+               for i, group in enumerate(groups)]
+    try:
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+    except BaseException as err:  # Ctrl-C: the threads stop at their next batch
+        failed.append(err)
+        for thread in threads:
+            thread.join()
+        raise
+    finally:
+        if bar is not None:
+            bar.close()
+    if failed:
+        raise next((e for e in failed if not isinstance(e, RenderFailedError)), failed[0])
+    return [entry for group in results for entry in group]
 
 
 def _render_batches(source: BatchSource, batches: list[Batch], renderer: WarpBatchRenderer,

@@ -27,7 +27,7 @@ import numpy as np
 
 from flyarchive import config
 from flyarchive.errors import OptionsError
-from flyarchive.replay.sizes import PIXEL_FORMATS, frame_shape, parse_frame_size
+from flyarchive.replay.sizes import frame_shape
 from flyarchive.replay.outputs import (
     check_segmentable,
     counts_to_depth,
@@ -43,6 +43,7 @@ from flyarchive.replay.warp_rows import (
     parse_batch,
     parse_cameras,
     parse_mosaic,
+    parse_sizes,
 )
 from flyarchive.replay.warp_model import prepare_for_batch_rendering
 from flyarchive.warp_log import import_mujoco_warp, import_warp
@@ -52,7 +53,7 @@ wp = import_warp(_WHAT)
 mjw = import_mujoco_warp(_WHAT)
 
 from flyarchive.replay.warp_compose import Composer  # noqa: E402  (after the check that warp is there)
-from flyarchive.replay.warp_kernels import scatter_mocap, scatter_qpos  # noqa: E402
+from flyarchive.replay.warp_kernels import unpack_states  # noqa: E402
 
 
 class WarpBatchRenderer:
@@ -127,20 +128,10 @@ class WarpBatchRenderer:
         if "segmentation" in self.outputs:
             check_segmentable(model)
         self.depth_scale: float = parse_depth_scale(depth_scale) or default_depth_scale(model)
-        if pixel_format not in PIXEL_FORMATS:
-            raise OptionsError(f"pixel_format={pixel_format!r} is not one of {PIXEL_FORMATS}.")
         self._pixel_format = pixel_format
-        if int(host_buffers) < 1:
-            raise OptionsError(f"host_buffers={host_buffers!r} must be at least 1.")
-        self._n_host = int(host_buffers)
+        self._size, self._batch_worlds, self._n_host = parse_sizes(
+            size, batch_worlds, host_buffers, pixel_format)
         self._next_host = 0
-        # I420 needs even sides: a FrameSizeError naming the nearest even sizes.
-        self._size = parse_frame_size(size, even=pixel_format == "yuv420p")
-        if int(batch_worlds) < 1:
-            raise OptionsError(
-                f"batch_worlds={batch_worlds!r} cannot hold a state. Pass a positive integer."
-            )
-        self._batch_worlds = int(batch_worlds)
         self.mosaic: tuple[int, int] | None = parse_mosaic(
             mosaic, self._batch_worlds, pixel_format, self.outputs)
         self._tiles = 1 if self.mosaic is None else self.mosaic[0] * self.mosaic[1]
@@ -157,8 +148,6 @@ class WarpBatchRenderer:
         self._graphs: dict[int, Any] = {}  # per device output slot
         self._saw_full_batch = False  # the first full batch runs kernel by kernel
         self._turn = 0  # the staging / output slot of the next batch
-
-    # -- public API --------------------------------------------------------------
 
     @property
     def default_state(self) -> np.ndarray:
@@ -394,8 +383,6 @@ class WarpBatchRenderer:
         """Whether full batches replay a captured CUDA graph (from the second one on)."""
         return bool(self._graphs)
 
-    # -- internals ---------------------------------------------------------------
-
     def _build_device_state(self) -> None:
         m = self._model
         b = self._batch_worlds
@@ -501,14 +488,7 @@ class WarpBatchRenderer:
                               self._map_devices[slot] if self._map_devices else None)
 
     def _unpack_states(self, n: int) -> None:
-        wp.launch(scatter_qpos, dim=(n, self._nq), inputs=[self._states_device, self._data.qpos])
-        if self._nmocap:
-            wp.launch(
-                scatter_mocap,
-                dim=(n, self._nmocap),
-                inputs=[self._states_device, self._nq, self._nmocap],
-                outputs=[self._data.mocap_pos, self._data.mocap_quat],
-            )
+        unpack_states(self._states_device, self._data, n, self._nq, self._nmocap)
 
     def _kinematics(self) -> None:
         m, d = self._warp_model, self._data

@@ -2,11 +2,13 @@
 output into frames (RGB, or planar I420 for the encoder).
 
 Each kernel runs on the renderer's Warp device over a batch of ``B`` render worlds;
-:class:`flyarchive.replay.warp.WarpBatchRenderer` launches them. This module imports
-``warp``.
+:class:`flyarchive.replay.warp.WarpBatchRenderer` launches them (the states' through
+:func:`unpack_states`). This module imports ``warp``.
 """
 
 from __future__ import annotations
+
+from typing import Any
 
 from flyarchive.warp_log import import_warp
 
@@ -38,6 +40,15 @@ def scatter_mocap(
     mocap_quat[world, k] = wp.quat(
         states[world, q], states[world, q + 1], states[world, q + 2], states[world, q + 3]
     )
+
+
+def unpack_states(states: wp.array2d, data: Any, n: int, nq: int, nmocap: int) -> None:
+    """Launch the kernels that copy ``n`` packed state rows (``(B, nstate)`` float32,
+    device) into ``data``'s ``qpos`` and mocap poses (a mujoco-warp ``Data``)."""
+    wp.launch(scatter_qpos, dim=(n, nq), inputs=[states, data.qpos])
+    if nmocap:
+        wp.launch(scatter_mocap, dim=(n, nmocap), inputs=[states, nq, nmocap],
+                  outputs=[data.mocap_pos, data.mocap_quat])
 
 
 @wp.kernel

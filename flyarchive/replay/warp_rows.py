@@ -14,7 +14,7 @@ import numpy as np
 from flyarchive.errors import LayoutMismatchError, NonFiniteStateError, OptionsError, SelectionError
 from flyarchive.models import camera_ids
 from flyarchive.replay.font import text_codes
-from flyarchive.replay.sizes import is_int
+from flyarchive.replay.sizes import PIXEL_FORMATS, is_int, parse_frame_size
 from flyarchive.schema import finite_frames
 
 
@@ -138,6 +138,28 @@ def parse_mosaic(mosaic: Any, batch_worlds: int, pixel_format: str,
             f"batch_worlds={batch_worlds} does not hold whole {rows}x{cols} mosaic frames; pass "
             f"a multiple of {rows * cols}.")
     return rows, cols
+
+
+def parse_sizes(size: Any, batch_worlds: Any, host_buffers: Any, pixel_format: str
+                ) -> tuple[tuple[int, int], int, int]:
+    """``(size, batch_worlds, host_buffers)`` of a renderer, checked: a frame size (even
+    sides for I420), at least one state per batch and one host buffer.
+
+    Raises:
+        OptionsError: an unknown pixel format, or a count below 1.
+        FrameSizeError: ``size`` is not two positive integers (even for ``"yuv420p"``; the
+            message names the nearest even sizes).
+    """
+    if pixel_format not in PIXEL_FORMATS:
+        raise OptionsError(f"pixel_format={pixel_format!r} is not one of {PIXEL_FORMATS}.")
+    if int(host_buffers) < 1:
+        raise OptionsError(f"host_buffers={host_buffers!r} must be at least 1.")
+    size = parse_frame_size(size, even=pixel_format == "yuv420p")
+    if int(batch_worlds) < 1:
+        raise OptionsError(
+            f"batch_worlds={batch_worlds!r} cannot hold a state. Pass a positive integer."
+        )
+    return size, int(batch_worlds), int(host_buffers)
 
 
 def parse_batch(qpos: np.ndarray, nq: int, batch_worlds: int, tiles: int = 1) -> int:

@@ -24,8 +24,10 @@ plain zarr arrays beside its videos, written and read by :mod:`flyarchive.video.
   written at each commit, never ahead of ``n_frames``;
 - :mod:`~flyarchive.store.integrity`: ``verify``, every committed byte;
 - :mod:`~flyarchive.store.shutdown`: writes that must still happen while Python exits;
-- :mod:`~flyarchive.store.header`: an archive's header, what a render plans with, read
-  without xarray or dask;
+- :mod:`~flyarchive.store.opening`: an archive opened for reading, looked at again should
+  a writer change it meanwhile; its header (:func:`~flyarchive.store.opening.open_header`,
+  :class:`~flyarchive.store.header.ArchiveHeader` of :mod:`~flyarchive.store.header`): what
+  a render plans with, read without xarray or dask;
 - :mod:`~flyarchive.store.copies`: an array's metadata and its consolidated copy, checked
   to agree;
 - :mod:`~flyarchive.store.elsewhere`: what is at a URL where an archive was expected (a

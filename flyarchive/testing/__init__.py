@@ -15,7 +15,8 @@ Harnesses: :mod:`~flyarchive.testing.s3` (moto on loopback),
 (processes killed mid-way; :mod:`~flyarchive.testing.warp_states`: CPU worlds in the
 Warp arrays the Warp recorder reads, without mujoco-warp), :mod:`~flyarchive.testing.concurrency` (racing writers,
 and :mod:`~flyarchive.testing.verify_beside`: ``verify`` beside a writer),
-:mod:`~flyarchive.testing.hostile` (hostile archives; :mod:`~flyarchive.testing.checksums`:
+:mod:`~flyarchive.testing.hostile` (hostile archives, made by
+:mod:`~flyarchive.testing.hostile_cases`; :mod:`~flyarchive.testing.checksums`:
 metadata that would switch checksums off; :mod:`~flyarchive.testing.holes`: holes in
 stored state; :mod:`~flyarchive.testing.model_fuzz`: crafted kept models;
 :mod:`~flyarchive.testing.hostile_outputs`: hostile output folders),

@@ -2,8 +2,8 @@
 shard deleted, or inner chunks of a shard marked never written in its index, the way a
 lost file or a writer that never wrote them leaves it; and the hostile cases built from
 them (:data:`MISSING_CASES`), with those of archives whose parts disagree
-(:data:`INCONSISTENT_CASES`), which :mod:`flyarchive.testing.hostile` runs with its other
-cases. Used by the tests of :mod:`flyarchive.store.missing`, ``tests/bad_input`` and
+(:data:`INCONSISTENT_CASES`), which :mod:`flyarchive.testing.hostile_cases` lists with its
+other cases (run by :mod:`flyarchive.testing.hostile`). Used by the tests of :mod:`flyarchive.store.missing`, ``tests/bad_input`` and
 ``scripts/reliability_report.py``.
 
 Shards are those flyarchive writes: inner chunks with a CRC-32C, the index at the end
@@ -69,7 +69,7 @@ def empty_inner_chunks(url: str, key: str, entries: Sequence[int],
 
 
 # ----------------------------------------------------------------------------- hostile cases
-# Edits of a copy of flyarchive.testing.hostile.make_sound's archive (2 worlds x 20 frames,
+# Edits of a copy of flyarchive.testing.hostile_cases.make_sound's archive (2 worlds x 20 frames,
 # all committed; a qpos shard holds both worlds over 5 frames, an inner chunk one world).
 
 #: The harness's commands that read recorded state (plot: world 0's qpos).

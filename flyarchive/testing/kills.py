@@ -637,7 +637,7 @@ def s3_read_trial(server: Any, plan: Any, url: str) -> S3FaultResult:
 def s3_render_trial(server: Any, plan: Any, url: str, camera: str = "front",
                     size: tuple[int, int] = (48, 64)) -> S3FaultResult:
     """Render the frames of an archive through a fault proxy; compare with a clean render."""
-    from flyarchive.distribute.api import render_frames
+    from flyarchive.distribute.frames import render_frames
     from flyarchive.testing import tiny_model
 
     model = tiny_model()

@@ -36,7 +36,7 @@ class Viewer:
     requests that need it wait.
 
     Raises:
-        As :func:`flyarchive.open_header` (before anything is served),
+        As :func:`flyarchive.store.opening.open_header` (before anything is served),
         ModelLoadError: no file at ``model_path``, and
         OutputLocationError: ``out`` is not a folder that can be made.
     """

@@ -2,8 +2,8 @@
 table, its states read per world and kept in a bounded cache, and its model.
 
 The viewer reads what every other reader reads, with the same checks: the header through
-:func:`flyarchive.open_header` (attributes, coordinates, ``n_frames``, world variables:
-no xarray, no dask), before the server listens; states through the getters the lazy
+:func:`flyarchive.store.opening.open_header` (attributes, coordinates, ``n_frames``,
+world variables: no xarray, no dask), before the server listens; states through the getters the lazy
 dataset of :func:`flyarchive.open_archive` reads with
 (:func:`~flyarchive.store.dataset.committed_frames`: frames past ``n_frames`` NaN,
 damaged chunks named, every read checking that the archive is still the one opened),
@@ -115,9 +115,9 @@ class ViewedArchive:
         read from the last one (the dataset is opened again on first use).
 
         Raises:
-            As :func:`flyarchive.open_header`.
+            As :func:`flyarchive.store.opening.open_header`.
         """
-        from flyarchive.query.archive import open_header
+        from flyarchive.store.opening import open_header
 
         header = open_header(self.url, self.storage_options or None)
         getters = _state_getters(header, self.url, self.storage_options or None)

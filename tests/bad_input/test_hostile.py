@@ -24,7 +24,7 @@ from flyarchive.plot import plot_traces
 from flyarchive.store.integrity import verify
 from flyarchive.testing import TWO_HINGES_XML, simulate
 from flyarchive.testing.fixtures import memory_snapshot, record, to_memory
-from flyarchive.testing.hostile import (
+from flyarchive.testing.hostile_cases import (
     make_case,
     make_sound,
     pcodec_bomb,

@@ -15,7 +15,8 @@ from typing import Any
 import pytest
 
 from flyarchive import load_model
-from flyarchive.distribute.api import RenderOptions, render_frames, render_videos
+from flyarchive.distribute.api import RenderOptions, render_videos
+from flyarchive.distribute.frames import render_frames
 from flyarchive.errors import ModelLoadError, UnsafeModelError
 from flyarchive.models import load_mjb
 from flyarchive.store.model_check import check_model, verdict_path

@@ -17,7 +17,8 @@ import pytest
 import xarray as xr
 
 from flyarchive import TrajectoryRecorder, add_world_vars, open_archive
-from flyarchive.distribute.api import RenderOptions, render_frames, render_videos
+from flyarchive.distribute.api import RenderOptions, render_videos
+from flyarchive.distribute.frames import render_frames
 from flyarchive.errors import (
     ArchiveInUseError,
     CorruptArchiveError,

@@ -24,7 +24,7 @@ from flyarchive.errors import (
     UnsafeFileError,
 )
 from flyarchive.testing.fixtures import snapshot
-from flyarchive.testing.hostile import snapshot as lstat_snapshot
+from flyarchive.testing.hostile_cases import snapshot as lstat_snapshot
 from flyarchive.video import read_depth, read_segmentation, read_video, write_output
 
 pytestmark = pytest.mark.timeout(120)

@@ -11,7 +11,8 @@ from typing import Any
 import mujoco
 import pytest
 
-from flyarchive.distribute.api import RenderOptions, render_frames, render_videos
+from flyarchive.distribute.api import RenderOptions, render_videos
+from flyarchive.distribute.frames import render_frames
 from flyarchive.errors import (
     CameraNotFoundError,
     FrameSizeError,

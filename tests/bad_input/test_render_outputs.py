@@ -10,7 +10,8 @@ import mujoco
 import numpy as np
 import pytest
 
-from flyarchive.distribute.api import RenderOptions, render_frames, render_videos
+from flyarchive.distribute.api import RenderOptions, render_videos
+from flyarchive.distribute.frames import render_frames
 from flyarchive.errors import FrameSizeError, RenderOptionsError
 from flyarchive.testing.fixtures import snapshot
 

@@ -11,7 +11,8 @@ import numpy as np
 import pytest
 
 from flyarchive import add_world_vars, open_archive
-from flyarchive.distribute.api import RenderOptions, render_frames, render_videos
+from flyarchive.distribute.api import RenderOptions, render_videos
+from flyarchive.distribute.frames import render_frames
 from flyarchive.errors import CorruptArchiveError, RenderOptionsError, SelectionError
 from flyarchive.interop.npz_export import export_npz
 from flyarchive.plot import plot_traces

@@ -16,7 +16,7 @@ import pytest
 
 from flyarchive.distribute.placement import placement
 from flyarchive.distribute.gpus import Gpu, gpu_workers, split_cpus, visible_gpus
-from flyarchive.distribute.warp_runs import split_groups
+from flyarchive.render.plan import split_groups
 from flyarchive.query.selection import VideoJob
 from flyarchive.testing.markers import requires_distributed
 

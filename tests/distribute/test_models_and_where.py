@@ -10,7 +10,8 @@ import numpy as np
 import pytest
 
 from flyarchive import add_world_vars, open_archive
-from flyarchive.distribute.api import RenderOptions, render_frames, render_videos
+from flyarchive.distribute.api import RenderOptions, render_videos
+from flyarchive.distribute.frames import render_frames
 from flyarchive.testing import block_columns, slider_columns, slider_model
 from flyarchive.testing.fixtures import copy_archive, record, slider_archive
 from flyarchive.testing.markers import WARP_BACKEND, requires_warp

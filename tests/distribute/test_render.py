@@ -11,7 +11,8 @@ import numpy as np
 import pytest
 
 from flyarchive.clock import Timing
-from flyarchive.distribute.api import RenderOptions, render_frames, render_videos
+from flyarchive.distribute.api import RenderOptions, render_videos
+from flyarchive.distribute.frames import render_frames
 from flyarchive.errors import (
     CameraNotFoundError,
     FrameSizeError,

@@ -16,7 +16,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from flyarchive.distribute.api import RenderOptions, render_frames, render_videos
+from flyarchive.distribute.api import RenderOptions, render_videos
+from flyarchive.distribute.frames import render_frames
 from flyarchive.testing import tiny_model
 from flyarchive.testing.fixtures import record
 from flyarchive.testing.markers import WARP_BACKEND, opengl_vendor, requires_s3, requires_warp

@@ -16,7 +16,8 @@ import pytest
 
 os.environ.setdefault("MUJOCO_GL", "egl")
 
-from flyarchive.distribute.api import RenderOptions, render_frames, render_videos  # noqa: E402
+from flyarchive.distribute.api import RenderOptions, render_videos  # noqa: E402
+from flyarchive.distribute.frames import render_frames  # noqa: E402
 from flyarchive.recorders import TrajectoryRecorder  # noqa: E402
 from flyarchive.testing import simulate, tiny_model  # noqa: E402
 from flyarchive.video import VideoOptions, read_video  # noqa: E402

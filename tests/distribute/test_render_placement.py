@@ -1,5 +1,5 @@
 """What the docstrings of :func:`flyarchive.render_videos` and
-:func:`flyarchive.distribute.warp_runs.run_plan` promise, pinned: where the videos go
+:func:`flyarchive.distribute.api.run_plan` promise, pinned: where the videos go
 and what they are called, and where the work runs.
 
 - Videos are ``{out}/world{id:05d}/{camera}.mp4``, camera names sanitized as

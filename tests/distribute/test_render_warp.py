@@ -117,7 +117,7 @@ def test_batches_with_lanes_feed_that_many_videos_each_in_frame_order():
 
 
 def test_groups_hold_whole_videos_of_about_equal_frames():
-    from flyarchive.distribute.warp_runs import split_groups
+    from flyarchive.render.plan import split_groups
 
     jobs = [VideoJob(w, w, 0, 10) for w in range(6)]
 
@@ -278,7 +278,7 @@ def test_warp_cpu_runs_in_this_process_unless_worker_processes_are_asked_for():
 def test_render_threads_make_the_videos_one_thread_makes(tiny_archive, tmp_path):
     from flyarchive.render import warp as warp_pipeline
     from flyarchive.render.diagnostics import PipelineProfile
-    from flyarchive.distribute.warp_runs import render_threads
+    from flyarchive.render.warp import render_threads
 
     lossless = RenderOptions(backend=BACKEND, size=SIZE, batch_worlds=4,
                              video=VideoOptions(crf=0, preset="ultrafast"))
@@ -292,7 +292,7 @@ def test_render_threads_make_the_videos_one_thread_makes(tiny_archive, tmp_path)
 
     with pytest.MonkeyPatch.context() as mp, PipelineProfile() as profile:
         mp.setattr(warp_pipeline, "render_jobs", spy)
-        mp.setattr("flyarchive.distribute.warp_runs.placement",
+        mp.setattr("flyarchive.distribute.api.placement",
                    lambda *a, **k: _threads(3))  # 3 threads, whatever the cores
         three = render_videos(tiny_archive, tiny_model(), "front", str(tmp_path / "three"),
                               options=lossless)
@@ -324,7 +324,7 @@ def test_a_failing_render_thread_stops_the_others_and_its_error_is_raised(tiny_a
 
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(BatchSource, "read", read)
-        mp.setattr("flyarchive.distribute.warp_runs.placement", lambda *a, **k: _threads(3))
+        mp.setattr("flyarchive.distribute.api.placement", lambda *a, **k: _threads(3))
         with pytest.raises(CorruptArchiveError, match="world 2"):
             render_videos(tiny_archive, tiny_model(), "front", str(tmp_path / "v"),
                           options=RenderOptions(backend=BACKEND, size=SIZE, batch_worlds=4))
@@ -411,7 +411,7 @@ def test_an_encoder_failing_mid_video_fails_the_render_and_leaves_no_partial_vid
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(Encoders, "_encode", encode)
         if threads:
-            mp.setattr("flyarchive.distribute.warp_runs.placement", lambda *a, **k: _threads(threads))
+            mp.setattr("flyarchive.distribute.api.placement", lambda *a, **k: _threads(threads))
         with pytest.raises(VideoEncodeError, match="injected"):
             render_videos(tiny_archive, tiny_model(), "front", str(out), options=options,
                           n_workers=None if threads else 0)

@@ -7,7 +7,7 @@ import pytest
 import zarr
 
 from flyarchive import TrajectoryRecorder, open_archive
-from flyarchive.distribute.api import render_frames
+from flyarchive.distribute.frames import render_frames
 from flyarchive.errors import SchemaError
 from flyarchive.testing import reference_frames, simulate
 from flyarchive.testing.markers import requires_warp

@@ -14,7 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from flyarchive.testing.hostile import Outcome, make_case, make_sound, run_isolated_many, snapshot
+from flyarchive.testing.hostile import Outcome, run_isolated_many
+from flyarchive.testing.hostile_cases import make_case, make_sound, snapshot
 
 pytestmark = [pytest.mark.subprocess, pytest.mark.timeout(300)]
 

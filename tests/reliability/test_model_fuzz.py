@@ -12,7 +12,7 @@ of it would show as every later command crashed).
 
 import pytest
 
-from flyarchive.testing.hostile import make_sound, snapshot
+from flyarchive.testing.hostile_cases import make_sound, snapshot
 from flyarchive.testing.model_fuzz import crafted, fuzz, make_case, put_model, run_commands, summarize
 
 pytestmark = [pytest.mark.subprocess, pytest.mark.timeout(600), pytest.mark.slow]

@@ -1,5 +1,5 @@
 """One validation for every way in: every hostile archive of the harness
-(flyarchive.testing.hostile.CASES) goes through `flyarchive info` (the header),
+(flyarchive.testing.hostile_cases.CASES) goes through `flyarchive info` (the header),
 open_archive (opened; opened and read), render planning and verify, and they agree
 (flyarchive.testing.ways_in.disagreements): info, open_archive and planning refuse with the
 same error or all accept; reading refuses what they refuse; verify reports what reading
@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from flyarchive.testing.holes import INCONSISTENT_CASES, MISSING_CASES
-from flyarchive.testing.hostile import CASES, make_case, make_sound, snapshot
+from flyarchive.testing.hostile_cases import CASES, make_case, make_sound, snapshot
 from flyarchive.testing.ways_in import disagreements, verdicts, verdicts_isolated_many
 
 pytestmark = [pytest.mark.subprocess, pytest.mark.timeout(600)]

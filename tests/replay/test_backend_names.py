@@ -41,10 +41,10 @@ def test_render_frames_takes_backend_cpu_as_opengl(tiny, tmp_path):
 
 
 def test_the_command_line_notes_the_old_name_and_renders_with_opengl(cli, monkeypatch):
-    from flyarchive import cli_render
+    from flyarchive import cli as cli_module
 
     seen = []
-    monkeypatch.setattr(cli_render, "_render", lambda args, client: seen.append(args.backend) or 0)
+    monkeypatch.setattr(cli_module, "_render", lambda args, client: seen.append(args.backend) or 0)
 
     code, _, err = cli("render", "run.zarr", "--camera", "front", "--backend", "cpu",
                        "--workers", "0")
