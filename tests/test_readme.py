@@ -137,7 +137,7 @@ def test_the_examples_wrote_what_they_say(readme_env, python_examples):
     ds = open_archive(str(folder / "run.zarr"))
     manifest = json.loads((folder / "videos" / "manifest.json").read_text())
 
-    assert dict(ds.sizes)["world"] == 4 and ds.n_frames.values.tolist() == [26] * 4
+    assert dict(ds.sizes)["world"] == 4 and ds.n_frames.values.tolist() == [13] * 4
     assert sorted(v["world"] for v in manifest["videos"]) == [0, 3]
     assert open_archive(str(folder / "flygym.zarr")).n_frames.values.tolist() == [13]
     assert open_archive(str(folder / "flygym-gpu.zarr")).world.values.tolist() == [0, 3]
