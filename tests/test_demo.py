@@ -24,7 +24,7 @@ DEMO = [sys.executable, "-c", "from flyarchive.cli import run; run()", "demo"]
 
 @pytest.fixture(scope="module")
 def demo(tmp_path_factory):
-    """``flyarchive demo`` of 2 worlds, 0.1 s, 2 render workers, run once (in this process,
+    """``flyarchive demo`` of 2 worlds, 0.05 s (7 frames), 1 render worker, run once (in this process,
     through the command line's entry point): its output folder, exit code, what it printed
     and the local clusters it started."""
     from flyarchive.cli import main
@@ -37,8 +37,8 @@ def demo(tmp_path_factory):
     with pytest.MonkeyPatch.context() as patch, contextlib.redirect_stdout(printed):
         patch.setattr(clusters, "_start_local",
                       lambda *a, **k: started.append(a[1:]) or real(*a, **k))
-        code = main(["demo", "--out", str(out), "--worlds", "2", "--seconds", "0.1",
-                     "--workers", "2"])
+        code = main(["demo", "--out", str(out), "--worlds", "2", "--seconds", "0.05",
+                     "--workers", "1"])
     return out, code, printed.getvalue(), started
 
 
@@ -47,7 +47,7 @@ def test_the_demo_records_verifies_plots_and_renders_on_one_cluster(demo):
     archive = out / "demo.zarr"
 
     assert code == 0, printed
-    assert started == [(2, None)]  # one cluster, started early, for both renders
+    assert started == [(1, None)]  # one cluster, started early, for both renders
     assert "verify: OK" in printed and verify(str(archive)).ok
     ds = open_archive(str(archive))
     frames = int(ds.n_frames.min())
