@@ -368,7 +368,8 @@ def _serve() -> None:
 
 
 def _fill(job: dict[str, Any], opened: dict[str, Any]) -> None:
-    """Decode a job's boxes of each array into its shared-memory block."""
+    """Decode a job's boxes of each array into its shared-memory block (or, for a job
+    with ``kinematics``, compute their keypoints into it)."""
     from flyarchive.errors import ArchiveReplacedError
     from flyarchive.query.archive import open_archive
 
@@ -383,11 +384,17 @@ def _fill(job: dict[str, Any], opened: dict[str, Any]) -> None:
             f"is now {ds.attrs.get('archive_id')!r}, it was {job['archive_id']!r}). Call "
             f"open_archive({job['url']!r}) again to read the archive that is there now.")
     getters = opened.setdefault(f"{key} getters {id(ds)}", {})
+    for name in job["arrays"]:
+        if name not in getters:
+            getters[name] = committed_getter(ds[name])
+    if "kinematics" in job:  # positions computed here (flyarchive.analyze.cpu_processes)
+        from flyarchive.analyze.cpu_processes import run_kinematics_job
+
+        run_kinematics_job(job, getters)
+        return
     block = _attach(job["block"])
     try:
         for name, (offset, inner, dtype) in job["arrays"].items():
-            if name not in getters:
-                getters[name] = committed_getter(ds[name])
             _decode_boxes(getters[name], block.buf, offset, tuple(inner),
                           np.dtype(dtype), job["boxes"], job["start"])
     finally:
