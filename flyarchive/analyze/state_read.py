@@ -267,8 +267,8 @@ class ProcessStateReader:
 
 
 class _Pool:
-    """Worker processes, each a fresh Python (``python -c``, this process's ``sys.path``:
-    nothing of the caller's ``__main__`` is run) answering JSON lines on its pipes; idle
+    """Worker processes, each a fresh Python (``python -P -c``, this process's ``sys.path``
+    and nothing before it: nothing of the caller's ``__main__`` is run) answering JSON lines on its pipes; idle
     ones in a queue."""
 
     def __init__(self) -> None:
@@ -278,12 +278,16 @@ class _Pool:
         self.lock = threading.Lock()
 
     def grow(self, size: int) -> None:
-        env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
+        # The caller's sys.path, in its order ("" is its working folder); -P: nothing put
+        # before it (a flyarchive in the working folder must not shadow the caller's).
+        path = os.pathsep.join(p or os.getcwd() for p in sys.path)
+        env = dict(os.environ, PYTHONPATH=path)
         with self.lock:
             while self.size < size:
                 worker = subprocess.Popen(
-                    [sys.executable, "-c", "from flyarchive.analyze.state_read import _serve; "
-                     "_serve()"], stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env)
+                    [sys.executable, "-P", "-c",
+                     "from flyarchive.analyze.state_read import _serve; _serve()"],
+                    stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env)
                 self.pids.append(worker.pid)
                 self.idle.put(worker)
                 self.size += 1
