@@ -34,9 +34,9 @@ world with jitter (``benchlib.nmf_states``), written by flyarchive's own writer 
 - the Warp row twice: its state decoded by the reader threads, then by worker processes
   (``load_positions(read_processes=...)``);
 - ``gait summary``: :func:`flyarchive.gait_summary` of ``--gait-worlds`` x
-  ``--gait-frames`` from the archive (thorax and six tarsus tips computed by a worker
-  process per core, :mod:`flyarchive.analyze.cpu_processes`: the first call, which
-  starts them, and a second; then on one thread: ``x1`` is the ratio of wall times to
+  ``--gait-frames`` from the archive (thorax and six tarsus tips computed by this
+  process and a worker process per other core, :mod:`flyarchive.analyze.cpu_processes`:
+  the first call, which starts the workers, and a second; then on one thread: ``x1`` is the ratio of wall times to
   it; ``CPU s`` counts the workers' too), and the measures alone from positions in memory.
 
 The title gives the load average (1, 5, 15 minutes) when the table is printed: on a
@@ -281,8 +281,8 @@ def workers_cpu_seconds(pids: list[int]) -> float:
 
 
 def gait_rows(url: str, world: Any) -> list[dict[str, Any]]:
-    """The summary from the archive computed by one worker process per core (the first
-    call starts them), again (started), and on one thread (no processes, dask's
+    """The summary from the archive computed by this process and one worker process per
+    other core (the first call starts them), again (started), and on one thread (no processes, dask's
     synchronous scheduler); then the measures alone from positions in memory. ``CPU s``
     counts the worker processes' CPU time too."""
     import dask
@@ -297,8 +297,8 @@ def gait_rows(url: str, world: Any) -> list[dict[str, Any]]:
     rows = []
     cores = len(os.sched_getaffinity(0))
     for label, processes, scheduler in (
-            (f"{cores} processes, first call", cores, "threads"),
-            (f"{cores} processes, started", cores, "threads"),
+            (f"{cores} processes, first call", cores - 1, "threads"),
+            (f"{cores} processes, started", cores - 1, "threads"),
             ("1 thread", 0, "synchronous")):
         with dask.config.set(scheduler=scheduler):
             t0, c0 = time.perf_counter(), cpu_clock()

@@ -1,7 +1,8 @@
-"""CPU positions of a whole window into host memory on every core: the worker processes
-of :mod:`~flyarchive.analyze.state_read` each read a share of the window's worlds
-themselves and run :class:`~flyarchive.analyze.cpu_positions.CpuKinematics` on it, into
-a shared-memory block the caller owns (:func:`cpu_positions_in_processes`).
+"""CPU positions of a whole window into host memory on every core: this process and the
+worker processes of :mod:`~flyarchive.analyze.state_read` take pieces of the window's
+worlds as they finish, each reading them itself and running
+:class:`~flyarchive.analyze.cpu_positions.CpuKinematics` on them, into a shared-memory
+block this process owns (:func:`cpu_positions_in_processes`).
 
 Why processes: ``mj_kinematics`` releases the GIL, but the Python around each frame
 (setting ``qpos``, copying the result, about a microsecond) holds it, so two threads hand
@@ -17,6 +18,8 @@ from __future__ import annotations
 
 import hashlib
 import os
+import queue
+import threading
 from multiprocessing import shared_memory
 from typing import Any
 
@@ -32,24 +35,30 @@ AUTO_FRAMES = 200_000
 
 
 def worth_processes(prepared: Prepared) -> int:
-    """Worker processes to compute the prepared window with: one per usable core when
-    there are at least 2 and the window holds at least :data:`AUTO_FRAMES` frames; else 0."""
+    """Worker processes to compute the prepared window with, beside this process: one per
+    other usable core when the window holds at least :data:`AUTO_FRAMES` frames; else 0."""
     cores = len(os.sched_getaffinity(0))
     frames = int(prepared.ds.sizes["world"]) * int(prepared.ds.sizes["time"])
-    return cores if cores >= 2 and frames >= AUTO_FRAMES else 0
+    return cores - 1 if frames >= AUTO_FRAMES else 0
 
 
-def cpu_positions_in_processes(prepared: Prepared, orientations: bool, processes: int
-                               ) -> np.ndarray | None:
+def cpu_positions_in_processes(prepared: Prepared, orientations: bool, processes: int, *,
+                               here: bool = True) -> np.ndarray | None:
     """``(world, time, K, 3 | 7)`` float64 keypoints of the prepared window, computed by
-    ``processes`` worker processes (as :func:`flyarchive.positions` computes them on the
-    CPU, bit for bit); None when the window cannot be read by other processes (a
-    ``memory://`` archive, a dataset not read from an archive): compute it in this one.
+    this process and ``processes`` worker processes taking pieces of it as they finish
+    (as :func:`flyarchive.positions` computes them on the CPU, bit for bit); None when
+    the window cannot be read by other processes (a ``memory://`` archive, a dataset not
+    read from an archive): compute it in this one.
+
+    This process computes pieces too (``here``; its engine is warm, it needs no start),
+    so a first call gets going while the workers import and open the archive.
 
     Raises:
         As reading the archive and :func:`flyarchive.positions` raise (a worker's error
         is raised here as the same flyarchive error).
     """
+    from flyarchive.analyze.blocks import _engine
+
     ds, kp = prepared.ds, prepared.keypoints
     names = ["qpos"]
     if "mocap_pos" in ds and ds.sizes.get("mocap", 0) > 0:
@@ -71,10 +80,39 @@ def cpu_positions_in_processes(prepared: Prepared, orientations: bool, processes
                 "shape": [rows, len(kp), channels]}
         layout = {name: (0, tuple(int(s) for s in reader.getters[name].shape[2:]),
                          np.dtype(reader.getters[name].dtype)) for name in names}
-        jobs = [{**reader._job(out.name, layout, part), "kinematics": spec}
-                for part in _shares(reader, rows, processes)]
-        reader.pool.run(jobs)
         view = np.ndarray((rows, len(kp), channels), np.float64, buffer=out.buf)
+        pieces: queue.SimpleQueue[tuple[int, int, int, int, int]] = queue.SimpleQueue()
+        for piece in _pieces_of(reader, rows, processes + 1):
+            pieces.put(piece)
+        errors: list[BaseException] = []
+
+        def remote() -> None:  # one thread per worker: a piece at a time
+            while not errors:
+                try:
+                    piece = pieces.get_nowait()
+                except queue.Empty:
+                    return
+                try:
+                    reader.pool.run([{**reader._job(out.name, layout, [piece]),
+                                      "kinematics": spec}])
+                except BaseException as err:  # noqa: BLE001 - raised below
+                    errors.append(err)
+
+        threads = [threading.Thread(target=remote, daemon=True) for _ in range(processes)]
+        for thread in threads:
+            thread.start()
+        engine = _engine(prepared.model.sha256, blob, kp, orientations, "cpu")
+        inner = {name: layout[name][1] for name in names}
+        while here and not errors:
+            try:
+                piece = pieces.get_nowait()
+            except queue.Empty:
+                break
+            compute_boxes(engine, reader.getters, inner, [piece], reader.start, view)
+        for thread in threads:
+            thread.join()
+        if errors:
+            raise errors[0]
         result = np.array(view)
         del view
     finally:
@@ -85,22 +123,31 @@ def cpu_positions_in_processes(prepared: Prepared, orientations: bool, processes
     return result.reshape(worlds, frames, len(kp), channels)
 
 
-def _shares(reader: ProcessStateReader, rows: int, processes: int
-            ) -> list[list[tuple[int, int, int, int, int]]]:
+def _pieces_of(reader: ProcessStateReader, rows: int, hands: int
+               ) -> list[tuple[int, int, int, int, int]]:
     """The window's boxes (cut at shards, as the reader cuts them) cut again into runs of
-    worlds, so that each worker gets about as many frames (a window of one shard too)."""
-    boxes = [box for part in reader._parts(0, rows) for box in part]
-    boxes.sort(key=lambda box: box[4])
-    pieces = max(1, processes) * 4
-    target = max(1, rows // pieces)
+    worlds: about 8 pieces per hand, so that each is busy to the end."""
+    boxes = sorted((box for part in reader._parts(0, rows) for box in part),
+                   key=lambda box: box[4])
+    target = max(1, rows // (8 * hands))
     cut = []
     for w0, w1, t0, t1, row in boxes:
         per = max(1, target // max(1, t1 - t0))  # worlds per piece
         for a in range(w0, w1, per):
-            b = min(w1, a + per)
-            cut.append((a, b, t0, t1, row + (a - w0) * (t1 - t0)))
-    count = max(1, min(len(cut), processes))
-    return [cut[i::count] for i in range(count)]
+            cut.append((a, min(w1, a + per), t0, t1, row + (a - w0) * (t1 - t0)))
+    return cut
+
+
+def compute_boxes(engine: Any, getters: dict[str, Any], inner: dict[str, tuple[int, ...]],
+                  boxes: Any, start: int, view: np.ndarray) -> None:
+    """Read each box ``(w0, w1, t0, t1, row)`` of the state arrays ``inner`` (name ->
+    trailing shape) through ``getters`` (frames from ``start``) and write its keypoints
+    into ``view`` from ``row``."""
+    for w0, w1, t0, t1, row in boxes:
+        n = (w1 - w0) * (t1 - t0)
+        state = [getters[name][w0:w1, start + t0:start + t1].reshape(n, *shape)
+                 for name, shape in inner.items()]
+        view[row:row + n] = engine.frames(*state)
 
 
 def keypoints_json(kp: KeypointSet) -> dict[str, Any]:
@@ -136,11 +183,8 @@ def run_kinematics_job(job: dict[str, Any], getters: dict[str, Any]) -> None:
     out = _attach(job["block"])
     try:
         view = np.ndarray(tuple(spec["shape"]), np.float64, buffer=out.buf)
-        for w0, w1, t0, t1, row in job["boxes"]:
-            n = (w1 - w0) * (t1 - t0)
-            state = [getters[name][w0:w1, job["start"] + t0:job["start"] + t1]
-                     .reshape(n, *inner) for name, (_, inner, _) in job["arrays"].items()]
-            view[row:row + n] = engine.frames(*state)
+        compute_boxes(engine, getters, {name: tuple(inner) for name, (_, inner, _) in
+                                        job["arrays"].items()}, job["boxes"], job["start"], view)
         del view
     finally:
         out.close()

@@ -242,9 +242,9 @@ def gait_summary(
             (:func:`flyarchive.add_world_vars`, replacing earlier ones), so that
             ``where=ds.distance > 5`` and ``--where-world-var 'distance>5'`` pick worlds.
         processes: From an archive on the CPU: worker processes computing the positions
-            (bit-exact with one process; threads would not run faster: the GIL); 0: dask's
-            scheduler in this process; None: one per usable core when there are 2 or more
-            and the selection holds at least 200,000 frames.
+            beside this one (bit-exact with one process; threads would not run faster:
+            the GIL); 0: dask's scheduler in this process; None: one per other usable
+            core when the selection holds at least 200,000 frames.
 
     Returns:
         Dataset over ``world`` (and ``window``): the measures of :data:`MEASURES`, and

@@ -113,15 +113,15 @@ def computed_positions(
     processes: int | None = None,
 ) -> xr.DataArray:
     """:func:`positions` (no orientations), computed into host memory: on the CPU by
-    worker processes (:mod:`~flyarchive.analyze.cpu_processes`: bit-exact with one
-    process) when the window can be read by them, else by dask's scheduler as
-    :func:`positions` would be.
+    this process and worker processes (:mod:`~flyarchive.analyze.cpu_processes`:
+    bit-exact with one process) when the window can be read by them, else by dask's
+    scheduler as :func:`positions` would be.
 
     Args:
         source, bodies, points, worlds, time, model, storage_options, backend: As for
             :func:`positions`.
-        processes: Worker processes; 0: none (dask's scheduler); None: one per usable
-            core when there are 2 or more and the window holds at least
+        processes: Worker processes beside this one; 0: none (dask's scheduler); None:
+            one per other usable core when the window holds at least
             :data:`~flyarchive.analyze.cpu_processes.AUTO_FRAMES` frames.
 
     Returns:
