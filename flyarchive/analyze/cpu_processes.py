@@ -27,7 +27,7 @@ import numpy as np
 
 from flyarchive.analyze.keypoints import KeypointSet
 from flyarchive.analyze.prepare import Prepared
-from flyarchive.analyze.state_read import ProcessStateReader, _attach, state_reader
+from flyarchive.analyze.state_read import ProcessStateReader, attach_block, serve_jobs, state_reader
 
 #: Frames of a window from which :func:`worth_processes` says yes (starting a worker
 #: costs about a CPU second of imports; NeuroMechFly computes ~100,000 frames a second).
@@ -57,7 +57,7 @@ def cpu_positions_in_processes(prepared: Prepared, orientations: bool, processes
         As reading the archive and :func:`flyarchive.positions` raise (a worker's error
         is raised here as the same flyarchive error).
     """
-    from flyarchive.analyze.blocks import _engine
+    from flyarchive.analyze.blocks import thread_engine
 
     ds, kp = prepared.ds, prepared.keypoints
     names = ["qpos"]
@@ -101,7 +101,7 @@ def cpu_positions_in_processes(prepared: Prepared, orientations: bool, processes
         threads = [threading.Thread(target=remote, daemon=True) for _ in range(processes)]
         for thread in threads:
             thread.start()
-        engine = _engine(prepared.model.sha256, blob, kp, orientations, "cpu")
+        engine = thread_engine(prepared.model.sha256, blob, kp, orientations, "cpu")
         inner = {name: layout[name][1] for name in names}
         while here and not errors:
             try:
@@ -150,6 +150,12 @@ def compute_boxes(engine: Any, getters: dict[str, Any], inner: dict[str, tuple[i
         view[row:row + n] = engine.frames(*state)
 
 
+def serve() -> None:
+    """A worker process's loop (:func:`~flyarchive.analyze.state_read.serve_jobs`), also
+    answering the jobs that compute positions."""
+    serve_jobs({"kinematics": run_kinematics_job})
+
+
 def keypoints_json(kp: KeypointSet) -> dict[str, Any]:
     """``kp`` as JSON values (floats written by ``repr``: read back exactly)."""
     return {"labels": list(kp.labels), "kinds": list(kp.kinds), "bodies": list(kp.bodies),
@@ -168,19 +174,19 @@ def keypoints_from_json(value: dict[str, Any]) -> KeypointSet:
 def run_kinematics_job(job: dict[str, Any], getters: dict[str, Any]) -> None:
     """A worker's part: read each box of the job's state through ``getters`` and write
     its keypoints into the result block, at the box's rows."""
-    from flyarchive.analyze.blocks import _engine
+    from flyarchive.analyze.blocks import thread_engine
 
     spec = job["kinematics"]
-    model = _attach(spec["model"])
+    model = attach_block(spec["model"])
     try:
         blob = bytes(model.buf[:spec["size"]])
     finally:
         model.close()
     if hashlib.sha256(blob).hexdigest() != spec["sha256"]:
         raise RuntimeError("The model's bytes in shared memory do not match their SHA-256.")
-    engine = _engine(spec["sha256"], blob, keypoints_from_json(spec["keypoints"]),
+    engine = thread_engine(spec["sha256"], blob, keypoints_from_json(spec["keypoints"]),
                      bool(spec["orientations"]), "cpu")
-    out = _attach(job["block"])
+    out = attach_block(job["block"])
     try:
         view = np.ndarray(tuple(spec["shape"]), np.float64, buffer=out.buf)
         compute_boxes(engine, getters, {name: tuple(inner) for name, (_, inner, _) in

@@ -32,7 +32,7 @@ import queue
 import subprocess
 import sys
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from multiprocessing import shared_memory
 from typing import TYPE_CHECKING, Any
 
@@ -285,8 +285,7 @@ class _Pool:
         with self.lock:
             while self.size < size:
                 worker = subprocess.Popen(
-                    [sys.executable, "-P", "-c",
-                     "from flyarchive.analyze.state_read import _serve; _serve()"],
+                    [sys.executable, "-P", "-c", _WORKER],
                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env)
                 self.pids.append(worker.pid)
                 self.idle.put(worker)
@@ -354,16 +353,23 @@ def _error(reply: dict[str, Any]) -> BaseException:
     return RuntimeError(f"{kind}: {message}")
 
 
-def _serve() -> None:
+#: What a worker runs: the loop of :func:`serve_jobs`, with the handlers of the jobs that
+#: compute positions (:mod:`~flyarchive.analyze.cpu_processes`, which imports this module).
+_WORKER = "from flyarchive.analyze.cpu_processes import serve; serve()"
+
+
+def serve_jobs(handlers: dict[str, Callable[[dict[str, Any], dict[str, Any]], None]] | None = None
+           ) -> None:
     """A worker's loop: answer each job (a JSON line on stdin) with a JSON line, ``{}`` or
     ``{"error", "message"}``, on what was stdout (stdout itself goes to stderr, so that
-    nothing else printed can garble the answers)."""
+    nothing else printed can garble the answers). A job holding a key of ``handlers`` is
+    given to its handler with the job's getters (``{name: getter}``) instead of decoded."""
     answers = os.fdopen(os.dup(1), "wb")
     os.dup2(2, 1)
     opened: dict[str, Any] = {}
     for line in sys.stdin.buffer:
         try:
-            _fill(json.loads(line), opened)
+            _fill(json.loads(line), opened, handlers or {})
             reply: dict[str, Any] = {}
         except Exception as err:  # noqa: BLE001 - reported to the caller, raised there
             reply = {"error": type(err).__name__, "message": str(err)}
@@ -371,9 +377,10 @@ def _serve() -> None:
         answers.flush()
 
 
-def _fill(job: dict[str, Any], opened: dict[str, Any]) -> None:
-    """Decode a job's boxes of each array into its shared-memory block (or, for a job
-    with ``kinematics``, compute their keypoints into it)."""
+def _fill(job: dict[str, Any], opened: dict[str, Any],
+          handlers: dict[str, Callable[[dict[str, Any], dict[str, Any]], None]]) -> None:
+    """Decode a job's boxes of each array into its shared-memory block (or give the job
+    to its handler)."""
     from flyarchive.errors import ArchiveReplacedError
     from flyarchive.query.archive import open_archive
 
@@ -391,12 +398,11 @@ def _fill(job: dict[str, Any], opened: dict[str, Any]) -> None:
     for name in job["arrays"]:
         if name not in getters:
             getters[name] = committed_getter(ds[name])
-    if "kinematics" in job:  # positions computed here (flyarchive.analyze.cpu_processes)
-        from flyarchive.analyze.cpu_processes import run_kinematics_job
-
-        run_kinematics_job(job, getters)
-        return
-    block = _attach(job["block"])
+    for key, handler in handlers.items():
+        if key in job:
+            handler(job, getters)
+            return
+    block = attach_block(job["block"])
     try:
         for name, (offset, inner, dtype) in job["arrays"].items():
             _decode_boxes(getters[name], block.buf, offset, tuple(inner),
@@ -432,7 +438,7 @@ class _Block:
             pass  # a view is still held (by an error's traceback): unmapped when it goes
 
 
-def _attach(name: str) -> _Block:
+def attach_block(name: str) -> _Block:
     """The caller's shared-memory block ``name``, mapped here without registering it
     with a resource tracker (which would unlink it when this worker exits)."""
     path = f"/dev/shm/{name.lstrip('/')}"
