@@ -36,8 +36,9 @@ world with jitter (``benchlib.nmf_states``), written by flyarchive's own writer 
 - ``gait summary``: :func:`flyarchive.gait_summary` of ``--gait-worlds`` x
   ``--gait-frames`` from the archive (thorax and six tarsus tips computed by this
   process and a worker process per other core, :mod:`flyarchive.analyze.cpu_processes`:
-  the first call, which starts the workers, and a second; then on one thread: ``x1`` is the ratio of wall times to
-  it; ``CPU s`` counts the workers' too), and the measures alone from positions in memory.
+  the first call, which starts the workers, and a second; then on one thread: ``x1`` is
+  the ratio of wall times to it; ``CPU s`` counts the workers' too), and the measures
+  alone from positions in memory.
 
 The title gives the load average (1, 5, 15 minutes) when the table is printed: on a
 shared machine wall times are only as good as it is low.
@@ -282,9 +283,9 @@ def workers_cpu_seconds(pids: list[int]) -> float:
 
 def gait_rows(url: str, world: Any) -> list[dict[str, Any]]:
     """The summary from the archive computed by this process and one worker process per
-    other core (the first call starts them), again (started), and on one thread (no processes, dask's
-    synchronous scheduler); then the measures alone from positions in memory. ``CPU s``
-    counts the worker processes' CPU time too."""
+    other core (the first call starts them), again (started), and on one thread (no
+    processes, dask's synchronous scheduler); then the measures alone from positions in
+    memory. ``CPU s`` counts the worker processes' CPU time too."""
     import dask
 
     import flyarchive
@@ -413,7 +414,8 @@ def main() -> None:
     if streamed:
         STAGE_TABLE.print(streamed, title="")
         print(STAGE_NOTE)
-    write_json(args.json, {"host": host_info(), "load_average": os.getloadavg(), "args": {k: str(v) for k, v in vars(args).items()},
+    write_json(args.json, {"host": host_info(), "load_average": os.getloadavg(),
+                           "args": {k: str(v) for k, v in vars(args).items()},
                            "rows": rows})
 
 

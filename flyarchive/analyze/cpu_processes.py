@@ -66,7 +66,8 @@ def cpu_positions_in_processes(prepared: Prepared, orientations: bool, processes
     reader = state_reader(prepared, names, processes=processes)
     if not isinstance(reader, ProcessStateReader):
         return None
-    worlds, frames, channels = int(ds.sizes["world"]), int(ds.sizes["time"]), 7 if orientations else 3
+    worlds, frames = int(ds.sizes["world"]), int(ds.sizes["time"])
+    channels = 7 if orientations else 3
     rows = worlds * frames
     if rows == 0:
         return np.empty((worlds, frames, len(kp), channels))

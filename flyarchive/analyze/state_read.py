@@ -353,13 +353,14 @@ def _error(reply: dict[str, Any]) -> BaseException:
     return RuntimeError(f"{kind}: {message}")
 
 
+#: A job's handler in a worker: ``handler(job, {name: getter})``.
+Handler = Callable[[dict[str, Any], dict[str, Any]], None]
 #: What a worker runs: the loop of :func:`serve_jobs`, with the handlers of the jobs that
 #: compute positions (:mod:`~flyarchive.analyze.cpu_processes`, which imports this module).
 _WORKER = "from flyarchive.analyze.cpu_processes import serve; serve()"
 
 
-def serve_jobs(handlers: dict[str, Callable[[dict[str, Any], dict[str, Any]], None]] | None = None
-           ) -> None:
+def serve_jobs(handlers: dict[str, Handler] | None = None) -> None:
     """A worker's loop: answer each job (a JSON line on stdin) with a JSON line, ``{}`` or
     ``{"error", "message"}``, on what was stdout (stdout itself goes to stderr, so that
     nothing else printed can garble the answers). A job holding a key of ``handlers`` is
@@ -378,7 +379,7 @@ def serve_jobs(handlers: dict[str, Callable[[dict[str, Any], dict[str, Any]], No
 
 
 def _fill(job: dict[str, Any], opened: dict[str, Any],
-          handlers: dict[str, Callable[[dict[str, Any], dict[str, Any]], None]]) -> None:
+          handlers: dict[str, Handler]) -> None:
     """Decode a job's boxes of each array into its shared-memory block (or give the job
     to its handler)."""
     from flyarchive.errors import ArchiveReplacedError
