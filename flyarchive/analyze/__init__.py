@@ -15,7 +15,8 @@ request, and gait and locomotion measures from them.
 - :func:`keep_positions`, :func:`open_positions` (:mod:`~flyarchive.analyze.keep`):
   positions stored as a derived group, committed as recordings are;
 - :func:`gait_summary` (:mod:`~flyarchive.analyze.gait`): distance, speed, heading,
-  height, stance and swing per world.
+  height, stance and swing per world; its positions computed into memory by this process
+  and worker processes (:mod:`~flyarchive.analyze.cpu_processes`) on the CPU.
 
 Imports only the stages before it (store, query) and the base modules.
 """

@@ -39,7 +39,7 @@ def model_of(sha256: str, blob: bytes) -> mujoco.MjModel:
         return model
 
 
-def _engine(sha256: str, blob: bytes, keypoints: KeypointSet, orientations: bool,
+def thread_engine(sha256: str, blob: bytes, keypoints: KeypointSet, orientations: bool,
             backend: str) -> Any:
     """This thread's engine for a model, keypoints and backend (built on first use)."""
     engines = getattr(_LOCAL, "engines", None)
@@ -68,7 +68,7 @@ def kinematics_block(qpos: np.ndarray, *args: Any, sha256: str, keypoints: Keypo
     model's MJB bytes -> ``(w, t, K, 3 or 7)`` (float64 on ``"cpu"``, float32 on Warp)."""
     blob = args[-1]
     mocap_pos, mocap_quat = (args[0], args[1]) if mocap else (None, None)
-    engine = _engine(sha256, blob, keypoints, orientations, backend)
+    engine = thread_engine(sha256, blob, keypoints, orientations, backend)
     w, t = qpos.shape[:2]
     flat = [None if a is None else np.asarray(a).reshape(w * t, *a.shape[2:])
             for a in (qpos, mocap_pos, mocap_quat)]

@@ -98,3 +98,50 @@ def positions(
             return kept
     return as_positions(prepared, lazy_positions(prepared, orientations, backend),
                         orientations, backend)
+
+
+def computed_positions(
+    source: str | xr.Dataset,
+    bodies: str | Iterable[str] | None = None,
+    points: Mapping[str, PointSpec] | None = None,
+    *,
+    worlds: Sequence[int] | None = None,
+    time: tuple[float | None, float | None] | None = None,
+    model: mujoco.MjModel | None = None,
+    storage_options: Mapping[str, Any] | None = None,
+    backend: str = "cpu",
+    processes: int | None = None,
+) -> xr.DataArray:
+    """:func:`positions` (no orientations), computed into host memory: on the CPU by
+    this process and worker processes (:mod:`~flyarchive.analyze.cpu_processes`:
+    bit-exact with one process) when the window can be read by them, else by dask's
+    scheduler as :func:`positions` would be.
+
+    Args:
+        source, bodies, points, worlds, time, model, storage_options, backend: As for
+            :func:`positions`.
+        processes: Worker processes beside this one; 0: none (dask's scheduler); None:
+            one per other usable core when the window holds at least
+            :data:`~flyarchive.analyze.cpu_processes.AUTO_FRAMES` frames.
+
+    Returns:
+        ``position`` ``(world, time, keypoint, xyz)`` as :func:`positions` gives it,
+        numpy-backed. Raises as :func:`positions` does.
+    """
+    check_backend(backend)
+    request = KeypointRequest.of(bodies, None, points)
+    prepared = prepare(source, request, worlds=worlds, time=time, model=model,
+                       storage_options=storage_options)
+    kept = None if prepared.url is None else \
+        stored_positions(prepared, orientations=False, backend=backend)
+    if kept is not None:
+        return kept.compute()
+    if backend == "cpu":
+        from flyarchive.analyze.cpu_processes import cpu_positions_in_processes, worth_processes
+
+        count = worth_processes(prepared) if processes is None else processes
+        values = cpu_positions_in_processes(prepared, False, count) if count > 0 else None
+        if values is not None:
+            return as_positions(prepared, values, False, backend)  # type: ignore[return-value]
+    return as_positions(prepared, lazy_positions(prepared, False, backend), False,
+                        backend).compute()

@@ -32,7 +32,7 @@ import queue
 import subprocess
 import sys
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from multiprocessing import shared_memory
 from typing import TYPE_CHECKING, Any
 
@@ -267,8 +267,8 @@ class ProcessStateReader:
 
 
 class _Pool:
-    """Worker processes, each a fresh Python (``python -c``, this process's ``sys.path``:
-    nothing of the caller's ``__main__`` is run) answering JSON lines on its pipes; idle
+    """Worker processes, each a fresh Python (``python -P -c``, this process's ``sys.path``
+    and nothing before it: nothing of the caller's ``__main__`` is run) answering JSON lines on its pipes; idle
     ones in a queue."""
 
     def __init__(self) -> None:
@@ -278,12 +278,15 @@ class _Pool:
         self.lock = threading.Lock()
 
     def grow(self, size: int) -> None:
-        env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
+        # The caller's sys.path, in its order ("" is its working folder); -P: nothing put
+        # before it (a flyarchive in the working folder must not shadow the caller's).
+        path = os.pathsep.join(p or os.getcwd() for p in sys.path)
+        env = dict(os.environ, PYTHONPATH=path)
         with self.lock:
             while self.size < size:
                 worker = subprocess.Popen(
-                    [sys.executable, "-c", "from flyarchive.analyze.state_read import _serve; "
-                     "_serve()"], stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env)
+                    [sys.executable, "-P", "-c", _WORKER],
+                    stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env)
                 self.pids.append(worker.pid)
                 self.idle.put(worker)
                 self.size += 1
@@ -350,16 +353,24 @@ def _error(reply: dict[str, Any]) -> BaseException:
     return RuntimeError(f"{kind}: {message}")
 
 
-def _serve() -> None:
+#: A job's handler in a worker: ``handler(job, {name: getter})``.
+Handler = Callable[[dict[str, Any], dict[str, Any]], None]
+#: What a worker runs: the loop of :func:`serve_jobs`, with the handlers of the jobs that
+#: compute positions (:mod:`~flyarchive.analyze.cpu_processes`, which imports this module).
+_WORKER = "from flyarchive.analyze.cpu_processes import serve; serve()"
+
+
+def serve_jobs(handlers: dict[str, Handler] | None = None) -> None:
     """A worker's loop: answer each job (a JSON line on stdin) with a JSON line, ``{}`` or
     ``{"error", "message"}``, on what was stdout (stdout itself goes to stderr, so that
-    nothing else printed can garble the answers)."""
+    nothing else printed can garble the answers). A job holding a key of ``handlers`` is
+    given to its handler with the job's getters (``{name: getter}``) instead of decoded."""
     answers = os.fdopen(os.dup(1), "wb")
     os.dup2(2, 1)
     opened: dict[str, Any] = {}
     for line in sys.stdin.buffer:
         try:
-            _fill(json.loads(line), opened)
+            _fill(json.loads(line), opened, handlers or {})
             reply: dict[str, Any] = {}
         except Exception as err:  # noqa: BLE001 - reported to the caller, raised there
             reply = {"error": type(err).__name__, "message": str(err)}
@@ -367,8 +378,10 @@ def _serve() -> None:
         answers.flush()
 
 
-def _fill(job: dict[str, Any], opened: dict[str, Any]) -> None:
-    """Decode a job's boxes of each array into its shared-memory block."""
+def _fill(job: dict[str, Any], opened: dict[str, Any],
+          handlers: dict[str, Handler]) -> None:
+    """Decode a job's boxes of each array into its shared-memory block (or give the job
+    to its handler)."""
     from flyarchive.errors import ArchiveReplacedError
     from flyarchive.query.archive import open_archive
 
@@ -383,11 +396,16 @@ def _fill(job: dict[str, Any], opened: dict[str, Any]) -> None:
             f"is now {ds.attrs.get('archive_id')!r}, it was {job['archive_id']!r}). Call "
             f"open_archive({job['url']!r}) again to read the archive that is there now.")
     getters = opened.setdefault(f"{key} getters {id(ds)}", {})
-    block = _attach(job["block"])
+    for name in job["arrays"]:
+        if name not in getters:
+            getters[name] = committed_getter(ds[name])
+    for key, handler in handlers.items():
+        if key in job:
+            handler(job, getters)
+            return
+    block = attach_block(job["block"])
     try:
         for name, (offset, inner, dtype) in job["arrays"].items():
-            if name not in getters:
-                getters[name] = committed_getter(ds[name])
             _decode_boxes(getters[name], block.buf, offset, tuple(inner),
                           np.dtype(dtype), job["boxes"], job["start"])
     finally:
@@ -421,7 +439,7 @@ class _Block:
             pass  # a view is still held (by an error's traceback): unmapped when it goes
 
 
-def _attach(name: str) -> _Block:
+def attach_block(name: str) -> _Block:
     """The caller's shared-memory block ``name``, mapped here without registering it
     with a resource tracker (which would unlink it when this worker exits)."""
     path = f"/dev/shm/{name.lstrip('/')}"
