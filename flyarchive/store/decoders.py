@@ -6,18 +6,24 @@ few stored bytes: :class:`BoundedPCodec` decodes into the chunk's declared shape
 never past it, :class:`BoundedBloscCodec` refuses an oversized header before anything
 is allocated, and :class:`CheckedCrc32cCodec` says what a checksum mismatch means.
 :func:`install_bounded_decoders` makes them zarr's decoders in this process (their
-metadata is checked first: :mod:`flyarchive.store.hardening`).
+metadata is checked first: :mod:`flyarchive.store.hardening`); :func:`direct_decoder`
+decodes one inner chunk straight into its place for the shard reader.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable, Sequence
 from typing import Any
 
+import google_crc32c
 import numpy as np
 import zarr
+from zarr.abc.codec import ArrayArrayCodec, ArrayBytesCodec, BytesBytesCodec
 from zarr.codecs import BloscCodec, Crc32cCodec
 from zarr.codecs.numcodecs import PCodec
+from zarr.core.array_spec import ArraySpec
+from zarr.core.buffer import default_buffer_prototype
 
 from flyarchive.errors import CorruptArchiveError
 
@@ -143,3 +149,40 @@ def install_bounded_decoders() -> None:
     # The whole mapping: a dotted key would nest ("numcodecs" -> "pcodec") where zarr
     # looks up the literal name "numcodecs.pcodec".
     zarr.config.set({"codecs": chosen})
+
+
+def direct_decoder(codecs: Sequence[Any], spec: ArraySpec
+                    ) -> Callable[[np.ndarray, np.ndarray], None] | None:
+    """A decoder of one inner chunk's bytes (``uint8``) into a C-contiguous array of its
+    shape, for chains of bytes-to-bytes codecs and an array-to-bytes codec that decodes
+    in place (``decode_into``: :class:`~flyarchive.store.decoders.BoundedPCodec`); None
+    for other chains (they decode through zarr's transform, then one copy).
+
+    A CRC-32C codec that comes first in decoding order is checked here on the stored
+    bytes without a copy; a mismatch is handed to the codec object itself, which raises
+    its own error (CorruptArchiveError with flyarchive's decoders).
+    """
+    if any(isinstance(c, ArrayArrayCodec) for c in codecs):
+        return None
+    array_bytes = [c for c in codecs if isinstance(c, ArrayBytesCodec)]
+    bytes_bytes = [c for c in codecs if isinstance(c, BytesBytesCodec)][::-1]  # decode order
+    if len(array_bytes) != 1 or not hasattr(array_bytes[0], "decode_into"):
+        return None
+    decode_into = array_bytes[0].decode_into
+    crc = bytes_bytes.pop(0) if bytes_bytes and isinstance(bytes_bytes[0], Crc32cCodec) else None
+    wrap = default_buffer_prototype().buffer.from_array_like
+
+    def decode(raw: np.ndarray, target: np.ndarray) -> None:
+        if crc is not None:
+            if raw.size < 4 or google_crc32c.value(raw[:-4]) != int.from_bytes(raw[-4:], "little"):
+                crc._decode_sync(wrap(raw), spec)  # raises the codec's own error
+                raise ValueError("a stored chunk fails its CRC-32C checksum")
+            raw = raw[:-4]
+        if bytes_bytes:
+            data = wrap(raw)
+            for codec in bytes_bytes:
+                data = codec._decode_sync(data, spec)
+            raw = data.as_numpy_array()
+        decode_into(raw, target, spec)
+
+    return decode

@@ -42,18 +42,16 @@ from collections.abc import Callable, Generator, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-import google_crc32c
 import numpy as np
 import zarr
-from zarr.abc.codec import ArrayArrayCodec, ArrayBytesCodec, BytesBytesCodec
 from zarr.abc.store import RangeByteRequest, _store_supports_sync_io
-from zarr.codecs import Crc32cCodec
 from zarr.codecs.sharding import ShardingCodec
 from zarr.core.array_spec import ArraySpec
 from zarr.core.buffer import Buffer, default_buffer_prototype
 from zarr.core.metadata import ArrayV3Metadata
 
 from flyarchive.errors import ArchiveReplacedError
+from flyarchive.store.decoders import direct_decoder
 from flyarchive.store.location import sync
 
 _PROTOTYPE = default_buffer_prototype()
@@ -172,7 +170,7 @@ class ShardReader:
         self._root_key = f"{parent}/zarr.json" if parent else "zarr.json"
         self._indexes: dict[tuple[int, ...], Any] = {}
         self._lock = threading.Lock()
-        self._into = _direct_decoder(self._transform.codecs, self._chunk_spec)
+        self._into = direct_decoder(self._transform.codecs, self._chunk_spec)
 
     def __reduce__(self) -> tuple[Any, ...]:
         """Sent to a Dask worker as the array and what may be cached; the worker keeps
@@ -229,6 +227,38 @@ class ShardReader:
             if self._opened is not None and not isinstance(err, ArchiveReplacedError):
                 self._replaced_under(err)
             raise
+
+    def load_indexes(self) -> int:
+        """Read and keep now the index of every settled shard (:func:`settled_shards`), so
+        that later reads fetch only inner chunks; shards never written, or whose index fails
+        its checksum, are left to the reads (which report them). Returns the indexes kept.
+
+        Raises:
+            ArchiveReplacedError: the archive was replaced (or deleted) since it was opened
+                (what was read is forgotten).
+        """
+        if self._settled is None:
+            return 0
+        axis, count = self._settled
+        grid = [range(-(-n // s)) for n, s in zip(self.shape, self.shard_shape)]
+        grid[axis] = range(min(count, len(grid[axis])))
+        wanted = [c for c in itertools.product(*grid) if c not in self._indexes]
+        keys = [(self._prefix / self._encode_key(c)).path for c in wanted]
+        if self._sync_io:
+            found = [_or_error(self._get_sync, key, self._index_range) for key in keys]
+        else:
+            found = sync(self._get_all(keys, self._index_range))
+        for coords, raw in zip(wanted, found):
+            if raw is not None and not isinstance(raw, BaseException):
+                with contextlib.suppress(Exception):  # the reads report what is wrong
+                    self._index(coords, raw)
+        try:
+            self._check_archive()
+        except ArchiveReplacedError:
+            with self._lock:
+                self._indexes.clear()
+            raise
+        return len(self._indexes)
 
     # ------------------------------------------------------------------ identity
     def _same_archive(self) -> Generator[Any, Any, None]:
@@ -386,6 +416,11 @@ class ShardReader:
                                                    **self._coalesce))
         return []
 
+    async def _get_all(self, keys: list[str], request: Any) -> list[Any]:
+        """``request`` of each key at once: its result, or the error it raised."""
+        return await asyncio.gather(*(self._get(key, request) for key in keys),
+                                    return_exceptions=True)
+
     async def _get(self, key: str, request: Any) -> Any:
         if not isinstance(request, list):
             return await self.store.get(key, prototype=_PROTOTYPE, byte_range=request)
@@ -442,46 +477,16 @@ def _replaced(opened: OpenedArchive, detail: str) -> ArchiveReplacedError:
     )
 
 
+def _or_error(get: Callable[..., Any], *args: Any) -> Any:
+    try:
+        return get(*args)
+    except Exception as err:  # noqa: BLE001 - left to the reads, which report it
+        return err
+
+
 def _rebuild(arr: zarr.Array, settled: tuple[int, int] | None,
              opened: OpenedArchive | None) -> ShardReader:
     return ShardReader(arr, settled=settled, opened=opened)
-
-
-def _direct_decoder(codecs: Sequence[Any], spec: ArraySpec
-                    ) -> Callable[[np.ndarray, np.ndarray], None] | None:
-    """A decoder of one inner chunk's bytes (``uint8``) into a C-contiguous array of its
-    shape, for chains of bytes-to-bytes codecs and an array-to-bytes codec that decodes
-    in place (``decode_into``: :class:`~flyarchive.store.decoders.BoundedPCodec`); None
-    for other chains (they decode through zarr's transform, then one copy).
-
-    A CRC-32C codec that comes first in decoding order is checked here on the stored
-    bytes without a copy; a mismatch is handed to the codec object itself, which raises
-    its own error (CorruptArchiveError with flyarchive's decoders).
-    """
-    if any(isinstance(c, ArrayArrayCodec) for c in codecs):
-        return None
-    array_bytes = [c for c in codecs if isinstance(c, ArrayBytesCodec)]
-    bytes_bytes = [c for c in codecs if isinstance(c, BytesBytesCodec)][::-1]  # decode order
-    if len(array_bytes) != 1 or not hasattr(array_bytes[0], "decode_into"):
-        return None
-    decode_into = array_bytes[0].decode_into
-    crc = bytes_bytes.pop(0) if bytes_bytes and isinstance(bytes_bytes[0], Crc32cCodec) else None
-    wrap = _PROTOTYPE.buffer.from_array_like
-
-    def decode(raw: np.ndarray, target: np.ndarray) -> None:
-        if crc is not None:
-            if raw.size < 4 or google_crc32c.value(raw[:-4]) != int.from_bytes(raw[-4:], "little"):
-                crc._decode_sync(wrap(raw), spec)  # raises the codec's own error
-                raise ValueError("a stored chunk fails its CRC-32C checksum")
-            raw = raw[:-4]
-        if bytes_bytes:
-            data = wrap(raw)
-            for codec in bytes_bytes:
-                data = codec._decode_sync(data, spec)
-            raw = data.as_numpy_array()
-        decode_into(raw, target, spec)
-
-    return decode
 
 
 @contextlib.contextmanager

@@ -217,3 +217,29 @@ def test_open_archive_reads_every_state_variable_through_a_shard_reader(tmp_path
 
     assert len(getters) >= 3
     assert all(isinstance(g.reader, ShardReader) for g in getters)
+
+
+@pytest.mark.parametrize("storage", ["local", "s3"])
+def test_indexes_loaded_ahead_leave_a_first_read_only_its_chunks_to_fetch(storage, tmp_path,
+                                                                           s3_server, s3_archive):
+    from flyarchive.testing.faultproxy import FaultProxy
+
+    location, qpos = s3_archive
+    with FaultProxy(s3_server.endpoint_url) as proxy:
+        url, options = location.url, proxy.storage_options()
+        if storage == "local":  # the same archive copied to disk; the proxy counts nothing
+            url, options = str(tmp_path / "run.zarr"), None
+            write_archive(url, qpos, frames=15)
+        arr = open_group(url, options, consolidated=False)["qpos"]
+        reader = ShardReader(arr, settled=(1, 4))
+        proxy.reset_stats()
+        kept = reader.load_indexes()
+        ahead = proxy.stats()["requests"]
+        first = requests_of(proxy, lambda: reader.read(BOXES["one world"]))
+        values = reader.read(BOXES["one world"])
+
+    assert kept == 8  # 2 shards of worlds x the 4 settled shards of frames
+    if storage == "s3":
+        assert ahead == 8  # one request per index, concurrently
+        assert first == 4 + 2  # the 4 settled shards: the chunk only; the 5th: index, chunk
+    assert np.array_equal(values, qpos[4:5])
