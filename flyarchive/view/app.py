@@ -60,7 +60,7 @@ class Viewer:
         self.renders = Renders(self.viewed, None, self.out, backend or best_backend())
 
     # ------------------------------------------------------------------ loading
-    def warm_up(self, wait_for_page_s: float = 2.0) -> None:
+    def warm_up(self, wait_for_page_s: float = 2.0, *, freeze: bool = False) -> None:
         """Load the model on a thread of its own: after the first page's table was answered
         (or ``wait_for_page_s`` passed), so that its loading does not hold the interpreter
         while the page loads. Problems are logged; the requests that need the model
@@ -69,16 +69,19 @@ class Viewer:
         The lazy dataset (xarray and dask) is not opened here: only keypoint traces need
         it (their first request opens it). Opened here, its imports and its first dask
         computation held the interpreter for seconds while the page was already in use
-        (a filter took 1.6 s on the loaded 2-core machine)."""
+        (a filter took 1.6 s on the loaded 2-core machine).
+
+        With ``freeze`` (a process that is only the viewer: ``flyarchive view``), what is
+        loaded by then lives as long as the process and is kept out of the cyclic garbage
+        collector's full passes (``gc.freeze``), which otherwise walk it all again while a
+        request waits (one traces request in ~20 took 0.4-0.55 s instead of 0.2)."""
 
         def work() -> None:
             self.first_page.wait(wait_for_page_s)
             self.load_model()
-            # What is loaded by now lives as long as the server: kept out of the cyclic
-            # garbage collector's full passes, which otherwise walk it all again and again
-            # while requests wait (one traces request in ~20 took 0.4-0.55 s instead of 0.2).
-            gc.collect()
-            gc.freeze()
+            if freeze:
+                gc.collect()
+                gc.freeze()
 
         threading.Thread(target=work, name="flyarchive-view-warm-up", daemon=True).start()
 
@@ -304,8 +307,9 @@ class Served:
 
 
 def start(viewer: Viewer, *, host: str = "127.0.0.1", port: int = 0,
-          token: str | None = None) -> Served:
-    """Serve ``viewer`` on a thread of its own; returns once it listens.
+          token: str | None = None, freeze_gc: bool = False) -> Served:
+    """Serve ``viewer`` on a thread of its own; returns once it listens. ``freeze_gc``:
+    the process is only the viewer (see :meth:`Viewer.warm_up`).
 
     Raises:
         OptionsError: the port cannot be listened on (in use, not allowed).
@@ -332,7 +336,7 @@ def start(viewer: Viewer, *, host: str = "127.0.0.1", port: int = 0,
     thread = threading.Thread(target=loop.run_forever, name="flyarchive-view-server", daemon=True)
     thread.start()  # the loop runs on its own thread: the caller may run another loop
     asyncio.run_coroutine_threadsafe(listen(), loop).result(timeout=60)
-    viewer.warm_up()
+    viewer.warm_up(freeze=freeze_gc)
     shown = f"[{host}]" if ":" in host else host
     return Served(viewer, runner, loop, thread, f"http://{shown}:{bound}/?token={app.token}",
                   app.token)
@@ -358,11 +362,12 @@ def _serve(url: str, storage_options: Mapping[str, Any] | None, model_path: str 
     viewer = Viewer(url, storage_options=storage_options, model_path=model_path, out=out,
                     backend=backend)
     try:
-        served = start(viewer, host=host, port=port)
+        served = start(viewer, host=host, port=port, freeze_gc=True)
     except OptionsError:
         if port != 8750:
             raise
-        served = start(viewer, host=host, port=0)  # the default port is taken: any free one
+        # the default port is taken: any free one
+        served = start(viewer, host=host, port=0, freeze_gc=True)
     warning = exposure_warning(host)
     if warning:
         print(f"flyarchive view: {warning}", file=sys.stderr, flush=True)

@@ -33,6 +33,34 @@ def test_the_model_and_the_states_load_when_first_asked_for_without_the_dataset(
     assert viewer.viewed._ds is None  # read through the getters: no xarray, no dask
 
 
+def test_only_a_process_that_is_the_viewer_freezes_what_it_loaded_out_of_full_gc_passes(tmp_path):
+    import gc
+    import threading
+
+    from flyarchive.view.app import Viewer
+
+    def warm_up(viewer, **freeze):
+        viewer.warm_up(0, **freeze)
+        for thread in threading.enumerate():
+            if thread.name == "flyarchive-view-warm-up":
+                thread.join(60)
+
+    viewer = Viewer(view_archive(str(tmp_path / "run.zarr")), out=tmp_path / "videos",
+                    backend="opengl")
+    before = gc.get_freeze_count()
+    try:
+        warm_up(viewer)  # a viewer started from a user's program (start()): nothing frozen
+        embedded = gc.get_freeze_count()
+        warm_up(viewer, freeze=True)  # `flyarchive view`
+        frozen = gc.get_freeze_count()
+    finally:
+        gc.unfreeze()
+
+    assert viewer.model is not None
+    assert embedded == before
+    assert frozen > before
+
+
 def test_the_vendored_libraries_stay_in_the_browsers_cache_and_the_pages_files_do_not(tmp_path):
     import urllib.request
     from urllib.parse import urlsplit
