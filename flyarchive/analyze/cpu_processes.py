@@ -94,7 +94,7 @@ def cpu_positions_in_processes(prepared: Prepared, orientations: bool, processes
                 except queue.Empty:
                     return
                 try:
-                    reader.pool.run([{**reader._job(out.name, layout, [piece]),
+                    reader.pool.run([{**reader.job(out.name, layout, [piece]),
                                       "kinematics": spec}])
                 except BaseException as err:  # noqa: BLE001 - raised below
                     errors.append(err)
@@ -120,7 +120,7 @@ def cpu_positions_in_processes(prepared: Prepared, orientations: bool, processes
         for block in (out, model):
             block.close()
             block.unlink()
-    reader._mask({"qpos": result}, 0, rows)
+    reader.mask({"qpos": result}, 0, rows)
     return result.reshape(worlds, frames, len(kp), channels)
 
 
@@ -128,7 +128,7 @@ def _pieces_of(reader: ProcessStateReader, rows: int, hands: int
                ) -> list[tuple[int, int, int, int, int]]:
     """The window's boxes (cut at shards, as the reader cuts them) cut again into runs of
     worlds: about 8 pieces per hand, so that each is busy to the end."""
-    boxes = sorted((box for part in reader._parts(0, rows) for box in part),
+    boxes = sorted((box for part in reader.pieces(0, rows) for box in part),
                    key=lambda box: box[4])
     target = max(1, rows // (8 * hands))
     cut = []

@@ -219,10 +219,10 @@ class ProcessStateReader:
             size += (r1 - r0) * int(np.prod(inner, dtype=np.int64)) * np.dtype(getter.dtype).itemsize
         if r1 <= r0:
             return {n: np.empty((0, *inner), dt) for n, (_, inner, dt) in layout.items()}
-        parts = self._parts(r0, r1)
+        parts = self.pieces(r0, r1)
         block = shared_memory.SharedMemory(create=True, size=size)
         try:
-            self.pool.run([self._job(block.name, layout, part) for part in parts])
+            self.pool.run([self.job(block.name, layout, part) for part in parts])
             state = {}
             for name, (offset, inner, dtype) in layout.items():
                 view = np.ndarray((r1 - r0, *inner), dtype, buffer=block.buf, offset=offset)
@@ -231,10 +231,10 @@ class ProcessStateReader:
         finally:
             block.close()
             block.unlink()
-        self._mask(state, r0, r1)
+        self.mask(state, r0, r1)
         return state
 
-    def _parts(self, r0: int, r1: int) -> list[list[tuple[int, int, int, int, int]]]:
+    def pieces(self, r0: int, r1: int) -> list[list[tuple[int, int, int, int, int]]]:
         """The boxes of rows ``[r0, r1)`` (``(w0, w1, t0, t1, row)``, ``row`` their first
         row in the block), cut at shards of worlds, shared out for the workers."""
         boxes, row = [], 0
@@ -247,14 +247,15 @@ class ProcessStateReader:
         count = max(1, min(len(boxes), self.pool.size))
         return [boxes[i::count] for i in range(count)]
 
-    def _job(self, block: str, layout: dict[str, Any], boxes: list[Any]) -> dict[str, Any]:
+    def job(self, block: str, layout: dict[str, Any], boxes: list[Any]) -> dict[str, Any]:
+        """A worker's job (JSON): read ``boxes`` of this archive into shared ``block``."""
         return {"url": self.url, "storage_options": self.storage_options,
                 "archive_id": self.archive_id, "block": block,
                 "arrays": {n: [o, list(i), d.str] for n, (o, i, d) in layout.items()},
                 "boxes": [[int(v) for v in b] for b in boxes],
                 "start": int(self.start)}
 
-    def _mask(self, state: dict[str, np.ndarray], r0: int, r1: int) -> None:
+    def mask(self, state: dict[str, np.ndarray], r0: int, r1: int) -> None:
         """NaN at frames past each world's ``n_frames`` as this process opened them."""
         for name, values in state.items():
             n_frames = getattr(self.getters[name], "n_frames", None)
