@@ -83,7 +83,7 @@ from benchlib import (
 JITTER = Jitter(start_margin=200, xy_mm=5.0, angle_bias_rad=0.01)
 ROWS = ("cpu", "dask", "warp", "read", "gait")
 #: Stages of the streamed Warp row (StreamStats fields ``<stage>_seconds``).
-STAGES = ("read_wait", "stage", "upload", "kinematics", "download", "copy_out")
+STAGES = ("read_wait", "stage", "upload", "kinematics", "download", "copy_out", "copy_wait")
 
 
 def best(fn: Callable[[], Any], repeat: int, clock: Callable[[], float] = time.perf_counter
@@ -355,6 +355,7 @@ STAGE_TABLE = Table([
     Column("kinem.", 7, "kinematics_s", ".3f"),
     Column("copy bk", 7, "download_s", ".3f"),
     Column("out s", 7, "copy_out_s", ".3f"),
+    Column("wait out", 8, "copy_wait_s", ".3f"),
     Column("dev MiB", 8, "peak_device_mib", ",.0f"),
     Column("GPU used", 8, "peak_device_used_mib", ",.0f"),
     Column("pinned", 7, "pinned_mib", ",.0f"),
@@ -363,7 +364,8 @@ STAGE_TABLE = Table([
 STAGE_NOTE = ("read* = reader threads' busy time summed (s); wait rd = the pipeline waiting "
               "for reads; pin s = state into pinned slots; upload / kinem. / copy bk = device "
               "stages summed over batches (CUDA events on CUDA; overlapped, so they may sum to "
-              "more than wall); out s = pinned slot -> result; GPU used = peak of the whole "
+              "more than wall); out s = pinned slot -> result (copy threads, summed); wait out "
+              "= the pipeline waiting for those copies; GPU used = peak of the whole "
               "device's memory in use (every process), dev MiB = Warp's pool high-water mark")
 
 

@@ -223,11 +223,17 @@ class ProcessStateReader:
         block = shared_memory.SharedMemory(create=True, size=size)
         try:
             self.pool.run([self.job(block.name, layout, part) for part in parts])
+            # The arrays are views of a mapping of their own (MAP_POPULATE: mapped in one
+            # call, not a page fault each), which lives as long as they do: no copy.
+            # Elsewhere (no /dev/shm) they are copied out of the block.
+            mapped = _mapping(block.name, populate=True)
             state = {}
             for name, (offset, inner, dtype) in layout.items():
-                view = np.ndarray((r1 - r0, *inner), dtype, buffer=block.buf, offset=offset)
-                state[name] = np.array(view)
-                del view
+                count = (r1 - r0) * int(np.prod(inner, dtype=np.int64))
+                values = np.frombuffer(block.buf if mapped is None else mapped, dtype, count,
+                                       offset).reshape(r1 - r0, *inner)
+                state[name] = values.copy() if mapped is None else values
+                del values
         finally:
             block.close()
             block.unlink()
@@ -443,15 +449,25 @@ class _Block:
 def attach_block(name: str) -> _Block:
     """The caller's shared-memory block ``name``, mapped here without registering it
     with a resource tracker (which would unlink it when this worker exits)."""
-    path = f"/dev/shm/{name.lstrip('/')}"
-    if not os.path.exists(path):
+    mapped = _mapping(name)
+    if mapped is None:
         block = shared_memory.SharedMemory(name=name, track=False)  # type: ignore[call-arg]
         return _Block(block.buf, block)
+    return _Block(memoryview(mapped), mapped)
+
+
+def _mapping(name: str, populate: bool = False) -> Any:
+    """A writable mapping (``mmap.mmap``) of shared-memory block ``name`` of its own,
+    unmapped when the last array over it goes; None where blocks are not files under
+    /dev/shm. ``populate``: map every page now (the block was written already)."""
     import mmap
 
+    path = f"/dev/shm/{name.lstrip('/')}"
+    if not os.path.exists(path):
+        return None
+    flags = mmap.MAP_SHARED | (getattr(mmap, "MAP_POPULATE", 0) if populate else 0)
     fd = os.open(path, os.O_RDWR)
     try:
-        mapped = mmap.mmap(fd, 0)
+        return mmap.mmap(fd, 0, flags=flags)
     finally:
         os.close(fd)
-    return _Block(memoryview(mapped), mapped)

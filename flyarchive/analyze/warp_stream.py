@@ -14,8 +14,12 @@ in parallel). On CUDA each batch then goes
 
 with two slots of each, so that batch k + 1 uploads while batch k computes and batch
 k - 1 comes back; CUDA events order the streams, and the host waits only for a slot it is
-about to reuse. On Warp's CPU device the same steps run one after another (the readers
-still read ahead). The result is one host array ``(world, time, K, 3 | 7)`` float32.
+about to reuse. Copy threads move each batch from its pinned out slot (one of
+:data:`OUT_SLOTS`) into the result as soon as it has arrived, while the next batches go
+on; the pipeline waits for them only before it reuses that out slot, and at the end. On
+Warp's CPU device the same steps run one after another (the readers still read ahead,
+the copies still run beside them). The result is one host array
+``(world, time, K, 3 | 7)`` float32.
 """
 
 from __future__ import annotations
@@ -36,6 +40,10 @@ if TYPE_CHECKING:
     import mujoco
     import xarray as xr
 
+#: Pinned out slots on CUDA: batches whose copy into the result may still run while the
+#: next ones are computed and come back.
+OUT_SLOTS = 4
+
 
 @dataclass
 class StreamStats:
@@ -55,8 +63,10 @@ class StreamStats:
         kinematics_seconds: ``kinematics`` and the keypoint gather, summed, s (CUDA:
             events on the compute stream).
         download_seconds: Device to (pinned) host copies of the keypoints, summed, s.
-        copy_out_seconds: Waiting for and copying each batch from its pinned slot into
-            the result array, s.
+        copy_out_seconds: Copying each batch from its pinned out slot into the result
+            array, summed over the copy threads, s (beside the other stages).
+        copy_wait_seconds: Time the pipeline waited for those copies (before reusing an
+            out slot, and for the last ones at the end), s.
         reader: ``"shards"`` (the archive's getters, :mod:`~flyarchive.analyze.state_read`),
             ``"processes"`` (the same in worker processes) or ``"dask"``.
         peak_device_bytes: Largest device memory held by Warp's memory pool during the
@@ -77,6 +87,7 @@ class StreamStats:
     kinematics_seconds: float = 0.0
     download_seconds: float = 0.0
     copy_out_seconds: float = 0.0
+    copy_wait_seconds: float = 0.0
     reader: str = ""
     peak_device_bytes: int | None = None
     peak_device_used_bytes: int | None = None
@@ -165,21 +176,30 @@ class _Stream:
             "processes" if isinstance(self.reader, ProcessStateReader) else "dask"
         self._timed: list[tuple[str, Any, Any]] = []  # (stage, start event, end event) on CUDA
         self._slots = [self._slot() for _ in range(2 if self.cuda else 1)]
+        self._outs = [self._out_slot() for _ in range(OUT_SLOTS if self.cuda else 1)]
         stats.setup_seconds = clock.perf_counter() - started
         stats.pinned_bytes = 0 if not self.cuda else sum(
-            int(b.capacity) for s in self._slots for b in (*s["in"].values(), s["out"]))
+            int(b.capacity) for b in [*(b for s in self._slots for b in s["in"].values()),
+                                      *(o["host"] for o in self._outs)])
 
     def _slot(self) -> dict[str, Any]:
         """Host (and on CUDA device) buffers of one batch in flight."""
         data, engine = self.engine.data, self.engine
         names = [n for n in ("qpos", "mocap_pos", "mocap_quat") if getattr(data, n).size]
         slot: dict[str, Any] = {"in": {n: engine.host_buffer(getattr(data, n)) for n in names},
-                                "out": engine.host_buffer(engine.out), "events": {}}
+                                "events": {}}
         if self.cuda:
             with self.wp.ScopedDevice(engine.device):
                 slot["device_in"] = {n: self.wp.empty_like(getattr(data, n)) for n in names}
                 slot["device_out"] = self.wp.empty_like(engine.out)
         return slot
+
+    def _out_slot(self) -> dict[str, Any]:
+        """A host (pinned on CUDA) buffer batches come back into, its rows as a numpy
+        view, and the copies into the result still reading it."""
+        host = self.engine.host_buffer(self.engine.out)
+        return {"host": host, "rows": host.numpy().reshape(-1, self.width), "copies": [],
+                "downloaded": None}
 
     # ------------------------------------------------------------------------- reading
     def _read(self, r0: int, r1: int) -> tuple[dict[str, np.ndarray], float]:
@@ -216,9 +236,9 @@ class _Stream:
         started = clock.perf_counter()
         # Copies into the result have threads of their own: queued behind the reads ahead
         # on the readers' threads, they would hold the pipeline up.
-        copiers = min(4, self.readers)
+        self._copiers = min(4, self.readers)
         with ThreadPoolExecutor(self.readers, thread_name_prefix="flyarchive-read") as readers, \
-                ThreadPoolExecutor(copiers, thread_name_prefix="flyarchive-copy") as pool:
+                ThreadPoolExecutor(self._copiers, thread_name_prefix="flyarchive-copy") as pool:
             reads: dict[int, Future[Any]] = {}
             ahead = self.readers + len(self._slots)
             for k, (r0, r1) in enumerate(bounds):
@@ -229,13 +249,14 @@ class _Stream:
                 state, seconds = reads.pop(k).result()
                 self.stats.read_wait_seconds += clock.perf_counter() - waited
                 self.stats.read_seconds += seconds
-                slot = self._slots[k % len(self._slots)]
-                self._finish(slot, result, pool)  # its previous batch, if any
-                self._queue(slot, state, r1 - r0)
-                slot["rows"] = (r0, r1)
+                out = self._outs[k % len(self._outs)]
+                self._wait_copies(out)  # its previous batch is in the result
+                self._queue(self._slots[k % len(self._slots)], out, state, r1 - r0)
+                del state  # (a worker-filled block is unmapped once staged)
+                self._copy_later(out, (r0, r1), result, pool)
                 self._sample_device()
-            for slot in self._slots:
-                self._finish(slot, result, pool)
+            for out in self._outs:
+                self._wait_copies(out)
         self.stats.frames, self.stats.batches = self.n_rows, len(bounds)
         self.stats.seconds = clock.perf_counter() - started
         self.stats.peak_device_bytes = self._peak_device_bytes()
@@ -245,9 +266,10 @@ class _Stream:
             view[..., 3:] = self.engine.turn(view[..., 3:])
         return result.reshape(self.n_worlds, self.n_time, -1, self.engine.channels)
 
-    def _queue(self, slot: dict[str, Any], state: dict[str, np.ndarray], n: int) -> None:
+    def _queue(self, slot: dict[str, Any], out: dict[str, Any], state: dict[str, np.ndarray],
+               n: int) -> None:
         """Queue batch ``state`` (``n`` rows) through ``slot``: upload, kinematics,
-        gather, copy-back (on CUDA, on three streams, without waiting)."""
+        gather, copy-back into ``out`` (on CUDA, on three streams, without waiting)."""
         wp, engine = self.wp, self.engine
         up = slot["events"].get("uploaded")
         if up is not None:  # the slot's pinned buffers still feed its last upload
@@ -265,14 +287,15 @@ class _Stream:
             engine.launch()
             wp.synchronize_device(engine.device)
             t2 = clock.perf_counter()
-            wp.copy(slot["out"], engine.out, count=n * self.width)
+            wp.copy(out["host"], engine.out, count=n * self.width)
             self.stats.upload_seconds += t1 - t0
             self.stats.kinematics_seconds += t2 - t1
             self.stats.download_seconds += clock.perf_counter() - t2
             return
-        self._queue_cuda(slot, state, n)
+        self._queue_cuda(slot, out, state, n)
 
-    def _queue_cuda(self, slot: dict[str, Any], state: dict[str, np.ndarray], n: int) -> None:
+    def _queue_cuda(self, slot: dict[str, Any], out: dict[str, Any],
+                    state: dict[str, np.ndarray], n: int) -> None:
         wp, engine, events = self.wp, self.engine, slot["events"]
         device = engine.device
         if not hasattr(self, "_upload_stream"):
@@ -302,8 +325,8 @@ class _Stream:
         self._timed.append(("kinematics", kin_began, computed))
         self._copy_stream.wait_event(computed)
         down_began = self._timing_event(self._copy_stream)
-        wp.copy(slot["out"], slot["device_out"], count=n * self.width, stream=self._copy_stream)
-        events["downloaded"] = self._timing_event(self._copy_stream)
+        wp.copy(out["host"], slot["device_out"], count=n * self.width, stream=self._copy_stream)
+        events["downloaded"] = out["downloaded"] = self._timing_event(self._copy_stream)
         self._timed.append(("download", down_began, events["downloaded"]))
 
     def _timing_event(self, stream: Any) -> Any:
@@ -330,27 +353,32 @@ class _Stream:
         peak = self.stats.peak_device_used_bytes or 0
         self.stats.peak_device_used_bytes = max(peak, used)
 
-    def _finish(self, slot: dict[str, Any], result: np.ndarray, pool: ThreadPoolExecutor) -> None:
-        """Copy the slot's last batch (if any) from its host buffer into ``result``, in
-        pieces on the copy threads; waits for them (the slot is about to be reused)."""
-        rows = slot.pop("rows", None)
-        if rows is None:
-            return
-        began = clock.perf_counter()
-        self._copy_out(slot, rows, result, pool)
-        self.stats.copy_out_seconds += clock.perf_counter() - began
-
-    def _copy_out(self, slot: dict[str, Any], rows: tuple[int, int], result: np.ndarray,
-                  pool: ThreadPoolExecutor) -> None:
-        if self.cuda:
-            self.wp.synchronize_event(slot["events"]["downloaded"])
-        host = slot["out"].numpy().reshape(-1, self.width)
+    def _copy_later(self, out: dict[str, Any], rows: tuple[int, int], result: np.ndarray,
+                    pool: ThreadPoolExecutor) -> None:
+        """Copy the batch of rows ``rows`` from ``out`` into ``result`` on the copy
+        threads, in pieces, each once the batch has come back (without waiting here)."""
         r0, r1 = rows
-        step = max(1, -(-(r1 - r0) // self.readers))
-        parts = [pool.submit(np.copyto, result[a:min(r1, a + step)], host[a - r0:min(r1, a + step) - r0])
-                 for a in range(r0, r1, step)]
-        for part in parts:
-            part.result()
+        step = max(1, -(-(r1 - r0) // self._copiers))
+        out["copies"] = [pool.submit(self._copy_piece, out["downloaded"], result[a:min(r1, a + step)],
+                                     out["rows"][a - r0:min(r1, a + step) - r0])
+                         for a in range(r0, r1, step)]
+
+    def _copy_piece(self, downloaded: Any, into: np.ndarray, rows: np.ndarray) -> float:
+        """One piece of a copy into the result, once its batch is on the host (CUDA:
+        ``downloaded`` has happened); returns the copy's seconds."""
+        if downloaded is not None:
+            self.wp.synchronize_event(downloaded)
+        began = clock.perf_counter()
+        np.copyto(into, rows)
+        return clock.perf_counter() - began
+
+    def _wait_copies(self, out: dict[str, Any]) -> None:
+        """Wait until the copies out of ``out`` are done (it is about to be reused)."""
+        began = clock.perf_counter()
+        for copy in out["copies"]:
+            self.stats.copy_out_seconds += copy.result()
+        out["copies"] = []
+        self.stats.copy_wait_seconds += clock.perf_counter() - began
 
     def _peak_device_bytes(self) -> int | None:
         wp, device = self.wp, self.engine.device

@@ -31,18 +31,21 @@ def test_the_warp_backend_agrees_with_the_cpu_within_float32(sites_archive):
     assert np.abs(actual.orientation.values * sign - expected.orientation.values).max() < TOLERANCE
 
 
-def test_streamed_positions_equal_the_lazy_ones_with_masks_and_windows(uneven_archive):
+@pytest.mark.parametrize("processes, reader", [(0, "shards"), (2, "processes")])
+def test_streamed_positions_equal_the_lazy_ones_with_masks_and_windows(uneven_archive, processes,
+                                                                      reader):
     lazy = flyarchive.positions(uneven_archive, ["hand", "target"], backend=WARP_BACKEND,
                                 time=(0.016, 0.12)).compute()
     stats = StreamStats()
 
     streamed = load_positions(uneven_archive, ["hand", "target"], backend=WARP_BACKEND,
-                              time=(0.016, 0.12), batch_frames=7, readers=2, stats=stats)
+                              time=(0.016, 0.12), batch_frames=7, readers=2, stats=stats,
+                              read_processes=processes)
 
     assert np.array_equal(streamed.values, lazy.values, equal_nan=True)
     assert np.isnan(streamed.values[0, 10:]).all() and np.isfinite(streamed.values[1]).all()
     assert stats.frames == 2 * 14 and stats.batches == 4
-    assert stats.reader == "shards" and stats.kinematics_seconds > 0
+    assert stats.reader == reader and stats.kinematics_seconds > 0 and stats.copy_out_seconds > 0
 
 
 def test_streamed_positions_of_a_dataset_in_memory_equal_the_lazy_ones(sites_archive, sites_model):
