@@ -1,10 +1,12 @@
 """Reliability report: killed writers, flaky S3, injected corruption, bad input.
 
-Runs the harnesses of :mod:`flyarchive.testing.kills` and prints one table:
+Runs the harnesses of :mod:`flyarchive.testing` and prints one table:
 
 - kills survived of kills made, per recording backend (CPU MuJoCo, mujoco-warp on
-  Warp's CPU device), and frames lost per kill against the recorder's bound;
-- S3 faults injected through the fault proxy (record, read, render) and their outcomes;
+  Warp's CPU device), and frames lost per kill against the recorder's bound
+  (:mod:`flyarchive.testing.kills`);
+- S3 faults injected through the fault proxy (record, read, render) and their outcomes
+  (:mod:`flyarchive.testing.flaky_s3`);
 - corruptions injected into a local archive and whether ``flyarchive verify`` caught them;
 - concurrent writers (:mod:`flyarchive.testing.concurrency`): recorders creating one URL,
   replacing one archive, or appending to one archive, started at the same instant (one
@@ -64,15 +66,13 @@ os.environ.setdefault("MUJOCO_GL", "egl")
 import numpy as np  # noqa: E402
 from benchlib import Column, Table, add_json_option, host_info, write_json  # noqa: E402
 
-from flyarchive.testing.kills import (  # noqa: E402
+from flyarchive.testing.flaky_s3 import (  # noqa: E402
     S3_OUTCOMES,
-    KillConfig,
-    KillResult,
-    kill_trial,
     s3_read_trial,
     s3_record_trial,
     s3_render_trial,
 )
+from flyarchive.testing.kills import KillConfig, KillResult, kill_trial  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -19,7 +19,9 @@ plain zarr arrays beside its videos, written and read by :mod:`flyarchive.video.
   the chunks they touch; frames past ``n_frames`` masked inside the read), read through
   :mod:`~flyarchive.store.shards` (each shard fetched once, inner chunks decoded into the
   result, indexes of shards that can no longer change kept); inside ``n_frames`` a missing
-  chunk, shard or index entry fails the read (:mod:`~flyarchive.store.missing`);
+  chunk, shard or index entry fails the read (:mod:`~flyarchive.store.missing`); it and
+  the header are built on :mod:`~flyarchive.store.coordinates` (``n_frames`` and the
+  coordinates, read consistent and checked at open);
 - :mod:`~flyarchive.store.consolidated`: every array's metadata in the root ``zarr.json``,
   written at each commit, never ahead of ``n_frames``;
 - :mod:`~flyarchive.store.integrity`: ``verify``, every committed byte;

@@ -12,13 +12,14 @@ applied here, inside the read, and skipped when every world holds every frame. D
 chunks are whole shards of worlds by several time chunks (about
 :data:`TARGET_CHUNK_BYTES` decoded): few tasks for a full scan, while a selection still
 reads only its inner chunks. Opening reads ``n_frames`` and the coordinates in one
-concurrent round of requests when the consolidated metadata bounds them.
+concurrent round of requests when the consolidated metadata bounds them
+(:mod:`~flyarchive.store.coordinates`).
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -31,13 +32,12 @@ from flyarchive.errors import (
     StorageError,
     UnsafeFileError,
 )
-from flyarchive.schema import STATE_VARS, TIME_COORDS, n_frames_problem, sizes_problem, times_problem
+from flyarchive.schema import STATE_VARS
 from flyarchive.store import storage_errors
-from flyarchive.store.consolidated import time_extent
-from flyarchive.store.copies import read_checked
+from flyarchive.store.coordinates import committed_coordinates, dims_of, time_cut
 from flyarchive.store.header import ArchiveHeader, HeaderVariable
-from flyarchive.store.location import sync, unavailable
-from flyarchive.store.reader import chunk_file, corrupt_read, fused_reads, open_checked, open_group
+from flyarchive.store.location import unavailable
+from flyarchive.store.reader import chunk_file, corrupt_read, open_group
 from flyarchive.store.missing import committed_holes, fill_cells, missing_error, probe
 from flyarchive.store.shards import NeverWritten, OpenedArchive, ShardReader, settled_shards
 
@@ -303,125 +303,12 @@ def _token(url: str, storage_options: Mapping[str, Any] | None, name: str, arr: 
     return f"flyarchive-{name}-{tokenize(described, committed)}"
 
 
-def _coordinate_names(arrays: Mapping[str, zarr.Array]) -> list[str]:
-    """The coordinates (small, read at open): arrays named after their dimension, and
-    ``sim_time`` and ``frame`` along ``time`` (the state arrays' ``coordinates``
-    attribute names them; ``xarray.open_zarr`` makes them coordinates too)."""
-    return [n for n, a in arrays.items() if n in (a.metadata.dimension_names or ())
-            or (n in TIME_COORDS and _dims(a) == ("time",))]
-
-
 def _attrs(arr: zarr.Array) -> tuple[dict[str, Any], dict[str, Any]]:
     """A variable's attributes and encoding, as xarray decodes them: the CF ``coordinates``
     attribute (the coordinates are read as such) moves to the encoding."""
     attrs = dict(arr.attrs)
     listed = attrs.pop("coordinates", None)
     return attrs, ({"coordinates": listed} if listed is not None else {})
-
-
-def _read_now(arrays: Mapping[str, zarr.Array], names: Sequence[str], n_time: int,
-              group: zarr.Group, url: str) -> dict[str, np.ndarray]:
-    """Arrays ``names`` read whole (``time`` cut to ``n_time``), concurrently, beside the
-    arrays' own metadata when ``group`` reads the consolidated copy
-    (:func:`~flyarchive.store.copies.read_checked`): one round of requests on remote storage."""
-    cuts = {name: tuple(slice(0, n_time) if d == "time" else slice(None)
-                        for d in arrays[name].metadata.dimension_names or ()) for name in names}
-    reads = [arrays[n]._async_array.getitem(cuts[n]) for n in names]
-    return {name: np.asarray(value)
-            for name, value in zip(names, sync(read_checked(group, str(url), reads)))}
-
-
-def _committed_and_coordinates(url: str, storage_options: Mapping[str, Any] | None,
-                               group: zarr.Group) -> tuple[zarr.Group, dict[str, zarr.Array],
-                                                           np.ndarray | None, dict[str, np.ndarray]]:
-    """``n_frames`` and the coordinates, read in the order that keeps them consistent.
-
-    With consolidated metadata, whose ``time`` extent E was committed before the copy was
-    written (hence before it was read here), ``n_frames`` and the coordinates cut to E
-    are read in one round. Without it (the arrays' own extents may run ahead of what is
-    committed), ``n_frames`` comes first, then the coordinates cut to it; and so when the
-    consolidated copy lags behind ``n_frames`` (then the arrays' own metadata is read).
-
-    Returns:
-        The group and arrays used, ``n_frames`` as stored (None without it), and the
-        coordinates (``time`` may run past the committed frames: cut it).
-    """
-    with fused_reads():
-        arrays = dict(group.arrays())
-    names = _coordinate_names(arrays)
-    marker = ["n_frames"] if "n_frames" in arrays else []
-    consolidated = group.metadata.consolidated_metadata is not None
-    extent = time_extent({k: a.metadata for k, a in arrays.items()}) or 0
-    if consolidated:
-        values = _read_now(arrays, marker + names, extent, group, url)
-        n_frames = values.pop("n_frames", None)
-        if int(np.max(n_frames, initial=0) if n_frames is not None else 0) <= extent:
-            return group, arrays, n_frames, values
-        group, arrays = _arrays_now(url, storage_options)  # the copy lags behind
-        extent = time_extent({k: a.metadata for k, a in arrays.items()}) or 0
-    n_frames = _read_now(arrays, marker, 0, group, url)["n_frames"] if marker else None
-    n_time = min(int(np.max(n_frames, initial=0)), extent) if n_frames is not None else extent
-    return group, arrays, n_frames, _read_now(arrays, _coordinate_names(arrays), n_time, group, url)
-
-
-def _dims(arr: zarr.Array) -> tuple[str, ...]:
-    return tuple(arr.metadata.dimension_names or ())
-
-
-def _cut(arr: zarr.Array, n_time: int) -> tuple[slice, ...]:
-    """An array's selection of the committed frames: ``time`` cut to ``n_time``."""
-    return tuple(slice(0, n_time) if d == "time" else slice(None) for d in _dims(arr))
-
-
-def _stored(url: str, storage_options: Mapping[str, Any] | None, group: zarr.Group
-            ) -> tuple[zarr.Group, dict[str, zarr.Array], np.ndarray | None, int,
-                       dict[str, np.ndarray]]:
-    """What :func:`open_dataset` and :func:`read_header` build on, checked the same way
-    for both (and as ``verify`` checks: :func:`flyarchive.schema.sizes_problem`,
-    :func:`~flyarchive.schema.n_frames_problem`, :func:`~flyarchive.schema.times_problem`):
-    the group and arrays read, ``n_frames`` (None without it), the committed length of
-    ``time``, and the coordinates cut to it.
-
-    Raises:
-        SchemaError: arrays of different lengths along a dimension.
-        CorruptArchiveError: ``n_frames`` outside the stored frames, or the times of the
-            committed frames missing, not finite or not increasing.
-    """
-    group, arrays, n_frames, coordinates = _committed_and_coordinates(url, storage_options, group)
-    extent = time_extent({k: a.metadata for k, a in arrays.items()}) or 0
-    if n_frames is not None and n_frames.size and n_frames.min() >= 0 and n_frames.max() > extent:
-        # a writer grew the arrays and committed after their metadata was read: read it again
-        group, arrays = _arrays_now(url, storage_options)
-        extent = time_extent({k: a.metadata for k, a in arrays.items()}) or 0
-        coordinates = _read_now(arrays, _coordinate_names(arrays), int(n_frames.max()),
-                                group, url)
-    problem = sizes_problem({k: (_dims(a), tuple(int(n) for n in a.shape))
-                             for k, a in arrays.items()})
-    if problem is not None:
-        raise SchemaError(f"The archive at {url!r} is damaged: {problem} {_FIX.format(url=url)}")
-    committed = n_frames_problem(n_frames, extent) if n_frames is not None else None
-    if committed is not None:
-        raise CorruptArchiveError(f"The archive at {url!r} is damaged: {committed} "
-                                  f"{_FIX.format(url=url)}")
-    n_frames = n_frames.astype(np.int64) if n_frames is not None else None
-    n_time = int(n_frames.max(initial=0)) if n_frames is not None else extent
-    cut = {name: values[_cut(arrays[name], n_time)] for name, values in coordinates.items()}
-    times = times_problem(cut["time"], cut.get("sim_time")) if "time" in cut else None
-    if times is not None:
-        raise CorruptArchiveError(f"The archive at {url!r} is damaged: {times} "
-                                  f"{_FIX.format(url=url)}")
-    return group, arrays, n_frames, n_time, cut
-
-
-_FIX = "Run `flyarchive verify {url}` to list every problem; restore the archive from a backup."
-
-
-def _arrays_now(url: str, storage_options: Mapping[str, Any] | None
-                ) -> tuple[zarr.Group, dict[str, zarr.Array]]:
-    """The group and every array's own metadata, read now (checked as at open)."""
-    group = open_checked(url, storage_options, consolidated=False)
-    with fused_reads():
-        return group, dict(group.arrays())
 
 
 def open_dataset(url: str, storage_options: Mapping[str, Any] | None = None,
@@ -451,15 +338,15 @@ def open_dataset(url: str, storage_options: Mapping[str, Any] | None = None,
     import xarray as xr
 
     group = group if group is not None else open_group(url, storage_options)
-    group, arrays, n_frames, n_time, coordinates = _stored(url, storage_options, group)
+    group, arrays, n_frames, n_time, coordinates = committed_coordinates(url, storage_options, group)
     variables = {}
     if n_frames is not None:
         variables["n_frames"] = xr.Variable(("world",), n_frames, dict(arrays["n_frames"].attrs))
-    coords = {name: xr.Variable(_dims(arrays[name]), values, dict(arrays[name].attrs))
+    coords = {name: xr.Variable(dims_of(arrays[name]), values, dict(arrays[name].attrs))
               for name, values in coordinates.items()}
     attrs = group.attrs.asdict()
     for name, arr in arrays.items():
-        dims = _dims(arr)
+        dims = dims_of(arr)
         if name in coords or name == "n_frames":
             continue
         token = _token(url, storage_options, name, arr, n_frames, n_time, attrs)
@@ -471,7 +358,7 @@ def open_dataset(url: str, storage_options: Mapping[str, Any] | None = None,
                                  inline_array=True, meta=np.empty((0,) * arr.ndim, arr.dtype),
                                  name=token)
         else:  # times of frames, world variables: small, lazy
-            data = da.from_zarr(arr, chunks=arr.shards or arr.chunks, name=token)[_cut(arr, n_time)]
+            data = da.from_zarr(arr, chunks=arr.shards or arr.chunks, name=token)[time_cut(arr, n_time)]
         variables[name] = xr.Variable(dims, data, *_attrs(arr))
     return xr.Dataset(variables, coords=coords, attrs=attrs)
 
@@ -485,21 +372,21 @@ def read_header(url: str, storage_options: Mapping[str, Any] | None = None,
     Args and Raises: as :func:`open_dataset`.
     """
     group = group if group is not None else open_group(url, storage_options)
-    group, arrays, n_frames, n_time, coordinates = _stored(url, storage_options, group)
+    group, arrays, n_frames, n_time, coordinates = committed_coordinates(url, storage_options, group)
     variables: dict[str, HeaderVariable] = {}
     if n_frames is not None:
         variables["n_frames"] = HeaderVariable("n_frames", ("world",), n_frames.dtype,
                                                n_frames.shape, arrays["n_frames"].attrs,
                                                values=n_frames)
     for name, values in coordinates.items():
-        variables[name] = HeaderVariable(name, _dims(arrays[name]), values.dtype, values.shape,
+        variables[name] = HeaderVariable(name, dims_of(arrays[name]), values.dtype, values.shape,
                                          arrays[name].attrs, values=values)
     for name, arr in arrays.items():
         if name in variables:
             continue
-        dims = _dims(arr)
+        dims = dims_of(arr)
         shape = tuple(n_time if d == "time" else n for d, n in zip(dims, arr.shape))
         read = None if name in STATE_VARS else \
-            (lambda arr=arr: np.asarray(arr[_cut(arr, n_time)]))  # noqa: E731
+            (lambda arr=arr: np.asarray(arr[time_cut(arr, n_time)]))  # noqa: E731
         variables[name] = HeaderVariable(name, dims, arr.dtype, shape, _attrs(arr)[0], read=read)
     return ArchiveHeader(group.attrs.asdict(), variables, coords=tuple(coordinates), group=group)

@@ -10,9 +10,12 @@ of committed bytes) need only numpy and MuJoCo. Loaded only by tests, with pytes
 - :mod:`~flyarchive.testing.replay_suite`: the conformance suite every renderer passes.
 
 Harnesses: :mod:`~flyarchive.testing.s3` (moto on loopback),
-:mod:`~flyarchive.testing.faultproxy` (a flaky S3), :mod:`~flyarchive.testing.kills`,
+:mod:`~flyarchive.testing.faultproxy` (a flaky S3; :mod:`~flyarchive.testing.flaky_s3`:
+record, read and render through it, judged), :mod:`~flyarchive.testing.kills`,
 :mod:`~flyarchive.testing.render_kills`, :mod:`~flyarchive.testing.interop_kills`
-(processes killed mid-way; :mod:`~flyarchive.testing.warp_states`: CPU worlds in the
+(processes killed mid-way; :mod:`~flyarchive.testing.trials`: the child process, the
+verdict and the frame comparisons they share; :mod:`~flyarchive.testing.warp_recording`:
+seeded Warp worlds recorded; :mod:`~flyarchive.testing.warp_states`: CPU worlds in the
 Warp arrays the Warp recorder reads, without mujoco-warp), :mod:`~flyarchive.testing.concurrency` (racing writers,
 and :mod:`~flyarchive.testing.verify_beside`: ``verify`` beside a writer),
 :mod:`~flyarchive.testing.hostile` (hostile archives, made by

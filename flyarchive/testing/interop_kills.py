@@ -37,7 +37,7 @@ from typing import Any
 
 import numpy as np
 
-from flyarchive.testing.kills import Child, TrialOutcome
+from flyarchive.testing.trials import Child, TrialOutcome
 
 __all__ = ["InteropKillConfig", "InteropKillResult", "kill_trial", "trial_inputs", "write_npz_inputs",
            "datasets_equal", "interrupt_import", "InterruptedImport", "OPERATIONS"]

@@ -40,7 +40,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
 
-from flyarchive.testing.kills import TrialOutcome
+from flyarchive.testing.trials import TrialOutcome
 
 __all__ = ["RenderKillConfig", "RenderKillResult", "RenderArchive", "render_kill_trial",
            "make_render_archive", "EncoderGate", "WHERE", "SIGNALS", "STOPS"]

@@ -18,7 +18,7 @@ from flyarchive.errors import StorageError
 from flyarchive.store.integrity import verify
 from flyarchive.testing import reference_frames, simulate, tiny_model
 from flyarchive.testing.faultproxy import FaultPlan, FaultProxy
-from flyarchive.testing.kills import s3_read_trial, s3_record_trial, s3_render_trial
+from flyarchive.testing.flaky_s3 import s3_read_trial, s3_record_trial, s3_render_trial
 
 pytestmark = pytest.mark.timeout(300)
 BUCKET = "flyarchive-test"  # created by the s3_server fixture
