@@ -25,7 +25,7 @@ of the dataset it opened) and raises a worker's error as the same flyarchive err
 
 from __future__ import annotations
 
-import contextlib
+import itertools
 import json
 import os
 import queue
@@ -33,6 +33,7 @@ import subprocess
 import sys
 import threading
 from collections.abc import Callable, Iterator
+from concurrent.futures import Future
 from multiprocessing import shared_memory
 from typing import TYPE_CHECKING, Any
 
@@ -222,7 +223,7 @@ class ProcessStateReader:
         parts = self.pieces(r0, r1)
         block = shared_memory.SharedMemory(create=True, size=size)
         try:
-            self.pool.run([self.job(block.name, layout, part) for part in parts])
+            self.pool.run([self.job(block.name, layout, part) for part in parts], priority=r0)
             # The arrays are views of a mapping of their own (MAP_POPULATE: mapped in one
             # call, not a page fault each), which lives as long as they do: no copy.
             # Elsewhere (no /dev/shm) they are copied out of the block.
@@ -275,67 +276,83 @@ class ProcessStateReader:
 
 class _Pool:
     """Worker processes, each a fresh Python (``python -P -c``, this process's ``sys.path``
-    and nothing before it: nothing of the caller's ``__main__`` is run) answering JSON lines on its pipes; idle
-    ones in a queue."""
+    and nothing before it: nothing of the caller's ``__main__`` is run) answering JSON
+    lines on its pipes, and one thread per worker feeding it jobs from a queue shared by
+    every caller, lowest ``priority`` first (then in the order given): a window's early
+    rows are read before its later ones, whichever reader thread asked first."""
 
     def __init__(self) -> None:
         self.size = 0
         self.pids: list[int] = []  # of every worker started (for benchmarks' CPU time)
-        self.idle: queue.SimpleQueue[subprocess.Popen[bytes]] = queue.SimpleQueue()
+        self.live: set[subprocess.Popen[bytes]] = set()  # the workers running now
+        self.jobs: queue.PriorityQueue[tuple[tuple[int, int], dict[str, Any], Future[None]]] = \
+            queue.PriorityQueue()
         self.lock = threading.Lock()
+        self._order = itertools.count()
 
     def grow(self, size: int) -> None:
+        with self.lock:
+            while self.size < size:
+                self._start()
+
+    def _start(self) -> None:
+        """Start a worker and its feeding thread (the caller holds the lock)."""
         # The caller's sys.path, in its order ("" is its working folder); -P: nothing put
         # before it (a flyarchive in the working folder must not shadow the caller's).
         path = os.pathsep.join(p or os.getcwd() for p in sys.path)
-        env = dict(os.environ, PYTHONPATH=path)
-        with self.lock:
-            while self.size < size:
-                worker = subprocess.Popen(
-                    [sys.executable, "-P", "-c", _WORKER],
-                    stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env)
-                self.pids.append(worker.pid)
-                self.idle.put(worker)
-                self.size += 1
+        worker = subprocess.Popen([sys.executable, "-P", "-c", _WORKER], stdin=subprocess.PIPE,
+                                  stdout=subprocess.PIPE, env=dict(os.environ, PYTHONPATH=path))
+        self.pids.append(worker.pid)
+        self.live.add(worker)
+        self.size += 1
+        threading.Thread(target=self._feed, args=(worker,), daemon=True,
+                         name="flyarchive-state-worker").start()
 
-    def run(self, jobs: list[dict[str, Any]]) -> None:
-        """Run ``jobs`` on idle workers (waiting for one, then taking as many as are
-        idle); raises the first worker's error once every job is answered."""
-        held = [self.idle.get()]
-        while len(held) < len(jobs):
-            try:
-                held.append(self.idle.get_nowait())
-            except queue.Empty:
-                break
-        shares = [jobs[i::len(held)] for i in range(len(held))]
-        for worker, share in zip(held, shares):  # all started, then all answered
-            for job in share:
-                worker.stdin.write(json.dumps(job).encode() + b"\n")  # type: ignore[union-attr]
-            with contextlib.suppress(OSError):
-                worker.stdin.flush()  # type: ignore[union-attr]
-        errors: list[BaseException] = []
-        for worker, share in zip(held, shares):
-            errors += self._answers(worker, len(share))
+    def _replace(self, worker: subprocess.Popen[bytes]) -> None:
+        with self.lock:
+            self.size -= 1
+            self.live.discard(worker)
+            self._start()
+
+    def run(self, jobs: list[dict[str, Any]], priority: int = 0) -> None:
+        """Run ``jobs`` on the workers (queued at ``priority``: lower runs first); raises
+        the first job's error once every job is answered."""
+        futures: list[Future[None]] = []
+        for job in jobs:
+            futures.append(Future())
+            self.jobs.put(((priority, next(self._order)), job, futures[-1]))
+        errors = [err for future in futures if (err := future.exception()) is not None]
         if errors:
             raise errors[0]
 
-    def _answers(self, worker: subprocess.Popen[bytes], count: int) -> list[BaseException]:
-        errors: list[BaseException] = []
-        for _ in range(count):
-            line = worker.stdout.readline()  # type: ignore[union-attr]
-            if not line:  # the worker died: a fresh one takes its place
+    def _feed(self, worker: subprocess.Popen[bytes]) -> None:
+        """A worker's thread: one job at a time from the queue, its answer to its future;
+        when the worker has died, a fresh one takes its place (and this thread ends): the
+        job fails if the worker died on it, else it goes back to the queue."""
+        while True:
+            key, job, future = self.jobs.get()
+            if worker.poll() is not None:  # died while idle: nothing was sent
+                self.jobs.put((key, job, future))
+                self._replace(worker)
+                return
+            try:
+                worker.stdin.write(json.dumps(job).encode() + b"\n")  # type: ignore[union-attr]
+                worker.stdin.flush()  # type: ignore[union-attr]
+                line = worker.stdout.readline()  # type: ignore[union-attr]
+            except OSError:
+                line = b""
+            if not line:
                 worker.kill()
-                with self.lock:
-                    self.size -= 1
-                self.grow(self.size + 1)
-                return [RuntimeError(
-                    f"A state-reading worker process stopped (exit status {worker.wait()}); "
-                    "read again, or read with threads (processes=0).")]
+                self._replace(worker)  # before the caller hears of it
+                future.set_exception(RuntimeError(
+                    f"A state-reading worker process stopped (exit status {worker.wait()}) "
+                    "while it read; read again, or read with threads (processes=0)."))
+                return
             reply = json.loads(line)
             if "error" in reply:
-                errors.append(_error(reply))
-        self.idle.put(worker)
-        return errors
+                future.set_exception(_error(reply))
+            else:
+                future.set_result(None)
 
 
 _POOL = _Pool()

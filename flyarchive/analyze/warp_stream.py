@@ -238,7 +238,9 @@ class _Stream:
         # on the readers' threads, they would hold the pipeline up.
         self._copiers = min(4, self.readers)
         with ThreadPoolExecutor(self.readers, thread_name_prefix="flyarchive-read") as readers, \
-                ThreadPoolExecutor(self._copiers, thread_name_prefix="flyarchive-copy") as pool:
+                ThreadPoolExecutor(self._copiers, thread_name_prefix="flyarchive-copy") as pool, \
+                ThreadPoolExecutor(self._copiers, thread_name_prefix="flyarchive-stage") as stagers:
+            self._stagers = stagers
             reads: dict[int, Future[Any]] = {}
             ahead = self.readers + len(self._slots)
             for k, (r0, r1) in enumerate(bounds):
@@ -275,8 +277,11 @@ class _Stream:
         if up is not None:  # the slot's pinned buffers still feed its last upload
             wp.synchronize_event(up)
         began = clock.perf_counter()
-        for name, values in state.items():
-            slot["in"][name].numpy()[:n] = values
+        step = max(1, -(-n // self._copiers))  # in pieces, on the staging threads
+        for piece in [self._stagers.submit(np.copyto, slot["in"][name].numpy()[a:min(n, a + step)],
+                                           values[a:min(n, a + step)])
+                      for name, values in state.items() for a in range(0, n, step)]:
+            piece.result()
         self.stats.stage_seconds += clock.perf_counter() - began
         if not self.cuda:
             t0 = clock.perf_counter()

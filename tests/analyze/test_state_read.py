@@ -103,3 +103,41 @@ def test_a_missing_chunk_read_by_a_worker_process_is_the_same_corrupt_archive_er
 
     assert "frames 5..9" in str(by_processes.value)
     assert str(by_processes.value) == str(by_threads.value)
+
+
+def test_worker_processes_that_died_idle_are_replaced_and_the_read_goes_on(sites_archive):
+    from flyarchive.analyze.state_read import _POOL
+
+    prepared = prepare(sites_archive, KeypointRequest.of("*", None, None))
+    expected = _rows(prepared.ds, "qpos")
+    reader = state_reader(prepared, ["qpos"], processes=2)
+    killed = list(_POOL.live)
+    for worker in killed:
+        worker.kill()
+        worker.wait()
+
+    first, second = (reader.read(0, len(expected))["qpos"] for _ in range(2))
+
+    assert np.array_equal(first, expected, equal_nan=True)
+    assert np.array_equal(second, expected, equal_nan=True)
+    assert len(_POOL.live) == _POOL.size >= 2 and not set(killed) & _POOL.live
+
+
+def test_a_worker_process_that_dies_on_a_job_fails_that_read_only(monkeypatch):
+    import pytest
+
+    from flyarchive.analyze import state_read
+
+    # Workers that die on their first job (exit status 3), as a crash in a decoder would.
+    monkeypatch.setattr(state_read, "_WORKER", "import sys; sys.stdin.readline(); sys.exit(3)")
+    pool = state_read._Pool()
+    pool.grow(1)
+
+    with pytest.raises(RuntimeError, match=r"worker process stopped \(exit status 3\) while"):
+        pool.run([{"job": 1}])
+    with pytest.raises(RuntimeError, match="exit status 3"):  # its replacement, as crafted
+        pool.run([{"job": 2}])
+
+    assert pool.size == 1 and len(pool.live) == 1 and len(pool.pids) == 3
+    for worker in pool.live:
+        worker.kill()
