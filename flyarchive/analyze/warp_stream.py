@@ -12,9 +12,9 @@ in parallel). On CUDA each batch then goes
          -> (compute stream) Data.qpos, kinematics, keypoint gather -> device out slot
          -> (copy stream) pinned out slot -> (copy threads) the result array
 
-with two slots of each, so that batch k + 1 uploads while batch k computes and batch
-k - 1 comes back; CUDA events order the streams, and the host waits only for a slot it is
-about to reuse. Copy threads move each batch from its pinned out slot (one of
+with three slots of each, so that batch k + 1 is staged (by staging threads) while batch k
+uploads, batch k - 1 computes and comes back; CUDA events order the streams, and the host
+waits only for a slot it is about to reuse. Copy threads move each batch from its pinned out slot (one of
 :data:`OUT_SLOTS`) into the result as soon as it has arrived, while the next batches go
 on; the pipeline waits for them only before it reuses that out slot, and at the end. On
 Warp's CPU device the same steps run one after another (the readers still read ahead,
@@ -175,7 +175,7 @@ class _Stream:
         stats.reader = "shards" if isinstance(self.reader, StateReader) else \
             "processes" if isinstance(self.reader, ProcessStateReader) else "dask"
         self._timed: list[tuple[str, Any, Any]] = []  # (stage, start event, end event) on CUDA
-        self._slots = [self._slot() for _ in range(2 if self.cuda else 1)]
+        self._slots = [self._slot() for _ in range(3 if self.cuda else 1)]
         self._outs = [self._out_slot() for _ in range(OUT_SLOTS if self.cuda else 1)]
         stats.setup_seconds = clock.perf_counter() - started
         stats.pinned_bytes = 0 if not self.cuda else sum(
@@ -242,19 +242,24 @@ class _Stream:
                 ThreadPoolExecutor(self._copiers, thread_name_prefix="flyarchive-stage") as stagers:
             self._stagers = stagers
             reads: dict[int, Future[Any]] = {}
+            staged: dict[int, list[Future[Any]]] = {}  # batch -> its pieces being staged
             ahead = self.readers + len(self._slots)
             for k, (r0, r1) in enumerate(bounds):
                 for j in range(k, min(len(bounds), k + ahead)):
-                    if j not in reads:
+                    if j not in reads and j not in staged:
                         reads[j] = readers.submit(self._read, *bounds[j])
-                waited = clock.perf_counter()
-                state, seconds = reads.pop(k).result()
-                self.stats.read_wait_seconds += clock.perf_counter() - waited
-                self.stats.read_seconds += seconds
+                if k not in staged:
+                    staged[k] = self._stage(k, reads.pop(k), r1 - r0)
+                began = clock.perf_counter()
+                for piece in staged.pop(k):
+                    piece.result()
+                self.stats.stage_seconds += clock.perf_counter() - began
                 out = self._outs[k % len(self._outs)]
                 self._wait_copies(out)  # its previous batch is in the result
-                self._queue(self._slots[k % len(self._slots)], out, state, r1 - r0)
-                del state  # (a worker-filled block is unmapped once staged)
+                self._queue(self._slots[k % len(self._slots)], out, r1 - r0)
+                if k + 1 < len(bounds) and reads[k + 1].done():  # staged while k runs
+                    staged[k + 1] = self._stage(k + 1, reads.pop(k + 1),
+                                                bounds[k + 1][1] - bounds[k + 1][0])
                 self._copy_later(out, (r0, r1), result, pool)
                 self._sample_device()
             for out in self._outs:
@@ -268,21 +273,28 @@ class _Stream:
             view[..., 3:] = self.engine.turn(view[..., 3:])
         return result.reshape(self.n_worlds, self.n_time, -1, self.engine.channels)
 
-    def _queue(self, slot: dict[str, Any], out: dict[str, Any], state: dict[str, np.ndarray],
-               n: int) -> None:
-        """Queue batch ``state`` (``n`` rows) through ``slot``: upload, kinematics,
-        gather, copy-back into ``out`` (on CUDA, on three streams, without waiting)."""
-        wp, engine = self.wp, self.engine
+    def _stage(self, k: int, read: Future[Any], n: int) -> list[Future[Any]]:
+        """Once batch ``k`` (``n`` rows) is read and its slot's pinned buffers no longer
+        feed an upload, copy its state into them in pieces on the staging threads; returns
+        the pieces (the state lives until they are done)."""
+        waited = clock.perf_counter()
+        state, seconds = read.result()
+        self.stats.read_wait_seconds += clock.perf_counter() - waited
+        self.stats.read_seconds += seconds
+        slot = self._slots[k % len(self._slots)]
         up = slot["events"].get("uploaded")
         if up is not None:  # the slot's pinned buffers still feed its last upload
-            wp.synchronize_event(up)
-        began = clock.perf_counter()
-        step = max(1, -(-n // self._copiers))  # in pieces, on the staging threads
-        for piece in [self._stagers.submit(np.copyto, slot["in"][name].numpy()[a:min(n, a + step)],
-                                           values[a:min(n, a + step)])
-                      for name, values in state.items() for a in range(0, n, step)]:
-            piece.result()
-        self.stats.stage_seconds += clock.perf_counter() - began
+            self.wp.synchronize_event(up)
+        step = max(1, -(-n // self._copiers))
+        return [self._stagers.submit(np.copyto, slot["in"][name].numpy()[a:min(n, a + step)],
+                                     values[a:min(n, a + step)])
+                for name, values in state.items() for a in range(0, n, step)]
+
+    def _queue(self, slot: dict[str, Any], out: dict[str, Any], n: int) -> None:
+        """Queue the batch staged in ``slot`` (``n`` rows): upload, kinematics, gather,
+        copy-back into ``out`` (on CUDA, on three streams, without waiting)."""
+        wp, engine = self.wp, self.engine
+        state = slot["in"]
         if not self.cuda:
             t0 = clock.perf_counter()
             for name in state:
@@ -297,11 +309,10 @@ class _Stream:
             self.stats.kinematics_seconds += t2 - t1
             self.stats.download_seconds += clock.perf_counter() - t2
             return
-        self._queue_cuda(slot, out, state, n)
+        self._queue_cuda(slot, out, n)
 
-    def _queue_cuda(self, slot: dict[str, Any], out: dict[str, Any],
-                    state: dict[str, np.ndarray], n: int) -> None:
-        wp, engine, events = self.wp, self.engine, slot["events"]
+    def _queue_cuda(self, slot: dict[str, Any], out: dict[str, Any], n: int) -> None:
+        wp, engine, events, state = self.wp, self.engine, slot["events"], slot["in"]
         device = engine.device
         if not hasattr(self, "_upload_stream"):
             self._upload_stream, self._copy_stream = wp.Stream(device), wp.Stream(device)
