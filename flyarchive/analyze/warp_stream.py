@@ -24,6 +24,7 @@ the copies still run beside them). The result is one host array
 
 from __future__ import annotations
 
+import os
 import time as clock
 from collections.abc import Iterable, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -39,6 +40,10 @@ from flyarchive.analyze.state_read import ProcessStateReader, StateReader, state
 if TYPE_CHECKING:
     import mujoco
     import xarray as xr
+
+#: Reader threads by default when worker processes decode (each read's jobs go to several
+#: workers; more threads waiting for them only contend for the GIL).
+PROCESS_READERS = 8
 
 #: Pinned out slots on CUDA: batches whose copy into the result may still run while the
 #: next ones are computed and come back.
@@ -123,7 +128,9 @@ def load_positions(
             ``"warp-cpu"`` (``"cpu"`` computes the lazy array).
         batch_frames: Frames per batch (default: 65,536 on CUDA, 4,096 on the CPU, cut
             to whole shards of worlds where a batch holds several).
-        readers: Reader (and copy) threads (default: the cores this process may use).
+        readers: Reader threads (default: the cores this process may use when they
+            decode, :data:`PROCESS_READERS` at most when worker processes do and the
+            threads only wait for them); copy and staging threads: 4 at most.
         read_processes: Worker processes decoding the state for the reader threads
             (:class:`~flyarchive.analyze.state_read.ProcessStateReader`); 0: the threads
             decode; None: as :func:`~flyarchive.analyze.state_read.state_reader` chooses
@@ -136,8 +143,6 @@ def load_positions(
     Raises:
         As :func:`flyarchive.positions`.
     """
-    import os
-
     check_backend(backend)
     request = KeypointRequest.of(bodies, sites, points, leg=leg, segment=segment, fly=fly)
     prepared = prepare(source, request, worlds=worlds, time=time, model=model,
@@ -148,7 +153,6 @@ def load_positions(
         return as_positions(prepared, lazy_positions(prepared, orientations, backend).compute(),
                             orientations, backend)
     stats = stats if stats is not None else StreamStats()
-    readers = readers or len(os.sched_getaffinity(0))
     values = _Stream(prepared, orientations, backend, batch_frames, readers, stats,
                      read_processes).run()
     return as_positions(prepared, values, orientations, backend)
@@ -158,7 +162,7 @@ class _Stream:
     """One run of the pipeline (see the module's docstring)."""
 
     def __init__(self, prepared: Prepared, orientations: bool, backend: str,
-                 batch: int | None, readers: int, stats: StreamStats,
+                 batch: int | None, readers: int | None, stats: StreamStats,
                  read_processes: int | None = None) -> None:
         from flyarchive.analyze.warp_positions import WarpKinematics, device_of, wp
 
@@ -174,6 +178,9 @@ class _Stream:
         self.reader = state_reader(prepared, names, read_processes)
         stats.reader = "shards" if isinstance(self.reader, StateReader) else \
             "processes" if isinstance(self.reader, ProcessStateReader) else "dask"
+        if not readers:
+            cores = len(os.sched_getaffinity(0))
+            self.readers = min(cores, PROCESS_READERS) if stats.reader == "processes" else cores
         self._timed: list[tuple[str, Any, Any]] = []  # (stage, start event, end event) on CUDA
         self._slots = [self._slot() for _ in range(3 if self.cuda else 1)]
         self._outs = [self._out_slot() for _ in range(OUT_SLOTS if self.cuda else 1)]
