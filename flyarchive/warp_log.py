@@ -118,6 +118,16 @@ def set_optimization(config: Any) -> None:
         config.optimization_level = level
 
 
+def no_cuda(wp: Any, instead: str) -> str | None:
+    """Why ``backend='gpu'`` cannot run here (Warp sees no CUDA device), as the sentence of
+    an error that suggests ``instead``; None when it can."""
+    wp.init()
+    if wp.get_cuda_device_count() >= 1:
+        return None
+    return ("backend='gpu' needs a CUDA device, and Warp sees none on this machine "
+            f"(CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES')!r}). Pass {instead}.")
+
+
 def _cuda_driver_loadable() -> bool:
     """Whether Warp will find a CUDA driver (it dlopens the same names)."""
     for name in ("libcuda.so", "libcuda.so.1"):

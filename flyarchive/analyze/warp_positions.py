@@ -24,7 +24,8 @@ import numpy as np
 from flyarchive.analyze.cpu_positions import quat_mul
 from flyarchive.analyze.keypoints import KeypointSet
 from flyarchive.analyze.skeleton import kinematic_model
-from flyarchive.warp_log import import_mujoco_warp, import_warp
+from flyarchive.errors import OptionsError
+from flyarchive.warp_log import import_mujoco_warp, import_warp, no_cuda
 
 wp = import_warp("Positions with mujoco-warp (backend 'warp-cpu' or 'gpu')")
 mjw = import_mujoco_warp("Positions with mujoco-warp (backend 'warp-cpu' or 'gpu')")
@@ -65,8 +66,18 @@ def gather_keypoints(
 
 
 def device_of(backend: str) -> str:
-    """The Warp device of a backend: ``"cpu"`` for ``"warp-cpu"``, ``"cuda"`` for ``"gpu"``."""
-    return "cpu" if backend == "warp-cpu" else "cuda"
+    """The Warp device of a backend: ``"cpu"`` for ``"warp-cpu"``, ``"cuda"`` for ``"gpu"``.
+
+    Raises:
+        OptionsError: ``"gpu"`` was asked for and Warp sees no CUDA device.
+    """
+    if backend == "warp-cpu":
+        return "cpu"
+    why = no_cuda(wp, "backend='warp-cpu' (mujoco-warp on the CPU, the same float32 "
+                      "kinematics) or backend='cpu'")
+    if why is not None:
+        raise OptionsError(why)
+    return "cuda"
 
 
 def warp_engine(model: mujoco.MjModel, sha256: str, keypoints: KeypointSet, orientations: bool,

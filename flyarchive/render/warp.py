@@ -36,7 +36,6 @@ or on each Dask worker for a group of whole videos (:mod:`flyarchive.distribute.
 
 from __future__ import annotations
 
-import os
 import tempfile
 import threading
 from collections import deque
@@ -91,16 +90,12 @@ def warp_device(backend: str) -> str:
             f"Backend {backend!r} does not render with Warp. Warp backends: "
             f"{', '.join(map(repr, WARP_BACKENDS))}."
         )
-    from flyarchive.warp_log import import_warp
+    from flyarchive.warp_log import import_warp, no_cuda
 
-    wp = import_warp("backend='gpu'")
-    wp.init()
-    if wp.get_cuda_device_count() < 1:
-        raise RenderBackendError(
-            "backend='gpu' needs a CUDA device, and Warp sees none on this machine "
-            f"(CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES')!r}). Pass "
-            "backend='warp-cpu' (the same renderer on the CPU) or backend='opengl'."
-        )
+    why = no_cuda(import_warp("backend='gpu'"),
+                  "backend='warp-cpu' (the same renderer on the CPU) or backend='opengl'")
+    if why is not None:
+        raise RenderBackendError(why)
     return "cuda"
 
 

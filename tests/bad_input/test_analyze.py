@@ -19,7 +19,12 @@ from flyarchive.errors import (
 from flyarchive.interop.poses import export_poses
 from flyarchive.testing import TWO_HINGES_XML
 from flyarchive.testing.fixtures import copy_archive, snapshot
-from flyarchive.testing.markers import requires_movement, requires_nwb
+from flyarchive.testing.markers import (
+    requires_movement,
+    requires_no_cuda,
+    requires_nwb,
+    requires_warp,
+)
 
 
 def test_an_unknown_body_names_close_ones_and_how_many_exist(archive):
@@ -170,3 +175,14 @@ def test_an_export_without_its_extra_names_the_extra_to_install(archive, tmp_pat
         export_poses(archive, tmp_path / "out", format=fmt, bodies="hand")
 
     assert not (tmp_path / "out").exists()
+
+
+@requires_warp
+@requires_no_cuda
+def test_the_gpu_backend_without_a_cuda_device_names_the_cpu_backends(archive):
+    lazy = flyarchive.positions(archive, "hand", backend="gpu")  # may run where a GPU is
+
+    with pytest.raises(OptionsError, match=r"backend='gpu' needs a CUDA device.*'warp-cpu'"):
+        flyarchive.load_positions(archive, "hand", backend="gpu")
+    with pytest.raises(OptionsError, match="backend='gpu' needs a CUDA device"):
+        lazy.compute()
