@@ -100,18 +100,25 @@ def _window(args: argparse.Namespace) -> dict[str, Any]:
 
 def cmd_positions(args: argparse.Namespace) -> int:
     from flyarchive.analyze import keep_positions
+    from flyarchive.render.diagnostics import progress_bar
+
+    bar = progress_bar(0, not args.quiet, what="positions")  # tqdm: throttled, on stderr
 
     def progress(done: int, total: int) -> None:
-        if not args.quiet:
-            print(f"\r{done}/{total} frames", end="", file=sys.stderr, flush=True)
+        if bar is not None:
+            bar.total = total
+            bar.update(done - bar.n)
 
-    url = keep_positions(_path(args.url), **_keypoint_args(args), to=_path(args.to) if args.to else None,
-                         model=_model(args), storage_options=_options(args),
-                         to_storage_options=_options(args, "to_storage_options"),
-                         orientations=args.orientations, backend=args.backend,
-                         overwrite=args.overwrite, on_block=progress)
-    if not args.quiet:
-        print(file=sys.stderr)
+    try:
+        url = keep_positions(_path(args.url), **_keypoint_args(args),
+                             to=_path(args.to) if args.to else None,
+                             model=_model(args), storage_options=_options(args),
+                             to_storage_options=_options(args, "to_storage_options"),
+                             orientations=args.orientations, backend=args.backend,
+                             overwrite=args.overwrite, on_block=progress)
+    finally:
+        if bar is not None:
+            bar.close()
     print(f"kept positions at {url}")
     return 0
 

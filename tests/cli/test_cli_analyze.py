@@ -33,7 +33,15 @@ def test_positions_are_kept_beside_the_archive_and_read_back(cli, archive):
 
     kept = flyarchive.positions(archive, ["torso", "hand"], points={"tip": ("arm", "tip")})
     assert code == 0, err
-    assert out.strip() == f"kept positions at {kept.attrs['stored']}"
+    assert out.strip() == f"kept positions at {kept.attrs['stored']}" and err == ""
+
+
+def test_positions_show_a_progress_bar_on_stderr_unless_quiet(cli, archive):
+    code, out, err = cli("positions", archive, "--keypoints", "torso")
+
+    assert code == 0, err
+    assert "positions: 100%" in err and "20/20" in err  # tqdm's bar: frames of the window
+    assert out.startswith("kept positions at ")
 
 
 def test_positions_as_an_archive_of_their_own_with_orientations(cli, archive, tmp_path):
