@@ -342,7 +342,7 @@ def build_parser() -> argparse.ArgumentParser:
     storage(p)
     from flyarchive.cli_analyze import CliTools, add_commands
 
-    add_commands(add, storage, CliTools(parse_worlds, parse_time, storage_options_arg))
+    add_commands(add, storage, CliTools(parse_worlds, parse_time, storage_options_arg), takeover)
     p = add("demo", cmd_demo, "Simulate walking NeuroMechFly worlds, record, verify, render.")
     p.add_argument("--out", default="demo-out", help="output folder (default demo-out)")
     p.add_argument("--worlds", type=int, default=4)

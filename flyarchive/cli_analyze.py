@@ -115,7 +115,8 @@ def cmd_positions(args: argparse.Namespace) -> int:
                              model=_model(args), storage_options=_options(args),
                              to_storage_options=_options(args, "to_storage_options"),
                              orientations=args.orientations, backend=args.backend,
-                             overwrite=args.overwrite, on_block=progress)
+                             overwrite=args.overwrite, takeover=args.takeover,
+                             on_block=progress)
     finally:
         if bar is not None:
             bar.close()
@@ -162,8 +163,10 @@ def cmd_export_poses(args: argparse.Namespace) -> int:
 
 
 def add_commands(add: Callable[[str, Any, str], argparse.ArgumentParser],
-                 storage: Callable[[argparse.ArgumentParser], None], tools: CliTools) -> None:
-    """Add ``positions``, ``gait`` and ``export-poses`` with ``add(name, func, help)``."""
+                 storage: Callable[[argparse.ArgumentParser], None], tools: CliTools,
+                 takeover: Callable[[argparse.ArgumentParser], None]) -> None:
+    """Add ``positions``, ``gait`` and ``export-poses`` with ``add(name, func, help)``
+    (``storage(p)``, ``takeover(p)``: the command line's options of those names)."""
     from flyarchive.analyze.blocks import BACKENDS
 
     def keypoints(p: argparse.ArgumentParser) -> None:
@@ -192,6 +195,7 @@ def add_commands(add: Callable[[str, Any, str], argparse.ArgumentParser],
     p.add_argument("--orientations", action="store_true", help="keep orientations too")
     p.add_argument("--overwrite", action="store_true", help="replace what is at --to")
     p.add_argument("--quiet", action="store_true", help="no progress")
+    takeover(p)
     p = add("gait", cmd_gait, "Gait and locomotion measures per world (distance, speed, "
             "heading, height, stance and swing per leg).")
     common(p)

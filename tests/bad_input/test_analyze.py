@@ -4,6 +4,7 @@ asked, what exists, how to fix it), and nothing committed or written changes."""
 from __future__ import annotations
 
 import mujoco
+import numpy as np
 import pytest
 
 import flyarchive
@@ -186,3 +187,33 @@ def test_the_gpu_backend_without_a_cuda_device_names_the_cpu_backends(archive):
         flyarchive.load_positions(archive, "hand", backend="gpu")
     with pytest.raises(OptionsError, match="backend='gpu' needs a CUDA device"):
         lazy.compute()
+
+
+def test_positions_claimed_by_a_writer_that_crashed_elsewhere_need_takeover(archive, cli):
+    import json
+    from pathlib import Path
+
+    from flyarchive.analyze import keep_positions
+    from flyarchive.store.claims import WRITER_KEY, _identity
+
+    def crash(done: int, total: int) -> None:
+        raise KeyboardInterrupt  # after the first committed block
+
+    with pytest.raises(KeyboardInterrupt):
+        keep_positions(archive, ["torso"], on_block=crash)
+    target = next(p for p in (Path(archive) / "derived").iterdir() if p.is_dir())
+    record = {"writer": "planted", "kind": "archive", **_identity(), "time": 1.7e9,
+              "host": "node-17", "pid": 4242}  # the claim a crash on another host leaves
+    (target / WRITER_KEY).write_text(json.dumps(record))
+    before = snapshot(archive)
+
+    refused = cli("positions", archive, "--keypoints", "torso", "--quiet")
+    after_refusal = snapshot(archive)
+    taken = cli("positions", archive, "--keypoints", "torso", "--quiet", "--takeover")
+
+    assert refused[0] == 2 and "(--takeover on the command line)" in refused[2]
+    assert "process 4242 on host 'node-17'" in refused[2] and after_refusal == before
+    assert taken[0] == 0, taken[2]
+    kept = flyarchive.positions(archive, ["torso"])
+    assert kept.attrs["stored"] == str(target)
+    assert np.array_equal(kept.values, flyarchive.positions(archive, ["torso"], stored=False).values)
