@@ -174,12 +174,14 @@ def _fetched(key: str) -> bytes | None:
 
 
 def _from_cluster(key: str) -> bytes | None:
-    """The bytes scattered under ``key``, from this Dask worker's memory or from a worker
-    of its cluster that holds them (Dask's active memory manager keeps one replica of
-    data no task waits for); None: this is not a Dask worker, or its cluster holds none."""
+    """The bytes scattered under ``key``, from this Dask worker's memory or straight from a
+    worker of its cluster that holds them (Dask's active memory manager soon keeps one
+    copy of data that no task waits for: a task does not wait for these, as it does not
+    name them as its input); None: this is not a Dask worker, or its cluster holds none."""
     if "distributed" not in sys.modules:  # not a Dask worker
         return None
-    from distributed import Future, get_client, get_worker
+    from distributed import get_client, get_worker
+    from distributed.utils_comm import gather_from_workers
 
     try:
         worker = get_worker()
@@ -190,6 +192,8 @@ def _from_cluster(key: str) -> bytes | None:
     except KeyError:
         pass
     client = get_client()
-    if not client.sync(client.scheduler.who_has, keys=[key]).get(key):
+    holders = client.sync(client.scheduler.who_has, keys=[key]).get(key)
+    if not holders:
         return None
-    return client.gather(Future(key, client))
+    found, *_ = client.sync(gather_from_workers, {key: holders}, client.rpc)
+    return found.get(key)
