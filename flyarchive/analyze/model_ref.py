@@ -2,13 +2,17 @@
 client and model (:func:`graph_model`, :func:`scatter_model`, :class:`ModelRef`).
 
 A graph built while a default ``distributed.Client`` exists refers to the bytes by the
-key they were scattered under (``flyarchive-model-<sha256>``, on every worker), as Dask
-recommends for large inputs ("scatter data ahead of time and use futures"): each
-``compute()`` then sends the scheduler a few hundred bytes for the model instead of all of
-it (NeuroMechFly's 23 MB; distributed warns "Sending large graph" above 10 MB). The same
-graph holds the bytes themselves in the process that built it, never pickled: computed
-there (threaded or synchronous scheduler, the client open or closed) it needs no cluster.
-Built without a client, the graph holds the bytes as one key, sent with each compute.
+key they were scattered under (``flyarchive-model-<sha256>``, sent to every worker), as
+Dask recommends for large inputs ("scatter data ahead of time and use futures"): each
+``compute()`` then sends the scheduler 14 kB for NeuroMechFly's positions instead of 22 MB
+(distributed warns "Sending large graph" above 10 MB). The tasks do not name the scattered
+future as an input (a graph that did would compute nowhere but on that client: dask's
+local schedulers fail with "Missing dependency"): the same graph holds the bytes in the
+process that built it, never pickled, so computed there (threaded or synchronous
+scheduler, the client open or closed) it needs no cluster; on a worker a task finds them
+in its worker's memory, or fetches them once per process from a worker that holds them
+(Dask's active memory manager soon keeps one copy of data no task waits for). Built
+without a client, the graph holds the bytes as one key, sent with each compute.
 
 Distributed is imported only where it is already imported (a client can exist only then)
 or on a Dask worker.
