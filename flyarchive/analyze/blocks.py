@@ -2,8 +2,9 @@
 per thread, model and keypoints) the engine of its backend and runs it on a block of the
 archive's state.
 
-The model travels to workers as its MJB bytes, one object per worker, loaded once per
-process (:func:`model_of`); state is read on the worker from the archive, never shipped.
+The model travels to workers as its MJB bytes, sent once per client and model
+(:mod:`~flyarchive.analyze.model_ref`), loaded once per process (:func:`model_of`);
+state is read on the worker from the archive, never shipped.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import numpy as np
 
 from flyarchive.analyze.cpu_positions import CpuKinematics
 from flyarchive.analyze.keypoints import KeypointSet
+from flyarchive.analyze.model_ref import ModelRef, mjb_of
 from flyarchive.models import load_mjb
 
 #: Backends of :func:`flyarchive.positions`: CPU MuJoCo (bit-exact), mujoco-warp on
@@ -27,19 +29,21 @@ _MODELS_LOCK = threading.Lock()
 _LOCAL = threading.local()
 
 
-def model_of(sha256: str, blob: bytes) -> mujoco.MjModel:
+def model_of(sha256: str, blob: bytes | ModelRef) -> mujoco.MjModel:
     """The model of MJB bytes whose SHA-256 is ``sha256`` (computed by the caller), loaded
-    once per process (a model is only read by kinematics: threads share it)."""
+    once per process (a model is only read by kinematics: threads share it); the bytes of
+    a :class:`~flyarchive.analyze.model_ref.ModelRef` are looked for only then."""
     with _MODELS_LOCK:
         model = _MODELS.get(sha256)
         if model is None:
-            model = _MODELS[sha256] = load_mjb(blob, f"the model (sha256 {sha256[:12]}...)")
+            model = _MODELS[sha256] = load_mjb(mjb_of(blob),
+                                               f"the model (sha256 {sha256[:12]}...)")
             while len(_MODELS) > 4:
                 _MODELS.pop(next(iter(_MODELS)))
         return model
 
 
-def thread_engine(sha256: str, blob: bytes, keypoints: KeypointSet, orientations: bool,
+def thread_engine(sha256: str, blob: bytes | ModelRef, keypoints: KeypointSet, orientations: bool,
             backend: str) -> Any:
     """This thread's engine for a model, keypoints and backend (built on first use)."""
     engines = getattr(_LOCAL, "engines", None)
@@ -65,7 +69,8 @@ def kinematics_block(qpos: np.ndarray, *args: Any, sha256: str, keypoints: Keypo
                      orientations: bool, backend: str, mocap: bool) -> np.ndarray:
     """One block of the lazy positions: ``(w, t, nq)`` qpos (and, with ``mocap``,
     ``(w, t, nmocap, 3)`` positions and ``(w, t, nmocap, 4)`` quaternions), then the
-    model's MJB bytes -> ``(w, t, K, 3 or 7)`` (float64 on ``"cpu"``, float32 on Warp)."""
+    model's MJB bytes (or their :class:`~flyarchive.analyze.model_ref.ModelRef`) ->
+    ``(w, t, K, 3 or 7)`` (float64 on ``"cpu"``, float32 on Warp)."""
     blob = args[-1]
     mocap_pos, mocap_quat = (args[0], args[1]) if mocap else (None, None)
     engine = thread_engine(sha256, blob, keypoints, orientations, backend)

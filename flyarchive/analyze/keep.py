@@ -135,7 +135,9 @@ def _fill(writer: Any, prepared: Prepared, orientations: bool, backend: str, chu
         t1 = min(n_time, (t0 // chunk + 1) * chunk)
         part = Prepared(ds.isel(time=slice(t0, t1)), prepared.url, prepared.model,
                         prepared.keypoints, prepared.storage_options)
-        values = np.asarray(lazy_positions(part, orientations, backend).compute())
+        # aligned: an array a Dask cluster sends back may not be (pcodec refuses it)
+        values = np.require(lazy_positions(part, orientations, backend).compute(),
+                            requirements="A")
         times = {name: part.ds[name].values if name in part.ds.coords else None
                  for name in ("time", "sim_time", "frame")}
         block = DerivedBlock(times["time"], values[..., :3],

@@ -79,6 +79,13 @@ def positions(
         ``keypoint`` labels with ``keypoint_kind`` (``body``, ``site``, ``point``) and
         ``keypoint_body``. With ``orientations``, a Dataset (see above).
 
+        Called while a ``distributed.Client`` is the default, the model is sent to its
+        workers now, once per client and model, and every computation of the result (or
+        of arrays made from it) sends only its key (:mod:`flyarchive.analyze.model_ref`).
+        The result then computes on that client or in this process (any scheduler, also
+        after the client closed); on another cluster or in a process pool, a
+        ModelLoadError says so: call this again with that client as the default.
+
     Raises:
         SelectionError: an unknown body or site (with close names and those that exist),
             a point in a body that does not exist, a selector that keeps nothing, unknown

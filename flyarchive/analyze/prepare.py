@@ -5,8 +5,9 @@ its model and the keypoints (:func:`prepare`), the dask array of kinematics bloc
 Each dask task reads one block of the archive's state (a shard of worlds by several
 chunks of frames) where it runs and computes its keypoints there
 (:func:`~flyarchive.analyze.blocks.kinematics_block`); the graph holds the model's MJB
-bytes once (one object every worker fetches once), the keypoint definitions and the
-function: no state travels.
+bytes once (:func:`~flyarchive.analyze.model_ref.graph_model`: under a default Dask
+client, only the key they were sent to its workers under, once per client and model),
+the keypoint definitions and the function: no state travels.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import numpy as np
 from flyarchive.analyze.blocks import BACKENDS, kinematics_block
 from flyarchive.analyze.keypoints import KeypointRequest, KeypointSet, resolve
 from flyarchive.analyze.model import AnalysisModel, analysis_model
+from flyarchive.analyze.model_ref import graph_model
 from flyarchive.errors import OptionsError
 
 if TYPE_CHECKING:
@@ -136,8 +138,12 @@ def check_backend(backend: str) -> str:
 
 def lazy_positions(prepared: Prepared, orientations: bool, backend: str) -> Any:
     """``(world, time, K, 3 or 7)`` dask array of the prepared window: one task per
-    block of the archive's state."""
-    import dask
+    block of the archive's state.
+
+    With a default ``distributed.Client`` in this process, the model is sent to its
+    workers now (once per client and model) and each compute sends only its key; the
+    array computes on that client, or in this process (any local scheduler), not on
+    another cluster (a clear :class:`~flyarchive.errors.ModelLoadError` there)."""
     import dask.array as da
     from dask.base import tokenize
 
@@ -154,7 +160,7 @@ def lazy_positions(prepared: Prepared, orientations: bool, backend: str) -> Any:
                 else da.from_array(np.asarray(data), chunks=qpos.chunks[:2] + data.shape[2:])
             args += [data, index]
     sha = prepared.model.sha256
-    blob = dask.delayed(prepared.model.blob, name=f"flyarchive-model-{sha}", pure=True)
+    blob = graph_model(prepared.model.blob, sha)  # once, not per task nor per compute
     channels = 7 if orientations else 3
     name = "flyarchive-positions-" + tokenize(qpos.name, sha, kp.digest, orientations, backend)
     return da.blockwise(

@@ -20,7 +20,8 @@ from typing import TYPE_CHECKING, Any
 
 import mujoco
 
-from flyarchive.distribute.cluster import cancel_quietly, connect, scatter_model, task_result
+from flyarchive.analyze.model_ref import scatter_model
+from flyarchive.distribute.cluster import cancel_quietly, connect, task_result
 from flyarchive.distribute.gpus import check_gpus
 from flyarchive.distribute.placement import placement
 from flyarchive.distribute.warm import wait_for_warm_up, warm_up_here

@@ -14,7 +14,6 @@ encoders (:mod:`flyarchive.distribute.gpus`).
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import logging
 import os
 import sys
@@ -275,17 +274,6 @@ def _sigint_ignored() -> Iterator[None]:
         yield
     finally:
         signal.signal(signal.SIGINT, before)
-
-
-def scatter_model(client: Any, blob: bytes) -> Any:
-    """Send the MJB bytes to every worker once; the future of them.
-
-    The key is the bytes' SHA-256, so a later render with the same model reuses what
-    the workers hold, and Dask does not tokenize the bytes itself (0.4 s for
-    NeuroMechFly's 23 MB, measured here, against 0.03 s for hashlib).
-    """
-    key = f"flyarchive-model-{hashlib.sha256(blob).hexdigest()}"
-    return client.scatter({key: blob}, broadcast=True)[key]
 
 
 def task_result(future: Any, what: str) -> Any:

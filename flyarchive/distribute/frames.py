@@ -1,17 +1,18 @@
 """The public lazy-frames entry point: frames of one camera as dask-backed arrays
 (:func:`render_frames`), rendered block by block (:mod:`flyarchive.render.blocks`) where
-they are computed; the model reaches the workers once (:func:`graph_model`).
+they are computed; the model reaches the workers once
+(:func:`~flyarchive.analyze.model_ref.graph_model`).
 """
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 import mujoco
 import numpy as np
 
+from flyarchive.analyze.model_ref import graph_model
 from flyarchive.distribute.api import replay_model
 from flyarchive.errors import RenderOptionsError
 from flyarchive.query.selection import select_frames
@@ -48,10 +49,11 @@ def render_frames(
     and frames whose state is not finite, show nothing (black, NaN depth, segmentation
     -1). A local ``source`` is made absolute, so the graph computes on workers started in
     other folders. ``model`` None: the model kept beside the archive (as
-    :func:`flyarchive.render_videos`). The model reaches the workers once (:func:`graph_model`):
-    with a default ``distributed.Client`` in this process, it is sent to its workers
-    when this is called, and the frames compute on that client; else it is one key of
-    each graph, never one copy per task.
+    :func:`flyarchive.render_videos`). The model reaches the workers once
+    (:func:`~flyarchive.analyze.model_ref.graph_model`): with a default
+    ``distributed.Client`` in this process, it is sent to its workers when this is called
+    (once per client and model), and the frames compute on that client or in this process;
+    else it is one key of each graph, never one copy per task.
 
     Args:
         backend: ``"opengl"`` (its old name ``"cpu"`` is accepted with a
@@ -130,33 +132,3 @@ def render_frames(
     if outputs is None:
         return arrays["rgb"]
     return xr.Dataset(arrays, attrs=attrs)
-
-
-def graph_model(mjb: bytes) -> Any:
-    """The model's MJB bytes as the one input of :func:`render_frames`'s tasks that holds it.
-
-    With a default Dask client in this process (``distributed.Client(...)``), the bytes
-    are sent to its workers once, now, under a key named by their SHA-256
-    (:func:`flyarchive.distribute.cluster.scatter_model`): every later graph of these
-    frames holds only that key (a future of the client), so compute them on that
-    client. Without one, the bytes are one key of the graph, named by their SHA-256
-    (so that frames of two models computed together cannot mix them up), sent with
-    each compute.
-    """
-    import hashlib
-
-    import dask
-
-    client = None
-    if "distributed" in sys.modules:  # no client can exist without it: no import
-        from distributed import default_client
-
-        try:
-            client = default_client()
-        except ValueError:  # no default client
-            client = None
-    if client is not None:
-        from flyarchive.distribute.cluster import scatter_model
-
-        return scatter_model(client, mjb)
-    return dask.delayed(mjb, name=f"flyarchive-model-{hashlib.sha256(mjb).hexdigest()}")

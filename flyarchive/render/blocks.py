@@ -15,6 +15,7 @@ from typing import Any
 
 import numpy as np
 
+from flyarchive.analyze.model_ref import ModelRef, mjb_of
 from flyarchive.render.opengl import world_states
 from flyarchive.render.renderers import BLOCKS_SLOT, opengl_renderer, warp_renderer, warp_slot
 from flyarchive.replay import WARP_BACKENDS
@@ -33,7 +34,8 @@ def empty_outputs(n: int, size: tuple[int, int], outputs: tuple[str, ...]) -> di
     return {name: made[name]() for name in outputs}
 
 
-def render_block_outputs(url: str, storage_options: Mapping[str, Any], blob: bytes, camera: str,
+def render_block_outputs(url: str, storage_options: Mapping[str, Any], blob: bytes | ModelRef,
+                         camera: str,
                          size: tuple[int, int], world_index: int, start: int, stop: int, *,
                          committed: int, backend: str,
                          outputs: tuple[str, ...] = ("rgb",), depth_scale: float | None = None,
@@ -41,6 +43,8 @@ def render_block_outputs(url: str, storage_options: Mapping[str, Any], blob: byt
     """Outputs of frames ``[start, stop)`` of one world and camera.
 
     Args:
+        blob: The model's MJB bytes, or their
+            :class:`~flyarchive.analyze.model_ref.ModelRef`.
         committed: The world's ``n_frames``: frames at or past it show nothing.
         archive_id: The archive's ``archive_id`` when planned (a process that opened an
             archive since replaced at ``url`` opens it again).
@@ -61,6 +65,7 @@ def render_block_outputs(url: str, storage_options: Mapping[str, Any], blob: byt
     if not len(rows):
         return out
     pick = lambda a: None if a is None else a[rows]  # noqa: E731
+    blob = mjb_of(blob)
     if backend not in WARP_BACKENDS:  # OpenGL
         renderer = opengl_renderer(blob, (camera,), size, outputs)
         for k in rows:

@@ -72,3 +72,20 @@ def uneven_archive(tiny: mujoco.MjModel, tmp_path: Path) -> str:
         writer.write(FrameBlock(np.arange(20) * 0.008, qpos, mocap_pos, mocap_quat),
                      n_frames=np.array([12, 20]))
     return url
+
+
+@pytest.fixture
+def bulky_archive(tmp_path: Path) -> tuple[str, bytes]:
+    """An archive (2 worlds, 20 frames) of the sites model with a height field of 300 x 300
+    samples that no geom uses: an MJB of 371 kB beside a graph of a few kB. A model no other
+    test has (its timestep is drawn), so no Dask worker has it loaded yet. Its URL and MJB
+    bytes."""
+    from flyarchive.models import model_bytes
+
+    timestep = 0.002 + int(np.random.default_rng().integers(1, 10**6)) * 1e-12
+    xml = SITES_XML.replace(
+        '<option timestep="0.002"/>',
+        f'<option timestep="{timestep!r}"/>\n  '
+        '<asset><hfield name="bulk" nrow="300" ncol="300" size="1 1 0.1 0.1"/></asset>')
+    model = mujoco.MjModel.from_xml_string(xml)
+    return record(model, str(tmp_path / "bulky.zarr")), model_bytes(model)

