@@ -4,6 +4,7 @@ getters where the window is found in them, dask otherwise, the same values eithe
 from __future__ import annotations
 
 import numpy as np
+import pytest
 
 import flyarchive
 from flyarchive.analyze.keypoints import KeypointRequest
@@ -64,6 +65,7 @@ def test_a_dataset_in_memory_is_read_as_it_is(sites_archive, sites_model):
 
 
 
+@pytest.mark.subprocess  # worker processes
 def test_worker_processes_read_what_dask_reads_into_shared_memory(sites_archive, uneven_archive):
     from flyarchive.analyze.state_read import ProcessStateReader
 
@@ -85,10 +87,9 @@ def test_worker_processes_read_what_dask_reads_into_shared_memory(sites_archive,
         assert np.array_equal(state[name], _rows(uneven.ds, name), equal_nan=True)
 
 
+@pytest.mark.subprocess  # worker processes
 def test_a_missing_chunk_read_by_a_worker_process_is_the_same_corrupt_archive_error(
         sites_archive):
-    import pytest
-
     from flyarchive.errors import CorruptArchiveError
     from flyarchive.testing import shard_file
 
@@ -105,6 +106,7 @@ def test_a_missing_chunk_read_by_a_worker_process_is_the_same_corrupt_archive_er
     assert str(by_processes.value) == str(by_threads.value)
 
 
+@pytest.mark.subprocess  # worker processes
 def test_worker_processes_that_died_idle_are_replaced_and_the_read_goes_on(sites_archive):
     from flyarchive.analyze.state_read import _POOL
 
@@ -123,9 +125,8 @@ def test_worker_processes_that_died_idle_are_replaced_and_the_read_goes_on(sites
     assert len(_POOL.live) == _POOL.size >= 2 and not set(killed) & _POOL.live
 
 
+@pytest.mark.subprocess  # worker processes
 def test_a_worker_process_that_dies_on_a_job_fails_that_read_only(monkeypatch):
-    import pytest
-
     from flyarchive.analyze import state_read
 
     # Workers that die on their first job (exit status 3), as a crash in a decoder would.
