@@ -14,11 +14,11 @@ in parallel). On CUDA each batch then goes
 
 with three slots of each, so that batch k + 1 is staged (by staging threads) while batch k
 uploads, batch k - 1 computes and comes back; CUDA events order the streams, and the host
-waits only for a slot it is about to reuse. Copy threads move each batch from its pinned out slot (one of
-:data:`OUT_SLOTS`) into the result as soon as it has arrived, while the next batches go
-on; the pipeline waits for them only before it reuses that out slot, and at the end. On
-Warp's CPU device the same steps run one after another (the readers still read ahead,
-the copies still run beside them). The result is one host array
+waits only for a slot it is about to reuse. Copy threads move each batch from its pinned
+out slot (one of :data:`OUT_SLOTS`) into the result as soon as it has arrived, while the
+next batches go on; the pipeline waits for them only before it reuses that out slot, and
+at the end. On Warp's CPU device the same steps run one after another (the readers still
+read ahead, the copies still run beside them). The result is one host array
 ``(world, time, K, 3 | 7)`` float32.
 """
 
@@ -292,10 +292,8 @@ class _Stream:
         up = slot["events"].get("uploaded")
         if up is not None:  # the slot's pinned buffers still feed its last upload
             self.wp.synchronize_event(up)
-        step = max(1, -(-n // self._copiers))
-        return [self._stagers.submit(np.copyto, slot["in"][name].numpy()[a:min(n, a + step)],
-                                     values[a:min(n, a + step)])
-                for name, values in state.items() for a in range(0, n, step)]
+        return [self._stagers.submit(np.copyto, slot["in"][name].numpy()[a:b], values[a:b])
+                for name, values in state.items() for a, b in self._spans(n)]
 
     def _queue(self, slot: dict[str, Any], out: dict[str, Any], n: int) -> None:
         """Queue the batch staged in ``slot`` (``n`` rows): upload, kinematics, gather,
@@ -381,10 +379,14 @@ class _Stream:
         """Copy the batch of rows ``rows`` from ``out`` into ``result`` on the copy
         threads, in pieces, each once the batch has come back (without waiting here)."""
         r0, r1 = rows
-        step = max(1, -(-(r1 - r0) // self._copiers))
-        out["copies"] = [pool.submit(self._copy_piece, out["downloaded"], result[a:min(r1, a + step)],
-                                     out["rows"][a - r0:min(r1, a + step) - r0])
-                         for a in range(r0, r1, step)]
+        out["copies"] = [pool.submit(self._copy_piece, out["downloaded"], result[r0 + a:r0 + b],
+                                     out["rows"][a:b])
+                         for a, b in self._spans(r1 - r0)]
+
+    def _spans(self, n: int) -> list[tuple[int, int]]:
+        """Rows ``[0, n)`` cut into a span per copy (or staging) thread."""
+        step = max(1, -(-n // self._copiers))
+        return [(a, min(n, a + step)) for a in range(0, n, step)]
 
     def _copy_piece(self, downloaded: Any, into: np.ndarray, rows: np.ndarray) -> float:
         """One piece of a copy into the result, once its batch is on the host (CUDA:
