@@ -84,7 +84,7 @@ def record(xml: str | os.PathLike[str], url: str, *, states: str | None = None) 
     if states is None:
         record_simulated(model, url)
     else:
-        write_states(url, model, np.load(states))
+        write_states(url, model, np.load(states, allow_pickle=False))
     return mujoco.__version__
 
 
@@ -213,7 +213,7 @@ def run_in(python: str, steps: Sequence[dict[str, Any]], *,
 
 def load_replay(path: str | os.PathLike[str]) -> Replay:
     """The :class:`Replay` a :func:`replay_step` saved."""
-    with np.load(path) as saved:
+    with np.load(path, allow_pickle=False) as saved:
         return Replay(str(saved["mujoco"]), str(saved["recorded"]), int(saved["headlight"]),
                       saved["frames"], saved["positions"])
 
