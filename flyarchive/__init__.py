@@ -89,6 +89,8 @@ _LAZY = {
     "keep_positions": "flyarchive.analyze",
     "open_positions": "flyarchive.analyze",
     "gait_summary": "flyarchive.analyze",
+    "gait_steps": "flyarchive.analyze",
+    "gait_epochs": "flyarchive.analyze",
     "GaitParams": "flyarchive.analyze",
     "select_keypoints": "flyarchive.analyze",
     "keypoint_labels": "flyarchive.analyze",

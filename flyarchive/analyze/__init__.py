@@ -16,14 +16,18 @@ request, and gait and locomotion measures from them.
 - keypoints by name, leg and segment (:mod:`~flyarchive.analyze.keypoints`);
 - :func:`keep_positions`, :func:`open_positions` (:mod:`~flyarchive.analyze.keep`):
   positions stored as a derived group, committed as recordings are;
-- :func:`gait_summary` (:mod:`~flyarchive.analyze.gait`): distance, speed, heading,
-  height, stance and swing per world; its positions computed into memory by this process
-  and worker processes (:mod:`~flyarchive.analyze.cpu_processes`) on the CPU.
+- :func:`gait_summary`, :func:`gait_steps`, :func:`gait_epochs`
+  (:mod:`~flyarchive.analyze.gait`): distance, speed, heading, height, step frequency, duty
+  factor, phases, tripod coordination and support patterns per world, one row per step,
+  every stance and swing interval; from archives, positions or ``movement`` poses datasets;
+  stance, swing and their events from the tips (:mod:`~flyarchive.analyze.steps`); positions
+  computed into memory by this process and worker processes
+  (:mod:`~flyarchive.analyze.cpu_processes`) on the CPU.
 
 Imports only the stages before it (store, query) and the base modules.
 """
 
-from flyarchive.analyze.gait import GaitParams, gait_summary
+from flyarchive.analyze.gait import GaitParams, gait_epochs, gait_steps, gait_summary
 from flyarchive.analyze.keep import keep_positions, open_positions
 from flyarchive.analyze.keypoints import keypoint_labels, select_keypoints, tarsus_tips
 from flyarchive.analyze.lazy import positions
