@@ -200,7 +200,7 @@ class GaitParams:
     """
 
     stance_height: float = 0.1
-    stance_speed: float = 5.0
+    stance_speed: float = 10.0
     swing_height: float = 0.15
     swing_speed: float = 20.0
     min_stance: float = 0.01

@@ -118,6 +118,7 @@ def test_measures_per_window_count_the_cycles_that_start_in_them():
 
 
 @requires_movement
+@pytest.mark.slow  # movement imports for seconds
 def test_a_tracked_fly_and_a_simulated_one_in_one_step_table():
     import pandas as pd
 
@@ -138,6 +139,7 @@ def test_a_tracked_fly_and_a_simulated_one_in_one_step_table():
 
 
 @requires_movement
+@pytest.mark.slow  # movement imports for seconds
 def test_three_d_poses_give_the_measures_of_the_positions_they_were_made_of():
     legs = {leg: name for name, leg in TRACKED.items() if name != "thorax"}
     params = GaitParams(stance_height=0.05)
@@ -153,6 +155,7 @@ def test_three_d_poses_give_the_measures_of_the_positions_they_were_made_of():
 
 
 @requires_movement
+@pytest.mark.slow  # movement imports for seconds
 def test_speed_and_path_agree_with_movement_kinematics():
     from movement.kinematics import compute_path_length, compute_speed
 
