@@ -91,6 +91,7 @@ _LAZY = {
     "gait_summary": "flyarchive.analyze",
     "gait_steps": "flyarchive.analyze",
     "gait_epochs": "flyarchive.analyze",
+    "gait_positions": "flyarchive.analyze",
     "GaitParams": "flyarchive.analyze",
     "select_keypoints": "flyarchive.analyze",
     "keypoint_labels": "flyarchive.analyze",

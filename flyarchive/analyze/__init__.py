@@ -27,7 +27,13 @@ request, and gait and locomotion measures from them.
 Imports only the stages before it (store, query) and the base modules.
 """
 
-from flyarchive.analyze.gait import GaitParams, gait_epochs, gait_steps, gait_summary
+from flyarchive.analyze.gait import (
+    GaitParams,
+    gait_epochs,
+    gait_positions,
+    gait_steps,
+    gait_summary,
+)
 from flyarchive.analyze.keep import keep_positions, open_positions
 from flyarchive.analyze.keypoints import keypoint_labels, select_keypoints, tarsus_tips
 from flyarchive.analyze.lazy import positions

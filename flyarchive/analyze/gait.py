@@ -91,6 +91,7 @@ from flyarchive.analyze.keypoints import LEGS, KeypointName, PointSpec, tarsus_t
 from flyarchive.analyze.steps import (
     STANCE,
     UNKNOWN,
+    GaitParams,
     PhaseEpochs,
     StepEvents,
     phase_epochs,
@@ -170,58 +171,6 @@ _THORAX_MEASURES = _WORLD[:9]
 _THORAX, _AHEAD = "gait/thorax", "gait/ahead"
 #: Tip-frames handled at once (bounds the memory of the temporaries: ~40 bytes each).
 _BLOCK = 2_000_000
-
-
-@dataclass(frozen=True)
-class GaitParams:
-    """Thresholds of the step events and gait measures (positions' length unit, seconds).
-
-    The defaults suit NeuroMechFly walking on flat ground at 60 to 1000 frames/s: its
-    tarsus tips stand below 0.05 mm moving slower than 5 mm/s (slips), and in swing rise
-    0.1-0.9 mm or (hind legs that drag) slide at 20-70 mm/s. For another body or a
-    tracked fly, give them in that data's unit (and ``stance_height``/``swing_height``
-    from the ground, z up). See :mod:`~flyarchive.analyze.steps` for how they are used.
-
-    Attributes:
-        stance_height: A tip lower than this may be in stance (the band). mm.
-        stance_speed: A tip slower than this may be in stance (the band). mm/s.
-        swing_height: A run out of the band is a swing only if the tip rises above this...
-            mm (>= stance_height).
-        swing_speed: ...or moves faster than this. mm/s (>= stance_speed).
-        min_stance: Shorter stances between two swings join them. s.
-        min_swing: Shorter swings between two stances join them. s.
-        smooth: Positions are averaged over this many seconds before speeds are taken
-            (one frame, i.e. none, at ~125 frames/s and below). s.
-        fall_height: The thorax below this height counts in ``time_below``. mm.
-
-    Raises:
-        OptionsError: a threshold that is not a finite number >= 0, or a swing threshold
-            below its stance threshold.
-    """
-
-    stance_height: float = 0.1
-    stance_speed: float = 10.0
-    swing_height: float = 0.15
-    swing_speed: float = 20.0
-    min_stance: float = 0.01
-    min_swing: float = 0.01
-    smooth: float = 0.006
-    fall_height: float = 0.6
-
-    def __post_init__(self) -> None:
-        for f in fields(self):
-            value = getattr(self, f.name)
-            if isinstance(value, bool) or not isinstance(value, (int, float)) \
-                    or not math.isfinite(value) or value < 0:
-                raise OptionsError(
-                    f"GaitParams.{f.name} must be a finite number >= 0 (--{f.name.replace('_', '-')} "
-                    f"on the command line), got {value!r}.")
-        for swing, stance in (("swing_height", "stance_height"), ("swing_speed", "stance_speed")):
-            if getattr(self, swing) < getattr(self, stance):
-                raise OptionsError(
-                    f"GaitParams.{swing}={getattr(self, swing)!r} is below {stance}="
-                    f"{getattr(self, stance)!r}; a swing must reach at least the stance band's "
-                    "edge. Raise it, or lower the stance threshold.")
 
 
 # ----------------------------------------------------------------------------- the thorax
@@ -664,6 +613,34 @@ def _source(source: Any, thorax: str, tips: Any, legs: Mapping[str, str] | None,
                    True)
 
 
+def gait_positions(
+    url: str | xr.Dataset,
+    *,
+    thorax: str = "nmf/c_thorax",
+    tips: Mapping[str, PointSpec] | Sequence[str] | None = None,
+    worlds: Sequence[int] | None = None,
+    time: tuple[float | None, float | None] | None = None,
+    model: mujoco.MjModel | None = None,
+    storage_options: Mapping[str, Any] | None = None,
+    backend: str = "cpu",
+    processes: int | None = None,
+) -> xr.DataArray:
+    """The positions the gait functions compute from an archive, computed once into host
+    memory, for several calls: :func:`gait_summary`, :func:`gait_steps` and
+    :func:`gait_epochs` take them as their source (with no ``thorax``, ``tips`` or ``legs``).
+
+    Args:
+        url, thorax, tips, worlds, time, model, storage_options, backend, processes: As for
+            :func:`gait_summary`.
+
+    Returns:
+        ``(world, time, keypoint, xyz)``: keypoints ``gait/thorax`` (the thorax's origin),
+        ``gait/ahead`` (one unit ahead of it on its x axis: its heading) and the tips.
+    """
+    return _source(url, thorax, tips, None, worlds, time, model, storage_options, backend,
+                   processes).position
+
+
 def _positions_source(source: Any, thorax: str, tips: Any, legs: Mapping[str, str] | None,
                       worlds: Any, time: Any) -> _Source:
     import xarray as xr
@@ -671,6 +648,14 @@ def _positions_source(source: Any, thorax: str, tips: Any, legs: Mapping[str, st
     pos = source["position"] if isinstance(source, xr.Dataset) else source
     quat = source["orientation"] if isinstance(source, xr.Dataset) and \
         "orientation" in source else None
+    labels_here = [str(k) for k in pos.keypoint.values]
+    if labels_here[:2] == [_THORAX, _AHEAD] and legs is None and tips is None:
+        got = pos  # from gait_positions
+        if worlds is not None or time is not None:
+            got = got.sel(world=list(worlds) if worlds is not None else slice(None),
+                          time=slice(*(time or (None, None))))
+        return _Source(got, True, None, [_leg(k) for k in labels_here[2:]],
+                       [f"world{int(w)}" for w in got.world.values], True)
     if legs is not None:
         names, labels = list(legs), [str(v) for v in legs.values()]
     else:
@@ -695,7 +680,7 @@ def _check_keypoints(wanted: Sequence[str], have: Sequence[str], what: str) -> N
         from flyarchive.errors import did_you_mean
 
         raise SelectionError(
-            f"The {what} have no keypoint {missing[0]!r}{did_you_mean(missing[0], have)}. "
+            f"The {what} have no keypoint {missing[0]!r}.{did_you_mean(missing[0], have)} "
             f"Keypoints ({len(have)}): {', '.join(repr(k) for k in have[:20])}"
             f"{' ...' if len(have) > 20 else ''}. Name keypoints that exist (thorax=, legs=).")
 

@@ -7,8 +7,9 @@ A tip's state, frame by frame (``(N, T)`` arrays, one row per tip: the worlds' l
    below ``stance_height`` and horizontal speed below ``stance_speed``. The speed of a
    frame is the smaller of its backward and forward differences (so the last frame before
    a lift-off and the first after a touchdown, where the tip stands, read as still at any
-   frame rate), of positions averaged over ``smooth`` seconds (a centred moving average;
-   at ~125 frames/s and below it is one frame: none).
+   frame rate), of positions averaged over ``smooth`` seconds (a centred moving average
+   over the frames within ``smooth / 2`` of each; below ~330 frames/s it is one frame:
+   none).
 2. **Hysteresis.** A run of frames out of the band is a swing only if the tip in it
    rises above ``swing_height`` or moves faster than ``swing_speed`` (the larger of its
    two differences); else the run is part of the stance around it (a slip, a wobble,
@@ -29,6 +30,7 @@ rise ``stance_height`` or reach ``stance_speed``.
 
 Without heights (2-D tracking), the band and the swing evidence are the speeds alone.
 
+:class:`GaitParams` holds the thresholds (and the gait measures' ``fall_height``);
 :func:`stance_state` gives the state; :func:`step_events` the complete steps (a swing
 between two stances) with their lift-off, touchdown, the stance before and the step
 length; :func:`phase_epochs` every stance and swing as a time interval (the footfall
@@ -37,16 +39,68 @@ diagram, NWB epochs). Vectorized over tips and frames: no Python loop per step.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import TYPE_CHECKING
+import math
+from dataclasses import dataclass, fields
 
 import numpy as np
 
-if TYPE_CHECKING:
-    from flyarchive.analyze.gait import GaitParams
+from flyarchive.errors import OptionsError
 
 #: A frame's state: in stance, in swing, or unknown (no position).
 STANCE, SWING, UNKNOWN = 1, 0, -1
+
+
+@dataclass(frozen=True)
+class GaitParams:
+    """Thresholds of the step events and gait measures (positions' length unit, seconds).
+
+    The defaults suit NeuroMechFly walking on flat ground at 60 to 1000 frames/s: its
+    tarsus tips stand 0.005-0.05 mm high, slipping at up to ~10 mm/s, and in swing rise
+    0.1-0.9 mm or (hind legs that drag) slide at 20-70 mm/s. For another body or a
+    tracked fly, give them in that data's unit (``stance_height`` and ``swing_height``
+    from the ground, z up: just above where its tips stand). See
+    :mod:`~flyarchive.analyze.steps` for how they are used.
+
+    Attributes:
+        stance_height: A tip lower than this may be in stance (the band). mm.
+        stance_speed: A tip slower than this may be in stance (the band). mm/s.
+        swing_height: A run out of the band is a swing only if the tip rises above this...
+            mm (>= stance_height).
+        swing_speed: ...or moves faster than this. mm/s (>= stance_speed).
+        min_stance: Shorter stances between two swings join them. s.
+        min_swing: Shorter swings between two stances join them. s.
+        smooth: Positions are averaged over the frames within this many seconds before
+            speeds are taken (one frame, i.e. none, below ~330 frames/s). s.
+        fall_height: The thorax below this height counts in ``time_below``. mm.
+
+    Raises:
+        OptionsError: a threshold that is not a finite number >= 0, or a swing threshold
+            below its stance threshold.
+    """
+
+    stance_height: float = 0.1
+    stance_speed: float = 10.0
+    swing_height: float = 0.15
+    swing_speed: float = 20.0
+    min_stance: float = 0.01
+    min_swing: float = 0.01
+    smooth: float = 0.006
+    fall_height: float = 0.6
+
+    def __post_init__(self) -> None:
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) \
+                    or not math.isfinite(value) or value < 0:
+                raise OptionsError(
+                    f"GaitParams.{f.name} must be a finite number >= 0 (--{f.name.replace('_', '-')} "
+                    f"on the command line), got {value!r}.")
+        for swing, stance in (("swing_height", "stance_height"), ("swing_speed", "stance_speed")):
+            if getattr(self, swing) < getattr(self, stance):
+                raise OptionsError(
+                    f"GaitParams.{swing}={getattr(self, swing)!r} is below {stance}="
+                    f"{getattr(self, stance)!r}; a swing must reach at least the stance band's "
+                    "edge. Raise it, or lower the stance threshold.")
 
 
 def stance_state(times: np.ndarray, tips: np.ndarray, params: GaitParams, *,
@@ -57,7 +111,7 @@ def stance_state(times: np.ndarray, tips: np.ndarray, params: GaitParams, *,
         times: ``(T,)`` frame times, s, increasing.
         tips: ``(N, T, 3)`` tip positions (x, y horizontal, z up), float; NaN where a
             position is unknown.
-        params: Thresholds (:class:`~flyarchive.analyze.gait.GaitParams`).
+        params: Thresholds (:class:`GaitParams`).
         height: False: ``z`` is not a height (2-D tracking); only speeds count.
 
     Returns:

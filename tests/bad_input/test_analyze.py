@@ -255,3 +255,106 @@ def test_a_model_key_read_outside_a_dask_worker_says_where_the_bytes_went():
     with pytest.raises(ModelLoadError, match=r"as 'flyarchive-model-abab.*', and this process "
                        r"cannot find it there.*in another process pool"):
         unpickled.blob()
+
+
+# ----------------------------------------------------------------------------- gait
+@pytest.mark.parametrize(("field", "value"), [("stance_height", -1.0), ("fall_height", float("nan")),
+                                              ("swing_speed", float("inf")), ("min_swing", "0.1")])
+def test_a_gait_threshold_that_is_not_a_finite_number_at_least_zero(field, value):
+    from flyarchive.analyze.gait import GaitParams
+
+    with pytest.raises(OptionsError, match=rf"GaitParams\.{field} must be a finite number >= 0 "
+                       rf"\(--{field.replace('_', '-')} on the command line\), got {value!r}"):
+        GaitParams(**{field: value})
+
+
+def test_a_swing_threshold_below_its_stance_threshold():
+    from flyarchive.analyze.gait import GaitParams
+
+    with pytest.raises(OptionsError, match=r"swing_speed=4\.0 is below stance_speed=10\.0"):
+        GaitParams(swing_speed=4.0)
+
+
+@pytest.mark.parametrize(("option", "value"), [("--stance-height", "-1"), ("--fall-height", "nan"),
+                                               ("--swing-height", "inf")])
+def test_the_gait_command_refuses_thresholds_it_cannot_use(cli, archive, option, value):
+    before = snapshot(archive)
+
+    code, out, err = cli("gait", archive, "--thorax", "torso", "--tip", "t=hand@tip", option, value)
+
+    assert code == 2
+    assert f"must be a finite number >= 0 ({option} on the command line), got" in err
+    assert snapshot(archive) == before
+
+
+def test_a_gait_window_longer_than_the_recording(archive):
+    with pytest.raises(SelectionError, match=r"window=5\.0 s is longer than the selection "
+                       r"\(0\.152 s, 20 frames\)\. Pass a shorter window"):
+        flyarchive.gait_summary(archive, thorax="torso", tips=["hand"], window=5.0)
+
+
+def test_a_leg_mapping_that_names_keypoints_the_positions_do_not_have(archive):
+    positions = flyarchive.positions(archive, ["torso", "hand"])
+
+    with pytest.raises(SelectionError, match=r"The positions have no keypoint 'hnad'\. Did you "
+                       r"mean 'hand'\? Keypoints \(2\): 'torso', 'hand'\. Name keypoints"):
+        flyarchive.gait_steps(positions, thorax="torso", legs={"lf": "hnad"})
+
+
+@requires_movement
+def test_a_leg_mapping_that_names_keypoints_a_poses_dataset_does_not_have():
+    from flyarchive.testing.walker import walker_poses
+
+    poses = walker_poses(100, 0.5)
+
+    with pytest.raises(SelectionError, match=r"The poses have no keypoint 'L4_tip'.*Keypoints "
+                       r"\(7\): 'thorax', 'L1_tip'"):
+        flyarchive.gait_summary(poses, thorax="thorax", legs={"lf": "L1_tip", "lx": "L4_tip"})
+    with pytest.raises(SelectionError, match=r"A poses dataset needs legs= mapping leg names"):
+        flyarchive.gait_summary(poses, thorax="thorax")
+
+
+def test_tracking_gaps_make_no_steps_across_them():
+    from flyarchive.testing.walker import walker_positions
+
+    positions = walker_positions(200, 2.0)
+    lost = (positions.time > 0.5) & (positions.time < 0.9)
+    gappy = positions.where(~lost)  # NaN: tracking lost for 0.4 s, several steps long
+
+    steps = flyarchive.gait_steps(gappy)
+
+    inside = (steps.touchdown_time > 0.5) & (steps.liftoff_time < 0.9)
+    assert not inside.any()
+    after = steps[steps.liftoff_time > 0.9].groupby("leg").stance_duration.nth(0)
+    assert after.isna().sum() >= 1  # a stance cut by the gap has no known start
+    whole = flyarchive.gait_steps(positions)
+    assert len(steps) < len(whole)
+
+
+def test_gait_of_an_archive_of_one_frame(tiny, tmp_path):
+    from flyarchive.testing.fixtures import record
+
+    url = record(tiny, str(tmp_path / "one.zarr"), n_steps=1)
+    before = snapshot(url)
+
+    with pytest.raises(SelectionError, match=r"Gait needs at least 2 frames; the selection holds "
+                       r"1\. Record longer"):
+        flyarchive.gait_summary(url, thorax="torso", tips=["hand"])
+    with pytest.raises(SelectionError, match="Gait needs at least 2 frames"):
+        flyarchive.gait_steps(url, thorax="torso", tips=["hand"])
+
+    assert snapshot(url) == before
+
+
+def test_saving_gait_measures_of_some_worlds_says_it_needs_every_world(archive, cli):
+    before = snapshot(archive)
+
+    with pytest.raises(SelectionError, match=r"save=True \(--save\) stores one value per world "
+                       r"and needs every world of the archive; the selection holds 1 of its 2\. "
+                       r"Drop worlds= \(--worlds\)"):
+        flyarchive.gait_summary(archive, thorax="torso", tips=["hand"], worlds=[1], save=True)
+    code, out, err = cli("gait", archive, "--thorax", "torso", "--tip", "t=hand@tip",
+                         "--worlds", "0", "--save")
+
+    assert code == 2 and "needs every world of the archive" in err
+    assert snapshot(archive) == before
