@@ -92,6 +92,7 @@ _LAZY = {
     "gait_steps": "flyarchive.analyze",
     "gait_epochs": "flyarchive.analyze",
     "gait_positions": "flyarchive.analyze",
+    "gait_points": "flyarchive.analyze",
     "GaitParams": "flyarchive.analyze",
     "select_keypoints": "flyarchive.analyze",
     "keypoint_labels": "flyarchive.analyze",

@@ -30,6 +30,7 @@ Imports only the stages before it (store, query) and the base modules.
 from flyarchive.analyze.gait import (
     GaitParams,
     gait_epochs,
+    gait_points,
     gait_positions,
     gait_steps,
     gait_summary,

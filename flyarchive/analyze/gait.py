@@ -196,7 +196,7 @@ def gait_measures(times: np.ndarray, thorax: np.ndarray, tips: np.ndarray,
         for the per-leg ones (names without ``_<leg>``).
     """
     legs = _leg_names(legs, tips.shape[2])
-    walk = _Walk(times, thorax[..., None, :], tips, forward, legs, height)
+    walk = _Walk.of(times, thorax, tips, forward, legs, height)
     measured = _measure(walk, params, reference or _default_reference(legs), None)
     return {name: values[..., 0] for name, values in measured.items()}
 
@@ -299,25 +299,33 @@ class _Walk:
 
     Attributes:
         times: ``(T,)`` s.
-        body: ``(W, T, K, 3)``: the thorax first, then (optionally) a point one unit
-            ahead of it on its x axis (``ahead``).
-        tips: ``(W, T, L, 3)``.
+        thorax: ``(W, T, 3)``.
+        tips: ``(W * L, T, 3)``, one row per world and leg (world-major): a view of a
+            ``(3, W * L, T)`` array, so that each coordinate is contiguous.
         forward: ``(W, T, 2 or 3)`` or None.
         legs: L names.
         height: z is a height.
     """
 
     times: np.ndarray
-    body: np.ndarray
+    thorax: np.ndarray
     tips: np.ndarray
     forward: np.ndarray | None
     legs: list[str]
     height: bool
 
-    def rows(self) -> np.ndarray:
-        """``(W * L, T, 3)``: the tips, one row per world and leg (world-major)."""
-        w, t, n = self.tips.shape[:3]
-        return np.ascontiguousarray(self.tips.transpose(0, 2, 1, 3)).reshape(w * n, t, 3)
+    @classmethod
+    def of(cls, times: np.ndarray, thorax: np.ndarray, tips: np.ndarray,
+           forward: np.ndarray | None, legs: list[str], height: bool) -> _Walk:
+        """From tips ``(W, T, L, 3)`` (any layout)."""
+        w, t, n = tips.shape[:3]
+        rows = np.empty((3, w * n, t))
+        rows.reshape(3, w, n, t)[...] = tips.transpose(3, 0, 2, 1)
+        return cls(times, thorax, rows.transpose(1, 2, 0), forward, legs, height)
+
+    @property
+    def worlds(self) -> int:
+        return len(self.thorax)
 
 
 def _leg_names(legs: Sequence[str] | None, count: int) -> list[str]:
@@ -353,10 +361,10 @@ def _measure(walk: _Walk, params: GaitParams, reference: str, window: float | No
     """Every measure of every world and window: ``(W, n)`` world measures and ``(W, L, n)``
     per-leg ones (names without ``_<leg>``)."""
     times = walk.times
-    worlds, n_legs = walk.tips.shape[0], len(walk.legs)
+    worlds, n_legs = walk.worlds, len(walk.legs)
     starts, length = _windows(times, window)
     out: dict[str, np.ndarray] = {}
-    thorax = walk.body[:, :, 0]
+    thorax = walk.thorax
     for k, t0 in enumerate(starts):
         cut = slice(None) if not math.isfinite(length) else \
             (times >= t0 - 1e-12) & (times < t0 + length - 1e-12)
@@ -365,8 +373,8 @@ def _measure(walk: _Walk, params: GaitParams, reference: str, window: float | No
                                 walk.height)
         for name, values in part.items():
             out.setdefault(name, np.full((worlds, len(starts)), np.nan))[:, k] = values
-    state = stance_state(times, walk.rows(), params, height=walk.height)
-    events = step_events(times, state, walk.rows())
+    state = stance_state(times, walk.tips, params, height=walk.height)
+    events = step_events(times, state, walk.tips)
     legs_out = _leg_measures(times, state, events, worlds, n_legs, starts, length)
     legs_out.update(_phases(events, worlds, n_legs, walk.legs.index(reference), starts, length,
                             times))
@@ -568,15 +576,16 @@ class _Source:
         return [slice(i, min(i + per, worlds)) for i in range(0, worlds, per)]
 
     def walk(self, worlds: slice) -> _Walk:
-        values = np.asarray(self.position.isel(world=worlds).values, dtype=np.float64)
+        values = np.asarray(self.position.isel(world=worlds).values)
+        thorax = values[:, :, 0].astype(np.float64)
         forward = None
         if self.ahead:
-            forward = values[:, :, 1] - values[:, :, 0]
-            values = np.delete(values, 1, axis=2)
+            forward = values[:, :, 1] - thorax
         elif self.orientation is not None:
             forward = forward_axis(np.asarray(self.orientation.isel(world=worlds).values))
         times = np.asarray(self.position.time.values, dtype=np.float64)
-        return _Walk(times, values[:, :, :1], values[:, :, 1:], forward, self.legs, self.height)
+        return _Walk.of(times, thorax, values[:, :, 1 + self.ahead:], forward, self.legs,
+                        self.height)
 
 
 def _source(source: Any, thorax: str, tips: Any, legs: Mapping[str, str] | None, worlds: Any,
@@ -595,22 +604,34 @@ def _source(source: Any, thorax: str, tips: Any, legs: Mapping[str, str] | None,
     from flyarchive.analyze.lazy import computed_positions
 
     if tips is None or isinstance(tips, Mapping):
-        bodies, tip_points = [], tips if tips is not None else \
-            tarsus_tips(thorax.rpartition("/")[0] or "nmf")
+        bodies, tip_points = [], gait_points(thorax, tips)
     else:
-        bodies, tip_points = list(tips), {}
-    # The thorax as points (its origin and one unit ahead), so that a frame copies only
-    # site positions: no orientations, and the per-frame loop stays lean.
-    points = {_THORAX: (thorax, (0.0, 0.0, 0.0)), _AHEAD: (thorax, (1.0, 0.0, 0.0)), **tip_points}
+        bodies, tip_points = list(tips), gait_points(thorax, {})
+    points = tip_points
     got = computed_positions(source, bodies, points, worlds=worlds, time=time, model=model,
                              storage_options=storage_options, backend=backend,
                              processes=processes)
-    order = [_THORAX, _AHEAD, *tip_points, *bodies]
+    order = [*points, *bodies]
     if [str(k) for k in got.keypoint.values] != order:  # (a selection copies every frame)
         got = got.sel(keypoint=order)
     ids = [int(w) for w in got.world.values]
     return _Source(got, True, None, [_leg(str(k)) for k in order[2:]], [f"world{w}" for w in ids],
                    True)
+
+
+def gait_points(thorax: str = "nmf/c_thorax", tips: Mapping[str, PointSpec] | None = None
+                ) -> dict[str, PointSpec]:
+    """The points the gait functions compute from an archive: ``gait/thorax`` (the
+    thorax's origin), ``gait/ahead`` (one unit ahead of it on its x axis: its heading;
+    points, so that a frame copies only site positions) and the tips (default
+    :func:`flyarchive.tarsus_tips` of the thorax's fly).
+
+    Keep them once (``flyarchive.keep_positions(url, points=gait_points())``) and every
+    later gait call on that archive reads them instead of computing kinematics.
+    """
+    if tips is None:
+        tips = tarsus_tips(thorax.rpartition("/")[0] or "nmf")
+    return {_THORAX: (thorax, (0.0, 0.0, 0.0)), _AHEAD: (thorax, (1.0, 0.0, 0.0)), **tips}
 
 
 def gait_positions(
@@ -881,7 +902,7 @@ def _tables(source: Any, thorax: str, tips: Any, legs: Any, params: GaitParams, 
     out = []
     for block in got.blocks():
         walk = got.walk(block)
-        out.append((walk, stance_state(walk.times, walk.rows(), params, height=walk.height),
+        out.append((walk, stance_state(walk.times, walk.tips, params, height=walk.height),
                     block.start))
     return got, out
 
@@ -927,7 +948,7 @@ def gait_steps(
     world_ids = np.asarray(got.position.world.values)
     parts = []
     for walk, state, first in blocks:
-        events = step_events(walk.times, state, walk.rows())
+        events = step_events(walk.times, state, walk.tips)
         world, leg = np.divmod(events.tip, len(got.legs))
         world = world + first
         parts.append(pd.DataFrame({

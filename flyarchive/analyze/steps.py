@@ -110,7 +110,8 @@ def stance_state(times: np.ndarray, tips: np.ndarray, params: GaitParams, *,
     Args:
         times: ``(T,)`` frame times, s, increasing.
         tips: ``(N, T, 3)`` tip positions (x, y horizontal, z up), float; NaN where a
-            position is unknown.
+            position is unknown. Fastest when each coordinate is contiguous (a view of a
+            ``(3, N, T)`` array).
         params: Thresholds (:class:`GaitParams`).
         height: False: ``z`` is not a height (2-D tracking); only speeds count.
 
@@ -120,18 +121,19 @@ def stance_state(times: np.ndarray, tips: np.ndarray, params: GaitParams, *,
     n, t = tips.shape[:2]
     if t < 2:
         return np.full((n, t), UNKNOWN, np.int8)
-    smooth = _smoothed(tips, times, params.smooth)
-    step = np.diff(smooth[..., :2], axis=1)
-    moved = np.hypot(step[..., 0], step[..., 1]) / np.diff(times)  # (N, T-1)
+    x, y, z = (_smoothed(tips[..., k], times, params.smooth) for k in range(3))
+    dx, dy = np.diff(x, axis=1), np.diff(y, axis=1)
+    moved = np.sqrt(dx * dx + dy * dy)
+    moved /= np.diff(times)  # (N, T-1) horizontal speed between frames
     slow = np.empty((n, t))
     fast = np.empty((n, t))
-    slow[:, 0], slow[:, -1] = moved[:, 0], moved[:, -1]
-    fast[:, 0], fast[:, -1] = moved[:, 0], moved[:, -1]
+    slow[:, 0] = fast[:, 0] = moved[:, 0]
+    slow[:, -1] = fast[:, -1] = moved[:, -1]
     with np.errstate(invalid="ignore"):
         np.fmin(moved[:, :-1], moved[:, 1:], out=slow[:, 1:-1])
         np.fmax(moved[:, :-1], moved[:, 1:], out=fast[:, 1:-1])
-        z = smooth[..., 2]
-        known = np.isfinite(slow) & np.isfinite(tips).all(axis=-1)
+        known = np.isfinite(slow)
+        known &= np.isfinite(tips[..., 0]) & np.isfinite(tips[..., 1]) & np.isfinite(tips[..., 2])
         band = slow < params.stance_speed
         evidence = fast > params.swing_speed
         if height:
@@ -156,19 +158,19 @@ def stance_state(times: np.ndarray, tips: np.ndarray, params: GaitParams, *,
     return code
 
 
-def _smoothed(tips: np.ndarray, times: np.ndarray, width: float) -> np.ndarray:
-    """A centred moving average along time over the frames within ``width / 2`` of each
-    (fewer at the ends; NaN where the window holds a NaN), or ``tips`` itself when that
-    is one frame."""
-    n, t = tips.shape[:2]
+def _smoothed(values: np.ndarray, times: np.ndarray, width: float) -> np.ndarray:
+    """A centred moving average of ``(N, T)`` along time over the frames within
+    ``width / 2`` of each (fewer at the ends; NaN where the window holds a NaN), or
+    ``values`` itself when that is one frame."""
+    n, t = values.shape
     half = int(width / (2 * float(np.median(np.diff(times)))) + 1e-9)
     if half < 1:
-        return tips
-    sums = np.zeros((n, t + 1, tips.shape[2]))
-    np.cumsum(tips, axis=1, out=sums[:, 1:])
+        return values
+    sums = np.zeros((n, t + 1))
+    np.cumsum(values, axis=1, out=sums[:, 1:])
     index = np.arange(t)
     low, high = np.maximum(index - half, 0), np.minimum(index + half + 1, t)
-    return (sums[:, high] - sums[:, low]) / (high - low)[None, :, None]
+    return (sums[:, high] - sums[:, low]) / (high - low)
 
 
 def _boundaries(times: np.ndarray) -> np.ndarray:
@@ -271,10 +273,8 @@ def step_events(times: np.ndarray, state: np.ndarray, tips: np.ndarray) -> StepE
     bounds = _boundaries(times)
     start, stop, row = runs.start[where], runs.stop[where], runs.row[where]
     stance = where - 1  # the stance run before each swing
-    t = state.shape[1]
     stance_start = np.where(runs.before[stance] == SWING, bounds[runs.start[stance]], np.nan)
-    flat = tips.reshape(-1, tips.shape[-1])
-    left, right = flat[row * t + start - 1, :2], flat[row * t + stop, :2]
+    left, right = tips[row, start - 1, :2], tips[row, stop, :2]
     length = np.hypot(*(right - left).T) if len(where) else np.zeros(0)
     return StepEvents(row.astype(np.int64), bounds[start], bounds[stop], stance_start, length)
 
