@@ -242,8 +242,10 @@ def cmd_export_poses(args: argparse.Namespace) -> int:
 
     written = export_poses(_path(args.url), _path(args.to), format=args.format,
                            **_keypoint_args(args), model=_model(args),
-                           storage_options=_options(args),
-                           length_unit=args.length_unit, overwrite=args.overwrite, **_window(args))
+                           storage_options=_options(args), length_unit=args.length_unit,
+                           overwrite=args.overwrite,
+                           metadata=_path(args.metadata) if args.metadata else None,
+                           **_window(args))
     print(f"wrote {len(written)} file(s): {', '.join(written[:4])}{' ...' if len(written) > 4 else ''}")
     return 0
 
@@ -331,3 +333,7 @@ def add_commands(add: Callable[[str, Any, str], argparse.ArgumentParser],
     p.add_argument("--length-unit", default="mm", choices=("mm", "cm", "m"),
                    help="the model's length unit (NWB stores metres; default mm)")
     p.add_argument("--overwrite", action="store_true", help="replace existing files")
+    p.add_argument("--metadata", metavar="META.yaml",
+                   help="NWB: NWBFile and Subject fields in pynwb's names (session_description, "
+                        "experimenter, lab, institution, subject: {subject_id, species, age, "
+                        "sex, genotype})")

@@ -358,3 +358,52 @@ def test_saving_gait_measures_of_some_worlds_says_it_needs_every_world(archive, 
 
     assert code == 2 and "needs every world of the archive" in err
     assert snapshot(archive) == before
+
+
+# ----------------------------------------------------------------------------- NWB metadata
+@requires_nwb
+@pytest.mark.parametrize(("text", "message"), [
+    ("lab: Fly Lab\nlabb: typo\n", r"unknown field labb\. Did you mean 'lab'\? Fields: "
+                                   r"session_description, .*, subject \(pynwb's names\)"),
+    ("subject: {specis: Drosophila melanogaster}\n", r"unknown field subject\.specis\. Did you "
+                                                     r"mean 'species'\? Fields of subject: "),
+    ("subject: {age: 3}\n", r"subject\.age must be text \(ISO 8601 duration, e\.g\. P3D\), got "
+                            r"int 3\. Quote it in YAML"),
+    ("subject: {age: 3 days}\n", r"subject\.age must be an ISO 8601 duration such as 'P3D'"),
+    ("subject: {sex: female}\n", r"subject\.sex must be one of M, F, U, O \(NWB's codes\), got "
+                                 r"'female'"),
+    ("experimenter: 5\n", r"experimenter must be text or list of text, got int 5"),
+    ("keywords: walking\n", r"keywords must be list of text, got str 'walking'"),
+    ("subject: fly\n", r"subject must be a mapping of Subject fields"),
+    ("- lab\n", r"holds a list; it must be a mapping of NWBFile fields"),
+    ("lab: [Fly Lab\n", r"is not valid YAML at line 2"),
+])
+def test_nwb_metadata_with_unknown_fields_or_wrong_types_writes_nothing(archive, tmp_path, text,
+                                                                        message):
+    meta = tmp_path / "meta.yaml"
+    meta.write_text(text)
+
+    with pytest.raises(OptionsError, match=message):
+        export_poses(archive, tmp_path / "nwb", format="nwb", bodies="hand", metadata=meta)
+
+    assert not (tmp_path / "nwb").exists()
+
+
+@requires_movement
+def test_nwb_metadata_for_a_movement_file_is_refused(archive, tmp_path):
+    with pytest.raises(OptionsError, match=r"metadata \(--metadata\) describes NWB files"):
+        export_poses(archive, tmp_path / "poses.nc", format="movement", metadata={"lab": "x"})
+
+    assert not (tmp_path / "poses.nc").exists()
+
+
+@requires_nwb
+def test_the_cli_names_the_metadata_field_it_cannot_use(cli, archive, tmp_path):
+    meta = tmp_path / "meta.yaml"
+    meta.write_text("session_description: x\nsubject:\n  sex: male\n")
+
+    code, out, err = cli("export-poses", archive, "--format", "nwb", "--to", str(tmp_path / "n"),
+                         "--keypoints", "hand", "--metadata", str(meta))
+
+    assert code == 2 and "subject.sex must be one of M, F, U, O" in err
+    assert not (tmp_path / "n").exists()
