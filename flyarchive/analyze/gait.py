@@ -560,6 +560,7 @@ class _Source:
         legs: The tips' leg names.
         individuals: A name per world.
         height: z is a height.
+        length_unit: The positions' length unit (``mm`` for a model in millimetres).
     """
 
     position: xr.DataArray
@@ -568,6 +569,7 @@ class _Source:
     legs: list[str]
     individuals: list[str]
     height: bool
+    length_unit: str = "mm"
 
     def blocks(self) -> list[slice]:
         """Slices of worlds whose tip-frames fit one block of work."""
@@ -743,7 +745,9 @@ def _poses_source(ds: Any, thorax: str, legs: Mapping[str, str] | None, worlds: 
         names = [names[int(w)] for w in worlds]
     if time is not None:
         position = position.sel(time=slice(*time))
-    return _Source(position, False, None, [str(leg) for leg in legs], names, space != ["x", "y"])
+    unit = str(ds["position"].attrs.get("units") or "(the poses' length unit)")
+    return _Source(position, False, None, [str(leg) for leg in legs], names, space != ["x", "y"],
+                   unit)
 
 
 def _prepare(source: Any, thorax: str, tips: Any, legs: Any, params: GaitParams, worlds: Any,
@@ -880,13 +884,17 @@ def _dataset(measured: Mapping[str, np.ndarray], got: _Source, window: float | N
              ) -> xr.Dataset:
     import xarray as xr
 
+    def unit_of(name: str) -> str:
+        unit = MEASURES[name][0]
+        return unit if got.length_unit == "mm" else unit.replace("mm", got.length_unit)
+
     data = {}
     for name in _WORLD:
-        unit, text = MEASURES[name]
+        unit, text = unit_of(name), MEASURES[name][1]
         data[name] = xr.DataArray(measured[name], dims=("world", "window"),
                                   attrs={"units": unit, "description": text})
     for name in _PER_LEG:
-        unit, text = MEASURES[f"{name}_<leg>"]
+        unit, text = unit_of(f"{name}_<leg>"), MEASURES[f"{name}_<leg>"][1]
         for i, leg in enumerate(got.legs):
             data[f"{name}_{leg}"] = xr.DataArray(measured[name][:, i], dims=("world", "window"),
                                                  attrs={"units": unit, "description": text})

@@ -1,6 +1,7 @@
 """Step frequencies of NeuroMechFly's recorded walk (the demo's: flygym's Spotlight clip
 replayed by position actuators, :mod:`flyarchive.interop.nmf`) against each leg's rhythm,
-the spectral peak of its joint angles, at 125 and 62.5 frames/s.
+the spectral peak of its joint angles, at 125 and 62.5 frames/s, with and without noise on
+every joint angle.
 
 The comparison runs over 0.65-1.5 s of the 2 s walk, where the fly walks steadily. Before
 and after that stretch it stumbles (the thorax moves back by 0.3 mm, and the clip loops at
@@ -35,7 +36,7 @@ def walk(tmp_path_factory):
     url = str(tmp_path_factory.mktemp("walk") / "walk.zarr")
     write_states(url, world.model, nmf.walk_qpos(250, world=world)[None], chunk_frames=50)
     positions = flyarchive.positions(url, "nmf/c_thorax", points=flyarchive.tarsus_tips()).load()
-    return url, positions
+    return url, positions, world.model
 
 
 def rhythm(qpos: np.ndarray, fps: float) -> float:
@@ -51,12 +52,25 @@ def rhythm(qpos: np.ndarray, fps: float) -> float:
     return float(freq[band][np.argmax(power.sum(axis=1)[band])])
 
 
+@pytest.fixture(scope="module")
+def noisy_walk(walk, tmp_path_factory):
+    """The same walk with Gaussian noise of 0.01 rad (0.6 degrees) on every hinge angle."""
+    url, _, model = walk
+    qpos = flyarchive.open_archive(url).qpos.values.copy()
+    qpos[..., 7:] += np.random.default_rng(0).normal(0.0, 0.01, qpos[..., 7:].shape)
+    noisy = str(tmp_path_factory.mktemp("noisy") / "walk.zarr")
+    write_states(noisy, model, qpos, chunk_frames=50)
+    positions = flyarchive.positions(noisy, "nmf/c_thorax", points=flyarchive.tarsus_tips()).load()
+    return url, positions, model
+
+
 @pytest.mark.parametrize("every", [1, 2], ids=["125fps", "62.5fps"])
-def test_each_leg_steps_at_its_joints_rhythm(walk, every):
-    url, positions = walk
+@pytest.mark.parametrize("which", ["walk", "noisy_walk"])
+def test_each_leg_steps_at_its_joints_rhythm(request, which, every):
+    url, positions, _ = request.getfixturevalue(which)
     fps = 125 / every
     qpos = flyarchive.open_archive(url).qpos.isel(world=0, time=slice(None, None, every))
-    steady = qpos.sel(time=slice(*STEADY))
+    steady = qpos.sel(time=slice(*STEADY))  # the noiseless joints' rhythm
 
     got = flyarchive.gait_summary(positions.isel(time=slice(None, None, every)), time=STEADY)
 
