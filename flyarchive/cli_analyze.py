@@ -163,6 +163,9 @@ def _check_table_path(path: str | None, overwrite: bool) -> None:
     """--steps/--epochs: a .csv or .json file that does not exist (or --overwrite)."""
     if not path:
         return
+    if "://" in path:
+        raise SelectionError(f"--steps and --epochs write local files; {path!r} is a URL. Write "
+                             "to a local path, then copy the file where it belongs.")
     target = os.path.expanduser(path)
     if os.path.splitext(target)[1].lower() not in (".csv", ".json"):
         raise SelectionError(f"Cannot tell the format of {path!r}: name a .csv or a .json file.")

@@ -302,6 +302,7 @@ def test_a_leg_mapping_that_names_keypoints_the_positions_do_not_have(archive):
 
 
 @requires_movement
+@pytest.mark.slow  # movement imports for seconds
 def test_a_leg_mapping_that_names_keypoints_a_poses_dataset_does_not_have():
     from flyarchive.testing.walker import walker_poses
 
@@ -390,7 +391,7 @@ def test_nwb_metadata_with_unknown_fields_or_wrong_types_writes_nothing(archive,
 
 
 @requires_movement
-def test_nwb_metadata_for_a_movement_file_is_refused(archive, tmp_path):
+def test_nwb_metadata_for_a_movement_file_is_refused(archive, tmp_path):  # (movement not imported)
     with pytest.raises(OptionsError, match=r"metadata \(--metadata\) describes NWB files"):
         export_poses(archive, tmp_path / "poses.nc", format="movement", metadata={"lab": "x"})
 
