@@ -21,10 +21,6 @@ from flyarchive.analyze.model_ref import ModelRef, mjb_of
 from flyarchive.lru import LRUCache
 from flyarchive.models import load_mjb
 
-#: Backends of :func:`flyarchive.positions`: CPU MuJoCo (bit-exact), mujoco-warp on
-#: Warp's CPU device, mujoco-warp on CUDA.
-BACKENDS = ("cpu", "warp-cpu", "gpu")
-
 #: Models loaded from MJB bytes, by their SHA-256: the four last used.
 _MODELS: LRUCache[str, mujoco.MjModel] = LRUCache(4, name="models by MJB sha256")
 _LOCAL = threading.local()

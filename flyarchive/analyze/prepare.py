@@ -17,7 +17,8 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from flyarchive.analyze.blocks import BACKENDS, kinematics_block
+from flyarchive.analyze import BACKENDS
+from flyarchive.analyze.blocks import kinematics_block
 from flyarchive.analyze.keypoints import KeypointRequest, KeypointSet, resolve
 from flyarchive.analyze.model import AnalysisModel, analysis_model
 from flyarchive.analyze.model_ref import graph_model
