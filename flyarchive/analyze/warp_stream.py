@@ -180,14 +180,15 @@ class _Stream:
     def __init__(self, prepared: Prepared, orientations: bool, backend: str,
                  batch: int | None, readers: int | None, stats: StreamStats,
                  read_processes: int | None = None) -> None:
+        started = clock.perf_counter()
+        self.prepared, self.stats, self.readers = prepared, stats, readers
+        names = ["qpos"] + (["mocap_pos", "mocap_quat"] if prepared.model.model.nmocap else [])
+        # The readers first: worker processes (when they read) start, import and open the
+        # archive while this process imports Warp and finds or builds the engine.
+        self.reader = state_reader(prepared, names, read_processes)
         from flyarchive.analyze.warp_positions import warp_engine, wp
 
-        started = clock.perf_counter()
-        self.wp, self.prepared, self.stats, self.readers = wp, prepared, stats, readers
-        names = ["qpos"] + (["mocap_pos", "mocap_quat"] if prepared.model.model.nmocap else [])
-        # The readers first: worker processes (when they read) start while the engine
-        # is found or built.
-        self.reader = state_reader(prepared, names, read_processes)
+        self.wp = wp
         stats.reader = "shards" if isinstance(self.reader, StateReader) else \
             "processes" if isinstance(self.reader, ProcessStateReader) else "dask"
         if not readers:
