@@ -427,21 +427,11 @@ def _mujoco_errors() -> tuple[type[BaseException], ...]:
 def run() -> None:
     """The ``flyarchive`` console script: :func:`main`, then exit with its status.
 
-    The process is the command's: when ``MUJOCO_GL`` is unset, it is set to the OpenGL
-    backend flyarchive renders with (:func:`flyarchive.config.gl_backend`: ``egl`` on
-    Linux) before MuJoCo is imported, which otherwise looks for GLFW, a windowing library
-    no render here uses, by running ``ldconfig`` (0.04-0.23 s of ``import mujoco``, a
-    loaded 2-core VM).
-
     Before exiting, the objects that exist are frozen out of the garbage collector
     (:func:`gc.freeze`): the interpreter's final collections would otherwise walk the
     large graph of objects that importing mujoco_warp makes, for nothing (measured on
     a 2-core VM: 1.3 s of a 14 s ``flyarchive render --backend warp-cpu``).
     """
-    from flyarchive.config import gl_backend
-
-    if "mujoco" not in sys.modules and gl_backend() and not os.environ.get("MUJOCO_GL"):
-        os.environ["MUJOCO_GL"] = gl_backend()
     code = main()
     gc.freeze()
     sys.exit(code)

@@ -89,8 +89,9 @@ from benchlib import (
 )
 
 JITTER = Jitter(start_margin=200, xy_mm=5.0, angle_bias_rad=0.01)  # bench_positions' walks
-#: Walk lengths the archives are made from (``--frames`` + the jitter's margin; renders).
-WALKS = (250 + JITTER.start_margin, 100 + JITTER.start_margin)
+#: Walk lengths the archives are made from (``--frames`` + the jitter's margin; renders;
+#: bench_gpu_replay.py's 100 frames, unjittered start).
+WALKS = (250 + JITTER.start_margin, 100 + JITTER.start_margin, 100)
 SIZE = (240, 320)
 #: Packages whose cumulative import time the ``imports`` line reports.
 IMPORTS = ("mujoco_warp", "warp", "mujoco", "zarr", "xarray", "dask.array", "distributed",
