@@ -322,7 +322,7 @@ def targets(rows: list[dict[str, Any]], device: str, replay: dict[str, Any] | No
             ("render --backend gpu: first frame <= 2.5 s",
              by.get("render --backend gpu", {}).get("first_frame_s"), "<=", 2.5),
             ("render --backend gpu whole process >= 0.9 of the GPU stage",
-             (replay or {}).get("ratios", {}).get("cli / pipelined"), ">=", 0.9)]
+             (replay or {}).get("ratios", {}).get("cli/pipelined"), ">=", 0.9)]
     else:
         for backend in ("opengl", "opengl-here", "warp-cpu"):
             checks.append((f"render --backend {backend}: first frame <= 1.5 s",
