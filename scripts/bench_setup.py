@@ -370,12 +370,24 @@ def main() -> None:
     world = nmf_world(args.model_file)
     walks = args.cache / "walks"
     rows: list[dict[str, Any]] = []
+    print(TABLE.header(), flush=True)
+
+    def save(section: list[dict[str, Any]], replay: dict[str, Any] | None = None) -> None:
+        """Print a section's rows and write the JSON so far (a run cut short keeps them)."""
+        rows.extend(section)
+        for row in section:
+            print(TABLE.line(row), flush=True)
+        write_json(args.json, {"host": host_info(), "load_average": os.getloadavg(),
+                               "args": {k: str(v) for k, v in vars(args).items()},
+                               "rows": rows, "replay": replay,
+                               "targets": targets(rows, args.device, replay)})
+
     if "positions" in only:
         url = imported_archive(
             args.cache, f"imported-{worlds}x{args.frames}-float64-mujoco{mujoco.__version__}",
             world.model, lambda: nmf_states(worlds, args.frames, world=world, jitter=JITTER,
                                             dtype="float64", cache=walks))
-        rows += positions_rows(url, "gpu" if cuda else "warp-cpu", args.repeat)
+        save(positions_rows(url, "gpu" if cuda else "warp-cpu", args.repeat))
     if "render" in only:
         url = cached_archive(
             args.cache, f"render-{render_worlds}x{args.render_frames}-float32-mujoco"
@@ -383,8 +395,9 @@ def main() -> None:
             lambda: nmf_states(render_worlds, args.render_frames, world=world, jitter=JITTER,
                                dtype="float32", cache=walks), keep_model=True,
             shard_worlds=min(64, render_worlds))
-        rows += render_rows(url, backends, args.repeat, render_worlds * args.render_frames)
+        save(render_rows(url, backends, args.repeat, render_worlds * args.render_frames))
     replay = replay_ratio(args, args.cache) if cuda and "replay" in only else None
+    save([], replay)
     load = ", ".join(f"{x:.2f}" for x in os.getloadavg())
     TABLE.print(rows, title=f"\nSet-up included ({args.device}, {len(os.sched_getaffinity(0))} "
                             f"cores, load average {load})")
@@ -397,13 +410,9 @@ def main() -> None:
     if replay is not None:
         print(f"  bench_gpu_replay --only-cli: ratios {replay.get('ratios')}"
               + (f", error {replay['error']}" if "error" in replay else ""))
-    checked = targets(rows, args.device, replay)
-    for t in checked:
+    for t in targets(rows, args.device, replay):
         verdict = "n/a" if t["met"] is None else "met" if t["met"] else "MISSED"
         print(f"  {t['target']:62} {t['measured']!s:>12.12} {verdict}")
-    write_json(args.json, {"host": host_info(), "load_average": os.getloadavg(),
-                           "args": {k: str(v) for k, v in vars(args).items()},
-                           "rows": rows, "replay": replay, "targets": checked})
 
 
 if __name__ == "__main__":
