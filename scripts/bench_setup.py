@@ -30,7 +30,8 @@ columns beside it. Rows:
   Dask workers too; found by a ``sitecustomize`` written to a temporary folder on
   ``PYTHONPATH``, which notes the first ``OutputWriter.write`` of each process), and to
   its exit; the median of ``--repeat`` runs after a warm-up run (kernels compiled, the
-  model's safety verdict kept). ``imports`` gives the cumulative import seconds of the
+  model's safety verdict kept; ``MUJOCO_GL`` as the caller set it: flyarchive's OpenGL
+  renders use EGL on Linux either way). ``imports`` gives the cumulative import seconds of the
   heaviest packages in one more run (``python -X importtime``), the floor of the start.
 - on ``--device cuda`` also ``bench_gpu_replay.py --only-cli --cli cli`` in a
   subprocess: ``flyarchive render --backend gpu`` whole process against the GPU stage's
@@ -220,7 +221,6 @@ def render_once(url: str, backend: str, folder: Path, probe: Path) -> dict[str, 
     marks = folder / f"first-{time.monotonic_ns()}.txt"
     env = {**os.environ, "FLYARCHIVE_BENCH_FIRST_FRAME": str(marks),
            "PYTHONPATH": os.pathsep.join([str(probe), *filter(None, [os.environ.get("PYTHONPATH")])])}
-    env.setdefault("MUJOCO_GL", "egl")
     start = time.time()
     done = subprocess.run(render_command(url, str(folder / "videos"), backend), env=env,
                           capture_output=True, text=True)
@@ -235,9 +235,8 @@ def render_once(url: str, backend: str, folder: Path, probe: Path) -> dict[str, 
 def import_seconds(url: str, backend: str, folder: Path) -> dict[str, float]:
     """Cumulative import seconds of :data:`IMPORTS` in one render process (-X importtime)."""
     command = render_command(url, str(folder / "videos"), backend)
-    env = {**os.environ, "MUJOCO_GL": os.environ.get("MUJOCO_GL", "egl")}
-    done = subprocess.run([command[0], "-X", "importtime", *command[1:]], env=env,
-                          capture_output=True, text=True)
+    done = subprocess.run([command[0], "-X", "importtime", *command[1:]], capture_output=True,
+                          text=True)
     found: dict[str, float] = {}
     for line in done.stderr.splitlines():
         if not line.startswith("import time:") or "|" not in line:
