@@ -100,7 +100,8 @@ def gait_rows(url: str, model: Any, worlds: int, frames: int, repeat: int,
     import numpy as np
 
     import flyarchive
-    from flyarchive.analyze.steps import GaitParams, stance_state
+    from flyarchive.analyze.gait_params import GaitParams
+    from flyarchive.analyze.steps import stance_state
 
     tip_frames = worlds * frames * TIPS
     rows = []

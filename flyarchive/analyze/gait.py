@@ -88,10 +88,10 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from flyarchive.analyze.keypoints import LEGS, KeypointName, PointSpec, tarsus_tips
+from flyarchive.analyze.gait_params import GaitParams
 from flyarchive.analyze.steps import (
     STANCE,
     UNKNOWN,
-    GaitParams,
     PhaseEpochs,
     StepEvents,
     phase_epochs,

@@ -30,77 +30,23 @@ rise ``stance_height`` or reach ``stance_speed``.
 
 Without heights (2-D tracking), the band and the swing evidence are the speeds alone.
 
-:class:`GaitParams` holds the thresholds (and the gait measures' ``fall_height``);
-:func:`stance_state` gives the state; :func:`step_events` the complete steps (a swing
-between two stances) with their lift-off, touchdown, the stance before and the step
-length; :func:`phase_epochs` every stance and swing as a time interval (the footfall
-diagram, NWB epochs). Vectorized over tips and frames: no Python loop per step.
+:func:`stance_state` gives the state (thresholds:
+:class:`~flyarchive.analyze.gait_params.GaitParams`); :func:`step_events` the complete
+steps (a swing between two stances) with their lift-off, touchdown, the stance before and
+the step length; :func:`phase_epochs` every stance and swing as a time interval (the
+footfall diagram, NWB epochs). Vectorized over tips and frames: no Python loop per step.
 """
 
 from __future__ import annotations
 
-import math
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 
 import numpy as np
 
-from flyarchive.errors import OptionsError
+from flyarchive.analyze.gait_params import GaitParams
 
 #: A frame's state: in stance, in swing, or unknown (no position).
 STANCE, SWING, UNKNOWN = 1, 0, -1
-
-
-@dataclass(frozen=True)
-class GaitParams:
-    """Thresholds of the step events and gait measures (positions' length unit, seconds).
-
-    The defaults suit NeuroMechFly walking on flat ground at 60 to 1000 frames/s: its
-    tarsus tips stand 0.005-0.05 mm high, slipping at up to ~10 mm/s, and in swing rise
-    0.1-0.9 mm or (hind legs that drag) slide at 20-70 mm/s. For another body or a
-    tracked fly, give them in that data's unit (``stance_height`` and ``swing_height``
-    from the ground, z up: just above where its tips stand). See
-    :mod:`~flyarchive.analyze.steps` for how they are used.
-
-    Attributes:
-        stance_height: A tip lower than this may be in stance (the band). mm.
-        stance_speed: A tip slower than this may be in stance (the band). mm/s.
-        swing_height: A run out of the band is a swing only if the tip rises above this...
-            mm (>= stance_height).
-        swing_speed: ...or moves faster than this. mm/s (>= stance_speed).
-        min_stance: Shorter stances between two swings join them. s.
-        min_swing: Shorter swings between two stances join them. s.
-        smooth: Positions are averaged over the frames within this many seconds before
-            speeds are taken (one frame, i.e. none, below ~330 frames/s). s.
-        fall_height: The thorax below this height counts in ``time_below``. mm.
-
-    Raises:
-        OptionsError: a threshold that is not a finite number >= 0, or a swing threshold
-            below its stance threshold.
-    """
-
-    stance_height: float = 0.1
-    stance_speed: float = 10.0
-    swing_height: float = 0.15
-    swing_speed: float = 20.0
-    min_stance: float = 0.01
-    min_swing: float = 0.01
-    smooth: float = 0.006
-    fall_height: float = 0.6
-
-    def __post_init__(self) -> None:
-        for f in fields(self):
-            value = getattr(self, f.name)
-            if isinstance(value, bool) or not isinstance(value, (int, float)) \
-                    or not math.isfinite(value) or value < 0:
-                raise OptionsError(
-                    f"GaitParams.{f.name} must be a finite number >= 0 (--{f.name.replace('_', '-')} "
-                    f"on the command line), got {value!r}.")
-        for swing, stance in (("swing_height", "stance_height"), ("swing_speed", "stance_speed")):
-            if getattr(self, swing) < getattr(self, stance):
-                raise OptionsError(
-                    f"GaitParams.{swing}={getattr(self, swing)!r} is below {stance}="
-                    f"{getattr(self, stance)!r}; a swing must reach at least the stance band's "
-                    "edge. Raise it, or lower the stance threshold.")
 
 
 def stance_state(times: np.ndarray, tips: np.ndarray, params: GaitParams, *,
@@ -112,7 +58,7 @@ def stance_state(times: np.ndarray, tips: np.ndarray, params: GaitParams, *,
         tips: ``(N, T, 3)`` tip positions (x, y horizontal, z up), float; NaN where a
             position is unknown. Fastest when each coordinate is contiguous (a view of a
             ``(3, N, T)`` array).
-        params: Thresholds (:class:`GaitParams`).
+        params: Thresholds (:class:`~flyarchive.analyze.gait_params.GaitParams`).
         height: False: ``z`` is not a height (2-D tracking); only speeds count.
 
     Returns:
