@@ -24,20 +24,28 @@ class AnalysisModel:
     Attributes:
         model: The compiled model, on the host.
         blob: Its MJB bytes.
-        sha256: SHA-256 of ``blob`` (hex): the model's identity in provenance.
+        sha256: SHA-256 of ``blob`` (hex): what Dask workers and caches know it by.
+        identity: The model's identity in provenance (kept positions name the model they
+            were computed with by it): the archive's
+            (:func:`flyarchive.store.derived.model_identity`) when it is the model the
+            archive keeps, else ``sha256``.
     """
 
     model: mujoco.MjModel = field(repr=False)
     blob: bytes = field(repr=False)
     sha256: str
+    identity: str
 
 
 def analysis_model(layout_attrs: Any, *, url: str | None, model: mujoco.MjModel | None,
-                   storage_options: Mapping[str, Any] | None = None) -> AnalysisModel:
+                   storage_options: Mapping[str, Any] | None = None,
+                   archive_attrs: Mapping[str, Any] | None = None) -> AnalysisModel:
     """The model to compute an archive's positions with.
 
     Args:
         layout_attrs: The archive's ``layout`` attribute.
+        archive_attrs: The archive's attributes, where the kept model's identity is read
+            (None: its identity is the SHA-256 of its MJB bytes).
         url: The archive's URL (where its model is kept); None when unknown.
         model: A compiled model; None: the one kept beside the archive.
 
@@ -47,6 +55,7 @@ def analysis_model(layout_attrs: Any, *, url: str | None, model: mujoco.MjModel 
             loads it first.
         LayoutMismatchError: the model does not fit the archive (names the first difference).
     """
+    kept = model is None
     if model is None:
         if url is None:
             raise ModelLoadError(
@@ -63,4 +72,10 @@ def analysis_model(layout_attrs: Any, *, url: str | None, model: mujoco.MjModel 
                 "it with flyarchive.models.load_model(path).")
         blob = model_bytes(model)
     check_compatible(ModelLayout.from_attrs(layout_attrs), ModelLayout.from_model(model))
-    return AnalysisModel(model, blob, hashlib.sha256(blob).hexdigest())
+    sha256 = hashlib.sha256(blob).hexdigest()
+    identity = None
+    if kept and archive_attrs is not None:
+        from flyarchive.store.derived import model_identity
+
+        identity = model_identity(archive_attrs)
+    return AnalysisModel(model, blob, sha256, identity or sha256)
