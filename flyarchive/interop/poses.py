@@ -247,12 +247,9 @@ def _source_positions(url: str, bodies: Any, sites: Any, points: Any, leg: Any, 
                       worlds: Any, time: Any, model: Any, storage_options: Any) -> Any:
     """Positions kept as an archive of their own, or of an archive (computed or kept)."""
     from flyarchive.analyze import open_positions, positions
-    from flyarchive.errors import SchemaError
+    from flyarchive.store.derived import holds_derived
 
-    try:
-        kept = open_positions(url, storage_options)
-    except SchemaError:
-        kept = None
+    kept = open_positions(url, storage_options) if holds_derived(url, storage_options) else None
     if kept is None:
         return positions(url, bodies, sites, points, leg=leg, segment=segment, worlds=worlds,
                          time=time, model=model, storage_options=storage_options)

@@ -514,7 +514,10 @@ def unsound(url: str, storage_options: Mapping[str, Any] | None,
     try:
         open_derived(url, storage_options, source=source)
     except (SchemaError, CorruptArchiveError) as err:
-        return str(err)
+        text = str(err)
+        for kind in ("positions", None):  # being remade: the advice to remake it goes
+            text = text.replace(" " + damage_advice(url, {DERIVED_ATTR: {"kind": kind}}), "")
+        return text
     return None
 
 
@@ -531,6 +534,16 @@ def derived_names(url: str, storage_options: Mapping[str, Any] | None = None) ->
         return sorted(sync(names()))
     except (FileNotFoundError, NotADirectoryError):
         return []
+
+
+def holds_derived(url: str, storage_options: Mapping[str, Any] | None = None) -> bool:
+    """Whether ``url`` is a derived group or an archive of derived values (it has the
+    ``derived`` attribute), sound or not; False for an archive or nothing readable."""
+    try:
+        group = open_group(str(url), storage_options, consolidated=False)
+    except (FlyarchiveError, OSError):
+        return False
+    return isinstance(group.attrs.get(DERIVED_ATTR), dict)
 
 
 def find_derived(url: str, storage_options: Mapping[str, Any] | None = None

@@ -158,6 +158,8 @@ def verify(url: str, storage_options: Mapping[str, Any] | None = None) -> Verify
     report = _verify_one(url, storage_options, BESIDE)
     if not report.is_derived:
         _verify_derived(url, storage_options, report)
+    elif report.problems:
+        report.problems.append(_advice(url, storage_options))
     return report
 
 

@@ -166,6 +166,7 @@ def test_verify_of_the_derived_groups_own_url_checks_it(kept, cli):
 
     assert sound[0] == 0 and "a derived group of 2 worlds, 40 committed frames read" in sound[1]
     assert code == 1 and "position has 10 committed frames that are missing" in err
+    assert f"run `flyarchive positions {url}` again with the same keypoints" in err
     assert "no variable 'qpos'" not in err
 
 
@@ -257,7 +258,7 @@ def test_rerunning_positions_remakes_a_group_whose_metadata_is_damaged(kept, cli
                          "--orientations", "--quiet")
 
     assert code == 0 and f"repairing: Made {group} anew: The derived group" in err
-    assert "n_frames [20, 20] is outside 0..15" in err
+    assert "n_frames [20, 20] is outside 0..15" in err and "again with the same" not in err
     assert np.array_equal(hand(url).values, expected)
     assert flyarchive.verify(url).ok and archive_files(url) == before
 
@@ -353,6 +354,19 @@ def test_derived_values_of_another_kind_are_not_positions(kept):
     with pytest.raises(SchemaError, match=r"derived values of another kind \('gait'\), not "
                        r"positions"):
         flyarchive.open_positions(group)
+
+
+def test_an_export_of_a_damaged_group_names_the_damage_not_a_missing_qpos(kept, tmp_path):
+    from flyarchive.interop.poses import export_poses
+
+    url, group = kept
+    set_values(group, "keypoint", lambda labels: np.array(["hand", "torso"]))
+
+    with pytest.raises(SchemaError, match=r"The derived group at .* is damaged: Coordinate "
+                       r"'keypoint' is \['hand', 'torso'\]"):
+        export_poses(group, tmp_path / "poses.nc", format="movement")
+
+    assert not (tmp_path / "poses.nc").exists()
 
 
 # ----------------------------------------------------------------------------- the archive
