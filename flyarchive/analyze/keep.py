@@ -132,7 +132,8 @@ def keep_positions(
                        chunk_frames=chunk_frames, shard_worlds=shard_worlds)
     say = on_repair if on_repair is not None else (lambda text: None)
     with DerivedWriter.open(target, spec, storage_options=options, takeover=takeover,
-                            overwrite=overwrite, source=DerivedSource.of(ds, str(url))) as writer:
+                            overwrite=overwrite, source=DerivedSource.of(ds, str(url)),
+                            owned=to is None) as writer:
         if writer.remade is not None:
             say(f"Made {target} anew: {writer.remade}")
         for damage in writer.damaged():

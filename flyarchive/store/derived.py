@@ -163,7 +163,8 @@ class DerivedWriter(ArchiveWriter):
     @classmethod
     def open(cls, url: str, spec: DerivedSpec, *,
              storage_options: Mapping[str, Any] | None = None, takeover: bool = False,
-             overwrite: bool = False, source: DerivedSource | None = None) -> "DerivedWriter":
+             overwrite: bool = False, source: DerivedSource | None = None,
+             owned: bool = False) -> "DerivedWriter":
         """Create the derived group at ``url``, or resume it when it holds the same request.
 
         A group of the same request that cannot be extended as it is (its metadata,
@@ -178,17 +179,22 @@ class DerivedWriter(ArchiveWriter):
             takeover: Take over the claim of a writer that crashed on another host.
             source: The archive the values are computed from, as opened; None: a group
                 there is checked alone.
+            owned: ``url`` is flyarchive's own name for this request
+                (``<archive>/derived/<kind>-<hash of the request>``, :func:`derived_url`):
+                what is there and is not a group of this request (no ``zarr.json``, its
+                provenance changed) is a damaged one, made anew (:attr:`remade`).
 
         Raises:
             ArchiveExistsError: something else is at ``url`` (another kind of object, or
-                values derived from another request or archive), naming both; nothing
-                is changed.
+                values derived from another request or archive), naming both, unless
+                ``owned`` or ``overwrite``; nothing is changed.
             ArchiveInUseError: another writer holds it.
         """
         url = str(url)
         try:
             with storage_errors.translated(url, storage_options):
-                return cls._open(url, spec, storage_options, takeover, overwrite, source)
+                return cls._open(url, spec, storage_options, takeover, overwrite, source,
+                                 owned)
         except PermissionError as err:
             raise access_denied(url, err) from None
         except OSError as err:
@@ -199,15 +205,11 @@ class DerivedWriter(ArchiveWriter):
 
     @classmethod
     def _open(cls, url: str, spec: DerivedSpec, storage_options: Mapping[str, Any] | None,
-              takeover: bool, overwrite: bool, source: DerivedSource | None
+              takeover: bool, overwrite: bool, source: DerivedSource | None, owned: bool
               ) -> "DerivedWriter":
         store = open_store(url, storage_options)
         there = _what_is_there(store, spec)
-        # <archive>/derived/<kind>-<hash of the request> is flyarchive's own name: what is
-        # there and is not this request's group (no zarr.json, other provenance) is a
-        # damaged one, made anew; anywhere else it is another's, never overwritten unasked
-        beside = derived_source_url(url) is not None
-        if there == "other" and not overwrite and not beside:
+        if there == "other" and not overwrite and not owned:
             raise ArchiveExistsError(
                 f"Something that is not these derived values is at {url!r} (another archive, "
                 "other keypoints, another model, or values of another archive); flyarchive "
@@ -218,7 +220,7 @@ class DerivedWriter(ArchiveWriter):
         ours = there != "same"
         try:
             remade = unsound(url, storage_options, source) if there == "same" else None
-            if there == "other" and beside and not overwrite:
+            if there == "other" and owned and not overwrite:
                 remade = ("What was there is not a derived group of this request: its root "
                           "zarr.json is missing or unreadable, or its provenance was changed.")
             if there == "same" and remade is None:
