@@ -486,3 +486,19 @@ def test_a_group_whose_zarr_json_was_deleted_is_named_and_remade(kept, cli):
     assert code == 1 and f"derived/{group.name}: it is not a derived group (no zarr.json)" in err
     assert again[0] == 0 and "What was there is not a derived group of this request" in again[2]
     assert flyarchive.verify(url).ok and hand(url).attrs["stored"] == str(group)
+
+
+def test_positions_kept_as_an_archive_of_their_own_are_checked_and_repaired(archive, tmp_path):
+    to = str(tmp_path / "positions.zarr")
+    flyarchive.keep_positions(archive, "hand", to=to)
+    expected = flyarchive.open_positions(to).values
+    delete_object(to, SHARD)
+    said = []
+
+    with pytest.raises(CorruptArchiveError, match=rf"file {SHARD}.*run `flyarchive positions "
+                       rf"ARCHIVE --to {to}` again with the same keypoints"):
+        flyarchive.open_positions(to).values
+    flyarchive.keep_positions(archive, "hand", to=to, on_repair=said.append)
+
+    assert len(said) == 1 and "Recomputing worlds 0..1, frames 5..9" in said[0]
+    assert np.array_equal(flyarchive.open_positions(to).values, expected)
