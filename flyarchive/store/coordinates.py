@@ -20,6 +20,7 @@ import zarr
 
 from flyarchive.errors import CorruptArchiveError, SchemaError
 from flyarchive.schema import (
+    DERIVED_ATTR,
     TIME_COORDS,
     damage_advice,
     n_frames_problem,
@@ -56,7 +57,7 @@ def committed_coordinates(url: str, storage_options: Mapping[str, Any] | None,
         coordinates = _read_now(arrays, _coordinate_names(arrays), int(n_frames.max()),
                                 group, url)
     fix = damage_advice(url, group.attrs.asdict())
-    what = "derived group" if "derived" in group.attrs else "archive"
+    what = "derived group" if DERIVED_ATTR in group.attrs else "archive"
     problem = sizes_problem({k: (dims_of(a), tuple(int(n) for n in a.shape))
                              for k, a in arrays.items()})
     if problem is not None:
