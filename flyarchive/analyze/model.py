@@ -1,10 +1,16 @@
 """The model positions are computed with: the one kept beside the archive (loaded as
 every reader loads it, :func:`flyarchive.store.kept_models.kept_model`: checked in a short-lived
 child process first), or one given and checked against the archive's layout.
+
+A kept model is loaded once per process: the next call on an archive that names the same
+model (by the SHA-256 of its MJB bytes, which were checked against it when they were
+read) takes the one loaded (NeuroMechFly: 23 MB read, hashed and loaded, 0.1-0.9 s on a
+2-core VM, per call before).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -14,7 +20,11 @@ import mujoco
 
 from flyarchive.errors import ModelLoadError
 from flyarchive.layout import ModelLayout, check_compatible
+from flyarchive.lru import LRUCache
 from flyarchive.models import model_bytes
+
+#: Kept models loaded in this process, by the SHA-256 of their MJB bytes: the last two.
+_KEPT: LRUCache[str, AnalysisModel] = LRUCache(2, name="kept models by sha256")
 
 
 @dataclass(frozen=True)
@@ -28,26 +38,34 @@ class AnalysisModel:
         identity: The model's identity in provenance (kept positions name the model they
             were computed with by it): the archive's
             (:func:`flyarchive.store.derived.model_identity`) when it is the model the
-            archive keeps, else ``sha256``.
+            archive keeps, else (the default) ``sha256``.
     """
 
     model: mujoco.MjModel = field(repr=False)
     blob: bytes = field(repr=False)
     sha256: str
-    identity: str
+    identity: str = ""
+
+    def __post_init__(self) -> None:
+        if not self.identity:
+            object.__setattr__(self, "identity", self.sha256)
 
 
 def analysis_model(layout_attrs: Any, *, url: str | None, model: mujoco.MjModel | None,
                    storage_options: Mapping[str, Any] | None = None,
+                   model_attrs: Any = None,
                    archive_attrs: Mapping[str, Any] | None = None) -> AnalysisModel:
     """The model to compute an archive's positions with.
 
     Args:
         layout_attrs: The archive's ``layout`` attribute.
-        archive_attrs: The archive's attributes, where the kept model's identity is read
-            (None: its identity is the SHA-256 of its MJB bytes).
         url: The archive's URL (where its model is kept); None when unknown.
         model: A compiled model; None: the one kept beside the archive.
+        model_attrs: The archive's ``model`` attribute (``{"sha256": ...}``): a kept model
+            of that hash loaded earlier in this process is taken (see the module's
+            docstring); None: loaded from the archive.
+        archive_attrs: The archive's attributes, where the kept model's identity is read
+            (None: its identity is the SHA-256 of its MJB bytes).
 
     Raises:
         ModelLoadError: no model given and the archive keeps none (or its URL is unknown).
@@ -55,27 +73,39 @@ def analysis_model(layout_attrs: Any, *, url: str | None, model: mujoco.MjModel 
             loads it first.
         LayoutMismatchError: the model does not fit the archive (names the first difference).
     """
-    kept = model is None
     if model is None:
         if url is None:
             raise ModelLoadError(
                 "The dataset does not say which archive it was opened from, and no model was "
                 "given. Pass the compiled model the archive was recorded with: model=... (an "
                 "MjModel), or --model FILE (.mjb or .xml).")
-        from flyarchive.store.kept_models import kept_model
-
-        model, blob = kept_model(url, storage_options)  # checked in a child process first
+        named = model_attrs.get("sha256") if isinstance(model_attrs, Mapping) else None
+        if not isinstance(named, str):
+            checked = _kept(url, storage_options)
+        else:
+            checked = _KEPT.get(named, lambda: _kept(url, storage_options))
+            if checked.sha256 != named:  # the archive was replaced since it was opened
+                _KEPT.pop(named)
     else:
         if not isinstance(model, mujoco.MjModel):
             raise ModelLoadError(
                 f"model must be a compiled mujoco.MjModel, got {type(model).__name__}. Load "
                 "it with flyarchive.models.load_model(path).")
         blob = model_bytes(model)
-    check_compatible(ModelLayout.from_attrs(layout_attrs), ModelLayout.from_model(model))
-    sha256 = hashlib.sha256(blob).hexdigest()
-    identity = None
-    if kept and archive_attrs is not None:
+        checked = AnalysisModel(model, blob, hashlib.sha256(blob).hexdigest())
+    check_compatible(ModelLayout.from_attrs(layout_attrs), ModelLayout.from_model(checked.model))
+    if model is None and archive_attrs is not None:  # per archive: not in the cached model
         from flyarchive.store.derived import model_identity
 
         identity = model_identity(archive_attrs)
-    return AnalysisModel(model, blob, sha256, identity or sha256)
+        if identity and identity != checked.identity:
+            checked = dataclasses.replace(checked, identity=identity)
+    return checked
+
+
+def _kept(url: str, storage_options: Mapping[str, Any] | None) -> AnalysisModel:
+    """The model kept beside the archive at ``url``, read and checked now."""
+    from flyarchive.store.kept_models import kept_model
+
+    model, blob = kept_model(url, storage_options)  # checked in a child process first
+    return AnalysisModel(model, blob, hashlib.sha256(blob).hexdigest())
