@@ -88,15 +88,22 @@ def cmd_verify(args: argparse.Namespace) -> int:
 
     report = verify(path_arg(args.url), storage_options_arg(args.storage_options))
     writing = f" It is being written by {report.writer}." if report.writer else ""
+    what = "a derived group of " if report.is_derived else ""
+    derived = (f" Derived groups checked too: {', '.join(report.derived)}." if report.derived
+               else "")
     if report.ok:
-        print(f"OK: {args.url}: {report.n_worlds} worlds, {report.frames_checked} committed "
-              f"frames read, all finite, checksums match.{writing}")
+        print(f"OK: {args.url}: {what}{report.n_worlds} worlds, {report.frames_checked} "
+              f"committed frames read, all finite, checksums match.{writing}{derived}")
         for note in report.being_written:
             print(f"  - being written: {note}")
+        for note in report.notes:
+            print(f"  - note: {note}")
         return 0
     print(f"FAILED: {args.url}:", file=sys.stderr)
     for problem in report.problems:
         print(f"  - {problem}", file=sys.stderr)
+    for note in report.notes:
+        print(f"  - note: {note}", file=sys.stderr)
     if report.writer:
         print(f"  ({writing.strip()} No writer makes the damage above; stop it before "
               "restoring anything.)", file=sys.stderr)

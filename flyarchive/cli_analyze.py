@@ -109,6 +109,12 @@ def cmd_positions(args: argparse.Namespace) -> int:
             bar.total = total
             bar.update(done - bar.n)
 
+    repairs: list[str] = []
+
+    def repairing(text: str) -> None:
+        repairs.append(text)
+        print(f"repairing: {text}", file=sys.stderr, flush=True)
+
     try:
         url = keep_positions(_path(args.url), **_keypoint_args(args),
                              to=_path(args.to) if args.to else None,
@@ -116,11 +122,15 @@ def cmd_positions(args: argparse.Namespace) -> int:
                              to_storage_options=_options(args, "to_storage_options"),
                              orientations=args.orientations, backend=args.backend,
                              overwrite=args.overwrite, takeover=args.takeover,
-                             on_block=progress)
+                             on_block=progress, on_repair=repairing)
     finally:
         if bar is not None:
             bar.close()
-    print(f"kept positions at {url}")
+    if repairs:
+        print(f"repaired and kept positions at {url} ({len(repairs)} repair"
+              f"{'s' if len(repairs) > 1 else ''}: see above)")
+    else:
+        print(f"kept positions at {url}")
     return 0
 
 

@@ -10,6 +10,7 @@ read) takes the one loaded (NeuroMechFly: 23 MB read, hashed and loaded, 0.1-0.9
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -33,17 +34,27 @@ class AnalysisModel:
     Attributes:
         model: The compiled model, on the host.
         blob: Its MJB bytes.
-        sha256: SHA-256 of ``blob`` (hex): the model's identity in provenance.
+        sha256: SHA-256 of ``blob`` (hex): what Dask workers and caches know it by.
+        identity: The model's identity in provenance (kept positions name the model they
+            were computed with by it): the archive's
+            (:func:`flyarchive.store.derived.model_identity`) when it is the model the
+            archive keeps, else (the default) ``sha256``.
     """
 
     model: mujoco.MjModel = field(repr=False)
     blob: bytes = field(repr=False)
     sha256: str
+    identity: str = ""
+
+    def __post_init__(self) -> None:
+        if not self.identity:
+            object.__setattr__(self, "identity", self.sha256)
 
 
 def analysis_model(layout_attrs: Any, *, url: str | None, model: mujoco.MjModel | None,
                    storage_options: Mapping[str, Any] | None = None,
-                   model_attrs: Any = None) -> AnalysisModel:
+                   model_attrs: Any = None,
+                   archive_attrs: Mapping[str, Any] | None = None) -> AnalysisModel:
     """The model to compute an archive's positions with.
 
     Args:
@@ -53,6 +64,8 @@ def analysis_model(layout_attrs: Any, *, url: str | None, model: mujoco.MjModel 
         model_attrs: The archive's ``model`` attribute (``{"sha256": ...}``): a kept model
             of that hash loaded earlier in this process is taken (see the module's
             docstring); None: loaded from the archive.
+        archive_attrs: The archive's attributes, where the kept model's identity is read
+            (None: its identity is the SHA-256 of its MJB bytes).
 
     Raises:
         ModelLoadError: no model given and the archive keeps none (or its URL is unknown).
@@ -81,6 +94,12 @@ def analysis_model(layout_attrs: Any, *, url: str | None, model: mujoco.MjModel 
         blob = model_bytes(model)
         checked = AnalysisModel(model, blob, hashlib.sha256(blob).hexdigest())
     check_compatible(ModelLayout.from_attrs(layout_attrs), ModelLayout.from_model(checked.model))
+    if model is None and archive_attrs is not None:  # per archive: not in the cached model
+        from flyarchive.store.derived import model_identity
+
+        identity = model_identity(archive_attrs)
+        if identity and identity != checked.identity:
+            checked = dataclasses.replace(checked, identity=identity)
     return checked
 
 

@@ -156,7 +156,10 @@ def export_poses(
     Raises:
         OutputExistsError: a file to write exists and ``overwrite`` is False (nothing is
             written).
-        OutputLocationError: ``to`` is not a local path, or (NWB) is a file.
+        OutputLocationError: ``to`` is not a local path, a symbolic link to nothing, (NWB)
+            a file or (movement) a folder; nothing is computed.
+        StorageError: the folder or a file cannot be written (permissions, a part of the
+            path that is a file...).
         OptionsError: an unknown format or length unit; metadata with unknown fields or
             values of the wrong type, or given for a movement file.
         MissingDependencyError: the format's packages are missing (names the extra).
@@ -168,6 +171,7 @@ def export_poses(
         raise OptionsError(
             f"length_unit must be one of {', '.join(LENGTH_UNITS)}, got {length_unit!r}.")
     target = _local(to)
+    _check_target(target, format)
     _check_packages(format)
     if metadata is not None and format != "nwb":
         raise OptionsError("metadata (--metadata) describes NWB files; the movement format "
@@ -201,6 +205,54 @@ def _local(to: str | os.PathLike[str]) -> Path:
     return Path(text.removeprefix("file://")).expanduser()
 
 
+def _check_target(target: Path, format: str) -> None:
+    """Refuse, before any work, a target that cannot be written as asked: for NWB a folder
+    (a symbolic link to one is followed), for movement a file.
+
+    Raises:
+        OutputLocationError: a link whose target does not exist, a file where the NWB folder
+            should be, or a folder where the movement file should be.
+    """
+    what = "NWB export writes one world<id>.nwb per world into a folder" if format == "nwb" \
+        else "a movement export writes one netCDF file"
+    folders = (target, *target.parents) if format == "nwb" else target.parents
+    for path in folders:
+        if path.is_symlink() and not path.exists():
+            raise OutputLocationError(
+                f"{str(path)!r} is a symbolic link to {os.readlink(path)!r}, which does not "
+                f"exist; {what}. Create what the link points to, or choose another path.")
+        if path != target and path.exists():  # the nearest folder that exists
+            if not path.is_dir():
+                raise OutputLocationError(
+                    f"{str(path)!r} is a file, so {str(target)!r} cannot be written below it; "
+                    f"{what}. Choose another path.")
+            break
+    if format == "nwb" and target.exists() and not target.is_dir():
+        link = " a symbolic link to" if target.is_symlink() else ""
+        raise OutputLocationError(
+            f"{str(target)!r} is{link} a file; {what}. Choose a folder path (it is created "
+            "if missing).")
+    if format == "movement" and target.is_dir():
+        raise OutputLocationError(
+            f"{str(target)!r} is a folder; {what}. Give the file's path, e.g. "
+            f"{str(target / 'poses.nc')!r}.")
+
+
+def _make_folder(folder: Path) -> None:
+    """``folder`` made (with its parents) if missing.
+
+    Raises:
+        StorageError: it cannot be made (a part of the path is a file, no permission, a
+            read-only file system...), in one line with the likely fix.
+    """
+    from flyarchive.store.storage_errors import local_error
+
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        raise local_error(str(folder), err, "create the folder") from None
+
+
 def _check_packages(format: str) -> None:
     packages = {"movement": [("movement", "movement"), ("h5netcdf", "movement")],
                 "nwb": [("pynwb", "nwb"), ("ndx_pose", "nwb")]}[format]
@@ -217,13 +269,10 @@ def _source_positions(url: str, bodies: Any, sites: Any, points: Any, leg: Any, 
     """Positions kept as an archive of their own (and None), or of an archive (computed
     or kept; every kept keypoint when none is asked) and the archive opened."""
     from flyarchive.analyze import open_positions, positions
-    from flyarchive.errors import SchemaError
     from flyarchive.query import open_archive
+    from flyarchive.store.derived import holds_derived
 
-    try:
-        kept = open_positions(url, storage_options)
-    except SchemaError:
-        kept = None
+    kept = open_positions(url, storage_options) if holds_derived(url, storage_options) else None
     if kept is None:
         ds = open_archive(url, storage_options=storage_options)
         if all(v is None for v in (bodies, sites, points, leg, segment)):
@@ -293,17 +342,29 @@ def _refuse_existing(paths: Sequence[Path], overwrite: bool) -> None:
 
 
 def _atomic_write(target: Path, write: Callable[[str], object]) -> None:
-    """``write(path)`` into a temporary file beside ``target``, then rename it there."""
-    target.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.",
-                               suffix=f".tmp{target.suffix}")
+    """``write(path)`` into a temporary file beside ``target``, then rename it there.
+
+    Raises:
+        StorageError: the folder or the file cannot be written (one line, the likely fix).
+    """
+    from flyarchive.errors import FlyarchiveError
+    from flyarchive.store.storage_errors import local_error
+
+    _make_folder(target.parent)
+    try:
+        fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.",
+                                   suffix=f".tmp{target.suffix}")
+    except OSError as err:
+        raise local_error(str(target), err) from None
     os.close(fd)
     try:
         write(tmp)
         os.chmod(tmp, 0o666 & ~_umask())  # mkstemp's file is 0600: as a new file would be
         os.replace(tmp, target)
-    except BaseException:
+    except BaseException as err:
         Path(tmp).unlink(missing_ok=True)
+        if isinstance(err, OSError) and not isinstance(err, FlyarchiveError):
+            raise local_error(str(target), err) from None
         raise
 
 
@@ -323,10 +384,6 @@ def _umask() -> int:
 
 def _write_nwb(position: xr.DataArray, folder: Path, length_unit: str, overwrite: bool,
                metadata: Any, facts: Any) -> list[str]:
-    if folder.exists() and not folder.is_dir():
-        raise OutputLocationError(
-            f"{str(folder)!r} is a file; NWB export writes one world<id>.nwb per world into a "
-            "folder. Choose a folder path (it is created if missing).")
     worlds = [int(w) for w in position.world.values]
     paths = [folder / nwb_name(w) for w in worlds]
     _refuse_existing(paths, overwrite)

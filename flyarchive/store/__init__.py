@@ -38,7 +38,8 @@ plain zarr arrays beside its videos, written and read by :mod:`flyarchive.video.
   archive (``models/<sha256>.mjb``), loaded first in a child process
   (:mod:`~flyarchive.store.model_check`, its child side :mod:`~flyarchive.store.model_child`);
 - :mod:`~flyarchive.store.derived`: derived groups (keypoint positions) kept beside an
-  archive or as an archive of their own;
+  archive or as an archive of their own, read and checked as its states are (every array
+  of dims ``(world, time, ...)`` is state) and held to their archive;
 - :mod:`~flyarchive.store.world_vars`: per-world variables added after recording.
 
 Internal: the public names are re-exported by ``flyarchive``.

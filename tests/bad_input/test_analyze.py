@@ -257,6 +257,68 @@ def test_a_model_key_read_outside_a_dask_worker_says_where_the_bytes_went():
         unpickled.blob()
 
 
+@requires_nwb
+def test_an_nwb_export_to_a_link_to_nothing_names_the_link_and_writes_nothing(archive, tmp_path):
+    link = tmp_path / "nwb"
+    link.symlink_to(tmp_path / "gone")
+
+    with pytest.raises(OutputLocationError, match=r"nwb' is a symbolic link to '.*gone', which "
+                       r"does not exist; NWB export writes .* into a folder\. Create what the link "
+                       r"points to"):
+        export_poses(archive, link, format="nwb", bodies="hand")
+
+    assert link.is_symlink() and not (tmp_path / "gone").exists()
+
+
+@requires_nwb
+def test_an_nwb_export_to_a_link_to_a_file_is_refused(archive, tmp_path):
+    (tmp_path / "notes.txt").write_text("mine")
+    link = tmp_path / "nwb"
+    link.symlink_to(tmp_path / "notes.txt")
+
+    with pytest.raises(OutputLocationError, match=r"nwb' is a symbolic link to a file; NWB export"):
+        export_poses(archive, link, format="nwb", bodies="hand")
+
+    assert (tmp_path / "notes.txt").read_text() == "mine"
+
+
+@requires_nwb
+def test_an_nwb_export_below_a_file_is_refused_before_any_work(archive, tmp_path, monkeypatch):
+    import flyarchive.interop.poses as poses
+
+    (tmp_path / "notes.txt").write_text("mine")
+    monkeypatch.setattr(poses, "_source_positions", lambda *a: pytest.fail("positions computed"))
+
+    with pytest.raises(OutputLocationError, match=r"notes\.txt' is a file, so '.*notes\.txt/nwb' "
+                       r"cannot be written below it"):
+        export_poses(archive, tmp_path / "notes.txt" / "nwb", format="nwb", bodies="hand")
+
+
+@requires_nwb
+def test_an_nwb_export_through_a_link_to_nothing_on_the_command_line_is_one_line(archive, cli,
+                                                                                 tmp_path):
+    link = tmp_path / "nwb"
+    link.symlink_to(tmp_path / "gone")
+
+    code, out, err = cli("export-poses", archive, "--format", "nwb", "--to", link / "w1",
+                         "--keypoints", "hand")
+
+    assert code == 2 and err.count("\n") == 1
+    assert "FileExistsError" not in err and "is a symbolic link to" in err
+
+
+@requires_movement
+def test_a_movement_export_to_a_folder_is_refused(archive, tmp_path):
+    folder = tmp_path / "poses"
+    folder.mkdir()
+
+    with pytest.raises(OutputLocationError, match=r"poses' is a folder; a movement export writes "
+                       r"one netCDF file\. Give the file's path, e.g\. '.*poses/poses\.nc'"):
+        export_poses(archive, folder, format="movement", bodies="hand", overwrite=True)
+
+    assert list(folder.iterdir()) == []
+
+
 # ----------------------------------------------------------------------------- gait
 @pytest.mark.parametrize(("field", "value"), [("stance_height", -1.0), ("fall_height", float("nan")),
                                               ("swing_speed", float("inf")), ("min_swing", "0.1")])

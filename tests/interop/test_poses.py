@@ -77,6 +77,17 @@ def test_one_nwb_file_per_world_that_pynwb_reads_back(archive, tmp_path):
 
 
 @requires_nwb
+def test_an_nwb_export_to_a_link_to_a_folder_writes_into_that_folder(archive, tmp_path):
+    (tmp_path / "results").mkdir()
+    (tmp_path / "nwb").symlink_to(tmp_path / "results")
+
+    written = export_poses(archive, tmp_path / "nwb", format="nwb", bodies="hand", worlds=[1])
+
+    assert written == [str(tmp_path / "nwb" / "world00001.nwb")]
+    assert [p.name for p in (tmp_path / "results").iterdir()] == ["world00001.nwb"]
+
+
+@requires_nwb
 @requires_movement
 def test_movement_loads_the_nwb_files(archive, tmp_path):
     from movement.io import load_poses
