@@ -16,6 +16,7 @@ to be the archive whose header the page shows.
 
 from __future__ import annotations
 
+import math
 import threading
 from collections import OrderedDict
 from concurrent.futures import ThreadPoolExecutor
@@ -191,17 +192,25 @@ class ViewedArchive:
         return str(self.attrs.get("archive_id", ""))
 
     def check_same(self) -> None:
-        """Read one stored value: every read checks that the archive is still the one
-        opened (about a millisecond on local disk).
+        """Check that the archive is still the one opened: about 50 bytes of its root
+        ``zarr.json`` (its ``archive_id``), read before every answer from the archive,
+        kept states included.
 
         Raises:
             ArchiveReplacedError: it was replaced or deleted since it was opened.
+            StorageError: the storage did not answer.
         """
+        from flyarchive.store.storage_errors import translated
+
         with self._lock:
             qpos = self._getters.get("qpos")
-        if qpos is not None and qpos.shape[0] and qpos.shape[1]:
-            with self._reading():
-                qpos[0, 0:1, 0:1]  # the read is the check
+        if qpos is None:
+            return
+        with self._reading(), translated(self.url, self.storage_options or None):
+            if qpos.reader is not None:
+                qpos.reader.check_archive()
+            elif qpos.shape[0] and qpos.shape[1]:
+                qpos[0, 0:1, 0:1]  # a read through zarr checks it too
 
     def _replaced(self, now: str | None = None) -> ArchiveReplacedError:
         """The error for an archive replaced since the viewer opened it (``now``: the
@@ -283,9 +292,31 @@ class ViewedArchive:
                 _, old = self._cache.popitem(last=False)
                 self._cached_bytes -= sum(a.nbytes for a in old.values())
 
+    @property
+    def state_values(self) -> int:
+        """Values of one frame of one world's states (``nq``, plus 7 per mocap body)."""
+        with self._lock:
+            getters = list(self._getters.values())
+        return sum(int(np.prod(g.shape[2:], dtype=np.int64)) for g in getters)
+
     def frame_window(self, start: float | None, end: float | None) -> slice:
-        """The frames whose times lie in ``[start, end]`` (None: open on that side)."""
+        """The frames whose times lie in ``[start, end]`` (None: open on that side).
+
+        Raises:
+            SelectionError: a time that is no finite number, ``start`` after ``end``, or
+                no frame between them.
+        """
+        for name, value in (("start", start), ("end", end)):
+            if value is not None and not math.isfinite(value):
+                raise SelectionError(f"{name} must be a finite number of seconds, not {value!r}.")
+        if start is not None and end is not None and start > end:
+            raise SelectionError(f"start {start:g} s is after end {end:g} s; give a start at "
+                                 "or before the end.")
         lo = 0 if start is None else int(np.searchsorted(self.times, start, side="left"))
         hi = len(self.times) if end is None else int(np.searchsorted(self.times, end, side="right"))
-        return slice(lo, max(lo, hi))
-
+        if hi <= lo:
+            shown = (f"from {self.times[0]:g} to {self.times[-1]:g} s" if len(self.times)
+                     else "none")
+            raise SelectionError(f"No frame lies between {start} and {end} s; the archive's "
+                                 f"frames: {shown}.")
+        return slice(lo, hi)

@@ -134,7 +134,7 @@ def test_another_host_name_is_refused(viewed):
 @pytest.mark.parametrize("path, fragment", [
     ("/api/traces?worlds=0,99&dof=shoulder", "The archive has no world 99"),
     ("/api/traces?worlds=0&dof=shouldr", "Did you mean 'shoulder'"),
-    ("/api/traces?worlds=0&dof=shoulder&width=abc", "width must be a number, not 'abc'"),
+    ("/api/traces?worlds=0&dof=shoulder&width=abc", "width must be a whole number, not 'abc'"),
     ("/api/traces?worlds=x&dof=shoulder", "Cannot read worlds 'x'"),
     ("/api/poses?worlds=0&start=51", "the archive has frames 0 to 50"),
     ("/api/poses?worlds=0&start=0&count=100000", "one request covers 1 to 500"),
@@ -168,7 +168,7 @@ def test_a_render_request_that_is_not_json_is_refused(viewed):
     ({"worlds": [0], "camera": "side"}, "No camera 'side' in the model"),
     ({"worlds": list(range(17)), "camera": "front"}, "a render tiles at most 16"),
     ({"worlds": [0], "camera": "front", "size": "big"}, "Cannot read size 'big'"),
-    ({"worlds": [0], "camera": "front", "start": "soon"}, "A time must be a number"),
+    ({"worlds": [0], "camera": "front", "start": "soon"}, "start must be a number of seconds"),
 ])
 def test_a_bad_render_request_is_refused_before_it_is_queued(viewed, body, fragment):
     served, log = viewed
