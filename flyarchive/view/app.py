@@ -492,10 +492,12 @@ def start(viewer: Viewer, *, host: str = "127.0.0.1", port: int = 0,
     lines = SafeLines([app.token])  # log lines: control characters escaped, no token
     lines.attach()
     loop = asyncio.new_event_loop()
-    # aiohttp's own bounds: request line and headers, and idle keep-alive connections;
+    # aiohttp's own bounds: request line and headers, idle keep-alive connections, and
+    # the unread rest of a refused body (read and dropped at most that long, then closed);
     # the accept loop (Connections) adds what aiohttp has not
     runner = web.AppRunner(app.app, access_log=None, handle_signals=False,
                            keepalive_timeout=limits.idle_timeout_s,
+                           lingering_time=min(limits.body_timeout_s, 2.0),
                            max_line_size=limits.max_line_bytes,
                            max_field_size=limits.max_field_bytes, max_headers=limits.max_headers,
                            logger=logging.getLogger(HTTP_LOGGER))

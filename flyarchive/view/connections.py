@@ -137,7 +137,12 @@ class Connections:
         """Make room for one more connection from ``address``; False: none can be made."""
         mine = self._by_address.get(address)
         if mine is not None and len(mine) >= self.limits.max_per_address:
+            self._say(f"{len(mine)} connections from {address} showed no token, the most one "
+                      f"address may have: closing the oldest that showed no token")
             self._drop_oldest(address)
+        if self.open >= self.budget:
+            self._say(f"{self.open} connections open, the budget of this process "
+                      f"({self.budget}): closing the oldest that showed no token")
         while self.open >= self.budget:
             if not self._drop_oldest(None):
                 self._forget_closed()

@@ -264,8 +264,10 @@ class ViewApp:
                     return method(request, body)
 
                 result = await asyncio.get_running_loop().run_in_executor(None, work)
-            except Refused as err:
-                return self._refused(request, err.status, str(err))
+            except Refused as err:  # what is left of the body is not read: close after
+                response = self._refused(request, err.status, str(err))
+                response.force_close()
+                return response
             except ArchiveReplacedError as err:
                 return self._refused(request, 409, str(err), replaced=True)
             except TooLargeError as err:
