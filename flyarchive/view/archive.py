@@ -19,14 +19,15 @@ from __future__ import annotations
 import math
 import threading
 from collections import OrderedDict
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import TimeoutError as FutureTimeout
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import Any
 
 import numpy as np
 
-from flyarchive.errors import ArchiveReplacedError, SelectionError
+from flyarchive.errors import ArchiveReplacedError, SelectionError, StorageError
 
 #: Bytes of states kept in memory (whole worlds: 1000 NeuroMechFly frames are 0.58 MB).
 CACHE_BYTES = 512 << 20
@@ -35,6 +36,9 @@ STATES = ("qpos", "mocap_pos", "mocap_quat")
 #: Worlds read at once: reading and decoding release the GIL in part (50 NeuroMechFly
 #: worlds of 1000 frames on 2 busy cores: 600 ms one at a time, 300 ms four at a time).
 READERS = 4
+#: Seconds a request waits for the archive's check (:meth:`ViewedArchive.check_same`)
+#: before it is told that the storage does not answer.
+CHECK_WAIT_S = 5.0
 
 
 def _state_getters(header: Any, url: str, storage_options: Mapping[str, Any] | None
@@ -120,6 +124,8 @@ class ViewedArchive:
         self._ds: Any = None
         self._getters: dict[str, Any] = {}
         self._opening = threading.Lock()  # one opening of the dataset at a time
+        self._checker = ThreadPoolExecutor(1, thread_name_prefix="flyarchive-view-check")
+        self._checking: Future[None] | None = None
         self.open()
 
     # ------------------------------------------------------------------ opening
@@ -194,12 +200,26 @@ class ViewedArchive:
     def check_same(self) -> None:
         """Check that the archive is still the one opened: about 50 bytes of its root
         ``zarr.json`` (its ``archive_id``), read before every answer from the archive,
-        kept states included.
+        kept states included. One check at a time: a request that comes while one is
+        under way waits for it, at most :data:`CHECK_WAIT_S` (storage that does not
+        answer is said at once, while the check goes on in the background).
 
         Raises:
             ArchiveReplacedError: it was replaced or deleted since it was opened.
-            StorageError: the storage did not answer.
+            StorageError: the storage did not answer (in :data:`CHECK_WAIT_S`).
         """
+        with self._lock:
+            future = self._checking
+            if future is None or future.done():
+                future = self._checking = self._checker.submit(self._check_now)
+        try:
+            future.result(timeout=CHECK_WAIT_S)
+        except FutureTimeout:
+            raise StorageError(
+                f"The storage of {self.url!r} has not answered for {CHECK_WAIT_S:g} s (the "
+                "viewer goes on asking).") from None
+
+    def _check_now(self) -> None:
         from flyarchive.store.storage_errors import translated
 
         with self._lock:
