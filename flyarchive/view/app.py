@@ -204,7 +204,7 @@ class Viewer:
         Raises:
             SelectionError: a bad parameter (unknown world or dof, a time that is no
                 number, start after end, no frame between them).
-            TooLargeError: worlds x dofs, the states read or the answer past
+            RequestTooLargeError: worlds x dofs, the states read or the answer past
                 :class:`~flyarchive.view.limits.Limits`.
         """
         viewed, limits = self.viewed, self.limits
@@ -286,7 +286,7 @@ class Viewer:
 
         Raises:
             SelectionError: a body that is not such an object (each key's problem said).
-            TooLargeError, BusyError: as :meth:`Renders.submit`.
+            RequestTooLargeError, ServerBusyError: as :meth:`Renders.submit`.
         """
         if not isinstance(body, dict):
             raise SelectionError("A render request is a JSON object: {\"worlds\": [0, 3], "
@@ -438,10 +438,10 @@ class Served:
         url, token: The address to open, and its token.
     """
 
-    def __init__(self, viewer: Viewer, runner: Any, connections: Any, lines: SafeLines,
-                 loop: asyncio.AbstractEventLoop, thread: threading.Thread, url: str,
-                 token: str) -> None:
-        self.viewer, self.runner, self.connections = viewer, runner, connections
+    def __init__(self, viewer: Viewer, app: Any, runner: Any, connections: Any,
+                 lines: SafeLines, loop: asyncio.AbstractEventLoop, thread: threading.Thread,
+                 url: str, token: str) -> None:
+        self.viewer, self.app, self.runner, self.connections = viewer, app, runner, connections
         self.lines, self.loop, self.thread = lines, loop, thread
         self.url, self.token = url, token
         self._stopped = False
@@ -461,6 +461,7 @@ class Served:
         finally:
             self.loop.call_soon_threadsafe(self.loop.stop)
             self.thread.join(timeout=10)
+            self.app.close()
             self.viewer.renders.close()
             self.lines.detach()
 
@@ -516,7 +517,7 @@ def start(viewer: Viewer, *, host: str = "127.0.0.1", port: int = 0,
              connections.budget, _descriptor_limit())
     viewer.warm_up(freeze=freeze_gc)
     shown = f"[{host}]" if ":" in host else host
-    return Served(viewer, runner, connections, lines, loop, thread,
+    return Served(viewer, app, runner, connections, lines, loop, thread,
                   f"http://{shown}:{bound}/?token={app.token}", app.token)
 
 

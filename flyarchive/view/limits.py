@@ -1,8 +1,8 @@
 """What one viewer serves at most, and how long it waits: the bounds every connection and
 every request is held to (:class:`Limits`), the share of the process's file descriptors
-its connections may take (:func:`descriptor_budget`), and the errors that say a bound was
-met: :class:`TooLargeError` (HTTP 413: what was asked, the bound, how to narrow it) and
-:class:`BusyError` (HTTP 429: how long to wait).
+its connections may take (:func:`descriptor_budget`). A bound met is said by
+:class:`~flyarchive.errors.RequestTooLargeError` (HTTP 413: what was asked, the bound, how
+to narrow it) or :class:`~flyarchive.errors.ServerBusyError` (HTTP 429: how long to wait).
 
 A request's cost is computed from its parameters before any work (:func:`check_cost`):
 nothing is read or allocated for a request that would pass a bound.
@@ -13,28 +13,11 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
-from flyarchive.errors import FlyarchiveError, SelectionError
+from flyarchive.errors import RequestTooLargeError
 
 #: Descriptors kept for everything but connections (archive files, the renderer and its
 #: encoder, S3 connections, logs): a quarter of the process's limit, at least this many.
 RESERVED_DESCRIPTORS = 64
-
-
-class TooLargeError(SelectionError):
-    """A request whose cost passes a bound (HTTP 413); the message gives the bound and how
-    to narrow the request."""
-
-
-class BusyError(FlyarchiveError):
-    """The viewer is busy with this client's earlier requests (HTTP 429).
-
-    Attributes:
-        retry_after_s: About how long to wait before asking again, seconds.
-    """
-
-    def __init__(self, message: str, retry_after_s: float) -> None:
-        super().__init__(message)
-        self.retry_after_s = retry_after_s
 
 
 @dataclass(frozen=True)
@@ -117,8 +100,9 @@ def check_cost(what: str, asked: int, bound: int, unit: str, narrow: str) -> Non
     """Refuse a request whose cost ``asked`` (in ``unit``) passes ``bound``.
 
     Raises:
-        TooLargeError: saying what, how much, the bound, and ``narrow`` (how to ask less).
+        RequestTooLargeError: saying what, how much, the bound, and ``narrow`` (how to ask
+            less).
     """
     if asked > bound:
-        raise TooLargeError(f"{what} would be {asked:,} {unit}; one request may take at most "
+        raise RequestTooLargeError(f"{what} would be {asked:,} {unit}; one request may take at most "
                             f"{bound:,}. {narrow}")

@@ -5,7 +5,7 @@ one thread of the server, so that the renderer it builds stays warm for the next
 The queue is bounded and fair: each client (a page) may have
 :attr:`~flyarchive.view.limits.Limits.max_queued_per_client` renders waiting, all clients
 together :attr:`~flyarchive.view.limits.Limits.max_queued_renders`
-(:class:`~flyarchive.view.limits.BusyError` past that, with the expected wait), and the
+(:class:`~flyarchive.errors.ServerBusyError` past that, with the expected wait), and the
 thread takes the clients' renders in turn, not in the order they came. A render's cost
 (frames x pixels) is checked before it is queued. The job table keeps the last
 :attr:`~flyarchive.view.limits.Limits.max_jobs` jobs.
@@ -28,8 +28,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from flyarchive.errors import FlyarchiveError, SelectionError
-from flyarchive.view.limits import BusyError, Limits, check_cost
+from flyarchive.errors import FlyarchiveError, SelectionError, ServerBusyError
+from flyarchive.view.limits import Limits, check_cost
 
 log = logging.getLogger("flyarchive.view")
 
@@ -130,8 +130,8 @@ class Renders:
         Raises:
             SelectionError: no world, too many, unknown ids, no model, an unknown camera,
                 a time window without frames, or a size that cannot be encoded.
-            TooLargeError: frames x pixels past the limit.
-            BusyError: this client's renders, or all clients', already fill the queue.
+            RequestTooLargeError: frames x pixels past the limit.
+            ServerBusyError: this client's renders, or all clients', already fill the queue.
         """
         if self.model is None:
             raise SelectionError("This archive keeps no model, so nothing can be rendered; start "
@@ -158,12 +158,12 @@ class Renders:
             waiting = sum(len(q) for q in self._waiting.values())
             if mine >= self.limits.max_queued_per_client:
                 wait = self._wait_s(waiting)
-                raise BusyError(f"This page has {mine} renders waiting already, the most one "
+                raise ServerBusyError(f"This page has {mine} renders waiting already, the most one "
                                 f"page may have; ask again when one has started (in about "
                                 f"{wait:.0f} s).", wait)
             if waiting >= self.limits.max_queued_renders:
                 wait = self._wait_s(waiting)
-                raise BusyError(f"{waiting} renders are waiting already, the most the viewer "
+                raise ServerBusyError(f"{waiting} renders are waiting already, the most the viewer "
                                 f"keeps; ask again in about {wait:.0f} s.", wait)
             number = self._next
             self._next += 1

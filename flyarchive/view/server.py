@@ -38,6 +38,7 @@ import secrets
 import time
 import traceback
 from collections.abc import Awaitable, Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -45,8 +46,16 @@ from typing import Any
 import numpy as np
 from aiohttp import web
 
-from flyarchive.errors import ArchiveReplacedError, FlyarchiveError, SelectionError, StorageError
-from flyarchive.view.limits import BusyError, Limits, TooLargeError
+from flyarchive.errors import (
+    ArchiveReplacedError,
+    FlyarchiveError,
+    RequestTimeoutError,
+    RequestTooLargeError,
+    SelectionError,
+    ServerBusyError,
+    StorageError,
+)
+from flyarchive.view.limits import Limits
 from flyarchive.view.logs import visible
 from flyarchive.view.table import query_table
 
@@ -91,15 +100,6 @@ class Binary:
     compress: bool = False
 
 
-class Refused(Exception):
-    """A request answered with ``status`` and one line, by the server itself (a body that
-    is no JSON, too big, too slow)."""
-
-    def __init__(self, status: int, message: str) -> None:
-        super().__init__(message)
-        self.status = status
-
-
 class ViewApp:
     """The aiohttp application of one viewer.
 
@@ -130,17 +130,26 @@ class ViewApp:
         get("/", self.index)
         get("/favicon.ico", self.favicon)
         get("/static/{name:.+}", self.static)
+        # the answers that read states (heavy) have threads of their own: a filter never
+        # waits behind traces of 50 worlds
+        self._light = ThreadPoolExecutor(4, thread_name_prefix="flyarchive-view-light")
+        self._heavy = ThreadPoolExecutor(6, thread_name_prefix="flyarchive-view-heavy")
         get("/api/info", self._api(self.info))
         get("/api/model", self._api(self.model))
         get("/api/table", self._api(self.table))
-        get("/api/traces", self._api(self.traces))
-        get("/api/scene", self._api(self.scene))
-        get("/api/meshes", self._api(self.meshes))
-        get("/api/poses", self._api(self.poses))
+        get("/api/traces", self._api(self.traces, heavy=True))
+        get("/api/scene", self._api(self.scene, heavy=True))
+        get("/api/meshes", self._api(self.meshes, heavy=True))
+        get("/api/poses", self._api(self.poses, heavy=True))
         post("/api/render", self._api(self.render))
         get("/api/render/{job:[0-9]{1,9}}", self._api(self.render_status, archive=False))
         post("/api/reopen", self._api(self.reopen, archive=False))
         get("/video/{job:[0-9]{1,9}}.mp4", self.video)
+
+    def close(self) -> None:
+        """Let the request threads end (answers under way finish)."""
+        self._light.shutdown(wait=False, cancel_futures=True)
+        self._heavy.shutdown(wait=False, cancel_futures=True)
 
     def serve_on(self, hosts: set[str], port: int) -> None:
         """Accept the ``Host`` headers of ``hosts`` at ``port``; name the cookie after it."""
@@ -246,44 +255,33 @@ class ViewApp:
         return web.FileResponse(path, headers={"Content-Type": "video/mp4"})
 
     # ------------------------------------------------------------------ the API
-    def _api(self, method: Callable[[web.Request, Any], Any], *, archive: bool = True
-             ) -> _Handler:
-        """Run ``method(request, body)`` (blocking work) on a thread; its result as JSON
-        (:class:`Binary` as bytes); its error as one line (see the module's text). With
-        ``archive``, the archive is checked first (replaced? the one the page shows?)."""
+    def _api(self, method: Callable[[web.Request, Any], Any], *, archive: bool = True,
+             heavy: bool = False) -> _Handler:
+        """Run ``method(request, body)`` (blocking work) on a thread (of the ``heavy``
+        pool for what reads states); its result as JSON (:class:`Binary` as bytes); its
+        error as one line (see the module's text). With ``archive``, the archive is
+        checked first (replaced? the one the page shows?)."""
+        pool = self._heavy if heavy else self._light
 
         @functools.wraps(method)
         async def handler(request: web.Request) -> web.StreamResponse:
             start = time.perf_counter()
             try:
                 body = await self._body(request) if request.method == "POST" else {}
-
-                def work() -> Any:
-                    if archive:
-                        self.state.check_archive(request.headers.get(ARCHIVE_HEADER))
-                    return method(request, body)
-
-                result = await asyncio.get_running_loop().run_in_executor(None, work)
-            except Refused as err:  # what is left of the body is not read: close after
-                response = self._refused(request, err.status, str(err))
+            except FlyarchiveError as err:  # the rest of the body is not read: close after
+                response = self._refused(request, err)
                 response.force_close()
                 return response
-            except ArchiveReplacedError as err:
-                return self._refused(request, 409, str(err), replaced=True)
-            except TooLargeError as err:
-                return self._refused(request, 413, str(err))
-            except BusyError as err:
-                response = self._refused(request, 429, str(err))
-                response.headers["Retry-After"] = str(max(1, math.ceil(err.retry_after_s)))
-                return response
-            except StorageError as err:
-                return self._refused(request, 503, f"The archive's storage did not answer: {err} "
-                                     "The viewer keeps running; try again when it answers.")
-            except FlyarchiveError as err:
-                return self._refused(request, 400, str(err))
-            except OSError as err:
-                return self._refused(request, 503, f"Reading failed: {type(err).__name__}: "
-                                     f"{err}. The viewer keeps running; try again.")
+
+            def work() -> Any:
+                if archive:
+                    self.state.check_archive(request.headers.get(ARCHIVE_HEADER))
+                return method(request, body)
+
+            try:
+                result = await asyncio.get_running_loop().run_in_executor(pool, work)
+            except (FlyarchiveError, OSError) as err:
+                return self._refused(request, err)
             if isinstance(result, Binary):
                 response = web.Response(body=result.body, content_type="application/octet-stream",
                                         headers={**result.headers, **_took(start)})
@@ -295,18 +293,24 @@ class ViewApp:
 
         return handler
 
-    def _refused(self, request: web.Request, status: int, message: str, **extra: Any
-                 ) -> web.Response:
+    def _refused(self, request: web.Request, err: Exception) -> web.Response:
+        """The answer to a request that failed with ``err`` (its status: see the module's
+        text), and its log line."""
+        status, message, extra = _status(err)
         log.warning("%s %s %s: %s", status, request.method, _path(request), message)
-        return _answer_error(request, status, message, **extra)
+        response = _answer_error(request, status, message, **extra)
+        if isinstance(err, ServerBusyError):
+            response.headers["Retry-After"] = str(max(1, math.ceil(err.retry_after_s)))
+        return response
 
     async def _body(self, request: web.Request) -> Any:
         """The request's body as JSON (``{}`` when there is none), read within the body
         timeout and size.
 
         Raises:
-            Refused: 408 (too slow), 413 (too big), 400 (not UTF-8 JSON, NaN or infinity,
-                nested too deep).
+            RequestTimeoutError: too slow.
+            RequestTooLargeError: too big.
+            SelectionError: not UTF-8 JSON, NaN or infinity, nested too deep.
         """
         limits = self.limits
         if not request.can_read_body:
@@ -314,23 +318,23 @@ class ViewApp:
         try:
             raw = await asyncio.wait_for(request.read(), limits.body_timeout_s)
         except TimeoutError:
-            raise Refused(408, f"The request's body did not arrive within "
-                               f"{limits.body_timeout_s:g} s.") from None
+            raise RequestTimeoutError(f"The request's body did not arrive within "
+                                      f"{limits.body_timeout_s:g} s.") from None
         except web.HTTPRequestEntityTooLarge:
-            raise Refused(413, f"The request's body is over {limits.max_body_bytes:,} bytes, "
-                               "the most the viewer reads; a render request is a few "
-                               "hundred.") from None
+            raise RequestTooLargeError(f"The request's body is over {limits.max_body_bytes:,} "
+                                       "bytes, the most the viewer reads; a render request is "
+                                       "a few hundred.") from None
         if not raw.strip():
             return {}
         try:
             return json.loads(raw.decode("utf-8"), parse_constant=_no_constant)
         except RecursionError:
-            raise Refused(400, "The request's body is JSON nested too deep to read; the "
-                               "viewer's requests are flat objects.") from None
+            raise SelectionError("The request's body is JSON nested too deep to read; the "
+                                 "viewer's requests are flat objects.") from None
         except UnicodeDecodeError:
-            raise Refused(400, "The request's body is not UTF-8 text.") from None
+            raise SelectionError("The request's body is not UTF-8 text.") from None
         except ValueError as err:
-            raise Refused(400, f"The request's body is not JSON ({visible(str(err), 120)}).") \
+            raise SelectionError(f"The request's body is not JSON ({visible(str(err), 120)}).") \
                 from None
 
     def info(self, request: web.Request, body: Any) -> dict[str, Any]:
@@ -369,6 +373,26 @@ class ViewApp:
     def reopen(self, request: web.Request, body: Any) -> dict[str, Any]:
         self.state.reopen()
         return self.state.info()
+
+
+def _status(err: Exception) -> tuple[int, str, dict[str, Any]]:
+    """The HTTP status of a failed request, its one-line message, and what more the page
+    is told (``replaced``)."""
+    if isinstance(err, ArchiveReplacedError):
+        return 409, str(err), {"replaced": True}
+    if isinstance(err, RequestTooLargeError):
+        return 413, str(err), {}
+    if isinstance(err, RequestTimeoutError):
+        return 408, str(err), {}
+    if isinstance(err, ServerBusyError):
+        return 429, str(err), {}
+    if isinstance(err, StorageError):
+        return 503, (f"The archive's storage did not answer: {err} The viewer keeps running; "
+                     "try again when it answers."), {}
+    if isinstance(err, FlyarchiveError):
+        return 400, str(err), {}
+    return 503, (f"Reading failed: {type(err).__name__}: {err}. The viewer keeps running; "
+                 "try again."), {}
 
 
 def _is_api(request: web.Request) -> bool:
@@ -412,8 +436,8 @@ def _client(request: web.Request) -> str:
 
 
 def _no_constant(name: str) -> Any:
-    raise Refused(400, f"The request's body holds {name}, which is no number; send numbers "
-                       "as numbers.")
+    raise SelectionError(f"The request's body holds {name}, which is no number; send numbers "
+                         "as numbers.")
 
 
 def _took(start: float) -> dict[str, str]:
