@@ -467,13 +467,15 @@ def test_a_bad_render_body_answers_one_line_and_queues_nothing(viewed, data, sta
     untraced(log)
 
 
-def test_a_render_start_of_nan_leaves_the_job_table_answering(viewed):
+def test_a_render_start_of_nan_makes_no_job_whose_status_fails_for_the_servers_life(viewed):
     served, _ = viewed
     post_render(served, b'{"worlds": [0], "camera": "front", "start": NaN}')
 
-    status, _, body = ask_raw(f"{origin(served)}/api/info", headers=token_headers(served))
+    status, _, body = ask_raw(f"{origin(served)}/api/render/1", headers=token_headers(served))
+    info, _, _ = ask_raw(f"{origin(served)}/api/info", headers=token_headers(served))
 
-    assert status == 200 and json.loads(body)["worlds"] == 4
+    assert status == 400 and "No render '1' in this viewer" in one_line_error(status, body)
+    assert info == 200
 
 
 def test_a_render_past_the_pixel_bound_answers_413_before_it_is_queued(tight):
