@@ -419,8 +419,13 @@ def load_rows(result: dict[str, Any]) -> list[dict[str, Any]]:
         samples = phase["samples"]
         ms = [m for _, m, _ in samples]
         errors = sum(1 for _, _, status in samples if status != 200)
+        statuses: dict[str, int] = {}
+        for _, _, status in samples:
+            if status != 200:  # 0: no answer (the connection closed or failed)
+                statuses[str(status)] = statuses.get(str(status), 0) + 1
         rows.append({"what": name, **_percentiles("", ms), "p99": _pct(ms, 99), "max": max(ms),
-                     "n": len(ms), "errors": errors, "rate": len(ms) / phase["seconds"],
+                     "n": len(ms), "errors": errors, "error_statuses": statuses,
+                     "rate": len(ms) / phase["seconds"],
                      "target": LOAD_TARGETS[name], "slow_rate": phase["slow_connects_per_s"]})
         for kind, _ in MIX:
             ms = [m for k, m, _ in samples if k == kind]

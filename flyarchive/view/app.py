@@ -228,7 +228,7 @@ class Viewer:
         check_cost("The states read for the traces",
                    len(worlds) * len(viewed.times) * viewed.state_values * 8,
                    limits.max_read_bytes, "bytes", "Select fewer worlds.")
-        points = min(len(times), 4 * width)
+        points = min(len(times), 2 * width)  # what min_max_columns keeps at most
         check_cost("The traces' answer", lines * points * 8, limits.max_out_bytes, "bytes",
                    narrow + " Or a narrower plot.")
         if keypoint:

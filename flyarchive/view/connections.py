@@ -86,6 +86,7 @@ class Connections:
                 await task
             except asyncio.CancelledError:
                 pass
+        self.sock.close()
         for conn in [*self._untrusted.values(), *self._trusted.values()]:
             conn.transport.abort()
         self._untrusted.clear()

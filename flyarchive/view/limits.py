@@ -50,6 +50,9 @@ class Limits:
         max_queued_per_client: Renders one client (one page) may have waiting.
         max_jobs: Render jobs remembered (the oldest finished ones are forgotten first;
             their videos stay in the output folder).
+        render_niceness: How much lower the render thread's CPU priority is than the
+            server's (Linux ``nice``; the renderer's threads and processes inherit it),
+            so that browsing stays quick while a render runs; 0: the same.
     """
 
     header_timeout_s: float = 10.0
@@ -69,6 +72,7 @@ class Limits:
     max_queued_renders: int = 8
     max_queued_per_client: int = 2
     max_jobs: int = 200
+    render_niceness: int = 10
 
     def connections(self) -> int:
         """Connections open at once: ``max_connections`` within :func:`descriptor_budget`."""

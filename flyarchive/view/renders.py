@@ -1,6 +1,8 @@
 """Render on demand: the selected worlds and time window to one mp4 (a mosaic when there
 are several worlds), through :func:`flyarchive.render_videos`, one render at a time on
-one thread of the server, so that the renderer it builds stays warm for the next one.
+one thread of the server, so that the renderer it builds stays warm for the next one;
+that thread runs at a lower CPU priority than the server's (Linux ``nice``), and so do
+the renderer's own threads and processes, which inherit it.
 
 The queue is bounded and fair: each client (a page) may have
 :attr:`~flyarchive.view.limits.Limits.max_queued_per_client` renders waiting, all clients
@@ -21,6 +23,7 @@ import logging
 import math
 import os
 import statistics
+import sys
 import threading
 import time
 from collections import OrderedDict, deque
@@ -241,6 +244,7 @@ class Renders:
         return job
 
     def _work(self) -> None:
+        _lower_priority(self.limits.render_niceness)
         while True:
             with self._cond:
                 while not (self._closed or self._waiting or self._warm_due):
@@ -326,6 +330,19 @@ class Renders:
         with self._cond:
             self._closed = True
             self._cond.notify_all()
+
+
+def _lower_priority(niceness: int) -> None:
+    """Lower this thread's CPU priority by ``niceness`` (Linux: each thread has its own
+    nice value, and the threads and processes it starts inherit it; elsewhere nothing)."""
+    if niceness <= 0 or not sys.platform.startswith("linux"):
+        return
+    try:
+        tid = threading.get_native_id()
+        os.setpriority(os.PRIO_PROCESS, tid, min(19, os.getpriority(os.PRIO_PROCESS, tid) +
+                                                 niceness))
+    except OSError as err:  # not allowed here: the render runs at the server's priority
+        log.info("the render thread keeps the server's priority (%s)", err)
 
 
 def _frames(window: slice) -> int:

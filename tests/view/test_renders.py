@@ -155,3 +155,26 @@ def test_a_video_is_served_by_byte_ranges_and_bad_ranges_are_refused(served, val
     if status == 206:
         assert len(body) == 100 and headers["Content-Range"].startswith("bytes 0-99/")
     assert not log.having("internal error")
+
+
+def test_the_render_thread_runs_at_a_lower_priority_than_the_server(served):
+    import os
+    import sys
+    import threading
+
+    if not sys.platform.startswith("linux"):
+        pytest.skip("per-thread nice values are Linux's")
+    server, _ = served
+    server.viewer.renders.warm()  # starts the render thread
+    deadline = time.monotonic() + 30
+    while not [t for t in threading.enumerate() if t.name == "flyarchive-view-render"]:
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
+    [thread] = [t for t in threading.enumerate() if t.name == "flyarchive-view-render"]
+    ours = os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
+
+    while os.getpriority(os.PRIO_PROCESS, thread.native_id) == ours:  # set as it starts
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
+
+    assert os.getpriority(os.PRIO_PROCESS, thread.native_id) == min(19, ours + 10)

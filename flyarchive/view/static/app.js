@@ -32,7 +32,7 @@ function say(text, isError = false) {
 }
 
 function failed(err) {
-  say(err.retryAfter ? `${err.message} (asked again after ${err.retryAfter} s: no)` : err.message, true);
+  say(err.message, true);
   if (err.replaced) {
     const button = document.createElement("button");
     button.textContent = "Open it again";
