@@ -25,6 +25,7 @@ from flyarchive.errors import (
     OptionsError,
     OutputLocationError,
     SelectionError,
+    did_you_mean,
 )
 from flyarchive.view import poses as poses_
 from flyarchive.view import traces as traces_
@@ -217,6 +218,12 @@ class Viewer:
         times = viewed.times[window]
         keypoint = query.get("keypoint", "")
         if keypoint:
+            bodies = _bodies(self._model_for("keypoint traces"))
+            if keypoint not in bodies:
+                raise SelectionError(
+                    f"The model has no body {visible(keypoint, 60)!r}."
+                    f"{did_you_mean(keypoint[:100], bodies)} It has {len(bodies)} bodies, e.g. "
+                    f"{', '.join(map(repr, bodies[:6]))}.")
             labels = [f"{keypoint}/{axis}" for axis in "xyz"]
         else:
             labels = traces_.dof_choices(viewed.dofs, leg=query.get("leg", ""),

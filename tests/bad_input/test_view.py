@@ -353,10 +353,14 @@ def test_control_characters_in_a_filter_are_escaped_in_its_message_and_log(viewe
     ("width=0", "A trace is 1 to 4000 pixels wide"),
     ("width=" + "9" * 5000, "width must be a whole number"),
     ("worlds=" + "9" * 5000, "Cannot read worlds"),
+    ("keypoint=" + "b" * 5000, "The model has no body 'bbbbbbbbbb"),
+    ("keypoint=tors", "The model has no body 'tors'. Did you mean 'torso'?"),
 ])
 def test_a_bad_trace_window_answers_400_with_one_line(viewed, query, fragment):
     served, log = viewed
-    if not query.startswith("worlds="):
+    if query.startswith("keypoint="):
+        query = f"worlds=0&{query}"
+    elif not query.startswith("worlds="):
         query = f"worlds=0&dof=shoulder&{query}"
     else:
         query += "&dof=shoulder"
