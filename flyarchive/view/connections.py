@@ -1,6 +1,7 @@
 """The viewer's connections: its own accept loop in front of aiohttp, which has no bound on
-connections and no deadline for a request's head (``keepalive_timeout`` closes only idle
-connections, and only from aiohttp 3.10 on a connection's first request).
+connections and no deadline of its own for a request's head (its ``keepalive_timeout``,
+the idle timeout of a connection, covers a connection's first request in recent releases
+only, and the viewer keeps it long for the page's connections).
 
 Every accepted connection is known here until it closes. One that has not shown the access
 token (*untrusted*) must send a request head within ``header_timeout_s`` of being accepted
