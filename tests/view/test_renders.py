@@ -78,6 +78,7 @@ def test_100_render_requests_of_one_page_in_a_burst_are_bounded_with_the_wait(se
     assert len(viewer.renders.jobs) <= 3 + 2  # the table: the last 3, and those not finished
 
 
+@pytest.mark.slow  # four renders
 def test_pages_are_served_in_turn_not_in_the_order_they_asked(view_url, tmp_path):
     from flyarchive.testing.view import serving
     from flyarchive.view.limits import Limits
@@ -94,21 +95,26 @@ def test_pages_are_served_in_turn_not_in_the_order_they_asked(view_url, tmp_path
     assert order.index(b) < order.index(a[2])  # first come, first served would put b last
 
 
-def test_the_job_table_forgets_the_oldest_finished_jobs(served):
-    numbers = []
-    for world in (0, 1, 2, 3):
-        status, _, job = post(served[0], {"worlds": [world], **SHORT}, "page-a")
-        assert status == 200
-        numbers.append(job["id"])
-        finished(served[0], job["id"])
+def test_the_job_table_forgets_the_oldest_finished_jobs(view_url, tmp_path):
+    from flyarchive.testing.view import serving
+    from flyarchive.view.limits import Limits
 
-    status, _, text = ask(f"{origin(served[0])}/api/render/{numbers[0]}",
-                          headers={"X-Flyarchive-Token": served[0].token})
+    with serving(view_url, out=tmp_path / "videos", backend="opengl",
+                 limits=Limits(max_jobs=1)) as (server, _):
+        server.viewer.load_model()
+        _, _, first = post(server, {"worlds": [0], **SHORT}, "page-a")
+        finished(server, first["id"])
+        _, _, second = post(server, {"worlds": [1], **SHORT}, "page-a")
+
+        status, _, text = ask(f"{origin(server)}/api/render/{first['id']}",
+                              headers={"X-Flyarchive-Token": server.token})
+        done = finished(server, second["id"])
 
     assert status == 400
-    assert f"No render '{numbers[0]}' in this viewer (it remembers the last 3)" in \
+    assert f"No render '{first['id']}' in this viewer (it remembers the last 1)" in \
         json.loads(text)["error"]
-    assert finished(served[0], numbers[-1])["state"] == "done"
+    assert done["state"] == "done"
+    assert Path(first["folder"]).is_dir()  # its video stays in the output folder
 
 
 def test_an_output_folder_removed_while_a_render_runs_is_said_and_made_again(served):
@@ -136,6 +142,18 @@ def test_an_output_folder_removed_while_a_render_runs_is_said_and_made_again(ser
     assert video_status == 200 and headers["Content-Type"] == "video/mp4" and body[4:8] == b"ftyp"
 
 
+@pytest.fixture(scope="module")
+def video(view_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Any, Any, str]]:
+    """``(served, log, path)``: a viewer and the address of a video it rendered."""
+    from flyarchive.testing.view import serving
+
+    out = tmp_path_factory.mktemp("view-video") / "videos"
+    with serving(view_url, out=out, backend="opengl") as (server, log):
+        server.viewer.load_model()
+        _, _, job = post(server, {"worlds": [0], **SHORT}, "page-a")
+        yield server, log, finished(server, job["id"])["video"]
+
+
 @pytest.mark.parametrize("value, status", [
     ("bytes=0-99", 206),
     ("bytes=0-" + "9" * 5000, 416),  # past Python's int digits: refused, not a 500
@@ -143,12 +161,10 @@ def test_an_output_folder_removed_while_a_render_runs_is_said_and_made_again(ser
     ("bytes=99999999999999-", 416),
     ("chunks=0-9", 416),
 ])
-def test_a_video_is_served_by_byte_ranges_and_bad_ranges_are_refused(served, value, status):
-    server, log = served
-    _, _, job = post(server, {"worlds": [0], **SHORT}, "page-a")
-    done = finished(server, job["id"])
+def test_a_video_is_served_by_byte_ranges_and_bad_ranges_are_refused(video, value, status):
+    server, log, path = video
 
-    got, headers, body = ask(f"{origin(server)}{done['video']}",
+    got, headers, body = ask(f"{origin(server)}{path}",
                              headers={"X-Flyarchive-Token": server.token, "Range": value})
 
     assert got == status
@@ -166,15 +182,13 @@ def test_the_render_thread_runs_at_a_lower_priority_than_the_server(served):
         pytest.skip("per-thread nice values are Linux's")
     server, _ = served
     server.viewer.renders.warm()  # starts the render thread
+    thread = server.viewer.renders._thread
     deadline = time.monotonic() + 30
-    while not [t for t in threading.enumerate() if t.name == "flyarchive-view-render"]:
-        assert time.monotonic() < deadline
-        time.sleep(0.01)
-    [thread] = [t for t in threading.enumerate() if t.name == "flyarchive-view-render"]
     ours = os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
 
     while os.getpriority(os.PRIO_PROCESS, thread.native_id) == ours:  # set as it starts
         assert time.monotonic() < deadline
         time.sleep(0.01)
 
+    assert thread.name == "flyarchive-view-render"
     assert os.getpriority(os.PRIO_PROCESS, thread.native_id) == min(19, ours + 10)
