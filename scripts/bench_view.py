@@ -46,7 +46,8 @@ open that never finish their request head (each sends the start of one, a byte e
 and connects again ``--slow-reconnect-s`` after the server closes it). Measured: each
 request from send to the whole answer read, p50/p95/p99/max per phase and kind, beside
 the server's own time (its ``Server-Timing``: the rest is waiting for a thread, the
-network and the client); errors (any status but 200). The viewer runs as ``flyarchive view`` in its own process, its
+network and the client); errors (any status but 200); the machine's load average (1 min)
+at the end of each phase. The viewer runs as ``flyarchive view`` in its own process, its
 descriptor limit set to ``--server-nofile`` (1,024 by default, a common desktop limit);
 both limits are printed. Targets: phase 1 p95 under 300 ms, phase 2 p95 under 1 s.
 
@@ -351,6 +352,7 @@ async def _phase(load: Load, clients: int, seconds: float, slow: int, reconnect_
     took = time.perf_counter() - started
     samples = load.samples[first:]
     return {"samples": samples, "seconds": took, "server_ms": load.server_ms,
+            "load_average": os.getloadavg()[0],
             "slow_connects_per_s": (load.slow_opened - opened) / took if slow else 0.0}
 
 
@@ -426,7 +428,8 @@ def load_rows(result: dict[str, Any]) -> list[dict[str, Any]]:
         rows.append({"what": name, **_percentiles("", ms), "p99": _pct(ms, 99), "max": max(ms),
                      "n": len(ms), "errors": errors, "error_statuses": statuses,
                      "rate": len(ms) / phase["seconds"],
-                     "target": LOAD_TARGETS[name], "slow_rate": phase["slow_connects_per_s"]})
+                     "target": LOAD_TARGETS[name], "slow_rate": phase["slow_connects_per_s"],
+                     "load_average": phase["load_average"]})
         for kind, _ in MIX:
             ms = [m for k, m, _ in samples if k == kind]
             if ms:
@@ -481,6 +484,7 @@ def main() -> None:
                Column("server p50", 11, "server_p50", ".0f"),
                Column("server p95", 11, "server_p95", ".0f"),
                Column("slow conn/s", 12, "slow_rate", ".0f"),
+               Column("load avg", 9, "load_average", ".1f"),
                Column("target p95", 11, "target", ".0f")]).print(rows)
         print(f"the viewer's descriptor limit: {load['server_nofile']}; its log said "
               f"{load['server_log_drops']} times that it closed connections that showed no "
