@@ -45,8 +45,8 @@ Phase 1: nothing else. Phase 2: also ``--slow`` (2,000) unauthenticated connecti
 open that never finish their request head (each sends the start of one, a byte every 5 s,
 and connects again ``--slow-reconnect-s`` after the server closes it). Measured: each
 request from send to the whole answer read, p50/p95/p99/max per phase and kind, beside
-the server's own time (its ``Server-Timing``: the rest is waiting for a thread, the
-network and the client); errors (any status but 200); the machine's load average (1 min)
+the server's own time (its ``Server-Timing``: from the request's handler to its answer,
+the wait for a thread included; the rest is the network, the event loop and the client); errors (any status but 200); the machine's load average (1 min)
 at the end of each phase. The viewer runs as ``flyarchive view`` in its own process, its
 descriptor limit set to ``--server-nofile`` (1,024 by default, a common desktop limit);
 both limits are printed. Targets: phase 1 p95 under 300 ms, phase 2 p95 under 1 s.
