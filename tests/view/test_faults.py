@@ -63,19 +63,19 @@ def trace_values(blob: bytes) -> bytes:
     return blob[-(-(4 + size) // 8) * 8:]
 
 
-@pytest.mark.parametrize("method, path, body", ROUTES)
-def test_every_route_refuses_an_archive_replaced_since_it_was_opened(served, method, path, body):
+def test_every_route_refuses_an_archive_replaced_since_it_was_opened(served):
     from flyarchive.testing.view import view_archive
 
     server, log, url = served
     shutil.rmtree(url)
     view_archive(url, n_worlds=4, mode="w-")  # the same shape: another archive_id
 
-    status, text = call(server, method, path, body)
+    answers = {path: call(server, method, path, body) for method, path, body in ROUTES}
 
-    assert status == 409
-    answer = json.loads(text)
-    assert answer["replaced"] is True and "its archive_id is now" in answer["error"]
+    for path, (status, text) in answers.items():
+        answer = json.loads(text)
+        assert status == 409, path
+        assert answer["replaced"] is True and "its archive_id is now" in answer["error"], path
     assert server.viewer.renders.jobs == {}
 
 
