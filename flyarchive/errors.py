@@ -48,6 +48,9 @@ __all__ = [
     "VideoEncodeError",
     "OptionsError",
     "ConfigError",
+    "RequestTooLargeError",
+    "RequestTimeoutError",
+    "ServerBusyError",
     "did_you_mean",
 ]
 
@@ -114,6 +117,29 @@ class CameraNotFoundError(FlyarchiveError, KeyError):
 
 class SelectionError(FlyarchiveError, ValueError):
     """A selection of worlds or times is empty or outside the archive."""
+
+
+class RequestTooLargeError(SelectionError):
+    """A request to ``flyarchive view`` whose cost (worlds x series x frames, bytes read or
+    sent, pixels rendered) passes the viewer's bound (HTTP 413); the message gives the
+    bound and how to narrow the request."""
+
+
+class RequestTimeoutError(FlyarchiveError, TimeoutError):
+    """A request's body did not reach ``flyarchive view`` in time (HTTP 408)."""
+
+
+class ServerBusyError(FlyarchiveError, RuntimeError):
+    """``flyarchive view`` already holds as many of these requests (renders) as it keeps
+    waiting (HTTP 429).
+
+    Attributes:
+        retry_after_s: About how long to wait before asking again, seconds.
+    """
+
+    def __init__(self, message: str, retry_after_s: float) -> None:
+        super().__init__(message)
+        self.retry_after_s = retry_after_s
 
 
 class FrameSizeError(FlyarchiveError, ValueError):
