@@ -11,10 +11,12 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import re
 import struct
 import threading
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 import mujoco
 import numpy as np
@@ -22,10 +24,37 @@ import numpy as np
 from flyarchive.errors import CameraNotFoundError, ModelLoadError
 
 __all__ = ["load_model", "save_mjb", "model_bytes", "model_from_bytes", "load_mjb", "check_mjb",
-           "check_data", "mjb_version", "camera_names", "camera_ids", "MJB_ID"]
+           "check_data", "mjb_version", "camera_names", "camera_ids", "MJB_ID", "MODEL_ATTR",
+           "PORTABLE_MODEL_ATTR", "model_identity"]
 
 #: The first int32 of every MJB file (MuJoCo's ``ID`` in ``engine_io.c``).
 MJB_ID = 54321
+#: The archive's root attribute naming its kept MJB: ``{"sha256", "size", "mujoco", "path"}``.
+MODEL_ATTR = "model"
+#: The archive's root attribute naming its kept portable model (a MuJoCo spec zip, the same
+#: on every MuJoCo release): ``{"sha256", "size", "path", "format", ...}``.
+PORTABLE_MODEL_ATTR = "portable_model"
+_SHA256 = re.compile(r"[0-9a-f]{64}")
+
+
+def model_identity(attrs: Mapping[str, Any]) -> str | None:
+    """The identity of the model an archive keeps: the SHA-256 (hex) of its portable form
+    when it keeps one (the same on every MuJoCo release), else of its MJB (tied to the
+    release that wrote it); None when it keeps no model.
+
+    Args:
+        attrs: The archive's root attributes (``ds.attrs``, or its zarr group's).
+
+    Derived data (positions kept beside an archive) and caches of compiled models name
+    their model by this. An entry that is not an object with a 64-hex-digit ``sha256``
+    (edited or damaged) counts as absent here; :func:`flyarchive.verify` reports it.
+    """
+    for name in (PORTABLE_MODEL_ATTR, MODEL_ATTR):
+        entry = attrs.get(name)
+        sha = entry.get("sha256") if isinstance(entry, Mapping) else None
+        if isinstance(sha, str) and _SHA256.fullmatch(sha):
+            return sha
+    return None
 
 
 def load_model(path: str | Path) -> mujoco.MjModel:

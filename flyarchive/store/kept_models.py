@@ -41,15 +41,13 @@ from zarr.core.buffer import default_buffer_prototype
 from zarr.core.group import GroupMetadata
 
 from flyarchive.errors import CorruptArchiveError, ModelLoadError, SchemaError
-from flyarchive.models import load_mjb, mjb_version
+from flyarchive.models import MODEL_ATTR, load_mjb, mjb_version
 from flyarchive.models import load_model as load_model_file
 from flyarchive.store.location import sync
 from flyarchive.store.model_check import check_model
 
 #: The zarr group holding the models, under the archive's root.
 MODELS_GROUP = "models"
-#: The root attribute that names the stored model.
-MODEL_ATTR = "model"
 #: Largest model object read or written, bytes (NeuroMechFly's MJB is 23 MB).
 MAX_MODEL_BYTES = 1 << 30
 _SHA256 = re.compile(r"[0-9a-f]{64}")
