@@ -205,3 +205,45 @@ def _first_difference(a: tuple[str, ...], b: tuple[str, ...], kind: str) -> str 
         side = "archive" if len(a) > len(b) else "model"
         return f"first differing {kind} at index {i}: only the {side} has {extra!r}"
     return None
+
+
+#: Largest difference allowed between a recorded model's ``qpos0`` and that of the model
+#: its portable form compiles to (on this or another MuJoCo release): radians, or the
+#: model's length unit for the position of a free joint.
+QPOS0_TOLERANCE = 1e-9
+
+
+def model_details(model: mujoco.MjModel) -> dict[str, list[Any]]:
+    """What an archive records of its model besides the layout, to check a model compiled
+    on another MuJoCo release: ``bodies`` (every body's name in id order, ``""`` when
+    unnamed) and ``qpos0`` (the reference configuration, ``(nq,)`` floats), JSON-friendly."""
+    names = [mujoco.mj_id2name(model, mujoco.mjtObj.mjOBJ_BODY, i) or "" for i in range(model.nbody)]
+    return {"bodies": names, "qpos0": [float(v) for v in model.qpos0]}
+
+
+def details_difference(recorded: Any, model: mujoco.MjModel) -> str | None:
+    """How ``model`` differs from the bodies and ``qpos0`` an archive recorded
+    (:func:`model_details`), in words; None when it does not (``qpos0`` within
+    :data:`QPOS0_TOLERANCE`). Details the archive did not record are not compared."""
+    have = model_details(model)
+    bodies = recorded.get("bodies") if isinstance(recorded, dict) else None
+    if isinstance(bodies, list):
+        detail = _first_difference(tuple(map(str, bodies)), tuple(have["bodies"]), "body")
+        if detail is not None:
+            return f"archive has {len(bodies)} bodies, model has {len(have['bodies'])}; {detail}"
+    qpos0 = recorded.get("qpos0") if isinstance(recorded, dict) else None
+    if isinstance(qpos0, list):
+        try:
+            want = np.asarray(qpos0, dtype=np.float64)
+        except (TypeError, ValueError):
+            return "the archive's recorded qpos0 is not a list of numbers"
+        got = np.asarray(have["qpos0"])
+        if want.shape != got.shape:
+            return f"archive records {want.size} qpos0 values, model has {got.size}"
+        gap = np.abs(want - got)
+        gap[np.isnan(gap)] = np.inf
+        if not (gap <= QPOS0_TOLERANCE).all():
+            i = int(np.argmax(gap))
+            return (f"qpos0 differs by {gap[i]:.3g} at index {i} (archive {want[i]!r}, model "
+                    f"{got[i]!r}; at most {QPOS0_TOLERANCE:g} allowed)")
+    return None
