@@ -38,7 +38,6 @@ from flyarchive.spec_zip import (
     MAX_TOTAL_BYTES,
     PATH_ATTRIBUTES,
     XML_NAME,
-    SpecZipError,
     check_closed,
     name_problem,
     read_spec_zip,
@@ -447,8 +446,8 @@ def compile_spec_zip(blob: bytes, where: str = "the spec zip") -> mujoco.MjModel
     try:
         files = read_spec_zip(blob)
         check_closed(files)
-    except SpecZipError as err:
-        raise ModelLoadError(f"{where} cannot be used: {err}") from None
+    except ValueError as err:
+        raise ModelLoadError(f"{where[0].upper()}{where[1:]} cannot be used. {err}") from None
     try:
         model = mujoco.MjSpec.from_string(files.xml.decode("utf-8"), assets=files.assets).compile()
     except (ValueError, RuntimeError, UnicodeDecodeError, mujoco.FatalError) as err:
@@ -480,32 +479,34 @@ def _source_files(source: str | os.PathLike[str]
         )
     if not path.is_file():
         raise ModelLoadError(f"No model file at {where}. Pass an MJCF .xml or a spec zip.")
+    vfs: dict[str, bytes] | None = None
     try:
-        if suffix == ".xml":
-            spec = mujoco.MjSpec.from_file(str(path))
-            root = _parse_xml(path.read_bytes(), where)
-            _write_in_includes(root, path.parent, {path.resolve()}, where)
-            vfs: dict[str, bytes] | None = None
-        else:
-            if path.stat().st_size > MAX_TOTAL_BYTES:
-                raise ModelLoadError(f"{where} is {path.stat().st_size:,} bytes; a spec zip of at "
-                                     f"most {MAX_TOTAL_BYTES:,} is read.")
-            files = read_spec_zip(path.read_bytes())
-            spec = mujoco.MjSpec.from_string(files.xml.decode("utf-8"), assets=files.assets)
-            root = _parse_xml(files.xml, where)
-            if any(e.tag == "include" for e in root.iter()):
-                raise ModelLoadError(f"{where} has an MJCF with <include>; a spec zip holds one "
-                                     "MJCF file (MuJoCo's MjSpec.to_zip writes includes in).")
-            vfs = files.assets
-    except SpecZipError as err:
-        raise ModelLoadError(f"{where} cannot be used: {err}") from None
+        text = path.read_bytes() if suffix == ".xml" or path.stat().st_size <= MAX_TOTAL_BYTES \
+            else None
     except OSError as err:
         raise ModelLoadError(f"Cannot read the model file {where} ({err}).") from None
-    except (ValueError, RuntimeError, UnicodeDecodeError, mujoco.FatalError) as err:
-        if isinstance(err, ModelLoadError):
-            raise
+    if text is None:
+        raise ModelLoadError(f"{where} is {path.stat().st_size:,} bytes; a spec zip of at most "
+                             f"{MAX_TOTAL_BYTES:,} is read.")
+    if suffix != ".xml":
+        try:
+            files = read_spec_zip(text)
+        except ValueError as err:
+            raise ModelLoadError(f"The spec zip {where} cannot be used. {err} Write it again "
+                                 "(mujoco.MjSpec.to_zip), or pass its MJCF file.") from None
+        text, vfs = files.xml, files.assets
+    try:
+        spec = mujoco.MjSpec.from_file(str(path)) if vfs is None else \
+            mujoco.MjSpec.from_string(text.decode("utf-8"), assets=vfs)
+    except (ValueError, RuntimeError, mujoco.FatalError) as err:
         raise ModelLoadError(f"MuJoCo {mujoco.__version__} could not read {where}: {err}") \
             from None
+    root = _parse_xml(text, where)
+    if vfs is None:
+        _write_in_includes(root, path.parent, {path.resolve()}, where)
+    elif any(element.tag == "include" for element in root.iter()):
+        raise ModelLoadError(f"{where} has an MJCF with <include>; a spec zip holds one MJCF "
+                             "file (MuJoCo's MjSpec.to_zip writes includes in).")
     assets: dict[str, bytes] = {}
     total = 0
     for element in root.iter():

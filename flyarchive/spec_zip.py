@@ -20,8 +20,8 @@ the machine that reads it.
 
 Standard library only: the child process that compiles a kept model
 (``flyarchive/store/model_child.py``) loads this file by its path, and imports nothing
-else of flyarchive. Every refusal is a :class:`SpecZipError` (a ``ValueError``) whose
-message is one sentence or two, without the file's name (the caller adds where it is).
+else of flyarchive. Every refusal is a ``ValueError`` whose message is one sentence or two,
+without the file's name (the caller adds where it is): the functions here raise no other.
 """
 
 from __future__ import annotations
@@ -53,10 +53,6 @@ FILE_ATTRIBUTES = frozenset({"file", "fileright", "fileleft", "fileup", "filedow
                              "fileback"})
 #: ``<compiler>`` attributes that move where files are looked up: a kept model sets none.
 PATH_ATTRIBUTES = ("meshdir", "texturedir", "assetdir")
-
-
-class SpecZipError(ValueError):
-    """A spec zip (or the MJCF in it) that flyarchive refuses; the message says why."""
 
 
 @dataclass(frozen=True)
@@ -101,21 +97,21 @@ def write_spec_zip(xml: bytes, assets: Mapping[str, bytes], *, xml_name: str = X
     :data:`COMPRESSLEVEL`.
 
     Raises:
-        SpecZipError: a name that :func:`name_problem` refuses, an asset named like the
+        ValueError: a name that :func:`name_problem` refuses, an asset named like the
             XML, or an asset whose name ends in ``.xml`` (a spec zip holds one MJCF file).
     """
     files = dict(assets)
     if xml_name in files:
-        raise SpecZipError(f"An asset is named {xml_name!r}, like the MJCF file.")
+        raise ValueError(f"An asset is named {xml_name!r}, like the MJCF file.")
     files[xml_name] = xml
     buffer = io.BytesIO()
     with zipfile.ZipFile(buffer, "w") as archive:
         for name in sorted(files):
             problem = name_problem(name)
             if problem is not None:
-                raise SpecZipError(f"The file name {name!r} {problem}.")
+                raise ValueError(f"The file name {name!r} {problem}.")
             if name != xml_name and name.lower().endswith(".xml"):
-                raise SpecZipError(f"The asset {name!r} is an XML file; a spec zip holds one.")
+                raise ValueError(f"The asset {name!r} is an XML file; a spec zip holds one.")
             info = zipfile.ZipInfo(name, date_time=TIMESTAMP)
             info.create_system = 3  # Unix: the mode below is read as one
             info.external_attr = (stat.S_IFREG | 0o644) << 16
@@ -138,7 +134,7 @@ def read_spec_zip(blob: bytes, *, max_files: int = MAX_FILES, max_file_bytes: in
         The MJCF file and the assets, named relative to its folder.
 
     Raises:
-        SpecZipError: not a zip; more entries or bytes than the bounds; a name that leads
+        ValueError: not a zip; more entries or bytes than the bounds; a name that leads
             out of the zip, a link or another file that is not regular, a name twice,
             an encrypted entry or an unknown compression; not exactly one ``.xml`` file;
             an asset outside the MJCF file's folder; a file whose bytes do not match its
@@ -147,16 +143,16 @@ def read_spec_zip(blob: bytes, *, max_files: int = MAX_FILES, max_file_bytes: in
     try:
         archive = zipfile.ZipFile(io.BytesIO(blob))
     except (zipfile.BadZipFile, zipfile.LargeZipFile, OSError, ValueError, EOFError) as err:
-        raise SpecZipError(f"It is not a readable zip ({err}).") from None
+        raise ValueError(f"It is not a readable zip ({err}).") from None
     with archive:
         infos = archive.infolist()
         if len(infos) > max_files:
-            raise SpecZipError(f"It holds {len(infos):,} entries; at most {max_files:,} are read.")
+            raise ValueError(f"It holds {len(infos):,} entries; at most {max_files:,} are read.")
         files = list(_regular_files(infos, max_file_bytes, max_total_bytes))
         xmls = [info for info in files if info.filename.lower().endswith(".xml")]
         if len(xmls) != 1:
             listed = ", ".join(repr(i.filename) for i in xmls[:5]) or "none"
-            raise SpecZipError(
+            raise ValueError(
                 f"It holds {len(xmls)} MJCF (.xml) files ({listed}); a spec zip holds exactly "
                 "one, with every file it references (as mujoco.MjSpec.to_zip writes it).")
         folder = posixpath.dirname(xmls[0].filename)
@@ -168,7 +164,7 @@ def read_spec_zip(blob: bytes, *, max_files: int = MAX_FILES, max_file_bytes: in
                 xml = data
                 continue
             if folder and not info.filename.startswith(f"{folder}/"):
-                raise SpecZipError(
+                raise ValueError(
                     f"The file {info.filename!r} lies outside the folder {folder!r} of the MJCF "
                     f"file {xmls[0].filename!r}; a spec zip keeps its files beside or below it.")
             assets[info.filename[len(folder) + 1:] if folder else info.filename] = data
@@ -184,30 +180,30 @@ def _regular_files(infos: list[zipfile.ZipInfo], max_file_bytes: int,
         name = info.filename
         problem = name_problem(name)
         if problem is not None:
-            raise SpecZipError(f"It holds the entry {name!r}, whose name {problem}.")
+            raise ValueError(f"It holds the entry {name!r}, whose name {problem}.")
         if name.rstrip("/") in seen:
-            raise SpecZipError(f"It holds the entry {name!r} twice.")
+            raise ValueError(f"It holds the entry {name!r} twice.")
         seen.add(name.rstrip("/"))
         kind = stat.S_IFMT(info.external_attr >> 16) if info.create_system == 3 else 0
         if kind == stat.S_IFLNK:
-            raise SpecZipError(f"Its entry {name!r} is a symbolic link; a spec zip holds files.")
+            raise ValueError(f"Its entry {name!r} is a symbolic link; a spec zip holds files.")
         if kind not in (0, stat.S_IFREG, stat.S_IFDIR):
-            raise SpecZipError(f"Its entry {name!r} is not a regular file (mode {kind:o}).")
+            raise ValueError(f"Its entry {name!r} is not a regular file (mode {kind:o}).")
         if info.is_dir() or kind == stat.S_IFDIR:
             continue
         if info.flag_bits & 0x1:
-            raise SpecZipError(f"Its entry {name!r} is encrypted.")
+            raise ValueError(f"Its entry {name!r} is encrypted.")
         if info.compress_type not in (zipfile.ZIP_STORED, zipfile.ZIP_DEFLATED):
-            raise SpecZipError(
+            raise ValueError(
                 f"Its entry {name!r} uses compression method {info.compress_type}; only stored "
                 "and deflated entries are read.")
         if info.file_size > max_file_bytes:
-            raise SpecZipError(
+            raise ValueError(
                 f"Its file {name!r} is {info.file_size:,} bytes uncompressed; at most "
                 f"{max_file_bytes:,} are read per file.")
         total += info.file_size
         if total > max_total_bytes:
-            raise SpecZipError(
+            raise ValueError(
                 f"Its files hold more than {max_total_bytes:,} bytes uncompressed (at "
                 f"{name!r}); that is more than a model needs.")
         yield info
@@ -219,9 +215,9 @@ def _read(archive: zipfile.ZipFile, info: zipfile.ZipInfo) -> bytes:
         with archive.open(info) as f:
             data = f.read(info.file_size + 1)
     except (zipfile.BadZipFile, OSError, ValueError, EOFError, RuntimeError) as err:
-        raise SpecZipError(f"Its file {info.filename!r} cannot be read ({err}).") from None
+        raise ValueError(f"Its file {info.filename!r} cannot be read ({err}).") from None
     if len(data) != info.file_size:
-        raise SpecZipError(
+        raise ValueError(
             f"Its file {info.filename!r} holds {len(data):,} bytes; its entry declares "
             f"{info.file_size:,}.")
     return data
@@ -235,37 +231,37 @@ def check_closed(files: SpecFiles) -> None:
     zip's files.
 
     Raises:
-        SpecZipError: naming the first element that breaks the rule.
+        ValueError: naming the first element that breaks the rule.
     """
     try:
         root = ElementTree.fromstring(files.xml)
     except (ElementTree.ParseError, ValueError) as err:
-        raise SpecZipError(f"Its MJCF is not well-formed XML ({err}).") from None
+        raise ValueError(f"Its MJCF is not well-formed XML ({err}).") from None
     if root.tag != "mujoco":
-        raise SpecZipError(f"Its MJCF's root element is <{root.tag[:40]}>, not <mujoco>.")
+        raise ValueError(f"Its MJCF's root element is <{root.tag[:40]}>, not <mujoco>.")
     for element in root.iter():
         if element.tag == "include":
-            raise SpecZipError(
+            raise ValueError(
                 f"Its MJCF has <include file={element.get('file', '')[:200]!r}>; a kept model "
                 "is one MJCF file (MuJoCo's to_xml writes includes out).")
         if element.tag == "compiler":
             for key in PATH_ATTRIBUTES:
                 if element.get(key):
-                    raise SpecZipError(
+                    raise ValueError(
                         f"Its MJCF sets <compiler {key}={element.get(key, '')[:200]!r}>; a kept "
                         "model names its files from its own folder.")
             if element.get("strippath", "false").lower() == "true":
-                raise SpecZipError("Its MJCF sets <compiler strippath='true'>; a kept model "
+                raise ValueError("Its MJCF sets <compiler strippath='true'>; a kept model "
                                    "names its files by their names in the zip.")
         for key, value in element.attrib.items():
             if key not in FILE_ATTRIBUTES:
                 continue
             problem = name_problem(value)
             if problem is not None:
-                raise SpecZipError(
+                raise ValueError(
                     f"Its MJCF's <{element.tag} {key}={value[:200]!r}> names a file whose name "
                     f"{problem}; a kept model names only files of its zip.")
             if value not in files.assets:
-                raise SpecZipError(
+                raise ValueError(
                     f"Its MJCF's <{element.tag} {key}={value[:200]!r}> names a file the zip "
                     "does not hold; a kept model holds every file it names.")
