@@ -82,26 +82,29 @@ def model_identity(attrs: Mapping[str, Any]) -> str | None:
 
 
 def load_model(path: str | Path) -> mujoco.MjModel:
-    """Load an MJCF ``.xml`` (with its assets beside it) or a compiled ``.mjb``.
+    """Load an MJCF ``.xml`` (with its assets beside it), a spec zip (``.mjz``/``.zip``:
+    an MJCF and its files, :mod:`flyarchive.spec_zip`) or a compiled ``.mjb``.
 
     The file is one you trust: it is loaded in this process. A model kept in an archive
     is loaded by :func:`flyarchive.load_model` (checked in a child process first).
 
     Raises:
-        ModelLoadError: no such file, an unknown suffix, or MuJoCo refuses the model
-            (also with ``mujoco.FatalError``, loading it or making its data:
-            :func:`check_data`).
+        ModelLoadError: no such file, an unknown suffix, a spec zip that is refused, or
+            MuJoCo refuses the model (also with ``mujoco.FatalError``, loading it or making
+            its data: :func:`check_data`).
     """
     path = Path(path)
     if not path.is_file():
-        raise ModelLoadError(f"No model file at {str(path)!r}. Pass an MJCF .xml or a compiled .mjb.")
+        raise ModelLoadError(f"No model file at {str(path)!r}. Pass an MJCF .xml, a spec zip "
+                             "(.mjz) or a compiled .mjb.")
     suffix = path.suffix.lower()
-    if suffix == ".mjb":
+    if suffix in (".mjb", ".mjz", ".zip"):
         try:
             blob = path.read_bytes()
         except OSError as err:
             raise ModelLoadError(f"Cannot read the model file {str(path)!r} ({err}).") from None
-        model = load_mjb(blob, repr(str(path)))
+        model = load_mjb(blob, repr(str(path))) if suffix == ".mjb" else \
+            compile_spec_zip(blob, f"the spec zip {str(path)!r}", closed=False)
     elif suffix == ".xml":
         try:
             model = mujoco.MjModel.from_xml_path(str(path))
@@ -109,8 +112,8 @@ def load_model(path: str | Path) -> mujoco.MjModel:
             raise ModelLoadError(f"MuJoCo could not load {str(path)!r}: {err}") from None
     else:
         raise ModelLoadError(
-            f"{str(path)!r} has suffix {suffix!r}; the model must be an MJCF .xml or a compiled "
-            ".mjb."
+            f"{str(path)!r} has suffix {suffix!r}; the model must be an MJCF .xml, a spec zip "
+            "(.mjz, .zip) or a compiled .mjb."
         )
     check_data(model, repr(str(path)))
     return model
@@ -433,19 +436,28 @@ def _arrays_difference(a: mujoco.MjModel, b: mujoco.MjModel) -> str | None:
     return None
 
 
-def compile_spec_zip(blob: bytes, where: str = "the spec zip") -> mujoco.MjModel:
+def compile_spec_zip(blob: bytes, where: str = "the spec zip", *, closed: bool = True
+                     ) -> mujoco.MjModel:
     """Compile a spec zip you trust, in this process (an archive's kept zip is compiled in a
     child process first: :mod:`flyarchive.store.model_check`).
 
-    The zip is read with bounds and its XML must name only files it holds
-    (:mod:`flyarchive.spec_zip`), as for a kept one.
+    The zip is read with bounds (:func:`flyarchive.spec_zip.read_spec_zip`); its assets are
+    named relative to its MJCF file, as ``mujoco.MjSpec.from_zip`` names them.
+
+    Args:
+        blob: The zip's bytes.
+        where: What it is, for messages.
+        closed: Check, as for a kept one, that its MJCF names only files it holds, by their
+            names in it (:func:`flyarchive.spec_zip.check_closed`). False: MuJoCo resolves
+            them as ``MjSpec.from_zip`` does (``meshdir`` and the like apply).
 
     Raises:
         ModelLoadError: a zip that is refused (the reason named), or MuJoCo refuses the model.
     """
     try:
         files = read_spec_zip(blob)
-        check_closed(files)
+        if closed:
+            check_closed(files)
     except ValueError as err:
         raise ModelLoadError(f"{where[0].upper()}{where[1:]} cannot be used. {err}") from None
     try:
