@@ -336,7 +336,7 @@ def _read_object(group: zarr.Group, url: str, entry: Mapping[str, Any], what: st
 
 def readable_on(attrs: Mapping[str, Any], url: str = "") -> str:
     """Which MuJoCo releases can read the model an archive keeps, in words (``"any MuJoCo
-    release (...)"``, ``"MuJoCo 3.16.0 only"``, ``"none: no model is kept"``).
+    release (...)"``, ``"MuJoCo 3.16.0 only (...)"``, ``"none: no model is kept (...)"``).
 
     Raises:
         SchemaError: a malformed model attribute.
@@ -347,7 +347,7 @@ def readable_on(attrs: Mapping[str, Any], url: str = "") -> str:
         return f"any MuJoCo release (the portable model, compiled once per release{exact})"
     if mjb is not None:
         return f"MuJoCo {mjb['mujoco'] or 'of the MJB'} only (an MJB is bound to its release)"
-    return "none: no model is kept"
+    return "none: no model is kept (render needs --model)"
 
 
 def model_problems(group: zarr.Group, url: str) -> list[str]:

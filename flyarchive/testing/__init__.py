@@ -22,6 +22,7 @@ and :mod:`~flyarchive.testing.verify_beside`: ``verify`` beside a writer),
 :mod:`~flyarchive.testing.hostile_cases`; :mod:`~flyarchive.testing.checksums`:
 metadata that would switch checksums off; :mod:`~flyarchive.testing.holes`: holes in
 stored state; :mod:`~flyarchive.testing.model_fuzz`: crafted kept models;
+:mod:`~flyarchive.testing.spec_zips`: hostile portable models, other releases' MJBs;
 :mod:`~flyarchive.testing.hostile_outputs`: hostile output folders),
 :mod:`~flyarchive.testing.synthetic` (archives of random states),
 :mod:`~flyarchive.testing.ways_in` (every way into an archive, side by side;
