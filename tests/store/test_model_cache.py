@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from flyarchive.errors import UnsafeModelError, UntrustedCacheWarning
+from flyarchive.errors import ModelLoadError, UntrustedCacheWarning
 from flyarchive.models import model_bytes, portable_model
 from flyarchive.store import model_check
 from flyarchive.store.model_check import (
@@ -35,11 +35,21 @@ pytestmark = pytest.mark.timeout(180)
 
 
 @pytest.fixture(autouse=True)
-def fresh(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Nothing known in this process, no folder warned about (as in a new process)."""
+def children(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """Nothing known in this process, no folder warned about (as in a new process); the
+    models a child process checked (real checks)."""
     monkeypatch.setattr(model_check, "_KNOWN", {})
     monkeypatch.setattr(model_check, "_COMPILED", {})
     monkeypatch.setattr(model_check, "_WARNED", set())
+    checked: list[str] = []
+    real = model_check.run_child
+
+    def counting(blob: bytes, sha256: str, *args, **kwargs):
+        checked.append(sha256)
+        return real(blob, sha256, *args, **kwargs)
+
+    monkeypatch.setattr(model_check, "run_child", counting)
+    return checked
 
 
 def _forget(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -73,53 +83,60 @@ def keyed(tiny, tmp_path: Path) -> Path:
 
 
 # ----------------------------------------------------------------------------- trust
-def test_a_verdict_planted_in_a_folder_others_can_write_is_not_trusted(keyed, monkeypatch):
+def test_a_verdict_planted_in_a_folder_others_can_write_is_not_trusted(keyed, children):
     blob = crafted("fatal")
     _plant_ok(keyed, blob)
     keyed.chmod(0o777)
 
     with pytest.warns(UntrustedCacheWarning, match=r"can be written by its group or others "
                                                    r"\(mode 777\).*chmod 700"):
-        with pytest.raises(UnsafeModelError, match="raised mujoco.FatalError"):
+        with pytest.raises(ModelLoadError, match="crafted.mjb"):  # 3.16: unsafe; 4.0.1: refused
             check_model(blob, "crafted.mjb", cache=keyed)
 
+    assert children[-1] == hashlib.sha256(blob).hexdigest()
     assert json.loads(verdict_path(hashlib.sha256(blob).hexdigest(), keyed).read_text())[
         "verdict"] == "ok"  # not read, not replaced: the folder is not written either
 
 
-def test_a_signed_verdict_planted_in_a_private_folder_is_what_the_key_protects(keyed):
+def test_the_planted_verdict_of_these_tests_would_be_used_from_a_private_folder(keyed, children):
+    """The control of the tests around it: what they plant is a verdict this user could
+    have written (signed with the folder's key), so that only the folder's trust differs."""
     blob = crafted("fatal")
     _plant_ok(keyed, blob)
 
-    verdict = check_model(blob, "crafted.mjb", cache=keyed)  # whoever holds the key is trusted
+    verdict = check_model(blob, "crafted.mjb", cache=keyed)
 
-    assert verdict.verdict == "ok"
+    assert verdict.verdict == "ok" and hashlib.sha256(blob).hexdigest() not in children
 
 
-def test_a_cache_folder_of_another_user_is_not_trusted(keyed, monkeypatch):
+def test_a_cache_folder_of_another_user_is_not_trusted(keyed, monkeypatch, children):
     blob = crafted("fatal")
     _plant_ok(keyed, blob)
     monkeypatch.setattr(os, "getuid", lambda: os.stat(keyed).st_uid + 1)
 
     with pytest.warns(UntrustedCacheWarning, match="belongs to another user"):
-        with pytest.raises(UnsafeModelError, match="raised mujoco.FatalError"):
+        with pytest.raises(ModelLoadError, match="crafted.mjb"):
             check_model(blob, "crafted.mjb", cache=keyed)
+
+    assert children[-1] == hashlib.sha256(blob).hexdigest()
 
 
 @pytest.mark.parametrize("edit", [
     lambda v: {**v, "verdict": "ok", "stage": None, "what": ""},
     lambda v: {k: v[k] for k in v if k != "mac"} | {"verdict": "ok", "stage": None, "what": ""},
 ], ids=["signature kept", "signature removed"])
-def test_an_edited_verdict_is_not_trusted(keyed, monkeypatch, edit):
+def test_an_edited_verdict_is_not_trusted(keyed, monkeypatch, children, edit):
     blob = crafted("fatal")
-    with pytest.raises(UnsafeModelError):
+    with pytest.raises(ModelLoadError):
         check_model(blob, "crafted.mjb", cache=keyed)
     path = verdict_path(hashlib.sha256(blob).hexdigest(), keyed)
     path.write_text(json.dumps(edit(json.loads(path.read_text()))))
     _forget(monkeypatch)
 
-    with pytest.raises(UnsafeModelError, match="raised mujoco.FatalError"):
+    with pytest.raises(ModelLoadError, match="crafted.mjb"):
         check_model(blob, "crafted.mjb", cache=keyed)
+
+    assert children[-2:] == [hashlib.sha256(blob).hexdigest()] * 2
 
 
 def test_a_verdict_from_another_cache_is_not_trusted(keyed, tiny, tmp_path, monkeypatch):
@@ -131,17 +148,19 @@ def test_a_verdict_from_another_cache_is_not_trusted(keyed, tiny, tmp_path, monk
     verdict_path(digest, keyed).write_bytes(verdict_path(digest, other).read_bytes())
     _forget(monkeypatch)
 
-    with pytest.raises(UnsafeModelError, match="raised mujoco.FatalError"):
+    with pytest.raises(ModelLoadError, match="crafted.mjb"):
         check_model(blob, "crafted.mjb", cache=keyed)
 
 
-def test_a_verdict_file_others_can_write_is_not_trusted(keyed, monkeypatch):
+def test_a_verdict_file_others_can_write_is_not_trusted(keyed, children):
     blob = crafted("fatal")
     path = _plant_ok(keyed, blob)
     path.chmod(0o666)
 
-    with pytest.raises(UnsafeModelError, match="raised mujoco.FatalError"):
+    with pytest.raises(ModelLoadError, match="crafted.mjb"):
         check_model(blob, "crafted.mjb", cache=keyed)
+
+    assert children[-1] == hashlib.sha256(blob).hexdigest()
 
 
 def test_a_render_beside_a_planted_verdict_does_not_crash_and_verify_reports_it(
@@ -158,11 +177,11 @@ def test_a_render_beside_a_planted_verdict_does_not_crash_and_verify_reports_it(
     before = snapshot(url)
 
     with pytest.warns(UntrustedCacheWarning):
-        with pytest.raises(UnsafeModelError, match="crashed with SIGSEGV"):
+        with pytest.raises(ModelLoadError, match="Pass --model"):  # 3.16: SIGSEGV, 4.0.1: refused
             render_frames(url, None, "front", size=(48, 64))
         report = verify(url)
 
-    assert not report.ok and any("crashed with SIGSEGV" in p for p in report.problems)
+    assert not report.ok and any(p.startswith("Model: ") for p in report.problems)
     assert snapshot(url) == before
 
 
