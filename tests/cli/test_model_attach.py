@@ -150,3 +150,15 @@ def test_cli_attach_of_another_model_is_one_line(elsewhere, tmp_path, cli):
     assert code == 2 and err.count("\n") == 1 and err.startswith("flyarchive model: error: ")
     assert "does not fit the archive" in err and "Nothing was written" in err
     assert snapshot(elsewhere) == before
+
+
+def test_import_npz_with_an_mjcf_model_keeps_its_portable_form(recorded, tiny_xml, tmp_path, cli):
+    cli("export-npz", recorded, "--to", tmp_path / "npz")
+
+    code, _, err = cli("import-npz", tmp_path / "npz", "--to", tmp_path / "in.zarr",
+                       "--model", tiny_xml)
+
+    attrs = _attrs(str(tmp_path / "in.zarr"))
+    assert code == 0, err
+    assert attrs[PORTABLE_MODEL_ATTR]["exact"] is True and "model" in attrs
+    assert model_identity(attrs) == attrs[PORTABLE_MODEL_ATTR]["sha256"]
