@@ -180,19 +180,29 @@ def check_compatible(archive: ModelLayout, model: ModelLayout, *, what: str = "m
     Raises:
         LayoutMismatchError: naming nq/nmocap on both sides and the first differing label.
     """
+    detail = layout_difference(archive, model, what=what)
+    if detail is not None:
+        raise LayoutMismatchError(
+            f"The {what} does not fit the archive: {detail}. Pass the model the archive was "
+            "recorded with (same joints in the same order)."
+        )
+
+
+def layout_difference(archive: ModelLayout, model: ModelLayout, *, what: str = "model"
+                      ) -> str | None:
+    """How ``model``'s layout differs from ``archive``'s, in words (``"archive has nq=13,
+    nmocap=1; model has nq=2, nmocap=0; first differing qpos label at index 0: ..."``);
+    None when they are the same."""
     if archive == model:
-        return
+        return None
     a_labels, m_labels = archive.dof_labels, model.dof_labels
     detail = _first_difference(a_labels, m_labels, "qpos label")
     if detail is None:
         detail = _first_difference(archive.joint_types, model.joint_types, "joint type")
     if detail is None:
         detail = _first_difference(archive.mocap_names, model.mocap_names, "mocap body")
-    raise LayoutMismatchError(
-        f"The {what} does not fit the archive: archive has nq={archive.nq}, "
-        f"nmocap={archive.nmocap}; {what} has nq={model.nq}, nmocap={model.nmocap}; {detail}. "
-        f"Pass the model the archive was recorded with (same joints in the same order)."
-    )
+    return (f"archive has nq={archive.nq}, nmocap={archive.nmocap}; {what} has nq={model.nq}, "
+            f"nmocap={model.nmocap}; {detail}")
 
 
 def _first_difference(a: tuple[str, ...], b: tuple[str, ...], kind: str) -> str | None:

@@ -31,7 +31,7 @@ import mujoco
 import numpy as np
 
 from flyarchive.errors import CameraNotFoundError, LayoutMismatchError, ModelLoadError
-from flyarchive.layout import ModelLayout, check_compatible, details_difference, model_details
+from flyarchive.layout import ModelLayout, details_difference, layout_difference, model_details
 from flyarchive.spec_zip import (
     FILE_ATTRIBUTES,
     MAX_FILE_BYTES,
@@ -415,11 +415,8 @@ def portable_model(source: str | os.PathLike[str] | mujoco.MjSpec, *,
 
 def _difference(layout: ModelLayout, details: Mapping[str, Any], model: mujoco.MjModel) -> str | None:
     """How ``model`` differs from a recorded layout and details, in words; None if it does not."""
-    try:
-        check_compatible(layout, ModelLayout.from_model(model), what="model")
-    except LayoutMismatchError as err:
-        return str(err).split(": ", 1)[1].rsplit(". Pass", 1)[0]
-    return details_difference(dict(details), model)
+    return layout_difference(layout, ModelLayout.from_model(model)) or \
+        details_difference(dict(details), model)
 
 
 def _arrays_difference(a: mujoco.MjModel, b: mujoco.MjModel) -> str | None:

@@ -67,7 +67,7 @@ from flyarchive.errors import (
     SchemaError,
     StorageError,
 )
-from flyarchive.layout import ModelLayout, check_compatible, details_difference
+from flyarchive.layout import ModelLayout, details_difference, layout_difference, model_details
 from flyarchive.models import (
     MODEL_ATTR,
     PORTABLE_MODEL_ATTR,
@@ -469,11 +469,8 @@ def _misfit(attrs: Mapping[str, Any], details: Mapping[str, Any], model: mujoco.
             ) -> str | None:
     """How ``model`` differs from the archive's layout (and the recorded ``details``:
     bodies, ``qpos0``), in words; None when it fits."""
-    try:
-        check_compatible(ModelLayout.from_attrs(attrs["layout"]), ModelLayout.from_model(model))
-    except LayoutMismatchError as err:
-        return str(err).split(": ", 1)[1].rsplit(". Pass", 1)[0]
-    return details_difference(dict(details), model)
+    return layout_difference(ModelLayout.from_attrs(attrs["layout"]),
+                             ModelLayout.from_model(model)) or details_difference(dict(details), model)
 
 
 def attach_model(url: str, source: str | os.PathLike[str] | mujoco.MjSpec, *,
@@ -581,8 +578,6 @@ def _recorded_details(group: zarr.Group, url: str, attrs: Mapping[str, Any]) -> 
     if mjb_version(blob) != mujoco_release():
         return {}
     check_model(blob, _where(url, entry), sha256=entry["sha256"])
-    from flyarchive.layout import model_details
-
     return model_details(load_mjb(blob, _where(url, entry)))
 
 
