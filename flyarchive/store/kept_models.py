@@ -491,7 +491,8 @@ def attach_model(url: str, source: str | os.PathLike[str] | mujoco.MjSpec, *,
         source: The model the archive was recorded with: an MJCF ``.xml`` (with its files),
             a spec zip (``.mjz``/``.zip``) or a ``mujoco.MjSpec``.
         storage_options: Passed to fsspec.
-        replace: Replace a portable model kept already (another one is refused otherwise).
+        replace: Replace a portable model kept already (another one is refused otherwise);
+            the replaced object is deleted once the attribute names the new one.
         takeover: Take over the writer claim of a writer that crashed on another host.
 
     Returns:
@@ -558,7 +559,10 @@ def _attach(url: str, source: Any, storage_options: Mapping[str, Any] | None, re
     writer = claim_archive(store, url, takeover=takeover)
     try:
         write_model(group, portable.blob, entry)  # the object first...
-        _set_root_attribute(group, PORTABLE_MODEL_ATTR, entry)  # ...then what names it
+        _set_root_attribute(group, PORTABLE_MODEL_ATTR, entry)  # ...then what names it...
+        if kept is not None:  # ...then the one it replaced, which nothing names now
+            root = group.path.strip("/")
+            sync(store.delete(f"{root}/{kept['path']}" if root else kept["path"]))
     finally:
         release(store, [WRITER_KEY], writer)
     return entry

@@ -162,3 +162,19 @@ def test_import_npz_with_an_mjcf_model_keeps_its_portable_form(recorded, tiny_xm
     assert code == 0, err
     assert attrs[PORTABLE_MODEL_ATTR]["exact"] is True and "model" in attrs
     assert model_identity(attrs) == attrs[PORTABLE_MODEL_ATTR]["sha256"]
+
+
+def test_attach_with_replace_keeps_the_new_model_and_deletes_the_old(elsewhere, tiny_xml, tmp_path,
+                                                                    cli):
+    from flyarchive.testing import write_meshed_model
+
+    old = attach_model(elsewhere, tiny_xml)
+    meshed = write_meshed_model(tmp_path / "meshed")  # the same layout, another model
+
+    code, _, err = cli("model", "attach", elsewhere, "--model", meshed, "--replace")
+
+    new = _attrs(elsewhere)[PORTABLE_MODEL_ATTR]
+    assert code == 0, err
+    assert new["sha256"] != old["sha256"] and (Path(elsewhere) / new["path"]).is_file()
+    assert not (Path(elsewhere) / old["path"]).exists()
+    assert flyarchive.load_model(elsewhere).nmesh == 1 and flyarchive.verify(elsewhere).ok
