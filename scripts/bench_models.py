@@ -33,7 +33,10 @@ compiles the portable form, as MuJoCo 4.0.1 does with a 3.16 archive.
   it ``compile_child_s``, the child's share;
 - ``later_open_s`` (headline): the same call once the compiled model is kept (as in a new
   process: nothing known in this one); beside it ``load_mjb_s``, loading the compiled MJB
-  here.
+  here;
+- ``first_open_cpu_s``, ``later_open_cpu_s``: the CPU seconds of those calls, this process
+  and its child together: what they cost on a machine that is busy with other work (their
+  wall time there is longer).
 
 Usage::
 
@@ -70,15 +73,25 @@ TABLE = Table([
 ])
 
 
-def _times(run: Callable[[], Any], repeat: int, setup: Callable[[], Any] = lambda: None
-           ) -> list[float]:
+def _times(run: Callable[[], Any], repeat: int, setup: Callable[[], Any] = lambda: None,
+           cpu: list[float] | None = None) -> list[float]:
+    """Wall seconds of ``repeat`` runs (each after ``setup``); with ``cpu``, the CPU seconds
+    of each run (this process and the child processes it waited for) are appended to it."""
     out = []
     for _ in range(repeat):
         setup()
+        before = _cpu_seconds()
         start = time.perf_counter()
         run()
         out.append(time.perf_counter() - start)
+        if cpu is not None:
+            cpu.append(_cpu_seconds() - before)
     return out
+
+
+def _cpu_seconds() -> float:
+    own, children = (resource.getrusage(w) for w in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN))
+    return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
 
 
 def _model(name: str) -> Any:
@@ -106,7 +119,9 @@ PORTABLE = Table([
     Column("model", 5, "model", align="<"), Column("zip MB", 6, "zip_mb", ".2f"),
     Column("make s", 6, "make_s", ".3f"), Column("first open s", 12, "first_open_s", ".3f"),
     Column("compile child s", 15, "compile_child_s", ".3f"),
-    Column("later open s", 12, "later_open_s", ".3f"), Column("load MJB s", 10, "load_mjb_s", ".3f"),
+    Column("first CPU s", 11, "first_open_cpu_s", ".3f"),
+    Column("later open s", 12, "later_open_s", ".3f"), Column("later CPU s", 11, "later_open_cpu_s", ".3f"),
+    Column("load MJB s", 10, "load_mjb_s", ".3f"),
 ])
 
 
@@ -158,9 +173,11 @@ def measure_portable(name: str, repeat: int, folder: Path) -> dict[str, Any]:
         model_check._COMPILED.clear()
 
     model_check.compile_in_child = timed_child
+    first_cpu: list[float] = []
+    later_cpu: list[float] = []
     try:
-        first = _times(lambda: flyarchive.load_model(url), repeat, fresh_cache)
-        later = _times(lambda: flyarchive.load_model(url), repeat * 4, as_new_process)
+        first = _times(lambda: flyarchive.load_model(url), repeat, fresh_cache, first_cpu)
+        later = _times(lambda: flyarchive.load_model(url), repeat * 4, as_new_process, later_cpu)
     finally:
         model_check.compile_in_child = real
     compiled = model_check.compiled_path(kept.sha256).read_bytes()
@@ -168,7 +185,8 @@ def measure_portable(name: str, repeat: int, folder: Path) -> dict[str, Any]:
     return {
         "model": name, "zip_bytes": len(kept.blob), "zip_mb": len(kept.blob) / 1e6,
         "make_s": min(make), "first_open_s": min(first), "compile_child_s": min(children),
-        "later_open_s": min(later), "load_mjb_s": min(here),
+        "first_open_cpu_s": min(first_cpu), "later_open_s": min(later),
+        "later_open_cpu_s": min(later_cpu), "load_mjb_s": min(here),
         "median": {"make_s": statistics.median(make), "first_open_s": statistics.median(first),
                    "compile_child_s": statistics.median(children),
                    "later_open_s": statistics.median(later)},
