@@ -171,6 +171,18 @@ def read_spec_zip(blob: bytes, *, max_files: int = MAX_FILES, max_file_bytes: in
     return SpecFiles(xmls[0].filename, xml, assets)
 
 
+def declared_bytes(blob: bytes) -> int:
+    """The uncompressed size the zip ``blob`` declares for its files, bytes (at most
+    :data:`MAX_TOTAL_BYTES` + 1; 0 for bytes that are not a readable zip): what compiling
+    it may need, known before anything is inflated."""
+    try:
+        with zipfile.ZipFile(io.BytesIO(blob)) as archive:
+            infos = archive.infolist()[:MAX_FILES + 1]
+    except (zipfile.BadZipFile, zipfile.LargeZipFile, OSError, ValueError, EOFError):
+        return 0
+    return min(sum(info.file_size for info in infos), MAX_TOTAL_BYTES + 1)
+
+
 def _regular_files(infos: list[zipfile.ZipInfo], max_file_bytes: int,
                    max_total_bytes: int) -> Iterator[zipfile.ZipInfo]:
     """The entries that are files (not folders), each checked, with the bounds."""

@@ -64,6 +64,7 @@ import mujoco
 from flyarchive.config import cache_folder
 from flyarchive.errors import ModelLoadError, UnsafeModelError, UntrustedCacheWarning
 from flyarchive.models import check_mjb
+from flyarchive.spec_zip import declared_bytes
 
 #: What the child does; a kept verdict of another version of the check is checked again.
 #: 2: spec zips compiled; verdicts signed; the caller's import path.
@@ -155,10 +156,11 @@ def compiled_path(sha256: str, folder: Path | None = None) -> Path:
 
 
 def child_memory(n_bytes: int) -> int:
-    """Address space the child may use for a model of ``n_bytes``, bytes: 2 GiB for the
-    interpreter and MuJoCo, plus 32 times the model (NeuroMechFly: 23 MB of MJB, about
-    0.3 GB of address space for its model and data; 5.8 MB of meshes in its spec zip)."""
-    return (2 << 30) + 32 * n_bytes
+    """Address space the child may use for a model of ``n_bytes``, bytes (an MJB's size, or
+    the uncompressed size a spec zip declares): 2 GiB for the interpreter and MuJoCo, plus
+    32 times the model, at most 8 GiB more (NeuroMechFly: 23 MB of MJB, about 0.3 GB of
+    address space for its model and data; 5.8 MB of meshes in its spec zip)."""
+    return (2 << 30) + min(32 * n_bytes, 8 << 30)
 
 
 # ----------------------------------------------------------------------------- the cache's trust
@@ -405,11 +407,12 @@ def compile_in_child(blob: bytes, sha256: str, timeout_s: float = CHECK_TIMEOUT_
 
 def _run(blob: bytes, sha256: str, timeout_s: float, form: str) -> tuple[Verdict, bytes | None]:
     env = {**os.environ, "MUJOCO_GL": "disable"}  # no OpenGL library is loaded
+    size = len(blob) if form == "mjb" else max(len(blob), declared_bytes(blob))
     start = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="flyarchive-model-check-") as folder:
         try:
             done = subprocess.run(
-                [sys.executable, "-I", str(_CHILD), str(child_memory(len(blob))),
+                [sys.executable, "-I", str(_CHILD), str(child_memory(size)),
                  str(math.ceil(timeout_s)), form, json.dumps(child_path())],
                 input=blob, capture_output=True, timeout=timeout_s, cwd=folder, env=env,
             )
