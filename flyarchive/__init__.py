@@ -21,7 +21,8 @@ tests/test_layout_rules.py checks it):
   qpos/mocap layout and fingerprint), :mod:`flyarchive.clock` (when a frame is due),
   :mod:`flyarchive.codecs` (the state arrays' codec pipelines), :mod:`flyarchive.models`,
   :mod:`flyarchive.spec_zip` (a model's portable form: MuJoCo spec zips),
-  :mod:`flyarchive.warp_log` (Warp imported quietly, kernels compiled once);
+  :mod:`flyarchive.warp_log` (Warp imported quietly, kernels compiled once),
+  :mod:`flyarchive.lru` (what a process keeps between calls: a small bounded cache);
 - :mod:`flyarchive.record`: recorders sample state when a frame is due (bound to the
   store by :mod:`flyarchive.recorders`, an application);
 - :mod:`flyarchive.store`: the code that opens, writes and commits zarr archives;

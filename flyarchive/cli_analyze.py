@@ -167,7 +167,7 @@ def add_commands(add: Callable[[str, Any, str], argparse.ArgumentParser],
                  takeover: Callable[[argparse.ArgumentParser], None]) -> None:
     """Add ``positions``, ``gait`` and ``export-poses`` with ``add(name, func, help)``
     (``storage(p)``, ``takeover(p)``: the command line's options of those names)."""
-    from flyarchive.analyze.blocks import BACKENDS
+    from flyarchive.analyze import BACKENDS
 
     def keypoints(p: argparse.ArgumentParser) -> None:
         p.add_argument("--keypoints", action="append", metavar="NAMES", help=_KEYPOINTS_HELP)
