@@ -14,9 +14,9 @@ and query by an application module (:mod:`flyarchive.recorders`). Render (how
 one process turns an archive into videos) never imports distribute (where that work runs).
 
 Base modules (errors, schema, layout, clock, codecs, models, spec_zip, config, warp_log,
-lru) import only each other; applications (cli, demo, plot, summary, recorders, interop, view, and the
-package's own ``__init__``) may import anything; ``flyarchive.testing`` is not part of the
-product and may import anything too.
+lru) import only each other; applications (cli, demo, plot, summary, recorders, interop,
+view, and the package's own ``__init__``) may import anything; ``flyarchive.testing`` is not
+part of the product and may import anything too.
 
 The public line: no module imports another module's private (``_name``) names, ``__all__``
 appears only in the public modules (:data:`PUBLIC`), and every module is listed in its
