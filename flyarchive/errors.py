@@ -51,6 +51,7 @@ __all__ = [
     "RequestTooLargeError",
     "RequestTimeoutError",
     "ServerBusyError",
+    "UntrustedCacheWarning",
     "did_you_mean",
 ]
 
@@ -262,6 +263,13 @@ def missing_dependency(package: str, extra: str | None, what: str, *,
         f"{what} needs the package {package!r}, which is not installed{detail}. "
         f"Install it with: {hint}"
     )
+
+
+class UntrustedCacheWarning(UserWarning):
+    """flyarchive's cache folder (``FLYARCHIVE_CACHE_DIR``) can be written by someone other
+    than this user (another owner, or writable by its group or others): the verdicts and
+    compiled models kept there are not trusted, and none is kept there. The message names
+    the folder and how to make it private."""
 
 
 # Not flyarchive errors, not public: what a local file turned out to be, and SIGTERM.
