@@ -281,8 +281,8 @@ def add_commands(add: Callable[[str, Any, str], argparse.ArgumentParser],
     def common(p: argparse.ArgumentParser) -> None:
         p.set_defaults(tools=tools)
         p.add_argument("url")
-        p.add_argument("--model", help="MJCF .xml or compiled .mjb (default: the model kept "
-                       "in the archive)")
+        p.add_argument("--model", help="MJCF .xml, spec zip (.mjz) or compiled .mjb (default: "
+                       "the model kept in the archive)")
         p.add_argument("--backend", default="cpu", choices=BACKENDS,
                        help="cpu (MuJoCo, bit-exact), warp-cpu or gpu (mujoco-warp, float32)")
         storage(p)

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from importlib import resources
 from typing import Any
 
@@ -82,6 +82,9 @@ class NmfWorld:
         adhesion_ids: Adhesion actuator index of each leg (lf, lm, lh, rf, rm, rh), shape ``(6,)``.
         neutral_key: Index of the ``neutral`` keyframe every world starts from.
         pattern: The walking pattern, columns in ``actuator_ids`` order.
+        spec: The ``mujoco.MjSpec`` the model was compiled from (flygym's
+            ``world.mjcf_root``): a recorder's ``model_source``, kept beside an archive as the
+            model's portable form. None when the world was made without one.
     """
 
     model: mujoco.MjModel
@@ -90,6 +93,7 @@ class NmfWorld:
     adhesion_ids: np.ndarray
     neutral_key: int
     pattern: WalkPattern
+    spec: mujoco.MjSpec | None = field(default=None, repr=False)
 
     @property
     def neutral_targets(self) -> np.ndarray:
@@ -105,7 +109,9 @@ def build_world(*, camera: str = "tracking") -> NmfWorld:
             with the thorax but keeps its orientation), named ``"nmf/trackcam"``.
 
     Returns:
-        The compiled world, walking pattern included.
+        The compiled world, walking pattern and spec included (record it with
+        ``TrajectoryRecorder(url, world.model, model_source=world.spec)`` to keep its
+        portable form).
 
     Raises:
         OptionsError: for an unknown camera preset.
@@ -155,6 +161,7 @@ def build_world(*, camera: str = "tracking") -> NmfWorld:
         adhesion_ids=_actuator_ids(model, [a.name for a in adhesion]),
         neutral_key=mujoco.mj_name2id(model, mujoco.mjtObj.mjOBJ_KEY, "neutral"),
         pattern=_load_pattern(order),
+        spec=arena.mjcf_root,
     )
 
 
