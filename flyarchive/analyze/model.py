@@ -3,14 +3,14 @@ every reader loads it, :func:`flyarchive.store.kept_models.kept_model`: checked 
 child process first), or one given and checked against the archive's layout.
 
 A kept model is loaded once per process: the next call on an archive that names the same
-model (by the SHA-256 of its MJB bytes, which were checked against it when they were
-read) takes the one loaded (NeuroMechFly: 23 MB read, hashed and loaded, 0.1-0.9 s on a
+model (by its identity, :func:`flyarchive.models.model_identity`: the portable form's
+SHA-256 when kept, else the MJB's; the bytes were checked against it when they were read)
+takes the one loaded (NeuroMechFly: 23 MB read, hashed and loaded, 0.1-0.9 s on a
 2-core VM, per call before).
 """
 
 from __future__ import annotations
 
-import dataclasses
 import hashlib
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -21,10 +21,10 @@ import mujoco
 from flyarchive.errors import ModelLoadError
 from flyarchive.layout import ModelLayout, check_compatible
 from flyarchive.lru import LRUCache
-from flyarchive.models import model_bytes
+from flyarchive.models import model_bytes, model_identity
 
-#: Kept models loaded in this process, by the SHA-256 of their MJB bytes: the last two.
-_KEPT: LRUCache[str, AnalysisModel] = LRUCache(2, name="kept models by sha256")
+#: Kept models loaded in this process, by their identity (:func:`model_identity`): the last two.
+_KEPT: LRUCache[str, AnalysisModel] = LRUCache(2, name="kept models by identity")
 
 
 @dataclass(frozen=True)
@@ -37,8 +37,8 @@ class AnalysisModel:
         sha256: SHA-256 of ``blob`` (hex): what Dask workers and caches know it by.
         identity: The model's identity in provenance (kept positions name the model they
             were computed with by it): the archive's
-            (:func:`flyarchive.store.derived.model_identity`) when it is the model the
-            archive keeps, else (the default) ``sha256``.
+            (:func:`flyarchive.models.model_identity`) when it is the model the archive
+            keeps, else (the default) ``sha256``.
     """
 
     model: mujoco.MjModel = field(repr=False)
@@ -53,7 +53,6 @@ class AnalysisModel:
 
 def analysis_model(layout_attrs: Any, *, url: str | None, model: mujoco.MjModel | None,
                    storage_options: Mapping[str, Any] | None = None,
-                   model_attrs: Any = None,
                    archive_attrs: Mapping[str, Any] | None = None) -> AnalysisModel:
     """The model to compute an archive's positions with.
 
@@ -61,11 +60,9 @@ def analysis_model(layout_attrs: Any, *, url: str | None, model: mujoco.MjModel 
         layout_attrs: The archive's ``layout`` attribute.
         url: The archive's URL (where its model is kept); None when unknown.
         model: A compiled model; None: the one kept beside the archive.
-        model_attrs: The archive's ``model`` attribute (``{"sha256": ...}``): a kept model
-            of that hash loaded earlier in this process is taken (see the module's
-            docstring); None: loaded from the archive.
         archive_attrs: The archive's attributes, where the kept model's identity is read
-            (None: its identity is the SHA-256 of its MJB bytes).
+            (:func:`model_identity`): a kept model of that identity loaded earlier in this
+            process is taken (see the module's docstring); None: loaded from the archive.
 
     Raises:
         ModelLoadError: no model given and the archive keeps none (or its URL is unknown).
@@ -79,12 +76,12 @@ def analysis_model(layout_attrs: Any, *, url: str | None, model: mujoco.MjModel 
                 "The dataset does not say which archive it was opened from, and no model was "
                 "given. Pass the compiled model the archive was recorded with: model=... (an "
                 "MjModel), or --model FILE (.mjb or .xml).")
-        named = model_attrs.get("sha256") if isinstance(model_attrs, Mapping) else None
-        if not isinstance(named, str):
+        named = model_identity(archive_attrs) if archive_attrs is not None else None
+        if named is None:
             checked = _kept(url, storage_options)
         else:
             checked = _KEPT.get(named, lambda: _kept(url, storage_options))
-            if checked.sha256 != named:  # the archive was replaced since it was opened
+            if checked.identity != named:  # the archive was replaced since it was opened
                 _KEPT.pop(named)
     else:
         if not isinstance(model, mujoco.MjModel):
@@ -94,18 +91,16 @@ def analysis_model(layout_attrs: Any, *, url: str | None, model: mujoco.MjModel 
         blob = model_bytes(model)
         checked = AnalysisModel(model, blob, hashlib.sha256(blob).hexdigest())
     check_compatible(ModelLayout.from_attrs(layout_attrs), ModelLayout.from_model(checked.model))
-    if model is None and archive_attrs is not None:  # per archive: not in the cached model
-        from flyarchive.store.derived import model_identity
-
-        identity = model_identity(archive_attrs)
-        if identity and identity != checked.identity:
-            checked = dataclasses.replace(checked, identity=identity)
     return checked
 
 
 def _kept(url: str, storage_options: Mapping[str, Any] | None) -> AnalysisModel:
-    """The model kept beside the archive at ``url``, read and checked now."""
+    """The model kept beside the archive at ``url``, read and checked now, named by the
+    identity its archive gives it now."""
     from flyarchive.store.kept_models import kept_model
+    from flyarchive.store.reader import open_group
 
-    model, blob = kept_model(url, storage_options)  # checked in a child process first
-    return AnalysisModel(model, blob, hashlib.sha256(blob).hexdigest())
+    group = open_group(url, storage_options)
+    model, blob = kept_model(url, storage_options, group=group)  # checked in a child first
+    digest = hashlib.sha256(blob).hexdigest()
+    return AnalysisModel(model, blob, digest, model_identity(group.attrs.asdict()) or digest)

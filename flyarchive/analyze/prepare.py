@@ -64,8 +64,7 @@ def prepare(source: str | xr.Dataset, request: KeypointRequest, *,
     whole, url = _archive(source, storage_options)
     ds = window(whole, worlds, time)
     checked = analysis_model(ds.attrs["layout"], url=url, model=model,
-                             storage_options=storage_options, model_attrs=ds.attrs.get("model"),
-                             archive_attrs=ds.attrs)
+                             storage_options=storage_options, archive_attrs=ds.attrs)
     return Prepared(ds, url, checked, resolve(checked.model, request), storage_options, whole)
 
 

@@ -66,7 +66,7 @@ from flyarchive.store import storage_errors
 from flyarchive.store.claims import WRITER_KEY, claim_archive
 from flyarchive.store.consolidated import consolidate
 from flyarchive.store.creation import claims_group, clear, package_versions, undo
-from flyarchive.store.kept_models import stored_entry
+from flyarchive.models import model_identity
 from flyarchive.store.location import access_denied, open_store, settled, sync
 from flyarchive.store.reader import StateDamage, open_group, state_damage
 from flyarchive.store.writer import ArchiveWriter
@@ -78,27 +78,6 @@ if TYPE_CHECKING:
 
 #: Attributes of the source archive a derived group does not copy.
 _NOT_COPIED = ("model", "archive_id", "created", DERIVED_ATTR, "npz_import")
-
-
-def model_identity(attrs: Mapping[str, Any]) -> str | None:
-    """The identity of the model an archive keeps: what provenance names a model by.
-
-    STAND-IN (issue 33) until ``flyarchive.store.kept_models.model_identity`` (branch
-    ``portable``: the portable model's hash when kept, else the MJB's SHA-256) is on main:
-    then this function is replaced by that one, imported here in one line.
-
-    Args:
-        attrs: The archive's root attributes.
-
-    Returns:
-        The SHA-256 (hex) of the kept MJB; None when the archive keeps no model (or its
-        ``model`` attribute is malformed: the model's readers refuse that themselves).
-    """
-    try:
-        entry = stored_entry(attrs, "the archive")
-    except SchemaError:
-        return None
-    return None if entry is None else str(entry["sha256"])
 
 
 def derived_url(url: str, name: str) -> str:
