@@ -16,9 +16,14 @@ request, and gait and locomotion measures from them.
 - keypoints by name, leg and segment (:mod:`~flyarchive.analyze.keypoints`);
 - :func:`keep_positions`, :func:`open_positions` (:mod:`~flyarchive.analyze.keep`):
   positions stored as a derived group, committed as recordings are;
-- :func:`gait_summary` (:mod:`~flyarchive.analyze.gait`): distance, speed, heading,
-  height, stance and swing per world; its positions computed into memory by this process
-  and worker processes (:mod:`~flyarchive.analyze.cpu_processes`) on the CPU.
+- :func:`gait_summary`, :func:`gait_steps`, :func:`gait_epochs`
+  (:mod:`~flyarchive.analyze.gait`): distance, speed, heading, height, step frequency, duty
+  factor, phases, tripod coordination and support patterns per world, one row per step,
+  every stance and swing interval; from archives, positions or ``movement`` poses datasets;
+  stance, swing and their events from the tips (:mod:`~flyarchive.analyze.steps`), by the
+  thresholds of :class:`GaitParams` (:mod:`~flyarchive.analyze.gait_params`: no NumPy, so
+  that the command line's parser reads their defaults); positions computed into memory by
+  this process and worker processes (:mod:`~flyarchive.analyze.cpu_processes`) on the CPU.
 
 Imports only the stages before it (store, query) and the base modules. Importing the
 package imports none of them: each name below loads its module on first use (the command
@@ -36,7 +41,9 @@ from typing import Any
 BACKENDS = ("cpu", "warp-cpu", "gpu")
 
 _LAZY = {
-    "GaitParams": "flyarchive.analyze.gait", "gait_summary": "flyarchive.analyze.gait",
+    "GaitParams": "flyarchive.analyze.gait_params", "gait_summary": "flyarchive.analyze.gait",
+    "gait_steps": "flyarchive.analyze.gait", "gait_epochs": "flyarchive.analyze.gait",
+    "gait_positions": "flyarchive.analyze.gait", "gait_points": "flyarchive.analyze.gait",
     "keep_positions": "flyarchive.analyze.keep", "open_positions": "flyarchive.analyze.keep",
     "keypoint_labels": "flyarchive.analyze.keypoints",
     "select_keypoints": "flyarchive.analyze.keypoints",

@@ -25,6 +25,8 @@ stored state; :mod:`~flyarchive.testing.model_fuzz`: crafted kept models;
 :mod:`~flyarchive.testing.spec_zips`: hostile portable models, other releases' MJBs;
 :mod:`~flyarchive.testing.hostile_outputs`: hostile output folders),
 :mod:`~flyarchive.testing.synthetic` (archives of random states),
+:mod:`~flyarchive.testing.walker` (a six-legged walker of known gait, as positions, poses or a
+DeepLabCut file),
 :mod:`~flyarchive.testing.ways_in` (every way into an archive, side by side;
 :mod:`~flyarchive.testing.forks`: many capped jobs forked from one child),
 :mod:`~flyarchive.testing.view` (the web viewer in a Chromium page).

@@ -19,7 +19,8 @@ import pytest
 __all__ = [
     "has_module", "has_cuda", "WARP_DEVICE", "WARP_BACKEND", "requires_warp", "requires_cuda",
     "requires_no_cuda", "requires_flygym", "requires_distributed", "requires_s3",
-    "requires_linux_sys", "requires_movement", "requires_nwb", "opengl_vendor", "CHROMIUM",
+    "requires_linux_sys", "requires_movement", "requires_nwb", "requires_nwbinspector",
+    "opengl_vendor", "CHROMIUM",
     "CHROMIUM_ARGS", "requires_chromium", "requires_view",
 ]
 
@@ -101,8 +102,11 @@ requires_movement = pytest.mark.skipif(
     reason="needs movement: pip install 'flyarchive[movement]'",
 )
 requires_nwb = pytest.mark.skipif(
-    not (has_module("pynwb") and has_module("ndx_pose")),
-    reason="needs pynwb and ndx-pose: pip install 'flyarchive[nwb]'",
+    not (has_module("pynwb") and has_module("ndx_pose") and has_module("yaml")),
+    reason="needs pynwb, ndx-pose and PyYAML: pip install 'flyarchive[nwb]'",
+)
+requires_nwbinspector = pytest.mark.skipif(
+    not has_module("nwbinspector"), reason="needs nwbinspector: pip install 'flyarchive[nwb]'",
 )
 requires_linux_sys = pytest.mark.skipif(
     not Path("/sys/kernel").is_dir(), reason="needs Linux /sys (a folder nobody may write in)"
