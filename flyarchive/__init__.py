@@ -20,7 +20,9 @@ tests/test_layout_rules.py checks it):
   :mod:`flyarchive.schema` (schema v1, validation), :mod:`flyarchive.layout` (a model's
   qpos/mocap layout and fingerprint), :mod:`flyarchive.clock` (when a frame is due),
   :mod:`flyarchive.codecs` (the state arrays' codec pipelines), :mod:`flyarchive.models`,
-  :mod:`flyarchive.warp_log` (Warp imported quietly, kernels compiled once);
+  :mod:`flyarchive.spec_zip` (a model's portable form: MuJoCo spec zips),
+  :mod:`flyarchive.warp_log` (Warp imported quietly, kernels compiled once),
+  :mod:`flyarchive.lru` (what a process keeps between calls: a small bounded cache);
 - :mod:`flyarchive.record`: recorders sample state when a frame is due (bound to the
   store by :mod:`flyarchive.recorders`, an application);
 - :mod:`flyarchive.store`: the code that opens, writes and commits zarr archives;
@@ -80,6 +82,7 @@ _LAZY = {
     "verify": "flyarchive.store.integrity",
     "VerifyReport": "flyarchive.store.integrity",
     "load_model": "flyarchive.store.kept_models",
+    "attach_model": "flyarchive.store.kept_models",
     "save_mjb": "flyarchive.models",
     "set_trajectory_recorder": "flyarchive.interop.flygym_sim",
     "read_trajectories": "flyarchive.interop.trajectories",
@@ -89,6 +92,10 @@ _LAZY = {
     "keep_positions": "flyarchive.analyze",
     "open_positions": "flyarchive.analyze",
     "gait_summary": "flyarchive.analyze",
+    "gait_steps": "flyarchive.analyze",
+    "gait_epochs": "flyarchive.analyze",
+    "gait_positions": "flyarchive.analyze",
+    "gait_points": "flyarchive.analyze",
     "GaitParams": "flyarchive.analyze",
     "select_keypoints": "flyarchive.analyze",
     "keypoint_labels": "flyarchive.analyze",

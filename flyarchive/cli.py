@@ -56,13 +56,15 @@ def cmd_import_npz(args: argparse.Namespace) -> int:
     if args.resume and args.overwrite:
         raise SelectionError("--resume finishes an import and --overwrite replaces it; "
                              "choose one.")
-    model = load_model(path_arg(args.model))
+    model_path = path_arg(args.model)
+    model = load_model(model_path)
+    portable = not args.no_store_model and model_path.lower().endswith((".xml", ".mjz", ".zip"))
     files = find_npz_files([path_arg(p) for p in args.paths])
     url = import_npz(files, path_arg(args.to), model,
                      mode="w" if args.overwrite else "w-", resume=args.resume,
                      renumber=args.renumber, storage_options=storage_options_arg(args.storage_options),
                      codec=args.codec, store_model=not args.no_store_model,
-                     takeover=args.takeover)
+                     takeover=args.takeover, model_source=model_path if portable else None)
     print(f"imported {len(files)} file(s) into {url}")
     return 0
 
@@ -88,19 +90,38 @@ def cmd_verify(args: argparse.Namespace) -> int:
 
     report = verify(path_arg(args.url), storage_options_arg(args.storage_options))
     writing = f" It is being written by {report.writer}." if report.writer else ""
+    what = "a derived group of " if report.is_derived else ""
+    derived = (f" Derived groups checked too: {', '.join(report.derived)}." if report.derived
+               else "")
     if report.ok:
-        print(f"OK: {args.url}: {report.n_worlds} worlds, {report.frames_checked} committed "
-              f"frames read, all finite, checksums match.{writing}")
+        print(f"OK: {args.url}: {what}{report.n_worlds} worlds, {report.frames_checked} "
+              f"committed frames read, all finite, checksums match.{writing}{derived}")
         for note in report.being_written:
             print(f"  - being written: {note}")
+        for note in report.notes:
+            print(f"  - note: {note}")
         return 0
     print(f"FAILED: {args.url}:", file=sys.stderr)
     for problem in report.problems:
         print(f"  - {problem}", file=sys.stderr)
+    for note in report.notes:
+        print(f"  - note: {note}", file=sys.stderr)
     if report.writer:
         print(f"  ({writing.strip()} No writer makes the damage above; stop it before "
               "restoring anything.)", file=sys.stderr)
     return 1
+
+
+def cmd_model_attach(args: argparse.Namespace) -> int:
+    from flyarchive.store.kept_models import attach_model
+
+    url = path_arg(args.url)
+    entry = attach_model(url, path_arg(args.model),
+                         storage_options=storage_options_arg(args.storage_options),
+                         replace=args.replace, takeover=args.takeover)
+    print(f"{url} keeps the portable model {entry['path']} (sha256 {entry['sha256'][:16]}..., "
+          f"{entry['size']:,} bytes): any MuJoCo release can replay it.")
+    return 0
 
 
 def cmd_set_world_var(args: argparse.Namespace) -> int:
@@ -296,7 +317,9 @@ def build_parser() -> argparse.ArgumentParser:
     p = add("import-npz", cmd_import_npz, "Import flygym RecordedTrajectory .npz files.")
     p.add_argument("paths", nargs="+", help=".npz files or folders of them")
     p.add_argument("--to", required=True, help="archive URL to create")
-    p.add_argument("--model", required=True, help="MJCF .xml or compiled .mjb")
+    p.add_argument("--model", required=True,
+                   help="MJCF .xml (with its files), spec zip (.mjz) or compiled .mjb; an .xml "
+                        "or .mjz is also kept as the model's portable form")
     p.add_argument("--codec", default="lossless", help="'lossless' or 'abs:1e-6'")
     p.add_argument("--overwrite", action="store_true", help="replace an existing archive")
     p.add_argument("--resume", action="store_true",
@@ -322,6 +345,21 @@ def build_parser() -> argparse.ArgumentParser:
     storage(p)
     p = add("render", cmd_render, "Render worlds of an archive to mp4 videos.")
     add_render_arguments(p)
+    storage(p)
+    p = add("model", None, "The model kept beside an archive.")
+    model_sub = p.add_subparsers(dest="model_command", required=True)
+    help_attach = ("Keep a portable model (MJCF and its files) beside an archive that keeps "
+                   "none, after checking that it compiles to the recorded layout: any MuJoCo "
+                   "release can then replay it. Nothing else in the archive changes.")
+    p = model_sub.add_parser("attach", help=help_attach, description=help_attach)
+    p.set_defaults(func=cmd_model_attach)
+    p.add_argument("url")
+    p.add_argument("--model", required=True,
+                   help="the model the archive was recorded with: MJCF .xml (with its files) or "
+                        "spec zip (.mjz, .zip)")
+    p.add_argument("--replace", action="store_true",
+                   help="replace a portable model the archive keeps already")
+    takeover(p)
     storage(p)
     p = add("set-world-var", cmd_set_world_var,
             "Add per-world variables to an archive (committed atomically).")
@@ -352,8 +390,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--overwrite", action="store_true", help="replace an earlier demo's output")
     p = add("view", cmd_view, "Browse, filter and watch the worlds of an archive in the browser.")
     p.add_argument("url")
-    p.add_argument("--model", help="MJCF .xml or compiled .mjb (default: the model kept in the "
-                   "archive; without one: table and traces only)")
+    p.add_argument("--model", help="MJCF .xml, spec zip (.mjz) or compiled .mjb (default: the "
+                   "model kept in the archive; without one: table and traces only)")
     p.add_argument("--host", default="127.0.0.1",
                    help="address to serve on (default 127.0.0.1: this machine only)")
     p.add_argument("--port", type=int, default=8750, help="port (default 8750, or a free one "

@@ -109,6 +109,12 @@ def cmd_positions(args: argparse.Namespace) -> int:
             bar.total = total
             bar.update(done - bar.n)
 
+    repairs: list[str] = []
+
+    def repairing(text: str) -> None:
+        repairs.append(text)
+        print(f"repairing: {text}", file=sys.stderr, flush=True)
+
     try:
         url = keep_positions(_path(args.url), **_keypoint_args(args),
                              to=_path(args.to) if args.to else None,
@@ -116,39 +122,132 @@ def cmd_positions(args: argparse.Namespace) -> int:
                              to_storage_options=_options(args, "to_storage_options"),
                              orientations=args.orientations, backend=args.backend,
                              overwrite=args.overwrite, takeover=args.takeover,
-                             on_block=progress)
+                             on_block=progress, on_repair=repairing)
     finally:
         if bar is not None:
             bar.close()
-    print(f"kept positions at {url}")
+    if repairs:
+        print(f"repaired and kept positions at {url} ({len(repairs)} repair"
+              f"{'s' if len(repairs) > 1 else ''}: see above)")
+    else:
+        print(f"kept positions at {url}")
     return 0
 
 
 def cmd_gait(args: argparse.Namespace) -> int:
-    from flyarchive.analyze import GaitParams, gait_summary
+    from flyarchive.analyze import GaitParams, gait_positions, gait_summary
 
-    params = GaitParams(stance_height=args.stance_height, stance_speed=args.stance_speed,
-                        fall_height=args.fall_height)
+    params = GaitParams(**{name: getattr(args, name) for name in _THRESHOLDS})
     tips = parse_keypoints(None, args.tip)["points"] or None
-    summary = gait_summary(_path(args.url), thorax=args.thorax, tips=tips, params=params,
-                           model=_model(args),
-                           storage_options=_options(args), backend=args.backend,
-                           save=args.save, **_window(args))
-    table = {name: [None if v != v else round(float(v), 6) for v in values.values]
-             for name, values in summary.data_vars.items()}
-    worlds = [int(w) for w in summary.world.values]
+    where = {"thorax": args.thorax, "tips": tips, "model": _model(args),
+             "storage_options": _options(args), "backend": args.backend, **_window(args)}
+    for path in (args.steps, args.epochs):
+        _check_table_path(path, args.overwrite)
+    if args.save:  # the measures go into the archive: from its URL
+        summary = gait_summary(_path(args.url), params=params, reference_leg=args.reference_leg,
+                               window=args.window, save=True, **where)
+        positions = None
+    else:  # computed once for the measures and the tables
+        positions = gait_positions(_path(args.url), **where)
+        summary = gait_summary(positions, params=params, reference_leg=args.reference_leg,
+                               window=args.window)
+    if args.steps or args.epochs:
+        _write_tables(args, positions if positions is not None else _path(args.url),
+                      params, {} if positions is not None else where)
     if args.json:
-        print(json.dumps({"world": worlds, **table, "units": {
-            n: v.attrs.get("units") for n, v in summary.data_vars.items()}}, indent=2))
+        print(json.dumps(_json_table(summary), indent=2))
     else:
-        names = list(table)
-        print("world  " + "  ".join(f"{n:>12.12}" for n in names))
-        for i, w in enumerate(worlds):
-            cells = ("-" if table[n][i] is None else f"{table[n][i]:.4g}" for n in names)
-            print(f"{w:>5}  " + "  ".join(f"{c:>12}" for c in cells))
+        for line in _measure_table(summary):
+            print(line)
     if args.save:
-        print(f"saved {len(table)} world variables in {args.url}", file=sys.stderr)
+        print(f"saved {len(summary.data_vars)} world variables in {args.url}", file=sys.stderr)
     return 0
+
+
+#: The thresholds of GaitParams the command line sets (--stance-height...).
+_THRESHOLDS = ("stance_height", "stance_speed", "swing_height", "swing_speed", "min_stance",
+               "min_swing", "smooth", "fall_height")
+
+
+def _check_table_path(path: str | None, overwrite: bool) -> None:
+    """--steps/--epochs: a .csv or .json file that does not exist (or --overwrite)."""
+    if not path:
+        return
+    if "://" in path:
+        raise SelectionError(f"--steps and --epochs write local files; {path!r} is a URL. Write "
+                             "to a local path, then copy the file where it belongs.")
+    target = os.path.expanduser(path)
+    if os.path.splitext(target)[1].lower() not in (".csv", ".json"):
+        raise SelectionError(f"Cannot tell the format of {path!r}: name a .csv or a .json file.")
+    if os.path.isdir(target):
+        raise SelectionError(f"{path!r} is a folder; name a .csv or a .json file.")
+    if os.path.exists(target) and not overwrite:
+        from flyarchive.errors import OutputExistsError
+
+        raise OutputExistsError(f"{path!r} already exists; pass --overwrite to replace it. "
+                                "Nothing was written.")
+
+
+def _write_tables(args: argparse.Namespace, source: Any, params: Any,
+                  where: dict[str, Any]) -> None:
+    """--steps and --epochs: the tables as CSV or JSON (by the file's suffix), each
+    written to a temporary name beside it and renamed."""
+    from flyarchive.analyze import gait_epochs, gait_steps
+
+    for path, make in ((args.steps, gait_steps), (args.epochs, gait_epochs)):
+        if not path:
+            continue
+        target = os.path.expanduser(path)
+        suffix = os.path.splitext(target)[1].lower()
+        table = make(source, params=params, **where)
+        text = table.to_csv(index=False, float_format="%.9g") if suffix == ".csv" else \
+            table.to_json(orient="records", indent=1)
+        tmp = f"{target}.tmp{os.getpid()}"
+        with open(tmp, "w") as out:
+            out.write(text)
+        os.replace(tmp, target)
+        print(f"wrote {len(table)} rows to {path}", file=sys.stderr)
+
+
+def _json_table(summary: Any) -> dict[str, Any]:
+    def cells(values: Any) -> Any:
+        if values.ndim == 2:
+            return [cells(row) for row in values]
+        return [None if v != v else round(float(v), 6) for v in values]
+
+    out: dict[str, Any] = {"world": [int(w) for w in summary.world.values],
+                           "individual": [str(i) for i in summary.individual.values]}
+    if "window" in summary.dims:
+        out["window"] = [float(w) for w in summary.window.values]
+    out.update({name: cells(v.values) for name, v in summary.data_vars.items()})
+    out["units"] = {name: v.attrs.get("units") for name, v in summary.data_vars.items()}
+    out["descriptions"] = {name: v.attrs.get("description")
+                           for name, v in summary.data_vars.items()}
+    return out
+
+
+def _measure_table(summary: Any, per_block: int = 6) -> list[str]:
+    """One row per measure, whole name and unit; one column per world (six at a time),
+    a block per window."""
+    names = list(summary.data_vars)
+    labels = [f"{name} [{summary[name].attrs.get('units', '')}]" for name in names]
+    width = max(len(label) for label in labels)
+    windows = list(summary.window.values) if "window" in summary.dims else [None]
+    worlds = [int(w) for w in summary.world.values]
+    lines: list[str] = []
+    for k, start in enumerate(windows):
+        part = summary if start is None else summary.isel(window=k)
+        for first in range(0, len(worlds), per_block):
+            shown = worlds[first:first + per_block]
+            title = "" if start is None else f"window {float(start):g} s  "
+            lines.append(f"{title:<{width}}  " + "  ".join(f"{'world ' + str(w):>11}"
+                                                           for w in shown))
+            for name, label in zip(names, labels):
+                values = part[name].values[first:first + per_block]
+                lines.append(f"{label:<{width}}  " + "  ".join(
+                    f"{'-' if v != v else f'{v:.5g}':>11}" for v in values))
+            lines.append("")
+    return lines[:-1]
 
 
 def cmd_export_poses(args: argparse.Namespace) -> int:
@@ -156,8 +255,10 @@ def cmd_export_poses(args: argparse.Namespace) -> int:
 
     written = export_poses(_path(args.url), _path(args.to), format=args.format,
                            **_keypoint_args(args), model=_model(args),
-                           storage_options=_options(args),
-                           length_unit=args.length_unit, overwrite=args.overwrite, **_window(args))
+                           storage_options=_options(args), length_unit=args.length_unit,
+                           overwrite=args.overwrite,
+                           metadata=_path(args.metadata) if args.metadata else None,
+                           **_window(args))
     print(f"wrote {len(written)} file(s): {', '.join(written[:4])}{' ...' if len(written) > 4 else ''}")
     return 0
 
@@ -167,7 +268,8 @@ def add_commands(add: Callable[[str, Any, str], argparse.ArgumentParser],
                  takeover: Callable[[argparse.ArgumentParser], None]) -> None:
     """Add ``positions``, ``gait`` and ``export-poses`` with ``add(name, func, help)``
     (``storage(p)``, ``takeover(p)``: the command line's options of those names)."""
-    from flyarchive.analyze.blocks import BACKENDS
+    from flyarchive.analyze import BACKENDS
+    from flyarchive.analyze.gait_params import GaitParams
 
     def keypoints(p: argparse.ArgumentParser) -> None:
         p.add_argument("--keypoints", action="append", metavar="NAMES", help=_KEYPOINTS_HELP)
@@ -179,8 +281,8 @@ def add_commands(add: Callable[[str, Any, str], argparse.ArgumentParser],
     def common(p: argparse.ArgumentParser) -> None:
         p.set_defaults(tools=tools)
         p.add_argument("url")
-        p.add_argument("--model", help="MJCF .xml or compiled .mjb (default: the model kept "
-                       "in the archive)")
+        p.add_argument("--model", help="MJCF .xml, spec zip (.mjz) or compiled .mjb (default: "
+                       "the model kept in the archive)")
         p.add_argument("--backend", default="cpu", choices=BACKENDS,
                        help="cpu (MuJoCo, bit-exact), warp-cpu or gpu (mujoco-warp, float32)")
         storage(p)
@@ -197,7 +299,8 @@ def add_commands(add: Callable[[str, Any, str], argparse.ArgumentParser],
     p.add_argument("--quiet", action="store_true", help="no progress")
     takeover(p)
     p = add("gait", cmd_gait, "Gait and locomotion measures per world (distance, speed, "
-            "heading, height, stance and swing per leg).")
+            "heading, height; per leg step frequency, duty factor, stance and swing, phase; "
+            "tripod coordination and support patterns), and the steps themselves.")
     common(p)
     p.add_argument("--thorax", default="nmf/c_thorax",
                    help="the body whose path is the fly's (default nmf/c_thorax)")
@@ -206,15 +309,30 @@ def add_commands(add: Callable[[str, Any, str], argparse.ArgumentParser],
                         "default: NeuroMechFly's six tarsus tips)")
     p.add_argument("--worlds", help="e.g. 0,3,10-20 (default all)")
     p.add_argument("--time", help="START:END seconds of simulated time")
-    p.add_argument("--stance-height", type=float, default=0.1,
-                   help="a tip lower than this may be in stance, mm (default 0.1)")
-    p.add_argument("--stance-speed", type=float, default=5.0,
-                   help="a tip slower than this may be in stance, mm/s (default 5)")
-    p.add_argument("--fall-height", type=float, default=0.6,
-                   help="time_below counts the thorax lower than this, mm (default 0.6)")
+    defaults = GaitParams()
+    for name, unit, text in (
+            ("stance-height", "mm", "a tip lower than this may be in stance"),
+            ("stance-speed", "mm/s", "a tip slower than this may be in stance"),
+            ("swing-height", "mm", "a tip out of stance swings if it rises above this"),
+            ("swing-speed", "mm/s", "...or moves faster than this"),
+            ("min-stance", "s", "shorter stances between swings join them"),
+            ("min-swing", "s", "shorter swings between stances join them"),
+            ("smooth", "s", "positions are averaged over this long before speeds"),
+            ("fall-height", "mm", "time_below counts the thorax lower than this")):
+        default = getattr(defaults, name.replace("-", "_"))
+        p.add_argument(f"--{name}", type=float, default=default,
+                       help=f"{text}, {unit} (default {default:g})")
+    p.add_argument("--reference-leg", help="the leg phases are measured against (default lf)")
+    p.add_argument("--window", type=float,
+                   help="seconds: measures per window of this length (default: whole selection)")
     p.add_argument("--save", action="store_true",
                    help="store the measures as world variables (for --where-world-var "
-                        "'distance>5')")
+                        "'distance>5'); needs every world")
+    p.add_argument("--steps", metavar="PATH.csv|PATH.json",
+                   help="also write one row per step (lift-off, touchdown, durations, length)")
+    p.add_argument("--epochs", metavar="PATH.csv|PATH.json",
+                   help="also write every stance and swing interval per leg")
+    p.add_argument("--overwrite", action="store_true", help="replace existing --steps/--epochs")
     p.add_argument("--json", action="store_true", help="print JSON")
     p = add("export-poses", cmd_export_poses,
             "Export keypoint positions as a movement poses dataset (netCDF) or NWB files "
@@ -228,3 +346,7 @@ def add_commands(add: Callable[[str, Any, str], argparse.ArgumentParser],
     p.add_argument("--length-unit", default="mm", choices=("mm", "cm", "m"),
                    help="the model's length unit (NWB stores metres; default mm)")
     p.add_argument("--overwrite", action="store_true", help="replace existing files")
+    p.add_argument("--metadata", metavar="META.yaml",
+                   help="NWB: NWBFile and Subject fields in pynwb's names (session_description, "
+                        "experimenter, lab, institution, subject: {subject_id, species, age, "
+                        "sex, genotype})")

@@ -248,8 +248,8 @@ def add_render_arguments(p: argparse.ArgumentParser) -> None:
     from flyarchive.video import PRESETS
 
     p.add_argument("url")
-    p.add_argument("--model", help="MJCF .xml or compiled .mjb (default: the model kept in "
-                   "the archive when it was recorded)")
+    p.add_argument("--model", help="MJCF .xml, spec zip (.mjz) or compiled .mjb (default: the "
+                   "model kept in the archive when it was recorded)")
     p.add_argument("--camera", action="append", required=True, help="camera name (repeatable)")
     p.add_argument("--worlds", help="e.g. 0,3,10-20, or 512- for every world from 512 on "
                    "(default all)")

@@ -86,7 +86,8 @@ def _run(nmf: Any, out: Path, url: str, n_worlds: int, seconds: float, render: b
          f"(nq={world.model.nq}, timestep {world.model.opt.timestep} s)")
     start = time.perf_counter()
     recorder = TrajectoryRecorder(url, world.model, mode="w" if overwrite else "w-",
-                                  attrs={"demo": "flyarchive demo", "controller": "spotlight clip"})
+                                  attrs={"demo": "flyarchive demo", "controller": "spotlight clip"},
+                                  model_source=world.spec)
     with recorder:
         nmf.simulate_walk(world, n_worlds, seconds, recorder.record_as_needed)
     _say(f"recorded {recorder.n_frames} frames x {n_worlds} worlds to {url} "

@@ -48,6 +48,10 @@ __all__ = [
     "VideoEncodeError",
     "OptionsError",
     "ConfigError",
+    "RequestTooLargeError",
+    "RequestTimeoutError",
+    "ServerBusyError",
+    "UntrustedCacheWarning",
     "did_you_mean",
 ]
 
@@ -114,6 +118,29 @@ class CameraNotFoundError(FlyarchiveError, KeyError):
 
 class SelectionError(FlyarchiveError, ValueError):
     """A selection of worlds or times is empty or outside the archive."""
+
+
+class RequestTooLargeError(SelectionError):
+    """A request to ``flyarchive view`` whose cost (worlds x series x frames, bytes read or
+    sent, pixels rendered) passes the viewer's bound (HTTP 413); the message gives the
+    bound and how to narrow the request."""
+
+
+class RequestTimeoutError(FlyarchiveError, TimeoutError):
+    """A request's body did not reach ``flyarchive view`` in time (HTTP 408)."""
+
+
+class ServerBusyError(FlyarchiveError, RuntimeError):
+    """``flyarchive view`` already holds as many of these requests (renders) as it keeps
+    waiting (HTTP 429).
+
+    Attributes:
+        retry_after_s: About how long to wait before asking again, seconds.
+    """
+
+    def __init__(self, message: str, retry_after_s: float) -> None:
+        super().__init__(message)
+        self.retry_after_s = retry_after_s
 
 
 class FrameSizeError(FlyarchiveError, ValueError):
@@ -236,6 +263,13 @@ def missing_dependency(package: str, extra: str | None, what: str, *,
         f"{what} needs the package {package!r}, which is not installed{detail}. "
         f"Install it with: {hint}"
     )
+
+
+class UntrustedCacheWarning(UserWarning):
+    """flyarchive's cache folder (``FLYARCHIVE_CACHE_DIR``) can be written by someone other
+    than this user (another owner, or writable by its group or others): the verdicts and
+    compiled models kept there are not trusted, and none is kept there. The message names
+    the folder and how to make it private."""
 
 
 # Not flyarchive errors, not public: what a local file turned out to be, and SIGTERM.

@@ -180,19 +180,29 @@ def check_compatible(archive: ModelLayout, model: ModelLayout, *, what: str = "m
     Raises:
         LayoutMismatchError: naming nq/nmocap on both sides and the first differing label.
     """
+    detail = layout_difference(archive, model, what=what)
+    if detail is not None:
+        raise LayoutMismatchError(
+            f"The {what} does not fit the archive: {detail}. Pass the model the archive was "
+            "recorded with (same joints in the same order)."
+        )
+
+
+def layout_difference(archive: ModelLayout, model: ModelLayout, *, what: str = "model"
+                      ) -> str | None:
+    """How ``model``'s layout differs from ``archive``'s, in words (``"archive has nq=13,
+    nmocap=1; model has nq=2, nmocap=0; first differing qpos label at index 0: ..."``);
+    None when they are the same."""
     if archive == model:
-        return
+        return None
     a_labels, m_labels = archive.dof_labels, model.dof_labels
     detail = _first_difference(a_labels, m_labels, "qpos label")
     if detail is None:
         detail = _first_difference(archive.joint_types, model.joint_types, "joint type")
     if detail is None:
         detail = _first_difference(archive.mocap_names, model.mocap_names, "mocap body")
-    raise LayoutMismatchError(
-        f"The {what} does not fit the archive: archive has nq={archive.nq}, "
-        f"nmocap={archive.nmocap}; {what} has nq={model.nq}, nmocap={model.nmocap}; {detail}. "
-        f"Pass the model the archive was recorded with (same joints in the same order)."
-    )
+    return (f"archive has nq={archive.nq}, nmocap={archive.nmocap}; {what} has nq={model.nq}, "
+            f"nmocap={model.nmocap}; {detail}")
 
 
 def _first_difference(a: tuple[str, ...], b: tuple[str, ...], kind: str) -> str | None:
@@ -204,4 +214,49 @@ def _first_difference(a: tuple[str, ...], b: tuple[str, ...], kind: str) -> str 
         extra = a[i] if len(a) > len(b) else b[i]
         side = "archive" if len(a) > len(b) else "model"
         return f"first differing {kind} at index {i}: only the {side} has {extra!r}"
+    return None
+
+
+#: Largest difference allowed between a recorded model's ``qpos0`` and that of the model
+#: its portable form compiles to (on this or another MuJoCo release), relative to the
+#: value's magnitude (at least 1): MuJoCo's XML of an ``MjSpec`` writes 6 significant
+#: digits, so that form compiles to within about 5e-7 relative. An MJCF source compiles
+#: to the same qpos0 (1e-15 measured across MuJoCo 3.16 and 4.0.1).
+QPOS0_TOLERANCE = 1e-6
+
+
+def model_details(model: mujoco.MjModel) -> dict[str, list[Any]]:
+    """What an archive records of its model besides the layout, to check a model compiled
+    on another MuJoCo release: ``bodies`` (every body's name in id order, ``""`` when
+    unnamed) and ``qpos0`` (the reference configuration, ``(nq,)`` floats), JSON-friendly."""
+    names = [mujoco.mj_id2name(model, mujoco.mjtObj.mjOBJ_BODY, i) or "" for i in range(model.nbody)]
+    return {"bodies": names, "qpos0": [float(v) for v in model.qpos0]}
+
+
+def details_difference(recorded: Any, model: mujoco.MjModel) -> str | None:
+    """How ``model`` differs from the bodies and ``qpos0`` an archive recorded
+    (:func:`model_details`), in words; None when it does not (``qpos0`` within
+    :data:`QPOS0_TOLERANCE` of ``max(1, |value|)``). Details the archive did not record are
+    not compared."""
+    have = model_details(model)
+    bodies = recorded.get("bodies") if isinstance(recorded, dict) else None
+    if isinstance(bodies, list):
+        detail = _first_difference(tuple(map(str, bodies)), tuple(have["bodies"]), "body")
+        if detail is not None:
+            return f"archive has {len(bodies)} bodies, model has {len(have['bodies'])}; {detail}"
+    qpos0 = recorded.get("qpos0") if isinstance(recorded, dict) else None
+    if isinstance(qpos0, list):
+        try:
+            want = np.asarray(qpos0, dtype=np.float64)
+        except (TypeError, ValueError):
+            return "the archive's recorded qpos0 is not a list of numbers"
+        got = np.asarray(have["qpos0"])
+        if want.shape != got.shape:
+            return f"archive records {want.size} qpos0 values, model has {got.size}"
+        gap = np.abs(want - got) / np.maximum(1.0, np.abs(want))
+        gap[np.isnan(gap)] = np.inf
+        if not (gap <= QPOS0_TOLERANCE).all():
+            i = int(np.argmax(gap))
+            return (f"qpos0 differs at index {i}: archive {float(want[i])!r}, model "
+                    f"{float(got[i])!r} (at most {QPOS0_TOLERANCE:g} of max(1, |value|) allowed)")
     return None

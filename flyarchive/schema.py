@@ -48,10 +48,27 @@ TIMING_ATTRS = ("timestep", "output_fps", "playback_speed")
 #: Attributes written by flyarchive; user metadata may not reuse these names.
 RESERVED_ATTRS = frozenset(
     {"flyarchive_schema", "flyarchive_schema_version", "layout", "source", "versions", "codec",
-     "model"}
+     "model", "portable_model"}
     | set(TIMING_ATTRS)
 )
 STATE_DTYPES = (np.dtype("float64"), np.dtype("float32"))
+
+#: The group under an archive's root that holds its derived groups (``derived/<name>/``).
+DERIVED_GROUP = "derived"
+#: The attribute that makes a group a derived group, and holds its provenance: ``kind``
+#: (e.g. ``"positions"``), ``source_archive_id``, ``model_sha256`` (the model's identity),
+#: and what the kind defines.
+DERIVED_ATTR = "derived"
+#: Provenance entries that define, in order, the labels of a derived group's coordinate:
+#: coordinate -> entry, a list of objects each with its ``label``.
+LABELLED_PROVENANCE = {"keypoint": "keypoints"}
+
+
+def is_state(dims: tuple[str, ...] | list[str]) -> bool:
+    """Whether a variable of these dimensions holds frames of worlds (``qpos``, mocap
+    poses, a derived group's ``position``...): dims ``(world, time, ...)``. Every such
+    array is read, masked and checked the same way, whatever it is named."""
+    return tuple(dims[:2]) == ("world", "time")
 
 
 def validate_attrs(attrs: Mapping[str, Any]) -> ModelLayout:
@@ -169,6 +186,86 @@ def validate(ds: xr.Dataset) -> ModelLayout:
     if len(np.unique(ds["world"].values)) != ds.sizes["world"]:
         raise SchemaError("Coordinate 'world' repeats a world id; each world must appear once.")
     return layout
+
+
+def validate_derived(ds: xr.Dataset) -> dict[str, Any]:
+    """Check a derived group against what flyarchive writes and return its provenance.
+
+    A derived group is laid out as an archive: the source's schema attributes, ``n_frames``,
+    ``world``, ``time`` (and ``sim_time``, ``frame``), and its own state variables of dims
+    ``(world, time, ...)`` (:func:`is_state`), each other dimension labelled by a
+    coordinate of distinct strings.
+
+    Args:
+        ds: The group as stored, or as opened (coordinates read).
+
+    Returns:
+        The ``derived`` attribute (its provenance).
+
+    Raises:
+        SchemaError: naming the first thing that is off.
+        SchemaVersionError: for a schema version this flyarchive cannot read.
+    """
+    validate_attrs(ds.attrs)
+    derived = ds.attrs.get(DERIVED_ATTR)
+    if not isinstance(derived, Mapping) or not isinstance(derived.get("kind"), str) \
+            or not isinstance(derived.get("source_archive_id", ""), (str, type(None))):
+        raise SchemaError(
+            f"Attribute {DERIVED_ATTR!r} is {str(derived)[:80]!r}; a derived group's provenance "
+            "is an object with 'kind' and 'source_archive_id'. Its metadata was edited or "
+            "corrupted.")
+    _check_var(ds, "n_frames", ("world",), (np.dtype("int64"),))
+    _check_coord(ds, "world", np.dtype("int64"))
+    _check_coord(ds, "time", np.dtype("float64"))
+    for name, dtype in TIME_COORDS.items():
+        if name in ds.variables:
+            _check_time_coord(ds, name, dtype)
+    if len(np.unique(ds["world"].values)) != ds.sizes["world"]:
+        raise SchemaError("Coordinate 'world' repeats a world id; each world must appear once.")
+    states = [name for name, var in ds.data_vars.items() if is_state(var.dims)]
+    other = sorted(name for name in ds.data_vars
+                   if name not in states and name != "n_frames" and name not in TIME_COORDS)
+    if other:
+        raise SchemaError(
+            f"Variable {other[0]!r} has dims {ds[other[0]].dims}; a derived group's values have "
+            "dims (world, time, ...). Its metadata was edited or corrupted.")
+    if not states:
+        raise SchemaError(f"The derived group has no variable of dims (world, time, ...). "
+                          f"Variables: {sorted(ds.data_vars)}.")
+    for name in states:
+        var = ds[name]
+        if var.dtype not in STATE_DTYPES:
+            raise SchemaError(f"Variable {name!r} has dtype {var.dtype}; derived values are "
+                              "float64 or float32.")
+        for dim in var.dims[2:]:
+            _check_labels(ds, name, dim)
+    for dim, entry in LABELLED_PROVENANCE.items():
+        defined = derived.get(entry)
+        if dim not in ds.coords or defined is None:
+            continue
+        named = [d.get("label") if isinstance(d, Mapping) else None
+                 for d in (defined if isinstance(defined, list) else [defined])]
+        labels = [str(v) for v in ds[dim].values]
+        if named != labels:
+            raise SchemaError(
+                f"Coordinate {dim!r} is {labels[:8]!r}{'...' if len(labels) > 8 else ''}, but "
+                f"the provenance defines {str(named[:8])[:200]}: the labels do not name the "
+                "values they label. Its metadata was edited or corrupted.")
+    return dict(derived)
+
+
+def _check_labels(ds: xr.Dataset, name: str, dim: str) -> None:
+    """A dimension of a derived state variable is labelled by distinct strings."""
+    if dim not in ds.coords or ds[dim].dims != (dim,):
+        raise SchemaError(f"Variable {name!r} has the dimension {dim!r} but the group has no "
+                          f"coordinate {dim!r} that labels it.")
+    values = ds[dim].values
+    if values.dtype.kind not in "UOT" or not all(isinstance(v, str) for v in values.tolist()):
+        raise SchemaError(f"Coordinate {dim!r} has dtype {values.dtype}; labels are strings.")
+    repeated = sorted(label for label, n in Counter(values.tolist()).items() if n > 1)
+    if repeated:
+        raise SchemaError(f"Coordinate {dim!r} repeats the label(s) {repeated[:8]}; each must "
+                          "be distinct to be selected. Its metadata was edited or corrupted.")
 
 
 def _check_var(ds: xr.Dataset, name: str, dims: tuple[str, ...], dtypes: tuple[np.dtype, ...]) -> None:
@@ -316,3 +413,42 @@ def times_problem(time: np.ndarray, sim_time: np.ndarray | None = None) -> str |
     if (np.diff(time) <= 0).any():
         return "time is not strictly increasing over the committed frames."
     return None
+
+
+def derived_source_url(url: str) -> str | None:
+    """The archive a derived group kept beside it belongs to (``.../run.zarr`` for
+    ``.../run.zarr/derived/positions-1a2b``); None for any other URL (an archive of
+    positions of its own, ``flyarchive positions --to``)."""
+    head, _, name = str(url).rstrip("/").rpartition("/")
+    archive, _, parent = head.rpartition("/")
+    if parent != DERIVED_GROUP or not name or not archive or archive.endswith(":/"):
+        return None
+    return archive
+
+
+def damage_advice(url: str, attrs: Mapping[str, Any]) -> str:
+    """What to do about damage found at ``url``, an archive or a derived group (by its
+    attributes): an archive's recorded states are restored from a backup; derived values
+    are recomputed from their archive, which repairs what is damaged.
+
+    Args:
+        url: The archive or derived group, as the user gave it.
+        attrs: Its root attributes (untrusted: only compared, never printed).
+    """
+    derived = attrs.get(DERIVED_ATTR) if isinstance(attrs, Mapping) else None
+    if not isinstance(derived, Mapping):
+        return (f"Run `flyarchive verify {url}` to list every problem; restore the archive "
+                "from a backup.")
+    positions = derived.get("kind") == "positions"
+    archive = derived_source_url(url)
+    if archive is None:
+        again = (f"`flyarchive positions ARCHIVE --to {url}` again with the same keypoints"
+                 if positions else "the command that made them again")
+        return (f"These values were computed from an archive, whose recorded states are not "
+                f"affected: run {again}, which recomputes what is damaged. `flyarchive verify "
+                f"{url}` lists every problem.")
+    again = (f"`flyarchive positions {archive}` again with the same keypoints" if positions
+             else "the command that made it again")
+    return (f"This derived group holds values computed from the archive at {archive!r}, "
+            f"whose recorded states are not affected: run {again}, which recomputes what is "
+            f"damaged. `flyarchive verify {archive}` lists every problem.")

@@ -7,7 +7,7 @@ from typing import Any
 
 from flyarchive.codecs import describe as describe_codec
 from flyarchive.schema import import_status
-from flyarchive.store.kept_models import stored_entry
+from flyarchive.store.kept_models import readable_on, stored_entry, stored_portable
 from flyarchive.store.opening import open_header
 
 
@@ -17,10 +17,13 @@ def summarize(url: str, storage_options: Mapping[str, Any] | None = None) -> dic
     Returns:
         ``worlds`` (how many) and ``world_ids`` (every id, in the archive's order), frames,
         timing, layout, ``codec`` (its spec) and ``reader_needs`` (what a reader must have
-        installed to decode it), sources, the model kept beside it (``model``: its
+        installed to decode it), sources, the models kept beside it (``model``: its MJB's
         ``sha256``, ``size`` in bytes, the ``mujoco`` release that wrote it and its
-        ``path``; None when none is kept), the per-world variables (``world_vars``, their
-        names, and ``world_var_types``: ``"text"`` or the numpy dtype of each).
+        ``path``; ``portable_model``: its portable form's ``sha256``, ``size``, ``path``,
+        ``format``, the ``mujoco`` release that wrote it and whether it is ``exact``; None
+        when not kept), which MuJoCo releases can read them (``model_readable_on``, in
+        words), the per-world variables (``world_vars``, their names, and
+        ``world_var_types``: ``"text"`` or the numpy dtype of each).
     """
     ds = open_header(url, storage_options)  # what it shows is in the header: no xarray needed
     n_frames = ds.n_frames.values
@@ -53,6 +56,8 @@ def summarize(url: str, storage_options: Mapping[str, Any] | None = None) -> dic
         "layout_hash": layout["hash"][:16],
         "versions": ", ".join(f"{k} {v}" for k, v in ds.attrs.get("versions", {}).items()),
         "model": stored_entry(ds.attrs, str(url)),
+        "portable_model": _without_details(stored_portable(ds.attrs, str(url))),
+        "model_readable_on": readable_on(ds.attrs, str(url)),
         "world_vars": sorted(variables),
         "world_var_types": {n: variables[n] for n in sorted(variables)},
     }
@@ -70,17 +75,33 @@ def summary_lines(info: Mapping[str, Any]) -> dict[str, str]:
     shown = {"world_ids": format_ids(info["world_ids"]),
              "codec": describe_codec_line(info["codec"]),
              "model": describe_model(info["model"]),
+             "portable_model": describe_portable(info["portable_model"]),
              "world_vars": describe_world_vars(info["world_var_types"])}
     return {key: str(shown.get(key, value)) for key, value in info.items()
             if key not in ("reader_needs", "world_var_types")}
 
 
+def _without_details(entry: Mapping[str, Any] | None) -> dict[str, Any] | None:
+    """A ``portable_model`` entry without the recorded bodies and ``qpos0`` (long lists)."""
+    return None if entry is None else {k: v for k, v in entry.items()
+                                       if k not in ("bodies", "qpos0")}
+
+
 def describe_model(entry: Mapping[str, Any] | None) -> str:
-    """One line for ``flyarchive info``: the kept model, or that there is none."""
+    """One line for ``flyarchive info``: the kept MJB, or that there is none."""
     if entry is None:
-        return "not stored (render needs --model)"
-    return (f"stored: {entry['path']} (sha256 {entry['sha256'][:16]}..., "
-            f"{_size(entry['size'])}, MuJoCo {entry.get('mujoco') or 'unknown'})")
+        return "no MJB kept"
+    return (f"MJB {entry['path']} (sha256 {entry['sha256'][:16]}..., "
+            f"{_size(entry['size'])}, bound to MuJoCo {entry.get('mujoco') or 'unknown'})")
+
+
+def describe_portable(entry: Mapping[str, Any] | None) -> str:
+    """One line for ``flyarchive info``: the kept portable model, or how to keep one."""
+    if entry is None:
+        return ("none kept (keep one with: flyarchive model attach URL --model fly.xml)")
+    source = "the MJCF's own text" if entry.get("exact") else "MuJoCo's XML of an MjSpec"
+    return (f"{entry['path']} (sha256 {entry['sha256'][:16]}..., {_size(entry['size'])}, "
+            f"{source}, written by MuJoCo {entry.get('mujoco') or 'unknown'})")
 
 
 def _size(n: int) -> str:

@@ -21,8 +21,11 @@ renders the same frames with:
   prepared as flygym's ``modify_world_for_batch_rendering`` does
   (``prepare_for_batch_rendering``), ``worlds_per_batch`` = ``--worlds``; the call timed;
 - ``cli-warp-cpu``: ``flyarchive render --backend warp-cpu`` run as a subprocess (what a
-  user types: its default local cluster), timed as a whole process from start to exit
-  (``scripts/bench_cli.py``);
+  user types: its default, one render thread per core), timed as a whole process from
+  start to exit (``scripts/bench_cli.py``);
+- ``cli-opengl``: ``flyarchive render`` with its defaults (OpenGL, a local cluster of one
+  worker per core), the same way: the default path as a user waits for it, cluster
+  start-up included;
 - ``rss-N``: peak memory of ``render_videos(n_workers=0)`` for N = F and 10 F
   frames of one world (the 10 F archive repeats the F-frame walk).
 - ``profile``: where the time of archive -> mp4 goes: archive reads per segment,
@@ -70,6 +73,8 @@ from benchlib import (
 )
 
 TARGETS = (
+    ("cli-opengl", "flygym-mp4", 1.5,
+     "`flyarchive render` (default path) whole process >= 1.5x flygym OpenGL + mp4"),
     ("dask-2", "flygym-mp4", 1.3, "archive->mp4, default path (2 workers), >= 1.3x flygym+mp4"),
     ("videos", "flygym-mp4", 1.3, "archive->mp4, one process, >= 1.3x flygym with mp4"),
     ("renderer-default", "flygym", 1.0, "OpenGLRenderer one process >= flygym render only"),
@@ -167,6 +172,8 @@ def _cases(args: argparse.Namespace, archives: dict[str, str], work: Path,
         cases += [("flygym", {"kind": "flygym", "url": main, "out": None}, {}),
                   ("flygym-mp4", {"kind": "flygym", "url": main, "out": str(work / "fg")}, {})]
     if "cpu" in backends:
+        cases.append(("cli-opengl", {"kind": "cli", "url": main, "out": str(work / "cli-gl"),
+                                     "workdir": str(work), "backend": "opengl"}, {}))
         cases += [("renderer-lp1", {"kind": "renderer", "url": main}, single),
                   ("renderer-default", {"kind": "renderer", "url": main}, {}),
                   ("videos", {"kind": "videos", "url": main, "out": str(work / "v0")}, {})]
@@ -180,7 +187,7 @@ def _cases(args: argparse.Namespace, archives: dict[str, str], work: Path,
                                           "out": str(work / "fgw")}, {}))
     if "warp-cpu" in backends:
         cases.append(("cli-warp-cpu", {"kind": "cli", "url": main, "out": str(work / "cli"),
-                                       "workdir": str(work)}, {}))
+                                       "workdir": str(work), "backend": "warp-cpu"}, {}))
         cases.append(("warp-cpu", {"kind": "warp", "url": main, "out": str(work / "warp"),
                                    "batch_worlds": args.batch_worlds}, {}))
         for k in [int(x) for x in args.workers.split(",") if x]:
@@ -301,13 +308,13 @@ def _child_flygym_warp(spec: dict[str, Any], model: Any) -> dict[str, Any]:
 
 
 def _child_cli(spec: dict[str, Any], model: Any) -> dict[str, Any]:
-    """``flyarchive render --backend warp-cpu`` as a subprocess, timed whole."""
+    """``flyarchive render --backend <spec's>`` as a subprocess, timed whole."""
     from bench_cli import run_render, save_mjb
 
     _, qpos, _ = _states(spec["url"])
     mjb = save_mjb(model, Path(spec["workdir"]))
     done = run_render(spec["url"], spec["out"], camera=spec["camera"],
-                      size=tuple(spec["size"]), backend="warp-cpu", model=mjb)
+                      size=tuple(spec["size"]), backend=spec["backend"], model=mjb)
     return _rate(qpos.shape[0] * qpos.shape[1], done["wall_s"])
 
 

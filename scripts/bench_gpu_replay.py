@@ -93,7 +93,8 @@ def main() -> None:
     wp.config.quiet = True
     device = {"cuda": "cuda:0", "cpu": "cpu"}[args.device]
     backend = {"cuda": "gpu", "cpu": "warp-cpu"}[args.device]
-    st = replay_states(args.model, args.worlds, args.frames, cache=args.cache)
+    st = replay_states(args.model, args.worlds, args.frames, cache=args.cache,
+                       model_file=args.model_file)
     n_frames = args.worlds * args.frames  # one camera: one image per state
 
     result: dict[str, Any] = {
@@ -159,6 +160,10 @@ def _parse_args() -> argparse.Namespace:
     parser.add_argument("--frames", type=int, default=100, help="frames per world")
     parser.add_argument("--batch", type=int, default=1024, help="B, states per flyarchive batch")
     parser.add_argument("--model", choices=["nmf", "tiny"], default="nmf")
+    parser.add_argument("--model-file", metavar="PATH",
+                        help="NeuroMechFly compiled from this file (.zip of its spec from "
+                             "bench_setup.py --export, .mjb or .xml) instead of flygym's "
+                             "build_world; its walk must be in --cache already")
     parser.add_argument("--size", type=parse_size, default=(240, 320),
                         help="frame size HEIGHTxWIDTH (default 240x320)")
     parser.add_argument("--presets", default="veryfast",

@@ -17,14 +17,22 @@ world with jitter (``benchlib.nmf_states``), written by flyarchive's own writer 
 - ``Dask 1 worker`` / ``Dask N workers``: positions of ``--dask-worlds`` x ``--frames``
   reduced on the workers (each body's highest point per world) on a
   ``distributed.LocalCluster`` of single-thread worker processes (after a warm-up
-  computation), and their ratio; ``CPU s``: the workers' CPU time (user + system, from
-  /proc) per computation, the mean of two;
+  computation), the whole call timed (``positions(...)``, the graph, the compute), and
+  their ratio; ``CPU s``: the workers' CPU time (user + system, from /proc) per
+  computation, the mean of two;
 - ``warp-<device> streamed``: :func:`flyarchive.analyze.warp_stream.load_positions` of
   ``--warp-worlds`` x ``--warp-frames`` float32 frames (an archive as the GPU recorder
   writes it) into host memory: reading, upload, kinematics and copy-back overlapped on
-  CUDA; setup (engine, kernels) apart; the median of ``--repeat`` runs after a warm-up
-  (``best f/s``: the fastest); peak device memory (Warp's pool) and the peak RSS of the
-  process;
+  CUDA. ``s`` and ``frames/s`` are the whole call (opening the archive, finding the
+  model, the engine, the pipeline, the labelled result); the pipeline alone (first read
+  to last copy: ``pipe f/s``), the set-up (``setup s``: the engine kept by an earlier
+  call, or built) and the preparation (``prep s``) beside them; the median of
+  ``--repeat`` calls after a first one that builds the engine (``best f/s``: the
+  fastest); peak device memory (Warp's pool) and the peak RSS of the process;
+- ``... imported float64``: the same call, as a user makes it (no ``model=``: the model
+  kept beside the archive), on ``--warp-worlds`` x ``--warp-frames`` float64 frames of an
+  archive imported through flyarchive's own flygym ``.npz`` import (``import_npz``: chunks
+  of 1 world x 100 frames in shards of 64 worlds);
 - stages of the streamed row (a second table): reader threads' busy time, the wait for
   reads, staging into pinned slots, upload, kinematics and copy-back (summed over
   batches; CUDA events on CUDA), copy into the result; peak memory of Warp's pool and of
@@ -76,7 +84,9 @@ from benchlib import (
     add_json_option,
     cached_archive,
     host_info,
+    imported_archive,
     nmf_states,
+    nmf_world,
     pin_threads,
     write_json,
 )
@@ -171,11 +181,15 @@ def dask_rows(url: str, world: Any, workers: int) -> list[dict[str, Any]]:
                                dashboard_address=None)
         client = Client(cluster)
         try:
+            def call() -> Any:  # the whole call: the graph, the model sent, the compute
+                return flyarchive.positions(url, model=world.model, stored=False).max("time")\
+                    .compute()
+
             lazy = flyarchive.positions(url, model=world.model, stored=False).max("time")
-            lazy.compute()  # warm-up: every worker imports, loads the model, connects
+            call()  # warm-up: every worker imports, loads the model, connects
             pids = list(client.run(os.getpid).values())
             cpu0 = workers_cpu_seconds(pids)
-            seconds, _ = best(lambda: lazy.compute(), 2)
+            seconds, _ = best(call, 2)
             cpu_s = (workers_cpu_seconds(pids) - cpu0) / 2
         finally:
             client.close()
@@ -201,28 +215,34 @@ def warp_rows(url: str, world: Any, device: str, repeat: int) -> list[dict[str, 
             for row in warp_row(url, world, backend, repeat, processes)]
 
 
-def warp_row(url: str, world: Any, backend: str, repeat: int, processes: int
-             ) -> list[dict[str, Any]]:
-    """The streamed row, its state decoded by the reader threads (``processes`` 0) or by
-    that many worker processes."""
+def warp_row(url: str, world: Any, backend: str, repeat: int, processes: int | None,
+             what: str = "", kept_model: bool = False) -> list[dict[str, Any]]:
+    """The streamed row, its state decoded by the reader threads (``processes`` 0), by
+    that many worker processes, or as ``load_positions`` chooses (None); the model given,
+    or (``kept_model``) the one kept beside the archive."""
     from flyarchive.analyze.warp_stream import StreamStats, load_positions
 
     rows = []
-    how = "threads" if not processes else f"{processes} processes"
-    for attempt in range(repeat + 1):  # the first builds kernels (Warp's cache) and warms up
+    how = "threads" if processes == 0 else "default reader" if processes is None else \
+        f"{processes} processes"
+    model = None if kept_model else world.model
+    for attempt in range(repeat + 1):  # the first builds the engine (and Warp's kernels)
         stats = StreamStats()
         with PeakMemory(interval_s=0.05) as memory:
             t0 = time.perf_counter()
-            load_positions(url, model=world.model, backend=backend, stats=stats,
+            load_positions(url, model=model, backend=backend, stats=stats,
                            read_processes=processes)
             total = time.perf_counter() - t0
         if attempt == 0:
             continue
         mib = lambda b: None if b is None else b / 2**20  # noqa: E731
-        rows.append({"row": f"{backend} streamed, 50 bodies, read by {how}",
+        rows.append({"row": f"{backend} streamed, 50 bodies{what}, read by {how}",
                      "cores": len(os.sched_getaffinity(0)),
-                     "s": stats.seconds, "frames_per_s": stats.frames / stats.seconds,
-                     "setup_s": stats.setup_seconds, "call_s": total, "reader": stats.reader,
+                     "s": total, "frames_per_s": stats.frames / total,
+                     "pipeline_s": stats.seconds,
+                     "pipeline_frames_per_s": stats.frames / stats.seconds,
+                     "setup_s": stats.setup_seconds, "prepare_s": stats.prepare_seconds,
+                     "engine": stats.engine, "reader": stats.reader,
                      "batches": stats.batches, "read_core_s": stats.read_seconds,
                      **{f"{stage}_s": getattr(stats, f"{stage}_seconds") for stage in STAGES},
                      "peak_device_mib": mib(stats.peak_device_bytes),
@@ -231,7 +251,7 @@ def warp_row(url: str, world: Any, backend: str, repeat: int, processes: int
                      "peak_rss_mib": memory.results["peak_mib"]})
     if not rows:
         return []
-    # The median run (by wall time) of ``repeat``, with every run's time beside it.
+    # The median call (by wall time) of ``repeat``, with every call's time beside it.
     median = sorted(rows, key=lambda r: r["s"])[(len(rows) - 1) // 2]
     return [{**median, "row": f"{median['row']} (median of {len(rows)})",
              "runs_s": [r["s"] for r in rows],
@@ -345,7 +365,9 @@ TABLE = Table([
     Column("best f/s", 12, "best_frames_per_s", ",.0f"),
     Column("per CPU s", 10, "cpu_frames_per_s", ",.0f"),
     Column("x1", 6, "speedup", ".2f"),
-    Column("setup s", 8, "setup_s", ".2f"),
+    Column("pipe f/s", 12, "pipeline_frames_per_s", ",.0f"),
+    Column("setup s", 8, "setup_s", ".3f"),
+    Column("prep s", 7, "prepare_s", ".3f"),
     Column("dev MiB", 8, "peak_device_mib", ",.0f"),
     Column("RSS MiB", 8, "peak_rss_mib", ",.0f"),
 ])
@@ -355,7 +377,7 @@ STAGE_TABLE = Table([
     Column("stages of the streamed row", 28, "row", align="<"),
     Column("reader", 7, "reader", align="<"),
     Column("batches", 7, "batches"),
-    Column("wall s", 7, "s", ".3f"),
+    Column("pipe s", 7, "pipeline_s", ".3f"),
     Column("read*", 7, "read_core_s", ".2f"),
     Column("wait rd", 7, "read_wait_s", ".3f"),
     Column("pin s", 7, "stage_s", ".3f"),
@@ -369,7 +391,8 @@ STAGE_TABLE = Table([
     Column("pinned", 7, "pinned_mib", ",.0f"),
     Column("RSS MiB", 8, "peak_rss_mib", ",.0f"),
 ])
-STAGE_NOTE = ("read* = reader threads' busy time summed (s); wait rd = the pipeline waiting "
+STAGE_NOTE = ("pipe s = first read to last copy (the whole call is the first table's s); "
+              "read* = reader threads' busy time summed (s); wait rd = the pipeline waiting "
               "for reads; pin s = state into pinned slots; upload / kinem. / copy bk = device "
               "stages summed over batches (CUDA events on CUDA; overlapped, so they may sum to "
               "more than wall); out s = pinned slot -> result (copy threads, summed); wait out "
@@ -392,21 +415,13 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=2)
     parser.add_argument("--cache", type=Path, default=Path("/tmp/flyarchive-bench-positions"))
     parser.add_argument("--model", type=Path,
-                        help="NeuroMechFly as an MJB file (a host without flygym; the walks "
-                             "must be in --cache/walks)")
+                        help="NeuroMechFly from this file (a host without flygym: the .zip "
+                             "of bench_setup.py --export, or .mjb / .xml; the walks must be "
+                             "in --cache/walks)")
     add_json_option(parser)
     args = parser.parse_args()
     only = set(args.only.split(","))
-    if args.model is not None:
-        from types import SimpleNamespace
-
-        from flyarchive.models import load_model
-
-        world = SimpleNamespace(model=load_model(args.model))
-    else:
-        from flyarchive.interop.nmf import build_world
-
-        world = build_world()
+    world = nmf_world(args.model)
     rows: list[dict[str, Any]] = []
     if "cpu" in only:
         url = archive(args.cache, world, args.worlds, args.frames, "float64")
@@ -418,6 +433,15 @@ def main() -> None:
         warp_worlds = args.warp_worlds or (4096 if args.device.startswith("cuda") else 64)
         url = archive(args.cache, world, warp_worlds, args.warp_frames, "float32")
         rows += warp_rows(url, world, args.device, args.repeat)
+        import mujoco
+
+        imported = imported_archive(
+            args.cache, f"imported-{warp_worlds}x{args.warp_frames}-float64-mujoco"
+                        f"{mujoco.__version__}", world.model,
+            lambda: nmf_states(warp_worlds, args.warp_frames, world=world, jitter=JITTER,
+                               dtype="float64", cache=args.cache / "walks"))
+        rows += warp_row(imported, world, "gpu" if args.device.startswith("cuda") else "warp-cpu",
+                         args.repeat, None, what=", imported float64", kept_model=True)
     if "read" in only:
         warp_worlds = args.warp_worlds or (4096 if args.device.startswith("cuda") else 64)
         url = archive(args.cache, world, warp_worlds, args.warp_frames, "float32")

@@ -13,7 +13,10 @@ imports nothing heavy at import time (mujoco, flygym, zarr and psutil load on fi
 - :func:`pin_threads`: every thread of this process on chosen cores.
 - :class:`PeakMemory`: peak RSS or PSS of a process tree, sampled while a block runs.
 - :func:`nmf_walk`, :func:`jittered`, :func:`nmf_states`, :func:`replay_states`: states.
-- :func:`write_archive`, :func:`cached`, :func:`cached_archive`: archives, built once.
+- :func:`nmf_world`, :func:`export_nmf`: NeuroMechFly without flygym (a host with only
+  flyarchive's wheels): its spec zip and walks exported here, the model compiled there.
+- :func:`write_archive`, :func:`cached`, :func:`cached_archive`, :func:`imported_archive`:
+  archives, built once (the last through flyarchive's own flygym ``.npz`` import).
 """
 
 from __future__ import annotations
@@ -375,16 +378,16 @@ REPLAY_JITTER = Jitter(start_margin=0, xy_mm=2.0, angle_bias_rad=0.0, angle_nois
 
 
 def replay_states(which: str, n_worlds: int, n_frames: int, *,
-                  cache: Path | None = None) -> ReplayStates:
+                  cache: Path | None = None, model_file: str | Path | None = None
+                  ) -> ReplayStates:
     """States for the replay benchmarks: ``"nmf"`` (NeuroMechFly, :data:`REPLAY_JITTER`
-    copies of one walk, camera ``nmf/trackcam``) or ``"tiny"``
-    (``flyarchive.testing.tiny_model``, random shoulder and slider, camera ``front``)."""
+    copies of one walk, camera ``nmf/trackcam``; with ``model_file``, compiled from it,
+    no flygym: :func:`nmf_world`) or ``"tiny"`` (``flyarchive.testing.tiny_model``,
+    random shoulder and slider, camera ``front``)."""
     import mujoco
 
     if which == "nmf":
-        from flyarchive.interop.nmf import build_world
-
-        world = build_world()
+        world = nmf_world(model_file)
         qpos = nmf_states(n_worlds, n_frames, world=world, jitter=REPLAY_JITTER,
                           dtype=np.float32, cache=cache)
         return ReplayStates(world.model, world.cameras[0], qpos, None)
@@ -401,6 +404,65 @@ def replay_states(which: str, n_worlds: int, n_frames: int, *,
     return ReplayStates(model, "front", qpos.astype(np.float32), mocap)  # type: ignore[arg-type]
 
 
+# ----------------------------------------------------------------------------- NeuroMechFly
+#: The tracking camera of NeuroMechFly worlds (:func:`flyarchive.interop.nmf.build_world`).
+NMF_CAMERA = "nmf/trackcam"
+
+
+def load_bench_model(path: str | Path) -> Any:
+    """A compiled model from a file: MuJoCo's spec zip (``.zip``, from :func:`export_nmf`:
+    compiles on any MuJoCo release that reads it), else ``.mjb`` / ``.xml`` as
+    ``flyarchive.models.load_model`` reads them."""
+    path = Path(path)
+    if path.suffix.lower() == ".zip":
+        import mujoco
+
+        return mujoco.MjSpec.from_zip(str(path)).compile()
+    from flyarchive.models import load_model
+
+    return load_model(path)
+
+
+def nmf_world(model_file: str | Path | None = None) -> Any:
+    """NeuroMechFly: ``build_world()`` (needs flygym), or, given ``model_file``, an object
+    with the model compiled from that file and ``cameras`` (no flygym: walks must be in
+    the cache folder already, see :func:`export_nmf`)."""
+    if model_file is None:
+        from flyarchive.interop.nmf import build_world
+
+        return build_world()
+    from types import SimpleNamespace
+
+    return SimpleNamespace(model=load_bench_model(model_file), cameras=(NMF_CAMERA,))
+
+
+def export_nmf(folder: Path, walk_frames: Iterable[int]) -> dict[str, str]:
+    """For a host without flygym: ``folder/nmf.zip`` (NeuroMechFly's spec with its assets,
+    MuJoCo's ``MjSpec.to_zip``; compiles on 3.16 and 4.0.1 alike) and the walks of
+    ``walk_frames`` frames under ``folder/walks`` (:func:`nmf_walk`, simulated here)."""
+    import flygym.compose as compose
+
+    from flyarchive.interop.nmf import build_world
+
+    specs: list[Any] = []
+    compile_world = compose.FlatGroundWorld.compile
+
+    def keep_spec(world: Any) -> Any:  # build_world compiles the arena's MjSpec once
+        specs.append(world.mjcf_root.copy())
+        return compile_world(world)
+
+    compose.FlatGroundWorld.compile = keep_spec  # type: ignore[method-assign]
+    try:
+        world = build_world()
+    finally:
+        compose.FlatGroundWorld.compile = compile_world  # type: ignore[method-assign]
+    folder.mkdir(parents=True, exist_ok=True)
+    specs[0].to_zip(str(folder / "nmf.zip"))
+    walks = [nmf_walk(n, world=world, cache=folder / "walks") for n in walk_frames]
+    return {"model": str(folder / "nmf.zip"),
+            "walks": ", ".join(f"{len(w)} frames" for w in walks)}
+
+
 # ----------------------------------------------------------------------------- archives
 def frame_times(model: Any, n_frames: int) -> np.ndarray:
     """``(n_frames,)`` float64 seconds: frame ``k`` at the first step of the 25 fps,
@@ -413,7 +475,8 @@ def frame_times(model: Any, n_frames: int) -> np.ndarray:
 
 def write_archive(url: str, model: Any, qpos: np.ndarray, *,
                   mocap: tuple[np.ndarray, np.ndarray] | None = None, chunk_frames: int = 100,
-                  shard_worlds: int = 64, codec: str = "lossless", source: str = "mujoco") -> str:
+                  shard_worlds: int = 64, codec: str = "lossless", source: str = "mujoco",
+                  keep_model: bool = False) -> str:
     """Write states as a flyarchive archive with the project's own ``ArchiveWriter``.
 
     Args:
@@ -423,6 +486,7 @@ def write_archive(url: str, model: Any, qpos: np.ndarray, *,
         mocap: ``(pos, quat)`` per world and frame, or None.
         chunk_frames, shard_worlds, codec, source: As ``flyarchive.store.ArchiveSpec``.
             Frames are committed ``chunk_frames`` at a time.
+        keep_model: Keep the model beside the archive (replay then needs none).
 
     Returns:
         ``url``.
@@ -433,9 +497,12 @@ def write_archive(url: str, model: Any, qpos: np.ndarray, *,
 
     n_worlds, n_frames, _ = qpos.shape
     timing = Timing(float(model.opt.timestep), OUTPUT_FPS, PLAYBACK)
+    from flyarchive.models import model_bytes
+
     spec = ArchiveSpec(ModelLayout.from_model(model), timing, tuple(range(n_worlds)),
                        dtype=str(qpos.dtype), source=source, chunk_frames=chunk_frames,
-                       shard_worlds=shard_worlds, codec=codec)
+                       shard_worlds=shard_worlds, codec=codec,
+                       model=model_bytes(model) if keep_model else None)
     times = frame_times(model, n_frames)
     writer = ArchiveWriter.create(url, spec)
     for t0 in range(0, n_frames, chunk_frames):
@@ -493,5 +560,30 @@ def cached_archive(folder: Path, name: str, model: Any, states: Callable[[], np.
     def build(p: Path) -> None:
         print(f"building {p}...", flush=True)
         write_archive(str(p), model, states(), **options)
+
+    return str(cached(path, build))
+
+
+def imported_archive(folder: Path, name: str, model: Any, qpos: Callable[[], np.ndarray]) -> str:
+    """``folder/<name>.zarr`` imported through flyarchive's own flygym ``.npz`` import
+    (``import_npz``: one ``.npz`` per world as flygym 2.1 writes them, float64 as given,
+    chunks of 100 frames in shards of 64 worlds, the model kept beside the archive), from
+    ``qpos()`` ``(worlds, frames, nq)`` (called only when the archive is not there yet),
+    once (see :func:`cached`); the ``.npz`` files go once imported."""
+    import tempfile
+
+    path = Path(folder) / f"{name}.zarr"
+
+    def build(p: Path) -> None:
+        from flyarchive.interop.flygym_npz import import_npz
+
+        values = qpos()
+        times = frame_times(model, values.shape[1])
+        print(f"importing {values.shape[0]} .npz files into {p}...", flush=True)
+        with tempfile.TemporaryDirectory(prefix="bench-npz-", dir=folder) as files:
+            for w, world in enumerate(values):
+                np.savez(Path(files) / f"world{w:05d}.npz", time=times, qpos=world,
+                         output_fps=OUTPUT_FPS, playback_speed=PLAYBACK, world_id=w)
+            import_npz(files, str(p), model, chunk_frames=100)
 
     return str(cached(path, build))

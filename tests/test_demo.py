@@ -9,6 +9,7 @@ import io
 import json
 import subprocess
 import sys
+import zipfile
 from pathlib import Path
 
 import pytest
@@ -59,6 +60,24 @@ def test_the_demo_records_verifies_plots_and_renders_on_one_cluster(demo):
     for path in [*videos, out / "world0.png"]:
         assert path.is_absolute() and path.stat().st_size > 0, path
     assert f"flyarchive view {archive} --out {out / 'view-videos'}" in printed
+
+
+def test_the_demo_archive_keeps_the_portable_form_of_neuromechfly(demo):
+    from flyarchive.models import PORTABLE_MODEL_ATTR, compile_spec_zip, load_model, model_identity
+    from flyarchive.store.kept_models import read_portable
+    from flyarchive.store.reader import open_group
+
+    out = demo[0]
+    url = str(out / "demo.zarr")
+
+    blob, entry = read_portable(open_group(url), url)
+
+    assert model_identity(open_archive(url).attrs) == entry["sha256"]
+    assert PORTABLE_MODEL_ATTR in open_archive(url).attrs and len(entry["qpos0"]) == 73
+    recorded = load_model(out / "nmf.mjb")
+    kept = compile_spec_zip(blob)
+    assert kept.nmesh == recorded.nmesh > 0 and kept.nq == recorded.nq
+    assert all(not name.startswith("/") for name in zipfile.ZipFile(io.BytesIO(blob)).namelist())
 
 
 def test_the_demo_command_refuses_to_overwrite_an_earlier_demo(demo):

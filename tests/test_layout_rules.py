@@ -13,10 +13,10 @@ protocols the store's writer implements), and the public recorders are bound to 
 and query by an application module (:mod:`flyarchive.recorders`). Render (how
 one process turns an archive into videos) never imports distribute (where that work runs).
 
-Base modules (errors, schema, layout, clock, codecs, models, config, warp_log) import
-only each other; applications (cli, demo, plot, summary, recorders, interop, view, and the
-package's own ``__init__``) may import anything; ``flyarchive.testing`` is not part of the
-product and may import anything too.
+Base modules (errors, schema, layout, clock, codecs, models, spec_zip, config, warp_log,
+lru) import only each other; applications (cli, demo, plot, summary, recorders, interop,
+view, and the package's own ``__init__``) may import anything; ``flyarchive.testing`` is not
+part of the product and may import anything too.
 
 The public line: no module imports another module's private (``_name``) names, ``__all__``
 appears only in the public modules (:data:`PUBLIC`), and every module is listed in its
@@ -38,7 +38,8 @@ import pytest
 
 PACKAGE = Path(__file__).resolve().parents[1] / "flyarchive"
 
-BASE = frozenset({"errors", "schema", "layout", "clock", "codecs", "models", "config", "warp_log"})
+BASE = frozenset({"errors", "schema", "layout", "clock", "codecs", "models", "spec_zip", "config",
+                  "warp_log", "lru"})
 STAGES = ("record", "store", "query", "analyze", "replay", "video", "render", "distribute")
 APPLICATIONS = frozenset({"cli", "cli_args", "cli_analyze", "demo", "plot", "summary",
                           "recorders", "interop", "view", "__main__"})

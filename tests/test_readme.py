@@ -167,6 +167,19 @@ def test_the_positions_example_found_the_farthest_worlds_and_tiled_them(readme_e
     assert manifest["videos"][0]["mosaic"]["worlds"] == farthest
 
 
+def test_the_gait_example_put_tracked_and_simulated_flies_in_one_step_table(readme_env,
+                                                                          python_examples):
+    import pandas as pd
+
+    folder, _ = readme_env
+
+    steps = pd.read_csv(folder / "all-steps.csv")
+
+    assert {"fly0", "world0", "world1"} <= set(steps.individual)
+    assert set(steps.leg) == {"lf", "lm", "lh", "rf", "rm", "rh"}
+    assert (steps.groupby("individual").size() >= 12).all()
+
+
 def test_every_cli_example_runs_as_written(readme_env, python_examples, monkeypatch):
     """The first command runs through the installed ``flyarchive`` script in a shell; the
     others through the same entry point in this process (the same argv, folder and
@@ -192,3 +205,20 @@ def test_every_cli_example_runs_as_written(readme_env, python_examples, monkeypa
             failed.append((command, err.getvalue()[-2000:]))
 
     assert not failed, failed
+
+
+def test_the_readme_s_metadata_makes_nwb_files_that_pass_nwbinspector(readme_env, python_examples,
+                                                                     tmp_path):
+    """``export-poses walk.zarr --format nwb --metadata meta.yaml``, as the CLI example runs it."""
+    from nwbinspector import Importance, inspect_all
+
+    from flyarchive.interop.poses import export_poses
+
+    folder, _ = readme_env
+
+    written = export_poses(str(folder / "walk.zarr"), tmp_path / "nwb", format="nwb",
+                           metadata=folder / "meta.yaml")
+
+    found = [m for m in inspect_all(str(tmp_path / "nwb"), progress_bar=False)
+             if m.importance in (Importance.CRITICAL, Importance.BEST_PRACTICE_VIOLATION)]
+    assert len(written) == 2 and not found, [m.message for m in found]

@@ -1,6 +1,6 @@
-"""What a task of the lazy positions runs: :func:`kinematics_block` finds (or builds, once
-per thread, model and keypoints) the engine of its backend and runs it on a block of the
-archive's state.
+"""What a task of the lazy positions runs: :func:`kinematics_block` finds (or builds: once
+per thread on the CPU, once per process on Warp) the engine of its model, keypoints and
+backend, and runs it on a block of the archive's state.
 
 The model travels to workers as its MJB bytes, sent once per client and model
 (:mod:`~flyarchive.analyze.model_ref`), loaded once per process (:func:`model_of`);
@@ -18,14 +18,11 @@ import numpy as np
 from flyarchive.analyze.cpu_positions import CpuKinematics
 from flyarchive.analyze.keypoints import KeypointSet
 from flyarchive.analyze.model_ref import ModelRef, mjb_of
+from flyarchive.lru import LRUCache
 from flyarchive.models import load_mjb
 
-#: Backends of :func:`flyarchive.positions`: CPU MuJoCo (bit-exact), mujoco-warp on
-#: Warp's CPU device, mujoco-warp on CUDA.
-BACKENDS = ("cpu", "warp-cpu", "gpu")
-
-_MODELS: dict[str, mujoco.MjModel] = {}
-_MODELS_LOCK = threading.Lock()
+#: Models loaded from MJB bytes, by their SHA-256: the four last used.
+_MODELS: LRUCache[str, mujoco.MjModel] = LRUCache(4, name="models by MJB sha256")
 _LOCAL = threading.local()
 
 
@@ -33,32 +30,29 @@ def model_of(sha256: str, blob: bytes | ModelRef) -> mujoco.MjModel:
     """The model of MJB bytes whose SHA-256 is ``sha256`` (computed by the caller), loaded
     once per process (a model is only read by kinematics: threads share it); the bytes of
     a :class:`~flyarchive.analyze.model_ref.ModelRef` are looked for only then."""
-    with _MODELS_LOCK:
-        model = _MODELS.get(sha256)
-        if model is None:
-            model = _MODELS[sha256] = load_mjb(mjb_of(blob),
-                                               f"the model (sha256 {sha256[:12]}...)")
-            while len(_MODELS) > 4:
-                _MODELS.pop(next(iter(_MODELS)))
-        return model
+    return _MODELS.get(sha256, lambda: load_mjb(mjb_of(blob),
+                                                f"the model (sha256 {sha256[:12]}...)"))
 
 
 def thread_engine(sha256: str, blob: bytes | ModelRef, keypoints: KeypointSet, orientations: bool,
-            backend: str) -> Any:
-    """This thread's engine for a model, keypoints and backend (built on first use)."""
+                  backend: str, largest: int | None = None) -> Any:
+    """The engine of a model, keypoints and backend for this thread: on ``"cpu"`` this
+    thread's own (an ``MjData`` per thread; built on first use), on Warp the process's
+    (:func:`~flyarchive.analyze.warp_positions.warp_engine`: batches of at most
+    ``largest`` frames, the most a caller gives at once), which is never held here (the
+    process's cache decides when it goes)."""
+    if backend != "cpu":
+        from flyarchive.analyze.warp_positions import warp_engine
+
+        return warp_engine(model_of(sha256, blob), sha256, keypoints, orientations, backend,
+                           largest=largest)
     engines = getattr(_LOCAL, "engines", None)
     if engines is None:
         engines = _LOCAL.engines = {}
-    key = (sha256, keypoints.digest, orientations, backend)
+    key = (sha256, keypoints.digest, orientations)
     engine = engines.get(key)
     if engine is None:
-        model = model_of(sha256, blob)
-        if backend == "cpu":
-            engine = CpuKinematics(model, keypoints, orientations)
-        else:
-            from flyarchive.analyze.warp_positions import warp_engine
-
-            engine = warp_engine(model, sha256, keypoints, orientations, backend)
+        engine = CpuKinematics(model_of(sha256, blob), keypoints, orientations)
         while len(engines) >= 4:
             engines.pop(next(iter(engines)))
         engines[key] = engine
@@ -66,14 +60,17 @@ def thread_engine(sha256: str, blob: bytes | ModelRef, keypoints: KeypointSet, o
 
 
 def kinematics_block(qpos: np.ndarray, *args: Any, sha256: str, keypoints: KeypointSet,
-                     orientations: bool, backend: str, mocap: bool) -> np.ndarray:
+                     orientations: bool, backend: str, mocap: bool,
+                     largest: int | None = None) -> np.ndarray:
     """One block of the lazy positions: ``(w, t, nq)`` qpos (and, with ``mocap``,
     ``(w, t, nmocap, 3)`` positions and ``(w, t, nmocap, 4)`` quaternions), then the
     model's MJB bytes (or their :class:`~flyarchive.analyze.model_ref.ModelRef`) ->
-    ``(w, t, K, 3 or 7)`` (float64 on ``"cpu"``, float32 on Warp)."""
+    ``(w, t, K, 3 or 7)`` (float64 on ``"cpu"``, float32 on Warp, with an engine whose
+    batch holds ``largest`` frames, the array's largest block: one engine serves every
+    block of the array, and none computes frames that no block holds)."""
     blob = args[-1]
     mocap_pos, mocap_quat = (args[0], args[1]) if mocap else (None, None)
-    engine = thread_engine(sha256, blob, keypoints, orientations, backend)
+    engine = thread_engine(sha256, blob, keypoints, orientations, backend, largest)
     w, t = qpos.shape[:2]
     flat = [None if a is None else np.asarray(a).reshape(w * t, *a.shape[2:])
             for a in (qpos, mocap_pos, mocap_quat)]

@@ -1,48 +1,111 @@
-"""Gait and locomotion measures per world (and per window of time), from keypoint positions.
+"""Gait and locomotion of every world (and every window of time): step events of the leg
+tips, the measures fly locomotion papers report, and the thorax's path.
 
-Definitions (lengths in the model's unit, millimetres for NeuroMechFly; times in
-simulated seconds; "horizontal" is the x-y plane, z is up). Only frames with finite
-positions count (frames past a world's ``n_frames`` are NaN); ``duration`` is the time
-from the first to the last of them.
+Lengths are in the positions' unit (millimetres for NeuroMechFly), times in seconds,
+"horizontal" is the x-y plane and z is up. Only frames with finite positions count
+(frames past a world's ``n_frames``, tracking dropouts); ``duration`` is the time from
+the first to the last of them. Stance, swing, lift-offs and touchdowns come from
+:mod:`~flyarchive.analyze.steps` (thresholds with hysteresis and minimum durations:
+:class:`GaitParams`). A *cycle* of a leg runs from a touchdown to its next touchdown
+(a stance, then a swing), with no unknown frame in it; a cycle belongs to the window its
+first touchdown lies in.
 
-==================  =====  ===============================================================
-``duration``        s      last minus first frame time
-``distance``        mm     horizontal distance of the thorax from its first to its last position
-``path_length``     mm     sum of the thorax's horizontal displacements between frames
-``mean_speed``      mm/s   ``path_length / duration``
-``peak_speed``      mm/s   largest horizontal displacement between consecutive frames over their time
-``heading_change``  rad    net change of heading (the thorax's x axis in the horizontal plane,
-                           unwrapped), last minus first; positive turns left (counter-clockwise)
-``mean_height``     mm     mean thorax height (z)
-``min_height``      mm     lowest thorax height
-``time_below``      s      frames with thorax height below ``fall_height``, times the frame interval
-``stance_fraction_<leg>`` 1  share of frames in stance: tip height below ``stance_height`` and
-                           horizontal tip speed (central differences, one-sided at the ends)
-                           below ``stance_speed``
-``step_frequency_<leg>``  Hz  touchdowns (a stance frame after a swing frame) per second of ``duration``
-==================  =====  ===============================================================
+Per world (:data:`MEASURES`, ``<leg>`` a leg name such as ``lf``):
 
-Without orientations the heading is the direction of travel between consecutive frames
-(undefined while the thorax stands still; those frames are skipped).
+=============================  =====  ==========================================================
+``duration``                   s      last minus first frame time
+``distance``                   mm     horizontal distance of the thorax from its first to its
+                                      last position
+``path_length``                mm     sum of the thorax's horizontal displacements between frames
+``mean_speed``                 mm/s   ``path_length / duration``
+``peak_speed``                 mm/s   largest horizontal displacement between consecutive frames
+                                      over their time
+``heading_change``             rad    net change of heading (the thorax's x axis in the
+                                      horizontal plane, unwrapped), last minus first; positive
+                                      turns left (counter-clockwise)
+``mean_height``, ``min_height`` mm    mean and lowest thorax height (z)
+``time_below``                 s      frames with the thorax below ``fall_height``, times the
+                                      frame interval
+``tcs``                        1      tripod coordination strength: for each swing of a front leg,
+                                      with the nearest swing of each of its tripod partners
+                                      (``lf``-``rm``-``lh``, ``rf``-``lm``-``rh``), the time all
+                                      three swing together over the time from the first lift-off
+                                      to the last touchdown; the mean (Wosnitza et al. 2013)
+``support_tripod``             1      share of frames whose legs in stance are exactly one tripod
+``support_tetrapod``           1      share of frames with four legs in stance, the two in swing
+                                      on opposite sides and in different segments
+``support_wave``               1      share of frames with five legs in stance
+``support_other``              1      share of the other frames (six or fewer than three legs in
+                                      stance, other sets of three or four): Mendes et al. 2013's
+                                      non-canonical
+``stance_fraction_<leg>``      1      share of frames in stance
+``step_frequency_<leg>``       Hz     complete cycles per second of the time they span:
+                                      cycles / sum of their durations
+``duty_factor_<leg>``          1      stance time of the cycles over their duration
+``stance_duration_<leg>``      s      mean stance duration of the cycles
+``swing_duration_<leg>``       s      mean swing duration of the cycles
+``step_length_<leg>``          mm     mean horizontal distance the tip moved in the cycles' swings
+``phase_<leg>``                cycle  circular mean of the leg's lift-offs' phases in the
+                                      reference leg's cycles (lift-off to lift-off), in [0, 1)
+``phase_concentration_<leg>``  1      length of their mean resultant vector: 1 every lift-off at
+                                      the same phase, 0 none preferred
+=============================  =====  ==========================================================
+
+The support shares and ``tcs`` need the six legs ``lf``, ``lm``, ``lh``, ``rf``, ``rm``,
+``rh`` (flygym's names; map a tracked fly's keypoints to them with ``legs=``); NaN
+otherwise. A measure with nothing to count (fewer than two frames, no complete cycle)
+is NaN. Without orientations the heading is the direction of travel between consecutive
+frames (undefined while the thorax stands still; those frames are skipped).
+
+The same functions take an archive (positions computed, or read where kept), positions
+from :func:`flyarchive.positions`, or a ``movement`` poses dataset (a fly tracked with
+DeepLabCut, SLEAP, Anipose... and loaded by ``movement.io``; ``legs=`` names its tip
+keypoints): :func:`gait_summary` (the measures), :func:`gait_steps` (one row per step)
+and :func:`gait_epochs` (every stance and swing interval).
+
+References:
+    Wosnitza A, Bockemühl T, Dübbert M, Scholz H, Büschges A (2013). Inter-leg
+    coordination in the control of walking speed in Drosophila. J Exp Biol 216:480-491.
+    doi:10.1242/jeb.078139
+
+    Mendes CS, Bartos I, Akay T, Márka S, Mann RS (2013). Quantification of gait
+    parameters in freely walking wild type and sensory deprived Drosophila melanogaster.
+    eLife 2:e00231. doi:10.7554/eLife.00231
+
+    DeAngelis BD, Zavatone-Veth JA, Clark DA (2019). The manifold structure of limb
+    coordination in walking Drosophila. eLife 8:e46409 (the canonical leg sets listed
+    above for tripod, tetrapod and wave). doi:10.7554/eLife.46409
 """
 
 from __future__ import annotations
 
+import math
 import warnings
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from flyarchive.analyze.keypoints import KeypointName, PointSpec, tarsus_tips
-from flyarchive.errors import SelectionError
+from flyarchive.analyze.keypoints import LEGS, KeypointName, PointSpec, tarsus_tips
+from flyarchive.analyze.gait_params import GaitParams
+from flyarchive.analyze.steps import (
+    STANCE,
+    UNKNOWN,
+    PhaseEpochs,
+    StepEvents,
+    phase_epochs,
+    stance_state,
+    step_events,
+)
+from flyarchive.errors import OptionsError, SelectionError
 
 if TYPE_CHECKING:
     import mujoco
+    import pandas as pd
     import xarray as xr
 
-#: Every per-world measure: name -> (unit, description).
+#: Every measure: name -> (unit, definition); ``<leg>`` stands for each leg's name.
 MEASURES: dict[str, tuple[str, str]] = {
     "duration": ("s", "time from the first to the last frame with positions"),
     "distance": ("mm", "horizontal distance of the thorax, first to last position"),
@@ -53,37 +116,69 @@ MEASURES: dict[str, tuple[str, str]] = {
     "mean_height": ("mm", "mean height (z) of the thorax"),
     "min_height": ("mm", "lowest height (z) of the thorax"),
     "time_below": ("s", "time with the thorax below fall_height"),
+    "tcs": ("1", "tripod coordination strength (Wosnitza et al. 2013): per front-leg swing, "
+                 "time its tripod swings together / time from first lift-off to last touchdown"),
+    "support_tripod": ("1", "share of frames with exactly one tripod in stance"),
+    "support_tetrapod": ("1", "share of frames with four legs in stance, the two in swing on "
+                              "opposite sides and in different segments"),
+    "support_wave": ("1", "share of frames with five legs in stance"),
+    "support_other": ("1", "share of the other frames (Mendes et al. 2013's non-canonical)"),
+    "stance_fraction_<leg>": ("1", "share of frames in stance"),
+    "step_frequency_<leg>": ("Hz", "complete cycles (touchdown to touchdown) per second of "
+                                   "their duration"),
+    "duty_factor_<leg>": ("1", "stance time of the complete cycles over their duration"),
+    "stance_duration_<leg>": ("s", "mean stance duration of the complete cycles"),
+    "swing_duration_<leg>": ("s", "mean swing duration of the complete cycles"),
+    "step_length_<leg>": ("mm", "mean horizontal distance the tip moved in a swing of the "
+                                "complete cycles"),
+    "phase_<leg>": ("cycle", "circular mean phase of the leg's lift-offs in the reference "
+                             "leg's lift-off-to-lift-off cycles, in [0, 1)"),
+    "phase_concentration_<leg>": ("1", "length of the mean resultant vector of those phases "
+                                       "(1: always the same phase)"),
 }
-#: Labels of the thorax's points that gait_summary asks of an archive.
+#: The columns of :func:`gait_steps`: name -> (unit, definition).
+STEP_COLUMNS: dict[str, tuple[str, str]] = {
+    "world": ("", "world id (a poses dataset: the individual's index)"),
+    "individual": ("", "world<id>, or the poses dataset's individual name"),
+    "leg": ("", "leg name (lf, lm, lh, rf, rm, rh for a fly)"),
+    "step": ("", "the step's index among this leg's steps, from 0"),
+    "liftoff_time": ("s", "lift-off: the swing's start"),
+    "touchdown_time": ("s", "touchdown: the swing's end"),
+    "swing_duration": ("s", "touchdown_time - liftoff_time"),
+    "stance_start": ("s", "start of the stance before the lift-off (NaN: began at a gap or "
+                          "the first frame)"),
+    "stance_duration": ("s", "liftoff_time - stance_start"),
+    "step_length": ("mm", "horizontal distance of the tip from its last stance frame before "
+                          "lift-off to its first after touchdown"),
+}
+#: The columns of :func:`gait_epochs`: name -> (unit, definition).
+EPOCH_COLUMNS: dict[str, tuple[str, str]] = {
+    "world": STEP_COLUMNS["world"],
+    "individual": STEP_COLUMNS["individual"],
+    "leg": STEP_COLUMNS["leg"],
+    "phase": ("", "stance or swing"),
+    "start_time": ("s", "its start: an event, or its first frame's time at a gap or the start"),
+    "stop_time": ("s", "its end: an event, or its last frame's time at a gap or the end"),
+    "duration": ("s", "stop_time - start_time"),
+    "complete": ("", "both ends are events"),
+}
+#: The leg sets of a tripod, the front leg first.
+TRIPODS = (("lf", "rm", "lh"), ("rf", "lm", "rh"))
+_WORLD = [n for n in MEASURES if "<leg>" not in n]
+_PER_LEG = [n.removesuffix("_<leg>") for n in MEASURES if n.endswith("_<leg>")]
+_THORAX_MEASURES = _WORLD[:9]
+#: Labels of the thorax's points that the gait functions ask of an archive.
 _THORAX, _AHEAD = "gait/thorax", "gait/ahead"
-_PER_LEG = {
-    "stance_fraction": ("1", "share of frames in stance (tip low and slow)"),
-    "step_frequency": ("Hz", "touchdowns (stance after swing) per second"),
-}
+#: Tip-frames handled at once (bounds the memory of the temporaries: ~40 bytes each).
+_BLOCK = 2_000_000
 
 
-@dataclass(frozen=True)
-class GaitParams:
-    """Thresholds of the gait measures (model length unit, simulated seconds).
-
-    The defaults suit NeuroMechFly walking on flat ground (its thorax 1.1-1.4 mm high,
-    tarsus tips below 0.05 mm half of the time and moving at 20-40 mm/s in swing).
-
-    Attributes:
-        stance_height: A tip lower than this (z) may be in stance. mm.
-        stance_speed: A tip slower than this (horizontal) may be in stance. mm/s.
-        fall_height: The thorax below this height (z) counts in ``time_below``. mm.
-    """
-
-    stance_height: float = 0.1
-    stance_speed: float = 5.0
-    fall_height: float = 0.6
-
-
+# ----------------------------------------------------------------------------- the thorax
 def gait_measures(times: np.ndarray, thorax: np.ndarray, tips: np.ndarray,
-                  forward: np.ndarray | None = None, params: GaitParams = GaitParams()
-                  ) -> dict[str, np.ndarray]:
-    """The measures of worlds from their trajectories (host arrays).
+                  forward: np.ndarray | None = None, params: GaitParams = GaitParams(), *,
+                  legs: Sequence[str] | None = None, reference: str | None = None,
+                  height: bool = True) -> dict[str, np.ndarray]:
+    """The measures of worlds from their trajectories (host arrays), over the whole time.
 
     Args:
         times: ``(T,)`` frame times, s.
@@ -92,15 +187,26 @@ def gait_measures(times: np.ndarray, thorax: np.ndarray, tips: np.ndarray,
         forward: ``(W, T, 2 or 3)`` the thorax's forward axis (its x axis) in the world
             frame, or None (heading from the direction of travel).
         params: Thresholds.
+        legs: The legs' names (default ``lf``, ``lm``... in order, or ``leg0``...).
+        reference: The leg phases are measured against (default ``lf``, else the first).
+        height: False: z is not a height (2-D tracking; height measures are NaN).
 
     Returns:
-        ``{name: (W,) array}`` for :data:`MEASURES`, and ``stance_fraction``,
-        ``step_frequency`` as ``(W, L)``; NaN for a world with fewer than 2 frames.
+        ``{name: (W,) array}`` for the world measures of :data:`MEASURES`, and ``(W, L)``
+        for the per-leg ones (names without ``_<leg>``).
     """
-    if thorax.shape[1] < 2:  # no step between frames: nothing to measure
-        worlds, legs = len(thorax), tips.shape[2]
-        return {**{name: np.full(worlds, np.nan) for name in MEASURES},
-                **{name: np.full((worlds, legs), np.nan) for name in _PER_LEG}}
+    legs = _leg_names(legs, tips.shape[2])
+    walk = _Walk.of(times, thorax, tips, forward, legs, height)
+    measured = _measure(walk, params, reference or _default_reference(legs), None)
+    return {name: values[..., 0] for name, values in measured.items()}
+
+
+def _thorax_measures(times: np.ndarray, thorax: np.ndarray, forward: np.ndarray | None,
+                     params: GaitParams, height: bool) -> dict[str, np.ndarray]:
+    """The thorax's measures, ``{name: (W,)}`` (NaN for a world with fewer than 2 frames)."""
+    worlds = len(thorax)
+    if thorax.shape[1] < 2:
+        return {name: np.full(worlds, np.nan) for name in _THORAX_MEASURES}
     valid = np.isfinite(thorax.sum(axis=-1))  # (W, T); positions are whole or NaN
     t = np.where(valid, times[None, :], np.nan)
     with np.errstate(invalid="ignore", divide="ignore"), warnings.catch_warnings():
@@ -112,7 +218,7 @@ def gait_measures(times: np.ndarray, thorax: np.ndarray, tips: np.ndarray,
         steps, dts = _steps(xy, times, valid)
         path = np.nansum(steps, axis=1)
         speed = steps / dts
-        z = np.where(valid, thorax[..., 2], np.nan)
+        z = np.where(valid, thorax[..., 2], np.nan) if height else np.full(valid.shape, np.nan)
         below = (z < params.fall_height) & valid
         out = {
             "duration": duration,
@@ -123,13 +229,9 @@ def gait_measures(times: np.ndarray, thorax: np.ndarray, tips: np.ndarray,
             "heading_change": _heading_change(thorax, forward, valid),
             "mean_height": np.nanmean(z, axis=1),
             "min_height": np.nanmin(z, axis=1),
-            "time_below": below.sum(axis=1) * _interval(times),
+            "time_below": below.sum(axis=1) * _interval(times) if height
+            else np.full(worlds, np.nan),
         }
-        stance, swing = _phases(times, tips, valid, params)
-        n = valid.sum(axis=1)[:, None]
-        out["stance_fraction"] = stance.sum(axis=1) / n
-        touchdowns = (stance[:, 1:] & swing[:, :-1]).sum(axis=1)
-        out["step_frequency"] = touchdowns / duration[:, None]
     few = valid.sum(axis=1) < 2
     for name, values in out.items():
         values = np.asarray(values, dtype=float)
@@ -175,43 +277,507 @@ def _heading_change(thorax: np.ndarray, forward: np.ndarray | None, valid: np.nd
         forward = np.diff(thorax[..., :2], axis=1)
         ok = valid[:, 1:] & valid[:, :-1] & (np.hypot(forward[..., 0], forward[..., 1]) > 0)
     angle = np.arctan2(forward[..., 1], forward[..., 0])
-    out = np.full(len(angle), np.nan)
-    for w in range(len(angle)):  # unwrap each world's frames that count
-        a = np.unwrap(angle[w][ok[w]])
-        if a.size:
-            out[w] = a[-1] - a[0]
+    # Unwrap each world's frames that count: the jumps between them, wrapped into (-pi, pi].
+    angle = np.where(ok, angle, np.nan)
+    jumps = np.diff(angle, axis=1)
+    skipped = ~ok[:, 1:]
+    if skipped.any():  # a jump over skipped frames: from the last frame that counted
+        index = np.where(ok, np.arange(angle.shape[1]), -1)
+        last = np.maximum.accumulate(index, axis=1)
+        held = np.take_along_axis(angle, np.maximum(last, 0), axis=1)
+        jumps = np.where(ok[:, 1:], angle[:, 1:] - held[:, :-1], np.nan)
+    wrapped = (jumps + np.pi) % (2 * np.pi) - np.pi
+    wrapped = np.where((wrapped == -np.pi) & (jumps > 0), np.pi, wrapped)  # as np.unwrap
+    total = np.nansum(wrapped, axis=1)
+    return np.where(ok.any(axis=1), total, np.nan)
+
+
+# ----------------------------------------------------------------------------- the legs
+@dataclass(frozen=True)
+class _Walk:
+    """Trajectories of worlds in host memory.
+
+    Attributes:
+        times: ``(T,)`` s.
+        thorax: ``(W, T, 3)``.
+        tips: ``(W * L, T, 3)``, one row per world and leg (world-major): a view of a
+            ``(3, W * L, T)`` array, so that each coordinate is contiguous.
+        forward: ``(W, T, 2 or 3)`` or None.
+        legs: L names.
+        height: z is a height.
+    """
+
+    times: np.ndarray
+    thorax: np.ndarray
+    tips: np.ndarray
+    forward: np.ndarray | None
+    legs: list[str]
+    height: bool
+
+    @classmethod
+    def of(cls, times: np.ndarray, thorax: np.ndarray, tips: np.ndarray,
+           forward: np.ndarray | None, legs: list[str], height: bool) -> _Walk:
+        """From tips ``(W, T, L, 3)`` (any layout)."""
+        w, t, n = tips.shape[:3]
+        rows = np.empty((3, w * n, t))
+        rows.reshape(3, w, n, t)[...] = tips.transpose(3, 0, 2, 1)
+        return cls(times, thorax, rows.transpose(1, 2, 0), forward, legs, height)
+
+    @property
+    def worlds(self) -> int:
+        return len(self.thorax)
+
+
+def _leg_names(legs: Sequence[str] | None, count: int) -> list[str]:
+    if legs is not None:
+        return [str(leg) for leg in legs]
+    return list(LEGS) if count == len(LEGS) else [f"leg{i}" for i in range(count)]
+
+
+def _default_reference(legs: Sequence[str]) -> str:
+    return "lf" if "lf" in legs else legs[0]
+
+
+def _windows(times: np.ndarray, window: float | None) -> tuple[np.ndarray, float]:
+    """The windows' start times and length (one window of the whole time when None)."""
+    if window is None:
+        return np.asarray(times[:1], dtype=float), math.inf
+    starts = np.arange(times[0], times[-1], window)
+    return (starts if starts.size else np.asarray(times[:1], dtype=float)), float(window)
+
+
+def _window_of(when: np.ndarray, starts: np.ndarray, length: float) -> np.ndarray:
+    """Each time's window index, -1 outside every window (or NaN)."""
+    if not math.isfinite(length):
+        return np.where(np.isfinite(when), 0, -1)
+    with np.errstate(invalid="ignore"):
+        index = np.floor((when - starts[0]) / length + 1e-12)
+    ok = np.isfinite(index) & (index >= 0) & (index < len(starts))
+    return np.where(ok, index, -1).astype(np.int64)
+
+
+def _measure(walk: _Walk, params: GaitParams, reference: str, window: float | None
+             ) -> dict[str, np.ndarray]:
+    """Every measure of every world and window: ``(W, n)`` world measures and ``(W, L, n)``
+    per-leg ones (names without ``_<leg>``)."""
+    times = walk.times
+    worlds, n_legs = walk.worlds, len(walk.legs)
+    starts, length = _windows(times, window)
+    out: dict[str, np.ndarray] = {}
+    thorax = walk.thorax
+    for k, t0 in enumerate(starts):
+        cut = slice(None) if not math.isfinite(length) else \
+            (times >= t0 - 1e-12) & (times < t0 + length - 1e-12)
+        part = _thorax_measures(times[cut], thorax[:, cut],
+                                None if walk.forward is None else walk.forward[:, cut], params,
+                                walk.height)
+        for name, values in part.items():
+            out.setdefault(name, np.full((worlds, len(starts)), np.nan))[:, k] = values
+    state = stance_state(times, walk.tips, params, height=walk.height)
+    events = step_events(times, state, walk.tips)
+    legs_out = _leg_measures(times, state, events, worlds, n_legs, starts, length)
+    legs_out.update(_phases(events, worlds, n_legs, walk.legs.index(reference), starts, length,
+                            times))
+    out.update(legs_out)
+    out.update(_coordination(times, state, events, worlds, walk.legs, starts, length))
     return out
 
 
-def _phases(times: np.ndarray, tips: np.ndarray, valid: np.ndarray, params: GaitParams
-            ) -> tuple[np.ndarray, np.ndarray]:
-    """``(W, T, L)`` stance and swing masks of the tips (both False where a frame does not
-    count or the tip's speed is unknown)."""
-    ok = valid[..., None] & np.isfinite(tips.sum(axis=-1))
-    speed = np.hypot(_central(tips[..., 0], times), _central(tips[..., 1], times))
-    ok &= np.isfinite(speed)
-    stance = ok & (tips[..., 2] < params.stance_height) & (speed < params.stance_speed)
-    return stance, ok & ~stance
-
-
-def _central(x: np.ndarray, times: np.ndarray) -> np.ndarray:
-    """``d x / d t`` along axis 1 of ``(W, T, ...)``: central differences, one-sided at
-    the ends (``np.gradient``'s first order, without its cost for uneven steps)."""
-    dt = times.reshape(-1, *([1] * (x.ndim - 2)))
-    out = np.empty_like(x)
-    out[:, 1:-1] = (x[:, 2:] - x[:, :-2]) / (dt[2:] - dt[:-2])
-    out[:, 0] = (x[:, 1] - x[:, 0]) / (dt[1] - dt[0])
-    out[:, -1] = (x[:, -1] - x[:, -2]) / (dt[-1] - dt[-2])
+def _sums(index: np.ndarray, ok: np.ndarray, size: int, *weights: np.ndarray) -> list[np.ndarray]:
+    """Counts (and weighted sums) of ``index`` where ``ok``, ``size`` bins."""
+    index = index[ok]
+    out = [np.bincount(index, minlength=size).astype(float)]
+    out += [np.bincount(index, weights=w[ok], minlength=size) for w in weights]
     return out
 
 
-# ----------------------------------------------------------------------------- the summary
+def _leg_measures(times: np.ndarray, state: np.ndarray, events: StepEvents, worlds: int,
+                  n_legs: int, starts: np.ndarray, length: float) -> dict[str, np.ndarray]:
+    n = len(starts)
+    size = worlds * n_legs * n
+    shape = (worlds, n_legs, n)
+    # Shares of frames in stance.
+    frame_window = _window_of(times, starts, length)
+    rows = np.arange(state.shape[0])[:, None]
+    bins = rows * n + frame_window[None, :]
+    ok = (frame_window[None, :] >= 0) & (state != UNKNOWN)
+    known, stance = _sums(bins.ravel(), ok.ravel(), size, (state == STANCE).ravel().astype(float))
+    # Complete cycles: the stance before each complete swing, then the swing.
+    cycle = events.touchdown - events.stance_start
+    where = _window_of(events.stance_start, starts, length)
+    ok = where >= 0
+    bins = events.tip * n + np.maximum(where, 0)
+    count, period, stance_time, swing_time, step_length = _sums(
+        bins, ok, size, cycle, events.stance_duration, events.swing_duration, events.step_length)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        out = {
+            "stance_fraction": stance / known,
+            "step_frequency": count / period,
+            "duty_factor": stance_time / period,
+            "stance_duration": stance_time / count,
+            "swing_duration": swing_time / count,
+            "step_length": step_length / count,
+        }
+    return {name: values.reshape(shape) for name, values in out.items()}
+
+
+def _phases(events: StepEvents, worlds: int, n_legs: int, reference: int, starts: np.ndarray,
+            length: float, times: np.ndarray) -> dict[str, np.ndarray]:
+    """Each leg's lift-offs in the reference leg's lift-off-to-lift-off cycles."""
+    n = len(starts)
+    shape = (worlds, n_legs, n)
+    world, leg = np.divmod(events.tip, n_legs)
+    ref = np.flatnonzero(leg == reference)
+    # A reference cycle: two consecutive lift-offs with a complete stance between them.
+    follows = np.zeros(len(ref), bool)
+    follows[1:] = (world[ref[1:]] == world[ref[:-1]]) & np.isfinite(events.stance_start[ref[1:]])
+    begin, end = ref[:-1][follows[1:]], ref[1:][follows[1:]]
+    starts_key = _keys(world[begin], events.liftoff[begin], times)
+    at = np.searchsorted(starts_key, _keys(world, events.liftoff, times), side="right") - 1
+    ok = at >= 0
+    at = np.maximum(at, 0)
+    if len(begin):
+        c0, c1 = events.liftoff[begin][at], events.liftoff[end][at]
+        ok &= (world[begin][at] == world) & (events.liftoff < c1)
+        phase = np.where(ok, (events.liftoff - c0) / (c1 - c0), 0.0)
+    else:
+        ok &= False
+        phase = np.zeros(len(events))
+    where = _window_of(events.liftoff, starts, length)
+    ok &= where >= 0
+    bins = events.tip * n + np.maximum(where, 0)
+    count, cos, sin = _sums(bins, ok, worlds * n_legs * n, np.cos(2 * np.pi * phase),
+                            np.sin(2 * np.pi * phase))
+    with np.errstate(invalid="ignore", divide="ignore"):
+        mean = np.where(count > 0, (np.arctan2(sin, cos) / (2 * np.pi)) % 1.0, np.nan)
+        strength = np.where(count > 0, np.hypot(cos, sin) / count, np.nan)
+    return {"phase": mean.reshape(shape), "phase_concentration": strength.reshape(shape)}
+
+
+def _keys(world: np.ndarray, when: np.ndarray, times: np.ndarray) -> np.ndarray:
+    """One sortable number per (world, time): world-major, then time (searches over the
+    events of every world at once)."""
+    return world * (float(times[-1] - times[0]) + 1.0) + (when - times[0])
+
+
+#: Support pattern of each set of legs in stance (bit i: leg LEGS[i] in stance):
+#: 0 tripod, 1 tetrapod, 2 wave, 3 other.
+def _support_classes() -> np.ndarray:
+    classes = np.full(64, 3, np.int64)
+    tripods = [sum(1 << LEGS.index(leg) for leg in tripod) for tripod in TRIPODS]
+    for bits in range(64):
+        down = [leg for i, leg in enumerate(LEGS) if bits >> i & 1]
+        up = [leg for leg in LEGS if leg not in down]
+        if bits in tripods:
+            classes[bits] = 0
+        elif len(up) == 2 and up[0][0] != up[1][0] and up[0][1] != up[1][1]:
+            classes[bits] = 1
+        elif len(up) == 1:
+            classes[bits] = 2
+    return classes
+
+
+_SUPPORT = _support_classes()
+_SUPPORT_NAMES = ("support_tripod", "support_tetrapod", "support_wave", "support_other")
+
+
+def _coordination(times: np.ndarray, state: np.ndarray, events: StepEvents, worlds: int,
+                  legs: list[str], starts: np.ndarray, length: float) -> dict[str, np.ndarray]:
+    """``tcs`` and the support shares, ``(W, n)``; NaN without the six legs of a fly."""
+    n = len(starts)
+    names = ("tcs", *_SUPPORT_NAMES)
+    if not set(LEGS) <= set(legs):
+        return {name: np.full((worlds, n), np.nan) for name in names}
+    order = [legs.index(leg) for leg in LEGS]
+    six = state.reshape(worlds, len(legs), -1)[:, order]  # (W, 6, T)
+    known = (six != UNKNOWN).all(axis=1)
+    bits = ((six == STANCE) << np.arange(6)[None, :, None]).sum(axis=1)
+    classes = _SUPPORT[bits]
+    frame_window = _window_of(times, starts, length)
+    ok = known & (frame_window[None, :] >= 0)
+    bins = (np.arange(worlds)[:, None] * n + frame_window[None, :]) * 4 + classes
+    counts = np.bincount(bins[ok], minlength=worlds * n * 4).reshape(worlds, n, 4)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        shares = counts / counts.sum(axis=2, keepdims=True)
+    out = {name: shares[..., i] for i, name in enumerate(_SUPPORT_NAMES)}
+    out["tcs"] = _tcs(events, worlds, legs, starts, length, times)
+    return out
+
+
+def _tcs(events: StepEvents, worlds: int, legs: list[str], starts: np.ndarray, length: float,
+         times: np.ndarray) -> np.ndarray:
+    n_legs, n = len(legs), len(starts)
+    world, leg = np.divmod(events.tip, n_legs)
+    middle = (events.liftoff + events.touchdown) / 2
+    total = np.zeros(worlds * n)
+    count = np.zeros(worlds * n)
+    for tripod in TRIPODS:
+        front = np.flatnonzero(leg == legs.index(tripod[0]))
+        first_lo, last_lo = events.liftoff[front].copy(), events.liftoff[front].copy()
+        first_td, last_td = events.touchdown[front].copy(), events.touchdown[front].copy()
+        ok = np.ones(len(front), bool)
+        for partner in tripod[1:]:
+            mine = np.flatnonzero(leg == legs.index(partner))  # ordered by world, then time
+            if not len(mine):
+                ok &= False
+                continue
+            keys = _keys(world[mine], middle[mine], times)
+            want = _keys(world[front], middle[front], times)
+            right = np.clip(np.searchsorted(keys, want), 0, len(mine) - 1)
+            left = np.maximum(right - 1, 0)
+            pick = np.where(np.abs(keys[left] - want) <= np.abs(keys[right] - want), left, right)
+            match = mine[pick]
+            ok &= world[match] == world[front]
+            first_lo = np.minimum(first_lo, events.liftoff[match])
+            last_lo = np.maximum(last_lo, events.liftoff[match])
+            first_td = np.minimum(first_td, events.touchdown[match])
+            last_td = np.maximum(last_td, events.touchdown[match])
+        together = np.maximum(first_td - last_lo, 0.0)
+        strength = together / (last_td - first_lo)
+        where = _window_of(events.liftoff[front], starts, length)
+        ok &= where >= 0
+        bins = world[front] * n + np.maximum(where, 0)
+        total += np.bincount(bins[ok], weights=strength[ok], minlength=worlds * n)
+        count += np.bincount(bins[ok], minlength=worlds * n)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return (total / count).reshape(worlds, n)
+
+
+# ----------------------------------------------------------------------------- sources
+def _leg(label: str) -> str:
+    name = KeypointName.parse(label)
+    return name.leg if name is not None else label.replace("/", "_")
+
+
+@dataclass(frozen=True)
+class _Source:
+    """What the gait functions read, before it is computed into host memory.
+
+    Attributes:
+        position: ``(world, time, keypoint, xyz)``: the thorax, (``ahead``), the tips.
+        ahead: The second keypoint is a point one unit ahead on the thorax's x axis.
+        orientation: The thorax's orientation ``(world, time, wxyz)``, or None.
+        legs: The tips' leg names.
+        individuals: A name per world.
+        height: z is a height.
+        length_unit: The positions' length unit (``mm`` for a model in millimetres).
+    """
+
+    position: xr.DataArray
+    ahead: bool
+    orientation: xr.DataArray | None
+    legs: list[str]
+    individuals: list[str]
+    height: bool
+    length_unit: str = "mm"
+
+    def blocks(self) -> list[slice]:
+        """Slices of worlds whose tip-frames fit one block of work."""
+        worlds, frames = self.position.sizes["world"], self.position.sizes["time"]
+        per = max(1, _BLOCK // max(1, frames * len(self.legs)))
+        return [slice(i, min(i + per, worlds)) for i in range(0, worlds, per)]
+
+    def walk(self, worlds: slice) -> _Walk:
+        values = np.asarray(self.position.isel(world=worlds).values)
+        thorax = values[:, :, 0].astype(np.float64)
+        forward = None
+        if self.ahead:
+            forward = values[:, :, 1] - thorax
+        elif self.orientation is not None:
+            forward = forward_axis(np.asarray(self.orientation.isel(world=worlds).values))
+        times = np.asarray(self.position.time.values, dtype=np.float64)
+        return _Walk.of(times, thorax, values[:, :, 1 + self.ahead:], forward, self.legs,
+                        self.height)
+
+
+def _source(source: Any, thorax: str, tips: Any, legs: Mapping[str, str] | None, worlds: Any,
+            time: Any, model: Any, storage_options: Any, backend: str,
+            processes: int | None) -> _Source:
+    import xarray as xr
+
+    if isinstance(source, xr.Dataset) and "individual" in source.dims:
+        return _poses_source(source, thorax, legs, worlds, time)
+    if isinstance(source, (xr.DataArray, xr.Dataset)) and "keypoint" in source.dims:
+        return _positions_source(source, thorax, tips, legs, worlds, time)
+    if legs is not None:
+        raise SelectionError(
+            "legs= maps leg names to keypoints of positions or a poses dataset; for an archive "
+            "pass tips= (points {label: (body, offset)}).")
+    from flyarchive.analyze.lazy import computed_positions
+
+    if tips is None or isinstance(tips, Mapping):
+        bodies, tip_points = [], gait_points(thorax, tips)
+    else:
+        bodies, tip_points = list(tips), gait_points(thorax, {})
+    points = tip_points
+    got = computed_positions(source, bodies, points, worlds=worlds, time=time, model=model,
+                             storage_options=storage_options, backend=backend,
+                             processes=processes)
+    order = [*points, *bodies]
+    if [str(k) for k in got.keypoint.values] != order:  # (a selection copies every frame)
+        got = got.sel(keypoint=order)
+    ids = [int(w) for w in got.world.values]
+    return _Source(got, True, None, [_leg(str(k)) for k in order[2:]], [f"world{w}" for w in ids],
+                   True)
+
+
+def gait_points(thorax: str = "nmf/c_thorax", tips: Mapping[str, PointSpec] | None = None
+                ) -> dict[str, PointSpec]:
+    """The points the gait functions compute from an archive: ``gait/thorax`` (the
+    thorax's origin), ``gait/ahead`` (one unit ahead of it on its x axis: its heading;
+    points, so that a frame copies only site positions) and the tips (default
+    :func:`flyarchive.tarsus_tips` of the thorax's fly).
+
+    Keep them once (``flyarchive.keep_positions(url, points=gait_points())``) and every
+    later gait call on that archive reads them instead of computing kinematics.
+    """
+    if tips is None:
+        tips = tarsus_tips(thorax.rpartition("/")[0] or "nmf")
+    return {_THORAX: (thorax, (0.0, 0.0, 0.0)), _AHEAD: (thorax, (1.0, 0.0, 0.0)), **tips}
+
+
+def gait_positions(
+    url: str | xr.Dataset,
+    *,
+    thorax: str = "nmf/c_thorax",
+    tips: Mapping[str, PointSpec] | Sequence[str] | None = None,
+    worlds: Sequence[int] | None = None,
+    time: tuple[float | None, float | None] | None = None,
+    model: mujoco.MjModel | None = None,
+    storage_options: Mapping[str, Any] | None = None,
+    backend: str = "cpu",
+    processes: int | None = None,
+) -> xr.DataArray:
+    """The positions the gait functions compute from an archive, computed once into host
+    memory, for several calls: :func:`gait_summary`, :func:`gait_steps` and
+    :func:`gait_epochs` take them as their source (with no ``thorax``, ``tips`` or ``legs``).
+
+    Args:
+        url, thorax, tips, worlds, time, model, storage_options, backend, processes: As for
+            :func:`gait_summary`.
+
+    Returns:
+        ``(world, time, keypoint, xyz)``: keypoints ``gait/thorax`` (the thorax's origin),
+        ``gait/ahead`` (one unit ahead of it on its x axis: its heading) and the tips.
+    """
+    return _source(url, thorax, tips, None, worlds, time, model, storage_options, backend,
+                   processes).position
+
+
+def _positions_source(source: Any, thorax: str, tips: Any, legs: Mapping[str, str] | None,
+                      worlds: Any, time: Any) -> _Source:
+    import xarray as xr
+
+    pos = source["position"] if isinstance(source, xr.Dataset) else source
+    quat = source["orientation"] if isinstance(source, xr.Dataset) and \
+        "orientation" in source else None
+    labels_here = [str(k) for k in pos.keypoint.values]
+    if labels_here[:2] == [_THORAX, _AHEAD] and legs is None and tips is None:
+        got = pos  # from gait_positions
+        if worlds is not None or time is not None:
+            got = got.sel(world=list(worlds) if worlds is not None else slice(None),
+                          time=slice(*(time or (None, None))))
+        return _Source(got, True, None, [_leg(k) for k in labels_here[2:]],
+                       [f"world{int(w)}" for w in got.world.values], True)
+    if legs is not None:
+        names, labels = list(legs), [str(v) for v in legs.values()]
+    else:
+        labels = list(tips) if tips is not None else \
+            list(tarsus_tips(thorax.rpartition("/")[0] or "nmf"))
+        names = [_leg(label) for label in labels]
+    _check_keypoints([thorax, *labels], [str(k) for k in pos.keypoint.values], "positions")
+    if list(pos.keypoint.values) != [thorax, *labels]:  # (a selection copies)
+        pos = pos.sel(keypoint=[thorax, *labels])
+    if worlds is not None or time is not None:
+        pos = pos.sel(world=list(worlds) if worlds is not None else slice(None),
+                      time=slice(*(time or (None, None))))
+    orientation = None if quat is None else quat.sel(keypoint=thorax, world=pos.world,
+                                                     time=pos.time)
+    return _Source(pos, False, orientation, names, [f"world{int(w)}" for w in pos.world.values],
+                   True)
+
+
+def _check_keypoints(wanted: Sequence[str], have: Sequence[str], what: str) -> None:
+    missing = [k for k in wanted if k not in have]
+    if missing:
+        from flyarchive.errors import did_you_mean
+
+        raise SelectionError(
+            f"The {what} have no keypoint {missing[0]!r}.{did_you_mean(missing[0], have)} "
+            f"Keypoints ({len(have)}): {', '.join(repr(k) for k in have[:20])}"
+            f"{' ...' if len(have) > 20 else ''}. Name keypoints that exist (thorax=, legs=).")
+
+
+def _poses_source(ds: Any, thorax: str, legs: Mapping[str, str] | None, worlds: Any,
+                  time: Any) -> _Source:
+    """A ``movement`` poses dataset: ``position`` ``(time, space, keypoint, individual)``."""
+    import xarray as xr
+
+    have = [str(k) for k in ds.keypoint.values]
+    if legs is None:
+        raise SelectionError(
+            f"A poses dataset needs legs= mapping leg names to its keypoints, e.g. "
+            f"legs={{'lf': 'L1_tip', 'lm': 'L2_tip', ...}} (flygym's leg names lf, lm, lh, "
+            f"rf, rm, rh give tcs and the support shares). Keypoints: {', '.join(have[:20])}.")
+    if not isinstance(legs, Mapping) or not legs:
+        raise SelectionError(f"legs= must map leg names to keypoint names, got {legs!r}.")
+    _check_keypoints([thorax, *legs.values()], have, "poses")
+    unit = ds.attrs.get("time_unit")
+    if unit != "seconds":
+        raise SelectionError(
+            f"The poses dataset's time is in {unit!r}, not seconds: gait needs times. Load it "
+            "with its frame rate, e.g. movement.io.load_poses.from_dlc_file(path, fps=300).")
+    space = [str(s) for s in ds.space.values]
+    position = ds["position"].sel(keypoint=[thorax, *legs.values()])
+    if space == ["x", "y"]:  # 2-D tracking: no heights
+        position = xr.concat([position, xr.zeros_like(position.isel(space=0))
+                              .expand_dims(space=["z"])], dim="space")
+    elif space != ["x", "y", "z"]:
+        raise SelectionError(f"The poses dataset's space is {space}; expected x, y (and z).")
+    names = [str(i) for i in ds.individual.values]
+    position = position.transpose("individual", "time", "keypoint", "space").rename(
+        individual="world", space="xyz").assign_coords(world=np.arange(len(names)),
+                                                       xyz=["x", "y", "z"])
+    position = position.drop_vars([c for c in position.coords
+                                   if c not in ("world", "time", "keypoint", "xyz")])
+    if worlds is not None:
+        position = position.sel(world=list(worlds))
+        names = [names[int(w)] for w in worlds]
+    if time is not None:
+        position = position.sel(time=slice(*time))
+    unit = str(ds["position"].attrs.get("units") or "(the poses' length unit)")
+    return _Source(position, False, None, [str(leg) for leg in legs], names, space != ["x", "y"],
+                   unit)
+
+
+def _prepare(source: Any, thorax: str, tips: Any, legs: Any, params: GaitParams, worlds: Any,
+             time: Any, model: Any, storage_options: Any, backend: str, processes: int | None,
+             reference: str | None) -> tuple[_Source, str]:
+    if not isinstance(params, GaitParams):
+        raise OptionsError(f"params must be a GaitParams, got {type(params).__name__}.")
+    got = _source(source, thorax, tips, legs, worlds, time, model, storage_options, backend,
+                  processes)
+    frames = got.position.sizes["time"]
+    if frames < 2:
+        raise SelectionError(
+            f"Gait needs at least 2 frames; the selection holds {frames}. Record longer, or "
+            "widen time= (--time).")
+    reference = reference if reference is not None else _default_reference(got.legs)
+    if reference not in got.legs:
+        raise SelectionError(f"No leg {reference!r} to measure phases against; legs: "
+                             f"{', '.join(got.legs)}. Pass reference_leg= one of them.")
+    return got, reference
+
+
+# ----------------------------------------------------------------------------- public
 def gait_summary(
     source: str | xr.Dataset | xr.DataArray,
     *,
     thorax: str = "nmf/c_thorax",
     tips: Mapping[str, PointSpec] | Sequence[str] | None = None,
+    legs: Mapping[str, str] | None = None,
     params: GaitParams = GaitParams(),
+    reference_leg: str | None = None,
     worlds: Sequence[int] | None = None,
     time: tuple[float | None, float | None] | None = None,
     window: float | None = None,
@@ -223,137 +789,253 @@ def gait_summary(
 ) -> xr.Dataset:
     """Gait and locomotion measures of every world (see the module's table for definitions).
 
+    Example: ``flyarchive.gait_summary("run.zarr").step_frequency_lf``; a fly tracked
+    with DeepLabCut: ``gait_summary(movement.io.load_poses.from_dlc_file(path, fps=300),
+    thorax="thorax", legs={"lf": "L1_tip", ...})``.
+
     Args:
         source: An archive (URL or dataset): the thorax and leg tips are computed
-            (:func:`flyarchive.positions`, kept positions when they match); or positions
-            already computed (a DataArray, or a Dataset with ``orientation``) holding
-            ``thorax`` and the tips as keypoints.
+            (:func:`flyarchive.positions`, kept positions when they match); positions
+            already computed (a DataArray, or a Dataset with ``orientation``); or a
+            ``movement`` poses dataset (its individuals are the worlds; time in seconds).
         thorax: The body (keypoint) whose path is the fly's.
         tips: Leg tips: points ``{label: (body, offset)}`` for an archive, or labels of
             keypoints for positions; default :func:`flyarchive.tarsus_tips` of the
             thorax's fly (NeuroMechFly's six tarsus tips, legs ``lf`` ... ``rh``).
+        legs: ``{leg name: keypoint}`` for positions or a poses dataset (needed for one):
+            the tips and the names the measures carry.
         params: Thresholds (:class:`GaitParams`).
+        reference_leg: The leg whose cycles phases are measured in (default ``lf``, else
+            the first leg).
         worlds, time: Worlds and a time window (seconds, inclusive), as for positions.
         window: Seconds: measures per window ``[start, start + window)``, windows one after
             another from the first frame (a ``window`` dimension, its start time as
-            coordinate; a window of fewer than 2 frames gives NaN). None: the whole selection.
+            coordinate; at most the selection's length). None: the whole selection.
         model, storage_options, backend: As for :func:`flyarchive.positions`.
         save: Also store the measures in the archive as world variables
             (:func:`flyarchive.add_world_vars`, replacing earlier ones), so that
             ``where=ds.distance > 5`` and ``--where-world-var 'distance>5'`` pick worlds.
+            Needs every world and no window.
         processes: From an archive on the CPU: worker processes computing the positions
-            beside this one (bit-exact with one process; threads would not run faster:
-            the GIL); 0: dask's scheduler in this process; None: one per other usable
-            core when the selection holds at least 200,000 frames.
+            beside this one; 0: dask's scheduler in this process; None: one per other
+            usable core when the selection holds at least 200,000 frames.
 
     Returns:
-        Dataset over ``world`` (and ``window``): the measures of :data:`MEASURES`, and
-        per leg ``stance_fraction_<leg>``, ``step_frequency_<leg>``; each with ``units``
-        and ``description`` attributes; ``attrs`` hold the thresholds.
+        Dataset over ``world`` (and ``window``): the measures of :data:`MEASURES` (per leg
+        ``<name>_<leg>``), each with ``units`` and ``description`` attributes; the
+        coordinate ``individual`` names each world; ``attrs`` hold the thresholds.
 
     Raises:
-        SelectionError: unknown thorax or tips, a window that is not a positive number,
-            ``save`` with windows or without an archive URL.
+        SelectionError: unknown thorax, tips or legs; fewer than 2 frames; a window that
+            is not a positive number or is longer than the selection; ``save`` with
+            windows, a subset of worlds or without an archive URL.
+        OptionsError: thresholds that cannot be used.
         And as :func:`flyarchive.positions`.
     """
-    import xarray as xr
-
-    if window is not None and not (isinstance(window, (int, float)) and window > 0):
+    if window is not None and (isinstance(window, bool) or not isinstance(window, (int, float))
+                               or not math.isfinite(window) or window <= 0):
         raise SelectionError(f"window must be a positive number of seconds, got {window!r}.")
     if save and (window is not None or not isinstance(source, str)):
         raise SelectionError(
             "save=True stores one value per world in the archive: pass the archive's URL and "
             "no window.")
-    pos, heading = _trajectories(source, thorax, tips, worlds, time, model, storage_options,
-                                 backend, processes)
-    ahead = isinstance(heading, str)
-    legs = [_leg(str(k)) for k in pos.keypoint.values[1 + ahead:]]
-    times = pos.time.values
-    values = np.asarray(pos.values)
-    forward = None
-    if ahead:  # a point ahead of the thorax on its x axis
-        forward, values = values[:, :, 1] - values[:, :, 0], np.delete(values, 1, axis=2)
-    elif heading is not None:
-        forward = forward_axis(np.asarray(heading.values))
-    starts = [None] if window is None else list(np.arange(times[0], times[-1], window)) or [times[0]]
-    parts = []
-    for t0 in starts:
-        cut = slice(None) if t0 is None else (times >= t0 - 1e-12) & (times < t0 + window - 1e-12)
-        measured = gait_measures(times[cut], values[:, cut, 0], values[:, cut, 1:],
-                                 None if forward is None else forward[:, cut], params)
-        parts.append(_dataset(measured, pos.world.values, legs))
-    summary = parts[0] if window is None else xr.concat(parts, dim="window").assign_coords(
-        window=("window", np.asarray(starts, dtype=float), {"units": "s",
-                                                            "description": "window start"}))
-    summary.attrs.update({k: float(v) for k, v in vars(params).items()})
-    summary.attrs["thorax"] = thorax
+    got, reference = _prepare(source, thorax, tips, legs, params, worlds, time, model,
+                              storage_options, backend, processes, reference_leg)
+    times = np.asarray(got.position.time.values, dtype=np.float64)
+    if window is not None and window > times[-1] - times[0] + 1e-9:
+        raise SelectionError(
+            f"window={window!r} s is longer than the selection ({times[-1] - times[0]:.6g} s, "
+            f"{len(times)} frames). Pass a shorter window, or none for one value per world.")
+    if save:
+        _check_every_world(source, got, storage_options)
+    parts = [_measure(got.walk(block), params, reference, window) for block in got.blocks()]
+    measured = {name: np.concatenate([p[name] for p in parts]) for name in parts[0]}
+    summary = _dataset(measured, got, window)
+    if window is not None:
+        starts, _ = _windows(times, window)
+        summary = summary.assign_coords(window=("window", starts, {
+            "units": "s", "description": "window start"})).transpose("window", "world")
+    else:
+        summary = summary.isel(window=0, drop=True)
+    summary.attrs.update({f.name: float(getattr(params, f.name)) for f in fields(params)})
+    summary.attrs.update(thorax=thorax, reference_leg=reference)
     if save:
         from flyarchive.store.world_vars import add_world_vars
 
-        add_world_vars(source, {k: v for k, v in summary.data_vars.items()},  # type: ignore[arg-type]
+        add_world_vars(source, {k: v.reset_coords(drop=True)  # type: ignore[arg-type]
+                                for k, v in summary.data_vars.items()},
                        storage_options=storage_options, overwrite=True)
     return summary
 
 
-def _leg(label: str) -> str:
-    name = KeypointName.parse(label)
-    return name.leg if name is not None else label.replace("/", "_")
+def _check_every_world(source: str, got: _Source, storage_options: Any) -> None:
+    from flyarchive.query import open_archive
+
+    every = [int(w) for w in open_archive(source, storage_options=storage_options).world.values]
+    chosen = [int(w) for w in got.position.world.values]
+    if sorted(chosen) != sorted(every):
+        raise SelectionError(
+            f"save=True (--save) stores one value per world and needs every world of the "
+            f"archive; the selection holds {len(chosen)} of its {len(every)}. Drop worlds= "
+            "(--worlds) to save, or leave save off to see these worlds' measures.")
 
 
-def _trajectories(source: Any, thorax: str, tips: Any, worlds: Any, time: Any, model: Any,
-                  storage_options: Any, backend: str, processes: int | None
-                  ) -> tuple[xr.DataArray, Any]:
-    """``(world, time, keypoint, xyz)`` positions, the thorax first, and how to find its
-    heading: ``"ahead"`` (the second keypoint is a point 1 unit ahead on its x axis), its
-    orientation (a DataArray of quaternions), or None (the direction of travel)."""
+def _dataset(measured: Mapping[str, np.ndarray], got: _Source, window: float | None
+             ) -> xr.Dataset:
     import xarray as xr
 
-    if isinstance(source, (xr.DataArray, xr.Dataset)) and "keypoint" in source.dims:
-        pos = source["position"] if isinstance(source, xr.Dataset) else source
-        quat = source["orientation"] if isinstance(source, xr.Dataset) and \
-            "orientation" in source else None
-        labels = list(tips) if tips is not None else \
-            list(tarsus_tips(thorax.rpartition("/")[0] or "nmf"))
-        missing = [k for k in [thorax, *labels] if k not in pos.keypoint.values]
-        if missing:
-            raise SelectionError(
-                f"The positions have no keypoint {missing[0]!r}. Keypoints: "
-                f"{[str(k) for k in pos.keypoint.values][:12]}. Pass thorax= and tips= labels "
-                "that exist.")
-        if list(pos.keypoint.values) != [thorax, *labels]:  # (a selection copies)
-            pos = pos.sel(keypoint=[thorax, *labels])
-        if worlds is not None or time is not None:
-            pos = pos.sel(world=list(worlds) if worlds is not None else slice(None),
-                          time=slice(*(time or (None, None))))
-        return pos, None if quat is None else quat.sel(keypoint=thorax, world=pos.world,
-                                                       time=pos.time)
-    from flyarchive.analyze.lazy import computed_positions
+    def unit_of(name: str) -> str:
+        unit = MEASURES[name][0]
+        return unit if got.length_unit == "mm" else unit.replace("mm", got.length_unit)
 
-    if tips is None or isinstance(tips, Mapping):
-        bodies, tip_points = [], tips if tips is not None else \
-            tarsus_tips(thorax.rpartition("/")[0] or "nmf")
-    else:
-        bodies, tip_points = list(tips), {}
-    # The thorax as points (its origin and one unit ahead), so that a frame copies only
-    # site positions: no orientations, and the per-frame loop stays lean.
-    points = {_THORAX: (thorax, (0.0, 0.0, 0.0)), _AHEAD: (thorax, (1.0, 0.0, 0.0)), **tip_points}
-    got = computed_positions(source, bodies, points, worlds=worlds, time=time, model=model,
-                             storage_options=storage_options, backend=backend,
-                             processes=processes)
-    order = [_THORAX, _AHEAD, *tip_points, *bodies]
-    if [str(k) for k in got.keypoint.values] != order:  # (a selection copies every frame)
-        got = got.sel(keypoint=order)
-    return got, "ahead"
-
-
-def _dataset(measured: Mapping[str, np.ndarray], worlds: np.ndarray, legs: list[str]) -> xr.Dataset:
-    import xarray as xr
-
-    data = {name: xr.DataArray(measured[name], dims="world",
-                               attrs={"units": unit, "description": text})
-            for name, (unit, text) in MEASURES.items()}
-    for name, (unit, text) in _PER_LEG.items():
-        for i, leg in enumerate(legs):
-            data[f"{name}_{leg}"] = xr.DataArray(measured[name][:, i], dims="world",
+    data = {}
+    for name in _WORLD:
+        unit, text = unit_of(name), MEASURES[name][1]
+        data[name] = xr.DataArray(measured[name], dims=("world", "window"),
+                                  attrs={"units": unit, "description": text})
+    for name in _PER_LEG:
+        unit, text = unit_of(f"{name}_<leg>"), MEASURES[f"{name}_<leg>"][1]
+        for i, leg in enumerate(got.legs):
+            data[f"{name}_{leg}"] = xr.DataArray(measured[name][:, i], dims=("world", "window"),
                                                  attrs={"units": unit, "description": text})
-    return xr.Dataset(data, coords={"world": worlds})
+    return xr.Dataset(data, coords={"world": got.position.world.values,
+                                    "individual": ("world", got.individuals)})
+
+
+def _tables(source: Any, thorax: str, tips: Any, legs: Any, params: GaitParams, worlds: Any,
+            time: Any, model: Any, storage_options: Any, backend: str, processes: int | None
+            ) -> tuple[_Source, list[tuple[_Walk, np.ndarray, int]]]:
+    got, _ = _prepare(source, thorax, tips, legs, params, worlds, time, model, storage_options,
+                      backend, processes, None)
+    out = []
+    for block in got.blocks():
+        walk = got.walk(block)
+        out.append((walk, stance_state(walk.times, walk.tips, params, height=walk.height),
+                    block.start))
+    return got, out
+
+
+def gait_steps(
+    source: str | xr.Dataset | xr.DataArray,
+    *,
+    thorax: str = "nmf/c_thorax",
+    tips: Mapping[str, PointSpec] | Sequence[str] | None = None,
+    legs: Mapping[str, str] | None = None,
+    params: GaitParams = GaitParams(),
+    worlds: Sequence[int] | None = None,
+    time: tuple[float | None, float | None] | None = None,
+    model: mujoco.MjModel | None = None,
+    storage_options: Mapping[str, Any] | None = None,
+    backend: str = "cpu",
+    processes: int | None = None,
+) -> pd.DataFrame:
+    """Every complete step (a swing between two stances) of every world and leg, a row each.
+
+    Example: ``flyarchive.gait_steps("run.zarr").groupby(["world", "leg"]).swing_duration
+    .mean()``; real and simulated flies in one table: ``pandas.concat([gait_steps(url),
+    gait_steps(poses, thorax="thorax", legs={...})])``.
+
+    Args:
+        source, thorax, tips, legs, params, worlds, time, model, storage_options, backend,
+            processes: As for :func:`gait_summary`.
+
+    Returns:
+        A pandas DataFrame with the columns of :data:`STEP_COLUMNS` (``world``,
+        ``individual``, ``leg``, ``step``, ``liftoff_time``, ``touchdown_time``,
+        ``swing_duration``, ``stance_start``, ``stance_duration``, ``step_length``),
+        ordered by world, leg, then time; ``attrs["units"]`` gives each column's unit.
+        A step across a gap (frames without positions) is not a step: none is made up.
+
+    Raises:
+        As :func:`gait_summary`.
+    """
+    import pandas as pd
+
+    got, blocks = _tables(source, thorax, tips, legs, params, worlds, time, model,
+                          storage_options, backend, processes)
+    world_ids = np.asarray(got.position.world.values)
+    parts = []
+    for walk, state, first in blocks:
+        events = step_events(walk.times, state, walk.tips)
+        world, leg = np.divmod(events.tip, len(got.legs))
+        world = world + first
+        parts.append(pd.DataFrame({
+            "world": world_ids[world],
+            "individual": np.asarray(got.individuals, dtype=str)[world],
+            "leg": np.asarray(got.legs, dtype=str)[leg],
+            "step": _ordinal(events.tip),
+            "liftoff_time": events.liftoff,
+            "touchdown_time": events.touchdown,
+            "swing_duration": events.swing_duration,
+            "stance_start": events.stance_start,
+            "stance_duration": events.stance_duration,
+            "step_length": events.step_length,
+        }))
+    table = pd.concat(parts, ignore_index=True)
+    table.attrs["units"] = {name: unit for name, (unit, _) in STEP_COLUMNS.items()}
+    return table
+
+
+def gait_epochs(
+    source: str | xr.Dataset | xr.DataArray,
+    *,
+    thorax: str = "nmf/c_thorax",
+    tips: Mapping[str, PointSpec] | Sequence[str] | None = None,
+    legs: Mapping[str, str] | None = None,
+    params: GaitParams = GaitParams(),
+    worlds: Sequence[int] | None = None,
+    time: tuple[float | None, float | None] | None = None,
+    model: mujoco.MjModel | None = None,
+    storage_options: Mapping[str, Any] | None = None,
+    backend: str = "cpu",
+    processes: int | None = None,
+) -> pd.DataFrame:
+    """Every stance and every swing of every world and leg as a time interval, a row each:
+    what a footfall diagram draws (the stance rows as bars per leg over time) and NWB
+    export stores as epochs.
+
+    Args:
+        source, thorax, tips, legs, params, worlds, time, model, storage_options, backend,
+            processes: As for :func:`gait_summary`.
+
+    Returns:
+        A pandas DataFrame with the columns of :data:`EPOCH_COLUMNS` (``world``,
+        ``individual``, ``leg``, ``phase`` (``"stance"`` or ``"swing"``), ``start_time``,
+        ``stop_time``, ``duration``, ``complete``), ordered by world, leg, then time;
+        frames without positions belong to no interval.
+
+    Raises:
+        As :func:`gait_summary`.
+    """
+    import pandas as pd
+
+    got, blocks = _tables(source, thorax, tips, legs, params, worlds, time, model,
+                          storage_options, backend, processes)
+    world_ids = np.asarray(got.position.world.values)
+    parts = []
+    for walk, state, first in blocks:
+        epochs: PhaseEpochs = phase_epochs(walk.times, state)
+        world, leg = np.divmod(epochs.tip, len(got.legs))
+        world = world + first
+        parts.append(pd.DataFrame({
+            "world": world_ids[world],
+            "individual": np.asarray(got.individuals, dtype=str)[world],
+            "leg": np.asarray(got.legs, dtype=str)[leg],
+            "phase": np.where(epochs.stance, "stance", "swing"),
+            "start_time": epochs.start,
+            "stop_time": epochs.stop,
+            "duration": epochs.stop - epochs.start,
+            "complete": epochs.complete,
+        }))
+    table = pd.concat(parts, ignore_index=True)
+    table.attrs["units"] = {name: unit for name, (unit, _) in EPOCH_COLUMNS.items()}
+    return table
+
+
+def _ordinal(groups: np.ndarray) -> np.ndarray:
+    """Each element's index within its run of equal values (``groups`` sorted)."""
+    if not len(groups):
+        return np.zeros(0, np.int64)
+    start = np.flatnonzero(np.r_[True, groups[1:] != groups[:-1]])
+    return np.arange(len(groups)) - np.repeat(start, np.diff(np.r_[start, len(groups)]))
+

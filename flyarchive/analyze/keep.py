@@ -6,7 +6,12 @@ world), computes that block's keypoints (in parallel, as the lazy array does) an
 it with the store's :class:`~flyarchive.store.derived.DerivedWriter`: chunks, times,
 then ``n_frames``. A killed run loses at most the block it was writing; running it again
 resumes after the last committed frame, and extends the group when the archive has
-grown since. :func:`stored_positions` is how :func:`flyarchive.positions` finds them.
+grown since. Running it again also repairs: the group is read back as ``verify`` reads
+it, committed frames that do not read back are recomputed (whole shards), and a group
+whose metadata, labels or times are damaged, or that no longer matches the archive, is
+made anew; each is said (``on_repair``). :func:`stored_positions` is how
+:func:`flyarchive.positions` finds them: only groups of this archive, of the same
+model, whose metadata and coordinates are sound; reads of damaged chunks fail.
 """
 
 from __future__ import annotations
@@ -39,7 +44,7 @@ KIND = "positions"
 def provenance(prepared: Prepared, orientations: bool, backend: str) -> dict[str, Any]:
     """The ``derived`` attribute of kept positions: what they are and what made them."""
     return {"kind": KIND, "keypoints": prepared.keypoints.definitions(),
-            "model_sha256": prepared.model.sha256, "orientations": bool(orientations),
+            "model_sha256": prepared.model.identity, "orientations": bool(orientations),
             "backend": backend, "units": UNITS,
             "source_archive_id": prepared.ds.attrs.get("archive_id")}
 
@@ -62,14 +67,19 @@ def keep_positions(
     overwrite: bool = False,
     takeover: bool = False,
     on_block: Callable[[int, int], None] | None = None,
+    on_repair: Callable[[str], None] | None = None,
 ) -> str:
     """Compute keypoint positions of every committed frame and store them.
 
     Kept beside the archive (default) as ``{url}/derived/positions-<hash>`` (the hash of
     the request: keypoint definitions, model, orientations, backend), where
     :func:`flyarchive.positions` finds them; or as a new archive at ``to``, read with
-    :func:`open_positions`. Running it again resumes an interrupted run, or extends the
-    stored frames when the archive has grown.
+    :func:`open_positions`. Running it again resumes an interrupted run, extends the
+    stored frames when the archive has grown, and repairs what is damaged: committed
+    frames that do not read back (a chunk missing, bytes that fail their checksum) are
+    recomputed, shard by shard; a group whose metadata, labels, commit markers or times
+    are damaged, or that no longer matches the archive, is made anew. Good frames of
+    this group, and every other group, are left as they are.
 
     Args:
         url: The archive.
@@ -84,6 +94,8 @@ def keep_positions(
         overwrite: Replace what is at ``to`` (or at the derived group) whatever it holds.
         takeover: Take over the claim of a writer that crashed on another host.
         on_block: Called ``(frames committed, frames in all)`` after each committed block.
+        on_repair: Called with one sentence for each repair (a group made anew, frames
+            recomputed) before it is made.
 
     Returns:
         The URL of the stored positions.
@@ -93,6 +105,7 @@ def keep_positions(
         ``to`` (nothing is changed); ArchiveInUseError when another writer holds it.
     """
     from flyarchive.store.derived import (
+        DerivedSource,
         DerivedSpec,
         DerivedWriter,
         derived_url,
@@ -117,32 +130,56 @@ def keep_positions(
                        tuple(int(w) for w in ds.world.values), orientations,
                        "float64" if backend == "cpu" else "float32",
                        chunk_frames=chunk_frames, shard_worlds=shard_worlds)
+    say = on_repair if on_repair is not None else (lambda text: None)
     with DerivedWriter.open(target, spec, storage_options=options, takeover=takeover,
-                            overwrite=overwrite) as writer:
+                            overwrite=overwrite, source=DerivedSource.of(ds, str(url)),
+                            owned=to is None) as writer:
+        if writer.remade is not None:
+            say(f"Made {target} anew: {writer.remade}")
+        for damage in writer.damaged():
+            (w0, w1), (t0, t1) = damage.worlds, damage.frames
+            say(f"Recomputing worlds {w0}..{w1 - 1}, frames {t0}..{t1 - 1} of {target}: "
+                f"{damage.text}")
+            _recompute(writer, prepared, damage, orientations, backend)
         _fill(writer, prepared, orientations, backend, spec.chunk_frames, on_block)
     return target
+
+
+def _block(prepared: Prepared, worlds: slice, frames: slice, orientations: bool,
+           backend: str) -> Any:
+    """The derived block of the archive's ``worlds`` over ``frames``, computed."""
+    from flyarchive.store.derived import DerivedBlock
+
+    ds = prepared.ds
+    part = Prepared(ds.isel(world=worlds, time=frames), prepared.url, prepared.model,
+                    prepared.keypoints, prepared.storage_options)
+    # aligned: an array a Dask cluster sends back may not be (pcodec refuses it)
+    values = np.require(lazy_positions(part, orientations, backend).compute(),
+                        requirements="A")
+    times = {name: part.ds[name].values if name in part.ds.coords else None
+             for name in ("time", "sim_time", "frame")}
+    return DerivedBlock(times["time"], values[..., :3], values[..., 3:] if orientations else None,
+                        sim_time=times["sim_time"], frame=times["frame"])
+
+
+def _recompute(writer: Any, prepared: Prepared, damage: Any, orientations: bool,
+               backend: str) -> None:
+    """The damaged frames (a whole shard) computed again and written over."""
+    (w0, w1), (t0, t1) = damage.worlds, damage.frames
+    t1 = min(t1, int(prepared.ds.sizes["time"]))
+    block = _block(prepared, slice(w0, w1), slice(t0, t1), orientations, backend)
+    writer.rewrite(block, (w0, w1), t0)
 
 
 def _fill(writer: Any, prepared: Prepared, orientations: bool, backend: str, chunk: int,
           on_block: Callable[[int, int], None] | None) -> None:
     """Commit every block of frames after the writer's last committed one."""
-    from flyarchive.store.derived import DerivedBlock
-
     ds = prepared.ds
     n_time, n_frames = int(ds.sizes["time"]), ds.n_frames.values
     t0 = writer.n_frames
     while t0 < n_time:
         t1 = min(n_time, (t0 // chunk + 1) * chunk)
-        part = Prepared(ds.isel(time=slice(t0, t1)), prepared.url, prepared.model,
-                        prepared.keypoints, prepared.storage_options)
-        # aligned: an array a Dask cluster sends back may not be (pcodec refuses it)
-        values = np.require(lazy_positions(part, orientations, backend).compute(),
-                            requirements="A")
-        times = {name: part.ds[name].values if name in part.ds.coords else None
-                 for name in ("time", "sim_time", "frame")}
-        block = DerivedBlock(times["time"], values[..., :3],
-                             values[..., 3:] if orientations else None,
-                             sim_time=times["sim_time"], frame=times["frame"])
+        block = _block(prepared, slice(None), slice(t0, t1), orientations, backend)
         writer.write(block, n_frames=np.minimum(n_frames, t1))
         t0 = t1
         if on_block is not None:
@@ -154,15 +191,28 @@ def open_positions(url: str, storage_options: Mapping[str, Any] | None = None
     """Positions kept by :func:`keep_positions` (a derived group or an archive of
     positions), lazily: ``position`` (and a Dataset with ``orientation`` when kept).
 
+    A group kept beside an archive (``<archive>/derived/<name>``) is checked against it.
+
     Raises:
         ArchiveNotFoundError: nothing at ``url``.
-        SchemaError: not kept positions.
+        SchemaError: not kept positions, or damaged metadata or labels (as
+            :func:`flyarchive.store.derived.open_derived`).
+        CorruptArchiveError: damaged commit markers or times, a group that does not match
+            its archive (another archive's...); when computing, committed frames missing
+            or damaged. Each says what to do: `flyarchive positions` again recomputes them.
     """
+    from flyarchive.errors import SchemaError
     from flyarchive.store.derived import open_derived
 
     kept = open_derived(str(url), storage_options)
     derived = kept.attrs["derived"]
-    kinds = {d["label"]: (d["kind"], d["body"]) for d in derived.get("keypoints", [])}
+    if derived.get("kind") != KIND or "position" not in kept:
+        raise SchemaError(
+            f"{str(url)!r} holds derived values of another kind ({str(derived.get('kind'))[:40]!r}"
+            "), not positions. Make positions with flyarchive.keep_positions or `flyarchive "
+            "positions`.")
+    kinds = {d.get("label"): (str(d.get("kind", "")), str(d.get("body", "")))
+             for d in derived.get("keypoints", [])}  # each an object: validate_derived
     labels = [str(v) for v in kept.keypoint.values]
     kept = kept.assign_coords(keypoint_kind=("keypoint", [kinds.get(k, ("", ""))[0] for k in labels]),
                               keypoint_body=("keypoint", [kinds.get(k, ("", ""))[1] for k in labels]))
@@ -178,24 +228,30 @@ def open_positions(url: str, storage_options: Mapping[str, Any] | None = None
 def stored_positions(prepared: Prepared, *, orientations: bool, backend: str
                      ) -> xr.DataArray | xr.Dataset | None:
     """The request's positions read from a derived group kept beside the archive, if one
-    holds its keypoints (same definitions), of the same model and archive, for every
-    committed frame of the window's worlds (and orientations if asked); else None.
-    Positions computed on the CPU serve every backend; Warp's serve Warp's backends."""
+    holds its keypoints (same definitions), of the same model (its identity) and archive,
+    for every committed frame of the window's worlds (and orientations if asked); else
+    None. Positions computed on the CPU serve every backend; Warp's serve Warp's backends.
+    A group of another archive is never read; one of this archive and request whose
+    metadata or coordinates are damaged is refused (as :func:`open_positions`), and a read
+    of its damaged chunks fails, saying to recompute it."""
     import dask.array as da
 
-    from flyarchive.store.derived import find_derived, open_derived
+    from flyarchive.store.derived import DerivedSource, find_derived, open_derived
 
     ds, kp = prepared.ds, prepared.keypoints
+    whole = prepared.whole if prepared.whole is not None else ds
     wanted = {d["label"]: d for d in kp.definitions()}
     for group_url, derived, n_frames in find_derived(prepared.url, prepared.storage_options):
         have = {d.get("label"): d for d in derived.get("keypoints", []) if isinstance(d, dict)}
-        if derived.get("kind") != KIND or derived.get("model_sha256") != prepared.model.sha256 \
+        if derived.get("kind") != KIND or derived.get("model_sha256") != prepared.model.identity \
                 or derived.get("source_archive_id") != ds.attrs.get("archive_id") \
                 or (orientations and not derived.get("orientations")) \
                 or derived.get("backend") not in ("cpu", backend) \
                 or any(have.get(label) != d for label, d in wanted.items()):
             continue
-        kept = open_derived(group_url, prepared.storage_options)
+        kept = open_derived(group_url, prepared.storage_options,
+                            source=DerivedSource.of(whole, prepared.url))
+        n_frames = kept.n_frames.values
         ids = [int(w) for w in kept.world.values]
         if not set(int(w) for w in ds.world.values) <= set(ids):
             continue
@@ -206,9 +262,20 @@ def stored_positions(prepared: Prepared, *, orientations: bool, backend: str
         if frames.size and (frames.max() >= kept.sizes["time"]
                             or not np.array_equal(kept.time.values[frames], ds.time.values)):
             continue
-        pick = kept.isel(world=at, time=frames).sel(keypoint=list(kp.labels))
+        stored = [str(k) for k in kept.keypoint.values]
+        picked = np.asarray([stored.index(label) for label in kp.labels])
+        pick = kept.isel(world=_as_slice(np.asarray(at)), time=_as_slice(frames),
+                         keypoint=_as_slice(picked))
         data = pick.position.data
         if orientations:
             data = da.concatenate([data, pick.orientation.data.astype(data.dtype)], axis=-1)
         return as_positions(prepared, data, orientations, backend, stored=group_url)
     return None
+
+
+def _as_slice(index: np.ndarray) -> slice | np.ndarray:
+    """Consecutive indices as a slice (a selection the reader takes as it is, reading only
+    the chunks it touches), else the indices."""
+    if index.size and np.array_equal(index, np.arange(index[0], index[0] + index.size)):
+        return slice(int(index[0]), int(index[0]) + index.size)
+    return index

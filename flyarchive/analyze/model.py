@@ -1,6 +1,12 @@
 """The model positions are computed with: the one kept beside the archive (loaded as
 every reader loads it, :func:`flyarchive.store.kept_models.kept_model`: checked in a short-lived
 child process first), or one given and checked against the archive's layout.
+
+A kept model is loaded once per process: the next call on an archive that names the same
+model (by its identity, :func:`flyarchive.models.model_identity`: the portable form's
+SHA-256 when kept, else the MJB's; the bytes were checked against it when they were read)
+takes the one loaded (NeuroMechFly: 23 MB read, hashed and loaded, 0.1-0.9 s on a
+2-core VM, per call before).
 """
 
 from __future__ import annotations
@@ -14,7 +20,11 @@ import mujoco
 
 from flyarchive.errors import ModelLoadError
 from flyarchive.layout import ModelLayout, check_compatible
-from flyarchive.models import model_bytes
+from flyarchive.lru import LRUCache
+from flyarchive.models import model_bytes, model_identity
+
+#: Kept models loaded in this process, by their identity (:func:`model_identity`): the last two.
+_KEPT: LRUCache[str, AnalysisModel] = LRUCache(2, name="kept models by identity")
 
 
 @dataclass(frozen=True)
@@ -24,22 +34,35 @@ class AnalysisModel:
     Attributes:
         model: The compiled model, on the host.
         blob: Its MJB bytes.
-        sha256: SHA-256 of ``blob`` (hex): the model's identity in provenance.
+        sha256: SHA-256 of ``blob`` (hex): what Dask workers and caches know it by.
+        identity: The model's identity in provenance (kept positions name the model they
+            were computed with by it): the archive's
+            (:func:`flyarchive.models.model_identity`) when it is the model the archive
+            keeps, else (the default) ``sha256``.
     """
 
     model: mujoco.MjModel = field(repr=False)
     blob: bytes = field(repr=False)
     sha256: str
+    identity: str = ""
+
+    def __post_init__(self) -> None:
+        if not self.identity:
+            object.__setattr__(self, "identity", self.sha256)
 
 
 def analysis_model(layout_attrs: Any, *, url: str | None, model: mujoco.MjModel | None,
-                   storage_options: Mapping[str, Any] | None = None) -> AnalysisModel:
+                   storage_options: Mapping[str, Any] | None = None,
+                   archive_attrs: Mapping[str, Any] | None = None) -> AnalysisModel:
     """The model to compute an archive's positions with.
 
     Args:
         layout_attrs: The archive's ``layout`` attribute.
         url: The archive's URL (where its model is kept); None when unknown.
         model: A compiled model; None: the one kept beside the archive.
+        archive_attrs: The archive's attributes, where the kept model's identity is read
+            (:func:`model_identity`): a kept model of that identity loaded earlier in this
+            process is taken (see the module's docstring); None: loaded from the archive.
 
     Raises:
         ModelLoadError: no model given and the archive keeps none (or its URL is unknown).
@@ -53,14 +76,31 @@ def analysis_model(layout_attrs: Any, *, url: str | None, model: mujoco.MjModel 
                 "The dataset does not say which archive it was opened from, and no model was "
                 "given. Pass the compiled model the archive was recorded with: model=... (an "
                 "MjModel), or --model FILE (.mjb or .xml).")
-        from flyarchive.store.kept_models import kept_model
-
-        model, blob = kept_model(url, storage_options)  # checked in a child process first
+        named = model_identity(archive_attrs) if archive_attrs is not None else None
+        if named is None:
+            checked = _kept(url, storage_options)
+        else:
+            checked = _KEPT.get(named, lambda: _kept(url, storage_options))
+            if checked.identity != named:  # the archive was replaced since it was opened
+                _KEPT.pop(named)
     else:
         if not isinstance(model, mujoco.MjModel):
             raise ModelLoadError(
                 f"model must be a compiled mujoco.MjModel, got {type(model).__name__}. Load "
                 "it with flyarchive.models.load_model(path).")
         blob = model_bytes(model)
-    check_compatible(ModelLayout.from_attrs(layout_attrs), ModelLayout.from_model(model))
-    return AnalysisModel(model, blob, hashlib.sha256(blob).hexdigest())
+        checked = AnalysisModel(model, blob, hashlib.sha256(blob).hexdigest())
+    check_compatible(ModelLayout.from_attrs(layout_attrs), ModelLayout.from_model(checked.model))
+    return checked
+
+
+def _kept(url: str, storage_options: Mapping[str, Any] | None) -> AnalysisModel:
+    """The model kept beside the archive at ``url``, read and checked now, named by the
+    identity its archive gives it now."""
+    from flyarchive.store.kept_models import kept_model
+    from flyarchive.store.reader import open_group
+
+    group = open_group(url, storage_options)
+    model, blob = kept_model(url, storage_options, group=group)  # checked in a child first
+    digest = hashlib.sha256(blob).hexdigest()
+    return AnalysisModel(model, blob, digest, model_identity(group.attrs.asdict()) or digest)

@@ -17,7 +17,8 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from flyarchive.analyze.blocks import BACKENDS, kinematics_block
+from flyarchive.analyze import BACKENDS
+from flyarchive.analyze.blocks import kinematics_block
 from flyarchive.analyze.keypoints import KeypointRequest, KeypointSet, resolve
 from flyarchive.analyze.model import AnalysisModel, analysis_model
 from flyarchive.analyze.model_ref import graph_model
@@ -63,7 +64,7 @@ def prepare(source: str | xr.Dataset, request: KeypointRequest, *,
     whole, url = _archive(source, storage_options)
     ds = window(whole, worlds, time)
     checked = analysis_model(ds.attrs["layout"], url=url, model=model,
-                             storage_options=storage_options)
+                             storage_options=storage_options, archive_attrs=ds.attrs)
     return Prepared(ds, url, checked, resolve(checked.model, request), storage_options, whole)
 
 
@@ -162,12 +163,14 @@ def lazy_positions(prepared: Prepared, orientations: bool, backend: str) -> Any:
     sha = prepared.model.sha256
     blob = graph_model(prepared.model.blob, sha)  # once, not per task nor per compute
     channels = 7 if orientations else 3
+    largest = max(qpos.chunks[0]) * max(qpos.chunks[1]) if qpos.size else None
     name = "flyarchive-positions-" + tokenize(qpos.name, sha, kp.digest, orientations, backend)
     return da.blockwise(
         kinematics_block, "wtkc", *args, blob, None, new_axes={"k": len(kp), "c": channels},
         concatenate=True, name=name, dtype=np.float64 if backend == "cpu" else np.float32,
         meta=np.empty((0, 0, 0, 0), np.float64 if backend == "cpu" else np.float32),
-        sha256=sha, keypoints=kp, orientations=orientations, backend=backend, mocap=mocap)
+        sha256=sha, keypoints=kp, orientations=orientations, backend=backend, mocap=mocap,
+        largest=largest)
 
 
 def as_positions(prepared: Prepared, data: Any, orientations: bool, backend: str,

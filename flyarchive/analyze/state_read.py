@@ -391,6 +391,13 @@ def serve_jobs(handlers: dict[str, Handler] | None = None) -> None:
     given to its handler with the job's getters (``{name: getter}``) instead of decoded."""
     answers = os.fdopen(os.dup(1), "wb")
     os.dup2(2, 1)
+    # What the first job's opening of the archive imports, imported now: the caller
+    # prepares the rest of its run meanwhile (on its own core) instead of waiting.
+    import dask.array  # noqa: F401
+    import xarray  # noqa: F401
+
+    from flyarchive.query.archive import open_archive  # noqa: F401
+
     opened: dict[str, Any] = {}
     for line in sys.stdin.buffer:
         try:

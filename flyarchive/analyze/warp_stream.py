@@ -58,7 +58,12 @@ class StreamStats:
         frames: Frames computed (worlds x frames of the window).
         batches: Batches of the engine's size.
         seconds: Wall time from the first read to the last copy, s (setup excluded).
-        setup_seconds: Building the engine (model upload, buffers, kernels), s.
+        setup_seconds: Finding the engine and its pipeline's buffers (the ones kept
+            from an earlier call), or building them (model upload, device arrays, pinned
+            slots, kernels), and starting the readers, s.
+        engine: ``"kept"`` (an earlier call's engine served) or ``"built"``.
+        prepare_seconds: Opening the archive, finding the model and the keypoints, s.
+        call_seconds: The whole call, s (what the caller waited for).
         read_seconds: Time reader threads spent reading, summed over threads, s.
         read_wait_seconds: Time the pipeline waited for a batch's state to be read, s
             (the read is the bound when this is most of ``seconds``).
@@ -85,6 +90,9 @@ class StreamStats:
     batches: int = 0
     seconds: float = 0.0
     setup_seconds: float = 0.0
+    engine: str = ""
+    prepare_seconds: float = 0.0
+    call_seconds: float = 0.0
     read_seconds: float = 0.0
     read_wait_seconds: float = 0.0
     stage_seconds: float = 0.0
@@ -143,6 +151,7 @@ def load_positions(
     Raises:
         As :func:`flyarchive.positions`.
     """
+    began = clock.perf_counter()
     check_backend(backend)
     request = KeypointRequest.of(bodies, sites, points, leg=leg, segment=segment, fly=fly)
     prepared = prepare(source, request, worlds=worlds, time=time, model=model,
@@ -153,39 +162,66 @@ def load_positions(
         return as_positions(prepared, lazy_positions(prepared, orientations, backend).compute(),
                             orientations, backend)
     stats = stats if stats is not None else StreamStats()
+    stats.prepare_seconds = clock.perf_counter() - began
     values = _Stream(prepared, orientations, backend, batch_frames, readers, stats,
                      read_processes).run()
-    return as_positions(prepared, values, orientations, backend)
+    result = as_positions(prepared, values, orientations, backend)
+    stats.call_seconds = clock.perf_counter() - began
+    return result
 
 
 class _Stream:
-    """One run of the pipeline (see the module's docstring)."""
+    """One run of the pipeline (see the module's docstring) with the process's engine
+    for the window's model, keypoints and device
+    (:func:`~flyarchive.analyze.warp_positions.warp_engine`): its pinned slots and CUDA
+    streams are kept with it, so that the next call with the same window builds nothing.
+    """
 
     def __init__(self, prepared: Prepared, orientations: bool, backend: str,
                  batch: int | None, readers: int | None, stats: StreamStats,
                  read_processes: int | None = None) -> None:
-        from flyarchive.analyze.warp_positions import WarpKinematics, device_of, wp
-
         started = clock.perf_counter()
-        self.wp, self.prepared, self.stats, self.readers = wp, prepared, stats, readers
-        self.engine = WarpKinematics(prepared.model.model, prepared.keypoints, orientations,
-                                     device=device_of(backend), batch=batch)
-        self.cuda = bool(self.engine.device.is_cuda)
-        self.n_time, self.n_worlds = int(prepared.ds.sizes["time"]), int(prepared.ds.sizes["world"])
-        self.n_rows = self.n_worlds * self.n_time
-        self.width = len(prepared.keypoints) * self.engine.channels
-        names = ["qpos"] + (["mocap_pos", "mocap_quat"] if self.engine.nmocap else [])
+        self.prepared, self.stats, self.readers = prepared, stats, readers
+        names = ["qpos"] + (["mocap_pos", "mocap_quat"] if prepared.model.model.nmocap else [])
+        # The readers first: worker processes (when they read) start, import and open the
+        # archive while this process imports Warp and finds or builds the engine.
         self.reader = state_reader(prepared, names, read_processes)
+        from flyarchive.analyze.warp_positions import warp_engine, wp
+
+        self.wp = wp
         stats.reader = "shards" if isinstance(self.reader, StateReader) else \
             "processes" if isinstance(self.reader, ProcessStateReader) else "dask"
         if not readers:
             cores = len(os.sched_getaffinity(0))
             self.readers = min(cores, PROCESS_READERS) if stats.reader == "processes" else cores
+        self.engine = warp_engine(prepared.model.model, prepared.model.sha256,
+                                  prepared.keypoints, orientations, backend, batch)
+        stats.engine = "built" if self.engine.created >= started else "kept"
+        self.cuda = bool(self.engine.device.is_cuda)
+        self.n_time, self.n_worlds = int(prepared.ds.sizes["time"]), int(prepared.ds.sizes["world"])
+        self.n_rows = self.n_worlds * self.n_time
+        self.width = len(prepared.keypoints) * self.engine.channels
         self._timed: list[tuple[str, Any, Any]] = []  # (stage, start event, end event) on CUDA
-        self._slots = [self._slot() for _ in range(3 if self.cuda else 1)]
-        self._outs = [self._out_slot() for _ in range(OUT_SLOTS if self.cuda else 1)]
-        stats.setup_seconds = clock.perf_counter() - started
-        stats.pinned_bytes = 0 if not self.cuda else sum(
+        self._setup_seconds = clock.perf_counter() - started
+
+    def _buffers(self) -> None:
+        """The engine's slots (pinned, and on CUDA device ones) and streams: those kept
+        with it, or made now and kept (the caller holds the engine's lock)."""
+        kept = self.engine.kept
+        if "stream_slots" not in kept:
+            kept["stream_slots"] = [self._slot() for _ in range(3 if self.cuda else 1)]
+            kept["stream_outs"] = [self._out_slot() for _ in range(OUT_SLOTS if self.cuda else 1)]
+            if self.cuda:
+                kept["stream_streams"] = (self.wp.Stream(self.engine.device),
+                                          self.wp.Stream(self.engine.device))
+        self._slots, self._outs = kept["stream_slots"], kept["stream_outs"]
+        if self.cuda:
+            self._upload_stream, self._copy_stream = kept["stream_streams"]
+        for slot in self._slots:
+            slot["events"] = {}  # the last run's have all happened
+        for out in self._outs:
+            out["copies"], out["downloaded"] = [], None
+        self.stats.pinned_bytes = 0 if not self.cuda else sum(
             int(b.capacity) for b in [*(b for s in self._slots for b in s["in"].values()),
                                       *(o["host"] for o in self._outs)])
 
@@ -237,6 +273,15 @@ class _Stream:
 
     # ------------------------------------------------------------------------- the run
     def run(self) -> np.ndarray:
+        """The window's keypoints ``(world, time, K, 3 | 7)`` float32 (host), holding the
+        engine's lock throughout (one run per engine at a time)."""
+        with self.engine.lock:
+            began = clock.perf_counter()
+            self._buffers()
+            self.stats.setup_seconds = self._setup_seconds + clock.perf_counter() - began
+            return self._run()
+
+    def _run(self) -> np.ndarray:
         batch = self._batch()
         bounds = [(r0, min(self.n_rows, r0 + batch)) for r0 in range(0, self.n_rows, batch)]
         result = np.empty((self.n_rows, self.width), dtype=np.float32)
@@ -318,10 +363,7 @@ class _Stream:
 
     def _queue_cuda(self, slot: dict[str, Any], out: dict[str, Any], n: int) -> None:
         wp, engine, events, state = self.wp, self.engine, slot["events"], slot["in"]
-        device = engine.device
-        if not hasattr(self, "_upload_stream"):
-            self._upload_stream, self._copy_stream = wp.Stream(device), wp.Stream(device)
-        compute = device.stream
+        compute = engine.device.stream
         if "consumed" in events:  # the device slot still feeds the last batch's kinematics
             self._upload_stream.wait_event(events["consumed"])
         up_began = self._timing_event(self._upload_stream)

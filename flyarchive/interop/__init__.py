@@ -15,7 +15,9 @@ These three are public (users call them by module); internal:
   ``RecordedTrajectory`` objects (``flyarchive.read_trajectories``, the recorders'
   ``.trajectory``);
 - :mod:`flyarchive.interop.poses`: positions out as ``movement`` poses datasets and NWB
-  files with ``ndx-pose`` (``flyarchive export-poses``).
+  files with ``ndx-pose`` (``flyarchive export-poses``);
+- :mod:`flyarchive.interop.nwb`: the NWB files: poses, joint angles, leg phases, world
+  variables and the lab's metadata (checked; YAML), one file per world.
 
 Nothing here is imported by ``import flyarchive``.
 """

@@ -43,7 +43,7 @@ from flyarchive.errors import (
 )
 from flyarchive.interop.npz_export import FRAME_KEY, SCHEDULED_TIME_KEY, NpzExport, export_npz
 from flyarchive.layout import ModelLayout
-from flyarchive.models import model_bytes
+from flyarchive.models import model_bytes, portable_model
 from flyarchive.schema import IMPORT_ATTR, finite_frames, import_status
 from flyarchive.store import ArchiveSpec, ArchiveWriter, FrameBlock, open_group
 from flyarchive.store.consolidated import consolidate
@@ -319,6 +319,7 @@ def import_npz(
     progress: Callable[[int, int], object] | None = None,
     store_model: bool = True,
     takeover: bool = False,
+    model_source: Any = None,
 ) -> str:
     """Import flygym ``.npz`` trajectories (files or folders of them) into one archive.
 
@@ -346,13 +347,19 @@ def import_npz(
             only its layout; replay then needs the model.
         takeover: Take over the writer claim that a crashed writer (on another host) left
             on ``url`` (:mod:`flyarchive.store.claims`).
+        model_source: What ``model`` was compiled from (an MJCF ``.xml``, a spec zip or a
+            ``mujoco.MjSpec``), kept beside the archive as its portable form
+            (``models/<sha256>.mjz``), so that any MuJoCo release can replay it (see
+            :class:`~flyarchive.TrajectoryRecorder`); None: only the MJB.
 
     Returns:
         The archive URL.
 
     Raises:
         NpzFormatError, NonFiniteStateError: a file that is not a valid flygym trajectory.
-        LayoutMismatchError: files of another model.
+        LayoutMismatchError: files of another model, or a ``model_source`` that does not
+            compile to ``model``.
+        ModelLoadError: ``model_source`` cannot be made portable (a file it names is missing...).
         SelectionError: no such file or folder.
         ArchiveExistsError: something is at ``url`` (without ``mode="w"`` or ``resume``).
         ImportMismatchError: ``resume`` with other files, or into an archive that no
@@ -380,6 +387,7 @@ def import_npz(
         world_vars={ORIGINAL_ID_VAR: np.array([t.world_id for t in trajs], np.int64)}
         if renumber else {},
         model=model_bytes(model) if store_model else None,
+        portable=None if model_source is None else portable_model(model_source, model=model),
     )
     url = str(url)
     url = str(Path(url).expanduser()) if url.startswith("~") else url

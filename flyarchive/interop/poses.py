@@ -9,17 +9,18 @@ files with ``ndx-pose``.
   ``fps`` frames per simulated second), ``source_software="flyarchive"``. NaN positions
   are frames that do not exist (past a world's ``n_frames``), as movement reads NaN.
 - :func:`export_poses`: that dataset as a netCDF file (``format="movement"``: movement and
-  ``xarray.open_dataset`` read it), or NWB (``format="nwb"``): **one file per world**
+  ``xarray.open_dataset`` read it; the archive's world variables ride along as
+  coordinates over ``individual``), or NWB (``format="nwb"``): **one file per world**
   (``world00003.nwb``; NWB holds one subject per file, as movement's own NWB export
-  does), each with a ``behavior`` processing module holding an ``ndx_pose.Skeletons`` and a
-  ``PoseEstimation`` (the world is the file's ``identifier`` and subject, ``world<id>``;
-  ``movement.io.load_poses.from_nwb_file`` reads it), one ``PoseEstimationSeries`` per keypoint
-  (``/`` in a label becomes ``.``), unit ``meters`` with the ``conversion`` of the
-  model's length unit, ``timestamps`` the simulated times of the world's frames.
+  does), written by :mod:`~flyarchive.interop.nwb` (poses, joint angles, leg phases,
+  world variables, the lab's metadata). With no keypoints asked, an archive with
+  positions kept beside it exports every kept keypoint (tarsus tips included); else every
+  body.
 
 Files are written to a temporary name beside the target and renamed (a killed export
-leaves no file under a final name); an existing target is refused unless ``overwrite``.
-Local paths only. Needs the extras ``movement`` (movement) or ``nwb`` (pynwb, ndx-pose).
+leaves no file under a final name), with the permissions the user's umask gives new
+files; an existing target is refused unless ``overwrite``. Local paths only. Needs the
+extras ``movement`` (movement) or ``nwb`` (pynwb, ndx-pose, PyYAML).
 """
 
 from __future__ import annotations
@@ -66,12 +67,15 @@ def _positions_of(data: xr.DataArray | xr.Dataset) -> xr.DataArray:
     return position
 
 
-def to_movement(data: xr.DataArray | xr.Dataset) -> xr.Dataset:
+def to_movement(data: xr.DataArray | xr.Dataset,
+                world_vars: Mapping[str, Any] | None = None) -> xr.Dataset:
     """A ``movement`` poses dataset of positions (computed now; see the module's docstring).
 
     Args:
         data: From :func:`flyarchive.positions` (a DataArray, or a Dataset with
             ``position``), any selection of it.
+        world_vars: ``{name: (world,) DataArray}`` added as coordinates along
+            ``individual`` (an archive's world variables: ``ds.success``...).
 
     Returns:
         The dataset, which movement's functions take as they are (e.g.
@@ -98,6 +102,9 @@ def to_movement(data: xr.DataArray | xr.Dataset) -> xr.Dataset:
     if fps is not None:
         ds = ds.assign_coords(time=times)
     ds = ds.assign_coords(world=("individual", np.asarray(worlds, dtype=np.int64)))
+    for name, values in (world_vars or {}).items():
+        ds = ds.assign_coords({name: ("individual", np.asarray(values.sel(world=worlds).values),
+                                      dict(values.attrs))})
     units = position.attrs.get("units")
     ds.position.attrs.update({"units": units} if units else {})
     source = position.attrs.get("source") or position.attrs.get("stored")
@@ -123,6 +130,7 @@ def export_poses(
     length_unit: str = "mm",
     overwrite: bool = False,
     progress: Callable[[int, int], object] | None = None,
+    metadata: str | os.PathLike[str] | Mapping[str, Any] | None = None,
 ) -> list[str]:
     """Positions of an archive (or kept positions) written as ``movement`` netCDF or NWB.
 
@@ -139,6 +147,8 @@ def export_poses(
             NWB's ``conversion`` to metres.
         overwrite: Replace existing files.
         progress: Called ``(files written, files in all)`` after each file.
+        metadata: NWB only: NWBFile and Subject fields in pynwb's names, as a YAML file or
+            a mapping (:class:`~flyarchive.interop.nwb.NwbMetadata`).
 
     Returns:
         The paths written.
@@ -146,8 +156,12 @@ def export_poses(
     Raises:
         OutputExistsError: a file to write exists and ``overwrite`` is False (nothing is
             written).
-        OutputLocationError: ``to`` is not a local path, or (NWB) is a file.
-        OptionsError: an unknown format or length unit.
+        OutputLocationError: ``to`` is not a local path, a symbolic link to nothing, (NWB)
+            a file or (movement) a folder; nothing is computed.
+        StorageError: the folder or a file cannot be written (permissions, a part of the
+            path that is a file...).
+        OptionsError: an unknown format or length unit; metadata with unknown fields or
+            values of the wrong type, or given for a movement file.
         MissingDependencyError: the format's packages are missing (names the extra).
         And as :func:`flyarchive.positions`.
     """
@@ -157,15 +171,26 @@ def export_poses(
         raise OptionsError(
             f"length_unit must be one of {', '.join(LENGTH_UNITS)}, got {length_unit!r}.")
     target = _local(to)
+    _check_target(target, format)
     _check_packages(format)
-    data = _source_positions(url, bodies, sites, points, leg, segment, worlds, time, model,
-                             storage_options)
+    if metadata is not None and format != "nwb":
+        raise OptionsError("metadata (--metadata) describes NWB files; the movement format "
+                           "has no place for it. Drop it, or pass format='nwb'.")
+    from flyarchive.interop.nwb import NwbMetadata
+
+    checked = NwbMetadata.load(metadata) if format == "nwb" else NwbMetadata()
+    data, ds = _source_positions(url, bodies, sites, points, leg, segment, worlds, time, model,
+                                 storage_options)
     if format == "movement":
         _refuse_existing([target], overwrite)
-        _atomic_write(target, lambda path: to_movement(data).to_netcdf(path, engine="h5netcdf"))
+        world_vars = {} if ds is None else {
+            str(n): v for n, v in ds.data_vars.items() if v.dims == ("world",) and n != "n_frames"}
+        _atomic_write(target, lambda path: to_movement(data, world_vars).to_netcdf(
+            path, engine="h5netcdf"))
         written = [str(target)]
     else:
-        written = _write_nwb(_positions_of(data), target, length_unit, overwrite)
+        written = _write_nwb(_positions_of(data), target, length_unit, overwrite, checked,
+                             _facts(url, ds, data, worlds, time, model, storage_options))
     if progress is not None:
         progress(len(written), len(written))
     return written
@@ -180,6 +205,54 @@ def _local(to: str | os.PathLike[str]) -> Path:
     return Path(text.removeprefix("file://")).expanduser()
 
 
+def _check_target(target: Path, format: str) -> None:
+    """Refuse, before any work, a target that cannot be written as asked: for NWB a folder
+    (a symbolic link to one is followed), for movement a file.
+
+    Raises:
+        OutputLocationError: a link whose target does not exist, a file where the NWB folder
+            should be, or a folder where the movement file should be.
+    """
+    what = "NWB export writes one world<id>.nwb per world into a folder" if format == "nwb" \
+        else "a movement export writes one netCDF file"
+    folders = (target, *target.parents) if format == "nwb" else target.parents
+    for path in folders:
+        if path.is_symlink() and not path.exists():
+            raise OutputLocationError(
+                f"{str(path)!r} is a symbolic link to {os.readlink(path)!r}, which does not "
+                f"exist; {what}. Create what the link points to, or choose another path.")
+        if path != target and path.exists():  # the nearest folder that exists
+            if not path.is_dir():
+                raise OutputLocationError(
+                    f"{str(path)!r} is a file, so {str(target)!r} cannot be written below it; "
+                    f"{what}. Choose another path.")
+            break
+    if format == "nwb" and target.exists() and not target.is_dir():
+        link = " a symbolic link to" if target.is_symlink() else ""
+        raise OutputLocationError(
+            f"{str(target)!r} is{link} a file; {what}. Choose a folder path (it is created "
+            "if missing).")
+    if format == "movement" and target.is_dir():
+        raise OutputLocationError(
+            f"{str(target)!r} is a folder; {what}. Give the file's path, e.g. "
+            f"{str(target / 'poses.nc')!r}.")
+
+
+def _make_folder(folder: Path) -> None:
+    """``folder`` made (with its parents) if missing.
+
+    Raises:
+        StorageError: it cannot be made (a part of the path is a file, no permission, a
+            read-only file system...), in one line with the likely fix.
+    """
+    from flyarchive.store.storage_errors import local_error
+
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        raise local_error(str(folder), err, "create the folder") from None
+
+
 def _check_packages(format: str) -> None:
     packages = {"movement": [("movement", "movement"), ("h5netcdf", "movement")],
                 "nwb": [("pynwb", "nwb"), ("ndx_pose", "nwb")]}[format]
@@ -192,23 +265,71 @@ def _check_packages(format: str) -> None:
 
 
 def _source_positions(url: str, bodies: Any, sites: Any, points: Any, leg: Any, segment: Any,
-                      worlds: Any, time: Any, model: Any, storage_options: Any) -> Any:
-    """Positions kept as an archive of their own, or of an archive (computed or kept)."""
+                      worlds: Any, time: Any, model: Any, storage_options: Any) -> tuple[Any, Any]:
+    """Positions kept as an archive of their own (and None), or of an archive (computed
+    or kept; every kept keypoint when none is asked) and the archive opened."""
     from flyarchive.analyze import open_positions, positions
-    from flyarchive.errors import SchemaError
+    from flyarchive.query import open_archive
+    from flyarchive.store.derived import holds_derived
 
-    try:
-        kept = open_positions(url, storage_options)
-    except SchemaError:
-        kept = None
+    kept = open_positions(url, storage_options) if holds_derived(url, storage_options) else None
     if kept is None:
+        ds = open_archive(url, storage_options=storage_options)
+        if all(v is None for v in (bodies, sites, points, leg, segment)):
+            bodies, sites, points = _kept_request(url, ds, storage_options)
         return positions(url, bodies, sites, points, leg=leg, segment=segment, worlds=worlds,
-                         time=time, model=model, storage_options=storage_options)
+                         time=time, model=model, storage_options=storage_options), ds
     if worlds is not None:
         kept = kept.sel(world=list(worlds))
     if time is not None:
         kept = kept.sel(time=slice(*time))
-    return kept
+    return kept, None
+
+
+def _kept_request(url: str, ds: Any, storage_options: Any) -> tuple[Any, Any, Any]:
+    """The keypoints of the positions kept beside ``url`` for this archive (the group
+    with the most of them), as ``bodies, sites, points``; ``(None, None, None)`` (every
+    body) when none is kept."""
+    from flyarchive.analyze.keep import KIND
+    from flyarchive.store.derived import find_derived
+
+    best: list[dict[str, Any]] = []
+    for _, derived, _ in find_derived(url, storage_options):
+        keypoints = derived.get("keypoints")
+        if derived.get("kind") != KIND or derived.get("source_archive_id") != \
+                ds.attrs.get("archive_id") or not isinstance(keypoints, list):
+            continue
+        if len(keypoints) > len(best) and all(isinstance(k, dict) for k in keypoints):
+            best = keypoints
+    if not best:
+        return None, None, None
+    bodies = [k["body"] for k in best if k.get("kind") == "body"]
+    sites = [k["label"] for k in best if k.get("kind") == "site"]
+    points = {k["label"]: (k["body"], tuple(k["offset"])) for k in best if k.get("kind") == "point"}
+    return bodies, sites, points
+
+
+def _facts(url: str, ds: Any, data: Any, worlds: Any, time: Any, model: Any,
+           storage_options: Any) -> Any:
+    """What the NWB files say about their archive; its legs' phases for NeuroMechFly."""
+    from flyarchive.interop.nwb import archive_facts
+
+    epochs = None
+    if ds is None:  # positions kept as an archive of their own: no states, no recording time
+        from flyarchive.store.derived import open_derived
+
+        return archive_facts(url, open_derived(url, storage_options), None, recorded=False)
+    facts = archive_facts(url, ds, None)
+    if facts.neuromechfly:
+        from flyarchive.analyze import gait_epochs
+        from flyarchive.errors import SelectionError
+
+        try:
+            epochs = gait_epochs(url, worlds=worlds, time=time, model=model,
+                                 storage_options=storage_options)
+        except SelectionError:  # not a fly with six tarsi, or too few frames
+            epochs = None
+    return archive_facts(url, ds, epochs)
 
 
 def _refuse_existing(paths: Sequence[Path], overwrite: bool) -> None:
@@ -221,25 +342,48 @@ def _refuse_existing(paths: Sequence[Path], overwrite: bool) -> None:
 
 
 def _atomic_write(target: Path, write: Callable[[str], object]) -> None:
-    """``write(path)`` into a temporary file beside ``target``, then rename it there."""
-    target.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.",
-                               suffix=f".tmp{target.suffix}")
+    """``write(path)`` into a temporary file beside ``target``, then rename it there.
+
+    Raises:
+        StorageError: the folder or the file cannot be written (one line, the likely fix).
+    """
+    from flyarchive.errors import FlyarchiveError
+    from flyarchive.store.storage_errors import local_error
+
+    _make_folder(target.parent)
+    try:
+        fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.",
+                                   suffix=f".tmp{target.suffix}")
+    except OSError as err:
+        raise local_error(str(target), err) from None
     os.close(fd)
     try:
         write(tmp)
+        os.chmod(tmp, 0o666 & ~_umask())  # mkstemp's file is 0600: as a new file would be
         os.replace(tmp, target)
-    except BaseException:
+    except BaseException as err:
         Path(tmp).unlink(missing_ok=True)
+        if isinstance(err, OSError) and not isinstance(err, FlyarchiveError):
+            raise local_error(str(target), err) from None
         raise
 
 
-def _write_nwb(position: xr.DataArray, folder: Path, length_unit: str,
-               overwrite: bool) -> list[str]:
-    if folder.exists() and not folder.is_dir():
-        raise OutputLocationError(
-            f"{str(folder)!r} is a file; NWB export writes one world<id>.nwb per world into a "
-            "folder. Choose a folder path (it is created if missing).")
+def _umask() -> int:
+    """This process's umask, read without changing it where Linux shows it (else set and
+    set back at once)."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("Umask:"):
+                return int(line.split()[1], 8)
+    except (OSError, ValueError):
+        pass
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
+def _write_nwb(position: xr.DataArray, folder: Path, length_unit: str, overwrite: bool,
+               metadata: Any, facts: Any) -> list[str]:
     worlds = [int(w) for w in position.world.values]
     paths = [folder / nwb_name(w) for w in worlds]
     _refuse_existing(paths, overwrite)
@@ -248,39 +392,12 @@ def _write_nwb(position: xr.DataArray, folder: Path, length_unit: str,
     names = [label.replace("/", ".") for label in labels]
     if len(set(names)) != len(names):
         raise OptionsError(f"Keypoint labels {labels} collide once '/' becomes '.' for NWB.")
+    from flyarchive.interop.nwb import nwb_file
+
     for world, path, world_values in zip(worlds, paths, values):
         committed = np.flatnonzero(np.isfinite(world_values).any(axis=(1, 2)))
         last = int(committed.max()) + 1 if committed.size else 0
-        _atomic_write(path, lambda tmp, w=world, v=world_values[:last]: _nwb_file(
-            tmp, w, v, position.time.values[:last], names, labels, length_unit))
+        _atomic_write(path, lambda tmp, w=world, v=world_values[:last]: nwb_file(
+            tmp, w, v, position.time.values[:last], labels, LENGTH_UNITS[length_unit], facts,
+            metadata))
     return [str(p) for p in paths]
-
-
-def _nwb_file(path: str, world: int, values: np.ndarray, times: np.ndarray, names: list[str],
-              labels: list[str], length_unit: str) -> None:
-    """One world's NWB file: Skeletons and PoseEstimation in the ``behavior`` module."""
-    from datetime import datetime, timezone
-
-    import ndx_pose
-    import pynwb
-
-    nwbfile = pynwb.NWBFile(session_description="flyarchive simulated positions",
-                            identifier=f"world{world}",
-                            session_start_time=datetime.now(timezone.utc),
-                            subject=pynwb.file.Subject(subject_id=f"world{world}",
-                                                       species="simulated"))
-    skeleton = ndx_pose.Skeleton(name=f"world{world}_skeleton", nodes=names,
-                                 subject=nwbfile.subject)
-    series = [ndx_pose.PoseEstimationSeries(
-        name=name, description=f"keypoint {label!r}", data=values[:, k],
-        confidence=np.ones(len(times)), unit="meters", conversion=LENGTH_UNITS[length_unit],
-        reference_frame="the model's world frame (MuJoCo, z up)", timestamps=times)
-        for k, (name, label) in enumerate(zip(names, labels))]
-    pose = ndx_pose.PoseEstimation(name="PoseEstimation", pose_estimation_series=series,
-                                   description=f"Positions of world {world} by forward kinematics",
-                                   source_software="flyarchive", skeleton=skeleton)
-    behavior = nwbfile.create_processing_module("behavior", "processed behavioral data")
-    behavior.add(ndx_pose.Skeletons(skeletons=[skeleton]))
-    behavior.add(pose)
-    with pynwb.NWBHDF5IO(path, "w") as io:
-        io.write(nwbfile)

@@ -11,7 +11,7 @@ import numpy as np
 from flyarchive.clock import FrameClock, Timing
 from flyarchive.errors import LayoutMismatchError, NonFiniteStateError, OptionsError, RecordingError
 from flyarchive.layout import ModelLayout
-from flyarchive.models import model_bytes
+from flyarchive.models import model_bytes, portable_model
 from flyarchive.record.common import (
     CommittedTail,
     TimeGuard,
@@ -140,13 +140,22 @@ class TrajectoryRecorder:
         takeover: With ``world_block``, take over this block's claim after a crash.
         store_model: Keep ``model`` (its exact MJB bytes, as it is when the recorder is
             made) beside the archive as ``models/<sha256>.mjb``, so that replay needs no
-            model (default). False: keep only its layout; replay then needs the model.
-            An archive appended to (``mode="a"``) keeps the model it was created with.
+            model on this MuJoCo release (default). False: keep no MJB. An archive appended
+            to (``mode="a"``) keeps the models it was created with.
+        model_source: What ``model`` was compiled from, kept beside the archive as its
+            portable form (``models/<sha256>.mjz``), so that any MuJoCo release can replay
+            it: an MJCF ``.xml`` path (with its files where it names them), a
+            ``mujoco.MjSpec`` (a flygym world's ``world.mjcf_root``), or a spec zip
+            (``.mjz``/``.zip``). Made now (:func:`flyarchive.models.portable_model`) and
+            checked to compile to ``model``'s layout, bodies and ``qpos0``. None: only the
+            MJB is kept, bound to this MuJoCo release.
 
     Raises:
         ArchiveExistsError: if ``mode="w-"`` and something is at ``url`` (checked at once).
         SchemaError, CodecSpecError, TimingError, OptionsError: for options that cannot
             work (checked at once, before anything is written).
+        ModelLoadError: ``model_source`` cannot be made portable (a file it names is
+            missing...); LayoutMismatchError: it does not compile to ``model``.
         ArchiveInUseError: from the first :meth:`record_as_needed` when another writer
             holds the archive.
         RecordingError: from :meth:`record_as_needed`, for another number of ``MjData``
@@ -184,6 +193,7 @@ class TrajectoryRecorder:
         world_block: tuple[int, int] | None = None,
         takeover: bool = False,
         store_model: bool = True,
+        model_source: Any = None,
     ) -> None:
         if self.archives is None:
             raise TypeError(f"{type(self).__name__} of flyarchive.record writes nowhere: use "
@@ -202,6 +212,7 @@ class TrajectoryRecorder:
             dtype=dtype, source=source, chunk_frames=chunk_frames, codec=codec,
             attrs=dict(attrs or {}), world_vars=dict(world_vars or {}),
             model=model_bytes(model) if store_model else None,
+            portable=None if model_source is None else portable_model(model_source, model=model),
         )
         # Every option is checked now, before the first frame and before any storage.
         spec = self._spec(range(_n_world_vars(self._spec_args["world_vars"]))

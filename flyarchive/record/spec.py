@@ -20,7 +20,7 @@ from flyarchive import codecs
 from flyarchive.clock import Timing
 from flyarchive.errors import SchemaError
 from flyarchive.layout import ModelLayout
-from flyarchive.models import check_mjb
+from flyarchive.models import PortableModel, check_mjb
 from flyarchive.schema import MAX_STRING_CHUNK_BYTES, MAX_STRINGS, RESERVED_ATTRS
 
 #: Largest ``chunk_frames``: a chunk is also the recorder's host buffer.
@@ -203,8 +203,11 @@ class ArchiveSpec:
             filled from the frame schedule. None: the extent grows with each commit.
         model: The compiled model as MJB bytes (:func:`flyarchive.models.model_bytes`),
             kept beside the archive as ``models/<sha256>.mjb``
-            (:mod:`flyarchive.store.kept_models`); None: no model is kept (replay then needs
-            one).
+            (:mod:`flyarchive.store.kept_models`): exact, and bound to this MuJoCo release;
+            None: no MJB is kept.
+        portable: The model's portable form (:func:`flyarchive.models.portable_model`),
+            kept beside the archive as ``models/<sha256>.mjz``: any MuJoCo release compiles
+            it; None: none is kept (with neither, replay needs a model).
 
     Raises:
         SchemaError: naming the first option that cannot work, and how to fix it.
@@ -223,6 +226,7 @@ class ArchiveSpec:
     world_vars: Mapping[str, np.ndarray] = field(default_factory=dict)
     capacity_frames: int | None = None
     model: bytes | None = field(default=None, repr=False, compare=False)
+    portable: PortableModel | None = field(default=None, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         if not isinstance(self.layout, ModelLayout) or not isinstance(self.timing, Timing):
@@ -254,6 +258,9 @@ class ArchiveSpec:
             if not isinstance(self.model, bytes):
                 raise SchemaError(f"model must be MJB bytes or None, got {type(self.model).__name__}.")
             check_mjb(self.model, "The model to keep beside the archive")
+        if self.portable is not None and not isinstance(self.portable, PortableModel):
+            raise SchemaError(f"portable must be a flyarchive.models.PortableModel or None, got "
+                              f"{type(self.portable).__name__}.")
         per_frame = self.layout.nq + 7 * self.layout.nmocap
         need = len(self.world_ids) * self.chunk_frames * per_frame * dtype.itemsize
         if need > MAX_BUFFER_BYTES:

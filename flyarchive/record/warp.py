@@ -38,7 +38,7 @@ from flyarchive.errors import (
     StorageError,
 )
 from flyarchive.layout import ModelLayout
-from flyarchive.models import model_bytes
+from flyarchive.models import model_bytes, portable_model
 from flyarchive.record.common import (
     FIRST_FRAME_ATTR,
     CommittedTail,
@@ -127,13 +127,20 @@ class WarpTrajectoryRecorder:
             host (one that died on this host is taken over without it).
         store_model: Keep ``model`` (its exact MJB bytes, as it is when the recorder is
             made) beside the archive as ``models/<sha256>.mjb``, so that replay needs no
-            model (default). False: keep only its layout; replay then needs the model.
+            model on this MuJoCo release (default). False: keep no MJB.
+        model_source: What ``model`` was compiled from, kept beside the archive as its
+            portable form (``models/<sha256>.mjz``), so that any MuJoCo release can replay
+            it: an MJCF ``.xml`` path, a ``mujoco.MjSpec`` (a flygym world's
+            ``world.mjcf_root``) or a spec zip (``.mjz``/``.zip``); checked now to compile
+            to ``model`` (:func:`flyarchive.models.portable_model`). None: only the MJB.
 
     Raises:
         ArchiveExistsError: if ``mode="w-"`` and something is at ``url`` (checked at once).
         SelectionError: for world ids outside ``[0, nworld)``, repeated, or none.
         SchemaError, CodecSpecError, TimingError, OptionsError: for options that cannot
             work (checked at once, before anything is written).
+        ModelLoadError: ``model_source`` cannot be made portable (a file it names is
+            missing...); LayoutMismatchError: it does not compile to ``model``.
         MissingDependencyError: when ``warp`` is not installed (on import of this module).
     """
 
@@ -159,6 +166,7 @@ class WarpTrajectoryRecorder:
         start_step: int | None = None,
         takeover: bool = False,
         store_model: bool = True,
+        model_source: Any = None,
     ) -> None:
         if self.archives is None:
             raise TypeError(f"{type(self).__name__} of flyarchive.record writes nowhere: use "
@@ -189,6 +197,7 @@ class WarpTrajectoryRecorder:
         self._spec_args = dict(
             codec=codec, attrs=dict(attrs or {}), world_vars=dict(world_vars or {}),
             model=model_bytes(model) if store_model else None,
+            portable=None if model_source is None else portable_model(model_source, model=model),
         )
         self._start_step = None if start_step is None else int(start_step)
         self._step = 0

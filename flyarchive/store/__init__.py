@@ -34,11 +34,13 @@ plain zarr arrays beside its videos, written and read by :mod:`flyarchive.video.
   to agree;
 - :mod:`~flyarchive.store.elsewhere`: what is at a URL where an archive was expected (a
   map, an array inside an archive), named in the error;
-- :mod:`~flyarchive.store.kept_models`: compiled models kept by content beside an
-  archive (``models/<sha256>.mjb``), loaded first in a child process
-  (:mod:`~flyarchive.store.model_check`, its child side :mod:`~flyarchive.store.model_child`);
+- :mod:`~flyarchive.store.kept_models`: models kept by content beside an archive, compiled
+  (``models/<sha256>.mjb``) and portable (``models/<sha256>.mjz``, compiled once per MuJoCo
+  release), loaded (or compiled) first in a child process (:mod:`~flyarchive.store.model_check`,
+  its child side :mod:`~flyarchive.store.model_child`); ``attach_model``;
 - :mod:`~flyarchive.store.derived`: derived groups (keypoint positions) kept beside an
-  archive or as an archive of their own;
+  archive or as an archive of their own, read and checked as its states are (every array
+  of dims ``(world, time, ...)`` is state) and held to their archive;
 - :mod:`~flyarchive.store.world_vars`: per-world variables added after recording.
 
 Internal: the public names are re-exported by ``flyarchive``.

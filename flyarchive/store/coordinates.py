@@ -19,13 +19,18 @@ import numpy as np
 import zarr
 
 from flyarchive.errors import CorruptArchiveError, SchemaError
-from flyarchive.schema import TIME_COORDS, n_frames_problem, sizes_problem, times_problem
+from flyarchive.schema import (
+    DERIVED_ATTR,
+    TIME_COORDS,
+    damage_advice,
+    n_frames_problem,
+    sizes_problem,
+    times_problem,
+)
 from flyarchive.store.consolidated import time_extent
 from flyarchive.store.copies import read_checked
 from flyarchive.store.location import sync
 from flyarchive.store.reader import fused_reads, open_checked
-
-_FIX = "Run `flyarchive verify {url}` to list every problem; restore the archive from a backup."
 
 
 def committed_coordinates(url: str, storage_options: Mapping[str, Any] | None,
@@ -51,21 +56,21 @@ def committed_coordinates(url: str, storage_options: Mapping[str, Any] | None,
         extent = time_extent({k: a.metadata for k, a in arrays.items()}) or 0
         coordinates = _read_now(arrays, _coordinate_names(arrays), int(n_frames.max()),
                                 group, url)
+    fix = damage_advice(url, group.attrs.asdict())
+    what = "derived group" if DERIVED_ATTR in group.attrs else "archive"
     problem = sizes_problem({k: (dims_of(a), tuple(int(n) for n in a.shape))
                              for k, a in arrays.items()})
     if problem is not None:
-        raise SchemaError(f"The archive at {url!r} is damaged: {problem} {_FIX.format(url=url)}")
+        raise SchemaError(f"The {what} at {url!r} is damaged: {problem} {fix}")
     committed = n_frames_problem(n_frames, extent) if n_frames is not None else None
     if committed is not None:
-        raise CorruptArchiveError(f"The archive at {url!r} is damaged: {committed} "
-                                  f"{_FIX.format(url=url)}")
+        raise CorruptArchiveError(f"The {what} at {url!r} is damaged: {committed} {fix}")
     n_frames = n_frames.astype(np.int64) if n_frames is not None else None
     n_time = int(n_frames.max(initial=0)) if n_frames is not None else extent
     cut = {name: values[time_cut(arrays[name], n_time)] for name, values in coordinates.items()}
     times = times_problem(cut["time"], cut.get("sim_time")) if "time" in cut else None
     if times is not None:
-        raise CorruptArchiveError(f"The archive at {url!r} is damaged: {times} "
-                                  f"{_FIX.format(url=url)}")
+        raise CorruptArchiveError(f"The {what} at {url!r} is damaged: {times} {fix}")
     return group, arrays, n_frames, n_time, cut
 
 

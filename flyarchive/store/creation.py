@@ -30,7 +30,8 @@ from flyarchive.errors import ArchiveExistsError, CorruptArchiveError, Flyarchiv
 from flyarchive.layout import ModelLayout, check_compatible
 from flyarchive.schema import SCHEMA_NAME, SCHEMA_VERSION, STATE_VARS
 from flyarchive.store.claims import WRITER_KEY, release
-from flyarchive.store.kept_models import MODEL_ATTR, model_entry
+from flyarchive.models import MODEL_ATTR, PORTABLE_MODEL_ATTR
+from flyarchive.store.kept_models import model_entry, portable_entry
 from flyarchive.store.location import sync
 from flyarchive.record.spec import ArchiveSpec
 
@@ -76,6 +77,8 @@ def root_attrs(spec: ArchiveSpec) -> dict[str, Any]:
         "layout": spec.layout.to_attrs(),
         "codec": codecs.describe(spec.codec),
         **({MODEL_ATTR: model_entry(spec.model)} if spec.model is not None else {}),
+        **({PORTABLE_MODEL_ATTR: portable_entry(spec.portable)} if spec.portable is not None
+           else {}),
         **dict(spec.attrs),
     }
 

@@ -32,7 +32,7 @@ from flyarchive.errors import (
     StorageError,
     UnsafeFileError,
 )
-from flyarchive.schema import STATE_VARS
+from flyarchive.schema import DERIVED_ATTR, damage_advice, is_state
 from flyarchive.store import storage_errors
 from flyarchive.store.coordinates import committed_coordinates, dims_of, time_cut
 from flyarchive.store.header import ArchiveHeader, HeaderVariable
@@ -87,6 +87,8 @@ class CommittedFrames:
         committed: ``(world,)`` committed frames of every world: a read of committed
             frames whose chunk, shard or index entry is missing raises
             (:mod:`~flyarchive.store.missing`); None: not checked.
+        advice: What the errors say to do (:func:`flyarchive.schema.damage_advice`: for a
+            derived group, recompute it); None: an archive's (``verify``, a backup).
 
     Raises (from ``__getitem__``):
         CorruptArchiveError: stored bytes that fail their checksum or do not decode, or
@@ -100,8 +102,9 @@ class CommittedFrames:
                  world_ids: np.ndarray, url: str,
                  storage_options: Mapping[str, Any] | None = None, *,
                  reader: ShardReader | None = None,
-                 committed: np.ndarray | None = None) -> None:
+                 committed: np.ndarray | None = None, advice: str | None = None) -> None:
         self.arr, self.name, self.n_frames, self.reader = arr, name, n_frames, reader
+        self.advice = advice
         self.world_ids, self.url, self.storage_options = world_ids, url, storage_options
         self.shape = (int(arr.shape[0]), int(n_time), *(int(s) for s in arr.shape[2:]))
         self.dtype = arr.dtype
@@ -170,7 +173,7 @@ class CommittedFrames:
             empty = probe(self.arr, np.stack([worlds[w], frames[t]], axis=1))
         holes = committed_holes(empty, worlds, frames, self.committed) if empty else []
         if holes:
-            raise missing_error(self.url, self.name, self.world_ids, holes)
+            raise missing_error(self.url, self.name, self.world_ids, holes, self.advice)
 
     def _error(self, err: BaseException, worlds: np.ndarray, frames: np.ndarray) -> Exception:
         if isinstance(err, (SchemaError, StorageError, UnsafeFileError)):
@@ -186,10 +189,11 @@ class CommittedFrames:
             return err if isinstance(err, Exception) else RuntimeError(repr(err))
         if not found:  # e.g. a shard index that failed its checksum once
             return corrupt_read(self.url, f"{self.name} [{self._worlds(worlds)}, frames "
-                                f"{frames.min(initial=0)}..{frames.max(initial=0)}]", err)
+                                f"{frames.min(initial=0)}..{frames.max(initial=0)}]", err,
+                                self.advice)
         named = "; ".join(what for what, _ in found[:_MAX_NAMED])
         more = f" and {len(found) - _MAX_NAMED} more" if len(found) > _MAX_NAMED else ""
-        return corrupt_read(self.url, named + more, found[0][1])
+        return corrupt_read(self.url, named + more, found[0][1], self.advice)
 
     def _worlds(self, worlds: np.ndarray) -> str:
         ids = [int(self.world_ids[w]) for w in worlds[:8]]
@@ -240,7 +244,8 @@ def _box(key: tuple[Any, ...]) -> tuple[slice, ...] | None:
 def committed_frames(arr: zarr.Array, name: str, n_frames: np.ndarray, n_time: int,
                      world_ids: np.ndarray, url: str,
                      storage_options: Mapping[str, Any] | None = None, *,
-                     archive_id: str | None = None) -> CommittedFrames:
+                     archive_id: str | None = None, advice: str | None = None
+                     ) -> CommittedFrames:
     """The getter of a state array ``(world, time, ...)`` exactly as :func:`open_dataset`
     reads it (frames past ``n_frames`` NaN, through the array's shard reader, committed
     frames checked, every read checking that the archive is still the one whose
@@ -254,11 +259,12 @@ def committed_frames(arr: zarr.Array, name: str, n_frames: np.ndarray, n_time: i
         world_ids: ``(world,)`` ids, for messages.
         url, storage_options: The archive, for reads and messages.
         archive_id: The ``archive_id`` of the archive opened (None: it has none).
+        advice: What its errors say to do (None: an archive's).
     """
     masked = None if (n_frames == n_time).all() else n_frames
     reader = _shard_reader(arr, n_frames, OpenedArchive(str(url), archive_id))
     return CommittedFrames(arr, name, masked, n_time, world_ids, url, storage_options,
-                           reader=reader, committed=n_frames)
+                           reader=reader, committed=n_frames, advice=advice)
 
 
 def _shard_reader(arr: zarr.Array, n_frames: np.ndarray, opened: OpenedArchive
@@ -345,15 +351,17 @@ def open_dataset(url: str, storage_options: Mapping[str, Any] | None = None,
     coords = {name: xr.Variable(dims_of(arrays[name]), values, dict(arrays[name].attrs))
               for name, values in coordinates.items()}
     attrs = group.attrs.asdict()
+    advice = damage_advice(url, attrs) if isinstance(attrs.get(DERIVED_ATTR), Mapping) else None
     for name, arr in arrays.items():
         dims = dims_of(arr)
         if name in coords or name == "n_frames":
             continue
         token = _token(url, storage_options, name, arr, n_frames, n_time, attrs)
-        if name in STATE_VARS and n_frames is not None and dims[:2] == ("world", "time"):
+        if is_state(dims) and n_frames is not None:
             world_ids = coords["world"].values if "world" in coords else np.arange(len(n_frames))
             getter = committed_frames(arr, name, n_frames, n_time, world_ids, url,
-                                      storage_options, archive_id=attrs.get("archive_id"))
+                                      storage_options, archive_id=attrs.get("archive_id"),
+                                      advice=advice)
             data = da.from_array(getter, chunks=_dask_chunks(arr, n_time), asarray=False,
                                  inline_array=True, meta=np.empty((0,) * arr.ndim, arr.dtype),
                                  name=token)
@@ -386,7 +394,7 @@ def read_header(url: str, storage_options: Mapping[str, Any] | None = None,
             continue
         dims = dims_of(arr)
         shape = tuple(n_time if d == "time" else n for d, n in zip(dims, arr.shape))
-        read = None if name in STATE_VARS else \
+        read = None if is_state(dims) else \
             (lambda arr=arr: np.asarray(arr[time_cut(arr, n_time)]))  # noqa: E731
         variables[name] = HeaderVariable(name, dims, arr.dtype, shape, _attrs(arr)[0], read=read)
     return ArchiveHeader(group.attrs.asdict(), variables, coords=tuple(coordinates), group=group)

@@ -6,15 +6,32 @@ attributes, ``time``, ``sim_time``, ``frame``, ``world``, ``n_frames`` as commit
 ``claims/``), with its own state arrays: ``position`` ``(world, time, keypoint, xyz)`` and,
 on request, ``orientation`` ``(world, time, keypoint, wxyz)``, and the ``keypoint`` labels.
 Its attribute ``derived`` holds the provenance: what it is (``"positions"``), the keypoint
-definitions, the SHA-256 of the model, the backend, the source archive's ``archive_id``
-and the flyarchive version (in ``versions``).
+definitions, the model's identity (``model_sha256``: :func:`model_identity`), the backend,
+the source archive's ``archive_id`` and the flyarchive version (in ``versions``).
+
+Derived values are held to the archive's guarantees, by the readers of the states
+themselves, not by a check per kind: every array of dims ``(world, time, ...)``
+(:func:`flyarchive.schema.is_state`) is read by
+:func:`~flyarchive.store.dataset.open_dataset`, so a missing chunk, shard or index entry
+inside ``n_frames`` fails the read (:mod:`~flyarchive.store.missing`) and every byte is
+checksummed; the group's metadata passes :mod:`~flyarchive.store.hardening` (the state
+pipelines) and the checks of ``n_frames``, extents and times at open
+(:mod:`~flyarchive.store.coordinates`); :func:`flyarchive.schema.validate_derived` holds
+its labels to its provenance; and :func:`source_problems` holds it to its archive
+(:class:`DerivedSource`): the same ``archive_id``, layout and worlds, no frame committed
+that the archive has not, the same times. ``verify`` runs all of it
+(:mod:`~flyarchive.store.integrity`).
 
 :class:`DerivedWriter` is the store's :class:`~flyarchive.store.writer.ArchiveWriter` on
 those arrays: the same claim (one writer at a time), the same commit protocol (chunks,
 then times, then ``n_frames``, then the consolidated metadata), so a killed writer loses
 at most the block it was writing, and :meth:`DerivedWriter.open` resumes after the last
-committed frame. :func:`open_derived` reads one back lazily, frames past ``n_frames``
-masked inside the read; :func:`find_derived` lists the groups kept beside an archive.
+committed frame; a group whose metadata, labels or times are damaged, or that no longer
+matches its archive, it makes anew (:attr:`DerivedWriter.remade` says why), and
+:meth:`DerivedWriter.damaged` and :meth:`DerivedWriter.rewrite` let the caller recompute
+committed frames that do not read back, whole shards at a time. :func:`open_derived`
+reads one back lazily, checked, frames past ``n_frames`` masked inside the read;
+:func:`find_derived` lists the groups kept beside an archive.
 """
 
 from __future__ import annotations
@@ -29,23 +46,38 @@ import numpy as np
 import zarr
 
 from flyarchive import codecs
-from flyarchive.errors import ArchiveExistsError, FlyarchiveError, SchemaError, StorageError
+from flyarchive.errors import (
+    ArchiveExistsError,
+    CorruptArchiveError,
+    FlyarchiveError,
+    SchemaError,
+    StorageError,
+)
 from flyarchive.layout import ModelLayout
+from flyarchive.schema import (
+    DERIVED_ATTR,
+    DERIVED_GROUP,
+    TIME_COORDS,
+    damage_advice,
+    derived_source_url,
+    validate_derived,
+)
 from flyarchive.store import storage_errors
 from flyarchive.store.claims import WRITER_KEY, claim_archive
 from flyarchive.store.consolidated import consolidate
 from flyarchive.store.creation import claims_group, clear, package_versions, undo
-from flyarchive.store.location import access_denied, open_store, sync
-from flyarchive.store.reader import open_checked, open_group
+from flyarchive.models import model_identity
+from flyarchive.store.location import access_denied, open_store, settled, sync
+from flyarchive.store.reader import StateDamage, open_group, state_damage
 from flyarchive.store.writer import ArchiveWriter
 
 if TYPE_CHECKING:
     import xarray as xr
 
-#: The group under an archive's root that holds its derived groups.
-DERIVED_GROUP = "derived"
+    from flyarchive.store.header import ArchiveHeader
+
 #: Attributes of the source archive a derived group does not copy.
-_NOT_COPIED = ("model", "archive_id", "created", "derived", "npz_import")
+_NOT_COPIED = ("model", "archive_id", "created", DERIVED_ATTR, "npz_import")
 
 
 def derived_url(url: str, name: str) -> str:
@@ -96,32 +128,52 @@ class DerivedBlock:
 
 
 class DerivedWriter(ArchiveWriter):
-    """Appends and commits frames of a derived group (see the module's docstring)."""
+    """Appends and commits frames of a derived group (see the module's docstring).
+
+    Attributes:
+        remade: Why the group of this request that was at the URL was made anew (one
+            line: what was damaged or did not match the archive); None when it was
+            resumed as it was, or created.
+    """
 
     STATE = ("position", "orientation")
+    remade: str | None = None
 
     @classmethod
     def open(cls, url: str, spec: DerivedSpec, *,
              storage_options: Mapping[str, Any] | None = None, takeover: bool = False,
-             overwrite: bool = False) -> "DerivedWriter":
+             overwrite: bool = False, source: DerivedSource | None = None,
+             owned: bool = False) -> "DerivedWriter":
         """Create the derived group at ``url``, or resume it when it holds the same request.
+
+        A group of the same request that cannot be extended as it is (its metadata,
+        labels, commit markers or times damaged, or not matching ``source``:
+        :func:`unsound`) is made anew, and :attr:`remade` says why; its chunks are not
+        read here (:meth:`damaged`).
 
         Args:
             url: Where: a derived group's URL (:func:`derived_url`) or a new archive's.
             spec: What it holds.
             overwrite: Replace what is at ``url`` whatever it is.
             takeover: Take over the claim of a writer that crashed on another host.
+            source: The archive the values are computed from, as opened; None: a group
+                there is checked alone.
+            owned: ``url`` is flyarchive's own name for this request
+                (``<archive>/derived/<kind>-<hash of the request>``, :func:`derived_url`):
+                what is there and is not a group of this request (no ``zarr.json``, its
+                provenance changed) is a damaged one, made anew (:attr:`remade`).
 
         Raises:
             ArchiveExistsError: something else is at ``url`` (another kind of object, or
-                values derived from another request or archive), naming both; nothing
-                is changed.
+                values derived from another request or archive), naming both, unless
+                ``owned`` or ``overwrite``; nothing is changed.
             ArchiveInUseError: another writer holds it.
         """
         url = str(url)
         try:
             with storage_errors.translated(url, storage_options):
-                return cls._open(url, spec, storage_options, takeover, overwrite)
+                return cls._open(url, spec, storage_options, takeover, overwrite, source,
+                                 owned)
         except PermissionError as err:
             raise access_denied(url, err) from None
         except OSError as err:
@@ -132,10 +184,11 @@ class DerivedWriter(ArchiveWriter):
 
     @classmethod
     def _open(cls, url: str, spec: DerivedSpec, storage_options: Mapping[str, Any] | None,
-              takeover: bool, overwrite: bool) -> "DerivedWriter":
+              takeover: bool, overwrite: bool, source: DerivedSource | None, owned: bool
+              ) -> "DerivedWriter":
         store = open_store(url, storage_options)
         there = _what_is_there(store, spec)
-        if there == "other" and not overwrite:
+        if there == "other" and not overwrite and not owned:
             raise ArchiveExistsError(
                 f"Something that is not these derived values is at {url!r} (another archive, "
                 "other keypoints, another model, or values of another archive); flyarchive "
@@ -145,18 +198,72 @@ class DerivedWriter(ArchiveWriter):
         claim = ([WRITER_KEY], writer)
         ours = there != "same"
         try:
-            if there == "same":
+            remade = unsound(url, storage_options, source) if there == "same" else None
+            if there == "other" and owned and not overwrite:
+                remade = ("What was there is not a derived group of this request: its root "
+                          "zarr.json is missing or unreadable, or its provenance was changed.")
+            if there == "same" and remade is None:
                 group = open_group(url, storage_options, mode="r+")
                 return cls(group, url, ModelLayout.from_attrs(group.attrs["layout"]), claim=claim)
+            ours = True  # what was there is replaced: derived values, recomputed
             if there != "empty":
                 sync(clear(store))
             group = zarr.create_group(store, attributes=_root_attrs(spec), zarr_format=3)
             _create_arrays(group, spec)
             consolidate(group, n_time=0)
-            return cls(group, url, ModelLayout.from_attrs(group.attrs["layout"]), claim=claim)
+            made = cls(group, url, ModelLayout.from_attrs(group.attrs["layout"]), claim=claim)
+            made.remade = remade
+            return made
         except BaseException:
             undo(store, claim, ours)
             raise
+
+    def damaged(self) -> list[StateDamage]:
+        """The committed frames of the group that do not read back (a chunk, shard or index
+        entry missing, bytes that fail their checksum, values not finite), one entry per
+        shard (its first finding), read as ``verify`` reads them.
+
+        Raises:
+            StorageError: the storage failed (not the group's fault).
+        """
+        n_frames = np.asarray(self._arrays["n_frames"][:], dtype=np.int64)
+        found: dict[tuple[tuple[int, int], tuple[int, int]], StateDamage] = {}
+        with storage_errors.translated(self.url):
+            for name in self._state:
+                for damage in state_damage(self._arrays[name], name, n_frames):
+                    found.setdefault((damage.worlds, damage.frames), damage)
+        return [found[key] for key in sorted(found)]
+
+    def rewrite(self, block: DerivedBlock, worlds: tuple[int, int], start: int) -> None:
+        """Write committed frames again, e.g. once recomputed: every state array of worlds
+        ``worlds[0]..worlds[1]-1`` over frames ``start..start+n-1`` (``n`` the block's
+        frames), whole shards (as :meth:`damaged` names them). Times and commit markers
+        are not changed.
+
+        Raises:
+            ValueError: a block that does not fit the region, or frames outside the
+                stored ones.
+            StorageError: the storage failed; what was committed stays committed.
+        """
+        w0, w1 = (int(w) for w in worlds)
+        t0, n = int(start), len(block.time)
+        k = int(self._group["keypoint"].shape[0])
+        if t0 < 0 or n == 0 or t0 + n > self._extent or not 0 <= w0 < w1 <= self.n_worlds:
+            raise ValueError(f"Frames {t0}..{t0 + n - 1} of worlds {w0}..{w1 - 1} are not "
+                             f"stored ({self._extent} frames of {self.n_worlds} worlds).")
+        for name, width in (("position", 3), ("orientation", 4)):
+            got = getattr(block, name)
+            if name in self._state and (got is None or np.shape(got) != (w1 - w0, n, k, width)):
+                raise ValueError(f"{name} has shape {np.shape(got)}; the region needs "
+                                 f"{(w1 - w0, n, k, width)}.")
+        region = (slice(w0, w1), slice(t0, t0 + n))
+        try:
+            sync(settled([self._arrays[name].async_array.setitem(region, getattr(block, name))
+                          for name in self._state]))
+        except (OSError, RuntimeError, TimeoutError, *storage_errors.client_errors()) as err:
+            raise StorageError(
+                f"Writing frames {t0}..{t0 + n - 1} of worlds {w0}..{w1 - 1} again to "
+                f"{self.url!r} failed ({err!r}); retry.") from err
 
     def _check_block(self, block: Any) -> int:
         n = len(block.time)
@@ -257,7 +364,169 @@ def make_parent(url: str, storage_options: Mapping[str, Any] | None = None) -> N
         pass  # made by another process at the same moment
 
 
+# ----------------------------------------------------------------------------- checking
+@dataclass(frozen=True)
+class DerivedSource:
+    """The archive a derived group is checked against, as read when it was opened.
+
+    Attributes:
+        url: The archive's URL.
+        attrs: Its root attributes (``archive_id``, ``layout``, ``model``...).
+        world: ``(world,)`` int64 world ids.
+        n_frames: ``(world,)`` int64 committed frames.
+        times: ``time`` (and ``sim_time``, ``frame``) of its committed frames, ``(n,)``
+            with ``n`` the largest ``n_frames``.
+    """
+
+    url: str
+    attrs: Mapping[str, Any] = field(repr=False)
+    world: np.ndarray = field(repr=False)
+    n_frames: np.ndarray = field(repr=False)
+    times: Mapping[str, np.ndarray] = field(repr=False)
+
+    @classmethod
+    def of(cls, ds: xr.Dataset | ArchiveHeader, url: str) -> "DerivedSource":
+        """From the archive's dataset or header, as opened (not a window of it)."""
+        times = {n: np.asarray(ds[n].values) for n in ("time", *TIME_COORDS) if n in ds.variables}
+        return cls(str(url), dict(ds.attrs), np.asarray(ds["world"].values),
+                   np.asarray(ds["n_frames"].values), times)
+
+    @classmethod
+    def read(cls, url: str, storage_options: Mapping[str, Any] | None = None
+             ) -> "DerivedSource":
+        """The archive at ``url``, its header read (checked as ``open_archive`` checks it).
+
+        Raises:
+            As :func:`flyarchive.store.opening.open_header`.
+        """
+        from flyarchive.store.opening import open_header
+
+        return cls.of(open_header(url, storage_options), url)
+
+
+def foreign_problem(attrs: Mapping[str, Any], source: DerivedSource) -> str | None:
+    """The sentence for a derived group (root attributes ``attrs``) whose provenance names
+    another archive than ``source``, with what to do; None when it names ``source``."""
+    derived = attrs.get(DERIVED_ATTR)
+    named = derived.get("source_archive_id") if isinstance(derived, Mapping) else None
+    here = source.attrs.get("archive_id")
+    if named == here:
+        return None
+    return (f"was computed from the archive {str(named)[:80]!r}, not from the archive "
+            f"{str(here)[:80]!r} at {source.url!r} that it is kept beside (copied there, or left "
+            "from an archive replaced at that URL): flyarchive never reads it for this archive. "
+            "Delete it; `flyarchive positions` keeps this archive's positions in a group of "
+            "their own.")
+
+
+def source_problems(kept: xr.Dataset | ArchiveHeader, source: DerivedSource) -> list[str]:
+    """How a derived group of ``source`` disagrees with it, one sentence each: its layout,
+    its worlds, frames committed that the archive has not, times of its committed frames
+    that are not the archive's. [] when it agrees.
+
+    Args:
+        kept: The derived group as opened (``n_frames`` and coordinates read, ``time`` cut
+            to its committed frames), whose provenance names ``source``
+            (:func:`foreign_problem`).
+        source: Its archive.
+    """
+    problems = []
+    mine, theirs = kept.attrs.get("layout"), source.attrs.get("layout")
+    mine = mine.get("hash") if isinstance(mine, Mapping) else None
+    theirs = theirs.get("hash") if isinstance(theirs, Mapping) else None
+    if mine != theirs:
+        problems.append(f"Its model layout (hash {str(mine)[:16]!r}) is not the archive's "
+                        f"(hash {str(theirs)[:16]!r}).")
+    world = np.asarray(kept["world"].values)
+    if not np.array_equal(world, source.world):
+        problems.append(f"Its worlds {_few(world)} are not the archive's worlds "
+                        f"{_few(source.world)}.")
+        return problems  # frames of other worlds cannot be compared
+    n_frames = np.asarray(kept["n_frames"].values)
+    over = np.flatnonzero(n_frames > source.n_frames)
+    if over.size:
+        problems.append(
+            f"It has committed {_few(n_frames[over])} frames of worlds {_few(world[over])}, "
+            f"but the archive has only {_few(source.n_frames[over])}: its commit markers are "
+            "not the archive's.")
+    n = min(int(n_frames.max(initial=0)), len(source.times.get("time", ())))
+    for name, theirs_values in source.times.items():
+        if name not in kept.variables:
+            continue
+        values, expected = np.asarray(kept[name].values)[:n], np.asarray(theirs_values)[:n]
+        if values.shape != expected.shape:
+            continue  # fewer committed times than frames: the readers refuse that at open
+        same = values == expected
+        if values.dtype.kind == "f" and expected.dtype.kind == "f":
+            same |= np.isnan(values) & np.isnan(expected)
+        differ = np.flatnonzero(~same)
+        if differ.size:
+            i = int(differ[0])
+            problems.append(
+                f"Its {name!r} differs from the archive's at {differ.size} committed frames "
+                f"(first: frame {i}, {values[i].item()!r} against {expected[i].item()!r}): its "
+                "frames are not the archive's.")
+    return problems
+
+
+def model_note(attrs: Mapping[str, Any], source: DerivedSource) -> str | None:
+    """A sentence when a derived group was computed with another model than the one its
+    archive keeps (a model passed by the caller; such values are read only by callers
+    that pass that model); None when it was not, or the archive keeps none."""
+    derived = attrs.get(DERIVED_ATTR)
+    used = derived.get("model_sha256") if isinstance(derived, Mapping) else None
+    kept = model_identity(source.attrs)
+    if kept is None or used == kept:
+        return None
+    return (f"it was computed with the model {str(used)[:16]!r}..., not the one the archive "
+            f"keeps ({kept[:16]!r}...): only callers that pass that model read it.")
+
+
+def _few(values: np.ndarray) -> str:
+    shown = [v.item() if hasattr(v, "item") else v for v in np.asarray(values)[:8]]
+    return f"{shown}{'...' if len(values) > 8 else ''}"
+
+
+def unsound(url: str, storage_options: Mapping[str, Any] | None,
+            source: DerivedSource | None) -> str | None:
+    """Why the derived group at ``url`` cannot be extended as it is (its metadata, labels,
+    commit markers or times damaged, or it does not match ``source``), in one line; None
+    when it can. Chunks are not read (see :meth:`DerivedWriter.damaged`)."""
+    try:
+        open_derived(url, storage_options, source=source)
+    except (SchemaError, CorruptArchiveError) as err:
+        text = str(err)
+        for kind in ("positions", None):  # being remade: the advice to remake it goes
+            text = text.replace(" " + damage_advice(url, {DERIVED_ATTR: {"kind": kind}}), "")
+        return text
+    return None
+
+
 # ----------------------------------------------------------------------------- reading
+def derived_names(url: str, storage_options: Mapping[str, Any] | None = None) -> list[str]:
+    """The names of everything under the archive's ``derived/`` folder (sound groups or
+    not; ``[]`` when there is none), sorted."""
+    store = open_store(url, storage_options, read_only=True)
+
+    async def names() -> list[str]:
+        return [n async for n in store.list_dir(DERIVED_GROUP) if n != "zarr.json"]
+
+    try:
+        return sorted(sync(names()))
+    except (FileNotFoundError, NotADirectoryError):
+        return []
+
+
+def holds_derived(url: str, storage_options: Mapping[str, Any] | None = None) -> bool:
+    """Whether ``url`` is a derived group or an archive of derived values (it has the
+    ``derived`` attribute), sound or not; False for an archive or nothing readable."""
+    try:
+        group = open_group(str(url), storage_options, consolidated=False)
+    except (FlyarchiveError, OSError):
+        return False
+    return isinstance(group.attrs.get(DERIVED_ATTR), dict)
+
+
 def find_derived(url: str, storage_options: Mapping[str, Any] | None = None
                  ) -> list[tuple[str, dict[str, Any], np.ndarray]]:
     """The derived groups kept beside the archive at ``url``: ``(url, provenance,
@@ -271,58 +540,73 @@ def find_derived(url: str, storage_options: Mapping[str, Any] | None = None
         return []
     found = []
     for name, node in sorted(parent.groups()):
-        derived = node.attrs.get("derived")
+        derived = node.attrs.get(DERIVED_ATTR)
         if not isinstance(derived, dict) or "n_frames" not in node:
             continue
-        found.append((derived_url(url, name), derived, np.asarray(node["n_frames"][:])))
+        try:
+            n_frames = np.asarray(node["n_frames"][:])
+        except Exception:  # noqa: BLE001 - damaged: its reader names what is wrong
+            n_frames = np.zeros(0, dtype=np.int64)
+        found.append((derived_url(url, name), derived, n_frames))
     return found
 
 
-def open_derived(url: str, storage_options: Mapping[str, Any] | None = None) -> xr.Dataset:
-    """A derived group (or positions archive) as a lazy dataset: ``position`` (and
-    ``orientation``) as dask arrays whose chunks are the stored shards of worlds by
-    chunks of frames, frames past each world's ``n_frames`` NaN; ``n_frames``, the
-    coordinates and the attributes (``derived``: the provenance) read.
+#: :func:`open_derived`'s default source: the archive the group is kept beside.
+BESIDE = "beside"
+
+
+def open_derived(url: str, storage_options: Mapping[str, Any] | None = None, *,
+                 source: DerivedSource | str | None = BESIDE) -> xr.Dataset:
+    """A derived group (or an archive of positions) as a lazy dataset, read and checked as
+    an archive's states are (:func:`~flyarchive.store.dataset.open_dataset`): its state
+    arrays (``position``, ``orientation``...) as dask arrays, frames past each world's
+    ``n_frames`` NaN, a read of committed frames whose chunk, shard or index entry is
+    missing, or whose bytes fail their checksum, an error; ``n_frames``, the coordinates
+    and the attributes (``derived``: the provenance) read.
+
+    Args:
+        url: The derived group.
+        storage_options: Passed to fsspec.
+        source: The archive it is checked against (:func:`foreign_problem`,
+            :func:`source_problems`); ``"beside"`` (default): the archive it is kept
+            beside, read here, when ``url`` is ``<archive>/derived/<name>``; None: none
+            (an archive of positions of its own is checked alone).
 
     Raises:
         ArchiveNotFoundError: nothing at ``url``.
-        SchemaError: not a derived group (no ``derived`` attribute), or metadata that
-            flyarchive does not write.
+        SchemaError: not a derived group (no ``derived`` attribute), metadata that
+            flyarchive does not write, labels that disagree with each other or with the
+            provenance (:func:`flyarchive.schema.validate_derived`).
+        CorruptArchiveError: ``n_frames`` outside the stored frames or committed times
+            missing (at open), or a group that does not match its archive; when computing,
+            committed frames missing or damaged. Each names the group and what to do
+            (:func:`flyarchive.schema.damage_advice`: recompute it).
     """
-    import dask.array as da
-    import xarray as xr
+    from flyarchive.store import dataset
+    from flyarchive.store.opening import read_archive
+    from flyarchive.store.reader import open_checked
 
-    from flyarchive.store.dataset import CommittedFrames
-
-    group = open_checked(url, storage_options)
-    if not isinstance(group.attrs.get("derived"), dict) or "position" not in group:
+    url = str(url)
+    group = open_checked(url, storage_options, own_later=True)
+    if not isinstance(group.attrs.get(DERIVED_ATTR), dict):
         raise SchemaError(
-            f"{url!r} holds no derived positions (no 'derived' attribute or 'position' array). "
-            "Make them with flyarchive.keep_positions or `flyarchive positions`.")
-    n_frames = np.asarray(group["n_frames"][:]).astype(np.int64)
-    n_time = min(int(n_frames.max(initial=0)), int(group["time"].shape[0]))
-    n_frames = n_frames.clip(0, n_time)
-    coords = {name: (name, np.asarray(group[name][:])) for name in ("world", "keypoint", "xyz")}
-    for name in ("time", "sim_time", "frame"):
-        coords[name] = ("time", np.asarray(group[name][:n_time]))
-    variables: dict[str, Any] = {"n_frames": ("world", n_frames)}
-    for name, dims in (("position", ("world", "time", "keypoint", "xyz")),
-                       ("orientation", ("world", "time", "keypoint", "wxyz"))):
-        if name not in group:
-            continue
-        arr = group[name]
-        masked = None if (n_frames == n_time).all() else n_frames
-        getter = CommittedFrames(arr, name, masked, n_time, coords["world"][1], url, storage_options)
-        chunks = (int(arr.shards[0]), int(arr.chunks[1]), *arr.shape[2:])
-        variables[name] = (dims, da.from_array(getter, chunks=chunks, asarray=False,
-                                               meta=np.empty((0,) * 4, arr.dtype),
-                                               name=f"flyarchive-derived-{name}-{_token(group, n_frames)}"))
-    if "orientation" in variables:
-        coords["wxyz"] = ("wxyz", np.asarray(group["wxyz"][:]))
-    return xr.Dataset(variables, coords=coords, attrs=group.attrs.asdict())
-
-
-def _token(group: zarr.Group, n_frames: np.ndarray) -> str:
-    from dask.base import tokenize
-
-    return tokenize(group.attrs.get("archive_id"), n_frames.tobytes())
+            f"{url!r} holds no derived values (no 'derived' attribute): it is not kept "
+            "positions. Make them with flyarchive.keep_positions or `flyarchive positions`.")
+    ds = read_archive(url, storage_options, dataset.open_dataset, group)
+    advice = damage_advice(url, ds.attrs)
+    try:
+        validate_derived(ds)
+    except SchemaError as err:
+        raise SchemaError(f"The derived group at {url!r} is damaged: {err} {advice}") from None
+    if source == BESIDE:
+        archive = derived_source_url(url)
+        source = DerivedSource.read(archive, storage_options) if archive is not None else None
+    if isinstance(source, DerivedSource):
+        foreign = foreign_problem(ds.attrs, source)
+        if foreign is not None:
+            raise CorruptArchiveError(f"The derived group at {url!r} {foreign}")
+        problems = source_problems(ds, source)
+        if problems:
+            raise CorruptArchiveError(f"The derived group at {url!r} does not match its "
+                                      f"archive: {problems[0]} {advice}")
+    return ds

@@ -72,6 +72,9 @@ def not_an_archive(url: str, storage_options: Mapping[str, Any] | None = None
             f"No archive at {url!r}: it is a {kind} map that `flyarchive render` wrote beside a "
             f"video, not an archive. Read it with flyarchive.{reader}({url!r}) ({what}), or "
             "with any zarr v3 reader (zarr.open_array).")
+    if (here or {}).get("node_type") == "group" and isinstance(attributes, dict) \
+            and attributes.get("flyarchive_schema") == SCHEMA_NAME:
+        return None  # flyarchive's own group (an archive, a derived group): its error stands
     parent, inside = url if "://" in url else os.path.abspath(url), []
     for _ in range(_LEVELS):
         name, parent = parent.rstrip("/").rsplit("/", 1)[-1], _parent(parent)

@@ -25,7 +25,7 @@ import zarr.storage
 
 from flyarchive.schema import MAX_STRING_CHUNK_BYTES, MAX_STRINGS
 from flyarchive.errors import CorruptArchiveError, SchemaError
-from flyarchive.schema import MAX_JSON_DEPTH, STATE_VARS, json_depth_of
+from flyarchive.schema import MAX_JSON_DEPTH, STATE_VARS, is_state, json_depth_of
 from flyarchive.store.decoders import BLOSC_HEADER, install_bounded_decoders
 
 #: Largest metadata file (``zarr.json``) read; large per-world data belongs in world variables.
@@ -186,8 +186,10 @@ def check_array_metadata(meta: Any, where: str, archive: str, *,
         meta: The parsed ``zarr.json`` of an array.
         where: Its location, for messages (e.g. ``"/data/run.zarr/qpos/zarr.json"``).
         archive: The archive's URL, for the pointer to ``flyarchive verify``.
-        name: The array's name in the archive: a state array (``qpos``, mocap poses)
-            must have one of the state pipelines flyarchive writes. None: any allowed one.
+        name: The array's name in the archive: a state array (``qpos``, mocap poses, and
+            any array of dims ``(world, time, ...)``, such as a derived group's
+            ``position``) must have one of the state pipelines flyarchive writes. None:
+            any allowed one.
 
     Returns:
         Bounds on the array's stored objects.
@@ -222,7 +224,9 @@ def check_array_metadata(meta: Any, where: str, archive: str, *,
         if meta.get("storage_transformers"):
             raise ValueError("it has storage transformers")
         limits = _pipeline_bound(meta.get("codecs"), chunks, dtype)
-        if name in STATE_VARS:
+        names = meta.get("dimension_names")
+        if name in STATE_VARS or (name is not None and isinstance(names, list)
+                                  and is_state(names)):
             _check_state_pipeline(meta.get("codecs"), len(shape), dtype)
         elif name in FIXED_NUMBERS:
             if meta.get("codecs") != [_LITTLE, {"name": "crc32c"}]:

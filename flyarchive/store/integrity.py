@@ -14,29 +14,43 @@ inside the committed frames, metadata flyarchive does not write) stays damage.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 import zarr
+from zarr.core.buffer import default_buffer_prototype
 
 from flyarchive import codecs
-from flyarchive.errors import FlyarchiveError, StorageError
+from flyarchive.errors import ArchiveNotFoundError, FlyarchiveError, StorageError
 from flyarchive.schema import (
+    DERIVED_ATTR,
     STATE_VARS,
-    finite_frames,
+    damage_advice,
+    derived_source_url,
     import_status,
+    is_state,
     n_frames_problem,
     sizes_problem,
     times_problem,
     validate,
+    validate_derived,
 )
 from flyarchive.store.claims import live_claims
 from flyarchive.store.consolidated import WHILE_WRITING, consolidated_findings, root_document
 from flyarchive.store.kept_models import model_problems
-from flyarchive.store.reader import chunk_file, damaged_chunks, open_checked, open_stored, time_extents
+from flyarchive.store.reader import (
+    block_damage,
+    damaged_chunks,
+    open_checked,
+    open_stored,
+    state_blocks,
+    time_extents,
+)
 
+_PROTOTYPE = default_buffer_prototype()
 #: Most passes over an archive that a writer changes while it is read.
 PASSES = 3
 #: What a refusal of metadata flyarchive does not write says (:mod:`~flyarchive.store.hardening`).
@@ -58,6 +72,12 @@ class VerifyReport:
         being_written: What a commit in progress explains while ``writer`` writes (not
             damage, not in ``problems``).
         passes: Reads of the archive (more than one when a writer changed it meanwhile).
+        derived: The derived groups checked (``derived/<name>``, each as a derived group is
+            checked), or, for a derived group, ``[]``.
+        is_derived: True when ``url`` is a derived group (checked against the archive it
+            is kept beside, when it is kept beside one).
+        notes: What is worth knowing and is not damage (a derived group computed with a
+            model the caller passed, one whose creation was interrupted...).
     """
 
     url: str
@@ -68,6 +88,9 @@ class VerifyReport:
     writer: str | None = None
     being_written: list[str] = field(default_factory=list)
     passes: int = 1
+    derived: list[str] = field(default_factory=list)
+    is_derived: bool = False
+    notes: list[str] = field(default_factory=list)
 
     @property
     def ok(self) -> bool:
@@ -104,7 +127,8 @@ class _Pass:
 
 
 def verify(url: str, storage_options: Mapping[str, Any] | None = None) -> VerifyReport:
-    """Read every committed frame of an archive and report what is wrong.
+    """Read every committed frame of an archive, and of every derived group kept beside it,
+    and report what is wrong.
 
     Checks: every array's metadata against what flyarchive writes (codec pipelines,
     each ending in CRC-32C; chunk sizes); its consolidated copy in the root ``zarr.json``
@@ -119,12 +143,33 @@ def verify(url: str, storage_options: Mapping[str, Any] | None = None) -> Verify
     :mod:`~flyarchive.store.model_check`, its verdict kept by hash). Safe beside a writer
     (see the module's text).
 
+    Each derived group under ``derived/`` (kept positions...) gets the same checks, its
+    labels and provenance checked (:func:`flyarchive.schema.validate_derived`), and is
+    held to the archive (:func:`flyarchive.store.derived.source_problems`: the same
+    ``archive_id``, layout and worlds, no frame committed that the archive has not, the
+    same times); its problems are listed as ``derived/<name>: ...``, with what to do. A
+    derived group's own URL (``<archive>/derived/<name>``) is verified the same way.
+
     Raises:
         ArchiveNotFoundError: nothing at ``url``.
     """
+    from flyarchive.store.derived import BESIDE
+
+    report = _verify_one(url, storage_options, BESIDE)
+    if not report.is_derived:
+        _verify_derived(url, storage_options, report)
+    elif report.problems:
+        report.problems.append(_advice(url, storage_options))
+    return report
+
+
+def _verify_one(url: str, storage_options: Mapping[str, Any] | None,
+                source: Any) -> VerifyReport:
+    """One archive or derived group (``source``: what it is checked against, see
+    :func:`flyarchive.store.derived.open_derived`), read again while a writer changes it."""
     for attempt in range(1, PASSES + 1):
         writers = _writers(url, storage_options)
-        found = _one_pass(url, storage_options)
+        found = _one_pass(url, storage_options, source)
         writers = writers or _writers(url, storage_options)
         if not found.findings or not (found.moved or writers) or attempt == PASSES:
             break
@@ -137,6 +182,93 @@ def verify(url: str, storage_options: Mapping[str, Any] | None = None) -> Verify
         else:
             report.problems.append(finding.text)
     return report
+
+
+def _verify_derived(url: str, storage_options: Mapping[str, Any] | None,
+                    report: VerifyReport) -> None:
+    """Each derived group kept beside the archive at ``url``, verified; its findings added
+    to ``report`` as ``derived/<name>: ...``."""
+    from flyarchive.store.derived import DerivedSource, derived_names, derived_url
+
+    names = derived_names(url, storage_options)
+    if not names:
+        return
+    try:
+        source = DerivedSource.read(url, storage_options)
+    except (FlyarchiveError, OSError):  # the archive's own findings say why
+        source = None
+    for name in names:
+        group_url, where = derived_url(url, name), f"derived/{name}"
+        report.derived.append(where)
+        try:
+            sub = _verify_one(group_url, storage_options, source)
+        except ArchiveNotFoundError:
+            if _interrupted(group_url, storage_options):
+                report.notes.append(f"{where} is empty (a creation that was undone); it can "
+                                    "be deleted.")
+                continue
+            report.problems.append(
+                f"{where}: it is not a derived group (no zarr.json); flyarchive keeps only "
+                f"derived groups in {url.rstrip('/')}/derived/. Delete it, or restore its "
+                "zarr.json from a backup.")
+            continue
+        if sub.problems and _interrupted(group_url, storage_options):
+            report.notes.append(f"{where}: its creation was interrupted before anything was "
+                                "committed; the command that made it makes it anew.")
+            continue
+        report.problems += [f"{where}: {problem}" for problem in sub.problems]
+        report.being_written += [f"{where}: {text}" for text in sub.being_written]
+        report.notes += [f"{where}: {note}" for note in sub.notes]
+        if sub.problems:
+            report.problems.append(f"{where}: {_advice(group_url, storage_options)}")
+
+
+def _interrupted(url: str, storage_options: Mapping[str, Any] | None) -> bool:
+    """Whether the derived group at ``url`` is a creation that never committed: no
+    ``n_frames`` and no chunk of a state array (an empty folder, or one whose arrays were
+    being made when its writer died)."""
+    from flyarchive.store.location import open_store, sync
+
+    store = open_store(url, storage_options, read_only=True)
+
+    async def look() -> bool:
+        if await store.exists("n_frames/zarr.json"):
+            return False
+        names = [n async for n in store.list_dir("") if n not in ("claims", "zarr.json")]
+        if not await store.exists("zarr.json"):
+            return not names  # an empty folder (a creation undone), or something else
+        for name in names:
+            raw = await store.get(f"{name}/zarr.json", prototype=_PROTOTYPE)
+            if raw is None:  # not an array of a creation: anything in it is something else
+                async for _ in store.list_prefix(f"{name}"):
+                    return False
+                continue
+            try:
+                dims = json.loads(raw.to_bytes()).get("dimension_names")
+            except (ValueError, AttributeError):
+                return False  # damaged metadata is not an interrupted creation
+            if not isinstance(dims, list) or is_state(dims):
+                async for _ in store.list_prefix(f"{name}/c/"):
+                    return False
+        return True
+
+    try:
+        return bool(sync(look()))
+    except (OSError, FlyarchiveError):
+        return False
+
+
+def _advice(url: str, storage_options: Mapping[str, Any] | None) -> str:
+    """What to do about a damaged derived group (its attributes read if they can be)."""
+    from flyarchive.store.reader import open_group
+
+    try:
+        attrs = open_group(url, storage_options, consolidated=False).attrs.asdict()
+    except Exception:  # noqa: BLE001 - unreadable: the positions keeper's advice
+        attrs = {DERIVED_ATTR: {"kind": "positions"}}
+    if not isinstance(attrs.get(DERIVED_ATTR), Mapping):
+        attrs = {DERIVED_ATTR: {"kind": "positions"}}
+    return damage_advice(url, attrs)
 
 
 def _writers(url: str, storage_options: Mapping[str, Any] | None) -> list[str]:
@@ -152,7 +284,7 @@ def _writers(url: str, storage_options: Mapping[str, Any] | None) -> list[str]:
         return []
 
 
-def _one_pass(url: str, storage_options: Mapping[str, Any] | None) -> _Pass:
+def _one_pass(url: str, storage_options: Mapping[str, Any] | None, source: Any) -> _Pass:
     found = _Pass(VerifyReport(str(url)))
     try:
         group = open_checked(url, storage_options, consolidated=False, check_copy=False)
@@ -165,20 +297,21 @@ def _one_pass(url: str, storage_options: Mapping[str, Any] | None) -> _Pass:
     except Exception as err:  # unreadable metadata
         found.schema(err, "Metadata unreadable")
         return found
+    derived = DERIVED_ATTR in group.attrs
+    found.report.is_derived = derived
     for name, arr in sorted(group.arrays()):
-        if name not in STATE_VARS:  # coordinates, commit markers, world variables
+        if not is_state(_dims(arr)):  # coordinates, commit markers, world variables
             for bad in damaged_chunks(arr):
                 found.add(
                     f"Unreadable: {bad.describe()}: {getattr(bad.error, 'reason', bad.error)}")
     if found.findings:
         return found
-    sizes = sizes_problem({n: (tuple(a.metadata.dimension_names or ()), a.shape)
-                           for n, a in group.arrays()})  # as readers check it
+    sizes = sizes_problem({n: (_dims(a), a.shape) for n, a in group.arrays()})  # as readers check it
     if sizes is not None:
         found.add(f"Schema: {sizes}", f"Schema: {sizes} {WHILE_WRITING}")
         return found
     try:
-        validate(open_stored(group))
+        (validate_derived if derived else validate)(open_stored(group))
     except FlyarchiveError as err:
         found.schema(err)
         return found
@@ -186,7 +319,53 @@ def _one_pass(url: str, storage_options: Mapping[str, Any] | None) -> _Pass:
         found.schema(err, "Metadata unreadable")
         return found
     _check_committed(group, document, str(url), found)
+    if derived:
+        _check_source(group, str(url), storage_options, source, found)
     return found
+
+
+def _dims(arr: zarr.Array) -> tuple[str, ...]:
+    return tuple(arr.metadata.dimension_names or ())
+
+
+def _check_source(group: zarr.Group, url: str, storage_options: Mapping[str, Any] | None,
+                  source: Any, found: _Pass) -> None:
+    """A sound derived group held to the archive it is kept beside (``source``; the
+    default ``"beside"``: read here when ``url`` is ``<archive>/derived/<name>``)."""
+    from flyarchive.store.dataset import read_header
+    from flyarchive.store.derived import (
+        BESIDE,
+        DerivedSource,
+        foreign_problem,
+        model_note,
+        source_problems,
+    )
+
+    if source == BESIDE:
+        archive = derived_source_url(url)
+        try:
+            source = DerivedSource.read(archive, storage_options) if archive else None
+        except (FlyarchiveError, OSError) as err:
+            found.report.notes.append(f"Its archive at {archive!r} could not be read to check it "
+                                      f"against ({err}); verify the archive.")
+            return
+    if source is None:
+        return
+    foreign = foreign_problem(group.attrs.asdict(), source)
+    if foreign is not None:
+        found.add(f"It {foreign}")
+        return
+    try:
+        kept = read_header(url, storage_options, group)
+    except FlyarchiveError as err:  # found above, or moved since it was read
+        if not found.findings:
+            found.add(str(err), f"{err} ({WHILE_WRITING})")
+        return
+    for problem in source_problems(kept, source):
+        found.add(problem)
+    note = model_note(group.attrs.asdict(), source)
+    if note is not None:
+        found.report.notes.append(f"{note[0].upper()}{note[1:]}")
 
 
 def _check_committed(group: zarr.Group, document: Mapping[str, Any] | None, url: str,
@@ -211,12 +390,19 @@ def _check_committed(group: zarr.Group, document: Mapping[str, Any] | None, url:
                                                      n_frames if one_writer else None, url):
         found.add(text, while_writing)
     spec = group.attrs.get("codec", {}).get("spec", "lossless")
-    for name in STATE_VARS:
-        if name in group:
-            _check_state(group[name], name, n_frames, report, spec)
+    for i, name in enumerate(state_names(group)):
+        _check_state(group[name], name, n_frames, report, spec, count=i == 0)
     found.findings += [_Finding(text) for text in report.problems]
     report.problems.clear()
     found.moved = not np.array_equal(np.asarray(group["n_frames"][:]), report.n_frames)
+
+
+def state_names(group: zarr.Group) -> list[str]:
+    """The group's state arrays, dims ``(world, time, ...)``
+    (:func:`flyarchive.schema.is_state`): an archive's ``qpos`` and mocap poses in
+    that order, a derived group's ``position``, ``orientation``..."""
+    found = {name for name, arr in group.arrays() if is_state(_dims(arr))}
+    return [n for n in STATE_VARS if n in found] + sorted(found - set(STATE_VARS))
 
 
 def _check_time(group: zarr.Group, n: int, report: VerifyReport) -> None:
@@ -231,40 +417,18 @@ def _check_time(group: zarr.Group, n: int, report: VerifyReport) -> None:
         report.problems.append(problem)
 
 
-def _check_state(
-    arr: zarr.Array, name: str, n_frames: np.ndarray, report: VerifyReport, spec: str
-) -> None:
-    block_w = (arr.shards or arr.chunks)[0]
-    block_t = arr.chunks[1]
-    for w0 in range(0, arr.shape[0], block_w):
-        w1 = min(w0 + block_w, arr.shape[0])
-        for t0 in range(0, int(n_frames[w0:w1].max(initial=0)), block_t):
-            t1 = t0 + block_t
-            try:
-                values = np.asarray(arr[w0:w1, t0:t1])
-            except Exception as err:
-                shard_t = (arr.shards or arr.chunks)[1]
-                where = chunk_file(arr, (w0 // block_w, t0 // shard_t) + (0,) * (arr.ndim - 2))
-                report.problems.append(
-                    f"{name}[worlds {w0}..{w1 - 1}, frames {t0}..{t1 - 1}] (file {where}) is "
-                    f"unreadable: {getattr(err, 'reason', err)} (corrupt bytes: checksum "
-                    "mismatch or damaged chunk)."
-                )
-                continue
-            committed = np.arange(t0, t0 + values.shape[1])[None, :] < n_frames[w0:w1, None]
-            finite = finite_frames(values, frame_dims=2)
-            bad = committed & ~finite
-            if bad.any():
-                w, t = np.argwhere(bad)[0]
-                report.problems.append(
-                    f"{name} has {int(bad.sum())} committed frames that are missing or not finite "
-                    f"in worlds {w0}..{w1 - 1}, frames {t0}..{t1 - 1} (first: world index "
-                    f"{w0 + w}, frame {t0 + t}); a chunk inside n_frames is missing or damaged."
-                )
-            if spec != "lossless" and not codecs.on_grid(values[committed & finite], spec).all():
-                report.problems.append(
-                    f"{name} in worlds {w0}..{w1 - 1}, frames {t0}..{t1 - 1} holds values off the "
-                    f"quantization grid of codec {spec!r}: the error bound is not guaranteed."
-                )
-            if name == "qpos":
-                report.frames_checked += int((committed & finite).sum())
+def _check_state(arr: zarr.Array, name: str, n_frames: np.ndarray, report: VerifyReport,
+                 spec: str, *, count: bool) -> None:
+    for w0, w1, t0, t1, values in state_blocks(arr, n_frames):
+        damage, good = block_damage(arr, name, n_frames, w0, w1, t0, t1, values)
+        if damage is not None:
+            report.problems.append(damage.text)
+        if isinstance(values, Exception):
+            continue
+        if spec != "lossless" and not codecs.on_grid(values[good], spec).all():
+            report.problems.append(
+                f"{name} in worlds {w0}..{w1 - 1}, frames {t0}..{t1 - 1} holds values off the "
+                f"quantization grid of codec {spec!r}: the error bound is not guaranteed."
+            )
+        if count:
+            report.frames_checked += int(good.sum())

@@ -1,34 +1,52 @@
-"""Compiled models kept by content beside an archive: ``models/<sha256>.mjb``.
+"""Models kept by content beside an archive: ``models/<sha256>.mjb`` and ``models/<sha256>.mjz``.
 
-The model an archive was recorded with (its exact MJB bytes) is an object of its own
+The model an archive was recorded with is kept in two forms, each an object of its own
 under the archive's URL, named by the SHA-256 of its bytes, inside the zarr group
-``models`` (a group, so that zarr knows the folder when it lists the archive's
-members: a plain folder makes zarr warn). The root attribute ``model`` holds only
-``{"sha256", "size", "mujoco", "path"}``; attributes never hold the bytes.
+``models`` (a group, so that zarr knows the folder when it lists the archive's members: a
+plain folder makes zarr warn):
 
-Commit order: the object is written while the archive is created, before ``n_frames``,
+- its exact compiled form, the MJB of the MuJoCo release that recorded it (root attribute
+  ``model``: ``{"sha256", "size", "mujoco", "path"}``); no other release can read it;
+- its portable form, a MuJoCo spec zip of its MJCF and every file it references
+  (:func:`flyarchive.models.portable_model`; root attribute ``portable_model``:
+  ``{"sha256", "size", "path", "format", "mujoco", "exact", "bodies", "qpos0"}``, the last
+  two what it compiles to, checked on every release). Its hash is the model's identity
+  (:func:`flyarchive.models.model_identity`).
+
+Attributes never hold the bytes. Replay on the recording release loads the MJB (bit-exact
+with the live run); another release compiles the portable form, once per release: the
+compiled MJB is kept in the user's cache (:func:`~flyarchive.store.model_check.compiled_model`),
+and the model must fit the archive's layout, bodies and ``qpos0``, or replay refuses naming
+the difference. An archive that keeps only an MJB of another release is refused in one
+line that names both releases and the fix, :func:`attach_model` (``flyarchive model
+attach``): it keeps a portable model beside an archive after checking that it compiles to
+the recorded layout.
+
+Commit order: the objects are written while the archive is created, before ``n_frames``,
 the commit marker (:func:`flyarchive.store.new_archive.create_arrays`): the root
-attributes, written first with the group, already name it, but an archive whose
-creation completed never names a model that is not there. A creation puts it with the
-arrays' metadata (its location is empty and its claim held: nothing else can be
-there). Otherwise writing is idempotent (:func:`write_model`): the same content always
-has the same name, so an object already there whose bytes hash to its name is kept; a
-new one is created with a conditional put where the storage offers one (local disk: a
-hard link; S3: ``If-None-Match``). Every read checks
-the bytes against the name, and refuses them with :class:`CorruptArchiveError` naming
-the object and both hashes. The model bytes are read through the archive's zarr store,
-so on local disk the guarded store (:mod:`~flyarchive.store.localstore`) reads only a
-regular file inside the archive, of bounded size.
+attributes, written first with the group, already name them, but an archive whose
+creation completed never names a model that is not there. A creation puts them with the
+arrays' metadata (its location is empty and its claim held: nothing else can be there).
+Otherwise writing is idempotent (:func:`write_model`): the same content always has the
+same name, so an object already there whose bytes hash to its name is kept; a new one is
+created with a conditional put where the storage offers one (local disk: a hard link; S3:
+``If-None-Match``). :func:`attach_model` writes the object first, then the attribute that
+names it. Every read checks the bytes against the name, and refuses them with
+:class:`CorruptArchiveError` naming the object and both hashes. The bytes are read through
+the archive's zarr store, so on local disk the guarded store
+(:mod:`~flyarchive.store.localstore`) reads only a regular file inside the archive, of
+bounded size.
 
 Bytes that hash to their name are still untrusted (anyone may write an archive): they
-are loaded into a long-lived process only after a short-lived child process loaded them
-safely (:mod:`~flyarchive.store.model_check`; :func:`kept_model`, :func:`load_model`,
-and ``verify`` through :func:`model_problems`).
+are loaded into a long-lived process only after a short-lived child process loaded (or
+compiled) them safely (:mod:`~flyarchive.store.model_check`; :func:`kept_model`,
+:func:`load_model`, and ``verify`` through :func:`model_problems`).
 """
 
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import re
 from collections.abc import Mapping
@@ -40,24 +58,47 @@ import zarr
 from zarr.core.buffer import default_buffer_prototype
 from zarr.core.group import GroupMetadata
 
-from flyarchive.errors import CorruptArchiveError, ModelLoadError, SchemaError
-from flyarchive.models import load_mjb, mjb_version
+from flyarchive.errors import (
+    CorruptArchiveError,
+    FlyarchiveError,
+    LayoutMismatchError,
+    ModelLoadError,
+    OutputExistsError,
+    SchemaError,
+    StorageError,
+)
+from flyarchive.layout import ModelLayout, details_difference, layout_difference, model_details
+from flyarchive.models import (
+    MODEL_ATTR,
+    PORTABLE_MODEL_ATTR,
+    SPEC_ZIP_FORMAT,
+    PortableModel,
+    load_mjb,
+    mjb_version,
+    mujoco_release,
+    portable_model,
+)
 from flyarchive.models import load_model as load_model_file
-from flyarchive.store.location import sync
-from flyarchive.store.model_check import check_model
+from flyarchive.store import storage_errors
+from flyarchive.store.location import access_denied, sync
+from flyarchive.store.model_check import check_model, compiled_model
 
 #: The zarr group holding the models, under the archive's root.
 MODELS_GROUP = "models"
-#: The root attribute that names the stored model.
-MODEL_ATTR = "model"
-#: Largest model object read or written, bytes (NeuroMechFly's MJB is 23 MB).
+#: Largest model object read or written, bytes (NeuroMechFly's MJB is 23 MB, its spec zip
+#: 1.6 MB).
 MAX_MODEL_BYTES = 1 << 30
 _SHA256 = re.compile(r"[0-9a-f]{64}")
 
 
 def model_key(sha256: str) -> str:
-    """The object's key in the archive: ``"models/<sha256>.mjb"``."""
+    """The MJB's key in the archive: ``"models/<sha256>.mjb"``."""
     return f"{MODELS_GROUP}/{sha256}.mjb"
+
+
+def portable_key(sha256: str) -> str:
+    """The portable model's key in the archive: ``"models/<sha256>.mjz"``."""
+    return f"{MODELS_GROUP}/{sha256}.mjz"
 
 
 def model_entry(blob: bytes) -> dict[str, Any]:
@@ -77,9 +118,28 @@ def model_entry(blob: bytes) -> dict[str, Any]:
             "path": model_key(digest)}
 
 
+def portable_entry(portable: PortableModel) -> dict[str, Any]:
+    """The root attribute ``portable_model`` for a portable form: sha256 (hex), size
+    (bytes), the object's key, its format, the MuJoCo release that wrote it, whether its
+    XML is the source's own (``exact``), and the bodies and ``qpos0`` it compiles to.
+
+    Raises:
+        SchemaError: more than :data:`MAX_MODEL_BYTES` bytes.
+    """
+    if len(portable.blob) > MAX_MODEL_BYTES:
+        raise SchemaError(
+            f"The portable model is {len(portable.blob):,} bytes; an archive keeps models of at "
+            f"most {MAX_MODEL_BYTES:,}. Record without model_source, and keep the model yourself."
+        )
+    return {"sha256": portable.sha256, "size": len(portable.blob),
+            "path": portable_key(portable.sha256), "format": SPEC_ZIP_FORMAT,
+            "mujoco": portable.mujoco, "exact": portable.exact,
+            "bodies": list(portable.details["bodies"]), "qpos0": list(portable.details["qpos0"])}
+
+
 def write_model(group: zarr.Group, blob: bytes, entry: Mapping[str, Any]) -> None:
-    """Put MJB bytes at ``entry["path"]`` under the archive's root ``group``, unless an
-    object with those bytes is there already (content-addressed: same name, same bytes).
+    """Put a model's bytes at ``entry["path"]`` under the archive's root ``group``, unless
+    an object with those bytes is there already (content-addressed: same name, same bytes).
 
     An object of that name whose bytes do not hash to it (damaged) is replaced.
 
@@ -107,7 +167,8 @@ def write_model(group: zarr.Group, blob: bytes, entry: Mapping[str, Any]) -> Non
 def models_metadata() -> GroupMetadata:
     """The metadata of the ``models`` group."""
     return GroupMetadata(attributes={
-        "description": "compiled MuJoCo models (MJB), named models/<sha256>.mjb"})
+        "description": "models kept by content: compiled (MJB of one MuJoCo release), "
+                       "models/<sha256>.mjb; portable (MuJoCo spec zip), models/<sha256>.mjz"})
 
 
 def _holds(store: Any, key: str, sha256: str) -> bool:
@@ -143,13 +204,51 @@ def _create(store: Any, key: str, blob: bytes) -> bool:
 
 
 def stored_entry(attrs: Mapping[str, Any], url: str) -> dict[str, Any] | None:
-    """The archive's ``model`` attribute, checked; None when no model is stored.
+    """The archive's ``model`` attribute (its MJB), checked; None when no MJB is kept.
 
     Raises:
         SchemaError: an attribute that is not ``{"sha256": 64 hex digits, "size": bytes,
             ...}`` (edited or damaged).
     """
-    entry = attrs.get(MODEL_ATTR)
+    entry = _checked(attrs, MODEL_ATTR, url)
+    if entry is None:
+        return None
+    mujoco = entry.get("mujoco")
+    return {"sha256": entry["sha256"], "size": entry["size"],
+            "mujoco": mujoco if isinstance(mujoco, str) else None,
+            "path": model_key(entry["sha256"])}
+
+
+def stored_portable(attrs: Mapping[str, Any], url: str) -> dict[str, Any] | None:
+    """The archive's ``portable_model`` attribute, checked; None when no portable model is
+    kept. ``bodies`` and ``qpos0`` are kept only when they are lists.
+
+    Raises:
+        SchemaError: an attribute that is not ``{"sha256": 64 hex digits, "size": bytes,
+            "format": "mujoco-spec-zip", ...}`` (edited or damaged, or a format this
+            flyarchive does not know).
+    """
+    entry = _checked(attrs, PORTABLE_MODEL_ATTR, url)
+    if entry is None:
+        return None
+    if entry.get("format") != SPEC_ZIP_FORMAT:
+        raise SchemaError(
+            f"The archive at {url!r} keeps a portable model of format {entry.get('format')!r}; "
+            f"this flyarchive reads {SPEC_ZIP_FORMAT!r}. Upgrade flyarchive, or pass the model "
+            "yourself (model=..., --model)."
+        )
+    out = {"sha256": entry["sha256"], "size": entry["size"], "path": portable_key(entry["sha256"]),
+           "format": SPEC_ZIP_FORMAT, "mujoco": entry.get("mujoco")
+           if isinstance(entry.get("mujoco"), str) else None, "exact": entry.get("exact") is True}
+    for name in ("bodies", "qpos0"):
+        if isinstance(entry.get(name), list):
+            out[name] = entry[name]
+    return out
+
+
+def _checked(attrs: Mapping[str, Any], name: str, url: str) -> Mapping[str, Any] | None:
+    """The root attribute ``name`` naming a kept model, if it is well formed; None if absent."""
+    entry = attrs.get(name)
     if entry is None:
         return None
     sha = entry.get("sha256") if isinstance(entry, Mapping) else None
@@ -157,19 +256,17 @@ def stored_entry(attrs: Mapping[str, Any], url: str) -> dict[str, Any] | None:
     if not isinstance(sha, str) or not _SHA256.fullmatch(sha) or not isinstance(size, int) \
             or isinstance(size, bool) or not 0 < size <= MAX_MODEL_BYTES:
         raise SchemaError(
-            f"The archive at {url!r} has the attribute {MODEL_ATTR!r} = {str(entry)[:160]!r}; "
+            f"The archive at {url!r} has the attribute {name!r} = {str(entry)[:160]!r}; "
             "it must be an object with 'sha256' (64 lowercase hex digits) and 'size' (bytes, "
             f"1 to {MAX_MODEL_BYTES:,}). The archive's metadata was edited or damaged; restore "
             "its zarr.json, or pass the model yourself (model=..., --model)."
         )
-    mujoco = entry.get("mujoco")
-    return {"sha256": sha, "size": size, "mujoco": mujoco if isinstance(mujoco, str) else None,
-            "path": model_key(sha)}
+    return entry
 
 
 def read_model(group: zarr.Group, url: str) -> tuple[bytes, dict[str, Any]] | None:
-    """The stored model's MJB bytes and its entry, checked against its name; None when
-    the archive stores none.
+    """The kept MJB's bytes and its entry, checked against its name; None when the archive
+    keeps none.
 
     Args:
         group: The archive's root group (opened for reading).
@@ -183,8 +280,23 @@ def read_model(group: zarr.Group, url: str) -> tuple[bytes, dict[str, Any]] | No
         StorageError and storage client errors: the storage failed.
     """
     entry = stored_entry(group.attrs.asdict(), url)
-    if entry is None:
-        return None
+    return None if entry is None else (_read_object(group, url, entry, "stored model"), entry)
+
+
+def read_portable(group: zarr.Group, url: str) -> tuple[bytes, dict[str, Any]] | None:
+    """The kept portable model's bytes (a spec zip) and its entry, checked against its name;
+    None when the archive keeps none.
+
+    Raises:
+        SchemaError: a malformed ``portable_model`` attribute.
+        CorruptArchiveError, StorageError: as :func:`read_model`.
+    """
+    entry = stored_portable(group.attrs.asdict(), url)
+    return None if entry is None else (_read_object(group, url, entry, "portable model"), entry)
+
+
+def _read_object(group: zarr.Group, url: str, entry: Mapping[str, Any], what: str) -> bytes:
+    """The bytes of the kept object ``entry`` names, checked against its name and size."""
     root = group.path.strip("/")
     key = f"{root}/{entry['path']}" if root else entry["path"]
     where = f"{url.rstrip('/')}/{entry['path']}"
@@ -194,7 +306,7 @@ def read_model(group: zarr.Group, url: str) -> tuple[bytes, dict[str, Any]] | No
 
     store = group.store
     missing = CorruptArchiveError(
-        f"The archive at {url!r} names the stored model {entry['path']!r} (sha256 "
+        f"The archive at {url!r} names the {what} {entry['path']!r} (sha256 "
         f"{entry['sha256']}), but there is no object {where!r}. {fix}"
     )
     if isinstance(store, FsspecStore):  # bound what is read before reading it
@@ -204,7 +316,7 @@ def read_model(group: zarr.Group, url: str) -> tuple[bytes, dict[str, Any]] | No
             raise missing from None
         if size > entry["size"]:
             raise CorruptArchiveError(
-                f"The stored model {where!r} is {size:,} bytes, more than the {entry['size']:,} "
+                f"The {what} {where!r} is {size:,} bytes, more than the {entry['size']:,} "
                 f"the archive recorded; flyarchive did not read it. {fix}"
             )
     got = sync(store.get(key, prototype=default_buffer_prototype()))  # local: regular files only
@@ -214,30 +326,57 @@ def read_model(group: zarr.Group, url: str) -> tuple[bytes, dict[str, Any]] | No
     digest = hashlib.sha256(blob).hexdigest()
     if digest != entry["sha256"] or len(blob) != entry["size"]:
         raise CorruptArchiveError(
-            f"The stored model {where!r} does not hash to its name: its bytes ({len(blob):,}) "
+            f"The {what} {where!r} does not hash to its name: its bytes ({len(blob):,}) "
             f"have sha256 {digest}; its name and the archive say sha256 {entry['sha256']} "
             f"({entry['size']:,} bytes). It is damaged or was replaced; flyarchive does not "
             f"replay with it. {fix}"
         )
-    return blob, entry
+    return blob
+
+
+def readable_on(attrs: Mapping[str, Any], url: str = "") -> str:
+    """Which MuJoCo releases can read the model an archive keeps, in words (``"any MuJoCo
+    release (...)"``, ``"MuJoCo 3.16.0 only (...)"``, ``"none: no model is kept (...)"``).
+
+    Raises:
+        SchemaError: a malformed model attribute.
+    """
+    mjb, portable = stored_entry(attrs, url), stored_portable(attrs, url)
+    if portable is not None:
+        exact = f"; its MJB is exact on MuJoCo {mjb['mujoco']}" if mjb and mjb["mujoco"] else ""
+        return f"any MuJoCo release (the portable model, compiled once per release{exact})"
+    if mjb is not None:
+        return f"MuJoCo {mjb['mujoco'] or 'of the MJB'} only (an MJB is bound to its release)"
+    return "none: no model is kept (render needs --model)"
 
 
 def model_problems(group: zarr.Group, url: str) -> list[str]:
-    """What is wrong with the stored model, for ``verify`` (empty when sound or absent):
-    a malformed attribute, a missing object, bytes that do not hash to its name, or bytes
-    that this MuJoCo refuses or cannot load safely (checked in a child process,
-    :func:`~flyarchive.store.model_check.check_model`)."""
+    """What is wrong with the kept models, for ``verify`` (empty when sound or absent): a
+    malformed attribute, a missing object, bytes that do not hash to their name; an MJB of
+    this release that MuJoCo refuses or cannot load safely, a portable model that does not
+    compile safely or does not fit the archive's layout (each checked in a child process,
+    :mod:`~flyarchive.store.model_check`). An MJB of another release is checked against its
+    name only: no other release can load it."""
+    problems = []
+    here = mujoco_release()
     try:
         stored = read_model(group, url)
-        if stored is not None:
+        if stored is not None and mjb_version(stored[0]) == here:
             check_model(stored[0], _where(url, stored[1]), sha256=stored[1]["sha256"])
     except (CorruptArchiveError, SchemaError, ModelLoadError) as err:
-        return [f"Model: {err}"]
-    return []
+        problems.append(f"Model: {err}")
+    try:
+        entry = stored_portable(group.attrs.asdict(), url)
+        if entry is not None:
+            blob = _read_object(group, url, entry, "portable model")
+            _compiled_portable(group, url, entry, lambda: blob)
+    except (CorruptArchiveError, SchemaError, ModelLoadError, LayoutMismatchError) as err:
+        problems.append(f"Portable model: {err}")
+    return problems
 
 
 def _where(url: str, entry: Mapping[str, Any]) -> str:
-    """The kept model's file: ``"<url>/models/<sha256>.mjb"``."""
+    """The kept model's file: ``"<url>/models/<sha256>.mjb"`` (or ``.mjz``)."""
     return f"{url.rstrip('/')}/{entry['path']}"
 
 
@@ -246,9 +385,11 @@ def kept_model(url: str, storage_options: Mapping[str, Any] | None = None, *,
     """The model kept beside an archive, loaded into this process only once it is known to
     load safely; and its MJB bytes (what workers get).
 
-    The bytes are checked against their name (:func:`read_model`), then loaded in a
-    short-lived child process unless a verdict for them is kept
-    (:func:`~flyarchive.store.model_check.check_model`), then here.
+    On the MuJoCo release that recorded it, its MJB (bit-exact with the live run). On
+    another release, its portable form compiled by this release: once, in a child process,
+    then from the cache (:func:`~flyarchive.store.model_check.compiled_model`); the model
+    must fit the archive's layout, bodies and ``qpos0``. Bytes read from the archive are
+    checked against their name first.
 
     Args:
         url: The archive (any fsspec URL or local path).
@@ -258,10 +399,13 @@ def kept_model(url: str, storage_options: Mapping[str, Any] | None = None, *,
 
     Raises:
         ArchiveNotFoundError: nothing at ``url``.
-        ModelLoadError: the archive keeps no model, or this MuJoCo refuses it (another
-            release, truncated...).
-        UnsafeModelError: loading it crashed the child process, raised
+        ModelLoadError: the archive keeps no model; it keeps only an MJB of another MuJoCo
+            release (one line naming both releases and ``flyarchive model attach``); or
+            this MuJoCo refuses the model (a truncated MJB, an MJCF it cannot compile).
+        UnsafeModelError: loading (or compiling) it crashed the child process, raised
             ``mujoco.FatalError``, or did not finish (the message names the file).
+        LayoutMismatchError: the portable model, compiled here, does not fit the archive
+            (the difference named).
         CorruptArchiveError, SchemaError: the object is missing, or its bytes or the
             attribute naming it were damaged.
     """
@@ -269,17 +413,194 @@ def kept_model(url: str, storage_options: Mapping[str, Any] | None = None, *,
         from flyarchive.store.reader import open_group
 
         group = open_group(url, storage_options)
-    stored = read_model(group, url)
-    if stored is None:
+    attrs = group.attrs.asdict()
+    mjb, portable = stored_entry(attrs, url), stored_portable(attrs, url)
+    if mjb is None and portable is None:
         raise ModelLoadError(
             f"The archive at {url!r} keeps no model (it was recorded or imported with "
             "store_model=False, or before flyarchive kept models). Pass the compiled model "
             "it was recorded with: model=... (an MjModel), or --model FILE (.mjb or .xml)."
         )
-    blob, entry = stored
+    here = mujoco_release()
+    if mjb is not None and (portable is None or mjb["mujoco"] in (None, here)):
+        blob, entry = read_model(group, url)  # type: ignore[misc]
+        theirs = mjb_version(blob)
+        if theirs == here or portable is None:
+            if theirs is not None and theirs != here:
+                raise ModelLoadError(_bound_elsewhere(url, theirs))
+            where = _where(url, entry)
+            check_model(blob, where, sha256=entry["sha256"])  # refuses what is not an MJB
+            return load_mjb(blob, f"the model kept in the archive ({where})"), blob
+    assert portable is not None
+    return _compiled_portable(group, url, portable,
+                              lambda: _read_object(group, url, portable, "portable model"))
+
+
+def _bound_elsewhere(url: str, theirs: str) -> str:
+    """The one line for an archive whose only model is an MJB of MuJoCo ``theirs``."""
+    return (
+        f"The archive at {url!r} keeps its model only as a compiled MJB of MuJoCo {theirs}, "
+        f"which MuJoCo {mujoco_release()} cannot read (an MJB is bound to its release). Keep "
+        f"its portable form beside it: flyarchive model attach {url} --model fly.xml (the MJCF "
+        f"it was recorded with; API: flyarchive.attach_model), or install mujoco=={theirs} "
+        "to replay it."
+    )
+
+
+def _compiled_portable(group: zarr.Group, url: str, entry: Mapping[str, Any],
+                       read: Any) -> tuple[mujoco.MjModel, bytes]:
+    """The kept portable model compiled by this release (cached), checked against the
+    archive's layout and the bodies and ``qpos0`` recorded with it."""
     where = _where(url, entry)
-    check_model(blob, where, sha256=entry["sha256"])
-    return load_mjb(blob, f"the model kept in the archive ({where})"), blob
+    blob, _ = compiled_model(read, entry["sha256"], where)
+    model = load_mjb(blob, f"the model compiled from {where}")
+    difference = _misfit(group.attrs.asdict(), entry, model)
+    if difference is not None:
+        raise LayoutMismatchError(
+            f"The portable model {where!r}, compiled by MuJoCo {mujoco_release()}, does not fit "
+            f"the archive it is kept in: {difference}. Pass the model the archive was recorded "
+            "with (model=..., --model), or keep the right one with flyarchive model attach "
+            "--replace."
+        )
+    return model, blob
+
+
+def _misfit(attrs: Mapping[str, Any], details: Mapping[str, Any], model: mujoco.MjModel
+            ) -> str | None:
+    """How ``model`` differs from the archive's layout (and the recorded ``details``:
+    bodies, ``qpos0``), in words; None when it fits."""
+    return layout_difference(ModelLayout.from_attrs(attrs["layout"]),
+                             ModelLayout.from_model(model)) or details_difference(dict(details), model)
+
+
+def attach_model(url: str, source: str | os.PathLike[str] | mujoco.MjSpec, *,
+                 storage_options: Mapping[str, Any] | None = None, replace: bool = False,
+                 takeover: bool = False) -> dict[str, Any]:
+    """Keep a portable model beside an archive that has none (an archive recorded before
+    flyarchive kept one, or from an MJB alone), so that any MuJoCo release can replay it.
+
+    The model is made portable (:func:`flyarchive.models.portable_model`), compiled here
+    and checked against the archive: its layout (joints, mocap bodies) and, where the
+    archive keeps an MJB this release reads, the bodies and ``qpos0`` of that MJB. Then
+    the zip is written (``models/<sha256>.mjz``) and the root attribute
+    ``portable_model`` added: nothing else in the archive changes. The archive's writer
+    claim is held meanwhile, so it refuses an archive that is being written.
+
+    Args:
+        url: The archive (a local path or any fsspec URL).
+        source: The model the archive was recorded with: an MJCF ``.xml`` (with its files),
+            a spec zip (``.mjz``/``.zip``) or a ``mujoco.MjSpec``.
+        storage_options: Passed to fsspec.
+        replace: Replace a portable model kept already (another one is refused otherwise);
+            the replaced object is deleted once the attribute names the new one.
+        takeover: Take over the writer claim of a writer that crashed on another host.
+
+    Returns:
+        The ``portable_model`` attribute now kept (the same one when the archive keeps this
+        very model already: nothing is written).
+
+    Raises:
+        ModelLoadError: the source cannot be made portable (a missing file...).
+        LayoutMismatchError: the model does not fit the archive (the difference named);
+            nothing is written.
+        OutputExistsError: the archive keeps another portable model and ``replace`` is False.
+        ArchiveNotFoundError: no archive at ``url``.
+        ArchiveInUseError: a writer holds the archive; nothing is written.
+        StorageError: the storage failed; the archive names no model it does not hold.
+    """
+    url = str(url)
+    try:
+        with storage_errors.translated(url, storage_options):
+            return _attach(url, source, storage_options, replace, takeover)
+    except PermissionError as err:
+        raise access_denied(url, err) from None
+    except OSError as err:
+        if isinstance(err, FlyarchiveError):
+            raise
+        raise StorageError(
+            f"Attaching a model to {url!r} failed ({type(err).__name__}: {err}). The archive "
+            "names a portable model only once it is written; run the call again."
+        ) from None
+
+
+def _attach(url: str, source: Any, storage_options: Mapping[str, Any] | None, replace: bool,
+            takeover: bool) -> dict[str, Any]:
+    from flyarchive.store.claims import WRITER_KEY, claim_archive, release
+    from flyarchive.store.reader import open_group
+
+    group = open_group(url, storage_options, mode="r+")
+    if "n_frames" not in group:
+        raise SchemaError(
+            f"The archive at {url!r} has no 'n_frames' array: its creation did not finish. A "
+            "model is attached to recorded archives.")
+    attrs = group.attrs.asdict()
+    portable = portable_model(source)  # the user's own: compiled here
+    compiled = load_mjb(compiled_model(lambda: portable.blob, portable.sha256,
+                                       f"the portable form of {_shown(source)}")[0])
+    details = _recorded_details(group, url, attrs)
+    difference = _misfit(attrs, details, compiled)
+    if difference is not None:
+        raise LayoutMismatchError(
+            f"The model {_shown(source)} does not fit the archive at {url!r}: {difference}. "
+            "Nothing was written. Attach the model the archive was recorded with."
+        )
+    entry = portable_entry(portable)
+    if details:  # the recorded model's own bodies and qpos0, where known
+        entry.update(bodies=list(details["bodies"]), qpos0=list(details["qpos0"]))
+    kept = stored_portable(attrs, url)
+    if kept is not None and kept["sha256"] == portable.sha256:
+        return kept
+    if kept is not None and not replace:
+        raise OutputExistsError(
+            f"The archive at {url!r} keeps a portable model already ({kept['path']}, sha256 "
+            f"{kept['sha256'][:16]}...). Pass replace=True (--replace) to keep this one instead."
+        )
+    store = group.store
+    writer = claim_archive(store, url, takeover=takeover)
+    try:
+        write_model(group, portable.blob, entry)  # the object first...
+        _set_root_attribute(group, PORTABLE_MODEL_ATTR, entry)  # ...then what names it...
+        if kept is not None:  # ...then the one it replaced, which nothing names now
+            root = group.path.strip("/")
+            sync(store.delete(f"{root}/{kept['path']}" if root else kept["path"]))
+    finally:
+        release(store, [WRITER_KEY], writer)
+    return entry
+
+
+def _shown(source: Any) -> str:
+    return "(an MjSpec)" if isinstance(source, mujoco.MjSpec) else repr(os.fspath(source))
+
+
+def _recorded_details(group: zarr.Group, url: str, attrs: Mapping[str, Any]) -> dict[str, Any]:
+    """The bodies and ``qpos0`` of the recorded model, where this release can tell: from the
+    kept MJB when it is this release's; else ``{}``."""
+    mjb = stored_entry(attrs, url)
+    if mjb is None or mjb["mujoco"] not in (None, mujoco_release()):
+        return {}
+    blob, entry = read_model(group, url)  # type: ignore[misc]
+    if mjb_version(blob) != mujoco_release():
+        return {}
+    check_model(blob, _where(url, entry), sha256=entry["sha256"])
+    return model_details(load_mjb(blob, _where(url, entry)))
+
+
+def _set_root_attribute(group: zarr.Group, name: str, value: Any) -> None:
+    """Set one root attribute in the archive's ``zarr.json``, everything else kept as it is
+    (the consolidated copy too, with the ``models`` group listed), in one put."""
+    store = group.store
+    root = group.path.strip("/")
+    key = f"{root}/zarr.json" if root else "zarr.json"
+    proto = default_buffer_prototype()
+    raw = sync(store.get(key, prototype=proto))
+    document = json.loads(raw.to_bytes())
+    document.setdefault("attributes", {})[name] = value
+    copy = document.get("consolidated_metadata")
+    if isinstance(copy, dict) and isinstance(copy.get("metadata"), dict):
+        copy["metadata"].setdefault(MODELS_GROUP, {
+            **models_metadata().to_dict(),
+            "consolidated_metadata": {"kind": "inline", "must_understand": False, "metadata": {}}})
+    sync(store.set(key, proto.buffer.from_bytes(json.dumps(document, indent=2).encode())))
 
 
 def load_model(source: str | os.PathLike[str],
@@ -287,11 +608,14 @@ def load_model(source: str | os.PathLike[str],
     """The compiled model of an archive, or of a model file (``flyarchive.load_model``).
 
     - An archive (a local folder, ``file://``, ``s3://``... any fsspec URL): the model
-      kept beside it, ``models/<sha256>.mjb``. It is untrusted input: its bytes are
-      checked against their name, then loaded first in a short-lived child process
-      (MuJoCo's loader is not memory-safe on crafted files), whose verdict is kept by
-      hash in the cache folder (``FLYARCHIVE_CACHE_DIR``, else
-      ``$XDG_CACHE_HOME/flyarchive``), so later loads of the same model skip it.
+      kept beside it (:func:`kept_model`): on the release that recorded it, its MJB
+      (``models/<sha256>.mjb``); on another, its portable form (``models/<sha256>.mjz``)
+      compiled once per release. It is untrusted input: its bytes are checked against
+      their name, then loaded (or compiled) first in a short-lived child process (MuJoCo's
+      loader is not memory-safe on crafted files), whose verdict (and compiled model) is
+      kept by hash in the cache folder (``FLYARCHIVE_CACHE_DIR``, else
+      ``$XDG_CACHE_HOME/flyarchive``; trusted only when only this user can write it), so
+      later loads of the same model skip it.
     - A local ``.xml`` (MJCF, with its assets beside it) or ``.mjb`` file: a model you
       trust, loaded in this process as :func:`flyarchive.models.load_model` does.
 
@@ -303,11 +627,13 @@ def load_model(source: str | os.PathLike[str],
         The compiled model (host memory).
 
     Raises:
-        ModelLoadError: the archive keeps no model, or MuJoCo refuses the model (another
-            release, a damaged file); a model file that is missing or of another suffix.
+        ModelLoadError: the archive keeps no model, or only an MJB of another release (the
+            message names both and ``flyarchive model attach``), or MuJoCo refuses the
+            model (a damaged file); a model file that is missing or of another suffix.
         UnsafeModelError: the archive's model crashed the child process that loaded it,
             raised ``mujoco.FatalError``, or did not finish; the message names the file.
             Pass a model you trust instead (``model=``, ``--model``).
+        LayoutMismatchError: the portable model compiled here does not fit the archive.
         ArchiveNotFoundError: nothing at the archive's URL.
         CorruptArchiveError, SchemaError: the kept model is missing or damaged.
     """

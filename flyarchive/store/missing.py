@@ -109,10 +109,11 @@ def probe(arr: zarr.Array, cells: np.ndarray) -> list[NeverWritten]:
     return found
 
 
-def missing_error(url: str, name: str, world_ids: np.ndarray, holes: Sequence[Hole]
-                  ) -> CorruptArchiveError:
+def missing_error(url: str, name: str, world_ids: np.ndarray, holes: Sequence[Hole],
+                  advice: str | None = None) -> CorruptArchiveError:
     """The error for committed frames found missing: each hole's variable, worlds (ids and
-    indices), frames and file (the holes of one file merged), and what to do."""
+    indices), frames and file (the holes of one file merged), and what to do (``advice``:
+    :func:`flyarchive.schema.damage_advice`; None: an archive's)."""
     holes = _by_file(holes)
     named = "; ".join(_describe(name, world_ids, hole) for hole in holes[:_MAX_NAMED])
     more = f" and {len(holes) - _MAX_NAMED} more" if len(holes) > _MAX_NAMED else ""
@@ -120,9 +121,10 @@ def missing_error(url: str, name: str, world_ids: np.ndarray, holes: Sequence[Ho
            else "the shard's index marks the chunk as never written")
     return CorruptArchiveError(
         f"Reading {named}{more} from {url!r} failed: {why}, but n_frames says these frames "
-        "were committed. The archive is damaged (a file was deleted, lost or cut short). "
-        f"Run `flyarchive verify {url}` to list every damaged chunk; restore the archive "
-        "from a backup."
+        f"were committed. The {'archive is' if advice is None else 'stored values are'} "
+        "damaged (a file was deleted, lost or cut short). "
+        + (advice or f"Run `flyarchive verify {url}` to list every damaged chunk; restore the "
+           "archive from a backup.")
     )
 
 

@@ -4,7 +4,8 @@ by zarr, and every node written with one round of concurrent requests per step.
 Creating an archive writes (after its root group, :mod:`~flyarchive.store.writer`):
 
 1. the ``zarr.json`` of every array but ``n_frames``, of the ``claims`` group and of the
-   ``models`` group, and the kept model's bytes (:mod:`~flyarchive.store.kept_models`);
+   ``models`` group, and the kept model's bytes, both forms
+   (:mod:`~flyarchive.store.kept_models`);
 2. the values written at creation: labels (``dof``, ``mocap``...), ``world``, world
    variables, and the frame schedule of an archive of fixed capacity;
 3. ``n_frames``'s ``zarr.json``, the marker that the creation completed.
@@ -44,7 +45,7 @@ from flyarchive import codecs
 from flyarchive.record.spec import ArchiveSpec, world_var_dtype
 from flyarchive.schema import TIME_COORDS
 from flyarchive.store.creation import claims_metadata
-from flyarchive.store.kept_models import MODELS_GROUP, model_entry, models_metadata
+from flyarchive.store.kept_models import MODELS_GROUP, model_entry, models_metadata, portable_entry
 from flyarchive.store.location import settled, sync
 
 
@@ -75,9 +76,11 @@ def create_arrays(group: zarr.Group, spec: ArchiveSpec) -> Created:
     groups = {"claims": claims_metadata(world_blocks=bool(spec.capacity_frames))}
     objects = {}
     if spec.model is not None:
-        entry = model_entry(spec.model)
+        objects[model_entry(spec.model)["path"]] = spec.model
+    if spec.portable is not None:
+        objects[portable_entry(spec.portable)["path"]] = spec.portable.blob
+    if objects:
         groups[MODELS_GROUP] = models_metadata()
-        objects[entry["path"]] = spec.model
     planned = _planned_arrays(spec)
     marker = planned.pop()  # n_frames
     arrays = sync(_store(group, planned, groups, objects))

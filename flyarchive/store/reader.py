@@ -23,7 +23,7 @@ import zarr
 from zarr.core.buffer import default_buffer_prototype
 
 from flyarchive.errors import ArchiveNotFoundError, CorruptArchiveError, FlyarchiveError, SchemaError
-from flyarchive.schema import STATE_VARS, validate_attrs
+from flyarchive.schema import STATE_VARS, finite_frames, validate_attrs
 from flyarchive.store import hardening, storage_errors
 from flyarchive.store.copies import check_copies, check_own, read_checked, read_copy
 from flyarchive.store.elsewhere import not_an_archive
@@ -208,16 +208,19 @@ def unreadable(url: str, group: zarr.Group, err: BaseException) -> FlyarchiveErr
     return err if isinstance(err, FlyarchiveError) else damaged_metadata(url, group, err)
 
 
-def corrupt_read(url: str, what: str, err: BaseException) -> CorruptArchiveError:
+def corrupt_read(url: str, what: str, err: BaseException,
+                 advice: str | None = None) -> CorruptArchiveError:
     """The error for stored bytes that fail their checksum or do not decode; ``err`` itself
     when it is already one of these (it names what was read: wrapping it again would say
-    everything twice in one message)."""
+    everything twice in one message). ``advice``: what to do
+    (:func:`flyarchive.schema.damage_advice`); None: run ``verify``."""
     if getattr(err, "names_read", False):
         assert isinstance(err, CorruptArchiveError)
         return err
     error = CorruptArchiveError(
         f"Reading {what} from {url!r} failed: {getattr(err, 'reason', err)}. The stored "
-        f"bytes are damaged; run `flyarchive verify {url}` to list every damaged chunk."
+        "bytes are damaged; " + (advice or f"run `flyarchive verify {url}` to list every "
+                                 "damaged chunk.")
     )
     error.names_read = True  # type: ignore[attr-defined]
     return error
@@ -341,6 +344,82 @@ def damaged_chunks(arr: zarr.Array, *, limit: int | None = None,
             if limit is not None and len(found) >= limit:
                 break
     return found
+
+
+@dataclass(frozen=True)
+class StateDamage:
+    """Committed frames of a state array that do not read back, one block of it (a shard
+    of worlds by a chunk of frames).
+
+    Attributes:
+        worlds: ``(start, stop)`` world indices.
+        frames: ``(start, stop)`` frames.
+        text: The sentence ``verify`` reports.
+    """
+
+    worlds: tuple[int, int]
+    frames: tuple[int, int]
+    text: str
+
+
+def state_blocks(arr: zarr.Array, n_frames: np.ndarray
+            ) -> Iterator[tuple[int, int, int, int, np.ndarray | Exception]]:
+    """Each block of ``arr`` holding committed frames, read: ``(w0, w1, t0, t1, values)``,
+    or the error its read raised in place of the values."""
+    block_w = (arr.shards or arr.chunks)[0]
+    block_t = arr.chunks[1]
+    for w0 in range(0, arr.shape[0], block_w):
+        w1 = min(w0 + block_w, arr.shape[0])
+        for t0 in range(0, int(n_frames[w0:w1].max(initial=0)), block_t):
+            t1 = t0 + block_t
+            try:
+                yield w0, w1, t0, t1, np.asarray(arr[w0:w1, t0:t1])
+            except Exception as err:  # noqa: BLE001 - reported as damage
+                yield w0, w1, t0, t1, err
+
+
+def block_damage(arr: zarr.Array, name: str, n_frames: np.ndarray, w0: int, w1: int, t0: int,
+            t1: int, values: np.ndarray | Exception) -> tuple[StateDamage | None, np.ndarray]:
+    """The damage of one block that :func:`state_blocks` read (None: none), and which of
+    its ``(world, frame)`` cells are committed and finite."""
+    if isinstance(values, Exception):
+        shard_t = (arr.shards or arr.chunks)[1]
+        block_w = (arr.shards or arr.chunks)[0]
+        where = chunk_file(arr, (w0 // block_w, t0 // shard_t) + (0,) * (arr.ndim - 2))
+        return StateDamage((w0, w1), (t0, t1), (
+            f"{name}[worlds {w0}..{w1 - 1}, frames {t0}..{t1 - 1}] (file {where}) is "
+            f"unreadable: {getattr(values, 'reason', values)} (corrupt bytes: checksum "
+            "mismatch or damaged chunk).")), np.zeros((0, 0), dtype=bool)
+    committed = np.arange(t0, t0 + values.shape[1])[None, :] < n_frames[w0:w1, None]
+    finite = finite_frames(values, frame_dims=2)
+    bad = committed & ~finite
+    if not bad.any():
+        return None, committed & finite
+    w, t = np.argwhere(bad)[0]
+    return StateDamage((w0, w1), (t0, min(t1, t0 + values.shape[1])), (
+        f"{name} has {int(bad.sum())} committed frames that are missing or not finite "
+        f"in worlds {w0}..{w1 - 1}, frames {t0}..{t1 - 1} (first: world index "
+        f"{w0 + w}, frame {t0 + t}); a chunk inside n_frames is missing or damaged.")), \
+        committed & finite
+
+
+def state_damage(arr: zarr.Array, name: str, n_frames: np.ndarray) -> list[StateDamage]:
+    """Every block of the state array ``arr`` whose committed frames do not read back
+    (unreadable: a checksum that fails, a file refused; or missing or not finite), read as
+    :func:`flyarchive.store.integrity.verify` reads it.
+
+    Args:
+        arr: A state array ``(world, time, ...)``.
+        name: Its name, for the sentences.
+        n_frames: ``(world,)`` committed frames.
+    """
+    found = []
+    for w0, w1, t0, t1, values in state_blocks(arr, n_frames):
+        damage, _ = block_damage(arr, name, n_frames, w0, w1, t0, t1, values)
+        if damage is not None:
+            found.append(damage)
+    return found
+
 
 
 class StateReader:

@@ -299,6 +299,11 @@ class ShardReader:
             raise _replaced(opened, f"its archive_id is now {now!r}, it was "
                                     f"{opened.archive_id!r}")
 
+    def check_archive(self) -> None:
+        """Check now that the archive is still the one opened (:meth:`_same_archive`), for a
+        reader that answers from values it kept; raises as it does."""
+        self._check_archive()
+
     def _check_archive(self) -> None:
         """Run :meth:`_same_archive` now, with the store's own kind of reads."""
         if self._sync_io:

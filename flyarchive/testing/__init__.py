@@ -22,8 +22,11 @@ and :mod:`~flyarchive.testing.verify_beside`: ``verify`` beside a writer),
 :mod:`~flyarchive.testing.hostile_cases`; :mod:`~flyarchive.testing.checksums`:
 metadata that would switch checksums off; :mod:`~flyarchive.testing.holes`: holes in
 stored state; :mod:`~flyarchive.testing.model_fuzz`: crafted kept models;
+:mod:`~flyarchive.testing.spec_zips`: hostile portable models, other releases' MJBs;
 :mod:`~flyarchive.testing.hostile_outputs`: hostile output folders),
 :mod:`~flyarchive.testing.synthetic` (archives of random states),
+:mod:`~flyarchive.testing.walker` (a six-legged walker of known gait, as positions, poses or a
+DeepLabCut file),
 :mod:`~flyarchive.testing.ways_in` (every way into an archive, side by side;
 :mod:`~flyarchive.testing.forks`: many capped jobs forked from one child),
 :mod:`~flyarchive.testing.view` (the web viewer in a Chromium page),
@@ -36,6 +39,8 @@ Public, as ``zarr.testing``: every module here declares ``__all__``.
 from __future__ import annotations
 
 import math
+import struct
+import zlib
 from collections.abc import Callable
 from pathlib import Path
 
@@ -44,7 +49,7 @@ import numpy as np
 from numpy.typing import ArrayLike
 
 __all__ = [
-    "TINY_XML", "SLIDER_XML", "TWO_HINGES_XML", "tiny_model", "slider_model", "slider_columns",
+    "TINY_XML", "SLIDER_XML", "TWO_HINGES_XML", "MESHED_XML", "write_meshed_model", "tiny_model", "slider_model", "slider_columns",
     "block_columns", "simulate", "perturb", "reference_frames", "rgb_to_i420", "shard_file",
     "flip_bits",
 ]
@@ -118,6 +123,51 @@ TWO_HINGES_XML = """
   </worldbody>
 </mujoco>
 """
+
+
+# The tiny model with files beside it: a mesh on the torso (assets/shell.obj) and a texture
+# on the floor (assets/grid.png), found through the compiler's meshdir and texturedir. Its
+# layout, bodies and qpos0 are the tiny model's (:func:`write_meshed_model` writes it).
+MESHED_XML = TINY_XML.replace(
+    '<mujoco model="tiny">',
+    '<mujoco model="meshed">\n  <compiler meshdir="assets" texturedir="assets"/>\n  <asset>\n'
+    '    <mesh name="shell" file="shell.obj" scale="0.1 0.08 0.04"/>\n'
+    '    <texture name="grid" type="2d" file="grid.png"/>\n'
+    '    <material name="grid" texture="grid" texrepeat="4 4"/>\n  </asset>',
+).replace('rgba="0.3 0.3 0.3 1"/>', 'material="grid"/>', 1).replace(
+    '<geom type="box" size="0.15 0.1 0.05" rgba="0.8 0.2 0.2 1"/>',
+    '<geom type="box" size="0.15 0.1 0.05" rgba="0.8 0.2 0.2 1"/>\n'
+    '      <geom type="mesh" mesh="shell" pos="0 0 0.08" mass="0.01" contype="0" conaffinity="0"/>')
+
+_CUBE_OBJ = "".join(f"v {x} {y} {z}\n" for x in (-1, 1) for y in (-1, 1) for z in (-1, 1)) + (
+    "f 1 3 4\nf 1 4 2\nf 5 6 8\nf 5 8 7\nf 1 2 6\nf 1 6 5\n"
+    "f 3 7 8\nf 3 8 4\nf 1 5 7\nf 1 7 3\nf 2 4 8\nf 2 8 6\n")
+
+
+def _png(width: int, height: int) -> bytes:
+    """A ``width`` x ``height`` RGB PNG of a two-colour checker (no image library needed)."""
+    rows = b"".join(b"\x00" + bytes(
+        c for x in range(width) for c in ((200, 200, 200) if (x // 4 + y // 4) % 2 else (60, 60, 90)))
+        for y in range(height))
+
+    def chunk(tag: bytes, data: bytes) -> bytes:
+        return struct.pack(">I", len(data)) + tag + data + struct.pack(">I", zlib.crc32(tag + data))
+
+    header = struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0)
+    return (b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", header) + chunk(b"IDAT", zlib.compress(rows))
+            + chunk(b"IEND", b""))
+
+
+def write_meshed_model(folder: str | Path, name: str = "fly.xml") -> Path:
+    """Write :data:`MESHED_XML` as ``folder/name`` with its files in ``folder/assets``
+    (``shell.obj``, a box mesh; ``grid.png``, a 16x16 checker); the XML's path."""
+    folder = Path(folder)
+    (folder / "assets").mkdir(parents=True, exist_ok=True)
+    (folder / "assets" / "shell.obj").write_text(_CUBE_OBJ)
+    (folder / "assets" / "grid.png").write_bytes(_png(16, 16))
+    path = folder / name
+    path.write_text(MESHED_XML)
+    return path
 
 
 def tiny_model() -> mujoco.MjModel:

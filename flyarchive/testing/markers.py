@@ -20,8 +20,8 @@ __all__ = [
     "has_module", "has_cuda", "WARP_DEVICE", "WARP_BACKEND", "requires_warp", "requires_cuda",
     "requires_no_cuda", "requires_flygym", "requires_flygym_files", "requires_distributed",
     "requires_s3", "requires_linux_sys", "OTHER_PYTHON", "requires_other_mujoco",
-    "requires_movement", "requires_nwb", "opengl_vendor", "CHROMIUM", "CHROMIUM_ARGS",
-    "requires_chromium", "requires_view",
+    "requires_movement", "requires_nwb", "requires_nwbinspector", "opengl_vendor", "CHROMIUM",
+    "CHROMIUM_ARGS", "requires_chromium", "requires_view",
 ]
 
 
@@ -110,8 +110,11 @@ requires_movement = pytest.mark.skipif(
     reason="needs movement: pip install 'flyarchive[movement]'",
 )
 requires_nwb = pytest.mark.skipif(
-    not (has_module("pynwb") and has_module("ndx_pose")),
-    reason="needs pynwb and ndx-pose: pip install 'flyarchive[nwb]'",
+    not (has_module("pynwb") and has_module("ndx_pose") and has_module("yaml")),
+    reason="needs pynwb, ndx-pose and PyYAML: pip install 'flyarchive[nwb]'",
+)
+requires_nwbinspector = pytest.mark.skipif(
+    not has_module("nwbinspector"), reason="needs nwbinspector: pip install 'flyarchive[nwb]'",
 )
 #: The interpreter of an environment with the other MuJoCo line than this one (3.16 or 4.x),
 #: from ``FLYARCHIVE_TEST_OTHER_PYTHON`` (``bash scripts/dev.sh test`` makes both

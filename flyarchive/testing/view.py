@@ -1,5 +1,7 @@
-"""Harness of the viewer's tests: a small archive with world variables, a viewer served in
-this process on a free port, its log lines, and a Chromium page driven by Playwright.
+"""Harness of the viewer's tests and its benchmark: a small archive with world variables,
+a viewer served in this process on a free port, its log lines, requests as a client sends
+them (whole, or as raw bytes: :func:`exchange`), connections that never finish their
+request (:func:`half_open`), and a Chromium page driven by Playwright.
 
 Needs aiohttp (``flyarchive[view]``); the page helpers need playwright and Chromium
 (:data:`flyarchive.testing.markers.CHROMIUM`).
@@ -7,14 +9,21 @@ Needs aiohttp (``flyarchive[view]``); the page helpers need playwright and Chrom
 
 from __future__ import annotations
 
+import json
 import logging
+import socket
+import time
+import urllib.error
+import urllib.request
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
+from urllib.parse import urlsplit
 
 import numpy as np
 
-__all__ = ["WORLD_VARS", "view_archive", "LogLines", "serving", "open_page", "wait_ready"]
+__all__ = ["WORLD_VARS", "view_archive", "LogLines", "serving", "origin", "ask", "exchange",
+           "half_open", "closed_by_server", "open_page", "wait_ready"]
 
 #: The world variables of :func:`view_archive`'s four worlds.
 WORLD_VARS = {"success": np.array([1, 0, 1, 0]), "distance": np.array([6.0, 2.0, 7.5, np.nan])}
@@ -64,6 +73,73 @@ def serving(url: str, **viewer: Any) -> Iterator[tuple[Any, LogLines]]:
     finally:
         served.stop()
         log.removeHandler(lines)
+
+
+def origin(served: Any) -> str:
+    """``http://127.0.0.1:PORT`` of a viewer (``served.url`` without path and token)."""
+    return "{0.scheme}://{0.netloc}".format(urlsplit(served.url))
+
+
+def ask(url: str, *, method: str = "GET", headers: dict[str, str] | None = None,
+        body: Any = None, data: bytes | None = None, timeout: float = 60
+        ) -> tuple[int, dict[str, str], bytes]:
+    """One request as a client sends it: ``body`` as JSON (or ``data`` as it is).
+    Returns ``(status, headers, body)``, errors included."""
+    if body is not None:
+        data = json.dumps(body).encode()
+    request = urllib.request.Request(url, data=data, method=method, headers=headers or {})
+    try:
+        with urllib.request.urlopen(request, timeout=timeout) as response:
+            return response.status, dict(response.headers), response.read()
+    except urllib.error.HTTPError as err:
+        return err.code, dict(err.headers), err.read()
+
+
+def exchange(url: str, raw: bytes, *, timeout: float = 30) -> bytes:
+    """Send ``raw`` bytes to the server of ``url`` on a new connection; what it answers
+    until it closes the connection (or ``timeout`` seconds pass without a byte)."""
+    parts = urlsplit(url)
+    with socket.create_connection((parts.hostname, parts.port), timeout=timeout) as sock:
+        try:
+            sock.sendall(raw)
+        except OSError:  # closed by the server while sending: read what it said
+            pass
+        chunks = []
+        try:
+            while chunk := sock.recv(1 << 16):
+                chunks.append(chunk)
+        except (TimeoutError, ConnectionResetError):
+            pass
+    return b"".join(chunks)
+
+
+def half_open(url: str, n: int, *, head: bytes = b"GET / HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+              ) -> list[socket.socket]:
+    """``n`` connections to the server of ``url`` that each send the start of ``head``
+    and never finish it (the slow clients of a "slowloris"); the caller closes them."""
+    parts = urlsplit(url)
+    held = []
+    for _ in range(n):
+        sock = socket.create_connection((parts.hostname, parts.port), timeout=30)
+        sock.sendall(head)
+        held.append(sock)
+    return held
+
+
+def closed_by_server(sock: socket.socket, timeout: float) -> bool:
+    """Whether the server closes ``sock`` within ``timeout`` seconds (what it answers
+    first is read and dropped)."""
+    deadline = time.monotonic() + timeout
+    while (left := deadline - time.monotonic()) > 0:
+        sock.settimeout(left)
+        try:
+            if not sock.recv(1 << 16):
+                return True
+        except TimeoutError:
+            return False
+        except OSError:  # reset: closed too
+            return True
+    return False
 
 
 def open_page(browser: Any, url: str) -> Any:

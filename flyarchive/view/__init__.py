@@ -8,6 +8,15 @@ Modules (none is public; the command line is the way in):
   the address with its access token; :class:`~flyarchive.view.app.Viewer` answers the API;
 - :mod:`~flyarchive.view.server`: the aiohttp application: token and ``Host`` checks on
   every request, fixed routes, the page's files, the JSON API, videos by job number;
+  every refusal one line with its status (400, 408, 409, 413, 429, 503), never a
+  traceback;
+- :mod:`~flyarchive.view.connections`: the accept loop in front of aiohttp: a budget of
+  connections below the descriptor limit, deadlines for a request's head, connections
+  that never showed the token closed first;
+- :mod:`~flyarchive.view.limits`: the bounds of one viewer (connections, timeouts, what
+  one request may cost, the render queue), checked before any work;
+- :mod:`~flyarchive.view.logs`: log lines safe for a terminal (control characters
+  escaped, the token never printed);
 - :mod:`~flyarchive.view.archive`: the viewed archive (opened again when it was replaced),
   its world table columns, states read per world (without dask) and cached, the model;
 - :mod:`~flyarchive.view.expressions`: filter expressions over world variables, parsed
@@ -17,13 +26,17 @@ Modules (none is public; the command line is the way in):
 - :mod:`~flyarchive.view.poses`: the model's visible geoms for three.js, and their poses
   by forward kinematics (``mujoco.mj_kinematics``);
 - :mod:`~flyarchive.view.renders`: render on demand through
-  :func:`flyarchive.render_videos`, one warm renderer, progress.
+  :func:`flyarchive.render_videos`, one warm renderer, progress; a bounded queue that
+  serves pages in turn.
 
 The page (``static/``) is plain JavaScript modules with three.js (3D view, orbit controls)
 and uPlot (traces), vendored from npm with their licences (``static/vendor/``): nothing
-is fetched from the internet at run time. ``poseframes.js`` keeps the poses of the shown
-worlds in the page (fetched in blocks after a selection), so that a cursor move asks
-the server nothing.
+is fetched from the internet at run time. ``app.js`` puts the page together; ``api.js``
+is the API as every part of the page calls it (token, the page's id, the archive it
+shows, one-line errors): a new panel (a plot) imports it and adds its own module;
+``text.js`` shows archive text with its control characters escaped; ``poseframes.js``
+keeps the poses of the shown worlds in the page (fetched in blocks after a selection), so
+that a cursor move asks the server nothing.
 
 Start-up: the command reads the archive's header only (no xarray, no dask) and listens;
 the model loads after the first page's table, on a thread of its own

@@ -9,6 +9,7 @@ import asyncio
 import gc
 import ipaddress
 import logging
+import math
 import socket
 import sys
 import threading
@@ -18,10 +19,20 @@ from typing import Any
 
 import numpy as np
 
-from flyarchive.errors import FlyarchiveError, OptionsError, OutputLocationError, SelectionError
+from flyarchive.errors import (
+    ArchiveReplacedError,
+    FlyarchiveError,
+    OptionsError,
+    OutputLocationError,
+    SelectionError,
+    did_you_mean,
+)
 from flyarchive.view import poses as poses_
 from flyarchive.view import traces as traces_
 from flyarchive.view.archive import ViewedArchive, load_viewed_model
+from flyarchive.view.limits import Limits, check_cost
+from flyarchive.view.logs import SafeLines, visible
+from flyarchive.view.renders import MAX_WORLDS as RENDER_WORLDS
 from flyarchive.view.renders import Renders, best_backend
 
 log = logging.getLogger("flyarchive.view")
@@ -36,6 +47,15 @@ class Viewer:
     the server listens (:meth:`warm_up`), so that the first page does not wait for it:
     requests that need it wait.
 
+    Args:
+        url, storage_options: The archive.
+        model_path: A model file to pose and render with; None: the one kept beside the
+            archive.
+        out: The folder videos are rendered into (made if missing).
+        backend: The renderer (:func:`~flyarchive.view.renders.best_backend` if None).
+        limits: What one request may cost, how many renders may wait
+            (:class:`~flyarchive.view.limits.Limits`).
+
     Raises:
         As :func:`flyarchive.store.opening.open_header` (before anything is served),
         ModelLoadError: no file at ``model_path``, and
@@ -44,7 +64,8 @@ class Viewer:
 
     def __init__(self, url: str, *, storage_options: Mapping[str, Any] | None = None,
                  model_path: str | None = None, out: str | Path = "view-videos",
-                 backend: str | None = None) -> None:
+                 backend: str | None = None, limits: Limits | None = None) -> None:
+        self.limits = limits or Limits()
         self.viewed = ViewedArchive(url, storage_options)
         self.out = _output_folder(out)
         if model_path and not Path(model_path).is_file():
@@ -56,8 +77,11 @@ class Viewer:
         self._model_loaded = threading.Event()
         self._model_lock = threading.Lock()
         self.first_page = threading.Event()
+        self._closing = threading.Event()
+        self._warming: threading.Thread | None = None
         self._scene: tuple[dict[str, Any], bytes] | None = None
-        self.renders = Renders(self.viewed, None, self.out, backend or best_backend())
+        self.renders = Renders(self.viewed, None, self.out, backend or best_backend(),
+                               self.limits)
 
     # ------------------------------------------------------------------ loading
     def warm_up(self, wait_for_page_s: float = 2.0, *, freeze: bool = False) -> None:
@@ -78,12 +102,23 @@ class Viewer:
 
         def work() -> None:
             self.first_page.wait(wait_for_page_s)
+            if self._closing.is_set():
+                return
             self.load_model()
             if freeze:
                 gc.collect()
                 gc.freeze()
 
-        threading.Thread(target=work, name="flyarchive-view-warm-up", daemon=True).start()
+        self._warming = threading.Thread(target=work, name="flyarchive-view-warm-up", daemon=True)
+        self._warming.start()
+
+    def close(self, timeout_s: float = 60.0) -> None:
+        """Let a warm-up under way end (a model being loaded is loaded; one not begun is
+        not): nothing of this viewer runs on after it is stopped."""
+        self._closing.set()
+        self.first_page.set()
+        if self._warming is not None:
+            self._warming.join(timeout_s)
 
     def load_model(self) -> Any:
         """The model (loaded once, here or by :meth:`warm_up`); None when there is none
@@ -93,7 +128,9 @@ class Viewer:
                 return self.model
             url, storage_options, model_path = self._model_source
             try:
-                self.model = load_viewed_model(url, storage_options, model_path)
+                model = load_viewed_model(url, storage_options, model_path)
+                _check_fits(model, self.viewed.attrs)
+                self.model = model
             except FlyarchiveError as err:
                 self.model_problem = str(err)
                 log.warning("no 3D view or renders: %s", err)
@@ -135,34 +172,97 @@ class Viewer:
                 "bodies": _bodies(model) if model is not None else []}
 
     def reopen(self) -> None:
-        """Open the archive again (after it was replaced); keep the model if it still fits."""
-        self.viewed.open()
+        """Open the archive again (after it was replaced): its header, world table and
+        states, and its model (the kept one, or the ``--model`` file checked against the
+        new archive); renders still waiting are dropped (they were asked of the old one).
+
+        Raises:
+            As :func:`flyarchive.store.opening.open_header`.
+        """
+        with self._model_lock:
+            self.viewed.open()
+            self.model, self.poser, self._scene, self.model_problem = None, None, None, ""
+            self.renders.model = None
+            self.renders.drop_waiting("the archive was opened again; ask for it again")
+            self._model_loaded.clear()
+        self.load_model()
         log.info("opened %s again (%d worlds x %d frames)", self.viewed.url,
                  len(self.viewed.world_ids), len(self.viewed.times))
 
+    def check_archive(self, shown: str | None) -> None:
+        """Before an answer from the archive: is it still the one the viewer opened, and
+        the one the page shows?
+
+        Args:
+            shown: The ``archive_id`` the page shows (its ``X-Flyarchive-Archive``
+                header); None: not said (a client other than the page).
+
+        Raises:
+            ArchiveReplacedError: replaced or deleted since it was opened
+                (:meth:`ViewedArchive.check_same`), or opened again since the page was
+                (another ``archive_id``).
+            StorageError: the storage did not answer.
+        """
+        viewed = self.viewed
+        if shown is not None and shown != viewed.archive_id:
+            raise ArchiveReplacedError(
+                f"This page shows the archive {visible(shown, 80)!r}; the viewer has opened "
+                f"{viewed.url!r} again since (archive_id {viewed.archive_id!r}). Open it again "
+                "here (or reload the page) to see it.")
+        viewed.check_same()
+
     def traces(self, query: Mapping[str, str]) -> bytes:
         """Min/max-per-column traces of the selected worlds (see
-        :mod:`flyarchive.view.traces`), packed for the page (:func:`traces_.pack`)."""
-        viewed = self.viewed
-        worlds = _worlds(query.get("worlds", ""))
+        :mod:`flyarchive.view.traces`), packed for the page (:func:`traces_.pack`).
+
+        Raises:
+            SelectionError: a bad parameter (unknown world or dof, a time that is no
+                number, start after end, no frame between them).
+            RequestTooLargeError: worlds x dofs, the states read or the answer past
+                :class:`~flyarchive.view.limits.Limits`.
+        """
+        viewed, limits = self.viewed, self.limits
+        worlds = list(dict.fromkeys(_worlds(query.get("worlds", ""))))  # each world once
         width = _number(query, "width", 800, int)
         traces_.check_request(worlds, width)
+        viewed.index_of(worlds)
         window = viewed.frame_window(_number(query, "start", None, float),
                                      _number(query, "end", None, float))
         times = viewed.times[window]
-        if query.get("keypoint"):
-            labels, values = traces_.keypoint_values(viewed.ds, worlds, query["keypoint"], window,
-                                                     model=self._model_for("keypoint traces"))
+        keypoint = query.get("keypoint", "")
+        if keypoint:
+            bodies = _bodies(self._model_for("keypoint traces"))
+            if keypoint not in bodies:
+                raise SelectionError(
+                    f"The model has no body {visible(keypoint, 60)!r}."
+                    f"{did_you_mean(keypoint[:100], bodies)} It has {len(bodies)} bodies, e.g. "
+                    f"{', '.join(map(repr, bodies[:6]))}.")
+            labels = [f"{keypoint}/{axis}" for axis in "xyz"]
         else:
             labels = traces_.dof_choices(viewed.dofs, leg=query.get("leg", ""),
-                                         joint=query.get("joint", ""), axis=query.get("axis", ""),
-                                         dof=query.get("dof", ""))
+                                         joint=query.get("joint", ""),
+                                         axis=query.get("axis", ""), dof=query.get("dof", ""))
+        lines = len(worlds) * len(labels)
+        narrow = "Select fewer worlds or dofs, or a shorter time window."
+        check_cost("The traces", lines, limits.max_trace_lines, "lines", narrow)
+        check_cost("The states read for the traces",
+                   len(worlds) * len(viewed.times) * viewed.state_values * 8,
+                   limits.max_read_bytes, "bytes", "Select fewer worlds.")
+        points = min(len(times), 2 * width)  # what min_max_columns keeps at most
+        check_cost("The traces' answer", lines * points * 8, limits.max_out_bytes, "bytes",
+                   narrow + " Or a narrower plot.")
+        if keypoint:
+            labels, values = traces_.keypoint_values(viewed.ds, worlds, keypoint, window,
+                                                     model=self._model_for("keypoint traces"))
+            t, v = traces_.min_max_columns(times, values.reshape(-1, values.shape[-1]), width)
+        else:
             columns = [viewed.dofs.index(label) for label in labels]
-            states = viewed.states(worlds)
-            values = np.stack([s["qpos"][window][:, columns].T for s in states])
-        t, v = traces_.min_max_columns(times, values.reshape(-1, values.shape[-1]), width)
-        lines = [(worlds[i // len(labels)], labels[i % len(labels)]) for i in range(len(v))]
-        return traces_.pack({"labels": labels, "lines": lines, "frames": int(len(times))}, t, v)
+            parts = [traces_.min_max_columns(times, s["qpos"][window][:, columns].T, width)
+                     for s in viewed.states(worlds)]  # world by world: memory of one
+            t, v = parts[0][0], np.concatenate([p[1] for p in parts])
+        lines_of = [(worlds[i // len(labels)], labels[i % len(labels)]) for i in range(len(v))]
+        return traces_.pack({"labels": labels, "lines": lines_of, "frames": int(len(times))},
+                            t, v)
 
     def scene(self) -> tuple[dict[str, Any], bytes]:
         """The model's visible geoms for the 3D view (built once)."""
@@ -176,7 +276,7 @@ class Viewer:
         """Geom poses of worlds over frames ``start .. start + count - 1``, float32
         ``(worlds, count, geoms + 1, 12)`` as bytes (:meth:`Poser.poses`)."""
         self._model_for("3D view")
-        worlds = _worlds(query.get("worlds", ""))
+        worlds = list(dict.fromkeys(_worlds(query.get("worlds", ""))))
         if not worlds or len(worlds) > poses_.MAX_WORLDS:
             raise SelectionError(f"Show 1 to {poses_.MAX_WORLDS} worlds side by side, not "
                                  f"{len(worlds)}.")
@@ -187,20 +287,43 @@ class Viewer:
             raise SelectionError(f"Frames {start} + {count}: the archive has frames 0 to {n - 1}, "
                                  f"and one request covers 1 to {poses_.MAX_FRAMES}.")
         frames = list(range(start, min(start + count, n)))
-        self.viewed.check_same()
+        check_cost("The states read for the poses",
+                   len(worlds) * n * self.viewed.state_values * 8, self.limits.max_read_bytes,
+                   "bytes", "Show fewer worlds side by side.")
+        check_cost("The poses' answer", len(worlds) * len(frames) * (len(self.poser.geoms) + 1) * 48,
+                   self.limits.max_out_bytes, "bytes", "Ask for fewer frames at once.")
         states = self.viewed.states(worlds)
         out = np.stack([self.poser.poses(s, frames) for s in states])
         return out.tobytes(), out.shape
 
-    def render(self, body: Mapping[str, Any]) -> dict[str, Any]:
-        """Queue a render (:class:`~flyarchive.view.renders.Renders`); its job as JSON."""
-        self.load_model()
-        worlds = [int(w) for w in body.get("worlds", []) if isinstance(w, (int, float))]
-        camera = str(body.get("camera") or "")
-        size = _size(str(body.get("size") or "240x320"))
-        start, end = (_float_or_none(body.get(k)) for k in ("start", "end"))
-        return self.renders.submit(worlds, camera, start, end, size).as_json()
+    def render(self, body: Any, *, client: str = "") -> dict[str, Any]:
+        """Queue a render (:class:`~flyarchive.view.renders.Renders`) asked for by
+        ``client`` (the page's id); its job as JSON.
 
+        Args:
+            body: ``{"worlds": [ids], "camera": name, "size": "HxW", "start": s, "end": s}``
+                (size, start and end optional).
+
+        Raises:
+            SelectionError: a body that is not such an object (each key's problem said).
+            RequestTooLargeError, ServerBusyError: as :meth:`Renders.submit`.
+        """
+        if not isinstance(body, dict):
+            raise SelectionError("A render request is a JSON object: {\"worlds\": [0, 3], "
+                                 "\"camera\": \"...\", \"size\": \"240x320\"}.")
+        unknown = sorted(set(body) - {"worlds", "camera", "size", "start", "end"})
+        if unknown:
+            raise SelectionError(f"A render request has no key {visible(unknown[0], 40)!r}; its "
+                                 "keys are worlds, camera, size, start and end.")
+        worlds = _world_ids(body.get("worlds"))
+        camera = body.get("camera") or ""
+        size = body.get("size") or "240x320"
+        if not isinstance(camera, str) or not isinstance(size, str):
+            raise SelectionError("camera and size are text: \"front\", \"240x320\".")
+        start, end = (_seconds(body.get(k), k) for k in ("start", "end"))
+        self.load_model()
+        return self.renders.submit(worlds, camera, start, end, _size(size),
+                                   client=client).as_json()
 
     def _model_for(self, what: str) -> Any:
         """The model (waits for it); SelectionError when there is none."""
@@ -217,23 +340,68 @@ def _bodies(model: Any) -> list[str]:
             for b in range(1, model.nbody)]
 
 
+def _check_fits(model: Any, attrs: Mapping[str, Any]) -> None:
+    """Refuse a model whose joints are not the archive's (its ``layout`` attribute).
+
+    Raises:
+        LayoutMismatchError: naming both sides.
+    """
+    from flyarchive.layout import ModelLayout, check_compatible
+
+    if "layout" in attrs:
+        check_compatible(ModelLayout.from_attrs(attrs["layout"]), ModelLayout.from_model(model))
+
+
 def _worlds(text: str) -> list[int]:
     """``"0,3,7"`` -> ``[0, 3, 7]`` (the page sends world ids, comma-separated)."""
     try:
         return [int(part) for part in text.split(",") if part.strip()]
     except ValueError:
-        raise SelectionError(f"Cannot read worlds {text!r}; the page sends ids like '0,3,7'.") \
-            from None
+        raise SelectionError(f"Cannot read worlds {visible(text, 60)!r}; the page sends ids "
+                             "like '0,3,7'.") from None
+
+
+def _world_ids(value: Any) -> list[int]:
+    """The world ids of a render request: a list of whole numbers (each once).
+
+    Raises:
+        SelectionError: anything else (text, NaN, infinity, fractions, nesting).
+    """
+    if not isinstance(value, list):
+        raise SelectionError(f"worlds must be a list of world ids such as [0, 3], not "
+                             f"{visible(repr(value), 60)}.")
+    if len(value) > 10_000:
+        raise SelectionError(f"worlds lists {len(value):,} ids; a render tiles at most "
+                             f"{RENDER_WORLDS}.")
+    ids = []
+    for w in value:
+        whole = isinstance(w, int) and not isinstance(w, bool) or \
+            isinstance(w, float) and math.isfinite(w) and w.is_integer()
+        if not whole or not -2**63 <= w < 2**63:
+            raise SelectionError(f"worlds must hold whole numbers (world ids), not "
+                                 f"{visible(repr(w), 60)}.")
+        ids.append(int(w))
+    return list(dict.fromkeys(ids))
+
+
+def _seconds(value: Any, name: str) -> float | None:
+    """A render's ``start`` or ``end``: a finite number of seconds, or None."""
+    if value is None or value == "":
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or \
+            not math.isfinite(float(value)):
+        raise SelectionError(f"{name} must be a number of seconds, not "
+                             f"{visible(repr(value), 60)}.")
+    return float(value)
 
 
 def _size(text: str) -> tuple[int, int]:
     """``"240x320"`` -> ``(240, 320)`` (height x width; checked by RenderOptions)."""
     height, sep, width = text.lower().partition("x")
-    try:
-        return int(height), int(width)
-    except ValueError:
-        raise SelectionError(f"Cannot read size {text!r}; write HEIGHTxWIDTH, e.g. 240x320.") \
-            from None
+    if not (sep and height.isdigit() and width.isdigit() and len(height) < 7 and len(width) < 7):
+        raise SelectionError(f"Cannot read size {visible(text, 40)!r}; write HEIGHTxWIDTH, "
+                             "e.g. 240x320.")
+    return int(height), int(width)
 
 
 def _number(query: Mapping[str, str], name: str, default: Any, kind: Any) -> Any:
@@ -241,18 +409,13 @@ def _number(query: Mapping[str, str], name: str, default: Any, kind: Any) -> Any
     if text == "":
         return default
     try:
-        return kind(text)
+        value = kind(text) if len(text) <= 40 else None
     except ValueError:
-        raise SelectionError(f"{name} must be a number, not {text!r}.") from None
-
-
-def _float_or_none(value: Any) -> float | None:
-    if value is None or value == "":
-        return None
-    try:
-        return float(value)
-    except (TypeError, ValueError):
-        raise SelectionError(f"A time must be a number of seconds, not {value!r}.") from None
+        value = None
+    if value is None or kind is float and not math.isfinite(value):
+        raise SelectionError(f"{name} must be a {'whole ' if kind is int else ''}number, not "
+                             f"{visible(text, 40)!r}.")
+    return value
 
 
 def _output_folder(out: str | Path) -> Path:
@@ -287,59 +450,106 @@ def exposure_warning(host: str) -> str:
 
 
 class Served:
-    """A running viewer: :func:`start` returns it; ``url`` is the address with the token."""
+    """A running viewer: :func:`start` returns it; ``url`` is the address with the token.
 
-    def __init__(self, viewer: Viewer, runner: Any, loop: asyncio.AbstractEventLoop,
-                 thread: threading.Thread | None, url: str, token: str) -> None:
-        self.viewer, self.runner, self.loop, self.thread = viewer, runner, loop, thread
+    Attributes:
+        viewer: The :class:`Viewer`.
+        connections: Its accept loop (:class:`~flyarchive.view.connections.Connections`).
+        url, token: The address to open, and its token.
+    """
+
+    def __init__(self, viewer: Viewer, app: Any, runner: Any, connections: Any,
+                 lines: SafeLines, loop: asyncio.AbstractEventLoop, thread: threading.Thread,
+                 url: str, token: str) -> None:
+        self.viewer, self.app, self.runner, self.connections = viewer, app, runner, connections
+        self.lines, self.loop, self.thread = lines, loop, thread
         self.url, self.token = url, token
+        self._stopped = False
 
     def stop(self) -> None:
-        """Stop serving (idempotent)."""
-        if self.loop.is_closed():
+        """Stop serving: close every connection, drop waiting renders (idempotent)."""
+        if self._stopped:
             return
-        future = asyncio.run_coroutine_threadsafe(self.runner.cleanup(), self.loop)
-        future.result(timeout=10)
-        self.loop.call_soon_threadsafe(self.loop.stop)
-        if self.thread is not None:
+        self._stopped = True
+
+        async def down() -> None:
+            await self.connections.close()
+            await self.runner.cleanup()
+
+        try:
+            asyncio.run_coroutine_threadsafe(down(), self.loop).result(timeout=10)
+        finally:
+            self.loop.call_soon_threadsafe(self.loop.stop)
             self.thread.join(timeout=10)
-        self.viewer.renders.close()
+            self.app.close()
+            self.viewer.renders.close()
+            self.viewer.close()
+            self.lines.detach()
 
 
 def start(viewer: Viewer, *, host: str = "127.0.0.1", port: int = 0,
           token: str | None = None, freeze_gc: bool = False) -> Served:
-    """Serve ``viewer`` on a thread of its own; returns once it listens. ``freeze_gc``:
-    the process is only the viewer (see :meth:`Viewer.warm_up`).
+    """Serve ``viewer`` on a thread of its own, within its limits (``viewer.limits``:
+    connections, timeouts, costs); returns once it listens. ``freeze_gc``: the process is
+    only the viewer (see :meth:`Viewer.warm_up`).
 
     Raises:
         OptionsError: the port cannot be listened on (in use, not allowed).
     """
     from aiohttp import web
 
+    from flyarchive.view.connections import Connections
+    from flyarchive.view.logs import HTTP_LOGGER
     from flyarchive.view.server import ViewApp
 
+    limits = viewer.limits
     try:
-        sock = socket.create_server((host, port))
+        sock = socket.create_server((host, port), backlog=1024)
     except OSError as err:
         raise OptionsError(f"Cannot serve on {host}:{port} ({err.strerror or err}). Pass another "
                            "--port, or 0 for any free one.") from None
     bound = int(sock.getsockname()[1])
-    app = ViewApp(viewer, token)
+    app = ViewApp(viewer, token, limits)
     app.serve_on({host, *LOOPBACK, "[::1]"} if host in LOOPBACK else {host}, bound)
+    lines = SafeLines([app.token])  # log lines: control characters escaped, no token
+    lines.attach()
     loop = asyncio.new_event_loop()
-    runner = web.AppRunner(app.app, access_log=None, handle_signals=False)
+    # aiohttp's own bounds: request line and headers, idle keep-alive connections, and
+    # the unread rest of a refused body (read and dropped at most that long, then closed);
+    # the accept loop (Connections) adds what aiohttp has not
+    runner = web.AppRunner(app.app, access_log=None, handle_signals=False,
+                           keepalive_timeout=limits.idle_timeout_s,
+                           lingering_time=min(limits.body_timeout_s, 2.0),
+                           max_line_size=limits.max_line_bytes,
+                           max_field_size=limits.max_field_bytes, max_headers=limits.max_headers,
+                           logger=logging.getLogger(HTTP_LOGGER))
 
-    async def listen() -> None:
+    async def listen() -> Connections:
         await runner.setup()
-        await web.SockSite(runner, sock).start()
+        connections = Connections(sock, runner.server, limits)
+        app.connections = connections
+        connections.start()
+        return connections
 
     thread = threading.Thread(target=loop.run_forever, name="flyarchive-view-server", daemon=True)
     thread.start()  # the loop runs on its own thread: the caller may run another loop
-    asyncio.run_coroutine_threadsafe(listen(), loop).result(timeout=60)
+    connections = asyncio.run_coroutine_threadsafe(listen(), loop).result(timeout=60)
+    log.info("serving at most %d connections at once (file descriptor limit %s)",
+             connections.budget, _descriptor_limit())
     viewer.warm_up(freeze=freeze_gc)
     shown = f"[{host}]" if ":" in host else host
-    return Served(viewer, runner, loop, thread, f"http://{shown}:{bound}/?token={app.token}",
-                  app.token)
+    return Served(viewer, app, runner, connections, lines, loop, thread,
+                  f"http://{shown}:{bound}/?token={app.token}", app.token)
+
+
+def _descriptor_limit() -> str:
+    try:
+        import resource
+
+        soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+    except (ImportError, OSError):
+        return "unknown"
+    return "unlimited" if soft < 0 else str(soft)
 
 
 def run_view(url: str, *, storage_options: Mapping[str, Any] | None = None,

@@ -16,16 +16,18 @@ to be the archive whose header the page shows.
 
 from __future__ import annotations
 
+import math
 import threading
 from collections import OrderedDict
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import TimeoutError as FutureTimeout
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import Any
 
 import numpy as np
 
-from flyarchive.errors import ArchiveReplacedError, SelectionError
+from flyarchive.errors import ArchiveReplacedError, SelectionError, StorageError
 
 #: Bytes of states kept in memory (whole worlds: 1000 NeuroMechFly frames are 0.58 MB).
 CACHE_BYTES = 512 << 20
@@ -34,6 +36,9 @@ STATES = ("qpos", "mocap_pos", "mocap_quat")
 #: Worlds read at once: reading and decoding release the GIL in part (50 NeuroMechFly
 #: worlds of 1000 frames on 2 busy cores: 600 ms one at a time, 300 ms four at a time).
 READERS = 4
+#: Seconds a request waits for the archive's check (:meth:`ViewedArchive.check_same`)
+#: before it is told that the storage does not answer.
+CHECK_WAIT_S = 5.0
 
 
 def _state_getters(header: Any, url: str, storage_options: Mapping[str, Any] | None
@@ -119,6 +124,8 @@ class ViewedArchive:
         self._ds: Any = None
         self._getters: dict[str, Any] = {}
         self._opening = threading.Lock()  # one opening of the dataset at a time
+        self._checker = ThreadPoolExecutor(1, thread_name_prefix="flyarchive-view-check")
+        self._checking: Future[None] | None = None
         self.open()
 
     # ------------------------------------------------------------------ opening
@@ -191,17 +198,39 @@ class ViewedArchive:
         return str(self.attrs.get("archive_id", ""))
 
     def check_same(self) -> None:
-        """Read one stored value: every read checks that the archive is still the one
-        opened (about a millisecond on local disk).
+        """Check that the archive is still the one opened: about 50 bytes of its root
+        ``zarr.json`` (its ``archive_id``), read before every answer from the archive,
+        kept states included. One check at a time: a request that comes while one is
+        under way waits for it, at most :data:`CHECK_WAIT_S` (storage that does not
+        answer is said at once, while the check goes on in the background).
 
         Raises:
             ArchiveReplacedError: it was replaced or deleted since it was opened.
+            StorageError: the storage did not answer (in :data:`CHECK_WAIT_S`).
         """
         with self._lock:
+            future = self._checking
+            if future is None or future.done():
+                future = self._checking = self._checker.submit(self._check_now)
+        try:
+            future.result(timeout=CHECK_WAIT_S)
+        except FutureTimeout:
+            raise StorageError(
+                f"The storage of {self.url!r} has not answered for {CHECK_WAIT_S:g} s (the "
+                "viewer goes on asking).") from None
+
+    def _check_now(self) -> None:
+        from flyarchive.store.storage_errors import translated
+
+        with self._lock:
             qpos = self._getters.get("qpos")
-        if qpos is not None and qpos.shape[0] and qpos.shape[1]:
-            with self._reading():
-                qpos[0, 0:1, 0:1]  # the read is the check
+        if qpos is None:
+            return
+        with self._reading(), translated(self.url, self.storage_options or None):
+            if qpos.reader is not None:
+                qpos.reader.check_archive()
+            elif qpos.shape[0] and qpos.shape[1]:
+                qpos[0, 0:1, 0:1]  # a read through zarr checks it too
 
     def _replaced(self, now: str | None = None) -> ArchiveReplacedError:
         """The error for an archive replaced since the viewer opened it (``now``: the
@@ -283,9 +312,31 @@ class ViewedArchive:
                 _, old = self._cache.popitem(last=False)
                 self._cached_bytes -= sum(a.nbytes for a in old.values())
 
+    @property
+    def state_values(self) -> int:
+        """Values of one frame of one world's states (``nq``, plus 7 per mocap body)."""
+        with self._lock:
+            getters = list(self._getters.values())
+        return sum(int(np.prod(g.shape[2:], dtype=np.int64)) for g in getters)
+
     def frame_window(self, start: float | None, end: float | None) -> slice:
-        """The frames whose times lie in ``[start, end]`` (None: open on that side)."""
+        """The frames whose times lie in ``[start, end]`` (None: open on that side).
+
+        Raises:
+            SelectionError: a time that is no finite number, ``start`` after ``end``, or
+                no frame between them.
+        """
+        for name, value in (("start", start), ("end", end)):
+            if value is not None and not math.isfinite(value):
+                raise SelectionError(f"{name} must be a finite number of seconds, not {value!r}.")
+        if start is not None and end is not None and start > end:
+            raise SelectionError(f"start {start:g} s is after end {end:g} s; give a start at "
+                                 "or before the end.")
         lo = 0 if start is None else int(np.searchsorted(self.times, start, side="left"))
         hi = len(self.times) if end is None else int(np.searchsorted(self.times, end, side="right"))
-        return slice(lo, max(lo, hi))
-
+        if hi <= lo:
+            shown = (f"from {self.times[0]:g} to {self.times[-1]:g} s" if len(self.times)
+                     else "none")
+            raise SelectionError(f"No frame lies between {start} and {end} s; the archive's "
+                                 f"frames: {shown}.")
+        return slice(lo, hi)

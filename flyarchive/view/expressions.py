@@ -6,6 +6,10 @@ Allowed: names of columns, numbers, quoted text, ``true`` / ``false`` / ``nan``,
 comparisons (``== != < <= > >=``, chains such as ``0 < x < 1``), ``and`` / ``or`` /
 ``not``, ``+ - * / %`` and parentheses. ``&``, ``|`` and ``~`` are refused with a hint:
 Python applies them before ``==``, so ``a == 1 & b > 5`` would not mean what it reads.
+
+Arithmetic is done in float64, as numpy does it: ``1/0`` is infinity and ``0/0`` NaN
+(which compares False), never an error or a wrapped-around integer. Every message is one
+line, the filter quoted with its control characters escaped.
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ from typing import Any
 import numpy as np
 
 from flyarchive.errors import SelectionError
+from flyarchive.view.logs import visible
 
 #: Longest expression accepted, characters; and most nodes in its tree.
 MAX_LENGTH = 2000
@@ -65,7 +70,7 @@ def parse(text: str) -> ast.Expression:
         SelectionError: as :func:`evaluate`.
     """
     if not isinstance(text, str) or not text.strip():
-        raise SelectionError(f"The filter {text!r} is empty. {_HOW}")
+        raise SelectionError(f"The filter {_quoted(text)} is empty. {_HOW}")
     if len(text) > MAX_LENGTH:
         raise SelectionError(f"The filter is {len(text):,} characters long; at most "
                              f"{MAX_LENGTH:,} are read. Write a shorter one.")
@@ -74,19 +79,28 @@ def parse(text: str) -> ast.Expression:
         tree = ast.parse(source, mode="eval")
     except SyntaxError as err:
         raise SelectionError(_syntax_message(source, err)) from None
+    except (RecursionError, MemoryError):  # nested past what Python's parser takes
+        raise SelectionError(f"The filter {_quoted(source)} is nested too deep to read. "
+                             "Write a shorter one.") from None
     nodes = list(ast.walk(tree))
     if len(nodes) > MAX_NODES:
-        raise SelectionError(f"The filter {text!r} has {len(nodes)} parts; at most {MAX_NODES} "
-                             "are read. Write a shorter one.")
+        raise SelectionError(f"The filter {_quoted(text)} has {len(nodes)} parts; at most "
+                             f"{MAX_NODES} are read. Write a shorter one.")
     return tree
+
+
+def _quoted(text: str) -> str:
+    """The filter as a message quotes it: ``repr``, at most 120 characters."""
+    return repr(visible(text, 120)) if isinstance(text, str) else repr(text)
 
 
 def _syntax_message(source: str, err: SyntaxError) -> str:
     at = max((err.offset or 1) - 1, 0)
-    pointer = f"{source}\n{' ' * at}^"
+    shown = visible(source[max(0, at - 30):at], 40) + " <here> " + visible(source[at:at + 30])
     single = _single_equals(source)
-    hint = f" Use == to compare: {single}." if single else ""
-    return f"Cannot read the filter {source!r} (at character {at + 1}):\n{pointer}\n{_HOW}{hint}"
+    hint = f" Use == to compare: {visible(single, 120)}." if single else ""
+    return (f"Cannot read the filter {_quoted(source)} (at character {at + 1}: "
+            f"{shown.strip()!r}). {_HOW}{hint}")
 
 
 def _single_equals(source: str) -> str | None:
@@ -126,8 +140,8 @@ class _Evaluator:
 
     def _refused(self, node: ast.AST) -> SelectionError:
         piece = ast.get_source_segment(" ".join(self.text.split()), node) or type(node).__name__
-        return SelectionError(
-            f"The filter {self.text!r} uses {piece!r}, which a filter cannot contain. {_HOW}")
+        return SelectionError(f"The filter {_quoted(self.text)} uses {visible(piece, 60)!r}, "
+                              f"which a filter cannot contain. {_HOW}")
 
     def visit_Name(self, node: ast.Name) -> Any:
         if node.id in self.columns:
@@ -139,14 +153,24 @@ class _Evaluator:
             [n for n in names if n.lower() == node.id.lower()]
         hint = f" Did you mean {' or '.join(map(repr, close))}?" if close else ""
         raise SelectionError(
-            f"The filter {self.text!r} names {node.id!r}, which is no world variable.{hint} "
-            f"Variables: {', '.join(map(repr, names)) or 'none'}.")
+            f"The filter {_quoted(self.text)} names {visible(node.id, 60)!r}, which is no world "
+            f"variable.{hint} Variables: {', '.join(map(repr, names)) or 'none'}.")
 
     def visit_Constant(self, node: ast.Constant) -> Any:
-        if isinstance(node.value, (bool, int, float, str)):
-            return node.value
-        raise SelectionError(f"The filter {self.text!r} holds {node.value!r}, which is neither "
-                             f"a number nor text. {_HOW}")
+        value = node.value
+        if isinstance(value, str):
+            return value
+        if isinstance(value, bool):
+            return value
+        if isinstance(value, (int, float)):
+            try:
+                return np.float64(value)  # arithmetic in float64: no overflow, no wrap
+            except OverflowError:
+                raise SelectionError(
+                    f"The filter {_quoted(self.text)} holds a number of {len(str(value))} "
+                    "digits, beyond what a float64 holds (about 1.8e308).") from None
+        raise SelectionError(f"The filter {_quoted(self.text)} holds {visible(repr(value), 40)}, "
+                             f"which is neither a number nor text. {_HOW}")
 
     def visit_BoolOp(self, node: ast.BoolOp) -> Any:
         values = [self.truth(v) for v in node.values]
@@ -158,7 +182,7 @@ class _Evaluator:
 
     def visit_UnaryOp(self, node: ast.UnaryOp) -> Any:
         if isinstance(node.op, ast.Invert):
-            raise SelectionError(f"The filter {self.text!r} uses ~; write 'not' instead.")
+            raise SelectionError(f"The filter {_quoted(self.text)} uses ~; write 'not' instead.")
         if isinstance(node.op, ast.Not):
             return np.logical_not(self.truth(node.operand))
         value = self._number(node.operand)
@@ -168,7 +192,8 @@ class _Evaluator:
         if isinstance(node.op, (ast.BitAnd, ast.BitOr)):  # binds before ==: never what is meant
             word = "and" if isinstance(node.op, ast.BitAnd) else "or"
             raise SelectionError(
-                f"The filter {self.text!r} uses {'&' if word == 'and' else '|'}; write {word!r} "
+                f"The filter {_quoted(self.text)} uses {'&' if word == 'and' else '|'}; write "
+                f"{word!r} "
                 f"instead (in Python, & and | apply before ==, so 'a == 1 & b > 5' would "
                 "compare a with 1 & b).")
         op = _ARITHMETIC.get(type(node.op))
@@ -184,8 +209,8 @@ class _Evaluator:
             op = _COMPARE.get(type(op_node))
             if op is None:
                 raise SelectionError(
-                    f"The filter {self.text!r} uses {type(op_node).__name__!r}; compare with "
-                    "== != < <= > >=.")
+                    f"The filter {_quoted(self.text)} uses {type(op_node).__name__!r}; compare "
+                    "with == != < <= > >=.")
             right = self.visit(right_node)
             self._comparable(left, right)
             with np.errstate(invalid="ignore"):
@@ -197,14 +222,19 @@ class _Evaluator:
         kinds = {_is_text(left), _is_text(right)}
         if kinds == {True, False}:
             raise SelectionError(
-                f"The filter {self.text!r} compares text with a number. Put text in quotes on "
-                "both sides (genotype == \"wt\") and numbers without them.")
+                f"The filter {_quoted(self.text)} compares text with a number. Put text in "
+                "quotes on both sides (genotype == \"wt\") and numbers without them.")
 
     def _number(self, node: ast.AST) -> Any:
+        """The node's value as float64 numbers (bools as 0 and 1).
+
+        Raises:
+            SelectionError: text.
+        """
         value = self.visit(node)
         if _is_text(value):
-            raise SelectionError(f"The filter {self.text!r} does arithmetic on text.")
-        return np.asarray(value, dtype=float) if np.asarray(value).dtype == bool else value
+            raise SelectionError(f"The filter {_quoted(self.text)} does arithmetic on text.")
+        return np.asarray(value, dtype=np.float64)
 
     def truth(self, node: ast.AST) -> Any:
         """The node's value as true/false: bools as they are, numbers ``!= 0`` (a 0/1
@@ -219,9 +249,9 @@ class _Evaluator:
         if value.dtype.kind in "iuf":
             return value != 0
         raise SelectionError(
-            f"The filter {self.text!r} uses {_kind(value)} as true/false; compare it: "
+            f"The filter {_quoted(self.text)} uses {_kind(value)} as true/false; compare it: "
             "genotype == \"wt\".")
 
 
 def _is_text(value: Any) -> bool:
-    return isinstance(value, str) or np.asarray(value).dtype.kind in "USO"
+    return isinstance(value, str) or np.asarray(value).dtype.kind in "USOT"

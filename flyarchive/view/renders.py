@@ -1,9 +1,20 @@
 """Render on demand: the selected worlds and time window to one mp4 (a mosaic when there
 are several worlds), through :func:`flyarchive.render_videos`, one render at a time on
-one thread of the server, so that the renderer it builds stays warm for the next one.
+one thread of the server, so that the renderer it builds stays warm for the next one;
+that thread runs at a lower CPU priority than the server's (Linux ``nice``), and so do
+the renderer's own threads and processes, which inherit it.
 
-Videos land in ``{out}/{job:04d}-worlds-.../``; the page gets them back by job number
-only (no path from the page reaches the file system).
+The queue is bounded and fair: each client (a page) may have
+:attr:`~flyarchive.view.limits.Limits.max_queued_per_client` renders waiting, all clients
+together :attr:`~flyarchive.view.limits.Limits.max_queued_renders`
+(:class:`~flyarchive.errors.ServerBusyError` past that, with the expected wait), and the
+thread takes the clients' renders in turn, not in the order they came. A render's cost
+(frames x pixels) is checked before it is queued. The job table keeps the last
+:attr:`~flyarchive.view.limits.Limits.max_jobs` jobs.
+
+Videos land in ``{out}/{job:04d}-worlds-.../`` (the output folder made again if it was
+removed); the page gets them back by job number only (no path from the page reaches the
+file system).
 """
 
 from __future__ import annotations
@@ -11,19 +22,24 @@ from __future__ import annotations
 import logging
 import math
 import os
+import statistics
+import sys
 import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
+from collections import OrderedDict, deque
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from flyarchive.errors import FlyarchiveError, SelectionError
+from flyarchive.errors import FlyarchiveError, SelectionError, ServerBusyError
+from flyarchive.view.limits import Limits, check_cost
 
 log = logging.getLogger("flyarchive.view")
 
 #: Most worlds one render may tile.
 MAX_WORLDS = 16
+#: Seconds a render is expected to take before any has finished.
+FIRST_RENDER_S = 30.0
 
 
 def best_backend() -> str:
@@ -46,6 +62,7 @@ class RenderJob:
     Attributes:
         id: 1, 2, ... in this server's life.
         worlds, camera, start, end, size: What to render.
+        client: Who asked (the page's id).
         state: ``"queued"``, ``"running"``, ``"done"`` or ``"failed"``.
         message: What went wrong (failed), or what is happening.
         folder: Where its video goes.
@@ -60,6 +77,7 @@ class RenderJob:
     end: float | None
     size: tuple[int, int]
     folder: Path
+    client: str = ""
     state: str = "queued"
     message: str = ""
     video: Path | None = None
@@ -75,29 +93,48 @@ class RenderJob:
                 "progress": round(self.progress, 3), "frames": self.frames, "fps": self.fps,
                 "duration": self.frames / self.fps if self.fps else None,
                 "elapsed": round((self.finished or time.monotonic()) - self.started, 2),
+                "waiting": self.state == "queued",
                 "folder": str(self.folder),
                 "video": f"/video/{self.id}.mp4" if self.state == "done" else None}
 
 
 class Renders:
-    """The server's render queue: one thread, jobs kept for the server's life."""
+    """The server's render queue: one thread, clients served in turn.
 
-    def __init__(self, viewed: Any, model: Any, out: Path, backend: str) -> None:
+    Args:
+        viewed: The :class:`~flyarchive.view.archive.ViewedArchive`.
+        model: The model to render with (None: none yet, or none at all).
+        out: The output folder.
+        backend: The renderer.
+        limits: Queue, job table and cost bounds.
+    """
+
+    def __init__(self, viewed: Any, model: Any, out: Path, backend: str,
+                 limits: Limits | None = None) -> None:
         self.viewed = viewed
         self.model = model
         self.out = out
         self.backend = backend
+        self.limits = limits or Limits()
         self.jobs: dict[int, RenderJob] = {}
-        self._lock = threading.Lock()
-        self._warmed = False
-        self._thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="flyarchive-view-render")
+        self._waiting: OrderedDict[str, deque[RenderJob]] = OrderedDict()  # next client first
+        self._cond = threading.Condition()
+        self._next = 1
+        self._took: deque[float] = deque(maxlen=8)  # seconds of the last renders
+        self._warm_asked = self._warm_due = False
+        self._closed = False
+        self._thread: threading.Thread | None = None
 
     def submit(self, worlds: list[int], camera: str, start: float | None, end: float | None,
-               size: tuple[int, int]) -> RenderJob:
-        """Queue a render of ``worlds`` (one video; tiled when several) from camera ``camera``.
+               size: tuple[int, int], *, client: str = "") -> RenderJob:
+        """Queue a render of ``worlds`` (one video; tiled when several) from camera
+        ``camera``, asked for by ``client``.
 
         Raises:
-            SelectionError: no world, too many, unknown ids, no model, or an unknown camera.
+            SelectionError: no world, too many, unknown ids, no model, an unknown camera,
+                a time window without frames, or a size that cannot be encoded.
+            RequestTooLargeError: frames x pixels past the limit.
+            ServerBusyError: this client's renders, or all clients', already fill the queue.
         """
         if self.model is None:
             raise SelectionError("This archive keeps no model, so nothing can be rendered; start "
@@ -111,20 +148,117 @@ class Renders:
         from flyarchive.models import camera_ids
 
         camera_ids(self.model, camera)
-        with self._lock:
-            number = max(self.jobs, default=0) + 1
-            folder = self._folder(number, worlds)
-            job = RenderJob(number, list(worlds), camera, start, end, size, folder)
+        frames = _frames(self.viewed.frame_window(start, end))
+        options = self._options(len(worlds), size)
+        tile = options.size[0] * options.size[1]
+        narrow = "Render fewer worlds, a smaller size or a shorter time window."
+        check_cost("The render", frames * tile * len(worlds), self.limits.max_render_pixels,
+                   "pixels", narrow)
+        with self._cond:
+            if self._closed:
+                raise SelectionError("The viewer is stopping; it renders nothing more.")
+            mine = len(self._waiting.get(client, ()))
+            waiting = sum(len(q) for q in self._waiting.values())
+            if mine >= self.limits.max_queued_per_client:
+                wait = self._wait_s(waiting)
+                raise ServerBusyError(f"This page has {mine} renders waiting already, the most one "
+                                f"page may have; ask again when one has started (in about "
+                                f"{wait:.0f} s).", wait)
+            if waiting >= self.limits.max_queued_renders:
+                wait = self._wait_s(waiting)
+                raise ServerBusyError(f"{waiting} renders are waiting already, the most the viewer "
+                                f"keeps; ask again in about {wait:.0f} s.", wait)
+            number = self._next
+            self._next += 1
+            job = RenderJob(number, list(worlds), camera, start, end, size,
+                            self._folder(number, worlds), client)
             self.jobs[number] = job
-        self._thread.submit(self._run, job)
+            self._forget_old()
+            self._waiting.setdefault(client, deque()).append(job)
+            self._start_thread()
+            self._cond.notify()
         return job
+
+    def _options(self, n_worlds: int, size: tuple[int, int]) -> Any:
+        """The render options of a job (size and mosaic checked now, not in the thread)."""
+        from flyarchive import RenderOptions
+
+        cols = math.ceil(math.sqrt(n_worlds))
+        mosaic = (math.ceil(n_worlds / cols), cols) if n_worlds > 1 else None
+        return RenderOptions(size=size, backend=self.backend, mosaic=mosaic,
+                             overlays=("world", "time"), progress=True)
+
+    def _wait_s(self, waiting: int) -> float:
+        """About how long the renders waiting (and the one running) take, seconds."""
+        each = statistics.fmean(self._took) if self._took else FIRST_RENDER_S
+        return each * (waiting + 1)
+
+    def _forget_old(self) -> None:
+        """Keep :attr:`Limits.max_jobs` jobs: forget the oldest that have finished."""
+        extra = len(self.jobs) - self.limits.max_jobs
+        for number in [n for n, j in self.jobs.items() if j.finished is not None][:max(extra, 0)]:
+            del self.jobs[number]
+
+    def status(self, number: int) -> dict[str, Any]:
+        """Job ``number`` as JSON.
+
+        Raises:
+            SelectionError: no such job (never asked, or forgotten).
+        """
+        job = self.jobs.get(number)
+        if job is None:
+            raise SelectionError(f"No render {str(number)!r} in this viewer (it remembers the "
+                                 f"last {self.limits.max_jobs}).")
+        return job.as_json()
 
     def warm(self) -> None:
         """Start loading the renderer on the render thread (imports of the render stack;
         Warp's on the Warp backends), so that the first render does not wait for them."""
-        if self.model is not None and not self._warmed:
-            self._warmed = True
-            self._thread.submit(_warm, self.backend)
+        if self.model is not None and not self._warm_asked:
+            with self._cond:
+                self._warm_asked = self._warm_due = True
+                self._start_thread()
+                self._cond.notify()
+
+    def drop_waiting(self, why: str) -> None:
+        """Fail every render still waiting, saying ``why``."""
+        with self._cond:
+            for queue in self._waiting.values():
+                for job in queue:
+                    job.state, job.message, job.finished = "failed", why, time.monotonic()
+            self._waiting.clear()
+
+    def _start_thread(self) -> None:
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._work, daemon=True,
+                                            name="flyarchive-view-render")
+            self._thread.start()
+
+    def _take(self) -> RenderJob:
+        """The next render, the clients taken in turn (called holding the lock)."""
+        client, queue = next(iter(self._waiting.items()))
+        job = queue.popleft()
+        del self._waiting[client]
+        if queue:
+            self._waiting[client] = queue  # at the end: the other clients first
+        return job
+
+    def _work(self) -> None:
+        _lower_priority(self.limits.render_niceness)
+        while True:
+            with self._cond:
+                while not (self._closed or self._waiting or self._warm_due):
+                    self._cond.wait()
+                if self._closed:
+                    return
+                job = None if self._warm_due else self._take()
+                self._warm_due = False
+            if job is None:
+                _warm(self.backend)
+                continue
+            self._run(job)
+            if job.state == "done" and job.finished is not None:
+                self._took.append(job.finished - job.started)
 
     def _folder(self, number: int, worlds: list[int]) -> Path:
         shown = "-".join(map(str, worlds[:4])) + ("-etc" if len(worlds) > 4 else "")
@@ -136,19 +270,16 @@ class Renders:
         return folder
 
     def _run(self, job: RenderJob) -> None:
-        from flyarchive import RenderOptions, render_videos
+        from flyarchive import render_videos
 
         job.state, job.message, job.started = "running", "rendering", time.monotonic()
         log.info("render %d: worlds %s, camera %r, time %s to %s, backend %s -> %s", job.id,
                  job.worlds, job.camera, job.start, job.end, self.backend, job.folder)
         try:
-            n = len(job.worlds)
-            cols = math.ceil(math.sqrt(n))
-            mosaic = (math.ceil(n / cols), cols) if n > 1 else None
-            options = RenderOptions(size=job.size, backend=self.backend, mosaic=mosaic,
-                                    overlays=("world", "time"), progress=True)
+            options = self._options(len(job.worlds), job.size)
             watch = threading.Thread(target=self._watch, args=(job,), daemon=True)
             watch.start()
+            self.out.mkdir(parents=True, exist_ok=True)  # removed since the server started?
             result = render_videos(
                 self.viewed.url, self.model, job.camera, str(job.folder), worlds=job.worlds,
                 time=(job.start, job.end), options=options,
@@ -164,6 +295,9 @@ class Renders:
             job.state = "failed"
             job.message = str(err) if isinstance(err, FlyarchiveError) else \
                 f"{type(err).__name__}: {err}"
+            if not self.out.is_dir():
+                job.message += (f" (the output folder {str(self.out)!r} was removed while it "
+                                "rendered; the next render makes it again)")
             log.error("render %d failed: %s", job.id, job.message)
         finally:
             job.finished = time.monotonic()
@@ -191,7 +325,28 @@ class Renders:
         return path
 
     def close(self) -> None:
-        self._thread.shutdown(wait=False, cancel_futures=True)
+        """Render nothing more: renders still waiting fail (the one running ends)."""
+        self.drop_waiting("the viewer stopped before this render started")
+        with self._cond:
+            self._closed = True
+            self._cond.notify_all()
+
+
+def _lower_priority(niceness: int) -> None:
+    """Lower this thread's CPU priority by ``niceness`` (Linux: each thread has its own
+    nice value, and the threads and processes it starts inherit it; elsewhere nothing)."""
+    if niceness <= 0 or not sys.platform.startswith("linux"):
+        return
+    try:
+        tid = threading.get_native_id()
+        os.setpriority(os.PRIO_PROCESS, tid, min(19, os.getpriority(os.PRIO_PROCESS, tid) +
+                                                 niceness))
+    except OSError as err:  # not allowed here: the render runs at the server's priority
+        log.info("the render thread keeps the server's priority (%s)", err)
+
+
+def _frames(window: slice) -> int:
+    return max(0, window.stop - window.start)
 
 
 def _warm(backend: str) -> None:

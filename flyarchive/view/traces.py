@@ -59,8 +59,8 @@ def min_max_columns(times: np.ndarray, values: np.ndarray, width: int
 
 def dof_choices(labels: Sequence[str], *, leg: str = "", joint: str = "", axis: str = "",
                 dof: str = "") -> list[str]:
-    """The dofs a trace request names: ``dof`` (labels, comma-separated) or the
-    ``leg`` / ``joint`` / ``axis`` of :func:`flyarchive.dof_labels` (comma-separated
+    """The dofs a trace request names, each once: ``dof`` (labels, comma-separated) or
+    the ``leg`` / ``joint`` / ``axis`` of :func:`flyarchive.dof_labels` (comma-separated
     values each; empty: any).
 
     Raises:
@@ -69,7 +69,7 @@ def dof_choices(labels: Sequence[str], *, leg: str = "", joint: str = "", axis: 
     import flyarchive
 
     if dof.strip():
-        asked = [d.strip() for d in dof.split(",") if d.strip()]
+        asked = list(dict.fromkeys(d.strip() for d in dof.split(",") if d.strip()))
         unknown = [d for d in asked if d not in labels]
         if unknown:
             import difflib
@@ -84,7 +84,7 @@ def dof_choices(labels: Sequence[str], *, leg: str = "", joint: str = "", axis: 
     if not any(criteria.values()):
         raise SelectionError("Choose a dof, or a leg, joint or axis (as flyarchive.select_dofs "
                              "takes them), to draw traces.")
-    return flyarchive.dof_labels(list(labels), **criteria)
+    return list(dict.fromkeys(flyarchive.dof_labels(list(labels), **criteria)))
 
 
 def keypoint_values(ds: Any, worlds: Sequence[int], body: str, window: slice, *,

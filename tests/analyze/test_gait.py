@@ -96,7 +96,8 @@ def test_a_known_stance_and_swing_pattern():
     got = summary(positions([thorax], [tip]))
 
     assert got.stance_fraction_lf.item() == pytest.approx(stance / (stance + swing))
-    assert got.step_frequency_lf.item() == pytest.approx((cycles - 1) / ((n - 1) * DT))
+    assert got.step_frequency_lf.item() == pytest.approx(1 / ((stance + swing) * DT))  # 10 Hz
+    assert got.duty_factor_lf.item() == pytest.approx(stance / (stance + swing))
     assert got.stance_fraction_lf.attrs["units"] == "1"
 
 
@@ -130,8 +131,8 @@ def test_saved_measures_pick_worlds_by_a_condition(sites_archive):
 
     assert np.array_equal(ds.path_length.values, got.path_length.values)
     assert picked.values.tolist() == (got.path_length.values > median).tolist()
-    assert set(got.data_vars) == {*flyarchive.analyze.gait.MEASURES, "stance_fraction_lf",
-                                  "step_frequency_lf"}
+    assert set(got.data_vars) == {name.replace("<leg>", "lf")
+                                  for name in flyarchive.analyze.gait.MEASURES}
 
 
 def test_saving_needs_the_archive_and_one_value_per_world(sites_archive):

@@ -194,3 +194,89 @@ def test_a_killed_positions_command_loses_only_its_block_and_resumes(tmp_path):
     kept = flyarchive.positions(url, "hand")
     assert "stored" in kept.attrs and np.array_equal(kept.values, expected)
     assert flyarchive.verify(url).ok
+
+
+def test_a_repair_rewrites_only_the_damaged_shard_and_no_other_group(sites_archive):
+    from pathlib import Path
+
+    from flyarchive.testing.holes import delete_object
+
+    damaged = Path(flyarchive.keep_positions(sites_archive, "target"))
+    other = Path(flyarchive.keep_positions(sites_archive, "fly/c_thorax", orientations=True))
+    expected = flyarchive.positions(sites_archive, "target", stored=False).values
+    untouched = snapshot(other)
+    good = {k: v for k, v in snapshot(damaged).items() if k != "position/c/0/2/0/0"}
+    delete_object(str(damaged), "position/c/0/2/0/0")  # frames 10..14 of the 3 worlds
+    said = []
+
+    flyarchive.keep_positions(sites_archive, "target", on_repair=said.append)
+
+    assert len(said) == 1 and "Recomputing worlds 0..2, frames 10..14" in said[0]
+    assert snapshot(other) == untouched
+    assert {k: v for k, v in snapshot(damaged).items() if k in good} == good
+    assert np.array_equal(flyarchive.positions(sites_archive, "target").values, expected)
+
+
+def test_a_sound_group_is_kept_without_a_repair(sites_archive):
+    group = flyarchive.keep_positions(sites_archive, "target")
+    before = snapshot(group)
+    said = []
+
+    again = flyarchive.keep_positions(sites_archive, "target", on_repair=said.append)
+
+    assert again == group and said == [] and snapshot(group) == before
+
+
+def test_verify_names_the_derived_groups_it_checked(sites_archive, cli):
+    group = flyarchive.keep_positions(sites_archive, "target")
+
+    code, out, err = cli("verify", sites_archive)
+
+    assert code == 0 and err == ""
+    assert f"Derived groups checked too: derived/{group.rsplit('/', 1)[1]}." in out
+
+
+def test_positions_kept_with_a_given_model_are_a_note_and_serve_only_that_model(sites_archive,
+                                                                              sites_model):
+    import copy
+
+    moved = copy.deepcopy(sites_model)  # same layout, another model: a site moved
+    moved.site_pos[0] += 0.5
+    group = flyarchive.keep_positions(sites_archive, sites="fly/c_back", model=moved)
+
+    report = flyarchive.verify(sites_archive)
+    with_kept = flyarchive.positions(sites_archive, sites="fly/c_back")
+    with_moved = flyarchive.positions(sites_archive, sites="fly/c_back", model=moved)
+
+    assert report.ok and len(report.notes) == 1
+    assert "was computed with the model" in report.notes[0] and "not the one the archive keeps" \
+        in report.notes[0]
+    assert "stored" not in with_kept.attrs and with_moved.attrs["stored"] == group
+
+
+@pytest.mark.parametrize("undone", [True, False], ids=["undone", "killed"])
+def test_an_interrupted_keep_is_a_note_of_verify_not_damage(sites_archive, monkeypatch, undone):
+    from pathlib import Path
+
+    from flyarchive.store import derived
+
+    def fail(*args, **kwargs):
+        raise KeyboardInterrupt  # once the group's zarr.json is written, before its arrays
+
+    monkeypatch.setattr(derived, "_create_arrays", fail)
+    if not undone:  # killed: nothing was undone
+        monkeypatch.setattr(derived, "undo", lambda *args: None)
+    with pytest.raises(KeyboardInterrupt):
+        flyarchive.keep_positions(sites_archive, "target")
+    monkeypatch.undo()
+    for claim in Path(sites_archive).glob("derived/*/claims/writer.json"):
+        claim.unlink()  # a killed writer's claim: another process's, dead (taken over)
+
+    report = flyarchive.verify(sites_archive)
+    group = flyarchive.keep_positions(sites_archive, "target")
+
+    assert report.ok, report.problems
+    assert len(report.notes) == 1
+    assert ("is empty (a creation that was undone)" if undone
+            else "its creation was interrupted") in report.notes[0]
+    assert flyarchive.positions(sites_archive, "target").attrs["stored"] == group

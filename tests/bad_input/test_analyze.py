@@ -255,3 +255,218 @@ def test_a_model_key_read_outside_a_dask_worker_says_where_the_bytes_went():
     with pytest.raises(ModelLoadError, match=r"as 'flyarchive-model-abab.*', and this process "
                        r"cannot find it there.*in another process pool"):
         unpickled.blob()
+
+
+@requires_nwb
+def test_an_nwb_export_to_a_link_to_nothing_names_the_link_and_writes_nothing(archive, tmp_path):
+    link = tmp_path / "nwb"
+    link.symlink_to(tmp_path / "gone")
+
+    with pytest.raises(OutputLocationError, match=r"nwb' is a symbolic link to '.*gone', which "
+                       r"does not exist; NWB export writes .* into a folder\. Create what the link "
+                       r"points to"):
+        export_poses(archive, link, format="nwb", bodies="hand")
+
+    assert link.is_symlink() and not (tmp_path / "gone").exists()
+
+
+@requires_nwb
+def test_an_nwb_export_to_a_link_to_a_file_is_refused(archive, tmp_path):
+    (tmp_path / "notes.txt").write_text("mine")
+    link = tmp_path / "nwb"
+    link.symlink_to(tmp_path / "notes.txt")
+
+    with pytest.raises(OutputLocationError, match=r"nwb' is a symbolic link to a file; NWB export"):
+        export_poses(archive, link, format="nwb", bodies="hand")
+
+    assert (tmp_path / "notes.txt").read_text() == "mine"
+
+
+@requires_nwb
+def test_an_nwb_export_below_a_file_is_refused_before_any_work(archive, tmp_path, monkeypatch):
+    import flyarchive.interop.poses as poses
+
+    (tmp_path / "notes.txt").write_text("mine")
+    monkeypatch.setattr(poses, "_source_positions", lambda *a: pytest.fail("positions computed"))
+
+    with pytest.raises(OutputLocationError, match=r"notes\.txt' is a file, so '.*notes\.txt/nwb' "
+                       r"cannot be written below it"):
+        export_poses(archive, tmp_path / "notes.txt" / "nwb", format="nwb", bodies="hand")
+
+
+@requires_nwb
+def test_an_nwb_export_through_a_link_to_nothing_on_the_command_line_is_one_line(archive, cli,
+                                                                                 tmp_path):
+    link = tmp_path / "nwb"
+    link.symlink_to(tmp_path / "gone")
+
+    code, out, err = cli("export-poses", archive, "--format", "nwb", "--to", link / "w1",
+                         "--keypoints", "hand")
+
+    assert code == 2 and err.count("\n") == 1
+    assert "FileExistsError" not in err and "is a symbolic link to" in err
+
+
+@requires_movement
+def test_a_movement_export_to_a_folder_is_refused(archive, tmp_path):
+    folder = tmp_path / "poses"
+    folder.mkdir()
+
+    with pytest.raises(OutputLocationError, match=r"poses' is a folder; a movement export writes "
+                       r"one netCDF file\. Give the file's path, e.g\. '.*poses/poses\.nc'"):
+        export_poses(archive, folder, format="movement", bodies="hand", overwrite=True)
+
+    assert list(folder.iterdir()) == []
+
+
+# ----------------------------------------------------------------------------- gait
+@pytest.mark.parametrize(("field", "value"), [("stance_height", -1.0), ("fall_height", float("nan")),
+                                              ("swing_speed", float("inf")), ("min_swing", "0.1")])
+def test_a_gait_threshold_that_is_not_a_finite_number_at_least_zero(field, value):
+    from flyarchive.analyze.gait import GaitParams
+
+    with pytest.raises(OptionsError, match=rf"GaitParams\.{field} must be a finite number >= 0 "
+                       rf"\(--{field.replace('_', '-')} on the command line\), got {value!r}"):
+        GaitParams(**{field: value})
+
+
+def test_a_swing_threshold_below_its_stance_threshold():
+    from flyarchive.analyze.gait import GaitParams
+
+    with pytest.raises(OptionsError, match=r"swing_speed=4\.0 is below stance_speed=10\.0"):
+        GaitParams(swing_speed=4.0)
+
+
+@pytest.mark.parametrize(("option", "value"), [("--stance-height", "-1"), ("--fall-height", "nan"),
+                                               ("--swing-height", "inf")])
+def test_the_gait_command_refuses_thresholds_it_cannot_use(cli, archive, option, value):
+    before = snapshot(archive)
+
+    code, out, err = cli("gait", archive, "--thorax", "torso", "--tip", "t=hand@tip", option, value)
+
+    assert code == 2
+    assert f"must be a finite number >= 0 ({option} on the command line), got" in err
+    assert snapshot(archive) == before
+
+
+def test_a_gait_window_longer_than_the_recording(archive):
+    with pytest.raises(SelectionError, match=r"window=5\.0 s is longer than the selection "
+                       r"\(0\.152 s, 20 frames\)\. Pass a shorter window"):
+        flyarchive.gait_summary(archive, thorax="torso", tips=["hand"], window=5.0)
+
+
+def test_a_leg_mapping_that_names_keypoints_the_positions_do_not_have(archive):
+    positions = flyarchive.positions(archive, ["torso", "hand"])
+
+    with pytest.raises(SelectionError, match=r"The positions have no keypoint 'hnad'\. Did you "
+                       r"mean 'hand'\? Keypoints \(2\): 'torso', 'hand'\. Name keypoints"):
+        flyarchive.gait_steps(positions, thorax="torso", legs={"lf": "hnad"})
+
+
+@requires_movement
+@pytest.mark.slow  # movement imports for seconds
+def test_a_leg_mapping_that_names_keypoints_a_poses_dataset_does_not_have():
+    from flyarchive.testing.walker import walker_poses
+
+    poses = walker_poses(100, 0.5)
+
+    with pytest.raises(SelectionError, match=r"The poses have no keypoint 'L4_tip'.*Keypoints "
+                       r"\(7\): 'thorax', 'L1_tip'"):
+        flyarchive.gait_summary(poses, thorax="thorax", legs={"lf": "L1_tip", "lx": "L4_tip"})
+    with pytest.raises(SelectionError, match=r"A poses dataset needs legs= mapping leg names"):
+        flyarchive.gait_summary(poses, thorax="thorax")
+
+
+def test_tracking_gaps_make_no_steps_across_them():
+    from flyarchive.testing.walker import walker_positions
+
+    positions = walker_positions(200, 2.0)
+    lost = (positions.time > 0.5) & (positions.time < 0.9)
+    gappy = positions.where(~lost)  # NaN: tracking lost for 0.4 s, several steps long
+
+    steps = flyarchive.gait_steps(gappy)
+
+    inside = (steps.touchdown_time > 0.5) & (steps.liftoff_time < 0.9)
+    assert not inside.any()
+    after = steps[steps.liftoff_time > 0.9].groupby("leg").stance_duration.nth(0)
+    assert after.isna().sum() >= 1  # a stance cut by the gap has no known start
+    whole = flyarchive.gait_steps(positions)
+    assert len(steps) < len(whole)
+
+
+def test_gait_of_an_archive_of_one_frame(tiny, tmp_path):
+    from flyarchive.testing.fixtures import record
+
+    url = record(tiny, str(tmp_path / "one.zarr"), n_steps=1)
+    before = snapshot(url)
+
+    with pytest.raises(SelectionError, match=r"Gait needs at least 2 frames; the selection holds "
+                       r"1\. Record longer"):
+        flyarchive.gait_summary(url, thorax="torso", tips=["hand"])
+    with pytest.raises(SelectionError, match="Gait needs at least 2 frames"):
+        flyarchive.gait_steps(url, thorax="torso", tips=["hand"])
+
+    assert snapshot(url) == before
+
+
+def test_saving_gait_measures_of_some_worlds_says_it_needs_every_world(archive, cli):
+    before = snapshot(archive)
+
+    with pytest.raises(SelectionError, match=r"save=True \(--save\) stores one value per world "
+                       r"and needs every world of the archive; the selection holds 1 of its 2\. "
+                       r"Drop worlds= \(--worlds\)"):
+        flyarchive.gait_summary(archive, thorax="torso", tips=["hand"], worlds=[1], save=True)
+    code, out, err = cli("gait", archive, "--thorax", "torso", "--tip", "t=hand@tip",
+                         "--worlds", "0", "--save")
+
+    assert code == 2 and "needs every world of the archive" in err
+    assert snapshot(archive) == before
+
+
+# ----------------------------------------------------------------------------- NWB metadata
+@requires_nwb
+@pytest.mark.parametrize(("text", "message"), [
+    ("lab: Fly Lab\nlabb: typo\n", r"unknown field labb\. Did you mean 'lab'\? Fields: "
+                                   r"session_description, .*, subject \(pynwb's names\)"),
+    ("subject: {specis: Drosophila melanogaster}\n", r"unknown field subject\.specis\. Did you "
+                                                     r"mean 'species'\? Fields of subject: "),
+    ("subject: {age: 3}\n", r"subject\.age must be text \(ISO 8601 duration, e\.g\. P3D\), got "
+                            r"int 3\. Quote it in YAML"),
+    ("subject: {age: 3 days}\n", r"subject\.age must be an ISO 8601 duration such as 'P3D'"),
+    ("subject: {sex: female}\n", r"subject\.sex must be one of M, F, U, O \(NWB's codes\), got "
+                                 r"'female'"),
+    ("experimenter: 5\n", r"experimenter must be text or list of text, got int 5"),
+    ("keywords: walking\n", r"keywords must be list of text, got str 'walking'"),
+    ("subject: fly\n", r"subject must be a mapping of Subject fields"),
+    ("- lab\n", r"holds a list; it must be a mapping of NWBFile fields"),
+    ("lab: [Fly Lab\n", r"is not valid YAML at line 2"),
+])
+def test_nwb_metadata_with_unknown_fields_or_wrong_types_writes_nothing(archive, tmp_path, text,
+                                                                        message):
+    meta = tmp_path / "meta.yaml"
+    meta.write_text(text)
+
+    with pytest.raises(OptionsError, match=message):
+        export_poses(archive, tmp_path / "nwb", format="nwb", bodies="hand", metadata=meta)
+
+    assert not (tmp_path / "nwb").exists()
+
+
+@requires_movement
+def test_nwb_metadata_for_a_movement_file_is_refused(archive, tmp_path):  # (movement not imported)
+    with pytest.raises(OptionsError, match=r"metadata \(--metadata\) describes NWB files"):
+        export_poses(archive, tmp_path / "poses.nc", format="movement", metadata={"lab": "x"})
+
+    assert not (tmp_path / "poses.nc").exists()
+
+
+@requires_nwb
+def test_the_cli_names_the_metadata_field_it_cannot_use(cli, archive, tmp_path):
+    meta = tmp_path / "meta.yaml"
+    meta.write_text("session_description: x\nsubject:\n  sex: male\n")
+
+    code, out, err = cli("export-poses", archive, "--format", "nwb", "--to", str(tmp_path / "n"),
+                         "--keypoints", "hand", "--metadata", str(meta))
+
+    assert code == 2 and "subject.sex must be one of M, F, U, O" in err
+    assert not (tmp_path / "n").exists()

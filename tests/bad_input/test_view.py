@@ -134,7 +134,7 @@ def test_another_host_name_is_refused(viewed):
 @pytest.mark.parametrize("path, fragment", [
     ("/api/traces?worlds=0,99&dof=shoulder", "The archive has no world 99"),
     ("/api/traces?worlds=0&dof=shouldr", "Did you mean 'shoulder'"),
-    ("/api/traces?worlds=0&dof=shoulder&width=abc", "width must be a number, not 'abc'"),
+    ("/api/traces?worlds=0&dof=shoulder&width=abc", "width must be a whole number, not 'abc'"),
     ("/api/traces?worlds=x&dof=shoulder", "Cannot read worlds 'x'"),
     ("/api/poses?worlds=0&start=51", "the archive has frames 0 to 50"),
     ("/api/poses?worlds=0&start=0&count=100000", "one request covers 1 to 500"),
@@ -168,7 +168,7 @@ def test_a_render_request_that_is_not_json_is_refused(viewed):
     ({"worlds": [0], "camera": "side"}, "No camera 'side' in the model"),
     ({"worlds": list(range(17)), "camera": "front"}, "a render tiles at most 16"),
     ({"worlds": [0], "camera": "front", "size": "big"}, "Cannot read size 'big'"),
-    ({"worlds": [0], "camera": "front", "start": "soon"}, "A time must be a number"),
+    ({"worlds": [0], "camera": "front", "start": "soon"}, "start must be a number of seconds"),
 ])
 def test_a_bad_render_request_is_refused_before_it_is_queued(viewed, body, fragment):
     served, log = viewed
@@ -243,3 +243,389 @@ def test_a_model_file_that_is_no_model_is_said_when_the_3d_view_asks_for_it(view
     with pytest.raises(SelectionError, match="No 3D view: .*nmf.mjb"):
         viewer.poses({"worlds": "0", "start": "0", "count": "1"})
     assert (tmp_path / "nmf.mjb").read_text() == "not a model"
+
+
+# ----------------------------------------------------------------------------- issue 33
+# Each case of issue 33 ("Why" and "Bad input") tried as an attacker would: a bad
+# parameter answers 400 with one line (never a 500 or a traceback), a request past a bound
+# answers 413 with the bound and how to narrow it, a log line escapes what the client sent
+# and never prints the token.
+from flyarchive.testing.view import ask as ask_raw  # noqa: E402
+from flyarchive.testing.view import exchange  # noqa: E402
+
+
+def token_headers(served: Any, **more: str) -> dict[str, str]:
+    return {"X-Flyarchive-Token": served.token, **more}
+
+
+def one_line_error(status: int, body: bytes) -> str:
+    """The JSON error of an API answer, checked to be one line without a traceback."""
+    message = json.loads(body)["error"]
+    assert "\n" not in message and "Traceback" not in message and 'File "' not in message
+    return message
+
+
+def status_of(answer: bytes) -> int:
+    """The status of a raw HTTP answer (``HTTP/1.x NNN ...``)."""
+    return int(answer.split(b" ", 2)[1])
+
+
+def untraced(log: Any) -> None:
+    """No log line holds a traceback, a raw control character, or more than one line."""
+    for line in log.lines:
+        assert "Traceback" not in line and "\n" not in line and "\r" not in line
+        assert "\x1b" not in line and "\x00" not in line
+
+
+@pytest.fixture(scope="module")
+def tight(view_url: str) -> Any:
+    """A viewer of the same archive with small bounds: 6 trace lines, 2 worlds' states
+    (8,160 bytes each) read, 2,000 bytes out, 1,000,000 render pixels, 1 render waiting per
+    page and 2 in all, 3 jobs remembered, half a second for a request's head and body."""
+    from flyarchive.testing.view import serving
+    from flyarchive.view.limits import Limits
+
+    limits = Limits(max_trace_lines=6, max_read_bytes=20_000, max_out_bytes=2_000,
+                    max_render_pixels=1_000_000, max_queued_per_client=1, max_queued_renders=2,
+                    max_jobs=3, header_timeout_s=0.5, body_timeout_s=0.5, max_per_address=5)
+    with serving(view_url, out=Path(view_url).parent / "videos-tight", backend="opengl",
+                 limits=limits) as found:
+        yield found
+
+
+@pytest.mark.parametrize("where, expected", [
+    ("1/0 == 1", []),  # infinity, compared: no error
+    ("world * 1e19 > 0", [1, 2, 3]),
+    ("world * 10000000000000000000 > 0", [1, 2, 3]),  # an int past int64: float64
+    ("world > 100000000000000000000", []),
+    ("1 % 0 == 0", []),  # NaN compares False
+    ("(-world - 9223372036854775807) * 2 > 0", []),  # no wrap-around past int64
+])
+def test_a_filter_with_extreme_arithmetic_is_answered_not_failed(viewed, where, expected):
+    from urllib.parse import quote
+
+    served, log = viewed
+
+    status, _, body = ask_raw(f"{origin(served)}/api/table?where={quote(where)}",
+                              headers=token_headers(served))
+
+    assert status == 200
+    assert json.loads(body)["matched_worlds"] == expected
+    untraced(log)
+
+
+@pytest.mark.parametrize("where, fragment", [
+    ("9" * 400 + " > world", "holds a number of 400 digits, beyond what a float64 holds"),
+    ("(" * 300 + "world" + ")" * 300 + " > 1", "Cannot read the filter"),
+    ("world == 1\x1b[2J\r\nforged", "Cannot read the filter"),
+])
+def test_a_filter_that_cannot_be_read_answers_one_line(viewed, where, fragment):
+    from urllib.parse import quote
+
+    served, log = viewed
+
+    status, _, body = ask_raw(f"{origin(served)}/api/table?where={quote(where)}",
+                              headers=token_headers(served))
+
+    assert status == 400 and fragment in one_line_error(status, body)
+    untraced(log)
+
+
+def test_control_characters_in_a_filter_are_escaped_in_its_message_and_log(viewed):
+    from urllib.parse import quote
+
+    served, log = viewed
+
+    status, _, body = ask_raw(f"{origin(served)}/api/table?where={quote('sucess' + chr(27) + '[2J == 1')}",
+                              headers=token_headers(served))
+
+    message = one_line_error(status, body)
+    assert status == 400 and "\x1b" not in message and "\\x1b[2J" in message
+    assert log.having("\\x1b[2J") and not log.having("\x1b")
+
+
+@pytest.mark.parametrize("query, fragment", [
+    ("start=1&end=0.5", "start 1 s is after end 0.5 s"),
+    ("start=nan", "start must be a number, not 'nan'"),
+    ("end=1e400", "end must be a number, not '1e400'"),
+    ("start=inf", "start must be a number, not 'inf'"),
+    ("start=100", "No frame lies between 100.0 and None s"),
+    ("width=0", "A trace is 1 to 4000 pixels wide"),
+    ("width=" + "9" * 5000, "width must be a whole number"),
+    ("worlds=" + "9" * 5000, "Cannot read worlds"),
+    ("keypoint=" + "b" * 5000, "The model has no body 'bbbbbbbbbb"),
+    ("keypoint=tors", "The model has no body 'tors'. Did you mean 'torso'?"),
+])
+def test_a_bad_trace_window_answers_400_with_one_line(viewed, query, fragment):
+    served, log = viewed
+    if query.startswith("keypoint="):
+        query = f"worlds=0&{query}"
+    elif not query.startswith("worlds="):
+        query = f"worlds=0&dof=shoulder&{query}"
+    else:
+        query += "&dof=shoulder"
+
+    status, _, body = ask_raw(f"{origin(served)}/api/traces?{query}",
+                              headers=token_headers(served))
+
+    assert status == 400 and fragment in one_line_error(status, body)
+    untraced(log)
+
+
+def test_a_dof_or_world_asked_many_times_is_drawn_once(viewed):
+    from flyarchive.view.traces import MAX_WORLDS
+
+    served, _ = viewed
+    worlds = ",".join(["0", "1"] * (MAX_WORLDS // 2))  # 200 ids, 2 worlds
+    dofs = ",".join(["shoulder"] * 100)
+
+    status, _, body = ask_raw(f"{origin(served)}/api/traces?worlds={worlds}&dof={dofs}",
+                              headers=token_headers(served))
+
+    assert status == 200
+    size = int.from_bytes(body[:4], "little")
+    head = json.loads(body[4:4 + size])
+    assert head["labels"] == ["shoulder"] and head["lines"] == [[0, "shoulder"], [1, "shoulder"]]
+
+
+@pytest.mark.parametrize("query, fragment", [
+    ("worlds=0&dof=root/x,root/y,root/z,shoulder,slider,wrist/qw,wrist/qx",
+     "The traces would be 7 lines; one request may take at most 6"),
+    ("worlds=0,1,2&dof=shoulder", "The states read for the traces would be 24,480 bytes"),
+    ("worlds=0&dof=root/x,root/y,root/z,shoulder,slider",
+     "The traces' answer would be 2,040 bytes; one request may take at most 2,000"),
+])
+def test_a_trace_request_past_a_bound_answers_413_with_the_bound_before_any_read(tight, query,
+                                                                                 fragment):
+    served, log = tight
+    before = dict(served.viewer.viewed._cache)
+
+    status, _, body = ask_raw(f"{origin(served)}/api/traces?{query}", headers=token_headers(served))
+
+    message = one_line_error(status, body)
+    assert status == 413 and fragment in message and "Select fewer" in message
+    assert served.viewer.viewed._cache == before  # nothing read
+    assert log.having("413 GET /api/traces")
+
+
+def test_the_issues_traces_request_is_refused_before_it_takes_memory(tight):
+    served, _ = tight
+    worlds = ",".join(["0", "1", "2", "3"] * 50)
+    dofs = ",".join(f"{d}" for d in served.viewer.viewed.dofs) + "," + "shoulder," * 100
+
+    status, _, body = ask_raw(f"{origin(served)}/api/traces?worlds={worlds}&dof={dofs}&width=4000",
+                              headers=token_headers(served))
+
+    assert status == 413 and "would be 52 lines" in one_line_error(status, body)
+
+
+@pytest.mark.parametrize("query, status, fragment", [
+    ("worlds=0,1,2&start=0&count=1", 413, "The states read for the poses would be 24,480 bytes"),
+    ("worlds=0&start=0&count=51", 413, "The poses' answer would be"),
+    ("worlds=0&start=nan", 400, "start must be a whole number, not 'nan'"),
+    ("worlds=0&start=1e400", 400, "start must be a whole number, not '1e400'"),
+])
+def test_a_pose_request_past_a_bound_or_unreadable_is_refused(tight, query, status, fragment):
+    served, _ = tight
+
+    got, _, body = ask_raw(f"{origin(served)}/api/poses?{query}", headers=token_headers(served))
+
+    assert got == status and fragment in one_line_error(got, body)
+
+
+def post_render(served: Any, data: bytes, **headers: str) -> tuple[int, dict[str, str], bytes]:
+    return ask_raw(f"{origin(served)}/api/render", method="POST", data=data,
+                   headers=token_headers(served, **{"Content-Type": "application/json",
+                                                    **headers}))
+
+
+@pytest.mark.parametrize("data, status, fragment", [
+    (b'{"worlds": [NaN], "camera": "front"}', 400, "holds NaN, which is no number"),
+    (b'{"worlds": [Infinity], "camera": "front"}', 400, "holds Infinity, which is no number"),
+    (b'{"worlds": [1e400], "camera": "front"}', 400, "worlds must hold whole numbers"),
+    (b'{"worlds": [0.5], "camera": "front"}', 400, "worlds must hold whole numbers"),
+    (b'{"worlds": ["0"], "camera": "front"}', 400, "worlds must hold whole numbers"),
+    (b'{"worlds": [true], "camera": "front"}', 400, "worlds must hold whole numbers"),
+    (b'{"worlds": 0, "camera": "front"}', 400, "worlds must be a list of world ids"),
+    (b'{"worlds": [[[[0]]]], "camera": "front"}', 400, "worlds must hold whole numbers"),
+    (b'{"worlds": [0], "camera": "front", "start": NaN}', 400, "holds NaN"),
+    (b'{"worlds": [0], "camera": "front", "start": 1e400}', 400, "start must be a number of seconds"),
+    (b'{"worlds": [0], "camera": "front", "start": 0.3, "end": 0.1}', 400,
+     "start 0.3 s is after end 0.1 s"),
+    (b'{"worlds": [0], "camera": "front", "end": -5}', 400, "No frame lies between"),
+    (b'{"worlds": [0], "camera": 7}', 400, "camera and size are text"),
+    (b'{"worlds": [0], "camera": "front", "size": "99999999x2"}', 400, "Cannot read size"),
+    (b'{"worlds": [0], "camera": "front", "quality": 9}', 400, "A render request has no key 'quality'"),
+    (b'[0, 1]', 400, "A render request is a JSON object"),
+    (b'"\xff\xfe"', 400, "not UTF-8"),
+    (b"[" * 30_000 + b"]" * 30_000, 400, "nested too deep"),
+    (b"[" * 100_000 + b"]" * 100_000, 413, "over 65,536 bytes"),
+])
+def test_a_bad_render_body_answers_one_line_and_queues_nothing(viewed, data, status, fragment):
+    served, log = viewed
+
+    got, _, body = post_render(served, data)
+
+    assert got == status and fragment in one_line_error(got, body)
+    assert served.viewer.renders.jobs == {}
+    untraced(log)
+
+
+def test_a_render_start_of_nan_makes_no_job_whose_status_fails_for_the_servers_life(viewed):
+    served, _ = viewed
+    post_render(served, b'{"worlds": [0], "camera": "front", "start": NaN}')
+
+    status, _, body = ask_raw(f"{origin(served)}/api/render/1", headers=token_headers(served))
+    info, _, _ = ask_raw(f"{origin(served)}/api/info", headers=token_headers(served))
+
+    assert status == 400 and "No render '1' in this viewer" in one_line_error(status, body)
+    assert info == 200
+
+
+def test_a_render_past_the_pixel_bound_answers_413_before_it_is_queued(tight):
+    served, _ = tight
+
+    status, _, body = post_render(served, b'{"worlds": [0, 1], "camera": "front"}')
+
+    message = one_line_error(status, body)
+    assert status == 413 and "The render would be 7,833,600 pixels" in message
+    assert "a smaller size or a shorter time window" in message
+    assert not [job for job in served.viewer.renders.jobs.values() if job.worlds == [0, 1]]
+
+
+def test_a_json_body_of_10_megabytes_answers_413_without_being_read_whole(viewed):
+    served, log = viewed
+    data = json.dumps({"worlds": [0], "camera": "front", "pad": "x" * (10 << 20)}).encode()
+
+    status, _, body = post_render(served, data)
+
+    assert status == 413 and "over 65,536 bytes" in one_line_error(status, body)
+    assert served.viewer.renders.jobs == {}
+
+
+@pytest.mark.parametrize("path", ["/video/" + "9" * 5000 + ".mp4", "/api/render/" + "9" * 5000,
+                                  "/video/99999999999.mp4"])
+def test_a_job_number_of_thousands_of_digits_is_no_such_page(viewed, path):
+    served, log = viewed
+
+    status, _, body = ask_raw(origin(served) + path, headers=token_headers(served))
+
+    assert status == 404 and b"no such page" in body and b"Traceback" not in body
+    untraced(log)
+
+
+@pytest.mark.parametrize("query, fragment", [
+    ("page=" + "9" * 5000, "page must be a whole number below 10**18"),
+    ("size=abc", "size must be a whole number"),
+    ("size=100000", "A page holds 1 to 500 rows"),
+])
+def test_a_bad_table_page_answers_400(viewed, query, fragment):
+    served, _ = viewed
+
+    status, _, body = ask_raw(f"{origin(served)}/api/table?{query}", headers=token_headers(served))
+
+    assert status == 400 and fragment in one_line_error(status, body)
+
+
+def test_a_post_with_the_token_only_in_the_address_is_refused(viewed):
+    served, log = viewed
+
+    status, _, body = ask_raw(f"{origin(served)}/api/render?token={served.token}", method="POST",
+                              data=b'{"worlds": [0], "camera": "front"}',
+                              headers={"Content-Type": "text/plain"})
+
+    assert status == 403 and "needs the token in the X-Flyarchive-Token header" in \
+        one_line_error(status, body)
+    assert served.viewer.renders.jobs == {}
+    assert not any(served.token in line for line in log.lines)
+
+
+def test_a_reopen_with_the_token_only_in_the_address_is_refused(viewed):
+    served, _ = viewed
+    generation = served.viewer.viewed.generation
+
+    status, _, _ = ask_raw(f"{origin(served)}/api/reopen?token={served.token}", method="POST")
+
+    assert status == 403 and served.viewer.viewed.generation == generation
+
+
+@pytest.mark.parametrize("path", ["/%0d%0a[flyarchive%20view%2012:00:00]%20render%201%20done",
+                                  "/%1b]0;owned%07%1b[2J", "/%e2%80%ae%00etc"])
+def test_an_unauthenticated_path_with_control_characters_is_logged_escaped(viewed, path):
+    served, log = viewed
+
+    status, _, _ = ask_raw(origin(served) + path)
+
+    assert status == 403
+    line = log.having("403 GET /")[-1]
+    assert "\\x" in line  # \r \n \x1b \x07 \x00 written as escapes
+    untraced(log)
+    assert not any("\u202e" in line for line in log.lines)
+
+
+def test_the_token_never_reaches_a_log_line(viewed):
+    served, log = viewed
+
+    ask_raw(f"{origin(served)}/no-such-page?token={served.token}")
+    ask_raw(f"{origin(served)}/api/traces?worlds=x&token={served.token}")
+    ask_raw(f"{origin(served)}/{served.token}", headers=token_headers(served))
+
+    assert log.having("404 GET") and log.having("Cannot read worlds")
+    assert not any(served.token in line for line in log.lines)
+    assert log.having("<token>")  # the path that was the token
+
+
+def test_a_host_header_with_control_characters_is_refused_and_escaped(viewed):
+    served, log = viewed
+    port = urlsplit(served.url).port
+
+    answer = exchange(served.url, f"GET / HTTP/1.1\r\nHost: evil\x1b[2J:{port}\r\n\r\n".encode())
+
+    assert status_of(answer) == 400 and b"Traceback" not in answer
+    untraced(log)
+
+
+def test_a_request_line_of_64_kilobytes_answers_400_in_one_line(viewed):
+    served, log = viewed
+
+    answer = exchange(served.url, b"GET /" + b"a" * (64 << 10) + b" HTTP/1.1\r\nHost: x\r\n\r\n")
+
+    assert status_of(answer) == 400 and b"Traceback" not in answer
+    untraced(log)
+
+
+@pytest.mark.parametrize("value", ["bytes=" + "0-1," * 20_000 + "0-1", "bytes=0-" + "9" * 9000])
+def test_a_huge_range_header_answers_400_in_one_line(viewed, value):
+    served, log = viewed
+
+    answer = exchange(served.url, f"GET /api/info HTTP/1.1\r\nHost: x\r\nRange: {value}\r\n"
+                                  f"X-Flyarchive-Token: {served.token}\r\n\r\n".encode())
+
+    assert status_of(answer) == 400 and b"Traceback" not in answer
+    untraced(log)
+
+
+def test_an_unknown_method_answers_405_in_one_line(viewed):
+    served, _ = viewed
+
+    status, _, body = ask_raw(f"{origin(served)}/api/info", method="DELETE",
+                              headers=token_headers(served))
+
+    assert status == 405 and "use GET or HEAD" in one_line_error(status, body)
+
+
+def test_a_fault_of_the_viewer_answers_500_in_one_line_and_logs_its_place(viewed, monkeypatch):
+    served, log = viewed
+
+    def broken() -> dict:
+        raise KeyError("a bug")
+
+    monkeypatch.setattr(served.viewer, "info", broken)
+    status, _, body = ask_raw(f"{origin(served)}/api/info", headers=token_headers(served))
+
+    message = one_line_error(status, body)
+    assert status == 500 and "The viewer failed to answer (KeyError)" in message
+    assert "a bug" not in message  # the details go to the log, not the client
+    line = log.having("internal error KeyError")[-1]
+    assert "test_view.py:" in line and "please report" in line
+    untraced(log)

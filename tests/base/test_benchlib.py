@@ -190,3 +190,37 @@ def test_cached_archive_does_not_compute_states_once_built(tmp_path: Path) -> No
 
     assert calls == [1]
     assert urls == [str(tmp_path / "tiny-1x4.zarr")] * 2
+
+
+def test_imported_archive_goes_through_the_npz_import_and_keeps_the_model(tmp_path: Path) -> None:
+    import mujoco
+
+    from flyarchive import open_archive
+    from flyarchive.store.kept_models import kept_model
+    from flyarchive.testing import TWO_HINGES_XML
+
+    model = mujoco.MjModel.from_xml_string(TWO_HINGES_XML)
+    qpos = np.linspace(0.0, 1.0, 2 * 5 * 2).reshape(2, 5, 2)
+
+    url = benchlib.imported_archive(tmp_path, "hinges", model, lambda: qpos)
+    ds = open_archive(url)
+
+    np.testing.assert_array_equal(ds.qpos.values, qpos)
+    assert ds.attrs["source"] == "flygym-npz" and str(ds.qpos.dtype) == "float64"
+    assert kept_model(url)[0].nq == model.nq
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["hinges.done", "hinges.zarr"]
+
+
+def test_a_model_exported_as_a_spec_zip_compiles_to_the_same_model(tmp_path: Path) -> None:
+    import mujoco
+
+    from flyarchive.testing import TINY_XML
+
+    spec = mujoco.MjSpec.from_string(TINY_XML)
+    spec.to_zip(str(tmp_path / "tiny.zip"))
+
+    loaded = benchlib.load_bench_model(tmp_path / "tiny.zip")
+
+    expected = mujoco.MjModel.from_xml_string(TINY_XML)
+    assert (loaded.nq, loaded.nbody, loaded.ngeom) == (expected.nq, expected.nbody, expected.ngeom)
+    np.testing.assert_array_equal(loaded.body_pos, expected.body_pos)

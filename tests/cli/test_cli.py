@@ -112,7 +112,7 @@ def test_model_with_unknown_suffix_is_refused(archive, tmp_path, capsys):
 
     assert main(["import-npz", str(tmp_path), "--to", str(tmp_path / "a.zarr"),
                  "--model", str(tmp_path / "m.txt")]) == 2
-    assert "must be an MJCF .xml or a compiled .mjb" in capsys.readouterr().err
+    assert "must be an MJCF .xml, a spec zip (.mjz, .zip) or a compiled .mjb" in capsys.readouterr().err
 
 
 def test_world_ranges_parse():

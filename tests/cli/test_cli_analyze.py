@@ -69,6 +69,37 @@ def test_gait_prints_json_and_saves_world_variables_that_select_worlds(cli, arch
     assert where.values.tolist() == [v > min(table["path_length"]) for v in table["path_length"]]
 
 
+def test_gait_table_shows_whole_names_and_units(cli, archive):
+    code, out, err = cli("gait", archive, "--thorax", "torso", "--tip", "hand_tip=hand@tip")
+
+    assert code == 0, err
+    header, *rows = out.splitlines()[:40]
+    assert header.split() == ["world", "0", "world", "1", "world", "2"]
+    labels = [row.split("  ")[0].strip() for row in rows if row.strip()]
+    assert "stance_fraction_hand [1]" in labels and "step_frequency_hand [Hz]" in labels
+    assert "heading_change [rad]" in labels and "duty_factor_hand [1]" in labels
+
+
+def test_gait_writes_the_step_and_epoch_tables_as_csv_and_json(cli, archive, tmp_path):
+    import pandas as pd
+
+    steps, epochs = tmp_path / "steps.csv", tmp_path / "epochs.json"
+
+    code, out, err = cli("gait", archive, "--thorax", "torso", "--tip", "hand_tip=hand@tip",
+                         "--steps", str(steps), "--epochs", str(epochs), "--json")
+    again = cli("gait", archive, "--thorax", "torso", "--tip", "hand_tip=hand@tip",
+                "--steps", str(steps))
+
+    assert code == 0, err
+    expected = flyarchive.gait_steps(archive, thorax="torso", tips={"hand_tip": ("hand", "tip")})
+    got = pd.read_csv(steps)
+    assert list(got.columns) == list(expected.columns) and len(got) == len(expected)
+    assert np.allclose(got.liftoff_time, expected.liftoff_time)
+    rows = json.loads(epochs.read_text())
+    assert {r["phase"] for r in rows} <= {"stance", "swing"} and rows[0]["leg"] == "hand"
+    assert again[0] == 2 and "already exists; pass --overwrite" in again[2]
+
+
 @requires_movement
 def test_export_poses_writes_a_movement_file_and_refuses_to_overwrite_it(cli, archive, tmp_path):
     target = tmp_path / "poses.nc"

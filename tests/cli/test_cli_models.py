@@ -51,7 +51,7 @@ def test_info_says_when_no_model_is_kept(tiny, tmp_path, cli):
 
     code, out, _ = cli("info", url)
 
-    assert code == 0 and "not stored (render needs --model)" in out
+    assert code == 0 and "none: no model is kept (render needs --model)" in out
 
 
 def test_render_without_model_uses_the_kept_one(archive, tmp_path, cli):

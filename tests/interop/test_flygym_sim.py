@@ -130,6 +130,31 @@ def test_set_trajectory_recorder_attaches_a_flyarchive_recorder(cpu_sim, tmp_pat
     assert (recorder.timing.output_fps, recorder.timing.playback_speed) == (50, 0.1)
 
 
+def test_set_trajectory_recorder_keeps_the_worlds_spec_which_another_release_replays(
+        cpu_sim, tmp_path):
+    import json
+    from pathlib import Path
+
+    from flyarchive.interop.flygym_sim import set_trajectory_recorder
+    from flyarchive.models import PORTABLE_MODEL_ATTR, model_identity
+    from flyarchive.testing.spec_zips import as_another_release
+
+    url = str(tmp_path / "portable.zarr")
+    recorder = set_trajectory_recorder(cpu_sim, url, chunk_frames=3)
+    cpu_sim.reset()
+    run_cpu(cpu_sim, 240)
+    recorder.close()
+    expected = flyarchive.positions(url, bodies="*").values
+    attrs = json.loads((Path(url) / "zarr.json").read_text())["attributes"]
+    as_another_release(url)
+
+    actual = flyarchive.positions(url, bodies="*").values  # the spec, compiled here again
+
+    assert model_identity(attrs) == attrs[PORTABLE_MODEL_ATTR]["sha256"]
+    assert attrs[PORTABLE_MODEL_ATTR]["exact"] is False  # MuJoCo's XML of the world's spec
+    np.testing.assert_allclose(actual, expected, rtol=0, atol=1e-9)  # mm
+
+
 # ----------------------------------------------------------------------------- GPU
 #: Frames per second of the GPU recordings: at flygym's 0.1 ms steps and the recorders'
 #: 0.2x playback, a frame every 20 steps (Warp's CPU device steps NeuroMechFly slowly).

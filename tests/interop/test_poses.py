@@ -62,15 +62,29 @@ def test_one_nwb_file_per_world_that_pynwb_reads_back(archive, tmp_path):
 
     expected = flyarchive.positions(archive, ["torso", "hand"], points=POINTS)
     assert [p.rsplit("/", 1)[-1] for p in written] == [f"world0000{w}.nwb" for w in range(3)]
+    archive_id = flyarchive.open_archive(archive).attrs["archive_id"]
     with pynwb.NWBHDF5IO(written[1], "r") as io:
         nwb = io.read()
         pose = nwb.processing["behavior"]["PoseEstimation"]
         series = pose.pose_estimation_series["arm.tip"]
-        assert nwb.identifier == "world1" and nwb.subject.subject_id == "world1"
+        assert nwb.identifier == f"world1-{archive_id}"
+        assert nwb.subject.subject_id == f"world1-{archive_id[:8]}"
         assert np.array_equal(series.data[:], expected.sel(world=1, keypoint="arm/tip").values)
-        assert np.array_equal(series.timestamps[:], expected.time.values)
+        assert series.starting_time == expected.time.values[0]  # evenly spaced frames: a rate
+        assert series.rate == pytest.approx(1 / np.diff(expected.time.values).mean())
         assert series.unit == "meters" and series.conversion == 1e-3
         assert list(pose.skeleton.nodes[:]) == ["torso", "hand", "arm.tip"]
+
+
+@requires_nwb
+def test_an_nwb_export_to_a_link_to_a_folder_writes_into_that_folder(archive, tmp_path):
+    (tmp_path / "results").mkdir()
+    (tmp_path / "nwb").symlink_to(tmp_path / "results")
+
+    written = export_poses(archive, tmp_path / "nwb", format="nwb", bodies="hand", worlds=[1])
+
+    assert written == [str(tmp_path / "nwb" / "world00001.nwb")]
+    assert [p.name for p in (tmp_path / "results").iterdir()] == ["world00001.nwb"]
 
 
 @requires_nwb
@@ -83,4 +97,5 @@ def test_movement_loads_the_nwb_files(archive, tmp_path):
     ds = load_poses.from_nwb_file(written[0])
 
     expected = flyarchive.positions(archive, "hand", worlds=[0]).values[0, :, 0]
-    assert np.array_equal(ds.position.sel(keypoint="hand", individual="world0").values, expected)
+    name = f"world0-{flyarchive.open_archive(archive).attrs['archive_id']}"  # the identifier
+    assert np.array_equal(ds.position.sel(keypoint="hand", individual=name).values, expected)

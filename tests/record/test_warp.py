@@ -293,6 +293,24 @@ def test_the_recorded_model_is_kept_beside_the_archive(sim):
     assert blob == model_bytes(sim[0])
 
 
+def test_the_model_source_is_kept_as_the_portable_form(sim, tmp_path):
+    from flyarchive.models import PORTABLE_MODEL_ATTR, compile_spec_zip, model_identity
+    from flyarchive.store import open_group
+    from flyarchive.store.kept_models import read_portable
+    from flyarchive.testing import TINY_XML
+
+    (tmp_path / "tiny.xml").write_text(TINY_XML)
+    url = memory_url()
+    with recorder_for(sim, url, chunk_frames=4, model_source=tmp_path / "tiny.xml") as recorder:
+        run(sim, new_data(sim), recorder, 8)
+
+    blob, entry = read_portable(open_group(url), url)
+
+    assert model_identity(open_archive(url).attrs) == entry["sha256"]
+    assert PORTABLE_MODEL_ATTR in open_archive(url).attrs
+    assert compile_spec_zip(blob).nq == sim[0].nq
+
+
 def test_store_model_false_keeps_only_the_layout(sim):
     url = memory_url()
     with recorder_for(sim, url, chunk_frames=4, store_model=False) as recorder:

@@ -182,16 +182,16 @@ def test_a_filter_naming_no_variable_suggests_the_closest(page, viewed):
     assert viewed[1].having("names 'sucess'")
 
 
-def test_a_render_that_fails_says_why(page, viewed):
+def test_a_render_that_cannot_be_made_says_why_before_it_is_queued(page, viewed):
     select(page, 1)
     page.fill("#size", "241x320")
 
     page.click("#render")
 
     text = message(page)
-    assert "The render failed" in text and "241" in text
-    assert viewed[1].having("failed")
-    assert page.evaluate("document.querySelector('#render-status').dataset.state") == "failed"
+    assert "(241, 320) has an odd side" in text
+    assert viewed[1].having("400 POST /api/render")
+    assert page.evaluate("document.querySelector('#render-status').dataset.state") is None
 
 
 def test_a_wrong_token_gets_a_403_page_and_a_log_line(browser, viewed):
@@ -260,3 +260,57 @@ def test_a_page_without_a_model_shows_the_table_and_says_why_there_is_no_3d_view
         assert log.having("no 3D view or renders")
         page.close()
 
+
+
+def test_control_characters_in_world_variable_text_are_shown_escaped(browser, view_dir):
+    import flyarchive
+    from flyarchive.testing.view import open_page, serving, view_archive
+
+    url = view_archive(str(view_dir / "texts.zarr"))
+    texts = ["\x1b[31mred\x1b[0m", "\u202eevil.exe", "<img src=x onerror=window.pwned=1>",
+             "line\u2028two\x00end"]
+    flyarchive.add_world_vars(url, {"label": np.array(texts)})
+    with serving(url, out=view_dir / "videos-texts", backend="opengl") as (served, _):
+        page = open_page(browser, served.url)
+        column = page.eval_on_selector_all("#table th", "hs => hs.map(h => h.textContent)")
+        cells = page.eval_on_selector_all(
+            f"#table tbody td:nth-child({column.index('label') + 1})", "ds => ds.map(d => d.textContent)")
+        pwned = page.evaluate("window.pwned")
+        page.close()
+
+    assert cells == ["\\x1b[31mred\\x1b[0m", "\\u202eevil.exe", "<img src=x onerror=window.pwned=1>",
+                     "line\\u2028two\\x00end"]
+    assert pwned is None
+
+
+@pytest.mark.s3
+def test_an_s3_endpoint_down_mid_session_is_said_on_the_page_and_it_recovers(browser, view_dir,
+                                                                           s3_server):
+    import uuid
+
+    from flyarchive.testing.faultproxy import FaultPlan, FaultProxy
+    from flyarchive.testing.fixtures import copy_archive
+    from flyarchive.testing.view import open_page, serving, view_archive
+
+    url = copy_archive(view_archive(str(view_dir / "for-s3.zarr")),
+                       f"s3://flyarchive-test/{uuid.uuid4().hex}.zarr", s3_server.storage_options())
+    with FaultProxy(s3_server.endpoint_url) as proxy, \
+            serving(url, storage_options=proxy.storage_options(), out=view_dir / "videos-s3",
+                    backend="opengl") as (served, log):
+        page = open_page(browser, served.url)
+        proxy.plan = FaultPlan(drop=1.0)
+
+        apply_filter(page, "success == 1")
+        text = message(page)
+        proxy.plan = FaultPlan()
+        page.wait_for_function(f"{STATE}.errors >= 1")
+        for _ in range(30):  # the check under way ends when the storage answers again
+            apply_filter(page, "success == 1")
+            if table_worlds(page) == [0, 2]:
+                break
+        worlds = table_worlds(page)
+        page.close()
+
+    assert "The archive's storage did not answer" in text and "keeps running" in text
+    assert worlds == [0, 2]
+    assert log.having("503 GET /api/table")

@@ -1,12 +1,11 @@
 // flyarchive view: the world table (filtered, sorted and paged on the server), the
 // selection that drives traces, the 3D pose view and renders.
+import { api, ApiError, getJson, serverTime, showing } from "/static/api.js";
 import { PoseFrames } from "/static/poseframes.js";
+import { visible } from "/static/text.js";
 import { Traces } from "/static/traces.js";
 
 const $ = (id) => document.getElementById(id);
-const token = new URLSearchParams(location.search).get("token") || sessionStorage.getItem("flyarchive-token") || "";
-sessionStorage.setItem("flyarchive-token", token);
-history.replaceState(null, "", location.pathname);  // the token leaves the address bar
 
 // What tests and the benchmark wait on: counters of finished updates.
 const state = window.flyarchiveView = {
@@ -14,30 +13,6 @@ const state = window.flyarchiveView = {
   selected: [], frame: 0, tableSeq: 0, tracesSeq: 0, poseSeq: 0, errors: 0, playing: false,
   took: {}, tookSeq: {}, serverMs: 0, posesKept: () => (poseFrames ? poseFrames.frames.size : 0),
 };
-
-class ApiError extends Error {
-  constructor(message, replaced) { super(message); this.replaced = replaced; }
-}
-
-async function api(path, options = {}) {
-  const response = await fetch(path, {
-    ...options, headers: { "X-Flyarchive-Token": token, ...(options.headers || {}) },
-  });
-  if (!response.ok) {
-    let text = `${response.status} ${response.statusText}`;
-    let replaced = false;
-    try { const j = await response.json(); text = j.error || text; replaced = !!j.replaced; } catch (e) { /* not JSON */ }
-    throw new ApiError(text, replaced);
-  }
-  return response;
-}
-const getJson = async (path) => (await api(path)).json();
-
-// How long the server worked on a response (its Server-Timing header), ms.
-function serverTime(response) {
-  const timing = /dur=([0-9.]+)/.exec(response.headers.get("Server-Timing") || "");
-  return timing ? Number(timing[1]) : 0;
-}
 
 // What the benchmark reads: ms from the user's action (`asked`) to the next animation
 // frame after the page was updated (state.took[kind]; state.tookSeq[kind] counts them).
@@ -93,7 +68,7 @@ function drawTable(answer) {
   const row = document.createElement("tr");
   answer.columns.forEach((name) => {
     const th = document.createElement("th");
-    th.textContent = name;
+    th.textContent = visible(name);
     if (name === state.table.sort) th.className = state.table.desc ? "sorted desc" : "sorted";
     th.onclick = () => {
       const t = state.table, since = performance.now();
@@ -112,7 +87,7 @@ function drawTable(answer) {
     if (state.selected.includes(world)) tr.className = "selected";
     values.forEach((v, i) => {
       const td = document.createElement("td");
-      td.textContent = v === null ? "nan" : (answer.kinds[i] === "number" && !Number.isInteger(v) ? v.toPrecision(5) : String(v));
+      td.textContent = v === null ? "nan" : (answer.kinds[i] === "number" && !Number.isInteger(v) ? v.toPrecision(5) : visible(v));
       tr.append(td);
     });
     tr.onclick = () => toggle(world);
@@ -177,18 +152,22 @@ function readTraces(buffer) {
 }
 
 // ------------------------------------------------------------------ 3D view
-let view = null;
+let view = null;  // the PoseView while the model has one
+let poseView = null;
 const MAX_3D = 9;
 
 async function loadScene() {
   if (!state.info.model) {
+    if (view) view.setWorlds([]);
+    view = null;
     $("view3d-note").textContent = `No 3D view: ${state.info.model_problem}`;
     return;
   }
   // three.js (2 MB) loads after the table is drawn: the first page does not wait for it.
   const [{ PoseView }, description, blob] = await Promise.all([
     import("/static/view3d.js"), getJson("/api/scene"), api("/api/meshes").then((r) => r.arrayBuffer())]);
-  view = new PoseView($("view3d"), $("tile-labels"));
+  poseView = poseView || new PoseView($("view3d"), $("tile-labels"));  // one WebGL context
+  view = poseView;
   view.load(description, blob);
   state.geoms = description.geoms.length;
 }
@@ -316,10 +295,13 @@ async function follow(id) {
 async function reopen() {
   await guarded(async () => {
     state.info = await (await api("/api/reopen", { method: "POST" })).json();
+    showing(state.info.archive_id);
     poseFrames = new PoseFrames(fetchPoses, state.info.frames);
     say(`Opened ${state.info.url} again: ${state.info.worlds} worlds x ${state.info.frames} frames.`);
+    state.selected = [];  // ids of the archive that was there before
     describe();
     await loadTable();
+    await loadScene();  // the model may be another one now
     selectionChanged();
   });
 }
@@ -371,6 +353,7 @@ async function main() {
   $("draw").onclick = () => { const since = performance.now(); guarded(() => drawTraces(since)); };
   $("render").onclick = () => guarded(render);
   state.info = await getJson("/api/info");
+  showing(state.info.archive_id);
   poseFrames = new PoseFrames(fetchPoses, state.info.frames);
   describe();
   await loadTable();

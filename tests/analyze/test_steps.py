@@ -1,0 +1,174 @@
+"""Stance, swing and their events from tip trajectories: hysteresis, minimum durations,
+gaps, and real and simulated flies through the same functions."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import flyarchive
+from flyarchive.analyze.gait import GaitParams
+from flyarchive.analyze.steps import STANCE, SWING, UNKNOWN, stance_state, step_events
+from flyarchive.testing.markers import requires_movement
+from flyarchive.testing.walker import TRACKED, walker_poses, walker_positions
+
+FPS = 200
+DT = 1 / FPS
+
+
+def cycles(n: int, *, stance: int = 12, swing: int = 8, lift: float = 0.5,
+           chatter: float = 0.0, seed: int = 0) -> np.ndarray:
+    """``(1, T, 3)``: a tip standing ``stance`` frames, then swinging ``swing`` frames 1 mm
+    forward, ``n`` times; ``chatter``: the height in stance flickers around the stance
+    band's edge (every other frame at that height), as a noisy tracker would give it."""
+    rows = []
+    for c in range(n):
+        rows += [[float(c), 0.0, 0.0]] * stance
+        u = (np.arange(swing) + 0.5) / swing
+        rows += [[c + float(v), 0.0, lift * np.sin(np.pi * v)] for v in u]
+    tip = np.array(rows)[None]
+    if chatter:
+        standing = tip[0, :, 2] == 0
+        flicker = standing & (np.arange(tip.shape[1]) % 2 == 1)
+        tip[0, flicker, 2] = chatter
+    return tip
+
+
+def times(tip: np.ndarray) -> np.ndarray:
+    return np.arange(tip.shape[1]) * DT
+
+
+def test_a_regular_pattern_gives_one_swing_per_cycle():
+    tip = cycles(5)
+
+    state = stance_state(times(tip), tip, GaitParams())
+    events = step_events(times(tip), state, tip)
+
+    assert len(events) == 5 - 1  # the last swing ends with the recording
+    assert events.swing_duration == pytest.approx(8 * DT)
+    assert events.step_length == pytest.approx(1.0)
+
+
+def test_height_flicker_at_the_band_s_edge_does_not_make_steps():
+    calm, noisy = cycles(5), cycles(5, chatter=0.12)  # above stance_height, below swing_height
+
+    got = [step_events(times(t), stance_state(times(t), t, GaitParams()), t) for t in (calm, noisy)]
+
+    assert len(got[1]) == len(got[0])
+    assert got[1].liftoff == pytest.approx(got[0].liftoff, abs=1.01 * DT)  # a frame at most
+    assert got[1].touchdown == pytest.approx(got[0].touchdown)
+
+
+def test_without_hysteresis_the_same_flicker_would_count_as_steps():
+    noisy = cycles(5, chatter=0.12)
+    params = GaitParams(swing_height=0.1, min_swing=0.0, min_stance=0.0)  # at the band's edge
+
+    events = step_events(times(noisy), stance_state(times(noisy), noisy, params), noisy)
+
+    assert len(events) > 10
+
+
+def test_swings_and_stances_shorter_than_the_minimum_join_their_neighbours():
+    tip = cycles(4, swing=8)
+    tip[0, 5, 2] = 0.3  # a one-frame hop in the first stance: 5 ms of swing
+    params = GaitParams()
+
+    kept = step_events(times(tip), stance_state(times(tip), tip, GaitParams(min_swing=0.0)), tip)
+    joined = step_events(times(tip), stance_state(times(tip), tip, params), tip)
+
+    assert len(kept) == len(joined) + 1
+    assert params.min_swing > DT
+
+
+def test_no_step_is_made_up_across_a_gap():
+    tip = cycles(6)  # stances at frames 0-11, 20-31...; swings at 12-19, 32-39...
+    gap = slice(44, 66)  # tracking lost from inside a stance to inside the next one
+    tip[0, gap] = np.nan
+
+    state = stance_state(times(tip), tip, GaitParams())
+    events = step_events(times(tip), state, tip)
+
+    whole = step_events(times(cycles(6)), stance_state(times(tip), cycles(6), GaitParams()),
+                        cycles(6))
+    assert (state[0, gap] == UNKNOWN).all()
+    assert len(events) == len(whole) - 1  # the swing in the gap
+    assert not ((events.liftoff < 66 * DT) & (events.touchdown > 44 * DT)).any()
+    after = events.liftoff > 66 * DT
+    assert np.isnan(events.stance_start[after][0])  # its stance began at the gap
+    assert np.isfinite(events.stance_start[after][1:]).all()
+
+
+def test_a_state_is_stance_swing_or_unknown():
+    tip = cycles(3)
+    tip[0, 0] = np.nan
+
+    state = stance_state(times(tip), tip, GaitParams())
+
+    assert set(np.unique(state)) == {STANCE, SWING, UNKNOWN}
+
+
+def test_measures_per_window_count_the_cycles_that_start_in_them():
+    positions = walker_positions(500, 4.0)
+
+    got = flyarchive.gait_summary(positions, params=GaitParams(stance_height=0.05), window=1.0)
+
+    assert got.window.values.tolist() == pytest.approx([0.0, 1.0, 2.0, 3.0])
+    assert got.step_frequency_lf.values[:, 0] == pytest.approx([9.3] * 4, rel=0.02)
+    assert got.step_frequency_lf.dims == ("window", "world")
+
+
+@requires_movement
+@pytest.mark.slow  # movement imports for seconds
+def test_a_tracked_fly_and_a_simulated_one_in_one_step_table():
+    import pandas as pd
+
+    legs = {leg: name for name, leg in TRACKED.items() if name != "thorax"}
+    poses = walker_poses(200, 2.0, individuals=2, noise=0.005)  # x, y only, like a camera above
+    params = GaitParams(stance_height=0.05)
+
+    real = flyarchive.gait_steps(poses, thorax="thorax", legs=legs, params=params)
+    simulated = flyarchive.gait_steps(walker_positions(200, 2.0, noise=0.005), params=params)
+    both = pd.concat([real, simulated], ignore_index=True)
+
+    assert set(both.individual) == {"fly0", "fly1", "world0"}
+    assert set(both.leg) == {"lf", "lm", "lh", "rf", "rm", "rh"}
+    cycle = both.groupby("individual").liftoff_time.apply(lambda t: np.median(np.diff(t)))
+    assert cycle.values == pytest.approx(1 / 9.3, abs=DT)  # (per leg, then across legs)
+    steps = both.groupby(["individual", "leg"]).size()
+    assert steps.min() >= steps.max() - 1
+
+
+@requires_movement
+@pytest.mark.slow  # movement imports for seconds
+def test_three_d_poses_give_the_measures_of_the_positions_they_were_made_of():
+    legs = {leg: name for name, leg in TRACKED.items() if name != "thorax"}
+    params = GaitParams(stance_height=0.05)
+
+    from_poses = flyarchive.gait_summary(walker_poses(250, 2.0, dims=3), thorax="thorax",
+                                         legs=legs, params=params)
+    from_positions = flyarchive.gait_summary(walker_positions(250, 2.0), params=params)
+
+    for name in ("step_frequency_lf", "duty_factor_rh", "phase_rm", "tcs", "mean_height",
+                 "distance", "heading_change"):
+        assert from_poses[name].item() == pytest.approx(from_positions[name].item()), name
+    assert from_poses.individual.values.tolist() == ["fly0"]
+
+
+@requires_movement
+@pytest.mark.slow  # movement imports for seconds
+def test_speed_and_path_agree_with_movement_kinematics():
+    from movement.kinematics import compute_path_length, compute_speed
+
+    poses = walker_poses(250, 2.0, dims=3, noise=0.005)
+    legs = {leg: name for name, leg in TRACKED.items() if name != "thorax"}
+
+    got = flyarchive.gait_summary(poses, thorax="thorax", legs=legs)
+
+    thorax = poses.position.sel(keypoint="thorax", space=["x", "y"])
+    path = compute_path_length(thorax).sel(individual="fly0").item()
+    speed = compute_speed(thorax).sel(individual="fly0")
+    assert got.path_length.item() == pytest.approx(path, rel=1e-9)
+    assert got.mean_speed.item() == pytest.approx(path / float(poses.time[-1] - poses.time[0]))
+    step = np.hypot(*np.diff(thorax.sel(individual="fly0").values, axis=0).T) * 250
+    assert got.peak_speed.item() == pytest.approx(step.max())
+    assert float(speed.mean()) == pytest.approx(got.mean_speed.item(), rel=0.02)
