@@ -91,7 +91,9 @@ def record(xml: str | os.PathLike[str], url: str, *, states: str | None = None) 
 def replay_model_path(xml: str | os.PathLike[str]) -> str | None:
     """The model replay is given: the MJCF file today; None (the archive's own model) once
     archives keep the model's portable form and compile it on any release (issue 32,
-    items 1-2: make this return None, and the cross-release tests prove that form)."""
+    items 1-2). Then :func:`record` keeps that form (the recorder's portable model from
+    ``xml``), this returns None, and the cross-release tests prove the kept form (and can
+    check that the model's identity is the same on both releases)."""
     return str(xml)
 
 
