@@ -11,10 +11,10 @@ model (the tiny model simulated, or given states such as a NeuroMechFly walk);
 computes every body's position with :func:`flyarchive.positions`; :func:`compare` says how
 far two replays are apart.
 
-Replay passes the model's XML (``--model``): an archive keeps a compiled MJB, which only
-the release that wrote it loads. :func:`replay_model_path` is where that changes once
-archives keep the model's portable form (issue 32, items 1-2): it then returns None, and
-replay uses the archive's own model on either release.
+The archive keeps the model twice: its MJB, which only the release that wrote it loads, and
+its portable form (the MJCF with its files, :func:`flyarchive.models.portable_model`), which
+another release compiles. Replay uses the archive's own model (:func:`replay_model_path`:
+None), so the portable form is what crosses releases; given the XML, it replays with that.
 
 Nothing here is needed to record or replay.
 """
@@ -47,6 +47,8 @@ class Replay:
     Attributes:
         mujoco: The release that replayed (``mujoco.__version__``).
         recorded: The release the archive says recorded it (its ``versions`` attribute).
+        identity: The identity of the model the archive keeps
+            (:func:`flyarchive.models.model_identity`: its portable form's SHA-256).
         headlight: ``vis.headlight.active`` of the model replay rendered with (after
             :mod:`flyarchive.replay.releases` pinned it).
         frames: ``(world, time, y, x, 3)`` uint8 RGB of one camera.
@@ -56,13 +58,15 @@ class Replay:
 
     mujoco: str
     recorded: str
+    identity: str
     headlight: int
     frames: np.ndarray
     positions: np.ndarray
 
 
 def record(xml: str | os.PathLike[str], url: str, *, states: str | None = None) -> str:
-    """Record ``url`` with the MJCF model ``xml`` compiled by this MuJoCo.
+    """Record ``url`` with the MJCF model ``xml`` compiled by this MuJoCo, keeping the MJB
+    and the portable form (from ``xml``).
 
     Args:
         xml: The model's MJCF file (its assets beside it).
@@ -76,25 +80,24 @@ def record(xml: str | os.PathLike[str], url: str, *, states: str | None = None) 
     """
     import mujoco
 
-    from flyarchive.models import load_model
+    from flyarchive.models import load_model, portable_model
     from flyarchive.testing.fixtures import record as record_simulated
     from flyarchive.testing.fixtures import write_states
 
     model = load_model(xml)
     if states is None:
-        record_simulated(model, url)
+        record_simulated(model, url, model_source=str(xml))
     else:
-        write_states(url, model, np.load(states, allow_pickle=False))
+        write_states(url, model, np.load(states, allow_pickle=False),
+                     portable=portable_model(str(xml), model=model))
     return mujoco.__version__
 
 
 def replay_model_path(xml: str | os.PathLike[str]) -> str | None:
-    """The model replay is given: the MJCF file today; None (the archive's own model) once
-    archives keep the model's portable form and compile it on any release (issue 32,
-    items 1-2). Then :func:`record` keeps that form (the recorder's portable model from
-    ``xml``), this returns None, and the cross-release tests prove the kept form (and can
-    check that the model's identity is the same on both releases)."""
-    return str(xml)
+    """The model the cross-release tests replay with: None, the archive's own (its portable
+    form on the release that did not record it). Return ``str(xml)`` to replay with the
+    MJCF file instead (``--model fly.xml``), as before archives kept the portable form."""
+    return None
 
 
 def replay(url: str, camera: str, size: tuple[int, int], *,
@@ -111,7 +114,7 @@ def replay(url: str, camera: str, size: tuple[int, int], *,
 
     from flyarchive import positions, render_frames
     from flyarchive.distribute.api import replay_model
-    from flyarchive.models import load_model
+    from flyarchive.models import load_model, model_identity
     from flyarchive.store.opening import open_header
 
     compiled = None if model is None else load_model(model)
@@ -120,7 +123,8 @@ def replay(url: str, camera: str, size: tuple[int, int], *,
     frames = render_frames(url, compiled, camera, size=size).values
     where = positions(url, "*", model=compiled, stored=False).values
     return Replay(mujoco.__version__, str(header.attrs["versions"]["mujoco"]),
-                  int(used.vis.headlight.active), np.asarray(frames), np.asarray(where))
+                  str(model_identity(header.attrs)), int(used.vis.headlight.active),
+                  np.asarray(frames), np.asarray(where))
 
 
 def differing_pixels(a: np.ndarray, b: np.ndarray, levels: int = PIXEL_LEVELS) -> float:
@@ -216,8 +220,8 @@ def run_in(python: str, steps: Sequence[dict[str, Any]], *,
 def load_replay(path: str | os.PathLike[str]) -> Replay:
     """The :class:`Replay` a :func:`replay_step` saved."""
     with np.load(path, allow_pickle=False) as saved:
-        return Replay(str(saved["mujoco"]), str(saved["recorded"]), int(saved["headlight"]),
-                      saved["frames"], saved["positions"])
+        return Replay(str(saved["mujoco"]), str(saved["recorded"]), str(saved["identity"]),
+                      int(saved["headlight"]), saved["frames"], saved["positions"])
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -233,8 +237,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             args = dict(step["replay"])
             out = args.pop("out")
             seen = replay(args.pop("url"), args.pop("camera"), tuple(args.pop("size")), **args)
-            np.savez(out, mujoco=seen.mujoco, recorded=seen.recorded, headlight=seen.headlight,
-                     frames=seen.frames, positions=seen.positions)
+            np.savez(out, mujoco=seen.mujoco, recorded=seen.recorded, identity=seen.identity,
+                     headlight=seen.headlight, frames=seen.frames, positions=seen.positions)
     print(json.dumps({"mujoco": mujoco.__version__}), flush=True)
     return 0
 

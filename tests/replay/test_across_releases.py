@@ -1,14 +1,15 @@
 """Same pictures on both MuJoCo lines: an archive recorded under one release (3.16 or
 4.0.1) replays under the other with frames that differ in at most 2 % of pixels (by more
 than 8 levels) and body positions within 1e-9 model units (mm for NeuroMechFly), in both
-directions (issue 32, item 4).
+directions, and its model's identity is the same on both (issue 32, items 1 and 4).
 
 The other release runs in the other environment (``bash scripts/dev.sh test`` makes
 both and names its interpreter in ``FLYARCHIVE_TEST_OTHER_PYTHON``), through
-:mod:`flyarchive.testing.releases`. Replay is given the model's XML
-(:func:`~flyarchive.testing.releases.replay_model_path`; the archive's own model once it
-keeps the portable form). The models: the tiny test model (simulated where it is recorded)
-and NeuroMechFly exported with its meshes (where flygym is: a walk recorded as states).
+:mod:`flyarchive.testing.releases`. Replay uses the archive's own model
+(:func:`~flyarchive.testing.releases.replay_model_path`): on the release that did not record
+it, the portable form kept beside the MJB. The models: the tiny test model (simulated where
+it is recorded) and NeuroMechFly exported with its meshes (where flygym is: a walk recorded
+as states).
 """
 
 from __future__ import annotations
@@ -57,7 +58,7 @@ def line(version: str) -> str:
 def assert_same_pictures(here, there) -> None:
     """Two replays of one archive by different MuJoCo lines match within the bounds."""
     assert line(here.mujoco) == line(mujoco.__version__) and line(there.mujoco) != line(here.mujoco)
-    assert here.recorded == there.recorded
+    assert here.recorded == there.recorded and here.identity == there.identity
     assert here.frames.shape == there.frames.shape and here.frames.std() > 10  # they show something
     gaps = compare(here, there)
     assert gaps["pixels"] <= MAX_PIXELS, gaps
@@ -88,6 +89,7 @@ def test_archives_of_the_tiny_model_replay_the_same_on_both_releases_either_way(
     (mine, mine_there), (theirs_here, theirs) = replays_across(other, xml, TINY, tmp_path)
 
     assert mine.recorded == mujoco.__version__ and line(theirs.recorded) != line(mine.recorded)
+    assert mine.identity == theirs.identity  # one model, whichever release recorded it
     assert_same_pictures(mine, mine_there)
     assert_same_pictures(theirs_here, theirs)
 
@@ -101,7 +103,7 @@ def test_neuromechfly_walks_replay_the_same_on_both_releases_either_way(other, t
     (mine, mine_there), (theirs_here, theirs) = replays_across(other, xml, NMF, tmp_path,
                                                                states=str(states))
 
-    assert line(theirs.recorded) != line(mine.recorded)
+    assert line(theirs.recorded) != line(mine.recorded) and mine.identity == theirs.identity
     assert mine.positions.shape[2] == world.model.nbody - 1  # every body of the fly
     assert_same_pictures(mine, mine_there)
     assert_same_pictures(theirs_here, theirs)
