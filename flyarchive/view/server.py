@@ -141,7 +141,10 @@ class ViewApp:
         get("/api/scene", self._api(self.scene, heavy=True))
         get("/api/meshes", self._api(self.meshes, heavy=True))
         get("/api/poses", self._api(self.poses, heavy=True))
+        get("/api/gait", self._api(self.gait, heavy=True))
+        get("/api/scatter", self._api(self.scatter))
         post("/api/render", self._api(self.render))
+        post("/api/renders", self._api(self.render_many))
         get("/api/render/{job:[0-9]{1,9}}", self._api(self.render_status, archive=False))
         post("/api/reopen", self._api(self.reopen, archive=False))
         get("/video/{job:[0-9]{1,9}}.mp4", self.video)
@@ -364,8 +367,17 @@ class ViewApp:
         blob, shape = self.state.poses(request.query)
         return Binary(blob, {"X-Shape": ",".join(map(str, shape))})
 
+    def gait(self, request: web.Request, body: Any) -> dict[str, Any]:
+        return self.state.gait(request.query)
+
+    def scatter(self, request: web.Request, body: Any) -> dict[str, Any]:
+        return self.state.scatter(request.query)
+
     def render(self, request: web.Request, body: Any) -> dict[str, Any]:
         return self.state.render(body, client=_client(request))
+
+    def render_many(self, request: web.Request, body: Any) -> dict[str, Any]:
+        return self.state.render_many(body, client=_client(request))
 
     def render_status(self, request: web.Request, body: Any) -> dict[str, Any]:
         return self.state.renders.status(int(request.match_info["job"]))
