@@ -224,15 +224,17 @@ def walker_states(model: mujoco.MjModel, positions: xr.DataArray) -> np.ndarray:
 
 
 def walker_archive(url: str, gaits: Sequence[WalkerGait] = (TRIPOD,), *, frames: int = 100,
-                   noise: float = 0.0) -> str:
+                   noise: float = 0.0, spread: float = 0.0) -> str:
     """An archive of :func:`walker_model` walking: world ``w`` with ``gaits[w]``, ``frames``
-    frames at 125 frames/s (frame ``k`` at ``k * 0.008`` s), the model kept beside it.
-    Returns ``url``."""
+    frames at 125 frames/s (frame ``k`` at ``k * 0.008`` s), starting ``w * spread`` mm to
+    the left (+y) of the origin, the model kept beside it. Returns ``url``."""
     from flyarchive.testing.fixtures import write_states
 
     model = walker_model()
-    qpos = np.concatenate([
-        walker_states(model, walker_positions(125.0, frames / 125.0, gait=gait, noise=noise,
-                                              seed=w))
-        for w, gait in enumerate(gaits)])
+    walks = []
+    for w, gait in enumerate(gaits):
+        positions = walker_positions(125.0, frames / 125.0, gait=gait, noise=noise, seed=w)
+        positions.loc[{"xyz": "y"}] = positions.sel(xyz="y") + w * spread
+        walks.append(walker_states(model, positions))
+    qpos = np.concatenate(walks)
     return write_states(url, model, qpos, chunk_frames=25)

@@ -16,6 +16,9 @@ const state = window.flyarchiveView = {
   info: null, table: { where: "", sort: "world", desc: false, page: 0, size: 50 },
   selected: [], frame: 0, tableSeq: 0, tracesSeq: 0, poseSeq: 0, errors: 0, playing: false,
   filter: "", brush: null, gaitSeq: 0, scatterSeq: 0, batchSeq: 0,
+  // what the gait panels and the scatter drew (data and CSS pixels), for tests
+  footfallBars: () => (footfall ? footfall.bars : []), pathsDrawn: () => (paths ? paths.drawn : []),
+  scatterPoints: () => (scatter ? scatter.points : []), scatterBrushed: () => (scatter ? scatter.brushed : []),
   took: {}, tookSeq: {}, serverMs: 0, posesKept: () => (poseFrames ? poseFrames.frames.size : 0),
 };
 
