@@ -34,6 +34,8 @@ CACHE_BYTES = 64 << 20
 #: :data:`flyarchive.analyze.gait.MEASURES` names them.
 WORLD_MEASURES = ("mean_speed", "distance", "tcs")
 LEG_MEASURES = ("step_frequency", "duty_factor")
+#: Decimals of the times (s) and lengths (mm) sent.
+TIME_DIGITS, LENGTH_DIGITS = 9, 6
 #: Bytes of JSON per number sent, at most (a float64 written out, a comma).
 _NUMBER_BYTES = 26
 
@@ -65,11 +67,13 @@ class WorldGait:
         return int(sum(s.nbytes for s in self.stance) + self.path.nbytes + 64 * len(self.measures))
 
     def as_json(self) -> dict[str, Any]:
-        """JSON-ready (NaN as None)."""
+        """JSON-ready (NaN as None; times rounded to the nanosecond, lengths to the
+        nanometre: shorter to send, and far below a frame or a tip's noise)."""
         return {"world": self.world,
-                "stance": [s.tolist() for s in self.stance],
-                "path": {"t": _numbers(self.path[0]), "x": _numbers(self.path[1]),
-                         "y": _numbers(self.path[2])},
+                "stance": [np.round(s, TIME_DIGITS).tolist() for s in self.stance],
+                "path": {"t": _numbers(self.path[0], TIME_DIGITS),
+                         "x": _numbers(self.path[1], LENGTH_DIGITS),
+                         "y": _numbers(self.path[2], LENGTH_DIGITS)},
                 "measures": {k: _numbers(v) if isinstance(v, (list, np.ndarray)) else _number(v)
                              for k, v in self.measures.items()}}
 
@@ -79,8 +83,9 @@ def _number(value: Any) -> float | None:
     return value if math.isfinite(value) else None
 
 
-def _numbers(values: Any) -> list[float | None]:
-    return [_number(v) for v in np.asarray(values, dtype=np.float64).ravel()]
+def _numbers(values: Any, digits: int | None = None) -> list[float | None]:
+    values = np.asarray(values, dtype=np.float64).ravel()
+    return [_number(v) for v in (values if digits is None else np.round(values, digits))]
 
 
 def thorax_of(bodies: Sequence[str]) -> str:
@@ -153,13 +158,14 @@ def world_gaits(source: Any, worlds: Sequence[int], time: tuple[float, float], *
     times = np.asarray(pos.time.values, dtype=np.float64)
     thorax_xy = np.asarray(pos.sel(keypoint="gait/thorax", xyz=["x", "y"]).values)  # (w, t, 2)
     keep = _thinned(len(times), MAX_PATH_POINTS)
-    stance = epochs[epochs["phase"] == "stance"]
+    stance = epochs[epochs["phase"] == "stance"]  # ordered by world, leg, then time
+    of_world = stance["world"].to_numpy()
+    of_leg = stance["leg"].to_numpy().astype(str)
+    spans = stance[["start_time", "stop_time"]].to_numpy(np.float64)
     out = []
     for i, world in enumerate(int(w) for w in pos.world.values):
-        mine = stance[stance["world"] == world]
-        intervals = tuple(
-            np.ascontiguousarray(mine.loc[mine["leg"] == leg, ["start_time", "stop_time"]]
-                                 .to_numpy(np.float64)).reshape(-1, 2) for leg in legs)
+        mine = of_world == world
+        intervals = tuple(np.ascontiguousarray(spans[mine & (of_leg == leg)]) for leg in legs)
         path = np.stack([times[keep], thorax_xy[i, keep, 0], thorax_xy[i, keep, 1]])
         measures: dict[str, Any] = {name: float(summary[name].values[i])
                                     for name in WORLD_MEASURES}

@@ -68,6 +68,8 @@ _Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 TOKEN_HEADER = "X-Flyarchive-Token"
 CLIENT_HEADER = "X-Flyarchive-Client"
 ARCHIVE_HEADER = "X-Flyarchive-Archive"
+#: JSON answers longer than this (characters) are compressed when the client takes it.
+COMPRESS_ABOVE = 32 << 10
 
 
 def static_files() -> dict[str, tuple[bytes, str]]:
@@ -291,8 +293,12 @@ class ViewApp:
                 if result.compress:
                     response.enable_compression()
                 return response
-            return web.Response(text=_dumps(result), content_type="application/json",
-                                headers=_took(start))
+            text = _dumps(result)
+            response = web.Response(text=text, content_type="application/json",
+                                    headers=_took(start))
+            if len(text) > COMPRESS_ABOVE:  # the gait of 9 worlds: 300 kB of JSON, 5x less
+                response.enable_compression()
+            return response
 
         return handler
 

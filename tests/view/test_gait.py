@@ -1,6 +1,7 @@
 """The gait panels' answers (issue 34): each leg's stance intervals as the gait functions
 find them, the thorax's path as the states hold it (thinned past 1,000 frames), kept
-positions read instead of computed, and a world shown again answered from the cache."""
+positions read instead of computed, a world shown again answered from the cache, and a
+large answer sent compressed."""
 
 from __future__ import annotations
 
@@ -21,7 +22,7 @@ def walker_url(tmp_path_factory: pytest.TempPathFactory) -> str:
     from flyarchive.testing.view import walker_view_archive
 
     return walker_view_archive(str(tmp_path_factory.mktemp("view-gait") / "walker.zarr"),
-                               n_worlds=4)
+                               n_worlds=16)
 
 
 def viewer_of(url: str, tmp_path: Path) -> Any:
@@ -46,9 +47,10 @@ def test_the_stances_are_the_gait_functions_stances_and_the_path_the_thorax(walk
         world = got["world"]
         for leg, stances in zip(answer["legs"], got["stance"]):
             rows = epochs[(epochs.world == world) & (epochs.leg == leg) & (epochs.phase == "stance")]
-            np.testing.assert_array_equal(stances, rows[["start_time", "stop_time"]].to_numpy())
-        np.testing.assert_array_equal(got["path"]["x"], states[:, 0])
-        np.testing.assert_array_equal(got["path"]["y"], states[:, 1])
+            np.testing.assert_allclose(stances, rows[["start_time", "stop_time"]].to_numpy(),
+                                       rtol=0, atol=1e-9)  # sent to the nanosecond
+        np.testing.assert_allclose(got["path"]["x"], states[:, 0], rtol=0, atol=1e-6)  # nm
+        np.testing.assert_allclose(got["path"]["y"], states[:, 1], rtol=0, atol=1e-6)
         expected = summary.sel(world=world)
         assert got["measures"]["step_frequency"] == pytest.approx(
             [float(expected[f"step_frequency_{leg}"]) for leg in answer["legs"]])
@@ -67,7 +69,7 @@ def test_a_long_path_is_thinned_to_1000_points_keeping_its_ends(tmp_path):
     assert len(path["t"]) == 1000
     assert path["t"][0] == 0.0 and path["t"][-1] == pytest.approx(1499 * 0.008)
     frames = np.round(np.asarray(path["t"]) / 0.008).astype(int)
-    np.testing.assert_array_equal(path["x"], states[frames, 0])
+    np.testing.assert_allclose(path["x"], states[frames, 0], rtol=0, atol=1e-6)
 
 
 def test_a_world_shown_again_is_answered_without_computing_it_again(walker_url, tmp_path,
@@ -104,5 +106,23 @@ def test_kept_gait_positions_are_read_not_computed(walker_url, tmp_path, monkeyp
     answer = viewer.gait({"worlds": "2"})
 
     stance = expected[(expected.leg == "lf") & (expected.phase == "stance")]
-    np.testing.assert_array_equal(answer["worlds"][0]["stance"][0],
-                                  stance[["start_time", "stop_time"]].to_numpy())
+    np.testing.assert_allclose(answer["worlds"][0]["stance"][0],
+                               stance[["start_time", "stop_time"]].to_numpy(), rtol=0, atol=1e-9)
+
+
+def test_a_large_gait_answer_travels_compressed(walker_url, tmp_path):
+    import gzip
+    import json
+
+    from flyarchive.testing.view import ask, origin, serving
+
+    worlds = ",".join(map(str, range(16)))
+    with serving(walker_url, out=tmp_path / "videos", backend="opengl") as (served, _):
+        url = f"{origin(served)}/api/gait?worlds={worlds}"
+        plain = ask(url, headers={"X-Flyarchive-Token": served.token})
+        packed = ask(url, headers={"X-Flyarchive-Token": served.token, "Accept-Encoding": "gzip"})
+
+    assert plain[0] == packed[0] == 200
+    assert len(plain[2]) > 32 << 10 and "Content-Encoding" not in plain[1]
+    assert packed[1]["Content-Encoding"] == "gzip" and len(packed[2]) < len(plain[2]) / 3
+    assert json.loads(gzip.decompress(packed[2])) == json.loads(plain[2])

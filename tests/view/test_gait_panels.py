@@ -75,7 +75,7 @@ def test_the_footfall_diagram_draws_each_legs_stances_of_the_selected_world(page
         drawn = [[b["start"], b["stop"]] for b in bars if b["leg"] == leg]
         expected = stance[stance.leg == leg][["start_time", "stop_time"]].to_numpy()
         assert len(drawn) >= 3  # 0.8 s at 7.2 Hz: several steps of each leg
-        np.testing.assert_allclose(drawn, expected)
+        np.testing.assert_allclose(drawn, expected, rtol=0, atol=1e-9)
     middle = max(bars, key=lambda b: b["w"])
     assert pixel(page, "footfall", middle["x"] + middle["w"] / 2, middle["y"] + middle["h"] / 2) \
         == STANCE_RGB
@@ -93,8 +93,8 @@ def test_the_path_plot_draws_the_thorax_path_of_each_shown_world(page, walked):
     paths = page.evaluate(f"{STATE}.gait.worlds.map(w => [w.world, w.path.x, w.path.y])")
     assert [d["world"] for d in drawn] == [0, 7]
     for world, x, y in paths:
-        np.testing.assert_allclose(x, qpos[world][:, 0])  # the thorax's x and y, every frame
-        np.testing.assert_allclose(y, qpos[world][:, 1])
+        np.testing.assert_allclose(x, qpos[world][:, 0], rtol=0, atol=1e-6)  # every frame
+        np.testing.assert_allclose(y, qpos[world][:, 1], rtol=0, atol=1e-6)
     for d in drawn:
         assert len(d["points"]) == 100
         px, py = d["points"][50]
