@@ -91,11 +91,13 @@ def test_a_world_shown_again_is_answered_without_computing_it_again(walker_url, 
     assert windowed["window"][0] == pytest.approx(0.104)
 
 
-def test_kept_gait_positions_are_read_not_computed(walker_url, tmp_path, monkeypatch):
+def test_gait_positions_kept_on_the_command_line_are_read_not_computed(walker_url, tmp_path,
+                                                                        monkeypatch, cli):
     from flyarchive.testing.fixtures import copy_archive
 
     url = copy_archive(walker_url, tmp_path / "kept.zarr")
-    flyarchive.keep_positions(url, points=flyarchive.gait_points())
+    code, _, err = cli("positions", url, "--keypoints", "gait", "--quiet")
+    assert code == 0, err
     viewer = viewer_of(url, tmp_path)
     expected = flyarchive.gait_epochs(walker_url, worlds=[2])
 

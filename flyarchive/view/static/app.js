@@ -118,9 +118,8 @@ function selectionChanged() {
   }
   const n = state.selected.length;
   $("selection").textContent = n ? `${n} selected: ${state.selected.slice(0, 20).join(", ")}${n > 20 ? " ..." : ""}` : "no world selected";
-  guarded(drawTraces);
+  guarded(drawTraces).then(() => guarded(drawGait));  // the traces first: they are quicker
   guarded(showWorlds);
-  guarded(drawGait);
   if (scatter) scatter.setSelected(state.selected);
 }
 
@@ -269,7 +268,6 @@ async function play() {
 
 // ------------------------------------------------------------------ gait
 let footfall, paths;
-let gaitAsked = 0;
 
 function gaitNote(text, isError = false) {
   $("gait-note").textContent = text;
@@ -277,9 +275,21 @@ function gaitNote(text, isError = false) {
 }
 
 // The footfalls of one shown world and the paths of all of them, from the server (which
-// keeps what it computed: a world shown again is answered at once).
+// keeps what it computed: a world shown again is answered at once). One request at a
+// time: clicks while one is computed ask again once it is answered, for the selection
+// then (four quick clicks: the server computes each world once, not 1 + 2 + 3 + 4 times).
+let gaitBusy = false, gaitAgain = false;
 async function drawGait() {
-  const asked = ++gaitAsked;
+  if (gaitBusy) { gaitAgain = true; return; }
+  gaitBusy = true;
+  try {
+    do { gaitAgain = false; await gaitOnce(); } while (gaitAgain);
+  } finally {
+    gaitBusy = false;
+  }
+}
+
+async function gaitOnce() {
   const worlds = state.selected.slice(0, MAX_3D);
   if (!worlds.length) {
     footfall.clear(); paths.clear();
@@ -293,14 +303,13 @@ async function drawGait() {
   try {
     answer = await getJson(`/api/gait?worlds=${worlds.join(",")}`);
   } catch (err) {
-    if (asked !== gaitAsked) return;
     if (err.replaced) throw err;  // said at the top, with the button that opens it again
     footfall.clear(); paths.clear();
     gaitNote(err.message, true);
     state.gait = null; state.gaitError = err.message; state.gaitSeq += 1;
     return;
   }
-  if (asked !== gaitAsked) return;  // a later selection won
+  if (gaitAgain) return;  // the selection changed meanwhile: asked again at once
   const chosen = worlds.includes(Number($("gait-world").value)) ? Number($("gait-world").value) : worlds[0];
   $("gait-world").replaceChildren(...worlds.map((w) => Object.assign(document.createElement("option"), { value: w, textContent: w })));
   $("gait-world").value = chosen;
