@@ -148,6 +148,7 @@ class Viewer:
             "dof_units": traces_.dof_units(viewed.attrs.get("layout")),
             "column_units": column_units(list(viewed.columns)),
             "length_unit": traces_.LENGTH_UNIT,
+            "max_gait_frames": self.limits.max_gait_frames,
         }
         if self._model_loaded.is_set():
             info.update(self.model_info())

@@ -140,3 +140,28 @@ def test_brushing_the_scatter_filters_the_table_and_queues_renders_of_those_worl
     assert f"Queued 1 render of {len(expected)} worlds" in page.inner_text("#batch-status")
     job = served.viewer.renders.jobs[batch["jobs"][0]["id"]]
     assert job.worlds == expected and job.video is not None and job.video.is_file()
+
+
+def test_a_recording_longer_than_a_gait_request_shows_the_window_around_the_cursor(browser, walked,
+                                                                                  view_dir):
+    from flyarchive.testing.view import open_page, serving
+    from flyarchive.view.limits import Limits
+
+    url = walked[0].viewer.viewed.url
+    with serving(url, out=view_dir / "walker-videos-short", backend="opengl",
+                 limits=Limits(max_gait_frames=120)) as (served, _):
+        page = open_page(browser, served.url)
+        select_and_wait_for_gait(page, 0, 1)  # 60 frames each at most, of 100
+        first = page.evaluate(f"{STATE}.gait.window")
+        page.evaluate("f => { const t = document.querySelector('#time'); t.value = f; "
+                      "t.dispatchEvent(new Event('input')); }", 80)
+        seq = page.evaluate(f"{STATE}.gaitSeq")
+        page.click("#gait-here")
+        page.wait_for_function(f"{STATE}.gaitSeq > {seq}")
+        later = page.evaluate(f"{STATE}.gait.window")
+        bars = page.evaluate(f"{STATE}.footfallBars()")
+        page.close()
+
+    assert first == pytest.approx([0.0, 59 * 0.008])
+    assert later == pytest.approx([40 * 0.008, 99 * 0.008])  # 60 frames, the last ones
+    assert bars and min(b["start"] for b in bars) >= 40 * 0.008 - 1e-9

@@ -299,9 +299,18 @@ async function gaitOnce() {
     return;
   }
   gaitNote("computing...");
+  // a recording longer than one gait request covers: the window around the time cursor
+  const info = state.info, each = Math.floor(info.max_gait_frames / worlds.length);
+  const q = new URLSearchParams({ worlds: worlds.join(",") });
+  if (info.frames > each) {
+    const first = Math.max(0, Math.min(state.frame - Math.floor(each / 2), info.frames - each));
+    q.set("start", info.times[first]);
+    q.set("end", info.times[first + each - 1]);
+  }
+  $("gait-here").hidden = info.frames <= each;
   let answer;
   try {
-    answer = await getJson(`/api/gait?worlds=${worlds.join(",")}`);
+    answer = await getJson(`/api/gait?${q}`);
   } catch (err) {
     if (err.replaced) throw err;  // said at the top, with the button that opens it again
     footfall.clear(); paths.clear();
@@ -545,6 +554,7 @@ async function main() {
   };
   $("clear-brush").onclick = () => { scatter.setBrush(null); brushed(null); };
   $("render-brushed").onclick = () => guarded(renderBrushed);
+  $("gait-here").onclick = () => guarded(drawGait);
   $("filter-form").onsubmit = (e) => {
     e.preventDefault();
     state.filter = $("filter").value;
