@@ -961,8 +961,8 @@ def gait_steps(
         world = world + first
         parts.append(pd.DataFrame({
             "world": world_ids[world],
-            "individual": np.asarray(got.individuals, dtype=object)[world],
-            "leg": np.asarray(got.legs, dtype=object)[leg],
+            "individual": np.asarray(got.individuals, dtype=str)[world],
+            "leg": np.asarray(got.legs, dtype=str)[leg],
             "step": _ordinal(events.tip),
             "liftoff_time": events.liftoff,
             "touchdown_time": events.touchdown,
@@ -1019,9 +1019,9 @@ def gait_epochs(
         world = world + first
         parts.append(pd.DataFrame({
             "world": world_ids[world],
-            "individual": np.asarray(got.individuals, dtype=object)[world],
-            "leg": np.asarray(got.legs, dtype=object)[leg],
-            "phase": np.where(epochs.stance, "stance", "swing").astype(object),
+            "individual": np.asarray(got.individuals, dtype=str)[world],
+            "leg": np.asarray(got.legs, dtype=str)[leg],
+            "phase": np.where(epochs.stance, "stance", "swing"),
             "start_time": epochs.start,
             "stop_time": epochs.stop,
             "duration": epochs.stop - epochs.start,

@@ -79,6 +79,8 @@ class Viewer:
         self._model_loaded = threading.Event()
         self._model_lock = threading.Lock()
         self.first_page = threading.Event()
+        self._closing = threading.Event()
+        self._warming: threading.Thread | None = None
         self._scene: tuple[dict[str, Any], bytes] | None = None
         self.gaits = gait_.GaitCache()
         self.renders = Renders(self.viewed, None, self.out, backend or best_backend(),
@@ -103,12 +105,23 @@ class Viewer:
 
         def work() -> None:
             self.first_page.wait(wait_for_page_s)
+            if self._closing.is_set():
+                return
             self.load_model()
             if freeze:
                 gc.collect()
                 gc.freeze()
 
-        threading.Thread(target=work, name="flyarchive-view-warm-up", daemon=True).start()
+        self._warming = threading.Thread(target=work, name="flyarchive-view-warm-up", daemon=True)
+        self._warming.start()
+
+    def close(self, timeout_s: float = 60.0) -> None:
+        """Let a warm-up under way end (a model being loaded is loaded; one not begun is
+        not): nothing of this viewer runs on after it is stopped."""
+        self._closing.set()
+        self.first_page.set()
+        if self._warming is not None:
+            self._warming.join(timeout_s)
 
     def load_model(self) -> Any:
         """The model (loaded once, here or by :meth:`warm_up`); None when there is none
@@ -594,6 +607,7 @@ class Served:
             self.thread.join(timeout=10)
             self.app.close()
             self.viewer.renders.close()
+            self.viewer.close()
             self.lines.detach()
 
 
