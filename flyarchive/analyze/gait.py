@@ -374,7 +374,7 @@ def _measure(walk: _Walk, params: GaitParams, reference: str, window: float | No
         for name, values in part.items():
             out.setdefault(name, np.full((worlds, len(starts)), np.nan))[:, k] = values
     state = stance_state(times, walk.tips, params, height=walk.height)
-    events = step_events(times, state, walk.tips)
+    events = step_events(times, state, walk.tips, params, height=walk.height)
     legs_out = _leg_measures(times, state, events, worlds, n_legs, starts, length)
     legs_out.update(_phases(events, worlds, n_legs, walk.legs.index(reference), starts, length,
                             times))
@@ -956,7 +956,7 @@ def gait_steps(
     world_ids = np.asarray(got.position.world.values)
     parts = []
     for walk, state, first in blocks:
-        events = step_events(walk.times, state, walk.tips)
+        events = step_events(walk.times, state, walk.tips, params, height=walk.height)
         world, leg = np.divmod(events.tip, len(got.legs))
         world = world + first
         parts.append(pd.DataFrame({
@@ -1014,7 +1014,8 @@ def gait_epochs(
     world_ids = np.asarray(got.position.world.values)
     parts = []
     for walk, state, first in blocks:
-        epochs: PhaseEpochs = phase_epochs(walk.times, state)
+        epochs: PhaseEpochs = phase_epochs(walk.times, state, walk.tips, params,
+                                           height=walk.height)
         world, leg = np.divmod(epochs.tip, len(got.legs))
         world = world + first
         parts.append(pd.DataFrame({
