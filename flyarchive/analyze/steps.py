@@ -28,12 +28,12 @@ the band (which would lengthen every stance by the time a tip takes to rise
 ``stance_height``: 0.65 ms a side for a tip rising 46 mm/s through a 0.03 mm band, +2 %
 of the duty factor). Per event:
 
-- *The stance's height*: the mean height of the stance's frames within 20 ms of the
-  event (at least its 3 nearest, none past the stance) that are in the band, computed
-  twice, the second time without the frames above the first estimate's margin (a tip on
-  its way up or down). The *margin*: 2.5 times the noise of the tip's stance heights (the
-  scatter of those frames about their mean, pooled over the tip's events; noise alone
-  lifts a standing frame over it once in 160), at least 1 % of ``stance_height``.
+- *The stance's height*: the median height of the stance's frames within 20 ms of the
+  event (at least its 3 nearest, none past the stance) that are in the band (a frame of a
+  tip already on its way up or down does not move it). The *margin*: 2.5 times the noise
+  of the tip's stance heights (the root mean square of those frames' distances below
+  their median, pooled over the tip's events; noise alone lifts a standing frame over it
+  once in 160), at least 1 % of ``stance_height``.
 - *The first frame off it*: the first of the swing's frames (of its first ``smooth / 2``
   seconds, the frames by which smoothing moves the band's edge) above the stance's height
   plus the margin, traced back into the stance while frames stay above it (into the
@@ -79,7 +79,7 @@ _HEIGHT_FLOOR = 0.01
 #: Frames at most this far apart (s) place an event by a straight line through the
 #: tip's heights over this long off the stance; farther apart, midway between frames.
 _RISE = 0.003
-#: A stance's height near an event: the mean of its frames within this many seconds of
+#: A stance's height near an event: the median of its frames within this many seconds of
 #: the event (at least its :data:`_BASE_FRAMES` nearest).
 _BASE_TIME = 0.02
 _BASE_FRAMES = 3
