@@ -32,6 +32,7 @@ from flyarchive.schema import (
     derived_source_url,
     import_status,
     is_state,
+    is_world_var,
     n_frames_problem,
     sizes_problem,
     times_problem,
@@ -41,6 +42,7 @@ from flyarchive.schema import (
 from flyarchive.store.claims import live_claims
 from flyarchive.store.consolidated import WHILE_WRITING, consolidated_findings, root_document
 from flyarchive.store.kept_models import model_problems
+from flyarchive.store.missing import missing_chunks, stored_whole
 from flyarchive.store.reader import (
     block_damage,
     damaged_chunks,
@@ -304,6 +306,8 @@ def _one_pass(url: str, storage_options: Mapping[str, Any] | None, source: Any) 
             for bad in damaged_chunks(arr):
                 found.add(
                     f"Unreadable: {bad.describe()}: {getattr(bad.error, 'reason', bad.error)}")
+        if is_world_var(name, _dims(arr)):
+            _check_whole(arr, name, str(url), found)
     if found.findings:
         return found
     sizes = sizes_problem({n: (_dims(a), a.shape) for n, a in group.arrays()})  # as readers check it
@@ -326,6 +330,30 @@ def _one_pass(url: str, storage_options: Mapping[str, Any] | None, source: Any) 
 
 def _dims(arr: zarr.Array) -> tuple[str, ...]:
     return tuple(arr.metadata.dimension_names or ())
+
+
+def _check_whole(arr: zarr.Array, name: str, url: str, found: _Pass) -> None:
+    """A world variable's chunks, each there: a missing one is damage when the variable is
+    stored whole (:data:`~flyarchive.schema.WHOLE_ATTR`), else (written before flyarchive
+    marked them) a note: its reads give the fill value there."""
+    for file, start, stop in missing_chunks(arr):
+        worlds = (f"world indices {start}..{stop - 1}" if stop - start > 1
+                  else f"world index {start}")
+        if stored_whole(arr):
+            found.add(
+                f"Missing: world variable {name!r} [{worlds}] (file {file}): world "
+                "variables are stored whole, so the file was deleted or lost. Restore it from "
+                f"a backup, or store the variable again: flyarchive.add_world_vars({url!r}, "
+                f"{{{name!r}: values}}, overwrite=True) (gait measures: `flyarchive gait "
+                f"{url} --save`).")
+        else:
+            found.report.notes.append(
+                f"World variable {name!r} has no file {file} ({worlds}): it was "
+                f"written before flyarchive stored world variables whole, and reads there "
+                f"give its fill value ({arr.fill_value!r}), which is what its writer skipped "
+                "storing, or a lost file. If those worlds' values were not all "
+                f"{arr.fill_value!r}, restore the file from a backup; storing the variable "
+                "again (add_world_vars(..., overwrite=True)) protects it.")
 
 
 def _check_source(group: zarr.Group, url: str, storage_options: Mapping[str, Any] | None,
