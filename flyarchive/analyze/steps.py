@@ -100,44 +100,57 @@ def stance_state(times: np.ndarray, tips: np.ndarray, params: GaitParams, *,
     Returns:
         ``(N, T)`` int8: :data:`STANCE`, :data:`SWING` or :data:`UNKNOWN`.
     """
+    runs = stance_runs(times, tips, params, height=height)
+    return runs.painted(runs.value)
+
+
+def stance_runs(times: np.ndarray, tips: np.ndarray, params: GaitParams, *,
+                height: bool = True) -> _Runs:
+    """:func:`stance_state` as runs of frames (``state = runs.painted(runs.value)``), which
+    :func:`step_events` and :func:`phase_epochs` take in place of the state."""
     n, t = tips.shape[:2]
     if t < 2:
-        return np.full((n, t), UNKNOWN, np.int8)
+        return _Runs.of(np.full((n, t), UNKNOWN, np.int8))
     x, y, z = (_smoothed(tips[..., k], times, params.smooth) for k in range(3))
-    dx, dy = np.diff(x, axis=1), np.diff(y, axis=1)
-    moved = np.sqrt(dx * dx + dy * dy)
-    moved /= np.diff(times)  # (N, T-1) horizontal speed between frames
+    dt = np.diff(times)
+    moved = np.diff(x, axis=1)
+    moved *= moved
+    dy = np.diff(y, axis=1)
+    dy *= dy
+    moved += dy  # (N, T-1) squared horizontal displacement between frames
     slow = np.empty((n, t))
     fast = np.empty((n, t))
-    slow[:, 0] = fast[:, 0] = moved[:, 0]
-    slow[:, -1] = fast[:, -1] = moved[:, -1]
     with np.errstate(invalid="ignore"):
+        slow[:, 0] = fast[:, 0] = moved[:, 0] / (dt[0] * dt[0])
+        slow[:, -1] = fast[:, -1] = moved[:, -1] / (dt[-1] * dt[-1])
+        moved /= dt * dt  # squared speed
         np.fmin(moved[:, :-1], moved[:, 1:], out=slow[:, 1:-1])
         np.fmax(moved[:, :-1], moved[:, 1:], out=fast[:, 1:-1])
         known = np.isfinite(slow)
-        known &= np.isfinite(tips[..., 0]) & np.isfinite(tips[..., 1]) & np.isfinite(tips[..., 2])
-        band = slow < params.stance_speed
-        evidence = fast > params.swing_speed
+        known &= np.isfinite(tips[..., 0] + tips[..., 1] + tips[..., 2])
+        band = slow < params.stance_speed ** 2
+        evidence = fast > params.swing_speed ** 2
         if height:
             band &= z < params.stance_height
             evidence |= z > params.swing_height
-    code = np.where(known, band.astype(np.int8), np.int8(UNKNOWN)).astype(np.int8)
+    code = band.view(np.int8)
+    code[~known] = UNKNOWN
     # Hysteresis: out of the band without clear swing evidence is stance.
     runs = _Runs.of(code)
-    swung = np.add.reduceat((evidence & known).ravel(), runs.first) > 0
-    code = runs.painted(np.where((runs.value == SWING) & ~swung, STANCE, runs.value))
+    evidence &= known
+    swung = np.add.reduceat(evidence.ravel(), runs.first) > 0
+    runs = runs.merged(np.where((runs.value == SWING) & ~swung, STANCE, runs.value))
     # Short swings join the stances around them, then short stances the swings.
     bounds = _boundaries(times)
     for value, shortest in ((SWING, params.min_swing), (STANCE, params.min_stance)):
         if shortest <= 0:
             continue
-        runs = _Runs.of(code)
         other = STANCE + SWING - value
         inner = (runs.value == value) & (runs.before == other) & (runs.after == other)
         short = inner & (bounds[runs.stop] - bounds[runs.start] < shortest)
         if short.any():
-            code = runs.painted(np.where(short, other, runs.value))
-    return code
+            runs = runs.merged(np.where(short, other, runs.value))
+    return runs
 
 
 def _smoothed(values: np.ndarray, times: np.ndarray, width: float) -> np.ndarray:
@@ -210,6 +223,24 @@ class _Runs:
         """The ``(N, T)`` array with each run set to its entry of ``values``."""
         return np.repeat(values.astype(np.int8), self.stop - self.start).reshape(self.shape)
 
+    def merged(self, values: np.ndarray) -> _Runs:
+        """The runs of ``self.painted(values)``: runs given equal values next to each other
+        in a row join (found from the runs, without painting)."""
+        values = values.astype(np.int8)
+        keep = np.ones(len(values), bool)
+        keep[1:] = (values[1:] != values[:-1]) | (self.row[1:] != self.row[:-1])
+        row, start, first, value = self.row[keep], self.start[keep], self.first[keep], values[keep]
+        n, t = self.shape
+        same = row[1:] == row[:-1]
+        stop = np.empty_like(start)
+        stop[:-1] = np.where(same, start[1:], t)
+        stop[-1:] = t
+        before = np.full(len(first), -2, np.int8)
+        after = np.full(len(first), -2, np.int8)
+        before[1:] = np.where(same, value[:-1], -2)
+        after[:-1] = np.where(same, value[1:], -2)
+        return _Runs(row, start, stop, value, before, after, first, self.shape)
+
 
 def _event_times(runs: _Runs, times: np.ndarray, tips: np.ndarray, params: GaitParams,
                  height: bool) -> np.ndarray:
@@ -249,6 +280,8 @@ class _Event:
         way: +1 or -1: the direction of time from the stance into the swing.
         stance_frames, swing_frames: ``(E,)`` frames of the stance and of the swing.
         z: ``(n, t)`` heights.
+        flat: ``z`` as one C-contiguous row, indexed by ``offset + column``.
+        offset: ``(E,)`` the index in ``flat`` of each event's row.
     """
 
     row: np.ndarray
@@ -257,12 +290,20 @@ class _Event:
     stance_frames: np.ndarray
     swing_frames: np.ndarray
     z: np.ndarray
+    flat: np.ndarray
+    offset: np.ndarray
 
     @classmethod
     def of(cls, runs: _Runs, events: np.ndarray, way: int, stance: np.ndarray,
            swing: np.ndarray, z: np.ndarray) -> _Event:
         length = runs.stop - runs.start
-        return cls(runs.row[events], runs.start[events], way, length[stance], length[swing], z)
+        row = runs.row[events]
+        return cls(row, runs.start[events], way, length[stance], length[swing], z,
+                   np.ascontiguousarray(z, dtype=np.float64).reshape(-1), row * z.shape[1])
+
+    def height(self, column: np.ndarray) -> np.ndarray:
+        """``(E,)`` each event's tip's height at ``column``."""
+        return self.flat[self.offset + column]
 
     def at(self, step: np.ndarray | int) -> np.ndarray:
         """Columns ``step`` frames from each boundary in the direction stance -> swing (0:
@@ -277,7 +318,7 @@ class _Event:
         frames = self.stance_frames if side < 0 else self.swing_frames
         z = np.empty((count, len(self.row)))
         for j in range(count):
-            z[j] = self.z[self.row, self.at(-1 - j if side < 0 else j)]
+            z[j] = self.height(self.at(-1 - j if side < 0 else j))
         return z, np.arange(count)[:, None] < frames[None, :]
 
     def time(self, params: GaitParams, times: np.ndarray, bounds: np.ndarray, dt: float,
@@ -360,7 +401,7 @@ def _crossed(event: _Event, off: np.ndarray, on: np.ndarray, base: np.ndarray,
     with np.errstate(invalid="ignore", divide="ignore"):
         if k < 1:
             interval = np.abs(times[off] - times[on])
-            rise = np.maximum(z[row, off] - base - margin[row], 0.0) / (interval / 2)
+            rise = np.maximum(event.height(off) - base - margin[row], 0.0) / (interval / 2)
             speed = np.bincount(row, np.nan_to_num(rise), minlength=n) / count
             lag = margin[row] / speed[row]
             return middle - way * np.where(np.isfinite(lag), lag, 0.0)
@@ -372,8 +413,8 @@ def _crossed(event: _Event, off: np.ndarray, on: np.ndarray, base: np.ndarray,
         for j in range(k + 1):
             at = off + way * np.minimum(j, frames)
             t_sum += times[at]
-            z_sum += z[row, at]
-        slope = (z[row, reach] - z[row, off]) / np.abs(times[reach] - times[off])
+            z_sum += event.height(at)
+        slope = (event.height(reach) - event.height(off)) / np.abs(times[reach] - times[off])
         ok = np.isfinite(slope) & (frames > 0)
         speed = np.bincount(row[ok], slope[ok], minlength=n) / np.bincount(row[ok], minlength=n)
         at = t_sum / (k + 1) - way * (z_sum / (k + 1) - base) / speed[row]
@@ -414,20 +455,20 @@ class StepEvents:
         return len(self.tip)
 
 
-def step_events(times: np.ndarray, state: np.ndarray, tips: np.ndarray, params: GaitParams,
-                *, height: bool = True) -> StepEvents:
+def step_events(times: np.ndarray, state: np.ndarray | _Runs, tips: np.ndarray,
+                params: GaitParams, *, height: bool = True) -> StepEvents:
     """The complete steps in a state (see :class:`StepEvents`).
 
     Args:
         times: ``(T,)`` frame times, s.
-        state: ``(N, T)`` from :func:`stance_state`.
+        state: ``(N, T)`` from :func:`stance_state`, or its runs (:func:`stance_runs`).
         tips: ``(N, T, 3)`` the positions it came from.
         params, height: As given to :func:`stance_state`.
     """
-    if state.shape[1] < 2:
+    runs = state if isinstance(state, _Runs) else _Runs.of(state)
+    if runs.shape[1] < 2:
         empty = np.zeros(0)
         return StepEvents(np.zeros(0, np.int64), empty, empty, empty, empty)
-    runs = _Runs.of(state)
     edge = _event_times(runs, times, tips, params, height)
     swing = (runs.value == SWING) & (runs.before == STANCE) & (runs.after == STANCE)
     where = np.flatnonzero(swing)
@@ -462,15 +503,15 @@ class PhaseEpochs:
         return len(self.tip)
 
 
-def phase_epochs(times: np.ndarray, state: np.ndarray, tips: np.ndarray, params: GaitParams,
-                 *, height: bool = True) -> PhaseEpochs:
+def phase_epochs(times: np.ndarray, state: np.ndarray | _Runs, tips: np.ndarray,
+                 params: GaitParams, *, height: bool = True) -> PhaseEpochs:
     """The stance and swing intervals of a state (see :class:`PhaseEpochs`); arguments as
     for :func:`step_events`."""
-    if state.shape[1] == 0:
+    if (state.shape[1] if not isinstance(state, _Runs) else state.shape[1]) == 0:
         empty = np.zeros(0)
         return PhaseEpochs(np.zeros(0, np.int64), np.zeros(0, bool), empty, empty,
                            np.zeros(0, bool))
-    runs = _Runs.of(state)
+    runs = state if isinstance(state, _Runs) else _Runs.of(state)
     edge = _event_times(runs, times, tips, params, height)
     after = np.r_[edge[1:], np.nan]  # the boundary after each run (the next run's, in a row)
     keep = np.flatnonzero(runs.value != UNKNOWN)

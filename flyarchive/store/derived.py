@@ -320,8 +320,7 @@ def _create_arrays(group: zarr.Group, spec: DerivedSpec) -> None:
         group.create_array(
             name, shape=(nw, 0, k, width), dtype=spec.dtype, chunks=(1, ct, k, width),
             shards=(sw, ct, k, width), fill_value=np.nan, dimension_names=dims,
-            attributes={"coordinates": "sim_time frame"},
-            **codecs.array_codecs("lossless", np.dtype(spec.dtype), ndim=4))
+            attributes={"coordinates": "sim_time frame"}, **codecs.plain_codecs())
 
     state("position", 3, ["world", "time", "keypoint", "xyz"])
     if spec.orientations:
@@ -553,6 +552,30 @@ def find_derived(url: str, storage_options: Mapping[str, Any] | None = None
 
 #: :func:`open_derived`'s default source: the archive the group is kept beside.
 BESIDE = "beside"
+
+
+def state_reader(url: str, storage_options: Mapping[str, Any] | None, ds: xr.Dataset,
+                 name: str) -> Any:
+    """The reader of a state array (``position``...) of the derived group ``ds`` opened from
+    ``url`` (:func:`open_derived`), as its dask arrays read it (committed frames checked,
+    frames past ``n_frames`` NaN, every read checking the group is still the one opened):
+    one call reads a whole selection into memory, without a task per chunk.
+
+    Returns:
+        A :class:`~flyarchive.store.dataset.CommittedFrames`: ``reader[worlds, frames, ...]``
+        (worlds and frames as slices or index arrays) gives a numpy array.
+    """
+    from flyarchive.store.dataset import committed_frames
+    from flyarchive.store.reader import fused_reads, open_checked
+
+    group = open_checked(url, storage_options)
+    with fused_reads():
+        arr = group[name]
+    n_frames = np.asarray(ds.n_frames.values, dtype=np.int64)
+    return committed_frames(arr, name, n_frames, int(ds.sizes["time"]),
+                            np.asarray(ds.world.values), url, storage_options,
+                            archive_id=ds.attrs.get("archive_id"),
+                            advice=damage_advice(url, ds.attrs))
 
 
 def open_derived(url: str, storage_options: Mapping[str, Any] | None = None, *,
