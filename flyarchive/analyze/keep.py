@@ -239,7 +239,12 @@ def stored_positions(prepared: Prepared, *, orientations: bool, backend: str,
     straight into its array); None: chunks as the group stores them."""
     import dask.array as da
 
-    from flyarchive.store.derived import DerivedSource, find_derived, open_derived, state_reader
+    from flyarchive.store.derived import (
+        DerivedSource,
+        find_derived,
+        open_derived_group,
+        state_reader,
+    )
 
     ds, kp = prepared.ds, prepared.keypoints
     whole = prepared.whole if prepared.whole is not None else ds
@@ -252,8 +257,8 @@ def stored_positions(prepared: Prepared, *, orientations: bool, backend: str,
                 or derived.get("backend") not in ("cpu", backend) \
                 or any(have.get(label) != d for label, d in wanted.items()):
             continue
-        kept = open_derived(group_url, prepared.storage_options,
-                            source=DerivedSource.of(whole, prepared.url))
+        kept, opened = open_derived_group(group_url, prepared.storage_options,
+                                          source=DerivedSource.of(whole, prepared.url))
         n_frames = kept.n_frames.values
         ids = [int(w) for w in kept.world.values]
         if not set(int(w) for w in ds.world.values) <= set(ids):
@@ -268,7 +273,7 @@ def stored_positions(prepared: Prepared, *, orientations: bool, backend: str,
         stored = [str(k) for k in kept.keypoint.values]
         picked = np.asarray([stored.index(label) for label in kp.labels])
         if chunk_values is not None and not orientations:
-            reader = state_reader(group_url, prepared.storage_options, kept, "position")
+            reader = state_reader(group_url, prepared.storage_options, kept, opened, "position")
             picks = _Selection(reader, np.asarray(at), frames, picked)
             per = max(1, chunk_values // max(1, len(frames) * len(picked) * 3))
             data = da.from_array(picks, chunks=(per, -1, -1, -1), asarray=False,

@@ -555,22 +555,27 @@ BESIDE = "beside"
 
 
 def state_reader(url: str, storage_options: Mapping[str, Any] | None, ds: xr.Dataset,
-                 name: str) -> Any:
+                 group: zarr.Group, name: str) -> Any:
     """The reader of a state array (``position``...) of the derived group ``ds`` opened from
-    ``url`` (:func:`open_derived`), as its dask arrays read it (committed frames checked,
-    frames past ``n_frames`` NaN, every read checking the group is still the one opened):
-    one call reads a whole selection into memory, without a task per chunk.
+    ``url`` with ``group`` (:func:`open_derived_group`), as its dask arrays read it
+    (committed frames checked, frames past ``n_frames`` NaN, every read checking the group
+    is still the one opened): one call reads a whole selection into memory, without a task
+    per chunk.
 
     Returns:
         A :class:`~flyarchive.store.dataset.CommittedFrames`: ``reader[worlds, frames, ...]``
         (worlds and frames as slices or index arrays) gives a numpy array.
     """
     from flyarchive.store.dataset import committed_frames
-    from flyarchive.store.reader import fused_reads, open_checked
+    from flyarchive.store.reader import fused_reads
 
-    group = open_checked(url, storage_options)
     with fused_reads():
         arr = group[name]
+    if arr.shape[1] < ds.sizes["time"]:  # the consolidated copy lags: the array's own
+        from flyarchive.store.reader import open_checked
+
+        with fused_reads():
+            arr = open_checked(url, storage_options, consolidated=False)[name]
     n_frames = np.asarray(ds.n_frames.values, dtype=np.int64)
     return committed_frames(arr, name, n_frames, int(ds.sizes["time"]),
                             np.asarray(ds.world.values), url, storage_options,
@@ -605,6 +610,13 @@ def open_derived(url: str, storage_options: Mapping[str, Any] | None = None, *,
             committed frames missing or damaged. Each names the group and what to do
             (:func:`flyarchive.schema.damage_advice`: recompute it).
     """
+    return open_derived_group(url, storage_options, source=source)[0]
+
+
+def open_derived_group(url: str, storage_options: Mapping[str, Any] | None = None, *,
+                       source: DerivedSource | str | None = BESIDE
+                       ) -> tuple[xr.Dataset, zarr.Group]:
+    """:func:`open_derived`, and the group it opened (for :func:`state_reader`)."""
     from flyarchive.store import dataset
     from flyarchive.store.opening import read_archive
     from flyarchive.store.reader import open_checked
@@ -632,4 +644,4 @@ def open_derived(url: str, storage_options: Mapping[str, Any] | None = None, *,
         if problems:
             raise CorruptArchiveError(f"The derived group at {url!r} does not match its "
                                       f"archive: {problems[0]} {advice}")
-    return ds
+    return ds, group
