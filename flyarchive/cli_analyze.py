@@ -25,8 +25,10 @@ class CliTools:
 
 _KEYPOINTS_HELP = (
     "comma-separated keypoints: body names (nmf/c_thorax), site:NAME for a site, "
-    "'tarsus-tips' for NeuroMechFly's six tarsus tips (nmf/lf_tip...), 'bodies' for every "
-    "body (the default when nothing is asked); repeatable")
+    "'tarsus-tips' for NeuroMechFly's six tarsus tips (nmf/lf_tip...), 'gait' for the points "
+    "the gait functions and the viewer's gait panels read (flyarchive.gait_points: the thorax, "
+    "its heading and the tips), 'bodies' for every body (the default when nothing is asked); "
+    "repeatable")
 _POINT_HELP = ("a point fixed in a body's frame: LABEL=BODY@X,Y,Z (offset in the model's length "
                "unit) or LABEL=BODY@tip (the end of the body's geoms); repeatable")
 
@@ -37,6 +39,7 @@ def parse_keypoints(keypoints: list[str] | None, points: list[str] | None) -> di
     Raises:
         SelectionError: a point that is not ``LABEL=BODY@X,Y,Z`` or ``LABEL=BODY@tip``.
     """
+    from flyarchive.analyze.gait import gait_points
     from flyarchive.analyze.keypoints import tarsus_tips
 
     bodies: list[str] = []
@@ -48,6 +51,8 @@ def parse_keypoints(keypoints: list[str] | None, points: list[str] | None) -> di
                 bodies.append("*")
             elif item == "tarsus-tips":
                 found.update(tarsus_tips())
+            elif item == "gait":
+                found.update(gait_points())
             elif item.startswith("site:"):
                 sites.append(item[len("site:"):])
             elif item:

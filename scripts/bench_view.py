@@ -25,7 +25,12 @@ Measured (p50 and p95 of ``--repeat`` runs each, milliseconds):
 - ``poses kept``: from selecting 4 worlds to the poses of every frame kept in the page
   (fetched in blocks while the user looks; once);
 - ``pose update``: then a move of the time cursor to a random frame, to the 3D view
-  drawn with the new poses (three.js on Chromium's software WebGL here).
+  drawn with the new poses (three.js on Chromium's software WebGL here);
+- ``gait 4 worlds``: from clicking 4 rows of the table (other worlds each run) to their
+  footfalls and paths drawn (the gait of each computed by forward kinematics of the thorax
+  and six tarsus tips, while their traces and poses load too); the first run also opens
+  the lazy dataset (imports of xarray and dask); ``gait again``: the same 4 clicked again
+  after clearing the selection (kept by the server).
 
 Each measure after the first page is given three ways: as the driver (Playwright) sees
 it, from its action to the page's condition (round trips to the browser included); the
@@ -236,6 +241,24 @@ def measure(page: Any, repeat: int, n_worlds: int) -> dict[str, list[float]]:
                                         "t.value = f; t.dispatchEvent(new Event('input')); }",
                                         frame),
             f"{V}.poseFrame === {frame}", kind="pose"))
+    out["gait 4 worlds"], out["gait again"] = [], []
+    for _ in range(repeat):
+        page.click("#clear")
+        seq = page.evaluate(f"{V}.tableSeq")
+        page.fill("#filter", f"world >= {int(rng.integers(0, max(1, n_worlds - 60)))}")
+        page.click("#filter-form button")
+        page.wait_for_function(f"{V}.tableSeq > {seq}")
+        rows = page.eval_on_selector_all("#table tbody tr", "rs => rs.map(r => r.dataset.world)")[:4]
+        shown = f"{V}.gait && {V}.gait.worlds.map(w => w.world).join() === '{','.join(rows)}'"
+
+        def click_rows() -> None:
+            for world in rows:
+                page.click(f"#table tbody tr[data-world='{world}']")
+
+        out["gait 4 worlds"].append(timed(page, click_rows, shown))
+        page.click("#clear")
+        page.wait_for_function(f"{V}.gait === null")
+        out["gait again"].append(timed(page, click_rows, shown))
     return out
 
 

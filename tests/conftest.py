@@ -6,8 +6,9 @@ that marker (declared in pyproject.toml). Most are given here, from what a test 
 (:func:`pytest_collection_modifyitems`): the ``s3_server`` fixture (through ``s3_location``
 too) or an ``"s3"`` parameter (``location[s3]``) gives ``s3``, the ``dask_cluster`` fixture
 (through ``dask_client`` too) gives ``cluster``, the skip markers ``requires_warp``/
-``requires_flygym``/``requires_chromium`` give ``warp``/``flygym``/``browser``, a
-``"warp-cpu"`` parameter gives ``warp``. Tests that start processes of their own or a
+``requires_flygym``/``requires_chromium`` give ``warp``/``flygym``/``browser``
+(``requires_flygym_files``, flygym's trajectory files alone, gives none: those tests are
+cheap), a ``"warp-cpu"`` parameter gives ``warp``. Tests that start processes of their own or a
 cluster of their own say ``subprocess`` or ``cluster`` themselves (or in their file's
 ``pytestmark``); a test over 5 s with no such marker is named at the end of the run. ``--fast`` leaves every expensive test out
 (``bash scripts/dev.sh test --fast``). Cases marked ``sweep`` repeat a behaviour another

@@ -678,8 +678,9 @@ def gait_positions(
         ``(world, time, keypoint, xyz)``: keypoints ``gait/thorax`` (the thorax's origin),
         ``gait/ahead`` (one unit ahead of it on its x axis: its heading) and the tips.
     """
-    return _source(url, thorax, tips, None, worlds, time, model, storage_options, backend,
-                   processes).position
+    position = _source(url, thorax, tips, None, worlds, time, model, storage_options, backend,
+                       processes).position
+    return position.compute() if position.chunks is not None else position  # (kept: read now)
 
 
 def _positions_source(source: Any, thorax: str, tips: Any, legs: Mapping[str, str] | None,
@@ -983,8 +984,8 @@ def gait_steps(
         world = world + first
         parts.append(pd.DataFrame({
             "world": world_ids[world],
-            "individual": np.asarray(got.individuals, dtype=object)[world],
-            "leg": np.asarray(got.legs, dtype=object)[leg],
+            "individual": np.asarray(got.individuals, dtype=str)[world],
+            "leg": np.asarray(got.legs, dtype=str)[leg],
             "step": _ordinal(events.tip),
             "liftoff_time": events.liftoff,
             "touchdown_time": events.touchdown,
@@ -1042,9 +1043,9 @@ def gait_epochs(
         world = world + first
         parts.append(pd.DataFrame({
             "world": world_ids[world],
-            "individual": np.asarray(got.individuals, dtype=object)[world],
-            "leg": np.asarray(got.legs, dtype=object)[leg],
-            "phase": np.where(epochs.stance, "stance", "swing").astype(object),
+            "individual": np.asarray(got.individuals, dtype=str)[world],
+            "leg": np.asarray(got.legs, dtype=str)[leg],
+            "phase": np.where(epochs.stance, "stance", "swing"),
             "start_time": epochs.start,
             "stop_time": epochs.stop,
             "duration": epochs.stop - epochs.start,

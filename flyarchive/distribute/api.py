@@ -36,6 +36,7 @@ from flyarchive.render.output_plan import plan_outputs
 from flyarchive.render.plan import Job, OnVideo, RenderPlan, absolute_url, preflight
 from flyarchive.render.renderers import keep_archive
 from flyarchive.replay import WARP_BACKENDS
+from flyarchive.replay.releases import pin_release_defaults, recorded_release
 from flyarchive.replay.sizes import is_int
 from flyarchive.store.opening import open_header
 
@@ -76,6 +77,10 @@ def replay_model(source: str, ds: Archive, model: mujoco.MjModel | None,
                  ) -> tuple[mujoco.MjModel, bytes]:
     """The model to replay an archive with, and its MJB bytes (what workers get).
 
+    The model's visual defaults are those of the MuJoCo release that recorded the archive
+    (:mod:`flyarchive.replay.releases`): where this release changed one, a copy is pinned
+    and its bytes are what workers get.
+
     Args:
         source: The archive's URL.
         ds: The archive, from :func:`flyarchive.open_archive`, or its header
@@ -104,6 +109,9 @@ def replay_model(source: str, ds: Archive, model: mujoco.MjModel | None,
         check_data(model)  # mujoco.FatalError of a damaged model: a ModelLoadError
         blob = model_bytes(model)
     _check_model(ds, model)
+    pinned = pin_release_defaults(model, recorded_release(ds.attrs))
+    if pinned is not model:
+        model, blob = pinned, model_bytes(pinned)
     return model, blob
 
 

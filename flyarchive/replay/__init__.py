@@ -11,7 +11,9 @@
   16-bit counts;
 - :mod:`~flyarchive.replay.compose` (with :mod:`~flyarchive.replay.font`): text burnt into
   frames, tiles joined into mosaics, on the host;
-- :mod:`~flyarchive.replay.sizes`: frame sizes, pixel formats and shapes.
+- :mod:`~flyarchive.replay.sizes`: frame sizes, pixel formats and shapes;
+- :mod:`~flyarchive.replay.releases`: the visual defaults of the MuJoCo release that
+  recorded an archive (MuJoCo 4's ``"auto"`` headlight), pinned for replay.
 
 Nothing here is imported by ``import flyarchive`` but these names.
 """

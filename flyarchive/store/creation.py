@@ -19,6 +19,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
+import mujoco
 import numpy as np
 import zarr
 from zarr.core.group import GroupMetadata
@@ -37,7 +38,9 @@ from flyarchive.record.spec import ArchiveSpec
 
 def package_versions() -> dict[str, str]:
     """The installed versions of the packages an archive's ``versions`` attribute names
-    (a new dict each call); packages not installed are left out."""
+    (a new dict each call); packages not installed are left out. ``mujoco`` is the
+    release of the MuJoCo library this process runs (replay reads it:
+    :mod:`flyarchive.replay.releases`)."""
     return dict(_installed_versions())
 
 
@@ -50,6 +53,9 @@ def _installed_versions() -> tuple[tuple[str, str], ...]:
     process, as the modules it already imported are not either."""
     out = []
     for pkg in ("flyarchive", "mujoco", "mujoco-warp", "zarr", "numpy", "xarray", "flygym"):
+        if pkg == "mujoco":  # the library this process runs: since MuJoCo 4 the bindings
+            out.append((pkg, mujoco.__version__))  # are "mujoco-core", "mujoco" a metapackage
+            continue
         try:
             out.append((pkg, importlib.metadata.version(pkg)))
         except importlib.metadata.PackageNotFoundError:

@@ -181,7 +181,7 @@ def _child(argv: Sequence[str] | None = None) -> int:
         from flyarchive.testing import tiny_model
 
         import_npz(args.source, args.target, tiny_model(), chunk_frames=args.chunk_frames,
-                   progress=step)
+                   progress=step, model_source=model_file(args.source))
     else:
         from flyarchive.interop.flygym_npz import export_npz
 
@@ -310,10 +310,7 @@ def _import_trial(npz: Path, url: str, reference: str,
             if not result.partial_detected:
                 result.problems.append(f"The interrupted import was not reported as partial "
                                        f"(info: {said!r}; verify: {report.problems}).")
-    model = Path(url).parent / "tiny-model.xml"
-    from flyarchive.testing import TINY_XML
-
-    model.write_text(TINY_XML)
+    model = model_file(npz)
     with contextlib.redirect_stdout(io.StringIO()):  # its success line is not the report's
         code = main(["import-npz", str(npz), "--to", url, "--model", str(model), "--resume"])
     if code != 0:
@@ -332,12 +329,23 @@ def trial_inputs(workdir: str | Path, config: InteropKillConfig) -> tuple[Path, 
     from flyarchive.interop.flygym_npz import import_npz
     from flyarchive.testing import tiny_model
 
+    from flyarchive.testing import TINY_XML
+
     work = Path(workdir)
     npz = work / "npz-in"
     write_npz_inputs(npz, config.n_files, config.n_frames)
+    model_file(npz).write_text(TINY_XML)
     reference = str(work / "reference.zarr")
-    import_npz(npz, reference, tiny_model(), chunk_frames=config.chunk_frames)
+    import_npz(npz, reference, tiny_model(), chunk_frames=config.chunk_frames,
+               model_source=model_file(npz))
     return npz, reference
+
+
+def model_file(npz: str | Path) -> Path:
+    """The MJCF file of the tiny model beside a trial's folder of ``.npz`` files: every
+    import of a trial (the reference, the killed child, the resumed one) keeps it as the
+    archive's portable model, so that their attributes agree."""
+    return Path(npz).parent / "tiny-model.xml"
 
 
 def kill_trial(workdir: str | Path, config: InteropKillConfig, *,

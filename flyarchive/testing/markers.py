@@ -18,9 +18,9 @@ import pytest
 
 __all__ = [
     "has_module", "has_cuda", "WARP_DEVICE", "WARP_BACKEND", "requires_warp", "requires_cuda",
-    "requires_no_cuda", "requires_flygym", "requires_distributed", "requires_s3",
-    "requires_linux_sys", "requires_movement", "requires_nwb", "requires_nwbinspector",
-    "opengl_vendor", "CHROMIUM",
+    "requires_no_cuda", "requires_flygym", "requires_flygym_files", "requires_distributed",
+    "requires_s3", "requires_linux_sys", "OTHER_PYTHON", "requires_other_mujoco",
+    "requires_movement", "requires_nwb", "requires_nwbinspector", "opengl_vendor", "CHROMIUM",
     "CHROMIUM_ARGS", "requires_chromium", "requires_view",
 ]
 
@@ -90,6 +90,14 @@ requires_no_cuda = pytest.mark.skipif(has_cuda(), reason="this machine has a CUD
 requires_flygym = pytest.mark.skipif(
     not has_module("flygym"), reason="needs flygym 2.1: pip install 'flyarchive[flygym]'"
 )
+#: flygym's ``RecordedTrajectory`` (its ``.npz`` files, its trajectories) and nothing else of
+#: flygym: a cheap import that keeps a test in the fast tier, where ``requires_flygym`` (which
+#: builds NeuroMechFly or runs flygym) puts it in the ``flygym`` tier. Environments without
+#: flygym (MuJoCo 4: flygym 2.1 pins MuJoCo < 3.17) skip both.
+requires_flygym_files = pytest.mark.skipif(
+    not has_module("flygym"),
+    reason="needs flygym 2.1 (its RecordedTrajectory files): pip install 'flyarchive[flygym]'",
+)
 requires_distributed = pytest.mark.skipif(
     not has_module("distributed"), reason="needs dask.distributed: pip install 'flyarchive[dask]'"
 )
@@ -107,6 +115,17 @@ requires_nwb = pytest.mark.skipif(
 )
 requires_nwbinspector = pytest.mark.skipif(
     not has_module("nwbinspector"), reason="needs nwbinspector: pip install 'flyarchive[nwb]'",
+)
+#: The interpreter of an environment with the other MuJoCo line than this one (3.16 or 4.x),
+#: from ``FLYARCHIVE_TEST_OTHER_PYTHON`` (``bash scripts/dev.sh test`` makes both
+#: environments and sets it); ``""`` when unset.
+OTHER_PYTHON = os.environ.get("FLYARCHIVE_TEST_OTHER_PYTHON", "")
+#: Skips without that interpreter, except in CI (``CI`` set), which makes both environments:
+#: there the test runs and fails, naming what is missing.
+requires_other_mujoco = pytest.mark.skipif(
+    not (OTHER_PYTHON and os.access(OTHER_PYTHON, os.X_OK)) and not os.environ.get("CI"),
+    reason="needs an environment with the other MuJoCo line: bash scripts/dev.sh test makes "
+           "both (or set FLYARCHIVE_TEST_OTHER_PYTHON to its python)",
 )
 requires_linux_sys = pytest.mark.skipif(
     not Path("/sys/kernel").is_dir(), reason="needs Linux /sys (a folder nobody may write in)"

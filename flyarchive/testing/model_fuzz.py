@@ -7,7 +7,8 @@ overwritten with an extreme value, the end cut off; the 16-byte header kept, so 
 MuJoCo can tell); :func:`put_model` puts them in place of an archive's kept model under
 their own hash, attribute included, so the archive is consistent and only loading the
 model can tell; :data:`CRAFTED` are models edited through MuJoCo's own fields to a known
-outcome (a SIGSEGV, a ``FatalError``, a clean refusal). :func:`run_command` runs one
+outcome (a SIGSEGV, a ``FatalError``, a clean refusal), which may differ between MuJoCo
+releases (:func:`crafted_outcome`). :func:`run_command` runs one
 command on such an archive in a child process (``python -m flyarchive.testing.model_fuzz``):
 that child is the process a user runs (``flyarchive render`` without ``--model``,
 ``flyarchive verify``, ``flyarchive.load_model``), and the outcome says whether it ended
@@ -32,9 +33,13 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-__all__ = ["COMMANDS", "MUTATIONS", "CRAFTED", "Outcome", "mutate", "crafted", "put_model",
-           "kept_path", "make_case", "run_command", "run_commands", "fuzz", "summarize",
+if TYPE_CHECKING:
+    import mujoco
+
+__all__ = ["COMMANDS", "MUTATIONS", "Crafted", "CRAFTED", "Outcome", "mutate", "crafted",
+           "crafted_model", "crafted_outcome", "put_model", "kept_path", "make_case", "run_command", "run_commands", "fuzz", "summarize",
            "crashed", "clean"]
 
 #: What :func:`run_command` runs: the CLI's ``render`` (no ``--model``) and ``verify``,
@@ -72,25 +77,68 @@ def mutate(blob: bytes, seed: int) -> tuple[bytes, str]:
     return bytes(data), kind
 
 
-#: Models edited through MuJoCo's own fields (field, index, value), each with what MuJoCo
-#: 3.16 does when it loads one and makes its data: the edits of sparse-matrix addresses
-#: pass the loader's own checks.
+@dataclass(frozen=True)
+class Crafted:
+    """The tiny model with one of MuJoCo's own fields edited, and what MuJoCo does with it.
+
+    Attributes:
+        field: The ``MjModel`` field edited (an int32 array).
+        index: The element edited.
+        value: Its new value.
+        outcomes: What loading the model's MJB and making its data does, by MuJoCo release
+            line (major version): ``"SIGSEGV"`` (the process crashes), ``"FatalError"``
+            (``mujoco.FatalError``) or ``"refused"`` (the loader says no, and why).
+    """
+
+    field: str
+    index: int
+    value: int
+    outcomes: dict[int, str]
+
+
+#: Models edited through MuJoCo's own fields to a known outcome. The sparse-matrix sizes
+#: pass MuJoCo 3.16's loader (MuJoCo 4 checks them); a kinematic tree id out of range
+#: passes both (measured with every int32 field of the tiny model set out of range).
 CRAFTED = {
-    "segfault": ("D_rowadr", 2, 10**8),  # MjData's set-up reads far out of the matrix: SIGSEGV
-    "fatal": ("D_rownnz", 2, 10**6),  # MjData's set-up: mujoco.FatalError (checkDBSparse)
-    "refused": ("body_parentid", 2, 10**8),  # the loader: "body_parentid out of bounds"
+    "segfault": Crafted("body_treeid", 2, 10**8, {3: "SIGSEGV", 4: "SIGSEGV"}),  # MjData's set-up
+    "fatal": Crafted("D_rownnz", 2, 10**6, {3: "FatalError", 4: "refused"}),  # checkDBSparse
+    "refused": Crafted("body_parentid", 2, 10**8, {3: "refused", 4: "refused"}),  # the loader
 }
 
 
-def crafted(name: str) -> bytes:
-    """The MJB bytes of the tiny model with the edit ``CRAFTED[name]``."""
-    from flyarchive.models import model_bytes
+def crafted_model(name: str) -> mujoco.MjModel:
+    """The tiny model with the edit ``CRAFTED[name]``, in memory: MuJoCo's loader never sees
+    it, so only making its data (or what follows) can tell."""
     from flyarchive.testing import tiny_model
 
     model = tiny_model()
-    field, index, value = CRAFTED[name]
-    getattr(model, field)[index] = value
-    return model_bytes(model)
+    edit = CRAFTED[name]
+    getattr(model, edit.field)[edit.index] = edit.value
+    return model
+
+
+def crafted(name: str) -> bytes:
+    """The MJB bytes of :func:`crafted_model` ``(name)``."""
+    from flyarchive.models import model_bytes
+
+    return model_bytes(crafted_model(name))
+
+
+def crafted_outcome(name: str) -> str:
+    """What this process's MuJoCo does with the MJB of ``CRAFTED[name]`` (see
+    :attr:`Crafted.outcomes`).
+
+    Raises:
+        KeyError: a MuJoCo release line the table does not know: add what it does.
+    """
+    import mujoco
+
+    line = int(mujoco.__version__.split(".")[0])
+    outcomes = CRAFTED[name].outcomes
+    if line not in outcomes:
+        raise KeyError(f"CRAFTED[{name!r}] does not say what MuJoCo {mujoco.__version__} does "
+                       f"with it (known lines: {sorted(outcomes)}); measure it and add it.")
+    return outcomes[line]
 
 
 def kept_path(url: str) -> Path:

@@ -1,5 +1,5 @@
-"""Harness of the viewer's tests and its benchmark: a small archive with world variables,
-a viewer served in this process on a free port, its log lines, requests as a client sends
+"""Harness of the viewer's tests and its benchmark: a small archive with world variables
+(and one of a six-legged walker whose gait is known, for the gait panels), a viewer served in this process on a free port, its log lines, requests as a client sends
 them (whole, or as raw bytes: :func:`exchange`), connections that never finish their
 request (:func:`half_open`), and a Chromium page driven by Playwright.
 
@@ -22,7 +22,7 @@ from urllib.parse import urlsplit
 
 import numpy as np
 
-__all__ = ["WORLD_VARS", "view_archive", "LogLines", "serving", "origin", "ask", "exchange",
+__all__ = ["WORLD_VARS", "view_archive", "walker_gaits", "walker_view_archive", "LogLines", "serving", "origin", "ask", "exchange",
            "half_open", "closed_by_server", "open_page", "wait_ready"]
 
 #: The world variables of :func:`view_archive`'s four worlds.
@@ -39,6 +39,30 @@ def view_archive(url: str, *, n_worlds: int = 4, n_steps: int = 200, mode: str =
     record(tiny_model(), url, n_worlds=n_worlds, n_steps=n_steps, mode=mode)
     if n_worlds == len(WORLD_VARS["success"]):
         flyarchive.add_world_vars(url, WORLD_VARS)
+    return url
+
+
+def walker_gaits(n_worlds: int = 20) -> list[Any]:
+    """The gaits of :func:`walker_view_archive`'s worlds: world ``w`` steps at
+    ``6 + 0.4 w`` Hz, ``0.6 + 0.03 (w % 7)`` mm a step."""
+    from flyarchive.testing.walker import WalkerGait
+
+    return [WalkerGait(frequency=6.0 + 0.4 * w, step_length=0.6 + 0.03 * (w % 7))
+            for w in range(n_worlds)]
+
+
+def walker_view_archive(url: str, *, n_worlds: int = 20, frames: int = 100) -> str:
+    """``n_worlds`` worlds of the six-legged walker (:func:`flyarchive.testing.walker.walker_archive`,
+    ``frames`` frames at 125 frames/s, its model kept) walking the gaits of
+    :func:`walker_gaits`, side by side 1 mm apart, with world variables ``frequency`` (Hz)
+    and ``step_length`` (mm)."""
+    import flyarchive
+    from flyarchive.testing.walker import walker_archive
+
+    gaits = walker_gaits(n_worlds)
+    walker_archive(url, gaits, frames=frames, spread=1.0)
+    flyarchive.add_world_vars(url, {"frequency": np.array([g.frequency for g in gaits]),
+                                    "step_length": np.array([g.step_length for g in gaits])})
     return url
 
 

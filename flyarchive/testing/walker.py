@@ -11,6 +11,11 @@ moves forward at the walking speed ``step_length * frequency``, 1.2 mm high; tip
 NeuroMechFly's (``nmf/c_thorax``, ``nmf/lf_tip``...), so the gait functions take them
 with their defaults.
 
+The walker also has a body (:func:`walker_model`: a thorax on a free joint and six tarsus
+bodies on slide joints, named as NeuroMechFly's), so that its walk can be an archive
+(:func:`walker_archive`) whose gait the archive's readers (positions, gait, the viewer)
+find with their defaults.
+
 Nothing here is needed to record or replay.
 """
 
@@ -24,9 +29,11 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 if TYPE_CHECKING:
+    import mujoco
     import xarray as xr
 
-__all__ = ["WalkerGait", "TRIPOD", "TRACKED", "walker_positions", "walker_poses", "write_walker_dlc"]
+__all__ = ["WalkerGait", "TRIPOD", "TRACKED", "WALKER_XML", "walker_positions", "walker_poses",
+           "write_walker_dlc", "walker_model", "walker_states", "walker_archive"]
 
 _LEGS = ("lf", "lm", "lh", "rf", "rm", "rh")
 _FOOT = {"lf": (0.9, 0.7), "lm": (0.0, 0.9), "lh": (-0.9, 0.7), "rf": (0.9, -0.7),
@@ -147,3 +154,87 @@ def write_walker_dlc(path: str | Path, fps: float = 200.0, seconds: float = 2.0,
     path = Path(path)
     save_poses.to_dlc_file(ds, path, split_individuals=False)
     return path
+
+
+#: The walker's body, in mm: the thorax ``nmf/c_thorax`` on a free joint, and per leg a
+#: tarsus ``nmf/<leg>_tarsus5`` on three slide joints (x, y, z in the thorax's frame), its
+#: tip (the point of its geom farthest from its origin) the walker's tip. Camera ``top``
+#: looks down on the walk; ``side`` follows the thorax.
+WALKER_XML = """
+<mujoco model="walker">
+  <option timestep="0.002"/>
+  <visual><global offwidth="640" offheight="480"/><quality shadowsize="512"/></visual>
+  <worldbody>
+    <light pos="0 0 30" dir="0 0 -1" directional="true"/>
+    <geom name="floor" type="plane" size="40 40 0.1" rgba="0.35 0.35 0.35 1"/>
+    <camera name="top" pos="4 0 14" xyaxes="1 0 0 0 1 0"/>
+    <body name="nmf/c_thorax" pos="0 0 1.2">
+      <freejoint name="nmf/root"/>
+      <camera name="side" pos="0 -6 1.5" xyaxes="1 0 0 0 0.2 1"/>
+      <geom type="ellipsoid" size="0.9 0.45 0.3" rgba="0.75 0.45 0.2 1"/>
+{legs}
+    </body>
+  </worldbody>
+</mujoco>
+""".replace("{legs}", "\n".join(
+    f"""      <body name="nmf/{leg}_tarsus5" pos="{x} {y} 0">
+        <joint name="nmf/{leg}_x" type="slide" axis="1 0 0"/>
+        <joint name="nmf/{leg}_y" type="slide" axis="0 1 0"/>
+        <joint name="nmf/{leg}_z" type="slide" axis="0 0 1"/>
+        <geom type="capsule" fromto="0 0 0 0 0 -0.6" size="0.05" rgba="0.2 0.2 0.25 1"
+              contype="0" conaffinity="0"/>
+      </body>""" for leg, (x, y) in _FOOT.items()))
+
+
+def walker_model() -> mujoco.MjModel:
+    """The walker's body (:data:`WALKER_XML`, nq = 7 + 18)."""
+    import mujoco
+
+    return mujoco.MjModel.from_xml_string(WALKER_XML)
+
+
+def walker_states(model: mujoco.MjModel, positions: xr.DataArray) -> np.ndarray:
+    """The states of :func:`walker_model` that put its thorax and tarsus tips where
+    ``positions`` has them (the thorax upright, facing +x).
+
+    Args:
+        model: :func:`walker_model`.
+        positions: ``(world, time, keypoint, xyz)`` as :func:`walker_positions` gives them.
+
+    Returns:
+        ``(world, time, nq)`` qpos.
+    """
+    import mujoco
+
+    from flyarchive.analyze.keypoints import tip_offset
+
+    values = np.asarray(positions.values, dtype=np.float64)
+    labels = [str(k) for k in positions.keypoint.values]
+    thorax = values[:, :, labels.index("nmf/c_thorax")]
+    qpos = np.zeros(values.shape[:2] + (model.nq,))
+    qpos[..., 0:3] = thorax
+    qpos[..., 3] = 1.0  # upright, facing +x
+    for leg in _LEGS:
+        body = mujoco.mj_name2id(model, mujoco.mjtObj.mjOBJ_BODY, f"nmf/{leg}_tarsus5")
+        joint = mujoco.mj_name2id(model, mujoco.mjtObj.mjOBJ_JOINT, f"nmf/{leg}_x")
+        at = int(model.jnt_qposadr[joint])
+        tip = values[:, :, labels.index(f"nmf/{leg}_tip")]
+        qpos[..., at:at + 3] = tip - thorax - model.body_pos[body] - tip_offset(model, body)
+    return qpos
+
+
+def walker_archive(url: str, gaits: Sequence[WalkerGait] = (TRIPOD,), *, frames: int = 100,
+                   noise: float = 0.0, spread: float = 0.0) -> str:
+    """An archive of :func:`walker_model` walking: world ``w`` with ``gaits[w]``, ``frames``
+    frames at 125 frames/s (frame ``k`` at ``k * 0.008`` s), starting ``w * spread`` mm to
+    the left (+y) of the origin, the model kept beside it. Returns ``url``."""
+    from flyarchive.testing.fixtures import write_states
+
+    model = walker_model()
+    walks = []
+    for w, gait in enumerate(gaits):
+        positions = walker_positions(125.0, frames / 125.0, gait=gait, noise=noise, seed=w)
+        positions.loc[{"xyz": "y"}] = positions.sel(xyz="y") + w * spread
+        walks.append(walker_states(model, positions))
+    qpos = np.concatenate(walks)
+    return write_states(url, model, qpos, chunk_frames=25)

@@ -59,7 +59,10 @@ def read_video(path: str | os.PathLike[str], storage_options: Mapping[str, Any] 
 
 
 def _decode(local: str, text: str, max_bytes: int) -> np.ndarray:
-    reader = imageio_ffmpeg.read_frames(local)
+    # Every frame the file holds, once: the ffmpeg of imageio-ffmpeg 0.8 (9.0) converts to a
+    # constant rate when it writes to a pipe, and repeats a frame whose stored duration
+    # spans a joined segment's start (5 frames decoded as 7); imageio-ffmpeg 0.6's did not.
+    reader = imageio_ffmpeg.read_frames(local, output_params=["-fps_mode", "passthrough"])
     try:
         meta = next(reader)
         width, height = meta["size"]

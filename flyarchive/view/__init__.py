@@ -21,8 +21,13 @@ Modules (none is public; the command line is the way in):
   its world table columns, states read per world (without dask) and cached, the model;
 - :mod:`~flyarchive.view.expressions`: filter expressions over world variables, parsed
   with :mod:`ast` and a whitelist of node kinds (never ``eval``);
-- :mod:`~flyarchive.view.table`: filter, sort and page the world table;
-- :mod:`~flyarchive.view.traces`: dof and keypoint traces, min/max per pixel column;
+- :mod:`~flyarchive.view.table`: filter, sort and page the world table; two of its
+  columns as scatter points; the units of the columns that are gait measures;
+- :mod:`~flyarchive.view.traces`: dof and keypoint traces, min/max per pixel column, and
+  each dof's unit;
+- :mod:`~flyarchive.view.gait`: the gait panels' data (each leg's stance intervals, the
+  thorax's path, a few measures) by :mod:`flyarchive.analyze.gait` from the gait points
+  (kept positions when the archive keeps them), cached per archive, world and window;
 - :mod:`~flyarchive.view.poses`: the model's visible geoms for three.js, and their poses
   by forward kinematics (``mujoco.mj_kinematics``);
 - :mod:`~flyarchive.view.renders`: render on demand through
@@ -36,10 +41,12 @@ is the API as every part of the page calls it (token, the page's id, the archive
 shows, one-line errors): a new panel (a plot) imports it and adds its own module;
 ``text.js`` shows archive text with its control characters escaped; ``poseframes.js``
 keeps the poses of the shown worlds in the page (fetched in blocks after a selection), so
-that a cursor move asks the server nothing.
+that a cursor move asks the server nothing; ``canvasplot.js`` is a small canvas plot (scales,
+axes with units) that ``gait.js`` (the footfall diagram and the paths) and ``scatter.js``
+(two world variables, with a brush that filters the table) draw on.
 
 Start-up: the command reads the archive's header only (no xarray, no dask) and listens;
 the model loads after the first page's table, on a thread of its own
 (:meth:`~flyarchive.view.app.Viewer.warm_up`). States are read without xarray or dask;
-the lazy dataset opens only for keypoint traces.
+the lazy dataset opens only for keypoint traces and the gait panels.
 """

@@ -27,6 +27,7 @@ from flyarchive.errors import (
     SelectionError,
     did_you_mean,
 )
+from flyarchive.view import gait as gait_
 from flyarchive.view import poses as poses_
 from flyarchive.view import traces as traces_
 from flyarchive.view.archive import ViewedArchive, load_viewed_model
@@ -34,6 +35,7 @@ from flyarchive.view.limits import Limits, check_cost
 from flyarchive.view.logs import SafeLines, visible
 from flyarchive.view.renders import MAX_WORLDS as RENDER_WORLDS
 from flyarchive.view.renders import Renders, best_backend
+from flyarchive.view.table import column_units, scatter_points
 
 log = logging.getLogger("flyarchive.view")
 
@@ -77,7 +79,10 @@ class Viewer:
         self._model_loaded = threading.Event()
         self._model_lock = threading.Lock()
         self.first_page = threading.Event()
+        self._closing = threading.Event()
+        self._warming: threading.Thread | None = None
         self._scene: tuple[dict[str, Any], bytes] | None = None
+        self.gaits = gait_.GaitCache()
         self.renders = Renders(self.viewed, None, self.out, backend or best_backend(),
                                self.limits)
 
@@ -100,12 +105,23 @@ class Viewer:
 
         def work() -> None:
             self.first_page.wait(wait_for_page_s)
+            if self._closing.is_set():
+                return
             self.load_model()
             if freeze:
                 gc.collect()
                 gc.freeze()
 
-        threading.Thread(target=work, name="flyarchive-view-warm-up", daemon=True).start()
+        self._warming = threading.Thread(target=work, name="flyarchive-view-warm-up", daemon=True)
+        self._warming.start()
+
+    def close(self, timeout_s: float = 60.0) -> None:
+        """Let a warm-up under way end (a model being loaded is loaded; one not begun is
+        not): nothing of this viewer runs on after it is stopped."""
+        self._closing.set()
+        self.first_page.set()
+        if self._warming is not None:
+            self._warming.join(timeout_s)
 
     def load_model(self) -> Any:
         """The model (loaded once, here or by :meth:`warm_up`); None when there is none
@@ -142,6 +158,10 @@ class Viewer:
             "dofs": viewed.dofs, "columns": list(viewed.columns),
             "backend": self.renders.backend, "out": str(self.out),
             "generation": viewed.generation, "archive_id": viewed.archive_id,
+            "dof_units": traces_.dof_units(viewed.attrs.get("layout")),
+            "column_units": column_units(list(viewed.columns)),
+            "length_unit": traces_.LENGTH_UNIT,
+            "max_gait_frames": self.limits.max_gait_frames,
         }
         if self._model_loaded.is_set():
             info.update(self.model_info())
@@ -171,6 +191,7 @@ class Viewer:
             self.model, self.poser, self._scene, self.model_problem = None, None, None, ""
             self.renders.model = None
             self.renders.drop_waiting("the archive was opened again; ask for it again")
+            self.gaits.clear()
             self._model_loaded.clear()
         self.load_model()
         log.info("opened %s again (%d worlds x %d frames)", self.viewed.url,
@@ -283,6 +304,70 @@ class Viewer:
         out = np.stack([self.poser.poses(s, frames) for s in states])
         return out.tobytes(), out.shape
 
+    def gait(self, query: Mapping[str, str]) -> dict[str, Any]:
+        """The gait of the shown worlds over a time window (:mod:`flyarchive.view.gait`):
+        per world each leg's stance intervals, the thorax's path (thinned) and a few
+        measures, with their units.
+
+        Query: ``worlds`` (ids, comma-separated, 1 to
+        :data:`~flyarchive.view.gait.MAX_WORLDS`), ``start`` and ``end`` (seconds; none:
+        the whole recording; a window reaching past the recording is cut to it).
+
+        Raises:
+            SelectionError: no model (why), a model without a fly's thorax and tarsus
+                tips, unknown worlds, a time that is no number, a window without two
+                frames.
+            RequestTooLargeError: worlds x frames, the states read or the answer past
+                :class:`~flyarchive.view.limits.Limits`.
+        """
+        viewed, limits = self.viewed, self.limits
+        worlds = list(dict.fromkeys(_worlds(query.get("worlds", ""))))
+        gait_.check_worlds(worlds)
+        at = viewed.index_of(worlds)
+        window = viewed.frame_window(_number(query, "start", None, float),
+                                     _number(query, "end", None, float))
+        frames = window.stop - window.start
+        if frames < 2:
+            raise SelectionError(f"Gait needs at least 2 frames; the window holds {frames} "
+                                 f"(at {viewed.times[window.start]:g} s). Widen it.")
+        narrow = "Show fewer worlds, or a shorter time window."
+        check_cost("The gait", len(worlds) * frames, limits.max_gait_frames, "frames", narrow)
+        check_cost("The states read for the gait",
+                   len(worlds) * frames * viewed.state_values * 8, limits.max_read_bytes,
+                   "bytes", narrow)
+        check_cost("The gait's answer", gait_.answer_bytes(len(worlds), frames),
+                   limits.max_out_bytes, "bytes", narrow)
+        model = self._model_for("gait")
+        thorax = gait_.thorax_of(_bodies(model))
+        times = viewed.times[window]
+        kept_model = not self._model_source[2]  # then positions kept for it are read
+        keys = {w: (viewed.archive_id, viewed.generation, w, int(viewed.n_frames[i]),
+                    window.start, window.stop) for w, i in zip(worlds, at)}
+        found = self.gaits.get(keys, lambda missing: gait_.world_gaits(
+            viewed.ds, missing, (float(times[0]), float(times[-1])), thorax=thorax,
+            model=None if kept_model else model, storage_options=viewed.storage_options or None))
+        return {"legs": list(found[0].legs), "thorax": thorax,
+                "window": [float(times[0]), float(times[-1])], "frames": frames,
+                "units": gait_.units(traces_.LENGTH_UNIT),
+                "worlds": [g.as_json() for g in found]}
+
+    def scatter(self, query: Mapping[str, str]) -> dict[str, Any]:
+        """Two world variables (``x``, ``y``) of the worlds a filter (``where``) keeps, as
+        scatter points (:func:`~flyarchive.view.table.scatter_points`), with their units.
+
+        Raises:
+            SelectionError: unknown or text columns, a bad filter.
+            RequestTooLargeError: the answer past ``max_out_bytes``.
+        """
+        columns = self.viewed.columns
+        check_cost("The scatter's answer", len(columns["world"]) * 3 * 26,
+                   self.limits.max_out_bytes, "bytes", "The archive has too many worlds to "
+                   "plot at once.")
+        answer = scatter_points(columns, x=query.get("x", ""), y=query.get("y", ""),
+                                where=query.get("where", ""))
+        answer["units"] = column_units([answer["x"], answer["y"]])
+        return answer
+
     def render(self, body: Any, *, client: str = "") -> dict[str, Any]:
         """Queue a render (:class:`~flyarchive.view.renders.Renders`) asked for by
         ``client`` (the page's id); its job as JSON.
@@ -294,6 +379,47 @@ class Viewer:
         Raises:
             SelectionError: a body that is not such an object (each key's problem said).
             RequestTooLargeError, ServerBusyError: as :meth:`Renders.submit`.
+        """
+        worlds, camera, start, end, size = self._render_request(body)
+        self.load_model()
+        return self.renders.submit(worlds, camera, start, end, size, client=client).as_json()
+
+    def render_many(self, body: Any, *, client: str = "") -> dict[str, Any]:
+        """Queue renders of many worlds (the scatter's brushed worlds): one video per
+        group of at most :data:`~flyarchive.view.renders.MAX_WORLDS` worlds (the fewest
+        groups, of even sizes, in the order given), as many as the queue takes from this
+        page now (:meth:`Renders.submit_many`); the answer says which worlds were not
+        queued, and why.
+
+        Args:
+            body: As for :meth:`render`, with any number of worlds.
+
+        Returns:
+            ``{"jobs": [job...], "queued": [ids], "not_queued": [ids], "message": text}``.
+
+        Raises:
+            SelectionError, RequestTooLargeError: as :meth:`render` (nothing queued).
+            ServerBusyError: the queue takes none now.
+        """
+        worlds, camera, start, end, size = self._render_request(body)
+        self.load_model()
+        jobs, why = self.renders.submit_many(_groups(worlds, RENDER_WORLDS), camera, start, end,
+                                             size, client=client)
+        queued = [w for job in jobs for w in job.worlds]
+        left = worlds[len(queued):]
+        message = (f"Queued {len(jobs)} render{'s' * (len(jobs) > 1)} of {len(queued)} "
+                   f"world{'s' * (len(queued) > 1)} (at most {RENDER_WORLDS} tiled in a video).")
+        if left:
+            message += f" {len(left)} worlds were not queued: {why}"
+        return {"jobs": [job.as_json() for job in jobs], "queued": queued, "not_queued": left,
+                "message": message}
+
+    def _render_request(self, body: Any) -> tuple[list[int], str, float | None, float | None,
+                                                  tuple[int, int]]:
+        """A render request's worlds, camera, start, end and size.
+
+        Raises:
+            SelectionError: a body that is not such an object (each key's problem said).
         """
         if not isinstance(body, dict):
             raise SelectionError("A render request is a JSON object: {\"worlds\": [0, 3], "
@@ -308,9 +434,7 @@ class Viewer:
         if not isinstance(camera, str) or not isinstance(size, str):
             raise SelectionError("camera and size are text: \"front\", \"240x320\".")
         start, end = (_seconds(body.get(k), k) for k in ("start", "end"))
-        self.load_model()
-        return self.renders.submit(worlds, camera, start, end, _size(size),
-                                   client=client).as_json()
+        return worlds, camera, start, end, _size(size)
 
     def _model_for(self, what: str) -> Any:
         """The model (waits for it); SelectionError when there is none."""
@@ -346,6 +470,19 @@ def _worlds(text: str) -> list[int]:
     except ValueError:
         raise SelectionError(f"Cannot read worlds {visible(text, 60)!r}; the page sends ids "
                              "like '0,3,7'.") from None
+
+
+def _groups(worlds: list[int], most: int) -> list[list[int]]:
+    """``worlds`` in order, cut into the fewest groups of at most ``most``, of even sizes
+    (18 by 16: 9 and 9); one empty group for no world."""
+    count = max(1, -(-len(worlds) // most))
+    size, extra = divmod(len(worlds), count)
+    out, at = [], 0
+    for i in range(count):
+        n = size + (i < extra)
+        out.append(worlds[at:at + n])
+        at += n
+    return out
 
 
 def _world_ids(value: Any) -> list[int]:
@@ -470,6 +607,7 @@ class Served:
             self.thread.join(timeout=10)
             self.app.close()
             self.viewer.renders.close()
+            self.viewer.close()
             self.lines.detach()
 
 

@@ -45,6 +45,9 @@ class Limits:
             keypoint).
         max_read_bytes: States one request may read: worlds x frames x state values x 8.
         max_out_bytes: Bytes of one answer.
+        max_gait_frames: Frames of one gait request (footfalls and paths): worlds x the
+            frames of its window, each computed by forward kinematics of the thorax and
+            six tarsus tips unless kept.
         max_render_pixels: Pixels one render may encode: frames x height x width.
         max_queued_renders: Renders waiting at once, all clients together.
         max_queued_per_client: Renders one client (one page) may have waiting.
@@ -68,6 +71,7 @@ class Limits:
     max_trace_lines: int = 1000
     max_read_bytes: int = 512 << 20
     max_out_bytes: int = 64 << 20
+    max_gait_frames: int = 100_000
     max_render_pixels: int = 4_000_000_000
     max_queued_renders: int = 8
     max_queued_per_client: int = 2

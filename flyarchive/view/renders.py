@@ -136,6 +136,42 @@ class Renders:
             RequestTooLargeError: frames x pixels past the limit.
             ServerBusyError: this client's renders, or all clients', already fill the queue.
         """
+        self._check(worlds, camera, start, end, size)
+        with self._cond:
+            room, why = self._room(client)
+            if not room:
+                raise ServerBusyError(why, self._wait_s(self._waiting_count()))
+            return self._queue(worlds, camera, start, end, size, client)
+
+    def submit_many(self, groups: list[list[int]], camera: str, start: float | None,
+                    end: float | None, size: tuple[int, int], *, client: str = ""
+                    ) -> tuple[list[RenderJob], str]:
+        """Queue a render of each group of worlds (one video each, tiled), in order, as many
+        as the queue's bounds let ``client`` have waiting now; the others are not queued.
+
+        Returns:
+            ``(jobs queued, why the others were not)`` (``""`` when every group was).
+
+        Raises:
+            As :meth:`submit` (every group is checked before any is queued);
+            ServerBusyError when none could be queued.
+        """
+        for worlds in groups:
+            self._check(worlds, camera, start, end, size)
+        jobs: list[RenderJob] = []
+        with self._cond:  # queued together: the render thread takes none meanwhile
+            for worlds in groups:
+                room, why = self._room(client)
+                if not room:
+                    if not jobs:
+                        raise ServerBusyError(why, self._wait_s(self._waiting_count()))
+                    return jobs, why
+                jobs.append(self._queue(worlds, camera, start, end, size, client))
+        return jobs, ""
+
+    def _check(self, worlds: list[int], camera: str, start: float | None, end: float | None,
+               size: tuple[int, int]) -> None:
+        """Refuse a render that cannot be made (see :meth:`submit`), before it is queued."""
         if self.model is None:
             raise SelectionError("This archive keeps no model, so nothing can be rendered; start "
                                  "`flyarchive view` with --model FILE.")
@@ -154,29 +190,38 @@ class Renders:
         narrow = "Render fewer worlds, a smaller size or a shorter time window."
         check_cost("The render", frames * tile * len(worlds), self.limits.max_render_pixels,
                    "pixels", narrow)
-        with self._cond:
-            if self._closed:
-                raise SelectionError("The viewer is stopping; it renders nothing more.")
-            mine = len(self._waiting.get(client, ()))
-            waiting = sum(len(q) for q in self._waiting.values())
-            if mine >= self.limits.max_queued_per_client:
-                wait = self._wait_s(waiting)
-                raise ServerBusyError(f"This page has {mine} renders waiting already, the most one "
-                                f"page may have; ask again when one has started (in about "
-                                f"{wait:.0f} s).", wait)
-            if waiting >= self.limits.max_queued_renders:
-                wait = self._wait_s(waiting)
-                raise ServerBusyError(f"{waiting} renders are waiting already, the most the viewer "
-                                f"keeps; ask again in about {wait:.0f} s.", wait)
-            number = self._next
-            self._next += 1
-            job = RenderJob(number, list(worlds), camera, start, end, size,
-                            self._folder(number, worlds), client)
-            self.jobs[number] = job
-            self._forget_old()
-            self._waiting.setdefault(client, deque()).append(job)
-            self._start_thread()
-            self._cond.notify()
+
+    def _waiting_count(self) -> int:
+        return sum(len(q) for q in self._waiting.values())
+
+    def _room(self, client: str) -> tuple[bool, str]:
+        """Whether ``client`` may queue one more render now, and why not (called holding
+        the lock)."""
+        if self._closed:
+            raise SelectionError("The viewer is stopping; it renders nothing more.")
+        mine = len(self._waiting.get(client, ()))
+        waiting = self._waiting_count()
+        wait = self._wait_s(waiting)
+        if mine >= self.limits.max_queued_per_client:
+            return False, (f"This page has {mine} renders waiting already, the most one page may "
+                           f"have; ask again when one has started (in about {wait:.0f} s).")
+        if waiting >= self.limits.max_queued_renders:
+            return False, (f"{waiting} renders are waiting already, the most the viewer keeps; "
+                           f"ask again in about {wait:.0f} s.")
+        return True, ""
+
+    def _queue(self, worlds: list[int], camera: str, start: float | None, end: float | None,
+               size: tuple[int, int], client: str) -> RenderJob:
+        """Add a checked render to the queue (called holding the lock)."""
+        number = self._next
+        self._next += 1
+        job = RenderJob(number, list(worlds), camera, start, end, size,
+                        self._folder(number, worlds), client)
+        self.jobs[number] = job
+        self._forget_old()
+        self._waiting.setdefault(client, deque()).append(job)
+        self._start_thread()
+        self._cond.notify()
         return job
 
     def _options(self, n_worlds: int, size: tuple[int, int]) -> Any:

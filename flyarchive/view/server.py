@@ -68,6 +68,8 @@ _Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 TOKEN_HEADER = "X-Flyarchive-Token"
 CLIENT_HEADER = "X-Flyarchive-Client"
 ARCHIVE_HEADER = "X-Flyarchive-Archive"
+#: JSON answers longer than this (characters) are compressed when the client takes it.
+COMPRESS_ABOVE = 32 << 10
 
 
 def static_files() -> dict[str, tuple[bytes, str]]:
@@ -141,7 +143,10 @@ class ViewApp:
         get("/api/scene", self._api(self.scene, heavy=True))
         get("/api/meshes", self._api(self.meshes, heavy=True))
         get("/api/poses", self._api(self.poses, heavy=True))
+        get("/api/gait", self._api(self.gait, heavy=True))
+        get("/api/scatter", self._api(self.scatter))
         post("/api/render", self._api(self.render))
+        post("/api/renders", self._api(self.render_many))
         get("/api/render/{job:[0-9]{1,9}}", self._api(self.render_status, archive=False))
         post("/api/reopen", self._api(self.reopen, archive=False))
         get("/video/{job:[0-9]{1,9}}.mp4", self.video)
@@ -288,8 +293,12 @@ class ViewApp:
                 if result.compress:
                     response.enable_compression()
                 return response
-            return web.Response(text=_dumps(result), content_type="application/json",
-                                headers=_took(start))
+            text = _dumps(result)
+            response = web.Response(text=text, content_type="application/json",
+                                    headers=_took(start))
+            if len(text) > COMPRESS_ABOVE:  # the gait of 9 worlds: 320 kB of JSON, 120 kB gzipped
+                response.enable_compression()
+            return response
 
         return handler
 
@@ -364,8 +373,17 @@ class ViewApp:
         blob, shape = self.state.poses(request.query)
         return Binary(blob, {"X-Shape": ",".join(map(str, shape))})
 
+    def gait(self, request: web.Request, body: Any) -> dict[str, Any]:
+        return self.state.gait(request.query)
+
+    def scatter(self, request: web.Request, body: Any) -> dict[str, Any]:
+        return self.state.scatter(request.query)
+
     def render(self, request: web.Request, body: Any) -> dict[str, Any]:
         return self.state.render(body, client=_client(request))
+
+    def render_many(self, request: web.Request, body: Any) -> dict[str, Any]:
+        return self.state.render_many(body, client=_client(request))
 
     def render_status(self, request: web.Request, body: Any) -> dict[str, Any]:
         return self.state.renders.status(int(request.match_info["job"]))

@@ -1,4 +1,6 @@
-"""The world table on the server: filter by an expression, sort, and cut one page of rows.
+"""The world table on the server: filter by an expression, sort, and cut one page of rows;
+two of its columns as the points of a scatter plot (:func:`scatter_points`), and the units
+of the columns that are gait measures (:func:`column_units`).
 
 The page never holds more than a page of rows; thousands of worlds stay smooth because
 filtering and sorting are numpy operations over whole columns (4096 worlds: well under
@@ -8,13 +10,14 @@ a millisecond each).
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
 
-from flyarchive.errors import SelectionError
+from flyarchive.errors import SelectionError, did_you_mean
 from flyarchive.view.expressions import evaluate
+from flyarchive.view.logs import visible
 
 #: Most rows one page may hold.
 MAX_PAGE = 500
@@ -92,3 +95,58 @@ def _cell(value: Any) -> Any:
     if isinstance(value, (float, np.floating)):
         return float(value) if math.isfinite(value) else None
     return str(value)
+
+
+def scatter_points(columns: Mapping[str, np.ndarray], *, x: str, y: str,
+                   where: str = "") -> dict[str, Any]:
+    """Two numeric columns of the worlds a filter keeps, as points of a scatter plot.
+
+    Args:
+        columns: Column name -> ``(n_worlds,)`` values (``world`` first).
+        x, y: The columns (numbers or true/false, as 1 and 0).
+        where: A filter expression; empty: every world.
+
+    Returns:
+        JSON-ready: ``x``, ``y`` (the names), ``worlds`` (ids), ``xs``, ``ys`` (float64
+        values) of the kept worlds whose two values are finite, in world order;
+        ``matched`` (worlds the filter keeps) and ``missing`` (those of them left out: a
+        NaN or infinite value).
+
+    Raises:
+        SelectionError: a column that does not exist (with the closest names) or holds
+            text, or a bad filter (as :func:`query_table`).
+    """
+    for axis, name in (("x", x), ("y", y)):
+        if name not in columns:
+            numeric = [n for n in columns if _kind(np.asarray(columns[n])) != "text"]
+            raise SelectionError(
+                f"No world variable {visible(name, 60)!r} to plot on {axis}."
+                f"{did_you_mean(name[:100], numeric)} Numeric ones: "
+                f"{', '.join(map(repr, numeric))}.")
+        if _kind(np.asarray(columns[name])) == "text":
+            raise SelectionError(f"{name!r} holds text; a scatter plots numbers. Choose a numeric "
+                                 "world variable.")
+    total = len(columns["world"])
+    keep = evaluate(where, columns) if where.strip() else np.ones(total, dtype=bool)
+    xs = np.asarray(columns[x], dtype=np.float64)[keep]
+    ys = np.asarray(columns[y], dtype=np.float64)[keep]
+    finite = np.isfinite(xs) & np.isfinite(ys)
+    ids = np.asarray(columns["world"])[keep][finite]
+    return {"x": x, "y": y, "worlds": [int(w) for w in ids], "xs": xs[finite].tolist(),
+            "ys": ys[finite].tolist(), "matched": int(keep.sum()),
+            "missing": int((~finite).sum())}
+
+
+def column_units(names: Sequence[str]) -> dict[str, str]:
+    """The unit of each column that is a gait measure
+    (:data:`flyarchive.analyze.gait.MEASURES`: ``distance`` mm, ``step_frequency_lf``
+    Hz...), saved by ``flyarchive gait --save``; other columns have none."""
+    from flyarchive.analyze.gait import MEASURES
+
+    found = {}
+    for name in names:
+        per_leg = f"{name.rpartition('_')[0]}_<leg>"
+        unit = (MEASURES.get(name) or MEASURES.get(per_leg) or ("",))[0]
+        if unit:
+            found[name] = unit
+    return found

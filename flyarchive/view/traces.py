@@ -1,7 +1,7 @@
 """Traces for the page: chosen dofs (by :func:`flyarchive.select_dofs` names) or keypoint
 positions of the selected worlds over time, cut down on the server to a minimum and a
 maximum per pixel column, so that 50 worlds × 1000 frames travel as at most
-``2 × width`` points per line.
+``2 × width`` points per line; and each dof's unit (:func:`dof_units`) for the legend.
 """
 
 from __future__ import annotations
@@ -17,6 +17,32 @@ from flyarchive.errors import SelectionError
 #: Most worlds one trace request may draw, and most pixel columns.
 MAX_WORLDS = 200
 MAX_WIDTH = 4000
+#: The length unit positions are given in (the model's; NeuroMechFly's is the millimetre,
+#: as the gait measures take it).
+LENGTH_UNIT = "mm"
+#: The unit of a dof by its joint's type and its label's suffix (:mod:`flyarchive.layout`):
+#: hinge angles in radians, slides and free-joint positions in the length unit,
+#: quaternion components without one.
+_UNITS = {("hinge", ""): "rad", ("slide", ""): LENGTH_UNIT, **{("free", a): LENGTH_UNIT for a in "xyz"},
+          **{(kind, q): "1" for kind in ("free", "ball") for q in ("qw", "qx", "qy", "qz")}}
+
+
+def dof_units(layout_attrs: Any) -> dict[str, str]:
+    """Each dof label's unit (``rad``, ``mm``, ``1``) from the archive's ``layout``
+    attribute; empty when it cannot be read (the traces then say no unit)."""
+    from flyarchive.errors import SchemaError
+    from flyarchive.layout import ModelLayout
+
+    try:
+        layout = ModelLayout.from_attrs(layout_attrs)
+    except SchemaError:
+        return {}
+    units = {}
+    for name, kind in zip(layout.joint_names, layout.joint_types):
+        for label in (ModelLayout((name,), (kind,), ()).dof_labels):
+            suffix = label[len(name) + 1:] if label != name else ""
+            units[label] = _UNITS.get((kind, suffix), "")
+    return units
 
 
 def min_max_columns(times: np.ndarray, values: np.ndarray, width: int

@@ -20,6 +20,7 @@ from flyarchive.query.conditions import where_from_conditions
 from flyarchive.interop.trajectories import read_trajectories
 from flyarchive.testing import flip_bits, shard_file
 from flyarchive.testing.fixtures import snapshot
+from flyarchive.testing.markers import requires_flygym_files
 
 SMALL = RenderOptions(size=(48, 64), segment_frames=8)
 
@@ -84,6 +85,7 @@ def test_export_npz_refuses_a_bool_as_a_world_id(archive, tmp_path):
     assert snapshot(archive) == before and not (tmp_path / "npz").exists()
 
 
+@requires_flygym_files
 def test_trajectories_refuse_a_world_named_twice(archive):
     before = snapshot(archive)
 

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
+import numpy as np
 import pytest
 
 from flyarchive.testing.fixtures import copy_archive, snapshot
@@ -629,3 +630,161 @@ def test_a_fault_of_the_viewer_answers_500_in_one_line_and_logs_its_place(viewed
     line = log.having("internal error KeyError")[-1]
     assert "test_view.py:" in line and "please report" in line
     untraced(log)
+
+
+# ----------------------------------------------------------------------------- issue 34
+# The gait panels' requests: a bad parameter answers 400 with one line, a request past a
+# bound 413 before anything is computed, a model without a fly (or no model) says so.
+@pytest.fixture(scope="module")
+def walker_url(tmp_path_factory: pytest.TempPathFactory) -> str:
+    """20 worlds of the six-legged walker, 100 frames (0 to 0.792 s), its model kept."""
+    from flyarchive.testing.view import walker_view_archive
+
+    return walker_view_archive(str(tmp_path_factory.mktemp("view-gait") / "walker.zarr"))
+
+
+@pytest.fixture(scope="module")
+def walking(walker_url: str) -> Any:
+    from flyarchive.testing.view import serving
+
+    with serving(walker_url, out=Path(walker_url).parent / "videos", backend="opengl") as found:
+        yield found
+
+
+def gait_of(served: Any, query: str) -> tuple[int, bytes]:
+    status, _, body = ask_raw(f"{origin(served)}/api/gait?{query}", headers=token_headers(served))
+    return status, body
+
+
+@pytest.mark.parametrize("query, fragment", [
+    ("worlds=99", "The archive has no world 99; it holds 20 worlds with ids 0 to 19"),
+    ("worlds=", "Select at least one world in the table to see its gait"),
+    ("worlds=" + ",".join(map(str, range(17))), "the gait panels show at most 16"),
+    ("worlds=x", "Cannot read worlds 'x'"),
+    ("worlds=0&start=nan", "start must be a number, not 'nan'"),
+    ("worlds=0&end=inf", "end must be a number, not 'inf'"),
+    ("worlds=0&start=5", "No frame lies between 5.0 and None s; the archive's frames: from 0 to 0.792 s"),
+    ("worlds=0&start=0.5&end=0.2", "start 0.5 s is after end 0.2 s"),
+    ("worlds=0&start=0.008&end=0.01", "Gait needs at least 2 frames; the window holds 1"),
+])
+def test_a_bad_gait_request_answers_400_with_one_line(walking, query, fragment):
+    served, log = walking
+
+    status, body = gait_of(served, query)
+
+    assert status == 400 and fragment in one_line_error(status, body)
+    assert log.having("400 GET /api/gait")
+    untraced(log)
+
+
+def test_a_gait_window_reaching_past_the_recording_is_cut_to_it(walking):
+    served, _ = walking
+
+    status, body = gait_of(served, "worlds=0&start=0.4&end=100")
+
+    answer = json.loads(body)
+    assert status == 200
+    assert answer["window"] == [0.4, 0.792] and answer["frames"] == 50
+    assert min(s[0] for leg in answer["worlds"][0]["stance"] for s in leg) >= 0.4
+
+
+def test_a_model_without_a_fly_says_there_is_no_gait_and_why(viewed):
+    served, _ = viewed  # the tiny model: a torso, an arm, a piston
+
+    status, body = gait_of(served, "worlds=0")
+
+    message = one_line_error(status, body)
+    assert status == 400
+    assert message.startswith("No gait: the model has no thorax named as a flygym fly's")
+    assert "Its bodies: 'torso', 'arm'" in message
+
+
+def test_an_archive_without_a_model_says_there_is_no_gait_and_how_to_give_one(tmp_path):
+    from flyarchive.errors import SelectionError
+    from flyarchive.testing import tiny_model
+    from flyarchive.testing.fixtures import record
+    from flyarchive.view.app import Viewer
+
+    url = record(tiny_model(), str(tmp_path / "no-model.zarr"), store_model=False)
+    viewer = Viewer(url, out=tmp_path / "videos", backend="cpu")
+
+    with pytest.raises(SelectionError, match=r"^No gait: The archive at .* keeps no model.*"
+                                             r"--model FILE"):
+        viewer.gait({"worlds": "0"})
+
+
+@pytest.fixture(scope="module")
+def walking_tight(walker_url: str) -> Any:
+    """The walker archive's viewer with small bounds: 150 frames of gait, 15,000 bytes of
+    states read (a frame of one world: 25 values, 200 bytes), 8,000 bytes out."""
+    from flyarchive.testing.view import serving
+    from flyarchive.view.limits import Limits
+
+    limits = Limits(max_gait_frames=150, max_read_bytes=15_000, max_out_bytes=8_000)
+    with serving(walker_url, out=Path(walker_url).parent / "videos-tight", backend="opengl",
+                 limits=limits) as found:
+        yield found
+
+
+@pytest.mark.parametrize("query, fragment", [
+    ("worlds=0,1", "The gait would be 200 frames; one request may take at most 150"),
+    ("worlds=0&end=0.6", "The states read for the gait would be 15,200 bytes"),  # 76 frames
+    ("worlds=0&end=0.2", "The gait's answer would be 8,060 bytes"),  # 26 frames
+])
+def test_a_gait_request_past_a_bound_answers_413_before_anything_is_computed(walking_tight, query,
+                                                                             fragment):
+    served, log = walking_tight
+
+    status, body = gait_of(served, query)
+
+    message = one_line_error(status, body)
+    assert status == 413 and fragment in message and "Show fewer worlds" in message
+    assert len(served.viewer.gaits._kept) == 0  # nothing computed
+    assert log.having("413 GET /api/gait")
+
+
+@pytest.mark.parametrize("query, fragment", [
+    ("x=nope&y=frequency", "No world variable 'nope' to plot on x. Numeric ones: 'world', "
+                           "'n_frames', 'frequency', 'step_length'"),
+    ("x=frequency&y=frequncy", "Did you mean 'frequency'?"),
+    ("x=frequency&y=step_length&where=frequency = 6", "Use == to compare: frequency == 6"),
+    ("x=frequency&y=step_length&where=speed > 1", "names 'speed', which is no world variable"),
+])
+def test_a_bad_scatter_request_answers_400_with_one_line(walking, query, fragment):
+    served, log = walking
+
+    status, _, body = ask_raw(f"{origin(served)}/api/scatter?{query.replace(' ', '%20')}",
+                              headers=token_headers(served))
+
+    assert status == 400 and fragment in one_line_error(status, body)
+    untraced(log)
+
+
+def test_a_scatter_of_text_is_refused(tmp_path, view_url):
+    import flyarchive
+    from flyarchive.errors import SelectionError
+    from flyarchive.view.app import Viewer
+
+    url = copy_archive(view_url, tmp_path / "run.zarr")
+    flyarchive.add_world_vars(url, {"genotype": np.array(["wt", "mutA", "wt", "wt"])})
+    viewer = Viewer(url, out=tmp_path / "videos", backend="cpu")
+
+    with pytest.raises(SelectionError, match="'genotype' holds text; a scatter plots numbers"):
+        viewer.scatter({"x": "genotype", "y": "distance"})
+
+
+@pytest.mark.parametrize("body, fragment", [
+    ({"worlds": [], "camera": "top"}, "Select at least one world"),
+    ({"worlds": [0, 99], "camera": "top"}, "The archive has no world 99"),
+    ({"worlds": list(range(20)), "camera": "front"}, "No camera 'front' in the model"),
+    ({"worlds": [0, 1.5], "camera": "top"}, "worlds must hold whole numbers"),
+    ({"worlds": [0], "camera": "top", "mosaic": True}, "A render request has no key 'mosaic'"),
+])
+def test_a_bad_render_of_brushed_worlds_queues_nothing(walking, body, fragment):
+    served, _ = walking
+
+    status, _, text = ask_raw(f"{origin(served)}/api/renders", method="POST", body=body,
+                              headers=token_headers(served, **{"Content-Type": "application/json"}))
+
+    assert status == 400 and fragment in one_line_error(status, text)
+    assert served.viewer.renders.jobs == {}

@@ -25,6 +25,7 @@ def test_keypoints_and_points_are_read_from_the_command_line():
     assert got == {"bodies": ["torso", "*"], "sites": ["s1"],
                    "points": {"tip": ("arm", "tip"), "p": ("hand", (0.0, 0.5, -0.001))}}
     assert parse_keypoints(["tarsus-tips"], None)["points"]["nmf/rh_tip"] == ("nmf/rh_tarsus5", "tip")
+    assert parse_keypoints(["gait"], None)["points"] == flyarchive.gait_points()
 
 
 def test_positions_are_kept_beside_the_archive_and_read_back(cli, archive):

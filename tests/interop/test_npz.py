@@ -9,6 +9,7 @@ from flyarchive import open_archive
 from flyarchive.errors import LayoutMismatchError, NpzFormatError, OutputExistsError, SelectionError
 from flyarchive.interop.flygym_npz import export_npz, import_npz
 from flyarchive.testing import reference_frames, slider_model
+from flyarchive.testing.markers import requires_flygym_files
 
 
 def write_flygym_npz(tiny, folder, lengths=(20, 20)):
@@ -28,6 +29,7 @@ def write_flygym_npz(tiny, folder, lengths=(20, 20)):
     return trajs
 
 
+@requires_flygym_files
 def test_import_export_round_trip_is_bit_exact_and_flygym_loads_it(tiny, tmp_path):
     from flygym.recording import RecordedTrajectory
 
@@ -46,6 +48,7 @@ def test_import_export_round_trip_is_bit_exact_and_flygym_loads_it(tiny, tmp_pat
             original.output_fps, original.playback_speed, original.world_id)
 
 
+@requires_flygym_files
 def test_import_keeps_world_ids_and_source(tiny, tmp_path):
     write_flygym_npz(tiny, tmp_path)
     url = str(tmp_path / "a.zarr")
@@ -58,6 +61,7 @@ def test_import_keeps_world_ids_and_source(tiny, tmp_path):
     assert ds.attrs["timestep"] == tiny.opt.timestep
 
 
+@requires_flygym_files
 def test_worlds_of_different_lengths_keep_their_own_n_frames(tiny, tmp_path):
     originals = write_flygym_npz(tiny, tmp_path / "in", lengths=(7, 23))
     url = str(tmp_path / "b.zarr")
@@ -70,6 +74,7 @@ def test_worlds_of_different_lengths_keep_their_own_n_frames(tiny, tmp_path):
     assert np.isnan(ds.qpos.values[0, 7:]).all()
 
 
+@requires_flygym_files
 def test_export_refuses_to_overwrite_files(tiny, tmp_path):
     write_flygym_npz(tiny, tmp_path / "in")
     url = str(tmp_path / "c.zarr")
@@ -82,6 +87,7 @@ def test_export_refuses_to_overwrite_files(tiny, tmp_path):
     assert (tmp_path / "out" / "world00005.npz").read_bytes() == before
 
 
+@requires_flygym_files
 def test_export_of_unknown_world_lists_the_worlds(tiny, tmp_path):
     write_flygym_npz(tiny, tmp_path / "in")
     url = str(tmp_path / "d.zarr")
@@ -108,6 +114,7 @@ def test_npz_with_pickled_objects_is_refused(tiny, tmp_path):
     assert not (tmp_path / "x.zarr").exists()
 
 
+@requires_flygym_files
 def test_npz_for_another_model_is_refused(tiny, tmp_path):
     write_flygym_npz(tiny, tmp_path)
 
@@ -146,6 +153,7 @@ def interrupt_after(blocks):
     return progress
 
 
+@requires_flygym_files
 def test_renumber_numbers_worlds_by_file_order_and_keeps_the_files_ids(tiny, tmp_path):
     frames = write_cpu_flygym_npz(tiny, tmp_path / "in")
     url = str(tmp_path / "cpu.zarr")
@@ -158,6 +166,7 @@ def test_renumber_numbers_worlds_by_file_order_and_keeps_the_files_ids(tiny, tmp
     np.testing.assert_array_equal(ds.qpos.values, frames["qpos"])
 
 
+@requires_flygym_files
 def test_cli_import_success_line_counts_files_not_paths(tiny, tmp_path, capsys):
     from flyarchive.cli import main
     from flyarchive.testing import TINY_XML
@@ -172,6 +181,7 @@ def test_cli_import_success_line_counts_files_not_paths(tiny, tmp_path, capsys):
     assert capsys.readouterr().out.startswith("imported 3 file(s) into ")
 
 
+@requires_flygym_files
 def test_import_writes_with_the_codec_asked_for(tiny, tmp_path):
     write_flygym_npz(tiny, tmp_path / "in")
     url = str(tmp_path / "lossy.zarr")
@@ -181,6 +191,7 @@ def test_import_writes_with_the_codec_asked_for(tiny, tmp_path):
     assert open_archive(url).attrs["codec"]["spec"] == "abs:1e-6"
 
 
+@requires_flygym_files
 def test_an_interrupted_import_is_reported_partial_by_info_and_verify(tiny, tmp_path):
     from flyarchive.store.integrity import verify
     from flyarchive.summary import summarize
@@ -199,6 +210,7 @@ def test_an_interrupted_import_is_reported_partial_by_info_and_verify(tiny, tmp_
     assert any("--resume" in p for p in report.problems)
 
 
+@requires_flygym_files
 def test_a_complete_import_is_reported_complete(tiny, tmp_path):
     from flyarchive.store.integrity import verify
     from flyarchive.summary import summarize
@@ -212,6 +224,7 @@ def test_a_complete_import_is_reported_complete(tiny, tmp_path):
     assert verify(url).ok
 
 
+@requires_flygym_files
 @pytest.mark.subprocess
 def test_resume_finishes_an_interrupted_import_equal_to_an_uninterrupted_one(tiny, tmp_path):
     from flyarchive.testing.interop_kills import datasets_equal
@@ -227,6 +240,7 @@ def test_resume_finishes_an_interrupted_import_equal_to_an_uninterrupted_one(tin
     assert datasets_equal(open_archive(url), open_archive(whole)) == []
 
 
+@requires_flygym_files
 def test_resume_writes_only_the_frames_not_yet_committed(tiny, tmp_path):
     write_flygym_npz(tiny, tmp_path / "in", lengths=(20, 20))
     url = str(tmp_path / "resumed.zarr")
@@ -240,6 +254,7 @@ def test_resume_writes_only_the_frames_not_yet_committed(tiny, tmp_path):
     assert done == [15, 20]
 
 
+@requires_flygym_files
 def test_resume_of_a_complete_import_changes_nothing(tiny, tmp_path):
     write_flygym_npz(tiny, tmp_path / "in")
     url = tmp_path / "done.zarr"
@@ -251,6 +266,7 @@ def test_resume_of_a_complete_import_changes_nothing(tiny, tmp_path):
     assert {p: p.read_bytes() for p in url.rglob("*") if p.is_file()} == before
 
 
+@requires_flygym_files
 def test_cli_resume_finishes_an_interrupted_import(tiny, tmp_path, capsys):
     from flyarchive.cli import main
     from flyarchive.testing import TINY_XML
@@ -303,6 +319,7 @@ def test_cli_export_says_which_worlds_were_skipped(tiny, tmp_path, capsys):
     assert "skipped 1 world(s) with no committed frames: [1]" in capsys.readouterr().out
 
 
+@requires_flygym_files
 def test_export_leaves_no_temporary_file_beside_the_files(tiny, tmp_path):
     write_flygym_npz(tiny, tmp_path / "in")
     url = str(tmp_path / "a.zarr")
@@ -314,6 +331,7 @@ def test_export_leaves_no_temporary_file_beside_the_files(tiny, tmp_path):
         "world00005.npz", "world00006.npz"]
 
 
+@requires_flygym_files
 @pytest.mark.subprocess
 def test_export_removes_temporary_files_a_killed_export_left(tiny, tmp_path):
     import subprocess
@@ -333,6 +351,7 @@ def test_export_removes_temporary_files_a_killed_export_left(tiny, tmp_path):
     assert not leftover.exists()
 
 
+@requires_flygym_files
 def test_export_expands_the_home_folder(tiny, tmp_path, monkeypatch):
     write_flygym_npz(tiny, tmp_path / "in")
     url = str(tmp_path / "a.zarr")
@@ -346,6 +365,7 @@ def test_export_expands_the_home_folder(tiny, tmp_path, monkeypatch):
     assert not (tmp_path / "~").exists()
 
 
+@requires_flygym_files
 def test_export_to_an_s3_url_writes_files_flygym_loads(tiny, tmp_path, s3_location):
     import fsspec
     from flygym.recording import RecordedTrajectory

@@ -9,6 +9,7 @@ import zarr
 from flyarchive import TrajectoryRecorder, open_archive
 from flyarchive.interop.flygym_npz import export_npz, import_npz
 from flyarchive.testing import simulate
+from flyarchive.testing.markers import requires_flygym_files
 
 
 def record_after_first_step(model, url, n_steps=40):
@@ -34,6 +35,7 @@ def recorded(tiny, tmp_path):
     return url, recorder
 
 
+@requires_flygym_files
 def test_export_writes_the_simulation_time_as_flygyms_time(recorded, tmp_path):
     from flygym.recording import RecordedTrajectory
 
@@ -70,6 +72,7 @@ def test_an_exported_archive_imported_again_keeps_time_sim_time_and_frame(tiny, 
         np.testing.assert_array_equal(after[name].values, before[name].values, err_msg=name)
 
 
+@requires_flygym_files
 def test_a_plain_flygym_file_imports_its_time_as_time_and_sim_time(tiny, recorded, tmp_path):
     from flygym.recording import RecordedTrajectory
 

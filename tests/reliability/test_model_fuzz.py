@@ -3,13 +3,16 @@
 (flyarchive.testing.model_fuzz), on archives whose kept model was fuzzed or edited and
 named by its new hash. scripts/reliability_report.py runs many more seeds.
 
-The seeds are chosen so that MuJoCo 3.16's own loader, run on their bytes in a process of
-its own, crashes (SIGSEGV), raises mujoco.FatalError, or loads them (then they render). A
-loader's SIGSEGV is met by default by the crafted model; the fuzzed seed that makes one is
-a sweep. The commands on one model run one after the other in one child process (a crash
+The seeds are chosen so that MuJoCo's own loader, run on their bytes in a process of its
+own, crashes (SIGSEGV), raises mujoco.FatalError, refuses them, or loads them (then they
+render); what each does differs between MuJoCo 3.16 and 4.0.1 (4's loader checks more, and
+raises FatalError where 3.16 refuses), so each line runs the seeds of a FatalError and of a
+sound load, the others as sweeps. A loader's SIGSEGV is met by default by the crafted
+model (on both lines). The commands on one model run one after the other in one child process (a crash
 of it would show as every later command crashed).
 """
 
+import mujoco
 import pytest
 
 from flyarchive.testing.hostile_cases import make_sound, snapshot
@@ -17,10 +20,14 @@ from flyarchive.testing.model_fuzz import crafted, fuzz, make_case, put_model, r
 
 pytestmark = [pytest.mark.subprocess, pytest.mark.timeout(600), pytest.mark.slow]
 
-#: Seeds of flyarchive.testing.model_fuzz.mutate and what MuJoCo 3.16 does with their bytes.
-SEEDS = {246: "SIGSEGV", 32: "FatalError", 0: "ok"}
-#: The seed whose loader crash the crafted model's test meets by default.
-_SWEEP_SEEDS = {246}
+#: Seeds of flyarchive.testing.model_fuzz.mutate and what each MuJoCo line does with their
+#: bytes (measured: 3.16.0, 4.0.1).
+SEEDS = {246: {3: "SIGSEGV", 4: "refused"}, 32: {3: "FatalError", 4: "refused"},
+         128: {3: "refused", 4: "FatalError"}, 0: {3: "ok", 4: "ok"}}
+LINE = int(mujoco.__version__.split(".")[0])
+#: Seeds whose outcome on a line another test meets by default (the crafted SIGSEGV, the
+#: crafted refusals of tests/bad_input/test_model_check.py).
+_SWEEP_SEEDS = {3: {246, 128}, 4: {246, 32}}[LINE]
 
 
 @pytest.fixture(scope="module")
@@ -35,14 +42,15 @@ def test_fuzzed_kept_models_crash_no_calling_process(sound, tmp_path, seed):
 
     summary = summarize(rows)
     assert (summary["crashes"], summary["unclear"]) == (0, 0), summary["failed_seeds"]
-    assert {row["seed"]: row["check"] for row in rows} == {seed: SEEDS[seed]}
+    assert {row["seed"]: row["check"] for row in rows} == {seed: SEEDS[seed][LINE]}
     for row in rows:
         outcomes = row["outcomes"]
         expected = (0, 0, 0) if row["check"] == "ok" else (2, 1, 2)  # verify: exit 1 FAILED
         assert (outcomes["render"]["exit"], outcomes["verify"]["exit"],
                 outcomes["load_model"]["exit"]) == expected, outcomes
-        if row["check"] != "ok":
-            assert row["check"] in outcomes["render"]["message"]
+        if row["check"] != "ok":  # a refusal says MuJoCo could not load it, and why
+            said = "could not load" if row["check"] == "refused" else row["check"]
+            assert said in outcomes["render"]["message"]
             assert "Pass --model to use a model you trust" in outcomes["render"]["message"]
 
 

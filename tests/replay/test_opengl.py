@@ -166,6 +166,24 @@ def test_closed_renderer_refuses_to_render() -> None:
         renderer.render(tiny_model().qpos0[None])
 
 
+@pytest.mark.parametrize("call", ["render_frame", "render", "render_outputs"])
+def test_a_renderer_that_rendered_in_another_thread_is_closed_here(call) -> None:
+    """MuJoCo 4's Renderer.close() makes the context current in the closing thread: EGL
+    refuses while the thread that rendered holds it (a pool's thread, closed at exit)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    model = tiny_model()
+    renderer = OpenGLRenderer(model, "front", SIZE, outputs=("rgb", "depth"))
+    qpos = model.qpos0 if call != "render" else model.qpos0[None]
+
+    with ThreadPoolExecutor(1) as pool:  # the thread that rendered stays alive
+        pool.submit(getattr(renderer, call), qpos).result()
+        renderer.close()
+
+    with pytest.raises(RuntimeError, match="closed"):
+        renderer.render_frame(model.qpos0)
+
+
 @pytest.mark.subprocess
 def test_unusable_egl_raises_render_backend_error_with_instructions() -> None:
     script = (

@@ -112,6 +112,24 @@ def test_concat_of_segments_matches_one_shot_encoding(tmp_path: Path) -> None:
     assert np.allclose(bar_columns(joined), bar_columns(frames), atol=0.5)
 
 
+@pytest.mark.parametrize("lengths", [(4, 1), (4, 4, 1), (1, 1, 1), (2, 3)])
+def test_segments_of_any_length_join_and_decode_to_exactly_their_frames(tmp_path: Path,
+                                                                        lengths) -> None:
+    """A short segment after a long one: ffmpeg 9 (imageio-ffmpeg 0.8), converting to a
+    constant rate, decoded the frame before the join two more times."""
+    frames = moving_bar(sum(lengths))
+    starts = np.cumsum((0, *lengths))
+    segments = [tmp_path / f"seg{i}.mp4" for i in range(len(lengths))]
+    for start, stop, path in zip(starts, starts[1:], segments):
+        encode_segment([frames[start:stop]], path, FPS, SIZE)
+
+    concat_segments(segments, tmp_path / "joined.mp4")
+    joined = read_video(tmp_path / "joined.mp4")
+
+    assert joined.shape == frames.shape
+    assert np.allclose(bar_columns(joined), bar_columns(frames), atol=0.5)
+
+
 def test_concat_refuses_segments_of_different_sizes(tmp_path: Path) -> None:
     encode_segment([moving_bar(3)], tmp_path / "a.mp4", FPS, SIZE)
     encode_segment([moving_bar(3, (32, 64))], tmp_path / "b.mp4", FPS, (32, 64))

@@ -91,6 +91,15 @@ def test_selected_worlds_get_one_trace_each_with_the_shared_time_cursor(page, vi
     np.testing.assert_allclose(drawn, expected)  # 51 frames: drawn as they are
 
 
+def test_traces_have_a_legend_of_their_worlds_and_the_dofs_unit(page):
+    select(page, 0, 2)
+
+    items = page.eval_on_selector_all("#traces-legend .legend-item", "xs => xs.map(x => x.textContent.trim())")
+
+    assert page.input_value("#dof") == "shoulder"  # a hinge: radians
+    assert items == ["world 0", "world 2", "shoulder (rad)"]
+
+
 def test_moving_the_time_cursor_poses_the_3d_view(page):
     select(page, 1)
     move_cursor(page, 0)
@@ -254,10 +263,18 @@ def test_a_page_without_a_model_shows_the_table_and_says_why_there_is_no_3d_view
     with serving(url, out=view_dir / "videos-none", backend="opengl") as (served, log):
         page = open_page(browser, served.url)
 
+        page.click("#table tbody tr[data-world='0']")
+        page.wait_for_function(f"{STATE}.gaitError")
+
         assert table_worlds(page) == [0, 1]
         assert "No 3D view" in page.inner_text("#view3d-note")
         assert page.is_disabled("#render")
         assert log.having("no 3D view or renders")
+        note = page.inner_text("#gait-note")
+        assert note.startswith("No gait: The archive at ") and "keeps no model" in note
+        assert "--model FILE" in note and "\n" not in note
+        assert page.get_attribute("#gait-note", "class") == "error"
+        assert log.having("400 GET /api/gait")
         page.close()
 
 

@@ -192,3 +192,54 @@ def test_the_render_thread_runs_at_a_lower_priority_than_the_server(served):
 
     assert thread.name == "flyarchive-view-render"
     assert os.getpriority(os.PRIO_PROCESS, thread.native_id) == min(19, ours + 10)
+
+
+# ----------------------------------------------------------------------------- brushed worlds
+@pytest.fixture(scope="module")
+def walker_url(tmp_path_factory: pytest.TempPathFactory) -> str:
+    from flyarchive.testing.view import walker_view_archive
+
+    return walker_view_archive(str(tmp_path_factory.mktemp("view-renders-walker") / "walker.zarr"))
+
+
+def post_many(served: Any, worlds: list[int], client: str) -> tuple[int, dict[str, str], Any]:
+    status, headers, text = ask(f"{origin(served)}/api/renders", method="POST",
+                                body={"worlds": worlds, "camera": "top", "size": "48x64",
+                                      "start": 0.0, "end": 0.008},
+                                headers={"X-Flyarchive-Token": served.token,
+                                         "X-Flyarchive-Client": client,
+                                         "Content-Type": "application/json"})
+    return status, headers, json.loads(text)
+
+
+def test_brushed_worlds_are_queued_as_even_mosaics_as_far_as_the_queue_takes_them(walker_url,
+                                                                                  tmp_path):
+    from flyarchive.testing.view import serving
+    from flyarchive.view.limits import Limits
+
+    limits = Limits(max_queued_per_client=1, max_queued_renders=2)
+    with serving(walker_url, out=tmp_path / "videos", backend="opengl", limits=limits) as (served, _):
+        status, _, answer = post_many(served, list(range(18)), "page-a")
+        done = finished(served, answer["jobs"][0]["id"])
+
+    assert status == 200
+    assert [job["worlds"] for job in answer["jobs"]] == [list(range(9))]  # 18 by 16: 9 and 9
+    assert answer["queued"] == list(range(9)) and answer["not_queued"] == list(range(9, 18))
+    assert answer["message"].startswith("Queued 1 render of 9 worlds (at most 16 tiled in a video). "
+                                        "9 worlds were not queued: This page has 1 renders "
+                                        "waiting already")
+    assert done["state"] == "done" and done["frames"] == 2
+
+
+def test_brushed_worlds_that_the_queue_cannot_take_answer_429_with_the_wait(walker_url, tmp_path):
+    from flyarchive.testing.view import serving
+    from flyarchive.view.limits import Limits
+
+    with serving(walker_url, out=tmp_path / "videos", backend="opengl",
+                 limits=Limits(max_queued_renders=0)) as (served, log):
+        status, headers, answer = post_many(served, list(range(20)), "page-a")
+
+        assert status == 429 and int(headers["Retry-After"]) >= 1
+        assert answer["error"].startswith("0 renders are waiting already, the most the viewer keeps")
+        assert served.viewer.renders.jobs == {}
+        assert log.having("429 POST /api/renders")

@@ -1,4 +1,5 @@
-"""The world table's paging and sorting, and min/max-per-column traces."""
+"""The world table's paging and sorting, its columns as scatter points and their units,
+min/max-per-column traces and the dofs' units."""
 
 from __future__ import annotations
 
@@ -8,8 +9,8 @@ import numpy as np
 import pytest
 
 from flyarchive.errors import SelectionError
-from flyarchive.view.table import query_table
-from flyarchive.view.traces import dof_choices, min_max_columns, pack
+from flyarchive.view.table import column_units, query_table, scatter_points
+from flyarchive.view.traces import dof_choices, dof_units, min_max_columns, pack
 
 COLUMNS = {"world": np.arange(10, 20), "n_frames": np.full(10, 5),
            "distance": np.array([3.0, np.nan, 1, 5, 2, np.nan, 9, 0, 4, 8]),
@@ -108,3 +109,45 @@ def test_packed_traces_hold_the_head_times_and_values_as_float64():
     assert head == {"labels": ["a"], "lines": [[0, "a"], [2, "a"]], "points": 3}
     np.testing.assert_array_equal(body[:3], times)
     np.testing.assert_array_equal(body[3:].reshape(2, 3), values)  # NaN stays NaN
+
+
+def test_scatter_points_are_the_filtered_worlds_with_both_values_finite():
+    columns = {**COLUMNS, "success": np.array([True, False] * 5)}
+
+    answer = scatter_points(columns, x="distance", y="success", where="world >= 12")
+
+    assert answer["worlds"] == [12, 13, 14, 16, 17, 18, 19]  # 15 has no distance
+    assert answer["xs"] == [1.0, 5.0, 2.0, 9.0, 0.0, 4.0, 8.0]
+    assert answer["ys"] == [1.0, 0.0, 1.0, 1.0, 0.0, 1.0, 0.0]  # true/false as 1/0
+    assert answer["matched"] == 8 and answer["missing"] == 1
+
+
+@pytest.mark.parametrize("x, y, fragment", [
+    ("distnce", "world", "No world variable 'distnce' to plot on x. Did you mean 'distance'?"),
+    ("world", "genotype", "'genotype' holds text; a scatter plots numbers"),
+])
+def test_a_scatter_of_a_missing_or_text_column_is_refused(x, y, fragment):
+    with pytest.raises(SelectionError, match=fragment.replace("?", r"\?")):
+        scatter_points(COLUMNS, x=x, y=y)
+
+
+def test_gait_measures_saved_as_world_variables_have_their_units():
+    names = ["world", "distance", "mean_speed", "step_frequency_lf", "duty_factor_rh",
+             "phase_lm", "success", "frequency_lf"]
+
+    assert column_units(names) == {"distance": "mm", "mean_speed": "mm/s",
+                                   "step_frequency_lf": "Hz", "duty_factor_rh": "1",
+                                   "phase_lm": "cycle"}
+
+
+def test_each_dof_has_its_joints_unit():
+    from flyarchive.layout import ModelLayout
+    from flyarchive.testing import tiny_model
+
+    units = dof_units(ModelLayout.from_model(tiny_model()).to_attrs())
+
+    assert units == {"root/x": "mm", "root/y": "mm", "root/z": "mm", "root/qw": "1",
+                     "root/qx": "1", "root/qy": "1", "root/qz": "1", "shoulder": "rad",
+                     "wrist/qw": "1", "wrist/qx": "1", "wrist/qy": "1", "wrist/qz": "1",
+                     "slider": "mm"}
+    assert dof_units({"joint_names": ["a"]}) == {}  # a damaged layout: no units, no error

@@ -1,9 +1,13 @@
 // flyarchive view: the world table (filtered, sorted and paged on the server), the
-// selection that drives traces, the 3D pose view and renders.
+// selection that drives traces, the 3D pose view, the gait panels and renders; a scatter
+// of two world variables whose brush filters the table and queues renders.
 import { api, ApiError, getJson, serverTime, showing } from "/static/api.js";
+import { withUnit } from "/static/canvasplot.js";
+import { Footfall, PathPlot } from "/static/gait.js";
 import { PoseFrames } from "/static/poseframes.js";
+import { ScatterPlot } from "/static/scatter.js";
 import { visible } from "/static/text.js";
-import { Traces } from "/static/traces.js";
+import { colour, Traces } from "/static/traces.js";
 
 const $ = (id) => document.getElementById(id);
 
@@ -11,6 +15,10 @@ const $ = (id) => document.getElementById(id);
 const state = window.flyarchiveView = {
   info: null, table: { where: "", sort: "world", desc: false, page: 0, size: 50 },
   selected: [], frame: 0, tableSeq: 0, tracesSeq: 0, poseSeq: 0, errors: 0, playing: false,
+  filter: "", brush: null, gaitSeq: 0, scatterSeq: 0, batchSeq: 0,
+  // what the gait panels and the scatter drew (data and CSS pixels), for tests
+  footfallBars: () => (footfall ? footfall.bars : []), pathsDrawn: () => (paths ? paths.drawn : []),
+  scatterPoints: () => (scatter ? scatter.points : []), scatterBrushed: () => (scatter ? scatter.brushed : []),
   took: {}, tookSeq: {}, serverMs: 0, posesKept: () => (poseFrames ? poseFrames.frames.size : 0),
 };
 
@@ -59,6 +67,8 @@ async function loadTable(kind = "table", since = performance.now()) {
   t.page = answer.page;
   t.matched = answer.matched_worlds;
   drawTable(answer);
+  scatterChoices(answer);
+  describeBrush(answer.matched_worlds);
   state.tableSeq += 1;
   mark(kind, since);
 }
@@ -108,8 +118,9 @@ function selectionChanged() {
   }
   const n = state.selected.length;
   $("selection").textContent = n ? `${n} selected: ${state.selected.slice(0, 20).join(", ")}${n > 20 ? " ..." : ""}` : "no world selected";
-  guarded(drawTraces);
+  guarded(drawTraces).then(() => guarded(drawGait));  // the traces first: they are quicker
   guarded(showWorlds);
+  if (scatter) scatter.setSelected(state.selected);
 }
 
 // ------------------------------------------------------------------ traces
@@ -127,7 +138,8 @@ async function drawTraces(since = performance.now()) {
   const answer = readTraces(await response.arrayBuffer());
   if (asked !== tracesAsked) return;  // a later selection won
   state.serverMs = serverTime(response);
-  traces.show(answer);
+  const keypoint = $("keypoint").value;
+  traces.show(answer, Object.fromEntries(answer.labels.map((l) => [l, keypoint ? state.info.length_unit : (state.info.dof_units || {})[l]])));
   traces.setCursor(state.info.times[state.frame]);
   state.traceWorlds = answer.lines.map((l) => l.world);
   state.traceValues = answer.lines.map((l) => Array.from(l.v));
@@ -211,6 +223,8 @@ function showFrame(frame, asked = performance.now()) {
   const t = state.info.times[frame];
   $("time-label").textContent = `frame ${frame}  t = ${t.toFixed(4)} s`;
   traces.setCursor(t);
+  footfall.setCursor(t);
+  paths.setCursor(t);
   state.traceCursor = t;
   if (!view || !view.tiles.length) return;
   const idle = poseWanted === null;
@@ -250,6 +264,193 @@ async function play() {
   }
   state.playing = false;
   $("play").textContent = "\u25b6";
+}
+
+// ------------------------------------------------------------------ gait
+let footfall, paths;
+
+function gaitNote(text, isError = false) {
+  $("gait-note").textContent = text;
+  $("gait-note").className = isError ? "error" : "";
+}
+
+// The footfalls of one shown world and the paths of all of them, from the server (which
+// keeps what it computed: a world shown again is answered at once). One request at a
+// time: clicks while one is computed ask again once it is answered, for the selection
+// then (four quick clicks: the server computes each world once, not 1 + 2 + 3 + 4 times).
+let gaitBusy = false, gaitAgain = false;
+async function drawGait() {
+  if (gaitBusy) { gaitAgain = true; return; }
+  gaitBusy = true;
+  try {
+    do { gaitAgain = false; await gaitOnce(); } while (gaitAgain);
+  } finally {
+    gaitBusy = false;
+  }
+}
+
+async function gaitOnce() {
+  const worlds = state.selected.slice(0, MAX_3D);
+  if (!worlds.length) {
+    footfall.clear(); paths.clear();
+    $("gait-world").replaceChildren();
+    gaitNote("Select worlds in the table to see their footfalls and paths.");
+    state.gait = null; state.gaitSeq += 1;
+    return;
+  }
+  gaitNote("computing...");
+  // a recording longer than one gait request covers: the window around the time cursor
+  const info = state.info, each = Math.floor(info.max_gait_frames / worlds.length);
+  const q = new URLSearchParams({ worlds: worlds.join(",") });
+  if (info.frames > each) {
+    const first = Math.max(0, Math.min(state.frame - Math.floor(each / 2), info.frames - each));
+    q.set("start", info.times[first]);
+    q.set("end", info.times[first + each - 1]);
+  }
+  $("gait-here").hidden = info.frames <= each;
+  let answer;
+  try {
+    answer = await getJson(`/api/gait?${q}`);
+  } catch (err) {
+    if (err.replaced) throw err;  // said at the top, with the button that opens it again
+    footfall.clear(); paths.clear();
+    gaitNote(err.message, true);
+    state.gait = null; state.gaitError = err.message; state.gaitSeq += 1;
+    return;
+  }
+  if (gaitAgain) return;  // the selection changed meanwhile: asked again at once
+  const chosen = worlds.includes(Number($("gait-world").value)) ? Number($("gait-world").value) : worlds[0];
+  $("gait-world").replaceChildren(...worlds.map((w) => Object.assign(document.createElement("option"), { value: w, textContent: w })));
+  $("gait-world").value = chosen;
+  const t = state.info.times[state.frame];
+  footfall.cursor = t; paths.cursor = t;
+  footfall.show(answer, chosen);
+  paths.show(answer);
+  gaitNote(`${answer.frames} frames, ${answer.window[0].toFixed(3)} to ${answer.window[1].toFixed(3)} ${answer.units.time}; thorax ${answer.thorax}`);
+  state.gait = answer; state.gaitWorld = chosen; state.gaitError = null;
+  state.gaitSeq += 1;
+}
+
+// ------------------------------------------------------------------ scatter and brush
+let scatter;
+const KEYWORDS = new Set(["and", "or", "not", "in", "is", "if", "else", "for", "lambda", "None", "True", "False", "true", "false", "nan"]);
+
+// The numeric world variables a brush can filter by (a filter names them as they are).
+function scatterChoices(answer) {
+  const key = answer.columns.join("\u0000");
+  if (key === state.scatterColumns) return;
+  state.scatterColumns = key;
+  const numeric = answer.columns.filter((name, i) => answer.kinds[i] !== "text"
+    && /^[A-Za-z_][A-Za-z0-9_]*$/.test(name) && !KEYWORDS.has(name));
+  const variables = numeric.filter((n) => n !== "world" && n !== "n_frames");
+  const [x, y] = variables.length >= 2 ? variables : variables.length ? [variables[0], "world"] : ["world", "n_frames"];
+  const units = state.info.column_units || {};
+  for (const [id, value] of [["scatter-x", x], ["scatter-y", y]]) {
+    $(id).replaceChildren(...numeric.map((n) => Object.assign(document.createElement("option"), { value: n, textContent: withUnit(n, units[n]) })));
+    $(id).value = value;
+  }
+  state.brush = null;
+  guarded(loadScatter);
+}
+
+let scatterAsked = 0;
+async function loadScatter() {
+  const asked = ++scatterAsked;
+  const x = $("scatter-x").value, y = $("scatter-y").value;
+  const note = $("scatter-note");
+  let answer;
+  try {
+    answer = await getJson(`/api/scatter?${new URLSearchParams({ x, y, where: state.filter })}`);
+  } catch (err) {
+    if (asked !== scatterAsked) return;
+    if (err.replaced) throw err;
+    note.textContent = err.message; note.className = "error";
+    state.scatterSeq += 1;
+    return;
+  }
+  if (asked !== scatterAsked) return;
+  scatter.show(answer);
+  scatter.setSelected(state.selected);
+  note.className = "";
+  note.textContent = `${answer.worlds.length} of ${answer.matched} worlds` + (answer.missing ? ` (${answer.missing} without both values)` : "");
+  state.scatter = answer;
+  state.scatterSeq += 1;
+}
+
+// The table's filter: the one typed, and the brush's ranges.
+function tableWhere() {
+  const b = state.brush;
+  if (!b) return state.filter;
+  const ranges = `${b.x} >= ${b.x0} and ${b.x} <= ${b.x1} and ${b.y} >= ${b.y0} and ${b.y} <= ${b.y1}`;
+  return state.filter.trim() ? `(${state.filter}) and ${ranges}` : ranges;
+}
+
+function brushed(range) {
+  const a = state.scatter;
+  state.brush = range && a ? { x: a.x, y: a.y, ...range } : null;
+  state.table.where = tableWhere();
+  state.table.page = 0;
+  guarded(loadTable);
+}
+
+function describeBrush(matched) {
+  const b = state.brush, units = state.info.column_units || {};
+  const span = (name, lo, hi) => `${lo.toPrecision(4)} <= ${name} <= ${hi.toPrecision(4)}${units[name] && units[name] !== "1" ? " " + units[name] : ""}`;
+  $("brush-info").textContent = b ? `${matched.length} worlds brushed: ${span(b.x, b.x0, b.x1)}, ${span(b.y, b.y0, b.y1)}`
+    : "drag over the points to keep those worlds in the table";
+  $("clear-brush").disabled = !b;
+  $("render-brushed").disabled = !b || !matched.length || !state.info.model;
+  $("render-brushed").textContent = b ? `Render the ${matched.length} brushed worlds` : "Render the brushed worlds";
+}
+
+// Queue renders of the brushed worlds (the table's matches, in its order): one video per
+// 16 worlds at most, as many as the server's queue takes now; it says what it left.
+async function renderBrushed() {
+  const worlds = state.table.matched || [];
+  const body = { worlds, camera: $("camera").value, size: $("size").value };
+  let answer;
+  try {
+    answer = await (await api("/api/renders", { method: "POST", body: JSON.stringify(body), headers: { "Content-Type": "application/json" } })).json();
+  } catch (err) {
+    if (err.replaced) throw err;
+    $("batch-status").textContent = err.status === 429 ? `Nothing queued: ${err.message}` : err.message;
+    state.batch = { message: err.message, status: err.status, jobs: [] };
+    state.batchSeq += 1;
+    return;
+  }
+  state.batch = { message: answer.message, queued: answer.queued, not_queued: answer.not_queued, jobs: answer.jobs.map((j) => ({ id: j.id, state: j.state })) };
+  state.batchSeq += 1;
+  await followMany(answer);
+}
+
+async function followMany(answer) {
+  const box = $("batch-status"), lines = new Map();
+  const head = Object.assign(document.createElement("div"), { textContent: answer.message });
+  box.replaceChildren(head, ...answer.jobs.map((job) => {
+    const line = document.createElement("div");
+    line.dataset.job = job.id;
+    lines.set(job.id, line);
+    return line;
+  }));
+  let open = answer.jobs.map((j) => j.id);
+  while (open.length) {
+    const jobs = await Promise.all(open.map((id) => getJson(`/api/render/${id}`)));
+    for (const job of jobs) {
+      const line = lines.get(job.id), shown = job.worlds.slice(0, 6).join(", ") + (job.worlds.length > 6 ? ", ..." : "");
+      line.dataset.state = job.state;
+      line.textContent = `render ${job.id} (worlds ${shown}): ${job.state} ${Math.round(job.progress * 100)}% ${job.message}`;
+      if (job.state === "done") {
+        const play = Object.assign(document.createElement("button"), { type: "button", textContent: "play" });
+        play.onclick = () => { $("video").src = job.video; $("video").hidden = false; };
+        line.append(play);
+      }
+      const mine = state.batch.jobs.find((j) => j.id === job.id);
+      if (mine) mine.state = job.state;
+    }
+    open = jobs.filter((j) => j.state === "queued" || j.state === "running").map((j) => j.id);
+    state.batchSeq += 1;
+    if (open.length) await new Promise((r) => setTimeout(r, 400));
+  }
 }
 
 // ------------------------------------------------------------------ renders
@@ -299,6 +500,8 @@ async function reopen() {
     poseFrames = new PoseFrames(fetchPoses, state.info.frames);
     say(`Opened ${state.info.url} again: ${state.info.worlds} worlds x ${state.info.frames} frames.`);
     state.selected = [];  // ids of the archive that was there before
+    state.brush = null; state.scatterColumns = null;
+    state.table.where = tableWhere();
     describe();
     await loadTable();
     await loadScene();  // the model may be another one now
@@ -328,18 +531,38 @@ function describeModel() {
 }
 
 async function main() {
-  traces = new Traces($("traces"), (t) => {
+  const pick = (t) => {
     const times = state.info.times;
     let k = times.findIndex((x) => x >= t);
     if (k < 0) k = times.length - 1;
     guarded(() => showFrame(k));
+  };
+  traces = new Traces($("traces"), $("traces-legend"), pick);
+  footfall = new Footfall($("footfall"), $("footfall-legend"), pick);
+  paths = new PathPlot($("paths"), $("paths-legend"), (w) => {
+    const worlds = state.selected.slice(0, 200);
+    return colour(worlds.indexOf(w), worlds.length);
   });
+  scatter = new ScatterPlot($("scatter"), brushed);
+  $("gait-world").onchange = () => {
+    state.gaitWorld = Number($("gait-world").value);
+    if (state.gait) footfall.show(state.gait, state.gaitWorld);
+  };
+  $("scatter-x").onchange = $("scatter-y").onchange = () => {
+    if (state.brush) { scatter.setBrush(null); brushed(null); }
+    guarded(loadScatter);
+  };
+  $("clear-brush").onclick = () => { scatter.setBrush(null); brushed(null); };
+  $("render-brushed").onclick = () => guarded(renderBrushed);
+  $("gait-here").onclick = () => guarded(drawGait);
   $("filter-form").onsubmit = (e) => {
     e.preventDefault();
-    state.table.where = $("filter").value;
+    state.filter = $("filter").value;
+    state.table.where = tableWhere();
     state.table.page = 0;
     const since = performance.now();
     guarded(async () => { await loadTable("filter", since); say(""); });
+    guarded(loadScatter);
   };
   $("prev").onclick = () => { state.table.page = Math.max(0, state.table.page - 1); guarded(loadTable); };
   $("next").onclick = () => { state.table.page += 1; guarded(loadTable); };
@@ -364,6 +587,7 @@ async function main() {
   }
   await loadScene();
   showFrame(0);
+  gaitNote("Select worlds in the table to see their footfalls and paths.");
   state.ready = true;
 }
 
