@@ -3,7 +3,11 @@ written in its shard's index, fails every read of committed frames it holds with
 CorruptArchiveError naming the variable, the worlds, the frames and the file, on every
 storage and through every reader (open_archive, the render's StateReader, render,
 render_frames, export-npz, plot, read_trajectories), and nothing that looks like data is
-written. Frames past n_frames may be missing: tests/query/test_missing_chunks.py."""
+written. Frames past n_frames may be missing: tests/query/test_missing_chunks.py.
+
+World variables are stored whole: a chunk of one deleted or cut short fails its reads
+(naming the variable, the worlds and the file) and verify, on every storage; one written
+before flyarchive marked them reads as it always did."""
 
 from __future__ import annotations
 
