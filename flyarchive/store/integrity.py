@@ -343,9 +343,9 @@ def _check_whole(arr: zarr.Array, name: str, url: str, found: _Pass) -> None:
             found.add(
                 f"Missing: world variable {name!r} [{worlds}] (file {file}): world "
                 "variables are stored whole, so the file was deleted or lost. Restore it from "
-                f"a backup, or store the variable again: flyarchive.add_world_vars({url!r}, "
-                f"{{{name!r}: values}}, overwrite=True) (gait measures: `flyarchive gait "
-                f"{url} --save`).")
+                f"a backup, or store the variable again: `flyarchive set-world-var {url} "
+                f"{name}=V1,V2,... --overwrite` (flyarchive.add_world_vars(..., overwrite=True); "
+                f"gait measures: `flyarchive gait {url} --save`).")
         else:
             found.report.notes.append(
                 f"World variable {name!r} has no file {file} ({worlds}): it was "

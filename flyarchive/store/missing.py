@@ -226,8 +226,9 @@ def whole_error(url: str, name: str, world_ids: np.ndarray, chunk: tuple[str, in
         f"Reading world variable {name!r} [{where}] from {url!r} failed: {why}. The archive "
         "is damaged (a file was deleted, lost or cut short). Run `flyarchive verify "
         f"{url}` to list every damaged chunk; restore the file from a backup, or store the "
-        f"variable again: flyarchive.add_world_vars({url!r}, {{{name!r}: values}}, "
-        "overwrite=True) (gait measures: `flyarchive gait URL --save`)."
+        f"variable again: `flyarchive set-world-var {url} {name}=V1,V2,... --overwrite` "
+        f"(flyarchive.add_world_vars(..., overwrite=True); gait measures: `flyarchive gait "
+        f"{url} --save`)."
     )
     error.names_read = True  # type: ignore[attr-defined]
     return error

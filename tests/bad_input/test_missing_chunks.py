@@ -256,7 +256,7 @@ def test_a_deleted_world_variable_chunk_fails_its_reads_and_verify_on_every_stor
     message = str(err.value)
     assert "world variable 'success' [worlds 0..1 (file success/c/0)]" in message
     assert "its file is missing, but world variables are stored whole" in message
-    assert "add_world_vars(" in message and "overwrite=True" in message
+    assert f"flyarchive set-world-var {location.url} success=V1,V2,... --overwrite" in message
     assert open_archive(location.url, location.storage_options).reward.values.tolist() == [0.5, 0.0]
     assert [p for p in report.problems if "'success'" in p and "file success/c/0" in p]
     assert not report.ok
