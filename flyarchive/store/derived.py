@@ -77,7 +77,7 @@ if TYPE_CHECKING:
     from flyarchive.store.header import ArchiveHeader
 
 #: Attributes of the source archive a derived group does not copy.
-_NOT_COPIED = ("model", "archive_id", "created", DERIVED_ATTR, "npz_import")
+_NOT_COPIED = ("model", "archive_id", "created", DERIVED_ATTR, "npz_import", "codec")
 
 
 def derived_url(url: str, name: str) -> str:

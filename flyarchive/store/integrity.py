@@ -417,7 +417,10 @@ def _check_committed(group: zarr.Group, document: Mapping[str, Any] | None, url:
     for text, while_writing in consolidated_findings(document, group,
                                                      n_frames if one_writer else None, url):
         found.add(text, while_writing)
-    spec = group.attrs.get("codec", {}).get("spec", "lossless")
+    # (a derived group's values are not quantized: one kept before it stopped copying its
+    # archive's codec attribute says the archive's)
+    spec = "lossless" if DERIVED_ATTR in group.attrs else \
+        group.attrs.get("codec", {}).get("spec", "lossless")
     for i, name in enumerate(state_names(group)):
         _check_state(group[name], name, n_frames, report, spec, count=i == 0)
     found.findings += [_Finding(text) for text in report.problems]
