@@ -217,7 +217,6 @@ def render_cluster(args: argparse.Namespace) -> contextlib.AbstractContextManage
     is wrong). The client is passed to :func:`flyarchive.render_videos`."""
     from flyarchive.distribute.cluster import local_cluster, scheduler_client
     from flyarchive.distribute.placement import placement
-    from flyarchive.replay import WARP_BACKENDS
 
     if args.scheduler:  # its workers start warming Warp; connected once
         warm = {"gpu": "cuda", "warp-cpu": "cpu"}.get(args.backend)
@@ -225,9 +224,6 @@ def render_cluster(args: argparse.Namespace) -> contextlib.AbstractContextManage
             contextlib.nullcontext()  # refused by the render: --gpus with --scheduler
     if (args.workers is not None and args.workers < 1) or args.url.startswith("memory://"):
         return contextlib.nullcontext()
-
-    if args.backend not in WARP_BACKENDS:  # OpenGL: a worker process per core
-        return local_cluster(args.workers)
     try:
         where = placement(args.backend, sys.maxsize, n_workers=args.workers,
                           gpus=parse_gpus(args.gpus) if args.gpus is not None else None)
