@@ -13,7 +13,6 @@ error. The portable form compiles on any release; its SHA-256 is the model's ide
 
 from __future__ import annotations
 
-import functools
 import hashlib
 import os
 import posixpath
@@ -32,6 +31,7 @@ import numpy as np
 
 from flyarchive.errors import CameraNotFoundError, LayoutMismatchError, ModelLoadError
 from flyarchive.layout import ModelLayout, details_difference, layout_difference, model_details
+from flyarchive.lru import LRUCache
 from flyarchive.spec_zip import (
     FILE_ATTRIBUTES,
     MAX_FILE_BYTES,
@@ -158,17 +158,46 @@ def model_bytes(model: mujoco.MjModel) -> bytes:
 
 
 def model_from_bytes(blob: bytes) -> mujoco.MjModel:
-    """The model from its MJB bytes (see :func:`model_bytes`), cached by content.
+    """The model from its MJB bytes (see :func:`model_bytes`), cached by content: the
+    same model object for the same bytes, shared by this process's renderers (do not
+    modify it).
 
     Raises:
         ModelLoadError: the bytes are not an MJB this MuJoCo can load.
     """
-    return _model_from_bytes(hashlib.sha256(blob).hexdigest(), blob)
+    digest = bytes_sha256(blob)
+    return _MODELS.get(digest, lambda: load_mjb(blob, f"the model bytes (sha256 {digest[:12]}...)"))
 
 
-@functools.lru_cache(maxsize=8)
-def _model_from_bytes(digest: str, blob: bytes) -> mujoco.MjModel:
-    return load_mjb(blob, f"the model bytes (sha256 {digest[:12]}...)")
+def keep_loaded(blob: bytes, model: mujoco.MjModel) -> None:
+    """Let :func:`model_from_bytes` of ``blob`` answer ``model``: the model this process
+    loaded from exactly those bytes already (a kept model, checked and loaded once for a
+    render's planning), so that its renderers do not load them again. ``model`` must not
+    be modified afterwards."""
+    _MODELS.get(bytes_sha256(blob), lambda: model)
+
+
+def bytes_sha256(blob: bytes) -> str:
+    """The SHA-256 (hex) of ``blob``, computed once per bytes object that this process
+    holds (a render asks for its model's 23 MB once per renderer and segment): kept for
+    the last few objects, by identity."""
+    with _DIGESTS_LOCK:
+        kept = _DIGESTS.get(id(blob))
+    if kept is not None and kept[0] is blob:
+        return kept[1]
+    digest = hashlib.sha256(blob).hexdigest()
+    with _DIGESTS_LOCK:
+        _DIGESTS[id(blob)] = (blob, digest)
+        while len(_DIGESTS) > 4:
+            del _DIGESTS[next(iter(_DIGESTS))]
+    return digest
+
+
+#: Models loaded from MJB bytes, by the bytes' SHA-256 (:func:`model_from_bytes`).
+_MODELS: LRUCache[str, mujoco.MjModel] = LRUCache(8, name="models from MJB bytes")
+#: The SHA-256 of the last bytes objects hashed, by ``id`` (the object kept alive with it).
+_DIGESTS: dict[int, tuple[bytes, str]] = {}
+_DIGESTS_LOCK = threading.Lock()
 
 
 def _version_text(header: int) -> str:

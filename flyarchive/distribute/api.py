@@ -28,7 +28,7 @@ from flyarchive.distribute.warm import wait_for_warm_up, warm_up_here
 from flyarchive.distribute.warp_runs import render_on_dask
 from flyarchive.errors import RenderOptionsError
 from flyarchive.layout import ModelLayout, check_compatible
-from flyarchive.models import check_data, model_bytes
+from flyarchive.models import check_data, keep_loaded, model_bytes
 from flyarchive.query.selection import select_frames
 from flyarchive.render.diagnostics import progress_bar
 from flyarchive.render.options import RenderOptions
@@ -100,6 +100,7 @@ def replay_model(source: str, ds: Archive, model: mujoco.MjModel | None,
 
         # read through the header's group; checked in a child process first
         model, blob = kept_model(source, storage_options, group=getattr(ds, "group", None))
+        keep_loaded(blob, model)  # this process's renderers use it, not a second load
     else:
         check_data(model)  # mujoco.FatalError of a damaged model: a ModelLoadError
         blob = model_bytes(model)
