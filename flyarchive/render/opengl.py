@@ -23,6 +23,7 @@ MJB model bytes (scattered once), frame ranges.
 
 from __future__ import annotations
 
+import functools
 import tempfile
 import threading
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -110,7 +111,9 @@ def render_threads(plan: RenderPlan, blob: bytes, parts: str, n_threads: int, *,
     last segment is done, then calls ``on_video`` with its entry. MuJoCo releases the GIL
     while it draws, so the threads render on as many cores as worker processes would,
     without their start (a 2-core VM: an interpreter, Dask and flyarchive's imports and a
-    copy of the model per worker, seconds before their first frame).
+    copy of the model per worker, seconds before their first frame). Making a GL context
+    holds the GIL (NeuroMechFly: about 0.3 s), so the other threads make theirs once the
+    first thread has handed its first frame over, not while it draws it.
 
     A failed segment stops the others at their next frame; its error is raised. Ctrl-C
     (or SIGTERM, :class:`~flyarchive.errors.Terminated`) stops them the same way and is
@@ -129,6 +132,7 @@ def render_threads(plan: RenderPlan, blob: bytes, parts: str, n_threads: int, *,
     parts_of: dict[tuple[Job, str], dict[int, str]] = {}
     entries: dict[tuple[Job, str], dict[str, Any]] = {}
     stop = threading.Event()
+    first = threading.Event()  # the first frame is handed over (or the first thread ended)
     bar = progress_bar(len(segments), plan.options.progress, what="segments", unit="task")
 
     def join(job: Job) -> None:
@@ -140,8 +144,10 @@ def render_threads(plan: RenderPlan, blob: bytes, parts: str, n_threads: int, *,
                 if on_video is not None:
                     on_video(entry)
 
-    def run() -> None:
+    def run(i: int) -> None:
         try:
+            if i:  # making a GL context holds the GIL: not while the first frame is drawn
+                first.wait()
             while not stop.is_set():
                 with lock:
                     segment = next(queue, None)
@@ -149,7 +155,7 @@ def render_threads(plan: RenderPlan, blob: bytes, parts: str, n_threads: int, *,
                     return
                 job, k0, k1 = segment
                 urls = render_segment(plan, blob, parts, job, k0, k1, one_thread=True,
-                                      stopped=stop.is_set)
+                                      stopped=stop.is_set, on_first_frame=first.set)
                 with lock:
                     for camera, url in zip(plan.cameras, urls):
                         parts_of.setdefault((job, camera), {})[k0] = url
@@ -160,10 +166,13 @@ def render_threads(plan: RenderPlan, blob: bytes, parts: str, n_threads: int, *,
                 if last and not stop.is_set():
                     join(job)
         finally:
+            first.set()
             close_thread_renderers()  # free this thread's GL context
 
     try:
-        run_threads([run] * max(1, min(n_threads, len(segments))), stop)
+        run_threads([functools.partial(run, i) for i in range(max(1, min(n_threads,
+                                                                        len(segments))))],
+                    stop)
     finally:
         if bar is not None:
             bar.close()
@@ -298,7 +307,8 @@ def _segment_frames(plan: RenderPlan, blob: bytes, job: Job, start: int, stop: i
 # ----------------------------------------------------------------------------- encode
 def render_segment(plan: RenderPlan, blob: bytes, parts: str, job: Job, start: int,
                    stop: int, *, one_thread: bool = False,
-                   stopped: Callable[[], bool] | None = None) -> list[str]:
+                   stopped: Callable[[], bool] | None = None,
+                   on_first_frame: Callable[[], None] | None = None) -> list[str]:
     """Render frames ``[start, stop)`` of one world (or mosaic) from every camera, encode
     one segment per camera and output into the run's parts folder ``parts``; returns each
     camera's segment URL (camera order; its maps are beside it, :func:`_part_urls`).
@@ -308,6 +318,7 @@ def render_segment(plan: RenderPlan, blob: bytes, parts: str, job: Job, start: i
             caller renders on one core of several, as a worker of flyarchive's own
             LocalCluster does.
         stopped: Asked before each frame; True stops the segment (RenderFailedError).
+        on_first_frame: Called once the segment's first frame is handed to its encoders.
 
     Raises:
         RenderFailedError: the run was given up (its parts folder is gone), or
@@ -337,6 +348,9 @@ def render_segment(plan: RenderPlan, blob: bytes, parts: str, job: Job, start: i
             for c, writer in enumerate(writers):
                 writer.write(None if rgb is None else rgb[c:c + 1],
                              {n: m[c:c + 1] for n, m in maps.items()})
+            if on_first_frame is not None:
+                on_first_frame()
+                on_first_frame = None
         stack.close()
         RunFolder.check_open(parts, so)
         for writer, camera in zip(writers, plan.cameras):

@@ -125,17 +125,26 @@ def test_ctrl_c_stops_the_threads_and_keeps_the_videos_finished_before(
     assert render_threads_left() == []
 
 
-def test_each_thread_frees_its_gl_context(archive, tiny, tmp_path, two_cores, monkeypatch):
+def test_the_second_context_is_made_after_the_first_frame_and_each_is_freed(
+        archive, tiny, tmp_path, two_cores, monkeypatch):
     from flyarchive.replay.opengl import OpenGLRenderer
+    from flyarchive.video.outputs import OutputWriter
 
-    made, closed = [], []
-    init, close = OpenGLRenderer.__init__, OpenGLRenderer.close
+    events = []
+    init, close, write = OpenGLRenderer.__init__, OpenGLRenderer.close, OutputWriter.write
+    name = lambda: threading.current_thread().name  # noqa: E731
     monkeypatch.setattr(OpenGLRenderer, "__init__", lambda self, *a, **k: (
-        made.append(threading.current_thread().name), init(self, *a, **k))[1])
+        events.append(("made", name())), init(self, *a, **k))[1])
     monkeypatch.setattr(OpenGLRenderer, "close", lambda self: (
-        closed.append(threading.current_thread().name) if self._renderer is not None
-        else None, close(self))[1])
+        events.append(("freed", name())) if self._renderer is not None else None,
+        close(self))[1])
+    monkeypatch.setattr(OutputWriter, "write", lambda self, *a, **k: (
+        events.append(("frame", name())), write(self, *a, **k))[1])
 
     render_videos(archive, tiny, CAMERAS, str(tmp_path / "v"), options=OPTIONS)
 
-    assert sorted(made) == sorted(closed) == ["flyarchive-render-0", "flyarchive-render-1"]
+    made = [e for e in events if e[0] == "made"]
+    assert made == [("made", "flyarchive-render-0"), ("made", "flyarchive-render-1")]
+    assert events.index(("frame", "flyarchive-render-0")) < events.index(made[1])
+    assert sorted(e for e in events if e[0] == "freed") == [
+        ("freed", "flyarchive-render-0"), ("freed", "flyarchive-render-1")]
