@@ -1,8 +1,9 @@
 """Archive -> mp4 on OpenGL (backend ``"opengl"``): a (world, frame segment) read, rendered
 and encoded on its own (:func:`render_segment`), and the join of one video's segments
 without re-encoding (:func:`join_segments`); every video of a plan in this thread
-(:func:`render_here`; on a Dask cluster the segments and joins are tasks,
-:mod:`flyarchive.distribute.api`). The twin of :mod:`flyarchive.render.warp`.
+(:func:`render_here`) or on render threads of this process, one GL context each
+(:func:`render_threads`); on a Dask cluster the segments and joins are tasks
+(:mod:`flyarchive.distribute.api`). The twin of :mod:`flyarchive.render.warp`.
 
 - read: the segment's states through the archive's
   :class:`~flyarchive.store.reader.StateReader` (:func:`world_states`; one per archive,
@@ -317,7 +318,8 @@ def render_segment(plan: RenderPlan, blob: bytes, parts: str, job: Job, start: i
         one_thread: Encode on one thread (when the encoder's threads are not set): the
             caller renders on one core of several, as a worker of flyarchive's own
             LocalCluster does.
-        stopped: Asked before each frame; True stops the segment (RenderFailedError).
+        stopped: Asked as each frame is rendered, before it is written; True stops the
+            segment (RenderFailedError).
         on_first_frame: Called once the segment's first frame is handed to its encoders.
 
     Raises:
