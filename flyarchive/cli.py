@@ -381,7 +381,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", default="demo-out", help="output folder (default demo-out)")
     p.add_argument("--worlds", type=int, default=4)
     p.add_argument("--seconds", type=float, default=1.0, help="simulated seconds")
-    p.add_argument("--workers", type=int, help="render worker processes (default: one per core)")
+    p.add_argument("--workers", type=int, help="render worker processes (default: render "
+                   "threads in this process, one per core)")
     p.add_argument("--no-render", action="store_true")
     p.add_argument("--overwrite", action="store_true", help="replace an earlier demo's output")
     p = add("view", cmd_view, "Browse, filter and watch the worlds of an archive in the browser.")
