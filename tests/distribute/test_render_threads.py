@@ -24,8 +24,8 @@ from flyarchive.testing.fixtures import record
 from flyarchive.video import VideoOptions, read_video
 
 CAMERAS = ["front", "top"]
-# Segments of 4 frames of 11: 4 + 4 + 3 per world, 6 segments on 2 threads.
-OPTIONS = RenderOptions(size=(48, 64), segment_frames=4, video=VideoOptions(threads=1))
+# Segments of 6 frames of 11: 6 + 5 per world, 4 segments on 2 threads.
+OPTIONS = RenderOptions(size=(48, 64), segment_frames=6, video=VideoOptions(threads=1))
 
 
 @pytest.fixture(scope="module")
@@ -78,8 +78,8 @@ def test_a_failed_segment_stops_the_other_threads_and_its_error_is_raised(
 
     def failing(plan, blob, parts, job, k0, k1, **kwargs):
         started.append((job.world_id, k0))
-        if (job.world_id, k0) == (3, 4):
-            raise CorruptArchiveError("world 3, frames 4..7: damaged (a test)")
+        if (job.world_id, k0) == (3, 6):
+            raise CorruptArchiveError("world 3, frames 6..10: damaged (a test)")
         return segment(plan, blob, parts, job, k0, k1, **kwargs)
 
     monkeypatch.setattr(opengl, "render_segment", failing)
@@ -87,7 +87,7 @@ def test_a_failed_segment_stops_the_other_threads_and_its_error_is_raised(
     with pytest.raises(CorruptArchiveError, match="a test"):
         render_videos(archive, tiny, CAMERAS, str(tmp_path / "v"), options=OPTIONS)
 
-    assert len(started) < 6  # the segments after the failure were not begun
+    assert len(started) < 4  # the segments after the failure were not begun
     assert not list((tmp_path / "v").rglob("*.mp4"))  # world 3 was never finished
     assert render_threads_left() == []
 
