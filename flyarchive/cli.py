@@ -217,7 +217,6 @@ def render_cluster(args: argparse.Namespace) -> contextlib.AbstractContextManage
     is wrong). The client is passed to :func:`flyarchive.render_videos`."""
     from flyarchive.distribute.cluster import local_cluster, scheduler_client
     from flyarchive.distribute.placement import placement
-    from flyarchive.replay import WARP_BACKENDS
 
     if args.scheduler:  # its workers start warming Warp; connected once
         warm = {"gpu": "cuda", "warp-cpu": "cpu"}.get(args.backend)
@@ -225,9 +224,6 @@ def render_cluster(args: argparse.Namespace) -> contextlib.AbstractContextManage
             contextlib.nullcontext()  # refused by the render: --gpus with --scheduler
     if (args.workers is not None and args.workers < 1) or args.url.startswith("memory://"):
         return contextlib.nullcontext()
-
-    if args.backend not in WARP_BACKENDS:  # OpenGL: a worker process per core
-        return local_cluster(args.workers)
     try:
         where = placement(args.backend, sys.maxsize, n_workers=args.workers,
                           gpus=parse_gpus(args.gpus) if args.gpus is not None else None)
@@ -386,7 +382,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", default="demo-out", help="output folder (default demo-out)")
     p.add_argument("--worlds", type=int, default=4)
     p.add_argument("--seconds", type=float, default=1.0, help="simulated seconds")
-    p.add_argument("--workers", type=int, help="render worker processes (default: one per core)")
+    p.add_argument("--workers", type=int, help="render worker processes (default: render "
+                   "threads in this process, one per core)")
     p.add_argument("--no-render", action="store_true")
     p.add_argument("--overwrite", action="store_true", help="replace an earlier demo's output")
     p = add("view", cmd_view, "Browse, filter and watch the worlds of an archive in the browser.")

@@ -52,7 +52,7 @@ import importlib
 import warnings
 from typing import Any
 
-from flyarchive.models.cache import model_from_bytes
+from flyarchive.models.cache import bytes_sha256, keep_loaded, model_from_bytes
 from flyarchive.models.cameras import camera_ids, camera_names
 from flyarchive.models.entries import MODEL_ATTR, PORTABLE_MODEL_ATTR, SPEC_ZIP_FORMAT, model_identity
 from flyarchive.models.files import load_model_file
@@ -75,7 +75,8 @@ _LAZY = {
 }
 
 __all__ = ["load_model_file", "load_kept_model", "attach_model", "save_mjb", "model_bytes",
-           "model_from_bytes", "load_mjb", "check_mjb", "check_data", "mjb_version",
+           "model_from_bytes", "bytes_sha256", "keep_loaded", "load_mjb", "check_mjb",
+           "check_data", "mjb_version",
            "camera_names", "camera_ids", "MJB_ID", "MODEL_ATTR", "PORTABLE_MODEL_ATTR",
            "model_identity", "PortableModel", "portable_model", "compile_spec_zip",
            "mujoco_release", "SPEC_ZIP_FORMAT"]
