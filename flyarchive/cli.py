@@ -51,13 +51,13 @@ def cmd_info(args: argparse.Namespace) -> int:
 
 def cmd_import_npz(args: argparse.Namespace) -> int:
     from flyarchive.interop.flygym_npz import find_npz_files, import_npz
-    from flyarchive.models import load_model
+    from flyarchive.models import load_model_file
 
     if args.resume and args.overwrite:
         raise SelectionError("--resume finishes an import and --overwrite replaces it; "
                              "choose one.")
     model_path = path_arg(args.model)
-    model = load_model(model_path)
+    model = load_model_file(model_path)
     portable = not args.no_store_model and model_path.lower().endswith((".xml", ".mjz", ".zip"))
     files = find_npz_files([path_arg(p) for p in args.paths])
     url = import_npz(files, path_arg(args.to), model,
@@ -113,7 +113,7 @@ def cmd_verify(args: argparse.Namespace) -> int:
 
 
 def cmd_model_attach(args: argparse.Namespace) -> int:
-    from flyarchive.store.kept_models import attach_model
+    from flyarchive.models.kept import attach_model
 
     url = path_arg(args.url)
     entry = attach_model(url, path_arg(args.model),
@@ -245,12 +245,13 @@ def _render(args: argparse.Namespace, client: Any = None) -> int:
     :func:`flyarchive.render_videos` places it when None."""
     from flyarchive.distribute.api import render_videos
     from flyarchive.render.options import RenderOptions
-    from flyarchive.models import load_model
+    from flyarchive.models import load_model_file
 
     storage_options = storage_options_arg(args.storage_options)
     where = where_mask(path_arg(args.url), storage_options, args.where_world_var, args.where_dof)
     written = render_videos(
-        path_arg(args.url), load_model(path_arg(args.model)) if args.model else None, args.camera,
+        path_arg(args.url), load_model_file(path_arg(args.model)) if args.model else None,
+        args.camera,
         path_arg(args.out),
         worlds=worlds_arg(args, storage_options),
         time=parse_time(args.time) if args.time else None,

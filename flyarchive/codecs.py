@@ -137,6 +137,14 @@ def array_codecs(spec: str, dtype: np.typing.DTypeLike, *, ndim: int = 3) -> dic
     }
 
 
+def plain_codecs() -> dict[str, Any]:
+    """Keyword arguments for ``zarr.create_array`` of derived state arrays (kept positions):
+    the values' little-endian bytes and a CRC-32C, no compression. Positions in float64
+    compress by 15-25 % with pcodec (their low bits are noise), and decode at a third of
+    the speed: a gait over kept positions is bound by reading them."""
+    return {"serializer": BytesCodec(endian="little"), "compressors": [Crc32cCodec()]}
+
+
 def _portable_codecs(dtype: np.dtype, ndim: int) -> dict[str, Any]:
     """zarr v3 core codecs only: time last (varies fastest), Blosc zstd with byte shuffle."""
     return {

@@ -64,6 +64,20 @@ DERIVED_ATTR = "derived"
 LABELLED_PROVENANCE = {"keypoint": "keypoints"}
 
 
+#: Attribute (``true``) of an array stored with every chunk written, even one that holds
+#: only the fill value (zarr skips those unless asked): a world variable. A chunk missing
+#: from it is damage, never its fill value. World variables written before flyarchive
+#: marked them lack it (their reads of a missing chunk give the fill value: an old writer
+#: skipped the chunk of values that all equal it).
+WHOLE_ATTR = "stored_whole"
+
+
+def is_world_var(name: str, dims: tuple[str, ...] | list[str]) -> bool:
+    """Whether an array of an archive is a world variable: dims ``(world,)``, other than
+    the ``world`` coordinate and ``n_frames``."""
+    return tuple(dims) == ("world",) and name not in ("world", "n_frames")
+
+
 def is_state(dims: tuple[str, ...] | list[str]) -> bool:
     """Whether a variable of these dimensions holds frames of worlds (``qpos``, mocap
     poses, a derived group's ``position``...): dims ``(world, time, ...)``. Every such

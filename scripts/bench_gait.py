@@ -5,8 +5,10 @@ The data: NeuroMechFly walking (one simulated flygym walk copied per world with 
 ``benchlib.nmf_states``), written by flyarchive's writer (chunks of 1 world x 100 frames
 in shards of 64 worlds) under ``--cache``, with the gait's points (thorax, a point ahead of
 it, the six tarsus tips: :func:`flyarchive.gait_points`) kept beside it once
-(:func:`flyarchive.keep_positions`; that one-time cost is its own row). A *tip-frame* is
-one leg tip in one frame: ``worlds x frames x 6``. Rows, the process pinned to one core:
+(:func:`flyarchive.keep_positions`, stored as the archive's chunks, plain float64 bytes
+with a CRC-32C; that one-time cost is its own row). The gait reads them a chunk of whole
+worlds at a time (~3 M values), one read each. A *tip-frame* is one leg tip in one frame:
+``worlds x frames x 6``. Rows, the process pinned to one core:
 
 - ``gait summary from kept positions``: :func:`flyarchive.gait_summary` of the archive's
   URL, the whole call (opening it, reading the kept positions, every measure) of

@@ -81,7 +81,7 @@ from __future__ import annotations
 
 import math
 import warnings
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, fields
 from typing import TYPE_CHECKING, Any
 
@@ -95,7 +95,7 @@ from flyarchive.analyze.steps import (
     PhaseEpochs,
     StepEvents,
     phase_epochs,
-    stance_state,
+    stance_runs,
     step_events,
 )
 from flyarchive.errors import OptionsError, SelectionError
@@ -170,7 +170,7 @@ _THORAX_MEASURES = _WORLD[:9]
 #: Labels of the thorax's points that the gait functions ask of an archive.
 _THORAX, _AHEAD = "gait/thorax", "gait/ahead"
 #: Tip-frames handled at once (bounds the memory of the temporaries: ~40 bytes each).
-_BLOCK = 2_000_000
+_BLOCK = 500_000
 
 
 # ----------------------------------------------------------------------------- the thorax
@@ -373,8 +373,9 @@ def _measure(walk: _Walk, params: GaitParams, reference: str, window: float | No
                                 walk.height)
         for name, values in part.items():
             out.setdefault(name, np.full((worlds, len(starts)), np.nan))[:, k] = values
-    state = stance_state(times, walk.tips, params, height=walk.height)
-    events = step_events(times, state, walk.tips)
+    runs = stance_runs(times, walk.tips, params, height=walk.height)
+    state = runs.painted(runs.value)
+    events = step_events(times, runs, walk.tips, params, height=walk.height)
     legs_out = _leg_measures(times, state, events, worlds, n_legs, starts, length)
     legs_out.update(_phases(events, worlds, n_legs, walk.legs.index(reference), starts, length,
                             times))
@@ -397,11 +398,16 @@ def _leg_measures(times: np.ndarray, state: np.ndarray, events: StepEvents, worl
     size = worlds * n_legs * n
     shape = (worlds, n_legs, n)
     # Shares of frames in stance.
-    frame_window = _window_of(times, starts, length)
-    rows = np.arange(state.shape[0])[:, None]
-    bins = rows * n + frame_window[None, :]
-    ok = (frame_window[None, :] >= 0) & (state != UNKNOWN)
-    known, stance = _sums(bins.ravel(), ok.ravel(), size, (state == STANCE).ravel().astype(float))
+    if n == 1 and not math.isfinite(length):  # one window of every frame: sums per row
+        known = np.count_nonzero(state != UNKNOWN, axis=1).astype(float)
+        stance = np.count_nonzero(state == STANCE, axis=1).astype(float)
+    else:
+        frame_window = _window_of(times, starts, length)
+        rows = np.arange(state.shape[0])[:, None]
+        bins = rows * n + frame_window[None, :]
+        ok = (frame_window[None, :] >= 0) & (state != UNKNOWN)
+        known, stance = _sums(bins.ravel(), ok.ravel(), size,
+                              (state == STANCE).ravel().astype(float))
     # Complete cycles: the stance before each complete swing, then the swing.
     cycle = events.touchdown - events.stance_start
     where = _window_of(events.stance_start, starts, length)
@@ -488,14 +494,21 @@ def _coordination(times: np.ndarray, state: np.ndarray, events: StepEvents, worl
     names = ("tcs", *_SUPPORT_NAMES)
     if not set(LEGS) <= set(legs):
         return {name: np.full((worlds, n), np.nan) for name in names}
-    order = [legs.index(leg) for leg in LEGS]
-    six = state.reshape(worlds, len(legs), -1)[:, order]  # (W, 6, T)
-    known = (six != UNKNOWN).all(axis=1)
-    bits = ((six == STANCE) << np.arange(6)[None, :, None]).sum(axis=1)
+    per_world = state.reshape(worlds, len(legs), -1)
+    known = np.ones((worlds, state.shape[1]), bool)
+    bits = np.zeros((worlds, state.shape[1]), np.uint8)
+    for i, leg in enumerate(LEGS):  # (six legs: a loop over legs, not steps)
+        one = per_world[:, legs.index(leg)]
+        known &= one != UNKNOWN
+        bits |= (one == STANCE).view(np.uint8) << np.uint8(i)
     classes = _SUPPORT[bits]
-    frame_window = _window_of(times, starts, length)
-    ok = known & (frame_window[None, :] >= 0)
-    bins = (np.arange(worlds)[:, None] * n + frame_window[None, :]) * 4 + classes
+    if n == 1 and not math.isfinite(length):
+        bins = np.arange(worlds, dtype=np.int64)[:, None] * 4 + classes
+        ok = known
+    else:
+        frame_window = _window_of(times, starts, length)
+        ok = known & (frame_window[None, :] >= 0)
+        bins = (np.arange(worlds)[:, None] * n + frame_window[None, :]) * 4 + classes
     counts = np.bincount(bins[ok], minlength=worlds * n * 4).reshape(worlds, n, 4)
     with np.errstate(invalid="ignore", divide="ignore"):
         shares = counts / counts.sum(axis=2, keepdims=True)
@@ -572,8 +585,13 @@ class _Source:
     length_unit: str = "mm"
 
     def blocks(self) -> list[slice]:
-        """Slices of worlds whose tip-frames fit one block of work."""
+        """Slices of worlds whose tip-frames fit one block of work; for positions read when
+        asked for (kept positions), their chunks of worlds (one read each)."""
         worlds, frames = self.position.sizes["world"], self.position.sizes["time"]
+        chunks = self.position.chunks
+        if chunks is not None:
+            edges = np.cumsum([0, *chunks[0]])
+            return [slice(int(a), int(b)) for a, b in zip(edges[:-1], edges[1:])]
         per = max(1, _BLOCK // max(1, frames * len(self.legs)))
         return [slice(i, min(i + per, worlds)) for i in range(0, worlds, per)]
 
@@ -660,8 +678,9 @@ def gait_positions(
         ``(world, time, keypoint, xyz)``: keypoints ``gait/thorax`` (the thorax's origin),
         ``gait/ahead`` (one unit ahead of it on its x axis: its heading) and the tips.
     """
-    return _source(url, thorax, tips, None, worlds, time, model, storage_options, backend,
-                   processes).position
+    position = _source(url, thorax, tips, None, worlds, time, model, storage_options, backend,
+                       processes).position
+    return position.compute() if position.chunks is not None else position  # (kept: read now)
 
 
 def _positions_source(source: Any, thorax: str, tips: Any, legs: Mapping[str, str] | None,
@@ -904,15 +923,19 @@ def _dataset(measured: Mapping[str, np.ndarray], got: _Source, window: float | N
 
 def _tables(source: Any, thorax: str, tips: Any, legs: Any, params: GaitParams, worlds: Any,
             time: Any, model: Any, storage_options: Any, backend: str, processes: int | None
-            ) -> tuple[_Source, list[tuple[_Walk, np.ndarray, int]]]:
+            ) -> tuple[_Source, Iterator[tuple[_Walk, Any, int]]]:
+    """The source, and each block of worlds' trajectories with their stance runs
+    (:func:`~flyarchive.analyze.steps.stance_runs`) and first world, one block at a time."""
     got, _ = _prepare(source, thorax, tips, legs, params, worlds, time, model, storage_options,
                       backend, processes, None)
-    out = []
-    for block in got.blocks():
-        walk = got.walk(block)
-        out.append((walk, stance_state(walk.times, walk.tips, params, height=walk.height),
-                    block.start))
-    return got, out
+
+    def blocks() -> Iterator[tuple[_Walk, Any, int]]:
+        for block in got.blocks():
+            walk = got.walk(block)
+            yield walk, stance_runs(walk.times, walk.tips, params, height=walk.height), \
+                block.start
+
+    return got, blocks()
 
 
 def gait_steps(
@@ -955,8 +978,8 @@ def gait_steps(
                           storage_options, backend, processes)
     world_ids = np.asarray(got.position.world.values)
     parts = []
-    for walk, state, first in blocks:
-        events = step_events(walk.times, state, walk.tips)
+    for walk, runs, first in blocks:
+        events = step_events(walk.times, runs, walk.tips, params, height=walk.height)
         world, leg = np.divmod(events.tip, len(got.legs))
         world = world + first
         parts.append(pd.DataFrame({
@@ -1013,8 +1036,9 @@ def gait_epochs(
                           storage_options, backend, processes)
     world_ids = np.asarray(got.position.world.values)
     parts = []
-    for walk, state, first in blocks:
-        epochs: PhaseEpochs = phase_epochs(walk.times, state)
+    for walk, runs, first in blocks:
+        epochs: PhaseEpochs = phase_epochs(walk.times, runs, walk.tips, params,
+                                           height=walk.height)
         world, leg = np.divmod(epochs.tip, len(got.legs))
         world = world + first
         parts.append(pd.DataFrame({

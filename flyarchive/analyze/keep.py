@@ -225,18 +225,26 @@ def open_positions(url: str, storage_options: Mapping[str, Any] | None = None
     return position.to_dataset().assign(orientation=orientation).assign_attrs(attrs)
 
 
-def stored_positions(prepared: Prepared, *, orientations: bool, backend: str
-                     ) -> xr.DataArray | xr.Dataset | None:
+def stored_positions(prepared: Prepared, *, orientations: bool, backend: str,
+                     chunk_values: int | None = None) -> xr.DataArray | xr.Dataset | None:
     """The request's positions read from a derived group kept beside the archive, if one
     holds its keypoints (same definitions), of the same model (its identity) and archive,
     for every committed frame of the window's worlds (and orientations if asked); else
     None. Positions computed on the CPU serve every backend; Warp's serve Warp's backends.
     A group of another archive is never read; one of this archive and request whose
     metadata or coordinates are damaged is refused (as :func:`open_positions`), and a read
-    of its damaged chunks fails, saying to recompute it."""
+    of its damaged chunks fails, saying to recompute it. ``chunk_values``: positions only,
+    in dask chunks of whole worlds of about this many values, each read by one call of the
+    group's reader (:func:`~flyarchive.store.derived.state_reader`: one task per chunk,
+    straight into its array); None: chunks as the group stores them."""
     import dask.array as da
 
-    from flyarchive.store.derived import DerivedSource, find_derived, open_derived
+    from flyarchive.store.derived import (
+        DerivedSource,
+        find_derived,
+        open_derived_group,
+        state_reader,
+    )
 
     ds, kp = prepared.ds, prepared.keypoints
     whole = prepared.whole if prepared.whole is not None else ds
@@ -249,8 +257,8 @@ def stored_positions(prepared: Prepared, *, orientations: bool, backend: str
                 or derived.get("backend") not in ("cpu", backend) \
                 or any(have.get(label) != d for label, d in wanted.items()):
             continue
-        kept = open_derived(group_url, prepared.storage_options,
-                            source=DerivedSource.of(whole, prepared.url))
+        kept, opened = open_derived_group(group_url, prepared.storage_options,
+                                          source=DerivedSource.of(whole, prepared.url))
         n_frames = kept.n_frames.values
         ids = [int(w) for w in kept.world.values]
         if not set(int(w) for w in ds.world.values) <= set(ids):
@@ -264,6 +272,14 @@ def stored_positions(prepared: Prepared, *, orientations: bool, backend: str
             continue
         stored = [str(k) for k in kept.keypoint.values]
         picked = np.asarray([stored.index(label) for label in kp.labels])
+        if chunk_values is not None and not orientations:
+            reader = state_reader(group_url, prepared.storage_options, kept, opened, "position")
+            picks = _Selection(reader, np.asarray(at), frames, picked)
+            per = max(1, chunk_values // max(1, len(frames) * len(picked) * 3))
+            data = da.from_array(picks, chunks=(per, -1, -1, -1), asarray=False,
+                                 inline_array=True, meta=np.empty((0, 0, 0, 0), picks.dtype),
+                                 name=f"kept-{group_url}-{hash(picks.key)}")
+            return as_positions(prepared, data, False, backend, stored=group_url)
         pick = kept.isel(world=_as_slice(np.asarray(at)), time=_as_slice(frames),
                          keypoint=_as_slice(picked))
         data = pick.position.data
@@ -271,6 +287,24 @@ def stored_positions(prepared: Prepared, *, orientations: bool, backend: str
             data = da.concatenate([data, pick.orientation.data.astype(data.dtype)], axis=-1)
         return as_positions(prepared, data, orientations, backend, stored=group_url)
     return None
+
+
+class _Selection:
+    """A selection of worlds, frames and keypoints of a kept group's reader, as an array
+    for dask (``(world, time, keypoint, xyz)``): each read is one read of the reader."""
+
+    def __init__(self, reader: Any, worlds: np.ndarray, frames: np.ndarray,
+                 keypoints: np.ndarray) -> None:
+        self.reader, self.worlds, self.frames, self.keypoints = reader, worlds, frames, keypoints
+        self.shape = (len(worlds), len(frames), len(keypoints), 3)
+        self.dtype = reader.dtype
+        self.ndim = 4
+        self.key = (worlds.tobytes(), frames.tobytes(), keypoints.tobytes())
+
+    def __getitem__(self, key: tuple[slice, ...]) -> np.ndarray:
+        w, t, k, xyz = (tuple(key) + (slice(None),) * 4)[:4]
+        return self.reader[_as_slice(self.worlds[w]), _as_slice(self.frames[t]),
+                           _as_slice(self.keypoints[k]), xyz]
 
 
 def _as_slice(index: np.ndarray) -> slice | np.ndarray:

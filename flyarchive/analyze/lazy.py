@@ -17,6 +17,9 @@ if TYPE_CHECKING:
     import mujoco
     import xarray as xr
 
+#: Values per chunk of kept positions that :func:`computed_positions` gives (float64: 24 MB).
+_KEPT_CHUNK_VALUES = 3_000_000
+
 
 def positions(
     source: str | xr.Dataset,
@@ -81,7 +84,7 @@ def positions(
 
         Called while a ``distributed.Client`` is the default, the model is sent to its
         workers now, once per client and model, and every computation of the result (or
-        of arrays made from it) sends only its key (:mod:`flyarchive.analyze.model_ref`).
+        of arrays made from it) sends only its key (:mod:`flyarchive.models.shipping`).
         The result then computes on that client or in this process (any scheduler, also
         after the client closed); on another cluster or in a process pool, a
         ModelLoadError says so: call this again with that client as the default.
@@ -133,16 +136,21 @@ def computed_positions(
 
     Returns:
         ``position`` ``(world, time, keypoint, xyz)`` as :func:`positions` gives it,
-        numpy-backed. Raises as :func:`positions` does.
+        numpy-backed; kept positions (:func:`flyarchive.keep_positions`) are read when a
+        chunk of them is asked for (dask chunks of whole worlds, about
+        :data:`_KEPT_CHUNK_VALUES` values each, each one read of the stored group: a
+        caller going through the worlds a chunk at a time holds one chunk in memory).
+        Raises as :func:`positions` does.
     """
     check_backend(backend)
     request = KeypointRequest.of(bodies, None, points)
     prepared = prepare(source, request, worlds=worlds, time=time, model=model,
                        storage_options=storage_options)
     kept = None if prepared.url is None else \
-        stored_positions(prepared, orientations=False, backend=backend)
+        stored_positions(prepared, orientations=False, backend=backend,
+                         chunk_values=_KEPT_CHUNK_VALUES)
     if kept is not None:
-        return kept.compute()
+        return kept
     if backend == "cpu":
         from flyarchive.analyze.cpu_processes import cpu_positions_in_processes, worth_processes
 

@@ -22,13 +22,37 @@ Frames whose tip position is not finite (tracking dropouts, frames past a world'
 ``n_frames``) are *unknown*; a stance or swing next to them (or to the first or last
 frame) has no event on that side, so no step is counted across a gap.
 
-An event lies between the last frame of one state and the first of the next, at the
-middle of the two frame times (unbiased for events that fall anywhere between frames).
-Thresholds set where the events lie on a smooth lift-off: a tip is in stance until it
-leaves the band, so stance reads longer than ground contact by the time a tip takes to
-rise ``stance_height`` or reach ``stance_speed``.
+**Event times.** The states say which frames stand and which swing; a lift-off or a
+touchdown is then placed where the tip leaves or reaches the ground, not where it leaves
+the band (which would lengthen every stance by the time a tip takes to rise
+``stance_height``: 0.65 ms a side for a tip rising 46 mm/s through a 0.03 mm band, +2 %
+of the duty factor). Per event:
 
-Without heights (2-D tracking), the band and the swing evidence are the speeds alone.
+- *The stance's height*: the median height of the stance's frames within 20 ms of the
+  event (at least its 3 nearest, none past the stance) that are in the band (a frame of a
+  tip already on its way up or down does not move it). The *margin*: 2.5 times the noise
+  of the tip's stance heights (the root mean square of those frames' distances below
+  their median, pooled over the tip's events; noise alone lifts a standing frame over it
+  once in 160), at least 1 % of ``stance_height``.
+- *The first frame off it*: the first of the swing's frames (of its first ``smooth / 2``
+  seconds, the frames by which smoothing moves the band's edge) above the stance's height
+  plus the margin, traced back into the stance while frames stay above it (into the
+  stance's second half at most). A swing whose first frames stay at the stance's height
+  began by speed alone (a tip that drags): its event stays at the band's edge.
+- *Where between frames*: frames more than 3 ms apart (below ~330 frames/s, where a tip
+  rises a large part of its swing between two frames): the middle of the two frame times
+  (unbiased wherever the tip crossed the margin between them), less the time the tip takes
+  to rise the margin at its speed off the stance (the tip's mean over its events of the
+  height over the margin at the first frame off, over half a frame interval). Closer: where
+  the straight line through the tip's heights over the first 3 ms off the stance (their
+  mean time and height, the tip's mean slope) meets the stance's height.
+
+Touchdowns are the mirror image. On the synthetic walker (:mod:`flyarchive.testing.walker`,
+noise 0.005 mm) events are on average within 0.3 ms of the truth at 60-1000 frames/s,
+each within about half a frame but for the few that noise lifts over the margin.
+
+Without heights (2-D tracking), the band and the swing evidence are the speeds alone, and
+an event lies at the band's edge, midway between the two frames.
 
 :func:`stance_state` gives the state (thresholds:
 :class:`~flyarchive.analyze.gait_params.GaitParams`); :func:`step_events` the complete
@@ -47,6 +71,18 @@ from flyarchive.analyze.gait_params import GaitParams
 
 #: A frame's state: in stance, in swing, or unknown (no position).
 STANCE, SWING, UNKNOWN = 1, 0, -1
+#: A tip is off its stance height when higher by this many times the scatter of its
+#: stance heights (pooled over its events)...
+_NOISE_MARGIN = 2.5
+#: ...and by at least this share of ``stance_height``.
+_HEIGHT_FLOOR = 0.01
+#: Frames at most this far apart (s) place an event by a straight line through the
+#: tip's heights over this long off the stance; farther apart, midway between frames.
+_RISE = 0.003
+#: A stance's height near an event: the median of its frames within this many seconds of
+#: the event (at least its :data:`_BASE_FRAMES` nearest).
+_BASE_TIME = 0.02
+_BASE_FRAMES = 3
 
 
 def stance_state(times: np.ndarray, tips: np.ndarray, params: GaitParams, *,
@@ -64,44 +100,57 @@ def stance_state(times: np.ndarray, tips: np.ndarray, params: GaitParams, *,
     Returns:
         ``(N, T)`` int8: :data:`STANCE`, :data:`SWING` or :data:`UNKNOWN`.
     """
+    runs = stance_runs(times, tips, params, height=height)
+    return runs.painted(runs.value)
+
+
+def stance_runs(times: np.ndarray, tips: np.ndarray, params: GaitParams, *,
+                height: bool = True) -> _Runs:
+    """:func:`stance_state` as runs of frames (``state = runs.painted(runs.value)``), which
+    :func:`step_events` and :func:`phase_epochs` take in place of the state."""
     n, t = tips.shape[:2]
     if t < 2:
-        return np.full((n, t), UNKNOWN, np.int8)
+        return _Runs.of(np.full((n, t), UNKNOWN, np.int8))
     x, y, z = (_smoothed(tips[..., k], times, params.smooth) for k in range(3))
-    dx, dy = np.diff(x, axis=1), np.diff(y, axis=1)
-    moved = np.sqrt(dx * dx + dy * dy)
-    moved /= np.diff(times)  # (N, T-1) horizontal speed between frames
+    dt = np.diff(times)
+    moved = np.diff(x, axis=1)
+    moved *= moved
+    dy = np.diff(y, axis=1)
+    dy *= dy
+    moved += dy  # (N, T-1) squared horizontal displacement between frames
     slow = np.empty((n, t))
     fast = np.empty((n, t))
-    slow[:, 0] = fast[:, 0] = moved[:, 0]
-    slow[:, -1] = fast[:, -1] = moved[:, -1]
     with np.errstate(invalid="ignore"):
+        slow[:, 0] = fast[:, 0] = moved[:, 0] / (dt[0] * dt[0])
+        slow[:, -1] = fast[:, -1] = moved[:, -1] / (dt[-1] * dt[-1])
+        moved /= dt * dt  # squared speed
         np.fmin(moved[:, :-1], moved[:, 1:], out=slow[:, 1:-1])
         np.fmax(moved[:, :-1], moved[:, 1:], out=fast[:, 1:-1])
         known = np.isfinite(slow)
-        known &= np.isfinite(tips[..., 0]) & np.isfinite(tips[..., 1]) & np.isfinite(tips[..., 2])
-        band = slow < params.stance_speed
-        evidence = fast > params.swing_speed
+        known &= np.isfinite(tips[..., 0] + tips[..., 1] + tips[..., 2])
+        band = slow < params.stance_speed ** 2
+        evidence = fast > params.swing_speed ** 2
         if height:
             band &= z < params.stance_height
             evidence |= z > params.swing_height
-    code = np.where(known, band.astype(np.int8), np.int8(UNKNOWN)).astype(np.int8)
+    code = band.view(np.int8)
+    code[~known] = UNKNOWN
     # Hysteresis: out of the band without clear swing evidence is stance.
     runs = _Runs.of(code)
-    swung = np.add.reduceat((evidence & known).ravel(), runs.first) > 0
-    code = runs.painted(np.where((runs.value == SWING) & ~swung, STANCE, runs.value))
+    evidence &= known
+    swung = np.add.reduceat(evidence.ravel(), runs.first) > 0
+    runs = runs.merged(np.where((runs.value == SWING) & ~swung, STANCE, runs.value))
     # Short swings join the stances around them, then short stances the swings.
     bounds = _boundaries(times)
     for value, shortest in ((SWING, params.min_swing), (STANCE, params.min_stance)):
         if shortest <= 0:
             continue
-        runs = _Runs.of(code)
         other = STANCE + SWING - value
         inner = (runs.value == value) & (runs.before == other) & (runs.after == other)
         short = inner & (bounds[runs.stop] - bounds[runs.start] < shortest)
         if short.any():
-            code = runs.painted(np.where(short, other, runs.value))
-    return code
+            runs = runs.merged(np.where(short, other, runs.value))
+    return runs
 
 
 def _smoothed(values: np.ndarray, times: np.ndarray, width: float) -> np.ndarray:
@@ -109,7 +158,7 @@ def _smoothed(values: np.ndarray, times: np.ndarray, width: float) -> np.ndarray
     ``width / 2`` of each (fewer at the ends; NaN where the window holds a NaN), or
     ``values`` itself when that is one frame."""
     n, t = values.shape
-    half = int(width / (2 * float(np.median(np.diff(times)))) + 1e-9)
+    half = _half_window(times, width)
     if half < 1:
         return values
     sums = np.zeros((n, t + 1))
@@ -117,6 +166,11 @@ def _smoothed(values: np.ndarray, times: np.ndarray, width: float) -> np.ndarray
     index = np.arange(t)
     low, high = np.maximum(index - half, 0), np.minimum(index + half + 1, t)
     return (sums[:, high] - sums[:, low]) / (high - low)
+
+
+def _half_window(times: np.ndarray, width: float) -> int:
+    """Frames on each side of a centred moving average over ``width`` seconds."""
+    return int(width / (2 * float(np.median(np.diff(times)))) + 1e-9)
 
 
 def _boundaries(times: np.ndarray) -> np.ndarray:
@@ -169,6 +223,205 @@ class _Runs:
         """The ``(N, T)`` array with each run set to its entry of ``values``."""
         return np.repeat(values.astype(np.int8), self.stop - self.start).reshape(self.shape)
 
+    def merged(self, values: np.ndarray) -> _Runs:
+        """The runs of ``self.painted(values)``: runs given equal values next to each other
+        in a row join (found from the runs, without painting)."""
+        values = values.astype(np.int8)
+        keep = np.ones(len(values), bool)
+        keep[1:] = (values[1:] != values[:-1]) | (self.row[1:] != self.row[:-1])
+        row, start, first, value = self.row[keep], self.start[keep], self.first[keep], values[keep]
+        n, t = self.shape
+        same = row[1:] == row[:-1]
+        stop = np.empty_like(start)
+        stop[:-1] = np.where(same, start[1:], t)
+        stop[-1:] = t
+        before = np.full(len(first), -2, np.int8)
+        after = np.full(len(first), -2, np.int8)
+        before[1:] = np.where(same, value[:-1], -2)
+        after[:-1] = np.where(same, value[1:], -2)
+        return _Runs(row, start, stop, value, before, after, first, self.shape)
+
+
+def _event_times(runs: _Runs, times: np.ndarray, tips: np.ndarray, params: GaitParams,
+                 height: bool) -> np.ndarray:
+    """``(R,)``: the time of the boundary before each run's first frame: for a lift-off or a
+    touchdown, where the tip leaves or reaches its stance height (see the module's
+    docstring); for any other boundary (and without heights), the middle of the two frame
+    times."""
+    bounds = _boundaries(times)
+    edge = bounds[runs.start]
+    n, t = runs.shape
+    if not height or t < 3:
+        return edge
+    z = tips[..., 2]
+    dt = float(np.median(np.diff(times)))
+    late = _half_window(times, params.smooth)
+    value, before = runs.value, runs.before
+    lift = np.flatnonzero((value == SWING) & (before == STANCE))  # swing runs after a stance
+    land = np.flatnonzero((value == STANCE) & (before == SWING))  # stance runs after a swing
+    for events, way, stance, swing in ((lift, +1, lift - 1, lift), (land, -1, land, land - 1)):
+        if not len(events):
+            continue
+        edge[events] = _Event.of(runs, events, way, stance, swing, z).time(
+            params, times, bounds, dt, late, bound=edge[events])
+    return edge
+
+
+@dataclass(frozen=True)
+class _Event:
+    """Lift-offs (``way`` +1) or touchdowns (-1) of many tips, and the heights of their
+    tips around them: a stance side (the stance's frames from the event on, away from the
+    swing) and a swing side.
+
+    Attributes:
+        row: ``(E,)`` the tip's row.
+        first: ``(E,)`` the column of the boundary's frame after it (the swing's first for
+            a lift-off, the stance's first for a touchdown).
+        way: +1 or -1: the direction of time from the stance into the swing.
+        stance_frames, swing_frames: ``(E,)`` frames of the stance and of the swing.
+        z: ``(n, t)`` heights.
+        flat: ``z`` as one C-contiguous row, indexed by ``offset + column``.
+        offset: ``(E,)`` the index in ``flat`` of each event's row.
+    """
+
+    row: np.ndarray
+    first: np.ndarray
+    way: int
+    stance_frames: np.ndarray
+    swing_frames: np.ndarray
+    z: np.ndarray
+    flat: np.ndarray
+    offset: np.ndarray
+
+    @classmethod
+    def of(cls, runs: _Runs, events: np.ndarray, way: int, stance: np.ndarray,
+           swing: np.ndarray, z: np.ndarray) -> _Event:
+        length = runs.stop - runs.start
+        row = runs.row[events]
+        return cls(row, runs.start[events], way, length[stance], length[swing], z,
+                   np.ascontiguousarray(z, dtype=np.float64).reshape(-1), row * z.shape[1])
+
+    def height(self, column: np.ndarray) -> np.ndarray:
+        """``(E,)`` each event's tip's height at ``column``."""
+        return self.flat[self.offset + column]
+
+    def at(self, step: np.ndarray | int) -> np.ndarray:
+        """Columns ``step`` frames from each boundary in the direction stance -> swing (0:
+        the swing's frame next to it, -1: the stance's), clipped to the row: ``step`` a
+        number or ``(E,)``."""
+        next_to = self.first - (1 if self.way < 0 else 0)
+        return np.clip(next_to + self.way * step, 0, self.z.shape[1] - 1)
+
+    def heights(self, side: int, count: int) -> tuple[np.ndarray, np.ndarray]:
+        """The heights ``(count, E)`` of the first ``count`` frames of the stance (``side``
+        -1, from the boundary back) or the swing (+1), and whether each belongs to it."""
+        frames = self.stance_frames if side < 0 else self.swing_frames
+        z = np.empty((count, len(self.row)))
+        for j in range(count):
+            z[j] = self.height(self.at(-1 - j if side < 0 else j))
+        return z, np.arange(count)[:, None] < frames[None, :]
+
+    def time(self, params: GaitParams, times: np.ndarray, bounds: np.ndarray, dt: float,
+             late: int, bound: np.ndarray) -> np.ndarray:
+        """When each tip leaves (reaches) its stance height; ``bound``, the band's edge, where
+        the tip does not leave it within ``late`` frames of the swing (a tip that drags, or
+        a stance without a frame low enough to give its height)."""
+        n = self.z.shape[0]
+        reach = max(_BASE_FRAMES, int(_BASE_TIME / dt + 1e-9))
+        zs, inside = self.heights(-1, reach)
+        with np.errstate(invalid="ignore"):
+            use = inside & (zs < params.stance_height)
+        floor = _HEIGHT_FLOOR * params.stance_height
+        base, margin = _stance_height(zs, use, self.row, n, floor)
+        level = base + margin[self.row]  # (E,) the height a tip is off the stance above
+        # The first frame of the swing's first `late + 1` above it...
+        zw, in_swing = self.heights(+1, late + 1)
+        with np.errstate(invalid="ignore"):
+            up = in_swing & (zw > level)
+        found = up.any(axis=0) & np.isfinite(level)
+        into_swing = np.argmax(up, axis=0)
+        # ...traced back into the stance while the tip is above it (its second half at most).
+        extend = np.minimum((self.stance_frames - 1) // 2, reach)
+        with np.errstate(invalid="ignore"):
+            risen = (zs > level) & (np.arange(reach)[:, None] < extend)
+        back = np.where(into_swing == 0,
+                        np.argmin(np.r_[risen, np.zeros((1, risen.shape[1]), bool)], axis=0), 0)
+        # `off`: the first frame off the stance height; `on`: the one before, at it (as
+        # columns in the direction stance -> swing: positive into the swing).
+        off_step = np.where(back > 0, -back, into_swing)
+        off, on = self.at(off_step), self.at(off_step - 1)
+        got = _crossed(self, off, on, base, margin, params, times, bounds, dt)
+        return np.where(found, got, bound)
+
+
+def _stance_height(zs: np.ndarray, use: np.ndarray, row: np.ndarray, n: int,
+                   floor: float) -> tuple[np.ndarray, np.ndarray]:
+    """Each event's stance height ``(E,)`` (NaN: no frame to give it) and each row's margin
+    over it ``(n,)``, from the stance heights ``zs`` ``(k, E)`` where ``use``.
+
+    The height is their median; the noise, the root mean square of their distances below
+    it, pooled over the row (frames on their way up or down at a stance's end are above
+    it: they would count as noise); the margin, :data:`_NOISE_MARGIN` times the noise, at
+    least ``floor``.
+    """
+    e = zs.shape[1]
+    count = use.sum(axis=0)
+    ranked = np.sort(np.where(use, zs, np.inf), axis=0)
+    columns = np.arange(e)
+    low, high = ranked[np.maximum(count - 1, 0) // 2, columns], ranked[count // 2, columns]
+    with np.errstate(invalid="ignore", divide="ignore"):
+        base = np.where(count > 0, (low + high) / 2, np.nan)
+        below = use & (zs < base)
+        deep = np.where(below, zs - base, 0.0)
+        noise = np.sqrt(np.bincount(row, (deep * deep).sum(axis=0), minlength=n)
+                        / np.bincount(row, below.sum(axis=0), minlength=n))
+    margin = np.maximum(np.nan_to_num(_NOISE_MARGIN * noise, nan=0.0), floor)
+    return base, margin
+
+
+def _crossed(event: _Event, off: np.ndarray, on: np.ndarray, base: np.ndarray,
+             margin: np.ndarray, params: GaitParams, times: np.ndarray, bounds: np.ndarray,
+             dt: float) -> np.ndarray:
+    """The times at which tips leave or reach their stance height ``base``, between the
+    frames (columns) ``on`` (at it) and ``off`` (the first or last frame off it).
+
+    Frames more than :data:`_RISE` apart: the middle of the two frame times (where the
+    tip crossed ``base + margin``, anywhere between them), less (lift-off) or plus
+    (touchdown) the time the tip takes to rise the row's ``margin`` at its speed off the
+    stance: the row's mean of ``(height at off - margin) / (half the frame interval)``.
+    Closer: where the straight line through the frames within :data:`_RISE` from ``off``
+    (their mean time and height; the row's mean slope) meets the stance height, no earlier
+    than the frame before ``on``.
+    """
+    row, way, z = event.row, event.way, event.z
+    n, t = z.shape
+    middle = bounds[np.maximum(on, off)]
+    count = np.bincount(row, minlength=n)
+    k = int(_RISE / dt + 1e-9)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        if k < 1:
+            interval = np.abs(times[off] - times[on])
+            rise = np.maximum(event.height(off) - base - margin[row], 0.0) / (interval / 2)
+            speed = np.bincount(row, np.nan_to_num(rise), minlength=n) / count
+            lag = margin[row] / speed[row]
+            return middle - way * np.where(np.isfinite(lag), lag, 0.0)
+        # the frames off .. off + k away from the stance, cut at the swing's far end
+        last = event.first - (way < 0) + way * (event.swing_frames - 1)  # its far frame
+        reach = np.where(way > 0, np.minimum(off + k, last), np.maximum(off - k, last))
+        frames = np.abs(reach - off)
+        t_sum, z_sum = np.zeros(len(off)), np.zeros(len(off))
+        for j in range(k + 1):
+            at = off + way * np.minimum(j, frames)
+            t_sum += times[at]
+            z_sum += event.height(at)
+        slope = (event.height(reach) - event.height(off)) / np.abs(times[reach] - times[off])
+        ok = np.isfinite(slope) & (frames > 0)
+        speed = np.bincount(row[ok], slope[ok], minlength=n) / np.bincount(row[ok], minlength=n)
+        at = t_sum / (k + 1) - way * (z_sum / (k + 1) - base) / speed[row]
+    earliest = times[np.clip(on - way, 0, t - 1)]
+    lo, hi = np.minimum(earliest, times[off]), np.maximum(earliest, times[off])
+    return np.where(np.isfinite(at) & (speed[row] > 0), np.clip(at, lo, hi), middle)
+
 
 @dataclass(frozen=True)
 class StepEvents:
@@ -202,27 +455,29 @@ class StepEvents:
         return len(self.tip)
 
 
-def step_events(times: np.ndarray, state: np.ndarray, tips: np.ndarray) -> StepEvents:
+def step_events(times: np.ndarray, state: np.ndarray | _Runs, tips: np.ndarray,
+                params: GaitParams, *, height: bool = True) -> StepEvents:
     """The complete steps in a state (see :class:`StepEvents`).
 
     Args:
         times: ``(T,)`` frame times, s.
-        state: ``(N, T)`` from :func:`stance_state`.
-        tips: ``(N, T, 2 or 3)`` the positions it came from (x, y used).
+        state: ``(N, T)`` from :func:`stance_state`, or its runs (:func:`stance_runs`).
+        tips: ``(N, T, 3)`` the positions it came from.
+        params, height: As given to :func:`stance_state`.
     """
-    if state.shape[1] < 2:
+    runs = state if isinstance(state, _Runs) else _Runs.of(state)
+    if runs.shape[1] < 2:
         empty = np.zeros(0)
         return StepEvents(np.zeros(0, np.int64), empty, empty, empty, empty)
-    runs = _Runs.of(state)
+    edge = _event_times(runs, times, tips, params, height)
     swing = (runs.value == SWING) & (runs.before == STANCE) & (runs.after == STANCE)
     where = np.flatnonzero(swing)
-    bounds = _boundaries(times)
     start, stop, row = runs.start[where], runs.stop[where], runs.row[where]
     stance = where - 1  # the stance run before each swing
-    stance_start = np.where(runs.before[stance] == SWING, bounds[runs.start[stance]], np.nan)
+    stance_start = np.where(runs.before[stance] == SWING, edge[stance], np.nan)
     left, right = tips[row, start - 1, :2], tips[row, stop, :2]
     length = np.hypot(*(right - left).T) if len(where) else np.zeros(0)
-    return StepEvents(row.astype(np.int64), bounds[start], bounds[stop], stance_start, length)
+    return StepEvents(row.astype(np.int64), edge[where], edge[where + 1], stance_start, length)
 
 
 @dataclass(frozen=True)
@@ -248,18 +503,21 @@ class PhaseEpochs:
         return len(self.tip)
 
 
-def phase_epochs(times: np.ndarray, state: np.ndarray) -> PhaseEpochs:
-    """The stance and swing intervals of a state (see :class:`PhaseEpochs`)."""
-    if state.shape[1] == 0:
+def phase_epochs(times: np.ndarray, state: np.ndarray | _Runs, tips: np.ndarray,
+                 params: GaitParams, *, height: bool = True) -> PhaseEpochs:
+    """The stance and swing intervals of a state (see :class:`PhaseEpochs`); arguments as
+    for :func:`step_events`."""
+    if (state.shape[1] if not isinstance(state, _Runs) else state.shape[1]) == 0:
         empty = np.zeros(0)
         return PhaseEpochs(np.zeros(0, np.int64), np.zeros(0, bool), empty, empty,
                            np.zeros(0, bool))
-    runs = _Runs.of(state)
-    keep = runs.value != UNKNOWN
-    bounds = _boundaries(times)
+    runs = state if isinstance(state, _Runs) else _Runs.of(state)
+    edge = _event_times(runs, times, tips, params, height)
+    after = np.r_[edge[1:], np.nan]  # the boundary after each run (the next run's, in a row)
+    keep = np.flatnonzero(runs.value != UNKNOWN)
     opens = runs.before[keep] >= 0
     closes = runs.after[keep] >= 0
-    start = np.where(opens, bounds[runs.start[keep]], times[runs.start[keep]])
-    stop = np.where(closes, bounds[runs.stop[keep]], times[runs.stop[keep] - 1])
+    start = np.where(opens, edge[keep], times[runs.start[keep]])
+    stop = np.where(closes, after[keep], times[runs.stop[keep] - 1])
     return PhaseEpochs(runs.row[keep].astype(np.int64), runs.value[keep] == STANCE, start, stop,
                        opens & closes)

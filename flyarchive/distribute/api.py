@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 import mujoco
 
-from flyarchive.analyze.model_ref import scatter_model
+from flyarchive.models.shipping import scatter_model
 from flyarchive.distribute.cluster import cancel_quietly, connect, task_result
 from flyarchive.distribute.gpus import check_gpus
 from flyarchive.distribute.placement import placement
@@ -87,7 +87,7 @@ def replay_model(source: str, ds: Archive, model: mujoco.MjModel | None,
             (:func:`~flyarchive.store.opening.open_header`), whose opened group the kept
             model is read through.
         model: The compiled model; None: the one kept beside the archive
-            (``models/<sha256>.mjb``, :mod:`flyarchive.store.kept_models`).
+            (``models/<sha256>.mjb``, :mod:`flyarchive.models.kept`).
 
     Raises:
         ModelLoadError: ``model`` is None and the archive keeps no model, or the kept
@@ -95,13 +95,13 @@ def replay_model(source: str, ds: Archive, model: mujoco.MjModel | None,
             given whose data MuJoCo cannot make (``mujoco.FatalError``).
         UnsafeModelError: the kept model crashed the child process that loaded it first,
             raised ``mujoco.FatalError`` there, or did not finish
-            (:func:`flyarchive.store.kept_models.kept_model`).
+            (:func:`flyarchive.models.kept.kept_model`).
         CorruptArchiveError: the kept model's bytes do not hash to its name, or it is
             missing.
         LayoutMismatchError: the model's layout differs from the archive's.
     """
     if model is None:
-        from flyarchive.store.kept_models import kept_model
+        from flyarchive.models.kept import kept_model
 
         # read through the header's group; checked in a child process first
         model, blob = kept_model(source, storage_options, group=getattr(ds, "group", None))

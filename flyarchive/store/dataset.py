@@ -32,13 +32,19 @@ from flyarchive.errors import (
     StorageError,
     UnsafeFileError,
 )
-from flyarchive.schema import DERIVED_ATTR, damage_advice, is_state
+from flyarchive.schema import DERIVED_ATTR, WHOLE_ATTR, damage_advice, is_state, is_world_var
 from flyarchive.store import storage_errors
 from flyarchive.store.coordinates import committed_coordinates, dims_of, time_cut
 from flyarchive.store.header import ArchiveHeader, HeaderVariable
 from flyarchive.store.location import unavailable
 from flyarchive.store.reader import chunk_file, corrupt_read, open_group
-from flyarchive.store.missing import committed_holes, fill_cells, missing_error, probe
+from flyarchive.store.missing import (
+    committed_holes,
+    fill_cells,
+    missing_error,
+    probe,
+    read_whole,
+)
 from flyarchive.store.shards import NeverWritten, OpenedArchive, ShardReader, settled_shards
 
 if TYPE_CHECKING:
@@ -224,6 +230,34 @@ class CommittedFrames:
         return found
 
 
+class WorldVariable:
+    """A world variable's values, read on demand (a dask array's source, the header's
+    reader): a chunk of a variable stored whole that is missing, or any chunk that does
+    not read, raises :class:`~flyarchive.errors.CorruptArchiveError` naming the variable,
+    the worlds and the file (:func:`~flyarchive.store.missing.read_whole`).
+
+    Attributes:
+        arr: The ``(world,)`` array.
+        name: Its name.
+        url: The archive, as the user gave it.
+        world_ids: ``(world,)`` the archive's world ids.
+    """
+
+    def __init__(self, arr: zarr.Array, name: str, url: str, world_ids: np.ndarray) -> None:
+        self.arr, self.name, self.url, self.world_ids = arr, name, url, np.asarray(world_ids)
+        self.shape = tuple(int(n) for n in arr.shape)
+        self.dtype = arr.dtype
+        self.ndim = arr.ndim
+
+    def __getitem__(self, key: Any) -> np.ndarray:
+        key = key[0] if isinstance(key, tuple) and len(key) == 1 else key
+        return read_whole(self.arr, self.name, key, self.url, self.world_ids)
+
+    def read(self) -> np.ndarray:
+        """Every value."""
+        return self[slice(None)]
+
+
 def _box(key: tuple[Any, ...]) -> tuple[slice, ...] | None:
     """A selection of ints and slices of step 1 as slices, where arrays of indices may pick
     along the axes after ``world`` and ``time`` (read whole: a chunk holds them all);
@@ -311,10 +345,12 @@ def _token(url: str, storage_options: Mapping[str, Any] | None, name: str, arr: 
 
 def _attrs(arr: zarr.Array) -> tuple[dict[str, Any], dict[str, Any]]:
     """A variable's attributes and encoding, as xarray decodes them: the CF ``coordinates``
-    attribute (the coordinates are read as such) moves to the encoding."""
+    attribute (the coordinates are read as such) and the storage marker
+    :data:`~flyarchive.schema.WHOLE_ATTR` (how its chunks were written, not what it means:
+    netCDF, for one, refuses a boolean attribute) move to the encoding."""
     attrs = dict(arr.attrs)
-    listed = attrs.pop("coordinates", None)
-    return attrs, ({"coordinates": listed} if listed is not None else {})
+    encoding = {name: attrs.pop(name) for name in ("coordinates", WHOLE_ATTR) if name in attrs}
+    return attrs, encoding
 
 
 def open_dataset(url: str, storage_options: Mapping[str, Any] | None = None,
@@ -365,7 +401,12 @@ def open_dataset(url: str, storage_options: Mapping[str, Any] | None = None,
             data = da.from_array(getter, chunks=_dask_chunks(arr, n_time), asarray=False,
                                  inline_array=True, meta=np.empty((0,) * arr.ndim, arr.dtype),
                                  name=token)
-        else:  # times of frames, world variables: small, lazy
+        elif is_world_var(name, dims):  # small, lazy; a chunk missing is damage
+            world_ids = coords["world"].values if "world" in coords else np.arange(arr.shape[0])
+            data = da.from_array(WorldVariable(arr, name, url, world_ids), chunks=arr.chunks,
+                                 asarray=False, inline_array=True, name=token,
+                                 meta=np.empty((0,), arr.dtype))
+        else:  # times of frames: small, lazy
             data = da.from_zarr(arr, chunks=arr.shards or arr.chunks, name=token)[time_cut(arr, n_time)]
         variables[name] = xr.Variable(dims, data, *_attrs(arr))
     return xr.Dataset(variables, coords=coords, attrs=attrs)
@@ -394,7 +435,12 @@ def read_header(url: str, storage_options: Mapping[str, Any] | None = None,
             continue
         dims = dims_of(arr)
         shape = tuple(n_time if d == "time" else n for d, n in zip(dims, arr.shape))
-        read = None if is_state(dims) else \
-            (lambda arr=arr: np.asarray(arr[time_cut(arr, n_time)]))  # noqa: E731
+        if is_state(dims):
+            read = None
+        elif is_world_var(name, dims):
+            world_ids = coordinates.get("world", np.arange(arr.shape[0]))
+            read = WorldVariable(arr, name, url, world_ids).read
+        else:
+            read = (lambda arr=arr: np.asarray(arr[time_cut(arr, n_time)]))  # noqa: E731
         variables[name] = HeaderVariable(name, dims, arr.dtype, shape, _attrs(arr)[0], read=read)
     return ArchiveHeader(group.attrs.asdict(), variables, coords=tuple(coordinates), group=group)

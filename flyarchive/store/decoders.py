@@ -13,6 +13,7 @@ decodes one inner chunk straight into its place for the shard reader.
 from __future__ import annotations
 
 import math
+import sys
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -20,7 +21,7 @@ import google_crc32c
 import numpy as np
 import zarr
 from zarr.abc.codec import ArrayArrayCodec, ArrayBytesCodec, BytesBytesCodec
-from zarr.codecs import BloscCodec, Crc32cCodec
+from zarr.codecs import BloscCodec, BytesCodec, Crc32cCodec
 from zarr.codecs.numcodecs import PCodec
 from zarr.core.array_spec import ArraySpec
 from zarr.core.buffer import default_buffer_prototype
@@ -151,12 +152,26 @@ def install_bounded_decoders() -> None:
     zarr.config.set({"codecs": chosen})
 
 
+def _copy_into(raw: np.ndarray, out: np.ndarray, spec: ArraySpec) -> None:
+    """The bytes of a chunk stored plain (little-endian, native order here) copied into
+    ``out``, a C-contiguous array of its shape.
+
+    Raises:
+        CorruptArchiveError: more or fewer bytes than the chunk's declared shape holds.
+    """
+    if raw.size != out.nbytes:
+        raise damaged(f"a stored chunk holds {raw.size} bytes where its declared shape "
+                      f"{tuple(spec.shape)} holds {out.nbytes}")
+    out.reshape(-1).view(np.uint8)[:] = raw
+
+
 def direct_decoder(codecs: Sequence[Any], spec: ArraySpec
                     ) -> Callable[[np.ndarray, np.ndarray], None] | None:
     """A decoder of one inner chunk's bytes (``uint8``) into a C-contiguous array of its
     shape, for chains of bytes-to-bytes codecs and an array-to-bytes codec that decodes
-    in place (``decode_into``: :class:`~flyarchive.store.decoders.BoundedPCodec`); None
-    for other chains (they decode through zarr's transform, then one copy).
+    in place (``decode_into``: :class:`~flyarchive.store.decoders.BoundedPCodec`; plain
+    little-endian bytes, copied); None for other chains (they decode through zarr's
+    transform, then one copy).
 
     A CRC-32C codec that comes first in decoding order is checked here on the stored
     bytes without a copy; a mismatch is handed to the codec object itself, which raises
@@ -166,9 +181,18 @@ def direct_decoder(codecs: Sequence[Any], spec: ArraySpec
         return None
     array_bytes = [c for c in codecs if isinstance(c, ArrayBytesCodec)]
     bytes_bytes = [c for c in codecs if isinstance(c, BytesBytesCodec)][::-1]  # decode order
-    if len(array_bytes) != 1 or not hasattr(array_bytes[0], "decode_into"):
+    if len(array_bytes) != 1:
         return None
-    decode_into = array_bytes[0].decode_into
+    if isinstance(array_bytes[0], BytesCodec):
+        native = np.dtype(spec.dtype.to_native_dtype())
+        if array_bytes[0].endian not in (None, sys.byteorder) or native.byteorder == ">" \
+                or (native.byteorder == "=" and sys.byteorder != "little"):
+            return None
+        decode_into: Callable[[Any, np.ndarray, Any], None] = _copy_into
+    elif hasattr(array_bytes[0], "decode_into"):
+        decode_into = array_bytes[0].decode_into
+    else:
+        return None
     crc = bytes_bytes.pop(0) if bytes_bytes and isinstance(bytes_bytes[0], Crc32cCodec) else None
     wrap = default_buffer_prototype().buffer.from_array_like
 

@@ -77,7 +77,7 @@ if TYPE_CHECKING:
     from flyarchive.store.header import ArchiveHeader
 
 #: Attributes of the source archive a derived group does not copy.
-_NOT_COPIED = ("model", "archive_id", "created", DERIVED_ATTR, "npz_import")
+_NOT_COPIED = ("model", "archive_id", "created", DERIVED_ATTR, "npz_import", "codec")
 
 
 def derived_url(url: str, name: str) -> str:
@@ -320,8 +320,7 @@ def _create_arrays(group: zarr.Group, spec: DerivedSpec) -> None:
         group.create_array(
             name, shape=(nw, 0, k, width), dtype=spec.dtype, chunks=(1, ct, k, width),
             shards=(sw, ct, k, width), fill_value=np.nan, dimension_names=dims,
-            attributes={"coordinates": "sim_time frame"},
-            **codecs.array_codecs("lossless", np.dtype(spec.dtype), ndim=4))
+            attributes={"coordinates": "sim_time frame"}, **codecs.plain_codecs())
 
     state("position", 3, ["world", "time", "keypoint", "xyz"])
     if spec.orientations:
@@ -555,6 +554,35 @@ def find_derived(url: str, storage_options: Mapping[str, Any] | None = None
 BESIDE = "beside"
 
 
+def state_reader(url: str, storage_options: Mapping[str, Any] | None, ds: xr.Dataset,
+                 group: zarr.Group, name: str) -> Any:
+    """The reader of a state array (``position``...) of the derived group ``ds`` opened from
+    ``url`` with ``group`` (:func:`open_derived_group`), as its dask arrays read it
+    (committed frames checked, frames past ``n_frames`` NaN, every read checking the group
+    is still the one opened): one call reads a whole selection into memory, without a task
+    per chunk.
+
+    Returns:
+        A :class:`~flyarchive.store.dataset.CommittedFrames`: ``reader[worlds, frames, ...]``
+        (worlds and frames as slices or index arrays) gives a numpy array.
+    """
+    from flyarchive.store.dataset import committed_frames
+    from flyarchive.store.reader import fused_reads
+
+    with fused_reads():
+        arr = group[name]
+    if arr.shape[1] < ds.sizes["time"]:  # the consolidated copy lags: the array's own
+        from flyarchive.store.reader import open_checked
+
+        with fused_reads():
+            arr = open_checked(url, storage_options, consolidated=False)[name]
+    n_frames = np.asarray(ds.n_frames.values, dtype=np.int64)
+    return committed_frames(arr, name, n_frames, int(ds.sizes["time"]),
+                            np.asarray(ds.world.values), url, storage_options,
+                            archive_id=ds.attrs.get("archive_id"),
+                            advice=damage_advice(url, ds.attrs))
+
+
 def open_derived(url: str, storage_options: Mapping[str, Any] | None = None, *,
                  source: DerivedSource | str | None = BESIDE) -> xr.Dataset:
     """A derived group (or an archive of positions) as a lazy dataset, read and checked as
@@ -582,6 +610,13 @@ def open_derived(url: str, storage_options: Mapping[str, Any] | None = None, *,
             committed frames missing or damaged. Each names the group and what to do
             (:func:`flyarchive.schema.damage_advice`: recompute it).
     """
+    return open_derived_group(url, storage_options, source=source)[0]
+
+
+def open_derived_group(url: str, storage_options: Mapping[str, Any] | None = None, *,
+                       source: DerivedSource | str | None = BESIDE
+                       ) -> tuple[xr.Dataset, zarr.Group]:
+    """:func:`open_derived`, and the group it opened (for :func:`state_reader`)."""
     from flyarchive.store import dataset
     from flyarchive.store.opening import read_archive
     from flyarchive.store.reader import open_checked
@@ -609,4 +644,4 @@ def open_derived(url: str, storage_options: Mapping[str, Any] | None = None, *,
         if problems:
             raise CorruptArchiveError(f"The derived group at {url!r} does not match its "
                                       f"archive: {problems[0]} {advice}")
-    return ds
+    return ds, group

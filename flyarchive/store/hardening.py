@@ -57,10 +57,12 @@ _STATE_PIPELINES = (
     ["numcodecs.pcodec", "crc32c"],
     ["numcodecs.fixedscaleoffset", "numcodecs.pcodec", "crc32c"],
     ["transpose", "bytes", "blosc", "crc32c"],
+    ["bytes", "crc32c"],
 )
 _STATE_WRITTEN = ("numcodecs.pcodec, crc32c (lossless); numcodecs.fixedscaleoffset, "
                   "numcodecs.pcodec, crc32c (abs:<bound>); transpose, bytes, blosc, crc32c "
-                  "(portable), each inside sharding_indexed with index codecs bytes, crc32c")
+                  "(portable); bytes, crc32c (kept positions), each inside sharding_indexed "
+                  "with index codecs bytes, crc32c")
 #: Arrays flyarchive always writes with :data:`_LITTLE` then crc32c (world variables may be
 #: big-endian numbers, as a user's array was).
 FIXED_NUMBERS = ("n_frames", "time", "sim_time", "frame", "world")

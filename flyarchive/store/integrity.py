@@ -32,6 +32,7 @@ from flyarchive.schema import (
     derived_source_url,
     import_status,
     is_state,
+    is_world_var,
     n_frames_problem,
     sizes_problem,
     times_problem,
@@ -40,7 +41,8 @@ from flyarchive.schema import (
 )
 from flyarchive.store.claims import live_claims
 from flyarchive.store.consolidated import WHILE_WRITING, consolidated_findings, root_document
-from flyarchive.store.kept_models import model_problems
+from flyarchive.models.kept import model_problems
+from flyarchive.store.missing import missing_chunks, stored_whole
 from flyarchive.store.reader import (
     block_damage,
     damaged_chunks,
@@ -140,7 +142,7 @@ def verify(url: str, storage_options: Mapping[str, Any] | None = None) -> Verify
     are refused) and finite (a missing chunk reads as NaN); for bounded-error archives,
     values on the quantization grid; the model kept beside the archive, if any, hashing
     to its name and loading safely in a child process (the check of
-    :mod:`~flyarchive.store.model_check`, its verdict kept by hash). Safe beside a writer
+    :mod:`~flyarchive.models.check`, its verdict kept by hash). Safe beside a writer
     (see the module's text).
 
     Each derived group under ``derived/`` (kept positions...) gets the same checks, its
@@ -304,6 +306,8 @@ def _one_pass(url: str, storage_options: Mapping[str, Any] | None, source: Any) 
             for bad in damaged_chunks(arr):
                 found.add(
                     f"Unreadable: {bad.describe()}: {getattr(bad.error, 'reason', bad.error)}")
+        if is_world_var(name, _dims(arr)):
+            _check_whole(arr, name, str(url), found)
     if found.findings:
         return found
     sizes = sizes_problem({n: (_dims(a), a.shape) for n, a in group.arrays()})  # as readers check it
@@ -326,6 +330,30 @@ def _one_pass(url: str, storage_options: Mapping[str, Any] | None, source: Any) 
 
 def _dims(arr: zarr.Array) -> tuple[str, ...]:
     return tuple(arr.metadata.dimension_names or ())
+
+
+def _check_whole(arr: zarr.Array, name: str, url: str, found: _Pass) -> None:
+    """A world variable's chunks, each there: a missing one is damage when the variable is
+    stored whole (:data:`~flyarchive.schema.WHOLE_ATTR`), else (written before flyarchive
+    marked them) a note: its reads give the fill value there."""
+    for file, start, stop in missing_chunks(arr):
+        worlds = (f"world indices {start}..{stop - 1}" if stop - start > 1
+                  else f"world index {start}")
+        if stored_whole(arr):
+            found.add(
+                f"Missing: world variable {name!r} [{worlds}] (file {file}): world "
+                "variables are stored whole, so the file was deleted or lost. Restore it from "
+                f"a backup, or store the variable again: `flyarchive set-world-var {url} "
+                f"{name}=V1,V2,... --overwrite` (flyarchive.add_world_vars(..., overwrite=True); "
+                f"gait measures: `flyarchive gait {url} --save`).")
+        else:
+            found.report.notes.append(
+                f"World variable {name!r} has no file {file} ({worlds}): it was "
+                f"written before flyarchive stored world variables whole, and reads there "
+                f"give its fill value ({arr.fill_value!r}), which is what its writer skipped "
+                "storing, or a lost file. If those worlds' values were not all "
+                f"{arr.fill_value!r}, restore the file from a backup; storing the variable "
+                "again (add_world_vars(..., overwrite=True)) protects it.")
 
 
 def _check_source(group: zarr.Group, url: str, storage_options: Mapping[str, Any] | None,
@@ -389,7 +417,10 @@ def _check_committed(group: zarr.Group, document: Mapping[str, Any] | None, url:
     for text, while_writing in consolidated_findings(document, group,
                                                      n_frames if one_writer else None, url):
         found.add(text, while_writing)
-    spec = group.attrs.get("codec", {}).get("spec", "lossless")
+    # (a derived group's values are not quantized: one kept before it stopped copying its
+    # archive's codec attribute says the archive's)
+    spec = "lossless" if DERIVED_ATTR in group.attrs else \
+        group.attrs.get("codec", {}).get("spec", "lossless")
     for i, name in enumerate(state_names(group)):
         _check_state(group[name], name, n_frames, report, spec, count=i == 0)
     found.findings += [_Finding(text) for text in report.problems]

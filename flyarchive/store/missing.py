@@ -10,17 +10,25 @@ makes anyway which inner chunks hold nothing (:class:`~flyarchive.store.shards.N
 reads through zarr itself (selections the shard reader does not take, the render's
 :class:`~flyarchive.store.reader.StateReader`) look only when a committed frame read as
 the fill value (:func:`probe`): a sound read costs no request more.
+
+World variables are stored whole (every chunk written,
+:data:`~flyarchive.schema.WHOLE_ATTR`): any chunk of theirs missing is damage.
+:func:`read_whole` reads them (asking the storage only where values read as the fill
+value) and :func:`missing_chunks` lists what ``verify`` reports; a variable written
+before flyarchive marked them reads a missing chunk as the fill value, as it always did.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import zarr
 
 from flyarchive.errors import CorruptArchiveError
+from flyarchive.schema import WHOLE_ATTR
 from flyarchive.store.location import sync
 from flyarchive.store.shards import NeverWritten, ShardReader
 
@@ -146,3 +154,91 @@ def _describe(name: str, world_ids: np.ndarray, hole: Hole) -> str:
            else f"worlds {ids} (indices {', '.join(map(str, hole.worlds))})")
     first, last = hole.frames
     return f"{name} [{who}, frames {first}..{last}] (file {hole.empty.key})"
+
+
+# ----------------------------------------------------------------------------- stored whole
+def stored_whole(arr: zarr.Array) -> bool:
+    """Whether every chunk of ``arr`` was written (:data:`~flyarchive.schema.WHOLE_ATTR`)."""
+    return arr.attrs.get(WHOLE_ATTR) is True
+
+
+def chunks_of(arr: zarr.Array, indices: np.ndarray | None = None) -> list[tuple[str, int, int]]:
+    """The chunks of a 1-D array (a world variable): ``(key relative to the archive, first
+    index, stop)`` each, of every chunk, or of those holding ``indices``."""
+    size, n = int(arr.chunks[0]), int(arr.shape[0])
+    blocks = np.arange(-(-n // size)) if indices is None else np.unique(np.asarray(indices) // size)
+    return [(_chunk_key(arr, int(b), relative=True), int(b) * size, min((int(b) + 1) * size, n))
+            for b in blocks]
+
+
+def missing_chunks(arr: zarr.Array, indices: np.ndarray | None = None) -> list[tuple[str, int, int]]:
+    """The chunks of a 1-D array (:func:`chunks_of`) that the storage does not hold."""
+    size = int(arr.chunks[0])
+    return [chunk for chunk in chunks_of(arr, indices) if not sync(arr.store_path.store.exists(
+        _chunk_key(arr, chunk[1] // size, relative=False)))]
+
+
+def _chunk_key(arr: zarr.Array, block: int, *, relative: bool) -> str:
+    """The key of chunk ``block`` of a 1-D array: relative to the archive (``name/c/0``), or
+    in the store."""
+    key = arr.metadata.encode_chunk_key((block,))
+    if relative:
+        return f"{arr.path}/{key}" if arr.path else key
+    return (arr.store_path / key).path
+
+
+def read_whole(arr: zarr.Array, name: str, key: Any, url: str, world_ids: np.ndarray) -> np.ndarray:
+    """A selection ``key`` (along ``world``) of a world variable, as stored.
+
+    Raises:
+        CorruptArchiveError: a chunk it covers does not read (a checksum that fails, bytes
+            that do not decode), or, for a variable stored whole, is missing; naming the
+            variable, the worlds and the file, and what to do.
+    """
+    picked = np.arange(int(arr.shape[0]))[key]
+    try:
+        values = np.asarray(arr[key])
+    except Exception as err:  # checksum, decode: the stored bytes are damaged
+        chunks = chunks_of(arr, np.atleast_1d(picked))
+        raise whole_error(url, name, world_ids, chunks[0] if len(chunks) == 1 else None,
+                          picked, getattr(err, "reason", err)) from None
+    if stored_whole(arr):
+        hit = np.atleast_1d(fill_cells(np.atleast_1d(values), arr.fill_value))
+        if hit.any():
+            gone = missing_chunks(arr, np.atleast_1d(picked)[hit])
+            if gone:
+                raise whole_error(url, name, world_ids, gone[0], picked, None)
+    return values
+
+
+def whole_error(url: str, name: str, world_ids: np.ndarray, chunk: tuple[str, int, int] | None,
+                picked: np.ndarray, reason: object) -> CorruptArchiveError:
+    """The error for a world variable's chunk that is missing (``reason`` None) or does not
+    read: its name, worlds, file, and what to do."""
+    if chunk is not None:
+        file, start, stop = chunk
+        where = f"{_world_span(world_ids[start:stop])} (file {file})"
+    else:
+        where = _world_span(world_ids[np.atleast_1d(picked)])
+    why = ("its file is missing, but world variables are stored whole (every chunk written)"
+           if reason is None else f"{reason}")
+    error = CorruptArchiveError(
+        f"Reading world variable {name!r} [{where}] from {url!r} failed: {why}. The archive "
+        "is damaged (a file was deleted, lost or cut short). Run `flyarchive verify "
+        f"{url}` to list every damaged chunk; restore the file from a backup, or store the "
+        f"variable again: `flyarchive set-world-var {url} {name}=V1,V2,... --overwrite` "
+        f"(flyarchive.add_world_vars(..., overwrite=True); gait measures: `flyarchive gait "
+        f"{url} --save`)."
+    )
+    error.names_read = True  # type: ignore[attr-defined]
+    return error
+
+
+def _world_span(ids: np.ndarray) -> str:
+    """E.g. ``"worlds 0..1023"``, ``"world 3"``, ``"worlds [0, 5, 9]"``."""
+    ids = [int(i) for i in np.atleast_1d(ids)]
+    if len(ids) == 1:
+        return f"world {ids[0]}"
+    if ids == list(range(ids[0], ids[0] + len(ids))):
+        return f"worlds {ids[0]}..{ids[-1]}"
+    return f"worlds {ids[:_MAX_NAMED]}{'...' if len(ids) > _MAX_NAMED else ''}"

@@ -5,7 +5,7 @@ Creating an archive writes (after its root group, :mod:`~flyarchive.store.writer
 
 1. the ``zarr.json`` of every array but ``n_frames``, of the ``claims`` group and of the
    ``models`` group, and the kept model's bytes, both forms
-   (:mod:`~flyarchive.store.kept_models`);
+   (:mod:`~flyarchive.models.kept`);
 2. the values written at creation: labels (``dof``, ``mocap``...), ``world``, world
    variables, and the frame schedule of an archive of fixed capacity;
 3. ``n_frames``'s ``zarr.json``, the marker that the creation completed.
@@ -43,9 +43,9 @@ from zarr.core.metadata.io import save_metadata
 
 from flyarchive import codecs
 from flyarchive.record.spec import ArchiveSpec, world_var_dtype
-from flyarchive.schema import TIME_COORDS
+from flyarchive.schema import TIME_COORDS, WHOLE_ATTR
 from flyarchive.store.creation import claims_metadata
-from flyarchive.store.kept_models import MODELS_GROUP, model_entry, models_metadata, portable_entry
+from flyarchive.models.entries import MODELS_GROUP, model_entry, models_metadata, portable_entry
 from flyarchive.store.location import settled, sync
 
 
@@ -143,7 +143,8 @@ def _planned_arrays(spec: ArchiveSpec) -> list[_Planned]:
     ]
     for name, values in spec.world_vars.items():  # checked by the spec (world_var_array)
         planned.append((name, dict(shape=values.shape, dtype=world_var_dtype(values),
-                                   chunks=values.shape, dimension_names=["world"], **crc), values))
+                                   chunks=values.shape, dimension_names=["world"],
+                                   attributes={WHOLE_ATTR: True}, **crc), values))
     # One chunk per shard of worlds when several writers share the archive (each writes
     # its own), else one chunk: a reader opens it with one request.
     planned.append(("n_frames", dict(shape=(nw,), dtype="int64", chunks=(sw if nt else nw,),
@@ -169,7 +170,10 @@ async def _store(group: zarr.Group, planned: list[_Planned], groups: Mapping[str
                    *(save_metadata(group.store_path / name, meta) for name, meta in groups.items()),
                    *((group.store_path / key).set(proto.buffer.from_bytes(blob))
                      for key, blob in objects.items())])
-    arrays = {name: zarr.AsyncArray(meta, paths[name]) for name, meta in built.items()}
+    # every chunk written, even one of fill values only: a missing chunk is then damage
+    whole = {"write_empty_chunks": True}
+    arrays = {name: zarr.AsyncArray(meta, paths[name], config=whole)
+              for name, meta in built.items()}
     await settled(arrays[name].setitem(slice(None), values)
                   for name, _, values in planned if values is not None)
     return {name: zarr.Array(arr) for name, arr in arrays.items()}

@@ -21,6 +21,14 @@ on object stores, a rename on local disk): a reader, even one that read the meta
 before, gets the old values or the new ones. So a replacement keeps the stored dtype:
 values it cannot hold exactly (1.5 into an int64 variable) are refused.
 
+Stored whole: the chunk is written even when every value equals the fill value (zarr
+skips such chunks unless asked), and the metadata says so
+(:data:`~flyarchive.schema.WHOLE_ATTR`), so a chunk found missing is damage (a file
+deleted or lost), which readers refuse and ``verify`` names
+(:mod:`flyarchive.store.missing`), never values. A variable added before flyarchive
+marked them (an older archive) is read as it always was (a missing chunk gives the fill
+value: its writer skipped a chunk of fill values) and is marked when it is replaced.
+
 Writers take turns: :func:`add_world_vars` holds the archive's writer claim
 (:mod:`flyarchive.store.claims`) while it writes, so it refuses, with
 :class:`~flyarchive.errors.ArchiveInUseError` and before writing anything, an archive
@@ -40,7 +48,7 @@ import zarr.storage
 from zarr.core.buffer import default_buffer_prototype
 
 from flyarchive.errors import FlyarchiveError, OutputExistsError, SchemaError, StorageError
-from flyarchive.schema import STATE_VARS, TIME_COORDS
+from flyarchive.schema import STATE_VARS, TIME_COORDS, WHOLE_ATTR
 from flyarchive.store import storage_errors
 from flyarchive.store.claims import WRITER_KEY, claim_archive, release
 from flyarchive.store.location import access_denied, sync
@@ -250,25 +258,35 @@ async def _any(store: Any, prefix: str) -> bool:
 
 def _encoded(values: np.ndarray, stored_meta: bytes | None, *, name: str = "") -> dict[str, bytes]:
     """The objects of a one-chunk world-variable array: ``{"zarr.json": ..., "c/0": ...}``,
-    as flyarchive writes world variables at creation (bytes, crc32c); with
-    ``stored_meta`` (a replacement) the chunk alone, encoded by that metadata."""
+    as flyarchive writes world variables at creation (bytes, crc32c; the chunk written even
+    when every value is the fill value, the metadata marked
+    :data:`~flyarchive.schema.WHOLE_ATTR`); with ``stored_meta`` (a replacement) the chunk
+    alone, encoded by that metadata, and the metadata marked if it was not (a variable
+    added before flyarchive marked them)."""
     objects: dict[str, Any] = {}
     memory = zarr.storage.MemoryStore(objects)
     proto = default_buffer_prototype()
+    whole = {"write_empty_chunks": True}
     if stored_meta is None:
         array = zarr.create_array(
             memory, shape=values.shape, dtype=world_var_dtype(values), chunks=values.shape,
             dimension_names=["world"], compressors=[zarr.codecs.Crc32cCodec()],
-            attributes={"description": "per-world variable (add_world_vars)"},
+            attributes={"description": "per-world variable (add_world_vars)", WHOLE_ATTR: True},
+            config=whole,
         )
     else:
         objects["zarr.json"] = proto.buffer.from_bytes(stored_meta)
-        array = zarr.open_array(memory, mode="r+")
+        array = zarr.open_array(memory, mode="r+", config=whole)
         values = _fitted(name, values, array)
     array[:] = values
     out = {key: buf.to_bytes() for key, buf in objects.items()}
     if stored_meta is not None:
-        del out["zarr.json"]
+        meta = json.loads(stored_meta)
+        if meta.get("attributes", {}).get(WHOLE_ATTR) is True:
+            del out["zarr.json"]
+        else:  # written after the chunk: a reader of either metadata reads the new chunk
+            meta.setdefault("attributes", {})[WHOLE_ATTR] = True
+            out["zarr.json"] = json.dumps(meta, indent=2).encode()
     return out
 
 

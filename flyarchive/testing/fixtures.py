@@ -119,10 +119,12 @@ def slider_archive(url: str, qpos: Any, *, output_fps: float = 25.0,
 
 
 def write_states(url: str, model: mujoco.MjModel, qpos: Any, *, chunk_frames: int = 5,
-                 mocap: tuple[Any, Any] | None = None, portable: Any = None) -> str:
+                 mocap: tuple[Any, Any] | None = None, portable: Any = None,
+                 fps: float = 125.0) -> str:
     """An archive of given states: ``qpos`` ``(worlds, frames, nq)`` (and mocap poses), frame
-    ``k`` at ``k * 0.008`` s, the model kept beside it (and its portable form ``portable``,
-    from :func:`flyarchive.models.portable_model`, if given); returns ``url``."""
+    ``k`` at ``k / fps`` s (0.008 s apart by default: 25 frames/s at playback 0.2), the model
+    kept beside it (and its portable form ``portable``, from
+    :func:`flyarchive.models.portable_model`, if given); returns ``url``."""
     import numpy as np
 
     from flyarchive.clock import Timing
@@ -131,11 +133,11 @@ def write_states(url: str, model: mujoco.MjModel, qpos: Any, *, chunk_frames: in
     from flyarchive.store import ArchiveSpec, ArchiveWriter, FrameBlock
 
     qpos = np.asarray(qpos, dtype=float)
-    spec = ArchiveSpec(ModelLayout.from_model(model), Timing(float(model.opt.timestep), 25, 0.2),
-                       tuple(range(qpos.shape[0])), chunk_frames=chunk_frames,
-                       model=model_bytes(model), portable=portable)
+    timing = Timing(float(model.opt.timestep), fps * 0.2, 0.2)
+    spec = ArchiveSpec(ModelLayout.from_model(model), timing, tuple(range(qpos.shape[0])),
+                       chunk_frames=chunk_frames, model=model_bytes(model), portable=portable)
     with ArchiveWriter.create(url, spec) as writer:
-        writer.write(FrameBlock(np.arange(qpos.shape[1]) * 0.008, qpos,
+        writer.write(FrameBlock(np.arange(qpos.shape[1]) * (1.0 / fps), qpos,
                                 *(mocap if mocap is not None else (None, None))))
     return url
 

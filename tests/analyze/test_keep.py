@@ -108,6 +108,16 @@ def test_positions_of_an_archive_that_grew_are_computed_then_kept_again(tmp_path
     assert np.array_equal(again.values, grown.values)
 
 
+def test_positions_kept_beside_a_bounded_error_archive_verify_clean(tmp_path):
+    url = record(tiny_model(), str(tmp_path / "bounded.zarr"), codec="abs:1e-3")
+
+    group = flyarchive.keep_positions(url, ["torso", "hand"])
+    report = flyarchive.verify(url)
+
+    assert report.ok, report.problems  # positions are not on the states' quantization grid
+    assert "codec" not in flyarchive.open_positions(group).attrs
+
+
 def test_positions_kept_as_an_archive_of_their_own(sites_archive, tmp_path):
     to = str(tmp_path / "positions.zarr")
 

@@ -3,7 +3,11 @@ written in its shard's index, fails every read of committed frames it holds with
 CorruptArchiveError naming the variable, the worlds, the frames and the file, on every
 storage and through every reader (open_archive, the render's StateReader, render,
 render_frames, export-npz, plot, read_trajectories), and nothing that looks like data is
-written. Frames past n_frames may be missing: tests/query/test_missing_chunks.py."""
+written. Frames past n_frames may be missing: tests/query/test_missing_chunks.py.
+
+World variables are stored whole: a chunk of one deleted or cut short fails its reads
+(naming the variable, the worlds and the file) and verify, on every storage; one written
+before flyarchive marked them reads as it always did."""
 
 from __future__ import annotations
 
@@ -214,3 +218,123 @@ def test_render_exits_2_and_writes_no_video_of_the_damaged_world(copy, cli, mode
     assert code == 2
     assert "qpos [world 1 (index 1), frames 5..9] (file qpos/c/0/1/0)" in _one_line(err)
     assert files_under(out) == []
+
+
+# ----------------------------------------------------------------------------- world variables
+def _strip_whole_marker(url: str, name: str) -> None:
+    """Make a world variable look written before flyarchive stored them whole: its own
+    metadata and the consolidated copy lose the marker."""
+    import json
+
+    from flyarchive.schema import WHOLE_ATTR
+
+    for path, inner in ((Path(url, name, "zarr.json"), None),
+                        (Path(url, "zarr.json"), ("consolidated_metadata", "metadata", name))):
+        doc = json.loads(path.read_text())
+        meta = doc
+        for key in inner or ():
+            meta = meta.get(key, {}) if isinstance(meta, dict) else {}
+        if isinstance(meta, dict):
+            meta.get("attributes", {}).pop(WHOLE_ATTR, None)
+        path.write_text(json.dumps(doc))
+
+
+def test_a_deleted_world_variable_chunk_fails_its_reads_and_verify_on_every_storage(location,
+                                                                                   sound):
+    from flyarchive import add_world_vars, verify
+
+    copy_archive(sound, location.url, location.storage_options)
+    add_world_vars(location.url, {"success": np.array([0, 0]), "reward": np.array([0.5, 0.0])},
+                   storage_options=location.storage_options)
+    delete_object(location.url, "success/c/0", location.storage_options)
+    before = stored(location)
+
+    with pytest.raises(CorruptArchiveError) as err:
+        open_archive(location.url, location.storage_options).success.values
+    report = verify(location.url, location.storage_options)
+
+    message = str(err.value)
+    assert "world variable 'success' [worlds 0..1 (file success/c/0)]" in message
+    assert "its file is missing, but world variables are stored whole" in message
+    assert f"flyarchive set-world-var {location.url} success=V1,V2,... --overwrite" in message
+    assert open_archive(location.url, location.storage_options).reward.values.tolist() == [0.5, 0.0]
+    assert [p for p in report.problems if "'success'" in p and "file success/c/0" in p]
+    assert not report.ok
+    assert stored(location) == before
+
+
+def test_a_world_variable_of_fill_values_only_is_stored_with_its_chunk(copy):
+    from flyarchive import add_world_vars
+
+    add_world_vars(copy, {"flag": np.array([False, False]), "genotype": ["", ""]})
+
+    assert Path(copy, "flag", "c", "0").is_file() and Path(copy, "genotype", "c", "0").is_file()
+    assert open_archive(copy).flag.values.tolist() == [False, False]
+
+
+def test_a_truncated_world_variable_chunk_fails_its_reads_and_verify(copy):
+    from flyarchive import add_world_vars, verify
+
+    add_world_vars(copy, {"reward": np.array([0.5, 1.5])})
+    chunk = Path(copy, "reward", "c", "0")
+    chunk.write_bytes(chunk.read_bytes()[:-3])
+
+    with pytest.raises(CorruptArchiveError, match=r"world variable 'reward' \[worlds 0\.\.1 "
+                                                  r"\(file reward/c/0\)\]"):
+        open_archive(copy).reward.values
+    assert any("reward" in p and "reward/c/0" in p for p in verify(copy).problems)
+
+
+def test_a_world_variable_given_at_recording_is_stored_whole(tmp_path, tiny):
+    from flyarchive.testing.fixtures import record
+
+    url = record(tiny, str(tmp_path / "run.zarr"), n_steps=8, world_vars={"seed": [0, 0]})
+    delete_object(url, "seed/c/0")
+
+    with pytest.raises(CorruptArchiveError, match=r"world variable 'seed' \[worlds 0\.\.1"):
+        open_archive(url).seed.values
+
+
+def test_a_selection_of_worlds_by_a_damaged_world_variable_is_refused(copy, cli, tmp_path):
+    from flyarchive import add_world_vars
+
+    add_world_vars(copy, {"distance": np.array([0.0, 0.0])})
+    delete_object(copy, "distance/c/0")
+
+    code, _, err = cli("render", copy, "--camera", "front", "--where-world-var", "distance>1",
+                       "--workers", "0", "--out", tmp_path / "videos")
+
+    assert code == 2
+    assert "world variable 'distance' [worlds 0..1 (file distance/c/0)]" in _one_line(err)
+    assert not (tmp_path / "videos").exists()
+
+
+def test_verify_exits_1_naming_a_missing_world_variable_chunk(copy, cli):
+    from flyarchive import add_world_vars
+
+    add_world_vars(copy, {"distance": np.array([0.0, 2.0])})
+    delete_object(copy, "distance/c/0")
+
+    code, out, err = cli("verify", copy)
+
+    assert code == 1
+    assert "world variable 'distance' [world indices 0..1] (file distance/c/0)" in out + err
+
+
+def test_an_archive_from_before_reads_a_missing_world_variable_chunk_as_before(copy):
+    from flyarchive import add_world_vars, verify
+
+    add_world_vars(copy, {"success": np.array([0, 0])})
+    _strip_whole_marker(copy, "success")
+    delete_object(copy, "success/c/0")  # as an older writer left a variable of zeros
+
+    values = open_archive(copy).success.values
+    report = verify(copy)
+    add_world_vars(copy, {"success": np.array([0, 0])}, overwrite=True)  # protects it
+    delete_object(copy, "success/c/0")
+
+    assert values.tolist() == [0, 0]
+    assert report.ok
+    assert any("'success'" in note and "written before" in note for note in report.notes)
+    with pytest.raises(CorruptArchiveError, match="world variable 'success'"):
+        open_archive(copy).success.values
