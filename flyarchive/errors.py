@@ -292,6 +292,18 @@ class Terminated(KeyboardInterrupt):
     keeping what it finished."""
 
 
+def another_mujoco_line(warp_version: str, mujoco_version: str) -> str:
+    """The warning's text for mujoco-warp of another line than MuJoCo (mujoco-warp is
+    made for the MuJoCo of its own release, and declares only ``mujoco>=3.13``), with the
+    install that pairs them."""
+    warp_line = ".".join(warp_version.split(".")[:2])
+    line = ".".join(mujoco_version.split(".")[:2])
+    return (f"mujoco-warp {warp_version} is made for MuJoCo {warp_line}, and this environment "
+            f"has MuJoCo {mujoco_version}. Install the mujoco-warp of MuJoCo's line: pip install "
+            f"'mujoco-warp=={line}.*' (with flygym: pip install 'flyarchive[all]', or "
+            "'flygym[warp]', keeps them together).")
+
+
 def did_you_mean(word: str, choices: Iterable[str], *, n: int = 3) -> str:
     """``" Did you mean 'shoulder'?"`` for the names of ``choices`` closest to ``word``
     (:func:`difflib.get_close_matches`), to append to an error; ``""`` when none is close.

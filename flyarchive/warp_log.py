@@ -34,7 +34,7 @@ from collections.abc import Callable
 from typing import Any
 
 from flyarchive.config import verbose, warp_optimization
-from flyarchive.errors import missing_dependency
+from flyarchive.errors import another_mujoco_line, missing_dependency
 
 #: Folder of the kernel cache that holds the compile locks (one file per module).
 LOCK_FOLDER = "flyarchive-locks"
@@ -95,16 +95,10 @@ def _warn_of_another_line(mujoco_warp: Any) -> None:
         warp_version = importlib.metadata.version("mujoco-warp")
     except importlib.metadata.PackageNotFoundError:  # a source checkout on the path
         return
-    line, warp_line = mujoco.__version__.split(".")[:2], warp_version.split(".")[:2]
-    if line != warp_line:
+    if mujoco.__version__.split(".")[:2] != warp_version.split(".")[:2]:
         import warnings
 
-        wanted = ".".join(line)
-        warnings.warn(
-            f"mujoco-warp {warp_version} is made for MuJoCo {'.'.join(warp_line)}, and this "
-            f"environment has MuJoCo {mujoco.__version__}: install the mujoco-warp of MuJoCo's "
-            f"line (pip install 'mujoco-warp=={wanted}.*'; with flygym, pip install "
-            "'flyarchive[all]' or 'flygym[warp]' keeps them together).", stacklevel=3)
+        warnings.warn(another_mujoco_line(warp_version, mujoco.__version__), stacklevel=3)
 
 
 def configure_warp(wp: Any) -> None:

@@ -118,6 +118,22 @@ def fused_reads() -> Iterator[None]:
         yield
 
 
+def fused_array(arr: zarr.Array) -> zarr.Array:
+    """``arr`` again (the same metadata, store and configuration, no I/O), reading and
+    writing through zarr's ``FusedCodecPipeline`` (:func:`fused_reads`).
+
+    For an array made elsewhere (a new archive's, made with its metadata): a writer's
+    commit of 1024 worlds x 16 frames of a small model, one shard of 64 worlds per
+    write, took 10x longer through zarr's default pipeline (a coroutine per inner chunk
+    and codec) than through the fused one.
+    """
+    if not _HAS_FUSED:
+        return arr
+    kept = arr.async_array
+    with fused_reads():
+        return zarr.Array(zarr.AsyncArray(kept.metadata, kept.store_path, config=kept.config))
+
+
 def _has_fused() -> bool:
     try:
         from zarr.core.codec_pipeline import FusedCodecPipeline  # noqa: F401

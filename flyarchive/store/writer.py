@@ -86,19 +86,20 @@ from flyarchive.store.location import (
     sync,
 )
 from flyarchive.store.new_archive import Created, create_arrays
-from flyarchive.store.reader import open_group
+from flyarchive.store.reader import fused_array, open_group
 from flyarchive.record.spec import ArchiveSpec, FrameBlock
 
 
 # ----------------------------------------------------------------------------- the writer
 def _opened_arrays(group: zarr.Group, state: tuple[str, ...]) -> dict[str, zarr.Array]:
     """The arrays of an existing archive that a writer writes or checks (those present
-    of its ``state`` arrays and of the time coordinates, and ``world``), each opened once."""
+    of its ``state`` arrays and of the time coordinates, and ``world``), each opened once,
+    written through zarr's fused codec pipeline (:func:`~flyarchive.store.reader.fused_array`)."""
     arrays = {}
     for name in (*state, "time", *TIME_COORDS):
         arr = group.get(name)
         if arr is not None:
-            arrays[name] = arr
+            arrays[name] = fused_array(arr)
     arrays["world"] = group["world"]
     return arrays
 
@@ -129,7 +130,7 @@ class ArchiveWriter:
         # (it holds the archive's claim, or its block's in an archive whose extents are
         # fixed), so what it holds is what is stored.
         self._arrays = (_opened_arrays(group, self.STATE) if created is None
-                        else dict(created.arrays))
+                        else {name: fused_array(arr) for name, arr in created.arrays.items()})
         self._state = [n for n in self.STATE if n in self._arrays]
         # Archives written before flyarchive stored sim_time and frame have only time.
         self._times = ["time"] + [n for n in TIME_COORDS if n in self._arrays]
