@@ -63,6 +63,8 @@ footfall diagram, NWB epochs). Vectorized over tips and frames: no Python loop p
 
 from __future__ import annotations
 
+import warnings
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -83,6 +85,14 @@ _RISE = 0.003
 #: the event (at least its :data:`_BASE_FRAMES` nearest).
 _BASE_TIME = 0.02
 _BASE_FRAMES = 3
+#: 2-D: a tip's noise is first read from this share (the lowest) of its displacements
+#: between consecutive frames.
+_QUIET = 0.25
+#: 2-D: speeds are taken over enough frames that a standing tip's speed noise (per
+#: coordinate) is at most ``swing_speed`` over this.
+_SPEED_NOISE = 5.0
+#: 2-D: ...or, its differences alone (a frame's two are independent), over this.
+_DIFF_NOISE = 4.0
 
 
 def stance_state(times: np.ndarray, tips: np.ndarray, params: GaitParams, *,
@@ -111,26 +121,31 @@ def stance_runs(times: np.ndarray, tips: np.ndarray, params: GaitParams, *,
     n, t = tips.shape[:2]
     if t < 2:
         return _Runs.of(np.full((n, t), UNKNOWN, np.int8))
-    x, y, z = (_smoothed(tips[..., k], times, params.smooth) for k in range(3))
-    dt = np.diff(times)
-    moved = np.diff(x, axis=1)
-    moved *= moved
-    dy = np.diff(y, axis=1)
-    dy *= dy
-    moved += dy  # (N, T-1) squared horizontal displacement between frames
-    slow = np.empty((n, t))
-    fast = np.empty((n, t))
+    if height:
+        x, y, z = (_smoothed(tips[..., k], times, params.smooth) for k in range(3))
+        return _classified(times, tips, params, *_frame_speeds(x, y, times), z)
+    # Without heights: speeds over as many frames as the noise needs: first as a rough
+    # estimate of it says, then as the noise of the stances found says.
+    frame = _frame_speeds(tips[..., 0], tips[..., 1], times)
+    half = _planar_halves(times, _rough_noise(tips), params)
+    runs = _classified(times, tips, params, *_widened(frame, tips, half, times), None)
+    better = _planar_halves(times, _stance_noise(runs, tips), params)
+    if not np.array_equal(better, half):
+        runs = _classified(times, tips, params, *_widened(frame, tips, better, times), None)
+    return runs
+
+
+def _classified(times: np.ndarray, tips: np.ndarray, params: GaitParams, slow: np.ndarray,
+                fast: np.ndarray, z: np.ndarray | None) -> _Runs:
+    """The runs of stance and swing from the squared speeds ``slow`` and ``fast`` and the
+    heights ``z`` (None: none) of every tip and frame: band, hysteresis, minimum
+    durations."""
     with np.errstate(invalid="ignore"):
-        slow[:, 0] = fast[:, 0] = moved[:, 0] / (dt[0] * dt[0])
-        slow[:, -1] = fast[:, -1] = moved[:, -1] / (dt[-1] * dt[-1])
-        moved /= dt * dt  # squared speed
-        np.fmin(moved[:, :-1], moved[:, 1:], out=slow[:, 1:-1])
-        np.fmax(moved[:, :-1], moved[:, 1:], out=fast[:, 1:-1])
         known = np.isfinite(slow)
         known &= np.isfinite(tips[..., 0] + tips[..., 1] + tips[..., 2])
         band = slow < params.stance_speed ** 2
         evidence = fast > params.swing_speed ** 2
-        if height:
+        if z is not None:
             band &= z < params.stance_height
             evidence |= z > params.swing_height
     code = band.view(np.int8)
@@ -151,6 +166,115 @@ def stance_runs(times: np.ndarray, tips: np.ndarray, params: GaitParams, *,
         if short.any():
             runs = runs.merged(np.where(short, other, runs.value))
     return runs
+
+
+def _frame_speeds(x: np.ndarray, y: np.ndarray, times: np.ndarray
+                  ) -> tuple[np.ndarray, np.ndarray]:
+    """``(N, T)`` squared horizontal speeds of each frame: the smaller (``slow``) and the
+    larger (``fast``) of its backward and forward differences (the first and last frame:
+    their one), NaN where a position is not finite."""
+    n, t = x.shape
+    dt = np.diff(times)
+    moved = np.diff(x, axis=1)
+    moved *= moved
+    dy = np.diff(y, axis=1)
+    dy *= dy
+    moved += dy  # (N, T-1) squared horizontal displacement between frames
+    slow = np.empty((n, t))
+    fast = np.empty((n, t))
+    with np.errstate(invalid="ignore"):
+        slow[:, 0] = fast[:, 0] = moved[:, 0] / (dt[0] * dt[0])
+        slow[:, -1] = fast[:, -1] = moved[:, -1] / (dt[-1] * dt[-1])
+        moved /= dt * dt  # squared speed
+        np.fmin(moved[:, :-1], moved[:, 1:], out=slow[:, 1:-1])
+        np.fmax(moved[:, :-1], moved[:, 1:], out=fast[:, 1:-1])
+    return slow, fast
+
+
+def _widened(frame: tuple[np.ndarray, np.ndarray], tips: np.ndarray, half: np.ndarray,
+             times: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The squared speeds ``frame`` (:func:`_frame_speeds` of tips without heights), with
+    those of each tip whose ``half`` is more than 0 both the slope of the straight line
+    through the frames within ``half`` of each frame."""
+    slow, fast = frame[0].copy(), frame[1].copy()
+    wide = np.flatnonzero(half > 0)
+    if len(wide):
+        dt = float(np.median(np.diff(times)))
+        vx, vy = (_slopes(tips[wide, :, k], half[wide], dt) for k in range(2))
+        slow[wide] = fast[wide] = vx * vx + vy * vy
+    return slow, fast
+
+
+def _rough_noise(tips: np.ndarray) -> np.ndarray:
+    """``(N,)`` each tip's position noise (sd per coordinate), roughly and rather too high:
+    from the lowest quarter of its displacements between consecutive frames, taken as a
+    standing tip's (whose displacements are noise alone; a tip that also walks overstates
+    it)."""
+    n, t = tips.shape[:2]
+    if t < 2:
+        return np.full(n, np.nan)
+    moved = np.hypot(np.diff(tips[..., 0], axis=1), np.diff(tips[..., 1], axis=1))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)  # a tip without two known frames
+        low = np.nanquantile(moved, _QUIET, axis=1)
+    # a standing tip's displacement: Rayleigh, sd sqrt(2) times the noise per coordinate
+    return low / np.sqrt(-4.0 * np.log(1.0 - _QUIET))
+
+
+def _stance_noise(runs: _Runs, tips: np.ndarray) -> np.ndarray:
+    """``(N,)`` each tip's position noise (sd per coordinate): from the median absolute
+    difference of its coordinates between consecutive frames of a stance (NaN for a tip
+    without)."""
+    state = runs.painted(runs.value)
+    both = (state[:, 1:] == STANCE) & (state[:, :-1] == STANCE)
+    moved = np.concatenate([np.where(both, np.abs(np.diff(tips[..., k], axis=1)), np.nan)
+                            for k in range(2)], axis=1)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)  # a tip without a stance
+        return np.nanmedian(moved, axis=1) / (0.6745 * np.sqrt(2.0))
+
+
+def _planar_halves(times: np.ndarray, noise: np.ndarray, params: GaitParams) -> np.ndarray:
+    """``(N,)`` the frames on each side of a frame that 2-D speeds are taken over, per tip of
+    position ``noise``: those of ``params.smooth``, or more where the noise needs them (0:
+    the frame's differences alone): a standing tip's speed noise (per coordinate) at most
+    ``swing_speed`` / :data:`_SPEED_NOISE`, so that noise alone almost never passes for a
+    swing."""
+    n = len(noise)
+    dt = float(np.median(np.diff(times)))
+    allowed = params.swing_speed / _SPEED_NOISE * dt  # speed noise times dt
+    with np.errstate(invalid="ignore"):
+        # differences: speed noise noise * sqrt(2) / dt (each frame's two: independent)
+        need = np.isfinite(noise) & (noise * np.sqrt(2.0) > allowed * _SPEED_NOISE / _DIFF_NOISE)
+        # a straight line through m = 2h + 1 frames: noise * sqrt(12 / (m (m^2 - 1))) / dt
+        ratio = np.where(need, 12.0 * (noise / max(allowed, 1e-300)) ** 2, 0.0)
+    m = np.where(need, np.ceil(np.cbrt(ratio)), 0).astype(np.int64)
+    m = np.maximum(m + (m % 2 == 0), np.where(need, 3, 0))  # odd, at least 3
+    m = np.where(need & (m * (m * m - 1) < ratio), m + 2, m)
+    half = np.minimum((np.maximum(m, 1) - 1) // 2, max(len(times) // 2, 0))
+    return np.maximum(half, _half_window(times, params.smooth)).astype(np.int64)
+
+
+def _slopes(values: np.ndarray, half: np.ndarray, dt: float) -> np.ndarray:
+    """``(N, T)``: the slope (per second) of the straight line through the frames of each
+    row of ``values`` within ``half[row]`` of each frame (fewer at the ends; NaN where one
+    of them is NaN); frames ``dt`` apart."""
+    n, t = values.shape
+    index = np.arange(t, dtype=np.float64)
+    sums = np.zeros((n, t + 1))
+    np.cumsum(values, axis=1, out=sums[:, 1:])
+    moments = np.zeros((n, t + 1))
+    np.cumsum(values * index, axis=1, out=moments[:, 1:])
+    low = np.maximum(index[None, :] - half[:, None], 0).astype(np.int64)
+    high = np.minimum(index[None, :] + half[:, None] + 1, t).astype(np.int64)
+    rows = np.arange(n)[:, None]
+    count = high - low
+    mean = (low + high - 1) / 2.0
+    spread = count * (count * count - 1) / 12.0  # sum of (i - mean)^2
+    sx = sums[rows, high] - sums[rows, low]
+    six = moments[rows, high] - moments[rows, low]
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return (six - mean * sx) / spread / dt
 
 
 def _smoothed(values: np.ndarray, times: np.ndarray, width: float) -> np.ndarray:
@@ -251,8 +375,10 @@ def _event_times(runs: _Runs, times: np.ndarray, tips: np.ndarray, params: GaitP
     bounds = _boundaries(times)
     edge = bounds[runs.start]
     n, t = runs.shape
-    if not height or t < 3:
+    if t < 3:
         return edge
+    if not height:
+        return _planar_times(runs, times, tips, params, edge)
     z = tips[..., 2]
     dt = float(np.median(np.diff(times)))
     late = _half_window(times, params.smooth)
@@ -421,6 +547,343 @@ def _crossed(event: _Event, off: np.ndarray, on: np.ndarray, base: np.ndarray,
     earliest = times[np.clip(on - way, 0, t - 1)]
     lo, hi = np.minimum(earliest, times[off]), np.maximum(earliest, times[off])
     return np.where(np.isfinite(at) & (speed[row] > 0), np.clip(at, lo, hi), middle)
+
+
+def _planar_times(runs: _Runs, times: np.ndarray, tips: np.ndarray, params: GaitParams,
+                  edge: np.ndarray) -> np.ndarray:
+    """``edge`` with the lift-offs and touchdowns of tips without heights (2-D tracking)
+    placed where each tip leaves or reaches its stance spot (see the module's docstring);
+    an event whose tip's noise or swing speed is unknown, or whose swing does not take the
+    tip clearly off the spot, stays at the band's edge."""
+    n, t = runs.shape
+    value, before = runs.value, runs.before
+    kinds = [(events, way) for events, way in
+             ((np.flatnonzero((value == SWING) & (before == STANCE)), +1),
+              (np.flatnonzero((value == STANCE) & (before == SWING)), -1)) if len(events)]
+    if not kinds:
+        return edge
+    dt = float(np.median(np.diff(times)))
+    noise = _stance_noise(runs, tips)
+    # the frames by which the speeds' smoothing may move the band's edge, beyond 20 ms
+    reach = max(_BASE_FRAMES, int(_BASE_TIME / dt + 1e-9)
+                + int(_planar_halves(times, noise, params).max(initial=0)))
+    xy = tips[..., :2]
+    departures = [_Departure.of(runs, events, way, times, xy, reach) for events, way in kinds]
+    speed = _swing_speed(runs, times, xy)
+    swing = runs.stop[value == SWING] - runs.start[value == SWING]
+    longest = _RAMP_SHARE * dt * float(np.median(swing)) if len(swing) else 0.0
+    ramps = [np.linspace(0.0, longest, _RAMPS)] * len(departures)
+    import os
+    pool = bool(os.environ.get("POOL"))
+    for rounds in range(2):  # then again with the speed refitted to the events placed
+        sigma = [np.maximum(noise[d.row], 1e-6 * speed[d.row] * dt) for d in departures]
+        if pool:
+            best = _best_ramp(lambda r: sum(d.evidence(speed[d.row], sg, dt, r) for d, sg in zip(departures, sigma)), ramps[0], refine=rounds == 0)
+            found = [best] * len(departures)
+        else:
+            found = [_best_ramp(lambda r: d.evidence(speed[d.row], sg, dt, r), tried, refine=rounds == 0)
+                 for d, sg, tried in zip(departures, sigma, ramps)]
+        placed = [(d.placed(speed[d.row], sg, dt, r), r) for d, sg, r in zip(departures, sigma, found)]
+        if rounds == 0:
+            if not os.environ.get('NOREFIT'): speed = _refitted_speed(departures, placed, speed, n)
+            near = longest / (_RAMPS - 1) / 2  # around the ramps found, finer
+            ramps = [np.linspace(max(ramp - near, 0.0), ramp + near, _RAMPS // 2 + 2)
+                     for ramp in found]
+    import os
+    if os.environ.get("DEBUG_RAMP"): print("ramps", [round(r * 1e3, 2) for _, r in placed], "speed", np.round(speed, 2), "noise", np.round(noise * 1e3, 1))
+    for (events, _), (when, _) in zip(kinds, placed):
+        ok = np.isfinite(when)
+        edge[events[ok]] = when[ok]
+    return edge
+
+
+#: 2-D: the longest ramp tried, as a share of the median swing (the frames out of the band).
+_RAMP_SHARE = 0.5
+#: 2-D: ramp times tried: this many from 0 to the longest, then as many around the best.
+_RAMPS = 11
+#: 2-D: a swing must take its tip this many times its noise off the stance spot (by its
+#: middle frame) for its events to be placed by it.
+_CLEAR = 5.0
+#: 2-D: candidate times of each event (the grid its posterior is summed over).
+_GRID = 32
+#: 2-D: events (of each kind) the ramp is fitted on, at most (evenly spread over them).
+_FIT_EVENTS = 1000
+#: 2-D: events whose candidate times are handled at once (bounds the temporaries).
+_CHUNK = 1024
+
+
+def _row_median(values: np.ndarray, rows: np.ndarray, n: int) -> np.ndarray:
+    """``(n,)``: the median of the finite ``values`` of each row (NaN for a row without)."""
+    keep = np.isfinite(values)
+    values, rows = values[keep], rows[keep]
+    order = np.lexsort((values, rows))
+    values, rows = values[order], rows[order]
+    count = np.bincount(rows, minlength=n)
+    first = np.cumsum(count) - count
+    has = count > 0
+    low = first + np.maximum(count - 1, 0) // 2
+    high = first + count // 2
+    out = np.full(n, np.nan)
+    out[has] = (values[low[has]] + values[high[has]]) / 2
+    return out
+
+
+def _swing_speed(runs: _Runs, times: np.ndarray, xy: np.ndarray) -> np.ndarray:
+    """``(n,)``: each tip's swing speed: the median over its swings (of two frames or more)
+    of its speed along the swing over the swing's middle third (its two frames, for a swing
+    of two)."""
+    n = runs.shape[0]
+    swing = np.flatnonzero(runs.value == SWING)
+    start, stop, row = runs.start[swing], runs.stop[swing], runs.row[swing]
+    length = stop - start
+    keep = length >= 2
+    start, stop, row, length = start[keep], stop[keep], row[keep], length[keep]
+    a = np.where(length >= 3, start + length // 3, start)
+    b = np.where(length >= 3, start + (2 * length) // 3, start + 1)
+    along = xy[row, stop - 1] - xy[row, start]
+    with np.errstate(invalid="ignore", divide="ignore"):
+        along /= np.hypot(along[:, 0], along[:, 1])[:, None]
+        moved = ((xy[row, b] - xy[row, a]) * along).sum(axis=1) / (times[b] - times[a])
+    return _row_median(moved, row, n)
+
+
+def _refitted_speed(departures: list[_Departure], placed: list[tuple[np.ndarray, float]],
+                    speed: np.ndarray, n: int) -> np.ndarray:
+    """``(n,)``: each tip's swing speed fitted to its events' frames by least squares, their
+    events where ``placed`` (times and ramp) puts them; ``speed`` where none is placed."""
+    top, bottom = np.zeros(n), np.zeros(n)
+    for d, (when, ramp) in zip(departures, placed):
+        ok = np.isfinite(when)
+        xy, yy = d.speed_sums(np.where(ok, when, d.centre), ramp)
+        top += np.bincount(d.row[ok], xy[ok], minlength=n)
+        bottom += np.bincount(d.row[ok], yy[ok], minlength=n)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        fitted = top / bottom
+    return np.where(np.isfinite(fitted) & (fitted > 0), fitted, speed)
+
+
+def _ramped(tau: np.ndarray, ramp: float) -> np.ndarray:
+    """How far a tip has come, over its swing speed, ``tau`` seconds after it set off
+    (``tau`` ``(...)``, negative before): its speed rising evenly from 0 over ``ramp``
+    seconds, then constant (``tau - ramp / 2`` once past it). Overwrites ``tau``."""
+    np.maximum(tau, 0.0, out=tau)
+    if ramp > 0:
+        early = np.minimum(tau, ramp)  # the time spent ramping up
+        tau -= early
+        early *= early
+        early *= 0.5 / ramp
+        tau += early
+    return tau
+
+
+@dataclass(frozen=True)
+class _Departure:
+    """Lift-offs (``way`` +1) or touchdowns (-1) of tips tracked in 2-D, and their tips'
+    progress away from the stance spot on frames around them: the stance's frames nearest
+    the event (at most ``reach``) and the swing's first half (its last half, for a
+    touchdown; at most ``reach`` frames).
+
+    Attributes:
+        row: ``(E,)`` the tip's row.
+        way: +1 or -1: the direction of time from the stance into the swing.
+        time: ``(E, K)`` frame times, s, less ``centre``.
+        progress: ``(E, K)`` the tip's distance from the stance spot (the median position
+            of the stance's frames) along the direction to the last frame (the swing's
+            middle); 0 where not ``valid``.
+        valid: ``(E, K)`` frames that belong to the event.
+        stance: ``(E, K)`` frames of the stance.
+        positions: ``(E, K, 2)`` the frames' positions (NaN where not valid).
+        clear: ``(E,)`` how far the swing's middle frame is from the spot.
+        low, high: ``(E,)`` the earliest and latest time the event may be placed at (the
+            stance's middle, the swing's middle), less ``centre``.
+        centre: ``(E,)`` the boundary's time (the band's edge).
+    """
+
+    row: np.ndarray
+    way: int
+    time: np.ndarray
+    progress: np.ndarray
+    valid: np.ndarray
+    stance: np.ndarray
+    positions: np.ndarray
+    clear: np.ndarray
+    low: np.ndarray
+    high: np.ndarray
+    centre: np.ndarray
+
+    @classmethod
+    def of(cls, runs: _Runs, events: np.ndarray, way: int, times: np.ndarray, xy: np.ndarray,
+           reach: int) -> _Departure:
+        t = runs.shape[1]
+        length = runs.stop - runs.start
+        stance, swing = (events - 1, events) if way > 0 else (events, events - 1)
+        row = runs.row[events]
+        near = runs.start[events] - (way < 0)  # the swing's frame next to the boundary
+        ahead = np.minimum((length[swing] + 1) // 2, reach)  # swing frames in the window
+        back = np.minimum(length[stance], reach)  # stance frames in the window
+        step = np.arange(-reach, reach)  # from the stance into the swing
+        column = np.clip(near[:, None] + way * step[None, :], 0, t - 1)
+        valid = (step[None, :] >= -back[:, None]) & (step[None, :] < ahead[:, None])
+        positions = np.where(valid[..., None], xy[row[:, None], column], np.nan)
+        in_stance = valid & (step[None, :] < 0)
+        spot = _nan_median(np.where(in_stance[..., None], positions, np.nan))
+        middle = positions[np.arange(len(events)), reach + ahead - 1]  # the swing's middle
+        toward = middle - spot
+        clear = np.hypot(toward[:, 0], toward[:, 1])
+        with np.errstate(invalid="ignore", divide="ignore"):
+            toward /= clear[:, None]
+            progress = np.nan_to_num(((positions - spot[:, None]) * toward[:, None]).sum(-1))
+        centre = (times[near] + times[near - way]) / 2
+        # no earlier (lift-off) than the stance's middle frame; no later than the swing's
+        halfway = np.where(way > 0, runs.stop[stance] - 1 - (length[stance] - 1) // 2,
+                           runs.start[stance] + (length[stance] - 1) // 2)
+        bound = np.sort(np.stack([times[halfway], times[near + way * (ahead - 1)]]), axis=0)
+        return cls(row, way, times[column] - centre[:, None], np.where(valid, progress, 0.0),
+                   valid, in_stance, positions, clear, bound[0] - centre, bound[1] - centre,
+                   centre)
+
+    def _candidates(self, speed: np.ndarray, sigma: np.ndarray, dt: float
+                    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """The events that can be placed ``(E,)``, and each event's candidate times less
+        half the ramp ``(E,)`` and their offsets ``(E, G)`` (s, less ``centre``): around
+        where the straight line back from the swing's frames meets the spot (less half the
+        ramp, where a tip ramping up from rest sets off), by four times the noise over the
+        speed and a frame either way."""
+        ok = np.isfinite(speed) & (speed > 0) & np.isfinite(sigma) & (self.clear > _CLEAR * sigma)
+        with np.errstate(invalid="ignore", divide="ignore"):
+            moving = self.valid & ~self.stance & (self.progress > 3 * sigma[:, None])
+            line = np.where(moving, self.time - self.way * self.progress / speed[:, None],
+                            np.nan)
+        line = _nan_median(line[..., None])[:, 0]
+        line = np.where(np.isfinite(line), line, 0.0)
+        slack = np.where(ok, 4 * sigma / speed + dt, 0.0)
+        return ok, line, slack[:, None] * np.linspace(-1.0, 1.0, _GRID)[None, :]
+
+    def evidence(self, speed: np.ndarray, sigma: np.ndarray, dt: float, ramp: float) -> float:
+        """The log of the likelihood of the events' frames (at most :data:`_FIT_EVENTS` of
+        them, evenly spread) with a ``ramp`` (s), summed over each event's candidate times
+        (a uniform prior): larger for a ramp that fits them better.
+
+        Args:
+            speed, sigma: ``(E,)`` the tip's swing speed and noise.
+            dt: The frame interval, s.
+            ramp: s.
+        """
+        ok, line, offsets = self._candidates(speed, sigma, dt)
+        index = np.flatnonzero(ok)
+        fit = index[::max(1, -(-len(index) // _FIT_EVENTS))]
+        candidates = (line - self.way * ramp / 2)[:, None] + offsets
+        return float(sum(_logsumexp(self._loglik(part, candidates, speed, sigma, ramp)).sum()
+                         for part in _chunks(fit)))
+
+    def placed(self, speed: np.ndarray, sigma: np.ndarray, dt: float,
+               ramp: float) -> np.ndarray:
+        """``(E,)`` each event's time, s (NaN where it is not placed): the mean of its
+        posterior over its candidate times with a ``ramp`` (s), between the stance's and
+        the swing's middle frames; arguments as for :meth:`evidence`."""
+        ok, line, offsets = self._candidates(speed, sigma, dt)
+        out = np.full(len(self.row), np.nan)
+        candidates = (line - self.way * ramp / 2)[:, None] + offsets
+        for part in _chunks(np.flatnonzero(ok)):
+            ll = self._loglik(part, candidates, speed, sigma, ramp)
+            weight = np.exp(ll - ll.max(axis=1, keepdims=True))
+            mean = (weight * candidates[part]).sum(axis=1) / weight.sum(axis=1)
+            out[part] = np.clip(mean, self.low[part], self.high[part]) + self.centre[part]
+        return out
+
+    def _loglik(self, part: np.ndarray, grid: np.ndarray, speed: np.ndarray,
+                sigma: np.ndarray, ramp: float) -> np.ndarray:
+        """``(len(part), G)``: the log-likelihood of each candidate time ``grid`` (``(E, G)``,
+        s, less ``centre``) of the events ``part`` (up to a constant): the frames' progress
+        against the tip's speed ramping up from 0 at that time over ``ramp`` seconds, the
+        spot's offset left free.
+
+        Frames before every candidate (progress 0 expected) and past every candidate's ramp
+        (progress linear in the candidate) are summed once; only those between are
+        evaluated per candidate."""
+        valid, progress = self.valid[part], self.progress[part]
+        v = speed[part][:, None]
+        when = self.way * self.time[part]  # (P, K): increasing along a row's valid frames
+        start = self.way * grid[part]  # (P, G)
+        before = valid & (when <= start.min(axis=1)[:, None])
+        after = valid & (when >= start.max(axis=1)[:, None] + ramp)
+        between = valid & ~before & ~after
+        # before: residual = progress; after: residual = a + v * start
+        a = progress - v * (when - ramp / 2)
+        total = (progress * before).sum(axis=1)[:, None] + (a * after).sum(axis=1)[:, None]
+        square = (progress * progress * before).sum(axis=1)[:, None] \
+            + (a * a * after).sum(axis=1)[:, None]
+        n_after = after.sum(axis=1)[:, None]
+        total = total + n_after * v * start
+        square = square + 2 * v * start * (a * after).sum(axis=1)[:, None] \
+            + n_after * (v * start) ** 2
+        width = between.sum(axis=1)
+        if width.max(initial=0) > 0:
+            first = np.argmax(between, axis=1)
+            step = np.arange(width.max())
+            column = np.minimum(first[:, None] + step[None, :], valid.shape[1] - 1)
+            keep = step[None, :] < width[:, None]
+            rows = np.arange(len(part))[:, None]
+            residual = when[rows, column][:, None, :] - start[:, :, None]  # (P, G, Z)
+            residual = _ramped(residual, ramp)
+            residual *= -v[:, :, None]
+            residual += progress[rows, column][:, None, :]
+            residual *= keep[:, None, :]
+            total += residual.sum(axis=2)
+            square += np.einsum("pgk,pgk->pg", residual, residual)
+        count = valid.sum(axis=1)[:, None]
+        return -0.5 * (square - total * total / count) / (sigma[part, None] ** 2)
+
+    def speed_sums(self, when: np.ndarray, ramp: float) -> tuple[np.ndarray, np.ndarray]:
+        """``(E,)`` each event's sums over its frames of progress times the ramped time, and
+        of the ramped time squared (both less their means over the frames: the spot's
+        offset free), the event at ``when`` (s): a least-squares speed's numerator and
+        denominator."""
+        come = _ramped(self.way * (self.time + self.centre[:, None] - when[:, None]), ramp)
+        count = self.valid.sum(axis=1)
+        come = np.where(self.valid, come - (come * self.valid).sum(axis=1)[:, None] / count[:, None], 0.0)
+        progress = np.where(self.valid, self.progress - self.progress.sum(axis=1)[:, None] / count[:, None], 0.0)
+        return (progress * come).sum(axis=1), (come * come).sum(axis=1)
+
+
+def _chunks(index: np.ndarray) -> list[np.ndarray]:
+    return [index[i:i + _CHUNK] for i in range(0, len(index), _CHUNK)]
+
+
+def _logsumexp(ll: np.ndarray) -> np.ndarray:
+    top = ll.max(axis=1)
+    return top + np.log(np.exp(ll - top[:, None]).sum(axis=1))
+
+
+def _best_ramp(evidence: Callable[[float], float], ramps: np.ndarray, *,
+               refine: bool = True) -> float:
+    """The ramp of the greatest ``evidence``: the best of ``ramps`` (s, increasing, at least
+    0), then (``refine``) of as many evenly between its neighbours, refined by a parabola
+    through the best and its two neighbours."""
+    if len(ramps) == 1:
+        return float(ramps[0])
+    for rounds in range(2 if refine else 1):
+        scores = np.array([evidence(float(r)) for r in ramps])
+        best = int(np.argmax(scores))
+        if rounds == 0 and refine:
+            ramps = np.linspace(ramps[max(best - 1, 0)], ramps[min(best + 1, len(ramps) - 1)],
+                                len(ramps))
+    if 0 < best < len(ramps) - 1:
+        a, b, c = scores[best - 1:best + 2]
+        bend = a - 2 * b + c
+        if bend < 0:
+            return float(ramps[best] + 0.5 * (a - c) / bend * (ramps[1] - ramps[0]))
+    return float(ramps[best])
+
+
+def _nan_median(values: np.ndarray) -> np.ndarray:
+    """``(E, C)``: the median over axis 1 of ``(E, K, C)`` ignoring NaN (NaN where all are)."""
+    count = np.isfinite(values).sum(axis=1)
+    ranked = np.sort(np.where(np.isfinite(values), values, np.inf), axis=1)
+    e, c = np.indices(count.shape)
+    low = ranked[e, np.maximum(count - 1, 0) // 2, c]
+    high = ranked[e, np.minimum(count // 2, values.shape[1] - 1), c]
+    return np.where(count > 0, (low + high) / 2, np.nan)
 
 
 @dataclass(frozen=True)
