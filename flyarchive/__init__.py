@@ -9,7 +9,7 @@ start at once).
 Public modules (they declare ``__all__``; everything else is internal, reached through
 the names re-exported here): this package, :mod:`flyarchive.errors`,
 :mod:`flyarchive.config` (the ``FLYARCHIVE_*`` environment variables),
-:mod:`flyarchive.models` (models as files and bytes), :mod:`flyarchive.testing` (test
+:mod:`flyarchive.models` (models: files, bytes, kept forms), :mod:`flyarchive.testing` (test
 support, as ``zarr.testing``) and the bridges of :mod:`flyarchive.interop` that users
 call by module.
 
@@ -19,8 +19,10 @@ tests/test_layout_rules.py checks it):
 - base: :mod:`flyarchive.errors` (every exception), :mod:`flyarchive.config`,
   :mod:`flyarchive.schema` (schema v1, validation), :mod:`flyarchive.layout` (a model's
   qpos/mocap layout and fingerprint), :mod:`flyarchive.clock` (when a frame is due),
-  :mod:`flyarchive.codecs` (the state arrays' codec pipelines), :mod:`flyarchive.models`,
-  :mod:`flyarchive.spec_zip` (a model's portable form: MuJoCo spec zips),
+  :mod:`flyarchive.codecs` (the state arrays' codec pipelines), :mod:`flyarchive.models`
+  (the one home of models: files, MJB, the portable form, the child-process check, the
+  cache of loaded models; its modules that read archives are of the store's floor, the one
+  that ships models to Dask workers of the analysis's),
   :mod:`flyarchive.warp_log` (Warp imported quietly, kernels compiled once),
   :mod:`flyarchive.lru` (what a process keeps between calls: a small bounded cache);
 - :mod:`flyarchive.record`: recorders sample state when a frame is due (bound to the
@@ -81,9 +83,10 @@ _LAZY = {
     "export_npz": "flyarchive.interop.flygym_npz",
     "verify": "flyarchive.store.integrity",
     "VerifyReport": "flyarchive.store.integrity",
-    "load_model": "flyarchive.store.kept_models",
-    "attach_model": "flyarchive.store.kept_models",
-    "save_mjb": "flyarchive.models",
+    "load_kept_model": "flyarchive.models.kept",
+    "load_model_file": "flyarchive.models.files",
+    "attach_model": "flyarchive.models.kept",
+    "save_mjb": "flyarchive.models.mjb",
     "set_trajectory_recorder": "flyarchive.interop.flygym_sim",
     "read_trajectories": "flyarchive.interop.trajectories",
     "add_world_vars": "flyarchive.store.world_vars",
@@ -107,19 +110,27 @@ _LAZY = {
 __all__ = [*_errors_all, *_LAZY]
 
 
-#: Old names, kept working with a DeprecationWarning: old name -> (name, since).
-_DEPRECATED = {"CpuRenderer": ("OpenGLRenderer", "0.2")}
+#: Old names, kept working with a DeprecationWarning: old name -> (what it is now, its
+#: module, since, the warning's words).
+_DEPRECATED = {
+    "CpuRenderer": ("OpenGLRenderer", "flyarchive.replay.opengl", "0.2",
+                    "flyarchive.CpuRenderer is flyarchive.OpenGLRenderer since flyarchive 0.2 "
+                    "(it is the OpenGL renderer)"),
+    "load_model": ("load_archive_or_file", "flyarchive.models.kept", "0.2",
+                   "flyarchive.load_model is two functions since flyarchive 0.2, named for the "
+                   "trust they give: flyarchive.load_kept_model(url) for the model an archive "
+                   "keeps (checked in a child process first), flyarchive.load_model_file(path) "
+                   "for a model file you trust"),
+}
 
 
 def __getattr__(name: str) -> Any:
     if name in _DEPRECATED:
-        new, since = _DEPRECATED[name]
+        new, module, _, words = _DEPRECATED[name]
         import warnings
 
-        warnings.warn(f"flyarchive.{name} is flyarchive.{new} since flyarchive {since} (it is "
-                      f"the OpenGL renderer); {name} will be removed.", DeprecationWarning,
-                      stacklevel=2)
-        return __getattr__(new)
+        warnings.warn(f"{words}; {name} will be removed.", DeprecationWarning, stacklevel=2)
+        return getattr(importlib.import_module(module), new)
     if name in _LAZY:
         value = getattr(importlib.import_module(_LAZY[name]), name)
         globals()[name] = value  # looked up once

@@ -51,13 +51,13 @@ def cmd_info(args: argparse.Namespace) -> int:
 
 def cmd_import_npz(args: argparse.Namespace) -> int:
     from flyarchive.interop.flygym_npz import find_npz_files, import_npz
-    from flyarchive.models import load_model
+    from flyarchive.models import load_model_file
 
     if args.resume and args.overwrite:
         raise SelectionError("--resume finishes an import and --overwrite replaces it; "
                              "choose one.")
     model_path = path_arg(args.model)
-    model = load_model(model_path)
+    model = load_model_file(model_path)
     portable = not args.no_store_model and model_path.lower().endswith((".xml", ".mjz", ".zip"))
     files = find_npz_files([path_arg(p) for p in args.paths])
     url = import_npz(files, path_arg(args.to), model,
@@ -113,7 +113,7 @@ def cmd_verify(args: argparse.Namespace) -> int:
 
 
 def cmd_model_attach(args: argparse.Namespace) -> int:
-    from flyarchive.store.kept_models import attach_model
+    from flyarchive.models.kept import attach_model
 
     url = path_arg(args.url)
     entry = attach_model(url, path_arg(args.model),
@@ -217,7 +217,6 @@ def render_cluster(args: argparse.Namespace) -> contextlib.AbstractContextManage
     is wrong). The client is passed to :func:`flyarchive.render_videos`."""
     from flyarchive.distribute.cluster import local_cluster, scheduler_client
     from flyarchive.distribute.placement import placement
-    from flyarchive.replay import WARP_BACKENDS
 
     if args.scheduler:  # its workers start warming Warp; connected once
         warm = {"gpu": "cuda", "warp-cpu": "cpu"}.get(args.backend)
@@ -225,9 +224,6 @@ def render_cluster(args: argparse.Namespace) -> contextlib.AbstractContextManage
             contextlib.nullcontext()  # refused by the render: --gpus with --scheduler
     if (args.workers is not None and args.workers < 1) or args.url.startswith("memory://"):
         return contextlib.nullcontext()
-
-    if args.backend not in WARP_BACKENDS:  # OpenGL: a worker process per core
-        return local_cluster(args.workers)
     try:
         where = placement(args.backend, sys.maxsize, n_workers=args.workers,
                           gpus=parse_gpus(args.gpus) if args.gpus is not None else None)
@@ -245,12 +241,13 @@ def _render(args: argparse.Namespace, client: Any = None) -> int:
     :func:`flyarchive.render_videos` places it when None."""
     from flyarchive.distribute.api import render_videos
     from flyarchive.render.options import RenderOptions
-    from flyarchive.models import load_model
+    from flyarchive.models import load_model_file
 
     storage_options = storage_options_arg(args.storage_options)
     where = where_mask(path_arg(args.url), storage_options, args.where_world_var, args.where_dof)
     written = render_videos(
-        path_arg(args.url), load_model(path_arg(args.model)) if args.model else None, args.camera,
+        path_arg(args.url), load_model_file(path_arg(args.model)) if args.model else None,
+        args.camera,
         path_arg(args.out),
         worlds=worlds_arg(args, storage_options),
         time=parse_time(args.time) if args.time else None,
@@ -385,7 +382,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", default="demo-out", help="output folder (default demo-out)")
     p.add_argument("--worlds", type=int, default=4)
     p.add_argument("--seconds", type=float, default=1.0, help="simulated seconds")
-    p.add_argument("--workers", type=int, help="render worker processes (default: one per core)")
+    p.add_argument("--workers", type=int, help="render worker processes (default: render "
+                   "threads in this process, one per core)")
     p.add_argument("--no-render", action="store_true")
     p.add_argument("--overwrite", action="store_true", help="replace an earlier demo's output")
     p = add("view", cmd_view, "Browse, filter and watch the worlds of an archive in the browser.")

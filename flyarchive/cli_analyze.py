@@ -87,9 +87,9 @@ def _options(args: argparse.Namespace, name: str = "storage_options") -> dict[st
 
 
 def _model(args: argparse.Namespace) -> Any:
-    from flyarchive.models import load_model
+    from flyarchive.models import load_model_file
 
-    return load_model(_path(args.model)) if getattr(args, "model", None) else None
+    return load_model_file(_path(args.model)) if getattr(args, "model", None) else None
 
 
 def _keypoint_args(args: argparse.Namespace) -> dict[str, Any]:

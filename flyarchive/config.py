@@ -26,7 +26,7 @@ value and what is allowed; unset or empty means the default.
   itself. 0 compiles mujoco-warp's kernels for Warp's CPU device in about half the time
   and runs them slower: for short runs on a fresh kernel cache (tests, CI).
 - ``FLYARCHIVE_CACHE_DIR`` (a folder; default: unset): flyarchive's cache folder (the
-  verdicts of the checks of models read from archives, :mod:`flyarchive.store.model_check`).
+  verdicts of the checks of models read from archives, :mod:`flyarchive.models.check`).
   Unset or empty: ``$XDG_CACHE_HOME/flyarchive``, or ``~/.cache/flyarchive`` when
   ``XDG_CACHE_HOME`` is unset, empty or not an absolute path (the XDG base directory
   specification). Tests point it at a temporary folder.

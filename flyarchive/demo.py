@@ -40,7 +40,8 @@ def run_demo(
         render: Render videos (False: record, verify and plot only).
         render_worlds: How many worlds to render.
         overwrite: Replace an earlier demo's output.
-        n_workers: Render worker processes (default one per core).
+        n_workers: Render worker processes (default: render threads in this process, one
+            per core).
 
     Raises:
         ArchiveExistsError: if ``out`` holds an earlier demo and ``overwrite`` is False.
@@ -58,7 +59,8 @@ def run_demo(
             f"{url!r} holds an earlier demo. Pass --overwrite to replace it, or --out another folder."
         )
     out.mkdir(parents=True, exist_ok=True)
-    # One local cluster for both renders, its workers starting while the flies walk.
+    # Worker processes asked for: one local cluster for both renders, its workers starting
+    # while the flies walk.
     with local_cluster(n_workers) if render and _workers(n_workers) else \
             contextlib.nullcontext() as client:
         return _run(nmf, out, url, n_worlds, seconds, render, render_worlds, overwrite,
@@ -66,9 +68,9 @@ def run_demo(
 
 
 def _workers(n_workers: int | None) -> bool:
-    """Whether the renders run on worker processes (else in this process; a wrong
-    ``n_workers`` goes to render_videos, which says what is wrong)."""
-    return n_workers is None or (isinstance(n_workers, int) and n_workers >= 1)
+    """Whether the renders run on worker processes, asked for (else on render threads of
+    this process; a wrong ``n_workers`` goes to render_videos, which says what is wrong)."""
+    return isinstance(n_workers, int) and n_workers >= 1
 
 
 def _run(nmf: Any, out: Path, url: str, n_worlds: int, seconds: float, render: bool,
@@ -118,7 +120,7 @@ def _run(nmf: Any, out: Path, url: str, n_worlds: int, seconds: float, render: b
         frames = sum(int(v["frames"]) for v in rendered.videos)
         elapsed = time.perf_counter() - start
         _say(f"rendered {len(rendered.videos)} video(s), {frames} frames in {elapsed:.1f} s "
-             f"({frames / elapsed:.1f} frames/s incl. cluster start): {rendered.manifest}")
+             f"({frames / elapsed:.1f} frames/s, start included): {rendered.manifest}")
         result["videos"] = [v["path"] for v in rendered.videos]
         result["mosaics"] = _render_mosaic(url, world, out / "videos", n_worlds, overwrite,
                                            where)

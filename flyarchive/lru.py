@@ -105,6 +105,22 @@ class LRUCache(Generic[K, V]):
         self._release(gone)
         return value
 
+    def put(self, key: K, value: V) -> None:
+        """Keep ``value`` for ``key``, as the most recently used (a value that was kept for
+        ``key`` goes, ``on_evict`` called); then the least recently used values go until
+        at most ``max_items`` are left, weighing at most ``max_weight`` (the new one stays).
+        For values made elsewhere, kept only when they may be (e.g. a verdict that may be
+        remembered)."""
+        with self._lock:
+            old = self._values.pop(key, None)
+            self._weights.pop(key, None)
+            self._values[key] = value
+            if self._weight is not None:
+                self._weights[key] = int(self._weight(value))
+            gone = [old] if old is not None and old is not value else []
+            gone += self._shrink(self.max_items, self.max_weight, keep=key)
+        self._release(gone)
+
     def pop(self, key: K) -> V | None:
         """Forget the value of ``key`` (``on_evict`` is called); returns it (None: none)."""
         with self._lock:

@@ -7,7 +7,7 @@ from typing import Any
 
 from flyarchive.codecs import describe as describe_codec
 from flyarchive.schema import import_status
-from flyarchive.store.kept_models import readable_on, stored_entry, stored_portable
+from flyarchive.models.entries import readable_on, stored_entry, stored_portable
 from flyarchive.store.opening import open_header
 
 

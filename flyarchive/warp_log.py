@@ -76,7 +76,35 @@ def import_mujoco_warp(what: str) -> Any:
         import mujoco_warp
     except ImportError as err:
         raise missing_dependency("mujoco-warp", "gpu", what, cause=err) from None
+    _warn_of_another_line(mujoco_warp)
     return mujoco_warp
+
+
+@functools.cache
+def _warn_of_another_line(mujoco_warp: Any) -> None:
+    """Warn, once per process, when mujoco-warp is of another line than MuJoCo.
+
+    mujoco-warp is made for the MuJoCo of its own release (4.0 for 4.0, 3.16 for 3.16) but
+    declares only ``mujoco>=3.13``, so pip pairs flygym's MuJoCo 3.16 with mujoco-warp 4.0
+    unless told otherwise."""
+    import importlib.metadata
+
+    import mujoco
+
+    try:
+        warp_version = importlib.metadata.version("mujoco-warp")
+    except importlib.metadata.PackageNotFoundError:  # a source checkout on the path
+        return
+    line, warp_line = mujoco.__version__.split(".")[:2], warp_version.split(".")[:2]
+    if line != warp_line:
+        import warnings
+
+        wanted = ".".join(line)
+        warnings.warn(
+            f"mujoco-warp {warp_version} is made for MuJoCo {'.'.join(warp_line)}, and this "
+            f"environment has MuJoCo {mujoco.__version__}: install the mujoco-warp of MuJoCo's "
+            f"line (pip install 'mujoco-warp=={wanted}.*'; with flygym, pip install "
+            "'flyarchive[all]' or 'flygym[warp]' keeps them together).", stacklevel=3)
 
 
 def configure_warp(wp: Any) -> None:

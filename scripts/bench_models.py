@@ -2,7 +2,7 @@
 and what a kept portable model costs: to make, and to open on a new MuJoCo release.
 
 A model kept beside an archive (``models/<sha256>.mjb``) is loaded first in a short-lived
-child process (:mod:`flyarchive.store.model_check`); the verdict is kept by hash in the
+child process (:mod:`flyarchive.models.check`); the verdict is kept by hash in the
 cache folder. For the tiny test model and NeuroMechFly (``flyarchive.interop.nmf``;
 needs flygym), this times, best and median of ``--repeat`` runs:
 
@@ -14,7 +14,7 @@ needs flygym), this times, best and median of ``--repeat`` runs:
   small JSON file), and ``known_ms`` with the verdict known in this process (both given
   the model's SHA-256, as the reader of a kept model has it);
 - ``load_here_s``: loading the MJB in this process (what any use of the model costs);
-- ``kept_first_s`` and ``kept_cached_s``: ``flyarchive.load_model(archive)`` whole (read
+- ``kept_first_s`` and ``kept_cached_s``: ``flyarchive.load_kept_model(archive)`` whole (read
   and hash the kept model, check it, load it), without and with a kept verdict;
 - ``child_maxrss_mb``: the child's peak resident memory.
 
@@ -27,7 +27,7 @@ compiles the portable form, as MuJoCo 4.0.1 does with a 3.16 archive.
   MJCF; NeuroMechFly's MjSpec, flygym's ``world.mjcf_root``), what a recorder adds to its
   construction (read the files, write the XML, zip, compile the zip to check it);
 - ``zip_mb``: the spec zip's size;
-- ``first_open_s`` (headline): ``flyarchive.load_model(archive)`` on a new release with
+- ``first_open_s`` (headline): ``flyarchive.load_kept_model(archive)`` on a new release with
   nothing in the cache, the whole call (open the archive, read and hash the zip, compile
   and check it in a child process, keep the MJB, load it here, check the layout); beside
   it ``compile_child_s``, the child's share;
@@ -142,7 +142,7 @@ def _source(name: str) -> tuple[Any, Any]:
 def measure_portable(name: str, repeat: int, folder: Path) -> dict[str, Any]:
     import flyarchive
     from flyarchive.models import load_mjb, portable_model
-    from flyarchive.store import model_check
+    from flyarchive.models import check as model_check
     from flyarchive.testing import simulate
     from flyarchive.testing.spec_zips import as_another_release
 
@@ -165,19 +165,17 @@ def measure_portable(name: str, repeat: int, folder: Path) -> dict[str, Any]:
 
     def fresh_cache() -> None:  # a release that never compiled this model
         os.environ["FLYARCHIVE_CACHE_DIR"] = str(folder / f"cache-{next(caches)}")
-        model_check._KNOWN.clear()
-        model_check._COMPILED.clear()
+        model_check.forget()
 
     def as_new_process() -> None:
-        model_check._KNOWN.clear()
-        model_check._COMPILED.clear()
+        model_check.forget()
 
     model_check.compile_in_child = timed_child
     first_cpu: list[float] = []
     later_cpu: list[float] = []
     try:
-        first = _times(lambda: flyarchive.load_model(url), repeat, fresh_cache, first_cpu)
-        later = _times(lambda: flyarchive.load_model(url), repeat * 4, as_new_process, later_cpu)
+        first = _times(lambda: flyarchive.load_kept_model(url), repeat, fresh_cache, first_cpu)
+        later = _times(lambda: flyarchive.load_kept_model(url), repeat * 4, as_new_process, later_cpu)
     finally:
         model_check.compile_in_child = real
     compiled = model_check.compiled_path(kept.sha256).read_bytes()
@@ -197,7 +195,7 @@ def measure_portable(name: str, repeat: int, folder: Path) -> dict[str, Any]:
 def measure(name: str, repeat: int, folder: Path) -> dict[str, Any]:
     import flyarchive
     from flyarchive.models import load_mjb, model_bytes
-    from flyarchive.store import model_check
+    from flyarchive.models import check as model_check
 
     model = _model(name)
     blob = model_bytes(model)
@@ -209,7 +207,7 @@ def measure(name: str, repeat: int, folder: Path) -> dict[str, Any]:
         nonlocal cache
         cache = folder / f"cache-{next(caches)}"
         os.environ["FLYARCHIVE_CACHE_DIR"] = str(cache)
-        model_check._KNOWN.clear()
+        model_check.forget()
 
     child = [sys.executable, "-I", "-c", "import mujoco"]
     env = {**os.environ, "MUJOCO_GL": "disable"}
@@ -218,12 +216,12 @@ def measure(name: str, repeat: int, folder: Path) -> dict[str, Any]:
         model_check.check_model(blob, name, sha256=digest, cache=cache)
 
     first = _times(check, repeat, fresh_cache)
-    cached = _times(check, repeat * 20, model_check._KNOWN.clear)
+    cached = _times(check, repeat * 20, model_check.forget)
     known = _times(check, repeat * 20)
     here = _times(lambda: load_mjb(blob), repeat)
     url = _archive(model, folder)
-    kept_first = _times(lambda: flyarchive.load_model(url), repeat, fresh_cache)
-    kept_cached = _times(lambda: flyarchive.load_model(url), repeat, model_check._KNOWN.clear)
+    kept_first = _times(lambda: flyarchive.load_kept_model(url), repeat, fresh_cache)
+    kept_cached = _times(lambda: flyarchive.load_kept_model(url), repeat, model_check.forget)
     rss = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024
     row = {
         "model": name, "mjb_bytes": len(blob), "mjb_mb": len(blob) / 1e6,

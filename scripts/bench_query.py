@@ -26,8 +26,18 @@ masking, to show the decoding apart from the reduction), on all cores, and on a
 and of ``--workers`` single-thread worker processes; ``open`` itself. Beside them: the codec's
 own decode speed on the stored chunks of one shard in memory (no zarr, no checksum,
 running as long as a short query, so that it meets the same machine load) and the full scan
-as a fraction of it. On S3 (moto on loopback) the times come from direct requests;
-request counts and bytes come from a second pass through a counting proxy
+as a fraction of it (issue 36's target: at least half, for 256 x 250); the same fraction
+in CPU seconds beside it (the scan's least CPU time against the codec's CPU rate: on a
+busy machine, what waiting for a core does not inflate; pinned to one core, it is the
+wall time of an idle machine). Then, on the ``flyarchive`` archive, the hand shard reader
+against zarr's own sharded read (issue 35): one world, a time window (64 worlds x frames
+200-400) and a full read of ``qpos``, through ``open_archive(...).qpos[sel].values``,
+``ShardReader(arr).read(box)`` (:mod:`flyarchive.store.shards` alone) and
+``zarr.open_array(...)[sel]`` with zarr's default (batched) codec pipeline, the batched one
+with larger batches and concurrency, and the fused one (zarr >= 3.4) on one worker and a
+worker per core; on one core and on all, each with its ratio to the hand reader and
+whether zarr's best is within 1.5x of it. On S3 (moto on loopback) the times come from
+direct requests; request counts and bytes come from a second pass through a counting proxy
 (:class:`flyarchive.testing.faultproxy.FaultProxy`). On disk, bytes read are the process's
 ``rchar`` (``/proc/self/io``). Times are the best of ``--repeat`` runs.
 
@@ -38,7 +48,9 @@ Usage::
         [--formats flyarchive,npz] [--only scan] [--json PATH]
 
 ``--formats`` and ``--only`` (queries whose name holds one of the words, e.g. ``scan``)
-run a part of the table, for quick before/after comparisons; ``open`` always runs.
+run a part of the table, for quick before/after comparisons; ``open`` always runs; only
+the formats asked are built. ``--formats flyarchive --only zarr`` runs the zarr comparison
+alone.
 """
 
 from __future__ import annotations
@@ -126,7 +138,7 @@ def build(cache: Path, args: argparse.Namespace, dtype: str) -> Built:
 
         return run
 
-    for fmt in FORMATS:
+    for fmt in args.formats:  # only those asked: a 1024-world build takes minutes
         cached(built.path(fmt), builder(fmt))
     return built
 
@@ -307,7 +319,8 @@ def codec_speed(built: Built, fmt: str, w: int, seconds: float = 0.5) -> dict[st
     decode = make_decoder(meta)
     decoded = sum(decode(c).nbytes for c in chunks)
     one = chunks[w % len(chunks)]
-    out = {"codec_MBps": decoded * _passes(lambda: [decode(c) for c in chunks], seconds) / 1e6,
+    passes, cpu_passes = _passes(lambda: [decode(c) for c in chunks], seconds, cpu=True)
+    out = {"codec_MBps": decoded * passes / 1e6, "codec_cpu_MBps": decoded * cpu_passes / 1e6,
            "codec_best_MBps": decode(one).nbytes / _best_call(lambda: decode(one), seconds) / 1e6,
            "chunk_decoded_bytes": decoded // len(chunks),
            "chunk_stored_bytes": sum(map(len, chunks)) // len(chunks)}
@@ -327,13 +340,14 @@ def _best_call(fn: Callable[[], Any], seconds: float) -> float:
     return best
 
 
-def _passes(fn: Callable[[], Any], seconds: float) -> float:
-    """Calls of ``fn`` per second, over about ``seconds`` of calls in a row."""
-    n, t0 = 0, time.perf_counter()
+def _passes(fn: Callable[[], Any], seconds: float, cpu: bool = False) -> Any:
+    """Calls of ``fn`` per second, over about ``seconds`` of calls in a row; with ``cpu``
+    also per second of this process's CPU time: ``(per wall second, per CPU second)``."""
+    n, t0, c0 = 0, time.perf_counter(), time.process_time()
     while (elapsed := time.perf_counter() - t0) < seconds:
         fn()
         n += 1
-    return n / elapsed
+    return (n / elapsed, n / max(time.process_time() - c0, 1e-9)) if cpu else n / elapsed
 
 
 def world_bytes(built: Built, fmt: str, w: int) -> int:
@@ -366,10 +380,21 @@ _pin = pin_threads
 def _best(fn: Callable[[], Any], repeat: int) -> tuple[float, Any]:
     best, result = float("inf"), None
     for _ in range(repeat):
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         result = fn()
         best = min(best, time.perf_counter() - t0)
+        _LAST_CPU.append(time.process_time() - c0)
     return best, result
+
+
+#: CPU seconds of each call :func:`_best` timed, the last first taken by the caller.
+_LAST_CPU: list[float] = []
+
+
+def _best_cpu(since: int) -> float:
+    """The least CPU time of the calls :func:`_best` timed since ``len(_LAST_CPU)`` was
+    ``since``: on a busy machine the figure that waiting for a core does not inflate."""
+    return min(_LAST_CPU[since:])
 
 
 @dataclass(frozen=True)
@@ -419,13 +444,14 @@ def timed_queries(reader: Reader, url: str, so: dict[str, Any] | None, plan: Pla
         if name.startswith("scan 1 core"):
             _pin({min(cpus)})
         try:
-            r0 = _rchar()
+            r0, since = _rchar(), len(_LAST_CPU)
             first_s, results[name] = _best(call, 1)
             read = _rchar() - r0
             runs = scan_repeat if "scan" in name else 1 if so is not None and \
                 name != "one world" else repeat
             rest = _best(call, runs - 1)[0] if runs > 1 else first_s
-            rows[name] = {"s": min(first_s, rest), "first_s": first_s, "read_bytes": read}
+            rows[name] = {"s": min(first_s, rest), "first_s": first_s, "read_bytes": read,
+                          "cpu_s": _best_cpu(since)}
         finally:
             _pin(cpus)
     return rows, results
@@ -472,6 +498,108 @@ def counted_queries(reader: Reader, url: str, proxy: Any, plan: Plan, only: tupl
 def _proxy_counts(proxy: Any) -> dict[str, int]:
     stats = proxy.stats()
     return {"requests": stats["requests"], "bytes": stats["bytes_out"]}
+
+
+# ----------------------------------------------------------------------------- zarr's own read
+FUSED = "zarr.core.codec_pipeline.FusedCodecPipeline"
+#: The reads of the flyarchive archive's ``qpos`` compared: the user's call, the hand shard
+#: reader alone (no shard index kept, as zarr keeps none), and zarr's own sharded read
+#: (``zarr.open_array(...)[sel]``) in these configurations. zarr picks its codec pipeline
+#: when an array is opened and reads ``max_workers`` and ``concurrency`` on each read, so
+#: each configuration's array is opened and read inside its ``zarr.config.set`` block.
+ARCHIVE, HAND = "open_archive(...).qpos[sel].values", "ShardReader(arr).read(box)"
+ZARR_CONFIGS: dict[str, dict[str, Any]] = {
+    "zarr, batched pipeline (default)": {},
+    "zarr, batched, batch 64, concurrency 64": {"codec_pipeline.batch_size": 64,
+                                                "async.concurrency": 64},
+    "zarr, fused pipeline, 1 worker": {"codec_pipeline.path": FUSED,
+                                       "codec_pipeline.max_workers": 1},
+    "zarr, fused pipeline, worker per core": {"codec_pipeline.path": FUSED,
+                                              "codec_pipeline.max_workers": None},  # cores
+}
+ZARR_READS = ("one world", "time window", "full scan")
+#: The name ``--only`` matches for these rows (``--only zarr`` runs them alone).
+ZARR_READ = "zarr read"
+#: zarr is "within" when its best configuration takes at most this many times the hand
+#: reader's time (issue 35: then read through zarr, keep only what zarr cannot do).
+WITHIN = 1.5
+
+
+def zarr_boxes(plan: Plan, built: Built) -> dict[str, tuple[slice, ...]]:
+    """The reads: one world (every frame), a time window (64 worlds from ``plan.world``,
+    frames 200-400 of 1000, scaled to the frames built), every value."""
+    n_worlds, frames, dofs = built.n_worlds, built.frames, slice(0, built.nq)
+    w0 = min(plan.world, max(n_worlds - 64, 0))
+    return {"one world": (slice(plan.world, plan.world + 1), slice(0, frames), dofs),
+            "time window": (slice(w0, min(w0 + 64, n_worlds)),
+                            slice(frames // 5, 2 * frames // 5), dofs),
+            "full scan": (slice(0, n_worlds), slice(0, frames), dofs)}
+
+
+def zarr_reads(url: str, so: dict[str, Any] | None, plan: Plan, built: Built, repeat: int,
+               scan_repeat: int) -> dict[str, Any]:
+    """Seconds of each read path (:data:`ZARR_CONFIGS`) for each read (:func:`zarr_boxes`),
+    on one core (the process pinned) and on all; each path's first call warms it up (imports,
+    thread pools). Best of ``repeat`` (the full scan: of ``scan_repeat``), the paths taking
+    turns; every result is checked equal to the hand reader's.
+
+    Returns:
+        ``{"1 core" | "all cores": {path: {read: seconds}}}``, ``"differ"``: the paths and
+        reads whose values differ from the hand reader's (none, if all is well), and
+        ``"codecs"``: zarr's codec classes for the inner chunks (flyarchive's bounded
+        decoders, installed in this process by the first ``open_archive``).
+    """
+    from flyarchive.store.shards import ShardReader
+
+    boxes = zarr_boxes(plan, built)
+    array_url = f"{url.rstrip('/')}/qpos"
+
+    def open_zarr() -> zarr.Array:
+        return zarr.open_array(array_url, mode="r", storage_options=so)
+
+    ds = open_archive(url, so)  # installs flyarchive's decoders for every zarr read here
+    hand = ShardReader(open_zarr())
+    paths: dict[str, tuple[dict[str, Any], Callable[[tuple[slice, ...]], np.ndarray]]] = {
+        ARCHIVE: ({}, lambda box: ds.qpos[box].values),
+        HAND: ({}, hand.read),
+    }
+    pipelines = {}
+    for name, config in ZARR_CONFIGS.items():
+        with zarr.config.set(config):
+            arr = open_zarr()
+        paths[name] = (config, lambda box, arr=arr: arr[box])
+        pipelines[name] = type(arr.async_array.codec_pipeline).__name__
+    codecs = [type(c).__name__ for c in arr.metadata.codecs[0].codecs]
+    cpus = os.sched_getaffinity(0)
+    out: dict[str, Any] = {"codecs": codecs, "pipelines": pipelines, "differ": []}
+    expected = {read: hand.read(box) for read, box in boxes.items()}
+    for cores, pinned in (("1 core", {min(cpus)}), ("all cores", cpus)):
+        configs = {name: {**config, "codec_pipeline.max_workers": len(pinned)}
+                   if config.get("codec_pipeline.max_workers", 0) is None else config
+                   for name, (config, _) in paths.items()}
+        _pin(pinned)
+        try:
+            times: dict[str, dict[str, float]] = {name: {} for name in paths}
+            for name, (_, read) in paths.items():
+                with zarr.config.set(configs[name]):
+                    read(boxes["one world"])  # warm-up
+            for what, box in boxes.items():
+                # the paths in turn, run after run: a shared machine's load, which drifts
+                # from second to second, falls on every path alike
+                for _ in range(scan_repeat if what == "full scan" else repeat):
+                    for name, (_, read) in paths.items():
+                        with zarr.config.set(configs[name]):
+                            seconds, value = _best(lambda: read(box), 1)
+                        times[name][what] = min(seconds, times[name].get(what, seconds))
+                        same = np.array_equal(np.asarray(value).reshape(expected[what].shape),
+                                              expected[what], equal_nan=True)
+                        if not same and f"{name}: {what}" not in out["differ"]:
+                            out["differ"].append(f"{name}: {what}")
+                        del value
+            out[cores] = times
+        finally:
+            _pin(cpus)
+    return out
 
 
 def same_results(results: dict[str, Any], reference: dict[str, Any], dtype: str) -> list[str]:
@@ -522,6 +650,15 @@ def run_storage(built: Built, storage: str, args: argparse.Namespace, s3: Any = 
         if fmt != "npz":
             entry.update(codec_speed(built, fmt, plan.world))
         out["formats"][fmt] = entry
+    if "flyarchive" in args.formats and _wanted(ZARR_READ, args.only):
+        url, so = str(built.path("flyarchive")), None
+        if storage == "s3":
+            url = f"s3://{args.bucket}/{built.root.name}/{built.path('flyarchive').name}"
+            so = s3.storage_options()
+        print(f"  {storage} {built.dtype} flyarchive through zarr's own read...", flush=True)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # zarr: numcodecs codecs are not in the v3 spec
+            out["zarr_read"] = zarr_reads(url, so, plan, built, args.repeat, args.scan_repeat)
     return out
 
 
@@ -530,7 +667,14 @@ def _wanted(name: str, only: tuple[str, ...]) -> bool:
 
 
 def _dof_index(built: Built) -> int:
-    labels = list(zarr.open_array(built.path("zarr-zstd") / "dof", mode="r")[:])
+    stored = next((built.path(f) for f in ("zarr-zstd", "flyarchive", "portable")
+                   if built.path(f).with_suffix(".done").exists()), None)
+    if stored is None:  # npz alone: the labels from the model
+        from flyarchive.interop.nmf import build_world
+
+        labels = ModelLayout.from_model(build_world().model).dof_labels
+    else:
+        labels = list(zarr.open_array(stored / "dof", mode="r")[:])
     return next((i for i, name in enumerate(labels) if "Tarsus1" in str(name)), len(labels) // 2)
 
 
@@ -569,6 +713,8 @@ def print_table(run: dict[str, Any], built: Built) -> None:
         "crc32c, 1 shard run MB/s": lambda e: _num(e, "crc32c_MBps"),
         "scan 1 core / codec best": lambda e: _share(e, decoded, "codec_best_MBps"),
         "scan 1 core / codec run": lambda e: _share(e, decoded, "codec_MBps"),
+        "same, CPU time": lambda e: (
+            f"{decoded / e['queries']['scan 1 core']['cpu_s'] / 1e6 / e['codec_cpu_MBps']:.0%}"),
         "skipna=False / codec run": lambda e: _share(e, decoded, "codec_MBps", NO_SKIP),
         "workers: speed-up": lambda e: _speedup(e),
         "one world: read / bytes": lambda e: (
@@ -590,6 +736,39 @@ def print_table(run: dict[str, Any], built: Built) -> None:
               f"{built.n_worlds} worlds x {built.frames} frames x {built.nq} dofs "
               f"({decoded / 1e6:.0f} MB decoded); window {run['plan']['window']}, world "
               f"{run['plan']['world']}, dof {run['plan']['dof']}")
+
+
+def print_zarr_table(run: dict[str, Any], built: Built) -> None:
+    """Each read path's time per read, and its ratio to the hand reader's; then, per read,
+    whether zarr's best configuration is within :data:`WITHIN` of the hand reader."""
+    found = run.get("zarr_read")
+    if found is None:
+        return
+    boxes = zarr_boxes(Plan(**run["plan"]), built)
+    where = "local disk" if run["storage"] == "local" else "S3 (moto, loopback)"
+    table = Table([Column("read path", 42, "label", align="<"),
+                   *(Column(read, 20, read) for read in ZARR_READS)])
+    for cores in ("1 core", "all cores"):
+        times = found[cores]
+        hand = times[HAND]
+        rows = [{"label": name, **{read: f"{_ms(t[read])} ({t[read] / hand[read]:.2f}x)"
+                                   for read in ZARR_READS}} for name, t in times.items()]
+        best = {read: min((t[read], name) for name, t in times.items() if name in ZARR_CONFIGS)
+                for read in ZARR_READS}
+        rows.append({"label": f"zarr within {WITHIN}x of the hand reader", **{
+            read: f"{'yes' if s / hand[read] <= WITHIN else 'no'} ({s / hand[read]:.2f}x)"
+            for read, (s, _) in best.items()}})
+        table.print(rows, title=(
+            f"\n{built.dtype}, {where}, {cores}: qpos read through zarr's own sharded read "
+            f"against flyarchive's (ratio: time / {HAND}); one world {_box(boxes['one world'])}, "
+            f"time window {_box(boxes['time window'])}, full scan {_box(boxes['full scan'])}; "
+            f"zarr's inner codecs {'+'.join(found['codecs'])}; values differ: "
+            f"{', '.join(found['differ']) or 'none'}"))
+
+
+def _box(box: tuple[slice, ...]) -> str:
+    return "[" + ", ".join(f"{s.start}:{s.stop}" if s.start is not None else ":"
+                           for s in box) + "]"
 
 
 def _safe(fn: Callable[[dict[str, Any]], str], entry: dict[str, Any]) -> str:
@@ -667,6 +846,7 @@ def main(argv: list[str] | None = None) -> None:
     runs = [run_storage(b, "local", args) for b in built.values()]
     for b, run in zip(built.values(), runs):
         print_table(run, b)
+        print_zarr_table(run, b)
     if not args.no_s3:
         from flyarchive.testing.faultproxy import FaultProxy
         from flyarchive.testing.s3 import S3Server
@@ -679,6 +859,7 @@ def main(argv: list[str] | None = None) -> None:
                 run = run_storage(b, "s3", args, s3, proxy)
                 runs.append(run)
                 print_table(run, b)
+                print_zarr_table(run, b)
     end = os.getloadavg()
     print(f"\nload average at the end: {end[0]:.2f} {end[1]:.2f} {end[2]:.2f}")
     meta = {"worlds": args.worlds, "frames": args.frames, "chunk_frames": args.chunk_frames,
@@ -686,7 +867,8 @@ def main(argv: list[str] | None = None) -> None:
             "shard_worlds": args.shard_worlds, "repeat": args.repeat,
             "scan_repeat": args.scan_repeat, "cpus": os.cpu_count(),
             "load_average": {"start": load, "end": end},
-            "zarr": zarr.__version__, "xarray": xr.__version__, "host_info": host_info()}
+            "zarr": zarr.__version__, "xarray": xr.__version__, "host_info": host_info(),
+            "zarr_configs": ZARR_CONFIGS}
     write_json(args.json, {"meta": meta, "runs": runs})
 
 if __name__ == "__main__":

@@ -58,7 +58,8 @@ Usage::
 Defaults: ``--worlds`` 4096 on CUDA, 256 on the CPU; ``--frames`` 250; ``--repeat`` 3;
 ``--render-worlds`` 16 on CUDA, 2 on the CPU; ``--render-frames`` 100;
 ``--render-backends`` ``gpu`` on CUDA, ``opengl,warp-cpu`` on the CPU (each with its
-default placement; ``opengl-here`` is ``--workers 0``: in the process).
+default placement: render threads in the process; ``opengl-here`` is ``--workers 0``,
+one thread; ``opengl-dask`` is ``--workers`` one per core, a local Dask cluster).
 """
 
 from __future__ import annotations
@@ -207,11 +208,12 @@ def _median(rows: list[dict[str, Any]], key: str) -> dict[str, Any]:
 
 # ----------------------------------------------------------------------------- renders
 def render_command(url: str, out: str, backend: str) -> list[str]:
-    name = "opengl" if backend == "opengl-here" else backend
+    name = "opengl" if backend.startswith("opengl") else backend
+    workers = {"opengl-here": "0", "opengl-dask": str(os.cpu_count() or 1)}.get(backend)
     return [sys.executable, "-c", "from flyarchive.cli import run; run()", "render", url,
             "--camera", NMF_CAMERA, "--size", f"{SIZE[0]}x{SIZE[1]}", "--backend", name,
             "--out", out, "--quiet", "--overwrite",
-            *(["--workers", "0"] if backend == "opengl-here" else []),
+            *(["--workers", workers] if workers else []),
             *(["--gpus", "0"] if backend == "gpu" else [])]
 
 
@@ -322,7 +324,7 @@ def targets(rows: list[dict[str, Any]], device: str, replay: dict[str, Any] | No
             ("render --backend gpu whole process >= 0.9 of the GPU stage",
              (replay or {}).get("ratios", {}).get("cli/pipelined"), ">=", 0.9)]
     else:
-        for backend in ("opengl", "opengl-here", "warp-cpu"):
+        for backend in ("opengl", "opengl-here", "opengl-dask", "warp-cpu"):
             checks.append((f"render --backend {backend}: first frame <= 1.5 s",
                            by.get(f"render --backend {backend}", {}).get("first_frame_s"),
                            "<=", 1.5))

@@ -412,15 +412,15 @@ NMF_CAMERA = "nmf/trackcam"
 def load_bench_model(path: str | Path) -> Any:
     """A compiled model from a file: MuJoCo's spec zip (``.zip``, from :func:`export_nmf`:
     compiles on any MuJoCo release that reads it), else ``.mjb`` / ``.xml`` as
-    ``flyarchive.models.load_model`` reads them."""
+    ``flyarchive.models.load_model_file`` reads them."""
     path = Path(path)
     if path.suffix.lower() == ".zip":
         import mujoco
 
         return mujoco.MjSpec.from_zip(str(path)).compile()
-    from flyarchive.models import load_model
+    from flyarchive.models import load_model_file
 
-    return load_model(path)
+    return load_model_file(path)
 
 
 def nmf_world(model_file: str | Path | None = None) -> Any:

@@ -29,7 +29,7 @@ Runs the harnesses of :mod:`flyarchive.testing` and prints one table:
   (a shard deleted, index entries never written: :mod:`flyarchive.testing.holes`), counted
   as the reads of them refused and passed off as data;
 - crafted models (:mod:`flyarchive.testing.model_fuzz`): a kept model's bytes fuzzed, its
-  hash matching, through ``render``, ``verify`` and ``load_model`` in child processes:
+  hash matching, through ``render``, ``verify`` and ``load_kept_model`` in child processes:
   crashes of the calling process (none expected) and what the model check found;
 - hostile output folders (:mod:`flyarchive.testing.hostile_outputs`: a manifest linked to
   ``/dev/zero`` or made a FIFO, folders linked out of ``--out``, map chunks and videos that
@@ -318,7 +318,7 @@ def print_hostile(rows: list[dict[str, Any]]) -> None:
 def run_crafted_models(n: int, workdir: Path) -> dict[str, Any]:
     """``n`` fuzzed kept models (:mod:`flyarchive.testing.model_fuzz`, seeds 0..n-1), each
     through ``flyarchive render`` (no ``--model``), ``flyarchive verify`` and
-    ``flyarchive.load_model``, each in a child process."""
+    ``flyarchive.load_kept_model``, each in a child process."""
     from flyarchive.testing.hostile_cases import make_sound
     from flyarchive.testing.model_fuzz import fuzz, summarize
 
@@ -332,7 +332,7 @@ def run_crafted_models(n: int, workdir: Path) -> dict[str, Any]:
 def print_crafted_models(result: dict[str, Any]) -> None:
     checks = ", ".join(f"{n} {what}" for what, n in sorted(result["checks"].items()))
     print(f"\nCrafted models (a kept models/<sha256>.mjb fuzzed, its hash matching; render, "
-          f"verify and load_model each in a child process)")
+          f"verify and load_kept_model each in a child process)")
     print(f"  crafted models: {result['fuzzed']} fuzzed, {result['crashes']} crashes of the "
           f"calling process, {result['unclear']} exits without a clear error")
     print(f"  the model check found: {checks}")
@@ -537,7 +537,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-hostile", action="store_true",
                         help="skip the hostile archives and output folders")
     parser.add_argument("--crafted-models", type=int, default=40,
-                        help="fuzzed kept models, each through render, verify and load_model "
+                        help="fuzzed kept models, each through render, verify and load_kept_model "
                              "(default 40; 0: skip)")
     add_json_option(parser, "also write the report as JSON")
     args = parser.parse_args(argv)

@@ -63,8 +63,8 @@ def test_the_demo_records_verifies_plots_and_renders_on_one_cluster(demo):
 
 
 def test_the_demo_archive_keeps_the_portable_form_of_neuromechfly(demo):
-    from flyarchive.models import PORTABLE_MODEL_ATTR, compile_spec_zip, load_model, model_identity
-    from flyarchive.store.kept_models import read_portable
+    from flyarchive.models import PORTABLE_MODEL_ATTR, compile_spec_zip, load_model_file, model_identity
+    from flyarchive.models.kept import read_portable
     from flyarchive.store.reader import open_group
 
     out = demo[0]
@@ -74,7 +74,7 @@ def test_the_demo_archive_keeps_the_portable_form_of_neuromechfly(demo):
 
     assert model_identity(open_archive(url).attrs) == entry["sha256"]
     assert PORTABLE_MODEL_ATTR in open_archive(url).attrs and len(entry["qpos0"]) == 73
-    recorded = load_model(out / "nmf.mjb")
+    recorded = load_model_file(out / "nmf.mjb")
     kept = compile_spec_zip(blob)
     assert kept.nmesh == recorded.nmesh > 0 and kept.nq == recorded.nq
     assert all(not name.startswith("/") for name in zipfile.ZipFile(io.BytesIO(blob)).namelist())

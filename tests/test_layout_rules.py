@@ -13,10 +13,19 @@ protocols the store's writer implements), and the public recorders are bound to 
 and query by an application module (:mod:`flyarchive.recorders`). Render (how
 one process turns an archive into videos) never imports distribute (where that work runs).
 
-Base modules (errors, schema, layout, clock, codecs, models, spec_zip, config, warp_log,
-lru) import only each other; applications (cli, demo, plot, summary, recorders, interop,
-view, and the package's own ``__init__``) may import anything; ``flyarchive.testing`` is not
-part of the product and may import anything too.
+Base modules (errors, schema, layout, clock, codecs, models, config, warp_log, lru) import
+only each other; applications (cli, demo, plot, summary, recorders, interop, view, and the
+package's own ``__init__``) may import anything; ``flyarchive.testing`` is not part of the
+product and may import anything too.
+
+The models package is the one home of models, and spans floors (:data:`FLOORS`): its
+modules are base modules, but for :mod:`flyarchive.models.kept` (the kept forms, read and
+written through the store: the store's floor) and :mod:`flyarchive.models.shipping` (models
+sent to Dask workers: the analysis's floor). Its ``__init__`` is a base module: it imports
+the base modules of the package, and the names of the others on first use (a module
+``__getattr__`` and its ``_LAZY`` map, as ``flyarchive/__init__.py`` does). ``from package
+import name`` of a name in a package's ``_LAZY`` map counts as an import of the module the
+map names.
 
 The public line: no module imports another module's private (``_name``) names, ``__all__``
 appears only in the public modules (:data:`PUBLIC`), and every module is listed in its
@@ -38,9 +47,11 @@ import pytest
 
 PACKAGE = Path(__file__).resolve().parents[1] / "flyarchive"
 
-BASE = frozenset({"errors", "schema", "layout", "clock", "codecs", "models", "spec_zip", "config",
-                  "warp_log", "lru"})
+BASE = frozenset({"errors", "schema", "layout", "clock", "codecs", "models", "config", "warp_log",
+                  "lru"})
 STAGES = ("record", "store", "query", "analyze", "replay", "video", "render", "distribute")
+#: Modules of a base package that are of a later stage's floor: module -> stage.
+FLOORS = {"flyarchive.models.kept": "store", "flyarchive.models.shipping": "analyze"}
 APPLICATIONS = frozenset({"cli", "cli_args", "cli_analyze", "demo", "plot", "summary",
                           "recorders", "interop", "view", "__main__"})
 TEST_SUPPORT = "flyarchive.testing"
@@ -107,7 +118,9 @@ def imports_in(source: str, name: str, package: str) -> set[str]:
     """The package's modules that the source of module ``name`` (in ``package``) imports.
 
     ``from flyarchive.store import ArchiveWriter`` is an import of ``flyarchive.store``;
-    ``from flyarchive.store import writer`` one of ``flyarchive.store.writer``. Parent
+    ``from flyarchive.store import writer`` one of ``flyarchive.store.writer``;
+    ``from flyarchive.models import load_kept_model`` one of the module that
+    ``flyarchive.models`` loads it from on first use (:func:`lazy_names`). Parent
     packages imported on the way are not counted.
     """
     found: set[str | None] = set()
@@ -116,10 +129,26 @@ def imports_in(source: str, name: str, package: str) -> set[str]:
             found.add(_known(alias.name))
         else:
             sub = f"{base}.{alias.name}"
-            found.add(sub if sub in modules() else _known(base))
+            lazy = lazy_names(base).get(alias.name)
+            found.add(sub if sub in modules() else lazy if lazy else _known(base))
     found.discard(None)
     found.discard(name)
     return found  # type: ignore[return-value]
+
+
+@cache
+def lazy_names(package: str) -> dict[str, str]:
+    """The names a package of ours loads on first use, and their modules: its ``__init__``'s
+    ``_LAZY`` map (``{}`` for a module, or a package without one)."""
+    path = modules().get(package)
+    if path is None or path.name != "__init__.py":
+        return {}
+    for node in ast.parse(path.read_text()).body:
+        target = node.targets[0] if isinstance(node, ast.Assign) else \
+            node.target if isinstance(node, ast.AnnAssign) else None
+        if isinstance(target, ast.Name) and target.id == "_LAZY" and node.value is not None:
+            return {k: v for k, v in ast.literal_eval(node.value).items()}
+    return {}
 
 
 @cache
@@ -179,10 +208,13 @@ def describe(found: list[frozenset[str]]) -> list[str]:
 
 # ----------------------------------------------------------------------------- layers
 def layer(name: str) -> tuple[int, str]:
-    """``(rank, group)``: base 0, the stages 1..8 in flow order, applications 100."""
+    """``(rank, group)``: base 0, the stages 1..8 in flow order, applications 100. A module
+    of :data:`FLOORS` is of its stage."""
     parts = name.split(".")
     if len(parts) == 1:
         return 100, "flyarchive"  # the package's __init__: re-exports the API on top
+    if name in FLOORS:
+        return 1 + STAGES.index(FLOORS[name]), FLOORS[name]
     top = parts[1]
     if top in BASE:
         return 0, "base"
@@ -269,6 +301,37 @@ def test_each_stage_imports_only_from_the_stages_before_it():
     found = stage_violations()
 
     assert sorted(found) == []
+
+
+def test_a_lazy_name_of_a_package_is_read_as_an_import_of_its_module():
+    source = ("from flyarchive.models import load_kept_model, model_bytes\n"
+              "def f():\n"
+              "    from flyarchive import verify\n")
+
+    found = imports_in(source, "flyarchive.render.plan", "flyarchive.render")
+
+    assert found == {"flyarchive.models.kept", "flyarchive.models", "flyarchive.store.integrity"}
+
+
+def test_each_module_of_the_models_package_has_its_floor():
+    floors = {name: layer(name)[1] for name in modules() if name.startswith("flyarchive.models.")}
+
+    assert sorted(name for name in FLOORS if name not in modules()) == []
+    assert {name for name, floor in floors.items() if floor != "base"} == set(FLOORS)
+    assert floors["flyarchive.models.kept"] == "store"
+    assert floors["flyarchive.models.shipping"] == "analyze"
+    assert floors["flyarchive.models.check"] == floors["flyarchive.models.child"] == "base"
+
+
+def test_the_models_package_imports_its_base_modules_only_and_loads_the_others_lazily():
+    init = modules()["flyarchive.models"]
+    eager = {target for node in ast.parse(init.read_text()).body
+             if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("flyarchive")
+             for target in imports_in(ast.unparse(node), "flyarchive.models", "flyarchive.models")}
+    lazy = set(lazy_names("flyarchive.models").values())
+
+    assert eager and sorted(t for t in eager if layer(t)[0] != 0) == []
+    assert lazy and lazy <= set(FLOORS)  # what it loads on first use: modules above the base
 
 
 # ----------------------------------------------------------------------------- the public line

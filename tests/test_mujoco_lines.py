@@ -74,3 +74,36 @@ def test_ci_runs_the_readme_test_commands():
 
     assert commands == ["bash scripts/dev.sh test", "bash scripts/dev.sh test --mujoco 4 --fast"]
     assert all(command in readme for command in commands)
+
+
+def test_the_all_extra_keeps_mujoco_warp_on_flygym_s_line():
+    # mujoco-warp 4.0 declares only mujoco>=3.13: without flygym's own warp extra in `all`,
+    # pip paired flygym's MuJoCo 3.16 with mujoco-warp 4.0 on a fresh machine.
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    found = [Requirement(r) for r in project["optional-dependencies"]["all"]]
+
+    (flygym,) = [r for r in found if r.name == "flygym"]
+    assert "warp" in flygym.extras
+    assert flygym.specifier == requirement("flygym", "flygym").specifier
+
+
+@pytest.mark.warp
+def test_mujoco_warp_of_another_line_is_named_with_the_install_that_fixes_it(monkeypatch):
+    from flyarchive import warp_log
+
+    mujoco_warp = warp_log.import_mujoco_warp("this test")
+    other = "4.0.1" if mujoco.__version__.startswith("3.") else "3.16.0"
+    monkeypatch.setattr(mujoco, "__version__", other)
+
+    with pytest.warns(UserWarning, match=r"pip install 'mujoco-warp==%s\.\*'" % re.escape(
+            ".".join(other.split(".")[:2]))):
+        warp_log._warn_of_another_line.__wrapped__(mujoco_warp)
+
+
+@pytest.mark.warp
+def test_mujoco_warp_of_mujoco_s_line_says_nothing(recwarn):
+    from flyarchive import warp_log
+
+    warp_log._warn_of_another_line.__wrapped__(warp_log.import_mujoco_warp("this test"))
+
+    assert [str(w.message) for w in recwarn if "mujoco-warp" in str(w.message)] == []

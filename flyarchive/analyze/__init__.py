@@ -9,7 +9,7 @@ request, and gait and locomotion measures from them.
   bit-exact with MuJoCo, on the model's :mod:`~flyarchive.analyze.skeleton`) or with
   mujoco-warp (:mod:`~flyarchive.analyze.warp_positions`, Warp's CPU device or CUDA); the
   model's bytes in the graph, sent to a Dask cluster once per client and model
-  (:mod:`~flyarchive.analyze.model_ref`, the renderer's lazy frames' too);
+  (:mod:`~flyarchive.models.shipping`, the renderer's lazy frames' too);
   :func:`~flyarchive.analyze.warp_stream.load_positions` streams a window into host memory
   with reading (straight through the archive's shard reader:
   :mod:`~flyarchive.analyze.state_read`), upload, kinematics and copy-back overlapped;

@@ -2,9 +2,9 @@
 per thread on the CPU, once per process on Warp) the engine of its model, keypoints and
 backend, and runs it on a block of the archive's state.
 
-The model travels to workers as its MJB bytes, sent once per client and model
-(:mod:`~flyarchive.analyze.model_ref`), loaded once per process (:func:`model_of`);
-state is read on the worker from the archive, never shipped.
+The model travels to workers as its MJB bytes, sent once per client and model, and is
+loaded once per process (:mod:`~flyarchive.models.shipping`); state is read on the worker
+from the archive, never shipped.
 """
 
 from __future__ import annotations
@@ -12,26 +12,13 @@ from __future__ import annotations
 import threading
 from typing import Any
 
-import mujoco
 import numpy as np
 
 from flyarchive.analyze.cpu_positions import CpuKinematics
 from flyarchive.analyze.keypoints import KeypointSet
-from flyarchive.analyze.model_ref import ModelRef, mjb_of
-from flyarchive.lru import LRUCache
-from flyarchive.models import load_mjb
+from flyarchive.models.shipping import ModelRef, shipped_model
 
-#: Models loaded from MJB bytes, by their SHA-256: the four last used.
-_MODELS: LRUCache[str, mujoco.MjModel] = LRUCache(4, name="models by MJB sha256")
 _LOCAL = threading.local()
-
-
-def model_of(sha256: str, blob: bytes | ModelRef) -> mujoco.MjModel:
-    """The model of MJB bytes whose SHA-256 is ``sha256`` (computed by the caller), loaded
-    once per process (a model is only read by kinematics: threads share it); the bytes of
-    a :class:`~flyarchive.analyze.model_ref.ModelRef` are looked for only then."""
-    return _MODELS.get(sha256, lambda: load_mjb(mjb_of(blob),
-                                                f"the model (sha256 {sha256[:12]}...)"))
 
 
 def thread_engine(sha256: str, blob: bytes | ModelRef, keypoints: KeypointSet, orientations: bool,
@@ -44,7 +31,7 @@ def thread_engine(sha256: str, blob: bytes | ModelRef, keypoints: KeypointSet, o
     if backend != "cpu":
         from flyarchive.analyze.warp_positions import warp_engine
 
-        return warp_engine(model_of(sha256, blob), sha256, keypoints, orientations, backend,
+        return warp_engine(shipped_model(sha256, blob), sha256, keypoints, orientations, backend,
                            largest=largest)
     engines = getattr(_LOCAL, "engines", None)
     if engines is None:
@@ -52,7 +39,7 @@ def thread_engine(sha256: str, blob: bytes | ModelRef, keypoints: KeypointSet, o
     key = (sha256, keypoints.digest, orientations)
     engine = engines.get(key)
     if engine is None:
-        engine = CpuKinematics(model_of(sha256, blob), keypoints, orientations)
+        engine = CpuKinematics(shipped_model(sha256, blob), keypoints, orientations)
         while len(engines) >= 4:
             engines.pop(next(iter(engines)))
         engines[key] = engine
@@ -64,7 +51,7 @@ def kinematics_block(qpos: np.ndarray, *args: Any, sha256: str, keypoints: Keypo
                      largest: int | None = None) -> np.ndarray:
     """One block of the lazy positions: ``(w, t, nq)`` qpos (and, with ``mocap``,
     ``(w, t, nmocap, 3)`` positions and ``(w, t, nmocap, 4)`` quaternions), then the
-    model's MJB bytes (or their :class:`~flyarchive.analyze.model_ref.ModelRef`) ->
+    model's MJB bytes (or their :class:`~flyarchive.models.shipping.ModelRef`) ->
     ``(w, t, K, 3 or 7)`` (float64 on ``"cpu"``, float32 on Warp, with an engine whose
     batch holds ``largest`` frames, the array's largest block: one engine serves every
     block of the array, and none computes frames that no block holds)."""

@@ -84,7 +84,7 @@ def positions(
 
         Called while a ``distributed.Client`` is the default, the model is sent to its
         workers now, once per client and model, and every computation of the result (or
-        of arrays made from it) sends only its key (:mod:`flyarchive.analyze.model_ref`).
+        of arrays made from it) sends only its key (:mod:`flyarchive.models.shipping`).
         The result then computes on that client or in this process (any scheduler, also
         after the client closed); on another cluster or in a process pool, a
         ModelLoadError says so: call this again with that client as the default.

@@ -1,5 +1,5 @@
 """The model positions are computed with: the one kept beside the archive (loaded as
-every reader loads it, :func:`flyarchive.store.kept_models.kept_model`: checked in a short-lived
+every reader loads it, :func:`flyarchive.models.kept.kept_model`: checked in a short-lived
 child process first), or one given and checked against the archive's layout.
 
 A kept model is loaded once per process: the next call on an archive that names the same
@@ -87,7 +87,7 @@ def analysis_model(layout_attrs: Any, *, url: str | None, model: mujoco.MjModel 
         if not isinstance(model, mujoco.MjModel):
             raise ModelLoadError(
                 f"model must be a compiled mujoco.MjModel, got {type(model).__name__}. Load "
-                "it with flyarchive.models.load_model(path).")
+                "it with flyarchive.load_model_file(path).")
         blob = model_bytes(model)
         checked = AnalysisModel(model, blob, hashlib.sha256(blob).hexdigest())
     check_compatible(ModelLayout.from_attrs(layout_attrs), ModelLayout.from_model(checked.model))
@@ -97,7 +97,7 @@ def analysis_model(layout_attrs: Any, *, url: str | None, model: mujoco.MjModel 
 def _kept(url: str, storage_options: Mapping[str, Any] | None) -> AnalysisModel:
     """The model kept beside the archive at ``url``, read and checked now, named by the
     identity its archive gives it now."""
-    from flyarchive.store.kept_models import kept_model
+    from flyarchive.models.kept import kept_model
     from flyarchive.store.reader import open_group
 
     group = open_group(url, storage_options)

@@ -5,7 +5,7 @@ its model and the keypoints (:func:`prepare`), the dask array of kinematics bloc
 Each dask task reads one block of the archive's state (a shard of worlds by several
 chunks of frames) where it runs and computes its keypoints there
 (:func:`~flyarchive.analyze.blocks.kinematics_block`); the graph holds the model's MJB
-bytes once (:func:`~flyarchive.analyze.model_ref.graph_model`: under a default Dask
+bytes once (:func:`~flyarchive.models.shipping.graph_model`: under a default Dask
 client, only the key they were sent to its workers under, once per client and model),
 the keypoint definitions and the function: no state travels.
 """
@@ -21,7 +21,7 @@ from flyarchive.analyze import BACKENDS
 from flyarchive.analyze.blocks import kinematics_block
 from flyarchive.analyze.keypoints import KeypointRequest, KeypointSet, resolve
 from flyarchive.analyze.model import AnalysisModel, analysis_model
-from flyarchive.analyze.model_ref import graph_model
+from flyarchive.models.shipping import graph_model
 from flyarchive.errors import OptionsError
 
 if TYPE_CHECKING:

@@ -5,8 +5,8 @@
   :mod:`flyarchive.render` alone), or on a Dask cluster (OpenGL: segments, then joins);
 - :mod:`flyarchive.distribute.frames`: :func:`render_frames` (the public entry point of
   lazy frames);
-- :mod:`flyarchive.distribute.placement`: where a Warp plan runs, decided from the
-  backend, the videos and the machine;
+- :mod:`flyarchive.distribute.placement`: where a plan runs, decided from the backend,
+  the videos and the machine;
 - :mod:`flyarchive.distribute.warp_runs`: a Warp plan on Dask workers, groups of whole
   videos, one per worker;
 - :mod:`flyarchive.distribute.cluster`: the caller's client or cluster, a scheduler's, or

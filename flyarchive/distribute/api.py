@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 import mujoco
 
-from flyarchive.analyze.model_ref import scatter_model
+from flyarchive.models.shipping import scatter_model
 from flyarchive.distribute.cluster import cancel_quietly, connect, task_result
 from flyarchive.distribute.gpus import check_gpus
 from flyarchive.distribute.placement import placement
@@ -28,7 +28,7 @@ from flyarchive.distribute.warm import wait_for_warm_up, warm_up_here
 from flyarchive.distribute.warp_runs import render_on_dask
 from flyarchive.errors import RenderOptionsError
 from flyarchive.layout import ModelLayout, check_compatible
-from flyarchive.models import check_data, model_bytes
+from flyarchive.models import check_data, keep_loaded, model_bytes
 from flyarchive.query.selection import select_frames
 from flyarchive.render.diagnostics import progress_bar
 from flyarchive.render.options import RenderOptions
@@ -87,7 +87,7 @@ def replay_model(source: str, ds: Archive, model: mujoco.MjModel | None,
             (:func:`~flyarchive.store.opening.open_header`), whose opened group the kept
             model is read through.
         model: The compiled model; None: the one kept beside the archive
-            (``models/<sha256>.mjb``, :mod:`flyarchive.store.kept_models`).
+            (``models/<sha256>.mjb``, :mod:`flyarchive.models.kept`).
 
     Raises:
         ModelLoadError: ``model`` is None and the archive keeps no model, or the kept
@@ -95,16 +95,17 @@ def replay_model(source: str, ds: Archive, model: mujoco.MjModel | None,
             given whose data MuJoCo cannot make (``mujoco.FatalError``).
         UnsafeModelError: the kept model crashed the child process that loaded it first,
             raised ``mujoco.FatalError`` there, or did not finish
-            (:func:`flyarchive.store.kept_models.kept_model`).
+            (:func:`flyarchive.models.kept.kept_model`).
         CorruptArchiveError: the kept model's bytes do not hash to its name, or it is
             missing.
         LayoutMismatchError: the model's layout differs from the archive's.
     """
     if model is None:
-        from flyarchive.store.kept_models import kept_model
+        from flyarchive.models.kept import kept_model
 
         # read through the header's group; checked in a child process first
         model, blob = kept_model(source, storage_options, group=getattr(ds, "group", None))
+        keep_loaded(blob, model)  # this process's renderers use it, not a second load
     else:
         check_data(model)  # mujoco.FatalError of a damaged model: a ModelLoadError
         blob = model_bytes(model)
@@ -147,8 +148,10 @@ def render_videos(
 
     - ``client`` or ``scheduler`` given: on that Dask cluster (``"gpu"``: on workers
       that offer the resource ``GPU``);
-    - else ``"opengl"``: a local Dask cluster of ``n_workers`` processes (default: one per
-      core) that this call starts and stops;
+    - else ``"opengl"``: one render thread per core in this process, each with its own
+      GL context (MuJoCo draws without the GIL); a local Dask cluster of ``n_workers``
+      processes that this call starts and stops when ``n_workers`` is given (or where
+      threads cannot make GL contexts: ``MUJOCO_GL=glfw``, one worker per core);
     - else ``"gpu"``: every GPU of this machine (or those of ``gpus``), one group of
       videos each: one GPU in this process; several on a local Dask cluster of one
       worker process per GPU, each with its share of the cores, that this call starts
@@ -326,9 +329,11 @@ def run_plan(plan: RenderPlan, blob: bytes, parts: str, where: Where = Where(), 
              on_video: OnVideo | None = None) -> list[dict[str, Any]]:
     """Render every video of ``plan``; their manifest entries, in plan order.
 
-    OpenGL: in this thread (:func:`flyarchive.render.opengl.render_here`), or as
+    Where :func:`~flyarchive.distribute.placement.placement` says. OpenGL: in this thread
+    (:func:`flyarchive.render.opengl.render_here`), on render threads of this process,
+    each with its own GL context (:func:`flyarchive.render.opengl.render_threads`), or as
     (world, frame segment) tasks on a Dask cluster joined per video
-    (:func:`run_segments`). Warp: where :func:`~flyarchive.distribute.placement.placement`
+    (:func:`run_segments`). Warp: :func:`~flyarchive.distribute.placement.placement`
     says: in this thread (:func:`flyarchive.render.warp.render_jobs`), on render threads
     sharing Warp's CPU device (:func:`flyarchive.render.warp.render_threads`), or as
     groups of whole videos on Dask workers
@@ -354,11 +359,16 @@ def run_plan(plan: RenderPlan, blob: bytes, parts: str, where: Where = Where(), 
         Any flyarchive error a task raised (e.g. CorruptArchiveError).
     """
     if plan.options.backend not in WARP_BACKENDS:
-        if where.in_process:
-            from flyarchive.render.opengl import render_here
+        gl = placement(plan.options.backend, len(plan.jobs), client=where.client,
+                       scheduler=where.scheduler, n_workers=where.n_workers,
+                       in_process=where.in_process)
+        if gl.where in ("here", "threads"):
+            from flyarchive.render.opengl import render_here, render_threads
 
+            if gl.where == "threads":
+                return render_threads(plan, blob, parts, gl.n_workers or 1, on_video=on_video)
             return render_here(plan, blob, parts, on_video=on_video)
-        with connect(where.client, where.scheduler, where.n_workers) as client:
+        with connect(where.client, where.scheduler, gl.n_workers) as client:
             return run_segments(plan, blob, parts, client, on_video=on_video)
     here = placement(plan.options.backend, len(plan.jobs), client=where.client,
                      scheduler=where.scheduler, n_workers=where.n_workers,

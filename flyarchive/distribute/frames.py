@@ -1,7 +1,7 @@
 """The public lazy-frames entry point: frames of one camera as dask-backed arrays
 (:func:`render_frames`), rendered block by block (:mod:`flyarchive.render.blocks`) where
 they are computed; the model reaches the workers once
-(:func:`~flyarchive.analyze.model_ref.graph_model`).
+(:func:`~flyarchive.models.shipping.graph_model`).
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 import mujoco
 import numpy as np
 
-from flyarchive.analyze.model_ref import graph_model
+from flyarchive.models.shipping import graph_model
 from flyarchive.distribute.api import replay_model
 from flyarchive.errors import RenderOptionsError
 from flyarchive.query.selection import select_frames
@@ -50,7 +50,7 @@ def render_frames(
     -1). A local ``source`` is made absolute, so the graph computes on workers started in
     other folders. ``model`` None: the model kept beside the archive (as
     :func:`flyarchive.render_videos`). The model reaches the workers once
-    (:func:`~flyarchive.analyze.model_ref.graph_model`): with a default
+    (:func:`~flyarchive.models.shipping.graph_model`): with a default
     ``distributed.Client`` in this process, it is sent to its workers when this is called
     (once per client and model), and the frames compute on that client or in this process;
     else it is one key of each graph, never one copy per task.

@@ -1,6 +1,6 @@
-"""Where a Warp render plan runs (:func:`placement`), decided from the backend, the
-number of videos and the machine, before anything heavy is imported: the command line
-asks it once, and starts the local cluster it names early
+"""Where a render plan runs (:func:`placement`), decided from the backend, the number of
+videos and the machine, before anything heavy is imported: the command line asks it
+once, and starts the local cluster it names early
 (:func:`flyarchive.distribute.cluster.local_cluster`), whose client it passes to the render.
 """
 
@@ -14,15 +14,16 @@ from typing import Any
 
 @dataclass(frozen=True)
 class Placement:
-    """Where a Warp plan renders.
+    """Where a plan renders.
 
     Attributes:
-        where: ``"here"`` (this process), ``"threads"`` (this process, ``n_workers``
-            render threads on Warp's CPU device), ``"local-gpus"`` (a local cluster of
-            one worker process per GPU of ``gpu_workers``), ``"local"`` (a local cluster
-            of ``n_workers`` single-core worker processes, Warp's CPU device) or
-            ``"cluster"`` (the client or scheduler given).
-        device: The Warp device of ``"here"`` (``"cuda:1"``, ``"cpu"``).
+        where: ``"here"`` (this process, one thread), ``"threads"`` (this process,
+            ``n_workers`` render threads: on Warp's CPU device, or OpenGL contexts),
+            ``"local-gpus"`` (a local cluster of one worker process per GPU of
+            ``gpu_workers``), ``"local"`` (a local cluster of ``n_workers`` single-core
+            worker processes; None: one per core) or ``"cluster"`` (the client or
+            scheduler given).
+        device: The Warp device of ``"here"`` (``"cuda:1"``, ``"cpu"``); None on OpenGL.
         n_workers: Render threads of ``"threads"``, worker processes of ``"local"``.
         gpu_workers: The :class:`~flyarchive.distribute.gpus.GpuWorker` s of ``"local-gpus"``.
     """
@@ -40,6 +41,13 @@ def placement(backend: str, n_videos: int, *, client: Any = None, scheduler: str
     """Where :func:`flyarchive.distribute.api.run_plan` renders a plan of ``n_videos`` (world) videos.
 
     - a client or scheduler given: there;
+    - ``"opengl"``: in this process, one thread, with ``in_process``; a local cluster of
+      ``n_workers`` single-core worker processes when ``n_workers`` is given; by default
+      one render thread per core in this process, each with its own GL context (MuJoCo
+      draws without the GIL; a 2-core VM, NeuroMechFly, 2 videos: a local cluster's
+      worker processes took seconds to start before their first frame), one thread on
+      one core, and a local cluster of one worker per core where the GL backend cannot
+      make contexts in threads (``MUJOCO_GL=glfw``, :func:`threads_make_contexts`);
     - ``"gpu"``: the GPUs of ``gpus`` (default: every visible GPU, found without a CUDA
       context here: :func:`flyarchive.distribute.gpus.visible_gpus`; ``visible``
       replaces that list), at most one per video: one GPU (or ``in_process``) renders
@@ -59,6 +67,13 @@ def placement(backend: str, n_videos: int, *, client: Any = None, scheduler: str
     """
     if client is not None or scheduler is not None:
         return Placement("cluster")
+    if backend not in ("gpu", "warp-cpu"):  # OpenGL
+        cores = os.cpu_count() or 1
+        if in_process:
+            return Placement("here")
+        if n_workers is not None or not threads_make_contexts():
+            return Placement("local", n_workers=n_workers)
+        return Placement("threads", n_workers=cores) if cores > 1 else Placement("here")
     if backend == "gpu":
         from flyarchive.distribute import gpus as gpu_placement
 
@@ -74,6 +89,15 @@ def placement(backend: str, n_videos: int, *, client: Any = None, scheduler: str
     if n_workers is None:
         return Placement("threads", device="cpu", n_workers=min(n, n_videos))
     return Placement("local", n_workers=n)
+
+
+def threads_make_contexts() -> bool:
+    """Whether render threads can make OpenGL contexts of their own: the headless backends
+    (EGL, OSMesa; :func:`flyarchive.config.gl_backend`), not GLFW (whose windows, and so
+    contexts, are made on the main thread only) nor another platform's default."""
+    from flyarchive.config import gl_backend
+
+    return gl_backend() in ("egl", "osmesa")
 
 
 def runs_here(backend: str, n_videos: int, *, client: Any = None, scheduler: str | None = None,

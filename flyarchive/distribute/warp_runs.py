@@ -26,7 +26,7 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
 
-from flyarchive.analyze.model_ref import scatter_model
+from flyarchive.models.shipping import scatter_model
 from flyarchive.distribute.cluster import cancel_quietly, task_result
 from flyarchive.errors import RenderBackendError
 from flyarchive.render.diagnostics import PipelineProfile, StageTimer, progress_bar

@@ -276,6 +276,14 @@ def nwb_file(path: str, world: int, values: np.ndarray, times: np.ndarray, label
         subject["subject_id"] = f"{metadata.subject['subject_id']}-world{world}"
     nwbfile.subject = pynwb.file.Subject(**subject)
     timing = _timing(times)
+    # The poses are built here, not by movement.io.save_poses.to_nwb_file: movement (0.17,
+    # and main at ae9a240) always gives each PoseEstimationSeries the frames' timestamps
+    # (movement/io/nwb.py, ``timestamps=timestamps`` in _ds_to_pose_and_skeletons) and its
+    # NWBFileSaveConfig cannot give a rate instead (pynwb: "Specifying rate and timestamps is
+    # not supported."). nwbinspector (0.7) calls evenly spaced timestamps a best-practice
+    # violation (check_regular_timestamps), once per keypoint; a simulation's frames are
+    # evenly spaced, so its files would not be clean. Units, conversion and reference frame
+    # it would carry (pose_estimation_series_kwargs).
     skeleton = ndx_pose.Skeleton(name=f"world{world}_skeleton", nodes=names,
                                  subject=nwbfile.subject)
     series = [ndx_pose.PoseEstimationSeries(

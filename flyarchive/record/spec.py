@@ -203,7 +203,7 @@ class ArchiveSpec:
             filled from the frame schedule. None: the extent grows with each commit.
         model: The compiled model as MJB bytes (:func:`flyarchive.models.model_bytes`),
             kept beside the archive as ``models/<sha256>.mjb``
-            (:mod:`flyarchive.store.kept_models`): exact, and bound to this MuJoCo release;
+            (:mod:`flyarchive.models.kept`): exact, and bound to this MuJoCo release;
             None: no MJB is kept.
         portable: The model's portable form (:func:`flyarchive.models.portable_model`),
             kept beside the archive as ``models/<sha256>.mjz``: any MuJoCo release compiles

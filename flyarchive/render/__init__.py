@@ -7,7 +7,8 @@ whole plan in this process:
 
 - :mod:`flyarchive.render.opengl`: backend ``"opengl"``: segments of a world's frames read,
   rendered one frame at a time (overlays and mosaics composed on the host), encoded, and
-  joined without re-encoding (every video of a plan in this thread: ``render_here``);
+  joined without re-encoding (every video of a plan in this thread: ``render_here``; on
+  render threads, one GL context each: ``render_threads``);
 - :mod:`flyarchive.render.warp`: backends ``"gpu"`` and ``"warp-cpu"``: batches of states
   read ahead, rendered on the device, handed to :mod:`flyarchive.render.encoders` (one
   ffmpeg per video, fed by encoder threads); in this thread (``render_jobs``) or on
@@ -24,7 +25,9 @@ What they share:
 - :mod:`flyarchive.render.renderers`: what a process keeps between tasks: its renderers
   (one cache for every backend) and the archives it reads;
 - :mod:`flyarchive.render.blocks`: blocks of frames of :func:`flyarchive.render_frames`;
-- :mod:`flyarchive.render.diagnostics`: progress bars, :class:`PipelineProfile`.
+- :mod:`flyarchive.render.diagnostics`: progress bars, :class:`PipelineProfile`;
+- :mod:`flyarchive.render.threads`: render threads of this process, run and stopped
+  together.
 
 Internal: the public names are re-exported by ``flyarchive`` (``RenderOptions``,
 ``PipelineProfile``); ``import flyarchive`` imports none of this.

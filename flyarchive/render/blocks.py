@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from flyarchive.analyze.model_ref import ModelRef, mjb_of
+from flyarchive.models.shipping import ModelRef, mjb_of
 from flyarchive.render.opengl import world_states
 from flyarchive.render.renderers import BLOCKS_SLOT, opengl_renderer, warp_renderer, warp_slot
 from flyarchive.replay import WARP_BACKENDS
@@ -44,7 +44,7 @@ def render_block_outputs(url: str, storage_options: Mapping[str, Any], blob: byt
 
     Args:
         blob: The model's MJB bytes, or their
-            :class:`~flyarchive.analyze.model_ref.ModelRef`.
+            :class:`~flyarchive.models.shipping.ModelRef`.
         committed: The world's ``n_frames``: frames at or past it show nothing.
         archive_id: The archive's ``archive_id`` when planned (a process that opened an
             archive since replaced at ``url`` opens it again).

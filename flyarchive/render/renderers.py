@@ -20,14 +20,13 @@ another is asked for:
 from __future__ import annotations
 
 import atexit
-import hashlib
 import json
 import threading
 from collections.abc import Callable, Hashable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from flyarchive import config
-from flyarchive.models import model_from_bytes
+from flyarchive.models import bytes_sha256, model_from_bytes
 
 if TYPE_CHECKING:
     from collections.abc import Mapping
@@ -86,7 +85,7 @@ def opengl_renderer(blob: bytes, cameras: Sequence[str], size: tuple[int, int],
             pin_rasterizer_threads(1)
         return OpenGLRenderer(model_from_bytes(blob), tuple(cameras), size, outputs=tuple(outputs))
 
-    key = (hashlib.sha256(blob).hexdigest(), tuple(cameras), tuple(size), tuple(outputs))
+    key = (bytes_sha256(blob), tuple(cameras), tuple(size), tuple(outputs))
     return thread_renderers().get(key, make)
 
 
@@ -158,7 +157,7 @@ def warp_renderer(cache: RendererCache, blob: bytes, cameras: str | Sequence[str
         return WarpBatchRenderer(model_from_bytes(blob), cameras, size,
                                  batch_worlds=batch_worlds, device=device, **options)
 
-    key = (hashlib.sha256(blob).hexdigest(), tuple([cameras] if isinstance(cameras, str) else cameras),
+    key = (bytes_sha256(blob), tuple([cameras] if isinstance(cameras, str) else cameras),
            tuple(size), batch_worlds, device, tuple(sorted(options.items())))
     return cache.get(key, make)
 

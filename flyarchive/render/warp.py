@@ -55,6 +55,7 @@ from flyarchive.render.options import RenderOptions
 from flyarchive.render.output_plan import text_chars
 from flyarchive.render.plan import Batch, Job, OnVideo, RenderPlan, pack_batches, split_groups
 from flyarchive.render.renderers import archive_header, state_reader, warp_renderer, warp_slot
+from flyarchive.render.threads import run_threads
 from flyarchive.replay import WARP_BACKENDS
 from flyarchive.schema import finite_frames
 from flyarchive.store.location import is_remote
@@ -225,49 +226,36 @@ def render_threads(plan: RenderPlan, blob: bytes, parts: str | None, n_threads: 
     Warp's CPU kernels run without the GIL, so the threads render on as many cores
     (each builds its renderer and submits its first batch alone: Warp loads modules on
     first launch). A failed group stops the others at their next batch; its error is
-    raised. Call it once Warp is imported and initialized (not by two threads at once).
+    raised; Ctrl-C stops them the same way, and is raised once they stopped
+    (:func:`~flyarchive.render.threads.run_threads`). Call it once Warp is imported and
+    initialized (not by two threads at once).
 
     Raises:
         As :func:`render_jobs`.
     """
-    import contextvars
-
     groups = split_groups(plan.jobs, batch_worlds_of(plan.options), n_threads)
     bar = progress_bar(sum(job.n_frames for job in plan.jobs), plan.options.progress)
-    failed: list[BaseException] = []
+    stop = threading.Event()
     results: list[list[dict[str, Any]]] = [[] for _ in groups]
 
     def on_frames(n: int) -> None:
-        if failed:
-            raise RenderFailedError("Stopped: another group of videos failed.")
+        if stop.is_set():
+            raise RenderFailedError("Stopped: another group of videos failed, or the render "
+                                    "was interrupted.")
         if bar is not None:
             bar.update(n)
 
-    def run(i: int, group: tuple[Job, ...]) -> None:
-        try:
-            results[i] = render_jobs(plan, blob, group, "cpu", parts=parts,
+    def group(i: int) -> Callable[[], None]:
+        def run() -> None:
+            results[i] = render_jobs(plan, blob, groups[i], "cpu", parts=parts,
                                      on_frames=on_frames, slot=i, on_video=on_video)
-        except BaseException as err:
-            failed.append(err)
+        return run
 
-    threads = [threading.Thread(target=contextvars.copy_context().run, args=(run, i, group),
-                                name=f"flyarchive-render-{i}", daemon=True)
-               for i, group in enumerate(groups)]
     try:
-        for thread in threads:
-            thread.start()
-        for thread in threads:
-            thread.join()
-    except BaseException as err:  # Ctrl-C: the threads stop at their next batch
-        failed.append(err)
-        for thread in threads:
-            thread.join()
-        raise
+        run_threads([group(i) for i in range(len(groups))], stop)
     finally:
         if bar is not None:
             bar.close()
-    if failed:
-        raise next((e for e in failed if not isinstance(e, RenderFailedError)), failed[0])
     return [entry for group in results for entry in group]
 
 

@@ -34,10 +34,9 @@ plain zarr arrays beside its videos, written and read by :mod:`flyarchive.video.
   to agree;
 - :mod:`~flyarchive.store.elsewhere`: what is at a URL where an archive was expected (a
   map, an array inside an archive), named in the error;
-- :mod:`~flyarchive.store.kept_models`: models kept by content beside an archive, compiled
-  (``models/<sha256>.mjb``) and portable (``models/<sha256>.mjz``, compiled once per MuJoCo
-  release), loaded (or compiled) first in a child process (:mod:`~flyarchive.store.model_check`,
-  its child side :mod:`~flyarchive.store.model_child`); ``attach_model``;
+- the models kept by content beside an archive, compiled (``models/<sha256>.mjb``) and
+  portable (``models/<sha256>.mjz``), are read and written through the store by
+  :mod:`flyarchive.models.kept`, a module of the store's floor in the models package;
 - :mod:`~flyarchive.store.derived`: derived groups (keypoint positions) kept beside an
   archive or as an archive of their own, read and checked as its states are (every array
   of dims ``(world, time, ...)`` is state) and held to their archive;

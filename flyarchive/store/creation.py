@@ -30,8 +30,7 @@ from flyarchive.errors import ArchiveExistsError, CorruptArchiveError, Flyarchiv
 from flyarchive.layout import ModelLayout, check_compatible
 from flyarchive.schema import SCHEMA_NAME, SCHEMA_VERSION, STATE_VARS
 from flyarchive.store.claims import WRITER_KEY, release
-from flyarchive.models import MODEL_ATTR, PORTABLE_MODEL_ATTR
-from flyarchive.store.kept_models import model_entry, portable_entry
+from flyarchive.models.entries import MODEL_ATTR, PORTABLE_MODEL_ATTR, model_entry, portable_entry
 from flyarchive.store.location import sync
 from flyarchive.record.spec import ArchiveSpec
 

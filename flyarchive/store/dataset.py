@@ -32,7 +32,7 @@ from flyarchive.errors import (
     StorageError,
     UnsafeFileError,
 )
-from flyarchive.schema import DERIVED_ATTR, damage_advice, is_state, is_world_var
+from flyarchive.schema import DERIVED_ATTR, WHOLE_ATTR, damage_advice, is_state, is_world_var
 from flyarchive.store import storage_errors
 from flyarchive.store.coordinates import committed_coordinates, dims_of, time_cut
 from flyarchive.store.header import ArchiveHeader, HeaderVariable
@@ -345,10 +345,12 @@ def _token(url: str, storage_options: Mapping[str, Any] | None, name: str, arr: 
 
 def _attrs(arr: zarr.Array) -> tuple[dict[str, Any], dict[str, Any]]:
     """A variable's attributes and encoding, as xarray decodes them: the CF ``coordinates``
-    attribute (the coordinates are read as such) moves to the encoding."""
+    attribute (the coordinates are read as such) and the storage marker
+    :data:`~flyarchive.schema.WHOLE_ATTR` (how its chunks were written, not what it means:
+    netCDF, for one, refuses a boolean attribute) move to the encoding."""
     attrs = dict(arr.attrs)
-    listed = attrs.pop("coordinates", None)
-    return attrs, ({"coordinates": listed} if listed is not None else {})
+    encoding = {name: attrs.pop(name) for name in ("coordinates", WHOLE_ATTR) if name in attrs}
+    return attrs, encoding
 
 
 def open_dataset(url: str, storage_options: Mapping[str, Any] | None = None,

@@ -41,7 +41,7 @@ from flyarchive.schema import (
 )
 from flyarchive.store.claims import live_claims
 from flyarchive.store.consolidated import WHILE_WRITING, consolidated_findings, root_document
-from flyarchive.store.kept_models import model_problems
+from flyarchive.models.kept import model_problems
 from flyarchive.store.missing import missing_chunks, stored_whole
 from flyarchive.store.reader import (
     block_damage,
@@ -142,7 +142,7 @@ def verify(url: str, storage_options: Mapping[str, Any] | None = None) -> Verify
     are refused) and finite (a missing chunk reads as NaN); for bounded-error archives,
     values on the quantization grid; the model kept beside the archive, if any, hashing
     to its name and loading safely in a child process (the check of
-    :mod:`~flyarchive.store.model_check`, its verdict kept by hash). Safe beside a writer
+    :mod:`~flyarchive.models.check`, its verdict kept by hash). Safe beside a writer
     (see the module's text).
 
     Each derived group under ``derived/`` (kept positions...) gets the same checks, its

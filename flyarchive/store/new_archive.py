@@ -5,7 +5,7 @@ Creating an archive writes (after its root group, :mod:`~flyarchive.store.writer
 
 1. the ``zarr.json`` of every array but ``n_frames``, of the ``claims`` group and of the
    ``models`` group, and the kept model's bytes, both forms
-   (:mod:`~flyarchive.store.kept_models`);
+   (:mod:`~flyarchive.models.kept`);
 2. the values written at creation: labels (``dof``, ``mocap``...), ``world``, world
    variables, and the frame schedule of an archive of fixed capacity;
 3. ``n_frames``'s ``zarr.json``, the marker that the creation completed.
@@ -45,7 +45,7 @@ from flyarchive import codecs
 from flyarchive.record.spec import ArchiveSpec, world_var_dtype
 from flyarchive.schema import TIME_COORDS, WHOLE_ATTR
 from flyarchive.store.creation import claims_metadata
-from flyarchive.store.kept_models import MODELS_GROUP, model_entry, models_metadata, portable_entry
+from flyarchive.models.entries import MODELS_GROUP, model_entry, models_metadata, portable_entry
 from flyarchive.store.location import settled, sync
 
 

@@ -11,7 +11,7 @@ outcome (a SIGSEGV, a ``FatalError``, a clean refusal), which may differ between
 releases (:func:`crafted_outcome`). :func:`run_command` runs one
 command on such an archive in a child process (``python -m flyarchive.testing.model_fuzz``):
 that child is the process a user runs (``flyarchive render`` without ``--model``,
-``flyarchive verify``, ``flyarchive.load_model``), and the outcome says whether it ended
+``flyarchive verify``, ``flyarchive.load_kept_model``), and the outcome says whether it ended
 on its own (exit 0, 1 or 2, with the error it reported) or was killed (a crash: a signal).
 
 Nothing here is needed to record or replay.
@@ -43,8 +43,8 @@ __all__ = ["COMMANDS", "MUTATIONS", "Crafted", "CRAFTED", "Outcome", "mutate", "
            "crashed", "clean"]
 
 #: What :func:`run_command` runs: the CLI's ``render`` (no ``--model``) and ``verify``,
-#: and the API's ``load_model``.
-COMMANDS = ("render", "verify", "load_model")
+#: and the API's ``load_kept_model``.
+COMMANDS = ("render", "verify", "load_kept_model")
 #: How :func:`mutate` edits the bytes.
 MUTATIONS = ("flip", "int", "truncate")
 _HEADER = 16
@@ -353,10 +353,10 @@ def _child(argv: list[str]) -> dict:
     """Run one command here (the child); what it did, as JSON-friendly values."""
     from flyarchive.testing.hostile import run_caught
 
-    if argv[0] == "load_model":
-        from flyarchive import load_model
+    if argv[0] == "load_kept_model":
+        from flyarchive import load_kept_model
 
-        return run_caught(lambda: load_model(argv[1]))
+        return run_caught(lambda: load_kept_model(argv[1]))
     return run_caught(argv)
 
 

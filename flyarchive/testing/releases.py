@@ -80,11 +80,11 @@ def record(xml: str | os.PathLike[str], url: str, *, states: str | None = None) 
     """
     import mujoco
 
-    from flyarchive.models import load_model, portable_model
+    from flyarchive.models import load_model_file, portable_model
     from flyarchive.testing.fixtures import record as record_simulated
     from flyarchive.testing.fixtures import write_states
 
-    model = load_model(xml)
+    model = load_model_file(xml)
     if states is None:
         record_simulated(model, url, model_source=str(xml))
     else:
@@ -114,10 +114,10 @@ def replay(url: str, camera: str, size: tuple[int, int], *,
 
     from flyarchive import positions, render_frames
     from flyarchive.distribute.api import replay_model
-    from flyarchive.models import load_model, model_identity
+    from flyarchive.models import load_model_file, model_identity
     from flyarchive.store.opening import open_header
 
-    compiled = None if model is None else load_model(model)
+    compiled = None if model is None else load_model_file(model)
     header = open_header(url)
     used, _ = replay_model(url, header, compiled)
     frames = render_frames(url, compiled, camera, size=size).values
@@ -155,7 +155,7 @@ def export_neuromechfly(folder: str | os.PathLike[str]) -> tuple[Path, Any]:
     from flygym.compose.base import BaseCompositionElement
 
     from flyarchive.interop import nmf
-    from flyarchive.models import load_model
+    from flyarchive.models import load_model_file
 
     class _Spec(BaseCompositionElement):  # flygym exports a composition element's spec
         def __init__(self, spec: Any) -> None:
@@ -168,7 +168,7 @@ def export_neuromechfly(folder: str | os.PathLike[str]) -> tuple[Path, Any]:
     world = nmf.build_world()
     _Spec(world.spec).save_xml_with_assets(Path(folder), "nmf.xml")
     xml = Path(folder) / "nmf.xml"
-    return xml, dataclasses.replace(world, model=load_model(xml))
+    return xml, dataclasses.replace(world, model=load_model_file(xml))
 
 
 def walk_states(world: Any, seconds: float) -> np.ndarray:

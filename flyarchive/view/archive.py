@@ -8,7 +8,8 @@ dataset of :func:`flyarchive.open_archive` reads with
 (:func:`~flyarchive.store.dataset.committed_frames`: frames past ``n_frames`` NaN,
 damaged chunks named, every read checking that the archive is still the one opened),
 called directly, one world at a time, without a dask graph per read (50 worlds of 1000
-NeuroMechFly frames: 2-3x faster); and the model through :func:`flyarchive.load_model`.
+NeuroMechFly frames: 2-3x faster); and the model through
+:func:`flyarchive.models.load_kept_model` (a file given: :func:`flyarchive.models.load_model_file`).
 The lazy dataset itself (xarray and dask: seconds of imports on a 2-core machine) is
 opened only for what needs it (keypoint traces: :meth:`ViewedArchive.dataset`), checked
 to be the archive whose header the page shows.
@@ -84,19 +85,19 @@ def _archive_id_now(url: str, storage_options: Mapping[str, Any] | None) -> str 
 def load_viewed_model(url: str, storage_options: Mapping[str, Any] | None,
                       model_path: str | None) -> Any:
     """The model to pose and render with: the file given, else the one kept beside the
-    archive (untrusted input: :func:`flyarchive.load_model` loads it in a short-lived child
-    process first).
+    archive (untrusted input: :func:`flyarchive.models.load_kept_model` loads it in a
+    short-lived child process first).
 
     Raises:
         ModelLoadError: no model file at ``model_path``, or no kept model (the viewer
             then shows the table and traces only).
         CorruptArchiveError, UnsafeModelError: a damaged or unsafe kept model.
     """
-    import flyarchive
+    from flyarchive.models import load_kept_model, load_model_file
 
     if model_path:
-        return flyarchive.load_model(model_path)
-    return flyarchive.load_model(url, storage_options)
+        return load_model_file(model_path)
+    return load_kept_model(url, storage_options)
 
 
 class ViewedArchive:

@@ -246,7 +246,7 @@ class ViewApp:
         if found is None:
             raise web.HTTPNotFound()
         body, kind = found
-        # the vendored libraries (three.js: 2 MB) stay in the browser's cache for an hour:
+        # the vendored libraries (three.js: 0.8 MB) stay in the browser's cache for an hour:
         # a page opened again does not fetch them again; the page's own files are checked
         cache = "private, max-age=3600" if name.startswith("vendor/") else "no-cache"
         response = web.Response(body=body, content_type=kind, headers={"Cache-Control": cache})

@@ -1,4 +1,4 @@
-"""The model on a Dask cluster (:mod:`flyarchive.analyze.model_ref`): positions built
+"""The model on a Dask cluster (:mod:`flyarchive.models.shipping`): positions built
 under a default client send its bytes to the workers once per client and model, and each
 compute only their key; the results equal those built without a client bit for bit, on
 the cluster and in this process, also after the client closed."""
@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 import flyarchive
-from flyarchive.analyze.model_ref import SCATTER_PREFIX, ModelRef
+from flyarchive.models.shipping import SCATTER_PREFIX, ModelRef
 
 distributed = pytest.importorskip("distributed")
 

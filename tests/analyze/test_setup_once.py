@@ -15,12 +15,12 @@ from flyarchive.testing.markers import WARP_BACKEND, requires_warp
 
 def test_the_model_kept_beside_an_archive_is_read_once_per_process(sites_archive, monkeypatch):
     from flyarchive.analyze import model as analysis
-    from flyarchive.store import kept_models
+    from flyarchive.models import kept
 
     analysis._KEPT.clear()
     reads = []
-    real = kept_models.kept_model
-    monkeypatch.setattr(kept_models, "kept_model", lambda *a, **k: reads.append(a) or real(*a, **k))
+    real = kept.kept_model
+    monkeypatch.setattr(kept, "kept_model", lambda *a, **k: reads.append(a) or real(*a, **k))
 
     first = flyarchive.positions(sites_archive, "*").compute()
     second = flyarchive.positions(sites_archive, "*").compute()
@@ -33,14 +33,14 @@ def test_the_model_kept_beside_an_archive_is_read_once_per_process(sites_archive
 def test_a_kept_model_is_read_again_when_the_archive_names_another(sites_archive, tiny,
                                                                    tmp_path, monkeypatch):
     from flyarchive.analyze import model as analysis
-    from flyarchive.store import kept_models
+    from flyarchive.models import kept
     from flyarchive.testing.fixtures import record
 
     analysis._KEPT.clear()
     other = record(tiny, str(tmp_path / "tiny.zarr"), n_worlds=1)
     reads = []
-    real = kept_models.kept_model
-    monkeypatch.setattr(kept_models, "kept_model", lambda *a, **k: reads.append(a[0]) or real(*a, **k))
+    real = kept.kept_model
+    monkeypatch.setattr(kept, "kept_model", lambda *a, **k: reads.append(a[0]) or real(*a, **k))
 
     sites = flyarchive.positions(sites_archive, "*")
     tiny_positions = flyarchive.positions(other, "*")

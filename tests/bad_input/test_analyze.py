@@ -247,7 +247,7 @@ def test_positions_built_under_a_client_that_closed_are_refused_on_another_clien
 def test_a_model_key_read_outside_a_dask_worker_says_where_the_bytes_went():
     import pickle
 
-    from flyarchive.analyze.model_ref import ModelRef
+    from flyarchive.models.shipping import ModelRef
 
     ref = ModelRef("ab" * 32, b"mjb", "flyarchive-model-" + "ab" * 32)
     unpickled = pickle.loads(pickle.dumps(ref))  # as a process pool's worker gets it

@@ -18,11 +18,11 @@ from typing import Any
 
 import pytest
 
-from flyarchive import load_model
+from flyarchive import load_kept_model, load_model_file
 from flyarchive.distribute.api import RenderOptions, render_videos
 from flyarchive.distribute.frames import render_frames
 from flyarchive.errors import ModelLoadError, UnsafeModelError
-from flyarchive.store.model_check import check_model, verdict_path
+from flyarchive.models.check import check_model, verdict_path
 from flyarchive.testing.fixtures import snapshot
 from flyarchive.testing.model_fuzz import crafted, crafted_model, crafted_outcome, put_model
 
@@ -58,7 +58,7 @@ def _frames(url: str, out: Path) -> Any:
 
 
 def _load(url: str, out: Path) -> Any:
-    return load_model(url)
+    return load_kept_model(url)
 
 
 def _positions(url: str, out: Path) -> Any:
@@ -68,7 +68,7 @@ def _positions(url: str, out: Path) -> Any:
 
 
 @pytest.mark.parametrize("call", [_render, _frames, _load, _positions],
-                         ids=["render_videos", "render_frames", "load_model", "positions"])
+                         ids=["render_videos", "render_frames", "load_kept_model", "positions"])
 @pytest.mark.parametrize("name", ["segfault", "fatal"])
 def test_a_kept_model_that_is_not_safe_to_load_is_refused_naming_the_file(
         archive, tmp_path, call, name):
@@ -133,12 +133,13 @@ def test_an_unsafe_verdict_is_kept_and_refused_again_without_a_child(archive, tm
                                                                      monkeypatch):
     import hashlib
 
-    from flyarchive.store import model_check
+    from flyarchive.lru import LRUCache
+    from flyarchive.models import check as model_check
 
     blob = crafted("segfault")  # unsafe on every release line
     with pytest.raises(UnsafeModelError):
         check_model(blob, "segfault.mjb", cache=tmp_path)
-    monkeypatch.setattr(model_check, "_KNOWN", {})  # as in another process
+    monkeypatch.setattr(model_check, "_KNOWN", LRUCache(8))  # as in another process
     monkeypatch.setattr(model_check, "run_child", lambda *a, **k: pytest.fail("checked again"))
 
     with pytest.raises(UnsafeModelError, match=SEGFAULT):
@@ -158,7 +159,7 @@ def test_a_model_file_whose_data_raises_a_fatal_error_is_a_model_load_error(tmp_
     path.write_bytes(crafted("fatal"))
 
     with pytest.raises(ModelLoadError) as caught:
-        load_model(path)
+        load_model_file(path)
 
     assert str(path) in str(caught.value)
     assert USER_FILE_SAYS[crafted_outcome("fatal")] in str(caught.value)

@@ -28,7 +28,7 @@ from flyarchive.errors import (
     SelectionError,
     UnsafeFileError,
 )
-from flyarchive.models import load_model, model_bytes, mujoco_release
+from flyarchive.models import load_model_file, model_bytes, mujoco_release
 from flyarchive.testing import TINY_XML, simulate
 from flyarchive.testing.fixtures import snapshot
 
@@ -198,7 +198,7 @@ def test_a_kept_model_that_is_a_fifo_is_refused_without_blocking(archive, tmp_pa
 
 
 def test_a_kept_model_larger_than_a_model_may_be_is_not_read(archive, tmp_path):
-    from flyarchive.store.kept_models import MAX_MODEL_BYTES
+    from flyarchive.models.entries import MAX_MODEL_BYTES
 
     path = kept(archive)
     with open(path, "r+b") as f:
@@ -228,7 +228,7 @@ def test_a_model_file_that_is_not_an_mjb_of_this_mujoco_is_refused_without_a_log
     path.write_bytes(content(model_bytes(tiny)))
 
     with pytest.raises(ModelLoadError, match=fragment):
-        load_model(path)
+        load_model_file(path)
 
     assert not (tmp_path / "MUJOCO_LOG.TXT").exists()
 

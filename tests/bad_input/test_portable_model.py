@@ -26,8 +26,8 @@ from flyarchive.errors import (
     UnsafeModelError,
 )
 from flyarchive.models import mujoco_release, portable_model
-from flyarchive.spec_zip import MAX_FILE_BYTES, MAX_TOTAL_BYTES, read_spec_zip, write_spec_zip
-from flyarchive.store.model_check import compiled_model
+from flyarchive.models.spec_zip import MAX_FILE_BYTES, MAX_TOTAL_BYTES, read_spec_zip, write_spec_zip
+from flyarchive.models.check import compiled_model
 from flyarchive.testing import TINY_XML, TWO_HINGES_XML, simulate, write_meshed_model
 from flyarchive.testing.fixtures import snapshot
 from flyarchive.testing.spec_zips import (
@@ -149,7 +149,7 @@ def test_an_entry_that_inflates_beyond_what_it_declares_is_refused():
 
 # ----------------------------------------------------------------------------- kept ones
 def _open(url: str) -> None:
-    flyarchive.load_model(url)
+    flyarchive.load_kept_model(url)
 
 
 @pytest.mark.parametrize(("xml", "fragment"), [

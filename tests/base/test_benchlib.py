@@ -196,7 +196,7 @@ def test_imported_archive_goes_through_the_npz_import_and_keeps_the_model(tmp_pa
     import mujoco
 
     from flyarchive import open_archive
-    from flyarchive.store.kept_models import kept_model
+    from flyarchive.models.kept import kept_model
     from flyarchive.testing import TWO_HINGES_XML
 
     model = mujoco.MjModel.from_xml_string(TWO_HINGES_XML)

@@ -80,6 +80,20 @@ def test_threads_asking_for_one_key_at_once_get_one_value_made_once():
     assert len(results) == 4 and all(r is results[0] for r in results)
 
 
+def test_put_keeps_a_value_made_elsewhere_as_the_most_recently_used():
+    events: list[str] = []
+    cache: LRUCache[str, str] = LRUCache(2, on_evict=lambda v: events.append(f"released {v}"))
+    cache.get("a", lambda: "a")
+    cache.get("b", lambda: "b")
+
+    cache.put("a", "a2")  # replaces a: a2 is now the most recently used
+    cache.put("c", "c")  # b is the least recently used
+
+    assert events == ["released a", "released b"]
+    assert list(cache.keys()) == ["a", "c"]
+    assert cache.get("a", lambda: "made") == "a2"
+
+
 def test_pop_and_clear_release_what_they_forget():
     released: list[str] = []
     cache: LRUCache[str, str] = LRUCache(3, on_evict=released.append)

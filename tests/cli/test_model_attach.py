@@ -82,7 +82,7 @@ def test_attach_keeps_the_recorded_bodies_and_qpos0_where_the_mjb_tells(recorded
 
     tiny = mujoco.MjModel.from_xml_string(TINY_XML)
     assert entry["qpos0"] == tiny.qpos0.tolist() and entry["bodies"][:3] == ["world", "torso", "arm"]
-    assert model_bytes(flyarchive.load_model(url)) == model_bytes(tiny)  # the MJB, still
+    assert model_bytes(flyarchive.load_kept_model(url)) == model_bytes(tiny)  # the MJB, still
 
 
 def test_attach_of_the_model_kept_already_writes_nothing(elsewhere, tiny_xml):
@@ -102,7 +102,7 @@ def test_attach_to_an_archive_that_keeps_no_model(tiny, tiny_xml, tmp_path):
     root = json.loads((Path(url) / "zarr.json").read_text())
     assert "models" in root["consolidated_metadata"]["metadata"]
     assert flyarchive.verify(url).ok
-    assert flyarchive.load_model(url).nq == tiny.nq
+    assert flyarchive.load_kept_model(url).nq == tiny.nq
 
 
 def test_info_shows_the_forms_kept_and_the_releases_that_read_them(elsewhere, tiny_xml, cli):
@@ -135,7 +135,7 @@ def test_attach_and_replay_on_s3(tiny, tiny_xml, s3_location):
 
     attach_model(url, tiny_xml, storage_options=options)
 
-    model = flyarchive.load_model(url, options)  # the portable model: no MJB is kept
+    model = flyarchive.load_kept_model(url, options)  # the portable model: no MJB is kept
     assert model.nq == tiny.nq and flyarchive.verify(url, options).ok
 
 
@@ -177,4 +177,4 @@ def test_attach_with_replace_keeps_the_new_model_and_deletes_the_old(elsewhere, 
     assert code == 0, err
     assert new["sha256"] != old["sha256"] and (Path(elsewhere) / new["path"]).is_file()
     assert not (Path(elsewhere) / old["path"]).exists()
-    assert flyarchive.load_model(elsewhere).nmesh == 1 and flyarchive.verify(elsewhere).ok
+    assert flyarchive.load_kept_model(elsewhere).nmesh == 1 and flyarchive.verify(elsewhere).ok

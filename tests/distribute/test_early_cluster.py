@@ -98,7 +98,8 @@ def test_a_cluster_started_early_but_not_used_is_closed(started):
     (["--backend", "opengl", "--scheduler", "tcp://127.0.0.1:1"], ("scheduler", None)),
     (["--backend", "warp-cpu"], None),  # render threads in this process
     (["--backend", "warp-cpu", "--workers", "2"], ("cpus", 2)),
-    (["--backend", "opengl"], ("cpus", None)),
+    (["--backend", "opengl"], None),  # render threads in this process
+    (["--backend", "opengl", "--workers", "1"], ("cpus", 1)),
     (["--backend", "opengl", "--workers", "3"], ("cpus", 3)),
     (["--backend", "opengl", "--workers", "0"], None),
     (["--backend", "opengl", "--workers", "-1"], None),  # refused by the render itself

@@ -229,7 +229,7 @@ def test_render_videos_accepts_a_client_that_is_not_default(
 
 
 def test_the_model_is_sent_to_each_worker_once_under_its_hash(client: Any) -> None:
-    from flyarchive.analyze.model_ref import scatter_model
+    from flyarchive.models.shipping import scatter_model
 
     blob = b"model bytes " * 1000
     first = scatter_model(client, blob)

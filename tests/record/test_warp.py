@@ -282,7 +282,7 @@ def test_import_flyarchive_does_not_import_warp():
 def test_the_recorded_model_is_kept_beside_the_archive(sim):
     from flyarchive.models import model_bytes
     from flyarchive.store import open_group
-    from flyarchive.store.kept_models import read_model
+    from flyarchive.models.kept import read_model
 
     url = memory_url()
     with recorder_for(sim, url, chunk_frames=4) as recorder:
@@ -296,7 +296,7 @@ def test_the_recorded_model_is_kept_beside_the_archive(sim):
 def test_the_model_source_is_kept_as_the_portable_form(sim, tmp_path):
     from flyarchive.models import PORTABLE_MODEL_ATTR, compile_spec_zip, model_identity
     from flyarchive.store import open_group
-    from flyarchive.store.kept_models import read_portable
+    from flyarchive.models.kept import read_portable
     from flyarchive.testing import TINY_XML
 
     (tmp_path / "tiny.xml").write_text(TINY_XML)

@@ -1,5 +1,5 @@
 """Crafted kept models crash no process a user runs: ``flyarchive render`` (no ``--model``),
-``flyarchive verify`` and ``flyarchive.load_model``, each in a child process
+``flyarchive verify`` and ``flyarchive.load_kept_model``, each in a child process
 (flyarchive.testing.model_fuzz), on archives whose kept model was fuzzed or edited and
 named by its new hash. scripts/reliability_report.py runs many more seeds.
 
@@ -47,7 +47,7 @@ def test_fuzzed_kept_models_crash_no_calling_process(sound, tmp_path, seed):
         outcomes = row["outcomes"]
         expected = (0, 0, 0) if row["check"] == "ok" else (2, 1, 2)  # verify: exit 1 FAILED
         assert (outcomes["render"]["exit"], outcomes["verify"]["exit"],
-                outcomes["load_model"]["exit"]) == expected, outcomes
+                outcomes["load_kept_model"]["exit"]) == expected, outcomes
         if row["check"] != "ok":  # a refusal says MuJoCo could not load it, and why
             said = "could not load" if row["check"] == "refused" else row["check"]
             assert said in outcomes["render"]["message"]
@@ -60,13 +60,13 @@ def test_a_kept_model_that_crashes_the_loader_crashes_no_command(sound, tmp_path
     before = snapshot(tmp_path / "crafted.zarr")
 
     # one child runs the three commands; the loader crashes in the model check's own process
-    outcomes = run_commands(("render", "verify", "load_model"), url, tmp_path,
+    outcomes = run_commands(("render", "verify", "load_kept_model"), url, tmp_path,
                             cache=tmp_path / "cache")
 
     assert [o.exit for o in outcomes.values()] == [2, 1, 2], outcomes
     assert all("crashed with SIGSEGV" in o.message for o in outcomes.values())
     assert "Pass --model to use a model you trust" in outcomes["render"].message
-    assert outcomes["load_model"].error_type == "UnsafeModelError"
+    assert outcomes["load_kept_model"].error_type == "UnsafeModelError"
     assert snapshot(tmp_path / "crafted.zarr") == before
     assert not (tmp_path / "render" / "videos").exists()
     assert not list(tmp_path.rglob("MUJOCO_LOG.TXT")) and not list(tmp_path.rglob("core*"))

@@ -77,5 +77,5 @@ def test_the_vendored_libraries_stay_in_the_browsers_cache_and_the_pages_files_d
             with urllib.request.urlopen(request, timeout=60) as response:
                 return response.headers["Cache-Control"]
 
-        assert cache_control("/static/vendor/three.module.js") == "private, max-age=3600"
+        assert cache_control("/static/vendor/three.module.min.js") == "private, max-age=3600"
         assert cache_control("/static/app.js") == "no-cache"

@@ -502,15 +502,14 @@ class OrbitControls extends Controls {
 		this.domElement.addEventListener( 'contextmenu', this._onContextMenu );
 		this.domElement.addEventListener( 'wheel', this._onMouseWheel, { passive: false } );
 
-		this.domElement.ownerDocument.addEventListener( 'keydown', this._interceptControlDown, { passive: true, capture: true } );
+		const document = this.domElement.getRootNode(); // offscreen canvas compatibility
+		document.addEventListener( 'keydown', this._interceptControlDown, { passive: true, capture: true } );
 
 		this.domElement.style.touchAction = 'none'; // Disable touch scroll
 
 	}
 
 	disconnect() {
-
-		this.state = _STATE.NONE;
 
 		this.domElement.removeEventListener( 'pointerdown', this._onPointerDown );
 		this.domElement.ownerDocument.removeEventListener( 'pointermove', this._onPointerMove );
@@ -522,16 +521,10 @@ class OrbitControls extends Controls {
 
 		this.stopListenToKeyEvents();
 
-		this.domElement.ownerDocument.removeEventListener( 'keydown', this._interceptControlDown, { capture: true } );
-		this.domElement.ownerDocument.removeEventListener( 'keyup', this._interceptControlUp, { capture: true } );
-
-		this._controlActive = false;
-
-		this._pointers.length = 0;
-		this._pointerPositions = {};
+		const document = this.domElement.getRootNode(); // offscreen canvas compatibility
+		document.removeEventListener( 'keydown', this._interceptControlDown, { capture: true } );
 
 		this.domElement.style.touchAction = ''; // Restore touch scroll
-		this.domElement.style.cursor = 'auto';
 
 	}
 
@@ -1094,7 +1087,7 @@ class OrbitControls extends Controls {
 
 	_handleMouseDownDolly( event ) {
 
-		this._updateZoomParameters( event.clientX, event.clientY );
+		this._updateZoomParameters( event.clientX, event.clientX );
 		this._dollyStart.set( event.clientX, event.clientY );
 
 	}
@@ -1140,15 +1133,6 @@ class OrbitControls extends Controls {
 		}
 
 		this._dollyStart.copy( this._dollyEnd );
-
-		if ( this.zoomToCursor ) {
-
-			// update() resets the cursor zoom, so keep zooming towards the position where the drag started
-
-			this._performCursorZoom = true;
-			this._dollyDirection.set( this._mouse.x, this._mouse.y, 1 ).unproject( this.object ).sub( this.object.position ).normalize();
-
-		}
 
 		this.update();
 
@@ -1814,12 +1798,7 @@ function onTouchStart( event ) {
 
 				case TOUCH.ROTATE:
 
-					if ( this.enableRotate === false ) {
-
-						this.state = _STATE.NONE;
-						break;
-
-					}
+					if ( this.enableRotate === false ) return;
 
 					this._handleTouchStartRotate( event );
 
@@ -1829,12 +1808,7 @@ function onTouchStart( event ) {
 
 				case TOUCH.PAN:
 
-					if ( this.enablePan === false ) {
-
-						this.state = _STATE.NONE;
-						break;
-
-					}
+					if ( this.enablePan === false ) return;
 
 					this._handleTouchStartPan( event );
 
@@ -1964,7 +1938,9 @@ function interceptControlDown( event ) {
 
 		this._controlActive = true;
 
-		this.domElement.ownerDocument.addEventListener( 'keyup', this._interceptControlUp, { passive: true, capture: true } );
+		const document = this.domElement.getRootNode(); // offscreen canvas compatibility
+
+		document.addEventListener( 'keyup', this._interceptControlUp, { passive: true, capture: true } );
 
 	}
 
@@ -1976,7 +1952,9 @@ function interceptControlUp( event ) {
 
 		this._controlActive = false;
 
-		this.domElement.ownerDocument.removeEventListener( 'keyup', this._interceptControlUp, { passive: true, capture: true } );
+		const document = this.domElement.getRootNode(); // offscreen canvas compatibility
+
+		document.removeEventListener( 'keyup', this._interceptControlUp, { passive: true, capture: true } );
 
 	}
 

@@ -1,5 +1,6 @@
-"""A model's MJB bytes as one input of a dask graph, sent to a Dask cluster once per
-client and model (:func:`graph_model`, :func:`scatter_model`, :class:`ModelRef`).
+"""A model shipped to Dask workers: its MJB bytes as one input of a dask graph, sent to a
+cluster once per client and model (:func:`graph_model`, :func:`scatter_model`,
+:class:`ModelRef`), and loaded once per worker process (:func:`shipped_model`).
 
 A graph built while a default ``distributed.Client`` exists refers to the bytes by the
 key they were scattered under (``flyarchive-model-<sha256>``, sent to every worker), as
@@ -12,10 +13,13 @@ process that built it, never pickled, so computed there (threaded or synchronous
 scheduler, the client open or closed) it needs no cluster; on a worker a task finds them
 in its worker's memory, or fetches them once per process from a worker that holds them
 (Dask's active memory manager soon keeps one copy of data no task waits for). Built
-without a client, the graph holds the bytes as one key, sent with each compute.
+without a client, the graph holds the bytes as one key, sent with each compute. Renders
+on a cluster scatter the bytes the same way (:func:`scatter_model`).
 
 Distributed is imported only where it is already imported (a client can exist only then)
-or on a Dask worker.
+or on a Dask worker. The futures sent and the bytes fetched are kept in
+:class:`~flyarchive.lru.LRUCache` s; the model loaded from the bytes in the process's one
+cache of models (:mod:`flyarchive.models.cache`).
 """
 
 from __future__ import annotations
@@ -25,7 +29,11 @@ import sys
 import threading
 from typing import Any
 
+import mujoco
+
 from flyarchive.errors import ModelLoadError
+from flyarchive.lru import LRUCache
+from flyarchive.models.cache import loaded_model
 
 #: The key of a model's bytes scattered to a cluster: this and their SHA-256 (hex).
 SCATTER_PREFIX = "flyarchive-model-"
@@ -34,9 +42,11 @@ SCATTER_PREFIX = "flyarchive-model-"
 #: still refers to it keeps it).
 KEPT_PER_CLIENT = 4
 
-_SENT: dict[str, dict[str, Any]] = {}  # client id -> {sha256: future}, oldest first
+#: Client id -> the client, and the futures of the models it sent, by their SHA-256.
+_SENT: dict[str, tuple[Any, LRUCache[str, Any]]] = {}
 _SENT_LOCK = threading.Lock()
-_FETCHED: dict[str, bytes] = {}  # on a worker: key -> bytes, fetched from the cluster
+#: On a worker: the bytes fetched from the cluster, by their key (the last 2).
+_FETCHED: LRUCache[str, bytes] = LRUCache(2, name="model bytes fetched from the cluster")
 _FETCHED_LOCK = threading.Lock()
 
 
@@ -97,6 +107,18 @@ def mjb_of(value: bytes | ModelRef) -> bytes:
     return value.blob() if isinstance(value, ModelRef) else value
 
 
+def shipped_model(sha256: str, value: bytes | ModelRef) -> mujoco.MjModel:
+    """The model of a graph's model input whose SHA-256 is ``sha256`` (computed by the
+    caller), loaded once per process (:func:`flyarchive.models.cache.loaded_model`); the
+    bytes of a :class:`ModelRef` are looked for only then.
+
+    Raises:
+        ModelLoadError: the bytes cannot be found (:meth:`ModelRef.blob`), or are not an
+            MJB this MuJoCo can load.
+    """
+    return loaded_model(sha256, lambda: mjb_of(value))
+
+
 def graph_model(blob: bytes, sha256: str | None = None) -> Any:
     """The model's MJB bytes as one input of a dask graph: a ``dask.delayed`` holding a
     :class:`ModelRef`, scattered to the default Dask client's workers first when there
@@ -142,38 +164,33 @@ def scatter_model(client: Any, blob: bytes, sha256: str | None = None) -> Any:
     runs.
     """
     sha256 = sha256 or hashlib.sha256(blob).hexdigest()
+    key = SCATTER_PREFIX + sha256
     with _SENT_LOCK:
-        for client_id in [c for c, sent in _SENT.items() if not _running(sent)]:
+        for client_id in [c for c, (owner, _) in _SENT.items() if not _running(owner)]:
             del _SENT[client_id]  # a closed client's futures are gone
-        sent = _SENT.setdefault(client.id, {})
-        future = sent.pop(sha256, None)
-        if future is None or future.status != "finished":  # lost, cancelled
-            key = SCATTER_PREFIX + sha256
-            future = client.scatter({key: blob}, broadcast=True)[key]
-        sent[sha256] = future  # the newest last
-        while len(sent) > KEPT_PER_CLIENT:
-            sent.pop(next(iter(sent)))
-        return future
+        sent = _SENT.setdefault(client.id, (client, LRUCache(
+            KEPT_PER_CLIENT, name=f"models sent by client {client.id}")))[1]
+        future = sent.peek(sha256)
+        if future is not None and future.status != "finished":  # lost, cancelled
+            sent.pop(sha256)
+        return sent.get(sha256, lambda: client.scatter({key: blob}, broadcast=True)[key])
 
 
-def _running(sent: dict[str, Any]) -> bool:
-    """Whether the client of these futures still runs."""
-    return any(getattr(f.client, "status", None) in ("running", "connecting")
-               for f in sent.values())
+def _running(client: Any) -> bool:
+    """Whether ``client`` still runs."""
+    return getattr(client, "status", None) in ("running", "connecting")
 
 
 def _fetched(key: str) -> bytes | None:
     """The bytes scattered under ``key`` (:func:`_from_cluster`), kept by this process
     once found (the 2 latest models): a worker's copy may be dropped (see there), and
     tasks that need the bytes (not a model loaded from them) fetch them once per process."""
-    with _FETCHED_LOCK:
-        blob = _FETCHED.get(key)
+    with _FETCHED_LOCK:  # one fetch at a time: the next thread finds what the first fetched
+        blob = _FETCHED.peek(key)
         if blob is None:
             blob = _from_cluster(key)
-            if blob is not None:
-                _FETCHED[key] = blob
-                while len(_FETCHED) > 2:
-                    _FETCHED.pop(next(iter(_FETCHED)))
+        if blob is not None:
+            _FETCHED.put(key, blob)  # the most recently used
         return blob
 
 

@@ -17,9 +17,10 @@ from pathlib import Path
 import pytest
 
 from flyarchive.errors import ModelLoadError, UntrustedCacheWarning
+from flyarchive.lru import LRUCache
+from flyarchive.models import check as model_check
 from flyarchive.models import model_bytes, portable_model
-from flyarchive.store import model_check
-from flyarchive.store.model_check import (
+from flyarchive.models.check import (
     check_model,
     child_path,
     compiled_model,
@@ -38,8 +39,8 @@ pytestmark = pytest.mark.timeout(180)
 def children(monkeypatch: pytest.MonkeyPatch) -> list[str]:
     """Nothing known in this process, no folder warned about (as in a new process); the
     models a child process checked (real checks)."""
-    monkeypatch.setattr(model_check, "_KNOWN", {})
-    monkeypatch.setattr(model_check, "_COMPILED", {})
+    monkeypatch.setattr(model_check, "_KNOWN", LRUCache(model_check.MAX_VERDICTS_HERE))
+    monkeypatch.setattr(model_check, "_COMPILED", LRUCache(model_check.MAX_COMPILED_HERE))
     monkeypatch.setattr(model_check, "_WARNED", set())
     checked: list[str] = []
     real = model_check.run_child
@@ -53,8 +54,8 @@ def children(monkeypatch: pytest.MonkeyPatch) -> list[str]:
 
 
 def _forget(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(model_check, "_KNOWN", {})
-    monkeypatch.setattr(model_check, "_COMPILED", {})
+    monkeypatch.setattr(model_check, "_KNOWN", LRUCache(model_check.MAX_VERDICTS_HERE))
+    monkeypatch.setattr(model_check, "_COMPILED", LRUCache(model_check.MAX_COMPILED_HERE))
 
 
 def _sign(folder: Path, fields: dict) -> dict:
@@ -265,7 +266,7 @@ def test_the_check_runs_where_mujoco_comes_from_pythonpath(tiny, tmp_path):
 
     done = subprocess.run(
         [str(tmp_path / "bare" / "bin" / "python"), "-c",
-         f"import flyarchive; print(flyarchive.load_model({url!r}).nq)"],
+         f"import flyarchive; print(flyarchive.load_kept_model({url!r}).nq)"],
         capture_output=True, text=True, env=env, cwd=tmp_path / "bare", timeout=120)
 
     assert done.returncode == 0, done.stderr[-2000:]

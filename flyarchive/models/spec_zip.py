@@ -3,7 +3,7 @@
 A spec zip holds one MJCF file and every file it references (meshes, textures, height
 fields, skins), under relative names: what ``mujoco.MjSpec.to_zip`` writes and
 ``mujoco.MjSpec.from_zip`` reads. An archive keeps its model in this form beside the
-compiled MJB (:mod:`flyarchive.store.kept_models`): any MuJoCo release can compile it,
+compiled MJB (:mod:`flyarchive.models.kept`): any MuJoCo release can compile it,
 and its SHA-256 names the model on every release.
 
 :func:`write_spec_zip` writes one deterministically (entries sorted by name, a fixed
@@ -19,7 +19,7 @@ the zip holds, so that MuJoCo, compiling it from memory, never falls back to the
 the machine that reads it.
 
 Standard library only: the child process that compiles a kept model
-(``flyarchive/store/model_child.py``) loads this file by its path, and imports nothing
+(``flyarchive/models/child.py``) loads this file by its path, and imports nothing
 else of flyarchive. Every refusal is a ``ValueError`` whose message is one sentence or two,
 without the file's name (the caller adds where it is): the functions here raise no other.
 """

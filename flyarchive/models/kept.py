@@ -13,14 +13,15 @@ plain folder makes zarr warn):
   two what it compiles to, checked on every release). Its hash is the model's identity
   (:func:`flyarchive.models.model_identity`).
 
-Attributes never hold the bytes. Replay on the recording release loads the MJB (bit-exact
-with the live run); another release compiles the portable form, once per release: the
-compiled MJB is kept in the user's cache (:func:`~flyarchive.store.model_check.compiled_model`),
-and the model must fit the archive's layout, bodies and ``qpos0``, or replay refuses naming
-the difference. An archive that keeps only an MJB of another release is refused in one
-line that names both releases and the fix, :func:`attach_model` (``flyarchive model
-attach``): it keeps a portable model beside an archive after checking that it compiles to
-the recorded layout.
+Attributes never hold the bytes (the attributes, the objects' keys and the model's
+identity are :mod:`flyarchive.models.entries`'s). Replay on the recording release loads
+the MJB (bit-exact with the live run); another release compiles the portable form, once
+per release: the compiled MJB is kept in the user's cache
+(:func:`~flyarchive.models.check.compiled_model`), and the model must fit the archive's
+layout, bodies and ``qpos0``, or replay refuses naming the difference. An archive that
+keeps only an MJB of another release is refused in one line that names both releases and
+the fix, :func:`attach_model` (``flyarchive model attach``): it keeps a portable model
+beside an archive after checking that it compiles to the recorded layout.
 
 Commit order: the objects are written while the archive is created, before ``n_frames``,
 the commit marker (:func:`flyarchive.store.new_archive.create_arrays`): the root
@@ -39,8 +40,13 @@ bounded size.
 
 Bytes that hash to their name are still untrusted (anyone may write an archive): they
 are loaded into a long-lived process only after a short-lived child process loaded (or
-compiled) them safely (:mod:`~flyarchive.store.model_check`; :func:`kept_model`,
-:func:`load_model`, and ``verify`` through :func:`model_problems`).
+compiled) them safely (:mod:`~flyarchive.models.check`; :func:`kept_model`,
+:func:`load_kept_model`, and ``verify`` through :func:`model_problems`).
+
+This module is of the store's floor (tests/test_layout_rules.py): it reads and writes
+through the store's hardened zarr store, and ``verify`` uses it. The public entry point is
+:func:`load_kept_model` (``flyarchive.load_kept_model``); :func:`load_archive_or_file` is
+what the deprecated ``flyarchive.load_model`` does.
 """
 
 from __future__ import annotations
@@ -48,7 +54,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import re
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -56,7 +61,6 @@ from typing import Any
 import mujoco
 import zarr
 from zarr.core.buffer import default_buffer_prototype
-from zarr.core.group import GroupMetadata
 
 from flyarchive.errors import (
     CorruptArchiveError,
@@ -68,73 +72,21 @@ from flyarchive.errors import (
     StorageError,
 )
 from flyarchive.layout import ModelLayout, details_difference, layout_difference, model_details
-from flyarchive.models import (
-    MODEL_ATTR,
+from flyarchive.models.cache import bytes_sha256
+from flyarchive.models.check import check_model, compiled_model
+from flyarchive.models.entries import (
+    MODELS_GROUP,
     PORTABLE_MODEL_ATTR,
-    SPEC_ZIP_FORMAT,
-    PortableModel,
-    load_mjb,
-    mjb_version,
-    mujoco_release,
-    portable_model,
+    models_metadata,
+    portable_entry,
+    stored_entry,
+    stored_portable,
 )
-from flyarchive.models import load_model as load_model_file
+from flyarchive.models.files import load_model_file
+from flyarchive.models.mjb import load_mjb, mjb_version, mujoco_release
+from flyarchive.models.portable import portable_model
 from flyarchive.store import storage_errors
 from flyarchive.store.location import access_denied, sync
-from flyarchive.store.model_check import check_model, compiled_model
-
-#: The zarr group holding the models, under the archive's root.
-MODELS_GROUP = "models"
-#: Largest model object read or written, bytes (NeuroMechFly's MJB is 23 MB, its spec zip
-#: 1.6 MB).
-MAX_MODEL_BYTES = 1 << 30
-_SHA256 = re.compile(r"[0-9a-f]{64}")
-
-
-def model_key(sha256: str) -> str:
-    """The MJB's key in the archive: ``"models/<sha256>.mjb"``."""
-    return f"{MODELS_GROUP}/{sha256}.mjb"
-
-
-def portable_key(sha256: str) -> str:
-    """The portable model's key in the archive: ``"models/<sha256>.mjz"``."""
-    return f"{MODELS_GROUP}/{sha256}.mjz"
-
-
-def model_entry(blob: bytes) -> dict[str, Any]:
-    """The root attribute ``model`` for MJB bytes: sha256 (hex), size (bytes), the MuJoCo
-    release that wrote them (from the MJB header) and the object's key.
-
-    Raises:
-        SchemaError: more than :data:`MAX_MODEL_BYTES` bytes.
-    """
-    if len(blob) > MAX_MODEL_BYTES:
-        raise SchemaError(
-            f"The compiled model is {len(blob):,} bytes; an archive keeps models of at most "
-            f"{MAX_MODEL_BYTES:,}. Pass store_model=False and keep the model yourself."
-        )
-    digest = hashlib.sha256(blob).hexdigest()
-    return {"sha256": digest, "size": len(blob), "mujoco": mjb_version(blob),
-            "path": model_key(digest)}
-
-
-def portable_entry(portable: PortableModel) -> dict[str, Any]:
-    """The root attribute ``portable_model`` for a portable form: sha256 (hex), size
-    (bytes), the object's key, its format, the MuJoCo release that wrote it, whether its
-    XML is the source's own (``exact``), and the bodies and ``qpos0`` it compiles to.
-
-    Raises:
-        SchemaError: more than :data:`MAX_MODEL_BYTES` bytes.
-    """
-    if len(portable.blob) > MAX_MODEL_BYTES:
-        raise SchemaError(
-            f"The portable model is {len(portable.blob):,} bytes; an archive keeps models of at "
-            f"most {MAX_MODEL_BYTES:,}. Record without model_source, and keep the model yourself."
-        )
-    return {"sha256": portable.sha256, "size": len(portable.blob),
-            "path": portable_key(portable.sha256), "format": SPEC_ZIP_FORMAT,
-            "mujoco": portable.mujoco, "exact": portable.exact,
-            "bodies": list(portable.details["bodies"]), "qpos0": list(portable.details["qpos0"])}
 
 
 def write_model(group: zarr.Group, blob: bytes, entry: Mapping[str, Any]) -> None:
@@ -162,13 +114,6 @@ def write_model(group: zarr.Group, blob: bytes, entry: Mapping[str, Any]) -> Non
             return
     proto = default_buffer_prototype()
     sync(store.set(key, proto.buffer.from_bytes(blob)))  # a damaged object: replaced
-
-
-def models_metadata() -> GroupMetadata:
-    """The metadata of the ``models`` group."""
-    return GroupMetadata(attributes={
-        "description": "models kept by content: compiled (MJB of one MuJoCo release), "
-                       "models/<sha256>.mjb; portable (MuJoCo spec zip), models/<sha256>.mjz"})
 
 
 def _holds(store: Any, key: str, sha256: str) -> bool:
@@ -201,67 +146,6 @@ def _create(store: Any, key: str, blob: bytes) -> bool:
         return False
     sync(store.set_if_not_exists(key, proto.buffer.from_bytes(blob)))  # local: atomic link
     return True
-
-
-def stored_entry(attrs: Mapping[str, Any], url: str) -> dict[str, Any] | None:
-    """The archive's ``model`` attribute (its MJB), checked; None when no MJB is kept.
-
-    Raises:
-        SchemaError: an attribute that is not ``{"sha256": 64 hex digits, "size": bytes,
-            ...}`` (edited or damaged).
-    """
-    entry = _checked(attrs, MODEL_ATTR, url)
-    if entry is None:
-        return None
-    mujoco = entry.get("mujoco")
-    return {"sha256": entry["sha256"], "size": entry["size"],
-            "mujoco": mujoco if isinstance(mujoco, str) else None,
-            "path": model_key(entry["sha256"])}
-
-
-def stored_portable(attrs: Mapping[str, Any], url: str) -> dict[str, Any] | None:
-    """The archive's ``portable_model`` attribute, checked; None when no portable model is
-    kept. ``bodies`` and ``qpos0`` are kept only when they are lists.
-
-    Raises:
-        SchemaError: an attribute that is not ``{"sha256": 64 hex digits, "size": bytes,
-            "format": "mujoco-spec-zip", ...}`` (edited or damaged, or a format this
-            flyarchive does not know).
-    """
-    entry = _checked(attrs, PORTABLE_MODEL_ATTR, url)
-    if entry is None:
-        return None
-    if entry.get("format") != SPEC_ZIP_FORMAT:
-        raise SchemaError(
-            f"The archive at {url!r} keeps a portable model of format {entry.get('format')!r}; "
-            f"this flyarchive reads {SPEC_ZIP_FORMAT!r}. Upgrade flyarchive, or pass the model "
-            "yourself (model=..., --model)."
-        )
-    out = {"sha256": entry["sha256"], "size": entry["size"], "path": portable_key(entry["sha256"]),
-           "format": SPEC_ZIP_FORMAT, "mujoco": entry.get("mujoco")
-           if isinstance(entry.get("mujoco"), str) else None, "exact": entry.get("exact") is True}
-    for name in ("bodies", "qpos0"):
-        if isinstance(entry.get(name), list):
-            out[name] = entry[name]
-    return out
-
-
-def _checked(attrs: Mapping[str, Any], name: str, url: str) -> Mapping[str, Any] | None:
-    """The root attribute ``name`` naming a kept model, if it is well formed; None if absent."""
-    entry = attrs.get(name)
-    if entry is None:
-        return None
-    sha = entry.get("sha256") if isinstance(entry, Mapping) else None
-    size = entry.get("size") if isinstance(entry, Mapping) else None
-    if not isinstance(sha, str) or not _SHA256.fullmatch(sha) or not isinstance(size, int) \
-            or isinstance(size, bool) or not 0 < size <= MAX_MODEL_BYTES:
-        raise SchemaError(
-            f"The archive at {url!r} has the attribute {name!r} = {str(entry)[:160]!r}; "
-            "it must be an object with 'sha256' (64 lowercase hex digits) and 'size' (bytes, "
-            f"1 to {MAX_MODEL_BYTES:,}). The archive's metadata was edited or damaged; restore "
-            "its zarr.json, or pass the model yourself (model=..., --model)."
-        )
-    return entry
 
 
 def read_model(group: zarr.Group, url: str) -> tuple[bytes, dict[str, Any]] | None:
@@ -323,7 +207,7 @@ def _read_object(group: zarr.Group, url: str, entry: Mapping[str, Any], what: st
     if got is None:
         raise missing
     blob = got.to_bytes()
-    digest = hashlib.sha256(blob).hexdigest()
+    digest = bytes_sha256(blob)  # kept: the render that loads it asks again
     if digest != entry["sha256"] or len(blob) != entry["size"]:
         raise CorruptArchiveError(
             f"The {what} {where!r} does not hash to its name: its bytes ({len(blob):,}) "
@@ -334,28 +218,12 @@ def _read_object(group: zarr.Group, url: str, entry: Mapping[str, Any], what: st
     return blob
 
 
-def readable_on(attrs: Mapping[str, Any], url: str = "") -> str:
-    """Which MuJoCo releases can read the model an archive keeps, in words (``"any MuJoCo
-    release (...)"``, ``"MuJoCo 3.16.0 only (...)"``, ``"none: no model is kept (...)"``).
-
-    Raises:
-        SchemaError: a malformed model attribute.
-    """
-    mjb, portable = stored_entry(attrs, url), stored_portable(attrs, url)
-    if portable is not None:
-        exact = f"; its MJB is exact on MuJoCo {mjb['mujoco']}" if mjb and mjb["mujoco"] else ""
-        return f"any MuJoCo release (the portable model, compiled once per release{exact})"
-    if mjb is not None:
-        return f"MuJoCo {mjb['mujoco'] or 'of the MJB'} only (an MJB is bound to its release)"
-    return "none: no model is kept (render needs --model)"
-
-
 def model_problems(group: zarr.Group, url: str) -> list[str]:
     """What is wrong with the kept models, for ``verify`` (empty when sound or absent): a
     malformed attribute, a missing object, bytes that do not hash to their name; an MJB of
     this release that MuJoCo refuses or cannot load safely, a portable model that does not
     compile safely or does not fit the archive's layout (each checked in a child process,
-    :mod:`~flyarchive.store.model_check`). An MJB of another release is checked against its
+    :mod:`~flyarchive.models.check`). An MJB of another release is checked against its
     name only: no other release can load it."""
     problems = []
     here = mujoco_release()
@@ -387,7 +255,7 @@ def kept_model(url: str, storage_options: Mapping[str, Any] | None = None, *,
 
     On the MuJoCo release that recorded it, its MJB (bit-exact with the live run). On
     another release, its portable form compiled by this release: once, in a child process,
-    then from the cache (:func:`~flyarchive.store.model_check.compiled_model`); the model
+    then from the cache (:func:`~flyarchive.models.check.compiled_model`); the model
     must fit the archive's layout, bodies and ``qpos0``. Bytes read from the archive are
     checked against their name first.
 
@@ -603,25 +471,23 @@ def _set_root_attribute(group: zarr.Group, name: str, value: Any) -> None:
     sync(store.set(key, proto.buffer.from_bytes(json.dumps(document, indent=2).encode())))
 
 
-def load_model(source: str | os.PathLike[str],
-               storage_options: Mapping[str, Any] | None = None) -> mujoco.MjModel:
-    """The compiled model of an archive, or of a model file (``flyarchive.load_model``).
+def load_kept_model(url: str | os.PathLike[str],
+                    storage_options: Mapping[str, Any] | None = None) -> mujoco.MjModel:
+    """The model an archive keeps, compiled for this MuJoCo (``flyarchive.load_kept_model``).
 
-    - An archive (a local folder, ``file://``, ``s3://``... any fsspec URL): the model
-      kept beside it (:func:`kept_model`): on the release that recorded it, its MJB
-      (``models/<sha256>.mjb``); on another, its portable form (``models/<sha256>.mjz``)
-      compiled once per release. It is untrusted input: its bytes are checked against
-      their name, then loaded (or compiled) first in a short-lived child process (MuJoCo's
-      loader is not memory-safe on crafted files), whose verdict (and compiled model) is
-      kept by hash in the cache folder (``FLYARCHIVE_CACHE_DIR``, else
-      ``$XDG_CACHE_HOME/flyarchive``; trusted only when only this user can write it), so
-      later loads of the same model skip it.
-    - A local ``.xml`` (MJCF, with its assets beside it) or ``.mjb`` file: a model you
-      trust, loaded in this process as :func:`flyarchive.models.load_model` does.
+    On the release that recorded the archive, its MJB (``models/<sha256>.mjb``, bit-exact
+    with the live run); on another, its portable form (``models/<sha256>.mjz``) compiled
+    once per release and checked against the archive (:func:`kept_model`). It is untrusted
+    input: its bytes are checked against their name, then loaded (or compiled) first in a
+    short-lived child process (MuJoCo's loader is not memory-safe on crafted files), whose
+    verdict (and compiled model) is kept by hash in the cache folder
+    (``FLYARCHIVE_CACHE_DIR``, else ``$XDG_CACHE_HOME/flyarchive``; trusted only when only
+    this user can write it), so later loads of the same model skip it. A model file you
+    trust is loaded by :func:`flyarchive.models.load_model_file`.
 
     Args:
-        source: An archive's URL or path, or a model file's path.
-        storage_options: fsspec options for an archive (e.g. S3 credentials).
+        url: The archive: a local folder, ``file://``, ``s3://``... any fsspec URL.
+        storage_options: fsspec options for it (e.g. S3 credentials).
 
     Returns:
         The compiled model (host memory).
@@ -629,17 +495,46 @@ def load_model(source: str | os.PathLike[str],
     Raises:
         ModelLoadError: the archive keeps no model, or only an MJB of another release (the
             message names both and ``flyarchive model attach``), or MuJoCo refuses the
-            model (a damaged file); a model file that is missing or of another suffix.
+            model (a damaged file); ``url`` is a local file, not an archive (the message
+            names ``load_model_file``).
         UnsafeModelError: the archive's model crashed the child process that loaded it,
             raised ``mujoco.FatalError``, or did not finish; the message names the file.
             Pass a model you trust instead (``model=``, ``--model``).
         LayoutMismatchError: the portable model compiled here does not fit the archive.
-        ArchiveNotFoundError: nothing at the archive's URL.
+        ArchiveNotFoundError: nothing at ``url``.
         CorruptArchiveError, SchemaError: the kept model is missing or damaged.
     """
+    text = os.fspath(url)
+    if _local_file(text, by_suffix=False) is not None:
+        raise ModelLoadError(
+            f"{text!r} is a file, not an archive. Load a model file you trust with "
+            f"flyarchive.load_model_file({text!r}); load_kept_model takes an archive's URL."
+        )
+    return kept_model(text, storage_options)[0]
+
+
+def load_archive_or_file(source: str | os.PathLike[str],
+                         storage_options: Mapping[str, Any] | None = None) -> mujoco.MjModel:
+    """What ``flyarchive.load_model`` (deprecated since flyarchive 0.2) does: the model an
+    archive keeps (:func:`load_kept_model`), or a local model file you trust: a ``.xml`` or
+    ``.mjb`` path, or any local file (:func:`flyarchive.models.load_model_file`).
+
+    Raises:
+        As :func:`load_kept_model` and :func:`flyarchive.models.load_model_file`.
+    """
     text = os.fspath(source)
-    local = "://" not in text or text.startswith("file://")
-    path = Path(text.removeprefix("file://")).expanduser()
-    if local and (path.suffix.lower() in (".xml", ".mjb") or path.is_file()):
+    path = _local_file(text, by_suffix=True)
+    if path is not None:
         return load_model_file(path)
     return kept_model(text, storage_options)[0]
+
+
+def _local_file(text: str, *, by_suffix: bool) -> Path | None:
+    """The local file ``text`` names (a local path or ``file://`` URL of a file, or with
+    ``by_suffix`` of a path ending in ``.xml`` or ``.mjb``, there or not); None when it
+    names an archive (or nothing)."""
+    if "://" in text and not text.startswith("file://"):
+        return None
+    path = Path(text.removeprefix("file://")).expanduser()
+    named = by_suffix and path.suffix.lower() in (".xml", ".mjb")
+    return path if named or path.is_file() else None

@@ -17,7 +17,8 @@ import zarr
 from flyarchive import open_archive, verify
 from flyarchive.models import model_bytes
 from flyarchive.store import open_group
-from flyarchive.store.kept_models import model_entry, read_model, write_model
+from flyarchive.models.entries import model_entry
+from flyarchive.models.kept import read_model, write_model
 from flyarchive.testing import tiny_model
 from flyarchive.testing.fixtures import copy_archive, record
 

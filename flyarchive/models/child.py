@@ -1,18 +1,18 @@
-"""The child side of :mod:`flyarchive.store.model_check`: load an untrusted kept model once,
+"""The child side of :mod:`flyarchive.models.check`: load an untrusted kept model once,
 in a process of its own, and say how far it got.
 
 Run as a script, isolated from the working folder and the environment's Python variables
-(``python -I model_child.py MEMORY_BYTES CPU_SECONDS FORM SYS_PATH``), never imported by the
+(``python -I child.py MEMORY_BYTES CPU_SECONDS FORM SYS_PATH``), never imported by the
 product: it imports the standard library, MuJoCo (found on ``SYS_PATH``, the caller's
 import path as a JSON list, which replaces its own: packages that come from the caller's
 ``PYTHONPATH`` are found, the working folder is not searched) and, for a spec zip,
-``flyarchive/spec_zip.py`` loaded by its path (standard library only). It limits its own
-address space to ``MEMORY_BYTES`` and its CPU time to ``CPU_SECONDS`` (or less, where its
-limits are lower already: it ends even if its parent was killed) and writes no core file,
-then reads the model's bytes from stdin and runs, in order:
+``spec_zip.py`` beside this file, loaded by its path (standard library only). It limits
+its own address space to ``MEMORY_BYTES`` and its CPU time to ``CPU_SECONDS`` (or less,
+where its limits are lower already: it ends even if its parent was killed) and writes no
+core file, then reads the model's bytes from stdin and runs, in order:
 
 - for ``FORM`` ``mjz`` (a spec zip): ``unpack`` (the zip read with bounds; its MJCF must
-  name only files the zip holds: :func:`flyarchive.spec_zip.check_closed`), ``parse``
+  name only files the zip holds: :func:`flyarchive.models.spec_zip.check_closed`), ``parse``
   (``MjSpec.from_string`` from memory) and ``compile``, which writes the compiled model's
   MJB to ``compiled.mjb`` in the working folder (a temporary folder of the parent's);
 - ``load``: ``MjModel`` from the MJB bytes (the bytes read, or those just compiled: the
@@ -43,7 +43,7 @@ def _say(**fields: object) -> None:
 
 
 def _spec_zip_module():  # noqa: ANN202 - the module, loaded by its path
-    path = Path(__file__).resolve().parents[1] / "spec_zip.py"
+    path = Path(__file__).resolve().with_name("spec_zip.py")
     spec = importlib.util.spec_from_file_location("_flyarchive_spec_zip", path)
     module = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = module  # its dataclass looks its module up

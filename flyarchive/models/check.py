@@ -5,14 +5,14 @@ MuJoCo's binary model loader is not memory-safe on crafted files: an ``.mjb`` wh
 bytes were edited can crash the process that loads it (SIGSEGV) or make MuJoCo raise
 ``mujoco.FatalError``, and the hash of a kept model only proves that its bytes are the
 ones its name says, not who wrote them. So before a kept model is loaded into a
-long-lived process (a render, ``load_model``, ``verify``), :func:`check_model` runs
-:mod:`flyarchive.store.model_child` in a child process, limited in address space and
+long-lived process (a render, ``load_kept_model``, ``verify``), :func:`check_model` runs
+:mod:`flyarchive.models.child` in a child process, limited in address space and
 time: it loads the bytes, makes an ``MjData``, runs replay's position stages and a scene
 update. A crash, a ``FatalError``, or a child that does not finish becomes one
 :class:`~flyarchive.errors.UnsafeModelError` naming the file and what happened; a model
 MuJoCo refuses cleanly (truncated...) a :class:`~flyarchive.errors.ModelLoadError`.
 
-A kept portable model (a MuJoCo spec zip, :mod:`flyarchive.spec_zip`) is compiled the
+A kept portable model (a MuJoCo spec zip, :mod:`flyarchive.models.spec_zip`) is compiled the
 same way, by :func:`compiled_model`: the child reads the zip with bounds, checks that its
 MJCF names only files it holds, compiles it from memory, writes the MJB, and runs the
 stages above on that MJB. The MJB is kept in the cache: it is the model's compiled form on
@@ -35,7 +35,9 @@ time. Each verdict carries an HMAC-SHA256 of its fields under a key kept in the 
 verdict, one copied from elsewhere or a swapped MJB is not used (the check runs again).
 Files are written atomically (a temporary file, then a rename); a cache that cannot be
 read or written is not an error: the check then runs each time. A verdict of a child that
-timed out or could not start is not kept.
+timed out or could not start is not kept. What this process learnt (verdicts, compiled
+models) is also kept in memory (:class:`~flyarchive.lru.LRUCache` s), so that a folder that
+cannot be written is not asked again.
 """
 
 from __future__ import annotations
@@ -63,8 +65,9 @@ import mujoco
 
 from flyarchive.config import cache_folder
 from flyarchive.errors import ModelLoadError, UnsafeModelError, UntrustedCacheWarning
-from flyarchive.models import check_mjb
-from flyarchive.spec_zip import declared_bytes
+from flyarchive.lru import LRUCache
+from flyarchive.models.mjb import check_mjb
+from flyarchive.models.spec_zip import declared_bytes
 
 #: What the child does; a kept verdict of another version of the check is checked again.
 #: 2: spec zips compiled; verdicts signed; the caller's import path.
@@ -76,7 +79,7 @@ CHECK_TIMEOUT_S = 60.0
 _MAX_VERDICT_BYTES = 64 << 10
 #: Largest compiled model read back from the child or the cache, bytes.
 MAX_COMPILED_BYTES = 1 << 30
-_CHILD = Path(__file__).with_name("model_child.py")
+_CHILD = Path(__file__).with_name("child.py")
 #: The key that signs verdicts, in the cache folder.
 KEY_NAME = "verdict-key"
 #: What each stage of the child is, in words ("... crashed with SIGSEGV").
@@ -88,13 +91,15 @@ _STAGES = {"unpack": "reading the spec zip", "parse": "MuJoCo's MJCF parser",
 #: Stages where a ValueError is a clean refusal of the input (a ModelLoadError), not a
 #: sign that the model is unsafe.
 _CLEAN_STAGES = frozenset({"unpack", "parse", "compile", "load"})
+#: Verdicts kept in this process (a few hundred bytes each), at most.
+MAX_VERDICTS_HERE = 256
 #: Verdicts already known in this process, by their file (:func:`verdict_path`): a cache
 #: folder that cannot be written is not asked again.
-_KNOWN: dict[Path, Verdict] = {}
-#: Compiled models already known in this process, by their verdict's file (at most
-#: :data:`MAX_COMPILED_HERE`, the oldest dropped first).
-_COMPILED: dict[Path, bytes] = {}
+_KNOWN: LRUCache[Path, Verdict] = LRUCache(MAX_VERDICTS_HERE, name="model verdicts")
+#: Compiled models kept in this process, at most.
 MAX_COMPILED_HERE = 4
+#: Compiled models already known in this process, by their verdict's file.
+_COMPILED: LRUCache[Path, bytes] = LRUCache(MAX_COMPILED_HERE, name="compiled models")
 #: Cache folders already warned about in this process.
 _WARNED: set[Path] = set()
 
@@ -131,6 +136,14 @@ class Verdict:
     check: int = CHECK_VERSION
     compiled: str | None = None
     keep: bool = True
+
+
+def forget() -> None:
+    """Forget the verdicts and compiled models this process knows (the cache folder is
+    left as it is): the next check of each model reads the folder, or runs its child, as a
+    new process would."""
+    _KNOWN.clear()
+    _COMPILED.clear()
 
 
 def loader() -> str:
@@ -269,7 +282,7 @@ def check_model(blob: bytes, where: str, *, sha256: str | None = None,
                 cache: Path | None = None, timeout_s: float = CHECK_TIMEOUT_S) -> Verdict:
     """Check that this process can load the MJB bytes ``blob`` safely; the verdict.
 
-    The header is checked here (:func:`flyarchive.models.check_mjb`); the rest in a child
+    The header is checked here (:func:`flyarchive.models.mjb.check_mjb`); the rest in a child
     process, unless a verdict for these bytes, this loader and this check is kept in a
     trusted cache (:func:`trusted_cache`).
 
@@ -335,12 +348,12 @@ def _judged(sha256: str, read: Callable[[], bytes], form: str, cache: Path | Non
     this process, kept in a trusted cache, or from a child process (then kept)."""
     folder = trusted_cache(cache)
     path = verdict_path(sha256, folder or cache)
-    verdict = _KNOWN.get(path)
+    verdict = _KNOWN.peek(path)
     if verdict is None and folder is not None:
         verdict = _read_verdict(path, sha256, folder)
     compiled = None
     if verdict is not None and form == "mjz" and verdict.verdict == "ok":
-        compiled = _COMPILED.get(path) or _read_compiled(sha256, verdict.compiled, folder)
+        compiled = _COMPILED.peek(path) or _read_compiled(sha256, verdict.compiled, folder)
         if compiled is None:
             verdict = None  # the verdict's MJB is gone or was changed: compile again
     if verdict is None:
@@ -351,11 +364,9 @@ def _judged(sha256: str, read: Callable[[], bytes], form: str, cache: Path | Non
         if verdict.keep:
             _keep(verdict, compiled, cache)
     if verdict.keep:
-        _KNOWN[path] = verdict
+        _KNOWN.put(path, verdict)
         if compiled is not None:
-            while len(_COMPILED) >= MAX_COMPILED_HERE:
-                del _COMPILED[next(iter(_COMPILED))]
-            _COMPILED[path] = compiled
+            _COMPILED.put(path, compiled)
     return verdict, compiled
 
 
@@ -392,7 +403,7 @@ def child_path() -> list[str]:
 
 
 def run_child(blob: bytes, sha256: str, timeout_s: float = CHECK_TIMEOUT_S) -> Verdict:
-    """Load the MJB ``blob`` in a child process (:mod:`flyarchive.store.model_child`) and
+    """Load the MJB ``blob`` in a child process (:mod:`flyarchive.models.child`) and
     judge what happened; nothing is kept."""
     return _run(blob, sha256, timeout_s, "mjb")[0]
 

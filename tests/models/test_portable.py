@@ -5,7 +5,7 @@ is made, kept, compiled once per MuJoCo release and checked, and what names the 
 it (its header edited: :func:`flyarchive.testing.spec_zips.as_another_release`), which it
 cannot load, as MuJoCo 4.0.1 cannot load 3.16's. Bad portable models:
 tests/bad_input/test_portable_model.py; the cache that keeps compiled models:
-tests/store/test_model_cache.py."""
+tests/models/test_check_cache.py."""
 
 from __future__ import annotations
 
@@ -28,8 +28,9 @@ from flyarchive.models import (
     model_identity,
     portable_model,
 )
-from flyarchive.spec_zip import read_spec_zip
-from flyarchive.store import model_check
+from flyarchive.lru import LRUCache
+from flyarchive.models import check as model_check
+from flyarchive.models.spec_zip import read_spec_zip
 from flyarchive.testing import TINY_XML, write_meshed_model
 from flyarchive.testing.fixtures import copy_archive, record
 from flyarchive.testing.spec_zips import as_another_release, kept_file
@@ -63,8 +64,8 @@ def archive(recorded: str, tmp_path: Path) -> str:
 
 def _forget(monkeypatch: pytest.MonkeyPatch) -> None:
     """Nothing known in this process (as in a new one)."""
-    monkeypatch.setattr(model_check, "_KNOWN", {})
-    monkeypatch.setattr(model_check, "_COMPILED", {})
+    monkeypatch.setattr(model_check, "_KNOWN", LRUCache(model_check.MAX_VERDICTS_HERE))
+    monkeypatch.setattr(model_check, "_COMPILED", LRUCache(model_check.MAX_COMPILED_HERE))
 
 
 def _assert_same_model(actual: mujoco.MjModel, expected: mujoco.MjModel) -> None:
@@ -197,7 +198,7 @@ def test_on_the_recording_release_the_mjb_is_the_model(archive, meshed, monkeypa
     monkeypatch.setattr(model_check, "compile_in_child",
                         lambda *a, **k: pytest.fail("compiled on the recording release"))
 
-    model = flyarchive.load_model(archive)
+    model = flyarchive.load_kept_model(archive)
 
     assert model_bytes(model) == kept_file(archive).read_bytes()
 
@@ -220,10 +221,10 @@ def test_another_release_compiles_the_portable_form_once(archive, meshed, monkey
     real = model_check.compile_in_child
     monkeypatch.setattr(model_check, "compile_in_child",
                         lambda *a, **k: runs.append(a[1]) or real(*a, **k))
-    first = flyarchive.load_model(archive)
+    first = flyarchive.load_kept_model(archive)
     _forget(monkeypatch)
 
-    again = flyarchive.load_model(archive)
+    again = flyarchive.load_kept_model(archive)
 
     assert len(runs) <= 1 and model_check.compiled_path(sha).is_file()  # 0: an earlier test did
     assert model_bytes(again) == model_bytes(first) == model_check.compiled_path(sha).read_bytes()
@@ -256,7 +257,7 @@ def test_a_recorder_given_a_spec_keeps_mujocos_xml_of_it(meshed, tmp_path):
                  model_source=mujoco.MjSpec.from_file(str(meshed)))
     as_another_release(url)
 
-    replayed = flyarchive.load_model(url)
+    replayed = flyarchive.load_kept_model(url)
 
     entry = json.loads((Path(url) / "zarr.json").read_text())["attributes"][PORTABLE_MODEL_ATTR]
     assert entry["exact"] is False and replayed.nq == model.nq

@@ -1,6 +1,6 @@
 """The check of kept models (a child process loads them first) and its verdicts, kept by
-hash and loader in the cache folder; and ``flyarchive.load_model`` of an archive or a
-model file. Bad models themselves: tests/bad_input/test_model_check.py."""
+hash and loader in the cache folder. Loading a kept model or a model file:
+tests/models/test_load.py; bad models themselves: tests/bad_input/test_model_check.py."""
 
 from __future__ import annotations
 
@@ -14,11 +14,11 @@ import pytest
 
 import flyarchive
 from flyarchive import config
-from flyarchive.errors import ArchiveNotFoundError, ModelLoadError
-from flyarchive.models import model_bytes, save_mjb
-from flyarchive.store import model_check
-from flyarchive.store.model_check import check_model, verdict_path
-from flyarchive.testing import TINY_XML
+from flyarchive.errors import ModelLoadError
+from flyarchive.lru import LRUCache
+from flyarchive.models import check as model_check
+from flyarchive.models import model_bytes
+from flyarchive.models.check import check_model, verdict_path
 from flyarchive.testing.fixtures import record
 
 pytestmark = pytest.mark.timeout(120)
@@ -36,7 +36,7 @@ def archive(tmp_path_factory: pytest.TempPathFactory) -> str:
 def fresh(monkeypatch: pytest.MonkeyPatch) -> list[bytes]:
     """No verdict known in this process (as in a new one); the blobs a child process is
     started for (real ones)."""
-    monkeypatch.setattr(model_check, "_KNOWN", {})
+    monkeypatch.setattr(model_check, "_KNOWN", LRUCache(model_check.MAX_VERDICTS_HERE))
     runs: list[bytes] = []
     real = model_check.run_child
 
@@ -52,7 +52,7 @@ def fresh(monkeypatch: pytest.MonkeyPatch) -> list[bytes]:
 def judged(monkeypatch: pytest.MonkeyPatch) -> list[bytes]:
     """As :func:`fresh`, but the child's verdict is "ok" at once, without a process: for
     tests of the verdicts' keeping, not of the check."""
-    monkeypatch.setattr(model_check, "_KNOWN", {})
+    monkeypatch.setattr(model_check, "_KNOWN", LRUCache(model_check.MAX_VERDICTS_HERE))
     runs: list[bytes] = []
 
     def judge(blob: bytes, sha256: str, *args, **kwargs):
@@ -64,7 +64,7 @@ def judged(monkeypatch: pytest.MonkeyPatch) -> list[bytes]:
 
 
 def _forget(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(model_check, "_KNOWN", {})
+    monkeypatch.setattr(model_check, "_KNOWN", LRUCache(model_check.MAX_VERDICTS_HERE))
 
 
 # ----------------------------------------------------------------------------- verdicts
@@ -149,72 +149,23 @@ def test_the_cache_folder_follows_flyarchive_cache_dir_then_xdg(monkeypatch, tmp
     assert home == Path("~/.cache/flyarchive").expanduser()
 
 
-def test_load_model_checks_a_kept_model_once_per_loader(tiny, archive, fresh, monkeypatch,
-                                                       model_check_cache):
+def test_load_kept_model_checks_a_kept_model_once_per_loader(tiny, archive, fresh, monkeypatch,
+                                                            model_check_cache):
     digest = hashlib.sha256(model_bytes(tiny)).hexdigest()
-    flyarchive.load_model(archive)
+    flyarchive.load_kept_model(archive)
     first = len(fresh)  # 0 when an earlier test of the session checked the tiny model
     _forget(monkeypatch)
 
-    flyarchive.load_model(archive)
+    flyarchive.load_kept_model(archive)
 
     assert len(fresh) == first <= 1
     assert verdict_path(digest) == verdict_path(digest, model_check_cache / "")
     assert verdict_path(digest).is_file()
 
 
-# ----------------------------------------------------------------------------- load_model
-def test_load_model_of_an_archive_is_the_model_it_was_recorded_with(tiny, archive):
-    model = flyarchive.load_model(archive)
-
-    assert model_bytes(model) == model_bytes(tiny)
-
-
-def test_load_model_of_an_archive_on_s3_is_its_kept_model(tiny, s3_location):
-    record(tiny, s3_location.url, storage_options=s3_location.storage_options)
-
-    model = flyarchive.load_model(s3_location.url, s3_location.storage_options)
-
-    assert model_bytes(model) == model_bytes(tiny)
-
-
-def test_load_model_takes_a_path_object_and_a_file_url_of_an_archive(tiny, archive):
-    by_path = flyarchive.load_model(Path(archive))
-    by_url = flyarchive.load_model(f"file://{archive}")
-
-    assert model_bytes(by_path) == model_bytes(by_url) == model_bytes(tiny)
-
-
-@pytest.mark.parametrize("suffix", [".xml", ".mjb"])
-def test_load_model_of_a_model_file_loads_it_as_before(tiny, tmp_path, suffix):
-    path = tmp_path / f"tiny{suffix}"
-    if suffix == ".xml":
-        path.write_text(TINY_XML)
-    else:
-        save_mjb(tiny, path)
-
-    model = flyarchive.load_model(str(path))
-
-    assert model.nq == tiny.nq and model.nmocap == tiny.nmocap
-
-
-def test_load_model_of_an_archive_that_keeps_none_asks_for_one(tiny, tmp_path):
-    url = record(tiny, str(tmp_path / "bare.zarr"), store_model=False)
-
-    with pytest.raises(ModelLoadError, match="keeps no model .*store_model=False"):
-        flyarchive.load_model(url)
-
-
-def test_load_model_of_nothing_names_what_it_looked_for(tmp_path):
-    with pytest.raises(ArchiveNotFoundError):
-        flyarchive.load_model(str(tmp_path / "missing.zarr"))
-    with pytest.raises(ModelLoadError, match="No model file at"):
-        flyarchive.load_model(str(tmp_path / "missing.mjb"))
-
-
 def test_a_check_whose_process_cannot_begin_is_an_error_of_its_own_and_not_kept(
         tiny, tmp_path, monkeypatch):
-    monkeypatch.setattr(model_check, "_KNOWN", {})
+    monkeypatch.setattr(model_check, "_KNOWN", LRUCache(model_check.MAX_VERDICTS_HERE))
     monkeypatch.setattr(model_check, "_CHILD", tmp_path / "missing_child.py")  # python exits 2
 
     with pytest.raises(ModelLoadError, match=r"could not check the model .* in a child process: "
