@@ -63,8 +63,6 @@ footfall diagram, NWB epochs). Vectorized over tips and frames: no Python loop p
 
 from __future__ import annotations
 
-import warnings
-from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -210,15 +208,9 @@ def _rough_noise(tips: np.ndarray) -> np.ndarray:
     from the lowest quarter of its displacements between consecutive frames, taken as a
     standing tip's (whose displacements are noise alone; a tip that also walks overstates
     it)."""
-    n, t = tips.shape[:2]
-    if t < 2:
-        return np.full(n, np.nan)
     moved = np.hypot(np.diff(tips[..., 0], axis=1), np.diff(tips[..., 1], axis=1))
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", RuntimeWarning)  # a tip without two known frames
-        low = np.nanquantile(moved, _QUIET, axis=1)
     # a standing tip's displacement: Rayleigh, sd sqrt(2) times the noise per coordinate
-    return low / np.sqrt(-4.0 * np.log(1.0 - _QUIET))
+    return _row_quantile(moved, _QUIET) / np.sqrt(-4.0 * np.log(1.0 - _QUIET))
 
 
 def _stance_noise(runs: _Runs, tips: np.ndarray) -> np.ndarray:
@@ -229,9 +221,23 @@ def _stance_noise(runs: _Runs, tips: np.ndarray) -> np.ndarray:
     both = (state[:, 1:] == STANCE) & (state[:, :-1] == STANCE)
     moved = np.concatenate([np.where(both, np.abs(np.diff(tips[..., k], axis=1)), np.nan)
                             for k in range(2)], axis=1)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", RuntimeWarning)  # a tip without a stance
-        return np.nanmedian(moved, axis=1) / (0.6745 * np.sqrt(2.0))
+    return _row_quantile(moved, 0.5) / (0.6745 * np.sqrt(2.0))
+
+
+def _row_quantile(values: np.ndarray, q: float) -> np.ndarray:
+    """``(N,)``: the ``q`` quantile of each row's finite values of ``(N, M)`` (linear
+    between the two nearest, as NumPy's), NaN for a row without any."""
+    ranked = np.sort(values, axis=1)  # NaN last
+    count = np.isfinite(values).sum(axis=1)
+    at = q * np.maximum(count - 1, 0)
+    low = np.floor(at).astype(np.int64)
+    high = np.minimum(low + 1, np.maximum(count - 1, 0))
+    rows = np.arange(len(values))
+    if not values.shape[1]:
+        return np.full(len(values), np.nan)
+    below, above = ranked[rows, low], ranked[rows, high]
+    with np.errstate(invalid="ignore"):
+        return np.where(count > 0, below + (at - low) * (above - below), np.nan)
 
 
 def _planar_halves(times: np.ndarray, noise: np.ndarray, params: GaitParams) -> np.ndarray:
@@ -260,36 +266,62 @@ def _slopes(values: np.ndarray, half: np.ndarray, dt: float) -> np.ndarray:
     row of ``values`` within ``half[row]`` of each frame (fewer at the ends; NaN where one
     of them is NaN); frames ``dt`` apart."""
     n, t = values.shape
+    out = np.empty((n, t))
     index = np.arange(t, dtype=np.float64)
+    for h in np.unique(half):  # a few widths: each a slice of rows
+        rows = np.flatnonzero(half == h)
+        part = values[rows]
+        sx, low, high = _window_sums(part, int(h))
+        six, _, _ = _window_sums(part * index, int(h))
+        count = high - low
+        mean = (low + high - 1) / 2.0
+        spread = count * (count * count - 1) / 12.0  # sum of (i - mean)^2
+        with np.errstate(invalid="ignore", divide="ignore"):
+            out[rows] = (six - mean * sx) / spread / dt
+    return out
+
+
+def _window_sums(values: np.ndarray, half: int
+                 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``(N, T)`` the sums of ``values`` over the frames within ``half`` of each (fewer at
+    the ends; NaN where one of them is NaN), and ``(T,)`` each window's first frame and
+    the frame past its last."""
+    n, t = values.shape
+    index = np.arange(t)
+    low, high = np.maximum(index - half, 0), np.minimum(index + half + 1, t)
+    gap = ~np.isfinite(values)
     sums = np.zeros((n, t + 1))
-    np.cumsum(values, axis=1, out=sums[:, 1:])
-    moments = np.zeros((n, t + 1))
-    np.cumsum(values * index, axis=1, out=moments[:, 1:])
-    low = np.maximum(index[None, :] - half[:, None], 0).astype(np.int64)
-    high = np.minimum(index[None, :] + half[:, None] + 1, t).astype(np.int64)
-    rows = np.arange(n)[:, None]
-    count = high - low
-    mean = (low + high - 1) / 2.0
-    spread = count * (count * count - 1) / 12.0  # sum of (i - mean)^2
-    sx = sums[rows, high] - sums[rows, low]
-    six = moments[rows, high] - moments[rows, low]
-    with np.errstate(invalid="ignore", divide="ignore"):
-        return (six - mean * sx) / spread / dt
+    np.cumsum(np.where(gap, 0.0, values) if gap.any() else values, axis=1, out=sums[:, 1:])
+    out = _differenced(sums, low, high, half)
+    if gap.any():
+        gaps = np.zeros((n, t + 1), np.int32)
+        np.cumsum(gap, axis=1, out=gaps[:, 1:])
+        out[_differenced(gaps, low, high, half) > 0] = np.nan
+    return out, low, high
+
+
+def _differenced(sums: np.ndarray, low: np.ndarray, high: np.ndarray, half: int
+                 ) -> np.ndarray:
+    """``sums[:, high] - sums[:, low]`` for windows of ``2 * half + 1`` frames (``low`` and
+    ``high`` of :func:`_window_sums`), by slices where the window is whole."""
+    t = len(low)
+    out = np.empty((len(sums), t), dtype=sums.dtype)
+    inner = slice(half, max(t - half, half))
+    np.subtract(sums[:, 2 * half + 1:t + 1], sums[:, :max(t - 2 * half, 0)], out=out[:, inner])
+    ends = np.r_[np.arange(min(half, t)), np.arange(max(t - half, half), t)]
+    out[:, ends] = sums[:, high[ends]] - sums[:, low[ends]]
+    return out
 
 
 def _smoothed(values: np.ndarray, times: np.ndarray, width: float) -> np.ndarray:
     """A centred moving average of ``(N, T)`` along time over the frames within
     ``width / 2`` of each (fewer at the ends; NaN where the window holds a NaN), or
     ``values`` itself when that is one frame."""
-    n, t = values.shape
     half = _half_window(times, width)
     if half < 1:
         return values
-    sums = np.zeros((n, t + 1))
-    np.cumsum(values, axis=1, out=sums[:, 1:])
-    index = np.arange(t)
-    low, high = np.maximum(index - half, 0), np.minimum(index + half + 1, t)
-    return (sums[:, high] - sums[:, low]) / (high - low)
+    sums, low, high = _window_sums(values, half)
+    return sums / (high - low)
 
 
 def _half_window(times: np.ndarray, width: float) -> int:
@@ -552,10 +584,9 @@ def _crossed(event: _Event, off: np.ndarray, on: np.ndarray, base: np.ndarray,
 def _planar_times(runs: _Runs, times: np.ndarray, tips: np.ndarray, params: GaitParams,
                   edge: np.ndarray) -> np.ndarray:
     """``edge`` with the lift-offs and touchdowns of tips without heights (2-D tracking)
-    placed where each tip leaves or reaches its stance spot (see the module's docstring);
-    an event whose tip's noise or swing speed is unknown, or whose swing does not take the
-    tip clearly off the spot, stays at the band's edge."""
-    n, t = runs.shape
+    placed where each tip sets off from or comes to rest on its stance spot (see the
+    module's docstring); an event whose tip's noise or swing speed is unknown, or whose
+    swing does not take the tip clearly off the spot, stays at the band's edge."""
     value, before = runs.value, runs.before
     kinds = [(events, way) for events, way in
              ((np.flatnonzero((value == SWING) & (before == STANCE)), +1),
@@ -568,30 +599,15 @@ def _planar_times(runs: _Runs, times: np.ndarray, tips: np.ndarray, params: Gait
     reach = max(_BASE_FRAMES, int(_BASE_TIME / dt + 1e-9)
                 + int(_planar_halves(times, noise, params).max(initial=0)))
     xy = tips[..., :2]
-    departures = [_Departure.of(runs, events, way, times, xy, reach) for events, way in kinds]
     speed = _swing_speed(runs, times, xy)
     swing = runs.stop[value == SWING] - runs.start[value == SWING]
-    longest = _RAMP_SHARE * dt * float(np.median(swing)) if len(swing) else 0.0
-    ramps = [np.linspace(0.0, longest, _RAMPS)] * len(departures)
-    import os
-    pool = bool(os.environ.get("POOL"))
-    for rounds in range(2):  # then again with the speed refitted to the events placed
-        sigma = [np.maximum(noise[d.row], 1e-6 * speed[d.row] * dt) for d in departures]
-        if pool:
-            best = _best_ramp(lambda r: sum(d.evidence(speed[d.row], sg, dt, r) for d, sg in zip(departures, sigma)), ramps[0], refine=rounds == 0)
-            found = [best] * len(departures)
-        else:
-            found = [_best_ramp(lambda r: d.evidence(speed[d.row], sg, dt, r), tried, refine=rounds == 0)
-                 for d, sg, tried in zip(departures, sigma, ramps)]
-        placed = [(d.placed(speed[d.row], sg, dt, r), r) for d, sg, r in zip(departures, sigma, found)]
-        if rounds == 0:
-            if not os.environ.get('NOREFIT'): speed = _refitted_speed(departures, placed, speed, n)
-            near = longest / (_RAMPS - 1) / 2  # around the ramps found, finer
-            ramps = [np.linspace(max(ramp - near, 0.0), ramp + near, _RAMPS // 2 + 2)
-                     for ramp in found]
-    import os
-    if os.environ.get("DEBUG_RAMP"): print("ramps", [round(r * 1e3, 2) for _, r in placed], "speed", np.round(speed, 2), "noise", np.round(noise * 1e3, 1))
-    for (events, _), (when, _) in zip(kinds, placed):
+    longest = _RAMP_SHARE * dt * float(np.median(swing))
+    for events, way in kinds:
+        departure = _Departure.of(runs, events, way, times, xy, reach)
+        v = speed[departure.row]
+        sigma = np.maximum(noise[departure.row], 1e-6 * v * dt)
+        ramp = departure.ramp(v, sigma, longest)
+        when = departure.started(v, sigma, ramp)
         ok = np.isfinite(when)
         edge[events[ok]] = when[ok]
     return edge
@@ -599,17 +615,17 @@ def _planar_times(runs: _Runs, times: np.ndarray, tips: np.ndarray, params: Gait
 
 #: 2-D: the longest ramp tried, as a share of the median swing (the frames out of the band).
 _RAMP_SHARE = 0.5
-#: 2-D: ramp times tried: this many from 0 to the longest, then as many around the best.
+#: 2-D: ramp times tried: this many from 0 to the longest, then :data:`_FINER` between the
+#: best's neighbours.
 _RAMPS = 11
+_FINER = 5
 #: 2-D: a swing must take its tip this many times its noise off the stance spot (by its
-#: middle frame) for its events to be placed by it.
+#: middle frame) for its events to be placed by it...
 _CLEAR = 5.0
-#: 2-D: candidate times of each event (the grid its posterior is summed over).
-_GRID = 32
+#: ...and a frame this many times off it to count as set off.
+_OFF = 3.0
 #: 2-D: events (of each kind) the ramp is fitted on, at most (evenly spread over them).
 _FIT_EVENTS = 1000
-#: 2-D: events whose candidate times are handled at once (bounds the temporaries).
-_CHUNK = 1024
 
 
 def _row_median(values: np.ndarray, rows: np.ndarray, n: int) -> np.ndarray:
@@ -647,33 +663,24 @@ def _swing_speed(runs: _Runs, times: np.ndarray, xy: np.ndarray) -> np.ndarray:
     return _row_median(moved, row, n)
 
 
-def _refitted_speed(departures: list[_Departure], placed: list[tuple[np.ndarray, float]],
-                    speed: np.ndarray, n: int) -> np.ndarray:
-    """``(n,)``: each tip's swing speed fitted to its events' frames by least squares, their
-    events where ``placed`` (times and ramp) puts them; ``speed`` where none is placed."""
-    top, bottom = np.zeros(n), np.zeros(n)
-    for d, (when, ramp) in zip(departures, placed):
-        ok = np.isfinite(when)
-        xy, yy = d.speed_sums(np.where(ok, when, d.centre), ramp)
-        top += np.bincount(d.row[ok], xy[ok], minlength=n)
-        bottom += np.bincount(d.row[ok], yy[ok], minlength=n)
-    with np.errstate(invalid="ignore", divide="ignore"):
-        fitted = top / bottom
-    return np.where(np.isfinite(fitted) & (fitted > 0), fitted, speed)
-
-
 def _ramped(tau: np.ndarray, ramp: float) -> np.ndarray:
     """How far a tip has come, over its swing speed, ``tau`` seconds after it set off
-    (``tau`` ``(...)``, negative before): its speed rising evenly from 0 over ``ramp``
-    seconds, then constant (``tau - ramp / 2`` once past it). Overwrites ``tau``."""
-    np.maximum(tau, 0.0, out=tau)
-    if ramp > 0:
-        early = np.minimum(tau, ramp)  # the time spent ramping up
-        tau -= early
-        early *= early
-        early *= 0.5 / ramp
-        tau += early
-    return tau
+    (negative before): its speed rising evenly from 0 over ``ramp`` seconds, then constant
+    (``tau - ramp / 2`` once past it)."""
+    tau = np.maximum(tau, 0.0)
+    if ramp <= 0:
+        return tau
+    early = np.minimum(tau, ramp)
+    return tau - early + early * early * (0.5 / ramp)
+
+
+def _unramped(come: np.ndarray, ramp: float) -> np.ndarray:
+    """The inverse of :func:`_ramped`: how long after it set off a tip has come ``come``
+    (its distance over its swing speed, s, at least 0)."""
+    if ramp <= 0:
+        return come
+    return np.where(come < ramp / 2, np.sqrt(2.0 * ramp * np.maximum(come, 0.0)),
+                    come + ramp / 2)
 
 
 @dataclass(frozen=True)
@@ -692,7 +699,6 @@ class _Departure:
             middle); 0 where not ``valid``.
         valid: ``(E, K)`` frames that belong to the event.
         stance: ``(E, K)`` frames of the stance.
-        positions: ``(E, K, 2)`` the frames' positions (NaN where not valid).
         clear: ``(E,)`` how far the swing's middle frame is from the spot.
         low, high: ``(E,)`` the earliest and latest time the event may be placed at (the
             stance's middle, the swing's middle), less ``centre``.
@@ -705,7 +711,6 @@ class _Departure:
     progress: np.ndarray
     valid: np.ndarray
     stance: np.ndarray
-    positions: np.ndarray
     clear: np.ndarray
     low: np.ndarray
     high: np.ndarray
@@ -726,154 +731,86 @@ class _Departure:
         valid = (step[None, :] >= -back[:, None]) & (step[None, :] < ahead[:, None])
         positions = np.where(valid[..., None], xy[row[:, None], column], np.nan)
         in_stance = valid & (step[None, :] < 0)
-        spot = _nan_median(np.where(in_stance[..., None], positions, np.nan))
+        spot = _nan_median(positions[:, :reach])  # (the stance's frames: NaN elsewhere)
         middle = positions[np.arange(len(events)), reach + ahead - 1]  # the swing's middle
         toward = middle - spot
         clear = np.hypot(toward[:, 0], toward[:, 1])
         with np.errstate(invalid="ignore", divide="ignore"):
             toward /= clear[:, None]
             progress = np.nan_to_num(((positions - spot[:, None]) * toward[:, None]).sum(-1))
+        valid &= np.isfinite(positions).all(axis=-1)
         centre = (times[near] + times[near - way]) / 2
         # no earlier (lift-off) than the stance's middle frame; no later than the swing's
         halfway = np.where(way > 0, runs.stop[stance] - 1 - (length[stance] - 1) // 2,
                            runs.start[stance] + (length[stance] - 1) // 2)
         bound = np.sort(np.stack([times[halfway], times[near + way * (ahead - 1)]]), axis=0)
         return cls(row, way, times[column] - centre[:, None], np.where(valid, progress, 0.0),
-                   valid, in_stance, positions, clear, bound[0] - centre, bound[1] - centre,
-                   centre)
+                   valid, in_stance, clear, bound[0] - centre, bound[1] - centre, centre)
 
-    def _candidates(self, speed: np.ndarray, sigma: np.ndarray, dt: float
-                    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """The events that can be placed ``(E,)``, and each event's candidate times less
-        half the ramp ``(E,)`` and their offsets ``(E, G)`` (s, less ``centre``): around
-        where the straight line back from the swing's frames meets the spot (less half the
-        ramp, where a tip ramping up from rest sets off), by four times the noise over the
-        speed and a frame either way."""
-        ok = np.isfinite(speed) & (speed > 0) & np.isfinite(sigma) & (self.clear > _CLEAR * sigma)
-        with np.errstate(invalid="ignore", divide="ignore"):
-            moving = self.valid & ~self.stance & (self.progress > 3 * sigma[:, None])
-            line = np.where(moving, self.time - self.way * self.progress / speed[:, None],
-                            np.nan)
-        line = _nan_median(line[..., None])[:, 0]
-        line = np.where(np.isfinite(line), line, 0.0)
-        slack = np.where(ok, 4 * sigma / speed + dt, 0.0)
-        return ok, line, slack[:, None] * np.linspace(-1.0, 1.0, _GRID)[None, :]
-
-    def evidence(self, speed: np.ndarray, sigma: np.ndarray, dt: float, ramp: float) -> float:
-        """The log of the likelihood of the events' frames (at most :data:`_FIT_EVENTS` of
-        them, evenly spread) with a ``ramp`` (s), summed over each event's candidate times
-        (a uniform prior): larger for a ramp that fits them better.
-
-        Args:
-            speed, sigma: ``(E,)`` the tip's swing speed and noise.
-            dt: The frame interval, s.
-            ramp: s.
-        """
-        ok, line, offsets = self._candidates(speed, sigma, dt)
-        index = np.flatnonzero(ok)
-        fit = index[::max(1, -(-len(index) // _FIT_EVENTS))]
-        candidates = (line - self.way * ramp / 2)[:, None] + offsets
-        return float(sum(_logsumexp(self._loglik(part, candidates, speed, sigma, ramp)).sum()
-                         for part in _chunks(fit)))
-
-    def placed(self, speed: np.ndarray, sigma: np.ndarray, dt: float,
-               ramp: float) -> np.ndarray:
-        """``(E,)`` each event's time, s (NaN where it is not placed): the mean of its
-        posterior over its candidate times with a ``ramp`` (s), between the stance's and
-        the swing's middle frames; arguments as for :meth:`evidence`."""
-        ok, line, offsets = self._candidates(speed, sigma, dt)
-        out = np.full(len(self.row), np.nan)
-        candidates = (line - self.way * ramp / 2)[:, None] + offsets
-        for part in _chunks(np.flatnonzero(ok)):
-            ll = self._loglik(part, candidates, speed, sigma, ramp)
-            weight = np.exp(ll - ll.max(axis=1, keepdims=True))
-            mean = (weight * candidates[part]).sum(axis=1) / weight.sum(axis=1)
-            out[part] = np.clip(mean, self.low[part], self.high[part]) + self.centre[part]
-        return out
-
-    def _loglik(self, part: np.ndarray, grid: np.ndarray, speed: np.ndarray,
-                sigma: np.ndarray, ramp: float) -> np.ndarray:
-        """``(len(part), G)``: the log-likelihood of each candidate time ``grid`` (``(E, G)``,
-        s, less ``centre``) of the events ``part`` (up to a constant): the frames' progress
-        against the tip's speed ramping up from 0 at that time over ``ramp`` seconds, the
-        spot's offset left free.
-
-        Frames before every candidate (progress 0 expected) and past every candidate's ramp
-        (progress linear in the candidate) are summed once; only those between are
-        evaluated per candidate."""
-        valid, progress = self.valid[part], self.progress[part]
+    def _set_off(self, speed: np.ndarray, sigma: np.ndarray, ramp: float,
+                 part: slice | np.ndarray = slice(None)) -> np.ndarray:
+        """``(P,)`` when each event's tip set off (s, less ``centre``; NaN where unknown):
+        the median over its swing frames clearly off the spot (:data:`_OFF` times the
+        noise) of the frame's time less the time a tip ramping up over ``ramp`` takes to
+        come that far."""
         v = speed[part][:, None]
-        when = self.way * self.time[part]  # (P, K): increasing along a row's valid frames
-        start = self.way * grid[part]  # (P, G)
-        before = valid & (when <= start.min(axis=1)[:, None])
-        after = valid & (when >= start.max(axis=1)[:, None] + ramp)
-        between = valid & ~before & ~after
-        # before: residual = progress; after: residual = a + v * start
-        a = progress - v * (when - ramp / 2)
-        total = (progress * before).sum(axis=1)[:, None] + (a * after).sum(axis=1)[:, None]
-        square = (progress * progress * before).sum(axis=1)[:, None] \
-            + (a * a * after).sum(axis=1)[:, None]
-        n_after = after.sum(axis=1)[:, None]
-        total = total + n_after * v * start
-        square = square + 2 * v * start * (a * after).sum(axis=1)[:, None] \
-            + n_after * (v * start) ** 2
-        width = between.sum(axis=1)
-        if width.max(initial=0) > 0:
-            first = np.argmax(between, axis=1)
-            step = np.arange(width.max())
-            column = np.minimum(first[:, None] + step[None, :], valid.shape[1] - 1)
-            keep = step[None, :] < width[:, None]
-            rows = np.arange(len(part))[:, None]
-            residual = when[rows, column][:, None, :] - start[:, :, None]  # (P, G, Z)
-            residual = _ramped(residual, ramp)
-            residual *= -v[:, :, None]
-            residual += progress[rows, column][:, None, :]
-            residual *= keep[:, None, :]
-            total += residual.sum(axis=2)
-            square += np.einsum("pgk,pgk->pg", residual, residual)
-        count = valid.sum(axis=1)[:, None]
-        return -0.5 * (square - total * total / count) / (sigma[part, None] ** 2)
+        swing = slice(self.time.shape[1] // 2, None)  # the swing's frames, and invalid ones
+        progress = self.progress[part, swing]
+        with np.errstate(invalid="ignore", divide="ignore"):
+            off = self.valid[part, swing] & (progress > _OFF * sigma[part][:, None])
+            took = _unramped(progress / v, ramp)
+            at = np.where(off, self.time[part, swing] - self.way * took, np.nan)
+        return _nan_median(at[..., None])[:, 0]
 
-    def speed_sums(self, when: np.ndarray, ramp: float) -> tuple[np.ndarray, np.ndarray]:
-        """``(E,)`` each event's sums over its frames of progress times the ramped time, and
-        of the ramped time squared (both less their means over the frames: the spot's
-        offset free), the event at ``when`` (s): a least-squares speed's numerator and
-        denominator."""
-        come = _ramped(self.way * (self.time + self.centre[:, None] - when[:, None]), ramp)
-        count = self.valid.sum(axis=1)
-        come = np.where(self.valid, come - (come * self.valid).sum(axis=1)[:, None] / count[:, None], 0.0)
-        progress = np.where(self.valid, self.progress - self.progress.sum(axis=1)[:, None] / count[:, None], 0.0)
-        return (progress * come).sum(axis=1), (come * come).sum(axis=1)
+    def _placeable(self, speed: np.ndarray, sigma: np.ndarray) -> np.ndarray:
+        """``(E,)`` events whose tip's speed and noise are known and whose swing takes it
+        clearly off the spot."""
+        with np.errstate(invalid="ignore"):
+            return np.isfinite(speed) & (speed > 0) & np.isfinite(sigma) \
+                & (self.clear > _CLEAR * sigma)
 
+    def misfit(self, speed: np.ndarray, sigma: np.ndarray, ramp: float,
+               part: np.ndarray) -> float:
+        """The sum over the events ``part`` and their frames of the squared distance, over
+        the noise, between each frame's progress and that of a tip setting off when
+        :meth:`_set_off` says and ramping up over ``ramp`` (s): smaller for a ramp that
+        fits them better."""
+        at = self._set_off(speed, sigma, ramp, part)
+        part, at = part[np.isfinite(at)], at[np.isfinite(at)]
+        come = _ramped(self.way * (self.time[part] - at[:, None]), ramp) * speed[part][:, None]
+        miss = np.where(self.valid[part], (self.progress[part] - come) / sigma[part][:, None],
+                        0.0)
+        return float(np.einsum("ek,ek->", miss, miss))
 
-def _chunks(index: np.ndarray) -> list[np.ndarray]:
-    return [index[i:i + _CHUNK] for i in range(0, len(index), _CHUNK)]
+    def ramp(self, speed: np.ndarray, sigma: np.ndarray, longest: float) -> float:
+        """The ramp (s, 0 to ``longest``) whose :meth:`misfit` is least on up to
+        :data:`_FIT_EVENTS` events (evenly spread): the best of :data:`_RAMPS` evenly
+        spaced, then of :data:`_FINER` between its neighbours, refined by a parabola through the
+        best and its two neighbours."""
+        fit = np.flatnonzero(self._placeable(speed, sigma))
+        fit = fit[::max(1, -(-len(fit) // _FIT_EVENTS))]
+        if not len(fit) or longest <= 0:
+            return 0.0
+        tried = np.linspace(0.0, longest, _RAMPS)
+        for rounds in range(2):
+            scores = np.array([self.misfit(speed, sigma, float(r), fit) for r in tried])
+            best = int(np.argmin(scores))
+            if rounds == 0:
+                tried = np.linspace(tried[max(best - 1, 0)], tried[min(best + 1, _RAMPS - 1)],
+                                    _FINER)
+        if 0 < best < _FINER - 1:
+            a, b, c = scores[best - 1:best + 2]
+            bend = a - 2 * b + c
+            if bend > 0:
+                return float(tried[best] + 0.5 * (a - c) / bend * (tried[1] - tried[0]))
+        return float(tried[best])
 
-
-def _logsumexp(ll: np.ndarray) -> np.ndarray:
-    top = ll.max(axis=1)
-    return top + np.log(np.exp(ll - top[:, None]).sum(axis=1))
-
-
-def _best_ramp(evidence: Callable[[float], float], ramps: np.ndarray, *,
-               refine: bool = True) -> float:
-    """The ramp of the greatest ``evidence``: the best of ``ramps`` (s, increasing, at least
-    0), then (``refine``) of as many evenly between its neighbours, refined by a parabola
-    through the best and its two neighbours."""
-    if len(ramps) == 1:
-        return float(ramps[0])
-    for rounds in range(2 if refine else 1):
-        scores = np.array([evidence(float(r)) for r in ramps])
-        best = int(np.argmax(scores))
-        if rounds == 0 and refine:
-            ramps = np.linspace(ramps[max(best - 1, 0)], ramps[min(best + 1, len(ramps) - 1)],
-                                len(ramps))
-    if 0 < best < len(ramps) - 1:
-        a, b, c = scores[best - 1:best + 2]
-        bend = a - 2 * b + c
-        if bend < 0:
-            return float(ramps[best] + 0.5 * (a - c) / bend * (ramps[1] - ramps[0]))
-    return float(ramps[best])
+    def started(self, speed: np.ndarray, sigma: np.ndarray, ramp: float) -> np.ndarray:
+        """``(E,)`` each event's time, s (NaN where it is not placed): :meth:`_set_off`
+        with ``ramp``, between the stance's and the swing's middle frames."""
+        at = self._set_off(speed, sigma, ramp)
+        ok = self._placeable(speed, sigma) & np.isfinite(at)
+        return np.where(ok, np.clip(at, self.low, self.high) + self.centre, np.nan)
 
 
 def _nan_median(values: np.ndarray) -> np.ndarray:
