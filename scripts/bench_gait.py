@@ -18,6 +18,11 @@ worlds at a time (~3 M values), one read each. A *tip-frame* is one leg tip in o
   read (the measures alone);
 - ``stance and swing, positions in memory``: :func:`~flyarchive.analyze.steps.stance_state`
   alone (the thresholds, hysteresis and minimum durations);
+- ``step events from heights and speeds`` / ``from x, y alone (2-D)``: :func:`~flyarchive.
+  analyze.steps.stance_runs` and :func:`~flyarchive.analyze.steps.step_events` on the same
+  tips with their heights and without (as a camera from above tracks them: the speeds
+  taken over as many frames as the noise needs, each event placed by the tip's ramped
+  set-off);
 - ``step table, <N> worlds x <F> frames``: ``gait_steps`` of ``--big-worlds`` x
   ``--big-frames`` (4096 x 250 by default: a GPU run's archive), the whole call.
 
@@ -103,7 +108,7 @@ def gait_rows(url: str, model: Any, worlds: int, frames: int, repeat: int,
 
     import flyarchive
     from flyarchive.analyze.gait_params import GaitParams
-    from flyarchive.analyze.steps import stance_state
+    from flyarchive.analyze.steps import stance_runs, stance_state, step_events
 
     tip_frames = worlds * frames * TIPS
     rows = []
@@ -128,6 +133,13 @@ def gait_rows(url: str, model: Any, worlds: int, frames: int, repeat: int,
     wall, cpu, _ = timed(lambda: stance_state(times, tips.transpose(1, 2, 0), GaitParams()),
                          repeat)
     rows.append(row("stance and swing, positions in memory", tip_frames, wall, cpu))
+    for height, label in ((True, "heights and speeds"), (False, "x, y alone (2-D)")):
+        def events(height: bool = height) -> Any:
+            runs = stance_runs(times, tips.transpose(1, 2, 0), GaitParams(), height=height)
+            return step_events(times, runs, tips.transpose(1, 2, 0), GaitParams(), height=height)
+        wall, cpu, found = timed(events, repeat)
+        rows.append(row(f"step events from {label}, in memory", tip_frames, wall, cpu,
+                        steps=len(found)))
     print(f"(step frequency of world 0, lf: {summary.step_frequency_lf.values[0]:.2f} Hz)")
     return rows
 

@@ -51,8 +51,38 @@ Touchdowns are the mirror image. On the synthetic walker (:mod:`flyarchive.testi
 noise 0.005 mm) events are on average within 0.3 ms of the truth at 60-1000 frames/s,
 each within about half a frame but for the few that noise lifts over the margin.
 
-Without heights (2-D tracking), the band and the swing evidence are the speeds alone, and
-an event lies at the band's edge, midway between the two frames.
+**Without heights** (2-D tracking, x and y only), the band and the swing evidence are the
+speeds alone, and the tip's noise matters more: a tracked tip's (often 0.01-0.05 mm) makes
+its frame-to-frame speed noisy at high frame rates. So each tip's speed is the slope of the
+straight line through as many frames as its noise needs (at least those of ``smooth``): a
+standing tip's speed noise at most a fifth of ``swing_speed``, or its frame differences
+alone where their noise is at most a quarter of it. The noise is read first roughly (from
+the lowest quarter of the tip's displacements between frames), then from the stances found
+(the median absolute difference of their consecutive frames), and the state found again
+with it.
+
+A tip's speed rises from rest, so an event placed where the tip passes a speed or a
+distance lengthens every stance by the time the tip takes to get there (on the walker,
++5 % of the duty factor at 1000 frames/s, +25 % at 60 with the band's edge). Per event,
+on the frames around it (the stance's nearest, as for heights, and the swing's first half;
+its last half for a touchdown):
+
+- *Progress*: the tip's distance from the stance's spot (the median of those stance
+  frames) along the direction to the swing's middle frame. *Swing speed*: the tip's median
+  over its swings of its speed over their middle third.
+- *The event*: the median, over the swing's frames more than 3 times the tip's noise off
+  the spot, of the time at which a tip setting off from rest, its speed rising evenly over
+  ``ramp`` seconds to the swing speed, would have come that far.
+- ``ramp``: one for all lift-offs, one for all touchdowns: the one (from 0 to half the
+  median swing) whose tip fits the frames around up to 1000 events best (least squares
+  over the noise; the stance's frames count, their progress expected 0).
+
+An event whose swing takes its tip less than 5 times its noise off the spot stays at the
+band's edge. On the walker (noise 0.005 mm) the events are on average within 0.4 ms of the
+truth at 60-1000 frames/s; its swing (a ramp, then a constant speed) is this model's own
+shape, which flatters it: a tip that drags or slips with its height unknown sets off and
+stops where it moves, which may not be where it lifts (NeuroMechFly's dragged hind legs:
+2-5 ms apart).
 
 :func:`stance_state` gives the state (thresholds:
 :class:`~flyarchive.analyze.gait_params.GaitParams`); :func:`step_events` the complete
@@ -83,6 +113,14 @@ _RISE = 0.003
 #: the event (at least its :data:`_BASE_FRAMES` nearest).
 _BASE_TIME = 0.02
 _BASE_FRAMES = 3
+#: 2-D: a tip's noise is first read from this share (the lowest) of its displacements
+#: between consecutive frames.
+_QUIET = 0.25
+#: 2-D: speeds are taken over enough frames that a standing tip's speed noise (per
+#: coordinate) is at most ``swing_speed`` over this.
+_SPEED_NOISE = 5.0
+#: 2-D: ...or, its differences alone (a frame's two are independent), over this.
+_DIFF_NOISE = 4.0
 
 
 def stance_state(times: np.ndarray, tips: np.ndarray, params: GaitParams, *,
@@ -111,26 +149,31 @@ def stance_runs(times: np.ndarray, tips: np.ndarray, params: GaitParams, *,
     n, t = tips.shape[:2]
     if t < 2:
         return _Runs.of(np.full((n, t), UNKNOWN, np.int8))
-    x, y, z = (_smoothed(tips[..., k], times, params.smooth) for k in range(3))
-    dt = np.diff(times)
-    moved = np.diff(x, axis=1)
-    moved *= moved
-    dy = np.diff(y, axis=1)
-    dy *= dy
-    moved += dy  # (N, T-1) squared horizontal displacement between frames
-    slow = np.empty((n, t))
-    fast = np.empty((n, t))
+    if height:
+        x, y, z = (_smoothed(tips[..., k], times, params.smooth) for k in range(3))
+        return _classified(times, tips, params, *_frame_speeds(x, y, times), z)
+    # Without heights: speeds over as many frames as the noise needs: first as a rough
+    # estimate of it says, then as the noise of the stances found says.
+    frame = _frame_speeds(tips[..., 0], tips[..., 1], times)
+    half = _planar_halves(times, _rough_noise(tips), params)
+    runs = _classified(times, tips, params, *_widened(frame, tips, half, times), None)
+    better = _planar_halves(times, _stance_noise(runs, tips), params)
+    if not np.array_equal(better, half):
+        runs = _classified(times, tips, params, *_widened(frame, tips, better, times), None)
+    return runs
+
+
+def _classified(times: np.ndarray, tips: np.ndarray, params: GaitParams, slow: np.ndarray,
+                fast: np.ndarray, z: np.ndarray | None) -> _Runs:
+    """The runs of stance and swing from the squared speeds ``slow`` and ``fast`` and the
+    heights ``z`` (None: none) of every tip and frame: band, hysteresis, minimum
+    durations."""
     with np.errstate(invalid="ignore"):
-        slow[:, 0] = fast[:, 0] = moved[:, 0] / (dt[0] * dt[0])
-        slow[:, -1] = fast[:, -1] = moved[:, -1] / (dt[-1] * dt[-1])
-        moved /= dt * dt  # squared speed
-        np.fmin(moved[:, :-1], moved[:, 1:], out=slow[:, 1:-1])
-        np.fmax(moved[:, :-1], moved[:, 1:], out=fast[:, 1:-1])
         known = np.isfinite(slow)
         known &= np.isfinite(tips[..., 0] + tips[..., 1] + tips[..., 2])
         band = slow < params.stance_speed ** 2
         evidence = fast > params.swing_speed ** 2
-        if height:
+        if z is not None:
             band &= z < params.stance_height
             evidence |= z > params.swing_height
     code = band.view(np.int8)
@@ -153,19 +196,162 @@ def stance_runs(times: np.ndarray, tips: np.ndarray, params: GaitParams, *,
     return runs
 
 
+def _frame_speeds(x: np.ndarray, y: np.ndarray, times: np.ndarray
+                  ) -> tuple[np.ndarray, np.ndarray]:
+    """``(N, T)`` squared horizontal speeds of each frame: the smaller (``slow``) and the
+    larger (``fast``) of its backward and forward differences (the first and last frame:
+    their one), NaN where a position is not finite."""
+    n, t = x.shape
+    dt = np.diff(times)
+    moved = np.diff(x, axis=1)
+    moved *= moved
+    dy = np.diff(y, axis=1)
+    dy *= dy
+    moved += dy  # (N, T-1) squared horizontal displacement between frames
+    slow = np.empty((n, t))
+    fast = np.empty((n, t))
+    with np.errstate(invalid="ignore"):
+        slow[:, 0] = fast[:, 0] = moved[:, 0] / (dt[0] * dt[0])
+        slow[:, -1] = fast[:, -1] = moved[:, -1] / (dt[-1] * dt[-1])
+        moved /= dt * dt  # squared speed
+        np.fmin(moved[:, :-1], moved[:, 1:], out=slow[:, 1:-1])
+        np.fmax(moved[:, :-1], moved[:, 1:], out=fast[:, 1:-1])
+    return slow, fast
+
+
+def _widened(frame: tuple[np.ndarray, np.ndarray], tips: np.ndarray, half: np.ndarray,
+             times: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The squared speeds ``frame`` (:func:`_frame_speeds` of tips without heights), with
+    those of each tip whose ``half`` is more than 0 both the slope of the straight line
+    through the frames within ``half`` of each frame."""
+    slow, fast = frame[0].copy(), frame[1].copy()
+    wide = np.flatnonzero(half > 0)
+    if len(wide):
+        dt = float(np.median(np.diff(times)))
+        vx, vy = (_slopes(tips[wide, :, k], half[wide], dt) for k in range(2))
+        slow[wide] = fast[wide] = vx * vx + vy * vy
+    return slow, fast
+
+
+def _rough_noise(tips: np.ndarray) -> np.ndarray:
+    """``(N,)`` each tip's position noise (sd per coordinate), roughly and rather too high:
+    from the lowest quarter of its displacements between consecutive frames, taken as a
+    standing tip's (whose displacements are noise alone; a tip that also walks overstates
+    it)."""
+    moved = np.hypot(np.diff(tips[..., 0], axis=1), np.diff(tips[..., 1], axis=1))
+    # a standing tip's displacement: Rayleigh, sd sqrt(2) times the noise per coordinate
+    return _row_quantile(moved, _QUIET) / np.sqrt(-4.0 * np.log(1.0 - _QUIET))
+
+
+def _stance_noise(runs: _Runs, tips: np.ndarray) -> np.ndarray:
+    """``(N,)`` each tip's position noise (sd per coordinate): from the median absolute
+    difference of its coordinates between consecutive frames of a stance (NaN for a tip
+    without)."""
+    state = runs.painted(runs.value)
+    both = (state[:, 1:] == STANCE) & (state[:, :-1] == STANCE)
+    moved = np.concatenate([np.where(both, np.abs(np.diff(tips[..., k], axis=1)), np.nan)
+                            for k in range(2)], axis=1)
+    return _row_quantile(moved, 0.5) / (0.6745 * np.sqrt(2.0))
+
+
+def _row_quantile(values: np.ndarray, q: float) -> np.ndarray:
+    """``(N,)``: the ``q`` quantile of each row's finite values of ``(N, M)`` (linear
+    between the two nearest, as NumPy's), NaN for a row without any."""
+    ranked = np.sort(values, axis=1)  # NaN last
+    count = np.isfinite(values).sum(axis=1)
+    at = q * np.maximum(count - 1, 0)
+    low = np.floor(at).astype(np.int64)
+    high = np.minimum(low + 1, np.maximum(count - 1, 0))
+    rows = np.arange(len(values))
+    if not values.shape[1]:
+        return np.full(len(values), np.nan)
+    below, above = ranked[rows, low], ranked[rows, high]
+    with np.errstate(invalid="ignore"):
+        return np.where(count > 0, below + (at - low) * (above - below), np.nan)
+
+
+def _planar_halves(times: np.ndarray, noise: np.ndarray, params: GaitParams) -> np.ndarray:
+    """``(N,)`` the frames on each side of a frame that 2-D speeds are taken over, per tip of
+    position ``noise``: those of ``params.smooth``, or more where the noise needs them (0:
+    the frame's differences alone): a standing tip's speed noise (per coordinate) at most
+    ``swing_speed`` / :data:`_SPEED_NOISE`, so that noise alone almost never passes for a
+    swing."""
+    n = len(noise)
+    dt = float(np.median(np.diff(times)))
+    allowed = params.swing_speed / _SPEED_NOISE * dt  # speed noise times dt
+    with np.errstate(invalid="ignore"):
+        # differences: speed noise noise * sqrt(2) / dt (each frame's two: independent)
+        need = np.isfinite(noise) & (noise * np.sqrt(2.0) > allowed * _SPEED_NOISE / _DIFF_NOISE)
+        # a straight line through m = 2h + 1 frames: noise * sqrt(12 / (m (m^2 - 1))) / dt
+        ratio = np.where(need, 12.0 * (noise / max(allowed, 1e-300)) ** 2, 0.0)
+    m = np.where(need, np.ceil(np.cbrt(ratio)), 0).astype(np.int64)
+    m = np.maximum(m + (m % 2 == 0), np.where(need, 3, 0))  # odd, at least 3
+    m = np.where(need & (m * (m * m - 1) < ratio), m + 2, m)
+    half = np.minimum((np.maximum(m, 1) - 1) // 2, max(len(times) // 2, 0))
+    return np.maximum(half, _half_window(times, params.smooth)).astype(np.int64)
+
+
+def _slopes(values: np.ndarray, half: np.ndarray, dt: float) -> np.ndarray:
+    """``(N, T)``: the slope (per second) of the straight line through the frames of each
+    row of ``values`` within ``half[row]`` of each frame (fewer at the ends; NaN where one
+    of them is NaN); frames ``dt`` apart."""
+    n, t = values.shape
+    out = np.empty((n, t))
+    index = np.arange(t, dtype=np.float64)
+    for h in np.unique(half):  # a few widths: each a slice of rows
+        rows = np.flatnonzero(half == h)
+        part = values[rows]
+        sx, low, high = _window_sums(part, int(h))
+        six, _, _ = _window_sums(part * index, int(h))
+        count = high - low
+        mean = (low + high - 1) / 2.0
+        spread = count * (count * count - 1) / 12.0  # sum of (i - mean)^2
+        with np.errstate(invalid="ignore", divide="ignore"):
+            out[rows] = (six - mean * sx) / spread / dt
+    return out
+
+
+def _window_sums(values: np.ndarray, half: int
+                 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``(N, T)`` the sums of ``values`` over the frames within ``half`` of each (fewer at
+    the ends; NaN where one of them is NaN), and ``(T,)`` each window's first frame and
+    the frame past its last."""
+    n, t = values.shape
+    index = np.arange(t)
+    low, high = np.maximum(index - half, 0), np.minimum(index + half + 1, t)
+    gap = ~np.isfinite(values)
+    sums = np.zeros((n, t + 1))
+    np.cumsum(np.where(gap, 0.0, values) if gap.any() else values, axis=1, out=sums[:, 1:])
+    out = _differenced(sums, low, high, half)
+    if gap.any():
+        gaps = np.zeros((n, t + 1), np.int32)
+        np.cumsum(gap, axis=1, out=gaps[:, 1:])
+        out[_differenced(gaps, low, high, half) > 0] = np.nan
+    return out, low, high
+
+
+def _differenced(sums: np.ndarray, low: np.ndarray, high: np.ndarray, half: int
+                 ) -> np.ndarray:
+    """``sums[:, high] - sums[:, low]`` for windows of ``2 * half + 1`` frames (``low`` and
+    ``high`` of :func:`_window_sums`), by slices where the window is whole."""
+    t = len(low)
+    out = np.empty((len(sums), t), dtype=sums.dtype)
+    inner = slice(half, max(t - half, half))
+    np.subtract(sums[:, 2 * half + 1:t + 1], sums[:, :max(t - 2 * half, 0)], out=out[:, inner])
+    ends = np.r_[np.arange(min(half, t)), np.arange(max(t - half, half), t)]
+    out[:, ends] = sums[:, high[ends]] - sums[:, low[ends]]
+    return out
+
+
 def _smoothed(values: np.ndarray, times: np.ndarray, width: float) -> np.ndarray:
     """A centred moving average of ``(N, T)`` along time over the frames within
     ``width / 2`` of each (fewer at the ends; NaN where the window holds a NaN), or
     ``values`` itself when that is one frame."""
-    n, t = values.shape
     half = _half_window(times, width)
     if half < 1:
         return values
-    sums = np.zeros((n, t + 1))
-    np.cumsum(values, axis=1, out=sums[:, 1:])
-    index = np.arange(t)
-    low, high = np.maximum(index - half, 0), np.minimum(index + half + 1, t)
-    return (sums[:, high] - sums[:, low]) / (high - low)
+    sums, low, high = _window_sums(values, half)
+    return sums / (high - low)
 
 
 def _half_window(times: np.ndarray, width: float) -> int:
@@ -251,8 +437,10 @@ def _event_times(runs: _Runs, times: np.ndarray, tips: np.ndarray, params: GaitP
     bounds = _boundaries(times)
     edge = bounds[runs.start]
     n, t = runs.shape
-    if not height or t < 3:
+    if t < 3:
         return edge
+    if not height:
+        return _planar_times(runs, times, tips, params, edge)
     z = tips[..., 2]
     dt = float(np.median(np.diff(times)))
     late = _half_window(times, params.smooth)
@@ -423,6 +611,248 @@ def _crossed(event: _Event, off: np.ndarray, on: np.ndarray, base: np.ndarray,
     return np.where(np.isfinite(at) & (speed[row] > 0), np.clip(at, lo, hi), middle)
 
 
+def _planar_times(runs: _Runs, times: np.ndarray, tips: np.ndarray, params: GaitParams,
+                  edge: np.ndarray) -> np.ndarray:
+    """``edge`` with the lift-offs and touchdowns of tips without heights (2-D tracking)
+    placed where each tip sets off from or comes to rest on its stance spot (see the
+    module's docstring); an event whose tip's noise or swing speed is unknown, or whose
+    swing does not take the tip clearly off the spot, stays at the band's edge."""
+    value, before = runs.value, runs.before
+    kinds = [(events, way) for events, way in
+             ((np.flatnonzero((value == SWING) & (before == STANCE)), +1),
+              (np.flatnonzero((value == STANCE) & (before == SWING)), -1)) if len(events)]
+    if not kinds:
+        return edge
+    dt = float(np.median(np.diff(times)))
+    noise = _stance_noise(runs, tips)
+    # the frames by which the speeds' smoothing may move the band's edge, beyond 20 ms
+    reach = max(_BASE_FRAMES, int(_BASE_TIME / dt + 1e-9)
+                + int(_planar_halves(times, noise, params).max(initial=0)))
+    xy = tips[..., :2]
+    speed = _swing_speed(runs, times, xy)
+    swing = runs.stop[value == SWING] - runs.start[value == SWING]
+    longest = _RAMP_SHARE * dt * float(np.median(swing))
+    for events, way in kinds:
+        departure = _Departure.of(runs, events, way, times, xy, reach)
+        v = speed[departure.row]
+        sigma = np.maximum(noise[departure.row], 1e-6 * v * dt)
+        ramp = departure.ramp(v, sigma, longest)
+        when = departure.started(v, sigma, ramp)
+        ok = np.isfinite(when)
+        edge[events[ok]] = when[ok]
+    return edge
+
+
+#: 2-D: the longest ramp tried, as a share of the median swing (the frames out of the band).
+_RAMP_SHARE = 0.5
+#: 2-D: ramp times tried: this many from 0 to the longest, then :data:`_FINER` between the
+#: best's neighbours.
+_RAMPS = 11
+_FINER = 5
+#: 2-D: a swing must take its tip this many times its noise off the stance spot (by its
+#: middle frame) for its events to be placed by it...
+_CLEAR = 5.0
+#: ...and a frame this many times off it to count as set off.
+_OFF = 3.0
+#: 2-D: events (of each kind) the ramp is fitted on, at most (evenly spread over them).
+_FIT_EVENTS = 1000
+
+
+def _row_median(values: np.ndarray, rows: np.ndarray, n: int) -> np.ndarray:
+    """``(n,)``: the median of the finite ``values`` of each row (NaN for a row without)."""
+    keep = np.isfinite(values)
+    values, rows = values[keep], rows[keep]
+    order = np.lexsort((values, rows))
+    values, rows = values[order], rows[order]
+    count = np.bincount(rows, minlength=n)
+    first = np.cumsum(count) - count
+    has = count > 0
+    low = first + np.maximum(count - 1, 0) // 2
+    high = first + count // 2
+    out = np.full(n, np.nan)
+    out[has] = (values[low[has]] + values[high[has]]) / 2
+    return out
+
+
+def _swing_speed(runs: _Runs, times: np.ndarray, xy: np.ndarray) -> np.ndarray:
+    """``(n,)``: each tip's swing speed: the median over its swings (of two frames or more)
+    of its speed along the swing over the swing's middle third (its two frames, for a swing
+    of two)."""
+    n = runs.shape[0]
+    swing = np.flatnonzero(runs.value == SWING)
+    start, stop, row = runs.start[swing], runs.stop[swing], runs.row[swing]
+    length = stop - start
+    keep = length >= 2
+    start, stop, row, length = start[keep], stop[keep], row[keep], length[keep]
+    a = np.where(length >= 3, start + length // 3, start)
+    b = np.where(length >= 3, start + (2 * length) // 3, start + 1)
+    along = xy[row, stop - 1] - xy[row, start]
+    with np.errstate(invalid="ignore", divide="ignore"):
+        along /= np.hypot(along[:, 0], along[:, 1])[:, None]
+        moved = ((xy[row, b] - xy[row, a]) * along).sum(axis=1) / (times[b] - times[a])
+    return _row_median(moved, row, n)
+
+
+def _ramped(tau: np.ndarray, ramp: float) -> np.ndarray:
+    """How far a tip has come, over its swing speed, ``tau`` seconds after it set off
+    (negative before): its speed rising evenly from 0 over ``ramp`` seconds, then constant
+    (``tau - ramp / 2`` once past it)."""
+    tau = np.maximum(tau, 0.0)
+    if ramp <= 0:
+        return tau
+    early = np.minimum(tau, ramp)
+    return tau - early + early * early * (0.5 / ramp)
+
+
+def _unramped(come: np.ndarray, ramp: float) -> np.ndarray:
+    """The inverse of :func:`_ramped`: how long after it set off a tip has come ``come``
+    (its distance over its swing speed, s, at least 0)."""
+    if ramp <= 0:
+        return come
+    return np.where(come < ramp / 2, np.sqrt(2.0 * ramp * np.maximum(come, 0.0)),
+                    come + ramp / 2)
+
+
+@dataclass(frozen=True)
+class _Departure:
+    """Lift-offs (``way`` +1) or touchdowns (-1) of tips tracked in 2-D, and their tips'
+    progress away from the stance spot on frames around them: the stance's frames nearest
+    the event (at most ``reach``) and the swing's first half (its last half, for a
+    touchdown; at most ``reach`` frames).
+
+    Attributes:
+        row: ``(E,)`` the tip's row.
+        way: +1 or -1: the direction of time from the stance into the swing.
+        time: ``(E, K)`` frame times, s, less ``centre``.
+        progress: ``(E, K)`` the tip's distance from the stance spot (the median position
+            of the stance's frames) along the direction to the last frame (the swing's
+            middle); 0 where not ``valid``.
+        valid: ``(E, K)`` frames that belong to the event.
+        stance: ``(E, K)`` frames of the stance.
+        clear: ``(E,)`` how far the swing's middle frame is from the spot.
+        low, high: ``(E,)`` the earliest and latest time the event may be placed at (the
+            stance's middle, the swing's middle), less ``centre``.
+        centre: ``(E,)`` the boundary's time (the band's edge).
+    """
+
+    row: np.ndarray
+    way: int
+    time: np.ndarray
+    progress: np.ndarray
+    valid: np.ndarray
+    stance: np.ndarray
+    clear: np.ndarray
+    low: np.ndarray
+    high: np.ndarray
+    centre: np.ndarray
+
+    @classmethod
+    def of(cls, runs: _Runs, events: np.ndarray, way: int, times: np.ndarray, xy: np.ndarray,
+           reach: int) -> _Departure:
+        t = runs.shape[1]
+        length = runs.stop - runs.start
+        stance, swing = (events - 1, events) if way > 0 else (events, events - 1)
+        row = runs.row[events]
+        near = runs.start[events] - (way < 0)  # the swing's frame next to the boundary
+        ahead = np.minimum((length[swing] + 1) // 2, reach)  # swing frames in the window
+        back = np.minimum(length[stance], reach)  # stance frames in the window
+        step = np.arange(-reach, reach)  # from the stance into the swing
+        column = np.clip(near[:, None] + way * step[None, :], 0, t - 1)
+        valid = (step[None, :] >= -back[:, None]) & (step[None, :] < ahead[:, None])
+        positions = np.where(valid[..., None], xy[row[:, None], column], np.nan)
+        in_stance = valid & (step[None, :] < 0)
+        spot = _nan_median(positions[:, :reach])  # (the stance's frames: NaN elsewhere)
+        middle = positions[np.arange(len(events)), reach + ahead - 1]  # the swing's middle
+        toward = middle - spot
+        clear = np.hypot(toward[:, 0], toward[:, 1])
+        with np.errstate(invalid="ignore", divide="ignore"):
+            toward /= clear[:, None]
+            progress = np.nan_to_num(((positions - spot[:, None]) * toward[:, None]).sum(-1))
+        valid &= np.isfinite(positions).all(axis=-1)
+        centre = (times[near] + times[near - way]) / 2
+        # no earlier (lift-off) than the stance's middle frame; no later than the swing's
+        halfway = np.where(way > 0, runs.stop[stance] - 1 - (length[stance] - 1) // 2,
+                           runs.start[stance] + (length[stance] - 1) // 2)
+        bound = np.sort(np.stack([times[halfway], times[near + way * (ahead - 1)]]), axis=0)
+        return cls(row, way, times[column] - centre[:, None], np.where(valid, progress, 0.0),
+                   valid, in_stance, clear, bound[0] - centre, bound[1] - centre, centre)
+
+    def _set_off(self, speed: np.ndarray, sigma: np.ndarray, ramp: float,
+                 part: slice | np.ndarray = slice(None)) -> np.ndarray:
+        """``(P,)`` when each event's tip set off (s, less ``centre``; NaN where unknown):
+        the median over its swing frames clearly off the spot (:data:`_OFF` times the
+        noise) of the frame's time less the time a tip ramping up over ``ramp`` takes to
+        come that far."""
+        v = speed[part][:, None]
+        swing = slice(self.time.shape[1] // 2, None)  # the swing's frames, and invalid ones
+        progress = self.progress[part, swing]
+        with np.errstate(invalid="ignore", divide="ignore"):
+            off = self.valid[part, swing] & (progress > _OFF * sigma[part][:, None])
+            took = _unramped(progress / v, ramp)
+            at = np.where(off, self.time[part, swing] - self.way * took, np.nan)
+        return _nan_median(at[..., None])[:, 0]
+
+    def _placeable(self, speed: np.ndarray, sigma: np.ndarray) -> np.ndarray:
+        """``(E,)`` events whose tip's speed and noise are known and whose swing takes it
+        clearly off the spot."""
+        with np.errstate(invalid="ignore"):
+            return np.isfinite(speed) & (speed > 0) & np.isfinite(sigma) \
+                & (self.clear > _CLEAR * sigma)
+
+    def misfit(self, speed: np.ndarray, sigma: np.ndarray, ramp: float,
+               part: np.ndarray) -> float:
+        """The sum over the events ``part`` and their frames of the squared distance, over
+        the noise, between each frame's progress and that of a tip setting off when
+        :meth:`_set_off` says and ramping up over ``ramp`` (s): smaller for a ramp that
+        fits them better."""
+        at = self._set_off(speed, sigma, ramp, part)
+        part, at = part[np.isfinite(at)], at[np.isfinite(at)]
+        come = _ramped(self.way * (self.time[part] - at[:, None]), ramp) * speed[part][:, None]
+        miss = np.where(self.valid[part], (self.progress[part] - come) / sigma[part][:, None],
+                        0.0)
+        return float(np.einsum("ek,ek->", miss, miss))
+
+    def ramp(self, speed: np.ndarray, sigma: np.ndarray, longest: float) -> float:
+        """The ramp (s, 0 to ``longest``) whose :meth:`misfit` is least on up to
+        :data:`_FIT_EVENTS` events (evenly spread): the best of :data:`_RAMPS` evenly
+        spaced, then of :data:`_FINER` between its neighbours, refined by a parabola through the
+        best and its two neighbours."""
+        fit = np.flatnonzero(self._placeable(speed, sigma))
+        fit = fit[::max(1, -(-len(fit) // _FIT_EVENTS))]
+        if not len(fit) or longest <= 0:
+            return 0.0
+        tried = np.linspace(0.0, longest, _RAMPS)
+        for rounds in range(2):
+            scores = np.array([self.misfit(speed, sigma, float(r), fit) for r in tried])
+            best = int(np.argmin(scores))
+            if rounds == 0:
+                tried = np.linspace(tried[max(best - 1, 0)], tried[min(best + 1, _RAMPS - 1)],
+                                    _FINER)
+        if 0 < best < _FINER - 1:
+            a, b, c = scores[best - 1:best + 2]
+            bend = a - 2 * b + c
+            if bend > 0:
+                return float(tried[best] + 0.5 * (a - c) / bend * (tried[1] - tried[0]))
+        return float(tried[best])
+
+    def started(self, speed: np.ndarray, sigma: np.ndarray, ramp: float) -> np.ndarray:
+        """``(E,)`` each event's time, s (NaN where it is not placed): :meth:`_set_off`
+        with ``ramp``, between the stance's and the swing's middle frames."""
+        at = self._set_off(speed, sigma, ramp)
+        ok = self._placeable(speed, sigma) & np.isfinite(at)
+        return np.where(ok, np.clip(at, self.low, self.high) + self.centre, np.nan)
+
+
+def _nan_median(values: np.ndarray) -> np.ndarray:
+    """``(E, C)``: the median over axis 1 of ``(E, K, C)`` ignoring NaN (NaN where all are)."""
+    count = np.isfinite(values).sum(axis=1)
+    ranked = np.sort(np.where(np.isfinite(values), values, np.inf), axis=1)
+    e, c = np.indices(count.shape)
+    low = ranked[e, np.maximum(count - 1, 0) // 2, c]
+    high = ranked[e, np.minimum(count // 2, values.shape[1] - 1), c]
+    return np.where(count > 0, (low + high) / 2, np.nan)
+
+
 @dataclass(frozen=True)
 class StepEvents:
     """The complete steps of many tips: each a swing between two stances.
@@ -434,7 +864,9 @@ class StepEvents:
         stance_start: Start of the stance before the lift-off (the touchdown before),
             s; NaN when that stance began at a gap or at the first frame.
         step_length: Horizontal distance of the tip from its last stance frame before
-            the lift-off to its first after the touchdown, in the positions' unit.
+            the lift-off to its first after the touchdown (without heights: its last
+            frame before the lift-off's time, its first after the touchdown's), in the
+            positions' unit.
     """
 
     tip: np.ndarray
@@ -475,7 +907,13 @@ def step_events(times: np.ndarray, state: np.ndarray | _Runs, tips: np.ndarray,
     start, stop, row = runs.start[where], runs.stop[where], runs.row[where]
     stance = where - 1  # the stance run before each swing
     stance_start = np.where(runs.before[stance] == SWING, edge[stance], np.nan)
-    left, right = tips[row, start - 1, :2], tips[row, stop, :2]
+    before, after = start - 1, stop
+    if not height:  # the band's edges may lie inside the swing: the frames off the events
+        before = np.clip(np.searchsorted(times, edge[where], "right") - 1,
+                         runs.start[stance], before)
+        after = np.clip(np.searchsorted(times, edge[where + 1], "left"), after,
+                        runs.stop[where + 1] - 1)
+    left, right = tips[row, before, :2], tips[row, after, :2]
     length = np.hypot(*(right - left).T) if len(where) else np.zeros(0)
     return StepEvents(row.astype(np.int64), edge[where], edge[where + 1], stance_start, length)
 

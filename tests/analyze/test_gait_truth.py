@@ -1,5 +1,6 @@
 """The gait measures recover a synthetic walker's known gait (flyarchive.testing.walker),
-noise added, at frame rates from 60 to 1000 frames/s."""
+noise added, at frame rates from 60 to 1000 frames/s, from its tips' heights and speeds and
+from their x and y alone (2-D tracking)."""
 
 from __future__ import annotations
 
@@ -7,7 +8,8 @@ import numpy as np
 import pytest
 
 import flyarchive
-from flyarchive.analyze.gait import TRIPODS, GaitParams
+from flyarchive.analyze.gait import TRIPODS, GaitParams, gait_measures
+from flyarchive.analyze.steps import stance_runs, step_events
 from flyarchive.testing.walker import TRIPOD, walker_positions
 
 LEGS = ("lf", "lm", "lh", "rf", "rm", "rh")
@@ -119,3 +121,49 @@ def test_the_epochs_tile_each_leg_s_time_with_stance_and_swing():
     assert lf.complete.tolist() == [False] + [True] * (len(lf) - 2) + [False]
     stance = lf[(lf.phase == "stance") & lf.complete]
     assert stance.duration.values == pytest.approx(TRIPOD.duty / TRIPOD.frequency, abs=0.005)
+
+
+def planar_measures(fps: float, *, noise: float = NOISE, seconds: float = 10.0) -> dict:
+    """The walker's measures from its x and y alone (a camera above: no heights)."""
+    values = walker_positions(fps, seconds, noise=noise, seed=fps).values
+    times = np.arange(values.shape[1]) / fps
+    return gait_measures(times, values[:, :, 0], values[:, :, 1:], params=WALKER, height=False)
+
+
+@pytest.mark.parametrize("fps", [60, 125, 250, 500, 1000])
+def test_without_heights_a_known_gait_is_recovered_within_two_percent(fps):
+    got = planar_measures(fps)
+
+    expected_phase = (np.asarray(TRIPOD.phases) - TRIPOD.phases[0]) % 1
+    assert got["step_frequency"][0] == pytest.approx([TRIPOD.frequency] * 6, rel=0.02)
+    # (the tip's speed rises from rest: events at a speed threshold gave +5 % to +25 %)
+    assert got["duty_factor"][0] == pytest.approx([TRIPOD.duty] * 6, rel=0.02)
+    off = (got["phase"][0] - expected_phase + 0.5) % 1 - 0.5
+    assert np.abs(off).max() < 0.02
+    assert got["step_length"][0] == pytest.approx([TRIPOD.step_length] * 6, rel=0.02)
+
+
+@pytest.mark.parametrize("fps", [60, 250, 1000])
+def test_without_heights_events_are_where_the_tip_sets_off_and_comes_to_rest(fps):
+    values = walker_positions(fps, 10.0, noise=NOISE, seed=fps).values
+    tips = np.ascontiguousarray(values[0, :, 1:].transpose(1, 0, 2))
+    times = np.arange(values.shape[1]) / fps
+
+    events = step_events(times, stance_runs(times, tips, WALKER, height=False), tips, WALKER,
+                         height=False)
+
+    phase = np.asarray(TRIPOD.phases)[events.tip]
+    cycle = np.round(events.liftoff * TRIPOD.frequency - phase)
+    early = events.liftoff - (cycle + phase) / TRIPOD.frequency
+    late = events.touchdown - (cycle + phase + 1 - TRIPOD.duty) / TRIPOD.frequency
+    assert len(events) == pytest.approx(6 * 10.0 * TRIPOD.frequency, abs=6)
+    assert abs(np.mean(early)) < 5e-4 and abs(np.mean(late)) < 5e-4
+    assert np.percentile(np.abs([*early, *late]), 99) * fps < 0.5
+
+
+@pytest.mark.parametrize("fps", [250, 1000])
+def test_without_heights_noisy_tracking_makes_no_steps(fps):
+    got = planar_measures(fps, noise=0.02)  # 20 µm on every coordinate: a tracker's pixel
+
+    assert got["step_frequency"][0] == pytest.approx([TRIPOD.frequency] * 6, rel=0.02)
+    assert got["duty_factor"][0] == pytest.approx([TRIPOD.duty] * 6, rel=0.03)

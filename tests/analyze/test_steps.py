@@ -100,6 +100,24 @@ def test_no_step_is_made_up_across_a_gap():
     assert np.isfinite(events.stance_start[after][1:]).all()
 
 
+@pytest.mark.parametrize("height", [True, False], ids=["3-D", "2-D"])
+def test_after_a_gap_at_a_high_frame_rate_the_steps_go_on(height):
+    values = walker_positions(1000, 2.0, noise=0.005).values  # smoothed over 7 frames
+    tips = np.ascontiguousarray(values[0, :, 1:].transpose(1, 0, 2))
+    tips[:, 500:520] = np.nan  # 20 ms of tracking lost
+    at = np.arange(tips.shape[1]) / 1000
+    params = GaitParams(stance_height=0.05)
+
+    state = stance_state(at, tips, params, height=height)
+    events = step_events(at, state, tips, params, height=height)
+
+    assert (state[:, 500:520] == UNKNOWN).all()
+    assert (state[:, 530:] != UNKNOWN).all()  # a gap's NaN stays in its own windows
+    after = events.liftoff > 0.52
+    assert after.sum() == pytest.approx(6 * 1.48 * 9.3, abs=6)
+    assert not ((events.liftoff < 0.52) & (events.touchdown > 0.5)).any()
+
+
 def test_a_state_is_stance_swing_or_unknown():
     tip = cycles(3)
     tip[0, 0] = np.nan
@@ -138,6 +156,25 @@ def test_a_tracked_fly_and_a_simulated_one_in_one_step_table():
     assert cycle.values == pytest.approx(1 / 9.3, abs=DT)  # (per leg, then across legs)
     steps = both.groupby(["individual", "leg"]).size()
     assert steps.min() >= steps.max() - 1
+
+
+@requires_movement
+@pytest.mark.slow  # movement imports for seconds
+def test_two_d_poses_give_the_walker_s_gait_at_low_and_high_frame_rates():
+    legs = {leg: name for name, leg in TRACKED.items() if name != "thorax"}
+    params = GaitParams(stance_height=0.05)
+
+    for fps in (60, 500):
+        poses = walker_poses(fps, 5.0, noise=0.005, seed=fps)  # x, y only: no heights
+        got = flyarchive.gait_summary(poses, thorax="thorax", legs=legs, params=params)
+        steps = flyarchive.gait_steps(poses, thorax="thorax", legs=legs, params=params)
+
+        for leg in legs:
+            assert got[f"step_frequency_{leg}"].item() == pytest.approx(9.3, rel=0.02), fps
+            assert got[f"duty_factor_{leg}"].item() == pytest.approx(0.62, rel=0.02), fps
+        assert np.isnan(got.mean_height.item())
+        assert steps.swing_duration.mean() == pytest.approx(0.38 / 9.3, rel=0.03), fps
+        assert steps.step_length.median() == pytest.approx(1.0, rel=0.02), fps
 
 
 @requires_movement
