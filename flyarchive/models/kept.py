@@ -24,7 +24,7 @@ the fix, :func:`attach_model` (``flyarchive model attach``): it keeps a portable
 beside an archive after checking that it compiles to the recorded layout.
 
 Commit order: the objects are written while the archive is created, before ``n_frames``,
-the commit marker (:func:`flyarchive.store.new_archive.create_arrays`): the root
+the commit marker (:func:`flyarchive.store.nodes.create_arrays`): the root
 attributes, written first with the group, already name them, but an archive whose
 creation completed never names a model that is not there. A creation puts them with the
 arrays' metadata (its location is empty and its claim held: nothing else can be there).

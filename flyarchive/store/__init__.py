@@ -11,26 +11,26 @@ plain zarr arrays beside its videos, written and read by :mod:`flyarchive.video.
   and the blocks of frames it commits (:class:`~flyarchive.record.spec.FrameBlock`) are
   the record stage's (:mod:`flyarchive.record.spec`), which produces them;
 - :mod:`~flyarchive.store.writer` (with :mod:`~flyarchive.store.creation`,
-  :mod:`~flyarchive.store.new_archive` and :mod:`~flyarchive.store.claims`): create,
+  :mod:`~flyarchive.store.nodes` and :mod:`~flyarchive.store.claims`): create,
   append and commit, one writer at a time;
-- :mod:`~flyarchive.store.reader`: open (checked by :mod:`~flyarchive.store.hardening`,
+- :mod:`~flyarchive.store.reader`: open (checked by :mod:`~flyarchive.store.allowlist`,
   decoded by :mod:`~flyarchive.store.decoders`), read, and name what failed to read;
 - :mod:`~flyarchive.store.dataset`: the lazy dataset readers get (selections read only
   the chunks they touch; frames past ``n_frames`` masked inside the read), read through
   :mod:`~flyarchive.store.shards` (each shard fetched once, inner chunks decoded into the
   result, indexes of shards that can no longer change kept); inside ``n_frames`` a missing
-  chunk, shard or index entry fails the read (:mod:`~flyarchive.store.missing`); it and
+  chunk, shard or index entry fails the read (:mod:`~flyarchive.store.chunk_holes`); it and
   the header are built on :mod:`~flyarchive.store.coordinates` (``n_frames`` and the
   coordinates, read consistent and checked at open);
 - :mod:`~flyarchive.store.consolidated`: every array's metadata in the root ``zarr.json``,
   written at each commit, never ahead of ``n_frames``;
 - :mod:`~flyarchive.store.integrity`: ``verify``, every committed byte;
 - :mod:`~flyarchive.store.shutdown`: writes that must still happen while Python exits;
-- :mod:`~flyarchive.store.opening`: an archive opened for reading, looked at again should
-  a writer change it meanwhile; its header (:func:`~flyarchive.store.opening.open_header`,
+- :mod:`~flyarchive.store.opener`: an archive opened for reading, looked at again should
+  a writer change it meanwhile; its header (:func:`~flyarchive.store.opener.open_header`,
   :class:`~flyarchive.store.header.ArchiveHeader` of :mod:`~flyarchive.store.header`): what
   a render plans with, read without xarray or dask;
-- :mod:`~flyarchive.store.copies`: an array's metadata and its consolidated copy, checked
+- :mod:`~flyarchive.store.replicas`: an array's metadata and its consolidated copy, checked
   to agree;
 - :mod:`~flyarchive.store.elsewhere`: what is at a URL where an archive was expected (a
   map, an array inside an archive), named in the error;

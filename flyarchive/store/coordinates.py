@@ -28,7 +28,7 @@ from flyarchive.schema import (
     times_problem,
 )
 from flyarchive.store.consolidated import time_extent
-from flyarchive.store.copies import read_checked
+from flyarchive.store.replicas import read_checked
 from flyarchive.store.location import sync
 from flyarchive.store.reader import fused_reads, open_checked
 
@@ -129,7 +129,7 @@ def _read_now(arrays: Mapping[str, zarr.Array], names: Sequence[str], n_time: in
               group: zarr.Group, url: str) -> dict[str, np.ndarray]:
     """Arrays ``names`` read whole (``time`` cut to ``n_time``), concurrently, beside the
     arrays' own metadata when ``group`` reads the consolidated copy
-    (:func:`~flyarchive.store.copies.read_checked`): one round of requests on remote storage."""
+    (:func:`~flyarchive.store.replicas.read_checked`): one round of requests on remote storage."""
     reads = [arrays[n]._async_array.getitem(time_cut(arrays[n], n_time)) for n in names]
     return {name: np.asarray(value)
             for name, value in zip(names, sync(read_checked(group, str(url), reads)))}

@@ -1,6 +1,6 @@
 """Creating and reopening an archive: its root attributes, what is at a URL before it
 is created, and whether an existing archive can be appended to (the nodes of a new
-archive are :mod:`~flyarchive.store.new_archive`'s).
+archive are :mod:`~flyarchive.store.nodes`'s).
 
 Used by :mod:`flyarchive.store` (see its docstring for what each mode does with
 what it finds); touches the store only through zarr's store API.

@@ -38,7 +38,7 @@ from flyarchive.store.coordinates import committed_coordinates, dims_of, time_cu
 from flyarchive.store.header import ArchiveHeader, HeaderVariable
 from flyarchive.store.location import unavailable
 from flyarchive.store.reader import chunk_file, corrupt_read, open_group
-from flyarchive.store.missing import (
+from flyarchive.store.chunk_holes import (
     committed_holes,
     fill_cells,
     missing_error,
@@ -92,7 +92,7 @@ class CommittedFrames:
             None: every read goes through zarr.
         committed: ``(world,)`` committed frames of every world: a read of committed
             frames whose chunk, shard or index entry is missing raises
-            (:mod:`~flyarchive.store.missing`); None: not checked.
+            (:mod:`~flyarchive.store.chunk_holes`); None: not checked.
         advice: What the errors say to do (:func:`flyarchive.schema.damage_advice`: for a
             derived group, recompute it); None: an archive's (``verify``, a backup).
 
@@ -234,7 +234,7 @@ class WorldVariable:
     """A world variable's values, read on demand (a dask array's source, the header's
     reader): a chunk of a variable stored whole that is missing, or any chunk that does
     not read, raises :class:`~flyarchive.errors.CorruptArchiveError` naming the variable,
-    the worlds and the file (:func:`~flyarchive.store.missing.read_whole`).
+    the worlds and the file (:func:`~flyarchive.store.chunk_holes.read_whole`).
 
     Attributes:
         arr: The ``(world,)`` array.

@@ -6,7 +6,7 @@ few stored bytes: :class:`BoundedPCodec` decodes into the chunk's declared shape
 never past it, :class:`BoundedBloscCodec` refuses an oversized header before anything
 is allocated, and :class:`CheckedCrc32cCodec` says what a checksum mismatch means.
 :func:`install_bounded_decoders` makes them zarr's decoders in this process (their
-metadata is checked first: :mod:`flyarchive.store.hardening`); :func:`direct_decoder`
+metadata is checked first: :mod:`flyarchive.store.allowlist`); :func:`direct_decoder`
 decodes one inner chunk straight into its place for the shard reader.
 """
 

@@ -13,8 +13,8 @@ Derived values are held to the archive's guarantees, by the readers of the state
 themselves, not by a check per kind: every array of dims ``(world, time, ...)``
 (:func:`flyarchive.schema.is_state`) is read by
 :func:`~flyarchive.store.dataset.open_dataset`, so a missing chunk, shard or index entry
-inside ``n_frames`` fails the read (:mod:`~flyarchive.store.missing`) and every byte is
-checksummed; the group's metadata passes :mod:`~flyarchive.store.hardening` (the state
+inside ``n_frames`` fails the read (:mod:`~flyarchive.store.chunk_holes`) and every byte is
+checksummed; the group's metadata passes :mod:`~flyarchive.store.allowlist` (the state
 pipelines) and the checks of ``n_frames``, extents and times at open
 (:mod:`~flyarchive.store.coordinates`); :func:`flyarchive.schema.validate_derived` holds
 its labels to its provenance; and :func:`source_problems` holds it to its archive
@@ -396,9 +396,9 @@ class DerivedSource:
         """The archive at ``url``, its header read (checked as ``open_archive`` checks it).
 
         Raises:
-            As :func:`flyarchive.store.opening.open_header`.
+            As :func:`flyarchive.store.opener.open_header`.
         """
-        from flyarchive.store.opening import open_header
+        from flyarchive.store.opener import open_header
 
         return cls.of(open_header(url, storage_options), url)
 
@@ -618,7 +618,7 @@ def open_derived_group(url: str, storage_options: Mapping[str, Any] | None = Non
                        ) -> tuple[xr.Dataset, zarr.Group]:
     """:func:`open_derived`, and the group it opened (for :func:`state_reader`)."""
     from flyarchive.store import dataset
-    from flyarchive.store.opening import read_archive
+    from flyarchive.store.opener import read_archive
     from flyarchive.store.reader import open_checked
 
     url = str(url)

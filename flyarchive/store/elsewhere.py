@@ -16,7 +16,7 @@ from zarr.core.buffer import default_buffer_prototype
 
 from flyarchive.errors import ArchiveNotFoundError
 from flyarchive.schema import SCHEMA_NAME
-from flyarchive.store.hardening import MAX_METADATA_BYTES, check_json_bytes
+from flyarchive.store.allowlist import MAX_METADATA_BYTES, check_json_bytes
 
 #: Levels above a URL searched for the archive holding it.
 _LEVELS = 4
@@ -27,7 +27,7 @@ _MAPS = {"depth": ("read_depth", "a (frames, H, W) float32 array in model length
 def _document(url: str, storage_options: Mapping[str, Any] | None) -> dict[str, Any] | None:
     """The ``zarr.json`` at ``url``, parsed (None if there is none or it is not JSON).
 
-    Read as a byte range of at most :data:`~flyarchive.store.hardening.MAX_METADATA_BYTES`:
+    Read as a byte range of at most :data:`~flyarchive.store.allowlist.MAX_METADATA_BYTES`:
     the guarded local store checks whole metadata files against what archives hold, and
     a map's pipeline is not an archive's.
     """

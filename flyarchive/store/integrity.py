@@ -42,7 +42,7 @@ from flyarchive.schema import (
 from flyarchive.store.claims import live_claims
 from flyarchive.store.consolidated import WHILE_WRITING, consolidated_findings, root_document
 from flyarchive.models.kept import model_problems
-from flyarchive.store.missing import missing_chunks, stored_whole
+from flyarchive.store.chunk_holes import missing_chunks, stored_whole
 from flyarchive.store.reader import (
     block_damage,
     damaged_chunks,
@@ -55,7 +55,7 @@ from flyarchive.store.reader import (
 _PROTOTYPE = default_buffer_prototype()
 #: Most passes over an archive that a writer changes while it is read.
 PASSES = 3
-#: What a refusal of metadata flyarchive does not write says (:mod:`~flyarchive.store.hardening`).
+#: What a refusal of metadata flyarchive does not write says (:mod:`~flyarchive.store.allowlist`).
 _NOT_WRITTEN_BY_US = ("flyarchive reads only what it writes", "disagrees with itself")
 
 

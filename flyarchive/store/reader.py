@@ -24,10 +24,10 @@ from zarr.core.buffer import default_buffer_prototype
 
 from flyarchive.errors import ArchiveNotFoundError, CorruptArchiveError, FlyarchiveError, SchemaError
 from flyarchive.schema import STATE_VARS, finite_frames, validate_attrs
-from flyarchive.store import hardening, storage_errors
-from flyarchive.store.copies import check_copies, check_own, read_checked, read_copy
+from flyarchive.store import allowlist, storage_errors
+from flyarchive.store.replicas import check_copies, check_own, read_checked, read_copy
 from flyarchive.store.elsewhere import not_an_archive
-from flyarchive.store.hardening import check_arrays
+from flyarchive.store.allowlist import check_arrays
 from flyarchive.store.localstore import UnsafeFileError
 from flyarchive.store.location import access_denied, is_remote, open_store, sync, unavailable
 
@@ -91,7 +91,7 @@ def _refuse_v2(store: zarr.abc.store.Store, url: str) -> None:
     except Exception:  # nothing to tell beyond "no archive"
         return
     if found is not None:
-        raise hardening.refuse(f"{url.rstrip('/')}/.zgroup", "it is zarr v2 metadata; flyarchive "
+        raise allowlist.refuse(f"{url.rstrip('/')}/.zgroup", "it is zarr v2 metadata; flyarchive "
                                "archives are zarr v3 (their metadata is zarr.json)", url)
 
 
@@ -156,15 +156,15 @@ def open_checked(url: str, storage_options: Mapping[str, Any] | None = None, *,
                  consolidated: bool = True, own_later: bool = False,
                  check_copy: bool = True) -> zarr.Group:
     """:func:`~flyarchive.store.open_group`, then every array's metadata checked against what
-    flyarchive writes (:func:`flyarchive.store.hardening.check_arrays`) before any chunk is
-    read, and against its other copy (:mod:`flyarchive.store.copies`): the consolidated
+    flyarchive writes (:func:`flyarchive.store.allowlist.check_arrays`) before any chunk is
+    read, and against its other copy (:mod:`flyarchive.store.replicas`): the consolidated
     copy in the root ``zarr.json`` and the array's own ``zarr.json`` must agree.
 
     Args:
         consolidated: Use the consolidated copy of the arrays' metadata when there is one
             (``verify`` passes False: it checks each array's own).
         own_later: For a group opened with the consolidated copy: the caller awaits
-            :func:`flyarchive.store.copies.check_own` in its first round of reads (the
+            :func:`flyarchive.store.replicas.check_own` in its first round of reads (the
             arrays' own ``zarr.json`` fetched beside them). False: fetched here, one more
             round of requests.
         check_copy: False: the two copies are not compared (``verify`` reports every
@@ -505,7 +505,7 @@ class StateReader:
                        pieces: Sequence[tuple[int, int, int]]) -> None:
         """Raise if frames of ``pieces`` that read as the fill value are missing (the
         storage is asked only when some did)."""
-        from flyarchive.store.missing import committed_holes, fill_cells, missing_error, probe
+        from flyarchive.store.chunk_holes import committed_holes, fill_cells, missing_error, probe
 
         arr = self.arrays[name]
         hit = fill_cells(values[:, None], arr.fill_value)[:, 0]

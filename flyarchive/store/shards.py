@@ -97,7 +97,7 @@ class NeverWritten:
     """An inner chunk that a read covered and found empty: its shard is missing, or the
     shard's index marks it never written (offset and length ``2**64 - 1``). It reads as
     the fill value; whether that is legal is the caller's question
-    (:mod:`~flyarchive.store.missing`: inside ``n_frames`` it is damage).
+    (:mod:`~flyarchive.store.chunk_holes`: inside ``n_frames`` it is damage).
 
     Attributes:
         region: ``(start, stop)`` indices it covers along each axis, inside the array.

@@ -25,7 +25,7 @@ Stored whole: the chunk is written even when every value equals the fill value (
 skips such chunks unless asked), and the metadata says so
 (:data:`~flyarchive.schema.WHOLE_ATTR`), so a chunk found missing is damage (a file
 deleted or lost), which readers refuse and ``verify`` names
-(:mod:`flyarchive.store.missing`), never values. A variable added before flyarchive
+(:mod:`flyarchive.store.chunk_holes`), never values. A variable added before flyarchive
 marked them (an older archive) is read as it always was (a missing chunk gives the fill
 value: its writer skipped a chunk of fill values) and is marked when it is replaced.
 

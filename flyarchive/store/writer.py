@@ -85,7 +85,7 @@ from flyarchive.store.location import (
     settled,
     sync,
 )
-from flyarchive.store.new_archive import Created, create_arrays
+from flyarchive.store.nodes import Created, create_arrays
 from flyarchive.store.reader import open_group
 from flyarchive.record.spec import ArchiveSpec, FrameBlock
 

@@ -2,7 +2,7 @@
 table, its states read per world and kept in a bounded cache, and its model.
 
 The viewer reads what every other reader reads, with the same checks: the header through
-:func:`flyarchive.store.opening.open_header` (attributes, coordinates, ``n_frames``,
+:func:`flyarchive.store.opener.open_header` (attributes, coordinates, ``n_frames``,
 world variables: no xarray, no dask), before the server listens; states through the getters the lazy
 dataset of :func:`flyarchive.open_archive` reads with
 (:func:`~flyarchive.store.dataset.committed_frames`: frames past ``n_frames`` NaN,
@@ -135,9 +135,9 @@ class ViewedArchive:
         read from the last one (the dataset is opened again on first use).
 
         Raises:
-            As :func:`flyarchive.store.opening.open_header`.
+            As :func:`flyarchive.store.opener.open_header`.
         """
-        from flyarchive.store.opening import open_header
+        from flyarchive.store.opener import open_header
 
         header = open_header(self.url, self.storage_options or None)
         getters = _state_getters(header, self.url, self.storage_options or None)

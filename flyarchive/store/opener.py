@@ -47,7 +47,7 @@ def read_archive(url: str, storage_options: Mapping[str, Any] | None,
     given), looked at twice should a writer have changed the archive under the first
     look; errors named."""
     if group is None:
-        try:  # the arrays' own metadata is checked in read's first round (store.copies)
+        try:  # the arrays' own metadata is checked in read's first round (store.replicas)
             group = open_checked(url, storage_options, own_later=True)
         except UnsafeFileError:  # a writer replaced a metadata file as it was read: look again
             group = open_checked(url, storage_options, own_later=True)
