@@ -34,7 +34,7 @@ from benchlib import Column, Table, add_json_option, host_info, write_json
 
 import flyarchive
 from flyarchive import open_archive
-from flyarchive.store.opener import open_header
+from flyarchive.store.dataset import open_header
 
 TABLE = Table([
     Column("where", 6, "where", align="<"), Column("latency ms", 10, "latency_ms"),

@@ -13,9 +13,9 @@ protocols the store's writer implements), and the public recorders are bound to 
 and query by an application module (:mod:`flyarchive.recorders`). Render (how
 one process turns an archive into videos) never imports distribute (where that work runs).
 
-Base modules (errors, schema, layout, clock, codecs, models, config, warp_log, lru) import
-only each other; applications (cli, demo, plot, summary, recorders, interop, view, and the
-package's own ``__init__``) may import anything; ``flyarchive.testing`` is not part of the
+Base modules (errors, schema, layout, clock, codecs, models, config, warp_log, lru,
+zarr_internals) import only each other; applications (cli, demo, plot, summary, recorders,
+interop, view, and the package's own ``__init__``) may import anything; ``flyarchive.testing`` is not part of the
 product and may import anything too.
 
 The models package is the one home of models, and spans floors (:data:`FLOORS`): its
@@ -48,7 +48,7 @@ import pytest
 PACKAGE = Path(__file__).resolve().parents[1] / "flyarchive"
 
 BASE = frozenset({"errors", "schema", "layout", "clock", "codecs", "models", "config", "warp_log",
-                  "lru"})
+                  "lru", "zarr_internals"})
 STAGES = ("record", "store", "query", "analyze", "replay", "video", "render", "distribute")
 #: Modules of a base package that are of a later stage's floor: module -> stage.
 FLOORS = {"flyarchive.models.kept": "store", "flyarchive.models.shipping": "analyze"}

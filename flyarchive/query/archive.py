@@ -1,6 +1,6 @@
 """Open an archive as a lazy, validated, masked ``xarray.Dataset`` (:func:`open_archive`).
 Its header alone, without xarray or dask, is the store's
-(:func:`flyarchive.store.opener.open_header`)."""
+(:func:`flyarchive.store.dataset.open_header`)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 from flyarchive.schema import validate
 from flyarchive.store import dataset
 from flyarchive.store.location import as_url
-from flyarchive.store.opener import read_archive
+from flyarchive.store.dataset import read_archive
 
 if TYPE_CHECKING:
     import xarray as xr

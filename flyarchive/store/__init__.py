@@ -27,12 +27,12 @@ plain zarr arrays beside its videos, written and read by :mod:`flyarchive.video.
 - :mod:`~flyarchive.store.integrity`: ``verify``, every committed byte;
 - :mod:`~flyarchive.store.shutdown`: writes that must still happen while Python exits;
 - :mod:`~flyarchive.store.opener`: an archive opened for reading, looked at again should
-  a writer change it meanwhile; its header (:func:`~flyarchive.store.opener.open_header`,
+  a writer change it meanwhile; its header (:func:`~flyarchive.store.dataset.open_header`,
   :class:`~flyarchive.store.header.ArchiveHeader` of :mod:`~flyarchive.store.header`): what
   a render plans with, read without xarray or dask;
 - :mod:`~flyarchive.store.replicas`: an array's metadata and its consolidated copy, checked
   to agree;
-- :mod:`~flyarchive.store.elsewhere`: what is at a URL where an archive was expected (a
+- :mod:`~flyarchive.store.opener`: what is at a URL where an archive was expected (a
   map, an array inside an archive), named in the error;
 - the models kept by content beside an archive, compiled (``models/<sha256>.mjb``) and
   portable (``models/<sha256>.mjz``), are read and written through the store by
@@ -54,7 +54,8 @@ from flyarchive.store.location import (
     refuse_existing,
     unavailable,
 )
-from flyarchive.store.reader import StateReader, open_checked, open_group, open_stored
+from flyarchive.store.opener import open_for_reading, open_for_writing
+from flyarchive.store.reader import StateReader, open_stored
 from flyarchive.record.spec import ArchiveSpec, FrameBlock
 from flyarchive.store.writer import ArchiveWriter
 

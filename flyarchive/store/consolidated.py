@@ -23,14 +23,17 @@ from typing import Any
 
 import numpy as np
 import zarr
-from zarr.core.buffer import default_buffer_prototype
-from zarr.core.group import ConsolidatedMetadata, GroupMetadata
-from zarr.core.metadata import ArrayV3Metadata
 
 from flyarchive.errors import SchemaError
 from flyarchive.store import replicas
 from flyarchive.store.allowlist import check_array_metadata
 from flyarchive.store.location import sync
+from flyarchive.zarr_internals import (
+    ArrayV3Metadata,
+    ConsolidatedMetadata,
+    GroupMetadata,
+    default_buffer_prototype,
+)
 
 Metadata = ArrayV3Metadata | GroupMetadata
 

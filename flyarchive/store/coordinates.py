@@ -30,7 +30,8 @@ from flyarchive.schema import (
 from flyarchive.store.consolidated import time_extent
 from flyarchive.store.replicas import read_checked
 from flyarchive.store.location import sync
-from flyarchive.store.reader import fused_reads, open_checked
+from flyarchive.store.reader import fused_reads
+from flyarchive.zarr_internals import array_getitem
 
 
 def committed_coordinates(url: str, storage_options: Mapping[str, Any] | None,
@@ -130,7 +131,7 @@ def _read_now(arrays: Mapping[str, zarr.Array], names: Sequence[str], n_time: in
     """Arrays ``names`` read whole (``time`` cut to ``n_time``), concurrently, beside the
     arrays' own metadata when ``group`` reads the consolidated copy
     (:func:`~flyarchive.store.replicas.read_checked`): one round of requests on remote storage."""
-    reads = [arrays[n]._async_array.getitem(time_cut(arrays[n], n_time)) for n in names]
+    reads = [array_getitem(arrays[n], time_cut(arrays[n], n_time)) for n in names]
     return {name: np.asarray(value)
             for name, value in zip(names, sync(read_checked(group, str(url), reads)))}
 
@@ -138,6 +139,8 @@ def _read_now(arrays: Mapping[str, zarr.Array], names: Sequence[str], n_time: in
 def _arrays_now(url: str, storage_options: Mapping[str, Any] | None
                 ) -> tuple[zarr.Group, dict[str, zarr.Array]]:
     """The group and every array's own metadata, read now (checked as at open)."""
-    group = open_checked(url, storage_options, consolidated=False)
+    from flyarchive.store.opener import open_for_reading  # the opener reads through here
+
+    group = open_for_reading(url, storage_options, consolidated=False)
     with fused_reads():
         return group, dict(group.arrays())

@@ -36,10 +36,10 @@ from typing import Any
 
 import zarr.storage
 from zarr.abc.store import ByteRequest, OffsetByteRequest, RangeByteRequest, SuffixByteRequest
-from zarr.core.buffer import Buffer, BufferPrototype, default_buffer_prototype
 
 from flyarchive.errors import IrregularFileError, UnsafeFileError
 from flyarchive.store import allowlist
+from flyarchive.zarr_internals import Buffer, BufferPrototype, StoreHooks, default_buffer_prototype
 
 #: Largest file read that is neither metadata nor an array's chunk (claims, models), bytes.
 MAX_OTHER_BYTES = 1 << 30
@@ -99,7 +99,7 @@ def open_regular(real: str, *, restore: str = "the chunk file"
     return fd, opened
 
 
-class GuardedLocalStore(zarr.storage.LocalStore):
+class GuardedLocalStore(StoreHooks, zarr.storage.LocalStore):
     """``zarr.storage.LocalStore`` confined to regular files inside ``root``.
 
     Raises (from its methods):
@@ -345,12 +345,12 @@ class GuardedLocalStore(zarr.storage.LocalStore):
 
     def get_sync(self, key: str, *, prototype: BufferPrototype | None = None,
                  byte_range: ByteRequest | None = None) -> Buffer | None:
-        self._ensure_open_sync()
+        self.ready_sync()
         return self._buffer(key, prototype, byte_range)
 
     async def get(self, key: str, prototype: BufferPrototype | None = None,
                   byte_range: ByteRequest | None = None) -> Buffer | None:
-        await self._ensure_open()
+        await self.ready()
         return await asyncio.to_thread(self._buffer, key, prototype, byte_range)
 
     async def get_partial_values(
@@ -427,17 +427,17 @@ class GuardedLocalStore(zarr.storage.LocalStore):
 
     # ------------------------------------------------------------------ writing
     def set_sync(self, key: str, value: Buffer) -> None:
-        self._ensure_open_sync()
+        self.ready_sync()
         self._inside(key)
         super().set_sync(key, value)
 
-    async def _set(self, key: str, value: Buffer, exclusive: bool = False) -> None:
-        await self._ensure_open()
+    async def set_checked(self, key: str, value: Buffer, exclusive: bool) -> None:
+        await self.ready()
         if not exclusive:  # the check and the write in one trip to a thread
             await asyncio.to_thread(self.set_sync, key, value)
             return
         await asyncio.to_thread(self._inside, key)
-        await super()._set(key, value, exclusive=exclusive)
+        await self.set_unchecked(key, value, exclusive)
 
     def delete_sync(self, key: str) -> None:
         self._inside(key)

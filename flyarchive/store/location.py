@@ -167,7 +167,7 @@ def refuse_existing(url: str, storage_options: Mapping[str, Any] | None = None) 
 
 
 def sync(coro: Any) -> Any:
-    from zarr.core.sync import sync
+    from flyarchive.zarr_internals import sync
 
     return sync(coro)
 

@@ -28,13 +28,12 @@ from collections.abc import Awaitable, Mapping, Sequence
 from typing import Any
 
 import zarr
-from zarr.core.buffer import default_buffer_prototype
-from zarr.core.metadata import ArrayV3Metadata
 
 from flyarchive.errors import SchemaError
 from flyarchive.schema import STATE_VARS
 from flyarchive.store.allowlist import check_array_metadata, check_json_bytes
 from flyarchive.store.location import sync
+from flyarchive.zarr_internals import ArrayV3Metadata, default_buffer_prototype
 
 #: The arrays whose own ``zarr.json`` readers of the consolidated copy fetch and compare:
 #: state and the numbers read at open. Each request costs CPU (on loopback S3 about 5 ms

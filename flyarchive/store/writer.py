@@ -86,7 +86,7 @@ from flyarchive.store.location import (
     sync,
 )
 from flyarchive.store.nodes import Created, create_arrays
-from flyarchive.store.reader import open_group
+from flyarchive.store.opener import open_for_writing
 from flyarchive.record.spec import ArchiveSpec, FrameBlock
 
 
@@ -241,7 +241,7 @@ class ArchiveWriter:
         try:
             there = sync(inventory(store))
             if there == "archive" and mode == "a":  # made between our look and our claim
-                group = open_group(url, storage_options, mode="r+")
+                group = open_for_writing(url, storage_options)
                 stored = check_against(group, url, spec.layout, spec.timing, codec=spec.codec,
                                        dtype=spec.dtype)
                 return cls._opened(group, url, stored, claim)
@@ -291,7 +291,7 @@ class ArchiveWriter:
             CorruptArchiveError: if ``n_frames`` is missing, outside the time extent, or the
                 committed times are not finite and increasing (nothing is written).
         """
-        group = open_group(url, storage_options, mode="r+")
+        group = open_for_writing(url, storage_options)
         stored = check_against(group, url, layout, timing, codec=codec, dtype=dtype)
         if "n_frames" not in group or "qpos" not in group:
             there = sync(inventory(group.store))

@@ -2,7 +2,7 @@
 table, its states read per world and kept in a bounded cache, and its model.
 
 The viewer reads what every other reader reads, with the same checks: the header through
-:func:`flyarchive.store.opener.open_header` (attributes, coordinates, ``n_frames``,
+:func:`flyarchive.store.dataset.open_header` (attributes, coordinates, ``n_frames``,
 world variables: no xarray, no dask), before the server listens; states through the getters the lazy
 dataset of :func:`flyarchive.open_archive` reads with
 (:func:`~flyarchive.store.dataset.committed_frames`: frames past ``n_frames`` NaN,
@@ -74,10 +74,11 @@ def _load_indexes(getters: Mapping[str, Any]) -> None:
 
 def _archive_id_now(url: str, storage_options: Mapping[str, Any] | None) -> str | None:
     """The ``archive_id`` of the archive at ``url`` now (None: none there, or unreadable)."""
-    from flyarchive.store.reader import open_group
+    from flyarchive.store.opener import open_for_reading
 
     try:
-        return str(open_group(url, storage_options).attrs.get("archive_id", ""))
+        group = open_for_reading(url, storage_options, attributes_only=True)
+        return str(group.attrs.get("archive_id", ""))
     except Exception:  # noqa: BLE001 - gone, or half written: the message says so
         return None
 
@@ -135,9 +136,9 @@ class ViewedArchive:
         read from the last one (the dataset is opened again on first use).
 
         Raises:
-            As :func:`flyarchive.store.opener.open_header`.
+            As :func:`flyarchive.store.dataset.open_header`.
         """
-        from flyarchive.store.opener import open_header
+        from flyarchive.store.dataset import open_header
 
         header = open_header(self.url, self.storage_options or None)
         getters = _state_getters(header, self.url, self.storage_options or None)
