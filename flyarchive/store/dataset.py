@@ -369,6 +369,33 @@ def _attrs(arr: zarr.Array) -> tuple[dict[str, Any], dict[str, Any]]:
     return attrs, encoding
 
 
+def committed_getter(values: Any) -> CommittedFrames | None:
+    """The archive getter (:class:`CommittedFrames`) a dask-backed state array of a dataset
+    that :func:`open_dataset` made reads through (None: none, e.g. an array in memory)."""
+    graph = getattr(getattr(values, "data", values), "dask", None)
+    if graph is None:
+        return None
+
+    def find(value: Any, depth: int = 0) -> CommittedFrames | None:
+        if isinstance(value, CommittedFrames):
+            return value
+        if depth > 4:
+            return None
+        inner = [getattr(value, "value", None), *getattr(value, "args", ())]
+        if isinstance(value, (tuple, list)):
+            inner += list(value)
+        for item in inner:
+            if item is not None and (found := find(item, depth + 1)) is not None:
+                return found
+        return None
+
+    for task in dict(graph).values():
+        getter = find(task)
+        if getter is not None:
+            return getter
+    return None
+
+
 def open_dataset(url: str, storage_options: Mapping[str, Any] | None,
                  group: zarr.Group) -> xr.Dataset:
     """The archive as a lazy dataset: coordinates read, state as masked dask arrays.

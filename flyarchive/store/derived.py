@@ -557,7 +557,7 @@ def find_derived(url: str, storage_options: Mapping[str, Any] | None = None
 BESIDE = "beside"
 
 
-def state_reader(url: str, storage_options: Mapping[str, Any] | None, ds: xr.Dataset,
+def state_getter(url: str, storage_options: Mapping[str, Any] | None, ds: xr.Dataset,
                  group: zarr.Group, name: str) -> Any:
     """The reader of a state array (``position``...) of the derived group ``ds`` opened from
     ``url`` with ``group`` (:func:`open_derived_group`), as its dask arrays read it
@@ -619,7 +619,7 @@ def open_derived(url: str, storage_options: Mapping[str, Any] | None = None, *,
 def open_derived_group(url: str, storage_options: Mapping[str, Any] | None = None, *,
                        source: DerivedSource | str | None = BESIDE
                        ) -> tuple[xr.Dataset, zarr.Group]:
-    """:func:`open_derived`, and the group it opened (for :func:`state_reader`)."""
+    """:func:`open_derived`, and the group it opened (for :func:`state_getter`)."""
     from flyarchive.store import dataset
     from flyarchive.store.dataset import read_archive
     from flyarchive.store.opener import open_for_reading
