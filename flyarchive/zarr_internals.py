@@ -97,6 +97,15 @@ def shard_layout(codec: Any, shard_spec: Any) -> ShardLayout:
                        codec._shard_index_byte_range(per_shard))
 
 
+def shard_layout_supported(codec: Any) -> bool:
+    """Whether this zarr's sharding ``codec`` has what :func:`shard_layout` and
+    :func:`decode_shard_index` use, and decodes synchronously."""
+    return all(hasattr(codec, name) for name in (
+        "_get_inner_chunk_transform", "_decode_shard_index_sync", "_shard_index_byte_range",
+        "_get_chunks_per_shard", "_get_chunk_spec", "_shard_index_size")) and bool(
+        getattr(codec, "_sync_capable", True))
+
+
 def decode_shard_index(codec: Any, raw: Buffer, per_shard: tuple[int, ...]) -> Any:
     """The index of a shard from its bytes ``raw`` (its CRC-32C checked)."""
     return codec._decode_shard_index_sync(raw, per_shard)

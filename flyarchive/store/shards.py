@@ -58,6 +58,7 @@ from flyarchive.zarr_internals import (
     decode_shard_index,
     default_buffer_prototype,
     shard_layout,
+    shard_layout_supported,
     store_supports_sync_io,
 )
 
@@ -191,10 +192,7 @@ class ShardReader:
         if len(codecs) != 1 or not isinstance(codecs[0], ShardingCodec) or arr.shards is None:
             return False
         sharding = codecs[0]
-        return all(hasattr(sharding, name) for name in (
-            "_get_inner_chunk_transform", "_decode_shard_index_sync", "_shard_index_byte_range",
-            "_get_chunks_per_shard", "_get_chunk_spec", "_shard_index_size")) and bool(
-            getattr(sharding, "_sync_capable", True))
+        return shard_layout_supported(sharding)
 
     # ------------------------------------------------------------------ reading
     def read(self, box: Sequence[slice], *,
