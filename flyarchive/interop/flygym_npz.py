@@ -45,13 +45,7 @@ from flyarchive.interop.npz_export import FRAME_KEY, SCHEDULED_TIME_KEY, NpzExpo
 from flyarchive.layout import ModelLayout
 from flyarchive.models import model_bytes, portable_model
 from flyarchive.schema import IMPORT_ATTR, finite_frames, import_status
-from flyarchive.store import (
-    ArchiveSpec,
-    ArchiveWriter,
-    FrameBlock,
-    open_for_reading,
-    open_for_writing,
-)
+from flyarchive.store import ArchiveSpec, ArchiveWriter, FrameBlock, open_for_reading, open_for_writing
 from flyarchive.store.consolidated import consolidate
 
 __all__ = [

@@ -1,5 +1,8 @@
-"""Reading archives: open the group (checked before any chunk is read), the dataset as
-stored, states for replay batches, and the errors that name what failed to read.
+"""Reading archives, from the group :func:`~flyarchive.store.opener.open_for_reading` opened
+(checked before any chunk is read): the renders' :class:`StateReader` of the store's state
+reader family (pieces of worlds, straight through zarr; the window readers of positions,
+gait and the viewer are :mod:`~flyarchive.store.window_reader`'s), the dataset as stored,
+and the errors that name what failed to read.
 
 Readers read ``n_frames`` first, then each array's metadata once: extents only grow,
 and a writer grows them before it commits, so every state a reader can see is valid.

@@ -5,9 +5,9 @@ the viewer; renders read pieces of worlds through
 :class:`~flyarchive.store.reader.StateReader`. Every reader of the family reads
 through the group that :func:`~flyarchive.store.opener.open_for_reading` opened, and one
 interface holds the window readers: :class:`RowReader` (``read(r0, r1)``), made by
-:func:`window_reader`:
+:func:`window_reader`.
 
-- :class:`WindowReader` (threads of the caller) reads straight through the store's getters
+:class:`WindowReader` (threads of the caller) reads straight through the store's getters
 (:class:`~flyarchive.store.dataset.CommittedFrames`, the same objects the lazy dataset
 reads with, their :class:`~flyarchive.store.shards.ShardReader` reading whole shards and
 decoding each inner chunk into its place), with no dask graph per read.
@@ -35,6 +35,7 @@ of :mod:`~flyarchive.analyze.cpu_processes`) that gets the job and its getters i
 
 from __future__ import annotations
 
+import importlib
 import itertools
 import json
 import os
@@ -42,7 +43,6 @@ import queue
 import subprocess
 import sys
 import threading
-import importlib
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future
 from multiprocessing import shared_memory
