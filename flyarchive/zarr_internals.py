@@ -27,13 +27,14 @@ from collections.abc import Awaitable
 from dataclasses import dataclass
 from typing import Any
 
-from zarr.abc.store import RangeByteRequest, _store_supports_sync_io
-from zarr.core.array_spec import ArraySpec
-from zarr.core.buffer import Buffer, BufferPrototype, default_buffer_prototype
-from zarr.core.group import ConsolidatedMetadata, GroupMetadata
-from zarr.core.metadata import ArrayV3Metadata
-from zarr.core.metadata.io import save_metadata
-from zarr.core.sync import sync
+# Re-exported for the store (F401: imported here to be imported from here).
+from zarr.abc.store import RangeByteRequest, _store_supports_sync_io  # noqa: F401
+from zarr.core.array_spec import ArraySpec  # noqa: F401
+from zarr.core.buffer import Buffer, BufferPrototype, default_buffer_prototype  # noqa: F401
+from zarr.core.group import ConsolidatedMetadata, GroupMetadata  # noqa: F401
+from zarr.core.metadata import ArrayV3Metadata  # noqa: F401
+from zarr.core.metadata.io import save_metadata  # noqa: F401
+from zarr.core.sync import sync  # noqa: F401
 
 #: zarr's synchronous codec pipeline: decodes the inner chunks of a shard in one call
 #: instead of one coroutine and one thread hop each (2-4x faster reads, measured).

@@ -29,8 +29,6 @@ if TYPE_CHECKING:
     import mujoco
     import xarray as xr
 
-    from flyarchive.store.dataset import CommittedFrames
-
 #: The unit of positions: the model's own (MuJoCo has none).
 UNITS = "model length unit (mm for NeuroMechFly)"
 
