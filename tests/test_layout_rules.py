@@ -411,17 +411,17 @@ def unlisted() -> set[str]:
 def test_private_names_of_other_modules_are_found():
     source = (
         "import flyarchive.store.writer\n"
-        "from flyarchive.store import reader as r\n"
-        "from flyarchive.store.reader import _refuse_v2, open_group\n"
+        "from flyarchive.store import opener as o\n"
+        "from flyarchive.store.opener import _refuse_v2, open_for_reading\n"
         "from flyarchive.errors import __all__\n"
         "def f():\n"
-        "    return r._has_fused(), flyarchive.store.writer._opened, r.open_group\n"
+        "    return o._open_group(), flyarchive.store.writer._opened, o.open_for_reading\n"
     )
 
     found = private_uses_in(source, "flyarchive.query.archive", "flyarchive.query")
 
-    assert found == {("flyarchive.query.archive", "flyarchive.store.reader._refuse_v2"),
-                     ("flyarchive.query.archive", "flyarchive.store.reader._has_fused"),
+    assert found == {("flyarchive.query.archive", "flyarchive.store.opener._refuse_v2"),
+                     ("flyarchive.query.archive", "flyarchive.store.opener._open_group"),
                      ("flyarchive.query.archive", "flyarchive.store.writer._opened")}
 
 

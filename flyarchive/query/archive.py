@@ -60,6 +60,6 @@ def open_archive(url: str | os.PathLike[str], storage_options: Mapping[str, Any]
             replaced (written again with ``mode="w"``) or deleted after it was opened:
             the dataset never mixes two archives; open it again.
     """
-    ds = read_archive(as_url(url), storage_options, dataset.open_dataset)
+    ds = read_archive(as_url(url), storage_options, dataset.read_dataset)
     validate(ds)
     return ds

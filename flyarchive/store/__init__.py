@@ -63,7 +63,7 @@ from flyarchive.store.location import (
     unavailable,
 )
 from flyarchive.store.opener import open_for_reading, open_for_writing
-from flyarchive.store.reader import StateReader, open_stored
+from flyarchive.store.reader import StateReader, stored_dataset
 from flyarchive.record.spec import ArchiveSpec, FrameBlock
 from flyarchive.store.writer import ArchiveWriter
 

@@ -10,7 +10,7 @@ do not know it ignore it. It is a copy, written by writers as the last step of a
 committed, whatever point a writer died at. It may lag behind: a writer that died after
 writing ``n_frames`` and before this step leaves the previous commit's copy, and
 ``open_archive`` then reads the arrays' own metadata (see
-:func:`flyarchive.store.dataset.open_dataset`). Writers and ``verify`` never trust the
+:func:`flyarchive.store.dataset.read_dataset`). Writers and ``verify`` never trust the
 copy; :func:`consolidated_findings` compares it with the arrays' own metadata.
 """
 

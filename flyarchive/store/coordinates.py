@@ -3,7 +3,7 @@ in the order that keeps them consistent with each other and with the arrays' met
 checked as ``verify`` checks them.
 
 :func:`committed_coordinates` is what the lazy dataset
-(:func:`~flyarchive.store.dataset.open_dataset`) and the header
+(:func:`~flyarchive.store.dataset.read_dataset`) and the header
 (:func:`~flyarchive.store.dataset.read_header`) are built on, so both open an archive
 the same way: with consolidated metadata in one concurrent round of requests, the
 arrays' own metadata read instead when the consolidated copy lags behind ``n_frames``
@@ -37,7 +37,7 @@ from flyarchive.zarr_internals import array_getitem
 def committed_coordinates(url: str, storage_options: Mapping[str, Any] | None,
                           group: zarr.Group) -> tuple[zarr.Group, dict[str, zarr.Array],
                                                       np.ndarray | None, int, dict[str, np.ndarray]]:
-    """What :func:`~flyarchive.store.dataset.open_dataset` and
+    """What :func:`~flyarchive.store.dataset.read_dataset` and
     :func:`~flyarchive.store.dataset.read_header` build on, checked the same way
     for both (and as ``verify`` checks: :func:`flyarchive.schema.sizes_problem`,
     :func:`~flyarchive.schema.n_frames_problem`, :func:`~flyarchive.schema.times_problem`):

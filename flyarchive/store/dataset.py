@@ -296,7 +296,7 @@ def committed_frames(arr: zarr.Array, name: str, n_frames: np.ndarray, n_time: i
                      storage_options: Mapping[str, Any] | None = None, *,
                      archive_id: str | None = None, advice: str | None = None
                      ) -> CommittedFrames:
-    """The getter of a state array ``(world, time, ...)`` exactly as :func:`open_dataset`
+    """The getter of a state array ``(world, time, ...)`` exactly as :func:`read_dataset`
     reads it (frames past ``n_frames`` NaN, through the array's shard reader, committed
     frames checked, every read checking that the archive is still the one whose
     ``archive_id`` is given): what a reader of whole worlds calls without dask.
@@ -371,7 +371,7 @@ def _attrs(arr: zarr.Array) -> tuple[dict[str, Any], dict[str, Any]]:
 
 def committed_getter(values: Any) -> CommittedFrames | None:
     """The archive getter (:class:`CommittedFrames`) a dask-backed state array of a dataset
-    that :func:`open_dataset` made reads through (None: none, e.g. an array in memory)."""
+    that :func:`read_dataset` made reads through (None: none, e.g. an array in memory)."""
     graph = getattr(getattr(values, "data", values), "dask", None)
     if graph is None:
         return None
@@ -396,7 +396,7 @@ def committed_getter(values: Any) -> CommittedFrames | None:
     return None
 
 
-def open_dataset(url: str, storage_options: Mapping[str, Any] | None,
+def read_dataset(url: str, storage_options: Mapping[str, Any] | None,
                  group: zarr.Group) -> xr.Dataset:
     """The archive as a lazy dataset: coordinates read, state as masked dask arrays.
 
@@ -456,11 +456,11 @@ def open_dataset(url: str, storage_options: Mapping[str, Any] | None,
 
 def read_header(url: str, storage_options: Mapping[str, Any] | None,
                 group: zarr.Group) -> ArchiveHeader:
-    """The archive's header (:mod:`flyarchive.store.header`): what :func:`open_dataset`
+    """The archive's header (:mod:`flyarchive.store.header`): what :func:`read_dataset`
     reads at open, the same values, without xarray or dask. Other variables than state
     are read whole on first use (committed frames); state is not read.
 
-    Args and Raises: as :func:`open_dataset`.
+    Args and Raises: as :func:`read_dataset`.
     """
     group, arrays, n_frames, n_time, coordinates = committed_coordinates(url, storage_options, group)
     variables: dict[str, HeaderVariable] = {}

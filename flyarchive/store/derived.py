@@ -12,7 +12,7 @@ the source archive's ``archive_id`` and the flyarchive version (in ``versions``)
 Derived values are held to the archive's guarantees, by the readers of the states
 themselves, not by a check per kind: every array of dims ``(world, time, ...)``
 (:func:`flyarchive.schema.is_state`) is read by
-:func:`~flyarchive.store.dataset.open_dataset`, so a missing chunk, shard or index entry
+:func:`~flyarchive.store.dataset.read_dataset`, so a missing chunk, shard or index entry
 inside ``n_frames`` fails the read (:mod:`~flyarchive.store.chunk_holes`) and every byte is
 checksummed; the group's metadata passes :mod:`~flyarchive.store.allowlist` (the state
 pipelines) and the checks of ``n_frames``, extents and times at open
@@ -589,7 +589,7 @@ def state_getter(url: str, storage_options: Mapping[str, Any] | None, ds: xr.Dat
 def open_derived(url: str, storage_options: Mapping[str, Any] | None = None, *,
                  source: DerivedSource | str | None = BESIDE) -> xr.Dataset:
     """A derived group (or an archive of positions) as a lazy dataset, read and checked as
-    an archive's states are (:func:`~flyarchive.store.dataset.open_dataset`): its state
+    an archive's states are (:func:`~flyarchive.store.dataset.read_dataset`): its state
     arrays (``position``, ``orientation``...) as dask arrays, frames past each world's
     ``n_frames`` NaN, a read of committed frames whose chunk, shard or index entry is
     missing, or whose bytes fail their checksum, an error; ``n_frames``, the coordinates
@@ -630,7 +630,7 @@ def open_derived_group(url: str, storage_options: Mapping[str, Any] | None = Non
         raise SchemaError(
             f"{url!r} holds no derived values (no 'derived' attribute): it is not kept "
             "positions. Make them with flyarchive.keep_positions or `flyarchive positions`.")
-    ds = read_archive(url, storage_options, dataset.open_dataset, group)
+    ds = read_archive(url, storage_options, dataset.read_dataset, group)
     advice = damage_advice(url, ds.attrs)
     try:
         validate_derived(ds)

@@ -47,8 +47,8 @@ from flyarchive.store.opener import open_for_reading
 from flyarchive.store.reader import (
     block_damage,
     damaged_chunks,
-    open_stored,
     state_blocks,
+    stored_dataset,
     time_extents,
 )
 
@@ -314,7 +314,7 @@ def _one_pass(url: str, storage_options: Mapping[str, Any] | None, source: Any) 
         found.add(f"Schema: {sizes}", f"Schema: {sizes} {WHILE_WRITING}")
         return found
     try:
-        (validate_derived if derived else validate)(open_stored(group))
+        (validate_derived if derived else validate)(stored_dataset(group))
     except FlyarchiveError as err:
         found.schema(err)
         return found

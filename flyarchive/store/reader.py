@@ -8,7 +8,7 @@ Readers read ``n_frames`` first, then each array's metadata once: extents only g
 and a writer grows them before it commits, so every state a reader can see is valid.
 The consolidated copy of the metadata (:mod:`~flyarchive.store.consolidated`) is read
 before ``n_frames`` but written after it, so it never claims more than was committed
-(:func:`~flyarchive.store.dataset.open_dataset` falls back to the arrays' own metadata
+(:func:`~flyarchive.store.dataset.read_dataset` falls back to the arrays' own metadata
 when it lags behind).
 """
 
@@ -88,7 +88,7 @@ def _extents(arrays: Mapping[str, zarr.Array]) -> dict[str, int]:
     return out
 
 
-def open_stored(group: zarr.Group, chunks: Mapping[str, int] | None = None) -> xr.Dataset:
+def stored_dataset(group: zarr.Group, chunks: Mapping[str, int] | None = None) -> xr.Dataset:
     """The dataset as stored (not masked), lazy, from one consistent look at the archive.
 
     ``n_frames`` is read first (in memory), then each array's metadata exactly once:

@@ -435,7 +435,7 @@ def _fill(job: dict[str, Any], opened: dict[str, Any]) -> None:
     """Decode a job's boxes of each array into its shared-memory block (or give the job
     to its handler)."""
     from flyarchive.schema import validate
-    from flyarchive.store.dataset import open_dataset, read_archive
+    from flyarchive.store.dataset import read_archive, read_dataset
     from flyarchive.store.opener import open_for_reading
 
     key = json.dumps([job["url"], job["storage_options"]], sort_keys=True)
@@ -444,7 +444,7 @@ def _fill(job: dict[str, Any], opened: dict[str, Any]) -> None:
         url, options = job["url"], job["storage_options"] or None
         # the archive the caller opened, or ArchiveReplacedError
         group = open_for_reading(url, options, archive_id=job["archive_id"], own_later=True)
-        ds = read_archive(url, options, open_dataset, group)
+        ds = read_archive(url, options, read_dataset, group)
         validate(ds)
         opened[key] = ds
     getters = opened.setdefault(f"{key} getters {id(ds)}", {})
