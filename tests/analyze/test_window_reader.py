@@ -142,3 +142,17 @@ def test_a_worker_process_that_dies_on_a_job_fails_that_read_only(monkeypatch):
     assert pool.size == 1 and len(pool.live) == 1 and len(pool.pids) == 3
     for worker in pool.live:
         worker.kill()
+
+
+@pytest.mark.subprocess  # worker processes
+def test_worker_processes_refuse_an_archive_replaced_since_it_was_opened(sites_archive,
+                                                                           sites_model):
+    from flyarchive.errors import ArchiveReplacedError
+    from flyarchive.testing.fixtures import record
+
+    prepared = prepare(sites_archive, KeypointRequest.of("*", None, None))
+    reader = window_reader(prepared.ds, prepared.whole, ["qpos"], processes=2)
+    record(sites_model, sites_archive, n_worlds=3, chunk_frames=5, mode="w")
+
+    with pytest.raises(ArchiveReplacedError, match="was replaced after it was opened"):
+        reader.read(0, 40)
