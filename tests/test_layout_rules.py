@@ -15,8 +15,8 @@ one process turns an archive into videos) never imports distribute (where that w
 
 Base modules (errors, schema, layout, clock, codecs, models, config, warp_log, lru,
 zarr_internals) import only each other; applications (cli, demo, plot, summary, recorders,
-interop, view, and the package's own ``__init__``) may import anything; ``flyarchive.testing`` is not part of the
-product and may import anything too.
+interop, view, and the package's own ``__init__``) may import anything;
+``flyarchive.testing`` is not part of the product and may import anything too.
 
 The models package is the one home of models, and spans floors (:data:`FLOORS`): its
 modules are base modules, but for :mod:`flyarchive.models.kept` (the kept forms, read and
