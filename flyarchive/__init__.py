@@ -24,7 +24,8 @@ tests/test_layout_rules.py checks it):
   cache of loaded models; its modules that read archives are of the store's floor, the one
   that ships models to Dask workers of the analysis's),
   :mod:`flyarchive.warp_log` (Warp imported quietly, kernels compiled once),
-  :mod:`flyarchive.lru` (what a process keeps between calls: a small bounded cache);
+  :mod:`flyarchive.lru` (what a process keeps between calls: a small bounded cache),
+  :mod:`flyarchive.zarr_internals` (the only module that touches zarr's internals);
 - :mod:`flyarchive.record`: recorders sample state when a frame is due (bound to the
   store by :mod:`flyarchive.recorders`, an application);
 - :mod:`flyarchive.store`: the code that opens, writes and commits zarr archives;

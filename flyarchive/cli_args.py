@@ -91,7 +91,7 @@ def worlds_arg(args: argparse.Namespace, storage_options: dict[str, Any] | None)
         return None
     ids = None
     if any(part.strip().endswith("-") for part in args.worlds.split(",")):
-        from flyarchive.store.opening import open_header
+        from flyarchive.store.dataset import open_header
 
         ids = [int(w) for w in open_header(path_arg(args.url), storage_options).world.values]
     return parse_worlds(args.worlds, ids=ids)

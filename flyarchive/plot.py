@@ -45,10 +45,11 @@ def _traces(url: str, storage_options: Mapping[str, Any] | None, ds: Any, world:
         raise
     except Exception as err:  # a checksum mismatch, bytes that do not decode, a refused file
         from flyarchive.store.localstore import UnsafeFileError
-        from flyarchive.store.reader import corrupt_read, damaged_chunks, open_checked
+        from flyarchive.store.opener import open_for_reading
+        from flyarchive.store.reader import corrupt_read, damaged_chunks
 
         index = [int(w) for w in ds.world.values].index(world)
-        found = damaged_chunks(open_checked(url, storage_options)["qpos"], limit=1,
+        found = damaged_chunks(open_for_reading(url, storage_options)["qpos"], limit=1,
                                region=(slice(index, index + 1), slice(0, n)))
         if found and isinstance(found[0].error, UnsafeFileError):  # names its file already
             raise found[0].error from None

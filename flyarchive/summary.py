@@ -8,7 +8,7 @@ from typing import Any
 from flyarchive.codecs import describe as describe_codec
 from flyarchive.schema import import_status
 from flyarchive.models.entries import readable_on, stored_entry, stored_portable
-from flyarchive.store.opening import open_header
+from flyarchive.store.dataset import open_header
 
 
 def summarize(url: str, storage_options: Mapping[str, Any] | None = None) -> dict[str, Any]:

@@ -5,7 +5,7 @@ On S3 the opens go through a counting proxy (:class:`flyarchive.testing.faultpro
 that can delay every request by ``--latency-ms`` (as a distant bucket would): an open
 costs one round trip for the root ``zarr.json`` and one round for ``n_frames``, the
 coordinates and every array's own ``zarr.json`` (compared with the consolidated copy:
-:mod:`flyarchive.store.copies`), so its time is about two latencies plus the local work.
+:mod:`flyarchive.store.replicas`), so its time is about two latencies plus the local work.
 The archive: ``--worlds`` x ``--frames`` random states of the tiny model
 (:func:`flyarchive.testing.synthetic.write_random`). Times are the median and the best
 of ``--repeat`` opens, after one warm-up open, and the median CPU time of the process
@@ -34,7 +34,7 @@ from benchlib import Column, Table, add_json_option, host_info, write_json
 
 import flyarchive
 from flyarchive import open_archive
-from flyarchive.store.opening import open_header
+from flyarchive.store.dataset import open_header
 
 TABLE = Table([
     Column("where", 6, "where", align="<"), Column("latency ms", 10, "latency_ms"),

@@ -261,22 +261,20 @@ def warp_row(url: str, world: Any, backend: str, repeat: int, processes: int | N
 def read_rows(url: str, world: Any, repeat: int) -> list[dict[str, Any]]:
     """The read stage alone: every frame's ``qpos`` of the archive into host memory,
     through dask (``ds.qpos.values``, dask's threads) and through the streamed reader
-    (:mod:`flyarchive.analyze.state_read`, batches of whole shards on one thread per core)."""
+    (:mod:`flyarchive.store.window_reader`, batches of whole shards on one thread per core)."""
     from concurrent.futures import ThreadPoolExecutor
 
     import flyarchive
     from flyarchive.analyze.keypoints import KeypointRequest
     from flyarchive.analyze.prepare import prepare
-    from flyarchive.analyze.state_read import state_reader
-
-    from flyarchive.analyze.state_read import _POOL
+    from flyarchive.store.window_reader import _POOL, window_reader
 
     ds = flyarchive.open_archive(url)
     frames = ds.sizes["world"] * ds.sizes["time"]
     cores = len(os.sched_getaffinity(0))
     prepared = prepare(ds, KeypointRequest.of("*", None, None), model=world.model)
-    threads = state_reader(prepared, ["qpos"], processes=0)
-    processes = state_reader(prepared, ["qpos"], processes=cores)
+    threads = window_reader(prepared.ds, prepared.whole, ["qpos"], processes=0)
+    processes = window_reader(prepared.ds, prepared.whole, ["qpos"], processes=cores)
     step = 256 * ds.sizes["time"]  # 4 shards of 64 worlds
     bounds = [(r0, min(frames, r0 + step)) for r0 in range(0, frames, step)]
 
@@ -289,10 +287,10 @@ def read_rows(url: str, world: Any, repeat: int) -> list[dict[str, Any]]:
 
     rows = []
     for label, fn, n in (("read qpos: dask (ds.qpos.values)", lambda: ds.qpos.values, cores),
-                         ("read qpos: state_read, 1 thread", lambda: streamed(threads, 1), 1),
-                         (f"read qpos: state_read, {cores} threads",
+                         ("read qpos: window_reader, 1 thread", lambda: streamed(threads, 1), 1),
+                         (f"read qpos: window_reader, {cores} threads",
                           lambda: streamed(threads, cores), cores),
-                         (f"read qpos: state_read, {cores} processes",
+                         (f"read qpos: window_reader, {cores} processes",
                           lambda: streamed(processes, cores), cores)):
         fn()  # warm: file cache, shard indexes, the processes' opened archive
         seconds, _ = best(fn, repeat)
@@ -325,7 +323,7 @@ def gait_rows(url: str, world: Any) -> list[dict[str, Any]]:
 
     import flyarchive
     from flyarchive.analyze.gait import gait_summary
-    from flyarchive.analyze.state_read import _POOL
+    from flyarchive.store.window_reader import _POOL
 
     def cpu_clock() -> float:
         return time.process_time() + workers_cpu_seconds(_POOL.pids)

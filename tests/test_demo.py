@@ -65,12 +65,12 @@ def test_the_demo_records_verifies_plots_and_renders_on_one_cluster(demo):
 def test_the_demo_archive_keeps_the_portable_form_of_neuromechfly(demo):
     from flyarchive.models import PORTABLE_MODEL_ATTR, compile_spec_zip, load_model_file, model_identity
     from flyarchive.models.kept import read_portable
-    from flyarchive.store.reader import open_group
+    from flyarchive.store.opener import open_for_reading
 
     out = demo[0]
     url = str(out / "demo.zarr")
 
-    blob, entry = read_portable(open_group(url), url)
+    blob, entry = read_portable(open_for_reading(url, attributes_only=True), url)
 
     assert model_identity(open_archive(url).attrs) == entry["sha256"]
     assert PORTABLE_MODEL_ATTR in open_archive(url).attrs and len(entry["qpos0"]) == 73

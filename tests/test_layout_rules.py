@@ -13,10 +13,10 @@ protocols the store's writer implements), and the public recorders are bound to 
 and query by an application module (:mod:`flyarchive.recorders`). Render (how
 one process turns an archive into videos) never imports distribute (where that work runs).
 
-Base modules (errors, schema, layout, clock, codecs, models, config, warp_log, lru) import
-only each other; applications (cli, demo, plot, summary, recorders, interop, view, and the
-package's own ``__init__``) may import anything; ``flyarchive.testing`` is not part of the
-product and may import anything too.
+Base modules (errors, schema, layout, clock, codecs, models, config, warp_log, lru,
+zarr_internals) import only each other; applications (cli, demo, plot, summary, recorders,
+interop, view, and the package's own ``__init__``) may import anything;
+``flyarchive.testing`` is not part of the product and may import anything too.
 
 The models package is the one home of models, and spans floors (:data:`FLOORS`): its
 modules are base modules, but for :mod:`flyarchive.models.kept` (the kept forms, read and
@@ -48,7 +48,7 @@ import pytest
 PACKAGE = Path(__file__).resolve().parents[1] / "flyarchive"
 
 BASE = frozenset({"errors", "schema", "layout", "clock", "codecs", "models", "config", "warp_log",
-                  "lru"})
+                  "lru", "zarr_internals"})
 STAGES = ("record", "store", "query", "analyze", "replay", "video", "render", "distribute")
 #: Modules of a base package that are of a later stage's floor: module -> stage.
 FLOORS = {"flyarchive.models.kept": "store", "flyarchive.models.shipping": "analyze"}
@@ -411,17 +411,17 @@ def unlisted() -> set[str]:
 def test_private_names_of_other_modules_are_found():
     source = (
         "import flyarchive.store.writer\n"
-        "from flyarchive.store import reader as r\n"
-        "from flyarchive.store.reader import _refuse_v2, open_group\n"
+        "from flyarchive.store import opener as o\n"
+        "from flyarchive.store.opener import _refuse_v2, open_for_reading\n"
         "from flyarchive.errors import __all__\n"
         "def f():\n"
-        "    return r._has_fused(), flyarchive.store.writer._opened, r.open_group\n"
+        "    return o._open_group(), flyarchive.store.writer._opened, o.open_for_reading\n"
     )
 
     found = private_uses_in(source, "flyarchive.query.archive", "flyarchive.query")
 
-    assert found == {("flyarchive.query.archive", "flyarchive.store.reader._refuse_v2"),
-                     ("flyarchive.query.archive", "flyarchive.store.reader._has_fused"),
+    assert found == {("flyarchive.query.archive", "flyarchive.store.opener._refuse_v2"),
+                     ("flyarchive.query.archive", "flyarchive.store.opener._open_group"),
                      ("flyarchive.query.archive", "flyarchive.store.writer._opened")}
 
 

@@ -54,12 +54,13 @@ WARP = ["flyarchive.cli", "flyarchive.distribute.api", "flyarchive.render.plan",
 def steps(backend: str) -> dict[str, list[Callable[..., Any]]]:
     """The functions that start each step of a render on ``backend``."""
     from flyarchive.render.plan import RenderPlan
-    from flyarchive.store.reader import StateReader, open_checked
+    from flyarchive.store.opener import open_for_reading
+    from flyarchive.store.reader import StateReader
     from flyarchive.video.mp4 import VideoWriter, concat_segments
     from flyarchive.video.outputs import write_output
 
     found: dict[str, list[Callable[..., Any]]] = {
-        "archive opened": [open_checked],
+        "archive opened": [open_for_reading],
         "plan made": [RenderPlan.__init__],
         "states read": [StateReader.read],
         "frames piped into ffmpeg": [VideoWriter.write],

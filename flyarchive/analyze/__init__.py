@@ -12,7 +12,7 @@ request, and gait and locomotion measures from them.
   (:mod:`~flyarchive.models.shipping`, the renderer's lazy frames' too);
   :func:`~flyarchive.analyze.warp_stream.load_positions` streams a window into host memory
   with reading (straight through the archive's shard reader:
-  :mod:`~flyarchive.analyze.state_read`), upload, kinematics and copy-back overlapped;
+  :mod:`~flyarchive.store.window_reader`), upload, kinematics and copy-back overlapped;
 - keypoints by name, leg and segment (:mod:`~flyarchive.analyze.keypoints`);
 - :func:`keep_positions`, :func:`open_positions` (:mod:`~flyarchive.analyze.keep`):
   positions stored as a derived group, committed as recordings are;

@@ -1,5 +1,5 @@
 """CPU positions of a whole window into host memory on every core: this process and the
-worker processes of :mod:`~flyarchive.analyze.state_read` take pieces of the window's
+worker processes of :mod:`~flyarchive.store.window_reader` take pieces of the window's
 worlds as they finish, each reading them itself and running
 :class:`~flyarchive.analyze.cpu_positions.CpuKinematics` on them, into a shared-memory
 block this process owns (:func:`cpu_positions_in_processes`).
@@ -27,11 +27,13 @@ import numpy as np
 
 from flyarchive.analyze.keypoints import KeypointSet
 from flyarchive.analyze.prepare import Prepared
-from flyarchive.analyze.state_read import ProcessStateReader, attach_block, serve_jobs, state_reader
+from flyarchive.store.window_reader import ProcessWindowReader, attach_block, window_reader
 
 #: Frames of a window from which :func:`worth_processes` says yes (starting a worker
 #: costs about a CPU second of imports; NeuroMechFly computes ~100,000 frames a second).
 AUTO_FRAMES = 200_000
+#: The function a worker process of the window readers runs a positions job with.
+_HANDLER = "flyarchive.analyze.cpu_processes:run_kinematics_job"
 
 
 def worth_processes(prepared: Prepared) -> int:
@@ -63,8 +65,8 @@ def cpu_positions_in_processes(prepared: Prepared, orientations: bool, processes
     names = ["qpos"]
     if "mocap_pos" in ds and ds.sizes.get("mocap", 0) > 0:
         names += ["mocap_pos", "mocap_quat"]
-    reader = state_reader(prepared, names, processes=processes)
-    if not isinstance(reader, ProcessStateReader):
+    reader = window_reader(prepared.ds, prepared.whole, names, processes=processes)
+    if not isinstance(reader, ProcessWindowReader):
         return None
     worlds, frames = int(ds.sizes["world"]), int(ds.sizes["time"])
     channels = 7 if orientations else 3
@@ -95,7 +97,7 @@ def cpu_positions_in_processes(prepared: Prepared, orientations: bool, processes
                     return
                 try:
                     reader.pool.run([{**reader.job(out.name, layout, [piece]),
-                                      "kinematics": spec}])
+                                      "kinematics": spec, "handler": _HANDLER}])
                 except BaseException as err:  # noqa: BLE001 - raised below
                     errors.append(err)
 
@@ -124,7 +126,7 @@ def cpu_positions_in_processes(prepared: Prepared, orientations: bool, processes
     return result.reshape(worlds, frames, len(kp), channels)
 
 
-def _pieces_of(reader: ProcessStateReader, rows: int, hands: int
+def _pieces_of(reader: ProcessWindowReader, rows: int, hands: int
                ) -> list[tuple[int, int, int, int, int]]:
     """The window's boxes (cut at shards, as the reader cuts them) cut again into runs of
     worlds: about 8 pieces per hand, so that each is busy to the end."""
@@ -149,12 +151,6 @@ def compute_boxes(engine: Any, getters: dict[str, Any], inner: dict[str, tuple[i
         state = [getters[name][w0:w1, start + t0:start + t1].reshape(n, *shape)
                  for name, shape in inner.items()]
         view[row:row + n] = engine.frames(*state)
-
-
-def serve() -> None:
-    """A worker process's loop (:func:`~flyarchive.analyze.state_read.serve_jobs`), also
-    answering the jobs that compute positions."""
-    serve_jobs({"kinematics": run_kinematics_job})
 
 
 def keypoints_json(kp: KeypointSet) -> dict[str, Any]:

@@ -235,7 +235,7 @@ def stored_positions(prepared: Prepared, *, orientations: bool, backend: str,
     metadata or coordinates are damaged is refused (as :func:`open_positions`), and a read
     of its damaged chunks fails, saying to recompute it. ``chunk_values``: positions only,
     in dask chunks of whole worlds of about this many values, each read by one call of the
-    group's reader (:func:`~flyarchive.store.derived.state_reader`: one task per chunk,
+    group's reader (:func:`~flyarchive.store.derived.state_getter`: one task per chunk,
     straight into its array); None: chunks as the group stores them."""
     import dask.array as da
 
@@ -243,7 +243,7 @@ def stored_positions(prepared: Prepared, *, orientations: bool, backend: str,
         DerivedSource,
         find_derived,
         open_derived_group,
-        state_reader,
+        state_getter,
     )
 
     ds, kp = prepared.ds, prepared.keypoints
@@ -273,7 +273,7 @@ def stored_positions(prepared: Prepared, *, orientations: bool, backend: str,
         stored = [str(k) for k in kept.keypoint.values]
         picked = np.asarray([stored.index(label) for label in kp.labels])
         if chunk_values is not None and not orientations:
-            reader = state_reader(group_url, prepared.storage_options, kept, opened, "position")
+            reader = state_getter(group_url, prepared.storage_options, kept, opened, "position")
             picks = _Selection(reader, np.asarray(at), frames, picked)
             per = max(1, chunk_values // max(1, len(frames) * len(picked) * 3))
             data = da.from_array(picks, chunks=(per, -1, -1, -1), asarray=False,

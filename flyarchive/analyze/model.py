@@ -98,9 +98,9 @@ def _kept(url: str, storage_options: Mapping[str, Any] | None) -> AnalysisModel:
     """The model kept beside the archive at ``url``, read and checked now, named by the
     identity its archive gives it now."""
     from flyarchive.models.kept import kept_model
-    from flyarchive.store.reader import open_group
+    from flyarchive.store.opener import open_for_reading
 
-    group = open_group(url, storage_options)
+    group = open_for_reading(url, storage_options, attributes_only=True)
     model, blob = kept_model(url, storage_options, group=group)  # checked in a child first
     digest = hashlib.sha256(blob).hexdigest()
     return AnalysisModel(model, blob, digest, model_identity(group.attrs.asdict()) or digest)

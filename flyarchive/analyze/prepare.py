@@ -23,12 +23,11 @@ from flyarchive.analyze.keypoints import KeypointRequest, KeypointSet, resolve
 from flyarchive.analyze.model import AnalysisModel, analysis_model
 from flyarchive.models.shipping import graph_model
 from flyarchive.errors import OptionsError
+from flyarchive.store.dataset import committed_getter
 
 if TYPE_CHECKING:
     import mujoco
     import xarray as xr
-
-    from flyarchive.store.dataset import CommittedFrames
 
 #: The unit of positions: the model's own (MuJoCo has none).
 UNITS = "model length unit (mm for NeuroMechFly)"
@@ -44,7 +43,7 @@ class Prepared:
         keypoints: Resolved in the model.
         storage_options: Of the archive's URL.
         whole: The dataset ``ds`` was cut from (as opened or given), where streamed
-            reads find the window (:mod:`~flyarchive.analyze.state_read`); None: unknown.
+            reads find the window (:mod:`~flyarchive.store.window_reader`); None: unknown.
     """
 
     def __init__(self, ds: xr.Dataset, url: str | None, model: AnalysisModel,
@@ -86,35 +85,6 @@ def source_url(ds: xr.Dataset) -> str | None:
     state is not read from an archive (e.g. loaded in memory)."""
     getter = committed_getter(ds.get("qpos"))
     return None if getter is None else str(getter.url)
-
-
-def committed_getter(values: Any) -> CommittedFrames | None:
-    """The archive getter a dask-backed state array reads through (None: none, e.g. an
-    array in memory)."""
-    from flyarchive.store.dataset import CommittedFrames
-
-    graph = getattr(getattr(values, "data", values), "dask", None)
-    if graph is None:
-        return None
-
-    def find(value: Any, depth: int = 0) -> CommittedFrames | None:
-        if isinstance(value, CommittedFrames):
-            return value
-        if depth > 4:
-            return None
-        inner = [getattr(value, "value", None), *getattr(value, "args", ())]
-        if isinstance(value, (tuple, list)):
-            inner += list(value)
-        for item in inner:
-            if item is not None and (found := find(item, depth + 1)) is not None:
-                return found
-        return None
-
-    for task in dict(graph).values():
-        getter = find(task)
-        if getter is not None:
-            return getter
-    return None
 
 
 def window(ds: xr.Dataset, worlds: Sequence[int] | None,

@@ -4,7 +4,7 @@ kinematics and copy-back overlapped (:func:`load_positions`).
 The window's frames, flattened world by world, are cut into batches of the engine's size
 (:class:`~flyarchive.analyze.warp_positions.WarpKinematics`; whole shards of worlds when a
 batch holds several). Reader threads read batches ahead straight through the store's
-shard reader (:mod:`~flyarchive.analyze.state_read`: one getter call per run of whole
+shard reader (:mod:`~flyarchive.store.window_reader`: one getter call per run of whole
 worlds, frames past ``n_frames`` NaN; decoding runs outside the GIL, so the threads read
 in parallel). On CUDA each batch then goes
 
@@ -35,7 +35,7 @@ import numpy as np
 
 from flyarchive.analyze.keypoints import KeypointRequest, PointSpec
 from flyarchive.analyze.prepare import Prepared, as_positions, check_backend, prepare
-from flyarchive.analyze.state_read import ProcessStateReader, StateReader, state_reader
+from flyarchive.store.window_reader import ProcessWindowReader, WindowReader, window_reader
 
 if TYPE_CHECKING:
     import mujoco
@@ -77,7 +77,7 @@ class StreamStats:
             array, summed over the copy threads, s (beside the other stages).
         copy_wait_seconds: Time the pipeline waited for those copies (before reusing an
             out slot, and for the last ones at the end), s.
-        reader: ``"shards"`` (the archive's getters, :mod:`~flyarchive.analyze.state_read`),
+        reader: ``"shards"`` (the archive's getters, :mod:`~flyarchive.store.window_reader`),
             ``"processes"`` (the same in worker processes) or ``"dask"``.
         peak_device_bytes: Largest device memory held by Warp's memory pool during the
             run (CUDA with a memory pool; None elsewhere).
@@ -140,8 +140,8 @@ def load_positions(
             decode, :data:`PROCESS_READERS` at most when worker processes do and the
             threads only wait for them); copy and staging threads: 4 at most.
         read_processes: Worker processes decoding the state for the reader threads
-            (:class:`~flyarchive.analyze.state_read.ProcessStateReader`); 0: the threads
-            decode; None: as :func:`~flyarchive.analyze.state_read.state_reader` chooses
+            (:class:`~flyarchive.store.window_reader.ProcessWindowReader`); 0: the threads
+            decode; None: as :func:`~flyarchive.store.window_reader.window_reader` chooses
             (processes on 8 cores or more for a window of a million frames or more).
         stats: Filled with what the run measured.
 
@@ -185,12 +185,12 @@ class _Stream:
         names = ["qpos"] + (["mocap_pos", "mocap_quat"] if prepared.model.model.nmocap else [])
         # The readers first: worker processes (when they read) start, import and open the
         # archive while this process imports Warp and finds or builds the engine.
-        self.reader = state_reader(prepared, names, read_processes)
+        self.reader = window_reader(prepared.ds, prepared.whole, names, read_processes)
         from flyarchive.analyze.warp_positions import warp_engine, wp
 
         self.wp = wp
-        stats.reader = "shards" if isinstance(self.reader, StateReader) else \
-            "processes" if isinstance(self.reader, ProcessStateReader) else "dask"
+        stats.reader = "shards" if isinstance(self.reader, WindowReader) else \
+            "processes" if isinstance(self.reader, ProcessWindowReader) else "dask"
         if not readers:
             cores = len(os.sched_getaffinity(0))
             self.readers = min(cores, PROCESS_READERS) if stats.reader == "processes" else cores
@@ -247,7 +247,7 @@ class _Stream:
     # ------------------------------------------------------------------------- reading
     def _read(self, r0: int, r1: int) -> tuple[dict[str, np.ndarray], float]:
         """The state of rows ``[r0, r1)`` (NaN past each world's ``n_frames``), read in
-        this thread (:mod:`~flyarchive.analyze.state_read`; decoding runs outside the
+        this thread (:mod:`~flyarchive.store.window_reader`; decoding runs outside the
         GIL, so the threads read in parallel), and the seconds it took."""
         began = clock.perf_counter()
         state = self.reader.read(r0, r1)

@@ -1,7 +1,7 @@
 """The public render entry point: worlds and time windows of an archive to videos
 (:func:`render_videos`; to lazy frames: :mod:`flyarchive.distribute.frames`).
 
-``render_videos`` opens the archive's header once (:func:`flyarchive.store.opening.open_header`:
+``render_videos`` opens the archive's header once (:func:`flyarchive.store.dataset.open_header`:
 no xarray or dask), selects frames (:mod:`flyarchive.query.selection`), reads the kept
 model through the same opened group, makes a plan (:mod:`flyarchive.render.plan`), checks
 it before any work, and runs it where it belongs (:func:`run_plan`): in this process
@@ -38,7 +38,7 @@ from flyarchive.render.renderers import keep_archive
 from flyarchive.replay import WARP_BACKENDS
 from flyarchive.replay.releases import pin_release_defaults, recorded_release
 from flyarchive.replay.sizes import is_int
-from flyarchive.store.opening import open_header
+from flyarchive.store.dataset import open_header
 
 if TYPE_CHECKING:
     import xarray as xr
@@ -84,7 +84,7 @@ def replay_model(source: str, ds: Archive, model: mujoco.MjModel | None,
     Args:
         source: The archive's URL.
         ds: The archive, from :func:`flyarchive.open_archive`, or its header
-            (:func:`~flyarchive.store.opening.open_header`), whose opened group the kept
+            (:func:`~flyarchive.store.dataset.open_header`), whose opened group the kept
             model is read through.
         model: The compiled model; None: the one kept beside the archive
             (``models/<sha256>.mjb``, :mod:`flyarchive.models.kept`).

@@ -20,7 +20,7 @@ from flyarchive.render.plan import absolute_url
 from flyarchive.render.renderers import keep_archive
 from flyarchive.replay import BACKENDS, backend_name
 from flyarchive.replay.sizes import MAX_GL_SIDE, parse_frame_size
-from flyarchive.store.opening import open_header
+from flyarchive.store.dataset import open_header
 
 if TYPE_CHECKING:
     import xarray as xr

@@ -45,7 +45,7 @@ from flyarchive.interop.npz_export import FRAME_KEY, SCHEDULED_TIME_KEY, NpzExpo
 from flyarchive.layout import ModelLayout
 from flyarchive.models import model_bytes, portable_model
 from flyarchive.schema import IMPORT_ATTR, finite_frames, import_status
-from flyarchive.store import ArchiveSpec, ArchiveWriter, FrameBlock, open_group
+from flyarchive.store import ArchiveSpec, ArchiveWriter, FrameBlock, open_for_reading, open_for_writing
 from flyarchive.store.consolidated import consolidate
 
 __all__ = [
@@ -299,7 +299,7 @@ def _marker(trajs: list[NpzTrajectory], renumber: bool) -> dict[str, Any]:
 
 def _mark_complete(url: str, storage_options: Mapping[str, Any] | None,
                    marker: Mapping[str, Any]) -> None:
-    group = open_group(url, storage_options, mode="r+")
+    group = open_for_writing(url, storage_options)
     group.attrs.update({IMPORT_ATTR: {**marker, "state": "complete"}})
     consolidate(group, n_time=int(np.max(group["n_frames"][:], initial=0)))  # root rewritten
 
@@ -408,7 +408,8 @@ def _create_writer(url: str, spec: ArchiveSpec, mode: str,
     except ArchiveExistsError:
         pass
     try:
-        status = import_status(open_group(url, options["storage_options"]).attrs.asdict())
+        status = import_status(open_for_reading(url, options["storage_options"],
+                                                attributes_only=True).attrs.asdict())
     except Exception:  # something that is not an archive: the plain message below
         status = None
     if status is not None and status != "complete":
@@ -427,7 +428,7 @@ def _resume_writer(url: str, spec: ArchiveSpec, trajs: list[NpzTrajectory],
     """A writer positioned after the frames every unfinished world committed, or None when
     the import is already complete (``options``: ``storage_options`` and ``takeover``)."""
     try:
-        group = open_group(url, options["storage_options"])
+        group = open_for_reading(url, options["storage_options"], attributes_only=True)
     except ArchiveNotFoundError:
         return ArchiveWriter.create(url, spec, mode="w-", **options)
     stored = group.attrs.get(IMPORT_ATTR)

@@ -20,7 +20,7 @@ from flyarchive.models.mjb import mjb_version
 from flyarchive.models.portable import PortableModel
 
 if TYPE_CHECKING:
-    from zarr.core.group import GroupMetadata
+    from flyarchive.zarr_internals import GroupMetadata
 
 #: The archive's root attribute naming its kept MJB: ``{"sha256", "size", "mujoco", "path"}``.
 MODEL_ATTR = "model"
@@ -105,7 +105,7 @@ def portable_entry(portable: PortableModel) -> dict[str, Any]:
 
 def models_metadata() -> GroupMetadata:
     """The metadata of the ``models`` group."""
-    from zarr.core.group import GroupMetadata  # zarr only where a group is made
+    from flyarchive.zarr_internals import GroupMetadata  # zarr only where a group is made
 
     return GroupMetadata(attributes={
         "description": "models kept by content: compiled (MJB of one MuJoCo release), "

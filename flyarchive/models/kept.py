@@ -24,7 +24,7 @@ the fix, :func:`attach_model` (``flyarchive model attach``): it keeps a portable
 beside an archive after checking that it compiles to the recorded layout.
 
 Commit order: the objects are written while the archive is created, before ``n_frames``,
-the commit marker (:func:`flyarchive.store.new_archive.create_arrays`): the root
+the commit marker (:func:`flyarchive.store.nodes.create_arrays`): the root
 attributes, written first with the group, already name them, but an archive whose
 creation completed never names a model that is not there. A creation puts them with the
 arrays' metadata (its location is empty and its claim held: nothing else can be there).
@@ -60,7 +60,7 @@ from typing import Any
 
 import mujoco
 import zarr
-from zarr.core.buffer import default_buffer_prototype
+from flyarchive.zarr_internals import default_buffer_prototype
 
 from flyarchive.errors import (
     CorruptArchiveError,
@@ -278,9 +278,9 @@ def kept_model(url: str, storage_options: Mapping[str, Any] | None = None, *,
             attribute naming it were damaged.
     """
     if group is None:
-        from flyarchive.store.reader import open_group
+        from flyarchive.store.opener import open_for_reading, open_for_writing
 
-        group = open_group(url, storage_options)
+        group = open_for_reading(url, storage_options, attributes_only=True)
     attrs = group.attrs.asdict()
     mjb, portable = stored_entry(attrs, url), stored_portable(attrs, url)
     if mjb is None and portable is None:
@@ -394,9 +394,9 @@ def attach_model(url: str, source: str | os.PathLike[str] | mujoco.MjSpec, *,
 def _attach(url: str, source: Any, storage_options: Mapping[str, Any] | None, replace: bool,
             takeover: bool) -> dict[str, Any]:
     from flyarchive.store.claims import WRITER_KEY, claim_archive, release
-    from flyarchive.store.reader import open_group
+    from flyarchive.store.opener import open_for_reading, open_for_writing
 
-    group = open_group(url, storage_options, mode="r+")
+    group = open_for_writing(url, storage_options)
     if "n_frames" not in group:
         raise SchemaError(
             f"The archive at {url!r} has no 'n_frames' array: its creation did not finish. A "

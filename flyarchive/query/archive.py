@@ -1,6 +1,6 @@
 """Open an archive as a lazy, validated, masked ``xarray.Dataset`` (:func:`open_archive`).
 Its header alone, without xarray or dask, is the store's
-(:func:`flyarchive.store.opening.open_header`)."""
+(:func:`flyarchive.store.dataset.open_header`)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 from flyarchive.schema import validate
 from flyarchive.store import dataset
 from flyarchive.store.location import as_url
-from flyarchive.store.opening import read_archive
+from flyarchive.store.dataset import read_archive
 
 if TYPE_CHECKING:
     import xarray as xr
@@ -33,7 +33,7 @@ def open_archive(url: str | os.PathLike[str], storage_options: Mapping[str, Any]
     the coordinates and every array's own ``zarr.json`` in one concurrent round of
     requests; an archive whose two copies of an array's metadata disagree on how bytes
     decode, or whose pipelines of numbers lack their CRC-32C checksum, is refused
-    (:mod:`flyarchive.store.copies`). Plain
+    (:mod:`flyarchive.store.replicas`). Plain
     ``xarray.open_zarr(url)`` opens the same data without flyarchive, unmasked (and
     without warnings: the consolidated metadata is there).
 
@@ -60,6 +60,6 @@ def open_archive(url: str | os.PathLike[str], storage_options: Mapping[str, Any]
             replaced (written again with ``mode="w"``) or deleted after it was opened:
             the dataset never mixes two archives; open it again.
     """
-    ds = read_archive(as_url(url), storage_options, dataset.open_dataset)
+    ds = read_archive(as_url(url), storage_options, dataset.read_dataset)
     validate(ds)
     return ds

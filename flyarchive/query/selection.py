@@ -70,7 +70,7 @@ def select_frames(
 
     Args:
         ds: From :func:`flyarchive.open_archive`, or its header without a ``where`` mask
-            (:func:`flyarchive.store.opening.open_header`).
+            (:func:`flyarchive.store.dataset.open_header`).
         worlds: World ids (the ``world`` coordinate); None: every world with frames.
         time: ``(start, end)`` in simulated seconds, inclusive; None on a side: open.
         where: A boolean (or integer: nonzero is True) DataArray computed from the

@@ -217,9 +217,9 @@ def state_reader(url: str, storage_options: Mapping[str, Any] | None,
 
 def archive_header(url: str, storage_options: Mapping[str, Any] | None,
                    archive_id: str | None = None) -> ArchiveHeader:
-    """The header (:func:`flyarchive.store.opening.open_header`) of the archive that
+    """The header (:func:`flyarchive.store.dataset.open_header`) of the archive that
     :func:`state_reader` reads, kept with it (read through its group when it has none)."""
-    from flyarchive.store.opening import open_header
+    from flyarchive.store.dataset import open_header
 
     reader, header = _kept(url, storage_options, archive_id)
     if header is None:

@@ -38,7 +38,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from zarr.core.buffer import default_buffer_prototype
+from flyarchive.zarr_internals import default_buffer_prototype
 
 from flyarchive.errors import ArchiveInUseError, OptionsError, SchemaError, WorldBlockConflictError
 
@@ -58,7 +58,7 @@ def register(writer: str, holder: Any) -> None:
 
 
 def _sync(coro: Any) -> Any:
-    from zarr.core.sync import sync
+    from flyarchive.zarr_internals import sync
 
     return sync(coro)
 

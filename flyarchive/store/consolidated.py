@@ -10,7 +10,7 @@ do not know it ignore it. It is a copy, written by writers as the last step of a
 committed, whatever point a writer died at. It may lag behind: a writer that died after
 writing ``n_frames`` and before this step leaves the previous commit's copy, and
 ``open_archive`` then reads the arrays' own metadata (see
-:func:`flyarchive.store.dataset.open_dataset`). Writers and ``verify`` never trust the
+:func:`flyarchive.store.dataset.read_dataset`). Writers and ``verify`` never trust the
 copy; :func:`consolidated_findings` compares it with the arrays' own metadata.
 """
 
@@ -23,14 +23,17 @@ from typing import Any
 
 import numpy as np
 import zarr
-from zarr.core.buffer import default_buffer_prototype
-from zarr.core.group import ConsolidatedMetadata, GroupMetadata
-from zarr.core.metadata import ArrayV3Metadata
 
 from flyarchive.errors import SchemaError
-from flyarchive.store import copies
-from flyarchive.store.hardening import check_array_metadata
+from flyarchive.store import replicas
+from flyarchive.store.allowlist import check_array_metadata
 from flyarchive.store.location import sync
+from flyarchive.zarr_internals import (
+    ArrayV3Metadata,
+    ConsolidatedMetadata,
+    GroupMetadata,
+    default_buffer_prototype,
+)
 
 Metadata = ArrayV3Metadata | GroupMetadata
 
@@ -133,7 +136,7 @@ def consolidated_findings(root_document: Mapping[str, Any] | None, group: zarr.G
         ``(sentence, while_writing)`` per problem. ``while_writing`` is None for damage
         whatever a writer does: a copy whose pipeline flyarchive does not write (no
         CRC-32C checksum...), a copy that decodes otherwise than the array's own metadata
-        (the sentences readers refuse it with: :mod:`~flyarchive.store.copies`), other
+        (the sentences readers refuse it with: :mod:`~flyarchive.store.replicas`), other
         differences (attributes). For what a commit in progress can explain (an array
         missing from the copy, a ``time`` extent beyond the largest ``n_frames``) it is
         the sentence to show while a writer holds the archive.
@@ -169,15 +172,15 @@ def consolidated_findings(root_document: Mapping[str, Any] | None, group: zarr.G
 
 def _array_copy_problems(name: str, arr: zarr.Array, copied: ArrayV3Metadata,
                          archive: str) -> list[str]:
-    copy, own = copies.plain(copied), copies.plain(arr.metadata)
+    copy, own = replicas.plain(copied), replicas.plain(arr.metadata)
     problems = []
     try:
-        check_array_metadata(copy, copies.copy_where(archive, name), archive, name=name)
+        check_array_metadata(copy, replicas.copy_where(archive, name), archive, name=name)
     except SchemaError as err:
         problems.append(str(err))
-    found = copies.differences(own, copy)
+    found = replicas.differences(own, copy)
     if found:
-        problems.append(str(copies.disagreement(name, found, archive)))
+        problems.append(str(replicas.disagreement(name, found, archive)))
     elif copy.get("attributes") != own.get("attributes"):
         problems.append(f"The consolidated metadata of {name!r} differs from its own zarr.json "
                         f"in its attributes. {_FIX}")

@@ -3,7 +3,7 @@ in the order that keeps them consistent with each other and with the arrays' met
 checked as ``verify`` checks them.
 
 :func:`committed_coordinates` is what the lazy dataset
-(:func:`~flyarchive.store.dataset.open_dataset`) and the header
+(:func:`~flyarchive.store.dataset.read_dataset`) and the header
 (:func:`~flyarchive.store.dataset.read_header`) are built on, so both open an archive
 the same way: with consolidated metadata in one concurrent round of requests, the
 arrays' own metadata read instead when the consolidated copy lags behind ``n_frames``
@@ -28,15 +28,16 @@ from flyarchive.schema import (
     times_problem,
 )
 from flyarchive.store.consolidated import time_extent
-from flyarchive.store.copies import read_checked
+from flyarchive.store.replicas import read_checked
 from flyarchive.store.location import sync
-from flyarchive.store.reader import fused_reads, open_checked
+from flyarchive.store.reader import fused_reads
+from flyarchive.zarr_internals import array_getitem
 
 
 def committed_coordinates(url: str, storage_options: Mapping[str, Any] | None,
                           group: zarr.Group) -> tuple[zarr.Group, dict[str, zarr.Array],
                                                       np.ndarray | None, int, dict[str, np.ndarray]]:
-    """What :func:`~flyarchive.store.dataset.open_dataset` and
+    """What :func:`~flyarchive.store.dataset.read_dataset` and
     :func:`~flyarchive.store.dataset.read_header` build on, checked the same way
     for both (and as ``verify`` checks: :func:`flyarchive.schema.sizes_problem`,
     :func:`~flyarchive.schema.n_frames_problem`, :func:`~flyarchive.schema.times_problem`):
@@ -129,8 +130,8 @@ def _read_now(arrays: Mapping[str, zarr.Array], names: Sequence[str], n_time: in
               group: zarr.Group, url: str) -> dict[str, np.ndarray]:
     """Arrays ``names`` read whole (``time`` cut to ``n_time``), concurrently, beside the
     arrays' own metadata when ``group`` reads the consolidated copy
-    (:func:`~flyarchive.store.copies.read_checked`): one round of requests on remote storage."""
-    reads = [arrays[n]._async_array.getitem(time_cut(arrays[n], n_time)) for n in names]
+    (:func:`~flyarchive.store.replicas.read_checked`): one round of requests on remote storage."""
+    reads = [array_getitem(arrays[n], time_cut(arrays[n], n_time)) for n in names]
     return {name: np.asarray(value)
             for name, value in zip(names, sync(read_checked(group, str(url), reads)))}
 
@@ -138,6 +139,8 @@ def _read_now(arrays: Mapping[str, zarr.Array], names: Sequence[str], n_time: in
 def _arrays_now(url: str, storage_options: Mapping[str, Any] | None
                 ) -> tuple[zarr.Group, dict[str, zarr.Array]]:
     """The group and every array's own metadata, read now (checked as at open)."""
-    group = open_checked(url, storage_options, consolidated=False)
+    from flyarchive.store.opener import open_for_reading  # the opener reads through here
+
+    group = open_for_reading(url, storage_options, consolidated=False)
     with fused_reads():
         return group, dict(group.arrays())

@@ -1,6 +1,6 @@
 """Creating and reopening an archive: its root attributes, what is at a URL before it
 is created, and whether an existing archive can be appended to (the nodes of a new
-archive are :mod:`~flyarchive.store.new_archive`'s).
+archive are :mod:`~flyarchive.store.nodes`'s).
 
 Used by :mod:`flyarchive.store` (see its docstring for what each mode does with
 what it finds); touches the store only through zarr's store API.
@@ -22,7 +22,6 @@ from typing import Any
 import mujoco
 import numpy as np
 import zarr
-from zarr.core.group import GroupMetadata
 
 from flyarchive import codecs
 from flyarchive.clock import Timing
@@ -33,6 +32,7 @@ from flyarchive.store.claims import WRITER_KEY, release
 from flyarchive.models.entries import MODEL_ATTR, PORTABLE_MODEL_ATTR, model_entry, portable_entry
 from flyarchive.store.location import sync
 from flyarchive.record.spec import ArchiveSpec
+from flyarchive.zarr_internals import GroupMetadata, default_buffer_prototype
 
 
 def package_versions() -> dict[str, str]:
@@ -107,7 +107,7 @@ async def inventory(store: zarr.abc.store.Store) -> str:
     if not names:
         return "empty"
     ours = False
-    root = await store.get("zarr.json", prototype=zarr.core.buffer.default_buffer_prototype())
+    root = await store.get("zarr.json", prototype=default_buffer_prototype())
     if root is not None:
         try:
             ours = json.loads(root.to_bytes())["attributes"]["flyarchive_schema"] == SCHEMA_NAME

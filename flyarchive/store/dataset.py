@@ -14,13 +14,19 @@ chunks are whole shards of worlds by several time chunks (about
 reads only its inner chunks. Opening reads ``n_frames`` and the coordinates in one
 concurrent round of requests when the consolidated metadata bounds them
 (:mod:`~flyarchive.store.coordinates`).
+
+Its header, without xarray or dask (:func:`open_header`), is read from the same group. Both
+are read by :func:`read_archive` from the group that
+:func:`~flyarchive.store.opener.open_for_reading` opens, looked at twice should a writer
+change the archive under the first look.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+import os
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import numpy as np
 import zarr
@@ -32,13 +38,21 @@ from flyarchive.errors import (
     StorageError,
     UnsafeFileError,
 )
-from flyarchive.schema import DERIVED_ATTR, WHOLE_ATTR, damage_advice, is_state, is_world_var
+from flyarchive.schema import (
+    DERIVED_ATTR,
+    WHOLE_ATTR,
+    damage_advice,
+    is_state,
+    is_world_var,
+    validate,
+)
 from flyarchive.store import storage_errors
 from flyarchive.store.coordinates import committed_coordinates, dims_of, time_cut
 from flyarchive.store.header import ArchiveHeader, HeaderVariable
-from flyarchive.store.location import unavailable
-from flyarchive.store.reader import chunk_file, corrupt_read, open_group
-from flyarchive.store.missing import (
+from flyarchive.store.location import as_url, unavailable
+from flyarchive.store.opener import open_for_reading
+from flyarchive.store.reader import chunk_file, corrupt_read, damaged_chunks
+from flyarchive.store.chunk_holes import (
     committed_holes,
     fill_cells,
     missing_error,
@@ -46,6 +60,8 @@ from flyarchive.store.missing import (
     read_whole,
 )
 from flyarchive.store.shards import NeverWritten, OpenedArchive, ShardReader, settled_shards
+
+_Read = TypeVar("_Read")
 
 if TYPE_CHECKING:
     import xarray as xr
@@ -92,7 +108,7 @@ class CommittedFrames:
             None: every read goes through zarr.
         committed: ``(world,)`` committed frames of every world: a read of committed
             frames whose chunk, shard or index entry is missing raises
-            (:mod:`~flyarchive.store.missing`); None: not checked.
+            (:mod:`~flyarchive.store.chunk_holes`); None: not checked.
         advice: What the errors say to do (:func:`flyarchive.schema.damage_advice`: for a
             derived group, recompute it); None: an archive's (``verify``, a backup).
 
@@ -234,7 +250,7 @@ class WorldVariable:
     """A world variable's values, read on demand (a dask array's source, the header's
     reader): a chunk of a variable stored whole that is missing, or any chunk that does
     not read, raises :class:`~flyarchive.errors.CorruptArchiveError` naming the variable,
-    the worlds and the file (:func:`~flyarchive.store.missing.read_whole`).
+    the worlds and the file (:func:`~flyarchive.store.chunk_holes.read_whole`).
 
     Attributes:
         arr: The ``(world,)`` array.
@@ -280,7 +296,7 @@ def committed_frames(arr: zarr.Array, name: str, n_frames: np.ndarray, n_time: i
                      storage_options: Mapping[str, Any] | None = None, *,
                      archive_id: str | None = None, advice: str | None = None
                      ) -> CommittedFrames:
-    """The getter of a state array ``(world, time, ...)`` exactly as :func:`open_dataset`
+    """The getter of a state array ``(world, time, ...)`` exactly as :func:`read_dataset`
     reads it (frames past ``n_frames`` NaN, through the array's shard reader, committed
     frames checked, every read checking that the archive is still the one whose
     ``archive_id`` is given): what a reader of whole worlds calls without dask.
@@ -353,8 +369,35 @@ def _attrs(arr: zarr.Array) -> tuple[dict[str, Any], dict[str, Any]]:
     return attrs, encoding
 
 
-def open_dataset(url: str, storage_options: Mapping[str, Any] | None = None,
-                 group: zarr.Group | None = None) -> xr.Dataset:
+def committed_getter(values: Any) -> CommittedFrames | None:
+    """The archive getter (:class:`CommittedFrames`) a dask-backed state array of a dataset
+    that :func:`read_dataset` made reads through (None: none, e.g. an array in memory)."""
+    graph = getattr(getattr(values, "data", values), "dask", None)
+    if graph is None:
+        return None
+
+    def find(value: Any, depth: int = 0) -> CommittedFrames | None:
+        if isinstance(value, CommittedFrames):
+            return value
+        if depth > 4:
+            return None
+        inner = [getattr(value, "value", None), *getattr(value, "args", ())]
+        if isinstance(value, (tuple, list)):
+            inner += list(value)
+        for item in inner:
+            if item is not None and (found := find(item, depth + 1)) is not None:
+                return found
+        return None
+
+    for task in dict(graph).values():
+        getter = find(task)
+        if getter is not None:
+            return getter
+    return None
+
+
+def read_dataset(url: str, storage_options: Mapping[str, Any] | None,
+                 group: zarr.Group) -> xr.Dataset:
     """The archive as a lazy dataset: coordinates read, state as masked dask arrays.
 
     Reads the root ``zarr.json`` (with the consolidated copy of every array's metadata),
@@ -365,8 +408,8 @@ def open_dataset(url: str, storage_options: Mapping[str, Any] | None = None,
     Args:
         url: The archive.
         storage_options: Passed to fsspec.
-        group: The group, already opened with :func:`~flyarchive.store.open_checked`
-            (default: opened here, unchecked).
+        group: The group, opened with
+            :func:`~flyarchive.store.opener.open_for_reading`.
 
     Returns:
         Dataset cut to the largest ``n_frames`` along ``time``, ``n_frames`` in memory
@@ -379,7 +422,6 @@ def open_dataset(url: str, storage_options: Mapping[str, Any] | None = None,
     import dask.array as da
     import xarray as xr
 
-    group = group if group is not None else open_group(url, storage_options)
     group, arrays, n_frames, n_time, coordinates = committed_coordinates(url, storage_options, group)
     variables = {}
     if n_frames is not None:
@@ -412,15 +454,14 @@ def open_dataset(url: str, storage_options: Mapping[str, Any] | None = None,
     return xr.Dataset(variables, coords=coords, attrs=attrs)
 
 
-def read_header(url: str, storage_options: Mapping[str, Any] | None = None,
-                group: zarr.Group | None = None) -> ArchiveHeader:
-    """The archive's header (:mod:`flyarchive.store.header`): what :func:`open_dataset`
+def read_header(url: str, storage_options: Mapping[str, Any] | None,
+                group: zarr.Group) -> ArchiveHeader:
+    """The archive's header (:mod:`flyarchive.store.header`): what :func:`read_dataset`
     reads at open, the same values, without xarray or dask. Other variables than state
     are read whole on first use (committed frames); state is not read.
 
-    Args and Raises: as :func:`open_dataset`.
+    Args and Raises: as :func:`read_dataset`.
     """
-    group = group if group is not None else open_group(url, storage_options)
     group, arrays, n_frames, n_time, coordinates = committed_coordinates(url, storage_options, group)
     variables: dict[str, HeaderVariable] = {}
     if n_frames is not None:
@@ -444,3 +485,92 @@ def read_header(url: str, storage_options: Mapping[str, Any] | None = None,
             read = (lambda arr=arr: np.asarray(arr[time_cut(arr, n_time)]))  # noqa: E731
         variables[name] = HeaderVariable(name, dims, arr.dtype, shape, _attrs(arr)[0], read=read)
     return ArchiveHeader(group.attrs.asdict(), variables, coords=tuple(coordinates), group=group)
+
+
+def open_header(url: str | os.PathLike[str], storage_options: Mapping[str, Any] | None = None,
+                *, group: Any = None) -> ArchiveHeader:
+    """Open an archive's header: its attributes, ``n_frames``, coordinates and per-world
+    variables, checked and validated as :func:`flyarchive.open_archive` does, without
+    importing xarray or dask (:mod:`flyarchive.store.header`). What a render plans with;
+    states are read by :class:`~flyarchive.store.reader.StateReader` (renders) or
+    :func:`~flyarchive.open_archive`.
+
+    Args:
+        url, storage_options: As :func:`flyarchive.open_archive`.
+        group: The archive's group, opened and checked already (``header.group`` of an
+            earlier header, ``StateReader.group``); None: opened here.
+
+    Raises:
+        As :func:`flyarchive.open_archive` when opening.
+    """
+    header = read_archive(as_url(url), storage_options, read_header, group)
+    validate(header)
+    return header
+
+
+def read_archive(url: str, storage_options: Mapping[str, Any] | None,
+                 read: Callable[..., _Read], group: Any = None) -> _Read:
+    """``read(url, storage_options, group)`` of the checked group (opened here unless
+    given), looked at twice should a writer have changed the archive under the first
+    look; errors named."""
+    if group is None:  # the arrays' own metadata is checked in read's first round
+        group = open_for_reading(url, storage_options, own_later=True)
+    for attempt in (1, 2):
+        try:
+            return read(url, storage_options, group)
+        except (OSError, TimeoutError) as err:
+            if isinstance(err, FlyarchiveError):
+                raise
+            if not isinstance(err, FileNotFoundError):
+                raise unavailable(url, err) from None
+            if attempt == 2:
+                raise damaged_metadata(url, group, err) from None
+        except SchemaError:  # names its file: looking again would not change it
+            raise
+        except Exception as err:  # zarr/xarray report damaged metadata in many ways
+            if attempt == 2:
+                raise unreadable(url, group, err) from None
+    raise AssertionError("unreachable")
+
+
+def damaged_metadata(url: str, group: zarr.Group, err: BaseException) -> SchemaError:
+    """The error for an archive whose arrays' metadata cannot be read, naming them."""
+    bad = []
+    for name in _EXPECTED:
+        try:
+            group[name]
+        except KeyError:
+            if name in ("qpos", "n_frames", "time", "world", "dof"):
+                bad.append(f"{name!r} (missing)")
+        except Exception:
+            bad.append(f"{name!r} (unreadable metadata)")
+    if any("'qpos' (missing)" == b for b in bad):
+        return SchemaError(
+            f"The archive at {url!r} has no variable 'qpos' (its zarr.json is missing). "
+            "It cannot be replayed; restore the file from a backup."
+        )
+    return SchemaError(
+        f"The archive at {url!r} has damaged metadata in {', '.join(bad) or 'an array'} "
+        f"({type(err).__name__}: {err}). Run `flyarchive verify {url}`; restore the damaged "
+        "zarr.json files from a backup."
+    )
+
+
+def unreadable(url: str, group: zarr.Group, err: BaseException) -> FlyarchiveError:
+    """The error for an archive that xarray cannot open: a damaged chunk of a coordinate
+    when one is found (named, with its file), else damaged metadata."""
+
+    for name in ("time", "world", "n_frames", "dof", "mocap", "xyz", "wxyz"):
+        try:
+            arr = group[name]
+        except Exception:
+            continue
+        found = damaged_chunks(arr, limit=1)
+        if found:
+            if isinstance(found[0].error, UnsafeFileError):  # names its file already
+                return found[0].error
+            return corrupt_read(url, found[0].describe(), found[0].error)
+    return err if isinstance(err, FlyarchiveError) else damaged_metadata(url, group, err)
+
+
+_EXPECTED = ("qpos", "mocap_pos", "mocap_quat", "n_frames", "time", "world", "dof", "mocap")

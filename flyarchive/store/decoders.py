@@ -6,7 +6,7 @@ few stored bytes: :class:`BoundedPCodec` decodes into the chunk's declared shape
 never past it, :class:`BoundedBloscCodec` refuses an oversized header before anything
 is allocated, and :class:`CheckedCrc32cCodec` says what a checksum mismatch means.
 :func:`install_bounded_decoders` makes them zarr's decoders in this process (their
-metadata is checked first: :mod:`flyarchive.store.hardening`); :func:`direct_decoder`
+metadata is checked first: :mod:`flyarchive.store.allowlist`); :func:`direct_decoder`
 decodes one inner chunk straight into its place for the shard reader.
 """
 
@@ -23,10 +23,14 @@ import zarr
 from zarr.abc.codec import ArrayArrayCodec, ArrayBytesCodec, BytesBytesCodec
 from zarr.codecs import BloscCodec, BytesCodec, Crc32cCodec
 from zarr.codecs.numcodecs import PCodec
-from zarr.core.array_spec import ArraySpec
-from zarr.core.buffer import default_buffer_prototype
 
 from flyarchive.errors import CorruptArchiveError
+from flyarchive.zarr_internals import (
+    ArraySpec,
+    DecodeHook,
+    decode_sync,
+    default_buffer_prototype,
+)
 
 
 def damaged(reason: str) -> CorruptArchiveError:
@@ -53,7 +57,7 @@ def _pcodec() -> Any:
 _STANDALONE: Any = None
 
 
-class BoundedPCodec(PCodec):
+class BoundedPCodec(DecodeHook, PCodec):
     """zarr's pcodec codec, decoding into the chunk's declared shape and never past it.
 
     pcodec compresses constant runs to a few bytes per 2**18 values, so a stored chunk of
@@ -62,7 +66,7 @@ class BoundedPCodec(PCodec):
     declared chunk, which :func:`check_array_metadata` bounds in turn.
     """
 
-    def _decode_sync(self, chunk_data: Any, chunk_spec: Any) -> Any:
+    def decode_checked(self, chunk_data: Any, chunk_spec: Any) -> Any:
         out = np.empty(chunk_spec.shape, dtype=chunk_spec.dtype.to_native_dtype())
         self.decode_into(chunk_data, out, chunk_spec)
         return chunk_spec.prototype.nd_buffer.from_ndarray_like(out)
@@ -92,13 +96,13 @@ class BoundedPCodec(PCodec):
             )
 
 
-class CheckedCrc32cCodec(Crc32cCodec):
+class CheckedCrc32cCodec(DecodeHook, Crc32cCodec):
     """zarr's CRC-32C codec, reporting a mismatch as :class:`CorruptArchiveError` (a
     ``ValueError``, as before) that says what it means and what to run."""
 
-    def _decode_sync(self, chunk_bytes: Any, chunk_spec: Any) -> Any:
+    def decode_checked(self, chunk_bytes: Any, chunk_spec: Any) -> Any:
         try:
-            return super()._decode_sync(chunk_bytes, chunk_spec)
+            return self.decode_unchecked(chunk_bytes, chunk_spec)
         except ValueError as err:
             raise damaged(f"a stored chunk fails its CRC-32C checksum ({err})") from None
 
@@ -107,12 +111,12 @@ class CheckedCrc32cCodec(Crc32cCodec):
 BLOSC_HEADER = 16
 
 
-class BoundedBloscCodec(BloscCodec):
+class BoundedBloscCodec(DecodeHook, BloscCodec):
     """zarr's Blosc codec, refusing a chunk whose header declares more bytes than the
     chunk's declared shape holds (a few stored bytes can declare gigabytes), before
     anything is allocated."""
 
-    def _decode_sync(self, chunk_bytes: Any, chunk_spec: Any) -> Any:
+    def decode_checked(self, chunk_bytes: Any, chunk_spec: Any) -> Any:
         raw = chunk_bytes.as_numpy_array()
         if raw.nbytes < BLOSC_HEADER:
             raise damaged(f"a blosc chunk of {raw.nbytes} bytes is shorter than its header")
@@ -123,7 +127,7 @@ class BoundedBloscCodec(BloscCodec):
                 f"a blosc chunk declares {declared} bytes ({stored} stored in "
                 f"{raw.nbytes}); its shape {tuple(chunk_spec.shape)} holds {expected}"
             )
-        return super()._decode_sync(chunk_bytes, chunk_spec)
+        return self.decode_unchecked(chunk_bytes, chunk_spec)
 
 
 _DECODERS = {"numcodecs.pcodec": BoundedPCodec, "crc32c": CheckedCrc32cCodec,
@@ -199,13 +203,13 @@ def direct_decoder(codecs: Sequence[Any], spec: ArraySpec
     def decode(raw: np.ndarray, target: np.ndarray) -> None:
         if crc is not None:
             if raw.size < 4 or google_crc32c.value(raw[:-4]) != int.from_bytes(raw[-4:], "little"):
-                crc._decode_sync(wrap(raw), spec)  # raises the codec's own error
+                decode_sync(crc, wrap(raw), spec)  # raises the codec's own error
                 raise ValueError("a stored chunk fails its CRC-32C checksum")
             raw = raw[:-4]
         if bytes_bytes:
             data = wrap(raw)
             for codec in bytes_bytes:
-                data = codec._decode_sync(data, spec)
+                data = decode_sync(codec, data, spec)
             raw = data.as_numpy_array()
         decode_into(raw, target, spec)
 

@@ -12,9 +12,9 @@ the source archive's ``archive_id`` and the flyarchive version (in ``versions``)
 Derived values are held to the archive's guarantees, by the readers of the states
 themselves, not by a check per kind: every array of dims ``(world, time, ...)``
 (:func:`flyarchive.schema.is_state`) is read by
-:func:`~flyarchive.store.dataset.open_dataset`, so a missing chunk, shard or index entry
-inside ``n_frames`` fails the read (:mod:`~flyarchive.store.missing`) and every byte is
-checksummed; the group's metadata passes :mod:`~flyarchive.store.hardening` (the state
+:func:`~flyarchive.store.dataset.read_dataset`, so a missing chunk, shard or index entry
+inside ``n_frames`` fails the read (:mod:`~flyarchive.store.chunk_holes`) and every byte is
+checksummed; the group's metadata passes :mod:`~flyarchive.store.allowlist` (the state
 pipelines) and the checks of ``n_frames``, extents and times at open
 (:mod:`~flyarchive.store.coordinates`); :func:`flyarchive.schema.validate_derived` holds
 its labels to its provenance; and :func:`source_problems` holds it to its archive
@@ -68,8 +68,10 @@ from flyarchive.store.consolidated import consolidate
 from flyarchive.store.creation import claims_group, clear, package_versions, undo
 from flyarchive.models import model_identity
 from flyarchive.store.location import access_denied, open_store, settled, sync
-from flyarchive.store.reader import StateDamage, open_group, state_damage
+from flyarchive.store.opener import open_for_reading, open_for_writing
+from flyarchive.store.reader import StateDamage, state_damage
 from flyarchive.store.writer import ArchiveWriter
+from flyarchive.zarr_internals import default_buffer_prototype
 
 if TYPE_CHECKING:
     import xarray as xr
@@ -203,7 +205,7 @@ class DerivedWriter(ArchiveWriter):
                 remade = ("What was there is not a derived group of this request: its root "
                           "zarr.json is missing or unreadable, or its provenance was changed.")
             if there == "same" and remade is None:
-                group = open_group(url, storage_options, mode="r+")
+                group = open_for_writing(url, storage_options)
                 return cls(group, url, ModelLayout.from_attrs(group.attrs["layout"]), claim=claim)
             ours = True  # what was there is replaced: derived values, recomputed
             if there != "empty":
@@ -281,7 +283,7 @@ class DerivedWriter(ArchiveWriter):
 def _what_is_there(store: zarr.abc.store.Store, spec: DerivedSpec) -> str:
     """``"empty"``, ``"same"`` (a derived group of this request), ``"interrupted"`` (its
     creation did not finish: made anew) or ``"other"``."""
-    raw = sync(store.get("zarr.json", prototype=zarr.core.buffer.default_buffer_prototype()))
+    raw = sync(store.get("zarr.json", prototype=default_buffer_prototype()))
     if raw is None:
         async def anything() -> bool:
             async for name in store.list_dir(""):
@@ -343,7 +345,7 @@ def _create_arrays(group: zarr.Group, spec: DerivedSpec) -> None:
 
 def stored_chunks(url: str, storage_options: Mapping[str, Any] | None = None) -> tuple[int, int]:
     """``(frames per chunk, worlds per shard)`` of the archive's stored ``qpos``."""
-    qpos = open_group(url, storage_options)["qpos"]
+    qpos = open_for_reading(url, storage_options, attributes_only=True)["qpos"]
     return int(qpos.chunks[1]), int((qpos.shards or qpos.chunks)[0])
 
 
@@ -353,7 +355,7 @@ def make_parent(url: str, storage_options: Mapping[str, Any] | None = None) -> N
     Raises:
         ArchiveNotFoundError, SchemaError: no archive at ``url``.
     """
-    group = open_group(url, storage_options, mode="r+")
+    group = open_for_writing(url, storage_options)
     if DERIVED_GROUP in group:
         return
     try:
@@ -396,9 +398,9 @@ class DerivedSource:
         """The archive at ``url``, its header read (checked as ``open_archive`` checks it).
 
         Raises:
-            As :func:`flyarchive.store.opening.open_header`.
+            As :func:`flyarchive.store.dataset.open_header`.
         """
-        from flyarchive.store.opening import open_header
+        from flyarchive.store.dataset import open_header
 
         return cls.of(open_header(url, storage_options), url)
 
@@ -520,7 +522,8 @@ def holds_derived(url: str, storage_options: Mapping[str, Any] | None = None) ->
     """Whether ``url`` is a derived group or an archive of derived values (it has the
     ``derived`` attribute), sound or not; False for an archive or nothing readable."""
     try:
-        group = open_group(str(url), storage_options, consolidated=False)
+        group = open_for_reading(str(url), storage_options, consolidated=False,
+                                 attributes_only=True)
     except (FlyarchiveError, OSError):
         return False
     return isinstance(group.attrs.get(DERIVED_ATTR), dict)
@@ -531,7 +534,7 @@ def find_derived(url: str, storage_options: Mapping[str, Any] | None = None
     """The derived groups kept beside the archive at ``url``: ``(url, provenance,
     n_frames)`` of each whose creation finished; ``[]`` when there are none."""
     try:  # the archive's consolidated metadata may predate its derived groups: not used
-        root = open_group(url, storage_options, consolidated=False)
+        root = open_for_reading(url, storage_options, consolidated=False, attributes_only=True)
         parent = root.get(DERIVED_GROUP)
     except (FlyarchiveError, KeyError, OSError):
         return []
@@ -554,7 +557,7 @@ def find_derived(url: str, storage_options: Mapping[str, Any] | None = None
 BESIDE = "beside"
 
 
-def state_reader(url: str, storage_options: Mapping[str, Any] | None, ds: xr.Dataset,
+def state_getter(url: str, storage_options: Mapping[str, Any] | None, ds: xr.Dataset,
                  group: zarr.Group, name: str) -> Any:
     """The reader of a state array (``position``...) of the derived group ``ds`` opened from
     ``url`` with ``group`` (:func:`open_derived_group`), as its dask arrays read it
@@ -572,10 +575,10 @@ def state_reader(url: str, storage_options: Mapping[str, Any] | None, ds: xr.Dat
     with fused_reads():
         arr = group[name]
     if arr.shape[1] < ds.sizes["time"]:  # the consolidated copy lags: the array's own
-        from flyarchive.store.reader import open_checked
+        from flyarchive.store.opener import open_for_reading
 
         with fused_reads():
-            arr = open_checked(url, storage_options, consolidated=False)[name]
+            arr = open_for_reading(url, storage_options, consolidated=False)[name]
     n_frames = np.asarray(ds.n_frames.values, dtype=np.int64)
     return committed_frames(arr, name, n_frames, int(ds.sizes["time"]),
                             np.asarray(ds.world.values), url, storage_options,
@@ -586,7 +589,7 @@ def state_reader(url: str, storage_options: Mapping[str, Any] | None, ds: xr.Dat
 def open_derived(url: str, storage_options: Mapping[str, Any] | None = None, *,
                  source: DerivedSource | str | None = BESIDE) -> xr.Dataset:
     """A derived group (or an archive of positions) as a lazy dataset, read and checked as
-    an archive's states are (:func:`~flyarchive.store.dataset.open_dataset`): its state
+    an archive's states are (:func:`~flyarchive.store.dataset.read_dataset`): its state
     arrays (``position``, ``orientation``...) as dask arrays, frames past each world's
     ``n_frames`` NaN, a read of committed frames whose chunk, shard or index entry is
     missing, or whose bytes fail their checksum, an error; ``n_frames``, the coordinates
@@ -616,18 +619,18 @@ def open_derived(url: str, storage_options: Mapping[str, Any] | None = None, *,
 def open_derived_group(url: str, storage_options: Mapping[str, Any] | None = None, *,
                        source: DerivedSource | str | None = BESIDE
                        ) -> tuple[xr.Dataset, zarr.Group]:
-    """:func:`open_derived`, and the group it opened (for :func:`state_reader`)."""
+    """:func:`open_derived`, and the group it opened (for :func:`state_getter`)."""
     from flyarchive.store import dataset
-    from flyarchive.store.opening import read_archive
-    from flyarchive.store.reader import open_checked
+    from flyarchive.store.dataset import read_archive
+    from flyarchive.store.opener import open_for_reading
 
     url = str(url)
-    group = open_checked(url, storage_options, own_later=True)
+    group = open_for_reading(url, storage_options, own_later=True)
     if not isinstance(group.attrs.get(DERIVED_ATTR), dict):
         raise SchemaError(
             f"{url!r} holds no derived values (no 'derived' attribute): it is not kept "
             "positions. Make them with flyarchive.keep_positions or `flyarchive positions`.")
-    ds = read_archive(url, storage_options, dataset.open_dataset, group)
+    ds = read_archive(url, storage_options, dataset.read_dataset, group)
     advice = damage_advice(url, ds.attrs)
     try:
         validate_derived(ds)

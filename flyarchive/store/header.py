@@ -4,7 +4,7 @@ Importing xarray and dask (xarray imports ``dask.array`` as it makes its first v
 whenever dask is installed) is 1-2.5 s of a render's start, under the same GIL as the
 import of the Warp renderer (1.2 s on a 2-core VM, 3 s on an H200 host). A render
 without a ``where`` mask needs only the attributes, ``n_frames``, the coordinates and
-the per-world variables: :func:`flyarchive.store.opening.open_header` reads them as
+the per-world variables: :func:`flyarchive.store.dataset.open_header` reads them as
 :func:`~flyarchive.query.archive.open_archive` does (same checks, same schema
 validation, same values), into an :class:`ArchiveHeader`, which answers the part of
 :class:`xarray.Dataset`'s interface that the planning code and

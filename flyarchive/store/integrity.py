@@ -21,7 +21,6 @@ from typing import Any
 
 import numpy as np
 import zarr
-from zarr.core.buffer import default_buffer_prototype
 
 from flyarchive import codecs
 from flyarchive.errors import ArchiveNotFoundError, FlyarchiveError, StorageError
@@ -42,20 +41,21 @@ from flyarchive.schema import (
 from flyarchive.store.claims import live_claims
 from flyarchive.store.consolidated import WHILE_WRITING, consolidated_findings, root_document
 from flyarchive.models.kept import model_problems
-from flyarchive.store.missing import missing_chunks, stored_whole
+from flyarchive.zarr_internals import default_buffer_prototype
+from flyarchive.store.chunk_holes import missing_chunks, stored_whole
+from flyarchive.store.opener import open_for_reading
 from flyarchive.store.reader import (
     block_damage,
     damaged_chunks,
-    open_checked,
-    open_stored,
     state_blocks,
+    stored_dataset,
     time_extents,
 )
 
 _PROTOTYPE = default_buffer_prototype()
 #: Most passes over an archive that a writer changes while it is read.
 PASSES = 3
-#: What a refusal of metadata flyarchive does not write says (:mod:`~flyarchive.store.hardening`).
+#: What a refusal of metadata flyarchive does not write says (:mod:`~flyarchive.store.allowlist`).
 _NOT_WRITTEN_BY_US = ("flyarchive reads only what it writes", "disagrees with itself")
 
 
@@ -262,10 +262,9 @@ def _interrupted(url: str, storage_options: Mapping[str, Any] | None) -> bool:
 
 def _advice(url: str, storage_options: Mapping[str, Any] | None) -> str:
     """What to do about a damaged derived group (its attributes read if they can be)."""
-    from flyarchive.store.reader import open_group
-
     try:
-        attrs = open_group(url, storage_options, consolidated=False).attrs.asdict()
+        attrs = open_for_reading(url, storage_options, consolidated=False,
+                                 attributes_only=True).attrs.asdict()
     except Exception:  # noqa: BLE001 - unreadable: the positions keeper's advice
         attrs = {DERIVED_ATTR: {"kind": "positions"}}
     if not isinstance(attrs.get(DERIVED_ATTR), Mapping):
@@ -289,7 +288,7 @@ def _writers(url: str, storage_options: Mapping[str, Any] | None) -> list[str]:
 def _one_pass(url: str, storage_options: Mapping[str, Any] | None, source: Any) -> _Pass:
     found = _Pass(VerifyReport(str(url)))
     try:
-        group = open_checked(url, storage_options, consolidated=False, check_copy=False)
+        group = open_for_reading(url, storage_options, consolidated=False, check_copy=False)
         document = root_document(group)  # the copy first: then nothing read later is behind it
     except FlyarchiveError as err:
         if isinstance(err, (FileNotFoundError, StorageError)):  # interop: not the archive's fault
@@ -315,7 +314,7 @@ def _one_pass(url: str, storage_options: Mapping[str, Any] | None, source: Any) 
         found.add(f"Schema: {sizes}", f"Schema: {sizes} {WHILE_WRITING}")
         return found
     try:
-        (validate_derived if derived else validate)(open_stored(group))
+        (validate_derived if derived else validate)(stored_dataset(group))
     except FlyarchiveError as err:
         found.schema(err)
         return found

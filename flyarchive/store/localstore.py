@@ -6,7 +6,7 @@ belongs, a folder symlinked out of the archive (writes land outside it).
 :class:`GuardedLocalStore` resolves every key and refuses one that leads out of the
 archive root, ``lstat``s before opening and opens with ``O_NOFOLLOW | O_NONBLOCK``,
 reads only regular files, bounds each file's size by what its array's declared
-shapes can need (:mod:`flyarchive.store.hardening`), and checks metadata files before
+shapes can need (:mod:`flyarchive.store.allowlist`), and checks metadata files before
 zarr parses them. A writable store refuses, when it is made, an archive holding a
 folder symlinked out of it (down to an array's ``c/<world block>`` folders), before
 anything is written; every write checks its own path.
@@ -36,10 +36,10 @@ from typing import Any
 
 import zarr.storage
 from zarr.abc.store import ByteRequest, OffsetByteRequest, RangeByteRequest, SuffixByteRequest
-from zarr.core.buffer import Buffer, BufferPrototype, default_buffer_prototype
 
 from flyarchive.errors import IrregularFileError, UnsafeFileError
-from flyarchive.store import hardening
+from flyarchive.store import allowlist
+from flyarchive.zarr_internals import Buffer, BufferPrototype, StoreHooks, default_buffer_prototype
 
 #: Largest file read that is neither metadata nor an array's chunk (claims, models), bytes.
 MAX_OTHER_BYTES = 1 << 30
@@ -99,7 +99,7 @@ def open_regular(real: str, *, restore: str = "the chunk file"
     return fd, opened
 
 
-class GuardedLocalStore(zarr.storage.LocalStore):
+class GuardedLocalStore(StoreHooks, zarr.storage.LocalStore):
     """``zarr.storage.LocalStore`` confined to regular files inside ``root``.
 
     Raises (from its methods):
@@ -115,7 +115,7 @@ class GuardedLocalStore(zarr.storage.LocalStore):
 
     def __init__(self, root: Path | str, *, read_only: bool = False) -> None:
         super().__init__(root, read_only=read_only)
-        self._limits: dict[str, tuple[tuple[int, int, int], hardening.ChunkLimits]] = {}
+        self._limits: dict[str, tuple[tuple[int, int, int], allowlist.ChunkLimits]] = {}
         self._real_root: str | None = None  # the root's real path, as last looked up
         if not read_only and self.root.is_dir():
             self._check_links()  # before anything is opened, let alone written
@@ -239,13 +239,13 @@ class GuardedLocalStore(zarr.storage.LocalStore):
             level = below
 
     # ------------------------------------------------------------------ reading
-    def _limit(self, key: str) -> hardening.ChunkLimits:
+    def _limit(self, key: str) -> allowlist.ChunkLimits:
         name = key.rsplit("/", 1)[-1]
         if name in _METADATA:
-            return hardening.ChunkLimits(hardening.MAX_METADATA_BYTES)
+            return allowlist.ChunkLimits(allowlist.MAX_METADATA_BYTES)
         array, sep, _ = key.partition("/c/")
         if not sep:
-            return hardening.ChunkLimits(MAX_OTHER_BYTES)
+            return allowlist.ChunkLimits(MAX_OTHER_BYTES)
         meta_key = f"{array}/zarr.json"
         st = self._stat_short(meta_key)
         if st is _LONG_WAY:
@@ -254,7 +254,7 @@ class GuardedLocalStore(zarr.storage.LocalStore):
             except FileNotFoundError:
                 st = None
         if st is None:
-            return hardening.ChunkLimits(MAX_OTHER_BYTES)  # zarr reads no chunk without metadata
+            return allowlist.ChunkLimits(MAX_OTHER_BYTES)  # zarr reads no chunk without metadata
         assert isinstance(st, os.stat_result)
         stamp = (st.st_ino, st.st_size, st.st_mtime_ns)
         cached = self._limits.get(array)
@@ -262,8 +262,8 @@ class GuardedLocalStore(zarr.storage.LocalStore):
             raw = self._read(meta_key, None)
             meta = json.loads(raw) if raw is not None else {}
             if not isinstance(meta, dict) or meta.get("node_type") != "array":
-                return hardening.ChunkLimits(MAX_OTHER_BYTES)
-            cached = (stamp, hardening.check_array_metadata(meta, str(self.root / meta_key),
+                return allowlist.ChunkLimits(MAX_OTHER_BYTES)
+            cached = (stamp, allowlist.check_array_metadata(meta, str(self.root / meta_key),
                                                             str(self.root)))
             self._limits[array] = cached
         return cached[1]
@@ -305,11 +305,11 @@ class GuardedLocalStore(zarr.storage.LocalStore):
             data = f.read(max(0, stop - start))
         name = key.rsplit("/", 1)[-1]
         if name in _METADATA and name != "zarr.json":
-            raise hardening.refuse(str(self.root / key), "it is zarr v2 metadata; flyarchive "
+            raise allowlist.refuse(str(self.root / key), "it is zarr v2 metadata; flyarchive "
                                    "archives are zarr v3 (their metadata is zarr.json)",
                                    str(self.root))
         if name == "zarr.json" and byte_range is None:
-            hardening.check_json_bytes(data, str(self.root / key), str(self.root))
+            allowlist.check_json_bytes(data, str(self.root / key), str(self.root))
             self._check_metadata(key, data)
         elif limit.zstd_bytes is not None and byte_range is None:
             self._check_zstd(key, data, limit.zstd_bytes)
@@ -321,11 +321,11 @@ class GuardedLocalStore(zarr.storage.LocalStore):
         except ValueError:
             return  # zarr reports unparsable metadata itself
         if isinstance(meta, dict) and meta.get("node_type") == "array":
-            hardening.check_array_metadata(meta, str(self.root / key), str(self.root))
+            allowlist.check_array_metadata(meta, str(self.root / key), str(self.root))
 
     def _check_zstd(self, key: str, data: bytes, most: int) -> None:
         try:
-            size = hardening.zstd_content_size(data)
+            size = allowlist.zstd_content_size(data)
         except ValueError as err:
             raise self._refuse(key, f"is not zstd data ({err})", "Restore the file.") from None
         if size is None:
@@ -345,12 +345,12 @@ class GuardedLocalStore(zarr.storage.LocalStore):
 
     def get_sync(self, key: str, *, prototype: BufferPrototype | None = None,
                  byte_range: ByteRequest | None = None) -> Buffer | None:
-        self._ensure_open_sync()
+        self.ready_sync()
         return self._buffer(key, prototype, byte_range)
 
     async def get(self, key: str, prototype: BufferPrototype | None = None,
                   byte_range: ByteRequest | None = None) -> Buffer | None:
-        await self._ensure_open()
+        await self.ready()
         return await asyncio.to_thread(self._buffer, key, prototype, byte_range)
 
     async def get_partial_values(
@@ -427,17 +427,17 @@ class GuardedLocalStore(zarr.storage.LocalStore):
 
     # ------------------------------------------------------------------ writing
     def set_sync(self, key: str, value: Buffer) -> None:
-        self._ensure_open_sync()
+        self.ready_sync()
         self._inside(key)
         super().set_sync(key, value)
 
-    async def _set(self, key: str, value: Buffer, exclusive: bool = False) -> None:
-        await self._ensure_open()
+    async def set_checked(self, key: str, value: Buffer, exclusive: bool) -> None:
+        await self.ready()
         if not exclusive:  # the check and the write in one trip to a thread
             await asyncio.to_thread(self.set_sync, key, value)
             return
         await asyncio.to_thread(self._inside, key)
-        await super()._set(key, value, exclusive=exclusive)
+        await self.set_unchecked(key, value, exclusive)
 
     def delete_sync(self, key: str) -> None:
         self._inside(key)

@@ -2,7 +2,7 @@
 
 Local paths get a :class:`~flyarchive.store.localstore.GuardedLocalStore` (regular
 files inside the archive only); every store decodes with bounded decoders
-(:mod:`flyarchive.store.hardening`).
+(:mod:`flyarchive.store.allowlist`).
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ from flyarchive.errors import (
     StorageError,
     missing_storage_backend,
 )
-from flyarchive.store import hardening, storage_errors
+from flyarchive.store import allowlist, storage_errors
 from flyarchive.store.localstore import GuardedLocalStore
 
 
@@ -80,7 +80,7 @@ def open_store(
         StorageError: for an unknown protocol, or storage options of the wrong type.
     """
     url = str(url)
-    hardening.install_bounded_decoders()
+    allowlist.install_bounded_decoders()
     if not is_local(url):  # interop: malformed options are refused before a client is built
         storage_errors.check_storage_options(url, storage_options)
     if is_local(url):
@@ -167,7 +167,7 @@ def refuse_existing(url: str, storage_options: Mapping[str, Any] | None = None) 
 
 
 def sync(coro: Any) -> Any:
-    from zarr.core.sync import sync
+    from flyarchive.zarr_internals import sync
 
     return sync(coro)
 

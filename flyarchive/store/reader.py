@@ -1,11 +1,14 @@
-"""Reading archives: open the group (checked before any chunk is read), the dataset as
-stored, states for replay batches, and the errors that name what failed to read.
+"""Reading archives, from the group :func:`~flyarchive.store.opener.open_for_reading` opened
+(checked before any chunk is read): the renders' :class:`StateReader` of the store's state
+reader family (pieces of worlds, straight through zarr; the window readers of positions,
+gait and the viewer are :mod:`~flyarchive.store.window_reader`'s), the dataset as stored,
+and the errors that name what failed to read.
 
 Readers read ``n_frames`` first, then each array's metadata once: extents only grow,
 and a writer grows them before it commits, so every state a reader can see is valid.
 The consolidated copy of the metadata (:mod:`~flyarchive.store.consolidated`) is read
 before ``n_frames`` but written after it, so it never claims more than was committed
-(:func:`~flyarchive.store.dataset.open_dataset` falls back to the arrays' own metadata
+(:func:`~flyarchive.store.dataset.read_dataset` falls back to the arrays' own metadata
 when it lags behind).
 """
 
@@ -20,84 +23,19 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import zarr
-from zarr.core.buffer import default_buffer_prototype
 
-from flyarchive.errors import ArchiveNotFoundError, CorruptArchiveError, FlyarchiveError, SchemaError
-from flyarchive.schema import STATE_VARS, finite_frames, validate_attrs
-from flyarchive.store import hardening, storage_errors
-from flyarchive.store.copies import check_copies, check_own, read_checked, read_copy
-from flyarchive.store.elsewhere import not_an_archive
-from flyarchive.store.hardening import check_arrays
-from flyarchive.store.localstore import UnsafeFileError
-from flyarchive.store.location import access_denied, is_remote, open_store, sync, unavailable
+from flyarchive.errors import CorruptArchiveError
+from flyarchive.schema import STATE_VARS, finite_frames
+from flyarchive.store import storage_errors
+from flyarchive.store.location import sync
+from flyarchive.store.opener import open_for_reading
+from flyarchive.store.replicas import read_checked
+from flyarchive.zarr_internals import FUSED_PIPELINE, HAS_FUSED_PIPELINE, array_getitem
 
 if TYPE_CHECKING:
     import xarray as xr
 
 
-def open_group(url: str, storage_options: Mapping[str, Any] | None = None, *, mode: str = "r",
-               consolidated: bool = True) -> zarr.Group:
-    """Open an existing archive's zarr group and check its schema attributes.
-
-    Args:
-        url: The archive.
-        storage_options: Passed to fsspec.
-        mode: ``"r"`` (read) or ``"r+"`` (a writer).
-        consolidated: For ``mode="r"`` on remote storage (S3...): take the arrays'
-            metadata from the consolidated copy in the root ``zarr.json`` when there is
-            one (one request for all of it). Local and in-memory archives, writers
-            (``"r+"``) and ``verify`` (False) read each array's own metadata: the ground
-            truth, and the files the local store checks (:mod:`~flyarchive.store.localstore`).
-
-    Raises:
-        ArchiveNotFoundError: if no archive is at ``url``.
-        SchemaError / SchemaVersionError: if it is not a readable flyarchive archive (also
-            for zarr v2 metadata: flyarchive archives are zarr v3).
-    """
-    store = open_store(url, storage_options, read_only=(mode == "r"))
-    use = None if mode == "r" and consolidated and is_remote(url) else False
-    try:
-        group = zarr.open_group(store, mode="r" if mode == "r" else "r+", zarr_format=3,
-                                use_consolidated=use)
-    except storage_errors.client_errors() as err:  # interop: unreachable, no credentials...
-        raise storage_errors.translate(err, url, storage_options) or err from None
-    except PermissionError as err:
-        raise access_denied(url, err) from None
-    except (FileNotFoundError, zarr.errors.GroupNotFoundError, KeyError):
-        _refuse_v2(store, url)
-        raise not_an_archive(url, storage_options) or ArchiveNotFoundError(
-            f"No archive at {url!r}: there is no zarr.json there. Check the URL, or record "
-            "one with flyarchive.TrajectoryRecorder."
-        ) from None
-    except OSError as err:
-        raise unavailable(url, err) from None
-    except (ValueError, TypeError) as err:  # also an array (a map...) where the group should be
-        raise not_an_archive(url, storage_options) or SchemaError(
-            f"The zarr metadata at {url!r} is unreadable ({err}).") from None
-    try:
-        validate_attrs(group.attrs.asdict())
-    except SchemaError as err:  # a folder inside an archive (claims, models) is not one
-        raise not_an_archive(url, storage_options) or err from None
-    return group
-
-
-def _refuse_v2(store: zarr.abc.store.Store, url: str) -> None:
-    """Raise SchemaError if zarr v2 metadata is where the root ``zarr.json`` should be
-    (the guarded local store refuses to read it with its own message)."""
-    try:
-        found = sync(store.get(".zgroup", prototype=default_buffer_prototype()))
-    except (SchemaError, UnsafeFileError):
-        raise
-    except Exception:  # nothing to tell beyond "no archive"
-        return
-    if found is not None:
-        raise hardening.refuse(f"{url.rstrip('/')}/.zgroup", "it is zarr v2 metadata; flyarchive "
-                               "archives are zarr v3 (their metadata is zarr.json)", url)
-
-
-#: zarr's synchronous codec pipeline: decodes the inner chunks of a shard in one call
-#: instead of one coroutine and one thread hop each (2-4x faster reads, measured).
-FUSED_PIPELINE = "zarr.core.codec_pipeline.FusedCodecPipeline"
 _CONFIG_LOCK = threading.Lock()
 
 
@@ -111,7 +49,7 @@ def fused_reads() -> Iterator[None]:
     opt-in; ``tests/test_query_fast.py`` reads through it bit for bit (and fails, while
     reads go on through zarr's default pipeline, should a zarr release drop it).
     """
-    if not _HAS_FUSED:
+    if not HAS_FUSED_PIPELINE:
         yield
         return
     with _CONFIG_LOCK, zarr.config.set({"codec_pipeline.path": FUSED_PIPELINE}):
@@ -127,101 +65,11 @@ def fused_array(arr: zarr.Array) -> zarr.Array:
     write, took 10x longer through zarr's default pipeline (a coroutine per inner chunk
     and codec) than through the fused one.
     """
-    if not _HAS_FUSED:
+    if not HAS_FUSED_PIPELINE:
         return arr
     kept = arr.async_array
     with fused_reads():
         return zarr.Array(zarr.AsyncArray(kept.metadata, kept.store_path, config=kept.config))
-
-
-def _has_fused() -> bool:
-    try:
-        from zarr.core.codec_pipeline import FusedCodecPipeline  # noqa: F401
-    except ImportError:
-        return False
-    return True
-
-
-_HAS_FUSED = _has_fused()
-
-
-def damaged_metadata(url: str, group: zarr.Group, err: BaseException) -> SchemaError:
-    """The error for an archive whose arrays' metadata cannot be read, naming them."""
-    bad = []
-    for name in _EXPECTED:
-        try:
-            group[name]
-        except KeyError:
-            if name in ("qpos", "n_frames", "time", "world", "dof"):
-                bad.append(f"{name!r} (missing)")
-        except Exception:
-            bad.append(f"{name!r} (unreadable metadata)")
-    if any("'qpos' (missing)" == b for b in bad):
-        return SchemaError(
-            f"The archive at {url!r} has no variable 'qpos' (its zarr.json is missing). "
-            "It cannot be replayed; restore the file from a backup."
-        )
-    return SchemaError(
-        f"The archive at {url!r} has damaged metadata in {', '.join(bad) or 'an array'} "
-        f"({type(err).__name__}: {err}). Run `flyarchive verify {url}`; restore the damaged "
-        "zarr.json files from a backup."
-    )
-
-
-def open_checked(url: str, storage_options: Mapping[str, Any] | None = None, *,
-                 consolidated: bool = True, own_later: bool = False,
-                 check_copy: bool = True) -> zarr.Group:
-    """:func:`~flyarchive.store.open_group`, then every array's metadata checked against what
-    flyarchive writes (:func:`flyarchive.store.hardening.check_arrays`) before any chunk is
-    read, and against its other copy (:mod:`flyarchive.store.copies`): the consolidated
-    copy in the root ``zarr.json`` and the array's own ``zarr.json`` must agree.
-
-    Args:
-        consolidated: Use the consolidated copy of the arrays' metadata when there is one
-            (``verify`` passes False: it checks each array's own).
-        own_later: For a group opened with the consolidated copy: the caller awaits
-            :func:`flyarchive.store.copies.check_own` in its first round of reads (the
-            arrays' own ``zarr.json`` fetched beside them). False: fetched here, one more
-            round of requests.
-        check_copy: False: the two copies are not compared (``verify`` reports every
-            difference itself).
-
-    Raises:
-        ArchiveNotFoundError, SchemaError (also for metadata nested too deep to parse, a
-        pipeline without its checksum, or copies that disagree).
-    """
-    try:
-        group = open_group(url, storage_options, consolidated=consolidated)
-        with_copy = group.metadata.consolidated_metadata is not None
-        listed = read_copy(group, str(url)) if check_copy and not with_copy else {}
-    except RecursionError:
-        raise SchemaError(
-            f"The zarr metadata at {url!r} is nested too deeply to parse. Run "
-            f"`flyarchive verify {url}`; restore the zarr.json files from a backup."
-        ) from None
-    checked = check_arrays(group, str(url))
-    if listed:
-        check_copies(listed, checked, str(url))
-    elif check_copy and with_copy and not own_later:
-        sync(check_own(group, str(url)))
-    return group
-
-
-def unreadable(url: str, group: zarr.Group, err: BaseException) -> FlyarchiveError:
-    """The error for an archive that xarray cannot open: a damaged chunk of a coordinate
-    when one is found (named, with its file), else damaged metadata."""
-
-    for name in ("time", "world", "n_frames", "dof", "mocap", "xyz", "wxyz"):
-        try:
-            arr = group[name]
-        except Exception:
-            continue
-        found = damaged_chunks(arr, limit=1)
-        if found:
-            if isinstance(found[0].error, UnsafeFileError):  # names its file already
-                return found[0].error
-            return corrupt_read(url, found[0].describe(), found[0].error)
-    return err if isinstance(err, FlyarchiveError) else damaged_metadata(url, group, err)
 
 
 def corrupt_read(url: str, what: str, err: BaseException,
@@ -256,7 +104,7 @@ def _extents(arrays: Mapping[str, zarr.Array]) -> dict[str, int]:
     return out
 
 
-def open_stored(group: zarr.Group, chunks: Mapping[str, int] | None = None) -> xr.Dataset:
+def stored_dataset(group: zarr.Group, chunks: Mapping[str, int] | None = None) -> xr.Dataset:
     """The dataset as stored (not masked), lazy, from one consistent look at the archive.
 
     ``n_frames`` is read first (in memory), then each array's metadata exactly once:
@@ -292,9 +140,6 @@ def open_stored(group: zarr.Group, chunks: Mapping[str, int] | None = None) -> x
             data = da.from_zarr(arr, chunks=sizes)[cut]
             variables[name] = xr.Variable(dims, data, dict(arr.attrs))
     return xr.Dataset(variables, coords=coords, attrs=group.attrs.asdict())
-
-
-_EXPECTED = ("qpos", "mocap_pos", "mocap_quat", "n_frames", "time", "world", "dof", "mocap")
 
 
 def chunk_file(arr: zarr.Array, coords: tuple[int, ...]) -> str:
@@ -456,7 +301,7 @@ class StateReader:
     def __init__(self, url: str, storage_options: Mapping[str, Any] | None = None, *,
                  group: zarr.Group | None = None, world_ids: np.ndarray | None = None) -> None:
         if group is None:
-            group = open_checked(url, storage_options or None, own_later=True)
+            group = open_for_reading(url, storage_options or None, own_later=True)
         #: The opened, checked group the states are read through.
         self.url, self.group = url, group
         #: The ``archive_id`` of the archive opened (None for archives without one).
@@ -464,8 +309,8 @@ class StateReader:
         with fused_reads():
             self.arrays = {n: group[n] for n in STATE_VARS if n in group}
         if world_ids is None:
-            world = group["world"]._async_array  # read beside the arrays' own metadata
-            world_ids = sync(read_checked(group, str(url), [world.getitem(slice(None))]))[0]
+            world = array_getitem(group["world"], slice(None))  # beside the arrays' metadata
+            world_ids = sync(read_checked(group, str(url), [world]))[0]
         self.world_ids = np.asarray(world_ids)
 
     def read(self, pieces: Sequence[tuple[int, int, int]], *, dtype: Any = np.float32
@@ -521,7 +366,7 @@ class StateReader:
                        pieces: Sequence[tuple[int, int, int]]) -> None:
         """Raise if frames of ``pieces`` that read as the fill value are missing (the
         storage is asked only when some did)."""
-        from flyarchive.store.missing import committed_holes, fill_cells, missing_error, probe
+        from flyarchive.store.chunk_holes import committed_holes, fill_cells, missing_error, probe
 
         arr = self.arrays[name]
         hit = fill_cells(values[:, None], arr.fill_value)[:, 0]

@@ -44,15 +44,23 @@ from typing import Any
 
 import numpy as np
 import zarr
-from zarr.abc.store import RangeByteRequest, _store_supports_sync_io
+from zarr.abc.store import RangeByteRequest
 from zarr.codecs.sharding import ShardingCodec
-from zarr.core.array_spec import ArraySpec
-from zarr.core.buffer import Buffer, default_buffer_prototype
-from zarr.core.metadata import ArrayV3Metadata
 
 from flyarchive.errors import ArchiveReplacedError
 from flyarchive.store.decoders import direct_decoder
 from flyarchive.store.location import sync
+from flyarchive.zarr_internals import (
+    ArraySpec,
+    ArrayV3Metadata,
+    Buffer,
+    array_config,
+    decode_shard_index,
+    default_buffer_prototype,
+    shard_layout,
+    shard_layout_supported,
+    store_supports_sync_io,
+)
 
 _PROTOTYPE = default_buffer_prototype()
 _EMPTY = np.uint64(2**64 - 1)  # an inner chunk never written (zarr's sharding spec)
@@ -97,7 +105,7 @@ class NeverWritten:
     """An inner chunk that a read covered and found empty: its shard is missing, or the
     shard's index marks it never written (offset and length ``2**64 - 1``). It reads as
     the fill value; whether that is legal is the caller's question
-    (:mod:`~flyarchive.store.missing`: inside ``n_frames`` it is damage).
+    (:mod:`~flyarchive.store.chunk_holes`: inside ``n_frames`` it is damage).
 
     Attributes:
         region: ``(start, stop)`` indices it covers along each axis, inside the array.
@@ -153,16 +161,15 @@ class ShardReader:
         self._encode_key = arr.metadata.encode_chunk_key
         shard_spec = ArraySpec(shape=self.shard_shape, dtype=arr.metadata.dtype,
                                fill_value=arr.metadata.fill_value,
-                               config=arr._async_array.config, prototype=_PROTOTYPE)
+                               config=array_config(arr), prototype=_PROTOTYPE)
         self._codec: ShardingCodec = codec
-        self._per_shard = codec._get_chunks_per_shard(shard_spec)
-        self._chunk_spec = codec._get_chunk_spec(shard_spec)
-        self._transform = codec._get_inner_chunk_transform(shard_spec)
-        self._index_size = codec._shard_index_size(self._per_shard)
-        self._index_range = codec._shard_index_byte_range(self._per_shard)
+        layout = shard_layout(codec, shard_spec)
+        self._per_shard, self._chunk_spec = layout.per_shard, layout.chunk_spec
+        self._transform, self._index_size = layout.transform, layout.index_size
+        self._index_range = layout.index_range
         self._coalesce = {"max_gap_bytes": shard_spec.config.sharding_coalesce_max_gap_bytes,
                           "max_coalesced_bytes": shard_spec.config.sharding_coalesce_max_bytes}
-        self._sync_io = _store_supports_sync_io(self.store)
+        self._sync_io = store_supports_sync_io(self.store)
         self._settled = settled
         self._opened = opened
         self._known: tuple[int, bytes] | None = None  # where the root holds the archive_id
@@ -185,10 +192,7 @@ class ShardReader:
         if len(codecs) != 1 or not isinstance(codecs[0], ShardingCodec) or arr.shards is None:
             return False
         sharding = codecs[0]
-        return all(hasattr(sharding, name) for name in (
-            "_get_inner_chunk_transform", "_decode_shard_index_sync", "_shard_index_byte_range",
-            "_get_chunks_per_shard", "_get_chunk_spec", "_shard_index_size")) and bool(
-            getattr(sharding, "_sync_capable", True))
+        return shard_layout_supported(sharding)
 
     # ------------------------------------------------------------------ reading
     def read(self, box: Sequence[slice], *,
@@ -343,7 +347,7 @@ class ShardReader:
         return coords[axis] < count
 
     def _index(self, coords: tuple[int, ...], raw: Buffer) -> Any:
-        index = self._codec._decode_shard_index_sync(raw, self._per_shard)  # CRC-32C checked
+        index = decode_shard_index(self._codec, raw, self._per_shard)  # CRC-32C checked
         if self._cacheable(coords):
             with self._lock:
                 self._indexes[coords] = index

@@ -32,7 +32,7 @@ def write_without_new_threads() -> None:
     which zarr writes local files (and aiohttp resolves names for s3fs), starts one
     whenever its pool has no idle thread. Their loops run such calls inline from here on.
     """
-    from zarr.core.sync import sync
+    from flyarchive.zarr_internals import sync
 
     async def install() -> None:
         asyncio.get_running_loop().set_default_executor(_InlineExecutor(max_workers=1))

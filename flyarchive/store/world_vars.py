@@ -25,7 +25,7 @@ Stored whole: the chunk is written even when every value equals the fill value (
 skips such chunks unless asked), and the metadata says so
 (:data:`~flyarchive.schema.WHOLE_ATTR`), so a chunk found missing is damage (a file
 deleted or lost), which readers refuse and ``verify`` names
-(:mod:`flyarchive.store.missing`), never values. A variable added before flyarchive
+(:mod:`flyarchive.store.chunk_holes`), never values. A variable added before flyarchive
 marked them (an older archive) is read as it always was (a missing chunk gives the fill
 value: its writer skipped a chunk of fill values) and is marked when it is replaced.
 
@@ -45,14 +45,14 @@ from typing import Any
 import numpy as np
 import zarr
 import zarr.storage
-from zarr.core.buffer import default_buffer_prototype
 
 from flyarchive.errors import FlyarchiveError, OutputExistsError, SchemaError, StorageError
 from flyarchive.schema import STATE_VARS, TIME_COORDS, WHOLE_ATTR
 from flyarchive.store import storage_errors
 from flyarchive.store.claims import WRITER_KEY, claim_archive, release
 from flyarchive.store.location import access_denied, sync
-from flyarchive.store.reader import open_group
+from flyarchive.store.opener import open_for_writing
+from flyarchive.zarr_internals import default_buffer_prototype
 from flyarchive.record.spec import RESERVED_NAMES, is_text, world_var_array, world_var_dtype
 
 #: Names a world variable may not take: the archive's own arrays, groups and coordinates.
@@ -117,7 +117,7 @@ def add_world_vars(
 
 def _add(url: str, variables: Mapping[str, Any], storage_options: Mapping[str, Any] | None,
          overwrite: bool, takeover: bool) -> list[str]:
-    group = open_group(url, storage_options, mode="r+")
+    group = open_for_writing(url, storage_options)
     if "n_frames" not in group or "world" not in group:
         raise SchemaError(
             f"The archive at {url!r} has no 'n_frames' or 'world' array: its creation did not "

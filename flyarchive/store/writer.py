@@ -85,8 +85,9 @@ from flyarchive.store.location import (
     settled,
     sync,
 )
-from flyarchive.store.new_archive import Created, create_arrays
-from flyarchive.store.reader import fused_array, open_group
+from flyarchive.store.nodes import Created, create_arrays
+from flyarchive.store.opener import open_for_writing
+from flyarchive.store.reader import fused_array
 from flyarchive.record.spec import ArchiveSpec, FrameBlock
 
 
@@ -242,7 +243,7 @@ class ArchiveWriter:
         try:
             there = sync(inventory(store))
             if there == "archive" and mode == "a":  # made between our look and our claim
-                group = open_group(url, storage_options, mode="r+")
+                group = open_for_writing(url, storage_options)
                 stored = check_against(group, url, spec.layout, spec.timing, codec=spec.codec,
                                        dtype=spec.dtype)
                 return cls._opened(group, url, stored, claim)
@@ -292,7 +293,7 @@ class ArchiveWriter:
             CorruptArchiveError: if ``n_frames`` is missing, outside the time extent, or the
                 committed times are not finite and increasing (nothing is written).
         """
-        group = open_group(url, storage_options, mode="r+")
+        group = open_for_writing(url, storage_options)
         stored = check_against(group, url, layout, timing, codec=codec, dtype=dtype)
         if "n_frames" not in group or "qpos" not in group:
             there = sync(inventory(group.store))

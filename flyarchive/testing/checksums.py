@@ -204,7 +204,7 @@ def read_with(reader: str, url: str, storage_options: Mapping[str, Any] | None =
 
             open_archive(url, storage_options).qpos.values
         elif reader == "open_header":
-            from flyarchive.store.opening import open_header
+            from flyarchive.store.dataset import open_header
 
             open_header(url, storage_options).n_frames.values
         elif reader == "StateReader":

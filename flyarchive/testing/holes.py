@@ -3,7 +3,7 @@ shard deleted, or inner chunks of a shard marked never written in its index, the
 lost file or a writer that never wrote them leaves it; and the hostile cases built from
 them (:data:`MISSING_CASES`), with those of archives whose parts disagree
 (:data:`INCONSISTENT_CASES`), which :mod:`flyarchive.testing.hostile_cases` lists with its
-other cases (run by :mod:`flyarchive.testing.hostile`). Used by the tests of :mod:`flyarchive.store.missing`, ``tests/bad_input`` and
+other cases (run by :mod:`flyarchive.testing.hostile`). Used by the tests of :mod:`flyarchive.store.chunk_holes`, ``tests/bad_input`` and
 ``scripts/reliability_report.py``.
 
 Shards are those flyarchive writes: inner chunks with a CRC-32C, the index at the end

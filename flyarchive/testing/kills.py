@@ -194,7 +194,7 @@ def _check_archive(url: str, result: KillResult) -> tuple[int, dict[str, np.ndar
     """Check the archive a kill left; its committed frames and their states (compared with
     the simulation later, once it is regenerated), or None if it cannot be read."""
     from flyarchive import open_archive
-    from flyarchive.store import open_group
+    from flyarchive.store import open_for_reading
     from flyarchive.store.integrity import verify
 
     try:
@@ -202,7 +202,7 @@ def _check_archive(url: str, result: KillResult) -> tuple[int, dict[str, np.ndar
     except Exception as err:  # the archive must reopen whatever the kill point
         result.problems.append(f"Reopening after the kill failed: {err!r}")
         try:
-            n = int(np.min(open_group(url)["n_frames"][:]))
+            n = int(np.min(open_for_reading(url, attributes_only=True)["n_frames"][:]))
         except Exception:
             return None
         result.committed, result.frames_lost = n, result.recorded - n

@@ -115,7 +115,7 @@ def replay(url: str, camera: str, size: tuple[int, int], *,
     from flyarchive import positions, render_frames
     from flyarchive.distribute.api import replay_model
     from flyarchive.models import load_model_file, model_identity
-    from flyarchive.store.opening import open_header
+    from flyarchive.store.dataset import open_header
 
     compiled = None if model is None else load_model_file(model)
     header = open_header(url)

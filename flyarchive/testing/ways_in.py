@@ -54,7 +54,7 @@ def _plan(url: str) -> None:
     from flyarchive.distribute.api import RenderOptions, replay_model
     from flyarchive.render.output_plan import plan_outputs
     from flyarchive.query.selection import select_frames
-    from flyarchive.store.opening import open_header
+    from flyarchive.store.dataset import open_header
     from flyarchive.testing import tiny_model
 
     header = open_header(url)

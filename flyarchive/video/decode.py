@@ -194,12 +194,12 @@ def _open_map(folder: str, limits: tuple[int, int]) -> Any:
     """The map array at ``folder`` on a guarded local store that bounds its chunk files."""
     import zarr
 
-    from flyarchive.store import hardening
+    from flyarchive.store import allowlist
     from flyarchive.store.localstore import GuardedLocalStore
     from flyarchive.video.guard import refuse
     from flyarchive.video.maps import check_map_metadata
 
-    chunk = hardening.ChunkLimits(limits[0], limits[1])
+    chunk = allowlist.ChunkLimits(limits[0], limits[1])
 
     class MapStore(GuardedLocalStore):
         """A map's files: regular, inside the map, each chunk no larger than it can be."""
@@ -209,8 +209,8 @@ def _open_map(folder: str, limits: tuple[int, int]) -> Any:
         def _refuse(self, key: str, problem: str, fix: str) -> Exception:
             return refuse(str(self.root / key), problem, fix)
 
-        def _limit(self, key: str) -> hardening.ChunkLimits:
-            return chunk if key.startswith("c/") else hardening.ChunkLimits(_MAP_METADATA_BYTES)
+        def _limit(self, key: str) -> allowlist.ChunkLimits:
+            return chunk if key.startswith("c/") else allowlist.ChunkLimits(_MAP_METADATA_BYTES)
 
         def _check_metadata(self, key: str, data: bytes) -> None:
             check_map_metadata(json.loads(data), str(self.root / key))

@@ -211,7 +211,7 @@ def check_map_metadata(meta: Any, where: str) -> tuple[int, int]:
     Raises:
         CorruptArchiveError: naming the file and what in it a map never holds.
     """
-    from flyarchive.store.hardening import MAX_CHUNK_BYTES, MAX_OBJECTS
+    from flyarchive.store.allowlist import MAX_CHUNK_BYTES, MAX_OBJECTS
 
     def bad(problem: str) -> CorruptArchiveError:
         return CorruptArchiveError(

@@ -80,7 +80,7 @@ class OverlayText:
 
     Args:
         ds: The archive (:func:`flyarchive.open_archive`), or its header
-            (:func:`flyarchive.store.opening.open_header`).
+            (:func:`flyarchive.store.dataset.open_header`).
         items: Overlay items, checked (:func:`check_overlay`).
         label_world: Put the world id first, also if ``"world"`` is not an item (mosaic
             tiles).

@@ -59,7 +59,7 @@ class Viewer:
             (:class:`~flyarchive.view.limits.Limits`).
 
     Raises:
-        As :func:`flyarchive.store.opening.open_header` (before anything is served),
+        As :func:`flyarchive.store.dataset.open_header` (before anything is served),
         ModelLoadError: no file at ``model_path``, and
         OutputLocationError: ``out`` is not a folder that can be made.
     """
@@ -184,7 +184,7 @@ class Viewer:
         new archive); renders still waiting are dropped (they were asked of the old one).
 
         Raises:
-            As :func:`flyarchive.store.opening.open_header`.
+            As :func:`flyarchive.store.dataset.open_header`.
         """
         with self._model_lock:
             self.viewed.open()

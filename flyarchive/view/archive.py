@@ -2,7 +2,7 @@
 table, its states read per world and kept in a bounded cache, and its model.
 
 The viewer reads what every other reader reads, with the same checks: the header through
-:func:`flyarchive.store.opening.open_header` (attributes, coordinates, ``n_frames``,
+:func:`flyarchive.store.dataset.open_header` (attributes, coordinates, ``n_frames``,
 world variables: no xarray, no dask), before the server listens; states through the getters the lazy
 dataset of :func:`flyarchive.open_archive` reads with
 (:func:`~flyarchive.store.dataset.committed_frames`: frames past ``n_frames`` NaN,
@@ -60,6 +60,15 @@ def _state_getters(header: Any, url: str, storage_options: Mapping[str, Any] | N
             for name, arr in arrays.items()}
 
 
+def _rows_reader(getters: Mapping[str, Any]) -> Any:
+    """The store's window reader of every world and frame of the getters (a world's rows
+    ``[i * n_time, (i + 1) * n_time)``: one getter call each)."""
+    from flyarchive.store.window_reader import WindowReader
+
+    shape = next(iter(getters.values())).shape if getters else (0, 0)
+    return WindowReader(dict(getters), np.arange(shape[0]), 0, int(shape[1]))
+
+
 def _load_indexes(getters: Mapping[str, Any]) -> None:
     """Read the shard indexes of the state arrays ahead of the first requests (the first
     traces of 50 worlds of a 4096-world archive read ~100 of them otherwise); what fails
@@ -74,10 +83,11 @@ def _load_indexes(getters: Mapping[str, Any]) -> None:
 
 def _archive_id_now(url: str, storage_options: Mapping[str, Any] | None) -> str | None:
     """The ``archive_id`` of the archive at ``url`` now (None: none there, or unreadable)."""
-    from flyarchive.store.reader import open_group
+    from flyarchive.store.opener import open_for_reading
 
     try:
-        return str(open_group(url, storage_options).attrs.get("archive_id", ""))
+        group = open_for_reading(url, storage_options, attributes_only=True)
+        return str(group.attrs.get("archive_id", ""))
     except Exception:  # noqa: BLE001 - gone, or half written: the message says so
         return None
 
@@ -135,9 +145,9 @@ class ViewedArchive:
         read from the last one (the dataset is opened again on first use).
 
         Raises:
-            As :func:`flyarchive.store.opening.open_header`.
+            As :func:`flyarchive.store.dataset.open_header`.
         """
-        from flyarchive.store.opening import open_header
+        from flyarchive.store.dataset import open_header
 
         header = open_header(self.url, self.storage_options or None)
         getters = _state_getters(header, self.url, self.storage_options or None)
@@ -271,8 +281,8 @@ class ViewedArchive:
         ``n_frames``), and ``mocap_pos`` / ``mocap_quat`` when the archive has them.
 
         Worlds not in the cache are read world by world (a read of one world reads only its
-        own inner chunks), :data:`READERS` at a time, through the archive's getters (as
-        :func:`flyarchive.open_archive` reads them, without dask).
+        own inner chunks), :data:`READERS` at a time, by the store's window reader through the
+        archive's getters (as :func:`flyarchive.open_archive` reads them, without dask).
 
         Raises:
             SelectionError: an unknown world id.
@@ -288,9 +298,12 @@ class ViewedArchive:
         fresh = {}
         if missing:
 
+            rows = _rows_reader(getters)
+
             def read(world: int) -> dict[str, np.ndarray]:
-                i = index[world]
-                return {n: np.asarray(g[i], dtype=np.float64) for n, g in getters.items()}
+                i, n_time = index[world], rows.n_time
+                return {name: np.asarray(values, dtype=np.float64) for name, values
+                        in rows.read(i * n_time, (i + 1) * n_time).items()}
 
             with self._reading(), ThreadPoolExecutor(min(READERS, len(missing))) as pool:
                 fresh = dict(zip(missing, pool.map(read, missing)))

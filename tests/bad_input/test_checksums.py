@@ -172,7 +172,7 @@ def test_a_copy_without_crc32c_on_s3_names_the_copy_the_array_and_the_fix(
 
 def test_an_own_zarr_json_without_crc32c_on_s3_is_found_beside_the_coordinates(
         s3_variant_url, s3_server):
-    from flyarchive.store.opening import open_header
+    from flyarchive.store.dataset import open_header
 
     options = s3_server.storage_options()
     url = s3_variant_url("own: qpos chunks without crc32c")
@@ -200,7 +200,7 @@ def test_a_copy_decoding_otherwise_says_what_differs_in_both_files(s3_variant_ur
 
 def test_a_big_endian_copy_of_world_ids_on_s3_is_not_what_flyarchive_writes(s3_variant_url,
                                                                           s3_server):
-    from flyarchive.store.opening import open_header
+    from flyarchive.store.dataset import open_header
 
     options = s3_server.storage_options()
     url = s3_variant_url("copy: world big-endian")

@@ -169,7 +169,7 @@ def test_cli_resume_says_what_it_kept(archive, tiny, tmp_path, monkeypatch, cli,
 def test_the_manifest_journal_lists_the_first_video_at_once_and_the_rest_on_close(
         archive, tiny, tmp_path):
     from flyarchive.render.plan import RenderPlan
-    from flyarchive.store.opening import open_header
+    from flyarchive.store.dataset import open_header
     from flyarchive.query.selection import select_frames
     from flyarchive.video.manifest import ManifestJournal, video_entry
 

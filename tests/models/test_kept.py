@@ -16,7 +16,7 @@ import zarr
 
 from flyarchive import open_archive, verify
 from flyarchive.models import model_bytes
-from flyarchive.store import open_group
+from flyarchive.store import open_for_reading
 from flyarchive.models.entries import model_entry
 from flyarchive.models.kept import read_model, write_model
 from flyarchive.testing import tiny_model
@@ -56,7 +56,8 @@ def test_the_attributes_hold_only_the_models_hash_and_size(tiny, archive):
 def test_the_model_is_kept_on_every_storage(tiny, location):
     record(tiny, location.url, storage_options=location.storage_options)
 
-    blob, _ = read_model(open_group(location.url, location.storage_options), location.url)
+    group = open_for_reading(location.url, location.storage_options, attributes_only=True)
+    blob, _ = read_model(group, location.url)
 
     assert blob == model_bytes(tiny)
 
@@ -64,7 +65,7 @@ def test_the_model_is_kept_on_every_storage(tiny, location):
 def test_store_model_false_keeps_no_model(tiny, tmp_path):
     url = record(tiny, str(tmp_path / "bare.zarr"), store_model=False)
 
-    found = read_model(open_group(url), url)
+    found = read_model(open_for_reading(url, attributes_only=True), url)
 
     assert (found, (Path(url) / "models").exists()) == (None, False)
 

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 import flyarchive
-from flyarchive.store.opening import open_header
+from flyarchive.store.dataset import open_header
 from flyarchive.testing.fixtures import record
 
 

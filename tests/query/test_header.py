@@ -15,7 +15,7 @@ import pytest
 
 from flyarchive import open_archive
 from flyarchive.errors import SchemaError
-from flyarchive.store.opening import open_header
+from flyarchive.store.dataset import open_header
 from flyarchive.store.world_vars import add_world_vars
 from flyarchive.testing.synthetic import write_random
 

@@ -10,7 +10,7 @@ import pytest
 import zarr
 
 from flyarchive import open_archive
-from flyarchive.store.reader import open_group
+from flyarchive.store.opener import open_for_reading
 from flyarchive.store.shards import ShardReader, settled_shards
 from flyarchive.testing.fixtures import Location
 from flyarchive.testing.synthetic import TIMING
@@ -63,7 +63,7 @@ def append_frames(url, qpos, t0, storage_options=None):
 
 
 def shard_reader(url, storage_options=None, name="qpos"):
-    arr = open_group(url, storage_options, consolidated=False)[name]
+    arr = open_for_reading(url, storage_options, consolidated=False, attributes_only=True)[name]
     return arr, ShardReader(arr)
 
 
@@ -230,7 +230,7 @@ def test_indexes_loaded_ahead_leave_a_first_read_only_its_chunks_to_fetch(storag
         if storage == "local":  # the same archive copied to disk; the proxy counts nothing
             url, options = str(tmp_path / "run.zarr"), None
             write_archive(url, qpos, frames=15)
-        arr = open_group(url, options, consolidated=False)["qpos"]
+        arr = open_for_reading(url, options, consolidated=False, attributes_only=True)["qpos"]
         reader = ShardReader(arr, settled=(1, 4))
         proxy.reset_stats()
         kept = reader.load_indexes()

@@ -281,21 +281,21 @@ def test_import_flyarchive_does_not_import_warp():
 
 def test_the_recorded_model_is_kept_beside_the_archive(sim):
     from flyarchive.models import model_bytes
-    from flyarchive.store import open_group
+    from flyarchive.store import open_for_reading
     from flyarchive.models.kept import read_model
 
     url = memory_url()
     with recorder_for(sim, url, chunk_frames=4) as recorder:
         run(sim, new_data(sim), recorder, 8)
 
-    blob, _ = read_model(open_group(url), url)
+    blob, _ = read_model(open_for_reading(url, attributes_only=True), url)
 
     assert blob == model_bytes(sim[0])
 
 
 def test_the_model_source_is_kept_as_the_portable_form(sim, tmp_path):
     from flyarchive.models import PORTABLE_MODEL_ATTR, compile_spec_zip, model_identity
-    from flyarchive.store import open_group
+    from flyarchive.store import open_for_reading
     from flyarchive.models.kept import read_portable
     from flyarchive.testing import TINY_XML
 
@@ -304,7 +304,7 @@ def test_the_model_source_is_kept_as_the_portable_form(sim, tmp_path):
     with recorder_for(sim, url, chunk_frames=4, model_source=tmp_path / "tiny.xml") as recorder:
         run(sim, new_data(sim), recorder, 8)
 
-    blob, entry = read_portable(open_group(url), url)
+    blob, entry = read_portable(open_for_reading(url, attributes_only=True), url)
 
     assert model_identity(open_archive(url).attrs) == entry["sha256"]
     assert PORTABLE_MODEL_ATTR in open_archive(url).attrs

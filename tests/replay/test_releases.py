@@ -11,7 +11,7 @@ import pytest
 from flyarchive.distribute.api import replay_model
 from flyarchive.models import load_mjb
 from flyarchive.replay.releases import HEADLIGHT_AUTO, pin_release_defaults, recorded_release
-from flyarchive.store.opening import open_header
+from flyarchive.store.dataset import open_header
 from flyarchive.testing import tiny_model
 from flyarchive.testing.fixtures import record
 

@@ -11,7 +11,7 @@ import pytest
 import xarray as xr
 
 from flyarchive import add_world_vars, open_archive, select_frames, verify
-from flyarchive.store.opening import open_header
+from flyarchive.store.dataset import open_header
 from flyarchive.query.conditions import where_from_conditions
 from flyarchive.testing.fixtures import record
 

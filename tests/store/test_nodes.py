@@ -15,7 +15,7 @@ import zarr.api.asynchronous
 from flyarchive.clock import Timing
 from flyarchive.layout import ModelLayout
 from flyarchive.store import ArchiveSpec, ArchiveWriter
-from flyarchive.store.new_archive import forget_built
+from flyarchive.store.nodes import forget_built
 from flyarchive.testing.fixtures import memory_snapshot
 
 #: Specs that differ from the first in one option each.

@@ -304,7 +304,7 @@ def _arrays(group: zarr.Group) -> list[tuple[str, zarr.Array]]:
             return sorted(group.arrays())
         except Exception:
             pass
-    from zarr.core.sync import sync
+    from flyarchive.zarr_internals import sync
 
     async def names() -> list[str]:
         return [name async for name in group.store.list_dir(group.path)]

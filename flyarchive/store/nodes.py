@@ -36,10 +36,6 @@ import zarr
 import zarr.api.asynchronous
 import zarr.storage
 from zarr.abc.codec import BaseCodec
-from zarr.core.buffer import default_buffer_prototype
-from zarr.core.group import GroupMetadata
-from zarr.core.metadata import ArrayV3Metadata
-from zarr.core.metadata.io import save_metadata
 
 from flyarchive import codecs
 from flyarchive.record.spec import ArchiveSpec, world_var_dtype
@@ -47,6 +43,12 @@ from flyarchive.schema import TIME_COORDS, WHOLE_ATTR
 from flyarchive.store.creation import claims_metadata
 from flyarchive.models.entries import MODELS_GROUP, model_entry, models_metadata, portable_entry
 from flyarchive.store.location import settled, sync
+from flyarchive.zarr_internals import (
+    ArrayV3Metadata,
+    GroupMetadata,
+    default_buffer_prototype,
+    save_metadata,
+)
 
 
 @dataclass(frozen=True)

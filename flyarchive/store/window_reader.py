@@ -1,5 +1,13 @@
-"""The state of a window of an archive read in big blocks, for streaming positions
-(:mod:`~flyarchive.analyze.warp_stream`): straight through the store's getters
+"""The window readers of the store's state reader family: the state of a window of an
+archive (worlds by a span of frames) read in big blocks of rows, for positions and gait
+(:mod:`~flyarchive.analyze.warp_stream`, :mod:`~flyarchive.analyze.cpu_processes`) and
+the viewer; renders read pieces of worlds through
+:class:`~flyarchive.store.reader.StateReader`. Every reader of the family reads
+through the group that :func:`~flyarchive.store.opener.open_for_reading` opened, and one
+interface holds the window readers: :class:`RowReader` (``read(r0, r1)``), made by
+:func:`window_reader`.
+
+:class:`WindowReader` (threads of the caller) reads straight through the store's getters
 (:class:`~flyarchive.store.dataset.CommittedFrames`, the same objects the lazy dataset
 reads with, their :class:`~flyarchive.store.shards.ShardReader` reading whole shards and
 decoding each inner chunk into its place), with no dask graph per read.
@@ -10,21 +18,24 @@ ends): a few Python calls per shard, the decoding outside the GIL, so reader thr
 read in parallel. Frames past a world's ``n_frames`` read as NaN (the getter masks them,
 as for the lazy array). When the window cannot be found in the archive's getters (a
 dataset not read from an archive, or cut in ways other than worlds and a time span),
-:func:`state_reader` returns a reader through dask instead.
+:func:`window_reader` returns a :class:`DaskWindowReader` instead.
 
 Threads share the GIL for the Python work around each decoded chunk, so past a few
-cores they stop scaling. :class:`ProcessStateReader` reads with worker processes
+cores they stop scaling. :class:`ProcessWindowReader` reads with worker processes
 instead (spawned once per process of the caller, one per usable core, kept for the
 next reads): each is sent a job as JSON (the archive's URL and storage options, its
 ``archive_id``, the array's name, the boxes of worlds and frames, the name and layout
 of a ``multiprocessing.shared_memory`` block the caller owns) over a pipe, opens the
 archive itself (kept for the next jobs) and decodes through the same getters into that
 block; no array is pickled. The caller masks frames past its own ``n_frames`` (those
-of the dataset it opened) and raises a worker's error as the same flyarchive error.
+of the dataset it opened) and raises a worker's error as the same flyarchive error. A
+job may name a handler (``"handler": "module:function"`` of flyarchive, e.g. the positions
+of :mod:`~flyarchive.analyze.cpu_processes`) that gets the job and its getters instead.
 """
 
 from __future__ import annotations
 
+import importlib
 import itertools
 import json
 import os
@@ -35,23 +46,32 @@ import threading
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future
 from multiprocessing import shared_memory
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 
-from flyarchive.analyze.prepare import Prepared, committed_getter
+from flyarchive.store.dataset import committed_getter
 
 if TYPE_CHECKING:
     import xarray as xr
 
 
-#: Frames of a window from which :func:`state_reader` reads with processes by itself
+#: Frames of a window from which :func:`window_reader` reads with processes by itself
 #: (``processes=None``), on a machine with at least :data:`AUTO_CORES` usable cores.
 AUTO_FRAMES = 1_000_000
 AUTO_CORES = 8
 
 
-class StateReader:
+class RowReader(Protocol):
+    """What every window reader does: rows ``[r0, r1)`` of the window's state arrays (its
+    frames flattened world by world), ``{name: (r1 - r0, ...)}`` as stored, NaN past each
+    world's ``n_frames``."""
+
+    def read(self, r0: int, r1: int) -> dict[str, np.ndarray]:
+        ...
+
+
+class WindowReader:
     """Reads rows of a window's state (see the module's docstring).
 
     Args:
@@ -99,7 +119,7 @@ def _pieces(r0: int, r1: int, n_time: int, worlds: np.ndarray
             row += stop - t
 
 
-class _DaskReader:
+class DaskWindowReader:
     """Rows of a window's state through its dask arrays (any dataset; slower: a graph per
     read, run in the calling thread)."""
 
@@ -123,26 +143,29 @@ class _DaskReader:
         return state
 
 
-def state_reader(prepared: Prepared, names: list[str], processes: int | None = None
-                 ) -> StateReader | ProcessStateReader | _DaskReader:
-    """The fastest reader of the prepared window's state arrays ``names``: through the
+def window_reader(ds: xr.Dataset, whole: xr.Dataset | None, names: list[str],
+                  processes: int | None = None
+                  ) -> WindowReader | ProcessWindowReader | DaskWindowReader:
+    """The fastest reader of the window ``ds``'s state arrays ``names``: through the
     archive's getters when the window is found in them, else through dask.
 
     Args:
-        prepared: The window.
+        ds: The window: the archive's dataset cut to some worlds and a span of frames.
+        whole: The dataset ``ds`` was cut from, as opened
+            (:func:`flyarchive.open_archive`); None: unknown (read through dask).
         names: State arrays to read, e.g. ``["qpos"]``.
         processes: Worker processes reading the getters' archive
-            (:class:`ProcessStateReader`); 0: threads of the caller
-            (:class:`StateReader`); None: processes, one per usable core, when there are
+            (:class:`ProcessWindowReader`); 0: threads of the caller
+            (:class:`WindowReader`); None: processes, one per usable core, when there are
             at least :data:`AUTO_CORES` of them, the window holds at least
             :data:`AUTO_FRAMES` frames and its archive can be opened by another process
             (not a ``memory://`` one).
     """
-    located = _locate(prepared, names)
+    located = _locate(ds, whole, names)
     if located is None:
-        return _DaskReader(prepared.ds, names)
+        return DaskWindowReader(ds, names)
     getters, worlds, (start, stop) = located
-    threads = StateReader(getters, worlds, start, stop)
+    threads = WindowReader(getters, worlds, start, stop)
     url = getattr(getters[names[0]], "url", None)
     if not isinstance(url, str) or url.startswith("memory://"):
         return threads
@@ -152,16 +175,15 @@ def state_reader(prepared: Prepared, names: list[str], processes: int | None = N
         processes = cores if cores >= AUTO_CORES and big else 0
     if processes <= 0:
         return threads
-    archive_id = prepared.whole.attrs.get("archive_id") if prepared.whole is not None else None
-    return ProcessStateReader(threads, archive_id, processes)
+    archive_id = whole.attrs.get("archive_id") if whole is not None else None
+    return ProcessWindowReader(threads, archive_id, processes)
 
 
-def _locate(prepared: Prepared, names: list[str]
+def _locate(ds: xr.Dataset, whole: xr.Dataset | None, names: list[str]
             ) -> tuple[dict[str, Any], np.ndarray, tuple[int, int]] | None:
     """The getters of ``names`` and where the window lies in them (world indices, frames
     ``[start, stop)``); None when the window is not a set of worlds by a span of frames
     of one archive's getters."""
-    whole, ds = prepared.whole, prepared.ds
     if whole is None:
         return None
     getters = {name: committed_getter(whole[name]) for name in names}
@@ -190,9 +212,9 @@ def _locate(prepared: Prepared, names: list[str]
 
 
 
-class ProcessStateReader:
+class ProcessWindowReader:
     """Reads rows of a window's state with worker processes into shared memory (see the
-    module's docstring); the same results as :class:`StateReader`.
+    module's docstring); the same results as :class:`WindowReader`.
 
     Args:
         threads: The window's reader in this process (its getters, worlds and frames).
@@ -201,7 +223,7 @@ class ProcessStateReader:
         processes: Worker processes to use (started on first need, kept for later reads).
     """
 
-    def __init__(self, threads: StateReader, archive_id: str | None, processes: int) -> None:
+    def __init__(self, threads: WindowReader, archive_id: str | None, processes: int) -> None:
         self.threads, self.archive_id = threads, archive_id
         self.getters, self.worlds = threads.getters, threads.worlds
         self.start, self.stop, self.n_time = threads.start, threads.stop, threads.n_time
@@ -212,7 +234,7 @@ class ProcessStateReader:
         self.shard_worlds = int(shards[0]) if shards else 64
 
     def read(self, r0: int, r1: int) -> dict[str, np.ndarray]:
-        """Rows ``[r0, r1)`` of each state array, as :meth:`StateReader.read`."""
+        """Rows ``[r0, r1)`` of each state array, as :meth:`WindowReader.read`."""
         layout, size = {}, 0
         for name, getter in self.getters.items():
             inner = tuple(int(s) for s in getter.shape[2:])
@@ -379,16 +401,16 @@ def _error(reply: dict[str, Any]) -> BaseException:
 
 #: A job's handler in a worker: ``handler(job, {name: getter})``.
 Handler = Callable[[dict[str, Any], dict[str, Any]], None]
-#: What a worker runs: the loop of :func:`serve_jobs`, with the handlers of the jobs that
-#: compute positions (:mod:`~flyarchive.analyze.cpu_processes`, which imports this module).
-_WORKER = "from flyarchive.analyze.cpu_processes import serve; serve()"
+#: What a worker runs: the loop of :func:`serve_jobs`.
+_WORKER = "from flyarchive.store.window_reader import serve_jobs; serve_jobs()"
 
 
-def serve_jobs(handlers: dict[str, Handler] | None = None) -> None:
+def serve_jobs() -> None:
     """A worker's loop: answer each job (a JSON line on stdin) with a JSON line, ``{}`` or
     ``{"error", "message"}``, on what was stdout (stdout itself goes to stderr, so that
-    nothing else printed can garble the answers). A job holding a key of ``handlers`` is
-    given to its handler with the job's getters (``{name: getter}``) instead of decoded."""
+    nothing else printed can garble the answers). A job naming a ``handler``
+    (``"module:function"`` of flyarchive) is given to it with the job's getters
+    (``{name: getter}``) instead of decoded."""
     answers = os.fdopen(os.dup(1), "wb")
     os.dup2(2, 1)
     # What the first job's opening of the archive imports, imported now: the caller
@@ -396,12 +418,12 @@ def serve_jobs(handlers: dict[str, Handler] | None = None) -> None:
     import dask.array  # noqa: F401
     import xarray  # noqa: F401
 
-    from flyarchive.query.archive import open_archive  # noqa: F401
+    from flyarchive.store import dataset  # noqa: F401
 
     opened: dict[str, Any] = {}
     for line in sys.stdin.buffer:
         try:
-            _fill(json.loads(line), opened, handlers or {})
+            _fill(json.loads(line), opened)
             reply: dict[str, Any] = {}
         except Exception as err:  # noqa: BLE001 - reported to the caller, raised there
             reply = {"error": type(err).__name__, "message": str(err)}
@@ -409,31 +431,29 @@ def serve_jobs(handlers: dict[str, Handler] | None = None) -> None:
         answers.flush()
 
 
-def _fill(job: dict[str, Any], opened: dict[str, Any],
-          handlers: dict[str, Handler]) -> None:
+def _fill(job: dict[str, Any], opened: dict[str, Any]) -> None:
     """Decode a job's boxes of each array into its shared-memory block (or give the job
     to its handler)."""
-    from flyarchive.errors import ArchiveReplacedError
-    from flyarchive.query.archive import open_archive
+    from flyarchive.schema import validate
+    from flyarchive.store.dataset import read_archive, read_dataset
+    from flyarchive.store.opener import open_for_reading
 
     key = json.dumps([job["url"], job["storage_options"]], sort_keys=True)
     ds = opened.get(key)
     if ds is None or ds.attrs.get("archive_id") != job["archive_id"]:
-        ds = opened[key] = open_archive(job["url"],
-                                     storage_options=job["storage_options"] or None)
-    if ds.attrs.get("archive_id") != job["archive_id"]:
-        raise ArchiveReplacedError(
-            f"The archive at {job['url']!r} was replaced after it was opened (its archive_id "
-            f"is now {ds.attrs.get('archive_id')!r}, it was {job['archive_id']!r}). Call "
-            f"open_archive({job['url']!r}) again to read the archive that is there now.")
+        url, options = job["url"], job["storage_options"] or None
+        # the archive the caller opened, or ArchiveReplacedError
+        group = open_for_reading(url, options, archive_id=job["archive_id"], own_later=True)
+        ds = read_archive(url, options, read_dataset, group)
+        validate(ds)
+        opened[key] = ds
     getters = opened.setdefault(f"{key} getters {id(ds)}", {})
     for name in job["arrays"]:
         if name not in getters:
             getters[name] = committed_getter(ds[name])
-    for key, handler in handlers.items():
-        if key in job:
-            handler(job, getters)
-            return
+    if "handler" in job:
+        _handler(job["handler"])(job, getters)
+        return
     block = attach_block(job["block"])
     try:
         for name, (offset, inner, dtype) in job["arrays"].items():
@@ -441,6 +461,15 @@ def _fill(job: dict[str, Any], opened: dict[str, Any],
                           np.dtype(dtype), job["boxes"], job["start"])
     finally:
         block.close()
+
+
+def _handler(name: str) -> Handler:
+    """The function ``"module:function"`` names (a module of flyarchive)."""
+    module, _, function = name.partition(":")
+    if not module.startswith("flyarchive.") or not function:
+        raise ValueError(f"A job's handler must be 'flyarchive.<module>:<function>', not {name!r}.")
+    found: Handler = getattr(importlib.import_module(module), function)
+    return found
 
 
 def _decode_boxes(getter: Any, buf: Any, offset: int, inner: tuple[int, ...],

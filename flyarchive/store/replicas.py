@@ -3,7 +3,7 @@ the root ``zarr.json`` (:mod:`~flyarchive.store.consolidated`). Readers on remot
 decode with the copy, local readers, writers and ``verify`` with the array's own; plain
 ``xarray.open_zarr`` with the copy. So both must be what flyarchive writes (every
 pipeline of numbers ends in CRC-32C, state in one of flyarchive's state pipelines:
-:func:`~flyarchive.store.hardening.check_array_metadata`) and agree on everything that
+:func:`~flyarchive.store.allowlist.check_array_metadata`) and agree on everything that
 decides how stored bytes decode: data type, chunks and shards, codecs, fill value,
 dimension names, and shape (the copy's ``time`` extent may be shorter: it is cut to the
 committed frames). Otherwise metadata could switch checksums off or make intact bytes
@@ -28,18 +28,17 @@ from collections.abc import Awaitable, Mapping, Sequence
 from typing import Any
 
 import zarr
-from zarr.core.buffer import default_buffer_prototype
-from zarr.core.metadata import ArrayV3Metadata
 
 from flyarchive.errors import SchemaError
 from flyarchive.schema import STATE_VARS
-from flyarchive.store.hardening import check_array_metadata, check_json_bytes
+from flyarchive.store.allowlist import check_array_metadata, check_json_bytes
 from flyarchive.store.location import sync
+from flyarchive.zarr_internals import ArrayV3Metadata, default_buffer_prototype
 
 #: The arrays whose own ``zarr.json`` readers of the consolidated copy fetch and compare:
 #: state and the numbers read at open. Each request costs CPU (on loopback S3 about 5 ms
 #: on the 2-core VM: ``scripts/bench_open.py``), so the copies of the other arrays are
-#: only held to exactly what flyarchive writes (:mod:`~flyarchive.store.hardening`);
+#: only held to exactly what flyarchive writes (:mod:`~flyarchive.store.allowlist`);
 #: ``verify`` and local readers compare them all.
 OWN_CHECKED = (*STATE_VARS, "n_frames", "time", "world")
 #: The fields of an array's metadata that decide how its stored bytes decode, and their
@@ -215,7 +214,7 @@ def check_copies(listed: Mapping[str, Any], checked: Mapping[str, Mapping[str, A
     Args:
         listed: The copy (:func:`read_copy`), read before the arrays' own metadata.
         checked: The arrays' own metadata, as
-            :func:`~flyarchive.store.hardening.check_arrays` checked it.
+            :func:`~flyarchive.store.allowlist.check_arrays` checked it.
         archive: The archive's URL, for messages.
 
     Raises:

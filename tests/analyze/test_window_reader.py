@@ -1,4 +1,4 @@
-"""Streamed reads of a window's state (flyarchive.analyze.state_read): the archive's
+"""Streamed reads of a window's state (flyarchive.store.window_reader): the archive's
 getters where the window is found in them, dask otherwise, the same values either way."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import pytest
 import flyarchive
 from flyarchive.analyze.keypoints import KeypointRequest
 from flyarchive.analyze.prepare import prepare
-from flyarchive.analyze.state_read import StateReader, state_reader
+from flyarchive.store.window_reader import WindowReader, window_reader
 
 
 def _rows(ds, name: str) -> np.ndarray:
@@ -22,22 +22,22 @@ def test_a_window_is_read_through_the_getters_row_by_row_as_dask_reads_it(sites_
                        time=(0.02, 0.1))
     expected = _rows(prepared.ds, "qpos")
 
-    reader = state_reader(prepared, ["qpos"])
+    reader = window_reader(prepared.ds, prepared.whole, ["qpos"])
     cuts = (0, 3, len(expected) // 2 + 1, len(expected))  # partial worlds, then a whole one
     pieces = [reader.read(r0, r1)["qpos"] for r0, r1 in zip(cuts[:-1], cuts[1:])]
 
-    assert isinstance(reader, StateReader)
+    assert isinstance(reader, WindowReader)
     assert list(reader.worlds) == [2, 0] and reader.n_time == len(expected) // 2
     assert np.array_equal(np.concatenate(pieces), expected, equal_nan=True)
 
 
 def test_frames_past_n_frames_read_as_nan_through_the_getters(uneven_archive):
     prepared = prepare(uneven_archive, KeypointRequest.of("*", None, None))
-    reader = state_reader(prepared, ["qpos", "mocap_pos", "mocap_quat"])
+    reader = window_reader(prepared.ds, prepared.whole, ["qpos", "mocap_pos", "mocap_quat"])
 
     state = reader.read(0, 40)
 
-    assert isinstance(reader, StateReader)
+    assert isinstance(reader, WindowReader)
     assert np.isnan(state["qpos"][12:20]).all() and np.isfinite(state["qpos"][:12]).all()
     assert np.isnan(state["mocap_quat"][12:20]).all()
     for name in ("qpos", "mocap_pos", "mocap_quat"):
@@ -48,9 +48,9 @@ def test_a_dataset_cut_before_it_was_given_is_read_through_dask(sites_archive):
     cut = flyarchive.open_archive(sites_archive).isel(world=[2, 1])
     prepared = prepare(cut, KeypointRequest.of("*", None, None))
 
-    reader = state_reader(prepared, ["qpos"])
+    reader = window_reader(prepared.ds, prepared.whole, ["qpos"])
 
-    assert not isinstance(reader, StateReader)
+    assert not isinstance(reader, WindowReader)
     assert np.array_equal(reader.read(0, 40)["qpos"], _rows(cut, "qpos"), equal_nan=True)
 
 
@@ -58,29 +58,29 @@ def test_a_dataset_in_memory_is_read_as_it_is(sites_archive, sites_model):
     loaded = flyarchive.open_archive(sites_archive).load()
     prepared = prepare(loaded, KeypointRequest.of("*", None, None), model=sites_model)
 
-    reader = state_reader(prepared, ["qpos"])
+    reader = window_reader(prepared.ds, prepared.whole, ["qpos"])
 
-    assert not isinstance(reader, StateReader)
+    assert not isinstance(reader, WindowReader)
     assert np.array_equal(reader.read(5, 47)["qpos"], _rows(loaded, "qpos")[5:47])
 
 
 
 @pytest.mark.subprocess  # worker processes
 def test_worker_processes_read_what_dask_reads_into_shared_memory(sites_archive, uneven_archive):
-    from flyarchive.analyze.state_read import ProcessStateReader
+    from flyarchive.store.window_reader import ProcessWindowReader
 
     prepared = prepare(sites_archive, KeypointRequest.of("*", None, None), worlds=[0, 1, 2],
                        time=(0.02, 0.1))
     expected = _rows(prepared.ds, "qpos")
-    reader = state_reader(prepared, ["qpos"], processes=2)
+    reader = window_reader(prepared.ds, prepared.whole, ["qpos"], processes=2)
     cuts = (0, 3, len(expected) // 3 + 1, len(expected))  # partial worlds, then whole ones
     pieces = [reader.read(r0, r1)["qpos"] for r0, r1 in zip(cuts[:-1], cuts[1:])]
 
     uneven = prepare(uneven_archive, KeypointRequest.of("*", None, None))
     names = ["qpos", "mocap_pos", "mocap_quat"]
-    state = state_reader(uneven, names, processes=2).read(0, 40)
+    state = window_reader(uneven.ds, uneven.whole, names, processes=2).read(0, 40)
 
-    assert isinstance(reader, ProcessStateReader)
+    assert isinstance(reader, ProcessWindowReader)
     assert np.array_equal(np.concatenate(pieces), expected, equal_nan=True)
     assert np.isnan(state["qpos"][12:20]).all() and np.isfinite(state["qpos"][:12]).all()
     for name in names:
@@ -94,13 +94,13 @@ def test_a_missing_chunk_read_by_a_worker_process_is_the_same_corrupt_archive_er
     from flyarchive.testing import shard_file
 
     prepared = prepare(sites_archive, KeypointRequest.of("*", None, None))
-    threads = state_reader(prepared, ["qpos"], processes=0)
+    threads = window_reader(prepared.ds, prepared.whole, ["qpos"], processes=0)
     shard_file(sites_archive, "qpos", 0, 1).unlink()  # frames 5..9 of committed worlds
 
     with pytest.raises(CorruptArchiveError) as by_threads:
         threads.read(0, 60)
     with pytest.raises(CorruptArchiveError) as by_processes:
-        state_reader(prepared, ["qpos"], processes=2).read(0, 60)
+        window_reader(prepared.ds, prepared.whole, ["qpos"], processes=2).read(0, 60)
 
     assert "frames 5..9" in str(by_processes.value)
     assert str(by_processes.value) == str(by_threads.value)
@@ -108,11 +108,11 @@ def test_a_missing_chunk_read_by_a_worker_process_is_the_same_corrupt_archive_er
 
 @pytest.mark.subprocess  # worker processes
 def test_worker_processes_that_died_idle_are_replaced_and_the_read_goes_on(sites_archive):
-    from flyarchive.analyze.state_read import _POOL
+    from flyarchive.store.window_reader import _POOL
 
     prepared = prepare(sites_archive, KeypointRequest.of("*", None, None))
     expected = _rows(prepared.ds, "qpos")
-    reader = state_reader(prepared, ["qpos"], processes=2)
+    reader = window_reader(prepared.ds, prepared.whole, ["qpos"], processes=2)
     killed = list(_POOL.live)
     for worker in killed:
         worker.kill()
@@ -127,11 +127,11 @@ def test_worker_processes_that_died_idle_are_replaced_and_the_read_goes_on(sites
 
 @pytest.mark.subprocess  # worker processes
 def test_a_worker_process_that_dies_on_a_job_fails_that_read_only(monkeypatch):
-    from flyarchive.analyze import state_read
+    from flyarchive.store import window_reader
 
     # Workers that die on their first job (exit status 3), as a crash in a decoder would.
-    monkeypatch.setattr(state_read, "_WORKER", "import sys; sys.stdin.readline(); sys.exit(3)")
-    pool = state_read._Pool()
+    monkeypatch.setattr(window_reader, "_WORKER", "import sys; sys.stdin.readline(); sys.exit(3)")
+    pool = window_reader._Pool()
     pool.grow(1)
 
     with pytest.raises(RuntimeError, match=r"worker process stopped \(exit status 3\) while"):
@@ -142,3 +142,17 @@ def test_a_worker_process_that_dies_on_a_job_fails_that_read_only(monkeypatch):
     assert pool.size == 1 and len(pool.live) == 1 and len(pool.pids) == 3
     for worker in pool.live:
         worker.kill()
+
+
+@pytest.mark.subprocess  # worker processes
+def test_worker_processes_refuse_an_archive_replaced_since_it_was_opened(sites_archive,
+                                                                           sites_model):
+    from flyarchive.errors import ArchiveReplacedError
+    from flyarchive.testing.fixtures import record
+
+    prepared = prepare(sites_archive, KeypointRequest.of("*", None, None))
+    reader = window_reader(prepared.ds, prepared.whole, ["qpos"], processes=2)
+    record(sites_model, sites_archive, n_worlds=3, chunk_frames=5, mode="w")
+
+    with pytest.raises(ArchiveReplacedError, match="was replaced after it was opened"):
+        reader.read(0, 40)
