@@ -73,8 +73,8 @@ _LAZY = {
     "RenderResult": "flyarchive.distribute.api",
     "default_video_options": "flyarchive.render.options",
     "PipelineProfile": "flyarchive.render.diagnostics",
-    "OpenGLRenderer": "flyarchive.replay.opengl",
-    "WarpBatchRenderer": "flyarchive.replay.warp",
+    "OpenGLRenderer": "flyarchive.replay.opengl_frames",
+    "WarpBatchRenderer": "flyarchive.replay.warp_frames",
     "VideoOptions": "flyarchive.video.mp4",
     "read_video": "flyarchive.video.decode",
     "read_depth": "flyarchive.video.decode",
@@ -113,7 +113,7 @@ __all__ = [*_errors_all, *_LAZY]
 #: Old names, kept working with a DeprecationWarning: old name -> (what it is now, its
 #: module, since, the warning's words).
 _DEPRECATED = {
-    "CpuRenderer": ("OpenGLRenderer", "flyarchive.replay.opengl", "0.2",
+    "CpuRenderer": ("OpenGLRenderer", "flyarchive.replay.opengl_frames", "0.2",
                     "flyarchive.CpuRenderer is flyarchive.OpenGLRenderer since flyarchive 0.2 "
                     "(it is the OpenGL renderer)"),
     "load_model": ("load_archive_or_file", "flyarchive.models.kept", "0.2",

@@ -1,6 +1,6 @@
 """The public recorders, bound to flyarchive's archives: :class:`TrajectoryRecorder`
-(:mod:`flyarchive.record.cpu`) and :class:`WarpTrajectoryRecorder`
-(:mod:`flyarchive.record.warp`, made on first use: its module imports Warp), writing
+(:mod:`flyarchive.record.cpu_recorder`) and :class:`WarpTrajectoryRecorder`
+(:mod:`flyarchive.record.warp_recorder`, made on first use: its module imports Warp), writing
 through the store's :class:`~flyarchive.store.ArchiveWriter` and reading their recording
 back (``.trajectory``) through :mod:`flyarchive.interop.trajectories` (:data:`ARCHIVES`).
 
@@ -16,7 +16,7 @@ from typing import Any
 
 from flyarchive.clock import Timing
 from flyarchive.layout import ModelLayout
-from flyarchive.record import cpu
+from flyarchive.record import cpu_recorder as cpu
 from flyarchive.record.sink import ArchiveSink
 from flyarchive.record.spec import ArchiveSpec
 
@@ -67,7 +67,7 @@ def __getattr__(name: str) -> Any:
     """:class:`WarpTrajectoryRecorder`, bound on first use (its module imports Warp)."""
     if name != "WarpTrajectoryRecorder":
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    from flyarchive.record.warp import WarpTrajectoryRecorder as Recorder
+    from flyarchive.record.warp_recorder import WarpTrajectoryRecorder as Recorder
 
     bound = type("WarpTrajectoryRecorder", (Recorder,),
                  {"__doc__": Recorder.__doc__, "__module__": __name__, "archives": ARCHIVES})

@@ -254,13 +254,13 @@ def test_imports_inside_functions_and_relative_imports_are_read():
         "def load():\n"
         "    from flyarchive.store import writer\n"
         "    from .selection import select_frames\n"
-        "    import flyarchive.replay.opengl\n"
+        "    import flyarchive.replay.opengl_frames\n"
     )
 
     found = imports_in(source, "flyarchive.query.archive", "flyarchive.query")
 
     assert found == {"flyarchive.errors", "flyarchive.store.writer", "flyarchive.query.selection",
-                     "flyarchive.replay.opengl"}
+                     "flyarchive.replay.opengl_frames"}
 
 
 def test_cycles_are_found_and_named():

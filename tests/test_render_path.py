@@ -44,11 +44,11 @@ MOST = 9
 NOT_COUNTED = ("errors", "config", "schema", "layout", "clock", "codecs", "models", "warp_log",
                "store")
 OPENGL = ["flyarchive.cli", "flyarchive.distribute.api", "flyarchive.render.plan",
-          "flyarchive.render.opengl", "flyarchive.render.renderers", "flyarchive.replay.opengl",
-          "flyarchive.video.outputs", "flyarchive.video.mp4"]
+          "flyarchive.render.opengl_pipeline", "flyarchive.render.renderer_cache", "flyarchive.replay.opengl_frames",
+          "flyarchive.video.output_files", "flyarchive.video.mp4"]
 WARP = ["flyarchive.cli", "flyarchive.distribute.api", "flyarchive.render.plan",
-        "flyarchive.render.warp", "flyarchive.render.renderers", "flyarchive.replay.warp",
-        "flyarchive.render.encoders", "flyarchive.video.outputs", "flyarchive.video.mp4"]
+        "flyarchive.render.warp_pipeline", "flyarchive.render.renderer_cache", "flyarchive.replay.warp_frames",
+        "flyarchive.render.encoders", "flyarchive.video.output_files", "flyarchive.video.mp4"]
 
 
 def steps(backend: str) -> dict[str, list[Callable[..., Any]]]:
@@ -56,7 +56,7 @@ def steps(backend: str) -> dict[str, list[Callable[..., Any]]]:
     from flyarchive.render.plan import RenderPlan
     from flyarchive.store.reader import StateReader, open_checked
     from flyarchive.video.mp4 import VideoWriter, concat_segments
-    from flyarchive.video.outputs import write_output
+    from flyarchive.video.output_files import write_output
 
     found: dict[str, list[Callable[..., Any]]] = {
         "archive opened": [open_checked],
@@ -67,12 +67,12 @@ def steps(backend: str) -> dict[str, list[Callable[..., Any]]]:
         "mp4 published": [write_output],  # with a URL ending in .mp4
     }
     if backend == "opengl":
-        from flyarchive.replay.opengl import OpenGLRenderer
+        from flyarchive.replay.opengl_frames import OpenGLRenderer
 
         found["renderer built"] = [OpenGLRenderer.__init__]
         found["frames rendered"] = [OpenGLRenderer.render_frame, OpenGLRenderer.render_outputs]
     else:
-        from flyarchive.replay.warp import WarpBatchRenderer
+        from flyarchive.replay.warp_frames import WarpBatchRenderer
 
         found["renderer built"] = [WarpBatchRenderer.__init__]
         found["frames rendered"] = [WarpBatchRenderer.submit]
@@ -138,7 +138,7 @@ def render(archive: tuple[str, str], out: str, backend: str, *where: str
            ) -> tuple[int, list[str], set[str]]:
     """``flyarchive render`` of world 1 (``where``: ``--workers 0`` unless given); the exit
     status, and the :func:`main_line` of this process."""
-    from flyarchive.render.renderers import clear_renderers, close_thread_renderers
+    from flyarchive.render.renderer_cache import clear_renderers, close_thread_renderers
 
     clear_renderers()  # renderers kept from earlier tests would skip the step that builds one
     close_thread_renderers()

@@ -33,7 +33,7 @@ def warm_warp(device: str) -> None:
     """Import the Warp renderer (warp, mujoco_warp) and initialize ``device`` (a CUDA
     context), ignoring failures: the render that follows reports them."""
     try:
-        from flyarchive.replay import warp  # noqa: F401  (the import is the work)
+        from flyarchive.replay import warp_frames  # noqa: F401  (the import is the work)
 
         wp = warp.wp
         wp.init()

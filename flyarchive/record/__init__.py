@@ -1,8 +1,8 @@
 """Record: sample simulation state when a frame is due and hand it to the store.
 
-- :mod:`~flyarchive.record.cpu`: :class:`TrajectoryRecorder`, for one or several
+- :mod:`~flyarchive.record.cpu_recorder`: :class:`TrajectoryRecorder`, for one or several
   ``mujoco.MjData`` (and flygym's ``Simulation``);
-- :mod:`~flyarchive.record.warp`: :class:`WarpTrajectoryRecorder`, for mujoco-warp
+- :mod:`~flyarchive.record.warp_recorder`: :class:`WarpTrajectoryRecorder`, for mujoco-warp
   ``Data`` of many worlds on one Warp device (and flygym's ``GPUSimulation``), with its
   device buffers and background writer in :mod:`~flyarchive.record.warp_io`;
 - :mod:`~flyarchive.record.common`: what both share (time order, resumed reruns,

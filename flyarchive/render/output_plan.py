@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 import mujoco
 
 from flyarchive.errors import RenderOptionsError
-from flyarchive.replay.outputs import check_segmentable, default_depth_scale, far_plane, map_outputs
+from flyarchive.replay.output_kinds import check_segmentable, default_depth_scale, far_plane, map_outputs
 from flyarchive.video.mosaic import fit_mosaic, mosaic_jobs
 from flyarchive.video.overlay_text import check_overlay
 

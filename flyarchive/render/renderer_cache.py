@@ -31,12 +31,12 @@ from flyarchive.models import bytes_sha256, model_from_bytes
 if TYPE_CHECKING:
     from collections.abc import Mapping
 
-    from flyarchive.replay.opengl import OpenGLRenderer
-    from flyarchive.replay.warp import WarpBatchRenderer
+    from flyarchive.replay.opengl_frames import OpenGLRenderer
+    from flyarchive.replay.warp_frames import WarpBatchRenderer
     from flyarchive.store.header import ArchiveHeader
     from flyarchive.store.reader import StateReader
 
-#: The Warp slot of the blocks of ``render_frames`` (:mod:`flyarchive.render.blocks`).
+#: The Warp slot of the blocks of ``render_frames`` (:mod:`flyarchive.render.frame_blocks`).
 BLOCKS_SLOT = -1
 
 
@@ -78,7 +78,7 @@ def opengl_renderer(blob: bytes, cameras: Sequence[str], size: tuple[int, int],
     the one kept, or a new one (the one kept is closed). A worker process of a local
     cluster pins Mesa's rasterizer to one thread first (:func:`flyarchive.config.is_worker`).
     """
-    from flyarchive.replay.opengl import OpenGLRenderer, pin_rasterizer_threads
+    from flyarchive.replay.opengl_frames import OpenGLRenderer, pin_rasterizer_threads
 
     def make() -> OpenGLRenderer:
         if config.is_worker():
@@ -146,11 +146,11 @@ def warp_slot(slot: int = 0) -> tuple[RendererCache, threading.Lock]:
 def warp_renderer(cache: RendererCache, blob: bytes, cameras: str | Sequence[str],
                   size: tuple[int, int], *, batch_worlds: int, device: str,
                   **options: Any) -> WarpBatchRenderer:
-    """The :class:`~flyarchive.replay.warp.WarpBatchRenderer` of a model (MJB bytes),
+    """The :class:`~flyarchive.replay.warp_frames.WarpBatchRenderer` of a model (MJB bytes),
     cameras, size, batch size, device and other renderer ``options`` (``outputs``,
     ``pixel_format``, ``host_buffers``, ``mosaic``...) in ``cache``: the one kept, or a
     new one (the one kept is closed). Call it holding the cache's lock."""
-    from flyarchive.replay.warp import WarpBatchRenderer
+    from flyarchive.replay.warp_frames import WarpBatchRenderer
 
     def make() -> WarpBatchRenderer:
         # WarpBatchRenderer prepares a copy with prepare_for_batch_rendering.

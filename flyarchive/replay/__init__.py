@@ -1,13 +1,13 @@
 """Replay recorded kinematic state: position-only kinematics, then rasterize.
 
 - :mod:`~flyarchive.replay.kinematics`: recorded state into an ``MjData``;
-- :mod:`~flyarchive.replay.opengl`: :class:`OpenGLRenderer`, ``mujoco.Renderer`` on EGL
+- :mod:`~flyarchive.replay.opengl_frames`: :class:`OpenGLRenderer`, ``mujoco.Renderer`` on EGL
   (backend ``"opengl"``, bit-exact with frames rendered live);
-- :mod:`~flyarchive.replay.warp` (with :mod:`~flyarchive.replay.warp_kernels`,
+- :mod:`~flyarchive.replay.warp_frames` (with :mod:`~flyarchive.replay.warp_kernels`,
   :mod:`~flyarchive.replay.warp_compose`, :mod:`~flyarchive.replay.warp_rows` and
   :mod:`~flyarchive.replay.warp_model`): :class:`WarpBatchRenderer`, mujoco-warp's
   batch ray tracer on CUDA (``"gpu"``) or Warp's CPU device (``"warp-cpu"``);
-- :mod:`~flyarchive.replay.outputs`: depth and segmentation besides RGB, and their
+- :mod:`~flyarchive.replay.output_kinds`: depth and segmentation besides RGB, and their
   16-bit counts;
 - :mod:`~flyarchive.replay.compose` (with :mod:`~flyarchive.replay.font`): text burnt into
   frames, tiles joined into mosaics, on the host;

@@ -2,7 +2,7 @@
 segmentation packed into 16-bit maps, text burnt into the packed ARGB frames, and tiles
 converted to I420 straight into one mosaic frame.
 
-Each produces exactly what the host code does (:mod:`flyarchive.replay.outputs`,
+Each produces exactly what the host code does (:mod:`flyarchive.replay.output_kinds`,
 :mod:`flyarchive.replay.compose`), so the Warp backends and the OpenGL backend compose
 alike. Per-slot inputs that change every batch (whether a slot holds a state, the text
 of each slot) travel in extra columns of the batch's state rows, uploaded with the states
@@ -18,7 +18,7 @@ from flyarchive.replay.font import CELL_H, CELL_W, GLYPHS
 from flyarchive.replay.compose import TEXT_X, TEXT_Y
 from flyarchive.warp_log import import_warp
 
-wp = import_warp("Rendering with mujoco-warp (flyarchive.replay.warp)")
+wp = import_warp("Rendering with mujoco-warp (flyarchive.replay.warp_frames)")
 
 from flyarchive.replay.warp_kernels import (  # noqa: E402
     bt601_u,

@@ -3,7 +3,7 @@ and published to any fsspec URL, manifests, and decoding for checks.
 
 - :mod:`~flyarchive.video.mp4`: H.264 mp4 through ffmpeg: :class:`VideoWriter`,
   :class:`VideoOptions`, :func:`concat_segments` (segments joined without re-encoding);
-- :mod:`~flyarchive.video.outputs`: every output of a video, named
+- :mod:`~flyarchive.video.output_files`: every output of a video, named
   (:func:`safe_video_path`), written together (:class:`OutputWriter`) and published
   (:func:`write_output`);
 - :mod:`~flyarchive.video.manifest`: ``manifest.json`` beside the videos;
@@ -34,7 +34,7 @@ _WHERE = {
     "PRESETS": "flyarchive.video.mp4", "VideoOptions": "flyarchive.video.mp4",
     "VideoWriter": "flyarchive.video.mp4", "concat_segments": "flyarchive.video.mp4",
     "encode_segment": "flyarchive.video.mp4",
-    "safe_video_path": "flyarchive.video.outputs", "write_output": "flyarchive.video.outputs",
+    "safe_video_path": "flyarchive.video.output_files", "write_output": "flyarchive.video.output_files",
 }
 
 

@@ -27,10 +27,10 @@ from flyarchive.errors import (
     SelectionError,
     did_you_mean,
 )
-from flyarchive.view import gait as gait_
-from flyarchive.view import poses as poses_
+from flyarchive.view import gait_panels as gait_
+from flyarchive.view import geom_poses as poses_
 from flyarchive.view import traces as traces_
-from flyarchive.view.archive import ViewedArchive, load_viewed_model
+from flyarchive.view.shown_archive import ViewedArchive, load_viewed_model
 from flyarchive.view.limits import Limits, check_cost
 from flyarchive.view.logs import SafeLines, visible
 from flyarchive.view.renders import MAX_WORLDS as RENDER_WORLDS
@@ -45,7 +45,7 @@ class Viewer:
     ``model_problem`` says why), and the renders asked for.
 
     The archive's header is read here (and states are read from the start, without xarray
-    or dask: :class:`~flyarchive.view.archive.ViewedArchive`); the model is loaded after
+    or dask: :class:`~flyarchive.view.shown_archive.ViewedArchive`); the model is loaded after
     the server listens (:meth:`warm_up`), so that the first page does not wait for it:
     requests that need it wait.
 
@@ -305,12 +305,12 @@ class Viewer:
         return out.tobytes(), out.shape
 
     def gait(self, query: Mapping[str, str]) -> dict[str, Any]:
-        """The gait of the shown worlds over a time window (:mod:`flyarchive.view.gait`):
+        """The gait of the shown worlds over a time window (:mod:`flyarchive.view.gait_panels`):
         per world each leg's stance intervals, the thorax's path (thinned) and a few
         measures, with their units.
 
         Query: ``worlds`` (ids, comma-separated, 1 to
-        :data:`~flyarchive.view.gait.MAX_WORLDS`), ``start`` and ``end`` (seconds; none:
+        :data:`~flyarchive.view.gait_panels.MAX_WORLDS`), ``start`` and ``end`` (seconds; none:
         the whole recording; a window reaching past the recording is cut to it).
 
         Raises:

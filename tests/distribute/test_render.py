@@ -21,7 +21,7 @@ from flyarchive.errors import (
     SelectionError,
 )
 from flyarchive.layout import ModelLayout
-from flyarchive.replay.opengl import OpenGLRenderer
+from flyarchive.replay.opengl_frames import OpenGLRenderer
 from flyarchive.store import ArchiveSpec, ArchiveWriter, FrameBlock
 from flyarchive.testing import slider_model
 from flyarchive.testing.fixtures import record

@@ -128,7 +128,7 @@ def test_a_memory_archive_renders_in_this_process_whatever_n_workers(tiny, archi
 @requires_distributed
 def test_opengl_renders_on_threads_of_this_process_by_default(tiny, archive, tmp_path, clusters,
                                                               monkeypatch):
-    from flyarchive.render import opengl
+    from flyarchive.render import opengl_pipeline as opengl
 
     threads = set()
     segment = opengl.render_segment

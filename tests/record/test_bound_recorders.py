@@ -8,7 +8,7 @@ import mujoco
 import pytest
 
 import flyarchive
-from flyarchive.record.cpu import TrajectoryRecorder as Unbound
+from flyarchive.record.cpu_recorder import TrajectoryRecorder as Unbound
 from flyarchive.recorders import ARCHIVES, TrajectoryRecorder
 
 

@@ -8,7 +8,7 @@ import pytest
 
 import flyarchive
 from flyarchive.render.options import RenderOptions
-from flyarchive.replay.opengl import OpenGLRenderer
+from flyarchive.replay.opengl_frames import OpenGLRenderer
 
 
 def test_the_default_backend_is_opengl():
