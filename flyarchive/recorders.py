@@ -18,7 +18,7 @@ from flyarchive.clock import Timing
 from flyarchive.layout import ModelLayout
 from flyarchive.record import cpu_recorder as cpu
 from flyarchive.record.sink import ArchiveSink
-from flyarchive.record.spec import ArchiveSpec
+from flyarchive.archive_spec import ArchiveSpec
 
 
 class StoredArchives:

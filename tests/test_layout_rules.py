@@ -7,7 +7,7 @@ imports only from the stages before it, in the order of the data flow
          <- applications
 
 Record imports only the base modules: what a recorder produces (:class:`ArchiveSpec`,
-:class:`FrameBlock`, :mod:`flyarchive.record.spec`) is the record stage's, and the store
+:class:`FrameBlock`, :mod:`flyarchive.archive_spec`) is the record stage's, and the store
 imports it; recorders hand blocks of frames to a sink (:mod:`flyarchive.record.sink`, the
 protocols the store's writer implements), and the public recorders are bound to the store
 and query by an application module (:mod:`flyarchive.recorders`). Render (how

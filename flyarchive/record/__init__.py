@@ -7,7 +7,7 @@
   device buffers and background writer in :mod:`~flyarchive.record.warp_io`;
 - :mod:`~flyarchive.record.common`: what both share (time order, resumed reruns,
   commit when abandoned);
-- :mod:`~flyarchive.record.spec`: what is fixed when an archive is created
+- :mod:`~flyarchive.archive_spec`: what is fixed when an archive is created
   (:class:`ArchiveSpec`) and a block of frames to commit (:class:`FrameBlock`): what a
   recorder hands to the store, checked before anything is written;
 - :mod:`~flyarchive.record.sink`: what a recorder needs of the archives it writes

@@ -22,7 +22,7 @@ from flyarchive.record.common import (
     release_writer,
 )
 from flyarchive.schema import finite_frames
-from flyarchive.record.spec import ArchiveSpec, FrameBlock
+from flyarchive.archive_spec import ArchiveSpec, FrameBlock
 from flyarchive.record.sink import ArchiveSink, Archives, parse_mode
 
 

@@ -14,7 +14,7 @@ import numpy as np
 
 from flyarchive.clock import Timing
 from flyarchive.layout import ModelLayout
-from flyarchive.record.spec import ArchiveSpec, FrameBlock
+from flyarchive.archive_spec import ArchiveSpec, FrameBlock
 
 #: The creation modes of an archive: fail if one exists, replace it, or append to it.
 MODES = ("w-", "w", "a")

@@ -48,7 +48,7 @@ from flyarchive.record.common import (
     read_back,
     release_writer,
 )
-from flyarchive.record.spec import ArchiveSpec
+from flyarchive.archive_spec import ArchiveSpec
 from flyarchive.record.sink import ArchiveSink, Archives, parse_mode
 from flyarchive.warp_log import import_warp
 

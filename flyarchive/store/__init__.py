@@ -55,6 +55,6 @@ from flyarchive.store.location import (
     unavailable,
 )
 from flyarchive.store.reader import StateReader, open_checked, open_group, open_stored
-from flyarchive.record.spec import ArchiveSpec, FrameBlock
+from flyarchive.archive_spec import ArchiveSpec, FrameBlock
 from flyarchive.store.writer import ArchiveWriter
 

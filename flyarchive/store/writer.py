@@ -87,7 +87,7 @@ from flyarchive.store.location import (
 )
 from flyarchive.store.new_archive import Created, create_arrays
 from flyarchive.store.reader import open_group
-from flyarchive.record.spec import ArchiveSpec, FrameBlock
+from flyarchive.archive_spec import ArchiveSpec, FrameBlock
 
 
 # ----------------------------------------------------------------------------- the writer
