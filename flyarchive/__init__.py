@@ -24,7 +24,9 @@ tests/test_layout_rules.py checks it):
   cache of loaded models; its modules that read archives are of the store's floor, the one
   that ships models to Dask workers of the analysis's),
   :mod:`flyarchive.warp_log` (Warp imported quietly, kernels compiled once),
-  :mod:`flyarchive.lru` (what a process keeps between calls: a small bounded cache);
+  :mod:`flyarchive.lru` (what a process keeps between calls: a small bounded cache),
+  :mod:`flyarchive.archive_spec` (what is fixed when an archive is created, and a block of
+  frames to commit: what a recorder hands to the store, checked before anything is written);
 - :mod:`flyarchive.record`: recorders sample state when a frame is due (bound to the
   store by :mod:`flyarchive.recorders`, an application);
 - :mod:`flyarchive.store`: the code that opens, writes and commits zarr archives;

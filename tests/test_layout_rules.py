@@ -6,14 +6,16 @@ imports only from the stages before it, in the order of the data flow
     base <- record <- store <- query <- analyze <- replay <- video <- render <- distribute
          <- applications
 
-Record imports only the base modules: what a recorder produces (:class:`ArchiveSpec`,
-:class:`FrameBlock`, :mod:`flyarchive.archive_spec`) is the record stage's, and the store
-imports it; recorders hand blocks of frames to a sink (:mod:`flyarchive.record.sink`, the
-protocols the store's writer implements), and the public recorders are bound to the store
-and query by an application module (:mod:`flyarchive.recorders`). Render (how
-one process turns an archive into videos) never imports distribute (where that work runs).
+Record imports only the base modules, and the store never imports the record stage: what
+a recorder hands the store (:class:`ArchiveSpec`, :class:`FrameBlock`) is a base module's
+(:mod:`flyarchive.archive_spec`); recorders hand blocks of frames to a sink
+(:mod:`flyarchive.record.sink`, the protocols the store's writer implements), and the public
+recorders are bound to the store and query by an application package
+(:mod:`flyarchive.recorders`). Render (how one process turns an archive into videos) never
+imports distribute (where that work runs).
 
-Base modules (errors, schema, layout, clock, codecs, models, config, warp_log, lru) import
+Base modules (errors, schema, layout, clock, codecs, models, config, warp_log, lru,
+archive_spec) import
 only each other; applications (cli, demo, plot, summary, recorders, interop, view, and the
 package's own ``__init__``) may import anything; ``flyarchive.testing`` is not part of the
 product and may import anything too.
@@ -48,7 +50,7 @@ import pytest
 PACKAGE = Path(__file__).resolve().parents[1] / "flyarchive"
 
 BASE = frozenset({"errors", "schema", "layout", "clock", "codecs", "models", "config", "warp_log",
-                  "lru"})
+                  "lru", "archive_spec"})
 STAGES = ("record", "store", "query", "analyze", "replay", "video", "render", "distribute")
 #: Modules of a base package that are of a later stage's floor: module -> stage.
 FLOORS = {"flyarchive.models.kept": "store", "flyarchive.models.shipping": "analyze"}
