@@ -37,8 +37,8 @@ tests/test_layout_rules.py checks it):
 - :mod:`flyarchive.render`: how one process turns an archive into videos;
 - :mod:`flyarchive.distribute`: where render work runs (this process, Dask, GPUs);
 - applications: :mod:`flyarchive.cli` (the ``flyarchive`` command, with
-  :mod:`flyarchive.cli_args`: the parsers its subcommands share,
-  :mod:`flyarchive.cli_analyze`: analysis), :mod:`flyarchive.demo`, :mod:`flyarchive.plot`,
+  :mod:`flyarchive.cli.args`: the parsers its subcommands share,
+  :mod:`flyarchive.cli.analysis`: analysis), :mod:`flyarchive.demo`, :mod:`flyarchive.plot`,
   :mod:`flyarchive.summary` (``flyarchive info``), :mod:`flyarchive.view` (the web
   viewer), :mod:`flyarchive.interop` (flygym, movement, NWB).
 

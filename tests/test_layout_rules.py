@@ -54,8 +54,7 @@ BASE = frozenset({"errors", "schema", "layout", "clock", "codecs", "models", "co
 STAGES = ("record", "store", "query", "analyze", "replay", "video", "render", "distribute")
 #: Modules of a base package that are of a later stage's floor: module -> stage.
 FLOORS = {"flyarchive.models.kept": "store", "flyarchive.models.shipping": "analyze"}
-APPLICATIONS = frozenset({"cli", "cli_args", "cli_analyze", "demo", "plot", "summary",
-                          "recorders", "interop", "view", "__main__"})
+APPLICATIONS = frozenset({"cli", "demo", "plot", "summary", "recorders", "interop", "view"})
 TEST_SUPPORT = "flyarchive.testing"
 
 #: The public modules: the package's face (``flyarchive``), the errors, the environment
