@@ -43,10 +43,10 @@ MOST = 9
 #: Not counted: the base modules, and the store (the code below a step that reads zarr).
 NOT_COUNTED = ("errors", "config", "schema", "layout", "clock", "codecs", "models", "warp_log",
                "store")
-OPENGL = ["flyarchive.cli", "flyarchive.distribute.api", "flyarchive.render.plan",
+OPENGL = ["flyarchive.cli.commands", "flyarchive.distribute.api", "flyarchive.render.plan",
           "flyarchive.render.opengl_pipeline", "flyarchive.render.renderer_cache", "flyarchive.replay.opengl_frames",
           "flyarchive.video.output_files", "flyarchive.video.mp4"]
-WARP = ["flyarchive.cli", "flyarchive.distribute.api", "flyarchive.render.plan",
+WARP = ["flyarchive.cli.commands", "flyarchive.distribute.api", "flyarchive.render.plan",
         "flyarchive.render.warp_pipeline", "flyarchive.render.renderer_cache", "flyarchive.replay.warp_frames",
         "flyarchive.render.encoders", "flyarchive.video.output_files", "flyarchive.video.mp4"]
 
@@ -183,6 +183,6 @@ def test_a_render_on_a_cluster_adds_only_the_cluster_on_this_side(archive, tmp_p
     assert code == 0 and (tmp_path / "v" / "world00001" / "front.mp4").is_file()
     assert seen == {"cluster started or connected", "archive opened", "plan made",
                     "tasks sent to the cluster"}
-    assert sorted(modules) == ["flyarchive.cli", "flyarchive.distribute.api",
+    assert sorted(modules) == ["flyarchive.cli.commands", "flyarchive.distribute.api",
                                "flyarchive.distribute.cluster", "flyarchive.render.plan"], modules
     assert len({*modules, *here}) <= MOST  # the workers' side: the render's in this process
