@@ -335,6 +335,78 @@ def test_the_models_package_imports_its_base_modules_only_and_loads_the_others_l
     assert lazy and lazy <= set(FLOORS)  # what it loads on first use: modules above the base
 
 
+# ----------------------------------------------------------------------------- packages
+def room(name: str) -> str:
+    """The package (or top-level module) module ``name`` is of: ``flyarchive.store.writer``
+    -> ``flyarchive.store``; a module of :data:`FLOORS` is of its floor's package
+    (``flyarchive.models.kept`` stands with the store)."""
+    return f"flyarchive.{FLOORS[name]}" if name in FLOORS else ".".join(name.split(".")[:2])
+
+
+def package_graph() -> dict[str, frozenset[str]]:
+    """Which packages and top-level modules of the product import which others (the
+    package's own ``__init__``, which re-exports the API on top, left out)."""
+    edges: dict[str, set[str]] = {}
+    for importer, targets in graph().items():
+        if importer == "flyarchive" or not is_product(importer):
+            continue
+        here = room(importer)
+        edges.setdefault(here, set()).update(
+            room(t) for t in targets if t != "flyarchive" and is_product(t) and room(t) != here)
+    return {name: frozenset(targets) for name, targets in edges.items()}
+
+
+#: Module names that name one thing in several packages, and why. A basename says what a
+#: module holds; the same name in two packages would be two things under one name.
+SHARED_BASENAMES = {
+    "__init__.py": "Python's name for a package's face (each lists its package's modules)",
+}
+
+
+def repeated_basenames() -> dict[str, list[str]]:
+    """``basename -> its paths`` for each module basename used more than once under
+    flyarchive/ (test support included), but :data:`SHARED_BASENAMES`."""
+    paths: dict[str, list[str]] = {}
+    for path in sorted(PACKAGE.rglob("*.py")):
+        paths.setdefault(path.name, []).append(str(path.relative_to(PACKAGE.parent)))
+    return {name: found for name, found in paths.items()
+            if len(found) > 1 and name not in SHARED_BASENAMES}
+
+
+def test_no_import_loop_between_packages_applications_included():
+    found = cycles(package_graph())
+
+    assert found == [], " ; ".join(" -> ".join(a_cycle_through(c, package_graph()))
+                                   for c in found)
+
+
+def test_a_loop_between_two_packages_is_found_although_no_module_loop_is():
+    edges = {"flyarchive.recorders": frozenset({"flyarchive.interop"}),
+             "flyarchive.interop": frozenset({"flyarchive.recorders"})}
+
+    assert cycles(edges) == [frozenset(edges)]
+    assert room("flyarchive.recorders.stored_archives") == "flyarchive.recorders"
+    assert room("flyarchive.models.kept") == "flyarchive.store"
+
+
+def test_the_store_never_imports_the_record_stage():
+    found = sorted((importer, target) for importer, targets in graph().items()
+                   if is_product(importer) and layer(importer)[1] == "store"
+                   for target in targets if is_product(target) and layer(target)[1] == "record")
+
+    assert found == [], "what both need belongs to a base module (as flyarchive.archive_spec)"
+
+
+def test_no_module_basename_is_used_for_two_things():
+    assert repeated_basenames() == {}
+
+
+def test_each_shared_basename_is_still_shared():
+    counts = {name: len(list(PACKAGE.rglob(name))) for name in SHARED_BASENAMES}
+
+    assert {name: n for name, n in counts.items() if n < 2} == {}
+
+
 # ----------------------------------------------------------------------------- the public line
 def is_public(name: str) -> bool:
     return name in PUBLIC or not is_product(name)

@@ -14,6 +14,7 @@
 Internal: the public names are re-exported by ``flyarchive``.
 
 Recorders never touch zarr, and import only the base modules: they build an
-:class:`~flyarchive.archive_spec.ArchiveSpec` (a base module, as the store reads it) and hand
-:class:`~flyarchive.archive_spec.FrameBlock` s to a sink (:class:`flyarchive.store.ArchiveWriter`, given to them by :mod:`flyarchive.recorders`).
+:class:`~flyarchive.archive_spec.ArchiveSpec` (a base module, read by the store too) and
+hand :class:`~flyarchive.archive_spec.FrameBlock` s to a sink
+(:class:`flyarchive.store.ArchiveWriter`, given to them by :mod:`flyarchive.recorders`).
 """
