@@ -44,10 +44,12 @@ MOST = 9
 NOT_COUNTED = ("errors", "config", "schema", "layout", "clock", "codecs", "models", "warp_log",
                "store")
 OPENGL = ["flyarchive.cli.commands", "flyarchive.distribute.api", "flyarchive.render.plan",
-          "flyarchive.render.opengl_pipeline", "flyarchive.render.renderer_cache", "flyarchive.replay.opengl_frames",
+          "flyarchive.render.opengl_pipeline", "flyarchive.render.renderer_cache",
+          "flyarchive.replay.opengl_frames",
           "flyarchive.video.output_files", "flyarchive.video.mp4"]
 WARP = ["flyarchive.cli.commands", "flyarchive.distribute.api", "flyarchive.render.plan",
-        "flyarchive.render.warp_pipeline", "flyarchive.render.renderer_cache", "flyarchive.replay.warp_frames",
+        "flyarchive.render.warp_pipeline", "flyarchive.render.renderer_cache",
+        "flyarchive.replay.warp_frames",
         "flyarchive.render.encoders", "flyarchive.video.output_files", "flyarchive.video.mp4"]
 
 

@@ -11,7 +11,7 @@ without re-encoding (:func:`join_segments`); every video of a plan in this threa
   them, as stored (bit-exact);
 - render: one frame at a time (:func:`world_frames`: every output of a world's frames;
   :func:`mosaic_frames`: the tiles of a mosaic), overlays burnt in on the host
-  (:mod:`flyarchive.replay.compose`), on the thread's kept
+  (:mod:`flyarchive.replay.overlay_text`), on the thread's kept
   :class:`~flyarchive.replay.opengl_frames.OpenGLRenderer` (:mod:`flyarchive.render.renderer_cache`);
 - encode: one :class:`~flyarchive.video.output_files.OutputWriter` per camera, published into
   the run's parts folder; the join copies the mp4 streams and joins the maps into the
@@ -47,7 +47,8 @@ from flyarchive.render.renderer_cache import (
     state_reader,
 )
 from flyarchive.render.threads import run_threads
-from flyarchive.replay.compose import burn_text, tile_frames
+from flyarchive.replay.mosaic_tiles import tile_frames
+from flyarchive.replay.overlay_text import burn_text
 from flyarchive.replay.output_kinds import depth_to_counts, ids_to_counts, map_outputs
 from flyarchive.schema import finite_frames
 from flyarchive.video.mosaic import is_mosaic
@@ -274,7 +275,7 @@ def _segment_frames(plan: RenderPlan, blob: bytes, job: Job, start: int, stop: i
     """The RGB frame size of a segment and its frames, rendered lazily: ``(rgb, maps)``
     per frame (:func:`world_frames`)."""
     from flyarchive.video.mosaic import mosaic_size
-    from flyarchive.video.overlay_text import OverlayText
+    from flyarchive.replay.overlay_text import OverlayText
 
     options = plan.options
     so, archive_id = plan.storage_options, plan.archive_id

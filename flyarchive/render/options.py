@@ -12,7 +12,7 @@ from flyarchive.replay.output_kinds import parse_depth_scale, parse_outputs
 from flyarchive.replay.sizes import MAX_GL_SIDE, parse_frame_size
 from flyarchive.video.mosaic import check_h264_size, mosaic_size, parse_mosaic
 from flyarchive.video.mp4 import VideoOptions
-from flyarchive.video.overlay_text import parse_overlay
+from flyarchive.replay.overlay_text import parse_overlay
 
 
 #: States per batch of each Warp backend unless told otherwise. On an H200 (NeuroMechFly
@@ -61,7 +61,7 @@ class RenderOptions:
             tiles are assembled on the device (:mod:`flyarchive.video.mosaic`).
         overlays: Text burnt into the RGB frames (CLI ``--overlay time,world``): any of
             ``"world"``, ``"time"``, ``"speed"`` and the archive's per-world variables
-            (:mod:`flyarchive.video.overlay_text`). Default none.
+            (:mod:`flyarchive.replay.overlay_text`). Default none.
 
     Raises:
         RenderOptionsError: an unknown backend or output, counts below 1, a mosaic that is

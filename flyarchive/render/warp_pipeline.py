@@ -386,7 +386,7 @@ class BatchSource:
         items = plan.options.overlays
         self._overlay = None
         if items or self._mosaic:
-            from flyarchive.video.overlay_text import OverlayText
+            from flyarchive.replay.overlay_text import OverlayText
 
             header = archive_header(plan.url, plan.storage_options, plan.archive_id)
             self._overlay = OverlayText(header, items, label_world=self._mosaic,

@@ -1,6 +1,9 @@
-"""What overlays say: the text burnt into each frame, from the archive.
+"""Text burnt into frames, the one home of overlay text: what overlays say, in which font,
+where it goes, and how it is burnt on the host (numpy, the OpenGL backend) and on the Warp
+device (a kernel, the Warp backends), pixel for pixel alike.
 
-Items, in the order asked for, joined by spaces, e.g. ``w3 t=0.152s x0.2 gain=1.25``:
+What overlays say, from the archive. Items, in the order asked for, joined by spaces, e.g.
+``w3 t=0.152s x0.2 gain=1.25``:
 
 - ``"world"``: the world id, ``w3``;
 - ``"time"``: the frame's simulated time (the archive's ``time`` coordinate), ``t=0.152s``,
@@ -9,13 +12,22 @@ Items, in the order asked for, joined by spaces, e.g. ``w3 t=0.152s x0.2 gain=1.
 - any per-world variable of the archive (a ``(world,)`` variable such as a seed or a
   parameter), ``name=value``.
 
-The pixels are burnt by :func:`flyarchive.replay.compose.burn_text` (OpenGL backend) or on
-the Warp device; mosaics label every tile with its world id first.
+Mosaics label every tile with its world id first.
 
-Text fits its frame (tile): given the frame size, :class:`OverlayText` keeps the items, in
-order, whose widest text over the whole archive fits across it in whole characters and
-leaves the rest out (:attr:`OverlayText.left_out`, :attr:`OverlayText.note`); frames too
-low for a line of text get none. Nothing is ever cut through a character.
+How it looks: white, in a 5 x 7 bitmap font drawn for flyarchive (no font file, no font
+library: :data:`GLYPHS`, the printable ASCII characters, each in a cell of :data:`CELL_W` x
+:data:`CELL_H` pixels), on a box of the frame darkened to half (every channel halved), at
+:data:`TEXT_X`, :data:`TEXT_Y` from the top left corner. Text fits its frame (tile): only
+whole characters are drawn (:func:`max_chars`); given the frame size, :class:`OverlayText`
+keeps the items, in order, whose widest text over the whole archive fits across it and
+leaves the rest out (:attr:`OverlayText.left_out`, :attr:`OverlayText.note`); frames too low
+for a line of text get none. Nothing is ever cut through a character.
+
+Where it is burnt: :func:`burn_text` into an RGB frame in host memory; on the device,
+:func:`device_text_kernel` (built on first use: ``import flyarchive`` and the OpenGL
+backend never import Warp), launched by :class:`flyarchive.replay.warp_compose.Composer`
+on the packed ARGB frames of a batch, each slot's text read from its state row
+(:mod:`flyarchive.replay.warp_rows`, :func:`text_codes`).
 """
 
 from __future__ import annotations
@@ -27,10 +39,13 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from flyarchive.errors import RenderOptionsError, did_you_mean
+from flyarchive.lru import LRUCache
 
 if TYPE_CHECKING:
     from flyarchive.store.header import Archive
 
+
+# ----------------------------------------------------------------------------- what it says
 #: Overlay items every archive has.
 BUILT_IN = ("world", "time", "speed")
 
@@ -110,8 +125,6 @@ class OverlayText:
     def _fit(self, items: tuple[str, ...], size: tuple[int, int]
              ) -> tuple[tuple[str, ...], tuple[str, ...]]:
         """The leading items whose widest texts fit across ``size`` together, and the rest."""
-        from flyarchive.replay.compose import max_chars
-
         room, used = max_chars(size), -1
         for i, name in enumerate(items):
             used += 1 + self._widest(name)
@@ -132,8 +145,6 @@ class OverlayText:
         """What was left out and why, for the manifest ("" when nothing was)."""
         if not self.left_out or self._size is None:
             return ""
-        from flyarchive.replay.compose import max_chars
-
         height, width = self._size
         room = max_chars(self._size)
         why = (f"{height}-pixel-high frames hold no line of text" if room == 0 else
@@ -174,3 +185,242 @@ def _format(value: Any) -> str:
     if isinstance(value, (bytes, np.bytes_)):
         return value.decode(errors="replace")
     return str(value)
+
+
+# ----------------------------------------------------------------------------- the font
+#: Pixels per character cell: width and height.
+CELL_W, CELL_H = 6, 8
+
+# One line per character: the character, a space, then its 7 rows of 5 pixels.
+_DRAWN = r"""
+  ..... ..... ..... ..... ..... ..... .....
+! ..#.. ..#.. ..#.. ..#.. ..#.. ..... ..#..
+" .#.#. .#.#. ..... ..... ..... ..... .....
+# .#.#. .#.#. ##### .#.#. ##### .#.#. .#.#.
+$ ..#.. .#### #.#.. .###. ..#.# ####. ..#..
+% ##... ##..# ...#. ..#.. .#... #..## ...##
+& .##.. #..#. #.#.. .#... #.#.# #..#. .##.#
+' ..#.. ..#.. ..... ..... ..... ..... .....
+( ...#. ..#.. .#... .#... .#... ..#.. ...#.
+) .#... ..#.. ...#. ...#. ...#. ..#.. .#...
+* ..... ..#.. #.#.# .###. #.#.# ..#.. .....
++ ..... ..#.. ..#.. ##### ..#.. ..#.. .....
+, ..... ..... ..... ..... .##.. ..#.. .#...
+- ..... ..... ..... ##### ..... ..... .....
+. ..... ..... ..... ..... ..... .##.. .##..
+/ ..... ....# ...#. ..#.. .#... #.... .....
+0 .###. #...# #..## #.#.# ##..# #...# .###.
+1 ..#.. .##.. ..#.. ..#.. ..#.. ..#.. .###.
+2 .###. #...# ....# ...#. ..#.. .#... #####
+3 ##### ...#. ..#.. ...#. ....# #...# .###.
+4 ...#. ..##. .#.#. #..#. ##### ...#. ...#.
+5 ##### #.... ####. ....# ....# #...# .###.
+6 ..##. .#... #.... ####. #...# #...# .###.
+7 ##### ....# ...#. ..#.. .#... .#... .#...
+8 .###. #...# #...# .###. #...# #...# .###.
+9 .###. #...# #...# .#### ....# ...#. .##..
+: ..... .##.. .##.. ..... .##.. .##.. .....
+; ..... .##.. .##.. ..... .##.. ..#.. .#...
+< ...#. ..#.. .#... #.... .#... ..#.. ...#.
+= ..... ..... ##### ..... ##### ..... .....
+> .#... ..#.. ...#. ....# ...#. ..#.. .#...
+? .###. #...# ....# ...#. ..#.. ..... ..#..
+@ .###. #...# ....# .##.# #.#.# #.#.# .###.
+A .###. #...# #...# ##### #...# #...# #...#
+B ####. #...# #...# ####. #...# #...# ####.
+C .###. #...# #.... #.... #.... #...# .###.
+D ###.. #..#. #...# #...# #...# #..#. ###..
+E ##### #.... #.... ####. #.... #.... #####
+F ##### #.... #.... ####. #.... #.... #....
+G .###. #...# #.... #.### #...# #...# .####
+H #...# #...# #...# ##### #...# #...# #...#
+I .###. ..#.. ..#.. ..#.. ..#.. ..#.. .###.
+J ..### ...#. ...#. ...#. ...#. #..#. .##..
+K #...# #..#. #.#.. ##... #.#.. #..#. #...#
+L #.... #.... #.... #.... #.... #.... #####
+M #...# ##.## #.#.# #.#.# #...# #...# #...#
+N #...# #...# ##..# #.#.# #..## #...# #...#
+O .###. #...# #...# #...# #...# #...# .###.
+P ####. #...# #...# ####. #.... #.... #....
+Q .###. #...# #...# #...# #.#.# #..#. .##.#
+R ####. #...# #...# ####. #.#.. #..#. #...#
+S .#### #.... #.... .###. ....# ....# ####.
+T ##### ..#.. ..#.. ..#.. ..#.. ..#.. ..#..
+U #...# #...# #...# #...# #...# #...# .###.
+V #...# #...# #...# #...# #...# .#.#. ..#..
+W #...# #...# #...# #.#.# #.#.# #.#.# .#.#.
+X #...# #...# .#.#. ..#.. .#.#. #...# #...#
+Y #...# #...# .#.#. ..#.. ..#.. ..#.. ..#..
+Z ##### ....# ...#. ..#.. .#... #.... #####
+[ .###. .#... .#... .#... .#... .#... .###.
+\ ..... #.... .#... ..#.. ...#. ....# .....
+] .###. ...#. ...#. ...#. ...#. ...#. .###.
+^ ..#.. .#.#. #...# ..... ..... ..... .....
+_ ..... ..... ..... ..... ..... ..... #####
+` .#... ..#.. ..... ..... ..... ..... .....
+a ..... ..... .###. ....# .#### #...# .####
+b #.... #.... #.##. ##..# #...# #...# ####.
+c ..... ..... .###. #.... #.... #...# .###.
+d ....# ....# .##.# #..## #...# #...# .####
+e ..... ..... .###. #...# ##### #.... .###.
+f ..##. .#..# .#... ###.. .#... .#... .#...
+g ..... .#### #...# #...# .#### ....# .###.
+h #.... #.... #.##. ##..# #...# #...# #...#
+i ..#.. ..... .##.. ..#.. ..#.. ..#.. .###.
+j ...#. ..... ..##. ...#. ...#. #..#. .##..
+k #.... #.... #..#. #.#.. ##... #.#.. #..#.
+l .##.. ..#.. ..#.. ..#.. ..#.. ..#.. .###.
+m ..... ..... ##.#. #.#.# #.#.# #...# #...#
+n ..... ..... #.##. ##..# #...# #...# #...#
+o ..... ..... .###. #...# #...# #...# .###.
+p ..... ..... ####. #...# ####. #.... #....
+q ..... ..... .##.# #..## .#### ....# ....#
+r ..... ..... #.##. ##..# #.... #.... #....
+s ..... ..... .###. #.... .###. ....# ####.
+t .#... .#... ###.. .#... .#... .#..# ..##.
+u ..... ..... #...# #...# #...# #..## .##.#
+v ..... ..... #...# #...# #...# .#.#. ..#..
+w ..... ..... #...# #...# #.#.# #.#.# .#.#.
+x ..... ..... #...# .#.#. ..#.. .#.#. #...#
+y ..... ..... #...# #...# .#### ....# .###.
+z ..... ..... ##### ...#. ..#.. .#... #####
+{ ...#. ..#.. ..#.. .#... ..#.. ..#.. ...#.
+| ..#.. ..#.. ..#.. ..#.. ..#.. ..#.. ..#..
+} .#... ..#.. ..#.. ...#. ..#.. ..#.. .#...
+~ ..... ..... .#... #.#.# ...#. ..... .....
+"""
+
+
+def _glyphs() -> np.ndarray:
+    table = np.zeros((128, CELL_H, CELL_W), np.uint8)
+    for line in _DRAWN.split("\n"):
+        if not line:
+            continue
+        rows = line[2:].split()
+        table[ord(line[0]), :len(rows), :5] = [[c == "#" for c in row] for row in rows]
+    return table
+
+
+#: ``(128, CELL_H, CELL_W)`` uint8, 1 where a character's pixel is drawn; indexed by
+#: ASCII code (control characters are blank).
+GLYPHS = _glyphs()
+
+
+def text_codes(texts: Sequence[str], max_chars: int) -> np.ndarray:
+    """Texts as ``(len(texts), max_chars)`` int32 ASCII codes, 0 after each text's end.
+
+    Characters beyond ``max_chars`` are dropped; characters outside printable ASCII
+    become ``?``.
+    """
+    codes = np.zeros((len(texts), max_chars), np.int32)
+    for i, text in enumerate(texts):
+        raw = np.frombuffer(text[:max_chars].encode("ascii", "replace"), np.uint8)
+        codes[i, :len(raw)] = np.where((raw >= 32) & (raw < 127), raw, ord("?"))
+    return codes
+
+
+# ----------------------------------------------------------------------------- on the host
+#: Top left corner of burnt-in text, pixels from the frame's left and top edges.
+TEXT_X, TEXT_Y = 2, 2
+
+
+def text_width(n_chars: int) -> int:
+    """Pixels that ``n_chars`` characters take across."""
+    return n_chars * CELL_W
+
+
+def burn_text(frame: np.ndarray, text: str, x: int = TEXT_X, y: int = TEXT_Y) -> None:
+    """Burn ``text`` into an RGB frame in place (see the module for the look).
+
+    Args:
+        frame: ``(H, W, 3)`` uint8 RGB, host memory; modified.
+        text: ASCII text (other characters show as ``?``); empty: nothing changes.
+        x, y: Top left corner of the text, pixels.
+    """
+    height, width = frame.shape[:2]
+    text = text[:max_chars((height, width), x, y)]
+    if not text:
+        return
+    codes = text_codes([text], len(text))[0]
+    mask = np.hstack(GLYPHS[codes])[: height - y, : width - x].astype(bool)
+    box = frame[y:y + mask.shape[0], x:x + mask.shape[1]]
+    box >>= 1
+    box[mask] = 255
+
+
+def max_chars(size: tuple[int, int], x: int = TEXT_X, y: int = TEXT_Y) -> int:
+    """Whole characters that fit across a frame of ``size = (H, W)`` from ``(x, y)``: 0
+    when a glyph's 7 rows do not fit below ``y`` (the last character's blank column may
+    fall outside the frame)."""
+    height, width = size
+    if y + CELL_H - 1 > height or x >= width:
+        return 0
+    return max(0, (width - x + 1) // CELL_W)
+
+
+# ----------------------------------------------------------------------------- on the device
+#: The ARGB words the kernel writes: white, opaque, and each channel halved.
+_WHITE, _OPAQUE, _HALF_MASK = 0xFFFFFFFF, 0xFF000000, 0x7F7F7F7F
+
+_KERNELS: LRUCache[str, Any] = LRUCache(1, name="overlay text kernel")
+
+
+def device_text_kernel() -> Any:
+    """The Warp kernel that burns each slot's text into a batch's packed ARGB frames, as
+    :func:`burn_text` does on the host (built once per process, on first use; this imports
+    Warp).
+
+    Launched with ``dim=(slots, cameras, chars * CELL_W * CELL_H)``, inputs ``glyphs``
+    (:data:`GLYPHS` on the device), ``states`` ``(B, nstate)`` float32 (the texts' ASCII
+    codes from column ``text_col``), ``text_col``, ``max_chars``, ``rgb_adr``, ``width``,
+    ``height``, ``x0``, ``y0``, and output ``packed`` ``(B, sum of H*W)`` uint32 ARGB.
+
+    Raises:
+        MissingDependencyError: Warp is not installed.
+    """
+    return _KERNELS.get("argb", _build_kernel)
+
+
+def _build_kernel() -> Any:
+    from flyarchive.warp_log import import_warp
+
+    wp = import_warp("Overlay text on the Warp device (flyarchive.replay.overlay_text)")
+
+    @wp.kernel
+    def burn_text_argb(
+        glyphs: wp.array3d(dtype=wp.uint8),  # (128, CELL_H, CELL_W), 1 = drawn
+        states: wp.array2d(dtype=wp.float32),  # (B, nstate): the text's ASCII codes from text_col
+        text_col: int,
+        max_chars: int,
+        rgb_adr: wp.array(dtype=int),  # (n_cameras,)
+        width: int,
+        height: int,
+        x0: int,
+        y0: int,
+        packed: wp.array2d(dtype=wp.uint32),  # (B, sum of H*W) ARGB, in place
+    ):
+        """One thread per pixel of a character cell: glyph pixels white, the rest of the cell
+        darkened to half, as :func:`burn_text`; only characters whose
+        5 x 7 glyph fits in the frame whole are drawn."""
+        world, cam, p = wp.tid()
+        k = p // (CELL_W * CELL_H)
+        q = p - k * CELL_W * CELL_H
+        gy = q // CELL_W
+        gx = q - gy * CELL_W
+        code = int(states[world, text_col + k])
+        if code <= 0 or code >= 128:
+            return
+        if x0 + CELL_W * k + 4 >= width or y0 + 6 >= height:  # the glyph would be cut
+            return
+        x = x0 + CELL_W * k + gx
+        y = y0 + gy
+        if x >= width or y >= height:
+            return
+        i = rgb_adr[cam] + y * width + x
+        if glyphs[code, gy, gx] != wp.uint8(0):
+            packed[world, i] = wp.uint32(_WHITE)
+        else:
+            half = (packed[world, i] >> wp.uint32(1)) & wp.uint32(_HALF_MASK)
+            packed[world, i] = half | wp.uint32(_OPAQUE)
+
+    return burn_text_argb

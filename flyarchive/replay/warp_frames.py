@@ -274,7 +274,7 @@ class WarpBatchRenderer:
                 The caller owns the buffers: do not submit to a buffer whose frames
                 are still in use.
             texts: One text per state, burnt into its frames (every camera) at the top
-                left (:mod:`flyarchive.replay.compose`); needs ``text_chars > 0``;
+                left (:mod:`flyarchive.replay.overlay_text`); needs ``text_chars > 0``;
                 longer texts are cut. None: no text.
             valid: Mosaic renderers: bool ``(n,)``, False for a blank tile (black,
                 whatever its state). None: every state shows.

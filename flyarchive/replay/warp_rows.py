@@ -13,7 +13,7 @@ import numpy as np
 
 from flyarchive.errors import LayoutMismatchError, NonFiniteStateError, OptionsError, SelectionError
 from flyarchive.models import camera_ids
-from flyarchive.replay.font import text_codes
+from flyarchive.replay.overlay_text import text_codes
 from flyarchive.replay.sizes import PIXEL_FORMATS, is_int, parse_frame_size
 from flyarchive.schema import finite_frames
 

@@ -12,7 +12,6 @@ and published to any fsspec URL, manifests, and decoding for checks.
 - :mod:`~flyarchive.video.decode`: :func:`read_video`, :func:`read_depth`,
   :func:`read_segmentation`;
 - :mod:`~flyarchive.video.mosaic`: many worlds tiled into one video per camera;
-- :mod:`~flyarchive.video.overlay_text`: the text burnt into each frame, from the archive;
 - :mod:`~flyarchive.video.workspace`: a render run's folders (parts, scratch), removed by
   the next run once their owner is dead;
 - :mod:`~flyarchive.video.guard`: output folders guarded as archives are (links out,

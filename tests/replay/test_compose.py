@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from flyarchive.errors import OptionsError, RenderOptionsError
-from flyarchive.replay.font import CELL_H, CELL_W, GLYPHS, text_codes
+from flyarchive.replay.mosaic_tiles import tile_frames
 from flyarchive.replay.output_kinds import (
     counts_to_depth,
     counts_to_ids,
@@ -15,7 +15,7 @@ from flyarchive.replay.output_kinds import (
     ids_to_counts,
     parse_outputs,
 )
-from flyarchive.replay.compose import TEXT_X, TEXT_Y, burn_text, tile_frames
+from flyarchive.replay.overlay_text import CELL_H, CELL_W, GLYPHS, TEXT_X, TEXT_Y, burn_text, text_codes
 from flyarchive.testing import reference_frames, rgb_to_i420, tiny_model
 from flyarchive.testing.markers import WARP_DEVICE, requires_warp
 
