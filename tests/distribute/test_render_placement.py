@@ -17,7 +17,7 @@ and what they are called, and where the work runs.
 Where work runs is seen from outside: ``distributed.LocalCluster`` and
 ``distributed.Client`` are replaced by recorders that stop the render when asked for a
 cluster (rendering on real clusters is tested in test_render_dask.py and
-test_render_warp.py).
+tests/render/test_render_warp.py).
 """
 
 from __future__ import annotations

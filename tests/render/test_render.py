@@ -1,4 +1,4 @@
-"""Archive -> mp4 and lazy frames, in this process (Dask runs are in test_render_dask.py).
+"""Archive -> mp4 and lazy frames, in this process (Dask runs are in tests/distribute/test_render_dask.py).
 
 What every backend does with an archive (frame k shows state k, NaN frames black) is in
 the replay conformance suite (tests/replay/test_opengl.py::TestOpenGLReplay).
