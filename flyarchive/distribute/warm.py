@@ -35,7 +35,7 @@ def warm_warp(device: str) -> None:
     try:
         from flyarchive.replay import warp_frames  # noqa: F401  (the import is the work)
 
-        wp = warp.wp
+        wp = warp_frames.wp
         wp.init()
         if device.startswith("cuda") and wp.get_cuda_device_count() > 0:
             wp.get_device(device).context  # noqa: B018  (creates the primary context)
