@@ -513,3 +513,31 @@ def test_the_public_modules_exist_and_declare_all():
 def test_every_module_is_listed_in_its_packages_docstring():
     assert sorted(unlisted()) == []
 
+
+
+# ----------------------------------------------------------------------------- the README's map
+def readme_layout() -> str:
+    """The README's "Layout of the code" section."""
+    text = (PACKAGE.parent / "README.md").read_text()
+    start = text.index("### Layout of the code")
+    end = text.find("\n#", start + 1)
+    return text[start:end if end != -1 else None]
+
+
+def unmapped() -> list[str]:
+    """The packages (``name/``) and top-level modules (``name`` or ``name.py``) of flyarchive
+    that the README's "Layout of the code" does not name."""
+    section = readme_layout()
+    missing = []
+    for path in sorted(PACKAGE.iterdir()):
+        if path.is_dir() and (path / "__init__.py").exists():
+            if f"`{path.name}/`" not in section:
+                missing.append(f"{path.name}/")
+        elif path.suffix == ".py" and path.name != "__init__.py":
+            if f"`{path.stem}`" not in section and f"`{path.name}`" not in section:
+                missing.append(path.name)
+    return missing
+
+
+def test_the_readmes_layout_of_the_code_maps_every_package_and_top_level_module():
+    assert unmapped() == []
