@@ -8,7 +8,7 @@ built, frames rendered, frames piped into ffmpeg, the mp4 finished, the mp4 publ
 under its final name. At each step the Python call stack of the thread doing it is looked
 at, and the flyarchive modules with a function on it (the step's own function included)
 are noted. The main line is every module noted, but the base modules (errors, config,
-schema, layout, clock, codecs, models, warp_log) and the store (a step that enters the
+schema, layout, clock, codecs, models, warp_log, lru, archive_spec) and the store (a step that enters the
 store goes on in how zarr is read), the models package's module of the store's floor
 included; its module of the analysis's floor (:mod:`flyarchive.models.shipping`) is
 counted. A module whose functions are called and return between steps (an argument
@@ -42,7 +42,7 @@ from flyarchive.testing.markers import WARP_BACKEND, requires_warp
 MOST = 9
 #: Not counted: the base modules, and the store (the code below a step that reads zarr).
 NOT_COUNTED = ("errors", "config", "schema", "layout", "clock", "codecs", "models", "warp_log",
-               "store")
+               "lru", "archive_spec", "store")
 OPENGL = ["flyarchive.cli.commands", "flyarchive.distribute.api", "flyarchive.render.plan",
           "flyarchive.render.opengl_pipeline", "flyarchive.render.renderer_cache",
           "flyarchive.replay.opengl_frames",
