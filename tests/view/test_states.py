@@ -121,7 +121,7 @@ def test_a_damaged_chunk_is_named_as_the_dataset_names_it(uneven, tmp_path, dama
     assert fragment in str(caught.value) and fragment in str(by_dataset.value)
     assert "flyarchive verify" in str(caught.value)
     assert viewed.states([10])[0]["qpos"].shape[0] == 20  # other shards still read
-    assert 12 not in viewed._cache and 13 not in viewed._cache
+    assert 12 not in viewed._kept_states and 13 not in viewed._kept_states
     assert snapshot(url) == before  # nothing written
 
 
