@@ -28,19 +28,21 @@ tests/test_layout_rules.py checks it):
   :mod:`flyarchive.archive_spec` (what is fixed when an archive is created, and a block of
   frames to commit: what a recorder hands to the store, checked before anything is written);
 - :mod:`flyarchive.record`: recorders sample state when a frame is due (bound to the
-  store by :mod:`flyarchive.recorders`, an application);
+  store by :mod:`flyarchive.recorders`);
 - :mod:`flyarchive.store`: the code that opens, writes and commits zarr archives;
 - :mod:`flyarchive.query`: archives as lazy, validated xarray Datasets; selections;
 - :mod:`flyarchive.analyze`: forward kinematics of keypoints, gait measures;
-- :mod:`flyarchive.replay`: position-only kinematics and rasterizing (OpenGL, Warp);
+- :mod:`flyarchive.replay`: the renderers: states in, frames out (position-only kinematics,
+  then OpenGL or Warp), overlay text;
 - :mod:`flyarchive.video`: frames to mp4 and lossless maps, manifests, output folders;
-- :mod:`flyarchive.render`: how one process turns an archive into videos;
+- :mod:`flyarchive.render`: the pipelines: how one process turns an archive into videos with
+  the renderers;
 - :mod:`flyarchive.distribute`: where render work runs (this process, Dask, GPUs);
-- applications: :mod:`flyarchive.cli` (the ``flyarchive`` command, with
-  :mod:`flyarchive.cli.args`: the parsers its subcommands share,
-  :mod:`flyarchive.cli.analysis`: analysis), :mod:`flyarchive.demo`, :mod:`flyarchive.plot`,
-  :mod:`flyarchive.summary` (``flyarchive info``), :mod:`flyarchive.view` (the web
-  viewer), :mod:`flyarchive.interop` (flygym, movement, NWB).
+- applications: :mod:`flyarchive.cli` (the ``flyarchive`` command),
+  :mod:`flyarchive.recorders` (the public recorders bound to the store, and recordings
+  read back), :mod:`flyarchive.demo`, :mod:`flyarchive.plot`, :mod:`flyarchive.summary`
+  (``flyarchive info``), :mod:`flyarchive.view` (the web viewer), :mod:`flyarchive.interop`
+  (flygym, movement, NWB).
 
 :mod:`flyarchive.testing` is test support; no product module imports it.
 """
