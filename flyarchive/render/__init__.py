@@ -1,12 +1,13 @@
-"""Render: how one process turns an archive into videos. Where that work runs (this
-process, a local cluster, a given scheduler, GPUs) is decided by :mod:`flyarchive.distribute`;
-nothing here imports it.
+"""Render: the pipelines, how one process turns an archive into videos: states read from
+the archive, frames drawn by the renderers of :mod:`flyarchive.replay`, encoded by
+:mod:`flyarchive.video`. Where that work runs (this process, a local cluster, a given
+scheduler, GPUs) is decided by :mod:`flyarchive.distribute`; nothing here imports it.
 
 The two pipelines, side by side, each read states, render, encode, and each renders a
 whole plan in this process:
 
-- :mod:`flyarchive.render.opengl_pipeline`: backend ``"opengl"``: segments of a world's frames read,
-  rendered one frame at a time (overlays and mosaics composed on the host), encoded, and
+- :mod:`flyarchive.render.opengl_pipeline`: backend ``"opengl"``: segments of a world's
+  frames read, rendered one frame at a time (overlays and mosaics composed on the host), encoded, and
   joined without re-encoding (every video of a plan in this thread: ``render_here``; on
   render threads, one GL context each: ``render_threads``);
 - :mod:`flyarchive.render.warp_pipeline`: backends ``"gpu"`` and ``"warp-cpu"``: batches of states
