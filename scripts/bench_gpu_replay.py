@@ -301,7 +301,7 @@ def _prerendered(st: ReplayStates, args: argparse.Namespace, device: str) -> _Pr
 def _encode_only(url: str, st: ReplayStates, out: Path, args: argparse.Namespace, backend: str,
                  stub: _Prerendered, preset: str | None) -> None:
     """Row 3 with the renderer replaced by ``stub`` (frames rendered beforehand)."""
-    from flyarchive.render import warp_pipeline as warp_pipeline
+    from flyarchive.render import warp_pipeline
 
     with mock.patch.object(warp_pipeline, "warp_renderer", lambda *_, **__: stub):
         _flyarchive(url, st, out, args, backend, preset=preset)

@@ -276,7 +276,7 @@ def test_warp_cpu_runs_in_this_process_unless_worker_processes_are_asked_for():
 
 @pytest.mark.skipif(BACKEND != "warp-cpu", reason="render threads are warp-cpu's")
 def test_render_threads_make_the_videos_one_thread_makes(tiny_archive, tmp_path):
-    from flyarchive.render import warp_pipeline as warp_pipeline
+    from flyarchive.render import warp_pipeline
     from flyarchive.render.diagnostics import PipelineProfile
     from flyarchive.render.warp_pipeline import render_threads
 
