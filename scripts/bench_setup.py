@@ -43,8 +43,8 @@ process's first call <= 2 s (CUDA); a render's first frame <= 2.5 s on the GPU a
 <= 1.5 s on the CPU (OpenGL, warp-cpu); ``cli / pipelined`` >= 0.9.
 
 NeuroMechFly on a host without flygym: ``--export DIR`` (here, with flygym) writes
-``DIR/nmf.zip`` (its spec with assets, ``MjSpec.to_zip``: compiles on MuJoCo 3.16 and
-4.0.1 alike) and the walks under ``DIR/walks``; there, ``--model-file DIR/nmf.zip
+``DIR/nmf.zip`` (its portable form: the spec zip with its meshes inside; compiles on
+MuJoCo 3.16 and 4.0.1 alike) and the walks under ``DIR/walks``; there, ``--model-file DIR/nmf.zip
 --cache DIR`` builds the archives from them (they are cached in ``DIR``, named by the
 MuJoCo release, whose MJB the archives keep).
 

@@ -437,8 +437,9 @@ def nmf_world(model_file: str | Path | None = None) -> Any:
 
 
 def export_nmf(folder: Path, walk_frames: Iterable[int]) -> dict[str, str]:
-    """For a host without flygym: ``folder/nmf.zip`` (NeuroMechFly's spec with its assets,
-    MuJoCo's ``MjSpec.to_zip``; compiles on 3.16 and 4.0.1 alike) and the walks of
+    """For a host without flygym: ``folder/nmf.zip`` (NeuroMechFly's portable form, a spec
+    zip with its meshes inside, :func:`flyarchive.models.portable_model`; compiles on 3.16
+    and 4.0.1 alike, on a host without flygym's files) and the walks of
     ``walk_frames`` frames under ``folder/walks`` (:func:`nmf_walk`, simulated here)."""
     import flygym.compose as compose
 
@@ -456,8 +457,11 @@ def export_nmf(folder: Path, walk_frames: Iterable[int]) -> dict[str, str]:
         world = build_world()
     finally:
         compose.FlatGroundWorld.compile = compile_world  # type: ignore[method-assign]
+    from flyarchive.models import portable_model
+
     folder.mkdir(parents=True, exist_ok=True)
-    specs[0].to_zip(str(folder / "nmf.zip"))
+    # MjSpec.to_zip keeps the meshes' absolute paths (flygym's files), not the meshes.
+    (folder / "nmf.zip").write_bytes(portable_model(specs[0], model=world.model).blob)
     walks = [nmf_walk(n, world=world, cache=folder / "walks") for n in walk_frames]
     return {"model": str(folder / "nmf.zip"),
             "walks": ", ".join(f"{len(w)} frames" for w in walks)}
