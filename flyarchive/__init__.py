@@ -26,20 +26,24 @@ tests/test_layout_rules.py checks it):
   :mod:`flyarchive.warp_log` (Warp imported quietly, kernels compiled once),
   :mod:`flyarchive.lru` (what a process keeps between calls: a small bounded cache),
   :mod:`flyarchive.zarr_internals` (the only module that touches zarr's internals);
+  :mod:`flyarchive.archive_spec` (what is fixed when an archive is created, and a block of
+  frames to commit: what a recorder hands to the store, checked before anything is written);
 - :mod:`flyarchive.record`: recorders sample state when a frame is due (bound to the
-  store by :mod:`flyarchive.recorders`, an application);
+  store by :mod:`flyarchive.recorders`);
 - :mod:`flyarchive.store`: the code that opens, writes and commits zarr archives;
 - :mod:`flyarchive.query`: archives as lazy, validated xarray Datasets; selections;
 - :mod:`flyarchive.analyze`: forward kinematics of keypoints, gait measures;
-- :mod:`flyarchive.replay`: position-only kinematics and rasterizing (OpenGL, Warp);
+- :mod:`flyarchive.replay`: the renderers: states in, frames out (position-only kinematics,
+  then OpenGL or Warp), overlay text;
 - :mod:`flyarchive.video`: frames to mp4 and lossless maps, manifests, output folders;
-- :mod:`flyarchive.render`: how one process turns an archive into videos;
+- :mod:`flyarchive.render`: the pipelines: how one process turns an archive into videos with
+  the renderers;
 - :mod:`flyarchive.distribute`: where render work runs (this process, Dask, GPUs);
-- applications: :mod:`flyarchive.cli` (the ``flyarchive`` command, with
-  :mod:`flyarchive.cli_args`: the parsers its subcommands share,
-  :mod:`flyarchive.cli_analyze`: analysis), :mod:`flyarchive.demo`, :mod:`flyarchive.plot`,
-  :mod:`flyarchive.summary` (``flyarchive info``), :mod:`flyarchive.view` (the web
-  viewer), :mod:`flyarchive.interop` (flygym, movement, NWB).
+- applications: :mod:`flyarchive.cli` (the ``flyarchive`` command),
+  :mod:`flyarchive.recorders` (the public recorders bound to the store, and recordings
+  read back), :mod:`flyarchive.demo`, :mod:`flyarchive.plot`, :mod:`flyarchive.summary`
+  (``flyarchive info``), :mod:`flyarchive.view` (the web viewer), :mod:`flyarchive.interop`
+  (flygym, movement, NWB).
 
 :mod:`flyarchive.testing` is test support; no product module imports it.
 """
@@ -64,18 +68,18 @@ _LAZY = {
     "VideoJob": "flyarchive.query",
     "dof_labels": "flyarchive.query.dofs",
     "select_dofs": "flyarchive.query.dofs",
-    "TrajectoryRecorder": "flyarchive.recorders",
+    "TrajectoryRecorder": "flyarchive.recorders.trajectory_recorder",
     "SCHEMA_VERSION": "flyarchive.schema",
     "validate": "flyarchive.schema",
-    "WarpTrajectoryRecorder": "flyarchive.recorders",
+    "WarpTrajectoryRecorder": "flyarchive.recorders.warp_trajectory_recorder",
     "render_videos": "flyarchive.distribute.api",
     "render_frames": "flyarchive.distribute.frames",
     "RenderOptions": "flyarchive.render.options",
     "RenderResult": "flyarchive.distribute.api",
     "default_video_options": "flyarchive.render.options",
     "PipelineProfile": "flyarchive.render.diagnostics",
-    "OpenGLRenderer": "flyarchive.replay.opengl",
-    "WarpBatchRenderer": "flyarchive.replay.warp",
+    "OpenGLRenderer": "flyarchive.replay.opengl_frames",
+    "WarpBatchRenderer": "flyarchive.replay.warp_frames",
     "VideoOptions": "flyarchive.video.mp4",
     "read_video": "flyarchive.video.decode",
     "read_depth": "flyarchive.video.decode",
@@ -89,7 +93,7 @@ _LAZY = {
     "attach_model": "flyarchive.models.kept",
     "save_mjb": "flyarchive.models.mjb",
     "set_trajectory_recorder": "flyarchive.interop.flygym_sim",
-    "read_trajectories": "flyarchive.interop.trajectories",
+    "read_trajectories": "flyarchive.recorders.trajectories",
     "add_world_vars": "flyarchive.store.world_vars",
     "positions": "flyarchive.analyze",
     "load_positions": "flyarchive.analyze",
@@ -114,7 +118,7 @@ __all__ = [*_errors_all, *_LAZY]
 #: Old names, kept working with a DeprecationWarning: old name -> (what it is now, its
 #: module, since, the warning's words).
 _DEPRECATED = {
-    "CpuRenderer": ("OpenGLRenderer", "flyarchive.replay.opengl", "0.2",
+    "CpuRenderer": ("OpenGLRenderer", "flyarchive.replay.opengl_frames", "0.2",
                     "flyarchive.CpuRenderer is flyarchive.OpenGLRenderer since flyarchive 0.2 "
                     "(it is the OpenGL renderer)"),
     "load_model": ("load_archive_or_file", "flyarchive.models.kept", "0.2",

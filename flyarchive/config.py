@@ -293,7 +293,7 @@ def gl_backend() -> str:
     (MuJoCo's own choice: CGL on macOS, GLFW elsewhere).
 
     Nothing is written to ``os.environ``: MuJoCo's own choice for other code stays as it
-    was (see :func:`flyarchive.replay.opengl.headless_renderer`).
+    was (see :func:`flyarchive.replay.opengl_frames.headless_renderer`).
     """
     value = os.environ.get("MUJOCO_GL", "").strip().lower()
     if value:

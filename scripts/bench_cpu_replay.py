@@ -329,7 +329,7 @@ def _child_cli(spec: dict[str, Any], model: Any) -> dict[str, Any]:
 
 
 def _child_renderer(spec: dict[str, Any], model: Any) -> dict[str, Any]:
-    from flyarchive.replay.opengl import OpenGLRenderer
+    from flyarchive.replay.opengl_frames import OpenGLRenderer
 
     _, qpos, _ = _states(spec["url"])
     start = time.perf_counter()
@@ -448,7 +448,7 @@ def _child_warp_dask(spec: dict[str, Any], model: Any) -> dict[str, Any]:
 def _child_profile(spec: dict[str, Any], model: Any) -> dict[str, Any]:
     """Seconds spent per stage of archive -> mp4 for all frames, measured one by one."""
     from flyarchive.query import open_archive
-    from flyarchive.replay.opengl import OpenGLRenderer
+    from flyarchive.replay.opengl_frames import OpenGLRenderer
     from flyarchive.video import VideoOptions, VideoWriter, concat_segments
 
     size, seg = tuple(spec["size"]), spec["segment_frames"]

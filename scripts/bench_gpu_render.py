@@ -41,7 +41,7 @@ def main() -> None:
 
     import warp as wp
 
-    from flyarchive.replay.warp import WarpBatchRenderer
+    from flyarchive.replay.warp_frames import WarpBatchRenderer
 
     wp.config.quiet = True
     device = {"cuda": "cuda:0", "cpu": "cpu"}[args.device] if args.device else None

@@ -200,7 +200,7 @@ def _flat(st: ReplayStates, batch: int) -> tuple[np.ndarray, tuple[np.ndarray, .
 
 def _renderer_rows(st: ReplayStates, args: argparse.Namespace,
                    device: str) -> tuple[dict[str, Any], dict[str, Any]]:
-    from flyarchive.replay.warp import WarpBatchRenderer
+    from flyarchive.replay.warp_frames import WarpBatchRenderer
 
     states, mocap, b = _flat(st, args.batch)
     start = time.perf_counter()
@@ -246,7 +246,7 @@ def _renderer_rows(st: ReplayStates, args: argparse.Namespace,
 
 def _pipelined_row(st: ReplayStates, args: argparse.Namespace, device: str) -> dict[str, Any]:
     """yuv420p batches submitted one ahead of the one waited for: the GPU stage's limit."""
-    from flyarchive.replay.warp import WarpBatchRenderer
+    from flyarchive.replay.warp_frames import WarpBatchRenderer
 
     states, mocap, b = _flat(st, args.batch)
     start = time.perf_counter()
@@ -289,7 +289,7 @@ class _Prerendered:
 
 def _prerendered(st: ReplayStates, args: argparse.Namespace, device: str) -> _Prerendered:
     """The first batch's yuv420p frames, rendered once, handed out for every batch."""
-    from flyarchive.replay.warp import WarpBatchRenderer
+    from flyarchive.replay.warp_frames import WarpBatchRenderer
 
     states, mocap, b = _flat(st, args.batch)
     renderer = WarpBatchRenderer(st.model, st.camera, args.size, batch_worlds=b, device=device,
@@ -301,7 +301,7 @@ def _prerendered(st: ReplayStates, args: argparse.Namespace, device: str) -> _Pr
 def _encode_only(url: str, st: ReplayStates, out: Path, args: argparse.Namespace, backend: str,
                  stub: _Prerendered, preset: str | None) -> None:
     """Row 3 with the renderer replaced by ``stub`` (frames rendered beforehand)."""
-    from flyarchive.render import warp as warp_pipeline
+    from flyarchive.render import warp_pipeline
 
     with mock.patch.object(warp_pipeline, "warp_renderer", lambda *_, **__: stub):
         _flyarchive(url, st, out, args, backend, preset=preset)
@@ -333,7 +333,7 @@ def _flyarchive(url: str, st: ReplayStates, out: Path, args: argparse.Namespace,
 
 def _no_graph(run: Callable[[], None]) -> None:
     """``run()`` with a fresh renderer that launches kernel by kernel (no CUDA graph)."""
-    from flyarchive.render.renderers import clear_renderers
+    from flyarchive.render.renderer_cache import clear_renderers
 
     clear_renderers()
     try:
@@ -373,7 +373,7 @@ def _warm_up(url: str, st: ReplayStates, args: argparse.Namespace, device: str, 
     cached renderer is dropped, and flygym builds its own on every call anyway.
     """
     from flyarchive.distribute.api import RenderOptions, render_videos
-    from flyarchive.render.renderers import clear_renderers
+    from flyarchive.render.renderer_cache import clear_renderers
 
     options = RenderOptions(size=args.size, backend=backend, batch_worlds=args.batch)
     render_videos(url, st.model, st.camera, str(out / "fa"), worlds=[0], time=(0.0, 0.0),

@@ -96,7 +96,7 @@ WALKS = (250 + JITTER.start_margin, 100 + JITTER.start_margin, 100)
 SIZE = (240, 320)
 #: Packages whose cumulative import time the ``imports`` line reports.
 IMPORTS = ("mujoco_warp", "warp", "mujoco", "zarr", "xarray", "dask.array", "distributed",
-           "numpy", "flyarchive.store", "flyarchive.render.warp", "flyarchive.replay.warp",
+           "numpy", "flyarchive.store", "flyarchive.render.warp_pipeline", "flyarchive.replay.warp_frames",
            "flyarchive.distribute.api", "flyarchive.cli")
 
 #: Written to a temporary folder put first on PYTHONPATH of the rendering processes:
@@ -106,7 +106,7 @@ import os, sys, time, importlib.abc, importlib.util
 _OUT = os.environ.get("FLYARCHIVE_BENCH_FIRST_FRAME")
 class _Hook(importlib.abc.MetaPathFinder):
     def find_spec(self, name, path, target=None):
-        if name != "flyarchive.video.outputs":
+        if name != "flyarchive.video.output_files":
             return None
         sys.meta_path.remove(self)
         spec = importlib.util.find_spec(name)

@@ -6,16 +6,17 @@ imports only from the stages before it, in the order of the data flow
     base <- record <- store <- query <- analyze <- replay <- video <- render <- distribute
          <- applications
 
-Record imports only the base modules: what a recorder produces (:class:`ArchiveSpec`,
-:class:`FrameBlock`, :mod:`flyarchive.record.spec`) is the record stage's, and the store
-imports it; recorders hand blocks of frames to a sink (:mod:`flyarchive.record.sink`, the
-protocols the store's writer implements), and the public recorders are bound to the store
-and query by an application module (:mod:`flyarchive.recorders`). Render (how
-one process turns an archive into videos) never imports distribute (where that work runs).
+Record imports only the base modules, and the store never imports the record stage: what
+a recorder hands the store (:class:`ArchiveSpec`, :class:`FrameBlock`) is a base module's
+(:mod:`flyarchive.archive_spec`); recorders hand blocks of frames to a sink
+(:mod:`flyarchive.record.sink`, the protocols the store's writer implements), and the public
+recorders are bound to the store and query by an application package
+(:mod:`flyarchive.recorders`). Render (how one process turns an archive into videos) never
+imports distribute (where that work runs).
 
 Base modules (errors, schema, layout, clock, codecs, models, config, warp_log, lru,
-zarr_internals) import only each other; applications (cli, demo, plot, summary, recorders,
-interop, view, and the package's own ``__init__``) may import anything;
+zarr_internals, archive_spec) import only each other; applications (cli, demo, plot, summary,
+recorders, interop, view, and the package's own ``__init__``) may import anything;
 ``flyarchive.testing`` is not part of the product and may import anything too.
 
 The models package is the one home of models, and spans floors (:data:`FLOORS`): its
@@ -48,12 +49,11 @@ import pytest
 PACKAGE = Path(__file__).resolve().parents[1] / "flyarchive"
 
 BASE = frozenset({"errors", "schema", "layout", "clock", "codecs", "models", "config", "warp_log",
-                  "lru", "zarr_internals"})
+                  "lru", "zarr_internals", "archive_spec"})
 STAGES = ("record", "store", "query", "analyze", "replay", "video", "render", "distribute")
 #: Modules of a base package that are of a later stage's floor: module -> stage.
 FLOORS = {"flyarchive.models.kept": "store", "flyarchive.models.shipping": "analyze"}
-APPLICATIONS = frozenset({"cli", "cli_args", "cli_analyze", "demo", "plot", "summary",
-                          "recorders", "interop", "view", "__main__"})
+APPLICATIONS = frozenset({"cli", "demo", "plot", "summary", "recorders", "interop", "view"})
 TEST_SUPPORT = "flyarchive.testing"
 
 #: The public modules: the package's face (``flyarchive``), the errors, the environment
@@ -254,13 +254,13 @@ def test_imports_inside_functions_and_relative_imports_are_read():
         "def load():\n"
         "    from flyarchive.store import writer\n"
         "    from .selection import select_frames\n"
-        "    import flyarchive.replay.opengl\n"
+        "    import flyarchive.replay.opengl_frames\n"
     )
 
     found = imports_in(source, "flyarchive.query.archive", "flyarchive.query")
 
     assert found == {"flyarchive.errors", "flyarchive.store.writer", "flyarchive.query.selection",
-                     "flyarchive.replay.opengl"}
+                     "flyarchive.replay.opengl_frames"}
 
 
 def test_cycles_are_found_and_named():
@@ -332,6 +332,78 @@ def test_the_models_package_imports_its_base_modules_only_and_loads_the_others_l
 
     assert eager and sorted(t for t in eager if layer(t)[0] != 0) == []
     assert lazy and lazy <= set(FLOORS)  # what it loads on first use: modules above the base
+
+
+# ----------------------------------------------------------------------------- packages
+def room(name: str) -> str:
+    """The package (or top-level module) module ``name`` is of: ``flyarchive.store.writer``
+    -> ``flyarchive.store``; a module of :data:`FLOORS` is of its floor's package
+    (``flyarchive.models.kept`` stands with the store)."""
+    return f"flyarchive.{FLOORS[name]}" if name in FLOORS else ".".join(name.split(".")[:2])
+
+
+def package_graph() -> dict[str, frozenset[str]]:
+    """Which packages and top-level modules of the product import which others (the
+    package's own ``__init__``, which re-exports the API on top, left out)."""
+    edges: dict[str, set[str]] = {}
+    for importer, targets in graph().items():
+        if importer == "flyarchive" or not is_product(importer):
+            continue
+        here = room(importer)
+        edges.setdefault(here, set()).update(
+            room(t) for t in targets if t != "flyarchive" and is_product(t) and room(t) != here)
+    return {name: frozenset(targets) for name, targets in edges.items()}
+
+
+#: Module names that name one thing in several packages, and why. A basename says what a
+#: module holds; the same name in two packages would be two things under one name.
+SHARED_BASENAMES = {
+    "__init__.py": "Python's name for a package's face (each lists its package's modules)",
+}
+
+
+def repeated_basenames() -> dict[str, list[str]]:
+    """``basename -> its paths`` for each module basename used more than once under
+    flyarchive/ (test support included), but :data:`SHARED_BASENAMES`."""
+    paths: dict[str, list[str]] = {}
+    for path in sorted(PACKAGE.rglob("*.py")):
+        paths.setdefault(path.name, []).append(str(path.relative_to(PACKAGE.parent)))
+    return {name: found for name, found in paths.items()
+            if len(found) > 1 and name not in SHARED_BASENAMES}
+
+
+def test_no_import_loop_between_packages_applications_included():
+    found = cycles(package_graph())
+
+    assert found == [], " ; ".join(" -> ".join(a_cycle_through(c, package_graph()))
+                                   for c in found)
+
+
+def test_a_loop_between_two_packages_is_found_although_no_module_loop_is():
+    edges = {"flyarchive.recorders": frozenset({"flyarchive.interop"}),
+             "flyarchive.interop": frozenset({"flyarchive.recorders"})}
+
+    assert cycles(edges) == [frozenset(edges)]
+    assert room("flyarchive.recorders.stored_archives") == "flyarchive.recorders"
+    assert room("flyarchive.models.kept") == "flyarchive.store"
+
+
+def test_the_store_never_imports_the_record_stage():
+    found = sorted((importer, target) for importer, targets in graph().items()
+                   if is_product(importer) and layer(importer)[1] == "store"
+                   for target in targets if is_product(target) and layer(target)[1] == "record")
+
+    assert found == [], "what both need belongs to a base module (as flyarchive.archive_spec)"
+
+
+def test_no_module_basename_is_used_for_two_things():
+    assert repeated_basenames() == {}
+
+
+def test_each_shared_basename_is_still_shared():
+    counts = {name: len(list(PACKAGE.rglob(name))) for name in SHARED_BASENAMES}
+
+    assert {name: n for name, n in counts.items() if n < 2} == {}
 
 
 # ----------------------------------------------------------------------------- the public line
@@ -440,3 +512,31 @@ def test_the_public_modules_exist_and_declare_all():
 def test_every_module_is_listed_in_its_packages_docstring():
     assert sorted(unlisted()) == []
 
+
+
+# ----------------------------------------------------------------------------- the README's map
+def readme_layout() -> str:
+    """The README's "Layout of the code" section."""
+    text = (PACKAGE.parent / "README.md").read_text()
+    start = text.index("### Layout of the code")
+    end = text.find("\n#", start + 1)
+    return text[start:end if end != -1 else None]
+
+
+def unmapped() -> list[str]:
+    """The packages (``name/``) and top-level modules (``name`` or ``name.py``) of flyarchive
+    that the README's "Layout of the code" does not name."""
+    section = readme_layout()
+    missing = []
+    for path in sorted(PACKAGE.iterdir()):
+        if path.is_dir() and (path / "__init__.py").exists():
+            if f"`{path.name}/`" not in section:
+                missing.append(f"{path.name}/")
+        elif path.suffix == ".py" and path.name != "__init__.py":
+            if f"`{path.stem}`" not in section and f"`{path.name}`" not in section:
+                missing.append(path.name)
+    return missing
+
+
+def test_the_readmes_layout_of_the_code_maps_every_package_and_top_level_module():
+    assert unmapped() == []

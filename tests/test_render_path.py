@@ -8,7 +8,7 @@ built, frames rendered, frames piped into ffmpeg, the mp4 finished, the mp4 publ
 under its final name. At each step the Python call stack of the thread doing it is looked
 at, and the flyarchive modules with a function on it (the step's own function included)
 are noted. The main line is every module noted, but the base modules (errors, config,
-schema, layout, clock, codecs, models, warp_log) and the store (a step that enters the
+schema, layout, clock, codecs, models, warp_log, lru, archive_spec) and the store (a step that enters the
 store goes on in how zarr is read), the models package's module of the store's floor
 included; its module of the analysis's floor (:mod:`flyarchive.models.shipping`) is
 counted. A module whose functions are called and return between steps (an argument
@@ -42,13 +42,15 @@ from flyarchive.testing.markers import WARP_BACKEND, requires_warp
 MOST = 9
 #: Not counted: the base modules, and the store (the code below a step that reads zarr).
 NOT_COUNTED = ("errors", "config", "schema", "layout", "clock", "codecs", "models", "warp_log",
-               "store")
-OPENGL = ["flyarchive.cli", "flyarchive.distribute.api", "flyarchive.render.plan",
-          "flyarchive.render.opengl", "flyarchive.render.renderers", "flyarchive.replay.opengl",
-          "flyarchive.video.outputs", "flyarchive.video.mp4"]
-WARP = ["flyarchive.cli", "flyarchive.distribute.api", "flyarchive.render.plan",
-        "flyarchive.render.warp", "flyarchive.render.renderers", "flyarchive.replay.warp",
-        "flyarchive.render.encoders", "flyarchive.video.outputs", "flyarchive.video.mp4"]
+               "lru", "archive_spec", "store")
+OPENGL = ["flyarchive.cli.commands", "flyarchive.distribute.api", "flyarchive.render.plan",
+          "flyarchive.render.opengl_pipeline", "flyarchive.render.renderer_cache",
+          "flyarchive.replay.opengl_frames",
+          "flyarchive.video.output_files", "flyarchive.video.mp4"]
+WARP = ["flyarchive.cli.commands", "flyarchive.distribute.api", "flyarchive.render.plan",
+        "flyarchive.render.warp_pipeline", "flyarchive.render.renderer_cache",
+        "flyarchive.replay.warp_frames",
+        "flyarchive.render.encoders", "flyarchive.video.output_files", "flyarchive.video.mp4"]
 
 
 def steps(backend: str) -> dict[str, list[Callable[..., Any]]]:
@@ -57,7 +59,7 @@ def steps(backend: str) -> dict[str, list[Callable[..., Any]]]:
     from flyarchive.store.opener import open_for_reading
     from flyarchive.store.reader import StateReader
     from flyarchive.video.mp4 import VideoWriter, concat_segments
-    from flyarchive.video.outputs import write_output
+    from flyarchive.video.output_files import write_output
 
     found: dict[str, list[Callable[..., Any]]] = {
         "archive opened": [open_for_reading],
@@ -68,12 +70,12 @@ def steps(backend: str) -> dict[str, list[Callable[..., Any]]]:
         "mp4 published": [write_output],  # with a URL ending in .mp4
     }
     if backend == "opengl":
-        from flyarchive.replay.opengl import OpenGLRenderer
+        from flyarchive.replay.opengl_frames import OpenGLRenderer
 
         found["renderer built"] = [OpenGLRenderer.__init__]
         found["frames rendered"] = [OpenGLRenderer.render_frame, OpenGLRenderer.render_outputs]
     else:
-        from flyarchive.replay.warp import WarpBatchRenderer
+        from flyarchive.replay.warp_frames import WarpBatchRenderer
 
         found["renderer built"] = [WarpBatchRenderer.__init__]
         found["frames rendered"] = [WarpBatchRenderer.submit]
@@ -139,7 +141,7 @@ def render(archive: tuple[str, str], out: str, backend: str, *where: str
            ) -> tuple[int, list[str], set[str]]:
     """``flyarchive render`` of world 1 (``where``: ``--workers 0`` unless given); the exit
     status, and the :func:`main_line` of this process."""
-    from flyarchive.render.renderers import clear_renderers, close_thread_renderers
+    from flyarchive.render.renderer_cache import clear_renderers, close_thread_renderers
 
     clear_renderers()  # renderers kept from earlier tests would skip the step that builds one
     close_thread_renderers()
@@ -184,6 +186,6 @@ def test_a_render_on_a_cluster_adds_only_the_cluster_on_this_side(archive, tmp_p
     assert code == 0 and (tmp_path / "v" / "world00001" / "front.mp4").is_file()
     assert seen == {"cluster started or connected", "archive opened", "plan made",
                     "tasks sent to the cluster"}
-    assert sorted(modules) == ["flyarchive.cli", "flyarchive.distribute.api",
+    assert sorted(modules) == ["flyarchive.cli.commands", "flyarchive.distribute.api",
                                "flyarchive.distribute.cluster", "flyarchive.render.plan"], modules
     assert len({*modules, *here}) <= MOST  # the workers' side: the render's in this process

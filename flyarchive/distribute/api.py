@@ -5,7 +5,7 @@
 no xarray or dask), selects frames (:mod:`flyarchive.query.selection`), reads the kept
 model through the same opened group, makes a plan (:mod:`flyarchive.render.plan`), checks
 it before any work, and runs it where it belongs (:func:`run_plan`): in this process
-(:mod:`flyarchive.render.opengl`, :mod:`flyarchive.render.warp`), on a local Dask cluster
+(:mod:`flyarchive.render.opengl_pipeline`, :mod:`flyarchive.render.warp_pipeline`), on a local Dask cluster
 it starts, or on the cluster given (which one: see :func:`render_videos`): OpenGL's
 segments and joins (:func:`run_segments`), Warp's groups of whole videos
 (:mod:`flyarchive.distribute.warp_runs`).
@@ -34,7 +34,7 @@ from flyarchive.render.diagnostics import progress_bar
 from flyarchive.render.options import RenderOptions
 from flyarchive.render.output_plan import plan_outputs
 from flyarchive.render.plan import Job, OnVideo, RenderPlan, absolute_url, preflight
-from flyarchive.render.renderers import keep_archive
+from flyarchive.render.renderer_cache import keep_archive
 from flyarchive.replay import WARP_BACKENDS
 from flyarchive.replay.releases import pin_release_defaults, recorded_release
 from flyarchive.replay.sizes import is_int
@@ -330,12 +330,12 @@ def run_plan(plan: RenderPlan, blob: bytes, parts: str, where: Where = Where(), 
     """Render every video of ``plan``; their manifest entries, in plan order.
 
     Where :func:`~flyarchive.distribute.placement.placement` says. OpenGL: in this thread
-    (:func:`flyarchive.render.opengl.render_here`), on render threads of this process,
-    each with its own GL context (:func:`flyarchive.render.opengl.render_threads`), or as
+    (:func:`flyarchive.render.opengl_pipeline.render_here`), on render threads of this process,
+    each with its own GL context (:func:`flyarchive.render.opengl_pipeline.render_threads`), or as
     (world, frame segment) tasks on a Dask cluster joined per video
     (:func:`run_segments`). Warp: :func:`~flyarchive.distribute.placement.placement`
-    says: in this thread (:func:`flyarchive.render.warp.render_jobs`), on render threads
-    sharing Warp's CPU device (:func:`flyarchive.render.warp.render_threads`), or as
+    says: in this thread (:func:`flyarchive.render.warp_pipeline.render_jobs`), on render threads
+    sharing Warp's CPU device (:func:`flyarchive.render.warp_pipeline.render_threads`), or as
     groups of whole videos on Dask workers
     (:func:`flyarchive.distribute.warp_runs.render_on_dask`). A cluster is
     :class:`~flyarchive.distribute.cluster.connect`'s: the client given, a scheduler's,
@@ -363,7 +363,7 @@ def run_plan(plan: RenderPlan, blob: bytes, parts: str, where: Where = Where(), 
                        scheduler=where.scheduler, n_workers=where.n_workers,
                        in_process=where.in_process)
         if gl.where in ("here", "threads"):
-            from flyarchive.render.opengl import render_here, render_threads
+            from flyarchive.render.opengl_pipeline import render_here, render_threads
 
             if gl.where == "threads":
                 return render_threads(plan, blob, parts, gl.n_workers or 1, on_video=on_video)
@@ -374,7 +374,7 @@ def run_plan(plan: RenderPlan, blob: bytes, parts: str, where: Where = Where(), 
                      scheduler=where.scheduler, n_workers=where.n_workers,
                      in_process=where.in_process, gpus=where.gpus)
     if here.where in ("here", "threads"):
-        from flyarchive.render.warp import render_jobs, render_threads, warp_device
+        from flyarchive.render.warp_pipeline import render_jobs, render_threads, warp_device
 
         wait_for_warm_up()  # Warp is not imported and initialized by two threads at once
         if here.where == "threads":
@@ -392,14 +392,14 @@ def run_plan(plan: RenderPlan, blob: bytes, parts: str, where: Where = Where(), 
 def run_segments(plan: RenderPlan, blob: bytes, parts: str, client: Any, *,
                  on_video: OnVideo | None = None) -> list[dict[str, Any]]:
     """An OpenGL plan on a Dask cluster: (world, frame segment) tasks
-    (:func:`flyarchive.render.opengl.render_segment`), each rendered and encoded on its
-    own; each video's join (:func:`~flyarchive.render.opengl.join_segments`, without
+    (:func:`flyarchive.render.opengl_pipeline.render_segment`), each rendered and encoded on its
+    own; each video's join (:func:`~flyarchive.render.opengl_pipeline.join_segments`, without
     re-encoding) submitted as soon as its segments are done, so videos finish (and are
     kept on a stop) while others still render. Arguments and errors as :func:`run_plan`.
     """
     from distributed import as_completed
 
-    from flyarchive.render.opengl import join_segments, render_segment
+    from flyarchive.render.opengl_pipeline import join_segments, render_segment
 
     blob_future = scatter_model(client, blob)
     segments = list(plan.segments(len(client.scheduler_info().get("workers", {})) or 1))

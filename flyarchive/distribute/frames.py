@@ -1,5 +1,5 @@
 """The public lazy-frames entry point: frames of one camera as dask-backed arrays
-(:func:`render_frames`), rendered block by block (:mod:`flyarchive.render.blocks`) where
+(:func:`render_frames`), rendered block by block (:mod:`flyarchive.render.frame_blocks`) where
 they are computed; the model reaches the workers once
 (:func:`~flyarchive.models.shipping.graph_model`).
 """
@@ -17,7 +17,7 @@ from flyarchive.distribute.api import replay_model
 from flyarchive.errors import RenderOptionsError
 from flyarchive.query.selection import select_frames
 from flyarchive.render.plan import absolute_url
-from flyarchive.render.renderers import keep_archive
+from flyarchive.render.renderer_cache import keep_archive
 from flyarchive.replay import BACKENDS, backend_name
 from flyarchive.replay.sizes import MAX_GL_SIDE, parse_frame_size
 from flyarchive.store.dataset import open_header
@@ -60,7 +60,7 @@ def render_frames(
             DeprecationWarning), ``"gpu"`` or ``"warp-cpu"`` (mujoco-warp; one renderer
             per process, used by one task at a time).
         outputs: None (default): return the RGB frames as one DataArray, as before. A
-            sequence of names from :data:`flyarchive.replay.outputs.OUTPUTS`: return an
+            sequence of names from :data:`flyarchive.replay.output_kinds.OUTPUTS`: return an
             ``xr.Dataset`` with one variable per output: ``rgb`` ``(world, time, y, x,
             channel)`` uint8, ``depth`` ``(world, time, y, x)`` float32 planar depth in
             model length units (NaN: no hit; on the Warp backends a multiple of
@@ -80,9 +80,9 @@ def render_frames(
     import dask.array as da
     import xarray as xr
 
-    from flyarchive.render.blocks import render_block_outputs
+    from flyarchive.render.frame_blocks import render_block_outputs
     from flyarchive.models import camera_ids
-    from flyarchive.replay.outputs import check_segmentable, parse_depth_scale, parse_outputs
+    from flyarchive.replay.output_kinds import check_segmentable, parse_depth_scale, parse_outputs
 
     backend = backend_name(backend)
     if backend not in BACKENDS:

@@ -33,9 +33,9 @@ def warm_warp(device: str) -> None:
     """Import the Warp renderer (warp, mujoco_warp) and initialize ``device`` (a CUDA
     context), ignoring failures: the render that follows reports them."""
     try:
-        from flyarchive.replay import warp  # noqa: F401  (the import is the work)
+        from flyarchive.replay import warp_frames  # noqa: F401  (the import is the work)
 
-        wp = warp.wp
+        wp = warp_frames.wp
         wp.init()
         if device.startswith("cuda") and wp.get_cuda_device_count() > 0:
             wp.get_device(device).context  # noqa: B018  (creates the primary context)

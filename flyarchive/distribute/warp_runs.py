@@ -1,10 +1,10 @@
 """Warp render plans on Dask workers (the backends ``"gpu"`` and ``"warp-cpu"``): groups of
 whole videos, balanced by frames (:func:`flyarchive.render.plan.split_groups`), one per able
 worker (:func:`render_on_dask`, one progress bar for them all), each rendered there by
-:func:`render_group` through :func:`flyarchive.render.warp.render_jobs`. Whether a plan
+:func:`render_group` through :func:`flyarchive.render.warp_pipeline.render_jobs`. Whether a plan
 runs here or on Dask is :func:`flyarchive.distribute.placement.placement`'s choice, made
 in :func:`flyarchive.distribute.api.render_videos`; in this process it renders through
-:mod:`flyarchive.render.warp` alone.
+:mod:`flyarchive.render.warp_pipeline` alone.
 
 - ``"gpu"``: one group per GPU worker: of a local cluster of one worker process per GPU
   (:mod:`flyarchive.distribute.gpus`), or of the cluster given, those that hold the
@@ -52,7 +52,7 @@ def render_group(plan: RenderPlan, blob: bytes, jobs: tuple[Job, ...], parts: st
     run finished are complete under their final names: without ``overwrite`` they are
     kept and not rendered again.
     """
-    from flyarchive.render.warp import render_jobs, warp_device
+    from flyarchive.render.warp_pipeline import render_jobs, warp_device
 
     on_frames = on_video = None
     if topic is not None or videos_topic is not None:
@@ -150,7 +150,7 @@ def render_on_dask(plan: RenderPlan, blob: bytes, parts: str | None, client: Any
         RenderBackendError: no worker offers the resource ``GPU`` (``"gpu"``).
         RenderFailedError: a group failed (the message names its worlds and the worker).
     """
-    from flyarchive.render.warp import batch_worlds_of
+    from flyarchive.render.warp_pipeline import batch_worlds_of
 
     workers = client.scheduler_info().get("workers", {})
     resources = {"GPU": 1} if plan.options.backend == "gpu" else {}

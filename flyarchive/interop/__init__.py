@@ -11,13 +11,12 @@ These three are public (users call them by module); internal:
 
 - :mod:`flyarchive.interop.npz_export`: worlds of an archive out as flygym ``.npz`` files
   (``flyarchive export-npz``);
-- :mod:`flyarchive.interop.trajectories`: an archive's worlds read back as flygym
-  ``RecordedTrajectory`` objects (``flyarchive.read_trajectories``, the recorders'
-  ``.trajectory``);
 - :mod:`flyarchive.interop.poses`: positions out as ``movement`` poses datasets and NWB
   files with ``ndx-pose`` (``flyarchive export-poses``);
 - :mod:`flyarchive.interop.nwb`: the NWB files: poses, joint angles, leg phases, world
   variables and the lab's metadata (checked; YAML), one file per world.
 
-Nothing here is imported by ``import flyarchive``.
+An archive's worlds read back as flygym ``RecordedTrajectory`` objects are the recorders'
+(:mod:`flyarchive.recorders.trajectories`): the bridges import the recorders, never the
+other way round. Nothing here is imported by ``import flyarchive``.
 """

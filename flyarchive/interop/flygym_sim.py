@@ -28,7 +28,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from flyarchive.errors import LayoutMismatchError, ModelLoadError, SelectionError
-from flyarchive.interop.trajectories import read_trajectories
+from flyarchive.recorders.trajectories import read_trajectories
 
 __all__ = ["read_trajectories", "set_trajectory_recorder", "WORLD_SPEC"]
 

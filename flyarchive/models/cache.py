@@ -10,7 +10,6 @@ least recently used going first.
 from __future__ import annotations
 
 import hashlib
-import threading
 from collections.abc import Callable
 
 import mujoco
@@ -22,9 +21,12 @@ from flyarchive.models.mjb import load_mjb
 MODELS_KEPT = 8
 
 _MODELS: LRUCache[str, mujoco.MjModel] = LRUCache(MODELS_KEPT, name="models by MJB sha256")
-#: The SHA-256 of the last bytes objects hashed, by ``id`` (the object kept alive with it).
-_DIGESTS: dict[int, tuple[bytes, str]] = {}
-_DIGESTS_LOCK = threading.Lock()
+#: Bytes objects whose SHA-256 is kept, at most.
+DIGESTS_KEPT = 4
+
+#: The SHA-256 of the last bytes objects hashed, by ``id`` (the object kept alive with it,
+#: so that its ``id`` is not reused while it is kept).
+_DIGESTS: LRUCache[int, tuple[bytes, str]] = LRUCache(DIGESTS_KEPT, name="SHA-256 of bytes")
 
 
 def model_from_bytes(blob: bytes) -> mujoco.MjModel:
@@ -50,16 +52,8 @@ def bytes_sha256(blob: bytes) -> str:
     holds (a render asks for its model's 23 MB once per renderer and segment): kept for
     the last few objects, by identity (the object is kept alive with its digest, so its
     ``id`` is not reused)."""
-    with _DIGESTS_LOCK:
-        kept = _DIGESTS.get(id(blob))
-    if kept is not None and kept[0] is blob:
-        return kept[1]
-    digest = hashlib.sha256(blob).hexdigest()
-    with _DIGESTS_LOCK:
-        _DIGESTS[id(blob)] = (blob, digest)
-        while len(_DIGESTS) > 4:
-            del _DIGESTS[next(iter(_DIGESTS))]
-    return digest
+    kept, digest = _DIGESTS.get(id(blob), lambda: (blob, hashlib.sha256(blob).hexdigest()))
+    return digest if kept is blob else hashlib.sha256(blob).hexdigest()
 
 
 def loaded_model(sha256: str, read: Callable[[], bytes]) -> mujoco.MjModel:

@@ -42,9 +42,13 @@ SCATTER_PREFIX = "flyarchive-model-"
 #: still refers to it keeps it).
 KEPT_PER_CLIENT = 4
 
+#: Clients whose sent models are kept, at most (a process has one or two).
+CLIENTS_KEPT = 4
+
 #: Client id -> the client, and the futures of the models it sent, by their SHA-256.
-_SENT: dict[str, tuple[Any, LRUCache[str, Any]]] = {}
-_SENT_LOCK = threading.Lock()
+_SENT: LRUCache[str, tuple[Any, LRUCache[str, Any]]] = LRUCache(
+    CLIENTS_KEPT, name="clients and the models they sent")
+_SENT_LOCK = threading.Lock()  # one client's futures looked at, dropped and sent at once
 #: On a worker: the bytes fetched from the cluster, by their key (the last 2).
 _FETCHED: LRUCache[str, bytes] = LRUCache(2, name="model bytes fetched from the cluster")
 _FETCHED_LOCK = threading.Lock()
@@ -166,9 +170,11 @@ def scatter_model(client: Any, blob: bytes, sha256: str | None = None) -> Any:
     sha256 = sha256 or hashlib.sha256(blob).hexdigest()
     key = SCATTER_PREFIX + sha256
     with _SENT_LOCK:
-        for client_id in [c for c, (owner, _) in _SENT.items() if not _running(owner)]:
-            del _SENT[client_id]  # a closed client's futures are gone
-        sent = _SENT.setdefault(client.id, (client, LRUCache(
+        for client_id in list(_SENT.keys()):
+            kept = _SENT.peek(client_id)
+            if kept is not None and not _running(kept[0]):
+                _SENT.pop(client_id)  # a closed client's futures are gone
+        sent = _SENT.get(client.id, lambda: (client, LRUCache(
             KEPT_PER_CLIENT, name=f"models sent by client {client.id}")))[1]
         future = sent.peek(sha256)
         if future is not None and future.status != "finished":  # lost, cancelled

@@ -14,24 +14,7 @@ import numpy as np
 
 from flyarchive.clock import Timing
 from flyarchive.layout import ModelLayout
-from flyarchive.record.spec import ArchiveSpec, FrameBlock
-
-#: The creation modes of an archive: fail if one exists, replace it, or append to it.
-MODES = ("w-", "w", "a")
-
-
-def parse_mode(mode: str) -> str:
-    """Check a creation mode: ``"w-"``, ``"w"`` or ``"a"``.
-
-    Raises:
-        OptionsError: for anything else (a ValueError).
-    """
-    from flyarchive.errors import OptionsError
-
-    if not isinstance(mode, str) or mode not in MODES:
-        raise OptionsError(f"mode must be one of {MODES}, got {mode!r}.")
-    return mode
-
+from flyarchive.archive_spec import ArchiveSpec, FrameBlock
 
 class ArchiveSink(Protocol):
     """The writer of one archive, as a recorder uses it (:class:`flyarchive.store.ArchiveWriter`)."""

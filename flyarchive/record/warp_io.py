@@ -27,7 +27,7 @@ from flyarchive.errors import LayoutMismatchError, RecordingError, SelectionErro
 from flyarchive.layout import ModelLayout
 from flyarchive.record.common import release_writer
 from flyarchive.schema import finite_frames
-from flyarchive.record.spec import FrameBlock
+from flyarchive.archive_spec import FrameBlock
 from flyarchive.record.sink import ArchiveSink
 from flyarchive.warp_log import import_warp
 

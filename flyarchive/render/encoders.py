@@ -2,7 +2,7 @@
 one ffmpeg per (world, camera) video and publish each finished video to its final URL.
 
 :class:`Encoders` takes batches of frames in host buffers from
-:func:`flyarchive.render.warp.render_jobs` and gives each buffer back once
+:func:`flyarchive.render.warp_pipeline.render_jobs` and gives each buffer back once
 every frame in it is encoded, which bounds host memory by the buffers in flight.
 """
 
@@ -27,7 +27,7 @@ from flyarchive.video.mosaic import is_mosaic
 if TYPE_CHECKING:
     import mujoco
 
-    from flyarchive.video.outputs import OutputWriter
+    from flyarchive.video.output_files import OutputWriter
 
 #: Most encoder threads one render starts (and never more than its videos).
 MAX_ENCODERS = 64
@@ -51,7 +51,7 @@ def _leave_render_core() -> None:
 
 class Encoders:
     """Encoder threads, each writing the videos given to it (every output of a (video,
-    camera): an :class:`~flyarchive.video.outputs.OutputWriter`), each video's frames in order.
+    camera): an :class:`~flyarchive.video.output_files.OutputWriter`), each video's frames in order.
 
     A video (job, camera) goes to the thread with the fewest frames queued when its
     first frames come, and its later frames to the same thread, so they stay in order
@@ -66,7 +66,7 @@ class Encoders:
         tmp: A local folder for videos being encoded.
         pixel_format: Of the frames submitted (see :class:`VideoWriter`).
         buffers: Host frame buffers, by index ``0 .. buffers - 1``.
-        parts: The run's parts folder (see :func:`~flyarchive.render.warp.render_jobs`).
+        parts: The run's parts folder (see :func:`~flyarchive.render.warp_pipeline.render_jobs`).
         timer: Where stage timings go.
         model: The compiled model (the far plane, for the depth maps' attributes).
         on_video: Called with each video's entry once it is published (from the encoder
@@ -226,7 +226,7 @@ class Encoders:
         last piece."""
         from flyarchive.render.output_plan import map_attributes
         from flyarchive.video.mosaic import mosaic_size
-        from flyarchive.video.outputs import OutputWriter
+        from flyarchive.video.output_files import OutputWriter
 
         plan, job, camera = self._plan, self._jobs[piece.job], self._cameras[cam]
         key = (piece.job, cam)

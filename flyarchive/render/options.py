@@ -8,11 +8,11 @@ from dataclasses import dataclass
 
 from flyarchive.errors import RenderOptionsError
 from flyarchive.replay import BACKENDS, backend_name
-from flyarchive.replay.outputs import parse_depth_scale, parse_outputs
+from flyarchive.replay.output_kinds import parse_depth_scale, parse_outputs
 from flyarchive.replay.sizes import MAX_GL_SIDE, parse_frame_size
 from flyarchive.video.mosaic import check_h264_size, mosaic_size, parse_mosaic
 from flyarchive.video.mp4 import VideoOptions
-from flyarchive.video.overlay_text import parse_overlay
+from flyarchive.replay.overlay_text import parse_overlay
 
 
 #: States per batch of each Warp backend unless told otherwise. On an H200 (NeuroMechFly
@@ -45,13 +45,13 @@ class RenderOptions:
         overwrite: Replace existing videos.
         progress: Show a progress bar in this process (one, however many workers).
         outputs: What to make per (world, camera), names from
-            :data:`flyarchive.replay.outputs.OUTPUTS` (CLI ``--outputs rgb,depth``): an mp4
+            :data:`flyarchive.replay.output_kinds.OUTPUTS` (CLI ``--outputs rgb,depth``): an mp4
             of ``"rgb"``; lossless 16-bit maps of ``"depth"`` (planar depth, model length
             unit) and ``"segmentation"`` (geom id + 1) as zarr arrays beside it
             (:mod:`flyarchive.video.maps`; read them with :func:`flyarchive.read_depth`
             and :func:`flyarchive.read_segmentation`). Default RGB only.
         depth_scale: Model length units per depth count; None: the model's far plane
-            / 65534 (:func:`flyarchive.replay.outputs.default_depth_scale`).
+            / 65534 (:func:`flyarchive.replay.output_kinds.default_depth_scale`).
         mosaic: ``(rows, cols)`` (CLI ``--mosaic 2x3``): tile that many worlds, each at
             ``size``, into one video per camera, ``{out}/mosaic000/{camera}.mp4``, each
             tile labelled with its world id, tiles in the order of the selected worlds
@@ -61,7 +61,7 @@ class RenderOptions:
             tiles are assembled on the device (:mod:`flyarchive.video.mosaic`).
         overlays: Text burnt into the RGB frames (CLI ``--overlay time,world``): any of
             ``"world"``, ``"time"``, ``"speed"`` and the archive's per-world variables
-            (:mod:`flyarchive.video.overlay_text`). Default none.
+            (:mod:`flyarchive.replay.overlay_text`). Default none.
 
     Raises:
         RenderOptionsError: an unknown backend or output, counts below 1, a mosaic that is

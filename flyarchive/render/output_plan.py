@@ -13,9 +13,9 @@ from typing import TYPE_CHECKING, Any
 import mujoco
 
 from flyarchive.errors import RenderOptionsError
-from flyarchive.replay.outputs import check_segmentable, default_depth_scale, far_plane, map_outputs
+from flyarchive.replay.output_kinds import check_segmentable, default_depth_scale, far_plane, map_outputs
 from flyarchive.video.mosaic import fit_mosaic, mosaic_jobs
-from flyarchive.video.overlay_text import check_overlay
+from flyarchive.replay.overlay_text import check_overlay
 
 if TYPE_CHECKING:
     from flyarchive.query.selection import VideoJob
@@ -40,7 +40,7 @@ def plan_outputs(options: RenderOptions, ds: Archive, model: mujoco.MjModel,
     A mosaic of more tiles than selected worlds is fitted to them
     (:func:`~flyarchive.video.mosaic.fit_mosaic`); the manifest names the layout asked for.
     Overlay items that do not fit across a frame (a tile) are left out
-    (:class:`~flyarchive.video.overlay_text.OverlayText`), with a note.
+    (:class:`~flyarchive.replay.overlay_text.OverlayText`), with a note.
         OptionsError: segmentation of a model with more than 65534 geoms.
     """
     check_overlay(options.overlays, ds)
@@ -71,7 +71,7 @@ def plan_outputs(options: RenderOptions, ds: Archive, model: mujoco.MjModel,
 def _fit_overlay(options: RenderOptions, ds: Archive) -> tuple[RenderOptions, str]:
     """The options with only the overlay items that fit across a frame (a tile), and a
     note on those left out ("" when none)."""
-    from flyarchive.video.overlay_text import OverlayText
+    from flyarchive.replay.overlay_text import OverlayText
 
     if not options.overlays and options.mosaic is None:
         return options, ""
@@ -98,7 +98,7 @@ def map_attributes(options: RenderOptions, model: mujoco.MjModel, world: int | N
 def text_chars(options: RenderOptions) -> int:
     """Characters of overlay text the Warp renderer holds per frame: what fits across a
     tile (0 without overlay or mosaic)."""
-    from flyarchive.replay.font import CELL_W
+    from flyarchive.replay.overlay_text import CELL_W
 
     if not options.overlays and options.mosaic is None:
         return 0

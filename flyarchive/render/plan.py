@@ -59,7 +59,7 @@ def job_video_path(out: str, job: Job | int, camera: str) -> str:
         job: A :class:`~flyarchive.query.selection.VideoJob`, or a world id.
         camera: The camera's name.
     """
-    from flyarchive.video.outputs import output_urls
+    from flyarchive.video.output_files import output_urls
 
     return output_urls(out, job, camera)["rgb"]
 
@@ -94,8 +94,8 @@ class RenderPlan:
 
     def output_urls(self, job: Job | int, camera: str) -> dict[str, str]:
         """Where each output of ``job``'s camera goes (a world's or a mosaic's video, maps
-        beside it): :func:`flyarchive.video.outputs.output_urls`."""
-        from flyarchive.video.outputs import output_urls
+        beside it): :func:`flyarchive.video.output_files.output_urls`."""
+        from flyarchive.video.output_files import output_urls
 
         return output_urls(self.out, job, camera, self.options.outputs)
 

@@ -1,16 +1,20 @@
-"""Replay recorded kinematic state: position-only kinematics, then rasterize.
+"""Replay: the renderers, which draw frames from recorded states (position-only kinematics,
+then rasterize). States in, frames (and depth and segmentation maps) out, in memory; the
+pipelines that read an archive, run these renderers and write videos are
+:mod:`flyarchive.render`'s.
 
 - :mod:`~flyarchive.replay.kinematics`: recorded state into an ``MjData``;
-- :mod:`~flyarchive.replay.opengl`: :class:`OpenGLRenderer`, ``mujoco.Renderer`` on EGL
+- :mod:`~flyarchive.replay.opengl_frames`: :class:`OpenGLRenderer`, ``mujoco.Renderer`` on EGL
   (backend ``"opengl"``, bit-exact with frames rendered live);
-- :mod:`~flyarchive.replay.warp` (with :mod:`~flyarchive.replay.warp_kernels`,
+- :mod:`~flyarchive.replay.warp_frames` (with :mod:`~flyarchive.replay.warp_kernels`,
   :mod:`~flyarchive.replay.warp_compose`, :mod:`~flyarchive.replay.warp_rows` and
   :mod:`~flyarchive.replay.warp_model`): :class:`WarpBatchRenderer`, mujoco-warp's
   batch ray tracer on CUDA (``"gpu"``) or Warp's CPU device (``"warp-cpu"``);
-- :mod:`~flyarchive.replay.outputs`: depth and segmentation besides RGB, and their
-  16-bit counts;
-- :mod:`~flyarchive.replay.compose` (with :mod:`~flyarchive.replay.font`): text burnt into
-  frames, tiles joined into mosaics, on the host;
+- :mod:`~flyarchive.replay.output_kinds`: what a renderer makes besides RGB (depth and
+  segmentation), and their 16-bit counts;
+- :mod:`~flyarchive.replay.overlay_text`: text burnt into frames: what overlays say, the
+  font, and the burning on the host and on the Warp device;
+- :mod:`~flyarchive.replay.mosaic_tiles`: tiles joined into one mosaic frame on the host;
 - :mod:`~flyarchive.replay.sizes`: frame sizes, pixel formats and shapes;
 - :mod:`~flyarchive.replay.releases`: the visual defaults of the MuJoCo release that
   recorded an archive (MuJoCo 4's ``"auto"`` headlight), pinned for replay.

@@ -1,12 +1,13 @@
 """Warp kernels that compose what the batch renderer made, on its device: depth and
-segmentation packed into 16-bit maps, text burnt into the packed ARGB frames, and tiles
-converted to I420 straight into one mosaic frame.
+segmentation packed into 16-bit maps, and tiles converted to I420 straight into one mosaic
+frame; :class:`Composer` launches them, and the overlay text's kernel
+(:func:`flyarchive.replay.overlay_text.device_text_kernel`).
 
-Each produces exactly what the host code does (:mod:`flyarchive.replay.outputs`,
-:mod:`flyarchive.replay.compose`), so the Warp backends and the OpenGL backend compose
-alike. Per-slot inputs that change every batch (whether a slot holds a state, the text
-of each slot) travel in extra columns of the batch's state rows, uploaded with the states
-in one copy. This module imports ``warp``.
+Each produces exactly what the host code does (:mod:`flyarchive.replay.output_kinds`,
+:mod:`flyarchive.replay.mosaic_tiles`, :mod:`flyarchive.replay.overlay_text`), so the Warp
+backends and the OpenGL backend compose alike. Per-slot inputs that change every batch
+(whether a slot holds a state, the text of each slot) travel in extra columns of the batch's
+state rows, uploaded with the states in one copy. This module imports ``warp``.
 """
 
 from __future__ import annotations
@@ -14,11 +15,17 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from flyarchive.replay.font import CELL_H, CELL_W, GLYPHS
-from flyarchive.replay.compose import TEXT_X, TEXT_Y
+from flyarchive.replay.overlay_text import (
+    CELL_H,
+    CELL_W,
+    GLYPHS,
+    TEXT_X,
+    TEXT_Y,
+    device_text_kernel,
+)
 from flyarchive.warp_log import import_warp
 
-wp = import_warp("Rendering with mujoco-warp (flyarchive.replay.warp)")
+wp = import_warp("Rendering with mujoco-warp (flyarchive.replay.warp_frames)")
 
 from flyarchive.replay.warp_kernels import (  # noqa: E402
     bt601_u,
@@ -29,11 +36,6 @@ from flyarchive.replay.warp_kernels import (  # noqa: E402
     packed_rgb_to_uint8,
 )
 
-_CELL_W = wp.constant(CELL_W)
-_CELL_H = wp.constant(CELL_H)
-_WHITE = wp.constant(wp.uint32(0xFFFFFFFF))
-_OPAQUE = wp.constant(wp.uint32(0xFF000000))
-_HALF_MASK = wp.constant(wp.uint32(0x7F7F7F7F))
 _GEOM = wp.constant(5)  # mujoco.mjtObj.mjOBJ_GEOM
 _MAX_COUNT = wp.constant(65535.0)
 
@@ -65,43 +67,6 @@ def pack_maps(
         if s[1] == _GEOM:
             value = s[0] + 1
         out[world, cam, seg_slot, pixel] = wp.uint16(value)
-
-
-@wp.kernel
-def burn_text_argb(
-    glyphs: wp.array3d(dtype=wp.uint8),  # (128, CELL_H, CELL_W), 1 = drawn
-    states: wp.array2d(dtype=wp.float32),  # (B, nstate): the text's ASCII codes from text_col
-    text_col: int,
-    max_chars: int,
-    rgb_adr: wp.array(dtype=int),  # (n_cameras,)
-    width: int,
-    height: int,
-    x0: int,
-    y0: int,
-    packed: wp.array2d(dtype=wp.uint32),  # (B, sum of H*W) ARGB, in place
-):
-    """One thread per pixel of a character cell: glyph pixels white, the rest of the cell
-    darkened to half, as :func:`flyarchive.replay.compose.burn_text`; only characters whose
-    5 x 7 glyph fits in the frame whole are drawn."""
-    world, cam, p = wp.tid()
-    k = p // (_CELL_W * _CELL_H)
-    q = p - k * _CELL_W * _CELL_H
-    gy = q // _CELL_W
-    gx = q - gy * _CELL_W
-    code = int(states[world, text_col + k])
-    if code <= 0 or code >= 128:
-        return
-    if x0 + _CELL_W * k + 4 >= width or y0 + 6 >= height:  # the glyph would be cut
-        return
-    x = x0 + _CELL_W * k + gx
-    y = y0 + gy
-    if x >= width or y >= height:
-        return
-    i = rgb_adr[cam] + y * width + x
-    if glyphs[code, gy, gx] != wp.uint8(0):
-        packed[world, i] = _WHITE
-    else:
-        packed[world, i] = ((packed[world, i] >> wp.uint32(1)) & _HALF_MASK) | _OPAQUE
 
 
 @wp.kernel
@@ -195,7 +160,8 @@ class Composer:
         height, width = self._size
         rows = self._rows
         if frames is not None and rows.text_chars:
-            wp.launch(burn_text_argb, dim=(n, self._ncam, rows.text_chars * CELL_W * CELL_H),
+            wp.launch(device_text_kernel(),
+                      dim=(n, self._ncam, rows.text_chars * CELL_W * CELL_H),
                       inputs=[self._glyphs, states, rows.text_col, rows.text_chars,
                               rc.rgb_adr, width, height, TEXT_X, TEXT_Y],
                       outputs=[rc.rgb_data])

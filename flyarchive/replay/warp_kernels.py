@@ -2,7 +2,7 @@
 output into frames (RGB, or planar I420 for the encoder).
 
 Each kernel runs on the renderer's Warp device over a batch of ``B`` render worlds;
-:class:`flyarchive.replay.warp.WarpBatchRenderer` launches them (the states' through
+:class:`flyarchive.replay.warp_frames.WarpBatchRenderer` launches them (the states' through
 :func:`unpack_states`). This module imports ``warp``.
 """
 
@@ -12,7 +12,7 @@ from typing import Any
 
 from flyarchive.warp_log import import_warp
 
-wp = import_warp("Rendering with mujoco-warp (flyarchive.replay.warp)")
+wp = import_warp("Rendering with mujoco-warp (flyarchive.replay.warp_frames)")
 
 
 @wp.kernel

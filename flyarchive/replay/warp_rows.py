@@ -13,7 +13,7 @@ import numpy as np
 
 from flyarchive.errors import LayoutMismatchError, NonFiniteStateError, OptionsError, SelectionError
 from flyarchive.models import camera_ids
-from flyarchive.replay.font import text_codes
+from flyarchive.replay.overlay_text import text_codes
 from flyarchive.replay.sizes import PIXEL_FORMATS, is_int, parse_frame_size
 from flyarchive.schema import finite_frames
 
@@ -21,7 +21,7 @@ from flyarchive.schema import finite_frames
 class PendingBatch:
     """The frames (and maps) of a submitted batch, on their way to host buffers.
 
-    Returned by :meth:`flyarchive.replay.warp.WarpBatchRenderer.submit`; :meth:`wait`
+    Returned by :meth:`flyarchive.replay.warp_frames.WarpBatchRenderer.submit`; :meth:`wait`
     returns the frames; :attr:`maps` holds the maps once :meth:`wait` has returned.
     """
 
@@ -53,7 +53,7 @@ class PendingBatch:
     @property
     def maps(self) -> np.ndarray | None:
         """``(n, n_cameras, n_maps, H, W)`` uint16 counts (depth, then segmentation, of
-        those asked for; :mod:`flyarchive.replay.outputs`), after :meth:`wait`; None when
+        those asked for; :mod:`flyarchive.replay.output_kinds`), after :meth:`wait`; None when
         no map is an output."""
         return self._maps
 

@@ -8,9 +8,9 @@ only through :mod:`flyarchive.zarr_internals`.
 - :mod:`~flyarchive.store.location`: URLs and zarr stores on any fsspec file system
   (:mod:`~flyarchive.store.localstore` on local disk), and the errors of storage clients
   in flyarchive's words (:mod:`~flyarchive.store.storage_errors`);
-- what is fixed when an archive is created (:class:`~flyarchive.record.spec.ArchiveSpec`)
-  and the blocks of frames it commits (:class:`~flyarchive.record.spec.FrameBlock`) are
-  the record stage's (:mod:`flyarchive.record.spec`), which produces them;
+- what is fixed when an archive is created (:class:`~flyarchive.archive_spec.ArchiveSpec`)
+  and the blocks of frames it commits (:class:`~flyarchive.archive_spec.FrameBlock`) are
+  the record stage's (:mod:`flyarchive.archive_spec`), which produces them;
 - :mod:`~flyarchive.store.writer` (with :mod:`~flyarchive.store.creation`: root
   attributes, what is at a URL before creating, whether an archive can be appended to;
   :mod:`~flyarchive.store.nodes`: the arrays and groups of a new archive; and
@@ -64,6 +64,6 @@ from flyarchive.store.location import (
 )
 from flyarchive.store.opener import open_for_reading, open_for_writing
 from flyarchive.store.reader import StateReader, stored_dataset
-from flyarchive.record.spec import ArchiveSpec, FrameBlock
+from flyarchive.archive_spec import ArchiveSpec, FrameBlock
 from flyarchive.store.writer import ArchiveWriter
 

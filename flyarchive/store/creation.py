@@ -31,7 +31,7 @@ from flyarchive.schema import SCHEMA_NAME, SCHEMA_VERSION, STATE_VARS
 from flyarchive.store.claims import WRITER_KEY, release
 from flyarchive.models.entries import MODEL_ATTR, PORTABLE_MODEL_ATTR, model_entry, portable_entry
 from flyarchive.store.location import sync
-from flyarchive.record.spec import ArchiveSpec
+from flyarchive.archive_spec import ArchiveSpec
 from flyarchive.zarr_internals import GroupMetadata, default_buffer_prototype
 
 

@@ -18,7 +18,7 @@ import fsspec
 import zarr
 import zarr.storage
 
-from flyarchive.record.sink import parse_mode  # noqa: F401  (the store checks modes too)
+from flyarchive.archive_spec import parse_mode  # noqa: F401  (the store checks modes too)
 from flyarchive.errors import (
     ArchiveExistsError,
     ArchiveNotFoundError,

@@ -38,7 +38,7 @@ import zarr.storage
 from zarr.abc.codec import BaseCodec
 
 from flyarchive import codecs
-from flyarchive.record.spec import ArchiveSpec, world_var_dtype
+from flyarchive.archive_spec import ArchiveSpec, world_var_dtype
 from flyarchive.schema import TIME_COORDS, WHOLE_ATTR
 from flyarchive.store.creation import claims_metadata
 from flyarchive.models.entries import MODELS_GROUP, model_entry, models_metadata, portable_entry

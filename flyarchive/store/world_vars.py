@@ -53,7 +53,7 @@ from flyarchive.store.claims import WRITER_KEY, claim_archive, release
 from flyarchive.store.location import access_denied, sync
 from flyarchive.store.opener import open_for_writing
 from flyarchive.zarr_internals import default_buffer_prototype
-from flyarchive.record.spec import RESERVED_NAMES, is_text, world_var_array, world_var_dtype
+from flyarchive.archive_spec import RESERVED_NAMES, is_text, world_var_array, world_var_dtype
 
 #: Names a world variable may not take: the archive's own arrays, groups and coordinates.
 RESERVED_WORLD_VAR_NAMES = frozenset(RESERVED_NAMES | set(STATE_VARS) | set(TIME_COORDS))

@@ -88,7 +88,7 @@ from flyarchive.store.location import (
 from flyarchive.store.nodes import Created, create_arrays
 from flyarchive.store.opener import open_for_writing
 from flyarchive.store.reader import fused_array
-from flyarchive.record.spec import ArchiveSpec, FrameBlock
+from flyarchive.archive_spec import ArchiveSpec, FrameBlock
 
 
 # ----------------------------------------------------------------------------- the writer

@@ -30,7 +30,7 @@ DeepLabCut file),
 :mod:`~flyarchive.testing.ways_in` (every way into an archive, side by side;
 :mod:`~flyarchive.testing.forks`: many capped jobs forked from one child),
 :mod:`~flyarchive.testing.view` (the web viewer in a Chromium page),
-:mod:`~flyarchive.testing.releases` (an archive recorded under one MuJoCo release and
+:mod:`~flyarchive.testing.across_releases` (an archive recorded under one MuJoCo release and
 replayed under another, in the other's environment).
 
 Public, as ``zarr.testing``: every module here declares ``__all__``.

@@ -113,7 +113,7 @@ def _warm(commands: Sequence[str]) -> None:
         plt.close(figure)
     if "render" in commands:
         import flyarchive.distribute.api  # noqa: F401
-        import flyarchive.render.opengl  # noqa: F401
+        import flyarchive.render.opengl_pipeline  # noqa: F401
 
 
 def _child(command: str, argv: list[str]) -> dict:

@@ -171,7 +171,7 @@ class ReplayTests:
 
     def depth_scale(self, renderer: Any) -> float:
         """Model units per count of the depth maps the renderer's backend stores."""
-        from flyarchive.replay.outputs import default_depth_scale
+        from flyarchive.replay.output_kinds import default_depth_scale
 
         return default_depth_scale(renderer.model)
 

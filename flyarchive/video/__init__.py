@@ -3,7 +3,7 @@ and published to any fsspec URL, manifests, and decoding for checks.
 
 - :mod:`~flyarchive.video.mp4`: H.264 mp4 through ffmpeg: :class:`VideoWriter`,
   :class:`VideoOptions`, :func:`concat_segments` (segments joined without re-encoding);
-- :mod:`~flyarchive.video.outputs`: every output of a video, named
+- :mod:`~flyarchive.video.output_files`: every output of a video, named
   (:func:`safe_video_path`), written together (:class:`OutputWriter`) and published
   (:func:`write_output`);
 - :mod:`~flyarchive.video.manifest`: ``manifest.json`` beside the videos;
@@ -12,7 +12,6 @@ and published to any fsspec URL, manifests, and decoding for checks.
 - :mod:`~flyarchive.video.decode`: :func:`read_video`, :func:`read_depth`,
   :func:`read_segmentation`;
 - :mod:`~flyarchive.video.mosaic`: many worlds tiled into one video per camera;
-- :mod:`~flyarchive.video.overlay_text`: the text burnt into each frame, from the archive;
 - :mod:`~flyarchive.video.workspace`: a render run's folders (parts, scratch), removed by
   the next run once their owner is dead;
 - :mod:`~flyarchive.video.guard`: output folders guarded as archives are (links out,
@@ -34,7 +33,7 @@ _WHERE = {
     "PRESETS": "flyarchive.video.mp4", "VideoOptions": "flyarchive.video.mp4",
     "VideoWriter": "flyarchive.video.mp4", "concat_segments": "flyarchive.video.mp4",
     "encode_segment": "flyarchive.video.mp4",
-    "safe_video_path": "flyarchive.video.outputs", "write_output": "flyarchive.video.outputs",
+    "safe_video_path": "flyarchive.video.output_files", "write_output": "flyarchive.video.output_files",
 }
 
 

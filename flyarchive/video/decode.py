@@ -261,7 +261,7 @@ def read_depth(url: str | os.PathLike[str],
 
     Raises: as :func:`read_map`.
     """
-    from flyarchive.replay.outputs import counts_to_depth
+    from flyarchive.replay.output_kinds import counts_to_depth
 
     counts, attrs = read_map(url, storage_options, kind="depth", root=root)
     return counts_to_depth(counts, float(attrs["scale"]))
@@ -275,7 +275,7 @@ def read_segmentation(url: str | os.PathLike[str],
 
     Raises: as :func:`read_map`.
     """
-    from flyarchive.replay.outputs import counts_to_ids
+    from flyarchive.replay.output_kinds import counts_to_ids
 
     counts, _ = read_map(url, storage_options, kind="segmentation", root=root)
     return counts_to_ids(counts)

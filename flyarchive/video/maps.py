@@ -6,7 +6,7 @@ One array per (world, camera, map), named after its video
 ``(time, y, x)``, chunks of :data:`CHUNK_FRAMES` frames, zstd level 1 then CRC-32C (so
 a flipped bit is detected on read), and attributes that say what a count means
 (:func:`depth_attrs`, :func:`segmentation_attrs`; the counts themselves are defined in
-:mod:`flyarchive.replay.outputs`). Any zarr v3 reader opens them:
+:mod:`flyarchive.replay.output_kinds`). Any zarr v3 reader opens them:
 ``zarr.open_array("front.depth.zarr")``; :func:`flyarchive.video.decode.read_depth`
 returns model units.
 

@@ -12,7 +12,7 @@ A mosaic larger than the selected worlds is fitted to them (:func:`fit_mosaic`: 
 The manifest gives each mosaic's real frame size, its tile size and, when fitted, the
 layout asked for.
 
-Videos are ``{out}/mosaic{index:03d}/{camera}.mp4`` (:func:`flyarchive.video.outputs.safe_mosaic_path`).
+Videos are ``{out}/mosaic{index:03d}/{camera}.mp4`` (:func:`flyarchive.video.output_files.safe_mosaic_path`).
 """
 
 from __future__ import annotations

@@ -17,7 +17,7 @@ Modules (none is public; the command line is the way in):
   one request may cost, the render queue), checked before any work;
 - :mod:`~flyarchive.view.logs`: log lines safe for a terminal (control characters
   escaped, the token never printed);
-- :mod:`~flyarchive.view.archive`: the viewed archive (opened again when it was replaced),
+- :mod:`~flyarchive.view.shown_archive`: the viewed archive (opened again when it was replaced),
   its world table columns, states read per world (without dask) and cached, the model;
 - :mod:`~flyarchive.view.expressions`: filter expressions over world variables, parsed
   with :mod:`ast` and a whitelist of node kinds (never ``eval``);
@@ -25,10 +25,10 @@ Modules (none is public; the command line is the way in):
   columns as scatter points; the units of the columns that are gait measures;
 - :mod:`~flyarchive.view.traces`: dof and keypoint traces, min/max per pixel column, and
   each dof's unit;
-- :mod:`~flyarchive.view.gait`: the gait panels' data (each leg's stance intervals, the
+- :mod:`~flyarchive.view.gait_panels`: the gait panels' data (each leg's stance intervals, the
   thorax's path, a few measures) by :mod:`flyarchive.analyze.gait` from the gait points
   (kept positions when the archive keeps them), cached per archive, world and window;
-- :mod:`~flyarchive.view.poses`: the model's visible geoms for three.js, and their poses
+- :mod:`~flyarchive.view.geom_poses`: the model's visible geoms for three.js, and their poses
   by forward kinematics (``mujoco.mj_kinematics``);
 - :mod:`~flyarchive.view.renders`: render on demand through
   :func:`flyarchive.render_videos`, one warm renderer, progress; a bounded queue that

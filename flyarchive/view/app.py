@@ -27,10 +27,10 @@ from flyarchive.errors import (
     SelectionError,
     did_you_mean,
 )
-from flyarchive.view import gait as gait_
-from flyarchive.view import poses as poses_
+from flyarchive.view import gait_panels
+from flyarchive.view import geom_poses
 from flyarchive.view import traces as traces_
-from flyarchive.view.archive import ViewedArchive, load_viewed_model
+from flyarchive.view.shown_archive import ViewedArchive, load_viewed_model
 from flyarchive.view.limits import Limits, check_cost
 from flyarchive.view.logs import SafeLines, visible
 from flyarchive.view.renders import MAX_WORLDS as RENDER_WORLDS
@@ -45,7 +45,7 @@ class Viewer:
     ``model_problem`` says why), and the renders asked for.
 
     The archive's header is read here (and states are read from the start, without xarray
-    or dask: :class:`~flyarchive.view.archive.ViewedArchive`); the model is loaded after
+    or dask: :class:`~flyarchive.view.shown_archive.ViewedArchive`); the model is loaded after
     the server listens (:meth:`warm_up`), so that the first page does not wait for it:
     requests that need it wait.
 
@@ -82,7 +82,7 @@ class Viewer:
         self._closing = threading.Event()
         self._warming: threading.Thread | None = None
         self._scene: tuple[dict[str, Any], bytes] | None = None
-        self.gaits = gait_.GaitCache()
+        self.gaits = gait_panels.GaitCache()
         self.renders = Renders(self.viewed, None, self.out, backend or best_backend(),
                                self.limits)
 
@@ -141,7 +141,7 @@ class Viewer:
                 self.model_problem = f"{type(err).__name__}: {err}"
                 log.error("no 3D view or renders: %s", self.model_problem)
             if self.model is not None:
-                self.poser = poses_.Poser(self.model)
+                self.poser = geom_poses.Poser(self.model)
                 self.renders.model = self.model
             self._model_loaded.set()
             return self.model
@@ -276,7 +276,7 @@ class Viewer:
         """The model's visible geoms for the 3D view (built once)."""
         self._model_for("3D view")
         if self._scene is None:
-            self._scene = poses_.scene(self.model, self.poser.geoms)
+            self._scene = geom_poses.scene(self.model, self.poser.geoms)
             self.renders.warm()  # the page is up: now the renderer may take the CPU
         return self._scene
 
@@ -285,15 +285,15 @@ class Viewer:
         ``(worlds, count, geoms + 1, 12)`` as bytes (:meth:`Poser.poses`)."""
         self._model_for("3D view")
         worlds = list(dict.fromkeys(_worlds(query.get("worlds", ""))))
-        if not worlds or len(worlds) > poses_.MAX_WORLDS:
-            raise SelectionError(f"Show 1 to {poses_.MAX_WORLDS} worlds side by side, not "
+        if not worlds or len(worlds) > geom_poses.MAX_WORLDS:
+            raise SelectionError(f"Show 1 to {geom_poses.MAX_WORLDS} worlds side by side, not "
                                  f"{len(worlds)}.")
         n = len(self.viewed.times)
         start = _number(query, "start", 0, int)
         count = _number(query, "count", 1, int)
-        if not 0 <= start < n or not 1 <= count <= poses_.MAX_FRAMES:
+        if not 0 <= start < n or not 1 <= count <= geom_poses.MAX_FRAMES:
             raise SelectionError(f"Frames {start} + {count}: the archive has frames 0 to {n - 1}, "
-                                 f"and one request covers 1 to {poses_.MAX_FRAMES}.")
+                                 f"and one request covers 1 to {geom_poses.MAX_FRAMES}.")
         frames = list(range(start, min(start + count, n)))
         check_cost("The states read for the poses",
                    len(worlds) * n * self.viewed.state_values * 8, self.limits.max_read_bytes,
@@ -305,12 +305,12 @@ class Viewer:
         return out.tobytes(), out.shape
 
     def gait(self, query: Mapping[str, str]) -> dict[str, Any]:
-        """The gait of the shown worlds over a time window (:mod:`flyarchive.view.gait`):
+        """The gait of the shown worlds over a time window (:mod:`flyarchive.view.gait_panels`):
         per world each leg's stance intervals, the thorax's path (thinned) and a few
         measures, with their units.
 
         Query: ``worlds`` (ids, comma-separated, 1 to
-        :data:`~flyarchive.view.gait.MAX_WORLDS`), ``start`` and ``end`` (seconds; none:
+        :data:`~flyarchive.view.gait_panels.MAX_WORLDS`), ``start`` and ``end`` (seconds; none:
         the whole recording; a window reaching past the recording is cut to it).
 
         Raises:
@@ -322,7 +322,7 @@ class Viewer:
         """
         viewed, limits = self.viewed, self.limits
         worlds = list(dict.fromkeys(_worlds(query.get("worlds", ""))))
-        gait_.check_worlds(worlds)
+        gait_panels.check_worlds(worlds)
         at = viewed.index_of(worlds)
         window = viewed.frame_window(_number(query, "start", None, float),
                                      _number(query, "end", None, float))
@@ -335,20 +335,20 @@ class Viewer:
         check_cost("The states read for the gait",
                    len(worlds) * frames * viewed.state_values * 8, limits.max_read_bytes,
                    "bytes", narrow)
-        check_cost("The gait's answer", gait_.answer_bytes(len(worlds), frames),
+        check_cost("The gait's answer", gait_panels.answer_bytes(len(worlds), frames),
                    limits.max_out_bytes, "bytes", narrow)
         model = self._model_for("gait")
-        thorax = gait_.thorax_of(_bodies(model))
+        thorax = gait_panels.thorax_of(_bodies(model))
         times = viewed.times[window]
         kept_model = not self._model_source[2]  # then positions kept for it are read
         keys = {w: (viewed.archive_id, viewed.generation, w, int(viewed.n_frames[i]),
                     window.start, window.stop) for w, i in zip(worlds, at)}
-        found = self.gaits.get(keys, lambda missing: gait_.world_gaits(
+        found = self.gaits.get(keys, lambda missing: gait_panels.world_gaits(
             viewed.ds, missing, (float(times[0]), float(times[-1])), thorax=thorax,
             model=None if kept_model else model, storage_options=viewed.storage_options or None))
         return {"legs": list(found[0].legs), "thorax": thorax,
                 "window": [float(times[0]), float(times[-1])], "frames": frames,
-                "units": gait_.units(traces_.LENGTH_UNIT),
+                "units": gait_panels.units(traces_.LENGTH_UNIT),
                 "worlds": [g.as_json() for g in found]}
 
     def scatter(self, query: Mapping[str, str]) -> dict[str, Any]:

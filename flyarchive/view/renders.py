@@ -102,7 +102,7 @@ class Renders:
     """The server's render queue: one thread, clients served in turn.
 
     Args:
-        viewed: The :class:`~flyarchive.view.archive.ViewedArchive`.
+        viewed: The :class:`~flyarchive.view.shown_archive.ViewedArchive`.
         model: The model to render with (None: none yet, or none at all).
         out: The output folder.
         backend: The renderer.

@@ -17,7 +17,7 @@ the page (or the viewer) opened it, 413 for a request past a bound of
 for a fault of the viewer itself (its type and place logged, for a report).
 
 Every API request that reads the archive first checks that it is still the archive the
-viewer opened (:meth:`~flyarchive.view.archive.ViewedArchive.check_same`: answers from
+viewer opened (:meth:`~flyarchive.view.shown_archive.ViewedArchive.check_same`: answers from
 kept states never outlive a replacement), and that it is the one the page shows (the
 page sends its ``archive_id`` in ``X-Flyarchive-Archive``: a page left open while another
 opened the archive again is told so, not answered from another archive).

@@ -64,7 +64,7 @@ def state(rendered: tuple[str, Path], tmp_path: Path) -> Any:
 @pytest.fixture
 def renders(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     """Counts OpenGL renderers made in this process: none means nothing was rendered."""
-    from flyarchive.replay import opengl as cpu
+    from flyarchive.replay import opengl_frames as cpu
 
     made: list[int] = []
     real = cpu.OpenGLRenderer.__init__

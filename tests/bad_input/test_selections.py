@@ -17,7 +17,7 @@ from flyarchive.errors import CorruptArchiveError, RenderOptionsError, Selection
 from flyarchive.interop.npz_export import export_npz
 from flyarchive.plot import plot_traces
 from flyarchive.query.conditions import where_from_conditions
-from flyarchive.interop.trajectories import read_trajectories
+from flyarchive.recorders.trajectories import read_trajectories
 from flyarchive.testing import flip_bits, shard_file
 from flyarchive.testing.fixtures import snapshot
 from flyarchive.testing.markers import requires_flygym_files

@@ -225,7 +225,7 @@ def test_an_archive_replaced_after_its_states_were_read_is_said(view_url, tmp_pa
 
     assert "was replaced after the viewer opened it" in str(caught.value)
     assert fragment in str(caught.value) and "Open it again" in str(caught.value)
-    assert 1 not in viewer.viewed._cache  # nothing of the new archive kept
+    assert 1 not in viewer.viewed._kept_states  # nothing of the new archive kept
     assert viewer.viewed.states([0])[0]["qpos"] is kept
 
 
@@ -399,13 +399,14 @@ def test_a_dof_or_world_asked_many_times_is_drawn_once(viewed):
 def test_a_trace_request_past_a_bound_answers_413_with_the_bound_before_any_read(tight, query,
                                                                                  fragment):
     served, log = tight
-    before = dict(served.viewer.viewed._cache)
+    kept = served.viewer.viewed._kept_states
+    before = {world: kept.peek(world) for world in kept.keys()}
 
     status, _, body = ask_raw(f"{origin(served)}/api/traces?{query}", headers=token_headers(served))
 
     message = one_line_error(status, body)
     assert status == 413 and fragment in message and "Select fewer" in message
-    assert served.viewer.viewed._cache == before  # nothing read
+    assert {world: kept.peek(world) for world in kept.keys()} == before  # nothing read
     assert log.having("413 GET /api/traces")
 
 

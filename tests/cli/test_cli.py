@@ -9,7 +9,7 @@ import pytest
 
 from flyarchive import open_archive
 from flyarchive.cli import main
-from flyarchive.cli_args import parse_size, parse_time, parse_worlds
+from flyarchive.cli.args import parse_size, parse_time, parse_worlds
 from flyarchive.errors import SelectionError
 from flyarchive.models import save_mjb
 from flyarchive.testing.fixtures import record

@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 
 import flyarchive
-from flyarchive.cli_args import where_mask as _where
-from flyarchive.cli_analyze import parse_keypoints
+from flyarchive.cli.args import where_mask as _where
+from flyarchive.cli.analysis import parse_keypoints
 from flyarchive.testing.fixtures import record
 from flyarchive.testing.markers import requires_movement
 

@@ -9,7 +9,7 @@ import sys
 import pytest
 
 from flyarchive.cli import main
-from flyarchive.cli_args import parse_worlds
+from flyarchive.cli.args import parse_worlds
 from flyarchive.errors import SelectionError
 from flyarchive.testing import TINY_XML
 from flyarchive.testing.fixtures import record

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from flyarchive import open_archive
-from flyarchive.cli_args import parse_world_var
+from flyarchive.cli.args import parse_world_var
 from flyarchive.models import model_bytes
 from flyarchive.testing import SLIDER_XML
 from flyarchive.testing.fixtures import record, slider_archive

@@ -106,7 +106,7 @@ def test_a_cluster_started_early_but_not_used_is_closed(started):
 ])
 def test_the_command_line_starts_early_the_cluster_its_render_will_use(monkeypatch, argv,
                                                                         expected):
-    from flyarchive import cli
+    from flyarchive.cli import commands as cli
     from flyarchive.distribute import gpus
 
     monkeypatch.setattr(gpus, "visible_gpus", lambda **_: list(TWO))

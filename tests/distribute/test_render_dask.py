@@ -21,7 +21,7 @@ from flyarchive.distribute.frames import render_frames  # noqa: E402
 from flyarchive.models import model_bytes  # noqa: E402
 from flyarchive.query import open_archive  # noqa: E402
 from flyarchive.recorders import TrajectoryRecorder  # noqa: E402
-from flyarchive.replay.opengl import OpenGLRenderer  # noqa: E402
+from flyarchive.replay.opengl_frames import OpenGLRenderer  # noqa: E402
 from flyarchive.testing import simulate, tiny_model  # noqa: E402
 from flyarchive.video import VideoOptions, read_video  # noqa: E402
 
@@ -145,7 +145,7 @@ def test_dask_videos_match_in_process_videos(dask_videos: Any, in_process_videos
 @pytest.mark.sweep
 @pytest.mark.timeout(180)
 def test_four_egl_worker_processes_render_at_once(archive: str, model: Any, tmp_path: Path) -> None:
-    from flyarchive.render.blocks import render_block_outputs  # what render_frames' tasks run
+    from flyarchive.render.frame_blocks import render_block_outputs  # what render_frames' tasks run
 
     ds = open_archive(archive).isel(world=0, time=slice(0, 3))
     with OpenGLRenderer(model, "front", SIZE) as renderer:

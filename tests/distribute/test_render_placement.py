@@ -17,7 +17,7 @@ and what they are called, and where the work runs.
 Where work runs is seen from outside: ``distributed.LocalCluster`` and
 ``distributed.Client`` are replaced by recorders that stop the render when asked for a
 cluster (rendering on real clusters is tested in test_render_dask.py and
-test_render_warp.py).
+tests/render/test_render_warp.py).
 """
 
 from __future__ import annotations
@@ -128,7 +128,7 @@ def test_a_memory_archive_renders_in_this_process_whatever_n_workers(tiny, archi
 @requires_distributed
 def test_opengl_renders_on_threads_of_this_process_by_default(tiny, archive, tmp_path, clusters,
                                                               monkeypatch):
-    from flyarchive.render import opengl
+    from flyarchive.render import opengl_pipeline as opengl
 
     threads = set()
     segment = opengl.render_segment

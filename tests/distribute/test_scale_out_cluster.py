@@ -85,7 +85,7 @@ def test_workers_of_a_scheduler_given_start_warming_warp_before_any_render(gpu_l
     def has_warp():
         import sys
 
-        return "mujoco_warp" in sys.modules and "flyarchive.replay.warp" in sys.modules
+        return "mujoco_warp" in sys.modules and "flyarchive.replay.warp_frames" in sys.modules
 
     if any(client.run(has_warp).values()):  # not the first test here: workers of their own
         client.restart(wait_for_workers=True)

@@ -89,7 +89,7 @@ def test_replay_of_neuromechfly_equals_live_rendering_with_its_own_framebuffer(w
     # Replay renders with a framebuffer fitted to the frames, not the model's 2048 x 2048.
     from flyarchive.interop import nmf
     from flyarchive.replay.kinematics import update_render_geometry
-    from flyarchive.replay.opengl import OpenGLRenderer, headless_renderer
+    from flyarchive.replay.opengl_frames import OpenGLRenderer, headless_renderer
 
     size, camera = (96, 128), world.cameras[0]
     qpos = nmf.walk_qpos(3, world=world)

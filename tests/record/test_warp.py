@@ -1,4 +1,4 @@
-"""GPU recording (flyarchive.record.warp) with mujoco-warp on Warp's CPU device."""
+"""GPU recording (flyarchive.record.warp_recorder) with mujoco-warp on Warp's CPU device."""
 
 from __future__ import annotations
 

@@ -5,8 +5,8 @@ directions, and its model's identity is the same on both (issue 32, items 1 and 
 
 The other release runs in the other environment (``bash scripts/dev.sh test`` makes
 both and names its interpreter in ``FLYARCHIVE_TEST_OTHER_PYTHON``), through
-:mod:`flyarchive.testing.releases`. Replay uses the archive's own model
-(:func:`~flyarchive.testing.releases.replay_model_path`): on the release that did not record
+:mod:`flyarchive.testing.across_releases`. Replay uses the archive's own model
+(:func:`~flyarchive.testing.across_releases.replay_model_path`): on the release that did not record
 it, the portable form kept beside the MJB. The models: the tiny test model (simulated where
 it is recorded) and NeuroMechFly exported with its meshes (where flygym is: a walk recorded
 as states).
@@ -20,7 +20,7 @@ import pytest
 
 from flyarchive.testing import TINY_XML
 from flyarchive.testing.markers import OTHER_PYTHON, requires_flygym, requires_other_mujoco
-from flyarchive.testing.releases import (
+from flyarchive.testing.across_releases import (
     compare,
     export_neuromechfly,
     load_replay,

@@ -8,7 +8,7 @@ import pytest
 
 import flyarchive
 from flyarchive.render.options import RenderOptions
-from flyarchive.replay.opengl import OpenGLRenderer
+from flyarchive.replay.opengl_frames import OpenGLRenderer
 
 
 def test_the_default_backend_is_opengl():
@@ -41,7 +41,7 @@ def test_render_frames_takes_backend_cpu_as_opengl(tiny, tmp_path):
 
 
 def test_the_command_line_notes_the_old_name_and_renders_with_opengl(cli, monkeypatch):
-    from flyarchive import cli as cli_module
+    from flyarchive.cli import commands as cli_module
 
     seen = []
     monkeypatch.setattr(cli_module, "_render", lambda args, client: seen.append(args.backend) or 0)

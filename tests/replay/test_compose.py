@@ -7,15 +7,15 @@ import numpy as np
 import pytest
 
 from flyarchive.errors import OptionsError, RenderOptionsError
-from flyarchive.replay.font import CELL_H, CELL_W, GLYPHS, text_codes
-from flyarchive.replay.outputs import (
+from flyarchive.replay.mosaic_tiles import tile_frames
+from flyarchive.replay.output_kinds import (
     counts_to_depth,
     counts_to_ids,
     depth_to_counts,
     ids_to_counts,
     parse_outputs,
 )
-from flyarchive.replay.compose import TEXT_X, TEXT_Y, burn_text, tile_frames
+from flyarchive.replay.overlay_text import CELL_H, CELL_W, GLYPHS, TEXT_X, TEXT_Y, burn_text, text_codes
 from flyarchive.testing import reference_frames, rgb_to_i420, tiny_model
 from flyarchive.testing.markers import WARP_DEVICE, requires_warp
 
@@ -155,7 +155,7 @@ def states():
 
 @pytest.fixture(scope="module")
 def plain_rgb(states):
-    from flyarchive.replay.warp import WarpBatchRenderer
+    from flyarchive.replay.warp_frames import WarpBatchRenderer
 
     renderer = WarpBatchRenderer(tiny_model(), ["front", "top"], SIZE, batch_worlds=8,
                                  device=WARP_DEVICE)
@@ -176,7 +176,7 @@ def host_text(frames: np.ndarray) -> np.ndarray:
 
 @requires_warp
 def test_text_burnt_on_the_device_equals_text_burnt_on_the_host(states, plain_rgb):
-    from flyarchive.replay.warp import WarpBatchRenderer
+    from flyarchive.replay.warp_frames import WarpBatchRenderer
 
     renderer = WarpBatchRenderer(tiny_model(), ["front", "top"], SIZE, batch_worlds=8,
                                  device=WARP_DEVICE, text_chars=16)
@@ -189,7 +189,7 @@ def test_text_burnt_on_the_device_equals_text_burnt_on_the_host(states, plain_rg
 @requires_warp
 def test_a_device_mosaic_is_the_i420_of_the_host_tiling_with_blank_tiles_black(states,
                                                                               plain_rgb):
-    from flyarchive.replay.warp import WarpBatchRenderer
+    from flyarchive.replay.warp_frames import WarpBatchRenderer
 
     valid = np.array([1, 1, 1, 0, 1, 0, 1, 1], bool)
     tiles = host_text(plain_rgb)
@@ -216,7 +216,7 @@ def test_a_device_mosaic_is_the_i420_of_the_host_tiling_with_blank_tiles_black(s
     ({"outputs": ("depth",), "text_chars": 8}, "unless RGB is an output"),
 ])
 def test_compositions_the_renderer_cannot_make_are_refused(options, fragment):
-    from flyarchive.replay.warp import WarpBatchRenderer
+    from flyarchive.replay.warp_frames import WarpBatchRenderer
 
     with pytest.raises(OptionsError, match=fragment):
         WarpBatchRenderer(tiny_model(), "front", SIZE, batch_worlds=8, device=WARP_DEVICE,
@@ -226,7 +226,7 @@ def test_compositions_the_renderer_cannot_make_are_refused(options, fragment):
 @requires_warp
 def test_a_mosaic_batch_of_partial_mosaic_frames_is_refused(states):
     from flyarchive.errors import SelectionError
-    from flyarchive.replay.warp import WarpBatchRenderer
+    from flyarchive.replay.warp_frames import WarpBatchRenderer
 
     renderer = WarpBatchRenderer(tiny_model(), "front", SIZE, batch_worlds=8, device=WARP_DEVICE,
                                  mosaic=(2, 2), pixel_format="yuv420p")

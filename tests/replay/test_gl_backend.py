@@ -26,7 +26,7 @@ def run_python(code: str, **env_changes: str | None) -> subprocess.CompletedProc
 
 @pytest.mark.subprocess
 def test_importing_the_renderers_sets_no_environment_variable() -> None:
-    code = ("import os, flyarchive.replay.opengl, flyarchive.distribute.api\n"
+    code = ("import os, flyarchive.replay.opengl_frames, flyarchive.distribute.api\n"
             "print(os.environ.get('MUJOCO_GL'))\n")
 
     result = run_python(code)
@@ -39,7 +39,7 @@ def test_importing_the_renderers_sets_no_environment_variable() -> None:
 def test_a_renderer_uses_egl_when_mujoco_gl_is_unset_and_leaves_mujocos_choice() -> None:
     code = (
         "import os\n"
-        "from flyarchive.replay.opengl import OpenGLRenderer\n"  # before mujoco's GL is chosen
+        "from flyarchive.replay.opengl_frames import OpenGLRenderer\n"  # before mujoco's GL is chosen
         "from flyarchive.testing import tiny_model\n"
         "from mujoco.rendering.classic import gl_context\n"
         "model = tiny_model()\n"

@@ -18,7 +18,7 @@ import pytest
 
 from flyarchive.errors import FrameSizeError, LayoutMismatchError, RenderBackendError
 from flyarchive.replay.kinematics import set_state, update_render_geometry
-from flyarchive.replay.opengl import OpenGLRenderer, headless_renderer, pin_rasterizer_threads
+from flyarchive.replay.opengl_frames import OpenGLRenderer, headless_renderer, pin_rasterizer_threads
 from flyarchive.testing import simulate, slider_model, tiny_model
 from flyarchive.testing.replay_suite import ReplayTests
 
@@ -187,7 +187,7 @@ def test_a_renderer_that_rendered_in_another_thread_is_closed_here(call) -> None
 @pytest.mark.subprocess
 def test_unusable_egl_raises_render_backend_error_with_instructions() -> None:
     script = (
-        "from flyarchive.replay.opengl import OpenGLRenderer\n"
+        "from flyarchive.replay.opengl_frames import OpenGLRenderer\n"
         "from flyarchive.testing import tiny_model\n"
         "try:\n"
         "    OpenGLRenderer(tiny_model(), 'front')\n"
@@ -221,7 +221,7 @@ def test_egl_is_used_even_when_mujoco_was_imported_before_flyarchive() -> None:
         "import mujoco\n"  # MUJOCO_GL unset here: MuJoCo binds GLFW, which needs a display
         "from mujoco.rendering.classic import gl_context\n"
         "before = gl_context.GLContext\n"
-        "from flyarchive.replay.opengl import OpenGLRenderer\n"
+        "from flyarchive.replay.opengl_frames import OpenGLRenderer\n"
         "from flyarchive.testing import tiny_model\n"
         "model = tiny_model()\n"
         "with OpenGLRenderer(model, 'front', (32, 32)) as renderer:\n"

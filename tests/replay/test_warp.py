@@ -1,4 +1,4 @@
-"""Batch replay with mujoco-warp's renderer (flyarchive.replay.warp), on Warp's CPU device.
+"""Batch replay with mujoco-warp's renderer (flyarchive.replay.warp_frames), on Warp's CPU device.
 
 ``FLYARCHIVE_TEST_WARP_DEVICE=cuda`` runs these tests on a GPU. The behaviours every
 renderer shares are the conformance suite (:class:`flyarchive.testing.replay_suite.ReplayTests`),
@@ -60,7 +60,7 @@ class TestWarpReplay(ReplayTests):
     min_depth_agreement = 0.999
 
     def open_renderer(self, model, cameras, size, outputs=("rgb",)):
-        from flyarchive.replay.warp import WarpBatchRenderer
+        from flyarchive.replay.warp_frames import WarpBatchRenderer
 
         return WarpBatchRenderer(model, cameras, size, batch_worlds=BATCH, device=WARP_DEVICE,
                                  outputs=outputs)
@@ -87,7 +87,7 @@ def _in_batches(render, batch, qpos, mocap_pos, mocap_quat):
 
 @pytest.fixture(scope="module")
 def tiny():
-    from flyarchive.replay.warp import WarpBatchRenderer
+    from flyarchive.replay.warp_frames import WarpBatchRenderer
 
     model = tiny_model()
     renderer = WarpBatchRenderer(model, ["front", "top"], SIZE, batch_worlds=BATCH,
@@ -97,7 +97,7 @@ def tiny():
 
 @pytest.fixture(scope="module")
 def slider():
-    from flyarchive.replay.warp import WarpBatchRenderer
+    from flyarchive.replay.warp_frames import WarpBatchRenderer
 
     model = slider_model()
     return model, WarpBatchRenderer(model, "front", SIZE, batch_worlds=BATCH, device=WARP_DEVICE)
@@ -195,7 +195,7 @@ def test_device_kinematics_match_mj_kinematics(tiny):
 
 
 def test_yuv420p_frames_are_the_bt601_conversion_of_the_rgb_frames(tiny):
-    from flyarchive.replay.warp import WarpBatchRenderer
+    from flyarchive.replay.warp_frames import WarpBatchRenderer
     from flyarchive.testing import rgb_to_i420
 
     model, rgb_renderer = tiny
@@ -212,7 +212,7 @@ def test_yuv420p_frames_are_the_bt601_conversion_of_the_rgb_frames(tiny):
 
 
 def test_yuv420p_needs_even_sizes(tiny):
-    from flyarchive.replay.warp import WarpBatchRenderer
+    from flyarchive.replay.warp_frames import WarpBatchRenderer
 
     model, _ = tiny
     with pytest.raises(FrameSizeError, match="even"):
@@ -277,7 +277,7 @@ def test_importing_flyarchive_and_warp_model_does_not_import_warp():
 
 
 def test_host_buffer_ring_keeps_each_batch_until_it_is_reused(slider):
-    from flyarchive.replay.warp import WarpBatchRenderer
+    from flyarchive.replay.warp_frames import WarpBatchRenderer
 
     model, copying = slider
     qpos = np.linspace(-0.5, 0.5, 3 * BATCH).reshape(3, BATCH, 1)
@@ -293,7 +293,7 @@ def test_host_buffer_ring_keeps_each_batch_until_it_is_reused(slider):
 
 
 def test_submitted_batches_land_in_the_buffers_named(slider):
-    from flyarchive.replay.warp import WarpBatchRenderer
+    from flyarchive.replay.warp_frames import WarpBatchRenderer
 
     model, copying = slider
     qpos = np.linspace(-0.5, 0.5, 2 * BATCH).reshape(2, BATCH, 1)
@@ -313,7 +313,7 @@ def test_submitted_batches_land_in_the_buffers_named(slider):
 
 @requires_cuda
 def test_cuda_graph_batches_equal_kernel_by_kernel_batches(monkeypatch):
-    from flyarchive.replay.warp import WarpBatchRenderer
+    from flyarchive.replay.warp_frames import WarpBatchRenderer
 
     model = tiny_model()
     qpos, mocap_pos, mocap_quat = random_states(model, 4 * BATCH + 1, seed=9)

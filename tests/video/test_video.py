@@ -328,7 +328,7 @@ def slider_columns(n_frames: int, size: tuple[int, int]) -> tuple[np.ndarray, np
 
 
 def test_decoded_frame_k_shows_the_block_where_qpos_k_puts_it(tmp_path: Path) -> None:
-    from flyarchive.replay.opengl import OpenGLRenderer
+    from flyarchive.replay.opengl_frames import OpenGLRenderer
     from flyarchive.testing import slider_model
 
     size = (96, 128)

@@ -179,7 +179,7 @@ def test_an_s3_endpoint_down_mid_session_is_said_and_the_viewer_answers_when_it_
         s3_server, view_url, tmp_path):
     from flyarchive.testing.faultproxy import FaultPlan, FaultProxy
     from flyarchive.testing.view import serving
-    from flyarchive.view.archive import CHECK_WAIT_S
+    from flyarchive.view.shown_archive import CHECK_WAIT_S
 
     url = f"s3://flyarchive-test/{uuid.uuid4().hex}.zarr"
     copy_archive(view_url, url, s3_server.storage_options())

@@ -74,7 +74,7 @@ def test_a_long_path_is_thinned_to_1000_points_keeping_its_ends(tmp_path):
 
 def test_a_world_shown_again_is_answered_without_computing_it_again(walker_url, tmp_path,
                                                                     monkeypatch):
-    from flyarchive.view import gait
+    from flyarchive.view import gait_panels as gait
 
     viewer = viewer_of(walker_url, tmp_path)
     asked: list[list[int]] = []

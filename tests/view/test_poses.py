@@ -7,7 +7,7 @@ import mujoco
 import numpy as np
 
 from flyarchive.testing import simulate, tiny_model
-from flyarchive.view.poses import Poser, scene, visible_geoms
+from flyarchive.view.geom_poses import Poser, scene, visible_geoms
 
 
 def test_poses_are_the_geoms_of_a_live_simulation():

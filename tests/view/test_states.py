@@ -53,7 +53,7 @@ def dataset_states(url: str, index: int) -> dict[str, np.ndarray]:
 
 
 def test_states_are_the_datasets_values_bit_for_bit(uneven):
-    from flyarchive.view.archive import ViewedArchive
+    from flyarchive.view.shown_archive import ViewedArchive
 
     url = uneven[0]
     viewed = ViewedArchive(url)
@@ -69,7 +69,7 @@ def test_states_are_the_datasets_values_bit_for_bit(uneven):
 
 
 def test_states_hold_what_was_written_and_nan_past_each_worlds_frames(uneven):
-    from flyarchive.view.archive import ViewedArchive
+    from flyarchive.view.shown_archive import ViewedArchive
 
     url, written, stored = uneven
     viewed = ViewedArchive(url)
@@ -84,7 +84,7 @@ def test_states_hold_what_was_written_and_nan_past_each_worlds_frames(uneven):
 
 
 def test_states_come_from_the_cache_the_second_time(uneven, monkeypatch):
-    from flyarchive.view.archive import ViewedArchive
+    from flyarchive.view.shown_archive import ViewedArchive
 
     viewed = ViewedArchive(uneven[0])
     first = viewed.states([11])[0]
@@ -102,7 +102,7 @@ def test_states_come_from_the_cache_the_second_time(uneven, monkeypatch):
 def test_a_damaged_chunk_is_named_as_the_dataset_names_it(uneven, tmp_path, damage, fragment):
     from flyarchive.testing import flip_bits, shard_file
     from flyarchive.testing.holes import delete_object
-    from flyarchive.view.archive import ViewedArchive
+    from flyarchive.view.shown_archive import ViewedArchive
 
     url = copy_archive(uneven[0], tmp_path / "damaged.zarr")
     if damage == "flip":
@@ -121,12 +121,12 @@ def test_a_damaged_chunk_is_named_as_the_dataset_names_it(uneven, tmp_path, dama
     assert fragment in str(caught.value) and fragment in str(by_dataset.value)
     assert "flyarchive verify" in str(caught.value)
     assert viewed.states([10])[0]["qpos"].shape[0] == 20  # other shards still read
-    assert 12 not in viewed._cache and 13 not in viewed._cache
+    assert 12 not in viewed._kept_states and 13 not in viewed._kept_states
     assert snapshot(url) == before  # nothing written
 
 
 def test_states_read_the_same_on_every_storage(uneven, location):
-    from flyarchive.view.archive import ViewedArchive
+    from flyarchive.view.shown_archive import ViewedArchive
 
     url = copy_archive(uneven[0], location.url, location.storage_options)
     expected = ViewedArchive(uneven[0]).states(list(WORLD_IDS))

@@ -4,7 +4,7 @@ pictures and positions compared.
 flyarchive supports two MuJoCo lines, each in an environment of its own (``scripts/dev.sh``:
 ``.venv``, MuJoCo 3.16 with flygym; ``.venv-mujoco4``, MuJoCo 4.0.1). A test runs here
 what this environment does and, through :func:`run_in`, what the other one does: this
-module is also the child's program (``python -m flyarchive.testing.releases STEPS``: a JSON
+module is also the child's program (``python -m flyarchive.testing.across_releases STEPS``: a JSON
 list of :func:`record_step` and :func:`replay_step`, run in one process). :func:`record` records a short recording of an MJCF
 model (the tiny model simulated, or given states such as a NeuroMechFly walk);
 :func:`replay` renders its frames with :func:`flyarchive.render_frames` (OpenGL) and
@@ -207,11 +207,11 @@ def run_in(python: str, steps: Sequence[dict[str, Any]], *,
             its status and output.
     """
     env = {**os.environ, "MUJOCO_GL": os.environ.get("MUJOCO_GL", "egl")}
-    done = subprocess.run([python, "-m", "flyarchive.testing.releases", json.dumps(list(steps))],
+    done = subprocess.run([python, "-m", "flyarchive.testing.across_releases", json.dumps(list(steps))],
                           capture_output=True, text=True, timeout=timeout_s, env=env)
     lines = [line for line in done.stdout.splitlines() if line.startswith("{")]
     if done.returncode != 0 or not lines or done.stderr.strip():
-        raise RuntimeError(f"{python} -m flyarchive.testing.releases ended with status "
+        raise RuntimeError(f"{python} -m flyarchive.testing.across_releases ended with status "
                            f"{done.returncode}; stdout: {done.stdout[-2000:]!r}; "
                            f"stderr: {done.stderr[-4000:]!r}")
     return json.loads(lines[-1])

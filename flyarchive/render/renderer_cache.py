@@ -6,8 +6,9 @@ opened once per process, and again only when the archive was replaced).
 
 Building a renderer costs far more than a task's frames (a GL context and scene, or a
 mujoco-warp model, render context and BVH on the device), and a worker renders many
-tasks with one model. Each :class:`RendererCache` holds one renderer and closes it when
-another is asked for:
+tasks with one model. Each renderer cache (:func:`renderer_cache`, a
+:class:`~flyarchive.lru.LRUCache` of one) holds one renderer and closes it when another is
+asked for:
 
 - OpenGL renderers (:func:`opengl_renderer`) are kept per thread: a GL context belongs to
   the thread that made it;
@@ -15,6 +16,9 @@ another is asked for:
   (:func:`warp_slot`), each used by one batch stream at a time under its lock: slot 0
   for a process's render, one slot per render thread sharing Warp's CPU device, and
   :data:`BLOCKS_SLOT` for the blocks of ``render_frames``.
+
+The archives are kept in an :class:`~flyarchive.lru.LRUCache` too (the last
+:data:`ARCHIVES_KEPT`).
 """
 
 from __future__ import annotations
@@ -22,52 +26,44 @@ from __future__ import annotations
 import atexit
 import json
 import threading
-from collections.abc import Callable, Hashable, Sequence
+from collections.abc import Hashable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from flyarchive import config
+from flyarchive.lru import LRUCache
 from flyarchive.models import bytes_sha256, model_from_bytes
 
 if TYPE_CHECKING:
     from collections.abc import Mapping
 
-    from flyarchive.replay.opengl import OpenGLRenderer
-    from flyarchive.replay.warp import WarpBatchRenderer
+    from flyarchive.replay.opengl_frames import OpenGLRenderer
+    from flyarchive.replay.warp_frames import WarpBatchRenderer
     from flyarchive.store.header import ArchiveHeader
     from flyarchive.store.reader import StateReader
 
-#: The Warp slot of the blocks of ``render_frames`` (:mod:`flyarchive.render.blocks`).
+#: The Warp slot of the blocks of ``render_frames`` (:mod:`flyarchive.render.frame_blocks`).
 BLOCKS_SLOT = -1
 
 
-class RendererCache:
-    """The renderer last asked for, by key; asking for another key closes it first.
+#: Archives kept opened (their state reader and header), at most: a worker renders from few.
+ARCHIVES_KEPT = 8
 
-    Not thread-safe: one cache per thread, or a lock around it.
-    """
 
-    def __init__(self) -> None:
-        self._key: Hashable | None = None
-        self._renderer: Any = None
+def renderer_cache(name: str) -> LRUCache[Hashable, Any]:
+    """A cache of one renderer: :meth:`~flyarchive.lru.LRUCache.get` of another key closes
+    the renderer kept before it makes the next (two renderers' GL contexts or device
+    buffers are never held at once); :meth:`~flyarchive.lru.LRUCache.clear` closes it."""
+    return LRUCache(1, on_evict=_close, name=name)
 
-    def get(self, key: Hashable, make: Callable[[], Any]) -> Any:
-        """The renderer of ``key``: the one held, or ``make()`` (the one held is closed)."""
-        if self._renderer is None or key != self._key:
-            self.clear()
-            self._renderer = make()
-            self._key = key
-        return self._renderer
 
-    def clear(self) -> None:
-        """Close and forget the renderer held (if it has ``close``). Idempotent."""
-        renderer, self._renderer, self._key = self._renderer, None, None
-        if renderer is not None and hasattr(renderer, "close"):
-            renderer.close()
+def _close(renderer: Any) -> None:
+    if hasattr(renderer, "close"):
+        renderer.close()
 
 
 # ----------------------------------------------------------------------------- OpenGL
 _local = threading.local()
-_every_thread: list[RendererCache] = []  # closed at exit, before EGL is terminated
+_every_thread: list[LRUCache[Hashable, Any]] = []  # closed at exit, before EGL is terminated
 _every_lock = threading.Lock()
 _exit_hook = False
 
@@ -78,7 +74,7 @@ def opengl_renderer(blob: bytes, cameras: Sequence[str], size: tuple[int, int],
     the one kept, or a new one (the one kept is closed). A worker process of a local
     cluster pins Mesa's rasterizer to one thread first (:func:`flyarchive.config.is_worker`).
     """
-    from flyarchive.replay.opengl import OpenGLRenderer, pin_rasterizer_threads
+    from flyarchive.replay.opengl_frames import OpenGLRenderer, pin_rasterizer_threads
 
     def make() -> OpenGLRenderer:
         if config.is_worker():
@@ -86,19 +82,21 @@ def opengl_renderer(blob: bytes, cameras: Sequence[str], size: tuple[int, int],
         return OpenGLRenderer(model_from_bytes(blob), tuple(cameras), size, outputs=tuple(outputs))
 
     key = (bytes_sha256(blob), tuple(cameras), tuple(size), tuple(outputs))
-    return thread_renderers().get(key, make)
+    renderer = thread_renderers().get(key, make)
+    _close_at_exit()
+    return renderer
 
 
-def thread_renderers() -> RendererCache:
+def thread_renderers() -> LRUCache[Hashable, Any]:
     """This thread's renderer cache (OpenGL: a GL context is bound to its thread).
 
     Every thread's renderer is closed when the interpreter exits, before MuJoCo
     terminates EGL (whose own exit hook, registered when the first renderer imported
-    it, runs after ours).
+    it, runs after ours: :func:`_close_at_exit`).
     """
     cache = getattr(_local, "renderers", None)
     if cache is None:
-        cache = _local.renderers = _ClosedAtExit()
+        cache = _local.renderers = renderer_cache(f"OpenGL renderer of {threading.current_thread().name}")
         with _every_lock:
             _every_thread.append(cache)
     return cache
@@ -110,18 +108,14 @@ def close_thread_renderers() -> None:
     thread_renderers().clear()
 
 
-class _ClosedAtExit(RendererCache):
-    """A cache whose renderers are closed at exit; the exit hook is registered after the
-    first renderer exists (so after MuJoCo's EGL hook, hence run before it)."""
-
-    def get(self, key: Hashable, make: Callable[[], Any]) -> Any:
-        global _exit_hook
-        renderer = super().get(key, make)
-        with _every_lock:
-            if not _exit_hook:
-                atexit.register(_close_every_thread)
-                _exit_hook = True
-        return renderer
+def _close_at_exit() -> None:
+    """Register, once, the exit hook that closes every thread's renderer: after the first
+    renderer exists (so after MuJoCo's EGL hook, hence run before it)."""
+    global _exit_hook
+    with _every_lock:
+        if not _exit_hook:
+            atexit.register(_close_every_thread)
+            _exit_hook = True
 
 
 def _close_every_thread() -> None:
@@ -132,25 +126,28 @@ def _close_every_thread() -> None:
 
 
 # ----------------------------------------------------------------------------- Warp
-_slots: dict[int, tuple[RendererCache, threading.Lock]] = {}
+#: Slot -> its renderer cache and lock (the slots a process uses: not a cache itself).
+_slots: dict[int, tuple[LRUCache[Hashable, Any], threading.Lock]] = {}
 _slots_lock = threading.Lock()
 
 
-def warp_slot(slot: int = 0) -> tuple[RendererCache, threading.Lock]:
+def warp_slot(slot: int = 0) -> tuple[LRUCache[Hashable, Any], threading.Lock]:
     """This process's Warp renderer cache of ``slot`` and its lock (one batch stream per
     renderer at a time: hold the lock while using it)."""
     with _slots_lock:
-        return _slots.setdefault(slot, (RendererCache(), threading.Lock()))
+        if slot not in _slots:
+            _slots[slot] = (renderer_cache(f"Warp renderer of slot {slot}"), threading.Lock())
+        return _slots[slot]
 
 
-def warp_renderer(cache: RendererCache, blob: bytes, cameras: str | Sequence[str],
+def warp_renderer(cache: LRUCache[Hashable, Any], blob: bytes, cameras: str | Sequence[str],
                   size: tuple[int, int], *, batch_worlds: int, device: str,
                   **options: Any) -> WarpBatchRenderer:
-    """The :class:`~flyarchive.replay.warp.WarpBatchRenderer` of a model (MJB bytes),
+    """The :class:`~flyarchive.replay.warp_frames.WarpBatchRenderer` of a model (MJB bytes),
     cameras, size, batch size, device and other renderer ``options`` (``outputs``,
     ``pixel_format``, ``host_buffers``, ``mosaic``...) in ``cache``: the one kept, or a
     new one (the one kept is closed). Call it holding the cache's lock."""
-    from flyarchive.replay.warp import WarpBatchRenderer
+    from flyarchive.replay.warp_frames import WarpBatchRenderer
 
     def make() -> WarpBatchRenderer:
         # WarpBatchRenderer prepares a copy with prepare_for_batch_rendering.
@@ -172,8 +169,8 @@ def clear_renderers() -> None:
 
 
 # ----------------------------------------------------------------------------- archives
-_archives: dict[tuple[str, str], tuple[StateReader, ArchiveHeader | None]] = {}
-_archives_lock = threading.Lock()
+_ARCHIVES: LRUCache[tuple[str, str], tuple[StateReader, ArchiveHeader | None]] = LRUCache(
+    ARCHIVES_KEPT, name="archives read by renders")
 
 
 def _archive_key(url: str, storage_options: Mapping[str, Any] | None) -> tuple[str, str]:
@@ -188,21 +185,21 @@ def keep_archive(url: str, storage_options: Mapping[str, Any] | None,
 
     reader = StateReader(url, storage_options or None, group=header.group,
                          world_ids=header["world"].values)
-    with _archives_lock:
-        _archives[_archive_key(url, storage_options)] = (reader, header)
+    _ARCHIVES.put(_archive_key(url, storage_options), (reader, header))
 
 
 def _kept(url: str, storage_options: Mapping[str, Any] | None, archive_id: str | None
           ) -> tuple[StateReader, ArchiveHeader | None]:
     from flyarchive.store.reader import StateReader
 
+    def opened() -> tuple[StateReader, ArchiveHeader | None]:
+        return StateReader(url, storage_options or None), None
+
     key = _archive_key(url, storage_options)
-    with _archives_lock:
-        kept = _archives.get(key)
-    if kept is None or (archive_id is not None and kept[0].archive_id != archive_id):
-        kept = (StateReader(url, storage_options or None), None)
-        with _archives_lock:
-            _archives[key] = kept
+    kept = _ARCHIVES.get(key, opened)
+    if archive_id is not None and kept[0].archive_id != archive_id:  # replaced since
+        kept = opened()
+        _ARCHIVES.put(key, kept)
     return kept
 
 
@@ -224,6 +221,5 @@ def archive_header(url: str, storage_options: Mapping[str, Any] | None,
     reader, header = _kept(url, storage_options, archive_id)
     if header is None:
         header = open_header(url, storage_options or None, group=reader.group)
-        with _archives_lock:
-            _archives[_archive_key(url, storage_options)] = (reader, header)
+        _ARCHIVES.put(_archive_key(url, storage_options), (reader, header))
     return header

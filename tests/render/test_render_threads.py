@@ -19,7 +19,7 @@ import pytest
 
 from flyarchive.distribute.api import RenderOptions, render_videos
 from flyarchive.errors import CorruptArchiveError
-from flyarchive.render import opengl
+from flyarchive.render import opengl_pipeline as opengl
 from flyarchive.testing.fixtures import record
 from flyarchive.video import VideoOptions, read_video
 
@@ -127,8 +127,8 @@ def test_ctrl_c_stops_the_threads_and_keeps_the_videos_finished_before(
 
 def test_the_second_context_is_made_after_the_first_frame_and_each_is_freed(
         archive, tiny, tmp_path, two_cores, monkeypatch):
-    from flyarchive.replay.opengl import OpenGLRenderer
-    from flyarchive.video.outputs import OutputWriter
+    from flyarchive.replay.opengl_frames import OpenGLRenderer
+    from flyarchive.video.output_files import OutputWriter
 
     events = []
     init, close, write = OpenGLRenderer.__init__, OpenGLRenderer.close, OutputWriter.write

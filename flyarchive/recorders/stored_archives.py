@@ -1,12 +1,12 @@
-"""The public recorders, bound to flyarchive's archives: :class:`TrajectoryRecorder`
-(:mod:`flyarchive.record.cpu`) and :class:`WarpTrajectoryRecorder`
-(:mod:`flyarchive.record.warp`, made on first use: its module imports Warp), writing
-through the store's :class:`~flyarchive.store.ArchiveWriter` and reading their recording
-back (``.trajectory``) through :mod:`flyarchive.interop.trajectories` (:data:`ARCHIVES`).
+"""flyarchive's archives as the public recorders write them: :class:`StoredArchives`, the
+store's :class:`~flyarchive.store.ArchiveWriter` behind the record stage's protocols
+(:class:`flyarchive.record.sink.Archives`), and :data:`ARCHIVES`, the one the public
+recorders are bound to.
 
 The record stage imports only the base modules: its recorders sample state and hand
 blocks of frames to a sink (:mod:`flyarchive.record.sink`); this module hands them the
-store (dependency injection). ``flyarchive.TrajectoryRecorder`` is this module's.
+store (dependency injection), and reads their recording back (``.trajectory``) through
+:mod:`flyarchive.recorders.trajectories`.
 """
 
 from __future__ import annotations
@@ -14,11 +14,10 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from flyarchive.archive_spec import ArchiveSpec
 from flyarchive.clock import Timing
 from flyarchive.layout import ModelLayout
-from flyarchive.record import cpu
 from flyarchive.record.sink import ArchiveSink
-from flyarchive.record.spec import ArchiveSpec
 
 
 class StoredArchives:
@@ -44,7 +43,7 @@ class StoredArchives:
 
     def read_trajectories(self, url: str, storage_options: Mapping[str, Any] | None = None, *,
                           worlds: Sequence[int] | None = None) -> Any:
-        from flyarchive.interop.trajectories import read_trajectories
+        from flyarchive.recorders.trajectories import read_trajectories
 
         return read_trajectories(url, storage_options, worlds=worlds)
 
@@ -56,20 +55,3 @@ class StoredArchives:
 
 #: flyarchive's archives, as the public recorders write them.
 ARCHIVES = StoredArchives()
-
-
-class TrajectoryRecorder(cpu.TrajectoryRecorder):
-    __doc__ = cpu.TrajectoryRecorder.__doc__
-    archives = ARCHIVES
-
-
-def __getattr__(name: str) -> Any:
-    """:class:`WarpTrajectoryRecorder`, bound on first use (its module imports Warp)."""
-    if name != "WarpTrajectoryRecorder":
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    from flyarchive.record.warp import WarpTrajectoryRecorder as Recorder
-
-    bound = type("WarpTrajectoryRecorder", (Recorder,),
-                 {"__doc__": Recorder.__doc__, "__module__": __name__, "archives": ARCHIVES})
-    globals()[name] = bound
-    return bound

@@ -253,7 +253,7 @@ def test_an_overlay_cut_short_draws_no_part_of_a_character(archive, tmp_path):
 def test_mosaics_fed_side_by_side_in_each_batch_equal_mosaics_fed_one_at_a_time(
         archive, tmp_path, monkeypatch):
     """Lanes: each batch holds frames of several mosaics, their tiles read at once."""
-    import flyarchive.render.warp as pipeline
+    import flyarchive.render.warp_pipeline as pipeline
     from flyarchive.render.plan import pack_batches
 
     lanes_used = []

@@ -156,7 +156,7 @@ def output_urls(out_dir: str | os.PathLike[str], job: Job | int, camera: str,
             before ``.mp4``, as :func:`flyarchive.render.plan.job_video_path`), a world
             id, or a :class:`~flyarchive.video.mosaic.MosaicJob` (RGB only).
         camera: Its camera name.
-        outputs: Names from :data:`flyarchive.replay.outputs.OUTPUTS`.
+        outputs: Names from :data:`flyarchive.replay.output_kinds.OUTPUTS`.
     """
     from flyarchive.video.mosaic import is_mosaic
 
@@ -212,7 +212,7 @@ class OutputWriter(CloseOrAbort):
     Args:
         folder: Local folder for the files being written.
         name: File name stem (``front`` -> ``front.mp4``, ``front.depth.zarr``...).
-        outputs: Names from :data:`flyarchive.replay.outputs.OUTPUTS`.
+        outputs: Names from :data:`flyarchive.replay.output_kinds.OUTPUTS`.
         fps: Frames per second of video.
         size: ``(H, W)`` of the RGB frames (of the mosaic, for a mosaic).
         n_frames: Frames the video will hold (maps are allocated for them).

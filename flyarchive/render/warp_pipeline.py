@@ -1,5 +1,5 @@
 """Archive -> mp4 on mujoco-warp's batch renderer (backends ``"gpu"`` and ``"warp-cpu"``).
-The twin of :mod:`flyarchive.render.opengl`: read states, render, encode.
+The twin of :mod:`flyarchive.render.opengl_pipeline`: read states, render, encode.
 
 One process drives one Warp device. The (world, frame) work of a render plan is
 packed world-major into batches of ``B = options.batch_worlds`` states, so that a
@@ -54,7 +54,7 @@ from flyarchive.render.encoders import MAX_ENCODERS, Encoders
 from flyarchive.render.options import RenderOptions
 from flyarchive.render.output_plan import text_chars
 from flyarchive.render.plan import Batch, Job, OnVideo, RenderPlan, pack_batches, split_groups
-from flyarchive.render.renderers import archive_header, state_reader, warp_renderer, warp_slot
+from flyarchive.render.renderer_cache import archive_header, state_reader, warp_renderer, warp_slot
 from flyarchive.render.threads import run_threads
 from flyarchive.replay import WARP_BACKENDS
 from flyarchive.schema import finite_frames
@@ -63,7 +63,7 @@ from flyarchive.video.mosaic import is_mosaic
 from flyarchive.video.workspace import scratch_dir
 
 if TYPE_CHECKING:
-    from flyarchive.replay.warp import WarpBatchRenderer
+    from flyarchive.replay.warp_frames import WarpBatchRenderer
 #: Largest batch on Warp's CPU device, which renders a batch's states one after
 #: another: bigger batches save nothing there and make partial batches cost more;
 #: below 4 the launch overhead shows. NeuroMechFly 240x320 on a 2-core VM: one
@@ -386,7 +386,7 @@ class BatchSource:
         items = plan.options.overlays
         self._overlay = None
         if items or self._mosaic:
-            from flyarchive.video.overlay_text import OverlayText
+            from flyarchive.replay.overlay_text import OverlayText
 
             header = archive_header(plan.url, plan.storage_options, plan.archive_id)
             self._overlay = OverlayText(header, items, label_world=self._mosaic,

@@ -1,9 +1,9 @@
-"""``flyarchive`` command line: each subcommand calls one public function.
+"""The ``flyarchive`` command line's parser and subcommands: each calls one public function.
 
 ``render`` decides where it runs once, starting its cluster before the heavy imports
 (:func:`render_cluster`), and calls :func:`flyarchive.render_videos` with that cluster's
 client. The parsers the subcommands share, and the arguments of ``render``, are
-:mod:`flyarchive.cli_args`'s; the analysis subcommands are :mod:`flyarchive.cli_analyze`'s.
+:mod:`flyarchive.cli.args`'s; the analysis subcommands are :mod:`flyarchive.cli.analysis`'s.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-from flyarchive.cli_args import (
+from flyarchive.cli.args import (
     add_render_arguments,
     parse_gpus,
     parse_size,
@@ -375,7 +375,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--dof", action="append", help="dof label (repeatable; default: a few)")
     p.add_argument("--out", required=True, help="PNG path")
     storage(p)
-    from flyarchive.cli_analyze import CliTools, add_commands
+    from flyarchive.cli.analysis import CliTools, add_commands
 
     add_commands(add, storage, CliTools(parse_worlds, parse_time, storage_options_arg), takeover)
     p = add("demo", cmd_demo, "Simulate walking NeuroMechFly worlds, record, verify, render.")
@@ -472,6 +472,3 @@ def run() -> None:
     gc.freeze()
     sys.exit(code)
 
-
-if __name__ == "__main__":
-    run()

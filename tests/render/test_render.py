@@ -1,4 +1,4 @@
-"""Archive -> mp4 and lazy frames, in this process (Dask runs are in test_render_dask.py).
+"""Archive -> mp4 and lazy frames, in this process (Dask runs are in tests/distribute/test_render_dask.py).
 
 What every backend does with an archive (frame k shows state k, NaN frames black) is in
 the replay conformance suite (tests/replay/test_opengl.py::TestOpenGLReplay).
@@ -21,7 +21,7 @@ from flyarchive.errors import (
     SelectionError,
 )
 from flyarchive.layout import ModelLayout
-from flyarchive.replay.opengl import OpenGLRenderer
+from flyarchive.replay.opengl_frames import OpenGLRenderer
 from flyarchive.store import ArchiveSpec, ArchiveWriter, FrameBlock
 from flyarchive.testing import slider_model
 from flyarchive.testing.fixtures import record

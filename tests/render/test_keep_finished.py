@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from flyarchive import TrajectoryRecorder
-from flyarchive.render import opengl
+from flyarchive.render import opengl_pipeline as opengl
 from flyarchive.distribute.api import RenderOptions, render_videos
 from flyarchive.testing import simulate
 from flyarchive.testing.fixtures import copy_archive, record

@@ -1,5 +1,7 @@
 """What is fixed when an archive is created (:class:`ArchiveSpec`), checked before
-anything is written, and a block of frames to commit (:class:`FrameBlock`).
+anything is written, how it is created (:func:`parse_mode`), and a block of frames to commit
+(:class:`FrameBlock`): what the recorders hand the store (both import it; the store never
+imports the record stage).
 
 Every check here runs when a spec is built, so a recorder refuses bad options in
 its constructor, before the first frame and before it touches storage: nothing
@@ -18,7 +20,7 @@ import numpy as np
 
 from flyarchive import codecs
 from flyarchive.clock import Timing
-from flyarchive.errors import SchemaError
+from flyarchive.errors import OptionsError, SchemaError
 from flyarchive.layout import ModelLayout
 from flyarchive.models import PortableModel, check_mjb
 from flyarchive.schema import MAX_STRING_CHUNK_BYTES, MAX_STRINGS, RESERVED_ATTRS
@@ -34,6 +36,9 @@ MAX_WORLD_ID = 2**63 - 1
 #: Names the archive uses for its own arrays and groups; world variables may not.
 RESERVED_NAMES = frozenset({"qpos", "mocap_pos", "mocap_quat", "n_frames", "time", "world", "dof",
                             "mocap", "xyz", "wxyz", "claims", "models", "zarr.json"})
+
+#: The creation modes of an archive: fail if one exists, replace it, or append to it.
+MODES = ("w-", "w", "a")
 
 
 def _whole(name: str, value: Any, low: int, high: int) -> int:
@@ -298,3 +303,14 @@ class FrameBlock:
     mocap_quat: np.ndarray | None = None
     sim_time: np.ndarray | None = None
     frame: np.ndarray | None = None
+
+
+def parse_mode(mode: str) -> str:
+    """Check a creation mode (:data:`MODES`): ``"w-"``, ``"w"`` or ``"a"``.
+
+    Raises:
+        OptionsError: for anything else (a ValueError).
+    """
+    if not isinstance(mode, str) or mode not in MODES:
+        raise OptionsError(f"mode must be one of {MODES}, got {mode!r}.")
+    return mode

@@ -76,7 +76,7 @@ def slider_worlds(tmp_path_factory: pytest.TempPathFactory) -> tuple[str, np.nda
 @pytest.fixture(scope="module", autouse=True)
 def warm_warp() -> None:
     """Import mujoco-warp and load its cached kernels once for the module."""
-    from flyarchive.replay.warp import WarpBatchRenderer
+    from flyarchive.replay.warp_frames import WarpBatchRenderer
 
     WarpBatchRenderer(slider_model(), "front", SIZE, batch_worlds=1, device=WARP_DEVICE)
 
@@ -129,7 +129,7 @@ def test_groups_hold_whole_videos_of_about_equal_frames():
 
 @requires_no_cuda
 def test_gpu_backend_without_cuda_suggests_the_cpu_backends():
-    from flyarchive.render.warp import warp_device
+    from flyarchive.render.warp_pipeline import warp_device
 
     with pytest.raises(RenderBackendError, match="warp-cpu"):
         warp_device("gpu")
@@ -276,9 +276,9 @@ def test_warp_cpu_runs_in_this_process_unless_worker_processes_are_asked_for():
 
 @pytest.mark.skipif(BACKEND != "warp-cpu", reason="render threads are warp-cpu's")
 def test_render_threads_make_the_videos_one_thread_makes(tiny_archive, tmp_path):
-    from flyarchive.render import warp as warp_pipeline
+    from flyarchive.render import warp_pipeline
     from flyarchive.render.diagnostics import PipelineProfile
-    from flyarchive.render.warp import render_threads
+    from flyarchive.render.warp_pipeline import render_threads
 
     lossless = RenderOptions(backend=BACKEND, size=SIZE, batch_worlds=4,
                              video=VideoOptions(crf=0, preset="ultrafast"))
@@ -312,7 +312,7 @@ def _threads(n: int):
 
 @pytest.mark.skipif(BACKEND != "warp-cpu", reason="render threads are warp-cpu's")
 def test_a_failing_render_thread_stops_the_others_and_its_error_is_raised(tiny_archive, tmp_path):
-    from flyarchive.render.warp import BatchSource
+    from flyarchive.render.warp_pipeline import BatchSource
     from flyarchive.errors import CorruptArchiveError
 
     real = BatchSource.read

@@ -3,17 +3,17 @@ and encoded on its own (:func:`render_segment`), and the join of one video's seg
 without re-encoding (:func:`join_segments`); every video of a plan in this thread
 (:func:`render_here`) or on render threads of this process, one GL context each
 (:func:`render_threads`); on a Dask cluster the segments and joins are tasks
-(:mod:`flyarchive.distribute.api`). The twin of :mod:`flyarchive.render.warp`.
+(:mod:`flyarchive.distribute.api`). The twin of :mod:`flyarchive.render.warp_pipeline`.
 
 - read: the segment's states through the archive's
   :class:`~flyarchive.store.reader.StateReader` (:func:`world_states`; one per archive,
-  kept by the process, :mod:`flyarchive.render.renderers`), as the Warp pipeline reads
+  kept by the process, :mod:`flyarchive.render.renderer_cache`), as the Warp pipeline reads
   them, as stored (bit-exact);
 - render: one frame at a time (:func:`world_frames`: every output of a world's frames;
   :func:`mosaic_frames`: the tiles of a mosaic), overlays burnt in on the host
-  (:mod:`flyarchive.replay.compose`), on the thread's kept
-  :class:`~flyarchive.replay.opengl.OpenGLRenderer` (:mod:`flyarchive.render.renderers`);
-- encode: one :class:`~flyarchive.video.outputs.OutputWriter` per camera, published into
+  (:mod:`flyarchive.replay.overlay_text`), on the thread's kept
+  :class:`~flyarchive.replay.opengl_frames.OpenGLRenderer` (:mod:`flyarchive.render.renderer_cache`);
+- encode: one :class:`~flyarchive.video.output_files.OutputWriter` per camera, published into
   the run's parts folder; the join copies the mp4 streams and joins the maps into the
   final outputs.
 
@@ -40,22 +40,23 @@ from flyarchive.models import model_from_bytes
 from flyarchive.render.diagnostics import progress_bar
 from flyarchive.render.output_plan import map_attributes
 from flyarchive.render.plan import Job, OnVideo, RenderPlan
-from flyarchive.render.renderers import (
+from flyarchive.render.renderer_cache import (
     archive_header,
     close_thread_renderers,
     opengl_renderer,
     state_reader,
 )
 from flyarchive.render.threads import run_threads
-from flyarchive.replay.compose import burn_text, tile_frames
-from flyarchive.replay.outputs import depth_to_counts, ids_to_counts, map_outputs
+from flyarchive.replay.mosaic_tiles import tile_frames
+from flyarchive.replay.overlay_text import burn_text
+from flyarchive.replay.output_kinds import depth_to_counts, ids_to_counts, map_outputs
 from flyarchive.schema import finite_frames
 from flyarchive.video.mosaic import is_mosaic
 from flyarchive.video.mp4 import VideoOptions
 from flyarchive.video.workspace import RunFolder, filesystem, scratch_dir
 
 if TYPE_CHECKING:
-    from flyarchive.replay.opengl import OpenGLRenderer
+    from flyarchive.replay.opengl_frames import OpenGLRenderer
 
 #: One world's states over a range of frames: qpos ``(n, nq)``, mocap poses or None.
 States = tuple[np.ndarray, "np.ndarray | None", "np.ndarray | None"]
@@ -107,7 +108,7 @@ def render_threads(plan: RenderPlan, blob: bytes, parts: str, n_threads: int, *,
 
     The segments (:meth:`RenderPlan.segments` for ``n_threads``) are taken in playing
     order from one queue; each thread renders its segment on its own GL context
-    (:func:`~flyarchive.render.renderers.opengl_renderer`, freed when the thread ends)
+    (:func:`~flyarchive.render.renderer_cache.opengl_renderer`, freed when the thread ends)
     with one rasterizer thread and a one-thread encoder, and joins a video as soon as its
     last segment is done, then calls ``on_video`` with its entry. MuJoCo releases the GIL
     while it draws, so the threads render on as many cores as worker processes would,
@@ -123,7 +124,7 @@ def render_threads(plan: RenderPlan, blob: bytes, parts: str, n_threads: int, *,
 
     Args and Raises: as :func:`render_here`; ``n_threads`` >= 1.
     """
-    from flyarchive.replay.opengl import pin_rasterizer_threads
+    from flyarchive.replay.opengl_frames import pin_rasterizer_threads
 
     pin_rasterizer_threads(1)  # Mesa reads it when this process makes its first context
     segments = list(plan.segments(n_threads))
@@ -202,7 +203,7 @@ def world_frames(renderer: OpenGLRenderer, states: States, outputs: Sequence[str
     """Render a world's frames one at a time (memory: one frame).
 
     Args:
-        renderer: An :class:`~flyarchive.replay.opengl.OpenGLRenderer` making ``outputs``.
+        renderer: An :class:`~flyarchive.replay.opengl_frames.OpenGLRenderer` making ``outputs``.
         states: The frames' states.
         outputs: What to make.
         depth_scale: Model units per depth count.
@@ -243,7 +244,7 @@ def mosaic_frames(renderer: OpenGLRenderer, tiles: Sequence[States | None], n_fr
     """Render the mosaic frames of a segment one at a time.
 
     Args:
-        renderer: An RGB :class:`~flyarchive.replay.opengl.OpenGLRenderer` at the tile size.
+        renderer: An RGB :class:`~flyarchive.replay.opengl_frames.OpenGLRenderer` at the tile size.
         tiles: Per tile, its world's states from the segment's first frame on (fewer
             than ``n_frames`` when the world's recording ends earlier), or None (blank).
         n_frames: Frames of the segment.
@@ -274,7 +275,7 @@ def _segment_frames(plan: RenderPlan, blob: bytes, job: Job, start: int, stop: i
     """The RGB frame size of a segment and its frames, rendered lazily: ``(rgb, maps)``
     per frame (:func:`world_frames`)."""
     from flyarchive.video.mosaic import mosaic_size
-    from flyarchive.video.overlay_text import OverlayText
+    from flyarchive.replay.overlay_text import OverlayText
 
     options = plan.options
     so, archive_id = plan.storage_options, plan.archive_id
@@ -326,7 +327,7 @@ def render_segment(plan: RenderPlan, blob: bytes, parts: str, job: Job, start: i
         RenderFailedError: the run was given up (its parts folder is gone), or
             ``stopped`` said so; nothing is left behind.
     """
-    from flyarchive.video.outputs import OutputWriter
+    from flyarchive.video.output_files import OutputWriter
 
     options, so = plan.options, plan.out_storage_options
     size, frames = _segment_frames(plan, blob, job, start, stop)
@@ -370,7 +371,7 @@ def _part_urls(parts: str, job: Job, camera: str, start: int, outputs: tuple[str
     """Where a segment's outputs of one camera go in the parts folder; ``"key"`` names the
     segment (its mp4, whether or not RGB is an output)."""
     from flyarchive.video.maps import map_url
-    from flyarchive.video.outputs import output_urls
+    from flyarchive.video.output_files import output_urls
 
     key = output_urls(parts, job, camera)["rgb"][: -len(".mp4")] + f".{start:09d}.mp4"
     return {"key": key, **{n: key if n == "rgb" else map_url(key, n) for n in outputs}}
@@ -398,7 +399,7 @@ def join_segments(plan: RenderPlan, parts: str, job: Job, camera: str,
     from flyarchive.video.manifest import output_root, video_entry
     from flyarchive.video.maps import join_maps, map_url, publish_map
     from flyarchive.video.mp4 import concat_segments
-    from flyarchive.video.outputs import write_output
+    from flyarchive.video.output_files import write_output
 
     outputs = plan.options.outputs
     finals = plan.output_urls(job, camera)

@@ -48,8 +48,8 @@ from flyarchive.record.common import (
     read_back,
     release_writer,
 )
-from flyarchive.record.spec import ArchiveSpec
-from flyarchive.record.sink import ArchiveSink, Archives, parse_mode
+from flyarchive.archive_spec import ArchiveSpec, parse_mode
+from flyarchive.record.sink import ArchiveSink, Archives
 from flyarchive.warp_log import import_warp
 
 wp = import_warp("WarpTrajectoryRecorder")

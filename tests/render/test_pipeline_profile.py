@@ -94,6 +94,6 @@ def test_nested_profiles_see_their_own_blocks() -> None:
 
 
 def test_the_warp_pipeline_keeps_no_module_level_stats() -> None:
-    import flyarchive.render.warp as pipeline
+    import flyarchive.render.warp_pipeline as pipeline
 
     assert not hasattr(pipeline, "STATS")

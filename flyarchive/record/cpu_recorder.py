@@ -22,8 +22,8 @@ from flyarchive.record.common import (
     release_writer,
 )
 from flyarchive.schema import finite_frames
-from flyarchive.record.spec import ArchiveSpec, FrameBlock
-from flyarchive.record.sink import ArchiveSink, Archives, parse_mode
+from flyarchive.archive_spec import ArchiveSpec, FrameBlock, parse_mode
+from flyarchive.record.sink import ArchiveSink, Archives
 
 
 def _n_world_vars(world_vars: Mapping[str, Any]) -> int:

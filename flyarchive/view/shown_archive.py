@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import math
 import threading
-from collections import OrderedDict
 from concurrent.futures import Future, ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
 from collections.abc import Iterator, Mapping, Sequence
@@ -29,9 +28,12 @@ from typing import Any
 import numpy as np
 
 from flyarchive.errors import ArchiveReplacedError, SelectionError, StorageError
+from flyarchive.lru import LRUCache
 
 #: Bytes of states kept in memory (whole worlds: 1000 NeuroMechFly frames are 0.58 MB).
 CACHE_BYTES = 512 << 20
+#: Worlds whose states are kept, at most (below :data:`CACHE_BYTES`, whichever comes first).
+WORLDS_KEPT = 100_000
 #: The state variables the viewer reads, when the archive has them.
 STATES = ("qpos", "mocap_pos", "mocap_quat")
 #: Worlds read at once: reading and decoding release the GIL in part (50 NeuroMechFly
@@ -130,8 +132,8 @@ class ViewedArchive:
         self.storage_options = dict(storage_options or {})
         self.generation = 0
         self._lock = threading.RLock()
-        self._cache: OrderedDict[int, dict[str, np.ndarray]] = OrderedDict()
-        self._cached_bytes = 0
+        self._kept_states: LRUCache[int, dict[str, np.ndarray]] = LRUCache(
+            WORLDS_KEPT, max_weight=CACHE_BYTES, weight=_nbytes, name=f"states of {url!r}")
         self._ds: Any = None
         self._getters: dict[str, Any] = {}
         self._opening = threading.Lock()  # one opening of the dataset at a time
@@ -164,8 +166,7 @@ class ViewedArchive:
             self.dofs = [str(d) for d in header["dof"].values]
             self._index = {int(w): i for i, w in enumerate(world_ids)}
             self._getters = getters
-            self._cache.clear()
-            self._cached_bytes = 0
+            self._kept_states.clear()
             self._ds = None
             self.generation += 1
         threading.Thread(target=_load_indexes, args=(getters,), daemon=True,
@@ -294,7 +295,7 @@ class ViewedArchive:
         self.index_of(worlds)  # unknown ids refused first
         with self._lock:
             generation, getters, index = self.generation, self._getters, self._index
-            missing = sorted({int(w) for w in worlds if int(w) not in self._cache})
+            missing = sorted({int(w) for w in worlds if int(w) not in self._kept_states})
         fresh = {}
         if missing:
 
@@ -309,10 +310,11 @@ class ViewedArchive:
                 fresh = dict(zip(missing, pool.map(read, missing)))
             self._keep(generation, fresh)
         with self._lock:
-            got = [fresh.get(int(w)) or self._cache.get(int(w)) for w in worlds]
-            for w in worlds:
-                if int(w) in self._cache:
-                    self._cache.move_to_end(int(w))
+            got = [fresh.get(int(w)) or self._kept_states.peek(int(w)) for w in worlds]
+            if generation == self.generation:  # each world shown: the most recently used
+                for w, arrays in zip(worlds, got):
+                    if arrays is not None and int(w) in self._kept_states:
+                        self._kept_states.get(int(w), lambda arrays=arrays: arrays)
         return [g for g in got if g is not None]
 
     def _keep(self, generation: int, fresh: Mapping[int, dict[str, np.ndarray]]) -> None:
@@ -320,11 +322,7 @@ class ViewedArchive:
             if generation != self.generation:
                 return  # read from an archive that was opened again meanwhile
             for world, arrays in fresh.items():
-                self._cache[world] = arrays
-                self._cached_bytes += sum(a.nbytes for a in arrays.values())
-            while self._cached_bytes > CACHE_BYTES and len(self._cache) > 1:
-                _, old = self._cache.popitem(last=False)
-                self._cached_bytes -= sum(a.nbytes for a in old.values())
+                self._kept_states.put(world, arrays)  # the oldest go past CACHE_BYTES
 
     @property
     def state_values(self) -> int:
@@ -354,3 +352,8 @@ class ViewedArchive:
             raise SelectionError(f"No frame lies between {start} and {end} s; the archive's "
                                  f"frames: {shown}.")
         return slice(lo, hi)
+
+
+def _nbytes(arrays: Mapping[str, np.ndarray]) -> int:
+    """Bytes of one world's state arrays."""
+    return sum(a.nbytes for a in arrays.values())

@@ -13,7 +13,7 @@ import pytest
 
 from flyarchive.distribute.api import RenderOptions, render_videos
 from flyarchive.render.plan import pack_batches
-from flyarchive.render.warp import _read_ahead
+from flyarchive.render.warp_pipeline import _read_ahead
 from flyarchive.query.selection import VideoJob
 from flyarchive.testing import tiny_model
 from flyarchive.testing.fixtures import record
@@ -83,8 +83,8 @@ def test_a_failed_read_raises_when_its_batch_is_reached_after_the_earlier_ones()
 @requires_warp
 def test_a_worker_builds_its_renderer_once_for_calls_with_the_same_model_and_options(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
-    from flyarchive.render.renderers import clear_renderers
-    from flyarchive.replay import warp as replay_warp
+    from flyarchive.render.renderer_cache import clear_renderers
+    from flyarchive.replay import warp_frames as replay_warp
 
     url = record(tiny_model(), str(tmp_path / "run.zarr"), n_worlds=2)
     clear_renderers()  # not one an earlier test left with the same key

@@ -28,7 +28,7 @@ import numpy as np
 from flyarchive import config
 from flyarchive.errors import OptionsError
 from flyarchive.replay.sizes import frame_shape
-from flyarchive.replay.outputs import (
+from flyarchive.replay.output_kinds import (
     check_segmentable,
     counts_to_depth,
     counts_to_ids,
@@ -48,7 +48,7 @@ from flyarchive.replay.warp_rows import (
 from flyarchive.replay.warp_model import prepare_for_batch_rendering
 from flyarchive.warp_log import import_mujoco_warp, import_warp
 
-_WHAT = "Rendering with mujoco-warp (flyarchive.replay.warp)"
+_WHAT = "Rendering with mujoco-warp (flyarchive.replay.warp_frames)"
 wp = import_warp(_WHAT)
 mjw = import_mujoco_warp(_WHAT)
 
@@ -81,11 +81,11 @@ class WarpBatchRenderer:
             frames ``(H * 3 // 2, W)`` planar I420 (BT.601 limited range), converted
             on the device: half the bytes to copy, and what x264 encodes (see
             :class:`flyarchive.video.VideoWriter`); needs even sizes.
-        outputs: Names from :data:`flyarchive.replay.outputs.OUTPUTS`: RGB frames, and
+        outputs: Names from :data:`flyarchive.replay.output_kinds.OUTPUTS`: RGB frames, and
             depth and segmentation maps packed to 16-bit counts on the device
             (:attr:`PendingBatch.maps`, :meth:`render_outputs`).
         depth_scale: Model length units per depth count; None: the model's far plane
-            / 65534 (:func:`flyarchive.replay.outputs.default_depth_scale`).
+            / 65534 (:func:`flyarchive.replay.output_kinds.default_depth_scale`).
         mosaic: ``(rows, cols)``: each batch's states are tiles of mosaic frames (slot
             ``s`` is tile ``s % (rows * cols)`` of frame ``s // (rows * cols)``), converted
             to I420 straight into one ``(rows * H * 3 // 2, cols * W)`` frame per mosaic
@@ -95,7 +95,7 @@ class WarpBatchRenderer:
             ``texts``), on the device before any conversion; 0: no text.
 
     Attributes:
-        outputs: What the renderer makes, in :data:`~flyarchive.replay.outputs.OUTPUTS` order.
+        outputs: What the renderer makes, in :data:`~flyarchive.replay.output_kinds.OUTPUTS` order.
         depth_scale: Model length units per depth count.
         mosaic: ``(rows, cols)`` of a mosaic renderer, else None.
 
@@ -274,7 +274,7 @@ class WarpBatchRenderer:
                 The caller owns the buffers: do not submit to a buffer whose frames
                 are still in use.
             texts: One text per state, burnt into its frames (every camera) at the top
-                left (:mod:`flyarchive.replay.compose`); needs ``text_chars > 0``;
+                left (:mod:`flyarchive.replay.overlay_text`); needs ``text_chars > 0``;
                 longer texts are cut. None: no text.
             valid: Mosaic renderers: bool ``(n,)``, False for a blank tile (black,
                 whatever its state). None: every state shows.

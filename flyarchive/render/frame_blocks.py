@@ -2,9 +2,9 @@
 outputs: one task renders frames ``[start, stop)`` of one world and camera.
 
 States are read as the video pipelines read them
-(:func:`flyarchive.render.opengl.world_states`); renderers are the process's kept ones
-(:mod:`flyarchive.render.renderers`): OpenGL per thread, Warp in the slot
-:data:`~flyarchive.render.renderers.BLOCKS_SLOT`, used by one task at a time (its lock),
+(:func:`flyarchive.render.opengl_pipeline.world_states`); renderers are the process's kept ones
+(:mod:`flyarchive.render.renderer_cache`): OpenGL per thread, Warp in the slot
+:data:`~flyarchive.render.renderer_cache.BLOCKS_SLOT`, used by one task at a time (its lock),
 on the device of its backend.
 """
 
@@ -16,8 +16,8 @@ from typing import Any
 import numpy as np
 
 from flyarchive.models.shipping import ModelRef, mjb_of
-from flyarchive.render.opengl import world_states
-from flyarchive.render.renderers import BLOCKS_SLOT, opengl_renderer, warp_renderer, warp_slot
+from flyarchive.render.opengl_pipeline import world_states
+from flyarchive.render.renderer_cache import BLOCKS_SLOT, opengl_renderer, warp_renderer, warp_slot
 from flyarchive.replay import WARP_BACKENDS
 from flyarchive.schema import finite_frames
 
@@ -86,7 +86,7 @@ def _warp_outputs(blob: bytes, camera: str, size: tuple[int, int], backend: str,
                   mocap_pos: np.ndarray | None, mocap_quat: np.ndarray | None
                   ) -> dict[str, np.ndarray]:
     """Every output of ``n`` states of one camera on this process's Warp renderer."""
-    from flyarchive.render.warp import warp_device
+    from flyarchive.render.warp_pipeline import warp_device
 
     cache, lock = warp_slot(BLOCKS_SLOT)
     blocks = []

@@ -43,7 +43,7 @@ from flyarchive.errors import (
 from flyarchive.models import camera_ids, camera_names
 from flyarchive.replay.sizes import MAX_GL_SIDE, parse_frame_size
 from flyarchive.replay.kinematics import set_state
-from flyarchive.replay.outputs import check_segmentable, parse_outputs
+from flyarchive.replay.output_kinds import check_segmentable, parse_outputs
 
 _HEADLESS_BACKENDS = ("egl", "osmesa")
 _context_lock = threading.Lock()
@@ -87,7 +87,7 @@ class OpenGLRenderer:
             (what flygym's live renderer uses).
         max_geom: Capacity of the scene (geoms drawn per frame).
         outputs: What :meth:`render_outputs` makes, names from
-            :data:`flyarchive.replay.outputs.OUTPUTS` (default RGB only).
+            :data:`flyarchive.replay.output_kinds.OUTPUTS` (default RGB only).
 
     Raises:
         CameraNotFoundError: if a camera is not in the model (the message lists them).

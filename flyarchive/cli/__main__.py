@@ -1,0 +1,5 @@
+"""``python -m flyarchive.cli``: the ``flyarchive`` command."""
+
+from flyarchive.cli.commands import run
+
+run()
