@@ -50,7 +50,14 @@ _PARAM_MARKS = {"warp": "warp", "warp-cpu": "warp", markers.WARP_BACKEND: "warp"
 #: A test without an expensive marker that takes longer is named at the end of the run.
 _UNMARKED_SLOW_S = 5.0
 #: Files that take minutes (the README's examples, the demo): run first.
-_LONGEST_FILES = ("test_readme.py", "test_demo.py")
+#: The files that take longest (wall seconds summed over their tests, a full run on the
+#: 2-core VM), longest first: worker processes start them before the many short ones, so
+#: that none is left running alone at the end.
+_LONGEST_FILES = ("test_readme.py", "reliability/test_flaky_s3.py", "view/test_browser.py",
+                  "render/test_render_outputs.py", "view/test_gait_panels.py",
+                  "analyze/test_keep.py", "bad_input/test_derived.py",
+                  "render/test_render_warp.py", "reliability/test_testing_s3.py",
+                  "reliability/test_render_kill.py", "test_demo.py")
 _unmarked_slow: list[tuple[str, float]] = []
 
 
@@ -94,7 +101,16 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         config.hook.pytest_deselected(items=left)
     # The longest files first, so that worker processes (pytest-xdist) start them before
     # the many short ones.
-    items[:] = sorted(kept, key=lambda item: item.path.name not in _LONGEST_FILES)
+    items[:] = sorted(kept, key=_start_order)
+
+
+def _start_order(item: pytest.Item) -> int:
+    """Where ``item``'s file is in :data:`_LONGEST_FILES` (the others after them)."""
+    path = item.path.as_posix()
+    for rank, name in enumerate(_LONGEST_FILES):
+        if path.endswith("/tests/" + name):
+            return rank
+    return len(_LONGEST_FILES)
 
 
 def pytest_runtest_logreport(report: pytest.TestReport) -> None:
