@@ -8,6 +8,7 @@ mosaic video with world ids and simulated time burnt in, and plot joint traces.
 from __future__ import annotations
 
 import contextlib
+import os
 import time
 from pathlib import Path
 from typing import Any
@@ -40,8 +41,7 @@ def run_demo(
         render: Render videos (False: record, verify and plot only).
         render_worlds: How many worlds to render.
         overwrite: Replace an earlier demo's output.
-        n_workers: Render worker processes (default: render threads in this process, one
-            per core).
+        n_workers: Render worker processes (default: one per core).
 
     Raises:
         ArchiveExistsError: if ``out`` holds an earlier demo and ``overwrite`` is False.
@@ -59,8 +59,7 @@ def run_demo(
             f"{url!r} holds an earlier demo. Pass --overwrite to replace it, or --out another folder."
         )
     out.mkdir(parents=True, exist_ok=True)
-    # Worker processes asked for: one local cluster for both renders, its workers starting
-    # while the flies walk.
+    # One local cluster for both renders, its workers starting while the flies walk.
     with local_cluster(n_workers) if render and _workers(n_workers) else \
             contextlib.nullcontext() as client:
         return _run(nmf, out, url, n_worlds, seconds, render, render_worlds, overwrite,
@@ -68,8 +67,11 @@ def run_demo(
 
 
 def _workers(n_workers: int | None) -> bool:
-    """Whether the renders run on worker processes, asked for (else on render threads of
-    this process; a wrong ``n_workers`` goes to render_videos, which says what is wrong)."""
+    """Whether the renders run on worker processes (by default one per core on a machine
+    of several; else in this process; a wrong ``n_workers`` goes to render_videos, which
+    says what is wrong)."""
+    if n_workers is None:
+        return (os.cpu_count() or 1) > 1
     return isinstance(n_workers, int) and n_workers >= 1
 
 

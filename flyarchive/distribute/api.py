@@ -148,10 +148,9 @@ def render_videos(
 
     - ``client`` or ``scheduler`` given: on that Dask cluster (``"gpu"``: on workers
       that offer the resource ``GPU``);
-    - else ``"opengl"``: one render thread per core in this process, each with its own
-      GL context (MuJoCo draws without the GIL); a local Dask cluster of ``n_workers``
-      processes that this call starts and stops when ``n_workers`` is given (or where
-      threads cannot make GL contexts: ``MUJOCO_GL=glfw``, one worker per core);
+    - else ``"opengl"``: a local Dask cluster of ``n_workers`` single-core worker
+      processes (None: one per core) that this call starts and stops (in this process on
+      a one-core machine);
     - else ``"gpu"``: every GPU of this machine (or those of ``gpus``), one group of
       videos each: one GPU in this process; several on a local Dask cluster of one
       worker process per GPU, each with its share of the cores, that this call starts
@@ -330,9 +329,7 @@ def run_plan(plan: RenderPlan, blob: bytes, parts: str, where: Where = Where(), 
     """Render every video of ``plan``; their manifest entries, in plan order.
 
     Where :func:`~flyarchive.distribute.placement.placement` says. OpenGL: in this thread
-    (:func:`flyarchive.render.opengl_pipeline.render_here`), on render threads of this process,
-    each with its own GL context (:func:`flyarchive.render.opengl_pipeline.render_threads`), or as
-    (world, frame segment) tasks on a Dask cluster joined per video
+    (:func:`flyarchive.render.opengl_pipeline.render_here`) or as (world, frame segment) tasks on a Dask cluster joined per video
     (:func:`run_segments`). Warp: :func:`~flyarchive.distribute.placement.placement`
     says: in this thread (:func:`flyarchive.render.warp_pipeline.render_jobs`), on render threads
     sharing Warp's CPU device (:func:`flyarchive.render.warp_pipeline.render_threads`), or as
@@ -362,11 +359,9 @@ def run_plan(plan: RenderPlan, blob: bytes, parts: str, where: Where = Where(), 
         gl = placement(plan.options.backend, len(plan.jobs), client=where.client,
                        scheduler=where.scheduler, n_workers=where.n_workers,
                        in_process=where.in_process)
-        if gl.where in ("here", "threads"):
-            from flyarchive.render.opengl_pipeline import render_here, render_threads
+        if gl.where == "here":
+            from flyarchive.render.opengl_pipeline import render_here
 
-            if gl.where == "threads":
-                return render_threads(plan, blob, parts, gl.n_workers or 1, on_video=on_video)
             return render_here(plan, blob, parts, on_video=on_video)
         with connect(where.client, where.scheduler, gl.n_workers) as client:
             return run_segments(plan, blob, parts, client, on_video=on_video)

@@ -41,13 +41,13 @@ def placement(backend: str, n_videos: int, *, client: Any = None, scheduler: str
     """Where :func:`flyarchive.distribute.api.run_plan` renders a plan of ``n_videos`` (world) videos.
 
     - a client or scheduler given: there;
-    - ``"opengl"``: in this process, one thread, with ``in_process``; a local cluster of
-      ``n_workers`` single-core worker processes when ``n_workers`` is given; by default
-      one render thread per core in this process, each with its own GL context (MuJoCo
-      draws without the GIL; a 2-core VM, NeuroMechFly, 2 videos: a local cluster's
-      worker processes took seconds to start before their first frame), one thread on
-      one core, and a local cluster of one worker per core where the GL backend cannot
-      make contexts in threads (``MUJOCO_GL=glfw``, :func:`threads_make_contexts`);
+    - ``"opengl"``: in this process, one thread, with ``in_process`` or on one core;
+      otherwise a local cluster of ``n_workers`` single-core worker processes (None: one
+      per core). Render threads of this process, one GL context each, do not scale:
+      two threads drawing NeuroMechFly with ``mujoco.Renderer`` on the 2-core VM gave
+      6.9 frames/s against one thread's 6.3, and ``flyarchive render`` of 2 x 250
+      frames ran at 9.3 frames/s on two render threads against 16.1 on a local cluster
+      of two worker processes, start-up included (``bench_cpu_replay.py``, idle);
     - ``"gpu"``: the GPUs of ``gpus`` (default: every visible GPU, found without a CUDA
       context here: :func:`flyarchive.distribute.gpus.visible_gpus`; ``visible``
       replaces that list), at most one per video: one GPU (or ``in_process``) renders
@@ -69,11 +69,9 @@ def placement(backend: str, n_videos: int, *, client: Any = None, scheduler: str
         return Placement("cluster")
     if backend not in ("gpu", "warp-cpu"):  # OpenGL
         cores = os.cpu_count() or 1
-        if in_process:
+        if in_process or (n_workers is None and cores <= 1):
             return Placement("here")
-        if n_workers is not None or not threads_make_contexts():
-            return Placement("local", n_workers=n_workers)
-        return Placement("threads", n_workers=cores) if cores > 1 else Placement("here")
+        return Placement("local", n_workers=n_workers)
     if backend == "gpu":
         from flyarchive.distribute import gpus as gpu_placement
 
@@ -89,15 +87,6 @@ def placement(backend: str, n_videos: int, *, client: Any = None, scheduler: str
     if n_workers is None:
         return Placement("threads", device="cpu", n_workers=min(n, n_videos))
     return Placement("local", n_workers=n)
-
-
-def threads_make_contexts() -> bool:
-    """Whether render threads can make OpenGL contexts of their own: the headless backends
-    (EGL, OSMesa; :func:`flyarchive.config.gl_backend`), not GLFW (whose windows, and so
-    contexts, are made on the main thread only) nor another platform's default."""
-    from flyarchive.config import gl_backend
-
-    return gl_backend() in ("egl", "osmesa")
 
 
 def runs_here(backend: str, n_videos: int, *, client: Any = None, scheduler: str | None = None,

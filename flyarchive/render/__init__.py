@@ -8,8 +8,8 @@ whole plan in this process:
 
 - :mod:`flyarchive.render.opengl_pipeline`: backend ``"opengl"``: segments of a world's
   frames read, rendered one frame at a time (overlays and mosaics composed on the host), encoded, and
-  joined without re-encoding (every video of a plan in this thread: ``render_here``; on
-  render threads, one GL context each: ``render_threads``);
+  joined without re-encoding (every video of a plan in this thread: ``render_here``; on a
+  Dask cluster, as tasks of :mod:`flyarchive.distribute.api`);
 - :mod:`flyarchive.render.warp_pipeline`: backends ``"gpu"`` and ``"warp-cpu"``: batches of states
   read ahead, rendered on the device, handed to :mod:`flyarchive.render.encoders` (one
   ffmpeg per video, fed by encoder threads); in this thread (``render_jobs``) or on

@@ -1,8 +1,7 @@
 """Archive -> mp4 on OpenGL (backend ``"opengl"``): a (world, frame segment) read, rendered
 and encoded on its own (:func:`render_segment`), and the join of one video's segments
 without re-encoding (:func:`join_segments`); every video of a plan in this thread
-(:func:`render_here`) or on render threads of this process, one GL context each
-(:func:`render_threads`); on a Dask cluster the segments and joins are tasks
+(:func:`render_here`); on a Dask cluster the segments and joins are tasks
 (:mod:`flyarchive.distribute.api`). The twin of :mod:`flyarchive.render.warp_pipeline`.
 
 - read: the segment's states through the archive's
@@ -24,10 +23,8 @@ MJB model bytes (scattered once), frame ranges.
 
 from __future__ import annotations
 
-import functools
 import tempfile
-import threading
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import ExitStack
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -35,7 +32,6 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from flyarchive import config
-from flyarchive.errors import RenderFailedError
 from flyarchive.models import model_from_bytes
 from flyarchive.render.diagnostics import progress_bar
 from flyarchive.render.output_plan import map_attributes
@@ -46,7 +42,6 @@ from flyarchive.render.renderer_cache import (
     opengl_renderer,
     state_reader,
 )
-from flyarchive.render.threads import run_threads
 from flyarchive.replay.mosaic_tiles import tile_frames
 from flyarchive.replay.overlay_text import burn_text
 from flyarchive.replay.output_kinds import depth_to_counts, ids_to_counts, map_outputs
@@ -99,87 +94,6 @@ def render_here(plan: RenderPlan, blob: bytes, parts: str, *, on_video: OnVideo 
         return entries
     finally:
         close_thread_renderers()  # free this thread's GL context
-
-
-def render_threads(plan: RenderPlan, blob: bytes, parts: str, n_threads: int, *,
-                   on_video: OnVideo | None = None) -> list[dict[str, Any]]:
-    """Every video of ``plan`` on ``n_threads`` render threads of this process; its
-    manifest entries, in plan order.
-
-    The segments (:meth:`RenderPlan.segments` for ``n_threads``) are taken in playing
-    order from one queue; each thread renders its segment on its own GL context
-    (:func:`~flyarchive.render.renderer_cache.opengl_renderer`, freed when the thread ends)
-    with one rasterizer thread and a one-thread encoder, and joins a video as soon as its
-    last segment is done, then calls ``on_video`` with its entry. MuJoCo releases the GIL
-    while it draws, so the threads render on as many cores as worker processes would,
-    without their start (a 2-core VM: an interpreter, Dask and flyarchive's imports and a
-    copy of the model per worker, seconds before their first frame). Making a GL context
-    holds the GIL (NeuroMechFly: about 0.3 s), so the other threads make theirs once the
-    first thread has handed its first frame over, not while it draws it.
-
-    A failed segment stops the others at their next frame; its error is raised. Ctrl-C
-    (or SIGTERM, :class:`~flyarchive.errors.Terminated`) stops them the same way and is
-    raised once they stopped (:func:`~flyarchive.render.threads.run_threads`): the videos
-    joined before are kept.
-
-    Args and Raises: as :func:`render_here`; ``n_threads`` >= 1.
-    """
-    from flyarchive.replay.opengl_frames import pin_rasterizer_threads
-
-    pin_rasterizer_threads(1)  # Mesa reads it when this process makes its first context
-    segments = list(plan.segments(n_threads))
-    queue = iter(segments)
-    lock = threading.Lock()
-    left = {job: sum(j == job for j, _, _ in segments) for job in plan.jobs}
-    parts_of: dict[tuple[Job, str], dict[int, str]] = {}
-    entries: dict[tuple[Job, str], dict[str, Any]] = {}
-    stop = threading.Event()
-    first = threading.Event()  # the first frame is handed over (or the first thread ended)
-    bar = progress_bar(len(segments), plan.options.progress, what="segments", unit="task")
-
-    def join(job: Job) -> None:
-        for camera in plan.cameras:
-            done = parts_of.pop((job, camera))
-            entry = join_segments(plan, parts, job, camera, [done[k] for k in sorted(done)])
-            if entry is not None:  # None: kept from an earlier render
-                entries[(job, camera)] = entry
-                if on_video is not None:
-                    on_video(entry)
-
-    def run(i: int) -> None:
-        try:
-            if i:  # making a GL context holds the GIL: not while the first frame is drawn
-                first.wait()
-            while not stop.is_set():
-                with lock:
-                    segment = next(queue, None)
-                if segment is None:
-                    return
-                job, k0, k1 = segment
-                urls = render_segment(plan, blob, parts, job, k0, k1, one_thread=True,
-                                      stopped=stop.is_set, on_first_frame=first.set)
-                with lock:
-                    for camera, url in zip(plan.cameras, urls):
-                        parts_of.setdefault((job, camera), {})[k0] = url
-                    left[job] -= 1
-                    last = left[job] == 0
-                if bar is not None:
-                    bar.update(1)
-                if last and not stop.is_set():
-                    join(job)
-        finally:
-            first.set()
-            close_thread_renderers()  # free this thread's GL context
-
-    try:
-        run_threads([functools.partial(run, i) for i in range(max(1, min(n_threads,
-                                                                        len(segments))))],
-                    stop)
-    finally:
-        if bar is not None:
-            bar.close()
-    return [entries[(job, camera)] for job in plan.jobs for camera in plan.cameras
-            if (job, camera) in entries]
 
 
 # ----------------------------------------------------------------------------- read
@@ -308,31 +222,24 @@ def _segment_frames(plan: RenderPlan, blob: bytes, job: Job, start: int, stop: i
 
 # ----------------------------------------------------------------------------- encode
 def render_segment(plan: RenderPlan, blob: bytes, parts: str, job: Job, start: int,
-                   stop: int, *, one_thread: bool = False,
-                   stopped: Callable[[], bool] | None = None,
-                   on_first_frame: Callable[[], None] | None = None) -> list[str]:
+                   stop: int) -> list[str]:
     """Render frames ``[start, stop)`` of one world (or mosaic) from every camera, encode
     one segment per camera and output into the run's parts folder ``parts``; returns each
     camera's segment URL (camera order; its maps are beside it, :func:`_part_urls`).
 
-    Args:
-        one_thread: Encode on one thread (when the encoder's threads are not set): the
-            caller renders on one core of several, as a worker of flyarchive's own
-            LocalCluster does.
-        stopped: Asked as each frame is rendered, before it is written; True stops the
-            segment (RenderFailedError).
-        on_first_frame: Called once the segment's first frame is handed to its encoders.
+    A worker of flyarchive's own LocalCluster renders on one core of several: its
+    encoder gets one thread (when the encoder's threads are not set).
 
     Raises:
-        RenderFailedError: the run was given up (its parts folder is gone), or
-            ``stopped`` said so; nothing is left behind.
+        RenderFailedError: the run was given up (its parts folder is gone); nothing is
+            left behind.
     """
     from flyarchive.video.output_files import OutputWriter
 
     options, so = plan.options, plan.out_storage_options
     size, frames = _segment_frames(plan, blob, job, start, stop)
     video = options.video
-    if (one_thread or config.is_worker()) and video.threads is None:
+    if config.is_worker() and video.threads is None:
         video = VideoOptions(video.crf, video.preset, 1, video.keyframe_interval)
     urls: list[dict[str, str]] = []
     world = None if is_mosaic(job) else job.world_id
@@ -345,15 +252,9 @@ def render_segment(plan: RenderPlan, blob: bytes, parts: str, job: Job, start: i
             map_attrs=map_attributes(options, model, world, camera, start, plan.fps)))
             for c, camera in enumerate(plan.cameras)]
         for rgb, maps in frames:  # memory: one frame
-            if stopped is not None and stopped():
-                raise RenderFailedError("Stopped: another segment of the render failed, "
-                                        "or the render was interrupted.")
             for c, writer in enumerate(writers):
                 writer.write(None if rgb is None else rgb[c:c + 1],
                              {n: m[c:c + 1] for n, m in maps.items()})
-            if on_first_frame is not None:
-                on_first_frame()
-                on_first_frame = None
         stack.close()
         RunFolder.check_open(parts, so)
         for writer, camera in zip(writers, plan.cameras):

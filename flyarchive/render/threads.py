@@ -1,6 +1,7 @@
 """Render threads of this process, run together and stopped together (:func:`run_threads`):
-OpenGL's, one GL context each (:func:`flyarchive.render.opengl_pipeline.render_threads`), and
 those sharing Warp's CPU device (:func:`flyarchive.render.warp_pipeline.render_threads`).
+(OpenGL renders in worker processes instead: render threads with a GL context each did not
+scale, see :func:`flyarchive.distribute.placement.placement`.)
 
 The threads are waited for on events of their own, not with ``Thread.join``: a join
 that Ctrl-C interrupts marks its thread finished although it still runs (CPython 3.12,

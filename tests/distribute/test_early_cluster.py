@@ -10,6 +10,7 @@ CUDA): their workers are started, never asked to render.
 from __future__ import annotations
 
 import contextlib
+import os
 from pathlib import Path
 
 import dask
@@ -98,7 +99,7 @@ def test_a_cluster_started_early_but_not_used_is_closed(started):
     (["--backend", "opengl", "--scheduler", "tcp://127.0.0.1:1"], ("scheduler", None)),
     (["--backend", "warp-cpu"], None),  # render threads in this process
     (["--backend", "warp-cpu", "--workers", "2"], ("cpus", 2)),
-    (["--backend", "opengl"], None),  # render threads in this process
+    (["--backend", "opengl"], ("cpus", None)),  # one worker process per core
     (["--backend", "opengl", "--workers", "1"], ("cpus", 1)),
     (["--backend", "opengl", "--workers", "3"], ("cpus", 3)),
     (["--backend", "opengl", "--workers", "0"], None),
@@ -110,6 +111,7 @@ def test_the_command_line_starts_early_the_cluster_its_render_will_use(monkeypat
     from flyarchive.distribute import gpus
 
     monkeypatch.setattr(gpus, "visible_gpus", lambda **_: list(TWO))
+    monkeypatch.setattr(os, "cpu_count", lambda: 2)
     asked = []
 
     @contextlib.contextmanager

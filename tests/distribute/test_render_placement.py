@@ -7,8 +7,8 @@ and what they are called, and where the work runs.
   ``.``, ``_``, ``-`` become ``_``, and a name that changed gets ``-`` and 8 hex digits
   of its SHA-256); the manifest is ``{out}/manifest.json``.
 - ``n_workers=0`` renders in this process; so does a ``memory://`` archive.
-- ``"opengl"`` otherwise renders on threads in this process (one per core), unless
-  ``n_workers`` asks for worker processes or ``MUJOCO_GL=glfw`` (a local cluster);
+- ``"opengl"`` otherwise renders on a local cluster of worker processes (one per core,
+  or ``n_workers``), in this process on a one-core machine;
   ``"warp-cpu"`` renders on threads in this process unless ``n_workers`` >= 2 asks for
   worker processes;
   ``"gpu"`` renders in this process on one GPU unless a client or a scheduler is given
@@ -25,7 +25,6 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import os
-import threading
 from pathlib import Path
 from typing import Any
 
@@ -126,30 +125,13 @@ def test_a_memory_archive_renders_in_this_process_whatever_n_workers(tiny, archi
 
 
 @requires_distributed
-def test_opengl_renders_on_threads_of_this_process_by_default(tiny, archive, tmp_path, clusters,
-                                                              monkeypatch):
-    from flyarchive.render import opengl_pipeline as opengl
-
-    threads = set()
-    segment = opengl.render_segment
-    monkeypatch.setattr(opengl, "render_segment", lambda *a, **k: threads.add(
-        threading.current_thread().name) or segment(*a, **k))
-    monkeypatch.setattr(os, "cpu_count", lambda: 2)
-
-    result = render_videos(archive, tiny, "front", str(tmp_path / "v"), options=SMALL)
-
-    assert clusters == []
-    assert sorted(threads) == ["flyarchive-render-0", "flyarchive-render-1"]
-    assert len(result.videos) == 2
-
-
-@requires_distributed
 @pytest.mark.parametrize("n_workers, gl, asked", [
     (1, "egl", ("LocalCluster", None)),  # worker processes asked for
     (2, "egl", ("LocalCluster", None)),
-    (None, "glfw", ("LocalCluster", None)),  # GLFW makes contexts on the main thread only
+    (None, "egl", ("LocalCluster", None)),  # the default: one worker per core
+    (None, "glfw", ("LocalCluster", None)),
 ])
-def test_opengl_starts_a_local_cluster_for_worker_processes_or_glfw(tiny, archive, tmp_path,
+def test_opengl_starts_a_local_cluster_of_worker_processes(tiny, archive, tmp_path,
                                                                      clusters, monkeypatch,
                                                                      n_workers, gl, asked):
     monkeypatch.setenv("MUJOCO_GL", gl)
@@ -161,19 +143,18 @@ def test_opengl_starts_a_local_cluster_for_worker_processes_or_glfw(tiny, archiv
     assert clusters == [asked]
 
 
-def test_opengl_placement_follows_the_cores_and_the_gl_backend(monkeypatch):
+def test_opengl_placement_follows_the_cores(monkeypatch):
     from flyarchive.distribute.placement import Placement, placement
 
     monkeypatch.setenv("MUJOCO_GL", "egl")
     monkeypatch.setattr(os, "cpu_count", lambda: 4)
-    assert placement("opengl", 3) == Placement("threads", n_workers=4)
+    assert placement("opengl", 3) == Placement("local", n_workers=None)
     assert placement("opengl", 3, n_workers=2) == Placement("local", n_workers=2)
     assert placement("opengl", 3, in_process=True) == Placement("here")
     assert placement("opengl", 3, client="a client") == Placement("cluster")
     monkeypatch.setattr(os, "cpu_count", lambda: 1)
     assert placement("opengl", 3) == Placement("here")
-    monkeypatch.setenv("MUJOCO_GL", "glfw")
-    assert placement("opengl", 3) == Placement("local", n_workers=None)
+    assert placement("opengl", 3, n_workers=2) == Placement("local", n_workers=2)
 
 
 @requires_warp
