@@ -58,8 +58,9 @@ Usage::
 Defaults: ``--worlds`` 4096 on CUDA, 256 on the CPU; ``--frames`` 250; ``--repeat`` 3;
 ``--render-worlds`` 16 on CUDA, 2 on the CPU; ``--render-frames`` 100;
 ``--render-backends`` ``gpu`` on CUDA, ``opengl,warp-cpu`` on the CPU (each with its
-default placement: render threads in the process; ``opengl-here`` is ``--workers 0``,
-one thread; ``opengl-dask`` is ``--workers`` one per core, a local Dask cluster).
+default placement: OpenGL on a local Dask cluster of one worker per core, warp-cpu on
+render threads in the process; ``opengl-here`` is ``--workers 0``, one thread;
+``opengl-dask`` is ``--workers`` one per core, as the default).
 """
 
 from __future__ import annotations
