@@ -13,6 +13,8 @@ from flyarchive.errors import ArchiveExistsError
 from flyarchive.testing import tiny_model
 from flyarchive.testing.fixtures import record, snapshot
 
+pytestmark = pytest.mark.slow  # keeps positions in most tests: the full suite's, not the fast tier's
+
 POINTS = {"claw": ("fly/lf_tarsus5", (0.1, 0.0, -0.2))}
 
 

@@ -26,7 +26,7 @@ from flyarchive.testing import flip_bits
 from flyarchive.testing.fixtures import copy_archive, snapshot
 from flyarchive.testing.holes import delete_object, empty_inner_chunks
 
-pytestmark = pytest.mark.timeout(120)
+pytestmark = [pytest.mark.timeout(120), pytest.mark.slow]  # keeps positions per test: the full suite's
 
 KEYPOINTS = ["torso", "hand"]
 SHARD = "position/c/0/1/0/0"  # worlds 0..1, frames 5..9

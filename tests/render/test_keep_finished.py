@@ -19,6 +19,8 @@ from flyarchive.testing.fixtures import copy_archive, record
 from flyarchive.testing.markers import WARP_BACKEND, requires_warp
 from flyarchive.video import read_video
 
+pytestmark = pytest.mark.slow  # renders in every test: the full suite runs it, not the fast tier
+
 SMALL = RenderOptions(size=(48, 64), segment_frames=4)
 CAMERAS = ["front", "top"]
 

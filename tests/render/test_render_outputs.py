@@ -24,7 +24,7 @@ from flyarchive.testing.markers import WARP_BACKEND, opengl_vendor, requires_s3,
 from flyarchive.video import VideoOptions, read_video
 from flyarchive.video.decode import read_depth, read_segmentation
 
-pytestmark = pytest.mark.timeout(600)
+pytestmark = [pytest.mark.timeout(600), pytest.mark.slow]  # renders in every test: the full suite's
 
 SIZE = (48, 64)
 MAPS = ("rgb", "depth", "segmentation")

@@ -84,6 +84,7 @@ def test_the_consolidated_copy_of_the_metadata_names_an_added_variable(archive):
     assert "success" in group.metadata.consolidated_metadata.metadata
 
 
+@pytest.mark.slow  # readers race a writer for seconds
 def test_readers_see_a_variable_whole_or_not_at_all(archive):
     seen: list[str] = []
     stop = threading.Event()
