@@ -20,17 +20,28 @@ last component is ``lstat``-ed and opened relative to that folder's descriptor
 folder missing or outside, a link, a FIFO, a device, a folder at the last component)
 takes the long way, :meth:`GuardedLocalStore._inside` and :func:`open_regular`, which
 says what is wrong as before.
+
+Many chunk reads in a row (a reader's whole selection) may share what they look up, on
+the thread that reads them, inside :meth:`GuardedLocalStore.reading_batch`: each array's
+chunk folder (``qpos/c``) is opened and checked once, each chunk file is then ``lstat``-ed
+and opened relative to it and its own real path checked inside the root (four system
+calls where the short way takes nine with the array's bounds looked up again), and the
+array's bounds (:meth:`GuardedLocalStore._limit`) are looked up once. A chunk the batch
+cannot open that way (missing, a link, anything irregular) takes the ways above, which
+say what is there. A batch holds its folders' descriptors only while it lasts.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import errno
 import io
 import json
 import os
 import stat
-from collections.abc import AsyncIterator, Iterable, Sequence
+import threading
+from collections.abc import AsyncIterator, Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -99,6 +110,15 @@ def open_regular(real: str, *, restore: str = "the chunk file"
     return fd, opened
 
 
+class _Batch:
+    """What the chunk reads of one :meth:`GuardedLocalStore.reading_batch` share: each
+    array's chunk folder descriptor (None: it takes the long way) and its bounds."""
+
+    def __init__(self) -> None:
+        self.folders: dict[str, int | None] = {}
+        self.limits: dict[str, allowlist.ChunkLimits] = {}
+
+
 class GuardedLocalStore(StoreHooks, zarr.storage.LocalStore):
     """``zarr.storage.LocalStore`` confined to regular files inside ``root``.
 
@@ -117,8 +137,20 @@ class GuardedLocalStore(StoreHooks, zarr.storage.LocalStore):
         super().__init__(root, read_only=read_only)
         self._limits: dict[str, tuple[tuple[int, int, int], allowlist.ChunkLimits]] = {}
         self._real_root: str | None = None  # the root's real path, as last looked up
+        self._batches = threading.local()  # the current thread's reading batch, if any
         if not read_only and self.root.is_dir():
             self._check_links()  # before anything is opened, let alone written
+
+    def __getstate__(self) -> dict[str, Any]:
+        """Pickled (to a Dask worker) without the reading batches of this process's
+        threads."""
+        state = dict(self.__dict__)
+        state.pop("_batches", None)
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._batches = threading.local()
 
     # ------------------------------------------------------------------ paths
     def _root_real(self) -> str:
@@ -238,6 +270,64 @@ class GuardedLocalStore(StoreHooks, zarr.storage.LocalStore):
                             below.append(entry.path)
             level = below
 
+    # ------------------------------------------------------------------ batches
+    @contextlib.contextmanager
+    def reading_batch(self) -> Iterator[None]:
+        """Chunk reads on this thread, until the block ends, share each array's chunk
+        folder and bounds (see the module's docstring). Nested batches are one."""
+        if getattr(self._batches, "now", None) is not None or _FD_LINKS is None:
+            yield
+            return
+        batch = self._batches.now = _Batch()
+        try:
+            yield
+        finally:
+            self._batches.now = None
+            for fd in batch.folders.values():
+                if fd is not None:
+                    os.close(fd)
+
+    def _open_batched(self, batch: _Batch, key: str
+                      ) -> tuple[int, os.stat_result] | object:
+        """The regular file at chunk ``key`` opened relative to its array's chunk folder
+        (kept by ``batch``), its real path inside the root; ``_LONG_WAY`` for anything
+        else (the other ways say what is there)."""
+        array, sep, rest = key.partition("/c/")
+        if not sep or not rest:
+            return _LONG_WAY
+        if array not in batch.folders:
+            found = self._folder_fd(f"{array}/c/x")
+            batch.folders[array] = found[0] if found is not None else None
+        dfd = batch.folders[array]
+        if dfd is None:
+            return _LONG_WAY
+        try:
+            st = os.stat(rest, dir_fd=dfd, follow_symlinks=False)
+            if not stat.S_ISREG(st.st_mode):
+                return _LONG_WAY
+            fd = os.open(rest, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC,
+                         dir_fd=dfd)
+        except OSError:
+            return _LONG_WAY
+        try:
+            opened = os.fstat(fd)
+            if stat.S_ISREG(opened.st_mode) and self._inside_real(
+                    os.readlink(f"{_FD_LINKS}/{fd}")):
+                return fd, opened
+        except OSError:
+            pass
+        os.close(fd)
+        return _LONG_WAY
+
+    def _batch_limit(self, batch: _Batch | None, key: str) -> allowlist.ChunkLimits:
+        if batch is None:
+            return self._limit(key)
+        array = key.partition("/c/")[0]
+        limit = batch.limits.get(array)
+        if limit is None:
+            limit = batch.limits[array] = self._limit(key)
+        return limit
+
     # ------------------------------------------------------------------ reading
     def _limit(self, key: str) -> allowlist.ChunkLimits:
         name = key.rsplit("/", 1)[-1]
@@ -279,12 +369,17 @@ class GuardedLocalStore(StoreHooks, zarr.storage.LocalStore):
             raise self._refuse(key, err.problem, err.fix) from None
 
     def _read(self, key: str, byte_range: ByteRequest | None) -> bytes | None:
-        found = self._open_regular(key)
+        batch = getattr(self._batches, "now", None)
+        found: Any = _LONG_WAY
+        if batch is not None and byte_range is not None:
+            found = self._open_batched(batch, key)
+        if found is _LONG_WAY:
+            found = self._open_regular(key)
         if found is None:
             return None
         fd, st = found
         with io.FileIO(fd, "rb", closefd=True) as f:
-            limit = self._limit(key)
+            limit = self._batch_limit(batch, key)
             if st.st_size > limit.file_bytes:
                 raise self._refuse(
                     key, f"is {st.st_size} bytes, more than the {limit.file_bytes} bytes its "

@@ -158,6 +158,9 @@ class ShardReader:
         self.fill_value = arr.fill_value
         self.store = arr.store_path.store
         self._prefix = arr.store_path
+        # the array's path in the store: a chunk's key is it, "/" and the encoded chunk key
+        # (as ``StorePath / key`` makes it, without normalizing again on every read)
+        self._path_slash = f"{arr.store_path.path}/" if arr.store_path.path else ""
         self._encode_key = arr.metadata.encode_chunk_key
         shard_spec = ArraySpec(shape=self.shard_shape, dtype=arr.metadata.dtype,
                                fill_value=arr.metadata.fill_value,
@@ -217,10 +220,11 @@ class ShardReader:
         shards = self._plan(starts, stops)
         try:
             if self._sync_io:  # one shard's bytes at a time: the same memory, reused
-                for shard in shards:
-                    self._drive_sync(shard.key, self._steps(shard))
-                    self._decode(shard, out, starts, stops, never_written)
-                    shard.data = []
+                with self._batch():
+                    for shard in shards:
+                        self._drive_sync(shard.key, self._steps(shard))
+                        self._decode(shard, out, starts, stops, never_written)
+                        shard.data = []
                 self._check_archive()
                 return out
             sync(self._fetch_all(shards))  # the shards' requests concurrently, then the root
@@ -247,9 +251,10 @@ class ShardReader:
         grid = [range(-(-n // s)) for n, s in zip(self.shape, self.shard_shape)]
         grid[axis] = range(min(count, len(grid[axis])))
         wanted = [c for c in itertools.product(*grid) if c not in self._indexes]
-        keys = [(self._prefix / self._encode_key(c)).path for c in wanted]
+        keys = [self._path_slash + self._encode_key(c) for c in wanted]
         if self._sync_io:
-            found = [_or_error(self._get_sync, key, self._index_range) for key in keys]
+            with self._batch():
+                found = [_or_error(self._get_sync, key, self._index_range) for key in keys]
         else:
             found = sync(self._get_all(keys, self._index_range))
         for coords, raw in zip(wanted, found):
@@ -263,6 +268,12 @@ class ShardReader:
                 self._indexes.clear()
             raise
         return len(self._indexes)
+
+    def _batch(self) -> contextlib.AbstractContextManager[None]:
+        """The store's reading batch (a local archive's reads share their lookups), or
+        nothing."""
+        batch = getattr(self.store, "reading_batch", None)
+        return batch() if batch is not None else contextlib.nullcontext()
 
     # ------------------------------------------------------------------ identity
     def _same_archive(self) -> Generator[Any, Any, None]:
@@ -335,7 +346,7 @@ class ShardReader:
             ranges = tuple(range(max(a, c * s) // k, -(-min(b, (c + 1) * s) // k))
                            for c, a, b, s, k in zip(coords, starts, stops, self.shard_shape,
                                                     self.chunk_shape))
-            key = (self._prefix / self._encode_key(coords)).path
+            key = self._path_slash + self._encode_key(coords)
             shards.append(_Shard(coords, key, ranges,
                                  whole=math.prod(map(len, ranges)) == total))
         return shards
@@ -356,9 +367,9 @@ class ShardReader:
     def _ranges(self, shard: _Shard, index: Any) -> list[list[int]]:
         """``[offset, length]`` of each wanted inner chunk (in the order of
         ``shard.data``); the offset of one never written is ``2**64 - 1``."""
-        local = [np.arange(r.start - c * n, r.stop - c * n)
-                 for r, c, n in zip(shard.spans, shard.coords, self._per_shard)]
-        found: list[list[int]] = index.offsets_and_lengths[np.ix_(*local)].reshape(-1, 2).tolist()
+        local = tuple(slice(r.start - c * n, r.stop - c * n)
+                      for r, c, n in zip(shard.spans, shard.coords, self._per_shard))
+        found: list[list[int]] = index.offsets_and_lengths[local].reshape(-1, 2).tolist()
         return found
 
     def _split(self, shard: _Shard, buf: Buffer) -> None:
