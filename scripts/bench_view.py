@@ -46,7 +46,10 @@ filter, a sort, traces of 50 random worlds, a block of 100 frames of poses of 4 
 frame of poses), ``--think-min`` to ``--think-max`` seconds apart (1 to 3: a person
 clicking briskly), for ``--seconds`` each phase, while a render of
 one world's whole recording runs (submitted again when it ends, ``--render-backend``).
-Phase 1: nothing else. Phase 2: also ``--slow`` (2,000) unauthenticated connections held
+First ``--warm-up-s`` (10) seconds of the same browsing as the viewer and the render
+start (the viewer's reader processes import and open the archive, the render builds its
+renderer): shown in its own row, held to no target, with the p95 of each 5 s of every
+phase (where a stall happened). Phase 1: nothing else. Phase 2: also ``--slow`` (2,000) unauthenticated connections held
 open that never finish their request head (each sends the start of one, a byte every 5 s,
 and connects again ``--slow-reconnect-s`` after the server closes it). Measured: each
 request from send to the whole answer read, p50/p95/p99/max per phase and kind, beside
@@ -265,6 +268,9 @@ def measure(page: Any, repeat: int, n_worlds: int) -> dict[str, list[float]]:
 # ----------------------------------------------------------------------------- load
 LOAD_TARGETS = {"browsing, a render running": 300.0,
                 "browsing, a render running, slow connections held": 1000.0}
+#: The first seconds of browsing, while the viewer starts its reader processes and the
+#: render its renderer (``--warm-up-s``): shown, held to no target.
+WARM_UP = "warm-up: browsing as the viewer and the render start"
 #: What a browsing client asks, and how often (of 100).
 MIX = (("filter", 30), ("sort", 10), ("traces 50 worlds", 30), ("poses 4 x 100", 20),
        ("pose 4 x 1", 10))
@@ -279,7 +285,7 @@ class Load:
                  seed: int = 0) -> None:
         self.origin, self.token, self.info, self.think = origin, token, info, think
         self.rng = np.random.default_rng(seed)
-        self.samples: list[tuple[str, float, int]] = []
+        self.samples: list[tuple[str, float, int, float]] = []  # kind, ms, status, sent at
         self.server_ms: dict[str, list[float]] = {}  # Server-Timing of each answer
         self.slow_opened = 0
         self.slow_closed = 0
@@ -325,7 +331,7 @@ class Load:
                             self.server_ms.setdefault(kind, []).append(float(timing.group(1)))
                 except (aiohttp.ClientError, TimeoutError):
                     status = 0
-                self.samples.append((kind, (time.perf_counter() - start) * 1000.0, status))
+                self.samples.append((kind, (time.perf_counter() - start) * 1000.0, status, start))
                 await asyncio.sleep(float(self.rng.uniform(*self.think)))
 
     async def slow(self, host: str, port: int, stop: Any, reconnect_s: float) -> None:
@@ -415,6 +421,11 @@ def run_load(archive: str, model: str, out: Path, args: argparse.Namespace) -> d
         watcher.start()
         load = Load(origin, token, info, (args.think_min, args.think_max))
         phases = {}
+        if args.warm_up_s > 0:  # measured and shown, held to no target
+            print(f"load: {WARM_UP}: {args.clients} clients, {args.warm_up_s:g} s...",
+                  flush=True)
+            phases[WARM_UP] = asyncio.run(_phase(load, args.clients, args.warm_up_s, 0,
+                                                 args.slow_reconnect_s))
         for name, slow in zip(LOAD_TARGETS, (0, args.slow)):
             print(f"load: {name}: {args.clients} clients, {slow} slow connections, "
                   f"{args.seconds:g} s...", flush=True)
@@ -442,25 +453,38 @@ def load_rows(result: dict[str, Any]) -> list[dict[str, Any]]:
     rows = []
     for name, phase in result["phases"].items():
         samples = phase["samples"]
-        ms = [m for _, m, _ in samples]
-        errors = sum(1 for _, _, status in samples if status != 200)
+        ms = [m for _, m, _, _ in samples]
+        errors = sum(1 for _, _, status, _ in samples if status != 200)
         statuses: dict[str, int] = {}
-        for _, _, status in samples:
+        for _, _, status, _ in samples:
             if status != 200:  # 0: no answer (the connection closed or failed)
                 statuses[str(status)] = statuses.get(str(status), 0) + 1
         rows.append({"what": name, **_percentiles("", ms), "p99": _pct(ms, 99), "max": max(ms),
                      "n": len(ms), "errors": errors, "error_statuses": statuses,
                      "rate": len(ms) / phase["seconds"],
-                     "target": LOAD_TARGETS[name], "slow_rate": phase["slow_connects_per_s"],
-                     "load_average": phase["load_average"]})
+                     "target": LOAD_TARGETS.get(name, float("nan")), "slow_rate": phase["slow_connects_per_s"],
+                     "load_average": phase["load_average"],
+                     "p95_by_5s": _over_time(samples, 5.0)})
         for kind, _ in MIX:
-            ms = [m for k, m, _ in samples if k == kind]
+            ms = [m for k, m, _, _ in samples if k == kind]
             if ms:
                 rows.append({"what": f"  {kind}", **_percentiles("", ms), "p99": _pct(ms, 99),
                              "max": max(ms), "n": len(ms),
-                             "errors": sum(1 for k, _, s in samples if k == kind and s != 200),
+                             "errors": sum(1 for k, _, s, _ in samples if k == kind and s != 200),
                              **_percentiles("server_", phase["server_ms"].get(kind))})
     return rows
+
+
+def _over_time(samples: list[tuple[str, float, int, float]], step: float) -> list[float]:
+    """p95 (ms) of the requests sent in each ``step`` seconds of a phase, in order: a
+    stall (a render starting, a collection of garbage) shows where it happened."""
+    if not samples:
+        return []
+    first = min(at for *_, at in samples)
+    bins: dict[int, list[float]] = {}
+    for _, ms, _, at in samples:
+        bins.setdefault(int((at - first) // step), []).append(ms)
+    return [round(_pct(bins[i], 95), 1) if i in bins else float("nan") for i in range(max(bins) + 1)]
 
 
 def _pct(values: list[float], q: float) -> float:
@@ -480,6 +504,8 @@ def main() -> None:
     parser.add_argument("--think-max", type=float, default=3.0)
     parser.add_argument("--slow", type=int, default=2000)
     parser.add_argument("--slow-reconnect-s", type=float, default=1.0)
+    parser.add_argument("--warm-up-s", type=float, default=10.0,
+                        help="seconds of browsing before the measured phases (shown apart)")
     parser.add_argument("--server-nofile", type=int, default=1024,
                         help="the viewer's descriptor limit in the load part (0: this one's)")
     parser.add_argument("--render-backend", default="opengl")
@@ -509,6 +535,10 @@ def main() -> None:
                Column("slow conn/s", 12, "slow_rate", ".0f"),
                Column("load avg", 9, "load_average", ".1f"),
                Column("target p95", 11, "target", ".0f")]).print(rows)
+        for row in rows:
+            if "p95_by_5s" in row:
+                print(f"{row['what']}: p95 (ms) of each 5 s: "
+                      f"{' '.join(f'{v:.0f}' for v in row['p95_by_5s'])}")
         print(f"the viewer's descriptor limit: {load['server_nofile']}; its log said "
               f"{load['server_log_drops']} times that it closed connections that showed no "
               f"token, {load['server_log_internal_errors']} internal errors; renders during "

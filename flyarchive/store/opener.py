@@ -81,19 +81,28 @@ def open_for_reading(url: str, storage_options: Mapping[str, Any] | None = None,
         SchemaError / SchemaVersionError: not a readable flyarchive archive (also zarr v2
             metadata, metadata nested too deep, a pipeline without its checksum, copies
             that disagree).
-        ArchiveReplacedError: the archive at ``url`` is not the one ``archive_id`` names.
+        ArchiveReplacedError: the archive at ``url`` is not the one ``archive_id`` names (or,
+            with ``archive_id``, none is there any more).
         StorageError: the storage is unreachable or refuses access.
     """
     url = as_url(url)
-    if attributes_only:
-        group = _open_group(url, storage_options, consolidated=consolidated)
-    else:
-        try:
-            group = _open_checked(url, storage_options, consolidated=consolidated,
-                                  own_later=own_later, check_copy=check_copy)
-        except UnsafeFileError:  # a writer replaced a metadata file as it was read: again
-            group = _open_checked(url, storage_options, consolidated=consolidated,
-                                  own_later=own_later, check_copy=check_copy)
+    try:
+        if attributes_only:
+            group = _open_group(url, storage_options, consolidated=consolidated)
+        else:
+            try:
+                group = _open_checked(url, storage_options, consolidated=consolidated,
+                                      own_later=own_later, check_copy=check_copy)
+            except UnsafeFileError:  # a writer replaced a metadata file as it was read: again
+                group = _open_checked(url, storage_options, consolidated=consolidated,
+                                      own_later=own_later, check_copy=check_copy)
+    except ArchiveNotFoundError:
+        if archive_id is None:
+            raise
+        raise ArchiveReplacedError(
+            f"The archive at {url!r} was replaced after it was opened (it is gone, or being "
+            f"written again now; it was archive_id {archive_id!r}). Call "
+            f"open_archive({url!r}) again to read the archive that is there now.") from None
     if archive_id is not None and group.attrs.get("archive_id") != archive_id:
         raise ArchiveReplacedError(
             f"The archive at {url!r} was replaced after it was opened (its archive_id is now "

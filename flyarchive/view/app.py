@@ -30,7 +30,7 @@ from flyarchive.errors import (
 from flyarchive.view import gait_panels
 from flyarchive.view import geom_poses
 from flyarchive.view import traces as traces_
-from flyarchive.view.shown_archive import ViewedArchive, load_viewed_model
+from flyarchive.view.shown_archive import ViewedArchive, load_viewed_model, start_readers
 from flyarchive.view.limits import Limits, check_cost
 from flyarchive.view.logs import SafeLines, visible
 from flyarchive.view.renders import MAX_WORLDS as RENDER_WORLDS
@@ -108,6 +108,7 @@ class Viewer:
             if self._closing.is_set():
                 return
             self.load_model()
+            start_readers(self.viewed.processes)  # their imports, before the first read
             if freeze:
                 gc.collect()
                 gc.freeze()

@@ -7,8 +7,9 @@ world variables: no xarray, no dask), before the server listens; states through 
 dataset of :func:`flyarchive.open_archive` reads with
 (:func:`~flyarchive.store.dataset.committed_frames`: frames past ``n_frames`` NaN,
 damaged chunks named, every read checking that the archive is still the one opened),
-called directly, one world at a time, without a dask graph per read (50 worlds of 1000
-NeuroMechFly frames: 2-3x faster); and the model through
+called directly by worker processes into shared memory (:data:`READ_PROCESSES`), without a
+dask graph per read (50 worlds of 1000 NeuroMechFly frames: 2-3x faster than through
+dask); and the model through
 :func:`flyarchive.models.load_kept_model` (a file given: :func:`flyarchive.models.load_model_file`).
 The lazy dataset itself (xarray and dask: seconds of imports on a 2-core machine) is
 opened only for what needs it (keypoint traces: :meth:`ViewedArchive.dataset`), checked
@@ -36,9 +37,14 @@ CACHE_BYTES = 512 << 20
 WORLDS_KEPT = 100_000
 #: The state variables the viewer reads, when the archive has them.
 STATES = ("qpos", "mocap_pos", "mocap_quat")
-#: Worlds read at once: reading and decoding release the GIL in part (50 NeuroMechFly
-#: worlds of 1000 frames on 2 busy cores: 600 ms one at a time, 300 ms four at a time).
-READERS = 4
+#: Worker processes that read states for the viewer (None: one per usable core, at most
+#: 4; 0: the request's own thread reads). A read in the server's process holds its GIL
+#: for the Python work around each decoded chunk (about half of a read), and every other
+#: request and the event loop wait for it: 50 NeuroMechFly worlds of 1000 frames took
+#: 90-130 ms alone, and under 50 browsing clients the requests queued for seconds (more
+#: reader threads were slower still). Workers read into shared memory; the server only
+#: waits.
+READ_PROCESSES: int | None = None
 #: Seconds a request waits for the archive's check (:meth:`ViewedArchive.check_same`)
 #: before it is told that the storage does not answer.
 CHECK_WAIT_S = 5.0
@@ -62,13 +68,39 @@ def _state_getters(header: Any, url: str, storage_options: Mapping[str, Any] | N
             for name, arr in arrays.items()}
 
 
-def _rows_reader(getters: Mapping[str, Any]) -> Any:
-    """The store's window reader of every world and frame of the getters (a world's rows
-    ``[i * n_time, (i + 1) * n_time)``: one getter call each)."""
-    from flyarchive.store.window_reader import WindowReader
+def _rows_reader(getters: Mapping[str, Any], worlds: Sequence[int], processes: int,
+                 archive_id: str | None) -> Any:
+    """The store's window reader of every frame of ``worlds`` (indices of the getters'
+    worlds; world ``k`` of them is rows ``[k * n_time, (k + 1) * n_time)``): with
+    ``processes`` worker processes, else the caller's thread."""
+    from flyarchive.store.window_reader import ProcessWindowReader, WindowReader
 
     shape = next(iter(getters.values())).shape if getters else (0, 0)
-    return WindowReader(dict(getters), np.arange(shape[0]), 0, int(shape[1]))
+    threads = WindowReader(dict(getters), np.asarray(worlds, dtype=np.int64), 0, int(shape[1]))
+    if processes <= 0 or not getters:
+        return threads
+    return ProcessWindowReader(threads, archive_id, processes)
+
+
+def _read_processes(processes: int | None, url: str) -> int:
+    """Worker processes for ``url``'s states (see :data:`READ_PROCESSES`): none for an
+    archive another process cannot open (``memory://``)."""
+    import os
+
+    if url.startswith("memory://"):
+        return 0
+    if processes is None:
+        return max(1, min(4, len(os.sched_getaffinity(0))))
+    return max(0, int(processes))
+
+
+def start_readers(processes: int) -> None:
+    """Start the worker processes now (their imports take a second or two), so that the
+    first read does not wait for them."""
+    if processes > 0:
+        from flyarchive.store.window_reader import _pool
+
+        _pool(processes)
 
 
 def _load_indexes(getters: Mapping[str, Any]) -> None:
@@ -127,9 +159,11 @@ class ViewedArchive:
             variable, name -> ``(n_worlds,)`` values.
     """
 
-    def __init__(self, url: str, storage_options: Mapping[str, Any] | None = None) -> None:
+    def __init__(self, url: str, storage_options: Mapping[str, Any] | None = None, *,
+                 processes: int | None = READ_PROCESSES) -> None:
         self.url = url
         self.storage_options = dict(storage_options or {})
+        self.processes = _read_processes(processes, url)
         self.generation = 0
         self._lock = threading.RLock()
         self._kept_states: LRUCache[int, dict[str, np.ndarray]] = LRUCache(
@@ -281,9 +315,11 @@ class ViewedArchive:
         """Every frame of each world: ``qpos`` ``(n_times, nq)`` float64 (NaN past its
         ``n_frames``), and ``mocap_pos`` / ``mocap_quat`` when the archive has them.
 
-        Worlds not in the cache are read world by world (a read of one world reads only its
-        own inner chunks), :data:`READERS` at a time, by the store's window reader through the
-        archive's getters (as :func:`flyarchive.open_archive` reads them, without dask).
+        Worlds not in the cache are read in one window of those worlds (a world reads only
+        its own inner chunks) by the store's window reader through the archive's getters
+        (as :func:`flyarchive.open_archive` reads them, without dask): by
+        :attr:`processes` worker processes (:data:`READ_PROCESSES`), else on this thread.
+        Values are as stored (float32 from a GPU recording).
 
         Raises:
             SelectionError: an unknown world id.
@@ -298,16 +334,16 @@ class ViewedArchive:
             missing = sorted({int(w) for w in worlds if int(w) not in self._kept_states})
         fresh = {}
         if missing:
-
-            rows = _rows_reader(getters)
-
-            def read(world: int) -> dict[str, np.ndarray]:
-                i, n_time = index[world], rows.n_time
-                return {name: np.asarray(values, dtype=np.float64) for name, values
-                        in rows.read(i * n_time, (i + 1) * n_time).items()}
-
-            with self._reading(), ThreadPoolExecutor(min(READERS, len(missing))) as pool:
-                fresh = dict(zip(missing, pool.map(read, missing)))
+            rows = _rows_reader(getters, [index[w] for w in missing], self.processes,
+                                self.archive_id)
+            with self._reading():
+                got = rows.read(0, len(missing) * rows.n_time)
+            n_time = rows.n_time
+            # each world its own copy: a world kept must not keep the whole read alive
+            fresh = {world: {name: np.array(values[k * n_time:(k + 1) * n_time])
+                             for name, values in got.items()}
+                     for k, world in enumerate(missing)}
+            del got
             self._keep(generation, fresh)
         with self._lock:
             got = [fresh.get(int(w)) or self._kept_states.peek(int(w)) for w in worlds]

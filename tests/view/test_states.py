@@ -1,6 +1,7 @@
-"""The viewer's states, read through the archive's getters without xarray or dask, are
-what :func:`flyarchive.open_archive` reads: bit for bit, NaN past each world's
-``n_frames``, mocap poses, and the same damaged or missing chunk named."""
+"""The viewer's states, read through the archive's getters without xarray or dask (by
+worker processes into shared memory, or on the request's thread), are what
+:func:`flyarchive.open_archive` reads: bit for bit, in the stored dtype, NaN past each
+world's ``n_frames``, mocap poses, and the same damaged or missing chunk named."""
 
 from __future__ import annotations
 
@@ -48,31 +49,54 @@ def dataset_states(url: str, index: int) -> dict[str, np.ndarray]:
     import flyarchive
 
     one = flyarchive.open_archive(url).isel(world=index)
-    return {name: np.asarray(one[name].values, dtype=np.float64)
-            for name in ("qpos", "mocap_pos", "mocap_quat")}
+    return {name: np.asarray(one[name].values) for name in ("qpos", "mocap_pos", "mocap_quat")}
 
 
-def test_states_are_the_datasets_values_bit_for_bit(uneven):
+#: How the viewer reads: two worker processes, or the request's own thread.
+READS = pytest.mark.parametrize("processes", [pytest.param(2, marks=pytest.mark.subprocess), 0],
+                                ids=["processes", "thread"])
+
+
+@READS
+def test_states_are_the_datasets_values_bit_for_bit(uneven, processes):
     from flyarchive.view.shown_archive import ViewedArchive
 
-    url = uneven[0]
-    viewed = ViewedArchive(url)
+    url, _, stored = uneven
+    viewed = ViewedArchive(url, processes=processes)
 
     actual = viewed.states([13, 10, 12, 11])
 
+    assert viewed.processes == processes
     for states, index in zip(actual, [3, 0, 2, 1]):
         expected = dataset_states(url, index)
         assert sorted(states) == sorted(expected)
         for name, values in expected.items():
-            assert states[name].dtype == np.float64 and states[name].shape == values.shape
+            assert states[name].dtype == np.dtype(stored) == values.dtype
+            assert states[name].shape == values.shape
             assert states[name].tobytes() == values.tobytes(), (name, index)
 
 
-def test_states_hold_what_was_written_and_nan_past_each_worlds_frames(uneven):
+@READS
+def test_each_world_kept_is_its_own_array(uneven, processes):
+    """A world kept in the cache holds its own memory, not a view of the whole read
+    (which would keep every world read with it alive)."""
+    from flyarchive.view.shown_archive import ViewedArchive
+
+    viewed = ViewedArchive(uneven[0], processes=processes)
+
+    actual = viewed.states([10, 11, 12])
+
+    for states in actual:
+        for values in states.values():
+            assert values.base is None and values.flags.owndata
+
+
+@READS
+def test_states_hold_what_was_written_and_nan_past_each_worlds_frames(uneven, processes):
     from flyarchive.view.shown_archive import ViewedArchive
 
     url, written, stored = uneven
-    viewed = ViewedArchive(url)
+    viewed = ViewedArchive(url, processes=processes)
 
     actual = viewed.states(list(WORLD_IDS))
 
@@ -95,11 +119,13 @@ def test_states_come_from_the_cache_the_second_time(uneven, monkeypatch):
     assert second["qpos"] is first["qpos"]
 
 
+@READS
 @pytest.mark.parametrize("damage, fragment", [
     ("flip", "file qpos/c/1/0/0"),
     ("delete", "qpos/c/1/0/0"),
 ])
-def test_a_damaged_chunk_is_named_as_the_dataset_names_it(uneven, tmp_path, damage, fragment):
+def test_a_damaged_chunk_is_named_as_the_dataset_names_it(uneven, tmp_path, damage, fragment,
+                                                          processes):
     from flyarchive.testing import flip_bits, shard_file
     from flyarchive.testing.holes import delete_object
     from flyarchive.view.shown_archive import ViewedArchive
@@ -109,7 +135,7 @@ def test_a_damaged_chunk_is_named_as_the_dataset_names_it(uneven, tmp_path, dama
         flip_bits(shard_file(url, "qpos", 1, 0), at=0.25, mask=0x10)
     else:
         delete_object(url, "qpos/c/1/0/0")
-    viewed = ViewedArchive(url)
+    viewed = ViewedArchive(url, processes=processes)
     before = snapshot(url)
 
     with pytest.raises(CorruptArchiveError) as caught:
