@@ -540,3 +540,55 @@ def unmapped() -> list[str]:
 
 def test_the_readmes_layout_of_the_code_maps_every_package_and_top_level_module():
     assert unmapped() == []
+
+
+# ----------------------------------------------------------------------------- caches
+#: Module-level mutable holders that are not caches, and why (each else is a hand-made
+#: cache: keep what a process reuses in :class:`flyarchive.lru.LRUCache`).
+NOT_CACHES = {
+    "flyarchive.render.renderer_cache._slots": "the Warp slots a process uses, each an LRUCache",
+    "flyarchive.record.common._BEFORE_EXIT": "what runs first at exit, in order",
+    "flyarchive.render.renderer_cache._local": "each thread's OpenGL LRUCache",
+    "flyarchive.analyze.blocks._LOCAL": "each thread's LRUCache of CPU engines",
+    "flyarchive.store.claims._HOLDERS": "the claims this process holds, by writer (weak)",
+    "flyarchive.warp_log._warn_of_another_line": "a warning said once per process",
+    "flyarchive.store.creation._installed_versions": "the installed packages' versions, looked "
+                                                     "up once (functools.cache of a pure lookup)",
+}
+_HOLDERS = ("dict", "OrderedDict", "defaultdict", "threading.local", "local", "WeakValueDictionary")
+
+
+def hand_made_caches(tree: ast.AST, name: str) -> list[str]:
+    """Module-level names bound to an empty mutable mapping (or a thread-local holder) or
+    decorated with ``functools.cache``/``lru_cache`` in the module ``name``'s ``tree``,
+    not listed in :data:`NOT_CACHES`."""
+    found = []
+    for node in getattr(tree, "body", []):
+        value = node.value if isinstance(node, (ast.Assign, ast.AnnAssign)) else None
+        targets = node.targets if isinstance(node, ast.Assign) else \
+            [node.target] if isinstance(node, ast.AnnAssign) else []
+        empty = isinstance(value, ast.Dict) and not value.keys or \
+            isinstance(value, ast.Call) and _dotted(value.func).split(".", 1)[-1] in _HOLDERS \
+            and not value.args
+        if empty:
+            found += [f"{name}.{t.id}" for t in targets if isinstance(t, ast.Name)]
+        if isinstance(node, ast.FunctionDef) and any(
+                _dotted(d.func if isinstance(d, ast.Call) else d).endswith(("cache", "lru_cache"))
+                for d in node.decorator_list):
+            found.append(f"{name}.{node.name}")
+    return [f for f in found if f not in NOT_CACHES]
+
+
+def test_hand_made_caches_are_found():
+    tree = ast.parse("import functools, threading\n_A = {}\n_B: dict[str, int] = {}\n"
+                     "_C = threading.local()\nTABLE = {'a': 1}\n"
+                     "@functools.cache\ndef f(): pass\n")
+
+    assert hand_made_caches(tree, "m") == ["m._A", "m._B", "m._C", "m.f"]
+
+
+def test_every_process_level_cache_is_the_one_cache_helper():
+    found = [cache for name, path in modules().items() if not name.startswith(TEST_SUPPORT)
+             for cache in hand_made_caches(ast.parse(path.read_text()), name)]
+
+    assert found == [], f"hand-made caches (use flyarchive.lru.LRUCache): {found}"

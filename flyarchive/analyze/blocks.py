@@ -16,8 +16,12 @@ import numpy as np
 
 from flyarchive.analyze.cpu_positions import CpuKinematics
 from flyarchive.analyze.keypoints import KeypointSet
+from flyarchive.lru import LRUCache
 from flyarchive.models.shipping import ModelRef, shipped_model
 
+#: CPU engines kept per thread, at most (each holds an ``MjData`` of its own).
+ENGINES_PER_THREAD = 4
+#: This thread's CPU engines (an :class:`~flyarchive.lru.LRUCache` each thread makes).
 _LOCAL = threading.local()
 
 
@@ -35,15 +39,9 @@ def thread_engine(sha256: str, blob: bytes | ModelRef, keypoints: KeypointSet, o
                            largest=largest)
     engines = getattr(_LOCAL, "engines", None)
     if engines is None:
-        engines = _LOCAL.engines = {}
-    key = (sha256, keypoints.digest, orientations)
-    engine = engines.get(key)
-    if engine is None:
-        engine = CpuKinematics(shipped_model(sha256, blob), keypoints, orientations)
-        while len(engines) >= 4:
-            engines.pop(next(iter(engines)))
-        engines[key] = engine
-    return engine
+        engines = _LOCAL.engines = LRUCache(ENGINES_PER_THREAD, name="CPU engines of a thread")
+    return engines.get((sha256, keypoints.digest, orientations),
+                       lambda: CpuKinematics(shipped_model(sha256, blob), keypoints, orientations))
 
 
 def kinematics_block(qpos: np.ndarray, *args: Any, sha256: str, keypoints: KeypointSet,

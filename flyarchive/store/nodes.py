@@ -40,6 +40,7 @@ from zarr.abc.codec import BaseCodec
 from flyarchive import codecs
 from flyarchive.archive_spec import ArchiveSpec, world_var_dtype
 from flyarchive.schema import TIME_COORDS, WHOLE_ATTR
+from flyarchive.lru import LRUCache
 from flyarchive.store.creation import claims_metadata
 from flyarchive.models.entries import MODELS_GROUP, model_entry, models_metadata, portable_entry
 from flyarchive.store.location import settled, sync
@@ -182,24 +183,24 @@ async def _store(group: zarr.Group, planned: list[_Planned], groups: Mapping[str
 
 
 # ----------------------------------------------------------------------------- metadata
-#: Array metadata zarr built, by :func:`_options_key` of the options it was built from.
-_BUILT: dict[str, ArrayV3Metadata] = {}
-#: Most metadata kept (the oldest is dropped first).
+#: Most metadata kept (the least recently used is dropped first).
 MAX_BUILT = 256
+#: Array metadata zarr built, by :func:`_options_key` of the options it was built from.
+_BUILT: LRUCache[str, ArrayV3Metadata] = LRUCache(MAX_BUILT, name="array metadata zarr built")
 
 
 async def _metadata(name: str, options: Mapping[str, Any]) -> ArrayV3Metadata:
     """The metadata :meth:`zarr.Group.create_array` stores for ``options``: built by zarr
     in a scratch in-memory store, or kept from an earlier build with the same options."""
     key = _options_key(options)
-    meta = _BUILT.get(key) if key is not None else None
-    if meta is None:
+    meta = _BUILT.peek(key) if key is not None else None
+    if meta is None:  # built here (an await), then kept: the cache's own get makes synchronously
         scratch = zarr.storage.MemoryStore()
         meta = (await zarr.api.asynchronous.create_array(scratch, name=name, **options)).metadata
         if key is not None:
-            while len(_BUILT) >= MAX_BUILT:
-                del _BUILT[next(iter(_BUILT))]
-            _BUILT[key] = meta
+            _BUILT.put(key, meta)
+    else:
+        _BUILT.get(key, lambda: meta)  # the most recently used now
     return meta
 
 

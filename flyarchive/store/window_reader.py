@@ -385,6 +385,13 @@ def _pool(size: int) -> _Pool:
     return _POOL
 
 
+def start_workers(processes: int) -> None:
+    """Start this process's state-reading workers now, ``processes`` of them at least
+    (their imports take a second or two on a busy machine), so that the first read
+    does not wait for them (a server starting while its page loads)."""
+    _pool(processes)
+
+
 def _error(reply: dict[str, Any]) -> BaseException:
     """The exception a worker reported: the same flyarchive error, when it is one."""
     from flyarchive import errors

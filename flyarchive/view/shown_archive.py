@@ -98,9 +98,9 @@ def start_readers(processes: int) -> None:
     """Start the worker processes now (their imports take a second or two), so that the
     first read does not wait for them."""
     if processes > 0:
-        from flyarchive.store.window_reader import _pool
+        from flyarchive.store.window_reader import start_workers
 
-        _pool(processes)
+        start_workers(processes)
 
 
 def _load_indexes(getters: Mapping[str, Any]) -> None:
