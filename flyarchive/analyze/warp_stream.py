@@ -154,8 +154,13 @@ def load_positions(
     began = clock.perf_counter()
     check_backend(backend)
     request = KeypointRequest.of(bodies, sites, points, leg=leg, segment=segment, fly=fly)
-    prepared = prepare(source, request, worlds=worlds, time=time, model=model,
-                       storage_options=storage_options)
+    warming = _warm_up(backend)
+    try:
+        prepared = prepare(source, request, worlds=worlds, time=time, model=model,
+                           storage_options=storage_options)
+    finally:
+        if warming is not None:
+            warming.result()  # Warp is never imported or initialized by two threads at once
     if backend == "cpu":
         from flyarchive.analyze.prepare import lazy_positions
 
@@ -168,6 +173,31 @@ def load_positions(
     result = as_positions(prepared, values, orientations, backend)
     stats.call_seconds = clock.perf_counter() - began
     return result
+
+
+def _warm_up(backend: str) -> Future[None] | None:
+    """On a Warp backend, import Warp and mujoco-warp and initialize the device on a thread
+    of their own while the archive is opened and the model found (in a fresh process: the
+    kept model checked in a child process, the archive's header read), instead of after;
+    None on ``"cpu"``. Its failures are left to the engine, which reports them."""
+    if backend == "cpu":
+        return None
+
+    def work() -> None:
+        try:
+            from flyarchive.analyze.warp_positions import device_of, wp
+
+            wp.init()
+            device = wp.get_device(device_of(backend))
+            if device.is_cuda:
+                device.context  # noqa: B018  (creates the primary context)
+        except Exception:  # noqa: BLE001 - the engine reports what is missing
+            pass
+
+    pool = ThreadPoolExecutor(1, thread_name_prefix="flyarchive-warm-warp")
+    future = pool.submit(work)
+    pool.shutdown(wait=False)  # its thread ends with the work
+    return future
 
 
 class _Stream:
