@@ -43,7 +43,7 @@ import queue
 import subprocess
 import sys
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from concurrent.futures import Future
 from multiprocessing import shared_memory
 from typing import TYPE_CHECKING, Any, Protocol
@@ -221,10 +221,16 @@ class ProcessWindowReader:
         archive_id: The ``archive_id`` of the archive as the caller opened it; a worker
             that finds another raises ArchiveReplacedError.
         processes: Worker processes to use (started on first need, kept for later reads).
+        indexes: Whether a worker that opens the archive reads the indexes of its settled
+            shards ahead, on a thread of its own (:func:`load_indexes`): for reads of a
+            world here and there (the viewer), each of which would otherwise read the
+            index of every shard it touches the first time; reads of whole shards (the
+            positions) need none.
     """
 
-    def __init__(self, threads: WindowReader, archive_id: str | None, processes: int) -> None:
-        self.threads, self.archive_id = threads, archive_id
+    def __init__(self, threads: WindowReader, archive_id: str | None, processes: int, *,
+                 indexes: bool = False) -> None:
+        self.threads, self.archive_id, self.indexes = threads, archive_id, indexes
         self.getters, self.worlds = threads.getters, threads.worlds
         self.start, self.stop, self.n_time = threads.start, threads.stop, threads.n_time
         self.pool = _pool(processes)
@@ -282,7 +288,7 @@ class ProcessWindowReader:
                 "archive_id": self.archive_id, "block": block,
                 "arrays": {n: [o, list(i), d.str] for n, (o, i, d) in layout.items()},
                 "boxes": [[int(v) for v in b] for b in boxes],
-                "start": int(self.start)}
+                "start": int(self.start), "indexes": self.indexes}
 
     def mask(self, state: dict[str, np.ndarray], r0: int, r1: int) -> None:
         """NaN at frames past each world's ``n_frames`` as this process opened them."""
@@ -455,9 +461,11 @@ def _fill(job: dict[str, Any], opened: dict[str, Any]) -> None:
         validate(ds)
         opened[key] = ds
     getters = opened.setdefault(f"{key} getters {id(ds)}", {})
-    for name in job["arrays"]:
-        if name not in getters:
-            getters[name] = committed_getter(ds[name])
+    new = {name: committed_getter(ds[name]) for name in job["arrays"] if name not in getters}
+    getters.update(new)
+    if new and job.get("indexes"):
+        threading.Thread(target=load_indexes, args=(new,), daemon=True,
+                         name="flyarchive-state-indexes").start()
     if "handler" in job:
         _handler(job["handler"])(job, getters)
         return
@@ -468,6 +476,18 @@ def _fill(job: dict[str, Any], opened: dict[str, Any]) -> None:
                           np.dtype(dtype), job["boxes"], job["start"])
     finally:
         block.close()
+
+
+def load_indexes(getters: Mapping[str, Any]) -> None:
+    """Read the settled shards' indexes of the getters' arrays ahead of the reads
+    (:meth:`~flyarchive.store.shards.ShardReader.load_indexes`); what fails here is left
+    to the reads, which report it."""
+    for getter in getters.values():
+        if getattr(getter, "reader", None) is not None:
+            try:
+                getter.reader.load_indexes()
+            except Exception:  # noqa: BLE001 - replaced, unreadable: the reads report it
+                return
 
 
 def _handler(name: str) -> Handler:

@@ -79,7 +79,7 @@ def _rows_reader(getters: Mapping[str, Any], worlds: Sequence[int], processes: i
     threads = WindowReader(dict(getters), np.asarray(worlds, dtype=np.int64), 0, int(shape[1]))
     if processes <= 0 or not getters:
         return threads
-    return ProcessWindowReader(threads, archive_id, processes)
+    return ProcessWindowReader(threads, archive_id, processes, indexes=True)
 
 
 def _read_processes(processes: int | None, url: str) -> int:
@@ -101,18 +101,6 @@ def start_readers(processes: int) -> None:
         from flyarchive.store.window_reader import start_workers
 
         start_workers(processes)
-
-
-def _load_indexes(getters: Mapping[str, Any]) -> None:
-    """Read the shard indexes of the state arrays ahead of the first requests (the first
-    traces of 50 worlds of a 4096-world archive read ~100 of them otherwise); what fails
-    here is left to the reads, which report it."""
-    for getter in getters.values():
-        if getter.reader is not None:
-            try:
-                getter.reader.load_indexes()
-            except Exception:  # noqa: BLE001 - replaced, unreadable: the reads report it
-                return
 
 
 def _archive_id_now(url: str, storage_options: Mapping[str, Any] | None) -> str | None:
@@ -160,10 +148,10 @@ class ViewedArchive:
     """
 
     def __init__(self, url: str, storage_options: Mapping[str, Any] | None = None, *,
-                 processes: int | None = READ_PROCESSES) -> None:
+                 processes: int | None = None) -> None:
         self.url = url
         self.storage_options = dict(storage_options or {})
-        self.processes = _read_processes(processes, url)
+        self.processes = _read_processes(READ_PROCESSES if processes is None else processes, url)
         self.generation = 0
         self._lock = threading.RLock()
         self._kept_states: LRUCache[int, dict[str, np.ndarray]] = LRUCache(
@@ -203,8 +191,11 @@ class ViewedArchive:
             self._kept_states.clear()
             self._ds = None
             self.generation += 1
-        threading.Thread(target=_load_indexes, args=(getters,), daemon=True,
-                         name="flyarchive-view-indexes").start()
+        if self.processes == 0:  # else the workers read theirs (ProcessWindowReader(indexes=))
+            from flyarchive.store.window_reader import load_indexes
+
+            threading.Thread(target=load_indexes, args=(getters,), daemon=True,
+                             name="flyarchive-view-indexes").start()
 
     def dataset(self) -> Any:
         """The lazy dataset (:func:`flyarchive.open_archive`), for what reads more than

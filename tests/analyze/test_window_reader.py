@@ -156,3 +156,34 @@ def test_worker_processes_refuse_an_archive_replaced_since_it_was_opened(sites_a
 
     with pytest.raises(ArchiveReplacedError, match="was replaced after it was opened"):
         reader.read(0, 40)
+
+
+def test_load_indexes_keeps_every_settled_shards_index(sites_archive):
+    from flyarchive.store.dataset import committed_getter
+    from flyarchive.store.window_reader import load_indexes
+
+    whole = flyarchive.open_archive(sites_archive)
+    getter = committed_getter(whole["qpos"])
+    assert getter.reader._indexes == {}  # nothing read yet
+
+    load_indexes({"qpos": getter})
+
+    shards = -(-whole.sizes["world"] // getter.arr.shards[0]) * \
+        -(-whole.sizes["time"] // getter.arr.shards[1])
+    assert len(getter.reader._indexes) == shards
+
+
+@pytest.mark.subprocess  # worker processes
+def test_worker_processes_asked_to_read_indexes_ahead_read_the_same(sites_archive):
+    from flyarchive.store.window_reader import ProcessWindowReader
+
+    prepared = prepare(sites_archive, KeypointRequest.of("*", None, None))
+    threads = window_reader(prepared.ds, prepared.whole, ["qpos"], processes=0)
+    ahead = ProcessWindowReader(threads, prepared.whole.attrs["archive_id"], 2, indexes=True)
+    rows = len(_rows(prepared.ds, "qpos"))
+
+    job = ahead.job("block", {"qpos": (0, (prepared.ds.sizes["dof"],), np.dtype("f8"))}, [])
+    assert job["indexes"] is True
+    for _ in range(2):  # the second time, from the indexes the workers kept
+        assert np.array_equal(ahead.read(0, rows)["qpos"], threads.read(0, rows)["qpos"],
+                              equal_nan=True)
