@@ -40,6 +40,7 @@ import itertools
 import json
 import os
 import queue
+import signal
 import subprocess
 import sys
 import threading
@@ -424,6 +425,9 @@ def serve_jobs() -> None:
     nothing else printed can garble the answers). A job naming a ``handler``
     (``"module:function"`` of flyarchive) is given to it with the job's getters
     (``{name: getter}``) instead of decoded."""
+    # Ctrl-C in a terminal reaches every process of its group: the caller handles it, and
+    # a worker ends when the caller's end of its pipe closes (no traceback of its own).
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     answers = os.fdopen(os.dup(1), "wb")
     os.dup2(2, 1)
     # What the first job's opening of the archive imports, imported now: the caller

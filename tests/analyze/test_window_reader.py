@@ -187,3 +187,27 @@ def test_worker_processes_asked_to_read_indexes_ahead_read_the_same(sites_archiv
     for _ in range(2):  # the second time, from the indexes the workers kept
         assert np.array_equal(ahead.read(0, rows)["qpos"], threads.read(0, rows)["qpos"],
                               equal_nan=True)
+
+
+@pytest.mark.subprocess  # worker processes
+def test_worker_processes_leave_ctrl_c_to_their_caller(sites_archive):
+    """Ctrl-C in a terminal reaches every process of the group: the workers neither die
+    nor print a traceback; the caller handles it (and they end when it does)."""
+    import os
+    import signal
+    import time
+
+    from flyarchive.store.window_reader import _POOL
+
+    prepared = prepare(sites_archive, KeypointRequest.of("*", None, None))
+    reader = window_reader(prepared.ds, prepared.whole, ["qpos"], processes=2)
+    rows = len(_rows(prepared.ds, "qpos"))
+    first = reader.read(0, rows)["qpos"]
+    workers = list(_POOL.live)
+
+    for worker in workers:
+        os.kill(worker.pid, signal.SIGINT)
+    time.sleep(0.5)
+
+    assert all(worker.poll() is None for worker in workers)
+    assert np.array_equal(reader.read(0, rows)["qpos"], first, equal_nan=True)
