@@ -64,12 +64,10 @@ from flyarchive.zarr_internals import default_buffer_prototype
 
 from flyarchive.errors import (
     CorruptArchiveError,
-    FlyarchiveError,
     LayoutMismatchError,
     ModelLoadError,
     OutputExistsError,
     SchemaError,
-    StorageError,
 )
 from flyarchive.layout import ModelLayout, details_difference, layout_difference, model_details
 from flyarchive.models.cache import bytes_sha256
@@ -85,8 +83,7 @@ from flyarchive.models.entries import (
 from flyarchive.models.files import load_model_file
 from flyarchive.models.mjb import load_mjb, mjb_version, mujoco_release
 from flyarchive.models.portable import portable_model
-from flyarchive.store import storage_errors
-from flyarchive.store.location import access_denied, sync
+from flyarchive.store.location import sync, write_faults
 
 
 def write_model(group: zarr.Group, blob: bytes, entry: Mapping[str, Any]) -> None:
@@ -377,18 +374,10 @@ def attach_model(url: str, source: str | os.PathLike[str] | mujoco.MjSpec, *,
         StorageError: the storage failed; the archive names no model it does not hold.
     """
     url = str(url)
-    try:
-        with storage_errors.translated(url, storage_options):
-            return _attach(url, source, storage_options, replace, takeover)
-    except PermissionError as err:
-        raise access_denied(url, err) from None
-    except OSError as err:
-        if isinstance(err, FlyarchiveError):
-            raise
-        raise StorageError(
-            f"Attaching a model to {url!r} failed ({type(err).__name__}: {err}). The archive "
-            "names a portable model only once it is written; run the call again."
-        ) from None
+    with write_faults(url, storage_options, "Attaching a model to",
+                      "The archive names a portable model only once it is written; run the "
+                      "call again."):
+        return _attach(url, source, storage_options, replace, takeover)
 
 
 def _attach(url: str, source: Any, storage_options: Mapping[str, Any] | None, replace: bool,

@@ -8,9 +8,10 @@ files inside the archive only); every store decodes with bounded decoders
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import weakref
-from collections.abc import Awaitable, Iterable, Mapping
+from collections.abc import Awaitable, Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +23,7 @@ from flyarchive.archive_spec import parse_mode  # noqa: F401  (the store checks 
 from flyarchive.errors import (
     ArchiveExistsError,
     ArchiveNotFoundError,
+    FlyarchiveError,
     OptionsError,
     StorageError,
     missing_storage_backend,
@@ -148,6 +150,27 @@ def access_denied(url: str, err: BaseException) -> StorageError:
         f"Access to {url!r} was refused ({type(err).__name__}: {err}). Check the credentials "
         "(key and secret, profile, or environment) and the permissions of the location."
     )
+
+
+@contextlib.contextmanager
+def write_faults(url: str, storage_options: Mapping[str, Any] | None, failed: str,
+                 after: str) -> Iterator[None]:
+    """A write to the archive at ``url``, the storage's faults said as flyarchive errors:
+    a client's fault as :func:`~flyarchive.store.storage_errors.translated` says it,
+    refused access as :func:`access_denied`, any other ``OSError`` as
+    ``StorageError("{failed} {url!r} failed (...). {after}")`` (``failed``: what was
+    being done, e.g. ``"Adding world variables to"``; ``after``: what holds after the
+    failure and what to do). flyarchive's own errors pass unchanged."""
+    try:
+        with storage_errors.translated(url, storage_options):
+            yield
+    except PermissionError as err:
+        raise access_denied(url, err) from None
+    except OSError as err:
+        if isinstance(err, FlyarchiveError):
+            raise
+        raise StorageError(f"{failed} {url!r} failed ({type(err).__name__}: {err}). {after}"
+                           ) from None
 
 
 def unavailable(url: str, err: BaseException) -> StorageError:

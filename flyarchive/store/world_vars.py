@@ -46,11 +46,10 @@ import numpy as np
 import zarr
 import zarr.storage
 
-from flyarchive.errors import FlyarchiveError, OutputExistsError, SchemaError, StorageError
+from flyarchive.errors import OutputExistsError, SchemaError
 from flyarchive.schema import STATE_VARS, TIME_COORDS, WHOLE_ATTR
-from flyarchive.store import storage_errors
 from flyarchive.store.claims import WRITER_KEY, claim_archive, release
-from flyarchive.store.location import access_denied, sync
+from flyarchive.store.location import sync, write_faults
 from flyarchive.store.opener import open_for_writing
 from flyarchive.zarr_internals import default_buffer_prototype
 from flyarchive.archive_spec import RESERVED_NAMES, is_text, world_var_array, world_var_dtype
@@ -101,18 +100,9 @@ def add_world_vars(
         StorageError: the storage failed; each variable is there whole or not at all.
     """
     url = str(url)
-    try:
-        with storage_errors.translated(url, storage_options):
-            return _add(url, variables, storage_options, overwrite, takeover)
-    except PermissionError as err:
-        raise access_denied(url, err) from None
-    except OSError as err:
-        if isinstance(err, FlyarchiveError):
-            raise
-        raise StorageError(
-            f"Adding world variables to {url!r} failed ({type(err).__name__}: {err}). Each "
-            "variable is there whole or not at all; run the call again."
-        ) from None
+    with write_faults(url, storage_options, "Adding world variables to",
+                      "Each variable is there whole or not at all; run the call again."):
+        return _add(url, variables, storage_options, overwrite, takeover)
 
 
 def _add(url: str, variables: Mapping[str, Any], storage_options: Mapping[str, Any] | None,
