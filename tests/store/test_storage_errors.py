@@ -54,3 +54,31 @@ def test_malformed_storage_options_are_refused_by_name(options, fragment):
         check_storage_options("s3://b/x", options)
 
     assert "12345678" not in str(err.value)
+
+
+@pytest.mark.parametrize("raised, expected", [
+    (PermissionError(13, "Permission denied"), "Access to '/a/run.zarr' was refused"),
+    (OSError(28, "No space left on device"),
+     "Adding things to '/a/run.zarr' failed (OSError: [Errno 28] No space left on device). "
+     "Nothing half written; run it again."),
+])
+def test_a_writes_storage_faults_are_said_with_what_holds_after(raised, expected):
+    from flyarchive.errors import StorageError
+    from flyarchive.store.location import write_faults
+
+    with pytest.raises(StorageError) as caught, write_faults(
+            "/a/run.zarr", None, "Adding things to", "Nothing half written; run it again."):
+        raise raised
+
+    assert expected in str(caught.value)
+
+
+def test_flyarchives_own_errors_pass_a_write_unchanged():
+    from flyarchive.errors import OutputExistsError
+    from flyarchive.store.location import write_faults
+
+    err = OutputExistsError("there already")
+    with pytest.raises(OutputExistsError) as caught, write_faults("/a", None, "x", "y"):
+        raise err
+
+    assert caught.value is err
