@@ -64,7 +64,7 @@ def steps(backend: str) -> dict[str, list[Callable[..., Any]]]:
     found: dict[str, list[Callable[..., Any]]] = {
         "archive opened": [open_for_reading],
         "plan made": [RenderPlan.__init__],
-        "states read": [StateReader.read],
+        "states read": [StateReader.read_boxes],
         "frames piped into ffmpeg": [VideoWriter.write],
         "mp4 finished": [VideoWriter.close, concat_segments],
         "mp4 published": [write_output],  # with a URL ending in .mp4

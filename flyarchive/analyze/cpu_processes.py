@@ -27,7 +27,12 @@ import numpy as np
 
 from flyarchive.analyze.keypoints import KeypointSet
 from flyarchive.analyze.prepare import Prepared
-from flyarchive.store.window_reader import ProcessWindowReader, attach_block, window_reader
+from flyarchive.store.window_reader import (
+    ProcessWindowReader,
+    attach_block,
+    row_boxes,
+    window_reader,
+)
 
 #: Frames of a window from which :func:`worth_processes` says yes (starting a worker
 #: costs about a CPU second of imports; NeuroMechFly computes ~100,000 frames a second).
@@ -122,7 +127,7 @@ def cpu_positions_in_processes(prepared: Prepared, orientations: bool, processes
         for block in (out, model):
             block.close()
             block.unlink()
-    reader.mask({"qpos": result}, 0, rows)
+    reader.mask({"qpos": result}, row_boxes(0, rows, reader.n_time))
     return result.reshape(worlds, frames, len(kp), channels)
 
 
@@ -130,7 +135,8 @@ def _pieces_of(reader: ProcessWindowReader, rows: int, hands: int
                ) -> list[tuple[int, int, int, int, int]]:
     """The window's boxes (cut at shards, as the reader cuts them) cut again into runs of
     worlds: about 8 pieces per hand, so that each is busy to the end."""
-    boxes = sorted((box for part in reader.pieces(0, rows) for box in part),
+    boxes = sorted((box for part in reader.pieces(row_boxes(0, rows, reader.n_time))
+                    for box in part),
                    key=lambda box: box[4])
     target = max(1, rows // (8 * hands))
     cut = []

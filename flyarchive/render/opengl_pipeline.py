@@ -106,8 +106,9 @@ def world_states(url: str, storage_options: Mapping[str, Any] | None, world_inde
         CorruptArchiveError: stored bytes fail their checksum, do not decode, or are
             missing (names the variable, worlds, frames and file).
     """
-    return state_reader(url, storage_options, archive_id).read([(world_index, start, stop)],
-                                                               dtype=None)
+    states = state_reader(url, storage_options, archive_id).read_boxes(
+        [(world_index, world_index + 1, start, stop)])
+    return states["qpos"], states.get("mocap_pos"), states.get("mocap_quat")
 
 
 # ----------------------------------------------------------------------------- render

@@ -399,7 +399,10 @@ class BatchSource:
         if self._mosaic:
             return self._read_mosaic(batch)
         pieces = [(self._jobs[p.job].world_index, p.start, p.stop) for p in batch.pieces]
-        qpos, mocap_pos, mocap_quat = self._reader.read(pieces)
+        states = self._reader.read_boxes([(w, w + 1, k0, k1) for w, k0, k1 in pieces],
+                                         dtype=np.float32)
+        qpos, mocap_pos, mocap_quat = (states["qpos"], states.get("mocap_pos"),
+                                       states.get("mocap_quat"))
         texts = None
         if self._overlay is not None:
             texts = [t for w, k0, k1 in pieces for t in self._overlay.texts(w, k0, k1)]
@@ -425,11 +428,11 @@ class BatchSource:
                 rows.append((piece.offset + np.arange(last - piece.start)) * tiles + t)
         if not reads:
             return out["qpos"], out.get("mocap_pos"), out.get("mocap_quat"), texts
-        states = self._reader.read(reads)
+        states = self._reader.read_boxes([(w, w + 1, k0, k1) for w, k0, k1 in reads],
+                                         dtype=np.float32)
         where = np.concatenate(rows)
-        for name, values in zip(("qpos", "mocap_pos", "mocap_quat"), states):
-            if values is not None:
-                out[name][where] = values
+        for name, values in states.items():
+            out[name][where] = values
         assert self._overlay is not None
         for (world, start, stop), slot_rows in zip(reads, rows):
             for row, text in zip(slot_rows, self._overlay.texts(world, start, stop)):

@@ -284,7 +284,9 @@ def state_damage(arr: zarr.Array, name: str, n_frames: np.ndarray) -> list[State
 
 
 class StateReader:
-    """Reads recorded states straight through zarr into host arrays, for replay batches.
+    """Reads recorded states straight through zarr into host arrays, for replay batches:
+    a reader of the family's interface (:class:`~flyarchive.store.window_reader.RowReader`)
+    whose window is the whole archive.
 
     xarray and dask cost about 6x more per batch than zarr alone, and a batch reader
     must keep up with a GPU. Opened once, with every array's metadata checked.
@@ -312,28 +314,44 @@ class StateReader:
             world = array_getitem(group["world"], slice(None))  # beside the arrays' metadata
             world_ids = sync(read_checked(group, str(url), [world]))[0]
         self.world_ids = np.asarray(world_ids)
+        #: Frames of the window (the archive's time axis as opened).
+        self.n_time = int(self.arrays["qpos"].shape[1])
 
-    def read(self, pieces: Sequence[tuple[int, int, int]], *, dtype: Any = np.float32
-             ) -> tuple[np.ndarray, np.ndarray | None, np.ndarray | None]:
-        """The states of ``pieces``, one after another: ``(n, nq)`` qpos and ``(n, nmocap,
-        3|4)`` mocap poses (None without mocap bodies), host arrays of ``dtype``.
+    def read(self, r0: int, r1: int, *, dtype: Any = None) -> dict[str, np.ndarray]:
+        """Rows ``[r0, r1)`` of the archive's states (world by world), as
+        :meth:`read_boxes` reads them."""
+        from flyarchive.store.window_reader import row_boxes
+
+        return self.read_boxes(row_boxes(r0, r1, self.n_time), dtype=dtype)
+
+    def read_boxes(self, boxes: Sequence[tuple[int, int, int, int]], *, dtype: Any = None
+                   ) -> dict[str, np.ndarray]:
+        """The states of ``boxes``, one after another: ``{"qpos": (n, nq)}`` and, with
+        mocap bodies, ``"mocap_pos"``/``"mocap_quat"`` ``(n, nmocap, 3|4)``, host arrays
+        of ``dtype``.
 
         Args:
-            pieces: ``(world index, start, stop)`` frame ranges; ``n`` is their total.
+            boxes: ``(w0, w1, start, stop)``: worlds ``[w0, w1)`` (archive indices) by
+                frames ``[start, stop)``, read world by world; ``n`` is their rows.
             dtype: Of the arrays returned (float32 for the Warp renderer); None: as stored
                 (OpenGL replays float64 states bit-exactly).
 
         The bounding block of worlds x frames is read at once when it holds at most
         twice the frames needed (whole recordings of consecutive worlds); else one read
-        per piece.
+        per world of a box.
 
-        Every frame of ``pieces`` must be committed (below its world's ``n_frames``): one
+        Every frame of ``boxes`` must be committed (below its world's ``n_frames``): one
         whose chunk, shard or index entry is missing is damage.
 
         Raises:
             CorruptArchiveError: stored bytes fail their checksum or do not decode, or a
-                chunk of the pieces is missing (named: variable, worlds, frames, file).
+                chunk of the boxes is missing (named: variable, worlds, frames, file).
         """
+        pieces = [(w, start, stop) for w0, w1, start, stop in boxes for w in range(w0, w1)
+                  if stop > start]
+        if not pieces:
+            return {name: np.empty((0, *a.shape[2:]), a.dtype if dtype is None else dtype)
+                    for name, a in self.arrays.items()}
         try:
             out = self._read(pieces, dtype)
         except ValueError as err:
@@ -347,7 +365,7 @@ class StateReader:
             raise new from None
         for name, values in out.items():
             self._check_present(name, values, pieces)
-        return out["qpos"], out.get("mocap_pos"), out.get("mocap_quat")
+        return out
 
     def _damaged(self, pieces: Sequence[tuple[int, int, int]], err: ValueError
                  ) -> tuple[str, BaseException]:

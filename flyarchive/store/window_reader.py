@@ -1,10 +1,12 @@
 """The window readers of the store's state reader family: the state of a window of an
 archive (worlds by a span of frames) read in big blocks of rows, for positions and gait
 (:mod:`~flyarchive.analyze.warp_stream`, :mod:`~flyarchive.analyze.cpu_processes`) and
-the viewer; renders read pieces of worlds through
-:class:`~flyarchive.store.reader.StateReader`. Every reader of the family reads
-through the group that :func:`~flyarchive.store.opener.open_for_reading` opened, and one
-interface holds the window readers: :class:`RowReader` (``read(r0, r1)``), made by
+the viewer; renders read the boxes of their batches through
+:class:`~flyarchive.store.reader.StateReader`, whose window is the whole archive. Every
+reader of the family reads through the group that
+:func:`~flyarchive.store.opener.open_for_reading` opened, and one interface holds them
+all: :class:`RowReader` (``read(r0, r1)``: rows of the window; ``read_boxes(boxes)``:
+boxes of its worlds by frames, :data:`Box`), the window readers made by
 :func:`window_reader`.
 
 :class:`WindowReader` (threads of the caller) reads straight through the store's getters
@@ -44,7 +46,7 @@ import signal
 import subprocess
 import sys
 import threading
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import Future
 from multiprocessing import shared_memory
 from typing import TYPE_CHECKING, Any, Protocol
@@ -63,13 +65,47 @@ AUTO_FRAMES = 1_000_000
 AUTO_CORES = 8
 
 
+#: A box of a reader's window: its worlds ``[w0, w1)`` (positions in the window) by its
+#: frames ``[t0, t1)``; read as ``(w1 - w0) * (t1 - t0)`` rows, world by world.
+Box = tuple[int, int, int, int]
+
+
 class RowReader(Protocol):
-    """What every window reader does: rows ``[r0, r1)`` of the window's state arrays (its
-    frames flattened world by world), ``{name: (r1 - r0, ...)}`` as stored, NaN past each
-    world's ``n_frames``."""
+    """What every reader of the family does (the window readers here, and the renders'
+    :class:`~flyarchive.store.reader.StateReader`, whose window is the whole archive):
+    boxes of the window's state arrays, ``{name: (rows, ...)}`` as stored, box after box,
+    and rows ``[r0, r1)`` of the window (its frames flattened world by world: the boxes
+    :func:`row_boxes` gives)."""
+
+    n_time: int
 
     def read(self, r0: int, r1: int) -> dict[str, np.ndarray]:
         ...
+
+    def read_boxes(self, boxes: Sequence[Box]) -> dict[str, np.ndarray]:
+        ...
+
+
+def row_boxes(r0: int, r1: int, n_time: int) -> list[Box]:
+    """The boxes of rows ``[r0, r1)`` of a window of ``n_time`` frames: the partial worlds
+    at either end, the whole worlds between them in one box."""
+    boxes, row = [], r0
+    while row < r1:
+        w, t = divmod(row, n_time)
+        if t == 0 and r1 - row >= n_time:
+            run = (r1 - row) // n_time
+            boxes.append((w, w + run, 0, n_time))
+            row += run * n_time
+        else:
+            stop = min(n_time, t + r1 - row)
+            boxes.append((w, w + 1, t, stop))
+            row += stop - t
+    return boxes
+
+
+def box_rows(boxes: Sequence[Box]) -> int:
+    """The rows ``boxes`` read."""
+    return sum((w1 - w0) * (t1 - t0) for w0, w1, t0, t1 in boxes)
 
 
 class WindowReader:
@@ -90,7 +126,12 @@ class WindowReader:
     def read(self, r0: int, r1: int) -> dict[str, np.ndarray]:
         """Rows ``[r0, r1)`` of each state array: ``{name: (r1 - r0, ...)}`` as stored
         (dtype of the archive), NaN past each world's ``n_frames``."""
-        pieces = list(_pieces(r0, r1, self.n_time, self.worlds))
+        return self.read_boxes(row_boxes(r0, r1, self.n_time))
+
+    def read_boxes(self, boxes: Sequence[Box]) -> dict[str, np.ndarray]:
+        """The rows of ``boxes`` (:data:`Box`), as :meth:`read`: one getter call per run
+        of consecutive archive worlds of a box."""
+        pieces = list(_getter_runs(boxes, self.worlds))
         state = {}
         for name, getter in self.getters.items():
             parts = [getter[w0:w1, self.start + t0:self.start + t1].reshape(-1, *getter.shape[2:])
@@ -100,24 +141,19 @@ class WindowReader:
         return state
 
 
-def _pieces(r0: int, r1: int, n_time: int, worlds: np.ndarray
-            ) -> Iterator[tuple[int, int, int, int]]:
-    """``(w0, w1, t0, t1)`` boxes (getter worlds ``[w0, w1)``, window frames ``[t0, t1)``)
-    covering rows ``[r0, r1)``: runs of whole consecutive worlds in one box each."""
-    row = r0
-    while row < r1:
-        w, t = divmod(row, n_time)
-        if t == 0 and r1 - row >= n_time:
-            take = (r1 - row) // n_time
-            run = 1  # consecutive archive worlds
-            while run < take and worlds[w + run] == worlds[w] + run:
+def _getter_runs(boxes: Sequence[Box], worlds: np.ndarray
+                 ) -> Iterator[tuple[int, int, int, int]]:
+    """``(g0, g1, t0, t1)``: each box's worlds as runs of consecutive getter worlds
+    ``[g0, g1)`` (``worlds``: the window's, as the getters' indices), window frames
+    ``[t0, t1)``."""
+    for w0, w1, t0, t1 in boxes:
+        k = w0
+        while k < w1:
+            run = 1
+            while k + run < w1 and worlds[k + run] == worlds[k] + run:
                 run += 1
-            yield int(worlds[w]), int(worlds[w]) + run, 0, n_time
-            row += run * n_time
-        else:
-            stop = min(n_time, t + r1 - row)
-            yield int(worlds[w]), int(worlds[w]) + 1, t, stop
-            row += stop - t
+            yield int(worlds[k]), int(worlds[k]) + run, t0, t1
+            k += run
 
 
 class DaskWindowReader:
@@ -129,10 +165,17 @@ class DaskWindowReader:
         self.n_time = int(ds.sizes["time"])
 
     def read(self, r0: int, r1: int) -> dict[str, np.ndarray]:
+        """Rows ``[r0, r1)`` of each state array (see :class:`RowReader`)."""
+        return self.read_boxes(row_boxes(r0, r1, self.n_time))
+
+    def read_boxes(self, boxes: Sequence[Box]) -> dict[str, np.ndarray]:
+        """The rows of ``boxes`` (see :class:`RowReader`)."""
         state = {}
         for name, data in self.arrays.items():
-            parts = [data[w0:w1, t0:t1] for w0, w1, t0, t1 in
-                     _pieces(r0, r1, self.n_time, np.arange(data.shape[0]))]
+            if not boxes:
+                state[name] = np.empty((0, *data.shape[2:]), data.dtype)
+                continue
+            parts = [data[w0:w1, t0:t1] for w0, w1, t0, t1 in boxes]
             parts = [p.reshape((-1, *data.shape[2:])) for p in parts]
             if hasattr(parts[0], "compute"):
                 import dask.array as da
@@ -242,46 +285,53 @@ class ProcessWindowReader:
 
     def read(self, r0: int, r1: int) -> dict[str, np.ndarray]:
         """Rows ``[r0, r1)`` of each state array, as :meth:`WindowReader.read`."""
+        return self.read_boxes(row_boxes(r0, r1, self.n_time))
+
+    def read_boxes(self, boxes: Sequence[Box]) -> dict[str, np.ndarray]:
+        """The rows of ``boxes``, as :meth:`WindowReader.read_boxes`."""
+        n = box_rows(boxes)
         layout, size = {}, 0
         for name, getter in self.getters.items():
             inner = tuple(int(s) for s in getter.shape[2:])
             layout[name] = (size, inner, np.dtype(getter.dtype))
-            size += (r1 - r0) * int(np.prod(inner, dtype=np.int64)) * np.dtype(getter.dtype).itemsize
-        if r1 <= r0:
-            return {n: np.empty((0, *inner), dt) for n, (_, inner, dt) in layout.items()}
-        parts = self.pieces(r0, r1)
+            size += n * int(np.prod(inner, dtype=np.int64)) * np.dtype(getter.dtype).itemsize
+        if n <= 0:
+            return {name: np.empty((0, *inner), dt) for name, (_, inner, dt) in layout.items()}
+        parts = self.pieces(boxes)
+        first = boxes[0][0] * self.n_time + boxes[0][2]  # its first row: the earliest first
         block = shared_memory.SharedMemory(create=True, size=size)
         try:
-            self.pool.run([self.job(block.name, layout, part) for part in parts], priority=r0)
+            self.pool.run([self.job(block.name, layout, part) for part in parts],
+                          priority=first)
             # The arrays are views of a mapping of their own (MAP_POPULATE: mapped in one
             # call, not a page fault each), which lives as long as they do: no copy.
             # Elsewhere (no /dev/shm) they are copied out of the block.
             mapped = _mapping(block.name, populate=True)
             state = {}
             for name, (offset, inner, dtype) in layout.items():
-                count = (r1 - r0) * int(np.prod(inner, dtype=np.int64))
+                count = n * int(np.prod(inner, dtype=np.int64))
                 values = np.frombuffer(block.buf if mapped is None else mapped, dtype, count,
-                                       offset).reshape(r1 - r0, *inner)
+                                       offset).reshape(n, *inner)
                 state[name] = values.copy() if mapped is None else values
                 del values
         finally:
             block.close()
             block.unlink()
-        self.mask(state, r0, r1)
+        self.mask(state, boxes)
         return state
 
-    def pieces(self, r0: int, r1: int) -> list[list[tuple[int, int, int, int, int]]]:
-        """The boxes of rows ``[r0, r1)`` (``(w0, w1, t0, t1, row)``, ``row`` their first
+    def pieces(self, boxes: Sequence[Box]) -> list[list[tuple[int, int, int, int, int]]]:
+        """The getter boxes of ``boxes`` (``(g0, g1, t0, t1, row)``, ``row`` their first
         row in the block), cut at shards of worlds, shared out for the workers."""
-        boxes, row = [], 0
-        for w0, w1, t0, t1 in _pieces(r0, r1, self.n_time, self.worlds):
+        cut_boxes, row = [], 0
+        for w0, w1, t0, t1 in _getter_runs(boxes, self.worlds):
             while w0 < w1:
                 cut = min(w1, (w0 // self.shard_worlds + 1) * self.shard_worlds)
-                boxes.append((w0, cut, t0, t1, row))
+                cut_boxes.append((w0, cut, t0, t1, row))
                 row += (cut - w0) * (t1 - t0)
                 w0 = cut
-        count = max(1, min(len(boxes), self.pool.size))
-        return [boxes[i::count] for i in range(count)]
+        count = max(1, min(len(cut_boxes), self.pool.size))
+        return [cut_boxes[i::count] for i in range(count)]
 
     def job(self, block: str, layout: dict[str, Any], boxes: list[Any]) -> dict[str, Any]:
         """A worker's job (JSON): read ``boxes`` of this archive into shared ``block``."""
@@ -291,14 +341,20 @@ class ProcessWindowReader:
                 "boxes": [[int(v) for v in b] for b in boxes],
                 "start": int(self.start), "indexes": self.indexes}
 
-    def mask(self, state: dict[str, np.ndarray], r0: int, r1: int) -> None:
-        """NaN at frames past each world's ``n_frames`` as this process opened them."""
+    def mask(self, state: dict[str, np.ndarray], boxes: Sequence[Box]) -> None:
+        """NaN at frames past each world's ``n_frames`` as this process opened them (the
+        rows of ``boxes``)."""
+        if not boxes:
+            return
+        worlds = np.concatenate([np.repeat(np.arange(w0, w1), t1 - t0)
+                                 for w0, w1, t0, t1 in boxes])
+        frames = np.concatenate([np.tile(np.arange(t0, t1), w1 - w0)
+                                 for w0, w1, t0, t1 in boxes])
         for name, values in state.items():
             n_frames = getattr(self.getters[name], "n_frames", None)
             if n_frames is None or values.dtype.kind != "f":
                 continue
-            rows = np.arange(r0, r1)
-            past = self.start + rows % self.n_time >= n_frames[self.worlds[rows // self.n_time]]
+            past = self.start + frames >= n_frames[self.worlds[worlds]]
             if past.any():
                 values[past] = np.nan
 

@@ -210,7 +210,7 @@ def read_with(reader: str, url: str, storage_options: Mapping[str, Any] | None =
         elif reader == "StateReader":
             from flyarchive.store import StateReader
 
-            StateReader(url, storage_options).read([(0, 0, 10), (1, 0, 10)])
+            StateReader(url, storage_options).read_boxes([(0, 2, 0, 10)])
         elif reader == "info":
             from flyarchive.summary import summarize
 

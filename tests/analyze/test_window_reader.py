@@ -211,3 +211,99 @@ def test_worker_processes_leave_ctrl_c_to_their_caller(sites_archive):
 
     assert all(worker.poll() is None for worker in workers)
     assert np.array_equal(reader.read(0, rows)["qpos"], first, equal_nan=True)
+
+
+# ----------------------------------------------------------------------------- one interface
+@pytest.fixture(scope="module")
+def five(tmp_path_factory):
+    """``(url, written)``: 5 tiny worlds of random states with mocap poses, every frame of
+    20 committed, two worlds per shard and 5 frames per chunk (boxes cross both)."""
+    from flyarchive.clock import Timing
+    from flyarchive.layout import ModelLayout
+    from flyarchive.models import model_bytes
+    from flyarchive.store import ArchiveSpec, ArchiveWriter, FrameBlock
+    from flyarchive.testing import tiny_model
+
+    tiny = tiny_model()
+    rng = np.random.default_rng(11)
+    written = {"qpos": np.tile(tiny.qpos0, (5, 20, 1)) + rng.normal(0, 0.3, (5, 20, tiny.nq)),
+               "mocap_pos": rng.normal(0, 0.5, (5, 20, 1, 3)),
+               "mocap_quat": rng.normal(0, 1, (5, 20, 1, 4))}
+    url = str(tmp_path_factory.mktemp("five") / "five.zarr")
+    spec = ArchiveSpec(ModelLayout.from_model(tiny), Timing(0.002, 25, 0.2), tuple(range(5)),
+                       dtype="float64", chunk_frames=5, shard_worlds=2, model=model_bytes(tiny))
+    with ArchiveWriter.create(url, spec) as writer:
+        writer.write(FrameBlock(np.arange(20) * 0.008, written["qpos"], written["mocap_pos"],
+                                written["mocap_quat"]), n_frames=np.full(5, 20))
+    return url, written
+
+
+NAMES = ["qpos", "mocap_pos", "mocap_quat"]
+BOXES = {"whole": [(0, 5, 0, 20)],
+         "scattered": [(1, 4, 2, 17), (4, 5, 0, 1), (0, 1, 19, 20), (3, 5, 6, 7)],
+         "none": []}
+
+
+def family(url: str, worlds: list[int] | None = None, time=None) -> dict[str, object]:
+    """Every reader of the family over one window (the whole archive by default)."""
+    from flyarchive.store.reader import StateReader
+    from flyarchive.store.window_reader import DaskWindowReader
+
+    whole = flyarchive.open_archive(url)
+    ds = whole if worlds is None else whole.isel(world=worlds, time=time or slice(None))
+    readers = {"threads": window_reader(ds, whole, NAMES, processes=0),
+               "processes": window_reader(ds, whole, NAMES, processes=2),
+               "dask": DaskWindowReader(ds, NAMES)}
+    if worlds is None:
+        readers["renders' StateReader"] = StateReader(url)
+    return readers
+
+
+def expected_rows(written, boxes, worlds=range(5), start=0):
+    worlds = list(worlds)
+    return {name: np.concatenate(
+        [written[name][[worlds[w] for w in range(w0, w1)], start + t0:start + t1]
+         .reshape(-1, *written[name].shape[2:]) for w0, w1, t0, t1 in boxes])
+        if boxes else np.empty((0, *written[name].shape[2:])) for name in NAMES}
+
+
+@pytest.mark.subprocess  # worker processes
+@pytest.mark.parametrize("boxes", BOXES.values(), ids=BOXES.keys())
+def test_every_reader_of_the_family_reads_the_same_boxes(five, boxes):
+    url, written = five
+    want = expected_rows(written, boxes)
+
+    for kind, reader in family(url).items():
+        got = reader.read_boxes(boxes)
+        for name in NAMES:
+            assert got[name].shape == want[name].shape, (kind, name)
+            assert got[name].tobytes() == want[name].tobytes(), (kind, name)
+
+
+@pytest.mark.subprocess  # worker processes
+def test_every_reader_of_the_family_reads_rows_as_the_boxes_of_those_rows(five):
+    from flyarchive.store.window_reader import row_boxes
+
+    url, written = five
+    rows = row_boxes(3, 61, 20)
+    want = expected_rows(written, rows)
+
+    assert rows == [(0, 1, 3, 20), (1, 3, 0, 20), (3, 4, 0, 1)]
+    for kind, reader in family(url).items():
+        got = reader.read(3, 61)
+        assert all(np.array_equal(got[n], want[n]) for n in NAMES), kind
+
+
+@pytest.mark.subprocess  # worker processes
+def test_window_readers_read_boxes_of_their_window_of_worlds_out_of_order(five):
+    url, written = five
+    worlds, frames = [4, 1, 2], slice(3, 15)
+    boxes = [(0, 3, 0, 12), (1, 2, 5, 9), (2, 3, 11, 12)]
+    want = expected_rows(written, boxes, worlds, start=3)
+
+    readers = family(url, worlds, frames)
+
+    assert set(readers) == {"threads", "processes", "dask"}
+    for kind, reader in readers.items():
+        got = reader.read_boxes(boxes)
+        assert all(np.array_equal(got[n], want[n]) for n in NAMES), kind

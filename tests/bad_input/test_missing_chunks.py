@@ -140,9 +140,9 @@ def test_the_warp_render_state_reader_refuses_missing_committed_frames(storage, 
     empty_inner_chunks(location.url, SHARD, [1], location.storage_options)
     reader = StateReader(location.url, location.storage_options)
 
-    qpos, _, _ = reader.read([(0, 0, 20)])  # world 0 is whole
+    qpos = reader.read_boxes([(0, 1, 0, 20)])["qpos"]  # world 0 is whole
     with pytest.raises(CorruptArchiveError) as err:
-        reader.read([(0, 0, 4), (1, 3, 12)])
+        reader.read_boxes([(0, 1, 0, 4), (1, 2, 3, 12)])
 
     assert np.isfinite(qpos).all()
     assert "qpos [world 1 (index 1), frames 5..9] (file qpos/c/0/1/0)" in str(err.value)

@@ -79,7 +79,7 @@ def test_the_render_state_reader_reads_committed_frames_beside_missing_ones(tmp_
     written = ragged(location)
     reader = StateReader(location.url)
 
-    qpos, _, _ = reader.read([(2, 0, 15), (3, 0, 10)], dtype=np.float64)
+    qpos = reader.read_boxes([(2, 3, 0, 15), (3, 4, 0, 10)], dtype=np.float64)["qpos"]
 
     assert np.array_equal(qpos, np.concatenate([written[2, :15], written[3, :10]]))
 

@@ -86,7 +86,7 @@ def test_the_dataset_the_header_the_state_reader_and_verify_open_through_the_ope
     monkeypatch.setattr(opener, "_open_group", counted)
     qpos = flyarchive.open_archive(archive).qpos.values
     header = open_header(archive)
-    states, _, _ = StateReader(archive).read([(0, 0, 10)], dtype=None)
+    states = StateReader(archive).read_boxes([(0, 1, 0, 10)])["qpos"]
     verified = flyarchive.verify(archive)
 
     assert opened and set(opened) == {archive}
