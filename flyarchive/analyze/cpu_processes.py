@@ -27,12 +27,8 @@ import numpy as np
 
 from flyarchive.analyze.keypoints import KeypointSet
 from flyarchive.analyze.prepare import Prepared
-from flyarchive.store.window_reader import (
-    ProcessWindowReader,
-    attach_block,
-    row_boxes,
-    window_reader,
-)
+from flyarchive.store.reader import row_boxes
+from flyarchive.store.window_reader import ProcessWindowReader, attach_block, window_reader
 
 #: Frames of a window from which :func:`worth_processes` says yes (starting a worker
 #: costs about a CPU second of imports; NeuroMechFly computes ~100,000 frames a second).

@@ -282,6 +282,32 @@ def state_damage(arr: zarr.Array, name: str, n_frames: np.ndarray) -> list[State
     return found
 
 
+#: A box of a reader's window: its worlds ``[w0, w1)`` (positions in the window) by its
+#: frames ``[t0, t1)``; read as ``(w1 - w0) * (t1 - t0)`` rows, world by world.
+Box = tuple[int, int, int, int]
+
+
+def row_boxes(r0: int, r1: int, n_time: int) -> list[Box]:
+    """The boxes of rows ``[r0, r1)`` of a window of ``n_time`` frames: the partial worlds
+    at either end, the whole worlds between them in one box."""
+    boxes, row = [], r0
+    while row < r1:
+        w, t = divmod(row, n_time)
+        if t == 0 and r1 - row >= n_time:
+            run = (r1 - row) // n_time
+            boxes.append((w, w + run, 0, n_time))
+            row += run * n_time
+        else:
+            stop = min(n_time, t + r1 - row)
+            boxes.append((w, w + 1, t, stop))
+            row += stop - t
+    return boxes
+
+
+def box_rows(boxes: Sequence[Box]) -> int:
+    """The rows ``boxes`` read."""
+    return sum((w1 - w0) * (t1 - t0) for w0, w1, t0, t1 in boxes)
+
 
 class StateReader:
     """Reads recorded states straight through zarr into host arrays, for replay batches:
@@ -320,11 +346,9 @@ class StateReader:
     def read(self, r0: int, r1: int, *, dtype: Any = None) -> dict[str, np.ndarray]:
         """Rows ``[r0, r1)`` of the archive's states (world by world), as
         :meth:`read_boxes` reads them."""
-        from flyarchive.store.window_reader import row_boxes
-
         return self.read_boxes(row_boxes(r0, r1, self.n_time), dtype=dtype)
 
-    def read_boxes(self, boxes: Sequence[tuple[int, int, int, int]], *, dtype: Any = None
+    def read_boxes(self, boxes: Sequence[Box], *, dtype: Any = None
                    ) -> dict[str, np.ndarray]:
         """The states of ``boxes``, one after another: ``{"qpos": (n, nq)}`` and, with
         mocap bodies, ``"mocap_pos"``/``"mocap_quat"`` ``(n, nmocap, 3|4)``, host arrays

@@ -54,6 +54,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 import numpy as np
 
 from flyarchive.store.dataset import committed_getter
+from flyarchive.store.reader import Box, box_rows, row_boxes
 
 if TYPE_CHECKING:
     import xarray as xr
@@ -65,17 +66,12 @@ AUTO_FRAMES = 1_000_000
 AUTO_CORES = 8
 
 
-#: A box of a reader's window: its worlds ``[w0, w1)`` (positions in the window) by its
-#: frames ``[t0, t1)``; read as ``(w1 - w0) * (t1 - t0)`` rows, world by world.
-Box = tuple[int, int, int, int]
-
-
 class RowReader(Protocol):
     """What every reader of the family does (the window readers here, and the renders'
     :class:`~flyarchive.store.reader.StateReader`, whose window is the whole archive):
     boxes of the window's state arrays, ``{name: (rows, ...)}`` as stored, box after box,
     and rows ``[r0, r1)`` of the window (its frames flattened world by world: the boxes
-    :func:`row_boxes` gives)."""
+    :func:`~flyarchive.store.reader.row_boxes` gives)."""
 
     n_time: int
 
@@ -84,28 +80,6 @@ class RowReader(Protocol):
 
     def read_boxes(self, boxes: Sequence[Box]) -> dict[str, np.ndarray]:
         ...
-
-
-def row_boxes(r0: int, r1: int, n_time: int) -> list[Box]:
-    """The boxes of rows ``[r0, r1)`` of a window of ``n_time`` frames: the partial worlds
-    at either end, the whole worlds between them in one box."""
-    boxes, row = [], r0
-    while row < r1:
-        w, t = divmod(row, n_time)
-        if t == 0 and r1 - row >= n_time:
-            run = (r1 - row) // n_time
-            boxes.append((w, w + run, 0, n_time))
-            row += run * n_time
-        else:
-            stop = min(n_time, t + r1 - row)
-            boxes.append((w, w + 1, t, stop))
-            row += stop - t
-    return boxes
-
-
-def box_rows(boxes: Sequence[Box]) -> int:
-    """The rows ``boxes`` read."""
-    return sum((w1 - w0) * (t1 - t0) for w0, w1, t0, t1 in boxes)
 
 
 class WindowReader:

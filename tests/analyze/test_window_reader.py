@@ -282,7 +282,7 @@ def test_every_reader_of_the_family_reads_the_same_boxes(five, boxes):
 
 @pytest.mark.subprocess  # worker processes
 def test_every_reader_of_the_family_reads_rows_as_the_boxes_of_those_rows(five):
-    from flyarchive.store.window_reader import row_boxes
+    from flyarchive.store.reader import row_boxes
 
     url, written = five
     rows = row_boxes(3, 61, 20)
