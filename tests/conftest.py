@@ -21,6 +21,7 @@ Skip markers (``requires_warp``...) are in :mod:`flyarchive.testing.markers`; pl
 from __future__ import annotations
 
 import os
+import signal
 import sys
 import uuid
 from collections.abc import Iterator
@@ -40,6 +41,13 @@ for _name, _value in (("DASK_DISTRIBUTED__WORKER__PROFILE__ENABLED", "False"),
     os.environ.setdefault(_name, _value)
 if "dask" in sys.modules:  # imported before this file: read the environment again
     sys.modules["dask"].config.refresh()
+# The suite started with Ctrl-C ignored (`cmd &` in a shell without job control, some CI
+# runners) passes that on to every process it starts, and the tests of what Ctrl-C does
+# (exit 130, one line) would see their child ignore it. Handled here, as in a terminal:
+# the processes the tests start then get SIGINT's default disposition (a handler is not
+# inherited across exec).
+if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 from flyarchive.testing import markers  # noqa: E402
 from flyarchive.testing.fixtures import Location  # noqa: E402
