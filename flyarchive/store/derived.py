@@ -67,7 +67,7 @@ from flyarchive.store.claims import WRITER_KEY, claim_archive
 from flyarchive.store.consolidated import consolidate
 from flyarchive.store.creation import claims_group, clear, package_versions, undo
 from flyarchive.models import model_identity
-from flyarchive.store.location import access_denied, open_store, settled, sync
+from flyarchive.store.location import open_store, settled, sync, write_faults
 from flyarchive.store.opener import open_for_reading, open_for_writing
 from flyarchive.store.reader import StateDamage, state_damage
 from flyarchive.store.writer import ArchiveWriter
@@ -172,17 +172,9 @@ class DerivedWriter(ArchiveWriter):
             ArchiveInUseError: another writer holds it.
         """
         url = str(url)
-        try:
-            with storage_errors.translated(url, storage_options):
-                return cls._open(url, spec, storage_options, takeover, overwrite, source,
-                                 owned)
-        except PermissionError as err:
-            raise access_denied(url, err) from None
-        except OSError as err:
-            if isinstance(err, FlyarchiveError):
-                raise
-            raise StorageError(f"Cannot write derived values at {url!r} ({type(err).__name__}: "
-                               f"{err}). Choose a location that is writable.") from None
+        with write_faults(url, storage_options, "Writing derived values at",
+                          "Choose a location that is writable."):
+            return cls._open(url, spec, storage_options, takeover, overwrite, source, owned)
 
     @classmethod
     def _open(cls, url: str, spec: DerivedSpec, storage_options: Mapping[str, Any] | None,

@@ -303,7 +303,7 @@ class ViewedArchive:
         return [self._index[int(w)] for w in worlds]
 
     def states(self, worlds: Sequence[int]) -> list[dict[str, np.ndarray]]:
-        """Every frame of each world: ``qpos`` ``(n_times, nq)`` float64 (NaN past its
+        """Every frame of each world: ``qpos`` ``(n_times, nq)`` as stored (NaN past its
         ``n_frames``), and ``mocap_pos`` / ``mocap_quat`` when the archive has them.
 
         Worlds not in the cache are read in one window of those worlds (a world reads only
