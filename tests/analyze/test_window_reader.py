@@ -87,6 +87,32 @@ def test_worker_processes_read_what_dask_reads_into_shared_memory(sites_archive,
         assert np.array_equal(state[name], _rows(uneven.ds, name), equal_nan=True)
 
 
+@pytest.mark.subprocess  # a fresh interpreter
+def test_a_worker_opens_the_archive_without_xarray_or_dask_and_reads_the_same(uneven_archive):
+    import json
+    import subprocess
+    import sys
+
+    archive_id = flyarchive.open_archive(uneven_archive).attrs["archive_id"]
+    probe = (
+        "import json, sys\n"
+        "from flyarchive.store.window_reader import _getter, _open\n"
+        f"archive = _open({uneven_archive!r}, None, {archive_id!r})\n"
+        "values = {n: _getter(archive, n)[0:3].tolist() for n in ('qpos', 'mocap_quat')}\n"
+        "print(json.dumps({'values': values, 'loaded': sorted(m for m in sys.modules\n"
+        "    if m.split('.')[0] in ('xarray', 'dask', 'pandas'))}))\n"
+    )
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
+                          check=True)
+    got = json.loads(done.stdout)
+    opened = flyarchive.open_archive(uneven_archive)
+
+    assert got["loaded"] == []
+    for name, values in got["values"].items():
+        assert np.array_equal(np.array(values, dtype=float), opened[name][0:3].values,
+                              equal_nan=True)
+
+
 @pytest.mark.subprocess  # worker processes
 def test_a_missing_chunk_read_by_a_worker_process_is_the_same_corrupt_archive_error(
         sites_archive):
