@@ -29,7 +29,11 @@ next reads): each is sent a job as JSON (the archive's URL and storage options, 
 ``archive_id``, the array's name, the boxes of worlds and frames, the name and layout
 of a ``multiprocessing.shared_memory`` block the caller owns) over a pipe, opens the
 archive itself (kept for the next jobs) and decodes through the same getters into that
-block; no array is pickled. The caller masks frames past its own ``n_frames`` (those
+block; no array is pickled. A worker opens the archive through its header
+(:func:`~flyarchive.store.dataset.open_header`: no xarray, no dask), each array's getter
+made as :func:`~flyarchive.store.dataset.read_dataset` makes it: measured on the 2-core VM,
+opening a 4096-world archive and reading one world in a fresh worker took 0.62-0.74 s and
+78 MB against 1.53-1.60 s and 210 MB through the lazy dataset. The caller masks frames past its own ``n_frames`` (those
 of the dataset it opened) and raises a worker's error as the same flyarchive error. A
 job may name a handler (``"handler": "module:function"`` of flyarchive, e.g. the positions
 of :mod:`~flyarchive.analyze.cpu_processes`) that gets the job and its getters instead.
