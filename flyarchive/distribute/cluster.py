@@ -49,7 +49,8 @@ class connect:
     its GPU, resource ``GPU=1``, its cores); its
     scheduler serves HTTP on a free loopback port (:data:`LOCAL_DASHBOARD`), never on a
     fixed one. Clients and clusters it made are closed on exit; a given client is left
-    open.
+    open. A local cluster's workers have joined when it enters (``wait=False``: the
+    caller waits, :func:`wait_for_local_workers`, doing other work meanwhile).
 
     Ctrl-C reaches every process of the terminal's process group, worker processes
     included, and each would print a traceback. The worker processes are started while
@@ -62,14 +63,16 @@ class connect:
     """
 
     def __init__(self, client: Any = None, scheduler: str | None = None,
-                 n_workers: int | None = None, *, gpu_workers: list[Any] | None = None) -> None:
+                 n_workers: int | None = None, *, gpu_workers: list[Any] | None = None,
+                 wait: bool = True) -> None:
         self._given, self._scheduler, self._n = client, scheduler, n_workers
-        self._gpu_workers = gpu_workers
+        self._gpu_workers, self._wait = gpu_workers, wait
         self._own: list[Any] = []
 
     def __enter__(self) -> Any:
         if self._given is not None:
-            wait_for_local_workers(self._given)
+            if self._wait:
+                wait_for_local_workers(self._given)
             return self._given
         try:
             from distributed import Client, LocalCluster
@@ -81,7 +84,8 @@ class connect:
             else:
                 self._own.append(_start_local(LocalCluster, self._n, self._gpu_workers))
                 self._own.insert(0, Client(self._own[0]))
-                wait_for_local_workers(self._own[0])
+                if self._wait:
+                    wait_for_local_workers(self._own[0])
         except BaseException as err:  # also Ctrl-C while the cluster starts
             if isinstance(err, KeyboardInterrupt):  # a Client cut off mid-way complains when
                 warnings.filterwarnings(  # collected; the process is on its way out
@@ -107,9 +111,23 @@ def wait_for_local_workers(client: Any) -> None:
     """Wait until the workers that the client's own cluster asked for (a LocalCluster's
     ``worker_spec``, e.g. one of :func:`local_cluster`, still starting them) have joined;
     nothing for a client of a scheduler elsewhere."""
-    expected = len(getattr(getattr(client, "cluster", None), "worker_spec", None) or ())
+    expected = local_workers_expected(client)
     if expected:
         client.wait_for_workers(expected)
+
+
+def local_workers_expected(client: Any) -> int:
+    """How many workers the client's own cluster (a LocalCluster, on this host) asked
+    for; 0 for a client of a scheduler elsewhere."""
+    return len(getattr(getattr(client, "cluster", None), "worker_spec", None) or ())
+
+
+def started_cold(client: Any) -> bool:
+    """Whether the client's cluster is a local one that flyarchive started for this call
+    (:class:`connect`, :func:`local_cluster`): its workers joined as soon as their
+    processes imported Dask, and their first task still imports the renderer and the
+    store and opens the archive."""
+    return bool(getattr(getattr(client, "cluster", None), _STARTED_HERE, False))
 
 
 def _start_local(cls: Any, n_workers: int | None, gpu_workers: list[Any] | None) -> Any:
@@ -242,7 +260,12 @@ def _start_workers(cluster: Any, scale: Any, n_workers: int) -> Any:
     except BaseException:
         cluster.close()
         raise
+    setattr(cluster, _STARTED_HERE, True)
     return cluster
+
+
+#: The attribute that marks a LocalCluster flyarchive started (:func:`started_cold`).
+_STARTED_HERE = "flyarchive_started_cold"
 
 
 def _new_workers(me: Any, before: set[int]) -> int:

@@ -103,21 +103,30 @@ class RenderPlan:
         """Whether the video of ``job`` and ``camera`` is kept from an earlier render."""
         return bool(self.kept) and next(iter(self.output_urls(job, camera).values())) in self.kept
 
-    def segments(self, n_workers: int | None = 1) -> Iterator[tuple[Job, int, int]]:
+    def segments(self, n_workers: int | None = 1, *, head: int = 0
+                 ) -> Iterator[tuple[Job, int, int]]:
         """(job, start, stop) for every segment, in playing order per job.
 
         Segments are at most ``options.segment_frames`` long, shorter (down to 25
         frames) when that gives each of ``n_workers`` workers about four tasks.
-        ``n_workers=None`` (rendering in this process): one segment per video.
+        ``n_workers=None`` (rendering in this process): one segment per video. ``head``:
+        the first job's first ``head`` frames (at most all of them, at most
+        ``options.segment_frames``) are a segment of their own, yielded first; the other
+        frames are split as said.
         """
-        total = sum(job.n_frames for job in self.jobs)
+        head = min(head, self.jobs[0].n_frames, self.options.segment_frames) if self.jobs else 0
+        total = sum(job.n_frames for job in self.jobs) - head
         if n_workers is None:
             step = max((job.n_frames for job in self.jobs), default=1)
         else:
             step = max(min(self.options.segment_frames, 25),
                        min(self.options.segment_frames, -(-total // (4 * max(n_workers, 1)))))
-        for job in self.jobs:
-            for k0 in range(job.start, job.stop, step):
+        for i, job in enumerate(self.jobs):
+            first = job.start
+            if i == 0 and head:
+                yield job, first, first + head
+                first += head
+            for k0 in range(first, job.stop, step):
                 yield job, k0, min(k0 + step, job.stop)
 
 

@@ -10,6 +10,7 @@ CUDA): their workers are started, never asked to render.
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 from pathlib import Path
 
@@ -180,3 +181,31 @@ def test_a_scheduler_that_cannot_be_reached_is_one_clear_error_waited_for_once(
     assert len(err.strip().splitlines()) == 1 and "dask scheduler" in err
     assert tries == ["tcp://127.0.0.1:1"]
     assert not (tmp_path / "v").exists() or not any((tmp_path / "v").rglob("*.mp4"))
+
+
+def test_a_render_on_its_own_cluster_renders_the_first_segment_here_the_rest_on_workers(
+        tiny, tmp_path, started, monkeypatch, capsys):
+    from flyarchive.distribute import api
+
+    archive = record(tiny, str(tmp_path / "early.zarr"), n_steps=240)
+    model = str(save_mjb(tiny, tmp_path / "tiny.mjb"))
+    here = []
+
+    def recorded(plan, blob, parts, segment):
+        here.append((segment[0].world_id, segment[1], segment[2]))
+        return real(plan, blob, parts, segment)
+
+    real = api._render_here
+    monkeypatch.setattr(api, "_render_here", recorded)
+
+    code = main(["render", archive, "--model", model, "--camera", "front", "--size", "48x64",
+                 "--out", str(tmp_path / "v"), "--workers", "1", "--quiet"])
+
+    assert code == 0, capsys.readouterr().err
+    videos = json.loads((tmp_path / "v" / "manifest.json").read_text())["videos"]
+    first = min(videos, key=lambda v: v["world"])
+    assert [v["frames"] for v in videos] == [61, 61]  # 240 steps, a frame every 4, and the first
+    assert len(here) == 1  # the first segment; the rest on the worker
+    world, start, stop = here[0]
+    assert (world, start) == (first["world"], 0) and 0 < stop < 61
+    assert not list((tmp_path / "v").glob(".parts-*"))

@@ -276,3 +276,20 @@ def test_dask_lists_each_video_in_the_manifest_when_its_join_completes(
                            options=OPTIONS, client=client)
 
     assert sorted(seen) == sorted(v["path"] for v in result.videos) and len(seen) == len(CAMERAS)
+
+
+def test_a_cluster_given_renders_every_segment_on_its_workers(
+        archive: str, model: Any, client: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Only a cluster flyarchive starts for the render has its first segment rendered in
+    # the caller's process (tests/distribute/test_early_cluster.py); a given one is the user's.
+    from flyarchive.distribute import api
+
+    here: list[Any] = []
+    monkeypatch.setattr(api, "_render_here", lambda *args: here.append(args))
+
+    result = render_videos(archive, model, "front", str(tmp_path / "v"), client=client,
+                           options=OPTIONS)
+
+    assert here == []
+    assert sorted(v["frames"] for v in result.videos) == [N_FRAMES] * N_WORLDS
