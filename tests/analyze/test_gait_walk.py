@@ -8,9 +8,9 @@ to five frames. The steps found there are the 1000 frames/s steps: none invented
 missed that lasts over three frames of the lower rate (shorter ones, dragged hind legs
 and 10 ms shuffles, go missing at 62.5 frames/s: up to 4 of a leg's 18), most lift-offs
 within two frames. (Against
-each leg's joint rhythm, the spectral peak of its joint angles, this walk's middle and
-hind legs step 10-30 % less often: their tarsi, adhesion on, stand still for up to 0.26 s
-while their joints move; the issue 34 report has the numbers.)
+each leg's joint rhythm, the spectral peak of its joint angles, this walk's legs step
+2-27 % less often: the recorded clip's legs pause and make cycles too small to lift or
+move the tarsus; with adhesion off the same steps are found. The README says more.)
 """
 
 from __future__ import annotations
