@@ -123,11 +123,16 @@ def local_workers_expected(client: Any) -> int:
 
 
 def started_cold(client: Any) -> bool:
-    """Whether the client's cluster is a local one that flyarchive started for this call
-    (:class:`connect`, :func:`local_cluster`): its workers joined as soon as their
-    processes imported Dask, and their first task still imports the renderer and the
-    store and opens the archive."""
-    return bool(getattr(getattr(client, "cluster", None), _STARTED_HERE, False))
+    """Whether the client's cluster is a local one that flyarchive started
+    (:class:`connect`, :func:`local_cluster`) and that nothing asked this of before: its
+    workers joined as soon as their processes imported Dask, and their first task still
+    imports the renderer and the store and opens the archive. The answer is True once
+    per cluster (a second render on it finds its workers warm)."""
+    cluster = getattr(client, "cluster", None)
+    if not getattr(cluster, _STARTED_HERE, False):
+        return False
+    setattr(cluster, _STARTED_HERE, False)
+    return True
 
 
 def _start_local(cls: Any, n_workers: int | None, gpu_workers: list[Any] | None) -> Any:

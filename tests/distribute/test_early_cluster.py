@@ -209,3 +209,14 @@ def test_a_render_on_its_own_cluster_renders_the_first_segment_here_the_rest_on_
     world, start, stop = here[0]
     assert (world, start) == (first["world"], 0) and 0 < stop < 61
     assert not list((tmp_path / "v").glob(".parts-*"))
+
+
+def test_a_cluster_flyarchive_started_is_cold_once():
+    with clusters.local_cluster(1) as client:
+        first, second = clusters.started_cold(client), clusters.started_cold(client)
+
+    assert (first, second) == (True, False)
+
+
+def test_a_cluster_the_user_started_is_never_cold(dask_client):
+    assert not clusters.started_cold(dask_client)
