@@ -412,7 +412,7 @@ def run_segments(plan: RenderPlan, blob: bytes, parts: str, client: Any, *,
     n = local_workers_expected(client) or len(client.scheduler_info().get("workers", {})) or 1
     here = FIRST_FRAMES_HERE if started_cold(client) else 0
     segments = list(plan.segments(n, head=here))
-    head = segments[0] if here else None
+    head = segments[0] if here and segments else None
     submission = _Submission(client, plan, blob, parts, segments[1:] if head else segments)
     futures: dict[Any, tuple[Job, int, int]] = {}
     joins: dict[Any, tuple[Job, str]] = {}
