@@ -405,9 +405,9 @@ def run_segments(plan: RenderPlan, blob: bytes, parts: str, client: Any, *,
     archive, a second or more on two cores), this process renders the first
     :data:`FIRST_FRAMES_HERE` frames itself, in this thread, having done all that
     already, while the other frames' segments are submitted as the workers join
-    (:class:`_Submission`): the first frame comes about as soon as in a render in this
-    process (2-core VM, NeuroMechFly at 240x320: 1.4 s against 2.5-3.0 s), and the
-    workers have those frames less to render.
+    (:class:`_Submission`): the command's first frame came 1.4-2.0 s after its start
+    (2-core VM, NeuroMechFly at 240x320; 1.9-3.3 s before, 0.95 s in one process), and
+    the workers have those frames less to render.
     """
     n = local_workers_expected(client) or len(client.scheduler_info().get("workers", {})) or 1
     here = FIRST_FRAMES_HERE if started_cold(client) else 0
