@@ -416,14 +416,21 @@ def run_segments(plan: RenderPlan, blob: bytes, parts: str, client: Any, *,
     submission = _Submission(client, plan, blob, parts, segments[1:] if head else segments)
     futures: dict[Any, tuple[Job, int, int]] = {}
     joins: dict[Any, tuple[Job, str]] = {}
+    bar = progress_bar(len(segments) + len(plan.jobs) * len(plan.cameras),
+                       plan.options.progress, what="tasks", unit="task")
     try:
         done = None if head is None else (head, _render_here(plan, blob, parts, head))
+        if done is not None and bar is not None:
+            bar.update(1)
         futures = submission.futures()
-        return _collect(plan, parts, client, segments, futures, joins, done, on_video)
+        return _collect(plan, parts, client, segments, futures, joins, done, on_video, bar)
     except BaseException:
         submission.give_up()
         cancel_quietly(client, [*futures, *submission.submitted(), *joins])
         raise
+    finally:
+        if bar is not None:
+            bar.close()
 
 
 #: Frames that :func:`run_segments` renders in the caller's process while the workers of a
@@ -498,10 +505,11 @@ class _Submission:
 def _collect(plan: RenderPlan, parts: str, client: Any, segments: list[tuple[Job, int, int]],
              futures: dict[Any, tuple[Job, int, int]], joins: dict[Any, tuple[Job, str]],
              done_here: tuple[tuple[Job, int, int], list[str]] | None,
-             on_video: OnVideo | None) -> list[dict[str, Any]]:
+             on_video: OnVideo | None, bar: Any) -> list[dict[str, Any]]:
     """Wait for the segments' tasks (and ``done_here``, a segment rendered in this
     process), join each video as soon as its segments are done (``joins`` gets the
-    joins' futures); every video's manifest entry, in plan order."""
+    joins' futures), each task a step of ``bar`` (or None); every video's manifest
+    entry, in plan order."""
     from distributed import as_completed
 
     from flyarchive.render.opengl_pipeline import join_segments
@@ -526,9 +534,9 @@ def _collect(plan: RenderPlan, parts: str, client: Any, segments: list[tuple[Job
     if done_here is not None:
         (job, k0, _), result = done_here
         segment_done(job, k0, result)
-    bar = progress_bar(len(futures) + len(plan.jobs) * len(plan.cameras),
-                       plan.options.progress, what="tasks", unit="task", items=done)
-    for future in done if bar is None else bar:
+    for future in done:
+        if bar is not None:
+            bar.update(1)
         if future in joins:
             job, camera = joins[future]
             entries[(job, camera)] = task_result(
