@@ -41,7 +41,14 @@ from flyarchive.query.selection import select_frames
 from flyarchive.render.diagnostics import progress_bar
 from flyarchive.render.options import RenderOptions
 from flyarchive.render.output_plan import plan_outputs
-from flyarchive.render.plan import Job, OnVideo, RenderPlan, absolute_url, preflight
+from flyarchive.render.plan import (
+    MIN_SEGMENT_FRAMES,
+    Job,
+    OnVideo,
+    RenderPlan,
+    absolute_url,
+    preflight,
+)
 from flyarchive.render.renderer_cache import keep_archive
 from flyarchive.replay import WARP_BACKENDS
 from flyarchive.replay.releases import pin_release_defaults, recorded_release
@@ -414,19 +421,18 @@ def run_segments(plan: RenderPlan, blob: bytes, parts: str, client: Any, *,
     segments = list(plan.segments(n, head=here))
     head = segments[0] if here and segments else None
     submission = _Submission(client, plan, blob, parts, segments[1:] if head else segments)
-    futures: dict[Any, tuple[Job, int, int]] = {}
     joins: dict[Any, tuple[Job, str]] = {}
     bar = progress_bar(len(segments) + len(plan.jobs) * len(plan.cameras),
                        plan.options.progress, what="tasks", unit="task")
     try:
-        done = None if head is None else (head, _render_here(plan, blob, parts, head))
-        if done is not None and bar is not None:
+        rendered = None if head is None else (head, _render_here(plan, blob, parts, head))
+        if rendered is not None and bar is not None:
             bar.update(1)
-        futures = submission.futures()
-        return _collect(plan, parts, client, segments, futures, joins, done, on_video, bar)
+        return _collect(plan, parts, client, segments, submission.futures(), joins, rendered,
+                        on_video, bar)
     except BaseException:
         submission.give_up()
-        cancel_quietly(client, [*futures, *submission.submitted(), *joins])
+        cancel_quietly(client, [*submission.submitted(), *joins])
         raise
     finally:
         if bar is not None:
@@ -436,7 +442,7 @@ def run_segments(plan: RenderPlan, blob: bytes, parts: str, client: Any, *,
 #: Frames that :func:`run_segments` renders in the caller's process while the workers of a
 #: cluster started for the render warm up (about what two cores render meanwhile: the
 #: shortest segment the plan makes).
-FIRST_FRAMES_HERE = 25
+FIRST_FRAMES_HERE = MIN_SEGMENT_FRAMES
 
 
 def _render_here(plan: RenderPlan, blob: bytes, parts: str, segment: tuple[Job, int, int]

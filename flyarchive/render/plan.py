@@ -64,6 +64,10 @@ def job_video_path(out: str, job: Job | int, camera: str) -> str:
     return output_urls(out, job, camera)["rgb"]
 
 
+#: The shortest segment :meth:`RenderPlan.segments` makes to spread frames over workers.
+MIN_SEGMENT_FRAMES = 25
+
+
 @dataclass(frozen=True)
 class RenderPlan:
     """What to render and where (plain values, sent to workers)."""
@@ -107,8 +111,8 @@ class RenderPlan:
                  ) -> Iterator[tuple[Job, int, int]]:
         """(job, start, stop) for every segment, in playing order per job.
 
-        Segments are at most ``options.segment_frames`` long, shorter (down to 25
-        frames) when that gives each of ``n_workers`` workers about four tasks.
+        Segments are at most ``options.segment_frames`` long, shorter (down to
+        :data:`MIN_SEGMENT_FRAMES`) when that gives each of ``n_workers`` workers about four tasks.
         ``n_workers=None`` (rendering in this process): one segment per video. ``head``:
         the first job's first ``head`` frames (at most all of them, at most
         ``options.segment_frames``) are a segment of their own, yielded first; the other
@@ -119,7 +123,7 @@ class RenderPlan:
         if n_workers is None:
             step = max((job.n_frames for job in self.jobs), default=1)
         else:
-            step = max(min(self.options.segment_frames, 25),
+            step = max(min(self.options.segment_frames, MIN_SEGMENT_FRAMES),
                        min(self.options.segment_frames, -(-total // (4 * max(n_workers, 1)))))
         for i, job in enumerate(self.jobs):
             first = job.start
