@@ -41,12 +41,15 @@ count once) of the case's process and all its descendants (psutil, sampled every
 ``ru_maxrss`` of the case's process from ``os.wait4`` (the largest single process
 of its tree that was waited for, not a sum). Frames/s counts (world, frame, camera)
 images per second of wall time. The 1-minute load average before each case is
-printed: the machine may be shared.
+printed: the machine may be shared. ``--repeat N`` runs every case N times, in rounds
+that interleave the cases (a shared VM's speed drifts over minutes): each target's ratio
+is then the median over rounds of its two cases' ratio within a round, with their range.
 
 Usage:
     python scripts/bench_cpu_replay.py --frames 250 --workers 1,2 --json cpu.json
     python scripts/bench_cpu_replay.py --frames 40 --size 120x160 --no-flygym
     python scripts/bench_cpu_replay.py --cases dask --sync-reads --workers 1,2
+    python scripts/bench_cpu_replay.py --cases flygym-mp4,cli --repeat 5 --json cli.json
 """
 
 from __future__ import annotations
@@ -55,6 +58,7 @@ import argparse
 import functools
 import json
 import os
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -107,10 +111,11 @@ def main() -> None:
     cases = _cases(args, archives, work, base)
     rows = []
     print(ROW_TABLE.header())
-    for name, spec, env in cases:
-        row = _run_case(name, spec, env)
-        rows.append(row)
-        print(ROW_TABLE.line(row), flush=True)
+    for round_ in range(args.repeat):  # rounds interleave the cases: the VM's speed drifts
+        for name, spec, env in cases:
+            row = {**_run_case(name, spec, env), "round": round_}
+            rows.append(row)
+            print(ROW_TABLE.line(row), flush=True)
     summary = _summary(rows)
     info = host_info()
     meta = {
@@ -118,6 +123,7 @@ def main() -> None:
         "versions": info["versions"], "worlds": args.worlds, "frames_per_world": args.frames,
         "size": list(args.size), "segment_frames": args.segment_frames,
         "batch_worlds": args.batch_worlds, "archive_build_s": round(build_s, 2),
+        "repeat": args.repeat,
         "loadavg_end": os.getloadavg(), "host_info": info,
     }
     _print_summary(summary, meta)
@@ -146,6 +152,8 @@ def _parse_args() -> argparse.Namespace:
                         "synchronous scheduler (prototype of a distributed.py fix)")
     parser.add_argument("--cases", default=None,
                         help="run only cases whose name starts with one of these (comma list)")
+    parser.add_argument("--repeat", type=int, default=1,
+                        help="rounds of every case, interleaved (ratios: median over rounds)")
     parser.add_argument("--child", help=argparse.SUPPRESS)
     return parser.parse_args()
 
@@ -514,13 +522,27 @@ def _fps(rows: dict[str, dict[str, Any]], name: str) -> float | None:
 
 
 def _summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
-    by = {r["case"]: r for r in rows}
+    """Each target's ratio: the median over rounds of the two cases' ratio in the same
+    round (with the rounds' range); the other figures from the last round."""
+    rounds: dict[int, dict[str, dict[str, Any]]] = {}
+    for r in rows:
+        rounds.setdefault(r.get("round", 0), {})[r["case"]] = r
+    by = rounds[max(rounds)] if rounds else {}
     out: dict[str, Any] = {"targets": []}
     for a, b, target, text in TARGETS:
-        fa, fb = _fps(by, a), _fps(by, b)
-        ratio = None if not fa or not fb else round(fa / fb, 2)
+        ratios = sorted(fa / fb for one in rounds.values()
+                        if (fa := _fps(one, a)) and (fb := _fps(one, b)))
+        ratio = None if not ratios else round(float(statistics.median(ratios)), 2)
         out["targets"].append({"target": text, "measured_ratio": ratio, "wanted": target,
-                               "met": None if ratio is None else ratio >= target})
+                               "met": None if ratio is None else ratio >= target,
+                               "rounds": len(ratios),
+                               "range": [round(ratios[0], 2), round(ratios[-1], 2)]
+                               if ratios else None})
+    cases = {r["case"] for r in rows}
+    out["median_fps"] = {c: statistics.median(r["fps"] for r in rows
+                                              if r["case"] == c and "fps" in r)
+                         for c in sorted(cases)
+                         if any(r["case"] == c and "fps" in r for r in rows)}
     if "dask-1" in by and "dask-2" in by and "fps_with_startup" in by["dask-1"]:
         out["dask_2_over_1_with_startup"] = round(
             by["dask-2"]["fps_with_startup"] / by["dask-1"]["fps_with_startup"], 2)
@@ -552,8 +574,13 @@ ROW_TABLE = Table([
 def _print_summary(summary: dict[str, Any], meta: dict[str, Any]) -> None:
     print(f"\n{meta['worlds']} worlds x {meta['frames_per_world']} frames, {meta['size']}, "
           f"{meta['cpus']} CPUs, load at end {tuple(round(x, 2) for x in meta['loadavg_end'])}")
+    if meta.get("repeat", 1) > 1:
+        print(f"  median frames/s over {meta['repeat']} rounds: " + ", ".join(
+            f"{case} {fps:.2f}" for case, fps in summary["median_fps"].items()))
     for t in summary["targets"]:
-        print(f"  {t['target']:60} ratio {t['measured_ratio']} "
+        spread = f" [{t['range'][0]}-{t['range'][1]} in {t['rounds']} rounds]" \
+            if t["rounds"] > 1 else ""
+        print(f"  {t['target']:60} ratio {t['measured_ratio']}{spread} "
               f"({'met' if t['met'] else 'MISSED' if t['met'] is not None else 'n/a'})")
     for key in ("dask_2_over_1_with_startup", "rss_pss_tree_mib", "rss_maxrss_mib"):
         if key in summary:
