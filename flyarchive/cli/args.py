@@ -266,9 +266,9 @@ def add_render_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--size", default="240x320", help="HEIGHTxWIDTH (default 240x320)")
     p.add_argument("--out", default="videos", help="output folder or fsspec URL")
     p.add_argument("--scheduler", help="Dask scheduler address (default: a local cluster)")
-    p.add_argument("--workers", type=int, help="local worker processes (default: opengl and "
-                   "warp-cpu: one render thread per core in this process; gpu: one per GPU, "
-                   "see --gpus; 0: one thread in this process)")
+    p.add_argument("--workers", type=int, help="local worker processes (default: opengl: one "
+                   "per core; warp-cpu: none, one render thread per core in this process; "
+                   "gpu: one per GPU, see --gpus; 0: one thread in this process)")
     p.add_argument("--backend", default="opengl", choices=(*BACKENDS, *OLD_BACKENDS),
                    help="opengl (mujoco.Renderer, bit-exact; default), gpu (mujoco-warp on "
                         "CUDA) or warp-cpu (mujoco-warp on Warp's CPU device); cpu is the "
