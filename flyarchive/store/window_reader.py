@@ -372,10 +372,12 @@ class _Pool:
                          name="flyarchive-state-worker").start()
 
     def _replace(self, worker: subprocess.Popen[bytes]) -> None:
+        """A fresh worker in the place of ``worker`` (which has died): started first, so
+        that the pool never looks a worker short while the new one starts."""
         with self.lock:
+            self._start()
             self.size -= 1
             self.live.discard(worker)
-            self._start()
 
     def run(self, jobs: list[dict[str, Any]], priority: int = 0) -> None:
         """Run ``jobs`` on the workers (queued at ``priority``: lower runs first); raises
