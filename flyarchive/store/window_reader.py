@@ -352,6 +352,7 @@ class _Pool:
             queue.PriorityQueue()
         self.lock = threading.Lock()
         self._order = itertools.count()
+        self._start_error: BaseException | None = None  # why the last replacement failed
 
     def grow(self, size: int) -> None:
         with self.lock:
@@ -365,27 +366,53 @@ class _Pool:
         path = os.pathsep.join(p or os.getcwd() for p in sys.path)
         worker = subprocess.Popen([sys.executable, "-P", "-c", _WORKER], stdin=subprocess.PIPE,
                                   stdout=subprocess.PIPE, env=dict(os.environ, PYTHONPATH=path))
+        try:
+            threading.Thread(target=self._feed, args=(worker,), daemon=True,
+                             name="flyarchive-state-worker").start()
+        except RuntimeError:  # no thread to feed it: no worker
+            worker.kill()
+            worker.wait()
+            raise
         self.pids.append(worker.pid)
         self.live.add(worker)
         self.size += 1
-        threading.Thread(target=self._feed, args=(worker,), daemon=True,
-                         name="flyarchive-state-worker").start()
 
     def _replace(self, worker: subprocess.Popen[bytes]) -> None:
         """A fresh worker in the place of ``worker`` (which has died): started first, so
-        that the pool never looks a worker short while the new one starts."""
+        that the pool never looks a worker short while the new one starts. When none can
+        be started, the pool is a worker smaller; once it has none, every job waiting
+        fails (and every later :meth:`run`) instead of waiting for ever."""
         with self.lock:
-            self._start()
+            try:
+                self._start()
+            except (OSError, RuntimeError) as err:  # no process or no thread to be had
+                self._start_error = err
             self.size -= 1
             self.live.discard(worker)
+            if not self.live:
+                while True:
+                    try:
+                        _, _, future = self.jobs.get_nowait()
+                    except queue.Empty:
+                        break
+                    future.set_exception(self._none_running())
+
+    def _none_running(self) -> RuntimeError:
+        return RuntimeError(
+            "No state-reading worker process is running, and none could be started "
+            f"({self._start_error}); read with threads (processes=0), or free processes "
+            "or memory and read again.")
 
     def run(self, jobs: list[dict[str, Any]], priority: int = 0) -> None:
         """Run ``jobs`` on the workers (queued at ``priority``: lower runs first); raises
         the first job's error once every job is answered."""
         futures: list[Future[None]] = []
-        for job in jobs:
-            futures.append(Future())
-            self.jobs.put(((priority, next(self._order)), job, futures[-1]))
+        with self.lock:  # a pool that has just lost its last worker takes no more jobs
+            if not self.live:
+                raise self._none_running()
+            for job in jobs:
+                futures.append(Future())
+                self.jobs.put(((priority, next(self._order)), job, futures[-1]))
         errors = [err for future in futures if (err := future.exception()) is not None]
         if errors:
             raise errors[0]
@@ -404,16 +431,21 @@ class _Pool:
                 worker.stdin.write(json.dumps(job).encode() + b"\n")  # type: ignore[union-attr]
                 worker.stdin.flush()  # type: ignore[union-attr]
                 line = worker.stdout.readline()  # type: ignore[union-attr]
-            except OSError:
-                line = b""
-            if not line:
+                # A whole line of a JSON object, else the worker died writing it (or wrote
+                # what it never writes): the same as no answer.
+                reply = json.loads(line) if line.endswith(b"\n") else None
+            except (OSError, ValueError):
+                reply = None
+            if not isinstance(reply, dict):
                 worker.kill()
-                self._replace(worker)  # before the caller hears of it
-                future.set_exception(RuntimeError(
-                    f"A state-reading worker process stopped (exit status {worker.wait()}) "
-                    "while it read; read again, or read with threads (processes=0)."))
+                try:
+                    self._replace(worker)  # before the caller hears of it
+                finally:
+                    future.set_exception(RuntimeError(
+                        f"A state-reading worker process stopped (exit status "
+                        f"{worker.wait()}) while it read; read again, or read with threads "
+                        "(processes=0)."))
                 return
-            reply = json.loads(line)
             if "error" in reply:
                 future.set_exception(_error(reply))
             else:

@@ -182,6 +182,86 @@ def test_a_worker_process_that_dies_on_a_job_fails_that_read_only(monkeypatch):
         worker.kill()
 
 
+#: A worker that answers every job, as a sound one does.
+_ANSWERS = "import sys\nfor line in sys.stdin:\n    print('{}', flush=True)"
+
+
+def _run_within(pool, jobs, seconds: float = 30.0) -> BaseException | None:
+    """``pool.run(jobs)`` on a thread of its own: what it raised (None: nothing); the
+    test fails if it is still waiting after ``seconds``."""
+    import threading
+
+    outcome: list[BaseException | None] = []
+
+    def run() -> None:
+        try:
+            pool.run(jobs)
+            outcome.append(None)
+        except BaseException as err:  # noqa: BLE001 - handed to the test
+            outcome.append(err)
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    thread.join(seconds)
+    assert outcome, f"pool.run still waits after {seconds} s"
+    return outcome[0]
+
+
+@pytest.mark.subprocess  # worker processes
+@pytest.mark.parametrize("answer", [
+    "sys.stdout.write('{\"par'); sys.stdout.flush()",  # dies half-way through its answer
+    "print('not json', flush=True); sys.stdin.readline()",  # answers garbage, lives on
+], ids=["half-an-answer", "garbage"])
+def test_a_worker_that_dies_mid_answer_or_answers_garbage_fails_that_read_only(monkeypatch,
+                                                                               answer):
+    from flyarchive.store import window_reader
+
+    monkeypatch.setattr(window_reader, "_WORKER", f"import sys; sys.stdin.readline(); {answer}")
+    pool = window_reader._Pool()
+    pool.grow(1)
+    [first] = pool.live
+
+    failed = _run_within(pool, [{"job": 1}])
+
+    assert isinstance(failed, RuntimeError) and "while it read" in str(failed), failed
+    assert first.poll() is not None and first not in pool.live
+    assert pool.size == 1 and len(pool.live) == 1  # replaced
+    for worker in pool.live:
+        worker.kill()
+
+
+@pytest.mark.subprocess  # worker processes
+def test_a_pool_that_cannot_replace_its_last_worker_fails_reads_instead_of_waiting(monkeypatch):
+    import subprocess
+    import types
+
+    from flyarchive.store import window_reader
+
+    monkeypatch.setattr(window_reader, "_WORKER", _ANSWERS)
+    pool = window_reader._Pool()
+    pool.grow(1)
+    assert _run_within(pool, [{"job": 1}]) is None
+    [worker] = pool.live
+
+    def no_process(*args, **kwargs):
+        raise BlockingIOError(11, "Resource temporarily unavailable")
+
+    # No process can be started from now on (in this module only).
+    monkeypatch.setattr(window_reader, "subprocess",
+                        types.SimpleNamespace(Popen=no_process, PIPE=subprocess.PIPE))
+    worker.kill()
+    worker.wait()
+
+    failed = _run_within(pool, [{"job": 2}, {"job": 3}])
+    later = _run_within(pool, [{"job": 4}])
+
+    for err in (failed, later):
+        assert isinstance(err, RuntimeError), err
+        assert "none could be started" in str(err) and "Resource temporarily" in str(err)
+        assert "processes=0" in str(err)
+    assert pool.size == 0 and not pool.live
+
+
 @pytest.mark.subprocess  # worker processes
 def test_worker_processes_refuse_an_archive_replaced_since_it_was_opened(sites_archive,
                                                                            sites_model):
