@@ -41,9 +41,12 @@ def select(page: Any, *worlds: int) -> None:
 
 
 def move_cursor(page: Any, frame: int) -> None:
+    """Move the time cursor to ``frame``; wait until the 3D view has drawn it after the
+    move (the frame may be the one drawn already: its own draw is still to come)."""
+    seq = page.evaluate(f"{STATE}.poseSeq")
     page.evaluate("f => { const t = document.querySelector('#time'); t.value = f; "
                   "t.dispatchEvent(new Event('input')); }", frame)
-    page.wait_for_function(f"{STATE}.poseFrame === {frame}")
+    page.wait_for_function(f"{STATE}.poseSeq > {seq} && {STATE}.poseFrame === {frame}")
 
 
 def message(page: Any) -> str:
