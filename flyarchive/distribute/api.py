@@ -425,9 +425,11 @@ def run_segments(plan: RenderPlan, blob: bytes, parts: str, client: Any, *,
     bar = progress_bar(len(segments) + len(plan.jobs) * len(plan.cameras),
                        plan.options.progress, what="tasks", unit="task")
     try:
-        rendered = None if head is None else (head, _render_here(plan, blob, parts, head))
-        if rendered is not None and bar is not None:
-            bar.update(1)
+        rendered = None
+        if head is not None:
+            rendered = (head, _render_here(plan, blob, parts, head))
+            if bar is not None:
+                bar.update(1)
         return _collect(plan, parts, client, segments, submission.futures(), joins, rendered,
                         on_video, bar)
     except BaseException:
@@ -469,6 +471,7 @@ class _Submission:
         self._futures: dict[Any, tuple[Job, int, int]] = {}
         self._error: BaseException | None = None
         self._stop = threading.Event()
+        self._lock = threading.Lock()  # no task submitted once give_up has returned
         self._thread = threading.Thread(target=self._submit, name="flyarchive-submit",
                                         daemon=True)
         self._thread.start()
@@ -484,11 +487,12 @@ class _Submission:
                 return
             blob_future = scatter_model(self._client, self._blob)
             for job, k0, k1 in self._segments:
-                if self._stop.is_set():
-                    return
-                future = self._client.submit(render_segment, self._plan, blob_future,
-                                             self._parts, job, k0, k1, pure=False)
-                self._futures[future] = (job, k0, k1)
+                with self._lock:
+                    if self._stop.is_set():
+                        return
+                    future = self._client.submit(render_segment, self._plan, blob_future,
+                                                 self._parts, job, k0, k1, pure=False)
+                    self._futures[future] = (job, k0, k1)
         except BaseException as err:  # handed to the caller's thread
             self._error = err
 
@@ -501,11 +505,13 @@ class _Submission:
 
     def submitted(self) -> list[Any]:
         """The futures submitted so far (to cancel)."""
-        return list(self._futures)
+        with self._lock:
+            return list(self._futures)
 
     def give_up(self) -> None:
-        """Submit nothing more."""
-        self._stop.set()
+        """Submit nothing more (a submission under way ends before this returns)."""
+        with self._lock:
+            self._stop.set()
 
 
 def _collect(plan: RenderPlan, parts: str, client: Any, segments: list[tuple[Job, int, int]],
