@@ -390,12 +390,17 @@ class _Pool:
             self.size -= 1
             self.live.discard(worker)
             if not self.live:
-                while True:
-                    try:
-                        _, _, future = self.jobs.get_nowait()
-                    except queue.Empty:
-                        break
-                    future.set_exception(self._none_running())
+                self._fail_waiting()
+
+    def _fail_waiting(self) -> None:
+        """Fail every job in the queue: no worker is left to take it (the caller holds
+        the lock)."""
+        while True:
+            try:
+                _, _, future = self.jobs.get_nowait()
+            except queue.Empty:
+                return
+            future.set_exception(self._none_running())
 
     def _none_running(self) -> RuntimeError:
         return RuntimeError(
