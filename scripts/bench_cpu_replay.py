@@ -76,6 +76,7 @@ from benchlib import (
     host_info,
     nmf_states,
     parse_size,
+    positive_int,
     write_json,
 )
 
@@ -152,7 +153,7 @@ def _parse_args() -> argparse.Namespace:
                         "synchronous scheduler (prototype of a distributed.py fix)")
     parser.add_argument("--cases", default=None,
                         help="run only cases whose name starts with one of these (comma list)")
-    parser.add_argument("--repeat", type=int, default=1,
+    parser.add_argument("--repeat", type=positive_int, default=1,
                         help="rounds of every case, interleaved (ratios: median over rounds)")
     parser.add_argument("--child", help=argparse.SUPPRESS)
     return parser.parse_args()

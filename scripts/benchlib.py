@@ -122,6 +122,17 @@ def parse_size(text: str) -> tuple[int, int]:
     return height, width
 
 
+def positive_int(text: str) -> int:
+    """An argparse type for a whole number >= 1 (a count of rounds, workers...)."""
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be a whole number >= 1, got {text!r}")
+    return value
+
+
 # ----------------------------------------------------------------------------- host
 #: Libraries whose versions :func:`host_info` reports (``"missing"`` when not installed).
 PACKAGES = ("flyarchive", "numpy", "mujoco", "mujoco-warp", "warp-lang", "flygym", "zarr",

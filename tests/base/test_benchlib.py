@@ -67,6 +67,16 @@ def test_parse_size_reads_height_then_width() -> None:
     assert benchlib.parse_size("240X320") == (240, 320)
 
 
+@pytest.mark.parametrize("text", ["0", "-2", "two", "1.5"])
+def test_positive_int_rejects_what_is_not_a_whole_number_of_one_or_more(text) -> None:
+    with pytest.raises(argparse.ArgumentTypeError, match=f"whole number >= 1, got '{text}'"):
+        benchlib.positive_int(text)
+
+
+def test_positive_int_reads_a_count() -> None:
+    assert benchlib.positive_int("5") == 5
+
+
 def test_host_info_reports_cores_memory_gpus_and_versions() -> None:
     info = benchlib.host_info()
 
