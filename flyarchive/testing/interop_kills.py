@@ -62,8 +62,9 @@ class InteropKillConfig:
         timeout_s: Seconds to wait for the child to reach its kill point.
         wait_steps: Kill after this many steps (0: before the first commit or file;
             ``total_steps``: after the last one) instead of a seeded number.
-        mid_write: Export only: after the chosen step, kill as soon as a temporary file
-            appears in the output folder (a file is being written), without the delay.
+        mid_write: Export only: kill inside the next file's write after the chosen step
+            (the child holds there, its data in the temporary file, not yet renamed),
+            without the delay.
     """
 
     operation: str = "import"
@@ -170,7 +171,12 @@ def _child(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("source")
     parser.add_argument("target")
     parser.add_argument("--chunk-frames", type=int, default=5)
+    parser.add_argument("--hold-write", type=int, default=-1,
+                        help="export: stop inside this file's write (0: the first), its data "
+                             "in the temporary file, not yet renamed, until killed")
     args = parser.parse_args(argv)
+    if args.hold_write >= 0:
+        _hold_inside_write(args.hold_write)
 
     def step(done: int, total: int) -> None:
         print(_STEP, done, total, flush=True)
@@ -189,6 +195,27 @@ def _child(argv: Sequence[str] | None = None) -> int:
     return 0
 
 
+#: What the child prints when it holds inside a file's write (``--hold-write``).
+_HOLDING = "HOLDING"
+
+
+def _hold_inside_write(index: int) -> None:
+    """Make the export's ``index``-th file write stop once its data is in the temporary
+    file (before the flush and the rename) and say so: the kill then lands mid-write
+    whatever the machine's speed (a file this small is written in about a millisecond)."""
+    save = np.savez_compressed
+    calls = [0]
+
+    def held(file: Any, *args: Any, **kwargs: Any) -> None:
+        save(file, *args, **kwargs)
+        calls[0] += 1
+        if calls[0] == index + 1:
+            print(_HOLDING, flush=True)
+            time.sleep(3600)  # until killed
+
+    np.savez_compressed = held
+
+
 # ----------------------------------------------------------------------------- parent
 def _run_and_kill(source: str, target: str, config: InteropKillConfig,
                   result: InteropKillResult) -> None:
@@ -198,6 +225,8 @@ def _run_and_kill(source: str, target: str, config: InteropKillConfig,
     delay = float(rng.uniform(0.0, config.max_delay_s))
     cmd = [sys.executable, "-m", "flyarchive.testing.interop_kills", config.operation, source, target,
            "--chunk-frames", str(config.chunk_frames)]
+    if config.mid_write:
+        cmd += ["--hold-write", str(wait_steps)]
     deadline = time.monotonic() + config.timeout_s
     seen = -1
     with Child(cmd) as child:
@@ -207,10 +236,12 @@ def _run_and_kill(source: str, target: str, config: InteropKillConfig,
                 break
             if line.startswith(_STEP):
                 seen += 1
-        if config.mid_write:
-            while (child.proc.poll() is None and not _temporaries(Path(target))
-                   and time.monotonic() < deadline):
-                time.sleep(0.0005)
+        if config.mid_write:  # until the child holds inside that file's write (or ends)
+            while time.monotonic() < deadline:
+                line = child.readline()
+                if not line or line.startswith(_HOLDING):
+                    break
+                seen += line.startswith(_STEP)
         else:
             time.sleep(delay)
         result.killed, lines = child.kill()

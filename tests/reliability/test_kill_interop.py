@@ -56,6 +56,8 @@ def test_a_killed_export_leaves_no_half_written_file_and_the_rerun_no_leftover(
     result = kill_trial(tmp_path, config, inputs=export_inputs)
 
     assert result.killed
+    if mid_write:
+        assert result.leftovers_after_kill == 1  # killed with a file in its temporary name
     assert result.half_written == 0
     assert result.leftovers_after_rerun == 0
     assert result.rerun_equal
