@@ -103,6 +103,8 @@ def main() -> None:
     if args.child:
         print("RESULT " + json.dumps(_run_child(json.loads(args.child))), flush=True)
         return
+    if args.workdir:
+        Path(args.workdir).mkdir(parents=True, exist_ok=True)
     work = Path(tempfile.mkdtemp(prefix="bench-cpu-replay-", dir=args.workdir))
     camera = "nmf/trackcam"
     t0 = time.perf_counter()
@@ -134,8 +136,8 @@ def main() -> None:
 def _parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     add_json_option(parser)
-    parser.add_argument("--frames", type=int, default=250, help="frames per world")
-    parser.add_argument("--worlds", type=int, default=2, help="worlds rendered")
+    parser.add_argument("--frames", type=positive_int, default=250, help="frames per world")
+    parser.add_argument("--worlds", type=positive_int, default=2, help="worlds rendered")
     parser.add_argument("--workers", default="1,2", help="Dask worker counts, comma-separated")
     parser.add_argument("--size", default="240x320", type=parse_size, help="HxW pixels")
     parser.add_argument("--backends", default="cpu,warp-cpu", help="cpu and/or warp-cpu")
@@ -143,8 +145,8 @@ def _parse_args() -> argparse.Namespace:
     parser.add_argument("--rss", action=argparse.BooleanOptionalAction, default=True,
                         help="peak RSS of F vs 10 F frames")
     parser.add_argument("--profile", action=argparse.BooleanOptionalAction, default=True)
-    parser.add_argument("--segment-frames", type=int, default=100)
-    parser.add_argument("--batch-worlds", type=int, default=64, help="warp-cpu batch size")
+    parser.add_argument("--segment-frames", type=positive_int, default=100)
+    parser.add_argument("--batch-worlds", type=positive_int, default=64, help="warp-cpu batch size")
     parser.add_argument("--workdir", default=None, help="where archives and videos go")
     parser.add_argument("--cache", metavar="DIR", default=None,
                         help="keep the archives here and reuse them (default: built in --workdir)")

@@ -39,7 +39,7 @@ from typing import Any
 
 import imageio_ffmpeg
 import numpy as np
-from benchlib import Column, Table, add_json_option, host_info, parse_size, write_json
+from benchlib import Column, Table, add_json_option, host_info, parse_size, positive_int, write_json
 
 from flyarchive.testing import rgb_to_i420
 from flyarchive.video import read_video
@@ -94,8 +94,8 @@ def _parse_args() -> argparse.Namespace:
     add_json_option(parser, "also write the result as JSON to this path")
     parser.add_argument("--size", type=parse_size, default=(240, 320),
                         help="frame size HEIGHTxWIDTH (default 240x320)")
-    parser.add_argument("--frames", type=int, default=100, help="frames per video")
-    parser.add_argument("--videos", type=int, default=128, help="videos per case")
+    parser.add_argument("--frames", type=positive_int, default=100, help="frames per video")
+    parser.add_argument("--videos", type=positive_int, default=128, help="videos per case")
     parser.add_argument("--jobs", type=ints, default=[os.cpu_count() or 1],
                         help="concurrent encoders, comma list (default: cpu count)")
     parser.add_argument("--presets", type=words, default=["ultrafast", "superfast", "veryfast"])

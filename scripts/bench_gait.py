@@ -47,6 +47,7 @@ from pathlib import Path
 from typing import Any
 
 from benchlib import (
+    positive_int,
     Column,
     Jitter,
     Table,
@@ -175,11 +176,11 @@ TABLE = Table([
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--worlds", type=int, default=1024)
-    parser.add_argument("--frames", type=int, default=1000)
-    parser.add_argument("--big-worlds", type=int, default=4096)
-    parser.add_argument("--big-frames", type=int, default=250)
-    parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--worlds", type=positive_int, default=1024)
+    parser.add_argument("--frames", type=positive_int, default=1000)
+    parser.add_argument("--big-worlds", type=positive_int, default=4096)
+    parser.add_argument("--big-frames", type=positive_int, default=250)
+    parser.add_argument("--repeat", type=positive_int, default=3)
     parser.add_argument("--core", type=int, default=0, help="the core this process runs on")
     parser.add_argument("--cache", type=Path, default=Path("/tmp/flyarchive-bench-gait"))
     add_json_option(parser)

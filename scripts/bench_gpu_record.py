@@ -35,6 +35,7 @@ import fsspec
 import mujoco
 import numpy as np
 from benchlib import (
+    positive_int,
     Column,
     PeakMemory,
     Table,
@@ -118,12 +119,12 @@ def _parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     add_json_option(parser, "also write the result as JSON to this path")
     parser.add_argument("--device", choices=["cuda", "cpu"], default="cuda", help="Warp device")
-    parser.add_argument("--nworld", type=int, default=4096, help="simulated worlds")
-    parser.add_argument("--steps", type=int, default=2000, help="timed steps per run")
+    parser.add_argument("--nworld", type=positive_int, default=4096, help="simulated worlds")
+    parser.add_argument("--steps", type=positive_int, default=2000, help="timed steps per run")
     parser.add_argument("--model", choices=["nmf", "tiny"], default="nmf")
     parser.add_argument("--out", help="archive URL (default: a new local temporary folder)")
-    parser.add_argument("--record-worlds", type=int, help="record the first N worlds (default all)")
-    parser.add_argument("--chunk-frames", type=int, default=16,
+    parser.add_argument("--record-worlds", type=positive_int, help="record the first N worlds (default all)")
+    parser.add_argument("--chunk-frames", type=positive_int, default=16,
                         help="frames per chunk (a flush every chunk, in the background)")
     args = parser.parse_args()
     if args.nworld < 1 or args.steps < 1 or args.chunk_frames < 1:

@@ -24,6 +24,7 @@ from typing import Any
 import mujoco
 import numpy as np
 from benchlib import (
+    positive_int,
     Column,
     Table,
     add_json_option,
@@ -80,8 +81,8 @@ def _parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     add_json_option(parser, "also write the result as JSON to this path")
     parser.add_argument("--device", choices=["cuda", "cpu"], help="Warp device (default: Warp's)")
-    parser.add_argument("--worlds", type=int, default=16, help="B, states per batch")
-    parser.add_argument("--frames", type=int, default=64, help="states rendered in the timed run")
+    parser.add_argument("--worlds", type=positive_int, default=16, help="B, states per batch")
+    parser.add_argument("--frames", type=positive_int, default=64, help="states rendered in the timed run")
     parser.add_argument("--model", choices=["tiny", "nmf"], default="tiny")
     parser.add_argument("--size", type=parse_size, default=(240, 320),
                         help="frame size HEIGHTxWIDTH (default 240x320)")

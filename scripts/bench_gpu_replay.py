@@ -71,6 +71,7 @@ from unittest import mock
 import numpy as np
 from bench_cli import cli_rows, save_mjb
 from benchlib import (
+    positive_int,
     Column,
     PeakMemory,
     ReplayStates,
@@ -156,9 +157,9 @@ def _parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     add_json_option(parser, "also write the result as JSON to this path")
     parser.add_argument("--device", choices=["cuda", "cpu"], default="cuda", help="Warp device")
-    parser.add_argument("--worlds", type=int, default=128, help="worlds in the archive")
-    parser.add_argument("--frames", type=int, default=100, help="frames per world")
-    parser.add_argument("--batch", type=int, default=1024, help="B, states per flyarchive batch")
+    parser.add_argument("--worlds", type=positive_int, default=128, help="worlds in the archive")
+    parser.add_argument("--frames", type=positive_int, default=100, help="frames per world")
+    parser.add_argument("--batch", type=positive_int, default=1024, help="B, states per flyarchive batch")
     parser.add_argument("--model", choices=["nmf", "tiny"], default="nmf")
     parser.add_argument("--model-file", metavar="PATH",
                         help="NeuroMechFly compiled from this file (.zip of its spec from "

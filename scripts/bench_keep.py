@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from benchlib import Column, Jitter, Table, add_json_option, cached_archive, host_info, nmf_states
-from benchlib import write_json
+from benchlib import positive_int, write_json
 
 import flyarchive
 
@@ -110,10 +110,10 @@ def rows(url: str, model: Any, repeat: int) -> list[dict[str, Any]]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--worlds", type=int, default=64)
-    parser.add_argument("--frames", type=int, default=1000)
+    parser.add_argument("--worlds", type=positive_int, default=64)
+    parser.add_argument("--frames", type=positive_int, default=1000)
     parser.add_argument("--tiny", action="store_true", help="random states of the tiny model")
-    parser.add_argument("--repeat", type=int, default=2)
+    parser.add_argument("--repeat", type=positive_int, default=2)
     parser.add_argument("--cache", type=Path, default=Path("/tmp/flyarchive-bench-positions"))
     add_json_option(parser)
     args = parser.parse_args()

@@ -30,7 +30,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from benchlib import Column, Table, add_json_option, host_info, write_json
+from benchlib import Column, Table, add_json_option, host_info, positive_int, write_json
 
 import flyarchive
 from flyarchive import open_archive
@@ -98,9 +98,9 @@ def s3_rows(args: argparse.Namespace) -> list[dict[str, Any]]:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--worlds", type=int, default=64)
-    parser.add_argument("--frames", type=int, default=40)
-    parser.add_argument("--repeat", type=int, default=30)
+    parser.add_argument("--worlds", type=positive_int, default=64)
+    parser.add_argument("--frames", type=positive_int, default=40)
+    parser.add_argument("--repeat", type=positive_int, default=30)
     parser.add_argument("--latency-ms", default="0,20",
                         help="comma-separated delays added to every S3 request (default 0,20)")
     parser.add_argument("--no-s3", action="store_true")

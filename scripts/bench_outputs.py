@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from benchlib import (
+    positive_int,
     Column,
     Table,
     add_json_option,
@@ -138,16 +139,16 @@ def _parse_args() -> argparse.Namespace:
                    type=lambda s: [c.strip() for c in s.split(",") if c.strip()],
                    help=f"comma-separated, from {', '.join(CASES)} (rgb first for ratios)")
     p.add_argument("--model", choices=("tiny", "nmf"), default="tiny")
-    p.add_argument("--worlds", type=int, default=4)
-    p.add_argument("--frames", type=int, default=20)
+    p.add_argument("--worlds", type=positive_int, default=4)
+    p.add_argument("--frames", type=positive_int, default=20)
     p.add_argument("--size", type=parse_size, default=(240, 320), help="HEIGHTxWIDTH")
     p.add_argument("--mosaic", type=lambda s: tuple(int(v) for v in s.lower().split("x")),
                    default=(2, 2), help="ROWSxCOLS (default 2x2)")
-    p.add_argument("--batch-worlds", type=int, default=4, help="Warp backends' batch")
-    p.add_argument("--segment-frames", type=int, default=100, help="cpu backend's segments")
+    p.add_argument("--batch-worlds", type=positive_int, default=4, help="Warp backends' batch")
+    p.add_argument("--segment-frames", type=positive_int, default=100, help="cpu backend's segments")
     p.add_argument("--workers", type=int, default=0,
                    help="render_videos n_workers (default 0: this process)")
-    p.add_argument("--repeat", type=int, default=2, help="timed renders per case (best counts)")
+    p.add_argument("--repeat", type=positive_int, default=2, help="timed renders per case (best counts)")
     p.add_argument("--cache", help="folder keeping the archive between runs")
     add_json_option(p)
     args = p.parse_args()

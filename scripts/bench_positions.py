@@ -77,6 +77,7 @@ from typing import Any
 
 import numpy as np
 from benchlib import (
+    positive_int,
     Column,
     Jitter,
     PeakMemory,
@@ -400,17 +401,17 @@ STAGE_NOTE = ("pipe s = first read to last copy (the whole call is the first tab
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--worlds", type=int, default=64)
-    parser.add_argument("--frames", type=int, default=1000)
+    parser.add_argument("--worlds", type=positive_int, default=64)
+    parser.add_argument("--frames", type=positive_int, default=1000)
     parser.add_argument("--workers", type=int, default=2)
-    parser.add_argument("--dask-worlds", type=int, default=256)
+    parser.add_argument("--dask-worlds", type=positive_int, default=256)
     parser.add_argument("--device", default="cpu", help="Warp row: cpu or cuda[:N]")
-    parser.add_argument("--warp-worlds", type=int)
-    parser.add_argument("--warp-frames", type=int, default=250)
-    parser.add_argument("--gait-worlds", type=int, default=1024)
-    parser.add_argument("--gait-frames", type=int, default=1000)
+    parser.add_argument("--warp-worlds", type=positive_int)
+    parser.add_argument("--warp-frames", type=positive_int, default=250)
+    parser.add_argument("--gait-worlds", type=positive_int, default=1024)
+    parser.add_argument("--gait-frames", type=positive_int, default=1000)
     parser.add_argument("--only", default=",".join(ROWS), help=f"rows: {','.join(ROWS)}")
-    parser.add_argument("--repeat", type=int, default=2)
+    parser.add_argument("--repeat", type=positive_int, default=2)
     parser.add_argument("--cache", type=Path, default=Path("/tmp/flyarchive-bench-positions"))
     parser.add_argument("--model", type=Path,
                         help="NeuroMechFly from this file (a host without flygym: the .zip "

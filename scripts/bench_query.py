@@ -72,6 +72,7 @@ import numpy as np
 import xarray as xr
 import zarr
 from benchlib import (
+    positive_int,
     OUTPUT_FPS,
     PLAYBACK,
     Column,
@@ -809,14 +810,14 @@ def _world_read(entry: dict[str, Any], storage: str) -> int | None:
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--worlds", type=int, default=1024, help="worlds (default 1024)")
-    parser.add_argument("--frames", type=int, default=1000, help="frames per world (default 1000)")
+    parser.add_argument("--worlds", type=positive_int, default=1024, help="worlds (default 1024)")
+    parser.add_argument("--frames", type=positive_int, default=1000, help="frames per world (default 1000)")
     parser.add_argument("--dtypes", default="float64,float32", help="comma-separated")
-    parser.add_argument("--chunk-frames", type=int, default=100, help="frames per chunk")
-    parser.add_argument("--shard-worlds", type=int, default=64, help="worlds per shard")
-    parser.add_argument("--repeat", type=int, default=3, help="best of N (full scans: see "
+    parser.add_argument("--chunk-frames", type=positive_int, default=100, help="frames per chunk")
+    parser.add_argument("--shard-worlds", type=positive_int, default=64, help="worlds per shard")
+    parser.add_argument("--repeat", type=positive_int, default=3, help="best of N (full scans: see "
                         "--scan-repeat; on S3 only one world is repeated)")
-    parser.add_argument("--scan-repeat", type=int, default=2,
+    parser.add_argument("--scan-repeat", type=positive_int, default=2,
                         help="best of N for the full scans (default 2: a process's first scan "
                              "also pays for growing its memory; the first is reported beside)")
     parser.add_argument("--no-s3", action="store_true", help="skip the S3 runs")

@@ -30,7 +30,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from benchlib import Column, Table, add_json_option, host_info, write_json
+from benchlib import Column, Table, add_json_option, host_info, positive_int, write_json
 
 TABLE = Table([
     Column("row", 30, "row", align="<"),
@@ -99,8 +99,8 @@ def rows_for(url: str, reads: int, repeat: int) -> list[dict[str, Any]]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--archive", help="an archive folder (default: a small one written now)")
-    parser.add_argument("--reads", type=int, default=2000)
-    parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--reads", type=positive_int, default=2000)
+    parser.add_argument("--repeat", type=positive_int, default=3)
     add_json_option(parser)
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as folder:

@@ -49,7 +49,7 @@ from typing import Any
 
 import numpy as np
 from benchlib import Column, Jitter, Table, add_json_option, frame_times, host_info, nmf_states, \
-    write_json
+    positive_int, write_json
 
 import flyarchive
 
@@ -301,10 +301,10 @@ def rows_for(where: str, folder: Path, cases: dict[str, Case], args: argparse.Na
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--repeat", type=int, default=15)
-    parser.add_argument("--commits", type=int, default=4, help="commits per archive (default 4)")
-    parser.add_argument("--nmf-worlds", type=int, default=8)
-    parser.add_argument("--nmf-frames", type=int, default=100,
+    parser.add_argument("--repeat", type=positive_int, default=15)
+    parser.add_argument("--commits", type=positive_int, default=4, help="commits per archive (default 4)")
+    parser.add_argument("--nmf-worlds", type=positive_int, default=8)
+    parser.add_argument("--nmf-frames", type=positive_int, default=100,
                         help="frames per NeuroMechFly commit (the recorders' default chunk)")
     parser.add_argument("--no-nmf", action="store_true", help="leave out the NeuroMechFly rows")
     parser.add_argument("--cache", default="/tmp/flyarchive-bench-record",

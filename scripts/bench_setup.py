@@ -76,6 +76,7 @@ from pathlib import Path
 from typing import Any
 
 from benchlib import (
+    positive_int,
     NMF_CAMERA,
     Column,
     Jitter,
@@ -340,13 +341,13 @@ def targets(rows: list[dict[str, Any]], device: str, replay: dict[str, Any] | No
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--device", choices=["cuda", "cpu"], default="cpu")
-    parser.add_argument("--worlds", type=int)
-    parser.add_argument("--frames", type=int, default=250)
-    parser.add_argument("--repeat", type=int, default=3)
-    parser.add_argument("--render-worlds", type=int)
-    parser.add_argument("--render-frames", type=int, default=100)
+    parser.add_argument("--worlds", type=positive_int)
+    parser.add_argument("--frames", type=positive_int, default=250)
+    parser.add_argument("--repeat", type=positive_int, default=3)
+    parser.add_argument("--render-worlds", type=positive_int)
+    parser.add_argument("--render-frames", type=positive_int, default=100)
     parser.add_argument("--render-backends")
-    parser.add_argument("--replay-worlds", type=int, default=128,
+    parser.add_argument("--replay-worlds", type=positive_int, default=128,
                         help="worlds of bench_gpu_replay.py's archive (CUDA)")
     parser.add_argument("--only", default="positions,render,replay",
                         help="sections: positions, render, replay (CUDA)")

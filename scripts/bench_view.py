@@ -81,7 +81,7 @@ from typing import Any
 
 import numpy as np
 from benchlib import Column, Jitter, Table, add_json_option, cached, host_info, nmf_states, \
-    write_archive, write_json
+    write_archive, positive_int, write_json
 
 CHROMIUM = "/usr/bin/chromium"
 ARGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
@@ -494,10 +494,10 @@ def _pct(values: list[float], q: float) -> float:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--part", choices=("all", "page", "load"), default="all")
-    parser.add_argument("--worlds", type=int, default=4096)
-    parser.add_argument("--frames", type=int, default=1000)
-    parser.add_argument("--repeat", type=int, default=20)
-    parser.add_argument("--clients", type=int, default=50)
+    parser.add_argument("--worlds", type=positive_int, default=4096)
+    parser.add_argument("--frames", type=positive_int, default=1000)
+    parser.add_argument("--repeat", type=positive_int, default=20)
+    parser.add_argument("--clients", type=positive_int, default=50)
     parser.add_argument("--seconds", type=float, default=60.0, help="per load phase")
     parser.add_argument("--think-min", type=float, default=1.0,
                         help="seconds a client waits between two requests, at least")

@@ -77,6 +77,51 @@ def test_positive_int_reads_a_count() -> None:
     assert benchlib.positive_int("5") == 5
 
 
+#: Options of the benchmark scripts that count things (worlds, frames, rounds...): 0 or
+#: less is a usage error, not a traceback or an empty table half-way through a run.
+_COUNTS = {"worlds", "frames", "repeat", "nworld", "steps", "batch", "batch-worlds",
+           "segment-frames", "chunk-frames", "shard-worlds", "reads", "commits", "videos",
+           "scan-repeat", "clients"}
+
+
+def _count_options(script: Path) -> list[tuple[str, str]]:
+    """(option, the name its ``type=`` gives) of each counting option the script adds."""
+    import ast
+
+    found = []
+    for node in ast.walk(ast.parse(script.read_text())):
+        if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
+                and node.func.attr == "add_argument" and node.args
+                and isinstance(node.args[0], ast.Constant)):
+            continue
+        option = str(node.args[0].value).removeprefix("--")
+        kind = next((ast.unparse(k.value) for k in node.keywords if k.arg == "type"), "str")
+        if option in _COUNTS or option.endswith(("-worlds", "-frames")):
+            found.append((option, kind))
+    return found
+
+
+def test_every_benchmark_reads_its_counts_as_whole_numbers_of_one_or_more() -> None:
+    scripts = sorted(_PATH.parent.glob("bench_*.py"))
+    found = {s.name: _count_options(s) for s in scripts if s.name != "bench_gpu.py"}
+
+    assert sum(map(len, found.values())) >= 50
+    loose = {name: [o for o, kind in options if kind != "positive_int"]
+             for name, options in found.items()}
+    assert not any(loose.values()), loose
+
+
+def test_a_benchmark_given_no_frames_stops_with_a_usage_error_before_any_work(tmp_path) -> None:
+    script = _PATH.parent / "bench_cpu_replay.py"
+    done = subprocess.run([sys.executable, str(script), "--frames", "0",
+                           "--workdir", str(tmp_path / "work")],
+                          capture_output=True, text=True, timeout=120)
+
+    assert done.returncode == 2
+    assert "argument --frames: must be a whole number >= 1, got '0'" in done.stderr
+    assert not (tmp_path / "work").exists()
+
+
 def test_host_info_reports_cores_memory_gpus_and_versions() -> None:
     info = benchlib.host_info()
 
