@@ -287,10 +287,18 @@ def _video_options(args: argparse.Namespace) -> Any:
 
 
 # ----------------------------------------------------------------------------- the command
+#: What ``flyarchive --help`` says before its commands (the module's doc is for developers).
+DESCRIPTION = ("Record the kinematic state of MuJoCo simulations (qpos and mocap poses) into an "
+               "xarray/zarr archive on disk or S3, query it, and render chosen worlds to video "
+               "later, on CPU or GPU.")
+
+
 def build_parser() -> argparse.ArgumentParser:
     from flyarchive.replay import BACKENDS, OLD_BACKENDS
 
-    parser = argparse.ArgumentParser(prog="flyarchive", description=__doc__)
+    parser = argparse.ArgumentParser(prog="flyarchive", description=DESCRIPTION,
+                                     epilog="`flyarchive <command> --help` lists a command's "
+                                            "options.")
     sub = parser.add_subparsers(dest="command", required=True)
 
     def add(name: str, func: Any, help: str) -> argparse.ArgumentParser:

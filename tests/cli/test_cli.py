@@ -176,3 +176,27 @@ def test_an_error_is_not_lost_while_warp_starting_in_a_thread_holds_stderr(tmp_p
     assert done.returncode == 2
     assert "flyarchive render: error: Nothing at" in done.stderr
 
+
+
+def _parsers(parser):
+    """The parser and every subcommand's parser under it, each with its command path."""
+    import argparse
+
+    yield parser.prog, parser
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for sub in action.choices.values():
+                yield from _parsers(sub)
+
+
+def test_help_of_every_command_reads_as_plain_text_for_users():
+    from flyarchive.cli.commands import build_parser
+
+    parsers = dict(_parsers(build_parser()))
+    texts = {prog: p.format_help() for prog, p in parsers.items()}
+
+    assert len(texts) >= 14 and "flyarchive render" in texts
+    markup = (":func:", ":mod:", ":class:", ":meth:", "``")
+    assert {prog: [m for m in markup if m in text] for prog, text in texts.items()
+            if any(m in text for m in markup)} == {}
+    assert "into an xarray/zarr archive" in " ".join(texts["flyarchive"].split())
