@@ -66,7 +66,7 @@ from flyarchive.store import storage_errors
 from flyarchive.store.claims import WRITER_KEY, claim_archive
 from flyarchive.store.consolidated import consolidate
 from flyarchive.store.creation import claims_group, clear, package_versions, undo
-from flyarchive.models import model_identity
+from flyarchive.models import PORTABLE_MODEL_ATTR, model_identity
 from flyarchive.store.location import open_store, settled, sync, write_faults
 from flyarchive.store.opener import open_for_reading, open_for_writing
 from flyarchive.store.reader import StateDamage, state_damage
@@ -78,8 +78,10 @@ if TYPE_CHECKING:
 
     from flyarchive.store.header import ArchiveHeader
 
-#: Attributes of the source archive a derived group does not copy.
-_NOT_COPIED = ("model", "archive_id", "created", DERIVED_ATTR, "npz_import", "codec")
+#: Attributes of the source archive a derived group does not copy (the kept models'
+#: entries name objects of the archive, not of the group).
+_NOT_COPIED = ("model", PORTABLE_MODEL_ATTR, "archive_id", "created", DERIVED_ATTR,
+               "npz_import", "codec")
 
 
 def derived_url(url: str, name: str) -> str:

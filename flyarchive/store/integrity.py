@@ -400,7 +400,8 @@ def _check_committed(group: zarr.Group, document: Mapping[str, Any] | None, url:
     """Everything that depends on ``n_frames``: read once, before the arrays' extents and
     chunks, and again at the end (``found.moved``: a writer committed meanwhile)."""
     report = found.report
-    report.problems += model_problems(group, str(url))  # the model kept by content, if any
+    if DERIVED_ATTR not in group.attrs:  # a derived group keeps no model of its own
+        report.problems += model_problems(group, str(url))  # the model kept by content, if any
     status = import_status(group.attrs.asdict())
     if status is not None and status != "complete":
         found.add(status, f"{status} ({WHILE_WRITING})")

@@ -241,6 +241,32 @@ def test_verify_checks_the_portable_form_on_the_recording_release_and_another(ar
     assert on_another.ok and on_another.problems == []
 
 
+def test_positions_kept_beside_or_apart_from_an_archive_with_a_portable_form_verify_clean(
+        archive, tmp_path):
+    beside = flyarchive.keep_positions(archive, ["torso", "hand"])
+    apart = flyarchive.keep_positions(archive, "hand", to=str(tmp_path / "positions.zarr"))
+
+    reports = {url: flyarchive.verify(url) for url in (archive, beside, apart)}
+
+    assert {url: r.problems for url, r in reports.items() if not r.ok} == {}
+    for url in (beside, apart):  # they keep no model, and name none
+        assert PORTABLE_MODEL_ATTR not in flyarchive.open_positions(url).attrs
+
+
+def test_positions_kept_by_a_release_that_copied_the_portable_entry_verify_clean(archive):
+    """Derived groups kept by earlier flyarchive copied their archive's ``portable_model``, which
+    names an object of the archive, not of the group: verify read it as the group's own."""
+    import zarr
+
+    beside = flyarchive.keep_positions(archive, "hand")
+    entry = zarr.open_group(archive, mode="r").attrs[PORTABLE_MODEL_ATTR]
+    zarr.open_group(beside, mode="r+").attrs[PORTABLE_MODEL_ATTR] = entry
+
+    report = flyarchive.verify(archive)
+
+    assert report.ok, report.problems
+
+
 def test_the_same_mjcf_kept_by_two_recordings_has_one_identity(archive, meshed, tmp_path):
     model = mujoco.MjModel.from_xml_path(str(meshed))
     other = record(model, str(tmp_path / "other.zarr"), n_steps=8, model_source=meshed)
