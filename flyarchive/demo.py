@@ -13,7 +13,11 @@ import time
 from pathlib import Path
 from typing import Any
 
-from flyarchive.errors import ArchiveExistsError, missing_dependency
+from flyarchive.errors import ArchiveExistsError, OptionsError, OutputExistsError, missing_dependency
+
+
+#: What the demo writes in its folder (checked before anything is written).
+OUTPUTS = ("demo.zarr", "nmf.mjb", "world0.png", "videos")
 
 
 def _say(message: str) -> None:
@@ -45,25 +49,54 @@ def run_demo(
 
     Raises:
         ArchiveExistsError: if ``out`` holds an earlier demo and ``overwrite`` is False.
+        OutputExistsError: if ``out`` holds another of the demo's outputs (``nmf.mjb``,
+            ``world0.png``, ``videos``) and ``overwrite`` is False, is a file, or is a zarr
+            archive or group.
+        OptionsError, RenderOptionsError: a count or duration that cannot be used.
+        Each before anything is written.
     """
     try:
         from flyarchive.interop import nmf
     except ImportError:
         raise missing_dependency("flygym", "flygym", "flyarchive demo") from None
+    from flyarchive.distribute.api import check_n_workers
     from flyarchive.distribute.cluster import local_cluster
 
+    nmf.check_walk(n_worlds, seconds)  # everything checked before anything is written
+    if render and not (isinstance(render_worlds, int) and render_worlds >= 1):
+        raise OptionsError(f"render_worlds must be a whole number >= 1, got {render_worlds!r}.")
+    if render:
+        check_n_workers(n_workers)
     out = Path(out)
     url = str(out / "demo.zarr")
-    if (out / "demo.zarr").exists() and not overwrite:
-        raise ArchiveExistsError(
-            f"{url!r} holds an earlier demo. Pass --overwrite to replace it, or --out another folder."
-        )
+    _check_out(out, overwrite)
     out.mkdir(parents=True, exist_ok=True)
     # One local cluster for both renders, its workers starting while the flies walk.
     with local_cluster(n_workers) if render and _workers(n_workers) else \
             contextlib.nullcontext() as client:
         return _run(nmf, out, url, n_worlds, seconds, render, render_worlds, overwrite,
                     n_workers, client)
+
+
+def _check_out(out: Path, overwrite: bool) -> None:
+    """Refuse an ``out`` the demo cannot use, or whose files it would replace unasked."""
+    if out.exists() and not out.is_dir():
+        raise OutputExistsError(
+            f"{str(out)!r} is a file, not a folder. Pass --out a folder (made when missing).")
+    if (out / "zarr.json").exists():
+        raise OutputExistsError(
+            f"{str(out)!r} is a zarr archive or group: the demo writes a folder of its own "
+            "(demo.zarr, nmf.mjb, world0.png, videos/). Pass --out another folder.")
+    earlier = [name for name in OUTPUTS if os.path.lexists(out / name)]
+    if not earlier or overwrite:
+        return
+    if "demo.zarr" in earlier:
+        raise ArchiveExistsError(
+            f"{str(out / 'demo.zarr')!r} holds an earlier demo. Pass --overwrite to replace it, "
+            "or --out another folder.")
+    raise OutputExistsError(
+        f"{str(out)!r} holds {', '.join(earlier)}, which the demo writes: pass --overwrite "
+        "to replace them, or --out another folder.")
 
 
 def _workers(n_workers: int | None) -> bool:

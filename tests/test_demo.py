@@ -90,3 +90,60 @@ def test_the_demo_command_refuses_to_overwrite_an_earlier_demo(demo):
     assert again.returncode == 2
     assert "holds an earlier demo" in again.stderr and "--overwrite" in again.stderr
     assert (out / "demo.zarr" / "zarr.json").read_bytes() == before
+
+
+@pytest.mark.parametrize(("args", "message"), [
+    (["--worlds", "0"], "n_worlds must be a positive integer, got 0"),
+    (["--seconds", "nan"], "seconds must be a finite number >= 0, got nan"),
+    (["--seconds", "-1"], "seconds must be a finite number >= 0, got -1.0"),
+    (["--workers", "-1"], "n_workers must be None (one worker per core) or a whole number >= 0"),
+])
+def test_the_demo_refuses_a_wrong_count_before_writing_anything(tmp_path, capsys, args, message):
+    from flyarchive.cli import main
+
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "nmf.mjb").write_bytes(b"mine")
+
+    code = main(["demo", "--out", str(out), "--overwrite", *args])
+
+    assert code == 2 and message in capsys.readouterr().err
+    assert [p.name for p in out.iterdir()] == ["nmf.mjb"]
+    assert (out / "nmf.mjb").read_bytes() == b"mine"
+
+
+@pytest.mark.parametrize("name", ["nmf.mjb", "world0.png", "videos"])
+def test_the_demo_replaces_none_of_its_outputs_found_in_its_folder_unasked(tmp_path, capsys, name):
+    from flyarchive.cli import main
+
+    out = tmp_path / "out"
+    out.mkdir()
+    if name == "videos":
+        (out / name).mkdir()
+        (out / name / "mine.mp4").write_bytes(b"mine")
+    else:
+        (out / name).write_bytes(b"mine")
+    before = sorted(str(p.relative_to(out)) for p in out.rglob("*"))
+
+    code = main(["demo", "--out", str(out), "--no-render"])
+
+    err = capsys.readouterr().err
+    assert code == 2 and f"holds {name}, which the demo writes" in err and "--overwrite" in err
+    assert sorted(str(p.relative_to(out)) for p in out.rglob("*")) == before
+    assert (out / name / "mine.mp4" if name == "videos" else out / name).read_bytes() == b"mine"
+
+
+def test_the_demo_refuses_a_file_or_an_archive_as_its_folder(tmp_path, capsys):
+    from flyarchive.cli import main
+
+    afile, group = tmp_path / "afile.txt", tmp_path / "run.zarr"
+    afile.write_text("mine")
+    group.mkdir()
+    (group / "zarr.json").write_text('{"zarr_format": 3, "node_type": "group"}')
+
+    codes = [main(["demo", "--out", str(afile)]), main(["demo", "--out", str(group)])]
+
+    err = capsys.readouterr().err
+    assert codes == [2, 2]
+    assert "is a file, not a folder" in err and "is a zarr archive or group" in err
+    assert afile.read_text() == "mine" and [p.name for p in group.iterdir()] == ["zarr.json"]

@@ -388,10 +388,10 @@ def build_parser() -> argparse.ArgumentParser:
     add_commands(add, storage, CliTools(parse_worlds, parse_time, storage_options_arg), takeover)
     p = add("demo", cmd_demo, "Simulate walking NeuroMechFly worlds, record, verify, render.")
     p.add_argument("--out", default="demo-out", help="output folder (default demo-out)")
-    p.add_argument("--worlds", type=int, default=4)
-    p.add_argument("--seconds", type=float, default=1.0, help="simulated seconds")
-    p.add_argument("--workers", type=int, help="render worker processes (default: render "
-                   "threads in this process, one per core)")
+    p.add_argument("--worlds", type=int, default=4, help="walking flies (default 4)")
+    p.add_argument("--seconds", type=float, default=1.0, help="simulated seconds (default 1)")
+    p.add_argument("--workers", type=int, help="render worker processes (default: a local "
+                   "cluster of one per core; 0: render in this process)")
     p.add_argument("--no-render", action="store_true")
     p.add_argument("--overwrite", action="store_true", help="replace an earlier demo's output")
     p = add("view", cmd_view, "Browse, filter and watch the worlds of an archive in the browser.")

@@ -131,6 +131,16 @@ def replay_model(source: str, ds: Archive, model: mujoco.MjModel | None,
     return model, blob
 
 
+def check_n_workers(n_workers: Any) -> None:
+    """Raise RenderOptionsError unless ``n_workers`` is None (one worker per core) or a
+    whole number >= 0 (0: render in this process)."""
+    if n_workers is not None and (not is_int(n_workers) or n_workers < 0):
+        raise RenderOptionsError(
+            f"n_workers must be None (one worker per core) or a whole number >= 0 (0: render "
+            f"in this process), got {n_workers!r}."
+        )
+
+
 def render_videos(
     source: str,
     model: mujoco.MjModel | None = None,
@@ -252,11 +262,7 @@ def render_videos(
 
     cameras = (cameras,) if isinstance(cameras, str) else tuple(cameras)
     _check_out(out, resume, options)
-    if n_workers is not None and (not is_int(n_workers) or n_workers < 0):
-        raise RenderOptionsError(
-            f"n_workers must be None (one worker per core) or a whole number >= 0 (0: render "
-            f"in this process), got {n_workers!r}."
-        )
+    check_n_workers(n_workers)
     on_cluster = client is not None or scheduler is not None
     check_gpus(gpus, options.backend, on_cluster=on_cluster)
     warm_up_here(options.backend, gpus=gpus, n_workers=n_workers, on_cluster=on_cluster)

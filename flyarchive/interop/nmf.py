@@ -28,7 +28,7 @@ import numpy as np
 from flyarchive.clock import FrameClock, Timing
 from flyarchive.errors import OptionsError, missing_dependency
 
-__all__ = ["CAMERAS", "NmfWorld", "WalkPattern", "build_world", "simulate_walk", "walk_qpos"]
+__all__ = ["CAMERAS", "NmfWorld", "WalkPattern", "build_world", "check_walk", "simulate_walk", "walk_qpos"]
 
 #: Camera presets accepted by :func:`build_world`, mapped to the camera's name in the model.
 CAMERAS = {"tracking": "nmf/trackcam"}
@@ -245,6 +245,16 @@ def _apply_controls(world: NmfWorld, data: mujoco.MjData, p: _Perturbation) -> N
     data.ctrl[world.adhesion_ids] = 1.0
 
 
+def check_walk(n_worlds: Any, seconds: Any) -> None:
+    """Raise OptionsError unless ``n_worlds`` is a whole number >= 1 and ``seconds`` a
+    finite number >= 0 (what :func:`simulate_walk` takes)."""
+    if not (isinstance(n_worlds, int) and not isinstance(n_worlds, bool) and n_worlds >= 1):
+        raise OptionsError(f"n_worlds must be a positive integer, got {n_worlds!r}.")
+    if not (isinstance(seconds, (int, float)) and not isinstance(seconds, bool)
+            and math.isfinite(seconds) and seconds >= 0):
+        raise OptionsError(f"seconds must be a finite number >= 0, got {seconds!r}.")
+
+
 def simulate_walk(
     world: NmfWorld,
     n_worlds: int,
@@ -274,10 +284,7 @@ def simulate_walk(
     Raises:
         OptionsError: if ``n_worlds < 1`` or ``seconds`` is negative or not finite.
     """
-    if not (isinstance(n_worlds, int) and n_worlds >= 1):
-        raise OptionsError(f"n_worlds must be a positive integer, got {n_worlds!r}.")
-    if not (math.isfinite(seconds) and seconds >= 0):
-        raise OptionsError(f"seconds must be a finite number >= 0, got {seconds!r}.")
+    check_walk(n_worlds, seconds)
     model = world.model
     n_steps = round(seconds / model.opt.timestep)
     datas = [mujoco.MjData(model) for _ in range(n_worlds)]
