@@ -135,7 +135,7 @@ def _run(nmf: Any, out: Path, url: str, n_worlds: int, seconds: float, render: b
     _say(f"verify: {'OK' if report.ok else 'FAILED'} ({report.frames_checked} frames read)")
     for problem in report.problems:
         _say(f"  problem: {problem}")
-    png = plot_traces(url, 0, out / "world0.png")
+    png = plot_traces(url, 0, out / "world0.png", overwrite=overwrite)
     _say(f"joint traces of world 0: {png}")
     result: dict[str, object] = {"archive": url, "model": str(model_path), "plot": str(png),
                                  "frames": recorder.n_frames, "verify_ok": report.ok}

@@ -11,12 +11,13 @@ import numpy as np
 
 from flyarchive.errors import (
     CorruptArchiveError,
+    OutputExistsError,
     SelectionError,
-    StorageError,
     did_you_mean,
     missing_dependency,
 )
 from flyarchive.query import open_archive
+from flyarchive.store.local_files import write_whole
 from flyarchive.store.location import as_url
 
 
@@ -64,6 +65,7 @@ def plot_traces(
     *,
     dofs: Sequence[str] | None = None,
     storage_options: Mapping[str, Any] | None = None,
+    overwrite: bool = False,
 ) -> Path:
     """Plot dof traces of one world against simulated time into a PNG.
 
@@ -75,6 +77,8 @@ def plot_traces(
         out: Image path (``~`` expanded; ``.png`` added when it has no suffix), or an
             existing folder (or one ending in ``/``), which gets ``world{world:05d}.png``.
         dofs: dof labels (default: the first six hinge or slide joints).
+        overwrite: Replace an existing file at that path (else it is refused). The image
+            is written beside it and moved into place whole.
 
     Returns:
         The path written.
@@ -82,7 +86,9 @@ def plot_traces(
     Raises:
         SelectionError: unknown world or dof label (the message lists what exists, and
             the closest labels), or a world without committed frames (nothing is written).
+        OutputExistsError: something exists at the image's path and ``overwrite`` is False.
         CorruptArchiveError: a chunk of the world's frames is damaged (named, with its file).
+        StorageError: the image cannot be written there (one line, the likely fix).
     """
     try:
         import matplotlib
@@ -115,6 +121,10 @@ def plot_traces(
             f"Labels: {', '.join(labels[:30])}{'...' if len(labels) > 30 else ''}."
         )
     target = _target(out, world)
+    if os.path.lexists(target) and not overwrite:
+        raise OutputExistsError(
+            f"{str(target)!r} exists. Pass --overwrite (overwrite=True) to replace it, or "
+            "another --out.")
     times, values = _traces(url, storage_options, ds, world, chosen)
     with matplotlib.rc_context({"text.parse_math": False, "text.usetex": False}):
         fig, ax = plt.subplots(figsize=(8, 4), dpi=100)
@@ -133,13 +143,8 @@ def plot_traces(
             ax.set_title(f"world {world}")
             ax.legend(fontsize="small", loc="best")
             fig.tight_layout()
-            target.parent.mkdir(parents=True, exist_ok=True)
-            fig.savefig(target)
-        except OSError as err:
-            raise StorageError(
-                f"Cannot write the plot to {str(target)!r} ({type(err).__name__}: {err}). "
-                "Choose a writable location whose parent is a folder."
-            ) from None
+            # StorageError (cannot write there) says what is wrong in one line
+            write_whole(target, lambda tmp: fig.savefig(tmp, format=target.suffix[1:].lower()))
         finally:
             plt.close(fig)
     return target

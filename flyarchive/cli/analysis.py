@@ -10,6 +10,7 @@ import os
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from flyarchive.errors import SelectionError
@@ -198,6 +199,7 @@ def _write_tables(args: argparse.Namespace, source: Any, params: Any,
     """--steps and --epochs: the tables as CSV or JSON (by the file's suffix), each
     written to a temporary name beside it and renamed."""
     from flyarchive.analyze import gait_epochs, gait_steps
+    from flyarchive.store.local_files import write_whole
 
     for path, make in ((args.steps, gait_steps), (args.epochs, gait_epochs)):
         if not path:
@@ -207,10 +209,7 @@ def _write_tables(args: argparse.Namespace, source: Any, params: Any,
         table = make(source, params=params, **where)
         text = table.to_csv(index=False, float_format="%.9g") if suffix == ".csv" else \
             table.to_json(orient="records", indent=1)
-        tmp = f"{target}.tmp{os.getpid()}"
-        with open(tmp, "w") as out:
-            out.write(text)
-        os.replace(tmp, target)
+        write_whole(Path(target), lambda tmp, text=text: Path(tmp).write_text(text))
         print(f"wrote {len(table)} rows to {path}", file=sys.stderr)
 
 

@@ -139,7 +139,8 @@ def cmd_plot(args: argparse.Namespace) -> int:
     from flyarchive.plot import plot_traces
 
     path = plot_traces(path_arg(args.url), args.world, path_arg(args.out), dofs=args.dof or None,
-                       storage_options=storage_options_arg(args.storage_options))
+                       storage_options=storage_options_arg(args.storage_options),
+                       overwrite=args.overwrite)
     print(f"wrote {path}")
     return 0
 
@@ -381,7 +382,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("url")
     p.add_argument("--world", type=int, required=True, help="world id")
     p.add_argument("--dof", action="append", help="dof label (repeatable; default: a few)")
-    p.add_argument("--out", required=True, help="PNG path")
+    p.add_argument("--out", required=True, help="PNG path (or a folder: world<id>.png in it)")
+    p.add_argument("--overwrite", action="store_true", help="replace the image if it exists")
     storage(p)
     from flyarchive.cli.analysis import CliTools, add_commands
 

@@ -26,7 +26,6 @@ extras ``movement`` (movement) or ``nwb`` (pynwb, ndx-pose, PyYAML).
 from __future__ import annotations
 
 import os
-import tempfile
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -39,6 +38,7 @@ from flyarchive.errors import (
     OutputLocationError,
     missing_dependency,
 )
+from flyarchive.store.local_files import make_folder, write_whole
 
 if TYPE_CHECKING:
     import mujoco
@@ -185,7 +185,7 @@ def export_poses(
         _refuse_existing([target], overwrite)
         world_vars = {} if ds is None else {
             str(n): v for n, v in ds.data_vars.items() if v.dims == ("world",) and n != "n_frames"}
-        _atomic_write(target, lambda path: to_movement(data, world_vars).to_netcdf(
+        write_whole(target, lambda path: to_movement(data, world_vars).to_netcdf(
             path, engine="h5netcdf"))
         written = [str(target)]
     else:
@@ -236,21 +236,6 @@ def _check_target(target: Path, format: str) -> None:
         raise OutputLocationError(
             f"{str(target)!r} is a folder; {what}. Give the file's path, e.g. "
             f"{str(target / 'poses.nc')!r}.")
-
-
-def _make_folder(folder: Path) -> None:
-    """``folder`` made (with its parents) if missing.
-
-    Raises:
-        StorageError: it cannot be made (a part of the path is a file, no permission, a
-            read-only file system...), in one line with the likely fix.
-    """
-    from flyarchive.store.storage_errors import local_error
-
-    try:
-        folder.mkdir(parents=True, exist_ok=True)
-    except OSError as err:
-        raise local_error(str(folder), err, "create the folder") from None
 
 
 def _check_packages(format: str) -> None:
@@ -341,47 +326,6 @@ def _refuse_existing(paths: Sequence[Path], overwrite: bool) -> None:
             "overwrite=True (--overwrite) to replace them. Nothing was written.")
 
 
-def _atomic_write(target: Path, write: Callable[[str], object]) -> None:
-    """``write(path)`` into a temporary file beside ``target``, then rename it there.
-
-    Raises:
-        StorageError: the folder or the file cannot be written (one line, the likely fix).
-    """
-    from flyarchive.errors import FlyarchiveError
-    from flyarchive.store.storage_errors import local_error
-
-    _make_folder(target.parent)
-    try:
-        fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.",
-                                   suffix=f".tmp{target.suffix}")
-    except OSError as err:
-        raise local_error(str(target), err) from None
-    os.close(fd)
-    try:
-        write(tmp)
-        os.chmod(tmp, 0o666 & ~_umask())  # mkstemp's file is 0600: as a new file would be
-        os.replace(tmp, target)
-    except BaseException as err:
-        Path(tmp).unlink(missing_ok=True)
-        if isinstance(err, OSError) and not isinstance(err, FlyarchiveError):
-            raise local_error(str(target), err) from None
-        raise
-
-
-def _umask() -> int:
-    """This process's umask, read without changing it where Linux shows it (else set and
-    set back at once)."""
-    try:
-        for line in Path("/proc/self/status").read_text().splitlines():
-            if line.startswith("Umask:"):
-                return int(line.split()[1], 8)
-    except (OSError, ValueError):
-        pass
-    mask = os.umask(0o022)
-    os.umask(mask)
-    return mask
-
-
 def _write_nwb(position: xr.DataArray, folder: Path, length_unit: str, overwrite: bool,
                metadata: Any, facts: Any) -> list[str]:
     worlds = [int(w) for w in position.world.values]
@@ -397,7 +341,7 @@ def _write_nwb(position: xr.DataArray, folder: Path, length_unit: str, overwrite
     for world, path, world_values in zip(worlds, paths, values):
         committed = np.flatnonzero(np.isfinite(world_values).any(axis=(1, 2)))
         last = int(committed.max()) + 1 if committed.size else 0
-        _atomic_write(path, lambda tmp, w=world, v=world_values[:last]: nwb_file(
+        write_whole(path, lambda tmp, w=world, v=world_values[:last]: nwb_file(
             tmp, w, v, position.time.values[:last], labels, LENGTH_UNITS[length_unit], facts,
             metadata))
     return [str(p) for p in paths]

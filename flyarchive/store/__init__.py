@@ -7,7 +7,8 @@ only through :mod:`flyarchive.zarr_internals`.
 
 - :mod:`~flyarchive.store.location`: URLs and zarr stores on any fsspec file system
   (:mod:`~flyarchive.store.localstore` on local disk), and the errors of storage clients
-  in flyarchive's words (:mod:`~flyarchive.store.storage_errors`);
+  in flyarchive's words (:mod:`~flyarchive.store.storage_errors`); files written whole on
+  local disk outside archives (exports, tables, plots: :mod:`~flyarchive.store.local_files`);
 - what is fixed when an archive is created (:class:`~flyarchive.archive_spec.ArchiveSpec`)
   and the blocks of frames it commits (:class:`~flyarchive.archive_spec.FrameBlock`) are
   the record stage's (:mod:`flyarchive.archive_spec`), which produces them;

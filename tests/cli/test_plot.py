@@ -39,3 +39,35 @@ def test_plot_to_a_name_without_suffix_reports_the_png_it_wrote(tiny, tmp_path, 
     assert code == 0
     assert out.strip() == f"wrote {tmp_path / 'traces.png'}"
     assert (tmp_path / "traces.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_plot_refuses_to_replace_an_image_unasked(tiny, tmp_path, cli):
+    url = record(tiny, str(tmp_path / "run.zarr"))
+    mine = tmp_path / "traces.png"
+    mine.write_bytes(b"my figure")
+
+    code, _, err = cli("plot", url, "--world", "0", "--out", mine)
+
+    assert code == 2 and f"'{mine}' exists" in err and "--overwrite" in err
+    assert mine.read_bytes() == b"my figure"
+
+
+def test_plot_with_overwrite_replaces_the_image_whole_with_a_new_files_permissions(
+        tiny, tmp_path, cli):
+    import os
+    import stat
+
+    url = record(tiny, str(tmp_path / "run.zarr"))
+    mine = tmp_path / "traces.png"
+    mine.write_bytes(b"my figure")
+    os.chmod(mine, 0o600)
+    old = os.umask(0o027)
+    try:
+        code, out, _ = cli("plot", url, "--world", "0", "--out", mine, "--overwrite")
+    finally:
+        os.umask(old)
+
+    assert code == 0 and out.strip() == f"wrote {mine}"
+    assert mine.read_bytes()[:4] == b"\x89PNG"
+    assert stat.S_IMODE(mine.stat().st_mode) == 0o640
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["run.zarr", "traces.png"]

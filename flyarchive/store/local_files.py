@@ -1,0 +1,69 @@
+"""Files flyarchive writes on local disk outside archives (exports, tables, plots): each
+written whole under a temporary name beside its target and renamed into place, with the
+permissions a new file of this process gets (its umask), so a killed process or a full
+disk never leaves a partial file under the name nor damages the file that was there.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+
+
+def make_folder(folder: Path) -> None:
+    """``folder`` made (with its parents) if missing.
+
+    Raises:
+        StorageError: it cannot be made (a part of the path is a file, no permission, a
+            read-only file system...), in one line with the likely fix.
+    """
+    from flyarchive.store.storage_errors import local_error
+
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        raise local_error(str(folder), err, "create the folder") from None
+
+
+def write_whole(target: Path, write: Callable[[str], object]) -> None:
+    """``write(path)`` into a temporary file beside ``target`` (its folder made if
+    missing), then rename it to ``target``.
+
+    Raises:
+        StorageError: the folder or the file cannot be written (one line, the likely fix).
+    """
+    from flyarchive.errors import FlyarchiveError
+    from flyarchive.store.storage_errors import local_error
+
+    make_folder(target.parent)
+    try:
+        fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.",
+                                   suffix=f".tmp{target.suffix}")
+    except OSError as err:
+        raise local_error(str(target), err) from None
+    os.close(fd)
+    try:
+        write(tmp)
+        os.chmod(tmp, 0o666 & ~umask())  # mkstemp's file is 0600: as a new file would be
+        os.replace(tmp, target)
+    except BaseException as err:
+        Path(tmp).unlink(missing_ok=True)
+        if isinstance(err, OSError) and not isinstance(err, FlyarchiveError):
+            raise local_error(str(target), err) from None
+        raise
+
+
+def umask() -> int:
+    """This process's umask, read without changing it where Linux shows it (else set and
+    set back at once)."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("Umask:"):
+                return int(line.split()[1], 8)
+    except (OSError, ValueError):
+        pass
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
