@@ -23,7 +23,9 @@ A claim records its holder (host, process id and start time, since when). A clai
 whose holder is provably dead is taken over without asking: same host, same boot
 and same pid namespace, and the process is gone (or is another process now); or,
 in this process, its writer was closed, failed a commit, or no longer exists. Any
-other claim is taken over only with ``takeover=True``.
+other claim is taken over only with ``takeover=True``, and never one whose holder is
+seen running (same host, boot and pid namespace, the process still there): a takeover
+is for a writer that crashed, or runs where this host cannot see it.
 """
 
 from __future__ import annotations
@@ -286,7 +288,8 @@ def claim_archive(store: Any, url: str, *, takeover: bool = False) -> str:
         store: The archive's zarr store (its location may still be empty).
         url: For messages.
         takeover: Take over the claim of a writer that crashed (on another host, or one
-            whose death cannot be proven from here), and its block claims.
+            whose death cannot be proven from here), and its block claims; never one
+            seen running on this host.
 
     Raises:
         ArchiveInUseError: another writer holds the archive or a block of it; the
@@ -295,17 +298,26 @@ def claim_archive(store: Any, url: str, *, takeover: bool = False) -> str:
     """
     record = _record("archive")
     other = _acquire(store, WRITER_KEY, json.dumps(record).encode(), url,
-                     lambda claim: takeover or claim.alive() is False)
+                     lambda claim: _may_take(claim, takeover))
     if other is not None:
-        raise _in_use(url, other)
+        raise _in_use(url, other, takeover=takeover)
     blocks = _shard_claims(store, url, takeover=takeover)
-    live = [c for c in blocks if not takeover and c.alive() is not False]
+    live = [c for c in blocks if not _may_take(c, takeover)]
     if live:
         release(store, [WRITER_KEY], record["writer"])
-        raise _in_use(url, live[0], blocks=len(live))
+        raise _in_use(url, live[0], blocks=len(live), takeover=takeover)
     for claim in blocks:  # crashed block writers', taken over
         _sync(store.delete(claim.key))
     return record["writer"]
+
+
+def _may_take(claim: Claim, takeover: bool) -> bool:
+    """Whether a writer may overwrite ``claim``: its holder is provably dead; or, asked
+    to take over, its holder is not provably running (a writer seen running in another
+    process of this host is never taken over: two writers would interleave their commits;
+    one of this process is, and stops: :meth:`ArchiveWriter.taken_over`)."""
+    alive = claim.alive()
+    return alive is False or (takeover and (alive is not True or claim.writer in _HOLDERS))
 
 
 def _acquire(store: Any, key: str, data: bytes, url: str,
@@ -338,8 +350,18 @@ def _acquire(store: Any, key: str, data: bytes, url: str,
     return other or Claim(key, {"writer": "unknown"})
 
 
-def _in_use(url: str, holder: Claim | None, *, blocks: int = 0) -> ArchiveInUseError:
+def _in_use(url: str, holder: Claim | None, *, blocks: int = 0,
+            takeover: bool = False) -> ArchiveInUseError:
     who = holder.describe() if holder is not None else "another writer"
+    if takeover and holder is not None and not _may_take(holder, takeover):
+        pid = holder.record.get("pid")
+        err = ArchiveInUseError(
+            f"Another writer is writing the archive at {url!r}: it is held by {who}. A takeover "
+            "takes over only the claim of a writer that crashed (or runs where this host cannot "
+            f"see it); this one is running, and two writers would interleave their commits. "
+            f"Wait until it is closed, or stop it first (kill {pid}), then take its claim over.")
+        err.holder = who  # type: ignore[attr-defined]
+        return err
     if blocks:
         rec = holder.record if holder is not None else {}
         what = (f"{blocks} block(s) of its worlds are claimed by world_block writers "
@@ -391,8 +413,8 @@ def claim_block(store: Any, start: int, stop: int, shard_worlds: int, n_worlds: 
     Args:
         store: The archive's zarr store.
         takeover: Take over claims of exactly this block left by an earlier writer
-            (to resume after a crash). Claims of other blocks are taken over only when
-            their holder is provably dead.
+            (to resume after a crash), unless their holder is seen running on this host.
+            Claims of other blocks are taken over only when their holder is provably dead.
 
     Raises:
         WorldBlockConflictError: naming the block that already owns a shard.
@@ -404,7 +426,7 @@ def claim_block(store: Any, start: int, stop: int, shard_worlds: int, n_worlds: 
 
     def may_take(claim: Claim) -> bool:
         rec = claim.record
-        return claim.alive() is False or (takeover and (
+        return _may_take(claim, takeover and (
             rec.get("writer") == "damaged" or (rec.get("start"), rec.get("stop")) == (start, stop)))
 
     taken: list[str] = []
@@ -416,11 +438,14 @@ def claim_block(store: Any, start: int, stop: int, shard_worlds: int, n_worlds: 
             raise
         if other is not None:
             release(store, taken, record["writer"])
+            running = takeover and other.alive() is True
             raise WorldBlockConflictError(
                 f"World indices [{start}, {stop}) overlap the block [{other.record.get('start')}, "
                 f"{other.record.get('stop')}) that another writer claimed ({other.describe()}). "
-                "Give each writer a disjoint block; to resume a crashed writer's own block, pass "
-                "takeover=True."
+                + ("A takeover takes over only the claim of a writer that crashed: wait until "
+                   f"it is closed, or stop it first (kill {other.record.get('pid')})."
+                   if running else "Give each writer a disjoint block; to resume a crashed "
+                   "writer's own block, pass takeover=True.")
             )
         taken.append(key)
     try:

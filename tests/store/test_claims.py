@@ -125,6 +125,56 @@ def test_takeover_takes_a_claim_from_another_host(archive, layout):
     assert writer.n_frames == 10
 
 
+def test_takeover_never_takes_the_claim_of_a_writer_running_on_this_host(archive, layout, sleeper):
+    plant_claim(archive, pid=sleeper.pid, started=_proc_stat(sleeper.pid)[1])
+    before = (Path(archive) / WRITER_KEY).read_bytes()
+
+    with pytest.raises(ArchiveInUseError) as err:
+        ArchiveWriter.append(archive, layout, takeover=True)
+
+    assert f"process {sleeper.pid} on this host (still running)" in str(err.value)
+    assert "this one is running" in str(err.value) and f"kill {sleeper.pid}" in str(err.value)
+    assert (Path(archive) / WRITER_KEY).read_bytes() == before
+
+
+def test_set_world_var_takeover_is_refused_while_the_recorder_runs(archive, sleeper, cli):
+    plant_claim(archive, pid=sleeper.pid, started=_proc_stat(sleeper.pid)[1])
+
+    code, _, err = cli("set-world-var", archive, "speed=1,2", "--takeover")
+
+    assert code == 2 and f"kill {sleeper.pid}" in err
+    assert "speed" not in zarr.open_group(archive, mode="r")
+
+
+def test_takeover_never_takes_a_block_whose_writer_runs_on_this_host(tiny, layout, tmp_path,
+                                                                    sleeper):
+    url = str(tmp_path / "shared.zarr")
+    shared_archive(tiny, url)
+    started = _proc_stat(sleeper.pid)[1]
+    plant_claim(url, "claims/shard-000000.json", kind="block", start=0, stop=2,
+                pid=sleeper.pid, started=started)
+
+    with pytest.raises(WorldBlockConflictError,
+                       match=f"process {sleeper.pid} on this host.*stop it first .kill {sleeper.pid}"):
+        ArchiveWriter.append(url, layout, world_block=(0, 2), takeover=True)
+    with pytest.raises(ArchiveInUseError, match=f"kill {sleeper.pid}"):
+        ArchiveWriter.append(url, layout, takeover=True)
+
+    assert sorted(p.name for p in (Path(url) / "claims").iterdir()) == [
+        "shard-000000.json", "zarr.json"]
+
+
+def test_takeover_stops_a_writer_of_this_process_and_takes_its_claim(archive, layout):
+    first = ArchiveWriter.append(archive, layout)
+
+    second = ArchiveWriter.append(archive, layout, takeover=True)
+
+    assert second.n_frames == 10 and first.closed
+    with pytest.raises(RuntimeError, match="is closed"):
+        first.write(None)
+    second.close()
+
+
 # ----------------------------------------------------------------------------- release
 def test_close_releases_the_claim(archive, layout):
     writer = ArchiveWriter.append(archive, layout)
