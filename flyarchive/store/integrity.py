@@ -300,7 +300,12 @@ def _one_pass(url: str, storage_options: Mapping[str, Any] | None, source: Any) 
         return found
     derived = DERIVED_ATTR in group.attrs
     found.report.is_derived = derived
-    for name, arr in sorted(group.arrays()):
+    try:
+        arrays = sorted(group.arrays())
+    except Exception:  # a member's zarr.json that is not JSON (zarr raises what it hit)
+        found.add(f"Metadata unreadable: {_unreadable_members(group)}")
+        return found
+    for name, arr in arrays:
         if not is_state(_dims(arr)):  # coordinates, commit markers, world variables
             for bad in damaged_chunks(arr):
                 found.add(
@@ -325,6 +330,34 @@ def _one_pass(url: str, storage_options: Mapping[str, Any] | None, source: Any) 
     if derived:
         _check_source(group, str(url), storage_options, source, found)
     return found
+
+
+def _unreadable_members(group: zarr.Group) -> str:
+    """The members of ``group`` whose metadata cannot be read, in a sentence with the fix."""
+    bad = []
+    for name in sorted(_member_names(group)):
+        try:
+            group[name]
+        except KeyError:
+            continue
+        except Exception as err:
+            bad.append(f"{name}/zarr.json ({type(err).__name__}: {str(err)[:120]})")
+    where = ", ".join(bad) if bad else "a member's zarr.json"
+    return (f"{where} cannot be read as zarr metadata. Restore the file from a backup (or the "
+            "member, if flyarchive can write it again: `flyarchive positions` for a derived "
+            "group).")
+
+
+def _member_names(group: zarr.Group) -> list[str]:
+    from flyarchive.store.location import sync
+
+    async def names() -> list[str]:
+        return [name async for name in group.store.list_dir(group.path)]
+
+    try:
+        return [n for n in sync(names()) if n != "zarr.json"]
+    except Exception:
+        return []
 
 
 def _dims(arr: zarr.Array) -> tuple[str, ...]:

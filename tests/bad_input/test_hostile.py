@@ -315,3 +315,20 @@ def test_a_blosc_chunk_declaring_more_bytes_than_its_shape_is_refused_before_dec
         open_archive(url).qpos.values
 
     assert shard.read_bytes() == before
+
+
+@pytest.mark.parametrize("member", ["qpos", "models", "claims"])
+@pytest.mark.parametrize("garbage", [b"{{{", b"\xff\xfe not utf-8"], ids=["not-json", "not-utf8"])
+def test_a_member_zarr_json_that_is_not_json_is_a_verify_finding_naming_it(
+        copy_of, cli, member, garbage):
+    url = copy_of("run.zarr")
+    path = Path(url) / member / "zarr.json"
+    assert path.is_file()
+    path.write_bytes(garbage)
+
+    code, out, err = cli("verify", url)
+
+    said = out + err
+    assert code == 1 and "Traceback" not in said
+    assert f"Metadata unreadable: {member}/zarr.json (" in said
+    assert "Restore the file from a backup" in said
