@@ -81,7 +81,7 @@ from flyarchive.models.entries import (
     stored_portable,
 )
 from flyarchive.models.files import load_model_file
-from flyarchive.models.mjb import load_mjb, mjb_version, mujoco_release
+from flyarchive.models.mjb import check_mjb, load_mjb, mjb_version, mujoco_release
 from flyarchive.models.portable import portable_model
 from flyarchive.store.location import sync, write_faults
 
@@ -217,8 +217,8 @@ def _read_object(group: zarr.Group, url: str, entry: Mapping[str, Any], what: st
 
 def model_problems(group: zarr.Group, url: str) -> list[str]:
     """What is wrong with the kept models, for ``verify`` (empty when sound or absent): a
-    malformed attribute, a missing object, bytes that do not hash to their name; an MJB of
-    this release that MuJoCo refuses or cannot load safely, a portable model that does not
+    malformed attribute, a missing object, bytes that do not hash to their name, bytes that
+    are no MJB at all; an MJB of this release that MuJoCo refuses or cannot load safely, a portable model that does not
     compile safely or does not fit the archive's layout (each checked in a child process,
     :mod:`~flyarchive.models.check`). An MJB of another release is checked against its
     name only: no other release can load it."""
@@ -226,7 +226,10 @@ def model_problems(group: zarr.Group, url: str) -> list[str]:
     here = mujoco_release()
     try:
         stored = read_model(group, url)
-        if stored is not None and mjb_version(stored[0]) == here:
+        version = mjb_version(stored[0]) if stored is not None else None
+        if stored is not None and version is None:  # not an MJB of any release
+            check_mjb(stored[0], _where(url, stored[1]))
+        if stored is not None and version == here:
             check_model(stored[0], _where(url, stored[1]), sha256=stored[1]["sha256"])
     except (CorruptArchiveError, SchemaError, ModelLoadError) as err:
         problems.append(f"Model: {err}")

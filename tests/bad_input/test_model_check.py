@@ -106,6 +106,18 @@ def test_verify_reports_a_kept_model_that_is_not_safe_to_load(archive, cli, name
     assert snapshot(archive) == before
 
 
+def test_verify_reports_kept_bytes_that_are_no_mjb_even_named_by_their_own_hash(archive, cli):
+    noise = bytes(range(256)) * 80  # hashes to its name: only the bytes are wrong
+    path = put_model(archive, noise)
+    before = snapshot(archive)
+
+    code, _, err = cli("verify", archive)
+
+    assert code == 1 and err.startswith(f"FAILED: {archive}")
+    assert f"  - Model: {path} is not a compiled MuJoCo model (.mjb)" in err
+    assert snapshot(archive) == before
+
+
 def test_a_kept_model_the_loader_refuses_is_a_model_load_error_with_its_reason(archive, tmp_path):
     path = put_model(archive, crafted("refused"))
     before = snapshot(archive)
