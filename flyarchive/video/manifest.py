@@ -36,6 +36,7 @@ render refuses to merge into one that is not, before rendering anything.
 from __future__ import annotations
 
 import json
+import posixpath
 import os
 import tempfile
 import threading
@@ -277,12 +278,33 @@ def check_manifest(value: Any, url: str) -> None:
     videos = value.get("videos", [])
     if not isinstance(videos, list):
         raise _bad(url, f"'videos' is {_short(videos)}, not a list")
+    folder = url.rstrip("/").rsplit("/", 1)[0] if "/" in url.rstrip("/") else "."
     for i, entry in enumerate(videos):
-        problem = _entry_problem(entry)
+        problem = _entry_problem(entry) or _outside_problem(entry, folder)
         if problem is not None:
             path = entry.get("path") if isinstance(entry, dict) else None
             where = f"video entry {i}" + (f" ({path!r})" if isinstance(path, str) else "")
             raise _bad(url, f"{where} {problem}")
+
+
+def _outside_problem(entry: dict[str, Any], folder: str) -> str | None:
+    """A phrase when a (well-typed) entry names a file outside the manifest's folder."""
+    named = [entry["path"], *entry.get("outputs", {}).values()]
+    outside = next((p for p in named if not _inside(p, folder)), None)
+    if outside is None:
+        return None
+    return (f"names {_short(outside, 300)}, outside the folder {folder!r} (the folder was copied or "
+            "moved from where it was rendered, or the manifest edited)")
+
+
+def _inside(path: str, folder: str) -> bool:
+    """Whether the file ``path`` lies inside ``folder`` (URLs or local paths, ``..`` resolved)."""
+    def split(url: str) -> tuple[str, str]:
+        protocol, _, rest = url.partition("://") if "://" in url else ("", "", url)
+        return ("" if protocol == "file" else protocol), posixpath.normpath(rest or "/")
+
+    (p_protocol, p), (f_protocol, f) = split(path), split(folder)
+    return p_protocol == f_protocol and p.startswith(f.rstrip("/") + "/")
 
 
 def _entry_problem(entry: Any) -> str | None:
@@ -342,9 +364,9 @@ _FIELDS: tuple[tuple[str, Any, str], ...] = (
 )
 
 
-def _short(value: Any) -> str:
+def _short(value: Any, limit: int = 60) -> str:
     text = repr(value)
-    return text if len(text) <= 60 else text[:57] + "..."
+    return text if len(text) <= limit else text[:limit - 3] + "..."
 
 
 def _bad(url: str, problem: str) -> ManifestError:

@@ -117,6 +117,25 @@ def test_a_manifest_that_is_not_a_manifest_is_refused_naming_the_problem(
     assert snapshot(Path(archive)) == before
 
 
+@pytest.mark.parametrize("where", ["/etc/passwd", "{out}/../outside/front.mp4",
+                                   "{out}-copy/world00000/front.mp4", "outputs"])
+def test_a_manifest_entry_naming_a_file_outside_its_folder_is_refused(
+        archive, before, tmp_path, tiny, where):
+    out = tmp_path / "out"
+    fields = ({"outputs": {"depth": "/etc/passwd"}} if where == "outputs"
+              else {"path": where.format(out=out)})
+    path = manifest_with(out, {"videos": [entry(out, **fields)]})
+    text = path.read_bytes()
+
+    with pytest.raises(ManifestError, match="Move it away") as err:
+        render(archive, tiny, out)
+
+    named = "/etc/passwd" if where in ("outputs", "/etc/passwd") else where.format(out=out)
+    assert f"names {named!r}, outside the folder '{out}'" in str(err.value)
+    assert path.read_bytes() == text and sorted(p.name for p in out.iterdir()) == ["manifest.json"]
+    assert snapshot(Path(archive)) == before
+
+
 @pytest.mark.parametrize("change, fragment", [
     ({"camera": None}, "has camera=None, not text"),
     ({"world": "0"}, "has world='0', not an integer"),
