@@ -805,6 +805,7 @@ def gait_summary(
     backend: str = "cpu",
     save: bool = False,
     processes: int | None = None,
+    overwrite: bool = False,
 ) -> xr.Dataset:
     """Gait and locomotion measures of every world (see the module's table for definitions).
 
@@ -832,9 +833,13 @@ def gait_summary(
             coordinate; at most the selection's length). None: the whole selection.
         model, storage_options, backend: As for :func:`flyarchive.positions`.
         save: Also store the measures in the archive as world variables
-            (:func:`flyarchive.add_world_vars`, replacing earlier ones), so that
-            ``where=ds.distance > 5`` and ``--where-world-var 'distance>5'`` pick worlds.
-            Needs every world and no window.
+            (:func:`flyarchive.add_world_vars`), so that ``where=ds.distance > 5`` and
+            ``--where-world-var 'distance>5'`` pick worlds. Needs every world and no
+            window. Measures an earlier save stored are replaced (the archive holds every
+            one of these measures); a world variable of one of their names otherwise (one
+            of yours) only with ``overwrite``.
+        overwrite: With ``save``: replace world variables of the measures' names whoever
+            added them.
         processes: From an archive on the CPU: worker processes computing the positions
             beside this one; 0: dask's scheduler in this process; None: one per other
             usable core when the selection holds at least 200,000 frames.
@@ -848,6 +853,8 @@ def gait_summary(
         SelectionError: unknown thorax, tips or legs; fewer than 2 frames; a window that
             is not a positive number or is longer than the selection; ``save`` with
             windows, a subset of worlds or without an archive URL.
+        OutputExistsError: ``save`` would replace world variables an earlier save did not
+            store, and ``overwrite`` is False (nothing is written).
         OptionsError: thresholds that cannot be used.
         And as :func:`flyarchive.positions`.
     """
@@ -881,10 +888,30 @@ def gait_summary(
     if save:
         from flyarchive.store.world_vars import add_world_vars
 
+        _check_replaced(source, list(summary.data_vars), storage_options, overwrite)
         add_world_vars(source, {k: v.reset_coords(drop=True)  # type: ignore[arg-type]
                                 for k, v in summary.data_vars.items()},
                        storage_options=storage_options, overwrite=True)
     return summary
+
+
+def _check_replaced(source: str, names: list[str], storage_options: Any, overwrite: bool) -> None:
+    """Refuse to replace world variables of these names that an earlier save did not store
+    (unless ``overwrite``): a save stores every measure at once, so an archive holding
+    only some of them holds variables of the user's."""
+    from flyarchive.errors import OutputExistsError
+    from flyarchive.query import open_archive
+
+    held = set(open_archive(source, storage_options=storage_options).data_vars)
+    clash = [name for name in names if name in held]
+    if not clash or overwrite or set(names) <= held:
+        return
+    shown = ", ".join(clash[:6]) + (f" (and {len(clash) - 6} more)" if len(clash) > 6 else "")
+    raise OutputExistsError(
+        f"The archive at {source!r} has world variables {shown} that no earlier gait save "
+        f"stored (it holds {len(clash)} of these {len(names)} measures): saving would replace "
+        "your values. Pass overwrite=True (--overwrite) to replace them, or save the measures "
+        "in a copy of the archive. Nothing was written.")
 
 
 def _check_every_world(source: str, got: _Source, storage_options: Any) -> None:

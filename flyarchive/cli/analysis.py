@@ -151,7 +151,8 @@ def cmd_gait(args: argparse.Namespace) -> int:
         _check_table_path(path, args.overwrite)
     if args.save:  # the measures go into the archive: from its URL
         summary = gait_summary(_path(args.url), params=params, reference_leg=args.reference_leg,
-                               window=args.window, save=True, **where)
+                               window=args.window, save=True, overwrite=args.overwrite,
+                               **where)
         positions = None
     else:  # computed once for the measures and the tables
         positions = gait_positions(_path(args.url), **where)
@@ -336,7 +337,8 @@ def add_commands(add: Callable[[str, Any, str], argparse.ArgumentParser],
                    help="also write one row per step (lift-off, touchdown, durations, length)")
     p.add_argument("--epochs", metavar="PATH.csv|PATH.json",
                    help="also write every stance and swing interval per leg")
-    p.add_argument("--overwrite", action="store_true", help="replace existing --steps/--epochs")
+    p.add_argument("--overwrite", action="store_true", help="replace existing --steps/--epochs, "
+                   "and with --save world variables of the measures' names that you added")
     p.add_argument("--json", action="store_true", help="print JSON")
     p = add("export-poses", cmd_export_poses,
             "Export keypoint positions as a movement poses dataset (netCDF) or NWB files "

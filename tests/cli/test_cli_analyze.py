@@ -70,6 +70,32 @@ def test_gait_prints_json_and_saves_world_variables_that_select_worlds(cli, arch
     assert where.values.tolist() == [v > min(table["path_length"]) for v in table["path_length"]]
 
 
+def test_gait_save_replaces_what_an_earlier_save_stored(cli, archive):
+    gait = ("gait", archive, "--thorax", "torso", "--tip", "hand_tip=hand@tip", "--save")
+    assert cli(*gait)[0] == 0
+    first = flyarchive.open_archive(archive).time_below.values
+
+    code, _, err = cli(*gait, "--fall-height", "1e3")
+
+    assert code == 0, err
+    assert not np.array_equal(flyarchive.open_archive(archive).time_below.values, first)
+
+
+def test_gait_save_replaces_a_world_variable_of_yours_only_with_overwrite(cli, archive):
+    mine = [9.5, 9.5, 9.5]
+    flyarchive.add_world_vars(archive, {"distance": mine})
+    gait = ("gait", archive, "--thorax", "torso", "--tip", "hand_tip=hand@tip", "--save")
+
+    code, _, err = cli(*gait)
+
+    assert code == 2 and "world variables distance that no earlier gait save" in err
+    assert "--overwrite" in err and "Nothing was written" in err
+    ds = flyarchive.open_archive(archive)
+    assert ds.distance.values.tolist() == mine and "path_length" not in ds
+    assert cli(*gait, "--overwrite")[0] == 0
+    assert flyarchive.open_archive(archive).distance.values.tolist() != mine
+
+
 def test_gait_table_shows_whole_names_and_units(cli, archive):
     code, out, err = cli("gait", archive, "--thorax", "torso", "--tip", "hand_tip=hand@tip")
 
