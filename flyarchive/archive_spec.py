@@ -35,7 +35,7 @@ MAX_BUFFER_BYTES = 4 * 2**30
 MAX_WORLD_ID = 2**63 - 1
 #: Names the archive uses for its own arrays and groups; world variables may not.
 RESERVED_NAMES = frozenset({"qpos", "mocap_pos", "mocap_quat", "n_frames", "time", "world", "dof",
-                            "mocap", "xyz", "wxyz", "claims", "models", "zarr.json"})
+                            "mocap", "xyz", "wxyz", "claims", "models", "derived", "zarr.json"})
 
 #: The creation modes of an archive: fail if one exists, replace it, or append to it.
 MODES = ("w-", "w", "a")

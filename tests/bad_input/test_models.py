@@ -249,6 +249,7 @@ def test_cli_render_with_a_model_file_that_is_not_an_mjb_is_one_line(archive, tm
     ({"success": [1, 0, 1]}, SchemaError, r"has shape \(3,\); .* has 2 worlds .*needs shape \(2,\)"),
     ({"time": [1, 0]}, SchemaError, "World variable name 'time' cannot be used"),
     ({"models": [1, 0]}, SchemaError, "World variable name 'models' cannot be used"),
+    ({"derived": [1, 0]}, SchemaError, "World variable name 'derived' cannot be used"),
     ({"a/b": [1, 0]}, SchemaError, "World variable name 'a/b' cannot be used"),
     ({"note": np.array(["a", None], dtype=object)}, SchemaError,
      r"'note' cannot be stored: it has dtype object \(Python objects\)\. World variables hold "
