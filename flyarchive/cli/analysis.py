@@ -100,7 +100,7 @@ def _keypoint_args(args: argparse.Namespace) -> dict[str, Any]:
 
 def _window(args: argparse.Namespace) -> dict[str, Any]:
     tools = args.tools
-    return {"worlds": tools.parse_worlds(args.worlds) if args.worlds else None,
+    return {"worlds": tools.parse_worlds(args.worlds) if args.worlds is not None else None,
             "time": tools.parse_time(args.time) if args.time else None}
 
 

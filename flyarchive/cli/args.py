@@ -87,7 +87,7 @@ def _open_range(text: str, lo: int, ids: Sequence[int] | None) -> list[int]:
 def worlds_arg(args: argparse.Namespace, storage_options: dict[str, Any] | None) -> list[int] | None:
     """``--worlds`` of a command on ``args.url``; the archive's world ids are read (its
     header) only for an open range such as ``512-``."""
-    if not args.worlds:
+    if args.worlds is None:
         return None
     ids = None
     if any(part.strip().endswith("-") for part in args.worlds.split(",")):

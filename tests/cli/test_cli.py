@@ -200,3 +200,19 @@ def test_help_of_every_command_reads_as_plain_text_for_users():
     assert {prog: [m for m in markup if m in text] for prog, text in texts.items()
             if any(m in text for m in markup)} == {}
     assert "into an xarray/zarr archive" in " ".join(texts["flyarchive"].split())
+
+
+@pytest.mark.parametrize("command", [
+    ["render", "--camera", "front", "--out", "videos", "--workers", "0"],
+    ["export-npz", "--to", "npz"],
+    ["gait", "--thorax", "torso", "--tip", "hand_tip=hand@tip"],
+], ids=["render", "export-npz", "gait"])
+def test_an_empty_worlds_option_is_refused_not_every_world(archive, tmp_path, cli, command,
+                                                           monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    name, *rest = command
+
+    code, _, err = cli(name, archive, *rest, "--worlds", "")
+
+    assert code == 2 and "Cannot read worlds ''" in err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["cli.zarr"]
