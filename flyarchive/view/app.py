@@ -6,6 +6,7 @@ Ctrl-C. What the API answers is computed here (:class:`Viewer`); the web side is
 from __future__ import annotations
 
 import asyncio
+import errno
 import gc
 import ipaddress
 import logging
@@ -612,6 +613,12 @@ class Served:
             self.lines.detach()
 
 
+#: errno of binding to a host that is not an address of this machine (socket.create_server
+#: raises a name lookup's failure as a plain OSError with its EAI_* code).
+_NOT_AN_ADDRESS = frozenset({errno.EADDRNOTAVAIL, *(getattr(socket, name) for name in (
+    "EAI_NONAME", "EAI_ADDRFAMILY", "EAI_NODATA") if hasattr(socket, name))})
+
+
 def start(viewer: Viewer, *, host: str = "127.0.0.1", port: int = 0,
           token: str | None = None, freeze_gc: bool = False) -> Served:
     """Serve ``viewer`` on a thread of its own, within its limits (``viewer.limits``:
@@ -628,9 +635,17 @@ def start(viewer: Viewer, *, host: str = "127.0.0.1", port: int = 0,
     from flyarchive.view.server import ViewApp
 
     limits = viewer.limits
+    if isinstance(port, bool) or not isinstance(port, int) or not 0 <= port <= 65535:
+        raise OptionsError(f"port must be a whole number from 0 to 65535 (0: any free one), "
+                           f"got {port!r}. Pass another --port.")
     try:
         sock = socket.create_server((host, port), backlog=1024)
     except OSError as err:
+        if isinstance(err, socket.gaierror) or err.errno in _NOT_AN_ADDRESS:
+            raise OptionsError(
+                f"Cannot serve on {host}:{port}: {host!r} is not an address of this machine "
+                f"({err.strerror or err}). Pass another --host: 127.0.0.1 (this machine only), "
+                "0.0.0.0 (every interface) or one of its addresses.") from None
         raise OptionsError(f"Cannot serve on {host}:{port} ({err.strerror or err}). Pass another "
                            "--port, or 0 for any free one.") from None
     bound = int(sock.getsockname()[1])

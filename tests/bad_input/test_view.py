@@ -92,6 +92,24 @@ def test_a_port_in_use_is_refused_when_asked_for(cli, archive, tmp_path):
     assert code == 2 and f"Cannot serve on 127.0.0.1:{port}" in err and "--port" in err
 
 
+@pytest.mark.parametrize("port", ["99999", "-1"])
+def test_a_port_out_of_range_is_refused_in_one_line(cli, archive, tmp_path, port):
+    code, _, err = cli("view", archive, "--port", port, "--out", tmp_path / "videos")
+
+    assert code == 2 and err.count("\n") == 1
+    assert f"port must be a whole number from 0 to 65535 (0: any free one), got {port}" in err
+
+
+@pytest.mark.parametrize("host", ["999.1.1.1", "192.0.2.1"])  # not an address; not this machine's
+def test_a_host_that_is_not_an_address_of_this_machine_is_named_with_the_fix(
+        cli, archive, tmp_path, host):
+    code, _, err = cli("view", archive, "--host", host, "--port", "0",
+                       "--out", tmp_path / "videos")
+
+    assert code == 2 and err.count("\n") == 1
+    assert f"{host!r} is not an address of this machine" in err and "--host" in err
+
+
 def test_serving_beyond_this_machine_says_what_it_exposes():
     from flyarchive.view.app import exposure_warning
 
