@@ -477,8 +477,14 @@ class TrajectoryRecorder:
     def __enter__(self) -> "TrajectoryRecorder":
         return self
 
-    def __exit__(self, *exc: object) -> None:
-        self.close()
+    def __exit__(self, exc_type: object, error: BaseException | None, *rest: object) -> None:
+        if error is None:
+            self.close()
+            return
+        try:  # the block's error is the one to see: closing may fail for the same cause
+            self.close()
+        except Exception as also:
+            error.add_note(f"Closing the recorder failed too: {type(also).__name__}: {also}")
 
 
 def _check_models(

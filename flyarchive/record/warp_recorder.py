@@ -362,8 +362,14 @@ class WarpTrajectoryRecorder:
     def __enter__(self) -> "WarpTrajectoryRecorder":
         return self
 
-    def __exit__(self, exc_type: object, *exc: object) -> None:
-        self._close(raise_errors=exc_type is None)
+    def __exit__(self, exc_type: object, error: BaseException | None, *rest: object) -> None:
+        if error is None:
+            self._close(raise_errors=True)
+            return
+        try:  # the block's error is the one to see: closing may fail for the same cause
+            self._close(raise_errors=False)
+        except Exception as also:
+            error.add_note(f"Closing the recorder failed too: {type(also).__name__}: {also}")
 
     # -- internals ----------------------------------------------------------------
 

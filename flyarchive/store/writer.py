@@ -493,7 +493,8 @@ class ArchiveWriter:
         self._closed = True
         held = self._finalizer.detach() if self._finalizer is not None else None
         if held is not None:
-            release(*held[2])
+            with storage_errors.translated(self.url):  # S3 faults, in flyarchive's words
+                release(*held[2])
 
     def __enter__(self) -> "ArchiveWriter":
         return self

@@ -127,3 +127,36 @@ def test_a_collected_warp_recorder_commits_its_frames(tiny, tmp_path):
     ds = open_archive(url)
     assert ds.n_frames.values.tolist() == [7, 7]
     np.testing.assert_array_equal(ds.qpos.values, host_warp_reference(tiny, 2, 24)["qpos"])
+
+
+def _storage_gone(*args, **kwargs):
+    import botocore.exceptions
+
+    raise botocore.exceptions.EndpointConnectionError(endpoint_url="http://127.0.0.1:9")
+
+
+def test_a_failing_block_keeps_its_own_error_when_closing_the_recorder_fails_too(
+        tiny, tmp_path, monkeypatch):
+    from flyarchive.store import writer
+
+    with pytest.raises(RuntimeError, match="the simulation broke") as caught:
+        with TrajectoryRecorder(str(tmp_path / "run.zarr"), tiny, chunk_frames=5) as recorder:
+            simulate(tiny, 2, 20, recorder.record_as_needed)
+            monkeypatch.setattr(writer, "release", _storage_gone)  # the storage went away
+            raise RuntimeError("the simulation broke")
+
+    notes = "\n".join(getattr(caught.value, "__notes__", []))
+    assert "Closing the recorder failed too: StorageError: Cannot reach the storage" in notes
+
+
+def test_a_claim_that_cannot_be_released_on_s3_is_a_storage_error(tiny, s3_location, monkeypatch):
+    from flyarchive.errors import StorageError
+    from flyarchive.store import writer
+
+    recorder = TrajectoryRecorder(s3_location.url, tiny, chunk_frames=5,
+                                  storage_options=s3_location.storage_options)
+    simulate(tiny, 2, 20, recorder.record_as_needed)
+    monkeypatch.setattr(writer, "release", _storage_gone)
+
+    with pytest.raises(StorageError, match=r"Cannot reach the storage of 's3://"):
+        recorder.close()
