@@ -123,7 +123,7 @@ def write_manifest(plan: RenderedPlan, ds: Archive, entries: list[dict[str, Any]
         if (earlier.get("archive"), earlier.get("layout_hash")) == (plan.url, manifest["layout_hash"]):
             paths = {v["path"] for v in entries}
             kept = [_upgrade(v, earlier) for v in earlier.get("videos", [])
-                    if v["path"] not in paths]
+                    if v["path"] not in paths and names_inside(v, plan.out)]
         manifest["worlds"] = sorted({w for v in kept + entries for w in _worlds(v)})
         manifest["cameras"] = sorted({v["camera"] for v in kept + entries})
         manifest["videos"] = kept + entries
@@ -278,23 +278,18 @@ def check_manifest(value: Any, url: str) -> None:
     videos = value.get("videos", [])
     if not isinstance(videos, list):
         raise _bad(url, f"'videos' is {_short(videos)}, not a list")
-    folder = url.rstrip("/").rsplit("/", 1)[0] if "/" in url.rstrip("/") else "."
     for i, entry in enumerate(videos):
-        problem = _entry_problem(entry) or _outside_problem(entry, folder)
+        problem = _entry_problem(entry)
         if problem is not None:
             path = entry.get("path") if isinstance(entry, dict) else None
             where = f"video entry {i}" + (f" ({path!r})" if isinstance(path, str) else "")
             raise _bad(url, f"{where} {problem}")
 
 
-def _outside_problem(entry: dict[str, Any], folder: str) -> str | None:
-    """A phrase when a (well-typed) entry names a file outside the manifest's folder."""
-    named = [entry["path"], *entry.get("outputs", {}).values()]
-    outside = next((p for p in named if not _inside(p, folder)), None)
-    if outside is None:
-        return None
-    return (f"names {_short(outside, 300)}, outside the folder {folder!r} (the folder was copied or "
-            "moved from where it was rendered, or the manifest edited)")
+def names_inside(entry: dict[str, Any], folder: str) -> bool:
+    """Whether every file a (well-typed) entry names lies inside ``folder``: entries of a
+    manifest edited, or of a folder copied or moved since it was rendered, may not."""
+    return all(_inside(p, folder) for p in [entry["path"], *entry.get("outputs", {}).values()])
 
 
 def _inside(path: str, folder: str) -> bool:
@@ -364,9 +359,9 @@ _FIELDS: tuple[tuple[str, Any, str], ...] = (
 )
 
 
-def _short(value: Any, limit: int = 60) -> str:
+def _short(value: Any) -> str:
     text = repr(value)
-    return text if len(text) <= limit else text[:limit - 3] + "..."
+    return text if len(text) <= 60 else text[:57] + "..."
 
 
 def _bad(url: str, problem: str) -> ManifestError:
