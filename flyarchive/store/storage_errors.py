@@ -263,3 +263,53 @@ def check_storage_options(url: str, storage_options: Mapping[str, Any] | None) -
             f"The storage option 'anon' for {url!r} must be true or false, got "
             f"{type(storage_options['anon']).__name__}."
         )
+    if url.split("://", 1)[0] in ("s3", "s3a"):
+        _check_s3_options(url, storage_options)
+
+
+#: Storage options s3fs takes beside its constructor's own parameters (it passes them to
+#: fsspec's file system, or reads them in fsspec's instance cache).
+_S3_FSSPEC_OPTIONS = frozenset({"use_listings_cache", "listings_expiry_time", "max_paths",
+                                "skip_instance_cache"})
+#: Options of botocore's client configuration that are a number of seconds.
+_SECONDS = ("connect_timeout", "read_timeout")
+
+
+def _check_s3_options(url: str, storage_options: Mapping[str, Any]) -> None:
+    """Names s3fs does not take (it passes them on to ``AioSession``, which fails with a
+    message about the session), and a ``config_kwargs`` botocore cannot use."""
+    import inspect
+
+    try:
+        import aiobotocore.session
+        import botocore.config
+        import botocore.exceptions
+        import s3fs
+    except ImportError:  # open_store says which package is missing
+        return
+    taken = {*inspect.signature(s3fs.S3FileSystem.__init__).parameters,
+             *inspect.signature(aiobotocore.session.AioSession.__init__).parameters,
+             *_S3_FSSPEC_OPTIONS} - {"self", "kwargs"}
+    unknown = sorted(str(name) for name in storage_options if name not in taken)
+    if unknown:
+        raise StorageError(
+            f"The storage option(s) {unknown} for {url!r} are not options of s3fs. It takes "
+            f"{', '.join(sorted(taken))} (see s3fs.S3FileSystem).")
+    config = storage_options.get("config_kwargs") or {}
+    for name in _SECONDS:
+        value = config.get(name)
+        if name in config and (isinstance(value, bool) or not isinstance(value, (int, float))
+                               or not value > 0):
+            raise StorageError(
+                f"The storage option 'config_kwargs.{name}' for {url!r} must be a number of "
+                f"seconds > 0, got {value!r}.")
+    if "retries" in config and not isinstance(config["retries"], Mapping):
+        raise StorageError(
+            f"The storage option 'config_kwargs.retries' for {url!r} must be a mapping such as "
+            f"{{\"total_max_attempts\": 3}}, got {type(config['retries']).__name__}.")
+    try:
+        botocore.config.Config(**config)
+    except (TypeError, ValueError, botocore.exceptions.BotoCoreError) as err:
+        raise StorageError(
+            f"The storage option 'config_kwargs' for {url!r} is not a botocore client "
+            f"configuration ({err}). See botocore.config.Config for its options.") from None
