@@ -101,10 +101,12 @@ def replay_model(source: str, ds: Archive, model: mujoco.MjModel | None,
         ds: The archive, from :func:`flyarchive.open_archive`, or its header
             (:func:`~flyarchive.store.dataset.open_header`), whose opened group the kept
             model is read through.
-        model: The compiled model; None: the one kept beside the archive
-            (``models/<sha256>.mjb``, :mod:`flyarchive.models.kept`).
+        model: The compiled model, or a model file's path (loaded here:
+            :func:`flyarchive.models.load_model_file`); None: the one kept beside the
+            archive (``models/<sha256>.mjb``, :mod:`flyarchive.models.kept`).
 
     Raises:
+        RenderOptionsError: ``model`` is none of these.
         ModelLoadError: ``model`` is None and the archive keeps no model, or the kept
             one is not an MJB this MuJoCo can load (another release: named); a model
             given whose data MuJoCo cannot make (``mujoco.FatalError``).
@@ -115,6 +117,14 @@ def replay_model(source: str, ds: Archive, model: mujoco.MjModel | None,
             missing.
         LayoutMismatchError: the model's layout differs from the archive's.
     """
+    if isinstance(model, (str, os.PathLike)):  # a file of the caller's, as --model takes
+        from flyarchive.models.files import load_model_file
+
+        model = load_model_file(model)
+    elif model is not None and not isinstance(model, mujoco.MjModel):
+        raise RenderOptionsError(
+            f"model must be a mujoco.MjModel, the path of a model file (.xml, .mjz or .mjb) or "
+            f"None (the model kept beside the archive), got {type(model).__name__}.")
     if model is None:
         from flyarchive.models.kept import kept_model
 
@@ -129,6 +139,20 @@ def replay_model(source: str, ds: Archive, model: mujoco.MjModel | None,
     if pinned is not model:
         model, blob = pinned, model_bytes(pinned)
     return model, blob
+
+
+def _cameras(cameras: Any) -> tuple[str, ...]:
+    """``cameras`` as a tuple of names (one name: a string).
+
+    Raises:
+        RenderOptionsError: not a name or a sequence of names.
+    """
+    names = (cameras,) if isinstance(cameras, str) else cameras
+    if not isinstance(names, (list, tuple)) or not all(isinstance(c, str) for c in names):
+        raise RenderOptionsError(
+            f"cameras must be a camera's name or a list of names, e.g. 'nmf/trackcam', got "
+            f"{cameras!r}.")
+    return tuple(names)
 
 
 def check_n_workers(n_workers: Any) -> None:
@@ -214,8 +238,8 @@ def render_videos(
 
     Args:
         source: Archive URL.
-        model: The compiled model it was recorded with (checked against the layout).
-            None (default): the model kept beside the archive when it was recorded
+        model: The compiled model it was recorded with (checked against the layout), or
+            its file's path (``.xml``, ``.mjz`` or ``.mjb``, loaded here). None (default): the model kept beside the archive when it was recorded
             (``store_model=True``, the default of the recorders and ``import_npz``).
         cameras: Camera name(s).
         out: Output folder: a local path or an fsspec URL; created if missing.
@@ -260,7 +284,11 @@ def render_videos(
     from flyarchive.video.manifest import ManifestJournal, describe, manifest_url
     from flyarchive.video.workspace import RunFolder
 
-    cameras = (cameras,) if isinstance(cameras, str) else tuple(cameras)
+    cameras = _cameras(cameras)
+    if not isinstance(options, RenderOptions):
+        raise RenderOptionsError(
+            f"options must be a flyarchive.RenderOptions (e.g. RenderOptions(size=(240, 320))), "
+            f"got {type(options).__name__}.")
     _check_out(out, resume, options)
     check_n_workers(n_workers)
     on_cluster = client is not None or scheduler is not None

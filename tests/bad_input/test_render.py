@@ -3,6 +3,7 @@ and leaves the archive and the videos already in the output folder as they were.
 
 from __future__ import annotations
 
+import re
 import shutil
 import uuid
 from pathlib import Path
@@ -315,3 +316,36 @@ def test_cli_render_over_existing_videos_is_one_line_and_exit_2(state, model_xml
     assert code == 2
     assert err.startswith("flyarchive render: error: 1 video(s) already exist")
     assert state.unchanged()
+
+
+# ----------------------------------------------------------------------------- arguments
+@pytest.mark.parametrize(("kwargs", "fragment"), [
+    ({"cameras": 0}, "cameras must be a camera's name or a list of names, e.g. 'nmf/trackcam', got 0"),
+    ({"cameras": ["front", 3]}, "cameras must be a camera's name or a list of names"),
+    ({"options": {"size": (48, 64)}}, "options must be a flyarchive.RenderOptions"),
+    ({"model": 42}, "model must be a mujoco.MjModel, the path of a model file"),
+], ids=["camera number", "camera list", "options dict", "model number"])
+def test_arguments_of_the_wrong_type_are_named(state, tiny, renders, kwargs, fragment):
+    model = kwargs.pop("model", tiny)
+    out = state.out.parent / "new-videos"
+
+    with pytest.raises(RenderOptionsError, match=re.escape(fragment)):
+        render(state, model, out, **kwargs)
+
+    assert state.unchanged() and renders == [] and not out.exists()
+
+
+@pytest.mark.parametrize("as_path", [str, Path], ids=["str", "Path"])
+def test_a_model_files_path_renders_as_the_model_itself(state, tiny, tmp_path, as_path):
+    from flyarchive.models import save_mjb
+
+    mjb = tmp_path / "tiny.mjb"
+    save_mjb(tiny, mjb)
+
+    result = render_videos(state.url, as_path(mjb), "front", str(tmp_path / "by-path"),
+                           worlds=[1], time=(0, 0.016), options=SMALL, n_workers=0)
+    again = render_videos(state.url, tiny, "front", str(tmp_path / "by-model"),
+                          worlds=[1], time=(0, 0.016), options=SMALL, n_workers=0)
+
+    assert len(result.videos) == 1
+    assert Path(result.videos[0]["path"]).read_bytes() == Path(again.videos[0]["path"]).read_bytes()
