@@ -36,7 +36,16 @@ from flyarchive.errors import (
 from flyarchive.schema import SCHEMA_NAME, validate_attrs
 from flyarchive.store import allowlist, storage_errors
 from flyarchive.store.allowlist import MAX_METADATA_BYTES, check_arrays, check_json_bytes
-from flyarchive.store.location import access_denied, as_url, is_remote, open_store, sync, unavailable
+from flyarchive.store.location import (
+    access_denied,
+    as_url,
+    is_local,
+    is_remote,
+    local_path,
+    open_store,
+    sync,
+    unavailable,
+)
 from flyarchive.store.replicas import check_copies, check_own, read_copy
 from flyarchive.zarr_internals import RangeByteRequest, default_buffer_prototype
 
@@ -118,7 +127,15 @@ def open_for_writing(url: str, storage_options: Mapping[str, Any] | None = None)
     Raises:
         As :func:`open_for_reading` (but ArchiveReplacedError).
     """
-    return _open_group(as_url(url), storage_options, mode="r+")
+    url = as_url(url)
+    if is_local(url):  # a writable local store would make the folder: refuse first, as reads do
+        path = local_path(url)
+        if not path.exists():
+            raise ArchiveNotFoundError(f"Nothing at {url!r}. Check the path.")
+        if not path.is_dir():
+            raise ArchiveNotFoundError(
+                f"No archive at {url!r}: it is a file, not an archive's folder. Check the path.")
+    return _open_group(url, storage_options, mode="r+")
 
 
 def _open_group(url: str, storage_options: Mapping[str, Any] | None = None, *, mode: str = "r",

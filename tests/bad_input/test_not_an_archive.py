@@ -103,3 +103,27 @@ def test_a_plain_zarr_array_is_not_an_archive(tmp_path):
 
     assert snapshot(url) == before
 
+
+
+@pytest.mark.parametrize("command", [["set-world-var", "{url}", "x=1"],
+                                     ["model", "attach", "{url}", "--model", "{model}"]],
+                         ids=["set-world-var", "model attach"])
+@pytest.mark.parametrize("where", ["missing", "file"])
+def test_a_writer_pointed_at_no_archive_says_so_and_makes_nothing(tmp_path, cli, command, where):
+    from flyarchive.testing import TINY_XML
+
+    model = tmp_path / "fly.xml"
+    model.write_text(TINY_XML)
+    url = tmp_path / "deep" / "er" / "nope.zarr"
+    if where == "file":
+        url = tmp_path / "afile.txt"
+        url.write_text("mine")
+    before = sorted(p.name for p in tmp_path.iterdir())
+
+    code, _, err = cli(*[part.format(url=url, model=model) for part in command])
+
+    assert code == 2
+    assert (f"Nothing at '{url}'" if where == "missing" else
+            f"No archive at '{url}': it is a file, not an archive's folder") in err
+    assert sorted(p.name for p in tmp_path.iterdir()) == before
+    assert where == "missing" or url.read_text() == "mine"
