@@ -14,6 +14,7 @@ import gc
 import json
 import os
 import sys
+import warnings
 from collections.abc import Sequence
 from typing import Any
 
@@ -442,7 +443,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     from flyarchive.store.storage_errors import client_errors
 
     try:
-        code = int(args.func(args))
+        with warnings.catch_warnings():
+            # zarr warns of every file in an archive's folder that is not a node (a
+            # .DS_Store, a plot saved there): noise on every command, never damage
+            warnings.filterwarnings("ignore", message=".*not recognized as a component of a Zarr")
+            code = int(args.func(args))
         sys.stdout.flush()  # a closed pipe shows here, not at exit
         return code
     except BrokenPipeError:

@@ -216,3 +216,15 @@ def test_an_empty_worlds_option_is_refused_not_every_world(archive, tmp_path, cl
 
     assert code == 2 and "Cannot read worlds ''" in err
     assert sorted(p.name for p in tmp_path.iterdir()) == ["cli.zarr"]
+
+
+def test_a_foreign_file_in_an_archives_folder_makes_no_warning_noise(archive):
+    from pathlib import Path
+
+    (Path(archive) / ".DS_Store").write_bytes(b"\0\0\0\1Bud1")
+
+    done = subprocess.run([sys.executable, "-m", "flyarchive.cli", "verify", archive],
+                          capture_output=True, text=True, timeout=120)
+
+    assert done.returncode == 0, done.stderr
+    assert "not recognized" not in done.stderr and "Warning" not in done.stderr
