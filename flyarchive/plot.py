@@ -17,7 +17,7 @@ from flyarchive.errors import (
     missing_dependency,
 )
 from flyarchive.query import open_archive
-from flyarchive.store.local_files import write_whole
+from flyarchive.store.local_files import refuse_inside_archive, write_whole
 from flyarchive.store.location import as_url
 
 
@@ -121,6 +121,7 @@ def plot_traces(
             f"Labels: {', '.join(labels[:30])}{'...' if len(labels) > 30 else ''}."
         )
     target = _target(out, world)
+    refuse_inside_archive(target, "--out (out=...)")
     if os.path.lexists(target) and not overwrite:
         raise OutputExistsError(
             f"{str(target)!r} exists. Pass --overwrite (overwrite=True) to replace it, or "

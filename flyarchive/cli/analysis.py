@@ -188,6 +188,9 @@ def _check_table_path(path: str | None, overwrite: bool) -> None:
         raise SelectionError(f"Cannot tell the format of {path!r}: name a .csv or a .json file.")
     if os.path.isdir(target):
         raise SelectionError(f"{path!r} is a folder; name a .csv or a .json file.")
+    from flyarchive.store.local_files import refuse_inside_archive
+
+    refuse_inside_archive(target, "--steps and --epochs")
     if os.path.exists(target) and not overwrite:
         from flyarchive.errors import OutputExistsError
 

@@ -40,6 +40,7 @@ from flyarchive.models import check_data, keep_loaded, model_bytes
 from flyarchive.query.selection import select_frames
 from flyarchive.render.diagnostics import progress_bar
 from flyarchive.render.options import RenderOptions
+from flyarchive.store.local_files import refuse_inside_archive
 from flyarchive.render.output_plan import plan_outputs
 from flyarchive.render.plan import (
     MIN_SEGMENT_FRAMES,
@@ -344,6 +345,8 @@ def _check_out(out: Any, resume: bool, options: RenderOptions) -> None:
         raise RenderOptionsError(
             "resume=True (--resume) keeps the videos a stopped render finished, and "
             "overwrite=True (--overwrite) replaces them; choose one.")
+    if _protocol(os.fspath(out)) == "file":
+        refuse_inside_archive(os.fspath(out).removeprefix("file://"), "--out (out=...)")
 
 
 def _protocol(url: str) -> str:

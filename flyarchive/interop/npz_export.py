@@ -41,6 +41,7 @@ from flyarchive.errors import (
 from flyarchive.query import open_archive
 from flyarchive.query.selection import parse_world_ids
 from flyarchive.store.location import as_url
+from flyarchive.store.local_files import refuse_inside_archive
 from flyarchive.store.storage_errors import check_storage_options, is_remote, local_error, translated
 
 #: Fields of an exported file beyond flygym's: the archive's ``time`` and ``frame`` coordinates.
@@ -108,6 +109,8 @@ def export_npz(
     """
     asked = parse_world_ids(worlds)  # whole numbers, each once: one file per world
     url = as_url(url)
+    if "://" not in str(out_dir) or str(out_dir).startswith("file://"):
+        refuse_inside_archive(str(out_dir).removeprefix("file://"), "--to (out_dir=...)")
     ds = open_archive(url, storage_options)
     ids = [int(w) for w in ds.world.values]
     chosen = ids if asked is None else asked

@@ -38,7 +38,7 @@ from flyarchive.errors import (
     OutputLocationError,
     missing_dependency,
 )
-from flyarchive.store.local_files import make_folder, write_whole
+from flyarchive.store.local_files import make_folder, refuse_inside_archive, write_whole
 
 if TYPE_CHECKING:
     import mujoco
@@ -171,6 +171,7 @@ def export_poses(
         raise OptionsError(
             f"length_unit must be one of {', '.join(LENGTH_UNITS)}, got {length_unit!r}.")
     target = _local(to)
+    refuse_inside_archive(target, "--to (to=...)")
     _check_target(target, format)
     _check_packages(format)
     if metadata is not None and format != "nwb":

@@ -27,6 +27,30 @@ def make_folder(folder: Path) -> None:
         raise local_error(str(folder), err, "create the folder") from None
 
 
+def refuse_inside_archive(path: str | os.PathLike[str], flag: str) -> None:
+    """Refuse a local output location at or inside an archive's folder (one holding a
+    ``zarr.json``): what is written there is not part of the archive, and makes it
+    hard to read, copy and verify.
+
+    Args:
+        path: The output file or folder (need not exist).
+        flag: How the user named it, for the message (``"--out"``, ``"out="``...).
+
+    Raises:
+        OutputLocationError: naming the archive and a place beside it.
+    """
+    from flyarchive.errors import OutputLocationError
+
+    here = Path(os.path.abspath(os.path.expanduser(os.fspath(path))))
+    for folder in (here, *here.parents):
+        if (folder / "zarr.json").is_file():
+            beside = folder.parent / f"{folder.stem}-{here.name if here != folder else 'out'}"
+            raise OutputLocationError(
+                f"{os.fspath(path)!r} is inside the archive (or zarr group) at '{folder}': "
+                "what is written there is not part of it. Pass "
+                f"{flag} a place outside it, e.g. '{beside}'.")
+
+
 def write_whole(target: Path, write: Callable[[str], object]) -> None:
     """``write(path)`` into a temporary file beside ``target`` (its folder made if
     missing), then rename it to ``target``.

@@ -228,3 +228,25 @@ def test_a_foreign_file_in_an_archives_folder_makes_no_warning_noise(archive):
 
     assert done.returncode == 0, done.stderr
     assert "not recognized" not in done.stderr and "Warning" not in done.stderr
+
+
+@pytest.mark.parametrize(("command", "inside"), [
+    (["render", "{url}", "--camera", "front", "--workers", "0", "--out", "{inside}"], "videos"),
+    (["export-npz", "{url}", "--to", "{inside}"], ""),
+    (["plot", "{url}", "--world", "0", "--out", "{inside}"], "traces.png"),
+    (["gait", "{url}", "--thorax", "torso", "--tip", "hand_tip=hand@tip", "--steps", "{inside}"],
+     "steps.csv"),
+], ids=["render", "export-npz", "plot", "gait --steps"])
+def test_outputs_inside_an_archives_folder_are_refused(archive, cli, command, inside):
+    from pathlib import Path
+
+    from flyarchive.testing.fixtures import snapshot
+
+    target = str(Path(archive) / inside) if inside else archive
+    before = snapshot(archive)
+
+    code, _, err = cli(*[part.format(url=archive, inside=target) for part in command])
+
+    assert code == 2 and f"is inside the archive (or zarr group) at '{archive}'" in err
+    assert "a place outside it, e.g." in err
+    assert snapshot(archive) == before
