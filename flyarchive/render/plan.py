@@ -142,8 +142,9 @@ def preflight(plan: RenderPlan, model: mujoco.MjModel) -> None:
             allowed (:mod:`flyarchive.config`).
         CameraNotFoundError, StorageError (an unknown protocol).
         FrameSizeError: a size H.264 or (backend ``"opengl"``) OpenGL cannot take.
-        OutputExistsError: videos exist and ``overwrite`` is off, or (local disk) a folder
-            is where a video goes (even with ``overwrite``).
+        OutputExistsError: videos exist and ``overwrite`` is off, the folder holds a
+            render of another archive (its manifest) and ``overwrite`` is off, or (local
+            disk) a folder is where a video goes (even with ``overwrite``).
         UnsafeFileError: a folder inside the output folder is a symbolic link leading out
             of it on the way to an output, or the manifest there is not a regular file
             inside it, or too large (:mod:`flyarchive.video.guard`).
@@ -164,7 +165,8 @@ def preflight(plan: RenderPlan, model: mujoco.MjModel) -> None:
               for u in plan.output_urls(j, c).values()]
     paths = {u: filesystem(u, plan.out_storage_options)[1] for u in finals}
     check_out_folders(plan.out, plan.out_storage_options, [*finals, manifest_url(plan.out)])
-    read_manifest(manifest_url(plan.out), plan.out_storage_options, root=output_root(plan.out))
+    earlier = read_manifest(manifest_url(plan.out), plan.out_storage_options,
+                            root=output_root(plan.out))
     videos = [u for u in paths if u.endswith(".mp4")]  # maps (.zarr) are folders themselves
     folders = [u for u in videos if os.path.isdir(paths[u])] if is_local_fs(fs) else []
     if folders:
@@ -179,6 +181,16 @@ def preflight(plan: RenderPlan, model: mujoco.MjModel) -> None:
             f"{len(existing)} video(s) already exist, e.g. {existing[0]!r}. Pass overwrite=True "
             "(--overwrite) to replace them, resume=True (--resume) to keep those a stopped "
             "render finished and render the rest, or choose another output folder."
+        )
+    theirs = (earlier.get("archive"), earlier.get("archive_id"))
+    if earlier.get("videos") and not plan.options.overwrite and (
+            theirs[0] != plan.url or None not in (theirs[1], plan.archive_id)
+            and theirs[1] != plan.archive_id):
+        raise OutputExistsError(
+            f"{plan.out!r} holds the videos of a render of another archive ({theirs[0]!r}), "
+            "which its manifest lists; rendering this one there would list only this one's. "
+            "Choose another output folder, or pass overwrite=True (--overwrite) to start a new "
+            "manifest there (those videos stay, unlisted)."
         )
 
 

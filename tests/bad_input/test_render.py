@@ -349,3 +349,23 @@ def test_a_model_files_path_renders_as_the_model_itself(state, tiny, tmp_path, a
 
     assert len(result.videos) == 1
     assert Path(result.videos[0]["path"]).read_bytes() == Path(again.videos[0]["path"]).read_bytes()
+
+
+def test_a_folder_holding_another_archives_render_is_refused_unless_overwrite(state, tiny,
+                                                                              tmp_path):
+    other = tmp_path / "other.zarr"
+    shutil.copytree(state.url, other)
+    out = tmp_path / "shared"
+    render_videos(state.url, tiny, "front", str(out), worlds=[0], time=(0, 0.016),
+                  options=SMALL, n_workers=0)
+    listed = (out / "manifest.json").read_bytes()
+
+    with pytest.raises(OutputExistsError, match="holds the videos of a render of another archive"):
+        render_videos(str(other), tiny, "front", str(out), worlds=[1], time=(0, 0.016),
+                      options=SMALL, n_workers=0)
+    assert (out / "manifest.json").read_bytes() == listed
+
+    again = render_videos(str(other), tiny, "front", str(out), worlds=[1], time=(0, 0.016),
+                          options=RenderOptions(size=(48, 64), segment_frames=8, overwrite=True),
+                          n_workers=0)
+    assert [v["world"] for v in again.videos] == [1]
