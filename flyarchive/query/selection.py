@@ -115,11 +115,13 @@ def select_frames(
     mask = None if where is None else where_mask(ds, where)
     pad = _parse_pad(pad, where)
     if mask is not None and mask.ndim == 1:  # worlds only
-        chosen = [w for w in chosen if mask[ids.index(w)]]
-        if not chosen:
+        picked = [w for w in chosen if mask[ids.index(w)]]
+        if not picked:
             raise SelectionError(
-                f"The where mask selects none of the chosen worlds ({_shown(ids)} in the "
-                "archive). Check the condition, e.g. print(where.values).")
+                f"The where mask (--where-world-var) selects none of the chosen worlds "
+                f"({_shown(chosen)}; it selects {_shown([w for w, m in zip(ids, mask) if m])} "
+                "of the archive's). Check the condition and the worlds chosen.")
+        chosen = picked
     jobs = []
     for w in chosen:
         index = ids.index(w)

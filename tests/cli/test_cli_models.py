@@ -119,6 +119,17 @@ def test_render_where_world_var_renders_only_matching_worlds(archive, tmp_path, 
         "world00000", "world00002"]
 
 
+def test_a_where_world_var_matching_none_of_the_chosen_worlds_names_both(archive, tmp_path, cli):
+    cli("set-world-var", archive, "success=1,0,1")
+
+    code, _, err = cli("render", archive, *RENDER, "--where-world-var", "success=1",
+                       "--worlds", "1", "--out", tmp_path / "v")
+
+    assert code == 2
+    assert "selects none of the chosen worlds ([1] (1 worlds); it selects [0, 2] (2 worlds)" in err
+    assert not (tmp_path / "v").exists()
+
+
 def test_render_where_conditions_all_hold(archive, tmp_path, cli):
     cli("set-world-var", archive, "success=1,0,1", "reward=3,1,0.5")
 
