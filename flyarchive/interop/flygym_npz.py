@@ -20,6 +20,7 @@ SHA-256 of the files), frames are committed block by block, and ``state`` become
 from __future__ import annotations
 
 import hashlib
+import os
 import zipfile
 import zlib
 from collections.abc import Callable, Mapping, Sequence
@@ -224,7 +225,8 @@ def find_npz_files(paths: str | Path | Sequence[str | Path]) -> list[Path]:
     ``~`` is expanded.
 
     Raises:
-        SelectionError: a path that does not exist, a folder without ``.npz`` files, no files.
+        SelectionError: a path that does not exist, a folder without ``.npz`` files, no
+            files, a file given twice (also through a folder or a link).
     """
     items = [paths] if isinstance(paths, (str, Path)) else list(paths)
     files: list[Path] = []
@@ -240,6 +242,13 @@ def find_npz_files(paths: str | Path | Sequence[str | Path]) -> list[Path]:
             raise SelectionError(f"No file or folder at {str(item)!r}.")
     if not files:
         raise SelectionError("No .npz files were given.")
+    seen: dict[str, Path] = {}
+    for file in files:
+        same = seen.setdefault(os.path.realpath(file), file)
+        if same is not file:
+            raise SelectionError(
+                f"{str(file)!r} is given twice (also as {str(same)!r}, or through a folder "
+                "given too): one run's world would be imported twice. Give each file once.")
     return files
 
 

@@ -171,6 +171,21 @@ def test_a_zero_output_fps_is_refused(tiny, tmp_path):
     assert not (tmp_path / "x.zarr").exists()
 
 
+@pytest.mark.parametrize("twice", ["same", "folder", "link"])
+def test_a_file_given_twice_is_refused_not_read_as_two_worlds(tiny, tmp_path, twice):
+    folder = tmp_path / "npz"
+    folder.mkdir()
+    path = write_npz(folder / "a.npz", tiny)
+    if twice == "link":
+        (tmp_path / "b.npz").symlink_to(path)
+    other = {"same": path, "folder": folder, "link": tmp_path / "b.npz"}[twice]
+
+    with pytest.raises(SelectionError, match="is given twice .*Give each file once"):
+        import_npz([path, other], str(tmp_path / "x.zarr"), tiny, renumber=True)
+
+    assert not (tmp_path / "x.zarr").exists()
+
+
 # ----------------------------------------------------------------------------- import: targets
 def test_import_onto_an_archive_names_overwrite_and_keeps_it(tiny, npz_dir, archive):
     before = snapshot(archive)
