@@ -128,7 +128,14 @@ def cmd_model_attach(args: argparse.Namespace) -> int:
 def cmd_set_world_var(args: argparse.Namespace) -> int:
     from flyarchive.store.world_vars import add_world_vars
 
-    variables = dict(parse_world_var(text) for text in args.assignments)
+    parsed = [parse_world_var(text) for text in args.assignments]
+    variables = dict(parsed)
+    if len(variables) < len(parsed):
+        from flyarchive.errors import OptionsError
+
+        twice = sorted({name for name, _ in parsed if [n for n, _ in parsed].count(name) > 1})
+        raise OptionsError(f"The world variable(s) {twice} are given more than once; give each "
+                           "name once.")
     names = add_world_vars(path_arg(args.url), variables, overwrite=args.overwrite,
                            storage_options=storage_options_arg(args.storage_options),
                            takeover=args.takeover)

@@ -165,3 +165,14 @@ def test_world_variable_values_parse(text, expected):
     assert name == text.split("=")[0].strip()
     np.testing.assert_array_equal(values, expected)
     assert values.dtype == expected.dtype
+
+
+def test_set_world_var_refuses_a_name_given_twice(archive, cli):
+    from flyarchive.testing.fixtures import snapshot
+
+    before = snapshot(archive)
+
+    code, _, err = cli("set-world-var", archive, "gain=1,2,3", "gain=4,5,6")
+
+    assert code == 2 and "['gain'] are given more than once" in err
+    assert snapshot(archive) == before
