@@ -175,10 +175,11 @@ class Viewer:
         from flyarchive.models import camera_names
 
         model = self.load_model()
+        bodies = _bodies(model) if model is not None else []
         return {"model": model is not None, "model_problem": self.model_problem,
                 "cameras": list(camera_names(model)) if model is not None else [],
-                "keypoints": model is not None,
-                "bodies": _bodies(model) if model is not None else []}
+                "keypoints": model is not None, "bodies": bodies,
+                "gait_problem": _gait_problem(model, bodies, self.model_problem)}
 
     def reopen(self) -> None:
         """Open the archive again (after it was replaced): its header, world table and
@@ -444,6 +445,18 @@ class Viewer:
         if model is None:
             raise SelectionError(f"No {what}: {self.model_problem}")
         return model
+
+
+def _gait_problem(model: Any, bodies: list[str], model_problem: str | None) -> str | None:
+    """Why the gait panels cannot be drawn (no model, or no fly in it), as /api/gait would
+    answer; None when they can: the page then does not ask."""
+    if model is None:
+        return f"No gait: {model_problem}"
+    try:
+        gait_panels.thorax_of(bodies)
+    except SelectionError as err:
+        return str(err)
+    return None
 
 
 def _bodies(model: Any) -> list[str]:

@@ -277,7 +277,32 @@ def test_a_page_without_a_model_shows_the_table_and_says_why_there_is_no_3d_view
         assert note.startswith("No gait: The archive at ") and "keeps no model" in note
         assert "--model FILE" in note and "\n" not in note
         assert page.get_attribute("#gait-note", "class") == "error"
-        assert log.having("400 GET /api/gait")
+        assert not log.having("GET /api/gait")  # known from /api/model: not asked
+        page.close()
+
+
+def test_a_model_without_a_fly_says_why_there_is_no_gait_without_a_failed_request(
+        browser, view_dir):
+    from flyarchive.testing import tiny_model
+    from flyarchive.testing.fixtures import record
+    from flyarchive.testing.view import serving, wait_ready
+
+    url = record(tiny_model(), str(view_dir / "no-fly.zarr"))
+    with serving(url, out=view_dir / "videos-no-fly", backend="opengl") as (served, log):
+        page = browser.new_page(viewport={"width": 1280, "height": 860})
+        errors = []
+        page.on("console", lambda m: errors.append(m.text) if m.type == "error" else None)
+        page.goto(served.url)
+        wait_ready(page)
+
+        page.click("#table tbody tr[data-world='0']")
+        page.click("#table tbody tr[data-world='1']", modifiers=["Control"])
+        page.wait_for_function(f"{STATE}.gaitError")
+
+        note = page.inner_text("#gait-note")
+        assert note.startswith("No gait: the model has no thorax named as a flygym fly's")
+        assert not page.is_disabled("#render")  # the model is there: renders are
+        assert not log.having("GET /api/gait") and errors == []
         page.close()
 
 

@@ -298,6 +298,12 @@ async function gaitOnce() {
     state.gait = null; state.gaitSeq += 1;
     return;
   }
+  if (state.info.gait_problem) {  // no fly in the model: said without asking (no 400)
+    footfall.clear(); paths.clear();
+    gaitNote(state.info.gait_problem, true);
+    state.gait = null; state.gaitError = state.info.gait_problem; state.gaitSeq += 1;
+    return;
+  }
   gaitNote("computing...");
   // a recording longer than one gait request covers: the window around the time cursor
   const info = state.info, each = Math.floor(info.max_gait_frames / worlds.length);
