@@ -53,7 +53,8 @@ class RenderOptions:
         depth_scale: Model length units per depth count; None: the model's far plane
             / 65534 (:func:`flyarchive.replay.output_kinds.default_depth_scale`).
         mosaic: ``(rows, cols)`` (CLI ``--mosaic 2x3``): tile that many worlds, each at
-            ``size``, into one video per camera, ``{out}/mosaic000/{camera}.mp4``, each
+            ``size``, into one video per camera, ``{out}/mosaic000/{name}.mp4`` (the
+            camera's name as in world videos: :func:`flyarchive.video.safe_video_path`), each
             tile labelled with its world id, tiles in the order of the selected worlds
             (row by row). More worlds than tiles make several mosaic videos; fewer leave
             blank (black) tiles, listed in the manifest. RGB only (no maps), not with
