@@ -171,6 +171,10 @@ def export_poses(
         raise OptionsError(
             f"length_unit must be one of {', '.join(LENGTH_UNITS)}, got {length_unit!r}.")
     target = _local(to)
+    if format == "movement" and os.fspath(to).endswith(("/", os.sep)):
+        raise OutputLocationError(
+            f"{os.fspath(to)!r} names a folder (it ends in '/'); a movement export writes one "
+            f"netCDF file. Name the file, e.g. '{target / 'poses.nc'}'.")
     refuse_inside_archive(target, "--to (to=...)")
     _check_target(target, format)
     _check_packages(format)

@@ -146,6 +146,14 @@ def test_an_nwb_export_over_an_existing_world_file_writes_nothing(archive, tmp_p
     assert (folder / "world00001.nwb").read_bytes() == b"earlier"
 
 
+def test_a_movement_export_to_a_folder_path_names_the_file_to_give(archive, tmp_path):
+    with pytest.raises(OutputLocationError, match=r"names a folder \(it ends in '/'\); a movement "
+                                                  r"export writes one netCDF file.*x4/poses\.nc"):
+        export_poses(archive, f"{tmp_path}/x4/", format="movement", bodies="hand")
+
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["run.zarr"]
+
+
 def test_an_export_to_a_url_or_in_an_unknown_format(archive):
     with pytest.raises(OutputLocationError, match="writes local files"):
         export_poses(archive, "s3://lab/poses.nc", format="movement")
