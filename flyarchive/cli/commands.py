@@ -13,6 +13,7 @@ import contextlib
 import gc
 import json
 import os
+import re
 import sys
 import warnings
 from collections.abc import Sequence
@@ -438,6 +439,27 @@ def _one_line(args: argparse.Namespace, err: BaseException) -> str:
     return " ".join(scrub(text, options).split())
 
 
+#: Options whose value may start with '-' (a time window before zero: ``--time -1:0``),
+#: which argparse would take for an option of its own.
+_SIGNED_VALUES = ("--time",)
+
+
+def _joined_values(argv: Sequence[str]) -> list[str]:
+    """``--time -1:0`` as ``--time=-1:0``, which argparse reads as the option's value."""
+    out: list[str] = []
+    items = list(argv)
+    i = 0
+    while i < len(items):
+        if items[i] in _SIGNED_VALUES and i + 1 < len(items) and \
+                re.match(r"-[\d.]", items[i + 1]):
+            out.append(f"{items[i]}={items[i + 1]}")
+            i += 2
+            continue
+        out.append(items[i])
+        i += 1
+    return out
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``flyarchive`` command.
 
@@ -446,7 +468,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     ``render`` stopped by SIGTERM. A closed output pipe (``flyarchive info | head``) ends
     the command quietly.
     """
-    args = build_parser().parse_args(argv)
+    args = build_parser().parse_args(_joined_values(sys.argv[1:] if argv is None else argv))
     from flyarchive.store.storage_errors import client_errors
 
     try:

@@ -250,3 +250,12 @@ def test_outputs_inside_an_archives_folder_are_refused(archive, cli, command, in
     assert code == 2 and f"is inside the archive (or zarr group) at '{archive}'" in err
     assert "a place outside it, e.g." in err
     assert snapshot(archive) == before
+
+
+def test_a_time_window_starting_before_zero_is_read_without_an_equals_sign(archive, tmp_path,
+                                                                           cli):
+    code, _, err = cli("render", archive, "--camera", "front", "--workers", "0", "--worlds", "0",
+                       "--time", "-1:0.008", "--size", "48x64", "--out", tmp_path / "v")
+
+    assert code == 0, err
+    assert len(json.loads((tmp_path / "v" / "manifest.json").read_text())["videos"]) == 1
