@@ -88,7 +88,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from flyarchive.analyze.keypoints import LEGS, KeypointName, PointSpec, tarsus_tips
-from flyarchive.analyze.gait_params import GaitParams
+from flyarchive.analyze.gait_params import GaitParams, is_real
 from flyarchive.analyze.steps import (
     STANCE,
     UNKNOWN,
@@ -99,6 +99,7 @@ from flyarchive.analyze.steps import (
     step_events,
 )
 from flyarchive.errors import OptionsError, SelectionError
+from flyarchive.query.selection import parse_world_ids
 
 if TYPE_CHECKING:
     import mujoco
@@ -754,14 +755,21 @@ def _poses_source(ds: Any, thorax: str, legs: Mapping[str, str] | None, worlds: 
     elif space != ["x", "y", "z"]:
         raise SelectionError(f"The poses dataset's space is {space}; expected x, y (and z).")
     names = [str(i) for i in ds.individual.values]
+    # coordinates beside the dims (a flyarchive export's world ids, world variables) go
+    position = position.drop_vars([c for c in position.coords if c not in position.dims])
     position = position.transpose("individual", "time", "keypoint", "space").rename(
         individual="world", space="xyz").assign_coords(world=np.arange(len(names)),
                                                        xyz=["x", "y", "z"])
-    position = position.drop_vars([c for c in position.coords
-                                   if c not in ("world", "time", "keypoint", "xyz")])
-    if worlds is not None:
-        position = position.sel(world=list(worlds))
-        names = [names[int(w)] for w in worlds]
+    asked = parse_world_ids(worlds)
+    if asked is not None:
+        outside = [w for w in asked if not 0 <= w < len(names)]
+        if outside or not asked:
+            raise SelectionError(
+                f"World(s) {outside or asked} are not in the poses dataset: its worlds are its "
+                f"individuals' indices 0..{len(names) - 1} ({', '.join(names[:8])}"
+                f"{'...' if len(names) > 8 else ''}). Pass some of them, or none for all.")
+        position = position.sel(world=asked)
+        names = [names[w] for w in asked]
     if time is not None:
         position = position.sel(time=slice(*time))
     unit = str(ds["position"].attrs.get("units") or "(the poses' length unit)")
@@ -858,8 +866,7 @@ def gait_summary(
         OptionsError: thresholds that cannot be used.
         And as :func:`flyarchive.positions`.
     """
-    if window is not None and (isinstance(window, bool) or not isinstance(window, (int, float))
-                               or not math.isfinite(window) or window <= 0):
+    if window is not None and (not is_real(window) or not math.isfinite(window) or window <= 0):
         raise SelectionError(f"window must be a positive number of seconds, got {window!r}.")
     if save and (window is not None or not isinstance(source, str)):
         raise SelectionError(
@@ -926,13 +933,17 @@ def _check_every_world(source: str, got: _Source, storage_options: Any) -> None:
             "(--worlds) to save, or leave save off to see these worlds' measures.")
 
 
+def _in_unit(unit: str, got: _Source) -> str:
+    """A unit written in mm, in the positions' length unit (pixels, cm...)."""
+    return unit if got.length_unit == "mm" else unit.replace("mm", got.length_unit)
+
+
 def _dataset(measured: Mapping[str, np.ndarray], got: _Source, window: float | None
              ) -> xr.Dataset:
     import xarray as xr
 
     def unit_of(name: str) -> str:
-        unit = MEASURES[name][0]
-        return unit if got.length_unit == "mm" else unit.replace("mm", got.length_unit)
+        return _in_unit(MEASURES[name][0], got)
 
     data = {}
     for name in _WORLD:
@@ -1022,7 +1033,7 @@ def gait_steps(
             "step_length": events.step_length,
         }))
     table = pd.concat(parts, ignore_index=True)
-    table.attrs["units"] = {name: unit for name, (unit, _) in STEP_COLUMNS.items()}
+    table.attrs["units"] = {name: _in_unit(unit, got) for name, (unit, _) in STEP_COLUMNS.items()}
     return table
 
 
@@ -1079,7 +1090,7 @@ def gait_epochs(
             "complete": epochs.complete,
         }))
     table = pd.concat(parts, ignore_index=True)
-    table.attrs["units"] = {name: unit for name, (unit, _) in EPOCH_COLUMNS.items()}
+    table.attrs["units"] = {name: _in_unit(unit, got) for name, (unit, _) in EPOCH_COLUMNS.items()}
     return table
 
 

@@ -5,9 +5,18 @@ analysis (:mod:`~flyarchive.analyze.steps` uses them)."""
 from __future__ import annotations
 
 import math
+import numbers
 from dataclasses import dataclass, fields
 
+import numpy as np
+
 from flyarchive.errors import OptionsError
+
+
+def is_real(value: object) -> bool:
+    """Whether ``value`` is a real number: Python's or numpy's (``np.float32(0.5)``), not a
+    bool (``True`` is no threshold)."""
+    return isinstance(value, numbers.Real) and not isinstance(value, (bool, np.bool_))
 
 
 @dataclass(frozen=True)
@@ -50,11 +59,11 @@ class GaitParams:
     def __post_init__(self) -> None:
         for f in fields(self):
             value = getattr(self, f.name)
-            if isinstance(value, bool) or not isinstance(value, (int, float)) \
-                    or not math.isfinite(value) or value < 0:
+            if not is_real(value) or not math.isfinite(value) or value < 0:
                 raise OptionsError(
                     f"GaitParams.{f.name} must be a finite number >= 0 (--{f.name.replace('_', '-')} "
                     f"on the command line), got {value!r}.")
+            object.__setattr__(self, f.name, float(value))  # numpy's numbers too
         for swing, stance in (("swing_height", "stance_height"), ("swing_speed", "stance_speed")):
             if getattr(self, swing) < getattr(self, stance):
                 raise OptionsError(

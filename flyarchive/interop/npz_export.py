@@ -41,7 +41,7 @@ from flyarchive.errors import (
 from flyarchive.query import open_archive
 from flyarchive.query.selection import parse_world_ids
 from flyarchive.store.location import as_url
-from flyarchive.store.local_files import refuse_inside_archive
+from flyarchive.store.local_files import refuse_inside_archive, umask
 from flyarchive.store.storage_errors import check_storage_options, is_remote, local_error, translated
 
 #: Fields of an exported file beyond flygym's: the archive's ``time`` and ``frame`` coordinates.
@@ -221,6 +221,7 @@ class _LocalSink(_Sink):
                 np.savez_compressed(f, **arrays)
                 f.flush()
                 os.fsync(f.fileno())
+            os.chmod(tmp, 0o666 & ~umask())  # mkstemp's file is 0600: as a new file would be
             os.replace(tmp, final)
         except BaseException as err:
             Path(tmp).unlink(missing_ok=True)

@@ -112,10 +112,14 @@ class NwbMetadata:
 
             raise missing_dependency("pyyaml", "nwb", "Reading NWB metadata", cause=err) from None
         try:
-            text = path.read_text()
+            text = path.read_text(encoding="utf-8")
         except OSError as err:
             raise OptionsError(f"Cannot read the metadata file {str(path)!r}: "
                                f"{err.strerror or err}.") from None
+        except UnicodeDecodeError as err:
+            raise OptionsError(
+                f"The metadata file {str(path)!r} is not UTF-8 text (byte {err.start}: "
+                f"{err.object[err.start:err.start + 1]!r}). Save it as UTF-8.") from None
         try:
             loaded = yaml.safe_load(text)
         except yaml.YAMLError as err:

@@ -211,3 +211,28 @@ def test_speed_and_path_agree_with_movement_kinematics():
     step = np.hypot(*np.diff(thorax.sel(individual="fly0").values, axis=0).T) * 250
     assert got.peak_speed.item() == pytest.approx(step.max())
     assert float(speed.mean()) == pytest.approx(got.mean_speed.item(), rel=0.02)
+
+
+@requires_movement
+@pytest.mark.slow  # movement imports for seconds
+def test_poses_gait_takes_numpy_numbers_names_missing_worlds_and_keeps_the_length_unit():
+    from flyarchive.errors import SelectionError
+
+    legs = {leg: name for name, leg in TRACKED.items() if name != "thorax"}
+    poses = walker_poses(200, 2.0, individuals=2)
+    poses["position"].attrs["units"] = "pixels"
+    params = GaitParams(stance_height=np.float32(0.05))
+
+    got = flyarchive.gait_summary(poses, thorax="thorax", legs=legs, params=params,
+                                  window=np.float64(1.0), worlds=[np.int64(1)])
+    steps = flyarchive.gait_steps(poses, thorax="thorax", legs=legs, params=params)
+    epochs = flyarchive.gait_epochs(poses, thorax="thorax", legs=legs, params=params)
+
+    assert got.individual.values.tolist() == ["fly1"] and got.window.size == 2
+    assert steps.attrs["units"]["step_length"] == "pixels"
+    assert got.step_length_lf.attrs["units"] == "pixels"
+    assert "mm" not in str(epochs.attrs["units"])
+    for worlds in ([5], []):
+        with pytest.raises(SelectionError, match=r"not in the poses dataset: its worlds are its "
+                                                 r"individuals' indices 0\.\.1 \(fly0, fly1\)"):
+            flyarchive.gait_summary(poses, thorax="thorax", legs=legs, worlds=worlds)

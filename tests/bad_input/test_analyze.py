@@ -460,6 +460,18 @@ def test_nwb_metadata_with_unknown_fields_or_wrong_types_writes_nothing(archive,
     assert not (tmp_path / "nwb").exists()
 
 
+@requires_nwb
+def test_nwb_metadata_that_is_not_utf8_is_named_and_writes_nothing(archive, tmp_path):
+    meta = tmp_path / "meta.yaml"
+    meta.write_bytes("lab: Laboratoire de neurogénétique\n".encode("latin-1"))
+
+    with pytest.raises(OptionsError, match=r"meta\.yaml' is not UTF-8 text \(byte 26: b'\\xe9'\)\. "
+                                           r"Save it as UTF-8"):
+        export_poses(archive, tmp_path / "nwb", format="nwb", bodies="hand", metadata=meta)
+
+    assert not (tmp_path / "nwb").exists()
+
+
 @requires_movement
 def test_nwb_metadata_for_a_movement_file_is_refused(archive, tmp_path):  # (movement not imported)
     with pytest.raises(OptionsError, match=r"metadata \(--metadata\) describes NWB files"):

@@ -385,3 +385,19 @@ def test_export_to_an_s3_url_writes_files_flygym_loads(tiny, tmp_path, s3_locati
         loaded = RecordedTrajectory.from_file(local)
         np.testing.assert_array_equal(loaded.qpos, original.qpos)
     assert not (Path.cwd() / "s3:").exists()
+
+
+@pytest.mark.parametrize("umask", [0o022, 0o007])
+def test_exported_files_are_made_as_the_user_s_umask_says(tiny, tmp_path, umask):
+    import os
+
+    from flyarchive.testing.fixtures import record
+
+    url = record(tiny, str(tmp_path / "run.zarr"), n_steps=12)
+    before = os.umask(umask)
+    try:
+        files = export_npz(url, tmp_path / "out").files
+    finally:
+        os.umask(before)
+
+    assert files and all(os.stat(f).st_mode & 0o777 == 0o666 & ~umask for f in files)

@@ -99,3 +99,21 @@ def test_movement_loads_the_nwb_files(archive, tmp_path):
     expected = flyarchive.positions(archive, "hand", worlds=[0]).values[0, :, 0]
     name = f"world0-{flyarchive.open_archive(archive).attrs['archive_id']}"  # the identifier
     assert np.array_equal(ds.position.sel(keypoint="hand", individual=name).values, expected)
+
+
+@requires_movement
+def test_a_movement_export_of_an_archive_goes_back_through_the_same_gait(archive, tmp_path):
+    import xarray as xr
+
+    from flyarchive.analyze.gait import GaitParams
+
+    params = GaitParams(stance_height=0.05)
+    written = export_poses(archive, tmp_path / "poses.nc", format="movement",
+                           bodies=["torso", "hand"])
+    back = xr.load_dataset(written[0])
+
+    again = flyarchive.gait_summary(back, thorax="torso", legs={"lf": "hand"}, params=params)
+    direct = flyarchive.gait_summary(archive, thorax="torso", tips=["hand"], params=params)
+
+    assert again.sizes["world"] == direct.sizes["world"] == 3
+    np.testing.assert_allclose(again.path_length.values, direct.path_length.values, rtol=1e-9)
