@@ -313,10 +313,22 @@ def task_result(future: Any, what: str) -> Any:
     except FlyarchiveError:
         raise
     except Exception as err:  # KilledWorker names the last worker that ran the task
+        again = ("No partial video was written under a final name, and the videos finished "
+                 "before are kept: run the same command again with --resume (resume=True).")
+        if "scheduler-connection-lost" in str(err):
+            raise RenderFailedError(
+                f"The connection to the Dask scheduler was lost while rendering {what}. {again} "
+                "Start the scheduler (and its workers) again first.") from err
+        if "already forgotten" in str(err):
+            raise RenderFailedError(
+                f"Rendering {what} was cancelled by the Dask cluster: what it needed (the "
+                f"model sent to the workers) was lost with a worker that died "
+                f"({type(err).__name__}: {err}). {again}") from err
         raise RenderFailedError(
             f"Rendering {what} failed on the Dask cluster ({type(err).__name__}: {err}) "
             "No partial video of it was written under its final name. Read that worker's "
-            "log for the cause (memory limit, crash), then render again."
+            "log for the cause (memory limit, crash), then run the same command again with "
+            "--resume (resume=True)."
         ) from err
 
 

@@ -306,7 +306,7 @@ def publish_map(local: str | os.PathLike[str], url: str, storage_options: Mappin
     source = Path(local)
     fs, target = filesystem(url, storage_options)
     exists = OutputExistsError(
-        f"A map already exists at {url!r}. Pass overwrite=True to replace it, or choose "
+        f"A map already exists at {url!r}. Pass overwrite=True (--overwrite) to replace it, or choose "
         "another output location.")
     try:
         if is_local_fs(fs):

@@ -94,7 +94,7 @@ def write_output(
     except ImportError as err:
         raise missing_storage_backend(url, err) from err
     exists_error = OutputExistsError(
-        f"An output already exists at {url!r}. Pass overwrite=True to replace it, "
+        f"An output already exists at {url!r}. Pass overwrite=True (--overwrite) to replace it, "
         "or choose another output location."
     )
     try:

@@ -202,3 +202,33 @@ def test_gpu_goes_to_the_scheduler_given(tiny, archive, tmp_path, clusters):
                       scheduler="tcp://127.0.0.1:8786")
 
     assert clusters == [("Client", "tcp://127.0.0.1:8786")]
+
+
+class _Failed:
+    """A Dask future whose result raises ``error``."""
+
+    def __init__(self, error: BaseException) -> None:
+        self.error = error
+
+    def result(self) -> None:
+        raise self.error
+
+
+@pytest.mark.parametrize(("reason", "says"), [
+    ("scheduler-connection-lost", "The connection to the Dask scheduler was lost while rendering "
+                                  "world 2, frames 400..499. No partial video"),
+    ("already forgotten", "was cancelled by the Dask cluster: what it needed (the model sent to "
+                          "the workers) was lost with a worker that died"),
+    ("something else", "failed on the Dask cluster (FutureCancelledError: "),
+])
+def test_a_cancelled_render_task_says_why_and_to_resume(reason, says):
+    from distributed.client import FutureCancelledError
+
+    from flyarchive.distribute.cluster import task_result
+    from flyarchive.errors import RenderFailedError
+
+    with pytest.raises(RenderFailedError) as caught:
+        task_result(_Failed(FutureCancelledError("render-1", reason=reason)),
+                    "world 2, frames 400..499")
+
+    assert says in str(caught.value) and "--resume (resume=True)" in str(caught.value)
