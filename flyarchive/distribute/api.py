@@ -283,6 +283,7 @@ def render_videos(
         types; move it away).
     """
     from flyarchive.video.manifest import ManifestJournal, describe, manifest_url
+    from flyarchive.video.maps import remove_stale_maps
     from flyarchive.video.workspace import RunFolder
 
     cameras = _cameras(cameras)
@@ -321,8 +322,14 @@ def render_videos(
     where = Where(client, scheduler, n_workers, in_process, gpus)
     with RunFolder.create(plan.out, plan.out_storage_options) as run:
         journal = ManifestJournal(plan, ds, staging=run.local)
+
+        def finished(video: dict[str, Any]) -> None:
+            # maps of the video it replaced, that this render does not write, go with it
+            remove_stale_maps(video["path"], plan.options.outputs, plan.out_storage_options)
+            journal.add(video)
+
         try:
-            videos = run_plan(plan, blob, run.url, where, on_video=journal.add)
+            videos = run_plan(plan, blob, run.url, where, on_video=finished)
         except BaseException:
             journal.close(quiet=True)  # the finished videos stay listed
             raise

@@ -58,6 +58,38 @@ def map_url(video_url: str, kind: str) -> str:
     return base + MAP_SUFFIXES[kind]
 
 
+def remove_stale_maps(video_url: str, kept: tuple[str, ...],
+                      storage_options: Mapping[str, Any]) -> list[str]:
+    """Remove the maps beside a video that a render of it just replaced did not write
+    (kinds not in ``kept``): they belonged to the video it replaced (another size, window
+    or frame count), and are found by name. A link there is removed, never followed.
+
+    Returns:
+        The URLs removed.
+    """
+    from flyarchive.video.workspace import filesystem, is_local_fs
+
+    removed = []
+    for kind in MAP_SUFFIXES:
+        if kind in kept:
+            continue
+        url = map_url(video_url, kind)
+        fs, path = filesystem(url, storage_options)
+        if is_local_fs(fs):
+            if os.path.islink(path) or os.path.isfile(path):
+                os.unlink(path)
+            elif os.path.isdir(path):
+                shutil.rmtree(path)
+            else:
+                continue
+        elif fs.exists(path):
+            fs.rm(path, recursive=True)
+        else:
+            continue
+        removed.append(url)
+    return removed
+
+
 def depth_attrs(scale: float, far: float) -> dict[str, Any]:
     """The attributes of a depth map: the unit and scale of its counts.
 

@@ -401,3 +401,17 @@ def test_videos_a_manifest_on_s3_lists_read_back_through_storage_options(archive
     assert entry["path"].startswith("s3://") and frames.shape == (11, *SIZE, 3)
     with pytest.raises(FileNotFoundError, match="No video at 's3://.*/world00009/front.mp4'"):
         read_video(f"{out}/world00009/front.mp4", so)
+
+
+def test_a_video_rendered_again_without_maps_takes_its_old_maps_with_it(archive, tmp_path):
+    out = tmp_path / "again"
+    first = render_here(archive, out, "opengl", outputs=MAPS)
+    assert all(Path(u).exists() for v in first for u in v["outputs"].values())
+
+    again = render_here(archive, out, "opengl", overwrite=True)
+
+    assert sorted(v["path"] for v in again) == sorted(v["path"] for v in first)
+    assert not any("outputs" in v for v in again)
+    for entry in again:
+        folder = Path(entry["path"]).parent
+        assert [p.name for p in folder.iterdir()] == [Path(entry["path"]).name]
