@@ -15,7 +15,8 @@ from __future__ import annotations
 
 import os
 import threading
-from collections.abc import Mapping, Sequence
+import warnings
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -474,8 +475,22 @@ def run_segments(plan: RenderPlan, blob: bytes, parts: str, client: Any, *,
             rendered = (head, _render_here(plan, blob, parts, head))
             if bar is not None:
                 bar.update(1)
+        resent: dict[str, Any] = {"model": None, "with": set()}
+
+        def again(failed: Any, job: Job, k0: int, k1: int) -> Any:
+            """The segment submitted again, with the model sent to the workers again once
+            per loss (a segment that failed with the model sent last: lost again)."""
+            from flyarchive.render.opengl_pipeline import render_segment
+
+            if resent["model"] is None or failed in resent["with"]:
+                resent["model"], resent["with"] = scatter_model(client, blob, again=True), set()
+            future = client.submit(render_segment, plan, resent["model"], parts, job, k0, k1,
+                                   pure=False)
+            resent["with"].add(future)
+            return future
+
         return _collect(plan, parts, client, segments, submission.futures(), joins, rendered,
-                        on_video, bar)
+                        on_video, bar, again)
     except BaseException:
         submission.give_up()
         cancel_quietly(client, [*submission.submitted(), *joins])
@@ -483,6 +498,19 @@ def run_segments(plan: RenderPlan, blob: bytes, parts: str, client: Any, *,
     finally:
         if bar is not None:
             bar.close()
+
+
+#: Times a segment is submitted again when the model its task needed was lost
+#: (:func:`_collect`).
+LOST_MODEL_RETRIES = 3
+
+
+def _lost(err: BaseException) -> bool:
+    """Whether a task's error says it was cancelled because data was lost with a worker
+    that died: the scattered model it needed ("already forgotten"), or its own result
+    before it was fetched ("unknown"). Not a lost scheduler ("scheduler-connection-lost")."""
+    return type(err).__name__ == "FutureCancelledError" and any(
+        f"reason: {why}" in str(err) for why in ("already forgotten", "unknown"))
 
 
 #: Frames that :func:`run_segments` renders in the caller's process while the workers of a
@@ -561,16 +589,23 @@ class _Submission:
 def _collect(plan: RenderPlan, parts: str, client: Any, segments: list[tuple[Job, int, int]],
              futures: dict[Any, tuple[Job, int, int]], joins: dict[Any, tuple[Job, str]],
              done_here: tuple[tuple[Job, int, int], list[str]] | None,
-             on_video: OnVideo | None, bar: Any) -> list[dict[str, Any]]:
+             on_video: OnVideo | None, bar: Any,
+             again: Callable[[Any, Job, int, int], Any] | None = None) -> list[dict[str, Any]]:
     """Wait for the segments' tasks (and ``done_here``, a segment rendered in this
     process), join each video as soon as its segments are done (``joins`` gets the
     joins' futures), each task a step of ``bar`` (or None); every video's manifest
-    entry, in plan order."""
+    entry, in plan order.
+
+    A segment cancelled because the model sent to the workers, or its own result, was lost
+    (the one worker holding it died; a nanny restarts it empty) is submitted again with
+    ``again`` (which sends the model again), at most :data:`LOST_MODEL_RETRIES` times,
+    with a warning."""
     from distributed import as_completed
 
     from flyarchive.render.opengl_pipeline import join_segments
 
     left = {job: sum(j == job for j, _, _ in segments) for job in plan.jobs}
+    retried: dict[tuple[Job, int], int] = {}
     results: dict[tuple[Job, int], list[str]] = {}
     entries: dict[tuple[Job, str], dict[str, Any]] = {}
     done = as_completed(futures, loop=client.loop)
@@ -601,6 +636,24 @@ def _collect(plan: RenderPlan, parts: str, client: Any, segments: list[tuple[Job
                 on_video(entries[(job, camera)])  # None: kept from an earlier render
             continue
         job, k0, k1 = futures[future]
-        segment_done(job, k0, task_result(future, f"world {job.world_id}, frames {k0}..{k1 - 1}"))
+        try:
+            result = future.result()
+        except Exception as err:
+            if again is not None and retried.get((job, k0), 0) < LOST_MODEL_RETRIES \
+                    and _lost(err):
+                retried[(job, k0)] = retried.get((job, k0), 0) + 1
+                repeat = again(future, job, k0, k1)
+                futures[repeat] = (job, k0, k1)  # (cancelled with the others on a failure)
+                done.add(repeat)
+                if bar is not None:
+                    bar.total += 1
+                continue
+            result = task_result(future, f"world {job.world_id}, frames {k0}..{k1 - 1}")
+        segment_done(job, k0, result)
+    if retried:
+        warnings.warn(
+            f"{len(retried)} segment(s) were rendered again: what they needed (the model sent "
+            "to the Dask workers, or their result) was lost with a worker that died.",
+            RuntimeWarning, stacklevel=2)
     return [e for e in (entries[(job, camera)] for job in plan.jobs for camera in plan.cameras)
             if e is not None]

@@ -157,7 +157,8 @@ def default_client() -> Any:
         return None
 
 
-def scatter_model(client: Any, blob: bytes, sha256: str | None = None) -> Any:
+def scatter_model(client: Any, blob: bytes, sha256: str | None = None, *,
+                  again: bool = False) -> Any:
     """Send the MJB bytes to every worker of ``client``'s cluster, once per client and
     model; the future of them.
 
@@ -165,7 +166,8 @@ def scatter_model(client: Any, blob: bytes, sha256: str | None = None) -> Any:
     (0.4 s for NeuroMechFly's 23 MB, measured, against 0.03 s for hashlib). A model sent
     before by the same client (and still held) is not sent again: its future is kept
     here, for the :data:`KEPT_PER_CLIENT` models the client sent last, while the client
-    runs.
+    runs. ``again``: send it even so (the workers that held it died; its future may not
+    say so yet).
     """
     sha256 = sha256 or hashlib.sha256(blob).hexdigest()
     key = SCATTER_PREFIX + sha256
@@ -177,7 +179,7 @@ def scatter_model(client: Any, blob: bytes, sha256: str | None = None) -> Any:
         sent = _SENT.get(client.id, lambda: (client, LRUCache(
             KEPT_PER_CLIENT, name=f"models sent by client {client.id}")))[1]
         future = sent.peek(sha256)
-        if future is not None and future.status != "finished":  # lost, cancelled
+        if future is not None and (again or future.status != "finished"):  # lost, cancelled
             sent.pop(sha256)
         return sent.get(sha256, lambda: client.scatter({key: blob}, broadcast=True)[key])
 

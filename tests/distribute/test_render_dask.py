@@ -293,3 +293,41 @@ def test_a_cluster_given_renders_every_segment_on_its_workers(
 
     assert here == []
     assert sorted(v["frames"] for v in result.videos) == [N_FRAMES] * N_WORLDS
+
+
+@pytest.mark.timeout(300)
+def test_a_render_whose_one_worker_dies_sends_the_model_again_and_finishes(
+        model: Any, tmp_path: Path) -> None:
+    """The one worker holding the scattered model dies (its nanny restarts it empty): the
+    segments cancelled for want of it are submitted again with the model sent again."""
+    import threading
+    import time
+    import warnings
+
+    url = str(tmp_path / "long.zarr")
+    with TrajectoryRecorder(url, model, output_fps=25, playback_speed=1.0, chunk_frames=8) as rec:
+        simulate(model, 1, 20 * 120, rec.record_as_needed)  # 120 frames: 30 segments
+    out = tmp_path / "videos"
+
+    def kill_once_rendering(client: Any) -> None:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and not any(out.glob(".parts-*/**/*.mp4")):
+            time.sleep(0.02)
+        try:
+            client.run(os._exit, 1, nanny=False)
+        except Exception:  # the worker's connection closes as it exits
+            pass
+
+    with _cluster(1) as cluster, distributed.Client(cluster) as client:
+        killer = threading.Thread(target=kill_once_rendering, args=(client,), daemon=True)
+        killer.start()
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            result = render_videos(url, model, "front", str(out), options=OPTIONS, client=client)
+        killer.join(timeout=60)
+
+    said = [str(w.message) for w in caught if issubclass(w.category, RuntimeWarning)]
+    assert any("rendered again: what they needed (the model sent to the Dask workers, or their "
+               "result) was lost with a worker that died" in s for s in said)
+    (video,) = result.videos
+    assert video["frames"] == 121 and read_video(video["path"]).shape[0] == 121
