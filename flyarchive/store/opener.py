@@ -31,6 +31,7 @@ from flyarchive.errors import (
     ArchiveNotFoundError,
     ArchiveReplacedError,
     SchemaError,
+    StorageError,
     UnsafeFileError,
 )
 from flyarchive.schema import SCHEMA_NAME, validate_attrs
@@ -160,8 +161,14 @@ def _open_group(url: str, storage_options: Mapping[str, Any] | None = None, *, m
     store = open_store(url, storage_options, read_only=(mode == "r"))
     use = None if mode == "r" and consolidated and is_remote(url) else False
     try:
-        group = zarr.open_group(store, mode="r" if mode == "r" else "r+", zarr_format=3,
-                                use_consolidated=use)
+        group = _open_within(store, "r" if mode == "r" else "r+", use,
+                             OPEN_TIMEOUT_S if is_remote(url) else None)
+    except TimeoutError:
+        raise StorageError(
+            f"The storage of {url!r} did not answer within {OPEN_TIMEOUT_S:g} s while the "
+            "archive was opened (a server that takes connections but never answers, or a "
+            "network that drops them). Check that the endpoint in the storage options "
+            "answers, and retry; nothing was changed.") from None
     except storage_errors.client_errors() as err:  # interop: unreachable, no credentials...
         raise storage_errors.translate(err, url, storage_options) or err from None
     except PermissionError as err:
@@ -182,6 +189,25 @@ def _open_group(url: str, storage_options: Mapping[str, Any] | None = None, *, m
     except SchemaError as err:  # a folder inside an archive (claims, models) is not one
         raise not_an_archive(url, storage_options) or err from None
     return group
+
+
+#: Seconds an archive on remote storage may take to open (its metadata: a few small
+#: objects) before the open fails: s3fs and botocore retry a server that takes the
+#: connection and never answers for many minutes (5 tries of up to 5 attempts of 60 s
+#: each, per object).
+OPEN_TIMEOUT_S = 60.0
+
+
+def _open_within(store: zarr.abc.store.Store, mode: str, use: bool | None,
+                 timeout: float | None) -> zarr.Group:
+    """The archive's group in ``store`` (as ``zarr.open_group``); with ``timeout``,
+    TimeoutError past it (what was under way cancelled)."""
+    import asyncio
+
+    from zarr.api.asynchronous import open_group
+
+    opened = open_group(store=store, mode=mode, zarr_format=3, use_consolidated=use)
+    return zarr.Group(sync(asyncio.wait_for(opened, timeout)))
 
 
 def _refuse_v2(store: zarr.abc.store.Store, url: str) -> None:

@@ -92,3 +92,40 @@ def test_the_dataset_the_header_the_state_reader_and_verify_open_through_the_ope
     assert opened and set(opened) == {archive}
     assert header.sizes["world"] == 4 and verified.ok
     assert np.array_equal(states, qpos[0])
+
+
+def test_an_s3_endpoint_that_takes_connections_but_never_answers_fails_the_open_in_time(
+        monkeypatch):
+    """A server that accepts and never answers: s3fs and botocore would retry it for many
+    minutes; the open gives up after OPEN_TIMEOUT_S with what to check."""
+    import socket
+    import threading
+    import time
+
+    from flyarchive import open_archive
+    from flyarchive.errors import StorageError
+    from flyarchive.store import opener
+    from flyarchive.testing.s3 import s3_storage_options
+
+    pytest.importorskip("s3fs")
+    held = []
+    with socket.create_server(("127.0.0.1", 0)) as server:
+        def accept() -> None:
+            while True:
+                try:
+                    held.append(server.accept()[0])  # kept open, never answered
+                except OSError:
+                    return
+
+        threading.Thread(target=accept, daemon=True).start()
+        endpoint = f"http://127.0.0.1:{server.getsockname()[1]}"
+        monkeypatch.setattr(opener, "OPEN_TIMEOUT_S", 2.0)
+        start = time.monotonic()
+
+        with pytest.raises(StorageError, match=r"did not answer within 2 s while the archive was "
+                                               r"opened"):
+            open_archive("s3://lab/run.zarr", s3_storage_options(endpoint))
+
+        assert time.monotonic() - start < 30
+    for connection in held:
+        connection.close()
