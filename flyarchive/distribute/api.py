@@ -41,7 +41,6 @@ from flyarchive.models import check_data, keep_loaded, model_bytes
 from flyarchive.query.selection import select_frames
 from flyarchive.render.diagnostics import progress_bar
 from flyarchive.render.options import RenderOptions
-from flyarchive.store.local_files import refuse_inside_archive
 from flyarchive.render.output_plan import plan_outputs
 from flyarchive.render.plan import (
     MIN_SEGMENT_FRAMES,
@@ -56,6 +55,7 @@ from flyarchive.replay import WARP_BACKENDS
 from flyarchive.replay.releases import pin_release_defaults, recorded_release
 from flyarchive.replay.sizes import is_int
 from flyarchive.store.dataset import open_header
+from flyarchive.store.local_files import refuse_inside_archive
 
 if TYPE_CHECKING:
     import xarray as xr
@@ -241,8 +241,9 @@ def render_videos(
     Args:
         source: Archive URL.
         model: The compiled model it was recorded with (checked against the layout), or
-            its file's path (``.xml``, ``.mjz`` or ``.mjb``, loaded here). None (default): the model kept beside the archive when it was recorded
-            (``store_model=True``, the default of the recorders and ``import_npz``).
+            its file's path (``.xml``, ``.mjz`` or ``.mjb``, loaded here). None (default):
+            the model kept beside the archive when it was recorded (``store_model=True``,
+            the default of the recorders and ``import_npz``).
         cameras: Camera name(s).
         out: Output folder: a local path or an fsspec URL; created if missing.
         worlds: World ids (default: all with frames).

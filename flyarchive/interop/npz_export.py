@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import io
 import os
-import tempfile
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -31,7 +30,6 @@ from typing import Any
 import numpy as np
 
 from flyarchive.errors import (
-    FlyarchiveError,
     OutputExistsError,
     OutputLocationError,
     SelectionError,
@@ -41,7 +39,7 @@ from flyarchive.errors import (
 from flyarchive.query import open_archive
 from flyarchive.query.selection import parse_world_ids
 from flyarchive.store.location import as_url
-from flyarchive.store.local_files import refuse_inside_archive, umask
+from flyarchive.store.local_files import refuse_inside_archive, write_whole
 from flyarchive.store.storage_errors import check_storage_options, is_remote, local_error, translated
 
 #: Fields of an exported file beyond flygym's: the archive's ``time`` and ``frame`` coordinates.
@@ -211,23 +209,12 @@ class _LocalSink(_Sink):
 
     def write(self, name: str, arrays: dict[str, np.ndarray]) -> str:
         final = self.folder / name
-        try:
-            fd, tmp = tempfile.mkstemp(dir=self.folder, prefix=f".{name}.",
-                                       suffix=f".{os.getpid()}{_TMP_SUFFIX}")
-        except OSError as err:
-            raise local_error(str(final), err) from None
-        try:
-            with os.fdopen(fd, "wb") as f:
+
+        def save(path: str) -> None:
+            with open(path, "wb") as f:  # (a path would get ".npz" appended)
                 np.savez_compressed(f, **arrays)
-                f.flush()
-                os.fsync(f.fileno())
-            os.chmod(tmp, 0o666 & ~umask())  # mkstemp's file is 0600: as a new file would be
-            os.replace(tmp, final)
-        except BaseException as err:
-            Path(tmp).unlink(missing_ok=True)
-            if isinstance(err, OSError) and not isinstance(err, FlyarchiveError):
-                raise local_error(str(final), err) from None
-            raise
+
+        write_whole(final, save, suffix=f".{os.getpid()}{_TMP_SUFFIX}")
         return str(final)
 
 

@@ -218,9 +218,9 @@ def _read_object(group: zarr.Group, url: str, entry: Mapping[str, Any], what: st
 def model_problems(group: zarr.Group, url: str) -> list[str]:
     """What is wrong with the kept models, for ``verify`` (empty when sound or absent): a
     malformed attribute, a missing object, bytes that do not hash to their name, bytes that
-    are no MJB at all; an MJB of this release that MuJoCo refuses or cannot load safely, a portable model that does not
-    compile safely or does not fit the archive's layout (each checked in a child process,
-    :mod:`~flyarchive.models.check`). An MJB of another release is checked against its
+    are no MJB at all; an MJB of this release that MuJoCo refuses or cannot load safely, a
+    portable model that does not compile safely or does not fit the archive's layout (each
+    checked in a child process, :mod:`~flyarchive.models.check`). An MJB of another release is checked against its
     name only: no other release can load it."""
     problems = []
     here = mujoco_release()

@@ -51,9 +51,14 @@ def refuse_inside_archive(path: str | os.PathLike[str], flag: str) -> None:
                 f"{flag} a place outside it, e.g. '{beside}'.")
 
 
-def write_whole(target: Path, write: Callable[[str], object]) -> None:
+def write_whole(target: Path, write: Callable[[str], object], *,
+                suffix: str | None = None) -> None:
     """``write(path)`` into a temporary file beside ``target`` (its folder made if
-    missing), then rename it to ``target``.
+    missing), flushed to disk, then rename it to ``target``.
+
+    Args:
+        suffix: The temporary file's (default ``.tmp<target's suffix>``), e.g. one that
+            names this process, for leftovers of killed writers to be found.
 
     Raises:
         StorageError: the folder or the file cannot be written (one line, the likely fix).
@@ -64,12 +69,14 @@ def write_whole(target: Path, write: Callable[[str], object]) -> None:
     make_folder(target.parent)
     try:
         fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.",
-                                   suffix=f".tmp{target.suffix}")
+                                   suffix=f".tmp{target.suffix}" if suffix is None else suffix)
     except OSError as err:
         raise local_error(str(target), err) from None
     os.close(fd)
     try:
         write(tmp)
+        with open(tmp, "rb+") as written:  # on disk before it takes the name
+            os.fsync(written.fileno())
         os.chmod(tmp, 0o666 & ~umask())  # mkstemp's file is 0600: as a new file would be
         os.replace(tmp, target)
     except BaseException as err:
