@@ -40,7 +40,13 @@ from flyarchive.query import open_archive
 from flyarchive.query.selection import parse_world_ids
 from flyarchive.store.location import as_url
 from flyarchive.store.local_files import refuse_inside_archive, write_whole
-from flyarchive.store.storage_errors import check_storage_options, is_remote, local_error, translated
+from flyarchive.store.storage_errors import (
+    check_storage_options,
+    filesystem,
+    is_remote,
+    local_error,
+    translated,
+)
 
 #: Fields of an exported file beyond flygym's: the archive's ``time`` and ``frame`` coordinates.
 SCHEDULED_TIME_KEY = "scheduled_time"
@@ -232,14 +238,12 @@ class _FsspecSink(_Sink):
     """Any fsspec URL: each file is one PUT of its complete bytes."""
 
     def __init__(self, url: str, storage_options: Mapping[str, Any] | None) -> None:
-        import fsspec
-
         self.url = url.rstrip("/")
         check_storage_options(url, storage_options)
         self.options = dict(storage_options or {})
         with translated(url, self.options):
             try:
-                self.fs, self.root = fsspec.core.url_to_fs(self.url, **self.options)
+                self.fs, self.root = filesystem(self.url, self.options)
             except ImportError as err:
                 raise missing_storage_backend(url, err) from None
             except ValueError as err:

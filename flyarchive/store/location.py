@@ -32,8 +32,6 @@ from flyarchive.store import allowlist, storage_errors
 from flyarchive.store.localstore import GuardedLocalStore
 
 
-
-
 def as_url(url: str | os.PathLike[str]) -> str:
     """An archive's location as the string every function takes: a local path given as a
     :class:`pathlib.Path` (any ``os.PathLike``) becomes its text; a string is kept."""
@@ -75,7 +73,9 @@ def open_store(
     Local paths get a :class:`~flyarchive.store.localstore.GuardedLocalStore` (regular files
     inside the archive only); every store reads pcodec with bounded decoding. A read-only
     S3 store fetches each object with one request (s3fs ``max_concurrency=1``) unless
-    ``storage_options`` set ``max_concurrency``.
+    ``storage_options`` set ``max_concurrency``; an S3 store's client gets the timeouts
+    and retries of :data:`~flyarchive.store.storage_errors.S3_CLIENT_DEFAULTS` that its
+    ``config_kwargs`` leave out.
 
     Raises:
         StorageBackendMissingError: if the protocol's package is not installed.
@@ -93,14 +93,16 @@ def open_store(
             raise ArchiveNotFoundError(f"Nothing at {url!r}. Check the path.")
         return GuardedLocalStore(path, read_only=read_only)
     _check_protocol(url)
-    options = dict(storage_options or {})
+    options = storage_errors.client_options(url, storage_options)
     if read_only and url.split("://", 1)[0] in ("s3", "s3a"):
         # s3fs asks for an object's size (a HEAD) before every whole-object GET, to split
         # objects above 50 MiB into concurrent range requests; archive objects are smaller.
         options.setdefault("max_concurrency", 1)
     if not fsspec.get_filesystem_class(url.split("://", 1)[0]).async_impl:
         return _synchronous_fs_store(url, options, read_only)
-    return zarr.storage.FsspecStore.from_url(url, storage_options=options, read_only=read_only)
+    store = zarr.storage.FsspecStore.from_url(url, storage_options=options, read_only=read_only)
+    storage_errors.bound_retries(store.fs)
+    return store
 
 
 #: The asynchronous wrapper of each synchronous fsspec file system a store was opened on.

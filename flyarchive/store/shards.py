@@ -49,6 +49,7 @@ from zarr.codecs.sharding import ShardingCodec
 
 from flyarchive.errors import ArchiveReplacedError
 from flyarchive.store.decoders import direct_decoder
+from flyarchive.store import storage_errors
 from flyarchive.store.location import sync
 from flyarchive.zarr_internals import (
     ArraySpec,
@@ -328,7 +329,10 @@ class ShardReader:
 
     def _replaced_under(self, err: BaseException) -> None:
         """After a failed read: raise the replacement if that is what happened (a kept
-        index read into a new shard fails its checksum); else return (``err`` stands)."""
+        index read into a new shard fails its checksum); else return (``err`` stands). Not
+        asked when nothing answered: the storage would not answer this either."""
+        if storage_errors.unreachable(err) or isinstance(err, TimeoutError):
+            return
         for _ in range(2):  # a file replaced as it was opened: look once more
             try:
                 self._check_archive()

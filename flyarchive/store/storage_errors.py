@@ -271,6 +271,56 @@ def check_storage_options(url: str, storage_options: Mapping[str, Any] | None) -
 #: fsspec's file system, or reads them in fsspec's instance cache).
 _S3_FSSPEC_OPTIONS = frozenset({"use_listings_cache", "listings_expiry_time", "max_paths",
                                 "skip_instance_cache"})
+
+#: botocore client settings an ``s3://`` file system gets unless its storage options'
+#: ``config_kwargs`` set them (botocore's own: 60 s to connect, 60 s without a byte, 5
+#: attempts). With :data:`S3_FS_RETRIES` they bound what one request to a server that
+#: stopped answering mid-run waits to about 4 minutes (2 × 2 s3fs tries × 3 attempts × 20 s),
+#: where the defaults of s3fs (5 tries of 5, nested) and botocore waited two hours; a slow
+#: server that answers is never cut off (the read timeout counts seconds without a byte).
+S3_CLIENT_DEFAULTS: dict[str, Any] = {
+    "connect_timeout": 10,
+    "read_timeout": 20,
+    "retries": {"total_max_attempts": 3, "mode": "standard"},
+}
+#: s3fs's own tries per call (its class default is 5, and a whole-object read nests
+#: them: 25 tries); storage options cannot set it, so flyarchive sets it on its file
+#: systems. botocore retries connection errors, timeouts, throttling and 5xx answers itself.
+S3_FS_RETRIES = 2
+
+
+def client_options(url: str, storage_options: Mapping[str, Any] | None) -> dict[str, Any]:
+    """The storage options a file system of ``url`` is made with: a copy of
+    ``storage_options``, and for ``s3://`` the :data:`S3_CLIENT_DEFAULTS` its
+    ``config_kwargs`` leave out."""
+    options = dict(storage_options or {})
+    if url.split("://", 1)[0] in ("s3", "s3a"):
+        options["config_kwargs"] = {**S3_CLIENT_DEFAULTS, **(options.get("config_kwargs") or {})}
+    return options
+
+
+def bound_retries(fs: Any) -> Any:
+    """``fs``, with s3fs's own tries lowered to :data:`S3_FS_RETRIES` if it is an s3fs file
+    system (fsspec shares one per set of options: others made with the same options get
+    it too)."""
+    if type(fs).__module__.split(".")[0] == "s3fs" and getattr(fs, "retries", 0) > S3_FS_RETRIES:
+        fs.retries = S3_FS_RETRIES
+    return fs
+
+
+def filesystem(url: str, storage_options: Mapping[str, Any] | None) -> tuple[Any, str]:
+    """``fsspec.core.url_to_fs`` with :func:`client_options` and :func:`bound_retries`."""
+    import fsspec
+
+    fs, path = fsspec.core.url_to_fs(url, **client_options(url, storage_options))
+    return bound_retries(fs), path
+
+
+def unreachable(err: BaseException) -> bool:
+    """True for a storage client's connection failure or timeout (nothing answered)."""
+    return bool(_names(err) & _UNREACHABLE) and _from_client(err)
+
+
 #: Options of botocore's client configuration that are a number of seconds.
 _SECONDS = ("connect_timeout", "read_timeout")
 

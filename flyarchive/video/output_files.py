@@ -83,14 +83,15 @@ def write_output(
         StorageBackendMissingError: if the URL's protocol needs a missing package.
         StorageError: if the copy fails.
     """
-    import fsspec
     from fsspec.implementations.local import LocalFileSystem
+
+    from flyarchive.store.storage_errors import filesystem
 
     source = Path(local_path)
     if not source.is_file():
         raise FileNotFoundError(f"No file to copy at {str(source)!r}.")
     try:
-        fs, target = fsspec.core.url_to_fs(url, **(storage_options or {}))
+        fs, target = filesystem(url, storage_options)
     except ImportError as err:
         raise missing_storage_backend(url, err) from err
     exists_error = OutputExistsError(

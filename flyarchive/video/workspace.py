@@ -175,10 +175,10 @@ def filesystem(url: str, storage_options: Mapping[str, Any]) -> tuple[Any, str]:
         StorageBackendMissingError: the URL's protocol needs a package that is missing.
         StorageError: the protocol is unknown, or the options do not fit it.
     """
-    import fsspec
+    from flyarchive.store import storage_errors
 
     try:
-        return fsspec.core.url_to_fs(url, **dict(storage_options))
+        return storage_errors.filesystem(url, storage_options)
     except ImportError as err:
         raise missing_storage_backend(url, err) from err
     except (ValueError, TypeError) as err:

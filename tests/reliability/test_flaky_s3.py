@@ -161,3 +161,42 @@ def test_credentials_never_appear_in_errors_or_logs_of_a_failing_s3_operation(
     assert caplog.text  # botocore logged the failing requests
     for text in texts:
         assert secret not in text
+
+
+# ----------------------------------------------------------------------------- stalls
+def test_s3_client_defaults_fill_only_what_the_storage_options_leave_out():
+    from flyarchive.store.storage_errors import S3_CLIENT_DEFAULTS, client_options
+
+    given = {"key": "k", "config_kwargs": {"read_timeout": 300}}
+    options = client_options("s3://lab/run.zarr", given)
+
+    assert options["config_kwargs"] == {**S3_CLIENT_DEFAULTS, "read_timeout": 300}
+    assert given == {"key": "k", "config_kwargs": {"read_timeout": 300}}  # not changed
+    assert client_options("memory://run.zarr", {"a": 1}) == {"a": 1}
+    assert client_options("/data/run.zarr", None) == {}
+
+
+def test_a_server_that_stops_answering_mid_read_fails_the_read_in_bounded_time(
+        s3_server, s3_archive, monkeypatch):
+    """The archive opens; then every GET waits for ever. botocore's own defaults (60 s
+    without a byte, 5 attempts) times s3fs's 5 kept such a read waiting for 25 minutes;
+    flyarchive's defaults bound it (here shrunk to 1 s and one attempt)."""
+    import time
+
+    from flyarchive.store import storage_errors
+
+    monkeypatch.setattr(storage_errors, "S3_CLIENT_DEFAULTS",
+                        {"connect_timeout": 2, "read_timeout": 1,
+                         "retries": {"total_max_attempts": 1, "mode": "standard"}})
+    with FaultProxy(s3_server.endpoint_url) as proxy:
+        options = proxy.storage_options(skip_instance_cache=True)
+        for name in ("read_timeout", "connect_timeout", "retries"):
+            del options["config_kwargs"][name]  # the user set none of them
+        ds = open_archive(s3_archive, options)
+        proxy.plan = FaultPlan(delay=1.0, delay_s=600, methods={"GET"})
+        start = time.monotonic()
+
+        with pytest.raises(StorageError, match=s3_archive):
+            ds.qpos.values
+
+        assert time.monotonic() - start < 30  # 2 x 2 s3fs tries of 1 s, not 25 of 60 s x 5
