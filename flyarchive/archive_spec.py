@@ -1,6 +1,6 @@
 """What is fixed when an archive is created (:class:`ArchiveSpec`), checked before
 anything is written, how it is created (:func:`parse_mode`), and a block of frames to commit
-(:class:`FrameBlock`): what the recorders hand the store (both import it; the store never
+(:class:`FrameBlock`), and where (:func:`as_url`): what the recorders hand the store (both import it; the store never
 imports the record stage).
 
 Every check here runs when a spec is built, so a recorder refuses bad options in
@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import operator
+import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -314,3 +315,23 @@ def parse_mode(mode: str) -> str:
     if not isinstance(mode, str) or mode not in MODES:
         raise OptionsError(f"mode must be one of {MODES}, got {mode!r}.")
     return mode
+
+
+def as_url(url: str | os.PathLike[str]) -> str:
+    """An archive's location as the string every function takes: a local path given as a
+    :class:`pathlib.Path` (any ``os.PathLike``) becomes its text; a string is kept.
+
+    Raises:
+        OptionsError: ``url`` is not a string or path (``None``...), or is empty (which
+            would be the current folder: with ``mode="w"``, everything in it replaced).
+    """
+    text = os.fspath(url) if isinstance(url, os.PathLike) else url
+    if not isinstance(text, str):
+        raise OptionsError(
+            f"An archive's location must be a path or URL (a str or pathlib.Path), got "
+            f"{type(url).__name__} {url!r}; e.g. 'run.zarr' or 's3://bucket/run.zarr'.")
+    if not text.strip():
+        raise OptionsError(
+            f"An archive's location is empty ({text!r}); name a folder that will hold only "
+            "the archive, e.g. 'run.zarr' or 's3://bucket/run.zarr'.")
+    return text

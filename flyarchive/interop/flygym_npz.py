@@ -48,6 +48,7 @@ from flyarchive.models import model_bytes, portable_model
 from flyarchive.schema import IMPORT_ATTR, finite_frames, import_status
 from flyarchive.store import ArchiveSpec, ArchiveWriter, FrameBlock, open_for_reading, open_for_writing
 from flyarchive.store.consolidated import consolidate
+from flyarchive.store.location import as_url
 
 __all__ = [
     "import_npz", "export_npz", "read_npz", "find_npz_files", "import_status", "NpzTrajectory",
@@ -398,7 +399,7 @@ def import_npz(
         model=model_bytes(model) if store_model else None,
         portable=None if model_source is None else portable_model(model_source, model=model),
     )
-    url = str(url)
+    url = as_url(url)
     url = str(Path(url).expanduser()) if url.startswith("~") else url
     options = {"storage_options": storage_options, "takeover": takeover}
     writer = (_resume_writer(url, spec, trajs, options) if resume

@@ -83,7 +83,7 @@ from flyarchive.models.entries import (
 from flyarchive.models.files import load_model_file
 from flyarchive.models.mjb import check_mjb, load_mjb, mjb_version, mujoco_release
 from flyarchive.models.portable import portable_model
-from flyarchive.store.location import sync, write_faults
+from flyarchive.store.location import as_url, sync, write_faults
 
 
 def write_model(group: zarr.Group, blob: bytes, entry: Mapping[str, Any]) -> None:
@@ -376,7 +376,7 @@ def attach_model(url: str, source: str | os.PathLike[str] | mujoco.MjSpec, *,
         ArchiveInUseError: a writer holds the archive; nothing is written.
         StorageError: the storage failed; the archive names no model it does not hold.
     """
-    url = str(url)
+    url = as_url(url)
     with write_faults(url, storage_options, "Attaching a model to",
                       "The archive names a portable model only once it is written; run the "
                       "call again."):

@@ -67,7 +67,7 @@ from flyarchive.store.claims import WRITER_KEY, claim_archive
 from flyarchive.store.consolidated import consolidate
 from flyarchive.store.creation import claims_group, clear, package_versions, undo
 from flyarchive.models import PORTABLE_MODEL_ATTR, model_identity
-from flyarchive.store.location import open_store, settled, sync, write_faults
+from flyarchive.store.location import as_url, open_store, settled, sync, write_faults
 from flyarchive.store.opener import open_for_reading, open_for_writing
 from flyarchive.store.reader import StateDamage, state_damage
 from flyarchive.store.writer import ArchiveWriter
@@ -173,7 +173,7 @@ class DerivedWriter(ArchiveWriter):
                 ``owned`` or ``overwrite``; nothing is changed.
             ArchiveInUseError: another writer holds it.
         """
-        url = str(url)
+        url = as_url(url)
         with write_faults(url, storage_options, "Writing derived values at",
                           "Choose a location that is writable."):
             return cls._open(url, spec, storage_options, takeover, overwrite, source, owned)
@@ -618,7 +618,7 @@ def open_derived_group(url: str, storage_options: Mapping[str, Any] | None = Non
     from flyarchive.store.dataset import read_archive
     from flyarchive.store.opener import open_for_reading
 
-    url = str(url)
+    url = as_url(url)
     group = open_for_reading(url, storage_options, own_later=True)
     if not isinstance(group.attrs.get(DERIVED_ATTR), dict):
         raise SchemaError(

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import os
 import weakref
 from collections.abc import Awaitable, Iterable, Iterator, Mapping
 from pathlib import Path
@@ -19,7 +18,7 @@ import fsspec
 import zarr
 import zarr.storage
 
-from flyarchive.archive_spec import parse_mode  # noqa: F401  (the store checks modes too)
+from flyarchive.archive_spec import as_url, parse_mode  # noqa: F401  (the store checks them too)
 from flyarchive.errors import (
     ArchiveExistsError,
     ArchiveNotFoundError,
@@ -30,12 +29,6 @@ from flyarchive.errors import (
 )
 from flyarchive.store import allowlist, storage_errors
 from flyarchive.store.localstore import GuardedLocalStore
-
-
-def as_url(url: str | os.PathLike[str]) -> str:
-    """An archive's location as the string every function takes: a local path given as a
-    :class:`pathlib.Path` (any ``os.PathLike``) becomes its text; a string is kept."""
-    return os.fspath(url) if isinstance(url, os.PathLike) else url
 
 
 def is_local(url: str) -> bool:
@@ -80,8 +73,9 @@ def open_store(
     Raises:
         StorageBackendMissingError: if the protocol's package is not installed.
         StorageError: for an unknown protocol, or storage options of the wrong type.
+        OptionsError: ``url`` is empty or not a path (:func:`as_url`).
     """
-    url = str(url)
+    url = as_url(url)
     allowlist.install_bounded_decoders()
     if not is_local(url):  # interop: malformed options are refused before a client is built
         storage_errors.check_storage_options(url, storage_options)

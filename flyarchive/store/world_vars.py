@@ -49,7 +49,7 @@ import zarr.storage
 from flyarchive.errors import OutputExistsError, SchemaError
 from flyarchive.schema import STATE_VARS, TIME_COORDS, WHOLE_ATTR
 from flyarchive.store.claims import WRITER_KEY, claim_archive, release
-from flyarchive.store.location import sync, write_faults
+from flyarchive.store.location import as_url, sync, write_faults
 from flyarchive.store.opener import open_for_writing
 from flyarchive.zarr_internals import default_buffer_prototype
 from flyarchive.archive_spec import RESERVED_NAMES, is_text, world_var_array, world_var_dtype
@@ -99,7 +99,7 @@ def add_world_vars(
             archive; nothing is written.
         StorageError: the storage failed; each variable is there whole or not at all.
     """
-    url = str(url)
+    url = as_url(url)
     with write_faults(url, storage_options, "Adding world variables to",
                       "Each variable is there whole or not at all; run the call again."):
         return _add(url, variables, storage_options, overwrite, takeover)

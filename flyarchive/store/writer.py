@@ -76,6 +76,7 @@ from flyarchive.store.creation import (
 )
 from flyarchive.store.location import (
     access_denied,
+    as_url,
     archive_exists,
     exists_error,
     is_local,
@@ -198,7 +199,7 @@ class ArchiveWriter:
                 from ``spec``'s (nothing is written).
         """
         parse_mode(mode)
-        url = str(url)
+        url = as_url(url)
         try:
             with storage_errors.translated(url, storage_options):  # S3 faults
                 return cls._create(url, spec, mode, storage_options, takeover)
