@@ -10,7 +10,7 @@ import numpy as np
 
 from flyarchive.clock import FrameClock, Timing
 from flyarchive.errors import LayoutMismatchError, NonFiniteStateError, OptionsError, RecordingError
-from flyarchive.layout import ModelLayout
+from flyarchive.layout import ModelLayout, layout_difference
 from flyarchive.models import model_bytes, portable_model
 from flyarchive.record.common import (
     CommittedTail,
@@ -22,7 +22,7 @@ from flyarchive.record.common import (
     release_writer,
 )
 from flyarchive.schema import finite_frames
-from flyarchive.archive_spec import ArchiveSpec, FrameBlock, parse_mode
+from flyarchive.archive_spec import ArchiveSpec, FrameBlock, as_url, parse_mode
 from flyarchive.record.sink import ArchiveSink, Archives
 
 
@@ -201,11 +201,12 @@ class TrajectoryRecorder:
         if world_block is not None and parse_mode(mode) != "a":
             raise OptionsError("world_block writes into an existing archive: pass mode='a'.")
         self._block = dict(world_block=world_block, takeover=takeover)
-        self.url = str(url)
+        self.url = as_url(url)
         self.layout = ModelLayout.from_model(model)
         self.timing = Timing(float(model.opt.timestep), output_fps, playback_speed)
         nq, nmocap = self.layout.nq, self.layout.nmocap
         self._shapes = ((nq,), (nmocap, 3), (nmocap, 4))  # of qpos, mocap_pos, mocap_quat
+        self._models = [model]  # models whose MjData are recorded: this one, or of its layout
         self._options = dict(mode=parse_mode(mode), storage_options=storage_options,
                              takeover=takeover)
         self._spec_args = dict(
@@ -291,7 +292,7 @@ class TrajectoryRecorder:
                 nothing of the call is recorded.
             RuntimeError: after :meth:`close`.
         """
-        datas = [mj_data] if isinstance(mj_data, mujoco.MjData) else list(mj_data)
+        datas = _as_datas(mj_data, self.url)
         if self._reset_after is not None:
             raise RecordingError(self._reset_after)
         if self._closed:
@@ -299,7 +300,7 @@ class TrajectoryRecorder:
         n = len(datas) if self._session is None else self._session.buffer.qpos.shape[0]
         time = self._check_datas(datas, n)
         if self._session is None:
-            _check_models(datas, self._shapes, self.url)  # before the archive is created
+            self._check_models(datas)  # before the archive is created
             self._start(datas)
         self._guard.check(time)
         if self._clock is None:
@@ -307,7 +308,7 @@ class TrajectoryRecorder:
         assert self._clock is not None
         frame = self._clock.due_frame(self._clock.step_of(time))
         if frame is not None:  # the states are read: they must be of the recorder's model
-            _check_models(datas, self._shapes, self.url)
+            self._check_models(datas)
         recorded = False
         if frame is not None and self._rerun is not None:
             self._check_rerun(frame, time, datas)
@@ -316,6 +317,31 @@ class TrajectoryRecorder:
             recorded = True
         self._guard.update(time)
         return recorded
+
+    def _check_models(self, datas: list[mujoco.MjData]) -> None:
+        """Raise :class:`LayoutMismatchError` for an ``MjData`` of a model whose state
+        means something else: another number of coordinates or mocap bodies, or other
+        joints (names, types, order) or mocap bodies. A model other than the recorder's
+        but of its layout (the same model loaded again) is accepted, and remembered."""
+        nq, nmocap = self.layout.nq, self.layout.nmocap
+        for w, data in enumerate(datas):
+            model = data.model
+            if any(model is known for known in self._models):
+                continue
+            if (data.qpos.shape, data.mocap_pos.shape, data.mocap_quat.shape) != self._shapes:
+                raise LayoutMismatchError(
+                    f"MjData {w} has nq={data.qpos.shape[0]}, nmocap={data.mocap_pos.shape[0]}; "
+                    f"the recorder for {self.url!r} was created for a model with nq={nq}, "
+                    f"nmocap={nmocap}. Pass MjData of the recorder's model "
+                    "(mujoco.MjData(model)); nothing of this call was recorded.")
+            detail = layout_difference(self.layout, ModelLayout.from_model(model),
+                                       what=f"MjData {w}'s model")
+            if detail is not None:
+                raise LayoutMismatchError(
+                    f"MjData {w} is of another model than the recorder for {self.url!r}: "
+                    f"{detail.replace('archive', 'recorder')}. Pass MjData of the "
+                    "recorder's model (mujoco.MjData(model)); nothing of this call was recorded.")
+            self._models.append(model)
 
     def _check_datas(self, datas: list[mujoco.MjData], n: int) -> float:
         """Check the worlds passed against the recording; return their simulation time."""
@@ -487,20 +513,21 @@ class TrajectoryRecorder:
             error.add_note(f"Closing the recorder failed too: {type(also).__name__}: {also}")
 
 
-def _check_models(
-    datas: list[mujoco.MjData], want: tuple[tuple[int, ...], ...], url: str
-) -> None:
-    """Raise :class:`LayoutMismatchError` for an ``MjData`` whose state has another shape.
+def _as_datas(mj_data: Any, url: str) -> list[mujoco.MjData]:
+    """``record_as_needed``'s argument as a list of ``MjData``.
 
-    Args:
-        want: Shapes of qpos, mocap_pos and mocap_quat: ``(nq,), (nmocap, 3), (nmocap, 4)``.
+    Raises:
+        RecordingError: it is neither an ``MjData`` nor a sequence of them.
     """
+    if isinstance(mj_data, mujoco.MjData):
+        return [mj_data]
+    single = isinstance(mj_data, (str, bytes, np.ndarray)) or not hasattr(mj_data, "__iter__")
+    datas = [mj_data] if single else list(mj_data)
     for w, data in enumerate(datas):
-        got = (data.qpos.shape, data.mocap_pos.shape, data.mocap_quat.shape)
-        if got != want:
-            raise LayoutMismatchError(
-                f"MjData {w} has nq={got[0][0]}, nmocap={got[1][0]}; the recorder for {url!r} "
-                f"was created for a model with nq={want[0][0]}, nmocap={want[1][0]}. Pass "
-                "MjData of the recorder's model (mujoco.MjData(model)); nothing of this call "
-                "was recorded."
-            )
+        if not isinstance(data, mujoco.MjData):
+            raise RecordingError(
+                f"The recorder for {url!r} records mujoco.MjData (one, or a list of one per "
+                f"world); {'it was given' if single else f'item {w} is'} "
+                f"{type(data).__name__}. Pass the simulation's MjData (e.g. sim.data, "
+                "[mujoco.MjData(model) ...]); nothing of this call was recorded.")
+    return datas

@@ -298,3 +298,68 @@ def test_appending_another_warp_run_from_step_0_is_refused(warp_tiny, tmp_path):
     recorder.close()
 
     assert snapshot(url) == before
+
+
+# ----------------------------------------------------------------------------- new-user sweep
+TWO_HINGES = ('<mujoco><worldbody><body><joint name="a" type="hinge"/>'
+              '<joint name="b" type="hinge"/><geom size=".1" mass="1"/></body></worldbody></mujoco>')
+
+
+@pytest.mark.parametrize("other, difference", [
+    (TWO_HINGES.replace('name="b"', 'name="c"'), "qpos label at index 1: recorder 'b', model 'c'"),
+    (TWO_HINGES.replace('name="b" type="hinge"', 'name="b" type="slide"'),
+     "joint type at index 1: recorder 'hinge', model 'slide'"),
+])
+def test_mjdata_of_another_model_of_the_same_size_is_refused_mid_run(tmp_path, other, difference):
+    model, again = (mujoco.MjModel.from_xml_string(TWO_HINGES) for _ in range(2))
+    other = mujoco.MjModel.from_xml_string(other)
+    url = str(tmp_path / "same-size.zarr")
+    recorder = TrajectoryRecorder(url, model, chunk_frames=1, output_fps=25, playback_speed=1)
+    mine, loaded_again, theirs = mujoco.MjData(model), mujoco.MjData(again), mujoco.MjData(other)
+    for _ in range(21):  # frames 0 and 1 (20 steps of 2 ms apart), the second committed
+        for model_, data in ((model, mine), (again, loaded_again), (other, theirs)):
+            mujoco.mj_step(model_, data)
+        recorder.record_as_needed([mine, loaded_again])  # the model loaded again: accepted
+    before = snapshot(url)
+    for _ in range(20):
+        mujoco.mj_step(model, mine)
+        mujoco.mj_step(other, theirs)
+
+    with pytest.raises(LayoutMismatchError, match=f"MjData 1 is of another model .*{difference}"):
+        recorder.record_as_needed([mine, theirs])
+
+    assert snapshot(url) == before
+    recorder.close()
+    assert open_archive(url).sizes["time"] == 2
+
+
+@pytest.mark.parametrize("given, said", [
+    (None, "it was given NoneType"), (np.zeros(13), "it was given ndarray"),
+    ([np.zeros(13)], "item 0 is ndarray"), ("sim.data", "it was given str"),
+])
+def test_what_is_not_mjdata_is_refused_naming_what_it_is(tiny, tmp_path, given, said):
+    url = str(tmp_path / "not-data.zarr")
+    recorder = TrajectoryRecorder(url, tiny)
+
+    with pytest.raises(RecordingError, match=f"records mujoco.MjData .*; {said}"):
+        recorder.record_as_needed(given)
+
+    assert not Path(url).exists()
+
+
+@pytest.mark.parametrize("url, said", [("", "is empty"), ("  ", "is empty"),
+                                       (None, "must be a path or URL .* got NoneType")])
+def test_an_empty_or_missing_location_is_refused_and_the_current_folder_kept(
+        tiny, tmp_path, monkeypatch, url, said):
+    from flyarchive.errors import OptionsError
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "thesis.tex").write_text("years of work")
+
+    for mode in ("w", "w-", "a"):
+        with pytest.raises(OptionsError, match=f"An archive's location {said}"):
+            TrajectoryRecorder(url, tiny, mode=mode)
+    with pytest.raises(OptionsError, match=f"An archive's location {said}"):
+        open_archive(url)
+
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["thesis.tex"]
