@@ -52,11 +52,16 @@ WRITER_KEY = f"{PREFIX}/writer.json"
 #: This process's writers by writer id: a claim of this process is alive only while its
 #: writer exists and is neither closed nor failed (a failed commit ends a writer).
 _HOLDERS: weakref.WeakValueDictionary[str, Any] = weakref.WeakValueDictionary()
+#: Writer ids of claims this process made that no writer holds yet (being created) and
+#: that were not released: alive, as another process sees them (a thread of this process
+#: creating the same archive took them while their creator was still setting up).
+_CLAIMING: set[str] = set()
 
 
 def register(writer: str, holder: Any) -> None:
     """Record that ``holder`` (with ``abandoned`` and ``taken_over()``) holds claim ``writer``."""
     _HOLDERS[writer] = holder
+    _CLAIMING.discard(writer)
 
 
 def _sync(coro: Any) -> Any:
@@ -133,6 +138,8 @@ class Claim:
             return None
         pid = int(rec["pid"])
         if pid == os.getpid() and rec.get("started") == _identity()["started"]:
+            if self.writer in _CLAIMING:
+                return True
             holder = _HOLDERS.get(self.writer)
             return holder is not None and not holder.abandoned
         stat = _proc_stat(pid)
@@ -159,7 +166,7 @@ class Claim:
             state = {True: " (still running)", False: " (no longer running)", None: ""}[self.alive()]
             who = f"process {rec['pid']} on {host}{state}"
             if rec.get("pid") == os.getpid() and self.alive():
-                who = f"this process ({rec['pid']}: another writer that was not closed)"
+                who = f"this process ({rec['pid']}: another writer, not closed yet)"
         since = rec.get("time")
         if isinstance(since, (int, float)):
             who += " since " + time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(since))
@@ -167,7 +174,11 @@ class Claim:
 
 
 def _record(kind: str, **extra: Any) -> dict[str, Any]:
-    return {"writer": uuid.uuid4().hex, "kind": kind, **extra, **_identity(), "time": time.time()}
+    """A new claim of this process, alive from now (:data:`_CLAIMING`) until its writer is
+    registered or it is released."""
+    writer = uuid.uuid4().hex
+    _CLAIMING.add(writer)
+    return {"writer": writer, "kind": kind, **extra, **_identity(), "time": time.time()}
 
 
 # ----------------------------------------------------------------------------- store access
@@ -271,6 +282,7 @@ def live_claims(store: Any, url: str = "") -> list[Claim]:
 
 def release(store: Any, keys: list[str], writer: str) -> None:
     """Delete the claims at ``keys`` that still name ``writer`` (never another's)."""
+    _CLAIMING.discard(writer)
     for key in keys:
         try:
             claim = read_claim(store, key)

@@ -339,3 +339,58 @@ def test_a_claim_on_s3_is_a_conditional_put_that_keeps_the_first(s3_location, mo
     assert modes == ["create", "create"]
     assert sync(store.get(WRITER_KEY, prototype=default_buffer_prototype())).to_bytes() == \
         b'{"writer": "first"}'
+
+
+# ----------------------------------------------------------------------------- threads
+def test_a_claim_of_this_process_not_yet_held_by_a_writer_is_not_taken(tiny, tmp_path):
+    """A thread creating the archive has claimed it and not yet made its writer: another
+    thread's recorder must not take the claim as a dead writer's (both wrote, spliced)."""
+    from flyarchive.store.claims import claim_archive, read_claim, release
+
+    url = str(tmp_path / "pending.zarr")
+    store = open_store(url)
+    writer = claim_archive(store, url)  # as the other thread's creation has, so far
+    recorder = TrajectoryRecorder(url, tiny, mode="a")
+
+    with pytest.raises(ArchiveInUseError, match="this process .*another writer, not closed yet"):
+        simulate(tiny, 2, 3, recorder.record_as_needed)
+
+    assert read_claim(store, WRITER_KEY).writer == writer
+    release(store, [WRITER_KEY], writer)
+    with TrajectoryRecorder(url, tiny, mode="a") as later:  # released: claimed by the next
+        simulate(tiny, 2, 3, later.record_as_needed)
+    assert later.n_frames > 0
+
+
+@pytest.mark.parametrize("mode", ["a", "w"])
+def test_two_threads_creating_one_archive_at_once_one_records_the_other_is_refused(
+        tiny, tmp_path, mode):
+    import threading
+
+    from flyarchive.store.integrity import verify
+
+    for trial in range(3):
+        url = str(tmp_path / f"race{trial}.zarr")
+        start = threading.Barrier(2)
+        outcomes = []
+
+        def run():
+            datas = [None]
+            try:
+                start.wait()
+                with TrajectoryRecorder(url, tiny, mode=mode, chunk_frames=2) as rec:
+                    datas[0] = simulate(tiny, 2, 40, rec.record_as_needed)
+                outcomes.append("recorded")
+            except ArchiveInUseError:
+                outcomes.append("in use")
+            except Exception as err:  # noqa: BLE001 - the test reports what it was
+                outcomes.append(repr(err))
+
+        threads = [threading.Thread(target=run) for _ in range(2)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(60)
+
+        assert sorted(outcomes) in (["in use", "recorded"], ["recorded", "recorded"]), outcomes
+        assert verify(url).ok
