@@ -139,6 +139,8 @@ def portable_model(source: str | os.PathLike[str] | mujoco.MjSpec, *,
             )
     reference = model if model is not None else compiled
     difference = _difference(ModelLayout.from_model(reference), model_details(reference), compiled)
+    if difference is None and model is not None:
+        difference = _geometry_difference(model, compiled)
     if difference is not None:
         raise LayoutMismatchError(
             f"{where[0].upper()}{where[1:]} does not compile to the model being recorded: "
@@ -153,6 +155,35 @@ def _difference(layout: ModelLayout, details: Mapping[str, Any], model: mujoco.M
     """How ``model`` differs from a recorded layout and details, in words; None if it does not."""
     return layout_difference(layout, ModelLayout.from_model(model)) or \
         details_difference(dict(details), model)
+
+
+#: Arrays of the model being recorded that its source must compile to (to
+#: :data:`GEOMETRY_TOLERANCE`): where bodies, joints, geoms, sites and cameras are and
+#: what shape the geoms have; what replay, positions and renders depend on.
+GEOMETRY_ARRAYS = ("body_pos", "body_quat", "jnt_pos", "jnt_axis", "geom_type", "geom_size",
+                   "geom_pos", "geom_quat", "site_pos", "site_quat", "cam_pos", "cam_quat")
+#: Largest difference allowed in :data:`GEOMETRY_ARRAYS`, relative to max(1, |value|): an
+#: MjSpec's XML keeps 6 significant digits (about 5e-7 relative).
+GEOMETRY_TOLERANCE = 1e-5
+
+
+def _geometry_difference(model: mujoco.MjModel, compiled: mujoco.MjModel) -> str | None:
+    """The first of :data:`GEOMETRY_ARRAYS` where ``compiled`` differs from ``model``
+    (a model changed in memory after compiling, or the source of another model of the
+    same joints), in words; None if none does."""
+    for name in GEOMETRY_ARRAYS:
+        want = np.asarray(getattr(model, name), dtype=np.float64)
+        got = np.asarray(getattr(compiled, name), dtype=np.float64)
+        if want.shape != got.shape:
+            return f"model.{name} has shape {want.shape}, the source's {got.shape}"
+        gap = np.abs(want - got) / np.maximum(1.0, np.abs(want))
+        gap[np.isnan(gap)] = np.inf
+        if gap.size and not (gap <= GEOMETRY_TOLERANCE).all():
+            at = np.unravel_index(int(np.argmax(gap)), gap.shape)
+            row = int(at[0])
+            return (f"model.{name}[{row}] is {want[row].tolist()}, the source compiles to "
+                    f"{got[row].tolist()}")
+    return None
 
 
 def _arrays_difference(a: mujoco.MjModel, b: mujoco.MjModel) -> str | None:

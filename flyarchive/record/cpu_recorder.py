@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Mapping, Sequence
 from typing import Any, ClassVar
 
@@ -454,6 +455,11 @@ class TrajectoryRecorder:
                 f"{n_worlds} MjData were passed."
             )
         self._tail = CommittedTail.read(writer)
+        if self._tail is not None and self._spec_args["portable"] is not None:
+            warnings.warn(
+                f"model_source was not kept: {self.url!r} was recorded before, and appending "
+                "keeps the models the archive keeps. Keep it with `flyarchive model attach "
+                f"{self.url} --model SOURCE`.", RuntimeWarning, stacklevel=4)
 
     def _begin(self, time: float) -> None:
         """Set the frame clock at the first call (and after a reset before any frame)."""

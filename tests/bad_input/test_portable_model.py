@@ -307,3 +307,52 @@ def test_attaching_a_missing_file_is_a_model_load_error(elsewhere, tmp_path):
         attach_model(elsewhere, tmp_path / "missing.xml")
 
     assert snapshot(elsewhere) == before
+
+
+# ----------------------------------------------------------------------------- geometry
+def _two_bodies(arm="0.5 0 0.3", size="0.1"):
+    return (f'<mujoco><worldbody><body name="base"><freejoint/><geom size="{size}"/>'
+            f'<body name="arm" pos="{arm}"><joint name="elbow"/><geom size="0.05"/>'
+            '</body></body></worldbody></mujoco>')
+
+
+@pytest.mark.parametrize("change, said", [
+    (lambda m: m.body_pos.__setitem__(2, [0.9, 0, 0.9]), r"model.body_pos\[2\] is \[0.9, 0.0, 0.9\]"),
+    (lambda m: m.geom_size.__setitem__((0, 0), 0.3), r"model.geom_size\[0\] is \[0.3"),
+])
+def test_a_source_that_compiles_to_other_geometry_than_the_model_is_refused(
+        tmp_path, change, said):
+    from flyarchive import TrajectoryRecorder
+    from flyarchive.errors import LayoutMismatchError
+
+    source = tmp_path / "fly.xml"
+    source.write_text(_two_bodies())
+    model = mujoco.MjModel.from_xml_path(str(source))
+    TrajectoryRecorder(str(tmp_path / "same.zarr"), model, model_source=str(source))  # accepted
+    change(model)  # changed in memory after compiling: the source is no longer its source
+    url = tmp_path / "run.zarr"
+
+    with pytest.raises(LayoutMismatchError, match=f"does not compile to the model being "
+                                                  f"recorded: {said}"):
+        TrajectoryRecorder(str(url), model, model_source=str(source))
+
+    assert not url.exists()
+
+
+def test_a_model_source_given_when_appending_is_not_kept_and_a_warning_says_how(tmp_path):
+    from flyarchive import TrajectoryRecorder, open_archive
+    from flyarchive.testing import simulate
+
+    source = tmp_path / "fly.xml"
+    source.write_text(_two_bodies())
+    model = mujoco.MjModel.from_xml_path(str(source))
+    url = str(tmp_path / "run.zarr")
+    with TrajectoryRecorder(url, model) as recorder:
+        simulate(model, 1, 30, recorder.record_as_needed)
+
+    with pytest.warns(RuntimeWarning, match=r"model_source was not kept: .*flyarchive model "
+                                            r"attach"):
+        with TrajectoryRecorder(url, model, mode="a", model_source=str(source)) as recorder:
+            simulate(model, 1, 60, recorder.record_as_needed)
+
+    assert "portable_model" not in open_archive(url).attrs
