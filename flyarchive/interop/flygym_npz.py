@@ -415,8 +415,9 @@ def _create_writer(url: str, spec: ArchiveSpec, mode: str,
     """A writer of a new archive (``options``: ``storage_options`` and ``takeover``)."""
     try:
         return ArchiveWriter.create(url, spec, mode=mode, **options)
-    except ArchiveExistsError:
-        pass
+    except ArchiveExistsError as err:
+        if mode == "w":  # what flyarchive did not write: the store's own words
+            raise err from None
     try:
         status = import_status(open_for_reading(url, options["storage_options"],
                                                 attributes_only=True).attrs.asdict())

@@ -152,10 +152,17 @@ def refusal(url: str, there: str) -> FlyarchiveError:
             f"At {url!r} is an archive whose creation was interrupted (no frame was committed). "
             "Pass mode='a' to create it anew there, or mode='w' to replace it."
         )
+    return foreign(url)
+
+
+def foreign(url: str) -> ArchiveExistsError:
+    """The refusal of a location that holds what flyarchive did not make: replaced by no
+    mode and no ``--overwrite`` (a folder of a user's files, another program's zarr)."""
     return ArchiveExistsError(
-        f"Something that is not a flyarchive archive is at {url!r}; flyarchive never overwrites "
-        "without being asked. Choose another URL, or pass mode='w' to replace it (its data is "
-        "deleted)."
+        f"Something that is not a flyarchive archive is at {url!r} (files flyarchive did not "
+        "write); flyarchive replaces only its own archives, never other files, even when asked "
+        "to overwrite. Choose another URL (e.g. a new folder such as run.zarr), or move those "
+        "files away first."
     )
 
 

@@ -57,6 +57,7 @@ from flyarchive.layout import ModelLayout
 from flyarchive.schema import (
     DERIVED_ATTR,
     DERIVED_GROUP,
+    SCHEMA_NAME,
     TIME_COORDS,
     damage_advice,
     derived_source_url,
@@ -65,7 +66,7 @@ from flyarchive.schema import (
 from flyarchive.store import storage_errors
 from flyarchive.store.claims import WRITER_KEY, claim_archive
 from flyarchive.store.consolidated import consolidate
-from flyarchive.store.creation import claims_group, clear, package_versions, undo
+from flyarchive.store.creation import claims_group, clear, foreign, package_versions, undo
 from flyarchive.models import PORTABLE_MODEL_ATTR, model_identity
 from flyarchive.store.location import as_url, open_store, settled, sync, write_faults
 from flyarchive.store.opener import open_for_reading, open_for_writing
@@ -184,7 +185,9 @@ class DerivedWriter(ArchiveWriter):
               ) -> "DerivedWriter":
         store = open_store(url, storage_options)
         there = _what_is_there(store, spec)
-        if there == "other" and not overwrite and not owned:
+        if there == "foreign" and not owned:
+            raise foreign(url)
+        if there in ("other", "foreign") and not overwrite and not owned:
             raise ArchiveExistsError(
                 f"Something that is not these derived values is at {url!r} (another archive, "
                 "other keypoints, another model, or values of another archive); flyarchive "
@@ -195,7 +198,7 @@ class DerivedWriter(ArchiveWriter):
         ours = there != "same"
         try:
             remade = unsound(url, storage_options, source) if there == "same" else None
-            if there == "other" and owned and not overwrite:
+            if there in ("other", "foreign") and owned and not overwrite:
                 remade = ("What was there is not a derived group of this request: its root "
                           "zarr.json is missing or unreadable, or its provenance was changed.")
             if there == "same" and remade is None:
@@ -276,7 +279,9 @@ class DerivedWriter(ArchiveWriter):
 
 def _what_is_there(store: zarr.abc.store.Store, spec: DerivedSpec) -> str:
     """``"empty"``, ``"same"`` (a derived group of this request), ``"interrupted"`` (its
-    creation did not finish: made anew) or ``"other"``."""
+    creation did not finish: made anew), ``"other"`` (what flyarchive made: an archive,
+    another request's group) or ``"foreign"`` (anything else: never replaced but in an
+    archive's own ``derived/`` folder)."""
     raw = sync(store.get("zarr.json", prototype=default_buffer_prototype()))
     if raw is None:
         async def anything() -> bool:
@@ -285,13 +290,17 @@ def _what_is_there(store: zarr.abc.store.Store, spec: DerivedSpec) -> str:
                     return True
             return False
 
-        return "other" if sync(anything()) else "empty"
+        return "foreign" if sync(anything()) else "empty"
     import json
 
     try:
-        derived = json.loads(raw.to_bytes())["attributes"]["derived"]
-    except (ValueError, KeyError, TypeError):
-        return "other"
+        attributes = json.loads(raw.to_bytes())["attributes"]
+        derived = attributes.get(DERIVED_ATTR)
+        made_here = derived is not None or attributes.get("flyarchive_schema") == SCHEMA_NAME
+    except (ValueError, KeyError, TypeError, AttributeError):
+        return "foreign"
+    if not made_here:
+        return "foreign"
     if derived != dict(spec.provenance):
         return "other"
     return "same" if sync(store.exists("n_frames/zarr.json")) else "interrupted"

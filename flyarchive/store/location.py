@@ -178,11 +178,16 @@ def unavailable(url: str, err: BaseException) -> StorageError:
 
 
 def refuse_existing(url: str, storage_options: Mapping[str, Any] | None = None) -> None:
-    """Raise :class:`ArchiveExistsError` if anything is at ``url``."""
+    """Raise :class:`ArchiveExistsError` if anything is at ``url`` (what flyarchive did not
+    write named as such: no mode replaces it)."""
+    from flyarchive.store.creation import foreign, inventory
+
     with storage_errors.translated(url, storage_options):  # interop: unreachable, no bucket...
-        exists = archive_exists(open_store(url, storage_options))
+        store = open_store(url, storage_options)
+        exists = archive_exists(store)
+        there = sync(inventory(store)) if exists else "empty"
     if exists:
-        raise exists_error(url)
+        raise foreign(url) if there == "other" else exists_error(url)
 
 
 def sync(coro: Any) -> Any:

@@ -35,7 +35,8 @@ arrays, and ``n_frames`` last. What each mode does with what it finds:
 - a damaged archive (chunks of recorded state but no ``n_frames``): refused
   (:class:`~flyarchive.errors.CorruptArchiveError`) unless ``"w"``: nothing that
   holds recorded frames is ever deleted without ``mode="w"``;
-- anything else: refused unless ``"w"``.
+- anything else (files flyarchive did not write): refused by every mode
+  (:func:`~flyarchive.store.creation.foreign`).
 
 A refused creation leaves nothing behind.
 """
@@ -67,6 +68,7 @@ from flyarchive.store.creation import (
     check_commits,
     claims_group,
     clear,
+    foreign,
     inventory,
     refusal,
     release_quietly,
@@ -183,7 +185,7 @@ class ArchiveWriter:
             url: Where: a local path or any fsspec URL.
             spec: The archive's fixed properties.
             mode: ``"w-"`` create, refuse if anything is there (default); ``"w"`` replace
-                what is there; ``"a"`` append to the archive there (creating it if absent,
+                the archive there (never files flyarchive did not write); ``"a"`` append to the archive there (creating it if absent,
                 or if its creation was interrupted before anything was committed).
             storage_options: Passed to fsspec (e.g. S3 credentials, ``endpoint_url``).
             takeover: Take over the claim of a writer that crashed on another host.
@@ -220,7 +222,7 @@ class ArchiveWriter:
     ) -> "ArchiveWriter":
         store = open_store(url, storage_options)
         if mode == "w-" and archive_exists(store):
-            raise exists_error(url)
+            raise foreign(url) if sync(inventory(store)) == "other" else exists_error(url)
         if mode == "a" and sync(inventory(store)) == "archive":
             return cls.append(url, spec.layout, storage_options=storage_options,
                               timing=spec.timing, takeover=takeover, codec=spec.codec,
@@ -248,7 +250,8 @@ class ArchiveWriter:
                 stored = check_against(group, url, spec.layout, spec.timing, codec=spec.codec,
                                        dtype=spec.dtype)
                 return cls._opened(group, url, stored, claim)
-            if there != "empty" and (mode == "w-" or (mode == "a" and there != "interrupted")):
+            if there == "other" or (there != "empty" and (
+                    mode == "w-" or (mode == "a" and there != "interrupted"))):
                 raise exists_error(url) if there == "archive" else refusal(url, there)
             ours = True
             if there != "empty":

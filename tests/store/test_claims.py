@@ -6,6 +6,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import mujoco
 import numpy as np
 import pytest
 import zarr
@@ -14,7 +15,13 @@ from zarr.core.sync import sync
 
 from flyarchive import TrajectoryRecorder
 from flyarchive.clock import Timing
-from flyarchive.errors import ArchiveInUseError, SchemaError, StorageError, WorldBlockConflictError
+from flyarchive.errors import (
+    ArchiveExistsError,
+    ArchiveInUseError,
+    SchemaError,
+    StorageError,
+    WorldBlockConflictError,
+)
 from flyarchive.layout import ModelLayout
 from flyarchive.store import ArchiveSpec, ArchiveWriter, FrameBlock, open_store
 from flyarchive.store.claims import WRITER_KEY, _identity, _proc_stat, put_exclusive
@@ -394,3 +401,44 @@ def test_two_threads_creating_one_archive_at_once_one_records_the_other_is_refus
 
         assert sorted(outcomes) in (["in use", "recorded"], ["recorded", "recorded"]), outcomes
         assert verify(url).ok
+
+
+# ----------------------------------------------------------------------------- foreign files
+@pytest.mark.parametrize("mode", ["w", "a", "w-"])
+def test_no_mode_replaces_a_folder_of_files_flyarchive_did_not_write(tiny, tmp_path, mode):
+    folder = tmp_path / "thesis"
+    (folder / "sub").mkdir(parents=True)
+    (folder / "thesis.tex").write_text("years of work")
+    (folder / "sub" / "data.csv").write_text("1,2")
+
+    with pytest.raises(ArchiveExistsError, match="not a flyarchive archive .*replaces only its "
+                                                 "own archives"):
+        with TrajectoryRecorder(str(folder), tiny, mode=mode) as recorder:
+            simulate(tiny, 1, 10, recorder.record_as_needed)
+
+    assert (folder / "thesis.tex").read_text() == "years of work"
+    assert (folder / "sub" / "data.csv").read_text() == "1,2"
+
+
+def test_overwrite_replaces_an_archive_but_not_a_folder_of_other_files(tiny, tmp_path, cli):
+    from flyarchive import export_npz
+
+    archive = record(tiny, str(tmp_path / "run.zarr"), n_worlds=1, n_steps=10)
+    export_npz(archive, str(tmp_path / "npz"))
+    folder = tmp_path / "mine"
+    folder.mkdir()
+    (folder / "notes.txt").write_text("keep")
+    model = str(tmp_path / "tiny.xml")
+    mujoco.mj_saveLastXML(model, tiny)
+
+    code, _, err = cli("import-npz", str(tmp_path / "npz"), "--to", str(folder), "--model", model,
+                       "--overwrite")
+    assert code == 2 and "not a flyarchive archive" in err
+    assert (folder / "notes.txt").read_text() == "keep"
+    code, _, err = cli("positions", archive, "--keypoints", "bodies", "--to", str(folder),
+                       "--overwrite")
+    assert code == 2 and "not a flyarchive archive" in err
+    assert sorted(p.name for p in folder.iterdir()) == ["notes.txt"]
+    code, _, err = cli("import-npz", str(tmp_path / "npz"), "--to", archive, "--model", model,
+                       "--overwrite")
+    assert code == 0, err  # an archive: replaced
