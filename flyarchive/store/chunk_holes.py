@@ -242,3 +242,30 @@ def _world_span(ids: np.ndarray) -> str:
     if ids == list(range(ids[0], ids[0] + len(ids))):
         return f"worlds {ids[0]}..{ids[-1]}"
     return f"worlds {ids[:_MAX_NAMED]}{'...' if len(ids) > _MAX_NAMED else ''}"
+
+
+def lost_commit_markers(n_frames_arr: zarr.Array, n_frames: np.ndarray,
+                        state: Sequence[zarr.Array]) -> list[tuple[str, int, int]]:
+    """The chunks of ``n_frames`` (the commit markers) that are missing though frames of
+    their worlds were committed: they read as 0 committed frames. A chunk of worlds with
+    no frame yet may be missing (zarr writes no chunk of zeros), but once a frame of its
+    worlds is committed it holds that; so a chunk is lost when it is missing and a
+    ``state`` array holds a chunk of its worlds. Asked only where ``n_frames`` reads 0."""
+    zero = np.flatnonzero(np.asarray(n_frames) == 0)
+    if not zero.size:
+        return []
+    gone = missing_chunks(n_frames_arr, zero)
+    if not gone:
+        return []
+
+    async def written(arr: zarr.Array, start: int, stop: int) -> bool:
+        rows = int((arr.shards or arr.chunks)[0])
+        for block in range(start // rows, -(-stop // rows)):
+            key = arr.metadata.encode_chunk_key((block,) + (0,) * (arr.ndim - 1))
+            prefix = "/".join(key.split("/")[:2]) + "/"  # c/<block>/
+            async for _ in arr.store_path.store.list_prefix(f"{arr.store_path.path}/{prefix}"):
+                return True
+        return False
+
+    return [chunk for chunk in gone
+            if any(sync(written(arr, chunk[1], chunk[2])) for arr in state)]

@@ -23,10 +23,12 @@ from flyarchive.schema import (
     DERIVED_ATTR,
     TIME_COORDS,
     damage_advice,
+    is_state,
     n_frames_problem,
     sizes_problem,
     times_problem,
 )
+from flyarchive.store.chunk_holes import lost_commit_markers
 from flyarchive.store.consolidated import time_extent
 from flyarchive.store.replicas import read_checked
 from flyarchive.store.location import sync
@@ -64,6 +66,8 @@ def committed_coordinates(url: str, storage_options: Mapping[str, Any] | None,
     if problem is not None:
         raise SchemaError(f"The {what} at {url!r} is damaged: {problem} {fix}")
     committed = n_frames_problem(n_frames, extent) if n_frames is not None else None
+    if committed is None and n_frames is not None:
+        committed = lost_markers_problem(arrays, n_frames)
     if committed is not None:
         raise CorruptArchiveError(f"The {what} at {url!r} is damaged: {committed} {fix}")
     n_frames = n_frames.astype(np.int64) if n_frames is not None else None
@@ -73,6 +77,19 @@ def committed_coordinates(url: str, storage_options: Mapping[str, Any] | None,
     if times is not None:
         raise CorruptArchiveError(f"The {what} at {url!r} is damaged: {times} {fix}")
     return group, arrays, n_frames, n_time, cut
+
+
+def lost_markers_problem(arrays: Mapping[str, zarr.Array], n_frames: np.ndarray) -> str | None:
+    """What is wrong when a chunk of ``n_frames`` is missing though its worlds' frames were
+    recorded (:func:`~flyarchive.store.chunk_holes.lost_commit_markers`), in words; None if
+    none is."""
+    state = [a for a in arrays.values() if is_state(dims_of(a))]
+    lost = lost_commit_markers(arrays["n_frames"], n_frames, state) if state else []
+    if not lost:
+        return None
+    files = ", ".join(f"{key} (worlds at indices {start}..{stop - 1})" for key, start, stop in lost)
+    return (f"the commit markers' file {files} is missing, though frames of those worlds were "
+            "recorded: they would read as no frame committed.")
 
 
 def dims_of(arr: zarr.Array) -> tuple[str, ...]:

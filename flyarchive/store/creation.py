@@ -28,6 +28,7 @@ from flyarchive.clock import Timing
 from flyarchive.errors import ArchiveExistsError, CorruptArchiveError, FlyarchiveError, SchemaError
 from flyarchive.layout import ModelLayout, check_compatible
 from flyarchive.schema import SCHEMA_NAME, SCHEMA_VERSION, STATE_VARS
+from flyarchive.store.chunk_holes import lost_commit_markers
 from flyarchive.store.claims import WRITER_KEY, release
 from flyarchive.models.entries import MODEL_ATTR, PORTABLE_MODEL_ATTR, model_entry, portable_entry
 from flyarchive.store.location import sync
@@ -203,6 +204,12 @@ def check_commits(group: zarr.Group, url: str, arrays: Mapping[str, zarr.Array],
             f"The archive at {url!r} has n_frames {shown}, outside 0..{extent} (the frames it "
             f"stores along time) for its {n_worlds} worlds: its commit markers are damaged. {fix}"
         )
+    lost = lost_commit_markers(marker, n_frames, [arrays[n] for n in state])
+    if lost:
+        raise CorruptArchiveError(
+            f"The archive at {url!r} is damaged: its commit markers' file {lost[0][0]} is "
+            "missing, though frames of its worlds were recorded (they would be written "
+            f"again over the recorded ones). {fix}")
     if not np.isfinite(times).all() or (np.diff(times) <= 0).any():
         raise CorruptArchiveError(
             f"The archive at {url!r} has committed times that are missing, not finite or not "

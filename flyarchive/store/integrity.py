@@ -40,6 +40,7 @@ from flyarchive.schema import (
 )
 from flyarchive.store.claims import live_claims
 from flyarchive.store.consolidated import WHILE_WRITING, consolidated_findings, root_document
+from flyarchive.store.coordinates import lost_markers_problem
 from flyarchive.models.kept import model_problems
 from flyarchive.zarr_internals import default_buffer_prototype
 from flyarchive.store.chunk_holes import missing_chunks, stored_whole
@@ -442,13 +443,17 @@ def _check_committed(group: zarr.Group, document: Mapping[str, Any] | None, url:
     n_time = min(time_extents(group).values())  # read after n_frames: never behind it
     report.n_worlds, report.n_frames = len(n_frames), [int(n) for n in n_frames]
     committed = n_frames_problem(n_frames, n_time)  # readers refuse what this finds
+    lost = lost_markers_problem(dict(group.arrays()), n_frames) if committed is None else None
+    if lost is not None:
+        found.add(f"{lost[0].upper()}{lost[1:]} Restore the file from a backup.")
     if committed is not None:
         found.add(committed, f"{committed} {WHILE_WRITING}")
         n_frames = n_frames.clip(0, n_time)
     _check_time(group, int(n_frames.max(initial=0)), report)
     one_writer = not group["claims"].attrs.get("world_blocks", False) if "claims" in group else True
+    trusted = one_writer and lost is None  # else the copy cannot be checked against them
     for text, while_writing in consolidated_findings(document, group,
-                                                     n_frames if one_writer else None, url):
+                                                     n_frames if trusted else None, url):
         found.add(text, while_writing)
     # (a derived group's values are not quantized: one kept before it stopped copying its
     # archive's codec attribute says the archive's)

@@ -338,3 +338,29 @@ def test_an_archive_from_before_reads_a_missing_world_variable_chunk_as_before(c
     assert any("'success'" in note and "written before" in note for note in report.notes)
     with pytest.raises(CorruptArchiveError, match="world variable 'success'"):
         open_archive(copy).success.values
+
+
+# ----------------------------------------------------------------------------- commit markers
+def test_a_lost_n_frames_file_is_damage_that_reads_verify_and_writers_name(location, sound, tiny):
+    """Frames were committed, then n_frames' one file went missing: it read as 0 frames
+    committed (the archive looked empty, `positions` 'repaired' its kept values to none,
+    and an appending writer would have written over the recorded frames)."""
+    from flyarchive import TrajectoryRecorder
+    from flyarchive.store.integrity import verify
+    from flyarchive.testing import simulate
+
+    copy_archive(sound, location.url, location.storage_options)
+    delete_object(location.url, "n_frames/c/0", location.storage_options)
+    before = stored(location)
+
+    with pytest.raises(CorruptArchiveError, match=r"commit markers' file n_frames/c/0 \(worlds "
+                                                  r"at indices 0..1\) is missing"):
+        open_archive(location.url, location.storage_options)
+    report = verify(location.url, location.storage_options)
+    assert not report.ok and any("n_frames/c/0" in p for p in report.problems)
+    recorder = TrajectoryRecorder(location.url, tiny, mode="a", chunk_frames=5,
+                                  storage_options=location.storage_options)
+    with pytest.raises(CorruptArchiveError, match="n_frames/c/0 is missing.*written again over"):
+        simulate(tiny, 2, 76, recorder.record_as_needed)
+
+    assert stored(location) == before
