@@ -76,7 +76,8 @@ def parse_keypoints(keypoints: list[str] | None, points: list[str] | None) -> di
             raise SelectionError(
                 f"The point {text!r} has offset {offset!r}; write three numbers X,Y,Z or 'tip'.")
         found[label.strip()] = (body.strip(), xyz)
-    return {"bodies": bodies or None, "sites": sites, "points": found}
+    # none named: None each, so that a call asks for its default (every kept keypoint...)
+    return {"bodies": bodies or None, "sites": sites or None, "points": found or None}
 
 
 def _path(text: str) -> str:

@@ -36,6 +36,7 @@ from flyarchive.errors import (
     OptionsError,
     OutputExistsError,
     OutputLocationError,
+    SelectionError,
     missing_dependency,
 )
 from flyarchive.store.local_files import make_folder, refuse_inside_archive, write_whole
@@ -269,11 +270,49 @@ def _source_positions(url: str, bodies: Any, sites: Any, points: Any, leg: Any, 
             bodies, sites, points = _kept_request(url, ds, storage_options)
         return positions(url, bodies, sites, points, leg=leg, segment=segment, worlds=worlds,
                          time=time, model=model, storage_options=storage_options), ds
+    return _select_kept(kept, url, bodies, sites, points, leg, segment, worlds, time), None
+
+
+def _select_kept(kept: Any, url: str, bodies: Any, sites: Any, points: Any, leg: Any,
+                 segment: Any, worlds: Any, time: Any) -> Any:
+    """Positions kept as an archive of their own, cut to the keypoints (by label), worlds and
+    time window asked, as an archive's are.
+
+    Raises:
+        SelectionError: a keypoint, world or window the kept positions do not hold, or a
+            leg or segment (they need the model: ask the archive the positions came from).
+    """
+    from flyarchive.query.selection import parse_time_window, parse_world_ids
+
+    if leg is not None or segment is not None:
+        raise SelectionError(
+            f"{url!r} holds positions kept on their own: choose its keypoints by label "
+            f"({list(map(str, kept.keypoint.values))}); leg= and segment= need the archive "
+            "they were computed from.")
+    labels = [str(k) for k in kept.keypoint.values]
+    wanted = [b for b in (bodies or []) if b != "*"] + list(sites or []) + list(points or {})
+    if wanted and not (bodies and "*" in bodies):
+        unknown = [k for k in wanted if k not in labels]
+        if unknown:
+            raise SelectionError(
+                f"Keypoint(s) {unknown} are not among the positions kept at {url!r}: "
+                f"{labels}.")
+        kept = kept.sel(keypoint=list(dict.fromkeys(wanted)))
+    worlds, time = parse_world_ids(worlds), parse_time_window(time)
     if worlds is not None:
-        kept = kept.sel(world=list(worlds))
+        ids = [int(w) for w in kept.world.values]
+        unknown = sorted(set(worlds) - set(ids))
+        if unknown:
+            raise SelectionError(f"World(s) {unknown[:10]} are not in {url!r}. It has "
+                                 f"{ids[:10]}{'...' if len(ids) > 10 else ''}.")
+        kept = kept.sel(world=worlds)
     if time is not None:
         kept = kept.sel(time=slice(*time))
-    return kept, None
+        if kept.sizes["time"] == 0:
+            raise SelectionError(
+                f"The time window {time} holds no frame of {url!r}; choose a window within "
+                "its recording.")
+    return kept
 
 
 def _kept_request(url: str, ds: Any, storage_options: Any) -> tuple[Any, Any, Any]:

@@ -180,3 +180,43 @@ def test_a_movement_export_carries_world_variables_and_the_kept_tarsus_tips(fly,
                                                       *flyarchive.tarsus_tips()]
     assert back.seed.values.tolist() == [11, 12, 13] and back.seed.dims == ("individual",)
     assert back.genotype_sim.values.tolist() == ["wt", "mutA", "wt"]
+
+
+@requires_movement
+def test_the_command_line_exports_every_kept_keypoint_when_none_is_named(fly, tmp_path, cli):
+    import xarray as xr
+
+    flyarchive.keep_positions(fly, "nmf/c_thorax", points=flyarchive.tarsus_tips())
+
+    code, _, err = cli("export-poses", fly, "--format", "movement", "--to", tmp_path / "p.nc")
+
+    assert code == 0, err
+    back = xr.open_dataset(tmp_path / "p.nc")
+    assert [str(k) for k in back.keypoint.values] == ["nmf/c_thorax", *flyarchive.tarsus_tips()]
+
+
+@requires_movement
+def test_positions_kept_on_their_own_export_the_keypoints_worlds_and_window_asked(
+        fly, tmp_path, cli):
+    import xarray as xr
+
+    own = str(tmp_path / "own.zarr")
+    flyarchive.keep_positions(fly, "nmf/c_thorax", points=flyarchive.tarsus_tips(), to=own)
+    ids = [int(w) for w in flyarchive.open_positions(own).world.values]
+    tip = next(iter(flyarchive.tarsus_tips()))
+
+    written = export_poses(own, tmp_path / "some.nc", format="movement", points={tip: None},
+                           worlds=ids[1:], time=(0.1, 0.3))
+
+    back = xr.open_dataset(written[0])
+    assert [str(k) for k in back.keypoint.values] == [tip]
+    assert back.sizes["individual"] == len(ids) - 1
+    assert 0.1 - 1e-9 <= float(back.time.min()) and float(back.time.max()) <= 0.3 + 1e-9
+    for args, said in [(("--keypoints", "nope"), r"Keypoint\(s\) \['nope'\] are not among"),
+                       (("--worlds", "999"), r"World\(s\) \[999\] are not in"),
+                       (("--time", "50:60"), "holds no frame")]:
+        code, _, err = cli("export-poses", own, "--format", "movement", "--to",
+                           tmp_path / "bad.nc", *args)
+        assert code == 2 and "Traceback" not in err
+        assert __import__("re").search(said, err), err
+    assert not (tmp_path / "bad.nc").exists()
