@@ -216,8 +216,21 @@ def parse_world_var(text: str) -> tuple[str, Any]:
             f"a number: for text that looks like numbers use @values.json); {how}.")
     try:
         return name, np.array([int(item) for item in items], dtype=np.int64)
-    except ValueError:
-        return name, np.array([float(item) for item in items], dtype=np.float64)
+    except ValueError:  # not all whole numbers: floats
+        pass
+    except OverflowError:
+        raise OptionsError(
+            f"Cannot read the world variable {text!r}: a whole number is beyond 64 bits "
+            f"(-2**63..2**63-1); write it as a decimal (1e20) to store floats, or as text "
+            f"with @values.json; {how}.") from None
+    values = np.array([float(item) for item in items], dtype=np.float64)
+    huge = [item for item, v in zip(items, values)
+            if np.isinf(v) and "inf" not in item.lower()]
+    if huge:
+        raise OptionsError(
+            f"Cannot read the world variable {text!r}: {huge[0]!r} is beyond what a 64-bit "
+            f"float holds (about 1.8e308); write inf if you mean infinity; {how}.")
+    return name, values
 
 
 def _values_file(name: str, path: str, how: str) -> Any:

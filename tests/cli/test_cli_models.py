@@ -176,3 +176,20 @@ def test_set_world_var_refuses_a_name_given_twice(archive, cli):
 
     assert code == 2 and "['gain'] are given more than once" in err
     assert snapshot(archive) == before
+
+
+@pytest.mark.parametrize("text, said", [
+    ("n=99999999999999999999,1,2", "a whole number is beyond 64 bits"),
+    ("n=-99999999999999999999,1,2", "a whole number is beyond 64 bits"),
+    ("m=1e400,1,2", "'1e400' is beyond what a 64-bit float holds"),
+])
+def test_set_world_var_refuses_numbers_too_large_to_store(archive, cli, text, said):
+    from flyarchive.testing.fixtures import snapshot
+
+    before = snapshot(archive)
+
+    code, _, err = cli("set-world-var", archive, text)
+
+    assert code == 2 and said in err and "Traceback" not in err
+    assert snapshot(archive) == before
+    assert parse_world_var("m=inf,1,2")[1][0] == np.inf  # infinity said as such is kept
