@@ -34,6 +34,7 @@ import mujoco
 import numpy as np
 
 from flyarchive.errors import SelectionError
+from flyarchive.query.dofs import as_names
 
 if TYPE_CHECKING:
     import xarray as xr
@@ -100,20 +101,19 @@ class KeypointRequest:
         Raises:
             SelectionError: a point that is not ``(body, (x, y, z))`` or ``(body, "tip")``.
         """
-        return cls(_names(bodies) if bodies is not None else None, _names(sites) or (),
+        if points is not None and not isinstance(points, Mapping):
+            raise SelectionError(
+                f"points must be a mapping {{label: (body, (x, y, z))}} or {{label: (body, "
+                f"'tip')}}, got {type(points).__name__} {points!r}.")
+        return cls(as_names(bodies, "bodies") if bodies is not None else None,
+                   as_names(sites, "sites") if sites is not None else (),
                    tuple(_point(label, spec) for label, spec in (points or {}).items()),
-                   _selector(leg), _selector(segment), _selector(fly))
+                   _selector(leg, "leg"), _selector(segment, "segment"), _selector(fly, "fly"))
 
 
-def _names(value: str | Iterable[str] | None) -> tuple[str, ...]:
-    if value is None:
-        return ()
-    return (value,) if isinstance(value, str) else tuple(str(v) for v in value)
-
-
-def _selector(value: Any) -> str | tuple[str, ...] | None:
+def _selector(value: Any, what: str) -> str | tuple[str, ...] | None:
     """A selector as given (one text, or several as a tuple: hashable)."""
-    return value if value is None or isinstance(value, str) else _names(value)
+    return value if value is None or isinstance(value, str) else as_names(value, what)
 
 
 def _point(label: Any, spec: Any) -> tuple[str, str, tuple[float, float, float] | str]:

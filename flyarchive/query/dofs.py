@@ -19,7 +19,7 @@ other models' joints) are never selected.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -62,11 +62,27 @@ class DofName:
         return cls(label, fly, child[0].lower(), child[1].lower(), parts[2].lower())
 
 
-def _as_set(value: str | Iterable[str] | None) -> set[str] | None:
+def as_names(value: str | Iterable[str], what: str) -> tuple[str, ...]:
+    """A name or names as given (``"lf"``, ``["lf", "rf"]``) as a tuple of texts.
+
+    Raises:
+        SelectionError: ``value`` is neither a text nor a collection of texts (a number,
+            a mapping...), naming ``what`` it was given as.
+    """
+    items = [value] if isinstance(value, str) else value
+    if not isinstance(items, Mapping) and isinstance(items, Iterable):
+        items = list(items)
+    if not isinstance(items, list) or not all(isinstance(v, str) for v in items):
+        raise SelectionError(
+            f"{what} must be a name or a list of names (text), got {type(value).__name__} "
+            f"{value!r}; give one text or a list of texts.")
+    return tuple(items)
+
+
+def _as_set(value: str | Iterable[str] | None, what: str) -> set[str] | None:
     if value is None:
         return None
-    items = [value] if isinstance(value, str) else list(value)
-    return {str(v).lower() for v in items}
+    return {v.lower() for v in as_names(value, what)}
 
 
 def dof_labels(
@@ -113,7 +129,7 @@ def matching(labels: Sequence[str], names: Sequence[Any], asked: dict[str, Any],
     Raises:
         SelectionError: nothing matches, naming the values of every field that exist.
     """
-    wanted = {key: _as_set(value) for key, value in asked.items()}
+    wanted = {key: _as_set(value, key) for key, value in asked.items()}
     found = [n.label for n in names
              if all(want is None or getattr(n, key) in want for key, want in wanted.items())]
     if not found:

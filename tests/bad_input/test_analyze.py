@@ -3,6 +3,8 @@ asked, what exists, how to fix it), and nothing committed or written changes."""
 
 from __future__ import annotations
 
+import re
+
 import mujoco
 import numpy as np
 import pytest
@@ -490,3 +492,24 @@ def test_the_cli_names_the_metadata_field_it_cannot_use(cli, archive, tmp_path):
 
     assert code == 2 and "subject.sex must be one of M, F, U, O" in err
     assert not (tmp_path / "n").exists()
+
+
+@pytest.mark.parametrize("kwargs, said", [
+    (dict(bodies=5), "bodies must be a name or a list of names (text), got int 5"),
+    (dict(sites=5), "sites must be a name or a list of names"),
+    (dict(points=[("hand", [0, 0, 0])]), "points must be a mapping"),
+    (dict(points="hand"), "points must be a mapping"),
+    (dict(leg=3), "leg must be a name or a list of names"),
+])
+def test_arguments_of_the_wrong_type_are_named(archive, kwargs, said):
+    with pytest.raises(SelectionError, match=re.escape(said)):
+        flyarchive.positions(archive, **kwargs)
+
+
+@pytest.mark.parametrize("kwargs", [dict(leg=1), dict(joint=3), dict(joint={"tibia": 1})])
+def test_select_dofs_names_a_selector_of_the_wrong_type(archive, kwargs):
+    ds = flyarchive.open_archive(archive)
+    name = next(iter(kwargs))
+
+    with pytest.raises(SelectionError, match=f"{name} must be a name or a list of names"):
+        flyarchive.select_dofs(ds.qpos, **kwargs)
