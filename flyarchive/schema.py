@@ -168,6 +168,12 @@ def validate(ds: xr.Dataset) -> ModelLayout:
         SchemaVersionError: for a schema version this flyarchive cannot read.
     """
     layout = validate_attrs(ds.attrs)
+    if "qpos" not in ds and isinstance(ds.attrs.get(DERIVED_ATTR), Mapping):
+        raise SchemaError(
+            "This holds values derived from an archive (e.g. positions kept with "
+            "`flyarchive positions ... --to`), not the archive itself. Read positions with "
+            "flyarchive.open_positions(url) (`flyarchive export-poses` and `verify` take it "
+            "too), and the archive they came from with open_archive.")
     _check_var(ds, "qpos", STATE_VARS["qpos"], STATE_DTYPES)
     _check_var(ds, "n_frames", ("world",), (np.dtype("int64"),))
     _check_coord(ds, "world", np.dtype("int64"))

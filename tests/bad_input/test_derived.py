@@ -501,3 +501,17 @@ def test_positions_kept_as_an_archive_of_their_own_are_checked_and_repaired(arch
 
     assert len(said) == 1 and "Recomputing worlds 0..1, frames 5..9" in said[0]
     assert np.array_equal(flyarchive.open_positions(to).values, expected)
+
+
+def test_an_archive_command_on_positions_kept_on_their_own_says_what_they_are(tmp_path, cli):
+    from flyarchive.testing import tiny_model
+    from flyarchive.testing.fixtures import record
+
+    archive = record(tiny_model(), str(tmp_path / "run.zarr"), n_worlds=2, n_steps=12)
+    own = str(tmp_path / "own.zarr")
+    flyarchive.keep_positions(archive, "*", to=own)
+
+    for command in (["info", own], ["export-npz", own, "--to", str(tmp_path / "npz")]):
+        code, _, err = cli(*command)
+        assert code == 2 and "holds values derived from an archive" in err, err
+        assert "flyarchive.open_positions(url)" in err
