@@ -143,3 +143,10 @@ class FrameClock:
     def is_due_at(self, time: float) -> bool:
         """Like :meth:`is_due`, from a simulation time in seconds."""
         return self.is_due(self.step_of(time))
+
+
+def frame_rate(step: float) -> float:
+    """Frames per second of frames ``step`` seconds apart, to 12 significant digits:
+    scheduled times are exact decimals, their differences are not (1 / 0.02 read from
+    them is 49.99999999999996 for 50)."""
+    return float(f"{1.0 / step:.12g}")

@@ -51,6 +51,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from flyarchive.clock import frame_rate
 from flyarchive.errors import OptionsError
 
 if TYPE_CHECKING:
@@ -329,7 +330,7 @@ def _timing(times: np.ndarray) -> dict[str, Any]:
         steps = np.diff(times)
         step = float(np.median(steps))
         if step > 0 and np.allclose(steps, step, rtol=1e-6, atol=1e-9):
-            return {"starting_time": float(times[0]), "rate": 1.0 / step}
+            return {"starting_time": float(times[0]), "rate": frame_rate(step)}
     return {"timestamps": times}
 
 

@@ -32,6 +32,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from flyarchive.clock import frame_rate
 from flyarchive.errors import (
     OptionsError,
     OutputExistsError,
@@ -94,7 +95,7 @@ def to_movement(data: xr.DataArray | xr.Dataset,
     position = _positions_of(data).transpose("time", "xyz", "keypoint", "world")
     values = np.asarray(position.values, dtype=np.float64)
     times = np.asarray(position.time.values, dtype=np.float64)
-    fps = float(1.0 / np.median(np.diff(times))) if len(times) > 1 else None
+    fps = frame_rate(float(np.median(np.diff(times)))) if len(times) > 1 else None
     worlds = [int(w) for w in position.world.values]
     ds = load_poses.from_numpy(values, np.ones((values.shape[0], *values.shape[2:])),
                                individual_names=[f"world{w}" for w in worlds],
