@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import weakref
 from collections.abc import Awaitable, Iterable, Iterator, Mapping
 from pathlib import Path
@@ -165,8 +166,11 @@ def write_faults(url: str, storage_options: Mapping[str, Any] | None, failed: st
     except OSError as err:
         if isinstance(err, FlyarchiveError):
             raise
-        raise StorageError(f"{failed} {url!r} failed ({type(err).__name__}: {err}). {after}"
-                           ) from None
+        # a cause that a retry cannot mend (a read-only file system, a full disk): its fix
+        hint = storage_errors.LOCAL_HINTS.get(err.errno or -1) if err.errno != errno.ENOENT \
+            else None
+        raise StorageError(f"{failed} {url!r} failed ({type(err).__name__}: {err}). "
+                           + (f"{hint} Then: " if hint else "") + after) from None
 
 
 def unavailable(url: str, err: BaseException) -> StorageError:

@@ -215,13 +215,17 @@ def _refuse_v2(store: zarr.abc.store.Store, url: str) -> None:
     (the guarded local store refuses to read it with its own message)."""
     try:
         found = sync(store.get(".zgroup", prototype=default_buffer_prototype()))
-    except (SchemaError, UnsafeFileError):
+    except SchemaError:  # the guarded local store refuses zarr v2 metadata by its name
+        found = True
+    except UnsafeFileError:
         raise
     except Exception:  # nothing to tell beyond "no archive"
         return
     if found is not None:
-        raise allowlist.refuse(f"{url.rstrip('/')}/.zgroup", "it is zarr v2 metadata; flyarchive "
-                               "archives are zarr v3 (their metadata is zarr.json)", url)
+        raise SchemaError(
+            f"{url!r} is a zarr v2 store, not a flyarchive archive (flyarchive archives are "
+            "zarr v3, with a zarr.json, written by flyarchive). Open it with "
+            "xarray.open_zarr instead; nothing of it was decoded.")
 
 
 def _open_checked(url: str, storage_options: Mapping[str, Any] | None, *,

@@ -36,7 +36,7 @@ _CREDENTIAL_ERRORS = frozenset({
 # botocore's ConnectionError / HTTPClientError family and aiohttp's ClientConnectionError family
 _UNREACHABLE = frozenset({"ConnectionError", "HTTPClientError", "ClientConnectionError"})
 _CLIENT_MODULES = ("botocore", "aiobotocore", "aiohttp", "s3fs", "gcsfs", "adlfs")
-_LOCAL_HINTS = {
+LOCAL_HINTS = {
     errno.EACCES: "This user may not write there; choose another location or fix its permissions.",
     errno.EPERM: "This user may not write there; choose another location or fix its permissions.",
     errno.ENOSPC: "The disk is full: free some space or write elsewhere.",
@@ -192,7 +192,7 @@ def local_error(path: str, err: OSError, action: str = "write") -> StorageError:
         err: The ``OSError`` (its ``errno`` picks the hint).
         action: What was attempted, e.g. ``"write"``, ``"create the folder"``.
     """
-    hint = _LOCAL_HINTS.get(err.errno or -1, "Choose a writable location.")
+    hint = LOCAL_HINTS.get(err.errno or -1, "Choose a writable location.")
     reason = err.strerror or str(err) or type(err).__name__
     return StorageError(f"Cannot {action} {str(path)!r}: {reason}. {hint}")
 

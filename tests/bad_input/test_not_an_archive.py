@@ -127,3 +127,16 @@ def test_a_writer_pointed_at_no_archive_says_so_and_makes_nothing(tmp_path, cli,
             f"No archive at '{url}': it is a file, not an archive's folder") in err
     assert sorted(p.name for p in tmp_path.iterdir()) == before
     assert where == "missing" or url.read_text() == "mine"
+
+
+def test_a_zarr_v2_store_is_said_to_be_one_not_damage(tmp_path, cli):
+    import numpy as np
+    import xarray as xr
+
+    url = str(tmp_path / "v2.zarr")
+    xr.Dataset({"a": ("x", np.arange(3))}).to_zarr(url, zarr_format=2)
+
+    for command in ("info", "verify"):
+        code, _, err = cli(command, url)
+        assert code in (1, 2) and "is a zarr v2 store, not a flyarchive archive" in err + _
+        assert "tampered" not in err + _

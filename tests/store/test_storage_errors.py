@@ -69,7 +69,13 @@ def test_malformed_storage_options_are_refused_by_name(options, fragment):
     (PermissionError(13, "Permission denied"), "Access to '/a/run.zarr' was refused"),
     (OSError(28, "No space left on device"),
      "Adding things to '/a/run.zarr' failed (OSError: [Errno 28] No space left on device). "
-     "Nothing half written; run it again."),
+     "The disk is full: free some space or write elsewhere. Then: Nothing half written; run it "
+     "again."),
+    (OSError(30, "Read-only file system"),
+     "[Errno 30] Read-only file system). The file system is read-only: choose a writable "
+     "location. Then: Nothing half written"),
+    (OSError(5, "Input/output error"),
+     "failed (OSError: [Errno 5] Input/output error). Nothing half written; run it again."),
 ])
 def test_a_writes_storage_faults_are_said_with_what_holds_after(raised, expected):
     from flyarchive.errors import StorageError
