@@ -186,13 +186,34 @@ class BackgroundWriter:
         """Commit the frames up to the first whose times are out of order, then raise."""
         same = (times == times[:1]).all(axis=0)
         later = np.diff(np.concatenate([[self.last_time], times[0]])) > 0
-        ok = same & later
+        on_time = self._on_schedule(times[0], np.asarray(block.time, dtype=np.float64))
+        ok = same & later & on_time
         n_ok = len(ok) if ok.all() else int(np.argmin(ok))
         if n_ok:
             self._commit(_head(block, n_ok))
             self.last_time = float(times[0, n_ok - 1])
         if n_ok < len(ok):
+            if same[n_ok] and later[n_ok]:
+                raise self._schedule_error(float(times[0, n_ok]), float(block.time[n_ok]),
+                                           int(block.frame[n_ok]))
             raise self._order_error(times[:, n_ok], bool(same[n_ok]), int(block.frame[n_ok]))
+
+    def _on_schedule(self, sim_time: np.ndarray, scheduled: np.ndarray) -> np.ndarray:
+        """Per frame: taken at the step it was due (the first at or after its scheduled
+        time, on the simulation's clock), as far as the device's float32 clock tells:
+        it rounds at every step, so the bound widens with the time (by the share of a
+        step that one rounding may be)."""
+        dt = self.timing.timestep
+        ulp = np.spacing(np.abs(sim_time).astype(np.float32)).astype(np.float64)
+        bound = 2 * dt + np.abs(sim_time) * ulp / dt
+        return np.abs(sim_time - scheduled) <= bound
+
+    def _schedule_error(self, sim_time: float, scheduled: float, frame: int) -> RecordingError:
+        return RecordingError(
+            f"Frames for {self.writer.url!r} were refused: frame {frame}, due at t={scheduled!r} "
+            f"s of the simulation, was taken at t={sim_time!r} s. The recorder counts steps: "
+            "call recorder.record_as_needed(data) once after every mujoco_warp.step (and once "
+            "before the first), never fewer or more. The frames before it are committed.")
 
     def _order_error(self, times: np.ndarray, same: bool, frame: int) -> RecordingError:
         ids = self.writer.world_ids
@@ -231,7 +252,7 @@ class BackgroundWriter:
             sim_time = block.time if block.sim_time is None else block.sim_time
             self.notices.append(
                 f"The state of world(s) {ids} holds NaN or infinity from frame(s) "
-                f"{[self.diverged[i] for i in ids]} on (t≈{sim_time[first_bad[new[0]]]!r} s); "
+                f"{[self.diverged[i] for i in ids]} on (t≈{float(sim_time[first_bad[new[0]]]):g} s); "
                 "their simulation diverged. Their frames before it are committed, their "
                 "n_frames stops there, and the other worlds go on being recorded."
             )

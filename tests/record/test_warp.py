@@ -317,3 +317,31 @@ def test_store_model_false_keeps_only_the_layout(sim):
         run(sim, new_data(sim), recorder, 8)
 
     assert "model" not in open_archive(url).attrs
+
+
+def test_a_recorder_not_called_at_every_step_refuses_the_frame_taken_off_schedule(sim):
+    """The recorder counts steps (the device's clock is not read per step); called after
+    every second step, frame 1 was stored with its scheduled time and twice its
+    simulation time. It is refused; frame 0 stays committed."""
+    import mujoco_warp as mjw
+    import warp as wp
+
+    from flyarchive.errors import RecordingError
+
+    model, mjw_model = sim
+    url = memory_url()
+    d = new_data(sim)
+    recorder = recorder_for(sim, url, output_fps=25, playback_speed=1.0, chunk_frames=1)
+
+    with wp.ScopedDevice(DEVICE), pytest.raises(RecordingError, match=r"frame 1, due at "
+                                                r"t=0.04 s of the simulation, was taken at "
+                                                r"t=0.0[78]\d* s.*once after every"):
+        recorder.record_as_needed(d)
+        for step in range(1, 81):
+            mjw.step(mjw_model, d)
+            if step % 2 == 0:
+                recorder.record_as_needed(d)
+        recorder.close()
+
+    ds = open_archive(url)
+    assert ds.n_frames.values.tolist() == [1] * NWORLD
