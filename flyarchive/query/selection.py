@@ -103,7 +103,7 @@ def select_frames(
         chosen = worlds
         unknown = sorted(set(chosen) - set(ids))
         if unknown:
-            shown = f"{ids[:10]}{'...' if len(ids) > 10 else ''} ({len(ids)} worlds)"
+            shown = _shown(ids)
             raise SelectionError(f"World(s) {unknown[:10]} are not in the archive. It has {shown}.")
     if not chosen:
         raise SelectionError("The selection holds no world with recorded frames.")
@@ -134,8 +134,8 @@ def select_frames(
     if not jobs and mask is not None and mask.ndim == 2:
         raise SelectionError(
             f"The where mask selects no committed frame of the chosen worlds "
-            f"({len(chosen)} worlds) in the time window {lo}:{hi}. Check the condition, e.g. "
-            "print(where.sum('time').values).")
+            f"({len(chosen)} world{'' if len(chosen) == 1 else 's'}) in the time window "
+            f"{lo}:{hi}. Check the condition, e.g. print(where.sum('time').values).")
     if not jobs:
         span = f"{times[0]:.6g}..{times[-1]:.6g} s" if len(times) else "nothing"
         raise SelectionError(
@@ -245,7 +245,8 @@ def _refuse_empty_worlds(ids: list[int], n_frames: np.ndarray, chosen: list[int]
 
 
 def _shown(ids: Sequence[int]) -> str:
-    return f"{list(ids[:10])}{'...' if len(ids) > 10 else ''} ({len(ids)} worlds)"
+    count = f"{len(ids)} world{'' if len(ids) == 1 else 's'}"
+    return f"{list(ids[:10])}{'...' if len(ids) > 10 else ''} ({count})"
 
 
 def _parse_pad(pad: float, where: xr.DataArray | None) -> float:

@@ -54,13 +54,12 @@ only through :mod:`flyarchive.zarr_internals`.
 Internal: the public names are re-exported by ``flyarchive``.
 """
 
-from flyarchive.store.creation import package_versions
+from flyarchive.store.creation import package_versions, refuse_existing
 from flyarchive.store.location import (
     access_denied,
     archive_exists,
     open_store,
     parse_mode,
-    refuse_existing,
     unavailable,
 )
 from flyarchive.store.opener import open_for_reading, open_for_writing

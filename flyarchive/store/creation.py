@@ -31,7 +31,8 @@ from flyarchive.schema import SCHEMA_NAME, SCHEMA_VERSION, STATE_VARS
 from flyarchive.store.chunk_holes import lost_commit_markers
 from flyarchive.store.claims import WRITER_KEY, release
 from flyarchive.models.entries import MODEL_ATTR, PORTABLE_MODEL_ATTR, model_entry, portable_entry
-from flyarchive.store.location import sync
+from flyarchive.store import storage_errors
+from flyarchive.store.location import archive_exists, exists_error, open_store, sync
 from flyarchive.archive_spec import ArchiveSpec
 from flyarchive.zarr_internals import GroupMetadata, default_buffer_prototype
 
@@ -297,3 +298,14 @@ def release_quietly(store: zarr.abc.store.Store, keys: list[str], writer: str) -
         release(store, keys, writer)
     except Exception:  # nobody to tell; a stale claim is taken over later
         pass
+
+
+def refuse_existing(url: str, storage_options: Mapping[str, Any] | None = None) -> None:
+    """Raise :class:`ArchiveExistsError` if anything is at ``url`` (what flyarchive did not
+    write named as such: no mode replaces it)."""
+    with storage_errors.translated(url, storage_options):  # interop: unreachable, no bucket...
+        store = open_store(url, storage_options)
+        exists = archive_exists(store)
+        there = sync(inventory(store)) if exists else "empty"
+    if exists:
+        raise foreign(url) if there == "other" else exists_error(url)

@@ -181,19 +181,6 @@ def unavailable(url: str, err: BaseException) -> StorageError:
     )
 
 
-def refuse_existing(url: str, storage_options: Mapping[str, Any] | None = None) -> None:
-    """Raise :class:`ArchiveExistsError` if anything is at ``url`` (what flyarchive did not
-    write named as such: no mode replaces it)."""
-    from flyarchive.store.creation import foreign, inventory
-
-    with storage_errors.translated(url, storage_options):  # interop: unreachable, no bucket...
-        store = open_store(url, storage_options)
-        exists = archive_exists(store)
-        there = sync(inventory(store)) if exists else "empty"
-    if exists:
-        raise foreign(url) if there == "other" else exists_error(url)
-
-
 def sync(coro: Any) -> Any:
     from flyarchive.zarr_internals import sync
 

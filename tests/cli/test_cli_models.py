@@ -126,7 +126,7 @@ def test_a_where_world_var_matching_none_of_the_chosen_worlds_names_both(archive
                        "--worlds", "1", "--out", tmp_path / "v")
 
     assert code == 2
-    assert "selects none of the chosen worlds ([1] (1 worlds); it selects [0, 2] (2 worlds)" in err
+    assert "selects none of the chosen worlds ([1] (1 world); it selects [0, 2] (2 worlds)" in err
     assert not (tmp_path / "v").exists()
 
 
