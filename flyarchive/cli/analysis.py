@@ -109,10 +109,12 @@ def cmd_positions(args: argparse.Namespace) -> int:
     from flyarchive.analyze import keep_positions
     from flyarchive.render.diagnostics import progress_bar
 
-    bar = progress_bar(0, not args.quiet, what="positions")  # tqdm: throttled, on stderr
+    bars: list[Any] = []  # made at the first block (none drawn for a call that fails first)
 
     def progress(done: int, total: int) -> None:
-        if bar is not None:
+        if not bars and not args.quiet:
+            bars.append(progress_bar(total, True, what="positions"))  # tqdm: on stderr
+        for bar in bars:
             bar.total = total
             bar.update(done - bar.n)
 
@@ -131,7 +133,7 @@ def cmd_positions(args: argparse.Namespace) -> int:
                              overwrite=args.overwrite, takeover=args.takeover,
                              on_block=progress, on_repair=repairing)
     finally:
-        if bar is not None:
+        for bar in bars:
             bar.close()
     if repairs:
         print(f"repaired and kept positions at {url} ({len(repairs)} repair"

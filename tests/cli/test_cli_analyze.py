@@ -138,3 +138,17 @@ def test_export_poses_writes_a_movement_file_and_refuses_to_overwrite_it(cli, ar
     assert code == 0, err
     assert out.strip() == f"wrote 1 file(s): {target}"
     assert again[0] == 2 and "already exists" in again[2]
+
+
+def test_positions_draws_its_bar_once_work_starts_and_none_for_a_call_refused(archive, tmp_path,
+                                                                                cli):
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "notes.txt").write_text("keep")
+
+    code, _, err = cli("positions", archive, "--keypoints", "bodies", "--to", mine)
+
+    assert code == 2 and "frame/s" not in err and "frame [" not in err  # no empty bar drawn
+    code, out, err = cli("positions", archive, "--keypoints", "bodies", "--to", tmp_path / "p.zarr")
+    assert code == 0 and "kept positions at" in out
+    assert "positions: 100%" in err and "0frame [" not in err
