@@ -199,10 +199,20 @@ def scheduler_client(scheduler: str, warm: str | None = None) -> Iterator[Any]:
         yield client
 
 
+#: Seconds to reach a scheduler given by address, unless Dask's configuration sets
+#: ``distributed.comm.timeouts.connect`` (its default, 30 s, kept a scheduler that is down
+#: waiting half a minute before the error).
+CONNECT_TIMEOUT_S = 10.0
+
+
 def _client(cls: Any, scheduler: str) -> Any:
     """A client of ``scheduler``; one that cannot be reached is a RenderBackendError."""
+    import dask
+
+    configured = dask.config.get("distributed.comm.timeouts.connect", None)
+    timeout = {} if configured not in (None, "30s", 30) else {"timeout": CONNECT_TIMEOUT_S}
     try:
-        return cls(scheduler)
+        return cls(scheduler, **timeout)
     except (OSError, TimeoutError, ValueError) as err:
         raise RenderBackendError(
             f"Cannot connect to the Dask scheduler at {scheduler!r} ({type(err).__name__}: "

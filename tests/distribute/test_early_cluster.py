@@ -220,3 +220,19 @@ def test_a_cluster_flyarchive_started_is_cold_once():
 
 def test_a_cluster_the_user_started_is_never_cold(dask_client):
     assert not clusters.started_cold(dask_client)
+
+
+def test_a_scheduler_that_is_down_is_reported_within_flyarchives_connect_timeout(
+        tiny, tmp_path, capsys, monkeypatch):
+    """Dask's default connect timeout (30 s) left; flyarchive's own bound applies."""
+    import time
+
+    monkeypatch.setattr(clusters, "CONNECT_TIMEOUT_S", 1.0)
+    archive = record(tiny, str(tmp_path / "down.zarr"), n_steps=24)
+    start = time.monotonic()
+
+    code = main(["render", archive, "--camera", "front", "--backend", "warp-cpu",
+                 "--scheduler", "tcp://127.0.0.1:1", "--out", str(tmp_path / "v")])
+
+    assert code == 2 and "Cannot connect to the Dask scheduler" in capsys.readouterr().err
+    assert time.monotonic() - start < 20  # not Dask's 30 s
