@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import os
 from collections import deque
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -154,7 +154,7 @@ def preflight(plan: RenderPlan, model: mujoco.MjModel) -> None:
     from flyarchive.models import camera_ids
     from flyarchive.replay.sizes import MAX_GL_SIDE, parse_frame_size
     from flyarchive.video.guard import check_out_folders
-    from flyarchive.video.manifest import manifest_url, output_root, read_manifest
+    from flyarchive.video.manifest import manifest_url, output_root, read_manifest, same_archive
 
     config.check()
     gl = plan.options.backend == "opengl"  # OpenGL's limit, found before any work
@@ -182,16 +182,20 @@ def preflight(plan: RenderPlan, model: mujoco.MjModel) -> None:
             "(--overwrite) to replace them, resume=True (--resume) to keep those a stopped "
             "render finished and render the rest, or choose another output folder."
         )
-    theirs = (earlier.get("archive"), earlier.get("archive_id"))
-    if earlier.get("videos") and not plan.options.overwrite and (
-            theirs[0] != plan.url or None not in (theirs[1], plan.archive_id)
-            and theirs[1] != plan.archive_id):
-        raise OutputExistsError(
-            f"{plan.out!r} holds the videos of a render of another archive ({theirs[0]!r}), "
-            "which its manifest lists; rendering this one there would list only this one's. "
-            "Choose another output folder, or pass overwrite=True (--overwrite) to start a new "
-            "manifest there (those videos stay, unlisted)."
-        )
+    if earlier.get("videos") and not plan.options.overwrite and \
+            not same_archive(earlier, plan.url, plan.archive_id):
+        raise another_archive(plan, earlier)
+
+
+def another_archive(plan: RenderPlan, manifest: Mapping[str, Any]) -> OutputExistsError:
+    """The refusal of a render into a folder whose manifest lists another archive's videos."""
+    return OutputExistsError(
+        f"{plan.out!r} holds the videos of a render of another archive "
+        f"({manifest.get('archive')!r}), which its manifest lists; rendering this one there "
+        "would list only this one's (and --resume would replace them). Choose another output "
+        "folder, or pass overwrite=True (--overwrite) to start a new manifest there (those "
+        "videos stay, unlisted, but where this render writes the same file)."
+    )
 
 
 @dataclass(frozen=True)

@@ -3,8 +3,8 @@
 and listed in its manifest, when they are exactly what this render would make; render the
 rest (:func:`resume_plan`).
 
-A (world, camera) video is kept when the manifest lists it for this archive (same URL,
-``archive_id`` and layout hash) with the very entry this render would write (path, frames,
+A (world, camera) video is kept when the manifest lists it for this archive (same
+``archive_id``, however the archive is named, and layout hash) with the very entry this render would write (path, frames,
 window, size, fps, backend, encoder settings, outputs, mosaic, overlays...), and each of
 its outputs is a regular file (a map: its ``zarr.json``) inside the output folder. A job
 (a world or a mosaic) with a camera not kept is rendered (all its cameras are rendered
@@ -19,7 +19,7 @@ import json
 from typing import TYPE_CHECKING, Any
 
 from flyarchive.errors import UnsafeFileError
-from flyarchive.render.plan import RenderPlan
+from flyarchive.render.plan import RenderPlan, another_archive
 
 if TYPE_CHECKING:
     from collections.abc import Iterable
@@ -40,20 +40,27 @@ def resume_plan(plan: RenderPlan, ds: Archive) -> tuple[RenderPlan, list[dict[st
 
     Raises:
         UnsafeFileError, ManifestError: the manifest there cannot be read safely.
+        OutputExistsError: the manifest lists the videos of another archive (and
+            ``overwrite`` is off): resuming would replace them.
     """
     from flyarchive.video.manifest import (
         describe,
         manifest_url,
         output_root,
         read_manifest,
+        same_archive,
         video_entry,
     )
 
     earlier = read_manifest(manifest_url(plan.out), plan.out_storage_options,
                             root=output_root(plan.out))
-    ours = (plan.url, ds.attrs.get("archive_id"), ds.attrs["layout"]["hash"])
-    same = ours[1] is not None and (earlier.get("archive"), earlier.get("archive_id"),
-                                    earlier.get("layout_hash")) == ours
+    archive_id = ds.attrs.get("archive_id")
+    same = archive_id is not None and same_archive(earlier, plan.url, archive_id) and \
+        earlier.get("layout_hash") == ds.attrs["layout"]["hash"]
+    if earlier.get("videos") and not plan.options.overwrite and earlier.get("archive") != \
+            plan.url and not same_archive(earlier, plan.url, archive_id):
+        raise another_archive(plan, earlier)  # resuming would replace another's videos
+        # (an archive recorded again at the same URL is this render's: rendered again)
     listed = {v["path"]: v for v in earlier.get("videos", [])} if same else {}
     kept: list[dict[str, Any]] = []
     todo = []

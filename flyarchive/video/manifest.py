@@ -120,7 +120,9 @@ def write_manifest(plan: RenderedPlan, ds: Archive, entries: list[dict[str, Any]
         }
         earlier = read_manifest(url, plan.out_storage_options, root=output_root(plan.out))
         kept = []
-        if (earlier.get("archive"), earlier.get("layout_hash")) == (plan.url, manifest["layout_hash"]):
+        if earlier.get("layout_hash") == manifest["layout_hash"] and (
+                earlier.get("archive") == plan.url
+                or same_archive(earlier, plan.url, manifest["archive_id"])):
             paths = {v["path"] for v in entries}
             kept = [_upgrade(v, earlier) for v in earlier.get("videos", [])
                     if v["path"] not in paths and names_inside(v, plan.out)]
@@ -464,6 +466,16 @@ def _worlds(entry: dict[str, Any]) -> list[int]:
     if isinstance(entry.get("mosaic"), dict):
         return [w for w in entry["mosaic"].get("worlds", []) if w is not None]
     return [entry["world"]] if entry.get("world") is not None else []
+
+
+def same_archive(manifest: Mapping[str, Any], url: str, archive_id: str | None) -> bool:
+    """Whether a manifest's render is of the archive at ``url`` with ``archive_id``: the
+    same ``archive_id`` (however the archive is named: a ``file://`` URL, a link); for
+    archives without one, the same URL."""
+    theirs = manifest.get("archive_id")
+    if theirs is not None and archive_id is not None:
+        return bool(theirs == archive_id)
+    return bool(manifest.get("archive") == url)
 
 
 def _upgrade(entry: dict[str, Any], earlier: dict[str, Any]) -> dict[str, Any]:

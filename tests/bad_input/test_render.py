@@ -354,7 +354,7 @@ def test_a_model_files_path_renders_as_the_model_itself(state, tiny, tmp_path, a
 def test_a_folder_holding_another_archives_render_is_refused_unless_overwrite(state, tiny,
                                                                               tmp_path):
     other = tmp_path / "other.zarr"
-    shutil.copytree(state.url, other)
+    record(tiny, str(other), n_steps=40)  # another recording: another archive_id
     out = tmp_path / "shared"
     render_videos(state.url, tiny, "front", str(out), worlds=[0], time=(0, 0.016),
                   options=SMALL, n_workers=0)

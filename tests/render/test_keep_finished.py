@@ -208,3 +208,31 @@ def test_a_warp_render_lists_each_video_as_it_is_published(archive, tiny, tmp_pa
                            options=RenderOptions(size=(32, 48), backend=WARP_BACKEND))
 
     assert sorted(seen) == sorted(v["path"] for v in result.videos) and len(seen) == 4
+
+
+def test_resume_keeps_the_videos_of_the_same_archive_named_otherwise(archive, tiny, tmp_path,
+                                                                     monkeypatch):
+    out, link = tmp_path / "v", tmp_path / "link"
+    link.symlink_to(Path(archive).parent)
+    render_videos(archive, tiny, "front", str(out), options=SMALL, n_workers=0)
+    monkeypatch.setattr(opengl, "render_segment", lambda *a, **k: pytest.fail("rendered"))
+
+    for name in (f"file://{archive}", str(link / Path(archive).name)):
+        result = render_videos(name, tiny, "front", str(out), options=SMALL, n_workers=0,
+                               resume=True)
+        assert result.kept == 2  # the same archive_id: its finished videos kept
+
+
+def test_resume_into_a_folder_of_another_archives_render_is_refused(archive, tiny, tmp_path):
+    from flyarchive.errors import OutputExistsError
+
+    other = record(tiny, str(tmp_path / "other.zarr"), world_ids=[3, 7], n_steps=40)
+    out = tmp_path / "v"
+    render_videos(archive, tiny, "front", str(out), options=SMALL, n_workers=0)
+    before = {p: identity(str(p)) for p in out.rglob("*.mp4")}
+
+    with pytest.raises(OutputExistsError, match="holds the videos of a render of another "
+                                                "archive .*--resume would replace them"):
+        render_videos(other, tiny, "front", str(out), options=SMALL, n_workers=0, resume=True)
+
+    assert {p: identity(str(p)) for p in out.rglob("*.mp4")} == before
