@@ -395,6 +395,7 @@ def concat_segments(
     from flyarchive.video.workspace import scratch_dir
 
     with tempfile.TemporaryDirectory(prefix="flyarchive-concat-", dir=scratch_dir()) as tmp:
+        segments = _same_delay(segments, Path(tmp))
         listing = Path(tmp) / "segments.txt"
         listing.write_text("".join(f"file {_concat_quote(str(p))}\n" for p in segments))
         command = [
@@ -409,6 +410,48 @@ def concat_segments(
             f"ffmpeg could not join {len(segments)} segments into {str(out)!r} "
             f"(exit {result.returncode}): {result.stderr.strip()[-2000:]}"
         )
+
+
+def _first_packet(path: Path) -> tuple[int, int, int]:
+    """``(dts, pts, duration)`` of a segment's first video packet, in its time base."""
+    command = [imageio_ffmpeg.get_ffmpeg_exe(), "-hide_banner", "-v", "error", "-i", str(path),
+               "-map", "0:v", "-c", "copy", "-frames:v", "1", "-f", "framecrc", "-"]
+    result = subprocess.run(command, capture_output=True, text=True)
+    rows = [line.split(",") for line in result.stdout.splitlines()
+            if line.strip() and not line.startswith("#")]
+    if result.returncode != 0 or not rows or len(rows[0]) < 4:
+        raise VideoEncodeError(f"ffmpeg could not read the first packet of {str(path)!r}: "
+                               f"{result.stderr.strip()[-500:]}")
+    return int(rows[0][1]), int(rows[0][2]), int(rows[0][3])
+
+
+def _same_delay(segments: list[Path], tmp: Path) -> list[Path]:
+    """The segments, each with the decode delay of the one that has the most (the frames
+    its first packet's decoding starts ahead of its showing): x264 starts a segment of
+    a frame or two without B-frame delay, and the concat demuxer then leaves a gap in
+    the decode times (the mp4's frame rate read as 23.2 instead of 25). A segment with
+    less delay is remuxed (stream copy) with its decode times moved earlier; its frames
+    and their presentation times are unchanged."""
+    if len(segments) < 2:
+        return segments
+    firsts = [_first_packet(p) for p in segments]
+    delays = [(pts - dts) // max(duration, 1) for dts, pts, duration in firsts]
+    most = max(delays)
+    fixed = []
+    for i, (path, delay) in enumerate(zip(segments, delays)):
+        if delay == most:
+            fixed.append(path)
+            continue
+        moved = tmp / f"delay-{i:06d}.mp4"
+        command = [imageio_ffmpeg.get_ffmpeg_exe(), "-hide_banner", "-v", "error", "-y",
+                   "-i", str(path), "-map", "0:v", "-c", "copy", "-bsf:v",
+                   f"setts=dts=DTS-{most - delay}*DURATION", str(moved)]
+        result = subprocess.run(command, capture_output=True, text=True)
+        if result.returncode != 0:
+            raise VideoEncodeError(f"ffmpeg could not align the decode times of {str(path)!r}: "
+                                   f"{result.stderr.strip()[-500:]}")
+        fixed.append(moved)
+    return fixed
 
 
 def _probe(path: Path) -> tuple[str, tuple[int, int], float]:

@@ -130,6 +130,28 @@ def test_segments_of_any_length_join_and_decode_to_exactly_their_frames(tmp_path
     assert np.allclose(bar_columns(joined), bar_columns(frames), atol=0.5)
 
 
+@pytest.mark.parametrize("lengths", [(24, 2), (25, 1), (2, 24), (24, 24, 2), (10, 10, 6)])
+def test_a_joined_video_says_its_frame_rate_and_duration(tmp_path: Path, lengths) -> None:
+    """x264 starts a segment of a frame or two without the B-frame delay of the others:
+    joined as they were, the decode times had a gap, and players read 23.2 frames/s for
+    25 (a render's last segment of 2 frames)."""
+    import imageio.v3 as iio
+
+    rng = np.random.default_rng(1)
+    frames = rng.integers(0, 255, (sum(lengths), *SIZE, 3), dtype=np.uint8)
+    starts = np.cumsum((0, *lengths))
+    segments = [tmp_path / f"seg{i}.mp4" for i in range(len(lengths))]
+    for start, stop, path in zip(starts, starts[1:], segments):
+        encode_segment([frames[start:stop]], path, FPS, SIZE)
+    one_by_one = np.concatenate([read_video(p) for p in segments])
+
+    concat_segments(segments, tmp_path / "joined.mp4")
+
+    meta = iio.immeta(tmp_path / "joined.mp4")
+    assert meta["fps"] == FPS and meta["duration"] == pytest.approx(sum(lengths) / FPS)
+    assert np.array_equal(read_video(tmp_path / "joined.mp4"), one_by_one)
+
+
 def test_concat_refuses_segments_of_different_sizes(tmp_path: Path) -> None:
     encode_segment([moving_bar(3)], tmp_path / "a.mp4", FPS, SIZE)
     encode_segment([moving_bar(3, (32, 64))], tmp_path / "b.mp4", FPS, (32, 64))
