@@ -20,6 +20,8 @@ import tempfile
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+from benchlib import json_path  # noqa: E402  (beside this script)
 
 
 def _run(script: str, args: list[str]) -> dict:
@@ -35,7 +37,8 @@ def _run(script: str, args: list[str]) -> dict:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--json", help="write the combined result as JSON to this path")
+    p.add_argument("--json", type=json_path,
+                   help="write the combined result as JSON to this path")
     p.add_argument("--device", choices=["cuda", "cpu"], default="cuda")
     p.add_argument("--model", choices=["nmf", "tiny"], default="nmf")
     p.add_argument("--nworld", type=int, default=4096, help="worlds simulated while recording")

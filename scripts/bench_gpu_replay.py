@@ -278,10 +278,11 @@ def _pipelined_row(st: ReplayStates, args: argparse.Namespace, device: str) -> d
 class _Prerendered:
     """Stands in for ``WarpBatchRenderer`` in the pipeline: frames rendered beforehand."""
 
-    def __init__(self, frames: np.ndarray, default_state: np.ndarray) -> None:
+    def __init__(self, frames: np.ndarray, default_state: np.ndarray, model: Any) -> None:
         self.frames = frames  # (B, 1, *frame) yuv420p
         self.pixel_format = "yuv420p"
         self.default_state = default_state
+        self.model = model  # the encoders' overlays read it
 
     def submit(self, qpos: np.ndarray, *_: Any, buffer: int = 0) -> Any:
         frames = self.frames[:len(qpos)]
@@ -296,7 +297,7 @@ def _prerendered(st: ReplayStates, args: argparse.Namespace, device: str) -> _Pr
     renderer = WarpBatchRenderer(st.model, st.camera, args.size, batch_worlds=b, device=device,
                                  pixel_format="yuv420p")
     first = renderer.render_batch(states[:b], *(m[:b] for m in mocap))
-    return _Prerendered(first, renderer.default_state)
+    return _Prerendered(first, renderer.default_state, st.model)
 
 
 def _encode_only(url: str, st: ReplayStates, out: Path, args: argparse.Namespace, backend: str,
@@ -317,7 +318,8 @@ def _read_all(url: str, batch_worlds: int) -> None:
     jobs = tuple(select_frames(open_archive(url)))
     reader = StateReader(url)
     for batch in pack_batches(jobs, batch_worlds):
-        reader.read([(jobs[p.job].world_index, p.start, p.stop) for p in batch.pieces])
+        reader.read_boxes([(jobs[p.job].world_index, jobs[p.job].world_index + 1, p.start, p.stop)
+                           for p in batch.pieces])
 
 
 def _flyarchive(url: str, st: ReplayStates, out: Path, args: argparse.Namespace, backend: str,

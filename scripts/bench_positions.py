@@ -77,6 +77,7 @@ from typing import Any
 
 import numpy as np
 from benchlib import (
+    nonnegative_int,
     positive_int,
     Column,
     Jitter,
@@ -403,7 +404,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--worlds", type=positive_int, default=64)
     parser.add_argument("--frames", type=positive_int, default=1000)
-    parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--workers", type=nonnegative_int, default=2)
     parser.add_argument("--dask-worlds", type=positive_int, default=256)
     parser.add_argument("--device", default="cpu", help="Warp row: cpu or cuda[:N]")
     parser.add_argument("--warp-worlds", type=positive_int)

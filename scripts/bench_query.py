@@ -72,6 +72,7 @@ import numpy as np
 import xarray as xr
 import zarr
 from benchlib import (
+    nonnegative_int,
     positive_int,
     OUTPUT_FPS,
     PLAYBACK,
@@ -824,7 +825,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--cache", default="/tmp/flyarchive-bench-query",
                         help="where the data sets are built once and kept")
     parser.add_argument("--bucket", default="bench-query", help="bucket on the S3 server")
-    parser.add_argument("--workers", type=int, default=2,
+    parser.add_argument("--workers", type=nonnegative_int, default=2,
                         help="full scans on a LocalCluster of 1 and of N single-thread worker "
                              "processes (0: skip)")
     parser.add_argument("--formats", default=",".join(FORMATS),

@@ -95,8 +95,21 @@ class Table:
 # ----------------------------------------------------------------------------- flags, JSON
 def add_json_option(parser: argparse.ArgumentParser,
                     help: str = "write the results as JSON to this path") -> None:
-    """The ``--json PATH`` flag every benchmark has."""
-    parser.add_argument("--json", metavar="PATH", help=help)
+    """The ``--json PATH`` flag every benchmark has (checked before the benchmark runs)."""
+    parser.add_argument("--json", metavar="PATH", type=json_path, help=help)
+
+
+def json_path(text: str) -> str:
+    """An argparse type for a JSON file to write: its folder must exist and it must not
+    be a folder (else a usage error now, not a traceback after the whole run)."""
+    path = Path(text).expanduser()
+    if path.is_dir():
+        raise argparse.ArgumentTypeError(f"{text!r} is a folder; name the file, e.g. "
+                                         f"{str(path / 'bench.json')!r}")
+    if not path.parent.is_dir():
+        raise argparse.ArgumentTypeError(f"the folder of {text!r} does not exist; create it "
+                                         "or choose another path")
+    return str(path)
 
 
 def write_json(path: str | None, result: Mapping[str, Any], *, indent: int = 1,
@@ -117,9 +130,22 @@ def parse_size(text: str) -> tuple[int, int]:
     try:
         height, width = (int(v) for v in text.lower().split("x"))
     except ValueError:
+        height = width = 0
+    if height < 1 or width < 1:
         raise argparse.ArgumentTypeError(
-            f"size {text!r} is not HEIGHTxWIDTH in pixels, e.g. 240x320") from None
+            f"size {text!r} is not HEIGHTxWIDTH in pixels (both >= 1), e.g. 240x320")
     return height, width
+
+
+def nonnegative_int(text: str) -> int:
+    """An argparse type for a whole number >= 0 (0: none, e.g. no worker processes)."""
+    try:
+        value = int(text)
+    except ValueError:
+        value = -1
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be a whole number >= 0, got {text!r}")
+    return value
 
 
 def positive_int(text: str) -> int:

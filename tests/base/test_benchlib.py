@@ -63,6 +63,39 @@ def test_parse_size_rejects_text_that_is_not_height_x_width() -> None:
         benchlib.parse_size("240x320x3")
 
 
+@pytest.mark.parametrize("text", ["0x0", "0x320", "-2x4"])
+def test_parse_size_rejects_sizes_of_nothing(text) -> None:
+    with pytest.raises(argparse.ArgumentTypeError, match="both >= 1"):
+        benchlib.parse_size(text)
+
+
+def test_a_json_path_is_checked_before_the_run(tmp_path: Path) -> None:
+    with pytest.raises(argparse.ArgumentTypeError, match="is a folder"):
+        benchlib.json_path(str(tmp_path))
+    with pytest.raises(argparse.ArgumentTypeError, match="does not exist"):
+        benchlib.json_path(str(tmp_path / "missing" / "x.json"))
+    assert benchlib.json_path(str(tmp_path / "x.json")) == str(tmp_path / "x.json")
+
+
+@pytest.mark.parametrize("text", ["-1", "two", "1.5"])
+def test_nonnegative_int_rejects_what_is_not_a_whole_number_of_zero_or_more(text) -> None:
+    with pytest.raises(argparse.ArgumentTypeError, match=f"whole number >= 0, got '{text}'"):
+        benchlib.nonnegative_int(text)
+
+
+def test_worker_counts_of_the_benchmarks_are_whole_numbers_of_zero_or_more() -> None:
+    """bench_query --workers -1 started a LocalCluster of -1 workers and waited for ever."""
+    import ast
+
+    for name in ("bench_query.py", "bench_positions.py"):
+        tree = ast.parse((_PATH.parent / name).read_text())
+        kinds = [ast.unparse(k.value) for node in ast.walk(tree)
+                 if isinstance(node, ast.Call) and getattr(node.func, "attr", "") == "add_argument"
+                 and node.args and getattr(node.args[0], "value", None) == "--workers"
+                 for k in node.keywords if k.arg == "type"]
+        assert kinds == ["nonnegative_int"], (name, kinds)
+
+
 def test_parse_size_reads_height_then_width() -> None:
     assert benchlib.parse_size("240X320") == (240, 320)
 
