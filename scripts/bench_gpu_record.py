@@ -35,6 +35,7 @@ import fsspec
 import mujoco
 import numpy as np
 from benchlib import (
+    require_device,
     positive_int,
     Column,
     PeakMemory,
@@ -127,6 +128,7 @@ def _parse_args() -> argparse.Namespace:
     parser.add_argument("--chunk-frames", type=positive_int, default=16,
                         help="frames per chunk (a flush every chunk, in the background)")
     args = parser.parse_args()
+    require_device(parser, args.device)
     if args.nworld < 1 or args.steps < 1 or args.chunk_frames < 1:
         parser.error("--nworld, --steps and --chunk-frames must be positive")
     if args.record_worlds is not None and not 1 <= args.record_worlds <= args.nworld:

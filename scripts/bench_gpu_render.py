@@ -24,6 +24,7 @@ from typing import Any
 import mujoco
 import numpy as np
 from benchlib import (
+    require_device,
     positive_int,
     Column,
     Table,
@@ -87,6 +88,7 @@ def _parse_args() -> argparse.Namespace:
     parser.add_argument("--size", type=parse_size, default=(240, 320),
                         help="frame size HEIGHTxWIDTH (default 240x320)")
     args = parser.parse_args()
+    require_device(parser, args.device)
     if args.worlds < 1 or args.frames < 1:
         parser.error("--worlds and --frames must be positive")
     return args

@@ -71,6 +71,7 @@ from unittest import mock
 import numpy as np
 from bench_cli import cli_rows, save_mjb
 from benchlib import (
+    require_device,
     positive_int,
     Column,
     PeakMemory,
@@ -182,6 +183,7 @@ def _parse_args() -> argparse.Namespace:
                         help="keep the walk and the archive here and reuse them "
                              "(default: built again in a temporary folder)")
     args = parser.parse_args()
+    require_device(parser, args.device)
     if min(args.worlds, args.frames, args.batch) < 1:
         parser.error("--worlds, --frames and --batch must be positive")
     unknown = [r for r in args.cli.split(",") if r and r not in CLI_ROWS]

@@ -238,7 +238,7 @@ def measure(name: str, repeat: int, folder: Path) -> dict[str, Any]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0].replace("\n", " "))
     parser.add_argument("--models", default="tiny,nmf", help="comma-separated: tiny,nmf")
     parser.add_argument("--repeat", type=positive_int, default=5, help="runs per timing (best shown)")
     add_json_option(parser)

@@ -97,7 +97,7 @@ def s3_rows(args: argparse.Namespace) -> list[dict[str, Any]]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0].replace("\n", " "))
     parser.add_argument("--worlds", type=positive_int, default=64)
     parser.add_argument("--frames", type=positive_int, default=40)
     parser.add_argument("--repeat", type=positive_int, default=30)

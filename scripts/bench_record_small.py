@@ -300,7 +300,7 @@ def rows_for(where: str, folder: Path, cases: dict[str, Case], args: argparse.Na
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0].replace("\n", " "))
     parser.add_argument("--repeat", type=positive_int, default=15)
     parser.add_argument("--commits", type=positive_int, default=4, help="commits per archive (default 4)")
     parser.add_argument("--nmf-worlds", type=positive_int, default=8)

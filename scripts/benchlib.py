@@ -137,6 +137,22 @@ def parse_size(text: str) -> tuple[int, int]:
     return height, width
 
 
+def require_device(parser: argparse.ArgumentParser, device: str | None) -> None:
+    """A usage error for ``--device cuda[:N]`` where Warp sees no such CUDA device (a raw
+    'Invalid device identifier' traceback from inside the run otherwise)."""
+    if not device or not device.startswith("cuda"):
+        return
+    import warp as wp
+
+    wp.config.quiet = True
+    wp.init()
+    index = int(device.split(":", 1)[1]) if ":" in device else 0
+    count = wp.get_cuda_device_count()
+    if index >= count:
+        parser.error(f"--device {device}: Warp sees {count} CUDA device(s) on this machine; "
+                     "run on a GPU host, or pass --device cpu")
+
+
 def nonnegative_int(text: str) -> int:
     """An argparse type for a whole number >= 0 (0: none, e.g. no worker processes)."""
     try:
