@@ -74,7 +74,8 @@ def render_frames(
         ModelLoadError, CorruptArchiveError: no model given, and none (or a damaged one)
             kept beside the archive (UnsafeModelError: one that is not safe to load).
         FrameSizeError: ``size`` is not two positive integers (at most 16384 on ``"opengl"``).
-        RenderOptionsError: an unknown backend or output.
+        RenderOptionsError: an unknown backend or output, or ``block_frames`` that is not
+            a whole number of at least 1.
     """
     import dask
     import dask.array as da
@@ -88,6 +89,10 @@ def render_frames(
     if backend not in BACKENDS:
         raise RenderOptionsError(
             f"Unknown backend {backend!r}. Backends: {', '.join(map(repr, BACKENDS))}.")
+    if isinstance(block_frames, bool) or not isinstance(block_frames, (int, np.integer)) \
+            or block_frames < 1:
+        raise RenderOptionsError(
+            f"block_frames must be an integer of at least 1, got {block_frames!r}.")
     names = ("rgb",) if outputs is None else parse_outputs(outputs)
     depth_scale = parse_depth_scale(depth_scale)
     size = parse_frame_size(size, max_side=MAX_GL_SIDE if backend == "opengl" else None)

@@ -134,8 +134,9 @@ def select_frames(
     if not jobs and mask is not None and mask.ndim == 2:
         raise SelectionError(
             f"The where mask selects no committed frame of the chosen worlds "
-            f"({len(chosen)} world{'' if len(chosen) == 1 else 's'}) in the time window "
-            f"{lo}:{hi}. Check the condition, e.g. print(where.sum('time').values).")
+            f"({len(chosen)} world{'' if len(chosen) == 1 else 's'}) "
+            f"{'in their recording' if time is None else f'in the time window {lo}:{hi}'}. "
+            "Check the condition, e.g. print(where.sum('time').values).")
     if not jobs:
         span = f"{times[0]:.6g}..{times[-1]:.6g} s" if len(times) else "nothing"
         raise SelectionError(

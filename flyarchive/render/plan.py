@@ -168,12 +168,16 @@ def preflight(plan: RenderPlan, model: mujoco.MjModel) -> None:
     earlier = read_manifest(manifest_url(plan.out), plan.out_storage_options,
                             root=output_root(plan.out))
     videos = [u for u in paths if u.endswith(".mp4")]  # maps (.zarr) are folders themselves
+    listing = manifest_url(plan.out)  # its folder: the render would fail at its very end
+    videos.append(listing)
+    paths[listing] = filesystem(listing, plan.out_storage_options)[1]
     folders = [u for u in videos if os.path.isdir(paths[u])] if is_local_fs(fs) else []
     if folders:
         raise OutputExistsError(
-            f"{len(folders)} video path(s) are folders, e.g. {folders[0]!r}. Remove or rename "
-            "them, or choose another output folder."
+            f"{len(folders)} video or manifest path(s) are folders, e.g. {folders[0]!r}. Remove "
+            "or rename them, or choose another output folder."
         )
+    del paths[listing]  # the manifest is rewritten, never "already exists"
     exists = os.path.lexists if is_local_fs(fs) else fs.exists  # local: a dangling link too
     existing = [] if plan.options.overwrite else [u for u, p in paths.items() if exists(p)]
     if existing:

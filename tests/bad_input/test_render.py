@@ -198,11 +198,24 @@ def test_a_folder_where_a_video_goes_is_refused_even_with_overwrite(state, tiny,
     (state.out / "world00001" / "front.mp4" / "keep").mkdir(parents=True)
     state.before = (state.before[0], snapshot(state.out))
 
-    with pytest.raises(OutputExistsError, match="video path\\(s\\) are folders"):
+    with pytest.raises(OutputExistsError, match="video or manifest path\\(s\\) are folders"):
         render(state, tiny, worlds=[1], options=RenderOptions(size=(48, 64), overwrite=True))
 
     assert renders == []
     assert state.unchanged() and (state.out / "world00001" / "front.mp4" / "keep").is_dir()
+
+
+def test_a_folder_where_the_manifest_goes_is_refused_before_rendering(tiny, renders, tmp_path):
+    """It failed at the very end, a video published and unlisted."""
+    out = tmp_path / "videos"
+    (out / "manifest.json").mkdir(parents=True)
+
+    with pytest.raises(OutputExistsError, match="manifest path\\(s\\) are folders, e.g. "
+                                                ".*manifest.json"):
+        render_videos(record(tiny, str(tmp_path / "run.zarr"), n_steps=12), tiny, "front",
+                      str(out), options=SMALL, n_workers=0)
+
+    assert renders == [] and sorted(p.name for p in out.rglob("*")) == ["manifest.json"]
 
 
 def test_output_folder_that_is_a_file_is_refused_before_rendering(state, tiny, renders, tmp_path):
@@ -369,3 +382,10 @@ def test_a_folder_holding_another_archives_render_is_refused_unless_overwrite(st
                           options=RenderOptions(size=(48, 64), segment_frames=8, overwrite=True),
                           n_workers=0)
     assert [v["world"] for v in again.videos] == [1]
+
+
+@pytest.mark.parametrize("block_frames", [0, -1, 2.5, True, "4"])
+def test_render_frames_refuses_a_block_that_is_not_a_whole_number_of_frames(state, tiny,
+                                                                            block_frames):
+    with pytest.raises(RenderOptionsError, match="block_frames must be an integer of at least 1"):
+        render_frames(state.url, tiny, "front", worlds=[0], block_frames=block_frames)
