@@ -13,6 +13,7 @@ segments and joins (:func:`run_segments`), Warp's groups of whole videos
 
 from __future__ import annotations
 
+import hashlib
 import os
 import threading
 import warnings
@@ -309,7 +310,7 @@ def render_videos(
         url=source, storage_options=dict(storage_options or {}), cameras=cameras,
         out=out, out_storage_options=dict(out_storage_options or {}),
         fps=float(ds.attrs["output_fps"]), options=options, jobs=tuple(jobs), notes=notes,
-        archive_id=ds.attrs.get("archive_id"),
+        archive_id=ds.attrs.get("archive_id"), model_sha256=hashlib.sha256(blob).hexdigest(),
     )
     kept: list[dict[str, Any]] = []
     if resume:

@@ -90,6 +90,9 @@ class RenderPlan:
     #: The ``archive_id`` of the archive planned with: a worker that opened an archive
     #: since replaced at the same URL opens it again.
     archive_id: str | None = None
+    #: SHA-256 of the compiled model rendered with (its MJB bytes): a manifest entry names
+    #: it, so that ``resume`` keeps only videos of the same model.
+    model_sha256: str | None = None
 
     def video_url(self, job: Job | int, camera: str) -> str:
         """The final URL of the video of ``job`` (a :class:`~flyarchive.query.selection.VideoJob`,

@@ -78,6 +78,7 @@ class RenderedPlan(Protocol):
     options: RenderedOptions
     jobs: tuple[Job, ...]
     notes: tuple[str, ...]
+    model_sha256: str | None
 
 
 MANIFEST_VERSION = 2
@@ -427,7 +428,8 @@ def describe(plan: RenderedPlan, ds: Archive, video: dict[str, Any]) -> dict[str
     Returns:
         ``video`` plus ``frame_range`` (archive indices ``[start, stop)``),
         ``start_time`` / ``end_time`` (simulated seconds of its first and last frame),
-        ``fps``, ``size`` ``[height, width]``, ``backend`` and ``video`` (encoder settings);
+        ``fps``, ``size`` ``[height, width]``, ``backend``, ``video`` (encoder settings)
+        and ``model_sha256`` (of the compiled model rendered with, its MJB bytes);
         for a window of a ``where`` mask also ``window``, its index among its world's
         windows (its frames and times are the entry's ``frame_range`` and times); and
         ``notes`` when the render changed something asked for (a fitted mosaic, overlay
@@ -449,6 +451,7 @@ def describe(plan: RenderedPlan, ds: Archive, video: dict[str, Any]) -> dict[str
         **window, **notes,
         "fps": plan.fps, "size": video_size(plan, job), "backend": plan.options.backend,
         "video": asdict(plan.options.video),
+        **({"model_sha256": plan.model_sha256} if plan.model_sha256 else {}),
     }
 
 

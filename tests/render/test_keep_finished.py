@@ -236,3 +236,26 @@ def test_resume_into_a_folder_of_another_archives_render_is_refused(archive, tin
         render_videos(other, tiny, "front", str(out), options=SMALL, n_workers=0, resume=True)
 
     assert {p: identity(str(p)) for p in out.rglob("*.mp4")} == before
+
+
+def test_resume_renders_again_the_videos_of_another_model(archive, tiny, tmp_path):
+    """The same archive rendered with another model (a recoloured one): its videos are
+    not what this render would make."""
+    import hashlib
+
+    from flyarchive.models import model_bytes
+    from flyarchive.testing import tiny_model
+
+    out = tmp_path / "v"
+    render_videos(archive, tiny, "front", str(out), options=SMALL, n_workers=0)
+    other = tiny_model()
+    other.geom_rgba[:, 0] = 1.0 - other.geom_rgba[:, 0]
+
+    again = render_videos(archive, other, "front", str(out), options=SMALL, n_workers=0,
+                          resume=True)
+    same = render_videos(archive, other, "front", str(out), options=SMALL, n_workers=0,
+                         resume=True)
+
+    assert again.kept == 0 and len(again.videos) == 2
+    assert same.kept == 2
+    assert {v["model_sha256"] for v in same.videos} == {hashlib.sha256(model_bytes(other)).hexdigest()}
