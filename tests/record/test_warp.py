@@ -341,6 +341,7 @@ def test_a_recorder_not_called_at_every_step_refuses_the_frame_taken_off_schedul
             mjw.step(mjw_model, d)
             if step % 2 == 0:
                 recorder.record_as_needed(d)
+    with pytest.raises(RecordingError):  # closing says it again; nothing is left open
         recorder.close()
 
     ds = open_archive(url)
