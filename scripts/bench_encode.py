@@ -39,7 +39,7 @@ from typing import Any
 
 import imageio_ffmpeg
 import numpy as np
-from benchlib import Column, Table, add_json_option, host_info, parse_size, positive_int, write_json
+from benchlib import listed, Column, Table, add_json_option, host_info, parse_size, positive_int, write_json
 
 from flyarchive.testing import rgb_to_i420
 from flyarchive.video import read_video
@@ -84,6 +84,11 @@ def main() -> None:
     write_json(args.json, result, indent=2)
 
 
+#: x264's presets, fastest first.
+X264_PRESETS = ("ultrafast", "superfast", "veryfast", "faster", "fast", "medium", "slow",
+                "slower", "veryslow", "placebo")
+
+
 def _parse_args() -> argparse.Namespace:
     def ints(s: str) -> list[int]:
         return [int(v) for v in s.split(",")]
@@ -98,7 +103,8 @@ def _parse_args() -> argparse.Namespace:
     parser.add_argument("--videos", type=positive_int, default=128, help="videos per case")
     parser.add_argument("--jobs", type=ints, default=[os.cpu_count() or 1],
                         help="concurrent encoders, comma list (default: cpu count)")
-    parser.add_argument("--presets", type=words, default=["ultrafast", "superfast", "veryfast"])
+    parser.add_argument("--presets", type=lambda s: words(listed(*X264_PRESETS)(s)),
+                        default=["ultrafast", "superfast", "veryfast"])
     parser.add_argument("--formats", type=words, default=["rgb24", "yuv420p"],
                         help="raw input pixel formats: rgb24, yuv420p")
     parser.add_argument("--threads-per-encoder", type=ints, default=[1],

@@ -60,7 +60,7 @@ from typing import Any
 
 os.environ.setdefault("MUJOCO_GL", "egl")
 
-from benchlib import Column, Table, add_json_option, host_info, positive_int, write_json  # noqa: E402
+from benchlib import listed, Column, Table, add_json_option, host_info, positive_int, write_json  # noqa: E402
 
 TABLE = Table([
     Column("model", 5, "model", align="<"), Column("MJB MB", 6, "mjb_mb", ".2f"),
@@ -239,7 +239,7 @@ def measure(name: str, repeat: int, folder: Path) -> dict[str, Any]:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0].replace("\n", " "))
-    parser.add_argument("--models", default="tiny,nmf", help="comma-separated: tiny,nmf")
+    parser.add_argument("--models", default="tiny,nmf", type=listed("tiny", "nmf"), help="comma-separated: tiny,nmf")
     parser.add_argument("--repeat", type=positive_int, default=5, help="runs per timing (best shown)")
     add_json_option(parser)
     parser.add_argument("--only", choices=("check", "portable"),

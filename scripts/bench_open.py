@@ -30,7 +30,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from benchlib import Column, Table, add_json_option, host_info, positive_int, write_json
+from benchlib import numbers, Column, Table, add_json_option, host_info, positive_int, write_json
 
 import flyarchive
 from flyarchive import open_archive
@@ -101,7 +101,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--worlds", type=positive_int, default=64)
     parser.add_argument("--frames", type=positive_int, default=40)
     parser.add_argument("--repeat", type=positive_int, default=30)
-    parser.add_argument("--latency-ms", default="0,20",
+    parser.add_argument("--latency-ms", default="0,20", type=numbers(0),
                         help="comma-separated delays added to every S3 request (default 0,20)")
     parser.add_argument("--no-s3", action="store_true")
     add_json_option(parser)

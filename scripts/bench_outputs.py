@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from benchlib import (
+    listed,
     positive_int,
     Column,
     Table,
@@ -133,7 +134,8 @@ def _summary(rows: list[dict[str, Any]]) -> dict[str, dict[str, float]]:
 def _parse_args() -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--backends", default="cpu,warp-cpu",
-                   type=lambda s: [b.strip() for b in s.split(",") if b.strip()],
+                   type=lambda s: [b.strip() for b in listed("cpu", "opengl", "warp-cpu", "gpu")(s)
+                                   .split(",") if b.strip()],
                    help="comma-separated: cpu, warp-cpu, gpu (default cpu,warp-cpu)")
     p.add_argument("--cases", default=",".join(CASES),
                    type=lambda s: [c.strip() for c in s.split(",") if c.strip()],

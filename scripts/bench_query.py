@@ -72,6 +72,7 @@ import numpy as np
 import xarray as xr
 import zarr
 from benchlib import (
+    listed,
     nonnegative_int,
     positive_int,
     OUTPUT_FPS,
@@ -813,7 +814,8 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--worlds", type=positive_int, default=1024, help="worlds (default 1024)")
     parser.add_argument("--frames", type=positive_int, default=1000, help="frames per world (default 1000)")
-    parser.add_argument("--dtypes", default="float64,float32", help="comma-separated")
+    parser.add_argument("--dtypes", default="float64,float32", type=listed("float64", "float32"),
+                        help="comma-separated")
     parser.add_argument("--chunk-frames", type=positive_int, default=100, help="frames per chunk")
     parser.add_argument("--shard-worlds", type=positive_int, default=64, help="worlds per shard")
     parser.add_argument("--repeat", type=positive_int, default=3, help="best of N (full scans: see "

@@ -24,7 +24,7 @@ from typing import Any
 
 import numpy as np
 import zarr
-from benchlib import Column, Table, add_json_option, host_info, nmf_states, positive_int, write_json
+from benchlib import positive_float, Column, Table, add_json_option, host_info, nmf_states, positive_int, write_json
 from zarr.codecs import BloscCodec, BytesCodec, Crc32cCodec, TransposeCodec
 from zarr.codecs.numcodecs import PCodec, Shuffle, Zstd
 from zarr.storage import MemoryStore
@@ -201,7 +201,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--worlds", type=positive_int, default=1, help="walks with different seeds")
     parser.add_argument("--chunk-frames", type=positive_int, default=None,
                         help="frames per chunk (default: all frames in one chunk)")
-    parser.add_argument("--bound", type=float, default=1e-6, help="absolute error bound")
+    parser.add_argument("--bound", type=positive_float, default=1e-6, help="absolute error bound")
     parser.add_argument("--repeat", type=positive_int, default=3, help="best of N timings")
     add_json_option(parser)
     args = parser.parse_args(argv)

@@ -22,6 +22,7 @@ imports nothing heavy at import time (mujoco, flygym, zarr and psutil load on fi
 from __future__ import annotations
 
 import argparse
+import math
 import functools
 import json
 import os
@@ -151,6 +152,51 @@ def require_device(parser: argparse.ArgumentParser, device: str | None) -> None:
     if index >= count:
         parser.error(f"--device {device}: Warp sees {count} CUDA device(s) on this machine; "
                      "run on a GPU host, or pass --device cpu")
+
+
+def listed(*allowed: str) -> Callable[[str], str]:
+    """An argparse type for a comma-separated list of names from ``allowed``; returns the
+    text as given (scripts split it)."""
+    def check(text: str) -> str:
+        names = [v.strip() for v in text.split(",") if v.strip()]
+        unknown = [v for v in names if v not in allowed]
+        if unknown or not names:
+            raise argparse.ArgumentTypeError(
+                f"{', '.join(map(repr, unknown)) or 'nothing'} given; choose from "
+                f"{', '.join(allowed)} (comma-separated)")
+        return text
+    return check
+
+
+def numbers(minimum: float, *, whole: bool = False, above: bool = False) -> Callable[[str], str]:
+    """An argparse type for comma-separated numbers each >= ``minimum`` (> with
+    ``above``; whole numbers with ``whole``); returns the text as given."""
+    def check(text: str) -> str:
+        values = [v.strip() for v in text.split(",") if v.strip()]
+        try:
+            parsed = [int(v) if whole else float(v) for v in values]
+        except ValueError:
+            parsed = []
+        ok = bool(parsed) and all(math.isfinite(v) and (v > minimum if above else v >= minimum)
+                                  for v in parsed)
+        if not ok:
+            kind = "whole numbers" if whole else "numbers"
+            raise argparse.ArgumentTypeError(
+                f"must be {kind} {'>' if above else '>='} {minimum:g}, comma-separated; "
+                f"got {text!r}")
+        return text
+    return check
+
+
+def positive_float(text: str) -> float:
+    """An argparse type for a finite number > 0 (an error bound...)."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not (math.isfinite(value) and value > 0):
+        raise argparse.ArgumentTypeError(f"must be a finite number > 0, got {text!r}")
+    return value
 
 
 def nonnegative_int(text: str) -> int:

@@ -312,3 +312,16 @@ def test_a_model_exported_as_a_spec_zip_compiles_to_the_same_model(tmp_path: Pat
     expected = mujoco.MjModel.from_xml_string(TINY_XML)
     assert (loaded.nq, loaded.nbody, loaded.ngeom) == (expected.nq, expected.nbody, expected.ngeom)
     np.testing.assert_array_equal(loaded.body_pos, expected.body_pos)
+
+
+def test_listed_names_and_numbers_are_checked_as_options() -> None:
+    assert benchlib.listed("tiny", "nmf")("tiny,nmf") == "tiny,nmf"
+    with pytest.raises(argparse.ArgumentTypeError, match="'foo' given; choose from tiny, nmf"):
+        benchlib.listed("tiny", "nmf")("tiny,foo")
+    assert benchlib.numbers(1, whole=True)("1,2") == "1,2"
+    for bad in ("0", "a", "1,-2", ""):
+        with pytest.raises(argparse.ArgumentTypeError, match="must be whole numbers >= 1"):
+            benchlib.numbers(1, whole=True)(bad)
+    with pytest.raises(argparse.ArgumentTypeError, match="finite number > 0"):
+        benchlib.positive_float("nan")
+    assert benchlib.positive_float("1e-6") == 1e-6
