@@ -21,7 +21,7 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
-from benchlib import json_path  # noqa: E402  (beside this script)
+from benchlib import json_path, positive_int, require_device  # noqa: E402  (beside this script)
 
 
 def _run(script: str, args: list[str]) -> dict:
@@ -41,13 +41,14 @@ def main() -> None:
                    help="write the combined result as JSON to this path")
     p.add_argument("--device", choices=["cuda", "cpu"], default="cuda")
     p.add_argument("--model", choices=["nmf", "tiny"], default="nmf")
-    p.add_argument("--nworld", type=int, default=4096, help="worlds simulated while recording")
-    p.add_argument("--steps", type=int, default=2000, help="timed sim steps")
-    p.add_argument("--worlds", type=int, default=128, help="worlds replayed")
-    p.add_argument("--frames", type=int, default=100, help="frames per replayed world")
-    p.add_argument("--batch", type=int, default=1024, help="states per render batch")
+    p.add_argument("--nworld", type=positive_int, default=4096, help="worlds simulated while recording")
+    p.add_argument("--steps", type=positive_int, default=2000, help="timed sim steps")
+    p.add_argument("--worlds", type=positive_int, default=128, help="worlds replayed")
+    p.add_argument("--frames", type=positive_int, default=100, help="frames per replayed world")
+    p.add_argument("--batch", type=positive_int, default=1024, help="states per render batch")
     p.add_argument("--only", choices=["record", "replay"])
     a = p.parse_args()
+    require_device(p, a.device)
     common = ["--device", a.device, "--model", a.model]
     result: dict = {"device": a.device, "model": a.model}
     if a.only in (None, "record"):
@@ -60,6 +61,10 @@ def main() -> None:
     print(json.dumps(result, indent=2))
     if a.json:
         Path(a.json).write_text(json.dumps(result, indent=2))
+    failed = [k for k, v in result.items() if isinstance(v, dict) and "error" in v]
+    if failed:
+        print(f"failed: {', '.join(failed)}", file=sys.stderr)
+        sys.exit(1)
 
 
 if __name__ == "__main__":
