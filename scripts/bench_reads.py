@@ -28,6 +28,7 @@ import os
 import tempfile
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from benchlib import Column, Table, add_json_option, host_info, positive_int, write_json
@@ -103,6 +104,9 @@ def main() -> None:
     parser.add_argument("--repeat", type=positive_int, default=3)
     add_json_option(parser)
     args = parser.parse_args()
+    if args.archive and not (Path(args.archive) / "zarr.json").is_file():
+        parser.error(f"--archive {args.archive!r}: no archive there (no zarr.json); give an "
+                     "archive folder, or leave it out to write a small one")
     with tempfile.TemporaryDirectory() as folder:
         url = args.archive or small_archive(folder)
         rows = rows_for(url, args.reads, args.repeat)
