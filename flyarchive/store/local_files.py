@@ -42,13 +42,14 @@ def refuse_inside_archive(path: str | os.PathLike[str], flag: str) -> None:
     from flyarchive.errors import OutputLocationError
 
     here = Path(os.path.abspath(os.path.expanduser(os.fspath(path))))
-    for folder in (here, *here.parents):
-        if (folder / "zarr.json").is_file():
-            beside = folder.parent / f"{folder.stem}-{here.name if here != folder else 'out'}"
-            raise OutputLocationError(
-                f"{os.fspath(path)!r} is inside the archive (or zarr group) at '{folder}': "
-                "what is written there is not part of it. Pass "
-                f"{flag} a place outside it, e.g. '{beside}'.")
+    held = [f for f in (here, *here.parents) if (f / "zarr.json").is_file()]
+    if not held:
+        return
+    folder = held[-1]  # the outermost: the archive, not one of its arrays or groups
+    beside = folder.parent / f"{folder.stem}-{here.name if here != folder else 'out'}"
+    raise OutputLocationError(
+        f"{os.fspath(path)!r} is inside the archive (or zarr group) at '{folder}': what is "
+        f"written there is not part of it. Pass {flag} a place outside it, e.g. '{beside}'.")
 
 
 def write_whole(target: Path, write: Callable[[str], object], *,

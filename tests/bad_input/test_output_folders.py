@@ -495,3 +495,19 @@ def test_maps_of_a_frame_beyond_h264s_size_are_not_refused_for_it():
 
     assert options.size == (8192, 8192)
 
+
+
+def test_an_output_inside_an_archives_array_names_the_archive_and_a_place_beside_it(tmp_path):
+    from flyarchive.errors import OutputLocationError
+    from flyarchive.store.local_files import refuse_inside_archive
+
+    archive = tmp_path / "my run.zarr"
+    for folder in (archive, archive / "qpos"):
+        folder.mkdir()
+        (folder / "zarr.json").write_text("{}")
+
+    for out, beside in [(archive / "qpos", "my run-qpos"), (archive / "qpos" / "c" / "0", "my run-0")]:
+        with pytest.raises(OutputLocationError) as err:
+            refuse_inside_archive(out, "--out")
+        assert f"inside the archive (or zarr group) at '{archive}'" in str(err.value)
+        assert f"e.g. '{tmp_path / beside}'" in str(err.value)
