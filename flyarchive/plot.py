@@ -140,7 +140,7 @@ def plot_traces(
             for i, label in enumerate(chosen):
                 ax.plot(times, values[:, i], label=label)
             ax.set_xlabel("simulated time (s)")
-            ax.set_ylabel("qpos (rad or m)")
+            ax.set_ylabel("qpos (rad; slides: model length unit, mm for NeuroMechFly)")
             ax.set_title(f"world {world}")
             ax.legend(fontsize="small", loc="best")
             fig.tight_layout()
