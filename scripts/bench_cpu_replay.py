@@ -58,6 +58,7 @@ import argparse
 import functools
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -105,14 +106,26 @@ def main() -> None:
     if args.child:
         print("RESULT " + json.dumps(_run_child(json.loads(args.child))), flush=True)
         return
+    camera = "nmf/trackcam"
+    base = {"size": list(args.size), "camera": camera, "segment_frames": args.segment_frames}
+    if not _cases(args, {"main": "", "long": ""}, Path("."), base):  # before any work
+        print(f"bench_cpu_replay.py: error: no case matches --cases {args.cases!r} with "
+              f"--backends {args.backends!r}", file=sys.stderr)
+        sys.exit(2)
     if args.workdir:
         Path(args.workdir).mkdir(parents=True, exist_ok=True)
     work = Path(tempfile.mkdtemp(prefix="bench-cpu-replay-", dir=args.workdir))
-    camera = "nmf/trackcam"
+    try:
+        _run_all(args, work, camera, base)
+    finally:
+        if args.workdir is None:  # a folder of its own in /tmp: archives, videos
+            shutil.rmtree(work, ignore_errors=True)
+
+
+def _run_all(args: argparse.Namespace, work: Path, camera: str, base: dict[str, Any]) -> None:
     t0 = time.perf_counter()
     archives = _build_archives(Path(args.cache) if args.cache else work, args.worlds, args.frames)
     build_s = time.perf_counter() - t0
-    base = {"size": list(args.size), "camera": camera, "segment_frames": args.segment_frames}
     cases = _cases(args, archives, work, base)
     rows = []
     print(ROW_TABLE.header())
@@ -150,7 +163,9 @@ def _parse_args() -> argparse.Namespace:
     parser.add_argument("--profile", action=argparse.BooleanOptionalAction, default=True)
     parser.add_argument("--segment-frames", type=positive_int, default=100)
     parser.add_argument("--batch-worlds", type=positive_int, default=64, help="warp-cpu batch size")
-    parser.add_argument("--workdir", default=None, help="where archives and videos go")
+    parser.add_argument("--workdir", default=None,
+                        help="where archives and videos go and stay (default: a temporary "
+                             "folder, removed at the end)")
     parser.add_argument("--cache", metavar="DIR", default=None,
                         help="keep the archives here and reuse them (default: built in --workdir)")
     parser.add_argument("--sync-reads", action="store_true",

@@ -69,6 +69,7 @@ and the read alone.
 from __future__ import annotations
 
 import argparse
+import re
 import os
 import time
 from collections.abc import Callable
@@ -77,6 +78,8 @@ from typing import Any
 
 import numpy as np
 from benchlib import (
+    require_device,
+    listed,
     nonnegative_int,
     positive_int,
     Column,
@@ -411,7 +414,8 @@ def main() -> None:
     parser.add_argument("--warp-frames", type=positive_int, default=250)
     parser.add_argument("--gait-worlds", type=positive_int, default=1024)
     parser.add_argument("--gait-frames", type=positive_int, default=1000)
-    parser.add_argument("--only", default=",".join(ROWS), help=f"rows: {','.join(ROWS)}")
+    parser.add_argument("--only", default=",".join(ROWS), type=listed(*ROWS),
+                        help=f"rows: {','.join(ROWS)}")
     parser.add_argument("--repeat", type=positive_int, default=2)
     parser.add_argument("--cache", type=Path, default=Path("/tmp/flyarchive-bench-positions"))
     parser.add_argument("--model", type=Path,
@@ -420,6 +424,9 @@ def main() -> None:
                              "in --cache/walks)")
     add_json_option(parser)
     args = parser.parse_args()
+    if not re.fullmatch(r"cpu|cuda(:\d+)?", args.device):
+        parser.error(f"--device {args.device!r}: give cpu or cuda[:N]")
+    require_device(parser, args.device)
     only = set(args.only.split(","))
     world = nmf_world(args.model)
     rows: list[dict[str, Any]] = []
