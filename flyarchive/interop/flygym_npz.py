@@ -158,7 +158,8 @@ def _check_fields(path: str, a: dict[str, np.ndarray]) -> NpzTrajectory:
             raise NpzFormatError(f"{path!r}: {key} must be a number, got {a[key]!r}.")
     _check_values(path, a, time)
     return NpzTrajectory(
-        path, time.astype(np.float64), qpos, float(a["output_fps"]), float(a["playback_speed"]),
+        path, time.astype(np.float64), qpos, _number(a["output_fps"]),
+        _number(a["playback_speed"]),
         int(a["world_id"]), a.get("mocap_pos"), a.get("mocap_quat"), *_schedule(path, a, n),
     )
 
@@ -186,6 +187,12 @@ def _schedule(path: str, a: dict[str, np.ndarray], n: int
             f"{path!r}: {SCHEDULED_TIME_KEY} must be finite and strictly increasing, and "
             f"{FRAME_KEY} at least -1 (unknown); export the file again.")
     return scheduled.astype(np.float64), frame.astype(np.int64)
+
+
+def _number(value: np.ndarray) -> float:
+    """A 0-d number of an npz as Python's: a whole number stays an int (an export of an
+    archive recorded with ``output_fps=50`` imports as 50, not 50.0, and exports so again)."""
+    return int(value) if value.dtype.kind in "iu" else float(value)
 
 
 def _check_values(path: str, a: dict[str, np.ndarray], time: np.ndarray) -> None:

@@ -46,6 +46,9 @@ def test_import_export_round_trip_is_bit_exact_and_flygym_loads_it(tiny, tmp_pat
             np.testing.assert_array_equal(getattr(loaded, key), getattr(original, key))
         assert (loaded.output_fps, loaded.playback_speed, loaded.world_id) == (
             original.output_fps, original.playback_speed, original.world_id)
+        given = tmp_path / "in" / f"traj{original.world_id - 5}.npz"
+        with np.load(path) as written, np.load(given) as read:
+            assert written["output_fps"].dtype.kind == read["output_fps"].dtype.kind  # 25, not 25.0
 
 
 @requires_flygym_files
