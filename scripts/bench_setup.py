@@ -296,11 +296,11 @@ def replay_ratio(args: argparse.Namespace, cache: Path) -> dict[str, Any]:
 TABLE = Table([
     Column("what", 44, "row", align="<"),
     Column("call s", 7, "call_s", ".3f"),
-    Column("frames/s", 11, "frames_per_s", ",.0f"),
+    Column("frames/s", 11, "frames_per_s", ",.1f"),
     Column("process s", 9, "process_s", ".2f"),
     Column("1st frame", 9, "first_frame_s", ".2f"),
     Column("pipe s", 7, "pipeline_s", ".3f"),
-    Column("pipe f/s", 11, "pipeline_frames_per_s", ",.0f"),
+    Column("pipe f/s", 11, "pipeline_frames_per_s", ",.1f"),
     Column("setup s", 7, "setup_s", ".3f"),
     Column("prep s", 7, "prepare_s", ".3f"),
     Column("engine", 6, "engine", align="<"),

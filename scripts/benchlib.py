@@ -295,7 +295,15 @@ def _gpus() -> list[dict[str, Any]]:
 # ----------------------------------------------------------------------------- cores
 def pin_threads(cpus: set[int]) -> None:
     """Pin every thread of this process (those there now) to ``cpus``; Python's and the
-    libraries' threads started later inherit it from the thread that starts them."""
+    libraries' threads started later inherit it from the thread that starts them.
+
+    Raises:
+        SystemExit: (a usage error) none of ``cpus`` is a core this process may run on.
+    """
+    allowed = os.sched_getaffinity(0)
+    if not set(cpus) & allowed:
+        sys.exit(f"error: core(s) {sorted(cpus)} are not among this machine's cores "
+                 f"{sorted(allowed)}; choose one of them")
     for tid in os.listdir("/proc/self/task"):
         try:
             os.sched_setaffinity(int(tid), cpus)

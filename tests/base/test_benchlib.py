@@ -325,3 +325,9 @@ def test_listed_names_and_numbers_are_checked_as_options() -> None:
     with pytest.raises(argparse.ArgumentTypeError, match="finite number > 0"):
         benchlib.positive_float("nan")
     assert benchlib.positive_float("1e-6") == 1e-6
+
+
+def test_pinning_to_a_core_the_machine_lacks_is_an_error_not_ignored() -> None:
+    """bench_gait --core 99 ran unpinned and its table still said one core."""
+    with pytest.raises(SystemExit, match=r"core\(s\) \[9999\] are not among"):
+        benchlib.pin_threads({9999})
