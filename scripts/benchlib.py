@@ -201,23 +201,21 @@ def positive_float(text: str) -> float:
 
 def nonnegative_int(text: str) -> int:
     """An argparse type for a whole number >= 0 (0: none, e.g. no worker processes)."""
-    try:
-        value = int(text)
-    except ValueError:
-        value = -1
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"must be a whole number >= 0, got {text!r}")
-    return value
+    return _whole_at_least(text, 0)
 
 
 def positive_int(text: str) -> int:
     """An argparse type for a whole number >= 1 (a count of rounds, workers...)."""
+    return _whole_at_least(text, 1)
+
+
+def _whole_at_least(text: str, least: int) -> int:
     try:
         value = int(text)
     except ValueError:
-        value = 0
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be a whole number >= 1, got {text!r}")
+        value = least - 1
+    if value < least:
+        raise argparse.ArgumentTypeError(f"must be a whole number >= {least}, got {text!r}")
     return value
 
 
