@@ -1,7 +1,7 @@
-"""What is fixed when an archive is created (:class:`ArchiveSpec`), checked before
-anything is written, how it is created (:func:`parse_mode`), and a block of frames to commit
-(:class:`FrameBlock`), and where (:func:`as_url`): what the recorders hand the store (both import it; the store never
-imports the record stage).
+"""What is fixed when an archive is created (:class:`ArchiveSpec`), checked before anything
+is written, how it is created (:func:`parse_mode`), and a block of frames to commit
+(:class:`FrameBlock`), and where (:func:`as_url`): what the recorders hand the store
+(both import it; the store never imports the record stage).
 
 Every check here runs when a spec is built, so a recorder refuses bad options in
 its constructor, before the first frame and before it touches storage: nothing

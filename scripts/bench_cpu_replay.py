@@ -153,7 +153,8 @@ def _parse_args() -> argparse.Namespace:
     add_json_option(parser)
     parser.add_argument("--frames", type=positive_int, default=250, help="frames per world")
     parser.add_argument("--worlds", type=positive_int, default=2, help="worlds rendered")
-    parser.add_argument("--workers", default="1,2", type=numbers(1, whole=True), help="Dask worker counts, comma-separated")
+    parser.add_argument("--workers", default="1,2", type=numbers(1, whole=True),
+                        help="Dask worker counts, comma-separated")
     parser.add_argument("--size", default="240x320", type=parse_size, help="HxW pixels")
     parser.add_argument("--backends", default="cpu,warp-cpu", type=listed("cpu", "warp-cpu"),
                         help="cpu and/or warp-cpu")

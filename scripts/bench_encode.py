@@ -39,8 +39,16 @@ from typing import Any
 
 import imageio_ffmpeg
 import numpy as np
-from benchlib import listed, Column, Table, add_json_option, host_info, parse_size, positive_int, write_json
-
+from benchlib import (
+    Column,
+    Table,
+    add_json_option,
+    host_info,
+    listed,
+    parse_size,
+    positive_int,
+    write_json,
+)
 from flyarchive.testing import rgb_to_i420
 from flyarchive.video import read_video
 

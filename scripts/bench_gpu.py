@@ -41,7 +41,8 @@ def main() -> None:
                    help="write the combined result as JSON to this path")
     p.add_argument("--device", choices=["cuda", "cpu"], default="cuda")
     p.add_argument("--model", choices=["nmf", "tiny"], default="nmf")
-    p.add_argument("--nworld", type=positive_int, default=4096, help="worlds simulated while recording")
+    p.add_argument("--nworld", type=positive_int, default=4096,
+                   help="worlds simulated while recording")
     p.add_argument("--steps", type=positive_int, default=2000, help="timed sim steps")
     p.add_argument("--worlds", type=positive_int, default=128, help="worlds replayed")
     p.add_argument("--frames", type=positive_int, default=100, help="frames per replayed world")

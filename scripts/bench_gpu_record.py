@@ -124,7 +124,8 @@ def _parse_args() -> argparse.Namespace:
     parser.add_argument("--steps", type=positive_int, default=2000, help="timed steps per run")
     parser.add_argument("--model", choices=["nmf", "tiny"], default="nmf")
     parser.add_argument("--out", help="archive URL (default: a new local temporary folder)")
-    parser.add_argument("--record-worlds", type=positive_int, help="record the first N worlds (default all)")
+    parser.add_argument("--record-worlds", type=positive_int,
+                        help="record the first N worlds (default all)")
     parser.add_argument("--chunk-frames", type=positive_int, default=16,
                         help="frames per chunk (a flush every chunk, in the background)")
     args = parser.parse_args()

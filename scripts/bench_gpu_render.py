@@ -83,7 +83,8 @@ def _parse_args() -> argparse.Namespace:
     add_json_option(parser, "also write the result as JSON to this path")
     parser.add_argument("--device", choices=["cuda", "cpu"], help="Warp device (default: Warp's)")
     parser.add_argument("--worlds", type=positive_int, default=16, help="B, states per batch")
-    parser.add_argument("--frames", type=positive_int, default=64, help="states rendered in the timed run")
+    parser.add_argument("--frames", type=positive_int, default=64,
+                        help="states rendered in the timed run")
     parser.add_argument("--model", choices=["tiny", "nmf"], default="tiny")
     parser.add_argument("--size", type=parse_size, default=(240, 320),
                         help="frame size HEIGHTxWIDTH (default 240x320)")

@@ -160,7 +160,8 @@ def _parse_args() -> argparse.Namespace:
     parser.add_argument("--device", choices=["cuda", "cpu"], default="cuda", help="Warp device")
     parser.add_argument("--worlds", type=positive_int, default=128, help="worlds in the archive")
     parser.add_argument("--frames", type=positive_int, default=100, help="frames per world")
-    parser.add_argument("--batch", type=positive_int, default=1024, help="B, states per flyarchive batch")
+    parser.add_argument("--batch", type=positive_int, default=1024,
+                        help="B, states per flyarchive batch")
     parser.add_argument("--model", choices=["nmf", "tiny"], default="nmf")
     parser.add_argument("--model-file", metavar="PATH",
                         help="NeuroMechFly compiled from this file (.zip of its spec from "

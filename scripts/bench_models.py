@@ -60,7 +60,15 @@ from typing import Any
 
 os.environ.setdefault("MUJOCO_GL", "egl")
 
-from benchlib import listed, Column, Table, add_json_option, host_info, positive_int, write_json  # noqa: E402
+from benchlib import (  # noqa: E402
+    Column,
+    Table,
+    add_json_option,
+    host_info,
+    listed,
+    positive_int,
+    write_json,
+)
 
 TABLE = Table([
     Column("model", 5, "model", align="<"), Column("MJB MB", 6, "mjb_mb", ".2f"),
@@ -239,8 +247,10 @@ def measure(name: str, repeat: int, folder: Path) -> dict[str, Any]:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0].replace("\n", " "))
-    parser.add_argument("--models", default="tiny,nmf", type=listed("tiny", "nmf"), help="comma-separated: tiny,nmf")
-    parser.add_argument("--repeat", type=positive_int, default=5, help="runs per timing (best shown)")
+    parser.add_argument("--models", default="tiny,nmf", type=listed("tiny", "nmf"),
+                        help="comma-separated: tiny,nmf")
+    parser.add_argument("--repeat", type=positive_int, default=5,
+                        help="runs per timing (best shown)")
     add_json_option(parser)
     parser.add_argument("--only", choices=("check", "portable"),
                         help="run one of the two tables (default both)")

@@ -147,10 +147,12 @@ def _parse_args() -> argparse.Namespace:
     p.add_argument("--mosaic", type=lambda s: tuple(int(v) for v in s.lower().split("x")),
                    default=(2, 2), help="ROWSxCOLS (default 2x2)")
     p.add_argument("--batch-worlds", type=positive_int, default=4, help="Warp backends' batch")
-    p.add_argument("--segment-frames", type=positive_int, default=100, help="cpu backend's segments")
+    p.add_argument("--segment-frames", type=positive_int, default=100,
+                   help="cpu backend's segments")
     p.add_argument("--workers", type=int, default=0,
                    help="render_videos n_workers (default 0: this process)")
-    p.add_argument("--repeat", type=positive_int, default=2, help="timed renders per case (best counts)")
+    p.add_argument("--repeat", type=positive_int, default=2,
+                   help="timed renders per case (best counts)")
     p.add_argument("--cache", help="folder keeping the archive between runs")
     add_json_option(p)
     args = p.parse_args()

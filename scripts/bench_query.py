@@ -813,7 +813,8 @@ def _world_read(entry: dict[str, Any], storage: str) -> int | None:
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--worlds", type=positive_int, default=1024, help="worlds (default 1024)")
-    parser.add_argument("--frames", type=positive_int, default=1000, help="frames per world (default 1000)")
+    parser.add_argument("--frames", type=positive_int, default=1000,
+                        help="frames per world (default 1000)")
     parser.add_argument("--dtypes", default="float64,float32", type=listed("float64", "float32"),
                         help="comma-separated")
     parser.add_argument("--chunk-frames", type=positive_int, default=100, help="frames per chunk")

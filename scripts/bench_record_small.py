@@ -302,7 +302,8 @@ def rows_for(where: str, folder: Path, cases: dict[str, Case], args: argparse.Na
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0].replace("\n", " "))
     parser.add_argument("--repeat", type=positive_int, default=15)
-    parser.add_argument("--commits", type=positive_int, default=4, help="commits per archive (default 4)")
+    parser.add_argument("--commits", type=positive_int, default=4,
+                        help="commits per archive (default 4)")
     parser.add_argument("--nmf-worlds", type=positive_int, default=8)
     parser.add_argument("--nmf-frames", type=positive_int, default=100,
                         help="frames per NeuroMechFly commit (the recorders' default chunk)")

@@ -24,7 +24,16 @@ from typing import Any
 
 import numpy as np
 import zarr
-from benchlib import positive_float, Column, Table, add_json_option, host_info, nmf_states, positive_int, write_json
+from benchlib import (
+    Column,
+    Table,
+    add_json_option,
+    host_info,
+    nmf_states,
+    positive_float,
+    positive_int,
+    write_json,
+)
 from zarr.codecs import BloscCodec, BytesCodec, Crc32cCodec, TransposeCodec
 from zarr.codecs.numcodecs import PCodec, Shuffle, Zstd
 from zarr.storage import MemoryStore
@@ -197,7 +206,8 @@ TABLE = Table([
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--frames", type=positive_int, default=250, help="frames per world (default 250)")
+    parser.add_argument("--frames", type=positive_int, default=250,
+                        help="frames per world (default 250)")
     parser.add_argument("--worlds", type=positive_int, default=1, help="walks with different seeds")
     parser.add_argument("--chunk-frames", type=positive_int, default=None,
                         help="frames per chunk (default: all frames in one chunk)")

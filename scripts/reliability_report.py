@@ -64,7 +64,15 @@ from typing import Any
 os.environ.setdefault("MUJOCO_GL", "egl")
 
 import numpy as np  # noqa: E402
-from benchlib import listed, nonnegative_int, Column, Table, add_json_option, host_info, write_json  # noqa: E402
+from benchlib import (  # noqa: E402
+    Column,
+    Table,
+    add_json_option,
+    host_info,
+    listed,
+    nonnegative_int,
+    write_json,
+)
 
 from flyarchive.testing.flaky_s3 import (  # noqa: E402
     S3_OUTCOMES,
@@ -515,8 +523,10 @@ def print_table(report: dict[str, Any]) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--kills", type=nonnegative_int, default=20, help="kills per backend (default 20)")
-    parser.add_argument("--backends", default="cpu,warp", type=listed("cpu", "warp"), help="comma-separated: cpu,warp")
+    parser.add_argument("--kills", type=nonnegative_int, default=20,
+                        help="kills per backend (default 20)")
+    parser.add_argument("--backends", default="cpu,warp", type=listed("cpu", "warp"),
+                        help="comma-separated: cpu,warp")
     parser.add_argument("--chunk-frames", type=int, default=5)
     parser.add_argument("--s3-trials", type=int, default=4,
                         help="trials per S3 operation (0: skip)")

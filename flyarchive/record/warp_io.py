@@ -250,9 +250,10 @@ class BackgroundWriter:
         if new:
             ids = [self.writer.world_ids[w] for w in new]
             sim_time = block.time if block.sim_time is None else block.sim_time
+            at = float(sim_time[first_bad[new[0]]])
             self.notices.append(
                 f"The state of world(s) {ids} holds NaN or infinity from frame(s) "
-                f"{[self.diverged[i] for i in ids]} on (t≈{float(sim_time[first_bad[new[0]]]):g} s); "
+                f"{[self.diverged[i] for i in ids]} on (t≈{at:g} s); "
                 "their simulation diverged. Their frames before it are committed, their "
                 "n_frames stops there, and the other worlds go on being recorded."
             )

@@ -1,15 +1,16 @@
 """Continue a render that stopped (``render_videos(..., resume=True)``, ``flyarchive render
 --resume``): keep the videos that an earlier render into the same output folder finished
-and listed in its manifest, when they are exactly what this render would make; render the
-rest (:func:`resume_plan`).
+and listed in its manifest, when they are exactly what this render would make; render
+the rest (:func:`resume_plan`).
 
 A (world, camera) video is kept when the manifest lists it for this archive (same
-``archive_id``, however the archive is named, and layout hash) with the very entry this render would write (path, frames,
-window, size, fps, backend, encoder settings, outputs, mosaic, overlays...), and each of
-its outputs is a regular file (a map: its ``zarr.json``) inside the output folder. A job
-(a world or a mosaic) with a camera not kept is rendered (all its cameras are rendered
-together), and only its videos not kept are published, replacing what is in their place
-(a video the stopped render finished but did not list yet, one of other settings).
+``archive_id``, however the archive is named, and layout hash) with the very entry this
+render would write (path, frames, window, size, fps, backend, encoder settings, outputs,
+mosaic, overlays...), and each of its outputs is a regular file (a map: its
+``zarr.json``) inside the output folder. A job (a world or a mosaic) with a camera not
+kept is rendered (all its cameras are rendered together), and only its videos not kept
+are published, replacing what is in their place (a video the stopped render finished but
+did not list yet, one of other settings).
 """
 
 from __future__ import annotations
@@ -59,8 +60,9 @@ def resume_plan(plan: RenderPlan, ds: Archive) -> tuple[RenderPlan, list[dict[st
         earlier.get("layout_hash") == ds.attrs["layout"]["hash"]
     if earlier.get("videos") and not plan.options.overwrite and earlier.get("archive") != \
             plan.url and not same_archive(earlier, plan.url, archive_id):
-        raise another_archive(plan, earlier)  # resuming would replace another's videos
-        # (an archive recorded again at the same URL is this render's: rendered again)
+        # resuming would replace another archive's videos (one recorded again at the
+        # same URL is this render's archive: its videos are rendered again)
+        raise another_archive(plan, earlier)
     listed = {v["path"]: v for v in earlier.get("videos", [])} if same else {}
     kept: list[dict[str, Any]] = []
     todo = []

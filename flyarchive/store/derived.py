@@ -187,7 +187,7 @@ class DerivedWriter(ArchiveWriter):
         there = _what_is_there(store, spec)
         if there == "foreign" and not owned:
             raise foreign(url)
-        if there in ("other", "foreign") and not overwrite and not owned:
+        if there == "other" and not overwrite and not owned:
             raise ArchiveExistsError(
                 f"Something that is not these derived values is at {url!r} (another archive, "
                 "other keypoints, another model, or values of another archive); flyarchive "

@@ -185,8 +185,9 @@ class ArchiveWriter:
             url: Where: a local path or any fsspec URL.
             spec: The archive's fixed properties.
             mode: ``"w-"`` create, refuse if anything is there (default); ``"w"`` replace
-                the archive there (never files flyarchive did not write); ``"a"`` append to the archive there (creating it if absent,
-                or if its creation was interrupted before anything was committed).
+                the archive there (never files flyarchive did not write); ``"a"`` append
+                to the archive there (creating it if absent, or if its creation was
+                interrupted before anything was committed).
             storage_options: Passed to fsspec (e.g. S3 credentials, ``endpoint_url``).
             takeover: Take over the claim of a writer that crashed on another host.
 
