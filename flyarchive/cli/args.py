@@ -269,7 +269,7 @@ def add_render_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--time", help="START:END seconds of simulated time")
     p.add_argument("--where-world-var", action="append", metavar="NAME=VALUE",
                    help="only worlds whose world variable holds: NAME=VALUE, or with != > >= "
-                        "< <= (repeatable: all must hold), e.g. success=1")
+                        "< <= (repeatable: all must hold), e.g. success=1 or 'n_frames>0'")
     p.add_argument("--where-dof", action="append", metavar="DOF>VALUE",
                    help="only the frames where a dof's qpos holds, e.g. 'joint>0.5' (= != > "
                         ">= < <=; repeatable); each window of frames is a video of its own")

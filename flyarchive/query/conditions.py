@@ -83,7 +83,8 @@ def world_var_names(ds: xr.Dataset) -> list[str]:
 
 def world_var_mask(ds: xr.Dataset, name: str, op: str, value: float | str) -> xr.DataArray:
     """``ds[name] <op> value`` over ``(world,)``: a number (or bool) for a variable of
-    numbers or bools, a text for a text variable (``==`` or ``!=`` only).
+    numbers or bools, a text for a text variable (``==`` or ``!=`` only). ``n_frames``
+    (the frames each world recorded) is compared as a world variable is.
 
     Raises:
         SelectionError: no world variable ``name`` (the message lists them and the
@@ -91,10 +92,11 @@ def world_var_mask(ds: xr.Dataset, name: str, op: str, value: float | str) -> xr
     """
     names = world_var_names(ds)
     shown = f"{name}{op}{value:g}" if isinstance(value, float) else f"{name}{op}{value!r}"
-    if name not in names:
+    known = names + ["n_frames"] * ("n_frames" in ds.data_vars)  # and each world's frames
+    if name not in known:
         raise SelectionError(
             f"--where-world-var {shown}: the archive has no world variable {name!r}."
-            f"{did_you_mean(name, names)} World variables: "
+            f"{did_you_mean(name, known)} World variables: "
             f"{', '.join(map(repr, names)) or 'none'}. Add one with "
             "`flyarchive set-world-var URL NAME=V1,V2,...` (or flyarchive.add_world_vars)."
         )

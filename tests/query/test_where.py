@@ -106,3 +106,11 @@ def test_written_conditions_make_the_same_masks(ds):
     actual = where_from_conditions(ds, [], ["x>0.5"]).values
 
     np.testing.assert_array_equal(actual, expected)
+
+
+def test_a_condition_on_n_frames_selects_the_worlds_by_frames_recorded(ds):
+    recorded = ds.assign(n_frames=("world", np.array([30, 0, 12])))  # as --overlay shows it
+
+    actual = where_from_conditions(recorded, ["n_frames>0"]).values
+
+    np.testing.assert_array_equal(actual, [True, False, True])
