@@ -53,7 +53,8 @@ BASE = frozenset({"errors", "schema", "layout", "clock", "codecs", "models", "co
 STAGES = ("record", "store", "query", "analyze", "replay", "video", "render", "distribute")
 #: Modules of a base package that are of a later stage's floor: module -> stage.
 FLOORS = {"flyarchive.models.kept": "store", "flyarchive.models.shipping": "analyze"}
-APPLICATIONS = frozenset({"cli", "demo", "plot", "summary", "recorders", "interop", "view"})
+APPLICATIONS = frozenset({"cli", "demo", "plot", "summary", "recorders", "interop", "view",
+                          "__main__"})
 TEST_SUPPORT = "flyarchive.testing"
 
 #: The public modules: the package's face (``flyarchive``), the errors, the environment
@@ -359,6 +360,8 @@ def package_graph() -> dict[str, frozenset[str]]:
 #: module holds; the same name in two packages would be two things under one name.
 SHARED_BASENAMES = {
     "__init__.py": "Python's name for a package's face (each lists its package's modules)",
+    "__main__.py": "Python's name for a package's program: ``python -m flyarchive`` and "
+                   "``python -m flyarchive.cli`` both run the flyarchive command",
 }
 
 

@@ -223,8 +223,8 @@ def test_a_foreign_file_in_an_archives_folder_makes_no_warning_noise(archive):
 
     (Path(archive) / ".DS_Store").write_bytes(b"\0\0\0\1Bud1")
 
-    done = subprocess.run([sys.executable, "-m", "flyarchive.cli", "verify", archive],
-                          capture_output=True, text=True, timeout=120)
+    done = subprocess.run([sys.executable, "-m", "flyarchive", "verify", archive],  # the package
+                          capture_output=True, text=True, timeout=120)          # runs as the CLI
 
     assert done.returncode == 0, done.stderr
     assert "not recognized" not in done.stderr and "Warning" not in done.stderr
