@@ -181,6 +181,21 @@ class Viewer:
                 "keypoints": model is not None, "bodies": bodies,
                 "gait_problem": _gait_problem(model, bodies, self.model_problem)}
 
+    def growth(self) -> dict[str, Any]:
+        """Whether a writer appended frames since the archive was opened: the frames
+        committed when it was opened and now (summed over worlds), and the worlds that
+        have more now. The page asks now and then and offers to open it again.
+
+        Raises:
+            StorageError: the storage did not answer.
+        """
+        viewed = self.viewed
+        shown = viewed.n_frames
+        now = viewed.frames_now()
+        grown = int(np.count_nonzero(now > shown)) if now.shape == shown.shape else 0
+        return {"frames_shown": int(shown.sum()), "frames_now": int(now.sum()),
+                "worlds_grown": grown, "generation": viewed.generation}
+
     def reopen(self) -> None:
         """Open the archive again (after it was replaced): its header, world table and
         states, and its model (the kept one, or the ``--model`` file checked against the

@@ -188,6 +188,7 @@ class ViewedArchive:
             self.dofs = [str(d) for d in header["dof"].values]
             self._index = {int(w): i for i, w in enumerate(world_ids)}
             self._getters = getters
+            self._n_frames_node = header.group["n_frames"]
             self._kept_states.clear()
             self._ds = None
             self.generation += 1
@@ -268,6 +269,20 @@ class ViewedArchive:
                 qpos.reader.check_archive()
             elif qpos.shape[0] and qpos.shape[1]:
                 qpos[0, 0:1, 0:1]  # a read through zarr checks it too
+
+    def frames_now(self) -> np.ndarray:
+        """Each world's committed frames now (``n_frames`` read again: one small read), to
+        tell the page that a writer appended since the archive was opened.
+
+        Raises:
+            StorageError: the storage failed to answer.
+        """
+        from flyarchive.store.storage_errors import translated
+
+        with self._lock:
+            node = self._n_frames_node
+        with translated(self.url, self.storage_options or None):
+            return np.asarray(node[...], dtype=np.int64)
 
     def _replaced(self, now: str | None = None) -> ArchiveReplacedError:
         """The error for an archive replaced since the viewer opened it (``now``: the

@@ -257,6 +257,35 @@ def test_an_archive_replaced_while_the_page_is_open_is_said_and_opened_again(bro
         page.close()
 
 
+def test_frames_appended_while_the_page_is_open_are_said_and_shown_when_opened_again(browser, view_dir):
+    from flyarchive.testing import tiny_model
+    from flyarchive.testing.fixtures import record
+    from flyarchive.testing.view import open_page, serving, view_archive
+
+    url = view_archive(str(view_dir / "grown.zarr"), n_steps=100)  # 26 frames a world
+    with serving(url, out=view_dir / "videos-grown", backend="opengl") as (served, log):
+        page = open_page(browser, served.url)
+        page.evaluate(f"{STATE}.checkGrowth()")  # what the page asks every 15 s
+        page.wait_for_function(f"{STATE}.growthSeq === 1")
+        quiet = page.is_hidden("#message")
+        record(tiny_model(), url, n_worlds=4, n_steps=200, mode="a")  # 25 frames more each
+
+        page.evaluate(f"{STATE}.checkGrowth()")
+        page.wait_for_function(f"{STATE}.growthSeq === 2")
+        text = page.inner_text("#message")
+        seq = page.evaluate(f"{STATE}.tableSeq")
+        page.click("#reopen")
+        page.wait_for_function(f"{STATE}.tableSeq > {seq}")
+        header = page.inner_text("#archive")
+        frames = page.eval_on_selector_all("#table tbody tr td:nth-child(2)",
+                                           "cells => cells.map(c => c.textContent)")
+
+        assert quiet
+        assert "grown since the viewer opened it: 100 more frames in 4 worlds" in text
+        assert frames == ["51"] * 4 and "4 worlds x 51 frames" in header
+        page.close()
+
+
 def test_a_page_without_a_model_shows_the_table_and_says_why_there_is_no_3d_view(browser, view_dir):
     from flyarchive.testing import tiny_model
     from flyarchive.testing.fixtures import record

@@ -15,7 +15,8 @@ const $ = (id) => document.getElementById(id);
 const state = window.flyarchiveView = {
   info: null, table: { where: "", sort: "world", desc: false, page: 0, size: 50 },
   selected: [], frame: 0, tableSeq: 0, tracesSeq: 0, poseSeq: 0, errors: 0, playing: false,
-  filter: "", brush: null, gaitSeq: 0, scatterSeq: 0, batchSeq: 0,
+  filter: "", brush: null, gaitSeq: 0, scatterSeq: 0, batchSeq: 0, growthSeq: 0,
+  checkGrowth: () => checkGrowth(),
   // what the gait panels and the scatter drew (data and CSS pixels), for tests
   footfallBars: () => (footfall ? footfall.bars : []), pathsDrawn: () => (paths ? paths.drawn : []),
   scatterPoints: () => (scatter ? scatter.points : []), scatterBrushed: () => (scatter ? scatter.brushed : []),
@@ -33,20 +34,48 @@ function mark(kind, asked) {
 
 function say(text, isError = false) {
   const box = $("message");
+  delete box.dataset.growth;
   box.hidden = !text;
   box.className = isError ? "error" : "";
   box.textContent = text;
   if (isError) state.errors += 1;
 }
 
+function offerReopen() {
+  const button = document.createElement("button");
+  button.textContent = "Open it again";
+  button.id = "reopen";
+  button.onclick = reopen;
+  $("message").append(button);
+}
+
 function failed(err) {
   say(err.message, true);
-  if (err.replaced) {
-    const button = document.createElement("button");
-    button.textContent = "Open it again";
-    button.id = "reopen";
-    button.onclick = reopen;
-    $("message").append(button);
+  if (err.replaced) offerReopen();
+}
+
+// A writer may append while the page is open: every GROWTH_MS (while the page is shown)
+// the viewer is asked how many frames were committed since it opened the archive, and
+// the page offers to open it again. Only a replaced archive is said from a failed ask;
+// the next ask comes anyway.
+const GROWTH_MS = 15000;
+async function checkGrowth() {
+  let answer;
+  try { answer = await getJson("/api/growth"); } catch (err) {
+    if (err.replaced) failed(err);
+    return;
+  }
+  state.growth = answer;
+  state.growthSeq += 1;
+  const more = answer.frames_now - answer.frames_shown;
+  const text = answer.generation !== state.info.generation
+    ? "The viewer has opened the archive again since this page did."
+    : `The archive has grown since the viewer opened it: ${more} more frames in ${answer.worlds_grown} world${answer.worlds_grown === 1 ? "" : "s"}.`;
+  if ((answer.worlds_grown > 0 || answer.generation !== state.info.generation)
+      && ($("message").hidden || $("message").dataset.growth) && $("message").dataset.growth !== text) {
+    say(text);
+    $("message").dataset.growth = text;
+    offerReopen();
   }
 }
 
@@ -594,6 +623,7 @@ async function main() {
   await loadScene();
   showFrame(0);
   gaitNote("Select worlds in the table to see their footfalls and paths.");
+  setInterval(() => { if (!document.hidden) checkGrowth(); }, GROWTH_MS);
   state.ready = true;
 }
 
