@@ -48,7 +48,7 @@ TIMING_ATTRS = ("timestep", "output_fps", "playback_speed")
 #: Attributes written by flyarchive; user metadata may not reuse these names.
 RESERVED_ATTRS = frozenset(
     {"flyarchive_schema", "flyarchive_schema_version", "layout", "source", "versions", "codec",
-     "model", "portable_model"}
+     "model", "portable_model", "appended_with"}
     | set(TIMING_ATTRS)
 )
 STATE_DTYPES = (np.dtype("float64"), np.dtype("float32"))

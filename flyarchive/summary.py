@@ -55,6 +55,8 @@ def summarize(url: str, storage_options: Mapping[str, Any] | None = None) -> dic
         "reader_needs": describe_codec(codec)["reader_needs"],
         "layout_hash": layout["hash"][:16],
         "versions": ", ".join(f"{k} {v}" for k, v in ds.attrs.get("versions", {}).items()),
+        **({"appended_with": _appended(ds.attrs["appended_with"])}
+           if isinstance(ds.attrs.get("appended_with"), list) else {}),
         "model": stored_entry(ds.attrs, str(url)),
         "portable_model": _without_details(stored_portable(ds.attrs, str(url))),
         "model_readable_on": readable_on(ds.attrs, str(url)),
@@ -79,6 +81,16 @@ def summary_lines(info: Mapping[str, Any]) -> dict[str, str]:
              "world_vars": describe_world_vars(info["world_var_types"])}
     return {key: str(shown.get(key, value)) for key, value in info.items()
             if key not in ("reader_needs", "world_var_types")}
+
+
+def _appended(entries: Sequence[Any]) -> str:
+    """The releases that appended to an archive, when they are not those that created it:
+    ``"from frame 26: mujoco 4.0.1, ...; from frame 80: ..."`` (entries that are not
+    objects, edited by hand, are left out)."""
+    return "; ".join(
+        f"from frame {e.get('from_frame')}: "
+        + ", ".join(f"{k} {v}" for k, v in dict(e.get("versions") or {}).items())
+        for e in entries if isinstance(e, Mapping) and isinstance(e.get("versions"), Mapping))
 
 
 def _without_details(entry: Mapping[str, Any] | None) -> dict[str, Any] | None:

@@ -61,21 +61,23 @@ def members_metadata(group: zarr.Group) -> dict[str, Metadata]:
 
 
 def write_consolidated(group: zarr.Group, members: Mapping[str, Metadata],
-                       n_time: int | None) -> None:
+                       n_time: int | None, attributes: Mapping[str, Any] | None = None) -> None:
     """Rewrite the root ``zarr.json`` of ``group`` with ``members`` consolidated in it.
 
     Args:
-        group: The archive's root group, as a writer opened it (its attributes are kept).
+        group: The archive's root group, as a writer opened it.
         members: Metadata of every node, e.g. from :func:`members_metadata`.
         n_time: Cut every ``time`` extent to this many frames (the largest ``n_frames``);
             None keeps the extents (archives of fixed capacity, written by several writers).
+        attributes: The root attributes to write (None: ``group``'s, as opened).
 
     Raises:
         OSError (and the storage's client errors): the storage failed; the root document
         is either the old one or the new one.
     """
     consolidated = ConsolidatedMetadata(metadata={k: _cut(v, n_time) for k, v in members.items()})
-    root = dataclasses.replace(group.metadata, consolidated_metadata=consolidated)
+    root = dataclasses.replace(group.metadata, consolidated_metadata=consolidated,
+                               **({} if attributes is None else {"attributes": dict(attributes)}))
     document = root.to_buffer_dict(default_buffer_prototype())["zarr.json"]
     sync((group.store_path / "zarr.json").set(document))
 

@@ -84,6 +84,27 @@ def root_attrs(spec: ArchiveSpec) -> dict[str, Any]:
     }
 
 
+#: The root attribute that lists the releases that appended to an archive, when they are
+#: not the ones that created it (``versions`` names those): each entry ``{"versions":
+#: {package: version}, "from_frame": the first frame that writer wrote, "at": when}``.
+APPENDED_ATTR = "appended_with"
+
+
+def appended_attrs(attrs: Mapping[str, Any], from_frame: int) -> dict[str, Any] | None:
+    """``attrs`` with an entry of :data:`APPENDED_ATTR` for this process's packages, if
+    they differ from those that created the archive and from the last entry; None when
+    nothing is to be said (a resumed run on the same releases adds nothing)."""
+    versions = package_versions()
+    entries = attrs.get(APPENDED_ATTR)
+    entries = list(entries) if isinstance(entries, list) else []
+    last = entries[-1].get("versions") if entries and isinstance(entries[-1], Mapping) else None
+    if versions == (last if last is not None else attrs.get("versions")):
+        return None
+    entries.append({"versions": versions, "from_frame": int(from_frame),
+                    "at": datetime.now(timezone.utc).isoformat(timespec="seconds")})
+    return {**attrs, APPENDED_ATTR: entries}
+
+
 def claims_group(group: zarr.Group, *, world_blocks: bool) -> None:
     """The ``claims`` group (writer claims live in it), unless it exists."""
     if "claims" in group:

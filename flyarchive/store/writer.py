@@ -64,6 +64,7 @@ from flyarchive.store import storage_errors
 from flyarchive.store.claims import WRITER_KEY, block_keys, claim_archive, claim_block, register, release
 from flyarchive.store.consolidated import consolidate, members_metadata, write_consolidated
 from flyarchive.store.creation import (
+    appended_attrs,
     check_against,
     check_commits,
     claims_group,
@@ -162,6 +163,11 @@ class ArchiveWriter:
             + [int(self._arrays[n].shape[0]) for n in self._times]
         )
         self.attrs = group.attrs.asdict()
+        # An appending writer of other releases than the archive's says so in the root
+        # attributes its first commit writes (one writer per archive: it alone rewrites
+        # them; archives of several writers are consolidated only at creation).
+        if created is None and block is None:
+            self.attrs = appended_attrs(self.attrs, self.n_frames) or self.attrs
         self._closed = False
         self._failed = False
         # metadata of every node, for step 5 (None: read at the first commit)
@@ -411,7 +417,7 @@ class ArchiveWriter:
             if self._members is None:
                 self._members = members_metadata(self._group)
             self._members.update(changed)
-            write_consolidated(self._group, self._members, n_time)
+            write_consolidated(self._group, self._members, n_time, self.attrs)
             self._consolidated = True
         except (OSError, RuntimeError, TimeoutError, *storage_errors.client_errors()):
             self._consolidated = False

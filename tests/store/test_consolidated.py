@@ -248,7 +248,8 @@ def test_open_archive_on_s3_reads_the_arrays_own_metadata_when_the_copy_lags(s3_
     url = f"s3://{BUCKET}/{uuid.uuid4().hex}.zarr"
     real = writer_module.write_consolidated
     monkeypatch.setattr(writer_module, "write_consolidated",
-                        lambda group, members, n_time: real(group, members, min(n_time, 20)))
+                        lambda group, members, n_time, *attrs: real(group, members,
+                                                                   min(n_time, 20), *attrs))
     written = write_random(url, n_worlds=2, n_frames=60, shard_worlds=2,
                            storage_options=s3_server.storage_options())  # copy stays at 20
 
