@@ -97,6 +97,7 @@ from flyarchive.analyze.steps import (
     phase_epochs,
     stance_runs,
     step_events,
+    with_time_gaps,
 )
 from flyarchive.errors import OptionsError, SelectionError
 from flyarchive.query.selection import parse_world_ids
@@ -318,7 +319,9 @@ class _Walk:
     @classmethod
     def of(cls, times: np.ndarray, thorax: np.ndarray, tips: np.ndarray,
            forward: np.ndarray | None, legs: list[str], height: bool) -> _Walk:
-        """From tips ``(W, T, L, 3)`` (any layout)."""
+        """From tips ``(W, T, L, 3)`` (any layout); a gap in ``times`` (frames not
+        recorded) holds an unknown frame (:func:`~flyarchive.analyze.steps.with_time_gaps`)."""
+        times, thorax, tips, forward = with_time_gaps(times, thorax, tips, forward)
         w, t, n = tips.shape[:3]
         rows = np.empty((3, w * n, t))
         rows.reshape(3, w, n, t)[...] = tips.transpose(3, 0, 2, 1)

@@ -20,7 +20,9 @@ A tip's state, frame by frame (``(N, T)`` arrays, one row per tip: the worlds' l
 
 Frames whose tip position is not finite (tracking dropouts, frames past a world's
 ``n_frames``) are *unknown*; a stance or swing next to them (or to the first or last
-frame) has no event on that side, so no step is counted across a gap.
+frame) has no event on that side, so no step is counted across a gap. A gap in time
+(frames not recorded: more than 1.5 frame intervals between two frames) is one unknown
+frame (:func:`with_time_gaps`).
 
 **Event times.** The states say which frames stand and which swing; a lift-off or a
 touchdown is then placed where the tip leaves or reaches the ground, not where it leaves
@@ -43,7 +45,8 @@ of the duty factor). Per event:
   rises a large part of its swing between two frames): the middle of the two frame times
   (unbiased wherever the tip crossed the margin between them), less the time the tip takes
   to rise the margin at its speed off the stance (the tip's mean over its events of the
-  height over the margin at the first frame off, over half a frame interval). Closer: where
+  height over the margin at the first frame off, over half a frame interval), never past
+  the two frames. Closer: where
   the straight line through the tip's heights over the first 3 ms off the stance (their
   mean time and height, the tip's mean slope) meets the stance's height.
 
@@ -121,6 +124,29 @@ _QUIET = 0.25
 _SPEED_NOISE = 5.0
 #: 2-D: ...or, its differences alone (a frame's two are independent), over this.
 _DIFF_NOISE = 4.0
+
+
+#: Two frames further apart than this many times the median interval have frames
+#: missing between them (a recording that skipped them): a gap.
+_GAP = 1.5
+
+
+def with_time_gaps(times: np.ndarray, *arrays: np.ndarray | None
+                   ) -> tuple[np.ndarray, ...]:
+    """``times`` and ``arrays`` (each ``(W, T, ...)``; None stays None) with one unknown
+    frame (NaN, at the middle time) in each gap in time (see :data:`_GAP`), so that no
+    stance or swing runs across frames that were not recorded; as given without a gap."""
+    times = np.asarray(times, dtype=float)
+    if len(times) < 3:
+        return (times, *arrays)
+    dt = np.diff(times)
+    gaps = np.flatnonzero(dt > _GAP * np.median(dt))
+    if not gaps.size:
+        return (times, *arrays)
+    at = gaps + 1
+    filled = np.insert(times, at, (times[gaps] + times[at]) / 2)
+    return (filled, *(None if a is None else np.insert(np.asarray(a, dtype=float), at, np.nan,
+                                                        axis=1) for a in arrays))
 
 
 def stance_state(times: np.ndarray, tips: np.ndarray, params: GaitParams, *,
@@ -592,7 +618,12 @@ def _crossed(event: _Event, off: np.ndarray, on: np.ndarray, base: np.ndarray,
             rise = np.maximum(event.height(off) - base - margin[row], 0.0) / (interval / 2)
             speed = np.bincount(row, np.nan_to_num(rise), minlength=n) / count
             lag = margin[row] / speed[row]
-            return middle - way * np.where(np.isfinite(lag), lag, 0.0)
+            at = middle - way * np.where(np.isfinite(lag), lag, 0.0)
+            # a tip that barely rises (a dragging leg) rises slowly: its lag, unbounded,
+            # would put the event past the frames around it (a stance ending before it
+            # began); the event lies between them
+            lo, hi = np.minimum(times[on], times[off]), np.maximum(times[on], times[off])
+            return np.clip(at, lo, hi)
         # the frames off .. off + k away from the stance, cut at the swing's far end
         last = event.first - (way < 0) + way * (event.swing_frames - 1)  # its far frame
         reach = np.where(way > 0, np.minimum(off + k, last), np.maximum(off - k, last))

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 import flyarchive
-from flyarchive.analyze.gait import GaitParams
+from flyarchive.analyze.gait import GaitParams, gait_measures
 from flyarchive.analyze.steps import STANCE, SWING, UNKNOWN, stance_state, step_events
 from flyarchive.testing.markers import requires_movement
 from flyarchive.testing.walker import TRACKED, walker_poses, walker_positions
@@ -116,6 +116,43 @@ def test_after_a_gap_at_a_high_frame_rate_the_steps_go_on(height):
     after = events.liftoff > 0.52
     assert after.sum() == pytest.approx(6 * 1.48 * 9.3, abs=6)
     assert not ((events.liftoff < 0.52) & (events.touchdown > 0.5)).any()
+
+
+def test_a_tip_that_barely_rises_off_its_stance_lifts_off_between_its_frames():
+    """At 100 frames/s a dragging tip's first frame off stood just over the stance height:
+    its rise, taken as its speed, put lift-offs 0.5 s early (stances of -0.38 s)."""
+    dt, stance, swing = 0.01, 12, 8
+    rows = []
+    for c in range(6):  # stands 12 frames, then swings 3 mm: first dragging, then lifting
+        rows += [[3.0 * c, 0.0, 0.0]] * stance
+        u = (np.arange(swing) + 0.5) / swing
+        rows += [[3.0 * (c + v), 0.0, 0.00101 if k == 0 else 0.05 * np.sin(np.pi * v)]
+                 for k, v in enumerate(u)]
+    tip = np.array(rows)[None]
+    at = np.arange(tip.shape[1]) * dt
+
+    events = step_events(at, stance_state(at, tip, GaitParams()), tip, GaitParams())
+
+    last_standing = (np.arange(1, 6) * (stance + swing) - swing - 1) * dt
+    assert len(events) == 5
+    assert ((events.liftoff >= last_standing - 1e-9) & (events.liftoff <= last_standing + dt)).all()
+    assert (events.stance_duration[1:] > 0).all() and (events.swing_duration > 0).all()
+
+
+def test_frames_not_recorded_are_a_gap_as_frames_lost_are():
+    """A recording that skipped frames (its times jump) made a step up across them."""
+    tip = cycles(6)
+    lost = tip.copy()
+    lost[0, 44:66] = np.nan  # from inside a stance to inside the next one
+    kept = np.r_[0:44, 66:tip.shape[1]]
+    skipped, skipped_times = tip[:, kept], times(tip)[kept]  # the frames never recorded
+
+    got = gait_measures(skipped_times, np.zeros_like(skipped), skipped[:, :, None])
+    want = gait_measures(times(tip), np.zeros_like(lost), lost[:, :, None])
+
+    assert got["step_frequency"] == pytest.approx(want["step_frequency"])
+    assert got["stance_duration"] == pytest.approx(want["stance_duration"])
+    assert got["duty_factor"] == pytest.approx(want["duty_factor"])
 
 
 def test_a_state_is_stance_swing_or_unknown():
