@@ -82,7 +82,7 @@ from flyarchive.models.entries import (
 )
 from flyarchive.models.files import load_model_file
 from flyarchive.models.mjb import check_mjb, load_mjb, mjb_version, mujoco_release
-from flyarchive.models.portable import portable_model
+from flyarchive.models.portable import geometry_difference, portable_model
 from flyarchive.store.location import as_url, sync, write_faults
 
 
@@ -349,7 +349,8 @@ def attach_model(url: str, source: str | os.PathLike[str] | mujoco.MjSpec, *,
 
     The model is made portable (:func:`flyarchive.models.portable_model`), compiled here
     and checked against the archive: its layout (joints, mocap bodies) and, where the
-    archive keeps an MJB this release reads, the bodies and ``qpos0`` of that MJB. Then
+    archive keeps an MJB this release reads, the bodies, ``qpos0`` and geometry (where
+    bodies, joints, geoms, sites and cameras are, the geoms' sizes) of that MJB. Then
     the zip is written (``models/<sha256>.mjz``) and the root attribute
     ``portable_model`` added: nothing else in the archive changes. The archive's writer
     claim is held meanwhile, so it refuses an archive that is being written.
@@ -397,8 +398,10 @@ def _attach(url: str, source: Any, storage_options: Mapping[str, Any] | None, re
     portable = portable_model(source)  # the user's own: compiled here
     compiled = load_mjb(compiled_model(lambda: portable.blob, portable.sha256,
                                        f"the portable form of {_shown(source)}")[0])
-    details = _recorded_details(group, url, attrs)
+    details, recorded = _recorded(group, url, attrs)
     difference = _misfit(attrs, details, compiled)
+    if difference is None and recorded is not None:  # where bodies and geoms are
+        difference = geometry_difference(recorded, compiled, named="the kept MJB's model")
     if difference is not None:
         raise LayoutMismatchError(
             f"The model {_shown(source)} does not fit the archive at {url!r}: {difference}. "
@@ -432,17 +435,19 @@ def _shown(source: Any) -> str:
     return "(an MjSpec)" if isinstance(source, mujoco.MjSpec) else repr(os.fspath(source))
 
 
-def _recorded_details(group: zarr.Group, url: str, attrs: Mapping[str, Any]) -> dict[str, Any]:
-    """The bodies and ``qpos0`` of the recorded model, where this release can tell: from the
-    kept MJB when it is this release's; else ``{}``."""
+def _recorded(group: zarr.Group, url: str, attrs: Mapping[str, Any]
+              ) -> tuple[dict[str, Any], mujoco.MjModel | None]:
+    """The bodies and ``qpos0`` of the recorded model and the model, where this release can
+    tell: from the kept MJB when it is this release's; else ``({}, None)``."""
     mjb = stored_entry(attrs, url)
     if mjb is None or mjb["mujoco"] not in (None, mujoco_release()):
-        return {}
+        return {}, None
     blob, entry = read_model(group, url)  # type: ignore[misc]
     if mjb_version(blob) != mujoco_release():
-        return {}
+        return {}, None
     check_model(blob, _where(url, entry), sha256=entry["sha256"])
-    return model_details(load_mjb(blob, _where(url, entry)))
+    model = load_mjb(blob, _where(url, entry))
+    return model_details(model), model
 
 
 def _set_root_attribute(group: zarr.Group, name: str, value: Any) -> None:

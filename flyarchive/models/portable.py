@@ -140,7 +140,7 @@ def portable_model(source: str | os.PathLike[str] | mujoco.MjSpec, *,
     reference = model if model is not None else compiled
     difference = _difference(ModelLayout.from_model(reference), model_details(reference), compiled)
     if difference is None and model is not None:
-        difference = _geometry_difference(model, compiled)
+        difference = geometry_difference(model, compiled)
     if difference is not None:
         raise LayoutMismatchError(
             f"{where[0].upper()}{where[1:]} does not compile to the model being recorded: "
@@ -167,21 +167,22 @@ GEOMETRY_ARRAYS = ("body_pos", "body_quat", "jnt_pos", "jnt_axis", "geom_type", 
 GEOMETRY_TOLERANCE = 1e-5
 
 
-def _geometry_difference(model: mujoco.MjModel, compiled: mujoco.MjModel) -> str | None:
+def geometry_difference(model: mujoco.MjModel, compiled: mujoco.MjModel, *,
+                        named: str = "model") -> str | None:
     """The first of :data:`GEOMETRY_ARRAYS` where ``compiled`` differs from ``model``
     (a model changed in memory after compiling, or the source of another model of the
-    same joints), in words; None if none does."""
+    same joints), in words (``model`` called ``named``); None if none does."""
     for name in GEOMETRY_ARRAYS:
         want = np.asarray(getattr(model, name), dtype=np.float64)
         got = np.asarray(getattr(compiled, name), dtype=np.float64)
         if want.shape != got.shape:
-            return f"model.{name} has shape {want.shape}, the source's {got.shape}"
+            return f"{named}.{name} has shape {want.shape}, the source's {got.shape}"
         gap = np.abs(want - got) / np.maximum(1.0, np.abs(want))
         gap[np.isnan(gap)] = np.inf
         if gap.size and not (gap <= GEOMETRY_TOLERANCE).all():
             at = np.unravel_index(int(np.argmax(gap)), gap.shape)
             row = int(at[0])
-            return (f"model.{name}[{row}] is {want[row].tolist()}, the source compiles to "
+            return (f"{named}.{name}[{row}] is {want[row].tolist()}, the source compiles to "
                     f"{got[row].tolist()}")
     return None
 

@@ -274,6 +274,22 @@ def test_attaching_a_model_of_another_qpos0_is_refused_where_the_mjb_tells(archi
     assert snapshot(archive) == before
 
 
+def test_attaching_a_model_of_other_geometry_is_refused_where_the_mjb_tells(archive, tmp_path):
+    """An arm further out and a thicker hand were kept: another MuJoCo release then put
+    the bodies elsewhere than the recording did."""
+    moved = tmp_path / "moved.xml"
+    moved.write_text(TINY_XML.replace('<body name="arm" pos="0.15 0 0">',
+                                      '<body name="arm" pos="0.25 0 0">'))
+    before = snapshot(archive)
+
+    with pytest.raises(LayoutMismatchError, match=r"the kept MJB's model\.body_pos\[2\] is "
+                                                  r"\[0\.15, 0\.0, 0\.0\], the source compiles "
+                                                  r"to \[0\.25, 0\.0, 0\.0\].*Nothing was written"):
+        attach_model(archive, moved)
+
+    assert snapshot(archive) == before
+
+
 def test_attaching_while_a_writer_holds_the_archive_is_refused(tiny, tiny_xml, tmp_path):
     url = str(tmp_path / "busy.zarr")
     recorder = TrajectoryRecorder(url, tiny, chunk_frames=5)
