@@ -237,6 +237,14 @@ class ArchiveSpec:
     def __post_init__(self) -> None:
         if not isinstance(self.layout, ModelLayout) or not isinstance(self.timing, Timing):
             raise SchemaError("ArchiveSpec needs a ModelLayout and a Timing.")
+        if self.layout.nq < 1 and self.layout.nmocap:
+            raise SchemaError(
+                f"The model's only state is its {self.layout.nmocap} mocap "
+                f"bod{'y' if self.layout.nmocap == 1 else 'ies'} (nq=0): flyarchive records "
+                "qpos, with mocap poses beside it, and needs at least one joint. Add one that "
+                "changes nothing, e.g. <body><joint type=\"slide\"/><geom size=\"0.001\" "
+                "contype=\"0\" conaffinity=\"0\"/></body> in the worldbody."
+            )
         if self.layout.nq < 1:
             raise SchemaError(
                 "The model has no generalized coordinates (nq=0): there is no state to record. "

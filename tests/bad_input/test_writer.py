@@ -85,6 +85,17 @@ def test_a_model_without_coordinates_is_refused_at_construction(url):
     assert not url.exists()
 
 
+def test_a_model_of_mocap_bodies_alone_is_refused_saying_how_to_record_it(url):
+    mocap = mujoco.MjModel.from_xml_string(
+        '<mujoco><worldbody><body mocap="true"><geom size="0.1"/></body></worldbody></mujoco>')
+
+    with pytest.raises(SchemaError, match=r"only state is its 1 mocap body \(nq=0\).*needs at "
+                                          r"least one joint. Add one that changes nothing"):
+        TrajectoryRecorder(str(url), mocap)
+
+    assert not url.exists()
+
+
 def test_a_spec_with_a_huge_capacity_is_refused(tiny, url):
     layout, timing = ModelLayout.from_model(tiny), Timing(tiny.opt.timestep, 25, 0.2)
 
