@@ -55,10 +55,12 @@ def run_demo(
         OptionsError, RenderOptionsError: a count or duration that cannot be used.
         Each before anything is written.
     """
-    try:
-        from flyarchive.interop import nmf
-    except ImportError:
-        raise missing_dependency("flygym", "flygym", "flyarchive demo") from None
+    import importlib.util
+
+    from flyarchive.interop import nmf
+
+    if importlib.util.find_spec("flygym") is None:  # before anything is written
+        raise missing_dependency("flygym", "flygym", "flyarchive demo")
     from flyarchive.distribute.api import check_n_workers
     from flyarchive.distribute.cluster import local_cluster
 

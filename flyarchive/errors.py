@@ -259,6 +259,14 @@ def missing_dependency(package: str, extra: str | None, what: str, *,
     """
     detail = f" ({type(cause).__name__}: {cause})" if cause is not None else ""
     hint = f"pip install 'flyarchive[{extra}]'" if extra else f"pip install {package}"
+    if extra == "flygym":
+        import mujoco
+
+        if int(mujoco.__version__.split(".")[0]) >= 4:  # flygym 2.1 pins MuJoCo 3.16
+            hint = (f"pip install 'flyarchive[{extra}]' in an environment of MuJoCo 3.16 "
+                    f"(flygym 2.1 needs it; this one runs MuJoCo {mujoco.__version__}: "
+                    "`bash scripts/dev.sh setup` makes one, or see the README's MuJoCo "
+                    "releases to move this one)")
     return error(
         f"{what} needs the package {package!r}, which is not installed{detail}. "
         f"Install it with: {hint}"

@@ -98,3 +98,35 @@ def impossible_crf() -> None:
 def test_bad_options_raise_flyarchive_errors(call) -> None:  # type: ignore[no-untyped-def]
     with pytest.raises(flyarchive.OptionsError):
         call()
+
+
+@pytest.mark.parametrize(("release", "said"), [
+    ("3.16.0", "Install it with: pip install 'flyarchive[flygym]'"),
+    ("4.0.1", "in an environment of MuJoCo 3.16 (flygym 2.1 needs it; this one runs MuJoCo "
+              "4.0.1"),
+])
+def test_the_flygym_hint_fits_the_mujoco_line_it_is_given_on(monkeypatch, release, said) -> None:
+    """On MuJoCo 4, pip install 'flyarchive[flygym]' alone would move the environment to
+    3.16 in place, which breaks it (README: MuJoCo releases)."""
+    import mujoco
+
+    from flyarchive.errors import missing_dependency
+
+    monkeypatch.setattr(mujoco, "__version__", release)
+
+    assert said in str(missing_dependency("flygym", "flygym", "flyarchive demo"))
+
+
+def test_the_demo_without_flygym_writes_nothing(monkeypatch, tmp_path) -> None:
+    import importlib.util
+
+    from flyarchive.demo import run_demo
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda name, *a: None if name == "flygym" else real(name, *a))
+
+    with pytest.raises(MissingDependencyError, match="flyarchive demo needs the package 'flygym'"):
+        run_demo(tmp_path / "out")
+
+    assert not (tmp_path / "out").exists()
