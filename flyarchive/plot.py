@@ -99,6 +99,9 @@ def plot_traces(
         raise missing_dependency("matplotlib", "plot", "flyarchive plot") from None
     if isinstance(world, (bool, np.bool_)) or not isinstance(world, (int, np.integer)):
         raise SelectionError(f"world must be a world id (a whole number), got {world!r}.")
+    if "://" in os.fspath(out):  # else s3://lab/x.png became a local folder named "s3:"
+        raise SelectionError(f"The plot is written to a local file; {os.fspath(out)!r} is a URL. "
+                             "Write it to a local path, then copy it where it belongs.")
     url = as_url(url)
     ds = open_archive(url, storage_options)
     ids = [int(w) for w in ds.world.values]

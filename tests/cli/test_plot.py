@@ -41,6 +41,17 @@ def test_plot_to_a_name_without_suffix_reports_the_png_it_wrote(tiny, tmp_path, 
     assert (tmp_path / "traces.png").read_bytes()[:4] == b"\x89PNG"
 
 
+def test_plot_to_a_url_is_refused_and_writes_nothing_here(tiny, tmp_path, cli, monkeypatch):
+    """--out s3://lab/traces.png wrote ./s3:/lab/traces.png and said it wrote s3:/lab/..."""
+    url = record(tiny, str(tmp_path / "run.zarr"))
+    monkeypatch.chdir(tmp_path)
+
+    code, _, err = cli("plot", url, "--world", "0", "--out", "s3://lab/traces.png")
+
+    assert code == 2 and "'s3://lab/traces.png' is a URL. Write it to a local path" in err
+    assert not (tmp_path / "s3:").exists()
+
+
 def test_plot_refuses_to_replace_an_image_unasked(tiny, tmp_path, cli):
     url = record(tiny, str(tmp_path / "run.zarr"))
     mine = tmp_path / "traces.png"
