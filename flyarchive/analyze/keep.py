@@ -88,7 +88,8 @@ def keep_positions(
         to: Another URL to write them to (an archive of positions); None: beside the archive.
         model: The compiled model; None: the one kept beside the archive.
         storage_options, to_storage_options: fsspec options of ``url`` and ``to``
-            (``to`` defaults to ``storage_options``).
+            (``to`` defaults to ``storage_options`` when it is of the same protocol, as
+            another key of the same bucket; a local ``to`` of an ``s3://`` archive to none).
         orientations: Keep orientations too.
         backend: ``"cpu"``, ``"warp-cpu"`` or ``"gpu"`` (as :func:`flyarchive.positions`).
         overwrite: Replace what is at ``to`` (or at the derived group) whatever it holds.
@@ -124,7 +125,8 @@ def keep_positions(
         make_parent(str(url), storage_options)
     else:
         target = str(to)
-        options = to_storage_options if to_storage_options is not None else storage_options
+        options = to_storage_options if to_storage_options is not None else \
+            storage_options if _protocol(target) == _protocol(str(url)) else None
     chunk_frames, shard_worlds = stored_chunks(str(url), storage_options)
     spec = DerivedSpec(dict(ds.attrs), made, prepared.keypoints.labels,
                        tuple(int(w) for w in ds.world.values), orientations,
@@ -313,3 +315,8 @@ def _as_slice(index: np.ndarray) -> slice | np.ndarray:
     if index.size and np.array_equal(index, np.arange(index[0], index[0] + index.size)):
         return slice(int(index[0]), int(index[0]) + index.size)
     return index
+
+
+def _protocol(url: str) -> str:
+    """``"s3"`` of ``s3://b/k``; ``"file"`` of a local path."""
+    return url.split("://", 1)[0].lower() if "://" in url else "file"

@@ -153,6 +153,18 @@ def test_keep_on_each_storage(location, sites_model):
     assert np.isfinite(read.values).all()
 
 
+def test_positions_of_an_s3_archive_kept_in_a_local_archive(s3_location, sites_model, tmp_path):
+    """The archive's S3 options were given to the local --to too: refused ("drop them")."""
+    options = s3_location.storage_options
+    url = record(sites_model, s3_location.url, storage_options=options)
+    to = str(tmp_path / "positions.zarr")
+
+    flyarchive.keep_positions(url, "target", to=to, storage_options=options)
+
+    assert np.array_equal(flyarchive.open_positions(to).values,
+                          flyarchive.positions(url, "target", storage_options=options).values)
+
+
 #: ``flyarchive positions ARGS...`` that says ``HELD`` on stdout once it has committed
 #: ``argv[1]`` frames and then waits for a line on stdin: a kill meanwhile comes between two
 #: blocks it committed, as a user's kill could.
