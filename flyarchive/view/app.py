@@ -181,20 +181,26 @@ class Viewer:
                 "keypoints": model is not None, "bodies": bodies,
                 "gait_problem": _gait_problem(model, bodies, self.model_problem)}
 
-    def growth(self) -> dict[str, Any]:
-        """Whether a writer appended frames since the archive was opened: the frames
-        committed when it was opened and now (summed over worlds), and the worlds that
-        have more now. The page asks now and then and offers to open it again.
+    def changes(self) -> dict[str, Any]:
+        """What changed in the archive since the viewer opened it: frames a writer
+        appended (the frames committed then and now, summed over worlds, and the worlds
+        that have more now) and world variables added, replaced or removed (their names).
+        The page asks when it opens and now and then, and offers to open it again.
 
         Raises:
+            ArchiveReplacedError: the archive was replaced.
             StorageError: the storage did not answer.
         """
         viewed = self.viewed
-        shown = viewed.n_frames
-        now = viewed.frames_now()
-        grown = int(np.count_nonzero(now > shown)) if now.shape == shown.shape else 0
-        return {"frames_shown": int(shown.sum()), "frames_now": int(now.sum()),
-                "worlds_grown": grown, "generation": viewed.generation}
+        shown, generation = viewed.columns, viewed.generation
+        now = viewed.columns_now()
+        before, after = shown["n_frames"], now["n_frames"]
+        grown = int(np.count_nonzero(after > before)) if after.shape == before.shape else 0
+        names = [n for n in dict.fromkeys([*shown, *now]) if n not in ("world", "n_frames")]
+        changed = [n for n in names if n not in shown or n not in now
+                   or not _same_values(shown[n], now[n])]
+        return {"frames_shown": int(before.sum()), "frames_now": int(after.sum()),
+                "worlds_grown": grown, "variables_changed": changed, "generation": generation}
 
     def reopen(self) -> None:
         """Open the archive again (after it was replaced): its header, world table and
@@ -768,3 +774,12 @@ def _log_to_stderr() -> logging.Handler:
     log.addHandler(handler)
     log.setLevel(logging.INFO)
     return handler
+
+
+def _same_values(a: np.ndarray, b: np.ndarray) -> bool:
+    """Whether two columns of the world table hold the same values (NaN equal to NaN)."""
+    if a.shape != b.shape or a.dtype.kind != b.dtype.kind:
+        return False
+    if a.dtype.kind in "fc":
+        return bool(np.array_equal(a, b, equal_nan=True))
+    return bool(np.array_equal(a, b))

@@ -145,7 +145,7 @@ class ViewApp:
         get("/api/poses", self._api(self.poses, heavy=True))
         get("/api/gait", self._api(self.gait, heavy=True))
         get("/api/scatter", self._api(self.scatter))
-        get("/api/growth", self._api(self.growth))
+        get("/api/changes", self._api(self.changes))
         post("/api/render", self._api(self.render))
         post("/api/renders", self._api(self.render_many))
         get("/api/render/{job:[0-9]{1,9}}", self._api(self.render_status, archive=False))
@@ -380,8 +380,8 @@ class ViewApp:
     def scatter(self, request: web.Request, body: Any) -> dict[str, Any]:
         return self.state.scatter(request.query)
 
-    def growth(self, request: web.Request, body: Any) -> dict[str, Any]:
-        return self.state.growth()
+    def changes(self, request: web.Request, body: Any) -> dict[str, Any]:
+        return self.state.changes()
 
     def render(self, request: web.Request, body: Any) -> dict[str, Any]:
         return self.state.render(body, client=_client(request))

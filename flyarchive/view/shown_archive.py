@@ -50,6 +50,18 @@ READ_PROCESSES: int | None = None
 CHECK_WAIT_S = 5.0
 
 
+def _columns(header: Any) -> dict[str, np.ndarray]:
+    """The world table's columns of an archive's header: ``world``, ``n_frames``, then each
+    per-world variable (sorted by name)."""
+    columns: dict[str, np.ndarray] = {
+        "world": np.asarray(header["world"].values, dtype=np.int64),
+        "n_frames": np.asarray(header["n_frames"].values, dtype=np.int64)}
+    for name, var in sorted(header.data_vars.items()):  # the same order every time
+        if var.dims == ("world",) and name != "n_frames":
+            columns[str(name)] = np.asarray(var.values)
+    return columns
+
+
 def _state_getters(header: Any, url: str, storage_options: Mapping[str, Any] | None
                    ) -> dict[str, Any]:
     """The getters of the archive's state arrays (:data:`STATES` it has), through the
@@ -175,12 +187,8 @@ class ViewedArchive:
 
         header = open_header(self.url, self.storage_options or None)
         getters = _state_getters(header, self.url, self.storage_options or None)
-        world_ids = np.asarray(header["world"].values, dtype=np.int64)
-        n_frames = np.asarray(header["n_frames"].values, dtype=np.int64)
-        columns: dict[str, np.ndarray] = {"world": world_ids, "n_frames": n_frames}
-        for name, var in sorted(header.data_vars.items()):  # the same order every time
-            if var.dims == ("world",) and name != "n_frames":
-                columns[str(name)] = np.asarray(var.values)
+        columns = _columns(header)
+        world_ids, n_frames = columns["world"], columns["n_frames"]
         with self._lock:
             self.attrs = header.attrs
             self.world_ids, self.n_frames, self.columns = world_ids, n_frames, columns
@@ -188,7 +196,6 @@ class ViewedArchive:
             self.dofs = [str(d) for d in header["dof"].values]
             self._index = {int(w): i for i, w in enumerate(world_ids)}
             self._getters = getters
-            self._n_frames_node = header.group["n_frames"]
             self._kept_states.clear()
             self._ds = None
             self.generation += 1
@@ -270,19 +277,26 @@ class ViewedArchive:
             elif qpos.shape[0] and qpos.shape[1]:
                 qpos[0, 0:1, 0:1]  # a read through zarr checks it too
 
-    def frames_now(self) -> np.ndarray:
-        """Each world's committed frames now (``n_frames`` read again: one small read), to
-        tell the page that a writer appended since the archive was opened.
+    def columns_now(self) -> dict[str, np.ndarray]:
+        """The world table's columns as the archive holds them now (its header read
+        again), to tell the page what changed since the archive was opened: frames a
+        writer appended (``n_frames``), world variables added or replaced.
 
         Raises:
-            StorageError: the storage failed to answer.
+            ArchiveReplacedError: the archive there now is another one.
+            As :func:`flyarchive.store.dataset.open_header`.
         """
-        from flyarchive.store.storage_errors import translated
+        import warnings
 
-        with self._lock:
-            node = self._n_frames_node
-        with translated(self.url, self.storage_options or None):
-            return np.asarray(node[...], dtype=np.int64)
+        from flyarchive.store.dataset import open_header
+
+        with warnings.catch_warnings():  # an archive being written again: said as replaced
+            warnings.filterwarnings("ignore", message=".*not recognized as a component of a Zarr")
+            header = open_header(self.url, self.storage_options or None)
+        now = str(header.attrs.get("archive_id", ""))
+        if now != self.archive_id:
+            raise self._replaced(now)
+        return _columns(header)
 
     def _replaced(self, now: str | None = None) -> ArchiveReplacedError:
         """The error for an archive replaced since the viewer opened it (``now``: the

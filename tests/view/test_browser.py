@@ -265,13 +265,12 @@ def test_frames_appended_while_the_page_is_open_are_said_and_shown_when_opened_a
     url = view_archive(str(view_dir / "grown.zarr"), n_steps=100)  # 26 frames a world
     with serving(url, out=view_dir / "videos-grown", backend="opengl") as (served, log):
         page = open_page(browser, served.url)
-        page.evaluate(f"{STATE}.checkGrowth()")  # what the page asks every 15 s
-        page.wait_for_function(f"{STATE}.growthSeq === 1")
+        page.wait_for_function(f"{STATE}.changesSeq === 1")  # asked as the page opened
         quiet = page.is_hidden("#message")
         record(tiny_model(), url, n_worlds=4, n_steps=200, mode="a")  # 25 frames more each
 
-        page.evaluate(f"{STATE}.checkGrowth()")
-        page.wait_for_function(f"{STATE}.growthSeq === 2")
+        page.evaluate(f"{STATE}.checkChanges()")  # what the page asks every 15 s
+        page.wait_for_function(f"{STATE}.changesSeq === 2")
         text = page.inner_text("#message")
         seq = page.evaluate(f"{STATE}.tableSeq")
         page.click("#reopen")
@@ -281,8 +280,35 @@ def test_frames_appended_while_the_page_is_open_are_said_and_shown_when_opened_a
                                            "cells => cells.map(c => c.textContent)")
 
         assert quiet
-        assert "grown since the viewer opened it: 100 more frames in 4 worlds" in text
+        assert "changed since the viewer opened it: 100 more frames in 4 worlds." in text
         assert frames == ["51"] * 4 and "4 worlds x 51 frames" in header
+        page.close()
+
+
+def test_world_variables_set_while_the_page_is_open_are_said_and_filter_when_opened_again(
+        browser, view_dir):
+    """gait --save or set-world-var beside an open viewer: the table filtered on the values
+    of when the viewer opened, and a new variable was 'no world variable'."""
+    import flyarchive
+    from flyarchive.testing.view import open_page, serving, view_archive
+
+    url = view_archive(str(view_dir / "variables.zarr"))  # success 1, 0, 1, 0
+    with serving(url, out=view_dir / "videos-variables", backend="opengl") as (served, log):
+        page = open_page(browser, served.url)
+        page.wait_for_function(f"{STATE}.changesSeq === 1")
+        flyarchive.add_world_vars(url, {"success": [0, 1, 0, 1]}, overwrite=True)
+        flyarchive.add_world_vars(url, {"speed": [1.0, 2.0, 3.0, 4.0]})
+
+        page.evaluate(f"{STATE}.checkChanges()")
+        page.wait_for_function(f"{STATE}.changesSeq === 2")
+        text = page.inner_text("#message")
+        seq = page.evaluate(f"{STATE}.tableSeq")
+        page.click("#reopen")
+        page.wait_for_function(f"{STATE}.tableSeq > {seq}")
+        apply_filter(page, "success == 1 and speed > 3")
+
+        assert "world variables success, speed added, replaced or removed" in text
+        assert table_worlds(page) == [3]
         page.close()
 
 

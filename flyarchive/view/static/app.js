@@ -15,8 +15,8 @@ const $ = (id) => document.getElementById(id);
 const state = window.flyarchiveView = {
   info: null, table: { where: "", sort: "world", desc: false, page: 0, size: 50 },
   selected: [], frame: 0, tableSeq: 0, tracesSeq: 0, poseSeq: 0, errors: 0, playing: false,
-  filter: "", brush: null, gaitSeq: 0, scatterSeq: 0, batchSeq: 0, growthSeq: 0,
-  checkGrowth: () => checkGrowth(),
+  filter: "", brush: null, gaitSeq: 0, scatterSeq: 0, batchSeq: 0, changesSeq: 0,
+  checkChanges: () => checkChanges(),
   // what the gait panels and the scatter drew (data and CSS pixels), for tests
   footfallBars: () => (footfall ? footfall.bars : []), pathsDrawn: () => (paths ? paths.drawn : []),
   scatterPoints: () => (scatter ? scatter.points : []), scatterBrushed: () => (scatter ? scatter.brushed : []),
@@ -34,7 +34,7 @@ function mark(kind, asked) {
 
 function say(text, isError = false) {
   const box = $("message");
-  delete box.dataset.growth;
+  delete box.dataset.changes;
   box.hidden = !text;
   box.className = isError ? "error" : "";
   box.textContent = text;
@@ -54,29 +54,38 @@ function failed(err) {
   if (err.replaced) offerReopen();
 }
 
-// A writer may append while the page is open: every GROWTH_MS (while the page is shown)
-// the viewer is asked how many frames were committed since it opened the archive, and
-// the page offers to open it again. Only a replaced archive is said from a failed ask;
-// the next ask comes anyway.
-const GROWTH_MS = 15000;
-async function checkGrowth() {
+// A writer may append frames, or set-world-var (gait --save) add or replace world
+// variables, while the page is open: when the page opens and every CHANGES_MS (while it
+// is shown) the viewer is asked what changed since it opened the archive, and the page
+// offers to open it again. Only a replaced archive is said from a failed ask; the next
+// ask comes anyway.
+const CHANGES_MS = 15000;
+async function checkChanges() {
   let answer;
-  try { answer = await getJson("/api/growth"); } catch (err) {
+  try { answer = await getJson("/api/changes"); } catch (err) {
     if (err.replaced) failed(err);
     return;
   }
-  state.growth = answer;
-  state.growthSeq += 1;
-  const more = answer.frames_now - answer.frames_shown;
-  const text = answer.generation !== state.info.generation
-    ? "The viewer has opened the archive again since this page did."
-    : `The archive has grown since the viewer opened it: ${more} more frames in ${answer.worlds_grown} world${answer.worlds_grown === 1 ? "" : "s"}.`;
-  if ((answer.worlds_grown > 0 || answer.generation !== state.info.generation)
-      && ($("message").hidden || $("message").dataset.growth) && $("message").dataset.growth !== text) {
-    say(text);
-    $("message").dataset.growth = text;
-    offerReopen();
+  state.changes = answer;
+  state.changesSeq += 1;
+  const parts = [];
+  if (answer.generation !== state.info.generation) parts.push("the viewer has opened it again since this page did");
+  if (answer.worlds_grown > 0) {
+    const w = answer.worlds_grown;
+    parts.push(`${answer.frames_now - answer.frames_shown} more frames in ${w} world${w === 1 ? "" : "s"}`);
   }
+  const names = answer.variables_changed;
+  if (names.length) {
+    const shown = names.slice(0, 5).join(", ") + (names.length > 5 ? ` and ${names.length - 5} more` : "");
+    parts.push(`world variable${names.length === 1 ? "" : "s"} ${shown} added, replaced or removed`);
+  }
+  const box = $("message");
+  if (!parts.length || !(box.hidden || box.dataset.changes)) return;  // an error stays said
+  const text = `The archive has changed since the viewer opened it: ${parts.join("; ")}.`;
+  if (box.dataset.changes === text) return;
+  say(text);
+  box.dataset.changes = text;
+  offerReopen();
 }
 
 async function guarded(work) {
@@ -623,7 +632,8 @@ async function main() {
   await loadScene();
   showFrame(0);
   gaitNote("Select worlds in the table to see their footfalls and paths.");
-  setInterval(() => { if (!document.hidden) checkGrowth(); }, GROWTH_MS);
+  checkChanges();
+  setInterval(() => { if (!document.hidden) checkChanges(); }, CHANGES_MS);
   state.ready = true;
 }
 
