@@ -357,13 +357,16 @@ def make_parent(url: str, storage_options: Mapping[str, Any] | None = None) -> N
 
     Raises:
         ArchiveNotFoundError, SchemaError: no archive at ``url``.
+        StorageError: the storage refused or failed the write (one line, the fix).
     """
     group = open_for_writing(url, storage_options)
     if DERIVED_GROUP in group:
         return
     try:
-        zarr.create_group(group.store, path=DERIVED_GROUP, attributes={
-            "description": "values derived from the archive (flyarchive positions...)"})
+        with write_faults(url, storage_options, "Making the group of derived values in",
+                          "Nothing else was written; keep them elsewhere with --to (to=...)."):
+            zarr.create_group(group.store, path=DERIVED_GROUP, attributes={
+                "description": "values derived from the archive (flyarchive positions...)"})
     except zarr.errors.ContainsGroupError:
         pass  # made by another process at the same moment
 

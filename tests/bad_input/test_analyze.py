@@ -18,6 +18,7 @@ from flyarchive.errors import (
     OutputExistsError,
     OutputLocationError,
     SelectionError,
+    StorageError,
 )
 from flyarchive.interop.poses import export_poses
 from flyarchive.testing import TWO_HINGES_XML
@@ -121,6 +122,24 @@ def test_kept_positions_never_replace_an_archive_at_their_target(archive, record
         flyarchive.keep_positions(archive, "hand", to=other)
 
     assert snapshot(other) == before
+
+
+def test_positions_beside_an_archive_the_storage_will_not_let_us_write_say_so(archive,
+                                                                            monkeypatch):
+    """A read-only S3 user got a bare "PermissionError: Access Denied" (its derived group)."""
+    import zarr
+
+    import flyarchive.store.derived as derived
+
+    def refuse(*args, **kwargs):
+        raise PermissionError("Access Denied")
+
+    monkeypatch.setattr(derived.zarr, "create_group", refuse)
+    assert zarr.create_group is refuse  # the same module
+
+    with pytest.raises(StorageError, match=r"Access to '.*run\.zarr' was refused \(PermissionError: "
+                                           r"Access Denied\)\. Check the credentials"):
+        flyarchive.keep_positions(archive, "hand")
 
 
 @requires_movement
