@@ -155,14 +155,17 @@ def verify(url: str, storage_options: Mapping[str, Any] | None = None) -> Verify
 
     Raises:
         ArchiveNotFoundError: nothing at ``url``.
+        StorageError: the storage did not answer, or refused access (one line, the fix).
     """
     from flyarchive.store.derived import BESIDE
+    from flyarchive.store.storage_errors import translated
 
-    report = _verify_one(url, storage_options, BESIDE)
-    if not report.is_derived:
-        _verify_derived(url, storage_options, report)
-    elif report.problems:
-        report.problems.append(_advice(url, storage_options))
+    with translated(url, storage_options):  # a stalled server said as flyarchive says it
+        report = _verify_one(url, storage_options, BESIDE)
+        if not report.is_derived:
+            _verify_derived(url, storage_options, report)
+        elif report.problems:
+            report.problems.append(_advice(url, storage_options))
     return report
 
 

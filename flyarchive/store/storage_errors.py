@@ -275,7 +275,9 @@ _S3_FSSPEC_OPTIONS = frozenset({"use_listings_cache", "listings_expiry_time", "m
 #: botocore client settings an ``s3://`` file system gets unless its storage options'
 #: ``config_kwargs`` set them (botocore's own: 60 s to connect, 60 s without a byte, 5
 #: attempts). With :data:`S3_FS_RETRIES` they bound what one request to a server that
-#: stopped answering mid-run waits to about 4 minutes (2 × 2 s3fs tries × 3 attempts × 20 s),
+#: stopped answering mid-run waits to about 2 minutes (2 s3fs tries × 3 attempts × 20 s; a
+#: whole-object read nests s3fs's tries: 4 minutes), uploads included
+#: (:func:`_sends_bodies_at_once`),
 #: where the defaults of s3fs (5 tries of 5, nested) and botocore waited two hours; a slow
 #: server that answers is never cut off (the read timeout counts seconds without a byte).
 S3_CLIENT_DEFAULTS: dict[str, Any] = {
@@ -300,12 +302,44 @@ def client_options(url: str, storage_options: Mapping[str, Any] | None) -> dict[
 
 
 def bound_retries(fs: Any) -> Any:
-    """``fs``, with s3fs's own tries lowered to :data:`S3_FS_RETRIES` if it is an s3fs file
-    system (fsspec shares one per set of options: others made with the same options get
-    it too)."""
-    if type(fs).__module__.split(".")[0] == "s3fs" and getattr(fs, "retries", 0) > S3_FS_RETRIES:
+    """``fs``, if it is an s3fs file system (fsspec shares one per set of options: others
+    made with the same options get it too), with s3fs's own tries lowered to
+    :data:`S3_FS_RETRIES` and its uploads sent without ``Expect: 100-continue``
+    (:func:`_sends_bodies_at_once`)."""
+    if type(fs).__module__.split(".")[0] != "s3fs":
+        return fs
+    if getattr(fs, "retries", 0) > S3_FS_RETRIES:
         fs.retries = S3_FS_RETRIES
+    _sends_bodies_at_once(fs)
     return fs
+
+
+def _sends_bodies_at_once(fs: Any) -> None:
+    """Make the s3fs file system ``fs`` send each upload's body with its headers, not after
+    the server's ``100 Continue``.
+
+    botocore asks for ``100 Continue`` before every upload, and aiohttp starts a request's
+    read timeout only once the body is sent: a server that took the connection and then
+    stopped answering (a stalled endpoint, a network partition) held every write for
+    ever (a recorder's commit waited more than 15 minutes, and again when it closed),
+    whatever ``read_timeout`` says. Without it, the read timeout counts from the body's
+    last byte, as it does for reads. The handler that asks for it is taken off each client
+    the file system uses (its ``set_session``, which every call awaits, returns it)."""
+    if getattr(fs, "_flyarchive_whole_puts", False):
+        return
+    from botocore.handlers import add_expect_header
+
+    original = fs.set_session
+
+    async def set_session(*args: Any, **kwargs: Any) -> Any:
+        client = await original(*args, **kwargs)
+        if client is not None and not getattr(client, "_flyarchive_whole_puts", False):
+            client.meta.events.unregister("before-call.s3", add_expect_header)
+            client._flyarchive_whole_puts = True
+        return client
+
+    fs.set_session = set_session
+    fs._flyarchive_whole_puts = True
 
 
 def filesystem(url: str, storage_options: Mapping[str, Any] | None) -> tuple[Any, str]:

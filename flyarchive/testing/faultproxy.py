@@ -30,7 +30,7 @@ from flyarchive.testing.s3 import LOOPBACK, Endpoint
 
 __all__ = ["FaultPlan", "FaultProxy"]
 
-_FAULT_KINDS = ("drop", "error500", "error503", "delay")
+_FAULT_KINDS = ("drop", "error500", "error503", "delay", "silent")
 _ALL_METHODS = frozenset({"GET", "PUT", "POST", "DELETE", "HEAD"})
 
 
@@ -48,6 +48,10 @@ class FaultPlan:
         error500: Answer ``500 InternalError`` (S3 XML body) without forwarding.
         error503: Answer ``503 SlowDown`` (S3 XML body) without forwarding.
         delay: Wait ``delay_s`` seconds, then forward normally.
+        silent: Answer nothing at all for ``delay_s`` seconds (not even the ``100
+            Continue`` an upload asks for first, its body left unread), then close the
+            connection: a server that took the connection and stopped answering (a stalled
+            endpoint, a network partition).
         delay_s: Delay of a delayed request, seconds.
         seed: Seed of the RNG that decides which requests get faults.
         methods: HTTP methods that may get faults; others are always forwarded.
@@ -57,6 +61,7 @@ class FaultPlan:
     error500: float = 0.0
     error503: float = 0.0
     delay: float = 0.0
+    silent: float = 0.0
     delay_s: float = 0.5
     seed: int = 0
     methods: frozenset[str] = field(default=_ALL_METHODS)
@@ -140,13 +145,31 @@ class _ProxyHandler(BaseHTTPRequestHandler):
 
     do_PUT = do_POST = do_DELETE = do_HEAD = do_PATCH = do_OPTIONS = do_GET
 
+    def handle_expect_100(self) -> bool:
+        """The fault of a request that asks for ``100 Continue`` is decided here, before
+        the base class sends it (a silent server never does)."""
+        self._decided = self.server.proxy._decide(self.command)
+        if self._decided[0] == "silent":
+            self._fall_silent(self._decided[1])
+            return False
+        return super().handle_expect_100()
+
+    def _fall_silent(self, plan: FaultPlan) -> None:
+        time.sleep(plan.delay_s)
+        self.close_connection = True
+        self.connection.shutdown(socket.SHUT_RDWR)
+
     def _handle(self) -> None:
+        decided, self._decided = getattr(self, "_decided", None), None
+        fault, plan = decided or self.server.proxy._decide(self.command)
+        if fault == "silent":
+            self._fall_silent(plan)
+            return
         try:
             body = self._read_body()
         except ValueError:  # truncated or malformed: never forward part of a body
             self.close_connection = True
             return
-        fault, plan = self.server.proxy._decide(self.command)
         if fault == "drop":
             self.close_connection = True
             self.connection.shutdown(socket.SHUT_RDWR)
