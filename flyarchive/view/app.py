@@ -591,6 +591,9 @@ def _output_folder(out: str | Path) -> Path:
 
 # ---------------------------------------------------------------------- serving
 LOOPBACK = ("127.0.0.1", "localhost", "::1")
+#: Hosts that bind every interface: the viewer then answers at any of the machine's
+#: addresses and at its names, and prints its name.
+WILDCARDS = ("0.0.0.0", "::")
 
 
 def exposure_warning(host: str) -> str:
@@ -684,7 +687,10 @@ def start(viewer: Viewer, *, host: str = "127.0.0.1", port: int = 0,
                            "--port, or 0 for any free one.") from None
     bound = int(sock.getsockname()[1])
     app = ViewApp(viewer, token, limits)
-    app.serve_on({host, *LOOPBACK, "[::1]"} if host in LOOPBACK else {host}, bound)
+    wildcard = host in WILDCARDS
+    names = {socket.gethostname(), socket.getfqdn()} if wildcard else set()
+    app.serve_on({host, *LOOPBACK, "[::1]"} | names if host in LOOPBACK or wildcard else {host},
+                 bound, any_address=wildcard)
     lines = SafeLines([app.token])  # log lines: control characters escaped, no token
     lines.attach()
     loop = asyncio.new_event_loop()
@@ -711,7 +717,7 @@ def start(viewer: Viewer, *, host: str = "127.0.0.1", port: int = 0,
     log.info("serving at most %d connections at once (file descriptor limit %s)",
              connections.budget, _descriptor_limit())
     viewer.warm_up(freeze=freeze_gc)
-    shown = f"[{host}]" if ":" in host else host
+    shown = socket.gethostname() if wildcard else f"[{host}]" if ":" in host else host
     return Served(viewer, app, runner, connections, lines, loop, thread,
                   f"http://{shown}:{bound}/?token={app.token}", app.token)
 

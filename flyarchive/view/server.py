@@ -157,9 +157,14 @@ class ViewApp:
         self._light.shutdown(wait=False, cancel_futures=True)
         self._heavy.shutdown(wait=False, cancel_futures=True)
 
-    def serve_on(self, hosts: set[str], port: int) -> None:
-        """Accept the ``Host`` headers of ``hosts`` at ``port``; name the cookie after it."""
+    def serve_on(self, hosts: set[str], port: int, *, any_address: bool = False) -> None:
+        """Accept the ``Host`` headers of ``hosts`` at ``port`` (with ``any_address``, also
+        any IP address at it: a server bound to every interface, reached by one of its
+        addresses; a name that is not one of ``hosts`` is still refused, so that a page of
+        another site cannot reach it through a name it controls); name the cookie after it."""
         self.hosts = {f"{h}:{port}" for h in hosts}
+        self.port = port
+        self.any_address = any_address
         self.cookie = f"flyarchive-view-{port}"
 
     # ------------------------------------------------------------------ guard
@@ -213,7 +218,8 @@ class ViewApp:
 
     def _refusal(self, request: web.Request) -> str:
         """Why ``request`` is refused, or ``""``."""
-        if self.hosts is not None and request.host not in self.hosts:
+        if self.hosts is not None and request.host not in self.hosts \
+                and not (self.any_address and _an_address_at(request.host, self.port)):
             return (f"The viewer does not answer requests for host "
                     f"{visible(request.host, 100)!r}; open the address that `flyarchive view` "
                     "printed.")
@@ -395,6 +401,21 @@ class ViewApp:
     def reopen(self, request: web.Request, body: Any) -> dict[str, Any]:
         self.state.reopen()
         return self.state.info()
+
+
+def _an_address_at(host: str, port: int) -> bool:
+    """Whether a ``Host`` header names an IP address (``192.0.2.2:8750``, ``[::1]:8750``)
+    at ``port``."""
+    import ipaddress
+
+    name, _, at = host.rpartition(":")
+    if at != str(port):
+        return False
+    try:
+        ipaddress.ip_address(name[1:-1] if name.startswith("[") and name.endswith("]") else name)
+    except ValueError:
+        return False
+    return True
 
 
 def _status(err: Exception) -> tuple[int, str, dict[str, Any]]:

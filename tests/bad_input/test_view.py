@@ -150,6 +150,26 @@ def test_another_host_name_is_refused(viewed):
     assert log.having("attacker.example")
 
 
+def test_a_viewer_on_every_interface_answers_at_its_addresses_and_names_only(view_url):
+    """--host 0.0.0.0 accepted only the Host header 0.0.0.0:PORT: every real client got 403."""
+    from flyarchive.view.app import Viewer, start
+
+    served = start(Viewer(view_url, out=Path(view_url).parent / "videos-any"), host="0.0.0.0")
+    try:
+        port = urlsplit(served.url).port
+        here = f"http://127.0.0.1:{port}/api/info?token={served.token}"
+        answers = {name: ask(here, headers={"Host": f"{name}:{port}"})[0]
+                   for name in ("127.0.0.1", "192.0.2.2", "[::1]", socket.gethostname(),
+                                "attacker.example", "192.0.2.2.nip.io")}
+    finally:
+        served.stop()
+
+    assert urlsplit(served.url).hostname == socket.gethostname().lower()  # printed: its name
+    assert answers == {"127.0.0.1": 200, "192.0.2.2": 200, "[::1]": 200,
+                       socket.gethostname(): 200, "attacker.example": 403,
+                       "192.0.2.2.nip.io": 403}
+
+
 @pytest.mark.parametrize("path, fragment", [
     ("/api/traces?worlds=0,99&dof=shoulder", "The archive has no world 99"),
     ("/api/traces?worlds=0&dof=shouldr", "Did you mean 'shoulder'"),
