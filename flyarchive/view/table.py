@@ -76,7 +76,8 @@ def _order(values: np.ndarray, descending: bool) -> np.ndarray:
     if values.dtype.kind in "biu":
         key = values.astype(np.int64)
     else:  # text: by rank
-        key = np.unique(values.astype(str), return_inverse=True)[1].astype(np.int64)
+        text = np.array([str(v) for v in values.ravel()], dtype=object)  # any text dtype
+        key = np.unique(text, return_inverse=True)[1].astype(np.int64)
     return np.argsort(-key if descending else key, kind="stable")
 
 

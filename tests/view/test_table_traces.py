@@ -39,6 +39,15 @@ def test_text_columns_sort_by_value():
     assert answer["kinds"] == ["number", "number", "number", "text"]
 
 
+def test_text_world_variables_as_an_archive_holds_them_sort_by_value():
+    """An archive's text variable reads as numpy's StringDType: sorting by it answered 500."""
+    stored = {**COLUMNS, "genotype": COLUMNS["genotype"].astype(np.dtypes.StringDType())}
+
+    answer = query_table(stored, sort="genotype")
+
+    assert [row[3] for row in answer["rows"]] == list("aaaabbbccc")
+
+
 def test_a_page_past_the_end_is_the_last_page():
     answer = query_table(COLUMNS, page=99, page_size=4)
 
