@@ -2,7 +2,9 @@
 safely: Python's own parser (:mod:`ast`), then only a whitelist of node kinds is
 evaluated, column by column with numpy. Nothing is ever passed to ``eval``.
 
-Allowed: names of columns, numbers, quoted text, ``true`` / ``false`` / ``nan``,
+Allowed: names of columns (in backticks where a name is not one Python reads, as pandas'
+``query`` takes them: ```class` > 1``, ```wing span` > 2``), numbers, quoted text,
+``true`` / ``false`` / ``nan``,
 comparisons (``== != < <= > >=``, chains such as ``0 < x < 1``), ``and`` / ``or`` /
 ``not``, ``+ - * / %`` and parentheses. ``&``, ``|`` and ``~`` are refused with a hint:
 Python applies them before ``==``, so ``a == 1 & b > 5`` would not mean what it reads.
@@ -17,6 +19,7 @@ from __future__ import annotations
 import ast
 import difflib
 import operator
+import re
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -39,7 +42,8 @@ _ARITHMETIC: dict[type, Callable[[Any, Any], Any]] = {
 }
 _CONSTANTS = {"true": True, "false": False, "True": True, "False": False, "nan": np.nan}
 _HOW = ("Write conditions on world variables such as success == 1 and distance > 5 "
-        "(== != < <= > >=, and, or, not, parentheses, + - * /; text in quotes).")
+        "(== != < <= > >=, and, or, not, parentheses, + - * /; text in quotes; a name that "
+        "is a Python keyword or holds spaces in backticks: `class` > 1).")
 
 
 def evaluate(text: str, columns: Mapping[str, np.ndarray]) -> np.ndarray:
@@ -58,8 +62,9 @@ def evaluate(text: str, columns: Mapping[str, np.ndarray]) -> np.ndarray:
             allowed, or a result that is not true/false per row.
     """
     n = len(next(iter(columns.values()))) if columns else 0
-    tree = parse(text)
-    result = np.asarray(_Evaluator(text, columns).truth(tree.body))
+    source, names = _backticked(text)
+    tree = parse(source)
+    result = np.asarray(_Evaluator(text, columns, names).truth(tree.body))
     return np.broadcast_to(result, (n,)).copy()
 
 
@@ -87,6 +92,27 @@ def parse(text: str) -> ast.Expression:
         raise SelectionError(f"The filter {_quoted(text)} has {len(nodes)} parts; at most "
                              f"{MAX_NODES} are read. Write a shorter one.")
     return tree
+
+
+#: A quoted text (left as it is) or a name in backticks.
+_PIECES = re.compile(r"""('(?:[^'\\]|\\.)*'|"(?:[^"\\]|\\.)*")|`([^`]+)`""")
+
+
+def _backticked(text: Any) -> tuple[Any, dict[str, str]]:
+    """``text`` with each name in backticks made an identifier the parser reads, and
+    those identifiers' names (text in quotes is left as it is)."""
+    if not isinstance(text, str) or "`" not in text:
+        return text, {}
+    names: dict[str, str] = {}
+
+    def swap(found: re.Match[str]) -> str:
+        if found.group(2) is None:
+            return found.group(0)
+        alias = f"_backticked_{len(names)}_"
+        names[alias] = found.group(2)
+        return alias
+
+    return _PIECES.sub(swap, text), names
 
 
 def _quoted(text: str) -> str:
@@ -128,9 +154,11 @@ def _kind(value: np.ndarray) -> str:
 class _Evaluator:
     """Evaluates an allowed tree over whole columns."""
 
-    def __init__(self, text: str, columns: Mapping[str, np.ndarray]) -> None:
+    def __init__(self, text: str, columns: Mapping[str, np.ndarray],
+                 names: Mapping[str, str] | None = None) -> None:
         self.text = text
         self.columns = columns
+        self.names = dict(names or {})  # identifiers of names in backticks -> the names
 
     def visit(self, node: ast.AST) -> Any:
         method = getattr(self, f"visit_{type(node).__name__}", None)
@@ -139,21 +167,25 @@ class _Evaluator:
         return method(node)
 
     def _refused(self, node: ast.AST) -> SelectionError:
-        piece = ast.get_source_segment(" ".join(self.text.split()), node) or type(node).__name__
+        source = " ".join(_backticked(self.text)[0].split())  # as parsed
+        piece = ast.get_source_segment(source, node) or type(node).__name__
+        for alias, name in self.names.items():
+            piece = piece.replace(alias, f"`{name}`")
         return SelectionError(f"The filter {_quoted(self.text)} uses {visible(piece, 60)!r}, "
                               f"which a filter cannot contain. {_HOW}")
 
     def visit_Name(self, node: ast.Name) -> Any:
-        if node.id in self.columns:
-            return np.asarray(self.columns[node.id])
+        name = self.names.get(node.id, node.id)
+        if name in self.columns:
+            return np.asarray(self.columns[name])
         if node.id in _CONSTANTS:
             return _CONSTANTS[node.id]
         names = list(self.columns)
-        close = difflib.get_close_matches(node.id, names, n=3, cutoff=0.6) or \
-            [n for n in names if n.lower() == node.id.lower()]
+        close = difflib.get_close_matches(name, names, n=3, cutoff=0.6) or \
+            [n for n in names if n.lower() == name.lower()]
         hint = f" Did you mean {' or '.join(map(repr, close))}?" if close else ""
         raise SelectionError(
-            f"The filter {_quoted(self.text)} names {visible(node.id, 60)!r}, which is no world "
+            f"The filter {_quoted(self.text)} names {visible(name, 60)!r}, which is no world "
             f"variable.{hint} Variables: {', '.join(map(repr, names)) or 'none'}.")
 
     def visit_Constant(self, node: ast.Constant) -> Any:

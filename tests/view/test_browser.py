@@ -312,6 +312,38 @@ def test_world_variables_set_while_the_page_is_open_are_said_and_filter_when_ope
         page.close()
 
 
+def test_a_brush_over_variables_named_as_python_keywords_or_with_spaces_filters(browser,
+                                                                                view_dir):
+    """A variable named class was on the scatter's axes, and its brush wrote 'class >= ...',
+    which the filter could not read: the brush was dropped."""
+    import flyarchive
+    from flyarchive.testing.view import open_page, serving, view_archive
+
+    url = view_archive(str(view_dir / "keywords.zarr"))
+    flyarchive.add_world_vars(url, {"class": [0.0, 1.0, 2.0, 3.0], "wing span": [5.0, 6.0, 7.0, 9.0]})
+    with serving(url, out=view_dir / "videos-keywords", backend="opengl") as (served, log):
+        page = open_page(browser, served.url)
+        page.wait_for_function(f"{STATE}.scatterSeq >= 1")
+        seq = page.evaluate(f"{STATE}.scatterSeq")
+        page.select_option("#scatter-x", "class")
+        page.select_option("#scatter-y", "wing span")
+        page.wait_for_function(f"{STATE}.scatterSeq >= {seq + 2}")
+        points = {p["world"]: p for p in page.evaluate(f"{STATE}.scatterPoints()")}
+        box = page.locator("#scatter").bounding_box()
+        seq = page.evaluate(f"{STATE}.tableSeq")
+
+        page.mouse.move(box["x"] + points[1]["px"] - 4, box["y"] + min(points[1]["py"], points[2]["py"]) - 4)
+        page.mouse.down()
+        page.mouse.move(box["x"] + points[2]["px"] + 4, box["y"] + max(points[1]["py"], points[2]["py"]) + 4,
+                        steps=4)
+        page.mouse.up()
+        page.wait_for_function(f"{STATE}.tableSeq > {seq} || {STATE}.errors > 0")
+
+        assert page.evaluate(f"{STATE}.errors") == 0
+        assert table_worlds(page) == [1, 2]
+        page.close()
+
+
 def test_a_page_without_a_model_shows_the_table_and_says_why_there_is_no_3d_view(browser, view_dir):
     from flyarchive.testing import tiny_model
     from flyarchive.testing.fixtures import record

@@ -31,6 +31,17 @@ def test_an_expression_selects_the_rows_where_it_holds(text, expected):
     assert actual.tolist() == expected
 
 
+def test_names_in_backticks_are_any_world_variable_s_names():
+    """A variable named class (a brushed scatter wrote class >= ...) could not be filtered."""
+    columns = {**COLUMNS, "class": np.array([0.0, 1.0, 2.0, 3.0]),
+               "wing span": np.array([5.0, 6.0, 7.0, 8.0]), "über": np.array([1, 1, 0, 0])}
+
+    actual = evaluate("`class` >= 1 and `wing span` < 8 and über == 1 and genotype != 'a`b'",
+                      columns)
+
+    assert actual.tolist() == [False, True, False, False]
+
+
 def test_a_constant_expression_applies_to_every_row():
     assert evaluate("1 == 1", COLUMNS).tolist() == [True] * 4
 
@@ -56,6 +67,9 @@ def test_a_constant_expression_applies_to_every_row():
     ("success == 1 & distance > 5", "uses &; write 'and' instead"),
     ("ok | success", "uses |; write 'or' instead"),
     ("~ok", "uses ~; write 'not' instead"),
+    ("class > 1", "in backticks: `class` > 1"),
+    ("`sucess` == 1", "names 'sucess', which is no world variable. Did you mean 'success'?"),
+    ("`distance`.real > 1", "'`distance`.real', which a filter cannot contain"),
 ])
 def test_a_bad_expression_is_refused_with_a_message_that_says_why(text, fragment):
     with pytest.raises(SelectionError) as caught:

@@ -377,15 +377,19 @@ async function gaitOnce() {
 
 // ------------------------------------------------------------------ scatter and brush
 let scatter;
-const KEYWORDS = new Set(["and", "or", "not", "in", "is", "if", "else", "for", "lambda", "None", "True", "False", "true", "false", "nan"]);
+// Python's keywords and the filter's constants: a world variable named so (or not an
+// identifier: "über" is one, "wing span" is not) is written in backticks in a filter.
+const KEYWORDS = new Set(("False None True and as assert async await break class continue def del "
+  + "elif else except finally for from global if import in is lambda nonlocal not or pass raise "
+  + "return try while with yield true false nan").split(" "));
+const named = (name) => (/^[\p{L}_][\p{L}\p{N}_]*$/u.test(name) && !KEYWORDS.has(name) ? name : `\`${name}\``);
 
-// The numeric world variables a brush can filter by (a filter names them as they are).
+// The numeric world variables a brush can filter by (named in backticks where needed).
 function scatterChoices(answer) {
   const key = answer.columns.join("\u0000");
   if (key === state.scatterColumns) return;
   state.scatterColumns = key;
-  const numeric = answer.columns.filter((name, i) => answer.kinds[i] !== "text"
-    && /^[A-Za-z_][A-Za-z0-9_]*$/.test(name) && !KEYWORDS.has(name));
+  const numeric = answer.columns.filter((name, i) => answer.kinds[i] !== "text" && !name.includes("`"));
   const variables = numeric.filter((n) => n !== "world" && n !== "n_frames");
   const [x, y] = variables.length >= 2 ? variables : variables.length ? [variables[0], "world"] : ["world", "n_frames"];
   const units = state.info.column_units || {};
@@ -425,7 +429,8 @@ async function loadScatter() {
 function tableWhere() {
   const b = state.brush;
   if (!b) return state.filter;
-  const ranges = `${b.x} >= ${b.x0} and ${b.x} <= ${b.x1} and ${b.y} >= ${b.y0} and ${b.y} <= ${b.y1}`;
+  const [x, y] = [named(b.x), named(b.y)];
+  const ranges = `${x} >= ${b.x0} and ${x} <= ${b.x1} and ${y} >= ${b.y0} and ${y} <= ${b.y1}`;
   return state.filter.trim() ? `(${state.filter}) and ${ranges}` : ranges;
 }
 
