@@ -171,9 +171,12 @@ def cmd_view(args: argparse.Namespace) -> int:
         from flyarchive.errors import missing_dependency
 
         raise missing_dependency("aiohttp", "view", "flyarchive view") from None
-    return run_view(path_arg(args.url), storage_options=storage_options_arg(args.storage_options),
-                    model_path=path_arg(args.model) if args.model else None, host=args.host,
-                    port=args.port, out=path_arg(args.out), backend=backend_arg(args.backend))
+    with _sigterm_stops():  # stopped as on Ctrl-C: a render under way and its files go
+        return run_view(path_arg(args.url),
+                        storage_options=storage_options_arg(args.storage_options),
+                        model_path=path_arg(args.model) if args.model else None,
+                        host=args.host, port=args.port, out=path_arg(args.out),
+                        backend=backend_arg(args.backend))
 
 
 # ----------------------------------------------------------------------------- render

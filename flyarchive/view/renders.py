@@ -22,6 +22,7 @@ from __future__ import annotations
 import logging
 import math
 import os
+import shutil
 import statistics
 import sys
 import threading
@@ -31,7 +32,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from flyarchive.errors import FlyarchiveError, SelectionError, ServerBusyError
+from flyarchive.errors import FlyarchiveError, SelectionError, ServerBusyError, Terminated
 from flyarchive.view.limits import Limits, check_cost
 
 log = logging.getLogger("flyarchive.view")
@@ -301,7 +302,10 @@ class Renders:
             if job is None:
                 _warm(self.backend)
                 continue
-            self._run(job)
+            try:
+                self._run(job)
+            except Terminated:  # close(): render_videos removed its partial files
+                return
             if job.state == "done" and job.finished is not None:
                 self._took.append(job.finished - job.started)
 
@@ -369,12 +373,33 @@ class Renders:
             return None
         return path
 
-    def close(self) -> None:
-        """Render nothing more: renders still waiting fail (the one running ends)."""
+    def close(self, wait_s: float = 10.0) -> None:
+        """Render nothing more: renders still waiting fail, and the one running is stopped
+        as Ctrl-C stops a render (its partial files removed) and its folder, which holds
+        no finished video, removed (the viewer stopped by Ctrl-C or SIGTERM left both)."""
         self.drop_waiting("the viewer stopped before this render started")
         with self._cond:
             self._closed = True
             self._cond.notify_all()
+            running = next((j for j in self.jobs.values() if j.state == "running"), None)
+        thread = self._thread
+        if running is None or thread is None or not thread.is_alive():
+            return
+        _interrupt(thread)
+        thread.join(wait_s)  # a thread inside a long C call takes the interrupt after it
+        if running.state != "done":
+            running.state, running.message = "failed", "the viewer stopped while it rendered"
+            shutil.rmtree(running.folder, ignore_errors=True)
+
+
+def _interrupt(thread: threading.Thread) -> None:
+    """Raise :class:`~flyarchive.errors.Terminated` in ``thread`` (as SIGTERM raises it in
+    the main thread), at its next Python instruction."""
+    import ctypes
+
+    if thread.ident is not None:
+        ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(thread.ident),
+                                                   ctypes.py_object(Terminated))
 
 
 def _lower_priority(niceness: int) -> None:

@@ -243,3 +243,39 @@ def test_brushed_worlds_that_the_queue_cannot_take_answer_429_with_the_wait(walk
         assert answer["error"].startswith("0 renders are waiting already, the most the viewer keeps")
         assert served.viewer.renders.jobs == {}
         assert log.having("429 POST /api/renders")
+
+
+def test_a_viewer_stopped_while_it_renders_stops_the_render_and_leaves_no_partial_folder(
+        view_url, tmp_path, monkeypatch):
+    """Ctrl-C or SIGTERM of `flyarchive view` mid-render left the render's folder with its
+    resume files (.parts-*/run.json, run.lock) and no video: render_videos ran on the
+    viewer's render thread, which the interrupt never reached."""
+    import flyarchive
+    from flyarchive.errors import Terminated
+    from flyarchive.testing.view import serving
+
+    seen = []
+
+    def rendering(url, model, camera, out, **kwargs):  # as render_videos: partial files first
+        parts = Path(out) / ".parts-1"
+        parts.mkdir(parents=True)
+        (parts / "run.json").write_text("{}")
+        try:
+            while True:
+                time.sleep(0.01)
+        except Terminated:  # render_videos removes its partial files on Ctrl-C and SIGTERM
+            seen.append("interrupted")
+            shutil.rmtree(parts)
+            raise
+
+    monkeypatch.setattr(flyarchive, "render_videos", rendering)
+    with serving(view_url, out=tmp_path / "videos", backend="opengl") as (served, log):
+        served.viewer.load_model()
+        job = served.viewer.renders.submit([0], "front", None, None, (48, 64))
+        deadline = time.monotonic() + 60
+        while not (job.folder / ".parts-1" / "run.json").exists() and time.monotonic() < deadline:
+            time.sleep(0.01)
+
+    assert seen == ["interrupted"]
+    assert job.state == "failed" and "stopped while it rendered" in job.message
+    assert not job.folder.exists()
