@@ -309,26 +309,37 @@ class Renders:
             if job.state == "done" and job.finished is not None:
                 self._took.append(job.finished - job.started)
 
-    def _folder(self, number: int, worlds: list[int]) -> Path:
+    def _folder(self, number: int, worlds: list[int], *, make: bool = False) -> Path:
+        """The render's folder: the first of its names that nothing holds (left by an
+        earlier server, or made by another viewer of the same ``--out``: never
+        overwritten); with ``make``, made here (at once, so that no other can take it)."""
         shown = "-".join(map(str, worlds[:4])) + ("-etc" if len(worlds) > 4 else "")
-        folder = self.out / f"{number:04d}-worlds-{shown}"
-        bump = 0
-        while folder.exists():  # left by an earlier server: never overwritten
-            bump += 1
-            folder = self.out / f"{number:04d}-{bump}-worlds-{shown}"
-        return folder
+        for bump in range(10_000):
+            folder = self.out / (f"{number:04d}-worlds-{shown}" if bump == 0 else
+                                 f"{number:04d}-{bump}-worlds-{shown}")
+            if not make and not folder.exists():
+                return folder
+            if make:
+                try:
+                    folder.mkdir()
+                    return folder
+                except FileExistsError:
+                    continue
+        raise OSError(f"No free name for a render folder in {str(self.out)!r}; clear it.")
 
     def _run(self, job: RenderJob) -> None:
         from flyarchive import render_videos
 
         job.state, job.message, job.started = "running", "rendering", time.monotonic()
-        log.info("render %d: worlds %s, camera %r, time %s to %s, backend %s -> %s", job.id,
-                 job.worlds, job.camera, job.start, job.end, self.backend, job.folder)
         try:
+            self.out.mkdir(parents=True, exist_ok=True)  # removed since the server started?
+            job.folder = self._folder(job.id, job.worlds, make=True)  # taken since it queued?
+            log.info("render %d: worlds %s, camera %r, time %s to %s, backend %s -> %s",
+                     job.id, job.worlds, job.camera, job.start, job.end, self.backend,
+                     job.folder)
             options = self._options(len(job.worlds), job.size)
             watch = threading.Thread(target=self._watch, args=(job,), daemon=True)
             watch.start()
-            self.out.mkdir(parents=True, exist_ok=True)  # removed since the server started?
             result = render_videos(
                 self.viewed.url, self.model, job.camera, str(job.folder), worlds=job.worlds,
                 time=(job.start, job.end), options=options,

@@ -279,3 +279,21 @@ def test_a_viewer_stopped_while_it_renders_stops_the_render_and_leaves_no_partia
     assert seen == ["interrupted"]
     assert job.state == "failed" and "stopped while it rendered" in job.message
     assert not job.folder.exists()
+
+
+def test_two_viewers_of_one_output_folder_render_into_folders_of_their_own(view_url, tmp_path):
+    """Both numbered their first render 1 and chose its folder as it queued: the second
+    wrote into the first's and failed ("Pass overwrite=True", which view has not)."""
+    from flyarchive.testing.view import serving
+
+    out = tmp_path / "videos"
+    with serving(view_url, out=out, backend="opengl") as (one, _), \
+            serving(view_url, out=out, backend="opengl") as (two, _):
+        one.viewer.load_model()
+        two.viewer.load_model()
+        jobs = [v.viewer.renders.submit([0], "front", 0.0, 0.01, (64, 64)) for v in (one, two)]
+        states = [finished(v, 1)["state"] for v in (one, two)]
+
+    assert states == ["done", "done"]
+    assert jobs[0].folder != jobs[1].folder
+    assert all(job.video is not None and job.video.is_file() for job in jobs)
