@@ -331,8 +331,10 @@ class Renders:
         from flyarchive import render_videos
 
         job.state, job.message, job.started = "running", "rendering", time.monotonic()
+        made = None  # the output folder's identity as the render starts
         try:
             self.out.mkdir(parents=True, exist_ok=True)  # removed since the server started?
+            made = _identity(self.out)
             job.folder = self._folder(job.id, job.worlds, make=True)  # taken since it queued?
             log.info("render %d: worlds %s, camera %r, time %s to %s, backend %s -> %s",
                      job.id, job.worlds, job.camera, job.start, job.end, self.backend,
@@ -355,7 +357,7 @@ class Renders:
             job.state = "failed"
             job.message = str(err) if isinstance(err, FlyarchiveError) else \
                 f"{type(err).__name__}: {err}"
-            if not self.out.is_dir():
+            if made is not None and _identity(self.out) != made:  # gone, or made again
                 job.message += (f" (the output folder {str(self.out)!r} was removed while it "
                                 "rendered; the next render makes it again)")
             log.error("render %d failed: %s", job.id, job.message)
@@ -401,6 +403,15 @@ class Renders:
         if running.state != "done":
             running.state, running.message = "failed", "the viewer stopped while it rendered"
             shutil.rmtree(running.folder, ignore_errors=True)
+
+
+def _identity(folder: Path) -> tuple[int, int] | None:
+    """``(device, inode)`` of a folder (None: none there)."""
+    try:
+        found = os.stat(folder)
+    except OSError:
+        return None
+    return found.st_dev, found.st_ino
 
 
 def _interrupt(thread: threading.Thread) -> None:
