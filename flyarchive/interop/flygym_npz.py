@@ -221,9 +221,10 @@ def _check_values(path: str, a: dict[str, np.ndarray], time: np.ndarray) -> None
             if bad.any():
                 i = int(np.flatnonzero(bad)[0])
                 raise NonFiniteStateError(
-                    f"{path!r}: {key} holds NaN or infinity at frame {i} (t={time[i]!r} s); the "
-                    "simulation diverged. flyarchive refuses non-finite states, as the recorder "
-                    "does. Cut the file before that frame, or fix the simulation."
+                    f"{path!r}: {key} holds NaN or infinity at frame {i} "
+                    f"(t={float(time[i]):g} s); the simulation diverged. flyarchive refuses "
+                    "non-finite states, as the recorder does. Cut the file before that frame, "
+                    "or fix the simulation."
                 )
 
 

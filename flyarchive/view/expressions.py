@@ -4,7 +4,7 @@ evaluated, column by column with numpy. Nothing is ever passed to ``eval``.
 
 Allowed: names of columns (in backticks where a name is not one Python reads, as pandas'
 ``query`` takes them: ```class` > 1``, ```wing span` > 2``), numbers, quoted text,
-``true`` / ``false`` / ``nan``,
+``true`` / ``false`` / ``nan`` / ``inf``,
 comparisons (``== != < <= > >=``, chains such as ``0 < x < 1``), ``and`` / ``or`` /
 ``not``, ``+ - * / %`` and parentheses. ``&``, ``|`` and ``~`` are refused with a hint:
 Python applies them before ``==``, so ``a == 1 & b > 5`` would not mean what it reads.
@@ -40,7 +40,8 @@ _ARITHMETIC: dict[type, Callable[[Any, Any], Any]] = {
     ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul,
     ast.Div: operator.truediv, ast.Mod: operator.mod,
 }
-_CONSTANTS = {"true": True, "false": False, "True": True, "False": False, "nan": np.nan}
+_CONSTANTS = {"true": True, "false": False, "True": True, "False": False, "nan": np.nan,
+              "inf": np.inf}
 _HOW = ("Write conditions on world variables such as success == 1 and distance > 5 "
         "(== != < <= > >=, and, or, not, parentheses, + - * /; text in quotes; a name that "
         "is a Python keyword or holds spaces in backticks: `class` > 1).")

@@ -405,9 +405,14 @@ class ViewedArchive:
         if hi <= lo:
             shown = (f"from {self.times[0]:g} to {self.times[-1]:g} s" if len(self.times)
                      else "none")
-            raise SelectionError(f"No frame lies between {start} and {end} s; the archive's "
-                                 f"frames: {shown}.")
+            raise SelectionError(f"No frame lies between {_bound(start, 'the start')} and "
+                                 f"{_bound(end, 'the end')}; the archive's frames: {shown}.")
         return slice(lo, hi)
+
+
+def _bound(seconds: float | None, open_side: str) -> str:
+    """A window's bound in words: ``2 s``, or ``open_side`` when it has none."""
+    return open_side if seconds is None else f"{seconds:g} s"
 
 
 def _nbytes(arrays: Mapping[str, np.ndarray]) -> int:

@@ -388,7 +388,7 @@ def test_control_characters_in_a_filter_are_escaped_in_its_message_and_log(viewe
     ("start=nan", "start must be a number, not 'nan'"),
     ("end=1e400", "end must be a number, not '1e400'"),
     ("start=inf", "start must be a number, not 'inf'"),
-    ("start=100", "No frame lies between 100.0 and None s"),
+    ("start=100", "No frame lies between 100 s and the end"),
     ("width=0", "A trace is 1 to 4000 pixels wide"),
     ("width=" + "9" * 5000, "width must be a whole number"),
     ("worlds=" + "9" * 5000, "Cannot read worlds"),
@@ -702,7 +702,7 @@ def gait_of(served: Any, query: str) -> tuple[int, bytes]:
     ("worlds=x", "Cannot read worlds 'x'"),
     ("worlds=0&start=nan", "start must be a number, not 'nan'"),
     ("worlds=0&end=inf", "end must be a number, not 'inf'"),
-    ("worlds=0&start=5", "No frame lies between 5.0 and None s; the archive's frames: from 0 to 0.792 s"),
+    ("worlds=0&start=5", "No frame lies between 5 s and the end; the archive's frames: from 0 to 0.792 s"),
     ("worlds=0&start=0.5&end=0.2", "start 0.5 s is after end 0.2 s"),
     ("worlds=0&start=0.008&end=0.01", "Gait needs at least 2 frames; the window holds 1"),
 ])

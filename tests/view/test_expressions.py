@@ -24,6 +24,7 @@ COLUMNS = {"world": np.arange(4), "success": np.array([1, 0, 1, 0]),
     ('genotype != "wt" and ok == true', [False, False, False, True]),
     ("distance != distance", [False, False, False, True]),  # NaN
     ("-distance < -6.5", [False, False, True, False]),
+    ("distance > -inf", [True, True, True, False]),  # inf as nan is: a constant
 ])
 def test_an_expression_selects_the_rows_where_it_holds(text, expected):
     actual = evaluate(text, COLUMNS)

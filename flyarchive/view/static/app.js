@@ -381,7 +381,7 @@ let scatter;
 // identifier: "über" is one, "wing span" is not) is written in backticks in a filter.
 const KEYWORDS = new Set(("False None True and as assert async await break class continue def del "
   + "elif else except finally for from global if import in is lambda nonlocal not or pass raise "
-  + "return try while with yield true false nan").split(" "));
+  + "return try while with yield true false nan inf").split(" "));
 const named = (name) => (/^[\p{L}_][\p{L}\p{N}_]*$/u.test(name) && !KEYWORDS.has(name) ? name : `\`${name}\``);
 
 // The numeric world variables a brush can filter by (named in backticks where needed).
