@@ -44,7 +44,6 @@ from collections.abc import Iterator
 from functools import cache
 from pathlib import Path
 
-import pytest
 
 PACKAGE = Path(__file__).resolve().parents[1] / "flyarchive"
 

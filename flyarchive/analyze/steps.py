@@ -302,7 +302,6 @@ def _planar_halves(times: np.ndarray, noise: np.ndarray, params: GaitParams) -> 
     the frame's differences alone): a standing tip's speed noise (per coordinate) at most
     ``swing_speed`` / :data:`_SPEED_NOISE`, so that noise alone almost never passes for a
     swing."""
-    n = len(noise)
     dt = float(np.median(np.diff(times)))
     allowed = params.swing_speed / _SPEED_NOISE * dt  # speed noise times dt
     with np.errstate(invalid="ignore"):

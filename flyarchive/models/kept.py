@@ -278,7 +278,7 @@ def kept_model(url: str, storage_options: Mapping[str, Any] | None = None, *,
             attribute naming it were damaged.
     """
     if group is None:
-        from flyarchive.store.opener import open_for_reading, open_for_writing
+        from flyarchive.store.opener import open_for_reading
 
         group = open_for_reading(url, storage_options, attributes_only=True)
     attrs = group.attrs.asdict()
@@ -387,7 +387,7 @@ def attach_model(url: str, source: str | os.PathLike[str] | mujoco.MjSpec, *,
 def _attach(url: str, source: Any, storage_options: Mapping[str, Any] | None, replace: bool,
             takeover: bool) -> dict[str, Any]:
     from flyarchive.store.claims import WRITER_KEY, claim_archive, release
-    from flyarchive.store.opener import open_for_reading, open_for_writing
+    from flyarchive.store.opener import open_for_writing
 
     group = open_for_writing(url, storage_options)
     if "n_frames" not in group:
