@@ -76,7 +76,7 @@ def _order(values: np.ndarray, descending: bool) -> np.ndarray:
     if values.dtype.kind in "biu":
         key = values.astype(np.int64)
     else:  # text: by rank
-        text = np.array([str(v) for v in values.ravel()], dtype=object)  # any text dtype
+        text = np.array([str(v) for v in values.ravel()], dtype=str)  # from any text dtype
         key = np.unique(text, return_inverse=True)[1].astype(np.int64)
     return np.argsort(-key if descending else key, kind="stable")
 
