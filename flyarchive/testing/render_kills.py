@@ -158,6 +158,8 @@ class EncoderGate:
             return
         try:
             os.write(fd, b"go\n")
+        except BrokenPipeError:  # the encoder died between the open and the write (a kill)
+            pass
         finally:
             os.close(fd)
 
