@@ -632,9 +632,17 @@ def _source(source: Any, thorax: str, tips: Any, legs: Mapping[str, str] | None,
     else:
         bodies, tip_points = list(tips), gait_points(thorax, {})
     points = tip_points
-    got = computed_positions(source, bodies, points, worlds=worlds, time=time, model=model,
-                             storage_options=storage_options, backend=backend,
-                             processes=processes)
+    try:
+        got = computed_positions(source, bodies, points, worlds=worlds, time=time, model=model,
+                                 storage_options=storage_options, backend=backend,
+                                 processes=processes)
+    except SelectionError as err:
+        if tips is not None or "no such body" not in str(err):
+            raise
+        raise SelectionError(
+            f"{err} Without tips, gait takes NeuroMechFly's six tarsus tips of the thorax's "
+            "fly; for another body name its tips: tips={'lf': ('lf_foot', 'tip'), ...} "
+            "(--tip lf=lf_foot@tip ... on the command line).") from None
     order = [*points, *bodies]
     if [str(k) for k in got.keypoint.values] != order:  # (a selection copies every frame)
         got = got.sel(keypoint=order)

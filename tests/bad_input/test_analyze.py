@@ -142,6 +142,13 @@ def test_positions_beside_an_archive_the_storage_will_not_let_us_write_say_so(ar
         flyarchive.keep_positions(archive, "hand")
 
 
+def test_gait_of_another_body_without_tips_says_to_name_them(archive):
+    """It named NeuroMechFly's 'nmf/lf_tip' as missing, and not what to pass."""
+    with pytest.raises(SelectionError, match=r"no such body.*Without tips, gait takes "
+                                             r"NeuroMechFly's six tarsus tips.*--tip lf="):
+        flyarchive.gait_summary(archive, thorax="torso")
+
+
 @requires_movement
 def test_a_movement_export_over_an_existing_file_is_refused(archive, tmp_path):
     target = tmp_path / "poses.nc"
