@@ -53,9 +53,12 @@ def parse_frame_size(size: Any, *, even: bool = False, max_side: int | None = No
     if even and (height % 2 or width % 2):
         nearest = (height + height % 2, width + width % 2)
         lower = (max(2, height - height % 2), max(2, width - width % 2))
+        if max_side is not None and max(nearest) > max_side:
+            nearest = lower  # one above the limit would be refused too
+        shown = f"{nearest!r}" if nearest == lower else f"{nearest!r} or {lower!r}"
         raise FrameSizeError(
             f"Video size (height, width)={(height, width)!r} has an odd side; H.264 in "
-            f"yuv420p needs even sizes. Render at {nearest!r} or {lower!r} instead "
+            f"yuv420p needs even sizes. Render at {shown} instead "
             "(frames are never resized silently)."
         )
     return height, width

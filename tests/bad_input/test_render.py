@@ -160,6 +160,7 @@ def test_model_of_another_layout_is_refused_by_render_frames(state):
 # ----------------------------------------------------------------------------- options
 @pytest.mark.parametrize(("size", "fragment"), [
     ((47, 64), r"odd side.*Render at \(48, 64\) or \(46, 64\)"),
+    ((1, 1), r"odd side.*Render at \(2, 2\) instead"),  # not "(2, 2) or (2, 2)"
     ((0, 64), "two positive integers"),
 ])
 def test_impossible_frame_size_is_refused(state, tiny, renders, size, fragment):
