@@ -122,11 +122,14 @@ def _quoted(text: str) -> str:
 
 
 def _syntax_message(source: str, err: SyntaxError) -> str:
-    at = max((err.offset or 1) - 1, 0)
+    # Python gives offset 0 where the text ended too soon ("success == 1 and")
+    at = len(source) if not err.offset else err.offset - 1
     shown = visible(source[max(0, at - 30):at], 40) + " <here> " + visible(source[at:at + 30])
+    where = "at its end" if at >= len(source) else f"at character {at + 1}"
+    why = f"{err.msg}, " if err.msg and err.msg != "invalid syntax" else ""
     single = _single_equals(source)
     hint = f" Use == to compare: {visible(single, 120)}." if single else ""
-    return (f"Cannot read the filter {_quoted(source)} (at character {at + 1}: "
+    return (f"Cannot read the filter {_quoted(source)} ({why}{where}: "
             f"{shown.strip()!r}). {_HOW}{hint}")
 
 

@@ -69,6 +69,8 @@ def test_a_constant_expression_applies_to_every_row():
     ("ok | success", "uses |; write 'or' instead"),
     ("~ok", "uses ~; write 'not' instead"),
     ("class > 1", "in backticks: `class` > 1"),
+    ("success == 1 and", "(at its end: 'success == 1 and <here>')"),  # was "at character 1"
+    ("(success == 1", "('(' was never closed, at character 1"),
     ("`sucess` == 1", "names 'sucess', which is no world variable. Did you mean 'success'?"),
     ("`distance`.real > 1", "'`distance`.real', which a filter cannot contain"),
 ])
