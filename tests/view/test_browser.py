@@ -324,10 +324,10 @@ def test_a_brush_over_variables_named_as_python_keywords_or_with_spaces_filters(
     with serving(url, out=view_dir / "videos-keywords", backend="opengl") as (served, log):
         page = open_page(browser, served.url)
         page.wait_for_function(f"{STATE}.scatterSeq >= 1")
-        seq = page.evaluate(f"{STATE}.scatterSeq")
         page.select_option("#scatter-x", "class")
         page.select_option("#scatter-y", "wing span")
-        page.wait_for_function(f"{STATE}.scatterSeq >= {seq + 2}")
+        page.wait_for_function(f"{STATE}.scatter && {STATE}.scatter.x === 'class' && "
+                               f"{STATE}.scatter.y === 'wing span'")  # the last answer drawn
         points = {p["world"]: p for p in page.evaluate(f"{STATE}.scatterPoints()")}
         box = page.locator("#scatter").bounding_box()
         seq = page.evaluate(f"{STATE}.tableSeq")

@@ -117,19 +117,33 @@ def test_the_job_table_forgets_the_oldest_finished_jobs(view_url, tmp_path):
     assert Path(first["folder"]).is_dir()  # its video stays in the output folder
 
 
-def test_an_output_folder_removed_while_a_render_runs_is_said_and_made_again(served):
+def test_an_output_folder_removed_while_a_render_runs_is_said_and_made_again(served,
+                                                                           monkeypatch):
+    import threading
+
+    import flyarchive
+
     server, log = served
     out = Path(server.viewer.out)
+    real, removed = flyarchive.render_videos, threading.Event()
+
+    def first_render(url, model, camera, folder, **kwargs):  # the folder goes mid-render
+        monkeypatch.setattr(flyarchive, "render_videos", real)  # the next render is real
+        parts = Path(folder) / ".parts-1"
+        parts.mkdir()
+        removed.wait(60)
+        (parts / "segment.mp4").write_bytes(b"")  # as a render's next segment: no folder
+
+    monkeypatch.setattr(flyarchive, "render_videos", first_render)
     status, _, job = post(server, {"worlds": [0], "camera": "front"}, "page-a")
     assert status == 200
     deadline = time.monotonic() + 60
     folder = Path(job["folder"])
-    while not (folder.is_dir() and any(folder.iterdir())):  # the render has begun to write
-        assert time.monotonic() < deadline and server.viewer.renders.jobs[job["id"]].state in \
-            ("queued", "running")
+    while not (folder / ".parts-1").is_dir():  # the render has begun to write
+        assert time.monotonic() < deadline
         time.sleep(0.005)
-    while out.exists():  # the render writes on meanwhile: "Directory not empty"
-        shutil.rmtree(out, ignore_errors=True)
+    shutil.rmtree(out)
+    removed.set()
 
     failed = finished(server, job["id"])
     status, _, again = post(server, {"worlds": [0], **SHORT}, "page-a")
