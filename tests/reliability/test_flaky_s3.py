@@ -176,85 +176,80 @@ def test_s3_client_defaults_fill_only_what_the_storage_options_leave_out():
     assert client_options("/data/run.zarr", None) == {}
 
 
+@pytest.fixture
+def short_timeouts(s3_server, monkeypatch):
+    """``(proxy, options)``: a fault proxy before the S3 server, and storage options that
+    set no timeout, so that flyarchive's client defaults apply, here shrunk to 1 s without
+    a byte and one attempt."""
+    from flyarchive.store import storage_errors
+
+    monkeypatch.setattr(storage_errors, "S3_CLIENT_DEFAULTS",
+                        {"connect_timeout": 2, "read_timeout": 1,
+                         "retries": {"total_max_attempts": 1, "mode": "standard"}})
+    with FaultProxy(s3_server.endpoint_url) as proxy:
+        options = proxy.storage_options(skip_instance_cache=True)
+        for name in ("read_timeout", "connect_timeout", "retries"):
+            del options["config_kwargs"][name]  # the user set none of them
+        yield proxy, options
+
+
 def test_a_server_that_stops_answering_mid_read_fails_the_read_in_bounded_time(
-        s3_server, s3_archive, monkeypatch):
+        short_timeouts, s3_archive):
     """The archive opens; then every GET waits for ever. botocore's own defaults (60 s
     without a byte, 5 attempts) times s3fs's 5 kept such a read waiting for 25 minutes;
     flyarchive's defaults bound it (here shrunk to 1 s and one attempt)."""
     import time
 
-    from flyarchive.store import storage_errors
+    proxy, options = short_timeouts
+    ds = open_archive(s3_archive, options)
+    proxy.plan = FaultPlan(delay=1.0, delay_s=600, methods={"GET"})
+    start = time.monotonic()
 
-    monkeypatch.setattr(storage_errors, "S3_CLIENT_DEFAULTS",
-                        {"connect_timeout": 2, "read_timeout": 1,
-                         "retries": {"total_max_attempts": 1, "mode": "standard"}})
-    with FaultProxy(s3_server.endpoint_url) as proxy:
-        options = proxy.storage_options(skip_instance_cache=True)
-        for name in ("read_timeout", "connect_timeout", "retries"):
-            del options["config_kwargs"][name]  # the user set none of them
-        ds = open_archive(s3_archive, options)
-        proxy.plan = FaultPlan(delay=1.0, delay_s=600, methods={"GET"})
-        start = time.monotonic()
+    with pytest.raises(StorageError, match=s3_archive):
+        ds.qpos.values
 
-        with pytest.raises(StorageError, match=s3_archive):
-            ds.qpos.values
-
-        assert time.monotonic() - start < 30  # 2 x 2 s3fs tries of 1 s, not 25 of 60 s x 5
+    assert time.monotonic() - start < 30  # 2 x 2 s3fs tries of 1 s, not 25 of 60 s x 5
 
 
 @pytest.mark.timeout(120)
 def test_a_server_that_stops_answering_mid_write_fails_the_write_in_bounded_time(
-        s3_server, tiny, monkeypatch):
+        short_timeouts, tiny):
     """Every upload asked for "100 Continue" first, and aiohttp counts the read timeout only
     once a body is sent: a recorder's commit waited for ever (more than 15 minutes) on a
     server that took the connection and stopped answering."""
     import time
 
-    from flyarchive.store import storage_errors
+    proxy, options = short_timeouts
+    recorder = TrajectoryRecorder(new_url(), tiny, storage_options=options, chunk_frames=5)
+    frames, stalled = [], []
 
-    monkeypatch.setattr(storage_errors, "S3_CLIENT_DEFAULTS",
-                        {"connect_timeout": 2, "read_timeout": 1,
-                         "retries": {"total_max_attempts": 1, "mode": "standard"}})
-    with FaultProxy(s3_server.endpoint_url) as proxy:
-        options = proxy.storage_options(skip_instance_cache=True)
-        for name in ("read_timeout", "connect_timeout", "retries"):
-            del options["config_kwargs"][name]  # the user set none of them
-        recorder = TrajectoryRecorder(new_url(), tiny, storage_options=options, chunk_frames=5)
-        frames, stalled = [], []
+    def step(datas):
+        frames.extend([1] * recorder.record_as_needed(datas))
+        if len(frames) == 7 and not stalled:  # one block of 5 committed
+            proxy.plan = FaultPlan(silent=1.0, delay_s=600, methods={"PUT"})
+            stalled.append(time.monotonic())
 
-        def step(datas):
-            frames.extend([1] * recorder.record_as_needed(datas))
-            if len(frames) == 7 and not stalled:  # one block of 5 committed
-                proxy.plan = FaultPlan(silent=1.0, delay_s=600, methods={"PUT"})
-                stalled.append(time.monotonic())
+    with pytest.raises(StorageError, match="Writing frames 5..9"):
+        simulate(tiny, 2, 60, step)
 
-        with pytest.raises(StorageError, match="Writing frames 5..9"):
-            simulate(tiny, 2, 60, step)
-
-        assert time.monotonic() - stalled[0] < 30  # 2 s3fs tries of 1 s per step, not for ever
-        proxy.plan = FaultPlan()
-        recorder.close()
+    assert time.monotonic() - stalled[0] < 30  # 2 s3fs tries of 1 s per step, not for ever
+    proxy.plan = FaultPlan()
+    recorder.close()
 
 
-def test_verify_of_a_server_that_stops_answering_is_one_storage_error(s3_server, s3_archive,
-                                                                     monkeypatch):
+def test_verify_of_a_server_that_stops_answering_is_one_storage_error(short_timeouts,
+                                                                     s3_archive, monkeypatch):
     """It was botocore's ReadTimeoutError, naming a URL of the listing and no fix."""
-    from flyarchive.store import integrity, storage_errors
+    from flyarchive.store import integrity
 
-    monkeypatch.setattr(storage_errors, "S3_CLIENT_DEFAULTS",
-                        {"connect_timeout": 2, "read_timeout": 1,
-                         "retries": {"total_max_attempts": 1, "mode": "standard"}})
-    with FaultProxy(s3_server.endpoint_url) as proxy:
-        options = proxy.storage_options(skip_instance_cache=True)
-        for name in ("read_timeout", "connect_timeout", "retries"):
-            del options["config_kwargs"][name]
-        real = integrity._verify_derived
+    proxy, options = short_timeouts
+    real = integrity._verify_derived
 
-        def stalled_after_opening(*args, **kwargs):  # the archive read, then silence
-            proxy.plan = FaultPlan(silent=1.0, delay_s=600)
-            return real(*args, **kwargs)
+    def stalled_after_opening(*args, **kwargs):  # the archive read, then silence
+        proxy.plan = FaultPlan(silent=1.0, delay_s=600)
+        return real(*args, **kwargs)
 
-        monkeypatch.setattr(integrity, "_verify_derived", stalled_after_opening)
+    monkeypatch.setattr(integrity, "_verify_derived", stalled_after_opening)
 
-        with pytest.raises(StorageError, match=rf"{s3_archive}.*(nothing answered|did not answer)"):
-            verify(s3_archive, options)
+    with pytest.raises(StorageError, match=rf"{s3_archive}.*(nothing answered|did not answer)"):
+        verify(s3_archive, options)
