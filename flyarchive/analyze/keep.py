@@ -113,6 +113,7 @@ def keep_positions(
         make_parent,
         stored_chunks,
     )
+    from flyarchive.store.location import protocol
 
     check_backend(backend)
     request = KeypointRequest.of(bodies, sites, points, leg=leg, segment=segment, fly=fly)
@@ -126,7 +127,7 @@ def keep_positions(
     else:
         target = str(to)
         options = to_storage_options if to_storage_options is not None else \
-            storage_options if _protocol(target) == _protocol(str(url)) else None
+            storage_options if protocol(target) == protocol(str(url)) != "file" else None
     chunk_frames, shard_worlds = stored_chunks(str(url), storage_options)
     spec = DerivedSpec(dict(ds.attrs), made, prepared.keypoints.labels,
                        tuple(int(w) for w in ds.world.values), orientations,
@@ -316,7 +317,3 @@ def _as_slice(index: np.ndarray) -> slice | np.ndarray:
         return slice(int(index[0]), int(index[0]) + index.size)
     return index
 
-
-def _protocol(url: str) -> str:
-    """``"s3"`` of ``s3://b/k``; ``"file"`` of a local path."""
-    return url.split("://", 1)[0].lower() if "://" in url else "file"

@@ -57,6 +57,7 @@ from flyarchive.replay.releases import pin_release_defaults, recorded_release
 from flyarchive.replay.sizes import is_int
 from flyarchive.store.dataset import open_header
 from flyarchive.store.local_files import refuse_inside_archive
+from flyarchive.store.location import protocol
 
 if TYPE_CHECKING:
     import xarray as xr
@@ -304,7 +305,7 @@ def render_videos(
     jobs = select_frames(ds, worlds, time, where=where, pad=pad)
     model, blob = replay_model(source, ds, model, storage_options)
     options, jobs, notes = plan_outputs(options, ds, model, jobs)  # mosaics grouped
-    if out_storage_options is None and _protocol(out) == _protocol(source) != "file":
+    if out_storage_options is None and protocol(out) == protocol(source) != "file":
         out_storage_options = storage_options
     plan = RenderPlan(
         url=source, storage_options=dict(storage_options or {}), cameras=cameras,
@@ -355,14 +356,8 @@ def _check_out(out: Any, resume: bool, options: RenderOptions) -> None:
         raise RenderOptionsError(
             "resume=True (--resume) keeps the videos a stopped render finished, and "
             "overwrite=True (--overwrite) replaces them; choose one.")
-    if _protocol(os.fspath(out)) == "file":
+    if protocol(os.fspath(out)) == "file":
         refuse_inside_archive(os.fspath(out).removeprefix("file://"), "--out (out=...)")
-
-
-def _protocol(url: str) -> str:
-    """``"s3"`` for ``s3://...``; ``"file"`` for local paths."""
-    protocol, sep, _ = url.partition("://")
-    return protocol if sep and protocol != "local" else "file"
 
 
 # ----------------------------------------------------------------------------- where it runs

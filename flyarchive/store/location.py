@@ -41,6 +41,12 @@ def is_remote(url: str) -> bool:
     return not is_local(url) and not url.startswith("memory://")
 
 
+def protocol(url: str) -> str:
+    """``"s3"`` for ``s3://...``; ``"file"`` for local paths (and ``file://``)."""
+    found, sep, _ = url.partition("://")
+    return found if sep and found != "local" else "file"
+
+
 def local_path(url: str) -> Path:
     return Path(url[len("file://"):] if url.startswith("file://") else url).expanduser()
 
