@@ -1,7 +1,9 @@
 """Gait and locomotion of every world (and every window of time): step events of the leg
 tips, the measures fly locomotion papers report, and the thorax's path.
 
-Lengths are in the positions' unit (millimetres for NeuroMechFly), times in seconds,
+Lengths are in the positions' unit (millimetres for NeuroMechFly; the table says mm; the
+``units`` attributes say ``length_unit=``'s, "model unit" for another body's tips unless
+named), times in seconds,
 "horizontal" is the x-y plane and z is up. Only frames with finite positions count
 (frames past a world's ``n_frames``, tracking dropouts); ``duration`` is the time from
 the first to the last of them. Stance, swing, lift-offs and touchdowns come from
@@ -82,7 +84,7 @@ from __future__ import annotations
 import math
 import warnings
 from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -171,6 +173,8 @@ _PER_LEG = [n.removesuffix("_<leg>") for n in MEASURES if n.endswith("_<leg>")]
 _THORAX_MEASURES = _WORLD[:9]
 #: Labels of the thorax's points that the gait functions ask of an archive.
 _THORAX, _AHEAD = "gait/thorax", "gait/ahead"
+#: The length unit of another body's positions when none is given: the model's.
+_MODEL_UNIT = "model unit"
 #: Tip-frames handled at once (bounds the memory of the temporaries: ~40 bytes each).
 _BLOCK = 500_000
 
@@ -577,7 +581,8 @@ class _Source:
         legs: The tips' leg names.
         individuals: A name per world.
         height: z is a height.
-        length_unit: The positions' length unit (``mm`` for a model in millimetres).
+        length_unit: The positions' length unit: ``mm`` for NeuroMechFly's tarsus tips,
+            a poses dataset's own; None: not known (another body's points).
     """
 
     position: xr.DataArray
@@ -586,7 +591,7 @@ class _Source:
     legs: list[str]
     individuals: list[str]
     height: bool
-    length_unit: str = "mm"
+    length_unit: str | None = None
 
     def blocks(self) -> list[slice]:
         """Slices of worlds whose tip-frames fit one block of work; for positions read when
@@ -648,7 +653,7 @@ def _source(source: Any, thorax: str, tips: Any, legs: Mapping[str, str] | None,
         got = got.sel(keypoint=order)
     ids = [int(w) for w in got.world.values]
     return _Source(got, True, None, [_leg(str(k)) for k in order[2:]], [f"world{w}" for w in ids],
-                   True)
+                   True, "mm" if tips is None else None)
 
 
 def gait_points(thorax: str = "nmf/c_thorax", tips: Mapping[str, PointSpec] | None = None
@@ -709,7 +714,8 @@ def _positions_source(source: Any, thorax: str, tips: Any, legs: Mapping[str, st
             got = got.sel(world=list(worlds) if worlds is not None else slice(None),
                           time=slice(*(time or (None, None))))
         return _Source(got, True, None, [_leg(k) for k in labels_here[2:]],
-                       [f"world{int(w)}" for w in got.world.values], True)
+                       [f"world{int(w)}" for w in got.world.values], True,
+                       "mm" if _tarsus_tips(labels_here[2:]) else None)
     if legs is not None:
         names, labels = list(legs), [str(v) for v in legs.values()]
     else:
@@ -725,7 +731,14 @@ def _positions_source(source: Any, thorax: str, tips: Any, legs: Mapping[str, st
     orientation = None if quat is None else quat.sel(keypoint=thorax, world=pos.world,
                                                      time=pos.time)
     return _Source(pos, False, orientation, names, [f"world{int(w)}" for w in pos.world.values],
-                   True)
+                   True, "mm" if _tarsus_tips(labels) else None)
+
+
+def _tarsus_tips(labels: Sequence[str]) -> bool:
+    """The labels are NeuroMechFly's tarsus tips (:func:`flyarchive.tarsus_tips`): in mm."""
+    fly = labels[0].rpartition("/")[0] if labels else ""
+    legs = [_leg(k) for k in labels]
+    return bool(fly) and set(legs) <= set(LEGS) and list(labels) == list(tarsus_tips(fly, legs))
 
 
 def _check_keypoints(wanted: Sequence[str], have: Sequence[str], what: str) -> None:
@@ -790,11 +803,14 @@ def _poses_source(ds: Any, thorax: str, legs: Mapping[str, str] | None, worlds: 
 
 def _prepare(source: Any, thorax: str, tips: Any, legs: Any, params: GaitParams, worlds: Any,
              time: Any, model: Any, storage_options: Any, backend: str, processes: int | None,
-             reference: str | None) -> tuple[_Source, str]:
+             reference: str | None, length_unit: str | None) -> tuple[_Source, str]:
     if not isinstance(params, GaitParams):
         raise OptionsError(f"params must be a GaitParams, got {type(params).__name__}.")
+    _check_length_unit(length_unit)
     got = _source(source, thorax, tips, legs, worlds, time, model, storage_options, backend,
                   processes)
+    if length_unit is not None or got.length_unit is None:
+        got = replace(got, length_unit=length_unit or _MODEL_UNIT)
     frames = got.position.sizes["time"]
     if frames < 2:
         raise SelectionError(
@@ -824,6 +840,7 @@ def gait_summary(
     backend: str = "cpu",
     save: bool = False,
     processes: int | None = None,
+    length_unit: str | None = None,
     overwrite: bool = False,
 ) -> xr.Dataset:
     """Gait and locomotion measures of every world (see the module's table for definitions).
@@ -862,6 +879,10 @@ def gait_summary(
         processes: From an archive on the CPU: worker processes computing the positions
             beside this one; 0: dask's scheduler in this process; None: one per other
             usable core when the selection holds at least 200,000 frames.
+        length_unit: The positions' length unit, for the measures' ``units`` (``"m"``,
+            ``"px"``...; the thresholds are in it too). None: ``mm`` for NeuroMechFly's
+            tarsus tips, a poses dataset's ``position.attrs["units"]``, else
+            ``"model unit"`` (another body's points: MuJoCo models carry no unit).
 
     Returns:
         Dataset over ``world`` (and ``window``): the measures of :data:`MEASURES` (per leg
@@ -884,7 +905,7 @@ def gait_summary(
             "save=True stores one value per world in the archive: pass the archive's URL and "
             "no window.")
     got, reference = _prepare(source, thorax, tips, legs, params, worlds, time, model,
-                              storage_options, backend, processes, reference_leg)
+                              storage_options, backend, processes, reference_leg, length_unit)
     times = np.asarray(got.position.time.values, dtype=np.float64)
     if window is not None and window > times[-1] - times[0] + 1e-9:
         raise SelectionError(
@@ -944,6 +965,15 @@ def _check_every_world(source: str, got: _Source, storage_options: Any) -> None:
             "(--worlds) to save, or leave save off to see these worlds' measures.")
 
 
+def _check_length_unit(unit: Any) -> None:
+    if unit is not None and (not isinstance(unit, str) or not unit.strip()
+                             or len(unit) > 40 or not unit.isprintable()):
+        raise OptionsError(
+            f"length_unit must be the name of the positions' length unit (\"mm\", \"m\", "
+            f"\"px\"...), at most 40 printable characters, or None for the default, got "
+            f"{unit!r}.")
+
+
 def _in_unit(unit: str, got: _Source) -> str:
     """A unit written in mm, in the positions' length unit (pixels, cm...)."""
     return unit if got.length_unit == "mm" else unit.replace("mm", got.length_unit)
@@ -971,12 +1001,12 @@ def _dataset(measured: Mapping[str, np.ndarray], got: _Source, window: float | N
 
 
 def _tables(source: Any, thorax: str, tips: Any, legs: Any, params: GaitParams, worlds: Any,
-            time: Any, model: Any, storage_options: Any, backend: str, processes: int | None
-            ) -> tuple[_Source, Iterator[tuple[_Walk, Any, int]]]:
+            time: Any, model: Any, storage_options: Any, backend: str, processes: int | None,
+            length_unit: str | None) -> tuple[_Source, Iterator[tuple[_Walk, Any, int]]]:
     """The source, and each block of worlds' trajectories with their stance runs
     (:func:`~flyarchive.analyze.steps.stance_runs`) and first world, one block at a time."""
     got, _ = _prepare(source, thorax, tips, legs, params, worlds, time, model, storage_options,
-                      backend, processes, None)
+                      backend, processes, None, length_unit)
 
     def blocks() -> Iterator[tuple[_Walk, Any, int]]:
         for block in got.blocks():
@@ -1000,6 +1030,7 @@ def gait_steps(
     storage_options: Mapping[str, Any] | None = None,
     backend: str = "cpu",
     processes: int | None = None,
+    length_unit: str | None = None,
 ) -> pd.DataFrame:
     """Every complete step (a swing between two stances) of every world and leg, a row each.
 
@@ -1009,7 +1040,7 @@ def gait_steps(
 
     Args:
         source, thorax, tips, legs, params, worlds, time, model, storage_options, backend,
-            processes: As for :func:`gait_summary`.
+            processes, length_unit: As for :func:`gait_summary`.
 
     Returns:
         A pandas DataFrame with the columns of :data:`STEP_COLUMNS` (``world``,
@@ -1024,7 +1055,7 @@ def gait_steps(
     import pandas as pd
 
     got, blocks = _tables(source, thorax, tips, legs, params, worlds, time, model,
-                          storage_options, backend, processes)
+                          storage_options, backend, processes, length_unit)
     world_ids = np.asarray(got.position.world.values)
     parts = []
     for walk, runs, first in blocks:
@@ -1061,6 +1092,7 @@ def gait_epochs(
     storage_options: Mapping[str, Any] | None = None,
     backend: str = "cpu",
     processes: int | None = None,
+    length_unit: str | None = None,
 ) -> pd.DataFrame:
     """Every stance and every swing of every world and leg as a time interval, a row each:
     what a footfall diagram draws (the stance rows as bars per leg over time) and NWB
@@ -1068,7 +1100,7 @@ def gait_epochs(
 
     Args:
         source, thorax, tips, legs, params, worlds, time, model, storage_options, backend,
-            processes: As for :func:`gait_summary`.
+            processes, length_unit: As for :func:`gait_summary`.
 
     Returns:
         A pandas DataFrame with the columns of :data:`EPOCH_COLUMNS` (``world``,
@@ -1082,7 +1114,7 @@ def gait_epochs(
     import pandas as pd
 
     got, blocks = _tables(source, thorax, tips, legs, params, worlds, time, model,
-                          storage_options, backend, processes)
+                          storage_options, backend, processes, length_unit)
     world_ids = np.asarray(got.position.world.values)
     parts = []
     for walk, runs, first in blocks:

@@ -155,12 +155,12 @@ def cmd_gait(args: argparse.Namespace) -> int:
     if args.save:  # the measures go into the archive: from its URL
         summary = gait_summary(_path(args.url), params=params, reference_leg=args.reference_leg,
                                window=args.window, save=True, overwrite=args.overwrite,
-                               **where)
+                               length_unit=args.length_unit, **where)
         positions = None
     else:  # computed once for the measures and the tables
         positions = gait_positions(_path(args.url), **where)
         summary = gait_summary(positions, params=params, reference_leg=args.reference_leg,
-                               window=args.window)
+                               window=args.window, length_unit=args.length_unit)
     if args.steps or args.epochs:
         _write_tables(args, positions if positions is not None else _path(args.url),
                       params, {} if positions is not None else where)
@@ -213,7 +213,7 @@ def _write_tables(args: argparse.Namespace, source: Any, params: Any,
             continue
         target = os.path.expanduser(path)
         suffix = os.path.splitext(target)[1].lower()
-        table = make(source, params=params, **where)
+        table = make(source, params=params, length_unit=args.length_unit, **where)
         text = table.to_csv(index=False, float_format="%.9g") if suffix == ".csv" else \
             table.to_json(orient="records", indent=1)
         write_whole(Path(target), lambda tmp, text=text: Path(tmp).write_text(text))
@@ -320,6 +320,10 @@ def add_commands(add: Callable[[str, Any, str], argparse.ArgumentParser],
                         "default: NeuroMechFly's six tarsus tips)")
     p.add_argument("--worlds", help="e.g. 0,3,10-20 (default all)")
     p.add_argument("--time", help="START:END seconds of simulated time")
+    p.add_argument("--length-unit", metavar="UNIT",
+                   help="the model's length unit, for the measures' units (m, cm...; the "
+                        "thresholds are in it too; default mm for NeuroMechFly's tips, "
+                        "'model unit' with --tip)")
     defaults = GaitParams()
     for name, unit, text in (
             ("stance-height", "mm", "a tip lower than this may be in stance"),
@@ -329,7 +333,7 @@ def add_commands(add: Callable[[str, Any, str], argparse.ArgumentParser],
             ("min-stance", "s", "shorter stances between swings join them"),
             ("min-swing", "s", "shorter swings between stances join them"),
             ("smooth", "s", "positions are averaged over this long before speeds"),
-            ("fall-height", "mm", "time_below counts the thorax lower than this")):
+            ("fall-height", "mm", "time_below counts the thorax lower than this")):  # (NMF's)
         default = getattr(defaults, name.replace("-", "_"))
         p.add_argument(f"--{name}", type=float, default=default,
                        help=f"{text}, {unit} (default {default:g})")

@@ -78,7 +78,9 @@ def add_world_vars(
             (a sequence or array of shape ``(n_worlds,)``), or an ``xarray.DataArray``
             over ``world`` whose ``world`` coordinate holds exactly the archive's world
             ids (in any order: it is aligned). Bools, numbers (NaN and infinities kept as
-            given) or text (``str``: e.g. ``["wt", "mutA", "wt"]``).
+            given) or text (``str``: e.g. ``["wt", "mutA", "wt"]``). A DataArray's
+            ``units`` and ``description`` attributes (text) are stored with it, and read
+            back as its attributes (a replacement without them keeps the stored ones).
         storage_options: Passed to fsspec.
         overwrite: Replace variables of these names added before (never the archive's
             own arrays).
@@ -119,10 +121,11 @@ def _add(url: str, variables: Mapping[str, Any], storage_options: Mapping[str, A
             f"variables must be a non-empty dict {{name: (n_worlds,) values}}, got {variables!r}.")
     prepared = {name: check_world_var(name, values, world_ids, url)
                 for name, values in variables.items()}
+    described = {name: _described(name, values) for name, values in variables.items()}
     store = group.store
     writer = claim_archive(store, url, takeover=takeover)
     try:  # every variable is encoded (and every refusal made) before anything is written
-        objects = {name: _objects(group, name, values, url, overwrite)
+        objects = {name: _objects(group, name, values, url, overwrite, described[name])
                    for name, values in prepared.items()}
         created: dict[str, Any] = {}
         for name, encoded in objects.items():
@@ -207,8 +210,32 @@ def _key(group: zarr.Group, name: str) -> str:
     return f"{root}/{name}" if root else name
 
 
+#: The attributes of a DataArray that a world variable keeps.
+KEPT_ATTRS = ("units", "description")
+
+
+def _described(name: str, values: Any) -> dict[str, str]:
+    """The :data:`KEPT_ATTRS` of a DataArray's ``attrs`` (none for other values).
+
+    Raises:
+        SchemaError: one that is not text.
+    """
+    import xarray as xr
+
+    if not isinstance(values, xr.DataArray):
+        return {}
+    kept = {key: values.attrs[key] for key in KEPT_ATTRS if key in values.attrs}
+    for key, value in kept.items():
+        if not isinstance(value, str):
+            raise SchemaError(
+                f"World variable {name!r} has the attribute {key}={value!r}; a world "
+                f"variable keeps {' and '.join(KEPT_ATTRS)} as text. Pass "
+                f"attrs={{{key!r}: str(...)}} or drop it. Nothing was written.")
+    return kept
+
+
 def _objects(group: zarr.Group, name: str, values: np.ndarray, url: str,
-             overwrite: bool) -> dict[str, bytes]:
+             overwrite: bool, described: Mapping[str, str]) -> dict[str, bytes]:
     """The objects to write for one variable: its chunk and (for a new one) ``zarr.json``.
 
     Raises:
@@ -223,7 +250,7 @@ def _objects(group: zarr.Group, name: str, values: np.ndarray, url: str,
             raise SchemaError(
                 f"The archive at {url!r} holds objects under {name!r} that are not a world "
                 "variable; choose another name.")
-        return _encoded(values, None)
+        return _encoded(values, None, described=described)
     try:
         parsed = json.loads(meta.to_bytes())
     except ValueError:
@@ -237,7 +264,7 @@ def _objects(group: zarr.Group, name: str, values: np.ndarray, url: str,
         raise OutputExistsError(
             f"The archive at {url!r} already has the world variable {name!r}. Pass "
             "overwrite=True (--overwrite) to replace it, or choose another name.")
-    return _encoded(values, meta.to_bytes(), name=name)
+    return _encoded(values, meta.to_bytes(), name=name, described=described)
 
 
 async def _any(store: Any, prefix: str) -> bool:
@@ -246,13 +273,14 @@ async def _any(store: Any, prefix: str) -> bool:
     return False
 
 
-def _encoded(values: np.ndarray, stored_meta: bytes | None, *, name: str = "") -> dict[str, bytes]:
+def _encoded(values: np.ndarray, stored_meta: bytes | None, *, name: str = "",
+             described: Mapping[str, str] | None = None) -> dict[str, bytes]:
     """The objects of a one-chunk world-variable array: ``{"zarr.json": ..., "c/0": ...}``,
     as flyarchive writes world variables at creation (bytes, crc32c; the chunk written even
     when every value is the fill value, the metadata marked
     :data:`~flyarchive.schema.WHOLE_ATTR`); with ``stored_meta`` (a replacement) the chunk
     alone, encoded by that metadata, and the metadata marked if it was not (a variable
-    added before flyarchive marked them)."""
+    added before flyarchive marked them) or given other attributes (``described``)."""
     objects: dict[str, Any] = {}
     memory = zarr.storage.MemoryStore(objects)
     proto = default_buffer_prototype()
@@ -261,7 +289,8 @@ def _encoded(values: np.ndarray, stored_meta: bytes | None, *, name: str = "") -
         array = zarr.create_array(
             memory, shape=values.shape, dtype=world_var_dtype(values), chunks=values.shape,
             dimension_names=["world"], compressors=[zarr.codecs.Crc32cCodec()],
-            attributes={"description": "per-world variable (add_world_vars)", WHOLE_ATTR: True},
+            attributes={"description": "per-world variable (add_world_vars)",
+                        **(described or {}), WHOLE_ATTR: True},
             config=whole,
         )
     else:
@@ -272,10 +301,12 @@ def _encoded(values: np.ndarray, stored_meta: bytes | None, *, name: str = "") -
     out = {key: buf.to_bytes() for key, buf in objects.items()}
     if stored_meta is not None:
         meta = json.loads(stored_meta)
-        if meta.get("attributes", {}).get(WHOLE_ATTR) is True:
+        attributes = meta.get("attributes") if isinstance(meta.get("attributes"), dict) else {}
+        wanted = {**attributes, **(described or {}), WHOLE_ATTR: True}
+        if wanted == attributes:
             del out["zarr.json"]
         else:  # written after the chunk: a reader of either metadata reads the new chunk
-            meta.setdefault("attributes", {})[WHOLE_ATTR] = True
+            meta["attributes"] = wanted
             out["zarr.json"] = json.dumps(meta, indent=2).encode()
     return out
 

@@ -161,7 +161,7 @@ class Viewer:
             "backend": self.renders.backend, "out": str(self.out),
             "generation": viewed.generation, "archive_id": viewed.archive_id,
             "dof_units": traces_.dof_units(viewed.attrs.get("layout")),
-            "column_units": column_units(list(viewed.columns)),
+            "column_units": column_units(viewed.column_attrs),
             "length_unit": traces_.LENGTH_UNIT,
             "max_gait_frames": self.limits.max_gait_frames,
         }
@@ -389,7 +389,8 @@ class Viewer:
                    "plot at once.")
         answer = scatter_points(columns, x=query.get("x", ""), y=query.get("y", ""),
                                 where=query.get("where", ""))
-        answer["units"] = column_units([answer["x"], answer["y"]])
+        units = column_units(self.viewed.column_attrs)
+        answer["units"] = {k: units[k] for k in (answer["x"], answer["y"]) if k in units}
         return answer
 
     def render(self, body: Any, *, client: str = "") -> dict[str, Any]:

@@ -62,6 +62,12 @@ def _columns(header: Any) -> dict[str, np.ndarray]:
     return columns
 
 
+def _column_attrs(header: Any) -> dict[str, dict[str, Any]]:
+    """Each world variable's attributes (its ``units``...), by column."""
+    return {str(name): dict(var.attrs) for name, var in header.data_vars.items()
+            if var.dims == ("world",) and name != "n_frames"}
+
+
 def _state_getters(header: Any, url: str, storage_options: Mapping[str, Any] | None
                    ) -> dict[str, Any]:
     """The getters of the archive's state arrays (:data:`STATES` it has), through the
@@ -157,6 +163,7 @@ class ViewedArchive:
         times: ``(n_times,)`` float64 simulated seconds of the frames.
         columns: World table columns: ``world``, ``n_frames``, then each per-world
             variable, name -> ``(n_worlds,)`` values.
+        column_attrs: Each world variable's attributes (``units``...), by column.
     """
 
     def __init__(self, url: str, storage_options: Mapping[str, Any] | None = None, *,
@@ -192,6 +199,7 @@ class ViewedArchive:
         with self._lock:
             self.attrs = header.attrs
             self.world_ids, self.n_frames, self.columns = world_ids, n_frames, columns
+            self.column_attrs = _column_attrs(header)
             self.times = np.asarray(header["time"].values, dtype=np.float64)
             self.dofs = [str(d) for d in header["dof"].values]
             self._index = {int(w): i for i, w in enumerate(world_ids)}

@@ -10,7 +10,7 @@ a millisecond each).
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
@@ -138,16 +138,27 @@ def scatter_points(columns: Mapping[str, np.ndarray], *, x: str, y: str,
             "missing": int((~finite).sum())}
 
 
-def column_units(names: Sequence[str]) -> dict[str, str]:
-    """The unit of each column that is a gait measure
-    (:data:`flyarchive.analyze.gait.MEASURES`: ``distance`` mm, ``step_frequency_lf``
-    Hz...), saved by ``flyarchive gait --save``; other columns have none."""
+def column_units(attrs: Mapping[str, Mapping[str, Any]]) -> dict[str, str]:
+    """The unit of each column that has one: its stored ``units`` attribute (a world
+    variable added as a DataArray with ``attrs={"units": ...}``; ``flyarchive gait --save``
+    stores its measures so). Measures an earlier gait save stored without units (every
+    measure of :data:`flyarchive.analyze.gait.MEASURES` there: ``distance`` mm,
+    ``step_frequency_lf`` Hz...) get those of NeuroMechFly; a variable of yours that shares
+    a measure's name gets none.
+
+    Args:
+        attrs: ``{column: its attributes}``.
+    """
     from flyarchive.analyze.gait import MEASURES
 
+    world = [name for name in MEASURES if "<leg>" not in name]
+    saved = all(name in attrs for name in world)  # a gait save holds every measure
     found = {}
-    for name in names:
-        per_leg = f"{name.rpartition('_')[0]}_<leg>"
-        unit = (MEASURES.get(name) or MEASURES.get(per_leg) or ("",))[0]
-        if unit:
+    for name, held in attrs.items():
+        unit = held.get("units")
+        if not isinstance(unit, str) and saved:
+            per_leg = f"{name.rpartition('_')[0]}_<leg>"
+            unit = (MEASURES.get(name) or MEASURES.get(per_leg) or ("",))[0]
+        if isinstance(unit, str) and unit:
             found[name] = unit
     return found

@@ -11,7 +11,7 @@ import xarray as xr
 
 import flyarchive
 from flyarchive.analyze.gait import GaitParams
-from flyarchive.errors import SelectionError
+from flyarchive.errors import OptionsError, SelectionError
 
 DT = 0.01
 LABELS = ["nmf/c_thorax", "nmf/lf_tip"]
@@ -52,7 +52,27 @@ def test_a_straight_walk_at_known_speed():
     assert got.mean_speed.item() == pytest.approx(10.0)
     assert got.peak_speed.item() == pytest.approx(10.0)
     assert got.heading_change.item() == pytest.approx(0.0, abs=1e-12)
-    assert got.distance.attrs["units"] == "mm"
+    assert got.distance.attrs["units"] == "mm"  # NeuroMechFly's tips: its millimetres
+
+
+def test_lengths_are_in_the_unit_given_and_another_bodys_are_in_its_model_unit():
+    pos = positions([line(10.0, 0.0)]).assign_coords(keypoint=["torso", "foot"])
+
+    own = flyarchive.gait_summary(pos, thorax="torso", tips=["foot"])
+    metres = flyarchive.gait_summary(pos, thorax="torso", tips=["foot"], length_unit="m")
+    steps = flyarchive.gait_steps(pos, thorax="torso", tips=["foot"], length_unit="m")
+    nmf = summary(positions([line(10.0, 0.0)]), length_unit="cm")
+
+    assert own.distance.attrs["units"] == "model unit"
+    assert own.mean_speed.attrs["units"] == "model unit/s"
+    assert metres.distance.attrs["units"] == "m" and metres.peak_speed.attrs["units"] == "m/s"
+    assert metres.step_length_foot.attrs["units"] == "m"
+    assert steps.attrs["units"]["step_length"] == "m"
+    assert nmf.distance.attrs["units"] == "cm"
+    assert metres.distance.item() == own.distance.item() == pytest.approx(10.0)  # labels only
+    for bad in ("", "  ", 3, "m\n"):
+        with pytest.raises(OptionsError, match="length_unit must be the name"):
+            flyarchive.gait_summary(pos, thorax="torso", tips=["foot"], length_unit=bad)
 
 
 def test_a_full_circle_turns_two_pi_and_ends_where_it_began():

@@ -63,9 +63,10 @@ def test_gait_prints_json_and_saves_world_variables_that_select_worlds(cli, arch
 
     assert code == 0, err
     table = json.loads(out.replace("NaN", "null"))
-    assert table["world"] == [0, 1, 2] and table["units"]["distance"] == "mm"
+    assert table["world"] == [0, 1, 2] and table["units"]["distance"] == "model unit"
     ds = flyarchive.open_archive(archive)
     assert np.allclose(ds.path_length.values, table["path_length"])
+    assert ds.path_length.attrs["units"] == "model unit" and ds.duty_factor_hand.attrs["units"] == "1"
     where = _where(archive, None, [f"path_length>{min(table['path_length'])}"], None)
     assert where.values.tolist() == [v > min(table["path_length"]) for v in table["path_length"]]
 
@@ -105,6 +106,19 @@ def test_gait_table_shows_whole_names_and_units(cli, archive):
     labels = [row.split("  ")[0].strip() for row in rows if row.strip()]
     assert "stance_fraction_hand [1]" in labels and "step_frequency_hand [Hz]" in labels
     assert "heading_change [rad]" in labels and "duty_factor_hand [1]" in labels
+
+
+def test_gait_labels_lengths_in_the_length_unit_given(cli, archive):
+    code, out, err = cli("gait", archive, "--thorax", "torso", "--tip", "hand_tip=hand@tip",
+                         "--length-unit", "m")
+
+    assert code == 0, err
+    labels = [row.split("  ")[0].strip() for row in out.splitlines()]
+    assert "distance [m]" in labels and "mean_speed [m/s]" in labels
+    assert "step_length_hand [m]" in labels and not any("mm" in label for label in labels)
+    code, _, err = cli("gait", archive, "--thorax", "torso", "--tip", "hand_tip=hand@tip",
+                       "--length-unit", " ")
+    assert code == 2 and "length_unit must be the name of the positions' length unit" in err
 
 
 def test_gait_writes_the_step_and_epoch_tables_as_csv_and_json(cli, archive, tmp_path):

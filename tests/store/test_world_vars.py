@@ -66,6 +66,39 @@ def test_overwrite_replaces_a_variable_keeping_its_dtype(archive):
     assert (ds.seed.values.tolist(), str(ds.seed.dtype)) == ([4, 5, 6], "int64")
 
 
+def test_a_data_arrays_units_and_description_are_kept_and_replaced(archive):
+    zarr.consolidate_metadata(archive, zarr_format=3)
+    speed = xr.DataArray([1.0, 2.0, 3.0], dims="world",
+                         attrs={"units": "m/s", "description": "top speed", "other": 1})
+
+    add_world_vars(archive, {"speed": speed})
+    first = open_archive(archive).speed.attrs
+    add_world_vars(archive, {"speed": speed.copy(data=[4.0, 5.0, 6.0]).assign_attrs(
+        units="mm/s")}, overwrite=True)
+    second = open_archive(archive).speed.load()
+    add_world_vars(archive, {"speed": [7.0, 8.0, 9.0]}, overwrite=True)  # no attrs: kept
+
+    assert (first["units"], first["description"], "other" in first) == ("m/s", "top speed", False)
+    assert (second.attrs["units"], second.values.tolist()) == ("mm/s", [4.0, 5.0, 6.0])
+    consolidated = zarr.open_group(archive, mode="r", use_consolidated=True)["speed"]
+    assert consolidated.attrs["units"] == "mm/s"
+    assert open_archive(archive).speed.attrs["units"] == "mm/s"
+    assert xr.open_zarr(archive).speed.attrs["units"] == "mm/s"
+    assert verify(archive).ok
+
+
+def test_a_units_attribute_that_is_not_text_is_refused_and_nothing_written(archive):
+    from flyarchive.errors import SchemaError
+
+    bad = xr.DataArray([1.0, 2.0, 3.0], dims="world", attrs={"units": 3})
+
+    with pytest.raises(SchemaError, match=r"attribute units=3; a world variable keeps units and "
+                                          r"description as text"):
+        add_world_vars(archive, {"fine": [1, 2, 3], "bad": bad})
+
+    assert "fine" not in open_archive(archive) and "bad" not in open_archive(archive)
+
+
 def test_a_variable_given_when_recording_can_be_replaced(tiny, tmp_path):
     url = record(tiny, str(tmp_path / "r.zarr"), n_steps=12, world_vars={"seed": [1, 2]})
 

@@ -128,3 +128,21 @@ def test_a_large_gait_answer_travels_compressed(walker_url, tmp_path):
     assert len(plain[2]) > 32 << 10 and "Content-Encoding" not in plain[1]
     assert packed[1]["Content-Encoding"] == "gzip" and len(packed[2]) < len(plain[2]) / 3
     assert json.loads(gzip.decompress(packed[2])) == json.loads(plain[2])
+
+
+def test_the_table_and_scatter_units_are_the_stored_ones_never_guessed_from_a_name(tiny, tmp_path):
+    import xarray as xr
+
+    from flyarchive.testing.fixtures import record
+
+    url = record(tiny, str(tmp_path / "run.zarr"), n_worlds=3, n_steps=12)
+    flyarchive.add_world_vars(url, {
+        "distance": [1.0, 2.0, 3.0],  # the user's own, not a gait measure
+        "reach": xr.DataArray([0.1, 0.2, 0.3], dims="world", attrs={"units": "m"})})
+    viewer = viewer_of(url, tmp_path)
+
+    info = viewer.info()
+    scatter = viewer.scatter({"x": "distance", "y": "reach"})
+
+    assert info["column_units"] == {"reach": "m"}
+    assert scatter["units"] == {"reach": "m"} and scatter["worlds"] == [0, 1, 2]

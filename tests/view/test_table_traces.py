@@ -140,13 +140,22 @@ def test_a_scatter_of_a_missing_or_text_column_is_refused(x, y, fragment):
         scatter_points(COLUMNS, x=x, y=y)
 
 
-def test_gait_measures_saved_as_world_variables_have_their_units():
-    names = ["world", "distance", "mean_speed", "step_frequency_lf", "duty_factor_rh",
-             "phase_lm", "success", "frequency_lf"]
+def test_columns_have_their_stored_units_and_an_old_gait_saves_measures_nmfs():
+    from flyarchive.analyze.gait import MEASURES
 
-    assert column_units(names) == {"distance": "mm", "mean_speed": "mm/s",
-                                   "step_frequency_lf": "Hz", "duty_factor_rh": "1",
-                                   "phase_lm": "cycle"}
+    old_save = {name: {} for name in MEASURES if "<leg>" not in name}
+    old_save.update({"step_frequency_lf": {}, "duty_factor_rh": {}, "phase_lm": {},
+                     "success": {}, "frequency_lf": {}})
+    stored = {"distance": {"units": "m"}, "step_frequency_lf": {"units": "Hz"}, "seed": {}}
+
+    old = column_units(old_save)
+    assert {k: old[k] for k in ("distance", "mean_speed", "step_frequency_lf", "duty_factor_rh",
+                                "phase_lm")} == {"distance": "mm", "mean_speed": "mm/s",
+                                                 "step_frequency_lf": "Hz",
+                                                 "duty_factor_rh": "1", "phase_lm": "cycle"}
+    assert "success" not in old and "frequency_lf" not in old
+    assert column_units(stored) == {"distance": "m", "step_frequency_lf": "Hz"}
+    assert column_units({"distance": {}, "success": {}}) == {}  # yours: no gait save
 
 
 def test_each_dof_has_its_joints_unit():
