@@ -17,7 +17,10 @@ Each ``world<id>.nwb`` holds:
   ``meters`` with the ``conversion`` of the model's length unit, a ``rate`` when the
   frames are evenly spaced, else ``timestamps``); ``JointAngles`` (a
   ``BehavioralTimeSeries``: one ``TimeSeries`` per hinge joint, radians, read from the
-  archive's ``qpos``) when the source is an archive; ``world_variables`` (a one-row
+  archive's ``qpos``), ``JointDisplacements`` (one per slide joint, meters with the
+  ``conversion`` of the model's length unit) and ``JointOrientations`` (one per ball
+  joint, its quaternion ``(T, 4)`` w, x, y, z) when the source is an archive (a free
+  joint's pose is its body's: a keypoint); ``world_variables`` (a one-row
   ``DynamicTable`` of the world's ``(world,)`` variables: seed, success, gait measures...);
 - ``intervals/leg_phases``: every stance and swing of each leg as a ``TimeIntervals``
   table (columns ``leg``, ``phase``, ``complete``; :func:`flyarchive.gait_epochs`), for
@@ -191,6 +194,8 @@ class ArchiveFacts:
         qpos: The archive's ``qpos`` ``(world, time, dof)`` (lazy), or None (positions
             kept as an archive of their own).
         hinges: The hinge joints' dof labels.
+        slides: The slide joints' dof labels.
+        balls: The ball joints' names (their dofs ``<name>/qw`` ... ``<name>/qz``).
         world_vars: ``{name: (values by world, description)}``.
         epochs: Stance and swing intervals (:func:`flyarchive.gait_epochs`), or None.
         recorded: ``created`` is when the states were recorded (False: when positions
@@ -203,6 +208,8 @@ class ArchiveFacts:
     neuromechfly: bool
     qpos: xr.DataArray | None = None
     hinges: tuple[str, ...] = ()
+    slides: tuple[str, ...] = ()
+    balls: tuple[str, ...] = ()
     world_vars: dict[str, tuple[dict[int, Any], str]] = field(default_factory=dict)
     epochs: pd.DataFrame | None = None
     recorded: bool = True
@@ -221,8 +228,9 @@ def archive_facts(url: str, ds: xr.Dataset, epochs: pd.DataFrame | None, *,
     kinds = [str(k) for k in layout.get("joint_types", [])]
     nmf = any(n.startswith("nmf/") for n in names) or \
         any(str(k).startswith("nmf/") for k in ds.coords.get("keypoint", []))
-    hinges = tuple(n for n, k in zip(names, kinds) if k == "hinge")
-    qpos = ds["qpos"] if "qpos" in ds and hinges else None
+    hinges, slides, balls = (tuple(n for n, k in zip(names, kinds) if k == kind)
+                             for kind in ("hinge", "slide", "ball"))
+    qpos = ds["qpos"] if "qpos" in ds and (hinges or slides or balls) else None
     world_vars: dict[str, tuple[dict[int, Any], str]] = {}
     for name, var in ds.data_vars.items():
         if var.dims == ("world",) and name != "n_frames":
@@ -230,7 +238,9 @@ def archive_facts(url: str, ds: xr.Dataset, epochs: pd.DataFrame | None, *,
                       for w, v in zip(ds.world.values, var.values)}
             world_vars[str(name)] = (values, str(var.attrs.get("description") or
                                                  f"world variable {name!r} of the archive"))
-    return ArchiveFacts(url, archive_id, created, nmf, qpos, hinges if qpos is not None else (),
+    if qpos is None:
+        hinges, slides, balls = (), (), ()
+    return ArchiveFacts(url, archive_id, created, nmf, qpos, hinges, slides, balls,
                         world_vars, epochs, recorded)
 
 
@@ -306,14 +316,30 @@ def nwb_file(path: str, world: int, values: np.ndarray, times: np.ndarray, label
     behavior.add(ndx_pose.Skeletons(skeletons=[skeleton]))
     behavior.add(pose)
     if facts.qpos is not None:
-        angles = np.asarray(facts.qpos.sel(world=world, dof=list(facts.hinges))
-                            .sel(time=times, method="nearest").values)
-        joints = BehavioralTimeSeries(name="JointAngles")
-        for k, joint in enumerate(facts.hinges):
-            joints.add_timeseries(pynwb.TimeSeries(
-                name=joint.replace("/", "."), data=angles[:, k], unit="radians",
-                description=f"angle of hinge joint {joint!r} (qpos)", **timing))
-        behavior.add(joints)
+        balls = [[f"{ball}/q{c}" for c in "wxyz"] for ball in facts.balls]
+        dofs = [*facts.hinges, *facts.slides, *(d for ball in balls for d in ball)]
+        qpos = np.asarray(facts.qpos.sel(world=world, dof=dofs)
+                          .sel(time=times, method="nearest").values)
+        column = {dof: k for k, dof in enumerate(dofs)}
+        for kind, joints_, unit, extra in (
+                ("JointAngles", facts.hinges, "radians", {}),
+                ("JointDisplacements", facts.slides, "meters", {"conversion": conversion})):
+            if joints_:
+                joints = BehavioralTimeSeries(name=kind)
+                for joint in joints_:
+                    what = "angle of hinge" if unit == "radians" else "displacement of slide"
+                    joints.add_timeseries(pynwb.TimeSeries(
+                        name=joint.replace("/", "."), data=qpos[:, column[joint]], unit=unit,
+                        description=f"{what} joint {joint!r} (qpos)", **extra, **timing))
+                behavior.add(joints)
+        if balls:
+            joints = BehavioralTimeSeries(name="JointOrientations")
+            for ball, quat in zip(facts.balls, balls):
+                joints.add_timeseries(pynwb.TimeSeries(
+                    name=ball.replace("/", "."), data=qpos[:, [column[d] for d in quat]],
+                    unit="n.a.", description=f"orientation of ball joint {ball!r}: its unit "
+                    "quaternion (w, x, y, z) in its parent's frame (qpos)", **timing))
+            behavior.add(joints)
     if facts.world_vars:
         behavior.add(_world_table(world, facts.world_vars))
     if facts.epochs is not None and (facts.epochs.world == world).any() and \

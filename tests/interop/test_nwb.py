@@ -156,6 +156,27 @@ def test_joint_angles_leg_phases_and_world_variables_beside_the_poses(fly, tmp_p
     assert set(phases.phase) <= {"stance", "swing"}
 
 
+def test_slide_and_ball_joints_go_beside_the_hinges_in_their_units(tiny, tmp_path):
+    import pynwb
+
+    url = record(tiny, str(tmp_path / "tiny.zarr"), n_worlds=1, n_steps=30)
+    qpos = flyarchive.open_archive(url).qpos.sel(world=0)
+
+    written = export_poses(url, tmp_path / "nwb", format="nwb", bodies="hand", length_unit="cm")
+
+    with pynwb.NWBHDF5IO(written[0], "r") as io:
+        behavior = io.read().processing["behavior"]
+        hinge = behavior["JointAngles"].time_series["shoulder"]
+        slide = behavior["JointDisplacements"].time_series["slider"]
+        ball = behavior["JointOrientations"].time_series["wrist"]
+        assert np.array_equal(hinge.data[:], qpos.sel(dof="shoulder").values)
+        assert np.array_equal(slide.data[:], qpos.sel(dof="slider").values)
+        assert (slide.unit, slide.conversion) == ("meters", 0.01)
+        assert np.array_equal(ball.data[:], qpos.sel(dof=[f"wrist/q{c}" for c in "wxyz"]).values)
+        assert ball.data.shape == (qpos.sizes["time"], 4)
+        assert "root" not in behavior["JointAngles"].time_series  # the free joint: a body
+
+
 @pytest.mark.parametrize("umask", [0o027, 0o002])
 def test_files_are_made_as_the_user_s_umask_says(fly, tmp_path, umask):
     before = os.umask(umask)
