@@ -143,12 +143,22 @@ def plot_traces(
             for i, label in enumerate(chosen):
                 ax.plot(times, values[:, i], label=label)
             ax.set_xlabel("simulated time (s)")
-            ax.set_ylabel("qpos (rad; slides: model length unit, mm for NeuroMechFly)")
+            ax.set_ylabel(_y_label(chosen, layout))
             ax.set_title(f"world {world}")
-            ax.legend(fontsize="small", loc="best")
+            # beside the axes: long dof names neither hide traces nor are cut off
+            ax.legend(fontsize="small", loc="upper left", bbox_to_anchor=(1.01, 1.0))
             fig.tight_layout()
             # StorageError (cannot write there) says what is wrong in one line
-            write_whole(target, lambda tmp: fig.savefig(tmp, format=target.suffix[1:].lower()))
+            write_whole(target, lambda tmp: fig.savefig(
+                tmp, format=target.suffix[1:].lower(), bbox_inches="tight"))
         finally:
             plt.close(fig)
     return target
+
+
+def _y_label(chosen: list[str], layout: Any) -> str:
+    """The y axis's label for these dofs: their joints' units."""
+    kinds = dict(zip(layout["joint_names"], layout["joint_types"]))
+    units = {"hinge": "rad", "slide": "model length unit"}
+    shown = dict.fromkeys(units.get(kinds.get(d, ""), "1") for d in chosen)
+    return f"qpos ({', '.join(shown)})"

@@ -19,6 +19,25 @@ def test_plot_draws_a_mathtext_like_dof_label_as_plain_text(tmp_path):
     assert written.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
+def test_long_dof_names_and_the_axis_label_are_inside_the_picture(tmp_path, monkeypatch):
+    import matplotlib.pyplot as plt
+    from PIL import Image
+
+    name = "nmf/lf_coxa-pitch_" + "x" * 60  # longer than the axes are wide
+    model = mujoco.MjModel.from_xml_string(TWO_HINGES_XML.format(name=name))
+    url = record(model, str(tmp_path / "long.zarr"), n_worlds=1)
+    figures = []
+    monkeypatch.setattr(plt, "close", figures.append)  # kept, to measure what it drew
+
+    written = plot_traces(url, 0, tmp_path / "p.png", dofs=[name, "joint0"])
+
+    fig = figures[0]
+    drawn = fig.get_tightbbox(fig.canvas.get_renderer())  # every artist, inches
+    width, height = Image.open(written).size
+    assert width >= drawn.width * fig.dpi - 2 and height >= drawn.height * fig.dpi - 2
+    assert fig.axes[0].get_ylabel() == "qpos (rad)"  # hinges only
+
+
 def test_plot_into_a_folder_writes_inside_it_and_reports_that_path(tiny, tmp_path, cli):
     url = record(tiny, str(tmp_path / "run.zarr"))
     folder = tmp_path / "work"
