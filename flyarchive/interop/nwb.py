@@ -37,7 +37,8 @@ NWBFile fields at the top (:data:`NWBFILE_FIELDS`), the subject's under ``subjec
     institution: Example University
     subject: {species: Drosophila melanogaster, age: P3D, sex: F, genotype: wild type}
 
-Unknown fields, wrong types, an age that is not an ISO 8601 duration (``P3D``) and a sex
+An age is an ISO 8601 duration (``P3D``) or a range (``P2D/P5D``, ``P2D/``); a date of
+birth a YAML date or ISO 8601 text. Unknown fields, wrong types, another age and a sex
 that is not ``M``, ``F``, ``U`` or ``O`` are refused before anything is written.
 """
 
@@ -72,7 +73,9 @@ NWBFILE_FIELDS: dict[str, str] = {
 }
 #: Subject fields a metadata file may set under ``subject``: name -> what it must be.
 SUBJECT_FIELDS: dict[str, str] = {
-    "subject_id": "text", "species": "text", "age": "text (ISO 8601 duration, e.g. P3D)",
+    "subject_id": "text", "species": "text",
+    "age": "text (ISO 8601 duration, e.g. P3D, or a range P2D/P5D, or P2D/ with no upper bound)",
+    "date_of_birth": "a date (2026-12-01) or date and time (2026-12-01T09:00:00+01:00)",
     "sex": "M, F, U or O", "genotype": "text", "strain": "text", "description": "text",
     "weight": "text (e.g. 0.8 mg)",
 }
@@ -163,14 +166,43 @@ class NwbMetadata:
         if "sex" in checked and checked["sex"] not in _SEXES:
             raise OptionsError(f"{source}: subject.sex must be one of {', '.join(_SEXES)} (NWB's "
                                f"codes), got {checked['sex']!r}.")
-        if "age" in checked and not _AGE.match(checked["age"]):
+        if "age" in checked and not _is_age(checked["age"]):
             raise OptionsError(f"{source}: subject.age must be an ISO 8601 duration such as "
-                               f"'P3D' (3 days) or 'P1W2D', got {checked['age']!r}.")
+                               f"'P3D' (3 days) or 'P1W2D', or a range of two ('P2D/P5D'; "
+                               f"'P2D/' without an upper bound), got {checked['age']!r}.")
         return cls(nwbfile, checked, source)
+
+
+def _is_age(text: str) -> bool:
+    """An ISO 8601 duration, or a range ``lower/upper`` (``lower/``: no upper bound), as NWB
+    gives an age."""
+    lower, slash, upper = text.partition("/")
+    return bool(_AGE.match(lower)) and (not slash or not upper or bool(_AGE.match(upper)))
+
+
+def _birth(source: str, value: Any) -> datetime:
+    """A date of birth (a YAML date or datetime, or ISO 8601 text) as an aware datetime (a
+    day at midnight; UTC when no zone is given), as pynwb's Subject takes it."""
+    from datetime import date
+
+    when = value
+    if isinstance(value, str):
+        try:
+            when = datetime.fromisoformat(value)
+        except ValueError:
+            when = None
+    elif isinstance(value, date) and not isinstance(value, datetime):
+        when = datetime(value.year, value.month, value.day)
+    if not isinstance(when, datetime):
+        raise OptionsError(f"{source}: subject.date_of_birth must be "
+                           f"{SUBJECT_FIELDS['date_of_birth']}, got {value!r}.")
+    return when if when.tzinfo is not None else when.replace(tzinfo=timezone.utc)
 
 
 def _value(source: str, name: str, value: Any, kind: str) -> Any:
     """``value`` if it is what ``kind`` says (text, or a list of text), else an error."""
+    if name.endswith("date_of_birth"):
+        return _birth(source, value)
     lists = kind.startswith("list") or "or list" in kind
     if isinstance(value, str) and not kind.startswith("list"):
         return value

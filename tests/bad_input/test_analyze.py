@@ -466,9 +466,12 @@ def test_saving_gait_measures_of_some_worlds_says_it_needs_every_world(archive, 
                                    r"session_description, .*, subject \(pynwb's names\)"),
     ("subject: {specis: Drosophila melanogaster}\n", r"unknown field subject\.specis\. Did you "
                                                      r"mean 'species'\? Fields of subject: "),
-    ("subject: {age: 3}\n", r"subject\.age must be text \(ISO 8601 duration, e\.g\. P3D\), got "
-                            r"int 3\. Quote it in YAML"),
+    ("subject: {age: 3}\n", r"subject\.age must be text \(ISO 8601 duration, e\.g\. P3D, or a "
+                            r"range P2D/P5D.*\), got int 3\. Quote it in YAML"),
     ("subject: {age: 3 days}\n", r"subject\.age must be an ISO 8601 duration such as 'P3D'"),
+    ("subject: {age: P2D/5 days}\n", r"or a range of two \('P2D/P5D'"),
+    ("subject: {date_of_birth: yesterday}\n", r"subject\.date_of_birth must be a date "
+                                             r"\(2026-12-01\) or date and time"),
     ("subject: {sex: female}\n", r"subject\.sex must be one of M, F, U, O \(NWB's codes\), got "
                                  r"'female'"),
     ("experimenter: 5\n", r"experimenter must be text or list of text, got int 5"),

@@ -109,6 +109,24 @@ def test_metadata_from_a_yaml_file_fills_the_nwbfile_and_subject(fly, tmp_path):
         assert nwb.subject.age == "P3D" and nwb.subject.sex == "F"
 
 
+def test_an_age_range_and_a_date_of_birth_are_taken_as_nwb_gives_them(fly, tmp_path):
+    import pynwb
+
+    meta = tmp_path / "meta.yaml"
+    meta.write_text("subject: {age: P2D/P5D, date_of_birth: 2026-12-01}\n")
+    open_ended = {"subject": {"age": "P2D/"}}
+
+    written = export_poses(fly, tmp_path / "nwb", format="nwb", worlds=[0], metadata=meta)
+    other = export_poses(fly, tmp_path / "other", format="nwb", worlds=[0], metadata=open_ended)
+
+    with pynwb.NWBHDF5IO(written[0], "r") as io:
+        subject = io.read().subject
+        assert subject.age == "P2D/P5D"
+        assert subject.date_of_birth.isoformat() == "2026-12-01T00:00:00+00:00"
+    with pynwb.NWBHDF5IO(other[0], "r") as io:
+        assert io.read().subject.age == "P2D/"
+
+
 def test_without_metadata_the_defaults_are_honest(fly, tiny, tmp_path):
     import pynwb
 
