@@ -96,8 +96,10 @@ from flyarchive.analyze.steps import (
     UNKNOWN,
     PhaseEpochs,
     StepEvents,
+    event_edges,
     phase_epochs,
     stance_runs,
+    state_at_events,
     step_events,
     with_time_gaps,
 )
@@ -175,6 +177,8 @@ _THORAX_MEASURES = _WORLD[:9]
 _THORAX, _AHEAD = "gait/thorax", "gait/ahead"
 #: The length unit of another body's positions when none is given: the model's.
 _MODEL_UNIT = "model unit"
+#: Names of the unit the default thresholds are in.
+_MILLIMETRES = ("mm", "millimeter", "millimeters", "millimetre", "millimetres")
 #: Tip-frames handled at once (bounds the memory of the temporaries: ~40 bytes each).
 _BLOCK = 500_000
 
@@ -360,6 +364,9 @@ def _window_of(when: np.ndarray, starts: np.ndarray, length: float) -> np.ndarra
         return np.where(np.isfinite(when), 0, -1)
     with np.errstate(invalid="ignore"):
         index = np.floor((when - starts[0]) / length + 1e-12)
+        # the last window holds its end (the last frame of a recording it ends with)
+        end = starts[0] + len(starts) * length
+        index = np.where((index == len(starts)) & (when <= end + 1e-9), index - 1, index)
     ok = np.isfinite(index) & (index >= 0) & (index < len(starts))
     return np.where(ok, index, -1).astype(np.int64)
 
@@ -373,17 +380,18 @@ def _measure(walk: _Walk, params: GaitParams, reference: str, window: float | No
     starts, length = _windows(times, window)
     out: dict[str, np.ndarray] = {}
     thorax = walk.thorax
+    frame_window = _window_of(times, starts, length)
     for k, t0 in enumerate(starts):
-        cut = slice(None) if not math.isfinite(length) else \
-            (times >= t0 - 1e-12) & (times < t0 + length - 1e-12)
+        cut = slice(None) if not math.isfinite(length) else frame_window == k
         part = _thorax_measures(times[cut], thorax[:, cut],
                                 None if walk.forward is None else walk.forward[:, cut], params,
                                 walk.height)
         for name, values in part.items():
             out.setdefault(name, np.full((worlds, len(starts)), np.nan))[:, k] = values
     runs = stance_runs(times, walk.tips, params, height=walk.height)
-    state = runs.painted(runs.value)
-    events = step_events(times, runs, walk.tips, params, height=walk.height)
+    edges = event_edges(times, runs, walk.tips, params, height=walk.height)
+    state = state_at_events(times, runs, edges)  # shares of time agree with the durations
+    events = step_events(times, runs, walk.tips, params, height=walk.height, edges=edges)
     legs_out = _leg_measures(times, state, events, worlds, n_legs, starts, length)
     legs_out.update(_phases(events, worlds, n_legs, walk.legs.index(reference), starts, length,
                             times))
@@ -442,9 +450,11 @@ def _phases(events: StepEvents, worlds: int, n_legs: int, reference: int, starts
     shape = (worlds, n_legs, n)
     world, leg = np.divmod(events.tip, n_legs)
     ref = np.flatnonzero(leg == reference)
-    # A reference cycle: two consecutive lift-offs with a complete stance between them.
+    # A reference cycle: two consecutive lift-offs with a complete stance between them: the
+    # second step's stance began at the first's touchdown (else steps were lost between)
     follows = np.zeros(len(ref), bool)
-    follows[1:] = (world[ref[1:]] == world[ref[:-1]]) & np.isfinite(events.stance_start[ref[1:]])
+    follows[1:] = (world[ref[1:]] == world[ref[:-1]]) & \
+        (events.stance_start[ref[1:]] == events.touchdown[ref[:-1]])
     begin, end = ref[:-1][follows[1:]], ref[1:][follows[1:]]
     starts_key = _keys(world[begin], events.liftoff[begin], times)
     at = np.searchsorted(starts_key, _keys(world, events.liftoff, times), side="right") - 1
@@ -521,15 +531,22 @@ def _coordination(times: np.ndarray, state: np.ndarray, events: StepEvents, worl
     with np.errstate(invalid="ignore", divide="ignore"):
         shares = counts / counts.sum(axis=2, keepdims=True)
     out = {name: shares[..., i] for i, name in enumerate(_SUPPORT_NAMES)}
-    out["tcs"] = _tcs(events, worlds, legs, starts, length, times)
+    out["tcs"] = _tcs(events, worlds, legs, starts, length, times, state == UNKNOWN)
     return out
 
 
 def _tcs(events: StepEvents, worlds: int, legs: list[str], starts: np.ndarray, length: float,
-         times: np.ndarray) -> np.ndarray:
+         times: np.ndarray, unknown: np.ndarray) -> np.ndarray:
+    """Wosnitza's tripod coordination strength per world and window: for each swing of a
+    tripod's front leg, the time all three legs swing together over the time from the
+    first lift-off to the last touchdown, the partners' nearest swings taken. A swing
+    whose partner was not tracked around it (an unknown frame within a swing's length of
+    it) is left out: the partner's nearest known swing may be a cycle away."""
     n_legs, n = len(legs), len(starts)
     world, leg = np.divmod(events.tip, n_legs)
     middle = (events.liftoff + events.touchdown) / 2
+    lost = np.concatenate([np.zeros((len(unknown), 1), np.int64),
+                           np.cumsum(unknown, axis=1)], axis=1)  # unknown frames before each
     total = np.zeros(worlds * n)
     count = np.zeros(worlds * n)
     for tripod in TRIPODS:
@@ -549,6 +566,11 @@ def _tcs(events: StepEvents, worlds: int, legs: list[str], starts: np.ndarray, l
             pick = np.where(np.abs(keys[left] - want) <= np.abs(keys[right] - want), left, right)
             match = mine[pick]
             ok &= world[match] == world[front]
+            swing = events.touchdown[front] - events.liftoff[front]
+            lo = np.searchsorted(times, events.liftoff[front] - swing, side="left")
+            hi = np.searchsorted(times, events.touchdown[front] + swing, side="right")
+            row = world[front] * n_legs + legs.index(partner)
+            ok &= lost[row, hi] == lost[row, lo]  # the partner known all around the swing
             first_lo = np.minimum(first_lo, events.liftoff[match])
             last_lo = np.maximum(last_lo, events.liftoff[match])
             first_td = np.minimum(first_td, events.touchdown[match])
@@ -622,8 +644,9 @@ def _source(source: Any, thorax: str, tips: Any, legs: Mapping[str, str] | None,
             processes: int | None) -> _Source:
     import xarray as xr
 
-    if isinstance(source, xr.Dataset) and "individual" in source.dims:
-        return _poses_source(source, thorax, legs, worlds, time)
+    poses = _as_poses(source)
+    if poses is not None:
+        return _poses_source(poses, thorax, legs, worlds, time)
     if isinstance(source, (xr.DataArray, xr.Dataset)) and "keypoint" in source.dims:
         return _positions_source(source, thorax, tips, legs, worlds, time)
     if legs is not None:
@@ -717,6 +740,7 @@ def _positions_source(source: Any, thorax: str, tips: Any, legs: Mapping[str, st
                        [f"world{int(w)}" for w in got.world.values], True,
                        "mm" if _tarsus_tips(labels_here[2:]) else None)
     if legs is not None:
+        _check_once(legs)
         names, labels = list(legs), [str(v) for v in legs.values()]
     else:
         labels = list(tips) if tips is not None else \
@@ -741,6 +765,18 @@ def _tarsus_tips(labels: Sequence[str]) -> bool:
     return bool(fly) and set(legs) <= set(LEGS) and list(labels) == list(tarsus_tips(fly, legs))
 
 
+def _check_once(legs: Mapping[str, str]) -> None:
+    """Each keypoint tips one leg (a keypoint named for two legs is a slip of the mapping)."""
+    seen: dict[str, str] = {}
+    for leg, keypoint in legs.items():
+        if str(keypoint) in seen:
+            raise SelectionError(
+                f"legs= maps both {seen[str(keypoint)]!r} and {leg!r} to the keypoint "
+                f"{keypoint!r}; each leg needs a tip of its own. Map {leg!r} to its own "
+                "keypoint, or leave it out.")
+        seen[str(keypoint)] = str(leg)
+
+
 def _check_keypoints(wanted: Sequence[str], have: Sequence[str], what: str) -> None:
     missing = [k for k in wanted if k not in have]
     if missing:
@@ -750,6 +786,29 @@ def _check_keypoints(wanted: Sequence[str], have: Sequence[str], what: str) -> N
             f"The {what} have no keypoint {missing[0]!r}.{did_you_mean(missing[0], have)} "
             f"Keypoints ({len(have)}): {', '.join(repr(k) for k in have[:20])}"
             f"{' ...' if len(have) > 20 else ''}. Name keypoints that exist (thorax=, legs=).")
+
+
+def _as_poses(source: Any) -> Any:
+    """``source`` as a ``movement`` poses dataset with an ``individual`` dimension, or None
+    when it is not one: a dataset of one fly (``ds.sel(individual="fly0")``) or a
+    position DataArray (``movement.filtering.savgol_filter(ds.position)``), whose time is
+    in seconds when its coordinate holds fractions (movement's frame numbers are whole)."""
+    import xarray as xr
+
+    if isinstance(source, xr.DataArray) and "space" in source.dims:
+        if source.name not in (None, "position"):
+            source = source.rename("position")
+        unit = "seconds" if "time" in source.coords and \
+            np.issubdtype(source["time"].dtype, np.floating) else "frames"
+        source = source.to_dataset(name="position").assign_attrs(time_unit=unit)
+    if not isinstance(source, xr.Dataset) or "position" not in source or \
+            "space" not in source["position"].dims:
+        return None
+    if "individual" not in source.dims:
+        named = "individual" in source.coords
+        source = source.expand_dims("individual") if named else \
+            source.expand_dims(individual=["individual_0"])
+    return source
 
 
 def _poses_source(ds: Any, thorax: str, legs: Mapping[str, str] | None, worlds: Any,
@@ -765,6 +824,7 @@ def _poses_source(ds: Any, thorax: str, legs: Mapping[str, str] | None, worlds: 
             f"rf, rm, rh give tcs and the support shares). Keypoints: {', '.join(have[:20])}.")
     if not isinstance(legs, Mapping) or not legs:
         raise SelectionError(f"legs= must map leg names to keypoint names, got {legs!r}.")
+    _check_once(legs)
     _check_keypoints([thorax, *legs.values()], have, "poses")
     unit = ds.attrs.get("time_unit")
     if unit != "seconds":
@@ -811,6 +871,14 @@ def _prepare(source: Any, thorax: str, tips: Any, legs: Any, params: GaitParams,
                   processes)
     if length_unit is not None or got.length_unit is None:
         got = replace(got, length_unit=length_unit or _MODEL_UNIT)
+    if params == GaitParams() and got.length_unit not in _MILLIMETRES and \
+            _as_poses(source) is not None:
+        warnings.warn(
+            f"The gait thresholds are GaitParams' defaults, in mm (a tip below 0.1 mm may "
+            f"stand...), and these poses' length unit is {got.length_unit}: in "
+            "pixels, or with the ground not at z = 0, stances and steps are found wrong or "
+            "not at all. If they are in mm, say so (length_unit='mm'); else pass thresholds "
+            "in their unit (params=GaitParams(stance_height=..., ...)).", stacklevel=3)
     frames = got.position.sizes["time"]
     if frames < 2:
         raise SelectionError(
@@ -904,6 +972,12 @@ def gait_summary(
         raise SelectionError(
             "save=True stores one value per world in the archive: pass the archive's URL and "
             "no window.")
+    if save and time is not None:
+        raise SelectionError(
+            f"save=True (--save) stores measures of the whole recording, and time={time!r} "
+            "(--time) measures a part of it: saved, nothing would say which. Drop time= to "
+            "save, or leave save off to see that part's measures (add_world_vars stores "
+            "them under names of your own).")
     got, reference = _prepare(source, thorax, tips, legs, params, worlds, time, model,
                               storage_options, backend, processes, reference_leg, length_unit)
     times = np.asarray(got.position.time.values, dtype=np.float64)

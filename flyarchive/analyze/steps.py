@@ -453,6 +453,31 @@ class _Runs:
         return _Runs(row, start, stop, value, before, after, first, self.shape)
 
 
+def event_edges(times: np.ndarray, runs: _Runs, tips: np.ndarray, params: GaitParams, *,
+                height: bool = True) -> np.ndarray:
+    """``(R,)``: the time each run of :func:`stance_runs` begins, lift-offs and touchdowns
+    placed as :func:`step_events` places them (see the module's docstring)."""
+    return _event_times(runs, times, tips, params, height)
+
+
+def state_at_events(times: np.ndarray, runs: _Runs, edges: np.ndarray) -> np.ndarray:
+    """``(N, T)`` int8: each frame's state by the events (:func:`event_edges`) rather than by
+    the band it is in: a frame is in the run whose time span holds its time, so a frame
+    after a lift-off placed before it swings, one before a touchdown placed after it still
+    swings. Frames without positions stay :data:`UNKNOWN`. What shares of time in stance
+    are counted from, as the durations are (the band alone lengthens stances)."""
+    n, t = runs.shape
+    if not len(edges):
+        return np.zeros((n, t), np.int8)
+    span = float(times[-1] - times[0]) + 1.0
+    begins = runs.row * span + (edges - times[0])
+    order = np.argsort(begins, kind="stable")  # (an event is never placed past the next one)
+    frames = (np.arange(n)[:, None] * span + (times - times[0])[None, :]).ravel()
+    # (a row's first run begins at its first frame: no frame falls before its row's runs)
+    at = order[np.clip(np.searchsorted(begins[order], frames, side="right") - 1, 0, None)]
+    return runs.value[at].astype(np.int8).reshape(n, t)
+
+
 def _event_times(runs: _Runs, times: np.ndarray, tips: np.ndarray, params: GaitParams,
                  height: bool) -> np.ndarray:
     """``(R,)``: the time of the boundary before each run's first frame: for a lift-off or a
@@ -918,7 +943,8 @@ class StepEvents:
 
 
 def step_events(times: np.ndarray, state: np.ndarray | _Runs, tips: np.ndarray,
-                params: GaitParams, *, height: bool = True) -> StepEvents:
+                params: GaitParams, *, height: bool = True,
+                edges: np.ndarray | None = None) -> StepEvents:
     """The complete steps in a state (see :class:`StepEvents`).
 
     Args:
@@ -926,12 +952,13 @@ def step_events(times: np.ndarray, state: np.ndarray | _Runs, tips: np.ndarray,
         state: ``(N, T)`` from :func:`stance_state`, or its runs (:func:`stance_runs`).
         tips: ``(N, T, 3)`` the positions it came from.
         params, height: As given to :func:`stance_state`.
+        edges: The runs' :func:`event_edges`, when computed already.
     """
     runs = state if isinstance(state, _Runs) else _Runs.of(state)
     if runs.shape[1] < 2:
         empty = np.zeros(0)
         return StepEvents(np.zeros(0, np.int64), empty, empty, empty, empty)
-    edge = _event_times(runs, times, tips, params, height)
+    edge = _event_times(runs, times, tips, params, height) if edges is None else edges
     swing = (runs.value == SWING) & (runs.before == STANCE) & (runs.after == STANCE)
     where = np.flatnonzero(swing)
     start, stop, row = runs.start[where], runs.stop[where], runs.row[where]

@@ -137,7 +137,10 @@ def test_measures_per_window():
     got = summary(positions([line(10.0, 0.0)]), window=0.5)
 
     assert got.window.values.tolist() == pytest.approx([0.0, 0.5])
-    assert got.distance.values[:, 0] == pytest.approx([4.9, 4.9])  # 50 frames, 0.49 s each
+    # 50 frames (0.49 s), then 51: the last window holds the recording's last frame
+    assert got.distance.values[:, 0] == pytest.approx([4.9, 5.0])
+    whole = summary(positions([line(10.0, 0.0)]), window=1.0)
+    assert (whole.duration.item(), whole.distance.item()) == pytest.approx((1.0, 10.0))
 
 
 def test_saved_measures_pick_worlds_by_a_condition(sites_archive):
@@ -159,6 +162,11 @@ def test_saved_measures_pick_worlds_by_a_condition(sites_archive):
 def test_saving_needs_the_archive_and_one_value_per_world(sites_archive):
     with pytest.raises(SelectionError, match="save=True"):
         summary(positions([line(1.0, 0.0)]), save=True)
+    tips = {"fly/lf_tip": ("fly/lf_tarsus5", "tip")}
+    with pytest.raises(SelectionError, match=r"measures of the whole recording, and time="):
+        flyarchive.gait_summary(sites_archive, thorax="fly/c_thorax", tips=tips, save=True,
+                                time=(0.0, 0.05))
+    assert "distance" not in flyarchive.open_archive(sites_archive)
 
 
 def test_saved_measures_are_stored_whole_a_lost_one_is_damage(sites_archive):

@@ -89,6 +89,25 @@ def test_the_support_pattern_shares_of_a_tripod_walker():
     assert sum(shares) == pytest.approx(1.0)
 
 
+@pytest.mark.parametrize("fps", [60, 125, 1000])
+@pytest.mark.parametrize("height", [True, False])
+def test_shares_of_time_in_stance_agree_with_the_events_at_low_frame_rates(fps, height):
+    values = walker_positions(fps, 10.0, noise=NOISE, seed=fps).values
+    times = np.arange(values.shape[1]) / fps
+    if not height:
+        values = values.copy()
+        values[..., 2] = 0.0
+
+    got = gait_measures(times, values[:, :, 0], values[:, :, 1:], params=WALKER, height=height)
+
+    expected = true_support()
+    # (the band alone: 0.40 tripod and stance fractions 0.74 from x and y at 60 frames/s)
+    assert got["support_tripod"][0] == pytest.approx(expected["tripod"], abs=0.04)
+    assert got["support_wave"][0] == pytest.approx(expected["wave"], abs=0.04)
+    assert got["stance_fraction"][0] == pytest.approx(got["duty_factor"][0], abs=0.03)
+    assert got["stance_fraction"][0] == pytest.approx([TRIPOD.duty] * 6, abs=0.03)
+
+
 def test_the_step_table_holds_every_step_with_its_timing():
     positions = walker_positions(250, 3.0, noise=NOISE)
 

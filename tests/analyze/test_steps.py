@@ -7,10 +7,13 @@ import numpy as np
 import pytest
 
 import flyarchive
+import flyarchive.errors
 from flyarchive.analyze.gait import GaitParams, gait_measures
 from flyarchive.analyze.steps import STANCE, SWING, UNKNOWN, stance_state, step_events
 from flyarchive.testing.markers import requires_movement
 from flyarchive.testing.walker import TRACKED, walker_poses, walker_positions
+
+TRACKED_NAME = {leg: name for name, leg in TRACKED.items()}
 
 FPS = 200
 DT = 1 / FPS
@@ -273,3 +276,100 @@ def test_poses_gait_takes_numpy_numbers_names_missing_worlds_and_keeps_the_lengt
         with pytest.raises(SelectionError, match=r"not in the poses dataset: its worlds are its "
                                                  r"individuals' indices 0\.\.1 \(fly0, fly1\)"):
             flyarchive.gait_summary(poses, thorax="thorax", legs=legs, worlds=worlds)
+
+
+def _legs() -> dict[str, str]:
+    return {leg: name for name, leg in TRACKED.items() if name != "thorax"}
+
+
+def _tracked_walker(fps: float = 125, seconds: float = 2.0):
+    return walker_poses(fps, seconds, dims=3, noise=0.005)
+
+
+@requires_movement
+@pytest.mark.slow  # movement imports for seconds
+def test_a_frame_lost_in_a_reference_swing_leaves_the_phases_as_they_were():
+    from flyarchive.testing.walker import TRIPOD
+
+    poses = _tracked_walker()
+    clean = flyarchive.gait_summary(poses, thorax="thorax", legs=_legs(), length_unit="mm")
+    t = poses.time.values
+    lf = list(poses.keypoint.values).index(TRACKED_NAME["lf"])
+    for cycle in (4, 8, 12):  # one frame in the middle of three of lf's swings
+        i = int(np.argmin(np.abs(t - (cycle + 0.3 * (1 - TRIPOD.duty)) / TRIPOD.frequency)))
+        poses["position"].values[i, :, lf, 0] = np.nan
+
+    got = flyarchive.gait_summary(poses, thorax="thorax", legs=_legs(), length_unit="mm")
+
+    for leg in ("rf", "lh", "rh"):  # (a cycle of two: 0.65 and 0.62)
+        assert got[f"phase_concentration_{leg}"].item() > 0.95
+        off = (got[f"phase_{leg}"].item() - clean[f"phase_{leg}"].item() + 0.5) % 1 - 0.5
+        assert abs(off) < 0.01
+
+
+@requires_movement
+@pytest.mark.slow  # movement imports for seconds
+def test_a_swing_whose_tripod_partner_was_not_tracked_is_left_out_of_tcs():
+    from flyarchive.testing.walker import TRIPOD
+
+    poses = _tracked_walker()
+    clean = flyarchive.gait_summary(poses, thorax="thorax", legs=_legs(), length_unit="mm")
+    t = poses.time.values
+    rm = list(poses.keypoint.values).index(TRACKED_NAME["rm"])
+    for cycle in (4, 8, 12):  # rm's swing of three cycles not tracked
+        lift = (cycle + TRIPOD.phases[4]) / TRIPOD.frequency
+        poses["position"].values[(t > lift - 0.01) & (t < lift + 0.05), :, rm, 0] = np.nan
+
+    got = flyarchive.gait_summary(poses, thorax="thorax", legs=_legs(), length_unit="mm")
+
+    assert got.tcs.item() == pytest.approx(clean.tcs.item(), abs=0.01)  # (counted 0: 0.74)
+
+
+@requires_movement
+@pytest.mark.slow  # movement imports for seconds
+def test_one_fly_of_a_dataset_and_a_filtered_position_array_are_poses_too():
+    from movement.filtering import savgol_filter
+
+    poses = walker_poses(100, 1.0, individuals=2, noise=0.005)
+    both = flyarchive.gait_summary(poses, thorax="thorax", legs=_legs(), length_unit="mm")
+
+    one = flyarchive.gait_summary(poses.sel(individual="fly1"), thorax="thorax", legs=_legs(),
+                                  length_unit="mm")
+    filtered = savgol_filter(poses.position, window=5)
+    smooth = flyarchive.gait_steps(filtered, thorax="thorax", legs=_legs(), length_unit="mm")
+
+    assert one.individual.values.tolist() == ["fly1"]
+    assert one.step_frequency_lf.item() == both.step_frequency_lf.values[1]
+    assert sorted(set(smooth.individual)) == ["fly0", "fly1"] and len(smooth) > 20
+    frames = poses.position.assign_coords(time=np.arange(poses.sizes["time"]))
+    with pytest.raises(flyarchive.errors.SelectionError, match="time is in 'frames'"):
+        flyarchive.gait_summary(frames, thorax="thorax", legs=_legs())
+
+
+@requires_movement
+@pytest.mark.slow  # movement imports for seconds
+def test_a_keypoint_mapped_to_two_legs_is_refused():
+    legs = {**_legs(), "rf": "L1_tip"}
+
+    with pytest.raises(flyarchive.errors.SelectionError,
+                       match="maps both 'lf' and 'rf' to the keypoint 'L1_tip'"):
+        flyarchive.gait_summary(walker_poses(100, 1.0), thorax="thorax", legs=legs)
+
+
+@requires_movement
+@pytest.mark.slow  # movement imports for seconds
+def test_default_thresholds_on_poses_not_said_to_be_in_mm_are_warned_of():
+    poses = walker_poses(100, 1.0)
+
+    with pytest.warns(UserWarning, match="these poses' length unit is pixels"):
+        flyarchive.gait_summary(poses.assign(position=poses.position.assign_attrs(
+            units="pixels")), thorax="thorax", legs=_legs())
+    with pytest.warns(UserWarning, match="GaitParams' defaults, in mm"):
+        flyarchive.gait_summary(poses, thorax="thorax", legs=_legs())
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        flyarchive.gait_summary(poses, thorax="thorax", legs=_legs(), length_unit="mm")
+        flyarchive.gait_summary(poses, thorax="thorax", legs=_legs(),
+                                params=GaitParams(stance_height=0.2, swing_height=0.3))
