@@ -64,7 +64,7 @@ class RenderJob:
         id: 1, 2, ... in this server's life.
         worlds, camera, start, end, size: What to render.
         client: Who asked (the page's id).
-        state: ``"queued"``, ``"running"``, ``"done"`` or ``"failed"``.
+        state: ``"queued"``, ``"running"``, ``"done"``, ``"failed"`` or ``"cancelled"``.
         message: What went wrong (failed), or what is happening.
         folder: Where its video goes.
         video: The mp4 (done).
@@ -87,6 +87,8 @@ class RenderJob:
     started: float = field(default_factory=time.monotonic)
     finished: float | None = None
     progress: float = 0.0
+    cancelling: bool = False
+    made_folder: bool = False
 
     def as_json(self) -> dict[str, Any]:
         return {"id": self.id, "worlds": self.worlds, "camera": self.camera, "start": self.start,
@@ -257,6 +259,35 @@ class Renders:
                                  f"last {self.limits.max_jobs}).")
         return job.as_json()
 
+    def cancel(self, number: int) -> dict[str, Any]:
+        """Cancel job ``number``: one waiting leaves the queue; the one running is stopped
+        as Ctrl-C stops a render (its partial files removed), and its folder, which holds
+        no finished video, removed; the next render starts. A finished one stays as it is.
+
+        Returns:
+            The job as JSON (its state ``"cancelled"`` unless it had finished).
+
+        Raises:
+            SelectionError: no such job (never asked, or forgotten).
+        """
+        self.status(number)  # (no such job: said)
+        job = self.jobs[number]
+        with self._cond:
+            if job.state == "queued":
+                for client, queue in list(self._waiting.items()):
+                    if job in queue:
+                        queue.remove(job)
+                        if not queue:
+                            del self._waiting[client]
+                job.state, job.message = "cancelled", "cancelled before it started"
+                job.finished = time.monotonic()
+            elif job.state == "running" and not job.cancelling:
+                job.cancelling = True
+                job.message = "cancelling"
+                if self._thread is not None:  # at its next Python instruction (see _work)
+                    _interrupt(self._thread, _Cancelled)
+        return job.as_json()
+
     def warm(self) -> None:
         """Start loading the renderer on the render thread (imports of the render stack;
         Warp's on the Warp backends), so that the first render does not wait for them."""
@@ -292,22 +323,36 @@ class Renders:
     def _work(self) -> None:
         _lower_priority(self.limits.render_niceness)
         while True:
-            with self._cond:
-                while not (self._closed or self._waiting or self._warm_due):
-                    self._cond.wait()
-                if self._closed:
-                    return
-                job = None if self._warm_due else self._take()
-                self._warm_due = False
-            if job is None:
-                _warm(self.backend)
-                continue
             try:
-                self._run(job)
+                if not self._next_job():
+                    return
+            except _Cancelled:  # a cancel that came as its render ended: nothing to stop
+                continue
             except Terminated:  # close(): render_videos removed its partial files
                 return
-            if job.state == "done" and job.finished is not None:
-                self._took.append(job.finished - job.started)
+
+    def _next_job(self) -> bool:
+        """Wait for a render (or the warm-up) and do it; False once closed."""
+        with self._cond:
+            while not (self._closed or self._waiting or self._warm_due):
+                self._cond.wait()
+            if self._closed:
+                return False
+            job = None if self._warm_due else self._take()
+            self._warm_due = False
+        if job is None:
+            _warm(self.backend)
+            return True
+        try:
+            self._run(job)
+        except _Cancelled:  # cancel(): render_videos removed its partial files
+            job.state, job.message = "cancelled", "cancelled while it rendered"
+            if job.made_folder:  # (never another's: a name taken by then is not its own)
+                shutil.rmtree(job.folder, ignore_errors=True)
+            log.info("render %d cancelled", job.id)
+        if job.state == "done" and job.finished is not None:
+            self._took.append(job.finished - job.started)
+        return True
 
     def _folder(self, number: int, worlds: list[int], *, make: bool = False) -> Path:
         """The render's folder: the first of its names that nothing holds (left by an
@@ -336,6 +381,7 @@ class Renders:
             self.out.mkdir(parents=True, exist_ok=True)  # removed since the server started?
             made = _identity(self.out)
             job.folder = self._folder(job.id, job.worlds, make=True)  # taken since it queued?
+            job.made_folder = True
             log.info("render %d: worlds %s, camera %r, time %s to %s, backend %s -> %s",
                      job.id, job.worlds, job.camera, job.start, job.end, self.backend,
                      job.folder)
@@ -402,7 +448,8 @@ class Renders:
         thread.join(wait_s)  # a thread inside a long C call takes the interrupt after it
         if running.state != "done":
             running.state, running.message = "failed", "the viewer stopped while it rendered"
-            shutil.rmtree(running.folder, ignore_errors=True)
+            if running.made_folder:
+                shutil.rmtree(running.folder, ignore_errors=True)
 
 
 def _identity(folder: Path) -> tuple[int, int] | None:
@@ -414,14 +461,19 @@ def _identity(folder: Path) -> tuple[int, int] | None:
     return found.st_dev, found.st_ino
 
 
-def _interrupt(thread: threading.Thread) -> None:
-    """Raise :class:`~flyarchive.errors.Terminated` in ``thread`` (as SIGTERM raises it in
-    the main thread), at its next Python instruction."""
+class _Cancelled(Terminated):
+    """A render cancelled from the page: stopped as SIGTERM stops one (its partial files
+    removed), and the render thread goes on with the next."""
+
+
+def _interrupt(thread: threading.Thread, error: type[BaseException] = Terminated) -> None:
+    """Raise ``error`` (:class:`~flyarchive.errors.Terminated`: as SIGTERM raises it in the
+    main thread) in ``thread``, at its next Python instruction."""
     import ctypes
 
     if thread.ident is not None:
         ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(thread.ident),
-                                                   ctypes.py_object(Terminated))
+                                                   ctypes.py_object(error))
 
 
 def _lower_priority(niceness: int) -> None:

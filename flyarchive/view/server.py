@@ -149,6 +149,7 @@ class ViewApp:
         post("/api/render", self._api(self.render))
         post("/api/renders", self._api(self.render_many))
         get("/api/render/{job:[0-9]{1,9}}", self._api(self.render_status, archive=False))
+        post("/api/render/{job:[0-9]{1,9}}/cancel", self._api(self.render_cancel, archive=False))
         post("/api/reopen", self._api(self.reopen, archive=False))
         get("/video/{job:[0-9]{1,9}}.mp4", self.video)
 
@@ -397,6 +398,9 @@ class ViewApp:
 
     def render_status(self, request: web.Request, body: Any) -> dict[str, Any]:
         return self.state.renders.status(int(request.match_info["job"]))
+
+    def render_cancel(self, request: web.Request, body: Any) -> dict[str, Any]:
+        return self.state.renders.cancel(int(request.match_info["job"]))
 
     def reopen(self, request: web.Request, body: Any) -> dict[str, Any]:
         self.state.reopen()

@@ -446,3 +446,44 @@ def test_an_s3_endpoint_down_mid_session_is_said_on_the_page_and_it_recovers(bro
     assert "The archive's storage did not answer" in text and "keeps running" in text
     assert worlds == [0, 2]
     assert log.having("503 GET /api/table")
+
+
+def test_a_render_is_cancelled_from_the_page_and_leaves_nothing(browser, view_dir, monkeypatch):
+    import shutil
+    import time
+    from pathlib import Path
+
+    import flyarchive
+    from flyarchive.errors import Terminated
+    from flyarchive.testing.view import open_page, serving, view_archive
+
+    stopped = []
+
+    def rendering(url, model, camera, out, **kwargs):  # runs until it is stopped
+        parts = Path(out) / ".parts-1"
+        parts.mkdir(parents=True)
+        try:
+            while True:
+                time.sleep(0.01)
+        except Terminated:
+            stopped.append(out)
+            shutil.rmtree(parts)
+            raise
+
+    url = view_archive(str(view_dir / "cancelled.zarr"))
+    monkeypatch.setattr(flyarchive, "render_videos", rendering)
+    with serving(url, out=view_dir / "videos-cancelled", backend="opengl") as (served, log):
+        page = open_page(browser, served.url)
+        page.wait_for_function(f"{STATE}.ready")
+        select(page, 1)
+        page.click("#render")
+        page.wait_for_function("document.querySelector('#render-status').dataset.state === "
+                               "'running'")
+        page.click("#render-cancel .cancel-render")
+        page.wait_for_function("document.querySelector('#render-status').dataset.state === "
+                               "'cancelled'")
+
+        assert "cancelled while it rendered; nothing of it was kept" in page.inner_text("#message")
+        assert len(stopped) == 1 and not Path(stopped[0]).exists()
+        assert page.inner_html("#render-cancel") == ""  # no button once it ended
+        page.close()

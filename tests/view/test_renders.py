@@ -313,3 +313,64 @@ def test_two_viewers_of_one_output_folder_render_into_folders_of_their_own(view_
     assert states == ["done", "done"]
     assert jobs[0].folder != jobs[1].folder
     assert all(job.video is not None and job.video.is_file() for job in jobs)
+
+
+def test_a_render_cancelled_waiting_never_runs_one_cancelled_running_stops_and_the_next_runs(
+        view_url, tmp_path, monkeypatch):
+    """A render could not be cancelled: a large one held the render thread for minutes."""
+    from types import SimpleNamespace
+
+    import flyarchive
+    from flyarchive.errors import Terminated
+    from flyarchive.testing.view import serving
+    from flyarchive.view.limits import Limits
+
+    asked, seen = [], []
+
+    def rendering(url, model, camera, out, **kwargs):  # the first runs until stopped
+        asked.append(kwargs["worlds"])
+        if len(asked) == 1:
+            parts = Path(out) / ".parts-1"
+            parts.mkdir(parents=True)
+            (parts / "run.json").write_text("{}")
+            try:
+                while True:
+                    time.sleep(0.01)
+            except Terminated:  # render_videos removes its partial files
+                seen.append("interrupted")
+                shutil.rmtree(parts)
+                raise
+        video = Path(out) / "video.mp4"
+        video.write_bytes(b"\0")
+        return SimpleNamespace(videos=[{"path": str(video), "frames": 2, "fps": 25.0}])
+
+    monkeypatch.setattr(flyarchive, "render_videos", rendering)
+    limits = Limits(max_queued_per_client=4, max_queued_renders=4)
+    with serving(view_url, out=tmp_path / "videos", backend="opengl", limits=limits) as (served,
+                                                                                         log):
+        served.viewer.load_model()
+        first, second, third = (served.viewer.renders.submit([w], "front", None, None, (48, 64))
+                                for w in (0, 1, 2))
+        deadline = time.monotonic() + 60
+        while not (first.folder / ".parts-1").exists() and time.monotonic() < deadline:
+            time.sleep(0.01)
+
+        def cancel(number: int) -> tuple[int, dict[str, Any]]:
+            status, _, text = ask(f"{origin(served)}/api/render/{number}/cancel", method="POST",
+                                  headers={"X-Flyarchive-Token": served.token})
+            return status, json.loads(text)
+
+        waiting = cancel(second.id)
+        running = cancel(first.id)
+        done = finished(served, third.id)
+        again = cancel(third.id)  # finished: stays as it is
+        unknown = cancel(999)
+
+    assert waiting == (200, {**waiting[1], "state": "cancelled",
+                             "message": "cancelled before it started"})
+    assert running[0] == 200 and running[1]["state"] == "running"  # stopping
+    assert first.state == "cancelled" and first.message == "cancelled while it rendered"
+    assert seen == ["interrupted"] and not first.folder.exists()
+    assert asked == [[0], [2]]  # the cancelled waiting one never ran; the thread went on
+    assert done["state"] == "done" and again[1]["state"] == "done"
+    assert unknown[0] == 400 and "No render '999'" in unknown[1]["error"]

@@ -492,6 +492,8 @@ async function followMany(answer) {
         const play = Object.assign(document.createElement("button"), { type: "button", textContent: "play" });
         play.onclick = () => { $("video").src = job.video; $("video").hidden = false; };
         line.append(play);
+      } else if (job.state === "queued" || job.state === "running") {
+        line.append(cancelButton(job.id));
       }
       const mine = state.batch.jobs.find((j) => j.id === job.id);
       if (mine) mine.state = job.state;
@@ -516,9 +518,30 @@ async function render() {
   await follow(job.id);
 }
 
+// A button that cancels render `id` (waiting: it leaves the queue; running: it stops and
+// its folder goes).
+function cancelButton(id) {
+  const button = Object.assign(document.createElement("button"), { type: "button", textContent: "cancel", className: "cancel-render" });
+  button.dataset.job = id;
+  button.onclick = () => guarded(async () => {
+    button.disabled = true;
+    await api(`/api/render/${id}/cancel`, { method: "POST" });
+  });
+  return button;
+}
+
 async function follow(id) {
-  const bar = $("render-progress");
+  const bar = $("render-progress"), cancel = $("render-cancel");
   bar.hidden = false;
+  cancel.replaceChildren(cancelButton(id));
+  try {
+    await followed(id, bar);
+  } finally {
+    cancel.replaceChildren();
+  }
+}
+
+async function followed(id, bar) {
   for (;;) {
     const job = await getJson(`/api/render/${id}`);
     bar.value = job.progress;
@@ -536,6 +559,11 @@ async function follow(id) {
     if (job.state === "failed") {
       bar.hidden = true;
       throw new ApiError(`The render failed: ${job.message}`);
+    }
+    if (job.state === "cancelled") {
+      bar.hidden = true;
+      say(`Render ${job.id} ${job.message}; nothing of it was kept.`);
+      return;
     }
     await new Promise((r) => setTimeout(r, 300));
   }
