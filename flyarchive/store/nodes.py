@@ -8,7 +8,8 @@ Creating an archive writes (after its root group, :mod:`~flyarchive.store.writer
    (:mod:`~flyarchive.models.kept`);
 2. the values written at creation: labels (``dof``, ``mocap``...), ``world``, world
    variables, and the frame schedule of an archive of fixed capacity;
-3. ``n_frames``'s ``zarr.json``, the marker that the creation completed.
+3. ``n_frames``'s ``zarr.json``, the marker that the creation completed, and its chunks of
+   zeros (no frame committed) with it.
 
 The writes of a step go concurrently; a step starts once every write of the one before
 it has finished (:func:`~flyarchive.store.location.settled`). Nothing is looked up first:
@@ -87,7 +88,7 @@ def create_arrays(group: zarr.Group, spec: ArchiveSpec) -> Created:
     planned = _planned_arrays(spec)
     marker = planned.pop()  # n_frames
     arrays = sync(_store(group, planned, groups, objects))
-    arrays.update(sync(_store(group, [marker], {}, {})))
+    arrays.update(sync(_store(group, [marker], {}, {}, at_once=True)))
     members: dict[str, ArrayV3Metadata | GroupMetadata] = dict(groups)
     members.update((name, arr.metadata) for name, arr in arrays.items())
     return Created(arrays, members, spec.world_ids)
@@ -150,10 +151,13 @@ def _planned_arrays(spec: ArchiveSpec) -> list[_Planned]:
                                    attributes={WHOLE_ATTR: True}, **crc), values))
     # One chunk per shard of worlds when several writers share the archive (each writes
     # its own), else one chunk: a reader opens it with one request.
+    # Its zeros are written (with its zarr.json, at once): a writer killed in its first
+    # commit, between the frames' chunks and n_frames, leaves frames past n_frames = 0 to
+    # redo, not a missing commit-marker file, which reads as one lost.
     planned.append(("n_frames", dict(shape=(nw,), dtype="int64", chunks=(sw if nt else nw,),
                                      fill_value=0, dimension_names=["world"],
                                      attributes={"description": "committed frames per world"},
-                                     **crc), None))
+                                     **crc), np.zeros(nw, dtype=np.int64)))
     return planned
 
 
@@ -163,22 +167,27 @@ def _label_array(name: str, labels: Sequence[str]) -> _Planned:
 
 
 async def _store(group: zarr.Group, planned: list[_Planned], groups: Mapping[str, GroupMetadata],
-                 objects: Mapping[str, bytes]) -> dict[str, zarr.Array]:
+                 objects: Mapping[str, bytes], *, at_once: bool = False
+                 ) -> dict[str, zarr.Array]:
     """Write ``planned`` arrays, ``groups`` and ``objects`` (bytes by key) under
-    ``group``: every metadata document and object, then the arrays' values."""
+    ``group``: every metadata document and object, then the arrays' values (with
+    ``at_once``, all together: one round of requests)."""
     built = {name: await _metadata(name, options) for name, options, _ in planned}
     paths = {name: group.store_path / name for name in built}
     proto = default_buffer_prototype()
-    await settled([*(save_metadata(paths[name], meta) for name, meta in built.items()),
-                   *(save_metadata(group.store_path / name, meta) for name, meta in groups.items()),
-                   *((group.store_path / key).set(proto.buffer.from_bytes(blob))
-                     for key, blob in objects.items())])
+    documents = [*(save_metadata(paths[name], meta) for name, meta in built.items()),
+                 *(save_metadata(group.store_path / name, meta) for name, meta in groups.items()),
+                 *((group.store_path / key).set(proto.buffer.from_bytes(blob))
+                   for key, blob in objects.items())]
+    if not at_once:
+        await settled(documents)
+        documents = []
     # every chunk written, even one of fill values only: a missing chunk is then damage
     whole = {"write_empty_chunks": True}
     arrays = {name: zarr.AsyncArray(meta, paths[name], config=whole)
               for name, meta in built.items()}
-    await settled(arrays[name].setitem(slice(None), values)
-                  for name, _, values in planned if values is not None)
+    await settled([*documents, *(arrays[name].setitem(slice(None), values)
+                                 for name, _, values in planned if values is not None)])
     return {name: zarr.Array(arr) for name, arr in arrays.items()}
 
 

@@ -90,3 +90,42 @@ def test_commit_interrupted_while_growing_arrays_still_opens(tiny, tmp_path):
 
     np.testing.assert_array_equal(ds.qpos.values, expected["qpos"])
     np.testing.assert_array_equal(ds.mocap_pos.values, expected["mocap_pos"])
+
+
+#: A writer that dies (SIGKILL) in its first commit: the frames' chunks written, n_frames not.
+KILLED_IN_FIRST_COMMIT = """
+import os, signal, sys
+from zarr.core.array import AsyncArray
+from flyarchive import TrajectoryRecorder
+from flyarchive.testing import simulate, tiny_model
+import numpy as np
+setitem = AsyncArray.setitem
+async def dying(self, selection, value, *args, **kwargs):
+    if self.path.endswith("n_frames") and np.any(np.asarray(value) > 0):  # the first commit
+        os.kill(os.getpid(), signal.SIGKILL)
+    return await setitem(self, selection, value, *args, **kwargs)
+AsyncArray.setitem = dying
+model = tiny_model()
+with TrajectoryRecorder(sys.argv[1], model, chunk_frames=5) as recorder:
+    simulate(model, 3, 400, recorder.record_as_needed)
+"""
+
+
+@pytest.mark.timeout(120)
+def test_a_writer_killed_in_its_first_commit_leaves_an_archive_that_resumes(tiny, tmp_path):
+    """It left the frames' chunks and no n_frames chunk, which verify and mode='a' read as
+    a lost commit-marker file ("restore from a backup"), though nothing had been committed."""
+    from flyarchive import verify
+
+    url = str(tmp_path / "first.zarr")
+    killed = subprocess.run([sys.executable, "-c", KILLED_IN_FIRST_COMMIT, url], timeout=100)
+    assert killed.returncode == -signal.SIGKILL
+    assert list((tmp_path / "first.zarr" / "qpos").rglob("c/*"))  # frames' chunks written
+
+    checked = verify(url)
+    assert checked.ok, checked.problems
+    assert open_archive(url).n_frames.values.tolist() == [0, 0, 0]
+    expected = reference_frames(tiny, 3, 400)
+    with TrajectoryRecorder(url, tiny, chunk_frames=5, mode="a") as recorder:
+        simulate(tiny, 3, 400, recorder.record_as_needed)
+    np.testing.assert_array_equal(open_archive(url).qpos.values, expected["qpos"])
