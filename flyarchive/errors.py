@@ -300,6 +300,11 @@ class Terminated(KeyboardInterrupt):
     keeping what it finished."""
 
 
+class RenderCancelled(Terminated):
+    """A render cancelled from the viewer's page: it stops as on SIGTERM (its partial files
+    removed), and the viewer's render thread goes on with the next."""
+
+
 def another_mujoco_line(warp_version: str, mujoco_version: str) -> str:
     """The warning's text for mujoco-warp of another line than MuJoCo (mujoco-warp is
     made for the MuJoCo of its own release, and declares only ``mujoco>=3.13``), with the

@@ -32,7 +32,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from flyarchive.errors import FlyarchiveError, SelectionError, ServerBusyError, Terminated
+from flyarchive.errors import (
+    FlyarchiveError,
+    RenderCancelled,
+    SelectionError,
+    ServerBusyError,
+    Terminated,
+)
 from flyarchive.view.limits import Limits, check_cost
 
 log = logging.getLogger("flyarchive.view")
@@ -285,7 +291,7 @@ class Renders:
                 job.cancelling = True
                 job.message = "cancelling"
                 if self._thread is not None:  # at its next Python instruction (see _work)
-                    _interrupt(self._thread, _Cancelled)
+                    _interrupt(self._thread, RenderCancelled)
         return job.as_json()
 
     def warm(self) -> None:
@@ -326,7 +332,7 @@ class Renders:
             try:
                 if not self._next_job():
                     return
-            except _Cancelled:  # a cancel that came as its render ended: nothing to stop
+            except RenderCancelled:  # a cancel that came as its render ended: nothing to stop
                 continue
             except Terminated:  # close(): render_videos removed its partial files
                 return
@@ -345,7 +351,7 @@ class Renders:
             return True
         try:
             self._run(job)
-        except _Cancelled:  # cancel(): render_videos removed its partial files
+        except RenderCancelled:  # cancel(): render_videos removed its partial files
             job.state, job.message = "cancelled", "cancelled while it rendered"
             if job.made_folder:  # (never another's: a name taken by then is not its own)
                 shutil.rmtree(job.folder, ignore_errors=True)
@@ -459,11 +465,6 @@ def _identity(folder: Path) -> tuple[int, int] | None:
     except OSError:
         return None
     return found.st_dev, found.st_ino
-
-
-class _Cancelled(Terminated):
-    """A render cancelled from the page: stopped as SIGTERM stops one (its partial files
-    removed), and the render thread goes on with the next."""
 
 
 def _interrupt(thread: threading.Thread, error: type[BaseException] = Terminated) -> None:
