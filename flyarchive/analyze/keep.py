@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 from collections.abc import Callable, Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
@@ -92,7 +93,8 @@ def keep_positions(
             another key of the same bucket; a local ``to`` of an ``s3://`` archive to none).
         orientations: Keep orientations too.
         backend: ``"cpu"``, ``"warp-cpu"`` or ``"gpu"`` (as :func:`flyarchive.positions`).
-        overwrite: Replace what is at ``to`` (or at the derived group) whatever it holds.
+        overwrite: Replace other positions kept at ``to`` (or at the derived group); never
+            a recorded archive (the source included) nor what flyarchive did not write.
         takeover: Take over the claim of a writer that crashed on another host.
         on_block: Called ``(frames committed, frames in all)`` after each committed block.
         on_repair: Called with one sentence for each repair (a group made anew, frames
@@ -128,6 +130,7 @@ def keep_positions(
         target = str(to)
         options = to_storage_options if to_storage_options is not None else \
             storage_options if protocol(target) == protocol(str(url)) != "file" else None
+        _check_apart(str(url), target)
     chunk_frames, shard_worlds = stored_chunks(str(url), storage_options)
     spec = DerivedSpec(dict(ds.attrs), made, prepared.keypoints.labels,
                        tuple(int(w) for w in ds.world.values), orientations,
@@ -317,3 +320,26 @@ def _as_slice(index: np.ndarray) -> slice | np.ndarray:
         return slice(int(index[0]), int(index[0]) + index.size)
     return index
 
+
+def _check_apart(url: str, to: str) -> None:
+    """``to`` is neither inside the archive at ``url`` nor holds it (the archive itself is
+    refused where it is found: a recording is never replaced).
+
+    Raises:
+        OutputLocationError: it is.
+    """
+    from flyarchive.errors import OutputLocationError
+    from flyarchive.store.location import protocol
+
+    if protocol(to) == "file" and protocol(url) == "file":
+        here, there = (os.path.realpath(os.path.expanduser(p.removeprefix("file://")))
+                       for p in (to, url))
+    else:
+        here, there = to.rstrip("/"), url.rstrip("/")
+    if here != there and (here.startswith(there + "/") or there.startswith(here + "/")):
+        inside = here.startswith(there + "/")
+        raise OutputLocationError(
+            f"--to {to!r} is {'inside' if inside else 'a folder holding'} the archive at "
+            f"{url!r}: positions kept there would {'be written into' if inside else 'replace'} "
+            "it. Pass --to a place beside it, e.g. "
+            f"{url.rstrip('/').removesuffix('.zarr')}-positions.zarr. Nothing was written.")

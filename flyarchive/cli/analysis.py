@@ -306,7 +306,8 @@ def add_commands(add: Callable[[str, Any, str], argparse.ArgumentParser],
     p.add_argument("--to", help="write them as a new archive at this URL instead")
     p.add_argument("--to-storage-options", help="fsspec options of --to as JSON (default: --storage-options when --to is of the same protocol)")
     p.add_argument("--orientations", action="store_true", help="keep orientations too")
-    p.add_argument("--overwrite", action="store_true", help="replace what is at --to")
+    p.add_argument("--overwrite", action="store_true",
+                   help="replace other positions kept at --to (never a recording)")
     p.add_argument("--quiet", action="store_true", help="no progress")
     takeover(p)
     p = add("gait", cmd_gait, "Gait and locomotion measures per world (distance, speed, "

@@ -159,7 +159,8 @@ class DerivedWriter(ArchiveWriter):
         Args:
             url: Where: a derived group's URL (:func:`derived_url`) or a new archive's.
             spec: What it holds.
-            overwrite: Replace what is at ``url`` whatever it is.
+            overwrite: Replace the derived values of another request at ``url`` (never a
+                recorded archive, nor what flyarchive did not write).
             takeover: Take over the claim of a writer that crashed on another host.
             source: The archive the values are computed from, as opened; None: a group
                 there is checked alone.
@@ -187,6 +188,12 @@ class DerivedWriter(ArchiveWriter):
         there = _what_is_there(store, spec)
         if there == "foreign" and not owned:
             raise foreign(url)
+        if there == "recording":
+            raise ArchiveExistsError(
+                f"A recorded archive is at {url!r} (the archive these values come from, or "
+                "another); derived values never replace a recording, overwrite or not. "
+                "Nothing was changed. Choose another URL (e.g. beside it: "
+                f"{url.rstrip('/').removesuffix('.zarr')}-positions.zarr).")
         if there == "other" and not overwrite and not owned:
             raise ArchiveExistsError(
                 f"Something that is not these derived values is at {url!r} (another archive, "
@@ -279,9 +286,9 @@ class DerivedWriter(ArchiveWriter):
 
 def _what_is_there(store: zarr.abc.store.Store, spec: DerivedSpec) -> str:
     """``"empty"``, ``"same"`` (a derived group of this request), ``"interrupted"`` (its
-    creation did not finish: made anew), ``"other"`` (what flyarchive made: an archive,
-    another request's group) or ``"foreign"`` (anything else: never replaced but in an
-    archive's own ``derived/`` folder)."""
+    creation did not finish: made anew), ``"other"`` (another request's derived group),
+    ``"recording"`` (a recorded archive: never replaced) or ``"foreign"`` (anything
+    else: never replaced but in an archive's own ``derived/`` folder)."""
     raw = sync(store.get("zarr.json", prototype=default_buffer_prototype()))
     if raw is None:
         async def anything() -> bool:
@@ -301,6 +308,8 @@ def _what_is_there(store: zarr.abc.store.Store, spec: DerivedSpec) -> str:
         return "foreign"
     if not made_here:
         return "foreign"
+    if derived is None:
+        return "recording"
     if derived != dict(spec.provenance):
         return "other"
     return "same" if sync(store.exists("n_frames/zarr.json")) else "interrupted"

@@ -143,6 +143,29 @@ def test_an_archive_of_other_positions_is_not_replaced(sites_archive, tmp_path):
     assert snapshot(to) == before
 
 
+def test_a_recording_is_never_replaced_by_positions_overwrite_or_not(sites_archive, tmp_path,
+                                                                     cli):
+    """``positions RUN --to RUN --overwrite`` (a slip of tab completion) deleted the recording
+    and left an empty group of positions in its place."""
+    from flyarchive.errors import OutputLocationError
+
+    other = record(tiny_model(), str(tmp_path / "other.zarr"), n_worlds=2)
+    before, other_before = snapshot(sites_archive), snapshot(other)
+
+    for to in (sites_archive, other, sites_archive + "/"):
+        with pytest.raises(ArchiveExistsError, match="derived values never replace a recording"):
+            flyarchive.keep_positions(sites_archive, "target", to=to, overwrite=True)
+    code, _, err = cli("positions", sites_archive, "--keypoints", "target", "--to",
+                       sites_archive, "--overwrite")
+    for to, where in ((sites_archive + "/pos.zarr", "inside"), (str(tmp_path), "a folder holding")):
+        with pytest.raises(OutputLocationError, match=f"is {where} the archive"):
+            flyarchive.keep_positions(sites_archive, "target", to=to, overwrite=True)
+
+    assert code == 2 and "never replace a recording" in err and "Nothing was changed" in err
+    assert snapshot(sites_archive) == before and snapshot(other) == other_before
+    assert flyarchive.verify(sites_archive).ok
+
+
 def test_keep_on_each_storage(location, sites_model):
     url = record(sites_model, location.url, storage_options=location.storage_options)
 
