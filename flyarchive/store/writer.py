@@ -43,6 +43,7 @@ A refused creation leaves nothing behind.
 
 from __future__ import annotations
 
+import json
 import weakref
 from collections.abc import Mapping
 from typing import Any
@@ -55,6 +56,7 @@ from flyarchive.clock import Timing
 from flyarchive.errors import (
     ArchiveExistsError,
     ArchiveInUseError,
+    ArchiveReplacedError,
     FlyarchiveError,
     StorageError,
 )
@@ -93,6 +95,7 @@ from flyarchive.store.nodes import Created, create_arrays
 from flyarchive.store.opener import open_for_writing
 from flyarchive.store.reader import fused_array
 from flyarchive.archive_spec import ArchiveSpec, FrameBlock
+from flyarchive.zarr_internals import default_buffer_prototype
 
 
 # ----------------------------------------------------------------------------- the writer
@@ -175,6 +178,8 @@ class ArchiveWriter:
         self._consolidated = True  # False while the last consolidation failed
         self._last_commit = 0  # the largest n_frames of the last commit
         self._finalizer: weakref.finalize | None = None
+        self._claim = claim
+        self._lost = False  # the archive went (deleted, moved, replaced) while it wrote
         if claim is not None:
             self._finalizer = weakref.finalize(self, release_quietly, group.store, *claim)
             self._finalizer.atexit = False  # a recorder's exit hook commits, then closes
@@ -373,6 +378,9 @@ class ArchiveWriter:
         committed = np.full(self.n_worlds, t1) if n_frames is None else np.asarray(n_frames)
         try:
             sync(self._commit(block, t0, t1, committed.astype(np.int64)))
+        except ArchiveReplacedError:
+            self._failed = self._lost = True  # nothing more is written there, ever
+            raise
         except (OSError, RuntimeError, TimeoutError, *storage_errors.client_errors()) as err:
             self._failed = True  # retrying is allowed, and so is a new writer taking over
             raise StorageError(
@@ -388,7 +396,9 @@ class ArchiveWriter:
     async def _commit(self, block: FrameBlock, t0: int, t1: int, committed: np.ndarray) -> None:
         """Steps 1 to 4 of a commit (see the module's docstring). The writes of one step
         go concurrently; each step starts once every write of the step before it has
-        finished, and a failure is raised only then (:func:`settled`)."""
+        finished, and a failure is raised only then (:func:`settled`). First, the claim is
+        read: still this writer's, or nothing is written (:meth:`_check_held`)."""
+        await self._check_held(t0)
         extent = max(t1, self._extent)
         grow = []
         for name in self._state + self._times:
@@ -405,6 +415,39 @@ class ArchiveWriter:
             writes += self._time_writes(block, t0, t1)
         await settled(writes)
         await self._arrays["n_frames"].async_array.setitem(self._worlds, committed)
+
+    async def _check_held(self, t0: int) -> None:
+        """Raise if this writer's claim is no longer in the archive: the archive was deleted
+        or moved away while it wrote (a write would make a fragment of one where it was),
+        or replaced by another writer's (a write would splice two runs).
+
+        Raises:
+            ArchiveReplacedError: saying which, and that nothing more is written.
+        """
+        if self._lost:
+            raise ArchiveReplacedError(self._lost_text(t0, "its claim went earlier"))
+        if self._claim is None:
+            return
+        keys, writer = self._claim
+        got = await self._group.store.get(keys[0], prototype=default_buffer_prototype())
+        if got is None:
+            raise ArchiveReplacedError(self._lost_text(
+                t0, f"its claim {keys[0]} is gone: the archive was deleted or moved away "
+                "while it recorded"))
+        try:
+            holder = json.loads(got.to_bytes()).get("writer")
+        except (ValueError, UnicodeDecodeError, AttributeError):
+            holder = None
+        if holder != writer:
+            raise ArchiveReplacedError(self._lost_text(
+                t0, f"its claim {keys[0]} names another writer: the archive was replaced "
+                "(or taken over) while it recorded"))
+
+    def _lost_text(self, t0: int, why: str) -> str:
+        return (f"The archive at {self.url!r} is no longer the one this writer records into: "
+                f"{why}. Nothing more is written there (frames from {t0} on were not); the "
+                f"{t0} frames committed before went with the archive. Record into another "
+                "location, or resume the archive where it is now with mode='a'.")
 
     def _consolidate(self, changed: Mapping[str, Any], n_time: int) -> None:
         """Step 5 of a commit: the consolidated metadata, from what this writer holds.
@@ -499,7 +542,7 @@ class ArchiveWriter:
         Raises:
             StorageError: if the storage fails while the claim is released.
         """
-        if not self._consolidated and not self._closed:
+        if not self._consolidated and not self._closed and not self._lost:
             self._consolidate({}, self._last_commit)
         self._closed = True
         held = self._finalizer.detach() if self._finalizer is not None else None

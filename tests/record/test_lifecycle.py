@@ -160,3 +160,78 @@ def test_a_claim_that_cannot_be_released_on_s3_is_a_storage_error(tiny, s3_locat
 
     with pytest.raises(StorageError, match=r"Cannot reach the storage of 's3://"):
         recorder.close()
+
+
+@pytest.mark.parametrize("then", ["deleted", "moved", "replaced"])
+def test_a_recorder_whose_archive_goes_stops_and_writes_nothing_more_there(tiny, tmp_path, then):
+    """It wrote on: into a fragment where the archive was, or into the archive another
+    recording made there meanwhile (two runs spliced, the other's metadata overwritten)."""
+    import shutil
+
+    from flyarchive import verify
+    from flyarchive.errors import ArchiveReplacedError
+    from flyarchive.testing.fixtures import record, snapshot
+
+    url = str(tmp_path / "run.zarr")
+    recorder = TrajectoryRecorder(url, tiny, chunk_frames=5)
+    steps, kept = [0], []
+
+    def on_step(datas):
+        steps[0] += 1
+        if steps[0] == 60:  # after some commits
+            if then == "moved":
+                shutil.move(url, tmp_path / "moved.zarr")
+            else:
+                shutil.rmtree(url)
+            if then == "replaced":  # another recording, closed: its claim gone too
+                record(tiny, url, n_worlds=2, n_steps=12)
+                kept.append(snapshot(url))
+        recorder.record_as_needed(datas)
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)  # closing says it again
+        with pytest.raises(ArchiveReplacedError, match="no longer the one this writer records "
+                                                       "into") as raised:
+            with recorder:
+                simulate(tiny, 2, 400, on_step)
+
+    assert "is gone: the archive was deleted or moved away" in str(raised.value)
+    if then == "replaced":  # the other recording as it closed it
+        assert snapshot(url) == kept[0] and verify(url).ok
+    else:
+        assert not (tmp_path / "run.zarr").exists()  # no fragment where it was
+    if then == "moved":
+        moved = open_archive(str(tmp_path / "moved.zarr"))
+        assert verify(str(tmp_path / "moved.zarr")).ok and int(moved.n_frames.min()) > 0
+
+
+def test_a_recorder_whose_archive_another_recording_took_writes_nothing_into_it(tiny, tmp_path):
+    import shutil
+
+    from flyarchive import verify
+    from flyarchive.errors import ArchiveReplacedError
+
+    url = str(tmp_path / "run.zarr")
+    recorder = TrajectoryRecorder(url, tiny, chunk_frames=5)
+    steps, other = [0], []
+
+    def on_step(datas):
+        steps[0] += 1
+        if steps[0] == 60:  # deleted, and another recording starts there at once
+            shutil.rmtree(url)
+            other.append(TrajectoryRecorder(url, tiny, chunk_frames=5))
+            simulate(tiny, 2, 40, other[0].record_as_needed)
+        recorder.record_as_needed(datas)
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        with pytest.raises(ArchiveReplacedError, match="names another writer: the archive was "
+                                                       "replaced"):
+            with recorder:
+                simulate(tiny, 2, 400, on_step)
+    other[0].close()
+
+    expected = reference_frames(tiny, 2, 40)
+    ds = open_archive(url)
+    assert verify(url).ok
+    np.testing.assert_array_equal(ds.qpos.values, expected["qpos"][:, :ds.sizes["time"]])
