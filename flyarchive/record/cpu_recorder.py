@@ -229,8 +229,7 @@ class TrajectoryRecorder:
         self._recorded = 0  # frames recorded by this recorder
         self._closed = False
         self._reset_after: str | None = None  # the message once reset() ended the recording
-        if mode == "w-":
-            self.archives.refuse_existing(self.url, storage_options)
+        self.archives.check_location(self.url, parse_mode(mode), storage_options)
 
     # -- properties -----------------------------------------------------------------
 

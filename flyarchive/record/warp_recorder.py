@@ -211,8 +211,7 @@ class WarpTrajectoryRecorder:
         self._recorded = 0
         self._closed = False
         self._reset_after: str | None = None
-        if mode == "w-":
-            self.archives.refuse_existing(self.url, storage_options)
+        self.archives.check_location(self.url, parse_mode(mode), storage_options)
 
     # -- properties ---------------------------------------------------------------
 

@@ -35,11 +35,18 @@ class StoredArchives:
 
         return ArchiveWriter.append(url, layout, timing=timing, **options)
 
-    def refuse_existing(self, url: str,
-                        storage_options: Mapping[str, Any] | None = None) -> None:
+    def check_location(self, url: str, mode: str,
+                       storage_options: Mapping[str, Any] | None = None) -> None:
+        """Refuse, before anything is recorded, a location inside another archive's folder
+        and (``mode="w-"``) one where something is already."""
         from flyarchive.store import refuse_existing
+        from flyarchive.store.local_files import refuse_nested_archive
+        from flyarchive.store.location import is_local, local_path
 
-        refuse_existing(url, storage_options)
+        if is_local(url):
+            refuse_nested_archive(local_path(url))
+        if mode == "w-":
+            refuse_existing(url, storage_options)
 
     def read_trajectories(self, url: str, storage_options: Mapping[str, Any] | None = None, *,
                           worlds: Sequence[int] | None = None) -> Any:

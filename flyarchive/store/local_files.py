@@ -52,6 +52,27 @@ def refuse_inside_archive(path: str | os.PathLike[str], flag: str) -> None:
         f"written there is not part of it. Pass {flag} a place outside it, e.g. '{beside}'.")
 
 
+def refuse_nested_archive(path: str | os.PathLike[str]) -> None:
+    """Refuse a new archive inside another's folder (one of its parents holds a
+    ``zarr.json``): replacing, moving or deleting the outer one would take it along, and
+    ``verify`` of the outer one would not name it.
+
+    Raises:
+        OutputLocationError: naming the outer archive and a place beside it.
+    """
+    from flyarchive.errors import OutputLocationError
+
+    here = Path(os.path.abspath(os.path.expanduser(os.fspath(path))))
+    held = [f for f in here.parents if (f / "zarr.json").is_file()]
+    if held:
+        folder = held[-1]
+        raise OutputLocationError(
+            f"{os.fspath(path)!r} is inside the archive (or zarr group) at '{folder}': an "
+            "archive there would be deleted with it (mode='w'), copied and moved with it, "
+            f"and unknown to its verify. Record beside it, e.g. "
+            f"'{folder.parent / (folder.stem + '-' + here.name)}'. Nothing was written.")
+
+
 def write_whole(target: Path, write: Callable[[str], object], *,
                 suffix: str | None = None) -> None:
     """``write(path)`` into a temporary file beside ``target`` (its folder made if

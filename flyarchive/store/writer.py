@@ -214,6 +214,10 @@ class ArchiveWriter:
         """
         parse_mode(mode)
         url = as_url(url)
+        if is_local(url):
+            from flyarchive.store.local_files import refuse_nested_archive
+
+            refuse_nested_archive(local_path(url))
         try:
             with storage_errors.translated(url, storage_options):  # S3 faults
                 return cls._create(url, spec, mode, storage_options, takeover)

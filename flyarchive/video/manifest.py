@@ -266,7 +266,8 @@ def read_manifest(url: str, storage_options: Mapping[str, Any] | None = None, *,
 
 
 def check_manifest(value: Any, url: str) -> None:
-    """Check the types of a parsed manifest: an object whose ``videos`` is a list of entries,
+    """Check the types of a parsed manifest: an object with flyarchive's
+    ``manifest_version`` whose ``videos`` is a list of entries,
     each with ``path`` and ``camera`` (text), ``world`` (an integer, or null for a mosaic
     entry, which holds a ``mosaic`` object), and, where present, integers, numbers, text,
     lists and objects where :func:`describe` writes them.
@@ -287,6 +288,12 @@ def check_manifest(value: Any, url: str) -> None:
             path = entry.get("path") if isinstance(entry, dict) else None
             where = f"video entry {i}" + (f" ({path!r})" if isinstance(path, str) else "")
             raise _bad(url, f"{where} {problem}")
+    version = value.get("manifest_version")
+    if not isinstance(version, int) or isinstance(version, bool) \
+            or not 1 <= version <= MANIFEST_VERSION:
+        raise _bad(url, f"it is not a flyarchive manifest (its manifest_version is "
+                        f"{_short(version)}; flyarchive writes 1 to {MANIFEST_VERSION}), and "
+                        "would be replaced")
 
 
 def names_inside(entry: dict[str, Any], folder: str) -> bool:

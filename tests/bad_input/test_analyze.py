@@ -117,9 +117,10 @@ def test_kept_positions_never_replace_an_archive_at_their_target(archive, record
     other = copy_archive(recorded, tmp_path / "other.zarr")
     before = snapshot(other)
 
-    with pytest.raises(ArchiveExistsError, match=r"Something that is not these derived values is "
-                       r"at .*other\.zarr.*pass overwrite=True \(--overwrite\)"):
-        flyarchive.keep_positions(archive, "hand", to=other)
+    for overwrite in (False, True):  # a recording: never, asked or not
+        with pytest.raises(ArchiveExistsError, match=r"A recorded archive is at .*other\.zarr.*"
+                                                     r"never replace a recording"):
+            flyarchive.keep_positions(archive, "hand", to=other, overwrite=overwrite)
 
     assert snapshot(other) == before
 

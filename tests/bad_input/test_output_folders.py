@@ -101,8 +101,11 @@ def test_an_unsafe_manifest_is_refused_before_rendering(archive, before, tmp_pat
     ([1, 2], "it holds list, not a JSON object"),
     ({"videos": {"0": 1}}, "'videos' is {'0': 1}, not a list"),
     ({"videos": ["front.mp4"]}, "video entry 0 is 'front.mp4', not an object"),
+    ({"my": "precious notes"}, "it is not a flyarchive manifest (its manifest_version is None"),
+    ({}, "it is not a flyarchive manifest"),
+    ({"manifest_version": 99, "videos": []}, "its manifest_version is 99; flyarchive writes 1"),
 ], ids=["not JSON", "nested 100000 deep", "nested 73 deep", "a list", "videos not a list",
-        "an entry not an object"])
+        "an entry not an object", "a user's JSON", "an empty object", "a later version"])
 def test_a_manifest_that_is_not_a_manifest_is_refused_naming_the_problem(
         archive, before, tmp_path, tiny, value, fragment):
     out = tmp_path / "out"

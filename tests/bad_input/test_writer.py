@@ -196,3 +196,19 @@ def test_a_malformed_writer_claim_is_refused_before_an_append(tiny, archive):
         record(tiny, archive, n_steps=120, mode="a")
 
     assert snapshot(archive) == before
+
+
+@pytest.mark.parametrize("inner", ["inner.zarr", "qpos/inner.zarr", "derived/inner.zarr"])
+def test_an_archive_inside_another_archives_folder_is_refused(tiny, tmp_path, inner):
+    """It was recorded there, unknown to the outer archive's verify, and deleted with it by
+    mode='w'."""
+    from flyarchive.errors import OutputLocationError
+
+    outer = record(tiny, str(tmp_path / "outer.zarr"), n_worlds=1)
+    before = snapshot(outer)
+
+    with pytest.raises(OutputLocationError, match=r"is inside the archive \(or zarr group\) at "
+                                                  r".*outer\.zarr'.*Record beside it"):
+        TrajectoryRecorder(str(tmp_path / "outer.zarr" / inner), tiny)
+
+    assert snapshot(outer) == before
