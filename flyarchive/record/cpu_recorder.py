@@ -80,9 +80,14 @@ class _Session:
         self.closed = False
 
     def flush(self) -> None:
-        if self.buffer.size:
+        if not self.buffer.size:
+            return
+        before = self.writer.n_frames
+        try:
             self.writer.write(self.buffer.block(self.timing))
-            self.buffer.clear()
+        finally:  # committed, even if interrupted after (Ctrl-C in step 5): never again
+            if self.writer.n_frames != before:
+                self.buffer.clear()
 
     def close(self) -> None:
         if self.closed:

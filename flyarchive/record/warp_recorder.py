@@ -49,7 +49,7 @@ from flyarchive.record.common import (
     release_writer,
 )
 from flyarchive.archive_spec import ArchiveSpec, as_url, parse_mode
-from flyarchive.record.sink import ArchiveSink, Archives
+from flyarchive.record.sink import Archives
 from flyarchive.warp_log import import_warp
 
 wp = import_warp("WarpTrajectoryRecorder")

@@ -235,3 +235,31 @@ def test_a_recorder_whose_archive_another_recording_took_writes_nothing_into_it(
     ds = open_archive(url)
     assert verify(url).ok
     np.testing.assert_array_equal(ds.qpos.values, expected["qpos"][:, :ds.sizes["time"]])
+
+
+def test_ctrl_c_after_a_commit_wrote_its_frames_never_commits_them_again(tiny, tmp_path,
+                                                                        monkeypatch):
+    """Ctrl-C in a commit's last step (the consolidated metadata) left the frames in the
+    buffer, and closing committed them again after themselves: time went back, and the
+    archive could be neither read nor resumed."""
+    import flyarchive.store.writer as writer
+    from flyarchive import verify
+
+    real, calls = writer.write_consolidated, [0]
+
+    def interrupted(*args, **kwargs):
+        calls[0] += 1
+        if calls[0] == 3:  # the second commit's step 5 (the first is the creation's)
+            raise KeyboardInterrupt
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(writer, "write_consolidated", interrupted)
+    url = str(tmp_path / "run.zarr")
+    with pytest.raises(KeyboardInterrupt):
+        with TrajectoryRecorder(url, tiny, chunk_frames=5) as recorder:
+            simulate(tiny, 2, 400, recorder.record_as_needed)
+
+    ds = open_archive(url)
+    n = int(ds.n_frames.max())
+    assert verify(url).ok and n >= 10
+    np.testing.assert_array_equal(ds.qpos.values, reference_frames(tiny, 2, 4 * n)["qpos"][:, :n])
