@@ -72,6 +72,14 @@ class FrameBuffer:
         self.size = 0
 
 
+def _keeps(attrs: Any, portable: Any) -> bool:
+    """The archive (its root ``attrs``) keeps this portable model already."""
+    from flyarchive.models.entries import PORTABLE_MODEL_ATTR, portable_entry
+
+    kept = attrs.get(PORTABLE_MODEL_ATTR) if isinstance(attrs, dict) else None
+    return isinstance(kept, dict) and kept.get("sha256") == portable_entry(portable)["sha256"]
+
+
 class _Session:
     """The writer and buffer of a started recorder; its finalizer holds this, not the recorder."""
 
@@ -459,7 +467,9 @@ class TrajectoryRecorder:
                 f"{n_worlds} MjData were passed."
             )
         self._tail = CommittedTail.read(writer)
-        if self._tail is not None and self._spec_args["portable"] is not None:
+        portable = self._spec_args["portable"]
+        if self._tail is not None and portable is not None and \
+                not _keeps(getattr(writer, "attrs", None), portable):
             warnings.warn(
                 f"model_source was not kept: {self.url!r} was recorded before, and appending "
                 "keeps the models the archive keeps. Keep it with `flyarchive model attach "

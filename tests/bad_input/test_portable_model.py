@@ -372,3 +372,26 @@ def test_a_model_source_given_when_appending_is_not_kept_and_a_warning_says_how(
             simulate(model, 1, 60, recorder.record_as_needed)
 
     assert "portable_model" not in open_archive(url).attrs
+
+
+def test_resuming_with_the_model_source_the_archive_keeps_warns_of_nothing(tmp_path):
+    """Every resume after a crash warned that model_source was not kept, though it was."""
+    import warnings
+
+    from flyarchive import TrajectoryRecorder, open_archive
+    from flyarchive.testing import simulate
+
+    source = tmp_path / "fly.xml"
+    source.write_text(_two_bodies())
+    model = mujoco.MjModel.from_xml_path(str(source))
+    url = str(tmp_path / "run.zarr")
+    with TrajectoryRecorder(url, model, model_source=str(source)) as recorder:
+        simulate(model, 1, 30, recorder.record_as_needed)
+    kept = open_archive(url).attrs["portable_model"]
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        with TrajectoryRecorder(url, model, mode="a", model_source=str(source)) as recorder:
+            simulate(model, 1, 60, recorder.record_as_needed)
+
+    assert open_archive(url).attrs["portable_model"] == kept
