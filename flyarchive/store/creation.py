@@ -27,7 +27,7 @@ from flyarchive import codecs
 from flyarchive.clock import Timing
 from flyarchive.errors import ArchiveExistsError, CorruptArchiveError, FlyarchiveError, SchemaError
 from flyarchive.layout import ModelLayout, check_compatible
-from flyarchive.schema import SCHEMA_NAME, SCHEMA_VERSION, STATE_VARS
+from flyarchive.schema import SCHEMA_NAME, SCHEMA_VERSION, STATE_VARS, TIME_COORDS
 from flyarchive.store.chunk_holes import lost_commit_markers
 from flyarchive.store.claims import WRITER_KEY, release
 from flyarchive.models.entries import MODEL_ATTR, PORTABLE_MODEL_ATTR, model_entry, portable_entry
@@ -143,6 +143,52 @@ async def inventory(store: zarr.abc.store.Store) -> str:
             async for _ in store.list_prefix(f"{name}/c"):
                 return "damaged"
     return "interrupted" if ours else "other"
+
+
+#: Entries of an archive's folder that are its own, with or without their ``zarr.json``
+#: (one its creation or a crash left without): its root, groups and arrays.
+_OWN_ENTRIES = ("zarr.json", "claims", "models", "derived", *STATE_VARS, *TIME_COORDS, "time",
+                "n_frames", "world", "dof", "mocap", "xyz", "wxyz")
+
+
+def refuse_strangers(store: zarr.abc.store.Store, url: str) -> None:
+    """Refuse to replace the archive at ``url`` while its folder holds entries it did not
+    write (:func:`strangers`): a replacement deletes everything there.
+
+    Raises:
+        ArchiveExistsError: naming them.
+    """
+    extra = sync(strangers(store))
+    if extra:
+        shown = ", ".join(repr(n) for n in extra[:5]) + (" ..." if len(extra) > 5 else "")
+        raise ArchiveExistsError(
+            f"The archive at {url!r} holds {shown}, which it did not write (a file of yours, "
+            "or an archive recorded inside it); replacing the archive would delete "
+            f"{'them' if len(extra) > 1 else 'it'}, and flyarchive never deletes files it "
+            "did not write. Move them out of the folder first, or choose another URL. "
+            "Nothing was changed.")
+
+
+async def strangers(store: zarr.abc.store.Store) -> list[str]:
+    """The entries at the top of an archive's location that it did not write: a file
+    other than its ``zarr.json``, a folder that is no zarr node of it (no ``zarr.json``),
+    or an archive of its own recorded inside it. Replacing the archive would delete them."""
+    names = [n async for n in store.list_dir("") if not n.endswith(".partial")]
+    found = []
+    for name in names:
+        if name in _OWN_ENTRIES:
+            continue
+        meta = await store.get(f"{name}/zarr.json", prototype=default_buffer_prototype())
+        if meta is None:
+            found.append(name)
+            continue
+        try:
+            attributes = json.loads(meta.to_bytes()).get("attributes") or {}
+        except (ValueError, AttributeError):
+            continue  # an array of its own, damaged: the archive's to replace
+        if isinstance(attributes, dict) and "flyarchive_schema" in attributes:
+            found.append(name)
+    return found
 
 
 async def clear(store: zarr.abc.store.Store) -> None:

@@ -66,7 +66,14 @@ from flyarchive.schema import (
 from flyarchive.store import storage_errors
 from flyarchive.store.claims import WRITER_KEY, claim_archive
 from flyarchive.store.consolidated import consolidate
-from flyarchive.store.creation import claims_group, clear, foreign, package_versions, undo
+from flyarchive.store.creation import (
+    claims_group,
+    clear,
+    foreign,
+    package_versions,
+    refuse_strangers,
+    undo,
+)
 from flyarchive.models import PORTABLE_MODEL_ATTR, model_identity
 from flyarchive.store.location import as_url, open_store, settled, sync, write_faults
 from flyarchive.store.opener import open_for_reading, open_for_writing
@@ -211,6 +218,8 @@ class DerivedWriter(ArchiveWriter):
             if there == "same" and remade is None:
                 group = open_for_writing(url, storage_options)
                 return cls(group, url, ModelLayout.from_attrs(group.attrs["layout"]), claim=claim)
+            if there != "empty" and not owned:  # (its own derived/ folder: the archive's)
+                refuse_strangers(store, url)
             ours = True  # what was there is replaced: derived values, recomputed
             if there != "empty":
                 sync(clear(store))

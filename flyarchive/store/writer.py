@@ -74,6 +74,7 @@ from flyarchive.store.creation import (
     foreign,
     inventory,
     refusal,
+    refuse_strangers,
     release_quietly,
     root_attrs,
     tidy_local,
@@ -269,6 +270,8 @@ class ArchiveWriter:
             if there == "other" or (there != "empty" and (
                     mode == "w-" or (mode == "a" and there != "interrupted"))):
                 raise exists_error(url) if there == "archive" else refusal(url, there)
+            if there != "empty":
+                refuse_strangers(store, url)
             ours = True
             if there != "empty":
                 sync(clear(store))

@@ -212,3 +212,21 @@ def test_an_archive_inside_another_archives_folder_is_refused(tiny, tmp_path, in
         TrajectoryRecorder(str(tmp_path / "outer.zarr" / inner), tiny)
 
     assert snapshot(outer) == before
+
+
+def test_replacing_an_archive_that_holds_files_of_yours_is_refused_and_changes_nothing(tiny,
+                                                                                      tmp_path):
+    """mode='w' deleted everything in the archive's folder: a user's notes, and archives
+    recorded inside it."""
+    url = record(tiny, str(tmp_path / "run.zarr"), n_worlds=1)
+    (tmp_path / "run.zarr" / "notes.txt").write_text("my lab notes")
+    before = snapshot(url)
+
+    with pytest.raises(ArchiveExistsError, match=r"holds 'notes\.txt', which it did not write.*"
+                                                 r"Nothing was changed"):
+        record(tiny, url, n_worlds=2, mode="w")
+
+    assert snapshot(url) == before
+    (tmp_path / "run.zarr" / "notes.txt").unlink()
+    record(tiny, url, n_worlds=2, mode="w")  # its own nodes alone: replaced
+    assert len(zarr.open_group(url, mode="r")["world"][:]) == 2
