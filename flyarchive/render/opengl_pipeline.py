@@ -106,7 +106,7 @@ def world_states(url: str, storage_options: Mapping[str, Any] | None, world_inde
         CorruptArchiveError: stored bytes fail their checksum, do not decode, or are
             missing (names the variable, worlds, frames and file).
     """
-    states = state_reader(url, storage_options, archive_id).read_boxes(
+    states = state_reader(url, storage_options, archive_id, stop).read_boxes(
         [(world_index, world_index + 1, start, stop)])
     return states["qpos"], states.get("mocap_pos"), states.get("mocap_quat")
 
@@ -196,7 +196,7 @@ def _segment_frames(plan: RenderPlan, blob: bytes, job: Job, start: int, stop: i
     so, archive_id = plan.storage_options, plan.archive_id
     overlay = None
     if options.overlays or is_mosaic(job):
-        overlay = OverlayText(archive_header(plan.url, so, archive_id), options.overlays,
+        overlay = OverlayText(archive_header(plan.url, so, archive_id, stop), options.overlays,
                               label_world=is_mosaic(job), size=options.size)
     if not is_mosaic(job):
         states = world_states(plan.url, so, job.world_index, start, stop, archive_id)

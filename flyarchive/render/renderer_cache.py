@@ -188,8 +188,8 @@ def keep_archive(url: str, storage_options: Mapping[str, Any] | None,
     _ARCHIVES.put(_archive_key(url, storage_options), (reader, header))
 
 
-def _kept(url: str, storage_options: Mapping[str, Any] | None, archive_id: str | None
-          ) -> tuple[StateReader, ArchiveHeader | None]:
+def _kept(url: str, storage_options: Mapping[str, Any] | None, archive_id: str | None,
+          frames: int | None = None) -> tuple[StateReader, ArchiveHeader | None]:
     from flyarchive.store.reader import StateReader
 
     def opened() -> tuple[StateReader, ArchiveHeader | None]:
@@ -197,28 +197,31 @@ def _kept(url: str, storage_options: Mapping[str, Any] | None, archive_id: str |
 
     key = _archive_key(url, storage_options)
     kept = _ARCHIVES.get(key, opened)
-    if archive_id is not None and kept[0].archive_id != archive_id:  # replaced since
+    replaced = archive_id is not None and kept[0].archive_id != archive_id
+    grown = frames is not None and kept[0].n_time < frames  # appended to since
+    if replaced or grown:
         kept = opened()
         _ARCHIVES.put(key, kept)
     return kept
 
 
 def state_reader(url: str, storage_options: Mapping[str, Any] | None,
-                 archive_id: str | None = None) -> StateReader:
+                 archive_id: str | None = None, frames: int | None = None) -> StateReader:
     """This process's :class:`~flyarchive.store.reader.StateReader` of the archive at
-    ``url``: the one kept, or a new one when there is none, or when it is not the archive
+    ``url``: the one kept, or a new one when there is none, when it is not the archive
     ``archive_id`` (the one the render planned with: it was replaced at the same URL since
-    this process opened it)."""
-    return _kept(url, storage_options, archive_id)[0]
+    this process opened it), or when it holds fewer than ``frames`` frames (the render
+    planned with frames appended since: the archive's id stays)."""
+    return _kept(url, storage_options, archive_id, frames)[0]
 
 
 def archive_header(url: str, storage_options: Mapping[str, Any] | None,
-                   archive_id: str | None = None) -> ArchiveHeader:
+                   archive_id: str | None = None, frames: int | None = None) -> ArchiveHeader:
     """The header (:func:`flyarchive.store.dataset.open_header`) of the archive that
     :func:`state_reader` reads, kept with it (read through its group when it has none)."""
     from flyarchive.store.dataset import open_header
 
-    reader, header = _kept(url, storage_options, archive_id)
+    reader, header = _kept(url, storage_options, archive_id, frames)
     if header is None:
         header = open_header(url, storage_options or None, group=reader.group)
         _ARCHIVES.put(_archive_key(url, storage_options), (reader, header))

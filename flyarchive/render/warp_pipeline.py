@@ -380,7 +380,8 @@ class BatchSource:
     """
 
     def __init__(self, plan: RenderPlan, jobs: tuple[Job, ...], tiles: int = 1) -> None:
-        self._reader = state_reader(plan.url, plan.storage_options, plan.archive_id)
+        frames = max((job.stop for job in jobs), default=None)
+        self._reader = state_reader(plan.url, plan.storage_options, plan.archive_id, frames)
         self._jobs, self._tiles = jobs, tiles
         self._mosaic = bool(jobs) and is_mosaic(jobs[0])
         items = plan.options.overlays
@@ -388,7 +389,7 @@ class BatchSource:
         if items or self._mosaic:
             from flyarchive.replay.overlay_text import OverlayText
 
-            header = archive_header(plan.url, plan.storage_options, plan.archive_id)
+            header = archive_header(plan.url, plan.storage_options, plan.archive_id, frames)
             self._overlay = OverlayText(header, items, label_world=self._mosaic,
                                         size=tuple(plan.options.size))
 

@@ -197,3 +197,27 @@ def test_a_local_cluster_worker_exits_with_its_objects_frozen_out_of_the_collect
     assert done.returncode == 0, done.stderr
     assert done.stdout.splitlines() == ["exit handler after the preload ran",
                                         "collected at exit: False"]
+
+
+def test_a_kept_archive_appended_to_since_is_opened_again_for_the_frames_asked(tmp_path):
+    """A long-lived cluster's workers kept the archive as they first opened it: after an
+    append (the archive's id stays) a render of the new frames failed as damaged bytes."""
+    from flyarchive import open_archive
+    from flyarchive.render.opengl_pipeline import world_states
+    from flyarchive.render.renderer_cache import clear_renderers, state_reader
+
+    model = tiny_model()
+    url = record(model, str(tmp_path / "run.zarr"), n_worlds=1, n_steps=76)  # 20 frames
+    archive_id = open_archive(url).attrs["archive_id"]
+    try:
+        first = state_reader(url, None, archive_id)
+        record(model, url, n_worlds=1, n_steps=156, mode="a")  # 40 frames, the same id
+        grown = open_archive(url)
+
+        qpos, _, _ = world_states(url, None, 0, 0, 40, archive_id)
+
+        assert first.n_time == 20 and grown.attrs["archive_id"] == archive_id
+        assert state_reader(url, None, archive_id) is not first
+        assert (qpos == grown.qpos.values[0]).all()
+    finally:
+        clear_renderers()
