@@ -33,6 +33,8 @@ from flyarchive.errors import (
 )
 from flyarchive.video.workspace import SCRATCH_PREFIX, sweep_local
 
+log = logging.getLogger(__name__)
+
 #: Where a LocalCluster's scheduler serves HTTP: a free port on loopback. A fixed port
 #: (Dask's default 8787) warns "Port 8787 is already in use" whenever another cluster
 #: or dashboard runs; ``None`` does not help, it falls back to 8787.
@@ -107,13 +109,37 @@ class connect:
             sweep_local(tempfile.gettempdir(), SCRATCH_PREFIX)
 
 
-def wait_for_local_workers(client: Any) -> None:
+#: Seconds a render waits for its local cluster's workers to join before it goes on with
+#: those that did (a worker process that died as it started is never replaced).
+WORKERS_JOIN_S = 60.0
+
+
+def wait_for_local_workers(client: Any, timeout_s: float | None = None) -> None:
     """Wait until the workers that the client's own cluster asked for (a LocalCluster's
-    ``worker_spec``, e.g. one of :func:`local_cluster`, still starting them) have joined;
-    nothing for a client of a scheduler elsewhere."""
+    ``worker_spec``, e.g. one of :func:`local_cluster`, still starting them) have joined,
+    at most ``timeout_s`` (:data:`WORKERS_JOIN_S`); then go on with those that joined;
+    nothing for a client of a scheduler elsewhere.
+
+    Raises:
+        RenderFailedError: none joined in that time.
+    """
     expected = local_workers_expected(client)
-    if expected:
-        client.wait_for_workers(expected)
+    if not expected:
+        return
+    wait = WORKERS_JOIN_S if timeout_s is None else timeout_s
+    try:
+        client.wait_for_workers(expected, timeout=wait)
+    except TimeoutError:
+        joined = len(client.scheduler_info().get("workers", {}))
+        if not joined:
+            raise RenderFailedError(
+                f"None of the {expected} worker processes of the local Dask cluster joined "
+                f"within {wait:g} s: they died as they started (out of memory? a crash "
+                "importing flyarchive? see the lines Dask printed above). Try again with "
+                "fewer --workers, or --workers 0 to render in this process.") from None
+        log.warning("%d of the local cluster's %d workers joined within %g s (the others "
+                    "died as they started); the render goes on with them", joined, expected,
+                    wait)
 
 
 def local_workers_expected(client: Any) -> int:
@@ -167,7 +193,12 @@ def local_cluster(n_workers: int | None = None, *,
         with Client(cluster) as client:
             yield client
     finally:
-        cluster.close()
+        try:
+            cluster.close()
+        except Exception as err:  # noqa: BLE001 - e.g. Ctrl-C while its workers started:
+            # Dask's close then fails (UnboundLocalError in its sync), and that error
+            # replaced the interrupt, which is what the user is to be told
+            log.info("closing the local cluster failed: %r", err)
         sweep_local(tempfile.gettempdir(), SCRATCH_PREFIX)
 
 

@@ -236,3 +236,30 @@ def test_a_scheduler_that_is_down_is_reported_within_flyarchives_connect_timeout
 
     assert code == 2 and "Cannot connect to the Dask scheduler" in capsys.readouterr().err
     assert time.monotonic() - start < 20  # not Dask's 30 s
+
+
+def test_a_render_waits_for_its_local_workers_a_bounded_time_then_goes_on_with_those_that_joined(
+        caplog):
+    """A worker process that died as it started is never replaced: the render waited for
+    it for ever."""
+    import logging
+
+    from distributed import Client, LocalCluster
+
+    from flyarchive.errors import RenderFailedError
+
+    with LocalCluster(n_workers=1, threads_per_worker=1, processes=True,
+                      silence_logs=40) as cluster, Client(cluster) as client:
+        client.wait_for_workers(1)
+        cluster.worker_spec["never"] = cluster.worker_spec[next(iter(cluster.worker_spec))]
+        with caplog.at_level(logging.WARNING, logger="flyarchive.distribute.cluster"):
+            clusters.wait_for_local_workers(client, timeout_s=1.0)  # 1 of 2: goes on
+        del cluster.worker_spec["never"]
+        assert "1 of the local cluster's 2 workers joined within 1 s" in caplog.text
+    with LocalCluster(n_workers=0, processes=True, silence_logs=40) as cluster, \
+            Client(cluster) as client:
+        cluster.worker_spec["never"] = {"cls": object, "options": {}}
+        with pytest.raises(RenderFailedError, match=r"None of the 1 worker processes of the "
+                                                    r"local Dask cluster joined within 1 s"):
+            clusters.wait_for_local_workers(client, timeout_s=1.0)
+        del cluster.worker_spec["never"]
