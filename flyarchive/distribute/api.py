@@ -48,10 +48,10 @@ from flyarchive.render.plan import (
     Job,
     OnVideo,
     RenderPlan,
-    absolute_url,
     preflight,
 )
 from flyarchive.render.renderer_cache import keep_archive
+from flyarchive.store.location import absolute_url
 from flyarchive.replay import WARP_BACKENDS
 from flyarchive.replay.releases import pin_release_defaults, recorded_release
 from flyarchive.replay.sizes import is_int

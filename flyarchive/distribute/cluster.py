@@ -21,7 +21,7 @@ import tempfile
 import threading
 import time
 import warnings
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import Any
 
 from flyarchive.config import gl_backend, worker_environment

@@ -16,7 +16,7 @@ from flyarchive.models.shipping import graph_model
 from flyarchive.distribute.api import replay_model
 from flyarchive.errors import RenderOptionsError
 from flyarchive.query.selection import select_frames
-from flyarchive.render.plan import absolute_url
+from flyarchive.store.location import absolute_url
 from flyarchive.render.renderer_cache import keep_archive
 from flyarchive.replay import BACKENDS, backend_name
 from flyarchive.replay.sizes import MAX_GL_SIDE, parse_frame_size

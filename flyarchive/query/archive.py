@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 from flyarchive.schema import validate
 from flyarchive.store import dataset
-from flyarchive.store.location import as_url
+from flyarchive.store.location import absolute_url, as_url
 from flyarchive.store.dataset import read_archive
 
 if TYPE_CHECKING:
@@ -60,6 +60,7 @@ def open_archive(url: str | os.PathLike[str], storage_options: Mapping[str, Any]
             replaced (written again with ``mode="w"``) or deleted after it was opened:
             the dataset never mixes two archives; open it again.
     """
-    ds = read_archive(as_url(url), storage_options, dataset.read_dataset)
+    # absolute: the lazy dataset's reads may run in Dask workers started in other folders
+    ds = read_archive(absolute_url(as_url(url)), storage_options, dataset.read_dataset)
     validate(ds)
     return ds

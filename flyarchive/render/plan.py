@@ -30,25 +30,6 @@ from flyarchive.video.workspace import filesystem, is_local_fs
 OnVideo = Callable[[dict[str, Any]], None]
 
 
-def absolute_url(url: str | os.PathLike[str]) -> str:
-    """``url`` as it means the same in every process and folder, to send to workers.
-
-    A local path (plain, ``file://`` or ``local://``) gets ``~`` expanded and becomes
-    absolute against this process's working folder; a Dask worker started elsewhere
-    would read it against its own. Other URLs (``s3://``, ``memory://``, chained
-    ``a::b``) are returned as they are. Symbolic links are kept, not resolved.
-    """
-    text = os.fspath(url)
-    if "::" in text:
-        return text
-    protocol, sep, rest = text.partition("://")
-    if not sep:
-        return os.path.abspath(os.path.expanduser(text))
-    if protocol in ("file", "local"):
-        return f"{protocol}://{os.path.abspath(os.path.expanduser(rest))}"
-    return text
-
-
 def job_video_path(out: str, job: Job | int, camera: str) -> str:
     """:func:`flyarchive.video.safe_video_path` of a job's world and camera, with the job's
     window, if any, before ``.mp4``: ``{out}/world00003/front.frames000120-000240.mp4``

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import errno
+import os
 import weakref
 from collections.abc import Awaitable, Iterable, Iterator, Mapping
 from pathlib import Path
@@ -204,3 +205,22 @@ async def settled(aws: Iterable[Awaitable[Any]]) -> list[Any]:
         if isinstance(result, BaseException):
             raise result
     return results
+
+
+def absolute_url(url: str | os.PathLike[str]) -> str:
+    """``url`` as it means the same in every process and folder, to send to workers.
+
+    A local path (plain, ``file://`` or ``local://``) gets ``~`` expanded and becomes
+    absolute against this process's working folder; a Dask worker started elsewhere
+    would read it against its own. Other URLs (``s3://``, ``memory://``, chained
+    ``a::b``) are returned as they are. Symbolic links are kept, not resolved.
+    """
+    text = os.fspath(url)
+    if "::" in text:
+        return text
+    protocol, sep, rest = text.partition("://")
+    if not sep:
+        return os.path.abspath(os.path.expanduser(text))
+    if protocol in ("file", "local"):
+        return f"{protocol}://{os.path.abspath(os.path.expanduser(rest))}"
+    return text

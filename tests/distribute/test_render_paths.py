@@ -143,7 +143,7 @@ def test_render_frames_of_a_relative_archive_compute_on_a_worker_started_elsewhe
 ])
 def test_local_paths_become_absolute_and_urls_stay(
         given: str, expected: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from flyarchive.render.plan import absolute_url
+    from flyarchive.store.location import absolute_url
 
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("HOME", str(tmp_path / "home"))
@@ -151,3 +151,26 @@ def test_local_paths_become_absolute_and_urls_stay(
     actual = absolute_url(given)
 
     assert actual == expected.format(cwd=tmp_path, home=tmp_path / "home")
+
+
+def test_an_archive_opened_by_a_relative_path_is_read_by_workers_started_elsewhere(tmp_path,
+                                                                                  monkeypatch):
+    """Workers started in another folder read 'run.zarr' against theirs: open_archive,
+    positions and gait failed with "the archive was replaced"."""
+    import distributed
+
+    import flyarchive
+    from flyarchive.testing.fixtures import record
+
+    record(tiny_model(), str(tmp_path / "run.zarr"), n_worlds=2)
+    with distributed.LocalCluster(n_workers=1, threads_per_worker=1, processes=True,
+                                  silence_logs=40) as cluster, distributed.Client(cluster):
+        monkeypatch.chdir(tmp_path)  # the workers started in the folder before
+
+        ds = flyarchive.open_archive("run.zarr")
+        qpos = ds.qpos.sum().compute()
+        hand = flyarchive.positions("run.zarr", bodies=["hand"]).compute()
+
+    expected = flyarchive.open_archive(str(tmp_path / "run.zarr"))
+    assert float(qpos) == float(expected.qpos.sum().compute(scheduler="sync"))
+    assert hand.sizes["world"] == 2 and bool(np.isfinite(hand.values).all())
