@@ -278,6 +278,10 @@ def add_render_arguments(p: argparse.ArgumentParser) -> None:
                         "(windows closer than 2*pad merge; default 0)")
     p.add_argument("--size", default="240x320", help="HEIGHTxWIDTH (default 240x320)")
     p.add_argument("--out", default="videos", help="output folder or fsspec URL")
+    p.add_argument("--out-storage-options", metavar="JSON",
+                   help="fsspec options of --out as JSON (default: --storage-options when --out "
+                        "is of the archive's remote protocol; e.g. a local archive rendered to "
+                        "s3:// on another endpoint)")
     p.add_argument("--scheduler", help="Dask scheduler address (default: a local cluster)")
     p.add_argument("--workers", type=int, help="local worker processes (default: opengl: one "
                    "per core; warp-cpu: none, one render thread per core in this process; "

@@ -271,6 +271,7 @@ def _render(args: argparse.Namespace, client: Any = None) -> int:
                               video=_video_options(args), **_output_options(args)),
         client=client, scheduler=None if client is not None else args.scheduler,
         n_workers=args.workers, storage_options=storage_options,
+        out_storage_options=storage_options_arg(args.out_storage_options),
         gpus=parse_gpus(args.gpus) if args.gpus is not None and client is None else None,
         resume=args.resume,
     )
@@ -437,7 +438,10 @@ def _one_line(args: argparse.Namespace, err: BaseException) -> str:
             pass
     if not isinstance(err, (FlyarchiveError, OSError)):  # a storage client's own exception
         where = getattr(args, "url", None) or getattr(args, "to", None) or ""
-        err = translate(err, str(where), options.get("storage_options")) or err
+        out, chosen = getattr(args, "out", None), options.get("storage_options")
+        if isinstance(out, str) and "://" in out and "://" not in str(where):
+            where, chosen = out, options.get("out_storage_options")  # a local archive's output
+        err = translate(err, str(where), chosen) or err
     text = str(err) if isinstance(err, FlyarchiveError) else f"{type(err).__name__}: {err}"
     return " ".join(scrub(text, options).split())
 

@@ -415,3 +415,43 @@ def test_a_video_rendered_again_without_maps_takes_its_old_maps_with_it(archive,
     for entry in again:
         folder = Path(entry["path"]).parent
         assert [p.name for p in folder.iterdir()] == [Path(entry["path"]).name]
+
+
+@requires_s3
+def test_the_command_line_renders_a_local_archive_to_s3_with_the_outputs_own_options(
+        archive, s3_server, cli):
+    """Only AWS_* environment variables could give the S3 output's endpoint and keys:
+    --storage-options (the archive's) was refused for the local archive."""
+    import json
+    import uuid
+
+    from flyarchive.video.manifest import read_manifest
+
+    out = f"s3://flyarchive-test/{uuid.uuid4().hex}/videos"
+    so = s3_server.storage_options()
+
+    code, stdout, err = cli("render", archive, "--camera", "front", "--worlds", "1", "--size",
+                            "24x32", "--workers", "0", "--quiet", "--out", out,
+                            "--out-storage-options", json.dumps(so))
+
+    assert code == 0, err
+    (entry,) = read_manifest(f"{out}/manifest.json", so)["videos"]
+    assert entry["path"].startswith(out) and read_video(entry["path"], so).shape[0] > 0
+
+
+@requires_s3
+def test_an_s3_output_without_credentials_is_named_not_the_local_archive(archive, s3_server, cli,
+                                                                        monkeypatch):
+    for name in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_PROFILE",
+                 "AWS_SHARED_CREDENTIALS_FILE", "AWS_CONFIG_FILE"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", "/nonexistent")
+    monkeypatch.setenv("AWS_CONFIG_FILE", "/nonexistent")
+    options = {"endpoint_url": s3_server.storage_options()["endpoint_url"]}
+
+    code, _, err = cli("render", archive, "--camera", "front", "--worlds", "1", "--size", "24x32",
+                       "--workers", "0", "--quiet", "--out", "s3://flyarchive-test/nokeys/videos",
+                       "--out-storage-options", json.dumps(options))
+
+    assert code == 2 and "s3://flyarchive-test/nokeys/videos" in err, err
+    assert str(archive) not in err
