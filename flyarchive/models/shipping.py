@@ -181,7 +181,26 @@ def scatter_model(client: Any, blob: bytes, sha256: str | None = None, *,
         future = sent.peek(sha256)
         if future is not None and (again or future.status != "finished"):  # lost, cancelled
             sent.pop(sha256)
-        return sent.get(sha256, lambda: client.scatter({key: blob}, broadcast=True)[key])
+        return sent.get(sha256, lambda: _scattered(client, key, blob))
+
+
+def _scattered(client: Any, key: str, blob: bytes) -> Any:
+    """``client.scatter`` of the bytes to every worker, its "No valid workers found" said
+    in words (a cluster without workers, or whose workers died)."""
+    try:
+        return client.scatter({key: blob}, broadcast=True)[key]
+    except TimeoutError as err:
+        if "no valid workers" not in str(err).lower():
+            raise
+        from flyarchive.errors import RenderFailedError
+
+        address = getattr(getattr(client, "scheduler", None), "address", None) or "its scheduler"
+        raise RenderFailedError(
+            f"The Dask cluster at {address} has no worker to render on: none joined, or "
+            "they died (a worker that cannot import flyarchive, or MuJoCo, dies at its "
+            "first task; its log says why). Start workers in an environment with "
+            "flyarchive and the same extras installed, or render without the cluster "
+            "(--workers N, or --workers 0).") from None
 
 
 def _running(client: Any) -> bool:

@@ -174,3 +174,19 @@ def test_an_archive_opened_by_a_relative_path_is_read_by_workers_started_elsewhe
     expected = flyarchive.open_archive(str(tmp_path / "run.zarr"))
     assert float(qpos) == float(expected.qpos.sum().compute(scheduler="sync"))
     assert hand.sizes["world"] == 2 and bool(np.isfinite(hand.values).all())
+
+
+def test_a_cluster_without_workers_is_said_in_words(tmp_path):
+    """It said only "TimeoutError: No valid workers found" after the scatter's timeout."""
+    import dask
+    import distributed
+
+    from flyarchive.errors import RenderFailedError
+    from flyarchive.models.shipping import scatter_model
+
+    with dask.config.set({"distributed.comm.timeouts.connect": "1s"}), \
+            distributed.LocalCluster(n_workers=0, processes=True, silence_logs=40) as cluster, \
+            distributed.Client(cluster, timeout=5) as client:
+        with pytest.raises(RenderFailedError, match=r"The Dask cluster at tcp://.* has no worker "
+                                                    r"to render on.*--workers 0"):
+            scatter_model(client, b"model bytes")
