@@ -120,7 +120,25 @@ def shipped_model(sha256: str, value: bytes | ModelRef) -> mujoco.MjModel:
         ModelLoadError: the bytes cannot be found (:meth:`ModelRef.blob`), or are not an
             MJB this MuJoCo can load.
     """
-    return loaded_model(sha256, lambda: mjb_of(value))
+    try:
+        return loaded_model(sha256, lambda: mjb_of(value))
+    except ModelLoadError as err:
+        worker = _worker_address()
+        if worker is None:
+            raise
+        raise ModelLoadError(
+            f"On the Dask worker {worker} (MuJoCo {mujoco.__version__}): {err} Workers run "
+            "the MuJoCo of the process that renders: start them in its environment.") from None
+
+
+def _worker_address() -> str | None:
+    """The address of the Dask worker this runs in; None outside one."""
+    try:
+        from distributed import get_worker
+
+        return str(get_worker().address)
+    except (ImportError, ValueError):
+        return None
 
 
 def graph_model(blob: bytes, sha256: str | None = None) -> Any:

@@ -190,3 +190,31 @@ def test_a_cluster_without_workers_is_said_in_words(tmp_path):
         with pytest.raises(RenderFailedError, match=r"The Dask cluster at tcp://.* has no worker "
                                                     r"to render on.*--workers 0"):
             scatter_model(client, b"model bytes")
+
+
+def test_a_model_a_worker_cannot_load_names_the_worker_and_its_mujoco(tmp_path):
+    """A worker on another MuJoCo said "this is MuJoCo 4.0.1" in the error the render's
+    process (on 3.16) printed, naming no worker."""
+    import hashlib
+    import struct
+
+    import distributed
+    import mujoco
+
+    from flyarchive.errors import ModelLoadError
+    from flyarchive.models import model_bytes
+    from flyarchive.models.shipping import shipped_model
+
+    blob = bytearray(model_bytes(tiny_model()))
+    blob[12:16] = struct.pack("<i", 3)  # an MJB of another release's header
+    blob = bytes(blob)
+    with distributed.LocalCluster(n_workers=1, threads_per_worker=1, processes=True,
+                                  silence_logs=40) as cluster, distributed.Client(cluster) as client:
+        future = client.submit(shipped_model, hashlib.sha256(blob).hexdigest(), blob, pure=False)
+        with pytest.raises(ModelLoadError, match=r"On the Dask worker tcp://[0-9.:]+ \(MuJoCo "
+                                                 rf"{mujoco.__version__}\): .* start them in "
+                                                 r"its environment"):
+            future.result()
+    with pytest.raises(ModelLoadError) as here:  # in this process: as it was
+        shipped_model(hashlib.sha256(blob).hexdigest(), blob)
+    assert "Dask worker" not in str(here.value)
