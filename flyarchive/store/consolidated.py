@@ -172,6 +172,24 @@ def consolidated_findings(root_document: Mapping[str, Any] | None, group: zarr.G
     return found
 
 
+def consolidated_behind(root_document: Mapping[str, Any] | None, n_frames: np.ndarray
+                        ) -> int | None:
+    """The frames of ``time`` the consolidated copy gives when that is fewer than the
+    largest of ``n_frames`` (a writer stopped between committing and consolidating: step
+    5 of the next commit rewrites it); None when it is not behind, or absent."""
+    copy = (root_document or {}).get("consolidated_metadata")
+    if not isinstance(copy, Mapping):
+        return None
+    try:
+        root = GroupMetadata.from_dict({**root_document, "node_type": "group"})  # type: ignore[dict-item]
+        listed = dict(root.consolidated_metadata.metadata) if root.consolidated_metadata else {}
+    except Exception:  # noqa: BLE001 - unreadable: consolidated_findings says so
+        return None
+    extent = time_extent(listed)
+    committed = int(np.max(n_frames, initial=0))
+    return extent if extent is not None and extent < committed else None
+
+
 def _array_copy_problems(name: str, arr: zarr.Array, copied: ArrayV3Metadata,
                          archive: str) -> list[str]:
     copy, own = replicas.plain(copied), replicas.plain(arr.metadata)

@@ -39,7 +39,12 @@ from flyarchive.schema import (
     validate_derived,
 )
 from flyarchive.store.claims import live_claims
-from flyarchive.store.consolidated import WHILE_WRITING, consolidated_findings, root_document
+from flyarchive.store.consolidated import (
+    WHILE_WRITING,
+    consolidated_behind,
+    consolidated_findings,
+    root_document,
+)
 from flyarchive.store.coordinates import lost_markers_problem
 from flyarchive.models.kept import model_problems
 from flyarchive.zarr_internals import default_buffer_prototype
@@ -458,6 +463,14 @@ def _check_committed(group: zarr.Group, document: Mapping[str, Any] | None, url:
     for text, while_writing in consolidated_findings(document, group,
                                                      n_frames if trusted else None, url):
         found.add(text, while_writing)
+    behind = consolidated_behind(document, n_frames) if trusted else None
+    if behind is not None:
+        report.notes.append(
+            f"Its consolidated metadata gives {behind} frames of 'time' of the "
+            f"{int(n_frames.max(initial=0))} committed (a writer stopped between a commit "
+            "and its last step): xarray.open_zarr and other readers of that copy show "
+            f"{behind} until the archive is next appended to (mode='a'), which rewrites it; "
+            "flyarchive's readers read every committed frame.")
     # (a derived group's values are not quantized: one kept before it stopped copying its
     # archive's codec attribute says the archive's)
     spec = "lossless" if DERIVED_ATTR in group.attrs else \

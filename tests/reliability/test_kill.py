@@ -129,3 +129,43 @@ def test_a_writer_killed_in_its_first_commit_leaves_an_archive_that_resumes(tiny
     with TrajectoryRecorder(url, tiny, chunk_frames=5, mode="a") as recorder:
         simulate(tiny, 3, 400, recorder.record_as_needed)
     np.testing.assert_array_equal(open_archive(url).qpos.values, expected["qpos"])
+
+
+#: A writer killed between a commit (n_frames written) and its consolidated copy's rewrite.
+KILLED_BEFORE_CONSOLIDATING = """
+import os, signal, sys
+import flyarchive.store.writer as writer
+from flyarchive import TrajectoryRecorder
+from flyarchive.testing import simulate, tiny_model
+real, calls = writer.write_consolidated, [0]
+def dying(*args, **kwargs):
+    calls[0] += 1
+    if calls[0] == 3:  # the second commit's last step
+        os.kill(os.getpid(), signal.SIGKILL)
+    return real(*args, **kwargs)
+writer.write_consolidated = dying
+model = tiny_model()
+with TrajectoryRecorder(sys.argv[1], model, chunk_frames=5) as recorder:
+    simulate(model, 2, 400, recorder.record_as_needed)
+"""
+
+
+@pytest.mark.timeout(120)
+def test_verify_notes_a_consolidated_copy_behind_the_commits_and_an_append_mends_it(tiny,
+                                                                                   tmp_path):
+    """verify said only OK while plain xarray showed 5 of the 10 committed frames."""
+    import xarray as xr
+
+    from flyarchive import verify
+
+    url = str(tmp_path / "behind.zarr")
+    subprocess.run([sys.executable, "-c", KILLED_BEFORE_CONSOLIDATING, url], timeout=100)
+
+    report = verify(url)
+    plain = xr.open_zarr(url).sizes["time"]
+    assert report.ok and plain < int(max(report.n_frames))
+    assert any(f"consolidated metadata gives {plain} frames of 'time'" in n for n in report.notes)
+    with TrajectoryRecorder(url, tiny, chunk_frames=5, mode="a") as recorder:
+        simulate(tiny, 2, 200, recorder.record_as_needed)
+    assert xr.open_zarr(url).sizes["time"] == int(open_archive(url).n_frames.max())
+    assert not any("consolidated" in n for n in verify(url).notes)
