@@ -1,6 +1,8 @@
 """Writing archives: :class:`ArchiveWriter` creates, appends and commits frames.
 
 Commit protocol (one writer per archive, or per block of worlds):
+  0. read the writer's claim: still its own, or the archive was deleted, moved or
+     replaced while it wrote, and nothing more is written (``ArchiveReplacedError``);
   1. grow the arrays' time extent (metadata only; new frames read as NaN);
   2. write the frames' chunks (whole shards when the block is chunk-aligned), and
   3. their times (``time``, ``sim_time``, ``frame``), steps 2 and 3 together;
