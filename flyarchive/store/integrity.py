@@ -167,6 +167,12 @@ def verify(url: str, storage_options: Mapping[str, Any] | None = None) -> Verify
 
     with translated(url, storage_options):  # a stalled server said as flyarchive says it
         report = _verify_one(url, storage_options, BESIDE)
+        if report.problems and not report.is_derived and _interrupted(url, storage_options):
+            report.problems = [
+                f"Its creation was interrupted before anything was committed (no n_frames "
+                f"marker, no recorded frame): nothing is lost. Record into it with mode='a' "
+                f"(it is created anew), or replace it with mode='w'."]
+            return report
         if not report.is_derived:
             _verify_derived(url, storage_options, report)
         elif report.problems:
@@ -235,7 +241,7 @@ def _verify_derived(url: str, storage_options: Mapping[str, Any] | None,
 
 
 def _interrupted(url: str, storage_options: Mapping[str, Any] | None) -> bool:
-    """Whether the derived group at ``url`` is a creation that never committed: no
+    """Whether the archive or derived group at ``url`` is a creation that never committed: no
     ``n_frames`` and no chunk of a state array (an empty folder, or one whose arrays were
     being made when its writer died)."""
     from flyarchive.store.location import open_store, sync
@@ -250,6 +256,8 @@ def _interrupted(url: str, storage_options: Mapping[str, Any] | None) -> bool:
             return not names  # an empty folder (a creation undone), or something else
         for name in names:
             raw = await store.get(f"{name}/zarr.json", prototype=_PROTOTYPE)
+            if raw is None and name == "n_frames":  # its zeros, written with its zarr.json
+                continue
             if raw is None:  # not an array of a creation: anything in it is something else
                 async for _ in store.list_prefix(f"{name}"):
                     return False

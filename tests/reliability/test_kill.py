@@ -169,3 +169,41 @@ def test_verify_notes_a_consolidated_copy_behind_the_commits_and_an_append_mends
         simulate(tiny, 2, 200, recorder.record_as_needed)
     assert xr.open_zarr(url).sizes["time"] == int(open_archive(url).n_frames.max())
     assert not any("consolidated" in n for n in verify(url).notes)
+
+
+#: A writer killed as its creation writes the commit marker (its zeros, with its zarr.json).
+KILLED_IN_CREATION = """
+import os, signal, sys
+from zarr.core.array import AsyncArray
+from flyarchive import TrajectoryRecorder
+from flyarchive.testing import simulate, tiny_model
+setitem = AsyncArray.setitem
+async def dying(self, selection, value, *args, **kwargs):
+    if self.path.endswith("n_frames"):
+        os.kill(os.getpid(), signal.SIGKILL)
+    return await setitem(self, selection, value, *args, **kwargs)
+AsyncArray.setitem = dying
+model = tiny_model()
+with TrajectoryRecorder(sys.argv[1], model, chunk_frames=5) as recorder:
+    simulate(model, 3, 40, recorder.record_as_needed)
+"""
+
+
+@pytest.mark.timeout(120)
+def test_verify_says_a_creation_killed_before_its_marker_was_interrupted_not_damaged(tiny,
+                                                                                   tmp_path):
+    from flyarchive import verify
+
+    url = str(tmp_path / "creating.zarr")
+    subprocess.run([sys.executable, "-c", KILLED_IN_CREATION, url], timeout=100)
+
+    report = verify(url)
+
+    assert not report.ok
+    assert report.problems == [
+        "Its creation was interrupted before anything was committed (no n_frames marker, no "
+        "recorded frame): nothing is lost. Record into it with mode='a' (it is created anew), "
+        "or replace it with mode='w'."]
+    with TrajectoryRecorder(url, tiny, chunk_frames=5, mode="a") as recorder:
+        simulate(tiny, 3, 40, recorder.record_as_needed)
+    assert verify(url).ok
