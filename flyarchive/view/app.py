@@ -162,7 +162,7 @@ class Viewer:
             "generation": viewed.generation, "archive_id": viewed.archive_id,
             "dof_units": traces_.dof_units(viewed.attrs.get("layout")),
             "column_units": column_units(viewed.column_attrs),
-            "length_unit": traces_.LENGTH_UNIT,
+            "length_unit": traces_.length_unit(viewed.attrs.get("layout")),
             "max_gait_frames": self.limits.max_gait_frames,
         }
         if self._model_loaded.is_set():

@@ -162,10 +162,20 @@ def test_each_dof_has_its_joints_unit():
     from flyarchive.layout import ModelLayout
     from flyarchive.testing import tiny_model
 
-    units = dof_units(ModelLayout.from_model(tiny_model()).to_attrs())
+    attrs = ModelLayout.from_model(tiny_model()).to_attrs()
+    units = dof_units(attrs)
+    import mujoco
 
-    assert units == {"root/x": "mm", "root/y": "mm", "root/z": "mm", "root/qw": "1",
-                     "root/qx": "1", "root/qy": "1", "root/qz": "1", "shoulder": "rad",
-                     "wrist/qw": "1", "wrist/qx": "1", "wrist/qy": "1", "wrist/qz": "1",
-                     "slider": "mm"}
+    fly = dof_units(ModelLayout.from_model(mujoco.MjModel.from_xml_string(
+        "<mujoco><worldbody><body name='nmf/thorax'><joint name='nmf/root' type='free'/>"
+        "<geom size='.1'/><body><joint name='nmf/slider' type='slide'/><joint "
+        "name='nmf/shoulder'/><geom size='.1'/></body></body></worldbody></mujoco>"
+    )).to_attrs())
+
+    # another body's lengths are in its model's unit; NeuroMechFly's in mm
+    assert units == {"root/x": "model unit", "root/y": "model unit", "root/z": "model unit",
+                     "root/qw": "1", "root/qx": "1", "root/qy": "1", "root/qz": "1",
+                     "shoulder": "rad", "wrist/qw": "1", "wrist/qx": "1", "wrist/qy": "1",
+                     "wrist/qz": "1", "slider": "model unit"}
+    assert fly["nmf/root/x"] == fly["nmf/slider"] == "mm" and fly["nmf/shoulder"] == "rad"
     assert dof_units({"joint_names": ["a"]}) == {}  # a damaged layout: no units, no error
