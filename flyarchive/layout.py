@@ -260,3 +260,41 @@ def details_difference(recorded: Any, model: mujoco.MjModel) -> str | None:
             return (f"qpos0 differs at index {i}: archive {float(want[i])!r}, model "
                     f"{float(got[i])!r} (at most {QPOS0_TOLERANCE:g} of max(1, |value|) allowed)")
     return None
+
+
+# ----------------------------------------------------------------------------- units
+#: NeuroMechFly's length unit, the millimetre.
+NMF_LENGTH_UNIT = "mm"
+#: Another model's: MuJoCo models carry no unit.
+MODEL_UNIT = "model unit"
+#: The unit of a dof by its joint's type and its label's suffix (:mod:`flyarchive.layout`):
+#: hinge angles in radians, slides and free-joint positions in the length unit (None
+#: here), quaternion components without one.
+_UNITS = {("hinge", ""): "rad", ("slide", ""): None, **{("free", a): None for a in "xyz"},
+          **{(kind, q): "1" for kind in ("free", "ball") for q in ("qw", "qx", "qy", "qz")}}
+
+
+def length_unit(layout_attrs: Any) -> str:
+    """The length unit of the archive's model: mm for NeuroMechFly (joints named
+    ``nmf/...``), else "model unit"."""
+    names = layout_attrs.get("joint_names") if isinstance(layout_attrs, dict) else None
+    nmf = isinstance(names, list) and any(str(n).startswith("nmf/") for n in names)
+    return NMF_LENGTH_UNIT if nmf else MODEL_UNIT
+
+
+def dof_units(layout_attrs: Any) -> dict[str, str]:
+    """Each dof label's unit (``rad``, the length unit of :func:`length_unit`, ``1``) from
+    the archive's ``layout`` attribute; empty when it cannot be read (the traces then say
+    no unit)."""
+    try:
+        layout = ModelLayout.from_attrs(layout_attrs)
+    except SchemaError:
+        return {}
+    length = length_unit(layout_attrs)
+    units = {}
+    for name, kind in zip(layout.joint_names, layout.joint_types):
+        for label in (ModelLayout((name,), (kind,), ()).dof_labels):
+            suffix = label[len(name) + 1:] if label != name else ""
+            unit = _UNITS.get((kind, suffix), "")
+            units[label] = length if unit is None else unit
+    return units

@@ -157,8 +157,9 @@ def plot_traces(
 
 
 def _y_label(chosen: list[str], layout: Any) -> str:
-    """The y axis's label for these dofs: their joints' units."""
-    kinds = dict(zip(layout["joint_names"], layout["joint_types"]))
-    units = {"hinge": "rad", "slide": "model length unit"}
-    shown = dict.fromkeys(units.get(kinds.get(d, ""), "1") for d in chosen)
+    """The y axis's label for these dofs: their units (:func:`flyarchive.layout.dof_units`)."""
+    from flyarchive.layout import dof_units
+
+    units = dof_units(layout)
+    shown = dict.fromkeys(units.get(d) or "1" for d in chosen)
     return f"qpos ({', '.join(shown)})"

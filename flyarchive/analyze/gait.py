@@ -177,6 +177,8 @@ _THORAX_MEASURES = _WORLD[:9]
 _THORAX, _AHEAD = "gait/thorax", "gait/ahead"
 #: The length unit of another body's positions when none is given: the model's.
 _MODEL_UNIT = "model unit"
+#: The length unit of poses that say none (a tracker's: pixels, or what it was calibrated in).
+_POSES_UNIT = "poses unit"
 #: Names of the unit the default thresholds are in.
 _MILLIMETRES = ("mm", "millimeter", "millimeters", "millimetre", "millimetres")
 #: Tip-frames handled at once (bounds the memory of the temporaries: ~40 bytes each).
@@ -655,6 +657,7 @@ def _source(source: Any, thorax: str, tips: Any, legs: Mapping[str, str] | None,
             "pass tips= (points {label: (body, offset)}).")
     from flyarchive.analyze.lazy import computed_positions
 
+    _check_tips_once(tips)
     if tips is None or isinstance(tips, Mapping):
         bodies, tip_points = [], gait_points(thorax, tips)
     else:
@@ -740,9 +743,10 @@ def _positions_source(source: Any, thorax: str, tips: Any, legs: Mapping[str, st
                        [f"world{int(w)}" for w in got.world.values], True,
                        "mm" if _tarsus_tips(labels_here[2:]) else None)
     if legs is not None:
-        _check_once(legs)
+        _check_once({leg: repr(str(k)) for leg, k in legs.items()})
         names, labels = list(legs), [str(v) for v in legs.values()]
     else:
+        _check_tips_once(tips)
         labels = list(tips) if tips is not None else \
             list(tarsus_tips(thorax.rpartition("/")[0] or "nmf"))
         names = [_leg(label) for label in labels]
@@ -765,15 +769,27 @@ def _tarsus_tips(labels: Sequence[str]) -> bool:
     return bool(fly) and set(legs) <= set(LEGS) and list(labels) == list(tarsus_tips(fly, legs))
 
 
-def _check_once(legs: Mapping[str, str]) -> None:
+def _check_tips_once(tips: Any) -> None:
+    """Each tip names its own point or keypoint (two legs of one tip are a slip)."""
+    if tips is None:
+        return
+    if isinstance(tips, Mapping):
+        _check_once({str(label): repr(spec) for label, spec in tips.items()}, "tips= (--tip)",
+                    "point")
+    elif not isinstance(tips, str):
+        _check_once({f"tip {i}": repr(str(label)) for i, label in enumerate(tips)}, "tips=",
+                    "keypoint")
+
+
+def _check_once(legs: Mapping[str, str], what: str = "legs=", thing: str = "keypoint") -> None:
     """Each keypoint tips one leg (a keypoint named for two legs is a slip of the mapping)."""
     seen: dict[str, str] = {}
     for leg, keypoint in legs.items():
         if str(keypoint) in seen:
             raise SelectionError(
-                f"legs= maps both {seen[str(keypoint)]!r} and {leg!r} to the keypoint "
-                f"{keypoint!r}; each leg needs a tip of its own. Map {leg!r} to its own "
-                "keypoint, or leave it out.")
+                f"{what} maps both {seen[str(keypoint)]!r} and {leg!r} to the {thing} "
+                f"{keypoint}; each leg needs a tip of its own. Give {leg!r} its own "
+                f"{thing}, or leave it out.")
         seen[str(keypoint)] = str(leg)
 
 
@@ -824,7 +840,7 @@ def _poses_source(ds: Any, thorax: str, legs: Mapping[str, str] | None, worlds: 
             f"rf, rm, rh give tcs and the support shares). Keypoints: {', '.join(have[:20])}.")
     if not isinstance(legs, Mapping) or not legs:
         raise SelectionError(f"legs= must map leg names to keypoint names, got {legs!r}.")
-    _check_once(legs)
+    _check_once({leg: repr(str(k)) for leg, k in legs.items()})
     _check_keypoints([thorax, *legs.values()], have, "poses")
     unit = ds.attrs.get("time_unit")
     if unit != "seconds":
@@ -856,9 +872,9 @@ def _poses_source(ds: Any, thorax: str, legs: Mapping[str, str] | None, worlds: 
         names = [names[w] for w in asked]
     if time is not None:
         position = position.sel(time=slice(*time))
-    unit = str(ds["position"].attrs.get("units") or "(the poses' length unit)")
+    unit = ds["position"].attrs.get("units")
     return _Source(position, False, None, [str(leg) for leg in legs], names, space != ["x", "y"],
-                   unit)
+                   str(unit) if unit else _POSES_UNIT)
 
 
 def _prepare(source: Any, thorax: str, tips: Any, legs: Any, params: GaitParams, worlds: Any,
@@ -873,9 +889,10 @@ def _prepare(source: Any, thorax: str, tips: Any, legs: Any, params: GaitParams,
         got = replace(got, length_unit=length_unit or _MODEL_UNIT)
     if params == GaitParams() and got.length_unit not in _MILLIMETRES and \
             _as_poses(source) is not None:
+        said = "not given" if got.length_unit == _POSES_UNIT else got.length_unit
         warnings.warn(
             f"The gait thresholds are GaitParams' defaults, in mm (a tip below 0.1 mm may "
-            f"stand...), and these poses' length unit is {got.length_unit}: in "
+            f"stand...), and these poses' length unit is {said}: in "
             "pixels, or with the ground not at z = 0, stances and steps are found wrong or "
             "not at all. If they are in mm, say so (length_unit='mm'); else pass thresholds "
             "in their unit (params=GaitParams(stance_height=..., ...)).", stacklevel=3)

@@ -168,16 +168,35 @@ class NwbMetadata:
                                f"codes), got {checked['sex']!r}.")
         if "age" in checked and not _is_age(checked["age"]):
             raise OptionsError(f"{source}: subject.age must be an ISO 8601 duration such as "
-                               f"'P3D' (3 days) or 'P1W2D', or a range of two ('P2D/P5D'; "
-                               f"'P2D/' without an upper bound), got {checked['age']!r}.")
+                               f"'P3D' (3 days) or 'P1W2D', or a range of two, the shorter first "
+                               f"('P2D/P5D'; 'P2D/' without an upper bound), got "
+                               f"{checked['age']!r}.")
         return cls(nwbfile, checked, source)
 
 
 def _is_age(text: str) -> bool:
     """An ISO 8601 duration, or a range ``lower/upper`` (``lower/``: no upper bound), as NWB
-    gives an age."""
+    gives an age; a range's upper bound longer than its lower one (as nwbinspector asks)."""
     lower, slash, upper = text.partition("/")
-    return bool(_AGE.match(lower)) and (not slash or not upper or bool(_AGE.match(upper)))
+    if not _AGE.match(lower) or (slash and upper and not _AGE.match(upper)):
+        return False
+    return not (slash and upper) or _seconds(upper) > _seconds(lower)
+
+
+#: Seconds of each ISO 8601 duration unit (a year and a month on average).
+_UNIT_S = {"Y": 365.2425 * 86400, "M": 30.436875 * 86400, "W": 7 * 86400, "D": 86400,
+           "H": 3600, "TM": 60, "S": 1}
+
+
+def _seconds(duration: str) -> float:
+    """About how long an ISO 8601 duration (matched by ``_AGE``) is, in seconds."""
+    date, _, time = duration[1:].partition("T")
+    total = 0.0
+    for part, prefix in ((date, ""), (time, "T")):
+        for number, unit in re.findall(r"(\d+(?:\.\d+)?)([YMWDHS])", part):
+            key = "TM" if prefix and unit == "M" else unit
+            total += float(number) * _UNIT_S[key]
+    return total
 
 
 def _birth(source: str, value: Any) -> datetime:

@@ -70,7 +70,8 @@ def _positions_of(data: xr.DataArray | xr.Dataset) -> xr.DataArray:
 
 
 def to_movement(data: xr.DataArray | xr.Dataset,
-                world_vars: Mapping[str, Any] | None = None) -> xr.Dataset:
+                world_vars: Mapping[str, Any] | None = None, *,
+                length_unit: str | None = None) -> xr.Dataset:
     """A ``movement`` poses dataset of positions (computed now; see the module's docstring).
 
     Args:
@@ -78,6 +79,9 @@ def to_movement(data: xr.DataArray | xr.Dataset,
             ``position``), any selection of it.
         world_vars: ``{name: (world,) DataArray}`` added as coordinates along
             ``individual`` (an archive's world variables: ``ds.success``...).
+        length_unit: The positions' unit, for ``position.attrs["units"]`` (``"mm"`` for
+            NeuroMechFly: the gait functions then read the file in mm); None: the units
+            attribute of ``data``.
 
     Returns:
         The dataset, which movement's functions take as they are (e.g.
@@ -107,7 +111,7 @@ def to_movement(data: xr.DataArray | xr.Dataset,
     for name, values in (world_vars or {}).items():
         ds = ds.assign_coords({name: ("individual", np.asarray(values.sel(world=worlds).values),
                                       dict(values.attrs))})
-    units = position.attrs.get("units")
+    units = length_unit or position.attrs.get("units")
     ds.position.attrs.update({"units": units} if units else {})
     source = position.attrs.get("source") or position.attrs.get("stored")
     if source:
@@ -146,7 +150,7 @@ def export_poses(
             :func:`flyarchive.positions` (an archive of positions takes only ``worlds``,
             ``time`` and ``storage_options``).
         length_unit: The model's length unit (``"mm"`` for NeuroMechFly; ``"cm"``, ``"m"``):
-            NWB's ``conversion`` to metres.
+            NWB's ``conversion`` to metres; the movement file's ``position`` units.
         overwrite: Replace existing files.
         progress: Called ``(files written, files in all)`` after each file.
         metadata: NWB only: NWBFile and Subject fields in pynwb's names, as a YAML file or
@@ -192,8 +196,8 @@ def export_poses(
         _refuse_existing([target], overwrite)
         world_vars = {} if ds is None else {
             str(n): v for n, v in ds.data_vars.items() if v.dims == ("world",) and n != "n_frames"}
-        write_whole(target, lambda path: to_movement(data, world_vars).to_netcdf(
-            path, engine="h5netcdf"))
+        write_whole(target, lambda path: to_movement(
+            data, world_vars, length_unit=length_unit).to_netcdf(path, engine="h5netcdf"))
         written = [str(target)]
     else:
         written = _write_nwb(_positions_of(data), target, length_unit, overwrite, checked,

@@ -28,6 +28,7 @@ from flyarchive.errors import (
     SelectionError,
     did_you_mean,
 )
+from flyarchive.layout import dof_units, length_unit
 from flyarchive.view import gait_panels
 from flyarchive.view import geom_poses
 from flyarchive.view import traces as traces_
@@ -160,9 +161,9 @@ class Viewer:
             "dofs": viewed.dofs, "columns": list(viewed.columns),
             "backend": self.renders.backend, "out": str(self.out),
             "generation": viewed.generation, "archive_id": viewed.archive_id,
-            "dof_units": traces_.dof_units(viewed.attrs.get("layout")),
+            "dof_units": dof_units(viewed.attrs.get("layout")),
             "column_units": column_units(viewed.column_attrs),
-            "length_unit": traces_.length_unit(viewed.attrs.get("layout")),
+            "length_unit": length_unit(viewed.attrs.get("layout")),
             "max_gait_frames": self.limits.max_gait_frames,
         }
         if self._model_loaded.is_set():

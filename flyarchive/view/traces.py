@@ -19,42 +19,6 @@ MAX_WORLDS = 200
 MAX_WIDTH = 4000
 #: NeuroMechFly's length unit, the millimetre (as the gait measures take it).
 LENGTH_UNIT = "mm"
-#: Another model's: MuJoCo models carry no unit.
-MODEL_UNIT = "model unit"
-#: The unit of a dof by its joint's type and its label's suffix (:mod:`flyarchive.layout`):
-#: hinge angles in radians, slides and free-joint positions in the length unit (None
-#: here), quaternion components without one.
-_UNITS = {("hinge", ""): "rad", ("slide", ""): None, **{("free", a): None for a in "xyz"},
-          **{(kind, q): "1" for kind in ("free", "ball") for q in ("qw", "qx", "qy", "qz")}}
-
-
-def length_unit(layout_attrs: Any) -> str:
-    """The length unit of the archive's model: mm for NeuroMechFly (joints named
-    ``nmf/...``), else "model unit"."""
-    names = layout_attrs.get("joint_names") if isinstance(layout_attrs, dict) else None
-    nmf = isinstance(names, list) and any(str(n).startswith("nmf/") for n in names)
-    return LENGTH_UNIT if nmf else MODEL_UNIT
-
-
-def dof_units(layout_attrs: Any) -> dict[str, str]:
-    """Each dof label's unit (``rad``, the length unit of :func:`length_unit`, ``1``) from
-    the archive's ``layout`` attribute; empty when it cannot be read (the traces then say
-    no unit)."""
-    from flyarchive.errors import SchemaError
-    from flyarchive.layout import ModelLayout
-
-    try:
-        layout = ModelLayout.from_attrs(layout_attrs)
-    except SchemaError:
-        return {}
-    length = length_unit(layout_attrs)
-    units = {}
-    for name, kind in zip(layout.joint_names, layout.joint_types):
-        for label in (ModelLayout((name,), (kind,), ()).dof_labels):
-            suffix = label[len(name) + 1:] if label != name else ""
-            unit = _UNITS.get((kind, suffix), "")
-            units[label] = length if unit is None else unit
-    return units
 
 
 def min_max_columns(times: np.ndarray, values: np.ndarray, width: int

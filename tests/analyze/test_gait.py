@@ -183,3 +183,16 @@ def test_saved_measures_are_stored_whole_a_lost_one_is_damage(sites_archive):
                                                   r"\(file time_below/c/0\)\]"):
         flyarchive.open_archive(sites_archive).time_below.values
     assert any("'time_below'" in p for p in flyarchive.verify(sites_archive).problems)
+
+
+def test_one_tip_given_for_two_legs_is_refused():
+    """tips= (and --tip) of one point for two legs gave a leg its twin's numbers."""
+    pos = positions([line(10.0, 0.0)])
+
+    with pytest.raises(SelectionError, match=r"tips= maps both 'tip 0' and 'tip 1' to the "
+                                             r"keypoint 'nmf/lf_tip'"):
+        flyarchive.gait_summary(pos, thorax="nmf/c_thorax", tips=["nmf/lf_tip", "nmf/lf_tip"])
+    with pytest.raises(SelectionError, match=r"tips= \(--tip\) maps both 'lf' and 'lm' to the "
+                                             r"point \('nmf/lf_tarsus5', 'tip'\)"):
+        flyarchive.gait_steps("unused.zarr", tips={"lf": ("nmf/lf_tarsus5", "tip"),
+                                                   "lm": ("nmf/lf_tarsus5", "tip")})

@@ -373,3 +373,15 @@ def test_default_thresholds_on_poses_not_said_to_be_in_mm_are_warned_of():
         flyarchive.gait_summary(poses, thorax="thorax", legs=_legs(), length_unit="mm")
         flyarchive.gait_summary(poses, thorax="thorax", legs=_legs(),
                                 params=GaitParams(stance_height=0.2, swing_height=0.3))
+
+
+@requires_movement
+@pytest.mark.slow  # movement imports for seconds
+def test_poses_that_say_no_unit_are_labelled_in_the_poses_unit():
+    poses = walker_poses(100, 1.0)
+
+    with pytest.warns(UserWarning, match="these poses' length unit is not given"):
+        got = flyarchive.gait_summary(poses, thorax="thorax", legs=_legs())
+
+    assert got.distance.attrs["units"] == "poses unit"
+    assert got.mean_speed.attrs["units"] == "poses unit/s"

@@ -470,7 +470,8 @@ def test_saving_gait_measures_of_some_worlds_says_it_needs_every_world(archive, 
     ("subject: {age: 3}\n", r"subject\.age must be text \(ISO 8601 duration, e\.g\. P3D, or a "
                             r"range P2D/P5D.*\), got int 3\. Quote it in YAML"),
     ("subject: {age: 3 days}\n", r"subject\.age must be an ISO 8601 duration such as 'P3D'"),
-    ("subject: {age: P2D/5 days}\n", r"or a range of two \('P2D/P5D'"),
+    ("subject: {age: P2D/5 days}\n", r"or a range of two, the shorter first \('P2D/P5D'"),
+    ("subject: {age: P5D/P2D}\n", r"the shorter first .* got 'P5D/P2D'"),
     ("subject: {date_of_birth: yesterday}\n", r"subject\.date_of_birth must be a date "
                                              r"\(2026-12-01\) or date and time"),
     ("subject: {sex: female}\n", r"subject\.sex must be one of M, F, U, O \(NWB's codes\), got "

@@ -101,3 +101,16 @@ def test_plot_with_overwrite_replaces_the_image_whole_with_a_new_files_permissio
     assert mine.read_bytes()[:4] == b"\x89PNG"
     assert stat.S_IMODE(mine.stat().st_mode) == 0o640
     assert sorted(p.name for p in tmp_path.iterdir()) == ["run.zarr", "traces.png"]
+
+
+def test_the_y_label_names_the_units_of_the_chosen_dofs(tiny, tmp_path, monkeypatch):
+    """A free joint's position was labelled unitless (its dof labels are not joint names)."""
+    import matplotlib.pyplot as plt
+
+    url = record(tiny, str(tmp_path / "tiny.zarr"), n_worlds=1)
+    figures = []
+    monkeypatch.setattr(plt, "close", figures.append)
+
+    plot_traces(url, 0, tmp_path / "p.png", dofs=["root/x", "shoulder", "wrist/qw", "slider"])
+
+    assert figures[0].axes[0].get_ylabel() == "qpos (model unit, rad, 1)"

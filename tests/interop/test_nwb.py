@@ -219,6 +219,13 @@ def test_a_movement_export_carries_world_variables_and_the_kept_tarsus_tips(fly,
                                                       *flyarchive.tarsus_tips()]
     assert back.seed.values.tolist() == [11, 12, 13] and back.seed.dims == ("individual",)
     assert back.genotype_sim.values.tolist() == ["wt", "mutA", "wt"]
+    import warnings
+
+    legs = {leg: f"nmf/{leg}_tip" for leg in ("lf", "lm", "lh", "rf", "rm", "rh")}
+    with warnings.catch_warnings():  # in mm, as it says: gait reads it without a warning
+        warnings.simplefilter("error", UserWarning)
+        gait = flyarchive.gait_summary(back, thorax="nmf/c_thorax", legs=legs)
+    assert gait.distance.attrs["units"] == "mm"
 
 
 @requires_movement

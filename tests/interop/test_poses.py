@@ -49,8 +49,10 @@ def test_a_movement_netcdf_file_reads_back_as_written(archive, tmp_path):
                            worlds=[2], time=(0.04, 0.1))
 
     back = xr.open_dataset(written[0])
-    expected = to_movement(flyarchive.positions(archive, "hand", worlds=[2], time=(0.04, 0.1)))
+    expected = to_movement(flyarchive.positions(archive, "hand", worlds=[2], time=(0.04, 0.1)),
+                           length_unit="mm")
     xr.testing.assert_identical(back.load(), expected)
+    assert back.position.attrs["units"] == "mm"  # export-poses' --length-unit, read by gait
 
 
 @requires_nwb

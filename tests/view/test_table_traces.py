@@ -10,7 +10,8 @@ import pytest
 
 from flyarchive.errors import SelectionError
 from flyarchive.view.table import column_units, query_table, scatter_points
-from flyarchive.view.traces import dof_choices, dof_units, min_max_columns, pack
+from flyarchive.layout import dof_units
+from flyarchive.view.traces import dof_choices, min_max_columns, pack
 
 COLUMNS = {"world": np.arange(10, 20), "n_frames": np.full(10, 5),
            "distance": np.array([3.0, np.nan, 1, 5, 2, np.nan, 9, 0, 4, 8]),
