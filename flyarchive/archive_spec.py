@@ -343,3 +343,22 @@ def as_url(url: str | os.PathLike[str]) -> str:
             f"An archive's location is empty ({text!r}); name a folder that will hold only "
             "the archive, e.g. 'run.zarr' or 's3://bucket/run.zarr'.")
     return text
+
+
+def absolute_url(url: str | os.PathLike[str]) -> str:
+    """``url`` as it means the same in every process and folder, to send to workers.
+
+    A local path (plain, ``file://`` or ``local://``) gets ``~`` expanded and becomes
+    absolute against this process's working folder; a Dask worker started elsewhere
+    would read it against its own. Other URLs (``s3://``, ``memory://``, chained
+    ``a::b``) are returned as they are. Symbolic links are kept, not resolved.
+    """
+    text = os.fspath(url)
+    if "::" in text:
+        return text
+    protocol, sep, rest = text.partition("://")
+    if not sep:
+        return os.path.abspath(os.path.expanduser(text))
+    if protocol in ("file", "local"):
+        return f"{protocol}://{os.path.abspath(os.path.expanduser(rest))}"
+    return text

@@ -287,8 +287,9 @@ def archive_facts(url: str, ds: xr.Dataset, epochs: pd.DataFrame | None, *,
         if var.dims == ("world",) and name != "n_frames":
             values = {int(w): v.item() if hasattr(v, "item") else v
                       for w, v in zip(ds.world.values, var.values)}
-            world_vars[str(name)] = (values, str(var.attrs.get("description") or
-                                                 f"world variable {name!r} of the archive"))
+            text = str(var.attrs.get("description") or f"world variable {name!r} of the archive")
+            units = var.attrs.get("units")
+            world_vars[str(name)] = (values, f"{text} ({units})" if units else text)
     if qpos is None:
         hinges, slides, balls = (), (), ()
     return ArchiveFacts(url, archive_id, created, nmf, qpos, hinges, slides, balls,

@@ -23,7 +23,7 @@ from flyarchive.record.common import (
     release_writer,
 )
 from flyarchive.schema import finite_frames
-from flyarchive.archive_spec import ArchiveSpec, FrameBlock, as_url, parse_mode
+from flyarchive.archive_spec import ArchiveSpec, FrameBlock, absolute_url, as_url, parse_mode
 from flyarchive.record.sink import ArchiveSink, Archives
 
 
@@ -215,7 +215,7 @@ class TrajectoryRecorder:
         if world_block is not None and parse_mode(mode) != "a":
             raise OptionsError("world_block writes into an existing archive: pass mode='a'.")
         self._block = dict(world_block=world_block, takeover=takeover)
-        self.url = as_url(url)
+        self.url = absolute_url(as_url(url))  # (the current folder may change meanwhile)
         self.layout = ModelLayout.from_model(model)
         self.timing = Timing(float(model.opt.timestep), output_fps, playback_speed)
         nq, nmocap = self.layout.nq, self.layout.nmocap

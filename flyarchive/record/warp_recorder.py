@@ -48,7 +48,7 @@ from flyarchive.record.common import (
     read_back,
     release_writer,
 )
-from flyarchive.archive_spec import ArchiveSpec, as_url, parse_mode
+from flyarchive.archive_spec import ArchiveSpec, absolute_url, as_url, parse_mode
 from flyarchive.record.sink import Archives
 from flyarchive.warp_log import import_warp
 
@@ -171,7 +171,7 @@ class WarpTrajectoryRecorder:
         if self.archives is None:
             raise TypeError(f"{type(self).__name__} of flyarchive.record writes nowhere: use "
                             f"flyarchive.{type(self).__name__} (bound to archives).")
-        self.url = as_url(url)
+        self.url = absolute_url(as_url(url))  # (the current folder may change meanwhile)
         self.layout = ModelLayout.from_model(model)
         self.timing = Timing(float(model.opt.timestep), output_fps, playback_speed)
         self.nworld = int(nworld)

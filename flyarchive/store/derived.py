@@ -75,7 +75,7 @@ from flyarchive.store.creation import (
     undo,
 )
 from flyarchive.models import PORTABLE_MODEL_ATTR, model_identity
-from flyarchive.store.location import as_url, open_store, settled, sync, write_faults
+from flyarchive.store.location import absolute_url, as_url, open_store, settled, sync, write_faults
 from flyarchive.store.opener import open_for_reading, open_for_writing
 from flyarchive.store.reader import StateDamage, state_damage
 from flyarchive.store.writer import ArchiveWriter
@@ -648,7 +648,7 @@ def open_derived_group(url: str, storage_options: Mapping[str, Any] | None = Non
     from flyarchive.store.dataset import read_archive
     from flyarchive.store.opener import open_for_reading
 
-    url = as_url(url)
+    url = absolute_url(as_url(url))  # (its reads may run in Dask workers of other folders)
     group = open_for_reading(url, storage_options, own_later=True)
     if not isinstance(group.attrs.get(DERIVED_ATTR), dict):
         raise SchemaError(

@@ -10,7 +10,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import errno
-import os
 import weakref
 from collections.abc import Awaitable, Iterable, Iterator, Mapping
 from pathlib import Path
@@ -20,7 +19,7 @@ import fsspec
 import zarr
 import zarr.storage
 
-from flyarchive.archive_spec import as_url, parse_mode  # noqa: F401  (the store checks them too)
+from flyarchive.archive_spec import absolute_url, as_url, parse_mode  # noqa: F401  (the store checks them too)
 from flyarchive.errors import (
     ArchiveExistsError,
     ArchiveNotFoundError,
@@ -206,21 +205,3 @@ async def settled(aws: Iterable[Awaitable[Any]]) -> list[Any]:
             raise result
     return results
 
-
-def absolute_url(url: str | os.PathLike[str]) -> str:
-    """``url`` as it means the same in every process and folder, to send to workers.
-
-    A local path (plain, ``file://`` or ``local://``) gets ``~`` expanded and becomes
-    absolute against this process's working folder; a Dask worker started elsewhere
-    would read it against its own. Other URLs (``s3://``, ``memory://``, chained
-    ``a::b``) are returned as they are. Symbolic links are kept, not resolved.
-    """
-    text = os.fspath(url)
-    if "::" in text:
-        return text
-    protocol, sep, rest = text.partition("://")
-    if not sep:
-        return os.path.abspath(os.path.expanduser(text))
-    if protocol in ("file", "local"):
-        return f"{protocol}://{os.path.abspath(os.path.expanduser(rest))}"
-    return text

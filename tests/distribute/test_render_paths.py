@@ -170,6 +170,13 @@ def test_an_archive_opened_by_a_relative_path_is_read_by_workers_started_elsewhe
         ds = flyarchive.open_archive("run.zarr")
         qpos = ds.qpos.sum().compute()
         hand = flyarchive.positions("run.zarr", bodies=["hand"]).compute()
+        flyarchive.keep_positions(str(tmp_path / "run.zarr"), bodies=["hand"])
+        flyarchive.keep_positions(str(tmp_path / "run.zarr"), bodies=["hand"],
+                                  to=str(tmp_path / "pos.zarr"))
+        kept = flyarchive.positions("run.zarr", bodies=["hand"]).compute()  # read, kept
+        own = flyarchive.open_positions("pos.zarr").compute()
+        assert np.array_equal(kept.values, hand.values)
+        assert np.array_equal(own.values, hand.values)
 
     expected = flyarchive.open_archive(str(tmp_path / "run.zarr"))
     assert float(qpos) == float(expected.qpos.sum().compute(scheduler="sync"))

@@ -263,3 +263,29 @@ def test_ctrl_c_after_a_commit_wrote_its_frames_never_commits_them_again(tiny, t
     n = int(ds.n_frames.max())
     assert verify(url).ok and n >= 10
     np.testing.assert_array_equal(ds.qpos.values, reference_frames(tiny, 2, 4 * n)["qpos"][:, :n])
+
+
+def test_a_recorder_of_a_relative_path_records_there_after_the_current_folder_changes(
+        tiny, tmp_path, monkeypatch):
+    """It stopped with "the archive was deleted or moved away": its store followed the
+    current folder."""
+    from flyarchive import verify
+
+    (tmp_path / "elsewhere").mkdir()
+    monkeypatch.chdir(tmp_path)
+    recorder = TrajectoryRecorder("run.zarr", tiny, chunk_frames=5)
+    steps = [0]
+
+    def on_step(datas):
+        steps[0] += 1
+        if steps[0] == 40:
+            monkeypatch.chdir(tmp_path / "elsewhere")
+        recorder.record_as_needed(datas)
+
+    with recorder:
+        simulate(tiny, 2, 200, on_step)
+
+    url = str(tmp_path / "run.zarr")
+    assert verify(url).ok and not (tmp_path / "elsewhere" / "run.zarr").exists()
+    np.testing.assert_array_equal(open_archive(url).qpos.values,
+                                  reference_frames(tiny, 2, 200)["qpos"])
