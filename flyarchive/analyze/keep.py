@@ -331,6 +331,10 @@ def _check_apart(url: str, to: str) -> None:
     from flyarchive.errors import OutputLocationError
     from flyarchive.store.location import protocol
 
+    if protocol(to) == "file":
+        from flyarchive.store.local_files import refuse_nested_archive
+
+        refuse_nested_archive(os.path.expanduser(to.removeprefix("file://")))  # another's
     if protocol(to) == "file" and protocol(url) == "file":
         here, there = (os.path.realpath(os.path.expanduser(p.removeprefix("file://")))
                        for p in (to, url))

@@ -251,16 +251,18 @@ def _interrupted(url: str, storage_options: Mapping[str, Any] | None) -> bool:
     async def look() -> bool:
         if await store.exists("n_frames/zarr.json"):
             return False
-        names = [n async for n in store.list_dir("") if n not in ("claims", "zarr.json")]
+        names = [n async for n in store.list_dir("")
+                 if n not in ("claims", "zarr.json") and not n.endswith(".partial")]
         if not await store.exists("zarr.json"):
             return not names  # an empty folder (a creation undone), or something else
         for name in names:
             raw = await store.get(f"{name}/zarr.json", prototype=_PROTOTYPE)
-            if raw is None and name == "n_frames":  # its zeros, written with its zarr.json
-                continue
-            if raw is None:  # not an array of a creation: anything in it is something else
-                async for _ in store.list_prefix(f"{name}"):
-                    return False
+            if raw is None and name in ("n_frames", "models"):  # written with their zarr.json:
+                continue  # n_frames' zeros, the kept models' bytes
+            if raw is None:  # not an array of a creation: anything in it but a temporary
+                async for key in store.list_prefix(f"{name}/"):  # file is something else
+                    if not key.endswith(".partial"):
+                        return False
                 continue
             try:
                 dims = json.loads(raw.to_bytes()).get("dimension_names")

@@ -6,6 +6,7 @@ disk never leaves a partial file under the name nor damages the file that was th
 
 from __future__ import annotations
 
+import json
 import os
 import tempfile
 from collections.abc import Callable
@@ -63,7 +64,7 @@ def refuse_nested_archive(path: str | os.PathLike[str]) -> None:
     from flyarchive.errors import OutputLocationError
 
     here = Path(os.path.abspath(os.path.expanduser(os.fspath(path))))
-    held = [f for f in here.parents if (f / "zarr.json").is_file()]
+    held = [f for f in here.parents if _zarr_node(f / "zarr.json")]
     if held:
         folder = held[-1]
         raise OutputLocationError(
@@ -71,6 +72,18 @@ def refuse_nested_archive(path: str | os.PathLike[str]) -> None:
             "archive there would be deleted with it (mode='w'), copied and moved with it, "
             f"and unknown to its verify. Record beside it, e.g. "
             f"'{folder.parent / (folder.stem + '-' + here.name)}'. Nothing was written.")
+
+
+def _zarr_node(path: Path) -> bool:
+    """``path`` is the ``zarr.json`` of a zarr node (a file of that name of something else,
+    a program's configuration, is not)."""
+    try:
+        if not path.is_file() or path.stat().st_size > 1 << 22:
+            return path.is_file()  # (a huge one: taken for a node, not read)
+        document = json.loads(path.read_bytes())
+    except (OSError, ValueError):
+        return False
+    return isinstance(document, dict) and "zarr_format" in document and "node_type" in document
 
 
 def write_whole(target: Path, write: Callable[[str], object], *,

@@ -327,3 +327,18 @@ def test_an_interrupted_keep_is_a_note_of_verify_not_damage(sites_archive, monke
     assert ("is empty (a creation that was undone)" if undone
             else "its creation was interrupted") in report.notes[0]
     assert flyarchive.positions(sites_archive, "target").attrs["stored"] == group
+
+
+def test_positions_kept_inside_another_recording_are_refused(sites_archive, tmp_path):
+    """positions --to other.zarr/p.zarr was accepted: the other archive's verify then failed
+    and its replacement was refused."""
+    from flyarchive.errors import OutputLocationError
+
+    other = record(tiny_model(), str(tmp_path / "other.zarr"), n_worlds=1)
+    before = snapshot(other)
+
+    for inside in ("p.zarr", "derived/x"):
+        with pytest.raises(OutputLocationError, match=r"inside the archive \(or zarr group\)"):
+            flyarchive.keep_positions(sites_archive, "target", to=f"{other}/{inside}")
+
+    assert snapshot(other) == before and flyarchive.verify(other).ok

@@ -230,3 +230,12 @@ def test_replacing_an_archive_that_holds_files_of_yours_is_refused_and_changes_n
     (tmp_path / "run.zarr" / "notes.txt").unlink()
     record(tiny, url, n_worlds=2, mode="w")  # its own nodes alone: replaced
     assert len(zarr.open_group(url, mode="r")["world"][:]) == 2
+
+
+def test_a_file_named_zarr_json_that_is_no_zarr_node_does_not_stop_a_recording_below(tiny,
+                                                                                    tmp_path):
+    (tmp_path / "zarr.json").write_text('{"my": "config"}')  # a program's, not zarr's
+
+    url = record(tiny, str(tmp_path / "runs" / "run.zarr"), n_worlds=1)
+
+    assert zarr.open_group(url, mode="r")["world"][:].tolist() == [0]

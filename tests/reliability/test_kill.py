@@ -207,3 +207,28 @@ def test_verify_says_a_creation_killed_before_its_marker_was_interrupted_not_dam
     with TrajectoryRecorder(url, tiny, chunk_frames=5, mode="a") as recorder:
         simulate(tiny, 3, 40, recorder.record_as_needed)
     assert verify(url).ok
+
+
+def test_verify_says_interrupted_whatever_step_of_the_creation_was_cut(tiny, tmp_path):
+    """Kept models' bytes before their group's zarr.json, and a temporary file of the local
+    store left in an array's folder, made verify say 'Schema: no variable n_frames'."""
+    import shutil
+
+    from flyarchive import verify
+    from flyarchive.clock import Timing
+    from flyarchive.layout import ModelLayout
+    from flyarchive.models import model_bytes
+    from flyarchive.store import ArchiveSpec, ArchiveWriter
+
+    url = tmp_path / "cut.zarr"
+    spec = ArchiveSpec(ModelLayout.from_model(tiny), Timing(tiny.opt.timestep, 25, 0.2), (0, 1),
+                       model=model_bytes(tiny))
+    ArchiveWriter.create(str(url), spec).close()  # created, nothing committed; then cut back:
+    shutil.rmtree(url / "n_frames")
+    (url / "models" / "zarr.json").unlink()
+    (url / "mocap_pos" / "zarr.json").rename(url / "mocap_pos" / "zarr.0123abcd.partial")
+
+    report = verify(str(url))
+
+    assert len(report.problems) == 1
+    assert report.problems[0].startswith("Its creation was interrupted before anything was")
