@@ -146,15 +146,16 @@ def parse_size(text: str) -> tuple[int, int]:
     return h, w
 
 
-def storage_options_arg(text: str | None) -> dict[str, Any] | None:
+def storage_options_arg(text: str | None, flag: str = "--storage-options"
+                        ) -> dict[str, Any] | None:
     if not text:
         return None
     try:
         value = json.loads(text)
     except json.JSONDecodeError as err:
-        raise SelectionError(f"--storage-options must be a JSON object ({err}).") from None
+        raise SelectionError(f"{flag} must be a JSON object ({err}).") from None
     if not isinstance(value, dict):
-        raise SelectionError("--storage-options must be a JSON object, e.g. '{\"anon\": true}'.")
+        raise SelectionError(f"{flag} must be a JSON object, e.g. '{{\"anon\": true}}'.")
     return value
 
 

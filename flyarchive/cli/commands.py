@@ -79,7 +79,8 @@ def cmd_export_npz(args: argparse.Namespace) -> int:
     out = path_arg(args.to)
     done = export_npz(path_arg(args.url), out, worlds=worlds, overwrite=args.overwrite,
                       storage_options=storage_options,
-                      out_storage_options=storage_options_arg(args.out_storage_options))
+                      out_storage_options=storage_options_arg(args.out_storage_options,
+                                                              "--out-storage-options"))
     print(f"wrote {len(done.files)} file(s) to {out}")
     if done.skipped:
         print(f"skipped {len(done.skipped)} world(s) with no committed frames: "
@@ -271,7 +272,8 @@ def _render(args: argparse.Namespace, client: Any = None) -> int:
                               video=_video_options(args), **_output_options(args)),
         client=client, scheduler=None if client is not None else args.scheduler,
         n_workers=args.workers, storage_options=storage_options,
-        out_storage_options=storage_options_arg(args.out_storage_options),
+        out_storage_options=storage_options_arg(args.out_storage_options,
+                                                "--out-storage-options"),
         gpus=parse_gpus(args.gpus) if args.gpus is not None and client is None else None,
         resume=args.resume,
     )

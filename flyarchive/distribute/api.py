@@ -307,6 +307,10 @@ def render_videos(
     options, jobs, notes = plan_outputs(options, ds, model, jobs)  # mosaics grouped
     if out_storage_options is None and protocol(out) == protocol(source) != "file":
         out_storage_options = storage_options
+    elif out_storage_options is not None:  # the output's own: checked as the archive's are
+        from flyarchive.store.storage_errors import check_storage_options
+
+        check_storage_options(out, out_storage_options)
     plan = RenderPlan(
         url=source, storage_options=dict(storage_options or {}), cameras=cameras,
         out=out, out_storage_options=dict(out_storage_options or {}),

@@ -455,3 +455,19 @@ def test_an_s3_output_without_credentials_is_named_not_the_local_archive(archive
 
     assert code == 2 and "s3://flyarchive-test/nokeys/videos" in err, err
     assert str(archive) not in err
+
+
+@requires_s3
+def test_the_outputs_storage_options_are_checked_as_the_archives_are(archive, s3_server, cli):
+    """A name s3fs does not take gave a traceback (TypeError in AioSession); bad JSON was
+    said of --storage-options."""
+    options = {**s3_server.storage_options(), "endpoint": "http://x"}
+    out = "s3://flyarchive-test/checked/videos"
+    base = ("render", archive, "--camera", "front", "--worlds", "1", "--size", "24x32",
+            "--workers", "0", "--quiet", "--out", out)
+
+    code, _, err = cli(*base, "--out-storage-options", json.dumps(options))
+    bad_json = cli(*base, "--out-storage-options", "{nope")
+
+    assert code == 2 and "The storage option(s) ['endpoint']" in err and "Traceback" not in err
+    assert bad_json[0] == 2 and "--out-storage-options must be a JSON object" in bad_json[2]
