@@ -142,6 +142,9 @@ async def inventory(store: zarr.abc.store.Store) -> str:
         if name in names:
             async for _ in store.list_prefix(f"{name}/c"):
                 return "damaged"
+    if root is None and await store.exists("claims/zarr.json") and \
+            all(name in _OWN_ENTRIES for name in names):
+        return "interrupted"  # a replacement or an undo cut short (the root goes first)
     return "interrupted" if ours else "other"
 
 

@@ -442,3 +442,19 @@ def test_overwrite_replaces_an_archive_but_not_a_folder_of_other_files(tiny, tmp
     code, _, err = cli("import-npz", str(tmp_path / "npz"), "--to", archive, "--model", model,
                        "--overwrite")
     assert code == 0, err  # an archive: replaced
+
+
+def test_a_replacement_cut_short_after_the_root_went_is_replaced_or_resumed(tiny, tmp_path):
+    """clear() deletes the root zarr.json first; a replacement killed after it left
+    flyarchive's own arrays without a root, which every mode refused as not an archive."""
+    import shutil
+
+    url = tmp_path / "cut.zarr"
+    record(tiny, str(url), n_steps=36)
+    (url / "zarr.json").unlink()  # as the killed replacement left it: the root gone, then
+    for name in ("qpos", "mocap_pos", "mocap_quat", "time", "sim_time", "frame", "n_frames"):
+        shutil.rmtree(url / name)  # its arrays of frames
+
+    record(tiny, str(url), n_steps=36, mode="w")
+
+    assert (url / "n_frames" / "zarr.json").exists()
