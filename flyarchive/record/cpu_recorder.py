@@ -100,8 +100,10 @@ class _Session:
     def close(self) -> None:
         if self.closed:
             return
+        said = getattr(self.writer, "lost", False)  # the archive went: a commit said so
         try:
-            self.flush()
+            if not said:  # (its buffered frames have no place to go, and it was said)
+                self.flush()
         finally:
             self.closed = True
             release_writer(self.writer)

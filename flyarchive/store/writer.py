@@ -530,6 +530,12 @@ class ArchiveWriter:
         return self._closed
 
     @property
+    def lost(self) -> bool:
+        """True once a commit found the archive deleted, moved or replaced
+        (``ArchiveReplacedError``): nothing more is written there."""
+        return self._lost
+
+    @property
     def abandoned(self) -> bool:
         """True once closed or after a failed commit: another writer of this process may
         then take its claim over (and this one takes no more frames)."""

@@ -189,13 +189,14 @@ def test_a_recorder_whose_archive_goes_stops_and_writes_nothing_more_there(tiny,
         recorder.record_as_needed(datas)
 
     with warnings.catch_warnings():
-        warnings.simplefilter("ignore", RuntimeWarning)  # closing says it again
+        warnings.simplefilter("error", RuntimeWarning)  # closing says nothing more
         with pytest.raises(ArchiveReplacedError, match="no longer the one this writer records "
                                                        "into") as raised:
             with recorder:
                 simulate(tiny, 2, 400, on_step)
 
     assert "is gone: the archive was deleted or moved away" in str(raised.value)
+    assert not getattr(raised.value, "__notes__", None)  # said once: closing adds nothing
     if then == "replaced":  # the other recording as it closed it
         assert snapshot(url) == kept[0] and verify(url).ok
     else:
@@ -224,7 +225,7 @@ def test_a_recorder_whose_archive_another_recording_took_writes_nothing_into_it(
         recorder.record_as_needed(datas)
 
     with warnings.catch_warnings():
-        warnings.simplefilter("ignore", RuntimeWarning)
+        warnings.simplefilter("error", RuntimeWarning)  # closing says nothing more
         with pytest.raises(ArchiveReplacedError, match="names another writer: the archive was "
                                                        "replaced"):
             with recorder:
