@@ -392,6 +392,14 @@ class ArchiveWriter:
             raise
         except (OSError, RuntimeError, TimeoutError, *storage_errors.client_errors()) as err:
             self._failed = True  # retrying is allowed, and so is a new writer taking over
+            if isinstance(err, FileNotFoundError):  # the archive went during the commit?
+                try:
+                    sync(self._check_held(t0))
+                except ArchiveReplacedError:
+                    self._lost = True
+                    raise
+                except Exception:  # noqa: BLE001 - the claim unreadable: the first error says
+                    pass
             raise StorageError(
                 f"Writing frames {t0}..{t1 - 1} to {self.url!r} failed ({err!r}). "
                 f"The archive still holds its {t0} committed frames; retry or resume with mode='a'."

@@ -290,3 +290,30 @@ def test_a_recorder_of_a_relative_path_records_there_after_the_current_folder_ch
     assert verify(url).ok and not (tmp_path / "elsewhere" / "run.zarr").exists()
     np.testing.assert_array_equal(open_archive(url).qpos.values,
                                   reference_frames(tiny, 2, 200)["qpos"])
+
+
+def test_an_archive_deleted_during_a_commit_is_said_gone_not_retryable(tiny, tmp_path,
+                                                                       monkeypatch):
+    """A file missing mid-commit (the folder deleted as the chunks went) said "retry or
+    resume with mode='a'" of an archive that was gone."""
+    import shutil
+
+    import flyarchive.store.writer as writer
+    from flyarchive.errors import ArchiveReplacedError
+
+    url = str(tmp_path / "run.zarr")
+    real, calls = writer.ArchiveWriter._time_writes, [0]
+
+    def deleting(self, block, t0, t1):
+        calls[0] += 1
+        if calls[0] == 2:  # the second commit: the folder goes as its chunks are written
+            shutil.rmtree(url)
+            raise FileNotFoundError(2, "No such file or directory", f"{url}/time/c/1")
+        return real(self, block, t0, t1)
+
+    monkeypatch.setattr(writer.ArchiveWriter, "_time_writes", deleting)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RuntimeWarning)
+        with pytest.raises(ArchiveReplacedError, match="is gone: the archive was deleted"):
+            with TrajectoryRecorder(url, tiny, chunk_frames=5) as recorder:
+                simulate(tiny, 2, 200, recorder.record_as_needed)
