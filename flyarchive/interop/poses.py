@@ -40,7 +40,7 @@ from flyarchive.errors import (
     SelectionError,
     missing_dependency,
 )
-from flyarchive.store.local_files import make_folder, refuse_inside_archive, write_whole
+from flyarchive.store.local_files import refuse_inside_archive, write_whole
 
 if TYPE_CHECKING:
     import mujoco

@@ -169,9 +169,9 @@ def verify(url: str, storage_options: Mapping[str, Any] | None = None) -> Verify
         report = _verify_one(url, storage_options, BESIDE)
         if report.problems and not report.is_derived and _interrupted(url, storage_options):
             report.problems = [
-                f"Its creation was interrupted before anything was committed (no n_frames "
-                f"marker, no recorded frame): nothing is lost. Record into it with mode='a' "
-                f"(it is created anew), or replace it with mode='w'."]
+                "Its creation was interrupted before anything was committed (no n_frames "
+                "marker, no recorded frame): nothing is lost. Record into it with mode='a' "
+                "(it is created anew), or replace it with mode='w'."]
             return report
         if not report.is_derived:
             _verify_derived(url, storage_options, report)
