@@ -15,7 +15,7 @@ import socket
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 from urllib.parse import urlsplit
@@ -97,6 +97,28 @@ def serving(url: str, **viewer: Any) -> Iterator[tuple[Any, LogLines]]:
     finally:
         served.stop()
         log.removeHandler(lines)
+
+
+def render_until_stopped(out: str, on_stop: Callable[[str], object]) -> None:
+    """Stand in for a render that runs until it is stopped, as ``render_videos`` does:
+    its partial files first (``.parts-1/run.json`` in ``out``); on
+    :class:`~flyarchive.errors.Terminated` (Ctrl-C, SIGTERM, a cancel) they are removed,
+    ``on_stop(out)`` is called, and the error goes on."""
+    import shutil
+    from pathlib import Path
+
+    from flyarchive.errors import Terminated
+
+    parts = Path(out) / ".parts-1"
+    parts.mkdir(parents=True)
+    (parts / "run.json").write_text("{}")
+    try:
+        while True:
+            time.sleep(0.01)
+    except Terminated:
+        on_stop(out)
+        shutil.rmtree(parts)
+        raise
 
 
 def origin(served: Any) -> str:

@@ -3,6 +3,9 @@ gaps, and real and simulated flies through the same functions."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any
+
 import numpy as np
 import pytest
 
@@ -286,20 +289,26 @@ def _tracked_walker(fps: float = 125, seconds: float = 2.0):
     return walker_poses(fps, seconds, dims=3, noise=0.005)
 
 
+def _clean_and_lost(leg: str, lost: Callable[[np.ndarray, int], np.ndarray]) -> tuple[Any, Any]:
+    """The tracked walker's measures, and the same with ``leg``'s tip unknown in the frames
+    ``lost(times, cycle)`` selects of cycles 4, 8 and 12."""
+    poses = _tracked_walker()
+    clean = flyarchive.gait_summary(poses, thorax="thorax", legs=_legs(), length_unit="mm")
+    tip = list(poses.keypoint.values).index(TRACKED_NAME[leg])
+    for cycle in (4, 8, 12):
+        poses["position"].values[lost(poses.time.values, cycle), :, tip, 0] = np.nan
+    return clean, flyarchive.gait_summary(poses, thorax="thorax", legs=_legs(), length_unit="mm")
+
+
 @requires_movement
 @pytest.mark.slow  # movement imports for seconds
 def test_a_frame_lost_in_a_reference_swing_leaves_the_phases_as_they_were():
     from flyarchive.testing.walker import TRIPOD
 
-    poses = _tracked_walker()
-    clean = flyarchive.gait_summary(poses, thorax="thorax", legs=_legs(), length_unit="mm")
-    t = poses.time.values
-    lf = list(poses.keypoint.values).index(TRACKED_NAME["lf"])
-    for cycle in (4, 8, 12):  # one frame in the middle of three of lf's swings
-        i = int(np.argmin(np.abs(t - (cycle + 0.3 * (1 - TRIPOD.duty)) / TRIPOD.frequency)))
-        poses["position"].values[i, :, lf, 0] = np.nan
+    def mid_swing(t: np.ndarray, cycle: int) -> np.ndarray:  # one frame in an lf swing
+        return np.argmin(np.abs(t - (cycle + 0.3 * (1 - TRIPOD.duty)) / TRIPOD.frequency))
 
-    got = flyarchive.gait_summary(poses, thorax="thorax", legs=_legs(), length_unit="mm")
+    clean, got = _clean_and_lost("lf", mid_swing)
 
     for leg in ("rf", "lh", "rh"):  # (a cycle of two: 0.65 and 0.62)
         assert got[f"phase_concentration_{leg}"].item() > 0.95
@@ -312,15 +321,11 @@ def test_a_frame_lost_in_a_reference_swing_leaves_the_phases_as_they_were():
 def test_a_swing_whose_tripod_partner_was_not_tracked_is_left_out_of_tcs():
     from flyarchive.testing.walker import TRIPOD
 
-    poses = _tracked_walker()
-    clean = flyarchive.gait_summary(poses, thorax="thorax", legs=_legs(), length_unit="mm")
-    t = poses.time.values
-    rm = list(poses.keypoint.values).index(TRACKED_NAME["rm"])
-    for cycle in (4, 8, 12):  # rm's swing of three cycles not tracked
+    def swing(t: np.ndarray, cycle: int) -> np.ndarray:  # rm's whole swing
         lift = (cycle + TRIPOD.phases[4]) / TRIPOD.frequency
-        poses["position"].values[(t > lift - 0.01) & (t < lift + 0.05), :, rm, 0] = np.nan
+        return (t > lift - 0.01) & (t < lift + 0.05)
 
-    got = flyarchive.gait_summary(poses, thorax="thorax", legs=_legs(), length_unit="mm")
+    clean, got = _clean_and_lost("rm", swing)
 
     assert got.tcs.item() == pytest.approx(clean.tcs.item(), abs=0.01)  # (counted 0: 0.74)
 

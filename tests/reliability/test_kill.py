@@ -92,22 +92,34 @@ def test_commit_interrupted_while_growing_arrays_still_opens(tiny, tmp_path):
     np.testing.assert_array_equal(ds.mocap_pos.values, expected["mocap_pos"])
 
 
-#: A writer that dies (SIGKILL) in its first commit: the frames' chunks written, n_frames not.
-KILLED_IN_FIRST_COMMIT = """
+def killed_writer(url: str, patch: str, worlds: int, steps: int) -> int:
+    """Run a recording of ``worlds`` tiny worlds and ``steps`` steps into ``url`` in a child
+    process that ``patch`` (code calling ``die()``: SIGKILL) kills; its exit code."""
+    script = f"""
 import os, signal, sys
+import numpy as np
 from zarr.core.array import AsyncArray
+import flyarchive.store.writer as writer
 from flyarchive import TrajectoryRecorder
 from flyarchive.testing import simulate, tiny_model
-import numpy as np
+def die():
+    os.kill(os.getpid(), signal.SIGKILL)
+{patch}
+model = tiny_model()
+with TrajectoryRecorder(sys.argv[1], model, chunk_frames=5) as recorder:
+    simulate(model, {worlds}, {steps}, recorder.record_as_needed)
+"""
+    return subprocess.run([sys.executable, "-c", script, url], timeout=100).returncode
+
+
+#: Dies in its first commit: the frames' chunks written, n_frames not.
+IN_FIRST_COMMIT = """
 setitem = AsyncArray.setitem
 async def dying(self, selection, value, *args, **kwargs):
     if self.path.endswith("n_frames") and np.any(np.asarray(value) > 0):  # the first commit
-        os.kill(os.getpid(), signal.SIGKILL)
+        die()
     return await setitem(self, selection, value, *args, **kwargs)
 AsyncArray.setitem = dying
-model = tiny_model()
-with TrajectoryRecorder(sys.argv[1], model, chunk_frames=5) as recorder:
-    simulate(model, 3, 400, recorder.record_as_needed)
 """
 
 
@@ -118,8 +130,7 @@ def test_a_writer_killed_in_its_first_commit_leaves_an_archive_that_resumes(tiny
     from flyarchive import verify
 
     url = str(tmp_path / "first.zarr")
-    killed = subprocess.run([sys.executable, "-c", KILLED_IN_FIRST_COMMIT, url], timeout=100)
-    assert killed.returncode == -signal.SIGKILL
+    assert killed_writer(url, IN_FIRST_COMMIT, 3, 400) == -signal.SIGKILL
     assert list((tmp_path / "first.zarr" / "qpos").rglob("c/*"))  # frames' chunks written
 
     checked = verify(url)
@@ -131,22 +142,15 @@ def test_a_writer_killed_in_its_first_commit_leaves_an_archive_that_resumes(tiny
     np.testing.assert_array_equal(open_archive(url).qpos.values, expected["qpos"])
 
 
-#: A writer killed between a commit (n_frames written) and its consolidated copy's rewrite.
-KILLED_BEFORE_CONSOLIDATING = """
-import os, signal, sys
-import flyarchive.store.writer as writer
-from flyarchive import TrajectoryRecorder
-from flyarchive.testing import simulate, tiny_model
+#: Dies between a commit (n_frames written) and its consolidated copy's rewrite.
+BEFORE_CONSOLIDATING = """
 real, calls = writer.write_consolidated, [0]
 def dying(*args, **kwargs):
     calls[0] += 1
     if calls[0] == 3:  # the second commit's last step
-        os.kill(os.getpid(), signal.SIGKILL)
+        die()
     return real(*args, **kwargs)
 writer.write_consolidated = dying
-model = tiny_model()
-with TrajectoryRecorder(sys.argv[1], model, chunk_frames=5) as recorder:
-    simulate(model, 2, 400, recorder.record_as_needed)
 """
 
 
@@ -159,7 +163,7 @@ def test_verify_notes_a_consolidated_copy_behind_the_commits_and_an_append_mends
     from flyarchive import verify
 
     url = str(tmp_path / "behind.zarr")
-    subprocess.run([sys.executable, "-c", KILLED_BEFORE_CONSOLIDATING, url], timeout=100)
+    killed_writer(url, BEFORE_CONSOLIDATING, 2, 400)
 
     report = verify(url)
     plain = xr.open_zarr(url).sizes["time"]
@@ -171,21 +175,14 @@ def test_verify_notes_a_consolidated_copy_behind_the_commits_and_an_append_mends
     assert not any("consolidated" in n for n in verify(url).notes)
 
 
-#: A writer killed as its creation writes the commit marker (its zeros, with its zarr.json).
-KILLED_IN_CREATION = """
-import os, signal, sys
-from zarr.core.array import AsyncArray
-from flyarchive import TrajectoryRecorder
-from flyarchive.testing import simulate, tiny_model
+#: Dies as its creation writes the commit marker (its zeros, with its zarr.json).
+IN_CREATION = """
 setitem = AsyncArray.setitem
 async def dying(self, selection, value, *args, **kwargs):
     if self.path.endswith("n_frames"):
-        os.kill(os.getpid(), signal.SIGKILL)
+        die()
     return await setitem(self, selection, value, *args, **kwargs)
 AsyncArray.setitem = dying
-model = tiny_model()
-with TrajectoryRecorder(sys.argv[1], model, chunk_frames=5) as recorder:
-    simulate(model, 3, 40, recorder.record_as_needed)
 """
 
 
@@ -195,7 +192,7 @@ def test_verify_says_a_creation_killed_before_its_marker_was_interrupted_not_dam
     from flyarchive import verify
 
     url = str(tmp_path / "creating.zarr")
-    subprocess.run([sys.executable, "-c", KILLED_IN_CREATION, url], timeout=100)
+    killed_writer(url, IN_CREATION, 3, 40)
 
     report = verify(url)
 

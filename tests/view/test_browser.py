@@ -449,26 +449,15 @@ def test_an_s3_endpoint_down_mid_session_is_said_on_the_page_and_it_recovers(bro
 
 
 def test_a_render_is_cancelled_from_the_page_and_leaves_nothing(browser, view_dir, monkeypatch):
-    import shutil
-    import time
     from pathlib import Path
 
     import flyarchive
-    from flyarchive.errors import Terminated
-    from flyarchive.testing.view import open_page, serving, view_archive
+    from flyarchive.testing.view import open_page, render_until_stopped, serving, view_archive
 
     stopped = []
 
     def rendering(url, model, camera, out, **kwargs):  # runs until it is stopped
-        parts = Path(out) / ".parts-1"
-        parts.mkdir(parents=True)
-        try:
-            while True:
-                time.sleep(0.01)
-        except Terminated:
-            stopped.append(out)
-            shutil.rmtree(parts)
-            raise
+        render_until_stopped(out, stopped.append)
 
     url = view_archive(str(view_dir / "cancelled.zarr"))
     monkeypatch.setattr(flyarchive, "render_videos", rendering)

@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 from flyarchive.testing.markers import requires_view
-from flyarchive.testing.view import ask, origin
+from flyarchive.testing.view import ask, origin, render_until_stopped
 
 pytestmark = requires_view
 
@@ -267,22 +267,12 @@ def test_a_viewer_stopped_while_it_renders_stops_the_render_and_leaves_no_partia
     resume files (.parts-*/run.json, run.lock) and no video: render_videos ran on the
     viewer's render thread, which the interrupt never reached."""
     import flyarchive
-    from flyarchive.errors import Terminated
     from flyarchive.testing.view import serving
 
     seen = []
 
     def rendering(url, model, camera, out, **kwargs):  # as render_videos: partial files first
-        parts = Path(out) / ".parts-1"
-        parts.mkdir(parents=True)
-        (parts / "run.json").write_text("{}")
-        try:
-            while True:
-                time.sleep(0.01)
-        except Terminated:  # render_videos removes its partial files on Ctrl-C and SIGTERM
-            seen.append("interrupted")
-            shutil.rmtree(parts)
-            raise
+        render_until_stopped(out, lambda _: seen.append("interrupted"))
 
     monkeypatch.setattr(flyarchive, "render_videos", rendering)
     with serving(view_url, out=tmp_path / "videos", backend="opengl") as (served, log):
@@ -321,7 +311,6 @@ def test_a_render_cancelled_waiting_never_runs_one_cancelled_running_stops_and_t
     from types import SimpleNamespace
 
     import flyarchive
-    from flyarchive.errors import Terminated
     from flyarchive.testing.view import serving
     from flyarchive.view.limits import Limits
 
@@ -330,16 +319,7 @@ def test_a_render_cancelled_waiting_never_runs_one_cancelled_running_stops_and_t
     def rendering(url, model, camera, out, **kwargs):  # the first runs until stopped
         asked.append(kwargs["worlds"])
         if len(asked) == 1:
-            parts = Path(out) / ".parts-1"
-            parts.mkdir(parents=True)
-            (parts / "run.json").write_text("{}")
-            try:
-                while True:
-                    time.sleep(0.01)
-            except Terminated:  # render_videos removes its partial files
-                seen.append("interrupted")
-                shutil.rmtree(parts)
-                raise
+            render_until_stopped(out, lambda _: seen.append("interrupted"))
         video = Path(out) / "video.mp4"
         video.write_bytes(b"\0")
         return SimpleNamespace(videos=[{"path": str(video), "frames": 2, "fps": 25.0}])
