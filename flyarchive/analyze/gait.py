@@ -607,6 +607,7 @@ class _Source:
         height: z is a height.
         length_unit: The positions' length unit: ``mm`` for NeuroMechFly's tarsus tips,
             a poses dataset's own; None: not known (another body's points).
+        tracked: They are a poses dataset's (a tracker's), not positions of a model.
     """
 
     position: xr.DataArray
@@ -616,6 +617,7 @@ class _Source:
     individuals: list[str]
     height: bool
     length_unit: str | None = None
+    tracked: bool = False
 
     def blocks(self) -> list[slice]:
         """Slices of worlds whose tip-frames fit one block of work; for positions read when
@@ -874,7 +876,7 @@ def _poses_source(ds: Any, thorax: str, legs: Mapping[str, str] | None, worlds: 
         position = position.sel(time=slice(*time))
     unit = ds["position"].attrs.get("units")
     return _Source(position, False, None, [str(leg) for leg in legs], names, space != ["x", "y"],
-                   str(unit) if unit else _POSES_UNIT)
+                   str(unit) if unit else _POSES_UNIT, tracked=True)
 
 
 def _prepare(source: Any, thorax: str, tips: Any, legs: Any, params: GaitParams, worlds: Any,
@@ -887,8 +889,7 @@ def _prepare(source: Any, thorax: str, tips: Any, legs: Any, params: GaitParams,
                   processes)
     if length_unit is not None or got.length_unit is None:
         got = replace(got, length_unit=length_unit or _MODEL_UNIT)
-    if params == GaitParams() and got.length_unit not in _MILLIMETRES and \
-            _as_poses(source) is not None:
+    if params == GaitParams() and got.length_unit not in _MILLIMETRES and got.tracked:
         said = "not given" if got.length_unit == _POSES_UNIT else got.length_unit
         warnings.warn(
             f"The gait thresholds are GaitParams' defaults, in mm (a tip below 0.1 mm may "

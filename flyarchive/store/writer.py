@@ -45,7 +45,6 @@ A refused creation leaves nothing behind.
 
 from __future__ import annotations
 
-import json
 import weakref
 from collections.abc import Mapping
 from typing import Any
@@ -65,7 +64,15 @@ from flyarchive.errors import (
 from flyarchive.layout import ModelLayout
 from flyarchive.schema import STATE_VARS, TIME_COORDS
 from flyarchive.store import storage_errors
-from flyarchive.store.claims import WRITER_KEY, block_keys, claim_archive, claim_block, register, release
+from flyarchive.store.claims import (
+    WRITER_KEY,
+    block_keys,
+    claim_archive,
+    claim_block,
+    read_claim,
+    register,
+    release,
+)
 from flyarchive.store.consolidated import consolidate, members_metadata, write_consolidated
 from flyarchive.store.creation import (
     appended_attrs,
@@ -98,7 +105,6 @@ from flyarchive.store.nodes import Created, create_arrays
 from flyarchive.store.opener import open_for_writing
 from flyarchive.store.reader import fused_array
 from flyarchive.archive_spec import ArchiveSpec, FrameBlock
-from flyarchive.zarr_internals import default_buffer_prototype
 
 
 # ----------------------------------------------------------------------------- the writer
@@ -386,6 +392,7 @@ class ArchiveWriter:
             )
         committed = np.full(self.n_worlds, t1) if n_frames is None else np.asarray(n_frames)
         try:
+            self._check_held(t0)  # (step 0: see the module's docstring)
             sync(self._commit(block, t0, t1, committed.astype(np.int64)))
         except ArchiveReplacedError:
             self._failed = self._lost = True  # nothing more is written there, ever
@@ -394,7 +401,7 @@ class ArchiveWriter:
             self._failed = True  # retrying is allowed, and so is a new writer taking over
             if isinstance(err, FileNotFoundError):  # the archive went during the commit?
                 try:
-                    sync(self._check_held(t0))
+                    self._check_held(t0)
                 except ArchiveReplacedError:
                     self._lost = True
                     raise
@@ -413,9 +420,7 @@ class ArchiveWriter:
     async def _commit(self, block: FrameBlock, t0: int, t1: int, committed: np.ndarray) -> None:
         """Steps 1 to 4 of a commit (see the module's docstring). The writes of one step
         go concurrently; each step starts once every write of the step before it has
-        finished, and a failure is raised only then (:func:`settled`). First, the claim is
-        read: still this writer's, or nothing is written (:meth:`_check_held`)."""
-        await self._check_held(t0)
+        finished, and a failure is raised only then (:func:`settled`)."""
         extent = max(t1, self._extent)
         grow = []
         for name in self._state + self._times:
@@ -433,29 +438,26 @@ class ArchiveWriter:
         await settled(writes)
         await self._arrays["n_frames"].async_array.setitem(self._worlds, committed)
 
-    async def _check_held(self, t0: int) -> None:
+    def _check_held(self, t0: int) -> None:
         """Raise if this writer's claim is no longer in the archive: the archive was deleted
         or moved away while it wrote (a write would make a fragment of one where it was),
         or replaced by another writer's (a write would splice two runs).
 
         Raises:
             ArchiveReplacedError: saying which, and that nothing more is written.
+            SchemaError: the claim is damaged (:func:`~flyarchive.store.claims.read_claim`).
         """
         if self._lost:
             raise ArchiveReplacedError(self._lost_text(t0, "its claim went earlier"))
         if self._claim is None:
             return
         keys, writer = self._claim
-        got = await self._group.store.get(keys[0], prototype=default_buffer_prototype())
-        if got is None:
+        held = read_claim(self._group.store, keys[0], self.url)
+        if held is None:
             raise ArchiveReplacedError(self._lost_text(
                 t0, f"its claim {keys[0]} is gone: the archive was deleted or moved away "
                 "while it recorded"))
-        try:
-            holder = json.loads(got.to_bytes()).get("writer")
-        except (ValueError, UnicodeDecodeError, AttributeError):
-            holder = None
-        if holder != writer:
+        if held.writer != writer:
             raise ArchiveReplacedError(self._lost_text(
                 t0, f"its claim {keys[0]} names another writer: the archive was replaced "
                 "(or taken over) while it recorded"))
